@@ -1,0 +1,222 @@
+"""Configuration of a cluster: meshes per role, the rollout engine and its settings,
+training settings. Validation of the rollout settings (P6) lives here too."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Union
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from rlcluster_lab.roles import Mode, Role
+
+KNOWN_ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
+KNOWN_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+LogicalAxisRules = tuple[tuple[str, Union[str, tuple[str, ...], None]], ...]
+
+
+class ConfigError(ValueError):
+    """A cluster configuration that cannot work; the message says how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How the rollout engine samples.
+
+    ``data_type`` casts the vanilla engine's second copy (P3) when set. The
+    ``rollout_vllm_*`` and ``rollout_sglang_jax_*`` fields are read only by the
+    matching engine.
+    """
+
+    max_tokens_to_generate: int = 16
+    temperature: float = 1.0
+    kv_cache_size: int = 128
+    data_type: str | None = None
+    seed: int = 0
+    # vllm-style engine: a model version is required (P6); tp size picks its own mesh (P7).
+    rollout_vllm_model_version: str | None = None
+    rollout_vllm_tensor_parallel_size: int | None = None
+    # sglang_jax-style engine: LoRA actors need static-LoRA settings (P6).
+    rollout_sglang_jax_enable_static_lora: bool = False
+    rollout_sglang_jax_lora_target_modules: tuple[str, ...] = ()
+    rollout_sglang_jax_max_lora_rank: int | None = None
+    rollout_sglang_jax_lora_scaling: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_to_generate < 1:
+            raise ConfigError(f"max_tokens_to_generate must be >= 1, got {self.max_tokens_to_generate}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.kv_cache_size < 2:
+            raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
+        if self.data_type is not None and self.data_type not in KNOWN_DTYPES:
+            raise ConfigError(
+                f"unknown rollout data_type {self.data_type!r}; use one of {', '.join(KNOWN_DTYPES)} or None"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """How the actor learns (GRPO-style clipped objective with a KL term)."""
+
+    learning_rate: float = 3e-3
+    optimizer: optax.GradientTransformation | None = None  # default: adam(learning_rate)
+    critic_optimizer: optax.GradientTransformation | None = None
+    mini_batch_size: int | None = None  # None: the whole batch in one step
+    num_iterations: int = 1  # passes over the same batch per global step
+    beta: float = 0.04  # KL weight
+    epsilon: float = 0.2  # clip range
+    role_to_logical_axis_rule: Mapping[Role, LogicalAxisRules] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:
+            raise ConfigError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}")
+        if self.num_iterations < 1:
+            raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}")
+        if self.role_to_logical_axis_rule is not None:
+            rules = {Role.parse(r): tuple(tuple(x) for x in v) for r, v in self.role_to_logical_axis_rule.items()}
+            object.__setattr__(self, "role_to_logical_axis_rule", types.MappingProxyType(rules))
+
+    def actor_optimizer(self) -> optax.GradientTransformation:
+        return self.optimizer if self.optimizer is not None else optax.adam(self.learning_rate)
+
+
+RolloutConfigArg = Union[RolloutConfig, Mapping[Mode, RolloutConfig], None]
+EngineArg = Union[str, type, functools.partial, Callable[..., Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """Which mesh each role lives on, which rollout engine samples, and offload.
+
+    ``role_to_mesh`` needs ACTOR and ROLLOUT; REFERENCE, REWARD and CRITIC
+    default to the actor's mesh when left out.
+    """
+
+    role_to_mesh: Mapping[Role, Mesh]
+    rollout_config: RolloutConfigArg = dataclasses.field(default_factory=RolloutConfig)
+    rollout_engine: EngineArg = "vanilla"
+    offload_to_cpu: bool = False
+    training_config: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+
+    def __post_init__(self) -> None:
+        r2m = {Role.parse(r): m for r, m in dict(self.role_to_mesh).items()}
+        for role in (Role.ACTOR, Role.ROLLOUT):
+            if role not in r2m:
+                raise ConfigError(
+                    f"role_to_mesh has no mesh for {role.value}; every cluster needs meshes for "
+                    "actor and rollout (use rlcluster_lab.layout_meshes('colocated') for a start)"
+                )
+        for role in (Role.REFERENCE, Role.REWARD, Role.CRITIC):
+            r2m.setdefault(role, r2m[Role.ACTOR])
+        known = {d.id for d in jax.devices()}
+        for role, mesh in r2m.items():
+            if not isinstance(mesh, Mesh):
+                raise ConfigError(
+                    f"role_to_mesh[{role.value}] is {type(mesh).__name__}, expected a jax.sharding.Mesh"
+                )
+            ids = [d.id for d in np.asarray(mesh.devices).flatten()]
+            gone = [i for i in ids if i not in known]
+            if gone:
+                raise ConfigError(
+                    f"role_to_mesh[{role.value}] uses device id(s) {gone} that do not exist in this "
+                    f"process (devices: {sorted(known)}); build the mesh from jax.devices()"
+                )
+        object.__setattr__(self, "role_to_mesh", types.MappingProxyType(r2m))
+        if isinstance(self.rollout_config, Mapping):
+            object.__setattr__(
+                self,
+                "rollout_config",
+                types.MappingProxyType({_parse_mode(k): v for k, v in self.rollout_config.items()}),
+            )
+
+    def logical_axis_rules(self, role: Role) -> LogicalAxisRules | None:
+        rules = self.training_config.role_to_logical_axis_rule
+        return None if not rules else rules.get(role)
+
+    def rollout_config_for(self, mode: Mode = Mode.TRAIN) -> RolloutConfig:
+        cfg = self.rollout_config
+        if isinstance(cfg, Mapping):
+            if mode not in cfg:
+                raise ConfigError(f"rollout_config has no entry for mode {mode.value}")
+            return cfg[mode]
+        if cfg is None:
+            raise ConfigError("cluster_config.rollout_config is None; pass a RolloutConfig")
+        return cfg
+
+    def engine_name(self) -> str:
+        eng = self.rollout_engine
+        if isinstance(eng, str):
+            return eng
+        if isinstance(eng, functools.partial):
+            return f"partial({getattr(eng.func, '__name__', repr(eng.func))})"
+        return getattr(eng, "__name__", repr(eng))
+
+
+def _parse_mode(mode: Mode | str) -> Mode:
+    if isinstance(mode, Mode):
+        return mode
+    try:
+        return Mode(str(mode).lower())
+    except ValueError:
+        raise ConfigError(f"unknown rollout mode {mode!r}; use Mode.TRAIN or Mode.EVAL") from None
+
+
+def check_rollout_config(config: ClusterConfig) -> RolloutConfig:
+    """P6: a rollout config must exist, and a per-mode dict must have a TRAIN entry."""
+    cfg = config.rollout_config
+    if cfg is None:
+        raise ConfigError(
+            "cluster_config.rollout_config is None: the rollout engine needs one. "
+            "Pass rollout_config=RolloutConfig(...) (or a dict with a Mode.TRAIN entry)."
+        )
+    if isinstance(cfg, Mapping) and not cfg.get(Mode.TRAIN):
+        raise ConfigError(
+            "rollout_config is a per-mode dict without a Mode.TRAIN entry "
+            f"(it has: {sorted(m.value for m in cfg)}); add {{Mode.TRAIN: RolloutConfig(...)}}"
+        )
+    return config.rollout_config_for(Mode.TRAIN)
+
+
+def max_kv_cache_size(config: ClusterConfig) -> int:
+    cfg = config.rollout_config
+    if isinstance(cfg, Mapping):
+        return max(c.kv_cache_size for c in cfg.values())
+    return config.rollout_config_for(Mode.TRAIN).kv_cache_size
+
+
+def check_engine_choice(engine: EngineArg, is_engine_class: Callable[[Any], bool]) -> str:
+    """P6: a known engine name, or a rollout-engine subclass, or a partial of one.
+
+    Returns the kind: the engine's name, or ``custom``.
+    """
+    if isinstance(engine, str):
+        if engine not in KNOWN_ENGINES:
+            raise ConfigError(
+                f"unknown rollout_engine {engine!r}; use one of {', '.join(map(repr, KNOWN_ENGINES))}, "
+                "or a RolloutEngine subclass (or a functools.partial of one)"
+            )
+        return engine
+    if is_engine_class(engine):
+        return "custom"
+    if isinstance(engine, functools.partial) and is_engine_class(engine.func):
+        return "custom"
+    raise ConfigError(
+        f"rollout_engine {engine!r} is not supported: a custom engine must be a subclass of "
+        "rlcluster_lab.engines.RolloutEngine, or a functools.partial of such a class"
+    )
+
+
+def parse_dtype(name: str | None) -> Any:
+    if name is None:
+        return None
+    import jax.numpy as jnp
+
+    return jnp.dtype(name)
+
+
