@@ -1,0 +1,268 @@
+"""Transformer model: sizes, sharding metadata, LoRA, cache and sharded forward."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from rlcluster_lab.model import (
+    DEFAULT_LOGICAL_AXIS_RULES,
+    MESH_AXES,
+    MODEL_SIZES,
+    ModelConfig,
+    forward_logps,
+    get_model_config,
+    init_cache,
+    init_model,
+    is_lora,
+    logps_from_state,
+    with_lora,
+)
+
+TINY = get_model_config("tiny")
+PAD = 256
+
+
+def _count(model, filt=nnx.Param):
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, filt)))
+
+
+def _params(model):
+    """(path, Variable) of every Param in the model, LoRAParam included."""
+    return [(p, v) for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Param)]
+
+
+def _mesh():
+    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), MESH_AXES)
+
+
+def _shard(state, mesh):
+    with nnx.logical_axis_rules(DEFAULT_LOGICAL_AXIS_RULES):
+        specs = nnx.get_partition_spec(state)
+    return jax.device_put(state, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+
+
+def _batch(seed=0, b=4, p=6, c=5):
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, 256, (b, p)).astype(np.int32)
+    completion = rng.integers(0, 256, (b, c)).astype(np.int32)
+    prompt[0, :3] = PAD  # left padding
+    prompt[1, :1] = PAD
+    completion[0, 3:] = PAD  # right padding
+    return prompt, completion
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return init_model("tiny", seed=0)
+
+
+def test_tiny_config_values():
+    c = TINY
+    assert (c.vocab_size, c.embed_dim, c.num_layers, c.num_heads, c.num_kv_heads,
+            c.head_dim, c.mlp_dim, c.max_seq_len) == (264, 64, 2, 4, 2, 16, 128, 128)
+
+
+@pytest.mark.parametrize("name", list(MODEL_SIZES))
+def test_sharded_dims_divisible_by_8(name):
+    c = MODEL_SIZES[name]
+    for dim in (c.vocab_size, c.embed_dim, c.q_dim, c.kv_dim, c.mlp_dim):
+        assert dim % 8 == 0
+
+
+def test_preset_param_ranges():
+    counts = {n: c.num_params for n, c in MODEL_SIZES.items()}
+    assert 1e6 <= counts["small"] <= 2e6
+    assert 8e6 <= counts["base"] <= 12e6
+    assert 40e6 <= counts["large"] <= 60e6
+
+
+def test_unknown_size_lists_known_ones():
+    with pytest.raises(ValueError, match="tiny, small, base, large"):
+        get_model_config("huge")
+
+
+def test_config_rejects_bad_heads():
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        dataclasses.replace(TINY, num_kv_heads=3)
+
+
+def test_config_rejects_non_positive():
+    with pytest.raises(ValueError, match="embed_dim"):
+        dataclasses.replace(TINY, embed_dim=0)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_num_params_matches_model(tie):
+    config = dataclasses.replace(TINY, tie_embeddings=tie)
+    model = init_model(config)
+    assert _count(model) == config.num_params
+
+
+def test_lora_params_matches_model(tiny):
+    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    assert _count(lora, nnx.LoRAParam) == TINY.lora_params(4)
+    assert _count(lora, nnx.Param) == TINY.num_params + TINY.lora_params(4)
+
+
+def test_every_param_has_logical_sharding(tiny):
+    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    for model in (tiny, lora):
+        for path, var in _params(model):
+            axes = var.get_metadata().get("out_sharding")
+            assert axes is not None, path
+            assert len(axes) == var.get_value().ndim, path
+
+
+def test_partition_specs_use_only_mesh_axes(tiny):
+    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    with nnx.logical_axis_rules(DEFAULT_LOGICAL_AXIS_RULES):
+        specs = nnx.get_partition_spec(nnx.state(lora))
+    used = set()
+    for spec in jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)):
+        used.update(a for a in spec if a is not None)
+    assert used == {"fsdp", "tp"}
+
+
+def test_with_lora_shares_buffers(tiny):
+    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    base_vars = dict(_params(tiny))
+    shared = 0
+    for path, var in _params(lora):
+        if isinstance(var, nnx.LoRAParam):
+            continue
+        base_path = tuple(k for k in path if k != "base_module")
+        base_var = base_vars[base_path]
+        assert var is not base_var
+        assert var.get_value() is base_var.get_value()
+        ptrs = [s.data.unsafe_buffer_pointer() for s in var.get_value().addressable_shards]
+        base_ptrs = [s.data.unsafe_buffer_pointer()
+                     for s in base_var.get_value().addressable_shards]
+        assert ptrs == base_ptrs
+        shared += 1
+    assert shared == len(base_vars)
+
+
+def test_with_lora_copy_base_makes_new_buffers(tiny):
+    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1), copy_base=True)
+    base_vars = dict(_params(tiny))
+    for path, var in _params(lora):
+        if isinstance(var, nnx.LoRAParam):
+            continue
+        base_val = base_vars[tuple(k for k in path if k != "base_module")].get_value()
+        val = var.get_value()
+        assert val is not base_val
+        assert val.unsafe_buffer_pointer() != base_val.unsafe_buffer_pointer()
+        np.testing.assert_array_equal(np.asarray(val), np.asarray(base_val))
+
+
+def test_with_lora_does_not_share_variables(tiny):
+    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    before = tiny.blocks[0].attn.q.kernel.get_value()
+    lora.blocks[0].attn.q.base_module.kernel.set_value(jnp.zeros_like(before))
+    assert tiny.blocks[0].attn.q.kernel.get_value() is before
+
+
+def test_with_lora_keeps_sharded_buffers():
+    mesh = _mesh()
+    graphdef, state = nnx.split(init_model("tiny"))
+    base = nnx.merge(graphdef, _shard(state, mesh))
+    lora = with_lora(base, 4, rngs=nnx.Rngs(1))
+    a = lora.blocks[1].mlp.down.base_module.kernel.get_value()
+    b = base.blocks[1].mlp.down.kernel.get_value()
+    assert len(a.addressable_shards) == 8
+    assert ([s.data.unsafe_buffer_pointer() for s in a.addressable_shards]
+            == [s.data.unsafe_buffer_pointer() for s in b.addressable_shards])
+
+
+def test_lora_output_equals_base_at_init(tiny):
+    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8)
+    pos = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
+    np.testing.assert_array_equal(np.asarray(lora(tokens, pos)[0]),
+                                  np.asarray(tiny(tokens, pos)[0]))
+
+
+def test_lora_alpha_scales_adapter_term(tiny):
+    x = jax.random.normal(jax.random.key(0), (3, TINY.embed_dim))
+    deltas = []
+    for alpha in (4.0, 8.0):
+        lora = with_lora(tiny, 4, rngs=nnx.Rngs(1), alpha=alpha)
+        layer = lora.blocks[0].mlp.up
+        layer.lora_b.set_value(jnp.ones_like(layer.lora_b.get_value()))
+        deltas.append(layer(x) - layer.base_module(x))
+    np.testing.assert_allclose(np.asarray(deltas[1]), 2 * np.asarray(deltas[0]), rtol=1e-5)
+
+
+def test_lora_filter_selects_adapters(tiny):
+    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    adapters = jax.tree.leaves(nnx.state(lora, nnx.LoRAParam))
+    assert len(adapters) == 14 * TINY.num_layers
+    assert is_lora(lora) and not is_lora(tiny)
+    q = lora.blocks[0].attn.q
+    assert isinstance(q, nnx.LoRA) and isinstance(q.base_module, nnx.Linear)
+    assert q.lora_a.get_metadata()["out_sharding"] == ("embed", None)
+    assert q.lora_b.get_metadata()["out_sharding"] == (None, "q_heads")
+
+
+def test_bfloat16_model_runs():
+    model = init_model(dataclasses.replace(TINY, param_dtype="bfloat16"))
+    assert model.blocks[0].attn.q.kernel.get_value().dtype == jnp.bfloat16
+    prompt, completion = _batch()
+    logps = logps_from_state(*nnx.split(model), prompt, completion, PAD)
+    assert logps.dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(logps)))
+
+
+def test_forward_logps_zero_at_padding_and_negative_elsewhere(tiny):
+    prompt, completion = _batch()
+    logps = np.asarray(forward_logps(tiny, prompt, completion, PAD))
+    assert logps.shape == completion.shape
+    assert np.all(logps[completion == PAD] == 0)
+    assert np.all(logps[completion != PAD] < 0)
+
+
+def test_forward_logps_ignores_left_padding(tiny):
+    prompt, completion = _batch()
+    row = forward_logps(tiny, prompt[:1], completion[:1], PAD)
+    unpadded = forward_logps(tiny, prompt[:1, 3:], completion[:1], PAD)
+    np.testing.assert_allclose(np.asarray(row), np.asarray(unpadded), atol=1e-5)
+
+
+def test_logps_from_state_matches_eager(tiny):
+    prompt, completion = _batch()
+    graphdef, state = nnx.split(tiny)
+    expected = forward_logps(tiny, prompt, completion, PAD, 0.7)
+    got = logps_from_state(graphdef, state, prompt, completion, PAD, 0.7)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
+
+
+def test_sharded_forward_equals_unsharded(tiny):
+    prompt, completion = _batch()
+    graphdef, state = nnx.split(with_lora(tiny, 4, rngs=nnx.Rngs(2)))
+    expected = logps_from_state(graphdef, state, prompt, completion, PAD)
+    sharded = _shard(state, _mesh())
+    kernel = sharded["blocks"][0]["attn"]["q"]["base_module"]["kernel"].get_value()
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+    got = logps_from_state(graphdef, sharded, prompt, completion, PAD)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
+
+
+def test_cached_decode_equals_full_forward(tiny):
+    tokens = jax.random.randint(jax.random.key(3), (2, 10), 0, 256, dtype=jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(10, dtype=jnp.int32), (2, 10))
+    full, none_cache = tiny(tokens, pos)
+    assert none_cache is None
+    call = nnx.jit(lambda m, t, p, c: m(t, p, cache=c))
+    cache = init_cache(TINY, 2, 16)
+    prefill, cache = call(tiny, tokens[:, :6], pos[:, :6], cache)
+    steps = [prefill]
+    for t in range(6, 10):
+        out, cache = call(tiny, tokens[:, t:t + 1], pos[:, t:t + 1], cache)
+        steps.append(out)
+    assert int(cache.index) == 10
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full),
+                               atol=1e-4)
