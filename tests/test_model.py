@@ -19,6 +19,7 @@ from rlcluster_lab.model import (
     init_model,
     is_lora,
     logps_from_state,
+    LoRALinear,
     with_lora,
 )
 
@@ -134,7 +135,7 @@ def test_with_lora_shares_buffers(tiny):
     for path, var in _params(lora):
         if isinstance(var, nnx.LoRAParam):
             continue
-        base_path = tuple(k for k in path if k != "base_module")
+        base_path = path
         base_var = base_vars[base_path]
         assert var is not base_var
         assert var.get_value() is base_var.get_value()
@@ -152,7 +153,7 @@ def test_with_lora_copy_base_makes_new_buffers(tiny):
     for path, var in _params(lora):
         if isinstance(var, nnx.LoRAParam):
             continue
-        base_val = base_vars[tuple(k for k in path if k != "base_module")].get_value()
+        base_val = base_vars[path].get_value()
         val = var.get_value()
         assert val is not base_val
         assert val.unsafe_buffer_pointer() != base_val.unsafe_buffer_pointer()
@@ -162,7 +163,7 @@ def test_with_lora_copy_base_makes_new_buffers(tiny):
 def test_with_lora_does_not_share_variables(tiny):
     lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
     before = tiny.blocks[0].attn.q.kernel.get_value()
-    lora.blocks[0].attn.q.base_module.kernel.set_value(jnp.zeros_like(before))
+    lora.blocks[0].attn.q.kernel.set_value(jnp.zeros_like(before))
     assert tiny.blocks[0].attn.q.kernel.get_value() is before
 
 
@@ -171,7 +172,7 @@ def test_with_lora_keeps_sharded_buffers():
     graphdef, state = nnx.split(init_model("tiny"))
     base = nnx.merge(graphdef, _shard(state, mesh))
     lora = with_lora(base, 4, rngs=nnx.Rngs(1))
-    a = lora.blocks[1].mlp.down.base_module.kernel.get_value()
+    a = lora.blocks[1].mlp.down.kernel.get_value()
     b = base.blocks[1].mlp.down.kernel.get_value()
     assert len(a.addressable_shards) == 8
     assert ([s.data.unsafe_buffer_pointer() for s in a.addressable_shards]
@@ -193,7 +194,7 @@ def test_lora_alpha_scales_adapter_term(tiny):
         lora = with_lora(tiny, 4, rngs=nnx.Rngs(1), alpha=alpha)
         layer = lora.blocks[0].mlp.up
         layer.lora_b.set_value(jnp.ones_like(layer.lora_b.get_value()))
-        deltas.append(layer(x) - layer.base_module(x))
+        deltas.append(layer(x) - x @ layer.kernel.get_value())
     np.testing.assert_allclose(np.asarray(deltas[1]), 2 * np.asarray(deltas[0]), rtol=1e-5)
 
 
@@ -203,7 +204,8 @@ def test_lora_filter_selects_adapters(tiny):
     assert len(adapters) == 14 * TINY.num_layers
     assert is_lora(lora) and not is_lora(tiny)
     q = lora.blocks[0].attn.q
-    assert isinstance(q, nnx.LoRA) and isinstance(q.base_module, nnx.Linear)
+    assert isinstance(q, LoRALinear) and isinstance(q.kernel, nnx.Param)
+    assert not isinstance(q.kernel, nnx.LoRAParam)
     assert q.lora_a.get_metadata()["out_sharding"] == ("embed", None)
     assert q.lora_b.get_metadata()["out_sharding"] == (None, "q_heads")
 
@@ -245,7 +247,7 @@ def test_sharded_forward_equals_unsharded(tiny):
     graphdef, state = nnx.split(with_lora(tiny, 4, rngs=nnx.Rngs(2)))
     expected = logps_from_state(graphdef, state, prompt, completion, PAD)
     sharded = _shard(state, _mesh())
-    kernel = sharded["blocks"][0]["attn"]["q"]["base_module"]["kernel"].get_value()
+    kernel = sharded["blocks"][0]["attn"]["q"]["kernel"].get_value()
     assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
     got = logps_from_state(graphdef, sharded, prompt, completion, PAD)
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)

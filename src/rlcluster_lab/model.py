@@ -265,10 +265,10 @@ class TransformerLM(nnx.Module):
                          else _linear(config.embed_dim, config.vocab_size, ("embed", "vocab"),
                                       dt, rngs))
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array,
+    def features(self, tokens: jax.Array, positions: jax.Array,
                  attention_mask: jax.Array | None = None, cache: KVCache | None = None
                  ) -> tuple[jax.Array, KVCache | None]:
-        """Logits (B, T, vocab) and the updated cache (None without a cache).
+        """Final normalised hidden states (B, T, embed) and the updated cache.
 
         Without a cache the mask is causal over the T tokens, AND-ed with
         ``attention_mask`` (B, T, T). With a cache the new keys are written at
@@ -298,10 +298,20 @@ class TransformerLM(nnx.Module):
                 new_k.append(kv[0])
                 new_v.append(kv[1])
         x = self.final_norm(x)
-        logits = self.embed.attend(x) if self.head is None else self.head(x)
         new_cache = None
         if cache is not None:
             new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), cache.index + t)
+        return x, new_cache
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array,
+                 attention_mask: jax.Array | None = None, cache: KVCache | None = None
+                 ) -> tuple[jax.Array, KVCache | None]:
+        """Logits (B, T, vocab) and the updated cache (None without a cache).
+
+        See ``features`` for the masking rules.
+        """
+        x, new_cache = self.features(tokens, positions, attention_mask, cache)
+        logits = self.embed.attend(x) if self.head is None else self.head(x)
         return logits.astype(jnp.float32), new_cache
 
 
@@ -315,19 +325,33 @@ def init_model(config: ModelConfig | str, *, seed: int = 0) -> TransformerLM:
 # ---------------------------------------------------------------------------
 # LoRA
 
-class ScaledLoRA(nnx.LoRA):
-    """``nnx.LoRA`` around a Linear, with the usual alpha / rank scaling.
+class LoRALinear(nnx.Module):
+    """A bias-free linear layer with a rank-``r`` adapter beside its kernel.
 
-    nnx.LoRA adds ``x @ a @ b`` unscaled; this multiplies that term by ``scale``.
+    The kernel stays at the same path as in the plain model (``.../q/kernel``),
+    with ``lora_a``/``lora_b`` next to it, so the frozen part of a LoRA model
+    has exactly the tree of its base model: a reference model and a LoRA
+    actor can then be compared and updated leaf by leaf (P2, P4, P14).
+    Output: ``x @ kernel + (x @ a @ b) * scale``.
     """
 
-    def __init__(self, *args: Any, scale: float, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+    def __init__(self, base: nnx.Linear, rank: int, *, scale: float, rngs: nnx.Rngs) -> None:
+        self.in_features = base.in_features
+        self.out_features = base.out_features
+        self.dtype = base.dtype
+        self.kernel = base.kernel
+        in_axis, out_axis = base.kernel.get_metadata()["out_sharding"]
+        dt = base.kernel.get_value().dtype
+        a = nnx.initializers.variance_scaling(1.0, "fan_in", "normal")(
+            rngs.params(), (self.in_features, rank), dt)
+        self.lora_a = nnx.LoRAParam(a, out_sharding=(in_axis, None), eager_sharding=False)
+        self.lora_b = nnx.LoRAParam(jnp.zeros((rank, self.out_features), dt),
+                                    out_sharding=(None, out_axis), eager_sharding=False)
         self.scale = float(scale)
 
-    def __call__(self, x: jax.Array, **kwargs: Any) -> jax.Array:
-        x_, a, b = self.promote_dtype((x, self.lora_a[...], self.lora_b[...]), dtype=self.dtype)
-        return self.base_module(x, **kwargs) + (x_ @ a @ b) * jnp.asarray(self.scale, x_.dtype)
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k, a, b = self.kernel[...], self.lora_a[...], self.lora_b[...]
+        return x @ k + ((x @ a) @ b) * jnp.asarray(self.scale, x.dtype)
 
 
 _LORA_TARGETS: dict[str, tuple[str, ...]] = {"attn": ("q", "k", "v", "o"),
@@ -362,13 +386,7 @@ def with_lora(base: TransformerLM, rank: int, *, rngs: nnx.Rngs, alpha: float | 
                 sub = getattr(block, part)
                 for name in names:
                     lin: nnx.Linear = getattr(sub, name)
-                    in_axis, out_axis = lin.kernel.get_metadata()["out_sharding"]
-                    setattr(sub, name, ScaledLoRA(
-                        lin.in_features, rank, lin.out_features, base_module=lin,
-                        dtype=dt, param_dtype=dt, rngs=rngs, scale=scale,
-                        a_metadata={"out_sharding": (in_axis, None)},
-                        b_metadata={"out_sharding": (None, out_axis)},
-                    ))
+                    setattr(sub, name, LoRALinear(lin, rank, scale=scale, rngs=rngs))
     return model
 
 
@@ -426,6 +444,6 @@ def logps_from_state(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: ja
 
 __all__ = [
     "MESH_AXES", "DEFAULT_LOGICAL_AXIS_RULES", "ModelConfig", "MODEL_SIZES", "get_model_config",
-    "KVCache", "init_cache", "TransformerLM", "ScaledLoRA", "init_model", "with_lora", "is_lora",
+    "KVCache", "init_cache", "TransformerLM", "LoRALinear", "init_model", "with_lora", "is_lora",
     "forward_logps", "logps_from_state", "apply_rope",
 ]
