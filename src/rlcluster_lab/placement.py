@@ -15,6 +15,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlcluster_lab.meshes import describe_mesh
+from rlcluster_lab.reshard import reshard_tree
 from rlcluster_lab.trace import Trace
 
 MEMORY_KINDS = ("device", "pinned_host")
@@ -135,11 +136,13 @@ def place_model(
     memory_kind: str | None = None,
     dtype: Any = None,
     role: str = "model",
+    copy: bool = False,
 ) -> nnx.Module:
     """A model whose every leaf is sharded on ``mesh`` per its partition specs.
 
-    Leaves already in their target sharding are kept (no copy); the rest are
-    resharded. Returns a new module object; ``model`` is left untouched.
+    Leaves already in their target sharding are kept (no copy) unless ``copy``
+    asks for buffers of its own; the rest are resharded. Returns a new module
+    object; ``model`` is left untouched.
     """
     graphdef, state = nnx.split(model)
     kind = memory_kind or default_memory_kind()
@@ -147,7 +150,7 @@ def place_model(
     values = nnx.to_pure_dict(state)
     if dtype is not None:
         values = jax.tree.map(lambda x: x if x.dtype == dtype else x.astype(dtype), values)
-    moved = jax.device_put(values, shardings)
+    moved = reshard_tree(values, shardings, copy=copy)
     nnx.replace_by_pure_dict(state, moved)
     return nnx.merge(graphdef, state)
 

@@ -1,0 +1,101 @@
+"""Saving a model to a folder and loading it back, so a role can be given as a path.
+
+A checkpoint is ``config.json`` (model kind, size, LoRA rank) plus
+``params.npz`` (every variable, keyed by its path). Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flax import nnx
+
+from rlcluster_lab.model import ModelConfig, TransformerLM, is_lora, with_lora
+
+FORMAT = "rlcluster-lab/1"
+
+
+def save(model: nnx.Module, path: str | os.PathLike) -> Path:
+    """Write ``model`` (a TransformerLM, LoRA or not, or a ScoreModel) under ``path``."""
+    from rlcluster_lab.scoring import ScoreModel
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    kind = "score" if isinstance(model, ScoreModel) else "lm"
+    rank = _lora_rank(model)
+    meta = {"format": FORMAT, "kind": kind, "config": dataclasses.asdict(model.config), "lora_rank": rank}
+    if rank:
+        meta["lora_scale"] = float(_first_lora(model).scale)
+    (folder / "config.json").write_text(json.dumps(meta, indent=2))
+    flat = {"/".join(map(str, p)): np.asarray(v) for p, v in _flat_values(nnx.state(model))}
+    np.savez(folder / "params.npz", **flat)
+    return folder
+
+
+def load(path: str | os.PathLike) -> nnx.Module:
+    """Read a model written by ``save``; it comes back on the default device."""
+    from rlcluster_lab.scoring import ScoreModel
+
+    folder = Path(path)
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(
+            f"no model checkpoint at {folder} (expected {cfg_file}); write one with "
+            "rlcluster_lab.checkpoint.save(model, path) or pass the model itself"
+        )
+    meta = json.loads(cfg_file.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{cfg_file} is not an rlcluster-lab checkpoint (format {meta.get('format')!r})")
+    config = ModelConfig(**meta["config"])
+    rngs = nnx.Rngs(0)
+    model: nnx.Module = ScoreModel(config, rngs=rngs) if meta["kind"] == "score" else TransformerLM(config, rngs=rngs)
+    if meta.get("lora_rank"):
+        rank = int(meta["lora_rank"])
+        model = with_lora(model, rank, rngs=rngs, alpha=meta["lora_scale"] * rank)
+    with np.load(folder / "params.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    state = nnx.state(model)
+    expected = {"/".join(map(str, p)) for p, _ in _flat_values(state)}
+    if expected != set(arrays):
+        raise ValueError(f"{folder} holds parameters that do not match its config.json; re-save the model")
+    import jax.numpy as jnp
+
+    pure = nnx.to_pure_dict(state)
+    def fill(node: Any, prefix: tuple) -> Any:
+        if isinstance(node, dict):
+            return {k: fill(v, prefix + (k,)) for k, v in node.items()}
+        return jnp.asarray(arrays["/".join(map(str, prefix))])
+    nnx.replace_by_pure_dict(state, fill(pure, ()))
+    nnx.update(model, state)
+    return model
+
+
+def _flat_values(state: Any) -> list[tuple[tuple, Any]]:
+    out = []
+    def walk(node: Any, prefix: tuple) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, prefix + (k,))
+        else:
+            out.append((prefix, node))
+    walk(nnx.to_pure_dict(state), ())
+    return out
+
+
+def _first_lora(model: nnx.Module) -> Any:
+    from rlcluster_lab.model import LoRALinear
+
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, LoRALinear):
+            return node
+    raise ValueError("model has no LoRA layer")
+
+
+def _lora_rank(model: nnx.Module) -> int:
+    if not is_lora(model):
+        return 0
+    return int(_first_lora(model).lora_a.get_value().shape[1])

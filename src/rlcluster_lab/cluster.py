@@ -1,0 +1,754 @@
+"""The RL cluster: where every model of an RL run lives, and the operations on them.
+
+``RLCluster`` (also named ``RLEngine``, P15) reproduces the placement rules
+P1-P14 of the reference cluster and records each branch it takes in
+``self.trace`` (L1).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlcluster_lab import checkpoint
+from rlcluster_lab.config import (
+    ClusterConfig,
+    ConfigError,
+    RolloutConfig,
+    check_engine_choice,
+    check_rollout_config,
+    max_kv_cache_size,
+    parse_dtype,
+)
+from rlcluster_lab.engines import RolloutEngine, RolloutOutput, SglangJaxStyleEngine, VanillaEngine, VllmStyleEngine
+from rlcluster_lab.engines.own_copy import SGLANG_LORA_MESSAGE
+from rlcluster_lab.meshes import describe_mesh
+from rlcluster_lab.model import is_lora, logps_from_state
+from rlcluster_lab.placement import (
+    array_leaves,
+    default_memory_kind,
+    is_on_device,
+    load_model,
+    move_model,
+    put_on_memory_kind,
+)
+from rlcluster_lab.roles import Mode, Role
+from rlcluster_lab.sharing import SharingMap, build_sharing_map, shares
+from rlcluster_lab.tokenizer import ByteTokenizer
+from rlcluster_lab.trace import Trace
+from rlcluster_lab.training import TrainBatch, batch_arrays, mini_batches, train_step
+
+ModelOrPath = Union[nnx.Module, str, os.PathLike]
+
+ROLLOUT_BRANCHES = ("shared", "second_copy", "engine_initial_value")
+
+
+class AvoidableCopyWarning(UserWarning):
+    """P4: reference and actor may share a backbone but hold two copies of it."""
+
+
+class NotConstructedError(RuntimeError):
+    """An operation was called on a cluster whose construction did not finish."""
+
+
+class RLCluster:
+    """Places actor, rollout, reference, reward and critic models on their meshes.
+
+    Construction follows the reference order: sharing map from the config's
+    meshes (P1, P2); the actor, then the rollout model (P3), the reference
+    (P4), critic and reward, each loaded onto its mesh (P5); the rollout
+    engine, which may replace the rollout mesh (P6, P7); the optimizer; the
+    anchor snapshot on pinned host (P8). Every branch is in ``self.trace``.
+    """
+
+    def __init__(
+        self,
+        *,
+        actor: ModelOrPath,
+        reference: ModelOrPath | None = None,
+        reward: ModelOrPath | None = None,
+        critic: ModelOrPath | None = None,
+        tokenizer: Any | None = None,
+        cluster_config: ClusterConfig,
+    ) -> None:
+        self._constructed = False
+        self.cluster_config = cluster_config
+        self.trace = Trace()
+        self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
+        # The reference writes the engine's mesh into its role_to_mesh dict (P7);
+        # the frozen config keeps what the user asked for, this dict what is used.
+        self.role_to_mesh: dict[Role, Mesh] = dict(cluster_config.role_to_mesh)
+        self.config_role_to_mesh: dict[Role, Mesh] = dict(cluster_config.role_to_mesh)
+        self.mesh_overridden_by_engine = False
+        self.global_steps = 0
+        self.rollout_branch: str | None = None
+        self._anchor_policy_state: Any = None
+        self._default_memory_kind = default_memory_kind()
+        self._actor: nnx.Module | None = None
+        self._reference: nnx.Module | None = None
+        self._reward: nnx.Module | None = None
+        self._critic: nnx.Module | None = None
+        self._rollout: RolloutEngine | None = None
+        self._opt_state: Any = None
+
+        before = {id(x) for x in jax.live_arrays()}
+        try:
+            self._construct(actor, reference, reward, critic)
+        except BaseException:
+            self._release_new_buffers(before, keep=(actor, reference, reward, critic))
+            raise
+        self._constructed = True
+
+    # ------------------------------------------------------------------ construction
+
+    def _construct(self, actor: Any, reference: Any, reward: Any, critic: Any) -> None:
+        cfg = self.cluster_config
+        actor_is_module = isinstance(actor, nnx.Module)
+        reference_is_module = reference is None or isinstance(reference, nnx.Module)
+        self._check_inputs(actor, reference, reward, critic)
+
+        # P1, P2 from the config's meshes, before any model or engine exists.
+        self.sharing_map: SharingMap = build_sharing_map(
+            self.role_to_mesh,
+            actor_is_module=actor_is_module,
+            actor_has_lora=actor_is_module and is_lora(actor),
+            has_reference=reference is not None,
+            reference_is_module=reference_is_module,
+            trace=self.trace,
+        )
+
+        actor_src = self._as_module(actor, "actor")
+        self._actor = self._load(actor_src, Role.ACTOR)
+
+        # P3: one object, a second copy, or an initial value for the engine.
+        rollout_cfg = cfg.rollout_config_for(Mode.TRAIN)
+        linked = shares(self.sharing_map, Role.ACTOR, Role.ROLLOUT)
+        engine_kind = self._engine_kind
+        if linked:
+            rollout_actor = self._actor
+            self.rollout_branch = "shared"
+            outcome = "rollout model is the actor model: one object, no second copy"
+        elif engine_kind == "vanilla":
+            # A fresh load of the actor as given (a path is read again).
+            src = actor if actor_is_module else self._as_module(actor, "actor")
+            rollout_actor = self._load(src, Role.ROLLOUT, dtype=parse_dtype(rollout_cfg.data_type))
+            self.rollout_branch = "second_copy"
+            outcome = "actor loaded a second time onto the rollout mesh" + (
+                f", cast to {rollout_cfg.data_type}" if rollout_cfg.data_type else ""
+            )
+        else:
+            rollout_actor = self._actor
+            self.rollout_branch = "engine_initial_value"
+            outcome = f"the {cfg.engine_name()} engine gets the trainer's model as its initial weights"
+        self.trace.record(
+            "P3",
+            "ROLLOUT in sharing_map[ACTOR]; else engine == 'vanilla'",
+            {"rollout_linked_to_actor": linked, "engine": cfg.engine_name(), "rollout_dtype": rollout_cfg.data_type},
+            outcome,
+        )
+
+        if reference is not None:
+            self._reference = self._load(self._as_module(reference, "reference"), Role.REFERENCE)
+            if shares(self.sharing_map, Role.ACTOR, Role.REFERENCE):
+                same = sharing_backbone(self._reference, self._actor)
+                self.trace.record(
+                    "P4",
+                    "reference linked to actor: its frozen buffers are the actor's",
+                    {"linked": True, "shares_buffers": same, "offload_to_cpu": cfg.offload_to_cpu},
+                    "one backbone in memory" if same else "warning: avoidable copy of the backbone",
+                )
+                if not same:
+                    warnings.warn(
+                        "The reference and the actor are on one mesh and may share the frozen "
+                        "backbone, but they hold two copies of it: an avoidable copy that costs "
+                        "device memory. Build the LoRA actor over the reference model's own "
+                        "weights (rlcluster_lab.with_lora(reference, rank, ...)) to share it.",
+                        AvoidableCopyWarning,
+                        stacklevel=3,
+                    )
+            else:
+                self.trace.record(
+                    "P4",
+                    "reference linked to actor",
+                    {"linked": False},
+                    "reference holds its own weights on its mesh",
+                )
+        if critic is not None:
+            self._critic = self._load(self._as_module(critic, "critic"), Role.CRITIC)
+        if reward is not None:
+            self._reward = self._load(self._as_module(reward, "reward"), Role.REWARD)
+
+        self._init_engine(rollout_actor, rollout_cfg)
+        self._init_trainer()
+        self._pin_anchor()
+        gc.collect()
+
+    def _check_inputs(self, actor: Any, reference: Any, reward: Any, critic: Any) -> None:
+        """Every P6 check, and the input checks, before anything is allocated."""
+        cfg = self.cluster_config
+        rollout_cfg = check_rollout_config(cfg)
+        self.trace.record(
+            "P6",
+            "rollout_config is set, and a per-mode dict has a TRAIN entry",
+            {"per_mode": not isinstance(cfg.rollout_config, RolloutConfig)},
+            "ok",
+        )
+        self._engine_kind = check_engine_choice(cfg.rollout_engine, _is_engine_class)
+        self.trace.record(
+            "P6",
+            "rollout_engine is vanilla, vllm, sglang_jax, or a RolloutEngine subclass / partial of one",
+            {"engine": cfg.engine_name()},
+            f"ok: {self._engine_kind}",
+        )
+        for name, model in (("actor", actor), ("reference", reference), ("reward", reward), ("critic", critic)):
+            if model is not None and not isinstance(model, (nnx.Module, str, os.PathLike)):
+                raise ConfigError(
+                    f"{name} must be an nnx.Module or a checkpoint path, got {type(model).__name__}"
+                )
+        actor_module = actor if isinstance(actor, nnx.Module) else None
+        if self._engine_kind == "vanilla":
+            has_config = actor_module is None or hasattr(actor_module, "config")
+            self.trace.record("P6", "vanilla engine: the model has a config attribute", {"has_config": has_config}, "ok" if has_config else "error")
+            if not has_config:
+                raise ConfigError(
+                    "the vanilla engine needs a model with a `config` attribute (num_layers, "
+                    "num_kv_heads, head_dim) to size its KV cache; use rlcluster_lab.TransformerLM "
+                    "or give your module a config"
+                )
+        elif self._engine_kind == "vllm":
+            version = rollout_cfg.rollout_vllm_model_version
+            self.trace.record("P6", "vllm engine: rollout_vllm_model_version is set", {"model_version": version}, "ok" if version else "error")
+            if version is None:
+                raise ConfigError(
+                    "the vllm engine needs rollout_config.rollout_vllm_model_version (the model "
+                    "version or path it serves); set it in RolloutConfig"
+                )
+        elif self._engine_kind == "sglang_jax":
+            lora = actor_module is not None and is_lora(actor_module)
+            static = rollout_cfg.rollout_sglang_jax_enable_static_lora
+            self.trace.record(
+                "P6",
+                "sglang_jax engine with a LoRA actor: static-LoRA settings given",
+                {"actor_has_lora": lora, "static_lora": static},
+                "error" if lora and not static else "ok",
+            )
+            if lora and not static:
+                raise ConfigError(SGLANG_LORA_MESSAGE)
+        if actor_module is not None:
+            for name, other in (("reference", reference), ("critic", critic)):
+                if isinstance(other, nnx.Module):
+                    check_same_backbone(actor_module, other, name)
+
+    def _as_module(self, model_or_path: Any, role: str) -> nnx.Module:
+        if isinstance(model_or_path, nnx.Module):
+            return model_or_path
+        model = checkpoint.load(model_or_path)
+        self.trace.record("P5", f"{role}: given as a path", {"path": str(model_or_path)}, "read from the checkpoint")
+        return model
+
+    def _load(self, model: nnx.Module, role: Role, dtype: Any = None) -> nnx.Module:
+        return load_model(
+            model,
+            self.role_to_mesh[role],
+            role=role.value,
+            rules=self._rules(role, model),
+            dtype=dtype,
+            offload_to_cpu=self.cluster_config.offload_to_cpu,
+            trace=self.trace,
+        )
+
+    def _rules(self, role: Role, model: Any = None) -> Any:
+        rules = self.cluster_config.logical_axis_rules(role)
+        if rules is not None:
+            return rules
+        from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES
+
+        return DEFAULT_LOGICAL_AXIS_RULES
+
+    def _init_engine(self, rollout_actor: nnx.Module, rollout_cfg: RolloutConfig) -> None:
+        cfg = self.cluster_config
+        mesh = self.role_to_mesh[Role.ROLLOUT]
+        train_cfg = dataclasses_replace(rollout_cfg, kv_cache_size=max_kv_cache_size(cfg))
+        kind = self._engine_kind
+        # A model that sits in pinned host memory is brought to device before the
+        # engine sees it, so that its programs are built for the device.
+        self._maybe_load_from_cpu(rollout_actor, Role.ROLLOUT)
+        with self._role_context(Role.ROLLOUT):
+            if kind == "vanilla":
+                engine: RolloutEngine = VanillaEngine(rollout_actor, self.tokenizer, mesh=mesh, rollout_config=train_cfg)
+            elif kind == "vllm":
+                engine = VllmStyleEngine(
+                    rollout_actor, self.tokenizer, mesh=mesh, rollout_config=train_cfg,
+                    logical_axis_rules=self._rules(Role.ROLLOUT),
+                )
+            elif kind == "sglang_jax":
+                engine = SglangJaxStyleEngine(
+                    rollout_actor, self.tokenizer, mesh=mesh, rollout_config=train_cfg,
+                    logical_axis_rules=self._rules(Role.ROLLOUT),
+                )
+            else:
+                engine = cfg.rollout_engine(
+                    rollout_actor=rollout_actor, tokenizer=self.tokenizer, mesh=mesh, rollout_config=train_cfg
+                )
+        self._rollout = engine
+        self._maybe_offload_to_cpu(engine.model(), Role.ROLLOUT)
+
+        # P7: an engine that exposes a mesh replaces the rollout mesh; the sharing
+        # map, built from the config's meshes, is deliberately not rebuilt.
+        engine_mesh = getattr(engine, "mesh", None)
+        if engine_mesh is not None:
+            self.mesh_overridden_by_engine = engine_mesh != mesh
+            self.role_to_mesh[Role.ROLLOUT] = engine_mesh
+        self.trace.record(
+            "P7",
+            "the engine exposes a non-None mesh",
+            {
+                "engine": cfg.engine_name(),
+                "exposes_mesh": engine_mesh is not None,
+                "config_rollout_mesh": describe_mesh(mesh),
+                "engine_mesh": describe_mesh(engine_mesh) if engine_mesh is not None else None,
+                "sharing_map_rebuilt": False,
+                "still_registered_as_sharing": shares(self.sharing_map, Role.ACTOR, Role.ROLLOUT),
+            },
+            "role_to_mesh[ROLLOUT] replaced by the engine's mesh" if engine_mesh is not None else "rollout mesh kept",
+        )
+
+    def _init_trainer(self) -> None:
+        assert self._actor is not None
+        self._maybe_load_from_cpu(self._actor, Role.ACTOR)
+        self._tx = self.cluster_config.training_config.actor_optimizer()
+        self._trainable_filter = nnx.LoRAParam if is_lora(self._actor) else nnx.Param
+        with self._role_context(Role.ACTOR):
+            self._opt_state = self._tx.init(nnx.state(self._actor, self._trainable_filter))
+        self.trace.record(
+            "P12",
+            "actor trainable parameters",
+            {"lora": is_lora(self._actor)},
+            "optimizer over LoRA parameters only" if is_lora(self._actor) else "optimizer over all parameters",
+        )
+        self._maybe_offload_to_cpu(self._actor, Role.ACTOR)
+        if self.cluster_config.offload_to_cpu:
+            self._opt_state = put_on_memory_kind(self._opt_state, "pinned_host")
+
+    def _pin_anchor(self) -> None:
+        assert self._actor is not None
+        # P8 / P13: the anchor is the actor's full state, pinned on the host.
+        self._anchor_policy_state = put_on_memory_kind(nnx.state(self._actor), "pinned_host")
+        self.trace.record(
+            "P8",
+            "snapshot the actor's full state to pinned host",
+            {"global_steps": self.global_steps, "bytes": state_bytes(self._anchor_policy_state)},
+            "anchor policy state pinned",
+        )
+
+    def _release_new_buffers(self, before: set[int], keep: Sequence[Any]) -> None:
+        """After a failed construction, free the device buffers it allocated.
+
+        Arrays reachable from the caller's own models are kept.
+        """
+        kept = set()
+        for model in keep:
+            if isinstance(model, nnx.Module):
+                kept.update(id(x) for x in array_leaves(nnx.state(model)))
+        self._actor = self._reference = self._reward = self._critic = None
+        self._rollout = None
+        self._anchor_policy_state = None
+        self._opt_state = None
+        for x in jax.live_arrays():
+            if id(x) not in before and id(x) not in kept and not x.is_deleted():
+                x.delete()
+        gc.collect()
+
+    # ------------------------------------------------------------------ models
+
+    @property
+    def rollout(self) -> RolloutEngine:
+        self._require_constructed()
+        assert self._rollout is not None
+        return self._rollout
+
+    @property
+    def actor_model(self) -> nnx.Module:
+        self._require_constructed()
+        assert self._actor is not None
+        return self._actor
+
+    @property
+    def reference_model(self) -> nnx.Module | None:
+        return self._reference
+
+    @property
+    def reward_model(self) -> nnx.Module | None:
+        return self._reward
+
+    @property
+    def critic_model(self) -> nnx.Module | None:
+        return self._critic
+
+    @property
+    def anchor_policy_state(self) -> Any:
+        return self._anchor_policy_state
+
+    def models(self) -> dict[Role, nnx.Module]:
+        """The module each present role computes with (the rollout: the engine's model)."""
+        out: dict[Role, nnx.Module] = {}
+        if self._actor is not None:
+            out[Role.ACTOR] = self._actor
+        if self._rollout is not None:
+            out[Role.ROLLOUT] = self._rollout.model()
+        for role, model in ((Role.REFERENCE, self._reference), (Role.REWARD, self._reward), (Role.CRITIC, self._critic)):
+            if model is not None:
+                out[role] = model
+        return out
+
+    def get_rollout_config(self, mode: Mode = Mode.TRAIN) -> RolloutConfig:
+        return self.cluster_config.rollout_config_for(mode)
+
+    # ------------------------------------------------------------------ mesh and offload
+
+    @contextlib.contextmanager
+    def _role_context(self, role: Role) -> Iterator[Mesh]:
+        """Enter the role's mesh and, when configured, its logical axis rules."""
+        mesh = self.role_to_mesh[role]
+        rules = self.cluster_config.logical_axis_rules(role)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(jax.set_mesh(mesh))
+            if rules:
+                stack.enter_context(nnx.logical_axis_rules(list(rules)))
+            yield mesh
+
+    def _update_models_sharing_weights(self, model: nnx.Module, role: Role) -> None:
+        """P14: roles that share weights with ``role`` take its new arrays too."""
+        for other in self.sharing_map.get(role, ()):
+            if other == Role.ROLLOUT and self._rollout is not None:
+                if self._rollout.model() is not model:
+                    self._rollout.update_params(nnx.state(model))
+            elif other == Role.REFERENCE and self._reference is not None:
+                nnx.update(self._reference, nnx.state(model, nnx.Not(nnx.LoRAParam)))
+            elif other == Role.ACTOR and self._actor is not None and self._actor is not model:
+                nnx.update(self._actor, nnx.state(model))
+
+    def _maybe_load_from_cpu(self, model: nnx.Module, role: Role) -> None:
+        if not self.cluster_config.offload_to_cpu:
+            return
+        move_model(model, self._default_memory_kind)
+        self._update_models_sharing_weights(model, role)
+
+    def _maybe_offload_to_cpu(self, model: nnx.Module, role: Role) -> None:
+        if not self.cluster_config.offload_to_cpu:
+            return
+        move_model(model, "pinned_host")
+        self._update_models_sharing_weights(model, role)
+
+    def _require_constructed(self) -> None:
+        if not self._constructed:
+            raise NotConstructedError(
+                "this RLCluster did not finish construction (it raised); build a new one "
+                "with a corrected config before calling its operations"
+            )
+
+    # ------------------------------------------------------------------ operations
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        mode: Mode = Mode.TRAIN,
+        micro_batch_size: int | None = None,
+        max_generation_steps: int | None = None,
+    ) -> RolloutOutput:
+        """P9: sample completions on the rollout mesh, in micro-batches if asked."""
+        self._require_constructed()
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("Cannot generate from an empty list of prompts.")
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        step = micro_batch_size or len(prompts)
+        rollout_cfg = self.get_rollout_config(mode)
+        if max_generation_steps is not None:
+            rollout_cfg = dataclasses_replace(rollout_cfg, max_tokens_to_generate=max_generation_steps)
+        engine = self.rollout
+        with self._role_context(Role.ROLLOUT):
+            model = engine.model()
+            self._maybe_load_from_cpu(model, Role.ROLLOUT)
+            outs = [engine.generate(prompts[i : i + step], rollout_cfg) for i in range(0, len(prompts), step)]
+            self._maybe_offload_to_cpu(model, Role.ROLLOUT)
+        return _concat_outputs(outs, engine.pad_id())
+
+    def per_token_logps(
+        self, role: Role, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
+    ) -> jax.Array:
+        """Per-token log-probs under REFERENCE, ACTOR (the anchor, P10) or ROLLOUT."""
+        role = Role.parse(role)
+        if role == Role.REFERENCE:
+            return self.get_ref_per_token_logps(prompt_tokens, completion_tokens, micro_batch_size)
+        if role == Role.ACTOR:
+            return self.get_actor_per_token_logps(prompt_tokens, completion_tokens, micro_batch_size)
+        if role == Role.ROLLOUT:
+            return self.get_old_per_token_logps(prompt_tokens, completion_tokens, micro_batch_size)
+        raise ValueError(f"per-token log-probs come from actor, reference or rollout, not {role.value}")
+
+    def get_ref_per_token_logps(self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None) -> jax.Array:
+        self._require_constructed()
+        if self._reference is None:
+            raise ValueError("this cluster has no reference model; pass reference=... when building it")
+        prompt_tokens, completion_tokens = _check_batch(prompt_tokens, completion_tokens, "reference")
+        with self._role_context(Role.REFERENCE):
+            self._maybe_load_from_cpu(self._reference, Role.REFERENCE)
+            graphdef, state = nnx.split(self._reference)
+            out = self._chunked(graphdef, state, prompt_tokens, completion_tokens, micro_batch_size)
+            self._maybe_offload_to_cpu(self._reference, Role.REFERENCE)
+        return out
+
+    def get_old_per_token_logps(self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None) -> jax.Array:
+        """Log-probs under the rollout engine's own weights."""
+        self._require_constructed()
+        prompt_tokens, completion_tokens = _check_batch(prompt_tokens, completion_tokens, "old")
+        engine = self.rollout
+        step = micro_batch_size or len(prompt_tokens)
+        with self._role_context(Role.ROLLOUT):
+            model = engine.model()
+            self._maybe_load_from_cpu(model, Role.ROLLOUT)
+            outs = [
+                engine.get_per_token_logps(prompt_tokens[i : i + step], completion_tokens[i : i + step])
+                for i in range(0, len(prompt_tokens), step)
+            ]
+            self._maybe_offload_to_cpu(model, Role.ROLLOUT)
+        return jnp.concatenate(outs, axis=0)
+
+    def get_actor_per_token_logps(self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None) -> jax.Array:
+        """P10: the live actor's graph run over the *anchor* state (P11 says why)."""
+        self._require_constructed()
+        prompt_tokens, completion_tokens = _check_batch(prompt_tokens, completion_tokens, "actor")
+        if self._anchor_policy_state is None:
+            raise ValueError("The anchor policy state is not set: call sync_weights() first.")
+        actor = self.actor_model
+        with self._role_context(Role.ACTOR):
+            graphdef, _ = nnx.split(actor)
+            anchor_on_device = is_on_device(self._anchor_policy_state)
+            anchor = (
+                self._anchor_policy_state
+                if anchor_on_device
+                else put_on_memory_kind(self._anchor_policy_state, self._default_memory_kind)
+            )
+            out = self._chunked(graphdef, anchor, prompt_tokens, completion_tokens, micro_batch_size)
+            del anchor
+        return out
+
+    def get_live_actor_per_token_logps(self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None) -> jax.Array:
+        """The actor's log-probs with its *live* weights: what P11 warns against.
+
+        Not used by training; the lab shows it beside the anchor's to make the
+        difference visible.
+        """
+        self._require_constructed()
+        prompt_tokens, completion_tokens = _check_batch(prompt_tokens, completion_tokens, "actor")
+        actor = self.actor_model
+        with self._role_context(Role.ACTOR):
+            self._maybe_load_from_cpu(actor, Role.ACTOR)
+            graphdef, state = nnx.split(actor)
+            out = self._chunked(graphdef, state, prompt_tokens, completion_tokens, micro_batch_size)
+            self._maybe_offload_to_cpu(actor, Role.ACTOR)
+        return out
+
+    def _chunked(self, graphdef: Any, state: Any, prompt_tokens: np.ndarray, completion_tokens: np.ndarray, micro_batch_size: int | None) -> jax.Array:
+        temperature = self.get_rollout_config(Mode.TRAIN).temperature
+        step = micro_batch_size or len(prompt_tokens)
+        pad = self.rollout.pad_id()
+        outs = [
+            logps_from_state(graphdef, state, prompt_tokens[i : i + step], completion_tokens[i : i + step], pad, temperature)
+            for i in range(0, len(prompt_tokens), step)
+        ]
+        return jnp.concatenate(outs, axis=0)
+
+    def update_actor(self, batch: TrainBatch) -> list[dict[str, float]]:
+        """P12: optimizer steps on the actor, on its mesh, one per mini-batch per iteration.
+
+        With offload the actor (and its optimizer state) come to device for the
+        step and go back to pinned host after. Returns one metrics dict per step.
+        """
+        self._require_constructed()
+        if not isinstance(batch, TrainBatch):
+            raise TypeError(f"update_actor takes a TrainBatch, got {type(batch).__name__}")
+        tcfg = self.cluster_config.training_config
+        actor = self.actor_model
+        metrics: list[dict[str, float]] = []
+        temperature = jnp.float32(self.get_rollout_config(Mode.TRAIN).temperature or 1.0)
+        with self._role_context(Role.ACTOR):
+            self._maybe_load_from_cpu(actor, Role.ACTOR)
+            if self.cluster_config.offload_to_cpu:
+                self._opt_state = put_on_memory_kind(self._opt_state, self._default_memory_kind)
+            for _ in range(tcfg.num_iterations):
+                for rows in mini_batches(len(batch), tcfg.mini_batch_size):
+                    graphdef, trainable, frozen = nnx.split(actor, self._trainable_filter, ...)
+                    shardings = jax.tree.map(lambda x: x.sharding, trainable)
+                    new_trainable, self._opt_state, m = train_step(
+                        graphdef, self._tx, trainable, frozen, self._opt_state,
+                        batch_arrays(batch.rows(rows)), temperature,
+                        pad_id=self.rollout.pad_id(), beta=float(tcfg.beta), epsilon=float(tcfg.epsilon),
+                    )
+                    # Keep every leaf exactly where it was (no-op when jit kept the sharding).
+                    nnx.update(actor, jax.device_put(new_trainable, shardings))
+                    metrics.append({k: float(v) for k, v in m.items()})
+            self._update_models_sharing_weights(actor, Role.ACTOR)
+            self._maybe_offload_to_cpu(actor, Role.ACTOR)
+            if self.cluster_config.offload_to_cpu:
+                self._opt_state = put_on_memory_kind(self._opt_state, "pinned_host")
+        return metrics
+
+    def sync_weights(self) -> None:
+        """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine.
+
+        The sharing map is not consulted: the engine reshards onto its own
+        copy's shardings, which moves nothing when that copy is the actor
+        itself. Then the anchor is re-pinned and the global step advances.
+        """
+        self._require_constructed()
+        actor = self.actor_model
+        guard = _cpu_transfer_guard()
+        lora = is_lora(actor)
+        filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
+        with guard:
+            params = nnx.state(actor, *filter_types)
+            self.rollout.update_params(params, filter_types)
+            self._anchor_policy_state = put_on_memory_kind(nnx.state(actor), "pinned_host")
+        self.trace.record(
+            "P13",
+            "sync: filter to LoRA parameters if the actor has LoRA, else all parameters",
+            {
+                "lora": lora,
+                "global_step": self.global_steps + 1,
+                "transfer_guard": jax.default_backend() not in ("gpu", "tpu"),
+                "sharing_map_consulted": False,
+            },
+            "LoRA parameters handed to the engine" if lora else "all parameters handed to the engine",
+        )
+        self.global_steps += 1
+
+    def get_rewards(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
+        """Scores (B,) from the reward model, on the reward mesh."""
+        return self._score(Role.REWARD, self._reward, prompt_tokens, completion_tokens, per_token=False)
+
+    def get_values(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
+        """Per-token values (B, C) from the critic, on the critic mesh."""
+        return self._score(Role.CRITIC, self._critic, prompt_tokens, completion_tokens, per_token=True)
+
+    def _score(self, role: Role, model: nnx.Module | None, prompt_tokens: Any, completion_tokens: Any, *, per_token: bool) -> jax.Array:
+        from rlcluster_lab.scoring import scores_from_state
+
+        self._require_constructed()
+        if model is None:
+            raise ValueError(f"this cluster has no {role.value} model; pass {role.value}=... when building it")
+        prompt_tokens, completion_tokens = _check_batch(prompt_tokens, completion_tokens, role.value)
+        with self._role_context(role):
+            self._maybe_load_from_cpu(model, role)
+            graphdef, state = nnx.split(model)
+            out = scores_from_state(graphdef, state, prompt_tokens, completion_tokens, self.rollout.pad_id(), per_token=per_token)
+            self._maybe_offload_to_cpu(model, role)
+        return out
+
+
+RLEngine = RLCluster  # P15: one class, two names
+
+
+def _is_engine_class(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, RolloutEngine)
+
+
+def dataclasses_replace(obj: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def _cpu_transfer_guard() -> contextlib.AbstractContextManager:
+    """P13: on a CPU backend, explicit host<->device transfers are disallowed during a sync."""
+    if jax.default_backend() in ("gpu", "tpu"):
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.transfer_guard_device_to_host("disallow_explicit"))
+    stack.enter_context(jax.transfer_guard_host_to_device("disallow_explicit"))
+    return stack
+
+
+def _check_batch(prompt_tokens: Any, completion_tokens: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+    prompt_tokens = np.asarray(prompt_tokens)
+    completion_tokens = np.asarray(completion_tokens)
+    if prompt_tokens.ndim != 2 or prompt_tokens.shape[0] == 0:
+        raise ValueError(f"Cannot compute {what} log probabilities from an empty batch (prompt_tokens shape {prompt_tokens.shape}).")
+    if completion_tokens.ndim != 2 or completion_tokens.shape[0] != prompt_tokens.shape[0]:
+        raise ValueError(
+            f"completion_tokens must be (batch, length) with the same batch as prompt_tokens "
+            f"{prompt_tokens.shape}; got {completion_tokens.shape}"
+        )
+    return prompt_tokens, completion_tokens
+
+
+def _concat_outputs(outs: list[RolloutOutput], pad_id: int) -> RolloutOutput:
+    width = max(o.left_padded_prompt_tokens.shape[1] for o in outs)
+    prompts = [
+        np.pad(o.left_padded_prompt_tokens, ((0, 0), (width - o.left_padded_prompt_tokens.shape[1], 0)), constant_values=pad_id)
+        for o in outs
+    ]
+    return RolloutOutput(
+        text=[t for o in outs for t in o.text],
+        tokens=np.concatenate([o.tokens for o in outs], axis=0),
+        logprobs=np.concatenate([o.logprobs for o in outs], axis=0),
+        left_padded_prompt_tokens=np.concatenate(prompts, axis=0),
+    )
+
+
+def state_bytes(state: Any) -> int:
+    """Physical bytes of a state: every addressable shard counted."""
+    return int(sum(s.data.nbytes for x in array_leaves(state) for s in x.addressable_shards))
+
+
+def buffer_keys(state: Any) -> set[tuple[int, int]]:
+    """(device id, buffer pointer) of every addressable shard of ``state``."""
+    keys = set()
+    for x in array_leaves(state):
+        for s in x.addressable_shards:
+            keys.add((s.device.id, s.data.unsafe_buffer_pointer()))
+    return keys
+
+
+def sharing_backbone(a: nnx.Module, b: nnx.Module) -> bool:
+    """P4: every frozen (non-LoRA) buffer of ``a`` is one of ``b``'s."""
+    ka = buffer_keys(nnx.state(a, nnx.Not(nnx.LoRAParam)))
+    kb = buffer_keys(nnx.state(b, nnx.Not(nnx.LoRAParam)))
+    return bool(ka) and ka <= kb
+
+
+def check_same_backbone(actor: nnx.Module, other: nnx.Module, name: str) -> None:
+    """A reference (or a critic's backbone) must have the actor's frozen parameter tree."""
+    target = getattr(other, "backbone", other) if name == "critic" else other
+    want = _shapes(nnx.state(actor, nnx.Not(nnx.LoRAParam)))
+    got = _shapes(nnx.state(target, nnx.Not(nnx.LoRAParam)))
+    if want != got:
+        missing = sorted(set(want) - set(got))[:3]
+        extra = sorted(set(got) - set(want))[:3]
+        differ = sorted(k for k in set(want) & set(got) if want[k] != got[k])[:3]
+        raise ConfigError(
+            f"the {name} model's parameter tree does not match the actor's (missing: {missing}, "
+            f"unexpected: {extra}, other shapes: {[(k, got[k], want[k]) for k in differ]}). "
+            f"Build the {name} with the same model size as the actor."
+        )
+
+
+def _shapes(state: Any) -> dict[str, tuple[int, ...]]:
+    flat = nnx.to_flat_state(state) if hasattr(nnx, "to_flat_state") else state.flat_state()
+    out = {}
+    for path, var in flat:
+        value = var.value if hasattr(var, "value") else var
+        out["/".join(map(str, path))] = tuple(getattr(value, "shape", ()))
+    return out

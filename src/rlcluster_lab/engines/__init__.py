@@ -1,0 +1,13 @@
+"""Rollout engines: the protocol, the vanilla sampler, and placement stand-ins for vLLM and SGLang-JAX."""
+from rlcluster_lab.engines.base import RolloutEngine, RolloutOutput, reshard_into
+from rlcluster_lab.engines.own_copy import SglangJaxStyleEngine, VllmStyleEngine
+from rlcluster_lab.engines.vanilla import VanillaEngine
+
+__all__ = [
+    "RolloutEngine",
+    "RolloutOutput",
+    "SglangJaxStyleEngine",
+    "VanillaEngine",
+    "VllmStyleEngine",
+    "reshard_into",
+]

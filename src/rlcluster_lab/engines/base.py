@@ -1,0 +1,176 @@
+"""The rollout-engine protocol every engine follows, built-in or a user's own.
+
+An engine is constructed as ``Engine(rollout_actor=..., tokenizer=...,
+mesh=..., rollout_config=...)``. It samples with the module ``model()``
+returns, scores completions, and takes new weights through
+``update_params(params, filter_types)``. An engine that picks its own mesh
+exposes it as ``mesh``; the cluster then records that mesh for the rollout
+role (P7).
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from rlcluster_lab.config import RolloutConfig
+from rlcluster_lab.model import logps_from_state
+from rlcluster_lab.reshard import reshard
+from rlcluster_lab.sampling import sample
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutOutput:
+    """Completions of one generate call."""
+
+    text: list[str]
+    tokens: np.ndarray  # (B, max_new) completion ids, padded with pad_id after EOS
+    logprobs: np.ndarray  # (B, max_new) log-probs of the sampled ids (0 at padding)
+    left_padded_prompt_tokens: np.ndarray  # (B, P)
+
+
+class RolloutEngine(abc.ABC):
+    """Base class of rollout engines.
+
+    Subclasses must implement ``model()``; sampling, scoring and weight
+    updates have working defaults that operate on that module.
+    ``owns_weights`` says whether ``update_params`` must write into buffers
+    of the engine's own (no aliasing of the trainer's arrays).
+    """
+
+    owns_weights: bool = False
+
+    def __init__(
+        self,
+        rollout_actor: nnx.Module,
+        tokenizer: Any,
+        *,
+        mesh: Mesh | None = None,
+        rollout_config: RolloutConfig,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.rollout_config = rollout_config
+        self._given_mesh = mesh
+        self._calls = 0
+
+    @abc.abstractmethod
+    def model(self) -> nnx.Module:
+        """The module this engine samples with."""
+
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_id)
+
+    def eos_id(self) -> int:
+        return int(self.tokenizer.eos_id)
+
+    def generate(self, prompts: list[str], rollout_config: RolloutConfig) -> RolloutOutput:
+        graphdef, state = nnx.split(self.model())
+        # A fresh seed per call, so repeated calls sample different completions.
+        seed = rollout_config.seed + self._calls
+        self._calls += 1
+        out = sample(
+            graphdef,
+            state,
+            self.tokenizer,
+            list(prompts),
+            max_new_tokens=rollout_config.max_tokens_to_generate,
+            temperature=rollout_config.temperature,
+            cache_size=rollout_config.kv_cache_size,
+            seed=seed,
+            eos_id=self.eos_id(),
+            pad_id=self.pad_id(),
+        )
+        return RolloutOutput(
+            text=list(out.text),
+            tokens=np.asarray(out.tokens),
+            logprobs=np.asarray(out.logprobs),
+            left_padded_prompt_tokens=np.asarray(out.prompt_tokens),
+        )
+
+    def get_per_token_logps(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
+        graphdef, state = nnx.split(self.model())
+        return logps_from_state(
+            graphdef,
+            state,
+            prompt_tokens,
+            completion_tokens,
+            self.pad_id(),
+            self.rollout_config.temperature,
+        )
+
+    def update_params(self, params: Any, filter_types: tuple[Any, ...] | None = None) -> None:
+        """Take new weights, resharded onto this engine's own shardings.
+
+        With ``filter_types`` (a weight sync, P13) the destination is the
+        matching part of this engine's model, in its current shardings and
+        memory kind. Without it (keeping shared roles together, P14) the whole
+        state is taken, in the memory kind the source is in.
+        """
+        model = self.model()
+        if filter_types is not None:
+            dst = nnx.state(model, *filter_types)
+        else:
+            dst = nnx.state(model)
+        new_values = reshard_into(
+            params, dst, copy=self.owns_weights, follow_source_memory=filter_types is None
+        )
+        nnx.replace_by_pure_dict(dst, new_values)
+        nnx.update(model, dst)
+
+
+def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool = False) -> Any:
+    """A pure dict of ``src``'s values placed with ``dst``'s shardings and cast to ``dst``'s dtypes.
+
+    Leaves already in their destination sharding are reused unless ``copy``
+    asks for new buffers. Only device-to-device copies happen: no host
+    round-trip, so it runs under a transfer guard.
+    """
+    src_values = nnx.to_pure_dict(src) if isinstance(src, nnx.State) else src
+    dst_values = nnx.to_pure_dict(dst) if isinstance(dst, nnx.State) else dst
+    src_flat = dict(_flatten(src_values))
+    dst_flat = dict(_flatten(dst_values))
+    if set(src_flat) != set(dst_flat):
+        missing = sorted(map(str, set(dst_flat) - set(src_flat)))[:5]
+        extra = sorted(map(str, set(src_flat) - set(dst_flat)))[:5]
+        raise ValueError(
+            "the new weights do not match the rollout model's parameter tree "
+            f"(missing: {missing}, unexpected: {extra}); sync from a model of the same architecture"
+        )
+    keys = list(dst_flat)
+    shardings = []
+    for k in keys:
+        s = dst_flat[k].sharding
+        if follow_source_memory and isinstance(s, NamedSharding):
+            s = s.with_memory_kind(src_flat[k].sharding.memory_kind)
+        shardings.append(s)
+    moved = [reshard(src_flat[k], s, copy=copy) for k, s in zip(keys, shardings)]
+    out = {}
+    for k, x in zip(keys, moved):
+        want = dst_flat[k].dtype
+        # Cast on the destination devices, after the move (bytes move in the source dtype).
+        out[k] = x if x.dtype == want else x.astype(want)
+    return _unflatten(out)
+
+
+def _flatten(tree: Any, prefix: tuple = ()) -> list[tuple[tuple, Any]]:
+    if isinstance(tree, dict):
+        items: list[tuple[tuple, Any]] = []
+        for k, v in tree.items():
+            items.extend(_flatten(v, prefix + (k,)))
+        return items
+    return [(prefix, tree)]
+
+
+def _unflatten(flat: dict[tuple, Any]) -> dict:
+    root: dict = {}
+    for path, value in flat.items():
+        node = root
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = value
+    return root

@@ -1,0 +1,114 @@
+"""Placement stand-ins for the vLLM and SGLang-JAX rollouts.
+
+Neither vLLM nor SGLang runs here. These two engines are written in JAX for
+this lab and sample with the same code as the vanilla engine; what they
+reproduce is the *placement contract* of those engines in the reference:
+
+- ``VllmStyleEngine`` builds a mesh of its own over the devices it is given,
+  rearranged for tensor parallelism, exposes it as ``mesh`` (so the cluster
+  replaces the recorded rollout mesh, P7), and holds its own copy of the
+  weights on that mesh.
+- ``SglangJaxStyleEngine`` takes the rollout mesh, holds its own copy of the
+  weights on it, exposes no mesh, and refuses a LoRA actor unless static-LoRA
+  settings are given (P6).
+
+They are not vLLM or SGLang, and their speed says nothing about those engines.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlcluster_lab.config import ConfigError, RolloutConfig
+from rlcluster_lab.engines.base import RolloutEngine
+from rlcluster_lab.meshes import make_mesh
+from rlcluster_lab.model import is_lora
+from rlcluster_lab.placement import default_memory_kind, place_model
+
+
+def copy_onto_mesh(model: nnx.Module, mesh: Mesh, rules: Any) -> nnx.Module:
+    """A new module whose every buffer is the engine's own, sharded on ``mesh``."""
+    return place_model(model, mesh, rules, memory_kind=default_memory_kind(), role="rollout", copy=True)
+
+
+class VllmStyleEngine(RolloutEngine):
+    """Stand-in for the vLLM rollout's placement: its own rearranged mesh, its own copy."""
+
+    owns_weights = True
+
+    def __init__(
+        self,
+        rollout_actor: nnx.Module,
+        tokenizer: Any,
+        *,
+        mesh: Mesh | None = None,
+        rollout_config: RolloutConfig,
+        logical_axis_rules: Any = None,
+    ) -> None:
+        super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config)
+        if rollout_config.rollout_vllm_model_version is None:
+            raise ConfigError(
+                "the vllm engine needs rollout_config.rollout_vllm_model_version (a model name "
+                "or path identifying the weights it serves); set it in RolloutConfig"
+            )
+        if mesh is None:
+            raise ConfigError("the vllm engine needs the rollout mesh to pick its devices from")
+        self._mesh = self.rearrange(mesh, rollout_config.rollout_vllm_tensor_parallel_size)
+        self._model = copy_onto_mesh(rollout_actor, self._mesh, logical_axis_rules)
+
+    @staticmethod
+    def rearrange(mesh: Mesh, tp_size: int | None) -> Mesh:
+        """All the mesh's devices, tensor-parallel first: shape (n / tp, tp), tp = n by default."""
+        devices = list(np.asarray(mesh.devices).flatten())
+        n = len(devices)
+        tp = n if tp_size is None else int(tp_size)
+        if tp < 1 or n % tp:
+            raise ConfigError(
+                f"rollout_vllm_tensor_parallel_size={tp_size} does not divide the {n} rollout "
+                f"devices; use a divisor of {n}"
+            )
+        return make_mesh(devices, (n // tp, tp), tuple(mesh.axis_names))
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh
+
+    def model(self) -> nnx.Module:
+        return self._model
+
+
+class SglangJaxStyleEngine(RolloutEngine):
+    """Stand-in for the SGLang-JAX rollout's placement: given mesh, own copy, no mesh exposed."""
+
+    owns_weights = True
+
+    def __init__(
+        self,
+        rollout_actor: nnx.Module,
+        tokenizer: Any,
+        *,
+        mesh: Mesh | None = None,
+        rollout_config: RolloutConfig,
+        logical_axis_rules: Any = None,
+    ) -> None:
+        super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config)
+        if is_lora(rollout_actor) and not rollout_config.rollout_sglang_jax_enable_static_lora:
+            raise ConfigError(SGLANG_LORA_MESSAGE)
+        if mesh is None:
+            raise ConfigError("the sglang_jax engine needs the rollout mesh")
+        # Held privately: this engine does not expose a mesh, like the reference's.
+        self._engine_mesh = mesh
+        self._model = copy_onto_mesh(rollout_actor, mesh, logical_axis_rules)
+
+    def model(self) -> nnx.Module:
+        return self._model
+
+
+SGLANG_LORA_MESSAGE = (
+    "the sglang_jax engine was given a LoRA actor but no static-LoRA settings: set "
+    "rollout_sglang_jax_enable_static_lora=True and rollout_sglang_jax_lora_target_modules, "
+    "rollout_sglang_jax_max_lora_rank, rollout_sglang_jax_lora_scaling in RolloutConfig"
+)

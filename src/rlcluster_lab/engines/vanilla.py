@@ -1,0 +1,41 @@
+"""The built-in sampler: samples with the module it is handed, on that module's mesh."""
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlcluster_lab.config import RolloutConfig
+from rlcluster_lab.engines.base import RolloutEngine
+
+
+class VanillaEngine(RolloutEngine):
+    """Real autoregressive sampling with a KV cache, on the module it is given.
+
+    It keeps no copy of its own: when the cluster hands it the actor itself
+    (P3, shared branch) it samples with the actor's own buffers. It exposes
+    no mesh, so the rollout mesh stays the one in the config (P7).
+    """
+
+    owns_weights = False
+
+    def __init__(
+        self,
+        rollout_actor: nnx.Module,
+        tokenizer: Any,
+        *,
+        mesh: Mesh | None = None,
+        rollout_config: RolloutConfig,
+    ) -> None:
+        super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config)
+        if not hasattr(rollout_actor, "config"):
+            raise ValueError(
+                "the vanilla engine needs a model with a `config` attribute (num_layers, "
+                "num_kv_heads, head_dim) to size its KV cache; use rlcluster_lab.TransformerLM "
+                "or add a config to your module"
+            )
+        self._model = rollout_actor
+
+    def model(self) -> nnx.Module:
+        return self._model
