@@ -92,6 +92,7 @@ class RLCluster:
         self.mesh_overridden_by_engine = False
         self.global_steps = 0
         self.rollout_branch: str | None = None
+        self.warnings: list[str] = []
         self._anchor_policy_state: Any = None
         self._default_memory_kind = default_memory_kind()
         self._actor: nnx.Module | None = None
@@ -165,9 +166,18 @@ class RLCluster:
                     "P4",
                     "reference linked to actor: its frozen buffers are the actor's",
                     {"linked": True, "shares_buffers": same, "offload_to_cpu": cfg.offload_to_cpu},
-                    "one backbone in memory" if same else "warning: avoidable copy of the backbone",
+                    "one backbone in memory"
+                    if same
+                    else "warning: avoidable copy of the backbone"
+                    + (
+                        " (with offload the two were moved to host one by one; P14 joins them again "
+                        "when a shared role is next loaded)"
+                        if cfg.offload_to_cpu
+                        else ""
+                    ),
                 )
                 if not same:
+                    self.warnings.append("P4: avoidable copy of the backbone (reference and actor hold two copies)")
                     warnings.warn(
                         "The reference and the actor are on one mesh and may share the frozen "
                         "backbone, but they hold two copies of it: an avoidable copy that costs "
@@ -396,6 +406,10 @@ class RLCluster:
         return self._critic
 
     @property
+    def trainable_is_lora(self) -> bool:
+        return is_lora(self.actor_model)
+
+    @property
     def anchor_policy_state(self) -> Any:
         return self._anchor_policy_state
 
@@ -561,6 +575,11 @@ class RLCluster:
             self._maybe_offload_to_cpu(actor, Role.ACTOR)
         return out
 
+    def _live_logps(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
+        prompt_tokens, completion_tokens = _check_batch(prompt_tokens, completion_tokens, "actor")
+        graphdef, state = nnx.split(self.actor_model)
+        return self._chunked(graphdef, state, prompt_tokens, completion_tokens, None)
+
     def _chunked(self, graphdef: Any, state: Any, prompt_tokens: np.ndarray, completion_tokens: np.ndarray, micro_batch_size: int | None) -> jax.Array:
         temperature = self.get_rollout_config(Mode.TRAIN).temperature
         step = micro_batch_size or len(prompt_tokens)
@@ -571,11 +590,15 @@ class RLCluster:
         ]
         return jnp.concatenate(outs, axis=0)
 
-    def update_actor(self, batch: TrainBatch) -> list[dict[str, float]]:
+    def update_actor(self, batch: TrainBatch, on_step: Any = None) -> list[dict[str, float]]:
         """P12: optimizer steps on the actor, on its mesh, one per mini-batch per iteration.
 
         With offload the actor (and its optimizer state) come to device for the
         step and go back to pinned host after. Returns one metrics dict per step.
+
+        ``on_step(iteration, rows, live_logps)``, when given, is called before
+        each step; ``live_logps(prompt_tokens, completion_tokens)`` scores with
+        the actor's weights as they are at that moment (P11 made visible).
         """
         self._require_constructed()
         if not isinstance(batch, TrainBatch):
@@ -588,8 +611,10 @@ class RLCluster:
             self._maybe_load_from_cpu(actor, Role.ACTOR)
             if self.cluster_config.offload_to_cpu:
                 self._opt_state = put_on_memory_kind(self._opt_state, self._default_memory_kind)
-            for _ in range(tcfg.num_iterations):
+            for iteration in range(tcfg.num_iterations):
                 for rows in mini_batches(len(batch), tcfg.mini_batch_size):
+                    if on_step is not None:
+                        on_step(iteration, rows, self._live_logps)
                     graphdef, trainable, frozen = nnx.split(actor, self._trainable_filter, ...)
                     shardings = jax.tree.map(lambda x: x.sharding, trainable)
                     new_trainable, self._opt_state, m = train_step(

@@ -404,6 +404,15 @@ def _effective_temperature(temperature: float | jax.Array) -> jax.Array:
     return jnp.where(t == 0, jnp.float32(1.0), t)
 
 
+def mask_pad_logits(logits: jax.Array, pad_id: int) -> jax.Array:
+    """The pad id is never generated: its logit is -inf for sampling and scoring alike.
+
+    Without this a sampled pad token would be indistinguishable from padding,
+    and the sampler's log-probs would disagree with the scorer's.
+    """
+    return jnp.where(jnp.arange(logits.shape[-1]) == pad_id, -jnp.inf, logits)
+
+
 def forward_logps(model: TransformerLM, prompt_tokens: jax.Array, completion_tokens: jax.Array,
                   pad_id: int, temperature: float | jax.Array = 1.0) -> jax.Array:
     """Per-token log-probs (B, C) of the completion given the left-padded prompt.
@@ -421,7 +430,7 @@ def forward_logps(model: TransformerLM, prompt_tokens: jax.Array, completion_tok
     mask = valid[:, None, :]  # keys; causality is added by the model
     logits, _ = model(tokens, positions, mask)
     # Logits at position i predict token i + 1.
-    logits = logits[:, p - 1: p + c - 1] / _effective_temperature(temperature)
+    logits = mask_pad_logits(logits[:, p - 1: p + c - 1], pad_id) / _effective_temperature(temperature)
     logps = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logps, completion_tokens[..., None], axis=-1)[..., 0]
     return jnp.where(completion_tokens != pad_id, picked, 0.0)
@@ -445,5 +454,5 @@ def logps_from_state(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: ja
 __all__ = [
     "MESH_AXES", "DEFAULT_LOGICAL_AXIS_RULES", "ModelConfig", "MODEL_SIZES", "get_model_config",
     "KVCache", "init_cache", "TransformerLM", "LoRALinear", "init_model", "with_lora", "is_lora",
-    "forward_logps", "logps_from_state", "apply_rope",
+    "forward_logps", "logps_from_state", "mask_pad_logits", "apply_rope",
 ]

@@ -114,16 +114,20 @@ def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False) -> jax.Array:
         return jax.device_put(x, dst, may_alias=False) if copy else x
     if jax.default_backend() != "cpu":
         return jax.device_put(x, dst, may_alias=False if copy else None)
-    kind = dst.memory_kind
-    src_kind = x.sharding.memory_kind
-    if src_kind != kind and x.sharding.is_equivalent_to(dst.with_memory_kind(src_kind), x.ndim):
-        # Only the memory kind changes: a per-device move the guard allows.
-        return jax.device_put(x, dst, may_alias=False if copy else None)
-    device_dst = dst.with_memory_kind(src_kind) if src_kind != kind else dst
-    # Per-device programs must not inherit a role's mesh context.
-    with jax.set_mesh(None):
-        out = _assemble(x, device_dst, copy=copy)
-    return out if device_dst == dst else jax.device_put(out, dst)
+    # Layout changes run in device memory; memory-kind changes are per-device
+    # moves on either side of it, which the transfer guard allows.
+    work = jax.devices()[0].default_memory().kind
+    moved_kind = x.sharding.memory_kind != work
+    if moved_kind:
+        x = jax.device_put(x, x.sharding.with_memory_kind(work))
+    target = dst.with_memory_kind(work) if dst.memory_kind != work else dst
+    if x.sharding.is_equivalent_to(target, x.ndim):
+        out = jax.device_put(x, target, may_alias=False) if copy and not moved_kind else jax.device_put(x, target)
+    else:
+        # Per-device programs must not inherit a role's mesh context.
+        with jax.set_mesh(None):
+            out = _assemble(x, target, copy=copy)
+    return out if target == dst else jax.device_put(out, dst)
 
 
 def reshard_tree(values: Any, shardings: Any, *, copy: bool = False) -> Any:

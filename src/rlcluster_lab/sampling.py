@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rlcluster_lab.model import init_cache
+from rlcluster_lab.model import init_cache, mask_pad_logits
 from rlcluster_lab.tokenizer import ByteTokenizer
 
 
@@ -55,7 +55,7 @@ def _generate(graphdef, state, prompt_tokens, key, temperature, *, max_new_token
     def body(i, carry):
         cache, slot_valid, last_logits, key, out_tok, out_logp, done, pos = carry
         key, sub = jax.random.split(key)
-        scaled = last_logits / temperature
+        scaled = mask_pad_logits(last_logits, pad_id) / temperature
         logp = jax.nn.log_softmax(scaled, axis=-1)
         tok = (jnp.argmax(scaled, axis=-1) if greedy
                else jax.random.categorical(sub, scaled, axis=-1)).astype(jnp.int32)

@@ -119,8 +119,7 @@ class RolloutEngine(abc.ABC):
         new_values = reshard_into(
             params, dst, copy=self.owns_weights, follow_source_memory=filter_types is None
         )
-        nnx.replace_by_pure_dict(dst, new_values)
-        nnx.update(model, dst)
+        nnx.update(model, new_values)
 
 
 def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool = False) -> Any:
@@ -134,6 +133,10 @@ def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool =
     dst_values = nnx.to_pure_dict(dst) if isinstance(dst, nnx.State) else dst
     src_flat = dict(_flatten(src_values))
     dst_flat = dict(_flatten(dst_values))
+    if follow_source_memory:
+        # Keeping shared roles together may hand over part of a tree (a
+        # reference has no adapters): only those leaves are replaced.
+        dst_flat = {k: v for k, v in dst_flat.items() if k in src_flat}
     if set(src_flat) != set(dst_flat):
         missing = sorted(map(str, set(dst_flat) - set(src_flat)))[:5]
         extra = sorted(map(str, set(src_flat) - set(dst_flat)))[:5]
