@@ -187,6 +187,7 @@ def load_model(
     on_device = is_on_device(state)
     meshes = state_meshes(state)
     kept = all_on_mesh(state, mesh)
+    on_target = sum(isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh for x in leaves)
     kind = default_memory_kind() if on_device else "pinned_host"
     cast = dtype is not None and leaves and jnp.dtype(dtype) != leaves[0].dtype
     if not kept:
@@ -198,9 +199,7 @@ def load_model(
             "role": role,
             "model_meshes": [describe_mesh(m) for m in meshes],
             "target_mesh": describe_mesh(mesh),
-            "leaves_on_target": sum(
-                isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh for x in leaves
-            ),
+            "leaves_on_target": on_target,
             "leaves": len(leaves),
             "memory_kind": kind,
             "dtype": str(leaves[0].dtype) if leaves else None,
@@ -208,7 +207,9 @@ def load_model(
         },
         "kept as is"
         if kept
-        else f"resharded onto the target mesh in {kind} memory" + (f", cast to {jnp.dtype(dtype)}" if cast else ""),
+        else f"resharded onto the target mesh in {kind} memory"
+        + (f", cast to {jnp.dtype(dtype)}" if cast else "")
+        + (f" ({on_target} of {len(leaves)} leaves were already in place and are reused)" if on_target else ""),
     )
     if offload_to_cpu and on_device:
         move_model(model, "pinned_host")

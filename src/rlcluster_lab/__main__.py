@@ -1,0 +1,3 @@
+from rlcluster_lab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""``python -m rlcluster_lab``: the placement report (and a learner run) as text or JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, no usage block: scripts read the reason, people read --help.
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _add_scenario_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", default="colocated", choices=["colocated", "reshaped", "split"],
+                   help="standard device layout (default: colocated)")
+    p.add_argument("--lora", action="store_true", help="LoRA actor over the reference's own frozen buffers")
+    p.add_argument("--lora-rank", type=int, default=4, help="LoRA rank (default 4)")
+    p.add_argument("--lora-separate-base", action="store_true",
+                   help="build the LoRA actor over a copy of the base (P4 warns: avoidable copy)")
+    p.add_argument("--engine", default="vanilla", choices=["vanilla", "vllm", "sglang_jax"],
+                   help="rollout engine; vllm and sglang_jax are placement stand-ins written in JAX")
+    p.add_argument("--no-static-lora", action="store_true",
+                   help="do not give the sglang_jax engine static-LoRA settings (P6 then refuses a LoRA actor)")
+    p.add_argument("--offload", action="store_true", help="offload_to_cpu: roles live in pinned host memory between uses")
+    p.add_argument("--rollout-dtype", choices=["float32", "bfloat16"], default=None,
+                   help="dtype of the vanilla engine's second copy")
+    p.add_argument("--model-size", default="tiny", help="tiny, small, base or large")
+    p.add_argument("--devices", type=int, default=8,
+                   help="simulated CPU device count (ignored on GPUs and TPUs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m rlcluster_lab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    rep = sub.add_parser("report", help="build a cluster and print its placement report")
+    _add_scenario_flags(rep)
+    learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
+    _add_scenario_flags(learn)
+    learn.add_argument("--steps", type=int, default=30)
+    learn.add_argument("--prompts-per-step", type=int, default=4)
+    learn.add_argument("--group-size", type=int, default=4)
+    learn.add_argument("--mini-batch-size", type=int, default=8)
+    learn.add_argument("--iterations", type=int, default=1)
+    learn.add_argument("--learning-rate", type=float, default=3e-3)
+    learn.add_argument("--max-tokens", type=int, default=8)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # The device count must be set before anything starts the JAX backend.
+    from rlcluster_lab.devices import ensure_simulated_devices
+
+    try:
+        if args.devices < 1:
+            raise ValueError(f"--devices must be >= 1, got {args.devices}")
+        ensure_simulated_devices(args.devices)
+        if args.command == "report":
+            out = _report(args)
+        else:
+            out = _learn(args)
+    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
+        message = " ".join(str(exc).split())
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2, sort_keys=True) if args.json else out["_text"] if "_text" in out else "")
+    return 0
+
+
+def _scenario(args: argparse.Namespace, **extra: Any) -> Any:
+    from rlcluster_lab.scenario import Scenario
+
+    return Scenario(
+        layout=args.layout,
+        lora=args.lora,
+        lora_rank=args.lora_rank,
+        lora_separate_base=args.lora_separate_base,
+        engine=args.engine,
+        offload=args.offload,
+        rollout_dtype=args.rollout_dtype,
+        model_size=args.model_size,
+        sglang_static_lora=not args.no_static_lora,
+        **extra,
+    )
+
+
+def _report(args: argparse.Namespace) -> dict[str, Any]:
+    from rlcluster_lab.report import placement_report
+    from rlcluster_lab.scenario import build_cluster
+
+    report = placement_report(build_cluster(_scenario(args)))
+    data = report.to_json()
+    if not args.json:
+        data = {"_text": format_report(data)}
+    return data
+
+
+def _learn(args: argparse.Namespace) -> dict[str, Any]:
+    from rlcluster_lab.config import TrainingConfig
+    from rlcluster_lab.learner import GRPOLearner, LearnerConfig
+    from rlcluster_lab.scenario import build_cluster
+
+    cluster = build_cluster(
+        _scenario(args, max_tokens=args.max_tokens),
+        training_config=TrainingConfig(
+            learning_rate=args.learning_rate,
+            mini_batch_size=args.mini_batch_size,
+            num_iterations=args.iterations,
+        ),
+    )
+    learner = GRPOLearner(
+        cluster,
+        LearnerConfig(steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size),
+    )
+    progress = None if args.json else (lambda s: print(f"step {s.step:3d}  mean reward {s.mean_reward:.3f}  loss {s.loss:+.4f}", flush=True))
+    result = learner.run(progress=progress)
+    data = result.to_json()
+    if not args.json:
+        later = [p for p in result.p11 if p.steps_taken_before > 0]
+        first = [p for p in result.p11 if p.steps_taken_before == 0]
+        lines = [
+            f"mean reward: first step {result.rewards[0]:.3f}, last step {result.rewards[-1]:.3f}" if result.rewards else "no steps run",
+            "P11: max |live - anchor| log-prob before the first optimizer step of a global step: "
+            + (f"{max(p.live_vs_anchor for p in first):.2e}" if first else "n/a"),
+            "P11: max |live - anchor| once the actor has stepped (later mini-batches): "
+            + (f"{max(p.live_vs_anchor for p in later):.2e}" if later else "n/a (one mini-batch per step)"),
+            "P11: max |anchor - sampler|: "
+            + (f"{max(p.anchor_vs_sampler for p in result.p11):.2e}" if result.p11 else "n/a"),
+        ]
+        data = {"_text": "\n".join(lines)}
+    return data
+
+
+def format_report(data: dict[str, Any]) -> str:
+    """A readable summary of a placement report's JSON."""
+    lines = [f"platform {data['platform']} with {data['device_count']} device(s); engine {data['engine']}"
+             f"{'; LoRA actor' if data['lora'] else ''}{'; offload to pinned host' if data['offload_to_cpu'] else ''}"]
+    lines.append("meshes after construction:")
+    for role, mesh in data["role_to_mesh"].items():
+        shape = "x".join(f"{k}={v}" for k, v in mesh["shape"].items())
+        lines.append(f"  {role:<9} {shape:<14} devices {mesh['device_ids']}")
+    if data["mesh_overridden_by_engine"]:
+        lines.append("  (the engine replaced the rollout mesh; the sharing map was built from the config's meshes)")
+    lines.append("sharing map:")
+    for role, others in data["sharing_map"].items():
+        lines.append(f"  {role:<9} -> {', '.join(others) if others else '(none)'}")
+    lines.append(f"rollout branch (P3): {data['rollout_branch']}")
+    lines.append(f"rollout samples with the actor's own buffers: {data['rollout_shares_actor_weights']}")
+    lines.append(f"reference shares the actor's frozen backbone: {data['reference_shares_backbone']}")
+    anchor = data["anchor"]
+    lines.append(f"anchor (P8): {anchor['bytes']:,} bytes in {anchor['memory_kind']}")
+    for w in data["warnings"]:
+        lines.append(f"warning: {w}")
+    lines.append("decisions:")
+    for d in data["decisions"]:
+        lines.append(f"  {d['rule']:>4}  {d['test']}")
+        lines.append(f"        -> {d['outcome']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
