@@ -364,19 +364,26 @@ class RLCluster:
     def _release_new_buffers(self, before: set[int], keep: Sequence[Any]) -> None:
         """After a failed construction, free the device buffers it allocated.
 
-        Arrays reachable from the caller's own models are kept.
+        An array is freed only if none of its buffers is also held by an array
+        that existed before construction or by the caller's models: a reshard
+        may reuse a source buffer inside a new array object.
         """
-        kept = set()
-        for model in keep:
-            if isinstance(model, nnx.Module):
-                kept.update(id(x) for x in array_leaves(nnx.state(model)))
         self._actor = self._reference = self._reward = self._critic = None
         self._rollout = None
         self._anchor_policy_state = None
         self._opt_state = None
-        for x in jax.live_arrays():
-            if id(x) not in before and id(x) not in kept and not x.is_deleted():
-                x.delete()
+        gc.collect()
+        live = jax.live_arrays()
+        protected = buffer_keys([x for x in live if id(x) in before])
+        for model in keep:
+            if isinstance(model, nnx.Module):
+                protected |= buffer_keys(nnx.state(model))
+        for x in live:
+            if id(x) in before or x.is_deleted():
+                continue
+            if buffer_keys([x]) & protected:
+                continue
+            x.delete()
         gc.collect()
 
     # ------------------------------------------------------------------ models
@@ -774,6 +781,6 @@ def _shapes(state: Any) -> dict[str, tuple[int, ...]]:
     flat = nnx.to_flat_state(state) if hasattr(nnx, "to_flat_state") else state.flat_state()
     out = {}
     for path, var in flat:
-        value = var.value if hasattr(var, "value") else var
+        value = var.get_value() if hasattr(var, "get_value") else var
         out["/".join(map(str, path))] = tuple(getattr(value, "shape", ()))
     return out
