@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,25 @@ def load(path: str | os.PathLike) -> nnx.Module:
     if meta.get("lora_rank"):
         rank = int(meta["lora_rank"])
         model = with_lora(model, rank, rngs=rngs, alpha=meta["lora_scale"] * rank)
-    with np.load(folder / "params.npz") as data:
-        arrays = {k: data[k] for k in data.files}
+    try:
+        with np.load(folder / "params.npz") as data:
+            arrays = {k: data[k] for k in data.files}
+    except (ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{folder / 'params.npz'} cannot be read ({err}); re-save the model") from err
     state = nnx.state(model)
-    expected = {"/".join(map(str, p)) for p, _ in _flat_values(state)}
-    if expected != set(arrays):
+    expected = {"/".join(map(str, p)): v for p, v in _flat_values(state)}
+    if set(expected) != set(arrays):
         raise ValueError(f"{folder} holds parameters that do not match its config.json; re-save the model")
+    for key, want in expected.items():
+        got = arrays[key]
+        if got.dtype.kind == "V" and got.dtype.itemsize == np.dtype(want.dtype).itemsize:
+            # np.savez stores bfloat16 as raw 2-byte records; read them back as such.
+            got = arrays[key] = got.view(want.dtype)
+        if got.shape != tuple(want.shape) or got.dtype != want.dtype:
+            raise ValueError(
+                f"{folder}: parameter {key} has shape {got.shape} and dtype {got.dtype}, but its "
+                f"config.json needs {tuple(want.shape)} and {want.dtype}; re-save the model"
+            )
     import jax.numpy as jnp
 
     pure = nnx.to_pure_dict(state)

@@ -109,7 +109,7 @@ def train_step(
     grads, metrics = jax.grad(loss_fn, has_aux=True)(trainable)
     updates, opt_state = tx.update(grads, opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     return trainable, opt_state, metrics
 
 

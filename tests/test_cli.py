@@ -1,0 +1,98 @@
+"""`python -m rlcluster_lab`: the JSON report, the text summary, and one-line errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlcluster_lab.cli import main
+
+KEYS = {
+    "sharing_map", "rollout_branch", "rollout_shares_actor_weights", "reference_shares_backbone",
+    "role_to_mesh", "mesh_overridden_by_engine", "decisions", "anchor",
+}
+
+
+def run_json(capsys, *args: str) -> dict:
+    assert main(["report", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_report_json_has_the_documented_keys(capsys):
+    data = run_json(capsys, "--layout", "colocated")
+    assert KEYS <= set(data)
+    assert data["sharing_map"]["actor"] == ["rollout"]
+    assert data["rollout_branch"] == "shared"
+    assert data["rollout_shares_actor_weights"] is True
+    assert data["role_to_mesh"]["actor"] == {"axis_names": ["fsdp", "tp"], "shape": {"fsdp": 2, "tp": 4}, "device_ids": list(range(8))}
+    assert all(set(d) == {"rule", "test", "values", "outcome"} for d in data["decisions"])
+    assert data["anchor"]["memory_kind"] == "pinned_host"
+
+
+def test_report_reshaped_same_chips_is_a_second_copy(capsys):
+    data = run_json(capsys, "--layout", "reshaped")
+    assert data["sharing_map"]["actor"] == []
+    assert data["rollout_branch"] == "second_copy"
+    assert data["rollout_shares_actor_weights"] is False
+    assert data["role_to_mesh"]["rollout"]["device_ids"] == data["role_to_mesh"]["actor"]["device_ids"]
+
+
+def test_report_lora_shares_the_reference_backbone(capsys):
+    data = run_json(capsys, "--layout", "split", "--lora", "--engine", "vllm")
+    assert data["sharing_map"]["reference"] == ["actor"]
+    assert data["reference_shares_backbone"] is True
+    assert data["rollout_branch"] == "engine_initial_value"
+    assert data["mesh_overridden_by_engine"] is True
+
+
+def test_p4_report_lora_separate_base_warns(capsys):
+    data = run_json(capsys, "--lora", "--lora-separate-base")
+    assert data["reference_shares_backbone"] is False
+    assert any("avoidable copy" in w for w in data["warnings"])
+
+
+def test_report_text_summary(capsys):
+    assert main(["report", "--layout", "split", "--rollout-dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout branch (P3): second_copy" in out
+    assert "cast to bfloat16" in out
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--layout", "diagonal"], "invalid choice"),
+        (["--lora-separate-base"], "needs lora"),
+        (["--lora", "--engine", "sglang_jax", "--no-static-lora"], "static-LoRA"),
+        (["--model-size", "huge"], "unknown model size"),
+        (["--devices", "4"], "restart"),  # the backend already runs with 8 devices here
+    ],
+)
+def test_bad_flags_exit_nonzero_with_one_line(capsys, args, fragment):
+    assert main_exit(["report", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert fragment in err
+
+
+def main_exit(argv):
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def test_devices_flag_sets_the_simulated_device_count():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcluster_lab", "report", "--devices", "4", "--layout", "split", "--json"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["device_count"] == 4
+    assert data["role_to_mesh"]["rollout"]["device_ids"] == [2, 3]
+    assert "Traceback" not in proc.stderr

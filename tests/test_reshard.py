@@ -1,0 +1,321 @@
+"""Device-to-device resharding (P5, P13): values, shardings, plans and buffer reuse."""
+import itertools
+import math
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rlcluster_lab.meshes import make_mesh
+from rlcluster_lab.reshard import array_plan, plan_reshard, reshard, reshard_tree, to_box
+
+DEVICES = jax.devices()
+BY_ID = {d.id: d for d in DEVICES}
+
+# Small enough for the whole file to stay fast; derandomized so runs repeat exactly.
+PROPERTY = settings(max_examples=30, deadline=None, derandomize=True)
+
+MESH_SHAPES = {
+    1: [(1, 1)],
+    2: [(2, 1), (1, 2)],
+    4: [(4, 1), (1, 4), (2, 2)],
+    8: [(8, 1), (1, 8), (2, 4)],
+}
+SPEC_ENTRIES = [None, "fsdp", "tp", ("fsdp", "tp")]
+
+
+# --- strategies ----------------------------------------------------------------
+
+# Larger device counts first: hypothesis leans towards the first choice.
+COUNTS = [8, 4, 2, 1]
+
+
+@st.composite
+def _device_sets(draw, relations):
+    """(source ids, destination ids): the same set, overlapping, or disjoint."""
+    relation = draw(st.sampled_from(relations))
+    perm = draw(st.permutations(range(8)))
+    if relation == "disjoint":
+        n_src = draw(st.sampled_from([4, 2, 1]))
+        n_dst = draw(st.sampled_from([n for n in (4, 2, 1) if n <= 8 - n_src]))
+        return list(perm[:n_src]), list(perm[n_src:n_src + n_dst])
+    n_src = draw(st.sampled_from(COUNTS))
+    src = list(perm[:n_src])
+    if relation == "same":
+        return src, list(draw(st.permutations(src)))
+    n_dst = draw(st.sampled_from(COUNTS))
+    # Overlapping: start with one of the source devices, fill from the rest.
+    first = draw(st.sampled_from(src))
+    rest = [i for i in draw(st.permutations(range(8))) if i != first]
+    return src, [first] + rest[: n_dst - 1]
+
+
+@st.composite
+def _sharding(draw, ids, rank):
+    shape = draw(st.sampled_from(MESH_SHAPES[len(ids)]))
+    mesh = make_mesh([BY_ID[i] for i in ids], shape)
+    used = set()
+    spec = []
+    for _ in range(rank):
+        options = [e for e in SPEC_ENTRIES
+                   if e is None or not (set(e if isinstance(e, tuple) else (e,)) & used)]
+        entry = draw(st.sampled_from(options))
+        if entry is not None:
+            used.update(entry if isinstance(entry, tuple) else (entry,))
+        spec.append(entry)
+    return NamedSharding(mesh, P(*spec))
+
+
+@st.composite
+def _cases(draw, relations=("same", "overlap", "disjoint")):
+    rank = draw(st.integers(1, 3))
+    shape = tuple(draw(st.lists(st.sampled_from([16, 8, 32]), min_size=rank, max_size=rank)))
+    src_ids, dst_ids = draw(_device_sets(list(relations)))
+    src = draw(_sharding(src_ids, rank))
+    dst = draw(_sharding(dst_ids, rank))
+    return shape, src, dst
+
+
+def _array(shape, sharding):
+    host = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    return host, jax.device_put(host, sharding)
+
+
+def _shard_boxes(x):
+    return {s.device.id: to_box(s.index, x.shape) for s in x.addressable_shards}
+
+
+def _pointers(x):
+    return {s.device.id: s.data.unsafe_buffer_pointer() for s in x.addressable_shards}
+
+
+def _intersect_size(a, b):
+    n = 1
+    for (a0, a1), (b0, b1) in zip(a, b):
+        n *= max(0, min(a1, b1) - max(a0, b0))
+    return n
+
+
+def _size(box):
+    return math.prod(b - a for a, b in box)
+
+
+def _guarded():
+    guard = jax.transfer_guard_device_to_host("disallow_explicit")
+    guard2 = jax.transfer_guard_host_to_device("disallow_explicit")
+    return guard, guard2
+
+
+# --- properties ----------------------------------------------------------------
+
+@PROPERTY
+@given(_cases())
+def test_p5_reshard_has_exact_destination_sharding_and_same_values(case):
+    shape, src, dst = case
+    host, x = _array(shape, src)
+    y = reshard(x, dst)
+    assert y.sharding == dst
+    assert y.shape == x.shape and y.dtype == x.dtype
+    np.testing.assert_array_equal(np.asarray(y), host)
+
+
+@PROPERTY
+@given(_cases())
+def test_p13_reshard_runs_under_weight_sync_transfer_guard(case):
+    shape, src, dst = case
+    host, x = _array(shape, src)
+    d2h, h2d = _guarded()
+    with d2h, h2d:
+        y = reshard(x, dst)
+        y.block_until_ready()
+    assert y.sharding == dst
+    np.testing.assert_array_equal(np.asarray(y), host)
+
+
+@PROPERTY
+@given(_cases())
+def test_plan_covers_every_destination_shard_exactly_once(case):
+    shape, src, dst = case
+    _, x = _array(shape, src)
+    plans = array_plan(x, dst)
+    dst_map = dst.addressable_devices_indices_map(shape)
+    assert sorted(p.device for p in plans) == sorted(d.id for d in dst_map)
+    src_boxes = _shard_boxes(x)
+    for plan in plans:
+        assert plan.box == to_box(dst_map[BY_ID[plan.device]], shape)
+        assert sum(p.size() for p in plan.pieces) == _size(plan.box)
+        for piece in plan.pieces:
+            # Inside the destination box and inside a box its source device really holds.
+            assert _intersect_size(piece.box, plan.box) == piece.size()
+            assert src_boxes[piece.src_device] == piece.src_box
+            assert _intersect_size(piece.box, piece.src_box) == piece.size()
+        for a, b in itertools.combinations(plan.pieces, 2):
+            assert _intersect_size(a.box, b.box) == 0
+
+
+def _reused_devices(x, y):
+    """Devices whose destination box equals the source box they hold, and whether the buffer is the same."""
+    before, after = _pointers(x), _pointers(y)
+    src_boxes = _shard_boxes(x)
+    return {dev: after[dev] == before[dev]
+            for dev, box in _shard_boxes(y).items() if src_boxes.get(dev) == box}
+
+
+# Shared devices make equal boxes likely; disjoint sets cannot have any.
+REUSE_CASES = _cases(relations=("same", "overlap"))
+
+
+@PROPERTY
+@given(REUSE_CASES)
+def test_p13_same_box_on_same_device_reuses_buffer(case):
+    shape, src, dst = case
+    _, x = _array(shape, src)
+    same = _reused_devices(x, reshard(x, dst))
+    assert all(same.values()), f"devices copied shards they already held: {same}"
+
+
+@PROPERTY
+@given(REUSE_CASES)
+def test_p13_same_box_on_same_device_copy_true_gives_new_buffer(case):
+    shape, src, dst = case
+    _, x = _array(shape, src)
+    same = _reused_devices(x, reshard(x, dst, copy=True))
+    assert not any(same.values()), f"copy=True reused buffers: {same}"
+
+
+@PROPERTY
+@given(_cases())
+def test_l3_plan_moves_only_elements_missing_on_the_destination_device(case):
+    shape, src, dst = case
+    _, x = _array(shape, src)
+    src_boxes = _shard_boxes(x)
+    for plan in array_plan(x, dst):
+        moved = sum(p.size() for p in plan.pieces if p.src_device != plan.device)
+        own = src_boxes.get(plan.device)
+        local = 0 if own is None else _intersect_size(own, plan.box)
+        assert moved == _size(plan.box) - local
+
+
+# --- plain tests ----------------------------------------------------------------
+
+def _mesh24():
+    return make_mesh(DEVICES, (2, 4))
+
+
+def _mesh81():
+    return make_mesh(DEVICES, (8, 1))
+
+
+def test_p5_same_sharding_returns_same_object():
+    _, x = _array((16, 32), NamedSharding(_mesh24(), P("fsdp", "tp")))
+    assert reshard(x, x.sharding) is x
+
+
+def test_p5_equal_sharding_built_again_returns_same_object():
+    _, x = _array((16, 32), NamedSharding(_mesh24(), P("fsdp", "tp")))
+    assert reshard(x, NamedSharding(_mesh24(), P("fsdp", "tp"))) is x
+
+
+def test_p5_copy_true_same_sharding_gives_new_buffers():
+    host, x = _array((16, 32), NamedSharding(_mesh24(), P("fsdp", "tp")))
+    y = reshard(x, x.sharding, copy=True)
+    assert y is not x
+    assert y.sharding == x.sharding
+    before, after = _pointers(x), _pointers(y)
+    assert all(after[d] != before[d] for d in before)
+    np.testing.assert_array_equal(np.asarray(y), host)
+
+
+def test_p5_partial_reuse_keeps_held_shards_and_moves_the_rest():
+    # Rows 0:8 live on devices 0-3 and rows 8:16 on 4-7; the destination puts
+    # rows 0:8 on devices 0,1 (held already) and rows 8:16 on 2,3 (not held).
+    _, x = _array((16, 32), NamedSharding(_mesh24(), P("fsdp", None)))
+    dst = NamedSharding(make_mesh(DEVICES[:4], (2, 2)), P("fsdp", None))
+    plans = {p.device: p for p in array_plan(x, dst)}
+    assert plans[0].reuses_source_buffer and plans[1].reuses_source_buffer
+    assert not plans[2].reuses_source_buffer and not plans[3].reuses_source_buffer
+    assert plans[2].pieces[0].src_device == 4
+    before = _pointers(x)
+    y = reshard(x, dst)
+    after = _pointers(y)
+    assert after[0] == before[0] and after[1] == before[1]
+    assert after[2] != before[2] and after[3] != before[3]
+
+
+def test_p5_memory_kind_pinned_host_and_back_keeps_values():
+    sharding = NamedSharding(_mesh24(), P("fsdp", "tp"))
+    host, x = _array((16, 32), sharding)
+    pinned = reshard(x, sharding.with_memory_kind("pinned_host"))
+    assert pinned.sharding.memory_kind == "pinned_host"
+    np.testing.assert_array_equal(np.asarray(pinned), host)
+    back = reshard(pinned, sharding)
+    assert back.sharding == sharding
+    assert back.sharding.memory_kind == "device"
+    np.testing.assert_array_equal(np.asarray(back), host)
+
+
+def test_p5_pinned_host_source_onto_other_mesh_keeps_values():
+    src = NamedSharding(_mesh24(), P("fsdp", "tp"), memory_kind="pinned_host")
+    host, x = _array((16, 32), src)
+    dst = NamedSharding(_mesh81(), P(None, "fsdp"), memory_kind="pinned_host")
+    y = reshard(x, dst)
+    assert y.sharding == dst
+    np.testing.assert_array_equal(np.asarray(y), host)
+
+
+def test_p5_reshard_inside_unrelated_mesh_context():
+    host, x = _array((16, 32), NamedSharding(_mesh24(), P("fsdp", "tp")))
+    dst = NamedSharding(_mesh81(), P(None, "fsdp"))
+    unrelated = make_mesh(DEVICES[4:], (2, 2), ("data", "model"))
+    with jax.set_mesh(unrelated):
+        y = reshard(x, dst)
+    assert y.sharding == dst
+    np.testing.assert_array_equal(np.asarray(y), host)
+
+
+def test_p13_single_device_array_onto_eight_device_mesh():
+    host = np.arange(16 * 32, dtype=np.float32).reshape(16, 32)
+    x = jax.device_put(host, DEVICES[3])
+    dst = NamedSharding(_mesh24(), P("fsdp", "tp"))
+    d2h, h2d = _guarded()
+    with d2h, h2d:
+        y = reshard(x, dst)
+    assert y.sharding == dst
+    np.testing.assert_array_equal(np.asarray(y), host)
+    plans = array_plan(x, dst)
+    assert all(p.pieces[0].src_device == 3 and len(p.pieces) == 1 for p in plans)
+
+
+def test_p5_reshard_tree_maps_leaves():
+    host_a, a = _array((16,), NamedSharding(_mesh24(), P("fsdp")))
+    host_b, b = _array((8, 16), NamedSharding(_mesh24(), P(None, "tp")))
+    shardings = {"a": NamedSharding(_mesh81(), P()), "b": NamedSharding(_mesh81(), P("fsdp", None))}
+    out = reshard_tree({"a": a, "b": b}, shardings)
+    assert out["a"].sharding == shardings["a"] and out["b"].sharding == shardings["b"]
+    np.testing.assert_array_equal(np.asarray(out["a"]), host_a)
+    np.testing.assert_array_equal(np.asarray(out["b"]), host_b)
+
+
+def test_plan_prefers_destination_own_replica_then_lowest_id():
+    full = ((0, 8), (0, 8))
+    src = [(5, full), (2, full), (6, full)]
+    plans = plan_reshard((8, 8), src, [(6, full), (1, full)])
+    by_dev = {p.device: p for p in plans}
+    assert by_dev[6].pieces[0].src_device == 6
+    assert by_dev[6].reuses_source_buffer
+    assert by_dev[1].pieces[0].src_device == 2
+    assert not by_dev[1].reuses_source_buffer
+
+
+def test_plan_rejects_sources_that_do_not_tile():
+    src = [(0, ((0, 4), (0, 8)))]
+    with pytest.raises(ValueError, match="does not tile"):
+        plan_reshard((8, 8), src, [(1, ((0, 8), (0, 8)))])
+
+
+def test_to_box_fills_trailing_dims():
+    assert to_box((slice(2, 4),), (8, 16, 4)) == ((2, 4), (0, 16), (0, 4))
+    assert to_box((slice(None), slice(8, 16)), (8, 16)) == ((0, 8), (8, 16))
