@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from engines_for_tests import HostTouchingEngine, MeshExposingEngine, RecordingEngine, exposing
+from engines_for_tests import HostTouchingEngine, RecordingEngine, exposing
 from rlcluster_lab import (
     AvoidableCopyWarning,
     ClusterConfig,

@@ -54,3 +54,23 @@ def test_p11_learner_shows_live_weights_drift_from_the_anchor(run):
     assert max(first) < 1e-4
     assert min(later) > 1e-3
     assert max(p.anchor_vs_sampler for p in result.p11) < 1e-4
+
+
+def test_learner_can_take_rewards_from_the_reward_model():
+    import jax.numpy as jnp
+
+    cluster = build_cluster(Scenario(layout="split", max_tokens=4, with_reward=True))
+    head = cluster.reward_model.score_head
+    # A reward model that scores every sequence 0.75: the learner must report exactly that.
+    head.kernel.set_value(jnp.zeros_like(head.kernel.get_value()))
+    head.bias.set_value(jnp.full_like(head.bias.get_value(), 0.75))
+    learner = GRPOLearner(cluster, LearnerConfig(steps=1, prompts_per_step=2, group_size=2), use_reward_model=True)
+    result = learner.run()
+    assert result.steps[0].mean_reward == pytest.approx(0.75, abs=1e-6)
+    assert cluster.global_steps == 1
+
+
+def test_learner_rejects_two_reward_sources():
+    cluster = build_cluster(Scenario(layout="colocated", max_tokens=4, with_reward=True))
+    with pytest.raises(ValueError, match="not both"):
+        GRPOLearner(cluster, reward_fn=lowercase_reward, use_reward_model=True)

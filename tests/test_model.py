@@ -12,7 +12,6 @@ from rlcluster_lab.model import (
     DEFAULT_LOGICAL_AXIS_RULES,
     MESH_AXES,
     MODEL_SIZES,
-    ModelConfig,
     forward_logps,
     get_model_config,
     init_cache,

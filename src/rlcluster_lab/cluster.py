@@ -7,7 +7,7 @@ P1-P14 of the reference cluster and records each branch it takes in
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
 import gc
 import os
 import warnings
@@ -33,7 +33,7 @@ from rlcluster_lab.config import (
 from rlcluster_lab.engines import RolloutEngine, RolloutOutput, SglangJaxStyleEngine, VanillaEngine, VllmStyleEngine
 from rlcluster_lab.engines.own_copy import SGLANG_LORA_MESSAGE
 from rlcluster_lab.meshes import describe_mesh
-from rlcluster_lab.model import is_lora, logps_from_state
+from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, is_lora, logps_from_state
 from rlcluster_lab.placement import (
     array_leaves,
     default_memory_kind,
@@ -271,24 +271,21 @@ class RLCluster:
             model,
             self.role_to_mesh[role],
             role=role.value,
-            rules=self._rules(role, model),
+            rules=self._rules(role),
             dtype=dtype,
             offload_to_cpu=self.cluster_config.offload_to_cpu,
             trace=self.trace,
         )
 
-    def _rules(self, role: Role, model: Any = None) -> Any:
+    def _rules(self, role: Role) -> Any:
+        """The role's logical axis rules, or the model family's defaults."""
         rules = self.cluster_config.logical_axis_rules(role)
-        if rules is not None:
-            return rules
-        from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES
-
-        return DEFAULT_LOGICAL_AXIS_RULES
+        return rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES
 
     def _init_engine(self, rollout_actor: nnx.Module, rollout_cfg: RolloutConfig) -> None:
         cfg = self.cluster_config
         mesh = self.role_to_mesh[Role.ROLLOUT]
-        train_cfg = dataclasses_replace(rollout_cfg, kv_cache_size=max_kv_cache_size(cfg))
+        train_cfg = dataclasses.replace(rollout_cfg, kv_cache_size=max_kv_cache_size(cfg))
         kind = self._engine_kind
         # A model that sits in pinned host memory is brought to device before the
         # engine sees it, so that its programs are built for the device.
@@ -497,7 +494,7 @@ class RLCluster:
         step = micro_batch_size or len(prompts)
         rollout_cfg = self.get_rollout_config(mode)
         if max_generation_steps is not None:
-            rollout_cfg = dataclasses_replace(rollout_cfg, max_tokens_to_generate=max_generation_steps)
+            rollout_cfg = dataclasses.replace(rollout_cfg, max_tokens_to_generate=max_generation_steps)
         engine = self.rollout
         with self._role_context(Role.ROLLOUT):
             model = engine.model()
@@ -695,12 +692,6 @@ RLEngine = RLCluster  # P15: one class, two names
 
 def _is_engine_class(obj: Any) -> bool:
     return isinstance(obj, type) and issubclass(obj, RolloutEngine)
-
-
-def dataclasses_replace(obj: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
 
 
 def _cpu_transfer_guard() -> contextlib.AbstractContextManager:

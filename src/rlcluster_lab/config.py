@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Callable, Union
 
 import jax

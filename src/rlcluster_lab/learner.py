@@ -101,9 +101,17 @@ class GRPOLearner:
         config: LearnerConfig = LearnerConfig(),
         reward_fn: RewardFn | None = None,
         prompts: Sequence[str] = TOY_PROMPTS,
+        use_reward_model: bool = False,
     ) -> None:
+        """Rewards come from ``reward_fn`` (default: the toy task), or from the
+        cluster's reward model with ``use_reward_model``."""
         if not prompts:
             raise ValueError("the learner needs at least one prompt")
+        if use_reward_model and reward_fn is not None:
+            raise ValueError("give either reward_fn or use_reward_model=True, not both")
+        if use_reward_model and cluster.reward_model is None:
+            raise ValueError("use_reward_model=True needs a cluster built with reward=...")
+        self.use_reward_model = use_reward_model
         self.cluster = cluster
         self.config = config
         self.reward_fn = reward_fn or lowercase_reward
@@ -119,7 +127,10 @@ class GRPOLearner:
         prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
         out = cluster.generate(prompts)
         prompt_tokens, completion = out.left_padded_prompt_tokens, out.tokens
-        rewards = np.asarray(self.reward_fn(prompts, out.text), dtype=np.float32)
+        if self.use_reward_model:
+            rewards = np.asarray(cluster.get_rewards(prompt_tokens, completion), dtype=np.float32)
+        else:
+            rewards = np.asarray(self.reward_fn(prompts, out.text), dtype=np.float32)
         if rewards.shape != (len(prompts),):
             raise ValueError(f"reward_fn returned shape {rewards.shape}, expected ({len(prompts)},)")
         advantages = group_advantages(rewards, cfg.group_size)

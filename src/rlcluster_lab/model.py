@@ -379,7 +379,6 @@ def with_lora(base: TransformerLM, rank: int, *, rngs: nnx.Rngs, alpha: float | 
     # a copy was asked for.
     leaf_fn = (lambda x: jnp.array(x, copy=True)) if copy_base else (lambda x: x)
     model = nnx.merge(graphdef, jax.tree.map(leaf_fn, state))
-    dt = model.config.dtype
     with nnx.use_eager_sharding(False):
         for block in model.blocks:
             for part, names in _LORA_TARGETS.items():

@@ -15,6 +15,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlcluster_lab.meshes import describe_mesh
+from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.reshard import reshard_tree
 from rlcluster_lab.trace import Trace
 
@@ -146,25 +147,13 @@ def place_model(
     """
     graphdef, state = nnx.split(model)
     kind = memory_kind or default_memory_kind()
-    shardings = target_shardings(state, mesh, _rules_or_default(model, rules), kind, role=role)
+    shardings = target_shardings(state, mesh, rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES, kind, role=role)
     values = nnx.to_pure_dict(state)
     if dtype is not None:
         values = jax.tree.map(lambda x: x if x.dtype == dtype else x.astype(dtype), values)
     moved = reshard_tree(values, shardings, copy=copy)
     nnx.replace_by_pure_dict(state, moved)
     return nnx.merge(graphdef, state)
-
-
-def _rules_or_default(model: Any, rules: Iterable[tuple[str, Any]] | None) -> Any:
-    if rules is not None:
-        return rules
-    return getattr(model, "logical_axis_rules", None) or _model_default_rules()
-
-
-def _model_default_rules() -> Any:
-    from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES
-
-    return DEFAULT_LOGICAL_AXIS_RULES
 
 
 def load_model(
