@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import os
 import warnings
@@ -30,8 +31,7 @@ from rlcluster_lab.config import (
     max_kv_cache_size,
     parse_dtype,
 )
-from rlcluster_lab.engines import RolloutEngine, RolloutOutput, SglangJaxStyleEngine, VanillaEngine, VllmStyleEngine
-from rlcluster_lab.engines.own_copy import SGLANG_LORA_MESSAGE
+from rlcluster_lab.engines import ENGINES, OwnCopyEngine, RolloutEngine, RolloutOutput
 from rlcluster_lab.meshes import describe_mesh
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, is_lora, logps_from_state
 from rlcluster_lab.placement import (
@@ -226,38 +226,25 @@ class RLCluster:
                     f"{name} must be an nnx.Module or a checkpoint path, got {type(model).__name__}"
                 )
         actor_module = actor if isinstance(actor, nnx.Module) else None
-        if self._engine_kind == "vanilla":
-            has_config = actor_module is None or hasattr(actor_module, "config")
-            self.trace.record("P6", "vanilla engine: the model has a config attribute", {"has_config": has_config}, "ok" if has_config else "error")
-            if not has_config:
-                raise ConfigError(
-                    "the vanilla engine needs a model with a `config` attribute (num_layers, "
-                    "num_kv_heads, head_dim) to size its KV cache; use rlcluster_lab.TransformerLM "
-                    "or give your module a config"
-                )
-        elif self._engine_kind == "vllm":
-            version = rollout_cfg.rollout_vllm_model_version
-            self.trace.record("P6", "vllm engine: rollout_vllm_model_version is set", {"model_version": version}, "ok" if version else "error")
-            if version is None:
-                raise ConfigError(
-                    "the vllm engine needs rollout_config.rollout_vllm_model_version (the model "
-                    "version or path it serves); set it in RolloutConfig"
-                )
-        elif self._engine_kind == "sglang_jax":
-            lora = actor_module is not None and is_lora(actor_module)
-            static = rollout_cfg.rollout_sglang_jax_enable_static_lora
-            self.trace.record(
-                "P6",
-                "sglang_jax engine with a LoRA actor: static-LoRA settings given",
-                {"actor_has_lora": lora, "static_lora": static},
-                "error" if lora and not static else "ok",
-            )
-            if lora and not static:
-                raise ConfigError(SGLANG_LORA_MESSAGE)
         if actor_module is not None:
+            # P6: the engine's own checks, run before anything is allocated (the
+            # engine's constructor runs them again, for a model read from a path).
+            engine_cls = self._engine_class()
+            try:
+                seen = engine_cls.check(actor_module, rollout_cfg)
+            except ConfigError:
+                self.trace.record("P6", f"{cfg.engine_name()} engine accepts the actor and rollout config", {}, "error")
+                raise
+            self.trace.record("P6", f"{cfg.engine_name()} engine accepts the actor and rollout config", seen, "ok")
             for name, other in (("reference", reference), ("critic", critic)):
                 if isinstance(other, nnx.Module):
                     check_same_backbone(actor_module, other, name)
+
+    def _engine_class(self) -> type[RolloutEngine]:
+        engine = self.cluster_config.rollout_engine
+        if self._engine_kind != "custom":
+            return ENGINES[self._engine_kind]
+        return engine.func if isinstance(engine, functools.partial) else engine
 
     def _as_module(self, model_or_path: Any, role: str) -> nnx.Module:
         if isinstance(model_or_path, nnx.Module):
@@ -290,23 +277,14 @@ class RLCluster:
         # A model that sits in pinned host memory is brought to device before the
         # engine sees it, so that its programs are built for the device.
         self._maybe_load_from_cpu(rollout_actor, Role.ROLLOUT)
+        engine_cls = self._engine_class()
+        own_copy = kind != "custom" and issubclass(engine_cls, OwnCopyEngine)
+        extra = {"logical_axis_rules": self._rules(Role.ROLLOUT)} if own_copy else {}
+        factory = cfg.rollout_engine if kind == "custom" else engine_cls
         with self._role_context(Role.ROLLOUT):
-            if kind == "vanilla":
-                engine: RolloutEngine = VanillaEngine(rollout_actor, self.tokenizer, mesh=mesh, rollout_config=train_cfg)
-            elif kind == "vllm":
-                engine = VllmStyleEngine(
-                    rollout_actor, self.tokenizer, mesh=mesh, rollout_config=train_cfg,
-                    logical_axis_rules=self._rules(Role.ROLLOUT),
-                )
-            elif kind == "sglang_jax":
-                engine = SglangJaxStyleEngine(
-                    rollout_actor, self.tokenizer, mesh=mesh, rollout_config=train_cfg,
-                    logical_axis_rules=self._rules(Role.ROLLOUT),
-                )
-            else:
-                engine = cfg.rollout_engine(
-                    rollout_actor=rollout_actor, tokenizer=self.tokenizer, mesh=mesh, rollout_config=train_cfg
-                )
+            engine: RolloutEngine = factory(
+                rollout_actor=rollout_actor, tokenizer=self.tokenizer, mesh=mesh, rollout_config=train_cfg, **extra
+            )
         self._rollout = engine
         self._maybe_offload_to_cpu(engine.model(), Role.ROLLOUT)
 

@@ -1,9 +1,10 @@
 """Rollout engines: the protocol, the vanilla sampler, and placement stand-ins for vLLM and SGLang-JAX."""
 from rlcluster_lab.engines.base import RolloutEngine, RolloutOutput, reshard_into
-from rlcluster_lab.engines.own_copy import SglangJaxStyleEngine, VllmStyleEngine
+from rlcluster_lab.engines.own_copy import OwnCopyEngine, SglangJaxStyleEngine, VllmStyleEngine
 from rlcluster_lab.engines.vanilla import VanillaEngine
 
 __all__ = [
+    "OwnCopyEngine",
     "RolloutEngine",
     "RolloutOutput",
     "SglangJaxStyleEngine",
@@ -11,3 +12,10 @@ __all__ = [
     "VllmStyleEngine",
     "reshard_into",
 ]
+
+# The built-in engines by the names ClusterConfig.rollout_engine accepts.
+ENGINES: dict[str, type[RolloutEngine]] = {
+    "vanilla": VanillaEngine,
+    "vllm": VllmStyleEngine,
+    "sglang_jax": SglangJaxStyleEngine,
+}

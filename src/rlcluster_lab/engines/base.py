@@ -53,10 +53,20 @@ class RolloutEngine(abc.ABC):
         mesh: Mesh | None = None,
         rollout_config: RolloutConfig,
     ) -> None:
+        type(self).check(rollout_actor, rollout_config)
         self.tokenizer = tokenizer
         self.rollout_config = rollout_config
         self._given_mesh = mesh
         self._calls = 0
+
+    @classmethod
+    def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
+        """P6: raise ``ConfigError`` if this engine cannot take this model and config.
+
+        Returns the facts it looked at, for the decision trace. The cluster
+        calls it before allocating anything; the constructor calls it too.
+        """
+        return {}
 
     @abc.abstractmethod
     def model(self) -> nnx.Module:

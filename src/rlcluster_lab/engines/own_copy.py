@@ -34,8 +34,8 @@ def copy_onto_mesh(model: nnx.Module, mesh: Mesh, rules: Any) -> nnx.Module:
     return place_model(model, mesh, rules, memory_kind=default_memory_kind(), role="rollout", copy=True)
 
 
-class VllmStyleEngine(RolloutEngine):
-    """Stand-in for the vLLM rollout's placement: its own rearranged mesh, its own copy."""
+class OwnCopyEngine(RolloutEngine):
+    """An engine that keeps its own copy of the weights on a mesh it settles on."""
 
     owns_weights = True
 
@@ -49,15 +49,38 @@ class VllmStyleEngine(RolloutEngine):
         logical_axis_rules: Any = None,
     ) -> None:
         super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config)
-        if rollout_config.rollout_vllm_model_version is None:
-            raise ConfigError(
-                "the vllm engine needs rollout_config.rollout_vllm_model_version (a model name "
-                "or path identifying the weights it serves); set it in RolloutConfig"
-            )
         if mesh is None:
-            raise ConfigError("the vllm engine needs the rollout mesh to pick its devices from")
-        self._mesh = self.rearrange(mesh, rollout_config.rollout_vllm_tensor_parallel_size)
-        self._model = copy_onto_mesh(rollout_actor, self._mesh, logical_axis_rules)
+            raise ConfigError(f"the {self.name} engine needs the rollout mesh to place its weights on")
+        self._engine_mesh = self.settle_mesh(mesh, rollout_config)
+        self._model = copy_onto_mesh(rollout_actor, self._engine_mesh, logical_axis_rules)
+
+    name = "own-copy"
+
+    def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
+        """The mesh the engine keeps its copy on: the given one unless a subclass rearranges it."""
+        return mesh
+
+    def model(self) -> nnx.Module:
+        return self._model
+
+
+class VllmStyleEngine(OwnCopyEngine):
+    """Stand-in for the vLLM rollout's placement: its own rearranged mesh, its own copy."""
+
+    name = "vllm"
+
+    @classmethod
+    def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
+        version = rollout_config.rollout_vllm_model_version
+        if version is None:
+            raise ConfigError(
+                "the vllm engine needs rollout_config.rollout_vllm_model_version (the model "
+                "version or path it serves); set it in RolloutConfig"
+            )
+        return {"model_version": version}
+
+    def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
+        return self.rearrange(mesh, rollout_config.rollout_vllm_tensor_parallel_size)
 
     @staticmethod
     def rearrange(mesh: Mesh, tp_size: int | None) -> Mesh:
@@ -74,37 +97,22 @@ class VllmStyleEngine(RolloutEngine):
 
     @property
     def mesh(self) -> Mesh:
-        return self._mesh
-
-    def model(self) -> nnx.Module:
-        return self._model
+        # P7: exposed, so the cluster records this mesh for the rollout role.
+        return self._engine_mesh
 
 
-class SglangJaxStyleEngine(RolloutEngine):
+class SglangJaxStyleEngine(OwnCopyEngine):
     """Stand-in for the SGLang-JAX rollout's placement: given mesh, own copy, no mesh exposed."""
 
-    owns_weights = True
+    name = "sglang_jax"
 
-    def __init__(
-        self,
-        rollout_actor: nnx.Module,
-        tokenizer: Any,
-        *,
-        mesh: Mesh | None = None,
-        rollout_config: RolloutConfig,
-        logical_axis_rules: Any = None,
-    ) -> None:
-        super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config)
-        if is_lora(rollout_actor) and not rollout_config.rollout_sglang_jax_enable_static_lora:
+    @classmethod
+    def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
+        lora = is_lora(rollout_actor)
+        static = rollout_config.rollout_sglang_jax_enable_static_lora
+        if lora and not static:
             raise ConfigError(SGLANG_LORA_MESSAGE)
-        if mesh is None:
-            raise ConfigError("the sglang_jax engine needs the rollout mesh")
-        # Held privately: this engine does not expose a mesh, like the reference's.
-        self._engine_mesh = mesh
-        self._model = copy_onto_mesh(rollout_actor, mesh, logical_axis_rules)
-
-    def model(self) -> nnx.Module:
-        return self._model
+        return {"actor_has_lora": lora, "static_lora": static}
 
 
 SGLANG_LORA_MESSAGE = (

@@ -6,7 +6,7 @@ from typing import Any
 from flax import nnx
 from jax.sharding import Mesh
 
-from rlcluster_lab.config import RolloutConfig
+from rlcluster_lab.config import ConfigError, RolloutConfig
 from rlcluster_lab.engines.base import RolloutEngine
 
 
@@ -29,13 +29,18 @@ class VanillaEngine(RolloutEngine):
         rollout_config: RolloutConfig,
     ) -> None:
         super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config)
-        if not hasattr(rollout_actor, "config"):
-            raise ValueError(
+        self._model = rollout_actor
+
+    @classmethod
+    def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
+        has_config = hasattr(rollout_actor, "config")
+        if not has_config:
+            raise ConfigError(
                 "the vanilla engine needs a model with a `config` attribute (num_layers, "
                 "num_kv_heads, head_dim) to size its KV cache; use rlcluster_lab.TransformerLM "
-                "or add a config to your module"
+                "or give your module a config"
             )
-        self._model = rollout_actor
+        return {"has_config": has_config}
 
     def model(self) -> nnx.Module:
         return self._model
