@@ -177,7 +177,15 @@ class RLCluster:
                     ),
                 )
                 if not same:
-                    self.warnings.append("P4: avoidable copy of the backbone (reference and actor hold two copies)")
+                    self.warnings.append(
+                        "P4: avoidable copy of the backbone (reference and actor hold two copies)"
+                        + (
+                            "; with offload_to_cpu this is the two host copies made during construction, "
+                            "which P14 joins again when a shared role is next loaded"
+                            if cfg.offload_to_cpu
+                            else ""
+                        )
+                    )
                     warnings.warn(
                         "The reference and the actor are on one mesh and may share the frozen "
                         "backbone, but they hold two copies of it: an avoidable copy that costs "

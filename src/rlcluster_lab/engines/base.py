@@ -54,6 +54,7 @@ class RolloutEngine(abc.ABC):
         rollout_config: RolloutConfig,
     ) -> None:
         type(self).check(rollout_actor, rollout_config)
+        self.rollout_actor = rollout_actor  # the model the cluster handed over
         self.tokenizer = tokenizer
         self.rollout_config = rollout_config
         self._given_mesh = mesh

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 from flax import nnx
-from jax.sharding import Mesh
 
 from rlcluster_lab.config import ConfigError, RolloutConfig
 from rlcluster_lab.engines.base import RolloutEngine
@@ -20,17 +19,6 @@ class VanillaEngine(RolloutEngine):
 
     owns_weights = False
 
-    def __init__(
-        self,
-        rollout_actor: nnx.Module,
-        tokenizer: Any,
-        *,
-        mesh: Mesh | None = None,
-        rollout_config: RolloutConfig,
-    ) -> None:
-        super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config)
-        self._model = rollout_actor
-
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
         has_config = hasattr(rollout_actor, "config")
@@ -43,4 +31,4 @@ class VanillaEngine(RolloutEngine):
         return {"has_config": has_config}
 
     def model(self) -> nnx.Module:
-        return self._model
+        return self.rollout_actor
