@@ -162,30 +162,20 @@ class RLCluster:
             self._reference = self._load(self._as_module(reference, "reference"), Role.REFERENCE)
             if shares(self.sharing_map, Role.ACTOR, Role.REFERENCE):
                 same = sharing_backbone(self._reference, self._actor)
+                note = (
+                    "; with offload_to_cpu these are the two host copies made during construction, "
+                    "which P14 joins again when a shared role is next loaded"
+                    if cfg.offload_to_cpu
+                    else ""
+                )
                 self.trace.record(
                     "P4",
                     "reference linked to actor: its frozen buffers are the actor's",
                     {"linked": True, "shares_buffers": same, "offload_to_cpu": cfg.offload_to_cpu},
-                    "one backbone in memory"
-                    if same
-                    else "warning: avoidable copy of the backbone"
-                    + (
-                        " (with offload the two were moved to host one by one; P14 joins them again "
-                        "when a shared role is next loaded)"
-                        if cfg.offload_to_cpu
-                        else ""
-                    ),
+                    "one backbone in memory" if same else "warning: avoidable copy of the backbone" + note,
                 )
                 if not same:
-                    self.warnings.append(
-                        "P4: avoidable copy of the backbone (reference and actor hold two copies)"
-                        + (
-                            "; with offload_to_cpu this is the two host copies made during construction, "
-                            "which P14 joins again when a shared role is next loaded"
-                            if cfg.offload_to_cpu
-                            else ""
-                        )
-                    )
+                    self.warnings.append("P4: avoidable copy of the backbone (reference and actor hold two copies)" + note)
                     warnings.warn(
                         "The reference and the actor are on one mesh and may share the frozen "
                         "backbone, but they hold two copies of it: an avoidable copy that costs "
