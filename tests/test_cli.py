@@ -96,3 +96,11 @@ def test_devices_flag_sets_the_simulated_device_count():
     assert data["device_count"] == 4
     assert data["role_to_mesh"]["rollout"]["device_ids"] == [2, 3]
     assert "Traceback" not in proc.stderr
+
+
+def test_p4_p14_offload_lora_warns_at_construction_then_rejoins(capsys):
+    data = run_json(capsys, "--lora", "--offload")
+    assert any("offload_to_cpu" in w for w in data["warnings"])
+    # By the end of construction P14 has the reference on the actor's buffers again.
+    assert data["reference_shares_backbone"] is True
+    assert data["anchor"]["memory_kind"] == "pinned_host"
