@@ -599,3 +599,19 @@ def test_scenario_build_matches_direct_construction():
     c = build_cluster(Scenario(layout="colocated", lora=True))
     assert c.rollout_branch == "shared"
     assert sharing_backbone(c.reference_model, c.actor_model)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang_jax"])
+def test_p14_offload_keeps_an_own_copy_engine_apart_from_the_actor(engine):
+    r2m = layout_meshes("colocated")
+    c = cluster_for(role_to_mesh=r2m, engine=engine, offload=True)
+    out, p, comp = a_batch(c)
+    anchor = np.asarray(c.per_token_logps(Role.ACTOR, p, comp))
+    c.update_actor(TrainBatch(p, comp, np.array([1.0, -1.0, 1.0, -1.0]), anchor))
+    c.sync_weights()
+    actor_state = nnx.state(c.actor_model)
+    assert {x.sharding.mesh for x in jax.tree.leaves(actor_state)} == {r2m[Role.ACTOR]}
+    assert not (buffer_keys(actor_state) & buffer_keys(nnx.state(c.rollout.model())))
+    assert memory_kinds(nnx.state(c.rollout.model())) == ["pinned_host"]
+    assert memory_kinds(actor_state) == ["pinned_host"]
+    assert any(d.rule == "P14" and "owns its weights" in d.test for d in c.trace)

@@ -285,6 +285,13 @@ class RLCluster:
             )
         self._rollout = engine
         self._maybe_offload_to_cpu(engine.model(), Role.ROLLOUT)
+        if cfg.offload_to_cpu and engine.owns_weights and shares(self.sharing_map, Role.ACTOR, Role.ROLLOUT):
+            self.trace.record(
+                "P14",
+                "offload with a linked rollout whose engine owns its weights",
+                {"engine": cfg.engine_name(), "owns_weights": True},
+                "the engine's copy is offloaded on its own; it is not updated together with the actor",
+            )
 
         # P7: an engine that exposes a mesh replaces the rollout mesh; the sharing
         # map, built from the config's meshes, is deliberately not rebuilt.
@@ -422,8 +429,20 @@ class RLCluster:
             yield mesh
 
     def _update_models_sharing_weights(self, model: nnx.Module, role: Role) -> None:
-        """P14: roles that share weights with ``role`` take its new arrays too."""
+        """P14: roles that share weights with ``role`` take its new arrays too.
+
+        An engine that owns its weights (the vllm- and sglang_jax-style ones)
+        shares none, even when the map links it: its copy is never written
+        into the actor, nor the actor into it, outside a sync. (The reference
+        has no offload support for those engines; mixing the two would move
+        the actor onto the engine's mesh.)
+        """
+        own_copy = self._rollout is not None and self._rollout.owns_weights
+        if own_copy and role == Role.ROLLOUT:
+            return
         for other in self.sharing_map.get(role, ()):
+            if own_copy and other == Role.ROLLOUT:
+                continue
             if other == Role.ROLLOUT and self._rollout is not None:
                 if self._rollout.model() is not model:
                     self._rollout.update_params(nnx.state(model))
