@@ -624,7 +624,6 @@ class RLCluster:
                     # Keep every leaf exactly where it was (no-op when jit kept the sharding).
                     nnx.update(actor, jax.device_put(new_trainable, shardings))
                     metrics.append({k: float(v) for k, v in m.items()})
-            self._update_models_sharing_weights(actor, Role.ACTOR)
             self._maybe_offload_to_cpu(actor, Role.ACTOR)
             if self.cluster_config.offload_to_cpu:
                 self._opt_state = put_on_memory_kind(self._opt_state, "pinned_host")
