@@ -22,7 +22,6 @@ class RecordingEngine(RolloutEngine):
             self.scratch = jax.numpy.ones((1024,))
             raise RuntimeError("engine failed on purpose")
         self.received = rollout_actor
-        self.given_mesh = mesh
         # Like any engine, sample on the mesh it was given (a no-op when the model is there).
         self._model = rollout_actor if mesh is None or all_on_mesh(nnx.state(rollout_actor), mesh) else place_model(rollout_actor, mesh)
         self._expose = expose_mesh

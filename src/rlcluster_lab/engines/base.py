@@ -57,7 +57,8 @@ class RolloutEngine(abc.ABC):
         self.rollout_actor = rollout_actor  # the model the cluster handed over
         self.tokenizer = tokenizer
         self.rollout_config = rollout_config
-        self._given_mesh = mesh
+        # Not exposed as ``mesh``: an engine that exposes one replaces the rollout mesh (P7).
+        self.given_mesh = mesh
         self._calls = 0
 
     @classmethod
