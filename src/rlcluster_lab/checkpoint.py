@@ -12,8 +12,10 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from rlcluster_lab.model import ModelConfig, TransformerLM, is_lora, with_lora
 
@@ -32,7 +34,7 @@ def save(model: nnx.Module, path: str | os.PathLike) -> Path:
     if rank:
         meta["lora_scale"] = float(_first_lora(model).scale)
     (folder / "config.json").write_text(json.dumps(meta, indent=2))
-    flat = {"/".join(map(str, p)): np.asarray(v) for p, v in _flat_values(nnx.state(model))}
+    flat = {_key(p): np.asarray(v) for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
     np.savez(folder / "params.npz", **flat)
     return folder
 
@@ -63,7 +65,8 @@ def load(path: str | os.PathLike) -> nnx.Module:
     except (ValueError, EOFError, zipfile.BadZipFile) as err:
         raise ValueError(f"{folder / 'params.npz'} cannot be read ({err}); re-save the model") from err
     state = nnx.state(model)
-    expected = {"/".join(map(str, p)): v for p, v in _flat_values(state)}
+    paths = flatten_dict(nnx.to_pure_dict(state))
+    expected = {_key(p): v for p, v in paths.items()}
     if set(expected) != set(arrays):
         raise ValueError(f"{folder} holds parameters that do not match its config.json; re-save the model")
     for key, want in expected.items():
@@ -76,28 +79,13 @@ def load(path: str | os.PathLike) -> nnx.Module:
                 f"{folder}: parameter {key} has shape {got.shape} and dtype {got.dtype}, but its "
                 f"config.json needs {tuple(want.shape)} and {want.dtype}; re-save the model"
             )
-    import jax.numpy as jnp
-
-    pure = nnx.to_pure_dict(state)
-    def fill(node: Any, prefix: tuple) -> Any:
-        if isinstance(node, dict):
-            return {k: fill(v, prefix + (k,)) for k, v in node.items()}
-        return jnp.asarray(arrays["/".join(map(str, prefix))])
-    nnx.replace_by_pure_dict(state, fill(pure, ()))
+    nnx.replace_by_pure_dict(state, unflatten_dict({p: jnp.asarray(arrays[_key(p)]) for p in paths}))
     nnx.update(model, state)
     return model
 
 
-def _flat_values(state: Any) -> list[tuple[tuple, Any]]:
-    out = []
-    def walk(node: Any, prefix: tuple) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, prefix + (k,))
-        else:
-            out.append((prefix, node))
-    walk(nnx.to_pure_dict(state), ())
-    return out
+def _key(path: tuple) -> str:
+    return "/".join(map(str, path))
 
 
 def _first_lora(model: nnx.Module) -> Any:

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.traverse_util import flatten_dict
 from jax.sharding import Mesh
 
 from rlcluster_lab import checkpoint
@@ -486,7 +487,6 @@ class RLCluster:
             raise ValueError("Cannot generate from an empty list of prompts.")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        step = micro_batch_size or len(prompts)
         rollout_cfg = self.get_rollout_config(mode)
         if max_generation_steps is not None:
             rollout_cfg = dataclasses.replace(rollout_cfg, max_tokens_to_generate=max_generation_steps)
@@ -494,7 +494,7 @@ class RLCluster:
         with self._role_context(Role.ROLLOUT):
             model = engine.model()
             self._maybe_load_from_cpu(model, Role.ROLLOUT)
-            outs = [engine.generate(prompts[i : i + step], rollout_cfg) for i in range(0, len(prompts), step)]
+            outs = [engine.generate(prompts[rows], rollout_cfg) for rows in mini_batches(len(prompts), micro_batch_size)]
             self._maybe_offload_to_cpu(model, Role.ROLLOUT)
         return _concat_outputs(outs, engine.pad_id())
 
@@ -528,13 +528,12 @@ class RLCluster:
         self._require_constructed()
         prompt_tokens, completion_tokens = _check_batch(prompt_tokens, completion_tokens, "old")
         engine = self.rollout
-        step = micro_batch_size or len(prompt_tokens)
         with self._role_context(Role.ROLLOUT):
             model = engine.model()
             self._maybe_load_from_cpu(model, Role.ROLLOUT)
             outs = [
-                engine.get_per_token_logps(prompt_tokens[i : i + step], completion_tokens[i : i + step])
-                for i in range(0, len(prompt_tokens), step)
+                engine.get_per_token_logps(prompt_tokens[rows], completion_tokens[rows])
+                for rows in mini_batches(len(prompt_tokens), micro_batch_size)
             ]
             self._maybe_offload_to_cpu(model, Role.ROLLOUT)
         return jnp.concatenate(outs, axis=0)
@@ -581,11 +580,10 @@ class RLCluster:
 
     def _chunked(self, graphdef: Any, state: Any, prompt_tokens: np.ndarray, completion_tokens: np.ndarray, micro_batch_size: int | None) -> jax.Array:
         temperature = self.get_rollout_config(Mode.TRAIN).temperature
-        step = micro_batch_size or len(prompt_tokens)
         pad = self.rollout.pad_id()
         outs = [
-            logps_from_state(graphdef, state, prompt_tokens[i : i + step], completion_tokens[i : i + step], pad, temperature)
-            for i in range(0, len(prompt_tokens), step)
+            logps_from_state(graphdef, state, prompt_tokens[rows], completion_tokens[rows], pad, temperature)
+            for rows in mini_batches(len(prompt_tokens), micro_batch_size)
         ]
         return jnp.concatenate(outs, axis=0)
 
@@ -763,9 +761,5 @@ def check_same_backbone(actor: nnx.Module, other: nnx.Module, name: str) -> None
 
 
 def _shapes(state: Any) -> dict[str, tuple[int, ...]]:
-    flat = nnx.to_flat_state(state) if hasattr(nnx, "to_flat_state") else state.flat_state()
-    out = {}
-    for path, var in flat:
-        value = var.get_value() if hasattr(var, "get_value") else var
-        out["/".join(map(str, path))] = tuple(getattr(value, "shape", ()))
-    return out
+    flat = flatten_dict(nnx.to_pure_dict(state))
+    return {"/".join(map(str, path)): tuple(getattr(v, "shape", ())) for path, v in flat.items()}

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
+from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.config import RolloutConfig
@@ -143,8 +144,8 @@ def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool =
     """
     src_values = nnx.to_pure_dict(src) if isinstance(src, nnx.State) else src
     dst_values = nnx.to_pure_dict(dst) if isinstance(dst, nnx.State) else dst
-    src_flat = dict(_flatten(src_values))
-    dst_flat = dict(_flatten(dst_values))
+    src_flat = flatten_dict(src_values)
+    dst_flat = flatten_dict(dst_values)
     if follow_source_memory:
         # Keeping shared roles together may hand over part of a tree (a
         # reference has no adapters): only those leaves are replaced.
@@ -169,23 +170,4 @@ def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool =
         want = dst_flat[k].dtype
         # Cast on the destination devices, after the move (bytes move in the source dtype).
         out[k] = x if x.dtype == want else x.astype(want)
-    return _unflatten(out)
-
-
-def _flatten(tree: Any, prefix: tuple = ()) -> list[tuple[tuple, Any]]:
-    if isinstance(tree, dict):
-        items: list[tuple[tuple, Any]] = []
-        for k, v in tree.items():
-            items.extend(_flatten(v, prefix + (k,)))
-        return items
-    return [(prefix, tree)]
-
-
-def _unflatten(flat: dict[tuple, Any]) -> dict:
-    root: dict = {}
-    for path, value in flat.items():
-        node = root
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = value
-    return root
+    return unflatten_dict(out)
