@@ -44,7 +44,7 @@ from rlcluster_lab.placement import (
     put_on_memory_kind,
 )
 from rlcluster_lab.roles import Mode, Role
-from rlcluster_lab.sharing import SharingMap, build_sharing_map, shares
+from rlcluster_lab.sharing import SharingMap, build_sharing_map, rollout_branch, shares
 from rlcluster_lab.tokenizer import ByteTokenizer
 from rlcluster_lab.trace import Trace
 from rlcluster_lab.training import TrainBatch, batch_arrays, mini_batches, train_step
@@ -135,22 +135,19 @@ class RLCluster:
         # P3: one object, a second copy, or an initial value for the engine.
         rollout_cfg = cfg.rollout_config_for(Mode.TRAIN)
         linked = shares(self.sharing_map, Role.ACTOR, Role.ROLLOUT)
-        engine_kind = self._engine_kind
-        if linked:
+        self.rollout_branch = rollout_branch(linked, self._engine_kind)
+        if self.rollout_branch == "shared":
             rollout_actor = self._actor
-            self.rollout_branch = "shared"
             outcome = "rollout model is the actor model: one object, no second copy"
-        elif engine_kind == "vanilla":
+        elif self.rollout_branch == "second_copy":
             # A fresh load of the actor as given (a path is read again).
             src = actor if actor_is_module else self._as_module(actor, "actor")
             rollout_actor = self._load(src, Role.ROLLOUT, dtype=parse_dtype(rollout_cfg.data_type))
-            self.rollout_branch = "second_copy"
             outcome = "actor loaded a second time onto the rollout mesh" + (
                 f", cast to {rollout_cfg.data_type}" if rollout_cfg.data_type else ""
             )
         else:
             rollout_actor = self._actor
-            self.rollout_branch = "engine_initial_value"
             outcome = f"the {cfg.engine_name()} engine gets the trainer's model as its initial weights"
         self.trace.record(
             "P3",

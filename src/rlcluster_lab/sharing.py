@@ -96,6 +96,19 @@ def build_sharing_map(
     return _freeze(links)
 
 
+def rollout_branch(linked: bool, engine_kind: str) -> str:
+    """P3: ``shared`` (one object), ``second_copy`` (vanilla engine, unlinked) or
+    ``engine_initial_value`` (any other engine takes the actor as its initial weights).
+
+    Pure, so the cluster and the what-if planner take the same branch.
+    """
+    if linked:
+        return "shared"
+    if engine_kind == "vanilla":
+        return "second_copy"
+    return "engine_initial_value"
+
+
 def shares(sharing_map: SharingMap, a: Role, b: Role) -> bool:
     return b in sharing_map.get(a, ())
 
