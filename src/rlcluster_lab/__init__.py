@@ -8,6 +8,7 @@ from rlcluster_lab.config import ClusterConfig, ConfigError, RolloutConfig, Trai
 from rlcluster_lab.devices import DeviceSetupError, ensure_simulated_devices
 from rlcluster_lab.engines import RolloutEngine, RolloutOutput, SglangJaxStyleEngine, VanillaEngine, VllmStyleEngine
 from rlcluster_lab.learner import GRPOLearner, LearnerConfig, LearnerResult
+from rlcluster_lab.measure import MemoryReport, SyncReport, memory_report
 from rlcluster_lab.meshes import LAYOUTS, describe_mesh, layout_meshes, make_mesh, mesh_from_ids, reachable_layouts
 from rlcluster_lab.model import MODEL_SIZES, ModelConfig, TransformerLM, init_model, is_lora, with_lora
 from rlcluster_lab.placement import PlacementError, place_model
@@ -22,7 +23,7 @@ from rlcluster_lab.training import TrainBatch
 
 __all__ = [
     "AvoidableCopyWarning", "ByteTokenizer", "ClusterConfig", "ConfigError", "Decision",
-    "DeviceSetupError", "GRPOLearner", "LAYOUTS", "LearnerConfig", "LearnerResult", "MODEL_SIZES",
+    "DeviceSetupError", "GRPOLearner", "MemoryReport", "SyncReport", "memory_report", "LAYOUTS", "LearnerConfig", "LearnerResult", "MODEL_SIZES",
     "Mode", "ModelConfig", "NotConstructedError", "PlacementError", "PlacementReport", "RLCluster",
     "RLEngine", "Role", "RolloutConfig", "RolloutEngine", "RolloutOutput", "Scenario", "ScoreModel",
     "SglangJaxStyleEngine", "Trace", "TrainBatch", "TrainingConfig", "TransformerLM", "VanillaEngine",

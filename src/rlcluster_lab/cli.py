@@ -30,6 +30,8 @@ def _add_scenario_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rollout-dtype", choices=["float32", "bfloat16"], default=None,
                    help="dtype of the vanilla engine's second copy")
     p.add_argument("--model-size", default="tiny", help="tiny, small, base or large")
+    p.add_argument("--anchor", choices=["full", "trainable"], default="full",
+                   help="anchor snapshot: the actor's full state (reference) or only the LoRA adapters")
     p.add_argument("--devices", type=int, default=8,
                    help="simulated CPU device count (ignored on GPUs and TPUs)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -40,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     rep = sub.add_parser("report", help="build a cluster and print its placement report")
     _add_scenario_flags(rep)
+    rep.add_argument("--sync", action="store_true",
+                     help="also run one weight sync and report the bytes it moved (L3)")
     learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
     _add_scenario_flags(learn)
     learn.add_argument("--steps", type=int, default=30)
@@ -86,6 +90,7 @@ def _scenario(args: argparse.Namespace, **extra: Any) -> Any:
         rollout_dtype=args.rollout_dtype,
         model_size=args.model_size,
         sglang_static_lora=not args.no_static_lora,
+        anchor=args.anchor,
         **extra,
     )
 
@@ -94,8 +99,9 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
     from rlcluster_lab.report import placement_report
     from rlcluster_lab.scenario import build_cluster
 
-    report = placement_report(build_cluster(_scenario(args)))
-    data = report.to_json()
+    cluster = build_cluster(_scenario(args))
+    sync = cluster.sync_weights() if args.sync else None
+    data = placement_report(cluster, sync=sync).to_json()
     if not args.json:
         data = {"_text": format_report(data)}
     return data
@@ -154,7 +160,10 @@ def format_report(data: dict[str, Any]) -> str:
     lines.append(f"rollout samples with the actor's own buffers: {data['rollout_shares_actor_weights']}")
     lines.append(f"reference shares the actor's frozen backbone: {data['reference_shares_backbone']}")
     anchor = data["anchor"]
-    lines.append(f"anchor (P8): {anchor['bytes']:,} bytes in {anchor['memory_kind']}")
+    lines.append(f"anchor (P8, mode {anchor['mode']}): {anchor['bytes']:,} bytes pinned in {anchor['memory_kind']}")
+    lines.extend(format_memory(data["memory"]))
+    if data.get("sync"):
+        lines.extend(format_sync(data["sync"]))
     for w in data["warnings"]:
         lines.append(f"warning: {w}")
     lines.append("decisions:")
@@ -162,6 +171,33 @@ def format_report(data: dict[str, Any]) -> str:
         lines.append(f"  {d['rule']:>4}  {d['test']}")
         lines.append(f"        -> {d['outcome']}")
     return "\n".join(lines)
+
+
+def format_memory(memory: dict[str, Any]) -> list[str]:
+    """Memory per role (L2) as lines of text."""
+    lines = [f"memory (L2, measured; {memory['units']}):"]
+    for role, r in memory["by_role"].items():
+        kinds = ", ".join(f"{k} {v:,}" for k, v in r["by_kind"].items())
+        lines.append(f"  {role:<9} {r['bytes']:>14,}  ({kinds})")
+    for g in memory["shared"]:
+        lines.append(f"  shared by {' + '.join(g['roles'])}: {g['bytes']:,} bytes in {g['buffers']} buffers (counted once)")
+    lines.append(f"  unique {memory['unique_bytes']:,} bytes; naive (every role its own copy) {memory['naive_bytes']:,}")
+    alloc = memory["allocator"]
+    lines.append(f"  allocator: {'see JSON' if alloc['available'] else alloc['note']}")
+    return lines
+
+
+def format_sync(sync: dict[str, Any]) -> list[str]:
+    """One weight sync (L3) as lines of text."""
+    return [
+        f"sync (L3, {sync['method']}; physical bytes):",
+        f"  synced {sync['synced_bytes']:,} = moved across devices {sync['moved_cross_device_bytes']:,}"
+        f" + copied within a device {sync['copied_same_device_bytes']:,} + reused {sync['reused_bytes']:,}",
+        f"  minimum across devices {sync['minimum_cross_device_bytes']:,}; logical (each leaf once)"
+        f" {sync['synced_logical_bytes']:,}",
+        f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
+        f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms",
+    ]
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import gc
 import os
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Union
@@ -33,16 +34,17 @@ from rlcluster_lab.config import (
     parse_dtype,
 )
 from rlcluster_lab.engines import ENGINES, OwnCopyEngine, RolloutEngine, RolloutOutput
+from rlcluster_lab.measure import SyncReport, flat_leaves, new_shards, shard_facts, sync_report
 from rlcluster_lab.meshes import describe_mesh
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, is_lora, logps_from_state
 from rlcluster_lab.placement import (
     array_leaves,
     default_memory_kind,
-    is_on_device,
     load_model,
     move_model,
     put_on_memory_kind,
 )
+from rlcluster_lab.reshard import record_transfers
 from rlcluster_lab.roles import Mode, Role
 from rlcluster_lab.sharing import SharingMap, build_sharing_map, rollout_branch, shares
 from rlcluster_lab.tokenizer import ByteTokenizer
@@ -330,14 +332,33 @@ class RLCluster:
 
     def _pin_anchor(self) -> None:
         assert self._actor is not None
-        # P8 / P13: the anchor is the actor's full state, pinned on the host.
-        self._anchor_policy_state = put_on_memory_kind(nnx.state(self._actor), "pinned_host")
+        # P8 / P13: the anchor is the actor's full state, pinned on the host;
+        # with anchor="trainable" only what training changes (beyond the reference).
+        self._anchor_policy_state = put_on_memory_kind(self._anchor_source(), "pinned_host")
         self.trace.record(
             "P8",
-            "snapshot the actor's full state to pinned host",
-            {"global_steps": self.global_steps, "bytes": state_bytes(self._anchor_policy_state)},
-            "anchor policy state pinned",
+            "snapshot the actor's state to pinned host"
+            + (" (trainable part only: anchor='trainable')" if self._anchor_is_partial else ""),
+            {
+                "global_steps": self.global_steps,
+                "anchor": self.cluster_config.anchor,
+                "bytes": state_bytes(self._anchor_policy_state),
+            },
+            "anchor holds the LoRA adapters; the frozen backbone is read from the actor"
+            if self._anchor_is_partial
+            else "anchor policy state pinned",
         )
+
+    @property
+    def _anchor_is_partial(self) -> bool:
+        """anchor='trainable' with a LoRA actor: only adapters are pinned."""
+        return self.cluster_config.anchor == "trainable" and self._actor is not None and is_lora(self._actor)
+
+    def _anchor_source(self) -> Any:
+        assert self._actor is not None
+        if self._anchor_is_partial:
+            return nnx.state(self._actor, nnx.LoRAParam)
+        return nnx.state(self._actor)
 
     def _release_new_buffers(self, before: set[int], keep: Sequence[Any]) -> None:
         """After a failed construction, free the device buffers it allocated.
@@ -396,7 +417,26 @@ class RLCluster:
 
     @property
     def anchor_policy_state(self) -> Any:
+        """The state the actor's log-probs are taken with (P10): the last sync's snapshot.
+
+        With anchor='trainable' on a LoRA actor the pinned snapshot holds the
+        adapters only; the frozen backbone, which training never changes, is
+        the actor's own, so the merged state equals a full snapshot.
+        """
+        if self._anchor_policy_state is None or not self._anchor_is_partial:
+            return self._anchor_policy_state
+        assert self._actor is not None
+        return nnx.merge_state(nnx.state(self._actor, nnx.Not(nnx.LoRAParam)), self._anchor_policy_state)
+
+    @property
+    def pinned_anchor_state(self) -> Any:
+        """What the anchor snapshot itself holds in pinned host memory."""
         return self._anchor_policy_state
+
+    @property
+    def optimizer_state(self) -> Any:
+        """The actor optimizer's state (moments live beside the trainable parameters)."""
+        return self._opt_state
 
     def models(self) -> dict[Role, nnx.Module]:
         """The module each present role computes with (the rollout: the engine's model)."""
@@ -544,12 +584,9 @@ class RLCluster:
         actor = self.actor_model
         with self._role_context(Role.ACTOR):
             graphdef, _ = nnx.split(actor)
-            anchor_on_device = is_on_device(self._anchor_policy_state)
-            anchor = (
-                self._anchor_policy_state
-                if anchor_on_device
-                else put_on_memory_kind(self._anchor_policy_state, self._default_memory_kind)
-            )
+            # Brought to device leaf by leaf: with anchor='trainable' the backbone
+            # part may already be there.
+            anchor = put_on_memory_kind(self.anchor_policy_state, self._default_memory_kind)
             out = self._chunked(graphdef, anchor, prompt_tokens, completion_tokens, micro_batch_size)
             del anchor
         return out
@@ -624,22 +661,35 @@ class RLCluster:
                 self._opt_state = put_on_memory_kind(self._opt_state, "pinned_host")
         return metrics
 
-    def sync_weights(self) -> None:
+    def sync_weights(self) -> SyncReport:
         """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine.
 
         The sharing map is not consulted: the engine reshards onto its own
         copy's shardings, which moves nothing when that copy is the actor
         itself. Then the anchor is re-pinned and the global step advances.
+        Returns what the handover and the re-pin really moved (L3).
         """
         self._require_constructed()
         actor = self.actor_model
-        guard = _cpu_transfer_guard()
         lora = is_lora(actor)
         filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
-        with guard:
+        with _cpu_transfer_guard():
             params = nnx.state(actor, *filter_types)
-            self.rollout.update_params(params, filter_types)
-            self._anchor_policy_state = put_on_memory_kind(nnx.state(actor), "pinned_host")
+            source = {path: shard_facts(x) for path, x in flat_leaves(params).items()}
+            with record_transfers() as log:
+                start = time.perf_counter()
+                self.rollout.update_params(params, filter_types)
+                destination = flat_leaves(nnx.state(self.rollout.model(), *filter_types))
+                jax.block_until_ready(list(destination.values()))
+                seconds = time.perf_counter() - start
+            del params
+            anchor_source = self._anchor_source()
+            start = time.perf_counter()
+            self._anchor_policy_state = put_on_memory_kind(anchor_source, "pinned_host")
+            jax.block_until_ready(self._anchor_policy_state)
+            anchor_seconds = time.perf_counter() - start
+            new_anchor = new_shards(self._anchor_policy_state, anchor_source)
+            del anchor_source
         self.trace.record(
             "P13",
             "sync: filter to LoRA parameters if the actor has LoRA, else all parameters",
@@ -652,6 +702,17 @@ class RLCluster:
             "LoRA parameters handed to the engine" if lora else "all parameters handed to the engine",
         )
         self.global_steps += 1
+        return sync_report(
+            source,
+            destination,
+            log,
+            lora=lora,
+            seconds=seconds,
+            new_anchor_shards=new_anchor,
+            anchor_mode="trainable" if self._anchor_is_partial else "full",
+            anchor_seconds=anchor_seconds,
+            global_step=self.global_steps,
+        )
 
     def get_rewards(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
         """Scores (B,) from the reward model, on the reward mesh."""

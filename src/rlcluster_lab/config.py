@@ -90,12 +90,22 @@ RolloutConfigArg = Union[RolloutConfig, Mapping[Mode, RolloutConfig], None]
 EngineArg = Union[str, type, functools.partial, Callable[..., Any]]
 
 
+ANCHOR_MODES = ("full", "trainable")
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """Which mesh each role lives on, which rollout engine samples, and offload.
 
     ``role_to_mesh`` needs ACTOR and ROLLOUT; REFERENCE, REWARD and CRITIC
     default to the actor's mesh when left out.
+
+    ``anchor`` says what the anchor policy state holds (P8). ``"full"``, the
+    reference behaviour, pins the actor's whole state at every sync.
+    ``"trainable"`` pins only what training changes: for a LoRA actor the
+    adapters, with the frozen backbone read from the actor itself, which
+    gives the same log-probs for less pinned memory (for a full-parameter
+    actor it is the same as ``"full"``).
     """
 
     role_to_mesh: Mapping[Role, Mesh]
@@ -103,8 +113,14 @@ class ClusterConfig:
     rollout_engine: EngineArg = "vanilla"
     offload_to_cpu: bool = False
     training_config: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+    anchor: str = "full"
 
     def __post_init__(self) -> None:
+        if self.anchor not in ANCHOR_MODES:
+            raise ConfigError(
+                f"anchor must be one of {', '.join(ANCHOR_MODES)}, got {self.anchor!r}: 'full' pins the "
+                "actor's whole state (the reference), 'trainable' only the LoRA adapters"
+            )
         r2m = {Role.parse(r): m for r, m in dict(self.role_to_mesh).items()}
         for role in (Role.ACTOR, Role.ROLLOUT):
             if role not in r2m:

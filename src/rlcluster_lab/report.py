@@ -1,6 +1,8 @@
-"""The placement report: what the cluster decided, as one frozen, JSON-ready object.
+"""The placement report: what the cluster decided and what it costs, as one frozen, JSON-ready object.
 
 CLI, figures and widgets read this report; none of them recomputes a decision.
+``memory`` is measured on the live buffers (L2); ``sync`` is the report of
+the sync the caller ran, if any (L3).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import jax
 from flax import nnx
 
 from rlcluster_lab.cluster import RLCluster, buffer_keys, sharing_backbone, state_bytes
+from rlcluster_lab.measure import MemoryReport, SyncReport, memory_report
 from rlcluster_lab.meshes import describe_meshes
 from rlcluster_lab.placement import memory_kinds
 from rlcluster_lab.roles import Role
@@ -34,20 +37,28 @@ class PlacementReport:
     warnings: list[str]
     platform: str
     device_count: int
+    memory: MemoryReport
+    sync: SyncReport | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["memory"] = self.memory.to_json()
+        out["sync"] = self.sync.to_json() if self.sync is not None else None
+        return out
 
 
-def placement_report(cluster: RLCluster) -> PlacementReport:
-    """Read the decisions and the live buffers of a constructed cluster."""
+def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> PlacementReport:
+    """Read the decisions and the live buffers of a constructed cluster.
+
+    Pass the ``SyncReport`` that ``cluster.sync_weights()`` returned to carry it too.
+    """
     actor = cluster.actor_model
     rollout_model = cluster.rollout.model()
     actor_keys = buffer_keys(nnx.state(actor))
     rollout_keys = buffer_keys(nnx.state(rollout_model))
     reference = cluster.reference_model
-    anchor = cluster.anchor_policy_state
-    kinds = memory_kinds(anchor) if anchor is not None else []
+    pinned = cluster.pinned_anchor_state
+    kinds = memory_kinds(pinned) if pinned is not None else []
     present = {Role.ACTOR, Role.ROLLOUT} | set(cluster.models())
     return PlacementReport(
         sharing_map=sharing_map_json(cluster.sharing_map),
@@ -62,11 +73,15 @@ def placement_report(cluster: RLCluster) -> PlacementReport:
         offload_to_cpu=cluster.cluster_config.offload_to_cpu,
         lora=cluster.trainable_is_lora,
         anchor={
+            "mode": cluster.cluster_config.anchor,
             "memory_kind": kinds[0] if len(kinds) == 1 else kinds,
-            "bytes": state_bytes(anchor) if anchor is not None else 0,
+            # What the snapshot itself pins (adapters only with mode 'trainable' and LoRA).
+            "bytes": state_bytes(pinned) if pinned is not None else 0,
         },
         decisions=cluster.trace.to_json(),
         warnings=list(cluster.warnings),
         platform=jax.default_backend(),
         device_count=jax.device_count(),
+        memory=memory_report(cluster),
+        sync=sync,
     )

@@ -46,6 +46,7 @@ class Scenario:
     with_reward: bool = False
     with_critic: bool = False
     sglang_static_lora: bool = True
+    anchor: str = "full"
     max_tokens: int = 16
     temperature: float = 1.0
     kv_cache_size: int = 128
@@ -116,6 +117,7 @@ def build_cluster(
         rollout_engine=scenario.engine,
         offload_to_cpu=scenario.offload,
         training_config=training_config or TrainingConfig(),
+        anchor=scenario.anchor,
     )
     models = build_models(scenario, r2m)
     with warnings.catch_warnings():

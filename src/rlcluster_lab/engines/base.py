@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.config import RolloutConfig
 from rlcluster_lab.model import logps_from_state
-from rlcluster_lab.reshard import reshard
+from rlcluster_lab.reshard import leaf_label, reshard
 from rlcluster_lab.sampling import sample
 
 
@@ -135,6 +135,11 @@ class RolloutEngine(abc.ABC):
         nnx.update(model, new_values)
 
 
+def leaf_path(key: tuple[Any, ...]) -> str:
+    """A flattened state key as the path the reports show: ``layers/0/attn/q/kernel``."""
+    return "/".join(map(str, key))
+
+
 def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool = False) -> Any:
     """A pure dict of ``src``'s values placed with ``dst``'s shardings and cast to ``dst``'s dtypes.
 
@@ -164,7 +169,10 @@ def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool =
         if follow_source_memory and isinstance(s, NamedSharding):
             s = s.with_memory_kind(src_flat[k].sharding.memory_kind)
         shardings.append(s)
-    moved = [reshard(src_flat[k], s, copy=copy) for k, s in zip(keys, shardings)]
+    moved = []
+    for k, s in zip(keys, shardings):
+        with leaf_label(leaf_path(k)):
+            moved.append(reshard(src_flat[k], s, copy=copy))
     out = {}
     for k, x in zip(keys, moved):
         want = dst_flat[k].dtype
