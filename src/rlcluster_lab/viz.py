@@ -1,0 +1,632 @@
+"""Figures drawn from reports: each function takes a report's JSON and returns a Figure.
+
+Every function is pure: it reads the dict it is given (never a live cluster),
+builds a ``matplotlib.figure.Figure`` directly (no pyplot, so no global figure
+registry is left holding it) and recomputes no placement decision; it only
+reads what the report recorded (L1-L4). Byte figures are PHYSICAL bytes, as
+in the reports: every device shard counted, so a leaf replicated on four
+devices counts four times. Axis labels say so.
+
+Artists that tests (and the widget panel) look up carry a ``gid``:
+``"P3:shared"`` for a decision box, ``"cell:rollout:5"`` for a device cell,
+``"bar:<what>:<key>"`` for a bar.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyBboxPatch, Rectangle
+
+ROLE_ORDER: tuple[str, ...] = ("actor", "rollout", "reference", "reward", "critic")
+ENTRY_ORDER: tuple[str, ...] = ROLE_ORDER + ("anchor", "optimizer")
+KINDS: tuple[str, ...] = ("device", "pinned_host")
+
+ROLE_COLORS: dict[str, str] = {
+    "actor": "#4c72b0",
+    "rollout": "#dd8452",
+    "reference": "#55a868",
+    "reward": "#8172b3",
+    "critic": "#937860",
+    "anchor": "#da8bc3",
+    "optimizer": "#8c8c8c",
+}
+KIND_COLORS: dict[str, str] = {"device": "#4c72b0", "pinned_host": "#ccb974"}
+SYNC_PARTS: tuple[tuple[str, str, str], ...] = (
+    # (report key, legend label, colour): the identity synced = moved + copied + reused (L3).
+    ("moved_cross_device_bytes", "moved between devices", "#c44e52"),
+    ("copied_same_device_bytes", "copied within a device", "#dd8452"),
+    ("reused_bytes", "reused (no copy)", "#55a868"),
+)
+HIGHLIGHT = "#f6c343"  # the branch that fired
+IDLE = "#eeeeee"  # the branches that did not
+IDLE_TEXT = "#9a9a9a"
+PHYSICAL = "physical bytes (every device shard counted)"
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes in binary units, short and stable: 534528 -> '522.0 KiB'."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def to_png(fig: Figure, dpi: int = 100) -> bytes:
+    """PNG bytes of a figure (for an ipywidgets Image or a file)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def _figure(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _present(keys: Sequence[str], order: Sequence[str]) -> list[str]:
+    """``keys`` in the lab's usual order, unknown ones last (sorted, so stable)."""
+    known = [k for k in order if k in keys]
+    return known + sorted(k for k in keys if k not in order)
+
+
+# --------------------------------------------------------------------------- decision flow (L1)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowRow:
+    """One decision drawn as a question and its possible answers, one of which fired."""
+
+    key: str  # "P3", or "P5:actor" for per-role rows
+    question: str
+    options: tuple[str, ...]
+    fired: str
+    detail: str = ""
+
+
+def _decisions(report: Mapping[str, Any], rule: str) -> list[Mapping[str, Any]]:
+    return [d for d in report.get("decisions", []) if d.get("rule") == rule]
+
+
+def _shape(mesh: Mapping[str, Any] | None) -> str:
+    if not mesh:
+        return "none"
+    return "(" + ",".join(str(v) for v in mesh.get("shape", {}).values()) + ")"
+
+
+def flow_rows(report: Mapping[str, Any]) -> list[FlowRow]:
+    """The construction (and any sync) decisions of a report, as rows of the flow figure.
+
+    Which answer fired is read from what the report recorded (the trace's
+    values, the sharing map, ``rollout_branch``), never worked out again.
+    """
+    rows: list[FlowRow] = []
+    checks = _decisions(report, "P6")
+    if checks:
+        failed = [d for d in checks if str(d.get("outcome", "")).startswith("error")]
+        rows.append(FlowRow("P6", "config checks pass?", ("pass", "error"), "error" if failed else "pass",
+                            f"{len(checks) - len(failed)} of {len(checks)} checks passed"))
+    for d in _decisions(report, "P1")[:1]:
+        v = d["values"]
+        rows.append(FlowRow(
+            "P1", "actor mesh == rollout mesh?", ("linked", "not linked"),
+            "linked" if v.get("equal") else "not linked",
+            f"shapes {_shape(v.get('actor_mesh'))} vs {_shape(v.get('rollout_mesh'))}; "
+            f"same devices: {'yes' if v.get('same_devices') else 'no'}",
+        ))
+    p2 = [d for d in _decisions(report, "P2") if "propagate" not in d.get("test", "")]
+    for d in p2[:1]:
+        v = d["values"]
+        if "actor_has_lora" not in v:
+            fired, detail = "skipped", "a model was given as a path"
+        else:
+            fired = "linked" if "reference" in report.get("sharing_map", {}).get("actor", []) else "not linked"
+            detail = (f"LoRA actor: {'yes' if v.get('actor_has_lora') else 'no'}; "
+                      f"reference: {'yes' if v.get('has_reference') else 'no'}; "
+                      f"same mesh: {'yes' if v.get('meshes_equal') else 'no'}")
+        rows.append(FlowRow("P2", "LoRA actor, reference on its mesh?", ("linked", "not linked", "skipped"),
+                            fired, detail))
+    if report.get("rollout_branch"):
+        p3 = _decisions(report, "P3")
+        detail = p3[0]["outcome"] if p3 else ""
+        if report["rollout_branch"] == "shared" and report.get("rollout_shares_actor_weights") is False:
+            # P3 handed over the actor object; an engine that owns its weights copied it (P7's case).
+            detail += "; the engine then keeps a copy of its own"
+        rows.append(FlowRow(
+            "P3", "what does the rollout sample with?", ("shared", "second_copy", "engine_initial_value"),
+            str(report["rollout_branch"]), detail,
+        ))
+    p4 = _decisions(report, "P4")
+    if not p4:
+        fired, detail = "no reference", ""
+    else:
+        v = p4[0]["values"]
+        if not v.get("linked"):
+            fired = "own weights"
+        else:
+            fired = "one backbone" if v.get("shares_buffers") else "avoidable copy"
+        detail = p4[0]["outcome"].split(";")[0]
+    rows.append(FlowRow("P4", "reference backbone", ("one backbone", "avoidable copy", "own weights", "no reference"),
+                        fired, detail))
+    for d in _decisions(report, "P5"):
+        v = d["values"]
+        if "leaves" not in v:
+            continue  # "given as a path" notes, not a placement branch
+        role = str(v.get("role") or d["test"].split(":")[0])
+        kept = v["leaves"] > 0 and v.get("leaves_on_target") == v["leaves"]
+        reused = v.get("leaves_on_target", 0)
+        detail = f"{reused} of {v['leaves']} leaves already in place"
+        if not kept and v.get("requested_dtype") and v["requested_dtype"] != v.get("dtype"):
+            detail += f"; cast {v.get('dtype')} -> {v['requested_dtype']}"
+        rows.append(FlowRow(f"P5:{role}", f"load {role} onto its mesh", ("kept as is", "resharded"),
+                            "kept as is" if kept else "resharded", detail))
+    moved = sorted({str(d["values"].get("role")) for d in _decisions(report, "P14") if d["values"].get("role")})
+    rows.append(FlowRow(
+        "P14", "offload_to_cpu?", ("pinned host between uses", "stays on device"),
+        "pinned host between uses" if report.get("offload_to_cpu") else "stays on device",
+        ("moved to pinned host: " + ", ".join(moved)) if moved else "",
+    ))
+    for d in _decisions(report, "P7")[:1]:
+        v = d["values"]
+        rows.append(FlowRow(
+            "P7", "engine exposes a mesh?", ("kept", "replaced"),
+            "replaced" if v.get("exposes_mesh") else "kept",
+            f"engine {v.get('engine')}; map rebuilt: no; still registered as sharing: "
+            f"{'yes' if v.get('still_registered_as_sharing') else 'no'}",
+        ))
+    anchor = report.get("anchor") or {}
+    if _decisions(report, "P8") or anchor:
+        kind = anchor.get("memory_kind")
+        kind = ", ".join(kind) if isinstance(kind, list) else str(kind)
+        rows.append(FlowRow("P8", "anchor policy state holds", ("full", "trainable"), str(anchor.get("mode", "full")),
+                            f"{fmt_bytes(anchor.get('bytes', 0))} in {kind}"))
+    p13 = _decisions(report, "P13")
+    if p13:
+        v = p13[-1]["values"]
+        rows.append(FlowRow("P13", "sync hands the engine", ("LoRA params", "all params"),
+                            "LoRA params" if v.get("lora") else "all params",
+                            f"{len(p13)} sync(s); sharing map consulted: no"))
+    return rows
+
+
+_OPTION_LABELS = {
+    "second_copy": "second copy",
+    "engine_initial_value": "engine's initial value",
+    "shared": "same object",
+    "full": "full state",
+    "trainable": "trainable only",
+    "kept": "rollout mesh kept",
+    "replaced": "engine's mesh",
+}
+
+
+def decision_flow(report: Mapping[str, Any]) -> Figure:
+    """Every construction decision as a row of answers with the one that fired highlighted (L1)."""
+    rows = flow_rows(report)
+    width = 12.0
+    fig = _figure(width, 0.62 * len(rows) + 0.9)
+    ax = fig.add_subplot()
+    ax.set_xlim(0, width)
+    ax.set_ylim(len(rows), -0.6)
+    ax.axis("off")
+    q_width, gap = 3.6, 0.12
+    for i, row in enumerate(rows):
+        y = i
+        ax.text(0.05, y + 0.05, row.key.split(":")[0], fontsize=9, fontweight="bold", va="center")
+        ax.text(0.55, y + 0.05, row.question, fontsize=9, va="center")
+        box_w = (width - q_width - 0.1 - gap * (len(row.options) - 1)) / len(row.options)
+        for j, option in enumerate(row.options):
+            x = q_width + j * (box_w + gap)
+            fired = option == row.fired
+            box = FancyBboxPatch(
+                (x, y - 0.25), box_w, 0.5, boxstyle="round,pad=0.02",
+                facecolor=HIGHLIGHT if fired else IDLE,
+                edgecolor="#333333" if fired else "#cccccc",
+                linewidth=1.6 if fired else 0.8,
+                gid=f"{row.key}:{option}",
+            )
+            ax.add_patch(box)
+            ax.text(x + box_w / 2, y - 0.02, _OPTION_LABELS.get(option, option), ha="center", va="center",
+                    fontsize=8.5, color="black" if fired else IDLE_TEXT,
+                    fontweight="bold" if fired else "normal")
+        if row.detail:
+            ax.text(q_width, y + 0.38, row.detail, fontsize=7, color="#555555", va="center")
+    title = f"decisions: engine {report.get('engine', '?')}"
+    if report.get("warnings"):
+        title += f"  |  {len(report['warnings'])} warning(s)"
+    ax.set_title(title, fontsize=10, loc="left")
+    return fig
+
+
+# --------------------------------------------------------------------------- device grid
+
+
+def _mesh_coords(mesh: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
+    """Device id -> its position in the mesh (row-major over the shape)."""
+    dims = [int(v) for v in mesh.get("shape", {}).values()] or [1]
+    out: dict[int, tuple[int, ...]] = {}
+    for flat, dev in enumerate(mesh.get("device_ids", [])):
+        coord, rest = [], flat
+        for size in reversed(dims):
+            coord.append(rest % size)
+            rest //= size
+        out[int(dev)] = tuple(reversed(coord))
+    return out
+
+
+def device_grid(report: Mapping[str, Any]) -> Figure:
+    """Which devices each role's mesh covers, and where in the mesh each device sits.
+
+    One row per role, one column per device. A filled cell is a device of the
+    role's mesh, labelled with its mesh coordinate, so the reshaped layout
+    shows the same eight devices at other coordinates. With a memory section
+    each cell also gives the role's physical bytes on that device. When the
+    engine replaced the rollout mesh (P7), the mesh the config asked for is
+    drawn on an extra row.
+    """
+    meshes = report.get("role_to_mesh", {})
+    rows: list[tuple[str, str, Mapping[str, Any]]] = [(r, r, meshes[r]) for r in _present(list(meshes), ROLE_ORDER)]
+    if report.get("mesh_overridden_by_engine") and "rollout" in report.get("config_role_to_mesh", {}):
+        at = next(i for i, r in enumerate(rows) if r[0] == "rollout") + 1
+        rows.insert(at, ("rollout (config)", "rollout", report["config_role_to_mesh"]["rollout"]))
+    all_ids = sorted({int(d) for _, _, m in rows for d in m.get("device_ids", [])}
+                     | set(range(int(report.get("device_count", 0)))))
+    by_role = (report.get("memory") or {}).get("by_role", {})
+    sharing = report.get("sharing_map", {})
+
+    fig = _figure(1.6 + 0.95 * max(len(all_ids), 1) + 2.4, 0.55 * len(rows) + 1.0)
+    ax = fig.add_subplot()
+    ax.set_xlim(-0.05, len(all_ids) + 0.05)
+    ax.set_ylim(len(rows) + 0.05, -0.05)
+    ax.set_xticks([i + 0.5 for i in range(len(all_ids))], [f"dev {d}" for d in all_ids], fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_yticks([i + 0.5 for i in range(len(rows))],
+                  [f"{name}  {_shape(mesh)}" for name, _, mesh in rows], fontsize=9)
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    for i, (name, role, mesh) in enumerate(rows):
+        coords = _mesh_coords(mesh)
+        dashed = name.endswith("(config)")
+        for j, dev in enumerate(all_ids):
+            inside = dev in coords
+            cell = Rectangle(
+                (j + 0.04, i + 0.06), 0.92, 0.88,
+                facecolor=ROLE_COLORS.get(role, "#999999") if inside and not dashed else "white",
+                edgecolor=ROLE_COLORS.get(role, "#999999") if inside else "#dddddd",
+                linestyle="--" if dashed else "-", linewidth=1.2 if inside else 0.6,
+                alpha=0.85 if inside else 1.0, gid=f"cell:{name}:{dev}",
+            )
+            ax.add_patch(cell)
+            if not inside:
+                continue
+            label = ",".join(str(c) for c in coords[dev])
+            entry = by_role.get(role, {}).get("by_device", {}).get(str(dev)) if not dashed else None
+            if entry:
+                label += "\n" + fmt_bytes(sum(entry.values()))
+            ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=7,
+                    color="#333333" if dashed else "white")
+        note = ""
+        if not dashed:
+            linked = sharing.get(role, [])
+            note = ("map links it to " + ", ".join(linked)) if linked else "no links in the map"
+            if role == "rollout" and report.get("rollout_shares_actor_weights"):
+                note += "; samples with the actor's own buffers"
+            elif role == "reference" and report.get("reference_shares_backbone"):
+                note += "; its backbone is the actor's buffers"
+        else:
+            note = "asked for; replaced by the engine (P7)"
+        ax.text(len(all_ids) + 0.15, i + 0.5, note, va="center", fontsize=8, clip_on=False)
+    ax.set_title(f"{report.get('platform', '?')}: {report.get('device_count', len(all_ids))} device(s); "
+                 "cells give the mesh coordinate" + (" and physical bytes" if by_role else ""),
+                 fontsize=9, loc="left")
+    return fig
+
+
+# --------------------------------------------------------------------------- memory (L2)
+
+
+def _dev_sort(keys: Sequence[str]) -> list[str]:
+    return sorted(keys, key=lambda k: (0, int(k)) if str(k).isdigit() else (1, str(k)))
+
+
+def _naive_by_device(memory: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """Per device and kind, the sum over entries: what it would be if no buffer were shared."""
+    out: dict[str, dict[str, int]] = {}
+    for entry in memory.get("by_role", {}).values():
+        for dev, kinds in entry.get("by_device", {}).items():
+            for kind, n in kinds.items():
+                out.setdefault(str(dev), {}).setdefault(kind, 0)
+                out[str(dev)][kind] += int(n)
+    return out
+
+
+def memory_by_device(memory: Mapping[str, Any]) -> Figure:
+    """Unique physical bytes on each device, per memory kind (L2).
+
+    A filled bar counts each buffer once; the dashed outline behind it is the
+    sum of every role's own bytes on that device, so the gap between them is
+    what sharing saves. Where the backend reports allocator figures they are
+    drawn as black ticks; on CPU it has none, and the title says so.
+    """
+    by_device = memory.get("by_device", {})
+    naive = _naive_by_device(memory)
+    devices = _dev_sort(list(set(by_device) | set(naive)))
+    kinds = [k for k in KINDS if any(by_device.get(d, {}).get(k) or naive.get(d, {}).get(k) for d in devices)] or ["device"]
+    fig = _figure(max(5.0, 0.8 * len(devices) + 2.5), 3.6)
+    ax = fig.add_subplot()
+    width = 0.8 / len(kinds)
+    for k, kind in enumerate(kinds):
+        xs = [i - 0.4 + width * (k + 0.5) for i in range(len(devices))]
+        unique = [int(by_device.get(d, {}).get(kind, 0)) for d in devices]
+        every = [int(naive.get(d, {}).get(kind, 0)) for d in devices]
+        outlines = ax.bar(xs, every, width * 0.92, facecolor="none", edgecolor=KIND_COLORS.get(kind, "#777777"),
+                          linestyle="--", linewidth=1.0)
+        for bar, dev in zip(outlines, devices):
+            bar.set_gid(f"bar:naive:{dev}:{kind}")
+        bars = ax.bar(xs, unique, width * 0.92, color=KIND_COLORS.get(kind, "#777777"),
+                      label=f"{kind} (each buffer once)")
+        for bar, dev in zip(bars, devices):
+            bar.set_gid(f"bar:device:{dev}:{kind}")
+    allocator = memory.get("allocator") or {}
+    if allocator.get("available"):
+        in_use = [allocator.get("by_device", {}).get(d, {}).get("bytes_in_use") for d in devices]
+        pts = [(i, v) for i, v in enumerate(in_use) if v is not None]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="_", s=400, color="black",
+                       label="allocator: bytes in use", zorder=3)
+    ax.bar([], [], facecolor="none", edgecolor="#777777", linestyle="--", label="sum of every role's bytes")
+    ax.set_xticks(range(len(devices)), [f"dev {d}" for d in devices], fontsize=8)
+    ax.set_ylabel(PHYSICAL, fontsize=8)
+    ax.yaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
+    ax.legend(fontsize=7, loc="upper right")
+    note = "" if allocator.get("available") else "; allocator figures: " + (allocator.get("note") or "not available")
+    ax.set_title(f"per device: unique {fmt_bytes(memory.get('unique_bytes', 0))}, "
+                 f"summed per role {fmt_bytes(memory.get('naive_bytes', 0))}{note}", fontsize=9, loc="left")
+    return fig
+
+
+def memory_by_role(memory: Mapping[str, Any]) -> Figure:
+    """Physical bytes each role (and the anchor, the optimizer state) holds, split by memory kind (L2).
+
+    A buffer two roles share is in both bars; the label says with whom, and
+    the title gives the total counting it once.
+    """
+    by_role = memory.get("by_role", {})
+    entries = _present(list(by_role), ENTRY_ORDER)
+    shared_with: dict[str, list[str]] = {}
+    for group in memory.get("shared", []):
+        for e in group.get("roles", []):
+            shared_with.setdefault(e, []).append(
+                f"{fmt_bytes(group.get('bytes', 0))} with {', '.join(r for r in group['roles'] if r != e)}")
+    fig = _figure(9.0, 0.5 * len(entries) + 1.3)
+    ax = fig.add_subplot()
+    ys = list(range(len(entries)))
+    left = [0] * len(entries)
+    for kind in KINDS:
+        values = [int(by_role[e].get("by_kind", {}).get(kind, 0)) for e in entries]
+        if not any(values):
+            continue
+        bars = ax.barh(ys, values, left=left, color=KIND_COLORS[kind], label=kind, height=0.6)
+        for bar, e in zip(bars, entries):
+            bar.set_gid(f"bar:role:{e}:{kind}")
+        left = [a + b for a, b in zip(left, values)]
+    top = max([int(by_role[e].get("bytes", 0)) for e in entries] + [1])
+    for y, e in zip(ys, entries):
+        text = fmt_bytes(by_role[e].get("bytes", 0))
+        if shared_with.get(e):
+            text += "  (shares " + "; ".join(shared_with[e]) + ")"
+        ax.text(int(by_role[e].get("bytes", 0)) + top * 0.01, y, text, va="center", fontsize=8)
+    ax.set_yticks(ys, entries, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.9)
+    ax.set_xlabel(PHYSICAL + "; a shared buffer appears in each role that holds it", fontsize=8)
+    ax.xaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"per role: {fmt_bytes(memory.get('unique_bytes', 0))} counting each buffer once, "
+                 f"{fmt_bytes(memory.get('naive_bytes', 0))} summed per role", fontsize=9, loc="left")
+    return fig
+
+
+def memory_timeline(phases: Sequence[tuple[str, Mapping[str, Any]]]) -> Figure:
+    """Unique physical bytes per memory kind at each phase of a step (P14).
+
+    ``phases`` is a list of (label, memory dict) taken one after another.
+    """
+    labels = [p[0] for p in phases]
+    fig = _figure(max(6.0, 1.2 * len(phases) + 2.0), 3.6)
+    ax = fig.add_subplot()
+    width = 0.38
+    for k, kind in enumerate(KINDS):
+        values = [sum(int(kinds.get(kind, 0)) for kinds in m.get("by_device", {}).values()) for _, m in phases]
+        bars = ax.bar([i - 0.2 + width * k for i in range(len(phases))], values, width * 0.95,
+                      color=KIND_COLORS[kind], label=kind)
+        for bar, label in zip(bars, labels):
+            bar.set_gid(f"bar:phase:{label}:{kind}")
+    ax.set_xticks(range(len(phases)), labels, fontsize=8, rotation=20, ha="right")
+    ax.set_ylabel(PHYSICAL + ",\neach buffer once", fontsize=8)
+    ax.yaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
+    ax.legend(fontsize=8)
+    ax.set_title("memory kinds over one step", fontsize=9, loc="left")
+    return fig
+
+
+# --------------------------------------------------------------------------- sync (L3)
+
+
+def _syncs(sync: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """One sync report, or a mapping of label -> sync report."""
+    if "synced_bytes" in sync:
+        return {str(sync.get("method", "sync")): sync}
+    return {str(k): v for k, v in sync.items()}
+
+
+def sync_bytes(sync: Mapping[str, Any]) -> Figure:
+    """Where the synced bytes went: moved between devices, copied within one, or reused (L3).
+
+    Takes one sync report, or ``{label: sync report}`` to compare runs side by
+    side. The black line on each bar is the least the placement needs to move
+    between devices; the bar's red part is what the sync really moved.
+    """
+    runs = _syncs(sync)
+    labels = list(runs)
+    fig = _figure(max(5.5, 1.8 * len(labels) + 3.0), 3.8)
+    ax = fig.add_subplot()
+    bottoms = [0] * len(labels)
+    for key, legend, color in SYNC_PARTS:
+        values = [int(runs[lb].get(key, 0)) for lb in labels]
+        bars = ax.bar(range(len(labels)), values, 0.55, bottom=bottoms, color=color, label=legend)
+        for bar, lb in zip(bars, labels):
+            bar.set_gid(f"bar:sync:{lb}:{key}")
+        bottoms = [a + b for a, b in zip(bottoms, values)]
+    for i, lb in enumerate(labels):
+        s = runs[lb]
+        ax.hlines(int(s.get("minimum_cross_device_bytes", 0)), i - 0.36, i + 0.36, colors="black", linewidth=2,
+                  label="minimum to move between devices" if i == 0 else None, gid=f"line:minimum:{lb}")
+        seconds = s.get("seconds")
+        text = fmt_bytes(s.get("synced_bytes", 0))
+        if seconds is not None:
+            text += f"\n{seconds * 1e3:.1f} ms"
+        ax.text(i, bottoms[i], text, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel(PHYSICAL, fontsize=8)
+    ax.yaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
+    ax.set_ylim(0, max(bottoms + [1]) * 1.25)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("weight sync: synced = moved + copied + reused", fontsize=9, loc="left")
+    return fig
+
+
+def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Figure:
+    """Per leaf: moved, copied or reused bytes, with the minimum as a black tick (L3).
+
+    ``top`` keeps only the leaves with the most synced bytes (ties by path).
+    """
+    leaves = list(sync.get("leaves", []))
+    if top is not None:
+        leaves = sorted(leaves, key=lambda lf: (-int(lf.get("synced_bytes", 0)), lf.get("path", "")))[:top]
+        leaves.sort(key=lambda lf: lf.get("path", ""))
+    fig = _figure(10.0, 0.22 * len(leaves) + 1.4)
+    ax = fig.add_subplot()
+    ys = list(range(len(leaves)))
+    left = [0] * len(leaves)
+    for key, legend, color in SYNC_PARTS:
+        values = [int(lf.get(key, 0)) for lf in leaves]
+        bars = ax.barh(ys, values, left=left, color=color, label=legend, height=0.7)
+        for bar, lf in zip(bars, leaves):
+            bar.set_gid(f"bar:leaf:{lf.get('path')}:{key}")
+        left = [a + b for a, b in zip(left, values)]
+    ax.scatter([int(lf.get("minimum_cross_device_bytes", 0)) for lf in leaves], ys, marker="|", s=90,
+               color="black", label="minimum between devices", zorder=3)
+    ax.set_yticks(ys, [f"{lf.get('path')} {tuple(lf.get('shape', []))}" for lf in leaves], fontsize=6.5)
+    ax.invert_yaxis()
+    ax.set_xlabel(PHYSICAL, fontsize=8)
+    ax.xaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
+    ax.legend(fontsize=7, loc="lower right")
+    shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
+    ax.set_title(f"weight sync per leaf ({shown})", fontsize=9, loc="left")
+    return fig
+
+
+# --------------------------------------------------------------------------- learner (P11)
+
+
+def p11_gap(result: Mapping[str, Any]) -> Figure:
+    """Per optimizer step: how far the live actor's log-probs are from the anchor's,
+    and the anchor's from the sampler's (P11), from ``LearnerResult.to_json()``.
+
+    Steps whose actor had not stepped yet in that global step are drawn as
+    open circles; later mini-batches and iterations as filled ones.
+    """
+    records = list(result.get("p11", []))
+    xs = list(range(len(records)))
+    floor = 1e-9  # a gap of exactly 0 still gets a point on a log axis
+    live = [max(float(r["live_vs_anchor"]), floor) for r in records]
+    sampler = [max(float(r["anchor_vs_sampler"]), floor) for r in records]
+    fresh = [r.get("steps_taken_before", 0) == 0 for r in records]
+    fig = _figure(8.0, 3.6)
+    ax = fig.add_subplot()
+    ax.set_yscale("log")
+    ax.plot(xs, live, color=ROLE_COLORS["actor"], linewidth=0.8, alpha=0.6)
+    ax.scatter([x for x, f in zip(xs, fresh) if f], [v for v, f in zip(live, fresh) if f], facecolors="none",
+               edgecolors=ROLE_COLORS["actor"], label="live vs anchor, first optimizer step of a global step",
+               gid="points:live:first")
+    ax.scatter([x for x, f in zip(xs, fresh) if not f], [v for v, f in zip(live, fresh) if not f],
+               color=ROLE_COLORS["actor"], label="live vs anchor, after the actor stepped", gid="points:live:later")
+    ax.plot(xs, sampler, color=ROLE_COLORS["rollout"], marker=".", linewidth=0.8,
+            label="anchor vs sampler", gid="line:sampler")
+    ax.set_xlabel("optimizer step", fontsize=8)
+    ax.set_ylabel("max |difference| of per-token log-prob (nats)", fontsize=8)
+    ax.legend(fontsize=7)
+    ax.set_title("P11: old log-probs from live weights drift; the anchor matches the sampler", fontsize=9, loc="left")
+    return fig
+
+
+# --------------------------------------------------------------------------- plan (L4)
+
+
+def plan_memory(plan: Mapping[str, Any]) -> Figure:
+    """A what-if plan's bytes per role and per device, against the device's capacity (L4).
+
+    Everything here is computed from shapes, not measured; the title says so.
+    """
+    memory = plan.get("memory", {})
+    by_role = memory.get("by_role", {})
+    entries = _present(list(by_role), ENTRY_ORDER)
+    by_device = memory.get("by_device", {})
+    devices = _dev_sort(list(by_device))
+    capacity = _capacity(plan)
+    fig = _figure(12.0, max(3.2, 0.4 * len(entries) + 1.6))
+    ax_role, ax_dev = fig.subplots(1, 2, width_ratios=[1, 1.3])
+    left = [0] * len(entries)
+    for kind in KINDS:
+        values = [int(by_role[e].get("by_kind", {}).get(kind, 0)) for e in entries]
+        if not any(values):
+            continue
+        bars = ax_role.barh(range(len(entries)), values, left=left, color=KIND_COLORS[kind], label=kind, height=0.6)
+        for bar, e in zip(bars, entries):
+            bar.set_gid(f"bar:role:{e}:{kind}")
+        left = [a + b for a, b in zip(left, values)]
+    ax_role.set_yticks(range(len(entries)), entries, fontsize=8)
+    ax_role.invert_yaxis()
+    ax_role.xaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
+    ax_role.set_xlabel(PHYSICAL, fontsize=8)
+    ax_role.legend(fontsize=7)
+    ax_role.set_title("per role", fontsize=9, loc="left")
+
+    totals = [int(by_device[d].get("device", 0)) for d in devices]
+    colors = ["#c44e52" if capacity and t > capacity else KIND_COLORS["device"] for t in totals]
+    bars = ax_dev.bar(range(len(devices)), totals, color=colors)
+    for bar, d in zip(bars, devices):
+        bar.set_gid(f"bar:device:{d}:device")
+    if capacity:
+        ax_dev.axhline(capacity, color="black", linestyle="--", linewidth=1.2, gid="line:capacity",
+                       label=f"device memory {fmt_bytes(capacity)}")
+        ax_dev.legend(fontsize=7)
+    step = max(1, len(devices) // 16)
+    ax_dev.set_xticks(range(0, len(devices), step), [f"{devices[i]}" for i in range(0, len(devices), step)], fontsize=7)
+    ax_dev.set_xlabel("device", fontsize=8)
+    ax_dev.yaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
+    ax_dev.set_title("device memory per device", fontsize=9, loc="left")
+    model = plan.get("model", {})
+    name = model.get("name", "model") if isinstance(model, Mapping) else str(model)
+    topo = plan.get("topology", {})
+    topo_name = topo.get("name", "") if isinstance(topo, Mapping) else str(topo)
+    fig.suptitle(f"plan: {name} on {topo_name}, layout {plan.get('layout', '?')} "
+                 f"({plan.get('source', 'computed from shapes')})", fontsize=9)
+    return fig
+
+
+def _capacity(plan: Mapping[str, Any]) -> int | None:
+    """Bytes of device memory per device, where the plan gives it."""
+    for section in (plan.get("fits", {}), plan.get("topology", {})):
+        if not isinstance(section, Mapping):
+            continue
+        for key in ("capacity_bytes", "device_memory_bytes", "memory_per_device_bytes", "hbm_bytes"):
+            if section.get(key):
+                return int(section[key])
+    return None

@@ -1,0 +1,309 @@
+"""Figures show what the reports say: highlighted branches, cells, and bar sizes equal to report bytes."""
+from __future__ import annotations
+
+import copy
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (only to check that no pyplot figure is left open)
+import pytest  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+
+from rlcluster_lab import viz  # noqa: E402
+from rlcluster_lab.report import placement_report  # noqa: E402
+from rlcluster_lab.scenario import Scenario, build_cluster  # noqa: E402
+
+
+def _patches(fig, prefix: str) -> dict[str, object]:
+    return {p.get_gid(): p for ax in fig.axes for p in ax.patches if (p.get_gid() or "").startswith(prefix)}
+
+
+def _highlighted(fig) -> set[str]:
+    """Gids of decision boxes drawn in the highlight colour."""
+    return {gid for gid, p in _patches(fig, "P").items() if to_hex(p.get_facecolor()) == viz.HIGHLIGHT}
+
+
+def _texts(fig) -> str:
+    parts = []
+    for ax in fig.axes:
+        parts += [t.get_text() for t in ax.texts]
+        parts += [ax.get_title(loc="left"), ax.get_xlabel(), ax.get_ylabel()]
+        parts += [t.get_text() for t in ax.get_yticklabels()]
+    if fig._suptitle is not None:
+        parts.append(fig._suptitle.get_text())
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, dict]:
+    scenarios = {
+        "colocated_lora": Scenario(layout="colocated", lora=True),
+        "reshaped_separate_base": Scenario(layout="reshaped", lora=True, lora_separate_base=True),
+        "split": Scenario(layout="split"),
+        "colocated_vllm": Scenario(layout="colocated", engine="vllm"),
+    }
+    return {name: placement_report(build_cluster(s)).to_json() for name, s in scenarios.items()}
+
+
+# ------------------------------------------------------------------ decision flow (L1)
+
+
+def test_decision_flow_highlights_P1_P2_P3_P4_branches_of_colocated_lora(reports):
+    fig = viz.decision_flow(reports["colocated_lora"])
+    lit = _highlighted(fig)
+    assert {"P1:linked", "P2:linked", "P3:shared", "P4:one backbone", "P7:kept", "P8:full"} <= lit
+    assert not lit & {"P1:not linked", "P3:second_copy", "P4:avoidable copy"}
+
+
+def test_decision_flow_reshaped_shows_second_copy_and_avoidable_copy_P1_P3_P4(reports):
+    lit = _highlighted(viz.decision_flow(reports["reshaped_separate_base"]))
+    assert {"P1:not linked", "P3:second_copy", "P4:avoidable copy", "P5:rollout:resharded"} <= lit
+    assert "P1:linked" not in lit and "P3:shared" not in lit
+
+
+def test_decision_flow_vllm_engine_replaces_rollout_mesh_P7(reports):
+    fig = viz.decision_flow(reports["colocated_vllm"])
+    # Linked by the map, so P3 hands the actor object over; the engine keeps its own copy.
+    assert {"P1:linked", "P3:shared", "P7:replaced"} <= _highlighted(fig)
+    assert "still registered as sharing: yes" in _texts(fig)
+    assert "the engine then keeps a copy of its own" in _texts(fig)
+
+
+def test_decision_flow_lights_exactly_one_answer_per_row(reports):
+    for report in reports.values():
+        fig = viz.decision_flow(report)
+        rows = viz.flow_rows(report)
+        lit = _highlighted(fig)
+        for row in rows:
+            assert [o for o in row.options if f"{row.key}:{o}" in lit] == [row.fired]
+
+
+def test_decision_flow_reads_P2_skip_from_the_trace():
+    report = {
+        "decisions": [{"rule": "P2", "test": "actor and reference are in-memory modules",
+                       "values": {"actor_is_module": False, "reference_is_module": True}, "outcome": "skipped"}],
+        "sharing_map": {"actor": []}, "rollout_branch": "second_copy", "offload_to_cpu": True,
+    }
+    lit = _highlighted(viz.decision_flow(report))
+    assert {"P2:skipped", "P3:second_copy", "P4:no reference", "P14:pinned host between uses"} <= lit
+
+
+# ------------------------------------------------------------------ device grid
+
+
+def _filled(fig, row: str) -> set[int]:
+    cells = _patches(fig, f"cell:{row}:")
+    return {int(gid.rsplit(":", 1)[1]) for gid, p in cells.items() if to_hex(p.get_facecolor()) != "#ffffff"}
+
+
+def test_device_grid_split_puts_actor_and_rollout_on_disjoint_halves(reports):
+    fig = viz.device_grid(reports["split"])
+    assert _filled(fig, "actor") == {0, 1, 2, 3}
+    assert _filled(fig, "rollout") == {4, 5, 6, 7}
+    assert _filled(fig, "reference") == {0, 1, 2, 3}
+
+
+def test_device_grid_reshaped_same_devices_other_coordinates_P1(reports):
+    fig = viz.device_grid(reports["reshaped_separate_base"])
+    assert _filled(fig, "actor") == _filled(fig, "rollout") == set(range(8))
+    text = _texts(fig)
+    assert "7,0" in text  # device 7 is row 7 of the (8, 1) rollout mesh
+    assert "1,3" in text  # and row 1, column 3 of the (2, 4) actor mesh
+
+
+def test_device_grid_draws_the_configured_rollout_mesh_when_the_engine_replaced_it_P7():
+    report = {
+        "role_to_mesh": {"actor": {"axis_names": ["fsdp", "tp"], "shape": {"fsdp": 2, "tp": 2}, "device_ids": [0, 1, 2, 3]},
+                         "rollout": {"axis_names": ["tp"], "shape": {"tp": 2}, "device_ids": [2, 3]}},
+        "config_role_to_mesh": {"rollout": {"axis_names": ["fsdp", "tp"], "shape": {"fsdp": 2, "tp": 2},
+                                            "device_ids": [0, 1, 2, 3]}},
+        "mesh_overridden_by_engine": True, "device_count": 4, "sharing_map": {"actor": ["rollout"]},
+    }
+    fig = viz.device_grid(report)
+    assert _filled(fig, "rollout") == {2, 3}
+    assert len(_patches(fig, "cell:rollout (config):")) == 4
+    assert "replaced by the engine (P7)" in _texts(fig)
+
+
+# ------------------------------------------------------------------ memory (L2), hand-built per the report contract
+
+MEMORY = {
+    "units": "physical bytes", "source": "measured: walk of live buffers",
+    "by_role": {
+        "actor": {"bytes": 1000, "by_kind": {"device": 1000},
+                  "by_device": {"0": {"device": 600}, "1": {"device": 400}}},
+        "reference": {"bytes": 900, "by_kind": {"device": 900},
+                      "by_device": {"0": {"device": 500}, "1": {"device": 400}}},
+        "anchor": {"bytes": 1000, "by_kind": {"pinned_host": 1000},
+                   "by_device": {"0": {"pinned_host": 600}, "1": {"pinned_host": 400}}},
+    },
+    "by_device": {"0": {"device": 700, "pinned_host": 600}, "1": {"device": 450, "pinned_host": 400}},
+    "shared": [{"roles": ["actor", "reference"], "bytes": 750, "buffers": 6}],
+    "unique_bytes": 2150, "naive_bytes": 2900,
+    "allocator": {"available": False, "note": "the CPU backend has no allocator statistics", "by_device": {}},
+}
+
+
+def test_memory_by_device_bar_heights_are_the_reports_unique_bytes_L2():
+    fig = viz.memory_by_device(MEMORY)
+    bars = _patches(fig, "bar:device:")
+    assert {gid: p.get_height() for gid, p in bars.items()} == {
+        "bar:device:0:device": 700, "bar:device:1:device": 450,
+        "bar:device:0:pinned_host": 600, "bar:device:1:pinned_host": 400,
+    }
+    naive = sorted(p.get_height() for p in _patches(fig, "bar:naive:").values())
+    assert naive == [400, 600, 800, 1100]  # per device, the sum of every role's bytes
+    text = _texts(fig)
+    assert "physical bytes" in text and "no allocator statistics" in text
+
+
+def test_memory_by_device_draws_allocator_figures_when_present():
+    memory = copy.deepcopy(MEMORY)
+    memory["allocator"] = {"available": True, "note": "", "by_device": {"0": {"bytes_in_use": 2000},
+                                                                         "1": {"bytes_in_use": 1500}}}
+    fig = viz.memory_by_device(memory)
+    offsets = fig.axes[0].collections[0].get_offsets()
+    assert [tuple(map(float, o)) for o in offsets] == [(0.0, 2000.0), (1.0, 1500.0)]
+
+
+def test_memory_by_role_bar_lengths_are_the_reports_bytes_and_name_sharing_L2():
+    fig = viz.memory_by_role(MEMORY)
+    bars = _patches(fig, "bar:role:")
+    assert {gid: p.get_width() for gid, p in bars.items() if p.get_width()} == {
+        "bar:role:actor:device": 1000, "bar:role:reference:device": 900, "bar:role:anchor:pinned_host": 1000,
+    }
+    # The pinned-host part starts where the device part ends: each bar's end is the role's bytes.
+    assert bars["bar:role:anchor:pinned_host"].get_x() == 0
+    assert bars["bar:role:actor:pinned_host"].get_x() == 1000
+    text = _texts(fig)
+    assert "750 B with reference" in text and "750 B with actor" in text
+    assert "physical bytes" in text and "2.1 KiB counting each buffer once" in text
+
+
+def test_memory_timeline_sums_each_kind_over_devices_P14():
+    on_host = copy.deepcopy(MEMORY)
+    on_host["by_device"] = {"0": {"pinned_host": 1300}, "1": {"pinned_host": 850}}
+    fig = viz.memory_timeline([("between ops", on_host), ("during update", MEMORY)])
+    heights = {gid: p.get_height() for gid, p in _patches(fig, "bar:phase:").items()}
+    assert heights == {"bar:phase:between ops:device": 0, "bar:phase:between ops:pinned_host": 2150,
+                       "bar:phase:during update:device": 1150, "bar:phase:during update:pinned_host": 1000}
+
+
+# ------------------------------------------------------------------ sync (L3)
+
+def _leaf(path: str, moved: int, copied: int, reused: int, minimum: int) -> dict:
+    return {"path": path, "dtype": "float32", "dst_dtype": "float32", "shape": [4, 4], "src_sharding": "a",
+            "dst_sharding": "b", "synced_bytes": moved + copied + reused, "moved_cross_device_bytes": moved,
+            "copied_same_device_bytes": copied, "reused_bytes": reused, "minimum_cross_device_bytes": minimum,
+            "logical_bytes": 64}
+
+
+SYNC = {
+    "units": "physical bytes", "method": "reshard", "lora": False,
+    "synced_bytes": 1600, "moved_cross_device_bytes": 1000, "copied_same_device_bytes": 200, "reused_bytes": 400,
+    "minimum_cross_device_bytes": 800, "synced_logical_bytes": 400, "anchor_bytes": 1600,
+    "seconds": 0.0123, "anchor_seconds": 0.001,
+    "arrived_by_device": {"0": 500, "1": 500}, "peak_extra_bytes": {"0": {"device": 600}},
+    "leaves": [_leaf("layers/0/w", 1000, 0, 0, 800), _leaf("embed", 0, 200, 400, 0)],
+}
+
+
+def test_sync_bytes_segments_are_moved_copied_reused_and_minimum_line_L3():
+    fig = viz.sync_bytes(SYNC)
+    bars = {gid.rsplit(":", 1)[1]: p for gid, p in _patches(fig, "bar:sync:").items()}
+    assert bars["moved_cross_device_bytes"].get_height() == 1000
+    assert bars["copied_same_device_bytes"].get_height() == 200
+    assert bars["copied_same_device_bytes"].get_y() == 1000
+    assert bars["reused_bytes"].get_height() == 400
+    assert bars["reused_bytes"].get_y() + 400 == SYNC["synced_bytes"]
+    (line,) = [c for c in fig.axes[0].collections if c.get_gid() == "line:minimum:reshard"]
+    assert line.get_segments()[0][0][1] == 800
+    assert "physical bytes" in _texts(fig)
+
+
+def test_sync_bytes_compares_several_runs():
+    colocated = {**SYNC, "moved_cross_device_bytes": 0, "copied_same_device_bytes": 0, "reused_bytes": 1600,
+                 "minimum_cross_device_bytes": 0}
+    fig = viz.sync_bytes({"colocated": colocated, "split": SYNC})
+    bars = _patches(fig, "bar:sync:")
+    assert bars["bar:sync:colocated:moved_cross_device_bytes"].get_height() == 0
+    assert bars["bar:sync:colocated:reused_bytes"].get_height() == 1600
+    assert bars["bar:sync:split:moved_cross_device_bytes"].get_height() == 1000
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["colocated", "split"]
+
+
+def test_sync_leaves_bar_lengths_per_leaf_and_top_filter_L3():
+    fig = viz.sync_leaves(SYNC)
+    bars = {gid: p.get_width() for gid, p in _patches(fig, "bar:leaf:").items()}
+    assert bars["bar:leaf:layers/0/w:moved_cross_device_bytes"] == 1000
+    assert bars["bar:leaf:embed:reused_bytes"] == 400
+    assert bars["bar:leaf:embed:copied_same_device_bytes"] == 200
+    fig = viz.sync_leaves(SYNC, top=1)
+    assert {gid.split(":")[2] for gid in _patches(fig, "bar:leaf:")} == {"layers/0/w"}
+    assert "1 of 2 leaves" in _texts(fig)
+
+
+# ------------------------------------------------------------------ learner (P11) and plan (L4)
+
+
+def test_p11_gap_splits_first_and_later_optimizer_steps():
+    result = {"p11": [
+        {"step": 0, "iteration": 0, "rows": [0, 8], "steps_taken_before": 0, "live_vs_anchor": 1e-6, "anchor_vs_sampler": 2e-6},
+        {"step": 0, "iteration": 0, "rows": [8, 16], "steps_taken_before": 1, "live_vs_anchor": 0.5, "anchor_vs_sampler": 1e-6},
+        {"step": 1, "iteration": 0, "rows": [0, 8], "steps_taken_before": 0, "live_vs_anchor": 0.0, "anchor_vs_sampler": 1e-6},
+    ]}
+    fig = viz.p11_gap(result)
+    by_gid = {c.get_gid(): c for c in fig.axes[0].collections}
+    first = [tuple(map(float, o)) for o in by_gid["points:live:first"].get_offsets()]
+    later = [tuple(map(float, o)) for o in by_gid["points:live:later"].get_offsets()]
+    assert first == [(0.0, 1e-6), (2.0, 1e-9)]  # an exact 0 is drawn at the floor of the log axis
+    assert later == [(1.0, 0.5)]
+
+
+PLAN = {
+    "source": "computed from shapes (no allocation)", "model": {"name": "big"}, "topology": {"name": "v5e-8"},
+    "layout": "colocated",
+    "memory": {"by_role": {"actor": {"bytes": 3000, "by_kind": {"device": 3000}, "by_device": {}},
+                           "anchor": {"bytes": 3000, "by_kind": {"pinned_host": 3000}, "by_device": {}}},
+               "by_device": {"0": {"device": 1500, "pinned_host": 1500}, "1": {"device": 2500}},
+               "shared": [], "unique_bytes": 6000, "naive_bytes": 6000},
+    "fits": {"capacity_bytes": 2000},
+}
+
+
+def test_plan_memory_bars_and_capacity_line_L4():
+    fig = viz.plan_memory(PLAN)
+    bars = _patches(fig, "bar:")
+    assert bars["bar:role:actor:device"].get_width() == 3000
+    assert bars["bar:role:anchor:pinned_host"].get_width() == 3000
+    assert bars["bar:device:0:device"].get_height() == 1500
+    assert to_hex(bars["bar:device:1:device"].get_facecolor()) == "#c44e52"  # over capacity
+    assert to_hex(bars["bar:device:0:device"].get_facecolor()) != "#c44e52"
+    (cap,) = [ln for ln in fig.axes[1].lines if ln.get_gid() == "line:capacity"]
+    assert cap.get_ydata()[0] == 2000
+    assert "computed from shapes" in _texts(fig)
+
+
+# ------------------------------------------------------------------ purity
+
+
+def test_figures_leave_no_pyplot_figure_open(reports):
+    plt.close("all")
+    viz.decision_flow(reports["split"])
+    viz.device_grid(reports["split"])
+    viz.memory_by_device(MEMORY)
+    viz.memory_by_role(MEMORY)
+    viz.sync_bytes(SYNC)
+    viz.sync_leaves(SYNC)
+    viz.plan_memory(PLAN)
+    assert plt.get_fignums() == []
+    assert viz.to_png(viz.sync_bytes(SYNC)).startswith(b"\x89PNG")
+
+
+def test_fmt_bytes():
+    assert viz.fmt_bytes(0) == "0 B"
+    assert viz.fmt_bytes(1023) == "1023 B"
+    assert viz.fmt_bytes(534528) == "522.0 KiB"
+    assert viz.fmt_bytes(3 * 1024**3) == "3.0 GiB"
