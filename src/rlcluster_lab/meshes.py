@@ -6,7 +6,7 @@ matmuls are sharded, and the lab wants the classic behaviour everywhere.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -69,7 +69,12 @@ def default_shape(count: int) -> tuple[int, int]:
     return (count, 1)
 
 
-def layout_meshes(layout: str, devices: Sequence[jax.Device] | None = None) -> dict[Role, Mesh]:
+def layout_meshes(
+    layout: str,
+    devices: Sequence[Any] | None = None,
+    *,
+    make: Callable[..., Any] = make_mesh,
+) -> dict[Role, Mesh]:
     """Meshes for every role in one of the standard layouts.
 
     - ``colocated``: every role on one mesh over all devices.
@@ -78,16 +83,19 @@ def layout_meshes(layout: str, devices: Sequence[jax.Device] | None = None) -> d
       another mesh (P1 sees them as different).
     - ``split``: actor, reference, reward and critic on the first half of the
       devices, the rollout on the second half.
+
+    ``make(devices, shape)`` builds each mesh; the what-if planner passes one
+    that builds meshes on paper, so real and planned layouts are one definition.
     """
     devices = list(devices) if devices is not None else jax.devices()
     n = len(devices)
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    main = make_mesh(devices, default_shape(n))
+    main = make(devices, default_shape(n))
     if layout == "colocated":
         return {role: main for role in Role}
     if layout == "reshaped":
-        other = make_mesh(devices, (n, 1))
+        other = make(devices, (n, 1))
         if other == main:
             raise ValueError(
                 f"the reshaped layout needs a device count whose standard shape is not "
@@ -101,8 +109,8 @@ def layout_meshes(layout: str, devices: Sequence[jax.Device] | None = None) -> d
             f"this process has {n}. Use 'colocated' here, or run with more devices."
         )
     half = n // 2
-    first = make_mesh(devices[:half], default_shape(half))
-    second = make_mesh(devices[half:], default_shape(half))
+    first = make(devices[:half], default_shape(half))
+    second = make(devices[half:], default_shape(half))
     return {**{role: first for role in Role}, Role.ROLLOUT: second}
 
 

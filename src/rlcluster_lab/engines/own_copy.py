@@ -16,6 +16,7 @@ They are not vLLM or SGLang, and their speed says nothing about those engines.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,20 @@ from rlcluster_lab.placement import default_memory_kind, place_model
 def copy_onto_mesh(model: nnx.Module, mesh: Mesh, rules: Any) -> nnx.Module:
     """A new module whose every buffer is the engine's own, sharded on ``mesh``."""
     return place_model(model, mesh, rules, memory_kind=default_memory_kind(), role="rollout", copy=True)
+
+
+def rearranged_device_grid(device_ids: Sequence[int], tp_size: int | None) -> np.ndarray:
+    """P7: the device ids of the vllm engine's own mesh, in the given order, shaped
+    (n / tp, tp) with tp = n by default. Pure, so the what-if planner builds the same mesh."""
+    ids = [int(i) for i in device_ids]
+    n = len(ids)
+    tp = n if tp_size is None else int(tp_size)
+    if tp < 1 or n % tp:
+        raise ConfigError(
+            f"rollout_vllm_tensor_parallel_size={tp_size} does not divide the {n} rollout "
+            f"devices; use a divisor of {n}"
+        )
+    return np.asarray(ids, dtype=np.int64).reshape(n // tp, tp)
 
 
 class OwnCopyEngine(RolloutEngine):
@@ -86,14 +101,8 @@ class VllmStyleEngine(OwnCopyEngine):
     def rearrange(mesh: Mesh, tp_size: int | None) -> Mesh:
         """All the mesh's devices, tensor-parallel first: shape (n / tp, tp), tp = n by default."""
         devices = list(np.asarray(mesh.devices).flatten())
-        n = len(devices)
-        tp = n if tp_size is None else int(tp_size)
-        if tp < 1 or n % tp:
-            raise ConfigError(
-                f"rollout_vllm_tensor_parallel_size={tp_size} does not divide the {n} rollout "
-                f"devices; use a divisor of {n}"
-            )
-        return make_mesh(devices, (n // tp, tp), tuple(mesh.axis_names))
+        grid = rearranged_device_grid([d.id for d in devices], tp_size)
+        return make_mesh(devices, grid.shape, tuple(mesh.axis_names))
 
     @property
     def mesh(self) -> Mesh:
