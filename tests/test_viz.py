@@ -218,7 +218,7 @@ def test_sync_bytes_segments_are_moved_copied_reused_and_minimum_line_L3():
     assert bars["copied_same_device_bytes"].get_y() == 1000
     assert bars["reused_bytes"].get_height() == 400
     assert bars["reused_bytes"].get_y() + 400 == SYNC["synced_bytes"]
-    (line,) = [c for c in fig.axes[0].collections if c.get_gid() == "line:minimum:reshard"]
+    (line,) = [c for c in fig.axes[0].collections if c.get_gid() == "line:minimum:full sync"]
     assert line.get_segments()[0][0][1] == 800
     assert "physical bytes" in _texts(fig)
 

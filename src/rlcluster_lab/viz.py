@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyBboxPatch, Rectangle
+from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
+from matplotlib.ticker import MultipleLocator
 
 ROLE_ORDER: tuple[str, ...] = ("actor", "rollout", "reference", "reward", "critic")
 ENTRY_ORDER: tuple[str, ...] = ROLE_ORDER + ("anchor", "optimizer")
@@ -62,6 +64,19 @@ def to_png(fig: Figure, dpi: int = 100) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def _bytes_axis(axis: Any, top: float) -> None:
+    """Ticks at round numbers of one binary unit picked for ``top`` (0, 100 KiB, 200 KiB...)."""
+    unit, name = 1, "B"
+    for k, label in ((1, "KiB"), (2, "MiB"), (3, "GiB"), (4, "TiB")):
+        if top >= 1024**k:
+            unit, name = 1024**k, label
+    scaled = max(top / unit, 1e-9)
+    magnitude = 10 ** math.floor(math.log10(scaled / 5)) if scaled >= 5 else 1
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if scaled / (m * magnitude) <= 6)
+    axis.set_major_locator(MultipleLocator(step * unit))
+    axis.set_major_formatter(lambda v, _: f"{v / unit:g} {name}" if v else "0")
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -357,7 +372,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Figure:
     naive = _naive_by_device(memory)
     devices = _dev_sort(list(set(by_device) | set(naive)))
     kinds = [k for k in KINDS if any(by_device.get(d, {}).get(k) or naive.get(d, {}).get(k) for d in devices)] or ["device"]
-    fig = _figure(max(5.0, 0.8 * len(devices) + 2.5), 3.6)
+    fig = _figure(max(6.0, 0.8 * len(devices) + 4.0), 3.8)
     ax = fig.add_subplot()
     width = 0.8 / len(kinds)
     for k, kind in enumerate(kinds):
@@ -379,14 +394,15 @@ def memory_by_device(memory: Mapping[str, Any]) -> Figure:
         if pts:
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="_", s=400, color="black",
                        label="allocator: bytes in use", zorder=3)
-    ax.bar([], [], facecolor="none", edgecolor="#777777", linestyle="--", label="sum of every role's bytes")
     ax.set_xticks(range(len(devices)), [f"dev {d}" for d in devices], fontsize=8)
     ax.set_ylabel(PHYSICAL, fontsize=8)
-    ax.yaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
-    ax.legend(fontsize=7, loc="upper right")
-    note = "" if allocator.get("available") else "; allocator figures: " + (allocator.get("note") or "not available")
-    ax.set_title(f"per device: unique {fmt_bytes(memory.get('unique_bytes', 0))}, "
-                 f"summed per role {fmt_bytes(memory.get('naive_bytes', 0))}{note}", fontsize=9, loc="left")
+    _bytes_axis(ax.yaxis, ax.get_ylim()[1])
+    handles, _ = ax.get_legend_handles_labels()
+    handles.append(Patch(facecolor="none", edgecolor="#777777", linestyle="--", label="sum of every role's bytes"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    note = "" if allocator.get("available") else "\nallocator: " + (allocator.get("note") or "no figures on this backend")
+    ax.set_title(f"per device: {fmt_bytes(memory.get('unique_bytes', 0))} counting each buffer once, "
+                 f"{fmt_bytes(memory.get('naive_bytes', 0))} summed per role{note}", fontsize=8, loc="left")
     return fig
 
 
@@ -425,8 +441,8 @@ def memory_by_role(memory: Mapping[str, Any]) -> Figure:
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.9)
     ax.set_xlabel(PHYSICAL + "; a shared buffer appears in each role that holds it", fontsize=8)
-    ax.xaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
-    ax.legend(fontsize=7, loc="lower right")
+    _bytes_axis(ax.xaxis, ax.get_xlim()[1])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(f"per role: {fmt_bytes(memory.get('unique_bytes', 0))} counting each buffer once, "
                  f"{fmt_bytes(memory.get('naive_bytes', 0))} summed per role", fontsize=9, loc="left")
     return fig
@@ -449,8 +465,8 @@ def memory_timeline(phases: Sequence[tuple[str, Mapping[str, Any]]]) -> Figure:
             bar.set_gid(f"bar:phase:{label}:{kind}")
     ax.set_xticks(range(len(phases)), labels, fontsize=8, rotation=20, ha="right")
     ax.set_ylabel(PHYSICAL + ",\neach buffer once", fontsize=8)
-    ax.yaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
-    ax.legend(fontsize=8)
+    _bytes_axis(ax.yaxis, ax.get_ylim()[1])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("memory kinds over one step", fontsize=9, loc="left")
     return fig
 
@@ -461,7 +477,7 @@ def memory_timeline(phases: Sequence[tuple[str, Mapping[str, Any]]]) -> Figure:
 def _syncs(sync: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """One sync report, or a mapping of label -> sync report."""
     if "synced_bytes" in sync:
-        return {str(sync.get("method", "sync")): sync}
+        return {("LoRA" if sync.get("lora") else "full") + " sync": sync}
     return {str(k): v for k, v in sync.items()}
 
 
@@ -474,7 +490,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Figure:
     """
     runs = _syncs(sync)
     labels = list(runs)
-    fig = _figure(max(5.5, 1.8 * len(labels) + 3.0), 3.8)
+    fig = _figure(max(6.5, 1.6 * len(labels) + 4.5), 3.8)
     ax = fig.add_subplot()
     bottoms = [0] * len(labels)
     for key, legend, color in SYNC_PARTS:
@@ -494,9 +510,9 @@ def sync_bytes(sync: Mapping[str, Any]) -> Figure:
         ax.text(i, bottoms[i], text, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel(PHYSICAL, fontsize=8)
-    ax.yaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
-    ax.set_ylim(0, max(bottoms + [1]) * 1.25)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_ylim(0, max(bottoms + [1]) * 1.2)
+    _bytes_axis(ax.yaxis, ax.get_ylim()[1])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("weight sync: synced = moved + copied + reused", fontsize=9, loc="left")
     return fig
 
@@ -525,8 +541,9 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Figure:
     ax.set_yticks(ys, [f"{lf.get('path')} {tuple(lf.get('shape', []))}" for lf in leaves], fontsize=6.5)
     ax.invert_yaxis()
     ax.set_xlabel(PHYSICAL, fontsize=8)
-    ax.xaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_xlim(0, max(left + [1]) * 1.05)
+    _bytes_axis(ax.xaxis, ax.get_xlim()[1])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
     ax.set_title(f"weight sync per leaf ({shown})", fontsize=9, loc="left")
     return fig
@@ -593,7 +610,7 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
         left = [a + b for a, b in zip(left, values)]
     ax_role.set_yticks(range(len(entries)), entries, fontsize=8)
     ax_role.invert_yaxis()
-    ax_role.xaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
+    _bytes_axis(ax_role.xaxis, ax_role.get_xlim()[1])
     ax_role.set_xlabel(PHYSICAL, fontsize=8)
     ax_role.legend(fontsize=7)
     ax_role.set_title("per role", fontsize=9, loc="left")
@@ -610,7 +627,7 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
     step = max(1, len(devices) // 16)
     ax_dev.set_xticks(range(0, len(devices), step), [f"{devices[i]}" for i in range(0, len(devices), step)], fontsize=7)
     ax_dev.set_xlabel("device", fontsize=8)
-    ax_dev.yaxis.set_major_formatter(lambda v, _: fmt_bytes(v))
+    _bytes_axis(ax_dev.yaxis, ax_dev.get_ylim()[1])
     ax_dev.set_title("device memory per device", fontsize=9, loc="left")
     model = plan.get("model", {})
     name = model.get("name", "model") if isinstance(model, Mapping) else str(model)
