@@ -211,17 +211,18 @@ class PlacementLab:
             out.add_class(f"rl-panel-{name}")
 
     def _assemble(self) -> widgets.Widget:
+        column = widgets.Layout(margin="0 16px 0 0")
         knobs = widgets.HBox(
             [
-                widgets.VBox([self.layout, self.custom_box, self.model_size, self.anchor]),
-                widgets.VBox([self.lora, self.lora_rank, self.lora_separate_base, self.engine, self.static_lora]),
-                widgets.VBox([self.offload, self.rollout_dtype, self.with_reward, self.with_critic]),
+                widgets.VBox([self.layout, self.custom_box, self.model_size, self.anchor], layout=column),
+                widgets.VBox([self.lora, self.lora_rank, self.lora_separate_base, self.engine, self.static_lora], layout=column),
+                widgets.VBox([self.offload, self.rollout_dtype, self.with_reward, self.with_critic], layout=column),
             ],
-            layout=widgets.Layout(flex_flow="row wrap", gap="16px"),
+            layout=widgets.Layout(flex_flow="row wrap"),
         )
         actions = widgets.HBox(
             [self.construct_button, self.sync_button, self.step_button, self.progress, self.status],
-            layout=widgets.Layout(align_items="center", gap="8px"),
+            layout=widgets.Layout(align_items="center"),
         )
         cells = [
             widgets.VBox([widgets.HTML(f"<b>{html.escape(_TITLES[name])}</b>"), self.outputs[name]],

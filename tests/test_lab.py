@@ -1,0 +1,282 @@
+"""The placement lab driven headless: set widget values, click buttons, read the panels.
+
+Every assertion is about what the report and the figures show after a click,
+as the rules say they must.
+"""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from rlcluster_lab import lab as lab_module  # noqa: E402
+from rlcluster_lab.lab import CUSTOM, PlacementLab, live_buffer_bytes, shape_options  # noqa: E402
+
+
+def png(lab: PlacementLab, panel: str) -> str:
+    data = lab.outputs[panel].outputs[0]["data"]
+    assert "image/png" in data, f"panel {panel} shows no figure: {data.get('text/plain')}"
+    return data["image/png"]
+
+
+def panel_text(lab: PlacementLab, panel: str) -> str:
+    return lab.outputs[panel].outputs[0]["data"]["text/plain"]
+
+
+@pytest.fixture
+def lab() -> PlacementLab:
+    lab = PlacementLab(dpi=40)
+    yield lab
+    lab.release()
+
+
+def build(lab: PlacementLab) -> dict:
+    lab.construct_button.click()
+    assert lab.error is None, lab.error
+    assert lab.report is not None
+    return lab.report
+
+
+def test_knobs_become_the_scenario(lab: PlacementLab) -> None:
+    lab.layout.value = "split"
+    lab.lora.value = True
+    lab.lora_rank.value = 8
+    lab.engine.value = "sglang_jax"
+    lab.static_lora.value = False
+    lab.offload.value = True
+    lab.rollout_dtype.value = "bfloat16"
+    lab.model_size.value = "small"
+    lab.with_reward.value = True
+    lab.anchor.value = "trainable"
+    s = lab.scenario()
+    assert (s.layout, s.lora, s.lora_rank, s.engine, s.sglang_static_lora) == ("split", True, 8, "sglang_jax", False)
+    assert (s.offload, s.rollout_dtype, s.model_size, s.with_reward, s.with_critic, s.anchor) == (
+        True, "bfloat16", "small", True, False, "trainable")
+    assert lab.role_to_mesh() is None
+    lab.rollout_dtype.value = ""
+    assert lab.scenario().rollout_dtype is None
+
+
+def test_before_construct_only_construct_is_enabled(lab: PlacementLab) -> None:
+    assert not lab.construct_button.disabled
+    assert lab.sync_button.disabled and lab.step_button.disabled
+    assert lab.cluster is None and lab.report is None
+
+
+def test_construct_fills_every_panel_from_the_report(lab: PlacementLab) -> None:
+    report = build(lab)
+    for panel in ("flow", "grid", "memory"):
+        assert png(lab, panel)
+    assert "press Sync weights" in panel_text(lab, "sync")
+    assert report["sync"] is None and report["memory"]["unique_bytes"] > 0
+    assert "sharing map" in lab.summary.value and report["rollout_branch"] in lab.summary.value
+    assert not lab.sync_button.disabled and not lab.step_button.disabled
+    assert plt.get_fignums() == []  # every figure closed after drawing
+
+
+def test_P1_reshaped_layout_is_a_second_copy_and_the_panels_change(lab: PlacementLab) -> None:
+    colocated = build(lab)
+    assert "rollout" in colocated["sharing_map"]["actor"]
+    assert colocated["rollout_branch"] == "shared"
+    before = {p: png(lab, p) for p in ("flow", "grid", "memory")}
+    summary = lab.summary.value
+    lab.layout.value = "reshaped"
+    reshaped = build(lab)
+    assert reshaped["sharing_map"]["actor"] == []
+    assert reshaped["rollout_branch"] == "second_copy"
+    # Same eight chips, another mesh: the rollout holds its own bytes (P1, P3).
+    assert reshaped["memory"]["unique_bytes"] > colocated["memory"]["unique_bytes"]
+    for panel, image in before.items():
+        assert png(lab, panel) != image, panel
+    assert lab.summary.value != summary
+
+
+def test_P1_custom_rollout_mesh_same_devices_same_shape_is_shared(lab: PlacementLab) -> None:
+    lab.layout.value = CUSTOM
+    assert lab.custom_box.layout.display == "flex"
+    assert all(t.value for t in lab.device_toggles)
+    lab.rollout_shape.value = (2, 4)
+    assert build(lab)["rollout_branch"] == "shared"
+    lab.rollout_shape.value = (8, 1)
+    assert build(lab)["rollout_branch"] == "second_copy"
+
+
+def test_custom_rollout_mesh_on_picked_devices(lab: PlacementLab) -> None:
+    lab.layout.value = CUSTOM
+    for toggle in lab.device_toggles[:4]:
+        toggle.value = False
+    assert [label for label, _ in lab.rollout_shape.options][0] == "2 x 2"
+    report = build(lab)
+    assert report["role_to_mesh"]["rollout"]["device_ids"] == [4, 5, 6, 7]
+    assert report["sharing_map"]["actor"] == []
+    by_device = report["memory"]["by_role"]["rollout"]["by_device"]
+    assert sorted(int(d) for d in by_device) == [4, 5, 6, 7]
+
+
+def test_P2_lora_links_the_reference(lab: PlacementLab) -> None:
+    lab.layout.value = "reshaped"
+    plain = build(lab)
+    assert "reference" not in plain["sharing_map"]["actor"]
+    flow = png(lab, "flow")
+    lab.lora.value = True
+    lora = build(lab)
+    assert lora["lora"] and "reference" in lora["sharing_map"]["actor"]
+    assert lora["reference_shares_backbone"]
+    assert png(lab, "flow") != flow
+
+
+def test_P4_separate_base_warning_is_shown(lab: PlacementLab) -> None:
+    lab.lora.value = True
+    lab.lora_separate_base.value = True
+    report = build(lab)
+    assert any(w.startswith("P4") for w in report["warnings"])
+    assert "avoidable copy" in lab.summary.value
+
+
+def test_P7_vllm_engine_replaces_the_rollout_mesh(lab: PlacementLab) -> None:
+    lab.engine.value = "vllm"
+    report = build(lab)
+    assert report["mesh_overridden_by_engine"]
+    assert "P7" in lab.summary.value
+
+
+def test_P14_offload_moves_memory_to_pinned_host(lab: PlacementLab) -> None:
+    on_device = build(lab)["memory"]
+    lab.offload.value = True
+    offloaded = build(lab)["memory"]
+    kinds = {k for entry in offloaded["by_role"].values() for k in entry["by_kind"]}
+    assert "pinned_host" in kinds
+    assert offloaded["by_role"]["actor"]["by_kind"].get("device", 0) < on_device["by_role"]["actor"]["by_kind"]["device"]
+
+
+def test_P3_rollout_dtype_casts_the_second_copy(lab: PlacementLab) -> None:
+    lab.layout.value = "reshaped"
+    f32 = build(lab)["memory"]["by_role"]["rollout"]["bytes"]
+    lab.rollout_dtype.value = "bfloat16"
+    bf16 = build(lab)["memory"]["by_role"]["rollout"]["bytes"]
+    assert bf16 < f32
+
+
+def test_model_size_grows_memory(lab: PlacementLab) -> None:
+    tiny = build(lab)["memory"]["unique_bytes"]
+    lab.model_size.value = "small"
+    assert build(lab)["memory"]["unique_bytes"] > 4 * tiny
+
+
+def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -> None:
+    build(lab)
+    lab.engine.value = "sglang_jax"
+    lab.lora.value = True
+    lab.static_lora.value = False
+    lab.construct_button.click()
+    assert lab.error is not None and lab.error.startswith("ConfigError")
+    assert "static-LoRA" in lab.error_box.value  # the cluster's own message
+    assert lab.error_box.layout.display == "block"
+    assert lab.cluster is None and lab.report is None
+    assert lab.sync_button.disabled and lab.step_button.disabled
+    assert "construction failed" in panel_text(lab, "flow")
+    lab.static_lora.value = True
+    report = build(lab)
+    assert report["engine"] == "sglang_jax"
+    assert lab.error_box.layout.display == "none"
+
+
+def test_mesh_that_does_not_divide_the_model_shows_the_placement_error(lab: PlacementLab) -> None:
+    lab.layout.value = CUSTOM
+    lab.device_toggles[0].value = False  # 7 devices: (7, 1) cannot shard a dimension of 64
+    lab.construct_button.click()
+    assert lab.error is not None and "PlacementError" in lab.error
+    lab.device_toggles[0].value = True
+    build(lab)
+
+
+def test_knob_error_keeps_the_live_cluster(lab: PlacementLab) -> None:
+    report = build(lab)
+    cluster = lab.cluster
+    lab.layout.value = CUSTOM
+    for toggle in lab.device_toggles:
+        toggle.value = False
+    lab.construct_button.click()
+    assert lab.error is not None and "at least one device" in lab.error
+    assert "still the previous one" in lab.error_box.value
+    assert lab.cluster is cluster and lab.report is report
+    assert not lab.sync_button.disabled
+
+
+def test_P13_sync_button_shows_bytes_moved(lab: PlacementLab) -> None:
+    build(lab)
+    lab.sync_button.click()
+    colocated = lab.report["sync"]
+    assert colocated is not None and colocated["moved_cross_device_bytes"] == 0
+    assert colocated["reused_bytes"] == colocated["synced_bytes"] > 0
+    image = png(lab, "sync")
+    lab.layout.value = "split"
+    build(lab)
+    assert lab.report["sync"] is None  # a new cluster has not synced yet
+    lab.sync_button.click()
+    split = lab.report["sync"]
+    assert split["moved_cross_device_bytes"] >= split["minimum_cross_device_bytes"] > 0
+    assert png(lab, "sync") != image
+    assert lab.cluster.global_steps == 1
+
+
+def test_training_step_runs_on_cluster_operations(lab: PlacementLab) -> None:
+    lab.lora.value = True
+    build(lab)
+    lab.step_button.click()
+    assert lab.error is None, lab.error
+    assert lab.cluster.global_steps == 1  # the step ended with its sync (P13)
+    assert lab.report["sync"] is not None and lab.report["sync"]["lora"]
+    assert "mean reward" in lab.step_log.value
+    assert png(lab, "sync")
+
+
+def test_busy_state_while_constructing(lab: PlacementLab, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+    real = lab_module.build_cluster
+
+    def spy(*args, **kwargs):
+        seen["disabled"] = (lab.construct_button.disabled, lab.sync_button.disabled, lab.step_button.disabled)
+        seen["progress"] = lab.progress.layout.visibility
+        seen["status"] = lab.status.value
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lab_module, "build_cluster", spy)
+    lab.model_size.value = "small"
+    build(lab)
+    assert seen["disabled"] == (True, True, True)
+    assert seen["progress"] == "visible" and "busy" in seen["status"] and "small" in seen["status"]
+    assert lab.progress.layout.visibility == "hidden" and not lab.construct_button.disabled
+
+
+def test_rebuilding_20_times_releases_old_clusters(lab: PlacementLab) -> None:
+    build(lab)
+    after_first = live_buffer_bytes()
+    assert after_first > 0
+    for i in range(20):
+        if i == 5:
+            lab.sync_button.click()
+        if i == 10:
+            lab.step_button.click()
+        build(lab)
+    assert live_buffer_bytes() == after_first
+
+
+def test_release_says_when_someone_else_holds_the_cluster(lab: PlacementLab) -> None:
+    before = live_buffer_bytes()
+    build(lab)
+    held = lab.cluster
+    assert "still referenced" in lab.release()
+    del held
+    build(lab)
+    assert lab.release() == "previous cluster released"
+    assert live_buffer_bytes() == before
+
+
+def test_shape_options_list_the_standard_shape_first() -> None:
+    assert shape_options(8)[0] == ("2 x 4", (2, 4))
+    assert {v for _, v in shape_options(8)} == {(2, 4), (1, 8), (4, 2), (8, 1)}
+    assert shape_options(0) == []
