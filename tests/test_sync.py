@@ -1,0 +1,160 @@
+"""P13 measured (L3): what every layout x LoRA x engine sync really moves, and the cheaper anchor."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlcluster_lab import Scenario, SyncReport, TrainBatch, build_cluster, placement_report
+from rlcluster_lab.cluster import buffer_keys, state_bytes
+from rlcluster_lab.measure import flat_leaves
+
+LAYOUTS = ["colocated", "reshaped", "split"]
+ENGINES = ["vanilla", "vllm", "sglang_jax"]
+
+
+def _filtered(cluster):
+    kind = nnx.LoRAParam if cluster.trainable_is_lora else nnx.Param
+    return nnx.state(cluster.actor_model, kind), nnx.state(cluster.rollout.model(), kind)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_p13_sync_bytes_match_the_shardings(layout, lora, engine):
+    cluster = build_cluster(Scenario(layout=layout, lora=lora, engine=engine))
+    source, _ = _filtered(cluster)
+    source_keys = buffer_keys(source)
+    logical = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(source))
+    rep = cluster.sync_weights()  # under P13's CPU transfer guard
+    assert isinstance(rep, SyncReport)
+    _, dest = _filtered(cluster)
+    # Units: physical bytes, every destination shard counted.
+    assert rep.synced_bytes == state_bytes(dest)
+    assert rep.synced_logical_bytes == logical
+    assert rep.synced_bytes == rep.moved_cross_device_bytes + rep.copied_same_device_bytes + rep.reused_bytes
+    # Measured never exceeds what the two shardings force.
+    assert rep.moved_cross_device_bytes == rep.minimum_cross_device_bytes
+    assert rep.excess_cross_device_bytes == 0
+    assert sum(rep.arrived_by_device.values()) == rep.moved_cross_device_bytes
+    assert rep.method.startswith("measured")
+    if lora:
+        assert {leaf.path.rsplit("/", 1)[-1] for leaf in rep.leaves} == {"lora_a", "lora_b"}
+    if layout == "colocated" and engine == "vanilla":
+        # Shared: the proof is buffer identity, nothing moved or copied.
+        assert rep.reused_bytes == rep.synced_bytes
+        assert rep.moved_cross_device_bytes == rep.copied_same_device_bytes == 0
+        assert buffer_keys(dest) == source_keys
+    elif layout == "split":
+        # Disjoint devices: every synced byte crosses.
+        assert rep.moved_cross_device_bytes == rep.synced_bytes > 0
+    else:
+        assert rep.reused_bytes < rep.synced_bytes
+        assert not (buffer_keys(dest) & source_keys) or rep.reused_bytes > 0
+    if engine != "vanilla":
+        # The engine owns its copy: nothing of the trainer's is reused.
+        assert rep.reused_bytes == 0
+
+
+def test_p13_reshaped_moves_exactly_the_shard_overlap():
+    cluster = build_cluster(Scenario(layout="reshaped"))
+    source, dest_before = _filtered(cluster)
+    src = flat_leaves(source)
+    dst = flat_leaves(dest_before)
+    expected = 0
+    for path, x in src.items():
+        y = dst[path]
+        for s in y.addressable_shards:
+            need = np.ones(y.shape, bool)
+            need[s.index] = False
+            mine = np.zeros(y.shape, bool)
+            mine[s.index] = True
+            for t in x.addressable_shards:
+                if t.device.id == s.device.id:
+                    mine[t.index] = False
+            expected += int(mine.sum()) * x.dtype.itemsize
+    rep = cluster.sync_weights()
+    assert rep.moved_cross_device_bytes == expected > 0
+    assert 0 < rep.moved_cross_device_bytes < rep.synced_bytes
+
+
+def test_p13_peak_extra_counts_new_destination_buffers_and_the_anchor():
+    cluster = build_cluster(Scenario(layout="split", lora=True))
+    rep = cluster.sync_weights()
+    device = {d: k.get("device", 0) for d, k in rep.peak_extra_bytes.items()}
+    pinned = {d: k.get("pinned_host", 0) for d, k in rep.peak_extra_bytes.items()}
+    assert sum(device.values()) == rep.synced_bytes  # float32 both sides: new buffers = synced
+    assert {d for d, n in device.items() if n} == {"4", "5", "6", "7"}
+    assert sum(pinned.values()) == rep.anchor_bytes == state_bytes(nnx.state(cluster.actor_model))
+    shared = build_cluster(Scenario(layout="colocated")).sync_weights()
+    assert all(k.get("device", 0) == 0 for k in shared.peak_extra_bytes.values())
+
+
+def test_p13_report_json_keys_and_leaf_rows():
+    cluster = build_cluster(Scenario(layout="reshaped", lora=True))
+    data = placement_report(cluster, sync=cluster.sync_weights()).to_json()
+    sync = data["sync"]
+    for key in ("synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
+                "minimum_cross_device_bytes", "synced_logical_bytes", "anchor_bytes", "seconds", "leaves"):
+        assert key in sync
+    assert "physical" in sync["units"]
+    assert sync["seconds"] > 0
+    leaf = sync["leaves"][0]
+    assert set(leaf) >= {"path", "dtype", "shape", "src_sharding", "dst_sharding", "synced_bytes"}
+    assert "P(" in leaf["src_sharding"] and "devices" in leaf["dst_sharding"]
+    assert sum(r["synced_bytes"] for r in sync["leaves"]) == sync["synced_bytes"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_p13_p14_sync_with_offload_accounts_the_same_way(layout):
+    cluster = build_cluster(Scenario(layout=layout, lora=True, offload=True))
+    rep = cluster.sync_weights()
+    assert rep.synced_bytes == rep.moved_cross_device_bytes + rep.copied_same_device_bytes + rep.reused_bytes
+    assert rep.moved_cross_device_bytes == rep.minimum_cross_device_bytes
+    _, dest = _filtered(cluster)
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(dest)} == {"pinned_host"}
+
+
+def _batch(cluster, n=4):
+    out = cluster.generate(["abc", "hello", "xyz", "ok"][:n])
+    return out, TrainBatch(
+        prompt_tokens=out.left_padded_prompt_tokens,
+        completion_tokens=out.tokens,
+        advantages=np.linspace(-1, 1, n).astype(np.float32),
+        old_logps=out.logprobs,
+        ref_logps=np.asarray(cluster.get_ref_per_token_logps(out.left_padded_prompt_tokens, out.tokens)),
+    )
+
+
+@pytest.mark.parametrize("layout", ["colocated", "split"])
+def test_p8_trainable_anchor_gives_the_full_anchors_log_probs(layout):
+    full = build_cluster(Scenario(layout=layout, lora=True, anchor="full"))
+    part = build_cluster(Scenario(layout=layout, lora=True, anchor="trainable"))
+    out, batch = _batch(full)
+    for cluster in (full, part):
+        cluster.sync_weights()
+        cluster.update_actor(batch)  # the live actor moves away from the anchor
+    args = (out.left_padded_prompt_tokens, out.tokens)
+    a = np.asarray(full.get_actor_per_token_logps(*args))
+    b = np.asarray(part.get_actor_per_token_logps(*args))
+    np.testing.assert_array_equal(a, b)
+    live = np.asarray(part.get_live_actor_per_token_logps(*args))
+    assert np.abs(live - b).max() > 0  # the anchor is not the live actor (P11)
+    rep_full, rep_part = full.sync_weights(), part.sync_weights()
+    adapters = state_bytes(nnx.state(part.actor_model, nnx.LoRAParam))
+    assert rep_part.anchor_bytes == adapters
+    assert rep_full.anchor_bytes == state_bytes(nnx.state(full.actor_model))
+    assert rep_part.anchor_mode == "trainable" and rep_full.anchor_mode == "full"
+
+
+def test_p8_trainable_anchor_without_lora_is_the_full_state():
+    cluster = build_cluster(Scenario(anchor="trainable"))
+    assert cluster.sync_weights().anchor_bytes == state_bytes(nnx.state(cluster.actor_model))
+
+
+def test_anchor_mode_must_be_known():
+    from rlcluster_lab import ClusterConfig, ConfigError, layout_meshes
+
+    with pytest.raises(ConfigError, match="anchor must be one of full, trainable"):
+        ClusterConfig(role_to_mesh=layout_meshes("colocated"), anchor="adapters")
