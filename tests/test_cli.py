@@ -32,6 +32,21 @@ def test_report_json_has_the_documented_keys(capsys):
     assert data["anchor"]["memory_kind"] == "pinned_host"
 
 
+def test_report_json_memory_and_sync_keys(capsys):
+    data = run_json(capsys, "--layout", "split", "--lora")
+    assert set(data["memory"]) >= {"by_role", "by_device", "shared", "unique_bytes", "naive_bytes", "allocator"}
+    assert data["sync"] is None
+    data = run_json(capsys, "--layout", "split", "--lora", "--sync", "--anchor", "trainable")
+    sync = data["sync"]
+    assert set(sync) >= {
+        "synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
+        "minimum_cross_device_bytes", "synced_logical_bytes", "anchor_bytes", "seconds", "leaves",
+    }
+    assert sync["moved_cross_device_bytes"] == sync["synced_bytes"] == sync["minimum_cross_device_bytes"] > 0
+    assert data["anchor"]["mode"] == "trainable"
+    assert sync["anchor_bytes"] == data["anchor"]["bytes"]
+
+
 def test_report_reshaped_same_chips_is_a_second_copy(capsys):
     data = run_json(capsys, "--layout", "reshaped")
     assert data["sharing_map"]["actor"] == []
