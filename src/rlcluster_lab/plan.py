@@ -1,0 +1,951 @@
+"""What-if planning (L4): the cluster's placement, memory and sync bytes on paper.
+
+``plan_cluster`` takes a model (one of the lab's sizes or a published
+architecture, ``plan_tables``), a topology (``local`` or a table entry) and
+the knobs of a ``Scenario``, and returns a ``Plan``: which mesh each role gets,
+the sharing map, the rollout branch, per-role per-device bytes, whether each
+role fits a per-device memory, and what a weight sync moves and how long the
+link bandwidth says that takes. No array is allocated, so a 70B model on 256
+chips plans in seconds on a laptop.
+
+The rules are the cluster's own code, not a copy: planned meshes go through
+``meshes.layout_meshes`` and the vllm engine's ``rearranged_device_grid``
+(P7); the sharing map is ``sharing.build_sharing_map`` (P1, P2) and the
+rollout branch ``sharing.rollout_branch`` (P3); parameter trees come from
+``nnx.eval_shape`` over the real constructors and partition specs from the
+cluster's logical-axis rules (``plan_shapes``); a spec that cannot go on a
+mesh fails in ``placement.check_spec`` with the cluster's message.
+
+What the plan models of the placement itself (the tests compare it with a
+walk of a live cluster's buffers for every layout x LoRA, the own-copy
+engines, offload, a separate LoRA base, reward and critic models):
+
+- Buffers. Each array is a shard per device of its mesh; a shard lives in a
+  buffer identified by where it was made. A reshard (P5) keeps a source
+  buffer where the destination shard is exactly the source shard on the same
+  device in the same memory kind (on CPU the lab reshards shard by shard, so
+  this holds shard by shard; on GPU/TPU ``jax.device_put`` reuses buffers only
+  when the whole layout is equivalent), unless a copy is asked for or a dtype
+  cast happens; every other shard is a new buffer. A model already on the
+  target mesh is kept as is (P5).
+- Construction follows ``Scenario``/``build_models`` and the cluster: the
+  reference is placed on its mesh; the actor is a copy of it, or with LoRA
+  adapters built over its buffers (a copy with ``lora_separate_base``); the
+  rollout model is the actor (shared), a second load of the actor as given,
+  cast to the rollout dtype (second_copy), or the engine's own copy on its
+  mesh (vllm, sglang_jax: always a copy, in the actor's dtype); reward and
+  critic are placed on their meshes; the optimizer state has a leaf per
+  trainable parameter with its sharding (adam's mu, nu) and any other leaf
+  (the step count) replicated on the actor's mesh; the anchor (P8) is the
+  actor's full state pinned to host in new buffers, or with
+  ``anchor="trainable"`` and a LoRA actor only the adapters, the backbone
+  being the actor's own buffers.
+- Offload (P14). Every role ends in pinned_host in buffers of its own, except
+  what the cluster keeps together: a rollout on the shared branch with the
+  vanilla engine is the actor; a reference linked to the actor (P2) holds the
+  actor's frozen buffers (loading a shared role updates the others); the
+  anchor is the actor's own pinned buffers (pinning keeps leaves already in
+  pinned_host, so the snapshot adds nothing).
+
+Sync (P13), per the lab's SyncReport definitions: the filter is LoRAParam
+for a LoRA actor, else Param; the source is the actor's leaves, the
+destination the rollout model's. For each destination shard on device d with
+box B: *reused* if the reshard keeps the source buffer (same rule as above;
+never for an engine that owns its weights, nor with a dtype cast); else the
+elements of B inside the source shard on d are *copied_same_device* and the
+rest *moved_cross_device*. minimum_cross_device = |B| - |B & local source
+box| (0 when reused). Bytes are counted in the source dtype; synced is the sum
+over destination shards. ``arrived_by_device`` is the cross-device bytes
+arriving on each device. ``anchor_bytes`` is what the sync pins anew: the
+full state (or adapters only with ``anchor="trainable"``); 0 under offload,
+where the actor is already pinned and the snapshot keeps its buffers.
+``peak_extra_bytes[device][kind]`` is the new destination buffers on that
+device in the destination dtype (they exist before the old ones are
+released) plus the new anchor buffers under pinned_host; transient buffers
+inside a reshard (a cast's source-dtype copy, a memory-kind round trip) are
+not counted. ``estimated_seconds`` = max over devices of arrived bytes /
+link bandwidth, the bandwidth being what one device can receive (half a
+datasheet's bidirectional figure): a lower bound that ignores latency,
+multi-hop routes and contention.
+
+Fits: a role fits when its bytes on its busiest device, in any memory kind,
+are at most the memory per device (an offloaded role comes to device for its
+operation, P14); ``resident`` is the device-kind bytes on the busiest device
+with shared buffers counted once; ``with_sync_peak`` adds the sync's peak
+extra device-kind bytes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec
+
+from rlcluster_lab.config import KNOWN_DTYPES, KNOWN_ENGINES, ConfigError
+from rlcluster_lab.engines.own_copy import rearranged_device_grid
+from rlcluster_lab.meshes import LAYOUTS, describe_mesh, layout_meshes
+from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, ModelConfig
+from rlcluster_lab.placement import check_spec
+from rlcluster_lab.reshard import minimum_cross_device_elements
+from rlcluster_lab.plan_shapes import (
+    AbstractLeaf,
+    PlannedMesh,
+    abstract_leaves,
+    optimizer_slots,
+    shard_boxes,
+    shard_elements,
+)
+from rlcluster_lab.plan_tables import Topology, model_config, model_source, topology as get_topology
+from rlcluster_lab.roles import Role
+from rlcluster_lab.sharing import build_sharing_map, rollout_branch, shares, sharing_map_json
+from rlcluster_lab.trace import Trace
+
+SOURCE = "computed from shapes (no allocation)"
+UNITS = "physical bytes: every device shard counted (a leaf replicated on 4 devices counts 4 times)"
+ENTRIES = ("actor", "rollout", "reference", "reward", "critic", "anchor", "optimizer")
+KINDS = ("device", "pinned_host")
+ANCHOR_MODES = ("full", "trainable")
+OWN_COPY_ENGINES = ("vllm", "sglang_jax")
+Rules = tuple[tuple[str, Any], ...]
+PathKey = tuple[Any, ...]
+
+
+# --------------------------------------------------------------------------- arrays on paper
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Array:
+    """An array on paper: its sharding, and the buffer each device's shard lives in.
+
+    ``origins[i]`` names the buffer of the shard on ``mesh.device_ids[i]``: the
+    id of the array that first made it. Two shards are one buffer exactly when
+    they sit on the same device with the same origin.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    mesh: PlannedMesh
+    spec: PartitionSpec
+    kind: str
+    origins: np.ndarray
+    placed: bool = True  # False: fresh on the default device, on no mesh yet
+
+    @property
+    def shard_bytes(self) -> int:
+        return shard_elements(self.shape, self.spec, self.mesh) * self.dtype.itemsize
+
+    def same_sharding(self, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> bool:
+        return self.placed and self.mesh == mesh and self.spec == spec and self.kind == kind
+
+
+@functools.lru_cache(maxsize=8192)
+def _overlap(shape: tuple[int, ...], src_mesh: PlannedMesh, src_spec: PartitionSpec,
+             dst_mesh: PlannedMesh, dst_spec: PartitionSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Per destination shard (mesh order): is it exactly the source shard on its
+    device, and how many of its elements no source shard on its device holds.
+
+    The second is ``reshard.minimum_cross_device_elements``, the function the
+    measured sync uses. The first is what ``reshard.plan_reshard`` calls
+    ``reuses_source_buffer`` (shards of one sharding are equal or disjoint, so
+    a block that is one source shard on its own device is exactly that
+    device's source box); it is read off each device's own box because
+    ``plan_reshard`` visits every pair of shards, too slow at 256 chips. The
+    tests check both agree with ``plan_reshard``.
+    """
+    src = shard_boxes(shape, src_spec, src_mesh)
+    dst = shard_boxes(shape, dst_spec, dst_mesh)
+    local = dict(src)
+    same = np.array([local.get(dev) == box for dev, box in dst], dtype=bool)
+    lacking = np.array(minimum_cross_device_elements(src, dst), dtype=np.int64)
+    same.setflags(write=False)
+    lacking.setflags(write=False)
+    return same, lacking
+
+
+class _Buffers:
+    """Makes arrays on paper and reshards them as ``reshard.reshard`` would."""
+
+    def __init__(self, platform: str, default_device: int) -> None:
+        self._ids = itertools.count()
+        self.platform = platform
+        self.default_mesh = PlannedMesh((default_device,), (1,), ("default",))
+
+    def new(self, shape: tuple[int, ...], dtype: Any, mesh: PlannedMesh, spec: PartitionSpec, kind: str,
+            *, placed: bool = True) -> _Array:
+        return _Array(tuple(shape), np.dtype(dtype), mesh, spec, kind,
+                      np.full(mesh.size, next(self._ids), dtype=np.int64), placed)
+
+    def fresh(self, leaf: AbstractLeaf) -> _Array:
+        """A freshly initialised parameter, on the default device (uncommitted)."""
+        return self.new(leaf.shape, leaf.dtype, self.default_mesh, PartitionSpec(), "device", placed=False)
+
+    def like(self, a: _Array, *, kind: str | None = None, dtype: Any = None) -> _Array:
+        """New buffers with ``a``'s sharding (a copy, a cast or a memory-kind move)."""
+        return self.new(a.shape, a.dtype if dtype is None else dtype, a.mesh, a.spec, a.kind if kind is None else kind,
+                        placed=a.placed)
+
+    def kept(self, a: _Array, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> np.ndarray:
+        """Per destination shard: does a reshard (without copy) keep ``a``'s buffer?"""
+        if a.same_sharding(mesh, spec, kind):
+            return np.ones(mesh.size, dtype=bool)
+        if a.kind != "device" or kind != "device":
+            # A memory-kind change moves every shard into a new buffer.
+            return np.zeros(mesh.size, dtype=bool)
+        same, _ = _overlap(a.shape, a.mesh, a.spec, mesh, spec)
+        if self.platform == "cpu":
+            return same
+        # device_put reuses buffers only for an equivalent layout on the same devices.
+        equivalent = bool(same.all()) and set(a.mesh.device_ids) == set(mesh.device_ids)
+        return np.full(mesh.size, equivalent)
+
+    def reshard(self, a: _Array, mesh: PlannedMesh, spec: PartitionSpec, kind: str, *,
+                copy: bool = False, dtype: Any = None) -> _Array:
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            a = self.like(a, dtype=dtype)  # place_model casts before it reshards
+        if a.same_sharding(mesh, spec, kind) and not copy:
+            return a
+        out = self.new(a.shape, a.dtype, mesh, spec, kind)
+        if copy:
+            return out
+        keep = self.kept(a, mesh, spec, kind)
+        if keep.any():
+            by_device = np.full(1 + max(max(a.mesh.device_ids), max(mesh.device_ids)), -1, dtype=np.int64)
+            by_device[a.mesh.ids] = a.origins
+            out = dataclasses.replace(out, origins=np.where(keep, by_device[mesh.ids], out.origins))
+        return out
+
+
+Model = dict[PathKey, _Array]
+
+
+# --------------------------------------------------------------------------- the request
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest:
+    """The knobs of one plan (those of a ``Scenario``, plus model, topology and dtypes)."""
+
+    model: ModelConfig
+    model_name: str
+    topology: Topology
+    layout: str = "colocated"
+    lora_rank: int = 0  # 0: no LoRA
+    lora_separate_base: bool = False
+    engine: str = "vanilla"
+    vllm_tensor_parallel_size: int | None = None
+    offload: bool = False
+    anchor: str = "full"
+    rollout_dtype: str | None = None
+    with_reward: bool = False
+    with_critic: bool = False
+    role_to_mesh: Mapping[Role, PlannedMesh] | None = None  # overrides the layout's meshes
+    logical_axis_rules: Mapping[Role, Rules] | None = None
+    optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
+        if self.engine not in KNOWN_ENGINES:
+            raise ConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(KNOWN_ENGINES)}")
+        if self.anchor not in ANCHOR_MODES:
+            raise ValueError(f"unknown anchor mode {self.anchor!r}; choose one of {', '.join(ANCHOR_MODES)}")
+        if self.lora_rank < 0:
+            raise ValueError(f"LoRA rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
+        if self.lora_separate_base and not self.lora_rank:
+            raise ConfigError("lora_separate_base needs LoRA: the separate base is the LoRA actor's frozen part")
+        if self.rollout_dtype is not None and self.rollout_dtype not in KNOWN_DTYPES:
+            raise ConfigError(f"unknown rollout dtype {self.rollout_dtype!r}; choose one of {', '.join(KNOWN_DTYPES)}")
+
+    def rules(self, role: Role) -> Rules:
+        rules = (self.logical_axis_rules or {}).get(role)
+        return _freeze_rules(rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES)
+
+
+def _freeze_rules(rules: Any) -> Rules:
+    return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in rules)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A placement computed from shapes; ``to_json`` gives the planner JSON."""
+
+    model: dict[str, Any]
+    topology: dict[str, Any]
+    layout: str
+    engine: str
+    lora_rank: int
+    offload: bool
+    anchor: str
+    rollout_dtype: str | None
+    role_to_mesh: dict[str, dict[str, Any]]
+    config_role_to_mesh: dict[str, dict[str, Any]]
+    mesh_overridden_by_engine: bool
+    sharing_map: dict[str, list[str]]
+    rollout_branch: str
+    memory: dict[str, Any]
+    fits: dict[str, Any]
+    sync: dict[str, Any]
+    decisions: list[dict[str, Any]]
+    source: str = SOURCE
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def plan_cluster(
+    model: str | ModelConfig = "tiny",
+    topology: str | Topology = "local",
+    *,
+    layout: str = "colocated",
+    lora_rank: int | None = None,
+    lora_separate_base: bool = False,
+    engine: str = "vanilla",
+    vllm_tensor_parallel_size: int | None = None,
+    offload: bool = False,
+    anchor: str = "full",
+    dtype: str | None = None,
+    rollout_dtype: str | None = None,
+    with_reward: bool = False,
+    with_critic: bool = False,
+    role_to_mesh: Mapping[Role | str, Any] | None = None,
+    logical_axis_rules: Mapping[Role | str, Any] | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    memory_per_device: int | None = None,
+    link_bandwidth: float | None = None,
+) -> Plan:
+    """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
+
+    ``model``: a name from ``plan_tables.model_names()`` or a ``ModelConfig``
+    (``dtype`` overrides its parameter dtype). ``topology``: a name from
+    ``plan_tables.topology_names()`` or a ``Topology``; ``memory_per_device``
+    (bytes) and ``link_bandwidth`` (bytes/s a device receives) override its
+    figures. ``role_to_mesh`` replaces the layout's meshes per role (real
+    ``Mesh`` objects or ``PlannedMesh``); roles left out keep the layout's.
+    """
+    if isinstance(model, ModelConfig):
+        config = model if dtype is None else dataclasses.replace(model, param_dtype=dtype)
+        name = config.name
+    else:
+        config, name = model_config(model, dtype=dtype), model
+    if isinstance(topology, Topology):
+        topo = topology
+        if memory_per_device is not None or link_bandwidth is not None:
+            topo = dataclasses.replace(
+                topo,
+                memory_per_device=topo.memory_per_device if memory_per_device is None else int(memory_per_device),
+                link_bandwidth=topo.link_bandwidth if link_bandwidth is None else float(link_bandwidth),
+            )
+    else:
+        topo = get_topology(topology, memory_per_device=memory_per_device, link_bandwidth=link_bandwidth)
+    request = PlanRequest(
+        model=config,
+        model_name=name,
+        topology=topo,
+        layout=layout,
+        lora_rank=int(lora_rank or 0),
+        lora_separate_base=lora_separate_base,
+        engine=engine,
+        vllm_tensor_parallel_size=vllm_tensor_parallel_size,
+        offload=offload,
+        anchor=anchor,
+        rollout_dtype=rollout_dtype,
+        with_reward=with_reward,
+        with_critic=with_critic,
+        role_to_mesh=None if role_to_mesh is None else {Role.parse(r): PlannedMesh.of(m) for r, m in role_to_mesh.items()},
+        logical_axis_rules=None if logical_axis_rules is None
+        else {Role.parse(r): _freeze_rules(v) for r, v in logical_axis_rules.items()},
+        optimizer=optimizer,
+    )
+    return _plan(request)
+
+
+def plan_scenario(scenario: Any, topology: str | Topology = "local", **overrides: Any) -> Plan:
+    """The plan of a ``Scenario``'s knobs (the same ones ``build_cluster`` takes)."""
+    knobs = dict(
+        layout=scenario.layout,
+        lora_rank=scenario.lora_rank if scenario.lora else 0,
+        lora_separate_base=scenario.lora_separate_base,
+        engine=scenario.engine,
+        offload=scenario.offload,
+        anchor=getattr(scenario, "anchor", "full"),
+        rollout_dtype=scenario.rollout_dtype,
+        with_reward=scenario.with_reward,
+        with_critic=scenario.with_critic,
+    )
+    knobs.update(overrides)
+    return plan_cluster(scenario.model_size, topology, **knobs)
+
+
+# --------------------------------------------------------------------------- construction
+
+
+@dataclasses.dataclass
+class _Placed:
+    """The roles of a planned cluster, after construction."""
+
+    models: dict[str, Model]  # actor, rollout, reference, reward, critic, anchor
+    optimizer: list[_Array]
+    role_to_mesh: dict[Role, PlannedMesh]
+    config_role_to_mesh: dict[Role, PlannedMesh]
+    sharing_map: Any
+    branch: str
+    trace: Trace
+    buffers: _Buffers
+    lora: bool
+    trainable: frozenset[PathKey]  # what a sync hands over (P13) and the optimizer trains (P12)
+
+
+def _meshes(req: PlanRequest) -> dict[Role, PlannedMesh]:
+    topo = req.topology
+    try:
+        r2m = layout_meshes(req.layout, list(topo.ids()), make=PlannedMesh.build)
+    except ValueError as err:
+        raise ValueError(f"{err} (planning for {topo.name}: {topo.device_count} device(s))") from None
+    if req.role_to_mesh:
+        r2m.update(req.role_to_mesh)
+    known = set(topo.ids())
+    for role, mesh in r2m.items():
+        unknown = sorted(set(mesh.device_ids) - known)
+        if unknown:
+            raise ValueError(
+                f"the {role.value} mesh uses device id(s) {unknown} that topology {topo.name} does not have "
+                f"(ids {min(known)}..{max(known)})"
+            )
+    return r2m
+
+
+def _specs(req: PlanRequest, role: Role, kind: str = "lm", lora_rank: int = 0) -> dict[PathKey, AbstractLeaf]:
+    return {leaf.path: leaf for leaf in abstract_leaves(req.model, lora_rank, kind, req.rules(role))}
+
+
+def _check(leaves: Iterable[AbstractLeaf], mesh: PlannedMesh, role: str) -> None:
+    """The cluster's own check (``placement.check_spec``): axis names exist, dimensions divide."""
+    seen = set()
+    for leaf in leaves:
+        key = (leaf.shape, leaf.spec)
+        if key not in seen:
+            seen.add(key)
+            check_spec(leaf.spec, leaf.shape, mesh, role)
+
+
+def _load(buf: _Buffers, model: Model, mesh: PlannedMesh, leaves: Mapping[PathKey, AbstractLeaf], role: str,
+          dtype: str | None = None) -> Model:
+    """P5: keep a model already on the mesh, else reshard it there in its memory kind, casting if asked."""
+    arrays = list(model.values())
+    if all(a.placed and a.mesh == mesh for a in arrays):
+        return model
+    _check((leaves[p] for p in model), mesh, role)
+    kind = "device" if any(a.kind == "device" for a in arrays) else "pinned_host"
+    cast = dtype if dtype is not None and np.dtype(dtype) != arrays[0].dtype else None
+    return {p: buf.reshard(a, mesh, leaves[p].spec, kind, dtype=cast) for p, a in model.items()}
+
+
+def _construct(req: PlanRequest) -> _Placed:
+    topo = req.topology
+    buf = _Buffers(topo.platform, topo.ids()[0])
+    config_r2m = _meshes(req)
+    r2m = dict(config_r2m)
+    lora = bool(req.lora_rank)
+    trace = Trace()
+    sharing_map = build_sharing_map(
+        r2m, actor_is_module=True, actor_has_lora=lora, has_reference=True, reference_is_module=True, trace=trace,
+    )
+
+    # Scenario.build_models: the reference placed on its mesh, the actor built from it.
+    # place_model there is called without rules, so the model family's default rules apply.
+    default_rules = _freeze_rules(DEFAULT_LOGICAL_AXIS_RULES)
+    base_leaves = abstract_leaves(req.model, 0, "lm", default_rules)
+    ref_mesh = r2m[Role.REFERENCE]
+    _check(base_leaves, ref_mesh, "reference")
+    reference0 = {l.path: buf.new(l.shape, l.dtype, ref_mesh, l.spec, "device") for l in base_leaves}
+    if lora:
+        base = {p: buf.like(a) for p, a in reference0.items()} if req.lora_separate_base else reference0
+        lora_leaves = abstract_leaves(req.model, req.lora_rank, "lm", default_rules)
+        actor0 = {l.path: buf.fresh(l) if l.lora else base[l.path] for l in lora_leaves}
+    else:
+        actor0 = {p: buf.like(a) for p, a in reference0.items()}
+
+    actor_leaves = _specs(req, Role.ACTOR, lora_rank=req.lora_rank)
+    actor = _load(buf, actor0, r2m[Role.ACTOR], actor_leaves, "actor")
+
+    # P3: the branch is the cluster's own function of the sharing map and the engine.
+    linked = shares(sharing_map, Role.ACTOR, Role.ROLLOUT)
+    branch = rollout_branch(linked, req.engine)
+    trace.record("P3", "ROLLOUT in sharing_map[ACTOR]; else engine == 'vanilla'",
+                 {"rollout_linked_to_actor": linked, "engine": req.engine, "rollout_dtype": req.rollout_dtype},
+                 {"shared": "rollout model is the actor model: one object, no second copy",
+                  "second_copy": "actor loaded a second time onto the rollout mesh"
+                  + (f", cast to {req.rollout_dtype}" if req.rollout_dtype else ""),
+                  "engine_initial_value": f"the {req.engine} engine gets the trainer's model as its initial weights",
+                  }[branch])
+    rollout_leaves = _specs(req, Role.ROLLOUT, lora_rank=req.lora_rank)
+    if branch == "second_copy":
+        rollout = _load(buf, actor0, r2m[Role.ROLLOUT], rollout_leaves, "rollout", dtype=req.rollout_dtype)
+    else:
+        rollout = actor
+
+    reference = _load(buf, reference0, ref_mesh, _specs(req, Role.REFERENCE), "reference")
+    score: dict[str, Model] = {}
+    for role, wanted in ((Role.CRITIC, req.with_critic), (Role.REWARD, req.with_reward)):
+        if wanted:
+            leaves = _specs(req, role, "score")
+            fresh = {p: buf.fresh(l) for p, l in leaves.items()}
+            score[role.value] = _load(buf, fresh, r2m[role], leaves, role.value)
+
+    # The engine: an own-copy engine copies the model it is handed onto its mesh.
+    config_rollout = r2m[Role.ROLLOUT]
+    if req.engine in OWN_COPY_ENGINES:
+        engine_mesh = config_rollout
+        if req.engine == "vllm":
+            grid = rearranged_device_grid(config_rollout.device_ids, req.vllm_tensor_parallel_size)
+            engine_mesh = PlannedMesh(tuple(grid.flat), grid.shape, config_rollout.axis_names)
+        _check((rollout_leaves[p] for p in rollout), engine_mesh, "rollout")
+        rollout = {p: buf.reshard(a, engine_mesh, rollout_leaves[p].spec, "device", copy=True)
+                   for p, a in rollout.items()}
+        if req.engine == "vllm":
+            # P7: the engine exposes its mesh, which replaces the rollout mesh; the map is not rebuilt.
+            r2m[Role.ROLLOUT] = engine_mesh
+    trace.record("P7", "the engine exposes a non-None mesh",
+                 {"engine": req.engine, "exposes_mesh": req.engine == "vllm",
+                  "config_rollout_mesh": describe_mesh(config_rollout),
+                  "engine_mesh": describe_mesh(r2m[Role.ROLLOUT]) if req.engine == "vllm" else None,
+                  "sharing_map_rebuilt": False, "still_registered_as_sharing": linked},
+                 "role_to_mesh[ROLLOUT] replaced by the engine's mesh" if req.engine == "vllm" else "rollout mesh kept")
+
+    trainable = [p for p, l in actor_leaves.items() if l.lora or not lora]
+    optimizer = _optimizer(req, buf, actor, trainable, r2m[Role.ACTOR])
+
+    # P8: the anchor, pinned to host.
+    if lora and req.anchor == "trainable":
+        anchor = {p: buf.like(a, kind="pinned_host") if actor_leaves[p].lora else a for p, a in actor.items()}
+    else:
+        anchor = {p: buf.like(a, kind="pinned_host") for p, a in actor.items()}
+
+    models = {"actor": actor, "rollout": rollout, "reference": reference, **score, "anchor": anchor}
+    if req.offload:
+        models, optimizer = _offloaded(buf, models, optimizer, sharing_map, branch, req.engine)
+    return _Placed(models, optimizer, r2m, config_r2m, sharing_map, branch, trace, buf, lora, frozenset(trainable))
+
+
+def _optimizer(req: PlanRequest, buf: _Buffers, actor: Model, trainable: Sequence[PathKey],
+               mesh: PlannedMesh) -> list[_Array]:
+    tx = req.optimizer if req.optimizer is not None else optax.adam(3e-3)
+    out = []
+    for slot in optimizer_slots(tx, req.model, req.lora_rank):
+        if slot.mirrors:
+            for p in trainable:
+                a = actor[p]
+                out.append(buf.new(a.shape, a.dtype if slot.dtype is None else slot.dtype, a.mesh, a.spec, a.kind))
+        else:
+            # Made under the actor's mesh (P12 runs in its mesh context): replicated on it.
+            out.append(buf.new(slot.shape, slot.dtype, mesh, PartitionSpec(), "device"))
+    return out
+
+
+def _offloaded(buf: _Buffers, models: dict[str, Model], optimizer: list[_Array], sharing_map: Any,
+               branch: str, engine: str) -> tuple[dict[str, Model], list[_Array]]:
+    """P14: every role in pinned_host, in buffers of its own, except what the cluster keeps together."""
+    pinned = {name: {p: buf.like(a, kind="pinned_host") for p, a in m.items()} for name, m in models.items()}
+    actor = pinned["actor"]
+    if branch == "shared" and engine == "vanilla":
+        pinned["rollout"] = actor
+    if shares(sharing_map, Role.ACTOR, Role.REFERENCE):
+        pinned["reference"] = {p: actor[p] for p in pinned["reference"]}
+    # Pinning the anchor keeps leaves already in pinned_host: the snapshot is the actor's buffers.
+    pinned["anchor"] = dict(actor)
+    return pinned, [buf.like(a, kind="pinned_host") for a in optimizer]
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _records(entries: Mapping[str, Sequence[_Array]]) -> dict[str, np.ndarray]:
+    """One row per (entry, device shard): entry index, device, origin, bytes, kind index."""
+    cols: dict[str, list[np.ndarray]] = {"entry": [], "device": [], "origin": [], "bytes": [], "kind": []}
+    names = list(entries)
+    for e, name in enumerate(names):
+        for a in entries[name]:
+            n = a.mesh.size
+            cols["entry"].append(np.full(n, e, dtype=np.int64))
+            cols["device"].append(a.mesh.ids)
+            cols["origin"].append(a.origins)
+            cols["bytes"].append(np.full(n, a.shard_bytes, dtype=np.int64))
+            cols["kind"].append(np.full(n, KINDS.index(a.kind), dtype=np.int64))
+    return {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in cols.items()}
+
+
+def _by_device(device: np.ndarray, kind: np.ndarray, nbytes: np.ndarray) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    if not len(device):
+        return out
+    key = device * len(KINDS) + kind
+    uniq, inv = np.unique(key, return_inverse=True)
+    sums = np.bincount(inv, weights=nbytes).astype(np.int64)
+    for k, total in zip(uniq, sums):
+        if total:
+            out.setdefault(str(int(k // len(KINDS))), {})[KINDS[int(k % len(KINDS))]] = int(total)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def memory_summary(entries: Mapping[str, Sequence[_Array]]) -> dict[str, Any]:
+    """The memory JSON (same keys as the measured one, without the allocator) from arrays on paper."""
+    names = [n for n in ENTRIES if n in entries]
+    r = _records({n: entries[n] for n in names})
+    span = int(r["device"].max()) + 1 if len(r["device"]) else 1
+    buffer = r["origin"] * span + r["device"]  # one id per buffer
+    by_role = {}
+    for e, name in enumerate(names):
+        rows = np.flatnonzero(r["entry"] == e)
+        _, first = np.unique(buffer[rows], return_index=True)
+        rows = rows[first]
+        per_device = _by_device(r["device"][rows], r["kind"][rows], r["bytes"][rows])
+        by_kind = {k: int(r["bytes"][rows][r["kind"][rows] == i].sum()) for i, k in enumerate(KINDS)}
+        by_role[name] = {"bytes": int(r["bytes"][rows].sum()),
+                         "by_kind": {k: v for k, v in by_kind.items() if v}, "by_device": per_device}
+    uniq, first, inv = np.unique(buffer, return_index=True, return_inverse=True)
+    mask = np.zeros(len(uniq), dtype=np.int64)
+    np.bitwise_or.at(mask, inv, np.left_shift(1, r["entry"]))
+    nbytes = r["bytes"][first]
+    shared = []
+    for m in np.unique(mask):
+        roles = [names[i] for i in range(len(names)) if int(m) >> i & 1]  # in ENTRIES order
+        if len(roles) >= 2:
+            sel = mask == m
+            shared.append({"roles": roles, "bytes": int(nbytes[sel].sum()), "buffers": int(sel.sum())})
+    shared.sort(key=lambda s: tuple(s["roles"]))
+    return {
+        "units": UNITS,
+        "source": SOURCE,
+        "by_role": by_role,
+        "by_device": _by_device(r["device"][first], r["kind"][first], nbytes),
+        "shared": shared,
+        "unique_bytes": int(nbytes.sum()),
+        "naive_bytes": int(sum(v["bytes"] for v in by_role.values())),
+    }
+
+
+# --------------------------------------------------------------------------- sync
+
+
+def _sharding_text(a: _Array) -> str:
+    """The sharding as ``measure.describe_sharding`` writes a NamedSharding's."""
+    axes = ",".join(f"{n}={k}" for n, k in a.mesh.shape.items())
+    ids = list(a.mesh.device_ids)
+    span = f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
+    ids_text = span if ids == list(range(ids[0], ids[0] + len(ids))) else ",".join(map(str, ids))
+    spec = ", ".join("None" if p is None else repr(p) for p in a.spec)
+    return f"mesh({axes}) devices {ids_text} P({spec}) {a.kind}"
+
+
+class _PerDevice:
+    """Bytes per device id and memory kind, summed with numpy."""
+
+    def __init__(self, span: int) -> None:
+        self.bytes = np.zeros((span, len(KINDS)), dtype=np.int64)
+
+    def add(self, devices: np.ndarray, kind: str, nbytes: np.ndarray | int) -> None:
+        np.add.at(self.bytes[:, KINDS.index(kind)], devices, nbytes)
+
+    def by_kind(self) -> dict[str, dict[str, int]]:
+        return {str(d): {k: int(v) for k, v in zip(KINDS, row) if v}
+                for d, row in enumerate(self.bytes) if row.any()}
+
+    def total(self) -> dict[str, int]:
+        return {str(d): int(v) for d, v in enumerate(self.bytes.sum(axis=1)) if v}
+
+
+def sync_summary(placed: _Placed, engine: str, anchor_mode: str, offload: bool,
+                 link_bandwidth: float | None) -> dict[str, Any]:
+    """P13 on paper, with the SyncReport's definitions (see the module docstring)."""
+    buf = placed.buffers
+    actor, rollout = placed.models["actor"], placed.models["rollout"]
+    lora = placed.lora
+    copy = engine in OWN_COPY_ENGINES  # an engine that owns its weights never aliases the trainer's
+    span = 1 + max(max(a.mesh.device_ids) for m in (actor, rollout) for a in m.values())
+    arrived, peak = _PerDevice(span), _PerDevice(span)
+    leaves = []
+    for path in sorted(placed.trainable, key=lambda k: "/".join(map(str, k))):
+        src, dst = actor[path], rollout[path]
+        _, lacking = _overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec)
+        reused = np.zeros(dst.mesh.size, dtype=bool)
+        if not copy and dst.dtype == src.dtype:
+            reused = buf.kept(src, dst.mesh, dst.spec, dst.kind)
+        elems = shard_elements(dst.shape, dst.spec, dst.mesh)
+        item = src.dtype.itemsize
+        moved = np.where(reused, 0, lacking) * item
+        copied = np.where(reused, 0, elems - lacking) * item
+        arrived.add(dst.mesh.ids, "device", moved)
+        peak.add(dst.mesh.ids[~reused], dst.kind, elems * dst.dtype.itemsize)
+        leaves.append({
+            "path": "/".join(map(str, path)),
+            "dtype": str(src.dtype),
+            "dst_dtype": str(dst.dtype),
+            "shape": list(src.shape),
+            "src_sharding": _sharding_text(src),
+            "dst_sharding": _sharding_text(dst),
+            "synced_bytes": int(elems * item * dst.mesh.size),
+            "moved_cross_device_bytes": int(moved.sum()),
+            "copied_same_device_bytes": int(copied.sum()),
+            "reused_bytes": int(reused.sum() * elems * item),
+            "minimum_cross_device_bytes": int(lacking.sum() * item),
+            "logical_bytes": int(np.prod(src.shape, dtype=np.int64) * item),
+        })
+    totals = {key: sum(leaf[key] for leaf in leaves) for key in (
+        "synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
+        "minimum_cross_device_bytes")}
+    # P13: then the anchor is pinned again (only the adapters with anchor="trainable"); under
+    # offload the actor is already pinned and the snapshot keeps its buffers.
+    partial = lora and anchor_mode == "trainable"
+    anchor_bytes = 0
+    if not offload:
+        for path, a in actor.items():
+            if partial and path not in placed.trainable:
+                continue
+            anchor_bytes += a.shard_bytes * a.mesh.size
+            peak.add(a.mesh.ids, "pinned_host", a.shard_bytes)
+    arrived_by_device = arrived.total()
+    busiest = max(arrived_by_device.values(), default=0)
+    return {
+        "units": UNITS,
+        "lora": lora,
+        **totals,
+        "excess_cross_device_bytes": 0,  # a plan moves only what the placement forces
+        "synced_logical_bytes": sum(leaf["logical_bytes"] for leaf in leaves),
+        "anchor_bytes": anchor_bytes,
+        "anchor_mode": "trainable" if partial else "full",
+        "global_step": 1,
+        "arrived_by_device": arrived_by_device,
+        "peak_extra_bytes": peak.by_kind(),
+        "estimated_seconds": None if link_bandwidth is None else busiest / link_bandwidth,
+        "estimate": "max over devices of cross-device bytes arriving / link bandwidth a device receives"
+                    + ("" if link_bandwidth is not None else " (no bandwidth known for this topology: pass one)"),
+        "leaves": leaves,
+    }
+
+
+# --------------------------------------------------------------------------- fits
+
+
+def fits_summary(memory: dict[str, Any], sync: dict[str, Any], memory_per_device: int | None,
+                 source: str) -> dict[str, Any]:
+    def verdict(n: int) -> bool | None:
+        return None if memory_per_device is None else n <= memory_per_device
+
+    roles = {}
+    for name, role in memory["by_role"].items():
+        busiest = max((sum(k.values()) for k in role["by_device"].values()), default=0)
+        roles[name] = {"max_device_bytes": busiest, "fits": verdict(busiest)}
+    resident = {d: kinds.get("device", 0) for d, kinds in memory["by_device"].items()}
+    peak = {d: resident.get(d, 0) + kinds.get("device", 0) for d, kinds in sync["peak_extra_bytes"].items()}
+    peak = {**resident, **peak}
+    top_resident = max(resident.values(), default=0)
+    top_peak = max(peak.values(), default=0)
+    return {
+        "memory_per_device": memory_per_device,
+        "memory_source": source,
+        "by_role": roles,
+        "resident": {"max_device_bytes": top_resident, "fits": verdict(top_resident)},
+        "with_sync_peak": {"max_device_bytes": top_peak, "fits": verdict(top_peak)},
+        "all_fit": None if memory_per_device is None
+        else all(r["fits"] for r in roles.values()) and top_peak <= memory_per_device,
+        "rule": "a role fits when its bytes on its busiest device (any memory kind: an offloaded role "
+                "comes to device for its operation) are at most the memory per device; resident = device-kind "
+                "bytes with shared buffers counted once; with_sync_peak adds the sync's new device buffers",
+    }
+
+
+# --------------------------------------------------------------------------- assembling a plan
+
+
+def _plan(req: PlanRequest) -> Plan:
+    placed = _construct(req)
+    entries: dict[str, list[_Array]] = {name: list(m.values()) for name, m in placed.models.items()}
+    entries["optimizer"] = placed.optimizer
+    memory = memory_summary(entries)
+    topo = req.topology
+    sync = sync_summary(placed, req.engine, req.anchor, req.offload, topo.link_bandwidth)
+    fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
+    present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
+    present |= {Role.REWARD} if req.with_reward else set()
+    present |= {Role.CRITIC} if req.with_critic else set()
+    config = req.model
+    model = {
+        "name": req.model_name,
+        **dataclasses.asdict(config),
+        "num_params": config.num_params,
+        "lora_params": config.lora_params(req.lora_rank) if req.lora_rank else 0,
+        "architecture": "the lab's decoder (rlcluster_lab.model.TransformerLM) at these dimensions",
+        "source": model_source(req.model_name),
+    }
+    return Plan(
+        model=model,
+        topology=topo.to_json(),
+        layout=req.layout,
+        engine=req.engine,
+        lora_rank=req.lora_rank,
+        offload=req.offload,
+        anchor=req.anchor,
+        rollout_dtype=req.rollout_dtype,
+        role_to_mesh={r.value: describe_mesh(m) for r, m in placed.role_to_mesh.items() if r in present},
+        config_role_to_mesh={r.value: describe_mesh(m) for r, m in placed.config_role_to_mesh.items() if r in present},
+        mesh_overridden_by_engine=placed.role_to_mesh[Role.ROLLOUT] != placed.config_role_to_mesh[Role.ROLLOUT],
+        sharing_map=sharing_map_json(placed.sharing_map),
+        rollout_branch=placed.branch,
+        memory=memory,
+        fits=fits,
+        sync=sync,
+        decisions=placed.trace.to_json(),
+    )
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _size(n: int | float | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{int(n):,} B"
+
+
+def format_plan(data: Mapping[str, Any]) -> str:
+    """A readable summary of a plan's JSON."""
+    m, t, mem, fits, sync = data["model"], data["topology"], data["memory"], data["fits"], data["sync"]
+    lines = [
+        f"plan ({data['source']}): {m['name']} ({m['num_params']:,} params, {m['param_dtype']}"
+        + (f", LoRA rank {data['lora_rank']}: {m['lora_params']:,} adapter params" if data["lora_rank"] else "")
+        + f") on {t['name']}: {t['device']}",
+        f"layout {data['layout']}, engine {data['engine']}"
+        + (", offload to pinned host" if data["offload"] else "") + f", anchor {data['anchor']}",
+        "meshes:",
+    ]
+    for role, mesh in data["role_to_mesh"].items():
+        shape = "x".join(f"{k}={v}" for k, v in mesh["shape"].items())
+        ids = mesh["device_ids"]
+        lines.append(f"  {role:<9} {shape:<16} devices {ids[0]}..{ids[-1]} ({len(ids)})")
+    if data["mesh_overridden_by_engine"]:
+        lines.append("  (the engine replaced the rollout mesh; the sharing map was built from the config's meshes)")
+    lines.append("sharing map: " + "; ".join(f"{r} -> {', '.join(o) or '-'}" for r, o in data["sharing_map"].items()))
+    lines.append(f"rollout branch (P3): {data['rollout_branch']}")
+    lines.append(f"memory ({mem['units']}):")
+    for role, info in mem["by_role"].items():
+        verdict = fits["by_role"][role]
+        ok = "" if verdict["fits"] is None else ("  fits" if verdict["fits"] else "  DOES NOT FIT")
+        kinds = ", ".join(f"{k} {_size(v)}" for k, v in info["by_kind"].items())
+        lines.append(f"  {role:<9} {_size(info['bytes']):>12} ({kinds}); busiest device "
+                     f"{_size(verdict['max_device_bytes'])}{ok}")
+    for group in mem["shared"]:
+        lines.append(f"  shared by {', '.join(group['roles'])}: {_size(group['bytes'])} in {group['buffers']} buffers")
+    lines.append(f"  unique {_size(mem['unique_bytes'])}, naive sum {_size(mem['naive_bytes'])}")
+    per = fits["memory_per_device"]
+    lines.append(f"per device: {_size(per)} ({fits['memory_source']}); resident busiest "
+                 f"{_size(fits['resident']['max_device_bytes'])}, with sync peak "
+                 f"{_size(fits['with_sync_peak']['max_device_bytes'])}"
+                 + ("" if fits["all_fit"] is None else ("; everything fits" if fits["all_fit"] else "; DOES NOT FIT")))
+    lines.append(f"sync (P13, {'LoRA parameters' if sync['lora'] else 'all parameters'}): synced "
+                 f"{_size(sync['synced_bytes'])}, moved across devices {_size(sync['moved_cross_device_bytes'])}, "
+                 f"copied within a device {_size(sync['copied_same_device_bytes'])}, reused "
+                 f"{_size(sync['reused_bytes'])}; anchor re-pinned {_size(sync['anchor_bytes'])}")
+    busiest = max(sync["arrived_by_device"].values(), default=0)
+    secs = sync["estimated_seconds"]
+    rate = "unknown bandwidth" if t["link_bandwidth"] is None else f"{t['link_bandwidth'] / 1e9:,.0f} GB/s"
+    lines.append(f"  busiest device receives {_size(busiest)}; at {rate}: "
+                 + ("unknown (no bandwidth)" if secs is None else f"{secs * 1e3:,.3f} ms"))
+    peak = max((sum(k.values()) for k in sync["peak_extra_bytes"].values()), default=0)
+    lines.append(f"  peak extra bytes on one device during the sync: {_size(peak)}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> float:
+    """'80GB', '16GiB', '450e9', '2.5 TB' -> bytes; a trailing '/s' is allowed for rates."""
+    s = str(text).strip().lower().replace(" ", "").removesuffix("/s")
+    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(number):]
+    if unit not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as bytes: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as bytes; write e.g. 80GB, 16GiB or 450e9") from None
+    if value <= 0:
+        raise ValueError(f"{text!r} must be positive")
+    return value
+
+
+def add_plan_arguments(p: Any) -> None:
+    """The ``plan`` subcommand's flags (cli.py builds the parser)."""
+    p.add_argument("--model", default="tiny", help="our sizes (tiny, small, base, large) or a published "
+                   "architecture (gemma-2b, llama3-8b, llama3-70b)")
+    p.add_argument("--topology", default="local", help="local (this machine's devices), gpu-8, tpu-v5e-8, "
+                   "tpu-v5p-8, tpu-v5p-64, tpu-v5p-256")
+    p.add_argument("--lora", type=int, default=0, metavar="RANK", help="LoRA rank of the actor (0: no LoRA)")
+    p.add_argument("--layout", default="colocated", help="colocated, reshaped or split")
+    p.add_argument("--engine", default="vanilla", help="vanilla, vllm or sglang_jax")
+    p.add_argument("--vllm-tp", type=int, default=None, help="vllm engine's tensor-parallel size (default: all)")
+    p.add_argument("--offload", action="store_true", help="offload_to_cpu: roles live in pinned host between uses")
+    p.add_argument("--anchor", default="full", help="full (the actor's state) or trainable (LoRA adapters only)")
+    p.add_argument("--lora-separate-base", action="store_true", help="the LoRA actor's base is a copy (P4)")
+    p.add_argument("--dtype", default=None, help="parameter dtype (default: the model's: float32 for our "
+                   "sizes, bfloat16 for published ones)")
+    p.add_argument("--rollout-dtype", default=None, help="dtype of the vanilla engine's second copy")
+    p.add_argument("--reward", action="store_true", help="add a reward model")
+    p.add_argument("--critic", action="store_true", help="add a critic")
+    p.add_argument("--memory-per-device", default=None, help="bytes per device, e.g. 80GB or 16GiB "
+                   "(default: the topology's, see its source)")
+    p.add_argument("--bandwidth", default=None, help="bytes/s one device receives, e.g. 450GB "
+                   "(default: the topology's, see its source)")
+    p.add_argument("--devices", type=int, default=8, help="simulated CPU device count for --topology local")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_plan_command(args: Any) -> dict[str, Any]:
+    """Run ``plan`` from parsed flags; returns the JSON, or ``{'_text': ...}`` without --json."""
+    for flag, value, valid in (("--layout", args.layout, LAYOUTS), ("--engine", args.engine, KNOWN_ENGINES),
+                               ("--anchor", args.anchor, ANCHOR_MODES)):
+        if value not in valid:
+            raise ValueError(f"unknown {flag} {value!r}; choose one of {', '.join(valid)}")
+    if args.lora < 0:
+        raise ValueError(f"--lora must be >= 0 (0: no LoRA), got {args.lora}")
+    plan = plan_cluster(
+        args.model,
+        args.topology,
+        layout=args.layout,
+        lora_rank=args.lora,
+        lora_separate_base=args.lora_separate_base,
+        engine=args.engine,
+        vllm_tensor_parallel_size=args.vllm_tp,
+        offload=args.offload,
+        anchor=args.anchor,
+        dtype=args.dtype,
+        rollout_dtype=args.rollout_dtype,
+        with_reward=args.reward,
+        with_critic=args.critic,
+        memory_per_device=None if args.memory_per_device is None else int(parse_bytes(args.memory_per_device)),
+        link_bandwidth=None if args.bandwidth is None else parse_bytes(args.bandwidth),
+    )
+    data = plan.to_json()
+    return data if args.json else {"_text": format_plan(data)}
+
+
+__all__ = [
+    "ANCHOR_MODES", "Plan", "PlanRequest", "SOURCE", "UNITS", "add_plan_arguments", "fits_summary",
+    "format_plan", "memory_summary", "parse_bytes", "plan_cluster", "plan_scenario", "run_plan_command",
+    "sync_summary",
+]
