@@ -10,6 +10,7 @@ from rlcluster_lab.engines import RolloutEngine, RolloutOutput, SglangJaxStyleEn
 from rlcluster_lab.learner import GRPOLearner, LearnerConfig, LearnerResult
 from rlcluster_lab.measure import MemoryReport, SyncReport, memory_report
 from rlcluster_lab.meshes import LAYOUTS, describe_mesh, layout_meshes, make_mesh, mesh_from_ids, reachable_layouts
+from rlcluster_lab.notebook import LabDevices, setup
 from rlcluster_lab.model import MODEL_SIZES, ModelConfig, TransformerLM, init_model, is_lora, with_lora
 from rlcluster_lab.placement import PlacementError, place_model
 from rlcluster_lab.report import PlacementReport, placement_report
@@ -29,5 +30,5 @@ __all__ = [
     "SglangJaxStyleEngine", "Trace", "TrainBatch", "TrainingConfig", "TransformerLM", "VanillaEngine",
     "VllmStyleEngine", "build_cluster", "build_sharing_map", "describe_mesh", "ensure_simulated_devices",
     "init_model", "init_score_model", "is_lora", "layout_meshes", "make_mesh", "mesh_from_ids",
-    "place_model", "placement_report", "reachable_layouts", "with_lora",
+    "place_model", "placement_report", "reachable_layouts", "with_lora", "LabDevices", "setup",
 ]

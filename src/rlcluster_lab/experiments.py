@@ -1,0 +1,427 @@
+"""The experiments the notebooks run, each one call that returns plain data.
+
+A notebook cell calls one of these and hands the result to ``viz`` or prints
+it with ``format_table``; the cells hold no logic of their own. Every
+function builds its clusters through ``Scenario``/``build_cluster`` (or the
+public ``RLCluster`` for the P6 error cases) and reads results from the
+reports, so what a notebook shows is what the CLI and the tests see.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import gc
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rlcluster_lab.cluster import RLCluster
+from rlcluster_lab.config import ClusterConfig, ConfigError, RolloutConfig, TrainingConfig
+from rlcluster_lab.learner import GRPOLearner, LearnerConfig, LearnerResult, group_advantages, lowercase_reward
+from rlcluster_lab.measure import memory_report
+from rlcluster_lab.meshes import layout_meshes, make_mesh, reachable_layouts
+from rlcluster_lab.model import init_model
+from rlcluster_lab.report import placement_report
+from rlcluster_lab.roles import Mode, Role
+from rlcluster_lab.scenario import Scenario, build_cluster
+from rlcluster_lab.sharing import build_sharing_map, sharing_map_json
+from rlcluster_lab.training import TrainBatch
+
+Tick = Callable[[Any], None]
+
+# Prompts of one length: every step then has the same shapes, so the jitted
+# programs compile once and a short run spends its time running, not compiling.
+EVEN_PROMPTS: tuple[str, ...] = ("abc", "the", "cat", "xyz", "jax", "rl ", "map", "row")
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows of dicts as a fixed-width text table (stable: same rows, same text)."""
+    if not rows:
+        return "(no rows)"
+    columns = list(columns or rows[0].keys())
+    cells = [[_cell(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"  # byte counts: digits grouped so they read at a glance
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+# --------------------------------------------------------------------------- 01: meshes and the sharing map
+
+
+def mesh_identity(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
+    """P1's test, ``==`` on meshes, for meshes over the same devices built different ways.
+
+    JAX interns meshes: building the same devices, shape and axis names twice
+    gives back one object. Change any of the three and it is another mesh.
+    """
+    devices = list(devices)
+    n = len(devices)
+    base = make_mesh(devices, _shape(n))
+    cases = [
+        ("same devices, same shape, same names", make_mesh(devices, _shape(n))),
+        (f"same devices as ({n}, 1)", make_mesh(devices, (n, 1))),
+        ("same devices and shape, axes named data/model", make_mesh(devices, _shape(n), ("data", "model"))),
+        ("same devices in reverse order", make_mesh(devices[::-1], _shape(n))),
+    ]
+    return [
+        {"built as": label, "shape": str(tuple(m.devices.shape)), "same object": m is base, "== (P1)": m == base}
+        for label, m in cases
+    ]
+
+
+def _shape(n: int) -> tuple[int, int]:
+    from rlcluster_lab.meshes import default_shape
+
+    return default_shape(n)
+
+
+def sharing_maps(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
+    """The sharing map (P1, P2, propagation) of every reachable layout, with and without LoRA.
+
+    A pure function of the meshes and two facts about the models, so no model
+    is built here.
+    """
+    rows = []
+    for layout in reachable_layouts(devices):
+        meshes = layout_meshes(layout, devices)
+        for lora in (False, True):
+            smap = sharing_map_json(build_sharing_map(
+                meshes, actor_is_module=True, actor_has_lora=lora, has_reference=True, reference_is_module=True,
+            ))
+            rows.append({
+                "layout": layout, "LoRA": lora,
+                "actor": smap["actor"], "rollout": smap["rollout"], "reference": smap["reference"],
+            })
+    return rows
+
+
+# --------------------------------------------------------------------------- 02: rollout and reference memory
+
+
+MEMORY_SCENARIOS: dict[str, dict[str, Any]] = {
+    "full actor": {"lora": False},
+    "LoRA over the reference": {"lora": True},
+    "LoRA over a copy": {"lora": True, "lora_separate_base": True},
+}
+
+
+def memory_comparison(
+    layout: str, devices: Sequence[jax.Device], progress: Tick | None = None
+) -> dict[str, dict[str, Any]]:
+    """Placement reports of the same layout with a full actor, a LoRA actor sharing the
+    reference's backbone, and a LoRA actor over a copy of it (P2-P4)."""
+    out = {}
+    for label, knobs in MEMORY_SCENARIOS.items():
+        out[label] = placement_report(build_cluster(Scenario(layout=layout, **knobs), devices=devices)).to_json()
+        _collect()
+        if progress:
+            progress(label)
+    return out
+
+
+def memory_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario: P3's branch, P4's warning, and the physical bytes per entry."""
+    rows = []
+    for label, rep in reports.items():
+        mem = rep["memory"]
+        row = {"scenario": label, "P3 rollout": rep["rollout_branch"],
+               "P4 warning": any(w.startswith("P4") for w in rep["warnings"])}
+        for entry in ("actor", "rollout", "reference"):
+            row[entry] = mem["by_role"].get(entry, {}).get("bytes", 0)
+        row["held once"] = mem["unique_bytes"]
+        row["summed per role"] = mem["naive_bytes"]
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- 03: P6 errors
+
+
+def p6_errors(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
+    """Each P6 check, triggered on purpose; every one fails before any model is placed."""
+    meshes = layout_meshes("colocated", devices)
+
+    class NoConfig(nnx.Module):
+        def __init__(self) -> None:
+            self.w = nnx.Param(np.ones((4, 4), np.float32))
+
+    class NotAnEngine:
+        pass
+
+    tiny = functools.partial(init_model, "tiny")
+    lora = Scenario(layout="colocated", lora=True, engine="sglang_jax", sglang_static_lora=False)
+    cases: list[tuple[str, Callable[[], Any]]] = [
+        ("rollout_config=None",
+         lambda: RLCluster(actor=tiny(), cluster_config=ClusterConfig(role_to_mesh=meshes, rollout_config=None))),
+        ("per-mode dict without TRAIN",
+         lambda: RLCluster(actor=tiny(), cluster_config=ClusterConfig(
+             role_to_mesh=meshes, rollout_config={Mode.EVAL: RolloutConfig()}))),
+        ("rollout_engine='tgi'",
+         lambda: RLCluster(actor=tiny(), cluster_config=ClusterConfig(role_to_mesh=meshes, rollout_engine="tgi"))),
+        ("vanilla, model without .config",
+         lambda: RLCluster(actor=NoConfig(), cluster_config=ClusterConfig(role_to_mesh=meshes))),
+        ("vllm without a model version",
+         lambda: RLCluster(actor=tiny(), cluster_config=ClusterConfig(role_to_mesh=meshes, rollout_engine="vllm"))),
+        ("sglang_jax, LoRA actor, no static LoRA", lambda: build_cluster(lora, devices=devices)),
+        ("engine class that is not a RolloutEngine",
+         lambda: RLCluster(actor=tiny(), cluster_config=ClusterConfig(role_to_mesh=meshes, rollout_engine=NotAnEngine))),
+    ]
+    rows = []
+    for label, make in cases:
+        try:
+            make()
+        except ConfigError as exc:
+            rows.append({"case": label, "error": " ".join(str(exc).split())})
+        else:
+            rows.append({"case": label, "error": "(no error: the check did not fire)"})
+        _collect()
+    return rows
+
+
+def engine_rows(devices: Sequence[jax.Device], layout: str = "colocated") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """P3 and P7 for each built-in engine on one layout; also returns each engine's report.
+
+    The map is built from the config's meshes before any engine exists, so a
+    colocated run stays registered as sharing even when the engine keeps its
+    own copy on a mesh of its own.
+    """
+    rows, reports = [], {}
+    for engine in ("vanilla", "sglang_jax", "vllm"):
+        rep = placement_report(build_cluster(Scenario(layout=layout, engine=engine), devices=devices)).to_json()
+        reports[engine] = rep
+        mesh = rep["role_to_mesh"]["rollout"]
+        rows.append({
+            "engine": engine,
+            "P3 branch": rep["rollout_branch"],
+            "map links actor-rollout": "rollout" in rep["sharing_map"]["actor"],
+            "samples with actor buffers": rep["rollout_shares_actor_weights"],
+            "P7 mesh replaced": rep["mesh_overridden_by_engine"],
+            "rollout mesh": "x".join(f"{k}={v}" for k, v in mesh["shape"].items()),
+            "rollout bytes": rep["memory"]["by_role"]["rollout"]["bytes"],
+        })
+        _collect()
+    return rows, reports
+
+
+# --------------------------------------------------------------------------- 04: P11 with the learner
+
+
+def p11_run(
+    devices: Sequence[jax.Device],
+    *,
+    steps: int = 6,
+    mini_batch_size: int = 8,
+    iterations: int = 2,
+    prompts_per_step: int = 4,
+    group_size: int = 4,
+    progress: Tick | None = None,
+) -> dict[str, Any]:
+    """A short GRPO run whose every optimizer step records the P11 gaps; returns its JSON."""
+    cluster = build_cluster(
+        Scenario(layout="colocated", max_tokens=8),
+        devices=devices,
+        training_config=TrainingConfig(learning_rate=3e-3, mini_batch_size=mini_batch_size,
+                                       num_iterations=iterations),
+    )
+    learner = GRPOLearner(cluster, LearnerConfig(steps=steps, prompts_per_step=prompts_per_step,
+                                                 group_size=group_size), prompts=EVEN_PROMPTS)
+    result: LearnerResult = learner.run(
+        progress=(lambda s: progress(f"mean reward {s.mean_reward:.2f}")) if progress else None)
+    out = result.to_json()
+    out["config"] = {"batch_size": prompts_per_step * group_size, "mini_batch_size": mini_batch_size,
+                     "iterations": iterations, "steps": steps}
+    return out
+
+
+def p11_compare(
+    devices: Sequence[jax.Device],
+    settings: Sequence[tuple[int, int]] = ((16, 1), (8, 1), (8, 2)),
+    steps: int = 8,
+    progress: Tick | None = None,
+) -> dict[str, dict[str, Any]]:
+    """One short run per (mini-batch size, iterations) setting, batch 16; label -> run JSON."""
+    out = {}
+    for mini, iterations in settings:
+        label = f"mini-batch {mini}, {iterations} iteration{'s' if iterations > 1 else ''}"
+        out[label] = p11_run(devices, steps=steps, mini_batch_size=mini, iterations=iterations)
+        _collect()
+        if progress:
+            progress(label)
+    return out
+
+
+def p11_setting_rows(runs: Mapping[str, Mapping[str, Any]], tolerance: float = 1e-4) -> list[dict[str, Any]]:
+    """Per setting: optimizer steps per global step, and on how many of them live == anchor."""
+    rows = []
+    for label, run in runs.items():
+        recs = run["p11"]
+        steps = max(run["config"]["steps"], 1)
+        same = sum(r["live_vs_anchor"] <= tolerance for r in recs)
+        rows.append({
+            "setting": label,
+            "optimizer steps per global step": len(recs) // steps,
+            "live == anchor": f"{same} of {len(recs)}",
+            "anchor == sampler": f"{sum(r['anchor_vs_sampler'] <= tolerance for r in recs)} of {len(recs)}",
+        })
+    return rows
+
+
+def p11_rows(result: Mapping[str, Any], tolerance: float = 1e-4) -> list[dict[str, Any]]:
+    """Per (iteration, mini-batch) position in a global step: do live and anchor agree?
+
+    Agreement is within ``tolerance`` nats (float noise is ~1e-6); the anchor
+    and the sampler must agree everywhere.
+    """
+    groups: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
+    for rec in result["p11"]:
+        groups.setdefault((rec["iteration"], rec["rows"][0]), []).append(rec)
+    rows = []
+    for (iteration, start), recs in sorted(groups.items()):
+        rows.append({
+            "iteration": iteration,
+            "rows": f"{recs[0]['rows'][0]}-{recs[0]['rows'][1]}",
+            "optimizer steps before": recs[0]["steps_taken_before"],
+            "live == anchor": all(r["live_vs_anchor"] <= tolerance for r in recs),
+            "anchor == sampler": all(r["anchor_vs_sampler"] <= tolerance for r in recs),
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------- 05: measured sync
+
+
+def sync_matrix(
+    devices: Sequence[jax.Device],
+    layouts: Sequence[str] = ("colocated", "reshaped", "split"),
+    loras: Sequence[bool] = (False, True),
+    engine: str = "vanilla",
+    progress: Tick | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The measured sync (L3) of each layout, with a full and a LoRA actor.
+
+    Each cluster syncs twice and the second sync is kept: the first one also
+    compiles the resharding programs, which is not what a sync costs in a run.
+    """
+    out = {}
+    for layout in layouts:
+        if layout not in reachable_layouts(devices):
+            continue
+        for lora in loras:
+            cluster = build_cluster(Scenario(layout=layout, lora=lora, engine=engine), devices=devices)
+            cluster.sync_weights()
+            report = cluster.sync_weights()
+            out[f"{layout}, {'LoRA' if lora else 'full'}"] = report.to_json()
+            del cluster
+            _collect()
+            if progress:
+                progress(f"{layout}, {'LoRA' if lora else 'full'}")
+    return out
+
+
+SYNC_COLUMNS = ("synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
+                "minimum_cross_device_bytes", "synced_logical_bytes")
+
+
+def sync_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Byte counts of each measured sync (physical bytes), without timings, so they compare run to run."""
+    return [{"run": label, **{k.replace("_bytes", ""): s[k] for k in SYNC_COLUMNS}} for label, s in syncs.items()]
+
+
+def sync_time_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Measured seconds of each sync and of its anchor re-pin (they vary run to run)."""
+    return [{"run": label, "sync ms": f"{s['seconds'] * 1e3:.2f}", "anchor ms": f"{s['anchor_seconds'] * 1e3:.2f}",
+             "moved MB/s": f"{s['moved_cross_device_bytes'] / max(s['seconds'], 1e-9) / 1e6:.0f}"}
+            for label, s in syncs.items()]
+
+
+# --------------------------------------------------------------------------- 06: offload over a step
+
+
+@contextlib.contextmanager
+def _during_generate(cluster: RLCluster, snapshot: Callable[[str], None]) -> Iterator[None]:
+    """Take a memory snapshot from inside ``generate``, while the rollout model is loaded."""
+    engine = cluster.rollout
+    original = engine.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        snapshot("during generate")
+        return original(*args, **kwargs)
+
+    engine.generate = generate  # an instance attribute: the class is untouched
+    try:
+        yield
+    finally:
+        del engine.generate
+
+
+def offload_timeline(
+    devices: Sequence[jax.Device], *, offload: bool = True, layout: str = "colocated", lora: bool = False
+) -> list[tuple[str, dict[str, Any]]]:
+    """Memory (L2) at each phase of one RL step: generate, score, update, sync (P14).
+
+    The snapshots inside ``generate`` and ``update_actor`` are taken while the
+    operation holds its model on device; the others between operations.
+    """
+    cluster = build_cluster(Scenario(layout=layout, lora=lora, offload=offload, max_tokens=8), devices=devices,
+                            training_config=TrainingConfig(mini_batch_size=8))
+    phases: list[tuple[str, dict[str, Any]]] = []
+
+    def snapshot(label: str) -> None:
+        if not any(p[0] == label for p in phases):
+            phases.append((label, memory_report(cluster).to_json()))
+
+    snapshot("after construction")
+    prompts = [p for p in EVEN_PROMPTS[:4] for _ in range(4)]
+    with _during_generate(cluster, snapshot):
+        out = cluster.generate(prompts)
+    snapshot("after generate")
+    anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, out.left_padded_prompt_tokens, out.tokens))
+    ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, out.left_padded_prompt_tokens, out.tokens))
+    snapshot("after log-probs")
+    advantages = group_advantages(lowercase_reward(prompts, out.text), 4)
+    batch = TrainBatch(out.left_padded_prompt_tokens, out.tokens, advantages, anchor, ref)
+    cluster.update_actor(batch, on_step=lambda *_: snapshot("during update"))
+    snapshot("after update")
+    cluster.sync_weights()
+    snapshot("after sync")
+    del cluster
+    _collect()
+    return phases
+
+
+def timeline_rows(phases: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Per phase, which entries hold bytes in device memory and which in pinned host memory."""
+    rows = []
+    for label, mem in phases:
+        on = {kind: [e for e, v in mem["by_role"].items() if v.get("by_kind", {}).get(kind)]
+              for kind in ("device", "pinned_host")}
+        rows.append({"phase": label, "in device memory": on["device"], "in pinned host": on["pinned_host"]})
+    return rows
+
+
+def _collect() -> None:
+    """Free the buffers of clusters a cell no longer holds, before building the next one."""
+    gc.collect()
+
+
+__all__ = [
+    "EVEN_PROMPTS", "MEMORY_SCENARIOS", "engine_rows", "format_table", "memory_comparison", "memory_rows",
+    "mesh_identity", "offload_timeline", "p11_compare", "p11_rows", "p11_run", "p11_setting_rows", "p6_errors", "sharing_maps", "sync_matrix", "sync_rows",
+    "sync_time_rows", "timeline_rows",
+]
