@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--iterations", type=int, default=1)
     learn.add_argument("--learning-rate", type=float, default=3e-3)
     learn.add_argument("--max-tokens", type=int, default=8)
+    from rlcluster_lab.plan_cli import add_plan_arguments
+
+    add_plan_arguments(sub.add_parser("plan", help="what-if plan (L4): placement, memory and sync bytes "
+                                      "from shapes alone, for any model size and topology"))
     return parser
 
 
@@ -67,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ensure_simulated_devices(args.devices)
         if args.command == "report":
             out = _report(args)
+        elif args.command == "plan":
+            from rlcluster_lab.plan_cli import run_plan_command
+
+            out = run_plan_command(args)
         else:
             out = _learn(args)
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:

@@ -20,7 +20,6 @@ import jax
 
 from rlcluster_lab.model import MODEL_SIZES, ModelConfig
 
-GIB = 1 << 30
 GB = 10**9
 
 

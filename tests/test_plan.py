@@ -1,0 +1,289 @@
+"""L4 what-if planning: the plan equals the measurement here, and scales without allocating."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rlcluster_lab import Scenario, build_cluster, placement_report
+from rlcluster_lab.cli import main
+from rlcluster_lab.config import KNOWN_ENGINES
+from rlcluster_lab.measure import memory_report
+from rlcluster_lab.meshes import LAYOUTS, describe_mesh, make_mesh
+from rlcluster_lab.model import MODEL_SIZES
+from rlcluster_lab.placement import PlacementError
+from rlcluster_lab.plan import ANCHOR_MODES, _Buffers, _overlap, plan_cluster, plan_scenario
+from rlcluster_lab.plan_cli import ANCHOR_MODES as CLI_ANCHOR_MODES
+from rlcluster_lab.plan_cli import ENGINES as CLI_ENGINES
+from rlcluster_lab.plan_cli import LAYOUTS as CLI_LAYOUTS
+from rlcluster_lab.plan_cli import parse_bytes
+from rlcluster_lab.plan_shapes import PlannedMesh, abstract_leaves, shard_boxes
+from rlcluster_lab.plan_tables import ARCHITECTURES, TOPOLOGIES, model_config
+from rlcluster_lab.reshard import plan_reshard, to_box
+
+DEVICES = jax.devices()
+MEMORY_KEYS = ("by_role", "by_device", "shared", "unique_bytes", "naive_bytes")
+SYNC_KEYS = (
+    "lora", "synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
+    "minimum_cross_device_bytes", "excess_cross_device_bytes", "synced_logical_bytes", "anchor_bytes",
+    "anchor_mode", "arrived_by_device", "peak_extra_bytes", "leaves",
+)
+REPORT_KEYS = ("sharing_map", "rollout_branch", "role_to_mesh", "config_role_to_mesh", "mesh_overridden_by_engine")
+
+
+def assert_plan_matches_measurement(scenario: Scenario) -> dict:
+    """Plan the scenario, build it, sync once: every memory and sync figure agrees exactly."""
+    plan = plan_scenario(scenario).to_json()
+    cluster = build_cluster(scenario)
+    report = placement_report(cluster).to_json()
+    memory = memory_report(cluster).to_json()
+    sync = cluster.sync_weights().to_json()
+    for key in REPORT_KEYS:
+        assert plan[key] == report[key], key
+    for key in MEMORY_KEYS:
+        assert plan["memory"][key] == memory[key], key
+    for key in SYNC_KEYS:
+        assert plan["sync"][key] == sync[key], key
+    return plan
+
+
+# --- plan == measured -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_l4_plan_equals_measured_for_every_layout_and_lora(layout: str, lora: bool) -> None:
+    plan = assert_plan_matches_measurement(Scenario(layout=layout, lora=lora))
+    # P1/P3 as the plan saw them: only the colocated layout shares one set of weights.
+    assert plan["rollout_branch"] == ("shared" if layout == "colocated" else "second_copy")
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"layout": "reshaped", "lora": True, "engine": "vllm"},
+        {"layout": "split", "lora": True, "engine": "sglang_jax"},
+        {"layout": "colocated", "engine": "vllm"},
+        {"layout": "colocated", "lora": True, "offload": True},
+        {"layout": "split", "offload": True},
+        {"layout": "colocated", "lora": True, "engine": "vllm", "offload": True},
+        {"layout": "colocated", "lora": True, "lora_separate_base": True},
+        {"layout": "split", "lora": True, "rollout_dtype": "bfloat16"},
+        {"layout": "colocated", "with_reward": True, "with_critic": True},
+        {"layout": "reshaped", "lora": True, "anchor": "trainable"},
+    ],
+    ids=lambda k: "-".join(f"{v}" if isinstance(v, str) else k for k, v in k.items()),
+)
+def test_l4_plan_equals_measured_for_engines_offload_and_options(knobs: dict) -> None:
+    assert_plan_matches_measurement(Scenario(**knobs))
+
+
+def test_l4_plan_sync_identity_holds_for_every_leaf() -> None:
+    # synced = moved across devices + copied within a device + reused, leaf by leaf.
+    for knobs in ({"layout": "reshaped", "offload": True}, {"layout": "reshaped", "rollout_dtype": "bfloat16"},
+                  {"layout": "split", "lora": True}, {"layout": "colocated"}):
+        sync = plan_scenario(Scenario(**knobs)).to_json()["sync"]
+        for leaf in sync["leaves"]:
+            parts = leaf["moved_cross_device_bytes"] + leaf["copied_same_device_bytes"] + leaf["reused_bytes"]
+            assert parts == leaf["synced_bytes"], leaf["path"]
+            assert leaf["minimum_cross_device_bytes"] <= leaf["moved_cross_device_bytes"] + leaf["reused_bytes"]
+
+
+# --- the pieces the plan is made of -----------------------------------------------
+
+
+MESHES = [
+    ((2, 4), DEVICES),
+    ((8, 1), DEVICES),
+    ((1, 8), DEVICES[::-1]),
+    ((4, 2), DEVICES[3:] + DEVICES[:3]),
+    ((2, 2), DEVICES[4:]),
+    ((2, 2), DEVICES[:4]),
+]
+SPECS = [P(), P("fsdp"), P(None, "tp"), P("fsdp", "tp"), P("tp", "fsdp"), P(("fsdp", "tp"), None), P(("tp", "fsdp"))]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("shape,devices", MESHES, ids=lambda x: str(x) if isinstance(x, tuple) else "")
+def test_l4_shard_boxes_equal_named_sharding(shape, devices, spec) -> None:
+    mesh = make_mesh(devices, shape)
+    planned = PlannedMesh.of(mesh)
+    array_shape = (16, 24)
+    want = {d.id: to_box(i, array_shape) for d, i in NamedSharding(mesh, spec).devices_indices_map(array_shape).items()}
+    got = shard_boxes(array_shape, spec, planned)
+    assert dict(got) == want
+    assert [d for d, _ in got] == [d.id for d in np.asarray(mesh.devices).flat]
+
+
+@settings(max_examples=60, deadline=None)
+@given(src=st.integers(0, len(MESHES) - 1), dst=st.integers(0, len(MESHES) - 1),
+       src_spec=st.sampled_from(SPECS), dst_spec=st.sampled_from(SPECS))
+def test_l4_overlap_agrees_with_plan_reshard(src, dst, src_spec, dst_spec) -> None:
+    a = PlannedMesh.of(make_mesh(MESHES[src][1], MESHES[src][0]))
+    b = PlannedMesh.of(make_mesh(MESHES[dst][1], MESHES[dst][0]))
+    shape = (16, 8)
+    plans = plan_reshard(shape, shard_boxes(shape, src_spec, a), shard_boxes(shape, dst_spec, b))
+    same, lacking = _overlap(shape, a, src_spec, b, dst_spec)
+    assert list(same) == [p.reuses_source_buffer for p in plans]
+    assert list(lacking) == [sum(x.size() for x in p.pieces if x.src_device != p.device) for p in plans]
+
+
+def test_l4_reuse_is_per_shard_on_cpu_and_whole_layout_elsewhere() -> None:
+    # Rows split in two over 8 devices, then over 4 of them: devices 0, 1 keep their shard.
+    src_mesh = PlannedMesh.build(range(8), (2, 4))
+    dst_mesh = PlannedMesh.build(range(4), (2, 2))
+    for platform, want in (("cpu", [True, True, False, False]), ("tpu", [False] * 4)):
+        buf = _Buffers(platform, 0)
+        a = buf.new((8, 4), np.float32, src_mesh, P("fsdp", None), "device")
+        assert list(buf.kept(a, dst_mesh, P("fsdp", None), "device")) == want
+        moved = buf.reshard(a, dst_mesh, P("fsdp", None), "device")
+        assert [o == a.origins[0] for o in moved.origins] == want
+        assert not buf.kept(a, dst_mesh, P("fsdp", None), "pinned_host").any()  # a memory-kind move copies
+
+
+def test_p1_planned_mesh_equality_is_mesh_equality() -> None:
+    meshes = [make_mesh(DEVICES, (2, 4)), make_mesh(DEVICES, (8, 1)), make_mesh(DEVICES[::-1], (2, 4)),
+              make_mesh(DEVICES, (2, 4), ("data", "model")), make_mesh(DEVICES[:4], (2, 2)), make_mesh(DEVICES, (2, 4))]
+    for a in meshes:
+        for b in meshes:
+            assert (PlannedMesh.of(a) == PlannedMesh.of(b)) is (a == b)
+        assert describe_mesh(PlannedMesh.of(a)) == describe_mesh(a)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+@pytest.mark.parametrize("size", ["tiny", "small"])
+def test_l4_probe_tree_equals_the_whole_model_tree(size: str, lora_rank: int) -> None:
+    config = MODEL_SIZES[size]
+    assert abstract_leaves(config, lora_rank) == abstract_leaves(config, lora_rank, probe=False)
+    if not lora_rank:
+        assert abstract_leaves(config, 0, "score") == abstract_leaves(config, 0, "score", probe=False)
+    leaves = abstract_leaves(config, lora_rank)
+    assert sum(int(np.prod(x.shape)) for x in leaves if not x.lora) == config.num_params
+    assert sum(int(np.prod(x.shape)) for x in leaves if x.lora) == (config.lora_params(lora_rank) if lora_rank else 0)
+
+
+# --- far beyond this machine ---------------------------------------------------------
+
+
+def test_l4_70b_on_256_chips_plans_fast_without_allocating() -> None:
+    before = len(jax.live_arrays())
+    start = time.perf_counter()
+    plan = plan_cluster("llama3-70b", "tpu-v5p-256", layout="reshaped", lora_rank=16).to_json()
+    elapsed = time.perf_counter() - start
+    assert len(jax.live_arrays()) == before
+    assert elapsed < 60
+    config = model_config("llama3-70b")
+    assert plan["source"] == "computed from shapes (no allocation)"
+    assert len(plan["role_to_mesh"]["actor"]["device_ids"]) == 256
+    assert plan["role_to_mesh"]["rollout"]["shape"] == {"fsdp": 256, "tp": 1}
+    assert plan["rollout_branch"] == "second_copy"  # P1: same chips, another mesh
+    # Every reference weight is split over all 256 chips, except the norm scales, which every chip holds.
+    norms = (2 * config.num_layers + 1) * config.embed_dim
+    assert plan["memory"]["by_role"]["reference"]["bytes"] == 2 * (config.num_params + 255 * norms)
+    assert plan["sync"]["synced_logical_bytes"] == 2 * config.lora_params(16)
+    assert plan["fits"]["all_fit"] is True
+
+
+def test_l4_fits_and_time_follow_memory_and_bandwidth() -> None:
+    # 70B in bf16 is 141 GB: over 8 chips of 16 GB the reference alone does not fit.
+    plan = plan_cluster("llama3-70b", "tpu-v5e-8").to_json()
+    assert plan["fits"]["by_role"]["reference"]["fits"] is False
+    assert plan["fits"]["all_fit"] is False
+    big = plan_cluster("llama3-70b", "tpu-v5e-8", memory_per_device=10**12).to_json()
+    assert big["fits"]["all_fit"] is True and big["topology"]["memory_source"] == "given"
+    split = plan_cluster("llama3-8b", "gpu-8", layout="split", link_bandwidth=1e9).to_json()
+    arrived = split["sync"]["arrived_by_device"]
+    assert set(arrived) == {"4", "5", "6", "7"}  # the rollout half receives everything
+    assert split["sync"]["estimated_seconds"] == pytest.approx(max(arrived.values()) / 1e9)
+    local = plan_cluster("tiny", "local").to_json()
+    assert local["sync"]["estimated_seconds"] is None  # no bandwidth known for this machine
+
+
+def test_l4_published_architectures_have_their_parameter_counts_and_sources() -> None:
+    published = {"gemma-2b": 2.51e9, "llama3-8b": 8.03e9, "llama3-70b": 70.55e9}
+    for name, count in published.items():
+        assert model_config(name).num_params == pytest.approx(count, rel=0.005)
+        assert ARCHITECTURES[name].source
+    for topo in TOPOLOGIES.values():
+        assert topo.memory_per_device and topo.link_bandwidth and topo.memory_source and topo.bandwidth_source
+
+
+def test_l4_a_spec_that_cannot_go_on_a_planned_mesh_fails_like_the_cluster() -> None:
+    # Gemma's vocabulary (256128 = 128 * 2001) does not split 256 ways on the vllm mesh.
+    with pytest.raises(PlacementError, match="does not divide"):
+        plan_cluster("gemma-2b", "tpu-v5p-256", engine="vllm")
+
+
+def test_l4_bad_inputs_say_what_is_valid() -> None:
+    with pytest.raises(ValueError, match="llama3-70b"):
+        plan_cluster("llama-9000")
+    with pytest.raises(ValueError, match="tpu-v5p-256"):
+        plan_cluster("tiny", "tpu-v9")
+    with pytest.raises(ValueError, match="colocated"):
+        plan_cluster("tiny", layout="diagonal")
+    with pytest.raises(ValueError, match="full, trainable"):
+        plan_cluster("tiny", anchor="half")
+    assert CLI_LAYOUTS == LAYOUTS and CLI_ENGINES == KNOWN_ENGINES and CLI_ANCHOR_MODES == ANCHOR_MODES
+
+
+# --- CLI -------------------------------------------------------------------------------
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_l4_cli_plan_json_keys() -> None:
+    rc, out, _ = _run(["plan", "--model", "llama3-8b", "--topology", "gpu-8", "--lora", "16",
+                       "--layout", "split", "--memory-per-device", "80GB", "--bandwidth", "450GB", "--json"])
+    assert rc == 0
+    data = json.loads(out)
+    for key in ("source", "model", "topology", "layout", "engine", "lora_rank", "offload", "anchor",
+                "role_to_mesh", "sharing_map", "rollout_branch", "memory", "fits", "sync"):
+        assert key in data, key
+    assert set(MEMORY_KEYS) <= set(data["memory"]) and "allocator" not in data["memory"]
+    assert set(SYNC_KEYS) | {"estimated_seconds"} <= set(data["sync"])
+    assert not {"seconds", "anchor_seconds", "method"} & set(data["sync"])
+    assert data["lora_rank"] == 16 and data["topology"]["memory_per_device"] == 80 * 10**9
+
+
+def test_l4_cli_plan_text() -> None:
+    rc, out, _ = _run(["plan", "--model", "gemma-2b", "--topology", "tpu-v5e-8", "--engine", "vllm"])
+    assert rc == 0
+    assert "rollout branch (P3): shared" in out and "the engine replaced the rollout mesh" in out
+
+
+@pytest.mark.parametrize(
+    "argv,valid",
+    [
+        (["--model", "gpt-5"], "llama3-70b"),
+        (["--topology", "tpu-v9"], "tpu-v5p-256"),
+        (["--layout", "diagonal"], "colocated, reshaped, split"),
+        (["--engine", "trt"], "vanilla, vllm, sglang_jax"),
+        (["--memory-per-device", "lots"], "GiB"),
+    ],
+)
+def test_l4_cli_plan_bad_input_is_one_line_exit_2(argv: list[str], valid: str) -> None:
+    rc, out, err = _run(["plan", *argv])
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error:") and valid in err
+
+
+def test_l4_parse_bytes_units() -> None:
+    assert parse_bytes("80GB") == 80e9
+    assert parse_bytes("16GiB") == 16 * 2**30
+    assert parse_bytes("450e9") == 450e9
+    assert parse_bytes("600 GB/s") == 600e9
+    with pytest.raises(ValueError):
+        parse_bytes("-1GB")
