@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rlcluster_lab import Scenario, build_cluster, placement_report
+from rlcluster_lab import Role, Scenario, TrainingConfig, build_cluster, placement_report
 from rlcluster_lab.cli import main
 from rlcluster_lab.config import KNOWN_ENGINES
 from rlcluster_lab.measure import memory_report
@@ -69,8 +69,8 @@ def test_l4_plan_equals_measured_for_every_layout_and_lora(layout: str, lora: bo
 @pytest.mark.parametrize(
     "knobs",
     [
-        {"layout": "reshaped", "lora": True, "engine": "vllm"},
-        {"layout": "split", "lora": True, "engine": "sglang_jax"},
+        {"layout": "split", "lora": True, "engine": "vllm"},
+        {"layout": "colocated", "lora": True, "engine": "sglang_jax"},
         {"layout": "colocated", "engine": "vllm"},
         {"layout": "colocated", "lora": True, "offload": True},
         {"layout": "split", "offload": True},
@@ -84,6 +84,34 @@ def test_l4_plan_equals_measured_for_every_layout_and_lora(layout: str, lora: bo
 )
 def test_l4_plan_equals_measured_for_engines_offload_and_options(knobs: dict) -> None:
     assert_plan_matches_measurement(Scenario(**knobs))
+
+
+def test_l4_plan_equals_measured_with_own_meshes_and_role_rules() -> None:
+    # P2 unlinked: the reference on the same chips in another order; the LoRA actor is
+    # resharded off the reference's buffers, keeping only the shards that coincide (norm scales).
+    r2m = {Role.ACTOR: make_mesh(DEVICES, (2, 4)), Role.ROLLOUT: make_mesh(DEVICES, (2, 4)),
+           Role.REFERENCE: make_mesh(DEVICES[::-1], (2, 4))}
+    scenario = Scenario(lora=True)
+    plan = plan_scenario(scenario, role_to_mesh=r2m).to_json()
+    cluster = build_cluster(scenario, role_to_mesh=r2m)
+    assert plan["sharing_map"]["actor"] == ["rollout"]
+    memory = memory_report(cluster).to_json()
+    for key in MEMORY_KEYS:
+        assert plan["memory"][key] == memory[key], key
+    assert any(group["roles"] == ["actor", "rollout", "reference"] for group in plan["memory"]["shared"])
+    # The rollout role with its own logical-axis rules, on an engine that keeps its own copy.
+    rules = {Role.ROLLOUT: (("embed", "tp"), ("vocab", "fsdp"), ("q_heads", "fsdp"), ("kv_heads", "fsdp"),
+                            ("mlp", "fsdp"))}
+    scenario = Scenario(engine="sglang_jax", layout="split")
+    plan = plan_scenario(scenario, logical_axis_rules=rules).to_json()
+    cluster = build_cluster(scenario, training_config=TrainingConfig(role_to_logical_axis_rule=rules))
+    memory = memory_report(cluster).to_json()
+    sync = cluster.sync_weights().to_json()
+    for key in MEMORY_KEYS:
+        assert plan["memory"][key] == memory[key], key
+    for key in SYNC_KEYS:
+        assert plan["sync"][key] == sync[key], key
+    assert plan["sync"]["moved_cross_device_bytes"] > 0
 
 
 def test_l4_plan_sync_identity_holds_for_every_leaf() -> None:

@@ -6,7 +6,8 @@ the knobs of a ``Scenario``, and returns a ``Plan``: which mesh each role gets,
 the sharing map, the rollout branch, per-role per-device bytes, whether each
 role fits a per-device memory, and what a weight sync moves and how long the
 link bandwidth says that takes. No array is allocated, so a 70B model on 256
-chips plans in seconds on a laptop.
+chips plans in seconds on a laptop. ``plan_cli`` holds the ``plan``
+subcommand and the text form.
 
 The rules are the cluster's own code, not a copy: planned meshes go through
 ``meshes.layout_meshes`` and the vllm engine's ``rearranged_device_grid``
@@ -53,9 +54,17 @@ destination the rollout model's. For each destination shard on device d with
 box B: *reused* if the reshard keeps the source buffer (same rule as above;
 never for an engine that owns its weights, nor with a dtype cast); else the
 elements of B inside the source shard on d are *copied_same_device* and the
-rest *moved_cross_device*. minimum_cross_device = |B| - |B & local source
-box| (0 when reused). Bytes are counted in the source dtype; synced is the sum
-over destination shards. ``arrived_by_device`` is the cross-device bytes
+rest *moved_cross_device* (a plan moves no more than the placement forces);
+minimum_cross_device = |B| - |B & local source box|
+(``reshard.minimum_cross_device_elements``, 0 when reused). Bytes are
+counted in the source dtype; synced is the sum over destination shards, so
+synced = moved + copied + reused for every leaf. (Decided here: a shard
+that is the local source shard but lands in a new buffer, because the
+destination is in pinned_host or in another dtype, counts as copied within
+its device. The measured report counts copies from the reshard's transfer
+log, which misses this one where the layout is equivalent and the
+destination is pinned_host, or where the destination casts, so there its
+copied bytes are lower and its leaf sum falls short of synced.) ``arrived_by_device`` is the cross-device bytes
 arriving on each device. ``anchor_bytes`` is what the sync pins anew: the
 full state (or adapters only with ``anchor="trainable"``); 0 under offload,
 where the actor is already pinned and the snapshot keeps its buffers.
