@@ -13,6 +13,8 @@ from rlcluster_lab.meshes import LAYOUTS, describe_mesh, layout_meshes, make_mes
 from rlcluster_lab.notebook import LabDevices, setup
 from rlcluster_lab.model import MODEL_SIZES, ModelConfig, TransformerLM, init_model, is_lora, with_lora
 from rlcluster_lab.placement import PlacementError, place_model
+from rlcluster_lab.plan import Plan, plan_cluster, plan_scenario
+from rlcluster_lab.plan_shapes import PlannedMesh
 from rlcluster_lab.report import PlacementReport, placement_report
 from rlcluster_lab.roles import Mode, Role
 from rlcluster_lab.scenario import Scenario, build_cluster
@@ -31,4 +33,5 @@ __all__ = [
     "VllmStyleEngine", "build_cluster", "build_sharing_map", "describe_mesh", "ensure_simulated_devices",
     "init_model", "init_score_model", "is_lora", "layout_meshes", "make_mesh", "mesh_from_ids",
     "place_model", "placement_report", "reachable_layouts", "with_lora", "LabDevices", "setup",
+    "Plan", "PlannedMesh", "plan_cluster", "plan_scenario",
 ]
