@@ -20,7 +20,8 @@ from rlcluster_lab.measure import memory_report
 from rlcluster_lab.meshes import LAYOUTS, describe_mesh, make_mesh
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.placement import PlacementError
-from rlcluster_lab.plan import ANCHOR_MODES, _Buffers, _overlap, plan_cluster, plan_scenario
+from rlcluster_lab.plan import ANCHOR_MODES, plan_cluster, plan_scenario
+from rlcluster_lab.plan_buffers import Buffers, overlap
 from rlcluster_lab.plan_cli import ANCHOR_MODES as CLI_ANCHOR_MODES
 from rlcluster_lab.plan_cli import ENGINES as CLI_ENGINES
 from rlcluster_lab.plan_cli import LAYOUTS as CLI_LAYOUTS
@@ -159,7 +160,7 @@ def test_l4_overlap_agrees_with_plan_reshard(src, dst, src_spec, dst_spec) -> No
     b = PlannedMesh.of(make_mesh(MESHES[dst][1], MESHES[dst][0]))
     shape = (16, 8)
     plans = plan_reshard(shape, shard_boxes(shape, src_spec, a), shard_boxes(shape, dst_spec, b))
-    same, lacking = _overlap(shape, a, src_spec, b, dst_spec)
+    same, lacking = overlap(shape, a, src_spec, b, dst_spec)
     assert list(same) == [p.reuses_source_buffer for p in plans]
     assert list(lacking) == [sum(x.size() for x in p.pieces if x.src_device != p.device) for p in plans]
 
@@ -169,7 +170,7 @@ def test_l4_reuse_is_per_shard_on_cpu_and_whole_layout_elsewhere() -> None:
     src_mesh = PlannedMesh.build(range(8), (2, 4))
     dst_mesh = PlannedMesh.build(range(4), (2, 2))
     for platform, want in (("cpu", [True, True, False, False]), ("tpu", [False] * 4)):
-        buf = _Buffers(platform, 0)
+        buf = Buffers(platform, 0)
         a = buf.new((8, 4), np.float32, src_mesh, P("fsdp", None), "device")
         assert list(buf.kept(a, dst_mesh, P("fsdp", None), "device")) == want
         moved = buf.reshard(a, dst_mesh, P("fsdp", None), "device")

@@ -86,8 +86,6 @@ extra device-kind bytes.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -100,136 +98,19 @@ from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.meshes import LAYOUTS, describe_mesh, layout_meshes
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, ModelConfig
 from rlcluster_lab.placement import check_spec
-from rlcluster_lab.reshard import minimum_cross_device_elements
-from rlcluster_lab.plan_shapes import (
-    AbstractLeaf,
-    PlannedMesh,
-    abstract_leaves,
-    optimizer_slots,
-    shard_boxes,
-    shard_elements,
-)
+from rlcluster_lab.plan_accounting import SOURCE, UNITS, fits_summary, memory_summary, sync_summary
+from rlcluster_lab.plan_buffers import Buffers, PlannedArray
+from rlcluster_lab.plan_shapes import AbstractLeaf, PlannedMesh, abstract_leaves, optimizer_slots
 from rlcluster_lab.plan_tables import Topology, model_config, model_source, topology as get_topology
 from rlcluster_lab.roles import Role
 from rlcluster_lab.sharing import build_sharing_map, rollout_branch, shares, sharing_map_json
 from rlcluster_lab.trace import Trace
 
-SOURCE = "computed from shapes (no allocation)"
-UNITS = "physical bytes: every device shard counted (a leaf replicated on 4 devices counts 4 times)"
-ENTRIES = ("actor", "rollout", "reference", "reward", "critic", "anchor", "optimizer")
-KINDS = ("device", "pinned_host")
 ANCHOR_MODES = ("full", "trainable")
 OWN_COPY_ENGINES = ("vllm", "sglang_jax")
 Rules = tuple[tuple[str, Any], ...]
 PathKey = tuple[Any, ...]
-
-
-# --------------------------------------------------------------------------- arrays on paper
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Array:
-    """An array on paper: its sharding, and the buffer each device's shard lives in.
-
-    ``origins[i]`` names the buffer of the shard on ``mesh.device_ids[i]``: the
-    id of the array that first made it. Two shards are one buffer exactly when
-    they sit on the same device with the same origin.
-    """
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    mesh: PlannedMesh
-    spec: PartitionSpec
-    kind: str
-    origins: np.ndarray
-    placed: bool = True  # False: fresh on the default device, on no mesh yet
-
-    @property
-    def shard_bytes(self) -> int:
-        return shard_elements(self.shape, self.spec, self.mesh) * self.dtype.itemsize
-
-    def same_sharding(self, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> bool:
-        return self.placed and self.mesh == mesh and self.spec == spec and self.kind == kind
-
-
-@functools.lru_cache(maxsize=8192)
-def _overlap(shape: tuple[int, ...], src_mesh: PlannedMesh, src_spec: PartitionSpec,
-             dst_mesh: PlannedMesh, dst_spec: PartitionSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Per destination shard (mesh order): is it exactly the source shard on its
-    device, and how many of its elements no source shard on its device holds.
-
-    The second is ``reshard.minimum_cross_device_elements``, the function the
-    measured sync uses. The first is what ``reshard.plan_reshard`` calls
-    ``reuses_source_buffer`` (shards of one sharding are equal or disjoint, so
-    a block that is one source shard on its own device is exactly that
-    device's source box); it is read off each device's own box because
-    ``plan_reshard`` visits every pair of shards, too slow at 256 chips. The
-    tests check both agree with ``plan_reshard``.
-    """
-    src = shard_boxes(shape, src_spec, src_mesh)
-    dst = shard_boxes(shape, dst_spec, dst_mesh)
-    local = dict(src)
-    same = np.array([local.get(dev) == box for dev, box in dst], dtype=bool)
-    lacking = np.array(minimum_cross_device_elements(src, dst), dtype=np.int64)
-    same.setflags(write=False)
-    lacking.setflags(write=False)
-    return same, lacking
-
-
-class _Buffers:
-    """Makes arrays on paper and reshards them as ``reshard.reshard`` would."""
-
-    def __init__(self, platform: str, default_device: int) -> None:
-        self._ids = itertools.count()
-        self.platform = platform
-        self.default_mesh = PlannedMesh((default_device,), (1,), ("default",))
-
-    def new(self, shape: tuple[int, ...], dtype: Any, mesh: PlannedMesh, spec: PartitionSpec, kind: str,
-            *, placed: bool = True) -> _Array:
-        return _Array(tuple(shape), np.dtype(dtype), mesh, spec, kind,
-                      np.full(mesh.size, next(self._ids), dtype=np.int64), placed)
-
-    def fresh(self, leaf: AbstractLeaf) -> _Array:
-        """A freshly initialised parameter, on the default device (uncommitted)."""
-        return self.new(leaf.shape, leaf.dtype, self.default_mesh, PartitionSpec(), "device", placed=False)
-
-    def like(self, a: _Array, *, kind: str | None = None, dtype: Any = None) -> _Array:
-        """New buffers with ``a``'s sharding (a copy, a cast or a memory-kind move)."""
-        return self.new(a.shape, a.dtype if dtype is None else dtype, a.mesh, a.spec, a.kind if kind is None else kind,
-                        placed=a.placed)
-
-    def kept(self, a: _Array, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> np.ndarray:
-        """Per destination shard: does a reshard (without copy) keep ``a``'s buffer?"""
-        if a.same_sharding(mesh, spec, kind):
-            return np.ones(mesh.size, dtype=bool)
-        if a.kind != "device" or kind != "device":
-            # A memory-kind change moves every shard into a new buffer.
-            return np.zeros(mesh.size, dtype=bool)
-        same, _ = _overlap(a.shape, a.mesh, a.spec, mesh, spec)
-        if self.platform == "cpu":
-            return same
-        # device_put reuses buffers only for an equivalent layout on the same devices.
-        equivalent = bool(same.all()) and set(a.mesh.device_ids) == set(mesh.device_ids)
-        return np.full(mesh.size, equivalent)
-
-    def reshard(self, a: _Array, mesh: PlannedMesh, spec: PartitionSpec, kind: str, *,
-                copy: bool = False, dtype: Any = None) -> _Array:
-        if dtype is not None and np.dtype(dtype) != a.dtype:
-            a = self.like(a, dtype=dtype)  # place_model casts before it reshards
-        if a.same_sharding(mesh, spec, kind) and not copy:
-            return a
-        out = self.new(a.shape, a.dtype, mesh, spec, kind)
-        if copy:
-            return out
-        keep = self.kept(a, mesh, spec, kind)
-        if keep.any():
-            by_device = np.full(1 + max(max(a.mesh.device_ids), max(mesh.device_ids)), -1, dtype=np.int64)
-            by_device[a.mesh.ids] = a.origins
-            out = dataclasses.replace(out, origins=np.where(keep, by_device[mesh.ids], out.origins))
-        return out
-
-
-Model = dict[PathKey, _Array]
+Model = dict[PathKey, PlannedArray]
 
 
 # --------------------------------------------------------------------------- the request
@@ -401,13 +282,13 @@ class _Placed:
     """The roles of a planned cluster, after construction."""
 
     models: dict[str, Model]  # actor, rollout, reference, reward, critic, anchor
-    optimizer: list[_Array]
+    optimizer: list[PlannedArray]
     role_to_mesh: dict[Role, PlannedMesh]
     config_role_to_mesh: dict[Role, PlannedMesh]
     sharing_map: Any
     branch: str
     trace: Trace
-    buffers: _Buffers
+    buffers: Buffers
     lora: bool
     trainable: frozenset[PathKey]  # what a sync hands over (P13) and the optimizer trains (P12)
 
@@ -445,7 +326,7 @@ def _check(leaves: Iterable[AbstractLeaf], mesh: PlannedMesh, role: str) -> None
             check_spec(leaf.spec, leaf.shape, mesh, role)
 
 
-def _load(buf: _Buffers, model: Model, mesh: PlannedMesh, leaves: Mapping[PathKey, AbstractLeaf], role: str,
+def _load(buf: Buffers, model: Model, mesh: PlannedMesh, leaves: Mapping[PathKey, AbstractLeaf], role: str,
           dtype: str | None = None) -> Model:
     """P5: keep a model already on the mesh, else reshard it there in its memory kind, casting if asked."""
     arrays = list(model.values())
@@ -459,7 +340,7 @@ def _load(buf: _Buffers, model: Model, mesh: PlannedMesh, leaves: Mapping[PathKe
 
 def _construct(req: PlanRequest) -> _Placed:
     topo = req.topology
-    buf = _Buffers(topo.platform, topo.ids()[0])
+    buf = Buffers(topo.platform, topo.ids()[0])
     config_r2m = _meshes(req)
     r2m = dict(config_r2m)
     lora = bool(req.lora_rank)
@@ -544,8 +425,8 @@ def _construct(req: PlanRequest) -> _Placed:
     return _Placed(models, optimizer, r2m, config_r2m, sharing_map, branch, trace, buf, lora, frozenset(trainable))
 
 
-def _optimizer(req: PlanRequest, buf: _Buffers, actor: Model, trainable: Sequence[PathKey],
-               mesh: PlannedMesh) -> list[_Array]:
+def _optimizer(req: PlanRequest, buf: Buffers, actor: Model, trainable: Sequence[PathKey],
+               mesh: PlannedMesh) -> list[PlannedArray]:
     tx = req.optimizer if req.optimizer is not None else optax.adam(3e-3)
     out = []
     for slot in optimizer_slots(tx, req.model, req.lora_rank):
@@ -559,8 +440,8 @@ def _optimizer(req: PlanRequest, buf: _Buffers, actor: Model, trainable: Sequenc
     return out
 
 
-def _offloaded(buf: _Buffers, models: dict[str, Model], optimizer: list[_Array], sharing_map: Any,
-               branch: str, engine: str) -> tuple[dict[str, Model], list[_Array]]:
+def _offloaded(buf: Buffers, models: dict[str, Model], optimizer: list[PlannedArray], sharing_map: Any,
+               branch: str, engine: str) -> tuple[dict[str, Model], list[PlannedArray]]:
     """P14: every role in pinned_host, in buffers of its own, except what the cluster keeps together."""
     pinned = {name: {p: buf.like(a, kind="pinned_host") for p, a in m.items()} for name, m in models.items()}
     actor = pinned["actor"]
@@ -573,214 +454,18 @@ def _offloaded(buf: _Buffers, models: dict[str, Model], optimizer: list[_Array],
     return pinned, [buf.like(a, kind="pinned_host") for a in optimizer]
 
 
-# --------------------------------------------------------------------------- memory
-
-
-def _records(entries: Mapping[str, Sequence[_Array]]) -> dict[str, np.ndarray]:
-    """One row per (entry, device shard): entry index, device, origin, bytes, kind index."""
-    cols: dict[str, list[np.ndarray]] = {"entry": [], "device": [], "origin": [], "bytes": [], "kind": []}
-    names = list(entries)
-    for e, name in enumerate(names):
-        for a in entries[name]:
-            n = a.mesh.size
-            cols["entry"].append(np.full(n, e, dtype=np.int64))
-            cols["device"].append(a.mesh.ids)
-            cols["origin"].append(a.origins)
-            cols["bytes"].append(np.full(n, a.shard_bytes, dtype=np.int64))
-            cols["kind"].append(np.full(n, KINDS.index(a.kind), dtype=np.int64))
-    return {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in cols.items()}
-
-
-def _by_device(device: np.ndarray, kind: np.ndarray, nbytes: np.ndarray) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    if not len(device):
-        return out
-    key = device * len(KINDS) + kind
-    uniq, inv = np.unique(key, return_inverse=True)
-    sums = np.bincount(inv, weights=nbytes).astype(np.int64)
-    for k, total in zip(uniq, sums):
-        if total:
-            out.setdefault(str(int(k // len(KINDS))), {})[KINDS[int(k % len(KINDS))]] = int(total)
-    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
-
-
-def memory_summary(entries: Mapping[str, Sequence[_Array]]) -> dict[str, Any]:
-    """The memory JSON (same keys as the measured one, without the allocator) from arrays on paper."""
-    names = [n for n in ENTRIES if n in entries]
-    r = _records({n: entries[n] for n in names})
-    span = int(r["device"].max()) + 1 if len(r["device"]) else 1
-    buffer = r["origin"] * span + r["device"]  # one id per buffer
-    by_role = {}
-    for e, name in enumerate(names):
-        rows = np.flatnonzero(r["entry"] == e)
-        _, first = np.unique(buffer[rows], return_index=True)
-        rows = rows[first]
-        per_device = _by_device(r["device"][rows], r["kind"][rows], r["bytes"][rows])
-        by_kind = {k: int(r["bytes"][rows][r["kind"][rows] == i].sum()) for i, k in enumerate(KINDS)}
-        by_role[name] = {"bytes": int(r["bytes"][rows].sum()),
-                         "by_kind": {k: v for k, v in by_kind.items() if v}, "by_device": per_device}
-    uniq, first, inv = np.unique(buffer, return_index=True, return_inverse=True)
-    mask = np.zeros(len(uniq), dtype=np.int64)
-    np.bitwise_or.at(mask, inv, np.left_shift(1, r["entry"]))
-    nbytes = r["bytes"][first]
-    shared = []
-    for m in np.unique(mask):
-        roles = [names[i] for i in range(len(names)) if int(m) >> i & 1]  # in ENTRIES order
-        if len(roles) >= 2:
-            sel = mask == m
-            shared.append({"roles": roles, "bytes": int(nbytes[sel].sum()), "buffers": int(sel.sum())})
-    shared.sort(key=lambda s: tuple(s["roles"]))
-    return {
-        "units": UNITS,
-        "source": SOURCE,
-        "by_role": by_role,
-        "by_device": _by_device(r["device"][first], r["kind"][first], nbytes),
-        "shared": shared,
-        "unique_bytes": int(nbytes.sum()),
-        "naive_bytes": int(sum(v["bytes"] for v in by_role.values())),
-    }
-
-
-# --------------------------------------------------------------------------- sync
-
-
-def _sharding_text(a: _Array) -> str:
-    """The sharding as ``measure.describe_sharding`` writes a NamedSharding's."""
-    axes = ",".join(f"{n}={k}" for n, k in a.mesh.shape.items())
-    ids = list(a.mesh.device_ids)
-    span = f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
-    ids_text = span if ids == list(range(ids[0], ids[0] + len(ids))) else ",".join(map(str, ids))
-    spec = ", ".join("None" if p is None else repr(p) for p in a.spec)
-    return f"mesh({axes}) devices {ids_text} P({spec}) {a.kind}"
-
-
-class _PerDevice:
-    """Bytes per device id and memory kind, summed with numpy."""
-
-    def __init__(self, span: int) -> None:
-        self.bytes = np.zeros((span, len(KINDS)), dtype=np.int64)
-
-    def add(self, devices: np.ndarray, kind: str, nbytes: np.ndarray | int) -> None:
-        np.add.at(self.bytes[:, KINDS.index(kind)], devices, nbytes)
-
-    def by_kind(self) -> dict[str, dict[str, int]]:
-        return {str(d): {k: int(v) for k, v in zip(KINDS, row) if v}
-                for d, row in enumerate(self.bytes) if row.any()}
-
-    def total(self) -> dict[str, int]:
-        return {str(d): int(v) for d, v in enumerate(self.bytes.sum(axis=1)) if v}
-
-
-def sync_summary(placed: _Placed, engine: str, anchor_mode: str, offload: bool,
-                 link_bandwidth: float | None) -> dict[str, Any]:
-    """P13 on paper, with the SyncReport's definitions (see the module docstring)."""
-    buf = placed.buffers
-    actor, rollout = placed.models["actor"], placed.models["rollout"]
-    lora = placed.lora
-    copy = engine in OWN_COPY_ENGINES  # an engine that owns its weights never aliases the trainer's
-    span = 1 + max(max(a.mesh.device_ids) for m in (actor, rollout) for a in m.values())
-    arrived, peak = _PerDevice(span), _PerDevice(span)
-    leaves = []
-    for path in sorted(placed.trainable, key=lambda k: "/".join(map(str, k))):
-        src, dst = actor[path], rollout[path]
-        _, lacking = _overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec)
-        reused = np.zeros(dst.mesh.size, dtype=bool)
-        if not copy and dst.dtype == src.dtype:
-            reused = buf.kept(src, dst.mesh, dst.spec, dst.kind)
-        elems = shard_elements(dst.shape, dst.spec, dst.mesh)
-        item = src.dtype.itemsize
-        moved = np.where(reused, 0, lacking) * item
-        copied = np.where(reused, 0, elems - lacking) * item
-        arrived.add(dst.mesh.ids, "device", moved)
-        peak.add(dst.mesh.ids[~reused], dst.kind, elems * dst.dtype.itemsize)
-        leaves.append({
-            "path": "/".join(map(str, path)),
-            "dtype": str(src.dtype),
-            "dst_dtype": str(dst.dtype),
-            "shape": list(src.shape),
-            "src_sharding": _sharding_text(src),
-            "dst_sharding": _sharding_text(dst),
-            "synced_bytes": int(elems * item * dst.mesh.size),
-            "moved_cross_device_bytes": int(moved.sum()),
-            "copied_same_device_bytes": int(copied.sum()),
-            "reused_bytes": int(reused.sum() * elems * item),
-            "minimum_cross_device_bytes": int(lacking.sum() * item),
-            "logical_bytes": int(np.prod(src.shape, dtype=np.int64) * item),
-        })
-    totals = {key: sum(leaf[key] for leaf in leaves) for key in (
-        "synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
-        "minimum_cross_device_bytes")}
-    # P13: then the anchor is pinned again (only the adapters with anchor="trainable"); under
-    # offload the actor is already pinned and the snapshot keeps its buffers.
-    partial = lora and anchor_mode == "trainable"
-    anchor_bytes = 0
-    if not offload:
-        for path, a in actor.items():
-            if partial and path not in placed.trainable:
-                continue
-            anchor_bytes += a.shard_bytes * a.mesh.size
-            peak.add(a.mesh.ids, "pinned_host", a.shard_bytes)
-    arrived_by_device = arrived.total()
-    busiest = max(arrived_by_device.values(), default=0)
-    return {
-        "units": UNITS,
-        "lora": lora,
-        **totals,
-        "excess_cross_device_bytes": 0,  # a plan moves only what the placement forces
-        "synced_logical_bytes": sum(leaf["logical_bytes"] for leaf in leaves),
-        "anchor_bytes": anchor_bytes,
-        "anchor_mode": "trainable" if partial else "full",
-        "global_step": 1,
-        "arrived_by_device": arrived_by_device,
-        "peak_extra_bytes": peak.by_kind(),
-        "estimated_seconds": None if link_bandwidth is None else busiest / link_bandwidth,
-        "estimate": "max over devices of cross-device bytes arriving / link bandwidth a device receives"
-                    + ("" if link_bandwidth is not None else " (no bandwidth known for this topology: pass one)"),
-        "leaves": leaves,
-    }
-
-
-# --------------------------------------------------------------------------- fits
-
-
-def fits_summary(memory: dict[str, Any], sync: dict[str, Any], memory_per_device: int | None,
-                 source: str) -> dict[str, Any]:
-    def verdict(n: int) -> bool | None:
-        return None if memory_per_device is None else n <= memory_per_device
-
-    roles = {}
-    for name, role in memory["by_role"].items():
-        busiest = max((sum(k.values()) for k in role["by_device"].values()), default=0)
-        roles[name] = {"max_device_bytes": busiest, "fits": verdict(busiest)}
-    resident = {d: kinds.get("device", 0) for d, kinds in memory["by_device"].items()}
-    peak = {d: resident.get(d, 0) + kinds.get("device", 0) for d, kinds in sync["peak_extra_bytes"].items()}
-    peak = {**resident, **peak}
-    top_resident = max(resident.values(), default=0)
-    top_peak = max(peak.values(), default=0)
-    return {
-        "memory_per_device": memory_per_device,
-        "memory_source": source,
-        "by_role": roles,
-        "resident": {"max_device_bytes": top_resident, "fits": verdict(top_resident)},
-        "with_sync_peak": {"max_device_bytes": top_peak, "fits": verdict(top_peak)},
-        "all_fit": None if memory_per_device is None
-        else all(r["fits"] for r in roles.values()) and top_peak <= memory_per_device,
-        "rule": "a role fits when its bytes on its busiest device (any memory kind: an offloaded role "
-                "comes to device for its operation) are at most the memory per device; resident = device-kind "
-                "bytes with shared buffers counted once; with_sync_peak adds the sync's new device buffers",
-    }
-
-
 # --------------------------------------------------------------------------- assembling a plan
 
 
 def _plan(req: PlanRequest) -> Plan:
     placed = _construct(req)
-    entries: dict[str, list[_Array]] = {name: list(m.values()) for name, m in placed.models.items()}
+    entries: dict[str, list[PlannedArray]] = {name: list(m.values()) for name, m in placed.models.items()}
     entries["optimizer"] = placed.optimizer
     memory = memory_summary(entries)
     topo = req.topology
-    sync = sync_summary(placed, req.engine, req.anchor, req.offload, topo.link_bandwidth)
+    sync = sync_summary(placed.buffers, placed.models["actor"], placed.models["rollout"], placed.trainable,
+                        lora=placed.lora, copy=req.engine in OWN_COPY_ENGINES, anchor_mode=req.anchor,
+                        offload=req.offload, link_bandwidth=topo.link_bandwidth)
     fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
     present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
     present |= {Role.REWARD} if req.with_reward else set()

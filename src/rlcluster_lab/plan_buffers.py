@@ -1,0 +1,122 @@
+"""Arrays on paper for the what-if planner (L4): shardings, and which buffer each shard is.
+
+A ``PlannedArray`` records a sharding and, per device, the buffer its shard
+lives in (named by the array that first made it), so the planner can count
+a buffer several roles hold once, as the measured walk of live buffers
+does. ``Buffers`` makes such arrays and reshards them as ``reshard.reshard``
+would (P5): which shards keep their source buffer and which are new.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Any
+
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from rlcluster_lab.plan_shapes import AbstractLeaf, PlannedMesh, shard_boxes, shard_elements
+from rlcluster_lab.reshard import minimum_cross_device_elements
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlannedArray:
+    """An array on paper: its sharding, and the buffer each device's shard lives in.
+
+    ``origins[i]`` names the buffer of the shard on ``mesh.device_ids[i]``: the
+    id of the array that first made it. Two shards are one buffer exactly when
+    they sit on the same device with the same origin.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    mesh: PlannedMesh
+    spec: PartitionSpec
+    kind: str
+    origins: np.ndarray
+    placed: bool = True  # False: fresh on the default device, on no mesh yet
+
+    @property
+    def shard_bytes(self) -> int:
+        return shard_elements(self.shape, self.spec, self.mesh) * self.dtype.itemsize
+
+    def same_sharding(self, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> bool:
+        return self.placed and self.mesh == mesh and self.spec == spec and self.kind == kind
+
+
+@functools.lru_cache(maxsize=8192)
+def overlap(shape: tuple[int, ...], src_mesh: PlannedMesh, src_spec: PartitionSpec,
+             dst_mesh: PlannedMesh, dst_spec: PartitionSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Per destination shard (mesh order): is it exactly the source shard on its
+    device, and how many of its elements no source shard on its device holds.
+
+    The second is ``reshard.minimum_cross_device_elements``, the function the
+    measured sync uses. The first is what ``reshard.plan_reshard`` calls
+    ``reuses_source_buffer`` (shards of one sharding are equal or disjoint, so
+    a block that is one source shard on its own device is exactly that
+    device's source box); it is read off each device's own box because
+    ``plan_reshard`` visits every pair of shards, too slow at 256 chips. The
+    tests check both agree with ``plan_reshard``.
+    """
+    src = shard_boxes(shape, src_spec, src_mesh)
+    dst = shard_boxes(shape, dst_spec, dst_mesh)
+    local = dict(src)
+    same = np.array([local.get(dev) == box for dev, box in dst], dtype=bool)
+    lacking = np.array(minimum_cross_device_elements(src, dst), dtype=np.int64)
+    same.setflags(write=False)
+    lacking.setflags(write=False)
+    return same, lacking
+
+
+class Buffers:
+    """Makes arrays on paper and reshards them as ``reshard.reshard`` would."""
+
+    def __init__(self, platform: str, default_device: int) -> None:
+        self._ids = itertools.count()
+        self.platform = platform
+        self.default_mesh = PlannedMesh((default_device,), (1,), ("default",))
+
+    def new(self, shape: tuple[int, ...], dtype: Any, mesh: PlannedMesh, spec: PartitionSpec, kind: str,
+            *, placed: bool = True) -> PlannedArray:
+        return PlannedArray(tuple(shape), np.dtype(dtype), mesh, spec, kind,
+                      np.full(mesh.size, next(self._ids), dtype=np.int64), placed)
+
+    def fresh(self, leaf: AbstractLeaf) -> PlannedArray:
+        """A freshly initialised parameter, on the default device (uncommitted)."""
+        return self.new(leaf.shape, leaf.dtype, self.default_mesh, PartitionSpec(), "device", placed=False)
+
+    def like(self, a: PlannedArray, *, kind: str | None = None, dtype: Any = None) -> PlannedArray:
+        """New buffers with ``a``'s sharding (a copy, a cast or a memory-kind move)."""
+        return self.new(a.shape, a.dtype if dtype is None else dtype, a.mesh, a.spec, a.kind if kind is None else kind,
+                        placed=a.placed)
+
+    def kept(self, a: PlannedArray, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> np.ndarray:
+        """Per destination shard: does a reshard (without copy) keep ``a``'s buffer?"""
+        if a.same_sharding(mesh, spec, kind):
+            return np.ones(mesh.size, dtype=bool)
+        if a.kind != "device" or kind != "device":
+            # A memory-kind change moves every shard into a new buffer.
+            return np.zeros(mesh.size, dtype=bool)
+        same, _ = overlap(a.shape, a.mesh, a.spec, mesh, spec)
+        if self.platform == "cpu":
+            return same
+        # device_put reuses buffers only for an equivalent layout on the same devices.
+        equivalent = bool(same.all()) and set(a.mesh.device_ids) == set(mesh.device_ids)
+        return np.full(mesh.size, equivalent)
+
+    def reshard(self, a: PlannedArray, mesh: PlannedMesh, spec: PartitionSpec, kind: str, *,
+                copy: bool = False, dtype: Any = None) -> PlannedArray:
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            a = self.like(a, dtype=dtype)  # place_model casts before it reshards
+        if a.same_sharding(mesh, spec, kind) and not copy:
+            return a
+        out = self.new(a.shape, a.dtype, mesh, spec, kind)
+        if copy:
+            return out
+        keep = self.kept(a, mesh, spec, kind)
+        if keep.any():
+            by_device = np.full(1 + max(max(a.mesh.device_ids), max(mesh.device_ids)), -1, dtype=np.int64)
+            by_device[a.mesh.ids] = a.origins
+            out = dataclasses.replace(out, origins=np.where(keep, by_device[mesh.ids], out.origins))
+        return out
