@@ -8,6 +8,7 @@ import time
 
 import jax
 import numpy as np
+import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -115,6 +116,16 @@ def test_l4_plan_equals_measured_with_own_meshes_and_role_rules() -> None:
     assert plan["sync"]["moved_cross_device_bytes"] > 0
 
 
+def test_l4_plan_equals_measured_optimizer_state_for_another_optimizer() -> None:
+    # P12: mu in bfloat16 beside float32 parameters, nu in float32, one step count on the actor's mesh.
+    tx = optax.adamw(1e-3, mu_dtype="bfloat16")
+    scenario = Scenario(layout="split", lora=True)
+    plan = plan_scenario(scenario, optimizer=tx).to_json()
+    memory = memory_report(build_cluster(scenario, training_config=TrainingConfig(optimizer=tx))).to_json()
+    for key in MEMORY_KEYS:
+        assert plan["memory"][key] == memory[key], key
+
+
 def test_l4_plan_sync_identity_holds_for_every_leaf() -> None:
     # synced = moved across devices + copied within a device + reused, leaf by leaf.
     for knobs in ({"layout": "reshaped", "offload": True}, {"layout": "reshaped", "rollout_dtype": "bfloat16"},
@@ -152,7 +163,7 @@ def test_l4_shard_boxes_equal_named_sharding(shape, devices, spec) -> None:
     assert [d for d, _ in got] == [d.id for d in np.asarray(mesh.devices).flat]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(src=st.integers(0, len(MESHES) - 1), dst=st.integers(0, len(MESHES) - 1),
        src_spec=st.sampled_from(SPECS), dst_spec=st.sampled_from(SPECS))
 def test_l4_overlap_agrees_with_plan_reshard(src, dst, src_spec, dst_spec) -> None:
