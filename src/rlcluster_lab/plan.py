@@ -94,6 +94,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from rlcluster_lab.config import KNOWN_DTYPES, KNOWN_ENGINES, ConfigError
+from rlcluster_lab.engines import ENGINES, OwnCopyEngine, VllmStyleEngine
 from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.meshes import LAYOUTS, describe_mesh, layout_meshes
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, ModelConfig
@@ -107,7 +108,6 @@ from rlcluster_lab.sharing import build_sharing_map, rollout_branch, shares, sha
 from rlcluster_lab.trace import Trace
 
 ANCHOR_MODES = ("full", "trainable")
-OWN_COPY_ENGINES = ("vllm", "sglang_jax")
 Rules = tuple[tuple[str, Any], ...]
 PathKey = tuple[Any, ...]
 Model = dict[PathKey, PlannedArray]
@@ -392,23 +392,25 @@ def _construct(req: PlanRequest) -> _Placed:
 
     # The engine: an own-copy engine copies the model it is handed onto its mesh.
     config_rollout = r2m[Role.ROLLOUT]
-    if req.engine in OWN_COPY_ENGINES:
+    engine_cls = ENGINES[req.engine]
+    exposes_mesh = issubclass(engine_cls, VllmStyleEngine)
+    if issubclass(engine_cls, OwnCopyEngine):
         engine_mesh = config_rollout
-        if req.engine == "vllm":
+        if exposes_mesh:
             grid = rearranged_device_grid(config_rollout.device_ids, req.vllm_tensor_parallel_size)
             engine_mesh = PlannedMesh(tuple(grid.flat), grid.shape, config_rollout.axis_names)
         _check((rollout_leaves[p] for p in rollout), engine_mesh, "rollout")
         rollout = {p: buf.reshard(a, engine_mesh, rollout_leaves[p].spec, "device", copy=True)
                    for p, a in rollout.items()}
-        if req.engine == "vllm":
+        if exposes_mesh:
             # P7: the engine exposes its mesh, which replaces the rollout mesh; the map is not rebuilt.
             r2m[Role.ROLLOUT] = engine_mesh
     trace.record("P7", "the engine exposes a non-None mesh",
-                 {"engine": req.engine, "exposes_mesh": req.engine == "vllm",
+                 {"engine": req.engine, "exposes_mesh": exposes_mesh,
                   "config_rollout_mesh": describe_mesh(config_rollout),
-                  "engine_mesh": describe_mesh(r2m[Role.ROLLOUT]) if req.engine == "vllm" else None,
+                  "engine_mesh": describe_mesh(r2m[Role.ROLLOUT]) if exposes_mesh else None,
                   "sharing_map_rebuilt": False, "still_registered_as_sharing": linked},
-                 "role_to_mesh[ROLLOUT] replaced by the engine's mesh" if req.engine == "vllm" else "rollout mesh kept")
+                 "role_to_mesh[ROLLOUT] replaced by the engine's mesh" if exposes_mesh else "rollout mesh kept")
 
     trainable = [p for p, l in actor_leaves.items() if l.lora or not lora]
     optimizer = _optimizer(req, buf, actor, trainable, r2m[Role.ACTOR])
@@ -445,7 +447,7 @@ def _offloaded(buf: Buffers, models: dict[str, Model], optimizer: list[PlannedAr
     """P14: every role in pinned_host, in buffers of its own, except what the cluster keeps together."""
     pinned = {name: {p: buf.like(a, kind="pinned_host") for p, a in m.items()} for name, m in models.items()}
     actor = pinned["actor"]
-    if branch == "shared" and engine == "vanilla":
+    if branch == "shared" and not ENGINES[engine].owns_weights:
         pinned["rollout"] = actor
     if shares(sharing_map, Role.ACTOR, Role.REFERENCE):
         pinned["reference"] = {p: actor[p] for p in pinned["reference"]}
@@ -464,7 +466,7 @@ def _plan(req: PlanRequest) -> Plan:
     memory = memory_summary(entries)
     topo = req.topology
     sync = sync_summary(placed.buffers, placed.models["actor"], placed.models["rollout"], placed.trainable,
-                        lora=placed.lora, copy=req.engine in OWN_COPY_ENGINES, anchor_mode=req.anchor,
+                        lora=placed.lora, copy=ENGINES[req.engine].owns_weights, anchor_mode=req.anchor,
                         offload=req.offload, link_bandwidth=topo.link_bandwidth)
     fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
     present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
