@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Sharding
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per dimension
@@ -127,7 +128,7 @@ def leaf_label(label: str) -> Iterator[None]:
         log.leaf = prev
 
 
-def _log_shards(kind: TransferKind, before: jax.Array, after: jax.Array) -> None:
+def _log_shards(kind: TransferKind, before: jax.Array, after: jax.Array, label: str | None = None) -> None:
     """Log the shards of ``after`` that are new buffers (not ``before``'s), device by device."""
     log = _LOG.get()
     if log is None:
@@ -135,7 +136,7 @@ def _log_shards(kind: TransferKind, before: jax.Array, after: jax.Array) -> None
     old = {(s.device.id, s.data.unsafe_buffer_pointer()) for s in before.addressable_shards}
     for s in after.addressable_shards:
         if (s.device.id, s.data.unsafe_buffer_pointer()) not in old:
-            log.add(kind, s.device.id, s.device.id, s.data.nbytes)
+            log.transfers.append(Transfer(kind, s.device.id, s.device.id, int(s.data.nbytes), label if label is not None else log.leaf))
 
 
 def minimum_cross_device_elements(
@@ -225,99 +226,275 @@ def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False) -> jax.Array:
     The result reuses ``x`` when its sharding is already ``dst`` (unless
     ``copy``). A memory-kind change is applied after the layout change.
     """
-    if x.sharding == dst:
-        if not copy:
-            return x
-        out = jax.device_put(x, dst, may_alias=False)
-        _log_shards("same_device", x, out)
-        return out
-    if jax.default_backend() != "cpu":
-        log = _LOG.get()
-        if log is not None:
-            log.opaque_leaves.append(log.leaf)
-        return jax.device_put(x, dst, may_alias=False if copy else None)
-    # Layout changes run in device memory; memory-kind changes are per-device
-    # moves on either side of it, which the transfer guard allows.
-    work = jax.devices()[0].default_memory().kind
-    moved_kind = x.sharding.memory_kind != work
-    if moved_kind:
-        src = x
-        x = jax.device_put(x, x.sharding.with_memory_kind(work))
-        _log_shards("memory_kind", src, x)
-    target = dst.with_memory_kind(work) if dst.memory_kind != work else dst
-    if x.sharding.is_equivalent_to(target, x.ndim):
-        out = jax.device_put(x, target, may_alias=False) if copy and not moved_kind else jax.device_put(x, target)
-        _log_shards("same_device", x, out)
-    else:
-        # Per-device programs must not inherit a role's mesh context.
-        with jax.set_mesh(None):
-            out = _assemble(x, target, copy=copy)
-    if target == dst:
-        return out
-    final = jax.device_put(out, dst)
-    _log_shards("memory_kind", out, final)
-    return final
+    return reshard_many([x], [dst], copy=copy)[0]
 
 
 def reshard_tree(values: Any, shardings: Any, *, copy: bool = False) -> Any:
-    """``reshard`` over matching trees of arrays and shardings."""
-    return jax.tree.map(lambda x, s: reshard(x, s, copy=copy), values, shardings)
+    """``reshard`` over matching trees of arrays and shardings, in one batch."""
+    leaves, treedef = jax.tree.flatten(values)
+    dsts = treedef.flatten_up_to(shardings)
+    return jax.tree.unflatten(treedef, reshard_many(leaves, dsts, copy=copy))
 
 
-def _assemble(x: jax.Array, dst: Sharding, *, copy: bool) -> jax.Array:
-    shape = tuple(x.shape)
-    by_device = {s.device.id: s.data for s in x.addressable_shards}
-    devices = {d.id: d for d in dst.addressable_devices}
-    log = _LOG.get()
-    blocks = []
-    for plan in array_plan(x, dst):
-        device = devices[plan.device]
-        if plan.reuses_source_buffer:
-            data = by_device[plan.device]
-            if copy:
-                data = jax.device_put(data, device, may_alias=False)
-                if log is not None:
-                    log.add("same_device", plan.device, plan.device, data.nbytes)
-            blocks.append(data)
+def reshard_many(
+    xs: Sequence[jax.Array],
+    dsts: Sequence[Sharding],
+    *,
+    copy: bool = False,
+    labels: Sequence[str | None] | None = None,
+) -> list[jax.Array]:
+    """``reshard`` of many arrays at once; ``labels`` tag their transfers in the log.
+
+    The decisions are made array by array (reuse, per-device copy, or
+    assembly from pieces); the work of all arrays is then batched: one
+    program per source device cuts every piece, one call moves every piece
+    that crosses devices, one program per destination device assembles every
+    block. A sync of a whole model is a handful of dispatches, not hundreds.
+    """
+    current = _LOG.get()
+    default = current.leaf if current is not None else None
+    labels = [default if lab is None else lab for lab in labels] if labels is not None else [default] * len(xs)
+    out: list[jax.Array | None] = [None] * len(xs)
+    if jax.default_backend() != "cpu":
+        todo = [i for i, (x, d) in enumerate(zip(xs, dsts)) if x.sharding != d or copy]
+        log = _LOG.get()
+        for i, (x, d) in enumerate(zip(xs, dsts)):
+            if i not in todo:
+                out[i] = x
+            elif log is not None and x.sharding != d:
+                log.opaque_leaves.append(labels[i])
+        if todo:
+            moved = jax.device_put([xs[i] for i in todo], [dsts[i] for i in todo], may_alias=False if copy else None)
+            for i, y in zip(todo, moved):
+                out[i] = y
+                if xs[i].sharding == dsts[i]:
+                    _log_shards("same_device", xs[i], y, labels[i])
+        return out  # type: ignore[return-value]
+
+    # Layout changes run in device memory; memory-kind changes are per-device
+    # moves on either side of it, which the transfer guard allows.
+    work = jax.devices()[0].default_memory().kind
+    staged: dict[int, tuple[jax.Array, Sharding, bool]] = {}
+    for i, (x, dst) in enumerate(zip(xs, dsts)):
+        if x.sharding == dst:
+            if not copy:
+                out[i] = x
+            else:
+                staged[i] = (x, dst, False)
             continue
-        parts = []
-        offsets = []
-        for piece in plan.pieces:
-            local = tuple((a - s0, b - s0) for (a, b), (s0, _) in zip(piece.box, piece.src_box))
-            part = by_device[piece.src_device]
-            if local != tuple((0, n) for n in part.shape):
-                part = _slice(part, tuple(a for a, _ in local), tuple(b for _, b in local))
-            if piece.src_device != plan.device:
-                part = jax.device_put(part, device)
-            elif part is by_device[piece.src_device] and copy:
-                part = jax.device_put(part, device, may_alias=False)
+        staged[i] = (x, dst, x.sharding.memory_kind != work)
+    to_work = [i for i, (x, _, moved) in staged.items() if moved]
+    if to_work:
+        for i, y in zip(to_work, _put([staged[i][0] for i in to_work],
+                                      [staged[i][0].sharding.with_memory_kind(work) for i in to_work])):
+            _log_shards("memory_kind", staged[i][0], y, labels[i])
+            staged[i] = (y, staged[i][1], True)
+
+    targets: dict[int, Sharding] = {}
+    assemble: list[int] = []
+    direct: list[int] = []
+    for i, (x, dst, moved_kind) in staged.items():
+        if x.sharding == dst:  # the forced copy of an unchanged sharding
+            direct.append(i)
+            targets[i] = dst
+            continue
+        target = dst.with_memory_kind(work) if dst.memory_kind != work else dst
+        targets[i] = target
+        (direct if x.sharding.is_equivalent_to(target, x.ndim) else assemble).append(i)
+    for i in direct:
+        x, _, moved_kind = staged[i]
+        y = jax.device_put(x, targets[i], may_alias=False) if copy and not moved_kind else jax.device_put(x, targets[i])
+        _log_shards("same_device", x, y, labels[i])
+        out[i] = y
+    if assemble:
+        # Per-device programs must not inherit a role's mesh context.
+        with jax.set_mesh(None):
+            built = _assemble_many([staged[i][0] for i in assemble], [targets[i] for i in assemble], copy,
+                                   [labels[i] for i in assemble])
+        for i, y in zip(assemble, built):
+            out[i] = y
+    to_final = [i for i in staged if targets[i] != dsts[i]]
+    if to_final:
+        for i, y in zip(to_final, _put([out[i] for i in to_final], [dsts[i] for i in to_final])):
+            _log_shards("memory_kind", out[i], y, labels[i])
+            out[i] = y
+    return out  # type: ignore[return-value]
+
+
+def _put(xs: list[Any], dsts: list[Any]) -> list[Any]:
+    return list(jax.device_put(xs, dsts)) if xs else []
+
+
+# A local piece is cut from a source shard on the block's own device; a
+# remote piece arrives packed with the other pieces from the same device.
+_LocalPiece = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # input, starts, limits, offset
+_RemotePiece = tuple[int, int, tuple[int, ...], tuple[int, ...]]  # pack, start in pack, shape, offset
+
+
+@dataclasses.dataclass(frozen=True)
+class _Block:
+    array: int
+    device: int
+    shape: tuple[int, ...]
+    dtype: Any
+    local: tuple[_LocalPiece, ...]
+    remote: tuple[_RemotePiece, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Program:
+    """How a batch of arrays is resharded, worked out once per set of (shape, dtype, shardings).
+
+    ``packs``: per (source device, destination device, dtype) the pieces
+    that cross, as (array, starts, limits) cut from that device's shard,
+    raveled and concatenated so they cross in one transfer. ``blocks``: per
+    destination device, the blocks it assembles. ``reused``: (array, block
+    position, device) of blocks that are a source shard as it is.
+    """
+
+    plans: tuple[tuple[BlockPlan, ...], ...]
+    packs: tuple[tuple[int, int, Any, tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]], ...]
+    blocks: tuple[tuple[int, tuple[tuple[int, int, _Block], ...], tuple[int, ...]], ...]
+    reused: tuple[tuple[int, int, int], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -> _Program:
+    plans = []
+    for shape, _, src, dst in key:
+        src_boxes = [(d.id, to_box(idx, shape)) for d, idx in src.devices_indices_map(shape).items()]
+        dst_boxes = [(d.id, to_box(idx, shape)) for d, idx in dst.devices_indices_map(shape).items()]
+        plans.append(tuple(plan_reshard(shape, src_boxes, dst_boxes)))
+    packs: dict[tuple[int, int, Any], list[tuple[int, tuple[int, ...], tuple[int, ...]]]] = {}
+    pack_fill: dict[tuple[int, int, Any], int] = {}
+    per_device: dict[int, list[tuple[int, int, _Block]]] = {}
+    reused = []
+    for a, plan in enumerate(plans):
+        dtype = key[a][1]
+        for b, block in enumerate(plan):
+            if block.reuses_source_buffer:
+                reused.append((a, b, block.device))
+                continue
+            local, remote = [], []
+            for piece in block.pieces:
+                starts = tuple(lo - s0 for (lo, _), (s0, _) in zip(piece.box, piece.src_box))
+                limits = tuple(hi - s0 for (_, hi), (s0, _) in zip(piece.box, piece.src_box))
+                offset = tuple(lo - w0 for (lo, _), (w0, _) in zip(piece.box, block.box))
+                if piece.src_device == block.device:
+                    local.append((a, starts, limits, offset))
+                else:
+                    pk = (piece.src_device, block.device, dtype)
+                    packs.setdefault(pk, []).append((a, starts, limits))
+                    shape = tuple(hi - lo for lo, hi in zip(starts, limits))
+                    remote.append((pk, pack_fill.get(pk, 0), shape, offset))
+                    pack_fill[pk] = pack_fill.get(pk, 0) + _box_size(piece.box)
+            per_device.setdefault(block.device, []).append(
+                (a, b, _Block(a, block.device, tuple(hi - lo for lo, hi in block.box), dtype, tuple(local), tuple(remote)))
+            )
+    pack_keys = list(packs)
+    index = {pk: i for i, pk in enumerate(pack_keys)}
+    blocks = []
+    for dev, entries in per_device.items():
+        fixed = []
+        for a, b, blk in entries:
+            remote = tuple((index[pk], start, shape, off) for pk, start, shape, off in blk.remote)
+            fixed.append((a, b, dataclasses.replace(blk, remote=remote)))
+        incoming = tuple(i for i, pk in enumerate(pack_keys) if pk[1] == dev)
+        blocks.append((dev, tuple(fixed), incoming))
+    return _Program(
+        plans=tuple(plans),
+        packs=tuple((pk[0], pk[1], pk[2], tuple(packs[pk])) for pk in pack_keys),
+        blocks=tuple(blocks),
+        reused=tuple(reused),
+    )
+
+
+def _assemble_many(xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]) -> list[jax.Array]:
+    log = _LOG.get()
+    prog = _program(tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)))
+    shards = [{s.device.id: s.data for s in x.addressable_shards} for x in xs]
+    devices = {d.id: d for x, dst in zip(xs, dsts) for d in (*x.sharding.device_set, *dst.device_set)}
+
+    # Phase 1: on each source device, one program cuts and packs what leaves it.
+    by_src: dict[int, list[int]] = {}
+    for i, (src_dev, _, _, _) in enumerate(prog.packs):
+        by_src.setdefault(src_dev, []).append(i)
+    packed: list[Any] = [None] * len(prog.packs)
+    for src_dev, ids in by_src.items():
+        arrays = sorted({a for i in ids for a, _, _ in prog.packs[i][3]})
+        slot = {a: k for k, a in enumerate(arrays)}
+        spec = tuple(tuple((slot[a], st, lim) for a, st, lim in prog.packs[i][3]) for i in ids)
+        for i, y in zip(ids, _cut_and_pack(tuple(shards[a][src_dev] for a in arrays), spec)):
+            packed[i] = y
+    # Phase 2: every pack crosses in one call.
+    if packed:
+        packed = list(jax.device_put(packed, [devices[dst_dev] for _, dst_dev, _, _ in prog.packs]))
+        if log is not None:
+            for pack, (src_dev, dst_dev, dtype, pieces) in zip(packed, prog.packs):
+                itemsize = np.dtype(dtype).itemsize
+                sizes = [_box_size(tuple(zip(st, lim))) * itemsize for _, st, lim in pieces]
+                # The pack that crossed holds exactly these pieces; each is logged under its leaf.
+                assert sum(sizes) == pack.nbytes and pack.devices() == {devices[dst_dev]}
+                for (a, _, _), n in zip(pieces, sizes):
+                    log.transfers.append(Transfer("cross_device", src_dev, dst_dev, n, labels[a]))
+    # Phase 3: on each destination device, one program assembles its blocks.
+    blocks: list[list[Any]] = [[None] * len(plan) for plan in prog.plans]
+    for dev, entries, incoming in prog.blocks:
+        arrays = sorted({blk.array for _, _, blk in entries if blk.local})
+        slot = {a: k for k, a in enumerate(arrays)}
+        pslot = {i: k for k, i in enumerate(incoming)}
+        spec = tuple(
+            (blk.shape, str(np.dtype(blk.dtype)),
+             tuple((slot[a], st, lim, off) for a, st, lim, off in blk.local),
+             tuple((pslot[i], start, shape, off) for i, start, shape, off in blk.remote))
+            for _, _, blk in entries
+        )
+        outs = _assemble_blocks(tuple(shards[a][dev] for a in arrays), tuple(packed[i] for i in incoming), spec)
+        for (a, b, blk), y in zip(entries, outs):
+            blocks[a][b] = y
             if log is not None:
-                # A piece from this device is copied into the new block; one from
-                # another device crossed over. The bytes of the array really moved.
-                kind = "same_device" if piece.src_device == plan.device else "cross_device"
-                log.add(kind, piece.src_device, plan.device, part.nbytes)
-            parts.append(part)
-            offsets.append(tuple(a - w0 for (a, _), (w0, _) in zip(piece.box, plan.box)))
-        block_shape = tuple(b - a for a, b in plan.box)
-        if len(parts) == 1 and tuple(parts[0].shape) == block_shape:
-            blocks.append(parts[0])
-        else:
-            blocks.append(_place(tuple(parts), tuple(offsets), block_shape))
-    return jax.make_array_from_single_device_arrays(shape, dst, blocks)
+                itemsize = np.dtype(blk.dtype).itemsize
+                for _, st, lim, _ in blk.local:
+                    n = _box_size(tuple(zip(st, lim))) * itemsize
+                    log.transfers.append(Transfer("same_device", dev, dev, n, labels[a]))
+    for a, b, dev in prog.reused:
+        data = shards[a][dev]
+        if copy:
+            data = jax.device_put(data, devices[dev], may_alias=False)
+            if log is not None:
+                log.transfers.append(Transfer("same_device", dev, dev, int(data.nbytes), labels[a]))
+        blocks[a][b] = data
+    return [
+        jax.make_array_from_single_device_arrays(tuple(x.shape), dst, blocks[a])
+        for a, (x, dst) in enumerate(zip(xs, dsts))
+    ]
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _slice(a: jax.Array, starts: tuple[int, ...], limits: tuple[int, ...]) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(1,))
+def _cut_and_pack(inputs: tuple[jax.Array, ...], spec: Any) -> tuple[jax.Array, ...]:
     # Static bounds: no index array is sent from the host.
-    return jax.lax.slice(a, starts, limits)
+    out = []
+    for pieces in spec:
+        parts = [jax.lax.slice(inputs[k], st, lim).reshape(-1) for k, st, lim in pieces]
+        out.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts))
+    return tuple(out)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _place(parts: tuple[jax.Array, ...], offsets: tuple[tuple[int, ...], ...], shape: tuple[int, ...]) -> jax.Array:
-    out = jnp.zeros(shape, parts[0].dtype)
-    for part, off in zip(parts, offsets):
-        out = jax.lax.dynamic_update_slice(out, part, off)
-    return out
+@functools.partial(jax.jit, static_argnums=(2,))
+def _assemble_blocks(locals_: tuple[jax.Array, ...], packs: tuple[jax.Array, ...], spec: Any) -> tuple[jax.Array, ...]:
+    out = []
+    for shape, dtype, local, remote in spec:
+        block = jnp.zeros(shape, dtype)
+        for k, st, lim, off in local:
+            block = jax.lax.dynamic_update_slice(block, jax.lax.slice(locals_[k], st, lim), off)
+        for k, start, piece_shape, off in remote:
+            n = 1
+            for d in piece_shape:
+                n *= d
+            piece = jax.lax.slice(packs[k], (start,), (start + n,)).reshape(piece_shape)
+            block = jax.lax.dynamic_update_slice(block, piece, off)
+        out.append(block)
+    return tuple(out)
 
 
 def _intersect(a: Box, b: Box) -> Box | None:

@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.config import RolloutConfig
 from rlcluster_lab.model import logps_from_state
-from rlcluster_lab.reshard import leaf_label, reshard
+from rlcluster_lab.reshard import reshard_many
 from rlcluster_lab.sampling import sample
 
 
@@ -124,20 +124,44 @@ class RolloutEngine(abc.ABC):
         memory kind. Without it (keeping shared roles together, P14) the whole
         state is taken, in the memory kind the source is in.
         """
-        model = self.model()
-        if filter_types is not None:
-            dst = nnx.state(model, *filter_types)
-        else:
-            dst = nnx.state(model)
-        new_values = reshard_into(
-            params, dst, copy=self.owns_weights, follow_source_memory=filter_types is None
+        variables = self._variables(filter_types)
+        dst = {k: v.get_value() for k, v in variables.items()}
+        new_values = reshard_flat(
+            flat_values(params), dst, copy=self.owns_weights, follow_source_memory=filter_types is None
         )
-        nnx.update(model, new_values)
+        for k, x in new_values.items():
+            var = variables[k]
+            # A leaf that is already the new array (a shared model) is left alone.
+            if var.get_value() is not x:
+                var.set_value(x)
+
+    def _variables(self, filter_types: tuple[Any, ...] | None) -> dict[tuple[Any, ...], nnx.Variable]:
+        """Path -> the model's own Variable objects, found once per filter.
+
+        A sync runs often and the model's structure never changes after
+        construction, so the graph is walked once; values are read and set
+        on the Variables themselves.
+        """
+        model = self.model()
+        cache = self.__dict__.setdefault("_variable_index", {})
+        hit = cache.get(filter_types)
+        if hit is None or hit[0] is not model:
+            state = nnx.state(model, *filter_types) if filter_types is not None else nnx.state(model)
+            hit = (model, {tuple(k): v for k, v in state.flat_state()})
+            cache[filter_types] = hit
+        return hit[1]
 
 
 def leaf_path(key: tuple[Any, ...]) -> str:
     """A flattened state key as the path the reports show: ``layers/0/attn/q/kernel``."""
     return "/".join(map(str, key))
+
+
+def flat_values(tree: Any) -> dict[tuple[Any, ...], Any]:
+    """Path tuple -> array, from an ``nnx.State`` or a nested dict of arrays."""
+    if isinstance(tree, nnx.State):
+        return {tuple(k): (v.get_value() if isinstance(v, nnx.Variable) else v) for k, v in tree.flat_state()}
+    return flatten_dict(tree)
 
 
 def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool = False) -> Any:
@@ -147,15 +171,23 @@ def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool =
     asks for new buffers. Only device-to-device copies happen: no host
     round-trip, so it runs under a transfer guard.
     """
-    src_values = nnx.to_pure_dict(src) if isinstance(src, nnx.State) else src
-    dst_values = nnx.to_pure_dict(dst) if isinstance(dst, nnx.State) else dst
-    src_flat = flatten_dict(src_values)
-    dst_flat = flatten_dict(dst_values)
+    moved = reshard_flat(flat_values(src), flat_values(dst), copy=copy, follow_source_memory=follow_source_memory)
+    return unflatten_dict(moved)
+
+
+def reshard_flat(
+    src_flat: dict[tuple[Any, ...], Any],
+    dst_flat: dict[tuple[Any, ...], Any],
+    *,
+    copy: bool,
+    follow_source_memory: bool = False,
+) -> dict[tuple[Any, ...], Any]:
+    """``reshard_into`` on flat path -> array dicts."""
     if follow_source_memory:
         # Keeping shared roles together may hand over part of a tree (a
         # reference has no adapters): only those leaves are replaced.
         dst_flat = {k: v for k, v in dst_flat.items() if k in src_flat}
-    if set(src_flat) != set(dst_flat):
+    if src_flat.keys() != dst_flat.keys():
         missing = sorted(map(str, set(dst_flat) - set(src_flat)))[:5]
         extra = sorted(map(str, set(src_flat) - set(dst_flat)))[:5]
         raise ValueError(
@@ -169,13 +201,11 @@ def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool =
         if follow_source_memory and isinstance(s, NamedSharding):
             s = s.with_memory_kind(src_flat[k].sharding.memory_kind)
         shardings.append(s)
-    moved = []
-    for k, s in zip(keys, shardings):
-        with leaf_label(leaf_path(k)):
-            moved.append(reshard(src_flat[k], s, copy=copy))
+    # One batch for the whole tree; each leaf's copies are logged under its path (L3).
+    moved = reshard_many([src_flat[k] for k in keys], shardings, copy=copy, labels=[leaf_path(k) for k in keys])
     out = {}
     for k, x in zip(keys, moved):
         want = dst_flat[k].dtype
         # Cast on the destination devices, after the move (bytes move in the source dtype).
         out[k] = x if x.dtype == want else x.astype(want)
-    return unflatten_dict(out)
+    return out
