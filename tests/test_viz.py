@@ -269,7 +269,8 @@ PLAN = {
                            "anchor": {"bytes": 3000, "by_kind": {"pinned_host": 3000}, "by_device": {}}},
                "by_device": {"0": {"device": 1500, "pinned_host": 1500}, "1": {"device": 2500}},
                "shared": [], "unique_bytes": 6000, "naive_bytes": 6000},
-    "fits": {"capacity_bytes": 2000},
+    "fits": {"memory_per_device": 2000, "by_role": {"actor": {"max_device_bytes": 3000, "fits": False},
+                                                    "anchor": {"max_device_bytes": 1500, "fits": True}}},
 }
 
 
@@ -283,7 +284,9 @@ def test_plan_memory_bars_and_capacity_line_L4():
     assert to_hex(bars["bar:device:0:device"].get_facecolor()) != "#c44e52"
     (cap,) = [ln for ln in fig.axes[1].lines if ln.get_gid() == "line:capacity"]
     assert cap.get_ydata()[0] == 2000
-    assert "computed from shapes" in _texts(fig)
+    text = _texts(fig)
+    assert "computed from shapes" in text
+    assert "2.9 KiB  too big for one device" in text and "2.9 KiB  fits per device" in text
 
 
 # ------------------------------------------------------------------ purity

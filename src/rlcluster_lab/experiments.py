@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,44 @@ def _cell(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value) or "-"
     return str(value)
+
+
+# --------------------------------------------------------------------------- any notebook
+
+
+def layout_rows(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
+    """Each standard layout the devices can form: the actor's mesh and the rollout's."""
+    rows = []
+    for layout in reachable_layouts(devices):
+        meshes = layout_meshes(layout, devices)
+        rows.append({"layout": layout, "actor, reference, reward, critic": _mesh_text(meshes[Role.ACTOR]),
+                     "rollout": _mesh_text(meshes[Role.ROLLOUT])})
+    return rows
+
+
+def _mesh_text(mesh: Any) -> str:
+    ids = [int(d.id) for d in np.asarray(mesh.devices).flat]
+    shape = "x".join(f"{k}={v}" for k, v in dict(mesh.shape).items())
+    return f"{shape} on devices {ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else f"{shape} on {ids}"
+
+
+def reports_for(
+    scenarios: Mapping[str, Scenario], devices: Sequence[jax.Device], progress: Tick | None = None
+) -> dict[str, dict[str, Any]]:
+    """Build each scenario's cluster and keep only its placement report (JSON)."""
+    out = {}
+    for label, scenario in scenarios.items():
+        out[label] = placement_report(build_cluster(scenario, devices=devices)).to_json()
+        _collect()
+        if progress:
+            progress(label)
+    return out
+
+
+def decision_lines(report: Mapping[str, Any], rules: Sequence[str]) -> str:
+    """The report's decisions for some rules, one line each: rule, what was tested, outcome."""
+    return "\n".join(f"{d['rule']:<4} {d['test']}  ->  {d['outcome']}"
+                      for d in report["decisions"] if d["rule"] in rules)
 
 
 # --------------------------------------------------------------------------- 01: meshes and the sharing map
@@ -126,13 +165,8 @@ def memory_comparison(
 ) -> dict[str, dict[str, Any]]:
     """Placement reports of the same layout with a full actor, a LoRA actor sharing the
     reference's backbone, and a LoRA actor over a copy of it (P2-P4)."""
-    out = {}
-    for label, knobs in MEMORY_SCENARIOS.items():
-        out[label] = placement_report(build_cluster(Scenario(layout=layout, **knobs), devices=devices)).to_json()
-        _collect()
-        if progress:
-            progress(label)
-    return out
+    return reports_for({label: Scenario(layout=layout, **knobs) for label, knobs in MEMORY_SCENARIOS.items()},
+                       devices, progress)
 
 
 def memory_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -249,20 +283,28 @@ def p11_run(
     return out
 
 
+def anchor_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What the anchor (P8) holds in each report, and where."""
+    return [{"scenario": label, "anchor mode": r["anchor"].get("mode", "full"),
+             "memory kind": r["anchor"]["memory_kind"], "anchor bytes": r["anchor"]["bytes"],
+             "actor bytes": r["memory"]["by_role"]["actor"]["bytes"]} for label, r in reports.items()]
+
+
 def p11_compare(
     devices: Sequence[jax.Device],
     settings: Sequence[tuple[int, int]] = ((16, 1), (8, 1), (8, 2)),
     steps: int = 8,
     progress: Tick | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """One short run per (mini-batch size, iterations) setting, batch 16; label -> run JSON."""
+    """One short run per (mini-batch size, iterations) setting, batch 16; label -> run JSON.
+
+    ``progress`` is called once per GRPO step of every run.
+    """
     out = {}
     for mini, iterations in settings:
         label = f"mini-batch {mini}, {iterations} iteration{'s' if iterations > 1 else ''}"
-        out[label] = p11_run(devices, steps=steps, mini_batch_size=mini, iterations=iterations)
+        out[label] = p11_run(devices, steps=steps, mini_batch_size=mini, iterations=iterations, progress=progress)
         _collect()
-        if progress:
-            progress(label)
     return out
 
 
@@ -415,13 +457,87 @@ def timeline_rows(phases: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[
     return rows
 
 
+# --------------------------------------------------------------------------- 08: what-if plans
+
+
+def _local_topology(devices: Sequence[jax.Device]) -> Any:
+    """The planner's ``local`` topology, restricted to the devices the notebook builds on."""
+    from rlcluster_lab.plan_tables import local_topology
+
+    return dataclasses.replace(local_topology(), device_count=len(devices), platform=devices[0].platform,
+                               device_ids=tuple(int(d.id) for d in devices))
+
+
+PLAN_CHECKS: tuple[tuple[str, Callable[[Mapping[str, Any]], int]], ...] = (
+    ("bytes held (each buffer once)", lambda r: r["memory"]["unique_bytes"]),
+    ("rollout bytes", lambda r: r["memory"]["by_role"]["rollout"]["bytes"]),
+    ("anchor bytes", lambda r: r["memory"]["by_role"]["anchor"]["bytes"]),
+    ("busiest device, device memory", lambda r: max(k.get("device", 0) for k in r["memory"]["by_device"].values())),
+    ("sync: moved between devices", lambda r: r["sync"]["moved_cross_device_bytes"]),
+    ("sync: copied within a device", lambda r: r["sync"]["copied_same_device_bytes"]),
+    ("sync: reused", lambda r: r["sync"]["reused_bytes"]),
+)
+
+
+def plan_vs_measured(
+    devices: Sequence[jax.Device], scenarios: Mapping[str, Scenario], progress: Tick | None = None
+) -> list[dict[str, Any]]:
+    """The planner's figures (L4) beside a live cluster's measured ones (L2, L3), scenario by scenario."""
+    from rlcluster_lab.plan import plan_scenario
+
+    topo = _local_topology(devices)
+    rows = []
+    for label, scenario in scenarios.items():
+        cluster = build_cluster(scenario, devices=devices)
+        measured = placement_report(cluster, sync=cluster.sync_weights()).to_json()
+        del cluster
+        planned = plan_scenario(scenario, topo).to_json()
+        for what, read in PLAN_CHECKS:
+            p, m = int(read(planned)), int(read(measured))
+            rows.append({"scenario": label, "figure": what, "planned": p, "measured": m, "same": p == m})
+        _collect()
+        if progress:
+            progress(label)
+    return rows
+
+
+def what_if_rows(
+    models: Sequence[str], topologies: Sequence[str], *, layouts: Sequence[str] = ("colocated", "split"),
+    lora_rank: int = 16, **knobs: Any,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Plans of published models on real topologies, per layout, full and LoRA; rows and each plan's JSON."""
+    from rlcluster_lab.plan import plan_cluster
+
+    rows, plans = [], {}
+    for model, topo, layout, rank in itertools.product(models, topologies, layouts, (0, lora_rank)):
+        plan = plan_cluster(model, topo, layout=layout, lora_rank=rank, **knobs).to_json()
+        label = f"{model} on {topo}, {layout}, {'LoRA ' + str(rank) if rank else 'full'}"
+        plans[label] = plan
+        fits = plan["fits"]
+        seconds = plan["sync"].get("estimated_seconds")
+        rows.append({
+            "model": model, "topology": topo, "layout": layout, "actor": f"LoRA {rank}" if rank else "full",
+            "busiest device": _gib(fits["with_sync_peak"]["max_device_bytes"]),
+            "per device": _gib(fits["memory_per_device"]),
+            "fits": fits["all_fit"],
+            "sync moves": _gib(plan["sync"]["moved_cross_device_bytes"]),
+            "sync (est.)": "-" if seconds is None else f"{seconds * 1e3:.1f} ms",
+        })
+    return rows, plans
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f} GiB"
+
+
 def _collect() -> None:
     """Free the buffers of clusters a cell no longer holds, before building the next one."""
     gc.collect()
 
 
 __all__ = [
-    "EVEN_PROMPTS", "MEMORY_SCENARIOS", "engine_rows", "format_table", "memory_comparison", "memory_rows",
-    "mesh_identity", "offload_timeline", "p11_compare", "p11_rows", "p11_run", "p11_setting_rows", "p6_errors", "sharing_maps", "sync_matrix", "sync_rows",
+    "EVEN_PROMPTS", "MEMORY_SCENARIOS", "anchor_rows", "decision_lines", "engine_rows", "layout_rows",
+    "reports_for", "format_table", "memory_comparison", "memory_rows",
+    "mesh_identity", "offload_timeline", "plan_vs_measured", "what_if_rows", "p11_compare", "p11_rows", "p11_run", "p11_setting_rows", "p6_errors", "sharing_maps", "sync_matrix", "sync_rows",
     "sync_time_rows", "timeline_rows",
 ]

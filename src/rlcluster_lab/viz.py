@@ -608,11 +608,18 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
         for bar, e in zip(bars, entries):
             bar.set_gid(f"bar:role:{e}:{kind}")
         left = [a + b for a, b in zip(left, values)]
+    verdicts = (plan.get("fits") or {}).get("by_role", {})
+    for y, e in enumerate(entries):
+        fits = verdicts.get(e, {}).get("fits")
+        note = "" if fits is None else ("  fits per device" if fits else "  too big for one device")
+        ax_role.text(left[y], y, f" {fmt_bytes(by_role[e].get('bytes', 0))}{note}", va="center", fontsize=7,
+                     color="black" if fits is not False else "#c44e52")
+    ax_role.set_xlim(0, max(left + [1]) * 1.6)
     ax_role.set_yticks(range(len(entries)), entries, fontsize=8)
     ax_role.invert_yaxis()
     _bytes_axis(ax_role.xaxis, ax_role.get_xlim()[1])
     ax_role.set_xlabel(PHYSICAL, fontsize=8)
-    ax_role.legend(fontsize=7)
+    ax_role.legend(fontsize=7, loc="lower right")
     ax_role.set_title("per role", fontsize=9, loc="left")
 
     totals = [int(by_device[d].get("device", 0)) for d in devices]
@@ -643,7 +650,7 @@ def _capacity(plan: Mapping[str, Any]) -> int | None:
     for section in (plan.get("fits", {}), plan.get("topology", {})):
         if not isinstance(section, Mapping):
             continue
-        for key in ("capacity_bytes", "device_memory_bytes", "memory_per_device_bytes", "hbm_bytes"):
+        for key in ("memory_per_device", "capacity_bytes"):
             if section.get(key):
                 return int(section[key])
     return None
