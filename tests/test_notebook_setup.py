@@ -110,3 +110,14 @@ def test_every_notebook_starts_with_the_shared_setup_cell(path):
     nb = nbformat.read(path, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
     assert first.source == notebook.SETUP_CELL
+
+
+def test_jax_is_not_restarted_once_arrays_exist():
+    x = jax.numpy.ones(3)  # a live array: restarting the backends would orphan it
+    before = jax.devices()
+    assert notebook._cpu_first("tpu") is False
+    assert jax.devices() == before and float(x.sum()) == 3.0
+
+
+def test_no_accelerator_platform_on_a_cpu_only_process():
+    assert notebook._accelerator_platform() is None

@@ -6,8 +6,10 @@
   itself is installed by the cell's first lines, see ``SETUP_CELL``);
 - with GPUs or TPUs, uses them as they are;
 - with a single accelerator chip (Colab's TPU runtime, a one-GPU machine),
-  where only the colocated layout fits on the chip, also asks the CPU backend
-  for simulated devices and builds every layout on those, saying so;
+  where only the colocated layout fits on the chip, restarts JAX's backends
+  with the CPU backend first and the chip second: ``jax.devices()`` is then
+  the simulated CPU devices, on which every layout is built, and the chip
+  stays reachable as ``jax.devices("tpu")`` (``LabDevices.accelerator_devices``);
 - otherwise asks the CPU backend for ``n_devices`` simulated devices, which
   must happen before the JAX backend starts, and fails loudly when it is too
   late (restart the kernel);
@@ -116,21 +118,31 @@ def choose_devices(
     ]
 
 
-def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False) -> LabDevices:
+def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto") -> LabDevices:
     """Set up the devices for the notebooks; returns what was found (and prints it unless ``quiet``).
+
+    ``use="accelerator"`` keeps a single chip as the default device even
+    though only the colocated layout fits on it.
 
     Raises ``DeviceSetupError`` when JAX already started on CPU with another
     device count: restart the kernel and run the set-up cell first.
     """
     if n_devices < 1:
         raise ValueError(f"n_devices must be at least 1, got {n_devices}")
+    if use not in ("auto", "accelerator"):
+        raise ValueError(f"use must be 'auto' or 'accelerator', got {use!r}")
     colab = in_colab()
     if not backend_started():
         # Always ask: on CPU these are the lab's devices; beside an accelerator
         # they are the simulated devices a single chip needs for the other layouts.
         jax.config.update("jax_num_cpu_devices", n_devices)
-    platform = jax.default_backend()
-    accelerators = list(jax.devices()) if platform != "cpu" else []
+    platform = _accelerator_platform()
+    notes: list[str] = []
+    if platform and use == "auto" and jax.default_backend() != "cpu":
+        if len(reachable_layouts(jax.devices(platform))) < len(LAYOUTS) and not _cpu_first(platform):
+            notes.append("arrays already exist in this process, so JAX could not be restarted with the "
+                         "CPU devices first; restart the runtime and run this cell first")
+    accelerators = list(jax.devices(platform)) if platform else []
     cpus = _cpu_devices()
     if not accelerators and len(cpus) != n_devices:
         raise DeviceSetupError(
@@ -138,11 +150,16 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False) ->
             "The count can only be set before the first JAX operation: restart the kernel "
             "(Kernel > Restart) and run the set-up cell first."
         )
-    devices, simulated, notes = choose_devices(accelerators, cpus, n_devices)
-    if simulated and accelerators:
-        # Models are created on the default device; put it on the simulated CPU devices
-        # too, so nothing is built on the chip and then moved across backends.
-        jax.config.update("jax_default_device", devices[0])
+    if jax.default_backend() == "cpu":
+        devices, simulated, more = choose_devices(accelerators, cpus, n_devices)
+    else:
+        # The accelerator is the default backend (it reaches every layout, the caller
+        # asked for it, or the restart was refused): build on it.
+        devices, simulated, more = list(accelerators), False, []
+        if len(reachable_layouts(accelerators)) < len(LAYOUTS):
+            more = [f"only {', '.join(reachable_layouts(accelerators))} fits on the "
+                    f"{len(accelerators)} {platform} device(s)"]
+    notes = more + notes
     result = LabDevices(
         platform="cpu" if simulated else platform,
         devices=tuple(devices),
@@ -159,6 +176,41 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False) ->
     if not quiet:
         print(result.summary())
     return result
+
+
+def _cpu_first(platform: str) -> bool:
+    """Restart JAX's backends with the CPU backend first and ``platform`` second.
+
+    Only possible while no array exists (a fresh kernel running its first
+    cell); returns False, changing nothing, otherwise.
+    """
+    if jax.live_arrays():
+        return False
+    from jax.extend.backend import clear_backends
+
+    clear_backends()
+    jax.config.update("jax_platforms", f"cpu,{platform}")
+    try:
+        jax.devices()
+    except RuntimeError as exc:
+        raise DeviceSetupError(
+            f"JAX could not restart with the CPU devices beside the {platform} chip ({exc}). Restart the "
+            "runtime and call rl.setup(use='accelerator') to use the chip alone (colocated layout only)."
+        ) from exc
+    return True
+
+
+def _accelerator_platform() -> str | None:
+    """The GPU or TPU platform in use, if any, whether it is the default backend or not.
+
+    After ``_cpu_first`` the CPU is the default and the chip is the second
+    platform in ``jax_platforms``; without that setting JAX makes an
+    accelerator the default whenever there is one.
+    """
+    if jax.default_backend() != "cpu":
+        return jax.default_backend()
+    listed = [p.strip() for p in (jax.config.jax_platforms or "").split(",") if p.strip()]
+    return next((p for p in listed if p != "cpu"), None)
 
 
 def _cpu_devices() -> list[Any]:
