@@ -190,7 +190,8 @@ def flow_rows(report: Mapping[str, Any]) -> list[FlowRow]:
         rows.append(FlowRow(
             "P7", "engine exposes a mesh?", ("kept", "replaced"),
             "replaced" if v.get("exposes_mesh") else "kept",
-            f"engine {v.get('engine')}; map rebuilt: no; still registered as sharing: "
+            f"engine {v.get('engine')}; map rebuilt: {'yes' if v.get('sharing_map_rebuilt') else 'no'}; "
+            "still registered as sharing: "
             f"{'yes' if v.get('still_registered_as_sharing') else 'no'}",
         ))
     anchor = report.get("anchor") or {}
