@@ -81,6 +81,10 @@ def test_l4_plan_equals_measured_for_every_layout_and_lora(layout: str, lora: bo
         {"layout": "split", "lora": True, "rollout_dtype": "bfloat16"},
         {"layout": "colocated", "with_reward": True, "with_critic": True},
         {"layout": "reshaped", "lora": True, "anchor": "trainable"},
+        # Replicated leaves kept on their device but moved to pinned host, or cast:
+        # copied within the device on both sides.
+        {"layout": "reshaped", "offload": True},
+        {"layout": "reshaped", "rollout_dtype": "bfloat16"},
     ],
     ids=lambda k: "-".join(f"{v}" if isinstance(v, str) else k for k, v in k.items()),
 )

@@ -106,14 +106,26 @@ def test_p13_report_json_keys_and_leaf_rows():
     assert sum(r["synced_bytes"] for r in sync["leaves"]) == sync["synced_bytes"]
 
 
+@pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_p13_p14_sync_with_offload_accounts_the_same_way(layout):
-    cluster = build_cluster(Scenario(layout=layout, lora=True, offload=True))
+def test_p13_p14_sync_with_offload_accounts_the_same_way(layout, lora):
+    cluster = build_cluster(Scenario(layout=layout, lora=lora, offload=True))
     rep = cluster.sync_weights()
     assert rep.synced_bytes == rep.moved_cross_device_bytes + rep.copied_same_device_bytes + rep.reused_bytes
     assert rep.moved_cross_device_bytes == rep.minimum_cross_device_bytes
     _, dest = _filtered(cluster)
     assert {x.sharding.memory_kind for x in jax.tree.leaves(dest)} == {"pinned_host"}
+
+
+def test_p13_cast_to_the_rollout_dtype_is_a_copy_within_the_device():
+    cluster = build_cluster(Scenario(layout="reshaped", rollout_dtype="bfloat16"))
+    rep = cluster.sync_weights()
+    assert rep.synced_bytes == rep.moved_cross_device_bytes + rep.copied_same_device_bytes + rep.reused_bytes
+    assert rep.reused_bytes == 0  # every destination buffer is a new bfloat16 one
+    assert rep.moved_cross_device_bytes == rep.minimum_cross_device_bytes
+    assert {leaf.dst_dtype for leaf in rep.leaves} == {"bfloat16"}
+    # Peak counts the new destination buffers in their own dtype: half the float32 bytes.
+    assert sum(k.get("device", 0) for k in rep.peak_extra_bytes.values()) * 2 == rep.synced_bytes
 
 
 def _batch(cluster, n=4):

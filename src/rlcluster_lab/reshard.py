@@ -91,6 +91,8 @@ class TransferLog:
     transfers: list[Transfer] = dataclasses.field(default_factory=list)
     opaque_leaves: list[str | None] = dataclasses.field(default_factory=list)
     leaf: str | None = None
+    # (leaf, device id, pointer) of output shards that are the source's own buffers.
+    source_buffers: set[tuple[str | None, int, int]] = dataclasses.field(default_factory=set)
 
     @property
     def exact(self) -> bool:
@@ -128,15 +130,15 @@ def leaf_label(label: str) -> Iterator[None]:
         log.leaf = prev
 
 
-def _log_shards(kind: TransferKind, before: jax.Array, after: jax.Array, label: str | None = None) -> None:
-    """Log the shards of ``after`` that are new buffers (not ``before``'s), device by device."""
-    log = _LOG.get()
-    if log is None:
-        return
+def _log_shards(kind: TransferKind, before: jax.Array, after: jax.Array, label: str | None = None) -> set[int]:
+    """Log the shards of ``after`` that are new buffers (not ``before``'s); returns their devices."""
     old = {(s.device.id, s.data.unsafe_buffer_pointer()) for s in before.addressable_shards}
-    for s in after.addressable_shards:
-        if (s.device.id, s.data.unsafe_buffer_pointer()) not in old:
+    new = [s for s in after.addressable_shards if (s.device.id, s.data.unsafe_buffer_pointer()) not in old]
+    log = _LOG.get()
+    if log is not None:
+        for s in new:
             log.transfers.append(Transfer(kind, s.device.id, s.device.id, int(s.data.nbytes), label if label is not None else log.leaf))
+    return {s.device.id for s in new}
 
 
 def minimum_cross_device_elements(
@@ -261,6 +263,7 @@ def reshard_many(
         for i, (x, d) in enumerate(zip(xs, dsts)):
             if i not in todo:
                 out[i] = x
+                _log_carried(x, x, set(), labels[i])
             elif log is not None and x.sharding != d:
                 log.opaque_leaves.append(labels[i])
         if todo:
@@ -279,6 +282,7 @@ def reshard_many(
         if x.sharding == dst:
             if not copy:
                 out[i] = x
+                _log_carried(x, x, set(), labels[i])
             else:
                 staged[i] = (x, dst, False)
             continue
@@ -301,24 +305,59 @@ def reshard_many(
         target = dst.with_memory_kind(work) if dst.memory_kind != work else dst
         targets[i] = target
         (direct if x.sharding.is_equivalent_to(target, x.ndim) else assemble).append(i)
+    # Devices whose destination shard of array i was made by a logged copy.
+    produced: dict[int, set[int]] = {i: set() for i in staged}
     for i in direct:
         x, _, moved_kind = staged[i]
         y = jax.device_put(x, targets[i], may_alias=False) if copy and not moved_kind else jax.device_put(x, targets[i])
-        _log_shards("same_device", x, y, labels[i])
+        produced[i] = _log_shards("same_device", x, y, labels[i])
         out[i] = y
     if assemble:
         # Per-device programs must not inherit a role's mesh context.
         with jax.set_mesh(None):
             built = _assemble_many([staged[i][0] for i in assemble], [targets[i] for i in assemble], copy,
                                    [labels[i] for i in assemble])
-        for i, y in zip(assemble, built):
+        for i, (y, made) in zip(assemble, built):
             out[i] = y
+            produced[i] = made
     to_final = [i for i in staged if targets[i] != dsts[i]]
     if to_final:
         for i, y in zip(to_final, _put([out[i] for i in to_final], [dsts[i] for i in to_final])):
             _log_shards("memory_kind", out[i], y, labels[i])
             out[i] = y
+    for i in staged:
+        # A shard that carries the source's own data on its device but sits in a
+        # new buffer (moved between memory kinds on the way) was copied within
+        # its device: logged so that every destination byte is accounted for.
+        _log_carried(xs[i], out[i], produced[i], labels[i])  # type: ignore[arg-type]
     return out  # type: ignore[return-value]
+
+
+def log_cast(before: jax.Array, after: jax.Array, label: str | None) -> None:
+    """A cast made new buffers from ``before``'s: log those that were still source buffers.
+
+    ``before`` is a reshard's output; its shards that are the source's own
+    buffers (nothing was copied) become same-device copies once cast.
+    """
+    log = _LOG.get()
+    if log is None or before is after:
+        return
+    for s in before.addressable_shards:
+        if (label, s.device.id, s.data.unsafe_buffer_pointer()) in log.source_buffers:
+            log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
+
+
+def _log_carried(src: jax.Array, out: jax.Array, produced: set[int], label: str | None) -> None:
+    log = _LOG.get()
+    if log is None:
+        return
+    src_keys = {(s.device.id, s.data.unsafe_buffer_pointer()) for s in src.addressable_shards}
+    for s in out.addressable_shards:
+        key = (s.device.id, s.data.unsafe_buffer_pointer())
+        if key in src_keys:
+            log.source_buffers.add((label, *key))  # reused as it is
+        elif s.device.id not in produced:
+            log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
 
 
 def _put(xs: list[Any], dsts: list[Any]) -> list[Any]:
@@ -409,7 +448,9 @@ def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -
     )
 
 
-def _assemble_many(xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]) -> list[jax.Array]:
+def _assemble_many(
+    xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]
+) -> list[tuple[jax.Array, set[int]]]:
     log = _LOG.get()
     prog = _program(tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)))
     shards = [{s.device.id: s.data for s in x.addressable_shards} for x in xs]
@@ -464,8 +505,12 @@ def _assemble_many(xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels
             if log is not None:
                 log.transfers.append(Transfer("same_device", dev, dev, int(data.nbytes), labels[a]))
         blocks[a][b] = data
+    made = [{plan[b].device for b in range(len(plan))} for plan in prog.plans]
+    if not copy:
+        for a, b, dev in prog.reused:
+            made[a].discard(dev)
     return [
-        jax.make_array_from_single_device_arrays(tuple(x.shape), dst, blocks[a])
+        (jax.make_array_from_single_device_arrays(tuple(x.shape), dst, blocks[a]), made[a])
         for a, (x, dst) in enumerate(zip(xs, dsts))
     ]
 

@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.config import RolloutConfig
 from rlcluster_lab.model import logps_from_state
-from rlcluster_lab.reshard import reshard_many
+from rlcluster_lab.reshard import log_cast, reshard_many
 from rlcluster_lab.sampling import sample
 
 
@@ -147,7 +147,7 @@ class RolloutEngine(abc.ABC):
         hit = cache.get(filter_types)
         if hit is None or hit[0] is not model:
             state = nnx.state(model, *filter_types) if filter_types is not None else nnx.state(model)
-            hit = (model, {tuple(k): v for k, v in state.flat_state()})
+            hit = (model, {tuple(k): v for k, v in nnx.to_flat_state(state)})
             cache[filter_types] = hit
         return hit[1]
 
@@ -160,7 +160,7 @@ def leaf_path(key: tuple[Any, ...]) -> str:
 def flat_values(tree: Any) -> dict[tuple[Any, ...], Any]:
     """Path tuple -> array, from an ``nnx.State`` or a nested dict of arrays."""
     if isinstance(tree, nnx.State):
-        return {tuple(k): (v.get_value() if isinstance(v, nnx.Variable) else v) for k, v in tree.flat_state()}
+        return {tuple(k): (v.get_value() if isinstance(v, nnx.Variable) else v) for k, v in nnx.to_flat_state(tree)}
     return flatten_dict(tree)
 
 
@@ -207,5 +207,9 @@ def reshard_flat(
     for k, x in zip(keys, moved):
         want = dst_flat[k].dtype
         # Cast on the destination devices, after the move (bytes move in the source dtype).
-        out[k] = x if x.dtype == want else x.astype(want)
+        if x.dtype == want:
+            out[k] = x
+        else:
+            out[k] = x.astype(want)
+            log_cast(x, out[k], leaf_path(k))
     return out
