@@ -448,40 +448,44 @@ def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -
     )
 
 
-def _assemble_many(
-    xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]
-) -> list[tuple[jax.Array, set[int]]]:
-    log = _LOG.get()
-    prog = _program(tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)))
-    shards = [{s.device.id: s.data for s in x.addressable_shards} for x in xs]
-    devices = {d.id: d for x, dst in zip(xs, dsts) for d in (*x.sharding.device_set, *dst.device_set)}
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+    """A ``_Program`` as the calls to make, everything static worked out once."""
 
-    # Phase 1: on each source device, one program cuts and packs what leaves it.
+    cuts: tuple[tuple[int, tuple[int, ...], Any, tuple[int, ...]], ...]  # src device, arrays, spec, pack ids
+    pack_devices: tuple[int, ...]  # destination device of each pack
+    pack_bytes: tuple[int, ...]
+    cross_log: tuple[tuple[int, int, int, int], ...]  # src device, dst device, bytes, array
+    places: tuple[tuple[int, tuple[int, ...], tuple[int, ...], Any, tuple[tuple[int, int], ...]], ...]
+    same_log: tuple[tuple[int, int, int], ...]  # device, bytes, array
+    reused: tuple[tuple[int, int, int], ...]
+    made: tuple[frozenset[int], ...]  # per array: devices whose block is a new buffer (without forced copies)
+    block_counts: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -> _Schedule:
+    prog = _program(key)
     by_src: dict[int, list[int]] = {}
     for i, (src_dev, _, _, _) in enumerate(prog.packs):
         by_src.setdefault(src_dev, []).append(i)
-    packed: list[Any] = [None] * len(prog.packs)
+    cuts = []
     for src_dev, ids in by_src.items():
-        arrays = sorted({a for i in ids for a, _, _ in prog.packs[i][3]})
+        arrays = tuple(sorted({a for i in ids for a, _, _ in prog.packs[i][3]}))
         slot = {a: k for k, a in enumerate(arrays)}
         spec = tuple(tuple((slot[a], st, lim) for a, st, lim in prog.packs[i][3]) for i in ids)
-        for i, y in zip(ids, _cut_and_pack(tuple(shards[a][src_dev] for a in arrays), spec)):
-            packed[i] = y
-    # Phase 2: every pack crosses in one call.
-    if packed:
-        packed = list(jax.device_put(packed, [devices[dst_dev] for _, dst_dev, _, _ in prog.packs]))
-        if log is not None:
-            for pack, (src_dev, dst_dev, dtype, pieces) in zip(packed, prog.packs):
-                itemsize = np.dtype(dtype).itemsize
-                sizes = [_box_size(tuple(zip(st, lim))) * itemsize for _, st, lim in pieces]
-                # The pack that crossed holds exactly these pieces; each is logged under its leaf.
-                assert sum(sizes) == pack.nbytes and pack.devices() == {devices[dst_dev]}
-                for (a, _, _), n in zip(pieces, sizes):
-                    log.transfers.append(Transfer("cross_device", src_dev, dst_dev, n, labels[a]))
-    # Phase 3: on each destination device, one program assembles its blocks.
-    blocks: list[list[Any]] = [[None] * len(plan) for plan in prog.plans]
+        cuts.append((src_dev, arrays, spec, tuple(ids)))
+    cross_log = []
+    pack_bytes = []
+    for src_dev, dst_dev, dtype, pieces in prog.packs:
+        itemsize = np.dtype(dtype).itemsize
+        sizes = [_box_size(tuple(zip(st, lim))) * itemsize for _, st, lim in pieces]
+        pack_bytes.append(sum(sizes))
+        cross_log.extend((src_dev, dst_dev, n, a) for (a, _, _), n in zip(pieces, sizes))
+    places = []
+    same_log = []
     for dev, entries, incoming in prog.blocks:
-        arrays = sorted({blk.array for _, _, blk in entries if blk.local})
+        arrays = tuple(sorted({blk.array for _, _, blk in entries if blk.local}))
         slot = {a: k for k, a in enumerate(arrays)}
         pslot = {i: k for k, i in enumerate(incoming)}
         spec = tuple(
@@ -490,25 +494,63 @@ def _assemble_many(
              tuple((pslot[i], start, shape, off) for i, start, shape, off in blk.remote))
             for _, _, blk in entries
         )
+        places.append((dev, arrays, tuple(incoming), spec, tuple((a, b) for a, b, _ in entries)))
+        for a, _, blk in entries:
+            itemsize = np.dtype(blk.dtype).itemsize
+            same_log.extend((dev, _box_size(tuple(zip(st, lim))) * itemsize, a) for _, st, lim, _ in blk.local)
+    made = [{block.device for block in plan} for plan in prog.plans]
+    for a, _, dev in prog.reused:
+        made[a].discard(dev)
+    return _Schedule(
+        cuts=tuple(cuts),
+        pack_devices=tuple(dst for _, dst, _, _ in prog.packs),
+        pack_bytes=tuple(pack_bytes),
+        cross_log=tuple(cross_log),
+        places=tuple(places),
+        same_log=tuple(same_log),
+        reused=prog.reused,
+        made=tuple(frozenset(m) for m in made),
+        block_counts=tuple(len(plan) for plan in prog.plans),
+    )
+
+
+def _assemble_many(
+    xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]
+) -> list[tuple[jax.Array, set[int]]]:
+    log = _LOG.get()
+    sched = _schedule(tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)))
+    shards = [{s.device.id: s.data for s in x.addressable_shards} for x in xs]
+    devices = {d.id: d for d in jax.devices()}
+
+    # Phase 1: on each source device, one program cuts and packs what leaves it.
+    packed: list[Any] = [None] * len(sched.pack_devices)
+    for src_dev, arrays, spec, ids in sched.cuts:
+        for i, y in zip(ids, _cut_and_pack(tuple(shards[a][src_dev] for a in arrays), spec)):
+            packed[i] = y
+    # Phase 2: every pack crosses in one call.
+    if packed:
+        packed = list(jax.device_put(packed, [devices[d] for d in sched.pack_devices]))
+        # What crossed is the packs; each piece in them is logged under its leaf.
+        assert [p.nbytes for p in packed] == list(sched.pack_bytes)
+        if log is not None:
+            log.transfers.extend(Transfer("cross_device", s, d, n, labels[a]) for s, d, n, a in sched.cross_log)
+    # Phase 3: on each destination device, one program assembles its blocks.
+    blocks: list[list[Any]] = [[None] * n for n in sched.block_counts]
+    for dev, arrays, incoming, spec, where in sched.places:
         outs = _assemble_blocks(tuple(shards[a][dev] for a in arrays), tuple(packed[i] for i in incoming), spec)
-        for (a, b, blk), y in zip(entries, outs):
+        for (a, b), y in zip(where, outs):
             blocks[a][b] = y
-            if log is not None:
-                itemsize = np.dtype(blk.dtype).itemsize
-                for _, st, lim, _ in blk.local:
-                    n = _box_size(tuple(zip(st, lim))) * itemsize
-                    log.transfers.append(Transfer("same_device", dev, dev, n, labels[a]))
-    for a, b, dev in prog.reused:
+    if log is not None:
+        log.transfers.extend(Transfer("same_device", d, d, n, labels[a]) for d, n, a in sched.same_log)
+    made = [set(m) for m in sched.made]
+    for a, b, dev in sched.reused:
         data = shards[a][dev]
         if copy:
             data = jax.device_put(data, devices[dev], may_alias=False)
+            made[a].add(dev)
             if log is not None:
                 log.transfers.append(Transfer("same_device", dev, dev, int(data.nbytes), labels[a]))
         blocks[a][b] = data
-    made = [{plan[b].device for b in range(len(plan))} for plan in prog.plans]
-    if not copy:
-        for a, b, dev in prog.reused:
-            made[a].discard(dev)
     return [
         (jax.make_array_from_single_device_arrays(tuple(x.shape), dst, blocks[a]), made[a])
         for a, (x, dst) in enumerate(zip(xs, dsts))
