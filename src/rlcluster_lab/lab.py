@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import gc
 import html
-import io
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -29,7 +28,7 @@ from rlcluster_lab import viz
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.config import KNOWN_ENGINES
 from rlcluster_lab.learner import GRPOLearner, LearnerConfig, StepRecord
-from rlcluster_lab.meshes import default_shape, layout_meshes, mesh_from_ids, reachable_layouts
+from rlcluster_lab.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.report import placement_report
 from rlcluster_lab.roles import Role
@@ -41,7 +40,7 @@ _PANELS = ("flow", "grid", "memory", "sync")
 _TITLES = {
     "flow": "Decision flow (L1): the branches that fired are highlighted",
     "grid": "Devices: which role holds what, on which device",
-    "memory": "Memory per device (L2): physical bytes, stacked by role and memory kind",
+    "memory": "Memory (L2): physical bytes per device and per role, by memory kind",
     "sync": "Weight sync (P13, L3): bytes against the minimum the placement allows",
 }
 
@@ -70,12 +69,10 @@ def shape_options(count: int) -> list[tuple[str, tuple[int, int]]]:
 
 def figure_output(fig: Any, alt: str, dpi: int) -> dict[str, Any]:
     """One display-data output holding the figure as a PNG; the figure is closed."""
-    buf = io.BytesIO()
     try:
-        fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+        png = base64.b64encode(viz.to_png(fig, dpi=dpi)).decode("ascii")
     finally:
         plt.close(fig)
-    png = base64.b64encode(buf.getvalue()).decode("ascii")
     return {"output_type": "display_data", "data": {"image/png": png, "text/plain": alt}, "metadata": {}}
 
 
@@ -110,7 +107,17 @@ class PlacementLab:
     how the tests drive it.
     """
 
-    def __init__(self, *, build: bool = False, dpi: int = 72, step_config: LearnerConfig | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        devices: Sequence[jax.Device] | None = None,
+        build: bool = False,
+        dpi: int = 72,
+        step_config: LearnerConfig | None = None,
+    ) -> None:
+        """``devices``: what layouts are built on (default ``jax.devices()``; a
+        notebook passes ``rl.setup().devices``)."""
+        self.devices = list(devices) if devices is not None else jax.devices()
         self.dpi = dpi
         self.step_config = step_config or LearnerConfig(steps=1, prompts_per_step=2, group_size=4)
         self._cluster: RLCluster | None = None
@@ -120,7 +127,6 @@ class PlacementLab:
         self._report: dict[str, Any] | None = None
         self._steps: list[StepRecord] = []
         self.error: str | None = None
-        self._device_ids = [d.id for d in jax.devices()]
         self._make_knobs()
         self._make_panels()
         self.widget = self._assemble()
@@ -134,33 +140,34 @@ class PlacementLab:
     def _make_knobs(self) -> None:
         style = {"description_width": "130px"}
         wide = widgets.Layout(width="330px")
-        layouts = reachable_layouts() + [CUSTOM]
+        auto = widgets.Layout(width="auto")
+        layouts = reachable_layouts(self.devices) + [CUSTOM]
         self.layout = widgets.Dropdown(
             options=[(name if name != CUSTOM else "custom rollout mesh", name) for name in layouts],
             value=layouts[0], description="layout", style=style, layout=wide,
         )
         self.device_toggles = [
-            widgets.ToggleButton(value=True, description=str(i), tooltip=f"device {i}", layout=widgets.Layout(width="38px"))
-            for i in self._device_ids
+            widgets.ToggleButton(value=True, description=str(d.id), tooltip=str(d), layout=widgets.Layout(width="38px"))
+            for d in self.devices
         ]
         self.rollout_shape = widgets.Dropdown(description="rollout shape", style=style, layout=wide)
         self.custom_note = widgets.HTML()
         self.custom_box = widgets.VBox(
             [widgets.HTML("<b>rollout devices</b>"), widgets.HBox(self.device_toggles), self.rollout_shape, self.custom_note]
         )
-        self.lora = widgets.Checkbox(value=False, description="LoRA actor", style=style, indent=False)
+        self.lora = widgets.Checkbox(value=False, description="LoRA actor", indent=False, layout=auto)
         self.lora_rank = widgets.BoundedIntText(value=4, min=1, max=64, description="LoRA rank", style=style, layout=wide)
         self.lora_separate_base = widgets.Checkbox(
-            value=False, description="LoRA over a separate copy of the base (P4 warns)", style=style, indent=False
+            value=False, description="LoRA over a separate copy of the base (P4 warns)", indent=False, layout=auto
         )
         self.engine = widgets.Dropdown(
             options=[(_ENGINE_LABELS.get(e, e), e) for e in KNOWN_ENGINES], value="vanilla",
             description="rollout engine", style=style, layout=wide,
         )
         self.static_lora = widgets.Checkbox(
-            value=True, description="static-LoRA settings for sglang_jax (P6)", style=style, indent=False
+            value=True, description="static-LoRA settings for sglang_jax (P6)", indent=False, layout=auto
         )
-        self.offload = widgets.Checkbox(value=False, description="offload to pinned host (P14)", style=style, indent=False)
+        self.offload = widgets.Checkbox(value=False, description="offload to pinned host (P14)", indent=False, layout=auto)
         self.rollout_dtype = widgets.Dropdown(
             options=[("as given (float32)", "")] + [(d, d) for d in ROLLOUT_DTYPES], value="",
             description="rollout dtype", style=style, layout=wide,
@@ -168,8 +175,8 @@ class PlacementLab:
         self.model_size = widgets.Dropdown(
             options=list(MODEL_SIZES), value="tiny", description="model size", style=style, layout=wide
         )
-        self.with_reward = widgets.Checkbox(value=False, description="reward model", style=style, indent=False)
-        self.with_critic = widgets.Checkbox(value=False, description="critic model", style=style, indent=False)
+        self.with_reward = widgets.Checkbox(value=False, description="reward model", indent=False, layout=auto)
+        self.with_critic = widgets.Checkbox(value=False, description="critic model", indent=False, layout=auto)
         self.anchor = widgets.Dropdown(
             options=[("full actor state", "full"), ("trainable parameters only", "trainable")], value="full",
             description="anchor (P8)", style=style, layout=wide,
@@ -224,12 +231,14 @@ class PlacementLab:
             [self.construct_button, self.sync_button, self.step_button, self.progress, self.status],
             layout=widgets.Layout(align_items="center"),
         )
+        # Each panel keeps its figure's own width and they wrap: side by side on
+        # a wide screen, one under the other on a narrow one.
         cells = [
             widgets.VBox([widgets.HTML(f"<b>{html.escape(_TITLES[name])}</b>"), self.outputs[name]],
-                         layout=widgets.Layout(border="1px solid #ddd", padding="4px"))
+                         layout=widgets.Layout(border="1px solid #ddd", padding="4px", margin="0 8px 8px 0"))
             for name in _PANELS
         ]
-        grid = widgets.GridBox(cells, layout=widgets.Layout(grid_template_columns="repeat(2, minmax(0, 1fr))", grid_gap="8px"))
+        grid = widgets.Box(cells, layout=widgets.Layout(flex_flow="row wrap", align_items="flex-start"))
         root = widgets.VBox([knobs, actions, self.error_box, self.summary, grid, self.step_log])
         root.add_class("rl-lab")
         return root
@@ -241,17 +250,16 @@ class PlacementLab:
         self.custom_box.layout.display = "flex" if self.layout.value == CUSTOM else "none"
 
     def _update_shape_options(self) -> None:
-        ids = self.picked_device_ids()
-        self.rollout_shape.options = shape_options(len(ids))
-        main = default_shape(len(self._device_ids))
+        self.rollout_shape.options = shape_options(len(self.picked_devices()))
+        main = default_shape(len(self.devices))
         self.custom_note.value = (
-            f"<small>actor, reference, reward, critic: all {len(self._device_ids)} devices as "
+            f"<small>actor, reference, reward, critic: all {len(self.devices)} devices as "
             f"{main[0]} x {main[1]}. Pick them all as {main[0]} x {main[1]} and P1 sees one mesh; "
             "the same devices in another shape are another mesh.</small>"
         )
 
-    def picked_device_ids(self) -> list[int]:
-        return [i for i, t in zip(self._device_ids, self.device_toggles) if t.value]
+    def picked_devices(self) -> list[jax.Device]:
+        return [d for d, t in zip(self.devices, self.device_toggles) if t.value]
 
     # ------------------------------------------------------------------ knobs -> scenario
 
@@ -277,8 +285,11 @@ class PlacementLab:
         """None for a standard layout; with the custom layout, the picked rollout mesh."""
         if self.layout.value != CUSTOM:
             return None
-        meshes = layout_meshes("colocated")
-        meshes[Role.ROLLOUT] = mesh_from_ids(self.picked_device_ids(), self.rollout_shape.value)
+        picked = self.picked_devices()
+        if not picked:
+            raise ValueError("the custom rollout mesh needs at least one device: pick some with the device buttons")
+        meshes = layout_meshes("colocated", self.devices)
+        meshes[Role.ROLLOUT] = make_mesh(picked, self.rollout_shape.value)
         return meshes
 
     # ------------------------------------------------------------------ state
@@ -324,7 +335,7 @@ class PlacementLab:
             released = self.release()
             self._stage(2, f"building the models and constructing the cluster ({scenario.model_size})")
             try:
-                cluster = build_cluster(scenario, role_to_mesh=role_to_mesh)
+                cluster = build_cluster(scenario, devices=self.devices, role_to_mesh=role_to_mesh)
             except Exception as exc:  # noqa: BLE001 - the cluster's own error, shown as it is
                 self._show_error(exc, kept=False)
                 self._clear_panels("no cluster: construction failed (see the error above)")
@@ -385,22 +396,23 @@ class PlacementLab:
         self.summary.value = summary_html(report)
         self.step_log.value = steps_html(self._steps)
         sync = report.get("sync")
-        draws: dict[str, Callable[[], Any] | str] = {
-            "flow": lambda: viz.decision_flow(report),
-            "grid": lambda: viz.device_grid(report),
-            "memory": lambda: viz.memory_by_device(report["memory"]),
-            "sync": (lambda: viz.sync_bytes(sync)) if sync else "no sync measured yet: press Sync weights (P13)",
+        memory = report["memory"]
+        draws: dict[str, list[Callable[[], Any]] | str] = {
+            "flow": [lambda: viz.decision_flow(report)],
+            "grid": [lambda: viz.device_grid(report)],
+            "memory": [lambda: viz.memory_by_device(memory), lambda: viz.memory_by_role(memory)],
+            "sync": [lambda: viz.sync_bytes(sync)] if sync else "no sync measured yet: press Sync weights (P13)",
         }
         for name, draw in draws.items():
-            self.outputs[name].outputs = (self._render(name, draw),)
+            self.outputs[name].outputs = self._render(name, draw)
 
-    def _render(self, name: str, draw: Callable[[], Any] | str) -> dict[str, Any]:
+    def _render(self, name: str, draw: list[Callable[[], Any]] | str) -> tuple[dict[str, Any], ...]:
         if isinstance(draw, str):
-            return text_output(draw)
+            return (text_output(draw),)
         try:
-            return figure_output(draw(), _TITLES[name], self.dpi)
+            return tuple(figure_output(fig(), _TITLES[name], self.dpi) for fig in draw)
         except Exception as exc:  # noqa: BLE001 - one broken figure must not take the lab down
-            return text_output(f"could not draw this panel: {type(exc).__name__}: {exc}")
+            return (text_output(f"could not draw this panel: {type(exc).__name__}: {exc}"),)
 
     def _clear_panels(self, text: str) -> None:
         self.summary.value = ""
@@ -485,7 +497,7 @@ def summary_html(report: dict[str, Any]) -> str:
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
     return (
         "<div class='rl-sharing'><b>sharing map (P1, P2)</b>"
-        "<table><tr><th>role</th><th>shares weights with</th><th>mesh (after construction)</th></tr>"
+        "<table style='text-align:left'><tr><th>role</th><th>shares weights with</th><th>mesh (after construction)</th></tr>"
         f"{rows}</table></div>"
         + "".join(f"<div>{line}</div>" for line in lines)
         + (f"<ul class='rl-warnings'>{warnings}</ul>" if warnings else "")
@@ -509,6 +521,6 @@ def steps_html(steps: Sequence[StepRecord]) -> str:
     )
     return (
         "<b>training steps</b> (toy reward: lowercase letters in the completion)"
-        "<table><tr><th>step</th><th>mean reward</th><th>loss</th><th>kl</th><th>optimizer steps</th></tr>"
+        "<table style='text-align:left'><tr><th>step</th><th>mean reward</th><th>loss</th><th>kl</th><th>optimizer steps</th></tr>"
         f"{rows}</table>"
     )
