@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: lab test install-lab install-test clean
+.PHONY: lab test browser-test screenshot install-lab install-test install-browser clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,17 @@ lab: install-lab
 
 test: install-test
 	$(PY) -m pytest
+
+# The real-browser test alone (JupyterLab + Debian's Chromium through Playwright), and the
+# README's screenshot of the placement lab, which that test saves.
+install-browser:
+	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)
+
+browser-test: install-test install-browser
+	$(PY) -m pytest -q tests/browser
+
+screenshot: install-test install-browser
+	RL_LAB_SCREENSHOT=docs/lab.png $(PY) -m pytest -q tests/browser
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info
