@@ -276,6 +276,27 @@ def test_release_says_when_someone_else_holds_the_cluster(lab: PlacementLab) -> 
     assert live_buffer_bytes() == before
 
 
+def test_lab_builds_on_the_devices_it_is_given() -> None:
+    import jax
+
+    lab = PlacementLab(devices=jax.devices()[:4], dpi=40)
+    try:
+        assert [t.description for t in lab.device_toggles] == ["0", "1", "2", "3"]
+        lab.layout.value = "split"
+        report = build(lab)
+        assert report["role_to_mesh"]["actor"]["device_ids"] == [0, 1]
+        assert report["role_to_mesh"]["rollout"]["device_ids"] == [2, 3]
+        assert sorted(report["memory"]["by_device"]) == ["0", "1", "2", "3"]
+    finally:
+        lab.release()
+
+
+def test_memory_panel_shows_per_device_and_per_role(lab: PlacementLab) -> None:
+    build(lab)
+    images = [o["data"].get("image/png") for o in lab.outputs["memory"].outputs]
+    assert len(images) == 2 and all(images) and images[0] != images[1]
+
+
 def test_shape_options_list_the_standard_shape_first() -> None:
     assert shape_options(8)[0] == ("2 x 4", (2, 4))
     assert {v for _, v in shape_options(8)} == {(2, 4), (1, 8), (4, 2), (8, 1)}

@@ -250,7 +250,11 @@ class PlacementLab:
         self.custom_box.layout.display = "flex" if self.layout.value == CUSTOM else "none"
 
     def _update_shape_options(self) -> None:
-        self.rollout_shape.options = shape_options(len(self.picked_devices()))
+        options = shape_options(len(self.picked_devices()))
+        self.rollout_shape.options = options
+        if options:
+            # New options leave no selection; the standard shape is the natural one.
+            self.rollout_shape.value = options[0][1]
         main = default_shape(len(self.devices))
         self.custom_note.value = (
             f"<small>actor, reference, reward, critic: all {len(self.devices)} devices as "
@@ -289,7 +293,7 @@ class PlacementLab:
         if not picked:
             raise ValueError("the custom rollout mesh needs at least one device: pick some with the device buttons")
         meshes = layout_meshes("colocated", self.devices)
-        meshes[Role.ROLLOUT] = make_mesh(picked, self.rollout_shape.value)
+        meshes[Role.ROLLOUT] = make_mesh(picked, self.rollout_shape.value or default_shape(len(picked)))
         return meshes
 
     # ------------------------------------------------------------------ state
