@@ -52,6 +52,7 @@ class JupyterLab:
         env.update(
             JUPYTER_CONFIG_DIR=str(config),
             JUPYTER_RUNTIME_DIR=str(self.root / "runtime"),
+            JUPYTER_DATA_DIR=str(self.root / "data"),
             JUPYTERLAB_WORKSPACES_DIR=str(self.root / "workspaces"),
             JUPYTERLAB_SETTINGS_DIR=str(self.root / "settings"),
             IPYTHONDIR=str(self.root / "ipython"),
