@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import gc
 import html
 import weakref
@@ -35,7 +34,11 @@ from rlcluster_lab.roles import Role
 from rlcluster_lab.scenario import ROLLOUT_DTYPES, Scenario, build_cluster
 
 CUSTOM = "custom"
-_ENGINE_LABELS = {"vanilla": "vanilla", "vllm": "vllm (JAX placement stand-in)", "sglang_jax": "sglang_jax (JAX placement stand-in)"}
+_ENGINE_LABELS = {
+    "vanilla": "vanilla",
+    "vllm": "vllm (JAX placement stand-in)",
+    "sglang_jax": "sglang_jax (JAX placement stand-in)",
+}
 _PANELS = ("flow", "grid", "memory", "sync")
 _TITLES = {
     "flow": "Decision flow (L1): the branches that fired are highlighted",
@@ -292,6 +295,8 @@ class PlacementLab:
         picked = self.picked_devices()
         if not picked:
             raise ValueError("the custom rollout mesh needs at least one device: pick some with the device buttons")
+        # P1: the trainer roles keep the standard mesh; the rollout mesh is that
+        # very mesh only when all its devices are picked in the standard shape.
         meshes = layout_meshes("colocated", self.devices)
         meshes[Role.ROLLOUT] = make_mesh(picked, self.rollout_shape.value or default_shape(len(picked)))
         return meshes
