@@ -153,8 +153,13 @@ def test_memory_by_device_bar_heights_are_the_reports_unique_bytes_L2():
         "bar:device:0:device": 700, "bar:device:1:device": 450,
         "bar:device:0:pinned_host": 600, "bar:device:1:pinned_host": 400,
     }
-    naive = sorted(p.get_height() for p in _patches(fig, "bar:naive:").values())
-    assert naive == [400, 600, 800, 1100]  # per device, the sum of every role's bytes
+    # Stacked by role: per device and memory kind the segments add up to the sum of every role's bytes.
+    stacks: dict[str, float] = {}
+    for gid, p in _patches(fig, "bar:role:").items():
+        _, _, dev, kind, _role = gid.split(":")
+        stacks[f"{dev}:{kind}"] = stacks.get(f"{dev}:{kind}", 0) + p.get_height()
+    assert sorted(stacks.values()) == [400, 600, 800, 1100]
+    assert _patches(fig, "bar:role:0:device:actor")["bar:role:0:device:actor"].get_height() > 0
     text = _texts(fig)
     assert "physical bytes" in text and "no allocator statistics" in text
 

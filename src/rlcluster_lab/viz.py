@@ -362,31 +362,41 @@ def _naive_by_device(memory: Mapping[str, Any]) -> dict[str, dict[str, int]]:
 
 
 def memory_by_device(memory: Mapping[str, Any]) -> Figure:
-    """Unique physical bytes on each device, per memory kind (L2).
+    """Physical bytes on each device, stacked by role, one bar per memory kind (L2).
 
-    A filled bar counts each buffer once; the dashed outline behind it is the
-    sum of every role's own bytes on that device, so the gap between them is
-    what sharing saves. Where the backend reports allocator figures they are
-    drawn as black ticks; on CPU it has none, and the title says so.
+    Each bar stacks every role's own bytes on that device in that memory kind
+    (the anchor and the optimizer state included), so its height is what the
+    device would hold if no buffer were shared. The black box drawn over it
+    is what the device really holds, each buffer counted once: the part of
+    the stack above the box is what sharing saves. Where the backend reports
+    allocator figures they are drawn as black ticks; on CPU it has none, and
+    the title says so.
     """
     by_device = memory.get("by_device", {})
+    by_role = memory.get("by_role", {})
     naive = _naive_by_device(memory)
     devices = _dev_sort(list(set(by_device) | set(naive)))
     kinds = [k for k in KINDS if any(by_device.get(d, {}).get(k) or naive.get(d, {}).get(k) for d in devices)] or ["device"]
+    entries = _present(list(by_role), ENTRY_ORDER)
     fig = _figure(max(6.0, 0.8 * len(devices) + 4.0), 3.8)
     ax = fig.add_subplot()
     width = 0.8 / len(kinds)
     for k, kind in enumerate(kinds):
         xs = [i - 0.4 + width * (k + 0.5) for i in range(len(devices))]
+        bottom = [0] * len(devices)
+        for e in entries:
+            values = [int(by_role[e].get("by_device", {}).get(d, {}).get(kind, 0)) for d in devices]
+            if not any(values):
+                continue
+            # Pinned host is hatched, so role colour and memory kind read together.
+            segs = ax.bar(xs, values, width * 0.92, bottom=bottom, color=ROLE_COLORS.get(e, "#999999"),
+                          hatch="///" if kind == "pinned_host" else None, edgecolor="white", linewidth=0.5)
+            for bar, dev in zip(segs, devices):
+                bar.set_gid(f"bar:role:{dev}:{kind}:{e}")
+            bottom = [a + b for a, b in zip(bottom, values)]
         unique = [int(by_device.get(d, {}).get(kind, 0)) for d in devices]
-        every = [int(naive.get(d, {}).get(kind, 0)) for d in devices]
-        outlines = ax.bar(xs, every, width * 0.92, facecolor="none", edgecolor=KIND_COLORS.get(kind, "#777777"),
-                          linestyle="--", linewidth=1.0)
-        for bar, dev in zip(outlines, devices):
-            bar.set_gid(f"bar:naive:{dev}:{kind}")
-        bars = ax.bar(xs, unique, width * 0.92, color=KIND_COLORS.get(kind, "#777777"),
-                      label=f"{kind} (each buffer once)")
-        for bar, dev in zip(bars, devices):
+        boxes = ax.bar(xs, unique, width * 0.92, facecolor="none", edgecolor="black", linewidth=1.6)
+        for bar, dev in zip(boxes, devices):
             bar.set_gid(f"bar:device:{dev}:{kind}")
     allocator = memory.get("allocator") or {}
     if allocator.get("available"):
@@ -399,7 +409,10 @@ def memory_by_device(memory: Mapping[str, Any]) -> Figure:
     ax.set_ylabel(PHYSICAL, fontsize=8)
     _bytes_axis(ax.yaxis, ax.get_ylim()[1])
     handles, _ = ax.get_legend_handles_labels()
-    handles.append(Patch(facecolor="none", edgecolor="#777777", linestyle="--", label="sum of every role's bytes"))
+    handles += [Patch(facecolor=ROLE_COLORS.get(e, "#999999"), label=e) for e in entries]
+    if "pinned_host" in kinds:
+        handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="///", label="pinned_host (hatched)"))
+    handles.append(Patch(facecolor="none", edgecolor="black", linewidth=1.6, label="held: each buffer once"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     note = "" if allocator.get("available") else "\nallocator: " + (allocator.get("note") or "no figures on this backend")
     ax.set_title(f"per device: {fmt_bytes(memory.get('unique_bytes', 0))} counting each buffer once, "
