@@ -204,7 +204,9 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
         f"  minimum across devices {sync['minimum_cross_device_bytes']:,}; logical (each leaf once)"
         f" {sync['synced_logical_bytes']:,}",
         f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
-        f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms",
+        f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms"
+        + (" (the handover includes compiling its copy programs: first sync of these shardings)"
+           if sync.get("includes_compilation") else ""),
     ]
 
 

@@ -223,7 +223,9 @@ class SyncReport:
     kind: the new buffers the sync allocates while the old ones are still
     alive (new destination buffers in their dtype, plus the new anchor).
     A cast to the rollout dtype happens on the destination device after the
-    move and is not counted as movement.
+    move and is not counted as movement. ``includes_compilation``: the first
+    sync between a set of shardings builds (compiles) its copy programs, and
+    its ``seconds`` include that; later syncs reuse them.
     """
 
     method: str
@@ -236,6 +238,7 @@ class SyncReport:
     arrived_by_device: Mapping[str, int]
     peak_extra_bytes: Mapping[str, Mapping[str, int]]
     global_step: int
+    includes_compilation: bool = False
     units: str = UNITS
 
     def _sum(self, field: str) -> int:
@@ -286,6 +289,7 @@ class SyncReport:
             "anchor_mode": self.anchor_mode,
             "seconds": self.seconds,
             "anchor_seconds": self.anchor_seconds,
+            "includes_compilation": self.includes_compilation,
             "arrived_by_device": _plain(self.arrived_by_device),
             "peak_extra_bytes": _plain(self.peak_extra_bytes),
             "leaves": [leaf.to_json() for leaf in self.leaves],
@@ -415,6 +419,7 @@ def sync_report(
         arrived_by_device={k: arrived[k] for k in sorted(arrived, key=int)},
         peak_extra_bytes={k: peak[k] for k in sorted(peak, key=int)},
         global_step=global_step,
+        includes_compilation=log.compiled,
     )
 
 

@@ -93,6 +93,7 @@ class TransferLog:
     leaf: str | None = None
     # (leaf, device id, pointer) of output shards that are the source's own buffers.
     source_buffers: set[tuple[str | None, int, int]] = dataclasses.field(default_factory=set)
+    compiled: bool = False  # the copy programs for these shardings were built in this block
 
     @property
     def exact(self) -> bool:
@@ -518,7 +519,11 @@ def _assemble_many(
     xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]
 ) -> list[tuple[jax.Array, set[int]]]:
     log = _LOG.get()
+    misses = _schedule.cache_info().misses
     sched = _schedule(tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)))
+    if log is not None and _schedule.cache_info().misses > misses:
+        # New sharding pairs: their copy programs are compiled inside this call.
+        log.compiled = True
     shards = [{s.device.id: s.data for s in x.addressable_shards} for x in xs]
     devices = {d.id: d for d in jax.devices()}
 

@@ -520,7 +520,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Figure:
         seconds = s.get("seconds")
         text = fmt_bytes(s.get("synced_bytes", 0))
         if seconds is not None:
-            text += f"\n{seconds * 1e3:.1f} ms"
+            text += f"\n{seconds * 1e3:.1f} ms" + (" (incl. compiling)" if s.get("includes_compilation") else "")
         ax.text(i, bottoms[i], text, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel(PHYSICAL, fontsize=8)
