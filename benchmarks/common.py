@@ -5,7 +5,7 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rlcluster_lab.devices import ensure_simulated_devices
@@ -24,6 +24,14 @@ def parser(description: str) -> argparse.ArgumentParser:
 def setup(args: argparse.Namespace) -> None:
     ensure_simulated_devices(args.devices)
     os.makedirs(args.out, exist_ok=True)
+
+
+def cases(args: argparse.Namespace) -> Iterator[tuple[str, str, bool]]:
+    """(model size, layout, LoRA) for every case the flags ask for."""
+    for size in args.sizes.split(","):
+        for layout in args.layouts.split(","):
+            for lora in (False, True):
+                yield size, layout, lora
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float:

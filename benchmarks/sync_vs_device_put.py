@@ -25,37 +25,41 @@ def main() -> None:
     import jax
     from flax import nnx
 
+    from rlcluster_lab.reshard import clear_programs
     from rlcluster_lab.scenario import Scenario, build_cluster
 
     rows = []
     labels = []
     ratios = []
-    for size in args.sizes.split(","):
-        for layout in args.layouts.split(","):
-            for lora in (False, True):
-                cluster = build_cluster(Scenario(layout=layout, lora=lora, model_size=size))
-                kind = nnx.LoRAParam if lora else nnx.Param
-                dst = jax.tree.map(lambda x: x.sharding, nnx.state(cluster.rollout.model(), kind))
+    for size, layout, lora in common.cases(args):
+        cluster = build_cluster(Scenario(layout=layout, lora=lora, model_size=size))
+        kind = nnx.LoRAParam if lora else nnx.Param
+        dst = jax.tree.map(lambda x: x.sharding, nnx.state(cluster.rollout.model(), kind))
 
-                def floor() -> None:
-                    params = nnx.state(cluster.actor_model, kind)
-                    jax.block_until_ready(jax.device_put(params, dst))
+        # The sync reads the actor's state before its clock starts; so does the floor.
+        params = nnx.state(cluster.actor_model, kind)
 
-                def handover() -> float:
-                    return cluster.sync_weights().seconds
+        def floor() -> None:
+            jax.block_until_ready(jax.device_put(params, dst))
 
-                for _ in range(2):
-                    handover()
-                sync_s = statistics.median(handover() for _ in range(args.repeats))
-                put_s = common.median_seconds(floor, args.repeats)
-                rep = cluster.sync_weights()
-                ratio = sync_s / put_s
-                ratios.append(ratio)
-                labels.append(f"{size}/{layout}{'/lora' if lora else ''}")
-                rows.append([size, layout, "lora" if lora else "full", rep.synced_bytes, rep.moved_cross_device_bytes,
-                             sync_s * 1e3, put_s * 1e3, ratio])
-                del cluster
-                print(f"  done {labels[-1]}", file=sys.stderr, flush=True)
+        def handover() -> float:
+            return cluster.sync_weights().seconds
+
+        for _ in range(2):
+            handover()
+        sync_s = statistics.median(handover() for _ in range(args.repeats))
+        put_s = common.median_seconds(floor, args.repeats)
+        rep = cluster.sync_weights()
+        ratio = sync_s / put_s
+        ratios.append(ratio)
+        labels.append(f"{size}/{layout}{'/lora' if lora else ''}")
+        rows.append([size, layout, "lora" if lora else "full", rep.synced_bytes, rep.moved_cross_device_bytes,
+                     sync_s * 1e3, put_s * 1e3, ratio])
+        del cluster
+        # Compiled programs hold memory mappings: start every case without the last one's.
+        clear_programs()
+        jax.clear_caches()
+        print(f"  done {labels[-1]}", file=sys.stderr, flush=True)
     print(f"platform {jax.default_backend()}, {jax.device_count()} devices; median of {args.repeats} runs")
     print(common.table(["size", "layout", "params", "synced B", "cross-device B", "sync ms", "device_put ms",
                         "ratio"], rows))

@@ -30,6 +30,7 @@ from rlcluster_lab.learner import GRPOLearner, LearnerConfig, StepRecord
 from rlcluster_lab.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.report import placement_report
+from rlcluster_lab.reshard import clear_programs
 from rlcluster_lab.roles import Role
 from rlcluster_lab.scenario import ROLLOUT_DTYPES, Scenario, build_cluster
 
@@ -321,6 +322,8 @@ class PlacementLab:
         self._sync = self._report = None
         self._steps = []
         gc.collect()
+        # The next build may use other shardings: drop the old copy programs too.
+        clear_programs()
         if ref() is not None:
             # Someone else (a notebook variable) holds it; deleting its buffers
             # under them would break their object, so say so instead.

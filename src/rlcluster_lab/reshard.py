@@ -515,6 +515,20 @@ def _schedule(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) 
     )
 
 
+def clear_programs() -> None:
+    """Forget the compiled copy programs (the next reshard of a sharding set builds them again).
+
+    Each program is compiled per device, and on the CPU backend every
+    compiled kernel holds memory mappings of its own; a long session that
+    builds many different clusters (the lab's rebuild button) releases them
+    here, before the process runs into the kernel's limit on mappings.
+    """
+    _program.cache_clear()
+    _schedule.cache_clear()
+    _cut_and_pack.clear_cache()
+    _assemble_blocks.clear_cache()
+
+
 def _assemble_many(
     xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]
 ) -> list[tuple[jax.Array, set[int]]]:
