@@ -91,8 +91,6 @@ class TransferLog:
     transfers: list[Transfer] = dataclasses.field(default_factory=list)
     opaque_leaves: list[str | None] = dataclasses.field(default_factory=list)
     leaf: str | None = None
-    # (leaf, device id, pointer) of output shards that are the source's own buffers.
-    source_buffers: set[tuple[str | None, int, int]] = dataclasses.field(default_factory=set)
     compiled: bool = False  # the copy programs for these shardings were built in this block
 
     @property
@@ -264,7 +262,6 @@ def reshard_many(
         for i, (x, d) in enumerate(zip(xs, dsts)):
             if i not in todo:
                 out[i] = x
-                _log_carried(x, x, set(), labels[i])
             elif log is not None and x.sharding != d:
                 log.opaque_leaves.append(labels[i])
         if todo:
@@ -283,7 +280,6 @@ def reshard_many(
         if x.sharding == dst:
             if not copy:
                 out[i] = x
-                _log_carried(x, x, set(), labels[i])
             else:
                 staged[i] = (x, dst, False)
             continue
@@ -327,6 +323,8 @@ def reshard_many(
             _log_shards("memory_kind", out[i], y, labels[i])
             out[i] = y
     for i in staged:
+        if out[i] is xs[i]:
+            continue
         # A shard that carries the source's own data on its device but sits in a
         # new buffer (moved between memory kinds on the way) was copied within
         # its device: logged so that every destination byte is accounted for.
@@ -334,17 +332,15 @@ def reshard_many(
     return out  # type: ignore[return-value]
 
 
-def log_cast(before: jax.Array, after: jax.Array, label: str | None) -> None:
-    """A cast made new buffers from ``before``'s: log those that were still source buffers.
-
-    ``before`` is a reshard's output; its shards that are the source's own
-    buffers (nothing was copied) become same-device copies once cast.
-    """
+def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | None) -> None:
+    """A cast made new buffers out of ``before`` (a reshard of ``src``): log the shards that
+    were still ``src``'s own buffers, which the cast turned into same-device copies."""
     log = _LOG.get()
     if log is None or before is after:
         return
+    own = {(s.device.id, s.data.unsafe_buffer_pointer()) for s in src.addressable_shards}
     for s in before.addressable_shards:
-        if (label, s.device.id, s.data.unsafe_buffer_pointer()) in log.source_buffers:
+        if (s.device.id, s.data.unsafe_buffer_pointer()) in own:
             log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
 
 
@@ -355,9 +351,7 @@ def _log_carried(src: jax.Array, out: jax.Array, produced: set[int], label: str 
     src_keys = {(s.device.id, s.data.unsafe_buffer_pointer()) for s in src.addressable_shards}
     for s in out.addressable_shards:
         key = (s.device.id, s.data.unsafe_buffer_pointer())
-        if key in src_keys:
-            log.source_buffers.add((label, *key))  # reused as it is
-        elif s.device.id not in produced:
+        if key not in src_keys and s.device.id not in produced:
             log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
 
 
@@ -396,6 +390,7 @@ class _Program:
     packs: tuple[tuple[int, int, Any, tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]], ...]
     blocks: tuple[tuple[int, tuple[tuple[int, int, _Block], ...], tuple[int, ...]], ...]
     reused: tuple[tuple[int, int, int], ...]
+    whole: tuple[tuple[int, int, int, int], ...] = ()  # (array, block, src device, dst device)
 
 
 @functools.lru_cache(maxsize=64)
@@ -409,11 +404,16 @@ def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -
     pack_fill: dict[tuple[int, int, Any], int] = {}
     per_device: dict[int, list[tuple[int, int, _Block]]] = {}
     reused = []
+    whole = []
     for a, plan in enumerate(plans):
         dtype = key[a][1]
         for b, block in enumerate(plan):
             if block.reuses_source_buffer:
                 reused.append((a, b, block.device))
+                continue
+            if len(block.pieces) == 1 and block.pieces[0].src_box == block.box:
+                # A whole source shard from another device: it crosses as it is.
+                whole.append((a, b, block.pieces[0].src_device, block.device))
                 continue
             local, remote = [], []
             for piece in block.pieces:
@@ -446,6 +446,7 @@ def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -
         packs=tuple((pk[0], pk[1], pk[2], tuple(packs[pk])) for pk in pack_keys),
         blocks=tuple(blocks),
         reused=tuple(reused),
+        whole=tuple(whole),
     )
 
 
@@ -460,6 +461,7 @@ class _Schedule:
     places: tuple[tuple[int, tuple[int, ...], tuple[int, ...], Any, tuple[tuple[int, int], ...]], ...]
     same_log: tuple[tuple[int, int, int], ...]  # device, bytes, array
     reused: tuple[tuple[int, int, int], ...]
+    whole: tuple[tuple[int, int, int, int], ...]  # (array, block, src device, dst device)
     made: tuple[frozenset[int], ...]  # per array: devices whose block is a new buffer (without forced copies)
     block_counts: tuple[int, ...]
 
@@ -510,6 +512,7 @@ def _schedule(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) 
         places=tuple(places),
         same_log=tuple(same_log),
         reused=prog.reused,
+        whole=prog.whole,
         made=tuple(frozenset(m) for m in made),
         block_counts=tuple(len(plan) for plan in prog.plans),
     )
@@ -546,15 +549,22 @@ def _assemble_many(
     for src_dev, arrays, spec, ids in sched.cuts:
         for i, y in zip(ids, _cut_and_pack(tuple(shards[a][src_dev] for a in arrays), spec)):
             packed[i] = y
-    # Phase 2: every pack crosses in one call.
-    if packed:
-        packed = list(jax.device_put(packed, [devices[d] for d in sched.pack_devices]))
+    # Phase 2: every pack, and every whole shard that only changes device, crosses in one call.
+    blocks: list[list[Any]] = [[None] * n for n in sched.block_counts]
+    if packed or sched.whole:
+        sent = [shards[a][src] for a, _, src, _ in sched.whole]
+        arrived = list(jax.device_put(packed + sent, [devices[d] for d in sched.pack_devices]
+                                      + [devices[dst] for _, _, _, dst in sched.whole]))
+        packed = arrived[: len(packed)]
         # What crossed is the packs; each piece in them is logged under its leaf.
         assert [p.nbytes for p in packed] == list(sched.pack_bytes)
         if log is not None:
             log.transfers.extend(Transfer("cross_device", s, d, n, labels[a]) for s, d, n, a in sched.cross_log)
+        for (a, b, src, dst), y in zip(sched.whole, arrived[len(packed):]):
+            blocks[a][b] = y
+            if log is not None:
+                log.transfers.append(Transfer("cross_device", src, dst, int(y.nbytes), labels[a]))
     # Phase 3: on each destination device, one program assembles its blocks.
-    blocks: list[list[Any]] = [[None] * n for n in sched.block_counts]
     for dev, arrays, incoming, spec, where in sched.places:
         outs = _assemble_blocks(tuple(shards[a][dev] for a in arrays), tuple(packed[i] for i in incoming), spec)
         for (a, b), y in zip(where, outs):

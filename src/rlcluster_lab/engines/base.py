@@ -211,5 +211,5 @@ def reshard_flat(
             out[k] = x
         else:
             out[k] = x.astype(want)
-            log_cast(x, out[k], leaf_path(k))
+            log_cast(src_flat[k], x, out[k], leaf_path(k))
     return out
