@@ -44,7 +44,7 @@ from rlcluster_lab.placement import (
     move_model,
     put_on_memory_kind,
 )
-from rlcluster_lab.reshard import record_transfers
+from rlcluster_lab.reshard import record_transfers, shard_keys
 from rlcluster_lab.roles import Mode, Role
 from rlcluster_lab.sharing import SharingMap, build_sharing_map, rollout_branch, shares
 from rlcluster_lab.tokenizer import ByteTokenizer
@@ -788,11 +788,7 @@ def state_bytes(state: Any) -> int:
 
 def buffer_keys(state: Any) -> set[tuple[int, int]]:
     """(device id, buffer pointer) of every addressable shard of ``state``."""
-    keys = set()
-    for x in array_leaves(state):
-        for s in x.addressable_shards:
-            keys.add((s.device.id, s.data.unsafe_buffer_pointer()))
-    return keys
+    return set().union(*(shard_keys(x) for x in array_leaves(state)))
 
 
 def sharing_backbone(a: nnx.Module, b: nnx.Module) -> bool:

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, Sharding
 
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.placement import array_leaves
-from rlcluster_lab.reshard import TransferLog, minimum_cross_device_elements, shard_boxes
+from rlcluster_lab.reshard import TransferLog, box_size, minimum_cross_device_elements, shard_boxes, shard_key, shard_keys
 
 UNITS = (
     "physical bytes: every device shard counted (a leaf replicated on 4 devices counts 4 times)"
@@ -313,7 +313,7 @@ def shard_facts(x: jax.Array) -> ShardFacts:
         dtype=x.dtype,
         sharding=describe_sharding(x.sharding),
         boxes=tuple(shard_boxes(x)),
-        buffers=frozenset((s.device.id, s.data.unsafe_buffer_pointer()) for s in x.addressable_shards),
+        buffers=frozenset(shard_keys(x)),
     )
 
 
@@ -364,9 +364,9 @@ def sync_report(
         inferred_cross = inferred_same = 0
         kind = str(dst.sharding.memory_kind)
         for s, (_, box), miss in zip(dst.addressable_shards, dst_boxes, lacking):
-            elements = _box_elements(box)
+            elements = box_size(box)
             synced += elements * itemsize
-            if (s.device.id, s.data.unsafe_buffer_pointer()) in src.buffers:
+            if shard_key(s) in src.buffers:
                 reused += elements * itemsize
                 continue
             inferred_cross += miss * itemsize
@@ -430,7 +430,7 @@ def new_shards(after: Any, before: Any) -> list[tuple[int, str, int]]:
     for x in array_leaves(after):
         kind = str(x.sharding.memory_kind)
         for s in x.addressable_shards:
-            if (s.device.id, s.data.unsafe_buffer_pointer()) not in old:
+            if shard_key(s) not in old:
                 out.append((s.device.id, kind, s.data.nbytes))
     return out
 
@@ -450,13 +450,6 @@ def _id_ranges(ids: Sequence[int]) -> str:
     if list(ids) == list(range(ids[0], ids[0] + len(ids))):
         return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
     return ",".join(map(str, ids))
-
-
-def _box_elements(box: Any) -> int:
-    n = 1
-    for a, b in box:
-        n *= b - a
-    return n
 
 
 def _plain(x: Any) -> Any:

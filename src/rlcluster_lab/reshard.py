@@ -42,7 +42,7 @@ class Piece:
     box: Box  # the piece's box in the global array
 
     def size(self) -> int:
-        return _box_size(self.box)
+        return box_size(self.box)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +97,6 @@ class TransferLog:
     def exact(self) -> bool:
         return not self.opaque_leaves
 
-    def add(self, kind: TransferKind, src_device: int, dst_device: int, nbytes: int) -> None:
-        self.transfers.append(Transfer(kind, src_device, dst_device, int(nbytes), self.leaf))
-
 
 _LOG: contextvars.ContextVar[TransferLog | None] = contextvars.ContextVar("rlcluster_lab_transfer_log", default=None)
 
@@ -129,10 +126,20 @@ def leaf_label(label: str) -> Iterator[None]:
         log.leaf = prev
 
 
+def shard_key(shard: Any) -> tuple[int, int]:
+    """(device id, buffer pointer): which buffer on which device a shard is."""
+    return (shard.device.id, shard.data.unsafe_buffer_pointer())
+
+
+def shard_keys(x: jax.Array) -> set[tuple[int, int]]:
+    """``shard_key`` of every addressable shard of ``x``."""
+    return {shard_key(s) for s in x.addressable_shards}
+
+
 def _log_shards(kind: TransferKind, before: jax.Array, after: jax.Array, label: str | None = None) -> set[int]:
     """Log the shards of ``after`` that are new buffers (not ``before``'s); returns their devices."""
-    old = {(s.device.id, s.data.unsafe_buffer_pointer()) for s in before.addressable_shards}
-    new = [s for s in after.addressable_shards if (s.device.id, s.data.unsafe_buffer_pointer()) not in old]
+    old = shard_keys(before)
+    new = [s for s in after.addressable_shards if shard_key(s) not in old]
     log = _LOG.get()
     if log is not None:
         for s in new:
@@ -158,8 +165,8 @@ def minimum_cross_device_elements(
         for box in dict.fromkeys(local.get(dev, [])):
             inter = _intersect(box, want)
             if inter is not None:
-                have += _box_size(inter)
-        out.append(_box_size(want) - have)
+                have += box_size(inter)
+        out.append(box_size(want) - have)
     return out
 
 
@@ -204,9 +211,9 @@ def plan_reshard(
             src = dev if dev in devs else min(devs)
             pieces.append(Piece(src_device=src, src_box=box, box=inter))
         covered = sum(p.size() for p in pieces)
-        if covered != _box_size(want):
+        if covered != box_size(want):
             raise ValueError(
-                f"source shards cover {covered} of the {_box_size(want)} elements of destination "
+                f"source shards cover {covered} of the {box_size(want)} elements of destination "
                 f"box {want}; the source sharding does not tile the array"
             )
         plans.append(BlockPlan(device=dev, box=want, pieces=tuple(pieces)))
@@ -258,12 +265,11 @@ def reshard_many(
     out: list[jax.Array | None] = [None] * len(xs)
     if jax.default_backend() != "cpu":
         todo = [i for i, (x, d) in enumerate(zip(xs, dsts)) if x.sharding != d or copy]
-        log = _LOG.get()
         for i, (x, d) in enumerate(zip(xs, dsts)):
             if i not in todo:
                 out[i] = x
-            elif log is not None and x.sharding != d:
-                log.opaque_leaves.append(labels[i])
+            elif current is not None and x.sharding != d:
+                current.opaque_leaves.append(labels[i])
         if todo:
             moved = jax.device_put([xs[i] for i in todo], [dsts[i] for i in todo], may_alias=False if copy else None)
             for i, y in zip(todo, moved):
@@ -338,9 +344,9 @@ def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | N
     log = _LOG.get()
     if log is None or before is after:
         return
-    own = {(s.device.id, s.data.unsafe_buffer_pointer()) for s in src.addressable_shards}
+    own = shard_keys(src)
     for s in before.addressable_shards:
-        if (s.device.id, s.data.unsafe_buffer_pointer()) in own:
+        if shard_key(s) in own:
             log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
 
 
@@ -348,10 +354,9 @@ def _log_carried(src: jax.Array, out: jax.Array, produced: set[int], label: str 
     log = _LOG.get()
     if log is None:
         return
-    src_keys = {(s.device.id, s.data.unsafe_buffer_pointer()) for s in src.addressable_shards}
+    src_keys = shard_keys(src)
     for s in out.addressable_shards:
-        key = (s.device.id, s.data.unsafe_buffer_pointer())
-        if key not in src_keys and s.device.id not in produced:
+        if shard_key(s) not in src_keys and s.device.id not in produced:
             log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
 
 
@@ -427,7 +432,7 @@ def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -
                     packs.setdefault(pk, []).append((a, starts, limits))
                     shape = tuple(hi - lo for lo, hi in zip(starts, limits))
                     remote.append((pk, pack_fill.get(pk, 0), shape, offset))
-                    pack_fill[pk] = pack_fill.get(pk, 0) + _box_size(piece.box)
+                    pack_fill[pk] = pack_fill.get(pk, 0) + box_size(piece.box)
             per_device.setdefault(block.device, []).append(
                 (a, b, _Block(a, block.device, tuple(hi - lo for lo, hi in block.box), dtype, tuple(local), tuple(remote)))
             )
@@ -482,7 +487,7 @@ def _schedule(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) 
     pack_bytes = []
     for src_dev, dst_dev, dtype, pieces in prog.packs:
         itemsize = np.dtype(dtype).itemsize
-        sizes = [_box_size(tuple(zip(st, lim))) * itemsize for _, st, lim in pieces]
+        sizes = [box_size(tuple(zip(st, lim))) * itemsize for _, st, lim in pieces]
         pack_bytes.append(sum(sizes))
         cross_log.extend((src_dev, dst_dev, n, a) for (a, _, _), n in zip(pieces, sizes))
     places = []
@@ -500,7 +505,7 @@ def _schedule(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) 
         places.append((dev, arrays, tuple(incoming), spec, tuple((a, b) for a, b, _ in entries)))
         for a, _, blk in entries:
             itemsize = np.dtype(blk.dtype).itemsize
-            same_log.extend((dev, _box_size(tuple(zip(st, lim))) * itemsize, a) for _, st, lim, _ in blk.local)
+            same_log.extend((dev, box_size(tuple(zip(st, lim))) * itemsize, a) for _, st, lim, _ in blk.local)
     made = [{block.device for block in plan} for plan in prog.plans]
     for a, _, dev in prog.reused:
         made[a].discard(dev)
@@ -623,7 +628,7 @@ def _intersect(a: Box, b: Box) -> Box | None:
     return tuple(out)
 
 
-def _box_size(box: Box) -> int:
+def box_size(box: Box) -> int:
     n = 1
     for a, b in box:
         n *= b - a
