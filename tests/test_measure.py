@@ -193,13 +193,13 @@ def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     dst = jax.sharding.NamedSharding(mesh_dst, P("fsdp", None))
     monkeypatch.setattr(reshard_mod, "_plan_reshard_minimal", reshard_mod.plan_reshard, raising=False)
     monkeypatch.setattr(reshard_mod, "plan_reshard", wasteful)
-    reshard_mod._program.cache_clear()  # programs are cached per sharding pair; plan afresh
+    reshard_mod.clear_programs()  # schedules are cached per sharding set; plan afresh
     facts = shard_facts(x)
     with record_transfers() as log, leaf_label("w"):
         y = reshard(x, dst)
     rep = sync_report({"w": facts}, {"w": y}, log, lora=False, seconds=0.0, new_anchor_shards=[],
                       anchor_mode="full", anchor_seconds=0.0, global_step=1)
-    reshard_mod._program.cache_clear()
+    reshard_mod.clear_programs()
     assert rep.excess_cross_device_bytes > 0
     assert rep.moved_cross_device_bytes > rep.minimum_cross_device_bytes
 

@@ -398,7 +398,6 @@ class _Program:
     whole: tuple[tuple[int, int, int, int], ...] = ()  # (array, block, src device, dst device)
 
 
-@functools.lru_cache(maxsize=64)
 def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -> _Program:
     plans = []
     for shape, _, src, dst in key:
@@ -531,7 +530,6 @@ def clear_programs() -> None:
     builds many different clusters (the lab's rebuild button) releases them
     here, before the process runs into the kernel's limit on mappings.
     """
-    _program.cache_clear()
     _schedule.cache_clear()
     _cut_and_pack.clear_cache()
     _assemble_blocks.clear_cache()
