@@ -36,7 +36,7 @@ def _assert_same_model(a, b):
 
 
 def _lora_model():
-    model = with_lora(init_model("tiny", seed=3), 4, rngs=nnx.Rngs(1), alpha=8.0)
+    model = with_lora(init_model("tiny", seed=3), 4, seed=1, alpha=8.0)
     # Non-zero adapters, so a load that left lora_b at its initial zeros would show.
     state = nnx.state(model, nnx.LoRAParam)
     state = jax.tree.map(lambda x: x + 0.5, state)

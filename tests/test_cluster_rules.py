@@ -41,7 +41,7 @@ def models_on(mesh, *, lora: bool, separate_base: bool = False, size: str = "tin
     reference = place_model(init_model(size), mesh)
     if lora:
         base = place_model(reference, mesh, copy=True) if separate_base else reference
-        return with_lora(base, 4, rngs=nnx.Rngs(1)), reference
+        return with_lora(base, 4, seed=1), reference
     return place_model(reference, mesh, copy=True), reference
 
 
@@ -564,7 +564,11 @@ def test_failed_construction_leaves_no_stray_buffers():
     with pytest.raises(RuntimeError, match="on purpose"):
         RLCluster(actor=actor, cluster_config=cfg)
     gc.collect()
-    stray = [x for x in jax.live_arrays() if id(x) not in before and not x.is_deleted()]
+    # A view of the caller's own buffers (JAX caches one per shard once a shard's data
+    # is read) holds no memory of its own; anything else would be a stray buffer.
+    callers = buffer_keys(nnx.state(actor))
+    stray = [x for x in jax.live_arrays()
+             if id(x) not in before and not x.is_deleted() and not buffer_keys([x]) <= callers]
     assert stray == []
     # The caller's model is untouched and still usable.
     assert all(not x.is_deleted() for x in jax.tree.leaves(nnx.state(actor)))

@@ -14,7 +14,7 @@ from test_reshard import _cases
 from rlcluster_lab import Scenario, build_cluster, memory_report, placement_report
 from rlcluster_lab.cluster import state_bytes
 from rlcluster_lab.measure import memory_of, shard_facts, sync_report
-from rlcluster_lab.reshard import leaf_label, record_transfers, reshard, to_box
+from rlcluster_lab.reshard import leaf_label, record_transfers, reshard, reshard_strategy, to_box
 
 PROPERTY = settings(max_examples=40, deadline=None, derandomize=True)
 
@@ -142,22 +142,28 @@ def _lacking_elements(x: jax.Array, y: jax.Array) -> int:
     return total
 
 
-@PROPERTY
-@given(_cases(), st.booleans())
-def test_l3_accounting_adds_up_and_moves_only_the_minimum(case, copy):
+def _accounted(case, copy, strategy):
     shape, src, dst = case
     host = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
     x = jax.device_put(host, src)
     facts = shard_facts(x)
-    with record_transfers() as log, leaf_label("w"):
+    with record_transfers() as log, leaf_label("w"), reshard_strategy(strategy):
         y = reshard(x, dst, copy=copy)
     jax.block_until_ready(y)
     rep = sync_report(
         {"w": facts}, {"w": y}, log, lora=False, seconds=0.0, new_anchor_shards=[],
         anchor_mode="full", anchor_seconds=0.0, global_step=1,
     )
+    return host, x, y, rep
+
+
+@PROPERTY
+@given(_cases(), st.booleans())
+def test_l3_minimal_accounting_adds_up_and_moves_only_the_minimum(case, copy):
+    host, x, y, rep = _accounted(case, copy, "minimal")
     physical = sum(s.data.nbytes for s in y.addressable_shards)
     assert rep.synced_bytes == physical
+    assert rep.relayed_cross_device_bytes == 0
     assert rep.synced_bytes == rep.moved_cross_device_bytes + rep.copied_same_device_bytes + rep.reused_bytes
     assert rep.minimum_cross_device_bytes == 4 * _lacking_elements(x, y)
     assert rep.moved_cross_device_bytes == rep.minimum_cross_device_bytes
@@ -168,6 +174,25 @@ def test_l3_accounting_adds_up_and_moves_only_the_minimum(case, copy):
     old = {(s.device.id, s.data.unsafe_buffer_pointer()) for s in x.addressable_shards}
     reused = sum(s.data.nbytes for s in y.addressable_shards if (s.device.id, s.data.unsafe_buffer_pointer()) in old)
     assert rep.reused_bytes == reused
+    np.testing.assert_array_equal(np.asarray(y), host)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(_cases(), st.booleans())
+def test_l3_xla_accounting_adds_up_and_never_undercuts_the_minimum(case, copy):
+    """The compiled program's collectives, traced per destination shard: every byte accounted for."""
+    host, x, y, rep = _accounted(case, copy, "xla")
+    physical = sum(s.data.nbytes for s in y.addressable_shards)
+    assert rep.synced_bytes == physical
+    assert rep.synced_bytes == (rep.moved_cross_device_bytes - rep.relayed_cross_device_bytes
+                                + rep.copied_same_device_bytes + rep.reused_bytes)
+    assert rep.minimum_cross_device_bytes == 4 * _lacking_elements(x, y)
+    # What arrived as destination data cannot be less than what the placement forces.
+    assert rep.moved_cross_device_bytes - rep.relayed_cross_device_bytes >= rep.minimum_cross_device_bytes
+    assert rep.excess_cross_device_bytes >= 0
+    assert sum(rep.arrived_by_device.values()) == rep.moved_cross_device_bytes
+    if copy:
+        assert rep.reused_bytes == 0
     np.testing.assert_array_equal(np.asarray(y), host)
 
 
@@ -195,7 +220,7 @@ def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     monkeypatch.setattr(reshard_mod, "plan_reshard", wasteful)
     reshard_mod.clear_programs()  # schedules are cached per sharding set; plan afresh
     facts = shard_facts(x)
-    with record_transfers() as log, leaf_label("w"):
+    with record_transfers() as log, leaf_label("w"), reshard_strategy("minimal"):
         y = reshard(x, dst)
     rep = sync_report({"w": facts}, {"w": y}, log, lora=False, seconds=0.0, new_anchor_shards=[],
                       anchor_mode="full", anchor_seconds=0.0, global_step=1)

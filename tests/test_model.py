@@ -103,13 +103,13 @@ def test_num_params_matches_model(tie):
 
 
 def test_lora_params_matches_model(tiny):
-    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    lora = with_lora(tiny, 4, seed=1)
     assert _count(lora, nnx.LoRAParam) == TINY.lora_params(4)
     assert _count(lora, nnx.Param) == TINY.num_params + TINY.lora_params(4)
 
 
 def test_every_param_has_logical_sharding(tiny):
-    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    lora = with_lora(tiny, 4, seed=1)
     for model in (tiny, lora):
         for path, var in _params(model):
             axes = var.get_metadata().get("out_sharding")
@@ -118,7 +118,7 @@ def test_every_param_has_logical_sharding(tiny):
 
 
 def test_partition_specs_use_only_mesh_axes(tiny):
-    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    lora = with_lora(tiny, 4, seed=1)
     with nnx.logical_axis_rules(DEFAULT_LOGICAL_AXIS_RULES):
         specs = nnx.get_partition_spec(nnx.state(lora))
     used = set()
@@ -128,7 +128,7 @@ def test_partition_specs_use_only_mesh_axes(tiny):
 
 
 def test_with_lora_shares_buffers(tiny):
-    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    lora = with_lora(tiny, 4, seed=1)
     base_vars = dict(_params(tiny))
     shared = 0
     for path, var in _params(lora):
@@ -147,7 +147,7 @@ def test_with_lora_shares_buffers(tiny):
 
 
 def test_with_lora_copy_base_makes_new_buffers(tiny):
-    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1), copy_base=True)
+    lora = with_lora(tiny, 4, seed=1, copy_base=True)
     base_vars = dict(_params(tiny))
     for path, var in _params(lora):
         if isinstance(var, nnx.LoRAParam):
@@ -160,7 +160,7 @@ def test_with_lora_copy_base_makes_new_buffers(tiny):
 
 
 def test_with_lora_does_not_share_variables(tiny):
-    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    lora = with_lora(tiny, 4, seed=1)
     before = tiny.blocks[0].attn.q.kernel.get_value()
     lora.blocks[0].attn.q.kernel.set_value(jnp.zeros_like(before))
     assert tiny.blocks[0].attn.q.kernel.get_value() is before
@@ -170,7 +170,7 @@ def test_with_lora_keeps_sharded_buffers():
     mesh = _mesh()
     graphdef, state = nnx.split(init_model("tiny"))
     base = nnx.merge(graphdef, _shard(state, mesh))
-    lora = with_lora(base, 4, rngs=nnx.Rngs(1))
+    lora = with_lora(base, 4, seed=1)
     a = lora.blocks[1].mlp.down.kernel.get_value()
     b = base.blocks[1].mlp.down.kernel.get_value()
     assert len(a.addressable_shards) == 8
@@ -179,7 +179,7 @@ def test_with_lora_keeps_sharded_buffers():
 
 
 def test_lora_output_equals_base_at_init(tiny):
-    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    lora = with_lora(tiny, 4, seed=1)
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8)
     pos = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
     np.testing.assert_array_equal(np.asarray(lora(tokens, pos)[0]),
@@ -190,7 +190,7 @@ def test_lora_alpha_scales_adapter_term(tiny):
     x = jax.random.normal(jax.random.key(0), (3, TINY.embed_dim))
     deltas = []
     for alpha in (4.0, 8.0):
-        lora = with_lora(tiny, 4, rngs=nnx.Rngs(1), alpha=alpha)
+        lora = with_lora(tiny, 4, seed=1, alpha=alpha)
         layer = lora.blocks[0].mlp.up
         layer.lora_b.set_value(jnp.ones_like(layer.lora_b.get_value()))
         deltas.append(layer(x) - x @ layer.kernel.get_value())
@@ -198,7 +198,7 @@ def test_lora_alpha_scales_adapter_term(tiny):
 
 
 def test_lora_filter_selects_adapters(tiny):
-    lora = with_lora(tiny, 4, rngs=nnx.Rngs(1))
+    lora = with_lora(tiny, 4, seed=1)
     adapters = jax.tree.leaves(nnx.state(lora, nnx.LoRAParam))
     assert len(adapters) == 14 * TINY.num_layers
     assert is_lora(lora) and not is_lora(tiny)
@@ -243,7 +243,7 @@ def test_logps_from_state_matches_eager(tiny):
 
 def test_sharded_forward_equals_unsharded(tiny):
     prompt, completion = _batch()
-    graphdef, state = nnx.split(with_lora(tiny, 4, rngs=nnx.Rngs(2)))
+    graphdef, state = nnx.split(with_lora(tiny, 4, seed=2))
     expected = logps_from_state(graphdef, state, prompt, completion, PAD)
     sharded = _shard(state, _mesh())
     kernel = sharded["blocks"][0]["attn"]["q"]["kernel"].get_value()

@@ -10,13 +10,15 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlcluster_lab.meshes import make_mesh
-from rlcluster_lab.reshard import array_plan, plan_reshard, reshard, reshard_tree, to_box
+from rlcluster_lab.reshard import array_plan, plan_reshard, reshard, reshard_strategy, reshard_tree, to_box
 
 DEVICES = jax.devices()
 BY_ID = {d.id: d for d in DEVICES}
 
 # Small enough for the whole file to stay fast; derandomized so runs repeat exactly.
 PROPERTY = settings(max_examples=30, deadline=None, derandomize=True)
+# The xla strategy compiles a program per new sharding pair (about 0.3 s each here).
+PROPERTY_XLA = settings(max_examples=12, deadline=None, derandomize=True)
 
 MESH_SHAPES = {
     1: [(1, 1)],
@@ -111,28 +113,49 @@ def _guarded():
 
 # --- properties ----------------------------------------------------------------
 
-@PROPERTY
-@given(_cases())
-def test_p5_reshard_has_exact_destination_sharding_and_same_values(case):
+def _check_values(case, strategy):
     shape, src, dst = case
     host, x = _array(shape, src)
-    y = reshard(x, dst)
+    with reshard_strategy(strategy):
+        y = reshard(x, dst)
     assert y.sharding == dst
     assert y.shape == x.shape and y.dtype == x.dtype
     np.testing.assert_array_equal(np.asarray(y), host)
 
 
-@PROPERTY
-@given(_cases())
-def test_p13_reshard_runs_under_weight_sync_transfer_guard(case):
+def _check_guarded(case, strategy):
     shape, src, dst = case
     host, x = _array(shape, src)
     d2h, h2d = _guarded()
-    with d2h, h2d:
+    with d2h, h2d, reshard_strategy(strategy):
         y = reshard(x, dst)
         y.block_until_ready()
     assert y.sharding == dst
     np.testing.assert_array_equal(np.asarray(y), host)
+
+
+@PROPERTY
+@given(_cases())
+def test_p5_minimal_reshard_has_exact_destination_sharding_and_same_values(case):
+    _check_values(case, "minimal")
+
+
+@PROPERTY_XLA
+@given(_cases())
+def test_p5_xla_reshard_has_exact_destination_sharding_and_same_values(case):
+    _check_values(case, "xla")
+
+
+@PROPERTY
+@given(_cases())
+def test_p13_minimal_reshard_runs_under_weight_sync_transfer_guard(case):
+    _check_guarded(case, "minimal")
+
+
+@PROPERTY_XLA
+@given(_cases())
+def test_p13_xla_reshard_runs_under_weight_sync_transfer_guard(case):
+    _check_guarded(case, "xla")
 
 
 @PROPERTY
@@ -170,10 +193,11 @@ REUSE_CASES = _cases(relations=("same", "overlap"))
 
 @PROPERTY
 @given(REUSE_CASES)
-def test_p13_same_box_on_same_device_reuses_buffer(case):
+def test_p13_minimal_same_box_on_same_device_reuses_buffer(case):
     shape, src, dst = case
     _, x = _array(shape, src)
-    same = _reused_devices(x, reshard(x, dst))
+    with reshard_strategy("minimal"):
+        same = _reused_devices(x, reshard(x, dst))
     assert all(same.values()), f"devices copied shards they already held: {same}"
 
 
@@ -182,8 +206,10 @@ def test_p13_same_box_on_same_device_reuses_buffer(case):
 def test_p13_same_box_on_same_device_copy_true_gives_new_buffer(case):
     shape, src, dst = case
     _, x = _array(shape, src)
-    same = _reused_devices(x, reshard(x, dst, copy=True))
-    assert not any(same.values()), f"copy=True reused buffers: {same}"
+    for strategy in ("minimal", "xla"):
+        with reshard_strategy(strategy):
+            same = _reused_devices(x, reshard(x, dst, copy=True))
+        assert not any(same.values()), f"copy=True reused buffers ({strategy}): {same}"
 
 
 @PROPERTY
@@ -239,7 +265,8 @@ def test_p5_partial_reuse_keeps_held_shards_and_moves_the_rest():
     assert not plans[2].reuses_source_buffer and not plans[3].reuses_source_buffer
     assert plans[2].pieces[0].src_device == 4
     before = _pointers(x)
-    y = reshard(x, dst)
+    with reshard_strategy("minimal"):
+        y = reshard(x, dst)
     after = _pointers(y)
     assert after[0] == before[0] and after[1] == before[1]
     assert after[2] != before[2] and after[3] != before[3]

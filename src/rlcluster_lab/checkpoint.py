@@ -12,12 +12,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from rlcluster_lab.model import ModelConfig, TransformerLM, is_lora, with_lora
+from rlcluster_lab.model import ModelConfig, abstract_model, is_lora, materialize
 
 FORMAT = "rlcluster-lab/1"
 
@@ -41,7 +40,7 @@ def save(model: nnx.Module, path: str | os.PathLike) -> Path:
 
 def load(path: str | os.PathLike) -> nnx.Module:
     """Read a model written by ``save``; it comes back on the default device."""
-    from rlcluster_lab.scoring import ScoreModel
+    from rlcluster_lab.scoring import abstract_score_model
 
     folder = Path(path)
     cfg_file = folder / "config.json"
@@ -54,11 +53,11 @@ def load(path: str | os.PathLike) -> nnx.Module:
     if meta.get("format") != FORMAT:
         raise ValueError(f"{cfg_file} is not an rlcluster-lab checkpoint (format {meta.get('format')!r})")
     config = ModelConfig(**meta["config"])
-    rngs = nnx.Rngs(0)
-    model: nnx.Module = ScoreModel(config, rngs=rngs) if meta["kind"] == "score" else TransformerLM(config, rngs=rngs)
-    if meta.get("lora_rank"):
-        rank = int(meta["lora_rank"])
-        model = with_lora(model, rank, rngs=rngs, alpha=meta["lora_scale"] * rank)
+    # The model's structure on paper: nothing is allocated until the file's members match it.
+    if meta["kind"] == "score":
+        model: nnx.Module = abstract_score_model(config)
+    else:
+        model = abstract_model(config, int(meta.get("lora_rank") or 0), float(meta.get("lora_scale", 1.0)))
     try:
         with np.load(folder / "params.npz") as data:
             arrays = {k: data[k] for k in data.files}
@@ -79,9 +78,8 @@ def load(path: str | os.PathLike) -> nnx.Module:
                 f"{folder}: parameter {key} has shape {got.shape} and dtype {got.dtype}, but its "
                 f"config.json needs {tuple(want.shape)} and {want.dtype}; re-save the model"
             )
-    nnx.replace_by_pure_dict(state, unflatten_dict({p: jnp.asarray(arrays[_key(p)]) for p in paths}))
-    nnx.update(model, state)
-    return model
+    graphdef, state = nnx.split(model)
+    return materialize(graphdef, state, unflatten_dict({p: arrays[_key(p)] for p in paths}))
 
 
 def _key(path: tuple) -> str:

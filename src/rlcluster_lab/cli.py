@@ -16,22 +16,27 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_scenario_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layout", default="colocated", choices=["colocated", "reshaped", "split"],
+    from rlcluster_lab.options import ANCHOR_MODES, DTYPES, ENGINES, LAYOUTS, MODEL_SIZES, RESHARD_STRATEGIES
+
+    p.add_argument("--layout", default="colocated", choices=LAYOUTS,
                    help="standard device layout (default: colocated)")
     p.add_argument("--lora", action="store_true", help="LoRA actor over the reference's own frozen buffers")
     p.add_argument("--lora-rank", type=int, default=4, help="LoRA rank (default 4)")
     p.add_argument("--lora-separate-base", action="store_true",
                    help="build the LoRA actor over a copy of the base (P4 warns: avoidable copy)")
-    p.add_argument("--engine", default="vanilla", choices=["vanilla", "vllm", "sglang_jax"],
+    p.add_argument("--engine", default="vanilla", choices=ENGINES,
                    help="rollout engine; vllm and sglang_jax are placement stand-ins written in JAX")
     p.add_argument("--no-static-lora", action="store_true",
                    help="do not give the sglang_jax engine static-LoRA settings (P6 then refuses a LoRA actor)")
     p.add_argument("--offload", action="store_true", help="offload_to_cpu: roles live in pinned host memory between uses")
-    p.add_argument("--rollout-dtype", choices=["float32", "bfloat16"], default=None,
+    p.add_argument("--rollout-dtype", choices=DTYPES, default=None,
                    help="dtype of the vanilla engine's second copy")
-    p.add_argument("--model-size", default="tiny", help="tiny, small, base or large")
-    p.add_argument("--anchor", choices=["full", "trainable"], default="full",
+    p.add_argument("--model-size", default="tiny", choices=MODEL_SIZES, help="the lab's model size")
+    p.add_argument("--anchor", choices=ANCHOR_MODES, default="full",
                    help="anchor snapshot: the actor's full state (reference) or only the LoRA adapters")
+    p.add_argument("--reshard", choices=RESHARD_STRATEGIES, default="xla",
+                   help="how layouts change: xla (one compiled program, bytes read from its collectives) "
+                   "or minimal (exactly what each device lacks)")
     p.add_argument("--devices", type=int, default=8,
                    help="simulated CPU device count (ignored on GPUs and TPUs)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -62,13 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # The device count must be set before anything starts the JAX backend.
-    from rlcluster_lab.devices import ensure_simulated_devices
-
     try:
         if args.devices < 1:
             raise ValueError(f"--devices must be >= 1, got {args.devices}")
+        if args.command in ("report", "learn"):
+            # Knob-level refusals (P6 and friends) come back before JAX starts.
+            _scenario(args).check()
+        # The device count must be set before anything starts the JAX backend,
+        # and the persistent compilation cache before the first compilation.
+        from rlcluster_lab.compile_cache import enable_compilation_cache
+        from rlcluster_lab.devices import ensure_simulated_devices
+
         ensure_simulated_devices(args.devices)
+        enable_compilation_cache()
         if args.command == "report":
             out = _report(args)
         elif args.command == "plan":
@@ -86,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _scenario(args: argparse.Namespace, **extra: Any) -> Any:
-    from rlcluster_lab.scenario import Scenario
+    from rlcluster_lab.options import Scenario
 
     return Scenario(
         layout=args.layout,
@@ -99,6 +110,7 @@ def _scenario(args: argparse.Namespace, **extra: Any) -> Any:
         model_size=args.model_size,
         sglang_static_lora=not args.no_static_lora,
         anchor=args.anchor,
+        reshard=args.reshard,
         **extra,
     )
 

@@ -44,12 +44,12 @@ from rlcluster_lab.placement import (
     move_model,
     put_on_memory_kind,
 )
-from rlcluster_lab.reshard import record_transfers, shard_keys
+from rlcluster_lab.reshard import record_transfers, reshard_strategy, shard_keys
 from rlcluster_lab.roles import Mode, Role
 from rlcluster_lab.sharing import SharingMap, build_sharing_map, rollout_branch, shares
 from rlcluster_lab.tokenizer import ByteTokenizer
 from rlcluster_lab.trace import Trace
-from rlcluster_lab.training import TrainBatch, batch_arrays, mini_batches, train_step
+from rlcluster_lab.training import TrainBatch, batch_arrays, init_optimizer_state, mini_batches, train_step
 
 ModelOrPath = Union[nnx.Module, str, os.PathLike]
 
@@ -107,7 +107,8 @@ class RLCluster:
 
         before = {id(x) for x in jax.live_arrays()}
         try:
-            self._construct(actor, reference, reward, critic)
+            with reshard_strategy(cluster_config.reshard):
+                self._construct(actor, reference, reward, critic)
         except BaseException:
             self._release_new_buffers(before, keep=(actor, reference, reward, critic))
             raise
@@ -319,7 +320,9 @@ class RLCluster:
         self._tx = self.cluster_config.training_config.actor_optimizer()
         self._trainable_filter = nnx.LoRAParam if is_lora(self._actor) else nnx.Param
         with self._role_context(Role.ACTOR):
-            self._opt_state = self._tx.init(nnx.state(self._actor, self._trainable_filter))
+            self._opt_state = init_optimizer_state(
+                self._tx, nnx.state(self._actor, self._trainable_filter), self.role_to_mesh[Role.ACTOR]
+            )
         self.trace.record(
             "P12",
             "actor trainable parameters",
@@ -462,6 +465,7 @@ class RLCluster:
         rules = self.cluster_config.logical_axis_rules(role)
         with contextlib.ExitStack() as stack:
             stack.enter_context(jax.set_mesh(mesh))
+            stack.enter_context(reshard_strategy(self.cluster_config.reshard))
             if rules:
                 stack.enter_context(nnx.logical_axis_rules(list(rules)))
             yield mesh
@@ -673,7 +677,7 @@ class RLCluster:
         actor = self.actor_model
         lora = is_lora(actor)
         filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
-        with _cpu_transfer_guard():
+        with _cpu_transfer_guard(), reshard_strategy(self.cluster_config.reshard):
             params = nnx.state(actor, *filter_types)
             source = {path: shard_facts(x) for path, x in flat_leaves(params).items()}
             with record_transfers() as log:
@@ -698,6 +702,7 @@ class RLCluster:
                 "global_step": self.global_steps + 1,
                 "transfer_guard": jax.default_backend() not in ("gpu", "tpu"),
                 "sharing_map_consulted": False,
+                "reshard": self.cluster_config.reshard,
             },
             "LoRA parameters handed to the engine" if lora else "all parameters handed to the engine",
         )

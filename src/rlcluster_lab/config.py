@@ -13,51 +13,22 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from rlcluster_lab.options import (  # noqa: F401  (re-exported: the JAX-free vocabulary)
+    ANCHOR_MODES,
+    DTYPES,
+    ENGINES,
+    RESHARD_STRATEGIES,
+    ConfigError,
+    RolloutConfig,
+    check_sglang_lora,
+    check_vllm_version,
+    dtype_name,
+)
 from rlcluster_lab.roles import Mode, Role
 
-KNOWN_ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
-KNOWN_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+KNOWN_ENGINES = ENGINES
+KNOWN_DTYPES = DTYPES
 LogicalAxisRules = tuple[tuple[str, Union[str, tuple[str, ...], None]], ...]
-
-
-class ConfigError(ValueError):
-    """A cluster configuration that cannot work; the message says how to fix it."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """How the rollout engine samples.
-
-    ``data_type`` casts the vanilla engine's second copy (P3) when set. The
-    ``rollout_vllm_*`` and ``rollout_sglang_jax_*`` fields are read only by the
-    matching engine.
-    """
-
-    max_tokens_to_generate: int = 16
-    temperature: float = 1.0
-    kv_cache_size: int = 128
-    data_type: str | None = None
-    seed: int = 0
-    # vllm-style engine: a model version is required (P6); tp size picks its own mesh (P7).
-    rollout_vllm_model_version: str | None = None
-    rollout_vllm_tensor_parallel_size: int | None = None
-    # sglang_jax-style engine: LoRA actors need static-LoRA settings (P6).
-    rollout_sglang_jax_enable_static_lora: bool = False
-    rollout_sglang_jax_lora_target_modules: tuple[str, ...] = ()
-    rollout_sglang_jax_max_lora_rank: int | None = None
-    rollout_sglang_jax_lora_scaling: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_tokens_to_generate < 1:
-            raise ConfigError(f"max_tokens_to_generate must be >= 1, got {self.max_tokens_to_generate}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.kv_cache_size < 2:
-            raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
-        if self.data_type is not None and self.data_type not in KNOWN_DTYPES:
-            raise ConfigError(
-                f"unknown rollout data_type {self.data_type!r}; use one of {', '.join(KNOWN_DTYPES)} or None"
-            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,14 +54,25 @@ class TrainingConfig:
             object.__setattr__(self, "role_to_logical_axis_rule", types.MappingProxyType(rules))
 
     def actor_optimizer(self) -> optax.GradientTransformation:
-        return self.optimizer if self.optimizer is not None else optax.adam(self.learning_rate)
+        return self.optimizer if self.optimizer is not None else default_optimizer(self.learning_rate)
+
+
+@functools.lru_cache(maxsize=64)
+def default_optimizer(learning_rate: float) -> optax.GradientTransformation:
+    """``optax.adam(learning_rate)``, one object per rate.
+
+    The optimizer is a static argument of the jitted training step, so the
+    same object across clusters lets a rebuilt cluster reuse the compiled
+    step instead of compiling (and keeping) another.
+    """
+    return optax.adam(learning_rate)
 
 
 RolloutConfigArg = Union[RolloutConfig, Mapping[Mode, RolloutConfig], None]
 EngineArg = Union[str, type, functools.partial, Callable[..., Any]]
 
 
-ANCHOR_MODES = ("full", "trainable")
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +81,13 @@ class ClusterConfig:
 
     ``role_to_mesh`` needs ACTOR and ROLLOUT; REFERENCE, REWARD and CRITIC
     default to the actor's mesh when left out.
+
+    ``reshard`` picks how layouts change (P5 loads, P13 syncs): ``"xla"``
+    (the default) compiles one program per set of shardings and reports the
+    bytes its collectives move, excess over the minimum included;
+    ``"minimal"`` assembles every destination shard on its own device from
+    exactly the pieces it lacks, which moves the least but compiles two small
+    programs per device.
 
     ``anchor`` says what the anchor policy state holds (P8). ``"full"``, the
     reference behaviour, pins the actor's whole state at every sync.
@@ -114,8 +103,14 @@ class ClusterConfig:
     offload_to_cpu: bool = False
     training_config: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
     anchor: str = "full"
+    reshard: str = "xla"
 
     def __post_init__(self) -> None:
+        if self.reshard not in RESHARD_STRATEGIES:
+            raise ConfigError(
+                f"reshard must be one of {', '.join(RESHARD_STRATEGIES)}, got {self.reshard!r}: 'xla' compiles "
+                "one program per set of shardings, 'minimal' moves exactly what each device lacks"
+            )
         if self.anchor not in ANCHOR_MODES:
             raise ConfigError(
                 f"anchor must be one of {', '.join(ANCHOR_MODES)}, got {self.anchor!r}: 'full' pins the "
@@ -228,11 +223,12 @@ def check_engine_choice(engine: EngineArg, is_engine_class: Callable[[Any], bool
     )
 
 
-def parse_dtype(name: str | None) -> Any:
+def parse_dtype(name: Any) -> Any:
+    """A dtype given as a name or a dtype, as a JAX dtype (None stays None)."""
     if name is None:
         return None
     import jax.numpy as jnp
 
-    return jnp.dtype(name)
+    return jnp.dtype(dtype_name(name))
 
 

@@ -27,7 +27,8 @@ from jax.sharding import NamedSharding, Sharding
 
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.placement import array_leaves
-from rlcluster_lab.reshard import TransferLog, box_size, minimum_cross_device_elements, shard_boxes, shard_key, shard_keys
+from rlcluster_lab.reshard import box_size, minimum_cross_device_elements, shard_boxes
+from rlcluster_lab.transfers import TransferLog, shard_key, shard_keys
 
 UNITS = (
     "physical bytes: every device shard counted (a leaf replicated on 4 devices counts 4 times)"
@@ -200,6 +201,8 @@ class LeafSync:
     reused_bytes: int
     minimum_cross_device_bytes: int
     logical_bytes: int
+    relayed_cross_device_bytes: int = 0
+    method: str = "logged copies"
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -213,11 +216,17 @@ class SyncReport:
 
     For every destination shard, its bytes were either *reused* (the
     destination buffer is a source buffer: nothing moved), *copied within
-    its device* (from a source shard on that device), or *moved across
-    devices*; so ``synced = moved_cross_device + copied_same_device +
-    reused``. ``minimum_cross_device_bytes`` is what the two shardings force
-    to cross devices, from shard indices and devices alone;
-    ``excess_cross_device_bytes`` is how much more than that was moved.
+    its device* (made from data that started on that device), or arrived
+    from another device. ``moved_cross_device`` is everything that crossed
+    devices; ``relayed_cross_device`` is the part of it that did not end up
+    as destination data on the device it crossed to (a compiled program that
+    moves data twice, or gathers and drops it; 0 for the minimal strategy).
+    So ``synced = moved_cross_device - relayed_cross_device +
+    copied_same_device + reused``. ``minimum_cross_device_bytes`` is what the
+    two shardings force to cross devices, from shard indices and devices
+    alone; ``excess_cross_device_bytes`` is how much more than that was moved.
+    ``reshard_strategy`` names the strategy (or strategies) that did the
+    layout changes.
     ``anchor_bytes`` are the new pinned-host buffers of the anchor re-pin,
     apart from the handover. ``peak_extra_bytes`` per device and memory
     kind: the new buffers the sync allocates while the old ones are still
@@ -239,6 +248,7 @@ class SyncReport:
     peak_extra_bytes: Mapping[str, Mapping[str, int]]
     global_step: int
     includes_compilation: bool = False
+    reshard_strategy: str = "minimal"
     units: str = UNITS
 
     def _sum(self, field: str) -> int:
@@ -259,6 +269,10 @@ class SyncReport:
     @property
     def reused_bytes(self) -> int:
         return self._sum("reused_bytes")
+
+    @property
+    def relayed_cross_device_bytes(self) -> int:
+        return self._sum("relayed_cross_device_bytes")
 
     @property
     def minimum_cross_device_bytes(self) -> int:
@@ -282,8 +296,10 @@ class SyncReport:
             "moved_cross_device_bytes": self.moved_cross_device_bytes,
             "copied_same_device_bytes": self.copied_same_device_bytes,
             "reused_bytes": self.reused_bytes,
+            "relayed_cross_device_bytes": self.relayed_cross_device_bytes,
             "minimum_cross_device_bytes": self.minimum_cross_device_bytes,
             "excess_cross_device_bytes": self.excess_cross_device_bytes,
+            "reshard_strategy": self.reshard_strategy,
             "synced_logical_bytes": self.synced_logical_bytes,
             "anchor_bytes": self.anchor_bytes,
             "anchor_mode": self.anchor_mode,
@@ -351,7 +367,10 @@ def sync_report(
             arrived[str(t.dst_device)] = arrived.get(str(t.dst_device), 0) + t.nbytes
         elif t.kind == "same_device":
             same[t.leaf] = same.get(t.leaf, 0) + t.nbytes
-    opaque = set(log.opaque_leaves)
+    untraced: dict[str | None, list[str]] = {}
+    for leaf, why in log.unreadable:
+        untraced.setdefault(leaf, []).append(why)
+    program = "xla" in log.strategies
     peak: dict[str, dict[str, int]] = {}
     leaves = []
     for path in sorted(source):
@@ -361,26 +380,18 @@ def sync_report(
         dst_boxes = shard_boxes(dst)
         lacking = minimum_cross_device_elements(src.boxes, dst_boxes)
         synced = reused = 0
-        inferred_cross = inferred_same = 0
         kind = str(dst.sharding.memory_kind)
-        for s, (_, box), miss in zip(dst.addressable_shards, dst_boxes, lacking):
+        for s, (_, box) in zip(dst.addressable_shards, dst_boxes):
             elements = box_size(box)
             synced += elements * itemsize
             if shard_key(s) in src.buffers:
                 reused += elements * itemsize
                 continue
-            inferred_cross += miss * itemsize
-            inferred_same += (elements - miss) * itemsize
             d = peak.setdefault(str(s.device.id), {})
             d[kind] = d.get(kind, 0) + s.data.nbytes
-        if path in opaque:
-            # device_put did the layout change; its inner copies are not visible,
-            # so the split follows from placement (the least it could move).
-            moved, copied = inferred_cross, inferred_same
-            for (dev, _), miss in zip(dst_boxes, lacking):
-                arrived[str(dev)] = arrived.get(str(dev), 0) + miss * itemsize
-        else:
-            moved, copied = cross.get(path, 0), same.get(path, 0)
+        how = "logged copies" if not program else "logged copies and compiled-program collectives"
+        if path in untraced or None in untraced:
+            how = "not fully derivable: " + "; ".join(untraced.get(path, []) + untraced.get(None, []))[:300]
         leaves.append(
             LeafSync(
                 path=path,
@@ -390,11 +401,13 @@ def sync_report(
                 src_sharding=src.sharding,
                 dst_sharding=describe_sharding(dst.sharding),
                 synced_bytes=synced,
-                moved_cross_device_bytes=moved,
-                copied_same_device_bytes=copied,
+                moved_cross_device_bytes=cross.get(path, 0),
+                copied_same_device_bytes=same.get(path, 0),
                 reused_bytes=reused,
                 minimum_cross_device_bytes=sum(lacking) * itemsize,
                 logical_bytes=int(np.prod(src.shape, dtype=np.int64)) * itemsize,
+                relayed_cross_device_bytes=log.relayed.get(path, 0),
+                method=how,
             )
         )
     anchor_bytes = 0
@@ -402,12 +415,15 @@ def sync_report(
         d = peak.setdefault(str(dev), {})
         d[kind] = d.get(kind, 0) + n
         anchor_bytes += n
+    strategy = "+".join(sorted(log.strategies)) or "none (no layout changed)"
     method = (
-        "measured: every copy the reshard made, and buffer identity for reuse"
-        if not opaque
-        else f"inferred from shard placement for {len(opaque)} leaves that jax.device_put resharded "
-        "(its inner copies are not visible); measured for the rest"
+        "measured: copies logged by the reshard, bytes read from the compiled program's collectives "
+        "and traced per destination shard, buffer identity for reuse"
+        if program
+        else "measured: every copy the reshard made, and buffer identity for reuse"
     )
+    if untraced:
+        method += f"; {sum(len(v) for v in untraced.values())} item(s) could not be derived (see leaves)"
     return SyncReport(
         method=method,
         lora=lora,
@@ -420,6 +436,7 @@ def sync_report(
         peak_extra_bytes={k: peak[k] for k in sorted(peak, key=int)},
         global_step=global_step,
         includes_compilation=log.compiled,
+        reshard_strategy=strategy,
     )
 
 

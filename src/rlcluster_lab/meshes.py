@@ -13,10 +13,10 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from rlcluster_lab.options import LAYOUTS, standard_shape
 from rlcluster_lab.roles import Role
 
 MESH_AXES: tuple[str, str] = ("fsdp", "tp")
-LAYOUTS: tuple[str, ...] = ("colocated", "reshaped", "split")
 
 
 def make_mesh(
@@ -61,12 +61,7 @@ def mesh_from_ids(
 
 def default_shape(count: int) -> tuple[int, int]:
     """The lab's standard (fsdp, tp) shape for ``count`` devices: (2,4) for 8, (2,2) for 4."""
-    for tp in (4, 2):
-        if count % tp == 0 and count // tp >= 2:
-            return (count // tp, tp)
-    if count % 2 == 0:
-        return (1, count) if count <= 2 else (count // 2, 2)
-    return (count, 1)
+    return standard_shape(count)
 
 
 def layout_meshes(

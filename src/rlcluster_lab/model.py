@@ -8,14 +8,19 @@ placement the lab compares.
 """
 from __future__ import annotations
 
+import functools
 import math
+import zlib
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from flax.traverse_util import flatten_dict, unflatten_dict
+from jax.sharding import NamedSharding, PartitionSpec
 
 MESH_AXES: tuple[str, str] = ("fsdp", "tp")
 
@@ -315,11 +320,102 @@ class TransformerLM(nnx.Module):
         return logits.astype(jnp.float32), new_cache
 
 
-def init_model(config: ModelConfig | str, *, seed: int = 0) -> TransformerLM:
-    """Build a freshly initialised model from a config or a preset name."""
+@functools.lru_cache(maxsize=32)
+def _abstract_lm(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model's structure: every Variable with its logical names, values as shapes only.
+
+    Traced once per config (``nnx.eval_shape``: nothing is computed or compiled).
+    """
+    return nnx.split(nnx.eval_shape(lambda: TransformerLM(config, rngs=nnx.Rngs(0))))
+
+
+def abstract_model(config: ModelConfig | str, lora_rank: int = 0, lora_scale: float = 1.0) -> TransformerLM:
+    """A ``TransformerLM`` (with rank-``lora_rank`` adapters) whose values are shapes only.
+
+    What the planner and the checks before allocation read: the tree, the
+    shapes, dtypes and logical axis names, with no array behind them.
+    """
+    config = get_model_config(config) if isinstance(config, str) else config
+    graphdef, state = _abstract_lm(config)
+    model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    if lora_rank:
+        model, _ = _wrap_lora(model, lora_rank, lora_scale, adapters=lambda path, a, b: (a, b))
+    return model
+
+
+def host_values(state: nnx.State, seed: int) -> dict[Any, Any]:
+    """Initial values for an abstract state, drawn on the host with NumPy.
+
+    Each leaf has its own generator, seeded by ``seed`` and the leaf's path,
+    so a value never depends on which other leaves exist. Kernels and LoRA
+    ``lora_a`` are normal with standard deviation 1/sqrt(fan-in); the
+    embedding table 1/sqrt(embed); norm scales are ones; biases and LoRA
+    ``lora_b`` zeros (so a fresh adapter changes nothing).
+    """
+    out = {}
+    for path, value in flatten_dict(nnx.to_pure_dict(state)).items():
+        out[path] = _initial(path, tuple(value.shape), np.dtype(value.dtype), seed)
+    return unflatten_dict(out)
+
+
+def _initial(path: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype, seed: int) -> np.ndarray:
+    name = str(path[-1])
+    if name in ("scale",):
+        return np.ones(shape, dtype)
+    if name in ("bias", "lora_b") or len(shape) < 2:
+        return np.zeros(shape, dtype)
+    rng = np.random.default_rng([seed, zlib.crc32("/".join(map(str, path)).encode())])
+    fan = shape[-1] if name == "embedding" else shape[0]
+    values = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / math.sqrt(fan))
+    return values.astype(dtype)
+
+
+def materialize(graphdef: nnx.GraphDef, abstract: nnx.State, values: Any, shardings: Any = None) -> nnx.Module:
+    """A live module from an abstract state and host values, placed in one transfer.
+
+    ``shardings``: a matching tree of shardings, or None for the default device.
+    """
+    arrays = jax.device_put(values, shardings) if shardings is not None else jax.device_put(values)
+    state = jax.tree.map(lambda x: x, abstract)
+    nnx.replace_by_pure_dict(state, arrays)
+    return nnx.merge(graphdef, state)
+
+
+def init_model(config: ModelConfig | str, *, seed: int = 0, mesh: Any = None, rules: Any = None,
+               memory_kind: str | None = None) -> TransformerLM:
+    """A freshly initialised model from a config or a preset name.
+
+    Values are drawn on the host (``host_values``) and put straight onto
+    ``mesh`` with the model's own partition specs (mapped by ``rules``, the
+    model's defaults when None), in ``memory_kind`` (the device's default when
+    None); without a mesh they go to the default device. No XLA program is
+    compiled: a jitted initialiser of even the tiny model takes seconds to
+    compile on a CPU, and an eager one compiles a program per parameter shape.
+
+    Args:
+        config: a ``ModelConfig`` or a preset name (``tiny``, ``small``, ``base``, ``large``).
+        seed: the seed of every leaf's generator.
+        mesh: where to place the model; None for the default device.
+        rules: logical axis rules for ``mesh``.
+        memory_kind: ``device`` or ``pinned_host``.
+
+    Returns:
+        The model, every leaf on its target sharding.
+    """
     if isinstance(config, str):
         config = get_model_config(config)
-    return TransformerLM(config, rngs=nnx.Rngs(seed))
+    graphdef, abstract = _abstract_lm(config)
+    return materialize(graphdef, abstract, host_values(abstract, seed),
+                       _shardings(abstract, mesh, rules, memory_kind))
+
+
+def _shardings(abstract: Any, mesh: Any, rules: Any, memory_kind: str | None) -> Any:
+    if mesh is None:
+        return None
+    from rlcluster_lab.placement import default_memory_kind, target_shardings
+
+    return target_shardings(abstract, mesh, rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES,
+                            memory_kind or default_memory_kind(mesh), role="model")
 
 
 # ---------------------------------------------------------------------------
@@ -335,18 +431,14 @@ class LoRALinear(nnx.Module):
     Output: ``x @ kernel + (x @ a @ b) * scale``.
     """
 
-    def __init__(self, base: nnx.Linear, rank: int, *, scale: float, rngs: nnx.Rngs) -> None:
+    def __init__(self, base: nnx.Linear, a: Any, b: Any, *, scale: float) -> None:
         self.in_features = base.in_features
         self.out_features = base.out_features
         self.dtype = base.dtype
         self.kernel = base.kernel
         in_axis, out_axis = base.kernel.get_metadata()["out_sharding"]
-        dt = base.kernel.get_value().dtype
-        a = nnx.initializers.variance_scaling(1.0, "fan_in", "normal")(
-            rngs.params(), (self.in_features, rank), dt)
         self.lora_a = nnx.LoRAParam(a, out_sharding=(in_axis, None), eager_sharding=False)
-        self.lora_b = nnx.LoRAParam(jnp.zeros((rank, self.out_features), dt),
-                                    out_sharding=(None, out_axis), eager_sharding=False)
+        self.lora_b = nnx.LoRAParam(b, out_sharding=(None, out_axis), eager_sharding=False)
         self.scale = float(scale)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -358,7 +450,7 @@ _LORA_TARGETS: dict[str, tuple[str, ...]] = {"attn": ("q", "k", "v", "o"),
                                              "mlp": ("gate", "up", "down")}
 
 
-def with_lora(base: TransformerLM, rank: int, *, rngs: nnx.Rngs, alpha: float | None = None,
+def with_lora(base: TransformerLM, rank: int, *, seed: int = 1, alpha: float | None = None,
               copy_base: bool = False) -> TransformerLM:
     """A new model whose 7 projections per layer are wrapped in rank-``rank`` LoRA.
 
@@ -366,7 +458,22 @@ def with_lora(base: TransformerLM, rank: int, *, rngs: nnx.Rngs, alpha: float | 
     fresh copies (``copy_base=True``); Variable objects are never shared.
     ``lora_b`` starts at zero so the result computes exactly what ``base`` does.
     The adapter term is scaled by ``alpha / rank``; ``alpha`` defaults to
-    ``rank``, i.e. a scale of 1.
+    ``rank``, i.e. a scale of 1. The adapters are drawn on the host and put
+    where the kernel they adapt lives: its mesh, with the kernel's input axis
+    sharding ``lora_a`` and its output axis ``lora_b``, in its memory kind.
+
+    Args:
+        base: a ``TransformerLM`` without adapters.
+        rank: the adapters' rank.
+        seed: the seed of the adapters' generators.
+        alpha: the adapter scale numerator.
+        copy_base: give the result base weights of its own.
+
+    Returns:
+        The LoRA model.
+
+    Raises:
+        ValueError: for a rank below 1 or a base that already has adapters.
     """
     if rank <= 0:
         raise ValueError(f"LoRA rank must be positive, got {rank}")
@@ -375,18 +482,66 @@ def with_lora(base: TransformerLM, rank: int, *, rngs: nnx.Rngs, alpha: float | 
     scale = (rank if alpha is None else alpha) / rank
     graphdef, state = nnx.split(base)
     # Mapping over the state rebuilds every Variable (merge alone would reuse
-    # base's Variable objects), while the leaves stay the same arrays unless
-    # a copy was asked for.
-    leaf_fn = (lambda x: jnp.array(x, copy=True)) if copy_base else (lambda x: x)
-    model = nnx.merge(graphdef, jax.tree.map(leaf_fn, state))
+    # base's Variable objects); the leaves stay the same arrays unless a copy
+    # was asked for (a copy in place, on each leaf's own sharding).
+    if copy_base:
+        state = jax.tree.map(lambda x: x, state)
+        leaves = jax.tree.leaves(state)
+        copies = jax.device_put(leaves, [x.sharding for x in leaves], may_alias=False)
+        state = jax.tree.unflatten(jax.tree.structure(state), copies)
+    else:
+        state = jax.tree.map(lambda x: x, state)
+    model = nnx.merge(graphdef, state)
+    made: list[tuple[Any, Any]] = []  # (host value, sharding) of every adapter, in order
+
+    def adapters(path: str, a: jax.ShapeDtypeStruct, b: jax.ShapeDtypeStruct) -> tuple[Any, Any]:
+        host_a = _initial(tuple(path.split("/")) + ("lora_a",), a.shape, np.dtype(a.dtype), seed)
+        host_b = np.zeros(b.shape, b.dtype)
+        made.append((host_a, a.sharding))
+        made.append((host_b, b.sharding))
+        return a, b
+
+    wrapped, layers = _wrap_lora(model, rank, scale, adapters)
+    # Every adapter crosses from the host in one call, onto its kernel's devices.
+    arrays = iter(jax.device_put([h for h, _ in made], [sh for _, sh in made]))
+    for layer in layers:
+        layer.lora_a.set_value(next(arrays))
+        layer.lora_b.set_value(next(arrays))
+    return wrapped
+
+
+def _wrap_lora(model: TransformerLM, rank: int, scale: float, adapters: Any
+               ) -> tuple[TransformerLM, list[LoRALinear]]:
+    """Wrap every target projection in a ``LoRALinear``; ``adapters(path, a, b)`` gives the
+    adapter values from their abstract shapes (sharding attached where the kernel has one).
+    Returns the model and its new layers in the order ``adapters`` was called."""
+    layers: list[LoRALinear] = []
     with nnx.use_eager_sharding(False):
-        for block in model.blocks:
+        for i, block in enumerate(model.blocks):
             for part, names in _LORA_TARGETS.items():
                 sub = getattr(block, part)
                 for name in names:
                     lin: nnx.Linear = getattr(sub, name)
-                    setattr(sub, name, LoRALinear(lin, rank, scale=scale, rngs=rngs))
-    return model
+                    kernel = lin.kernel.get_value()
+                    a_sh, b_sh = _adapter_shardings(kernel)
+                    a = jax.ShapeDtypeStruct((lin.in_features, rank), kernel.dtype, sharding=a_sh)
+                    b = jax.ShapeDtypeStruct((rank, lin.out_features), kernel.dtype, sharding=b_sh)
+                    va, vb = adapters(f"blocks/{i}/{part}/{name}", a, b)
+                    layers.append(LoRALinear(lin, va, vb, scale=scale))
+                    setattr(sub, name, layers[-1])
+    return model, layers
+
+
+def _adapter_shardings(kernel: Any) -> tuple[Any, Any]:
+    """Where the adapters of ``kernel`` go: lora_a split like its rows, lora_b like its columns."""
+    sharding = getattr(kernel, "sharding", None)
+    if sharding is None:
+        return None, None
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
+        return (NamedSharding(sharding.mesh, PartitionSpec(spec[0], None), memory_kind=sharding.memory_kind),
+                NamedSharding(sharding.mesh, PartitionSpec(None, spec[1]), memory_kind=sharding.memory_kind))
+    return sharding, sharding
 
 
 def is_lora(model: nnx.Module) -> bool:
@@ -453,5 +608,6 @@ def logps_from_state(graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: ja
 __all__ = [
     "MESH_AXES", "DEFAULT_LOGICAL_AXIS_RULES", "ModelConfig", "MODEL_SIZES", "get_model_config",
     "KVCache", "init_cache", "TransformerLM", "LoRALinear", "init_model", "with_lora", "is_lora",
+    "abstract_model", "host_values", "materialize",
     "forward_logps", "logps_from_state", "mask_pad_logits", "apply_rope",
 ]

@@ -22,10 +22,10 @@ from flax import nnx
 from flax.traverse_util import flatten_dict
 from jax.sharding import PartitionSpec
 
-from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, ModelConfig, init_model, with_lora
+from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, ModelConfig, abstract_model
 from rlcluster_lab.placement import resolve_specs
 from rlcluster_lab.reshard import Box
-from rlcluster_lab.scoring import init_score_model
+from rlcluster_lab.scoring import abstract_score_model
 
 Path = tuple[Any, ...]
 
@@ -176,16 +176,9 @@ class AbstractLeaf:
         return "/".join(map(str, self.path))
 
 
-def _constructor(config: ModelConfig, lora_rank: int, kind: str):
-    if kind == "score":
-        return lambda: init_score_model(config)
-    if lora_rank:
-        return lambda: with_lora(init_model(config), lora_rank, rngs=nnx.Rngs(1))
-    return lambda: init_model(config)
-
-
 def _eval_leaves(config: ModelConfig, lora_rank: int, kind: str, rules: Any) -> list[AbstractLeaf]:
-    module = nnx.eval_shape(_constructor(config, lora_rank, kind))
+    # The same structures init_model / with_lora / init_score_model fill with values.
+    module = abstract_score_model(config) if kind == "score" else abstract_model(config, lora_rank)
     state = nnx.state(module)
     lora_paths = set(flatten_dict(nnx.to_pure_dict(nnx.state(module, nnx.LoRAParam))))
     values = flatten_dict(nnx.to_pure_dict(state))

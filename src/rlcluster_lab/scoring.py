@@ -7,6 +7,7 @@ critic's values are the head's outputs at every completion position.
 """
 from __future__ import annotations
 
+import functools
 from functools import partial
 from typing import Any
 
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlcluster_lab.model import ModelConfig, TransformerLM, get_model_config
+from rlcluster_lab.model import ModelConfig, TransformerLM, _shardings, get_model_config, host_values, materialize
 
 
 class ScoreModel(nnx.Module):
@@ -34,9 +35,35 @@ class ScoreModel(nnx.Module):
         return self.score_head(x)[..., 0].astype(jnp.float32)
 
 
-def init_score_model(config: ModelConfig | str, *, seed: int = 0) -> ScoreModel:
+@functools.lru_cache(maxsize=16)
+def _abstract_score(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    return nnx.split(nnx.eval_shape(lambda: ScoreModel(config, rngs=nnx.Rngs(0))))
+
+
+def abstract_score_model(config: ModelConfig | str) -> ScoreModel:
+    """A ``ScoreModel`` whose values are shapes only (for planning and checks before allocation)."""
     cfg = get_model_config(config) if isinstance(config, str) else config
-    return ScoreModel(cfg, rngs=nnx.Rngs(seed))
+    graphdef, state = _abstract_score(cfg)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+
+
+def init_score_model(config: ModelConfig | str, *, seed: int = 0, mesh: Any = None, rules: Any = None,
+                     memory_kind: str | None = None) -> ScoreModel:
+    """A fresh reward or value model; values drawn on the host, placed like ``init_model`` does.
+
+    Args:
+        config: a ``ModelConfig`` or a preset name.
+        seed: the seed of every leaf's generator.
+        mesh: where to place the model; None for the default device.
+        rules: logical axis rules for ``mesh``.
+        memory_kind: ``device`` or ``pinned_host``.
+
+    Returns:
+        The model.
+    """
+    cfg = get_model_config(config) if isinstance(config, str) else config
+    graphdef, abstract = _abstract_score(cfg)
+    return materialize(graphdef, abstract, host_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind))
 
 
 def completion_scores(model: ScoreModel, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int) -> jax.Array:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from rlcluster_lab.model import forward_logps
 
@@ -111,6 +112,34 @@ def train_step(
     trainable = optax.apply_updates(trainable, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
     return trainable, opt_state, metrics
+
+
+def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: Any) -> Any:
+    """``tx.init(params)`` in one compiled program, each leaf placed where it belongs.
+
+    A leaf of the optimizer state that mirrors a parameter (Adam's moments)
+    takes that parameter's sharding; any other leaf (a step count) is
+    replicated on ``mesh``. Eager ``tx.init`` would compile a program per
+    parameter shape instead.
+    """
+    abstract = jax.eval_shape(tx.init, params)
+    by_path = {_path_key(kp): x for kp, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def pick(kp: Any, leaf: Any) -> Any:
+        key = _path_key(kp)
+        for start in range(len(key)):
+            hit = by_path.get(key[start:])
+            if hit is not None and hit.shape == leaf.shape:
+                return hit.sharding
+        return replicated
+
+    shardings = jax.tree_util.tree_map_with_path(pick, abstract)
+    return jax.jit(tx.init, out_shardings=shardings)(params)
+
+
+def _path_key(path: Any) -> tuple[str, ...]:
+    return tuple(str(k) for k in path)
 
 
 def batch_arrays(batch: TrainBatch) -> dict[str, jax.Array]:

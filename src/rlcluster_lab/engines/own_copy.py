@@ -24,6 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rlcluster_lab.config import ConfigError, RolloutConfig
+from rlcluster_lab.options import SGLANG_LORA_MESSAGE, check_sglang_lora, check_vllm_version  # noqa: F401
 from rlcluster_lab.engines.base import RolloutEngine
 from rlcluster_lab.meshes import make_mesh
 from rlcluster_lab.model import is_lora
@@ -87,11 +88,7 @@ class VllmStyleEngine(OwnCopyEngine):
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
         version = rollout_config.rollout_vllm_model_version
-        if version is None:
-            raise ConfigError(
-                "the vllm engine needs rollout_config.rollout_vllm_model_version (the model "
-                "version or path it serves); set it in RolloutConfig"
-            )
+        check_vllm_version(version)
         return {"model_version": version}
 
     def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
@@ -119,13 +116,5 @@ class SglangJaxStyleEngine(OwnCopyEngine):
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
         lora = is_lora(rollout_actor)
         static = rollout_config.rollout_sglang_jax_enable_static_lora
-        if lora and not static:
-            raise ConfigError(SGLANG_LORA_MESSAGE)
+        check_sglang_lora(lora, static)
         return {"actor_has_lora": lora, "static_lora": static}
-
-
-SGLANG_LORA_MESSAGE = (
-    "the sglang_jax engine was given a LoRA actor but no static-LoRA settings: set "
-    "rollout_sglang_jax_enable_static_lora=True and rollout_sglang_jax_lora_target_modules, "
-    "rollout_sglang_jax_max_lora_rank, rollout_sglang_jax_lora_scaling in RolloutConfig"
-)
