@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlcluster_lab.meshes import describe_mesh
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES
-from rlcluster_lab.reshard import reshard_tree
+from rlcluster_lab.reshard import cast_many, reshard_tree
 from rlcluster_lab.trace import Trace
 
 MEMORY_KINDS = ("device", "pinned_host")
@@ -170,7 +170,8 @@ def place_model(
     shardings = target_shardings(state, mesh, rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES, kind, role=role)
     values = nnx.to_pure_dict(state)
     if dtype is not None:
-        values = jax.tree.map(lambda x: x if x.dtype == dtype else x.astype(dtype), values)
+        leaves, treedef = jax.tree.flatten(values)
+        values = jax.tree.unflatten(treedef, cast_many(leaves, [dtype] * len(leaves)))
     moved = reshard_tree(values, shardings, copy=copy)
     nnx.replace_by_pure_dict(state, moved)
     return nnx.merge(graphdef, state)

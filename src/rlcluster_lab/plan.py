@@ -93,7 +93,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from rlcluster_lab.config import KNOWN_DTYPES, KNOWN_ENGINES, ConfigError
+from rlcluster_lab.config import KNOWN_DTYPES, KNOWN_ENGINES, RESHARD_STRATEGIES, ConfigError
 from rlcluster_lab.engines import ENGINES, OwnCopyEngine, VllmStyleEngine
 from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.meshes import LAYOUTS, describe_mesh, layout_meshes
@@ -136,8 +136,11 @@ class PlanRequest:
     role_to_mesh: Mapping[Role, PlannedMesh] | None = None  # overrides the layout's meshes
     logical_axis_rules: Mapping[Role, Rules] | None = None
     optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
+    reshard: str = "xla"
 
     def __post_init__(self) -> None:
+        if self.reshard not in RESHARD_STRATEGIES:
+            raise ConfigError(f"unknown reshard strategy {self.reshard!r}; choose one of {', '.join(RESHARD_STRATEGIES)}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"unknown layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
         if self.engine not in KNOWN_ENGINES:
@@ -210,6 +213,7 @@ def plan_cluster(
     optimizer: optax.GradientTransformation | None = None,
     memory_per_device: int | None = None,
     link_bandwidth: float | None = None,
+    reshard: str = "xla",
 ) -> Plan:
     """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
 
@@ -253,6 +257,7 @@ def plan_cluster(
         logical_axis_rules=None if logical_axis_rules is None
         else {Role.parse(r): _freeze_rules(v) for r, v in logical_axis_rules.items()},
         optimizer=optimizer,
+        reshard=reshard,
     )
     return _plan(request)
 
@@ -269,6 +274,7 @@ def plan_scenario(scenario: Any, topology: str | Topology = "local", **overrides
         rollout_dtype=scenario.rollout_dtype,
         with_reward=scenario.with_reward,
         with_critic=scenario.with_critic,
+        reshard=getattr(scenario, "reshard", "xla"),
     )
     knobs.update(overrides)
     return plan_cluster(scenario.model_size, topology, **knobs)
@@ -340,7 +346,7 @@ def _load(buf: Buffers, model: Model, mesh: PlannedMesh, leaves: Mapping[PathKey
 
 def _construct(req: PlanRequest) -> _Placed:
     topo = req.topology
-    buf = Buffers(topo.platform, topo.ids()[0])
+    buf = Buffers(req.reshard, topo.ids()[0])
     config_r2m = _meshes(req)
     r2m = dict(config_r2m)
     lora = bool(req.lora_rank)
@@ -359,7 +365,9 @@ def _construct(req: PlanRequest) -> _Placed:
     if lora:
         base = {p: buf.like(a) for p, a in reference0.items()} if req.lora_separate_base else reference0
         lora_leaves = abstract_leaves(req.model, req.lora_rank, "lm", default_rules)
-        actor0 = {l.path: buf.fresh(l) if l.lora else base[l.path] for l in lora_leaves}
+        # with_lora puts each adapter where its kernel lives: its mesh, split like its rows / columns.
+        actor0 = {l.path: buf.new(l.shape, l.dtype, ref_mesh, l.spec, "device") if l.lora else base[l.path]
+                  for l in lora_leaves}
     else:
         actor0 = {p: buf.like(a) for p, a in reference0.items()}
 
@@ -387,8 +395,10 @@ def _construct(req: PlanRequest) -> _Placed:
     for role, wanted in ((Role.CRITIC, req.with_critic), (Role.REWARD, req.with_reward)):
         if wanted:
             leaves = _specs(req, role, "score")
-            fresh = {p: buf.fresh(l) for p, l in leaves.items()}
-            score[role.value] = _load(buf, fresh, r2m[role], leaves, role.value)
+            # Scenario.build_models creates them on their role's mesh with the default rules.
+            made = {l.path: buf.new(l.shape, l.dtype, r2m[role], l.spec, "device")
+                    for l in abstract_leaves(req.model, 0, "score", default_rules)}
+            score[role.value] = _load(buf, made, r2m[role], leaves, role.value)
 
     # The engine: an own-copy engine copies the model it is handed onto its mesh.
     config_rollout = r2m[Role.ROLLOUT]
@@ -467,7 +477,7 @@ def _plan(req: PlanRequest) -> Plan:
     topo = req.topology
     sync = sync_summary(placed.buffers, placed.models["actor"], placed.models["rollout"], placed.trainable,
                         lora=placed.lora, copy=ENGINES[req.engine].owns_weights, anchor_mode=req.anchor,
-                        offload=req.offload, link_bandwidth=topo.link_bandwidth)
+                        offload=req.offload, link_bandwidth=topo.link_bandwidth, strategy=req.reshard)
     fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
     present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
     present |= {Role.REWARD} if req.with_reward else set()

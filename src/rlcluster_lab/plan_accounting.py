@@ -122,8 +122,12 @@ class _PerDevice:
 
 def sync_summary(buf: Buffers, actor: Mapping[PathKey, PlannedArray], rollout: Mapping[PathKey, PlannedArray],
                  trainable: frozenset[PathKey], *, lora: bool, copy: bool, anchor_mode: str, offload: bool,
-                 link_bandwidth: float | None) -> dict[str, Any]:
+                 link_bandwidth: float | None, strategy: str = "xla") -> dict[str, Any]:
     """P13 on paper, with the SyncReport's definitions (see ``plan``'s docstring).
+
+    Cross-device bytes are the least the placement forces, which is what the
+    minimal strategy moves; a compiled program (the xla strategy) may move
+    more, and only a measured sync can say how much (its excess).
 
     ``trainable``: the leaves the sync hands over (LoRA adapters, or every
     parameter); ``copy``: the engine owns its weights, so it never keeps the
@@ -157,6 +161,8 @@ def sync_summary(buf: Buffers, actor: Mapping[PathKey, PlannedArray], rollout: M
             "reused_bytes": int(reused.sum() * elems * item),
             "minimum_cross_device_bytes": int(lacking.sum() * item),
             "logical_bytes": int(np.prod(src.shape, dtype=np.int64) * item),
+            "relayed_cross_device_bytes": 0,
+            "method": "planned: the least the placement forces",
         })
     totals = {key: sum(leaf[key] for leaf in leaves) for key in (
         "synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
@@ -177,7 +183,10 @@ def sync_summary(buf: Buffers, actor: Mapping[PathKey, PlannedArray], rollout: M
         "units": UNITS,
         "lora": lora,
         **totals,
+        "relayed_cross_device_bytes": 0,
         "excess_cross_device_bytes": 0,  # a plan moves only what the placement forces
+        "reshard_strategy": strategy,
+        "moved_is_lower_bound": strategy == "xla",
         "synced_logical_bytes": sum(leaf["logical_bytes"] for leaf in leaves),
         "anchor_bytes": anchor_bytes,
         "anchor_mode": "trainable" if partial else "full",

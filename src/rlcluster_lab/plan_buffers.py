@@ -69,12 +69,23 @@ def overlap(shape: tuple[int, ...], src_mesh: PlannedMesh, src_spec: PartitionSp
     return same, lacking
 
 
-class Buffers:
-    """Makes arrays on paper and reshards them as ``reshard.reshard`` would."""
+def _relabels(a: PlannedArray, mesh: PlannedMesh) -> bool:
+    """The same devices in another order, where the source layout reads the same in the
+    destination's device order (replicated axes): the xla strategy re-labels it and runs
+    one program (``reshard_xla._in_order``)."""
+    if set(a.mesh.device_ids) != set(mesh.device_ids) or a.mesh.device_ids == mesh.device_ids:
+        return False
+    other = PlannedMesh(mesh.device_ids, a.mesh.axis_sizes, a.mesh.axis_names, a.mesh.axis_types)
+    same, _ = overlap(a.shape, a.mesh, a.spec, other, a.spec)
+    return bool(same.all())
 
-    def __init__(self, platform: str, default_device: int) -> None:
+
+class Buffers:
+    """Makes arrays on paper and reshards them as ``reshard.reshard`` would with ``strategy``."""
+
+    def __init__(self, strategy: str, default_device: int) -> None:
         self._ids = itertools.count()
-        self.platform = platform
+        self.strategy = strategy
         self.default_mesh = PlannedMesh((default_device,), (1,), ("default",))
 
     def new(self, shape: tuple[int, ...], dtype: Any, mesh: PlannedMesh, spec: PartitionSpec, kind: str,
@@ -99,11 +110,23 @@ class Buffers:
             # A memory-kind change moves every shard into a new buffer.
             return np.zeros(mesh.size, dtype=bool)
         same, _ = overlap(a.shape, a.mesh, a.spec, mesh, spec)
-        if self.platform == "cpu":
+        if set(a.mesh.device_ids) == set(mesh.device_ids) and bool(same.all()):
+            # An equivalent layout: re-labelled, not copied, by either strategy.
+            return np.ones(mesh.size, dtype=bool)
+        if self.strategy == "minimal" or not a.placed or a.mesh.size != mesh.size:
+            # Shard by shard (the minimal strategy, which the xla one also uses for a
+            # single-device source or a different number of devices).
             return same
-        # device_put reuses buffers only for an equivalent layout on the same devices.
-        equivalent = bool(same.all()) and set(a.mesh.device_ids) == set(mesh.device_ids)
-        return np.full(mesh.size, equivalent)
+        if a.mesh.device_ids == mesh.device_ids or _relabels(a, mesh):
+            return np.zeros(mesh.size, dtype=bool)  # one compiled program: new buffers
+        # The same number of devices, another order or set: a program onto the source
+        # devices laid out as the destination, unless the source already is that layout;
+        # then whole shards move, and a device that holds its block keeps it.
+        inter = PlannedMesh(a.mesh.device_ids, mesh.axis_sizes, mesh.axis_names, mesh.axis_types)
+        inter_same, _ = overlap(a.shape, a.mesh, a.spec, inter, spec)
+        if not inter_same.all():
+            return np.zeros(mesh.size, dtype=bool)
+        return same
 
     def reshard(self, a: PlannedArray, mesh: PlannedMesh, spec: PartitionSpec, kind: str, *,
                 copy: bool = False, dtype: Any = None) -> PlannedArray:

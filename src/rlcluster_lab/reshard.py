@@ -27,10 +27,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import Sharding
 
 from rlcluster_lab.transfers import (  # noqa: F401  (re-exported: the log lives beside the reshard)
@@ -298,6 +300,38 @@ def _change_layout(
 def _work_kind(x: jax.Array) -> str:
     """The default memory kind of the devices ``x`` lives on (where layout changes run)."""
     return next(iter(x.sharding.device_set)).default_memory().kind
+
+
+def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]:
+    """Each array cast to its dtype on its own devices, all in one compiled program.
+
+    Arrays already in their dtype are returned as they are. Eager ``astype``
+    would compile a program per shape; one jitted tree program is compiled
+    once per set of shapes, dtypes and shardings.
+    """
+    todo = [i for i, (x, d) in enumerate(zip(xs, dtypes)) if x.dtype != np.dtype(d)]
+    out = list(xs)
+    if not todo:
+        return out
+    groups: dict[Any, list[int]] = {}
+    for i in todo:
+        groups.setdefault(tuple(xs[i].sharding.device_set), []).append(i)
+    for idx in groups.values():
+        arrays = [xs[i] for i in idx]
+        with jax.set_mesh(None):
+            cast = _cast_program(tuple(str(np.dtype(dtypes[i])) for i in idx))
+            ys = jax.jit(cast, out_shardings=[x.sharding for x in arrays])(arrays)
+        for i, y in zip(idx, ys):
+            out[i] = y
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _cast_program(dtypes: tuple[str, ...]) -> Any:
+    def cast(arrays: list[jax.Array]) -> list[jax.Array]:
+        return [x.astype(d) for x, d in zip(arrays, dtypes)]
+
+    return cast
 
 
 def clear_programs() -> None:

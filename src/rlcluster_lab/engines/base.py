@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.config import RolloutConfig
 from rlcluster_lab.model import logps_from_state
-from rlcluster_lab.reshard import log_cast, reshard_many
+from rlcluster_lab.reshard import cast_many, log_cast, reshard_many
 from rlcluster_lab.sampling import sample
 
 
@@ -203,13 +203,11 @@ def reshard_flat(
         shardings.append(s)
     # One batch for the whole tree; each leaf's copies are logged under its path (L3).
     moved = reshard_many([src_flat[k] for k in keys], shardings, copy=copy, labels=[leaf_path(k) for k in keys])
+    # Cast on the destination devices, after the move (bytes move in the source dtype).
+    cast = cast_many(moved, [dst_flat[k].dtype for k in keys])
     out = {}
-    for k, x in zip(keys, moved):
-        want = dst_flat[k].dtype
-        # Cast on the destination devices, after the move (bytes move in the source dtype).
-        if x.dtype == want:
-            out[k] = x
-        else:
-            out[k] = x.astype(want)
-            log_cast(src_flat[k], x, out[k], leaf_path(k))
+    for k, x, y in zip(keys, moved, cast):
+        out[k] = y
+        if y is not x:
+            log_cast(src_flat[k], x, y, leaf_path(k))
     return out
