@@ -1,7 +1,17 @@
-"""Test set-up: eight simulated CPU devices, configured before the JAX backend starts."""
+"""Test set-up: eight simulated CPU devices, configured before the JAX backend starts, and a
+persistent compilation cache of the session's own (a program compiled by one test module is
+read back by the next one after the in-memory caches are cleared)."""
+import atexit
+import shutil
+import tempfile
+
+from rlcluster_lab.compile_cache import enable_compilation_cache
 from rlcluster_lab.devices import ensure_simulated_devices
 
 ensure_simulated_devices(8)
+_CACHE = tempfile.mkdtemp(prefix="rlcluster-lab-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+enable_compilation_cache(_CACHE)
 
 
 import jax  # noqa: E402  (after the devices are set)

@@ -30,9 +30,9 @@ from rlcluster_lab.learner import GRPOLearner, LearnerConfig, StepRecord
 from rlcluster_lab.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.report import placement_report
-from rlcluster_lab.reshard import clear_programs
+from rlcluster_lab.compile_cache import trim_compiled_programs
 from rlcluster_lab.roles import Role
-from rlcluster_lab.scenario import ROLLOUT_DTYPES, Scenario, build_cluster
+from rlcluster_lab.scenario import ROLLOUT_DTYPES, Scenario, build_cluster, validate
 
 CUSTOM = "custom"
 _ENGINE_LABELS = {
@@ -322,8 +322,9 @@ class PlacementLab:
         self._sync = self._report = None
         self._steps = []
         gc.collect()
-        # The next build may use other shardings: drop the old copy programs too.
-        clear_programs()
+        # Compiled programs are kept (bounded caches): the next build with the same
+        # layouts reuses them instead of compiling again.
+        trim_compiled_programs()
         if ref() is not None:
             # Someone else (a notebook variable) holds it; deleting its buffers
             # under them would break their object, so say so instead.
@@ -336,10 +337,12 @@ class PlacementLab:
         """Build the cluster the knobs describe, replacing the live one."""
         with self._busy(f"building a {self.model_size.value} cluster"):
             try:
-                # Knob errors are found before anything is released: the live
-                # cluster and its panels stay as they are.
+                # Every check a build makes runs before anything is released: a
+                # combination that cannot work leaves the live cluster and its
+                # panels as they are.
                 scenario = self.scenario()
                 role_to_mesh = self.role_to_mesh()
+                validate(scenario, devices=self.devices, role_to_mesh=role_to_mesh)
             except Exception as exc:  # noqa: BLE001 - shown in the panel, the lab stays usable
                 self._show_error(exc, kept=self._cluster is not None)
                 return

@@ -80,6 +80,9 @@ def _generate(graphdef, state, prompt_tokens, key, temperature, *, max_new_token
     return carry[4], carry[5]
 
 
+PROMPT_BUCKET = 16
+
+
 def sample(graphdef: nnx.GraphDef, state: nnx.State, tokenizer: ByteTokenizer,
            prompts: list[str], *, max_new_tokens: int, temperature: float, cache_size: int,
            seed: int, eos_id: int | None = None, pad_id: int | None = None) -> SampleOutput:
@@ -97,7 +100,13 @@ def sample(graphdef: nnx.GraphDef, state: nnx.State, tokenizer: ByteTokenizer,
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     eos_id = tokenizer.eos_id if eos_id is None else int(eos_id)
     pad_id = tokenizer.pad_id if pad_id is None else int(pad_id)
-    prompt_tokens = tokenizer.encode_batch_left_padded(prompts)
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    # Prompts are left-padded to a multiple of PROMPT_BUCKET (when the cache has room), so
+    # a new batch of prompts of a similar length reuses the compiled sampler and scorers
+    # instead of compiling them again for one more width. Pads are masked everywhere.
+    bucket = -(-longest // PROMPT_BUCKET) * PROMPT_BUCKET
+    width = bucket if bucket + max_new_tokens <= cache_size else longest
+    prompt_tokens = tokenizer.encode_batch_left_padded(prompts, length=width)
     if pad_id != tokenizer.pad_id:
         prompt_tokens = np.where(prompt_tokens == tokenizer.pad_id, pad_id, prompt_tokens)
     prompt_len = prompt_tokens.shape[1]

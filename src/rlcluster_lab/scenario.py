@@ -14,9 +14,10 @@ import jax
 from flax import nnx
 
 from rlcluster_lab.cluster import RLCluster
+from rlcluster_lab.compile_cache import trim_compiled_programs
 from rlcluster_lab.config import ClusterConfig, TrainingConfig
 from rlcluster_lab.meshes import layout_meshes
-from rlcluster_lab.model import init_model, with_lora
+from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, get_model_config, init_model, with_lora
 from rlcluster_lab.options import DTYPES, Scenario
 from rlcluster_lab.placement import place_model
 from rlcluster_lab.roles import Role
@@ -60,6 +61,44 @@ def cluster_config(scenario: Scenario, role_to_mesh: dict[Role, Any],
     )
 
 
+def validate(
+    scenario: Scenario,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+    training_config: TrainingConfig | None = None,
+    role_to_mesh: dict[Role, Any] | None = None,
+) -> ClusterConfig:
+    """Every check a build would make, with nothing allocated and nothing compiled.
+
+    The knobs (``Scenario.check``, P6), the layout on these devices, the
+    ``ClusterConfig``, and every role's partition specs on its mesh (axis
+    names exist, dimensions divide), read from the models' shapes alone.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError, ValueError: what cannot work, and how to fix it.
+    """
+    from rlcluster_lab.placement import check_spec
+    from rlcluster_lab.plan_shapes import abstract_leaves
+
+    scenario.check()
+    r2m = dict(role_to_mesh) if role_to_mesh is not None else layout_meshes(scenario.layout, devices)
+    config = cluster_config(scenario, r2m, training_config)
+    size = get_model_config(scenario.model_size)
+    lora = scenario.lora_rank if scenario.lora else 0
+    roles = [(Role.ACTOR, "lm", lora), (Role.ROLLOUT, "lm", lora), (Role.REFERENCE, "lm", 0)]
+    roles += [(Role.REWARD, "score", 0)] if scenario.with_reward else []
+    roles += [(Role.CRITIC, "score", 0)] if scenario.with_critic else []
+    for role, kind, rank in roles:
+        rules = config.logical_axis_rules(role)
+        leaves = abstract_leaves(size, rank, kind, tuple(rules) if rules is not None else DEFAULT_LOGICAL_AXIS_RULES)
+        for shape, spec in {(leaf.shape, leaf.spec) for leaf in leaves}:
+            check_spec(spec, shape, config.role_to_mesh[role], role.value)
+    return config
+
+
 def build_cluster(
     scenario: Scenario,
     *,
@@ -85,9 +124,10 @@ def build_cluster(
     Raises:
         ConfigError: for a combination that cannot work, with the fix.
     """
-    scenario.check()
-    r2m = dict(role_to_mesh) if role_to_mesh is not None else layout_meshes(scenario.layout, devices)
-    config = cluster_config(scenario, r2m, training_config)
+    config = validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh)
+    r2m = dict(config.role_to_mesh)
+    # A long session builds many clusters: keep the compiled programs under the bound.
+    trim_compiled_programs()
     models = build_models(scenario, r2m)
     with warnings.catch_warnings():
         # The cluster keeps its own record of P4 warnings (cluster.warnings).

@@ -7,7 +7,7 @@ new trainable state back.
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
+import functools
 from typing import Any
 
 import jax
@@ -89,7 +89,6 @@ def grpo_loss(
     return loss, metrics
 
 
-@partial(jax.jit, static_argnames=("graphdef", "tx", "pad_id", "beta", "epsilon"))
 def train_step(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
@@ -103,15 +102,45 @@ def train_step(
     beta: float,
     epsilon: float,
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
-    def loss_fn(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-        model = nnx.merge(graphdef, params, frozen)
-        return grpo_loss(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
+    """One optimizer step (P12); the new parameters and optimizer state keep the old ones' shardings.
 
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(trainable)
-    updates, opt_state = tx.update(grads, opt_state, trainable)
-    trainable = optax.apply_updates(trainable, updates)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    return trainable, opt_state, metrics
+    Left to itself XLA may hand back a leaf in another layout (a replicated
+    norm scale's Adam moment split over a mesh axis), which changes what a
+    role holds and makes the next step compile again for the new layout; so
+    the outputs are pinned to the inputs' shardings, and the compiled step is
+    shared by every call with the same layouts.
+    """
+    keep = (_sharding_key(trainable), _sharding_key(opt_state))
+    step = _jitted_step(graphdef, tx, pad_id, float(beta), float(epsilon), keep)
+    return step(trainable, frozen, opt_state, batch, temperature)
+
+
+def _sharding_key(tree: Any) -> tuple[Any, tuple[Any, ...]]:
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple(x.sharding for x in leaves)
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, pad_id: int, beta: float,
+                 epsilon: float, keep: tuple[Any, Any]) -> Any:
+    (p_def, p_shardings), (o_def, o_shardings) = keep
+    mesh = next((s.mesh for s in p_shardings if isinstance(s, NamedSharding)), None)
+    metrics = NamedSharding(mesh, PartitionSpec()) if mesh is not None else None
+
+    def step(trainable: Any, frozen: Any, opt_state: Any, batch: dict[str, jax.Array],
+             temperature: jax.Array) -> tuple[Any, Any, dict[str, jax.Array]]:
+        def loss_fn(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+            model = nnx.merge(graphdef, params, frozen)
+            return grpo_loss(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
+
+        grads, m = jax.grad(loss_fn, has_aux=True)(trainable)
+        updates, opt_state = tx.update(grads, opt_state, trainable)
+        trainable = optax.apply_updates(trainable, updates)
+        m["grad_norm"] = optax.tree.norm(grads)
+        return trainable, opt_state, m
+
+    out = (jax.tree.unflatten(p_def, p_shardings), jax.tree.unflatten(o_def, o_shardings), metrics)
+    return jax.jit(step, out_shardings=out)
 
 
 def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: Any) -> Any:
