@@ -1,9 +1,12 @@
-"""Shared set-up for the benchmark scripts: devices, timing, tables, plots."""
+"""Shared set-up for the benchmark scripts: devices, timing, tables, plots, child processes."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -71,6 +74,33 @@ def save_bar_plot(path: str, labels: Sequence[str], series: dict[str, Sequence[f
 
     fig = Figure(figsize=(max(6, 0.6 * len(labels) + 2), 4))
     ax = fig.add_subplot()
+    _bars(ax, labels, series, ylabel, title, [(hline, None)] if hline is not None else [])
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def save_bar_panels(path: str, panels: Sequence[dict[str, Any]], ncols: int = 2) -> None:
+    """Several bar charts in one PNG. Each panel: ``labels``, ``series`` ({name: values}; NaN for
+    a missing value), ``ylabel``, ``title``, optional ``hlines`` ([(y, label or None)]) and ``logy``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    nrows = max(1, -(-len(panels) // ncols))
+    widest = max((len(p["labels"]) for p in panels), default=1)
+    fig = Figure(figsize=(ncols * max(6, 0.55 * widest + 2), nrows * 4.5))
+    for i, panel in enumerate(panels):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        _bars(ax, panel["labels"], panel["series"], panel["ylabel"], panel["title"], panel.get("hlines", []))
+        if panel.get("logy"):
+            ax.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _bars(ax: Any, labels: Sequence[str], series: dict[str, Sequence[float]], ylabel: str, title: str,
+          hlines: Sequence[tuple[float, str | None]]) -> None:
     n = len(series)
     width = 0.8 / max(n, 1)
     for i, (name, values) in enumerate(series.items()):
@@ -78,9 +108,52 @@ def save_bar_plot(path: str, labels: Sequence[str], series: dict[str, Sequence[f
     ax.set_xticks([j + width * (n - 1) / 2 for j in range(len(labels))], labels, rotation=45, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    if hline is not None:
-        ax.axhline(hline, color="black", linestyle="--", linewidth=1)
-    if n > 1:
+    for y, label in hlines:
+        ax.axhline(y, color="black", linestyle="--", linewidth=1, label=label)
+    if n > 1 or any(label for _, label in hlines):
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+
+
+# ------------------------------------------------------------------ child processes
+
+RESULT_MARKER = "@@RESULT@@ "
+
+
+def run_process(argv: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600,
+                cwd: str | None = None) -> dict[str, Any]:
+    """Run ``argv`` to completion; its wall time (as seen from here), exit code, stdout and stderr.
+
+    ``env`` entries are added to this process's environment. Never raises for a
+    failing or hanging command: ``rc`` is None and ``timed_out`` True after ``timeout``.
+    """
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(list(argv), env=full_env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        def text(b: Any) -> str:
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        return {"rc": None, "timed_out": True, "wall_s": time.perf_counter() - start,
+                "stdout": text(exc.stdout), "stderr": text(exc.stderr)}
+    return {"rc": proc.returncode, "timed_out": False, "wall_s": time.perf_counter() - start,
+            "stdout": proc.stdout, "stderr": proc.stderr}
+
+
+def run_python_child(code: str, **kwargs: Any) -> dict[str, Any]:
+    """``run_process([sys.executable, "-c", code])``, plus ``result``: the JSON object of the last
+    line the child printed starting with ``RESULT_MARKER`` (None when there is none)."""
+    proc = run_process([sys.executable, "-c", code], **kwargs)
+    proc["result"] = None
+    for line in reversed(proc["stdout"].splitlines()):
+        if line.startswith(RESULT_MARKER):
+            try:
+                proc["result"] = json.loads(line[len(RESULT_MARKER):])
+            except ValueError:
+                pass
+            break
+    return proc
+
+
+def tail(text: str, lines: int = 20) -> str:
+    return "\n".join((text or "").rstrip().splitlines()[-lines:])

@@ -17,9 +17,10 @@ from rlcluster_lab.lab import CUSTOM, PlacementLab, live_buffer_bytes, shape_opt
 
 
 def png(lab: PlacementLab, panel: str) -> str:
+    """The panel's first figure (SVG markup)."""
     data = lab.outputs[panel].outputs[0]["data"]
-    assert "image/png" in data, f"panel {panel} shows no figure: {data.get('text/plain')}"
-    return data["image/png"]
+    assert "image/svg+xml" in data, f"panel {panel} shows no figure: {data.get('text/plain')}"
+    return data["image/svg+xml"]
 
 
 def panel_text(lab: PlacementLab, panel: str) -> str:
@@ -28,7 +29,7 @@ def panel_text(lab: PlacementLab, panel: str) -> str:
 
 @pytest.fixture
 def lab() -> PlacementLab:
-    lab = PlacementLab(dpi=40)
+    lab = PlacementLab()
     yield lab
     lab.release()
 
@@ -171,13 +172,17 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     lab.engine.value = "sglang_jax"
     lab.lora.value = True
     lab.static_lora.value = False
+    before = lab.cluster
+    drawn = png(lab, "flow")
     lab.construct_button.click()
     assert lab.error is not None and lab.error.startswith("ConfigError")
     assert "static-LoRA" in lab.error_box.value  # the cluster's own message
     assert lab.error_box.layout.display == "block"
-    assert lab.cluster is None and lab.report is None
-    assert lab.sync_button.disabled and lab.step_button.disabled
-    assert "construction failed" in panel_text(lab, "flow")
+    # Refused before anything was released: the previous cluster stays live and drawn.
+    assert lab.cluster is before and lab.report is not None
+    assert "still the previous one" in lab.error_box.value
+    assert not lab.sync_button.disabled and not lab.step_button.disabled
+    assert png(lab, "flow") == drawn
     lab.static_lora.value = True
     report = build(lab)
     assert report["engine"] == "sglang_jax"
@@ -279,7 +284,7 @@ def test_release_says_when_someone_else_holds_the_cluster(lab: PlacementLab) -> 
 def test_lab_builds_on_the_devices_it_is_given() -> None:
     import jax
 
-    lab = PlacementLab(devices=jax.devices()[:4], dpi=40)
+    lab = PlacementLab(devices=jax.devices()[:4])
     try:
         assert [t.description for t in lab.device_toggles] == ["0", "1", "2", "3"]
         lab.layout.value = "split"
@@ -293,7 +298,7 @@ def test_lab_builds_on_the_devices_it_is_given() -> None:
 
 def test_memory_panel_shows_per_device_and_per_role(lab: PlacementLab) -> None:
     build(lab)
-    images = [o["data"].get("image/png") for o in lab.outputs["memory"].outputs]
+    images = [o["data"].get("image/svg+xml") for o in lab.outputs["memory"].outputs]
     assert len(images) == 2 and all(images) and images[0] != images[1]
 
 

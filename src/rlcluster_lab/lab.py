@@ -1,29 +1,30 @@
 """The placement lab: every knob of a scenario as a widget, and live panels.
 
 The panels read the placement report (``placement_report(cluster,
-sync=...).to_json()``) and draw it with ``rlcluster_lab.viz``; nothing here
-decides where a model lives. Only core ipywidgets are used: each figure is
-rendered to a PNG, put into an ``Output`` widget as display data and closed at
-once (no ipympl, which Colab does not run, and no figure left open).
+sync=...).to_json()``) and draw it with ``rlcluster_lab.panels`` (SVG, drawn in
+milliseconds); nothing here decides where a model lives. Only core ipywidgets
+are used: each figure is put into an ``Output`` widget as display data (no
+ipympl, which Colab does not run). A panel whose part of the report did not
+change is not drawn again.
 
 A rebuild releases the previous cluster first, so only one cluster's buffers
 are alive at a time, on CPU and on an accelerator alike.
 """
 from __future__ import annotations
 
-import base64
 import contextlib
 import gc
 import html
+import json
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ipywidgets as widgets
 import jax
-import matplotlib.pyplot as plt
 
-from rlcluster_lab import viz
+from rlcluster_lab import panels
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.config import KNOWN_ENGINES
 from rlcluster_lab.learner import GRPOLearner, LearnerConfig, StepRecord
@@ -71,13 +72,9 @@ def shape_options(count: int) -> list[tuple[str, tuple[int, int]]]:
     return [(f"{a} x {b}", (a, b)) for a, b in shapes]
 
 
-def figure_output(fig: Any, alt: str, dpi: int) -> dict[str, Any]:
-    """One display-data output holding the figure as a PNG; the figure is closed."""
-    try:
-        png = base64.b64encode(viz.to_png(fig, dpi=dpi)).decode("ascii")
-    finally:
-        plt.close(fig)
-    return {"output_type": "display_data", "data": {"image/png": png, "text/plain": alt}, "metadata": {}}
+def svg_output(svg: str, alt: str) -> dict[str, Any]:
+    """One display-data output holding an SVG figure (``panels``)."""
+    return {"output_type": "display_data", "data": {"image/svg+xml": str(svg), "text/plain": alt}, "metadata": {}}
 
 
 def text_output(text: str) -> dict[str, Any]:
@@ -116,13 +113,11 @@ class PlacementLab:
         *,
         devices: Sequence[jax.Device] | None = None,
         build: bool = False,
-        dpi: int = 72,
         step_config: LearnerConfig | None = None,
     ) -> None:
         """``devices``: what layouts are built on (default ``jax.devices()``; a
         notebook passes ``rl.setup().devices``)."""
         self.devices = list(devices) if devices is not None else jax.devices()
-        self.dpi = dpi
         self.step_config = step_config or LearnerConfig(steps=1, prompts_per_step=2, group_size=4)
         self._cluster: RLCluster | None = None
         self._recorder: _SyncRecorder | None = None
@@ -130,6 +125,8 @@ class PlacementLab:
         self._sync: Any = None
         self._report: dict[str, Any] | None = None
         self._steps: list[StepRecord] = []
+        self._drawn: dict[str, str] = {}  # panel -> the data its figures were drawn from
+        self.timings: dict[str, Any] = {}  # seconds of the last action's phases
         self.error: str | None = None
         self._make_knobs()
         self._make_panels()
@@ -349,12 +346,14 @@ class PlacementLab:
             self._stage(1, "releasing the previous cluster")
             released = self.release()
             self._stage(2, f"building the models and constructing the cluster ({scenario.model_size})")
+            start = time.perf_counter()
             try:
                 cluster = build_cluster(scenario, devices=self.devices, role_to_mesh=role_to_mesh)
             except Exception as exc:  # noqa: BLE001 - the cluster's own error, shown as it is
                 self._show_error(exc, kept=False)
                 self._clear_panels("no cluster: construction failed (see the error above)")
                 return
+            self.timings = {"action": "construct", "work": time.perf_counter() - start}
             self._cluster = cluster
             self._recorder = _SyncRecorder(cluster)
             self._learner = GRPOLearner(self._recorder, self.step_config)  # type: ignore[arg-type]
@@ -363,7 +362,7 @@ class PlacementLab:
             self._refresh_report()
             self._stage(4, "drawing")
             self._draw_all()
-            self._set_status(f"constructed ({released})")
+            self._set_status(f"constructed ({released}); {self._timing_text()}")
 
     def sync(self) -> None:
         """P13: sync the actor's weights into the rollout engine and show what moved."""
@@ -371,15 +370,17 @@ class PlacementLab:
             self._set_status("construct a cluster first")
             return
         with self._busy("syncing weights"):
+            start = time.perf_counter()
             try:
                 self._sync = self._cluster.sync_weights()
             except Exception as exc:  # noqa: BLE001
                 self._show_error(exc, kept=True)
                 return
+            self.timings = {"action": "sync", "work": time.perf_counter() - start}
             self._clear_error()
             self._refresh_report()
             self._draw_all()
-            self._set_status(f"synced: global step {self._cluster.global_steps}")
+            self._set_status(f"synced: global step {self._cluster.global_steps}; {self._timing_text()}")
 
     def train_step(self) -> None:
         """One GRPO step on cluster operations (generate, reward, update, sync)."""
@@ -387,49 +388,79 @@ class PlacementLab:
             self._set_status("construct a cluster first")
             return
         with self._busy("taking a training step"):
+            start = time.perf_counter()
             try:
                 record = self._learner.step()
             except Exception as exc:  # noqa: BLE001
                 self._show_error(exc, kept=True)
                 return
+            self.timings = {"action": "train_step", "work": time.perf_counter() - start}
             self._steps.append(record)
             self._sync = self._recorder.last_sync
             self._clear_error()
             self._refresh_report()
             self._draw_all()
-            self._set_status(f"step {record.step}: mean reward {record.mean_reward:.3f}")
+            self._set_status(f"step {record.step}: mean reward {record.mean_reward:.3f}; {self._timing_text()}")
 
     # ------------------------------------------------------------------ drawing
 
     def _refresh_report(self) -> None:
         assert self._cluster is not None
+        start = time.perf_counter()
         self._report = placement_report(self._cluster, sync=self._sync).to_json()
+        self.timings["report"] = time.perf_counter() - start
+
+    def _timing_text(self) -> str:
+        """What the last action cost, as measured: the work, the report, the redraw."""
+        t = self.timings
+        redrawn = ", ".join(t.get("redrawn", [])) or "nothing"
+        return (f"{t.get('work', 0):.2f} s work, {t.get('report', 0):.2f} s report, "
+                f"{t.get('draw', 0):.2f} s drawing (redrawn: {redrawn})")
 
     def _draw_all(self) -> None:
+        """Redraw the panels whose data changed since they were last drawn; returns nothing.
+
+        Each panel's figures are pure functions of part of the report (the
+        decisions, the memory, the sync): a panel whose part is unchanged keeps
+        its figures, and the time each drawing took is kept in ``timings``.
+        """
         report = self._report
         assert report is not None
+        start = time.perf_counter()
         self.summary.value = summary_html(report)
         self.step_log.value = steps_html(self._steps)
         sync = report.get("sync")
         memory = report["memory"]
-        draws: dict[str, list[Callable[[], Any]] | str] = {
-            "flow": [lambda: viz.decision_flow(report)],
-            "grid": [lambda: viz.device_grid(report)],
-            "memory": [lambda: viz.memory_by_device(memory), lambda: viz.memory_by_role(memory)],
-            "sync": [lambda: viz.sync_bytes(sync)] if sync else "no sync measured yet: press Sync weights (P13)",
+        draws: dict[str, tuple[Any, list[Callable[[], Any]] | str]] = {
+            "flow": ((report["decisions"], report["sharing_map"], report["rollout_branch"], report["anchor"]),
+                     [lambda: panels.decision_flow(report)]),
+            "grid": ((report["role_to_mesh"], report["config_role_to_mesh"], memory),
+                     [lambda: panels.device_grid(report)]),
+            "memory": (memory, [lambda: panels.memory_by_device(memory), lambda: panels.memory_by_role(memory)]),
+            "sync": (sync, [lambda: panels.sync_bytes(sync)] if sync
+                     else "no sync measured yet: press Sync weights (P13)"),
         }
-        for name, draw in draws.items():
+        redrawn = []
+        for name, (data, draw) in draws.items():
+            key = json.dumps(data, sort_keys=True, default=str)
+            if self._drawn.get(name) == key:
+                continue
             self.outputs[name].outputs = self._render(name, draw)
+            self._drawn[name] = key
+            redrawn.append(name)
+        self.timings["draw"] = time.perf_counter() - start
+        self.timings["redrawn"] = redrawn
 
     def _render(self, name: str, draw: list[Callable[[], Any]] | str) -> tuple[dict[str, Any], ...]:
         if isinstance(draw, str):
             return (text_output(draw),)
         try:
-            return tuple(figure_output(fig(), _TITLES[name], self.dpi) for fig in draw)
+            return tuple(svg_output(fig(), _TITLES[name]) for fig in draw)
         except Exception as exc:  # noqa: BLE001 - one broken figure must not take the lab down
             return (text_output(f"could not draw this panel: {type(exc).__name__}: {exc}"),)
 
     def _clear_panels(self, text: str) -> None:
+        self._drawn = {}
         self.summary.value = ""
         self.step_log.value = ""
         for out in self.outputs.values():

@@ -52,7 +52,7 @@ class MemoryReport:
     {device id: {kind: bytes}} of the buffers that entry holds. ``by_device``
     counts every buffer once however many entries hold it; ``shared`` lists,
     for each set of two or more entries, the bytes and buffers they hold in
-    common. ``naive_bytes`` is what every entry holding its own copy would
+    common (and per device and memory kind). ``naive_bytes`` is what every entry holding its own copy would
     cost (the sum over entries); ``unique_bytes`` what is really held.
     """
 
@@ -117,13 +117,15 @@ def memory_of(entries: Mapping[str, Any]) -> MemoryReport:
             holders.setdefault(key, []).append(name)
         by_role[name] = _tally(keys)
     unique = _tally(sizes)
-    groups: dict[tuple[str, ...], list[int]] = {}
+    groups: dict[tuple[str, ...], dict[BufferKey, int]] = {}
     for key, names in holders.items():
         if len(names) > 1:
-            g = groups.setdefault(tuple(sorted(names, key=_entry_order)), [0, 0])
-            g[0] += sizes[key]
-            g[1] += 1
-    shared = [{"roles": list(names), "bytes": b, "buffers": n} for names, (b, n) in sorted(groups.items())]
+            groups.setdefault(tuple(sorted(names, key=_entry_order)), {})[key] = sizes[key]
+    shared = [
+        {"roles": list(names), "bytes": sum(keys.values()), "buffers": len(keys),
+         "by_device": _tally(keys)["by_device"]}
+        for names, keys in sorted(groups.items())
+    ]
     return MemoryReport(
         by_role=by_role,
         by_device=unique["by_device"],

@@ -77,7 +77,8 @@ def memory_summary(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, A
         roles = [names[i] for i in range(len(names)) if int(m) >> i & 1]  # in ENTRIES order
         if len(roles) >= 2:
             sel = mask == m
-            shared.append({"roles": roles, "bytes": int(nbytes[sel].sum()), "buffers": int(sel.sum())})
+            shared.append({"roles": roles, "bytes": int(nbytes[sel].sum()), "buffers": int(sel.sum()),
+                           "by_device": _by_device(r["device"][first][sel], r["kind"][first][sel], nbytes[sel])})
     shared.sort(key=lambda s: tuple(s["roles"]))
     return {
         "units": UNITS,
