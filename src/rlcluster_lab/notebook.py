@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from rlcluster_lab.compile_cache import enable_compilation_cache
 from rlcluster_lab.devices import DEFAULT_SIMULATED_DEVICES, DeviceSetupError, backend_started
 from rlcluster_lab.meshes import LAYOUTS, reachable_layouts
 
@@ -143,6 +144,9 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
         # Always ask: on CPU these are the lab's devices; beside an accelerator
         # they are the simulated devices a single chip needs for the other layouts.
         jax.config.update("jax_num_cpu_devices", n_devices)
+    # Programs compiled in an earlier session are read back from disk (before the
+    # first compilation, or JAX would not look there).
+    cache = enable_compilation_cache()
     platform = _accelerator_platform()
     notes: list[str] = []
     if platform and use == "auto" and jax.default_backend() != "cpu":
@@ -175,7 +179,7 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
         accelerator_devices=tuple(accelerators),
         colab=colab,
         reachable=tuple(reachable_layouts(devices)),
-        notes=tuple(notes),
+        notes=tuple(notes) + ((f"compiled programs are cached in {cache}",) if cache else ()),
     )
     if colab:
         _enable_colab_widgets()

@@ -66,8 +66,10 @@ class _Canvas:
 
     def rect(self, x: float, y: float, w: float, h: float, fill: str, *, stroke: str | None = None,
              width: float = 1.0, rx: float = 0, dash: str | None = None, id: str | None = None,
-             title: str | None = None) -> None:
+             title: str | None = None, nbytes: int | None = None) -> None:
         attrs = [f'x="{x:.1f}" y="{y:.1f}" width="{max(w, 0):.1f}" height="{max(h, 0):.1f}" fill="{fill}"']
+        if nbytes is not None:
+            attrs.append(f'data-bytes="{int(nbytes)}"')  # the figure's number, for readers and tests
         if stroke:
             attrs.append(f'stroke="{stroke}" stroke-width="{width}"')
         if rx:
@@ -387,7 +389,8 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
                     h = v * scale
                     color = ROLE_COLORS.get(e, "#999999")
                     c.rect(x, y - h, bar_w - 2, h, c.dots(color) if pinned else color, stroke="white", width=0.5,
-                           id=f"seg:{dev}:{kind}:{e}", title=f"{e} on device {dev} ({kind}): {fmt_bytes(v)}, its own")
+                           id=f"seg:{dev}:{kind}:{e}", title=f"{e} on device {dev} ({kind}): {fmt_bytes(v)}, its own",
+                           nbytes=v)
                     y -= h
             for g in groups:
                 v = int((g.get("by_device") or {}).get(dev, {}).get(kind, 0))
@@ -396,13 +399,13 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
                     names = " = ".join(g["roles"])
                     c.rect(x, y - h, bar_w - 2, h, c.hatch(ROLE_COLORS.get(g["roles"][0], "#999999")),
                            stroke="#555555", width=0.5, id=f"seg:{dev}:{kind}:{'+'.join(g['roles'])}",
-                           title=f"{names} on device {dev} ({kind}): {fmt_bytes(v)} held once")
+                           title=f"{names} on device {dev} ({kind}): {fmt_bytes(v)} held once", nbytes=v)
                     y -= h
             held = int(by_device.get(dev, {}).get(kind, 0))
             n = naive[(dev, kind)]
             if n > held:
                 c.rect(x, base - n * scale, bar_w - 2, (n - held) * scale, "none", stroke="#777777", width=1,
-                       dash="3,2", id=f"naive:{dev}:{kind}",
+                       dash="3,2", id=f"naive:{dev}:{kind}", nbytes=n - held,
                        title=f"device {dev} ({kind}): {fmt_bytes(n - held)} more if every role had its own copy")
         c.text(left + i * slot + slot / 2, base + 16, f"dev {dev}", size=11, anchor="middle")
     items = [(ROLE_COLORS.get(e, "#999999"), e) for e in entries if any(_own(memory, e, d, k) > 0
@@ -442,11 +445,11 @@ def memory_by_role(memory: Mapping[str, Any]) -> Svg:
         own = total - shared
         scale = bar_max / top_value
         c.text(left - 8, y + 15, e, size=12, anchor="end", weight="bold")
-        c.rect(left, y + 2, own * scale, row_h - 10, color, id=f"seg:role:{e}:own",
+        c.rect(left, y + 2, own * scale, row_h - 10, color, id=f"seg:role:{e}:own", nbytes=own,
                title=f"{e}: {fmt_bytes(own)} in buffers only it holds")
         if shared:
             c.rect(left + own * scale, y + 2, shared * scale, row_h - 10, c.hatch(color), stroke=color, width=0.6,
-                   id=f"seg:role:{e}:shared",
+                   id=f"seg:role:{e}:shared", nbytes=shared,
                    title=f"{e}: {fmt_bytes(shared)} in buffers other roles hold too (drawn once in the device view)")
         kinds = ", ".join(f"{fmt_bytes(v)} {k}" for k, v in by_role[e].get("by_kind", {}).items())
         text = f"{fmt_bytes(total)} ({kinds})" if total else "nothing"
@@ -492,7 +495,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         for key, what, v in parts:
             if v > 0:
                 c.rect(x, y + 2, v * scale, 22, SYNC_COLORS[key], id=f"seg:sync:{label}:{key}",
-                       title=f"{what}: {fmt_bytes(v)}")
+                       title=f"{what}: {fmt_bytes(v)}", nbytes=v)
                 x += v * scale
         c.text(left, y + 40, f"{fmt_bytes(synced)} synced = {fmt_bytes(moved - relayed)} arrived + "
                f"{fmt_bytes(parts[1][2])} made locally + {fmt_bytes(parts[2][2])} reused; "
@@ -500,10 +503,12 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         yy = y + 50
         c.text(left - 8, yy + 15, "crossed", size=11, anchor="end", fill=MUTED)
         if moved - relayed > 0:
-            c.rect(left, yy + 2, (moved - relayed) * scale, 18, SYNC_COLORS["arrived"], id=f"seg:cross:{label}:kept")
+            c.rect(left, yy + 2, (moved - relayed) * scale, 18, SYNC_COLORS["arrived"], id=f"seg:cross:{label}:kept",
+                   nbytes=moved - relayed)
         if relayed > 0:
             c.rect(left + (moved - relayed) * scale, yy + 2, relayed * scale, 18, SYNC_COLORS["relayed"],
-                   id=f"seg:cross:{label}:relayed", title=f"relayed: {fmt_bytes(relayed)} crossed but did not stay")
+                   id=f"seg:cross:{label}:relayed", title=f"relayed: {fmt_bytes(relayed)} crossed but did not stay",
+                   nbytes=relayed)
         minimum = int(s.get("minimum_cross_device_bytes", 0))
         mx = left + minimum * scale
         c.line(mx, yy - 2, mx, yy + 24, "black", width=2.5, id=f"min:{label}")
