@@ -108,8 +108,8 @@ def _bars(ax: Any, labels: Sequence[str], series: dict[str, Sequence[float]], yl
     ax.set_xticks([j + width * (n - 1) / 2 for j in range(len(labels))], labels, rotation=45, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    for y, label in hlines:
-        ax.axhline(y, color="black", linestyle="--", linewidth=1, label=label)
+    for k, (y, label) in enumerate(hlines):
+        ax.axhline(y, color="black", linestyle=("--", ":", "-.")[k % 3], linewidth=1, label=label)
     if n > 1 or any(label for _, label in hlines):
         ax.legend()
 

@@ -480,6 +480,7 @@ def build_section(run: Runner, quick: bool, layouts: list[str]) -> dict[str, Any
         out["per_process"].append(entry)
     cache = run.fresh_cache()
     twelve = all_scenarios(layouts)
+    out["twelve_scenarios"] = twelve
     for state in ("cold", "warm"):
         out["twelve"][state] = run.python(f"all {len(twelve)} scenarios in one process, {state}", BUILD_CHILD,
                                           {"scenarios": twelve, "steady": 1}, cache)
@@ -507,8 +508,8 @@ def print_build(out: dict[str, Any]) -> None:
             sc = e["scenario"]
             if row is None:
                 err = (child["result"]["rows"][0].get("error") if child["ok"] else None) or "child failed"
-                rows.append([sc["layout"], "lora" if sc["lora"] else "full", sc["engine"], "failed", "", "", "", "", "",
-                             "", "", err[:60]])
+                rows.append([sc["layout"], "lora" if sc["lora"] else "full", sc["engine"], "failed"] + [""] * 8
+                            + [err[:60]])
                 continue
             info = child["result"]["child"]
             rows.append([sc["layout"], "lora" if sc["lora"] else "full", sc["engine"],
@@ -523,8 +524,9 @@ def print_build(out: dict[str, Any]) -> None:
                             "1st handover ms", "compiled", "build+1st s", "steady handover ms", "steady sync ms",
                             "strategy; bytes"], rows))
 
-    print("\n== 2b. all twelve scenarios in ONE fresh process (build + two syncs each; the previous cluster dropped first)")
     cold, warm = out["twelve"].get("cold"), out["twelve"].get("warm")
+    print(f"\n== 2b. all {len(out['twelve_scenarios'])} scenarios in ONE fresh process (build + two syncs each; "
+          "the previous cluster dropped first)")
     rows = []
     n = len(cold["result"]["rows"]) if cold and cold["ok"] else len(warm["result"]["rows"]) if warm and warm["ok"] else 0
     for i in range(n):
@@ -663,7 +665,7 @@ def print_sync(out: dict[str, Any]) -> None:
                 note += f"; {name} n/a ({r[key + '_error'][:70]})"
         rows.append(head + [r["tree_bytes"], r["moved_cross_device_bytes"], r["handover_s"] * 1e3,
                             na(r["device_put_s"], 1e3), na(r["jit_identity_s"], 1e3), r["fastest"], r["ratio"], note])
-    print(common.table(["size", "layout", "params", "tree B", "moved B", "handover ms", "device_put ms",
+    print(common.table(["size", "layout", "params", "tree B (logical)", "moved B (physical)", "handover ms", "device_put ms",
                         "jit identity ms", "fastest", "handover / fastest", "note"], rows))
     for key, value in sync_ratios(out).items():
         print(f"  median ratio ({key}): {'failed' if value is None else f'{value:.3g}'}   target <= {T_SYNC_RATIO}")
@@ -690,7 +692,7 @@ def targets(results: dict[str, Any]) -> list[list[Any]]:
                 + (f"; worst {worst[0]}" if worst else ""))
         cold = b["twelve"].get("cold")
         ok = cold and cold["ok"] and not any("error" in r for r in cold["result"]["rows"])
-        add("twelve-scenario run (cold, one fresh process)", cold["result"]["total_s"] if ok else None, T_TWELVE,
+        add(f"{len(b['twelve_scenarios'])}-scenario run (cold, one fresh process)", cold["result"]["total_s"] if ok else None, T_TWELVE,
             note=f"build + 2 syncs each, in process; process wall {cold['wall_s']:.1f} s" if ok else "")
     if "lab" in results:
         for state in ("cold", "warm"):
@@ -731,8 +733,9 @@ def save_plot(path: Path, results: dict[str, Any]) -> None:
         names = [n for n in dict.fromkeys(list(cold) + list(warm)) if not n.startswith("set knobs")]
         panels.append({"labels": names, "series": {"cold": [nan(cold.get(n)) for n in names],
                                                    "warm": [nan(warm.get(n)) for n in names]},
-                       "ylabel": "seconds", "title": "lab actions, with redraw (targets: construct 1.5, sync 0.5, step 2)",
-                       "hlines": [(T_CONSTRUCT, "construct target")]})
+                       "ylabel": "seconds (log)", "title": "lab actions, with redraw",
+                       "hlines": [(T_CONSTRUCT, "construct target"), (T_FIRST_SYNC, "sync target"),
+                                  (T_TRAIN_STEP, "step target")], "logy": True})
     if "cli" in results:
         c = results["cli"]
         base = c['python -c "import jax"']["median_s"] or float("nan")
@@ -803,14 +806,21 @@ def main() -> None:
     run = Runner(args)
     start = time.perf_counter()
     try:
-        if "cli" in only:
-            results["cli"] = cli_section(run, args.quick)
-        if "build" in only:
-            results["build"] = build_section(run, args.quick, layouts)
-        if "lab" in only:
-            results["lab"] = lab_section(run, args.quick)
-        if "sync" in only:
-            results["sync"] = sync_section(run, args.quick, layouts, sizes, args.repeats)
+        measure = {
+            "cli": lambda: cli_section(run, args.quick),
+            "build": lambda: build_section(run, args.quick, layouts),
+            "lab": lambda: lab_section(run, args.quick),
+            "sync": lambda: sync_section(run, args.quick, layouts, sizes, args.repeats),
+        }
+        for section in SECTIONS:
+            if section in only:
+                try:
+                    results[section] = measure[section]()
+                except Exception as exc:  # noqa: BLE001 - a bug here must not lose the other sections
+                    import traceback
+
+                    run.failures.append(f"section {section}: {type(exc).__name__}: {exc}")
+                    traceback.print_exc()
         child = first_child_facts(results)
         if child is None:  # no Python child ran (e.g. --only cli): ask one for the versions
             facts = run.python("machine facts", "emit({})\n", {}, run.fresh_cache())
@@ -834,25 +844,28 @@ def main() -> None:
           if f["load_average_at_start"] else "")
     print("every cold figure: a fresh process with an empty compilation cache; every warm figure: a fresh process "
           "whose cache an identical earlier process filled")
-    if "cli" in results:
-        print_cli(results["cli"])
-    if "build" in results:
-        print_build(results["build"])
-    if "lab" in results:
-        print_lab(results["lab"])
-    if "sync" in results:
-        print_sync(results["sync"])
+    json_path = out_dir / "interactive.json"
+    try:
+        target_rows = targets(results)
+    except Exception as exc:  # noqa: BLE001 - report it, keep the raw numbers
+        target_rows = [["(the targets could not be computed)", f"{type(exc).__name__}: {exc}", "", "", ""]]
+    results["targets"] = [dict(zip(["figure", "measured", "target", "met", "note"], r)) for r in target_rows]
+    json_path.write_text(json.dumps(results, indent=1, default=str))
+    for section, show in (("cli", print_cli), ("build", print_build), ("lab", print_lab), ("sync", print_sync)):
+        if section in results:
+            try:
+                show(results[section])
+            except Exception as exc:  # noqa: BLE001 - one broken table must not hide the others
+                print(f"\n(section {section}: the table could not be printed: {type(exc).__name__}: {exc}; "
+                      f"the numbers are in {json_path})")
     print("\n== targets")
-    results["targets"] = [dict(zip(["figure", "measured", "target", "met", "note"], r)) for r in targets(results)]
-    print(common.table(["figure", "measured", "target", "met", "note"], targets(results)))
+    print(common.table(["figure", "measured", "target", "met", "note"], target_rows))
     if run.failures:
         print(f"\n{len(run.failures)} failure(s):")
         for line in run.failures:
             print(f"  {line}")
     print(f"\nbenchmark wall time {results['facts']['benchmark_wall_s']:.0f} s")
 
-    json_path = out_dir / "interactive.json"
-    json_path.write_text(json.dumps(results, indent=1, default=str))
     png_path = out_dir / "interactive.png"
     try:
         save_plot(png_path, results)
