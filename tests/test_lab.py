@@ -29,7 +29,7 @@ def panel_text(lab: PlacementLab, panel: str) -> str:
 
 @pytest.fixture
 def lab() -> PlacementLab:
-    lab = PlacementLab()
+    lab = PlacementLab(rehearse=False)
     yield lab
     lab.release()
 
@@ -284,7 +284,7 @@ def test_release_says_when_someone_else_holds_the_cluster(lab: PlacementLab) -> 
 def test_lab_builds_on_the_devices_it_is_given() -> None:
     import jax
 
-    lab = PlacementLab(devices=jax.devices()[:4])
+    lab = PlacementLab(devices=jax.devices()[:4], rehearse=False)
     try:
         assert [t.description for t in lab.device_toggles] == ["0", "1", "2", "3"]
         lab.layout.value = "split"
@@ -306,3 +306,20 @@ def test_shape_options_list_the_standard_shape_first() -> None:
     assert shape_options(8)[0] == ("2 x 4", (2, 4))
     assert {v for _, v in shape_options(8)} == {(2, 4), (1, 8), (4, 2), (8, 1)}
     assert shape_options(0) == []
+
+
+def test_a_rehearsal_after_construct_leaves_the_training_step_nothing_to_compile() -> None:
+    from rlcluster_lab.compile_cache import count_compilations
+
+    lab = PlacementLab(rehearse=True)
+    try:
+        lab.construct()
+        assert lab.wait_for_rehearsal() >= 0 and lab.rehearsal_error is None
+        assert lab.cluster.global_steps == 0  # the rehearsal changed nothing
+        with count_compilations() as compiled:
+            lab.train_step()
+        assert lab.error is None and lab.cluster.global_steps == 1
+        assert compiled == [], f"the step compiled {compiled}"
+        assert lab.timings["compiled"] == 0
+    finally:
+        lab.release()

@@ -34,6 +34,7 @@ from rlcluster_lab.config import (
     parse_dtype,
 )
 from rlcluster_lab.engines import ENGINES, OwnCopyEngine, RolloutEngine, RolloutOutput
+from rlcluster_lab.engines.base import flat_values, reshard_flat
 from rlcluster_lab.measure import SyncReport, flat_leaves, new_shards, shard_facts, sync_report
 from rlcluster_lab.meshes import describe_mesh
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, is_lora, logps_from_state
@@ -718,6 +719,54 @@ class RLCluster:
             anchor_seconds=anchor_seconds,
             global_step=self.global_steps,
         )
+
+    def rehearse_step(self, prompts: Sequence[str], reward_model: bool = False) -> bool:
+        """Run every program one RL step uses, on these prompts' shapes, changing no state.
+
+        Generate, the anchor's, the reference's and the live actor's
+        log-probs, the optimizer step (its result thrown away) and the sync's
+        reshard (into new buffers that are dropped): each is compiled, or read
+        from the persistent cache, so the real step that follows compiles
+        nothing. Weights, the optimizer state, the anchor, the step counter
+        and the engine's sampling seed are left exactly as they were. With
+        ``offload_to_cpu`` nothing is done (the operations would move roles
+        between memory kinds); returns whether the rehearsal ran.
+        """
+        self._require_constructed()
+        if self.cluster_config.offload_to_cpu:
+            return False
+        engine = self.rollout
+        calls = getattr(engine, "_calls", None)
+        try:
+            out = self.generate(list(prompts))
+        finally:
+            if calls is not None:
+                engine._calls = calls  # the sampling seed the real step will use
+        p, c = out.left_padded_prompt_tokens, out.tokens
+        anchor = np.asarray(self.get_actor_per_token_logps(p, c))
+        ref = np.asarray(self.get_ref_per_token_logps(p, c)) if self._reference is not None else None
+        if reward_model and self._reward is not None:
+            self.get_rewards(p, c)
+        batch = TrainBatch(p, c, np.zeros(len(p), np.float32), anchor, ref)
+        tcfg = self.cluster_config.training_config
+        temperature = jnp.float32(self.get_rollout_config(Mode.TRAIN).temperature or 1.0)
+        actor = self.actor_model
+        with self._role_context(Role.ACTOR):
+            sizes = {}
+            for rows in mini_batches(len(batch), tcfg.mini_batch_size):
+                sizes.setdefault(rows.stop - rows.start, rows)
+            for rows in sizes.values():
+                self._live_logps(p[rows], c[rows])
+                graphdef, trainable, frozen = nnx.split(actor, self._trainable_filter, ...)
+                train_step(graphdef, self._tx, trainable, frozen, self._opt_state, batch_arrays(batch.rows(rows)),
+                           temperature, pad_id=engine.pad_id(), beta=float(tcfg.beta), epsilon=float(tcfg.epsilon))
+        lora = is_lora(actor)
+        filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
+        with _cpu_transfer_guard(), reshard_strategy(self.cluster_config.reshard):
+            params = flat_values(nnx.state(actor, *filter_types))
+            dst = flat_values(nnx.state(engine.model(), *filter_types))
+            reshard_flat(params, dst, copy=engine.owns_weights)
+        return True
 
     def get_rewards(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
         """Scores (B,) from the reward model, on the reward mesh."""

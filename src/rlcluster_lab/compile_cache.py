@@ -13,7 +13,10 @@ JAX reads this setting when it compiles for the first time in a process, so
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -104,3 +107,30 @@ def trim_compiled_programs(fraction: float | None = None) -> bool:
     clear_programs()
     jax.clear_caches()
     return True
+
+
+# ------------------------------------------------------------------ counting compilations
+
+
+@contextlib.contextmanager
+def count_compilations() -> Iterator[list[tuple[str, float]]]:
+    """Collect (program name, seconds) of every XLA compilation made by this thread inside the
+    block (a program read from the persistent cache counts too: it is built into an executable).
+
+    What an action costs is mostly what it compiles; the lab and the
+    benchmarks say how many programs a click built and how long that took.
+    """
+    from jax._src import monitoring
+
+    found: list[tuple[str, float]] = []
+    me = threading.get_ident()
+
+    def listener(event: str, seconds: float, **kwargs: object) -> None:
+        if event.endswith("backend_compile_duration") and threading.get_ident() == me:
+            found.append((str(kwargs.get("fun_name", "?")), float(seconds)))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield found
+    finally:
+        monitoring.unregister_event_duration_listener(listener)

@@ -16,6 +16,7 @@ import contextlib
 import gc
 import html
 import json
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +32,7 @@ from rlcluster_lab.learner import GRPOLearner, LearnerConfig, StepRecord
 from rlcluster_lab.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.report import placement_report
-from rlcluster_lab.compile_cache import trim_compiled_programs
+from rlcluster_lab.compile_cache import count_compilations, trim_compiled_programs
 from rlcluster_lab.roles import Role
 from rlcluster_lab.scenario import ROLLOUT_DTYPES, Scenario, build_cluster, validate
 
@@ -114,10 +115,17 @@ class PlacementLab:
         devices: Sequence[jax.Device] | None = None,
         build: bool = False,
         step_config: LearnerConfig | None = None,
+        rehearse: bool = True,
     ) -> None:
         """``devices``: what layouts are built on (default ``jax.devices()``; a
-        notebook passes ``rl.setup().devices``)."""
+        notebook passes ``rl.setup().devices``). ``rehearse``: after each
+        Construct, compile the programs of a training step in the background
+        (``GRPOLearner.rehearse``), so that pressing Training step, after the
+        few seconds that takes, runs a step instead of compiling one."""
         self.devices = list(devices) if devices is not None else jax.devices()
+        self.rehearse = rehearse
+        self._rehearsal: threading.Thread | None = None
+        self.rehearsal_error: str | None = None
         self.step_config = step_config or LearnerConfig(steps=1, prompts_per_step=2, group_size=4)
         self._cluster: RLCluster | None = None
         self._recorder: _SyncRecorder | None = None
@@ -363,6 +371,7 @@ class PlacementLab:
             self._stage(4, "drawing")
             self._draw_all()
             self._set_status(f"constructed ({released}); {self._timing_text()}")
+            self._start_rehearsal()
 
     def sync(self) -> None:
         """P13: sync the actor's weights into the rollout engine and show what moved."""
@@ -414,8 +423,12 @@ class PlacementLab:
         """What the last action cost, as measured: the work, the report, the redraw."""
         t = self.timings
         redrawn = ", ".join(t.get("redrawn", [])) or "nothing"
+        waited = getattr(self, "_waited", 0.0)
+        compiled = len(getattr(self, "_compiled", []))
         return (f"{t.get('work', 0):.2f} s work, {t.get('report', 0):.2f} s report, "
-                f"{t.get('draw', 0):.2f} s drawing (redrawn: {redrawn})")
+                f"{t.get('draw', 0):.2f} s drawing (redrawn: {redrawn})"
+                + (f"; compiled {compiled} program(s)" if compiled else "; nothing compiled")
+                + (f", after {waited:.1f} s waiting for the step's programs to compile" if waited > 0.05 else ""))
 
     def _draw_all(self) -> None:
         """Redraw the panels whose data changed since they were last drawn; returns nothing.
@@ -468,17 +481,48 @@ class PlacementLab:
 
     # ------------------------------------------------------------------ status
 
+    def _start_rehearsal(self) -> None:
+        """Compile the next training step's programs on a background thread (changes nothing)."""
+        learner = self._learner
+        if not self.rehearse or learner is None:
+            return
+
+        def work() -> None:
+            try:
+                learner.rehearse()
+            except Exception as exc:  # noqa: BLE001 - the real step will show the real error
+                self.rehearsal_error = f"{type(exc).__name__}: {exc}"
+
+        self.rehearsal_error = None
+        self._rehearsal = threading.Thread(target=work, name="rlcluster-lab-rehearsal", daemon=True)
+        self._rehearsal.start()
+
+    def wait_for_rehearsal(self) -> float:
+        """Wait until a running rehearsal is done; returns the seconds waited."""
+        start = time.perf_counter()
+        if self._rehearsal is not None:
+            self._rehearsal.join()
+            self._rehearsal = None
+        return time.perf_counter() - start
+
     @contextlib.contextmanager
     def _busy(self, what: str) -> Iterator[None]:
         buttons = (self.construct_button, self.sync_button, self.step_button)
         for b in buttons:
             b.disabled = True
+        # One action at a time: a rehearsal still compiling finishes first (the
+        # click then finds its programs ready, or waits as long as it would have).
+        self._waited = self.wait_for_rehearsal()
         self.progress.value = 0
         self.progress.layout.visibility = "visible"
         self._set_status(f"busy: {what} ...")
         try:
-            yield
+            with count_compilations() as compiled:
+                self._compiled = compiled
+                yield
         finally:
+            self.timings["compiled"] = len(compiled)
+            self.timings["compile_seconds"] = sum(t for _, t in compiled)
             self.progress.layout.visibility = "hidden"
             self._refresh_buttons()
 

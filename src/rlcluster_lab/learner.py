@@ -120,11 +120,22 @@ class GRPOLearner:
         self.history: list[StepRecord] = []
         self.p11: list[P11Record] = []
 
+    def _next_prompts(self, rng: np.random.Generator) -> list[str]:
+        cfg = self.config
+        chosen = rng.choice(len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step)
+        return [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
+
+    def rehearse(self) -> bool:
+        """Compile every program the next ``step`` will run, changing nothing (not even which
+        prompts it picks): ``RLCluster.rehearse_step`` on the next step's prompts."""
+        peek = np.random.default_rng()
+        peek.bit_generator.state = self._rng.bit_generator.state
+        return bool(self.cluster.rehearse_step(self._next_prompts(peek), reward_model=self.use_reward_model))
+
     def step(self) -> StepRecord:
         cfg = self.config
         cluster = self.cluster
-        chosen = self._rng.choice(len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step)
-        prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
+        prompts = self._next_prompts(self._rng)
         out = cluster.generate(prompts)
         prompt_tokens, completion = out.left_padded_prompt_tokens, out.tokens
         if self.use_reward_model:
