@@ -25,8 +25,10 @@ Sections:
    identity with the destination shardings), tiny and small models.
 
 Then a table of targets, the raw numbers in ``<out>/interactive.json`` and
-a plot in ``<out>/interactive.png``. ``--quick`` runs fewer cases (about 3
-minutes on 2 cores); the full run about 10.
+a plot in ``<out>/interactive.png``. ``--quick`` runs fewer cases (3-4
+minutes on 2 busy cores); the full run about 9. The lab is clicked without
+pauses, so a click that waits for background work an earlier click started
+(the lab's rehearsal of the next training step) shows that wait, apart.
 """
 from __future__ import annotations
 
@@ -140,12 +142,14 @@ emit({"import_lab_s": IMPORT_LAB_S, "rows": rows, "total_s": TOTAL_S})
 '''
 
 LAB_CHILD = r'''
+import threading
 _t = time.perf_counter()
 from rlcluster_lab.lab import PlacementLab
 IMPORT_LAB_S = time.perf_counter() - _t
 _t = time.perf_counter()
 lab = PlacementLab(build=False)
 INIT_S = time.perf_counter() - _t
+_baseline_threads = {t.ident for t in threading.enumerate()}
 
 
 def panel_problems():
@@ -180,6 +184,9 @@ actions = []
 
 
 def act(name, fn, lab_action=True):
+    # Work an earlier action left running (a thread this script did not start), at the moment of the click.
+    # The lab's own figure for the wait (lab._waited, set by every action that builds, syncs or steps) is read after.
+    background = [t.name for t in threading.enumerate() if t.ident not in _baseline_threads and t.is_alive()]
     t = time.perf_counter()
     try:
         fn()
@@ -187,8 +194,11 @@ def act(name, fn, lab_action=True):
     except Exception as exc:
         error = "raised " + error_text(exc)
     seconds = time.perf_counter() - t
+    waited = getattr(lab, "_waited", None) if lab_action else None
     actions.append({"action": name, "seconds": seconds, "error": error, "has_cluster": lab.cluster is not None,
-                    "panel_problems": panel_problems(), "timings": read_timings() if lab_action else None})
+                    "panel_problems": panel_problems(), "timings": read_timings() if lab_action else None,
+                    "background_at_click": background,
+                    "waited_for_background_s": float(waited) if isinstance(waited, (int, float)) else None})
 
 
 def set_knobs():
@@ -564,8 +574,13 @@ def lab_section(run: Runner, quick: bool) -> dict[str, Any]:
     return out
 
 
-def lab_action_seconds(runs: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Per action, the median over processes; None where an action failed in any of them."""
+def lab_action_seconds(runs: list[dict[str, Any]], what: str = "wall") -> dict[str, float | None]:
+    """Per action, the median over processes; None where an action failed in any of them.
+
+    ``what``: "wall" (click to done, as a user clicking at once waits), "waited" (the part
+    spent waiting for background work an earlier action started, as the lab reports it;
+    0 where it reports none) or "minus_wait" (the difference).
+    """
     names: list[str] = []
     values: dict[str, list[float | None]] = {}
     for child in runs:
@@ -576,16 +591,20 @@ def lab_action_seconds(runs: list[dict[str, Any]]) -> dict[str, float | None]:
                 names.append(a["action"])
                 values[a["action"]] = []
             bad = a["error"] or a["panel_problems"] or (not a["has_cluster"] and not a["action"].startswith("set"))
-            values[a["action"]].append(None if bad else a["seconds"])
+            waited = a.get("waited_for_background_s") or 0.0
+            value = {"wall": a["seconds"], "waited": waited, "minus_wait": a["seconds"] - waited}[what]
+            values[a["action"]].append(None if bad else value)
     ok_runs = sum(1 for c in runs if c["ok"])
     return {n: (med(v) if len(v) == ok_runs and all(x is not None for x in v) else None) for n, v in values.items()} \
         if ok_runs else {}
 
 
 def print_lab(out: dict[str, Any]) -> None:
-    print(f"\n== 3. the lab from Python: PlacementLab(build=False), each action timed with its redraw "
-          f"(median of {out['repeats']} fresh process(es) per cache state)")
-    cold, warm = lab_action_seconds(out["cold"]), lab_action_seconds(out["warm"])
+    print(f"\n== 3. the lab from Python: PlacementLab(build=False), each action timed with its redraw, clicked one "
+          f"after another without pause (median of {out['repeats']} fresh process(es) per cache state)")
+    wall = {s: lab_action_seconds(out[s]) for s in ("cold", "warm")}
+    waited = {s: lab_action_seconds(out[s], "waited") for s in ("cold", "warm")}
+
     def imports(state: str) -> float | None:
         ok = [c for c in out[state] if c["ok"]]
         return med([c["result"]["child"]["import_jax_and_cache_s"] + c["result"]["import_lab_s"] for c in ok])
@@ -593,17 +612,28 @@ def print_lab(out: dict[str, Any]) -> None:
     def init(state: str) -> float | None:
         return med([c["result"]["init_s"] for c in out[state] if c["ok"]])
 
-    rows = [["import jax + rlcluster_lab.lab (not an action)", fmt(imports("cold")), fmt(imports("warm")), ""],
-            ["PlacementLab(build=False)", fmt(init("cold")), fmt(init("warm")), ""]]
-    for name in list(dict.fromkeys(list(cold) + list(warm))):
-        problems = []
+    rows = [["import jax + rlcluster_lab.lab (not an action)", fmt(imports("cold")), "", fmt(imports("warm")), "", "", ""],
+            ["PlacementLab(build=False)", fmt(init("cold")), "", fmt(init("warm")), "", "", ""]]
+    for name in list(dict.fromkeys(list(wall["cold"]) + list(wall["warm"]))):
+        problems, background = [], set()
         for state in ("cold", "warm"):
             for c in out[state]:
                 for a in (c["result"]["actions"] if c["ok"] else []):
-                    if a["action"] == name and (a["error"] or a["panel_problems"]):
+                    if a["action"] != name:
+                        continue
+                    background.update(a.get("background_at_click") or [])
+                    if a["error"] or a["panel_problems"]:
                         problems.append(f"{state}: {(a['error'] or '; '.join(a['panel_problems']))[:80]}")
-        rows.append([name, fmt(cold.get(name)), fmt(warm.get(name)), " | ".join(problems)])
-    print(common.table(["action", "cold s", "warm s", "problems"], rows))
+        def w(x: float | None) -> Any:
+            return na(None if x is None else (0.0 if x < 1e-3 else x))
+
+        rows.append([name, fmt(wall["cold"].get(name)), w(waited["cold"].get(name)), fmt(wall["warm"].get(name)),
+                     w(waited["warm"].get(name)), ", ".join(sorted(background)), " | ".join(problems)])
+    print(common.table(["action", "cold s", "of which waiting", "warm s", "of which waiting", "running at click",
+                        "problems"], rows))
+    print("   'of which waiting': the lab's own figure for the time the click spent waiting for background work an "
+          "earlier action started\n   (lab._waited; n/a where the lab has none); 'running at click': threads not "
+          "started by this script that were alive when the action was called")
     timed = [(state, i, a) for state in ("cold", "warm") for i, c in enumerate(out[state]) if c["ok"]
              for a in c["result"]["actions"] if a["timings"]]
     if not timed:
@@ -696,15 +726,35 @@ def targets(results: dict[str, Any]) -> list[list[Any]]:
             note=f"build + 2 syncs each, in process; process wall {cold['wall_s']:.1f} s" if ok else "")
     if "lab" in results:
         for state in ("cold", "warm"):
-            secs = lab_action_seconds(results["lab"][state])
-            constructs = [v for k, v in secs.items() if k.startswith("construct")]
-            syncs = [v for k, v in secs.items() if k.startswith("sync (first")]
-            add(f"lab ({state}): max Construct, with redraw",
-                None if not constructs or None in constructs else max(constructs), T_CONSTRUCT,
-                note=f"over {len(constructs)} constructs")
-            add(f"lab ({state}): first Sync", None if not syncs or None in syncs else max(syncs), T_FIRST_SYNC,
-                note=f"max over the {len(syncs)} first syncs of a new cluster")
-            add(f"lab ({state}): first Training step", secs.get("train_step (first)"), T_TRAIN_STEP)
+            for what in ("wall", "minus_wait"):
+                secs = lab_action_seconds(results["lab"][state], what)
+                waits = lab_action_seconds(results["lab"][state], "waited")
+                if what == "minus_wait" and not any(w and w > 0.05 for w in waits.values()):
+                    continue  # no click waited for background work: the rows above say it all
+                how = "clicked at once" if what == "wall" else "minus the wait for background work"
+                constructs = {k: v for k, v in secs.items() if k.startswith("construct")}
+                syncs = {k: v for k, v in secs.items() if k.startswith("sync (first")}
+
+                def worst(d: dict[str, float | None]) -> tuple[float | None, str]:
+                    if not d or None in d.values():
+                        return None, ""
+                    k = max(d, key=lambda n: d[n])
+                    w = waits.get(k)
+                    return d[k], f"worst: {k}" + (f", of which {w:.2f} s waiting" if what == "wall" and w and w > 0.05
+                                                  else "")
+
+                value, note = worst(constructs)
+                add(f"lab ({state}): max Construct with redraw, {how}", value, T_CONSTRUCT,
+                    note=f"over {len(constructs)} constructs; {note}")
+                value, note = worst(syncs)
+                add(f"lab ({state}): first Sync, {how}", value, T_FIRST_SYNC,
+                    note=f"max over the {len(syncs)} first syncs of a new cluster; {note}")
+                step = {"train_step (first)": secs.get("train_step (first)")}
+                value, note = worst(step)
+                add(f"lab ({state}): first Training step, {how}", value, T_TRAIN_STEP,
+                    note="compiled in the background after Construct" if any(
+                        "rehears" in str(a.get("background_at_click")) for c in results["lab"][state] if c["ok"]
+                        for a in c["result"]["actions"]) and what == "wall" else note)
     if "cli" in results:
         c = results["cli"]
         base = c['python -c "import jax"']["median_s"]
@@ -764,7 +814,16 @@ def machine_facts(results: dict[str, Any]) -> dict[str, Any]:
         "python_executable": sys.executable,
         "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
+    facts["git"] = git_state()
     return facts
+
+
+def git_state() -> dict[str, Any]:
+    """The commit checked out and the files under src/ that differ from it (the package measured)."""
+    head = common.run_process(["git", "rev-parse", "--short", "HEAD"], cwd=str(REPO), timeout=30)
+    dirty = common.run_process(["git", "status", "--porcelain", "--", "src"], cwd=str(REPO), timeout=30)
+    return {"head": head["stdout"].strip() or None,
+            "src_changes": [line[3:] for line in dirty["stdout"].splitlines() if line.strip()]}
 
 
 def first_child_facts(results: dict[str, Any]) -> dict[str, Any] | None:
@@ -833,6 +892,7 @@ def main() -> None:
             run.cleanup()
     results["facts"]["benchmark_wall_s"] = time.perf_counter() - start
     results["facts"]["load_average_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    results["facts"]["git_at_end"] = git_state()
     results["failures"] = run.failures
 
     f = results["facts"]
@@ -842,6 +902,10 @@ def main() -> None:
           f"backend {child.get('backend', '?')} with {child.get('device_count', '?')} devices; "
           f"load average {f['load_average_at_start'][0]:.2f} at start, {f['load_average_at_end'][0]:.2f} at end"
           if f["load_average_at_start"] else "")
+    for when, g in (("start", f["git"]), ("end", f["git_at_end"])):
+        print(f"package at {when}: commit {g['head']}"
+              + (f", uncommitted changes in {len(g['src_changes'])} file(s) under src/: {', '.join(g['src_changes'])}"
+                 if g["src_changes"] else ", src/ clean"))
     print("every cold figure: a fresh process with an empty compilation cache; every warm figure: a fresh process "
           "whose cache an identical earlier process filled")
     json_path = out_dir / "interactive.json"
