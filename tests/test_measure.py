@@ -122,7 +122,8 @@ def test_l2_shared_buffer_counted_once_across_named_states():
     mem = memory_of({"a": {"w": x}, "b": {"w": x, "v": x}}).to_json()
     assert mem["unique_bytes"] == 128
     assert mem["naive_bytes"] == 256
-    assert mem["shared"] == [{"roles": ["a", "b"], "bytes": 128, "buffers": 1}]
+    assert mem["shared"] == [{"roles": ["a", "b"], "bytes": 128, "buffers": 1,
+                              "by_device": {"0": {"device": 128}}}]
 
 
 # --- L3 accounting over random shardings -----------------------------------------------

@@ -256,9 +256,9 @@ def test_p1_planned_mesh_equality_is_mesh_equality() -> None:
 @pytest.mark.parametrize("size", ["tiny", "small"])
 def test_l4_probe_tree_equals_the_whole_model_tree(size: str, lora_rank: int) -> None:
     config = MODEL_SIZES[size]
-    assert abstract_leaves(config, lora_rank) == abstract_leaves(config, lora_rank, probe=False)
+    assert abstract_leaves(config, lora_rank, probe=True) == abstract_leaves(config, lora_rank, probe=False)
     if not lora_rank:
-        assert abstract_leaves(config, 0, "score") == abstract_leaves(config, 0, "score", probe=False)
+        assert abstract_leaves(config, 0, "score", probe=True) == abstract_leaves(config, 0, "score", probe=False)
     leaves = abstract_leaves(config, lora_rank)
     assert sum(int(np.prod(x.shape)) for x in leaves if not x.lora) == config.num_params
     assert sum(int(np.prod(x.shape)) for x in leaves if x.lora) == (config.lora_params(lora_rank) if lora_rank else 0)

@@ -218,7 +218,9 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
         f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
         f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms"
         + (" (the handover includes compiling its copy programs: first sync of these shardings)"
-           if sync.get("includes_compilation") else ""),
+           if sync.get("includes_compilation") else
+           " (the handover includes reading its copy programs from the compilation cache)"
+           if sync.get("includes_program_load") else ""),
     ]
 
 

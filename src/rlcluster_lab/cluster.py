@@ -98,7 +98,6 @@ class RLCluster:
         self.rollout_branch: str | None = None
         self.warnings: list[str] = []
         self._anchor_policy_state: Any = None
-        self._default_memory_kind = default_memory_kind()
         self._actor: nnx.Module | None = None
         self._reference: nnx.Module | None = None
         self._reward: nnx.Module | None = None
@@ -459,13 +458,32 @@ class RLCluster:
 
     # ------------------------------------------------------------------ mesh and offload
 
+    def _device_kind(self, role: Role) -> str:
+        """The default memory kind of the devices the role's mesh uses (where it computes)."""
+        return default_memory_kind(self.role_to_mesh[role])
+
+    @property
+    def platform(self) -> str:
+        """The platform of the devices the cluster's meshes use (one platform per cluster)."""
+        return next(iter(self.role_to_mesh[Role.ACTOR].devices.flat)).platform
+
+    def devices(self) -> list[Any]:
+        """Every device some role's mesh uses, in id order."""
+        found = {d for mesh in self.role_to_mesh.values() for d in mesh.devices.flat}
+        return sorted(found, key=lambda d: d.id)
+
     @contextlib.contextmanager
     def _role_context(self, role: Role) -> Iterator[Mesh]:
-        """Enter the role's mesh and, when configured, its logical axis rules."""
+        """Enter the role's mesh, its devices as the default ones (arrays made without a
+        placement land there, not on JAX's default backend), the configured matmul
+        precision and, when configured, its logical axis rules."""
         mesh = self.role_to_mesh[role]
         rules = self.cluster_config.logical_axis_rules(role)
         with contextlib.ExitStack() as stack:
             stack.enter_context(jax.set_mesh(mesh))
+            stack.enter_context(jax.default_device(next(iter(mesh.devices.flat))))
+            if self.cluster_config.matmul_precision is not None:
+                stack.enter_context(jax.default_matmul_precision(self.cluster_config.matmul_precision))
             stack.enter_context(reshard_strategy(self.cluster_config.reshard))
             if rules:
                 stack.enter_context(nnx.logical_axis_rules(list(rules)))
@@ -497,7 +515,7 @@ class RLCluster:
     def _maybe_load_from_cpu(self, model: nnx.Module, role: Role) -> None:
         if not self.cluster_config.offload_to_cpu:
             return
-        move_model(model, self._default_memory_kind)
+        move_model(model, self._device_kind(role))
         self._update_models_sharing_weights(model, role)
 
     def _maybe_offload_to_cpu(self, model: nnx.Module, role: Role) -> None:
@@ -591,7 +609,7 @@ class RLCluster:
             graphdef, _ = nnx.split(actor)
             # Brought to device leaf by leaf: with anchor='trainable' the backbone
             # part may already be there.
-            anchor = put_on_memory_kind(self.anchor_policy_state, self._default_memory_kind)
+            anchor = put_on_memory_kind(self.anchor_policy_state, self._device_kind(Role.ACTOR))
             out = self._chunked(graphdef, anchor, prompt_tokens, completion_tokens, micro_batch_size)
             del anchor
         return out
@@ -646,7 +664,7 @@ class RLCluster:
         with self._role_context(Role.ACTOR):
             self._maybe_load_from_cpu(actor, Role.ACTOR)
             if self.cluster_config.offload_to_cpu:
-                self._opt_state = put_on_memory_kind(self._opt_state, self._default_memory_kind)
+                self._opt_state = put_on_memory_kind(self._opt_state, self._device_kind(Role.ACTOR))
             for iteration in range(tcfg.num_iterations):
                 for rows in mini_batches(len(batch), tcfg.mini_batch_size):
                     if on_step is not None:
@@ -678,15 +696,16 @@ class RLCluster:
         actor = self.actor_model
         lora = is_lora(actor)
         filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
-        with _cpu_transfer_guard(), reshard_strategy(self.cluster_config.reshard):
+        with _sync_transfer_guard(self.platform), reshard_strategy(self.cluster_config.reshard):
             params = nnx.state(actor, *filter_types)
             source = {path: shard_facts(x) for path, x in flat_leaves(params).items()}
             with record_transfers() as log:
+                # The handover alone is timed: the engine's update, until its arrays are ready.
                 start = time.perf_counter()
                 self.rollout.update_params(params, filter_types)
-                destination = flat_leaves(nnx.state(self.rollout.model(), *filter_types))
-                jax.block_until_ready(list(destination.values()))
+                jax.block_until_ready(self.rollout.held_values(filter_types))
                 seconds = time.perf_counter() - start
+            destination = flat_leaves(nnx.state(self.rollout.model(), *filter_types))
             del params
             anchor_source = self._anchor_source()
             start = time.perf_counter()
@@ -701,7 +720,7 @@ class RLCluster:
             {
                 "lora": lora,
                 "global_step": self.global_steps + 1,
-                "transfer_guard": jax.default_backend() not in ("gpu", "tpu"),
+                "transfer_guard": self.platform == "cpu",
                 "sharing_map_consulted": False,
                 "reshard": self.cluster_config.reshard,
             },
@@ -762,7 +781,7 @@ class RLCluster:
                            temperature, pad_id=engine.pad_id(), beta=float(tcfg.beta), epsilon=float(tcfg.epsilon))
         lora = is_lora(actor)
         filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
-        with _cpu_transfer_guard(), reshard_strategy(self.cluster_config.reshard):
+        with _sync_transfer_guard(self.platform), reshard_strategy(self.cluster_config.reshard):
             params = flat_values(nnx.state(actor, *filter_types))
             dst = flat_values(nnx.state(engine.model(), *filter_types))
             reshard_flat(params, dst, copy=engine.owns_weights)
@@ -798,9 +817,13 @@ def _is_engine_class(obj: Any) -> bool:
     return isinstance(obj, type) and issubclass(obj, RolloutEngine)
 
 
-def _cpu_transfer_guard() -> contextlib.AbstractContextManager:
-    """P13: on a CPU backend, explicit host<->device transfers are disallowed during a sync."""
-    if jax.default_backend() in ("gpu", "tpu"):
+def _sync_transfer_guard(platform: str) -> contextlib.AbstractContextManager:
+    """P13: on CPU devices, explicit host<->device transfers are disallowed during a sync.
+
+    ``platform`` is the cluster's own (its meshes' devices), not JAX's default
+    backend: a cluster on simulated CPU devices beside a GPU is guarded.
+    """
+    if platform != "cpu":
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
     stack.enter_context(jax.transfer_guard_device_to_host("disallow_explicit"))

@@ -113,24 +113,33 @@ def trim_compiled_programs(fraction: float | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def count_compilations() -> Iterator[list[tuple[str, float]]]:
-    """Collect (program name, seconds) of every XLA compilation made by this thread inside the
-    block (a program read from the persistent cache counts too: it is built into an executable).
+def count_compilations() -> Iterator[list[tuple[str, float, bool]]]:
+    """Collect (program name, seconds, read from the persistent cache) of every executable this
+    thread built inside the block: compiled by XLA, or read back from disk.
 
     What an action costs is mostly what it compiles; the lab and the
-    benchmarks say how many programs a click built and how long that took.
+    benchmarks say how many programs a click built, how long that took, and
+    how many came from the cache instead of the compiler.
     """
     from jax._src import monitoring
 
-    found: list[tuple[str, float]] = []
+    found: list[tuple[str, float, bool]] = []
     me = threading.get_ident()
+    hit = [False]
 
-    def listener(event: str, seconds: float, **kwargs: object) -> None:
+    def on_event(event: str, **kwargs: object) -> None:
+        if event == "/jax/compilation_cache/cache_hits" and threading.get_ident() == me:
+            hit[0] = True
+
+    def on_duration(event: str, seconds: float, **kwargs: object) -> None:
         if event.endswith("backend_compile_duration") and threading.get_ident() == me:
-            found.append((str(kwargs.get("fun_name", "?")), float(seconds)))
+            found.append((str(kwargs.get("fun_name", "?")), float(seconds), hit[0]))
+            hit[0] = False
 
-    monitoring.register_event_duration_secs_listener(listener)
+    monitoring.register_event_listener(on_event)
+    monitoring.register_event_duration_secs_listener(on_duration)
     try:
         yield found
     finally:
-        monitoring.unregister_event_duration_listener(listener)
+        monitoring.unregister_event_duration_listener(on_duration)
+        monitoring.unregister_event_listener(on_event)

@@ -57,6 +57,9 @@ class TrainingConfig:
         return self.optimizer if self.optimizer is not None else default_optimizer(self.learning_rate)
 
 
+MATMUL_PRECISIONS = (None, "default", "high", "highest", "bfloat16", "tensorfloat32", "float32")
+
+
 @functools.lru_cache(maxsize=64)
 def default_optimizer(learning_rate: float) -> optax.GradientTransformation:
     """``optax.adam(learning_rate)``, one object per rate.
@@ -89,6 +92,12 @@ class ClusterConfig:
     exactly the pieces it lacks, which moves the least but compiles two small
     programs per device.
 
+    ``matmul_precision`` is entered around every operation (None: the
+    platform's default). The default, ``"highest"``, keeps float32 matmuls in
+    float32 on GPUs (no TF32) and TPUs (no bfloat16 passes), so the sampler's,
+    the anchor's and the live actor's log-probs agree to float32 rounding on
+    every platform (P11); on CPU it changes nothing.
+
     ``anchor`` says what the anchor policy state holds (P8). ``"full"``, the
     reference behaviour, pins the actor's whole state at every sync.
     ``"trainable"`` pins only what training changes: for a LoRA actor the
@@ -104,6 +113,7 @@ class ClusterConfig:
     training_config: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
     anchor: str = "full"
     reshard: str = "xla"
+    matmul_precision: str | None = "highest"
 
     def __post_init__(self) -> None:
         if self.reshard not in RESHARD_STRATEGIES:
@@ -125,19 +135,35 @@ class ClusterConfig:
                 )
         for role in (Role.REFERENCE, Role.REWARD, Role.CRITIC):
             r2m.setdefault(role, r2m[Role.ACTOR])
-        known = {d.id for d in jax.devices()}
+        platforms: dict[str, list[str]] = {}
         for role, mesh in r2m.items():
             if not isinstance(mesh, Mesh):
                 raise ConfigError(
                     f"role_to_mesh[{role.value}] is {type(mesh).__name__}, expected a jax.sharding.Mesh"
                 )
-            ids = [d.id for d in np.asarray(mesh.devices).flatten()]
-            gone = [i for i in ids if i not in known]
+            devices = list(np.asarray(mesh.devices).flatten())
+            platform = devices[0].platform
+            platforms.setdefault(platform, []).append(role.value)
+            # Devices are looked up on their own platform: a CPU device and a chip can share an id.
+            known = set(jax.devices(platform))
+            gone = [d.id for d in devices if d not in known]
             if gone:
                 raise ConfigError(
-                    f"role_to_mesh[{role.value}] uses device id(s) {gone} that do not exist in this "
-                    f"process (devices: {sorted(known)}); build the mesh from jax.devices()"
+                    f"role_to_mesh[{role.value}] uses {platform} device id(s) {gone} that do not exist in this "
+                    f"process (its {platform} devices: {sorted(d.id for d in known)}); build the mesh from "
+                    f"jax.devices({platform!r})"
                 )
+        if len(platforms) > 1:
+            where = "; ".join(f"{p}: {', '.join(roles)}" for p, roles in platforms.items())
+            raise ConfigError(
+                f"role_to_mesh mixes platforms ({where}); one cluster runs on one platform: build every "
+                "role's mesh from the same kind of device"
+            )
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ConfigError(
+                f"matmul_precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, got "
+                f"{self.matmul_precision!r}"
+            )
         object.__setattr__(self, "role_to_mesh", types.MappingProxyType(r2m))
         if isinstance(self.rollout_config, Mapping):
             object.__setattr__(

@@ -424,10 +424,13 @@ class PlacementLab:
         t = self.timings
         redrawn = ", ".join(t.get("redrawn", [])) or "nothing"
         waited = getattr(self, "_waited", 0.0)
-        compiled = len(getattr(self, "_compiled", []))
+        built = getattr(self, "_compiled", [])
+        compiled = sum(not cached for _, _, cached in built)
+        loaded = len(built) - compiled
         return (f"{t.get('work', 0):.2f} s work, {t.get('report', 0):.2f} s report, "
                 f"{t.get('draw', 0):.2f} s drawing (redrawn: {redrawn})"
                 + (f"; compiled {compiled} program(s)" if compiled else "; nothing compiled")
+                + (f", read {loaded} from the compilation cache" if loaded else "")
                 + (f", after {waited:.1f} s waiting for the step's programs to compile" if waited > 0.05 else ""))
 
     def _draw_all(self) -> None:
@@ -521,8 +524,9 @@ class PlacementLab:
                 self._compiled = compiled
                 yield
         finally:
-            self.timings["compiled"] = len(compiled)
-            self.timings["compile_seconds"] = sum(t for _, t in compiled)
+            self.timings["compiled"] = sum(not cached for _, _, cached in compiled)
+            self.timings["from_cache"] = sum(cached for _, _, cached in compiled)
+            self.timings["compile_seconds"] = sum(t for _, t, _ in compiled)
             self.progress.layout.visibility = "hidden"
             self._refresh_buttons()
 

@@ -38,7 +38,7 @@ MEMORY_SOURCE = "measured: walk of the live buffers of each role's state"
 # The order entries appear in reports and figures.
 MEMORY_ENTRIES = ("actor", "rollout", "reference", "reward", "critic", "anchor", "optimizer")
 
-BufferKey = tuple[int, str, int]  # (device id, memory kind, buffer pointer)
+BufferKey = tuple[str, int, str, int]  # (platform, device id, memory kind, buffer pointer)
 
 
 # ---------------------------------------------------------------------------- memory (L2)
@@ -101,11 +101,11 @@ def cluster_entries(cluster: Any) -> dict[str, Any]:
 
 
 def memory_report(cluster: Any) -> MemoryReport:
-    """L2 for a constructed cluster."""
-    return memory_of(cluster_entries(cluster))
+    """L2 for a constructed cluster (allocator figures of the devices its meshes use)."""
+    return memory_of(cluster_entries(cluster), devices=cluster.devices())
 
 
-def memory_of(entries: Mapping[str, Any]) -> MemoryReport:
+def memory_of(entries: Mapping[str, Any], devices: Sequence[Any] | None = None) -> MemoryReport:
     """L2 for any named states: the walk, the sharing, the allocator's figures."""
     sizes: dict[BufferKey, int] = {}
     holders: dict[BufferKey, list[str]] = {}
@@ -132,27 +132,36 @@ def memory_of(entries: Mapping[str, Any]) -> MemoryReport:
         shared=shared,
         unique_bytes=unique["bytes"],
         naive_bytes=sum(r["bytes"] for r in by_role.values()),
-        allocator=allocator_stats(),
+        allocator=allocator_stats(devices),
     )
 
 
-def allocator_stats() -> dict[str, Any]:
-    """The backend allocator's own figures where it has them (GPU, TPU); on CPU it has none."""
+def allocator_stats(devices: Sequence[Any] | None = None) -> dict[str, Any]:
+    """The allocator's own figures for ``devices`` (default: JAX's default devices) where their
+    backend has them (GPU, TPU); a CPU backend has none.
+
+    Read from the devices given, not from the default backend: a cluster on
+    simulated CPU devices beside a chip reports the CPU's (none).
+    """
+    devices = list(devices) if devices is not None else jax.local_devices()
+    platform = devices[0].platform if devices else "?"
     stats = {}
-    for d in jax.local_devices():
+    for d in devices:
         s = d.memory_stats()
         if s:
             stats[str(d.id)] = {k: int(v) for k, v in s.items() if k in _ALLOCATOR_KEYS}
     if not stats:
         return {
             "available": False,
-            "note": f"the {jax.default_backend()} backend reports no allocator figures "
+            "note": f"the {platform} devices report no allocator figures "
             "(device.memory_stats() is None); the buffer walk is the only measurement",
             "by_device": {},
         }
     return {
         "available": True,
-        "note": "device.memory_stats() of each device: every buffer of the process, not only the cluster's",
+        "note": "device.memory_stats() of each device: device memory only, and every buffer of the "
+        "process, not only the cluster's; bytes_limit is what the allocator may use (on GPU, JAX "
+        "preallocates 75% of the memory by default), not the device's size",
         "by_device": stats,
     }
 
@@ -165,14 +174,14 @@ def _buffers(state: Any) -> dict[BufferKey, int]:
     for x in array_leaves(state):
         kind = str(x.sharding.memory_kind)
         for s in x.addressable_shards:
-            out[(s.device.id, kind, s.data.unsafe_buffer_pointer())] = s.data.nbytes
+            out[(s.device.platform, s.device.id, kind, s.data.unsafe_buffer_pointer())] = s.data.nbytes
     return out
 
 
 def _tally(keys: Mapping[BufferKey, int]) -> dict[str, Any]:
     by_kind: dict[str, int] = {}
     by_device: dict[str, dict[str, int]] = {}
-    for (dev, kind, _), n in sorted(keys.items()):
+    for (_, dev, kind, _), n in sorted(keys.items()):
         by_kind[kind] = by_kind.get(kind, 0) + n
         d = by_device.setdefault(str(dev), {})
         d[kind] = d.get(kind, 0) + n
@@ -235,8 +244,9 @@ class SyncReport:
     alive (new destination buffers in their dtype, plus the new anchor).
     A cast to the rollout dtype happens on the destination device after the
     move and is not counted as movement. ``includes_compilation``: the first
-    sync between a set of shardings builds (compiles) its copy programs, and
-    its ``seconds`` include that; later syncs reuse them.
+    sync between a set of shardings compiles its copy programs, and its
+    ``seconds`` include that; ``includes_program_load``: it read them back
+    from the persistent compilation cache instead; later syncs reuse them.
     """
 
     method: str
@@ -250,6 +260,7 @@ class SyncReport:
     peak_extra_bytes: Mapping[str, Mapping[str, int]]
     global_step: int
     includes_compilation: bool = False
+    includes_program_load: bool = False
     reshard_strategy: str = "minimal"
     units: str = UNITS
 
@@ -308,6 +319,7 @@ class SyncReport:
             "seconds": self.seconds,
             "anchor_seconds": self.anchor_seconds,
             "includes_compilation": self.includes_compilation,
+            "includes_program_load": self.includes_program_load,
             "arrived_by_device": _plain(self.arrived_by_device),
             "peak_extra_bytes": _plain(self.peak_extra_bytes),
             "leaves": [leaf.to_json() for leaf in self.leaves],
@@ -438,13 +450,14 @@ def sync_report(
         peak_extra_bytes={k: peak[k] for k in sorted(peak, key=int)},
         global_step=global_step,
         includes_compilation=log.compiled,
+        includes_program_load=log.loaded,
         reshard_strategy=strategy,
     )
 
 
 def new_shards(after: Any, before: Any) -> list[tuple[int, str, int]]:
     """(device id, memory kind, bytes) of the shards of ``after`` that are not buffers of ``before``."""
-    old = {(d, p) for d, _, p in _buffers(before)}
+    old = {(pf, d, p) for pf, d, _, p in _buffers(before)}
     out = []
     for x in array_leaves(after):
         kind = str(x.sharding.memory_kind)

@@ -4,15 +4,19 @@
 
 - on Colab, turns on the widget manager ipywidgets needs there (the package
   itself is installed by the cell's first lines, see ``SETUP_CELL``);
-- with GPUs or TPUs, uses them as they are;
+- asks the CPU backend for ``n_devices`` simulated devices, which must happen
+  before the JAX backend starts (it fails loudly when it is too late: restart
+  the kernel); JAX starts its CPU backend beside any accelerator, so the
+  simulated devices exist on a GPU or TPU machine too;
+- with GPUs or TPUs that can form every standard layout, builds on them;
 - with a single accelerator chip (Colab's TPU runtime, a one-GPU machine),
-  where only the colocated layout fits on the chip, restarts JAX's backends
-  with the CPU backend first and the chip second: ``jax.devices()`` is then
-  the simulated CPU devices, on which every layout is built, and the chip
-  stays reachable as ``jax.devices("tpu")`` (``LabDevices.accelerator_devices``);
-- otherwise asks the CPU backend for ``n_devices`` simulated devices, which
-  must happen before the JAX backend starts, and fails loudly when it is too
-  late (restart the kernel);
+  where only the colocated layout fits on the chip, builds the layouts on
+  the simulated CPU devices beside it and keeps the chip reachable
+  (``LabDevices.accelerator_devices``). JAX is never restarted: the
+  accelerator stays JAX's default backend, and the cluster takes the
+  platform of everything it does (memory kinds, the transfer guard, default
+  devices, allocator figures) from its own meshes, not from that default;
+- turns on the persistent compilation cache;
 - prints what it found and which layouts the chosen devices can reach.
 """
 from __future__ import annotations
@@ -107,7 +111,7 @@ def choose_devices(
     Accelerators win when they can form every standard layout. A single chip
     can only form the colocated one, so then the CPU devices beside it are
     used, when there are at least two; the chip stays available through
-    ``LabDevices.accelerator_devices``.
+    ``LabDevices.accelerator_devices`` (pass it as ``devices=``).
     """
     if not accelerators:
         return list(cpus), True, []
@@ -129,11 +133,18 @@ def choose_devices(
 def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto") -> LabDevices:
     """Set up the devices for the notebooks; returns what was found (and prints it unless ``quiet``).
 
-    ``use="accelerator"`` keeps a single chip as the default device even
-    though only the colocated layout fits on it.
+    Args:
+        n_devices: simulated CPU devices to ask for (before JAX starts).
+        quiet: do not print the summary.
+        use: ``"auto"``; ``"accelerator"`` builds on the accelerator even when
+            it cannot form every layout (a single chip: colocated only).
 
-    Raises ``DeviceSetupError`` when JAX already started on CPU with another
-    device count: restart the kernel and run the set-up cell first.
+    Returns:
+        The devices found and the ones the layouts are built on.
+
+    Raises:
+        DeviceSetupError: JAX already started on CPU with another device
+            count: restart the kernel and run the set-up cell first.
     """
     if n_devices < 1:
         raise ValueError(f"n_devices must be at least 1, got {n_devices}")
@@ -147,13 +158,7 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
     # Programs compiled in an earlier session are read back from disk (before the
     # first compilation, or JAX would not look there).
     cache = enable_compilation_cache()
-    platform = _accelerator_platform()
-    notes: list[str] = []
-    if platform and use == "auto" and jax.default_backend() != "cpu":
-        if len(reachable_layouts(jax.devices(platform))) < len(LAYOUTS) and not _cpu_first(platform):
-            notes.append("arrays already exist in this process, so JAX could not be restarted with the "
-                         "CPU devices first; restart the runtime and run this cell first")
-    accelerators = list(jax.devices(platform)) if platform else []
+    accelerators = [d for d in jax.devices() if d.platform != "cpu"]
     cpus = _cpu_devices()
     if not accelerators and len(cpus) != n_devices:
         raise DeviceSetupError(
@@ -161,21 +166,19 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
             "The count can only be set before the first JAX operation: restart the kernel "
             "(Kernel > Restart) and run the set-up cell first."
         )
-    if jax.default_backend() == "cpu":
-        devices, simulated, more = choose_devices(accelerators, cpus, n_devices)
-    else:
-        # The accelerator is the default backend (it reaches every layout, the caller
-        # asked for it, or the restart was refused): build on it.
-        devices, simulated, more = list(accelerators), False, []
+    if use == "accelerator" and accelerators:
+        devices, simulated, notes = list(accelerators), False, []
         if len(reachable_layouts(accelerators)) < len(LAYOUTS):
-            more = [f"only {', '.join(reachable_layouts(accelerators))} fits on the "
-                    f"{len(accelerators)} {platform} device(s)"]
-    notes = more + notes
+            notes = [f"only {', '.join(reachable_layouts(accelerators))} fits on the "
+                     f"{len(accelerators)} {accelerators[0].platform} device(s)"]
+    else:
+        devices, simulated, notes = choose_devices(accelerators, cpus, n_devices)
+    platform = devices[0].platform if devices else "cpu"
     result = LabDevices(
-        platform="cpu" if simulated else platform,
+        platform=platform,
         devices=tuple(devices),
         simulated=simulated,
-        accelerator=platform if accelerators else None,
+        accelerator=accelerators[0].platform if accelerators else None,
         accelerator_devices=tuple(accelerators),
         colab=colab,
         reachable=tuple(reachable_layouts(devices)),
@@ -187,41 +190,6 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
     if not quiet:
         print(result.summary())
     return result
-
-
-def _cpu_first(platform: str) -> bool:
-    """Restart JAX's backends with the CPU backend first and ``platform`` second.
-
-    Only possible while no array exists (a fresh kernel running its first
-    cell); returns False, changing nothing, otherwise.
-    """
-    if jax.live_arrays():
-        return False
-    from jax.extend.backend import clear_backends
-
-    clear_backends()
-    jax.config.update("jax_platforms", f"cpu,{platform}")
-    try:
-        jax.devices()
-    except RuntimeError as exc:
-        raise DeviceSetupError(
-            f"JAX could not restart with the CPU devices beside the {platform} chip ({exc}). Restart the "
-            "runtime and call rl.setup(use='accelerator') to use the chip alone (colocated layout only)."
-        ) from exc
-    return True
-
-
-def _accelerator_platform() -> str | None:
-    """The GPU or TPU platform in use, if any, whether it is the default backend or not.
-
-    After ``_cpu_first`` the CPU is the default and the chip is the second
-    platform in ``jax_platforms``; without that setting JAX makes an
-    accelerator the default whenever there is one.
-    """
-    if jax.default_backend() != "cpu":
-        return jax.default_backend()
-    listed = [p.strip() for p in (jax.config.jax_platforms or "").split(",") if p.strip()]
-    return next((p for p in listed if p != "cpu"), None)
 
 
 def _cpu_devices() -> list[Any]:

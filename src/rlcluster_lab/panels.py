@@ -515,7 +515,8 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         excess = int(s.get("excess_cross_device_bytes", moved - minimum))
         seconds = s.get("seconds")
         timing = "" if seconds is None else f"; handover {seconds * 1e3:.1f} ms" + (
-            " incl. compiling" if s.get("includes_compilation") else "")
+            " incl. compiling" if s.get("includes_compilation") else
+            " incl. reading programs from the compilation cache" if s.get("includes_program_load") else "")
         c.text(left, yy + 36, f"{fmt_bytes(moved)} crossed devices; minimum {fmt_bytes(minimum)} (black tick); "
                f"excess {fmt_bytes(excess)}" + (f", of which {fmt_bytes(relayed)} relayed" if relayed else ""),
                size=11)

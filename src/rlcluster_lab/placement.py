@@ -67,9 +67,8 @@ def all_on_mesh(tree: Any, mesh: Mesh) -> bool:
 
 
 def is_on_device(tree: Any) -> bool:
-    """True when any leaf sits in device memory (the reference's test, kept as is)."""
-    kind = default_memory_kind()
-    return any(x.sharding.memory_kind == kind for x in array_leaves(tree))
+    """True when any leaf sits in its devices' default memory (the reference's test, kept as is)."""
+    return any(x.sharding.memory_kind == default_memory_kind(x) for x in array_leaves(tree))
 
 
 def memory_kinds(tree: Any) -> list[str]:
@@ -166,7 +165,7 @@ def place_model(
     object; ``model`` is left untouched.
     """
     graphdef, state = nnx.split(model)
-    kind = memory_kind or default_memory_kind()
+    kind = memory_kind or default_memory_kind(mesh)
     shardings = target_shardings(state, mesh, rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES, kind, role=role)
     values = nnx.to_pure_dict(state)
     if dtype is not None:
@@ -198,7 +197,7 @@ def load_model(
     meshes = state_meshes(state)
     kept = all_on_mesh(state, mesh)
     on_target = sum(isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh for x in leaves)
-    kind = default_memory_kind() if on_device else "pinned_host"
+    kind = default_memory_kind(mesh) if on_device else "pinned_host"
     cast = dtype is not None and leaves and jnp.dtype(dtype) != leaves[0].dtype
     if not kept:
         model = place_model(model, mesh, rules, memory_kind=kind, dtype=dtype if cast else None, role=role)

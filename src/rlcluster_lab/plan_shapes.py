@@ -191,22 +191,30 @@ def _eval_leaves(config: ModelConfig, lora_rank: int, kind: str, rules: Any) -> 
     return out
 
 
+PROBE_ABOVE = 8
+
+
 @functools.lru_cache(maxsize=64)
 def abstract_leaves(config: ModelConfig, lora_rank: int = 0, kind: str = "lm",
                     rules: tuple[tuple[str, Any], ...] | None = DEFAULT_LOGICAL_AXIS_RULES,
-                    *, probe: bool = True) -> tuple[AbstractLeaf, ...]:
+                    *, probe: bool | None = None) -> tuple[AbstractLeaf, ...]:
     """The parameter tree of ``init_model`` (``kind="lm"``, with ``with_lora`` when
     ``lora_rank``) or ``init_score_model`` (``kind="score"``), with partition specs.
 
     Tracing every layer of an 80-layer model takes tens of seconds, and every
     block is built by the same constructor from the same config, so with
     ``probe`` a one-layer model is traced and its block repeated ``num_layers``
-    times. ``probe=False`` traces the whole model (the tests check both agree).
+    times. ``probe=False`` traces the whole model (the tests check both agree);
+    the default probes only models deeper than ``PROBE_ABOVE`` layers, below
+    which tracing the whole model once (and sharing that trace with
+    ``init_model``) is cheaper than a second, one-layer trace.
     """
     if kind not in ("lm", "score"):
         raise ValueError(f"kind must be 'lm' or 'score', got {kind!r}")
     if lora_rank and kind == "score":
         raise ValueError("score models (reward, critic) carry no LoRA adapters here")
+    if probe is None:
+        probe = config.num_layers > PROBE_ABOVE
     if not probe or config.num_layers == 1:
         return tuple(_eval_leaves(config, lora_rank, kind, rules))
     one = _eval_leaves(dataclasses.replace(config, num_layers=1), lora_rank, kind, rules)

@@ -80,8 +80,9 @@ def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> Plac
         },
         decisions=cluster.trace.to_json(),
         warnings=list(cluster.warnings),
-        platform=jax.default_backend(),
-        device_count=jax.device_count(),
+        # The cluster's own platform (its meshes' devices), not JAX's default backend.
+        platform=cluster.platform,
+        device_count=len(jax.devices(cluster.platform)),
         memory=memory_report(cluster),
         sync=sync,
     )

@@ -243,11 +243,16 @@ def reshard_many(
         (direct if x.sharding.is_equivalent_to(target, x.ndim) else change).append(i)
     # Devices whose destination shard of array i was made by a logged copy.
     produced: dict[int, set[int]] = {i: set() for i in staged}
-    for i in direct:
-        x, _, moved_kind = staged[i]
-        y = jax.device_put(x, targets[i], may_alias=False) if copy and not moved_kind else jax.device_put(x, targets[i])
-        produced[i] = log_new_shards("same_device", x, y, labels[i])
-        out[i] = y
+    # Equivalent layouts: re-labelled in one call (a forced copy where asked, in another).
+    for must_copy in (False, True):
+        group = [i for i in direct if (copy and not staged[i][2]) is must_copy]
+        if not group:
+            continue
+        moved = jax.device_put([staged[i][0] for i in group], [targets[i] for i in group],
+                               may_alias=False if must_copy else None)
+        for i, y in zip(group, moved):
+            produced[i] = log_new_shards("same_device", staged[i][0], y, labels[i]) if current is not None else set()
+            out[i] = y
     if change:
         for i, (y, made) in zip(change, _change_layout([staged[i][0] for i in change], [targets[i] for i in change],
                                                        copy, [labels[i] for i in change])):
@@ -259,8 +264,8 @@ def reshard_many(
             log_new_shards("memory_kind", out[i], y, labels[i])
             out[i] = y
     for i in staged:
-        if out[i] is xs[i]:
-            continue
+        if current is None or out[i] is xs[i] or len(produced[i]) == len(out[i].sharding.device_set):  # type: ignore[union-attr]
+            continue  # nothing to log, or every shard's copy is logged already
         # A shard that carries the source's own data on its device but sits in a
         # new buffer (moved between memory kinds on the way) was copied within
         # its device: logged so that every destination byte is accounted for.

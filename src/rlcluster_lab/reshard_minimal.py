@@ -27,6 +27,7 @@ from jax.sharding import Sharding
 
 from rlcluster_lab import reshard as _reshard
 from rlcluster_lab.reshard import BlockPlan, box_size, to_box
+from rlcluster_lab.compile_cache import count_compilations
 from rlcluster_lab.transfers import Transfer, current_log
 
 
@@ -199,14 +200,24 @@ def clear() -> None:
 def assemble_many(
     xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]
 ) -> list[tuple[jax.Array, set[int]]]:
+    with count_compilations() as built:
+        out = _assemble(xs, dsts, copy, labels)
     log = current_log()
-    misses = _schedule.cache_info().misses
+    if log is not None:
+        # The per-device copy programs of new sharding pairs are built inside this call.
+        log.compiled |= any(not cached for _, _, cached in built)
+        log.loaded |= any(cached for _, _, cached in built)
+    return out
+
+
+def _assemble(
+    xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]
+) -> list[tuple[jax.Array, set[int]]]:
+    log = current_log()
     sched = _schedule(tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)))
-    if log is not None and _schedule.cache_info().misses > misses:
-        # New sharding pairs: their copy programs are compiled inside this call.
-        log.compiled = True
     shards = [{s.device.id: s.data for s in x.addressable_shards} for x in xs]
-    devices = {d.id: d for d in jax.devices()}
+    # The arrays' own devices (one platform per sharding), never the default backend's.
+    devices = {d.id: d for x, dst in zip(xs, dsts) for d in (*x.sharding.device_set, *dst.device_set)}
 
     # Phase 1: on each source device, one program cuts and packs what leaves it.
     packed: list[Any] = [None] * len(sched.pack_devices)

@@ -28,9 +28,14 @@ them (each compiled CPU program holds memory mappings of its own).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import hashlib
+import json
+import os
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -38,8 +43,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 
 from rlcluster_lab.reshard import to_box
-from rlcluster_lab.transfers import Transfer, current_log
-from rlcluster_lab.xla_traffic import ProgramTraffic, program_traffic
+from rlcluster_lab.transfers import Transfer, current_log, not_recorded, record_transfers
+from rlcluster_lab.compile_cache import active_cache_dir, count_compilations
+from rlcluster_lab.xla_traffic import Flow, ProgramTraffic, program_traffic
 
 MAX_PROGRAMS = 48
 
@@ -56,12 +62,17 @@ class Provenance:
 
 @dataclasses.dataclass(frozen=True)
 class XlaProgram:
-    """A compiled identity from source to destination shardings, with what it moves."""
+    """A compiled identity from source to destination shardings, with what it moves.
+
+    ``source``: ``"compiled"`` (by XLA in this process) or ``"persistent cache"``
+    (read back from disk, as was its analysis when stored there).
+    """
 
     compiled: Any
     devices: tuple[Any, ...]  # partition i runs on devices[i]
     traffic: ProgramTraffic
     provenance: Provenance
+    source: str = "compiled"
 
 
 class _LRU:
@@ -134,15 +145,69 @@ def program(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> tuple[XlaProgr
     assert devices is not None
     abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in xs]
     # Outside any role's mesh context: the program's shardings are all explicit.
-    with jax.set_mesh(None):
+    with jax.set_mesh(None), count_compilations() as made:
         compiled = jax.jit(_identity, out_shardings=list(dsts)).lower(abstract).compile()
-    # The probe is a measurement of the program, made once, not part of any sync: it may
-    # stage its tagged inputs and outputs through the host even inside a sync's guard.
-    with jax.transfer_guard("allow"):
-        provenance = _provenance(compiled, xs, dsts)
-    built = XlaProgram(compiled, devices, program_traffic(compiled, devices), provenance)
+    from_disk = bool(made) and all(cached for _, _, cached in made)
+    stored = _read_analysis(compiled, devices)
+    if stored is not None:
+        traffic, provenance = stored
+    else:
+        traffic = program_traffic(compiled, devices)
+        # The probe is a measurement of the program, made once, not part of any sync: it may
+        # stage its tagged inputs and outputs through the host even inside a sync's guard.
+        with jax.transfer_guard("allow"):
+            provenance = _provenance(compiled, xs, dsts)
+        _write_analysis(compiled, devices, traffic, provenance)
+    built = XlaProgram(compiled, devices, traffic, provenance, "persistent cache" if from_disk else "compiled")
     PROGRAMS.put(key, built)
     return built, True
+
+
+# The analysis of a program (its flows, and the tagged run's provenance) is a property of
+# the compiled program and its devices: stored beside the persistent compilation cache,
+# keyed by the program's text and device order, it is read back with the program.
+
+
+def _analysis_path(compiled: Any, devices: Sequence[Any]) -> Path | None:
+    folder = active_cache_dir()
+    if not folder:
+        return None
+    ids = ",".join(f"{d.platform}:{d.id}" for d in devices)
+    digest = hashlib.sha256((compiled.as_text() + "|" + ids).encode()).hexdigest()[:40]
+    return Path(folder) / "rlcluster-lab-analysis" / f"{digest}.json"
+
+
+def _read_analysis(compiled: Any, devices: Sequence[Any]) -> tuple[ProgramTraffic, Provenance] | None:
+    path = _analysis_path(compiled, devices)
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        flows = tuple(Flow(f["op"], f["src"], f["dst"], f["nbytes"], f["param"]) for f in data["flows"])
+        traffic = ProgramTraffic(flows, tuple(data["collectives"]), tuple(data["unreadable"]))
+        leaves = tuple(None if leaf is None else {int(d): {int(o): int(c) for o, c in counts.items()}
+                                                  for d, counts in leaf.items()} for leaf in data["provenance"])
+        return traffic, Provenance(leaves)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable: analyse the program again
+
+
+def _write_analysis(compiled: Any, devices: Sequence[Any], traffic: ProgramTraffic, provenance: Provenance) -> None:
+    path = _analysis_path(compiled, devices)
+    if path is None:
+        return
+    data = {
+        "flows": [{"op": f.op, "src": f.src_device, "dst": f.dst_device, "nbytes": f.nbytes, "param": f.param}
+                  for f in traffic.flows],
+        "collectives": list(traffic.collectives),
+        "unreadable": list(traffic.unreadable),
+        "provenance": list(provenance.by_leaf),
+    }
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
 
 
 def _identity(tree: Any) -> Any:
@@ -187,6 +252,9 @@ def _provenance(compiled: Any, xs: Sequence[jax.Array], dsts: Sequence[Sharding]
     return Provenance(tuple(by_leaf))
 
 
+_LOGS = _LRU(MAX_PROGRAMS)  # what a change of layout logs, per (arrays, destinations, copy, labels)
+
+
 def change_layout(
     xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: Sequence[str | None]
 ) -> dict[int, tuple[jax.Array, set[int]]]:
@@ -197,7 +265,37 @@ def change_layout(
     source devices laid out as the destination, then one transfer call for
     the shards that change device. Anything else is left out of the result
     (the caller uses the minimal strategy for it).
+
+    What a change logs depends only on shapes, dtypes, shardings and labels
+    (the program's collectives, its tagged run, which shards move): it is
+    worked out the first time and added from memory afterwards, so a steady
+    sync spends its time moving data, not describing it again.
     """
+    log = current_log()
+    if log is None:
+        return _change_layout(xs, dsts, copy, labels)
+    key = (tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)), copy, tuple(labels))
+    known = _LOGS.get(key)
+    if known is None:
+        with record_transfers() as fresh:
+            done = _change_layout(xs, dsts, copy, labels)
+        _LOGS.put(key, fresh)  # type: ignore[arg-type]
+        log.compiled |= fresh.compiled
+        log.loaded |= fresh.loaded
+        known = fresh
+    else:
+        with not_recorded():
+            done = _change_layout(xs, dsts, copy, labels)
+    log.transfers.extend(known.transfers)  # type: ignore[attr-defined]
+    for leaf, n in known.relayed.items():  # type: ignore[attr-defined]
+        log.relayed[leaf] = log.relayed.get(leaf, 0) + n
+    log.unreadable.extend(known.unreadable)  # type: ignore[attr-defined]
+    return done
+
+
+def _change_layout(
+    xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: Sequence[str | None]
+) -> dict[int, tuple[jax.Array, set[int]]]:
     groups: dict[tuple[Any, Any], list[int]] = {}
     xs = list(xs)
     for i, (x, dst) in enumerate(zip(xs, dsts)):
@@ -229,7 +327,7 @@ def _run(idx: list[int], xs: Sequence[jax.Array], dsts: list[Sharding], labels: 
     outs = prog.compiled([xs[i] for i in idx])
     log = current_log()
     if log is not None:
-        log.compiled |= built
+        _note_built(log, prog, built)
         _log_program(log, prog, [labels[i] for i in idx], [xs[i] for i in idx], outs)
     return {i: (y, {d.id for d in y.sharding.device_set}) for i, y in zip(idx, outs)}
 
@@ -252,8 +350,10 @@ def _run_then_move(idx: list[int], xs: Sequence[jax.Array], dsts: Sequence[Shard
             origins[i] = prog.provenance.by_leaf[k]
             crossed[i] = _crossed(prog, k)
         if log is not None:
-            log.compiled |= built
+            _note_built(log, prog, built)
             _log_flows(log, prog, [labels[i] for i in need])
+    if not set(src_a) & set(dst_a):
+        return _move_whole(idx, xs, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
     # Position p of the layout: the shard on src_a[p] belongs on dst_a[p]. Where no program
     # ran and the destination device already holds that very block (a replicated leaf, or
     # a device in both sets), its own buffer serves.
@@ -297,6 +397,22 @@ def _run_then_move(idx: list[int], xs: Sequence[jax.Array], dsts: Sequence[Shard
     return {i: (out[i], made[i]) for i in idx}
 
 
+def _move_whole(idx: list[int], xs: Sequence[jax.Array], dsts: Sequence[Sharding], staged: dict[int, jax.Array],
+                src_a: tuple[Any, ...], dst_a: tuple[Any, ...], origins: dict[int, Any], crossed: dict[int, int],
+                labels: Sequence[str | None], log: Any) -> dict[int, tuple[jax.Array, set[int]]]:
+    """Disjoint device sets: every shard crosses whole, position p from src_a[p] to dst_a[p],
+    all in one device-to-device transfer call (no shard can be kept, none goes through the host)."""
+    moved = jax.device_put([staged[i] for i in idx], [dsts[i] for i in idx])
+    out = dict(zip(idx, moved))
+    made = {d.id for d in dst_a}
+    if log is not None:
+        every = set(range(len(dst_a)))
+        for i in idx:
+            _log_final(log, labels[i], out[i], src_a, dst_a, origins[i] if i in origins else "own",
+                       moved=every, made=made, crossed_before=crossed.get(i, 0))
+    return {i: (out[i], set(made)) for i in idx}
+
+
 def _log_program(log: Any, prog: XlaProgram, labels: list[str | None], xs: list[jax.Array],
                  outs: Sequence[jax.Array]) -> None:
     _log_flows(log, prog, labels)
@@ -314,6 +430,14 @@ def _log_program(log: Any, prog: XlaProgram, labels: list[str | None], xs: list[
             if shard.data.nbytes - foreign:
                 log.transfers.append(Transfer("same_device", dev, dev, int(shard.data.nbytes) - foreign, label))
         _note_relayed(log, label, _crossed(prog, k) - arrived)
+
+
+def _note_built(log: Any, prog: XlaProgram, built: bool) -> None:
+    if built:
+        if prog.source == "compiled":
+            log.compiled = True
+        else:
+            log.loaded = True
 
 
 def _crossed(prog: XlaProgram, k: int) -> int:
@@ -370,3 +494,4 @@ def _log_final(log: Any, label: str | None, y: jax.Array, src_a: Sequence[Any], 
 def clear() -> None:
     """Forget every compiled program (the next reshard of each sharding set compiles again)."""
     PROGRAMS.clear()
+    _LOGS.clear()

@@ -54,6 +54,7 @@ class TransferLog:
     unreadable: list[tuple[str | None, str]] = dataclasses.field(default_factory=list)
     leaf: str | None = None
     compiled: bool = False
+    loaded: bool = False  # a program this block ran was read back from the persistent cache
 
     @property
     def exact(self) -> bool:
@@ -80,6 +81,16 @@ def record_transfers() -> Iterator[TransferLog]:
 
 
 @contextlib.contextmanager
+def not_recorded() -> Iterator[None]:
+    """Make no log entries inside the block (a caller that already knows them adds them)."""
+    token = _LOG.set(None)
+    try:
+        yield
+    finally:
+        _LOG.reset(token)
+
+
+@contextlib.contextmanager
 def leaf_label(label: str) -> Iterator[None]:
     """Tag the transfers made inside the block with a leaf path."""
     log = _LOG.get()
@@ -93,12 +104,16 @@ def leaf_label(label: str) -> Iterator[None]:
         log.leaf = prev
 
 
-def shard_key(shard: Any) -> tuple[int, int]:
-    """(device id, buffer pointer): which buffer on which device a shard is."""
-    return (shard.device.id, shard.data.unsafe_buffer_pointer())
+def shard_key(shard: Any) -> tuple[str, int, int]:
+    """(platform, device id, buffer pointer): which buffer on which device a shard is.
+
+    The platform is part of the key: a CPU device and an accelerator can both
+    have id 0 in one process (simulated CPU devices beside a single chip).
+    """
+    return (shard.device.platform, shard.device.id, shard.data.unsafe_buffer_pointer())
 
 
-def shard_keys(x: jax.Array) -> set[tuple[int, int]]:
+def shard_keys(x: jax.Array) -> set[tuple[str, int, int]]:
     """``shard_key`` of every addressable shard of ``x``."""
     return {shard_key(s) for s in x.addressable_shards}
 

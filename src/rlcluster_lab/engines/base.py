@@ -135,6 +135,10 @@ class RolloutEngine(abc.ABC):
             if var.get_value() is not x:
                 var.set_value(x)
 
+    def held_values(self, filter_types: tuple[Any, ...] | None = None) -> list[Any]:
+        """The arrays the engine's model holds now (those matching ``filter_types``)."""
+        return [v.get_value() for v in self._variables(filter_types).values()]
+
     def _variables(self, filter_types: tuple[Any, ...] | None) -> dict[tuple[Any, ...], nnx.Variable]:
         """Path -> the model's own Variable objects, found once per filter.
 

@@ -33,7 +33,7 @@ from rlcluster_lab.placement import default_memory_kind, place_model
 
 def copy_onto_mesh(model: nnx.Module, mesh: Mesh, rules: Any) -> nnx.Module:
     """A new module whose every buffer is the engine's own, sharded on ``mesh``."""
-    return place_model(model, mesh, rules, memory_kind=default_memory_kind(), role="rollout", copy=True)
+    return place_model(model, mesh, rules, memory_kind=default_memory_kind(mesh), role="rollout", copy=True)
 
 
 def rearranged_device_grid(device_ids: Sequence[int], tp_size: int | None) -> np.ndarray:
