@@ -145,7 +145,10 @@ class ClusterConfig:
             platform = devices[0].platform
             platforms.setdefault(platform, []).append(role.value)
             # Devices are looked up on their own platform: a CPU device and a chip can share an id.
-            known = set(jax.devices(platform))
+            try:
+                known = set(jax.devices(platform))
+            except RuntimeError:  # no backend for that platform in this process
+                known = set()
             gone = [d.id for d in devices if d not in known]
             if gone:
                 raise ConfigError(

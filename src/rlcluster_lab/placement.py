@@ -170,6 +170,10 @@ def place_model(
     values = nnx.to_pure_dict(state)
     if dtype is not None:
         leaves, treedef = jax.tree.flatten(values)
+        # Cast in device memory (never compute on pinned host buffers); the reshard below
+        # puts the result in the memory kind asked for.
+        leaves = [x if x.dtype == jnp.dtype(dtype) or x.sharding.memory_kind == default_memory_kind(x)
+                  else jax.device_put(x, x.sharding.with_memory_kind(default_memory_kind(x))) for x in leaves]
         values = jax.tree.unflatten(treedef, cast_many(leaves, [dtype] * len(leaves)))
     moved = reshard_tree(values, shardings, copy=copy)
     nnx.replace_by_pure_dict(state, moved)

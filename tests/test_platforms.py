@@ -1,0 +1,128 @@
+"""Accelerator-only branches, exercised on CPU: a stand-in chip, a default backend that is not
+the cluster's, device ids shared across platforms. Every platform decision reads the devices
+of the arrays and meshes at hand, never JAX's default backend."""
+from __future__ import annotations
+
+import types
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import rlcluster_lab as rl
+from rlcluster_lab import ClusterConfig, Role, Scenario, build_cluster, layout_meshes, notebook, placement_report
+from rlcluster_lab.config import ConfigError
+from rlcluster_lab.measure import allocator_stats
+from rlcluster_lab.meshes import make_mesh
+from rlcluster_lab.transfers import shard_key
+
+
+class Chip:
+    """A stand-in accelerator device: what a mesh and the set-up read of a device."""
+
+    def __init__(self, i: int, platform: str = "gpu", stats: dict | None = None) -> None:
+        self.id, self.platform, self.device_kind, self.process_index = i, platform, "Stand-in chip", 0
+        self._stats = stats
+
+    def memory_stats(self):
+        return self._stats
+
+    def __repr__(self) -> str:
+        return f"Chip({self.platform}:{self.id})"
+
+
+def test_setup_on_a_single_gpu_builds_on_cpu_devices_beside_it_and_never_restarts(monkeypatch):
+    cpus = jax.devices("cpu")
+    chip = Chip(0)
+    real = jax.devices
+    monkeypatch.setattr(notebook.jax, "devices", lambda platform=None: [chip] if platform is None else real(platform))
+    updates = []
+    monkeypatch.setattr(notebook.jax.config, "update", lambda k, v: updates.append(k))
+    lab = rl.setup(8, quiet=True)
+    assert lab.accelerator == "gpu" and lab.accelerator_devices == (chip,)
+    assert list(lab.devices) == cpus and lab.simulated and lab.platform == "cpu"
+    assert lab.reachable == ("colocated", "reshaped", "split")
+    assert lab.reachable_on_accelerator() == ("colocated",)
+    assert "jax_platforms" not in updates  # no restart, so no platform list that could name 'gpu'
+    assert "simulated CPU devices beside it" in lab.summary()
+
+
+def test_setup_with_use_accelerator_builds_on_the_chip(monkeypatch):
+    chip = Chip(0, "tpu")
+    real = jax.devices
+    monkeypatch.setattr(notebook.jax, "devices", lambda platform=None: [chip] if platform is None else real(platform))
+    lab = rl.setup(8, quiet=True, use="accelerator")
+    assert lab.devices == (chip,) and lab.platform == "tpu" and not lab.simulated
+    assert "only colocated fits" in lab.summary()
+
+
+def test_a_cpu_cluster_keeps_its_guard_platform_and_memory_kinds_when_the_default_backend_is_a_gpu(monkeypatch):
+    """A cluster on simulated CPU devices beside a GPU: the GPU is JAX's default backend, yet the
+    sync is guarded (P13), the report says cpu, and memory kinds are the CPU devices' own."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    cluster = build_cluster(Scenario(layout="reshaped", lora=True))
+    report = placement_report(cluster, sync=cluster.sync_weights()).to_json()
+    p13 = [d for d in report["decisions"] if d["rule"] == "P13"][-1]
+    assert p13["values"]["transfer_guard"] is True
+    assert report["platform"] == "cpu" and report["device_count"] == len(jax.devices("cpu"))
+    assert report["anchor"]["memory_kind"] == "pinned_host"
+    assert report["memory"]["allocator"]["note"].startswith("the cpu devices report no allocator figures")
+    # Bytes read from the compiled program, whatever the default backend (never inferred).
+    assert report["sync"]["method"].startswith("measured") and report["sync"]["reshard_strategy"] == "xla"
+    assert report["sync"]["moved_cross_device_bytes"] == report["sync"]["minimum_cross_device_bytes"] > 0
+
+
+def test_operations_default_to_the_roles_devices():
+    """Arrays made without a placement inside an operation (keys, prompts) land on the role's
+    devices, not on JAX's default device: the role context enters its mesh's first device."""
+    cluster = build_cluster(Scenario(layout="split"))
+    with cluster._role_context(Role.ROLLOUT):
+        x = jax.numpy.zeros(3)
+        key = jax.random.key(0)
+    rollout = set(cluster.role_to_mesh[Role.ROLLOUT].devices.flat)
+    assert x.devices() <= rollout and key.devices() <= rollout
+    assert jax.devices()[0] not in rollout  # the split layout's rollout is devices 4-7
+
+
+def test_shard_identity_includes_the_platform():
+    def shard(device):
+        data = types.SimpleNamespace(unsafe_buffer_pointer=lambda: 1234)
+        return types.SimpleNamespace(device=device, data=data)
+
+    cpu0 = jax.devices("cpu")[0]
+    assert shard_key(shard(cpu0)) != shard_key(shard(Chip(0, "tpu")))
+
+
+def test_a_mesh_of_devices_this_process_lacks_is_refused_by_platform():
+    ghost = Mesh(np.array([Chip(0, "tpu")]).reshape(1, 1), ("fsdp", "tp"))
+    r2m = layout_meshes("colocated")
+    with pytest.raises(ConfigError, match="tpu device id"):
+        ClusterConfig(role_to_mesh={**r2m, Role.ROLLOUT: ghost})
+
+
+def test_one_cluster_runs_on_one_platform(monkeypatch):
+    chips = [Chip(i, "gpu") for i in range(8)]
+    real = jax.devices
+    monkeypatch.setattr(jax, "devices", lambda platform=None: chips if platform == "gpu" else real(platform))
+    r2m = layout_meshes("colocated")
+    with pytest.raises(ConfigError, match="mixes platforms"):
+        ClusterConfig(role_to_mesh={**r2m, Role.ROLLOUT: make_mesh(chips, (2, 4))})
+
+
+def test_allocator_figures_come_from_the_devices_given_and_say_what_they_cover():
+    stats = {"bytes_in_use": 10, "peak_bytes_in_use": 20, "bytes_limit": 75}
+    out = allocator_stats([Chip(0, "gpu", stats), Chip(1, "gpu", stats)])
+    assert out["available"] and out["by_device"]["1"]["bytes_limit"] == 75
+    assert "preallocates 75%" in out["note"]
+    assert not allocator_stats(jax.devices("cpu"))["available"]
+
+
+def test_p11_log_probs_are_computed_at_the_configured_precision():
+    seen = []
+    cluster = build_cluster(Scenario())
+    with cluster._role_context(Role.ACTOR):
+        seen.append(jax.config.jax_default_matmul_precision)
+    assert seen == ["highest"]
+    with pytest.raises(ConfigError, match="matmul_precision"):
+        ClusterConfig(role_to_mesh=layout_meshes("colocated"), matmul_precision="fastest")
