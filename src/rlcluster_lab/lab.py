@@ -396,7 +396,7 @@ class PlacementLab:
         if self._cluster is None or self._learner is None or self._recorder is None:
             self._set_status("construct a cluster first")
             return
-        with self._busy("taking a training step"):
+        with self._busy("taking a training step", needs_rehearsal=True):
             start = time.perf_counter()
             try:
                 record = self._learner.step()
@@ -489,8 +489,11 @@ class PlacementLab:
         learner = self._learner
         if not self.rehearse or learner is None:
             return
+        previous = self._rehearsal
 
         def work() -> None:
+            if previous is not None:
+                previous.join()  # one rehearsal at a time: two would only compete for the cores
             try:
                 learner.rehearse()
             except Exception as exc:  # noqa: BLE001 - the real step will show the real error
@@ -509,13 +512,14 @@ class PlacementLab:
         return time.perf_counter() - start
 
     @contextlib.contextmanager
-    def _busy(self, what: str) -> Iterator[None]:
+    def _busy(self, what: str, *, needs_rehearsal: bool = False) -> Iterator[None]:
         buttons = (self.construct_button, self.sync_button, self.step_button)
         for b in buttons:
             b.disabled = True
-        # One action at a time: a rehearsal still compiling finishes first (the
-        # click then finds its programs ready, or waits as long as it would have).
-        self._waited = self.wait_for_rehearsal()
+        # A training step uses what the rehearsal compiles: it lets a rehearsal still
+        # running finish first (then finds its programs ready, or waits as long as it
+        # would have compiling them). Construct and Sync do not wait for it.
+        self._waited = self.wait_for_rehearsal() if needs_rehearsal else 0.0
         self.progress.value = 0
         self.progress.layout.visibility = "visible"
         self._set_status(f"busy: {what} ...")

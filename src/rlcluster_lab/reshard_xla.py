@@ -60,19 +60,44 @@ class Provenance:
     by_leaf: tuple[dict[int, dict[int, int]] | None, ...]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class XlaProgram:
-    """A compiled identity from source to destination shardings, with what it moves.
+    """A compiled identity from source to destination shardings, and (once asked for) what it moves.
 
     ``source``: ``"compiled"`` (by XLA in this process) or ``"persistent cache"``
-    (read back from disk, as was its analysis when stored there).
+    (read back from disk). The analysis (``traffic``, ``provenance``) is made
+    the first time a recorded reshard needs it: a reshard nobody measures (a
+    model loaded at construction) pays only for the program.
     """
 
     compiled: Any
     devices: tuple[Any, ...]  # partition i runs on devices[i]
-    traffic: ProgramTraffic
-    provenance: Provenance
+    inputs: tuple[Any, ...]  # ShapeDtypeStructs with the source shardings
+    outputs: tuple[Sharding, ...]
     source: str = "compiled"
+    _analysis: tuple[ProgramTraffic, Provenance] | None = None
+
+    def _analyse(self) -> tuple[ProgramTraffic, Provenance]:
+        if self._analysis is None:
+            stored = _read_analysis(self.compiled, self.devices)
+            if stored is None:
+                traffic = program_traffic(self.compiled, self.devices)
+                # The probe is a measurement of the program, made once, not part of any sync: it
+                # may stage its tagged inputs and outputs through the host even inside a sync's guard.
+                with jax.transfer_guard("allow"):
+                    provenance = _provenance(self.compiled, self.inputs, self.outputs)
+                _write_analysis(self.compiled, self.devices, traffic, provenance)
+                stored = (traffic, provenance)
+            self._analysis = stored
+        return self._analysis
+
+    @property
+    def traffic(self) -> ProgramTraffic:
+        return self._analyse()[0]
+
+    @property
+    def provenance(self) -> Provenance:
+        return self._analyse()[1]
 
 
 class _LRU:
@@ -148,17 +173,7 @@ def program(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> tuple[XlaProgr
     with jax.set_mesh(None), count_compilations() as made:
         compiled = jax.jit(_identity, out_shardings=list(dsts)).lower(abstract).compile()
     from_disk = bool(made) and all(cached for _, _, cached in made)
-    stored = _read_analysis(compiled, devices)
-    if stored is not None:
-        traffic, provenance = stored
-    else:
-        traffic = program_traffic(compiled, devices)
-        # The probe is a measurement of the program, made once, not part of any sync: it may
-        # stage its tagged inputs and outputs through the host even inside a sync's guard.
-        with jax.transfer_guard("allow"):
-            provenance = _provenance(compiled, xs, dsts)
-        _write_analysis(compiled, devices, traffic, provenance)
-    built = XlaProgram(compiled, devices, traffic, provenance, "persistent cache" if from_disk else "compiled")
+    built = XlaProgram(compiled, devices, tuple(abstract), tuple(dsts), "persistent cache" if from_disk else "compiled")
     PROGRAMS.put(key, built)
     return built, True
 
@@ -339,6 +354,7 @@ def _run_then_move(idx: list[int], xs: Sequence[jax.Array], dsts: Sequence[Shard
     log = current_log()
     inter = {i: congruent(dsts[i], src_a) for i in idx}  # type: ignore[arg-type]
     need = [i for i in idx if not xs[i].sharding.is_equivalent_to(inter[i], xs[i].ndim)]
+    ran = set(need)  # arrays a program lays out anew (their intermediate shards are new buffers)
     staged: dict[int, jax.Array] = {i: xs[i] for i in idx}
     origins: dict[int, dict[int, dict[int, int]] | None] = {}
     crossed: dict[int, int] = {}
@@ -347,8 +363,9 @@ def _run_then_move(idx: list[int], xs: Sequence[jax.Array], dsts: Sequence[Shard
         outs = prog.compiled([xs[i] for i in need])
         for k, (i, y) in enumerate(zip(need, outs)):
             staged[i] = y
-            origins[i] = prog.provenance.by_leaf[k]
-            crossed[i] = _crossed(prog, k)
+            if log is not None:
+                origins[i] = prog.provenance.by_leaf[k]
+                crossed[i] = _crossed(prog, k)
         if log is not None:
             _note_built(log, prog, built)
             _log_flows(log, prog, [labels[i] for i in need])
@@ -365,7 +382,7 @@ def _run_then_move(idx: list[int], xs: Sequence[jax.Array], dsts: Sequence[Shard
         shape = tuple(xs[i].shape)
         by_device = {s.device: s.data for s in staged[i].addressable_shards}
         own = {}
-        if i not in origins:
+        if i not in ran:
             have = {s.device: to_box(s.index, shape) for s in xs[i].addressable_shards}
             want = {d: to_box(ix, shape) for d, ix in dsts[i].addressable_devices_indices_map(shape).items()}
             own = {d for d in want if have.get(d) == want[d]}
@@ -377,12 +394,12 @@ def _run_then_move(idx: list[int], xs: Sequence[jax.Array], dsts: Sequence[Shard
                 data = by_device[src]
             if came_from[i][p] != dst:
                 sends.append((i, p, data))
-            elif copy and i not in origins:
+            elif copy and i not in ran:
                 blocks[i][p] = jax.device_put(data, dst, may_alias=False)
                 made[i].add(dst.id)
             else:
                 blocks[i][p] = data
-                if i in origins:
+                if i in ran:
                     made[i].add(dst.id)
     if sends:
         arrived = jax.device_put([d for _, _, d in sends], [dst_a[p] for _, p, _ in sends])
