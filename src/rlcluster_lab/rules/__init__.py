@@ -1,0 +1,14 @@
+"""The rules: one pure function per placement rule of the RL cluster, P1 to P14.
+
+Each function takes plain facts (meshes or their descriptions, whether the
+actor has LoRA, the engine's declared properties, the offload flag, ...)
+and returns a typed ``Decision``: the rule id, the branch taken (a member of
+the rule's ``Branch`` enum), the inputs it read and a one-line explanation.
+The live cluster and the what-if planner both execute these functions, so
+changing a rule changes both; the figures read the branch, never the text.
+Each function's docstring states its rule; ``docs/rules.md`` is generated
+from them (``python -m rlcluster_lab.rules``).
+"""
+from rlcluster_lab.rules.catalogue import RULES, RuleEntry, rules_markdown
+
+__all__ = ["RULES", "RuleEntry", "rules_markdown"]

@@ -1,0 +1,60 @@
+"""P8, P10, P11: the anchor policy state, and why the actor's log-probs come from it."""
+from __future__ import annotations
+
+import enum
+
+from rlcluster_lab.core.trace import Decision
+
+
+class AnchorBranch(str, enum.Enum):
+    FULL = "full"
+    TRAINABLE = "trainable"
+
+
+def anchor_is_partial(mode: str, actor_has_lora: bool) -> bool:
+    """With ``anchor="trainable"`` and a LoRA actor, only the adapters are pinned."""
+    return mode == "trainable" and actor_has_lora
+
+
+def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -> Decision:
+    """P8: at the end of construction (and at every sync, P13) the actor's full state is
+    copied to pinned host memory: the anchor policy state.
+
+    The lab adds ``anchor="trainable"``: for a LoRA actor only the adapters
+    are pinned, and the frozen backbone, which training never changes, is read
+    from the actor (the same log-probs for less pinned memory).
+
+    Tests: test_cluster_rules.py::test_p8_*, test_sync.py::test_*anchor*.
+    """
+    partial = anchor_is_partial(mode, actor_has_lora)
+    return Decision(
+        "P8",
+        "snapshot the actor's state to pinned host" + (" (trainable part only: anchor='trainable')" if partial else ""),
+        {"global_steps": global_steps, "anchor": mode, "bytes": nbytes},
+        "anchor holds the LoRA adapters; the frozen backbone is read from the actor" if partial
+        else "anchor policy state pinned",
+        AnchorBranch.TRAINABLE if partial else AnchorBranch.FULL,
+    )
+
+
+ANCHOR_MISSING = "The anchor policy state is not set: call sync_weights() first."
+
+
+def p10_require_anchor(anchor_present: bool) -> None:
+    """P10: actor log-probs run the live model's graph over the *anchor* state (moved to
+    device first when it is pinned on the host); with no anchor the call fails with a
+    message to sync first. An empty batch is an error too (``p9``'s batch check).
+
+    P11 says why: when the mini-batch is smaller than the batch, or the learner
+    makes more than one pass over the same data, the actor has already stepped
+    before old log-probs are needed; scoring with live weights would compare
+    the policy with itself. The anchor gives the log-probs of the policy that
+    sampled the tokens.
+
+    Raises:
+        ValueError: there is no anchor.
+
+    Tests: test_cluster_rules.py::test_p10_*, test_learner.py::test_p11_*.
+    """
+    if not anchor_present:
+        raise ValueError(ANCHOR_MISSING)

@@ -1,0 +1,111 @@
+"""P5 and P14: loading a model onto a mesh, and offloading roles to pinned host memory."""
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.trace import Decision
+
+
+class LoadBranch(str, enum.Enum):
+    KEPT = "kept as is"
+    RESHARDED = "resharded"
+    FROM_PATH = "read from the checkpoint"
+
+
+class OffloadBranch(str, enum.Enum):
+    OFFLOADED = "moved to pinned_host"
+    OWN_COPY = "own copy offloaded on its own"
+
+
+def p5_from_path(role: str, path: str) -> Decision:
+    """P5 (paths): a role given as a checkpoint path is read before it is loaded; P2 is then skipped."""
+    return Decision("P5", f"{role}: given as a path", {"path": path}, "read from the checkpoint", LoadBranch.FROM_PATH)
+
+
+def p5_load(
+    role: str,
+    *,
+    model_meshes: Sequence[Mapping[str, Any]],
+    target_mesh: Mapping[str, Any],
+    leaves_on_target: int,
+    leaves: int,
+    memory_kind: str,
+    dtype: str | None,
+    requested_dtype: str | None,
+) -> Decision:
+    """P5: a model already on the target mesh is kept as is; on another mesh it is resharded
+    onto the target mesh using the model's own partition specs (missing spec = replicated),
+    keeping its memory kind (device or pinned_host), cast to a dtype when one is asked for.
+
+    The lab keeps a model "as is" only when *every* leaf is on the target mesh;
+    leaves already in place are reused by the reshard.
+
+    Tests: test_cluster_rules.py::test_p5_*, test_reshard.py.
+    """
+    kept = leaves > 0 and leaves_on_target == leaves
+    cast = requested_dtype is not None and leaves > 0 and requested_dtype != dtype
+    outcome = "kept as is" if kept else (
+        f"resharded onto the target mesh in {memory_kind} memory"
+        + (f", cast to {requested_dtype}" if cast else "")
+        + (f" ({leaves_on_target} of {leaves} leaves were already in place and are reused)" if leaves_on_target else "")
+    )
+    return Decision(
+        "P5",
+        f"{role}: every leaf already on the target mesh",
+        {
+            "role": role,
+            "model_meshes": list(model_meshes),
+            "target_mesh": target_mesh,
+            "leaves_on_target": leaves_on_target,
+            "leaves": leaves,
+            "memory_kind": memory_kind,
+            "dtype": dtype,
+            "requested_dtype": requested_dtype,
+        },
+        outcome,
+        LoadBranch.KEPT if kept else LoadBranch.RESHARDED,
+    )
+
+
+def p14_offload(role: str, offload_to_cpu: bool, on_device: bool) -> Decision | None:
+    """P14: with ``offload_to_cpu``, every role lives in pinned host memory between uses and is
+    brought to device for its operation; roles that share weights are updated together.
+
+    Returns the decision to move a model that sits on device to pinned host,
+    or None when nothing moves.
+
+    Tests: test_cluster_rules.py::test_p14_*, test_sync.py::test_p13_p14_*.
+    """
+    if not (offload_to_cpu and on_device):
+        return None
+    return Decision("P14", f"{role}: offload_to_cpu and the model is on device",
+                    {"role": role, "offload_to_cpu": True}, "moved to pinned_host", OffloadBranch.OFFLOADED)
+
+
+def p14_own_copy_engine(engine_name: str) -> Decision:
+    """P14 (engines with their own copy): with offload, a linked rollout whose engine owns its
+    weights is moved to and from host on its own and is not updated together with the actor
+    (the reference does not support offload for those engines; updating them together would
+    move the actor onto the engine's mesh)."""
+    return Decision(
+        "P14",
+        "offload with a linked rollout whose engine owns its weights",
+        {"engine": engine_name, "owns_weights": True},
+        "the engine's copy is offloaded on its own; it is not updated together with the actor",
+        OffloadBranch.OWN_COPY,
+    )
+
+
+def p14_updated_together(sharing: Mapping[Role, Sequence[Role]], role: Role, engine_owns_weights: bool) -> list[Role]:
+    """P14: the roles that take ``role``'s new arrays when it moves between memory kinds.
+
+    Every role the map links to it, except a rollout whose engine keeps its
+    own copy (that copy is never written into the actor, nor the actor into
+    it, outside a sync).
+    """
+    if engine_owns_weights and role is Role.ROLLOUT:
+        return []
+    return [other for other in sharing.get(role, ()) if not (engine_owns_weights and other is Role.ROLLOUT)]

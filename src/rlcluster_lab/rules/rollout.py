@@ -1,0 +1,75 @@
+"""P3 and P7: what the rollout samples with, and which mesh it is recorded on."""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from rlcluster_lab.core.meshes import describe_mesh
+from rlcluster_lab.core.trace import Decision
+
+
+class RolloutBranch(str, enum.Enum):
+    SHARED = "shared"
+    SECOND_COPY = "second_copy"
+    ENGINE_INITIAL_VALUE = "engine_initial_value"
+
+
+class MeshBranch(str, enum.Enum):
+    KEPT = "kept"
+    REPLACED = "replaced"
+
+
+def p3_rollout_model(linked: bool, engine_kind: str, engine_name: str, rollout_dtype: str | None) -> Decision:
+    """P3: if ROLLOUT is linked to ACTOR, the rollout model *is* the actor model.
+
+    One Python object, one set of buffers, zero extra bytes. Else, with the
+    built-in vanilla sampler, the actor is loaded a second time onto the
+    rollout mesh, cast to the rollout config's dtype when one is set. Else
+    (any other engine) the engine is handed the trainer's model as its
+    initial weights and owns its copy from then on.
+
+    Tests: test_cluster_rules.py::test_p3_*, test_cluster_matrix.py.
+    """
+    if linked:
+        branch, outcome = RolloutBranch.SHARED, "rollout model is the actor model: one object, no second copy"
+    elif engine_kind == "vanilla":
+        branch = RolloutBranch.SECOND_COPY
+        outcome = "actor loaded a second time onto the rollout mesh" + (f", cast to {rollout_dtype}" if rollout_dtype else "")
+    else:
+        branch = RolloutBranch.ENGINE_INITIAL_VALUE
+        outcome = f"the {engine_name} engine gets the trainer's model as its initial weights"
+    return Decision(
+        "P3",
+        "ROLLOUT in sharing_map[ACTOR]; else engine == 'vanilla'",
+        {"rollout_linked_to_actor": linked, "engine": engine_name, "rollout_dtype": rollout_dtype},
+        outcome,
+        branch,
+    )
+
+
+def p7_engine_mesh(engine_name: str, config_mesh: Any, engine_mesh: Any, still_sharing: bool) -> Decision:
+    """P7: an engine that exposes a non-None ``mesh`` replaces the rollout mesh.
+
+    The sharing map is built first, from the config's meshes, and is not
+    rebuilt afterwards: a colocated run can stay registered as sharing while
+    the recorded rollout mesh is the one the engine picked. In the reference
+    only the vllm engine exposes a mesh; sglang_jax is handed one but does
+    not expose it; vanilla has none.
+
+    Tests: test_cluster_rules.py::test_p7_*, test_cluster_matrix.py.
+    """
+    exposes = engine_mesh is not None
+    return Decision(
+        "P7",
+        "the engine exposes a non-None mesh",
+        {
+            "engine": engine_name,
+            "exposes_mesh": exposes,
+            "config_rollout_mesh": describe_mesh(config_mesh),
+            "engine_mesh": describe_mesh(engine_mesh) if exposes else None,
+            "sharing_map_rebuilt": False,
+            "still_registered_as_sharing": still_sharing,
+        },
+        "role_to_mesh[ROLLOUT] replaced by the engine's mesh" if exposes else "rollout mesh kept",
+        MeshBranch.REPLACED if exposes else MeshBranch.KEPT,
+    )

@@ -1,0 +1,166 @@
+"""P1 and P2: the backbone sharing map, which roles may hold one set of weights.
+
+A pure function of the meshes and of a few facts about the models, so the
+live cluster and the planner take the same decision. Meshes are compared
+with ``==``: JAX interns ``Mesh`` objects, so two meshes over the same
+devices in the same shape with the same axis names are the same object, and
+anything else (the same chips in another shape, or other axis names) is a
+different mesh.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from rlcluster_lab.core.meshes import describe_mesh
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.trace import Decision
+
+SharingMap = dict[Role, tuple[Role, ...]]
+
+
+class LinkBranch(str, enum.Enum):
+    LINKED = "linked"
+    NOT_LINKED = "not linked"
+    SKIPPED = "skipped"
+    PROPAGATED = "propagated"
+
+
+def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision:
+    """P1: ACTOR and ROLLOUT are linked both ways exactly when their meshes are equal.
+
+    Equal means ``==`` on meshes, which JAX interns: the same devices in the
+    same shape with the same axis names. The same eight chips as (2, 4) and as
+    (8, 1) are two meshes, so the rollout gets a full second copy.
+
+    Tests: test_sharing.py::test_p1_*, test_cluster_rules.py::test_p1_*.
+    """
+    same = actor_mesh == rollout_mesh
+    return Decision(
+        "P1",
+        "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT]",
+        {
+            "actor_mesh": describe_mesh(actor_mesh),
+            "rollout_mesh": describe_mesh(rollout_mesh),
+            "same_devices": _device_ids(actor_mesh) == _device_ids(rollout_mesh),
+            "equal": same,
+        },
+        "actor and rollout linked both ways" if same else "not linked: the rollout gets its own weights",
+        LinkBranch.LINKED if same else LinkBranch.NOT_LINKED,
+    )
+
+
+def p2_link_reference(
+    *,
+    actor_is_module: bool,
+    reference_is_module: bool,
+    actor_has_lora: bool,
+    has_reference: bool,
+    actor_mesh: Any,
+    reference_mesh: Any,
+) -> Decision:
+    """P2: a LoRA actor and its reference are linked when they share a mesh.
+
+    Only when the actor is an in-memory module with LoRA parameters, a
+    reference is given, and the reference mesh equals the actor mesh: the
+    frozen base can then serve as the reference, adapters filtered out. If
+    either model is given as a path instead of a module, the rule is skipped.
+
+    Tests: test_sharing.py::test_p2_*, test_cluster_rules.py::test_p2_*.
+    """
+    if not actor_is_module or (has_reference and not reference_is_module):
+        return Decision(
+            "P2",
+            "actor and reference are in-memory modules",
+            {"actor_is_module": actor_is_module, "reference_is_module": reference_is_module},
+            "skipped: a model was given as a path",
+            LinkBranch.SKIPPED,
+        )
+    same_ref = bool(has_reference and reference_mesh == actor_mesh)
+    link = actor_has_lora and same_ref
+    return Decision(
+        "P2",
+        "actor has LoRA and a reference is given and role_to_mesh[REFERENCE] == role_to_mesh[ACTOR]",
+        {
+            "actor_has_lora": actor_has_lora,
+            "has_reference": has_reference,
+            "reference_mesh": describe_mesh(reference_mesh) if has_reference else None,
+            "meshes_equal": same_ref,
+        },
+        "actor and reference linked both ways" if link else "reference not linked",
+        LinkBranch.LINKED if link else LinkBranch.NOT_LINKED,
+    )
+
+
+def p2_propagate(links: Mapping[Role, list[Role]]) -> tuple[dict[Role, list[Role]], Decision]:
+    """P2 (propagation): every pair of roles linked to ACTOR is linked to each other.
+
+    Tests: test_sharing.py::test_p2_propagation_*.
+    """
+    out = {role: list(others) for role, others in links.items()}
+    added = []
+    for role in list(out[Role.ACTOR]):
+        for other in out[Role.ACTOR]:
+            if other != role and other not in out[role]:
+                out[role].append(other)
+                added.append((role, other))
+    return out, Decision(
+        "P2",
+        "propagate: roles linked to ACTOR are linked to each other",
+        {"linked_to_actor": list(out[Role.ACTOR])},
+        f"added {len(added)} link(s)" + (": " + ", ".join(f"{a.value}->{b.value}" for a, b in added) if added else ""),
+        LinkBranch.PROPAGATED,
+    )
+
+
+def sharing_map(
+    role_to_mesh: Mapping[Role, Any],
+    *,
+    actor_is_module: bool,
+    actor_has_lora: bool,
+    has_reference: bool,
+    reference_is_module: bool,
+) -> tuple[SharingMap, list[Decision]]:
+    """P1, then P2 and its propagation: role -> roles it may share weights with, in link order."""
+    links: dict[Role, list[Role]] = {role: [] for role in Role}
+    p1 = p1_link_actor_rollout(role_to_mesh[Role.ACTOR], role_to_mesh[Role.ROLLOUT])
+    if p1.branch is LinkBranch.LINKED:
+        # Both are loaded from the same actor model, so one mesh means one copy.
+        links[Role.ACTOR].append(Role.ROLLOUT)
+        links[Role.ROLLOUT].append(Role.ACTOR)
+    p2 = p2_link_reference(
+        actor_is_module=actor_is_module,
+        reference_is_module=reference_is_module,
+        actor_has_lora=actor_has_lora,
+        has_reference=has_reference,
+        actor_mesh=role_to_mesh[Role.ACTOR],
+        reference_mesh=role_to_mesh.get(Role.REFERENCE),
+    )
+    decisions = [p1, p2]
+    if p2.branch is LinkBranch.SKIPPED:
+        return _freeze(links), decisions
+    if p2.branch is LinkBranch.LINKED:
+        links[Role.ACTOR].append(Role.REFERENCE)
+        links[Role.REFERENCE].append(Role.ACTOR)
+    links, propagated = p2_propagate(links)
+    decisions.append(propagated)
+    return _freeze(links), decisions
+
+
+def shares(sharing: SharingMap, a: Role, b: Role) -> bool:
+    """Whether the map links ``a`` to ``b``."""
+    return b in sharing.get(a, ())
+
+
+def sharing_map_json(sharing: SharingMap) -> dict[str, list[str]]:
+    """Role name -> sorted list of role names, every role present."""
+    return {role.value: sorted(r.value for r in sharing.get(role, ())) for role in Role}
+
+
+def _freeze(links: Mapping[Role, list[Role]]) -> SharingMap:
+    return {role: tuple(others) for role, others in links.items()}
+
+
+def _device_ids(mesh: Any) -> list[int]:
+    return describe_mesh(mesh)["device_ids"]

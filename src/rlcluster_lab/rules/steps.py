@@ -1,0 +1,64 @@
+"""P9, P12, P13: generating, the optimizer step, and the weight sync."""
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from rlcluster_lab.core.trace import Decision
+
+
+class ParamsBranch(str, enum.Enum):
+    LORA = "LoRA params"
+    ALL = "all params"
+
+
+def p9_check_prompts(prompts: Sequence[str], micro_batch_size: int | None) -> None:
+    """P9: sampling runs on the rollout mesh, in micro-batches if asked; an empty prompt list
+    is an error.
+
+    Raises:
+        ValueError: no prompts, or a micro-batch size below 1.
+
+    Tests: test_cluster_rules.py::test_p9_*.
+    """
+    if not prompts:
+        raise ValueError("Cannot generate from an empty list of prompts.")
+    if micro_batch_size is not None and micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+
+
+def p12_trainable(actor_has_lora: bool) -> Decision:
+    """P12: a real optimizer step (optax) on the actor, on its mesh: over the LoRA parameters
+    of a LoRA actor, else over all parameters; with offload the model is loaded to device for
+    the step and offloaded after.
+
+    Tests: test_cluster_rules.py::test_p12_*, test_learner.py.
+    """
+    return Decision("P12", "actor trainable parameters", {"lora": actor_has_lora},
+                    "optimizer over LoRA parameters only" if actor_has_lora else "optimizer over all parameters",
+                    ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL)
+
+
+def p13_sync_guarded(platform: str) -> bool:
+    """P13: on CPU devices, explicit host<->device transfers are disallowed during a sync."""
+    return platform == "cpu"
+
+
+def p13_sync(actor_has_lora: bool, global_step: int, platform: str, reshard: str) -> Decision:
+    """P13: the sharing map is not consulted. The actor state is filtered to LoRA parameters
+    (LoRA actor) or all parameters and handed, with its filter, to the rollout engine, which
+    reshards it onto its own copy's shardings: the same object on the same mesh moves
+    nothing; another mesh moves every synced byte. Then the anchor is re-pinned and the
+    global step counter goes up by one. On CPU devices, explicit host<->device transfers
+    are disallowed during the sync.
+
+    Tests: test_sync.py, test_cluster_rules.py::test_p13_*.
+    """
+    return Decision(
+        "P13",
+        "sync: filter to LoRA parameters if the actor has LoRA, else all parameters",
+        {"lora": actor_has_lora, "global_step": global_step, "transfer_guard": p13_sync_guarded(platform),
+         "sharing_map_consulted": False, "reshard": reshard},
+        "LoRA parameters handed to the engine" if actor_has_lora else "all parameters handed to the engine",
+        ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL,
+    )

@@ -1,0 +1,123 @@
+"""P6: the checks that refuse a configuration that cannot work, before anything is allocated.
+
+JAX-free, so the CLI runs the knob-level ones before the JAX backend starts.
+Each error says what was wrong and how to fix it.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.roles import Mode
+from rlcluster_lab.core.trace import Decision
+
+KNOWN_ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
+
+
+class CheckBranch(str, enum.Enum):
+    PASS = "pass"
+    ERROR = "error"
+
+
+def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
+    """P6: a rollout config must be given, and a per-mode dict must have a TRAIN entry.
+
+    Returns the TRAIN config and the decision.
+
+    Raises:
+        ConfigError: no rollout config, or a per-mode dict without TRAIN.
+
+    Tests: test_config.py::test_p6_*.
+    """
+    if rollout_config is None:
+        raise ConfigError(
+            "cluster_config.rollout_config is None: the rollout engine needs one. "
+            "Pass rollout_config=RolloutConfig(...) (or a dict with a Mode.TRAIN entry)."
+        )
+    per_mode = isinstance(rollout_config, Mapping)
+    if per_mode and not rollout_config.get(Mode.TRAIN):
+        raise ConfigError(
+            "rollout_config is a per-mode dict without a Mode.TRAIN entry "
+            f"(it has: {sorted(m.value for m in rollout_config)}); add {{Mode.TRAIN: RolloutConfig(...)}}"
+        )
+    train = rollout_config[Mode.TRAIN] if per_mode else rollout_config
+    return train, Decision("P6", "rollout_config is set, and a per-mode dict has a TRAIN entry",
+                           {"per_mode": per_mode}, "ok", CheckBranch.PASS)
+
+
+def p6_engine_choice(engine: Any, is_engine_class: Callable[[Any], bool], engine_name: str) -> tuple[str, Decision]:
+    """P6: the rollout engine is a known name (vanilla, vllm, sglang_jax), or a rollout-engine
+    subclass, or a ``functools.partial`` of one. Returns the kind: the name, or ``custom``.
+
+    Raises:
+        ConfigError: an unknown engine name.
+        NotImplementedError: an engine value that is neither a name nor an engine class
+            (the reference's type: "... not supported").
+
+    Tests: test_config.py::test_p6_*.
+    """
+    if isinstance(engine, str):
+        if engine not in KNOWN_ENGINES:
+            raise ConfigError(
+                f"unknown rollout_engine {engine!r}; use one of {', '.join(map(repr, KNOWN_ENGINES))}, "
+                "or a RolloutEngine subclass (or a functools.partial of one)"
+            )
+        kind = engine
+    elif is_engine_class(engine) or (isinstance(engine, functools.partial) and is_engine_class(engine.func)):
+        kind = "custom"
+    else:
+        raise NotImplementedError(
+            f"rollout_engine {engine!r} is not supported: use one of {', '.join(map(repr, KNOWN_ENGINES))}, "
+            "a subclass of rlcluster_lab.RolloutEngine, or a functools.partial of such a class"
+        )
+    return kind, Decision(
+        "P6",
+        "rollout_engine is vanilla, vllm, sglang_jax, or a RolloutEngine subclass / partial of one",
+        {"engine": engine_name},
+        f"ok: {kind}",
+        CheckBranch.PASS,
+    )
+
+
+def p6_engine_accepts(engine_name: str, facts: Mapping[str, Any] | None) -> Decision:
+    """P6: the engine's own checks on the actor and the rollout config (``facts`` is None when
+    they refused: the error is raised by the engine's check)."""
+    return Decision("P6", f"{engine_name} engine accepts the actor and rollout config", dict(facts or {}),
+                    "ok" if facts is not None else "error", CheckBranch.PASS if facts is not None else CheckBranch.ERROR)
+
+
+VANILLA_CONFIG_MESSAGE = (
+    "the vanilla engine needs a model with a `config` attribute (num_layers, "
+    "num_kv_heads, head_dim) to size its KV cache; use rlcluster_lab.TransformerLM "
+    "or give your module a config"
+)
+VLLM_VERSION_MESSAGE = (
+    "the vllm engine needs rollout_config.rollout_vllm_model_version (the model "
+    "version or path it serves); set it in RolloutConfig"
+)
+SGLANG_LORA_MESSAGE = (
+    "the sglang_jax engine was given a LoRA actor but no static-LoRA settings: set "
+    "rollout_sglang_jax_enable_static_lora=True and rollout_sglang_jax_lora_target_modules, "
+    "rollout_sglang_jax_max_lora_rank, rollout_sglang_jax_lora_scaling in RolloutConfig"
+)
+
+
+def check_vanilla_model(has_config: bool) -> None:
+    """P6: the vanilla engine needs a model with a ``config`` attribute."""
+    if not has_config:
+        raise ConfigError(VANILLA_CONFIG_MESSAGE)
+
+
+def check_vllm_version(model_version: str | None) -> None:
+    """P6: the vllm engine needs the model version it serves."""
+    if model_version is None:
+        raise ConfigError(VLLM_VERSION_MESSAGE)
+
+
+def check_sglang_lora(actor_has_lora: bool, static_lora: bool) -> None:
+    """P6: the sglang_jax engine refuses a LoRA actor without static-LoRA settings."""
+    if actor_has_lora and not static_lora:
+        raise ConfigError(SGLANG_LORA_MESSAGE)
