@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: lab test browser-test screenshot install-lab install-test install-browser clean
+.PHONY: lab test lint browser-test screenshot install-lab install-test install-browser clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,13 @@ install-test: $(PY)
 lab: install-lab
 	$(VENV)/bin/jupyter lab
 
-test: install-test
+test: install-test lint
 	$(PY) -m pytest
+
+# ruff (lint and format check), configured in pyproject.toml; `make test` runs it first.
+lint: install-test
+	$(VENV)/bin/ruff check src tests benchmarks notebooks
+	$(VENV)/bin/ruff format --check src tests benchmarks notebooks
 
 # The real-browser test alone (JupyterLab + Debian's Chromium through Playwright), and the
 # README's screenshot of the placement lab, which that test saves.

@@ -19,6 +19,7 @@ It exercises every accelerator-only path and prints what it measured:
 On a machine without an accelerator it runs the same checks on CPU and says
 so in the table's header (a dry run of the script, not a result).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,11 +42,10 @@ def main() -> int:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)  # the simulated devices beside a single chip
-    import numpy as np
 
     import rlcluster_lab as rl
-    from rlcluster_lab.compile_cache import count_compilations
-    from rlcluster_lab.meshes import make_mesh
+    from rlcluster_lab.core.compile_cache import count_compilations
+    from rlcluster_lab.core.meshes import make_mesh
 
     lab = rl.setup(quiet=True)
     chip = list(lab.accelerator_devices) or list(jax.devices())
@@ -92,22 +92,24 @@ def main() -> int:
             continue
         alloc = report["memory"]["allocator"]
         in_use = sum(v.get("bytes_in_use", 0) for v in alloc.get("by_device", {}).values())
-        rows.append({
-            "case": name,
-            "platform": report["platform"],
-            "branch": report["rollout_branch"],
-            "build_s": round(build, 3),
-            "programs built": len(built),
-            "first_sync_s": round(first.seconds, 4),
-            "steady_sync_ms": round(steady.seconds * 1e3, 2),
-            "synced": steady.synced_bytes,
-            "moved": steady.moved_cross_device_bytes,
-            "minimum": steady.minimum_cross_device_bytes,
-            "reused": steady.reused_bytes,
-            "method": steady.method[:40],
-            "held (walk)": report["memory"]["unique_bytes"],
-            "allocator in use": in_use if alloc.get("available") else "none",
-        })
+        rows.append(
+            {
+                "case": name,
+                "platform": report["platform"],
+                "branch": report["rollout_branch"],
+                "build_s": round(build, 3),
+                "programs built": len(built),
+                "first_sync_s": round(first.seconds, 4),
+                "steady_sync_ms": round(steady.seconds * 1e3, 2),
+                "synced": steady.synced_bytes,
+                "moved": steady.moved_cross_device_bytes,
+                "minimum": steady.minimum_cross_device_bytes,
+                "reused": steady.reused_bytes,
+                "method": steady.method[:40],
+                "held (walk)": report["memory"]["unique_bytes"],
+                "allocator in use": in_use if alloc.get("available") else "none",
+            }
+        )
         del cluster
 
     p11 = []
@@ -115,8 +117,13 @@ def main() -> int:
         learner_cluster = _cluster_at(rl, meshes["colocated"], precision)
         result = rl.GRPOLearner(learner_cluster, rl.LearnerConfig(steps=2, prompts_per_step=2, group_size=4)).run()
         gap = max(p.anchor_vs_sampler for p in result.p11)
-        p11.append({"precision": precision or "platform default", "max |anchor - sampler|": float(gap),
-                    "within 1e-4": bool(gap < 1e-4)})
+        p11.append(
+            {
+                "precision": precision or "platform default",
+                "max |anchor - sampler|": float(gap),
+                "within 1e-4": bool(gap < 1e-4),
+            }
+        )
 
     smoke = "skipped"
     if not args.no_notebook:
@@ -138,12 +145,13 @@ def _cluster_at(rl, mesh, precision):
     """A colocated cluster on ``mesh`` whose operations run at ``precision`` (None: the platform's default)."""
     import dataclasses
 
-    from rlcluster_lab.scenario import build_models, cluster_config
+    from rlcluster_lab.cluster.scenario import build_models, cluster_config
 
     scenario = rl.Scenario(max_tokens=8)
     r2m = {role: mesh for role in rl.Role}
-    config = dataclasses.replace(cluster_config(scenario, r2m, rl.TrainingConfig(mini_batch_size=4)),
-                                 matmul_precision=precision)
+    config = dataclasses.replace(
+        cluster_config(scenario, r2m, rl.TrainingConfig(mini_batch_size=4)), matmul_precision=precision
+    )
     return rl.RLCluster(cluster_config=config, **build_models(scenario, r2m))
 
 

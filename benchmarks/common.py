@@ -1,4 +1,5 @@
 """Shared set-up for the benchmark scripts: devices, timing, tables, plots, child processes."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from rlcluster_lab.devices import ensure_simulated_devices
+from rlcluster_lab.core.devices import ensure_simulated_devices
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -65,8 +66,14 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
-def save_bar_plot(path: str, labels: Sequence[str], series: dict[str, Sequence[float]], ylabel: str, title: str,
-                  hline: float | None = None) -> None:
+def save_bar_plot(
+    path: str,
+    labels: Sequence[str],
+    series: dict[str, Sequence[float]],
+    ylabel: str,
+    title: str,
+    hline: float | None = None,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -99,8 +106,14 @@ def save_bar_panels(path: str, panels: Sequence[dict[str, Any]], ncols: int = 2)
     fig.savefig(path, dpi=100)
 
 
-def _bars(ax: Any, labels: Sequence[str], series: dict[str, Sequence[float]], ylabel: str, title: str,
-          hlines: Sequence[tuple[float, str | None]]) -> None:
+def _bars(
+    ax: Any,
+    labels: Sequence[str],
+    series: dict[str, Sequence[float]],
+    ylabel: str,
+    title: str,
+    hlines: Sequence[tuple[float, str | None]],
+) -> None:
     n = len(series)
     width = 0.8 / max(n, 1)
     for i, (name, values) in enumerate(series.items()):
@@ -119,8 +132,9 @@ def _bars(ax: Any, labels: Sequence[str], series: dict[str, Sequence[float]], yl
 RESULT_MARKER = "@@RESULT@@ "
 
 
-def run_process(argv: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600,
-                cwd: str | None = None) -> dict[str, Any]:
+def run_process(
+    argv: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600, cwd: str | None = None
+) -> dict[str, Any]:
     """Run ``argv`` to completion; its wall time (as seen from here), exit code, stdout and stderr.
 
     ``env`` entries are added to this process's environment. Never raises for a
@@ -132,12 +146,24 @@ def run_process(argv: Sequence[str], *, env: dict[str, str] | None = None, timeo
     try:
         proc = subprocess.run(list(argv), env=full_env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
+
         def text(b: Any) -> str:
             return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-        return {"rc": None, "timed_out": True, "wall_s": time.perf_counter() - start,
-                "stdout": text(exc.stdout), "stderr": text(exc.stderr)}
-    return {"rc": proc.returncode, "timed_out": False, "wall_s": time.perf_counter() - start,
-            "stdout": proc.stdout, "stderr": proc.stderr}
+
+        return {
+            "rc": None,
+            "timed_out": True,
+            "wall_s": time.perf_counter() - start,
+            "stdout": text(exc.stdout),
+            "stderr": text(exc.stderr),
+        }
+    return {
+        "rc": proc.returncode,
+        "timed_out": False,
+        "wall_s": time.perf_counter() - start,
+        "stdout": proc.stdout,
+        "stderr": proc.stderr,
+    }
 
 
 def run_python_child(code: str, **kwargs: Any) -> dict[str, Any]:
@@ -148,7 +174,7 @@ def run_python_child(code: str, **kwargs: Any) -> dict[str, Any]:
     for line in reversed(proc["stdout"].splitlines()):
         if line.startswith(RESULT_MARKER):
             try:
-                proc["result"] = json.loads(line[len(RESULT_MARKER):])
+                proc["result"] = json.loads(line[len(RESULT_MARKER) :])
             except ValueError:
                 pass
             break

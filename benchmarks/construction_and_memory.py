@@ -7,6 +7,7 @@ sample (``RLCluster(...)``: sharing map, loads, engine, optimizer, anchor);
 building the models themselves is not counted. Memory is the measured walk
 of live buffers (L2), in physical bytes (every device shard counted).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,10 +26,10 @@ def main() -> None:
     import jax
 
     from rlcluster_lab import RLCluster, memory_report
-    from rlcluster_lab.config import ClusterConfig, TrainingConfig
-    from rlcluster_lab.meshes import layout_meshes
-    from rlcluster_lab.reshard import clear_programs
-    from rlcluster_lab.scenario import Scenario, build_models
+    from rlcluster_lab.cluster.scenario import Scenario, build_models
+    from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
+    from rlcluster_lab.core.meshes import layout_meshes
+    from rlcluster_lab.placement.reshard import clear_programs
 
     rows = []
     labels = []
@@ -36,8 +37,9 @@ def main() -> None:
     for size, layout, lora in common.cases(args):
         scenario = Scenario(layout=layout, lora=lora, model_size=size)
         r2m = layout_meshes(layout)
-        config = ClusterConfig(role_to_mesh=r2m, rollout_config=scenario.rollout_config(),
-                               training_config=TrainingConfig())
+        config = ClusterConfig(
+            role_to_mesh=r2m, rollout_config=scenario.rollout_config(), training_config=TrainingConfig()
+        )
         times = []
         cluster = None
         for _ in range(max(3, args.repeats // 2)):
@@ -55,21 +57,40 @@ def main() -> None:
         ratio = mem.unique_bytes / mem.naive_bytes
         ratios.append(ratio)
         labels.append(f"{size}/{layout}{'/lora' if lora else ''}")
-        rows.append([size, layout, "lora" if lora else "full", statistics.median(times[1:]) * 1e3,
-                     mem.unique_bytes, mem.naive_bytes, ratio])
+        rows.append(
+            [
+                size,
+                layout,
+                "lora" if lora else "full",
+                statistics.median(times[1:]) * 1e3,
+                mem.unique_bytes,
+                mem.naive_bytes,
+                ratio,
+            ]
+        )
         # Compiled programs hold memory mappings: start every case without the last one's.
         clear_programs()
         jax.clear_caches()
         print(f"  done {labels[-1]}", file=sys.stderr, flush=True)
         del cluster
-        cluster = None
         gc.collect()
     print(f"platform {jax.default_backend()}, {jax.device_count()} devices; construction: median after one warm-up")
     print(common.table(["size", "layout", "params", "construct ms", "unique B", "naive B", "unique / naive"], rows))
-    common.save_bar_plot(f"{args.out}/memory_unique_vs_naive.png", labels, {"unique / naive": ratios},
-                         "ratio (physical bytes)", "memory held vs every role its own copy", hline=1.0)
-    common.save_bar_plot(f"{args.out}/construction_ms.png", labels, {"construction": [r[3] for r in rows]},
-                         "milliseconds", "RLCluster construction time")
+    common.save_bar_plot(
+        f"{args.out}/memory_unique_vs_naive.png",
+        labels,
+        {"unique / naive": ratios},
+        "ratio (physical bytes)",
+        "memory held vs every role its own copy",
+        hline=1.0,
+    )
+    common.save_bar_plot(
+        f"{args.out}/construction_ms.png",
+        labels,
+        {"construction": [r[3] for r in rows]},
+        "milliseconds",
+        "RLCluster construction time",
+    )
 
 
 if __name__ == "__main__":

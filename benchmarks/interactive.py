@@ -30,6 +30,7 @@ minutes on 2 busy cores); the full run about 9. The lab is clicked without
 pauses, so a click that waits for background work an earlier click started
 (the lab's rehearsal of the next training step) shows that wait, apart.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -66,13 +67,13 @@ T_SYNC_RATIO = 1.0
 # Each child gets ARGS (JSON) first; the prelude sets the device count and the
 # compilation cache before anything else touches JAX.
 
-PRELUDE = r'''
+PRELUDE = r"""
 import time
 _t0 = time.perf_counter()
 import json, os, statistics, sys, traceback
 import jax
 jax.config.update("jax_num_cpu_devices", ARGS["devices"])
-from rlcluster_lab.compile_cache import enable_compilation_cache
+from rlcluster_lab.core.compile_cache import enable_compilation_cache
 _cache = enable_compilation_cache()
 IMPORT_JAX_S = time.perf_counter() - _t0
 _t = time.perf_counter()
@@ -94,9 +95,9 @@ def emit(obj):
 
 def error_text(exc):
     return (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:500]
-'''
+"""
 
-BUILD_CHILD = r'''
+BUILD_CHILD = r"""
 _t = time.perf_counter()
 from rlcluster_lab import Scenario, build_cluster
 IMPORT_LAB_S = time.perf_counter() - _t
@@ -139,12 +140,12 @@ for sc in ARGS["scenarios"]:
 cluster = None
 TOTAL_S = time.perf_counter() - _t_all
 emit({"import_lab_s": IMPORT_LAB_S, "rows": rows, "total_s": TOTAL_S})
-'''
+"""
 
-LAB_CHILD = r'''
+LAB_CHILD = r"""
 import threading
 _t = time.perf_counter()
-from rlcluster_lab.lab import PlacementLab
+from rlcluster_lab.lab.widget import PlacementLab
 IMPORT_LAB_S = time.perf_counter() - _t
 _t = time.perf_counter()
 lab = PlacementLab(build=False)
@@ -202,8 +203,8 @@ def act(name, fn, lab_action=True):
 
 
 def set_knobs():
-    lab.lora.value = True
-    lab.layout.value = "reshaped"
+    lab.knobs.lora.value = True
+    lab.knobs.layout.value = "reshaped"
 
 
 act("construct (first)", lab.construct)
@@ -215,9 +216,9 @@ act("set knobs lora=True, layout=reshaped", set_knobs, lab_action=False)
 act("construct (LoRA, reshaped)", lab.construct)
 act("sync (first, LoRA, reshaped)", lab.sync)
 emit({"import_lab_s": IMPORT_LAB_S, "init_s": INIT_S, "actions": actions})
-'''
+"""
 
-SYNC_CHILD = r'''
+SYNC_CHILD = r"""
 import gc
 from flax import nnx
 from rlcluster_lab import Scenario, build_cluster
@@ -237,7 +238,7 @@ def median_of(fn, repeats, warmup):
 def forget_programs():
     # Compiled programs hold memory mappings: start every case without the last one's.
     try:
-        from rlcluster_lab.reshard import clear_programs
+        from rlcluster_lab.placement.reshard import clear_programs
         clear_programs()
     except Exception:
         pass
@@ -257,7 +258,9 @@ for size in ARGS["sizes"]:
                 handovers = [r.seconds for r in reports]
                 row["handover_s"] = statistics.median(handovers)
                 row["handover_all_s"] = handovers
-                row["handover_includes_compilation"] = any(bool(getattr(r, "includes_compilation", False)) for r in reports)
+                row["handover_includes_compilation"] = any(
+                    bool(getattr(r, "includes_compilation", False)) for r in reports
+                )
                 row["reshard_strategy"] = str(getattr(reports[-1], "reshard_strategy", "?"))
                 row["moved_cross_device_bytes"] = int(reports[-1].moved_cross_device_bytes)
                 kind = nnx.LoRAParam if cluster.trainable_is_lora else nnx.Param
@@ -292,7 +295,9 @@ for size in ARGS["sizes"]:
                         row[key + "_s"] = None
                         row[key + "_error"] = error_text(exc)
                 if not candidates:
-                    raise RuntimeError("neither device_put nor a jitted identity ran: " + row.get("device_put_error", ""))
+                    raise RuntimeError(
+                        "neither device_put nor a jitted identity ran: " + row.get("device_put_error", "")
+                    )
                 row["fastest"] = min(candidates, key=candidates.get)
                 row["fastest_s"] = candidates[row["fastest"]]
                 row["ratio"] = row["handover_s"] / row["fastest_s"] if row["fastest_s"] > 0 else None
@@ -305,7 +310,7 @@ for size in ARGS["sizes"]:
             rows.append(row)
             print(f"  sync vs reshard: {size}/{layout}/{'lora' if lora else 'full'} done", file=sys.stderr, flush=True)
 emit({"rows": rows})
-'''
+"""
 
 
 # ------------------------------------------------------------------ running children
@@ -330,8 +335,11 @@ class Runner:
 
     def fail(self, what: str, proc: dict[str, Any], why: str) -> None:
         self.failures.append(f"{what}: {why}")
-        print(f"\n!!! {what} failed: {why}\n--- stderr tail ---\n{common.tail(proc.get('stderr', ''), 25)}\n---",
-              file=sys.stderr, flush=True)
+        print(
+            f"\n!!! {what} failed: {why}\n--- stderr tail ---\n{common.tail(proc.get('stderr', ''), 25)}\n---",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def python(self, what: str, body: str, child_args: dict[str, Any], cache: Path) -> dict[str, Any]:
         """A fresh Python process running PRELUDE + body with ``cache`` as its compilation cache."""
@@ -348,16 +356,26 @@ class Runner:
         elif result["child"]["cache_dir"] != str(cache):
             self.fail(what, proc, f"the child's cache folder is {result['child']['cache_dir']}, not {cache}")
             proc["result"] = None
-        return {"ok": proc["result"] is not None, "wall_s": proc["wall_s"], "rc": proc["rc"],
-                "result": proc["result"], "stderr_tail": common.tail(proc["stderr"], 25) if proc["result"] is None else "",
-                "cache_entries_after": proc["cache_entries_after"]}
+        return {
+            "ok": proc["result"] is not None,
+            "wall_s": proc["wall_s"],
+            "rc": proc["rc"],
+            "result": proc["result"],
+            "stderr_tail": common.tail(proc["stderr"], 25) if proc["result"] is None else "",
+            "cache_entries_after": proc["cache_entries_after"],
+        }
 
     def command(self, what: str, argv: list[str], cache: Path | None) -> dict[str, Any]:
         self.log(what)
         env = {CACHE_ENV: str(cache)} if cache is not None else None
         proc = common.run_process(argv, env=env, timeout=self.args.timeout, cwd=str(REPO))
-        return {"wall_s": proc["wall_s"], "rc": proc["rc"], "timed_out": proc["timed_out"],
-                "stdout": proc["stdout"], "stderr": proc["stderr"]}
+        return {
+            "wall_s": proc["wall_s"],
+            "rc": proc["rc"],
+            "timed_out": proc["timed_out"],
+            "stdout": proc["stdout"],
+            "stderr": proc["stderr"],
+        }
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -404,7 +422,14 @@ def cli_section(run: Runner, quick: bool) -> dict[str, Any]:
         out[name]["median_s"] = med(out[name]["wall_s"])
     commands = {
         "report --sync --json": ["report", "--sync", "--json"],
-        "report --layout reshaped --lora --sync --json": ["report", "--layout", "reshaped", "--lora", "--sync", "--json"],
+        "report --layout reshaped --lora --sync --json": [
+            "report",
+            "--layout",
+            "reshaped",
+            "--lora",
+            "--sync",
+            "--json",
+        ],
     }
     out["commands"] = {}
     for name, flags in commands.items():
@@ -416,8 +441,13 @@ def cli_section(run: Runner, quick: bool) -> dict[str, Any]:
                 r = run.command(f"CLI {state}: {name}", argv, cache)
                 ok = r["rc"] == 0 and _report_json_ok(r["stdout"])
                 if not ok:
-                    run.fail(f"CLI {state}: {name}", r, f"exit code {r['rc']}" + (" (timed out)" if r["timed_out"] else "")
-                             + ("" if r["rc"] != 0 else ", stdout is not a report with a sync"))
+                    run.fail(
+                        f"CLI {state}: {name}",
+                        r,
+                        f"exit code {r['rc']}"
+                        + (" (timed out)" if r["timed_out"] else "")
+                        + ("" if r["rc"] != 0 else ", stdout is not a report with a sync"),
+                    )
                 entry[f"{state}_s"].append(r["wall_s"] if ok else None)
             entry["cache_entries"].append(cache_entries(cache))
         entry["cold_median_s"] = med(entry["cold_s"]) if all(v is not None for v in entry["cold_s"]) else None
@@ -428,10 +458,19 @@ def cli_section(run: Runner, quick: bool) -> dict[str, Any]:
     errs = []
     for _ in range(repeats + 1):
         cache = run.fresh_cache() / "never-created"
-        r = run.command(f"CLI error: {name}", [py, "-m", "rlcluster_lab", "report", "--engine", "sglang_jax", "--lora",
-                                               "--no-static-lora"], cache)
-        errs.append({"wall_s": r["wall_s"], "rc": r["rc"], "message": common.tail(r["stderr"], 1)[:300],
-                     "cache_folder_created": cache.exists()})
+        r = run.command(
+            f"CLI error: {name}",
+            [py, "-m", "rlcluster_lab", "report", "--engine", "sglang_jax", "--lora", "--no-static-lora"],
+            cache,
+        )
+        errs.append(
+            {
+                "wall_s": r["wall_s"],
+                "rc": r["rc"],
+                "message": common.tail(r["stderr"], 1)[:300],
+                "cache_folder_created": cache.exists(),
+            }
+        )
         if r["rc"] != 2:
             run.fail(f"CLI error: {name}", r, f"exit code {r['rc']}, expected 2")
     out["error"] = {"command": name, "runs": errs, "median_s": med([e["wall_s"] for e in errs])}
@@ -449,19 +488,39 @@ def _report_json_ok(stdout: str) -> bool:
 def print_cli(out: dict[str, Any]) -> None:
     base = out['python -c "import jax"']["median_s"]
     print(f"\n== 1. CLI: wall time of a fresh process as a user sees it (median of {out['repeats']} cold/warm pairs)")
-    rows = [["python -c pass (interpreter start)", fmt(out["python -c pass"]["median_s"]), "", "", "", ""],
-            ['python -c "import jax"', fmt(base), "", "", "", ""]]
+    rows = [
+        ["python -c pass (interpreter start)", fmt(out["python -c pass"]["median_s"]), "", "", "", ""],
+        ['python -c "import jax"', fmt(base), "", "", "", ""],
+    ]
     for name, e in out["commands"].items():
         cold, warm = e["cold_median_s"], e["warm_median_s"]
-        rows.append([f"python -m rlcluster_lab {name}", fmt(cold), fmt(warm),
-                     fmt(None if cold is None or base is None else cold - base),
-                     fmt(None if warm is None or base is None else warm - base), max(e["cache_entries"] or [0])])
+        rows.append(
+            [
+                f"python -m rlcluster_lab {name}",
+                fmt(cold),
+                fmt(warm),
+                fmt(None if cold is None or base is None else cold - base),
+                fmt(None if warm is None or base is None else warm - base),
+                max(e["cache_entries"] or [0]),
+            ]
+        )
     err = out["error"]
-    rows.append([f"python -m rlcluster_lab {err['command']}", fmt(err["median_s"]), "", "", "",
-                 f"rc {sorted({e['rc'] for e in err['runs']}, key=str)}, cache made: "
-                 f"{'yes' if any(e['cache_folder_created'] for e in err['runs']) else 'no'}"])
-    print(common.table(["command", "cold s", "warm s", "cold - import jax", "warm - import jax", "cache files / note"],
-                       rows))
+    rows.append(
+        [
+            f"python -m rlcluster_lab {err['command']}",
+            fmt(err["median_s"]),
+            "",
+            "",
+            "",
+            f"rc {sorted({e['rc'] for e in err['runs']}, key=str)}, cache made: "
+            f"{'yes' if any(e['cache_folder_created'] for e in err['runs']) else 'no'}",
+        ]
+    )
+    print(
+        common.table(
+            ["command", "cold s", "warm s", "cold - import jax", "warm - import jax", "cache files / note"], rows
+        )
+    )
     print(f"  error message: {err['runs'][0]['message'] if err['runs'] else ''}")
 
 
@@ -469,8 +528,12 @@ def print_cli(out: dict[str, Any]) -> None:
 
 
 def all_scenarios(layouts: list[str]) -> list[dict[str, Any]]:
-    return [{"layout": layout, "lora": lora, "engine": engine, "size": "tiny"}
-            for layout in layouts for lora in (False, True) for engine in ENGINES]
+    return [
+        {"layout": layout, "lora": lora, "engine": engine, "size": "tiny"}
+        for layout in layouts
+        for lora in (False, True)
+        for engine in ENGINES
+    ]
 
 
 QUICK_SCENARIOS = [("colocated", False, "vanilla"), ("reshaped", True, "vanilla"), ("split", True, "vllm")]
@@ -485,15 +548,20 @@ def build_section(run: Runner, quick: bool, layouts: list[str]) -> dict[str, Any
         cache = run.fresh_cache()
         entry = {"scenario": sc}
         for state in ("cold", "warm"):
-            entry[state] = run.python(f"build+sync {state}: {label(sc)}", BUILD_CHILD,
-                                      {"scenarios": [sc], "steady": 5}, cache)
+            entry[state] = run.python(
+                f"build+sync {state}: {label(sc)}", BUILD_CHILD, {"scenarios": [sc], "steady": 5}, cache
+            )
         out["per_process"].append(entry)
     cache = run.fresh_cache()
     twelve = all_scenarios(layouts)
     out["twelve_scenarios"] = twelve
     for state in ("cold", "warm"):
-        out["twelve"][state] = run.python(f"all {len(twelve)} scenarios in one process, {state}", BUILD_CHILD,
-                                          {"scenarios": twelve, "steady": 1}, cache)
+        out["twelve"][state] = run.python(
+            f"all {len(twelve)} scenarios in one process, {state}",
+            BUILD_CHILD,
+            {"scenarios": twelve, "steady": 1},
+            cache,
+        )
     return out
 
 
@@ -518,27 +586,64 @@ def print_build(out: dict[str, Any]) -> None:
             sc = e["scenario"]
             if row is None:
                 err = (child["result"]["rows"][0].get("error") if child["ok"] else None) or "child failed"
-                rows.append([sc["layout"], "lora" if sc["lora"] else "full", sc["engine"], "failed"] + [""] * 8
-                            + [err[:60]])
+                rows.append(
+                    [sc["layout"], "lora" if sc["lora"] else "full", sc["engine"], "failed"] + [""] * 8 + [err[:60]]
+                )
                 continue
             info = child["result"]["child"]
-            rows.append([sc["layout"], "lora" if sc["lora"] else "full", sc["engine"],
-                         info["import_jax_and_cache_s"] + child["result"]["import_lab_s"], info["backend_init_s"],
-                         row["build_s"], row["first_sync_wall_s"], row["first_handover_s"] * 1e3,
-                         "yes" if row["first_includes_compilation"] else "no", build_first(row),
-                         med(row["steady_handover_s"]) * 1e3, med(row["steady_wall_s"]) * 1e3,
-                         f"{row['reshard_strategy']}; moved {row['moved_cross_device_bytes']:,} B "
-                         f"(min {row['minimum_cross_device_bytes']:,}, relayed {row['relayed_cross_device_bytes']:,})"])
+            rows.append(
+                [
+                    sc["layout"],
+                    "lora" if sc["lora"] else "full",
+                    sc["engine"],
+                    info["import_jax_and_cache_s"] + child["result"]["import_lab_s"],
+                    info["backend_init_s"],
+                    row["build_s"],
+                    row["first_sync_wall_s"],
+                    row["first_handover_s"] * 1e3,
+                    "yes" if row["first_includes_compilation"] else "no",
+                    build_first(row),
+                    med(row["steady_handover_s"]) * 1e3,
+                    med(row["steady_wall_s"]) * 1e3,
+                    f"{row['reshard_strategy']}; moved {row['moved_cross_device_bytes']:,} B "
+                    f"(min {row['minimum_cross_device_bytes']:,}, relayed {row['relayed_cross_device_bytes']:,})",
+                ]
+            )
         print(f"\n-- {state} ({'empty cache' if state == 'cold' else 'cache filled by the identical cold process'})")
-        print(common.table(["layout", "params", "engine", "imports s", "backend s", "build s", "1st sync s",
-                            "1st handover ms", "compiled", "build+1st s", "steady handover ms", "steady sync ms",
-                            "strategy; bytes"], rows))
+        print(
+            common.table(
+                [
+                    "layout",
+                    "params",
+                    "engine",
+                    "imports s",
+                    "backend s",
+                    "build s",
+                    "1st sync s",
+                    "1st handover ms",
+                    "compiled",
+                    "build+1st s",
+                    "steady handover ms",
+                    "steady sync ms",
+                    "strategy; bytes",
+                ],
+                rows,
+            )
+        )
 
     cold, warm = out["twelve"].get("cold"), out["twelve"].get("warm")
-    print(f"\n== 2b. all {len(out['twelve_scenarios'])} scenarios in ONE fresh process (build + two syncs each; "
-          "the previous cluster dropped first)")
+    print(
+        f"\n== 2b. all {len(out['twelve_scenarios'])} scenarios in ONE fresh process (build + two syncs each; "
+        "the previous cluster dropped first)"
+    )
     rows = []
-    n = len(cold["result"]["rows"]) if cold and cold["ok"] else len(warm["result"]["rows"]) if warm and warm["ok"] else 0
+    n = (
+        len(cold["result"]["rows"])
+        if cold and cold["ok"]
+        else len(warm["result"]["rows"])
+        if warm and warm["ok"]
+        else 0
+    )
     for i in range(n):
         cells: list[Any] = []
         sc = None
@@ -557,8 +662,20 @@ def print_build(out: dict[str, Any]) -> None:
         totals += [fmt(child["result"]["total_s"] if ok else None), "", ""]
         walls += [fmt(child["wall_s"] if ok else None), "", ""]
     rows += [totals, walls]
-    print(common.table(["scenario", "cold build s", "cold 1st sync s", "cold 2nd sync s",
-                        "warm build s", "warm 1st sync s", "warm 2nd sync s"], rows))
+    print(
+        common.table(
+            [
+                "scenario",
+                "cold build s",
+                "cold 1st sync s",
+                "cold 2nd sync s",
+                "warm build s",
+                "warm 1st sync s",
+                "warm 2nd sync s",
+            ],
+            rows,
+        )
+    )
 
 
 # ------------------------------------------------------------------ 3. the lab
@@ -595,13 +712,18 @@ def lab_action_seconds(runs: list[dict[str, Any]], what: str = "wall") -> dict[s
             value = {"wall": a["seconds"], "waited": waited, "minus_wait": a["seconds"] - waited}[what]
             values[a["action"]].append(None if bad else value)
     ok_runs = sum(1 for c in runs if c["ok"])
-    return {n: (med(v) if len(v) == ok_runs and all(x is not None for x in v) else None) for n, v in values.items()} \
-        if ok_runs else {}
+    return (
+        {n: (med(v) if len(v) == ok_runs and all(x is not None for x in v) else None) for n, v in values.items()}
+        if ok_runs
+        else {}
+    )
 
 
 def print_lab(out: dict[str, Any]) -> None:
-    print(f"\n== 3. the lab from Python: PlacementLab(build=False), each action timed with its redraw, clicked one "
-          f"after another without pause (median of {out['repeats']} fresh process(es) per cache state)")
+    print(
+        f"\n== 3. the lab from Python: PlacementLab(build=False), each action timed with its redraw, clicked one "
+        f"after another without pause (median of {out['repeats']} fresh process(es) per cache state)"
+    )
     wall = {s: lab_action_seconds(out[s]) for s in ("cold", "warm")}
     waited = {s: lab_action_seconds(out[s], "waited") for s in ("cold", "warm")}
 
@@ -612,30 +734,61 @@ def print_lab(out: dict[str, Any]) -> None:
     def init(state: str) -> float | None:
         return med([c["result"]["init_s"] for c in out[state] if c["ok"]])
 
-    rows = [["import jax + rlcluster_lab.lab (not an action)", fmt(imports("cold")), "", fmt(imports("warm")), "", "", ""],
-            ["PlacementLab(build=False)", fmt(init("cold")), "", fmt(init("warm")), "", "", ""]]
+    rows = [
+        [
+            "import jax + rlcluster_lab.lab.widget (not an action)",
+            fmt(imports("cold")),
+            "",
+            fmt(imports("warm")),
+            "",
+            "",
+            "",
+        ],
+        ["PlacementLab(build=False)", fmt(init("cold")), "", fmt(init("warm")), "", "", ""],
+    ]
     for name in list(dict.fromkeys(list(wall["cold"]) + list(wall["warm"]))):
         problems, background = [], set()
         for state in ("cold", "warm"):
             for c in out[state]:
-                for a in (c["result"]["actions"] if c["ok"] else []):
+                for a in c["result"]["actions"] if c["ok"] else []:
                     if a["action"] != name:
                         continue
                     background.update(a.get("background_at_click") or [])
                     if a["error"] or a["panel_problems"]:
                         problems.append(f"{state}: {(a['error'] or '; '.join(a['panel_problems']))[:80]}")
+
         def w(x: float | None) -> Any:
             return na(None if x is None else (0.0 if x < 1e-3 else x))
 
-        rows.append([name, fmt(wall["cold"].get(name)), w(waited["cold"].get(name)), fmt(wall["warm"].get(name)),
-                     w(waited["warm"].get(name)), ", ".join(sorted(background)), " | ".join(problems)])
-    print(common.table(["action", "cold s", "of which waiting", "warm s", "of which waiting", "running at click",
-                        "problems"], rows))
-    print("   'of which waiting': the lab's own figure for the time the click spent waiting for background work an "
-          "earlier action started\n   (lab._waited; n/a where the lab has none); 'running at click': threads not "
-          "started by this script that were alive when the action was called")
-    timed = [(state, i, a) for state in ("cold", "warm") for i, c in enumerate(out[state]) if c["ok"]
-             for a in c["result"]["actions"] if a["timings"]]
+        rows.append(
+            [
+                name,
+                fmt(wall["cold"].get(name)),
+                w(waited["cold"].get(name)),
+                fmt(wall["warm"].get(name)),
+                w(waited["warm"].get(name)),
+                ", ".join(sorted(background)),
+                " | ".join(problems),
+            ]
+        )
+    print(
+        common.table(
+            ["action", "cold s", "of which waiting", "warm s", "of which waiting", "running at click", "problems"], rows
+        )
+    )
+    print(
+        "   'of which waiting': the lab's own figure for the time the click spent waiting for background work an "
+        "earlier action started\n   (lab._waited; n/a where the lab has none); 'running at click': threads not "
+        "started by this script that were alive when the action was called"
+    )
+    timed = [
+        (state, i, a)
+        for state in ("cold", "warm")
+        for i, c in enumerate(out[state])
+        if c["ok"]
+        for a in c["result"]["actions"]
+        if a["timings"]
+    ]
     if not timed:
         print("  (the lab exposes no lab.timings)")
         return
@@ -645,17 +798,28 @@ def print_lab(out: dict[str, Any]) -> None:
         return
     keys = list(dict.fromkeys(k for _, _, a in timed for k in a["timings"]))
     print("\n   the lab's own lab.timings after each action (as it reports them; seconds where numeric)")
-    print(common.table(["state", "action", "total s (timed here)"] + keys,
-                       [[f"{state}" + (f" #{i + 1}" if out["repeats"] > 1 else ""), a["action"], a["seconds"]]
-                        + [a["timings"].get(k, "") for k in keys] for state, i, a in timed]))
+    print(
+        common.table(
+            ["state", "action", "total s (timed here)"] + keys,
+            [
+                [f"{state}" + (f" #{i + 1}" if out["repeats"] > 1 else ""), a["action"], a["seconds"]]
+                + [a["timings"].get(k, "") for k in keys]
+                for state, i, a in timed
+            ],
+        )
+    )
 
 
 # ------------------------------------------------------------------ 4. steady sync vs the fastest reshard
 
 
 def sync_section(run: Runner, quick: bool, layouts: list[str], sizes: list[str], repeats: int) -> dict[str, Any]:
-    child = run.python(f"steady sync vs fastest reshard ({','.join(sizes)})", SYNC_CHILD,
-                       {"sizes": sizes, "layouts": layouts, "repeats": repeats}, run.fresh_cache())
+    child = run.python(
+        f"steady sync vs fastest reshard ({','.join(sizes)})",
+        SYNC_CHILD,
+        {"sizes": sizes, "layouts": layouts, "repeats": repeats},
+        run.fresh_cache(),
+    )
     return {"sizes": sizes, "repeats": repeats, "child": child}
 
 
@@ -674,8 +838,10 @@ def sync_ratios(out: dict[str, Any]) -> dict[str, float | None]:
 
 
 def print_sync(out: dict[str, Any]) -> None:
-    print(f"\n== 4. steady sync handover vs the fastest reshard of the same tree (vanilla engine; median of "
-          f"{out['repeats']} after 2 warm-ups)")
+    print(
+        f"\n== 4. steady sync handover vs the fastest reshard of the same tree (vanilla engine; median of "
+        f"{out['repeats']} after 2 warm-ups)"
+    )
     child = out["child"]
     if not child["ok"]:
         print("   failed (see the stderr tail above)")
@@ -686,17 +852,47 @@ def print_sync(out: dict[str, Any]) -> None:
         if "error" in r:
             rows.append(head + ["failed"] + [""] * 6 + [r["error"][:60]])
             continue
-        note = "same objects: nothing moves" if r["same_objects"] else (
-            "same shardings" if r["same_shardings"] else r["reshard_strategy"])
+        note = (
+            "same objects: nothing moves"
+            if r["same_objects"]
+            else ("same shardings" if r["same_shardings"] else r["reshard_strategy"])
+        )
         if r["handover_includes_compilation"]:
             note += "; a timed sync compiled"
         for key, name in (("device_put", "device_put"), ("jit_identity", "jit identity")):
             if r.get(key + "_error"):
                 note += f"; {name} n/a ({r[key + '_error'][:70]})"
-        rows.append(head + [r["tree_bytes"], r["moved_cross_device_bytes"], r["handover_s"] * 1e3,
-                            na(r["device_put_s"], 1e3), na(r["jit_identity_s"], 1e3), r["fastest"], r["ratio"], note])
-    print(common.table(["size", "layout", "params", "tree B (logical)", "moved B (physical)", "handover ms", "device_put ms",
-                        "jit identity ms", "fastest", "handover / fastest", "note"], rows))
+        rows.append(
+            head
+            + [
+                r["tree_bytes"],
+                r["moved_cross_device_bytes"],
+                r["handover_s"] * 1e3,
+                na(r["device_put_s"], 1e3),
+                na(r["jit_identity_s"], 1e3),
+                r["fastest"],
+                r["ratio"],
+                note,
+            ]
+        )
+    print(
+        common.table(
+            [
+                "size",
+                "layout",
+                "params",
+                "tree B (logical)",
+                "moved B (physical)",
+                "handover ms",
+                "device_put ms",
+                "jit identity ms",
+                "fastest",
+                "handover / fastest",
+                "note",
+            ],
+            rows,
+        )
+    )
     for key, value in sync_ratios(out).items():
         print(f"  median ratio ({key}): {'failed' if value is None else f'{value:.3g}'}   target <= {T_SYNC_RATIO}")
 
@@ -717,13 +913,20 @@ def targets(results: dict[str, Any]) -> list[list[Any]]:
         per = [(label(e["scenario"]), build_first(_row_of(e["cold"]))) for e in b["per_process"]]
         if per:
             worst = None if any(v is None for _, v in per) else max(per, key=lambda p: p[1])
-            add("cold process, empty cache: max build_cluster + first sync", None if worst is None else worst[1],
-                T_BUILD_COLD, note=f"over {len(per)} scenario(s), each in its own process"
-                + (f"; worst {worst[0]}" if worst else ""))
+            add(
+                "cold process, empty cache: max build_cluster + first sync",
+                None if worst is None else worst[1],
+                T_BUILD_COLD,
+                note=f"over {len(per)} scenario(s), each in its own process" + (f"; worst {worst[0]}" if worst else ""),
+            )
         cold = b["twelve"].get("cold")
         ok = cold and cold["ok"] and not any("error" in r for r in cold["result"]["rows"])
-        add(f"{len(b['twelve_scenarios'])}-scenario run (cold, one fresh process)", cold["result"]["total_s"] if ok else None, T_TWELVE,
-            note=f"build + 2 syncs each, in process; process wall {cold['wall_s']:.1f} s" if ok else "")
+        add(
+            f"{len(b['twelve_scenarios'])}-scenario run (cold, one fresh process)",
+            cold["result"]["total_s"] if ok else None,
+            T_TWELVE,
+            note=f"build + 2 syncs each, in process; process wall {cold['wall_s']:.1f} s" if ok else "",
+        )
     if "lab" in results:
         for state in ("cold", "warm"):
             for what in ("wall", "minus_wait"):
@@ -735,38 +938,66 @@ def targets(results: dict[str, Any]) -> list[list[Any]]:
                 constructs = {k: v for k, v in secs.items() if k.startswith("construct")}
                 syncs = {k: v for k, v in secs.items() if k.startswith("sync (first")}
 
-                def worst(d: dict[str, float | None]) -> tuple[float | None, str]:
+                def worst(d: dict[str, float | None], waits=waits, what=what) -> tuple[float | None, str]:
                     if not d or None in d.values():
                         return None, ""
                     k = max(d, key=lambda n: d[n])
                     w = waits.get(k)
-                    return d[k], f"worst: {k}" + (f", of which {w:.2f} s waiting" if what == "wall" and w and w > 0.05
-                                                  else "")
+                    return d[k], f"worst: {k}" + (
+                        f", of which {w:.2f} s waiting" if what == "wall" and w and w > 0.05 else ""
+                    )
 
                 value, note = worst(constructs)
-                add(f"lab ({state}): max Construct with redraw, {how}", value, T_CONSTRUCT,
-                    note=f"over {len(constructs)} constructs; {note}")
+                add(
+                    f"lab ({state}): max Construct with redraw, {how}",
+                    value,
+                    T_CONSTRUCT,
+                    note=f"over {len(constructs)} constructs; {note}",
+                )
                 value, note = worst(syncs)
-                add(f"lab ({state}): first Sync, {how}", value, T_FIRST_SYNC,
-                    note=f"max over the {len(syncs)} first syncs of a new cluster; {note}")
+                add(
+                    f"lab ({state}): first Sync, {how}",
+                    value,
+                    T_FIRST_SYNC,
+                    note=f"max over the {len(syncs)} first syncs of a new cluster; {note}",
+                )
                 step = {"train_step (first)": secs.get("train_step (first)")}
                 value, note = worst(step)
-                add(f"lab ({state}): first Training step, {how}", value, T_TRAIN_STEP,
-                    note="compiled in the background after Construct" if any(
-                        "rehears" in str(a.get("background_at_click")) for c in results["lab"][state] if c["ok"]
-                        for a in c["result"]["actions"]) and what == "wall" else note)
+                add(
+                    f"lab ({state}): first Training step, {how}",
+                    value,
+                    T_TRAIN_STEP,
+                    note="compiled in the background after Construct"
+                    if any(
+                        "rehears" in str(a.get("background_at_click"))
+                        for c in results["lab"][state]
+                        if c["ok"]
+                        for a in c["result"]["actions"]
+                    )
+                    and what == "wall"
+                    else note,
+                )
     if "cli" in results:
         c = results["cli"]
         base = c['python -c "import jax"']["median_s"]
         for name, e in c["commands"].items():
             for state, target in (("warm", T_CLI_WARM), ("cold", T_CLI_COLD)):
                 v = e[f"{state}_median_s"]
-                add(f"CLI {name} ({state}) - import jax", None if v is None or base is None else v - base, target,
-                    note=f"wall {v:.2f} s - python -c 'import jax' {base:.2f} s" if v is not None and base else "")
+                add(
+                    f"CLI {name} ({state}) - import jax",
+                    None if v is None or base is None else v - base,
+                    target,
+                    note=f"wall {v:.2f} s - python -c 'import jax' {base:.2f} s" if v is not None and base else "",
+                )
     if "sync" in results:
         for key, value in sync_ratios(results["sync"]).items():
-            add(f"steady sync handover / fastest reshard, median ({key})", value, T_SYNC_RATIO, unit="",
-                note="layouts x LoRA, vanilla")
+            add(
+                f"steady sync handover / fastest reshard, median ({key})",
+                value,
+                T_SYNC_RATIO,
+                unit="",
+                note="layouts x LoRA, vanilla",
+            )
     return rows
 
 
@@ -774,32 +1005,57 @@ def save_plot(path: Path, results: dict[str, Any]) -> None:
     panels = []
     if "build" in results:
         per = results["build"]["per_process"]
-        panels.append({"labels": [label(e["scenario"]) for e in per],
-                       "series": {s: [nan(build_first(_row_of(e[s]))) for e in per] for s in ("cold", "warm")},
-                       "ylabel": "seconds", "title": "build_cluster + first sync, fresh process (tiny)",
-                       "hlines": [(T_BUILD_COLD, "cold target")]})
+        panels.append(
+            {
+                "labels": [label(e["scenario"]) for e in per],
+                "series": {s: [nan(build_first(_row_of(e[s]))) for e in per] for s in ("cold", "warm")},
+                "ylabel": "seconds",
+                "title": "build_cluster + first sync, fresh process (tiny)",
+                "hlines": [(T_BUILD_COLD, "cold target")],
+            }
+        )
     if "lab" in results:
         cold, warm = lab_action_seconds(results["lab"]["cold"]), lab_action_seconds(results["lab"]["warm"])
         names = [n for n in dict.fromkeys(list(cold) + list(warm)) if not n.startswith("set knobs")]
-        panels.append({"labels": names, "series": {"cold": [nan(cold.get(n)) for n in names],
-                                                   "warm": [nan(warm.get(n)) for n in names]},
-                       "ylabel": "seconds (log)", "title": "lab actions, with redraw",
-                       "hlines": [(T_CONSTRUCT, "construct target"), (T_FIRST_SYNC, "sync target"),
-                                  (T_TRAIN_STEP, "step target")], "logy": True})
+        panels.append(
+            {
+                "labels": names,
+                "series": {"cold": [nan(cold.get(n)) for n in names], "warm": [nan(warm.get(n)) for n in names]},
+                "ylabel": "seconds (log)",
+                "title": "lab actions, with redraw",
+                "hlines": [
+                    (T_CONSTRUCT, "construct target"),
+                    (T_FIRST_SYNC, "sync target"),
+                    (T_TRAIN_STEP, "step target"),
+                ],
+                "logy": True,
+            }
+        )
     if "cli" in results:
         c = results["cli"]
         base = c['python -c "import jax"']["median_s"] or float("nan")
         names = list(c["commands"])
-        panels.append({"labels": names, "series": {s: [nan(c["commands"][n][f"{s}_median_s"]) - base for n in names]
-                                                   for s in ("cold", "warm")},
-                       "ylabel": "seconds beyond python -c 'import jax'", "title": "CLI (targets: cold 4, warm 2)",
-                       "hlines": [(T_CLI_COLD, "cold target"), (T_CLI_WARM, "warm target")]})
+        panels.append(
+            {
+                "labels": names,
+                "series": {s: [nan(c["commands"][n][f"{s}_median_s"]) - base for n in names] for s in ("cold", "warm")},
+                "ylabel": "seconds beyond python -c 'import jax'",
+                "title": "CLI (targets: cold 4, warm 2)",
+                "hlines": [(T_CLI_COLD, "cold target"), (T_CLI_WARM, "warm target")],
+            }
+        )
     if "sync" in results and results["sync"]["child"]["ok"]:
         rows = results["sync"]["child"]["result"]["rows"]
-        panels.append({"labels": [f"{r['size']}/{r['layout']}/{'lora' if r['lora'] else 'full'}" for r in rows],
-                       "series": {"handover / fastest reshard": [nan(r.get("ratio")) for r in rows]},
-                       "ylabel": "ratio (log)", "title": "steady sync handover / fastest reshard",
-                       "hlines": [(T_SYNC_RATIO, "target (median)")], "logy": True})
+        panels.append(
+            {
+                "labels": [f"{r['size']}/{r['layout']}/{'lora' if r['lora'] else 'full'}" for r in rows],
+                "series": {"handover / fastest reshard": [nan(r.get("ratio")) for r in rows]},
+                "ylabel": "ratio (log)",
+                "title": "steady sync handover / fastest reshard",
+                "hlines": [(T_SYNC_RATIO, "target (median)")],
+                "logy": True,
+            }
+        )
     if panels:
         common.save_bar_panels(str(path), panels)
 
@@ -822,8 +1078,10 @@ def git_state() -> dict[str, Any]:
     """The commit checked out and the files under src/ that differ from it (the package measured)."""
     head = common.run_process(["git", "rev-parse", "--short", "HEAD"], cwd=str(REPO), timeout=30)
     dirty = common.run_process(["git", "status", "--porcelain", "--", "src"], cwd=str(REPO), timeout=30)
-    return {"head": head["stdout"].strip() or None,
-            "src_changes": [line[3:] for line in dirty["stdout"].splitlines() if line.strip()]}
+    return {
+        "head": head["stdout"].strip() or None,
+        "src_changes": [line[3:] for line in dirty["stdout"].splitlines() if line.strip()],
+    }
 
 
 def first_child_facts(results: dict[str, Any]) -> dict[str, Any] | None:
@@ -841,6 +1099,7 @@ def first_child_facts(results: dict[str, Any]) -> dict[str, Any] | None:
                 if found:
                     return found
         return None
+
     return walk(results)
 
 
@@ -897,17 +1156,27 @@ def main() -> None:
 
     f = results["facts"]
     print(f"interactive benchmark, {f['date']}{' (--quick)' if args.quick else ''}")
-    print(f"machine: {f['cpu_count']} CPUs ({f['cpus_usable']} usable), {f['platform']}; python {f['python']}; "
-          f"jax {child.get('jax', '?')}, jaxlib {child.get('jaxlib', '?')}, flax {child.get('flax', '?')}; "
-          f"backend {child.get('backend', '?')} with {child.get('device_count', '?')} devices; "
-          f"load average {f['load_average_at_start'][0]:.2f} at start, {f['load_average_at_end'][0]:.2f} at end"
-          if f["load_average_at_start"] else "")
+    print(
+        f"machine: {f['cpu_count']} CPUs ({f['cpus_usable']} usable), {f['platform']}; python {f['python']}; "
+        f"jax {child.get('jax', '?')}, jaxlib {child.get('jaxlib', '?')}, flax {child.get('flax', '?')}; "
+        f"backend {child.get('backend', '?')} with {child.get('device_count', '?')} devices; "
+        f"load average {f['load_average_at_start'][0]:.2f} at start, {f['load_average_at_end'][0]:.2f} at end"
+        if f["load_average_at_start"]
+        else ""
+    )
     for when, g in (("start", f["git"]), ("end", f["git_at_end"])):
-        print(f"package at {when}: commit {g['head']}"
-              + (f", uncommitted changes in {len(g['src_changes'])} file(s) under src/: {', '.join(g['src_changes'])}"
-                 if g["src_changes"] else ", src/ clean"))
-    print("every cold figure: a fresh process with an empty compilation cache; every warm figure: a fresh process "
-          "whose cache an identical earlier process filled")
+        print(
+            f"package at {when}: commit {g['head']}"
+            + (
+                f", uncommitted changes in {len(g['src_changes'])} file(s) under src/: {', '.join(g['src_changes'])}"
+                if g["src_changes"]
+                else ", src/ clean"
+            )
+        )
+    print(
+        "every cold figure: a fresh process with an empty compilation cache; every warm figure: a fresh process "
+        "whose cache an identical earlier process filled"
+    )
     json_path = out_dir / "interactive.json"
     try:
         target_rows = targets(results)
@@ -920,8 +1189,10 @@ def main() -> None:
             try:
                 show(results[section])
             except Exception as exc:  # noqa: BLE001 - one broken table must not hide the others
-                print(f"\n(section {section}: the table could not be printed: {type(exc).__name__}: {exc}; "
-                      f"the numbers are in {json_path})")
+                print(
+                    f"\n(section {section}: the table could not be printed: {type(exc).__name__}: {exc}; "
+                    f"the numbers are in {json_path})"
+                )
     print("\n== targets")
     print(common.table(["figure", "measured", "target", "met", "note"], target_rows))
     if run.failures:

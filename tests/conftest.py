@@ -1,12 +1,13 @@
 """Test set-up: eight simulated CPU devices, configured before the JAX backend starts, and a
 persistent compilation cache of the session's own (a program compiled by one test module is
 read back by the next one after the in-memory caches are cleared)."""
+
 import atexit
 import shutil
 import tempfile
 
-from rlcluster_lab.compile_cache import enable_compilation_cache
-from rlcluster_lab.devices import ensure_simulated_devices
+from rlcluster_lab.core.compile_cache import enable_compilation_cache
+from rlcluster_lab.core.devices import ensure_simulated_devices
 
 ensure_simulated_devices(8)
 _CACHE = tempfile.mkdtemp(prefix="rlcluster-lab-test-cache-")
@@ -17,7 +18,7 @@ enable_compilation_cache(_CACHE)
 import jax  # noqa: E402  (after the devices are set)
 import pytest  # noqa: E402
 
-from rlcluster_lab.reshard import clear_programs  # noqa: E402
+from rlcluster_lab.placement.reshard import clear_programs  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")

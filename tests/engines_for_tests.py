@@ -1,4 +1,5 @@
 """Small custom engines that record what the cluster hands them."""
+
 from __future__ import annotations
 
 import functools
@@ -9,13 +10,22 @@ import numpy as np
 from flax import nnx
 
 from rlcluster_lab.engines import RolloutEngine
-from rlcluster_lab.placement import all_on_mesh, place_model
+from rlcluster_lab.placement.place import all_on_mesh, place_model
 
 
 class RecordingEngine(RolloutEngine):
     """Samples with the module it is given; records meshes, calls and syncs."""
 
-    def __init__(self, rollout_actor: nnx.Module, tokenizer: Any, *, mesh: Any = None, rollout_config: Any, expose_mesh: Any = None, fail: bool = False) -> None:
+    def __init__(
+        self,
+        rollout_actor: nnx.Module,
+        tokenizer: Any,
+        *,
+        mesh: Any = None,
+        rollout_config: Any,
+        expose_mesh: Any = None,
+        fail: bool = False,
+    ) -> None:
         super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config)
         if fail:
             # Allocate something first, so a failed construction has buffers to release.
@@ -23,7 +33,11 @@ class RecordingEngine(RolloutEngine):
             raise RuntimeError("engine failed on purpose")
         self.received = rollout_actor
         # Like any engine, sample on the mesh it was given (a no-op when the model is there).
-        self._model = rollout_actor if mesh is None or all_on_mesh(nnx.state(rollout_actor), mesh) else place_model(rollout_actor, mesh)
+        self._model = (
+            rollout_actor
+            if mesh is None or all_on_mesh(nnx.state(rollout_actor), mesh)
+            else place_model(rollout_actor, mesh)
+        )
         self._expose = expose_mesh
         self.generate_meshes: list[Any] = []
         self.generate_calls = 0

@@ -1,4 +1,5 @@
 """Saving a model to a folder and loading it back (a role given as a path)."""
+
 import dataclasses
 import json
 
@@ -7,9 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcluster_lab.checkpoint import load, save
 from rlcluster_lab.model import LoRALinear, TransformerLM, get_model_config, init_model, is_lora, with_lora
-from rlcluster_lab.scoring import ScoreModel, init_score_model
+from rlcluster_lab.model.checkpoint import load, save
+from rlcluster_lab.model.scoring import ScoreModel, init_score_model
 
 
 def _variables(model):

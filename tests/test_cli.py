@@ -1,4 +1,5 @@
 """`python -m rlcluster_lab`: the JSON report, the text summary, and one-line errors."""
+
 from __future__ import annotations
 
 import json
@@ -8,11 +9,17 @@ import sys
 
 import pytest
 
-from rlcluster_lab.cli import main
+from rlcluster_lab.cli.main import main
 
 KEYS = {
-    "sharing_map", "rollout_branch", "rollout_shares_actor_weights", "reference_shares_backbone",
-    "role_to_mesh", "mesh_overridden_by_engine", "decisions", "anchor",
+    "sharing_map",
+    "rollout_branch",
+    "rollout_shares_actor_weights",
+    "reference_shares_backbone",
+    "role_to_mesh",
+    "mesh_overridden_by_engine",
+    "decisions",
+    "anchor",
 }
 
 
@@ -27,8 +34,12 @@ def test_report_json_has_the_documented_keys(capsys):
     assert data["sharing_map"]["actor"] == ["rollout"]
     assert data["rollout_branch"] == "shared"
     assert data["rollout_shares_actor_weights"] is True
-    assert data["role_to_mesh"]["actor"] == {"axis_names": ["fsdp", "tp"], "shape": {"fsdp": 2, "tp": 4}, "device_ids": list(range(8))}
-    assert all(set(d) == {"rule", "test", "values", "outcome"} for d in data["decisions"])
+    assert data["role_to_mesh"]["actor"] == {
+        "axis_names": ["fsdp", "tp"],
+        "shape": {"fsdp": 2, "tp": 4},
+        "device_ids": list(range(8)),
+    }
+    assert all(set(d) == {"rule", "test", "values", "outcome", "branch"} for d in data["decisions"])
     assert data["anchor"]["memory_kind"] == "pinned_host"
 
 
@@ -39,8 +50,15 @@ def test_report_json_memory_and_sync_keys(capsys):
     data = run_json(capsys, "--layout", "split", "--lora", "--sync", "--anchor", "trainable")
     sync = data["sync"]
     assert set(sync) >= {
-        "synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
-        "minimum_cross_device_bytes", "synced_logical_bytes", "anchor_bytes", "seconds", "leaves",
+        "synced_bytes",
+        "moved_cross_device_bytes",
+        "copied_same_device_bytes",
+        "reused_bytes",
+        "minimum_cross_device_bytes",
+        "synced_logical_bytes",
+        "anchor_bytes",
+        "seconds",
+        "leaves",
     }
     assert sync["moved_cross_device_bytes"] == sync["synced_bytes"] == sync["minimum_cross_device_bytes"] > 0
     assert data["anchor"]["mode"] == "trainable"
@@ -104,7 +122,10 @@ def test_devices_flag_sets_the_simulated_device_count():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run(
         [sys.executable, "-m", "rlcluster_lab", "report", "--devices", "4", "--layout", "split", "--json"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)

@@ -1,4 +1,5 @@
 """Every layout x LoRA x engine: the report's decisions against the rules, and a working sync."""
+
 from __future__ import annotations
 
 import numpy as np

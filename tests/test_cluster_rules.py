@@ -1,4 +1,5 @@
 """Rules P3-P15 on a live cluster, one behaviour per test."""
+
 from __future__ import annotations
 
 import functools
@@ -8,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from engines_for_tests import HostTouchingEngine, RecordingEngine, exposing
 from flax import nnx
 
-from engines_for_tests import HostTouchingEngine, RecordingEngine, exposing
 from rlcluster_lab import (
     AvoidableCopyWarning,
     ClusterConfig,
@@ -20,6 +21,7 @@ from rlcluster_lab import (
     RLEngine,
     Role,
     RolloutConfig,
+    RolloutEngine,
     Scenario,
     TrainBatch,
     TrainingConfig,
@@ -30,9 +32,9 @@ from rlcluster_lab import (
     place_model,
     with_lora,
 )
-from rlcluster_lab.cluster import buffer_keys, sharing_backbone
-from rlcluster_lab.config import Mode
-from rlcluster_lab.placement import PlacementError, memory_kinds
+from rlcluster_lab.core.config import Mode
+from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
+from rlcluster_lab.placement.place import PlacementError, memory_kinds
 
 PROMPTS = ["abc", "hello world", "x", "rl"]
 
@@ -45,7 +47,17 @@ def models_on(mesh, *, lora: bool, separate_base: bool = False, size: str = "tin
     return place_model(reference, mesh, copy=True), reference
 
 
-def cluster_for(layout="colocated", *, lora=False, engine="vanilla", offload=False, rollout=None, separate_base=False, training=None, role_to_mesh=None):
+def cluster_for(
+    layout="colocated",
+    *,
+    lora=False,
+    engine="vanilla",
+    offload=False,
+    rollout=None,
+    separate_base=False,
+    training=None,
+    role_to_mesh=None,
+):
     r2m = role_to_mesh or layout_meshes(layout)
     actor, reference = models_on(r2m[Role.ACTOR], lora=lora, separate_base=separate_base)
     cfg = ClusterConfig(
@@ -193,7 +205,9 @@ def test_p5_logical_rules_map_onto_other_axis_names():
         training_config=TrainingConfig(role_to_logical_axis_rule={Role.ACTOR: rules, Role.ROLLOUT: rules}),
     )
     c = RLCluster(actor=init_model("tiny"), cluster_config=cfg)
-    assert c.actor_model.blocks[0].mlp.up.kernel.get_value().sharding.spec == jax.sharding.PartitionSpec("data", "model")
+    assert c.actor_model.blocks[0].mlp.up.kernel.get_value().sharding.spec == jax.sharding.PartitionSpec(
+        "data", "model"
+    )
     assert len(c.generate(["hi"]).text) == 1
 
 
@@ -218,7 +232,9 @@ def test_p6_per_mode_dict_with_train_works_and_sizes_cache_from_the_largest():
         rollout_config={Mode.TRAIN: RolloutConfig(kv_cache_size=64), Mode.EVAL: RolloutConfig(kv_cache_size=96)},
     )
     c = RLCluster(actor=init_model("tiny"), cluster_config=cfg)
-    assert c.rollout.rollout_config.kv_cache_size == 96
+    # The engine gets the TRAIN config unchanged and the largest cache as its own argument.
+    assert c.rollout.rollout_config.kv_cache_size == 64
+    assert c.rollout.cache_size == 96
 
 
 def test_p6_unknown_engine_string():
@@ -261,7 +277,8 @@ def test_p6_custom_engine_must_be_an_engine_class_or_partial():
         pass
 
     cfg = ClusterConfig(role_to_mesh=layout_meshes("colocated"), rollout_engine=NotAnEngine)
-    with pytest.raises(ConfigError, match="subclass of rlcluster_lab.engines.RolloutEngine"):
+    # As in the reference: an engine value that is not supported is a NotImplementedError.
+    with pytest.raises(NotImplementedError, match="subclass of rlcluster_lab.RolloutEngine"):
         RLCluster(actor=init_model("tiny"), cluster_config=cfg)
     ok = ClusterConfig(role_to_mesh=layout_meshes("colocated"), rollout_engine=functools.partial(RecordingEngine))
     assert isinstance(RLCluster(actor=init_model("tiny"), cluster_config=ok).rollout, RecordingEngine)
@@ -542,15 +559,19 @@ def test_p15_rlengine_and_rlcluster_are_one_class():
 def test_reference_with_another_tree_is_rejected():
     r2m = layout_meshes("colocated")
     with pytest.raises(ConfigError, match="reference model's parameter tree does not match"):
-        RLCluster(actor=init_model("tiny"), reference=init_model("small"), cluster_config=ClusterConfig(role_to_mesh=r2m))
+        RLCluster(
+            actor=init_model("tiny"), reference=init_model("small"), cluster_config=ClusterConfig(role_to_mesh=r2m)
+        )
 
 
 def test_critic_with_another_tree_is_rejected():
-    from rlcluster_lab.scoring import init_score_model
+    from rlcluster_lab.model.scoring import init_score_model
 
     r2m = layout_meshes("colocated")
     with pytest.raises(ConfigError, match="critic model's parameter tree does not match"):
-        RLCluster(actor=init_model("tiny"), critic=init_score_model("small"), cluster_config=ClusterConfig(role_to_mesh=r2m))
+        RLCluster(
+            actor=init_model("tiny"), critic=init_score_model("small"), cluster_config=ClusterConfig(role_to_mesh=r2m)
+        )
 
 
 def test_failed_construction_leaves_no_stray_buffers():
@@ -567,29 +588,48 @@ def test_failed_construction_leaves_no_stray_buffers():
     # A view of the caller's own buffers (JAX caches one per shard once a shard's data
     # is read) holds no memory of its own; anything else would be a stray buffer.
     callers = buffer_keys(nnx.state(actor))
-    stray = [x for x in jax.live_arrays()
-             if id(x) not in before and not x.is_deleted() and not buffer_keys([x]) <= callers]
+    stray = [
+        x for x in jax.live_arrays() if id(x) not in before and not x.is_deleted() and not buffer_keys([x]) <= callers
+    ]
     assert stray == []
     # The caller's model is untouched and still usable.
     assert all(not x.is_deleted() for x in jax.tree.leaves(nnx.state(actor)))
 
 
 def test_operations_before_construction_finished_are_refused():
-    class SyncsTooEarly(RLCluster):
-        def _init_trainer(self):
-            self.sync_weights()
+    class BrokenEngine(RolloutEngine):
+        def __init__(self, **kwargs):
+            raise RuntimeError("engine failed to start")
 
-    with pytest.raises(NotConstructedError, match="did not finish construction"):
-        SyncsTooEarly(actor=init_model("tiny"), cluster_config=ClusterConfig(role_to_mesh=layout_meshes("colocated")))
+        def model(self):
+            raise AssertionError("never built")
+
+    class KeepsTheObject(RLCluster):
+        """Swallows its own construction error, so the half-built object can be used."""
+
+        def __init__(self, **kwargs):
+            try:
+                super().__init__(**kwargs)
+            except RuntimeError:
+                pass
+
+    cfg = ClusterConfig(role_to_mesh=layout_meshes("colocated"), rollout_engine=BrokenEngine)
+    c = KeepsTheObject(actor=init_model("tiny"), cluster_config=cfg)
+    for operation in (c.sync_weights, lambda: c.generate(["abc"]), lambda: c.rollout):
+        with pytest.raises(NotConstructedError, match="did not finish construction"):
+            operation()
 
 
 def test_rewards_and_values_run_on_their_meshes():
-    from rlcluster_lab.scoring import init_score_model
+    from rlcluster_lab.model.scoring import init_score_model
 
     r2m = layout_meshes("split")
     actor, reference = models_on(r2m[Role.ACTOR], lora=False)
     c = RLCluster(
-        actor=actor, reference=reference, reward=init_score_model("tiny", seed=5), critic=init_score_model("tiny", seed=6),
+        actor=actor,
+        reference=reference,
+        reward=init_score_model("tiny", seed=5),
+        critic=init_score_model("tiny", seed=6),
         cluster_config=ClusterConfig(role_to_mesh=r2m, rollout_config=RolloutConfig(max_tokens_to_generate=5)),
     )
     out, p, comp = a_batch(c)

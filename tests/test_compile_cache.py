@@ -1,4 +1,5 @@
 """Compiled programs: a persistent cache on disk, and a bound on what one process keeps."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,8 +11,8 @@ import jax
 import pytest
 
 from rlcluster_lab import Scenario, build_cluster
-from rlcluster_lab import compile_cache
-from rlcluster_lab.learner import GRPOLearner, LearnerConfig
+from rlcluster_lab.core import compile_cache
+from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
@@ -33,7 +34,7 @@ CHILD = """
 import sys, time
 import jax
 jax.config.update("jax_num_cpu_devices", 8)
-from rlcluster_lab.compile_cache import enable_compilation_cache
+from rlcluster_lab.core.compile_cache import enable_compilation_cache
 print(enable_compilation_cache())
 from rlcluster_lab import Scenario, build_cluster
 cluster = build_cluster(Scenario(layout="reshaped", lora=True))
@@ -46,8 +47,10 @@ def test_a_second_process_reads_the_programs_the_first_wrote(tmp_path):
     """The persistent cache fills on the first run, serves the second, and a program read
     back from it is accounted exactly like one compiled here."""
     env = {**os.environ, compile_cache.ENV: str(tmp_path / "cache")}
-    runs = [subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
-            for _ in range(2)]
+    runs = [
+        subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+        for _ in range(2)
+    ]
     for run in runs:
         assert run.returncode == 0, run.stderr
     entries = list((tmp_path / "cache").iterdir())
@@ -70,11 +73,14 @@ def test_sixty_varied_rebuilds_stay_under_the_mapping_limit(monkeypatch):
     trims = []
     real = compile_cache.trim_compiled_programs
     monkeypatch.setattr(compile_cache, "trim_compiled_programs", lambda *a: trims.append(real(*a)) or trims[-1])
-    import rlcluster_lab.scenario as scenario_mod
+    import rlcluster_lab.cluster.scenario as scenario_mod
 
     monkeypatch.setattr(scenario_mod, "trim_compiled_programs", compile_cache.trim_compiled_programs)
-    combos = itertools.cycle(itertools.product(
-        ["colocated", "reshaped", "split"], ["tiny", "small"], ["vanilla", "vllm", "sglang_jax"], [False, True]))
+    combos = itertools.cycle(
+        itertools.product(
+            ["colocated", "reshaped", "split"], ["tiny", "small"], ["vanilla", "vllm", "sglang_jax"], [False, True]
+        )
+    )
     peak = 0
     for i in range(60):
         layout, size, engine, lora = next(combos)

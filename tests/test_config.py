@@ -1,4 +1,5 @@
 """Cluster configuration and its validation (P6 at config level)."""
+
 import dataclasses
 import functools
 
@@ -6,21 +7,28 @@ import jax
 import optax
 import pytest
 
-from rlcluster_lab.config import (
-    KNOWN_ENGINES,
+from rlcluster_lab.core.config import (
     ClusterConfig,
     ConfigError,
     RolloutConfig,
     TrainingConfig,
-    check_engine_choice,
-    check_rollout_config,
     max_kv_cache_size,
 )
+from rlcluster_lab.core.meshes import layout_meshes, make_mesh
+from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
+from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.engines import RolloutEngine, VanillaEngine
-from rlcluster_lab.meshes import layout_meshes, make_mesh
-from rlcluster_lab.roles import Mode, Role
+from rlcluster_lab.rules.validation import p6_engine_choice, p6_rollout_config
 
 DEVICES = jax.devices()
+
+
+def check_rollout_config(config):
+    return p6_rollout_config(config.rollout_config)[0]
+
+
+def check_engine_choice(engine, is_engine_class):
+    return p6_engine_choice(engine, is_engine_class, str(engine))[0]
 
 
 def _is_engine_class(obj):
@@ -45,6 +53,7 @@ def _config(**kwargs):
 
 
 # --- P6: rollout config ------------------------------------------------------
+
 
 def test_p6_rollout_config_none_raises_with_fix():
     with pytest.raises(ConfigError) as err:
@@ -93,12 +102,14 @@ def test_rollout_config_for_missing_mode_raises():
 
 
 def test_max_kv_cache_size_over_modes():
-    cfg = _config(rollout_config={Mode.TRAIN: RolloutConfig(kv_cache_size=64),
-                                  Mode.EVAL: RolloutConfig(kv_cache_size=96)})
+    cfg = _config(
+        rollout_config={Mode.TRAIN: RolloutConfig(kv_cache_size=64), Mode.EVAL: RolloutConfig(kv_cache_size=96)}
+    )
     assert max_kv_cache_size(cfg) == 96
 
 
 # --- P6: engine choice -------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["vanilla", "vllm", "sglang_jax"])
 def test_p6_known_engine_strings_accepted(name):
@@ -123,18 +134,18 @@ def test_p6_engine_string_is_case_sensitive():
         check_engine_choice("VLLM", _is_engine_class)
 
 
-def test_p6_non_engine_class_raises():
-    with pytest.raises(ConfigError, match="RolloutEngine"):
+def test_p6_non_engine_class_is_not_supported():
+    with pytest.raises(NotImplementedError, match="RolloutEngine"):
         check_engine_choice(_NotAnEngine, _is_engine_class)
 
 
-def test_p6_partial_of_non_engine_class_raises():
-    with pytest.raises(ConfigError, match="functools.partial"):
+def test_p6_partial_of_non_engine_class_is_not_supported():
+    with pytest.raises(NotImplementedError, match="functools.partial"):
         check_engine_choice(functools.partial(_NotAnEngine), _is_engine_class)
 
 
-def test_p6_engine_instance_is_not_a_class_raises():
-    with pytest.raises(ConfigError):
+def test_p6_engine_instance_is_not_a_class_is_not_supported():
+    with pytest.raises(NotImplementedError):
         check_engine_choice(object(), _is_engine_class)
 
 
@@ -161,6 +172,7 @@ def test_engine_name_of_class_and_string():
 
 
 # --- ClusterConfig meshes ----------------------------------------------------
+
 
 @pytest.mark.parametrize("missing", [Role.ACTOR, Role.ROLLOUT])
 def test_cluster_config_without_actor_or_rollout_mesh_raises(missing):
@@ -248,6 +260,7 @@ def test_cluster_config_layout_meshes_accepted():
 
 # --- RolloutConfig -----------------------------------------------------------
 
+
 def test_rollout_config_negative_temperature_raises():
     with pytest.raises(ConfigError, match="temperature must be >= 0"):
         RolloutConfig(temperature=-0.1)
@@ -284,6 +297,7 @@ def test_config_error_is_value_error():
 
 
 # --- TrainingConfig ----------------------------------------------------------
+
 
 def test_training_config_zero_mini_batch_raises():
     with pytest.raises(ConfigError, match="mini_batch_size"):

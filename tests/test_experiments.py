@@ -1,14 +1,19 @@
 """The notebooks' experiment helpers: tables and summaries read what the runs recorded."""
+
 from __future__ import annotations
 
 import jax
 
-from rlcluster_lab import experiments as ex
+from rlcluster_lab.lab import experiments as ex
 
 
 def test_format_table_groups_digits_and_says_yes_no():
-    text = ex.format_table([{"run": "a", "bytes": 1234567, "ok": True, "roles": ["x", "y"]},
-                            {"run": "bb", "bytes": 0, "ok": False, "roles": []}])
+    text = ex.format_table(
+        [
+            {"run": "a", "bytes": 1234567, "ok": True, "roles": ["x", "y"]},
+            {"run": "bb", "bytes": 0, "ok": False, "roles": []},
+        ]
+    )
     assert text.splitlines() == [
         "run  bytes      ok   roles",
         "---  ---------  ---  -----",
@@ -19,8 +24,12 @@ def test_format_table_groups_digits_and_says_yes_no():
 
 def test_mesh_identity_only_the_same_build_is_the_same_mesh_P1():
     rows = ex.mesh_identity(jax.devices())
-    assert [(r["same object"], r["== (P1)"]) for r in rows] == [(True, True), (False, False), (False, False),
-                                                                (False, False)]
+    assert [(r["same object"], r["== (P1)"]) for r in rows] == [
+        (True, True),
+        (False, False),
+        (False, False),
+        (False, False),
+    ]
 
 
 def test_sharing_maps_link_per_P1_P2_and_propagate():
@@ -32,23 +41,38 @@ def test_sharing_maps_link_per_P1_P2_and_propagate():
 
 
 def _rec(iteration, start, before, live, sampler=1e-6):
-    return {"step": 0, "iteration": iteration, "rows": [start, start + 8], "steps_taken_before": before,
-            "live_vs_anchor": live, "anchor_vs_sampler": sampler}
+    return {
+        "step": 0,
+        "iteration": iteration,
+        "rows": [start, start + 8],
+        "steps_taken_before": before,
+        "live_vs_anchor": live,
+        "anchor_vs_sampler": sampler,
+    }
 
 
 def test_p11_rows_mark_where_live_and_anchor_part_P11():
-    result = {"p11": [_rec(0, 0, 0, 1e-6), _rec(0, 8, 1, 0.7), _rec(0, 0, 0, 2e-6), _rec(0, 8, 1, 0.3, 0.5)],
-              "config": {"steps": 2}}
+    result = {
+        "p11": [_rec(0, 0, 0, 1e-6), _rec(0, 8, 1, 0.7), _rec(0, 0, 0, 2e-6), _rec(0, 8, 1, 0.3, 0.5)],
+        "config": {"steps": 2},
+    }
     rows = ex.p11_rows(result)
     assert [(r["rows"], r["live == anchor"], r["anchor == sampler"]) for r in rows] == [
-        ("0-8", True, True), ("8-16", False, False)]
+        ("0-8", True, True),
+        ("8-16", False, False),
+    ]
     (setting,) = ex.p11_setting_rows({"s": result})
     assert setting["optimizer steps per global step"] == 2 and setting["live == anchor"] == "2 of 4"
 
 
 def test_timeline_rows_list_entries_by_memory_kind_P14():
-    mem = {"by_role": {"actor": {"by_kind": {"device": 10}}, "anchor": {"by_kind": {"pinned_host": 10}},
-                       "reference": {"by_kind": {"device": 0, "pinned_host": 5}}}}
+    mem = {
+        "by_role": {
+            "actor": {"by_kind": {"device": 10}},
+            "anchor": {"by_kind": {"pinned_host": 10}},
+            "reference": {"by_kind": {"device": 0, "pinned_host": 5}},
+        }
+    }
     (row,) = ex.timeline_rows([("during update", mem)])
     assert row == {"phase": "during update", "in device memory": ["actor"], "in pinned host": ["anchor", "reference"]}
 
@@ -56,5 +80,12 @@ def test_timeline_rows_list_entries_by_memory_kind_P14():
 def test_sync_rows_keep_bytes_and_leave_out_timings_L3():
     sync = {k: i for i, k in enumerate(ex.SYNC_COLUMNS)} | {"seconds": 0.5, "anchor_seconds": 0.1}
     (row,) = ex.sync_rows({"split, LoRA": sync})
-    assert row == {"run": "split, LoRA", "synced": 0, "moved_cross_device": 1, "copied_same_device": 2,
-                   "reused": 3, "minimum_cross_device": 4, "synced_logical": 5}
+    assert row == {
+        "run": "split, LoRA",
+        "synced": 0,
+        "moved_cross_device": 1,
+        "copied_same_device": 2,
+        "reused": 3,
+        "minimum_cross_device": 4,
+        "synced_logical": 5,
+    }

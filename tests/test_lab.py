@@ -3,6 +3,7 @@
 Every assertion is about what the report and the figures show after a click,
 as the rules say they must.
 """
+
 from __future__ import annotations
 
 import matplotlib
@@ -12,19 +13,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from rlcluster_lab import lab as lab_module  # noqa: E402
-from rlcluster_lab.lab import CUSTOM, PlacementLab, live_buffer_bytes, shape_options  # noqa: E402
+from rlcluster_lab.lab import widget as lab_module  # noqa: E402
+from rlcluster_lab.lab.controls import CUSTOM, shape_options  # noqa: E402
+from rlcluster_lab.lab.widget import PlacementLab, live_buffer_bytes  # noqa: E402
 
 
 def png(lab: PlacementLab, panel: str) -> str:
     """The panel's first figure (SVG markup)."""
-    data = lab.outputs[panel].outputs[0]["data"]
+    data = lab.display.outputs[panel].outputs[0]["data"]
     assert "image/svg+xml" in data, f"panel {panel} shows no figure: {data.get('text/plain')}"
     return data["image/svg+xml"]
 
 
 def panel_text(lab: PlacementLab, panel: str) -> str:
-    return lab.outputs[panel].outputs[0]["data"]["text/plain"]
+    return lab.display.outputs[panel].outputs[0]["data"]["text/plain"]
 
 
 @pytest.fixture
@@ -42,23 +44,29 @@ def build(lab: PlacementLab) -> dict:
 
 
 def test_knobs_become_the_scenario(lab: PlacementLab) -> None:
-    lab.layout.value = "split"
-    lab.lora.value = True
-    lab.lora_rank.value = 8
-    lab.engine.value = "sglang_jax"
-    lab.static_lora.value = False
-    lab.offload.value = True
-    lab.rollout_dtype.value = "bfloat16"
-    lab.model_size.value = "small"
-    lab.with_reward.value = True
-    lab.anchor.value = "trainable"
-    s = lab.scenario()
+    lab.knobs.layout.value = "split"
+    lab.knobs.lora.value = True
+    lab.knobs.lora_rank.value = 8
+    lab.knobs.engine.value = "sglang_jax"
+    lab.knobs.static_lora.value = False
+    lab.knobs.offload.value = True
+    lab.knobs.rollout_dtype.value = "bfloat16"
+    lab.knobs.model_size.value = "small"
+    lab.knobs.with_reward.value = True
+    lab.knobs.anchor.value = "trainable"
+    s = lab.knobs.scenario()
     assert (s.layout, s.lora, s.lora_rank, s.engine, s.sglang_static_lora) == ("split", True, 8, "sglang_jax", False)
     assert (s.offload, s.rollout_dtype, s.model_size, s.with_reward, s.with_critic, s.anchor) == (
-        True, "bfloat16", "small", True, False, "trainable")
-    assert lab.role_to_mesh() is None
-    lab.rollout_dtype.value = ""
-    assert lab.scenario().rollout_dtype is None
+        True,
+        "bfloat16",
+        "small",
+        True,
+        False,
+        "trainable",
+    )
+    assert lab.knobs.role_to_mesh() is None
+    lab.knobs.rollout_dtype.value = ""
+    assert lab.knobs.scenario().rollout_dtype is None
 
 
 def test_before_construct_only_construct_is_enabled(lab: PlacementLab) -> None:
@@ -84,7 +92,7 @@ def test_P1_reshaped_layout_is_a_second_copy_and_the_panels_change(lab: Placemen
     assert colocated["rollout_branch"] == "shared"
     before = {p: png(lab, p) for p in ("flow", "grid", "memory")}
     summary = lab.summary.value
-    lab.layout.value = "reshaped"
+    lab.knobs.layout.value = "reshaped"
     reshaped = build(lab)
     assert reshaped["sharing_map"]["actor"] == []
     assert reshaped["rollout_branch"] == "second_copy"
@@ -96,20 +104,20 @@ def test_P1_reshaped_layout_is_a_second_copy_and_the_panels_change(lab: Placemen
 
 
 def test_P1_custom_rollout_mesh_same_devices_same_shape_is_shared(lab: PlacementLab) -> None:
-    lab.layout.value = CUSTOM
-    assert lab.custom_box.layout.display == "flex"
-    assert all(t.value for t in lab.device_toggles)
-    lab.rollout_shape.value = (2, 4)
+    lab.knobs.layout.value = CUSTOM
+    assert lab.knobs.custom_box.layout.display == "flex"
+    assert all(t.value for t in lab.knobs.device_toggles)
+    lab.knobs.rollout_shape.value = (2, 4)
     assert build(lab)["rollout_branch"] == "shared"
-    lab.rollout_shape.value = (8, 1)
+    lab.knobs.rollout_shape.value = (8, 1)
     assert build(lab)["rollout_branch"] == "second_copy"
 
 
 def test_custom_rollout_mesh_on_picked_devices(lab: PlacementLab) -> None:
-    lab.layout.value = CUSTOM
-    for toggle in lab.device_toggles[:4]:
+    lab.knobs.layout.value = CUSTOM
+    for toggle in lab.knobs.device_toggles[:4]:
         toggle.value = False
-    assert [label for label, _ in lab.rollout_shape.options][0] == "2 x 2"
+    assert [label for label, _ in lab.knobs.rollout_shape.options][0] == "2 x 2"
     report = build(lab)
     assert report["role_to_mesh"]["rollout"]["device_ids"] == [4, 5, 6, 7]
     assert report["sharing_map"]["actor"] == []
@@ -118,11 +126,11 @@ def test_custom_rollout_mesh_on_picked_devices(lab: PlacementLab) -> None:
 
 
 def test_P2_lora_links_the_reference(lab: PlacementLab) -> None:
-    lab.layout.value = "reshaped"
+    lab.knobs.layout.value = "reshaped"
     plain = build(lab)
     assert "reference" not in plain["sharing_map"]["actor"]
     flow = png(lab, "flow")
-    lab.lora.value = True
+    lab.knobs.lora.value = True
     lora = build(lab)
     assert lora["lora"] and "reference" in lora["sharing_map"]["actor"]
     assert lora["reference_shares_backbone"]
@@ -130,15 +138,15 @@ def test_P2_lora_links_the_reference(lab: PlacementLab) -> None:
 
 
 def test_P4_separate_base_warning_is_shown(lab: PlacementLab) -> None:
-    lab.lora.value = True
-    lab.lora_separate_base.value = True
+    lab.knobs.lora.value = True
+    lab.knobs.lora_separate_base.value = True
     report = build(lab)
     assert any(w.startswith("P4") for w in report["warnings"])
     assert "avoidable copy" in lab.summary.value
 
 
 def test_P7_vllm_engine_replaces_the_rollout_mesh(lab: PlacementLab) -> None:
-    lab.engine.value = "vllm"
+    lab.knobs.engine.value = "vllm"
     report = build(lab)
     assert report["mesh_overridden_by_engine"]
     assert "P7" in lab.summary.value
@@ -146,67 +154,69 @@ def test_P7_vllm_engine_replaces_the_rollout_mesh(lab: PlacementLab) -> None:
 
 def test_P14_offload_moves_memory_to_pinned_host(lab: PlacementLab) -> None:
     on_device = build(lab)["memory"]
-    lab.offload.value = True
+    lab.knobs.offload.value = True
     offloaded = build(lab)["memory"]
     kinds = {k for entry in offloaded["by_role"].values() for k in entry["by_kind"]}
     assert "pinned_host" in kinds
-    assert offloaded["by_role"]["actor"]["by_kind"].get("device", 0) < on_device["by_role"]["actor"]["by_kind"]["device"]
+    assert (
+        offloaded["by_role"]["actor"]["by_kind"].get("device", 0) < on_device["by_role"]["actor"]["by_kind"]["device"]
+    )
 
 
 def test_P3_rollout_dtype_casts_the_second_copy(lab: PlacementLab) -> None:
-    lab.layout.value = "reshaped"
+    lab.knobs.layout.value = "reshaped"
     f32 = build(lab)["memory"]["by_role"]["rollout"]["bytes"]
-    lab.rollout_dtype.value = "bfloat16"
+    lab.knobs.rollout_dtype.value = "bfloat16"
     bf16 = build(lab)["memory"]["by_role"]["rollout"]["bytes"]
     assert bf16 < f32
 
 
 def test_model_size_grows_memory(lab: PlacementLab) -> None:
     tiny = build(lab)["memory"]["unique_bytes"]
-    lab.model_size.value = "small"
+    lab.knobs.model_size.value = "small"
     assert build(lab)["memory"]["unique_bytes"] > 4 * tiny
 
 
 def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -> None:
     build(lab)
-    lab.engine.value = "sglang_jax"
-    lab.lora.value = True
-    lab.static_lora.value = False
+    lab.knobs.engine.value = "sglang_jax"
+    lab.knobs.lora.value = True
+    lab.knobs.static_lora.value = False
     before = lab.cluster
     drawn = png(lab, "flow")
     lab.construct_button.click()
     assert lab.error is not None and lab.error.startswith("ConfigError")
-    assert "static-LoRA" in lab.error_box.value  # the cluster's own message
-    assert lab.error_box.layout.display == "block"
+    assert "static-LoRA" in lab.display.error_box.value  # the cluster's own message
+    assert lab.display.error_box.layout.display == "block"
     # Refused before anything was released: the previous cluster stays live and drawn.
     assert lab.cluster is before and lab.report is not None
-    assert "still the previous one" in lab.error_box.value
+    assert "still the previous one" in lab.display.error_box.value
     assert not lab.sync_button.disabled and not lab.step_button.disabled
     assert png(lab, "flow") == drawn
-    lab.static_lora.value = True
+    lab.knobs.static_lora.value = True
     report = build(lab)
     assert report["engine"] == "sglang_jax"
-    assert lab.error_box.layout.display == "none"
+    assert lab.display.error_box.layout.display == "none"
 
 
 def test_mesh_that_does_not_divide_the_model_shows_the_placement_error(lab: PlacementLab) -> None:
-    lab.layout.value = CUSTOM
-    lab.device_toggles[0].value = False  # 7 devices: (7, 1) cannot shard a dimension of 64
+    lab.knobs.layout.value = CUSTOM
+    lab.knobs.device_toggles[0].value = False  # 7 devices: (7, 1) cannot shard a dimension of 64
     lab.construct_button.click()
     assert lab.error is not None and "PlacementError" in lab.error
-    lab.device_toggles[0].value = True
+    lab.knobs.device_toggles[0].value = True
     build(lab)
 
 
 def test_knob_error_keeps_the_live_cluster(lab: PlacementLab) -> None:
     report = build(lab)
     cluster = lab.cluster
-    lab.layout.value = CUSTOM
-    for toggle in lab.device_toggles:
+    lab.knobs.layout.value = CUSTOM
+    for toggle in lab.knobs.device_toggles:
         toggle.value = False
     lab.construct_button.click()
     assert lab.error is not None and "at least one device" in lab.error
-    assert "still the previous one" in lab.error_box.value
+    assert "still the previous one" in lab.display.error_box.value
     assert lab.cluster is cluster and lab.report is report
     assert not lab.sync_button.disabled
 
@@ -218,7 +228,7 @@ def test_P13_sync_button_shows_bytes_moved(lab: PlacementLab) -> None:
     assert colocated is not None and colocated["moved_cross_device_bytes"] == 0
     assert colocated["reused_bytes"] == colocated["synced_bytes"] > 0
     image = png(lab, "sync")
-    lab.layout.value = "split"
+    lab.knobs.layout.value = "split"
     build(lab)
     assert lab.report["sync"] is None  # a new cluster has not synced yet
     lab.sync_button.click()
@@ -229,13 +239,13 @@ def test_P13_sync_button_shows_bytes_moved(lab: PlacementLab) -> None:
 
 
 def test_training_step_runs_on_cluster_operations(lab: PlacementLab) -> None:
-    lab.lora.value = True
+    lab.knobs.lora.value = True
     build(lab)
     lab.step_button.click()
     assert lab.error is None, lab.error
     assert lab.cluster.global_steps == 1  # the step ended with its sync (P13)
     assert lab.report["sync"] is not None and lab.report["sync"]["lora"]
-    assert "mean reward" in lab.step_log.value
+    assert "mean reward" in lab.display.step_log.value
     assert png(lab, "sync")
 
 
@@ -250,7 +260,7 @@ def test_busy_state_while_constructing(lab: PlacementLab, monkeypatch: pytest.Mo
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lab_module, "build_cluster", spy)
-    lab.model_size.value = "small"
+    lab.knobs.model_size.value = "small"
     build(lab)
     assert seen["disabled"] == (True, True, True)
     assert seen["progress"] == "visible" and "busy" in seen["status"] and "small" in seen["status"]
@@ -286,8 +296,8 @@ def test_lab_builds_on_the_devices_it_is_given() -> None:
 
     lab = PlacementLab(devices=jax.devices()[:4], rehearse=False)
     try:
-        assert [t.description for t in lab.device_toggles] == ["0", "1", "2", "3"]
-        lab.layout.value = "split"
+        assert [t.description for t in lab.knobs.device_toggles] == ["0", "1", "2", "3"]
+        lab.knobs.layout.value = "split"
         report = build(lab)
         assert report["role_to_mesh"]["actor"]["device_ids"] == [0, 1]
         assert report["role_to_mesh"]["rollout"]["device_ids"] == [2, 3]
@@ -298,7 +308,7 @@ def test_lab_builds_on_the_devices_it_is_given() -> None:
 
 def test_memory_panel_shows_per_device_and_per_role(lab: PlacementLab) -> None:
     build(lab)
-    images = [o["data"].get("image/svg+xml") for o in lab.outputs["memory"].outputs]
+    images = [o["data"].get("image/svg+xml") for o in lab.display.outputs["memory"].outputs]
     assert len(images) == 2 and all(images) and images[0] != images[1]
 
 
@@ -309,7 +319,7 @@ def test_shape_options_list_the_standard_shape_first() -> None:
 
 
 def test_a_rehearsal_after_construct_leaves_the_training_step_nothing_to_compile() -> None:
-    from rlcluster_lab.compile_cache import count_compilations
+    from rlcluster_lab.core.compile_cache import count_compilations
 
     lab = PlacementLab(rehearse=True)
     try:

@@ -1,11 +1,12 @@
 """The toy GRPO learner: it learns, and it shows P11 numerically."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainingConfig, build_cluster
-from rlcluster_lab.learner import group_advantages, lowercase_reward
+from rlcluster_lab.training.learner import group_advantages, lowercase_reward
 
 
 def test_lowercase_reward_counts_letters():

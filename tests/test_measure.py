@@ -1,20 +1,20 @@
 """L2 memory per role, and the byte accounting of a reshard (L3) over random shardings."""
+
 from __future__ import annotations
 
 import math
 
 import jax
 import numpy as np
-import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_reshard import _cases
 
 from rlcluster_lab import Scenario, build_cluster, memory_report, placement_report
-from rlcluster_lab.cluster import state_bytes
 from rlcluster_lab.measure import memory_of, shard_facts, sync_report
-from rlcluster_lab.reshard import leaf_label, record_transfers, reshard, reshard_strategy, to_box
+from rlcluster_lab.placement.buffers import state_bytes
+from rlcluster_lab.placement.reshard import leaf_label, record_transfers, reshard, reshard_strategy, to_box
 
 PROPERTY = settings(max_examples=40, deadline=None, derandomize=True)
 
@@ -96,7 +96,11 @@ def test_l2_trainable_anchor_pins_only_adapters():
     # The trainable anchor reads its backbone from the actor: only adapters are pinned.
     assert m_part["by_role"]["anchor"]["by_kind"]["pinned_host"] == adapters
     assert m_full["unique_bytes"] - m_part["unique_bytes"] == backbone
-    assert placement_report(part).to_json()["anchor"] == {"mode": "trainable", "memory_kind": "pinned_host", "bytes": adapters}
+    assert placement_report(part).to_json()["anchor"] == {
+        "mode": "trainable",
+        "memory_kind": "pinned_host",
+        "bytes": adapters,
+    }
 
 
 def test_l2_every_counted_buffer_is_live():
@@ -122,8 +126,7 @@ def test_l2_shared_buffer_counted_once_across_named_states():
     mem = memory_of({"a": {"w": x}, "b": {"w": x, "v": x}}).to_json()
     assert mem["unique_bytes"] == 128
     assert mem["naive_bytes"] == 256
-    assert mem["shared"] == [{"roles": ["a", "b"], "bytes": 128, "buffers": 1,
-                              "by_device": {"0": {"device": 128}}}]
+    assert mem["shared"] == [{"roles": ["a", "b"], "bytes": 128, "buffers": 1, "by_device": {"0": {"device": 128}}}]
 
 
 # --- L3 accounting over random shardings -----------------------------------------------
@@ -152,8 +155,15 @@ def _accounted(case, copy, strategy):
         y = reshard(x, dst, copy=copy)
     jax.block_until_ready(y)
     rep = sync_report(
-        {"w": facts}, {"w": y}, log, lora=False, seconds=0.0, new_anchor_shards=[],
-        anchor_mode="full", anchor_seconds=0.0, global_step=1,
+        {"w": facts},
+        {"w": y},
+        log,
+        lora=False,
+        seconds=0.0,
+        new_anchor_shards=[],
+        anchor_mode="full",
+        anchor_seconds=0.0,
+        global_step=1,
     )
     return host, x, y, rep
 
@@ -185,8 +195,9 @@ def test_l3_xla_accounting_adds_up_and_never_undercuts_the_minimum(case, copy):
     host, x, y, rep = _accounted(case, copy, "xla")
     physical = sum(s.data.nbytes for s in y.addressable_shards)
     assert rep.synced_bytes == physical
-    assert rep.synced_bytes == (rep.moved_cross_device_bytes - rep.relayed_cross_device_bytes
-                                + rep.copied_same_device_bytes + rep.reused_bytes)
+    assert rep.synced_bytes == (
+        rep.moved_cross_device_bytes - rep.relayed_cross_device_bytes + rep.copied_same_device_bytes + rep.reused_bytes
+    )
     assert rep.minimum_cross_device_bytes == 4 * _lacking_elements(x, y)
     # What arrived as destination data cannot be less than what the placement forces.
     assert rep.moved_cross_device_bytes - rep.relayed_cross_device_bytes >= rep.minimum_cross_device_bytes
@@ -199,7 +210,7 @@ def test_l3_xla_accounting_adds_up_and_never_undercuts_the_minimum(case, copy):
 
 def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     """A planner that ignores the local copy makes the report show the excess."""
-    from rlcluster_lab import reshard as reshard_mod
+    from rlcluster_lab.placement import reshard as reshard_mod
 
     def wasteful(shape, src_boxes, dst_boxes):
         plans = reshard_mod._plan_reshard_minimal(shape, src_boxes, dst_boxes)
@@ -223,8 +234,17 @@ def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     facts = shard_facts(x)
     with record_transfers() as log, leaf_label("w"), reshard_strategy("minimal"):
         y = reshard(x, dst)
-    rep = sync_report({"w": facts}, {"w": y}, log, lora=False, seconds=0.0, new_anchor_shards=[],
-                      anchor_mode="full", anchor_seconds=0.0, global_step=1)
+    rep = sync_report(
+        {"w": facts},
+        {"w": y},
+        log,
+        lora=False,
+        seconds=0.0,
+        new_anchor_shards=[],
+        anchor_mode="full",
+        anchor_seconds=0.0,
+        global_step=1,
+    )
     reshard_mod.clear_programs()
     assert rep.excess_cross_device_bytes > 0
     assert rep.moved_cross_device_bytes > rep.minimum_cross_device_bytes
@@ -232,7 +252,7 @@ def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
 
 def test_l3_minimum_counts_partial_overlap_only_for_the_rest():
     """A destination shard half covered by its own device's source shard needs only the other half."""
-    from rlcluster_lab.reshard import minimum_cross_device_elements
+    from rlcluster_lab.placement.reshard import minimum_cross_device_elements
 
     src = [(0, ((0, 4), (0, 8))), (1, ((4, 8), (0, 8)))]
     dst = [(0, ((0, 8), (0, 4))), (1, ((0, 8), (4, 8)))]

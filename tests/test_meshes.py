@@ -1,10 +1,11 @@
 """The lab's standard layouts (the meshes P1 compares) and mesh helpers."""
+
 import jax
 import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from rlcluster_lab.meshes import (
+from rlcluster_lab.core.meshes import (
     LAYOUTS,
     MESH_AXES,
     default_shape,
@@ -15,7 +16,7 @@ from rlcluster_lab.meshes import (
     mesh_from_ids,
     reachable_layouts,
 )
-from rlcluster_lab.roles import Role
+from rlcluster_lab.core.roles import Role
 
 DEVICES = jax.devices()
 

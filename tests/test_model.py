@@ -1,4 +1,5 @@
 """Transformer model: sizes, sharding metadata, LoRA, cache and sharded forward."""
+
 import dataclasses
 
 import jax
@@ -12,13 +13,13 @@ from rlcluster_lab.model import (
     DEFAULT_LOGICAL_AXIS_RULES,
     MESH_AXES,
     MODEL_SIZES,
+    LoRALinear,
     forward_logps,
     get_model_config,
     init_cache,
     init_model,
     is_lora,
     logps_from_state,
-    LoRALinear,
     with_lora,
 )
 
@@ -62,8 +63,16 @@ def tiny():
 
 def test_tiny_config_values():
     c = TINY
-    assert (c.vocab_size, c.embed_dim, c.num_layers, c.num_heads, c.num_kv_heads,
-            c.head_dim, c.mlp_dim, c.max_seq_len) == (264, 64, 2, 4, 2, 16, 128, 128)
+    assert (
+        c.vocab_size,
+        c.embed_dim,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.mlp_dim,
+        c.max_seq_len,
+    ) == (264, 64, 2, 4, 2, 16, 128, 128)
 
 
 @pytest.mark.parametrize("name", list(MODEL_SIZES))
@@ -139,8 +148,7 @@ def test_with_lora_shares_buffers(tiny):
         assert var is not base_var
         assert var.get_value() is base_var.get_value()
         ptrs = [s.data.unsafe_buffer_pointer() for s in var.get_value().addressable_shards]
-        base_ptrs = [s.data.unsafe_buffer_pointer()
-                     for s in base_var.get_value().addressable_shards]
+        base_ptrs = [s.data.unsafe_buffer_pointer() for s in base_var.get_value().addressable_shards]
         assert ptrs == base_ptrs
         shared += 1
     assert shared == len(base_vars)
@@ -174,16 +182,16 @@ def test_with_lora_keeps_sharded_buffers():
     a = lora.blocks[1].mlp.down.kernel.get_value()
     b = base.blocks[1].mlp.down.kernel.get_value()
     assert len(a.addressable_shards) == 8
-    assert ([s.data.unsafe_buffer_pointer() for s in a.addressable_shards]
-            == [s.data.unsafe_buffer_pointer() for s in b.addressable_shards])
+    assert [s.data.unsafe_buffer_pointer() for s in a.addressable_shards] == [
+        s.data.unsafe_buffer_pointer() for s in b.addressable_shards
+    ]
 
 
 def test_lora_output_equals_base_at_init(tiny):
     lora = with_lora(tiny, 4, seed=1)
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8)
     pos = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
-    np.testing.assert_array_equal(np.asarray(lora(tokens, pos)[0]),
-                                  np.asarray(tiny(tokens, pos)[0]))
+    np.testing.assert_array_equal(np.asarray(lora(tokens, pos)[0]), np.asarray(tiny(tokens, pos)[0]))
 
 
 def test_lora_alpha_scales_adapter_term(tiny):
@@ -262,8 +270,7 @@ def test_cached_decode_equals_full_forward(tiny):
     prefill, cache = call(tiny, tokens[:, :6], pos[:, :6], cache)
     steps = [prefill]
     for t in range(6, 10):
-        out, cache = call(tiny, tokens[:, t:t + 1], pos[:, t:t + 1], cache)
+        out, cache = call(tiny, tokens[:, t : t + 1], pos[:, t : t + 1], cache)
         steps.append(out)
     assert int(cache.index) == 10
-    np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full),
-                               atol=1e-4)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full), atol=1e-4)

@@ -1,4 +1,5 @@
 """The notebooks' shared set-up: which devices it picks, what it says, and when it refuses."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import nbformat
 import pytest
 
 import rlcluster_lab as rl
-from rlcluster_lab import notebook
+from rlcluster_lab.lab import setup as notebook
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 

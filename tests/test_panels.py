@@ -1,12 +1,14 @@
 """The lab's SVG figures: pure functions of a report, every number drawn is the report's."""
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from rlcluster_lab import Scenario, build_cluster, panels, placement_report
-from rlcluster_lab.viz import HIGHLIGHT
+from rlcluster_lab import Scenario, build_cluster, placement_report
+from rlcluster_lab.lab import panels
+from rlcluster_lab.lab.figures import HIGHLIGHT
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -42,8 +44,10 @@ def test_l1_flow_highlights_the_branch_each_rule_took_in_trace_order(reports):
     # Arrows from a decision to the ones that read it.
     assert {"link:P1:P3", "link:P2:P4", "link:P12:P13"} <= set(els)
     # Rows in the trace's order: P1 is decided before P3, P3 before P7.
-    ys = {rule: float(els[f"{rule}:{opt}"].get("y")) for rule, opt in (("P1", "linked"), ("P3", "shared"),
-                                                                        ("P7", "kept"), ("P13", "LoRA params"))}
+    ys = {
+        rule: float(els[f"{rule}:{opt}"].get("y"))
+        for rule, opt in (("P1", "linked"), ("P3", "shared"), ("P7", "kept"), ("P13", "LoRA params"))
+    }
     assert ys["P1"] < ys["P3"] < ys["P7"] < ys["P13"]
     other = _elements(panels.decision_flow(reports["reshaped-vllm"]))
     assert other["P3:engine_initial_value"].get("fill") == HIGHLIGHT

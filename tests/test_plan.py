@@ -1,4 +1,5 @@
 """L4 what-if planning: the plan equals the measurement here, and scales without allocating."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,32 +13,40 @@ import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from test_reshard import _cases
 
 from rlcluster_lab import Role, Scenario, TrainingConfig, build_cluster, placement_report
-from rlcluster_lab.cli import main
-from rlcluster_lab.config import KNOWN_ENGINES
+from rlcluster_lab.cli.main import build_parser, main
+from rlcluster_lab.cli.plan import parse_bytes
+from rlcluster_lab.core.meshes import LAYOUTS, describe_mesh, make_mesh
+from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
 from rlcluster_lab.measure import memory_report
-from rlcluster_lab.meshes import LAYOUTS, describe_mesh, make_mesh
 from rlcluster_lab.model import MODEL_SIZES
-from rlcluster_lab.placement import PlacementError
-from rlcluster_lab.plan import ANCHOR_MODES, plan_cluster, plan_scenario
-from rlcluster_lab.plan_buffers import Buffers, overlap
-from rlcluster_lab.plan_cli import ANCHOR_MODES as CLI_ANCHOR_MODES
-from rlcluster_lab.plan_cli import ENGINES as CLI_ENGINES
-from rlcluster_lab.plan_cli import LAYOUTS as CLI_LAYOUTS
-from rlcluster_lab.plan_cli import parse_bytes
-from rlcluster_lab.plan_shapes import PlannedMesh, abstract_leaves, shard_boxes
-from rlcluster_lab.plan_tables import ARCHITECTURES, TOPOLOGIES, model_config
-from rlcluster_lab.reshard import plan_reshard, reshard, reshard_strategy, to_box
-from test_reshard import _cases
+from rlcluster_lab.placement.place import PlacementError
+from rlcluster_lab.placement.reshard import plan_reshard, reshard, reshard_strategy, to_box
+from rlcluster_lab.planner.buffers import Buffers, overlap
+from rlcluster_lab.planner.plan import ANCHOR_MODES, plan_cluster, plan_scenario
+from rlcluster_lab.planner.shapes import PlannedMesh, abstract_leaves, shard_boxes
+from rlcluster_lab.planner.tables import ARCHITECTURES, TOPOLOGIES, model_config
 
 DEVICES = jax.devices()
 MEMORY_KEYS = ("by_role", "by_device", "shared", "unique_bytes", "naive_bytes")
 SYNC_KEYS = (
-    "lora", "synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
-    "minimum_cross_device_bytes", "excess_cross_device_bytes", "synced_logical_bytes", "anchor_bytes",
-    "anchor_mode", "arrived_by_device", "peak_extra_bytes", "leaves",
+    "lora",
+    "synced_bytes",
+    "moved_cross_device_bytes",
+    "copied_same_device_bytes",
+    "reused_bytes",
+    "minimum_cross_device_bytes",
+    "excess_cross_device_bytes",
+    "synced_logical_bytes",
+    "anchor_bytes",
+    "anchor_mode",
+    "arrived_by_device",
+    "peak_extra_bytes",
+    "leaves",
 )
 REPORT_KEYS = ("sharing_map", "rollout_branch", "role_to_mesh", "config_role_to_mesh", "mesh_overridden_by_engine")
 
@@ -63,8 +72,16 @@ def _assert_sync_matches(planned: dict, sync: dict, strategy: str) -> None:
     moved_more = sync["excess_cross_device_bytes"] > 0 or sync["relayed_cross_device_bytes"] > 0
     if strategy == "minimal":
         assert not moved_more
-    exact = ("lora", "synced_bytes", "reused_bytes", "minimum_cross_device_bytes", "synced_logical_bytes",
-             "anchor_bytes", "anchor_mode", "peak_extra_bytes")
+    exact = (
+        "lora",
+        "synced_bytes",
+        "reused_bytes",
+        "minimum_cross_device_bytes",
+        "synced_logical_bytes",
+        "anchor_bytes",
+        "anchor_mode",
+        "peak_extra_bytes",
+    )
     for key in SYNC_KEYS if not moved_more else exact:
         if key == "leaves":
             strip = lambda leaves: [{k: v for k, v in leaf.items() if k != "method"} for leaf in leaves]  # noqa: E731
@@ -75,7 +92,8 @@ def _assert_sync_matches(planned: dict, sync: dict, strategy: str) -> None:
         arrived = sync["moved_cross_device_bytes"] - sync["relayed_cross_device_bytes"]
         assert arrived >= planned["moved_cross_device_bytes"]
         assert arrived + sync["copied_same_device_bytes"] == (
-            planned["moved_cross_device_bytes"] + planned["copied_same_device_bytes"])
+            planned["moved_cross_device_bytes"] + planned["copied_same_device_bytes"]
+        )
 
 
 # --- plan == measured -------------------------------------------------------------
@@ -119,8 +137,11 @@ def test_l4_plan_equals_measured_for_engines_offload_and_options(knobs: dict) ->
 def test_l4_plan_equals_measured_with_own_meshes_and_role_rules() -> None:
     # P2 unlinked: the reference on the same chips in another order; the LoRA actor is
     # resharded off the reference's buffers, keeping only the shards that coincide (norm scales).
-    r2m = {Role.ACTOR: make_mesh(DEVICES, (2, 4)), Role.ROLLOUT: make_mesh(DEVICES, (2, 4)),
-           Role.REFERENCE: make_mesh(DEVICES[::-1], (2, 4))}
+    r2m = {
+        Role.ACTOR: make_mesh(DEVICES, (2, 4)),
+        Role.ROLLOUT: make_mesh(DEVICES, (2, 4)),
+        Role.REFERENCE: make_mesh(DEVICES[::-1], (2, 4)),
+    }
     scenario = Scenario(lora=True)
     plan = plan_scenario(scenario, role_to_mesh=r2m).to_json()
     cluster = build_cluster(scenario, role_to_mesh=r2m)
@@ -130,8 +151,9 @@ def test_l4_plan_equals_measured_with_own_meshes_and_role_rules() -> None:
         assert plan["memory"][key] == memory[key], key
     assert any(group["roles"] == ["actor", "rollout", "reference"] for group in plan["memory"]["shared"])
     # The rollout role with its own logical-axis rules, on an engine that keeps its own copy.
-    rules = {Role.ROLLOUT: (("embed", "tp"), ("vocab", "fsdp"), ("q_heads", "fsdp"), ("kv_heads", "fsdp"),
-                            ("mlp", "fsdp"))}
+    rules = {
+        Role.ROLLOUT: (("embed", "tp"), ("vocab", "fsdp"), ("q_heads", "fsdp"), ("kv_heads", "fsdp"), ("mlp", "fsdp"))
+    }
     scenario = Scenario(engine="sglang_jax", layout="split")
     plan = plan_scenario(scenario, logical_axis_rules=rules).to_json()
     cluster = build_cluster(scenario, training_config=TrainingConfig(role_to_logical_axis_rule=rules))
@@ -155,8 +177,12 @@ def test_l4_plan_equals_measured_optimizer_state_for_another_optimizer() -> None
 
 def test_l4_plan_sync_identity_holds_for_every_leaf() -> None:
     # synced = moved across devices + copied within a device + reused, leaf by leaf.
-    for knobs in ({"layout": "reshaped", "offload": True}, {"layout": "reshaped", "rollout_dtype": "bfloat16"},
-                  {"layout": "split", "lora": True}, {"layout": "colocated"}):
+    for knobs in (
+        {"layout": "reshaped", "offload": True},
+        {"layout": "reshaped", "rollout_dtype": "bfloat16"},
+        {"layout": "split", "lora": True},
+        {"layout": "colocated"},
+    ):
         sync = plan_scenario(Scenario(**knobs)).to_json()["sync"]
         for leaf in sync["leaves"]:
             parts = leaf["moved_cross_device_bytes"] + leaf["copied_same_device_bytes"] + leaf["reused_bytes"]
@@ -191,8 +217,12 @@ def test_l4_shard_boxes_equal_named_sharding(shape, devices, spec) -> None:
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(src=st.integers(0, len(MESHES) - 1), dst=st.integers(0, len(MESHES) - 1),
-       src_spec=st.sampled_from(SPECS), dst_spec=st.sampled_from(SPECS))
+@given(
+    src=st.integers(0, len(MESHES) - 1),
+    dst=st.integers(0, len(MESHES) - 1),
+    src_spec=st.sampled_from(SPECS),
+    dst_spec=st.sampled_from(SPECS),
+)
 def test_l4_overlap_agrees_with_plan_reshard(src, dst, src_spec, dst_spec) -> None:
     a = PlannedMesh.of(make_mesh(MESHES[src][1], MESHES[src][0]))
     b = PlannedMesh.of(make_mesh(MESHES[dst][1], MESHES[dst][0]))
@@ -207,8 +237,10 @@ def test_l4_reuse_is_per_shard_for_minimal_and_whole_layout_for_one_program() ->
     # Rows split in two over 8 devices, then over 4 of them: devices 0, 1 keep their shard,
     # shard by shard (minimal); a compiled program writes new buffers (xla, same device order).
     src_mesh = PlannedMesh.build(range(8), (2, 4))
-    for strategy, dst_mesh, want in (("minimal", PlannedMesh.build(range(4), (2, 2)), [True, True, False, False]),
-                                     ("xla", PlannedMesh.build(range(8), (4, 2)), [False] * 8)):
+    for strategy, dst_mesh, want in (
+        ("minimal", PlannedMesh.build(range(4), (2, 2)), [True, True, False, False]),
+        ("xla", PlannedMesh.build(range(8), (4, 2)), [False] * 8),
+    ):
         buf = Buffers(strategy, 0)
         a = buf.new((8, 4), np.float32, src_mesh, P("fsdp", None), "device")
         assert list(buf.kept(a, dst_mesh, P("fsdp", None), "device")) == want
@@ -244,8 +276,14 @@ def test_l4_planned_reuse_equals_the_xla_reshard(case) -> None:
 
 
 def test_p1_planned_mesh_equality_is_mesh_equality() -> None:
-    meshes = [make_mesh(DEVICES, (2, 4)), make_mesh(DEVICES, (8, 1)), make_mesh(DEVICES[::-1], (2, 4)),
-              make_mesh(DEVICES, (2, 4), ("data", "model")), make_mesh(DEVICES[:4], (2, 2)), make_mesh(DEVICES, (2, 4))]
+    meshes = [
+        make_mesh(DEVICES, (2, 4)),
+        make_mesh(DEVICES, (8, 1)),
+        make_mesh(DEVICES[::-1], (2, 4)),
+        make_mesh(DEVICES, (2, 4), ("data", "model")),
+        make_mesh(DEVICES[:4], (2, 2)),
+        make_mesh(DEVICES, (2, 4)),
+    ]
     for a in meshes:
         for b in meshes:
             assert (PlannedMesh.of(a) == PlannedMesh.of(b)) is (a == b)
@@ -325,7 +363,37 @@ def test_l4_bad_inputs_say_what_is_valid() -> None:
         plan_cluster("tiny", layout="diagonal")
     with pytest.raises(ValueError, match="full, trainable"):
         plan_cluster("tiny", anchor="half")
-    assert CLI_LAYOUTS == LAYOUTS and CLI_ENGINES == KNOWN_ENGINES and CLI_ANCHOR_MODES == ANCHOR_MODES
+
+
+def test_cli_subcommands_spell_every_scenario_knob_the_same_way() -> None:
+    """One vocabulary: report, learn and plan take the same scenario flags, with the same choices."""
+    parser = build_parser()
+    subs = next(a for a in parser._actions if a.dest == "command").choices
+
+    def flags(name: str) -> dict[str, object]:
+        return {s: a.choices for a in subs[name]._actions for s in a.option_strings}
+
+    report, learn, plan = flags("report"), flags("learn"), flags("plan")
+    shared = set(report) & set(plan)
+    for knob in (
+        "--layout",
+        "--lora",
+        "--lora-rank",
+        "--lora-separate-base",
+        "--engine",
+        "--offload",
+        "--rollout-dtype",
+        "--anchor",
+        "--reshard",
+        "--reward",
+        "--critic",
+        "--model-size",
+        "--devices",
+    ):
+        assert knob in shared and knob in learn, knob
+    assert report["--layout"] == plan["--layout"] == LAYOUTS
+    assert report["--engine"] == plan["--engine"] == KNOWN_ENGINES
+    assert report["--anchor"] == plan["--anchor"] == ANCHOR_MODES
 
 
 # --- CLI -------------------------------------------------------------------------------
@@ -339,12 +407,43 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
 
 
 def test_l4_cli_plan_json_keys() -> None:
-    rc, out, _ = _run(["plan", "--model", "llama3-8b", "--topology", "gpu-8", "--lora", "16",
-                       "--layout", "split", "--memory-per-device", "80GB", "--bandwidth", "450GB", "--json"])
+    rc, out, _ = _run(
+        [
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--topology",
+            "gpu-8",
+            "--lora",
+            "--lora-rank",
+            "16",
+            "--layout",
+            "split",
+            "--memory-per-device",
+            "80GB",
+            "--bandwidth",
+            "450GB",
+            "--json",
+        ]
+    )
     assert rc == 0
     data = json.loads(out)
-    for key in ("source", "model", "topology", "layout", "engine", "lora_rank", "offload", "anchor",
-                "role_to_mesh", "sharing_map", "rollout_branch", "memory", "fits", "sync"):
+    for key in (
+        "source",
+        "model",
+        "topology",
+        "layout",
+        "engine",
+        "lora_rank",
+        "offload",
+        "anchor",
+        "role_to_mesh",
+        "sharing_map",
+        "rollout_branch",
+        "memory",
+        "fits",
+        "sync",
+    ):
         assert key in data, key
     assert set(MEMORY_KEYS) <= set(data["memory"]) and "allocator" not in data["memory"]
     assert set(SYNC_KEYS) | {"estimated_seconds"} <= set(data["sync"])
@@ -363,8 +462,8 @@ def test_l4_cli_plan_text() -> None:
     [
         (["--model", "gpt-5"], "llama3-70b"),
         (["--topology", "tpu-v9"], "tpu-v5p-256"),
-        (["--layout", "diagonal"], "colocated, reshaped, split"),
-        (["--engine", "trt"], "vanilla, vllm, sglang_jax"),
+        (["--layout", "diagonal"], "'colocated', 'reshaped', 'split'"),
+        (["--engine", "trt"], "'vanilla', 'vllm', 'sglang_jax'"),
         (["--memory-per-device", "lots"], "GiB"),
     ],
 )

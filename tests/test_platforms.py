@@ -1,6 +1,7 @@
 """Accelerator-only branches, exercised on CPU: a stand-in chip, a default backend that is not
 the cluster's, device ids shared across platforms. Every platform decision reads the devices
 of the arrays and meshes at hand, never JAX's default backend."""
+
 from __future__ import annotations
 
 import types
@@ -11,11 +12,12 @@ import pytest
 from jax.sharding import Mesh
 
 import rlcluster_lab as rl
-from rlcluster_lab import ClusterConfig, Role, Scenario, build_cluster, layout_meshes, notebook, placement_report
-from rlcluster_lab.config import ConfigError
+from rlcluster_lab import ClusterConfig, Role, Scenario, build_cluster, layout_meshes, placement_report
+from rlcluster_lab.core.config import ConfigError
+from rlcluster_lab.core.meshes import make_mesh
+from rlcluster_lab.lab import setup as notebook
 from rlcluster_lab.measure import allocator_stats
-from rlcluster_lab.meshes import make_mesh
-from rlcluster_lab.transfers import shard_key
+from rlcluster_lab.placement.transfers import shard_key
 
 
 class Chip:

@@ -1,4 +1,5 @@
 """Device-to-device resharding (P5, P13): values, shardings, plans and buffer reuse."""
+
 import itertools
 import math
 
@@ -7,10 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from rlcluster_lab.meshes import make_mesh
-from rlcluster_lab.reshard import array_plan, plan_reshard, reshard, reshard_strategy, reshard_tree, to_box
+from rlcluster_lab.core.meshes import make_mesh
+from rlcluster_lab.placement.reshard import array_plan, plan_reshard, reshard, reshard_strategy, reshard_tree, to_box
 
 DEVICES = jax.devices()
 BY_ID = {d.id: d for d in DEVICES}
@@ -43,7 +45,7 @@ def _device_sets(draw, relations):
     if relation == "disjoint":
         n_src = draw(st.sampled_from([4, 2, 1]))
         n_dst = draw(st.sampled_from([n for n in (4, 2, 1) if n <= 8 - n_src]))
-        return list(perm[:n_src]), list(perm[n_src:n_src + n_dst])
+        return list(perm[:n_src]), list(perm[n_src : n_src + n_dst])
     n_src = draw(st.sampled_from(COUNTS))
     src = list(perm[:n_src])
     if relation == "same":
@@ -62,8 +64,7 @@ def _sharding(draw, ids, rank):
     used = set()
     spec = []
     for _ in range(rank):
-        options = [e for e in SPEC_ENTRIES
-                   if e is None or not (set(e if isinstance(e, tuple) else (e,)) & used)]
+        options = [e for e in SPEC_ENTRIES if e is None or not (set(e if isinstance(e, tuple) else (e,)) & used)]
         entry = draw(st.sampled_from(options))
         if entry is not None:
             used.update(entry if isinstance(entry, tuple) else (entry,))
@@ -112,6 +113,7 @@ def _guarded():
 
 
 # --- properties ----------------------------------------------------------------
+
 
 def _check_values(case, strategy):
     shape, src, dst = case
@@ -183,8 +185,7 @@ def _reused_devices(x, y):
     """Devices whose destination box equals the source box they hold, and whether the buffer is the same."""
     before, after = _pointers(x), _pointers(y)
     src_boxes = _shard_boxes(x)
-    return {dev: after[dev] == before[dev]
-            for dev, box in _shard_boxes(y).items() if src_boxes.get(dev) == box}
+    return {dev: after[dev] == before[dev] for dev, box in _shard_boxes(y).items() if src_boxes.get(dev) == box}
 
 
 # Shared devices make equal boxes likely; disjoint sets cannot have any.
@@ -226,6 +227,7 @@ def test_l3_plan_moves_only_elements_missing_on_the_destination_device(case):
 
 
 # --- plain tests ----------------------------------------------------------------
+
 
 def _mesh24():
     return make_mesh(DEVICES, (2, 4))

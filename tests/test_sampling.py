@@ -1,4 +1,5 @@
 """Sampler: agreement with forward log-probs, greedy determinism, EOS, errors."""
+
 import jax
 import numpy as np
 import pytest
@@ -6,8 +7,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, init_model, logps_from_state
-from rlcluster_lab.sampling import SampleOutput, sample
-from rlcluster_lab.tokenizer import ByteTokenizer
+from rlcluster_lab.model.sampling import PROMPT_BUCKET, SampleOutput, sample
+from rlcluster_lab.model.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 PROMPTS = ["hello", "a", "the quick brown fox", "xyz", "1+1=", "", "zz", "abcdefgh"]
@@ -19,15 +20,15 @@ def split_model():
 
 
 def _sample(graphdef, state, temperature, seed=0, **kw):
-    args = dict(max_new_tokens=16, temperature=temperature, cache_size=48, seed=seed,
-                eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+    args = dict(
+        max_new_tokens=16, temperature=temperature, cache_size=48, seed=seed, eos_id=TOK.eos_id, pad_id=TOK.pad_id
+    )
     args.update(kw)
     return sample(graphdef, state, TOK, PROMPTS, **args)
 
 
 def _check_logps(graphdef, state, out, temperature, atol=1e-4):
-    expected = logps_from_state(graphdef, state, out.prompt_tokens, out.tokens, TOK.pad_id,
-                                temperature)
+    expected = logps_from_state(graphdef, state, out.prompt_tokens, out.tokens, TOK.pad_id, temperature)
     np.testing.assert_allclose(out.logprobs, np.asarray(expected), atol=atol)
 
 
@@ -36,7 +37,9 @@ def test_output_shapes(split_model):
     assert isinstance(out, SampleOutput)
     assert out.tokens.shape == (8, 16) and out.logprobs.shape == (8, 16)
     assert out.logprobs.dtype == np.float32
-    assert out.prompt_tokens.shape == (8, len(TOK.encode(PROMPTS[2])))
+    # Prompts are left-padded to a multiple of PROMPT_BUCKET (one program serves nearby lengths).
+    longest = len(TOK.encode(PROMPTS[2]))
+    assert out.prompt_tokens.shape == (8, -(-longest // PROMPT_BUCKET) * PROMPT_BUCKET)
     assert len(out.text) == 8
 
 
@@ -73,7 +76,7 @@ def test_eos_pads_the_rest(split_model):
     for row in out.tokens:
         hits = np.flatnonzero(row == stop)
         if hits.size:
-            assert np.all(row[hits[0] + 1:] == TOK.pad_id)
+            assert np.all(row[hits[0] + 1 :] == TOK.pad_id)
     assert stop in out.tokens[0, :4]  # row 0 really stopped early
     assert np.all(out.logprobs[out.tokens == TOK.pad_id] == 0)
     _check_logps(*split_model, out, 0.0)
@@ -93,8 +96,17 @@ def test_sharded_state_matches_unsharded(split_model):
 
 def test_empty_prompts_raise(split_model):
     with pytest.raises(ValueError, match="empty list of prompts"):
-        sample(*split_model, TOK, [], max_new_tokens=4, temperature=1.0, cache_size=32,
-               seed=0, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+        sample(
+            *split_model,
+            TOK,
+            [],
+            max_new_tokens=4,
+            temperature=1.0,
+            cache_size=32,
+            seed=0,
+            eos_id=TOK.eos_id,
+            pad_id=TOK.pad_id,
+        )
 
 
 def test_cache_too_small_raises(split_model):

@@ -1,15 +1,16 @@
 """Reward and value models: scores per token and per sequence, padding, sharding."""
+
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from rlcluster_lab.meshes import make_mesh
+from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.model import get_model_config
-from rlcluster_lab.placement import place_model
-from rlcluster_lab.scoring import ScoreModel, init_score_model, scores_from_state
-from rlcluster_lab.tokenizer import PAD_ID
+from rlcluster_lab.model.scoring import ScoreModel, init_score_model, scores_from_state
+from rlcluster_lab.model.tokenizer import PAD_ID
+from rlcluster_lab.placement.place import place_model
 
 PAD = PAD_ID
 B, P, C = 4, 6, 5
@@ -93,7 +94,8 @@ def test_prompt_left_padding_does_not_change_scores(split):
         np.testing.assert_allclose(
             _scores(split, padded, completion, per_token),
             _scores(split, prompt, completion, per_token),
-            rtol=1e-5, atol=1e-5,
+            rtol=1e-5,
+            atol=1e-5,
         )
 
 
@@ -136,5 +138,6 @@ def test_sharded_state_scores_equal_unsharded(split, sharded, per_token):
     np.testing.assert_allclose(
         _scores(sharded_split, prompt, completion, per_token),
         _scores(split, prompt, completion, per_token),
-        rtol=1e-5, atol=1e-5,
+        rtol=1e-5,
+        atol=1e-5,
     )

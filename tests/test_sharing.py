@@ -1,12 +1,13 @@
 """The backbone sharing map (P1, P2): which roles may hold one set of weights."""
+
 import jax
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlcluster_lab.meshes import describe_mesh, layout_meshes, make_mesh
-from rlcluster_lab.roles import Role
-from rlcluster_lab.sharing import build_sharing_map, shares, sharing_map_json
-from rlcluster_lab.trace import Trace
+from rlcluster_lab.core.meshes import describe_mesh, layout_meshes, make_mesh
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.trace import Trace
+from rlcluster_lab.rules.sharing import build_sharing_map, shares, sharing_map_json
 
 DEVICES = jax.devices()
 
@@ -25,8 +26,9 @@ def _all_on(mesh, **overrides):
     return r2m
 
 
-def _build(r2m, *, actor_is_module=True, actor_has_lora=False, has_reference=True,
-           reference_is_module=True, trace=None):
+def _build(
+    r2m, *, actor_is_module=True, actor_has_lora=False, has_reference=True, reference_is_module=True, trace=None
+):
     return build_sharing_map(
         r2m,
         actor_is_module=actor_is_module,
@@ -44,6 +46,7 @@ def _assert_symmetric(sharing_map):
 
 
 # --- JAX mesh identity, which P1 relies on ---------------------------------
+
 
 def test_p1_make_mesh_same_devices_shape_names_is_same_object():
     assert make_mesh(DEVICES, (2, 4)) is make_mesh(DEVICES, (2, 4))
@@ -63,6 +66,7 @@ def test_p1_make_mesh_other_axis_names_is_different_mesh():
 
 
 # --- P1 ---------------------------------------------------------------------
+
 
 def test_p1_same_mesh_links_actor_and_rollout_both_ways():
     m = _build(_all_on(_mesh_24()))
@@ -125,6 +129,7 @@ def test_p1_trace_split_layout_records_different_devices():
 
 
 # --- P2 ---------------------------------------------------------------------
+
 
 def test_p2_lora_reference_same_mesh_links_actor_and_reference_both_ways():
     m = _build(_all_on(_mesh_24(), rollout=_mesh_81()), actor_has_lora=True)
@@ -243,6 +248,7 @@ def test_trace_is_json_ready():
 
 # --- JSON form --------------------------------------------------------------
 
+
 def test_sharing_map_json_sorted_lower_case_every_role():
     m = _build(_all_on(_mesh_24()), actor_has_lora=True)
     out = sharing_map_json(m)
@@ -304,7 +310,12 @@ def test_p1_p2_property_symmetric_irreflexive_actor_rollout_iff_equal(
         assert len(set(others)) == len(others)
     same = r2m[Role.ACTOR] == r2m[Role.ROLLOUT]
     assert shares(m, Role.ACTOR, Role.ROLLOUT) == same
-    p2_applies = (actor_is_module and actor_has_lora and has_reference and reference_is_module
-                  and r2m[Role.REFERENCE] == r2m[Role.ACTOR])
+    p2_applies = (
+        actor_is_module
+        and actor_has_lora
+        and has_reference
+        and reference_is_module
+        and r2m[Role.REFERENCE] == r2m[Role.ACTOR]
+    )
     assert shares(m, Role.ACTOR, Role.REFERENCE) == p2_applies
     assert shares(m, Role.ROLLOUT, Role.REFERENCE) == (same and p2_applies)

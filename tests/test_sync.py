@@ -1,4 +1,5 @@
 """P13 measured (L3): what every layout x LoRA x engine sync really moves, and the cheaper anchor."""
+
 from __future__ import annotations
 
 import jax
@@ -7,8 +8,8 @@ import pytest
 from flax import nnx
 
 from rlcluster_lab import Scenario, SyncReport, TrainBatch, build_cluster, placement_report
-from rlcluster_lab.cluster import buffer_keys, state_bytes
 from rlcluster_lab.measure import flat_leaves
+from rlcluster_lab.placement.buffers import buffer_keys, state_bytes
 
 LAYOUTS = ["colocated", "reshaped", "split"]
 ENGINES = ["vanilla", "vllm", "sglang_jax"]
@@ -35,8 +36,9 @@ def test_p13_sync_bytes_match_the_shardings(layout, lora, engine, reshard):
     assert rep.synced_bytes == state_bytes(dest)
     assert rep.synced_logical_bytes == logical
     # Every destination byte: arrived from another device, made on its own, or reused.
-    assert rep.synced_bytes == (rep.moved_cross_device_bytes - rep.relayed_cross_device_bytes
-                                + rep.copied_same_device_bytes + rep.reused_bytes)
+    assert rep.synced_bytes == (
+        rep.moved_cross_device_bytes - rep.relayed_cross_device_bytes + rep.copied_same_device_bytes + rep.reused_bytes
+    )
     assert rep.moved_cross_device_bytes - rep.relayed_cross_device_bytes >= rep.minimum_cross_device_bytes
     if reshard == "minimal" or engine != "vllm":
         # The minimal strategy moves exactly what the shardings force, and so does XLA for
@@ -115,8 +117,17 @@ def test_p13_report_json_keys_and_leaf_rows():
     cluster = build_cluster(Scenario(layout="reshaped", lora=True))
     data = placement_report(cluster, sync=cluster.sync_weights()).to_json()
     sync = data["sync"]
-    for key in ("synced_bytes", "moved_cross_device_bytes", "copied_same_device_bytes", "reused_bytes",
-                "minimum_cross_device_bytes", "synced_logical_bytes", "anchor_bytes", "seconds", "leaves"):
+    for key in (
+        "synced_bytes",
+        "moved_cross_device_bytes",
+        "copied_same_device_bytes",
+        "reused_bytes",
+        "minimum_cross_device_bytes",
+        "synced_logical_bytes",
+        "anchor_bytes",
+        "seconds",
+        "leaves",
+    ):
         assert key in sync
     assert "physical" in sync["units"]
     assert sync["seconds"] > 0

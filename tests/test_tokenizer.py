@@ -1,8 +1,9 @@
 """Byte tokenizer: round trips, specials and left padding."""
+
 import numpy as np
 import pytest
 
-from rlcluster_lab.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
+from rlcluster_lab.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
 
 
 def test_special_ids_and_vocab():

@@ -1,4 +1,5 @@
 """Figures show what the reports say: highlighted branches, cells, and bar sizes equal to report bytes."""
+
 from __future__ import annotations
 
 import copy
@@ -11,9 +12,9 @@ import matplotlib.pyplot as plt  # noqa: E402  (only to check that no pyplot fig
 import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from rlcluster_lab import viz  # noqa: E402
-from rlcluster_lab.report import placement_report  # noqa: E402
-from rlcluster_lab.scenario import Scenario, build_cluster  # noqa: E402
+from rlcluster_lab.cluster.scenario import Scenario, build_cluster  # noqa: E402
+from rlcluster_lab.lab import figures as viz  # noqa: E402
+from rlcluster_lab.measure.report import placement_report  # noqa: E402
 
 
 def _patches(fig, prefix: str) -> dict[str, object]:
@@ -81,10 +82,23 @@ def test_decision_flow_lights_exactly_one_answer_per_row(reports):
 
 
 def test_decision_flow_reads_P2_skip_from_the_trace():
+    """The figure reads each decision's typed branch, as the rule functions return it."""
+    from rlcluster_lab.rules.rollout import p3_rollout_model
+    from rlcluster_lab.rules.sharing import p2_link_reference
+
+    p2 = p2_link_reference(
+        actor_is_module=False,
+        reference_is_module=True,
+        actor_has_lora=False,
+        has_reference=True,
+        actor_mesh=None,
+        reference_mesh=None,
+    )
     report = {
-        "decisions": [{"rule": "P2", "test": "actor and reference are in-memory modules",
-                       "values": {"actor_is_module": False, "reference_is_module": True}, "outcome": "skipped"}],
-        "sharing_map": {"actor": []}, "rollout_branch": "second_copy", "offload_to_cpu": True,
+        "decisions": [p2.to_json(), p3_rollout_model(False, "vanilla", "vanilla", None).to_json()],
+        "sharing_map": {"actor": []},
+        "rollout_branch": "second_copy",
+        "offload_to_cpu": True,
     }
     lit = _highlighted(viz.decision_flow(report))
     assert {"P2:skipped", "P3:second_copy", "P4:no reference", "P14:pinned host between uses"} <= lit
@@ -115,11 +129,16 @@ def test_device_grid_reshaped_same_devices_other_coordinates_P1(reports):
 
 def test_device_grid_draws_the_configured_rollout_mesh_when_the_engine_replaced_it_P7():
     report = {
-        "role_to_mesh": {"actor": {"axis_names": ["fsdp", "tp"], "shape": {"fsdp": 2, "tp": 2}, "device_ids": [0, 1, 2, 3]},
-                         "rollout": {"axis_names": ["tp"], "shape": {"tp": 2}, "device_ids": [2, 3]}},
-        "config_role_to_mesh": {"rollout": {"axis_names": ["fsdp", "tp"], "shape": {"fsdp": 2, "tp": 2},
-                                            "device_ids": [0, 1, 2, 3]}},
-        "mesh_overridden_by_engine": True, "device_count": 4, "sharing_map": {"actor": ["rollout"]},
+        "role_to_mesh": {
+            "actor": {"axis_names": ["fsdp", "tp"], "shape": {"fsdp": 2, "tp": 2}, "device_ids": [0, 1, 2, 3]},
+            "rollout": {"axis_names": ["tp"], "shape": {"tp": 2}, "device_ids": [2, 3]},
+        },
+        "config_role_to_mesh": {
+            "rollout": {"axis_names": ["fsdp", "tp"], "shape": {"fsdp": 2, "tp": 2}, "device_ids": [0, 1, 2, 3]}
+        },
+        "mesh_overridden_by_engine": True,
+        "device_count": 4,
+        "sharing_map": {"actor": ["rollout"]},
     }
     fig = viz.device_grid(report)
     assert _filled(fig, "rollout") == {2, 3}
@@ -130,18 +149,29 @@ def test_device_grid_draws_the_configured_rollout_mesh_when_the_engine_replaced_
 # ------------------------------------------------------------------ memory (L2), hand-built per the report contract
 
 MEMORY = {
-    "units": "physical bytes", "source": "measured: walk of live buffers",
+    "units": "physical bytes",
+    "source": "measured: walk of live buffers",
     "by_role": {
-        "actor": {"bytes": 1000, "by_kind": {"device": 1000},
-                  "by_device": {"0": {"device": 600}, "1": {"device": 400}}},
-        "reference": {"bytes": 900, "by_kind": {"device": 900},
-                      "by_device": {"0": {"device": 500}, "1": {"device": 400}}},
-        "anchor": {"bytes": 1000, "by_kind": {"pinned_host": 1000},
-                   "by_device": {"0": {"pinned_host": 600}, "1": {"pinned_host": 400}}},
+        "actor": {
+            "bytes": 1000,
+            "by_kind": {"device": 1000},
+            "by_device": {"0": {"device": 600}, "1": {"device": 400}},
+        },
+        "reference": {
+            "bytes": 900,
+            "by_kind": {"device": 900},
+            "by_device": {"0": {"device": 500}, "1": {"device": 400}},
+        },
+        "anchor": {
+            "bytes": 1000,
+            "by_kind": {"pinned_host": 1000},
+            "by_device": {"0": {"pinned_host": 600}, "1": {"pinned_host": 400}},
+        },
     },
     "by_device": {"0": {"device": 700, "pinned_host": 600}, "1": {"device": 450, "pinned_host": 400}},
     "shared": [{"roles": ["actor", "reference"], "bytes": 750, "buffers": 6}],
-    "unique_bytes": 2150, "naive_bytes": 2900,
+    "unique_bytes": 2150,
+    "naive_bytes": 2900,
     "allocator": {"available": False, "note": "the CPU backend has no allocator statistics", "by_device": {}},
 }
 
@@ -150,8 +180,10 @@ def test_memory_by_device_bar_heights_are_the_reports_unique_bytes_L2():
     fig = viz.memory_by_device(MEMORY)
     bars = _patches(fig, "bar:device:")
     assert {gid: p.get_height() for gid, p in bars.items()} == {
-        "bar:device:0:device": 700, "bar:device:1:device": 450,
-        "bar:device:0:pinned_host": 600, "bar:device:1:pinned_host": 400,
+        "bar:device:0:device": 700,
+        "bar:device:1:device": 450,
+        "bar:device:0:pinned_host": 600,
+        "bar:device:1:pinned_host": 400,
     }
     # Stacked by role: per device and memory kind the segments add up to the sum of every role's bytes.
     stacks: dict[str, float] = {}
@@ -166,8 +198,11 @@ def test_memory_by_device_bar_heights_are_the_reports_unique_bytes_L2():
 
 def test_memory_by_device_draws_allocator_figures_when_present():
     memory = copy.deepcopy(MEMORY)
-    memory["allocator"] = {"available": True, "note": "", "by_device": {"0": {"bytes_in_use": 2000},
-                                                                         "1": {"bytes_in_use": 1500}}}
+    memory["allocator"] = {
+        "available": True,
+        "note": "",
+        "by_device": {"0": {"bytes_in_use": 2000}, "1": {"bytes_in_use": 1500}},
+    }
     fig = viz.memory_by_device(memory)
     offsets = fig.axes[0].collections[0].get_offsets()
     assert [tuple(map(float, o)) for o in offsets] == [(0.0, 2000.0), (1.0, 1500.0)]
@@ -177,7 +212,9 @@ def test_memory_by_role_bar_lengths_are_the_reports_bytes_and_name_sharing_L2():
     fig = viz.memory_by_role(MEMORY)
     bars = _patches(fig, "bar:role:")
     assert {gid: p.get_width() for gid, p in bars.items() if p.get_width()} == {
-        "bar:role:actor:device": 1000, "bar:role:reference:device": 900, "bar:role:anchor:pinned_host": 1000,
+        "bar:role:actor:device": 1000,
+        "bar:role:reference:device": 900,
+        "bar:role:anchor:pinned_host": 1000,
     }
     # The pinned-host part starts where the device part ends: each bar's end is the role's bytes.
     assert bars["bar:role:anchor:pinned_host"].get_x() == 0
@@ -192,25 +229,49 @@ def test_memory_timeline_sums_each_kind_over_devices_P14():
     on_host["by_device"] = {"0": {"pinned_host": 1300}, "1": {"pinned_host": 850}}
     fig = viz.memory_timeline([("between ops", on_host), ("during update", MEMORY)])
     heights = {gid: p.get_height() for gid, p in _patches(fig, "bar:phase:").items()}
-    assert heights == {"bar:phase:between ops:device": 0, "bar:phase:between ops:pinned_host": 2150,
-                       "bar:phase:during update:device": 1150, "bar:phase:during update:pinned_host": 1000}
+    assert heights == {
+        "bar:phase:between ops:device": 0,
+        "bar:phase:between ops:pinned_host": 2150,
+        "bar:phase:during update:device": 1150,
+        "bar:phase:during update:pinned_host": 1000,
+    }
 
 
 # ------------------------------------------------------------------ sync (L3)
 
+
 def _leaf(path: str, moved: int, copied: int, reused: int, minimum: int) -> dict:
-    return {"path": path, "dtype": "float32", "dst_dtype": "float32", "shape": [4, 4], "src_sharding": "a",
-            "dst_sharding": "b", "synced_bytes": moved + copied + reused, "moved_cross_device_bytes": moved,
-            "copied_same_device_bytes": copied, "reused_bytes": reused, "minimum_cross_device_bytes": minimum,
-            "logical_bytes": 64}
+    return {
+        "path": path,
+        "dtype": "float32",
+        "dst_dtype": "float32",
+        "shape": [4, 4],
+        "src_sharding": "a",
+        "dst_sharding": "b",
+        "synced_bytes": moved + copied + reused,
+        "moved_cross_device_bytes": moved,
+        "copied_same_device_bytes": copied,
+        "reused_bytes": reused,
+        "minimum_cross_device_bytes": minimum,
+        "logical_bytes": 64,
+    }
 
 
 SYNC = {
-    "units": "physical bytes", "method": "reshard", "lora": False,
-    "synced_bytes": 1600, "moved_cross_device_bytes": 1000, "copied_same_device_bytes": 200, "reused_bytes": 400,
-    "minimum_cross_device_bytes": 800, "synced_logical_bytes": 400, "anchor_bytes": 1600,
-    "seconds": 0.0123, "anchor_seconds": 0.001,
-    "arrived_by_device": {"0": 500, "1": 500}, "peak_extra_bytes": {"0": {"device": 600}},
+    "units": "physical bytes",
+    "method": "reshard",
+    "lora": False,
+    "synced_bytes": 1600,
+    "moved_cross_device_bytes": 1000,
+    "copied_same_device_bytes": 200,
+    "reused_bytes": 400,
+    "minimum_cross_device_bytes": 800,
+    "synced_logical_bytes": 400,
+    "anchor_bytes": 1600,
+    "seconds": 0.0123,
+    "anchor_seconds": 0.001,
+    "arrived_by_device": {"0": 500, "1": 500},
+    "peak_extra_bytes": {"0": {"device": 600}},
     "leaves": [_leaf("layers/0/w", 1000, 0, 0, 800), _leaf("embed", 0, 200, 400, 0)],
 }
 
@@ -229,8 +290,13 @@ def test_sync_bytes_segments_are_moved_copied_reused_and_minimum_line_L3():
 
 
 def test_sync_bytes_compares_several_runs():
-    colocated = {**SYNC, "moved_cross_device_bytes": 0, "copied_same_device_bytes": 0, "reused_bytes": 1600,
-                 "minimum_cross_device_bytes": 0}
+    colocated = {
+        **SYNC,
+        "moved_cross_device_bytes": 0,
+        "copied_same_device_bytes": 0,
+        "reused_bytes": 1600,
+        "minimum_cross_device_bytes": 0,
+    }
     fig = viz.sync_bytes({"colocated": colocated, "split": SYNC})
     bars = _patches(fig, "bar:sync:")
     assert bars["bar:sync:colocated:moved_cross_device_bytes"].get_height() == 0
@@ -254,11 +320,34 @@ def test_sync_leaves_bar_lengths_per_leaf_and_top_filter_L3():
 
 
 def test_p11_gap_splits_first_and_later_optimizer_steps():
-    result = {"p11": [
-        {"step": 0, "iteration": 0, "rows": [0, 8], "steps_taken_before": 0, "live_vs_anchor": 1e-6, "anchor_vs_sampler": 2e-6},
-        {"step": 0, "iteration": 0, "rows": [8, 16], "steps_taken_before": 1, "live_vs_anchor": 0.5, "anchor_vs_sampler": 1e-6},
-        {"step": 1, "iteration": 0, "rows": [0, 8], "steps_taken_before": 0, "live_vs_anchor": 0.0, "anchor_vs_sampler": 1e-6},
-    ]}
+    result = {
+        "p11": [
+            {
+                "step": 0,
+                "iteration": 0,
+                "rows": [0, 8],
+                "steps_taken_before": 0,
+                "live_vs_anchor": 1e-6,
+                "anchor_vs_sampler": 2e-6,
+            },
+            {
+                "step": 0,
+                "iteration": 0,
+                "rows": [8, 16],
+                "steps_taken_before": 1,
+                "live_vs_anchor": 0.5,
+                "anchor_vs_sampler": 1e-6,
+            },
+            {
+                "step": 1,
+                "iteration": 0,
+                "rows": [0, 8],
+                "steps_taken_before": 0,
+                "live_vs_anchor": 0.0,
+                "anchor_vs_sampler": 1e-6,
+            },
+        ]
+    }
     fig = viz.p11_gap(result)
     by_gid = {c.get_gid(): c for c in fig.axes[0].collections}
     first = [tuple(map(float, o)) for o in by_gid["points:live:first"].get_offsets()]
@@ -268,14 +357,27 @@ def test_p11_gap_splits_first_and_later_optimizer_steps():
 
 
 PLAN = {
-    "source": "computed from shapes (no allocation)", "model": {"name": "big"}, "topology": {"name": "v5e-8"},
+    "source": "computed from shapes (no allocation)",
+    "model": {"name": "big"},
+    "topology": {"name": "v5e-8"},
     "layout": "colocated",
-    "memory": {"by_role": {"actor": {"bytes": 3000, "by_kind": {"device": 3000}, "by_device": {}},
-                           "anchor": {"bytes": 3000, "by_kind": {"pinned_host": 3000}, "by_device": {}}},
-               "by_device": {"0": {"device": 1500, "pinned_host": 1500}, "1": {"device": 2500}},
-               "shared": [], "unique_bytes": 6000, "naive_bytes": 6000},
-    "fits": {"memory_per_device": 2000, "by_role": {"actor": {"max_device_bytes": 3000, "fits": False},
-                                                    "anchor": {"max_device_bytes": 1500, "fits": True}}},
+    "memory": {
+        "by_role": {
+            "actor": {"bytes": 3000, "by_kind": {"device": 3000}, "by_device": {}},
+            "anchor": {"bytes": 3000, "by_kind": {"pinned_host": 3000}, "by_device": {}},
+        },
+        "by_device": {"0": {"device": 1500, "pinned_host": 1500}, "1": {"device": 2500}},
+        "shared": [],
+        "unique_bytes": 6000,
+        "naive_bytes": 6000,
+    },
+    "fits": {
+        "memory_per_device": 2000,
+        "by_role": {
+            "actor": {"max_device_bytes": 3000, "fits": False},
+            "anchor": {"max_device_bytes": 1500, "fits": True},
+        },
+    },
 }
 
 

@@ -1,15 +1,17 @@
 """L3 for the xla strategy: the bytes a compiled reshard moves, read from its collectives."""
+
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from rlcluster_lab import reshard_xla
-from rlcluster_lab.meshes import make_mesh
-from rlcluster_lab.reshard import minimum_cross_device_elements, shard_boxes, to_box
-from rlcluster_lab.xla_traffic import _Unreadable, _flows, _groups, _pairs, program_traffic
+from rlcluster_lab.core.meshes import make_mesh
+from rlcluster_lab.placement import xla as reshard_xla
+from rlcluster_lab.placement.reshard import minimum_cross_device_elements, shard_boxes, to_box
+from rlcluster_lab.placement.traffic import _flows, _groups, _pairs, _Unreadable, program_traffic
 
 DEVICES = jax.devices()
 
@@ -70,8 +72,9 @@ def test_flows_of_an_all_gather_and_a_tuple_all_to_all():
     # Each member receives the other's 4x8 float32 operand.
     assert sorted((s, t, n) for s, t, n, _ in flows if s != t) == [(0, 1, 128), (1, 0, 128)]
     chunks = [_Fake(f"c{i}", f"%c{i} = f32[2,8]{{1,0}} slice(%p)", [param]) for i in range(2)]
-    flows = _flows("all-to-all", "%a = (f32[2,8], f32[2,8]) all-to-all(...), replica_groups={{0,1}}",
-                   chunks, 2, {"p": 0})
+    flows = _flows(
+        "all-to-all", "%a = (f32[2,8], f32[2,8]) all-to-all(...), replica_groups={{0,1}}", chunks, 2, {"p": 0}
+    )
     # Member 0 sends chunk 1 to member 1 and member 1 sends chunk 0 to member 0.
     assert sorted((s, t, n, p) for s, t, n, p in flows if s != t) == [(0, 1, 64, 0), (1, 0, 64, 0)]
 

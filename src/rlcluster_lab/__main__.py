@@ -1,3 +1,3 @@
-from rlcluster_lab.cli import main
+from rlcluster_lab.cli.main import main
 
 raise SystemExit(main())

@@ -4,6 +4,7 @@ It serves a scratch folder holding a copy of the notebook, so running its
 cells never writes outputs into the repository, and keeps its config,
 runtime and workspace files there too.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,17 +62,27 @@ class JupyterLab:
 
     def start(self, timeout: float = 120.0) -> None:
         cmd = [
-            sys.executable, "-m", "jupyter", "lab", "--no-browser",
-            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.work}",
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.work}",
             "--ServerApp.terminals_enabled=False",
             # Nothing from the network: no update check, no extension listing from a registry.
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--LabApp.extension_manager=readonly",
         ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")  # CI runs as root
         with open(self.log, "wb") as log:
-            self._proc = subprocess.Popen(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self._proc = subprocess.Popen(
+                cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -10,6 +10,7 @@ decision-flow and device-grid images. It saves a screenshot of the lab
 Outside CI the test is skipped when Chromium is absent; in CI (``CI`` set)
 it must run, so a missing browser fails it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from lab_server import JupyterLab
 
 try:
@@ -34,8 +34,14 @@ NOTEBOOK = REPO / "notebooks" / "07_placement_lab.ipynb"
 # Without the background-networking flags Chromium tries to reach the network
 # at start, and a closed network refuses it.
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 BUILD_TIMEOUT_MS = 300_000  # the kernel's first cluster build compiles its programs
 

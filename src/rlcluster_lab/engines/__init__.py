@@ -1,4 +1,5 @@
 """Rollout engines: the protocol, the vanilla sampler, and placement stand-ins for vLLM and SGLang-JAX."""
+
 from rlcluster_lab.engines.base import RolloutEngine, RolloutOutput, reshard_into
 from rlcluster_lab.engines.own_copy import OwnCopyEngine, SglangJaxStyleEngine, VllmStyleEngine
 from rlcluster_lab.engines.vanilla import VanillaEngine

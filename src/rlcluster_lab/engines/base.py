@@ -7,6 +7,7 @@ returns, scores completions, and takes new weights through
 exposes it as ``mesh``; the cluster then records that mesh for the rollout
 role (P7).
 """
+
 from __future__ import annotations
 
 import abc
@@ -19,10 +20,10 @@ from flax import nnx
 from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import Mesh, NamedSharding
 
-from rlcluster_lab.config import RolloutConfig
+from rlcluster_lab.core.config import RolloutConfig
 from rlcluster_lab.model import logps_from_state
-from rlcluster_lab.reshard import cast_many, log_cast, reshard_many
-from rlcluster_lab.sampling import sample
+from rlcluster_lab.model.sampling import sample
+from rlcluster_lab.placement.reshard import cast_many, log_cast, reshard_many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +54,14 @@ class RolloutEngine(abc.ABC):
         *,
         mesh: Mesh | None = None,
         rollout_config: RolloutConfig,
+        cache_size: int | None = None,
     ) -> None:
         type(self).check(rollout_actor, rollout_config)
         self.rollout_actor = rollout_actor  # the model the cluster handed over
         self.tokenizer = tokenizer
-        self.rollout_config = rollout_config
+        self.rollout_config = rollout_config  # the TRAIN config, as given
+        # The KV cache size the cluster hands over (the largest over modes), when it hands one.
+        self.cache_size = cache_size
         # Not exposed as ``mesh``: an engine that exposes one replaces the rollout mesh (P7).
         self.given_mesh = mesh
         self._calls = 0
@@ -93,7 +97,7 @@ class RolloutEngine(abc.ABC):
             list(prompts),
             max_new_tokens=rollout_config.max_tokens_to_generate,
             temperature=rollout_config.temperature,
-            cache_size=rollout_config.kv_cache_size,
+            cache_size=self.cache_size if self.cache_size is not None else rollout_config.kv_cache_size,
             seed=seed,
             eos_id=self.eos_id(),
             pad_id=self.pad_id(),

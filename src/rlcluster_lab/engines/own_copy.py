@@ -14,6 +14,7 @@ reproduce is the *placement contract* of those engines in the reference:
 
 They are not vLLM or SGLang, and their speed says nothing about those engines.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,12 +24,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from rlcluster_lab.config import ConfigError, RolloutConfig
-from rlcluster_lab.options import SGLANG_LORA_MESSAGE, check_sglang_lora, check_vllm_version  # noqa: F401
+from rlcluster_lab.core.config import ConfigError, RolloutConfig
+from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.engines.base import RolloutEngine
-from rlcluster_lab.meshes import make_mesh
 from rlcluster_lab.model import is_lora
-from rlcluster_lab.placement import default_memory_kind, place_model
+from rlcluster_lab.placement.place import default_memory_kind, place_model
+from rlcluster_lab.rules.validation import check_sglang_lora, check_vllm_version
 
 
 def copy_onto_mesh(model: nnx.Module, mesh: Mesh, rules: Any) -> nnx.Module:
@@ -44,8 +45,7 @@ def rearranged_device_grid(device_ids: Sequence[int], tp_size: int | None) -> np
     tp = n if tp_size is None else int(tp_size)
     if tp < 1 or n % tp:
         raise ConfigError(
-            f"rollout_vllm_tensor_parallel_size={tp_size} does not divide the {n} rollout "
-            f"devices; use a divisor of {n}"
+            f"rollout_vllm_tensor_parallel_size={tp_size} does not divide the {n} rollout devices; use a divisor of {n}"
         )
     return np.asarray(ids, dtype=np.int64).reshape(n // tp, tp)
 
@@ -63,8 +63,9 @@ class OwnCopyEngine(RolloutEngine):
         mesh: Mesh | None = None,
         rollout_config: RolloutConfig,
         logical_axis_rules: Any = None,
+        cache_size: int | None = None,
     ) -> None:
-        super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config)
+        super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config, cache_size=cache_size)
         if mesh is None:
             raise ConfigError(f"the {self.name} engine needs the rollout mesh to place its weights on")
         self._engine_mesh = self.settle_mesh(mesh, rollout_config)

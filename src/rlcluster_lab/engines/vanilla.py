@@ -1,12 +1,14 @@
 """The built-in sampler: samples with the module it is handed, on that module's mesh."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from flax import nnx
 
-from rlcluster_lab.config import ConfigError, RolloutConfig
+from rlcluster_lab.core.options import RolloutConfig
 from rlcluster_lab.engines.base import RolloutEngine
+from rlcluster_lab.rules.validation import check_vanilla_model
 
 
 class VanillaEngine(RolloutEngine):
@@ -22,12 +24,7 @@ class VanillaEngine(RolloutEngine):
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
         has_config = hasattr(rollout_actor, "config")
-        if not has_config:
-            raise ConfigError(
-                "the vanilla engine needs a model with a `config` attribute (num_layers, "
-                "num_kv_heads, head_dim) to size its KV cache; use rlcluster_lab.TransformerLM "
-                "or give your module a config"
-            )
+        check_vanilla_model(has_config)
         return {"has_config": has_config}
 
     def model(self) -> nnx.Module:

@@ -7,8 +7,13 @@ the rule's ``Branch`` enum), the inputs it read and a one-line explanation.
 The live cluster and the what-if planner both execute these functions, so
 changing a rule changes both; the figures read the branch, never the text.
 Each function's docstring states its rule; ``docs/rules.md`` is generated
-from them (``python -m rlcluster_lab.rules``).
-"""
-from rlcluster_lab.rules.catalogue import RULES, RuleEntry, rules_markdown
+from them (``python -m rlcluster_lab.rules``; ``rules.catalogue``).
 
-__all__ = ["RULES", "RuleEntry", "rules_markdown"]
+Modules: ``sharing`` (P1, P2), ``rollout`` (P3, P7), ``reference`` (P4),
+``loading`` (P5, P14), ``validation`` (P6, JAX-free), ``anchor`` (P8, P10,
+P11), ``steps`` (P9, P12, P13).
+"""
+
+from rlcluster_lab.rules.catalogue import LAB_RULES, RULES, RuleEntry, rules_markdown
+
+__all__ = ["LAB_RULES", "RULES", "RuleEntry", "rules_markdown"]

@@ -1,4 +1,5 @@
 """P8, P10, P11: the anchor policy state, and why the actor's log-probs come from it."""
+
 from __future__ import annotations
 
 import enum
@@ -31,7 +32,8 @@ def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -
         "P8",
         "snapshot the actor's state to pinned host" + (" (trainable part only: anchor='trainable')" if partial else ""),
         {"global_steps": global_steps, "anchor": mode, "bytes": nbytes},
-        "anchor holds the LoRA adapters; the frozen backbone is read from the actor" if partial
+        "anchor holds the LoRA adapters; the frozen backbone is read from the actor"
+        if partial
         else "anchor policy state pinned",
         AnchorBranch.TRAINABLE if partial else AnchorBranch.FULL,
     )

@@ -1,4 +1,5 @@
 """P5 and P14: loading a model onto a mesh, and offloading roles to pinned host memory."""
+
 from __future__ import annotations
 
 import enum
@@ -47,10 +48,18 @@ def p5_load(
     """
     kept = leaves > 0 and leaves_on_target == leaves
     cast = requested_dtype is not None and leaves > 0 and requested_dtype != dtype
-    outcome = "kept as is" if kept else (
-        f"resharded onto the target mesh in {memory_kind} memory"
-        + (f", cast to {requested_dtype}" if cast else "")
-        + (f" ({leaves_on_target} of {leaves} leaves were already in place and are reused)" if leaves_on_target else "")
+    outcome = (
+        "kept as is"
+        if kept
+        else (
+            f"resharded onto the target mesh in {memory_kind} memory"
+            + (f", cast to {requested_dtype}" if cast else "")
+            + (
+                f" ({leaves_on_target} of {leaves} leaves were already in place and are reused)"
+                if leaves_on_target
+                else ""
+            )
+        )
     )
     return Decision(
         "P5",
@@ -81,8 +90,13 @@ def p14_offload(role: str, offload_to_cpu: bool, on_device: bool) -> Decision | 
     """
     if not (offload_to_cpu and on_device):
         return None
-    return Decision("P14", f"{role}: offload_to_cpu and the model is on device",
-                    {"role": role, "offload_to_cpu": True}, "moved to pinned_host", OffloadBranch.OFFLOADED)
+    return Decision(
+        "P14",
+        f"{role}: offload_to_cpu and the model is on device",
+        {"role": role, "offload_to_cpu": True},
+        "moved to pinned_host",
+        OffloadBranch.OFFLOADED,
+    )
 
 
 def p14_own_copy_engine(engine_name: str) -> Decision:

@@ -1,4 +1,5 @@
 """P4: the reference model, and the avoidable copy of a backbone it could share."""
+
 from __future__ import annotations
 
 import enum
@@ -28,8 +29,13 @@ def p4_reference_backbone(linked: bool, shares_buffers: bool, offload_to_cpu: bo
     Tests: test_cluster_rules.py::test_p4_*.
     """
     if not linked:
-        return Decision("P4", "reference linked to actor", {"linked": False},
-                        "reference holds its own weights on its mesh", ReferenceBranch.OWN_WEIGHTS)
+        return Decision(
+            "P4",
+            "reference linked to actor",
+            {"linked": False},
+            "reference holds its own weights on its mesh",
+            ReferenceBranch.OWN_WEIGHTS,
+        )
     note = (
         "; with offload_to_cpu these are the two host copies made during construction, "
         "which P14 joins again when a shared role is next loaded"

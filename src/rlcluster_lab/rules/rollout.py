@@ -1,4 +1,5 @@
 """P3 and P7: what the rollout samples with, and which mesh it is recorded on."""
+
 from __future__ import annotations
 
 import enum
@@ -34,7 +35,9 @@ def p3_rollout_model(linked: bool, engine_kind: str, engine_name: str, rollout_d
         branch, outcome = RolloutBranch.SHARED, "rollout model is the actor model: one object, no second copy"
     elif engine_kind == "vanilla":
         branch = RolloutBranch.SECOND_COPY
-        outcome = "actor loaded a second time onto the rollout mesh" + (f", cast to {rollout_dtype}" if rollout_dtype else "")
+        outcome = "actor loaded a second time onto the rollout mesh" + (
+            f", cast to {rollout_dtype}" if rollout_dtype else ""
+        )
     else:
         branch = RolloutBranch.ENGINE_INITIAL_VALUE
         outcome = f"the {engine_name} engine gets the trainer's model as its initial weights"

@@ -7,6 +7,7 @@ devices in the same shape with the same axis names are the same object, and
 anything else (the same chips in another shape, or other axis names) is a
 different mesh.
 """
+
 from __future__ import annotations
 
 import enum
@@ -164,3 +165,26 @@ def _freeze(links: Mapping[Role, list[Role]]) -> SharingMap:
 
 def _device_ids(mesh: Any) -> list[int]:
     return describe_mesh(mesh)["device_ids"]
+
+
+def build_sharing_map(
+    role_to_mesh: Mapping[Role, Any],
+    *,
+    actor_is_module: bool,
+    actor_has_lora: bool,
+    has_reference: bool,
+    reference_is_module: bool,
+    trace: Any = None,
+) -> SharingMap:
+    """The sharing map (P1, P2), its decisions added to ``trace`` when one is given."""
+    result, decisions = sharing_map(
+        role_to_mesh,
+        actor_is_module=actor_is_module,
+        actor_has_lora=actor_has_lora,
+        has_reference=has_reference,
+        reference_is_module=reference_is_module,
+    )
+    if trace is not None:
+        for d in decisions:
+            trace.add(d)
+    return result

@@ -1,4 +1,5 @@
 """P9, P12, P13: generating, the optimizer step, and the weight sync."""
+
 from __future__ import annotations
 
 import enum
@@ -34,9 +35,13 @@ def p12_trainable(actor_has_lora: bool) -> Decision:
 
     Tests: test_cluster_rules.py::test_p12_*, test_learner.py.
     """
-    return Decision("P12", "actor trainable parameters", {"lora": actor_has_lora},
-                    "optimizer over LoRA parameters only" if actor_has_lora else "optimizer over all parameters",
-                    ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL)
+    return Decision(
+        "P12",
+        "actor trainable parameters",
+        {"lora": actor_has_lora},
+        "optimizer over LoRA parameters only" if actor_has_lora else "optimizer over all parameters",
+        ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL,
+    )
 
 
 def p13_sync_guarded(platform: str) -> bool:
@@ -57,8 +62,13 @@ def p13_sync(actor_has_lora: bool, global_step: int, platform: str, reshard: str
     return Decision(
         "P13",
         "sync: filter to LoRA parameters if the actor has LoRA, else all parameters",
-        {"lora": actor_has_lora, "global_step": global_step, "transfer_guard": p13_sync_guarded(platform),
-         "sharing_map_consulted": False, "reshard": reshard},
+        {
+            "lora": actor_has_lora,
+            "global_step": global_step,
+            "transfer_guard": p13_sync_guarded(platform),
+            "sharing_map_consulted": False,
+            "reshard": reshard,
+        },
         "LoRA parameters handed to the engine" if actor_has_lora else "all parameters handed to the engine",
         ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL,
     )

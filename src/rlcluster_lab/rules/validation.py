@@ -3,6 +3,7 @@
 JAX-free, so the CLI runs the knob-level ones before the JAX backend starts.
 Each error says what was wrong and how to fix it.
 """
+
 from __future__ import annotations
 
 import enum
@@ -11,10 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
 from rlcluster_lab.core.roles import Mode
 from rlcluster_lab.core.trace import Decision
-
-KNOWN_ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
 
 
 class CheckBranch(str, enum.Enum):
@@ -44,8 +44,13 @@ def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
             f"(it has: {sorted(m.value for m in rollout_config)}); add {{Mode.TRAIN: RolloutConfig(...)}}"
         )
     train = rollout_config[Mode.TRAIN] if per_mode else rollout_config
-    return train, Decision("P6", "rollout_config is set, and a per-mode dict has a TRAIN entry",
-                           {"per_mode": per_mode}, "ok", CheckBranch.PASS)
+    return train, Decision(
+        "P6",
+        "rollout_config is set, and a per-mode dict has a TRAIN entry",
+        {"per_mode": per_mode},
+        "ok",
+        CheckBranch.PASS,
+    )
 
 
 def p6_engine_choice(engine: Any, is_engine_class: Callable[[Any], bool], engine_name: str) -> tuple[str, Decision]:
@@ -85,8 +90,13 @@ def p6_engine_choice(engine: Any, is_engine_class: Callable[[Any], bool], engine
 def p6_engine_accepts(engine_name: str, facts: Mapping[str, Any] | None) -> Decision:
     """P6: the engine's own checks on the actor and the rollout config (``facts`` is None when
     they refused: the error is raised by the engine's check)."""
-    return Decision("P6", f"{engine_name} engine accepts the actor and rollout config", dict(facts or {}),
-                    "ok" if facts is not None else "error", CheckBranch.PASS if facts is not None else CheckBranch.ERROR)
+    return Decision(
+        "P6",
+        f"{engine_name} engine accepts the actor and rollout config",
+        dict(facts or {}),
+        "ok" if facts is not None else "error",
+        CheckBranch.PASS if facts is not None else CheckBranch.ERROR,
+    )
 
 
 VANILLA_CONFIG_MESSAGE = (

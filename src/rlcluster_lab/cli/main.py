@@ -1,0 +1,205 @@
+"""``python -m rlcluster_lab``: the placement report (and a learner run) as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
+from rlcluster_lab.cli.plan import add_plan_arguments
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, no usage block: scripts read the reason, people read --help.
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m rlcluster_lab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    rep = sub.add_parser("report", help="build a cluster and print its placement report")
+    add_scenario_flags(rep)
+    rep.add_argument("--sync", action="store_true", help="also run one weight sync and report the bytes it moved (L3)")
+    learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
+    add_scenario_flags(learn)
+    learn.add_argument("--steps", type=int, default=30)
+    learn.add_argument("--prompts-per-step", type=int, default=4)
+    learn.add_argument("--group-size", type=int, default=4)
+    learn.add_argument("--mini-batch-size", type=int, default=8)
+    learn.add_argument("--iterations", type=int, default=1)
+    learn.add_argument("--learning-rate", type=float, default=3e-3)
+    learn.add_argument("--max-tokens", type=int, default=8)
+    plan = sub.add_parser(
+        "plan",
+        help="what-if plan (L4): placement, memory and sync bytes from shapes alone, for any model size and topology",
+    )
+    add_scenario_flags(plan, planner=True)
+    add_plan_arguments(plan)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # a bad flag (one line on stderr, exit 2) or --help (exit 0)
+        return int(exit_.code or 0)
+    try:
+        if args.devices < 1:
+            raise ValueError(f"--devices must be >= 1, got {args.devices}")
+        if args.command in ("report", "learn"):
+            # Knob-level refusals (P6 and friends) come back before JAX starts.
+            scenario_from(args).check()
+        # The device count must be set before anything starts the JAX backend,
+        # and the persistent compilation cache before the first compilation.
+        from rlcluster_lab.core.compile_cache import enable_compilation_cache
+        from rlcluster_lab.core.devices import ensure_simulated_devices
+
+        ensure_simulated_devices(args.devices)
+        enable_compilation_cache()
+        if args.command == "report":
+            out = _report(args)
+        elif args.command == "plan":
+            from rlcluster_lab.cli.plan import run_plan_command
+
+            out = run_plan_command(args)
+        else:
+            out = _learn(args)
+    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
+        message = " ".join(str(exc).split())
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2, sort_keys=True) if args.json else out["_text"] if "_text" in out else "")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> dict[str, Any]:
+    from rlcluster_lab.cluster.scenario import build_cluster
+    from rlcluster_lab.measure.report import placement_report
+
+    cluster = build_cluster(scenario_from(args))
+    sync = cluster.sync_weights() if args.sync else None
+    data = placement_report(cluster, sync=sync).to_json()
+    if not args.json:
+        data = {"_text": format_report(data)}
+    return data
+
+
+def _learn(args: argparse.Namespace) -> dict[str, Any]:
+    from rlcluster_lab.cluster.scenario import build_cluster
+    from rlcluster_lab.core.config import TrainingConfig
+    from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig
+
+    cluster = build_cluster(
+        scenario_from(args, max_tokens=args.max_tokens),
+        training_config=TrainingConfig(
+            learning_rate=args.learning_rate,
+            mini_batch_size=args.mini_batch_size,
+            num_iterations=args.iterations,
+        ),
+    )
+    learner = GRPOLearner(
+        cluster,
+        LearnerConfig(steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size),
+    )
+    progress = (
+        None
+        if args.json
+        else (lambda s: print(f"step {s.step:3d}  mean reward {s.mean_reward:.3f}  loss {s.loss:+.4f}", flush=True))
+    )
+    result = learner.run(progress=progress)
+    data = result.to_json()
+    if not args.json:
+        later = [p for p in result.p11 if p.steps_taken_before > 0]
+        first = [p for p in result.p11 if p.steps_taken_before == 0]
+        lines = [
+            f"mean reward: first step {result.rewards[0]:.3f}, last step {result.rewards[-1]:.3f}"
+            if result.rewards
+            else "no steps run",
+            "P11: max |live - anchor| log-prob before the first optimizer step of a global step: "
+            + (f"{max(p.live_vs_anchor for p in first):.2e}" if first else "n/a"),
+            "P11: max |live - anchor| once the actor has stepped (later mini-batches): "
+            + (f"{max(p.live_vs_anchor for p in later):.2e}" if later else "n/a (one mini-batch per step)"),
+            "P11: max |anchor - sampler|: "
+            + (f"{max(p.anchor_vs_sampler for p in result.p11):.2e}" if result.p11 else "n/a"),
+        ]
+        data = {"_text": "\n".join(lines)}
+    return data
+
+
+def format_report(data: dict[str, Any]) -> str:
+    """A readable summary of a placement report's JSON."""
+    lines = [
+        f"platform {data['platform']} with {data['device_count']} device(s); engine {data['engine']}"
+        f"{'; LoRA actor' if data['lora'] else ''}{'; offload to pinned host' if data['offload_to_cpu'] else ''}"
+    ]
+    lines.append("meshes after construction:")
+    for role, mesh in data["role_to_mesh"].items():
+        shape = "x".join(f"{k}={v}" for k, v in mesh["shape"].items())
+        lines.append(f"  {role:<9} {shape:<14} devices {mesh['device_ids']}")
+    if data["mesh_overridden_by_engine"]:
+        lines.append("  (the engine replaced the rollout mesh; the sharing map was built from the config's meshes)")
+    lines.append("sharing map:")
+    for role, others in data["sharing_map"].items():
+        lines.append(f"  {role:<9} -> {', '.join(others) if others else '(none)'}")
+    lines.append(f"rollout branch (P3): {data['rollout_branch']}")
+    lines.append(f"rollout samples with the actor's own buffers: {data['rollout_shares_actor_weights']}")
+    lines.append(f"reference shares the actor's frozen backbone: {data['reference_shares_backbone']}")
+    anchor = data["anchor"]
+    lines.append(f"anchor (P8, mode {anchor['mode']}): {anchor['bytes']:,} bytes pinned in {anchor['memory_kind']}")
+    lines.extend(format_memory(data["memory"]))
+    if data.get("sync"):
+        lines.extend(format_sync(data["sync"]))
+    for w in data["warnings"]:
+        lines.append(f"warning: {w}")
+    lines.append("decisions:")
+    for d in data["decisions"]:
+        lines.append(f"  {d['rule']:>4}  {d['test']}")
+        lines.append(f"        -> {d['outcome']}")
+    return "\n".join(lines)
+
+
+def format_memory(memory: dict[str, Any]) -> list[str]:
+    """Memory per role (L2) as lines of text."""
+    lines = [f"memory (L2, measured; {memory['units']}):"]
+    for role, r in memory["by_role"].items():
+        kinds = ", ".join(f"{k} {v:,}" for k, v in r["by_kind"].items())
+        lines.append(f"  {role:<9} {r['bytes']:>14,}  ({kinds})")
+    for g in memory["shared"]:
+        lines.append(
+            f"  shared by {' + '.join(g['roles'])}: {g['bytes']:,} bytes in {g['buffers']} buffers (counted once)"
+        )
+    lines.append(
+        f"  unique {memory['unique_bytes']:,} bytes; naive (every role its own copy) {memory['naive_bytes']:,}"
+    )
+    alloc = memory["allocator"]
+    lines.append(f"  allocator: {'see JSON' if alloc['available'] else alloc['note']}")
+    return lines
+
+
+def format_sync(sync: dict[str, Any]) -> list[str]:
+    """One weight sync (L3) as lines of text."""
+    return [
+        f"sync (L3, {sync['method']}; physical bytes):",
+        f"  synced {sync['synced_bytes']:,} = moved across devices {sync['moved_cross_device_bytes']:,}"
+        f" + copied within a device {sync['copied_same_device_bytes']:,} + reused {sync['reused_bytes']:,}",
+        f"  minimum across devices {sync['minimum_cross_device_bytes']:,}; logical (each leaf once)"
+        f" {sync['synced_logical_bytes']:,}",
+        f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
+        f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms"
+        + (
+            " (the handover includes compiling its copy programs: first sync of these shardings)"
+            if sync.get("includes_compilation")
+            else " (the handover includes reading its copy programs from the compilation cache)"
+            if sync.get("includes_program_load")
+            else ""
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

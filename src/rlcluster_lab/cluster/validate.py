@@ -1,0 +1,81 @@
+"""The checks a cluster runs on its inputs before anything is allocated (P6 and input checks)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from flax import nnx
+from flax.traverse_util import flatten_dict
+
+from rlcluster_lab.core.config import ClusterConfig
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.trace import Trace
+from rlcluster_lab.engines import ENGINES, RolloutEngine
+from rlcluster_lab.rules.validation import p6_engine_accepts, p6_engine_choice, p6_rollout_config
+
+
+def is_engine_class(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, RolloutEngine)
+
+
+def engine_class(config: ClusterConfig, kind: str) -> type[RolloutEngine]:
+    """The engine class a config names (a built-in one, or the user's class behind a partial)."""
+    engine = config.rollout_engine
+    if kind != "custom":
+        return ENGINES[kind]
+    return engine.func if isinstance(engine, functools.partial) else engine
+
+
+def check_inputs(
+    config: ClusterConfig, actor: Any, reference: Any, reward: Any, critic: Any, trace: Trace
+) -> tuple[Any, str]:
+    """Every P6 check, and the input checks, before anything is allocated.
+
+    Returns the TRAIN rollout config and the engine kind (a name, or ``custom``).
+
+    Raises:
+        ConfigError: a check failed (the message says how to fix it).
+        NotImplementedError: an engine value that is not supported (P6).
+    """
+    train, decision = p6_rollout_config(config.rollout_config)
+    trace.add(decision)
+    kind, decision = p6_engine_choice(config.rollout_engine, is_engine_class, config.engine_name())
+    trace.add(decision)
+    for name, model in (("actor", actor), ("reference", reference), ("reward", reward), ("critic", critic)):
+        if model is not None and not isinstance(model, (nnx.Module, str, os.PathLike)):
+            raise ConfigError(f"{name} must be an nnx.Module or a checkpoint path, got {type(model).__name__}")
+    if isinstance(actor, nnx.Module):
+        # P6: the engine's own checks (its constructor runs them again, for a model read from a path).
+        try:
+            seen = engine_class(config, kind).check(actor, train)
+        except ConfigError:
+            trace.add(p6_engine_accepts(config.engine_name(), None))
+            raise
+        trace.add(p6_engine_accepts(config.engine_name(), seen))
+        for name, other in (("reference", reference), ("critic", critic)):
+            if isinstance(other, nnx.Module):
+                check_same_backbone(actor, other, name)
+    return train, kind
+
+
+def check_same_backbone(actor: nnx.Module, other: nnx.Module, name: str) -> None:
+    """A reference (or a critic's backbone) must have the actor's frozen parameter tree."""
+    target = getattr(other, "backbone", other) if name == "critic" else other
+    want = _shapes(nnx.state(actor, nnx.Not(nnx.LoRAParam)))
+    got = _shapes(nnx.state(target, nnx.Not(nnx.LoRAParam)))
+    if want != got:
+        missing = sorted(set(want) - set(got))[:3]
+        extra = sorted(set(got) - set(want))[:3]
+        differ = sorted(k for k in set(want) & set(got) if want[k] != got[k])[:3]
+        raise ConfigError(
+            f"the {name} model's parameter tree does not match the actor's (missing: {missing}, "
+            f"unexpected: {extra}, other shapes: {[(k, got[k], want[k]) for k in differ]}). "
+            f"Build the {name} with the same model size as the actor."
+        )
+
+
+def _shapes(state: Any) -> dict[str, tuple[int, ...]]:
+    flat = flatten_dict(nnx.to_pure_dict(state))
+    return {"/".join(map(str, path)): tuple(getattr(v, "shape", ())) for path, v in flat.items()}

@@ -1,0 +1,146 @@
+"""JAX's persistent compilation cache, on by default for the CLI, the notebooks and the lab.
+
+A compiled program is written to disk the first time and read back by every
+later process, so the second time a user opens the lab or runs the CLI,
+construction and the first sync skip XLA compilation. Where the cache lives:
+
+1. ``RLCLUSTER_LAB_COMPILATION_CACHE``: a folder, or ``off`` to turn it off;
+2. else ``JAX_COMPILATION_CACHE_DIR``, JAX's own setting;
+3. else ``$XDG_CACHE_HOME/rlcluster-lab/jax`` (``~/.cache/rlcluster-lab/jax``).
+
+JAX reads this setting when it compiles for the first time in a process, so
+``enable_compilation_cache`` must run before the first compilation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+
+ENV = "RLCLUSTER_LAB_COMPILATION_CACHE"
+_OFF = {"0", "off", "false", "no", "none", ""}
+
+
+def cache_dir() -> Path | None:
+    """The folder the cache would use here, or None when it is turned off."""
+    value = os.environ.get(ENV)
+    if value is not None:
+        return None if value.strip().lower() in _OFF else Path(value).expanduser()
+    jax_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if jax_dir:
+        return Path(jax_dir).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rlcluster-lab" / "jax"
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
+    """Turn on JAX's persistent compilation cache (``path``, or ``cache_dir()``).
+
+    Every program is cached, however quickly it compiled: on two CPU cores a
+    "small" program still costs 0.1-0.5 s. Returns the folder, or None when
+    the cache is turned off or the folder cannot be created (then nothing
+    changes and JAX compiles as usual).
+    """
+    folder = Path(path).expanduser() if path is not None else cache_dir()
+    if folder is None:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return folder
+
+
+def active_cache_dir() -> str | None:
+    """The folder JAX's persistent cache uses in this process, if any."""
+    return jax.config.jax_compilation_cache_dir or None
+
+
+# ------------------------------------------------------------------ the bound on live programs
+
+
+def mapped_regions() -> int | None:
+    """Memory mappings this process holds now (Linux), or None where that cannot be read."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def mapping_limit() -> int | None:
+    """The kernel's per-process limit on memory mappings (Linux), or None."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+TRIM_FRACTION = 0.5
+
+
+def trim_compiled_programs(fraction: float | None = None) -> bool:
+    """Release every compiled program when this process holds more than ``fraction`` of its
+    mapping limit; True when it did.
+
+    On the CPU backend each compiled program holds memory mappings of its own
+    (a training step's programs take about 1,000), and the kernel stops a
+    process at ``vm.max_map_count`` (usually 65,530) with an allocation error.
+    Programs stay cached while they are few, so a rebuild of a layout seen
+    before compiles nothing; past the bound, they are dropped together, and
+    the persistent cache makes rebuilding them a read from disk.
+    """
+    fraction = TRIM_FRACTION if fraction is None else fraction
+    held, limit = mapped_regions(), mapping_limit()
+    if held is None or limit is None or held < fraction * limit:
+        return False
+    from rlcluster_lab.placement.reshard import clear_programs
+
+    clear_programs()
+    jax.clear_caches()
+    return True
+
+
+# ------------------------------------------------------------------ counting compilations
+
+
+@contextlib.contextmanager
+def count_compilations() -> Iterator[list[tuple[str, float, bool]]]:
+    """Collect (program name, seconds, read from the persistent cache) of every executable this
+    thread built inside the block: compiled by XLA, or read back from disk.
+
+    What an action costs is mostly what it compiles; the lab and the
+    benchmarks say how many programs a click built, how long that took, and
+    how many came from the cache instead of the compiler.
+    """
+    from jax._src import monitoring
+
+    found: list[tuple[str, float, bool]] = []
+    me = threading.get_ident()
+    hit = [False]
+
+    def on_event(event: str, **kwargs: object) -> None:
+        if event == "/jax/compilation_cache/cache_hits" and threading.get_ident() == me:
+            hit[0] = True
+
+    def on_duration(event: str, seconds: float, **kwargs: object) -> None:
+        if event.endswith("backend_compile_duration") and threading.get_ident() == me:
+            found.append((str(kwargs.get("fun_name", "?")), float(seconds), hit[0]))
+            hit[0] = False
+
+    monitoring.register_event_listener(on_event)
+    monitoring.register_event_duration_secs_listener(on_duration)
+    try:
+        yield found
+    finally:
+        monitoring.unregister_event_duration_listener(on_duration)
+        monitoring.unregister_event_listener(on_event)

@@ -1,0 +1,208 @@
+"""Configuration of a cluster: meshes per role, the rollout engine and its settings,
+training settings. Validation of the rollout settings (P6) lives here too."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.options import ANCHOR_MODES, RESHARD_STRATEGIES, RolloutConfig, dtype_name
+from rlcluster_lab.core.roles import Mode, Role
+
+LogicalAxisRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """How the actor learns (GRPO-style clipped objective with a KL term)."""
+
+    learning_rate: float = 3e-3
+    optimizer: optax.GradientTransformation | None = None  # default: adam(learning_rate)
+    critic_optimizer: optax.GradientTransformation | None = None
+    mini_batch_size: int | None = None  # None: the whole batch in one step
+    num_iterations: int = 1  # passes over the same batch per global step
+    beta: float = 0.04  # KL weight
+    epsilon: float = 0.2  # clip range
+    role_to_logical_axis_rule: Mapping[Role, LogicalAxisRules] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:
+            raise ConfigError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}")
+        if self.num_iterations < 1:
+            raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}")
+        if self.role_to_logical_axis_rule is not None:
+            rules = {Role.parse(r): tuple(tuple(x) for x in v) for r, v in self.role_to_logical_axis_rule.items()}
+            object.__setattr__(self, "role_to_logical_axis_rule", types.MappingProxyType(rules))
+
+    def actor_optimizer(self) -> optax.GradientTransformation:
+        return self.optimizer if self.optimizer is not None else default_optimizer(self.learning_rate)
+
+
+MATMUL_PRECISIONS = (None, "default", "high", "highest", "bfloat16", "tensorfloat32", "float32")
+
+
+@functools.lru_cache(maxsize=64)
+def default_optimizer(learning_rate: float) -> optax.GradientTransformation:
+    """``optax.adam(learning_rate)``, one object per rate.
+
+    The optimizer is a static argument of the jitted training step, so the
+    same object across clusters lets a rebuilt cluster reuse the compiled
+    step instead of compiling (and keeping) another.
+    """
+    return optax.adam(learning_rate)
+
+
+RolloutConfigArg = RolloutConfig | Mapping[Mode, RolloutConfig] | None
+EngineArg = str | type | functools.partial | Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """Which mesh each role lives on, which rollout engine samples, and offload.
+
+    ``role_to_mesh`` needs ACTOR and ROLLOUT; REFERENCE, REWARD and CRITIC
+    default to the actor's mesh when left out.
+
+    ``reshard`` picks how layouts change (P5 loads, P13 syncs): ``"xla"``
+    (the default) compiles one program per set of shardings and reports the
+    bytes its collectives move, excess over the minimum included;
+    ``"minimal"`` assembles every destination shard on its own device from
+    exactly the pieces it lacks, which moves the least but compiles two small
+    programs per device.
+
+    ``matmul_precision`` is entered around every operation (None: the
+    platform's default). The default, ``"highest"``, keeps float32 matmuls in
+    float32 on GPUs (no TF32) and TPUs (no bfloat16 passes), so the sampler's,
+    the anchor's and the live actor's log-probs agree to float32 rounding on
+    every platform (P11); on CPU it changes nothing.
+
+    ``anchor`` says what the anchor policy state holds (P8). ``"full"``, the
+    reference behaviour, pins the actor's whole state at every sync.
+    ``"trainable"`` pins only what training changes: for a LoRA actor the
+    adapters, with the frozen backbone read from the actor itself, which
+    gives the same log-probs for less pinned memory (for a full-parameter
+    actor it is the same as ``"full"``).
+    """
+
+    role_to_mesh: Mapping[Role, Mesh]
+    rollout_config: RolloutConfigArg = dataclasses.field(default_factory=RolloutConfig)
+    rollout_engine: EngineArg = "vanilla"
+    offload_to_cpu: bool = False
+    training_config: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+    anchor: str = "full"
+    reshard: str = "xla"
+    matmul_precision: str | None = "highest"
+
+    def __post_init__(self) -> None:
+        if self.reshard not in RESHARD_STRATEGIES:
+            raise ConfigError(
+                f"reshard must be one of {', '.join(RESHARD_STRATEGIES)}, got {self.reshard!r}: 'xla' compiles "
+                "one program per set of shardings, 'minimal' moves exactly what each device lacks"
+            )
+        if self.anchor not in ANCHOR_MODES:
+            raise ConfigError(
+                f"anchor must be one of {', '.join(ANCHOR_MODES)}, got {self.anchor!r}: 'full' pins the "
+                "actor's whole state (the reference), 'trainable' only the LoRA adapters"
+            )
+        r2m = {Role.parse(r): m for r, m in dict(self.role_to_mesh).items()}
+        for role in (Role.ACTOR, Role.ROLLOUT):
+            if role not in r2m:
+                raise ConfigError(
+                    f"role_to_mesh has no mesh for {role.value}; every cluster needs meshes for "
+                    "actor and rollout (use rlcluster_lab.layout_meshes('colocated') for a start)"
+                )
+        for role in (Role.REFERENCE, Role.REWARD, Role.CRITIC):
+            r2m.setdefault(role, r2m[Role.ACTOR])
+        platforms: dict[str, list[str]] = {}
+        for role, mesh in r2m.items():
+            if not isinstance(mesh, Mesh):
+                raise ConfigError(f"role_to_mesh[{role.value}] is {type(mesh).__name__}, expected a jax.sharding.Mesh")
+            devices = list(np.asarray(mesh.devices).flatten())
+            platform = devices[0].platform
+            platforms.setdefault(platform, []).append(role.value)
+            # Devices are looked up on their own platform: a CPU device and a chip can share an id.
+            try:
+                known = set(jax.devices(platform))
+            except RuntimeError:  # no backend for that platform in this process
+                known = set()
+            gone = [d.id for d in devices if d not in known]
+            if gone:
+                raise ConfigError(
+                    f"role_to_mesh[{role.value}] uses {platform} device id(s) {gone} that do not exist in this "
+                    f"process (its {platform} devices: {sorted(d.id for d in known)}); build the mesh from "
+                    f"jax.devices({platform!r})"
+                )
+        if len(platforms) > 1:
+            where = "; ".join(f"{p}: {', '.join(roles)}" for p, roles in platforms.items())
+            raise ConfigError(
+                f"role_to_mesh mixes platforms ({where}); one cluster runs on one platform: build every "
+                "role's mesh from the same kind of device"
+            )
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ConfigError(
+                f"matmul_precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, got "
+                f"{self.matmul_precision!r}"
+            )
+        object.__setattr__(self, "role_to_mesh", types.MappingProxyType(r2m))
+        if isinstance(self.rollout_config, Mapping):
+            object.__setattr__(
+                self,
+                "rollout_config",
+                types.MappingProxyType({_parse_mode(k): v for k, v in self.rollout_config.items()}),
+            )
+
+    def logical_axis_rules(self, role: Role) -> LogicalAxisRules | None:
+        rules = self.training_config.role_to_logical_axis_rule
+        return None if not rules else rules.get(role)
+
+    def rollout_config_for(self, mode: Mode = Mode.TRAIN) -> RolloutConfig:
+        cfg = self.rollout_config
+        if isinstance(cfg, Mapping):
+            if mode not in cfg:
+                raise ConfigError(f"rollout_config has no entry for mode {mode.value}")
+            return cfg[mode]
+        if cfg is None:
+            raise ConfigError("cluster_config.rollout_config is None; pass a RolloutConfig")
+        return cfg
+
+    def engine_name(self) -> str:
+        eng = self.rollout_engine
+        if isinstance(eng, str):
+            return eng
+        if isinstance(eng, functools.partial):
+            return f"partial({getattr(eng.func, '__name__', repr(eng.func))})"
+        return getattr(eng, "__name__", repr(eng))
+
+
+def _parse_mode(mode: Mode | str) -> Mode:
+    if isinstance(mode, Mode):
+        return mode
+    try:
+        return Mode(str(mode).lower())
+    except ValueError:
+        raise ConfigError(f"unknown rollout mode {mode!r}; use Mode.TRAIN or Mode.EVAL") from None
+
+
+def max_kv_cache_size(config: ClusterConfig) -> int:
+    cfg = config.rollout_config
+    if isinstance(cfg, Mapping):
+        return max(c.kv_cache_size for c in cfg.values())
+    return config.rollout_config_for(Mode.TRAIN).kv_cache_size
+
+
+def parse_dtype(name: Any) -> Any:
+    """A dtype given as a name or a dtype, as a JAX dtype (None stays None)."""
+    if name is None:
+        return None
+    import jax.numpy as jnp
+
+    return jnp.dtype(dtype_name(name))

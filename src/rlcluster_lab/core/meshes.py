@@ -1,0 +1,137 @@
+"""The lab's standard device layouts, built from the devices in use.
+
+Every mesh is built with explicit ``axis_types`` (Auto on both axes): recent
+JAX makes ``jax.make_mesh`` default to Explicit axes, which changes how
+matmuls are sharded, and the lab wants the classic behaviour everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from rlcluster_lab.core.options import LAYOUTS, standard_shape
+from rlcluster_lab.core.roles import Role
+
+MESH_AXES: tuple[str, str] = ("fsdp", "tp")
+
+
+def make_mesh(
+    devices: Sequence[jax.Device],
+    shape: tuple[int, ...],
+    axis_names: tuple[str, ...] = MESH_AXES,
+) -> Mesh:
+    """A mesh over ``devices`` (in the order given) arranged as ``shape``."""
+    devices = list(devices)
+    if int(np.prod(shape)) != len(devices):
+        raise ValueError(
+            f"mesh shape {tuple(shape)} holds {int(np.prod(shape))} devices but "
+            f"{len(devices)} were given; pick a shape whose product is {len(devices)}"
+        )
+    if len(shape) != len(axis_names):
+        raise ValueError(f"mesh shape {tuple(shape)} and axis names {axis_names} differ in length")
+    if len({d.id for d in devices}) != len(devices):
+        raise ValueError("a mesh cannot use the same device twice")
+    arr = np.array(devices, dtype=object).reshape(shape)
+    return Mesh(arr, axis_names, axis_types=(AxisType.Auto,) * len(axis_names))
+
+
+def mesh_from_ids(
+    device_ids: Sequence[int],
+    shape: tuple[int, ...] | None = None,
+    axis_names: tuple[str, ...] = MESH_AXES,
+) -> Mesh:
+    """A mesh over the devices with these ids; the shape defaults to the standard one."""
+    by_id = {d.id: d for d in jax.devices()}
+    missing = [i for i in device_ids if i not in by_id]
+    if missing:
+        raise ValueError(
+            f"device id(s) {missing} do not exist; this process has devices "
+            f"{sorted(by_id)}. Pick ids from that list (on CPU, more simulated devices "
+            "can only be set before JAX starts: rlcluster_lab.ensure_simulated_devices)."
+        )
+    if not device_ids:
+        raise ValueError("a mesh needs at least one device id")
+    shape = tuple(shape) if shape is not None else default_shape(len(device_ids))
+    return make_mesh([by_id[i] for i in device_ids], shape, axis_names)
+
+
+def default_shape(count: int) -> tuple[int, int]:
+    """The lab's standard (fsdp, tp) shape for ``count`` devices: (2,4) for 8, (2,2) for 4."""
+    return standard_shape(count)
+
+
+def layout_meshes(
+    layout: str,
+    devices: Sequence[Any] | None = None,
+    *,
+    make: Callable[..., Any] = make_mesh,
+) -> dict[Role, Mesh]:
+    """Meshes for every role in one of the standard layouts.
+
+    - ``colocated``: every role on one mesh over all devices.
+    - ``reshaped``: every role on all devices in the standard shape, except the
+      rollout, which uses the same devices as an (N, 1) mesh: same chips,
+      another mesh (P1 sees them as different).
+    - ``split``: actor, reference, reward and critic on the first half of the
+      devices, the rollout on the second half.
+
+    ``make(devices, shape)`` builds each mesh; the what-if planner passes one
+    that builds meshes on paper, so real and planned layouts are one definition.
+    """
+    devices = list(devices) if devices is not None else jax.devices()
+    n = len(devices)
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    main = make(devices, default_shape(n))
+    if layout == "colocated":
+        return {role: main for role in Role}
+    if layout == "reshaped":
+        other = make(devices, (n, 1))
+        if other == main:
+            raise ValueError(
+                f"the reshaped layout needs a device count whose standard shape is not "
+                f"({n}, 1); with {n} device(s) there is no second arrangement. Use 'colocated', "
+                "or run with more devices."
+            )
+        return {**{role: main for role in Role}, Role.ROLLOUT: other}
+    if n < 2 or n % 2:
+        raise ValueError(
+            f"the split layout needs an even number of devices (at least 2); "
+            f"this process has {n}. Use 'colocated' here, or run with more devices."
+        )
+    half = n // 2
+    first = make(devices[:half], default_shape(half))
+    second = make(devices[half:], default_shape(half))
+    return {**{role: first for role in Role}, Role.ROLLOUT: second}
+
+
+def reachable_layouts(devices: Sequence[jax.Device] | None = None) -> list[str]:
+    """The standard layouts the given devices can form."""
+    ok = []
+    for layout in LAYOUTS:
+        try:
+            layout_meshes(layout, devices)
+        except ValueError:
+            continue
+        ok.append(layout)
+    return ok
+
+
+def describe_mesh(mesh: Any) -> dict[str, Any]:
+    """A JSON-ready description: axis names, shape per axis, device ids in mesh order."""
+    if mesh is None:
+        return {"axis_names": [], "shape": {}, "device_ids": []}
+    return {
+        "axis_names": list(mesh.axis_names),
+        "shape": {str(k): int(v) for k, v in dict(mesh.shape).items()},
+        "device_ids": [int(d.id) for d in np.asarray(mesh.devices).flatten()],
+    }
+
+
+def describe_meshes(role_to_mesh: Mapping[Role, Any]) -> dict[str, dict[str, Any]]:
+    return {role.value: describe_mesh(mesh) for role, mesh in role_to_mesh.items()}

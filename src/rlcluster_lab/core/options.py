@@ -1,0 +1,196 @@
+"""The lab's vocabulary: every knob, its allowed values, and the checks on knobs alone.
+
+Nothing here imports JAX, so the CLI can parse its flags, and refuse a
+combination that cannot work, before the JAX backend starts (its device
+count must be set first) and before anything is allocated or compiled. The
+``Scenario`` (what the CLI, the widgets, the notebooks and the tests build),
+the rollout settings and the planner's request all take their choices from
+the tuples below, so one knob is spelled one way everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rlcluster_lab.core.errors import ConfigError
+
+LAYOUTS: tuple[str, ...] = ("colocated", "reshaped", "split")
+ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
+ENGINE_LABELS: dict[str, str] = {
+    "vanilla": "vanilla",
+    "vllm": "vllm (JAX placement stand-in)",
+    "sglang_jax": "sglang_jax (JAX placement stand-in)",
+}
+ANCHOR_MODES: tuple[str, ...] = ("full", "trainable")
+RESHARD_STRATEGIES: tuple[str, ...] = ("xla", "minimal")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+MODEL_SIZES: tuple[str, ...] = ("tiny", "small", "base", "large")
+LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+
+# The largest LoRA rank a scenario accepts: the widest projection of the largest
+# size (2048); a larger rank is no longer low-rank and only costs memory.
+MAX_LORA_RANK = 2048
+
+
+def dtype_name(value: Any) -> str:
+    """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type, as its name.
+
+    Raises:
+        ConfigError: for anything that is not one of ``DTYPES``.
+    """
+    if isinstance(value, str):
+        name = value
+    else:
+        import numpy as np
+
+        try:
+            name = np.dtype(value).name
+        except TypeError:
+            name = str(getattr(value, "__name__", value))
+    if name not in DTYPES:
+        raise ConfigError(f"unsupported dtype {value!r}; use one of {', '.join(DTYPES)} (a name or a dtype)")
+    return name
+
+
+def standard_shape(count: int) -> tuple[int, int]:
+    """The lab's standard (fsdp, tp) shape for ``count`` devices: (2,4) for 8, (2,2) for 4."""
+    for tp in (4, 2):
+        if count % tp == 0 and count // tp >= 2:
+            return (count // tp, tp)
+    if count % 2 == 0:
+        return (1, count) if count <= 2 else (count // 2, 2)
+    return (count, 1)
+
+
+def layout_problem(layout: str, count: int) -> str | None:
+    """Why ``count`` devices cannot form ``layout`` (None when they can)."""
+    if layout not in LAYOUTS:
+        return f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}"
+    if count < 1:
+        return "a layout needs at least one device"
+    if layout == "reshaped" and standard_shape(count) == (count, 1):
+        return (
+            f"the reshaped layout needs a device count whose standard shape is not ({count}, 1); "
+            f"with {count} device(s) there is no second arrangement. Use 'colocated', or run with more devices."
+        )
+    if layout == "split" and (count < 2 or count % 2):
+        return (
+            f"the split layout needs an even number of devices (at least 2); this process has {count}. "
+            "Use 'colocated' here, or run with more devices."
+        )
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How the rollout engine samples.
+
+    ``data_type`` casts the vanilla engine's second copy (P3) when set; it
+    takes a name or a dtype (``jnp.bfloat16``) and keeps the name. The
+    ``rollout_vllm_*`` and ``rollout_sglang_jax_*`` fields are read only by
+    the matching engine.
+    """
+
+    max_tokens_to_generate: int = 16
+    temperature: float = 1.0
+    kv_cache_size: int = 128
+    data_type: Any = None
+    seed: int = 0
+    # vllm-style engine: a model version is required (P6); tp size picks its own mesh (P7).
+    rollout_vllm_model_version: str | None = None
+    rollout_vllm_tensor_parallel_size: int | None = None
+    # sglang_jax-style engine: LoRA actors need static-LoRA settings (P6).
+    rollout_sglang_jax_enable_static_lora: bool = False
+    rollout_sglang_jax_lora_target_modules: tuple[str, ...] = ()
+    rollout_sglang_jax_max_lora_rank: int | None = None
+    rollout_sglang_jax_lora_scaling: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_to_generate < 1:
+            raise ConfigError(f"max_tokens_to_generate must be >= 1, got {self.max_tokens_to_generate}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.kv_cache_size < 2:
+            raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
+        if self.data_type is not None:
+            object.__setattr__(self, "data_type", dtype_name(self.data_type))
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """The knobs of one placement experiment.
+
+    With ``lora`` the actor is a LoRA model built over the reference model's
+    own frozen buffers (the usual way to share a base model, so P2's sharing
+    is real); ``lora_separate_base`` builds it over a copy instead, which P4
+    flags as an avoidable copy. Without LoRA the actor is a full copy of the
+    reference, as it must be to train. ``reshard`` picks how layouts change
+    (see ``ClusterConfig.reshard``).
+    """
+
+    layout: str = "colocated"
+    lora: bool = False
+    lora_rank: int = 4
+    lora_separate_base: bool = False
+    engine: str = "vanilla"
+    offload: bool = False
+    rollout_dtype: str | None = None
+    model_size: str = "tiny"
+    with_reward: bool = False
+    with_critic: bool = False
+    sglang_static_lora: bool = True
+    anchor: str = "full"
+    reshard: str = "xla"
+    max_tokens: int = 16
+    temperature: float = 1.0
+    kv_cache_size: int = 128
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for knob, value, allowed in (
+            ("layout", self.layout, LAYOUTS),
+            ("engine", self.engine, ENGINES),
+            ("model size", self.model_size, MODEL_SIZES),
+            ("anchor", self.anchor, ANCHOR_MODES),
+            ("reshard strategy", self.reshard, RESHARD_STRATEGIES),
+        ):
+            if value not in allowed:
+                raise ConfigError(f"unknown {knob} {value!r}; choose one of {', '.join(allowed)}")
+        if self.rollout_dtype is not None:
+            object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype))
+        if self.lora_separate_base and not self.lora:
+            raise ConfigError("lora_separate_base needs lora: the separate base is the LoRA actor's frozen part")
+        if self.lora and not 1 <= self.lora_rank <= MAX_LORA_RANK:
+            raise ConfigError(f"lora_rank must be between 1 and {MAX_LORA_RANK}, got {self.lora_rank}")
+
+    def check(self, device_count: int | None = None) -> None:
+        """Every refusal that follows from the knobs alone (P6, and layouts on ``device_count``
+        devices), before anything is allocated.
+
+        Raises:
+            ConfigError: with the reason and the fix.
+        """
+        from rlcluster_lab.rules.validation import check_sglang_lora  # P6's own home (rules/)
+
+        if self.engine == "sglang_jax":
+            check_sglang_lora(self.lora, self.sglang_static_lora)
+        if device_count is not None:
+            problem = layout_problem(self.layout, device_count)
+            if problem:
+                raise ConfigError(problem)
+
+    def rollout_config(self) -> RolloutConfig:
+        static = self.lora and self.engine == "sglang_jax" and self.sglang_static_lora
+        return RolloutConfig(
+            max_tokens_to_generate=self.max_tokens,
+            temperature=self.temperature,
+            kv_cache_size=self.kv_cache_size,
+            data_type=self.rollout_dtype,
+            seed=self.seed,
+            rollout_vllm_model_version=f"rlcluster-lab/{self.model_size}" if self.engine == "vllm" else None,
+            rollout_sglang_jax_enable_static_lora=static,
+            rollout_sglang_jax_lora_target_modules=LORA_TARGETS if static else (),
+            rollout_sglang_jax_max_lora_rank=self.lora_rank if static else None,
+            rollout_sglang_jax_lora_scaling=1.0 if static else None,
+        )

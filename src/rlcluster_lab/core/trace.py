@@ -1,0 +1,96 @@
+"""The decision trace (L1): every branch the cluster takes, with what it saw."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+
+def jsonable(value: Any) -> Any:
+    """Turn trace values (roles, meshes described as dicts, dtypes, numpy) into JSON types."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(jsonable(k)): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [jsonable(v) for v in value]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One branch a rule took: the rule id, what was tested, the inputs it read, a one-line
+    outcome, and the branch itself (a member of the rule's branch enum, ``rules/``).
+
+    Figures and reports read ``branch``; ``outcome`` is for people.
+    """
+
+    rule: str
+    test: str
+    values: Mapping[str, Any]
+    outcome: str
+    branch: enum.Enum | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "test": self.test,
+            "values": jsonable(self.values),
+            "outcome": self.outcome,
+            "branch": None if self.branch is None else self.branch.value,
+        }
+
+
+class Trace:
+    """An append-only list of decisions, in the order the cluster took them."""
+
+    def __init__(self) -> None:
+        self._decisions: list[Decision] = []
+
+    def record(
+        self, rule: str, test: str, values: Mapping[str, Any], outcome: str, branch: enum.Enum | None = None
+    ) -> Decision:
+        return self.add(Decision(rule=rule, test=test, values=dict(values), outcome=outcome, branch=branch))
+
+    def add(self, decision: Decision) -> Decision:
+        """Append a decision a rule function returned."""
+        self._decisions.append(decision)
+        return decision
+
+    def extend(self, decisions: Trace | list[Decision]) -> None:
+        self._decisions.extend(list(decisions))
+
+    def by_rule(self, rule: str) -> list[Decision]:
+        return [d for d in self._decisions if d.rule == rule]
+
+    def rules(self) -> list[str]:
+        return [d.rule for d in self._decisions]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [d.to_json() for d in self._decisions]
+
+    def __iter__(self) -> Iterator[Decision]:
+        return iter(list(self._decisions))
+
+    def __len__(self) -> int:
+        return len(self._decisions)
+
+    def __getitem__(self, index: int) -> Decision:
+        return self._decisions[index]
+
+    def __repr__(self) -> str:
+        lines = [f"{d.rule:>4}  {d.test}  ->  {d.outcome}" for d in self._decisions]
+        return "Trace(\n  " + "\n  ".join(lines) + "\n)" if lines else "Trace()"

@@ -1,0 +1,205 @@
+"""The lab's knobs: one widget per knob of a ``Scenario``, and the scenario they describe.
+
+The choices come from the one vocabulary (``core.options``, via the layouts
+these devices can hold); nothing here decides where a model lives. The
+``PlacementLab`` (``lab.widget``) owns the buttons and the panels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ipywidgets as widgets
+import jax
+
+from rlcluster_lab.cluster.scenario import ROLLOUT_DTYPES, Scenario
+from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
+from rlcluster_lab.core.options import ENGINES
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.model import MODEL_SIZES
+
+CUSTOM = "custom"
+_ENGINE_LABELS = {
+    "vanilla": "vanilla",
+    "vllm": "vllm (JAX placement stand-in)",
+    "sglang_jax": "sglang_jax (JAX placement stand-in)",
+}
+
+
+def shape_options(count: int) -> list[tuple[str, tuple[int, int]]]:
+    """Every (fsdp, tp) arrangement of ``count`` devices, the lab's standard one first."""
+    shapes = [default_shape(count)] if count else []
+    shapes += [(a, count // a) for a in range(1, count + 1) if count % a == 0 and (a, count // a) not in shapes]
+    return [(f"{a} x {b}", (a, b)) for a, b in shapes]
+
+
+class Knobs:
+    """The scenario's knobs as widgets, laid out in ``self.widget``.
+
+    Args:
+        devices: the devices the layouts are built on.
+    """
+
+    def __init__(self, devices: Sequence[jax.Device]) -> None:
+        self.devices = list(devices)
+        self._make()
+        self.widget = self._assemble()
+        self._update_custom_visibility()
+
+    def _make(self) -> None:
+        style = {"description_width": "130px"}
+        wide = widgets.Layout(width="330px")
+        auto = widgets.Layout(width="auto")
+        layouts = reachable_layouts(self.devices) + [CUSTOM]
+        self.layout = widgets.Dropdown(
+            options=[(name if name != CUSTOM else "custom rollout mesh", name) for name in layouts],
+            value=layouts[0],
+            description="layout",
+            style=style,
+            layout=wide,
+        )
+        self.device_toggles = [
+            widgets.ToggleButton(value=True, description=str(d.id), tooltip=str(d), layout=widgets.Layout(width="38px"))
+            for d in self.devices
+        ]
+        self.rollout_shape = widgets.Dropdown(description="rollout shape", style=style, layout=wide)
+        self.custom_note = widgets.HTML()
+        self.custom_box = widgets.VBox(
+            [
+                widgets.HTML("<b>rollout devices</b>"),
+                widgets.HBox(self.device_toggles),
+                self.rollout_shape,
+                self.custom_note,
+            ]
+        )
+        self.lora = widgets.Checkbox(value=False, description="LoRA actor", indent=False, layout=auto)
+        self.lora_rank = widgets.BoundedIntText(
+            value=4, min=1, max=64, description="LoRA rank", style=style, layout=wide
+        )
+        self.lora_separate_base = widgets.Checkbox(
+            value=False, description="LoRA over a separate copy of the base (P4 warns)", indent=False, layout=auto
+        )
+        self.engine = widgets.Dropdown(
+            options=[(_ENGINE_LABELS.get(e, e), e) for e in ENGINES],
+            value="vanilla",
+            description="rollout engine",
+            style=style,
+            layout=wide,
+        )
+        self.static_lora = widgets.Checkbox(
+            value=True, description="static-LoRA settings for sglang_jax (P6)", indent=False, layout=auto
+        )
+        self.offload = widgets.Checkbox(
+            value=False, description="offload to pinned host (P14)", indent=False, layout=auto
+        )
+        self.rollout_dtype = widgets.Dropdown(
+            options=[("as given (float32)", "")] + [(d, d) for d in ROLLOUT_DTYPES],
+            value="",
+            description="rollout dtype",
+            style=style,
+            layout=wide,
+        )
+        self.model_size = widgets.Dropdown(
+            options=list(MODEL_SIZES), value="tiny", description="model size", style=style, layout=wide
+        )
+        self.with_reward = widgets.Checkbox(value=False, description="reward model", indent=False, layout=auto)
+        self.with_critic = widgets.Checkbox(value=False, description="critic model", indent=False, layout=auto)
+        self.anchor = widgets.Dropdown(
+            options=[("full actor state", "full"), ("trainable parameters only", "trainable")],
+            value="full",
+            description="anchor (P8)",
+            style=style,
+            layout=wide,
+        )
+        self.layout.observe(lambda _c: self._update_custom_visibility(), names="value")
+        for toggle in self.device_toggles:
+            toggle.observe(lambda _c: self._update_shape_options(), names="value")
+        self._update_shape_options()
+
+        # Class names let a browser test find each control.
+        for name, w in self.named().items():
+            w.add_class(f"rl-{name}")
+
+    def named(self) -> dict[str, widgets.Widget]:
+        """Every knob by its name (the CLI flag's, without the dashes)."""
+        return {
+            "layout": self.layout,
+            "lora": self.lora,
+            "lora-rank": self.lora_rank,
+            "lora-separate-base": self.lora_separate_base,
+            "engine": self.engine,
+            "static-lora": self.static_lora,
+            "offload": self.offload,
+            "rollout-dtype": self.rollout_dtype,
+            "model-size": self.model_size,
+            "reward": self.with_reward,
+            "critic": self.with_critic,
+            "anchor": self.anchor,
+            "rollout-shape": self.rollout_shape,
+        }
+
+    def _assemble(self) -> widgets.Widget:
+        column = widgets.Layout(margin="0 16px 0 0")
+        return widgets.HBox(
+            [
+                widgets.VBox([self.layout, self.custom_box, self.model_size, self.anchor], layout=column),
+                widgets.VBox(
+                    [self.lora, self.lora_rank, self.lora_separate_base, self.engine, self.static_lora], layout=column
+                ),
+                widgets.VBox([self.offload, self.rollout_dtype, self.with_reward, self.with_critic], layout=column),
+            ],
+            layout=widgets.Layout(flex_flow="row wrap"),
+        )
+
+    def _update_custom_visibility(self) -> None:
+        self.custom_box.layout.display = "flex" if self.layout.value == CUSTOM else "none"
+
+    def _update_shape_options(self) -> None:
+        options = shape_options(len(self.picked_devices()))
+        self.rollout_shape.options = options
+        if options:
+            # New options leave no selection; the standard shape is the natural one.
+            self.rollout_shape.value = options[0][1]
+        main = default_shape(len(self.devices))
+        self.custom_note.value = (
+            f"<small>actor, reference, reward, critic: all {len(self.devices)} devices as "
+            f"{main[0]} x {main[1]}. Pick them all as {main[0]} x {main[1]} and P1 sees one mesh; "
+            "the same devices in another shape are another mesh.</small>"
+        )
+
+    def picked_devices(self) -> list[jax.Device]:
+        return [d for d, t in zip(self.devices, self.device_toggles) if t.value]
+
+    # ------------------------------------------------------------------ knobs -> scenario
+
+    def scenario(self) -> Scenario:
+        """The knobs as a Scenario (its own checks raise ConfigError)."""
+        layout = "colocated" if self.layout.value == CUSTOM else self.layout.value
+        return Scenario(
+            layout=layout,
+            lora=self.lora.value,
+            lora_rank=int(self.lora_rank.value),
+            lora_separate_base=self.lora_separate_base.value,
+            engine=self.engine.value,
+            offload=self.offload.value,
+            rollout_dtype=self.rollout_dtype.value or None,
+            model_size=self.model_size.value,
+            with_reward=self.with_reward.value,
+            with_critic=self.with_critic.value,
+            sglang_static_lora=self.static_lora.value,
+            anchor=self.anchor.value,
+        )
+
+    def role_to_mesh(self) -> dict[Role, Any] | None:
+        """None for a standard layout; with the custom layout, the picked rollout mesh."""
+        if self.layout.value != CUSTOM:
+            return None
+        picked = self.picked_devices()
+        if not picked:
+            raise ValueError("the custom rollout mesh needs at least one device: pick some with the device buttons")
+        # P1: the trainer roles keep the standard mesh; the rollout mesh is that
+        # very mesh only when all its devices are picked in the standard shape.
+        meshes = layout_meshes("colocated", self.devices)
+        meshes[Role.ROLLOUT] = make_mesh(picked, self.rollout_shape.value or default_shape(len(picked)))
+        return meshes

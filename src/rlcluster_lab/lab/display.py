@@ -1,0 +1,203 @@
+"""The lab's display: the panels (SVG figures of the report), the summary, the step log and
+the error box, each redrawn only when the part of the report it shows has changed.
+
+The figures are ``lab.panels`` (pure functions of report JSON, drawn in
+milliseconds), put into ``Output`` widgets as display data: core ipywidgets
+only, so it runs in JupyterLab, VS Code and Colab alike.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ipywidgets as widgets
+
+from rlcluster_lab.lab import panels
+from rlcluster_lab.training.learner import StepRecord
+
+_PANELS = ("flow", "grid", "memory", "sync")
+_TITLES = {
+    "flow": "Decision flow (L1): the branches that fired are highlighted",
+    "grid": "Devices: which role holds what, on which device",
+    "memory": "Memory (L2): physical bytes per device and per role, by memory kind",
+    "sync": "Weight sync (P13, L3): bytes against the minimum the placement allows",
+}
+
+
+def svg_output(svg: str, alt: str) -> dict[str, Any]:
+    """One display-data output holding an SVG figure (``panels``)."""
+    return {"output_type": "display_data", "data": {"image/svg+xml": str(svg), "text/plain": alt}, "metadata": {}}
+
+
+def text_output(text: str) -> dict[str, Any]:
+    return {"output_type": "display_data", "data": {"text/plain": text}, "metadata": {}}
+
+
+class Display:
+    """The widgets that show a report: panels, summary, step log and error box."""
+
+    def __init__(self) -> None:
+        self._drawn: dict[str, str] = {}  # panel -> the data its figures were drawn from
+        self.error: str | None = None
+        self.error_box = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.error_box.add_class("rl-error")
+        self.summary = widgets.HTML()
+        self.summary.add_class("rl-summary")
+        self.step_log = widgets.HTML()
+        self.step_log.add_class("rl-step-log")
+        self.outputs = {name: widgets.Output(layout=widgets.Layout(min_height="120px")) for name in _PANELS}
+        for name, out in self.outputs.items():
+            out.add_class(f"rl-panel-{name}")
+
+    def panel_grid(self) -> widgets.Widget:
+        """The panels, each under its title. Each keeps its figure's own width and they wrap:
+        side by side on a wide screen, one under the other on a narrow one."""
+        cells = [
+            widgets.VBox(
+                [widgets.HTML(f"<b>{html.escape(_TITLES[name])}</b>"), self.outputs[name]],
+                layout=widgets.Layout(border="1px solid #ddd", padding="4px", margin="0 8px 8px 0"),
+            )
+            for name in _PANELS
+        ]
+        return widgets.Box(cells, layout=widgets.Layout(flex_flow="row wrap", align_items="flex-start"))
+
+    def draw(self, report: dict[str, Any], steps: Sequence[StepRecord]) -> tuple[float, list[str]]:
+        """Redraw the panels whose data changed since they were last drawn.
+
+        Each panel's figures are pure functions of part of the report (the
+        decisions, the memory, the sync): a panel whose part is unchanged keeps
+        its figures.
+
+        Returns:
+            The seconds drawing took, and the panels redrawn.
+        """
+        start = time.perf_counter()
+        self.summary.value = summary_html(report)
+        self.step_log.value = steps_html(steps)
+        sync = report.get("sync")
+        memory = report["memory"]
+        draws: dict[str, tuple[Any, list[Callable[[], Any]] | str]] = {
+            "flow": (
+                (report["decisions"], report["sharing_map"], report["rollout_branch"], report["anchor"]),
+                [lambda: panels.decision_flow(report)],
+            ),
+            "grid": (
+                (report["role_to_mesh"], report["config_role_to_mesh"], memory),
+                [lambda: panels.device_grid(report)],
+            ),
+            "memory": (memory, [lambda: panels.memory_by_device(memory), lambda: panels.memory_by_role(memory)]),
+            "sync": (
+                sync,
+                [lambda: panels.sync_bytes(sync)] if sync else "no sync measured yet: press Sync weights (P13)",
+            ),
+        }
+        redrawn = []
+        for name, (data, draw) in draws.items():
+            key = json.dumps(data, sort_keys=True, default=str)
+            if self._drawn.get(name) == key:
+                continue
+            self.outputs[name].outputs = Display._render(name, draw)
+            self._drawn[name] = key
+            redrawn.append(name)
+        return time.perf_counter() - start, redrawn
+
+    @staticmethod
+    def _render(name: str, draw: list[Callable[[], Any]] | str) -> tuple[dict[str, Any], ...]:
+        if isinstance(draw, str):
+            return (text_output(draw),)
+        try:
+            return tuple(svg_output(fig(), _TITLES[name]) for fig in draw)
+        except Exception as exc:  # noqa: BLE001 - one broken figure must not take the lab down
+            return (text_output(f"could not draw this panel: {type(exc).__name__}: {exc}"),)
+
+    def clear(self, text: str) -> None:
+        """Every panel shows ``text`` instead of a figure."""
+        self._drawn = {}
+        self.summary.value = ""
+        self.step_log.value = ""
+        for out in self.outputs.values():
+            out.outputs = (text_output(text),)
+
+    def show_error(self, exc: BaseException, *, kept: bool) -> None:
+        """The error in one box: its type, its message, and whether a cluster is still live."""
+        message = " ".join(str(exc).split())
+        self.error = f"{type(exc).__name__}: {message}"
+        after = (
+            "The cluster shown below is still the previous one."
+            if kept
+            else "No cluster is live now; change the knobs and press Construct."
+        )
+        self.error_box.value = (
+            f"<div style='border:1px solid #c00;background:#fee;padding:6px'>"
+            f"<b>{html.escape(type(exc).__name__)}</b>: {html.escape(message)}<br><i>{after}</i></div>"
+        )
+        self.error_box.layout.display = "block"
+
+    def clear_error(self) -> None:
+        self.error = None
+        self.error_box.value = ""
+        self.error_box.layout.display = "none"
+
+
+def summary_html(report: dict[str, Any]) -> str:
+    """The report's headline facts: sharing map, rollout branch, meshes, anchor, memory, warnings."""
+    rows = "".join(
+        f"<tr><td>{html.escape(role)}</td><td>{html.escape(', '.join(others) or '(none)')}</td>"
+        f"<td>{_mesh_text(report['role_to_mesh'].get(role))}</td></tr>"
+        for role, others in report["sharing_map"].items()
+    )
+    memory = report.get("memory") or {}
+    lines = [
+        f"platform <b>{html.escape(str(report['platform']))}</b>, {report['device_count']} device(s); "
+        f"engine <b>{html.escape(report['engine'])}</b>"
+        + ("; LoRA actor" if report["lora"] else "")
+        + ("; offload to pinned host" if report["offload_to_cpu"] else ""),
+        f"rollout branch (P3): <b>{html.escape(report['rollout_branch'])}</b>; "
+        f"rollout samples with the actor's own buffers: <b>{report['rollout_shares_actor_weights']}</b>; "
+        f"reference shares the actor's backbone: <b>{report['reference_shares_backbone']}</b>",
+    ]
+    if report.get("mesh_overridden_by_engine"):
+        lines.append("P7: the engine replaced the rollout mesh; the sharing map was built from the config's meshes")
+    anchor = report["anchor"]
+    lines.append(f"anchor (P8): {anchor['bytes']:,} bytes in {html.escape(str(anchor['memory_kind']))}")
+    if memory:
+        lines.append(
+            f"memory (measured, physical bytes): {memory['unique_bytes']:,} in unique buffers, "
+            f"{memory['naive_bytes']:,} if every role held its own"
+        )
+    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
+    return (
+        "<div class='rl-sharing'><b>sharing map (P1, P2)</b>"
+        "<table style='text-align:left'><tr><th>role</th><th>shares weights with</th>"
+        "<th>mesh (after construction)</th></tr>"
+        f"{rows}</table></div>"
+        + "".join(f"<div>{line}</div>" for line in lines)
+        + (f"<ul class='rl-warnings'>{warnings}</ul>" if warnings else "")
+    )
+
+
+def _mesh_text(mesh: dict[str, Any] | None) -> str:
+    if not mesh:
+        return "(not present)"
+    shape = " x ".join(f"{k}={v}" for k, v in mesh["shape"].items())
+    return html.escape(f"{shape} on devices {mesh['device_ids']}")
+
+
+def steps_html(steps: Sequence[StepRecord]) -> str:
+    if not steps:
+        return ""
+    rows = "".join(
+        f"<tr><td>{s.step}</td><td>{s.mean_reward:.3f}</td><td>{s.loss:+.4f}</td><td>{s.kl:.2e}</td>"
+        f"<td>{s.optimizer_steps}</td></tr>"
+        for s in steps
+    )
+    return (
+        "<b>training steps</b> (toy reward: lowercase letters in the completion)"
+        "<table style='text-align:left'><tr><th>step</th><th>mean reward</th><th>loss</th><th>kl</th>"
+        "<th>optimizer steps</th></tr>"
+        f"{rows}</table>"
+    )

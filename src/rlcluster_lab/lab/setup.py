@@ -1,0 +1,295 @@
+"""The set-up every notebook runs first: pick the devices the lab's layouts are built on.
+
+``setup()`` is the one call a notebook's first cell makes. It
+
+- on Colab, turns on the widget manager ipywidgets needs there (the package
+  itself is installed by the cell's first lines, see ``SETUP_CELL``);
+- asks the CPU backend for ``n_devices`` simulated devices, which must happen
+  before the JAX backend starts (it fails loudly when it is too late: restart
+  the kernel); JAX starts its CPU backend beside any accelerator, so the
+  simulated devices exist on a GPU or TPU machine too;
+- with GPUs or TPUs that can form every standard layout, builds on them;
+- with a single accelerator chip (Colab's TPU runtime, a one-GPU machine),
+  where only the colocated layout fits on the chip, builds the layouts on
+  the simulated CPU devices beside it and keeps the chip reachable
+  (``LabDevices.accelerator_devices``). JAX is never restarted: the
+  accelerator stays JAX's default backend, and the cluster takes the
+  platform of everything it does (memory kinds, the transfer guard, default
+  devices, allocator figures) from its own meshes, not from that default;
+- turns on the persistent compilation cache;
+- prints what it found and which layouts the chosen devices can reach.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from rlcluster_lab.core.compile_cache import enable_compilation_cache
+from rlcluster_lab.core.devices import DEFAULT_SIMULATED_DEVICES, DeviceSetupError, backend_started
+from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
+
+# The first code cell of every notebook. The lab cannot install itself, so in a
+# kernel without it (a fresh Colab runtime) the cell installs it from the source
+# the user names; the lab has no address of its own to assume.
+LAB_SOURCE_ENV = "RLCLUSTER_LAB_SOURCE"
+SETUP_CELL = """\
+# Shared set-up (the same first cell in every notebook). In a kernel without the lab
+# (a fresh Colab runtime), first run: %env RLCLUSTER_LAB_SOURCE=<git+https://... URL of
+# your copy of the lab, or the folder you uploaded>; this cell then installs it.
+try:
+    import rlcluster_lab as rl
+except ModuleNotFoundError:
+    import os
+
+    source = os.environ.get("RLCLUSTER_LAB_SOURCE")
+    if not source:
+        raise ModuleNotFoundError(
+            "rlcluster_lab is not installed in this kernel: set RLCLUSTER_LAB_SOURCE to the lab's "
+            "source (a git+https:// URL, or an uploaded folder) and run this cell again"
+        ) from None
+    spec = source if "://" in source else "file://" + os.path.abspath(source)
+    %pip install --quiet "rlcluster-lab[lab] @ {spec}"
+    import rlcluster_lab as rl
+lab = rl.setup()"""
+
+
+@dataclasses.dataclass(frozen=True)
+class LabDevices:
+    """What ``setup()`` found, and the devices the notebooks build layouts on."""
+
+    platform: str  # the backend the layouts run on: "cpu", "gpu" or "tpu"
+    devices: tuple[Any, ...]  # the devices layouts are built on (pass as ``devices=``)
+    simulated: bool  # the layouts run on simulated CPU devices
+    accelerator: str | None  # the real accelerator's platform, if any ("tpu", "gpu")
+    accelerator_devices: tuple[Any, ...]  # the real accelerator devices, if any
+    colab: bool
+    reachable: tuple[str, ...]  # standard layouts the chosen devices can form
+    notes: tuple[str, ...] = ()
+
+    @property
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    def reachable_on_accelerator(self) -> tuple[str, ...]:
+        """The layouts the real accelerator alone can form (empty without one)."""
+        return tuple(reachable_layouts(list(self.accelerator_devices))) if self.accelerator_devices else ()
+
+    def summary(self) -> str:
+        lines = []
+        if self.accelerator:
+            lines.append(
+                f"accelerator: {len(self.accelerator_devices)} {self.accelerator} device(s) "
+                f"({_kind(self.accelerator_devices)})"
+            )
+        else:
+            lines.append("accelerator: none")
+        where = (
+            f"{len(self.devices)} simulated CPU device(s)"
+            if self.simulated
+            else (f"{len(self.devices)} {self.platform} device(s)")
+        )
+        lines.append(f"layouts are built on: {where}")
+        lines.append("reachable layouts: " + ", ".join(self.reachable))
+        unreachable = [lay for lay in LAYOUTS if lay not in self.reachable]
+        if unreachable:
+            lines.append("not reachable here: " + ", ".join(unreachable))
+        if self.colab:
+            lines.append("running in Colab")
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+
+def in_colab() -> bool:
+    """True inside a Google Colab runtime."""
+    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+
+
+def choose_devices(
+    accelerators: Sequence[Any], cpus: Sequence[Any], n_devices: int
+) -> tuple[list[Any], bool, list[str]]:
+    """Which devices to build layouts on: (devices, simulated, notes).
+
+    Accelerators win when they can form every standard layout. A single chip
+    can only form the colocated one, so then the CPU devices beside it are
+    used, when there are at least two; the chip stays available through
+    ``LabDevices.accelerator_devices`` (pass it as ``devices=``).
+    """
+    if not accelerators:
+        return list(cpus), True, []
+    if len(reachable_layouts(list(accelerators))) == len(LAYOUTS):
+        return list(accelerators), False, []
+    chip = f"{len(accelerators)} {accelerators[0].platform} device(s)"
+    on_chip = ", ".join(reachable_layouts(list(accelerators))) or "none"
+    if len(cpus) >= 2:
+        return (
+            list(cpus),
+            True,
+            [
+                f"the {chip} can reach only: {on_chip}; the layouts here run on {len(cpus)} simulated "
+                "CPU devices beside it (pass lab.accelerator_devices as devices= to use the chip)"
+            ],
+        )
+    return (
+        list(accelerators),
+        False,
+        [
+            f"the {chip} can reach only: {on_chip}, and no simulated CPU devices were set up beside it "
+            f"(the backend had already started); restart the runtime and run this cell first for the others"
+        ],
+    )
+
+
+def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto") -> LabDevices:
+    """Set up the devices for the notebooks; returns what was found (and prints it unless ``quiet``).
+
+    Args:
+        n_devices: simulated CPU devices to ask for (before JAX starts).
+        quiet: do not print the summary.
+        use: ``"auto"``; ``"accelerator"`` builds on the accelerator even when
+            it cannot form every layout (a single chip: colocated only).
+
+    Returns:
+        The devices found and the ones the layouts are built on.
+
+    Raises:
+        DeviceSetupError: JAX already started on CPU with another device
+            count: restart the kernel and run the set-up cell first.
+    """
+    if n_devices < 1:
+        raise ValueError(f"n_devices must be at least 1, got {n_devices}")
+    if use not in ("auto", "accelerator"):
+        raise ValueError(f"use must be 'auto' or 'accelerator', got {use!r}")
+    colab = in_colab()
+    if not backend_started():
+        # Always ask: on CPU these are the lab's devices; beside an accelerator
+        # they are the simulated devices a single chip needs for the other layouts.
+        jax.config.update("jax_num_cpu_devices", n_devices)
+    # Programs compiled in an earlier session are read back from disk (before the
+    # first compilation, or JAX would not look there).
+    cache = enable_compilation_cache()
+    accelerators = [d for d in jax.devices() if d.platform != "cpu"]
+    cpus = _cpu_devices()
+    if not accelerators and len(cpus) != n_devices:
+        raise DeviceSetupError(
+            f"JAX already started with {len(cpus)} CPU device(s); this notebook needs {n_devices}. "
+            "The count can only be set before the first JAX operation: restart the kernel "
+            "(Kernel > Restart) and run the set-up cell first."
+        )
+    if use == "accelerator" and accelerators:
+        devices, simulated, notes = list(accelerators), False, []
+        if len(reachable_layouts(accelerators)) < len(LAYOUTS):
+            notes = [
+                f"only {', '.join(reachable_layouts(accelerators))} fits on the "
+                f"{len(accelerators)} {accelerators[0].platform} device(s)"
+            ]
+    else:
+        devices, simulated, notes = choose_devices(accelerators, cpus, n_devices)
+    platform = devices[0].platform if devices else "cpu"
+    result = LabDevices(
+        platform=platform,
+        devices=tuple(devices),
+        simulated=simulated,
+        accelerator=accelerators[0].platform if accelerators else None,
+        accelerator_devices=tuple(accelerators),
+        colab=colab,
+        reachable=tuple(reachable_layouts(devices)),
+        notes=tuple(notes) + ((f"compiled programs are cached in {cache}",) if cache else ()),
+    )
+    if colab:
+        _enable_colab_widgets()
+    _register_figure_display()
+    if not quiet:
+        print(result.summary())
+    return result
+
+
+def _cpu_devices() -> list[Any]:
+    try:
+        return list(jax.devices("cpu"))
+    except RuntimeError:
+        return []
+
+
+def _kind(devices: Sequence[Any]) -> str:
+    return str(getattr(devices[0], "device_kind", devices[0].platform)) if devices else "none"
+
+
+def _enable_colab_widgets() -> None:
+    """ipywidgets 8 needs Colab's custom widget manager turned on."""
+    try:
+        from google.colab import output  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    output.enable_custom_widget_manager()
+
+
+def _register_figure_display() -> None:
+    """Show a ``matplotlib.figure.Figure`` returned by a cell as a PNG.
+
+    The figures in ``viz`` are built without pyplot, so IPython has no display
+    rule for them until one is registered.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    from matplotlib.figure import Figure
+
+    from rlcluster_lab.lab.figures import to_png
+
+    shell.display_formatter.formatters["image/png"].for_type(Figure, lambda fig: to_png(fig))
+
+
+# --------------------------------------------------------------------------- progress for long cells
+
+
+def progress(total: int, label: str = "") -> Callable[[Any], None]:
+    """A callback to call once per unit of work; shows a bar in a notebook, prints elsewhere.
+
+    The bar is a core ipywidgets ``IntProgress``. When the last unit is done
+    the bar is replaced by one line of text, so a saved notebook shows the
+    text and no widget that needs a live kernel.
+    """
+    state = {"done": 0}
+    handle = None
+    bar = None
+    if _in_kernel():
+        try:
+            import ipywidgets as widgets
+            from IPython.display import display
+
+            bar = widgets.IntProgress(value=0, min=0, max=max(total, 1), description=label[:20])
+            handle = display(bar, display_id=True)
+        except ImportError:
+            bar = None
+
+    def tick(info: Any = None) -> None:
+        state["done"] += 1
+        text = f"{label} {state['done']}/{total}" + (f": {info}" if info is not None else "")
+        if bar is not None:
+            bar.value = state["done"]
+            if state["done"] >= total and handle is not None:
+                bar.close()
+                handle.update({"text/plain": f"{label}: {total}/{total} done"}, raw=True)
+        else:
+            print(text, flush=True)
+
+    return tick
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})

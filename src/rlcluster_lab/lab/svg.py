@@ -1,0 +1,183 @@
+"""SVG drawing for the lab's panels: a small canvas (rectangles, text, lines, paths, hatches)
+whose elements carry ids and hover titles, rendered to a string a notebook shows as a figure."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
+
+
+TEXT = "#222222"
+
+
+MUTED = "#5f5f5f"
+
+
+WIDTH = 760  # a panel's width in px: two side by side fit a 1600 px wide screen
+
+
+class Svg(str):
+    """SVG markup that a notebook displays as a figure."""
+
+    def _repr_svg_(self) -> str:
+        return str(self)
+
+
+class Canvas:
+    """A minimal SVG writer: rectangles, text, lines and paths, with ids and hover titles."""
+
+    def __init__(self, width: float, height: float) -> None:
+        self.width, self.height = width, height
+        self._items: list[str] = []
+        self._patterns: dict[str, str] = {}
+
+    def hatch(self, color: str) -> str:
+        """A fill of diagonal lines in ``color``: what marks a buffer held by more than one role."""
+        pid = "hatch-" + color.lstrip("#")
+        self._patterns[pid] = (
+            f'<pattern id="{pid}" width="6" height="6" patternUnits="userSpaceOnUse" '
+            f'patternTransform="rotate(45)"><rect width="6" height="6" fill="{color}" fill-opacity="0.25"/>'
+            f'<line x1="0" y1="0" x2="0" y2="6" stroke="{color}" stroke-width="3"/></pattern>'
+        )
+        return f"url(#{pid})"
+
+    def dots(self, color: str) -> str:
+        """A dotted fill in ``color``: what marks pinned host memory."""
+        pid = "dots-" + color.lstrip("#")
+        self._patterns[pid] = (
+            f'<pattern id="{pid}" width="5" height="5" patternUnits="userSpaceOnUse">'
+            f'<rect width="5" height="5" fill="{color}" fill-opacity="0.2"/>'
+            f'<circle cx="2.5" cy="2.5" r="1.3" fill="{color}"/></pattern>'
+        )
+        return f"url(#{pid})"
+
+    def rect(
+        self,
+        x: float,
+        y: float,
+        w: float,
+        h: float,
+        fill: str,
+        *,
+        stroke: str | None = None,
+        width: float = 1.0,
+        rx: float = 0,
+        dash: str | None = None,
+        id: str | None = None,
+        title: str | None = None,
+        nbytes: int | None = None,
+    ) -> None:
+        attrs = [f'x="{x:.1f}" y="{y:.1f}" width="{max(w, 0):.1f}" height="{max(h, 0):.1f}" fill="{fill}"']
+        if nbytes is not None:
+            attrs.append(f'data-bytes="{int(nbytes)}"')  # the figure's number, for readers and tests
+        if stroke:
+            attrs.append(f'stroke="{stroke}" stroke-width="{width}"')
+        if rx:
+            attrs.append(f'rx="{rx}"')
+        if dash:
+            attrs.append(f'stroke-dasharray="{dash}"')
+        self._add("rect", " ".join(attrs), id, title)
+
+    def text(
+        self,
+        x: float,
+        y: float,
+        s: str,
+        *,
+        size: float = 12,
+        anchor: str = "start",
+        weight: str | None = None,
+        fill: str = TEXT,
+        id: str | None = None,
+        title: str | None = None,
+    ) -> None:
+        attrs = f'x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" fill="{fill}"'
+        if weight:
+            attrs += f' font-weight="{weight}"'
+        body = html.escape(s)
+        if title:
+            body = f"<title>{html.escape(title)}</title>" + body
+        self._items.append(f"<text {attrs}{element_id(id)}>{body}</text>")
+
+    def line(
+        self,
+        x1: float,
+        y1: float,
+        x2: float,
+        y2: float,
+        stroke: str,
+        *,
+        width: float = 1.0,
+        dash: str | None = None,
+        id: str | None = None,
+    ) -> None:
+        attrs = f'x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{stroke}" stroke-width="{width}"'
+        if dash:
+            attrs += f' stroke-dasharray="{dash}"'
+        self._add("line", attrs, id, None)
+
+    def path(
+        self,
+        d: str,
+        stroke: str,
+        *,
+        width: float = 1.2,
+        arrow: bool = False,
+        id: str | None = None,
+        title: str | None = None,
+    ) -> None:
+        attrs = f'd="{d}" fill="none" stroke="{stroke}" stroke-width="{width}"'
+        if arrow:
+            self._patterns["arrow"] = (
+                '<marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
+                'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#555555"/></marker>'
+            )
+            attrs += ' marker-end="url(#arrow)"'
+        self._add("path", attrs, id, title)
+
+    def _add(self, tag: str, attrs: str, id: str | None, title: str | None) -> None:
+        if title:
+            self._items.append(f"<{tag} {attrs}{element_id(id)}><title>{html.escape(title)}</title></{tag}>")
+        else:
+            self._items.append(f"<{tag} {attrs}{element_id(id)}/>")
+
+    def render(self) -> Svg:
+        defs = f"<defs>{''.join(self._patterns.values())}</defs>" if self._patterns else ""
+        return Svg(
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width:.0f}" height="{self.height:.0f}" '
+            f'viewBox="0 0 {self.width:.0f} {self.height:.0f}" font-family="{FONT}">'
+            f'<rect width="100%" height="100%" fill="white"/>{defs}{"".join(self._items)}</svg>'
+        )
+
+
+def element_id(id: str | None) -> str:
+    return f' id="{html.escape(id, quote=True)}"' if id else ""
+
+
+def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]], width: float) -> float:
+    """Swatches and labels, left to right, wrapping at ``width``; returns the y below them."""
+    cx = x
+    for fill, label in items:
+        w = 18 + 7 * len(label)
+        if cx + w > x + width:
+            cx, y = x, y + 18
+        c.rect(cx, y - 10, 12, 12, fill, stroke="#888888", width=0.6)
+        c.text(cx + 16, y, label, size=11)
+        cx += w + 10
+    return y + 18
+
+
+def present(keys: Sequence[str], order: Sequence[str]) -> list[str]:
+    return [k for k in order if k in keys] + sorted(k for k in keys if k not in order)
+
+
+def device_keys(keys: Sequence[str]) -> list[str]:
+    return sorted(keys, key=lambda k: (0, int(k)) if str(k).isdigit() else (1, str(k)))
+
+
+def clip(text: str, width: float, size: float = 12) -> str:
+    """Text cut to roughly fit ``width`` px (an ellipsis marks the cut; hover shows all)."""
+    fits = max(4, int(width / (size * 0.56)))
+    return text if len(text) <= fits else text[: fits - 1] + "\u2026"

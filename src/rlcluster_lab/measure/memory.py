@@ -1,0 +1,237 @@
+"""Memory per role (L2), measured on the live run.
+
+Units: **physical bytes**, every device shard counted (a leaf replicated on
+four devices counts four times). A walk of the live buffers of every role's
+state, keyed by (platform, device, memory kind, buffer pointer), so a buffer
+several roles hold is counted once and listed with the roles that share it;
+beside it, the allocator's own figures where the devices have them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rlcluster_lab.placement.place import array_leaves
+
+UNITS = "physical bytes: every device shard counted (a leaf replicated on 4 devices counts 4 times)"
+MEMORY_SOURCE = "measured: walk of the live buffers of each role's state"
+
+# The order entries appear in reports and figures.
+MEMORY_ENTRIES = ("actor", "rollout", "reference", "reward", "critic", "anchor", "optimizer")
+
+KINDS = ("device", "pinned_host", "unpinned_host")  # memory kinds, in report order
+
+BufferKey = tuple[str, int, str, int]  # (platform, device id, memory kind, buffer pointer)
+
+
+# ---------------------------------------------------------------------------- memory (L2)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """Bytes per role, per device and per memory kind, from the live buffers.
+
+    ``by_role[entry]``: ``bytes``, ``by_kind`` {kind: bytes} and ``by_device``
+    {device id: {kind: bytes}} of the buffers that entry holds. ``by_device``
+    counts every buffer once however many entries hold it; ``shared`` lists,
+    for each set of two or more entries, the bytes and buffers they hold in
+    common (and per device and memory kind). ``naive_bytes`` is what every entry holding its own copy would
+    cost (the sum over entries); ``unique_bytes`` what is really held.
+    """
+
+    by_role: Mapping[str, Mapping[str, Any]]
+    by_device: Mapping[str, Mapping[str, int]]
+    shared: Sequence[Mapping[str, Any]]
+    unique_bytes: int
+    naive_bytes: int
+    allocator: Mapping[str, Any]
+    units: str = UNITS
+    source: str = MEMORY_SOURCE
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "units": self.units,
+            "source": self.source,
+            "by_role": _plain(self.by_role),
+            "by_device": _plain(self.by_device),
+            "shared": _plain(self.shared),
+            "unique_bytes": self.unique_bytes,
+            "naive_bytes": self.naive_bytes,
+            "allocator": _plain(self.allocator),
+        }
+
+
+def cluster_entries(cluster: Any) -> dict[str, Any]:
+    """Entry name -> the state it holds, for every entry present in ``cluster``.
+
+    The rollout entry is the engine's own model (the actor itself when they
+    share); the anchor is the state log-probs are taken with, so with
+    anchor='trainable' its backbone part is the actor's buffers.
+    """
+    out: dict[str, Any] = {"actor": nnx.state(cluster.actor_model), "rollout": nnx.state(cluster.rollout.model())}
+    for name, model in (
+        ("reference", cluster.reference_model),
+        ("reward", cluster.reward_model),
+        ("critic", cluster.critic_model),
+    ):
+        if model is not None:
+            out[name] = nnx.state(model)
+    if cluster.anchor_policy_state is not None:
+        out["anchor"] = cluster.anchor_policy_state
+    if cluster.optimizer_state is not None:
+        out["optimizer"] = cluster.optimizer_state
+    return out
+
+
+def memory_report(cluster: Any) -> MemoryReport:
+    """L2 for a constructed cluster (allocator figures of the devices its meshes use)."""
+    return memory_of(cluster_entries(cluster), devices=cluster.devices())
+
+
+def memory_of(entries: Mapping[str, Any], devices: Sequence[Any] | None = None) -> MemoryReport:
+    """L2 for any named states: the walk, the sharing, the allocator's figures."""
+    names = list(entries)
+    ids: dict[BufferKey, int] = {}
+    rows: list[tuple[int, int, int, int, int]] = []  # entry, device, kind, bytes, buffer id
+    for e, name in enumerate(names):
+        for key, nbytes in _buffers(entries[name]).items():
+            rows.append((e, key[1], KINDS.index(key[2]), nbytes, ids.setdefault(key, len(ids))))
+    cols = np.array(rows, dtype=np.int64).reshape(-1, 5).T
+    table = memory_table(names, *cols)
+    return MemoryReport(**table, allocator=allocator_stats(devices))
+
+
+def memory_table(
+    names: Sequence[str],
+    entry: np.ndarray,
+    device: np.ndarray,
+    kind: np.ndarray,
+    nbytes: np.ndarray,
+    buffer: np.ndarray,
+) -> dict[str, Any]:
+    """The memory JSON from one row per (entry, shard): the measured walk and the planner both
+    count with this function, so the two reports mean the same thing.
+
+    Args:
+        names: entry names; ``entry`` indexes them.
+        entry, device, kind, nbytes, buffer: per row, the entry holding the shard, its device
+            id, its memory kind (an index into ``KINDS``), its bytes, and an id that is the same
+            exactly for rows that are one buffer.
+
+    Returns:
+        ``by_role``, ``by_device``, ``shared``, ``unique_bytes`` and ``naive_bytes``, as in
+        ``MemoryReport``: a buffer several entries hold is counted once per entry in
+        ``by_role`` and once in ``by_device``, and ``shared`` lists each set of two or more
+        entries with what they hold in common.
+    """
+    by_role = {}
+    for e, name in enumerate(names):
+        rows = np.flatnonzero(entry == e)
+        _, first = np.unique(buffer[rows], return_index=True)
+        rows = rows[first]
+        by_kind = {k: int(nbytes[rows][kind[rows] == i].sum()) for i, k in enumerate(KINDS)}
+        by_role[name] = {
+            "bytes": int(nbytes[rows].sum()),
+            "by_kind": {k: v for k, v in by_kind.items() if v},
+            "by_device": _by_device(device[rows], kind[rows], nbytes[rows]),
+        }
+    uniq, first, inv = np.unique(buffer, return_index=True, return_inverse=True)
+    mask = np.zeros(len(uniq), dtype=np.int64)
+    np.bitwise_or.at(mask, inv, np.left_shift(1, entry))
+    held = nbytes[first]
+    shared = []
+    for m in np.unique(mask):
+        roles = [name for i, name in sorted(enumerate(names), key=lambda t: _entry_order(t[1])) if int(m) >> i & 1]
+        if len(roles) >= 2:
+            sel = mask == m
+            shared.append(
+                {
+                    "roles": roles,
+                    "bytes": int(held[sel].sum()),
+                    "buffers": int(sel.sum()),
+                    "by_device": _by_device(device[first][sel], kind[first][sel], held[sel]),
+                }
+            )
+    shared.sort(key=lambda g: tuple(g["roles"]))
+    return {
+        "by_role": by_role,
+        "by_device": _by_device(device[first], kind[first], held),
+        "shared": shared,
+        "unique_bytes": int(held.sum()),
+        "naive_bytes": int(sum(v["bytes"] for v in by_role.values())),
+    }
+
+
+def _by_device(device: np.ndarray, kind: np.ndarray, nbytes: np.ndarray) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    if not len(device):
+        return out
+    key = device * len(KINDS) + kind
+    uniq, inv = np.unique(key, return_inverse=True)
+    sums = np.zeros(len(uniq), dtype=np.int64)
+    np.add.at(sums, inv, nbytes)  # integer sums: float weights would round past 2**53
+    for k, total in zip(uniq, sums):
+        if total:
+            out.setdefault(str(int(k // len(KINDS))), {})[KINDS[int(k % len(KINDS))]] = int(total)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def allocator_stats(devices: Sequence[Any] | None = None) -> dict[str, Any]:
+    """The allocator's own figures for ``devices`` (default: JAX's default devices) where their
+    backend has them (GPU, TPU); a CPU backend has none.
+
+    Read from the devices given, not from the default backend: a cluster on
+    simulated CPU devices beside a chip reports the CPU's (none).
+    """
+    devices = list(devices) if devices is not None else jax.local_devices()
+    platform = devices[0].platform if devices else "?"
+    stats = {}
+    for d in devices:
+        s = d.memory_stats()
+        if s:
+            stats[str(d.id)] = {k: int(v) for k, v in s.items() if k in _ALLOCATOR_KEYS}
+    if not stats:
+        return {
+            "available": False,
+            "note": f"the {platform} devices report no allocator figures "
+            "(device.memory_stats() is None); the buffer walk is the only measurement",
+            "by_device": {},
+        }
+    return {
+        "available": True,
+        "note": "device.memory_stats() of each device: device memory only, and every buffer of the "
+        "process, not only the cluster's; bytes_limit is what the allocator may use (on GPU, JAX "
+        "preallocates 75% of the memory by default), not the device's size",
+        "by_device": stats,
+    }
+
+
+_ALLOCATOR_KEYS = ("bytes_in_use", "peak_bytes_in_use", "bytes_limit", "largest_alloc_size", "num_allocs")
+
+
+def _buffers(state: Any) -> dict[BufferKey, int]:
+    out = {}
+    for x in array_leaves(state):
+        kind = str(x.sharding.memory_kind)
+        for s in x.addressable_shards:
+            out[(s.device.platform, s.device.id, kind, s.data.unsafe_buffer_pointer())] = s.data.nbytes
+    return out
+
+
+def _entry_order(name: str) -> int:
+    return MEMORY_ENTRIES.index(name) if name in MEMORY_ENTRIES else len(MEMORY_ENTRIES)
+
+
+def _plain(x: Any) -> Any:
+    """Mappings and sequences as plain dicts and lists, for JSON."""
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x

@@ -1,0 +1,90 @@
+"""The placement report: what the cluster decided and what it costs, as one frozen, JSON-ready object.
+
+CLI, figures and widgets read this report; none of them recomputes a decision.
+``memory`` is measured on the live buffers (L2); ``sync`` is the report of
+the sync the caller ran, if any (L3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from flax import nnx
+
+from rlcluster_lab.cluster import RLCluster
+from rlcluster_lab.core.meshes import describe_meshes
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.measure import MemoryReport, SyncReport, memory_report
+from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone, state_bytes
+from rlcluster_lab.placement.place import memory_kinds
+from rlcluster_lab.rules.sharing import sharing_map_json
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementReport:
+    sharing_map: dict[str, list[str]]
+    rollout_branch: str
+    rollout_shares_actor_weights: bool
+    reference_shares_backbone: bool
+    role_to_mesh: dict[str, dict[str, Any]]
+    config_role_to_mesh: dict[str, dict[str, Any]]
+    mesh_overridden_by_engine: bool
+    engine: str
+    offload_to_cpu: bool
+    lora: bool
+    anchor: dict[str, Any]
+    decisions: list[dict[str, Any]]
+    warnings: list[str]
+    platform: str
+    device_count: int
+    memory: MemoryReport
+    sync: SyncReport | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["memory"] = self.memory.to_json()
+        out["sync"] = self.sync.to_json() if self.sync is not None else None
+        return out
+
+
+def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> PlacementReport:
+    """Read the decisions and the live buffers of a constructed cluster.
+
+    Pass the ``SyncReport`` that ``cluster.sync_weights()`` returned to carry it too.
+    """
+    actor = cluster.actor_model
+    rollout_model = cluster.rollout.model()
+    actor_keys = buffer_keys(nnx.state(actor))
+    rollout_keys = buffer_keys(nnx.state(rollout_model))
+    reference = cluster.reference_model
+    pinned = cluster.pinned_anchor_state
+    kinds = memory_kinds(pinned) if pinned is not None else []
+    present = {Role.ACTOR, Role.ROLLOUT} | set(cluster.models())
+    return PlacementReport(
+        sharing_map=sharing_map_json(cluster.sharing_map),
+        rollout_branch=str(cluster.rollout_branch),
+        # Every buffer the engine samples with is one of the actor's own.
+        rollout_shares_actor_weights=bool(rollout_keys) and rollout_keys <= actor_keys,
+        reference_shares_backbone=reference is not None and sharing_backbone(reference, actor),
+        role_to_mesh=describe_meshes({r: m for r, m in cluster.role_to_mesh.items() if r in present}),
+        config_role_to_mesh=describe_meshes({r: m for r, m in cluster.config_role_to_mesh.items() if r in present}),
+        mesh_overridden_by_engine=cluster.mesh_overridden_by_engine,
+        engine=cluster.cluster_config.engine_name(),
+        offload_to_cpu=cluster.cluster_config.offload_to_cpu,
+        lora=cluster.trainable_is_lora,
+        anchor={
+            "mode": cluster.cluster_config.anchor,
+            "memory_kind": kinds[0] if len(kinds) == 1 else kinds,
+            # What the snapshot itself pins (adapters only with mode 'trainable' and LoRA).
+            "bytes": state_bytes(pinned) if pinned is not None else 0,
+        },
+        decisions=cluster.trace.to_json(),
+        warnings=list(cluster.warnings),
+        # The cluster's own platform (its meshes' devices), not JAX's default backend.
+        platform=cluster.platform,
+        device_count=len(jax.devices(cluster.platform)),
+        memory=memory_report(cluster),
+        sync=sync,
+    )

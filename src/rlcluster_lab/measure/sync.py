@@ -1,0 +1,373 @@
+"""What one weight sync moved (L3): per leaf and in total, against the least the placement allows.
+
+Units: **physical bytes**, every device shard counted; ``synced_logical_bytes``
+is the one figure counted once per leaf. The report is built from the
+source's shard facts (read before the sync), the destination arrays, and the
+reshard's own log of what it copied (``placement.transfers``), not from JAX's
+transfer guard, which does not see device-to-device copies on CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from flax.traverse_util import flatten_dict
+from jax.sharding import NamedSharding, Sharding
+
+from rlcluster_lab.engines.base import leaf_path
+from rlcluster_lab.measure.memory import UNITS, _buffers, _plain
+from rlcluster_lab.placement.place import array_leaves
+from rlcluster_lab.placement.reshard import box_size, minimum_cross_device_elements, shard_boxes
+from rlcluster_lab.placement.transfers import TransferLog, shard_key, shard_keys
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSync:
+    """One synced leaf. Bytes are physical, in the dtype the data moved in (the source's)."""
+
+    path: str
+    dtype: str
+    dst_dtype: str
+    shape: tuple[int, ...]
+    src_sharding: str
+    dst_sharding: str
+    synced_bytes: int
+    moved_cross_device_bytes: int
+    copied_same_device_bytes: int
+    reused_bytes: int
+    minimum_cross_device_bytes: int
+    logical_bytes: int
+    relayed_cross_device_bytes: int = 0
+    method: str = "logged copies"
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["shape"] = list(self.shape)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncReport:
+    """What one ``sync_weights`` moved (P13, L3).
+
+    For every destination shard, its bytes were either *reused* (the
+    destination buffer is a source buffer: nothing moved), *copied within
+    its device* (made from data that started on that device), or arrived
+    from another device. ``moved_cross_device`` is everything that crossed
+    devices; ``relayed_cross_device`` is the part of it that did not end up
+    as destination data on the device it crossed to (a compiled program that
+    moves data twice, or gathers and drops it; 0 for the minimal strategy).
+    So ``synced = moved_cross_device - relayed_cross_device +
+    copied_same_device + reused``. ``minimum_cross_device_bytes`` is what the
+    two shardings force to cross devices, from shard indices and devices
+    alone; ``excess_cross_device_bytes`` is how much more than that was moved.
+    ``reshard_strategy`` names the strategy (or strategies) that did the
+    layout changes.
+    ``anchor_bytes`` are the new pinned-host buffers of the anchor re-pin,
+    apart from the handover. ``peak_extra_bytes`` per device and memory
+    kind: the new buffers the sync allocates while the old ones are still
+    alive (new destination buffers in their dtype, plus the new anchor).
+    A cast to the rollout dtype happens on the destination device after the
+    move and is not counted as movement. ``includes_compilation``: the first
+    sync between a set of shardings compiles its copy programs, and its
+    ``seconds`` include that; ``includes_program_load``: it read them back
+    from the persistent compilation cache instead; later syncs reuse them.
+    """
+
+    method: str
+    lora: bool
+    leaves: tuple[LeafSync, ...]
+    anchor_bytes: int
+    anchor_mode: str
+    seconds: float
+    anchor_seconds: float
+    arrived_by_device: Mapping[str, int]
+    peak_extra_bytes: Mapping[str, Mapping[str, int]]
+    global_step: int
+    includes_compilation: bool = False
+    includes_program_load: bool = False
+    reshard_strategy: str = "minimal"
+    units: str = UNITS
+
+    def _sum(self, field: str) -> int:
+        return int(sum(getattr(leaf, field) for leaf in self.leaves))
+
+    @property
+    def synced_bytes(self) -> int:
+        return self._sum("synced_bytes")
+
+    @property
+    def moved_cross_device_bytes(self) -> int:
+        return self._sum("moved_cross_device_bytes")
+
+    @property
+    def copied_same_device_bytes(self) -> int:
+        return self._sum("copied_same_device_bytes")
+
+    @property
+    def reused_bytes(self) -> int:
+        return self._sum("reused_bytes")
+
+    @property
+    def relayed_cross_device_bytes(self) -> int:
+        return self._sum("relayed_cross_device_bytes")
+
+    @property
+    def minimum_cross_device_bytes(self) -> int:
+        return self._sum("minimum_cross_device_bytes")
+
+    @property
+    def synced_logical_bytes(self) -> int:
+        return self._sum("logical_bytes")
+
+    @property
+    def excess_cross_device_bytes(self) -> int:
+        return self.moved_cross_device_bytes - self.minimum_cross_device_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "units": self.units,
+            "method": self.method,
+            "lora": self.lora,
+            "global_step": self.global_step,
+            "synced_bytes": self.synced_bytes,
+            "moved_cross_device_bytes": self.moved_cross_device_bytes,
+            "copied_same_device_bytes": self.copied_same_device_bytes,
+            "reused_bytes": self.reused_bytes,
+            "relayed_cross_device_bytes": self.relayed_cross_device_bytes,
+            "minimum_cross_device_bytes": self.minimum_cross_device_bytes,
+            "excess_cross_device_bytes": self.excess_cross_device_bytes,
+            "reshard_strategy": self.reshard_strategy,
+            "synced_logical_bytes": self.synced_logical_bytes,
+            "anchor_bytes": self.anchor_bytes,
+            "anchor_mode": self.anchor_mode,
+            "seconds": self.seconds,
+            "anchor_seconds": self.anchor_seconds,
+            "includes_compilation": self.includes_compilation,
+            "includes_program_load": self.includes_program_load,
+            "arrived_by_device": _plain(self.arrived_by_device),
+            "peak_extra_bytes": _plain(self.peak_extra_bytes),
+            "leaves": [leaf.to_json() for leaf in self.leaves],
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardFacts:
+    """What the accounting needs of one array, read before the sync replaces anything."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    sharding: str
+    boxes: tuple[tuple[int, Any], ...]  # (device id, box) per shard
+    buffers: frozenset[tuple[int, int]]  # (device id, pointer) per shard
+
+
+def shard_facts(x: jax.Array) -> ShardFacts:
+    return ShardFacts(
+        shape=tuple(x.shape),
+        dtype=x.dtype,
+        sharding=describe_sharding(x.sharding),
+        boxes=tuple(shard_boxes(x)),
+        buffers=frozenset(shard_keys(x)),
+    )
+
+
+def flat_leaves(state: Any) -> dict[str, jax.Array]:
+    """Path -> array for every array leaf of a state."""
+    values = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
+    return {leaf_path(k): v for k, v in flatten_dict(values).items() if isinstance(v, jax.Array)}
+
+
+def sync_report(
+    source: Mapping[str, ShardFacts],
+    destination: Mapping[str, jax.Array],
+    log: TransferLog,
+    *,
+    lora: bool,
+    seconds: float,
+    new_anchor_shards: Sequence[tuple[int, str, int]],
+    anchor_mode: str,
+    anchor_seconds: float,
+    global_step: int,
+) -> SyncReport:
+    """Build the report from the source's facts, the destination arrays and the transfer log.
+
+    ``new_anchor_shards``: (device id, memory kind, bytes) of every buffer
+    the anchor re-pin allocated.
+    """
+    cross: dict[str, int] = {}
+    same: dict[str, int] = {}
+    arrived: dict[str, int] = {}
+    for t in log.transfers:
+        if t.leaf is None:
+            continue
+        if t.kind == "cross_device":
+            cross[t.leaf] = cross.get(t.leaf, 0) + t.nbytes
+            arrived[str(t.dst_device)] = arrived.get(str(t.dst_device), 0) + t.nbytes
+        elif t.kind == "same_device":
+            same[t.leaf] = same.get(t.leaf, 0) + t.nbytes
+    untraced: dict[str | None, list[str]] = {}
+    for leaf, why in log.unreadable:
+        untraced.setdefault(leaf, []).append(why)
+    program = "xla" in log.strategies
+    peak: dict[str, dict[str, int]] = {}
+    leaves = []
+    for path in sorted(source):
+        src = source[path]
+        dst = destination[path]
+        itemsize = np.dtype(src.dtype).itemsize
+        dst_boxes = shard_boxes(dst)
+        lacking = minimum_cross_device_elements(src.boxes, dst_boxes)
+        synced = reused = 0
+        kind = str(dst.sharding.memory_kind)
+        for s, (_, box) in zip(dst.addressable_shards, dst_boxes):
+            elements = box_size(box)
+            synced += elements * itemsize
+            if shard_key(s) in src.buffers:
+                reused += elements * itemsize
+                continue
+            d = peak.setdefault(str(s.device.id), {})
+            d[kind] = d.get(kind, 0) + s.data.nbytes
+        how = "logged copies" if not program else "logged copies and compiled-program collectives"
+        if path in untraced or None in untraced:
+            how = "not fully derivable: " + "; ".join(untraced.get(path, []) + untraced.get(None, []))[:300]
+        leaves.append(
+            LeafSync(
+                path=path,
+                dtype=str(np.dtype(src.dtype)),
+                dst_dtype=str(np.dtype(dst.dtype)),
+                shape=src.shape,
+                src_sharding=src.sharding,
+                dst_sharding=describe_sharding(dst.sharding),
+                synced_bytes=synced,
+                moved_cross_device_bytes=cross.get(path, 0),
+                copied_same_device_bytes=same.get(path, 0),
+                reused_bytes=reused,
+                minimum_cross_device_bytes=sum(lacking) * itemsize,
+                logical_bytes=int(np.prod(src.shape, dtype=np.int64)) * itemsize,
+                relayed_cross_device_bytes=log.relayed.get(path, 0),
+                method=how,
+            )
+        )
+    anchor_bytes = 0
+    for dev, kind, n in new_anchor_shards:
+        d = peak.setdefault(str(dev), {})
+        d[kind] = d.get(kind, 0) + n
+        anchor_bytes += n
+    strategy = "+".join(sorted(log.strategies)) or "none (no layout changed)"
+    method = (
+        "measured: copies logged by the reshard, bytes read from the compiled program's collectives "
+        "and traced per destination shard, buffer identity for reuse"
+        if program
+        else "measured: every copy the reshard made, and buffer identity for reuse"
+    )
+    if untraced:
+        method += f"; {sum(len(v) for v in untraced.values())} item(s) could not be derived (see leaves)"
+    return SyncReport(
+        method=method,
+        lora=lora,
+        leaves=tuple(leaves),
+        anchor_bytes=anchor_bytes,
+        anchor_mode=anchor_mode,
+        seconds=seconds,
+        anchor_seconds=anchor_seconds,
+        arrived_by_device={k: arrived[k] for k in sorted(arrived, key=int)},
+        peak_extra_bytes={k: peak[k] for k in sorted(peak, key=int)},
+        global_step=global_step,
+        includes_compilation=log.compiled,
+        includes_program_load=log.loaded,
+        reshard_strategy=strategy,
+    )
+
+
+def new_shards(after: Any, before: Any) -> list[tuple[int, str, int]]:
+    """(device id, memory kind, bytes) of the shards of ``after`` that are not buffers of ``before``."""
+    old = {(pf, d, p) for pf, d, _, p in _buffers(before)}
+    out = []
+    for x in array_leaves(after):
+        kind = str(x.sharding.memory_kind)
+        for s in x.addressable_shards:
+            if shard_key(s) not in old:
+                out.append((s.device.id, kind, s.data.nbytes))
+    return out
+
+
+def describe_sharding(s: Sharding) -> str:
+    """A short readable sharding: mesh axes, device ids, partition spec, memory kind."""
+    if isinstance(s, NamedSharding):
+        axes = ",".join(f"{n}={k}" for n, k in s.mesh.shape.items())
+        ids = [d.id for d in np.asarray(s.mesh.devices).flatten()]
+        spec = ", ".join("None" if p is None else repr(p) for p in s.spec)
+        return f"mesh({axes}) devices {_id_ranges(ids)} P({spec}) {s.memory_kind}"
+    ids = sorted(d.id for d in s.device_set)
+    return f"{type(s).__name__} devices {_id_ranges(ids)} {s.memory_kind}"
+
+
+def _id_ranges(ids: Sequence[int]) -> str:
+    if list(ids) == list(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
+    return ",".join(map(str, ids))
+
+
+class SyncObserver:
+    """Watches one weight sync and writes its report (L3); the sync itself only calls its hooks.
+
+    ``before(params)`` reads the source's shard facts; the handover runs
+    inside ``recording()`` (the reshard logs every copy it makes there);
+    ``after(destination, seconds)`` and ``anchor(new, old, seconds)`` read
+    what the sync left; ``report(...)`` puts it together.
+    """
+
+    def __init__(self) -> None:
+        self.source: dict[str, ShardFacts] = {}
+        self.destination: dict[str, jax.Array] = {}
+        self.log = TransferLog()
+        self.seconds = 0.0
+        self.anchor_seconds = 0.0
+        self.new_anchor: list[tuple[int, str, int]] = []
+
+    def before(self, params: Any) -> None:
+        self.source = {path: shard_facts(x) for path, x in flat_leaves(params).items()}
+
+    def recording(self) -> Any:
+        from rlcluster_lab.placement.transfers import record_transfers
+
+        return _Recording(self, record_transfers())
+
+    def after(self, destination: Any, seconds: float) -> None:
+        self.destination = flat_leaves(destination)
+        self.seconds = seconds
+
+    def anchor(self, new: Any, old: Any, seconds: float) -> None:
+        self.new_anchor = new_shards(new, old)
+        self.anchor_seconds = seconds
+
+    def report(self, *, lora: bool, anchor_mode: str, global_step: int) -> SyncReport:
+        return sync_report(
+            self.source,
+            self.destination,
+            self.log,
+            lora=lora,
+            seconds=self.seconds,
+            new_anchor_shards=self.new_anchor,
+            anchor_mode=anchor_mode,
+            anchor_seconds=self.anchor_seconds,
+            global_step=global_step,
+        )
+
+
+class _Recording:
+    def __init__(self, observer: SyncObserver, block: Any) -> None:
+        self.observer, self.block = observer, block
+
+    def __enter__(self) -> TransferLog:
+        self.observer.log = self.block.__enter__()
+        return self.observer.log
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.block.__exit__(*exc)

@@ -1,0 +1,146 @@
+"""LoRA: rank-r adapters beside the kernels they adapt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from rlcluster_lab.model.init import _initial
+from rlcluster_lab.model.transformer import TransformerLM
+
+# ---------------------------------------------------------------------------
+# LoRA
+
+
+class LoRALinear(nnx.Module):
+    """A bias-free linear layer with a rank-``r`` adapter beside its kernel.
+
+    The kernel stays at the same path as in the plain model (``.../q/kernel``),
+    with ``lora_a``/``lora_b`` next to it, so the frozen part of a LoRA model
+    has exactly the tree of its base model: a reference model and a LoRA
+    actor can then be compared and updated leaf by leaf (P2, P4, P14).
+    Output: ``x @ kernel + (x @ a @ b) * scale``.
+    """
+
+    def __init__(self, base: nnx.Linear, a: Any, b: Any, *, scale: float) -> None:
+        self.in_features = base.in_features
+        self.out_features = base.out_features
+        self.dtype = base.dtype
+        self.kernel = base.kernel
+        in_axis, out_axis = base.kernel.get_metadata()["out_sharding"]
+        self.lora_a = nnx.LoRAParam(a, out_sharding=(in_axis, None), eager_sharding=False)
+        self.lora_b = nnx.LoRAParam(b, out_sharding=(None, out_axis), eager_sharding=False)
+        self.scale = float(scale)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k, a, b = self.kernel[...], self.lora_a[...], self.lora_b[...]
+        return x @ k + ((x @ a) @ b) * jnp.asarray(self.scale, x.dtype)
+
+
+_LORA_TARGETS: dict[str, tuple[str, ...]] = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
+
+
+def with_lora(
+    base: TransformerLM, rank: int, *, seed: int = 1, alpha: float | None = None, copy_base: bool = False
+) -> TransformerLM:
+    """A new model whose 7 projections per layer are wrapped in rank-``rank`` LoRA.
+
+    The base weights are the same arrays as ``base``'s (``copy_base=False``) or
+    fresh copies (``copy_base=True``); Variable objects are never shared.
+    ``lora_b`` starts at zero so the result computes exactly what ``base`` does.
+    The adapter term is scaled by ``alpha / rank``; ``alpha`` defaults to
+    ``rank``, i.e. a scale of 1. The adapters are drawn on the host and put
+    where the kernel they adapt lives: its mesh, with the kernel's input axis
+    sharding ``lora_a`` and its output axis ``lora_b``, in its memory kind.
+
+    Args:
+        base: a ``TransformerLM`` without adapters.
+        rank: the adapters' rank.
+        seed: the seed of the adapters' generators.
+        alpha: the adapter scale numerator.
+        copy_base: give the result base weights of its own.
+
+    Returns:
+        The LoRA model.
+
+    Raises:
+        ValueError: for a rank below 1 or a base that already has adapters.
+    """
+    if rank <= 0:
+        raise ValueError(f"LoRA rank must be positive, got {rank}")
+    if is_lora(base):
+        raise ValueError("model already has LoRA adapters")
+    scale = (rank if alpha is None else alpha) / rank
+    graphdef, state = nnx.split(base)
+    # Mapping over the state rebuilds every Variable (merge alone would reuse
+    # base's Variable objects); the leaves stay the same arrays unless a copy
+    # was asked for (a copy in place, on each leaf's own sharding).
+    if copy_base:
+        state = jax.tree.map(lambda x: x, state)
+        leaves = jax.tree.leaves(state)
+        copies = jax.device_put(leaves, [x.sharding for x in leaves], may_alias=False)
+        state = jax.tree.unflatten(jax.tree.structure(state), copies)
+    else:
+        state = jax.tree.map(lambda x: x, state)
+    model = nnx.merge(graphdef, state)
+    made: list[tuple[Any, Any]] = []  # (host value, sharding) of every adapter, in order
+
+    def adapters(path: str, a: jax.ShapeDtypeStruct, b: jax.ShapeDtypeStruct) -> tuple[Any, Any]:
+        host_a = _initial(tuple(path.split("/")) + ("lora_a",), a.shape, np.dtype(a.dtype), seed)
+        host_b = np.zeros(b.shape, b.dtype)
+        made.append((host_a, a.sharding))
+        made.append((host_b, b.sharding))
+        return a, b
+
+    wrapped, layers = _wrap_lora(model, rank, scale, adapters)
+    # Every adapter crosses from the host in one call, onto its kernel's devices.
+    arrays = iter(jax.device_put([h for h, _ in made], [sh for _, sh in made]))
+    for layer in layers:
+        layer.lora_a.set_value(next(arrays))
+        layer.lora_b.set_value(next(arrays))
+    return wrapped
+
+
+def _wrap_lora(model: TransformerLM, rank: int, scale: float, adapters: Any) -> tuple[TransformerLM, list[LoRALinear]]:
+    """Wrap every target projection in a ``LoRALinear``; ``adapters(path, a, b)`` gives the
+    adapter values from their abstract shapes (sharding attached where the kernel has one).
+    Returns the model and its new layers in the order ``adapters`` was called."""
+    layers: list[LoRALinear] = []
+    with nnx.use_eager_sharding(False):
+        for i, block in enumerate(model.blocks):
+            for part, names in _LORA_TARGETS.items():
+                sub = getattr(block, part)
+                for name in names:
+                    lin: nnx.Linear = getattr(sub, name)
+                    kernel = lin.kernel.get_value()
+                    a_sh, b_sh = _adapter_shardings(kernel)
+                    a = jax.ShapeDtypeStruct((lin.in_features, rank), kernel.dtype, sharding=a_sh)
+                    b = jax.ShapeDtypeStruct((rank, lin.out_features), kernel.dtype, sharding=b_sh)
+                    va, vb = adapters(f"blocks/{i}/{part}/{name}", a, b)
+                    layers.append(LoRALinear(lin, va, vb, scale=scale))
+                    setattr(sub, name, layers[-1])
+    return model, layers
+
+
+def _adapter_shardings(kernel: Any) -> tuple[Any, Any]:
+    """Where the adapters of ``kernel`` go: lora_a split like its rows, lora_b like its columns."""
+    sharding = getattr(kernel, "sharding", None)
+    if sharding is None:
+        return None, None
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
+        return (
+            NamedSharding(sharding.mesh, PartitionSpec(spec[0], None), memory_kind=sharding.memory_kind),
+            NamedSharding(sharding.mesh, PartitionSpec(None, spec[1]), memory_kind=sharding.memory_kind),
+        )
+    return sharding, sharding
+
+
+def is_lora(model: nnx.Module) -> bool:
+    """True iff ``model`` holds any ``nnx.LoRAParam``."""
+    return any(isinstance(v, nnx.LoRAParam) for _, v in nnx.iter_graph(model))

@@ -1,0 +1,164 @@
+"""Autoregressive sampling with a KV cache, on any (possibly sharded) state.
+
+The whole generation (prefill plus decode loop) is one jitted function, so
+jit follows the shardings of the state it is given and the sampler never
+needs to know the mesh. Compiled code is reused across calls with the same
+graphdef and shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rlcluster_lab.model.logps import mask_pad_logits
+from rlcluster_lab.model.tokenizer import ByteTokenizer
+from rlcluster_lab.model.transformer import init_cache
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    """Sampled completions and their log-probs.
+
+    ``tokens`` and ``logprobs`` are (B, max_new_tokens); after EOS the tokens
+    are ``pad_id`` and the log-probs 0. ``prompt_tokens`` are the left-padded
+    prompts (B, P).
+    """
+
+    text: list[str]
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    prompt_tokens: np.ndarray
+
+
+@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy", "eos_id", "pad_id"))
+def _generate(
+    graphdef,
+    state,
+    prompt_tokens,
+    key,
+    temperature,
+    *,
+    max_new_tokens: int,
+    cache_size: int,
+    greedy: bool,
+    eos_id: int,
+    pad_id: int,
+):
+    model = nnx.merge(graphdef, state)
+    config = model.config
+    b, p = prompt_tokens.shape
+    slots = jnp.arange(cache_size)
+
+    # Prefill: prompt occupies slots 0..P-1; pad slots are never attended to.
+    prompt_valid = prompt_tokens != pad_id
+    positions = jnp.maximum(jnp.cumsum(prompt_valid, axis=1) - 1, 0).astype(jnp.int32)
+    slot_valid = jnp.zeros((b, cache_size), bool).at[:, :p].set(prompt_valid)
+    mask = slot_valid[:, None, :] & (slots[None, None, :] <= jnp.arange(p)[None, :, None])
+    cache = init_cache(config, b, cache_size)
+    logits, cache = model(prompt_tokens, positions, mask, cache)
+    next_pos = prompt_valid.sum(axis=1).astype(jnp.int32)  # position of the next token
+
+    def body(i, carry):
+        cache, slot_valid, last_logits, key, out_tok, out_logp, done, pos = carry
+        key, sub = jax.random.split(key)
+        scaled = mask_pad_logits(last_logits, pad_id) / temperature
+        logp = jax.nn.log_softmax(scaled, axis=-1)
+        tok = (jnp.argmax(scaled, axis=-1) if greedy else jax.random.categorical(sub, scaled, axis=-1)).astype(
+            jnp.int32
+        )
+        tok_logp = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+        tok = jnp.where(done, pad_id, tok)
+        tok_logp = jnp.where(done, 0.0, tok_logp)
+        out_tok = out_tok.at[:, i].set(tok)
+        out_logp = out_logp.at[:, i].set(tok_logp)
+        # The new token sits in slot P + i; finished rows leave it masked.
+        slot = p + i
+        slot_valid = slot_valid.at[:, slot].set(~done)
+        step_mask = slot_valid[:, None, :] & (slots <= slot)[None, None, :]
+        step_logits, cache = model(tok[:, None], pos[:, None], step_mask, cache)
+        done = done | (tok == eos_id)
+        return cache, slot_valid, step_logits[:, 0], key, out_tok, out_logp, done, pos + 1
+
+    carry = (
+        cache,
+        slot_valid,
+        logits[:, -1],
+        key,
+        jnp.full((b, max_new_tokens), pad_id, jnp.int32),
+        jnp.zeros((b, max_new_tokens), jnp.float32),
+        jnp.zeros((b,), bool),
+        next_pos,
+    )
+    carry = jax.lax.fori_loop(0, max_new_tokens, body, carry)
+    return carry[4], carry[5]
+
+
+PROMPT_BUCKET = 16
+
+
+def sample(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    tokenizer: ByteTokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    cache_size: int,
+    seed: int,
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+) -> SampleOutput:
+    """Generate up to ``max_new_tokens`` per prompt; temperature 0 is greedy.
+
+    Log-probs are those of the sampled tokens under ``logits / temperature``
+    (under plain logits when greedy), the same quantity as
+    ``model.logps_from_state``. ``eos_id``/``pad_id`` default to the tokenizer's.
+    """
+    if not prompts:
+        raise ValueError("Cannot generate from an empty list of prompts; pass at least one.")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    eos_id = tokenizer.eos_id if eos_id is None else int(eos_id)
+    pad_id = tokenizer.pad_id if pad_id is None else int(pad_id)
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    # Prompts are left-padded to a multiple of PROMPT_BUCKET (when the cache has room), so
+    # a new batch of prompts of a similar length reuses the compiled sampler and scorers
+    # instead of compiling them again for one more width. Pads are masked everywhere.
+    bucket = -(-longest // PROMPT_BUCKET) * PROMPT_BUCKET
+    width = bucket if bucket + max_new_tokens <= cache_size else longest
+    prompt_tokens = tokenizer.encode_batch_left_padded(prompts, length=width)
+    if pad_id != tokenizer.pad_id:
+        prompt_tokens = np.where(prompt_tokens == tokenizer.pad_id, pad_id, prompt_tokens)
+    prompt_len = prompt_tokens.shape[1]
+    if prompt_len + max_new_tokens > cache_size:
+        raise ValueError(
+            f"The longest prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) "
+            f"needs {prompt_len + max_new_tokens} cache slots but cache_size is {cache_size}: "
+            "raise cache_size or lower max_new_tokens / shorten the prompts."
+        )
+    greedy = temperature == 0
+    tokens, logprobs = _generate(
+        graphdef,
+        state,
+        jnp.asarray(prompt_tokens),
+        jax.random.key(seed),
+        jnp.float32(1.0 if greedy else temperature),
+        max_new_tokens=max_new_tokens,
+        cache_size=cache_size,
+        greedy=greedy,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
+    tokens = np.asarray(tokens)
+    logprobs = np.asarray(logprobs, dtype=np.float32)
+    text = [tokenizer.decode(row) for row in tokens]
+    return SampleOutput(text=text, tokens=tokens, logprobs=logprobs, prompt_tokens=prompt_tokens)

@@ -1,0 +1,115 @@
+"""Reward and value models: our language model's backbone with a scalar head.
+
+The backbone has the actor's tree (so it can be checked against the actor),
+and the head maps each position's hidden state to one number. A reward
+model's score is the head's output at the last real completion token; a
+critic's values are the head's outputs at every completion position.
+"""
+
+from __future__ import annotations
+
+import functools
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlcluster_lab.model.init import _shardings, host_values, materialize
+from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
+
+
+class ScoreModel(nnx.Module):
+    """A TransformerLM backbone plus a linear scalar head (reward model or critic)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        self.config = config
+        self.backbone = TransformerLM(config, rngs=rngs)
+        with nnx.use_eager_sharding(False):
+            self.score_head = nnx.Linear(
+                config.embed_dim,
+                1,
+                use_bias=True,
+                dtype=config.dtype,
+                param_dtype=config.dtype,
+                kernel_metadata={"out_sharding": ("embed", None)},
+                rngs=rngs,
+            )
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        x, _ = self.backbone.features(tokens, positions, attention_mask)
+        return self.score_head(x)[..., 0].astype(jnp.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_score(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    return nnx.split(nnx.eval_shape(lambda: ScoreModel(config, rngs=nnx.Rngs(0))))
+
+
+def abstract_score_model(config: ModelConfig | str) -> ScoreModel:
+    """A ``ScoreModel`` whose values are shapes only (for planning and checks before allocation)."""
+    cfg = get_model_config(config) if isinstance(config, str) else config
+    graphdef, state = _abstract_score(cfg)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+
+
+def init_score_model(
+    config: ModelConfig | str, *, seed: int = 0, mesh: Any = None, rules: Any = None, memory_kind: str | None = None
+) -> ScoreModel:
+    """A fresh reward or value model; values drawn on the host, placed like ``init_model`` does.
+
+    Args:
+        config: a ``ModelConfig`` or a preset name.
+        seed: the seed of every leaf's generator.
+        mesh: where to place the model; None for the default device.
+        rules: logical axis rules for ``mesh``.
+        memory_kind: ``device`` or ``pinned_host``.
+
+    Returns:
+        The model.
+    """
+    cfg = get_model_config(config) if isinstance(config, str) else config
+    graphdef, abstract = _abstract_score(cfg)
+    return materialize(graphdef, abstract, host_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind))
+
+
+def completion_scores(
+    model: ScoreModel, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int
+) -> jax.Array:
+    """Head outputs (B, C) at the completion positions; 0 at padding."""
+    tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
+    valid = tokens != pad_id
+    positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
+    out = model(tokens, positions, valid[:, None, :])
+    p = prompt_tokens.shape[1]
+    per_token = out[:, p:]
+    return jnp.where(completion_tokens != pad_id, per_token, 0.0)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "pad_id", "per_token"))
+def _scores(
+    graphdef: Any, state: Any, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int, per_token: bool
+) -> jax.Array:
+    model = nnx.merge(graphdef, state)
+    values = completion_scores(model, prompt_tokens, completion_tokens, pad_id)
+    if per_token:
+        return values
+    # The score of a sequence is the head's output at its last real token.
+    real = completion_tokens != pad_id
+    last = jnp.maximum(real.sum(axis=1) - 1, 0)
+    return jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
+
+
+def scores_from_state(
+    graphdef: Any, state: Any, prompt_tokens: Any, completion_tokens: Any, pad_id: int, *, per_token: bool
+) -> jax.Array:
+    """Values (B, C) when ``per_token``, else one score per sequence (B,)."""
+    return _scores(
+        graphdef,
+        state,
+        jnp.asarray(prompt_tokens, jnp.int32),
+        jnp.asarray(completion_tokens, jnp.int32),
+        int(pad_id),
+        bool(per_token),
+    )

@@ -1,0 +1,381 @@
+"""A small decoder-only transformer with logical sharding names.
+
+Every parameter carries an ``out_sharding`` tuple of *logical* axis names
+("vocab", "embed", "q_heads", "kv_heads", "mlp", or None). The names are
+mapped onto the mesh axes ("fsdp", "tp") by ``DEFAULT_LOGICAL_AXIS_RULES``
+only when a placement is chosen, so one model definition serves every
+placement the lab compares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+MESH_AXES: tuple[str, str] = ("fsdp", "tp")
+
+# Logical name -> mesh axis. Norm scales use None and stay replicated.
+DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
+    ("embed", "fsdp"),
+    ("vocab", "tp"),
+    ("q_heads", "tp"),
+    ("kv_heads", "tp"),
+    ("mlp", "tp"),
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a ``TransformerLM``."""
+
+    name: str
+    vocab_size: int
+    embed_dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_dim: int
+    max_seq_len: int
+    tie_embeddings: bool = False
+    param_dtype: str = "float32"
+    rms_eps: float = 1e-6
+    rope_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        for field in (
+            "vocab_size",
+            "embed_dim",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "mlp_dim",
+            "max_seq_len",
+        ):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{field} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.rms_eps <= 0 or self.rope_base <= 0:
+            raise ValueError("rms_eps and rope_base must be positive")
+        try:
+            jnp.dtype(self.param_dtype)
+        except TypeError as err:
+            raise ValueError(f"unknown param_dtype {self.param_dtype!r}") from err
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count of the model without adapters."""
+        e, m = self.embed_dim, self.mlp_dim
+        per_layer = (
+            2 * e  # two norm scales
+            + e * self.q_dim
+            + 2 * e * self.kv_dim
+            + self.q_dim * e  # q, k, v, o
+            + 3 * e * m  # gate, up, down
+        )
+        head = 0 if self.tie_embeddings else self.vocab_size * e
+        return self.vocab_size * e + self.num_layers * per_layer + e + head
+
+    def lora_params(self, rank: int) -> int:
+        """Parameter count of the rank-``rank`` adapters added by ``with_lora``."""
+        if rank <= 0:
+            raise ValueError(f"LoRA rank must be positive, got {rank}")
+        e, m = self.embed_dim, self.mlp_dim
+        # An adapter on an (in, out) kernel holds rank * (in + out) numbers.
+        per_layer = rank * ((e + self.q_dim) + 2 * (e + self.kv_dim) + (self.q_dim + e) + 2 * (e + m) + (m + e))
+        return self.num_layers * per_layer
+
+
+# Sharded dims are all multiples of 8 (264 = 8 * 33) so each shards over 8, 4 or 2.
+MODEL_SIZES: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        "tiny",
+        vocab_size=264,
+        embed_dim=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=128,
+        max_seq_len=128,
+    ),
+    "small": ModelConfig(
+        "small",
+        vocab_size=264,
+        embed_dim=128,
+        num_layers=6,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=16,
+        mlp_dim=512,
+        max_seq_len=256,
+    ),
+    "base": ModelConfig(
+        "base",
+        vocab_size=264,
+        embed_dim=256,
+        num_layers=10,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        mlp_dim=1024,
+        max_seq_len=512,
+    ),
+    "large": ModelConfig(
+        "large",
+        vocab_size=264,
+        embed_dim=512,
+        num_layers=12,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=32,
+        mlp_dim=2048,
+        max_seq_len=1024,
+    ),
+}
+
+
+def get_model_config(name: str) -> ModelConfig:
+    """Look up a preset size by name."""
+    try:
+        return MODEL_SIZES[name]
+    except KeyError:
+        raise ValueError(f"Unknown model size {name!r}; known sizes: {', '.join(MODEL_SIZES)}") from None
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer: (num_layers, B, S, num_kv_heads, head_dim).
+
+    ``index`` is the next cache slot to write (int32 scalar).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    index: jax.Array
+
+
+def init_cache(config: ModelConfig, batch_size: int, cache_size: int, dtype: Any = None) -> KVCache:
+    """An empty cache of ``cache_size`` slots."""
+    dtype = config.dtype if dtype is None else dtype
+    shape = (config.num_layers, batch_size, cache_size, config.num_kv_heads, config.head_dim)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
+
+
+class RMSNorm(nnx.Module):
+    """RMS normalisation with a learned, replicated scale."""
+
+    def __init__(self, dim: int, eps: float, dtype: jnp.dtype):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,), dtype), out_sharding=(None,))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # Statistics in float32: bfloat16 variance loses too many bits.
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def _linear(in_dim: int, out_dim: int, axes: tuple[str, str], dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        in_dim,
+        out_dim,
+        use_bias=False,
+        dtype=dtype,
+        param_dtype=dtype,
+        kernel_metadata={"out_sharding": axes},
+        rngs=rngs,
+    )
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
+    """Rotate (B, T, heads, D) by angles set by integer ``positions`` (B, T)."""
+    half = x.shape[-1] // 2
+    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[..., None] * freqs  # (B, T, half)
+    sin = jnp.sin(angles)[:, :, None, :]
+    cos = jnp.cos(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with rotary positions."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c, dt = config, config.dtype
+        self.config = config
+        self.q = _linear(c.embed_dim, c.q_dim, ("embed", "q_heads"), dt, rngs)
+        self.k = _linear(c.embed_dim, c.kv_dim, ("embed", "kv_heads"), dt, rngs)
+        self.v = _linear(c.embed_dim, c.kv_dim, ("embed", "kv_heads"), dt, rngs)
+        self.o = _linear(c.q_dim, c.embed_dim, ("q_heads", "embed"), dt, rngs)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        layer_kv: tuple[jax.Array, jax.Array] | None,
+        index: jax.Array | None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        c = self.config
+        b, t, _ = x.shape
+        q = self.q(x).reshape(b, t, c.num_heads, c.head_dim)
+        k = self.k(x).reshape(b, t, c.num_kv_heads, c.head_dim)
+        v = self.v(x).reshape(b, t, c.num_kv_heads, c.head_dim)
+        q = apply_rope(q, positions, c.rope_base)
+        k = apply_rope(k, positions, c.rope_base)
+        new_kv = None
+        if layer_kv is not None:
+            ck, cv = layer_kv
+            zero = jnp.zeros((), jnp.int32)
+            ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (zero, index, zero, zero))
+            cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (zero, index, zero, zero))
+            new_kv = (ck, cv)
+            k, v = ck.astype(x.dtype), cv.astype(x.dtype)
+        groups = c.num_heads // c.num_kv_heads
+        q = q.reshape(b, t, c.num_kv_heads, groups, c.head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
+        scores = scores / math.sqrt(c.head_dim)
+        # A finite fill keeps fully masked rows (padding queries) free of NaN.
+        scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, c.q_dim)
+        return self.o(out), new_kv
+
+
+class MLP(nnx.Module):
+    """Gated SiLU feed-forward block."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c, dt = config, config.dtype
+        self.gate = _linear(c.embed_dim, c.mlp_dim, ("embed", "mlp"), dt, rngs)
+        self.up = _linear(c.embed_dim, c.mlp_dim, ("embed", "mlp"), dt, rngs)
+        self.down = _linear(c.mlp_dim, c.embed_dim, ("mlp", "embed"), dt, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: attention then MLP."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(config.embed_dim, config.rms_eps, config.dtype)
+        self.attn = Attention(config, rngs=rngs)
+        self.mlp_norm = RMSNorm(config.embed_dim, config.rms_eps, config.dtype)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x, positions, mask, layer_kv, index):
+        h, new_kv = self.attn(self.attn_norm(x), positions, mask, layer_kv, index)
+        x = x + h
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, new_kv
+
+
+class TransformerLM(nnx.Module):
+    """Decoder-only language model returning float32 logits."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        dt = config.dtype
+        # Sharding metadata holds logical names only; placement happens later,
+        # so eager sharding (which needs a mesh) stays off.
+        with nnx.use_eager_sharding(False):
+            self.embed = nnx.Embed(
+                config.vocab_size,
+                config.embed_dim,
+                dtype=dt,
+                param_dtype=dt,
+                embedding_metadata={"out_sharding": ("vocab", "embed")},
+                rngs=rngs,
+            )
+            self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+            self.final_norm = RMSNorm(config.embed_dim, config.rms_eps, dt)
+            self.head = (
+                None
+                if config.tie_embeddings
+                else _linear(config.embed_dim, config.vocab_size, ("embed", "vocab"), dt, rngs)
+            )
+
+    def features(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Final normalised hidden states (B, T, embed) and the updated cache.
+
+        Without a cache the mask is causal over the T tokens, AND-ed with
+        ``attention_mask`` (B, T, T). With a cache the new keys are written at
+        ``cache.index`` and ``attention_mask`` (B, T, S) covers cache slots; when
+        omitted, each token sees every slot up to its own.
+        """
+        b, t = tokens.shape
+        if cache is None:
+            mask = jnp.tril(jnp.ones((t, t), bool))[None]
+            if attention_mask is not None:
+                mask = mask & attention_mask
+            mask = jnp.broadcast_to(mask, (b, t, t))
+        else:
+            s = cache.k.shape[2]
+            slot = cache.index + jnp.arange(t)
+            mask = (jnp.arange(s)[None, :] <= slot[:, None])[None]
+            if attention_mask is not None:
+                # The caller knows which slots hold real tokens: its mask wins.
+                mask = attention_mask
+            mask = jnp.broadcast_to(mask, (b, t, s))
+        x = self.embed(tokens)
+        new_k, new_v = [], []
+        for i, block in enumerate(self.blocks):
+            layer_kv = None if cache is None else (cache.k[i], cache.v[i])
+            x, kv = block(x, positions, mask, layer_kv, None if cache is None else cache.index)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        x = self.final_norm(x)
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), cache.index + t)
+        return x, new_cache
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Logits (B, T, vocab) and the updated cache (None without a cache).
+
+        See ``features`` for the masking rules.
+        """
+        x, new_cache = self.features(tokens, positions, attention_mask, cache)
+        logits = self.embed.attend(x) if self.head is None else self.head(x)
+        return logits.astype(jnp.float32), new_cache

@@ -1,0 +1,27 @@
+"""Which buffers a state holds: identity, bytes, and whether two models share a backbone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+
+from rlcluster_lab.placement.place import array_leaves
+from rlcluster_lab.placement.transfers import shard_keys
+
+
+def state_bytes(state: Any) -> int:
+    """Physical bytes of a state: every addressable shard counted."""
+    return int(sum(s.data.nbytes for x in array_leaves(state) for s in x.addressable_shards))
+
+
+def buffer_keys(state: Any) -> set[tuple[str, int, int]]:
+    """(platform, device id, buffer pointer) of every addressable shard of ``state``."""
+    return set().union(*(shard_keys(x) for x in array_leaves(state)))
+
+
+def sharing_backbone(a: nnx.Module, b: nnx.Module) -> bool:
+    """P4: every frozen (non-LoRA) buffer of ``a`` is one of ``b``'s."""
+    ka = buffer_keys(nnx.state(a, nnx.Not(nnx.LoRAParam)))
+    kb = buffer_keys(nnx.state(b, nnx.Not(nnx.LoRAParam)))
+    return bool(ka) and ka <= kb

@@ -1,0 +1,425 @@
+"""What a compiled XLA program moves between devices, read from the program itself.
+
+When XLA does a reshard (a jitted identity with the destination shardings),
+the data crosses devices inside the program's collectives: ``all-to-all``,
+``all-gather``, ``collective-permute`` and their relatives. This module reads
+those instructions from the compiled HLO module (opcode, result shapes,
+operands, replica groups or source-target pairs) and turns each into the
+device-to-device flows it implies, attributed to the program parameters its
+operands come from. Nothing is assumed about how XLA chose to do the reshard:
+a program that gathers more than it keeps shows it.
+
+Per collective, the bytes one member receives:
+
+- ``all-to-all``: from each other member of its group, the chunk addressed to
+  it (tuple form: operand ``i`` goes to the group's ``i``-th member; array
+  form: the operand split in group-size chunks along its split dimension).
+- ``all-gather``: each other member's whole operand.
+- ``collective-permute``: the operand, from its source, for each pair whose
+  source is not its target.
+- ``reduce-scatter``: each other member's 1/n of the operand.
+- ``all-reduce``: each other member's whole operand (direct exchange; XLA's
+  algorithm may differ, and the report names the op so a reader can tell).
+- ``collective-broadcast``: the root's operand, for every other member.
+
+Ids in groups and pairs are partitions of the program, mapped to devices by
+the program's device assignment (the mesh's flat device order). An
+instruction this module cannot read (a format it does not know, send/recv)
+is listed in ``unreadable``; the caller then reports its bytes as not
+derivable instead of inventing them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+_ITEM_BYTES = {
+    "pred": 1,
+    "s4": 1,
+    "u4": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3": 1,
+    "f8e3m4": 1,
+    "f8e4m3b11fnuz": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e8m0fnu": 1,
+    "f4e2m1fn": 1,
+}
+
+_COLLECTIVES = {
+    "all-to-all",
+    "all-gather",
+    "all-gather-start",
+    "collective-permute",
+    "collective-permute-start",
+    "all-reduce",
+    "all-reduce-start",
+    "reduce-scatter",
+    "collective-broadcast",
+    "ragged-all-to-all",
+}
+_UNREADABLE = {"send", "recv", "send-done", "recv-done", "ragged-all-to-all"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flow:
+    """Bytes one collective carried from one device to another, for one program parameter.
+
+    ``param`` is the index of the program input the data comes from (a leaf
+    of the resharded tree), or None when it could not be traced to one.
+    """
+
+    op: str
+    src_device: int
+    dst_device: int
+    nbytes: int
+    param: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramTraffic:
+    """Every cross-device flow of one compiled program, and what could not be read."""
+
+    flows: tuple[Flow, ...]
+    collectives: tuple[str, ...]  # one line per collective: opcode, shape, groups
+    unreadable: tuple[str, ...]
+
+    @property
+    def exact(self) -> bool:
+        return not self.unreadable
+
+    def bytes_by_param(self) -> dict[int | None, int]:
+        out: dict[int | None, int] = {}
+        for f in self.flows:
+            out[f.param] = out.get(f.param, 0) + f.nbytes
+        return out
+
+
+def program_traffic(compiled: Any, devices: Sequence[Any]) -> ProgramTraffic:
+    """The cross-device flows of a ``jax.stages.Compiled`` whose partitions are ``devices``.
+
+    Args:
+        compiled: the result of ``jax.jit(...).lower(...).compile()``.
+        devices: the program's device assignment (partition ``i`` runs on
+            ``devices[i]``): the flat device order of its mesh.
+
+    Returns:
+        The flows, one readable line per collective, and the instructions
+        that could not be read.
+    """
+    ids = [int(d.id) for d in devices]
+    flows: list[Flow] = []
+    lines: list[str] = []
+    unreadable: list[str] = []
+    for module in compiled.runtime_executable().hlo_modules():
+        params = _entry_parameters(module)
+        for comp in module.computations():
+            for ins in comp.instructions():
+                name = _opcode_name(ins)
+                if name in _UNREADABLE:
+                    unreadable.append(ins.to_string()[:200])
+                    continue
+                if name == "async-start":
+                    wrapped = ins.async_wrapped_root
+                    if _opcode_name(wrapped) not in _COLLECTIVES:
+                        continue
+                    text, operands, op = wrapped.to_string(), ins.operands(), _opcode_name(wrapped)
+                elif name in _COLLECTIVES:
+                    text, operands, op = ins.to_string(), ins.operands(), name
+                else:
+                    continue
+                try:
+                    found = _flows(op, text, operands, len(ids), params)
+                except _Unreadable as exc:
+                    unreadable.append(f"{op}: {exc}: {text[:200]}")
+                    continue
+                lines.append(_summary(op, text))
+                flows.extend(Flow(op, ids[s], ids[t], n, p) for s, t, n, p in found if s != t and n)
+    return ProgramTraffic(tuple(flows), tuple(lines), tuple(unreadable))
+
+
+class _Unreadable(ValueError):
+    pass
+
+
+def _opcode_name(ins: Any) -> str:
+    # HloOpcode.kAllToAll -> all-to-all
+    raw = str(ins.opcode).split(".")[-1]
+    raw = raw[1:] if raw.startswith("k") else raw
+    return re.sub(r"(?<!^)([A-Z])", r"-\1", raw).lower()
+
+
+def _entry_parameters(module: Any) -> dict[str, int]:
+    """Instruction name -> parameter number, for the entry computation's parameters."""
+    text = module.to_string()
+    match = re.search(r"^ENTRY %?([\w.\-]+)", text, re.M)
+    entry = match.group(1) if match else None
+    out = {}
+    for comp in module.computations():
+        if comp.name != entry:
+            continue
+        for ins in comp.instructions():
+            if _opcode_name(ins) == "parameter":
+                m = re.search(r"parameter\((\d+)\)", ins.to_string())
+                if m:
+                    out[ins.name] = int(m.group(1))
+    return out
+
+
+def _roots(ins: Any, params: dict[str, int], seen: dict[str, frozenset[int]]) -> frozenset[int]:
+    """The entry parameters an instruction's value is computed from."""
+    if ins.name in seen:
+        return seen[ins.name]
+    if ins.name in params:
+        out = frozenset({params[ins.name]})
+    else:
+        out = frozenset()
+        stack = list(ins.operands())
+        while stack:
+            cur = stack.pop()
+            if cur.name in seen:
+                out |= seen[cur.name]
+            elif cur.name in params:
+                out |= {params[cur.name]}
+            else:
+                stack.extend(cur.operands())
+    seen[ins.name] = out
+    return out
+
+
+def _flows(
+    op: str, text: str, operands: Sequence[Any], n: int, params: dict[str, int]
+) -> list[tuple[int, int, int, int | None]]:
+    """(src partition, dst partition, bytes, parameter) for one collective."""
+    seen: dict[str, frozenset[int]] = {}
+    sizes = [_array_bytes(_result_shape(o.to_string())) for o in operands]
+    roots = [_roots(o, params, seen) for o in operands]
+    out: list[tuple[int, int, int, int | None]] = []
+
+    def add(src: int, dst: int, nbytes: int, k: int) -> None:
+        for param, share in _attribute(nbytes, roots[k]):
+            out.append((src, dst, share, param))
+
+    if op in ("collective-permute", "collective-permute-start"):
+        pairs = _pairs(text)
+        for k in range(len(operands)):
+            for s, t in pairs:
+                add(s, t, sizes[k], k)
+        return out
+    groups = _groups(text, n)
+    if op == "all-to-all":
+        for group in groups:
+            m = len(group)
+            if len(operands) == m:
+                chunks = [(k, sizes[k]) for k in range(m)]  # tuple form: operand k to member k
+                for src in group:
+                    for k, nbytes in chunks:
+                        add(src, group[k], nbytes, k)
+            elif len(operands) == 1:
+                if sizes[0] % m:
+                    raise _Unreadable(f"operand of {sizes[0]} bytes does not split in {m} chunks")
+                for src in group:
+                    for dst in group:
+                        add(src, dst, sizes[0] // m, 0)
+            else:
+                raise _Unreadable(f"{len(operands)} operands for groups of {m}")
+        return out
+    for group in groups:
+        m = len(group)
+        for k in range(len(operands)):
+            if op in ("all-gather", "all-gather-start", "all-reduce", "all-reduce-start"):
+                per = sizes[k]
+            elif op == "reduce-scatter":
+                if sizes[k] % m:
+                    raise _Unreadable(f"operand of {sizes[k]} bytes does not scatter over {m}")
+                per = sizes[k] // m
+            elif op == "collective-broadcast":
+                for dst in group[1:]:
+                    add(group[0], dst, sizes[k], k)
+                continue
+            else:
+                raise _Unreadable("collective kind not modelled")
+            for src in group:
+                for dst in group:
+                    add(src, dst, per, k)
+    return out
+
+
+def _attribute(nbytes: int, roots: frozenset[int]) -> list[tuple[int | None, int]]:
+    """Split bytes over the parameters they come from (equal shares; rare: XLA combined leaves)."""
+    if not roots:
+        return [(None, nbytes)]
+    order = sorted(roots)
+    share, rest = divmod(nbytes, len(order))
+    return [(p, share + (rest if i == len(order) - 1 else 0)) for i, p in enumerate(order)]
+
+
+_SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
+
+
+def _result_shape(text: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The array parts of an instruction's result shape: ``%x = f32[2,3]{1,0} op(...)``."""
+    head = text.split("=", 1)[1].lstrip() if "=" in text else text
+    if head.startswith("("):
+        depth, end = 0, 0
+        for i, ch in enumerate(head):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                end = i
+                break
+        head = head[1:end]
+    else:
+        head = head.split(" ", 1)[0]
+    return [(dt, tuple(int(d) for d in dims.split(",") if d)) for dt, dims in _SHAPE.findall(head)]
+
+
+def _array_bytes(parts: list[tuple[str, tuple[int, ...]]]) -> int:
+    total = 0
+    for dtype, dims in parts:
+        if dtype not in _ITEM_BYTES:
+            if dtype in ("token", "opaque"):
+                continue
+            raise _Unreadable(f"unknown element type {dtype}")
+        total += int(np.prod(dims, dtype=np.int64)) * _ITEM_BYTES[dtype]
+    return total
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
+    m = re.search(r"source_target_pairs=\{(.*?)\}\}", text)
+    if not m:
+        if "source_target_pairs={}" in text:
+            return []
+        raise _Unreadable("no source_target_pairs")
+    return [(int(a), int(b)) for a, b in re.findall(r"\{(\d+),(\d+)", m.group(1) + "}")]
+
+
+def _groups(text: str, n: int) -> list[list[int]]:
+    """Replica groups as lists of partition ids, in any of the printed formats."""
+    if "replica_groups=" not in text:
+        return [list(range(n))]
+    rest = text.split("replica_groups=", 1)[1]
+    if rest.startswith("{}"):
+        return [list(range(n))]
+    if rest.startswith("{{") or rest.startswith("{"):
+        body = rest[1 : rest.index("}}") + 1] if "}}" in rest else ""
+        groups = [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d,\s]*)\}", body)]
+        if not groups:
+            raise _Unreadable("empty explicit replica groups")
+        return groups
+    if rest.startswith("["):
+        m = re.match(r"(\[[\d,]+\](?:<=\[[\d,]+\])?(?:T\([\d,]+\))?)", rest)
+        if not m:
+            raise _Unreadable("unknown iota replica group format")
+        arr = _iota(m.group(1))
+        return [list(map(int, row)) for row in arr.reshape(arr.shape[0], -1)]
+    if rest.startswith("mesh["):
+        return _mesh_groups(rest)
+    raise _Unreadable("unknown replica group format")
+
+
+def _mesh_groups(rest: str) -> list[list[int]]:
+    """``mesh['a'=4,'b'=2], device_ids=(...) {'a':(2)2}``: groups along (sub-)axes of a mesh.
+
+    A group axis written ``'a':(pre)size`` is the middle part of axis ``a``
+    split as (pre, size, rest).
+    """
+    close = rest.index("]")
+    axes = re.findall(r"'([^']+)'=(\d+)", rest[5:close])
+    if not axes:
+        raise _Unreadable("mesh replica groups without axes")
+    tail = rest[close + 1 :]
+    ids_spec = None
+    if tail.startswith(", device_ids=("):
+        depth, i = 0, len(", device_ids=")
+        for j in range(i, len(tail)):
+            depth += tail[j] == "("
+            depth -= tail[j] == ")"
+            if depth == 0:
+                ids_spec, tail = tail[i + 1 : j], tail[j + 1 :]
+                break
+    m = re.match(r"\s*\{([^}]*)\}", tail)
+    if not m:
+        raise _Unreadable("mesh replica groups without group axes")
+    picked = re.findall(r"'([^']+)'(?::\((\d+)\)(\d+))?", m.group(1))
+    sizes = {a: int(s) for a, s in axes}
+    size = int(np.prod(list(sizes.values())))
+    ids = _device_ids(ids_spec, size) if ids_spec else np.arange(size)
+    # Expand each axis into (pre, size, post) parts so a sub-axis is a dimension of its own.
+    split = {a: (1, sizes[a], 1) for a in sizes}
+    for a, pre, sub in picked:
+        if a not in sizes:
+            raise _Unreadable(f"group axis {a!r} not in mesh axes {list(sizes)}")
+        if pre:
+            pre_i, sub_i = int(pre), int(sub)
+            if sizes[a] % (pre_i * sub_i):
+                raise _Unreadable(f"sub-axis {a}:({pre}){sub} does not divide {sizes[a]}")
+            split[a] = (pre_i, sub_i, sizes[a] // (pre_i * sub_i))
+    dims = [n for a, _ in axes for n in split[a]]
+    arr = ids.reshape(dims)
+    grouped = [3 * [a for a, _ in axes].index(a) + 1 for a, _, _ in picked]
+    others = [i for i in range(len(dims)) if i not in grouped]
+    arr = arr.transpose(others + grouped)
+    width = int(np.prod([dims[i] for i in grouped])) if grouped else 1
+    return [list(map(int, row)) for row in arr.reshape(-1, width)]
+
+
+def _device_ids(spec: str, size: int) -> np.ndarray:
+    spec = spec.strip()
+    if spec.startswith("["):
+        ids = _iota(spec).reshape(-1)
+    else:
+        ids = np.array([int(x) for x in spec.split(",") if x.strip()])
+    if ids.size != size:
+        raise _Unreadable(f"device_ids has {ids.size} entries for a mesh of {size}")
+    return ids
+
+
+def _iota(spec: str) -> np.ndarray:
+    """``[2,4]<=[8]``, ``[4,2]<=[2,4]T(1,0)`` or ``[2,4]T(1,0)``: an iota tile assignment."""
+    m = re.fullmatch(r"\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?", spec.strip())
+    if not m:
+        raise _Unreadable(f"unknown iota format {spec!r}")
+    dims = [int(x) for x in m.group(1).split(",")]
+    if m.group(2) is None:
+        # "[2,4]T(1,0)": iota of these dims, transposed.
+        arr = np.arange(int(np.prod(dims))).reshape(dims)
+        return arr.transpose([int(x) for x in m.group(3).split(",")]) if m.group(3) else arr
+    reshape = [int(x) for x in m.group(2).split(",")]
+    arr = np.arange(int(np.prod(reshape))).reshape(reshape)
+    if m.group(3):
+        arr = arr.transpose([int(x) for x in m.group(3).split(",")])
+    return arr.reshape(dims)
+
+
+def _summary(op: str, text: str) -> str:
+    shape = _result_shape(text)
+    shapes = ", ".join(f"{dt}[{','.join(map(str, dims))}]" for dt, dims in shape)
+    groups = ""
+    for key in ("replica_groups=", "source_target_pairs="):
+        if key in text:
+            tail = text.split(key, 1)[1]
+            groups = f" {key}{tail.split(', dimensions', 1)[0].split(', use_global', 1)[0][:120]}"
+            break
+    return f"{op} {shapes}{groups}"

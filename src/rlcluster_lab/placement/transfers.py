@@ -1,0 +1,132 @@
+"""The log of what a reshard copied: the evidence the sync report (L3) counts from.
+
+Every copy a reshard makes, whichever strategy makes it, is recorded here
+inside a ``record_transfers()`` block: which device the bytes came from,
+which device they landed on, how many, and for which leaf. The weight sync's
+report counts what was really copied from this log, not from a plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import jax
+
+TransferKind = Literal["cross_device", "same_device", "memory_kind"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    """One copy a reshard made: ``nbytes`` physical bytes into a buffer on ``dst_device``.
+
+    ``cross_device``: the bytes crossed from another device. ``same_device``:
+    a new buffer made from data already on that device (a slice, an assembled
+    block, a forced copy). ``memory_kind``: a move between a device's own
+    memories (device <-> pinned host).
+    """
+
+    kind: TransferKind
+    src_device: int
+    dst_device: int
+    nbytes: int
+    leaf: str | None
+
+
+@dataclasses.dataclass
+class TransferLog:
+    """The transfers made inside one ``record_transfers`` block.
+
+    ``relayed`` (per leaf): bytes that crossed devices but did not end up as
+    destination data on the device they crossed to: XLA moved them on again,
+    or moved them and dropped them. ``strategies``: which reshard strategies
+    did the layout changes. ``unreadable``: collectives of a compiled program
+    whose bytes could not be read (the report then says its figures for those
+    leaves are not derived from the program). ``compiled``: some program this
+    block ran was built (compiled, or loaded from the persistent cache) here.
+    """
+
+    transfers: list[Transfer] = dataclasses.field(default_factory=list)
+    relayed: dict[str | None, int] = dataclasses.field(default_factory=dict)
+    strategies: set[str] = dataclasses.field(default_factory=set)
+    unreadable: list[tuple[str | None, str]] = dataclasses.field(default_factory=list)
+    leaf: str | None = None
+    compiled: bool = False
+    loaded: bool = False  # a program this block ran was read back from the persistent cache
+
+    @property
+    def exact(self) -> bool:
+        return not self.unreadable
+
+
+_LOG: contextvars.ContextVar[TransferLog | None] = contextvars.ContextVar("rlcluster_lab_transfer_log", default=None)
+
+
+def current_log() -> TransferLog | None:
+    """The log of the innermost ``record_transfers`` block, if any."""
+    return _LOG.get()
+
+
+@contextlib.contextmanager
+def record_transfers() -> Iterator[TransferLog]:
+    """Log every copy ``reshard`` makes inside the block."""
+    log = TransferLog()
+    token = _LOG.set(log)
+    try:
+        yield log
+    finally:
+        _LOG.reset(token)
+
+
+@contextlib.contextmanager
+def not_recorded() -> Iterator[None]:
+    """Make no log entries inside the block (a caller that already knows them adds them)."""
+    token = _LOG.set(None)
+    try:
+        yield
+    finally:
+        _LOG.reset(token)
+
+
+@contextlib.contextmanager
+def leaf_label(label: str) -> Iterator[None]:
+    """Tag the transfers made inside the block with a leaf path."""
+    log = _LOG.get()
+    if log is None:
+        yield
+        return
+    prev, log.leaf = log.leaf, label
+    try:
+        yield
+    finally:
+        log.leaf = prev
+
+
+def shard_key(shard: Any) -> tuple[str, int, int]:
+    """(platform, device id, buffer pointer): which buffer on which device a shard is.
+
+    The platform is part of the key: a CPU device and an accelerator can both
+    have id 0 in one process (simulated CPU devices beside a single chip).
+    """
+    return (shard.device.platform, shard.device.id, shard.data.unsafe_buffer_pointer())
+
+
+def shard_keys(x: jax.Array) -> set[tuple[str, int, int]]:
+    """``shard_key`` of every addressable shard of ``x``."""
+    return {shard_key(s) for s in x.addressable_shards}
+
+
+def log_new_shards(kind: TransferKind, before: jax.Array, after: jax.Array, label: str | None = None) -> set[int]:
+    """Log the shards of ``after`` that are new buffers (not ``before``'s); returns their devices."""
+    old = shard_keys(before)
+    new = [s for s in after.addressable_shards if shard_key(s) not in old]
+    log = _LOG.get()
+    if log is not None:
+        for s in new:
+            log.transfers.append(
+                Transfer(kind, s.device.id, s.device.id, int(s.data.nbytes), label if label is not None else log.leaf)
+            )
+    return {s.device.id for s in new}

@@ -1,0 +1,210 @@
+"""Counting for the what-if planner (L4): memory per role and device, the sync, fits.
+
+Each function takes arrays on paper (``plan_buffers``) and returns the JSON
+the measured reports use (``measure.MemoryReport``, ``measure.SyncReport``),
+by the definitions in ``plan``'s docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES, UNITS, memory_table
+from rlcluster_lab.planner.buffers import Buffers, PlannedArray, overlap
+from rlcluster_lab.planner.shapes import shard_elements
+
+SOURCE = "computed from shapes (no allocation)"
+ENTRIES = MEMORY_ENTRIES
+PathKey = tuple[Any, ...]
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _records(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, np.ndarray]:
+    """One row per (entry, device shard): entry index, device, origin, bytes, kind index."""
+    cols: dict[str, list[np.ndarray]] = {"entry": [], "device": [], "origin": [], "bytes": [], "kind": []}
+    names = list(entries)
+    for e, name in enumerate(names):
+        for a in entries[name]:
+            n = a.mesh.size
+            cols["entry"].append(np.full(n, e, dtype=np.int64))
+            cols["device"].append(a.mesh.ids)
+            cols["origin"].append(a.origins)
+            cols["bytes"].append(np.full(n, a.shard_bytes, dtype=np.int64))
+            cols["kind"].append(np.full(n, KINDS.index(a.kind), dtype=np.int64))
+    return {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in cols.items()}
+
+
+def memory_summary(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, Any]:
+    """The memory JSON (same keys as the measured one, without the allocator) from arrays on paper."""
+    names = [n for n in ENTRIES if n in entries]
+    r = _records({n: entries[n] for n in names})
+    span = int(r["device"].max()) + 1 if len(r["device"]) else 1
+    # One id per buffer: a shard's origin names its buffer on its device.
+    table = memory_table(names, r["entry"], r["device"], r["kind"], r["bytes"], r["origin"] * span + r["device"])
+    return {"units": UNITS, "source": SOURCE, **table}
+
+
+# --------------------------------------------------------------------------- sync
+
+
+def _sharding_text(a: PlannedArray) -> str:
+    """The sharding as ``measure.describe_sharding`` writes a NamedSharding's."""
+    axes = ",".join(f"{n}={k}" for n, k in a.mesh.shape.items())
+    ids = list(a.mesh.device_ids)
+    span = f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
+    ids_text = span if ids == list(range(ids[0], ids[0] + len(ids))) else ",".join(map(str, ids))
+    spec = ", ".join("None" if p is None else repr(p) for p in a.spec)
+    return f"mesh({axes}) devices {ids_text} P({spec}) {a.kind}"
+
+
+class _PerDevice:
+    """Bytes per device id and memory kind, summed with numpy."""
+
+    def __init__(self, span: int) -> None:
+        self.bytes = np.zeros((span, len(KINDS)), dtype=np.int64)
+
+    def add(self, devices: np.ndarray, kind: str, nbytes: np.ndarray | int) -> None:
+        np.add.at(self.bytes[:, KINDS.index(kind)], devices, nbytes)
+
+    def by_kind(self) -> dict[str, dict[str, int]]:
+        return {str(d): {k: int(v) for k, v in zip(KINDS, row) if v} for d, row in enumerate(self.bytes) if row.any()}
+
+    def total(self) -> dict[str, int]:
+        return {str(d): int(v) for d, v in enumerate(self.bytes.sum(axis=1)) if v}
+
+
+def sync_summary(
+    buf: Buffers,
+    actor: Mapping[PathKey, PlannedArray],
+    rollout: Mapping[PathKey, PlannedArray],
+    trainable: frozenset[PathKey],
+    *,
+    lora: bool,
+    copy: bool,
+    anchor_mode: str,
+    offload: bool,
+    link_bandwidth: float | None,
+    strategy: str = "xla",
+) -> dict[str, Any]:
+    """P13 on paper, with the SyncReport's definitions (see ``plan``'s docstring).
+
+    Cross-device bytes are the least the placement forces, which is what the
+    minimal strategy moves; a compiled program (the xla strategy) may move
+    more, and only a measured sync can say how much (its excess).
+
+    ``trainable``: the leaves the sync hands over (LoRA adapters, or every
+    parameter); ``copy``: the engine owns its weights, so it never keeps the
+    trainer's buffers.
+    """
+    span = 1 + max(max(a.mesh.device_ids) for m in (actor, rollout) for a in m.values())
+    arrived, peak = _PerDevice(span), _PerDevice(span)
+    leaves = []
+    for path in sorted(trainable, key=lambda k: "/".join(map(str, k))):
+        src, dst = actor[path], rollout[path]
+        _, lacking = overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec)
+        reused = np.zeros(dst.mesh.size, dtype=bool)
+        if not copy and dst.dtype == src.dtype:
+            reused = buf.kept(src, dst.mesh, dst.spec, dst.kind)
+        elems = shard_elements(dst.shape, dst.spec, dst.mesh)
+        item = src.dtype.itemsize
+        moved = np.where(reused, 0, lacking) * item
+        copied = np.where(reused, 0, elems - lacking) * item
+        arrived.add(dst.mesh.ids, "device", moved)
+        peak.add(dst.mesh.ids[~reused], dst.kind, elems * dst.dtype.itemsize)
+        leaves.append(
+            {
+                "path": "/".join(map(str, path)),
+                "dtype": str(src.dtype),
+                "dst_dtype": str(dst.dtype),
+                "shape": list(src.shape),
+                "src_sharding": _sharding_text(src),
+                "dst_sharding": _sharding_text(dst),
+                "synced_bytes": int(elems * item * dst.mesh.size),
+                "moved_cross_device_bytes": int(moved.sum()),
+                "copied_same_device_bytes": int(copied.sum()),
+                "reused_bytes": int(reused.sum() * elems * item),
+                "minimum_cross_device_bytes": int(lacking.sum() * item),
+                "logical_bytes": int(np.prod(src.shape, dtype=np.int64) * item),
+                "relayed_cross_device_bytes": 0,
+                "method": "planned: the least the placement forces",
+            }
+        )
+    totals = {
+        key: sum(leaf[key] for leaf in leaves)
+        for key in (
+            "synced_bytes",
+            "moved_cross_device_bytes",
+            "copied_same_device_bytes",
+            "reused_bytes",
+            "minimum_cross_device_bytes",
+        )
+    }
+    # P13: then the anchor is pinned again (only the adapters with anchor="trainable"); under
+    # offload the actor is already pinned and the snapshot keeps its buffers.
+    partial = lora and anchor_mode == "trainable"
+    anchor_bytes = 0
+    if not offload:
+        for path, a in actor.items():
+            if partial and path not in trainable:
+                continue
+            anchor_bytes += a.shard_bytes * a.mesh.size
+            peak.add(a.mesh.ids, "pinned_host", a.shard_bytes)
+    arrived_by_device = arrived.total()
+    busiest = max(arrived_by_device.values(), default=0)
+    return {
+        "units": UNITS,
+        "lora": lora,
+        **totals,
+        "relayed_cross_device_bytes": 0,
+        "excess_cross_device_bytes": 0,  # a plan moves only what the placement forces
+        "reshard_strategy": strategy,
+        "moved_is_lower_bound": strategy == "xla",
+        "synced_logical_bytes": sum(leaf["logical_bytes"] for leaf in leaves),
+        "anchor_bytes": anchor_bytes,
+        "anchor_mode": "trainable" if partial else "full",
+        "global_step": 1,
+        "arrived_by_device": arrived_by_device,
+        "peak_extra_bytes": peak.by_kind(),
+        "estimated_seconds": None if link_bandwidth is None else busiest / link_bandwidth,
+        "estimate": "max over devices of cross-device bytes arriving / link bandwidth a device receives"
+        + ("" if link_bandwidth is not None else " (no bandwidth known for this topology: pass one)"),
+        "leaves": leaves,
+    }
+
+
+# --------------------------------------------------------------------------- fits
+
+
+def fits_summary(
+    memory: dict[str, Any], sync: dict[str, Any], memory_per_device: int | None, source: str
+) -> dict[str, Any]:
+    def verdict(n: int) -> bool | None:
+        return None if memory_per_device is None else n <= memory_per_device
+
+    roles = {}
+    for name, role in memory["by_role"].items():
+        busiest = max((sum(k.values()) for k in role["by_device"].values()), default=0)
+        roles[name] = {"max_device_bytes": busiest, "fits": verdict(busiest)}
+    resident = {d: kinds.get("device", 0) for d, kinds in memory["by_device"].items()}
+    peak = {d: resident.get(d, 0) + kinds.get("device", 0) for d, kinds in sync["peak_extra_bytes"].items()}
+    peak = {**resident, **peak}
+    top_resident = max(resident.values(), default=0)
+    top_peak = max(peak.values(), default=0)
+    return {
+        "memory_per_device": memory_per_device,
+        "memory_source": source,
+        "by_role": roles,
+        "resident": {"max_device_bytes": top_resident, "fits": verdict(top_resident)},
+        "with_sync_peak": {"max_device_bytes": top_peak, "fits": verdict(top_peak)},
+        "all_fit": None
+        if memory_per_device is None
+        else all(r["fits"] for r in roles.values()) and top_peak <= memory_per_device,
+        "rule": "a role fits when its bytes on its busiest device (any memory kind: an offloaded role "
+        "comes to device for its operation) are at most the memory per device; resident = device-kind "
+        "bytes with shared buffers counted once; with_sync_peak adds the sync's new device buffers",
+    }

@@ -1,0 +1,174 @@
+"""Arrays on paper for the what-if planner (L4): shardings, and which buffer each shard is.
+
+A ``PlannedArray`` records a sharding and, per device, the buffer its shard
+lives in (named by the array that first made it), so the planner can count
+a buffer several roles hold once, as the measured walk of live buffers
+does. ``Buffers`` makes such arrays and reshards them as ``reshard.reshard``
+would (P5): which shards keep their source buffer and which are new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Any
+
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from rlcluster_lab.placement.reshard import minimum_cross_device_elements
+from rlcluster_lab.planner.shapes import AbstractLeaf, PlannedMesh, shard_boxes, shard_elements
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlannedArray:
+    """An array on paper: its sharding, and the buffer each device's shard lives in.
+
+    ``origins[i]`` names the buffer of the shard on ``mesh.device_ids[i]``: the
+    id of the array that first made it. Two shards are one buffer exactly when
+    they sit on the same device with the same origin.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    mesh: PlannedMesh
+    spec: PartitionSpec
+    kind: str
+    origins: np.ndarray
+    placed: bool = True  # False: fresh on the default device, on no mesh yet
+
+    @property
+    def shard_bytes(self) -> int:
+        return shard_elements(self.shape, self.spec, self.mesh) * self.dtype.itemsize
+
+    def same_sharding(self, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> bool:
+        return self.placed and self.mesh == mesh and self.spec == spec and self.kind == kind
+
+
+@functools.lru_cache(maxsize=8192)
+def overlap(
+    shape: tuple[int, ...],
+    src_mesh: PlannedMesh,
+    src_spec: PartitionSpec,
+    dst_mesh: PlannedMesh,
+    dst_spec: PartitionSpec,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per destination shard (mesh order): is it exactly the source shard on its
+    device, and how many of its elements no source shard on its device holds.
+
+    The second is ``reshard.minimum_cross_device_elements``, the function the
+    measured sync uses. The first is what ``reshard.plan_reshard`` calls
+    ``reuses_source_buffer`` (shards of one sharding are equal or disjoint, so
+    a block that is one source shard on its own device is exactly that
+    device's source box); it is read off each device's own box because
+    ``plan_reshard`` visits every pair of shards, too slow at 256 chips. The
+    tests check both agree with ``plan_reshard``.
+    """
+    src = shard_boxes(shape, src_spec, src_mesh)
+    dst = shard_boxes(shape, dst_spec, dst_mesh)
+    local = dict(src)
+    same = np.array([local.get(dev) == box for dev, box in dst], dtype=bool)
+    lacking = np.array(minimum_cross_device_elements(src, dst), dtype=np.int64)
+    same.setflags(write=False)
+    lacking.setflags(write=False)
+    return same, lacking
+
+
+def _relabels(a: PlannedArray, mesh: PlannedMesh) -> bool:
+    """The same devices in another order, where the source layout reads the same in the
+    destination's device order (replicated axes): the xla strategy re-labels it and runs
+    one program (``placement.xla._in_order``)."""
+    if set(a.mesh.device_ids) != set(mesh.device_ids) or a.mesh.device_ids == mesh.device_ids:
+        return False
+    other = PlannedMesh(mesh.device_ids, a.mesh.axis_sizes, a.mesh.axis_names, a.mesh.axis_types)
+    same, _ = overlap(a.shape, a.mesh, a.spec, other, a.spec)
+    return bool(same.all())
+
+
+class Buffers:
+    """Makes arrays on paper and reshards them as ``reshard.reshard`` would with ``strategy``."""
+
+    def __init__(self, strategy: str, default_device: int) -> None:
+        self._ids = itertools.count()
+        self.strategy = strategy
+        self.default_mesh = PlannedMesh((default_device,), (1,), ("default",))
+
+    def new(
+        self,
+        shape: tuple[int, ...],
+        dtype: Any,
+        mesh: PlannedMesh,
+        spec: PartitionSpec,
+        kind: str,
+        *,
+        placed: bool = True,
+    ) -> PlannedArray:
+        return PlannedArray(
+            tuple(shape), np.dtype(dtype), mesh, spec, kind, np.full(mesh.size, next(self._ids), dtype=np.int64), placed
+        )
+
+    def fresh(self, leaf: AbstractLeaf) -> PlannedArray:
+        """A freshly initialised parameter, on the default device (uncommitted)."""
+        return self.new(leaf.shape, leaf.dtype, self.default_mesh, PartitionSpec(), "device", placed=False)
+
+    def like(self, a: PlannedArray, *, kind: str | None = None, dtype: Any = None) -> PlannedArray:
+        """New buffers with ``a``'s sharding (a copy, a cast or a memory-kind move)."""
+        return self.new(
+            a.shape,
+            a.dtype if dtype is None else dtype,
+            a.mesh,
+            a.spec,
+            a.kind if kind is None else kind,
+            placed=a.placed,
+        )
+
+    def kept(self, a: PlannedArray, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> np.ndarray:
+        """Per destination shard: does a reshard (without copy) keep ``a``'s buffer?"""
+        if a.same_sharding(mesh, spec, kind):
+            return np.ones(mesh.size, dtype=bool)
+        if a.kind != "device" or kind != "device":
+            # A memory-kind change moves every shard into a new buffer.
+            return np.zeros(mesh.size, dtype=bool)
+        same, _ = overlap(a.shape, a.mesh, a.spec, mesh, spec)
+        if set(a.mesh.device_ids) == set(mesh.device_ids) and bool(same.all()):
+            # An equivalent layout: re-labelled, not copied, by either strategy.
+            return np.ones(mesh.size, dtype=bool)
+        if self.strategy == "minimal" or not a.placed or a.mesh.size != mesh.size:
+            # Shard by shard (the minimal strategy, which the xla one also uses for a
+            # single-device source or a different number of devices).
+            return same
+        if a.mesh.device_ids == mesh.device_ids or _relabels(a, mesh):
+            return np.zeros(mesh.size, dtype=bool)  # one compiled program: new buffers
+        # The same number of devices, another order or set: a program onto the source
+        # devices laid out as the destination, unless the source already is that layout;
+        # then whole shards move, and a device that holds its block keeps it.
+        inter = PlannedMesh(a.mesh.device_ids, mesh.axis_sizes, mesh.axis_names, mesh.axis_types)
+        inter_same, _ = overlap(a.shape, a.mesh, a.spec, inter, spec)
+        if not inter_same.all():
+            return np.zeros(mesh.size, dtype=bool)
+        return same
+
+    def reshard(
+        self,
+        a: PlannedArray,
+        mesh: PlannedMesh,
+        spec: PartitionSpec,
+        kind: str,
+        *,
+        copy: bool = False,
+        dtype: Any = None,
+    ) -> PlannedArray:
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            a = self.like(a, dtype=dtype)  # place_model casts before it reshards
+        if a.same_sharding(mesh, spec, kind) and not copy:
+            return a
+        out = self.new(a.shape, a.dtype, mesh, spec, kind)
+        if copy:
+            return out
+        keep = self.kept(a, mesh, spec, kind)
+        if keep.any():
+            by_device = np.full(1 + max(max(a.mesh.device_ids), max(mesh.device_ids)), -1, dtype=np.int64)
+            by_device[a.mesh.ids] = a.origins
+            out = dataclasses.replace(out, origins=np.where(keep, by_device[mesh.ids], out.origins))
+        return out

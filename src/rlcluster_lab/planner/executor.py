@@ -1,0 +1,258 @@
+"""The planner's executor: construction's steps (``cluster.construct``) done on arrays on paper.
+
+``construct`` takes every decision from the rule functions and asks an
+executor to carry it out. The live executor moves real arrays; this one
+moves ``PlannedArray`` records through ``Buffers``, which reshards them as
+the cluster's reshard would (which shards keep their buffer, which are new).
+So a plan runs the cluster's own construction, on shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec
+
+from rlcluster_lab.cluster.construct import LoadFacts
+from rlcluster_lab.core.meshes import describe_mesh
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.engines import ENGINES, OwnCopyEngine, VllmStyleEngine
+from rlcluster_lab.engines.own_copy import rearranged_device_grid
+from rlcluster_lab.model import ModelConfig
+from rlcluster_lab.placement.place import check_spec
+from rlcluster_lab.planner.buffers import Buffers, PlannedArray
+from rlcluster_lab.planner.shapes import AbstractLeaf, PlannedMesh, abstract_leaves, optimizer_slots
+
+PathKey = tuple[Any, ...]
+Rules = tuple[tuple[str, Any], ...]
+
+
+@dataclasses.dataclass(eq=False)
+class PlannedModel:
+    """A model on paper: one ``PlannedArray`` per parameter path.
+
+    Mutable like an ``nnx.Module``: moving it between memory kinds, or another
+    role's arrays taking its place (P14), changes it in place, so every role
+    holding this object sees the change.
+    """
+
+    arrays: dict[PathKey, PlannedArray]
+    kind: str  # "lm" or "score"
+    lora_rank: int = 0
+    lora_paths: frozenset[PathKey] = frozenset()
+
+    @property
+    def lora(self) -> bool:
+        return bool(self.lora_paths)
+
+    def frozen_paths(self) -> list[PathKey]:
+        return [p for p in self.arrays if p not in self.lora_paths]
+
+
+@dataclasses.dataclass(eq=False)
+class PlannedEngine:
+    """A rollout engine on paper: the model it samples with, and the mesh it exposes (P7)."""
+
+    model: PlannedModel
+    mesh: PlannedMesh | None
+    owns_weights: bool
+
+
+class PlannedExecutor:
+    """Carries out construction's steps on ``PlannedModel`` records.
+
+    Args:
+        buffers: makes and reshards the arrays.
+        config: the model's dimensions (for partition specs and optimizer slots).
+        rules: each role's logical axis rules.
+        engine: the rollout engine's name (``ENGINES``).
+        tensor_parallel_size: the vllm engine's tensor-parallel size (None: all its devices).
+        optimizer: the actor's optimizer.
+    """
+
+    def __init__(
+        self,
+        buffers: Buffers,
+        config: ModelConfig,
+        rules: Mapping[Role, Rules],
+        engine: str,
+        tensor_parallel_size: int | None,
+        optimizer: optax.GradientTransformation,
+    ) -> None:
+        self.buf = buffers
+        self.config = config
+        self.rules = rules
+        self.engine_cls = ENGINES[engine]
+        self.tp_size = tensor_parallel_size
+        self.tx = optimizer
+
+    # ------------------------------------------------------------------ shapes
+
+    def specs(self, role: Role, model: PlannedModel) -> dict[PathKey, AbstractLeaf]:
+        """The role's partition spec for every leaf of ``model`` (its rules, the model's shapes)."""
+        leaves = abstract_leaves(self.config, model.lora_rank, model.kind, self.rules[role])
+        return {leaf.path: leaf for leaf in leaves}
+
+    def check(self, leaves: Iterable[AbstractLeaf], mesh: PlannedMesh, role: Role) -> None:
+        """The cluster's own check (``placement.check_spec``): axis names exist, dimensions divide."""
+        for shape, spec in {(leaf.shape, leaf.spec) for leaf in leaves}:
+            check_spec(spec, shape, mesh, role.value)
+
+    # ------------------------------------------------------------------ the executor protocol
+
+    def as_model(self, given: PlannedModel, role: Role) -> tuple[PlannedModel, str | None]:
+        return given, None
+
+    def load_facts(self, model: PlannedModel, role: Role, mesh: PlannedMesh) -> LoadFacts:
+        arrays = list(model.arrays.values())
+        meshes = list(dict.fromkeys(a.mesh for a in arrays if a.placed))
+        on_device = any(a.kind == "device" for a in arrays)
+        return LoadFacts(
+            model_meshes=[describe_mesh(m) for m in meshes],
+            leaves_on_target=sum(a.placed and a.mesh == mesh for a in arrays),
+            leaves=len(arrays),
+            on_device=on_device,
+            memory_kind="device" if on_device else "pinned_host",
+            dtype=str(arrays[0].dtype) if arrays else None,
+        )
+
+    def place(self, model: PlannedModel, role: Role, mesh: PlannedMesh, kind: str, dtype: str | None) -> PlannedModel:
+        specs = self.specs(role, model)
+        self.check((specs[p] for p in model.arrays), mesh, role)
+        arrays = {p: self.buf.reshard(a, mesh, specs[p].spec, kind, dtype=dtype) for p, a in model.arrays.items()}
+        return dataclasses.replace(model, arrays=arrays)
+
+    def move(self, model: PlannedModel, kind: str) -> PlannedModel:
+        model.arrays = {p: a if a.kind == kind else self.buf.like(a, kind=kind) for p, a in model.arrays.items()}
+        return model
+
+    def share(self, dst: PlannedModel, src: PlannedModel, frozen_only: bool, role: Role) -> None:
+        paths = src.frozen_paths() if frozen_only else list(src.arrays)
+        dst.arrays.update({p: src.arrays[p] for p in paths if p in dst.arrays})
+
+    def shares_backbone(self, reference: PlannedModel, actor: PlannedModel) -> bool:
+        frozen = reference.frozen_paths()
+        return bool(frozen) and all(_same_buffers(reference.arrays[p], actor.arrays.get(p)) for p in frozen)
+
+    def is_lora(self, model: PlannedModel) -> bool:
+        return model.lora
+
+    def make_engine(self, rollout_actor: PlannedModel, mesh: PlannedMesh) -> PlannedEngine:
+        """Vanilla samples with the model it is handed; an own-copy engine copies it onto its
+        mesh (the vllm one onto its rearranged grid, which it exposes: P7)."""
+        if not issubclass(self.engine_cls, OwnCopyEngine):
+            return PlannedEngine(rollout_actor, None, owns_weights=False)
+        exposes = issubclass(self.engine_cls, VllmStyleEngine)
+        engine_mesh = mesh
+        if exposes:
+            grid = rearranged_device_grid(mesh.device_ids, self.tp_size)
+            engine_mesh = PlannedMesh(tuple(grid.flat), grid.shape, mesh.axis_names)
+        specs = self.specs(Role.ROLLOUT, rollout_actor)
+        self.check((specs[p] for p in rollout_actor.arrays), engine_mesh, Role.ROLLOUT)
+        arrays = {
+            p: self.buf.reshard(a, engine_mesh, specs[p].spec, "device", copy=True)
+            for p, a in rollout_actor.arrays.items()
+        }
+        return PlannedEngine(
+            dataclasses.replace(rollout_actor, arrays=arrays), engine_mesh if exposes else None, owns_weights=True
+        )
+
+    def engine_model(self, engine: PlannedEngine) -> PlannedModel:
+        return engine.model
+
+    def engine_mesh(self, engine: PlannedEngine) -> PlannedMesh | None:
+        return engine.mesh
+
+    def engine_owns_weights(self, engine: PlannedEngine) -> bool:
+        return engine.owns_weights
+
+    def init_optimizer(self, actor: PlannedModel, lora: bool, mesh: PlannedMesh) -> list[PlannedArray]:
+        """One array per optimizer slot: a slot mirroring the parameters has a leaf per
+        trainable parameter with its sharding (adam's mu, nu); any other leaf (the step
+        count) is made under the actor's mesh (P12 runs in its context): replicated on it."""
+        trainable = [a for p, a in actor.arrays.items() if p in actor.lora_paths or not lora]
+        out = []
+        for slot in optimizer_slots(self.tx, self.config, actor.lora_rank):
+            if slot.mirrors:
+                out += [
+                    self.buf.new(a.shape, a.dtype if slot.dtype is None else slot.dtype, a.mesh, a.spec, a.kind)
+                    for a in trainable
+                ]
+            else:
+                out.append(self.buf.new(slot.shape, slot.dtype, mesh, PartitionSpec(), "device"))
+        return out
+
+    def move_optimizer(self, state: list[PlannedArray], kind: str) -> list[PlannedArray]:
+        return [a if a.kind == kind else self.buf.like(a, kind=kind) for a in state]
+
+    def pin_anchor(self, actor: PlannedModel, partial: bool) -> tuple[dict[PathKey, PlannedArray], int]:
+        """The snapshot (P8): pinning keeps leaves already in pinned_host. A partial snapshot
+        pins the adapters only; the anchor model it stands for reads the actor's own
+        backbone, so the returned arrays include it (the bytes count the pinned ones)."""
+        pinned, nbytes = {}, 0
+        for p, a in actor.arrays.items():
+            if partial and p not in actor.lora_paths:
+                pinned[p] = a
+                continue
+            pinned[p] = a if a.kind == "pinned_host" else self.buf.like(a, kind="pinned_host")
+            nbytes += pinned[p].shard_bytes * pinned[p].mesh.size
+        return pinned, nbytes
+
+    def device_kind(self, mesh: PlannedMesh) -> str:
+        return "device"
+
+
+def _same_buffers(a: PlannedArray, b: PlannedArray | None) -> bool:
+    return b is not None and a.mesh == b.mesh and a.kind == b.kind and bool(np.array_equal(a.origins, b.origins))
+
+
+def given_models(
+    buf: Buffers,
+    config: ModelConfig,
+    role_to_mesh: Mapping[Role, PlannedMesh],
+    *,
+    lora_rank: int,
+    lora_separate_base: bool,
+    with_reward: bool,
+    with_critic: bool,
+    default_rules: Rules,
+) -> dict[str, PlannedModel]:
+    """The models ``cluster.scenario.build_models`` hands the cluster, on paper.
+
+    The reference is created on its mesh with the model family's default
+    rules; the actor is a copy of it, or LoRA adapters built over its buffers
+    (over a copy with ``lora_separate_base``), each adapter where its kernel
+    lives; reward and critic are created on their meshes.
+    """
+
+    def made(leaves: Iterable[AbstractLeaf], mesh: PlannedMesh) -> dict[PathKey, PlannedArray]:
+        return {leaf.path: buf.new(leaf.shape, leaf.dtype, mesh, leaf.spec, "device") for leaf in leaves}
+
+    mesh = role_to_mesh[Role.REFERENCE]
+    base_leaves = abstract_leaves(config, 0, "lm", default_rules)
+    for shape, spec in {(leaf.shape, leaf.spec) for leaf in base_leaves}:
+        check_spec(spec, shape, mesh, "reference")
+    reference = PlannedModel(made(base_leaves, mesh), "lm")
+    if lora_rank:
+        base = {p: buf.like(a) for p, a in reference.arrays.items()} if lora_separate_base else reference.arrays
+        lora_leaves = abstract_leaves(config, lora_rank, "lm", default_rules)
+        adapters = made((leaf for leaf in lora_leaves if leaf.lora), mesh)
+        actor = PlannedModel(
+            {leaf.path: adapters[leaf.path] if leaf.lora else base[leaf.path] for leaf in lora_leaves},
+            "lm",
+            lora_rank,
+            frozenset(adapters),
+        )
+    else:
+        actor = PlannedModel({p: buf.like(a) for p, a in reference.arrays.items()}, "lm")
+    models = {"actor": actor, "reference": reference}
+    for name, role, wanted in (("reward", Role.REWARD, with_reward), ("critic", Role.CRITIC, with_critic)):
+        if wanted:
+            models[name] = PlannedModel(
+                made(abstract_leaves(config, 0, "score", default_rules), role_to_mesh[role]), "score"
+            )
+    return models

@@ -1,0 +1,453 @@
+"""What-if planning (L4): the cluster's placement, memory and sync bytes on paper.
+
+``plan_cluster`` takes a model (one of the lab's sizes or a published
+architecture, ``plan_tables``), a topology (``local`` or a table entry) and
+the knobs of a ``Scenario``, and returns a ``Plan``: which mesh each role gets,
+the sharing map, the rollout branch, per-role per-device bytes, whether each
+role fits a per-device memory, and what a weight sync moves and how long the
+link bandwidth says that takes. No array is allocated, so a 70B model on 256
+chips plans in seconds on a laptop. ``plan_cli`` holds the ``plan``
+subcommand and the text form.
+
+The rules are the cluster's own code, not a copy: planned meshes go through
+``meshes.layout_meshes`` and the vllm engine's ``rearranged_device_grid``
+(P7); the sharing map is ``sharing.build_sharing_map`` (P1, P2) and the
+rollout branch ``sharing.rollout_branch`` (P3); parameter trees come from
+``nnx.eval_shape`` over the real constructors and partition specs from the
+cluster's logical-axis rules (``plan_shapes``); a spec that cannot go on a
+mesh fails in ``placement.check_spec`` with the cluster's message.
+
+What the plan models of the placement itself (the tests compare it with a
+walk of a live cluster's buffers for every layout x LoRA, the own-copy
+engines, offload, a separate LoRA base, reward and critic models):
+
+- Buffers. Each array is a shard per device of its mesh; a shard lives in a
+  buffer identified by where it was made. A reshard (P5) keeps a source
+  buffer where the destination shard is exactly the source shard on the same
+  device in the same memory kind (on CPU the lab reshards shard by shard, so
+  this holds shard by shard; on GPU/TPU ``jax.device_put`` reuses buffers only
+  when the whole layout is equivalent), unless a copy is asked for or a dtype
+  cast happens; every other shard is a new buffer. A model already on the
+  target mesh is kept as is (P5).
+- Construction follows ``Scenario``/``build_models`` and the cluster: the
+  reference is placed on its mesh; the actor is a copy of it, or with LoRA
+  adapters built over its buffers (a copy with ``lora_separate_base``); the
+  rollout model is the actor (shared), a second load of the actor as given,
+  cast to the rollout dtype (second_copy), or the engine's own copy on its
+  mesh (vllm, sglang_jax: always a copy, in the actor's dtype); reward and
+  critic are placed on their meshes; the optimizer state has a leaf per
+  trainable parameter with its sharding (adam's mu, nu) and any other leaf
+  (the step count) replicated on the actor's mesh; the anchor (P8) is the
+  actor's full state pinned to host in new buffers, or with
+  ``anchor="trainable"`` and a LoRA actor only the adapters, the backbone
+  being the actor's own buffers.
+- Offload (P14). Every role ends in pinned_host in buffers of its own, except
+  what the cluster keeps together: a rollout on the shared branch with the
+  vanilla engine is the actor; a reference linked to the actor (P2) holds the
+  actor's frozen buffers (loading a shared role updates the others); the
+  anchor is the actor's own pinned buffers (pinning keeps leaves already in
+  pinned_host, so the snapshot adds nothing).
+
+Sync (P13), per the lab's SyncReport definitions: the filter is LoRAParam
+for a LoRA actor, else Param; the source is the actor's leaves, the
+destination the rollout model's. For each destination shard on device d with
+box B: *reused* if the reshard keeps the source buffer (same rule as above;
+never for an engine that owns its weights, nor with a dtype cast); else the
+elements of B inside the source shard on d are *copied_same_device* and the
+rest *moved_cross_device* (a plan moves no more than the placement forces);
+minimum_cross_device = |B| - |B & local source box|
+(``reshard.minimum_cross_device_elements``, 0 when reused). Bytes are
+counted in the source dtype; synced is the sum over destination shards, so
+synced = moved + copied + reused for every leaf. (Decided here: a shard
+that is the local source shard but lands in a new buffer, because the
+destination is in pinned_host or in another dtype, counts as copied within
+its device. The measured report counts copies from the reshard's transfer
+log, which misses this one where the layout is equivalent and the
+destination is pinned_host, or where the destination casts, so there its
+copied bytes are lower and its leaf sum falls short of synced.) ``arrived_by_device`` is the cross-device bytes
+arriving on each device. ``anchor_bytes`` is what the sync pins anew: the
+full state (or adapters only with ``anchor="trainable"``); 0 under offload,
+where the actor is already pinned and the snapshot keeps its buffers.
+``peak_extra_bytes[device][kind]`` is the new destination buffers on that
+device in the destination dtype (they exist before the old ones are
+released) plus the new anchor buffers under pinned_host; transient buffers
+inside a reshard (a cast's source-dtype copy, a memory-kind round trip) are
+not counted. ``estimated_seconds`` = max over devices of arrived bytes /
+link bandwidth, the bandwidth being what one device can receive (half a
+datasheet's bidirectional figure): a lower bound that ignores latency,
+multi-hop routes and contention.
+
+Fits: a role fits when its bytes on its busiest device, in any memory kind,
+are at most the memory per device (an offloaded role comes to device for its
+operation, P14); ``resident`` is the device-kind bytes on the busiest device
+with shared buffers counted once; ``with_sync_peak`` adds the sync's peak
+extra device-kind bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import optax
+
+from rlcluster_lab.cluster.construct import Request, construct
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.meshes import LAYOUTS, describe_mesh, layout_meshes
+from rlcluster_lab.core.options import ANCHOR_MODES, DTYPES, ENGINES, RESHARD_STRATEGIES
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.trace import Trace
+from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, ModelConfig
+from rlcluster_lab.planner.accounting import SOURCE, UNITS, fits_summary, memory_summary, sync_summary
+from rlcluster_lab.planner.buffers import Buffers, PlannedArray
+from rlcluster_lab.planner.executor import PlannedExecutor, given_models
+from rlcluster_lab.planner.shapes import PlannedMesh
+from rlcluster_lab.planner.tables import Topology, model_config, model_source
+from rlcluster_lab.planner.tables import topology as get_topology
+from rlcluster_lab.rules.sharing import sharing_map_json
+
+Rules = tuple[tuple[str, Any], ...]
+PathKey = tuple[Any, ...]
+Model = dict[PathKey, PlannedArray]
+
+
+# --------------------------------------------------------------------------- the request
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest:
+    """The knobs of one plan (those of a ``Scenario``, plus model, topology and dtypes)."""
+
+    model: ModelConfig
+    model_name: str
+    topology: Topology
+    layout: str = "colocated"
+    lora_rank: int = 0  # 0: no LoRA
+    lora_separate_base: bool = False
+    engine: str = "vanilla"
+    vllm_tensor_parallel_size: int | None = None
+    offload: bool = False
+    anchor: str = "full"
+    rollout_dtype: str | None = None
+    with_reward: bool = False
+    with_critic: bool = False
+    role_to_mesh: Mapping[Role, PlannedMesh] | None = None  # overrides the layout's meshes
+    logical_axis_rules: Mapping[Role, Rules] | None = None
+    optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
+    reshard: str = "xla"
+
+    def __post_init__(self) -> None:
+        if self.reshard not in RESHARD_STRATEGIES:
+            raise ConfigError(
+                f"unknown reshard strategy {self.reshard!r}; choose one of {', '.join(RESHARD_STRATEGIES)}"
+            )
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        if self.anchor not in ANCHOR_MODES:
+            raise ValueError(f"unknown anchor mode {self.anchor!r}; choose one of {', '.join(ANCHOR_MODES)}")
+        if self.lora_rank < 0:
+            raise ValueError(f"LoRA rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
+        if self.lora_separate_base and not self.lora_rank:
+            raise ConfigError("lora_separate_base needs LoRA: the separate base is the LoRA actor's frozen part")
+        if self.rollout_dtype is not None and self.rollout_dtype not in DTYPES:
+            raise ConfigError(f"unknown rollout dtype {self.rollout_dtype!r}; choose one of {', '.join(DTYPES)}")
+
+    def rules(self, role: Role) -> Rules:
+        rules = (self.logical_axis_rules or {}).get(role)
+        return _freeze_rules(rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES)
+
+
+def _freeze_rules(rules: Any) -> Rules:
+    return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in rules)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A placement computed from shapes; ``to_json`` gives the planner JSON."""
+
+    model: dict[str, Any]
+    topology: dict[str, Any]
+    layout: str
+    engine: str
+    lora_rank: int
+    offload: bool
+    anchor: str
+    rollout_dtype: str | None
+    role_to_mesh: dict[str, dict[str, Any]]
+    config_role_to_mesh: dict[str, dict[str, Any]]
+    mesh_overridden_by_engine: bool
+    sharing_map: dict[str, list[str]]
+    rollout_branch: str
+    memory: dict[str, Any]
+    fits: dict[str, Any]
+    sync: dict[str, Any]
+    decisions: list[dict[str, Any]]
+    source: str = SOURCE
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def plan_cluster(
+    model: str | ModelConfig = "tiny",
+    topology: str | Topology = "local",
+    *,
+    layout: str = "colocated",
+    lora_rank: int | None = None,
+    lora_separate_base: bool = False,
+    engine: str = "vanilla",
+    vllm_tensor_parallel_size: int | None = None,
+    offload: bool = False,
+    anchor: str = "full",
+    dtype: str | None = None,
+    rollout_dtype: str | None = None,
+    with_reward: bool = False,
+    with_critic: bool = False,
+    role_to_mesh: Mapping[Role | str, Any] | None = None,
+    logical_axis_rules: Mapping[Role | str, Any] | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    memory_per_device: int | None = None,
+    link_bandwidth: float | None = None,
+    reshard: str = "xla",
+) -> Plan:
+    """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
+
+    ``model``: a name from ``plan_tables.model_names()`` or a ``ModelConfig``
+    (``dtype`` overrides its parameter dtype). ``topology``: a name from
+    ``plan_tables.topology_names()`` or a ``Topology``; ``memory_per_device``
+    (bytes) and ``link_bandwidth`` (bytes/s a device receives) override its
+    figures. ``role_to_mesh`` replaces the layout's meshes per role (real
+    ``Mesh`` objects or ``PlannedMesh``); roles left out keep the layout's.
+    """
+    if isinstance(model, ModelConfig):
+        config = model if dtype is None else dataclasses.replace(model, param_dtype=dtype)
+        name = config.name
+    else:
+        config, name = model_config(model, dtype=dtype), model
+    if isinstance(topology, Topology):
+        topo = topology
+        if memory_per_device is not None or link_bandwidth is not None:
+            topo = dataclasses.replace(
+                topo,
+                memory_per_device=topo.memory_per_device if memory_per_device is None else int(memory_per_device),
+                link_bandwidth=topo.link_bandwidth if link_bandwidth is None else float(link_bandwidth),
+            )
+    else:
+        topo = get_topology(topology, memory_per_device=memory_per_device, link_bandwidth=link_bandwidth)
+    request = PlanRequest(
+        model=config,
+        model_name=name,
+        topology=topo,
+        layout=layout,
+        lora_rank=int(lora_rank or 0),
+        lora_separate_base=lora_separate_base,
+        engine=engine,
+        vllm_tensor_parallel_size=vllm_tensor_parallel_size,
+        offload=offload,
+        anchor=anchor,
+        rollout_dtype=rollout_dtype,
+        with_reward=with_reward,
+        with_critic=with_critic,
+        role_to_mesh=None
+        if role_to_mesh is None
+        else {Role.parse(r): PlannedMesh.of(m) for r, m in role_to_mesh.items()},
+        logical_axis_rules=None
+        if logical_axis_rules is None
+        else {Role.parse(r): _freeze_rules(v) for r, v in logical_axis_rules.items()},
+        optimizer=optimizer,
+        reshard=reshard,
+    )
+    return _plan(request)
+
+
+def plan_scenario(scenario: Any, topology: str | Topology = "local", **overrides: Any) -> Plan:
+    """The plan of a ``Scenario``'s knobs (the same ones ``build_cluster`` takes)."""
+    knobs = dict(
+        layout=scenario.layout,
+        lora_rank=scenario.lora_rank if scenario.lora else 0,
+        lora_separate_base=scenario.lora_separate_base,
+        engine=scenario.engine,
+        offload=scenario.offload,
+        anchor=getattr(scenario, "anchor", "full"),
+        rollout_dtype=scenario.rollout_dtype,
+        with_reward=scenario.with_reward,
+        with_critic=scenario.with_critic,
+        reshard=getattr(scenario, "reshard", "xla"),
+    )
+    knobs.update(overrides)
+    return plan_cluster(scenario.model_size, topology, **knobs)
+
+
+# --------------------------------------------------------------------------- construction
+
+
+@dataclasses.dataclass
+class _Placed:
+    """The roles of a planned cluster, after construction."""
+
+    models: dict[str, Model]  # actor, rollout, reference, reward, critic, anchor
+    optimizer: list[PlannedArray]
+    role_to_mesh: dict[Role, PlannedMesh]
+    config_role_to_mesh: dict[Role, PlannedMesh]
+    sharing_map: Any
+    branch: str
+    trace: Trace
+    buffers: Buffers
+    lora: bool
+    trainable: frozenset[PathKey]  # what a sync hands over (P13) and the optimizer trains (P12)
+    owns_weights: bool
+
+
+def _meshes(req: PlanRequest) -> dict[Role, PlannedMesh]:
+    topo = req.topology
+    try:
+        r2m = layout_meshes(req.layout, list(topo.ids()), make=PlannedMesh.build)
+    except ValueError as err:
+        raise ValueError(f"{err} (planning for {topo.name}: {topo.device_count} device(s))") from None
+    if req.role_to_mesh:
+        r2m.update(req.role_to_mesh)
+    known = set(topo.ids())
+    for role, mesh in r2m.items():
+        unknown = sorted(set(mesh.device_ids) - known)
+        if unknown:
+            raise ValueError(
+                f"the {role.value} mesh uses device id(s) {unknown} that topology {topo.name} does not have "
+                f"(ids {min(known)}..{max(known)})"
+            )
+    return r2m
+
+
+def _construct(req: PlanRequest) -> _Placed:
+    """The cluster's own construction (``cluster.construct``), run on arrays on paper."""
+    buf = Buffers(req.reshard, req.topology.ids()[0])
+    r2m = _meshes(req)
+    tx = req.optimizer if req.optimizer is not None else optax.adam(3e-3)
+    ex = PlannedExecutor(
+        buf, req.model, {role: req.rules(role) for role in Role}, req.engine, req.vllm_tensor_parallel_size, tx
+    )
+    # Scenario.build_models places the models it makes without rules: the family's defaults.
+    given = given_models(
+        buf,
+        req.model,
+        r2m,
+        lora_rank=req.lora_rank,
+        lora_separate_base=req.lora_separate_base,
+        with_reward=req.with_reward,
+        with_critic=req.with_critic,
+        default_rules=_freeze_rules(DEFAULT_LOGICAL_AXIS_RULES),
+    )
+    trace = Trace()
+    placed = construct(
+        ex,
+        Request(
+            actor=given["actor"],
+            reference=given["reference"],
+            reward=given.get("reward"),
+            critic=given.get("critic"),
+            role_to_mesh=r2m,
+            engine_kind=req.engine,
+            engine_name=req.engine,
+            rollout_dtype=req.rollout_dtype,
+            offload_to_cpu=req.offload,
+            anchor_mode=req.anchor,
+            actor_is_module=True,
+            reference_is_module=True,
+        ),
+        trace,
+    )
+    actor = placed.actor
+    models = {"actor": actor.arrays, "rollout": placed.engine.model.arrays, "reference": placed.reference.arrays}
+    for name in ("critic", "reward"):
+        role_model = getattr(placed, name)
+        if role_model is not None:
+            models[name] = role_model.arrays
+    models["anchor"] = placed.anchor
+    trainable = frozenset(p for p in actor.arrays if p in actor.lora_paths or not placed.lora)
+    return _Placed(
+        models,
+        placed.optimizer,
+        placed.role_to_mesh,
+        placed.config_role_to_mesh,
+        placed.sharing_map,
+        placed.rollout_branch.value,
+        trace,
+        buf,
+        placed.lora,
+        trainable,
+        placed.engine.owns_weights,
+    )
+
+
+# --------------------------------------------------------------------------- assembling a plan
+
+
+def _plan(req: PlanRequest) -> Plan:
+    placed = _construct(req)
+    entries: dict[str, list[PlannedArray]] = {name: list(m.values()) for name, m in placed.models.items()}
+    entries["optimizer"] = placed.optimizer
+    memory = memory_summary(entries)
+    topo = req.topology
+    sync = sync_summary(
+        placed.buffers,
+        placed.models["actor"],
+        placed.models["rollout"],
+        placed.trainable,
+        lora=placed.lora,
+        copy=placed.owns_weights,
+        anchor_mode=req.anchor,
+        offload=req.offload,
+        link_bandwidth=topo.link_bandwidth,
+        strategy=req.reshard,
+    )
+    fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
+    present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
+    present |= {Role.REWARD} if req.with_reward else set()
+    present |= {Role.CRITIC} if req.with_critic else set()
+    config = req.model
+    model = {
+        "name": req.model_name,
+        **dataclasses.asdict(config),
+        "num_params": config.num_params,
+        "lora_params": config.lora_params(req.lora_rank) if req.lora_rank else 0,
+        "architecture": "the lab's decoder (rlcluster_lab.model.transformer.TransformerLM) at these dimensions",
+        "source": model_source(req.model_name),
+    }
+    return Plan(
+        model=model,
+        topology=topo.to_json(),
+        layout=req.layout,
+        engine=req.engine,
+        lora_rank=req.lora_rank,
+        offload=req.offload,
+        anchor=req.anchor,
+        rollout_dtype=req.rollout_dtype,
+        role_to_mesh={r.value: describe_mesh(m) for r, m in placed.role_to_mesh.items() if r in present},
+        config_role_to_mesh={r.value: describe_mesh(m) for r, m in placed.config_role_to_mesh.items() if r in present},
+        mesh_overridden_by_engine=placed.role_to_mesh[Role.ROLLOUT] != placed.config_role_to_mesh[Role.ROLLOUT],
+        sharing_map=sharing_map_json(placed.sharing_map),
+        rollout_branch=placed.branch,
+        memory=memory,
+        fits=fits,
+        sync=sync,
+        decisions=placed.trace.to_json(),
+    )
+
+
+__all__ = [
+    "ANCHOR_MODES",
+    "Plan",
+    "PlanRequest",
+    "SOURCE",
+    "UNITS",
+    "fits_summary",
+    "memory_summary",
+    "plan_cluster",
+    "plan_scenario",
+    "sync_summary",
+]

@@ -1,0 +1,323 @@
+"""Shapes without arrays, for the what-if planner (L4): meshes on paper, shard
+boxes, and the parameter trees of the lab's real models.
+
+Nothing here allocates a device buffer. Parameter trees come from
+``nnx.eval_shape`` over the real constructors (``init_model``, ``with_lora``,
+``init_score_model``), and partition specs from the same logical-axis rules a
+cluster uses (``placement.resolve_specs``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+from flax.traverse_util import flatten_dict
+from jax.sharding import PartitionSpec
+
+from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, ModelConfig, abstract_model
+from rlcluster_lab.model.scoring import abstract_score_model
+from rlcluster_lab.placement.place import resolve_specs
+from rlcluster_lab.placement.reshard import Box
+
+Path = tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedDevice:
+    """A device on paper: only its id, which is all a mesh description needs."""
+
+    id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedMesh:
+    """A mesh on paper.
+
+    ``==`` means what ``Mesh`` equality means: JAX interns a ``Mesh`` on its
+    devices in order, its shape, its axis names and axis types, so two planned
+    meshes are equal exactly when all four are (P1 compares meshes with ``==``).
+    It has the attributes ``describe_mesh``, ``check_spec`` and the sharing map
+    read (``axis_names``, ``shape``, ``devices``), so they take it as they are.
+    """
+
+    device_ids: tuple[int, ...]
+    axis_sizes: tuple[int, ...]
+    axis_names: tuple[str, ...] = MESH_AXES
+    axis_types: tuple[str, ...] | None = None  # None: Auto on every axis, as make_mesh builds
+
+    def __post_init__(self) -> None:
+        ids = tuple(int(i) for i in self.device_ids)
+        sizes = tuple(int(s) for s in self.axis_sizes)
+        names = tuple(str(n) for n in self.axis_names)
+        types = tuple(self.axis_types) if self.axis_types is not None else ("Auto",) * len(names)
+        if math.prod(sizes) != len(ids):
+            raise ValueError(
+                f"mesh shape {sizes} holds {math.prod(sizes)} devices but {len(ids)} were given; "
+                f"pick a shape whose product is {len(ids)}"
+            )
+        if len(sizes) != len(names) or len(types) != len(names):
+            raise ValueError(f"mesh shape {sizes} and axis names {names} differ in length")
+        if len(set(ids)) != len(ids):
+            raise ValueError("a mesh cannot use the same device twice")
+        object.__setattr__(self, "device_ids", ids)
+        object.__setattr__(self, "axis_sizes", sizes)
+        object.__setattr__(self, "axis_names", names)
+        object.__setattr__(self, "axis_types", types)
+
+    @classmethod
+    def build(cls, devices: Sequence[Any], shape: Sequence[int], axis_names: Sequence[str] = MESH_AXES) -> PlannedMesh:
+        """Same signature as ``meshes.make_mesh``; devices are ids or objects with ``.id``."""
+        return cls(tuple(getattr(d, "id", d) for d in devices), tuple(shape), tuple(axis_names))
+
+    @classmethod
+    def of(cls, mesh: Any) -> PlannedMesh:
+        """A real ``Mesh`` (or a planned one) on paper."""
+        if isinstance(mesh, PlannedMesh):
+            return mesh
+        types = tuple(str(t).split(".")[-1] for t in mesh.axis_types)
+        ids = tuple(int(d.id) for d in np.asarray(mesh.devices).flat)
+        return cls(ids, tuple(np.asarray(mesh.devices).shape), tuple(mesh.axis_names), types)
+
+    @property
+    def shape(self) -> collections.OrderedDict[str, int]:
+        return collections.OrderedDict(zip(self.axis_names, self.axis_sizes))
+
+    @property
+    def size(self) -> int:
+        return len(self.device_ids)
+
+    @property
+    def devices(self) -> np.ndarray:
+        grid = np.empty(len(self.device_ids), dtype=object)
+        grid[:] = [PlannedDevice(i) for i in self.device_ids]
+        return grid.reshape(self.axis_sizes)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Device ids in mesh order (row-major over the grid)."""
+        return _ids_array(self.device_ids)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ids_array(ids: tuple[int, ...]) -> np.ndarray:
+    out = np.asarray(ids, dtype=np.int64)
+    out.setflags(write=False)
+    return out
+
+
+def spec_axes(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
+    """For each dimension, the mesh axes it is split over (major first)."""
+    out = []
+    for dim in range(ndim):
+        entry = spec[dim] if dim < len(spec) else None
+        out.append(() if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,))
+    return out
+
+
+@functools.lru_cache(maxsize=65536)
+def shard_boxes(shape: tuple[int, ...], spec: PartitionSpec, mesh: PlannedMesh) -> tuple[tuple[int, Box], ...]:
+    """(device id, box) of every device's shard, in mesh order.
+
+    A dimension split over axes (a, b) is cut into size(a) * size(b) equal
+    pieces, a major: the piece index is a's coordinate * size(b) + b's. This is
+    what ``NamedSharding.devices_indices_map`` gives for evenly divisible
+    dimensions (``placement.check_spec`` refuses the others).
+    """
+    sizes = dict(mesh.shape)
+    axes = spec_axes(spec, len(shape))
+    out = []
+    for flat, coords in enumerate(np.ndindex(*mesh.axis_sizes)):
+        at = dict(zip(mesh.axis_names, coords))
+        box = []
+        for n, names in zip(shape, axes):
+            parts, k = 1, 0
+            for a in names:
+                parts *= sizes[a]
+                k = k * sizes[a] + at[a]
+            step = n // parts
+            box.append((k * step, (k + 1) * step))
+        out.append((mesh.device_ids[flat], tuple(box)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def shard_elements(shape: tuple[int, ...], spec: PartitionSpec, mesh: PlannedMesh) -> int:
+    """Elements in each device's shard (all shards are the same size)."""
+    sizes = dict(mesh.shape)
+    n = 1
+    for dim, names in zip(shape, spec_axes(spec, len(shape))):
+        n *= dim // math.prod(sizes[a] for a in names)
+    return n
+
+
+# --------------------------------------------------------------------------- parameter trees
+
+
+@dataclasses.dataclass(frozen=True)
+class AbstractLeaf:
+    """One parameter of a model, as ``nnx.eval_shape`` sees it."""
+
+    path: Path
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    spec: PartitionSpec
+    lora: bool  # an nnx.LoRAParam (a trainable adapter)
+
+    @property
+    def name(self) -> str:
+        return "/".join(map(str, self.path))
+
+
+def _eval_leaves(config: ModelConfig, lora_rank: int, kind: str, rules: Any) -> list[AbstractLeaf]:
+    # The same structures init_model / with_lora / init_score_model fill with values.
+    module = abstract_score_model(config) if kind == "score" else abstract_model(config, lora_rank)
+    state = nnx.state(module)
+    lora_paths = set(flatten_dict(nnx.to_pure_dict(nnx.state(module, nnx.LoRAParam))))
+    values = flatten_dict(nnx.to_pure_dict(state))
+    specs = flatten_dict(
+        nnx.to_pure_dict(resolve_specs(state, rules)), is_leaf=lambda _, x: x is None or isinstance(x, PartitionSpec)
+    )
+    out = []
+    for path, value in values.items():
+        spec = specs.get(path)
+        out.append(
+            AbstractLeaf(
+                path,
+                tuple(value.shape),
+                np.dtype(value.dtype),
+                spec if isinstance(spec, PartitionSpec) else PartitionSpec(),
+                path in lora_paths,
+            )
+        )
+    return out
+
+
+PROBE_ABOVE = 8
+
+
+@functools.lru_cache(maxsize=64)
+def abstract_leaves(
+    config: ModelConfig,
+    lora_rank: int = 0,
+    kind: str = "lm",
+    rules: tuple[tuple[str, Any], ...] | None = DEFAULT_LOGICAL_AXIS_RULES,
+    *,
+    probe: bool | None = None,
+) -> tuple[AbstractLeaf, ...]:
+    """The parameter tree of ``init_model`` (``kind="lm"``, with ``with_lora`` when
+    ``lora_rank``) or ``init_score_model`` (``kind="score"``), with partition specs.
+
+    Tracing every layer of an 80-layer model takes tens of seconds, and every
+    block is built by the same constructor from the same config, so with
+    ``probe`` a one-layer model is traced and its block repeated ``num_layers``
+    times. ``probe=False`` traces the whole model (the tests check both agree);
+    the default probes only models deeper than ``PROBE_ABOVE`` layers, below
+    which tracing the whole model once (and sharing that trace with
+    ``init_model``) is cheaper than a second, one-layer trace.
+    """
+    if kind not in ("lm", "score"):
+        raise ValueError(f"kind must be 'lm' or 'score', got {kind!r}")
+    if lora_rank and kind == "score":
+        raise ValueError("score models (reward, critic) carry no LoRA adapters here")
+    if probe is None:
+        probe = config.num_layers > PROBE_ABOVE
+    if not probe or config.num_layers == 1:
+        return tuple(_eval_leaves(config, lora_rank, kind, rules))
+    one = _eval_leaves(dataclasses.replace(config, num_layers=1), lora_rank, kind, rules)
+    return tuple(_repeat_block(one, config.num_layers))
+
+
+def _block_index(path: Path) -> int | None:
+    for i, key in enumerate(path[:-1]):
+        if key == "blocks" and isinstance(path[i + 1], int):
+            return i + 1
+    return None
+
+
+def _repeat_block(leaves: Iterable[AbstractLeaf], num_layers: int) -> list[AbstractLeaf]:
+    out: list[AbstractLeaf] = []
+    block: list[AbstractLeaf] = []
+
+    def flush() -> None:
+        for layer in range(num_layers):
+            for leaf in block:
+                i = _block_index(leaf.path)
+                assert i is not None
+                out.append(dataclasses.replace(leaf, path=leaf.path[:i] + (layer,) + leaf.path[i + 1 :]))
+        block.clear()
+
+    for leaf in leaves:
+        if _block_index(leaf.path) is not None:
+            block.append(leaf)
+            continue
+        if block:
+            flush()
+        out.append(leaf)
+    if block:
+        flush()
+    return out
+
+
+# --------------------------------------------------------------------------- optimizer state
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSlot:
+    """Leaves of an optimizer state: a copy per trainable parameter (``mirrors``) or one leaf."""
+
+    path: str
+    mirrors: bool  # one leaf per trainable parameter, with that parameter's shape and sharding
+    shape: tuple[int, ...] = ()
+    dtype: np.dtype | None = None  # None with ``mirrors``: the parameter's own dtype
+
+
+def optimizer_slots(tx: optax.GradientTransformation, config: ModelConfig, lora_rank: int) -> tuple[OptimizerSlot, ...]:
+    """The layout of ``tx.init(trainable params)`` from ``jax.eval_shape`` on a one-layer model.
+
+    A state leaf whose key path ends with a trainable parameter's path and has
+    its shape mirrors that parameter (adam's mu and nu); in a real cluster it
+    takes the parameter's sharding. Any other leaf (adam's step count) is
+    created under the actor's mesh and is replicated on it.
+    """
+    probe = dataclasses.replace(config, num_layers=1)
+    trainable = [leaf for leaf in abstract_leaves(probe, lora_rank) if leaf.lora or not lora_rank]
+    params: dict[Path, Any] = {leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in trainable}
+    tree: dict[Any, Any] = {}
+    for path, value in params.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    state = jax.eval_shape(tx.init, tree)
+    slots: dict[str, OptimizerSlot] = {}
+    for key_path, value in jax.tree_util.tree_flatten_with_path(state)[0]:
+        keys = tuple(_key(k) for k in key_path)
+        mirrored = next(
+            (keys[:j] for j in range(len(keys)) if keys[j:] in params and params[keys[j:]].shape == tuple(value.shape)),
+            None,
+        )
+        if mirrored is not None:
+            name = "/".join(map(str, mirrored))
+            dtype = np.dtype(value.dtype)
+            param_dtype = np.dtype(params[keys[len(mirrored) :]].dtype)
+            slots[name] = OptimizerSlot(name, True, dtype=None if dtype == param_dtype else dtype)
+        else:
+            name = "/".join(map(str, keys))
+            slots[name] = OptimizerSlot(name, False, tuple(value.shape), np.dtype(value.dtype))
+    return tuple(slots.values())
+
+
+def _key(k: Any) -> Any:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return getattr(k, attr)
+    return str(k)

@@ -1,0 +1,209 @@
+"""A small GRPO learner built only on cluster operations.
+
+Each step: sample a group of completions per prompt (generate), score them
+with a reward function, normalise rewards within each group, take the
+anchor's and the reference's log-probs, update the actor in mini-batches,
+and sync. The toy task rewards lowercase ASCII letters in the completion,
+which a tiny random model learns within a few dozen steps on CPU.
+
+``P11Probe`` records, before every optimizer step, how far the live actor's
+log-probs are from the anchor's on that mini-batch, and how far the anchor's
+are from the sampler's: the numbers behind rule P11.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlcluster_lab.cluster import RLCluster
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.measure.sync import SyncReport
+from rlcluster_lab.training.step import TrainBatch
+
+RewardFn = Callable[[Sequence[str], Sequence[str]], np.ndarray]
+
+TOY_PROMPTS: tuple[str, ...] = ("abc", "the cat", "hello", "xyz", "rl is", "jax ", "mesh", "sync")
+
+
+def lowercase_reward(prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
+    """Fraction of the completion's characters that are lowercase ASCII letters (0 if empty)."""
+    out = []
+    for text in completions:
+        out.append(sum("a" <= ch <= "z" for ch in text) / len(text) if text else 0.0)
+    return np.asarray(out, dtype=np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """Knobs of the loop. ``batch_size`` counts completions (prompts x group)."""
+
+    steps: int = 30
+    prompts_per_step: int = 4
+    group_size: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if self.prompts_per_step < 1 or self.group_size < 2:
+            raise ValueError("prompts_per_step must be >= 1 and group_size >= 2 (GRPO compares within a group)")
+
+    @property
+    def batch_size(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+
+@dataclasses.dataclass(frozen=True)
+class P11Record:
+    """One optimizer step's view of P11."""
+
+    step: int
+    iteration: int
+    rows: tuple[int, int]
+    steps_taken_before: int  # optimizer steps already taken this global step
+    live_vs_anchor: float  # max |live - anchor| log-prob on these rows
+    anchor_vs_sampler: float  # max |anchor - sampler| log-prob on these rows
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One GRPO step: its figures, and the report of the weight sync that ended it (P13)."""
+
+    step: int
+    mean_reward: float
+    loss: float
+    kl: float
+    optimizer_steps: int
+    sync: SyncReport | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The step's figures (the sync report has its own ``to_json``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sync"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerResult:
+    steps: list[StepRecord]
+    p11: list[P11Record]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.mean_reward for s in self.steps]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": [s.to_json() for s in self.steps],
+            "p11": [dataclasses.asdict(p) for p in self.p11],
+        }
+
+
+class GRPOLearner:
+    """Runs GRPO steps against one cluster."""
+
+    def __init__(
+        self,
+        cluster: RLCluster,
+        config: LearnerConfig = LearnerConfig(),
+        reward_fn: RewardFn | None = None,
+        prompts: Sequence[str] = TOY_PROMPTS,
+        use_reward_model: bool = False,
+    ) -> None:
+        """Rewards come from ``reward_fn`` (default: the toy task), or from the
+        cluster's reward model with ``use_reward_model``."""
+        if not prompts:
+            raise ValueError("the learner needs at least one prompt")
+        if use_reward_model and reward_fn is not None:
+            raise ValueError("give either reward_fn or use_reward_model=True, not both")
+        if use_reward_model and cluster.reward_model is None:
+            raise ValueError("use_reward_model=True needs a cluster built with reward=...")
+        self.use_reward_model = use_reward_model
+        self.cluster = cluster
+        self.config = config
+        self.reward_fn = reward_fn or lowercase_reward
+        self.prompts = list(prompts)
+        self._rng = np.random.default_rng(config.seed)
+        self.history: list[StepRecord] = []
+        self.p11: list[P11Record] = []
+
+    def _next_prompts(self, rng: np.random.Generator) -> list[str]:
+        cfg = self.config
+        chosen = rng.choice(
+            len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step
+        )
+        return [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
+
+    def rehearse(self) -> bool:
+        """Compile every program the next ``step`` will run, changing nothing (not even which
+        prompts it picks): ``RLCluster.rehearse_step`` on the next step's prompts."""
+        peek = np.random.default_rng()
+        peek.bit_generator.state = self._rng.bit_generator.state
+        return bool(self.cluster.rehearse_step(self._next_prompts(peek), reward_model=self.use_reward_model))
+
+    def step(self) -> StepRecord:
+        cfg = self.config
+        cluster = self.cluster
+        prompts = self._next_prompts(self._rng)
+        out = cluster.generate(prompts)
+        prompt_tokens, completion = out.left_padded_prompt_tokens, out.tokens
+        if self.use_reward_model:
+            rewards = np.asarray(cluster.get_rewards(prompt_tokens, completion), dtype=np.float32)
+        else:
+            rewards = np.asarray(self.reward_fn(prompts, out.text), dtype=np.float32)
+        if rewards.shape != (len(prompts),):
+            raise ValueError(f"reward_fn returned shape {rewards.shape}, expected ({len(prompts)},)")
+        advantages = group_advantages(rewards, cfg.group_size)
+        anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, prompt_tokens, completion))
+        ref = None
+        if cluster.reference_model is not None and cluster.cluster_config.training_config.beta > 0:
+            ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, prompt_tokens, completion))
+        batch = TrainBatch(prompt_tokens, completion, advantages, anchor, ref)
+        index = len(self.history)
+        taken = [0]
+
+        def probe(iteration: int, rows: slice, live_logps: Callable[..., Any]) -> None:
+            live = np.asarray(live_logps(prompt_tokens[rows], completion[rows]))
+            self.p11.append(
+                P11Record(
+                    step=index,
+                    iteration=iteration,
+                    rows=(rows.start, rows.stop),
+                    steps_taken_before=taken[0],
+                    live_vs_anchor=float(np.abs(live - anchor[rows]).max()),
+                    anchor_vs_sampler=float(np.abs(anchor[rows] - out.logprobs[rows]).max()),
+                )
+            )
+            taken[0] += 1
+
+        metrics = cluster.update_actor(batch, on_step=probe)
+        sync = cluster.sync_weights()
+        record = StepRecord(
+            step=index,
+            mean_reward=float(rewards.mean()),
+            loss=float(np.mean([m["loss"] for m in metrics])),
+            kl=float(np.mean([m["kl"] for m in metrics])),
+            optimizer_steps=len(metrics),
+            sync=sync,
+        )
+        self.history.append(record)
+        return record
+
+    def run(self, progress: Callable[[StepRecord], None] | None = None) -> LearnerResult:
+        for _ in range(self.config.steps):
+            record = self.step()
+            if progress is not None:
+                progress(record)
+        return LearnerResult(steps=list(self.history), p11=list(self.p11))
+
+
+def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
+    """Reward minus its group's mean, over the group's std (GRPO); 0 for a flat group."""
+    if len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    groups = rewards.reshape(-1, group_size)
+    mean = groups.mean(axis=1, keepdims=True)
+    std = groups.std(axis=1, keepdims=True)
+    return ((groups - mean) / np.maximum(std, 1e-6)).reshape(-1).astype(np.float32)
