@@ -35,7 +35,7 @@ from rlcluster_lab.measure.sync import SyncReport
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, is_lora
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.placement.buffers import buffer_keys
-from rlcluster_lab.placement.place import default_memory_kind
+from rlcluster_lab.placement.place import array_leaves, default_memory_kind
 from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.rules.anchor import anchor_is_partial
 from rlcluster_lab.rules.reference import AVOIDABLE_COPY_ADVICE
@@ -43,6 +43,23 @@ from rlcluster_lab.training.step import TrainBatch
 
 ModelOrPath = nnx.Module | str | os.PathLike
 ROLLOUT_BRANCHES = ("shared", "second_copy", "engine_initial_value")
+
+
+def _given_modules(*models: Any) -> list[nnx.Module]:
+    """The caller's models (not paths), each once."""
+    return list({id(m): m for m in models if isinstance(m, nnx.Module)}.values())
+
+
+def _arrays_of(obj: Any) -> list[jax.Array]:
+    """The arrays a model, an engine's model or a pytree (optimizer state, anchor) holds."""
+    if isinstance(obj, RolloutEngine):
+        try:
+            obj = obj.model()
+        except Exception:  # an engine that failed half-way: what it holds is not ours to judge
+            return []
+    if isinstance(obj, nnx.Module):
+        obj = nnx.state(obj)
+    return array_leaves(obj)
 
 
 class AvoidableCopyWarning(UserWarning):
@@ -99,7 +116,11 @@ class RLCluster:
         train_cfg, self._engine_kind = check_inputs(cluster_config, actor, reference, reward, critic, self.trace)
         self._train_rollout_config: RolloutConfig = train_cfg
 
+        # Ownership (not timing) decides what a failed construction frees: the arrays that
+        # existed before are never touched, the caller's models get their own arrays back
+        # (values, buffers and memory kinds), and only what construction made is deleted.
         before = {id(x) for x in jax.live_arrays()}
+        saved = [(m, jax.tree.map(lambda x: x, nnx.state(m))) for m in _given_modules(actor, reference, reward, critic)]
         made: dict[str, Any] = {}
         try:
             with reshard_strategy(cluster_config.reshard):
@@ -122,10 +143,14 @@ class RLCluster:
                     self.trace,
                     sink=made,
                 )
-        except BaseException:
-            made.clear()
-            self._release_new_buffers(before, keep=(actor, reference, reward, critic))
+        except BaseException as exc:
+            freed = self._abandon(made, saved, before)
+            exc.add_note(
+                f"RLCluster construction did not finish: the models you passed were given back their own "
+                f"arrays and memory kinds, and the {freed} array(s) construction had made were freed."
+            )
             raise
+        del saved
         self._actor, self._rollout, self._reference = placed.actor, placed.engine, placed.reference
         self._reward, self._critic = placed.reward, placed.critic
         self._opt_state, self._anchor_policy_state = placed.optimizer, placed.anchor
@@ -140,27 +165,32 @@ class RLCluster:
         gc.collect()
         self._constructed = True
 
-    def _release_new_buffers(self, before: set[int], keep: Sequence[Any]) -> None:
-        """After a failed construction, free the device buffers it allocated.
+    def _abandon(self, made: dict[str, Any], saved: list[tuple[nnx.Module, Any]], before: set[int]) -> int:
+        """After a failed construction: give the caller's models their arrays back and free
+        exactly what construction made. Returns the number of arrays freed.
 
-        An array is freed only if none of its buffers is also held by an array
-        that existed before construction or by the caller's models: a reshard
-        may reuse a source buffer inside a new array object.
+        Construction's own arrays are those reachable from what it made (``made``) and
+        those it put into the caller's models; an array that existed before, or that
+        shares a buffer with one of the caller's arrays (a reshard may reuse a source
+        buffer), is kept. Arrays anyone else made meanwhile are never reached.
         """
         self._actor = self._reference = self._reward = self._critic = None
         self._rollout = None
         self._anchor_policy_state = self._opt_state = None
-        gc.collect()
-        live = jax.live_arrays()
-        protected = buffer_keys([x for x in live if id(x) in before])
-        for model in keep:
-            if isinstance(model, nnx.Module):
-                protected |= buffer_keys(nnx.state(model))
-        for x in live:
+        ours = [x for obj in made.values() for x in _arrays_of(obj)]
+        ours += [x for model, _ in saved for x in array_leaves(nnx.state(model))]
+        for model, snapshot in saved:
+            nnx.update(model, snapshot)
+        protected = buffer_keys([snapshot for _, snapshot in saved])
+        made.clear()
+        freed = 0
+        for x in {id(x): x for x in ours}.values():
             if id(x) in before or x.is_deleted() or buffer_keys([x]) & protected:
                 continue
             x.delete()
+            freed += 1
         gc.collect()
+        return freed
 
     # ------------------------------------------------------------------ models and meshes
 

@@ -125,6 +125,8 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     sink = sink if sink is not None else {}
     r2m = dict(req.role_to_mesh)
     actor_given, path = ex.as_model(req.actor, Role.ACTOR)
+    if path is not None:
+        sink["actor_read"] = actor_given  # read from a checkpoint: construction's own arrays
     lora = ex.is_lora(actor_given)
     shared, decisions = sharing.sharing_map(
         r2m,
@@ -144,16 +146,15 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     p3 = trace.add(rollout.p3_rollout_model(linked, req.engine_kind, req.engine_name, req.rollout_dtype))
     if p3.branch is RolloutBranch.SECOND_COPY:
         # A fresh load of the actor as given (a path is read again).
-        again = actor_given if path is None else mover.given(req.actor, Role.ACTOR)
+        again = actor_given if path is None else _read(sink, "rollout_read", mover.given(req.actor, Role.ACTOR))
         rollout_actor = sink["rollout"] = mover.load(again, Role.ROLLOUT, r2m[Role.ROLLOUT], dtype=req.rollout_dtype)
     else:
         rollout_actor = actor
 
     ref = None
     if req.reference is not None:
-        ref = sink["reference"] = mover.load(
-            mover.given(req.reference, Role.REFERENCE), Role.REFERENCE, r2m[Role.REFERENCE]
-        )
+        given = _read(sink, "reference_read", mover.given(req.reference, Role.REFERENCE))
+        ref = sink["reference"] = mover.load(given, Role.REFERENCE, r2m[Role.REFERENCE])
         ref_linked = sharing.shares(shared, Role.ACTOR, Role.REFERENCE)
         p4 = trace.add(
             reference.p4_reference_backbone(
@@ -165,9 +166,11 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
             mover.warnings.append(warning)
     critic = reward = None
     if req.critic is not None:
-        critic = sink["critic"] = mover.load(mover.given(req.critic, Role.CRITIC), Role.CRITIC, r2m[Role.CRITIC])
+        given = _read(sink, "critic_read", mover.given(req.critic, Role.CRITIC))
+        critic = sink["critic"] = mover.load(given, Role.CRITIC, r2m[Role.CRITIC])
     if req.reward is not None:
-        reward = sink["reward"] = mover.load(mover.given(req.reward, Role.REWARD), Role.REWARD, r2m[Role.REWARD])
+        given = _read(sink, "reward_read", mover.given(req.reward, Role.REWARD))
+        reward = sink["reward"] = mover.load(given, Role.REWARD, r2m[Role.REWARD])
     mover.models = {Role.ACTOR: actor, Role.REFERENCE: ref, Role.CRITIC: critic, Role.REWARD: reward}
 
     # The engine: a model sitting in pinned host memory is brought to device before the
@@ -288,6 +291,12 @@ class Keeper:
                 other is Role.ACTOR and self.models.get(Role.ACTOR) is not None and self.models[Role.ACTOR] is not model
             ):
                 self.ex.share(self.models[Role.ACTOR], model, False, Role.ACTOR)
+
+
+def _read(sink: dict[str, Any], key: str, model: Any) -> Any:
+    """Note a model construction read itself, so that a failure can free it."""
+    sink[key] = model
+    return model
 
 
 def _describe(mesh: Any) -> dict[str, Any]:

@@ -135,7 +135,7 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
                     if on_step is not None:
                         on_step(iteration, rows, _live_logps(c))
                     graphdef, trainable, frozen = nnx.split(actor, c._trainable_filter, ...)
-                    new_trainable, c._opt_state, m = train_step(
+                    new_trainable, new_opt_state, m = train_step(
                         graphdef,
                         c._tx,
                         trainable,
@@ -147,7 +147,10 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
                         beta=float(tcfg.beta),
                         epsilon=float(tcfg.epsilon),
                     )
-                    nnx.update(actor, new_trainable)  # the step keeps every leaf's sharding
+                    # Parameters and optimizer state change together (the step keeps every
+                    # leaf's sharding); a step that raised changed neither.
+                    nnx.update(actor, new_trainable)
+                    c._opt_state = new_opt_state
                     metrics.append({k: float(v) for k, v in m.items()})
         finally:
             if offload:

@@ -34,23 +34,36 @@ def sync_weights(c: RLCluster) -> SyncReport:
     lora = is_lora(actor)
     filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
     watch = SyncObserver()
-    with sync_guard(c.platform), reshard_strategy(c.cluster_config.reshard):
-        params = nnx.state(actor, *filter_types)
-        watch.before(params)
-        with watch.recording():
-            # The handover alone is timed: the engine's update, until its arrays are ready.
+    engine_model = c.rollout.model()
+    # All or nothing: the rollout's current arrays are kept until the new state, the
+    # re-pinned anchor and the step count can all be committed together.
+    previous = jax.tree.map(lambda x: x, nnx.state(engine_model, *filter_types))
+    try:
+        with sync_guard(c.platform), reshard_strategy(c.cluster_config.reshard):
+            params = nnx.state(actor, *filter_types)
+            watch.before(params)
+            with watch.recording():
+                # The handover alone is timed: the engine's update, until its arrays are ready.
+                start = time.perf_counter()
+                c.rollout.update_params(params, filter_types)
+                jax.block_until_ready(c.rollout.held_values(filter_types))
+                seconds = time.perf_counter() - start
+            watch.after(nnx.state(engine_model, *filter_types), seconds)
+            del params
+            source = _anchor_source(c)
             start = time.perf_counter()
-            c.rollout.update_params(params, filter_types)
-            jax.block_until_ready(c.rollout.held_values(filter_types))
-            seconds = time.perf_counter() - start
-        watch.after(nnx.state(c.rollout.model(), *filter_types), seconds)
-        del params
-        source = _anchor_source(c)
-        start = time.perf_counter()
-        c._anchor_policy_state = put_on_memory_kind(source, "pinned_host")
-        jax.block_until_ready(c._anchor_policy_state)
-        watch.anchor(c._anchor_policy_state, source, time.perf_counter() - start)
-        del source
+            anchor = put_on_memory_kind(source, "pinned_host")
+            jax.block_until_ready(anchor)
+            watch.anchor(anchor, source, time.perf_counter() - start)
+            del source
+    except BaseException as exc:
+        nnx.update(engine_model, previous)
+        exc.add_note(
+            f"sync_weights did not finish: the rollout keeps the weights of global step {c.global_steps}, "
+            "the anchor was not re-pinned and the step count did not advance."
+        )
+        raise
+    c._anchor_policy_state = anchor
     c.trace.add(p13_sync(lora, c.global_steps + 1, c.platform, c.cluster_config.reshard))
     c.global_steps += 1
     return watch.report(
