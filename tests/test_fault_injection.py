@@ -271,3 +271,25 @@ def test_interrupted_update_actor_offloads_again_and_keeps_the_weights(offloaded
     assert all_pinned(offloaded)
     assert all(np.array_equal(a, b) for a, b in zip(values(nnx.state(offloaded.actor_model)), weights, strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(values(offloaded._opt_state), optimizer, strict=True))
+
+
+# ---------------------------------------------------------------- inputs of the wrong kind
+
+
+def test_inputs_of_the_wrong_kind_get_clear_errors():
+    from rlcluster_lab import ConfigError
+
+    r2m = layout_meshes("colocated")
+    actor = init_model("tiny")
+    with pytest.raises(ConfigError, match="role_to_mesh must be a dict from Role"):
+        ClusterConfig(role_to_mesh=list(r2m.values()))
+    with pytest.raises(ConfigError, match="role_to_mesh: unknown role 'policy'"):
+        ClusterConfig(role_to_mesh={"policy": r2m[Role.ACTOR], **r2m})
+    with pytest.raises(ConfigError, match="cluster_config must be a ClusterConfig, got dict"):
+        RLCluster(actor=actor, cluster_config={"role_to_mesh": r2m})
+    with pytest.raises(ConfigError, match="actor is required"):
+        RLCluster(actor=None, cluster_config=ClusterConfig(role_to_mesh=r2m))
+    with pytest.raises(ConfigError, match="reward must be a score model.*got TransformerLM"):
+        RLCluster(actor=actor, reward=init_model("tiny"), cluster_config=ClusterConfig(role_to_mesh=r2m))
+    with pytest.raises(ConfigError, match="offload_to_cpu must be True or False"):
+        ClusterConfig(role_to_mesh=r2m, offload_to_cpu="yes")

@@ -25,7 +25,7 @@ from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster.construct import Keeper, Request, construct
 from rlcluster_lab.cluster.live import LiveExecutor
 from rlcluster_lab.cluster.sync import sync_weights
-from rlcluster_lab.cluster.validate import check_inputs, engine_class
+from rlcluster_lab.cluster.validate import check_inputs, engine_class, require_config
 from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
 from rlcluster_lab.core.options import RolloutConfig
 from rlcluster_lab.core.roles import Mode, Role
@@ -97,6 +97,7 @@ class RLCluster:
         cluster_config: ClusterConfig,
     ) -> None:
         self._constructed = False
+        require_config(cluster_config)
         self.cluster_config = cluster_config
         self.trace = Trace()
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()

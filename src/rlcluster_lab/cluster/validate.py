@@ -28,6 +28,15 @@ def engine_class(config: ClusterConfig, kind: str) -> type[RolloutEngine]:
     return engine.func if isinstance(engine, functools.partial) else engine
 
 
+def require_config(config: Any) -> None:
+    """The cluster's config must be a ``ClusterConfig`` (checked before anything reads it)."""
+    if not isinstance(config, ClusterConfig):
+        raise ConfigError(
+            f"cluster_config must be a ClusterConfig, got {type(config).__name__}; build one with "
+            "ClusterConfig(role_to_mesh=rlcluster_lab.layout_meshes('colocated'))"
+        )
+
+
 def check_inputs(
     config: ClusterConfig, actor: Any, reference: Any, reward: Any, critic: Any, trace: Trace
 ) -> tuple[Any, str]:
@@ -39,6 +48,9 @@ def check_inputs(
         ConfigError: a check failed (the message says how to fix it).
         NotImplementedError: an engine value that is not supported (P6).
     """
+    require_config(config)
+    if actor is None:
+        raise ConfigError("actor is required: pass the policy to train (an nnx.Module or a checkpoint folder)")
     train, decision = p6_rollout_config(config.rollout_config)
     trace.add(decision)
     kind, decision = p6_engine_choice(config.rollout_engine, is_engine_class, config.engine_name())
@@ -46,6 +58,14 @@ def check_inputs(
     for name, model in (("actor", actor), ("reference", reference), ("reward", reward), ("critic", critic)):
         if model is not None and not isinstance(model, (nnx.Module, str, os.PathLike)):
             raise ConfigError(f"{name} must be an nnx.Module or a checkpoint path, got {type(model).__name__}")
+    from rlcluster_lab.model.scoring import ScoreModel
+
+    for name, model in (("reward", reward), ("critic", critic)):
+        if isinstance(model, nnx.Module) and not isinstance(model, ScoreModel):
+            raise ConfigError(
+                f"{name} must be a score model (a ScoreModel: a backbone with a scalar head, from "
+                f"rlcluster_lab.init_score_model), got {type(model).__name__}; a language model cannot score"
+            )
     if isinstance(actor, nnx.Module):
         # P6: the engine's own checks (its constructor runs them again, for a model read from a path).
         try:

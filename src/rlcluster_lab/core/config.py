@@ -113,7 +113,19 @@ class ClusterConfig:
                 f"anchor must be one of {', '.join(ANCHOR_MODES)}, got {self.anchor!r}: 'full' pins the "
                 "actor's whole state (the reference), 'trainable' only the LoRA adapters"
             )
-        r2m = {Role.parse(r): m for r, m in dict(self.role_to_mesh).items()}
+        if not isinstance(self.role_to_mesh, Mapping):
+            raise ConfigError(
+                f"role_to_mesh must be a dict from Role to jax.sharding.Mesh, got {type(self.role_to_mesh).__name__} "
+                "(for example {Role.ACTOR: mesh, Role.ROLLOUT: mesh}, or rlcluster_lab.layout_meshes('colocated'))"
+            )
+        if not isinstance(self.offload_to_cpu, bool):
+            raise ConfigError(f"offload_to_cpu must be True or False, got {self.offload_to_cpu!r}")
+        if not isinstance(self.training_config, TrainingConfig):
+            raise ConfigError(f"training_config must be a TrainingConfig, got {type(self.training_config).__name__}")
+        try:
+            r2m = {Role.parse(r): m for r, m in self.role_to_mesh.items()}
+        except ValueError as exc:
+            raise ConfigError(f"role_to_mesh: {exc}") from None
         for role in (Role.ACTOR, Role.ROLLOUT):
             if role not in r2m:
                 raise ConfigError(
