@@ -74,10 +74,34 @@ def check_inputs(
             trace.add(p6_engine_accepts(config.engine_name(), None))
             raise
         trace.add(p6_engine_accepts(config.engine_name(), seen))
-        for name, other in (("reference", reference), ("critic", critic)):
-            if isinstance(other, nnx.Module):
-                check_same_backbone(actor, other, name)
+    # A model given as a checkpoint path is compared on its config.json alone (its structure
+    # on paper), so a reference or critic of another size is refused before weights are read.
+    actor_structure = None
+    for name, other in (("reference", reference), ("critic", critic)):
+        if other is None:
+            continue
+        actor_structure = _structure(actor) if actor_structure is None else actor_structure
+        try:
+            check_same_backbone(actor_structure, _structure(other), name)
+        except ConfigError as err:
+            paths = [f"the {n} is the checkpoint {m}" for n, m in (("actor", actor), (name, other)) if _is_path(m)]
+            if not paths:
+                raise
+            raise ConfigError(f"{err} ({'; '.join(paths)}, compared by its config.json)") from None
     return train, kind
+
+
+def _is_path(model: Any) -> bool:
+    return isinstance(model, (str, os.PathLike))
+
+
+def _structure(model: Any) -> nnx.Module:
+    """The model itself, or the one a checkpoint path holds, as shapes only."""
+    if isinstance(model, nnx.Module):
+        return model
+    from rlcluster_lab.model.checkpoint import abstract_checkpoint
+
+    return abstract_checkpoint(model)
 
 
 def check_same_backbone(actor: nnx.Module, other: nnx.Module, name: str) -> None:

@@ -2,14 +2,33 @@
 
 A checkpoint is ``config.json`` (model kind, size, LoRA rank) plus
 ``params.npz`` (every variable, keyed by its path). Nothing is downloaded.
+
+A checkpoint is data from outside the program, so ``load`` trusts nothing in
+it. The order is chosen so that nothing is allocated on a file's word:
+
+1. ``config.json`` is parsed and every field checked (one ``ConfigError``
+   naming the file, the key and the expected form);
+2. the bytes its dimensions imply are computed from the config alone and
+   refused by ``core.limits.check_fits`` when they cannot fit, before the
+   model's structure is even traced;
+3. the model's structure is built on paper (shapes only) and gives the name,
+   shape and dtype of every parameter;
+4. ``params.npz`` is opened as a zip: the member names, the sizes the zip
+   declares, and each member's ``.npy`` header are checked against step 3
+   before any member's data is decompressed;
+5. the data is read into arrays of the expected size and checked to be
+   finite; only then is the model built, so a failed load returns nothing
+   and leaves nothing on the devices.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +36,69 @@ import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.limits import check_fits
+from rlcluster_lab.core.options import DTYPES, MAX_LORA_RANK
 from rlcluster_lab.model.init import abstract_model, materialize
 from rlcluster_lab.model.lora import is_lora
 from rlcluster_lab.model.transformer import ModelConfig
 
 FORMAT = "rlcluster-lab/1"
+KINDS: tuple[str, ...] = ("lm", "score")
+
+# A config.json written by ``save`` is well under a kilobyte; anything this large is not one,
+# and is refused before it is parsed.
+MAX_CONFIG_BYTES = 1 << 20
+# NumPy's own bound on an .npy header (``read_array_header_*``'s default), plus the magic
+# string, the version and the header-length field (at most 12 bytes for format 2.0).
+MAX_NPY_HEADER = 10000
+_NPY_PREAMBLE = 12
+# Data is decompressed into the destination array this many bytes at a time: a zip member's
+# ``readinto`` would otherwise first build a ``bytes`` copy of the whole member.
+_CHUNK = 16 << 20
+
+_RESAVE = "re-save the model with rlcluster_lab.model.checkpoint.save(model, path)"
+_INT_FIELDS = (
+    "vocab_size",
+    "embed_dim",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "mlp_dim",
+    "max_seq_len",
+)
+_REQUIRED_FIELDS = ("name", *_INT_FIELDS)
+_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+_TOP_KEYS = ("format", "kind", "config", "lora_rank", "lora_scale")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """What a checkpoint's ``config.json`` says, every field checked.
+
+    Attributes:
+        path: the ``config.json`` it was read from.
+        kind: ``lm`` (a ``TransformerLM``) or ``score`` (a ``ScoreModel``).
+        config: the model's dimensions and dtype.
+        lora_rank: the adapters' rank; 0 for a model without adapters.
+        lora_scale: the adapters' scale (1.0 without adapters).
+    """
+
+    path: Path
+    kind: str
+    config: ModelConfig
+    lora_rank: int
+    lora_scale: float
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of every parameter, from the config's dimensions alone (nothing traced)."""
+        c = self.config
+        count = c.num_params + (c.lora_params(self.lora_rank) if self.lora_rank else 0)
+        if self.kind == "score":
+            count += c.embed_dim + 1  # the scalar head's kernel and bias
+        return count * np.dtype(c.dtype).itemsize
 
 
 def save(model: nnx.Module, path: str | os.PathLike) -> Path:
@@ -42,9 +119,49 @@ def save(model: nnx.Module, path: str | os.PathLike) -> Path:
 
 
 def load(path: str | os.PathLike) -> nnx.Module:
-    """Read a model written by ``save``; it comes back on the default device."""
-    from rlcluster_lab.model.scoring import abstract_score_model
+    """Read a model written by ``save``; it comes back on the default device.
 
+    Nothing is allocated before the file has been checked against its own
+    config (see the module docstring); a failed load returns nothing and
+    leaves nothing behind.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` or no ``params.npz`` under ``path``.
+        ConfigError: a malformed ``config.json``, or a ``params.npz`` whose
+            members, sizes, headers or values do not match it (the message
+            names the file, the member and what was expected).
+        TooLargeError: the parameters the config implies cannot fit in host memory.
+    """
+    ck = read_config(path)
+    model = _structure(ck)
+    expected = {_key(p): v for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
+    arrays = _read_params(ck, expected)
+    graphdef, state = nnx.split(model)
+    paths = flatten_dict(nnx.to_pure_dict(state))
+    return materialize(graphdef, state, unflatten_dict({p: arrays[_key(p)] for p in paths}))
+
+
+def abstract_checkpoint(path: str | os.PathLike) -> nnx.Module:
+    """The model a checkpoint holds, as shapes only, from its ``config.json`` alone.
+
+    What the cluster compares with the actor before any weights are read.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` under ``path``.
+        ConfigError: a malformed ``config.json``.
+        TooLargeError: the parameters it implies cannot fit in host memory.
+    """
+    return _structure(read_config(path))
+
+
+def read_config(path: str | os.PathLike) -> CheckpointConfig:
+    """Parse and check the ``config.json`` of the checkpoint folder ``path``.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ConfigError: it is not a ``config.json`` written by ``save`` (the
+            message names the file, the key and the expected form).
+    """
     folder = Path(path)
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
@@ -52,37 +169,260 @@ def load(path: str | os.PathLike) -> nnx.Module:
             f"no model checkpoint at {folder} (expected {cfg_file}); write one with "
             "rlcluster_lab.model.checkpoint.save(model, path) or pass the model itself"
         )
-    meta = json.loads(cfg_file.read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{cfg_file} is not an rlcluster-lab checkpoint (format {meta.get('format')!r})")
-    config = ModelConfig(**meta["config"])
-    # The model's structure on paper: nothing is allocated until the file's members match it.
-    if meta["kind"] == "score":
-        model: nnx.Module = abstract_score_model(config)
-    else:
-        model = abstract_model(config, int(meta.get("lora_rank") or 0), float(meta.get("lora_scale", 1.0)))
+    size = cfg_file.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{cfg_file} is {size:,} bytes; a checkpoint's config.json is a small JSON object (under "
+            f"{MAX_CONFIG_BYTES:,} bytes) with keys {', '.join(_TOP_KEYS)}; {_RESAVE}"
+        )
     try:
-        with np.load(folder / "params.npz") as data:
-            arrays = {k: data[k] for k in data.files}
-    except (ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise ValueError(f"{folder / 'params.npz'} cannot be read ({err}); re-save the model") from err
-    state = nnx.state(model)
-    paths = flatten_dict(nnx.to_pure_dict(state))
-    expected = {_key(p): v for p, v in paths.items()}
-    if set(expected) != set(arrays):
-        raise ValueError(f"{folder} holds parameters that do not match its config.json; re-save the model")
-    for key, want in expected.items():
-        got = arrays[key]
-        if got.dtype.kind == "V" and got.dtype.itemsize == np.dtype(want.dtype).itemsize:
-            # np.savez stores bfloat16 as raw 2-byte records; read them back as such.
-            got = arrays[key] = got.view(want.dtype)
-        if got.shape != tuple(want.shape) or got.dtype != want.dtype:
-            raise ValueError(
-                f"{folder}: parameter {key} has shape {got.shape} and dtype {got.dtype}, but its "
-                f"config.json needs {tuple(want.shape)} and {want.dtype}; re-save the model"
+        meta = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, huge ints
+        raise ConfigError(
+            f"{cfg_file} is not valid JSON ({err}); expected the JSON object written by save(); {_RESAVE}"
+        ) from err
+    except OSError as err:
+        raise ConfigError(f"{cfg_file} cannot be read ({err}); {_RESAVE}") from err
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{cfg_file} holds a JSON {type(meta).__name__}; expected an object with keys {_TOP_KEYS}")
+    unknown = sorted(set(meta) - set(_TOP_KEYS))
+    if unknown:
+        raise ConfigError(f"{cfg_file}: unknown key(s) {unknown}; a checkpoint's config.json has keys {_TOP_KEYS}")
+    for key in ("format", "kind", "config"):
+        if key not in meta:
+            raise ConfigError(f"{cfg_file}: missing key {key!r}; {_RESAVE}")
+    if meta["format"] != FORMAT:
+        raise ConfigError(
+            f"{cfg_file} is not an rlcluster-lab checkpoint: key 'format' is {_show(meta['format'])}, "
+            f"expected {FORMAT!r}; {_RESAVE}"
+        )
+    kind = meta["kind"]
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ConfigError(f"{cfg_file}: key 'kind' must be one of {KINDS}, got {_show(kind)}")
+    rank = meta.get("lora_rank", 0)
+    if rank is None:
+        rank = 0
+    if not _is_int(rank) or not 0 <= rank <= MAX_LORA_RANK:
+        raise ConfigError(
+            f"{cfg_file}: key 'lora_rank' must be an integer from 0 (no adapters) to {MAX_LORA_RANK}, got {_show(rank)}"
+        )
+    if rank and kind == "score":
+        raise ConfigError(f"{cfg_file}: key 'lora_rank' must be 0 for kind 'score' (a score model has no adapters)")
+    scale = meta.get("lora_scale", 1.0)
+    if not _is_real(scale) or not math.isfinite(scale):
+        raise ConfigError(f"{cfg_file}: key 'lora_scale' must be a finite number, got {_show(scale)}")
+    return CheckpointConfig(cfg_file, kind, _model_config(cfg_file, meta["config"]), int(rank), float(scale))
+
+
+def _model_config(cfg_file: Path, raw: Any) -> ModelConfig:
+    """The ``config`` object of a config.json as a ``ModelConfig``, each field's type checked first."""
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{cfg_file}: key 'config' must be an object with the ModelConfig fields {_MODEL_FIELDS}, got {_show(raw)}"
+        )
+    unknown = sorted(set(raw) - set(_MODEL_FIELDS))
+    if unknown:
+        raise ConfigError(f"{cfg_file}: unknown key(s) {unknown} in 'config'; its keys are {_MODEL_FIELDS}")
+    for field in _REQUIRED_FIELDS:
+        if field not in raw:
+            raise ConfigError(f"{cfg_file}: missing key 'config.{field}'; {_RESAVE}")
+    if not isinstance(raw["name"], str):
+        raise ConfigError(f"{cfg_file}: key 'config.name' must be a string, got {_show(raw['name'])}")
+    for field in _INT_FIELDS:
+        value = raw[field]
+        if not _is_int(value) or value <= 0:
+            raise ConfigError(f"{cfg_file}: key 'config.{field}' must be a positive integer, got {_show(value)}")
+    if "tie_embeddings" in raw and not isinstance(raw["tie_embeddings"], bool):
+        raise ConfigError(
+            f"{cfg_file}: key 'config.tie_embeddings' must be true or false, got {_show(raw['tie_embeddings'])}"
+        )
+    if "param_dtype" in raw and raw["param_dtype"] not in DTYPES:
+        raise ConfigError(
+            f"{cfg_file}: key 'config.param_dtype' must be one of {DTYPES}, got {_show(raw['param_dtype'])}"
+        )
+    for field in ("rms_eps", "rope_base"):
+        if field in raw and not (_is_real(raw[field]) and math.isfinite(raw[field]) and raw[field] > 0):
+            raise ConfigError(
+                f"{cfg_file}: key 'config.{field}' must be a positive finite number, got {_show(raw[field])}"
             )
-    graphdef, state = nnx.split(model)
-    return materialize(graphdef, state, unflatten_dict({p: arrays[_key(p)] for p in paths}))
+    try:
+        return ModelConfig(**raw)
+    except (ValueError, TypeError) as err:  # the relations between fields (heads, even head_dim)
+        raise ConfigError(f"{cfg_file}: key 'config' does not describe a model: {err}; {_RESAVE}") from err
+
+
+def _structure(ck: CheckpointConfig) -> nnx.Module:
+    """The checkpoint's model on paper, after its bytes were found to fit (nothing allocated)."""
+    from rlcluster_lab.model.scoring import abstract_score_model
+
+    # Twice the parameters: they are read into host arrays, then copied to the device.
+    fix = f"check the dimensions in {ck.path} (a foreign or corrupted file?) or load it on a larger machine"
+    check_fits(2 * ck.param_bytes, f"the checkpoint {ck.path.parent}", fix)
+    # Tracing the structure costs time that grows with the layer count, so the check above
+    # comes first; the one below is the exact count, should the formula and the model drift.
+    if ck.kind == "score":
+        model: nnx.Module = abstract_score_model(ck.config)
+    else:
+        model = abstract_model(ck.config, ck.lora_rank, ck.lora_scale)
+    leaves = flatten_dict(nnx.to_pure_dict(nnx.state(model))).values()
+    exact = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in leaves)
+    check_fits(2 * exact, f"the checkpoint {ck.path.parent}", fix)
+    return model
+
+
+def _read_params(ck: CheckpointConfig, expected: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Every member of ``params.npz``: names, declared sizes and headers checked against
+    ``expected`` for all members before the data of any is read."""
+    npz = ck.path.parent / "params.npz"
+    if not npz.is_file():
+        raise FileNotFoundError(f"{npz} is missing: the checkpoint has a config.json but no parameters; {_RESAVE}")
+    try:
+        with zipfile.ZipFile(npz) as zf:
+            infos = zf.infolist()
+            _check_members(ck, npz, infos, expected)
+            # Every header first, so that no data is decompressed from a file that fails later.
+            specs = [(info, expected[info.filename[:-4]]) for info in infos]
+            order = [_check_header(ck, npz, zf, info, spec) for info, spec in specs]
+            return {
+                info.filename[:-4]: _read_member(npz, zf, info, spec, fortran)
+                for (info, spec), fortran in zip(specs, order, strict=True)
+            }
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError) as err:
+        # RuntimeError: an encrypted member; NotImplementedError: an unknown compression.
+        raise ConfigError(f"{npz} cannot be read ({type(err).__name__}: {err}); {_RESAVE}") from err
+
+
+def _check_members(ck: CheckpointConfig, npz: Path, infos: list[zipfile.ZipInfo], expected: dict[str, Any]) -> None:
+    """The zip's directory against the config: names, then declared sizes. No data is read."""
+    names = [info.filename for info in infos]
+    repeated = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+    if repeated:
+        raise ConfigError(f"{npz}: member(s) {repeated[:3]} appear more than once; {_RESAVE}")
+    want = {k + ".npy" for k in expected}
+    missing, unexpected = sorted(want - set(names)), sorted(set(names) - want)
+    if missing or unexpected:
+        raise ConfigError(
+            f"{npz} holds parameters that do not match its config.json ({ck.path}): "
+            f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}); "
+            f"expected one member '<path>.npy' per parameter of a {ck.kind!r} model "
+            f"{ck.config.name!r} with LoRA rank {ck.lora_rank}; {_RESAVE}"
+        )
+    for info in infos:
+        # Only an upper bound here: a member that declares less than the config needs is
+        # refused once its header (a bounded read) says what it holds instead.
+        spec = expected[info.filename[:-4]]
+        data = _nbytes(spec.shape, spec.dtype)
+        if info.file_size > data + _NPY_PREAMBLE + MAX_NPY_HEADER:
+            raise ConfigError(
+                f"{npz}: member {info.filename!r} declares {info.file_size:,} uncompressed bytes, but a "
+                f"{np.dtype(spec.dtype)} array of shape {tuple(spec.shape)} (as {ck.path} needs) is {data:,} bytes "
+                f"plus an .npy header of at most {_NPY_PREAMBLE + MAX_NPY_HEADER:,}; {_RESAVE}"
+            )
+
+
+def _check_header(ck: CheckpointConfig, npz: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, spec: Any) -> bool:
+    """One member's .npy header against ``spec``, and its declared size against both.
+
+    Only the header is decompressed (at most ``MAX_NPY_HEADER`` bytes and the preamble).
+    Returns whether the member is stored in Fortran order.
+    """
+    member = info.filename
+    want_shape, want_dtype = tuple(spec.shape), np.dtype(spec.dtype)
+    want_bytes = _nbytes(want_shape, want_dtype)
+    with zf.open(info) as fp:
+        try:
+            version = np.lib.format.read_magic(fp)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=MAX_NPY_HEADER)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=MAX_NPY_HEADER)
+            else:
+                raise ValueError(f".npy format version {version} (save writes 1.0)")
+        except ValueError as err:
+            raise ConfigError(f"{npz}: member {member!r} is not a readable .npy array ({err}); {_RESAVE}") from err
+        header = fp.tell()
+    if dtype.kind == "V" and want_dtype.kind == "V" and dtype.itemsize == want_dtype.itemsize and not dtype.names:
+        # np.savez stores bfloat16 as raw 2-byte records; read them back as such.
+        dtype = want_dtype
+    if tuple(shape) != want_shape or dtype != want_dtype:
+        raise ConfigError(
+            f"{npz}: member {member!r} declares shape {tuple(shape)} and dtype {dtype} "
+            f"({_nbytes(shape, dtype):,} bytes), but {ck.path} needs shape {want_shape} and dtype {want_dtype} "
+            f"({want_bytes:,} bytes); {_RESAVE}"
+        )
+    if info.file_size != header + want_bytes:
+        raise ConfigError(
+            f"{npz}: member {member!r} declares {info.file_size:,} uncompressed bytes, but its "
+            f"{header}-byte header and {want_bytes:,} bytes of data make {header + want_bytes:,}; {_RESAVE}"
+        )
+    return bool(fortran)
+
+
+def _read_member(npz: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, spec: Any, fortran: bool) -> np.ndarray:
+    """One member whose header was checked: its data, read into an array of the expected size."""
+    member = info.filename
+    shape, dtype = tuple(spec.shape), np.dtype(spec.dtype)
+    # A Fortran-ordered member holds the transpose's rows: read those, and transpose back.
+    out = np.empty(shape[::-1] if fortran else shape, dtype)
+    with zf.open(info) as fp:
+        fp.read(info.file_size - out.nbytes)  # the header, checked already
+        _read_exactly(fp, out, npz, member)
+        if fp.read(1):  # also reaches the member's end, where zipfile checks its CRC
+            raise ConfigError(f"{npz}: member {member!r} has data beyond its declared shape; {_RESAVE}")
+    out = out.T if fortran else out
+    _check_finite(npz, member, out)
+    return out
+
+
+def _read_exactly(fp: Any, out: np.ndarray, npz: Path, member: str) -> None:
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    pos = 0
+    while pos < len(view):
+        got = fp.readinto(view[pos : pos + _CHUNK])
+        if not got:
+            raise ConfigError(
+                f"{npz}: member {member!r} ends after {pos:,} of its {len(view):,} data bytes (truncated); {_RESAVE}"
+            )
+        pos += got
+
+
+def _check_finite(npz: Path, member: str, values: np.ndarray) -> None:
+    """Refuse NaN or inf: a model holding them computes NaN log-probs and losses without a word."""
+    if values.dtype.kind not in "fcV":
+        return
+    flat = values.reshape(-1)
+    step = _CHUNK // max(values.dtype.itemsize, 1)
+    bad, first = 0, -1
+    for start in range(0, flat.size, step):  # in chunks: the mask of a whole member would be large
+        ok = np.isfinite(flat[start : start + step])
+        count = ok.size - int(np.count_nonzero(ok))
+        if count and first < 0:
+            first = start + int(np.argmin(ok))
+        bad += count
+    if bad:
+        where = tuple(int(i) for i in np.unravel_index(first, values.shape))
+        raise ConfigError(
+            f"{npz}: member {member!r} holds {bad:,} non-finite value(s) (NaN or inf), the first at index "
+            f"{where}; a checkpoint's parameters must be finite: save the model from a state before its "
+            "values diverged"
+        )
+
+
+def _nbytes(shape: Any, dtype: Any) -> int:
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _key(path: tuple) -> str:
