@@ -69,10 +69,11 @@ def add_scenario_flags(p: argparse.ArgumentParser, *, planner: bool = False) -> 
 
 
 def scenario_from(args: argparse.Namespace, **extra: Any) -> Any:
-    """The ``Scenario`` the flags describe (checked when it is made)."""
+    """The ``Scenario`` the flags describe (checked when it is made); ``extra`` sets or
+    overrides knobs (``plan`` replaces a published model's name with a lab size)."""
     from rlcluster_lab.core.options import Scenario
 
-    return Scenario(
+    knobs: dict[str, Any] = dict(
         layout=args.layout,
         lora=args.lora,
         lora_rank=args.lora_rank,
@@ -86,5 +87,6 @@ def scenario_from(args: argparse.Namespace, **extra: Any) -> Any:
         sglang_static_lora=not args.no_static_lora,
         anchor=args.anchor,
         reshard=args.reshard,
-        **extra,
     )
+    knobs.update(extra)
+    return Scenario(**knobs)

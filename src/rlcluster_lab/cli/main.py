@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -43,38 +44,81 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit codes besides 0 (done) and 2 (a bad flag or a configuration that cannot work, one line):
+# a closed stdout (``| head``) ends quietly with 141, what a shell reports for a tool killed by
+# SIGPIPE (128 + 13), so ``set -o pipefail`` scripts see this command as they see ``cat`` or
+# ``grep``; Ctrl-C ends with 130 (128 + SIGINT), as shells do.
+EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 141
+EXIT_INTERRUPTED = 130
+
+# What a command raises for input it cannot use: a ConfigError (a ValueError; TooLargeError
+# is one too, and a MemoryError), a wrong type, a file that is not there, a number too large
+# for a C integer, a backend that cannot do what was asked.
+_REFUSALS = (ValueError, TypeError, RuntimeError, FileNotFoundError, MemoryError, OverflowError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns the exit code (0, 2, 130 or 141: see ``EXIT_*``)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # a bad flag (one line on stderr, exit 2) or --help (exit 0)
         return int(exit_.code or 0)
     try:
-        if args.devices < 1:
-            raise ValueError(f"--devices must be >= 1, got {args.devices}")
-        if args.command in ("report", "learn"):
-            # Knob-level refusals (P6 and friends) come back before JAX starts.
-            scenario_from(args).check()
-        # The device count must be set before anything starts the JAX backend,
-        # and the persistent compilation cache before the first compilation.
-        from rlcluster_lab.core.compile_cache import enable_compilation_cache
-        from rlcluster_lab.core.devices import ensure_simulated_devices
-
-        ensure_simulated_devices(args.devices)
-        enable_compilation_cache()
-        if args.command == "report":
-            out = _report(args)
-        elif args.command == "plan":
-            from rlcluster_lab.cli.plan import run_plan_command
-
-            out = run_plan_command(args)
-        else:
-            out = _learn(args)
-    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
-        message = " ".join(str(exc).split())
+        out = _run(args)
+        print(json.dumps(out, indent=2, sort_keys=True) if args.json else out["_text"] if "_text" in out else "")
+        sys.stdout.flush()  # a closed pipe is found here, not at interpreter exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except _REFUSALS as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"error: {message}", file=sys.stderr)
-        return 2
-    print(json.dumps(out, indent=2, sort_keys=True) if args.json else out["_text"] if "_text" in out else "")
+        return EXIT_BAD_INPUT
     return 0
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from rlcluster_lab.core.devices import check_device_count
+
+    check_device_count(args.devices, "--devices")
+    # Knob-level refusals (P6, the LoRA rank the model allows, the learner's sizes) come back
+    # before the backend starts.
+    learning = _learn_setup(args) if args.command == "learn" else None
+    if args.command == "report":
+        scenario_from(args).check()
+    # The device count must be set before anything starts the JAX backend,
+    # and the persistent compilation cache before the first compilation.
+    from rlcluster_lab.core.compile_cache import enable_compilation_cache
+    from rlcluster_lab.core.devices import ensure_simulated_devices
+
+    ensure_simulated_devices(args.devices)
+    enable_compilation_cache()
+    if args.command == "report":
+        return _report(args)
+    if args.command == "plan":
+        from rlcluster_lab.cli.plan import run_plan_command
+
+        return run_plan_command(args)
+    return _learn(args, *learning) if learning is not None else {}
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): end quietly.
+
+    What is left in stdout's buffer cannot be written; pointing the descriptor at
+    /dev/null lets the interpreter's final flush succeed instead of printing a
+    second error on the way out.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout has no descriptor (replaced in-process): nothing to flush
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 def _report(args: argparse.Namespace) -> dict[str, Any]:
@@ -89,23 +133,36 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
-def _learn(args: argparse.Namespace) -> dict[str, Any]:
-    from rlcluster_lab.cluster.scenario import build_cluster
+def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The learner's scenario and settings, checked before the backend starts; the batch is
+    refused when its rollout would not fit in memory."""
+    from rlcluster_lab.cluster.scenario import check_rollout_fits
     from rlcluster_lab.core.config import TrainingConfig
-    from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig
+    from rlcluster_lab.training.learner import LearnerConfig
 
-    cluster = build_cluster(
-        scenario_from(args, max_tokens=args.max_tokens),
-        training_config=TrainingConfig(
-            learning_rate=args.learning_rate,
-            mini_batch_size=args.mini_batch_size,
-            num_iterations=args.iterations,
-        ),
+    scenario = scenario_from(args, max_tokens=args.max_tokens)
+    training = TrainingConfig(
+        learning_rate=args.learning_rate,
+        mini_batch_size=args.mini_batch_size,
+        num_iterations=args.iterations,
     )
-    learner = GRPOLearner(
-        cluster,
-        LearnerConfig(steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size),
+    config = LearnerConfig(steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size)
+    scenario.check()
+    check_rollout_fits(
+        scenario,
+        config.batch_size,
+        f"a learner step of {config.batch_size:,} completions (--prompts-per-step {config.prompts_per_step:,} "
+        f"x --group-size {config.group_size:,}) with the {scenario.model_size} model",
+        "lower --prompts-per-step or --group-size",
     )
+    return scenario, training, config
+
+
+def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) -> dict[str, Any]:
+    from rlcluster_lab.cluster.scenario import build_cluster
+    from rlcluster_lab.training.learner import GRPOLearner
+
+    learner = GRPOLearner(build_cluster(scenario, training_config=training), config)
     progress = (
         None
         if args.json

@@ -6,6 +6,7 @@ JAX: the device count must be set before the backend starts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -96,21 +97,25 @@ _UNITS = {
 }
 
 
-def parse_bytes(text: str) -> float:
-    """'80GB', '16GiB', '450e9', '2.5 TB' -> bytes; a trailing '/s' is allowed for rates."""
+def parse_bytes(text: str, name: str = "value") -> float:
+    """'80GB', '16GiB', '450e9', '2.5 TB' -> bytes; a trailing '/s' is allowed for rates.
+
+    Raises:
+        ValueError: text that is not a positive, finite number of bytes; the message names ``name``.
+    """
     s = str(text).strip().lower().replace(" ", "").removesuffix("/s")
     number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = s[len(number) :]
     if unit not in _UNITS:
         raise ValueError(
-            f"cannot read {text!r} as bytes: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+            f"{name}: cannot read {text!r} as bytes: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
         )
     try:
         value = float(number) * _UNITS[unit]
     except ValueError:
-        raise ValueError(f"cannot read {text!r} as bytes; write e.g. 80GB, 16GiB or 450e9") from None
-    if value <= 0:
-        raise ValueError(f"{text!r} must be positive")
+        raise ValueError(f"{name}: cannot read {text!r} as bytes; write e.g. 80GB, 16GiB or 450e9") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive, finite number of bytes (e.g. 80GB), got {text!r}")
     return value
 
 
@@ -143,11 +148,13 @@ def add_plan_arguments(p: Any) -> None:
 def run_plan_command(args: Any) -> dict[str, Any]:
     """Run ``plan`` from parsed flags; returns the JSON, or ``{'_text': ...}`` without --json."""
     from rlcluster_lab.planner.plan import plan_cluster
+    from rlcluster_lab.planner.tables import model_config
 
-    # The knobs are checked as a Scenario's are; the model may be a published one here.
+    # The knobs are checked as a Scenario's are; the model may be a published one here,
+    # and the LoRA rank is checked against its dimensions.
     lab_size = args.model_size in MODEL_SIZES
     scenario = scenario_from(args, model_size=args.model_size if lab_size else "tiny")
-    scenario.check()
+    scenario.check(model=model_config(args.model_size, dtype=args.dtype))
     plan = plan_cluster(
         args.model_size,
         args.topology,
@@ -163,8 +170,10 @@ def run_plan_command(args: Any) -> dict[str, Any]:
         with_reward=args.reward,
         with_critic=args.critic,
         reshard=args.reshard,
-        memory_per_device=None if args.memory_per_device is None else int(parse_bytes(args.memory_per_device)),
-        link_bandwidth=None if args.bandwidth is None else parse_bytes(args.bandwidth),
+        memory_per_device=None
+        if args.memory_per_device is None
+        else int(parse_bytes(args.memory_per_device, "--memory-per-device")),
+        link_bandwidth=None if args.bandwidth is None else parse_bytes(args.bandwidth, "--bandwidth"),
     )
     data = plan.to_json()
     return data if args.json else {"_text": format_plan(data)}

@@ -101,6 +101,106 @@ def validate(
     return config
 
 
+# Model-sized copies a cluster can hold at most, per device: actor, a separate LoRA base,
+# reference, rollout copy, anchor, the actor's adam moments (2), reward, critic, the
+# critic's adam moments (2), and one spare.
+_MAX_COPIES = 12
+# NumPy draws every initial value in float32 (``model.init.host_values``).
+_DRAW_ITEMSIZE = 4
+
+
+def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
+    """Refuse a scenario whose models would not fit in host memory, before any is built.
+
+    The estimate is the planner's (``planner.plan_scenario`` on the config's own
+    meshes, from shapes alone): on the CPU backend every shard of every role lives
+    in host memory, so the plan's unique bytes; on an accelerator only what it
+    pins to host. Either way the host also holds one model's initial values while
+    they are drawn (float32). A plan costs a fraction of a second per build, so
+    it is skipped when a bound that needs no plan already fits: every role a
+    full float32 copy on every device.
+
+    Raises:
+        TooLargeError: the estimate exceeds ``core.limits.limit_bytes()``; the message
+            gives both figures and how to ask for less.
+    """
+    from rlcluster_lab.core.limits import check_fits, limit_bytes
+
+    size = get_model_config(scenario.model_size)
+    params = size.num_params + (size.lora_params(scenario.lora_rank) if scenario.lora else 0)
+    draw = size.num_params * _DRAW_ITEMSIZE
+    platform = next(iter(config.role_to_mesh.values())).devices.flat[0].platform
+    devices = jax.devices(platform)
+    bound = _MAX_COPIES * params * _DRAW_ITEMSIZE * len(devices) + draw + (1 << 20)
+    if bound <= limit_bytes():
+        return
+    from rlcluster_lab.planner.plan import plan_scenario
+    from rlcluster_lab.planner.tables import Topology
+
+    training = config.training_config
+    here = Topology(
+        name="local",
+        device_count=len(devices),
+        device=f"{len(devices)}x {devices[0].device_kind} ({platform})",
+        platform=platform,
+        memory_per_device=None,
+        link_bandwidth=None,
+        memory_source="not used: the host check",
+        bandwidth_source="not used: the host check",
+        device_ids=tuple(int(d.id) for d in devices),
+    )
+    memory = plan_scenario(
+        scenario,
+        here,
+        role_to_mesh=dict(config.role_to_mesh),
+        logical_axis_rules=training.role_to_logical_axis_rule,
+        optimizer=training.optimizer,
+    ).memory
+    if platform == "cpu":
+        placed = int(memory["unique_bytes"])
+    else:
+        placed = sum(int(kinds.get("pinned_host", 0)) for kinds in memory["by_device"].values())
+    roles = ["actor", "reference", "rollout"] + ["reward"] * scenario.with_reward + ["critic"] * scenario.with_critic
+    check_fits(
+        placed + draw,
+        f"building this scenario (the {scenario.model_size} model"
+        + (f" with LoRA rank {scenario.lora_rank}" if scenario.lora else "")
+        + f" as {', '.join(roles)} on {len(devices)} {platform} device(s))",
+        "ask for less: a smaller model_size (--model-size), fewer roles (--reward, --critic), "
+        "a LoRA actor (--lora) or fewer devices (--devices)",
+    )
+
+
+def rollout_bytes(scenario: Scenario, rows: int) -> int:
+    """Bytes one rollout of ``rows`` completions holds at once, estimated from shapes.
+
+    The engine's KV cache (keys and values of every layer, ``kv_cache_size``
+    slots per completion, in the model's dtype) and the float32 logits the
+    log-probs are read from (every slot, every vocabulary entry). The cluster's
+    own copies of the models are not included (``check_memory``).
+    """
+    size = get_model_config(scenario.model_size)
+    slots = scenario.kv_cache_size
+    kv = 2 * size.num_layers * slots * size.num_kv_heads * size.head_dim * size.dtype.itemsize
+    logits = slots * size.vocab_size * 4
+    return int(rows) * (kv + logits)
+
+
+def check_rollout_fits(scenario: Scenario, rows: int, what: str = "", fix: str = "") -> None:
+    """Refuse a batch of ``rows`` completions whose rollout would not fit in host memory.
+
+    Raises:
+        TooLargeError: ``rollout_bytes`` exceeds ``core.limits.limit_bytes()``; nothing was allocated.
+    """
+    from rlcluster_lab.core.limits import check_fits
+
+    check_fits(
+        rollout_bytes(scenario, rows),
+        what or f"a rollout of {rows:,} completions with the {scenario.model_size} model",
+        fix or "sample fewer completions at once",
+    )
+
+
 def build_cluster(
     scenario: Scenario,
     *,
@@ -125,8 +225,11 @@ def build_cluster(
 
     Raises:
         ConfigError: for a combination that cannot work, with the fix.
+        TooLargeError: the models would need more host memory than may be allocated
+            (``core.limits``); nothing was built.
     """
     config = validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh)
+    check_memory(scenario, config)
     r2m = dict(config.role_to_mesh)
     # A long session builds many clusters: keep the compiled programs under the bound.
     trim_compiled_programs()

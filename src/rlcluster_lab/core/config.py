@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,6 +36,15 @@ class TrainingConfig:
     role_to_logical_axis_rule: Mapping[Role, LogicalAxisRules] | None = None
 
     def __post_init__(self) -> None:
+        # A NaN or infinite rate trains to NaN without an error; zero or a negative rate does not
+        # descend. Only the default optimizer reads learning_rate, but the field is checked always.
+        if not _finite(self.learning_rate) or self.learning_rate <= 0:
+            raise ConfigError(
+                f"learning_rate (--learning-rate) must be a finite number > 0 (e.g. 3e-3), got {self.learning_rate!r}"
+            )
+        for name, value in (("beta", self.beta), ("epsilon", self.epsilon)):
+            if not _finite(value) or value < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
             raise ConfigError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}")
         if self.num_iterations < 1:
@@ -45,6 +55,14 @@ class TrainingConfig:
 
     def actor_optimizer(self) -> optax.GradientTransformation:
         return self.optimizer if self.optimizer is not None else default_optimizer(self.learning_rate)
+
+
+def _finite(value: Any) -> bool:
+    """A real number that is neither NaN nor infinite (Python or NumPy scalars)."""
+    try:
+        return math.isfinite(value)
+    except TypeError:
+        return False
 
 
 MATMUL_PRECISIONS = (None, "default", "high", "highest", "bfloat16", "tensorfloat32", "float32")

@@ -28,10 +28,6 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 MODEL_SIZES: tuple[str, ...] = ("tiny", "small", "base", "large")
 LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 
-# The largest LoRA rank a scenario accepts: the widest projection of the largest
-# size (2048); a larger rank is no longer low-rank and only costs memory.
-MAX_LORA_RANK = 2048
-
 
 def dtype_name(value: Any) -> str:
     """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type, as its name.
@@ -51,6 +47,24 @@ def dtype_name(value: Any) -> str:
     if name not in DTYPES:
         raise ConfigError(f"unsupported dtype {value!r}; use one of {', '.join(DTYPES)} (a name or a dtype)")
     return name
+
+
+def check_tensor_parallel_size(size: Any) -> None:
+    """The vllm engine's tensor-parallel size is None (all its devices) or an int >= 1.
+
+    Checked whichever engine is chosen, so a bad value is not silently ignored;
+    whether it divides the rollout devices is checked where the mesh is known.
+
+    Raises:
+        ConfigError: a value below 1 or not an int.
+    """
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(
+            f"rollout_vllm_tensor_parallel_size (--vllm-tp) must be an int >= 1 that divides the rollout "
+            f"devices, or None for all of them; got {size!r}"
+        )
 
 
 def standard_shape(count: int) -> tuple[int, int]:
@@ -108,11 +122,15 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         if self.max_tokens_to_generate < 1:
-            raise ConfigError(f"max_tokens_to_generate must be >= 1, got {self.max_tokens_to_generate}")
+            raise ConfigError(
+                f"max_tokens_to_generate (Scenario.max_tokens, --max-tokens) must be >= 1, got "
+                f"{self.max_tokens_to_generate}"
+            )
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.kv_cache_size < 2:
             raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
+        check_tensor_parallel_size(self.rollout_vllm_tensor_parallel_size)
         if self.data_type is not None:
             object.__setattr__(self, "data_type", dtype_name(self.data_type))
 
@@ -161,18 +179,40 @@ class Scenario:
             object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype))
         if self.lora_separate_base and not self.lora:
             raise ConfigError("lora_separate_base needs lora: the separate base is the LoRA actor's frozen part")
-        if self.lora and not 1 <= self.lora_rank <= MAX_LORA_RANK:
-            raise ConfigError(f"lora_rank must be between 1 and {MAX_LORA_RANK}, got {self.lora_rank}")
+        # The rank is checked with or without LoRA, so a forgotten --lora does not hide a bad value;
+        # its upper bound comes from the model's dimensions (check()).
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int):
+            raise TypeError(f"lora_rank must be an int, got {type(self.lora_rank).__name__} {self.lora_rank!r}")
+        if self.lora_rank < 1:
+            raise ConfigError(f"lora_rank (--lora-rank) must be at least 1, got {self.lora_rank}")
+        self.rollout_config()  # its own checks (token count, cache size, temperature), when the knobs are made
+        # A prompt needs at least one cache slot beside the completion.
+        if self.max_tokens >= self.kv_cache_size:
+            raise ConfigError(
+                f"max_tokens (--max-tokens) must be below kv_cache_size ({self.kv_cache_size}) so that a "
+                f"prompt fits in the KV cache beside the completion, got {self.max_tokens}"
+            )
 
-    def check(self, device_count: int | None = None) -> None:
-        """Every refusal that follows from the knobs alone (P6, and layouts on ``device_count``
-        devices), before anything is allocated.
+    def check(self, device_count: int | None = None, *, model: Any = None) -> None:
+        """Every refusal that follows from the knobs alone (P6, the LoRA rank the model's
+        dimensions allow, and layouts on ``device_count`` devices), before anything is allocated.
+
+        Args:
+            device_count: the devices the layout must form (None: not checked here).
+            model: the ``ModelConfig`` the LoRA rank is checked against (None: the
+                ``model_size``'s; the planner passes a published architecture's).
+                Reading it imports the model module (JAX) but does not start the backend.
 
         Raises:
             ConfigError: with the reason and the fix.
         """
-        from rlcluster_lab.rules.validation import check_sglang_lora  # P6's own home (rules/)
+        from rlcluster_lab.rules.validation import check_lora_rank, check_sglang_lora  # P6's own home (rules/)
 
+        if model is None:
+            from rlcluster_lab.model.transformer import get_model_config
+
+            model = get_model_config(self.model_size)
+        check_lora_rank(self.lora_rank, model)
         if self.engine == "sglang_jax":
             check_sglang_lora(self.lora, self.sglang_static_lora)
         if device_count is not None:

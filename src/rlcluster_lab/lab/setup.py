@@ -31,7 +31,12 @@ from typing import Any
 import jax
 
 from rlcluster_lab.core.compile_cache import enable_compilation_cache
-from rlcluster_lab.core.devices import DEFAULT_SIMULATED_DEVICES, DeviceSetupError, backend_started
+from rlcluster_lab.core.devices import (
+    DEFAULT_SIMULATED_DEVICES,
+    DeviceSetupError,
+    backend_started,
+    check_device_count,
+)
 from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
 
 # The first code cell of every notebook. The lab cannot install itself, so in a
@@ -161,8 +166,7 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
         DeviceSetupError: JAX already started on CPU with another device
             count: restart the kernel and run the set-up cell first.
     """
-    if n_devices < 1:
-        raise ValueError(f"n_devices must be at least 1, got {n_devices}")
+    check_device_count(n_devices, "n_devices")
     if use not in ("auto", "accelerator"):
         raise ValueError(f"use must be 'auto' or 'accelerator', got {use!r}")
     colab = in_colab()

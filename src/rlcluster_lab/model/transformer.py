@@ -101,14 +101,27 @@ class ModelConfig:
         head = 0 if self.tie_embeddings else self.vocab_size * e
         return self.vocab_size * e + self.num_layers * per_layer + e + head
 
+    def lora_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each projection ``with_lora`` adapts, in every layer."""
+        e, m, q, kv = self.embed_dim, self.mlp_dim, self.q_dim, self.kv_dim
+        return {"q": (e, q), "k": (e, kv), "v": (e, kv), "o": (q, e), "gate": (e, m), "up": (e, m), "down": (m, e)}
+
+    @property
+    def max_lora_rank(self) -> int:
+        """The largest LoRA rank that still adds capacity to some adapter.
+
+        An adapter's update on an (in, out) kernel has rank at most min(in, out);
+        above the largest such bound every adapter is already full rank and a
+        higher rank only costs memory.
+        """
+        return max(min(i, o) for i, o in self.lora_shapes().values())
+
     def lora_params(self, rank: int) -> int:
         """Parameter count of the rank-``rank`` adapters added by ``with_lora``."""
         if rank <= 0:
             raise ValueError(f"LoRA rank must be positive, got {rank}")
-        e, m = self.embed_dim, self.mlp_dim
         # An adapter on an (in, out) kernel holds rank * (in + out) numbers.
-        per_layer = rank * ((e + self.q_dim) + 2 * (e + self.kv_dim) + (self.q_dim + e) + 2 * (e + m) + (m + e))
-        return self.num_layers * per_layer
+        return self.num_layers * rank * sum(i + o for i, o in self.lora_shapes().values())
 
 
 # Sharded dims are all multiples of 8 (264 = 8 * 33) so each shards over 8, 4 or 2.

@@ -95,7 +95,7 @@ import optax
 from rlcluster_lab.cluster.construct import Request, construct
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.meshes import LAYOUTS, describe_mesh, layout_meshes
-from rlcluster_lab.core.options import ANCHOR_MODES, DTYPES, ENGINES, RESHARD_STRATEGIES
+from rlcluster_lab.core.options import ANCHOR_MODES, DTYPES, ENGINES, RESHARD_STRATEGIES, check_tensor_parallel_size
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, ModelConfig
@@ -106,6 +106,7 @@ from rlcluster_lab.planner.shapes import PlannedMesh
 from rlcluster_lab.planner.tables import Topology, model_config, model_source
 from rlcluster_lab.planner.tables import topology as get_topology
 from rlcluster_lab.rules.sharing import sharing_map_json
+from rlcluster_lab.rules.validation import check_lora_rank
 
 Rules = tuple[tuple[str, Any], ...]
 PathKey = tuple[Any, ...]
@@ -150,6 +151,9 @@ class PlanRequest:
             raise ValueError(f"unknown anchor mode {self.anchor!r}; choose one of {', '.join(ANCHOR_MODES)}")
         if self.lora_rank < 0:
             raise ValueError(f"LoRA rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
+        if self.lora_rank:
+            check_lora_rank(self.lora_rank, self.model)
+        check_tensor_parallel_size(self.vllm_tensor_parallel_size)
         if self.lora_separate_base and not self.lora_rank:
             raise ConfigError("lora_separate_base needs LoRA: the separate base is the LoRA actor's frozen part")
         if self.rollout_dtype is not None and self.rollout_dtype not in DTYPES:

@@ -131,3 +131,33 @@ def check_sglang_lora(actor_has_lora: bool, static_lora: bool) -> None:
     """P6: the sglang_jax engine refuses a LoRA actor without static-LoRA settings."""
     if actor_has_lora and not static_lora:
         raise ConfigError(SGLANG_LORA_MESSAGE)
+
+
+def check_lora_rank(rank: Any, model: Any) -> None:
+    """A LoRA rank is an int between 1 and the model's ``max_lora_rank``.
+
+    An adapter on an (in, out) projection has rank at most min(in, out): above
+    the largest such bound among the adapted projections a rank adds no
+    capacity, only memory (rank 50000 on the tiny model is gigabytes of
+    adapters that compute what rank 64 computes), so it is refused here, from
+    the model's dimensions, before any adapter is drawn.
+
+    Args:
+        rank: the requested rank.
+        model: the ``ModelConfig`` the adapters would go on (``name``,
+            ``max_lora_rank`` and ``lora_shapes()`` are read).
+
+    Raises:
+        TypeError: a rank that is not an int.
+        ConfigError: a rank below 1 or above the model's bound, with the bound.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"lora_rank (--lora-rank) must be an int, got {type(rank).__name__} {rank!r}")
+    bound = model.max_lora_rank
+    if not 1 <= rank <= bound:
+        widest = ", ".join(n for n, (i, o) in model.lora_shapes().items() if min(i, o) == bound)
+        raise ConfigError(
+            f"lora_rank (--lora-rank) must be between 1 and {bound} for the {model.name} model, got {rank}: an "
+            f"adapter on an (in, out) projection has rank at most min(in, out), at most {bound} here ({widest}), "
+            "so a higher rank adds no capacity, only memory"
+        )

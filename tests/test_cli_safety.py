@@ -1,0 +1,260 @@
+"""The CLI's manners and validate-before-allocate for sizes.
+
+Every bad value ends in one line on stderr and exit 2, before anything large is
+allocated; a closed stdout ends quietly (141); Ctrl-C ends with one line (130).
+Memory refusals are tested under a small ``RLCLUSTER_LAB_MEMORY_LIMIT``, so no
+test allocates much.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import rlcluster_lab.cluster.scenario as scenario_module
+from rlcluster_lab.cli.main import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
+from rlcluster_lab.cluster.scenario import check_memory, rollout_bytes, validate
+from rlcluster_lab.core.config import TrainingConfig
+from rlcluster_lab.core.devices import MAX_SIMULATED_DEVICES, ensure_simulated_devices
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.limits import LIMIT_ENV, TooLargeError
+from rlcluster_lab.core.options import RolloutConfig, Scenario
+from rlcluster_lab.model import get_model_config
+from rlcluster_lab.planner.plan import plan_cluster
+from rlcluster_lab.training.learner import GRPOLearner, StepRecord
+
+TINY = get_model_config("tiny")
+
+
+def run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # main returns its code; an escape would be a defect
+        rc = exc.code
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def assert_one_line_refusal(rc: int, out: str, err: str, fragment: str) -> None:
+    assert rc == 2, (rc, err)
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert "Traceback" not in err
+    assert fragment in err, err
+
+
+# --- LoRA rank: bounded by the model's dimensions ----------------------------------------
+
+
+def test_max_lora_rank_is_the_widest_adapted_projections_smaller_side():
+    # tiny: q, o (64 x 64), k, v (64 x 32), gate, up (64 x 128), down (128 x 64).
+    assert TINY.lora_shapes()["k"] == (64, 32)
+    assert TINY.max_lora_rank == 64
+    assert get_model_config("large").max_lora_rank == 512
+
+
+def test_scenario_check_refuses_a_lora_rank_above_the_models_bound():
+    Scenario(lora=True, lora_rank=64).check()
+    with pytest.raises(ConfigError, match=r"between 1 and 64 for the tiny model, got 65"):
+        Scenario(lora=True, lora_rank=65).check()
+    # The large model's bound is its own.
+    Scenario(lora=True, lora_rank=512, model_size="large").check()
+    with pytest.raises(ConfigError, match=r"between 1 and 512 for the large model"):
+        Scenario(lora=True, lora_rank=513, model_size="large").check()
+
+
+def test_build_cluster_refuses_the_rank_before_building(monkeypatch):
+    def no_build(*_args, **_kwargs):
+        raise AssertionError("models were built for a rank the model cannot use")
+
+    monkeypatch.setattr(scenario_module, "build_models", no_build)
+    with pytest.raises(ConfigError, match="--lora-rank"):
+        scenario_module.build_cluster(Scenario(lora=True, lora_rank=1000))
+
+
+def test_planner_checks_the_rank_against_the_planned_model():
+    with pytest.raises(ConfigError, match="between 1 and 64 for the tiny model"):
+        plan_cluster("tiny", lora_rank=65)
+    # A published architecture's own bound (llama3-8b: its 4096-wide projections).
+    with pytest.raises(ConfigError, match="between 1 and 4096 for the llama3-8b model"):
+        plan_cluster("llama3-8b", "gpu-8", lora_rank=4097)
+
+
+# --- memory: the planner's estimate, checked before anything is built -----------------------
+
+
+def test_check_memory_uses_the_plan_and_refuses_before_allocating(monkeypatch):
+    scenario = Scenario()
+    config = validate(scenario)  # nothing allocated
+    # 20 MB: above what the tiny cluster needs (about 2.6 MB) but below the quick bound, so
+    # the planner's estimate decides.
+    monkeypatch.setenv(LIMIT_ENV, str(20 * 10**6))
+    check_memory(scenario, config)
+    monkeypatch.setenv(LIMIT_ENV, str(10**6))
+    with pytest.raises(TooLargeError, match=r"building this scenario \(the tiny model.*estimated from shapes"):
+        check_memory(scenario, config)
+
+
+def test_build_cluster_refuses_a_scenario_over_the_limit_without_building(monkeypatch):
+    def no_build(*_args, **_kwargs):
+        raise AssertionError("models were built past the memory limit")
+
+    monkeypatch.setattr(scenario_module, "build_models", no_build)
+    monkeypatch.setenv(LIMIT_ENV, str(10**6))
+    with pytest.raises(TooLargeError, match="--model-size"):
+        scenario_module.build_cluster(Scenario(with_reward=True, with_critic=True))
+
+
+def test_cli_report_over_the_memory_limit_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv(LIMIT_ENV, str(10**6))
+    assert_one_line_refusal(*run(capsys, ["report", "--json"]), "estimated from shapes")
+
+
+def test_learner_batch_is_checked_before_the_backend_is_used(capsys, monkeypatch):
+    # 400 completions of the tiny model need about 80 MB of KV cache and logits.
+    assert rollout_bytes(Scenario(), 400) > 10**7
+    monkeypatch.setenv(LIMIT_ENV, str(10**7))
+    rc, out, err = run(capsys, ["learn", "--steps", "1", "--prompts-per-step", "100", "--group-size", "4"])
+    assert_one_line_refusal(rc, out, err, "lower --prompts-per-step or --group-size")
+    assert "400 completions" in err
+
+
+# --- device counts -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [0, -3, 200_000, 123456789012345678901])
+def test_device_count_out_of_range_is_refused_before_jax_sees_it(count):
+    with pytest.raises(ConfigError, match=f"between 1 and {MAX_SIMULATED_DEVICES}"):
+        ensure_simulated_devices(count)
+
+
+def test_device_count_of_the_wrong_type_names_the_argument():
+    with pytest.raises(TypeError, match="count must be an int"):
+        ensure_simulated_devices(True)
+
+
+@pytest.mark.parametrize("value", ["0", "200000", "123456789012345678901"])
+def test_cli_devices_out_of_range_is_one_line(capsys, value):
+    assert_one_line_refusal(*run(capsys, ["report", "--devices", value]), "--devices must be between 1 and 4096")
+
+
+def test_cli_devices_after_the_backend_started_says_how_to_get_more(capsys):
+    # conftest started the backend with 8 devices: 16 cannot be had any more in this process.
+    assert_one_line_refusal(*run(capsys, ["report", "--devices", "16"]), "jax_num_cpu_devices")
+
+
+# --- every bad flag value: one line, exit 2 ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["report", "--lora-rank", "0"], "--lora-rank) must be at least 1"),
+        (["report", "--lora-rank", "-2", "--lora"], "--lora-rank) must be at least 1"),
+        (["report", "--lora-rank", "1000000"], "between 1 and 64"),  # checked with or without --lora
+        (["report", "--lora", "--lora-rank", "65"], "between 1 and 64 for the tiny model"),
+        (["report", "--lora-rank", "four"], "invalid int value"),
+        (["report", "--devices", "abc"], "invalid int value"),
+        (["report", "--engine", "trt"], "invalid choice"),
+        (["learn", "--steps", "1", "--learning-rate", "nan"], "--learning-rate) must be a finite number > 0"),
+        (["learn", "--steps", "1", "--learning-rate", "inf"], "--learning-rate) must be a finite number > 0"),
+        (["learn", "--steps", "1", "--learning-rate", "-1"], "--learning-rate) must be a finite number > 0"),
+        (["learn", "--steps", "1", "--max-tokens", "200"], "--max-tokens) must be below kv_cache_size"),
+        (["learn", "--steps", "1", "--max-tokens", "0"], "--max-tokens) must be >= 1"),
+        (["learn", "--steps", "1", "--lora", "--lora-rank", "65"], "between 1 and 64"),
+        (["learn", "--steps", "-1"], "steps must be >= 0"),
+        (["learn", "--group-size", "1"], "group_size >= 2"),
+        (["learn", "--mini-batch-size", "0"], "mini_batch_size must be >= 1"),
+        (["learn", "--iterations", "0"], "num_iterations must be >= 1"),
+        (["plan", "--vllm-tp", "0"], "--vllm-tp) must be an int >= 1"),
+        (["plan", "--engine", "vllm", "--vllm-tp", "3"], "does not divide the 8 rollout devices"),
+        (["plan", "--memory-per-device", "1e400"], "--memory-per-device must be a positive, finite number"),
+        (["plan", "--memory-per-device", "0"], "--memory-per-device must be a positive, finite number"),
+        (["plan", "--bandwidth", "fast"], "--bandwidth: cannot read 'fast' as bytes"),
+        (["plan", "--lora", "--lora-rank", "65"], "between 1 and 64 for the tiny model"),
+        (["plan", "--model", "llama3-8b", "--lora", "--lora-rank", "5000"], "between 1 and 4096 for the llama3-8b"),
+        (["plan", "--model", "gpt-5"], "unknown model 'gpt-5'"),
+        (["plan", "--devices", "0"], "--devices must be between 1 and 4096"),
+    ],
+)
+def test_bad_flag_values_are_one_line_exit_2(capsys, argv, fragment):
+    assert_one_line_refusal(*run(capsys, argv), fragment)
+
+
+def test_plan_of_a_published_model_with_lora_runs(capsys):
+    # The scenario flags are shared: plan replaces a published model by a lab size for the
+    # knob checks, and checks the rank against the published model itself.
+    rc, out, err = run(capsys, ["plan", "--model", "llama3-8b", "--topology", "gpu-8", "--lora", "--lora-rank", "128"])
+    assert rc == 0, err
+    assert "LoRA rank 128" in out
+
+
+def test_config_values_are_checked_where_the_config_is_made():
+    for rate in (math.nan, math.inf, 0.0, -1e-3):
+        with pytest.raises(ConfigError, match="learning_rate"):
+            TrainingConfig(learning_rate=rate)
+    with pytest.raises(ConfigError, match="--vllm-tp"):
+        RolloutConfig(rollout_vllm_tensor_parallel_size=0)
+    with pytest.raises(ConfigError, match="kv_cache_size"):
+        Scenario(max_tokens=128)
+
+
+# --- Ctrl-C and a closed stdout --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, target",
+    [
+        (["plan"], "rlcluster_lab.planner.plan.plan_cluster"),
+        (["report"], "rlcluster_lab.cluster.scenario.build_cluster"),
+    ],
+)
+def test_keyboard_interrupt_is_one_line_exit_130(capsys, monkeypatch, argv, target):
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(target, interrupted)
+    rc, out, err = run(capsys, argv)
+    assert rc == EXIT_INTERRUPTED == 130
+    assert out == "" and err == "error: interrupted\n"
+
+
+class _ClosedPipe(io.TextIOBase):
+    """A stdout whose reader went away: every write fails as a pipe's does."""
+
+    def write(self, _text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_learn_into_a_closed_stdout_ends_quietly(capsys, monkeypatch):
+    # The progress lines are written while the learner runs, so the pipe breaks inside
+    # GRPOLearner.run. Its GRPO step (compiling every program, most of a minute here) is
+    # not what is tested: each step returns a record at once.
+    monkeypatch.setattr(GRPOLearner, "step", lambda self: StepRecord(0, 0.5, 0.1, 0.0, 1))
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    rc = main(["learn", "--steps", "2", "--prompts-per-step", "1", "--group-size", "2", "--max-tokens", "2"])
+    assert rc == EXIT_BROKEN_PIPE == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_plan_json_into_a_pipe_closed_early_has_no_traceback():
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte (`| head -c 0`)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlcluster_lab", "plan", "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert proc.stderr == ""
+    assert proc.returncode == EXIT_BROKEN_PIPE
