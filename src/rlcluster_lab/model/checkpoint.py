@@ -38,7 +38,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.limits import check_fits
-from rlcluster_lab.core.options import DTYPES, MAX_LORA_RANK
+from rlcluster_lab.core.options import DTYPES
 from rlcluster_lab.model.init import abstract_model, materialize
 from rlcluster_lab.model.lora import is_lora
 from rlcluster_lab.model.transformer import ModelConfig
@@ -202,16 +202,20 @@ def read_config(path: str | os.PathLike) -> CheckpointConfig:
     rank = meta.get("lora_rank", 0)
     if rank is None:
         rank = 0
-    if not _is_int(rank) or not 0 <= rank <= MAX_LORA_RANK:
-        raise ConfigError(
-            f"{cfg_file}: key 'lora_rank' must be an integer from 0 (no adapters) to {MAX_LORA_RANK}, got {_show(rank)}"
-        )
+    if not _is_int(rank) or rank < 0:
+        raise ConfigError(f"{cfg_file}: key 'lora_rank' must be an integer >= 0 (0: no adapters), got {_show(rank)}")
     if rank and kind == "score":
         raise ConfigError(f"{cfg_file}: key 'lora_rank' must be 0 for kind 'score' (a score model has no adapters)")
     scale = meta.get("lora_scale", 1.0)
     if not _is_real(scale) or not math.isfinite(scale):
         raise ConfigError(f"{cfg_file}: key 'lora_scale' must be a finite number, got {_show(scale)}")
-    return CheckpointConfig(cfg_file, kind, _model_config(cfg_file, meta["config"]), int(rank), float(scale))
+    config = _model_config(cfg_file, meta["config"])
+    if rank > config.max_lora_rank:
+        raise ConfigError(
+            f"{cfg_file}: key 'lora_rank' is {rank}, above {config.max_lora_rank}, the largest rank that adds "
+            f"capacity to this model's adapters (the smaller side of its largest adapted projection)"
+        )
+    return CheckpointConfig(cfg_file, kind, config, int(rank), float(scale))
 
 
 def _model_config(cfg_file: Path, raw: Any) -> ModelConfig:
