@@ -50,15 +50,33 @@ SYNC_COLUMNS = (
 )
 
 
-PLAN_CHECKS: tuple[tuple[str, Callable[[Mapping[str, Any]], int]], ...] = (
-    ("bytes held (each buffer once)", lambda r: r["memory"]["unique_bytes"]),
-    ("rollout bytes", lambda r: r["memory"]["by_role"]["rollout"]["bytes"]),
-    ("anchor bytes", lambda r: r["memory"]["by_role"]["anchor"]["bytes"]),
-    ("busiest device, device memory", lambda r: max(k.get("device", 0) for k in r["memory"]["by_device"].values())),
-    ("sync: moved between devices", lambda r: r["sync"]["moved_cross_device_bytes"]),
-    ("sync: copied within a device", lambda r: r["sync"]["copied_same_device_bytes"]),
-    ("sync: reused", lambda r: r["sync"]["reused_bytes"]),
+def _busiest_device(r: Mapping[str, Any]) -> int:
+    return max(k.get("device", 0) for k in r["memory"]["by_device"].values())
+
+
+# (figure, what is read from the plan and from the measured report, how the two must relate).
+# The plan counts the least a sync must move between devices; a compiled reshard (the
+# ``xla`` strategy) may relay pieces through another device, which only a measurement sees,
+# so "moved" is checked as "at least the plan's figure" and its excess is shown on its own.
+PLAN_CHECKS: tuple[tuple[str, Callable[[Mapping[str, Any]], int], str], ...] = (
+    ("bytes held (each buffer once)", lambda r: r["memory"]["unique_bytes"], "="),
+    ("rollout bytes", lambda r: r["memory"]["by_role"]["rollout"]["bytes"], "="),
+    ("anchor bytes", lambda r: r["memory"]["by_role"]["anchor"]["bytes"], "="),
+    ("busiest device, device memory", _busiest_device, "="),
+    ("sync: least between devices", lambda r: r["sync"]["minimum_cross_device_bytes"], "="),
+    ("sync: moved between devices", lambda r: r["sync"]["moved_cross_device_bytes"], ">="),
+    ("sync: copied within a device", lambda r: r["sync"]["copied_same_device_bytes"], "="),
+    ("sync: reused", lambda r: r["sync"]["reused_bytes"], "="),
 )
+
+
+def _agrees(planned: int, measured: int, relation: str) -> str:
+    """'yes' when the measurement is what the plan says (or, for ">=", at least that)."""
+    if planned == measured:
+        return "yes"
+    if relation == ">=" and measured > planned:
+        return f"yes, +{measured - planned:,} relayed"
+    return "no"
 
 
 def p11_run(
@@ -306,9 +324,10 @@ def plan_vs_measured(
         measured = placement_report(cluster, sync=cluster.sync_weights()).to_json()
         del cluster
         planned = plan_scenario(scenario, topo).to_json()
-        for what, read in PLAN_CHECKS:
+        for what, read, relation in PLAN_CHECKS:
             p, m = int(read(planned)), int(read(measured))
-            rows.append({"scenario": label, "figure": what, "planned": p, "measured": m, "same": p == m})
+            agrees = _agrees(p, m, relation)
+            rows.append({"scenario": label, "figure": what, "planned": p, "measured": m, "agrees": agrees})
         collect()
         if progress:
             progress(label)
