@@ -266,8 +266,10 @@ def p6_errors(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
     for label, make in cases:
         try:
             make()
-        except ConfigError as exc:
-            rows.append({"case": label, "error": " ".join(str(exc).split())})
+        except (ConfigError, NotImplementedError) as exc:
+            # P6 raises ValueError (ConfigError) for a bad value and NotImplementedError for an
+            # engine of a kind the cluster does not support, as the reference does.
+            rows.append({"case": label, "error": f"{type(exc).__name__}: " + " ".join(str(exc).split())})
         else:
             rows.append({"case": label, "error": "(no error: the check did not fire)"})
         collect()
