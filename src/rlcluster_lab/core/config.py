@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import numbers
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,6 +37,15 @@ class TrainingConfig:
     role_to_logical_axis_rule: Mapping[Role, LogicalAxisRules] | None = None
 
     def __post_init__(self) -> None:
+        # A NaN rate, KL weight or clip range turns every trained parameter to NaN in one step.
+        for name in ("learning_rate", "beta"):
+            if not _finite_real(getattr(self, name)) or getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+        if not _finite_real(self.epsilon) or self.epsilon <= 0:
+            raise ConfigError(f"epsilon (the clip range) must be a finite number > 0, got {self.epsilon!r}")
+        for name, value in (("mini_batch_size", self.mini_batch_size), ("num_iterations", self.num_iterations)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
             raise ConfigError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}")
         if self.num_iterations < 1:
@@ -45,6 +56,10 @@ class TrainingConfig:
 
     def actor_optimizer(self) -> optax.GradientTransformation:
         return self.optimizer if self.optimizer is not None else default_optimizer(self.learning_rate)
+
+
+def _finite_real(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
 
 
 MATMUL_PRECISIONS = (None, "default", "high", "highest", "bfloat16", "tensorfloat32", "float32")
