@@ -121,7 +121,7 @@ class RolloutConfig:
         if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
             raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
         if not math.isfinite(temperature) or temperature < 0:
-            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy) and finite, got {temperature}")
         if self.kv_cache_size < 2:
             raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
         if self.data_type is not None:

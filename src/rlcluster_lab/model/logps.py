@@ -117,7 +117,7 @@ def check_temperature(temperature: Any, *, allow_zero: bool = True, name: str = 
     value = float(temperature)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         expected = ">= 0 (0 = greedy)" if allow_zero else "> 0"
-        raise ConfigError(f"{name} must be a finite number {expected}, got {value}")
+        raise ConfigError(f"{name} must be {expected} and finite, got {value}")
     return value
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "TrainBatch",
     "batch_arrays",
     "compiled_step_count",
+    "release_unused_steps",
     "grpo_loss",
     "init_optimizer_state",
     "mini_batches",
@@ -157,25 +158,42 @@ def _sharding_key(tree: Any) -> tuple[Any, tuple[Any, ...]]:
     return treedef, tuple(x.sharding for x in leaves)
 
 
+class _Entry:
+    """One compiled program, what its key pins, and weak references to the optimizers using it."""
+
+    __slots__ = ("program", "pins", "users")
+
+    def __init__(self, program: Any, pins: list[Any]) -> None:
+        self.program = program
+        self.pins = pins
+        self.users: list[weakref.ref] = []
+
+    def in_use(self) -> bool:
+        return any(r() is not None for r in self.users)
+
+
 class _Programs:
-    """Compiled programs keyed by a description of what they compute, each kept while an
-    optimizer that uses it is alive (and at most ``limit`` of them, least recently used
-    dropped first).
+    """Compiled programs keyed by a description of what they compute.
 
     The key describes the optimizer by value (``describe_transformation``), so a
     rebuilt cluster with an equal optimizer finds the program compiled before.
     Each entry holds weak references to the ``update`` functions of the
-    optimizers that used it; when the last one is collected (its clusters are
-    gone) the entry, and with it the executable, is released. The program never
-    holds an optimizer itself: it reads the caller's (any equal one does) from
-    ``current_tx`` while jit traces it, so it cannot keep its users alive.
+    optimizers that used it. When the last one is collected (its clusters are
+    gone) the entry becomes idle: the ``idle_limit`` most recently idle entries
+    are kept, so dropping a cluster and building the same one again compiles
+    nothing, and older idle ones are released with their executables. At most
+    ``limit`` entries are held in all (least recently used dropped first).
+
+    The program never holds an optimizer itself: it reads the caller's (any
+    equal one does) from ``current_tx`` while jit traces it, so it cannot keep
+    its users alive.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, idle_limit: int) -> None:
         self.limit = limit
-        self._entries: collections.OrderedDict[Any, tuple[Any, list[Any], list[weakref.ref]]] = (
-            collections.OrderedDict()
-        )
+        self.idle_limit = idle_limit
+        self._entries: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
+        self._idle: collections.OrderedDict[Any, None] = collections.OrderedDict()
         # Re-entrant: a weak reference's callback may run (garbage collection) while the lock is held.
         self._lock = threading.RLock()
         self._local = threading.local()
@@ -191,46 +209,69 @@ class _Programs:
         with self._lock:
             entry = self._entries.get(full)
             if entry is None:
-                entry = (build(), pins, [])
+                entry = _Entry(build(), pins)
                 self._entries[full] = entry
                 while len(self._entries) > self.limit:
-                    self._entries.popitem(last=False)
+                    old, _ = self._entries.popitem(last=False)
+                    self._idle.pop(old, None)
             self._entries.move_to_end(full)
-            users = entry[2]
-            if user is not None and not any(r() is user for r in users):
+            self._idle.pop(full, None)
+            entry.users = [r for r in entry.users if r() is not None]
+            if user is not None and not any(r() is user for r in entry.users):
                 try:
-                    users.append(weakref.ref(user, lambda _r, full=full: self._release(full)))
-                except TypeError:  # not weakly referable: kept until evicted
+                    entry.users.append(weakref.ref(user, lambda _r, full=full: self._user_gone(full)))
+                except TypeError:  # not weakly referable: the entry is released only when evicted
                     pass
         outer = getattr(self._local, "tx", None)
         self._local.tx = tx
         try:
-            return entry[0](*args)
+            return entry.program(*args)
         finally:
             self._local.tx = outer
 
-    def _release(self, full: Any) -> None:
+    def _user_gone(self, full: Any) -> None:
         with self._lock:
             entry = self._entries.get(full)
-            if entry is not None and all(r() is None for r in entry[2]):
-                del self._entries[full]
+            if entry is None or entry.in_use():
+                return
+            self._idle[full] = None
+            self._idle.move_to_end(full)
+            self._trim_idle(self.idle_limit)
+
+    def _trim_idle(self, keep: int) -> int:
+        released = 0
+        while len(self._idle) > keep:
+            old, _ = self._idle.popitem(last=False)
+            if self._entries.pop(old, None) is not None:
+                released += 1
+        return released
+
+    def release_unused(self) -> int:
+        """Release every idle program now; returns how many."""
+        with self._lock:
+            return self._trim_idle(0)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
 
-
-# A handful of live configurations at a time: each compiled step holds tens of MB of host memory.
-_STEPS = _Programs(limit=8)
-_INITS = _Programs(limit=8)
+# A few live configurations at a time, and the two most recently dropped: each compiled step
+# holds tens of MB of host memory.
+_STEPS = _Programs(limit=8, idle_limit=2)
+_INITS = _Programs(limit=8, idle_limit=2)
 
 
 def compiled_step_count() -> int:
-    """How many training-step programs are held now (one per live configuration)."""
+    """How many training-step programs are held now: one per live configuration, plus at most
+    two that no live optimizer uses any more (kept for a rebuild of the same cluster)."""
     return len(_STEPS)
+
+
+def release_unused_steps() -> int:
+    """Release the compiled training steps (and optimizer-state initialisers) that no live
+    optimizer uses; returns how many steps were released."""
+    _INITS.release_unused()
+    return _STEPS.release_unused()
 
 
 def _all_finite(tree: Any) -> jax.Array:
