@@ -183,7 +183,12 @@ def sample(
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     temperature = check_temperature(temperature)
     vocab = model_vocab_size(graphdef, state)
-    eos_id = check_token_id("eos_id", tokenizer.eos_id if eos_id is None else eos_id, vocab)
+    # An EOS id outside the vocabulary only means "never stop early"; the pad id is written
+    # into the output, so it must be one the model has.
+    eos_id = tokenizer.eos_id if eos_id is None else eos_id
+    if isinstance(eos_id, bool) or not isinstance(eos_id, numbers.Integral):
+        raise TypeError(f"eos_id must be an int, got {type(eos_id).__name__} {eos_id!r:.40}")
+    eos_id = int(eos_id)
     pad_id = check_token_id("pad_id", tokenizer.pad_id if pad_id is None else pad_id, vocab)
     longest = max(len(tokenizer.encode(p)) for p in prompts)
     # Prompts are left-padded to a multiple of PROMPT_BUCKET (when the cache has room), so
