@@ -23,6 +23,7 @@ from rlcluster_lab.model import is_lora, logps_from_state
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import p10_require_anchor
 from rlcluster_lab.rules.steps import p9_check_prompts
+from rlcluster_lab.training.batch import validate_prompts
 from rlcluster_lab.training.step import TrainBatch, batch_arrays, mini_batches, train_step
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def generate(
 ) -> RolloutOutput:
     """P9: sample completions on the rollout mesh, in micro-batches if asked."""
     c._require_constructed()
-    prompts = list(prompts)
+    prompts = validate_prompts(prompts)  # a bare string is not a list of prompts
     p9_check_prompts(prompts, micro_batch_size)
     rollout_cfg = c.get_rollout_config(mode)
     if max_generation_steps is not None:
@@ -123,6 +124,7 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
         raise TypeError(f"update_actor takes a TrainBatch, got {type(batch).__name__}")
     tcfg = c.cluster_config.training_config
     actor = c.actor_model
+    batch.validate(getattr(getattr(actor, "config", None), "vocab_size", None))  # before anything moves
     metrics: list[dict[str, float]] = []
     temperature = jnp.float32(c.get_rollout_config(Mode.TRAIN).temperature or 1.0)
     offload = c.cluster_config.offload_to_cpu
@@ -194,7 +196,7 @@ def rehearse_step(c: RLCluster, prompts: Sequence[str], reward_model: bool) -> b
     engine = c.rollout
     calls = getattr(engine, "_calls", None)
     try:
-        out = c.generate(list(prompts))
+        out = c.generate(validate_prompts(prompts))
     finally:
         if calls is not None:
             engine._calls = calls  # the sampling seed the real step will use

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,13 +39,17 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         # A NaN or infinite rate trains to NaN without an error; zero or a negative rate does not
         # descend. Only the default optimizer reads learning_rate, but the field is checked always.
-        if not _finite(self.learning_rate) or self.learning_rate <= 0:
+        if not _finite_real(self.learning_rate) or self.learning_rate <= 0:
             raise ConfigError(
                 f"learning_rate (--learning-rate) must be a finite number > 0 (e.g. 3e-3), got {self.learning_rate!r}"
             )
-        for name, value in (("beta", self.beta), ("epsilon", self.epsilon)):
-            if not _finite(value) or value < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not _finite_real(self.beta) or self.beta < 0:
+            raise ConfigError(f"beta (the KL weight) must be a finite number >= 0, got {self.beta!r}")
+        if not _finite_real(self.epsilon) or self.epsilon <= 0:
+            raise ConfigError(f"epsilon (the clip range) must be a finite number > 0, got {self.epsilon!r}")
+        for name, value in (("mini_batch_size", self.mini_batch_size), ("num_iterations", self.num_iterations)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
             raise ConfigError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}")
         if self.num_iterations < 1:
@@ -57,12 +62,9 @@ class TrainingConfig:
         return self.optimizer if self.optimizer is not None else default_optimizer(self.learning_rate)
 
 
-def _finite(value: Any) -> bool:
-    """A real number that is neither NaN nor infinite (Python or NumPy scalars)."""
-    try:
-        return math.isfinite(value)
-    except TypeError:
-        return False
+def _finite_real(value: Any) -> bool:
+    """A real number (not a bool) that is neither NaN nor infinite."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
 
 
 MATMUL_PRECISIONS = (None, "default", "high", "highest", "bfloat16", "tensorfloat32", "float32")

@@ -11,6 +11,8 @@ the tuples below, so one knob is spelled one way everywhere.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
@@ -121,13 +123,22 @@ class RolloutConfig:
     rollout_sglang_jax_lora_scaling: float | None = None
 
     def __post_init__(self) -> None:
+        # A float count fails deep inside the compiled sampler; a NaN or infinite temperature
+        # samples garbage and turns the trained actor to NaN: refuse both here.
+        for name in ("max_tokens_to_generate", "kv_cache_size", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if self.max_tokens_to_generate < 1:
             raise ConfigError(
                 f"max_tokens_to_generate (Scenario.max_tokens, --max-tokens) must be >= 1, got "
                 f"{self.max_tokens_to_generate}"
             )
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+            raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy) and finite, got {temperature}")
         if self.kv_cache_size < 2:
             raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
         check_tensor_parallel_size(self.rollout_vllm_tensor_parallel_size)

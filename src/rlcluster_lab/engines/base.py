@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.config import RolloutConfig
 from rlcluster_lab.model import logps_from_state
-from rlcluster_lab.model.sampling import sample
+from rlcluster_lab.model.sampling import check_prompts, sample
 from rlcluster_lab.placement.reshard import cast_many, log_cast, reshard_many
 
 
@@ -86,6 +86,14 @@ class RolloutEngine(abc.ABC):
         return int(self.tokenizer.eos_id)
 
     def generate(self, prompts: list[str], rollout_config: RolloutConfig) -> RolloutOutput:
+        """Sample completions of ``prompts`` (a list of strings) with ``rollout_config``'s settings.
+
+        Raises:
+            TypeError: ``prompts`` is a bare string (pass ``["hello"]``) or holds a non-string.
+            ConfigError: no prompts, a prompt outside the model's vocabulary, or a setting
+                ``sample`` refuses (see ``rlcluster_lab.model.sampling.sample``).
+        """
+        prompts = check_prompts(prompts)
         graphdef, state = nnx.split(self.model())
         # A fresh seed per call, so repeated calls sample different completions.
         seed = rollout_config.seed + self._calls
@@ -94,7 +102,7 @@ class RolloutEngine(abc.ABC):
             graphdef,
             state,
             self.tokenizer,
-            list(prompts),
+            prompts,
             max_new_tokens=rollout_config.max_tokens_to_generate,
             temperature=rollout_config.temperature,
             cache_size=self.cache_size if self.cache_size is not None else rollout_config.kv_cache_size,
@@ -110,6 +118,13 @@ class RolloutEngine(abc.ABC):
         )
 
     def get_per_token_logps(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
+        """Per-token log-probs (B, C) under the engine's weights.
+
+        Raises:
+            TypeError: ids that are not integers.
+            ConfigError: a batch of the wrong shape or an id outside the model's vocabulary
+                (checked on the host by ``logps_from_state``).
+        """
         graphdef, state = nnx.split(self.model())
         return logps_from_state(
             graphdef,

@@ -2,13 +2,143 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model.transformer import TransformerLM
+
+# ---------------------------------------------------------------------------
+# Input contracts, checked on the host before any device work: an id outside the
+# vocabulary makes the embedding gather read past its table (NaN log-probs on CPU,
+# silently wrapped or clamped ids elsewhere), so nothing reaches a program unchecked.
+
+
+def check_token_ids(name: str, tokens: Any, vocab_size: int | None) -> np.ndarray:
+    """``tokens`` as a host integer array whose ids all lie in ``[0, vocab_size)``.
+
+    Args:
+        name: the argument's name, for the error message.
+        tokens: any array-like of token ids (a device array is read back to the host).
+        vocab_size: the model's vocabulary size; None checks only that ids are not negative.
+
+    Raises:
+        TypeError: the ids are not integers (floats, booleans, strings).
+        ConfigError: an id is negative or not below ``vocab_size``.
+    """
+    if isinstance(tokens, (str, bytes)):
+        raise TypeError(f"{name} must be an array of integer token ids, got {type(tokens).__name__} {tokens!r:.40}")
+    arr = np.asarray(tokens)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(
+            f"{name} must hold integer token ids, got dtype {arr.dtype}; pass np.asarray(ids, np.int32) "
+            "(ids are never rounded or truncated silently)"
+        )
+    if arr.size == 0:
+        return arr
+    low, high = arr.min(), arr.max()
+    bad = None
+    if low < 0:
+        bad = low
+    elif vocab_size is not None and high >= vocab_size:
+        bad = high
+    if bad is not None:
+        where = tuple(int(i) for i in np.argwhere(arr == bad)[0])
+        limit = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocab_size)"
+        raise ConfigError(
+            f"{name} holds token id {int(bad)} at index {where}, outside the model's vocabulary {limit}: "
+            "token ids must be integers in [0, vocab_size); encode text with the cluster's tokenizer"
+        )
+    return arr
+
+
+def check_token_id(name: str, value: Any, vocab_size: int | None) -> int:
+    """One token id (a pad or EOS id) as an int in ``[0, vocab_size)``.
+
+    Raises:
+        TypeError: not an integer.
+        ConfigError: out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer token id, got {type(value).__name__} {value!r:.40}")
+    if value < 0 or (vocab_size is not None and value >= vocab_size):
+        limit = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocab_size)"
+        raise ConfigError(f"{name} is {int(value)}, outside the model's vocabulary {limit}; use an id the model has")
+    return int(value)
+
+
+def check_token_batch(
+    prompt_tokens: Any, completion_tokens: Any, vocab_size: int | None, *, names: tuple[str, str] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A (B, P) prompt batch and a (B, C) completion batch of in-vocabulary ids, B, P, C >= 1.
+
+    The first completion token is predicted from the last prompt position, so a
+    prompt needs at least one column (all pads is allowed: the row is masked).
+
+    Raises:
+        TypeError: the ids are not integers.
+        ConfigError: a shape is wrong (the message gives the shape expected) or an id is out of range.
+    """
+    p_name, c_name = names or ("prompt_tokens", "completion_tokens")
+    prompt = check_token_ids(p_name, prompt_tokens, vocab_size)
+    completion = check_token_ids(c_name, completion_tokens, vocab_size)
+    if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] == 0:
+        raise ConfigError(
+            f"{p_name} has shape {prompt.shape}; expected (batch, prompt_length) with batch >= 1 and "
+            "prompt_length >= 1 (left-padded ids, as generate returns them); an empty batch cannot be scored"
+        )
+    b = prompt.shape[0]
+    if completion.ndim != 2 or completion.shape[0] != b or completion.shape[1] == 0:
+        raise ConfigError(
+            f"{c_name} has shape {completion.shape}; expected ({b}, completion_length) with completion_length "
+            f">= 1: one row per row of {p_name} {prompt.shape}"
+        )
+    return prompt, completion
+
+
+def check_temperature(temperature: Any, *, allow_zero: bool = True, name: str = "temperature") -> float:
+    """``temperature`` as a finite float, >= 0 (0 = greedy) or > 0 when ``allow_zero`` is False.
+
+    Raises:
+        TypeError: not a real number.
+        ConfigError: NaN, infinite or out of range.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, (numbers.Real, np.ndarray, jax.Array)):
+        raise TypeError(f"{name} must be a real number, got {type(temperature).__name__} {temperature!r:.40}")
+    if np.ndim(temperature) != 0:
+        raise ConfigError(f"{name} must be a scalar, got shape {np.shape(temperature)}")
+    value = float(temperature)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        expected = ">= 0 (0 = greedy)" if allow_zero else "> 0"
+        raise ConfigError(f"{name} must be {expected} and finite, got {value}")
+    return value
+
+
+_VOCAB_BY_GRAPHDEF: dict[Any, int | None] = {}
+
+
+def model_vocab_size(graphdef: nnx.GraphDef, *states: Any) -> int | None:
+    """The vocabulary size of the model ``graphdef`` describes (its ``config.vocab_size``), or None
+    for a model without one. Found once per graphdef (merging builds Python objects only)."""
+    try:
+        return _VOCAB_BY_GRAPHDEF[graphdef]
+    except KeyError:
+        pass
+    config = getattr(nnx.merge(graphdef, *states), "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    vocab = int(vocab) if isinstance(vocab, numbers.Integral) else None
+    if len(_VOCAB_BY_GRAPHDEF) >= 64:  # bounded: one entry per model architecture seen
+        _VOCAB_BY_GRAPHDEF.clear()
+    _VOCAB_BY_GRAPHDEF[graphdef] = vocab
+    return vocab
+
 
 # ---------------------------------------------------------------------------
 # Log-probabilities
@@ -70,12 +200,24 @@ def logps_from_state(
     pad_id: int,
     temperature: float = 1.0,
 ) -> jax.Array:
-    """Jitted ``forward_logps`` on a split model; follows the state's sharding."""
+    """Jitted ``forward_logps`` on a split model; follows the state's sharding.
+
+    The ids, ``pad_id`` and ``temperature`` are checked on the host first.
+
+    Raises:
+        TypeError: token ids that are not integers, or a temperature that is not a number.
+        ConfigError: a batch of the wrong shape (or empty), an id outside the model's
+            vocabulary, or a temperature that is negative, NaN or infinite.
+    """
+    vocab = model_vocab_size(graphdef, state)
+    prompt, completion = check_token_batch(prompt_tokens, completion_tokens, vocab)
+    check_token_id("pad_id", pad_id, vocab)
+    temperature = check_temperature(temperature)
     return _logps_jit(
         graphdef,
         state,
-        jnp.asarray(prompt_tokens, jnp.int32),
-        jnp.asarray(completion_tokens, jnp.int32),
+        jnp.asarray(prompt, jnp.int32),
+        jnp.asarray(completion, jnp.int32),
         int(pad_id),
         jnp.asarray(temperature, jnp.float32),
     )

@@ -8,15 +8,25 @@ graphdef and shapes.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rlcluster_lab.model.logps import mask_pad_logits
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.model.logps import (
+    check_temperature,
+    check_token_id,
+    check_token_ids,
+    mask_pad_logits,
+    model_vocab_size,
+)
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.model.transformer import init_cache
 
@@ -102,6 +112,47 @@ def _generate(
 PROMPT_BUCKET = 16
 
 
+def check_prompts(prompts: Any, name: str = "prompts") -> list[str]:
+    """``prompts`` as a list of strings; a bare string is an error, not a list of characters.
+
+    ``list("hello")`` is five one-letter prompts, which is never what a caller
+    meant, so a ``str`` (or ``bytes``) where a sequence of prompts belongs is
+    refused rather than iterated.
+
+    Raises:
+        TypeError: a bare string, a non-sequence, or an element that is not a string.
+        ConfigError: no prompts at all.
+    """
+    if isinstance(prompts, (str, bytes)):
+        raise TypeError(
+            f"{name} must be a list of prompt strings, got a single {type(prompts).__name__} {prompts!r:.40}; "
+            f"pass [{prompts!r:.40}] to generate from one prompt"
+        )
+    if not isinstance(prompts, Sequence) and not hasattr(prompts, "__iter__"):
+        raise TypeError(f"{name} must be a list of prompt strings, got {type(prompts).__name__}")
+    out = list(prompts)
+    for i, p in enumerate(out):
+        if not isinstance(p, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(p).__name__} {p!r:.40}")
+    if not out:
+        raise ConfigError(f"Cannot generate from an empty list of {name}; pass at least one.")
+    return out
+
+
+def check_max_new_tokens(max_new_tokens: Any, name: str = "max_new_tokens") -> int:
+    """A positive int number of tokens to generate (a float is refused, not truncated).
+
+    Raises:
+        TypeError: not an integer.
+        ConfigError: below 1.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int, got {type(max_new_tokens).__name__} {max_new_tokens!r:.40}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"{name} must be at least 1, got {max_new_tokens}")
+    return int(max_new_tokens)
+
+
 def sample(
     graphdef: nnx.GraphDef,
     state: nnx.State,
@@ -120,15 +171,25 @@ def sample(
     Log-probs are those of the sampled tokens under ``logits / temperature``
     (under plain logits when greedy), the same quantity as
     ``model.logps_from_state``. ``eos_id``/``pad_id`` default to the tokenizer's.
+
+    Raises:
+        TypeError: ``prompts`` is a bare string or holds a non-string; ``max_new_tokens``
+            is not an int; ``temperature`` is not a number.
+        ConfigError: no prompts; ``max_new_tokens`` < 1; ``temperature`` negative, NaN or
+            infinite; a prompt (or the pad id) encodes to an id outside the model's vocabulary;
+            prompt plus completion longer than the cache.
     """
-    if not prompts:
-        raise ValueError("Cannot generate from an empty list of prompts; pass at least one.")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    eos_id = tokenizer.eos_id if eos_id is None else int(eos_id)
-    pad_id = tokenizer.pad_id if pad_id is None else int(pad_id)
+    prompts = check_prompts(prompts)
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    temperature = check_temperature(temperature)
+    vocab = model_vocab_size(graphdef, state)
+    # An EOS id outside the vocabulary only means "never stop early"; the pad id is written
+    # into the output, so it must be one the model has.
+    eos_id = tokenizer.eos_id if eos_id is None else eos_id
+    if isinstance(eos_id, bool) or not isinstance(eos_id, numbers.Integral):
+        raise TypeError(f"eos_id must be an int, got {type(eos_id).__name__} {eos_id!r:.40}")
+    eos_id = int(eos_id)
+    pad_id = check_token_id("pad_id", tokenizer.pad_id if pad_id is None else pad_id, vocab)
     longest = max(len(tokenizer.encode(p)) for p in prompts)
     # Prompts are left-padded to a multiple of PROMPT_BUCKET (when the cache has room), so
     # a new batch of prompts of a similar length reuses the compiled sampler and scorers
@@ -138,6 +199,8 @@ def sample(
     prompt_tokens = tokenizer.encode_batch_left_padded(prompts, length=width)
     if pad_id != tokenizer.pad_id:
         prompt_tokens = np.where(prompt_tokens == tokenizer.pad_id, pad_id, prompt_tokens)
+    # A tokenizer with a larger vocabulary than the model's would feed ids past the embedding table.
+    check_token_ids("prompts (encoded by the tokenizer)", prompt_tokens, vocab)
     prompt_len = prompt_tokens.shape[1]
     if prompt_len + max_new_tokens > cache_size:
         raise ValueError(

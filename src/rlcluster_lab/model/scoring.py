@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlcluster_lab.model.init import _shardings, host_values, materialize
+from rlcluster_lab.model.logps import check_token_batch, check_token_id, model_vocab_size
 from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
 
 
@@ -104,7 +105,16 @@ def _scores(
 def scores_from_state(
     graphdef: Any, state: Any, prompt_tokens: Any, completion_tokens: Any, pad_id: int, *, per_token: bool
 ) -> jax.Array:
-    """Values (B, C) when ``per_token``, else one score per sequence (B,)."""
+    """Values (B, C) when ``per_token``, else one score per sequence (B,).
+
+    Raises:
+        TypeError: ids that are not integers.
+        ConfigError: a batch of the wrong shape or an id outside the model's vocabulary
+            (checked on the host first: such an id would score NaN).
+    """
+    vocab = model_vocab_size(graphdef, state)
+    prompt_tokens, completion_tokens = check_token_batch(prompt_tokens, completion_tokens, vocab)
+    check_token_id("pad_id", pad_id, vocab)
     return _scores(
         graphdef,
         state,

@@ -22,7 +22,8 @@ import numpy as np
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure.sync import SyncReport
-from rlcluster_lab.training.step import TrainBatch
+from rlcluster_lab.training.batch import TrainBatch, validate_prompts
+from rlcluster_lab.training.step import rejection_reason
 
 RewardFn = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 
@@ -71,7 +72,12 @@ class P11Record:
 
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
-    """One GRPO step: its figures, and the report of the weight sync that ended it (P13)."""
+    """One GRPO step: its figures, and the report of the weight sync that ended it (P13).
+
+    ``rejected_steps`` counts the optimizer steps that kept the previous
+    parameters and optimizer state because the update was not finite;
+    ``rejected`` says why (None when every step was applied).
+    """
 
     step: int
     mean_reward: float
@@ -79,6 +85,8 @@ class StepRecord:
     kl: float
     optimizer_steps: int
     sync: SyncReport | None = dataclasses.field(default=None, repr=False, compare=False)
+    rejected_steps: int = 0
+    rejected: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The step's figures (the sync report has its own ``to_json``)."""
@@ -113,9 +121,13 @@ class GRPOLearner:
         use_reward_model: bool = False,
     ) -> None:
         """Rewards come from ``reward_fn`` (default: the toy task), or from the
-        cluster's reward model with ``use_reward_model``."""
-        if not prompts:
-            raise ValueError("the learner needs at least one prompt")
+        cluster's reward model with ``use_reward_model``.
+
+        Raises:
+            TypeError: ``prompts`` is a bare string (pass ``["hello"]``) or holds a non-string.
+            ValueError: no prompts, or conflicting reward sources.
+        """
+        prompts = validate_prompts(prompts)
         if use_reward_model and reward_fn is not None:
             raise ValueError("give either reward_fn or use_reward_model=True, not both")
         if use_reward_model and cluster.reward_model is None:
@@ -180,6 +192,7 @@ class GRPOLearner:
 
         metrics = cluster.update_actor(batch, on_step=probe)
         sync = cluster.sync_weights()
+        reasons = [r for r in (rejection_reason(m) for m in metrics) if r is not None]
         record = StepRecord(
             step=index,
             mean_reward=float(rewards.mean()),
@@ -187,6 +200,13 @@ class GRPOLearner:
             kl=float(np.mean([m["kl"] for m in metrics])),
             optimizer_steps=len(metrics),
             sync=sync,
+            rejected_steps=len(reasons),
+            rejected=(
+                f"{len(reasons)} of {len(metrics)} optimizer steps kept the previous parameters and "
+                f"optimizer state: {reasons[0]}"
+                if reasons
+                else None
+            ),
         )
         self.history.append(record)
         return record

@@ -3,59 +3,68 @@
 The step is a pure jitted function of (trainable state, frozen state,
 optimizer state, batch); the cluster feeds it the live actor and writes the
 new trainable state back.
+
+The step is transactional: a step whose loss, gradients, new parameters or new
+optimizer state are not all finite hands back the old parameters and the old
+optimizer state, and says why in its ``rejected`` metric. The check and the
+choice happen inside the compiled program (one flag, one select per leaf), so
+a rejected step costs no extra transfer and no extra compilation.
+
+Compiled steps are shared by every caller with the same model, settings,
+layouts and an *equal* optimizer (``fingerprint.describe``), not only the same
+optimizer object, and are dropped once no live optimizer uses them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import collections
+import math
+import threading
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model import forward_logps
+from rlcluster_lab.model.logps import check_temperature, model_vocab_size
+from rlcluster_lab.training.batch import TrainBatch, batch_arrays, mini_batches, validate_batch_arrays
+from rlcluster_lab.training.fingerprint import describe_transformation
+
+__all__ = [
+    "REJECTION_REASONS",
+    "TrainBatch",
+    "batch_arrays",
+    "compiled_step_count",
+    "release_unused_steps",
+    "grpo_loss",
+    "init_optimizer_state",
+    "mini_batches",
+    "rejection_reason",
+    "train_step",
+]
+
+# The ``rejected`` metric of a step: 0 when it was applied, else the first problem found.
+REJECTION_REASONS: dict[int, str] = {
+    1: "the loss is not finite",
+    2: "a gradient is not finite",
+    3: "the update would make a parameter non-finite",
+    4: "the update would make the optimizer state non-finite",
+}
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainBatch:
-    """One batch of sampled completions with what the loss needs.
-
-    ``old_logps`` are the log-probs of the policy that sampled the tokens
-    (the anchor, P11); ``ref_logps`` those of the frozen reference.
-    """
-
-    prompt_tokens: np.ndarray  # (B, P) left-padded
-    completion_tokens: np.ndarray  # (B, C) right-padded
-    advantages: np.ndarray  # (B,)
-    old_logps: np.ndarray  # (B, C)
-    ref_logps: np.ndarray | None = None  # (B, C); None: no KL term
-
-    def __post_init__(self) -> None:
-        b = len(self.prompt_tokens)
-        if b == 0:
-            raise ValueError("Cannot update the actor from an empty batch.")
-        for name in ("completion_tokens", "advantages", "old_logps", "ref_logps"):
-            value = getattr(self, name)
-            if value is not None and len(value) != b:
-                raise ValueError(f"TrainBatch.{name} has {len(value)} rows, expected {b}")
-
-    def __len__(self) -> int:
-        return len(self.prompt_tokens)
-
-    def rows(self, index: slice | np.ndarray) -> TrainBatch:
-        pick = lambda x: None if x is None else np.asarray(x)[index]  # noqa: E731
-        return TrainBatch(
-            prompt_tokens=pick(self.prompt_tokens),
-            completion_tokens=pick(self.completion_tokens),
-            advantages=pick(self.advantages),
-            old_logps=pick(self.old_logps),
-            ref_logps=pick(self.ref_logps),
-        )
+def rejection_reason(metrics: Mapping[str, Any]) -> str | None:
+    """Why the step with these metrics kept the old parameters and optimizer state, or None
+    when it was applied."""
+    code = int(metrics.get("rejected", 0))
+    if code == 0:
+        return None
+    return REJECTION_REASONS.get(code, f"rejected (code {code})")
 
 
 def grpo_loss(
@@ -96,8 +105,8 @@ def train_step(
     trainable: Any,
     frozen: Any,
     opt_state: Any,
-    batch: dict[str, jax.Array],
-    temperature: jax.Array,
+    batch: dict[str, Any],
+    temperature: Any,
     *,
     pad_id: int,
     beta: float,
@@ -110,10 +119,38 @@ def train_step(
     role holds and makes the next step compile again for the new layout; so
     the outputs are pinned to the inputs' shardings, and the compiled step is
     shared by every call with the same layouts.
+
+    The batch (``batch_arrays(TrainBatch(...))``) is checked on the host
+    against the model first. A step that would leave a non-finite loss,
+    gradient, parameter or optimizer-state value returns the inputs'
+    parameters and optimizer state unchanged, with ``metrics["rejected"]`` > 0
+    (``rejection_reason`` says why).
+
+    Raises:
+        TypeError / ConfigError: a malformed batch (shape, ids outside the vocabulary,
+            NaN or inf), a temperature that is not finite and > 0, or a non-finite
+            ``beta``/``epsilon``.
     """
+    validate_batch_arrays(batch, model_vocab_size(graphdef, trainable, frozen))
+    if not isinstance(temperature, jax.Array):
+        temperature = jnp.float32(check_temperature(temperature, allow_zero=False))
+    else:
+        check_temperature(temperature, allow_zero=False)
+    for name, value in (("beta", beta), ("epsilon", epsilon)):
+        if not math.isfinite(float(value)) or float(value) < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
     keep = (_sharding_key(trainable), _sharding_key(opt_state))
-    step = _jitted_step(graphdef, tx, pad_id, float(beta), float(epsilon), keep)
-    return step(trainable, frozen, opt_state, batch, temperature)
+    pad_id, beta, epsilon = int(pad_id), float(beta), float(epsilon)
+    return _STEPS.call(
+        tx,
+        (graphdef, pad_id, beta, epsilon, keep),
+        lambda: _jitted_step(graphdef, pad_id, beta, epsilon, keep),
+        trainable,
+        frozen,
+        opt_state,
+        batch,
+        temperature,
+    )
 
 
 def _sharding_key(tree: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -121,10 +158,129 @@ def _sharding_key(tree: Any) -> tuple[Any, tuple[Any, ...]]:
     return treedef, tuple(x.sharding for x in leaves)
 
 
-@functools.lru_cache(maxsize=16)
+class _Entry:
+    """One compiled program, what its key pins, and weak references to the optimizers using it."""
+
+    __slots__ = ("program", "pins", "users")
+
+    def __init__(self, program: Any, pins: list[Any]) -> None:
+        self.program = program
+        self.pins = pins
+        self.users: list[weakref.ref] = []
+
+    def in_use(self) -> bool:
+        return any(r() is not None for r in self.users)
+
+
+class _Programs:
+    """Compiled programs keyed by a description of what they compute.
+
+    The key describes the optimizer by value (``describe_transformation``), so a
+    rebuilt cluster with an equal optimizer finds the program compiled before.
+    Each entry holds weak references to the ``update`` functions of the
+    optimizers that used it. When the last one is collected (its clusters are
+    gone) the entry becomes idle: the ``idle_limit`` most recently idle entries
+    are kept, so dropping a cluster and building the same one again compiles
+    nothing, and older idle ones are released with their executables. At most
+    ``limit`` entries are held in all (least recently used dropped first).
+
+    The program never holds an optimizer itself: it reads the caller's (any
+    equal one does) from ``current_tx`` while jit traces it, so it cannot keep
+    its users alive.
+    """
+
+    def __init__(self, limit: int, idle_limit: int) -> None:
+        self.limit = limit
+        self.idle_limit = idle_limit
+        self._entries: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
+        self._idle: collections.OrderedDict[Any, None] = collections.OrderedDict()
+        # Re-entrant: a weak reference's callback may run (garbage collection) while the lock is held.
+        self._lock = threading.RLock()
+        self._local = threading.local()
+
+    def current_tx(self) -> optax.GradientTransformation:
+        return self._local.tx
+
+    def call(self, tx: optax.GradientTransformation, key: tuple[Any, ...], build: Any, *args: Any) -> Any:
+        """``build()``'s program for (``tx``, ``key``), compiled once per description, run on ``args``."""
+        desc, pins = describe_transformation(tx)
+        full = (desc, *key)
+        user = getattr(tx, "update", None)
+        with self._lock:
+            entry = self._entries.get(full)
+            if entry is None:
+                entry = _Entry(build(), pins)
+                self._entries[full] = entry
+                while len(self._entries) > self.limit:
+                    old, _ = self._entries.popitem(last=False)
+                    self._idle.pop(old, None)
+            self._entries.move_to_end(full)
+            self._idle.pop(full, None)
+            entry.users = [r for r in entry.users if r() is not None]
+            if user is not None and not any(r() is user for r in entry.users):
+                try:
+                    entry.users.append(weakref.ref(user, lambda _r, full=full: self._user_gone(full)))
+                except TypeError:  # not weakly referable: the entry is released only when evicted
+                    pass
+        outer = getattr(self._local, "tx", None)
+        self._local.tx = tx
+        try:
+            return entry.program(*args)
+        finally:
+            self._local.tx = outer
+
+    def _user_gone(self, full: Any) -> None:
+        with self._lock:
+            entry = self._entries.get(full)
+            if entry is None or entry.in_use():
+                return
+            self._idle[full] = None
+            self._idle.move_to_end(full)
+            self._trim_idle(self.idle_limit)
+
+    def _trim_idle(self, keep: int) -> int:
+        released = 0
+        while len(self._idle) > keep:
+            old, _ = self._idle.popitem(last=False)
+            if self._entries.pop(old, None) is not None:
+                released += 1
+        return released
+
+    def release_unused(self) -> int:
+        """Release every idle program now; returns how many."""
+        with self._lock:
+            return self._trim_idle(0)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# A few live configurations at a time, and the two most recently dropped: each compiled step
+# holds tens of MB of host memory.
+_STEPS = _Programs(limit=8, idle_limit=2)
+_INITS = _Programs(limit=8, idle_limit=2)
+
+
+def compiled_step_count() -> int:
+    """How many training-step programs are held now: one per live configuration, plus at most
+    two that no live optimizer uses any more (kept for a rebuild of the same cluster)."""
+    return len(_STEPS)
+
+
+def release_unused_steps() -> int:
+    """Release the compiled training steps (and optimizer-state initialisers) that no live
+    optimizer uses; returns how many steps were released."""
+    _INITS.release_unused()
+    return _STEPS.release_unused()
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
+
+
 def _jitted_step(
     graphdef: nnx.GraphDef,
-    tx: optax.GradientTransformation,
     pad_id: int,
     beta: float,
     epsilon: float,
@@ -134,7 +290,7 @@ def _jitted_step(
     mesh = next((s.mesh for s in p_shardings if isinstance(s, NamedSharding)), None)
     metrics = NamedSharding(mesh, PartitionSpec()) if mesh is not None else None
 
-    def step(
+    def grpo_train_step(
         trainable: Any, frozen: Any, opt_state: Any, batch: dict[str, jax.Array], temperature: jax.Array
     ) -> tuple[Any, Any, dict[str, jax.Array]]:
         def loss_fn(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -142,13 +298,30 @@ def _jitted_step(
             return grpo_loss(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
 
         grads, m = jax.grad(loss_fn, has_aux=True)(trainable)
-        updates, opt_state = tx.update(grads, opt_state, trainable)
-        trainable = optax.apply_updates(trainable, updates)
-        m["grad_norm"] = optax.tree.norm(grads)
+        updates, new_opt_state = _STEPS.current_tx().update(grads, opt_state, trainable)
+        new_trainable = optax.apply_updates(trainable, updates)
+        grad_norm = optax.tree.norm(grads)
+        # The first problem found, 0 if none; the old state is kept unless it is 0.
+        code = jnp.select(
+            [
+                ~jnp.isfinite(m["loss"]),
+                ~_all_finite(grads),
+                ~_all_finite(new_trainable),
+                ~_all_finite(new_opt_state),
+            ],
+            [jnp.int32(1), jnp.int32(2), jnp.int32(3), jnp.int32(4)],
+            default=jnp.int32(0),
+        )
+        accept = code == 0
+        keep_or_take = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
+        trainable = jax.tree.map(keep_or_take, new_trainable, trainable)
+        opt_state = jax.tree.map(keep_or_take, new_opt_state, opt_state)
+        m["grad_norm"] = grad_norm
+        m["rejected"] = code.astype(jnp.float32)
         return trainable, opt_state, m
 
     out = (jax.tree.unflatten(p_def, p_shardings), jax.tree.unflatten(o_def, o_shardings), metrics)
-    return jax.jit(step, out_shardings=out)
+    return jax.jit(grpo_train_step, out_shardings=out)
 
 
 def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: Any) -> Any:
@@ -172,25 +345,14 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
         return replicated
 
     shardings = jax.tree_util.tree_map_with_path(pick, abstract)
-    return jax.jit(tx.init, out_shardings=shardings)(params)
+    flat, treedef = jax.tree.flatten(shardings)
+    key = (_sharding_key(params), treedef, tuple(flat))
+
+    def build() -> Any:
+        return jax.jit(lambda p: _INITS.current_tx().init(p), out_shardings=shardings)
+
+    return _INITS.call(tx, key, build, params)
 
 
 def _path_key(path: Any) -> tuple[str, ...]:
     return tuple(str(k) for k in path)
-
-
-def batch_arrays(batch: TrainBatch) -> dict[str, jax.Array]:
-    out = {
-        "prompt_tokens": jnp.asarray(batch.prompt_tokens, jnp.int32),
-        "completion_tokens": jnp.asarray(batch.completion_tokens, jnp.int32),
-        "advantages": jnp.asarray(batch.advantages, jnp.float32),
-        "old_logps": jnp.asarray(batch.old_logps, jnp.float32),
-    }
-    if batch.ref_logps is not None:
-        out["ref_logps"] = jnp.asarray(batch.ref_logps, jnp.float32)
-    return out
-
-
-def mini_batches(size: int, mini_batch_size: int | None) -> list[slice]:
-    step = size if not mini_batch_size else min(mini_batch_size, size)
-    return [slice(i, min(i + step, size)) for i in range(0, size, step)]

@@ -1,0 +1,222 @@
+"""The training batch and the input contracts of the training operations.
+
+Every check here runs on the host, on NumPy arrays, before anything reaches a
+device: a malformed batch otherwise fails late and quietly. An advantage
+column shaped (B, 1) broadcasts against (B, C) log-probs into (B, B, C); a NaN
+advantage or an id past the vocabulary turns every parameter to NaN after one
+optimizer step. Each error names the argument, what it was, and what was
+expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+
+import numpy as np
+
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.model.logps import check_temperature, check_token_batch, check_token_ids
+from rlcluster_lab.model.sampling import check_max_new_tokens, check_prompts
+
+__all__ = [
+    "TrainBatch",
+    "batch_arrays",
+    "check_max_new_tokens",
+    "check_temperature",
+    "mini_batches",
+    "validate_batch_arrays",
+    "validate_prompts",
+]
+
+
+def validate_prompts(prompts: Any, name: str = "prompts") -> list[str]:
+    """``prompts`` as a list of strings, refusing a bare ``str``/``bytes`` (which would be
+    iterated into one-character prompts) and an empty list.
+
+    Call it before anything turns the argument into a list (``list("hello")`` is five prompts).
+
+    Raises:
+        TypeError: a bare string or a non-string element; the message says to pass ``["hello"]``.
+        ConfigError: no prompts.
+    """
+    return check_prompts(prompts, name)
+
+
+def _float_array(name: str, value: Any, shape: tuple[int, ...], meaning: str) -> np.ndarray:
+    """``value`` as a finite float32 host array of exactly ``shape``."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"TrainBatch.{name} must be a float array {meaning}, got {type(value).__name__}")
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
+        raise TypeError(f"TrainBatch.{name} must hold real numbers {meaning}, got dtype {arr.dtype}")
+    if arr.shape != shape:
+        hint = ""
+        if arr.ndim == len(shape) + 1 and arr.shape[-1] == 1:
+            hint = f": a trailing axis of 1 would broadcast into a wrong loss; pass {name}.reshape{shape}"
+        raise ConfigError(f"TrainBatch.{name} has shape {arr.shape}; expected {shape} ({meaning}){hint}")
+    arr = arr.astype(np.float32, copy=False)
+    finite = np.isfinite(arr)
+    if not finite.all():
+        where = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ConfigError(
+            f"TrainBatch.{name} holds {arr[where]} at index {where}; every value must be finite: one NaN "
+            "or inf here makes every updated parameter NaN"
+        )
+    return arr
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    """One batch of sampled completions with what the loss needs.
+
+    ``old_logps`` are the log-probs of the policy that sampled the tokens
+    (the anchor, P11); ``ref_logps`` those of the frozen reference.
+
+    The contract, checked at construction (arrays are kept as host NumPy
+    arrays; float fields as float32):
+
+    * ``prompt_tokens``: (B, P) integer ids >= 0, B >= 1, P >= 1, left-padded;
+    * ``completion_tokens``: (B, C) integer ids >= 0, C >= 1, right-padded;
+    * ``advantages``: (B,) finite; ``old_logps`` and ``ref_logps``: (B, C) finite.
+
+    The upper bound of the ids (the model's vocabulary) is checked where the
+    model is known: ``validate(vocab_size)``, which the training step calls.
+
+    Raises:
+        TypeError: ids that are not integers, or values that are not numbers.
+        ConfigError: an empty batch, a wrong shape (the message gives the one
+            expected), a negative id, or a NaN/inf value.
+    """
+
+    prompt_tokens: np.ndarray  # (B, P) left-padded
+    completion_tokens: np.ndarray  # (B, C) right-padded
+    advantages: np.ndarray  # (B,)
+    old_logps: np.ndarray  # (B, C)
+    ref_logps: np.ndarray | None = None  # (B, C); None: no KL term
+
+    def __post_init__(self) -> None:
+        if np.shape(self.prompt_tokens)[:1] == (0,):
+            raise ConfigError("Cannot update the actor from an empty batch (TrainBatch.prompt_tokens has no rows).")
+        prompt, completion = check_token_batch(
+            self.prompt_tokens,
+            self.completion_tokens,
+            None,
+            names=("TrainBatch.prompt_tokens", "TrainBatch.completion_tokens"),
+        )
+        b, c = completion.shape
+        set_ = object.__setattr__
+        set_(self, "prompt_tokens", prompt)
+        set_(self, "completion_tokens", completion)
+        set_(self, "advantages", _float_array("advantages", self.advantages, (b,), "one advantage per completion"))
+        per_token = "one log-prob per completion token, like completion_tokens"
+        set_(self, "old_logps", _float_array("old_logps", self.old_logps, (b, c), per_token))
+        if self.ref_logps is not None:
+            set_(self, "ref_logps", _float_array("ref_logps", self.ref_logps, (b, c), per_token))
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    def validate(self, vocab_size: int | None) -> TrainBatch:
+        """Check every id is below ``vocab_size`` (the rest was checked at construction); returns self.
+
+        Raises:
+            ConfigError: an id outside ``[0, vocab_size)``.
+        """
+        check_token_ids("TrainBatch.prompt_tokens", self.prompt_tokens, vocab_size)
+        check_token_ids("TrainBatch.completion_tokens", self.completion_tokens, vocab_size)
+        return self
+
+    def rows(self, index: slice | np.ndarray) -> TrainBatch:
+        pick = lambda x: None if x is None else np.asarray(x)[index]  # noqa: E731
+        return TrainBatch(
+            prompt_tokens=pick(self.prompt_tokens),
+            completion_tokens=pick(self.completion_tokens),
+            advantages=pick(self.advantages),
+            old_logps=pick(self.old_logps),
+            ref_logps=pick(self.ref_logps),
+        )
+
+
+_BATCH_KEYS = ("prompt_tokens", "completion_tokens", "advantages", "old_logps", "ref_logps")
+
+
+def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:
+    """The batch as the training step's inputs: host arrays (int32 ids, float32 values).
+
+    They stay on the host so the step can check them against the model
+    (``validate_batch_arrays``) before the jitted program moves them to devices.
+    """
+    if not isinstance(batch, TrainBatch):
+        raise TypeError(f"batch_arrays takes a TrainBatch, got {type(batch).__name__}")
+    out = {
+        "prompt_tokens": np.asarray(batch.prompt_tokens, np.int32),
+        "completion_tokens": np.asarray(batch.completion_tokens, np.int32),
+        "advantages": np.asarray(batch.advantages, np.float32),
+        "old_logps": np.asarray(batch.old_logps, np.float32),
+    }
+    if batch.ref_logps is not None:
+        out["ref_logps"] = np.asarray(batch.ref_logps, np.float32)
+    return out
+
+
+def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None:
+    """The training step's batch dict: known keys, the TrainBatch shapes, ids in the vocabulary
+    and finite values.
+
+    Shapes are read from any array; values are checked only for host (NumPy)
+    arrays, so a caller that already holds device arrays pays no transfer.
+
+    Raises:
+        TypeError / ConfigError: as ``TrainBatch``, naming the key.
+    """
+    if not isinstance(batch, dict):
+        raise TypeError(f"the training step's batch must be a dict of arrays, got {type(batch).__name__}")
+    unknown = sorted(set(batch) - set(_BATCH_KEYS))
+    missing = [k for k in _BATCH_KEYS[:4] if k not in batch]
+    if unknown or missing:
+        raise ConfigError(
+            f"the training step's batch has keys {sorted(batch)}; expected {list(_BATCH_KEYS[:4])} and optionally "
+            f"'ref_logps' (missing: {missing}, unexpected: {unknown}); build it with batch_arrays(TrainBatch(...))"
+        )
+    shapes = {k: tuple(np.shape(v)) for k, v in batch.items()}
+    p_shape, c_shape = shapes["prompt_tokens"], shapes["completion_tokens"]
+    if len(p_shape) != 2 or 0 in p_shape:
+        raise ConfigError(f"batch['prompt_tokens'] has shape {p_shape}; expected (B, P) with B, P >= 1")
+    b = p_shape[0]
+    if len(c_shape) != 2 or c_shape[0] != b or c_shape[1] == 0:
+        raise ConfigError(f"batch['completion_tokens'] has shape {c_shape}; expected ({b}, C) with C >= 1")
+    expected = {"advantages": (b,), "old_logps": c_shape, "ref_logps": c_shape}
+    for key, want in expected.items():
+        if key in shapes and shapes[key] != want:
+            raise ConfigError(f"batch[{key!r}] has shape {shapes[key]}; expected {want}")
+    for key in ("prompt_tokens", "completion_tokens"):
+        if isinstance(batch[key], np.ndarray):
+            check_token_ids(f"batch[{key!r}]", batch[key], vocab_size)
+    for key in ("advantages", "old_logps", "ref_logps"):
+        value = batch.get(key)
+        if isinstance(value, np.ndarray) and not np.isfinite(value).all():
+            raise ConfigError(f"batch[{key!r}] holds NaN or inf; every value must be finite")
+
+
+def mini_batches(size: int, mini_batch_size: int | None, *, name: str = "micro_batch_size") -> list[slice]:
+    """Row slices of ``size`` rows in chunks of ``mini_batch_size`` (None: one chunk of all rows;
+    a size above ``size`` is one chunk too; the last chunk may be smaller).
+
+    Raises:
+        ConfigError: an empty batch, or ``mini_batch_size`` below 1.
+        TypeError: ``mini_batch_size`` is not an int (0 is not "the whole batch": pass None).
+    """
+    if size < 1:
+        raise ConfigError("Cannot split an empty batch; pass at least one row.")
+    if mini_batch_size is None:
+        return [slice(0, size)]
+    if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int or None, got {type(mini_batch_size).__name__}")
+    if mini_batch_size < 1:
+        raise ConfigError(
+            f"{name} must be a positive int (rows per call) or None (the whole batch at once), got {mini_batch_size}"
+        )
+    step = min(int(mini_batch_size), size)
+    return [slice(i, min(i + step, size)) for i in range(0, size, step)]

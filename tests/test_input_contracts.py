@@ -1,0 +1,317 @@
+"""Input contracts where data enters the model: token ids inside the vocabulary, the shapes the
+loss needs, finite values and settings, a list of prompts (not a string), positive batch sizes.
+
+Each was a silent failure before: an id past the vocabulary scored NaN, a (B, 1) advantage
+column broadcast into a (B, B, C) loss, a NaN advantage or rate turned every parameter to
+NaN, ``generate("hello")`` sampled five one-letter prompts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlcluster_lab import GRPOLearner, Role, RolloutConfig, Scenario, TrainBatch, TrainingConfig, build_cluster
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.model import init_model, logps_from_state
+from rlcluster_lab.model.sampling import sample
+from rlcluster_lab.model.scoring import init_score_model, scores_from_state
+from rlcluster_lab.model.tokenizer import ByteTokenizer
+from rlcluster_lab.training.batch import batch_arrays, mini_batches, validate_batch_arrays, validate_prompts
+
+TOK = ByteTokenizer()
+VOCAB = 264  # the tiny model's vocabulary
+B, P, C = 4, 3, 2
+
+
+@pytest.fixture(scope="module")
+def split_model():
+    return nnx.split(init_model("tiny", seed=0))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return build_cluster(Scenario(layout="colocated", max_tokens=4))
+
+
+def good_batch(rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    rng = rng or np.random.default_rng(0)
+    return {
+        "prompt_tokens": rng.integers(0, 256, (B, P)).astype(np.int32),
+        "completion_tokens": rng.integers(0, 256, (B, C)).astype(np.int32),
+        "advantages": rng.standard_normal(B).astype(np.float32),
+        "old_logps": -rng.random((B, C)).astype(np.float32),
+        "ref_logps": -rng.random((B, C)).astype(np.float32),
+    }
+
+
+# ------------------------------------------------------------------ token ids
+
+
+@pytest.mark.parametrize("bad_id", [VOCAB, 100_000, -1, 2**31 + 5])
+@pytest.mark.parametrize("where", ["prompt_tokens", "completion_tokens"])
+def test_logps_refuse_ids_outside_the_vocabulary(split_model, bad_id, where):
+    tokens = good_batch()
+    ids = {k: tokens[k].astype(np.int64) for k in ("prompt_tokens", "completion_tokens")}
+    ids[where][1, 0] = bad_id
+    with pytest.raises(ConfigError, match=rf"{where} holds token id {bad_id} at index \(1, 0\).*\[0, {VOCAB}\)"):
+        logps_from_state(*split_model, ids["prompt_tokens"], ids["completion_tokens"], TOK.pad_id)
+
+
+def test_logps_refuse_float_ids_rather_than_truncate_them(split_model):
+    batch = good_batch()
+    with pytest.raises(TypeError, match="completion_tokens must hold integer token ids, got dtype float"):
+        logps_from_state(*split_model, batch["prompt_tokens"], batch["completion_tokens"] + 0.7, TOK.pad_id)
+
+
+def test_logps_refuse_a_pad_id_outside_the_vocabulary(split_model):
+    batch = good_batch()
+    with pytest.raises(ConfigError, match="pad_id is 300"):
+        logps_from_state(*split_model, batch["prompt_tokens"], batch["completion_tokens"], 300)
+
+
+def test_cluster_logps_refuse_ids_outside_the_vocabulary_for_every_role(cluster):
+    batch = good_batch()
+    completion = batch["completion_tokens"].copy()
+    completion[0, 1] = VOCAB + 3
+    for role in (Role.ACTOR, Role.ROLLOUT):
+        with pytest.raises(ConfigError, match=f"completion_tokens holds token id {VOCAB + 3}"):
+            cluster.per_token_logps(role, batch["prompt_tokens"], completion)
+
+
+def test_reward_scores_refuse_ids_outside_the_vocabulary():
+    graphdef, state = nnx.split(init_score_model("tiny", seed=0))
+    batch = good_batch()
+    prompt = batch["prompt_tokens"].copy()
+    prompt[2, 2] = 5000
+    with pytest.raises(ConfigError, match="prompt_tokens holds token id 5000"):
+        scores_from_state(graphdef, state, prompt, batch["completion_tokens"], TOK.pad_id, per_token=False)
+
+
+class WideTokenizer(ByteTokenizer):
+    """A tokenizer with more ids than the model: every character becomes id 300."""
+
+    vocab_size = 512
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        return [self.bos_id] * add_bos + [300] * len(text)
+
+
+def test_sample_refuses_prompts_the_model_cannot_embed(split_model):
+    with pytest.raises(ConfigError, match="holds token id 300.*vocabulary \\[0, 264\\)"):
+        sample(*split_model, WideTokenizer(), ["hi"], max_new_tokens=2, temperature=1.0, cache_size=32, seed=0)
+
+
+def test_train_batch_refuses_negative_ids_and_the_step_refuses_ids_past_the_vocabulary(cluster):
+    batch = good_batch()
+    negative = batch["prompt_tokens"].copy()
+    negative[0, 0] = -4
+    with pytest.raises(ConfigError, match="TrainBatch.prompt_tokens holds token id -4"):
+        TrainBatch(negative, batch["completion_tokens"], batch["advantages"], batch["old_logps"])
+    completion = batch["completion_tokens"].copy()
+    completion[3, 1] = VOCAB
+    before = [np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model, nnx.Param))]
+    with pytest.raises(ConfigError, match=f"completion_tokens.*holds token id {VOCAB}"):
+        cluster.update_actor(TrainBatch(batch["prompt_tokens"], completion, batch["advantages"], batch["old_logps"]))
+    after = [np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model, nnx.Param))]
+    assert all(np.array_equal(x, y) for x, y in zip(before, after))
+
+
+# ------------------------------------------------------------------ shapes
+
+
+@pytest.mark.parametrize(
+    "field, shape, expected",
+    [
+        ("advantages", (B, 1), (B,)),
+        ("advantages", (B - 1,), (B,)),
+        ("old_logps", (B, 1), (B, C)),
+        ("old_logps", (B,), (B, C)),
+        ("ref_logps", (B, C + 1), (B, C)),
+    ],
+)
+def test_train_batch_names_the_argument_the_shape_given_and_the_shape_expected(field, shape, expected):
+    batch = good_batch()
+    batch[field] = np.zeros(shape, np.float32)
+    message = rf"TrainBatch\.{field} has shape {re_tuple(shape)}; expected {re_tuple(expected)}"
+    with pytest.raises(ConfigError, match=message):
+        TrainBatch(**batch)
+
+
+def re_tuple(shape: tuple[int, ...]) -> str:
+    return str(tuple(shape)).replace("(", r"\(").replace(")", r"\)")
+
+
+def test_the_step_refuses_a_broadcasting_advantage_column_given_directly(split_model):
+    arrays = batch_arrays(TrainBatch(**good_batch()))
+    arrays["advantages"] = arrays["advantages"][:, None]
+    with pytest.raises(ConfigError, match=r"batch\['advantages'\] has shape \(4, 1\); expected \(4,\)"):
+        validate_batch_arrays(arrays, VOCAB)
+
+
+# ------------------------------------------------------------------ finite values and settings
+
+
+@pytest.mark.parametrize("field, value", [("advantages", np.nan), ("old_logps", -np.inf), ("ref_logps", np.nan)])
+def test_train_batch_refuses_non_finite_values(field, value):
+    batch = good_batch()
+    batch[field] = batch[field].copy()
+    batch[field].flat[1] = value
+    with pytest.raises(ConfigError, match=rf"TrainBatch\.{field} holds .*must be finite"):
+        TrainBatch(**batch)
+
+
+@pytest.mark.parametrize(
+    "knobs, name",
+    [
+        ({"learning_rate": math.nan}, "learning_rate"),
+        ({"learning_rate": math.inf}, "learning_rate"),
+        ({"beta": math.nan}, "beta"),
+        ({"epsilon": math.nan}, "epsilon"),
+        ({"mini_batch_size": 2.5}, "mini_batch_size"),
+    ],
+)
+def test_training_config_refuses_non_finite_or_fractional_knobs(knobs, name):
+    with pytest.raises(ConfigError, match=name):
+        TrainingConfig(**knobs)
+
+
+@pytest.mark.parametrize(
+    "knobs, message",
+    [
+        ({"temperature": math.nan}, "temperature must be >= 0 .* and finite, got nan"),
+        ({"temperature": math.inf}, "temperature must be >= 0 .* and finite, got inf"),
+        ({"max_tokens_to_generate": 4.0}, "max_tokens_to_generate must be an int, got float"),
+    ],
+)
+def test_rollout_config_refuses_non_finite_temperature_and_float_lengths(knobs, message):
+    with pytest.raises(ConfigError, match=message):
+        RolloutConfig(**knobs)
+
+
+@pytest.mark.parametrize("temperature", [math.nan, math.inf, -1.0])
+def test_sampler_and_scorer_refuse_bad_temperatures(split_model, temperature):
+    with pytest.raises(ConfigError, match="temperature must be >= 0"):
+        sample(*split_model, TOK, ["hi"], max_new_tokens=2, temperature=temperature, cache_size=32, seed=0)
+    batch = good_batch()
+    with pytest.raises(ConfigError, match="temperature must be >= 0"):
+        logps_from_state(*split_model, batch["prompt_tokens"], batch["completion_tokens"], TOK.pad_id, temperature)
+
+
+def test_sampler_refuses_a_float_length(split_model):
+    with pytest.raises(TypeError, match="max_new_tokens must be a positive int, got float"):
+        sample(*split_model, TOK, ["hi"], max_new_tokens=2.5, temperature=1.0, cache_size=32, seed=0)
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_micro_batch_size_must_be_positive(cluster, size):
+    batch = good_batch()
+    with pytest.raises(ConfigError, match=f"micro_batch_size must be a positive int .* got {size}"):
+        cluster.per_token_logps(Role.ACTOR, batch["prompt_tokens"], batch["completion_tokens"], micro_batch_size=size)
+
+
+def test_empty_batches_are_clear_errors(split_model):
+    with pytest.raises(ConfigError, match="empty batch"):
+        mini_batches(0, None)
+    with pytest.raises(ConfigError, match="empty batch cannot be scored"):
+        logps_from_state(*split_model, np.zeros((0, 3), np.int32), np.zeros((0, 2), np.int32), TOK.pad_id)
+
+
+# ------------------------------------------------------------------ a string is not a list of prompts
+
+
+def test_engine_generate_refuses_a_bare_string(cluster):
+    with pytest.raises(TypeError, match=r"prompts must be a list of prompt strings.*pass \['hello'\]"):
+        cluster.rollout.generate("hello", cluster.get_rollout_config())
+
+
+def test_sampler_refuses_a_bare_string_and_non_strings(split_model):
+    kw = dict(max_new_tokens=2, temperature=1.0, cache_size=32, seed=0)
+    with pytest.raises(TypeError, match=r"pass \[b'hi'\]"):
+        sample(*split_model, TOK, b"hi", **kw)
+    with pytest.raises(TypeError, match=r"prompts\[1\] must be a str, got int"):
+        sample(*split_model, TOK, ["ok", 7], **kw)
+
+
+def test_learner_refuses_a_bare_string(cluster):
+    with pytest.raises(TypeError, match=r"pass \['hello'\]"):
+        GRPOLearner(cluster, prompts="hello")
+
+
+def test_validate_prompts_keeps_a_list_and_refuses_a_string():
+    assert validate_prompts(("a", "b")) == ["a", "b"]
+    with pytest.raises(TypeError, match="prompts must be a list"):
+        validate_prompts("hello")
+
+
+def test_cluster_generate_refuses_a_bare_string(cluster):
+    with pytest.raises(TypeError, match=r"pass \['hello'\]"):
+        cluster.generate("hello")
+
+
+# ------------------------------------------------------------------ property: no malformed batch passes
+
+FLOAT_FIELDS = ("advantages", "old_logps", "ref_logps")
+ID_FIELDS = ("prompt_tokens", "completion_tokens")
+CORRUPTIONS = {
+    "trailing_axis": lambda x, r: x[..., None],
+    "drop_row": lambda x, r: x[1:],
+    "extra_column": lambda x, r: np.concatenate([x, x[:, :1]], axis=-1) if x.ndim == 2 else np.tile(x, 2),
+    "nan": lambda x, r: _put(x.astype(np.float32), r, np.nan),
+    "inf": lambda x, r: _put(x.astype(np.float32), r, np.inf),
+    "negative_id": lambda x, r: _put(x, r, -1),
+    "id_past_vocab": lambda x, r: _put(x, r, VOCAB + int(r.integers(0, 10_000))),
+    "float_ids": lambda x, r: x.astype(np.float32),
+}
+APPLIES = {
+    "trailing_axis": FLOAT_FIELDS + ID_FIELDS,
+    "drop_row": FLOAT_FIELDS + ("completion_tokens",),
+    "extra_column": FLOAT_FIELDS,
+    "nan": FLOAT_FIELDS,
+    "inf": FLOAT_FIELDS,
+    "negative_id": ID_FIELDS,
+    "id_past_vocab": ID_FIELDS,
+    "float_ids": ID_FIELDS,
+}
+
+
+def _put(x: np.ndarray, rng: np.random.Generator, value: float) -> np.ndarray:
+    x = x.copy()
+    x.flat[int(rng.integers(0, x.size))] = value
+    return x
+
+
+@st.composite
+def batches(draw):
+    """A well-formed batch, or one with a single field corrupted: (fields, the field corrupted or None)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    batch = good_batch(rng)
+    if draw(st.booleans()):
+        batch["ref_logps"] = None
+    kind = draw(st.sampled_from([None, *CORRUPTIONS]))
+    if kind is None:
+        return batch, None
+    field = draw(st.sampled_from([f for f in APPLIES[kind] if batch[f] is not None]))
+    batch[field] = CORRUPTIONS[kind](batch[field], rng)
+    return batch, field
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches())
+def test_property_a_malformed_batch_never_reaches_the_model(case):
+    """Every corrupted batch is refused with an error that names the corrupted field, before any
+    device work; every well-formed one passes."""
+    batch, field = case
+    try:
+        TrainBatch(**batch).validate(VOCAB)
+    except (ConfigError, TypeError) as err:
+        assert field is not None, f"a well-formed batch was refused: {err}"
+        assert f"TrainBatch.{field}" in str(err), (field, str(err))
+    else:
+        assert field is None, f"TrainBatch accepted a corrupted {field}"

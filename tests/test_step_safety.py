@@ -1,0 +1,236 @@
+"""The optimizer step is transactional, and its compiled program is shared and released.
+
+A step whose loss, gradients or result is not finite keeps the previous parameters and
+optimizer state and says why (before, one such step turned every actor leaf to NaN for
+good). A rebuilt cluster with an equal optimizer reuses the compiled step (before, each
+fresh ``optax.adam`` compiled it again and kept the old executable: tens of MB a rebuild).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainBatch, TrainingConfig, build_cluster
+from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.model import init_model
+from rlcluster_lab.model.tokenizer import ByteTokenizer
+from rlcluster_lab.training.batch import batch_arrays
+from rlcluster_lab.training.step import init_optimizer_state, rejection_reason, train_step
+
+TOK = ByteTokenizer()
+ONE_DEVICE = Mesh(np.array(jax.devices()[:1]), ("data",))
+
+
+def adam(learning_rate: float = 1e-2) -> optax.GradientTransformation:
+    """A new Adam object each call, its rate held in the state: a NaN rate needs no new program."""
+    return optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
+
+
+def poison_learning_rate(opt_state) -> None:
+    """Set the injected learning rate to NaN, in place and in the same layout."""
+    rate = opt_state.hyperparams["learning_rate"]
+    opt_state.hyperparams["learning_rate"] = jax.device_put(jnp.full_like(rate, jnp.nan), rate.sharding)
+
+
+def host(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b))
+
+
+def batch(advantages=(1.0, -1.0, 0.5, -0.5), old_logps: float = -1.0) -> TrainBatch:
+    prompts = TOK.encode_batch_left_padded(["ab", "cde", "f", "gh"], length=4)
+    completion = np.array([[104, 105, 258], [106, 258, 256], [107, 108, 109], [110, 258, 256]], np.int32)
+    old = np.full(completion.shape, old_logps, np.float32)
+    return TrainBatch(prompts, completion, np.asarray(advantages, np.float32), old, old.copy())
+
+
+class Setup:
+    """A tiny actor split for the step, with ``tx``'s state."""
+
+    def __init__(self, tx: optax.GradientTransformation) -> None:
+        self.tx = tx
+        self.graphdef, self.trainable, self.frozen = nnx.split(init_model("tiny", seed=0), nnx.Param, ...)
+        self.opt_state = init_optimizer_state(tx, self.trainable, ONE_DEVICE)
+
+    def step(self, b: TrainBatch) -> tuple[object, object, dict[str, float]]:
+        new, opt, m = train_step(
+            self.graphdef,
+            self.tx,
+            self.trainable,
+            self.frozen,
+            self.opt_state,
+            batch_arrays(b),
+            1.0,
+            pad_id=TOK.pad_id,
+            beta=0.04,
+            epsilon=0.2,
+        )
+        return new, opt, {k: float(v) for k, v in m.items()}
+
+
+# ------------------------------------------------------------------ transactional step
+
+
+def test_an_update_that_makes_parameters_nan_keeps_the_old_parameters_and_optimizer_state():
+    s = Setup(adam())
+    poison_learning_rate(s.opt_state)
+    new, opt, m = s.step(batch())
+    assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+    assert rejection_reason(m) == "the update would make a parameter non-finite"
+    assert same(host(new), host(s.trainable))
+    # Adam's moments and step count would have moved: they are kept too.
+    assert same(host(opt), host(s.opt_state))
+
+
+def test_a_non_finite_loss_is_rejected_before_it_reaches_the_parameters():
+    # Finite inputs whose ratio exp(logp - old) overflows: the loss is inf, the gradients NaN.
+    s = Setup(adam())
+    new, opt, m = s.step(batch(advantages=(-1.0, -1.0, -1.0, -1.0), old_logps=-1e30))
+    assert not math.isfinite(m["loss"])
+    assert rejection_reason(m) == "the loss is not finite"
+    assert same(host(new), host(s.trainable)) and same(host(opt), host(s.opt_state))
+
+
+def test_a_finite_update_is_applied_and_reports_no_rejection():
+    s = Setup(adam())
+    new, opt, m = s.step(batch())
+    assert m["rejected"] == 0.0 and rejection_reason(m) is None
+    assert not same(host(new), host(s.trainable))
+    assert not same(host(opt), host(s.opt_state))
+    assert all(np.isfinite(x).all() for x in host(new))
+
+
+def test_the_learner_reports_rejected_steps_and_the_actor_stays_finite():
+    cluster = build_cluster(
+        Scenario(layout="colocated", max_tokens=4), training_config=TrainingConfig(optimizer=adam())
+    )
+    poison_learning_rate(cluster.optimizer_state)
+    before = host(nnx.state(cluster.actor_model, nnx.Param))
+    record = GRPOLearner(cluster, LearnerConfig(steps=1, prompts_per_step=2, group_size=2)).run().steps[0]
+    assert record.rejected_steps == record.optimizer_steps == 1
+    assert "kept the previous parameters and optimizer state" in record.rejected
+    assert "non-finite" in record.rejected
+    assert record.to_json()["rejected"] == record.rejected
+    assert same(host(nnx.state(cluster.actor_model, nnx.Param)), before)
+    assert cluster.global_steps == 1  # the sync still ran, with the kept weights
+
+
+# ------------------------------------------------------------------ one compiled step per configuration
+
+
+def step_programs(found) -> list[str]:
+    return [name for name, _, _ in found if "step" in name]
+
+
+def test_equal_optimizers_share_one_compiled_step_and_release_it_when_unused(monkeypatch):
+    from rlcluster_lab.training import step
+
+    gc.collect()
+    step.release_unused_steps()
+    jax.clear_caches()  # whatever earlier tests compiled is built again (from the disk cache) and counted
+    held = step.compiled_step_count()
+    setups = []
+    with count_compilations() as found:
+        for _ in range(3):
+            s = Setup(adam())  # a new, equal optimizer object each time
+            s.step(batch())
+            setups.append(s)
+    assert len(step_programs(found)) == 1, found
+    assert step.compiled_step_count() == held + 1
+    # Every user gone: the program is idle, kept for a rebuild of the same configuration...
+    del setups, s
+    gc.collect()
+    assert step.compiled_step_count() == held + 1
+    with count_compilations() as found:
+        Setup(adam()).step(batch())
+    assert step_programs(found) == []
+    # ...and released on demand, or at once when no idle program is to be kept.
+    gc.collect()
+    assert step.release_unused_steps() == 1 and step.compiled_step_count() == held
+    monkeypatch.setattr(step._STEPS, "idle_limit", 0)
+    s = Setup(adam())
+    s.step(batch())
+    assert step.compiled_step_count() == held + 1
+    del s
+    gc.collect()
+    assert step.compiled_step_count() == held
+
+
+def test_rebuilt_clusters_with_equal_optimizers_compile_the_step_once():
+    b = batch()
+    gc.collect()
+    jax.clear_caches()
+    with count_compilations() as found:
+        for _ in range(3):
+            cluster = build_cluster(
+                Scenario(layout="colocated", max_tokens=4), training_config=TrainingConfig(optimizer=adam())
+            )
+            metrics = cluster.update_actor(b)
+            assert metrics[0]["rejected"] == 0.0
+    assert len(step_programs(found)) == 1, found
+
+
+def test_optimizers_are_told_apart_by_value_not_identity():
+    from rlcluster_lab.training.fingerprint import describe_transformation
+
+    def key(tx):
+        return describe_transformation(tx)[0]
+
+    assert key(optax.adam(1e-3)) == key(optax.adam(1e-3))
+    assert key(optax.adam(1e-3)) != key(optax.adam(2e-3))
+    assert key(optax.adam(1e-3)) != key(optax.sgd(1e-3))
+    schedule = lambda n: optax.adamw(optax.cosine_decay_schedule(1e-3, n))  # noqa: E731
+    assert key(schedule(100)) == key(schedule(100)) and key(schedule(100)) != key(schedule(200))
+    assert key(adam()) == key(adam())
+
+    class Opaque:  # an object the description cannot look inside: told apart by identity
+        scale = 2.0
+
+    def scaled(obj):
+        return optax.GradientTransformation(
+            lambda p: (), lambda u, s, p=None: (jax.tree.map(lambda x: x * obj.scale, u), s)
+        )
+
+    one = Opaque()
+    assert key(scaled(one)) == key(scaled(one))
+    assert key(scaled(one)) != key(scaled(Opaque()))
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    pytest.skip("no /proc/self/status VmRSS here")
+
+
+@pytest.mark.slow
+def test_twenty_identical_rebuilds_keep_host_memory_bounded():
+    """20 rebuilds, each with a fresh (equal) optimizer and one optimizer step, grow RSS by < 50 MB
+    (before, each kept its own compiled step: 17-29 MB a rebuild)."""
+    b = batch()
+
+    def rebuild() -> None:
+        cluster = build_cluster(Scenario(), training_config=TrainingConfig(optimizer=adam()))
+        cluster.update_actor(b)
+        del cluster
+        gc.collect()
+
+    rebuild()  # warm-up: compiles what every rebuild reuses
+    start = rss_mb()
+    for _ in range(20):
+        rebuild()
+    grown = rss_mb() - start
+    assert grown < 50, f"RSS grew {grown:.1f} MB over 20 identical rebuilds"
