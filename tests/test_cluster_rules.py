@@ -103,8 +103,9 @@ def test_p3_vanilla_unlinked_loads_second_copy_on_rollout_mesh():
         np.testing.assert_array_equal(a, b)
 
 
-def test_p3_second_copy_cast_to_rollout_dtype():
-    c = cluster_for("reshaped", rollout=RolloutConfig(max_tokens_to_generate=4, data_type="bfloat16"))
+@pytest.mark.parametrize("dtype", ["bfloat16", jnp.bfloat16])
+def test_p3_second_copy_cast_to_rollout_dtype(dtype):
+    c = cluster_for("reshaped", rollout=RolloutConfig(max_tokens_to_generate=4, data_type=dtype))
     assert {x.dtype for x in jax.tree.leaves(nnx.state(c.rollout.model()))} == {jnp.dtype("bfloat16")}
     assert {x.dtype for x in jax.tree.leaves(nnx.state(c.actor_model))} == {jnp.dtype("float32")}
     assert "cast to bfloat16" in c.trace.by_rule("P3")[0].outcome
@@ -659,3 +660,25 @@ def test_p14_offload_keeps_an_own_copy_engine_apart_from_the_actor(engine):
     assert memory_kinds(nnx.state(c.rollout.model())) == ["pinned_host"]
     assert memory_kinds(actor_state) == ["pinned_host"]
     assert any(d.rule == "P14" and "owns its weights" in d.test for d in c.trace)
+
+
+@pytest.mark.parametrize(
+    "engine, cache",
+    [("vanilla", 2048), ("vllm", 2048), ("sglang_jax", None), (RecordingEngine, None)],
+    ids=["vanilla", "vllm", "sglang_jax", "custom"],
+)
+def test_p6_engines_get_the_train_config_unchanged_and_the_cache_size_as_in_the_reference(engine, cache):
+    version = "rlcluster-lab/tiny" if engine == "vllm" else None
+    train = RolloutConfig(kv_cache_size=1024, rollout_vllm_model_version=version)
+    evaluation = RolloutConfig(kv_cache_size=2048, rollout_vllm_model_version=version)
+    cfg = ClusterConfig(
+        role_to_mesh=layout_meshes("colocated"),
+        rollout_engine=engine,
+        rollout_config={Mode.TRAIN: train, Mode.EVAL: evaluation},
+    )
+    c = RLCluster(actor=init_model("tiny"), cluster_config=cfg)
+    # The TRAIN config itself, never a copy carrying the EVAL cache size.
+    assert c.rollout.rollout_config is train
+    assert c.rollout.rollout_config.kv_cache_size == 1024
+    # The largest cache over modes travels on its own, only to the engines that take one.
+    assert c.rollout.cache_size == cache

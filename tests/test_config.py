@@ -4,6 +4,8 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -16,6 +18,7 @@ from rlcluster_lab.core.config import (
 )
 from rlcluster_lab.core.meshes import layout_meshes, make_mesh
 from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
+from rlcluster_lab.core.options import dtype_name
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.engines import RolloutEngine, VanillaEngine
 from rlcluster_lab.rules.validation import p6_engine_choice, p6_rollout_config
@@ -280,6 +283,43 @@ def test_rollout_config_unknown_data_type_lists_known():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", None])
 def test_rollout_config_known_data_types_allowed(dtype):
     assert RolloutConfig(data_type=dtype).data_type == dtype
+
+
+@pytest.mark.parametrize(
+    "dtype, name",
+    [
+        (jnp.bfloat16, "bfloat16"),
+        (jnp.float16, "float16"),
+        (np.float32, "float32"),
+        (np.dtype("float16"), "float16"),
+        (jnp.dtype("bfloat16"), "bfloat16"),
+        ("bfloat16", "bfloat16"),
+    ],
+)
+def test_rollout_config_keeps_the_dtype_object_it_was_given(dtype, name):
+    # As in the reference, the field holds the user's value; the name is read where it is used.
+    cfg = RolloutConfig(data_type=dtype)
+    assert cfg.data_type is dtype
+    assert dtype_name(cfg.data_type) == name
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, np.int32, "int8", object()])
+def test_rollout_config_unknown_dtype_object_is_a_config_error_naming_the_argument(dtype):
+    with pytest.raises(ConfigError, match=r"data_type: unsupported dtype .*use one of float32, bfloat16, float16"):
+        RolloutConfig(data_type=dtype)
+
+
+def test_model_and_plan_dtype_knobs_take_jax_dtypes():
+    from rlcluster_lab.model.transformer import get_model_config
+    from rlcluster_lab.planner.plan import PlanRequest
+    from rlcluster_lab.planner.tables import topology
+
+    config = dataclasses.replace(get_model_config("tiny"), param_dtype=jnp.bfloat16)
+    assert config.param_dtype == "bfloat16" and config.dtype == jnp.dtype("bfloat16")
+    request = PlanRequest(model=get_model_config("tiny"), model_name="tiny", topology=topology("local"), rollout_dtype=jnp.bfloat16)
+    assert request.rollout_dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="rollout_dtype: unsupported dtype"):
+        PlanRequest(model=get_model_config("tiny"), model_name="tiny", topology=topology("local"), rollout_dtype=np.int8)
 
 
 def test_rollout_config_zero_max_tokens_raises():

@@ -27,7 +27,7 @@ from rlcluster_lab.cluster.live import LiveExecutor
 from rlcluster_lab.cluster.sync import sync_weights
 from rlcluster_lab.cluster.validate import check_inputs, engine_class, require_config
 from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
-from rlcluster_lab.core.options import RolloutConfig
+from rlcluster_lab.core.options import RolloutConfig, dtype_name
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine, RolloutOutput
@@ -135,7 +135,7 @@ class RLCluster:
                         role_to_mesh=self.role_to_mesh,
                         engine_kind=self._engine_kind,
                         engine_name=cluster_config.engine_name(),
-                        rollout_dtype=train_cfg.data_type,
+                        rollout_dtype=None if train_cfg.data_type is None else dtype_name(train_cfg.data_type),
                         offload_to_cpu=cluster_config.offload_to_cpu,
                         anchor_mode=cluster_config.anchor,
                         actor_is_module=isinstance(actor, nnx.Module),

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.engines import RolloutOutput
 from rlcluster_lab.model import is_lora, logps_from_state
@@ -125,6 +126,7 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
     tcfg = c.cluster_config.training_config
     actor = c.actor_model
     batch.validate(getattr(getattr(actor, "config", None), "vocab_size", None))  # before anything moves
+    check_accumulation(len(batch), tcfg)
     metrics: list[dict[str, float]] = []
     temperature = jnp.float32(c.get_rollout_config(Mode.TRAIN).temperature or 1.0)
     offload = c.cluster_config.offload_to_cpu
@@ -148,6 +150,7 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
                         pad_id=c.rollout.pad_id(),
                         beta=float(tcfg.beta),
                         epsilon=float(tcfg.epsilon),
+                        micro_batch_size=tcfg.train_micro_batch_size,
                     )
                     # Parameters and optimizer state change together (the step keeps every
                     # leaf's sharding); a step that raised changed neither.
@@ -158,6 +161,23 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
             if offload:
                 c._opt_state = put_on_memory_kind(c._opt_state, "pinned_host")
     return metrics
+
+
+def check_accumulation(batch_size: int, tcfg: Any) -> None:
+    """With gradient accumulation, the batch is a whole number of mini-batches (as the
+    reference's learner requires), so every update accumulates the same micro-batch count.
+
+    Raises:
+        ConfigError: naming the batch size and ``mini_batch_size``.
+    """
+    if tcfg.train_micro_batch_size is None:
+        return
+    if batch_size % tcfg.mini_batch_size:
+        raise ConfigError(
+            f"the training batch has {batch_size} rows, not a multiple of mini_batch_size={tcfg.mini_batch_size}; "
+            f"with train_micro_batch_size={tcfg.train_micro_batch_size} every mini-batch must be whole: pass a "
+            "batch whose size is a multiple of mini_batch_size"
+        )
 
 
 def score(c: RLCluster, role: Role, prompt_tokens: Any, completion_tokens: Any, *, per_token: bool) -> jax.Array:
@@ -227,6 +247,7 @@ def rehearse_step(c: RLCluster, prompts: Sequence[str], reward_model: bool) -> b
                 pad_id=engine.pad_id(),
                 beta=float(tcfg.beta),
                 epsilon=float(tcfg.epsilon),
+                micro_batch_size=tcfg.train_micro_batch_size,
             )
     rehearse_sync(c, is_lora(actor))
     return True

@@ -25,12 +25,27 @@ LogicalAxisRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
-    """How the actor learns (GRPO-style clipped objective with a KL term)."""
+    """How the actor (GRPO-style clipped objective with a KL term) and the critic learn.
+
+    Gradient accumulation follows the reference: with ``train_micro_batch_size``
+    set, each mini-batch step sums the gradients of ``mini_batch_size //
+    train_micro_batch_size`` micro-batches (``gradient_accumulation_steps``)
+    before one optimizer update; the loss stays the token mean over the whole
+    mini-batch, so the update equals one step on the mini-batch, with the
+    activations of one micro-batch alive at a time.
+
+    The critic (when the cluster has one) trains with ``critic_optimizer``,
+    default ``adam(critic_learning_rate)``, on a PPO-style clipped value loss
+    with clip range ``clip_range_value``.
+    """
 
     learning_rate: float = 3e-3
     optimizer: optax.GradientTransformation | None = None  # default: adam(learning_rate)
-    critic_optimizer: optax.GradientTransformation | None = None
+    critic_optimizer: optax.GradientTransformation | None = None  # default: adam(critic_learning_rate)
+    critic_learning_rate: float = 1e-3
+    clip_range_value: float = 0.2  # the value loss's clip range around the rollout-time values
     mini_batch_size: int | None = None  # None: the whole batch in one step
+    train_micro_batch_size: int | None = None  # None: the mini-batch in one piece (no accumulation)
     num_iterations: int = 1  # passes over the same batch per global step
     beta: float = 0.04  # KL weight
     epsilon: float = 0.2  # clip range
@@ -52,6 +67,32 @@ class TrainingConfig:
                 raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
             raise ConfigError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}")
+        micro = self.train_micro_batch_size
+        if micro is not None:
+            if isinstance(micro, bool) or not isinstance(micro, numbers.Integral) or micro < 1:
+                raise ConfigError(
+                    f"train_micro_batch_size must be a positive integer or None (no accumulation), got {micro!r}"
+                )
+            if self.mini_batch_size is None:
+                raise ConfigError(
+                    f"mini_batch_size must be set when train_micro_batch_size is set (got train_micro_batch_size="
+                    f"{micro}, mini_batch_size=None): each mini-batch step accumulates mini_batch_size // "
+                    "train_micro_batch_size micro-batches; set mini_batch_size to a multiple of it"
+                )
+            if self.mini_batch_size % micro:
+                raise ConfigError(
+                    f"mini_batch_size={self.mini_batch_size} must be a multiple of train_micro_batch_size={micro}: "
+                    "each optimizer update accumulates a whole number of micro-batches"
+                )
+        if not _finite_real(self.critic_learning_rate) or self.critic_learning_rate <= 0:
+            raise ConfigError(
+                f"critic_learning_rate must be a finite number > 0 (e.g. 1e-3), got {self.critic_learning_rate!r}"
+            )
+        if not _finite_real(self.clip_range_value) or self.clip_range_value <= 0:
+            raise ConfigError(
+                f"clip_range_value (the value loss's clip range) must be a finite number > 0, got "
+                f"{self.clip_range_value!r}"
+            )
         if self.num_iterations < 1:
             raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}")
         if self.role_to_logical_axis_rule is not None:
@@ -60,6 +101,20 @@ class TrainingConfig:
 
     def actor_optimizer(self) -> optax.GradientTransformation:
         return self.optimizer if self.optimizer is not None else default_optimizer(self.learning_rate)
+
+    def critic_tx(self) -> optax.GradientTransformation:
+        """The critic's optimizer: ``critic_optimizer``, else ``adam(critic_learning_rate)``."""
+        if self.critic_optimizer is not None:
+            return self.critic_optimizer
+        return default_optimizer(self.critic_learning_rate)
+
+    @property
+    def gradient_accumulation_steps(self) -> int | None:
+        """Micro-batches per optimizer update, ``mini_batch_size // train_micro_batch_size``,
+        derived as in the reference (None: no accumulation, one piece per update)."""
+        if self.train_micro_batch_size is None or self.mini_batch_size is None:
+            return None
+        return self.mini_batch_size // self.train_micro_batch_size
 
 
 def _finite_real(value: Any) -> bool:

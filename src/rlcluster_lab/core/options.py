@@ -31,8 +31,12 @@ MODEL_SIZES: tuple[str, ...] = ("tiny", "small", "base", "large")
 LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 
 
-def dtype_name(value: Any) -> str:
+def dtype_name(value: Any, what: str = "dtype") -> str:
     """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type, as its name.
+
+    Args:
+        value: ``"bfloat16"``, ``jnp.bfloat16``, ``np.float16``, ``np.dtype("float32")``...
+        what: the argument's name, for the error message.
 
     Raises:
         ConfigError: for anything that is not one of ``DTYPES``.
@@ -44,10 +48,13 @@ def dtype_name(value: Any) -> str:
 
         try:
             name = np.dtype(value).name
-        except TypeError:
+        except (TypeError, ValueError):
             name = str(getattr(value, "__name__", value))
     if name not in DTYPES:
-        raise ConfigError(f"unsupported dtype {value!r}; use one of {', '.join(DTYPES)} (a name or a dtype)")
+        raise ConfigError(
+            f"{what}: unsupported dtype {value!r}; use one of {', '.join(DTYPES)}, as a name or as a JAX/NumPy "
+            f"dtype (e.g. 'bfloat16' or jnp.bfloat16)"
+        )
     return name
 
 
@@ -103,7 +110,10 @@ class RolloutConfig:
     """How the rollout engine samples.
 
     ``data_type`` casts the vanilla engine's second copy (P3) when set; it
-    takes a name or a dtype (``jnp.bfloat16``) and keeps the name. The
+    takes a name (``"bfloat16"``) or a JAX/NumPy dtype (``jnp.bfloat16``,
+    ``np.dtype("float16")``). As in the reference the field keeps what was
+    given (``cfg.data_type is jnp.bfloat16``); ``dtype_name`` reads it where it
+    is used. The
     ``rollout_vllm_*`` and ``rollout_sglang_jax_*`` fields are read only by
     the matching engine.
     """
@@ -143,7 +153,7 @@ class RolloutConfig:
             raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
         check_tensor_parallel_size(self.rollout_vllm_tensor_parallel_size)
         if self.data_type is not None:
-            object.__setattr__(self, "data_type", dtype_name(self.data_type))
+            dtype_name(self.data_type, "data_type")  # refused here if unknown; kept as given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +197,7 @@ class Scenario:
             if value not in allowed:
                 raise ConfigError(f"unknown {knob} {value!r}; choose one of {', '.join(allowed)}")
         if self.rollout_dtype is not None:
-            object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype))
+            object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype, "rollout_dtype"))
         if self.lora_separate_base and not self.lora:
             raise ConfigError("lora_separate_base needs lora: the separate base is the LoRA actor's frozen part")
         # The rank is checked with or without LoRA, so a forgotten --lora does not hide a bad value;

@@ -71,9 +71,13 @@ class ModelConfig:
         if self.rms_eps <= 0 or self.rope_base <= 0:
             raise ValueError("rms_eps and rope_base must be positive")
         try:
-            jnp.dtype(self.param_dtype)
+            name = jnp.dtype(self.param_dtype).name
         except TypeError as err:
-            raise ValueError(f"unknown param_dtype {self.param_dtype!r}") from err
+            raise ValueError(
+                f"unknown param_dtype {self.param_dtype!r}; give a name ('bfloat16') or a JAX/NumPy dtype (jnp.bfloat16)"
+            ) from err
+        # Held as its name: the config is written to a checkpoint's config.json.
+        object.__setattr__(self, "param_dtype", name)
 
     @property
     def dtype(self) -> jnp.dtype:

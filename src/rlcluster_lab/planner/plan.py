@@ -95,7 +95,7 @@ import optax
 from rlcluster_lab.cluster.construct import Request, construct
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.meshes import LAYOUTS, describe_mesh, layout_meshes
-from rlcluster_lab.core.options import ANCHOR_MODES, DTYPES, ENGINES, RESHARD_STRATEGIES, check_tensor_parallel_size
+from rlcluster_lab.core.options import ANCHOR_MODES, ENGINES, RESHARD_STRATEGIES, check_tensor_parallel_size, dtype_name
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, ModelConfig
@@ -130,7 +130,7 @@ class PlanRequest:
     vllm_tensor_parallel_size: int | None = None
     offload: bool = False
     anchor: str = "full"
-    rollout_dtype: str | None = None
+    rollout_dtype: Any = None  # a name or a JAX/NumPy dtype; held as its name
     with_reward: bool = False
     with_critic: bool = False
     role_to_mesh: Mapping[Role, PlannedMesh] | None = None  # overrides the layout's meshes
@@ -156,8 +156,8 @@ class PlanRequest:
         check_tensor_parallel_size(self.vllm_tensor_parallel_size)
         if self.lora_separate_base and not self.lora_rank:
             raise ConfigError("lora_separate_base needs LoRA: the separate base is the LoRA actor's frozen part")
-        if self.rollout_dtype is not None and self.rollout_dtype not in DTYPES:
-            raise ConfigError(f"unknown rollout dtype {self.rollout_dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.rollout_dtype is not None:  # a name or a JAX/NumPy dtype; the plan reads the name
+            object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype, "rollout_dtype"))
 
     def rules(self, role: Role) -> Rules:
         rules = (self.logical_axis_rules or {}).get(role)

@@ -42,7 +42,9 @@ __all__ = [
     "batch_arrays",
     "compiled_step_count",
     "release_unused_steps",
+    "accumulation_steps",
     "grpo_loss",
+    "grpo_sums",
     "init_optimizer_state",
     "mini_batches",
     "rejection_reason",
@@ -77,6 +79,25 @@ def grpo_loss(
     epsilon: float,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped policy-gradient loss plus ``beta`` times a k3 KL estimate, over real tokens."""
+    sums, tokens = grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
+    denom = jnp.maximum(tokens, 1.0)
+    return sums["loss"] / denom, {k: v / denom for k, v in sums.items()}
+
+
+def grpo_sums(
+    model: nnx.Module,
+    batch: dict[str, jax.Array],
+    *,
+    pad_id: int,
+    temperature: jax.Array,
+    beta: float,
+    epsilon: float,
+) -> tuple[dict[str, jax.Array], jax.Array]:
+    """``grpo_loss``'s terms summed over real tokens (not divided), and the token count.
+
+    Summed terms add up across micro-batches; dividing the total by the total
+    count gives the mini-batch's token mean, which is what accumulation needs.
+    """
     completion = batch["completion_tokens"]
     mask = (completion != pad_id).astype(jnp.float32)
     logps = forward_logps(model, batch["prompt_tokens"], completion, pad_id, temperature)
@@ -89,14 +110,12 @@ def grpo_loss(
         delta = batch["ref_logps"] - logps
         kl = jnp.exp(delta) - delta - 1.0
         per_token = per_token + beta * kl
-    denom = jnp.maximum(mask.sum(), 1.0)
-    loss = (per_token * mask).sum() / denom
-    metrics = {
-        "loss": loss,
-        "kl": (kl * mask).sum() / denom,
-        "clip_fraction": ((jnp.abs(ratio - 1.0) > epsilon) * mask).sum() / denom,
+    sums = {
+        "loss": (per_token * mask).sum(),
+        "kl": (kl * mask).sum(),
+        "clip_fraction": ((jnp.abs(ratio - 1.0) > epsilon) * mask).sum(),
     }
-    return loss, metrics
+    return sums, mask.sum()
 
 
 def train_step(
@@ -111,8 +130,15 @@ def train_step(
     pad_id: int,
     beta: float,
     epsilon: float,
+    micro_batch_size: int | None = None,
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """One optimizer step (P12); the new parameters and optimizer state keep the old ones' shardings.
+
+    With ``micro_batch_size`` smaller than the batch, the gradient is
+    accumulated over ``B // micro_batch_size`` micro-batches inside the same
+    compiled program (a scan: one micro-batch's activations at a time), as the
+    token-weighted sum of their gradients over the batch's token count, so the
+    one update that follows equals the update of a step on the whole batch.
 
     Left to itself XLA may hand back a leaf in another layout (a replicated
     norm scale's Adam moment split over a mesh axis), which changes what a
@@ -141,16 +167,33 @@ def train_step(
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
     keep = (_sharding_key(trainable), _sharding_key(opt_state))
     pad_id, beta, epsilon = int(pad_id), float(beta), float(epsilon)
+    pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
     return _STEPS.call(
         tx,
-        (graphdef, pad_id, beta, epsilon, keep),
-        lambda: _jitted_step(graphdef, pad_id, beta, epsilon, keep),
+        (graphdef, pad_id, beta, epsilon, keep, pieces),
+        lambda: _jitted_step(graphdef, pad_id, beta, epsilon, keep, pieces),
         trainable,
         frozen,
         opt_state,
         batch,
         temperature,
     )
+
+
+def accumulation_steps(batch_size: int, micro_batch_size: int | None) -> int:
+    """How many micro-batches one step over ``batch_size`` rows accumulates (1: none).
+
+    Raises:
+        ConfigError: the batch is not a whole number of micro-batches.
+    """
+    if micro_batch_size is None or micro_batch_size >= batch_size:
+        return 1
+    if batch_size % micro_batch_size:
+        raise ConfigError(
+            f"a training step over {batch_size} rows cannot be split into micro-batches of train_micro_batch_size="
+            f"{micro_batch_size}; make the batch (or mini_batch_size) a multiple of train_micro_batch_size"
+        )
+    return batch_size // micro_batch_size
 
 
 def _sharding_key(tree: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -285,6 +328,7 @@ def _jitted_step(
     beta: float,
     epsilon: float,
     keep: tuple[Any, Any],
+    pieces: int = 1,
 ) -> Any:
     (p_def, p_shardings), (o_def, o_shardings) = keep
     mesh = next((s.mesh for s in p_shardings if isinstance(s, NamedSharding)), None)
@@ -297,7 +341,10 @@ def _jitted_step(
             model = nnx.merge(graphdef, params, frozen)
             return grpo_loss(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
 
-        grads, m = jax.grad(loss_fn, has_aux=True)(trainable)
+        if pieces == 1:
+            grads, m = jax.grad(loss_fn, has_aux=True)(trainable)
+        else:
+            grads, m = _accumulated_grads(graphdef, trainable, frozen, batch, temperature, pad_id, beta, epsilon, pieces)
         updates, new_opt_state = _STEPS.current_tx().update(grads, opt_state, trainable)
         new_trainable = optax.apply_updates(trainable, updates)
         grad_norm = optax.tree.norm(grads)
@@ -322,6 +369,46 @@ def _jitted_step(
 
     out = (jax.tree.unflatten(p_def, p_shardings), jax.tree.unflatten(o_def, o_shardings), metrics)
     return jax.jit(grpo_train_step, out_shardings=out)
+
+
+def _accumulated_grads(
+    graphdef: nnx.GraphDef,
+    trainable: Any,
+    frozen: Any,
+    batch: dict[str, jax.Array],
+    temperature: jax.Array,
+    pad_id: int,
+    beta: float,
+    epsilon: float,
+    pieces: int,
+) -> tuple[Any, dict[str, jax.Array]]:
+    """The gradient of the batch's token-mean loss, summed micro-batch by micro-batch.
+
+    Each micro-batch contributes the gradient of its *summed* loss; the total
+    is divided once by the batch's token count (as the reference's accumulator
+    does for token-weighted losses), so the result is the whole batch's
+    gradient up to float rounding, whatever the tokens per micro-batch.
+    """
+    split = {k: v.reshape(pieces, v.shape[0] // pieces, *v.shape[1:]) for k, v in batch.items()}
+
+    def sums_fn(params: Any, micro: dict[str, jax.Array]) -> tuple[jax.Array, tuple[dict[str, jax.Array], jax.Array]]:
+        model = nnx.merge(graphdef, params, frozen)
+        sums, tokens = grpo_sums(model, micro, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
+        return sums["loss"], (sums, tokens)
+
+    def add(carry: Any, micro: dict[str, jax.Array]) -> tuple[Any, None]:
+        grads, sums, tokens = carry
+        g, (s, t) = jax.grad(sums_fn, has_aux=True)(trainable, micro)
+        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), grads, g)
+        sums = {k: sums[k] + s[k] for k in sums}
+        return (grads, sums, tokens + t), None
+
+    zero_grads = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
+    zero_sums = {k: jnp.float32(0.0) for k in ("loss", "kl", "clip_fraction")}
+    (grads, sums, tokens), _ = jax.lax.scan(add, (zero_grads, zero_sums, jnp.float32(0.0)), split)
+    denom = jnp.maximum(tokens, 1.0)
+    grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, trainable)
+    return grads, {k: v / denom for k, v in sums.items()}
 
 
 def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: Any) -> Any:
