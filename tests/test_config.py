@@ -316,10 +316,11 @@ def test_model_and_plan_dtype_knobs_take_jax_dtypes():
 
     config = dataclasses.replace(get_model_config("tiny"), param_dtype=jnp.bfloat16)
     assert config.param_dtype == "bfloat16" and config.dtype == jnp.dtype("bfloat16")
-    request = PlanRequest(model=get_model_config("tiny"), model_name="tiny", topology=topology("local"), rollout_dtype=jnp.bfloat16)
+    knobs = dict(model=get_model_config("tiny"), model_name="tiny", topology=topology("local"))
+    request = PlanRequest(**knobs, rollout_dtype=jnp.bfloat16)
     assert request.rollout_dtype == "bfloat16"
     with pytest.raises(ConfigError, match="rollout_dtype: unsupported dtype"):
-        PlanRequest(model=get_model_config("tiny"), model_name="tiny", topology=topology("local"), rollout_dtype=np.int8)
+        PlanRequest(**knobs, rollout_dtype=np.int8)
 
 
 def test_rollout_config_zero_max_tokens_raises():

@@ -74,7 +74,8 @@ class ModelConfig:
             name = jnp.dtype(self.param_dtype).name
         except TypeError as err:
             raise ValueError(
-                f"unknown param_dtype {self.param_dtype!r}; give a name ('bfloat16') or a JAX/NumPy dtype (jnp.bfloat16)"
+                f"unknown param_dtype {self.param_dtype!r}; give a name ('bfloat16') or a JAX/NumPy dtype "
+                "(jnp.bfloat16)"
             ) from err
         # Held as its name: the config is written to a checkpoint's config.json.
         object.__setattr__(self, "param_dtype", name)

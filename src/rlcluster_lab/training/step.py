@@ -344,7 +344,9 @@ def _jitted_step(
         if pieces == 1:
             grads, m = jax.grad(loss_fn, has_aux=True)(trainable)
         else:
-            grads, m = _accumulated_grads(graphdef, trainable, frozen, batch, temperature, pad_id, beta, epsilon, pieces)
+            grads, m = _accumulated_grads(
+                graphdef, trainable, frozen, batch, temperature, pad_id, beta, epsilon, pieces
+            )
         updates, new_opt_state = _STEPS.current_tx().update(grads, opt_state, trainable)
         new_trainable = optax.apply_updates(trainable, updates)
         grad_norm = optax.tree.norm(grads)
