@@ -56,11 +56,13 @@ def test_changing_a_rule_function_changes_the_cluster_and_the_planner(monkeypatc
     assert plan.memory["by_role"]["rollout"]["bytes"] == plan.memory["by_role"]["actor"]["bytes"]
 
 
-@pytest.mark.parametrize("layout", ["colocated", "reshaped"])
-def test_cluster_and_plan_take_the_same_decisions_in_the_same_order(layout: str) -> None:
-    scenario = Scenario(layout=layout, lora=True)
+@pytest.mark.parametrize("layout, critic", [("colocated", False), ("reshaped", False), ("split", True)])
+def test_cluster_and_plan_take_the_same_decisions_in_the_same_order(layout: str, critic: bool) -> None:
+    scenario = Scenario(layout=layout, lora=True, with_critic=critic)
     cluster = build_cluster(scenario, devices=jax.devices())
     plan = plan_scenario(scenario, local_topology())
     live = [(d.rule, d.branch.value if d.branch else None) for d in cluster.trace if d.rule != "P6"]
     paper = [(d["rule"], d["branch"]) for d in plan.decisions]
     assert live == paper
+    # With a critic both construct its optimizer (a second P12), after the actor's.
+    assert [r for r, _ in live].count("P12") == (2 if critic else 1)

@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "TrainBatch": "rlcluster_lab.training",
     "TrainingConfig": "rlcluster_lab.core.config",
     "TransformerLM": "rlcluster_lab.model",
+    "ValueBatch": "rlcluster_lab.training",
     "VanillaEngine": "rlcluster_lab.engines",
     "VllmStyleEngine": "rlcluster_lab.engines",
     "build_cluster": "rlcluster_lab.cluster.scenario",

@@ -32,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--prompts-per-step", type=int, default=4)
     learn.add_argument("--group-size", type=int, default=4)
     learn.add_argument("--mini-batch-size", type=int, default=8)
+    learn.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        help="train micro-batch size: each mini-batch update accumulates mini/micro micro-batch gradients",
+    )
     learn.add_argument("--iterations", type=int, default=1)
     learn.add_argument("--learning-rate", type=float, default=3e-3)
     learn.add_argument("--max-tokens", type=int, default=8)
@@ -144,9 +150,17 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     training = TrainingConfig(
         learning_rate=args.learning_rate,
         mini_batch_size=args.mini_batch_size,
+        train_micro_batch_size=args.micro_batch_size,
         num_iterations=args.iterations,
     )
-    config = LearnerConfig(steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size)
+    # With --critic the learner runs PPO-style steps: the critic's values as baseline, and the
+    # critic trained every step.
+    config = LearnerConfig(
+        steps=args.steps,
+        prompts_per_step=args.prompts_per_step,
+        group_size=args.group_size,
+        critic=args.critic,
+    )
     scenario.check()
     check_rollout_fits(
         scenario,
@@ -166,7 +180,13 @@ def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) 
     progress = (
         None
         if args.json
-        else (lambda s: print(f"step {s.step:3d}  mean reward {s.mean_reward:.3f}  loss {s.loss:+.4f}", flush=True))
+        else (
+            lambda s: print(
+                f"step {s.step:3d}  mean reward {s.mean_reward:.3f}  loss {s.loss:+.4f}"
+                + (f"  value loss {s.value_loss:.4f}" if s.value_loss is not None else ""),
+                flush=True,
+            )
+        )
     )
     result = learner.run(progress=progress)
     data = result.to_json()

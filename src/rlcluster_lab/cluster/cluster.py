@@ -39,6 +39,7 @@ from rlcluster_lab.placement.place import array_leaves, default_memory_kind
 from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.rules.anchor import anchor_is_partial
 from rlcluster_lab.rules.reference import AVOIDABLE_COPY_ADVICE
+from rlcluster_lab.training.critic import ValueBatch
 from rlcluster_lab.training.step import TrainBatch
 
 ModelOrPath = nnx.Module | str | os.PathLike
@@ -114,6 +115,8 @@ class RLCluster:
         self._opt_state: Any = None
         self._anchor_policy_state: Any = None
         self._tx = cluster_config.training_config.actor_optimizer()
+        self._critic_tx = cluster_config.training_config.critic_tx()
+        self._critic_opt_state: Any = None
         train_cfg, self._engine_kind = check_inputs(cluster_config, actor, reference, reward, critic, self.trace)
         self._train_rollout_config: RolloutConfig = train_cfg
 
@@ -155,6 +158,7 @@ class RLCluster:
         self._actor, self._rollout, self._reference = placed.actor, placed.engine, placed.reference
         self._reward, self._critic = placed.reward, placed.critic
         self._opt_state, self._anchor_policy_state = placed.optimizer, placed.anchor
+        self._critic_opt_state = placed.critic_optimizer
         self.role_to_mesh, self.sharing_map = placed.role_to_mesh, placed.sharing_map
         self.rollout_branch = placed.rollout_branch.value
         self.mesh_overridden_by_engine = placed.mesh_overridden_by_engine
@@ -177,7 +181,7 @@ class RLCluster:
         """
         self._actor = self._reference = self._reward = self._critic = None
         self._rollout = None
-        self._anchor_policy_state = self._opt_state = None
+        self._anchor_policy_state = self._opt_state = self._critic_opt_state = None
         ours = [x for obj in made.values() for x in _arrays_of(obj)]
         ours += [x for model, _ in saved for x in array_leaves(nnx.state(model))]
         for model, snapshot in saved:
@@ -249,6 +253,11 @@ class RLCluster:
     def optimizer_state(self) -> Any:
         """The actor optimizer's state (moments live beside the trainable parameters)."""
         return self._opt_state
+
+    @property
+    def critic_optimizer_state(self) -> Any:
+        """The critic optimizer's state (None without a critic), on the critic's mesh."""
+        return self._critic_opt_state
 
     def models(self) -> dict[Role, nnx.Module]:
         """The module each present role computes with (the rollout: the engine's model)."""
@@ -379,6 +388,37 @@ class RLCluster:
         Returns one metrics dict per step.
         """
         return operations.update_actor(self, batch, on_step)
+
+    def update_critic(self, batch: ValueBatch) -> list[dict[str, float]]:
+        """P12 for the critic: clipped value-loss steps (``TrainingConfig.clip_range_value``)
+        with the critic's own optimizer, on the critic mesh, one per mini-batch per iteration.
+
+        Returns:
+            One metrics dict per optimizer step (``loss``, ``vpred_mean``, ``vf_clipfrac``,
+            ``return_mean``, ``grad_norm``, ``rejected``).
+
+        Raises:
+            ValueError: the cluster has no critic.
+            TypeError: ``batch`` is not a ``ValueBatch``.
+        """
+        return operations.update_critic(self, batch)
+
+    def train(self, role: Role | str, batch: Any, **kwargs: Any) -> list[dict[str, float]]:
+        """The reference's generic training primitive: ``update_actor`` for ACTOR (``batch`` a
+        ``TrainBatch``, ``on_step`` passed on), ``update_critic`` for CRITIC (a ``ValueBatch``).
+
+        Raises:
+            ValueError: any other role ("Unsupported role for train: ...").
+        """
+        try:
+            parsed = Role.parse(role)
+        except ValueError:
+            parsed = None
+        if parsed is Role.ACTOR:
+            return self.update_actor(batch, **kwargs)
+        if parsed is Role.CRITIC:
+            return self.update_critic(batch, **kwargs)
+        raise ValueError(f"Unsupported role for train: {role}; train takes Role.ACTOR or Role.CRITIC")
 
     def sync_weights(self) -> SyncReport:
         """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin

@@ -4,7 +4,8 @@
 config's meshes (P1, P2); the actor, then the rollout model (P3), the
 reference (P4), the critic and the reward model, each loaded onto its mesh
 (P5, P14); the rollout engine, which may replace the rollout mesh (P7); the
-optimizer (P12); the anchor snapshot on pinned host (P8). Every decision
+actor's optimizer, then the critic's on the critic mesh (P12); the anchor
+snapshot on pinned host (P8). Every decision
 comes from a rule function (``rules/``) and goes into the trace.
 
 What happens to the models is an ``Executor``'s business: the live one
@@ -67,7 +68,9 @@ class Executor(Protocol):
 
     def engine_owns_weights(self, engine: Any) -> bool: ...
 
-    def init_optimizer(self, actor: Any, lora: bool, mesh: Any) -> Any: ...
+    def init_optimizer(self, model: Any, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
+        """The optimizer state of ``role``'s optimizer (ACTOR or CRITIC) over ``model``'s
+        trainable parameters, each moment beside its parameter on ``mesh``."""
 
     def move_optimizer(self, state: Any, kind: str) -> Any: ...
 
@@ -105,6 +108,7 @@ class Placed:
     reward: Any | None
     critic: Any | None
     optimizer: Any
+    critic_optimizer: Any | None
     anchor: Any
     role_to_mesh: dict[Role, Any]
     config_role_to_mesh: dict[Role, Any]
@@ -199,6 +203,16 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     mover.to_host(actor, Role.ACTOR)
     if req.offload_to_cpu:
         optimizer = sink["optimizer"] = ex.move_optimizer(optimizer, "pinned_host")
+    # P12 for the critic: its own optimizer over all its parameters, on its mesh, offloaded
+    # with the others (the reference's critic trainer; there the state is never offloaded).
+    critic_optimizer = None
+    if critic is not None:
+        mover.to_device(critic, Role.CRITIC)
+        trace.add(steps.p12_critic_trainable())
+        critic_optimizer = sink["critic_optimizer"] = ex.init_optimizer(critic, False, r2m[Role.CRITIC], Role.CRITIC)
+        mover.to_host(critic, Role.CRITIC)
+        if req.offload_to_cpu:
+            critic_optimizer = sink["critic_optimizer"] = ex.move_optimizer(critic_optimizer, "pinned_host")
 
     # P8: the anchor, pinned to host (only the adapters with anchor="trainable" and LoRA).
     anchor, nbytes = ex.pin_anchor(actor, anchor_is_partial(req.anchor_mode, lora))
@@ -211,6 +225,7 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
         reward=reward,
         critic=critic,
         optimizer=optimizer,
+        critic_optimizer=critic_optimizer,
         anchor=anchor,
         role_to_mesh=r2m,
         config_role_to_mesh=dict(req.role_to_mesh),

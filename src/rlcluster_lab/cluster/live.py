@@ -95,10 +95,11 @@ class LiveExecutor:
     def engine_owns_weights(self, engine: RolloutEngine) -> bool:
         return bool(engine.owns_weights)
 
-    def init_optimizer(self, actor: nnx.Module, lora: bool, mesh: Any) -> Any:
+    def init_optimizer(self, model: nnx.Module, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
         c = self.cluster
-        with c._role_context(Role.ACTOR):
-            return init_optimizer_state(c._tx, nnx.state(actor, nnx.LoRAParam if lora else nnx.Param), mesh)
+        tx = c._critic_tx if role is Role.CRITIC else c._tx
+        with c._role_context(role):
+            return init_optimizer_state(tx, nnx.state(model, nnx.LoRAParam if lora else nnx.Param), mesh)
 
     def move_optimizer(self, state: Any, kind: str) -> Any:
         return put_on_memory_kind(state, kind)

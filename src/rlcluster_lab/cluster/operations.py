@@ -163,6 +163,50 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
     return metrics
 
 
+def update_critic(c: RLCluster, batch: Any) -> list[dict[str, float]]:
+    """P12 for the critic: clipped value-loss steps on the critic, on its mesh, one per
+    mini-batch per iteration, accumulating micro-batches as the actor does; with offload the
+    critic and its optimizer state come to device for the steps and go back after."""
+    from rlcluster_lab.training.critic import ValueBatch, value_train_step
+
+    c._require_constructed()
+    critic = c._critic
+    if critic is None:
+        raise ValueError("this cluster has no critic model; pass critic=... when building it to train one")
+    if not isinstance(batch, ValueBatch):
+        raise TypeError(f"update_critic takes a ValueBatch, got {type(batch).__name__}")
+    tcfg = c.cluster_config.training_config
+    batch.validate(getattr(getattr(critic, "config", None), "vocab_size", None))  # before anything moves
+    check_accumulation(len(batch), tcfg)
+    metrics: list[dict[str, float]] = []
+    offload = c.cluster_config.offload_to_cpu
+    with c._working(Role.CRITIC, critic):
+        if offload:
+            c._critic_opt_state = put_on_memory_kind(c._critic_opt_state, c._device_kind(Role.CRITIC))
+        try:
+            for _ in range(tcfg.num_iterations):
+                for rows in mini_batches(len(batch), tcfg.mini_batch_size):
+                    graphdef, trainable, frozen = nnx.split(critic, nnx.Param, ...)
+                    new_trainable, new_opt_state, m = value_train_step(
+                        graphdef,
+                        c._critic_tx,
+                        trainable,
+                        frozen,
+                        c._critic_opt_state,
+                        batch.rows(rows).arrays(),
+                        pad_id=c.rollout.pad_id(),
+                        clip_range_value=float(tcfg.clip_range_value),
+                        micro_batch_size=tcfg.train_micro_batch_size,
+                    )
+                    nnx.update(critic, new_trainable)
+                    c._critic_opt_state = new_opt_state
+                    metrics.append({k: float(v) for k, v in m.items()})
+        finally:
+            if offload:
+                c._critic_opt_state = put_on_memory_kind(c._critic_opt_state, "pinned_host")
+    return metrics
+
+
 def check_accumulation(batch_size: int, tcfg: Any) -> None:
     """With gradient accumulation, the batch is a whole number of mini-batches (as the
     reference's learner requires), so every update accumulates the same micro-batch count.

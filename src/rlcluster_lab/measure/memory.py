@@ -23,7 +23,7 @@ UNITS = "physical bytes: every device shard counted (a leaf replicated on 4 devi
 MEMORY_SOURCE = "measured: walk of the live buffers of each role's state"
 
 # The order entries appear in reports and figures.
-MEMORY_ENTRIES = ("actor", "rollout", "reference", "reward", "critic", "anchor", "optimizer")
+MEMORY_ENTRIES = ("actor", "rollout", "reference", "reward", "critic", "anchor", "optimizer", "critic_optimizer")
 
 KINDS = ("device", "pinned_host", "unpinned_host")  # memory kinds, in report order
 
@@ -86,6 +86,8 @@ def cluster_entries(cluster: Any) -> dict[str, Any]:
         out["anchor"] = cluster.anchor_policy_state
     if cluster.optimizer_state is not None:
         out["optimizer"] = cluster.optimizer_state
+    if getattr(cluster, "critic_optimizer_state", None) is not None:
+        out["critic_optimizer"] = cluster.critic_optimizer_state
     return out
 
 

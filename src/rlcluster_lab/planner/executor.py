@@ -72,6 +72,7 @@ class PlannedExecutor:
         engine: the rollout engine's name (``ENGINES``).
         tensor_parallel_size: the vllm engine's tensor-parallel size (None: all its devices).
         optimizer: the actor's optimizer.
+        critic_optimizer: the critic's (None: the actor's kind, adam).
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class PlannedExecutor:
         engine: str,
         tensor_parallel_size: int | None,
         optimizer: optax.GradientTransformation,
+        critic_optimizer: optax.GradientTransformation | None = None,
     ) -> None:
         self.buf = buffers
         self.config = config
@@ -89,6 +91,7 @@ class PlannedExecutor:
         self.engine_cls = ENGINES[engine]
         self.tp_size = tensor_parallel_size
         self.tx = optimizer
+        self.critic_tx = critic_optimizer if critic_optimizer is not None else optax.adam(1e-3)
 
     # ------------------------------------------------------------------ shapes
 
@@ -170,13 +173,17 @@ class PlannedExecutor:
     def engine_owns_weights(self, engine: PlannedEngine) -> bool:
         return engine.owns_weights
 
-    def init_optimizer(self, actor: PlannedModel, lora: bool, mesh: PlannedMesh) -> list[PlannedArray]:
+    def init_optimizer(
+        self, actor: PlannedModel, lora: bool, mesh: PlannedMesh, role: Role = Role.ACTOR
+    ) -> list[PlannedArray]:
         """One array per optimizer slot: a slot mirroring the parameters has a leaf per
         trainable parameter with its sharding (adam's mu, nu); any other leaf (the step
-        count) is made under the actor's mesh (P12 runs in its context): replicated on it."""
+        count) is made under the role's mesh (P12 runs in its context): replicated on it.
+        The critic's optimizer covers all the critic's parameters."""
         trainable = [a for p, a in actor.arrays.items() if p in actor.lora_paths or not lora]
+        tx = self.critic_tx if role is Role.CRITIC else self.tx
         out = []
-        for slot in optimizer_slots(self.tx, self.config, actor.lora_rank):
+        for slot in optimizer_slots(tx, self.config, actor.lora_rank):
             if slot.mirrors:
                 out += [
                     self.buf.new(a.shape, a.dtype if slot.dtype is None else slot.dtype, a.mesh, a.spec, a.kind)

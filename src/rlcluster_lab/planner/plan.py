@@ -136,6 +136,7 @@ class PlanRequest:
     role_to_mesh: Mapping[Role, PlannedMesh] | None = None  # overrides the layout's meshes
     logical_axis_rules: Mapping[Role, Rules] | None = None
     optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
+    critic_optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
     reshard: str = "xla"
 
     def __post_init__(self) -> None:
@@ -216,6 +217,7 @@ def plan_cluster(
     role_to_mesh: Mapping[Role | str, Any] | None = None,
     logical_axis_rules: Mapping[Role | str, Any] | None = None,
     optimizer: optax.GradientTransformation | None = None,
+    critic_optimizer: optax.GradientTransformation | None = None,
     memory_per_device: int | None = None,
     link_bandwidth: float | None = None,
     reshard: str = "xla",
@@ -228,6 +230,8 @@ def plan_cluster(
     (bytes) and ``link_bandwidth`` (bytes/s a device receives) override its
     figures. ``role_to_mesh`` replaces the layout's meshes per role (real
     ``Mesh`` objects or ``PlannedMesh``); roles left out keep the layout's.
+    ``optimizer`` / ``critic_optimizer``: the actor's and (``with_critic``) the
+    critic's optimizers, whose states are planned (default: adam each).
     """
     if isinstance(model, ModelConfig):
         config = model if dtype is None else dataclasses.replace(model, param_dtype=dtype)
@@ -265,6 +269,7 @@ def plan_cluster(
         if logical_axis_rules is None
         else {Role.parse(r): _freeze_rules(v) for r, v in logical_axis_rules.items()},
         optimizer=optimizer,
+        critic_optimizer=critic_optimizer,
         reshard=reshard,
     )
     return _plan(request)
@@ -297,6 +302,7 @@ class _Placed:
 
     models: dict[str, Model]  # actor, rollout, reference, reward, critic, anchor
     optimizer: list[PlannedArray]
+    critic_optimizer: list[PlannedArray] | None
     role_to_mesh: dict[Role, PlannedMesh]
     config_role_to_mesh: dict[Role, PlannedMesh]
     sharing_map: Any
@@ -333,7 +339,13 @@ def _construct(req: PlanRequest) -> _Placed:
     r2m = _meshes(req)
     tx = req.optimizer if req.optimizer is not None else optax.adam(3e-3)
     ex = PlannedExecutor(
-        buf, req.model, {role: req.rules(role) for role in Role}, req.engine, req.vllm_tensor_parallel_size, tx
+        buf,
+        req.model,
+        {role: req.rules(role) for role in Role},
+        req.engine,
+        req.vllm_tensor_parallel_size,
+        tx,
+        req.critic_optimizer,
     )
     # Scenario.build_models places the models it makes without rules: the family's defaults.
     given = given_models(
@@ -376,6 +388,7 @@ def _construct(req: PlanRequest) -> _Placed:
     return _Placed(
         models,
         placed.optimizer,
+        placed.critic_optimizer,
         placed.role_to_mesh,
         placed.config_role_to_mesh,
         placed.sharing_map,
@@ -395,6 +408,8 @@ def _plan(req: PlanRequest) -> Plan:
     placed = _construct(req)
     entries: dict[str, list[PlannedArray]] = {name: list(m.values()) for name, m in placed.models.items()}
     entries["optimizer"] = placed.optimizer
+    if placed.critic_optimizer is not None:
+        entries["critic_optimizer"] = placed.critic_optimizer
     memory = memory_summary(entries)
     topo = req.topology
     sync = sync_summary(

@@ -91,9 +91,9 @@ RULES: tuple[RuleEntry, ...] = (
     ),
     RuleEntry(
         "P12",
-        "the actor's optimizer step",
-        (steps.p12_trainable,),
-        ("tests/test_cluster_rules.py", "tests/test_learner.py"),
+        "the actor's and the critic's optimizer steps",
+        (steps.p12_trainable, steps.p12_critic_trainable),
+        ("tests/test_cluster_rules.py", "tests/test_learner.py", "tests/test_critic.py"),
     ),
     RuleEntry(
         "P13",

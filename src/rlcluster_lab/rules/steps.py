@@ -44,6 +44,22 @@ def p12_trainable(actor_has_lora: bool) -> Decision:
     )
 
 
+def p12_critic_trainable() -> Decision:
+    """P12 for the critic: a cluster given a critic trains it with its own optimizer
+    (``TrainingConfig.critic_tx()``) over all its parameters, its state on the critic's mesh
+    and, with offload, in pinned host memory between updates, like the actor's.
+
+    Tests: test_critic.py.
+    """
+    return Decision(
+        "P12",
+        "critic trainable parameters",
+        {"lora": False},
+        "critic optimizer over all parameters, on the critic mesh",
+        ParamsBranch.ALL,
+    )
+
+
 def p13_sync_guarded(platform: str) -> bool:
     """P13: on CPU devices, explicit host<->device transfers are disallowed during a sync."""
     return platform == "cpu"

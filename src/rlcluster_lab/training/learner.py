@@ -6,6 +6,12 @@ anchor's and the reference's log-probs, update the actor in mini-batches,
 and sync. The toy task rewards lowercase ASCII letters in the completion,
 which a tiny random model learns within a few dozen steps on CPU.
 
+With ``LearnerConfig(critic=True)`` a step is PPO-style instead: the
+cluster's critic gives per-token values, the advantage is the reward minus
+the critic's baseline (``critic_advantages``), and after the actor's update
+the critic is trained (``update_critic``) on the clipped value loss towards
+the returns.
+
 ``P11Probe`` records, before every optimizer step, how far the live actor's
 log-probs are from the anchor's on that mini-batch, and how far the anchor's
 are from the sampler's: the numbers behind rule P11.
@@ -23,6 +29,7 @@ from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure.sync import SyncReport
 from rlcluster_lab.training.batch import TrainBatch, validate_prompts
+from rlcluster_lab.training.critic import ValueBatch
 from rlcluster_lab.training.step import rejection_reason
 
 RewardFn = Callable[[Sequence[str], Sequence[str]], np.ndarray]
@@ -40,12 +47,17 @@ def lowercase_reward(prompts: Sequence[str], completions: Sequence[str]) -> np.n
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-    """Knobs of the loop. ``batch_size`` counts completions (prompts x group)."""
+    """Knobs of the loop. ``batch_size`` counts completions (prompts x group).
+
+    ``critic``: PPO-style advantages from the cluster's critic, which is
+    trained every step, instead of GRPO's group normalisation.
+    """
 
     steps: int = 30
     prompts_per_step: int = 4
     group_size: int = 4
     seed: int = 0
+    critic: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -87,6 +99,7 @@ class StepRecord:
     sync: SyncReport | None = dataclasses.field(default=None, repr=False, compare=False)
     rejected_steps: int = 0
     rejected: str | None = None
+    value_loss: float | None = None  # the critic's mean clipped value loss (PPO-style steps only)
 
     def to_json(self) -> dict[str, Any]:
         """The step's figures (the sync report has its own ``to_json``)."""
@@ -132,6 +145,10 @@ class GRPOLearner:
             raise ValueError("give either reward_fn or use_reward_model=True, not both")
         if use_reward_model and cluster.reward_model is None:
             raise ValueError("use_reward_model=True needs a cluster built with reward=...")
+        if config.critic and cluster.critic_model is None:
+            raise ValueError(
+                "LearnerConfig(critic=True) needs a cluster built with critic=... (Scenario(with_critic=True))"
+            )
         self.use_reward_model = use_reward_model
         self.cluster = cluster
         self.config = config
@@ -167,7 +184,12 @@ class GRPOLearner:
             rewards = np.asarray(self.reward_fn(prompts, out.text), dtype=np.float32)
         if rewards.shape != (len(prompts),):
             raise ValueError(f"reward_fn returned shape {rewards.shape}, expected ({len(prompts)},)")
-        advantages = group_advantages(rewards, cfg.group_size)
+        values = returns = None
+        if cfg.critic:
+            values = np.asarray(cluster.get_values(prompt_tokens, completion), dtype=np.float32)
+            advantages, returns = critic_advantages(rewards, values, completion != cluster.rollout.pad_id())
+        else:
+            advantages = group_advantages(rewards, cfg.group_size)
         anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, prompt_tokens, completion))
         ref = None
         if cluster.reference_model is not None and cluster.cluster_config.training_config.beta > 0:
@@ -191,6 +213,10 @@ class GRPOLearner:
             taken[0] += 1
 
         metrics = cluster.update_actor(batch, on_step=probe)
+        value_loss = None
+        if cfg.critic:
+            critic_metrics = cluster.update_critic(ValueBatch(prompt_tokens, completion, returns, values))
+            value_loss = float(np.mean([m["loss"] for m in critic_metrics]))
         sync = cluster.sync_weights()
         reasons = [r for r in (rejection_reason(m) for m in metrics) if r is not None]
         record = StepRecord(
@@ -207,6 +233,7 @@ class GRPOLearner:
                 if reasons
                 else None
             ),
+            value_loss=value_loss,
         )
         self.history.append(record)
         return record
@@ -227,3 +254,37 @@ def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
     mean = groups.mean(axis=1, keepdims=True)
     std = groups.std(axis=1, keepdims=True)
     return ((groups - mean) / np.maximum(std, 1e-6)).reshape(-1).astype(np.float32)
+
+
+def critic_advantages(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PPO-style advantages and value targets from a critic, for a sequence-level reward.
+
+    The choice, documented: the reward comes once, at the end of the completion,
+    undiscounted (gamma = 1), so the return-to-go of every real completion token
+    is the reward itself: that is the critic's target (``returns``, (B, C), 0 at
+    padding). (GAE with gamma = lambda = 1 gives the same returns.) The actor's
+    loss takes one advantage per completion, so the baseline is the critic's
+    mean value over the completion's real tokens; the advantages (reward minus
+    baseline) are whitened over the batch, as PPO implementations usually do.
+
+    Args:
+        rewards: (B,) one reward per completion.
+        values: (B, C) the critic's values (``RLCluster.get_values``).
+        mask: (B, C) True at real completion tokens.
+
+    Returns:
+        ``(advantages (B,), returns (B, C))``, float32.
+    """
+    rewards = np.asarray(rewards, np.float32)
+    mask = np.asarray(mask, bool)
+    if values.shape != mask.shape or rewards.shape != values.shape[:1]:
+        raise ValueError(
+            f"critic_advantages needs rewards (B,), values (B, C) and mask (B, C); got {rewards.shape}, "
+            f"{values.shape} and {mask.shape}"
+        )
+    returns = np.where(mask, rewards[:, None], 0.0).astype(np.float32)
+    counts = np.maximum(mask.sum(axis=1), 1)
+    baseline = np.where(mask, values, 0.0).sum(axis=1) / counts
+    raw = rewards - baseline
+    advantages = (raw - raw.mean()) / max(float(raw.std()), 1e-6)
+    return advantages.astype(np.float32), returns

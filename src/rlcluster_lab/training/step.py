@@ -170,7 +170,7 @@ def train_step(
     pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
     return _STEPS.call(
         tx,
-        (graphdef, pad_id, beta, epsilon, keep, pieces),
+        (graphdef, "grpo", pad_id, beta, epsilon, keep, pieces),
         lambda: _jitted_step(graphdef, pad_id, beta, epsilon, keep, pieces),
         trainable,
         frozen,
@@ -330,23 +330,38 @@ def _jitted_step(
     keep: tuple[Any, Any],
     pieces: int = 1,
 ) -> Any:
+    def sums_fn(model: nnx.Module, batch: dict[str, jax.Array], temperature: jax.Array) -> Any:
+        return grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
+
+    return jitted_update(graphdef, keep, pieces, sums_fn, "grpo_train_step")
+
+
+def jitted_update(graphdef: nnx.GraphDef, keep: tuple[Any, Any], pieces: int, sums_fn: Any, name: str) -> Any:
+    """The transactional optimizer step of any token-mean loss, jitted with pinned shardings.
+
+    ``sums_fn(model, batch, extra)`` returns the loss and its metrics summed
+    over real tokens (a dict with ``"loss"``) and the token count; the step
+    divides by the count, accumulating over ``pieces`` micro-batches first
+    when ``pieces > 1``. The program runs ``(trainable, frozen, opt_state,
+    batch, extra)``; a result with a non-finite loss, gradient, parameter or
+    optimizer-state value hands back the old ones (``metrics["rejected"]``).
+    """
     (p_def, p_shardings), (o_def, o_shardings) = keep
     mesh = next((s.mesh for s in p_shardings if isinstance(s, NamedSharding)), None)
     metrics = NamedSharding(mesh, PartitionSpec()) if mesh is not None else None
 
-    def grpo_train_step(
-        trainable: Any, frozen: Any, opt_state: Any, batch: dict[str, jax.Array], temperature: jax.Array
+    def step(
+        trainable: Any, frozen: Any, opt_state: Any, batch: dict[str, jax.Array], extra: Any
     ) -> tuple[Any, Any, dict[str, jax.Array]]:
         def loss_fn(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-            model = nnx.merge(graphdef, params, frozen)
-            return grpo_loss(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
+            sums, tokens = sums_fn(nnx.merge(graphdef, params, frozen), batch, extra)
+            denom = jnp.maximum(tokens, 1.0)
+            return sums["loss"] / denom, {k: v / denom for k, v in sums.items()}
 
         if pieces == 1:
             grads, m = jax.grad(loss_fn, has_aux=True)(trainable)
         else:
-            grads, m = _accumulated_grads(
-                graphdef, trainable, frozen, batch, temperature, pad_id, beta, epsilon, pieces
-            )
+            grads, m = _accumulated_grads(graphdef, trainable, frozen, batch, extra, pieces, sums_fn)
         updates, new_opt_state = _STEPS.current_tx().update(grads, opt_state, trainable)
         new_trainable = optax.apply_updates(trainable, updates)
         grad_norm = optax.tree.norm(grads)
@@ -369,8 +384,9 @@ def _jitted_step(
         m["rejected"] = code.astype(jnp.float32)
         return trainable, opt_state, m
 
+    step.__name__ = step.__qualname__ = name  # the program's name in compilation reports
     out = (jax.tree.unflatten(p_def, p_shardings), jax.tree.unflatten(o_def, o_shardings), metrics)
-    return jax.jit(grpo_train_step, out_shardings=out)
+    return jax.jit(step, out_shardings=out)
 
 
 def _accumulated_grads(
@@ -378,36 +394,40 @@ def _accumulated_grads(
     trainable: Any,
     frozen: Any,
     batch: dict[str, jax.Array],
-    temperature: jax.Array,
-    pad_id: int,
-    beta: float,
-    epsilon: float,
+    extra: Any,
     pieces: int,
+    sums_fn: Any,
 ) -> tuple[Any, dict[str, jax.Array]]:
     """The gradient of the batch's token-mean loss, summed micro-batch by micro-batch.
 
     Each micro-batch contributes the gradient of its *summed* loss; the total
     is divided once by the batch's token count (as the reference's accumulator
     does for token-weighted losses), so the result is the whole batch's
-    gradient up to float rounding, whatever the tokens per micro-batch.
+    gradient up to float rounding, whatever the tokens per micro-batch. A scan
+    keeps one micro-batch's activations alive at a time.
     """
     split = {k: v.reshape(pieces, v.shape[0] // pieces, *v.shape[1:]) for k, v in batch.items()}
 
-    def sums_fn(params: Any, micro: dict[str, jax.Array]) -> tuple[jax.Array, tuple[dict[str, jax.Array], jax.Array]]:
-        model = nnx.merge(graphdef, params, frozen)
-        sums, tokens = grpo_sums(model, micro, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
+    def summed(params: Any, micro: dict[str, jax.Array]) -> tuple[jax.Array, tuple[dict[str, jax.Array], jax.Array]]:
+        sums, tokens = sums_fn(nnx.merge(graphdef, params, frozen), micro, extra)
         return sums["loss"], (sums, tokens)
 
     def add(carry: Any, micro: dict[str, jax.Array]) -> tuple[Any, None]:
         grads, sums, tokens = carry
-        g, (s, t) = jax.grad(sums_fn, has_aux=True)(trainable, micro)
+        g, (s, t) = jax.grad(summed, has_aux=True)(trainable, micro)
         grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), grads, g)
-        sums = {k: sums[k] + s[k] for k in sums}
+        sums = {k: sums[k] + s[k].astype(jnp.float32) for k in sums}
         return (grads, sums, tokens + t), None
 
-    zero_grads = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
-    zero_sums = {k: jnp.float32(0.0) for k in ("loss", "kl", "clip_fraction")}
-    (grads, sums, tokens), _ = jax.lax.scan(add, (zero_grads, zero_sums, jnp.float32(0.0)), split)
+    # The first micro-batch starts the sums (float32, whatever the parameters' dtype).
+    g, (s, t) = jax.grad(summed, has_aux=True)(trainable, {k: v[0] for k, v in split.items()})
+    start = (
+        jax.tree.map(lambda x: x.astype(jnp.float32), g),
+        {k: v.astype(jnp.float32) for k, v in s.items()},
+        t.astype(jnp.float32),
+    )
+    rest = {k: v[1:] for k, v in split.items()}
+    (grads, sums, tokens), _ = jax.lax.scan(add, start, rest)
     denom = jnp.maximum(tokens, 1.0)
     grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, trainable)
     return grads, {k: v / denom for k, v in sums.items()}

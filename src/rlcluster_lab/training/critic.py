@@ -1,0 +1,161 @@
+"""The critic's training: a PPO-style clipped value loss and its optimizer step (P12).
+
+The critic (a ``ScoreModel``) predicts a value per completion token. Its loss,
+as in the reference's PPO value loss, is the pessimistic (larger) of the
+squared error of the prediction and of the prediction clipped to within
+``clip_range_value`` of the values the critic gave at rollout time, times
+0.5, averaged over real completion tokens.
+
+Values are read where ``RLCluster.get_values`` reads them: the head's output
+at each completion token's own position (``model.scoring.completion_scores``),
+so ``old_values`` taken with ``get_values`` line up with the predictions. (The
+reference reads the output one position earlier; both are consistent within
+themselves.)
+
+The step is the actor step's program (``training.step.jitted_update``):
+transactional, shared by equal optimizers, and accumulating over
+``train_micro_batch_size`` micro-batches when asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.model.logps import check_token_batch, check_token_ids
+from rlcluster_lab.model.scoring import completion_scores
+from rlcluster_lab.training.batch import _float_array
+from rlcluster_lab.training.step import _STEPS, _sharding_key, accumulation_steps, jitted_update
+
+__all__ = ["ValueBatch", "ppo_value_loss", "ppo_value_sums", "value_train_step"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueBatch:
+    """What the critic learns from: completions, their returns and the rollout-time values.
+
+    * ``prompt_tokens``: (B, P) left-padded ids; ``completion_tokens``: (B, C) right-padded ids.
+    * ``returns``: (B, C) float targets per completion token (e.g. advantages + values).
+    * ``old_values``: (B, C) the critic's values when the completions were sampled
+      (``RLCluster.get_values``); the clipped branch stays within ``clip_range_value`` of them.
+
+    Raises:
+        TypeError: ids that are not integers, or values that are not numbers.
+        ConfigError: an empty batch, a wrong shape, a negative id, or a NaN/inf value.
+    """
+
+    prompt_tokens: np.ndarray
+    completion_tokens: np.ndarray
+    returns: np.ndarray
+    old_values: np.ndarray
+
+    def __post_init__(self) -> None:
+        if np.shape(self.prompt_tokens)[:1] == (0,):
+            raise ConfigError("Cannot update the critic from an empty batch (ValueBatch.prompt_tokens has no rows).")
+        prompt, completion = check_token_batch(
+            self.prompt_tokens,
+            self.completion_tokens,
+            None,
+            names=("ValueBatch.prompt_tokens", "ValueBatch.completion_tokens"),
+        )
+        shape = completion.shape
+        set_ = object.__setattr__
+        set_(self, "prompt_tokens", prompt)
+        set_(self, "completion_tokens", completion)
+        per_token = "one value per completion token, like completion_tokens"
+        set_(self, "returns", _float_array("returns", self.returns, shape, per_token).copy())
+        set_(self, "old_values", _float_array("old_values", self.old_values, shape, per_token).copy())
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    def validate(self, vocab_size: int | None) -> ValueBatch:
+        """Check every id is below ``vocab_size``; returns self."""
+        check_token_ids("ValueBatch.prompt_tokens", self.prompt_tokens, vocab_size)
+        check_token_ids("ValueBatch.completion_tokens", self.completion_tokens, vocab_size)
+        return self
+
+    def rows(self, index: slice | np.ndarray) -> ValueBatch:
+        return ValueBatch(*(np.asarray(getattr(self, f.name))[index] for f in dataclasses.fields(self)))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "prompt_tokens": np.asarray(self.prompt_tokens, np.int32),
+            "completion_tokens": np.asarray(self.completion_tokens, np.int32),
+            "returns": np.asarray(self.returns, np.float32),
+            "old_values": np.asarray(self.old_values, np.float32),
+        }
+
+
+def ppo_value_sums(
+    model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, clip_range_value: float
+) -> tuple[dict[str, jax.Array], jax.Array]:
+    """The value loss and its metrics summed over real completion tokens, and the token count."""
+    completion = batch["completion_tokens"]
+    mask = (completion != pad_id).astype(jnp.float32)
+    vpred = completion_scores(model, batch["prompt_tokens"], completion, pad_id)
+    old, returns = batch["old_values"], batch["returns"]
+    clipped = jnp.clip(vpred, old - clip_range_value, old + clip_range_value)
+    unclipped_err = jnp.square(vpred - returns)
+    clipped_err = jnp.square(clipped - returns)
+    per_token = jnp.maximum(unclipped_err, clipped_err)
+    sums = {
+        "loss": 0.5 * (per_token * mask).sum(),
+        "vpred_mean": (vpred * mask).sum(),
+        "vf_clipfrac": ((clipped_err > unclipped_err) * mask).sum(),
+        "return_mean": (returns * mask).sum(),
+    }
+    return sums, mask.sum()
+
+
+def ppo_value_loss(
+    model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, clip_range_value: float = 0.2
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``0.5 * masked mean of max((v - R)^2, (clip(v, v_old ± c) - R)^2)`` and its metrics
+    (``vpred_mean``, ``vf_clipfrac``, ``return_mean``), means over real completion tokens."""
+    sums, tokens = ppo_value_sums(model, batch, pad_id=pad_id, clip_range_value=clip_range_value)
+    denom = jnp.maximum(tokens, 1.0)
+    return sums["loss"] / denom, {k: v / denom for k, v in sums.items()}
+
+
+def value_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    trainable: Any,
+    frozen: Any,
+    opt_state: Any,
+    batch: dict[str, Any],
+    *,
+    pad_id: int,
+    clip_range_value: float,
+    micro_batch_size: int | None = None,
+) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """One critic optimizer step on the clipped value loss; outputs keep the inputs' shardings.
+
+    Raises:
+        ConfigError: a non-finite or non-positive ``clip_range_value``, or a batch that is
+            not a whole number of micro-batches.
+    """
+    if not math.isfinite(float(clip_range_value)) or float(clip_range_value) <= 0:
+        raise ConfigError(f"clip_range_value must be a finite number > 0, got {clip_range_value}")
+    keep = (_sharding_key(trainable), _sharding_key(opt_state))
+    pad_id, clip = int(pad_id), float(clip_range_value)
+    pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
+
+    def build() -> Any:
+        def sums_fn(model: nnx.Module, b: dict[str, jax.Array], _extra: Any) -> Any:
+            return ppo_value_sums(model, b, pad_id=pad_id, clip_range_value=clip)
+
+        return jitted_update(graphdef, keep, pieces, sums_fn, "value_train_step")
+
+    return _STEPS.call(
+        tx, (graphdef, "value", pad_id, clip, keep, pieces), build, trainable, frozen, opt_state, batch, None
+    )
