@@ -140,3 +140,16 @@ def test_p4_p14_offload_lora_warns_at_construction_then_rejoins(capsys):
     # By the end of construction P14 has the reference on the actor's buffers again.
     assert data["reference_shares_backbone"] is True
     assert data["anchor"]["memory_kind"] == "pinned_host"
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--micro-batch-size", "3", "--mini-batch-size", "8"], "mini_batch_size=8 must be a multiple of"),
+        (["--micro-batch-size", "0", "--mini-batch-size", "8"], "train_micro_batch_size must be a positive integer"),
+    ],
+)
+def test_learn_refuses_bad_micro_batch_sizes_before_the_backend_starts(capsys, args, fragment):
+    assert main_exit(["learn", "--steps", "1", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err
