@@ -9,14 +9,28 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-install-lab: $(PY)
-	$(PY) -m pip install --quiet -e ".[lab]"
+# pip runs again only when pyproject.toml changed (the install is editable: source edits need none).
+LAB_STAMP := $(VENV)/.installed-lab
+TEST_STAMP := $(VENV)/.installed-test
 
-install-test: $(PY)
+$(LAB_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e ".[lab]"
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@ $(LAB_STAMP)
+
+install-lab: $(LAB_STAMP)
+
+install-test: $(TEST_STAMP)
+
+# Jupyter refuses to run as root without --allow-root (containers and cloud boxes run as root);
+# with no display it opens no browser and prints the URL (with its token) to open instead.
+LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root) $(if $(DISPLAY)$(WAYLAND_DISPLAY),,--no-browser)
 
 lab: install-lab
-	$(VENV)/bin/jupyter lab
+	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/00_start_here.ipynb
 
 test: install-test lint
 	$(PY) -m pytest

@@ -18,12 +18,35 @@ from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, r
 from rlcluster_lab.core.options import ENGINES
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.model import MODEL_SIZES
+from rlcluster_lab.rules.anchor import anchor_is_partial
 
 CUSTOM = "custom"
 _ENGINE_LABELS = {
     "vanilla": "vanilla",
     "vllm": "vllm (JAX placement stand-in)",
     "sglang_jax": "sglang_jax (JAX placement stand-in)",
+}
+
+
+# What each knob changes, by the rule that reads it (shown as the knob's tooltip).
+TOOLTIPS = {
+    "layout": "P1: actor and rollout on one mesh share one model; the layout sets role_to_mesh for every role",
+    "lora": "P2, P4, P12: a LoRA actor links the reference to the actor (P2), lets it share the actor's "
+    "backbone (P4), and the optimizer trains only the adapters (P12); P13 syncs only the adapters",
+    "lora-rank": "the adapters' inner dimension (at most the model's largest useful rank)",
+    "lora-separate-base": "P4: the LoRA actor wraps its own copy of the base, so reference and actor hold "
+    "two backbones; the cluster warns (AvoidableCopyWarning)",
+    "engine": "P3: vanilla loads a second copy when the rollout is not linked to the actor, other engines "
+    "get the actor as initial value; P7: an engine that exposes a mesh replaces the rollout mesh",
+    "static-lora": "P6: the sglang_jax engine refuses a LoRA actor without static-LoRA settings",
+    "offload": "P14: every role waits in pinned host memory between uses and comes to device for its work",
+    "rollout-dtype": "P3, P5: a second copy of the actor is cast to this dtype as it is loaded onto the rollout mesh",
+    "model-size": "the model's dimensions: every byte figure scales with it",
+    "reward": "P5: a reward model, loaded onto the reward mesh (the actor's in these layouts)",
+    "critic": "P5: a critic (value model), loaded onto the critic mesh (the actor's in these layouts)",
+    "anchor": "P8: what is pinned to host at construction and at every sync: the actor's whole state, "
+    "or (with LoRA) only its adapters",
+    "rollout-shape": "P1: the same devices in another shape are another mesh, so the rollout gets a second copy",
 }
 
 
@@ -113,6 +136,8 @@ class Knobs:
             layout=wide,
         )
         self.layout.observe(lambda _c: self._update_custom_visibility(), names="value")
+        for knob in (self.lora, self.engine):
+            knob.observe(lambda _c: self._update_applicability(), names="value")
         for toggle in self.device_toggles:
             toggle.observe(lambda _c: self._update_shape_options(), names="value")
         self._update_shape_options()
@@ -120,6 +145,8 @@ class Knobs:
         # Class names let a browser test find each control.
         for name, w in self.named().items():
             w.add_class(f"rl-{name}")
+            w.tooltip = TOOLTIPS[name]
+        self._update_applicability()
 
     def named(self) -> dict[str, widgets.Widget]:
         """Every knob by its name (the CLI flag's, without the dashes)."""
@@ -151,6 +178,25 @@ class Knobs:
             ],
             layout=widgets.Layout(flex_flow="row wrap"),
         )
+
+    def not_applicable(self) -> dict[str, str]:
+        """The knobs the current choices make irrelevant, each with the reason (shown, and disabled)."""
+        out = {}
+        if not self.lora.value:
+            why = "only with a LoRA actor"
+            out.update({"lora-rank": why, "lora-separate-base": why})
+            # P8 pins only the adapters when the mode is 'trainable' *and* the actor has LoRA.
+            if not anchor_is_partial("trainable", actor_has_lora=False):
+                out["anchor"] = "without LoRA both settings pin the actor's whole state (P8)"
+        if self.engine.value != "sglang_jax" or not self.lora.value:
+            out["static-lora"] = "only for the sglang_jax engine with a LoRA actor (P6)"
+        return out
+
+    def _update_applicability(self) -> None:
+        off = self.not_applicable()
+        for name, w in self.named().items():
+            w.disabled = name in off
+            w.tooltip = TOOLTIPS[name] + (f" (not used now: {off[name]})" if name in off else "")
 
     def _update_custom_visibility(self) -> None:
         self.custom_box.layout.display = "flex" if self.layout.value == CUSTOM else "none"

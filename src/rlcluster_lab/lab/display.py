@@ -65,7 +65,9 @@ class Display:
         ]
         return widgets.Box(cells, layout=widgets.Layout(flex_flow="row wrap", align_items="flex-start"))
 
-    def draw(self, report: dict[str, Any], steps: Sequence[StepRecord]) -> tuple[float, list[str]]:
+    def draw(
+        self, report: dict[str, Any], steps: Sequence[StepRecord], changes: Sequence[str] = ()
+    ) -> tuple[float, list[str]]:
         """Redraw the panels whose data changed since they were last drawn.
 
         Each panel's figures are pure functions of part of the report (the
@@ -76,7 +78,7 @@ class Display:
             The seconds drawing took, and the panels redrawn.
         """
         start = time.perf_counter()
-        self.summary.value = summary_html(report)
+        self.summary.value = summary_html(report) + changes_html(changes)
         self.step_log.value = steps_html(steps)
         sync = report.get("sync")
         memory = report["memory"]
@@ -141,6 +143,40 @@ class Display:
         self.error = None
         self.error_box.value = ""
         self.error_box.layout.display = "none"
+
+
+def changes_since(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
+    """What a construction changed against the previous cluster's report: every decision whose
+    branch differs (matched by rule and test), decisions that fired on one side only, and the
+    byte totals. Empty for the first construction."""
+    if before is None:
+        return []
+
+    def branches(report: dict[str, Any]) -> dict[tuple[str, str], str]:
+        return {(d["rule"], d["test"]): str(d["branch"] or d["outcome"]) for d in report["decisions"]}
+
+    old, new = branches(before), branches(after)
+    lines = [
+        f"{rule} {test}: {old[(rule, test)]} -> {b}" for (rule, test), b in new.items() if old.get((rule, test), b) != b
+    ]
+    lines += [f"{rule} now: {test}" for rule, test in new if (rule, test) not in old]
+    lines += [f"{rule} no longer: {test}" for rule, test in old if (rule, test) not in new]
+    for label, read in (
+        ("bytes held (each buffer once)", lambda r: r["memory"]["unique_bytes"]),
+        ("rollout bytes", lambda r: r["memory"]["by_role"].get("rollout", {}).get("bytes", 0)),
+    ):
+        a, b = read(before), read(after)
+        if a != b:
+            lines.append(f"{label}: {a:,} -> {b:,}")
+    return lines
+
+
+def changes_html(changes: Sequence[str]) -> str:
+    """The "what changed since the last construction" line under the summary."""
+    if not changes:
+        return ""
+    items = "".join(f"<li>{html.escape(c)}</li>" for c in changes)
+    return f"<div class='rl-changes'><b>changed since the last construction</b><ul>{items}</ul></div>"
 
 
 def summary_html(report: dict[str, Any]) -> str:

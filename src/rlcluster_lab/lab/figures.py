@@ -20,7 +20,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
-from rlcluster_lab.lab.flow import FlowRow, flow_rows, mesh_shape_text
+from rlcluster_lab.lab.flow import FlowRow, flow_rows, mesh_coords, mesh_shape_text
 from rlcluster_lab.lab.mpl import bytes_axis, device_order, new_figure, present_keys, to_png
 from rlcluster_lab.lab.style import (
     ENTRY_ORDER,
@@ -102,19 +102,6 @@ def decision_flow(report: Mapping[str, Any]) -> Figure:
 # --------------------------------------------------------------------------- device grid
 
 
-def _mesh_coords(mesh: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
-    """Device id -> its position in the mesh (row-major over the shape)."""
-    dims = [int(v) for v in mesh.get("shape", {}).values()] or [1]
-    out: dict[int, tuple[int, ...]] = {}
-    for flat, dev in enumerate(mesh.get("device_ids", [])):
-        coord, rest = [], flat
-        for size in reversed(dims):
-            coord.append(rest % size)
-            rest //= size
-        out[int(dev)] = tuple(reversed(coord))
-    return out
-
-
 def device_grid(report: Mapping[str, Any]) -> Figure:
     """Which devices each role's mesh covers, and where in the mesh each device sits.
 
@@ -149,7 +136,7 @@ def device_grid(report: Mapping[str, Any]) -> Figure:
     for spine in ax.spines.values():
         spine.set_visible(False)
     for i, (name, role, mesh) in enumerate(rows):
-        coords = _mesh_coords(mesh)
+        coords = mesh_coords(mesh)
         dashed = name.endswith("(config)")
         for j, dev in enumerate(all_ids):
             inside = dev in coords

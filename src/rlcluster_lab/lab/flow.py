@@ -173,3 +173,16 @@ def flow_rows(report: Mapping[str, Any]) -> list[FlowRow]:
             )
         )
     return rows
+
+
+def mesh_coords(mesh: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
+    """Device id -> its position in the mesh (row-major over the shape)."""
+    dims = [int(v) for v in mesh.get("shape", {}).values()] or [1]
+    out: dict[int, tuple[int, ...]] = {}
+    for flat, dev in enumerate(mesh.get("device_ids", [])):
+        coord, rest = [], flat
+        for size in reversed(dims):
+            coord.append(rest % size)
+            rest //= size
+        out[int(dev)] = tuple(reversed(coord))
+    return out

@@ -22,7 +22,7 @@ from typing import Any
 
 # The byte panels live in their own module; the lab and the notebooks reach every panel here.
 from rlcluster_lab.lab.byte_panels import SYNC_COLORS, memory_by_device, memory_by_role, sync_bytes
-from rlcluster_lab.lab.flow import FlowRow, flow_rows
+from rlcluster_lab.lab.flow import FlowRow, flow_rows, mesh_coords
 from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_COLORS, ROLE_ORDER, fmt_bytes
 from rlcluster_lab.lab.svg import MUTED, TEXT, WIDTH, Canvas, Svg, clip, present
 
@@ -141,18 +141,6 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
 # --------------------------------------------------------------------------- device grid
 
 
-def _mesh_coords(mesh: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
-    dims = [int(v) for v in mesh.get("shape", {}).values()] or [1]
-    out: dict[int, tuple[int, ...]] = {}
-    for flat, dev in enumerate(mesh.get("device_ids", [])):
-        coord, rest = [], flat
-        for size in reversed(dims):
-            coord.append(rest % size)
-            rest //= size
-        out[int(dev)] = tuple(reversed(coord))
-    return out
-
-
 def _shared_on(memory: Mapping[str, Any], role: str, other: str, dev: str) -> int:
     """Bytes ``role`` holds on ``dev`` that are buffers ``other`` holds too."""
     total = 0
@@ -201,7 +189,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
         shape = "x".join(str(v) for v in mesh.get("shape", {}).values())
         c.text(8, y + 17, name, size=12, weight="bold")
         c.text(8, y + 32, f"mesh {shape}", size=11, fill=MUTED)
-        coords = _mesh_coords(mesh)
+        coords = mesh_coords(mesh)
         for j, dev in enumerate(ids):
             x = label_w + j * cell_w
             if dev not in coords:

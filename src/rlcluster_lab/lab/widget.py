@@ -29,7 +29,7 @@ from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.cluster.scenario import build_cluster, validate
 from rlcluster_lab.core.compile_cache import count_compilations, trim_compiled_programs
 from rlcluster_lab.lab.controls import Knobs
-from rlcluster_lab.lab.display import Display
+from rlcluster_lab.lab.display import Display, changes_since
 from rlcluster_lab.measure.report import placement_report
 from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig, StepRecord
 
@@ -80,6 +80,8 @@ class PlacementLab:
         self._sync: Any = None
         self._report: dict[str, Any] | None = None
         self._steps: list[StepRecord] = []
+        # What the last Construct changed against the cluster before it (branches, bytes).
+        self.changes: list[str] = []
         self.timings: dict[str, Any] = {}  # seconds of the last action's phases
         self.knobs = Knobs(self.devices)
         self.display = Display()
@@ -171,6 +173,7 @@ class PlacementLab:
                 self._show_error(exc, kept=self._cluster is not None)
                 return
             self._stage(1, "releasing the previous cluster")
+            previous = self._report
             released = self.release()
             self._stage(2, f"building the models and constructing the cluster ({scenario.model_size})")
             start = time.perf_counter()
@@ -186,6 +189,7 @@ class PlacementLab:
             self.display.clear_error()
             self._stage(3, "measuring")
             self._refresh_report()
+            self.changes = changes_since(previous, self._report)
             self._stage(4, "drawing")
             self._draw_all()
             self._set_status(f"constructed ({released}); {self._timing_text()}")
@@ -255,7 +259,7 @@ class PlacementLab:
 
     def _draw_all(self) -> None:
         assert self._report is not None
-        self.timings["draw"], self.timings["redrawn"] = self.display.draw(self._report, self._steps)
+        self.timings["draw"], self.timings["redrawn"] = self.display.draw(self._report, self._steps, self.changes)
 
     def _show_error(self, exc: BaseException, *, kept: bool) -> None:
         self.display.show_error(exc, kept=kept)

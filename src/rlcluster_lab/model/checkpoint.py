@@ -41,7 +41,7 @@ from rlcluster_lab.core.limits import check_fits
 from rlcluster_lab.core.options import DTYPES
 from rlcluster_lab.model.init import abstract_model, materialize
 from rlcluster_lab.model.lora import is_lora
-from rlcluster_lab.model.transformer import ModelConfig
+from rlcluster_lab.model.transformer import INT_FIELDS, ModelConfig
 
 FORMAT = "rlcluster-lab/1"
 KINDS: tuple[str, ...] = ("lm", "score")
@@ -58,16 +58,7 @@ _NPY_PREAMBLE = 12
 _CHUNK = 16 << 20
 
 _RESAVE = "re-save the model with rlcluster_lab.model.checkpoint.save(model, path)"
-_INT_FIELDS = (
-    "vocab_size",
-    "embed_dim",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "mlp_dim",
-    "max_seq_len",
-)
+_INT_FIELDS = INT_FIELDS
 _REQUIRED_FIELDS = ("name", *_INT_FIELDS)
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 _TOP_KEYS = ("format", "kind", "config", "lora_rank", "lora_scale")

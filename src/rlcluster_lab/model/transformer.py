@@ -29,6 +29,19 @@ DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
 )
 
 
+# The dimensions of a ModelConfig: positive ints (checked here, and in a checkpoint's config.json).
+INT_FIELDS = (
+    "vocab_size",
+    "embed_dim",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "mlp_dim",
+    "max_seq_len",
+)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and numerics of a ``TransformerLM``."""
@@ -48,16 +61,7 @@ class ModelConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
-        for field in (
-            "vocab_size",
-            "embed_dim",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "mlp_dim",
-            "max_seq_len",
-        ):
+        for field in INT_FIELDS:
             value = getattr(self, field)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{field} must be a positive int, got {value!r}")
