@@ -245,7 +245,7 @@ def format_memory(memory: dict[str, Any]) -> list[str]:
     lines = [f"memory (L2, measured; {memory['units']}):"]
     for role, r in memory["by_role"].items():
         kinds = ", ".join(f"{k} {v:,}" for k, v in r["by_kind"].items())
-        lines.append(f"  {role:<9} {r['bytes']:>14,}  ({kinds})")
+        lines.append(f"  {role:<16} {r['bytes']:>14,}  ({kinds})")
     for g in memory["shared"]:
         lines.append(
             f"  shared by {' + '.join(g['roles'])}: {g['bytes']:,} bytes in {g['buffers']} buffers (counted once)"

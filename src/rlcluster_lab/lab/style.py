@@ -6,7 +6,7 @@ from __future__ import annotations
 ROLE_ORDER: tuple[str, ...] = ("actor", "rollout", "reference", "reward", "critic")
 
 
-ENTRY_ORDER: tuple[str, ...] = ROLE_ORDER + ("anchor", "optimizer")
+ENTRY_ORDER: tuple[str, ...] = ROLE_ORDER + ("anchor", "optimizer", "critic_optimizer")
 
 
 KINDS: tuple[str, ...] = ("device", "pinned_host")
@@ -20,6 +20,7 @@ ROLE_COLORS: dict[str, str] = {
     "critic": "#937860",
     "anchor": "#da8bc3",
     "optimizer": "#8c8c8c",
+    "critic_optimizer": "#b5a28f",
 }
 
 
