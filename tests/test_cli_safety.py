@@ -258,3 +258,25 @@ def test_plan_json_into_a_pipe_closed_early_has_no_traceback():
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
     assert proc.stderr == ""
     assert proc.returncode == EXIT_BROKEN_PIPE
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "--engine", "sglang_jax", "--lora", "--no-static-lora"],
+        ["report", "--lora", "--lora-rank", "100000"],
+        ["report", "--devices", "200000"],
+    ],
+)
+def test_refusals_come_back_before_jax_is_imported(argv):
+    # A knob-level refusal costs an interpreter start, not an `import jax` (about 3 s here).
+    code = (
+        "import sys\n"
+        "from rlcluster_lab.cli.main import main\n"
+        f"rc = main({argv!r})\n"
+        "assert rc == 2, rc\n"
+        "print(sorted(m for m in ('jax', 'flax', 'numpy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "jax" not in out.stdout.splitlines()[-1], out.stdout

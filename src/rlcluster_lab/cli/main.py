@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from rlcluster_lab.core.devices import check_device_count
+    from rlcluster_lab.core.options import check_device_count
 
     check_device_count(args.devices, "--devices")
     # Knob-level refusals (P6, the LoRA rank the model allows, the learner's sizes) come back

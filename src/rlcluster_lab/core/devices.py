@@ -11,14 +11,9 @@ from __future__ import annotations
 import jax
 from jax._src import xla_bridge as _xla_bridge
 
-from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.options import DEFAULT_SIMULATED_DEVICES, MAX_SIMULATED_DEVICES, check_device_count
 
-DEFAULT_SIMULATED_DEVICES = 8
-
-# The most simulated CPU devices the lab asks for. Each one costs the CPU client about
-# 100 KB and start-up time (2048 devices: ~12 s and ~380 MB before any array exists), and
-# no layout the lab compares needs more; 200,000 would grow until the machine runs out.
-MAX_SIMULATED_DEVICES = 4096
+__all__ = ["DEFAULT_SIMULATED_DEVICES", "MAX_SIMULATED_DEVICES", "check_device_count"]
 
 
 class DeviceSetupError(RuntimeError):
@@ -51,22 +46,3 @@ def ensure_simulated_devices(count: int = DEFAULT_SIMULATED_DEVICES) -> list[jax
             f"rlcluster_lab.ensure_simulated_devices({count}) before anything else uses JAX."
         )
     return devices
-
-
-def check_device_count(count: object, name: str = "count") -> None:
-    """Refuse a simulated device count that is not an int between 1 and ``MAX_SIMULATED_DEVICES``.
-
-    Checked before ``jax_num_cpu_devices`` is set: a huge count would otherwise make
-    the CPU client grow without bound, or fail inside jaxlib's bindings.
-
-    Raises:
-        TypeError: ``count`` is not an int.
-        ConfigError: ``count`` is out of range; the message names ``name``.
-    """
-    if isinstance(count, bool) or not isinstance(count, int):
-        raise TypeError(f"{name} must be an int (a number of simulated CPU devices), got {type(count).__name__}")
-    if not 1 <= count <= MAX_SIMULATED_DEVICES:
-        raise ConfigError(
-            f"{name} must be between 1 and {MAX_SIMULATED_DEVICES} simulated CPU devices, got {count:,} "
-            f"(the lab's layouts are drawn for {DEFAULT_SIMULATED_DEVICES})"
-        )

@@ -76,6 +76,34 @@ def check_tensor_parallel_size(size: Any) -> None:
         )
 
 
+DEFAULT_SIMULATED_DEVICES = 8
+
+# The most simulated CPU devices the lab asks for. Each one costs the CPU client about
+# 100 KB and start-up time (2048 devices: ~12 s and ~380 MB before any array exists), and
+# no layout the lab compares needs more; 200,000 would grow until the machine runs out.
+MAX_SIMULATED_DEVICES = 4096
+
+
+def check_device_count(count: object, name: str = "count") -> None:
+    """Refuse a simulated device count that is not an int between 1 and ``MAX_SIMULATED_DEVICES``.
+
+    Checked before ``jax_num_cpu_devices`` is set (and before JAX is imported): a huge
+    count would otherwise make the CPU client grow without bound, or fail inside
+    jaxlib's bindings.
+
+    Raises:
+        TypeError: ``count`` is not an int.
+        ConfigError: ``count`` is out of range; the message names ``name``.
+    """
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"{name} must be an int (a number of simulated CPU devices), got {type(count).__name__}")
+    if not 1 <= count <= MAX_SIMULATED_DEVICES:
+        raise ConfigError(
+            f"{name} must be between 1 and {MAX_SIMULATED_DEVICES} simulated CPU devices, got {count:,} "
+            f"(the lab's layouts are drawn for {DEFAULT_SIMULATED_DEVICES})"
+        )
+
+
 def standard_shape(count: int) -> tuple[int, int]:
     """The lab's standard (fsdp, tp) shape for ``count`` devices: (2,4) for 8, (2,2) for 4."""
     for tp in (4, 2):
@@ -222,7 +250,7 @@ class Scenario:
             device_count: the devices the layout must form (None: not checked here).
             model: the ``ModelConfig`` the LoRA rank is checked against (None: the
                 ``model_size``'s; the planner passes a published architecture's).
-                Reading it imports the model module (JAX) but does not start the backend.
+                Dimensions only: JAX is not imported.
 
         Raises:
             ConfigError: with the reason and the fix.
@@ -230,7 +258,7 @@ class Scenario:
         from rlcluster_lab.rules.validation import check_lora_rank, check_sglang_lora  # P6's own home (rules/)
 
         if model is None:
-            from rlcluster_lab.model.transformer import get_model_config
+            from rlcluster_lab.core.model_config import get_model_config
 
             model = get_model_config(self.model_size)
         check_lora_rank(self.lora_rank, model)

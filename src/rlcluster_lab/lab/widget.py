@@ -292,7 +292,9 @@ class PlacementLab:
                 self.rehearsal_error = f"{type(exc).__name__}: {exc}"
 
         self.rehearsal_error = None
-        self._rehearsal = threading.Thread(target=work, name="rlcluster-lab-rehearsal", daemon=True)
+        # Not a daemon: the interpreter waits for it at exit. A daemon thread stopped inside an
+        # XLA compilation aborts the whole process ("terminate called ... exception not rethrown").
+        self._rehearsal = threading.Thread(target=work, name="rlcluster-lab-rehearsal", daemon=False)
         self._rehearsal.start()
 
     def wait_for_rehearsal(self) -> float:

@@ -14,6 +14,17 @@ Modules: ``sharing`` (P1, P2), ``rollout`` (P3, P7), ``reference`` (P4),
 P11), ``steps`` (P9, P12, P13).
 """
 
-from rlcluster_lab.rules.catalogue import LAB_RULES, RULES, RuleEntry, rules_markdown
+from typing import Any
 
 __all__ = ["LAB_RULES", "RULES", "RuleEntry", "rules_markdown"]
+
+
+def __getattr__(name: str) -> Any:
+    # The catalogue imports every rule module (and so JAX, through the mesh helpers); it is
+    # loaded on first use, so that a CLI error found by ``rules.validation`` (JAX-free) comes
+    # back before JAX is imported.
+    if name in __all__:
+        from rlcluster_lab.rules import catalogue
+
+        return getattr(catalogue, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
