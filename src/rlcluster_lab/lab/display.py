@@ -175,8 +175,9 @@ def changes_html(changes: Sequence[str]) -> str:
     """The "what changed since the last construction" line under the summary."""
     if not changes:
         return ""
-    items = "".join(f"<li>{html.escape(c)}</li>" for c in changes)
-    return f"<div class='rl-changes'><b>changed since the last construction</b><ul>{items}</ul></div>"
+    # One paragraph, not a list: the panels below stay in view.
+    items = "; ".join(html.escape(c) for c in changes)
+    return f"<div class='rl-changes'><b>changed since the last construction:</b> {items}</div>"
 
 
 def summary_html(report: dict[str, Any]) -> str:
