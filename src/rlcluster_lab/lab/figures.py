@@ -20,7 +20,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
-from rlcluster_lab.lab.flow import FlowRow, flow_rows, mesh_coords, mesh_shape_text
+from rlcluster_lab.lab.flow import OPTION_LABELS, FlowRow, flow_rows, mesh_coords, mesh_shape_text
 from rlcluster_lab.lab.mpl import bytes_axis, device_order, new_figure, present_keys, to_png
 from rlcluster_lab.lab.style import (
     ENTRY_ORDER,
@@ -38,17 +38,6 @@ from rlcluster_lab.lab.style import (
 from rlcluster_lab.lab.trend_figures import memory_timeline, p11_gap, plan_memory
 
 # --------------------------------------------------------------------------- decision flow (L1)
-
-
-_OPTION_LABELS = {
-    "second_copy": "second copy",
-    "engine_initial_value": "engine's initial value",
-    "shared": "same object",
-    "full": "full state",
-    "trainable": "trainable only",
-    "kept": "rollout mesh kept",
-    "replaced": "engine's mesh",
-}
 
 
 def decision_flow(report: Mapping[str, Any]) -> Figure:
@@ -83,7 +72,7 @@ def decision_flow(report: Mapping[str, Any]) -> Figure:
             ax.text(
                 x + box_w / 2,
                 y - 0.02,
-                _OPTION_LABELS.get(option, option),
+                OPTION_LABELS.get(option, option),
                 ha="center",
                 va="center",
                 fontsize=8.5,

@@ -186,3 +186,15 @@ def mesh_coords(mesh: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
             rest //= size
         out[int(dev)] = tuple(reversed(coord))
     return out
+
+
+# How a branch is labelled in the flow figures (matplotlib and SVG); other branches use their own name.
+OPTION_LABELS = {
+    "second_copy": "second copy",
+    "engine_initial_value": "engine's initial value",
+    "shared": "same object",
+    "full": "full state",
+    "trainable": "trainable only",
+    "kept": "rollout mesh kept",
+    "replaced": "engine's mesh",
+}

@@ -22,21 +22,12 @@ from typing import Any
 
 # The byte panels live in their own module; the lab and the notebooks reach every panel here.
 from rlcluster_lab.lab.byte_panels import SYNC_COLORS, memory_by_device, memory_by_role, sync_bytes
-from rlcluster_lab.lab.flow import FlowRow, flow_rows, mesh_coords
+from rlcluster_lab.lab.flow import OPTION_LABELS, FlowRow, flow_rows, mesh_coords
 from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_COLORS, ROLE_ORDER, fmt_bytes
 from rlcluster_lab.lab.svg import MUTED, TEXT, WIDTH, Canvas, Svg, clip, present
 
 # --------------------------------------------------------------------------- decision flow (L1)
 
-_OPTION_LABELS = {
-    "second_copy": "second copy",
-    "engine_initial_value": "engine's initial value",
-    "shared": "same object",
-    "full": "full state",
-    "trainable": "trainable only",
-    "kept": "rollout mesh kept",
-    "replaced": "engine's mesh",
-}
 # Which decision feeds which: the arrows of the flow figure.
 FLOW_LINKS: tuple[tuple[str, str, str], ...] = (
     ("P1", "P3", "linked?"),
@@ -100,7 +91,7 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
         for j, option in enumerate(row.options):
             x = opt_x + j * (box_w + 6)
             fired = option == row.fired
-            label = _OPTION_LABELS.get(option, option)
+            label = OPTION_LABELS.get(option, option)
             c.rect(
                 x,
                 y,
