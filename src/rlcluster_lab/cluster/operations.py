@@ -8,8 +8,9 @@ again afterwards, even when the operation raised.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -129,37 +130,30 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
     check_accumulation(len(batch), tcfg)
     metrics: list[dict[str, float]] = []
     temperature = jnp.float32(c.get_rollout_config(Mode.TRAIN).temperature or 1.0)
-    offload = c.cluster_config.offload_to_cpu
-    with c._working(Role.ACTOR, actor):
-        if offload:
-            c._opt_state = put_on_memory_kind(c._opt_state, c._device_kind(Role.ACTOR))
-        try:
-            for iteration in range(tcfg.num_iterations):
-                for rows in mini_batches(len(batch), tcfg.mini_batch_size):
-                    if on_step is not None:
-                        on_step(iteration, rows, _live_logps(c))
-                    graphdef, trainable, frozen = nnx.split(actor, c._trainable_filter, ...)
-                    new_trainable, new_opt_state, m = train_step(
-                        graphdef,
-                        c._tx,
-                        trainable,
-                        frozen,
-                        c._opt_state,
-                        batch_arrays(batch.rows(rows)),
-                        temperature,
-                        pad_id=c.rollout.pad_id(),
-                        beta=float(tcfg.beta),
-                        epsilon=float(tcfg.epsilon),
-                        micro_batch_size=tcfg.train_micro_batch_size,
-                    )
-                    # Parameters and optimizer state change together (the step keeps every
-                    # leaf's sharding); a step that raised changed neither.
-                    nnx.update(actor, new_trainable)
-                    c._opt_state = new_opt_state
-                    metrics.append({k: float(v) for k, v in m.items()})
-        finally:
-            if offload:
-                c._opt_state = put_on_memory_kind(c._opt_state, "pinned_host")
+    with c._working(Role.ACTOR, actor), _optimizer_state_on_device(c, Role.ACTOR, "_opt_state"):
+        for iteration in range(tcfg.num_iterations):
+            for rows in mini_batches(len(batch), tcfg.mini_batch_size):
+                if on_step is not None:
+                    on_step(iteration, rows, _live_logps(c))
+                graphdef, trainable, frozen = nnx.split(actor, c._trainable_filter, ...)
+                new_trainable, new_opt_state, m = train_step(
+                    graphdef,
+                    c._tx,
+                    trainable,
+                    frozen,
+                    c._opt_state,
+                    batch_arrays(batch.rows(rows)),
+                    temperature,
+                    pad_id=c.rollout.pad_id(),
+                    beta=float(tcfg.beta),
+                    epsilon=float(tcfg.epsilon),
+                    micro_batch_size=tcfg.train_micro_batch_size,
+                )
+                # Parameters and optimizer state change together (the step keeps every
+                # leaf's sharding); a step that raised changed neither.
+                nnx.update(actor, new_trainable)
+                c._opt_state = new_opt_state
+                metrics.append({k: float(v) for k, v in m.items()})
     return metrics
 
 
@@ -179,32 +173,39 @@ def update_critic(c: RLCluster, batch: Any) -> list[dict[str, float]]:
     batch.validate(getattr(getattr(critic, "config", None), "vocab_size", None))  # before anything moves
     check_accumulation(len(batch), tcfg)
     metrics: list[dict[str, float]] = []
-    offload = c.cluster_config.offload_to_cpu
-    with c._working(Role.CRITIC, critic):
-        if offload:
-            c._critic_opt_state = put_on_memory_kind(c._critic_opt_state, c._device_kind(Role.CRITIC))
-        try:
-            for _ in range(tcfg.num_iterations):
-                for rows in mini_batches(len(batch), tcfg.mini_batch_size):
-                    graphdef, trainable, frozen = nnx.split(critic, nnx.Param, ...)
-                    new_trainable, new_opt_state, m = value_train_step(
-                        graphdef,
-                        c._critic_tx,
-                        trainable,
-                        frozen,
-                        c._critic_opt_state,
-                        batch.rows(rows).arrays(),
-                        pad_id=c.rollout.pad_id(),
-                        clip_range_value=float(tcfg.clip_range_value),
-                        micro_batch_size=tcfg.train_micro_batch_size,
-                    )
-                    nnx.update(critic, new_trainable)
-                    c._critic_opt_state = new_opt_state
-                    metrics.append({k: float(v) for k, v in m.items()})
-        finally:
-            if offload:
-                c._critic_opt_state = put_on_memory_kind(c._critic_opt_state, "pinned_host")
+    with c._working(Role.CRITIC, critic), _optimizer_state_on_device(c, Role.CRITIC, "_critic_opt_state"):
+        for _ in range(tcfg.num_iterations):
+            for rows in mini_batches(len(batch), tcfg.mini_batch_size):
+                graphdef, trainable, frozen = nnx.split(critic, nnx.Param, ...)
+                new_trainable, new_opt_state, m = value_train_step(
+                    graphdef,
+                    c._critic_tx,
+                    trainable,
+                    frozen,
+                    c._critic_opt_state,
+                    batch.rows(rows).arrays(),
+                    pad_id=c.rollout.pad_id(),
+                    clip_range_value=float(tcfg.clip_range_value),
+                    micro_batch_size=tcfg.train_micro_batch_size,
+                )
+                nnx.update(critic, new_trainable)
+                c._critic_opt_state = new_opt_state
+                metrics.append({k: float(v) for k, v in m.items()})
     return metrics
+
+
+@contextlib.contextmanager
+def _optimizer_state_on_device(c: RLCluster, role: Role, attr: str) -> Iterator[None]:
+    """P14 for an optimizer state (``c.<attr>``): with offload it comes to the role's device
+    memory for the steps and goes back to pinned host afterwards, even when a step raised."""
+    if not c.cluster_config.offload_to_cpu:
+        yield
+        return
+    setattr(c, attr, put_on_memory_kind(getattr(c, attr), c._device_kind(role)))
+    try:
+        yield
+    finally:
+        setattr(c, attr, put_on_memory_kind(getattr(c, attr), "pinned_host"))
 
 
 def check_accumulation(batch_size: int, tcfg: Any) -> None:
