@@ -62,6 +62,7 @@ RULES: tuple[RuleEntry, ...] = (
         (
             validation.p6_rollout_config,
             validation.p6_engine_choice,
+            validation.p6_engine_accepts,
             validation.check_vanilla_model,
             validation.check_vllm_version,
             validation.check_sglang_lora,

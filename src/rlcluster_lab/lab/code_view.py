@@ -1,0 +1,207 @@
+"""Code beside the decision (L1): a rule's own function from the rules layer, shown next to
+the decision it just took, with the inputs it read and the branch it returned.
+
+The function is found, not named by hand: a decision records the test it made (the
+``Decision.test`` string), and exactly one function of the rule writes that string. The
+source shown is the one the cluster ran (``inspect.getsource``), without its docstring,
+which ``docs/rules.md`` already carries.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import html
+import inspect
+import re
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rlcluster_lab.core.trace import Decision, jsonable
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleCode:
+    """A rule function's source with the decision it took: shows as highlighted HTML in a
+    notebook and as plain text elsewhere."""
+
+    rule: str
+    function: str  # module.qualname
+    source: str  # the function without its docstring
+    first_line: int  # line number of ``def`` in its file
+    path: str  # the file, relative to the package
+    decision: Mapping[str, Any] | None
+
+    def text(self) -> str:
+        """The source, then what the decision read and returned, as plain text."""
+        lines = [f"# {self.rule}: {self.function}  ({self.path}, line {self.first_line})", self.source.rstrip()]
+        if self.decision is not None:
+            lines += ["", f"# the decision it took: {self.decision.get('test')}"]
+            for key, value in (self.decision.get("values") or {}).items():
+                lines.append(f"#   read  {key} = {value!r}")
+            lines.append(f"#   branch  {self.decision.get('branch')!r}")
+            lines.append(f"#   outcome {self.decision.get('outcome')!r}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text())
+
+    def _repr_html_(self) -> str:
+        code = _highlight(self.source)
+        head = (
+            f"<div style='font:12px sans-serif;color:#444'><b>{html.escape(self.rule)}</b> · "
+            f"<code>{html.escape(self.function)}</code> · {html.escape(self.path)}, line {self.first_line}</div>"
+        )
+        if self.decision is None:
+            return f"<div>{head}{code}</div>"
+        rows = "".join(
+            f"<tr><td><code>{html.escape(str(k))}</code></td><td><code>{html.escape(repr(v))}</code></td></tr>"
+            for k, v in (self.decision.get("values") or {}).items()
+        )
+        side = (
+            "<div style='font:12px sans-serif;min-width:260px;max-width:420px'>"
+            f"<div><b>what it read</b></div><table style='font-size:12px'>{rows}</table>"
+            "<div style='margin-top:6px'><b>branch</b> "
+            f"<code>{html.escape(str(self.decision.get('branch')))}</code></div>"
+            f"<div><b>outcome</b> {html.escape(str(self.decision.get('outcome')))}</div></div>"
+        )
+        return (
+            f"<div>{head}<div style='display:flex;gap:16px;align-items:flex-start;flex-wrap:wrap'>"
+            f"<div style='flex:1 1 480px;overflow-x:auto'>{code}</div>{side}</div></div>"
+        )
+
+
+def _highlight(source: str) -> str:
+    try:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+    except ImportError:  # pygments comes with the lab's extras; plain text without it
+        return f"<pre>{html.escape(source)}</pre>"
+    return highlight(source, PythonLexer(), HtmlFormatter(noclasses=True, style="default"))
+
+
+def _without_docstring(fn: Callable[..., object]) -> tuple[str, int]:
+    lines, first = inspect.getsourcelines(fn)
+    source = textwrap.dedent("".join(lines))
+    node = ast.parse(source).body[0]
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        doc = body[0]
+        kept = source.splitlines(keepends=True)
+        del kept[doc.lineno - 1 : doc.end_lineno]
+        source = "".join(kept)
+    return source, first
+
+
+def _functions(rule: str) -> Sequence[Callable[..., object]]:
+    from rlcluster_lab.rules import RULES
+
+    for entry in RULES:
+        if entry.rule == rule:
+            if not entry.functions:
+                raise ValueError(f"{rule} has no function of its own: {entry.note}")
+            return entry.functions
+    known = ", ".join(e.rule for e in RULES)
+    raise ValueError(f"unknown rule {rule!r}: the rules are {known}")
+
+
+def _as_dict(decision: Decision | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(decision, Decision):
+        return decision.to_json()
+    return {k: jsonable(v) for k, v in decision.items()}
+
+
+def _decisions_of(source: Any) -> list[dict[str, Any]]:
+    """Decisions from a cluster (its trace), a report (its ``decisions``) or a list of them."""
+    trace = getattr(source, "trace", None)
+    if trace is not None:
+        return [d.to_json() for d in trace]
+    if isinstance(source, Mapping):
+        return [dict(d) for d in source.get("decisions", [])]
+    decisions = getattr(source, "decisions", None)
+    if decisions is not None:
+        return [_as_dict(d) for d in decisions]
+    return [_as_dict(d) for d in source]
+
+
+def _pattern(node: ast.expr) -> str:
+    """A regular expression for the strings an expression can evaluate to: literals exactly,
+    f-string fields and anything computed as ``.*``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return re.escape(node.value)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_pattern(v) if isinstance(v, ast.Constant) else ".*" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _pattern(node.left) + _pattern(node.right)
+    if isinstance(node, ast.IfExp):
+        return f"(?:{_pattern(node.body)}|{_pattern(node.orelse)})"
+    return ".*"
+
+
+def _test_patterns(fn: Callable[..., object]) -> list[str]:
+    """The tests a function can record: the second argument of each ``Decision(...)`` it builds."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    patterns = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Decision":
+            test = (
+                node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "test"), None)
+            )
+            if test is not None:
+                patterns.append(_pattern(test))
+    return patterns
+
+
+def rule_function(rule: str, decision: Decision | Mapping[str, Any] | None = None) -> Callable[..., object]:
+    """The function of ``rule`` that took ``decision`` (the one whose source writes the
+    decision's test); the rule's first function when no decision is given."""
+    functions = _functions(rule)
+    if decision is None:
+        return functions[0]
+    test = str(_as_dict(decision).get("test", ""))
+    for fn in functions:
+        if any(re.fullmatch(pattern, test, flags=re.DOTALL) for pattern in _test_patterns(fn)):
+            return fn
+    names = ", ".join(f.__name__ for f in functions)
+    raise ValueError(f"no function of {rule} ({names}) records the test {test!r}")
+
+
+def show_rule(
+    source: Any = None, rule: str = "", *, which: int = 0, where: Mapping[str, Any] | None = None
+) -> RuleCode:
+    """A rule's own code next to the decision it took.
+
+    Args:
+        source: a constructed cluster, a report (dict or dataclass with ``decisions``), or a
+            list of decisions; ``None`` shows the rule's first function with no decision.
+        rule: the rule id, e.g. ``"P3"``.
+        which: among the rule's decisions (after ``where``), the one to show, in the order taken.
+        where: keep only decisions whose ``values`` have these items (e.g. ``{"role": "actor"}``).
+
+    Returns:
+        A ``RuleCode``: highlighted HTML in a notebook, plain text when printed.
+
+    Raises:
+        ValueError: unknown rule, a rule with no function, or no such decision in ``source``.
+    """
+    _functions(rule)  # an unknown rule, or one without a function, fails first
+    decision: dict[str, Any] | None = None
+    if source is not None:
+        found = [d for d in _decisions_of(source) if d.get("rule") == rule]
+        if where:
+            found = [d for d in found if all(d.get("values", {}).get(k) == jsonable(v) for k, v in where.items())]
+        if not found:
+            raise ValueError(f"no {rule} decision recorded here{' with ' + str(dict(where)) if where else ''}")
+        if not -len(found) <= which < len(found):
+            raise ValueError(f"{rule} was decided {len(found)} time(s) here; which={which} is out of range")
+        decision = found[which]
+    fn = rule_function(rule, decision)
+    code, first = _without_docstring(fn)
+    module = inspect.getmodule(fn)
+    path = (module.__name__ if module else fn.__module__).replace(".", "/") + ".py"
+    return RuleCode(rule, f"{fn.__module__}.{fn.__qualname__}", code, first, path, decision)
