@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 
 from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster.construct import Keeper, Request, construct
+from rlcluster_lab.cluster.contexts import ContextEntry, ContextLog
 from rlcluster_lab.cluster.live import LiveExecutor
 from rlcluster_lab.cluster.sync import sync_weights
 from rlcluster_lab.cluster.validate import check_inputs, engine_class, require_config
@@ -101,6 +102,7 @@ class RLCluster:
         require_config(cluster_config)
         self.cluster_config = cluster_config
         self.trace = Trace()
+        self._contexts = ContextLog()  # every role context entered, construction's included
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         # The reference writes the engine's mesh into its role_to_mesh dict (P7);
         # the frozen config keeps what the user asked for, this dict what is used.
@@ -299,11 +301,18 @@ class RLCluster:
 
     # ------------------------------------------------------------------ the role context
 
+    @property
+    def contexts_entered(self) -> tuple[ContextEntry, ...]:
+        """The role contexts entered so far (the last 256), oldest first: which operation,
+        which role, and the mesh JAX reported as current inside (``cluster.contexts``)."""
+        return self._contexts.entries()
+
     @contextlib.contextmanager
-    def _role_context(self, role: Role) -> Iterator[Mesh]:
+    def _role_context(self, role: Role, operation: str = "(unnamed)") -> Iterator[Mesh]:
         """Enter the role's mesh, its devices as the default ones (arrays made without a
         placement land there, not on JAX's default backend), the configured matmul
-        precision, the reshard strategy and, when configured, its logical axis rules."""
+        precision, the reshard strategy and, when configured, its logical axis rules;
+        ``operation`` names the entry in ``contexts_entered``."""
         mesh = self.role_to_mesh[role]
         rules = self.cluster_config.logical_axis_rules(role)
         with contextlib.ExitStack() as stack:
@@ -314,15 +323,16 @@ class RLCluster:
             stack.enter_context(reshard_strategy(self.cluster_config.reshard))
             if rules:
                 stack.enter_context(nnx.logical_axis_rules(list(rules)))
+            self._contexts.record(operation, role.value, mesh)  # read inside: what JAX has current
             yield mesh
 
     @contextlib.contextmanager
-    def _working(self, role: Role, model: nnx.Module | None) -> Iterator[Mesh]:
+    def _working(self, role: Role, model: nnx.Module | None, operation: str) -> Iterator[Mesh]:
         """Every operation's bracket: require a finished construction, enter the role's
         context, bring its model to device (P14), work, and offload it again, even when
         the work raised."""
         self._require_constructed()
-        with self._role_context(role) as mesh:
+        with self._role_context(role, operation) as mesh:
             if model is not None:
                 self._keeper.to_device(model, role)
             try:

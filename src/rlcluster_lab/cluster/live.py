@@ -82,7 +82,7 @@ class LiveExecutor:
 
         c = self.cluster
         factory, kwargs = engine_arguments(c, rollout_actor, mesh)
-        with c._role_context(Role.ROLLOUT):
+        with c._role_context(Role.ROLLOUT, "construct: engine"):
             self.engine = factory(**kwargs)
         return self.engine
 
@@ -98,7 +98,7 @@ class LiveExecutor:
     def init_optimizer(self, model: nnx.Module, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
         c = self.cluster
         tx = c._critic_tx if role is Role.CRITIC else c._tx
-        with c._role_context(role):
+        with c._role_context(role, "construct: optimizer state"):
             return init_optimizer_state(tx, nnx.state(model, nnx.LoRAParam if lora else nnx.Param), mesh)
 
     def move_optimizer(self, state: Any, kind: str) -> Any:

@@ -1,9 +1,10 @@
 """The cluster's operations: generate (P9), per-token log-probs (P10), the optimizer step (P12),
 rewards and values, and a rehearsal of a whole step.
 
-Each operation runs inside ``RLCluster._working(role, model)``: the role's mesh
-and context are entered, its model is brought to device (P14) and offloaded
-again afterwards, even when the operation raised.
+Each operation runs inside ``RLCluster._working(role, model, operation)``: the role's
+mesh and context are entered (and recorded in ``contexts_entered`` under the
+operation's name), its model is brought to device (P14) and offloaded again
+afterwards, even when the operation raised.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def generate(
     if max_generation_steps is not None:
         rollout_cfg = dataclasses.replace(rollout_cfg, max_tokens_to_generate=max_generation_steps)
     engine = c.rollout
-    with c._working(Role.ROLLOUT, engine.model()):
+    with c._working(Role.ROLLOUT, engine.model(), "generate"):
         outs = [engine.generate(prompts[rows], rollout_cfg) for rows in mini_batches(len(prompts), micro_batch_size)]
     return _concat_outputs(outs, engine.pad_id())
 
@@ -57,13 +58,13 @@ def per_token_logps(
         if c._reference is None:
             raise ValueError("this cluster has no reference model; pass reference=... when building it")
         prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "reference")
-        with c._working(Role.REFERENCE, c._reference):
+        with c._working(Role.REFERENCE, c._reference, "reference log-probs"):
             graphdef, state = nnx.split(c._reference)
             return _chunked(c, graphdef, state, prompt_tokens, completion_tokens, micro_batch_size)
     if role is Role.ACTOR:
         prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "actor")
         p10_require_anchor(c._anchor_policy_state is not None)
-        with c._working(Role.ACTOR, None):
+        with c._working(Role.ACTOR, None, "actor log-probs (anchor)"):
             graphdef, _ = nnx.split(c.actor_model)
             # Brought to device leaf by leaf: with anchor='trainable' the backbone part may be there already.
             anchor = put_on_memory_kind(c.anchor_policy_state, c._device_kind(Role.ACTOR))
@@ -71,7 +72,7 @@ def per_token_logps(
     if role is Role.ROLLOUT:
         prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "old")
         engine = c.rollout
-        with c._working(Role.ROLLOUT, engine.model()):
+        with c._working(Role.ROLLOUT, engine.model(), "rollout log-probs"):
             outs = [
                 engine.get_per_token_logps(prompt_tokens[rows], completion_tokens[rows])
                 for rows in mini_batches(len(prompt_tokens), micro_batch_size)
@@ -85,7 +86,7 @@ def live_actor_logps(
 ) -> jax.Array:
     """The actor's log-probs with its *live* weights (what P11 warns against)."""
     prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "actor")
-    with c._working(Role.ACTOR, c.actor_model):
+    with c._working(Role.ACTOR, c.actor_model, "live actor log-probs"):
         graphdef, state = nnx.split(c.actor_model)
         return _chunked(c, graphdef, state, prompt_tokens, completion_tokens, micro_batch_size)
 
@@ -130,7 +131,7 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
     check_accumulation(len(batch), tcfg)
     metrics: list[dict[str, float]] = []
     temperature = jnp.float32(c.get_rollout_config(Mode.TRAIN).temperature or 1.0)
-    with c._working(Role.ACTOR, actor), _optimizer_state_on_device(c, Role.ACTOR, "_opt_state"):
+    with c._working(Role.ACTOR, actor, "update_actor"), _optimizer_state_on_device(c, Role.ACTOR, "_opt_state"):
         for iteration in range(tcfg.num_iterations):
             for rows in mini_batches(len(batch), tcfg.mini_batch_size):
                 if on_step is not None:
@@ -173,7 +174,10 @@ def update_critic(c: RLCluster, batch: Any) -> list[dict[str, float]]:
     batch.validate(getattr(getattr(critic, "config", None), "vocab_size", None))  # before anything moves
     check_accumulation(len(batch), tcfg)
     metrics: list[dict[str, float]] = []
-    with c._working(Role.CRITIC, critic), _optimizer_state_on_device(c, Role.CRITIC, "_critic_opt_state"):
+    with (
+        c._working(Role.CRITIC, critic, "update_critic"),
+        _optimizer_state_on_device(c, Role.CRITIC, "_critic_opt_state"),
+    ):
         for _ in range(tcfg.num_iterations):
             for rows in mini_batches(len(batch), tcfg.mini_batch_size):
                 graphdef, trainable, frozen = nnx.split(critic, nnx.Param, ...)
@@ -234,7 +238,7 @@ def score(c: RLCluster, role: Role, prompt_tokens: Any, completion_tokens: Any, 
     if model is None:
         raise ValueError(f"this cluster has no {role.value} model; pass {role.value}=... when building it")
     prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, role.value)
-    with c._working(role, model):
+    with c._working(role, model, "rewards" if role is Role.REWARD else "values"):
         graphdef, state = nnx.split(model)
         return scores_from_state(
             graphdef, state, prompt_tokens, completion_tokens, c.rollout.pad_id(), per_token=per_token
@@ -274,7 +278,7 @@ def rehearse_step(c: RLCluster, prompts: Sequence[str], reward_model: bool) -> b
     tcfg = c.cluster_config.training_config
     temperature = jnp.float32(c.get_rollout_config(Mode.TRAIN).temperature or 1.0)
     actor = c.actor_model
-    with c._role_context(Role.ACTOR):
+    with c._role_context(Role.ACTOR, "rehearse: optimizer step"):
         sizes: dict[int, slice] = {}
         for rows in mini_batches(len(batch), tcfg.mini_batch_size):
             sizes.setdefault(rows.stop - rows.start, rows)
