@@ -46,8 +46,8 @@ def offloaded():
 def test_phases_are_the_learner_steps_operations_in_order(offloaded):
     cluster, learner, step = offloaded
     assert [p.name for p in step.phases] == PHASES
-    assert step.record is learner.history[-1]  # the learner's own step, recorded by it
-    assert cluster.global_steps == 1
+    assert step.record is learner.history[0]  # the learner's own step, recorded by it
+    assert dict(step.phase("sync").returned)["global_step"] == "1"  # the cluster's counter (P13)
     assert learner.cluster is cluster  # given back after the step
     assert not observe._OBSERVERS  # the observer is gone too
     assert step.phase("update").returned[0][1].startswith("list of 1 dict")
@@ -96,7 +96,7 @@ def test_measurements_are_deterministic_apart_from_times(offloaded):
         out = step.to_json()
         out.pop("seconds")
         for p in out["phases"]:
-            for key in ("seconds", "compile_seconds", "programs", "cache_hits", "callback_seconds"):
+            for key in ("seconds", "trace_seconds", "compile_seconds", "programs", "cache_hits", "callback_seconds"):
                 p.pop(key)
             for when in ("during", "after"):
                 if p[when] is not None:
@@ -151,3 +151,10 @@ def test_bad_input_is_refused_with_the_fix(offloaded):
     with pytest.raises(RuntimeError, match="already has a work observer"):
         with observe.observing(cluster, lambda *_: None), observe.observing(cluster, lambda *_: None):
             pass
+
+
+def test_a_second_step_of_one_shape_compiles_nothing(offloaded):
+    _, learner, _ = offloaded
+    again = measure_step(learner)
+    assert [(p.name, p.programs) for p in again.phases] == [(name, 0) for name in PHASES]
+    assert again.step == 1 and again.phase("sync").returned[-1] == ("global_step", "2")

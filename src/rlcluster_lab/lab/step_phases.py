@@ -7,9 +7,11 @@ while it runs, and its phase records
 
 - ``seconds``: the wall time of the call until its results are ready (measured; the
   memory walks taken inside it are timed and left out);
-- ``compile_seconds``: the part of it XLA spent compiling programs or reading them back
-  from the persistent compilation cache (measured by JAX's own monitoring events), so a
-  first step's compiling and a later step's running can be told apart;
+- ``trace_seconds`` and ``compile_seconds``: the parts of it JAX spent tracing Python
+  functions and lowering them for XLA, and XLA spent compiling programs or reading them
+  back from the persistent compilation cache (measured by JAX's own monitoring events,
+  which time only top-level traces, so none is counted twice): a first step's
+  compiling and a later step's running can be told apart;
 - ``during``: a memory walk (L2) taken inside the operation, at its work point
   (``cluster.observe.at_work``): the role's model is on device if it is ever (P14), and
   states the work reads that the cluster does not hold (the anchor's device copy, P10)
@@ -44,12 +46,15 @@ EVEN_PROMPTS: tuple[str, ...] = ("abc", "the", "cat", "xyz", "jax", "rl ", "map"
 
 SECONDS_SOURCE = (
     "measured: wall time of each call until its results are ready (time.perf_counter), memory walks "
-    "inside it left out; compile: XLA compilation or persistent-cache reads inside it (jax.monitoring)"
+    "inside it left out; of it, trace: tracing and lowering for XLA, compile: XLA compilation or "
+    "persistent-cache reads (jax.monitoring events)"
 )
 MEMORY_SOURCE = "measured: walk of the live buffers, inside each operation at its work point and after it"
 
-# JAX's monitoring events (jax/_src/dispatch.py, compiler.py): one backend compile (or a read
+# JAX's monitoring events (jax/_src/dispatch.py, compiler.py): a trace of a top-level function
+# (nested traces are not timed), its lowering to an XLA module, one backend compile (or a read
 # from the persistent cache) per program, and one event per persistent-cache hit.
+_TRACE = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
@@ -77,6 +82,7 @@ class Phase:
     call: str  # what the learner called, e.g. "cluster.per_token_logps(Role.ACTOR, ...)"
     role: str | None  # the role whose mesh the operation entered (None: host code, or the sync)
     seconds: float  # measured, memory walks inside excluded
+    trace_seconds: float  # measured: tracing and lowering for XLA, inside the call
     compile_seconds: float  # measured: XLA compiling or reading the persistent cache, inside the call
     programs: int  # programs compiled or read back from the cache inside the call
     cache_hits: int  # of those, read back from the persistent cache
@@ -105,6 +111,7 @@ class Phase:
             "call": self.call,
             "role": self.role,
             "seconds": self.seconds,
+            "trace_seconds": self.trace_seconds,
             "compile_seconds": self.compile_seconds,
             "programs": self.programs,
             "cache_hits": self.cache_hits,
@@ -220,6 +227,7 @@ class _Open:
     name: str
     call: str
     role: str | None
+    trace_seconds: float = 0.0
     compile_seconds: float = 0.0
     programs: int = 0
     cache_hits: int = 0
@@ -277,9 +285,13 @@ class _Recorder:
         self._open.walk_seconds += self.walk_seconds - before
 
     def on_compile(self, event: str, seconds: float, **_: Any) -> None:
-        if self._open is not None and event == _BACKEND_COMPILE:
+        if self._open is None:
+            return
+        if event == _BACKEND_COMPILE:
             self._open.compile_seconds += seconds
             self._open.programs += 1
+        elif event in _TRACE:
+            self._open.trace_seconds += seconds
 
     def on_event(self, event: str, **_: Any) -> None:
         if self._open is not None and event == _CACHE_HIT:
@@ -320,6 +332,7 @@ class _Recorder:
                     call=opened.call,
                     role=opened.role,
                     seconds=total - opened.walk_seconds,
+                    trace_seconds=opened.trace_seconds,
                     compile_seconds=opened.compile_seconds,
                     programs=opened.programs,
                     cache_hits=opened.cache_hits,
@@ -417,6 +430,7 @@ def time_rows(step: StepPhases) -> list[dict[str, Any]]:
         {
             "phase": p.name,
             "ms": _ms(p.seconds),
+            "trace ms": _ms(p.trace_seconds),
             "compile ms": _ms(p.compile_seconds),
             "programs (cache hits)": f"{p.programs} ({p.cache_hits})",
             "caller's probe ms": _ms(p.callback_seconds) if p.callback_seconds else "",
@@ -428,6 +442,7 @@ def time_rows(step: StepPhases) -> list[dict[str, Any]]:
         {
             "phase": f"step {step.step} in all",
             "ms": _ms(step.seconds),
+            "trace ms": _ms(sum(p.trace_seconds for p in step.phases)),
             "compile ms": _ms(sum(p.compile_seconds for p in step.phases)),
             "programs (cache hits)": f"{programs} ({hits})",
             "caller's probe ms": "",
@@ -437,7 +452,7 @@ def time_rows(step: StepPhases) -> list[dict[str, Any]]:
 
 
 def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
-    """Per phase, the first step's time (with its compiling) beside a later step's."""
+    """Per phase, the first step's time (with its tracing and compiling) beside a later step's."""
     rows = []
     for a in first.phases:
         b = later.phase(a.name)
@@ -445,9 +460,10 @@ def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
             {
                 "phase": a.name,
                 f"step {first.step} ms": _ms(a.seconds),
+                "of which trace ms": _ms(a.trace_seconds),
                 "of which compile ms": _ms(a.compile_seconds),
                 f"step {later.step} ms": _ms(b.seconds),
-                f"step {later.step} compile ms": _ms(b.compile_seconds),
+                f"step {later.step} trace + compile ms": _ms(b.trace_seconds + b.compile_seconds),
             }
         )
     return rows
@@ -476,3 +492,19 @@ def returned_rows(step: StepPhases) -> list[dict[str, Any]]:
         {"phase": p.name, "call": p.call, "returned": "; ".join(f"{k}: {v}" for k, v in p.returned)}
         for p in step.phases
     ]
+
+
+def seconds_rows(steps: Mapping[str, StepPhases]) -> list[dict[str, Any]]:
+    """Per phase, its measured milliseconds in each of several steps (``{label: step}``).
+
+    Raises:
+        ValueError: the steps did not run the same phases.
+    """
+    labelled = list(steps.items())
+    names = [p.name for p in labelled[0][1].phases]
+    for label, step in labelled[1:]:
+        if [p.name for p in step.phases] != names:
+            raise ValueError(f"{label!r} ran other phases than {labelled[0][0]!r}; compare steps of one learner kind")
+    rows = [{"phase": n, **{f"{label} ms": _ms(step.phase(n).seconds) for label, step in labelled}} for n in names]
+    rows.append({"phase": "whole step", **{f"{label} ms": _ms(step.seconds) for label, step in labelled}})
+    return rows
