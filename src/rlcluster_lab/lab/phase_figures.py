@@ -30,6 +30,19 @@ def _colour(entry: str) -> str:
     return ROLE_COLORS.get(entry.split(" (")[0], "#999999")
 
 
+def _look(holders: tuple[str, ...]) -> dict[str, Any]:
+    """Fill, hatch and hatch colour of a piece: an entry's own colour; a working copy
+    cross-hatched; buffers several entries hold in the first one's colour, hatched in the
+    last one's (denser for three or more)."""
+    if len(holders) > 1:
+        return {
+            "facecolor": _colour(holders[0]),
+            "hatch": "//" if len(holders) == 2 else "////",
+            "edgecolor": _colour(holders[-1]),
+        }
+    return {"facecolor": _colour(holders[0]), "hatch": "xx" if "(" in holders[0] else None, "edgecolor": "white"}
+
+
 def segments(memory: Mapping[str, Any], kind: str) -> list[tuple[str, tuple[str, ...], int]]:
     """The pieces of one memory kind of a walk, each buffer once: (label, entries, bytes).
 
@@ -107,29 +120,19 @@ def phase_memory(
                 x = i - 0.2 + 0.4 * k
                 bottom = 0
                 for name, holders, nbytes in segments(memory, kind):
-                    colour = _colour(holders[0])
-                    shared = len(holders) > 1
+                    look = _look(holders)
                     bar = ax.bar(
                         x,
                         nbytes,
                         0.36,
                         bottom=bottom,
-                        color=colour,
                         alpha=1.0 if kind == "device" else HOST_ALPHA,
-                        hatch="//" if shared else ("xx" if "(" in name else None),
-                        edgecolor=_colour(holders[1]) if shared else "white",
                         linewidth=0.6,
+                        **look,
                     )[0]
                     bar.set_gid(f"bar:phase:{label}:{phase['name']}:{kind}:{name}")
-                    legend.setdefault(
-                        name,
-                        Patch(
-                            facecolor=colour,
-                            hatch="//" if shared else ("xx" if "(" in name else None),
-                            edgecolor=_colour(holders[1]) if shared else "white",
-                            label=name + ("  (one set of buffers)" if shared else ""),
-                        ),
-                    )
+                    shared = "  (one set of buffers)" if len(holders) > 1 else ""
+                    legend.setdefault(name, Patch(label=name + shared, **look))
                     bottom += nbytes
                 top = max(top, bottom)
         ticks = [i - 0.2 + 0.4 * k for i in range(len(phases)) for k in range(len(KINDS))]
