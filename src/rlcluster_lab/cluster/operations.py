@@ -4,7 +4,8 @@ rewards and values, and a rehearsal of a whole step.
 Each operation runs inside ``RLCluster._working(role, model, operation)``: the role's
 mesh and context are entered (and recorded in ``contexts_entered`` under the
 operation's name), its model is brought to device (P14) and offloaded again
-afterwards, even when the operation raised.
+afterwards, even when the operation raised. Just before its work it calls
+``observe.at_work``, where a registered observer may measure (nothing, without one).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.cluster.observe import at_work
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.engines import RolloutOutput
@@ -45,6 +47,7 @@ def generate(
         rollout_cfg = dataclasses.replace(rollout_cfg, max_tokens_to_generate=max_generation_steps)
     engine = c.rollout
     with c._working(Role.ROLLOUT, engine.model(), "generate"):
+        at_work(c, Role.ROLLOUT)
         outs = [engine.generate(prompts[rows], rollout_cfg) for rows in mini_batches(len(prompts), micro_batch_size)]
     return _concat_outputs(outs, engine.pad_id())
 
@@ -60,6 +63,7 @@ def per_token_logps(
         prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "reference")
         with c._working(Role.REFERENCE, c._reference, "reference log-probs"):
             graphdef, state = nnx.split(c._reference)
+            at_work(c, Role.REFERENCE)
             return _chunked(c, graphdef, state, prompt_tokens, completion_tokens, micro_batch_size)
     if role is Role.ACTOR:
         prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "actor")
@@ -68,11 +72,13 @@ def per_token_logps(
             graphdef, _ = nnx.split(c.actor_model)
             # Brought to device leaf by leaf: with anchor='trainable' the backbone part may be there already.
             anchor = put_on_memory_kind(c.anchor_policy_state, c._device_kind(Role.ACTOR))
+            at_work(c, Role.ACTOR, {"anchor (device copy)": anchor})
             return _chunked(c, graphdef, anchor, prompt_tokens, completion_tokens, micro_batch_size)
     if role is Role.ROLLOUT:
         prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "old")
         engine = c.rollout
         with c._working(Role.ROLLOUT, engine.model(), "rollout log-probs"):
+            at_work(c, Role.ROLLOUT)
             outs = [
                 engine.get_per_token_logps(prompt_tokens[rows], completion_tokens[rows])
                 for rows in mini_batches(len(prompt_tokens), micro_batch_size)
@@ -88,6 +94,7 @@ def live_actor_logps(
     prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "actor")
     with c._working(Role.ACTOR, c.actor_model, "live actor log-probs"):
         graphdef, state = nnx.split(c.actor_model)
+        at_work(c, Role.ACTOR)
         return _chunked(c, graphdef, state, prompt_tokens, completion_tokens, micro_batch_size)
 
 
@@ -132,6 +139,7 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
     metrics: list[dict[str, float]] = []
     temperature = jnp.float32(c.get_rollout_config(Mode.TRAIN).temperature or 1.0)
     with c._working(Role.ACTOR, actor, "update_actor"), _optimizer_state_on_device(c, Role.ACTOR, "_opt_state"):
+        at_work(c, Role.ACTOR)
         for iteration in range(tcfg.num_iterations):
             for rows in mini_batches(len(batch), tcfg.mini_batch_size):
                 if on_step is not None:
@@ -178,6 +186,7 @@ def update_critic(c: RLCluster, batch: Any) -> list[dict[str, float]]:
         c._working(Role.CRITIC, critic, "update_critic"),
         _optimizer_state_on_device(c, Role.CRITIC, "_critic_opt_state"),
     ):
+        at_work(c, Role.CRITIC)
         for _ in range(tcfg.num_iterations):
             for rows in mini_batches(len(batch), tcfg.mini_batch_size):
                 graphdef, trainable, frozen = nnx.split(critic, nnx.Param, ...)
@@ -240,6 +249,7 @@ def score(c: RLCluster, role: Role, prompt_tokens: Any, completion_tokens: Any, 
     prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, role.value)
     with c._working(role, model, "rewards" if role is Role.REWARD else "values"):
         graphdef, state = nnx.split(model)
+        at_work(c, role)
         return scores_from_state(
             graphdef, state, prompt_tokens, completion_tokens, c.rollout.pad_id(), per_token=per_token
         )

@@ -1,0 +1,165 @@
+"""The RL step's phases as a figure: per phase, the bytes each role holds in device memory
+and in pinned host memory, measured inside the phase (``lab.step_phases``).
+
+Pure, like ``lab.figures``: it reads ``StepPhases.to_json()`` and builds a Figure; nothing
+is measured or decided here. Each buffer is drawn once: a buffer several entries hold (the
+rollout that *is* the actor, a LoRA actor's backbone that is the reference's) is one
+segment, labelled with every entry that holds it, so a bar's height is what the memory
+kind really holds. Bytes are physical bytes (every device shard counted).
+
+Bars carry a ``gid``: ``"bar:phase:<step label>:<phase>:<kind>:<segment>"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from rlcluster_lab.lab.mpl import bytes_axis, new_figure, present_keys
+from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, PHYSICAL, ROLE_COLORS
+
+FONT = 9  # the smallest text in the figure, at display size
+HOST_ALPHA = 0.45  # pinned host bars are drawn paler than device bars
+
+
+def _colour(entry: str) -> str:
+    """An entry's colour; a working copy ("anchor (device copy)") takes its owner's."""
+    return ROLE_COLORS.get(entry.split(" (")[0], "#999999")
+
+
+def _look(holders: tuple[str, ...]) -> dict[str, Any]:
+    """Fill, hatch and hatch colour of a piece: an entry's own colour; a working copy
+    cross-hatched; buffers several entries hold in the first one's colour, hatched in the
+    last one's (denser for three or more)."""
+    if len(holders) > 1:
+        return {
+            "facecolor": _colour(holders[0]),
+            "hatch": "//" if len(holders) == 2 else "////",
+            "edgecolor": _colour(holders[-1]),
+        }
+    return {"facecolor": _colour(holders[0]), "hatch": "xx" if "(" in holders[0] else None, "edgecolor": "white"}
+
+
+def segments(memory: Mapping[str, Any], kind: str) -> list[tuple[str, tuple[str, ...], int]]:
+    """The pieces of one memory kind of a walk, each buffer once: (label, entries, bytes).
+
+    An entry's own piece is what no other entry holds; each set of entries holding
+    buffers in common (``memory["shared"]``) is one piece of its own, labelled
+    ``"actor = rollout"``. The pieces add up to the kind's bytes counted once.
+    """
+    by_role = memory.get("by_role", {})
+    groups = memory.get("shared", [])
+    out: list[tuple[str, tuple[str, ...], int]] = []
+    for entry in present_keys(list(by_role), ENTRY_ORDER):
+        own = int(by_role[entry].get("by_kind", {}).get(kind, 0))
+        for group in groups:
+            if entry in group["roles"]:
+                own -= sum(int(k.get(kind, 0)) for k in group.get("by_device", {}).values())
+        out.append((entry, (entry,), own))
+    for group in groups:
+        held = sum(int(k.get(kind, 0)) for k in group.get("by_device", {}).values())
+        out.append((" = ".join(group["roles"]), tuple(group["roles"]), held))
+    return [s for s in out if s[2] > 0]
+
+
+def _walk(phase: Mapping[str, Any], when: str) -> tuple[Mapping[str, Any], bool]:
+    """The phase's walk ``when``; falls back to the walk after it (second value True)."""
+    if when == "during" and phase.get("during") is not None:
+        return phase["during"], False
+    return phase["after"], when == "during"
+
+
+def phase_memory(
+    steps: Mapping[str, Mapping[str, Any]] | Mapping[str, Any],
+    *,
+    when: str = "during",
+    only: Sequence[str] | None = None,
+) -> Figure:
+    """Per phase of an RL step, device and pinned host bytes stacked by role, each buffer once.
+
+    Args:
+        steps: one ``StepPhases.to_json()``, or ``{label: StepPhases.to_json()}`` to draw
+            several steps (offload on and off) one above the other on one byte scale.
+        when: ``"during"`` (the walk at each operation's work point; phases without one,
+            host code and the sync, use the walk after them and are marked ``*``) or ``"after"``.
+        only: the phases to draw (names as in the step), default all.
+
+    Raises:
+        ValueError: ``when`` is neither, or ``only`` names a phase no step ran.
+    """
+    if when not in ("during", "after"):
+        raise ValueError(f"when must be 'during' or 'after', got {when!r}")
+    if "phases" in steps:
+        runs = {f"step {steps.get('step', 0)}, offload {'on' if steps.get('offload') else 'off'}": steps}
+    else:
+        runs = {str(k): v for k, v in steps.items()}
+    picked: dict[str, list[Mapping[str, Any]]] = {}
+    for label, step in runs.items():
+        phases = list(step.get("phases", []))
+        if only is not None:
+            names = [p["name"] for p in phases]
+            missing = [n for n in only if n not in names]
+            if missing:
+                raise ValueError(f"no phase {', '.join(map(repr, missing))} in {label!r}; it ran {', '.join(names)}")
+            phases = [p for p in phases if p["name"] in only]
+        picked[label] = phases
+    width = max(7.0, 1.6 * max(len(p) for p in picked.values()) + 3.8)
+    fig = new_figure(width, 3.4 * len(picked) + 0.3)
+    axes = fig.subplots(len(picked), 1, squeeze=False)[:, 0]
+    legend: dict[str, Patch] = {}
+    top = 1
+    marked = False
+    for ax, (label, phases) in zip(axes, picked.items()):
+        for i, phase in enumerate(phases):
+            memory, fallback = _walk(phase, when)
+            marked |= fallback
+            for k, kind in enumerate(KINDS):
+                x = i - 0.2 + 0.4 * k
+                bottom = 0
+                for name, holders, nbytes in segments(memory, kind):
+                    look = _look(holders)
+                    bar = ax.bar(
+                        x,
+                        nbytes,
+                        0.36,
+                        bottom=bottom,
+                        alpha=1.0 if kind == "device" else HOST_ALPHA,
+                        linewidth=0.6,
+                        **look,
+                    )[0]
+                    bar.set_gid(f"bar:phase:{label}:{phase['name']}:{kind}:{name}")
+                    shared = "  (one set of buffers)" if len(holders) > 1 else ""
+                    legend.setdefault(name, Patch(label=name + shared, **look))
+                    bottom += nbytes
+                top = max(top, bottom)
+        ticks = [i - 0.2 + 0.4 * k for i in range(len(phases)) for k in range(len(KINDS))]
+        ax.set_xticks(ticks, ["device", "pinned"] * len(phases), minor=True, fontsize=FONT)
+        names = []
+        for phase in phases:
+            star = "*" if when == "during" and phase.get("during") is None else ""
+            wrapped = phase["name"].replace(": ", ":\n")
+            names.append(f"{wrapped}{star}\n{phase['seconds'] * 1e3:.0f} ms")
+        ax.set_xticks(range(len(phases)), names, fontsize=FONT)
+        ax.tick_params(axis="x", which="major", pad=16, length=0)
+        ax.tick_params(axis="x", which="minor", length=2)
+        ax.tick_params(axis="y", labelsize=FONT)
+        ax.set_xlim(-0.6, len(phases) - 0.4)
+        ax.set_ylabel(PHYSICAL.replace(" (", "\n("), fontsize=FONT)
+        ax.set_title(label, fontsize=FONT + 1, loc="left")
+    for ax in axes:
+        ax.set_ylim(0, top * 1.08)
+        bytes_axis(ax.yaxis, top * 1.08)
+    handles = [legend[n] for n in present_keys(list(legend), ENTRY_ORDER)]
+    handles.append(Patch(facecolor=ROLE_COLORS["actor"], alpha=HOST_ALPHA, label="pale colour: pinned host memory"))
+    axes[0].legend(handles=handles, fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    note = "memory inside each operation, at its work point" if when == "during" else "memory after each phase"
+    if marked:
+        note += "; * no work point (host code, the sync): the walk after it"
+    fig.suptitle(f"{note}\neach buffer drawn once; bytes and times measured", fontsize=FONT, x=0.01, ha="left")
+    return fig
+
+
+__all__ = ["phase_memory", "segments"]

@@ -1,0 +1,510 @@
+"""One RL step, phase by phase: generate, rewards, log-probs, update, sync, each timed and
+with its memory measured on the live buffers.
+
+The step measured is the learner's own (``GRPOLearner.step``): nothing here calls a
+model or re-orders the operations. Each cluster operation the step calls is wrapped
+while it runs, and its phase records
+
+- ``seconds``: the wall time of the call until its results are ready (measured; the
+  memory walks taken inside it are timed and left out);
+- ``trace_seconds`` and ``compile_seconds``: the parts of it JAX spent tracing Python
+  functions and lowering them for XLA, and XLA spent compiling programs or reading them
+  back from the persistent compilation cache (measured by JAX's own monitoring events,
+  which time only top-level traces, so none is counted twice): a first step's
+  compiling and a later step's running can be told apart;
+- ``during``: a memory walk (L2) taken inside the operation, at its work point
+  (``cluster.observe.at_work``): the role's model is on device if it is ever (P14), and
+  states the work reads that the cluster does not hold (the anchor's device copy, P10)
+  are walked too. Host code (a reward function) and the sync have no work point; their
+  ``during`` is None;
+- ``after``: a memory walk once the call returned;
+- ``returned``: what the call returned, as shapes and dtypes.
+
+Bytes are physical bytes (every device shard counted), per entry (role, anchor,
+optimizer state) and memory kind, as in ``measure.memory``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlcluster_lab.cluster.observe import observing
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.measure.memory import MemoryReport, cluster_entries, memory_of
+from rlcluster_lab.measure.sync import SyncReport
+from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig, StepRecord
+
+# One length for every prompt: each step then has the same shapes (see ``run_steps``).
+EVEN_PROMPTS: tuple[str, ...] = ("abc", "the", "cat", "xyz", "jax", "rl ", "map", "row")
+
+SECONDS_SOURCE = (
+    "measured: wall time of each call until its results are ready (time.perf_counter), memory walks "
+    "inside it left out; of it, trace: tracing and lowering for XLA, compile: XLA compilation or "
+    "persistent-cache reads (jax.monitoring events)"
+)
+MEMORY_SOURCE = "measured: walk of the live buffers, inside each operation at its work point and after it"
+
+# JAX's monitoring events (jax/_src/dispatch.py, compiler.py): a trace of a top-level function
+# (nested traces are not timed), its lowering to an XLA module, one backend compile (or a read
+# from the persistent cache) per program, and one event per persistent-cache hit.
+_TRACE = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+# The cluster operations a learner step calls: method -> (phase name, role whose mesh it enters).
+_OPERATIONS: dict[str, tuple[str, str | None]] = {
+    "generate": ("generate", "rollout"),
+    "get_rewards": ("rewards", "reward"),
+    "get_values": ("values", "critic"),
+    "update_actor": ("update", "actor"),
+    "update_critic": ("update critic", "critic"),
+    "sync_weights": ("sync", None),
+}
+_LOGPS_PHASES = {
+    Role.ACTOR: "log-probs: actor (anchor)",
+    Role.REFERENCE: "log-probs: reference",
+    Role.ROLLOUT: "log-probs: rollout",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One phase of a step: what ran, how long it took, what it held, what it returned."""
+
+    name: str
+    call: str  # what the learner called, e.g. "cluster.per_token_logps(Role.ACTOR, ...)"
+    role: str | None  # the role whose mesh the operation entered (None: host code, or the sync)
+    seconds: float  # measured, memory walks inside excluded
+    trace_seconds: float  # measured: tracing and lowering for XLA, inside the call
+    compile_seconds: float  # measured: XLA compiling or reading the persistent cache, inside the call
+    programs: int  # programs compiled or read back from the cache inside the call
+    cache_hits: int  # of those, read back from the persistent cache
+    callback_seconds: float  # in the caller's callback inside the call (the learner's P11 probe)
+    during: MemoryReport | None  # walk at the operation's work point; None without one
+    after: MemoryReport  # walk once the call returned
+    returned: tuple[tuple[str, str], ...]  # (field, shape and dtype) of what the call returned
+
+    def memory(self, when: str = "during") -> MemoryReport:
+        """The walk ``"during"`` the phase (the one after it where there is none) or ``"after"``."""
+        if when not in ("during", "after"):
+            raise ValueError(f"when must be 'during' or 'after', got {when!r}")
+        return self.during if when == "during" and self.during is not None else self.after
+
+    def bytes_by_entry(self, when: str = "during") -> dict[str, dict[str, int]]:
+        """Entry -> memory kind -> physical bytes, from the walk ``when``."""
+        return {e: dict(v["by_kind"]) for e, v in self.memory(when).by_role.items()}
+
+    def on_device(self, when: str = "during") -> list[str]:
+        """The entries holding bytes in device memory in the walk ``when``."""
+        return [e for e, kinds in self.bytes_by_entry(when).items() if kinds.get("device")]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "call": self.call,
+            "role": self.role,
+            "seconds": self.seconds,
+            "trace_seconds": self.trace_seconds,
+            "compile_seconds": self.compile_seconds,
+            "programs": self.programs,
+            "cache_hits": self.cache_hits,
+            "callback_seconds": self.callback_seconds,
+            "during": None if self.during is None else self.during.to_json(),
+            "after": self.after.to_json(),
+            "returned": [list(r) for r in self.returned],
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPhases:
+    """The phases of one learner step, in the order they ran, and the step's own record."""
+
+    step: int
+    offload: bool
+    phases: tuple[Phase, ...]
+    record: StepRecord
+    seconds: float  # the whole step, measured (memory walks excluded)
+
+    def phase(self, name: str) -> Phase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(f"no phase {name!r}; this step ran {', '.join(p.name for p in self.phases)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "offload": self.offload,
+            "seconds": self.seconds,
+            "seconds_source": SECONDS_SOURCE,
+            "memory_source": MEMORY_SOURCE,
+            "phases": [p.to_json() for p in self.phases],
+            "record": self.record.to_json(),
+        }
+
+
+# ---------------------------------------------------------------------------- what a call returned
+
+
+def describe(value: Any) -> str:
+    """Shape and dtype of an array, or a short account of anything else."""
+    if isinstance(value, (jax.Array, np.ndarray)):
+        return f"{tuple(value.shape)} {value.dtype}"
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({type(v).__name__ for v in value})
+        text = f"{type(value).__name__} of {len(value)} {'/'.join(kinds) or 'items'}"
+        if value and all(isinstance(v, Mapping) for v in value):
+            text += f" (keys: {', '.join(sorted(value[0]))})"
+        return text
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return repr(value)
+    return type(value).__name__
+
+
+def returned_fields(value: Any) -> tuple[tuple[str, str], ...]:
+    """What an operation returned, field by field: (name, shape and dtype)."""
+    if isinstance(value, SyncReport):
+        return (
+            ("leaves", str(len(value.leaves))),
+            ("synced_bytes", str(value.synced_bytes)),
+            ("moved_cross_device_bytes", str(value.moved_cross_device_bytes)),
+            ("anchor_bytes", str(value.anchor_bytes)),
+            ("global_step", str(value.global_step)),
+        )
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return tuple((f.name, describe(getattr(value, f.name))) for f in dataclasses.fields(value))
+    return (("value", describe(value)),)
+
+
+def output_rows(value: Any) -> list[dict[str, Any]]:
+    """A dataclass of arrays (``RolloutOutput``) as rows: field, type, shape, dtype."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        raise TypeError(f"output_rows takes a dataclass instance such as RolloutOutput, got {type(value).__name__}")
+    rows = []
+    for f in dataclasses.fields(value):
+        v = getattr(value, f.name)
+        if isinstance(v, (jax.Array, np.ndarray)):
+            rows.append({"field": f.name, "type": type(v).__name__, "shape": tuple(v.shape), "dtype": str(v.dtype)})
+        else:
+            first = v[0] if isinstance(v, (list, tuple)) and v else v
+            rows.append(
+                {
+                    "field": f.name,
+                    "type": f"{type(v).__name__} of {type(first).__name__}",
+                    "shape": (len(v),) if isinstance(v, (list, tuple)) else "",
+                    "dtype": "",
+                }
+            )
+    return rows
+
+
+def decoded_sample(tokenizer: Any, out: Any, row: int = 0) -> dict[str, str]:
+    """Row ``row`` of a ``RolloutOutput`` decoded with the cluster's tokenizer, beside its ``text``.
+
+    Special ids (padding, BOS) are dropped and decoding stops at EOS, as the engine does.
+    """
+    return {
+        "prompt (decoded from left_padded_prompt_tokens)": repr(tokenizer.decode(out.left_padded_prompt_tokens[row])),
+        "completion (decoded from tokens)": repr(tokenizer.decode(out.tokens[row])),
+        "completion (text field)": repr(out.text[row]),
+    }
+
+
+# ---------------------------------------------------------------------------- recording
+
+
+@dataclasses.dataclass
+class _Open:
+    """A phase while it runs: what the listeners and the observer add to it."""
+
+    name: str
+    call: str
+    role: str | None
+    trace_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    programs: int = 0
+    cache_hits: int = 0
+    walk_seconds: float = 0.0
+    callback_seconds: float = 0.0
+    during: MemoryReport | None = None
+
+
+def _block(value: Any) -> None:
+    """Wait for the arrays in a call's result, so its time includes computing them."""
+    if isinstance(value, (jax.Array, list, tuple, dict)):
+        jax.block_until_ready([x for x in jax.tree.leaves(value) if isinstance(x, jax.Array)])
+
+
+class _Recorder:
+    """Stands in for the cluster while the learner runs one step: forwards every attribute,
+    and times and measures the operations of ``_OPERATIONS`` and ``per_token_logps``."""
+
+    def __init__(self, cluster: Any) -> None:
+        self._cluster = cluster
+        self._phases: list[Phase] = []
+        self._open: _Open | None = None
+        self.walk_seconds = 0.0  # every memory walk of the step, timed so it can be left out
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._cluster, name)
+        if name in _OPERATIONS:
+            phase, role = _OPERATIONS[name]
+            return self._wrap(phase, f"cluster.{name}", role, target)
+        if name == "per_token_logps":
+
+            def logps(role: Any, *args: Any, **kwargs: Any) -> Any:
+                parsed = Role.parse(role)
+                name_ = _LOGPS_PHASES.get(parsed, f"log-probs: {parsed.value}")
+                call = f"cluster.per_token_logps(Role.{parsed.name}, ...)"
+                return self._wrap(name_, call, parsed.value, target)(role, *args, **kwargs)
+
+            return logps
+        return target
+
+    def _walk(self, extra: Mapping[str, Any] | None = None) -> MemoryReport:
+        start = time.perf_counter()
+        entries = cluster_entries(self._cluster)
+        entries.update(extra or {})
+        report = memory_of(entries, devices=self._cluster.devices())
+        self.walk_seconds += time.perf_counter() - start
+        return report
+
+    def at_work(self, role: Role, working: Mapping[str, Any]) -> None:
+        """The observer: a memory walk at the operation's work point (the first one per phase)."""
+        if self._open is None or self._open.during is not None:
+            return
+        before = self.walk_seconds
+        self._open.during = self._walk(working)
+        self._open.walk_seconds += self.walk_seconds - before
+
+    def on_compile(self, event: str, seconds: float, **_: Any) -> None:
+        if self._open is None:
+            return
+        if event == _BACKEND_COMPILE:
+            self._open.compile_seconds += seconds
+            self._open.programs += 1
+        elif event in _TRACE:
+            self._open.trace_seconds += seconds
+
+    def on_event(self, event: str, **_: Any) -> None:
+        if self._open is not None and event == _CACHE_HIT:
+            self._open.cache_hits += 1
+
+    def _timed_callback(self, fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
+        if fn is None:
+            return None
+
+        def callback(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self._open is not None:
+                    self._open.callback_seconds += time.perf_counter() - start
+
+        return callback
+
+    def _wrap(self, name: str, call: str, role: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if self._open is not None:  # an operation called from inside another: part of it
+                return fn(*args, **kwargs)
+            if "on_step" in kwargs:
+                kwargs["on_step"] = self._timed_callback(kwargs["on_step"])
+            self._open = _Open(name, call, role)
+            try:
+                start = time.perf_counter()
+                out = fn(*args, **kwargs)
+                _block(out)
+                total = time.perf_counter() - start
+                opened = self._open
+            finally:
+                self._open = None
+            self._phases.append(
+                Phase(
+                    name=opened.name,
+                    call=opened.call,
+                    role=opened.role,
+                    seconds=total - opened.walk_seconds,
+                    trace_seconds=opened.trace_seconds,
+                    compile_seconds=opened.compile_seconds,
+                    programs=opened.programs,
+                    cache_hits=opened.cache_hits,
+                    callback_seconds=opened.callback_seconds,
+                    during=opened.during,
+                    after=self._walk(),
+                    returned=returned_fields(out),
+                )
+            )
+            return out
+
+        return run
+
+    def host(self, name: str, call: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Host code the learner calls (its reward function), recorded as a phase of its own."""
+        return self._wrap(name, call, None, fn)
+
+
+@contextlib.contextmanager
+def _listening(recorder: _Recorder) -> Iterator[None]:
+    jax.monitoring.register_event_duration_secs_listener(recorder.on_compile)
+    jax.monitoring.register_event_listener(recorder.on_event)
+    try:
+        yield
+    finally:
+        jax.monitoring.unregister_event_duration_listener(recorder.on_compile)
+        jax.monitoring.unregister_event_listener(recorder.on_event)
+
+
+def measure_step(learner: GRPOLearner) -> StepPhases:
+    """Run one ``learner.step()`` and record each cluster operation it calls as a phase.
+
+    The learner's cluster and reward function are stood in for while the step runs
+    (and given back afterwards, even when the step raised): every call reaches the
+    real cluster, and the step, its record and its history are the learner's own.
+
+    Returns:
+        The phases in the order the step ran them, and the step's ``StepRecord``.
+    """
+    cluster, reward_fn = learner.cluster, learner.reward_fn
+    recorder = _Recorder(cluster)
+    learner.cluster = recorder  # type: ignore[assignment]
+    learner.reward_fn = recorder.host("rewards", "reward_fn(prompts, completions)", reward_fn)
+    try:
+        with observing(cluster, recorder.at_work), _listening(recorder):
+            start = time.perf_counter()
+            record = learner.step()
+            seconds = time.perf_counter() - start
+    finally:
+        learner.cluster, learner.reward_fn = cluster, reward_fn
+    return StepPhases(
+        step=record.step,
+        offload=bool(cluster.cluster_config.offload_to_cpu),
+        phases=tuple(recorder._phases),
+        record=record,
+        seconds=seconds - recorder.walk_seconds,
+    )
+
+
+# ---------------------------------------------------------------------------- running and tables
+
+
+def run_steps(
+    cluster: Any,
+    steps: int = 2,
+    config: LearnerConfig | None = None,
+    prompts: Sequence[str] = EVEN_PROMPTS,
+) -> list[StepPhases]:
+    """``steps`` learner steps on ``cluster``, each measured phase by phase.
+
+    The default prompts all have one length, so every step has the same shapes: the
+    first step compiles (or reads the persistent cache) and the later ones only run.
+
+    Raises:
+        ValueError: ``steps`` below 1.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    config = config or LearnerConfig(steps=steps, prompts_per_step=4, group_size=4)
+    learner = GRPOLearner(cluster, config, prompts=prompts)
+    return [measure_step(learner) for _ in range(steps)]
+
+
+def _unique(memory: MemoryReport, kind: str) -> int:
+    return sum(int(k.get(kind, 0)) for k in memory.by_device.values())
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def time_rows(step: StepPhases) -> list[dict[str, Any]]:
+    """Per phase: its measured wall time, and how much of it was compiling (or cache reads)."""
+    rows = [
+        {
+            "phase": p.name,
+            "ms": _ms(p.seconds),
+            "trace ms": _ms(p.trace_seconds),
+            "compile ms": _ms(p.compile_seconds),
+            "programs (cache hits)": f"{p.programs} ({p.cache_hits})",
+            "caller's probe ms": _ms(p.callback_seconds) if p.callback_seconds else "",
+        }
+        for p in step.phases
+    ]
+    programs, hits = sum(p.programs for p in step.phases), sum(p.cache_hits for p in step.phases)
+    rows.append(
+        {
+            "phase": f"step {step.step} in all",
+            "ms": _ms(step.seconds),
+            "trace ms": _ms(sum(p.trace_seconds for p in step.phases)),
+            "compile ms": _ms(sum(p.compile_seconds for p in step.phases)),
+            "programs (cache hits)": f"{programs} ({hits})",
+            "caller's probe ms": "",
+        }
+    )
+    return rows
+
+
+def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
+    """Per phase, the first step's time (with its tracing and compiling) beside a later step's."""
+    rows = []
+    for a in first.phases:
+        b = later.phase(a.name)
+        rows.append(
+            {
+                "phase": a.name,
+                f"step {first.step} ms": _ms(a.seconds),
+                "of which trace ms": _ms(a.trace_seconds),
+                "of which compile ms": _ms(a.compile_seconds),
+                f"step {later.step} ms": _ms(b.seconds),
+                f"step {later.step} trace + compile ms": _ms(b.trace_seconds + b.compile_seconds),
+            }
+        )
+    return rows
+
+
+def memory_rows(step: StepPhases, when: str = "during") -> list[dict[str, Any]]:
+    """Per phase: the entries in device memory and the bytes of each memory kind, each buffer
+    counted once, from the walk ``when`` (phases with no work point: the walk after them)."""
+    rows = []
+    for p in step.phases:
+        memory = p.memory(when)
+        rows.append(
+            {
+                "phase": p.name + ("" if when == "after" or p.during is not None else " *"),
+                "on device": ", ".join(p.on_device(when)) or "(nothing)",
+                "device B": _unique(memory, "device"),
+                "pinned_host B": _unique(memory, "pinned_host"),
+            }
+        )
+    return rows
+
+
+def returned_rows(step: StepPhases) -> list[dict[str, Any]]:
+    """Per phase: the call the learner made and what it returned (shapes, dtypes)."""
+    return [
+        {"phase": p.name, "call": p.call, "returned": "; ".join(f"{k}: {v}" for k, v in p.returned)}
+        for p in step.phases
+    ]
+
+
+def seconds_rows(steps: Mapping[str, StepPhases]) -> list[dict[str, Any]]:
+    """Per phase, its measured milliseconds in each of several steps (``{label: step}``).
+
+    Raises:
+        ValueError: the steps did not run the same phases.
+    """
+    labelled = list(steps.items())
+    names = [p.name for p in labelled[0][1].phases]
+    for label, step in labelled[1:]:
+        if [p.name for p in step.phases] != names:
+            raise ValueError(f"{label!r} ran other phases than {labelled[0][0]!r}; compare steps of one learner kind")
+    rows = [{"phase": n, **{f"{label} ms": _ms(step.phase(n).seconds) for label, step in labelled}} for n in names]
+    rows.append({"phase": "whole step", **{f"{label} ms": _ms(step.seconds) for label, step in labelled}})
+    return rows
