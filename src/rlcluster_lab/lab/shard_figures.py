@@ -256,6 +256,7 @@ def shard_layouts(layouts: Sequence[ShardLayout], title: str = "", columns: int 
     panel = min((MAX_WIDTH - 0.4) / columns - 0.5, 3.3)
     heights = [max(_aspect(lay) for lay in layouts[r * columns : (r + 1) * columns]) for r in range(rows)]
     fig = new_figure(MAX_WIDTH, sum(panel * h + 1.3 for h in heights) + 0.5 + (0.3 if title else 0))
+    fig.get_layout_engine().set(h_pad=0.1)
     grid = fig.add_gridspec(rows, columns, height_ratios=[panel * h + 1.3 for h in heights])
     for i, layout in enumerate(layouts):
         ax = fig.add_subplot(grid[i // columns, i % columns])
@@ -395,12 +396,15 @@ def sync_leaf(flows: SyncFlows, src: ShardLayout, dst: ShardLayout) -> Figure:
     panel = 3.6  # inches: about the width of each panel of the top row and of the grid
     top = panel * max(_aspect(src), _aspect(dst)) + 1.4
     bottom = panel * len(srcs) / len(dsts) + 0.9
-    fig = new_figure(MAX_WIDTH, top + bottom + 1.3)
-    grid = fig.add_gridspec(2, 2, height_ratios=[top, bottom], width_ratios=[1.25, 1.0])
-    _draw_layout(fig.add_subplot(grid[0, 0]), src, panel)
-    _draw_layout(fig.add_subplot(grid[0, 1]), dst, panel)
-    _draw_grid(fig.add_subplot(grid[1, 0]), flows, srcs, dsts, panel)
-    _draw_arrivals(fig.add_subplot(grid[1, 1]), flows, dsts, MAX_WIDTH / 2.25 - 0.7)
+    fig = new_figure(MAX_WIDTH, top + bottom + 1.5)
+    fig.get_layout_engine().set(h_pad=0.1)
+    rows = fig.add_gridspec(2, 1, height_ratios=[top, bottom])
+    upper = rows[0].subgridspec(1, 2)
+    lower = rows[1].subgridspec(1, 2, width_ratios=[1.25, 1.0])
+    _draw_layout(fig.add_subplot(upper[0, 0]), src, panel)
+    _draw_layout(fig.add_subplot(upper[0, 1]), dst, panel)
+    _draw_grid(fig.add_subplot(lower[0, 0]), flows, srcs, dsts, panel)
+    _draw_arrivals(fig.add_subplot(lower[0, 1]), flows, dsts, MAX_WIDTH / 2.25 - 0.7)
     _device_legend(fig, sorted(set(src.devices) | set(dst.devices)))
     fig.suptitle(_heading(flows, f"{flows.label} {src.shape} {src.dtype}"), fontsize=MIN_FONT, x=0.01, ha="left")
     return fig
@@ -411,6 +415,7 @@ def sync_summary(flows: SyncFlows) -> Figure:
     srcs, dsts = _grid_devices(flows, None, None)
     panel = 3.6
     fig = new_figure(MAX_WIDTH, panel * len(srcs) / len(dsts) + 2.4)
+    fig.get_layout_engine().set(h_pad=0.1)
     grid = fig.add_gridspec(1, 2, width_ratios=[1.25, 1.0])
     _draw_grid(fig.add_subplot(grid[0, 0]), flows, srcs, dsts, panel)
     _draw_arrivals(fig.add_subplot(grid[0, 1]), flows, dsts, MAX_WIDTH / 2.25 - 0.7)

@@ -378,7 +378,8 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
 
     A sync counts its destination shards (physical bytes), so the same
     adapters weigh logical x replicas, and the replicas of a spec are the
-    sizes of the mesh axes it does not split over.
+    sizes of the mesh axes it does not split over. The first row names each
+    sync's rollout mesh, the last gives its total.
     """
     runs = list(syncs)
     groups: dict[str, dict[str, Any]] = {}
@@ -400,10 +401,11 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
         rows.append(row)
     rows.sort(key=lambda r: (-r["logical"], r["spec"]))
     total: dict[str, Any] = {"spec": "total", "leaves": "", "logical": sum(r["logical"] for r in rows)}
+    meshes: dict[str, Any] = {"spec": "rollout mesh", "leaves": "", "logical": ""}
     for label in runs:
         total[label] = f"{int(syncs[label]['synced_bytes']):,}"
-    rows.append(total)
-    return rows
+        meshes[label] = destination_meshes({label: syncs[label]})[label]
+    return [meshes, *rows, total]
 
 
 def destination_meshes(syncs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
