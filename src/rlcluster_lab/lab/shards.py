@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -416,7 +416,3 @@ def destination_meshes(syncs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]
         out[label] = mesh_of(leaves[0]["dst_sharding"]) if leaves else "?"
     return out
 
-
-def leaves_of(report: Mapping[str, Any], names: Sequence[str]) -> list[str]:
-    """The report's leaf paths whose short name (``o/lora_a``) is one of ``names``, in path order."""
-    return [lf["path"] for lf in report.get("leaves", []) if _short_name(lf["path"]) in names]
