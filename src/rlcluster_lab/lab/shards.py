@@ -415,4 +415,3 @@ def destination_meshes(syncs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]
         leaves = s.get("leaves", [])
         out[label] = mesh_of(leaves[0]["dst_sharding"]) if leaves else "?"
     return out
-
