@@ -332,7 +332,8 @@ def sync_bytes(sync: Mapping[str, Any]) -> Figure:
     """
     runs = _syncs(sync)
     labels = list(runs)
-    fig = new_figure(max(6.5, 1.6 * len(labels) + 4.5), 3.8)
+    # At most 9.6 inches wide, so a notebook shows it unscaled and its 9-point text stays 9 points.
+    fig = new_figure(min(9.6, max(6.5, 1.1 * len(labels) + 3.0)), 4.2)
     ax = fig.add_subplot()
     bottoms = [0] * len(labels)
     for key, legend, color in SYNC_PARTS:
@@ -352,17 +353,30 @@ def sync_bytes(sync: Mapping[str, Any]) -> Figure:
             label="minimum to move between devices" if i == 0 else None,
             gid=f"line:minimum:{lb}",
         )
+        if "synced_logical_bytes" in s:
+            # Logical beside physical: a leaf on four devices is four times in the bar, once here.
+            ax.hlines(
+                int(s["synced_logical_bytes"]),
+                i - 0.36,
+                i + 0.36,
+                colors="#222222",
+                linestyles=":",
+                linewidth=2,
+                label="logical bytes (each leaf once)" if i == 0 else None,
+                gid=f"line:logical:{lb}",
+            )
         seconds = s.get("seconds")
         text = fmt_bytes(s.get("synced_bytes", 0))
         if seconds is not None:
             text += f"\n{seconds * 1e3:.1f} ms" + (" (incl. compiling)" if s.get("includes_compilation") else "")
-        ax.text(i, bottoms[i], text, ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_ylabel(PHYSICAL, fontsize=8)
-    ax.set_ylim(0, max(bottoms + [1]) * 1.2)
+        ax.text(i, bottoms[i], text, ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(labels)), [lb.replace(", ", ",\n") for lb in labels], fontsize=9)
+    ax.set_ylabel(PHYSICAL, fontsize=9)
+    ax.set_ylim(0, max(bottoms + [1]) * 1.25)
     bytes_axis(ax.yaxis, ax.get_ylim()[1])
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title("weight sync: synced = moved + copied + reused", fontsize=9, loc="left")
+    ax.tick_params(axis="y", labelsize=9)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("weight sync: synced (physical) = moved + copied + reused", fontsize=9, loc="left")
     return fig
 
 
@@ -375,7 +389,8 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Figure:
     if top is not None:
         leaves = sorted(leaves, key=lambda lf: (-int(lf.get("synced_bytes", 0)), lf.get("path", "")))[:top]
         leaves.sort(key=lambda lf: lf.get("path", ""))
-    fig = new_figure(10.0, 0.22 * len(leaves) + 1.4)
+    # 9.6 inches wide and 9-point text: a notebook shows it unscaled.
+    fig = new_figure(9.6, 0.25 * len(leaves) + 1.5)
     ax = fig.add_subplot()
     ys = list(range(len(leaves)))
     left = [0] * len(leaves)
@@ -394,12 +409,13 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Figure:
         label="minimum between devices",
         zorder=3,
     )
-    ax.set_yticks(ys, [f"{lf.get('path')} {tuple(lf.get('shape', []))}" for lf in leaves], fontsize=6.5)
+    ax.set_yticks(ys, [f"{lf.get('path')} {tuple(lf.get('shape', []))}" for lf in leaves], fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlabel(PHYSICAL, fontsize=8)
+    ax.set_xlabel(PHYSICAL, fontsize=9)
     ax.set_xlim(0, max(left + [1]) * 1.05)
     bytes_axis(ax.xaxis, ax.get_xlim()[1])
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.tick_params(axis="x", labelsize=9)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
     ax.set_title(f"weight sync per leaf ({shown})", fontsize=9, loc="left")
     return fig

@@ -5,6 +5,7 @@ from rlcluster_lab.measure.memory import MEMORY_ENTRIES, UNITS, MemoryReport, al
 from rlcluster_lab.measure.sync import (
     LeafSync,
     ShardFacts,
+    SyncPiece,
     SyncReport,
     describe_sharding,
     flat_leaves,
@@ -17,6 +18,7 @@ __all__ = [
     "MEMORY_ENTRIES",
     "MemoryReport",
     "ShardFacts",
+    "SyncPiece",
     "SyncReport",
     "UNITS",
     "allocator_stats",

@@ -27,8 +27,29 @@ from rlcluster_lab.placement.transfers import TransferLog, shard_key, shard_keys
 
 
 @dataclasses.dataclass(frozen=True)
+class SyncPiece:
+    """Bytes of one leaf, by how they reached one destination device (L3).
+
+    ``how``: ``"moved"`` (crossed from ``src_device``: a logged copy, or a
+    collective of the compiled program), ``"copied"`` (a new buffer made on
+    ``dst_device`` from data already there) or ``"reused"`` (the destination
+    shard is the source's own buffer). Copied and reused pieces have
+    ``src_device == dst_device``. Per leaf and kind the pieces sum to the
+    leaf's moved, copied and reused bytes.
+    """
+
+    how: str
+    src_device: int
+    dst_device: int
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class LeafSync:
-    """One synced leaf. Bytes are physical, in the dtype the data moved in (the source's)."""
+    """One synced leaf. Bytes are physical, in the dtype the data moved in (the source's).
+
+    ``pieces``: the same bytes per (how, source device, destination device).
+    """
 
     path: str
     dtype: str
@@ -44,10 +65,12 @@ class LeafSync:
     logical_bytes: int
     relayed_cross_device_bytes: int = 0
     method: str = "logged copies"
+    pieces: tuple[SyncPiece, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["shape"] = list(self.shape)
+        out["pieces"] = [dataclasses.asdict(p) for p in self.pieces]
         return out
 
 
@@ -67,7 +90,8 @@ class SyncReport:
     two shardings force to cross devices, from shard indices and devices
     alone; ``excess_cross_device_bytes`` is how much more than that was moved.
     ``reshard_strategy`` names the strategy (or strategies) that did the
-    layout changes.
+    layout changes. Each leaf's ``pieces`` give its bytes per source and
+    destination device (what ``lab.shard_figures`` draws).
     ``anchor_bytes`` are the new pinned-host buffers of the anchor re-pin,
     apart from the handover. ``peak_extra_bytes`` per device and memory
     kind: the new buffers the sync allocates while the old ones are still
@@ -203,14 +227,23 @@ def sync_report(
     cross: dict[str, int] = {}
     same: dict[str, int] = {}
     arrived: dict[str, int] = {}
+    # Per leaf: (how, source device, destination device) -> bytes, for the figures of a sync.
+    pieces: dict[str, dict[tuple[str, int, int], int]] = {}
     for t in log.transfers:
         if t.leaf is None:
             continue
         if t.kind == "cross_device":
             cross[t.leaf] = cross.get(t.leaf, 0) + t.nbytes
             arrived[str(t.dst_device)] = arrived.get(str(t.dst_device), 0) + t.nbytes
+            part = "moved"
         elif t.kind == "same_device":
             same[t.leaf] = same.get(t.leaf, 0) + t.nbytes
+            part = "copied"
+        else:
+            continue
+        at = pieces.setdefault(t.leaf, {})
+        key = (part, int(t.src_device), int(t.dst_device))
+        at[key] = at.get(key, 0) + t.nbytes
     untraced: dict[str | None, list[str]] = {}
     for leaf, why in log.unreadable:
         untraced.setdefault(leaf, []).append(why)
@@ -230,6 +263,9 @@ def sync_report(
             synced += elements * itemsize
             if shard_key(s) in src.buffers:
                 reused += elements * itemsize
+                at = pieces.setdefault(path, {})
+                key = ("reused", int(s.device.id), int(s.device.id))
+                at[key] = at.get(key, 0) + elements * itemsize
                 continue
             d = peak.setdefault(str(s.device.id), {})
             d[kind] = d.get(kind, 0) + s.data.nbytes
@@ -252,6 +288,7 @@ def sync_report(
                 logical_bytes=int(np.prod(src.shape, dtype=np.int64)) * itemsize,
                 relayed_cross_device_bytes=log.relayed.get(path, 0),
                 method=how,
+                pieces=tuple(SyncPiece(k, a, b, n) for (k, a, b), n in sorted(pieces.get(path, {}).items())),
             )
         )
     anchor_bytes = 0

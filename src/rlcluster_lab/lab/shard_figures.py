@@ -1,0 +1,435 @@
+"""Shards you can see: one weight matrix cut into the boxes each device holds, and what a
+sync did with them, device pair by device pair (L3).
+
+``jax.debug.visualize_array_sharding`` and Flax NNX's treescope display already
+draw one array's sharding; these figures add what they cannot show: the bytes
+of each shard side by side on several meshes, the pieces a weight sync moved
+between devices, the ones it copied within a device and the ones it reused
+(the destination shard is the source's own buffer).
+
+Everything drawn is read, not assumed: boxes from a live array's shards
+(``shards.shard_layout``), bytes per device pair from the sync report's pieces
+(``shards.sync_flows``), which the reshard logged as it ran. Bytes are
+physical (every device's copy counted) unless labelled logical. Text is at
+least ``MIN_FONT`` points and figures are at most ``MAX_WIDTH`` inches wide,
+so a notebook shows them at their size.
+
+Artists that tests look up carry a ``gid``: ``"shard:<panel>:<device>:<box>"``
+for a device's part of a box, ``"flow:<how>:<src>:<dst>:<bytes>"`` for a
+grid cell, ``"bar:<how>:<dst>:<bytes>"`` for a bar segment.
+"""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.textpath import TextPath
+
+from rlcluster_lab.lab.mpl import bytes_axis, new_figure
+from rlcluster_lab.lab.shards import ShardLayout, SyncFlows
+from rlcluster_lab.lab.style import PHYSICAL, SYNC_PARTS, fmt_bytes
+from rlcluster_lab.placement.reshard import Box
+
+MIN_FONT = 9.0
+MAX_WIDTH = 9.6  # inches: at 100 dpi a notebook shows the figure unscaled
+
+# Light colours, one per device, with dark text on them; the sync's own colours (SYNC_PARTS)
+# are darker, so a device's box and a kind of copy do not read alike.
+DEVICE_COLORS: tuple[str, ...] = (
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#f7b6d2",
+    "#c5b0d5",
+    "#c49c94",
+    "#dbdb8d",
+    "#9edae5",
+    "#c7c7c7",
+    "#e7cb94",
+)
+
+_COLOR = {how: color for (_, _, color), how in zip(SYNC_PARTS, ("moved", "copied", "reused"))}
+_LEGEND = {
+    "moved": "moved between devices",
+    "copied": "copied within a device",
+    "reused": "reused (same buffer)",
+}
+
+
+def device_color(device: int) -> str:
+    return DEVICE_COLORS[device % len(DEVICE_COLORS)]
+
+
+def short_bytes(n: int) -> str:
+    """A byte count in at most five characters for a grid cell: 384, 1.5K, 13.1K, 2.0M."""
+    if n < 1024:
+        return str(int(n))
+    if n < 1024**2:
+        k = n / 1024
+        return f"{k:.1f}K" if round(k, 1) < 100 else f"{k:.0f}K"
+    return f"{n / 1024**2:.1f}M"
+
+
+def _as_2d(box: Box, shape: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int]]:
+    if len(shape) == 2:
+        return box[0], box[1]
+    if len(shape) == 1:
+        return (0, 1), box[0]
+    if len(shape) == 0:
+        return (0, 1), (0, 1)
+    raise ValueError(f"only arrays of up to 2 dimensions can be drawn as a matrix; this one has shape {shape}")
+
+
+def _shape_2d(shape: tuple[int, ...]) -> tuple[int, int]:
+    if len(shape) == 2:
+        return shape[0], shape[1]
+    if len(shape) <= 1:
+        return 1, (shape[0] if shape else 1)
+    raise ValueError(f"only arrays of up to 2 dimensions can be drawn as a matrix; this one has shape {shape}")
+
+
+def _box_id(box: Box) -> str:
+    return "x".join(f"{a}-{b}" for a, b in box)
+
+
+# --------------------------------------------------------------------------- one array's shards
+
+
+def _draw_layout(ax: Any, layout: ShardLayout, width_in: float, caption: bool = True) -> None:
+    """The array as a rectangle cut into its shards' boxes (read from the live array).
+
+    A box one device holds is filled with that device's colour. A box several
+    devices hold (replication) is one piece of the array, so it is drawn once,
+    in grey, with a chip in each holder's colour. Thin arrays are drawn
+    stretched (the ticks give the index ranges). ``width_in`` is about how
+    wide the axes will be, to pick labels that fit.
+    """
+    rows, cols = _shape_2d(layout.shape)
+    aspect = _aspect(layout)
+    ax.set_xlim(0, cols)
+    ax.set_ylim(rows, 0)
+    ax.set_box_aspect(aspect)
+    width_pt, height_pt = width_in * 72, width_in * 72 * aspect
+    per_pt = (cols / width_pt, rows / height_pt)  # data units per point, across and down
+    for box, devices in layout.boxes().items():
+        (r0, r1), (c0, c1) = _as_2d(box, layout.shape)
+        w_pt, h_pt = (c1 - c0) / cols * width_pt, (r1 - r0) / rows * height_pt
+        nbytes = next(s.nbytes for s in layout.shards if s.box == box)
+        alone = len(devices) == 1
+        ax.add_patch(
+            Rectangle(
+                (c0, r0),
+                c1 - c0,
+                r1 - r0,
+                facecolor=device_color(devices[0]) if alone else "#eeeeee",
+                edgecolor="#222222",
+                linewidth=1.2,
+                gid=f"shard:{layout.label}:{_box_id(box)}:{','.join(map(str, devices))}",
+            )
+        )
+        if alone:
+            label = _fit([f"dev {devices[0]}\n{fmt_bytes(nbytes)}", f"dev {devices[0]}", str(devices[0])], w_pt, h_pt)
+            if label:
+                ax.text((c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=MIN_FONT)
+            continue
+        _chips(ax, devices, (c0, r0, c1, r1), (w_pt, h_pt), per_pt, f"{fmt_bytes(nbytes)} on each")
+    ax.set_xticks([0, cols], ["0", str(cols)], fontsize=MIN_FONT)
+    ax.set_yticks([0, rows], ["0", str(rows)], fontsize=MIN_FONT) if len(layout.shape) == 2 else ax.set_yticks([])
+    ax.tick_params(length=2, pad=1)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    where = f"({layout.mesh}) {layout.spec}" if layout.mesh else layout.spec
+    ax.set_title(f"{layout.label}\n{where}", fontsize=MIN_FONT, loc="left")
+    if caption:
+        sizes = sorted({s.nbytes for s in layout.shards})
+        each = f"{sizes[0]:,} B" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,} B"
+        ax.set_xlabel(
+            f"{len(layout.shards)} shards x {each} = {layout.physical_bytes:,} B physical\n"
+            f"{layout.logical_bytes:,} B logical; each element on {layout.replicas} device(s)",
+            fontsize=MIN_FONT,
+            loc="left",
+        )
+
+
+_CHIP, _GAP = 15.0, 3.0  # points: a device chip and the space between chips
+
+
+def _chips(
+    ax: Any,
+    devices: Sequence[int],
+    frame: tuple[float, float, float, float],
+    size_pt: tuple[float, float],
+    per_pt: tuple[float, float],
+    note: str,
+) -> None:
+    """A replicated box's holders as chips in their colours, with ``note`` under them where it fits.
+
+    Falls back to one line of text (``dev 0,4``) where no chip row fits.
+    """
+    c0, r0, c1, r1 = frame
+    w_pt, h_pt = size_pt
+    step = _CHIP + _GAP
+    per_row = int((w_pt - 2 * _GAP) // step)
+    lines = -(-len(devices) // per_row) if per_row else 0
+    if not per_row or lines * step + _GAP > h_pt:
+        text = _fit([f"dev {','.join(map(str, devices))}\n{note}", f"dev {','.join(map(str, devices))}"], w_pt, h_pt)
+        if text:
+            ax.text((c0 + c1) / 2, (r0 + r1) / 2, text, ha="center", va="center", fontsize=MIN_FONT)
+        return
+    note_fits = bool(_fit([note], w_pt, h_pt - lines * step - _GAP))
+    block_h = lines * step - _GAP + (MIN_FONT * 1.4 if note_fits else 0)
+    top_pt = (h_pt - block_h) / 2
+    for k, dev in enumerate(devices):
+        line, col = divmod(k, per_row)
+        in_line = min(per_row, len(devices) - line * per_row)
+        left_pt = (w_pt - (in_line * step - _GAP)) / 2 + col * step
+        x = c0 + left_pt * per_pt[0]
+        y = r0 + (top_pt + line * step) * per_pt[1]
+        ax.add_patch(
+            Rectangle(
+                (x, y),
+                _CHIP * per_pt[0],
+                _CHIP * per_pt[1],
+                facecolor=device_color(dev),
+                edgecolor="#555555",
+                linewidth=0.6,
+                gid=f"chip:{dev}",
+            )
+        )
+        ax.text(
+            x + _CHIP * per_pt[0] / 2, y + _CHIP * per_pt[1] / 2, str(dev), ha="center", va="center", fontsize=MIN_FONT
+        )
+    if note_fits:
+        y = r0 + (top_pt + lines * step + MIN_FONT * 0.6) * per_pt[1]
+        ax.text((c0 + c1) / 2, y, note, ha="center", va="center", fontsize=MIN_FONT)
+
+
+def _aspect(layout: ShardLayout) -> float:
+    rows, cols = _shape_2d(layout.shape)
+    return min(max(rows / cols, 0.3), 1.0)
+
+
+def _fit(candidates: Sequence[str], w_pt: float, h_pt: float) -> str:
+    """The first label whose lines fit in a w x h point box at MIN_FONT, or ''."""
+    for text in candidates:
+        lines = text.split("\n")
+        if max(_width_pt(s) for s in lines) + 4 <= w_pt and len(lines) * MIN_FONT * 1.2 + 2 <= h_pt:
+            return text
+    return ""
+
+
+@functools.lru_cache(maxsize=512)
+def _width_pt(line: str) -> float:
+    """The width of one line of text at MIN_FONT, in points, from the font's own glyphs."""
+    return float(TextPath((0, 0), line, size=MIN_FONT).get_extents().width) if line else 0.0
+
+
+def _device_legend(fig: Figure, devices: Sequence[int]) -> None:
+    handles = [Patch(facecolor=device_color(d), edgecolor="#555555", label=f"dev {d}") for d in devices]
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=min(len(handles), 10),
+        fontsize=MIN_FONT,
+        frameon=False,
+        handlelength=1.2,
+        columnspacing=1.0,
+    )
+
+
+def shard_layouts(layouts: Sequence[ShardLayout], title: str = "", columns: int = 2) -> Figure:
+    """One array's shards on several meshes, ``columns`` panels a row.
+
+    Each panel is the whole array, cut into the boxes its shards cover (read
+    from the live array), coloured by the device holding each one, with the
+    bytes of every shard and the physical and logical totals.
+    """
+    if not layouts:
+        raise ValueError("shard_layouts needs at least one layout (shards.shard_layout of a live array)")
+    columns = max(1, min(columns, len(layouts)))
+    rows = -(-len(layouts) // columns)
+    panel = min((MAX_WIDTH - 0.4) / columns - 0.5, 3.3)
+    heights = [max(_aspect(lay) for lay in layouts[r * columns : (r + 1) * columns]) for r in range(rows)]
+    fig = new_figure(MAX_WIDTH, sum(panel * h + 1.3 for h in heights) + 0.5 + (0.3 if title else 0))
+    fig.get_layout_engine().set(h_pad=0.1)
+    grid = fig.add_gridspec(rows, columns, height_ratios=[panel * h + 1.3 for h in heights])
+    for i, layout in enumerate(layouts):
+        ax = fig.add_subplot(grid[i // columns, i % columns])
+        _draw_layout(ax, layout, panel)
+    _device_legend(fig, sorted({d for lay in layouts for d in lay.devices}))
+    if title:
+        fig.suptitle(title, fontsize=MIN_FONT + 1, x=0.01, ha="left")
+    return fig
+
+
+# --------------------------------------------------------------------------- a sync's pieces
+
+
+def _draw_grid(ax: Any, flows: SyncFlows, srcs: Sequence[int], dsts: Sequence[int], width_in: float) -> None:
+    """Source device (rows) x destination device (columns): bytes moved, copied or reused."""
+    ax.set_xlim(0, len(dsts))
+    ax.set_ylim(len(srcs), 0)
+    ax.set_box_aspect(len(srcs) / len(dsts))
+    top = max(list(flows.moved.values()) + [1])
+    cell_pt = width_in * 72 / len(dsts)
+    for i, s in enumerate(srcs):
+        for j, d in enumerate(dsts):
+            parts: list[tuple[str, int]]
+            if s == d:
+                kept = (("copied", flows.copied.get(d, 0)), ("reused", flows.reused.get(d, 0)))
+                parts = [(h, n) for h, n in kept if n]
+            else:
+                n = flows.moved.get((s, d), 0)
+                parts = [("moved", n)] if n else []
+            if not parts:
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#f5f5f5", edgecolor="white", linewidth=1))
+                continue
+            for k, (how, n) in enumerate(parts):
+                h = 1 / len(parts)
+                alpha = 0.3 + 0.7 * n / top if how == "moved" else 0.85
+                ax.add_patch(
+                    Rectangle(
+                        (j, i + k * h),
+                        1,
+                        h,
+                        facecolor=_COLOR[how],
+                        alpha=alpha,
+                        edgecolor="white",
+                        linewidth=1,
+                        gid=f"flow:{how}:{s}:{d}:{n}",
+                    )
+                )
+                label = _fit([short_bytes(n)], cell_pt, cell_pt * h)
+                if label:
+                    ax.text(j + 0.5, i + (k + 0.5) * h, label, ha="center", va="center", fontsize=MIN_FONT)
+    ax.set_xticks([j + 0.5 for j in range(len(dsts))], [str(d) for d in dsts], fontsize=MIN_FONT)
+    ax.set_yticks([i + 0.5 for i in range(len(srcs))], [str(s) for s in srcs], fontsize=MIN_FONT)
+    ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_xlabel("bytes to device (rollout shard); K = KiB", fontsize=MIN_FONT)
+    ax.set_ylabel("from device (actor shard)", fontsize=MIN_FONT)
+
+
+def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: float) -> None:
+    """Per destination device: bytes that arrived from other devices, were copied there, or reused.
+
+    ``width_in`` is about how wide the axes will be, to keep the totals over the bars legible.
+    """
+    values = {
+        "moved": [flows.arrived(d) for d in dsts],
+        "copied": [flows.copied.get(d, 0) for d in dsts],
+        "reused": [flows.reused.get(d, 0) for d in dsts],
+    }
+    bottom = [0] * len(dsts)
+    for how in ("moved", "copied", "reused"):
+        bars = ax.bar(range(len(dsts)), values[how], 0.7, bottom=bottom, color=_COLOR[how], label=_LEGEND[how])
+        for bar, d, n in zip(bars, dsts, values[how]):
+            bar.set_gid(f"bar:{how}:{d}:{n}")
+        bottom = [a + b for a, b in zip(bottom, values[how])]
+    top = max(bottom + [1])
+    slot_pt = width_in * 72 / len(dsts)
+    upright = all(_fit([short_bytes(t)], slot_pt, 2 * MIN_FONT) for t in bottom)
+    for j, total in enumerate(bottom):
+        ax.text(
+            j,
+            total + top * 0.02,
+            short_bytes(total),
+            ha="center",
+            va="bottom",
+            fontsize=MIN_FONT,
+            rotation=0 if upright else 90,
+        )
+    ax.set_xticks(range(len(dsts)), [str(d) for d in dsts], fontsize=MIN_FONT)
+    ax.set_xlabel("destination device", fontsize=MIN_FONT)
+    ax.set_ylim(0, top * (1.18 if upright else 1.3))
+    bytes_axis(ax.yaxis, ax.get_ylim()[1])
+    ax.tick_params(axis="y", labelsize=MIN_FONT)
+    ax.set_ylabel(PHYSICAL.split(" (")[0], fontsize=MIN_FONT)
+    ax.set_title("what each destination device's shards are made of", fontsize=MIN_FONT, loc="left")
+    ax.legend(fontsize=MIN_FONT, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _heading(flows: SyncFlows, head: str) -> str:
+    """The figure's title: what it shows, the report's identity with its numbers, and their method."""
+    identity = (
+        f"synced {flows.synced_bytes:,} B physical ({flows.synced_logical_bytes:,} B logical) = moved "
+        f"{flows.moved_bytes:,} ({100 * flows.moved_share:.1f}%) + copied {flows.copied_bytes:,} "
+        f"+ reused {flows.reused_bytes:,}"
+    )
+    if flows.relayed_bytes:
+        identity += f" - relayed {flows.relayed_bytes:,} (crossed twice)"
+    least = f"least any reshard must move between devices (from the shards' boxes): {flows.minimum_bytes:,} B"
+    method = textwrap.fill(f"numbers from the {flows.strategy} reshard, {flows.method}", 118)
+    return f"{head}\n{textwrap.fill(identity, 118)}\n{least}\n{method}"
+
+
+def _grid_devices(flows: SyncFlows, src: ShardLayout | None, dst: ShardLayout | None) -> tuple[list[int], list[int]]:
+    srcs = sorted(set(flows.src_devices) | set(src.devices if src else ()))
+    dsts = sorted(set(flows.dst_devices) | set(dst.devices if dst else ()))
+    if not srcs or not dsts:
+        raise ValueError("this sync carried no bytes (no pieces), so there is nothing to draw")
+    return srcs, dsts
+
+
+def sync_leaf(flows: SyncFlows, src: ShardLayout, dst: ShardLayout) -> Figure:
+    """One leaf's sync: the actor's shards, the rollout's, and what moved between them.
+
+    Top: the leaf on the actor's mesh and on the rollout's (``shard_layout`` of
+    the live arrays). Bottom left: for every pair of devices, the bytes that
+    crossed from the row's device to the column's; on the diagonal, bytes
+    copied within the device or reused in place. Bottom right: what each
+    destination device's shard is made of. All bytes are the sync report's.
+    """
+    if src.shape != dst.shape:
+        raise ValueError(f"source shape {src.shape} and destination shape {dst.shape} differ: not one leaf")
+    srcs, dsts = _grid_devices(flows, src, dst)
+    panel = 3.6  # inches: about the width of each panel of the top row and of the grid
+    top = panel * max(_aspect(src), _aspect(dst)) + 1.4
+    bottom = panel * len(srcs) / len(dsts) + 0.9
+    fig = new_figure(MAX_WIDTH, top + bottom + 1.5)
+    fig.get_layout_engine().set(h_pad=0.1)
+    rows = fig.add_gridspec(2, 1, height_ratios=[top, bottom])
+    upper = rows[0].subgridspec(1, 2)
+    lower = rows[1].subgridspec(1, 2, width_ratios=[1.25, 1.0])
+    _draw_layout(fig.add_subplot(upper[0, 0]), src, panel)
+    _draw_layout(fig.add_subplot(upper[0, 1]), dst, panel)
+    _draw_grid(fig.add_subplot(lower[0, 0]), flows, srcs, dsts, panel)
+    _draw_arrivals(fig.add_subplot(lower[0, 1]), flows, dsts, MAX_WIDTH / 2.25 - 0.7)
+    _device_legend(fig, sorted(set(src.devices) | set(dst.devices)))
+    fig.suptitle(_heading(flows, f"{flows.label} {src.shape} {src.dtype}"), fontsize=MIN_FONT, x=0.01, ha="left")
+    return fig
+
+
+def sync_summary(flows: SyncFlows) -> Figure:
+    """A whole sync (or several leaves) per pair of devices, and per destination device."""
+    srcs, dsts = _grid_devices(flows, None, None)
+    panel = 3.6
+    fig = new_figure(MAX_WIDTH, panel * len(srcs) / len(dsts) + 2.4)
+    fig.get_layout_engine().set(h_pad=0.1)
+    grid = fig.add_gridspec(1, 2, width_ratios=[1.25, 1.0])
+    _draw_grid(fig.add_subplot(grid[0, 0]), flows, srcs, dsts, panel)
+    _draw_arrivals(fig.add_subplot(grid[0, 1]), flows, dsts, MAX_WIDTH / 2.25 - 0.7)
+    fig.suptitle(_heading(flows, flows.label), fontsize=MIN_FONT, x=0.01, ha="left")
+    return fig
+
+
+__all__ = [
+    "DEVICE_COLORS",
+    "MAX_WIDTH",
+    "MIN_FONT",
+    "device_color",
+    "shard_layouts",
+    "short_bytes",
+    "sync_leaf",
+    "sync_summary",
+]

@@ -1,0 +1,417 @@
+"""Shards you can see: one array's shards as boxes, and one sync's bytes per pair of devices.
+
+Plain data for ``shard_figures`` and the notebooks, read from what exists, never
+assumed from a partition spec:
+
+- ``shard_layout`` reads a live array's ``addressable_shards``: for every
+  shard, the device holding it, the box of the global array it covers
+  (``shard.index``) and the bytes of its buffer. A replicated box shows up
+  once per device that holds it, as JAX stores it.
+- ``sync_flows`` reads a sync report's per-leaf ``pieces`` (L3): bytes that
+  crossed from one device to another, bytes copied within a device, bytes
+  reused in place. The report records them from the reshard's own log (the
+  ``minimal`` strategy logs every piece it sends; the ``xla`` strategy reads
+  the compiled program's collectives and traces each destination shard's
+  data), so what is drawn is what the sync measured.
+
+Bytes are physical (every device's copy counted) unless a name says logical
+(each element once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from rlcluster_lab.measure.sync import flat_leaves
+from rlcluster_lab.placement.reshard import Box, to_box
+from rlcluster_lab.placement.transfers import shard_key
+
+HOWS: tuple[str, ...] = ("moved", "copied", "reused")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One addressable shard: its device, the box of the global array it holds, its buffer's bytes."""
+
+    device: int
+    box: Box
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardLayout:
+    """How one array is cut over its devices, as read from the live array.
+
+    ``mesh`` and ``spec`` describe a ``NamedSharding`` (empty for another
+    kind of sharding); they label the figure, the boxes come from the shards.
+    """
+
+    label: str
+    shape: tuple[int, ...]
+    dtype: str
+    mesh: str
+    spec: str
+    shards: tuple[Shard, ...]
+
+    @property
+    def itemsize(self) -> int:
+        return int(np.dtype(self.dtype).itemsize)
+
+    @property
+    def physical_bytes(self) -> int:
+        """Every shard's buffer counted: a box held by four devices counts four times."""
+        return sum(s.nbytes for s in self.shards)
+
+    @property
+    def logical_bytes(self) -> int:
+        """The array counted once."""
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(sorted({s.device for s in self.shards}))
+
+    def boxes(self) -> dict[Box, tuple[int, ...]]:
+        """Each distinct box, with the devices holding a copy of it (sorted)."""
+        out: dict[Box, list[int]] = {}
+        for s in self.shards:
+            out.setdefault(s.box, []).append(s.device)
+        return {box: tuple(sorted(devs)) for box, devs in sorted(out.items())}
+
+    @property
+    def replicas(self) -> int:
+        """How many devices hold each element (physical / logical bytes)."""
+        return self.physical_bytes // max(self.logical_bytes, 1)
+
+
+def shard_layout(x: jax.Array, label: str = "") -> ShardLayout:
+    """The shards of a live array: device, box and buffer bytes of each addressable shard."""
+    if not isinstance(x, jax.Array):
+        raise TypeError(f"shard_layout needs a jax.Array, got {type(x).__name__}")
+    shape = tuple(int(n) for n in x.shape)
+    shards = tuple(
+        sorted(
+            (Shard(int(s.device.id), to_box(s.index, shape), int(s.data.nbytes)) for s in x.addressable_shards),
+            key=lambda s: (s.device, s.box),
+        )
+    )
+    mesh = spec = ""
+    if isinstance(x.sharding, NamedSharding):
+        mesh = ", ".join(f"{k}={v}" for k, v in x.sharding.mesh.shape.items())
+        spec = "P(" + ", ".join("None" if p is None else repr(p) for p in x.sharding.spec) + ")"
+    return ShardLayout(label, shape, str(np.dtype(x.dtype)), mesh, spec, shards)
+
+
+def model_leaf(model: nnx.Module, path: str) -> jax.Array:
+    """The array at ``path`` (as the reports write it: ``blocks/0/attn/q/kernel``) of a model."""
+    leaves = flat_leaves(nnx.state(model))
+    if path not in leaves:
+        near = [p for p in leaves if p.rsplit("/", 1)[-1] == path.rsplit("/", 1)[-1]][:4]
+        raise KeyError(f"no leaf {path!r} in this model; leaves with the same name: {near or 'none'}")
+    return leaves[path]
+
+
+def cluster_layouts(cluster: Any, path: str) -> tuple[ShardLayout, ShardLayout]:
+    """One leaf's shards in the actor (the sync's source) and in the rollout's model (its destination)."""
+    actor = model_leaf(cluster.actor_model, path)
+    rollout = model_leaf(cluster.rollout.model(), path)
+    return (
+        shard_layout(actor, f"actor: {_mesh_label(actor)}"),
+        shard_layout(rollout, f"rollout: {_mesh_label(rollout)}"),
+    )
+
+
+def _mesh_label(x: jax.Array) -> str:
+    ids = sorted(d.id for d in x.sharding.device_set)
+    where = f"dev {ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 1 else f"dev {ids}"
+    if isinstance(x.sharding, NamedSharding):
+        return f"mesh {tuple(x.sharding.mesh.devices.shape)} on {where}"
+    return where
+
+
+def same_buffer_rows(cluster: Any, path: str) -> list[dict[str, Any]]:
+    """Per device: the actor's and the rollout's shard of one leaf, and whether they are one buffer.
+
+    Buffer identity (device and buffer address) is what the sync report counts
+    as reused (L3): nothing was copied for that shard.
+    """
+    actor = model_leaf(cluster.actor_model, path)
+    rollout = model_leaf(cluster.rollout.model(), path)
+    mine = {s.device.id: s for s in actor.addressable_shards}
+    rows = []
+    for s in sorted(rollout.addressable_shards, key=lambda s: s.device.id):
+        a = mine.get(s.device.id)
+        rows.append(
+            {
+                "device": s.device.id,
+                "actor box": _box_text(to_box(a.index, actor.shape)) if a is not None else "-",
+                "rollout box": _box_text(to_box(s.index, rollout.shape)),
+                "bytes": int(s.data.nbytes),
+                "same buffer": a is not None and shard_key(a) == shard_key(s),
+            }
+        )
+    return rows
+
+
+def _box_text(box: Box) -> str:
+    return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
+
+
+# --------------------------------------------------------------------------- a sync's pieces
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncFlows:
+    """One sync's bytes (of one leaf, some leaves or all) per pair of devices, by how they came.
+
+    ``moved[(src, dst)]``: bytes that crossed from device ``src`` to ``dst``;
+    ``copied[d]``/``reused[d]``: bytes made on (or kept in place on) device d.
+    The totals are the report's own figures for the same leaves, so the
+    identity ``synced = moved - relayed + copied + reused`` can be checked
+    against what is drawn.
+    """
+
+    label: str
+    leaves: tuple[str, ...]
+    moved: Mapping[tuple[int, int], int]
+    copied: Mapping[int, int]
+    reused: Mapping[int, int]
+    synced_bytes: int
+    synced_logical_bytes: int
+    moved_bytes: int
+    copied_bytes: int
+    reused_bytes: int
+    relayed_bytes: int
+    minimum_bytes: int
+    strategy: str
+    method: str
+
+    @property
+    def src_devices(self) -> tuple[int, ...]:
+        return tuple(sorted({s for s, _ in self.moved} | set(self.copied) | set(self.reused)))
+
+    @property
+    def dst_devices(self) -> tuple[int, ...]:
+        return tuple(sorted({d for _, d in self.moved} | set(self.copied) | set(self.reused)))
+
+    def arrived(self, device: int) -> int:
+        """Bytes that crossed into ``device`` from other devices."""
+        return sum(n for (_, d), n in self.moved.items() if d == device)
+
+    @property
+    def moved_share(self) -> float:
+        """Moved between devices, as a share of the synced physical bytes."""
+        return self.moved_bytes / self.synced_bytes if self.synced_bytes else 0.0
+
+
+def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, label: str = "") -> SyncFlows:
+    """The per-device bytes of a sync report's leaves (all of them, or ``paths``).
+
+    Args:
+        report: a sync report's JSON (``SyncReport.to_json()``).
+        paths: the leaves to count; every leaf when None.
+        label: a name for the figure.
+
+    Raises:
+        KeyError: a path that the report did not sync.
+        ValueError: a report without per-device pieces (made before they were recorded).
+    """
+    leaves = {lf["path"]: lf for lf in report.get("leaves", [])}
+    wanted = list(leaves) if paths is None else list(paths)
+    missing = [p for p in wanted if p not in leaves]
+    if missing:
+        raise KeyError(f"the sync did not carry {missing}; it synced {len(leaves)} leaves, e.g. {list(leaves)[:3]}")
+    chosen = [leaves[p] for p in wanted]
+    if any("pieces" not in lf for lf in chosen):
+        raise ValueError("this sync report has no per-device pieces; sync again with this version of the lab")
+    moved: dict[tuple[int, int], int] = {}
+    copied: dict[int, int] = {}
+    reused: dict[int, int] = {}
+    for lf in chosen:
+        for p in lf["pieces"]:
+            n = int(p["nbytes"])
+            if p["how"] == "moved":
+                key = (int(p["src_device"]), int(p["dst_device"]))
+                moved[key] = moved.get(key, 0) + n
+            elif p["how"] == "copied":
+                copied[int(p["dst_device"])] = copied.get(int(p["dst_device"]), 0) + n
+            elif p["how"] == "reused":
+                reused[int(p["dst_device"])] = reused.get(int(p["dst_device"]), 0) + n
+            else:
+                raise ValueError(f"unknown piece kind {p['how']!r} in leaf {lf['path']}; expected one of {HOWS}")
+
+    def total(key: str) -> int:
+        return sum(int(lf.get(key, 0)) for lf in chosen)
+
+    return SyncFlows(
+        label=label or (chosen[0]["path"] if len(chosen) == 1 else f"{len(chosen)} leaves"),
+        leaves=tuple(lf["path"] for lf in chosen),
+        moved=dict(sorted(moved.items())),
+        copied=dict(sorted(copied.items())),
+        reused=dict(sorted(reused.items())),
+        synced_bytes=total("synced_bytes"),
+        synced_logical_bytes=total("logical_bytes"),
+        moved_bytes=total("moved_cross_device_bytes"),
+        copied_bytes=total("copied_same_device_bytes"),
+        reused_bytes=total("reused_bytes"),
+        relayed_bytes=total("relayed_cross_device_bytes"),
+        minimum_bytes=total("minimum_cross_device_bytes"),
+        strategy=str(report.get("reshard_strategy", "?")),
+        method=str(report.get("method", "?")),
+    )
+
+
+# --------------------------------------------------------------------------- tables for notebook 05
+
+
+_SPEC = re.compile(r"P\((.*)\)")
+_MESH = re.compile(r"mesh\(([^)]*)\)")
+
+
+def spec_of(sharding: str) -> str:
+    """The partition spec in a report's sharding text (``describe_sharding``), e.g. ``P('fsdp', 'tp')``."""
+    found = _SPEC.search(sharding)
+    return f"P({found.group(1)})" if found else sharding
+
+
+def mesh_of(sharding: str) -> str:
+    found = _MESH.search(sharding)
+    return found.group(1) if found else "?"
+
+
+def _short_name(path: str) -> str:
+    """``blocks/0/attn/o/lora_a`` -> ``o/lora_a``; ``blocks/1/attn_norm/scale`` -> ``attn_norm/scale``."""
+    parts = [p for p in path.split("/") if not p.isdigit() and p not in ("blocks", "attn", "mlp")]
+    return "/".join(parts[-2:])
+
+
+def spec_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A sync's leaves grouped by their partition spec: what each group moved, copied and reused.
+
+    The spec is read from the report's source and destination sharding text;
+    the same spec on another mesh cuts the array differently, which is what
+    decides how much of each destination shard its device already holds.
+    """
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for lf in report.get("leaves", []):
+        groups.setdefault((spec_of(lf["src_sharding"]), spec_of(lf["dst_sharding"])), []).append(lf)
+    rows = []
+    for (src, dst), leaves in groups.items():
+        synced = sum(int(lf["synced_bytes"]) for lf in leaves)
+        moved = sum(int(lf["moved_cross_device_bytes"]) for lf in leaves)
+        rows.append(
+            {
+                "partition spec": src if src == dst else f"{src} -> {dst}",
+                "leaves": ", ".join(dict.fromkeys(_short_name(lf["path"]) for lf in leaves)),
+                "count": len(leaves),
+                "synced": synced,
+                "moved": moved,
+                "copied": sum(int(lf["copied_same_device_bytes"]) for lf in leaves),
+                "reused": sum(int(lf["reused_bytes"]) for lf in leaves),
+                "moved %": f"{100 * moved / synced:.1f}" if synced else "-",
+            }
+        )
+    rows.sort(key=lambda r: (-r["synced"], r["leaves"]))
+    return rows
+
+
+def share_lines(report: Mapping[str, Any]) -> str:
+    """The moved share of one sync, worked out from its spec groups (``spec_rows``).
+
+    Where every group that moves anything moves the same share of its bytes,
+    the total share is that share times the part of the bytes those groups
+    hold; the line says so with the numbers.
+    """
+    rows = spec_rows(report)
+    synced = int(report["synced_bytes"])
+    moved = int(report["moved_cross_device_bytes"])
+    if not synced:
+        return "this sync carried no bytes"
+    lines = [f"moved / synced (physical bytes) = {moved:,} / {synced:,} = {moved / synced:.1%}"]
+    for r in rows:
+        lines.append(
+            f"  {r['partition spec']:<18} {r['count']:>2} leaves  {r['synced']:>9,} B  "
+            f"moved {r['moved']:>9,} B = {r['moved'] / r['synced']:.1%} of them"
+        )
+    moving = [r for r in rows if r["moved"]]
+    shares = {r["moved"] * 10**6 // r["synced"] for r in moving}
+    if moving and len(shares) == 1:
+        held = sum(r["synced"] for r in moving)
+        share = moving[0]["moved"] / moving[0]["synced"]
+        lines.append(
+            f"= {share:.1%} (what each moving group moves) x {held:,} / {synced:,} "
+            f"({held / synced:.1%} of the bytes are in groups that move) = {share * held / synced:.1%}"
+        )
+    return "\n".join(lines)
+
+
+def share_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per sync: physical and logical bytes synced, and the moved share of the physical bytes."""
+    rows = []
+    for label, s in syncs.items():
+        synced = int(s["synced_bytes"])
+        moved = int(s["moved_cross_device_bytes"])
+        rows.append(
+            {
+                "run": label,
+                "synced physical": synced,
+                "synced logical": int(s["synced_logical_bytes"]),
+                "physical / logical": f"{synced / max(int(s['synced_logical_bytes']), 1):.2f}",
+                "moved": moved,
+                "moved % of physical": f"{100 * moved / synced:.1f}" if synced else "-",
+            }
+        )
+    return rows
+
+
+def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per partition spec: logical bytes, and in each sync how many devices hold each element.
+
+    A sync counts its destination shards (physical bytes), so the same
+    adapters weigh logical x replicas, and the replicas of a spec are the
+    sizes of the mesh axes it does not split over. The first row names each
+    sync's rollout mesh, the last gives its total.
+    """
+    runs = list(syncs)
+    groups: dict[str, dict[str, Any]] = {}
+    for label in runs:
+        for lf in syncs[label].get("leaves", []):
+            spec = spec_of(lf["dst_sharding"])
+            g = groups.setdefault(spec, {"leaves": {}, "logical": {}, "physical": {}, "mesh": {}})
+            g["leaves"][_short_name(lf["path"])] = None
+            g["logical"][label] = g["logical"].get(label, 0) + int(lf["logical_bytes"])
+            g["physical"][label] = g["physical"].get(label, 0) + int(lf["synced_bytes"])
+            g["mesh"][label] = mesh_of(lf["dst_sharding"])
+    rows = []
+    for spec, g in groups.items():
+        logical = max(g["logical"].values())
+        row: dict[str, Any] = {"spec": spec, "leaves": ", ".join(g["leaves"]), "logical": logical}
+        for label in runs:
+            phys = g["physical"].get(label)
+            row[label] = "-" if phys is None else f"x{phys // max(g['logical'][label], 1)} = {phys:,}"
+        rows.append(row)
+    rows.sort(key=lambda r: (-r["logical"], r["spec"]))
+    total: dict[str, Any] = {"spec": "total", "leaves": "", "logical": sum(r["logical"] for r in rows)}
+    meshes: dict[str, Any] = {"spec": "rollout mesh", "leaves": "", "logical": ""}
+    for label in runs:
+        total[label] = f"{int(syncs[label]['synced_bytes']):,}"
+        meshes[label] = destination_meshes({label: syncs[label]})[label]
+    return [meshes, *rows, total]
+
+
+def destination_meshes(syncs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Per sync: the rollout mesh its destination shards lie on, as the report wrote it."""
+    out = {}
+    for label, s in syncs.items():
+        leaves = s.get("leaves", [])
+        out[label] = mesh_of(leaves[0]["dst_sharding"]) if leaves else "?"
+    return out
