@@ -315,6 +315,21 @@ def test_release_says_when_someone_else_holds_the_cluster(lab: PlacementLab) -> 
     assert live_buffer_bytes() == before
 
 
+def test_release_says_when_the_background_compilation_holds_the_cluster(lab: PlacementLab) -> None:
+    import threading
+
+    build(lab)
+    done = threading.Event()
+    # What a rehearsal does: a thread that holds the cluster until its compilation ends.
+    lab._rehearsal = threading.Thread(target=lambda held=lab.cluster: done.wait())
+    lab._rehearsal.start()
+    try:
+        assert "held by the background compilation" in lab.release()
+    finally:
+        done.set()
+        lab._rehearsal.join()
+
+
 def test_lab_builds_on_the_devices_it_is_given() -> None:
     import jax
 

@@ -193,8 +193,7 @@ class Knobs:
                 self.offload,
                 self.with_reward,
                 self.with_critic,
-            ],
-            layout=widgets.Layout(width=f"{KNOB_WIDTH}px"),
+            ]
         )
 
     def mark_at_fault(self, fields: Iterable[str]) -> list[str]:

@@ -47,7 +47,7 @@ STYLE = """<style>
 .rl-lab .rl-view img { max-width: 100%; max-height: calc(100vh - 220px); width: auto; height: auto; }
 .rl-lab .rl-at-fault { outline: 2px solid #c00; outline-offset: 1px; }
 .rl-lab .rl-changes { font-size: 12px; line-height: 1.35; }
-.rl-lab .rl-status { font-size: 12px; line-height: 1.35; }
+.rl-lab .rl-status .widget-html-content { font-size: 12px; line-height: 1.35; }
 .rl-lab .rl-sharing td, .rl-lab .rl-sharing th { padding: 1px 12px 1px 0; }
 </style>"""
 

@@ -102,7 +102,11 @@ class PlacementLab:
         self.sync_button = widgets.Button(description="Sync weights", icon="refresh")
         self.step_button = widgets.Button(description="Training step", icon="forward")
         self.progress = widgets.IntProgress(
-            value=0, min=0, max=4, layout=widgets.Layout(width=f"{KNOB_WIDTH}px", visibility="hidden")
+            value=0,
+            min=0,
+            max=4,
+            # Thin, and hidden rather than removed, so nothing below it moves when it shows.
+            layout=widgets.Layout(width=f"{KNOB_WIDTH}px", height="8px", visibility="hidden"),
         )
         self.status = widgets.HTML()
         self.construct_button.on_click(lambda _b: self.construct())
@@ -157,6 +161,13 @@ class PlacementLab:
         # Compiled programs are kept (bounded caches): the next build with the same
         # layouts reuses them instead of compiling again.
         trim_compiled_programs()
+        if ref() is not None and self._rehearsal is not None and self._rehearsal.is_alive():
+            # The rehearsal of its training step holds it until its compilation ends (a
+            # build does not wait for that); then nothing holds it and its buffers go.
+            return (
+                "the previous cluster is held by the background compilation of its training step, "
+                "still running: its buffers are freed when that ends"
+            )
         if ref() is not None:
             # Someone else (a notebook variable) holds it; deleting its buffers
             # under them would break their object, so say so instead.
