@@ -40,7 +40,8 @@ TOOLTIPS = {
     "layout": "P1: actor and rollout on one mesh share one model; the layout sets role_to_mesh for every role",
     "lora": "P2, P4, P12: a LoRA actor links the reference to the actor (P2), lets it share the actor's "
     "backbone (P4), and the optimizer trains only the adapters (P12); P13 syncs only the adapters",
-    "lora-rank": "the adapters' inner dimension (at most the model's largest useful rank)",
+    "lora-rank": "P12, P13: the adapters' inner dimension, so the size of what the optimizer trains and the "
+    "sync hands over (at most the model's largest useful rank)",
     "lora-separate-base": "P4: the LoRA actor wraps its own copy of the base, so reference and actor hold "
     "two backbones; the cluster warns (AvoidableCopyWarning)",
     "engine": "P3: vanilla loads a second copy when the rollout is not linked to the actor, other engines "
@@ -48,7 +49,7 @@ TOOLTIPS = {
     "static-lora": "P6: the sglang_jax engine refuses a LoRA actor without static-LoRA settings",
     "offload": "P14: every role waits in pinned host memory between uses and comes to device for its work",
     "rollout-dtype": "P3, P5: a second copy of the actor is cast to this dtype as it is loaded onto the rollout mesh",
-    "model-size": "the model's dimensions: every byte figure scales with it",
+    "model-size": "L2, L3: the model's dimensions: every byte figure (memory, sync) scales with it",
     "reward": "P5: a reward model, loaded onto the reward mesh (the actor's in these layouts)",
     "critic": "P5: a critic (value model), loaded onto the critic mesh (the actor's in these layouts)",
     "anchor": "P8: what is pinned to host at construction and at every sync: the actor's whole state, "

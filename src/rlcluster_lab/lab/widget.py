@@ -130,8 +130,9 @@ class PlacementLab:
             layout=widgets.Layout(width=f"{LEFT_WIDTH}px", flex="0 0 auto", margin="0 12px 0 0"),
         )
         left.add_class("rl-controls")
-        d.tabs.layout = widgets.Layout(flex="1 1 auto", min_width="0")
-        root = widgets.HBox([left, d.tabs], layout=widgets.Layout(align_items="flex-start"))
+        # Beside the knobs while the views get 480 px or more; under them on a narrower screen.
+        d.tabs.layout = widgets.Layout(flex="1 1 480px", min_width="0")
+        root = widgets.HBox([left, d.tabs], layout=widgets.Layout(align_items="flex-start", flex_flow="row wrap"))
         root.add_class("rl-lab")
         return root
 
