@@ -98,7 +98,7 @@ def test_report_text_summary(capsys):
     "args, fragment",
     [
         (["--layout", "diagonal"], "invalid choice"),
-        (["--lora-separate-base"], "needs lora"),
+        (["--lora-separate-base"], "--lora-separate-base needs --lora"),
         (["--lora", "--engine", "sglang_jax", "--no-static-lora"], "static-LoRA"),
         (["--model-size", "huge"], "invalid choice"),
         (["--devices", "4"], "restart"),  # the backend already runs with 8 devices here

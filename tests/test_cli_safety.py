@@ -154,17 +154,17 @@ def test_cli_devices_after_the_backend_started_says_how_to_get_more(capsys):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["report", "--lora-rank", "0"], "--lora-rank) must be at least 1"),
-        (["report", "--lora-rank", "-2", "--lora"], "--lora-rank) must be at least 1"),
+        (["report", "--lora-rank", "0"], "--lora-rank must be at least 1"),
+        (["report", "--lora-rank", "-2", "--lora"], "--lora-rank must be at least 1"),
         (["report", "--lora-rank", "1000000"], "between 1 and 64"),  # checked with or without --lora
         (["report", "--lora", "--lora-rank", "65"], "between 1 and 64 for the tiny model"),
         (["report", "--lora-rank", "four"], "invalid int value"),
         (["report", "--devices", "abc"], "invalid int value"),
         (["report", "--engine", "trt"], "invalid choice"),
-        (["learn", "--steps", "1", "--learning-rate", "nan"], "--learning-rate) must be a finite number > 0"),
-        (["learn", "--steps", "1", "--learning-rate", "inf"], "--learning-rate) must be a finite number > 0"),
-        (["learn", "--steps", "1", "--learning-rate", "-1"], "--learning-rate) must be a finite number > 0"),
-        (["learn", "--steps", "1", "--max-tokens", "200"], "--max-tokens) must be below kv_cache_size"),
+        (["learn", "--steps", "1", "--learning-rate", "nan"], "--learning-rate must be a finite number > 0"),
+        (["learn", "--steps", "1", "--learning-rate", "inf"], "--learning-rate must be a finite number > 0"),
+        (["learn", "--steps", "1", "--learning-rate", "-1"], "--learning-rate must be a finite number > 0"),
+        (["learn", "--steps", "1", "--max-tokens", "200"], "--max-tokens must be below kv_cache_size"),
         (["learn", "--steps", "1", "--max-tokens", "0"], "--max-tokens) must be >= 1"),
         (["learn", "--steps", "1", "--lora", "--lora-rank", "65"], "between 1 and 64"),
         (["learn", "--steps", "-1"], "steps must be >= 0"),

@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 
 from rlcluster_lab.lab import widget as lab_module  # noqa: E402
 from rlcluster_lab.lab.controls import CUSTOM, shape_options  # noqa: E402
+from rlcluster_lab.lab.display import VIEWS  # noqa: E402
 from rlcluster_lab.lab.widget import PlacementLab, live_buffer_bytes  # noqa: E402
 
 
@@ -67,6 +68,19 @@ def test_knobs_become_the_scenario(lab: PlacementLab) -> None:
     assert lab.knobs.role_to_mesh() is None
     lab.knobs.rollout_dtype.value = ""
     assert lab.knobs.scenario().rollout_dtype is None
+
+
+def test_knobs_and_buttons_beside_the_views_in_tabs(lab: PlacementLab) -> None:
+    # At 1600 x 1000 the buttons and the last action's view are on screen together
+    # (tests/browser checks the pixels): one fixed column of knobs, the views in tabs.
+    controls, tabs = lab.widget.children
+    assert "rl-controls" in controls._dom_classes and controls.layout.width == f"{lab_module.LEFT_WIDTH}px"
+    assert lab.construct_button in controls.children[1].children
+    assert lab.knobs.widget in controls.children
+    assert tabs is lab.display.tabs
+    assert [tabs.get_title(i) for i in range(len(tabs.children))] == [t for _, t in VIEWS]
+    lab.display.show("memory")
+    assert lab.display.shown == "memory" and tabs.selected_index == 3
 
 
 def test_before_construct_only_construct_is_enabled(lab: PlacementLab) -> None:
@@ -188,6 +202,12 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     assert lab.error is not None and lab.error.startswith("ConfigError")
     assert "static-LoRA" in lab.display.error_box.value  # the cluster's own message
     assert lab.display.error_box.layout.display == "block"
+    # It names the checkbox to change (its label on screen), not RolloutConfig's fields, and outlines it.
+    assert "What to change: the 'static-LoRA settings for sglang_jax (P6)' checkbox" in lab.error
+    assert "RolloutConfig" not in lab.error and "rollout_sglang_jax" not in lab.error
+    assert lab.knobs.static_lora.description == "static-LoRA settings for sglang_jax (P6)"
+    assert "rl-at-fault" in lab.knobs.static_lora._dom_classes
+    assert "rl-at-fault" not in lab.knobs.layout._dom_classes
     # Refused before anything was released: the previous cluster stays live and drawn.
     assert lab.cluster is before and lab.report is not None
     assert "still the previous one" in lab.display.error_box.value
@@ -197,6 +217,7 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     report = build(lab)
     assert report["engine"] == "sglang_jax"
     assert lab.display.error_box.layout.display == "none"
+    assert not any("rl-at-fault" in w._dom_classes for w in lab.knobs.named().values())
 
 
 def test_mesh_that_does_not_divide_the_model_shows_the_placement_error(lab: PlacementLab) -> None:
@@ -223,7 +244,9 @@ def test_knob_error_keeps_the_live_cluster(lab: PlacementLab) -> None:
 
 def test_P13_sync_button_shows_bytes_moved(lab: PlacementLab) -> None:
     build(lab)
+    assert lab.display.shown == "flow"  # Construct shows the decisions it took
     lab.sync_button.click()
+    assert lab.display.shown == "sync"  # Sync shows what moved
     colocated = lab.report["sync"]
     assert colocated is not None and colocated["moved_cross_device_bytes"] == 0
     assert colocated["reused_bytes"] == colocated["synced_bytes"] > 0
@@ -246,6 +269,7 @@ def test_training_step_runs_on_cluster_operations(lab: PlacementLab) -> None:
     assert lab.cluster.global_steps == 1  # the step ended with its sync (P13)
     assert lab.report["sync"] is not None and lab.report["sync"]["lora"]
     assert "mean reward" in lab.display.step_log.value
+    assert lab.display.shown == "steps"
     assert png(lab, "sync")
 
 
@@ -289,6 +313,21 @@ def test_release_says_when_someone_else_holds_the_cluster(lab: PlacementLab) -> 
     build(lab)
     assert lab.release() == "previous cluster released"
     assert live_buffer_bytes() == before
+
+
+def test_release_says_when_the_background_compilation_holds_the_cluster(lab: PlacementLab) -> None:
+    import threading
+
+    build(lab)
+    done = threading.Event()
+    # What a rehearsal does: a thread that holds the cluster until its compilation ends.
+    lab._rehearsal = threading.Thread(target=lambda held=lab.cluster: done.wait())
+    lab._rehearsal.start()
+    try:
+        assert "held by the background compilation" in lab.release()
+    finally:
+        done.set()
+        lab._rehearsal.join()
 
 
 def test_lab_builds_on_the_devices_it_is_given() -> None:

@@ -7,6 +7,7 @@ import re
 import jax
 import pytest
 
+from rlcluster_lab.core.knobs import KNOBS
 from rlcluster_lab.lab.controls import TOOLTIPS, Knobs
 from rlcluster_lab.lab.display import changes_html, changes_since
 
@@ -19,8 +20,31 @@ def knobs() -> Knobs:
 def test_every_knob_has_a_tooltip_and_rule_knobs_name_their_rule(knobs):
     named = knobs.named()
     assert set(TOOLTIPS) == set(named)
-    for name in ("layout", "lora", "lora-separate-base", "engine", "static-lora", "offload", "anchor"):
-        assert re.search(r"\bP\d+\b", named[name].tooltip), name
+    for name, knob in named.items():
+        assert re.search(r"\b[PL]\d+\b", knob.tooltip), name
+
+
+def test_each_label_is_the_one_refusals_name(knobs):
+    # core.knobs is the one table: an error names a widget by the label it has on screen.
+    for field, widget in knobs.by_field().items():
+        assert widget.description == KNOBS[field].label, field
+        assert f"rl-{KNOBS[field].name}" in widget._dom_classes
+
+
+def test_a_refusal_outlines_its_knobs_and_only_them(knobs):
+    assert knobs.mark_at_fault(["lora", "engine", "devices"]) == ["lora", "engine"]  # no device-count knob here
+    assert "rl-at-fault" in knobs.lora._dom_classes and "rl-at-fault" in knobs.engine._dom_classes
+    assert knobs.mark_at_fault([]) == []
+    assert not any("rl-at-fault" in w._dom_classes for w in knobs.named().values())
+
+
+def test_a_disabled_knob_is_not_used(knobs):
+    knobs.lora.value = True
+    knobs.lora_separate_base.value = True
+    assert knobs.scenario().lora_separate_base
+    knobs.lora.value = False  # the separate-base box is disabled, its tick kept for later ...
+    assert knobs.lora_separate_base.disabled and knobs.lora_separate_base.value
+    assert not knobs.scenario().lora_separate_base  # ... and not read: no "needs --lora" refusal
 
 
 def test_knobs_that_do_not_apply_are_disabled_with_the_reason(knobs):

@@ -1,11 +1,15 @@
-"""The placement lab in a real browser.
+"""The placement lab in a real browser, on a 1600 x 1000 screen.
 
 JupyterLab runs on localhost with a token; Debian's headless Chromium, driven
-by Playwright's Python API, opens notebook 07, runs all cells from the Run
-menu, toggles LoRA, switches the layout to ``reshaped``, presses Construct and
-checks that the rendered panel changed: the sharing map text and the
-decision-flow and device-grid images. It saves a screenshot of the lab
-(``RL_LAB_SCREENSHOT=docs/lab.png`` writes the README's; ``make screenshot``).
+by Playwright's Python API, opens notebook 07 in a 1600 x 1000 window, runs all
+cells from the Run menu, brings the lab to the top of the notebook, toggles
+LoRA, switches the layout to ``reshaped``, presses Construct, then Sync
+weights. After each action it checks, on the page as drawn, that the buttons
+and the view of that action (the decision flow, then the sync) are inside the
+visible part of the notebook with no scrolling, and that the view changed. No
+knob's label or choice is cut off. It saves a screenshot of the lab after the
+reshaped construction (``RL_LAB_SCREENSHOT=docs/lab.png`` writes the README's;
+``make screenshot``).
 
 Outside CI the test is skipped when Chromium is absent; in CI (``CI`` set)
 it must run, so a missing browser fails it.
@@ -78,14 +82,20 @@ def lab_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def _text(page, name: str) -> str:
-    return page.locator(f".rl-lab .rl-{name}").inner_text()
+    return page.locator(f".rl-lab .rl-{name}").first.inner_text()
 
 
 def _image(page, panel: str) -> str:
-    return page.locator(f".rl-lab .rl-panel-{panel} img").get_attribute("src") or ""
+    return page.locator(f".rl-lab .rl-panel-{panel} img").first.get_attribute("src") or ""
 
 
-def test_lab_panel_changes_in_a_real_browser(chromium: str, lab_server: JupyterLab, tmp_path: Path) -> None:
+VIEWPORT = {"width": 1600, "height": 1000}
+BUTTONS = [f".rl-lab button.rl-{name}" for name in ("construct", "sync", "step")]
+
+
+def test_lab_panel_fits_a_1600x1000_screen_in_a_real_browser(
+    chromium: str, lab_server: JupyterLab, tmp_path: Path
+) -> None:
     shot = Path(os.environ.get("RL_LAB_SCREENSHOT") or tmp_path / "lab.png")
     timings: dict[str, float] = {}
     start = time.monotonic()
@@ -93,8 +103,7 @@ def test_lab_panel_changes_in_a_real_browser(chromium: str, lab_server: JupyterL
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
-            # Wide enough for the panels to sit two by two in the screenshot.
-            page = browser.new_page(viewport={"width": 2000, "height": 2400})
+            page = browser.new_page(viewport=VIEWPORT)
             page.goto(lab_server.notebook_url(NOTEBOOK.name))
             page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
             _accept_kernel_dialog(page)
@@ -109,7 +118,17 @@ def test_lab_panel_changes_in_a_real_browser(chromium: str, lab_server: JupyterL
             _run_all_cells(page)
             page.wait_for_selector(".rl-lab .rl-panel-flow img", timeout=BUILD_TIMEOUT_MS)
             _wait_idle(page)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=BUILD_TIMEOUT_MS)
             timings["run all"] = time.monotonic() - start
+            # Bring the lab to the top of the notebook once, as a reader scrolls to it; from here
+            # on nothing scrolls.
+            page.locator(".rl-lab").evaluate("e => e.scrollIntoView({block: 'start'})")
+            scrolled = _scroll_top(page)
+            assert _current_tab(page) == "Decision flow"
+            _assert_in_view(page, [*BUTTONS, ".rl-lab .rl-panel-flow img"])
+            assert _cut_off(page) == [], "labels or choices cut off"
+
+            _show_tab(page, "Summary")
             before_text = _text(page, "sharing")
             before = {panel: _image(page, panel) for panel in ("flow", "grid")}
             assert "rollout branch (P3): shared" in _text(page, "summary")
@@ -118,31 +137,43 @@ def test_lab_panel_changes_in_a_real_browser(chromium: str, lab_server: JupyterL
             page.locator(".rl-lab .rl-layout select").select_option(label="reshaped")
             page.locator(".rl-lab button.rl-construct").click()
             page.wait_for_function(
-                "before => { const s = document.querySelector('.rl-lab .rl-sharing');"
-                " return s && s.innerText !== before; }",
-                arg=before_text,
+                "before => { const i = document.querySelector('.rl-lab .rl-panel-flow img');"
+                " return i && i.getAttribute('src') !== before; }",
+                arg=before["flow"],
                 timeout=BUILD_TIMEOUT_MS,
             )
             _wait_idle(page)
             timings["rebuild"] = time.monotonic() - start
 
+            # Construct shows its decisions: the flow's tab, in view beside the buttons.
+            assert _current_tab(page) == "Decision flow"
+            _assert_in_view(page, [*BUTTONS, ".rl-lab .rl-panel-flow img"])
+            assert _scroll_top(page) == scrolled, "the notebook scrolled"
+            assert page.locator(".rl-lab .rl-error").is_hidden()
+            assert "changed since the last construction" in _text(page, "changes")
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            page.locator(".rl-lab").screenshot(path=str(shot))
+
             # P1: same chips as (8, 1) is another mesh; P2: LoRA links the reference.
+            _show_tab(page, "Summary")
             summary = _text(page, "summary")
             assert "rollout branch (P3): second_copy" in summary and "LoRA actor" in summary
             assert "actor\treference" in _text(page, "sharing")
-            assert page.locator(".rl-lab .rl-error").is_hidden()
+            assert _text(page, "sharing") != before_text
             for panel, image in before.items():
                 assert _image(page, panel).startswith("data:image/svg+xml")
                 assert _image(page, panel) != image, f"the {panel} image did not change"
 
-            # A sync fills the last panel (P13: a second copy, so bytes are copied).
+            # A sync shows what moved (P13: a second copy, so bytes are copied): its tab, in view.
             page.locator(".rl-lab button.rl-sync").click()
             page.wait_for_selector(".rl-lab .rl-panel-sync img", timeout=BUILD_TIMEOUT_MS)
             _wait_idle(page)
             timings["sync"] = time.monotonic() - start
-
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            page.locator(".rl-lab").screenshot(path=str(shot))
+            assert _current_tab(page) == "Weight sync"
+            _assert_in_view(page, [*BUTTONS, ".rl-lab .rl-panel-sync img"])
+            assert _scroll_top(page) == scrolled, "the notebook scrolled"
+            page.locator(".rl-lab").screenshot(path=str(tmp_path / "lab-sync.png"))
+            print(f"after Sync weights: {tmp_path / 'lab-sync.png'}")
         except Exception:
             _report_failure(page, lab_server, tmp_path)
             raise
@@ -150,6 +181,87 @@ def test_lab_panel_changes_in_a_real_browser(chromium: str, lab_server: JupyterL
             browser.close()
     assert shot.stat().st_size > 10_000
     print("browser test timings (s, cumulative):", {k: round(v, 1) for k, v in timings.items()})
+
+
+# The part of the window the notebook shows: its scrolling area, inside the window.
+_VISIBLE = """() => {
+  const outer = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer');
+  const v = outer ? outer.getBoundingClientRect() : {top: 0, bottom: innerHeight, left: 0, right: innerWidth};
+  return {top: Math.max(0, v.top), bottom: Math.min(innerHeight, v.bottom),
+          left: Math.max(0, v.left), right: Math.min(innerWidth, v.right)};
+}"""
+
+
+def _assert_in_view(page, selectors: list[str]) -> None:
+    """Each element is drawn (not empty) and wholly inside the visible part of the notebook."""
+    visible = page.evaluate(_VISIBLE)
+    for selector in selectors:
+        box = page.locator(selector).first.bounding_box()
+        assert box is not None and box["width"] > 0 and box["height"] > 0, f"{selector} is not drawn"
+        inside = (
+            box["y"] >= visible["top"] - 0.5
+            and box["y"] + box["height"] <= visible["bottom"] + 0.5
+            and box["x"] >= visible["left"] - 0.5
+            and box["x"] + box["width"] <= visible["right"] + 0.5
+        )
+        assert inside, f"{selector} at {box} is not inside the visible notebook {visible}"
+
+
+def _scroll_top(page) -> float:
+    return page.evaluate(
+        "() => { const o = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer');"
+        " return o ? o.scrollTop : scrollY; }"
+    )
+
+
+def _current_tab(page) -> str:
+    return page.locator(".rl-lab .rl-views .lm-TabBar-tab.lm-mod-current").inner_text().strip()
+
+
+def _show_tab(page, title: str) -> None:
+    page.locator(".rl-lab .rl-views .lm-TabBar-tab", has_text=title).click()
+    page.wait_for_function(
+        "t => { const c = document.querySelector('.rl-lab .rl-views .lm-TabBar-tab.lm-mod-current');"
+        " return c && c.innerText.trim() === t; }",
+        arg=title,
+    )
+
+
+# Every label, button and tab title of the lab shown whole (no ellipsis), and every choice of
+# every dropdown narrower than the room its select has for text.
+_CUT_OFF = """() => {
+  const cut = [];
+  let checked = 0;
+  const shown = e => e.offsetParent !== null;
+  for (const e of document.querySelectorAll(
+      '.rl-lab .rl-controls .widget-label, .rl-lab .rl-controls .widget-label-basic span, '
+      + '.rl-lab .rl-controls button, .rl-lab .rl-views .lm-TabBar-tabLabel')) {
+    if (!shown(e)) continue;
+    checked += 1;
+    if (e.scrollWidth > e.clientWidth + 1) cut.push(e.innerText);
+  }
+  const ctx = document.createElement('canvas').getContext('2d');
+  for (const s of document.querySelectorAll('.rl-lab .rl-controls select')) {
+    if (!shown(s)) continue;
+    const st = getComputedStyle(s);
+    ctx.font = `${st.fontWeight} ${st.fontSize} ${st.fontFamily}`;
+    const room = s.clientWidth - parseFloat(st.paddingLeft) - parseFloat(st.paddingRight);
+    for (const o of s.options) {
+      checked += 1;
+      const w = ctx.measureText(o.text).width;
+      if (w > room) cut.push(`${o.text} (${Math.round(w)} px > ${Math.round(room)} px)`);
+    }
+  }
+  return {checked, cut};
+}"""
+
+
+def _cut_off(page) -> list[str]:
+    """What is cut off (empty when nothing is); fails when it found too little to check."""
+    found = page.evaluate(_CUT_OFF)
+    # 13 knobs, 3 buttons, 6 tab titles, and the choices of 6 dropdowns.
+    assert found["checked"] >= 30, f"only {found['checked']} labels and choices found to check"
+    return found["cut"]
 
 
 def _accept_kernel_dialog(page) -> None:

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
 from rlcluster_lab.cli.plan import add_plan_arguments
+from rlcluster_lab.core.knobs import describe
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,8 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except _REFUSALS as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"error: {message}", file=sys.stderr)
+        # A refusal that names its knobs names them as this command's flags (core.knobs).
+        print(f"error: {describe(exc, 'cli')}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0
 

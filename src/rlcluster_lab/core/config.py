@@ -56,7 +56,8 @@ class TrainingConfig:
         # descend. Only the default optimizer reads learning_rate, but the field is checked always.
         if not _finite_real(self.learning_rate) or self.learning_rate <= 0:
             raise ConfigError(
-                f"learning_rate (--learning-rate) must be a finite number > 0 (e.g. 3e-3), got {self.learning_rate!r}"
+                f"learning_rate (--learning-rate) must be a finite number > 0 (e.g. 3e-3), got {self.learning_rate!r}",
+                knobs=("learning_rate",),
             )
         if not _finite_real(self.beta) or self.beta < 0:
             raise ConfigError(f"beta (the KL weight) must be a finite number >= 0, got {self.beta!r}")
@@ -64,25 +65,30 @@ class TrainingConfig:
             raise ConfigError(f"epsilon (the clip range) must be a finite number > 0, got {self.epsilon!r}")
         for name, value in (("mini_batch_size", self.mini_batch_size), ("num_iterations", self.num_iterations)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-                raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+                raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}", knobs=(name,))
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
-            raise ConfigError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}")
+            raise ConfigError(
+                f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}", knobs=("mini_batch_size",)
+            )
         micro = self.train_micro_batch_size
         if micro is not None:
             if isinstance(micro, bool) or not isinstance(micro, numbers.Integral) or micro < 1:
                 raise ConfigError(
-                    f"train_micro_batch_size must be a positive integer or None (no accumulation), got {micro!r}"
+                    f"train_micro_batch_size must be a positive integer or None (no accumulation), got {micro!r}",
+                    knobs=("train_micro_batch_size",),
                 )
             if self.mini_batch_size is None:
                 raise ConfigError(
                     f"mini_batch_size must be set when train_micro_batch_size is set (got train_micro_batch_size="
                     f"{micro}, mini_batch_size=None): each mini-batch step accumulates mini_batch_size // "
-                    "train_micro_batch_size micro-batches; set mini_batch_size to a multiple of it"
+                    "train_micro_batch_size micro-batches; set mini_batch_size to a multiple of it",
+                    knobs=("mini_batch_size", "train_micro_batch_size"),
                 )
             if self.mini_batch_size % micro:
                 raise ConfigError(
                     f"mini_batch_size={self.mini_batch_size} must be a multiple of train_micro_batch_size={micro}: "
-                    "each optimizer update accumulates a whole number of micro-batches"
+                    "each optimizer update accumulates a whole number of micro-batches",
+                    knobs=("mini_batch_size", "train_micro_batch_size"),
                 )
         if not _finite_real(self.critic_learning_rate) or self.critic_learning_rate <= 0:
             raise ConfigError(
@@ -94,7 +100,7 @@ class TrainingConfig:
                 f"{self.clip_range_value!r}"
             )
         if self.num_iterations < 1:
-            raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}")
+            raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}", knobs=("num_iterations",))
         if self.role_to_logical_axis_rule is not None:
             rules = {Role.parse(r): tuple(tuple(x) for x in v) for r, v in self.role_to_logical_axis_rule.items()}
             object.__setattr__(self, "role_to_logical_axis_rule", types.MappingProxyType(rules))

@@ -215,31 +215,37 @@ class Scenario:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for knob, value, allowed in (
-            ("layout", self.layout, LAYOUTS),
-            ("engine", self.engine, ENGINES),
-            ("model size", self.model_size, MODEL_SIZES),
-            ("anchor", self.anchor, ANCHOR_MODES),
-            ("reshard strategy", self.reshard, RESHARD_STRATEGIES),
+        for knob, field, allowed in (
+            ("layout", "layout", LAYOUTS),
+            ("engine", "engine", ENGINES),
+            ("model size", "model_size", MODEL_SIZES),
+            ("anchor", "anchor", ANCHOR_MODES),
+            ("reshard strategy", "reshard", RESHARD_STRATEGIES),
         ):
+            value = getattr(self, field)
             if value not in allowed:
-                raise ConfigError(f"unknown {knob} {value!r}; choose one of {', '.join(allowed)}")
+                raise ConfigError(f"unknown {knob} {value!r}; choose one of {', '.join(allowed)}", knobs=(field,))
         if self.rollout_dtype is not None:
             object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype, "rollout_dtype"))
         if self.lora_separate_base and not self.lora:
-            raise ConfigError("lora_separate_base needs lora: the separate base is the LoRA actor's frozen part")
+            raise ConfigError(
+                "lora_separate_base (--lora-separate-base) needs lora (--lora): the separate base is the LoRA "
+                "actor's frozen part",
+                knobs=("lora_separate_base", "lora"),
+            )
         # The rank is checked with or without LoRA, so a forgotten --lora does not hide a bad value;
         # its upper bound comes from the model's dimensions (check()).
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int):
             raise TypeError(f"lora_rank must be an int, got {type(self.lora_rank).__name__} {self.lora_rank!r}")
         if self.lora_rank < 1:
-            raise ConfigError(f"lora_rank (--lora-rank) must be at least 1, got {self.lora_rank}")
+            raise ConfigError(f"lora_rank (--lora-rank) must be at least 1, got {self.lora_rank}", knobs=("lora_rank",))
         self.rollout_config()  # its own checks (token count, cache size, temperature), when the knobs are made
         # A prompt needs at least one cache slot beside the completion.
         if self.max_tokens >= self.kv_cache_size:
             raise ConfigError(
                 f"max_tokens (--max-tokens) must be below kv_cache_size ({self.kv_cache_size}) so that a "
-                f"prompt fits in the KV cache beside the completion, got {self.max_tokens}"
+                f"prompt fits in the KV cache beside the completion, got {self.max_tokens}",
+                knobs=("max_tokens",),
             )
 
     def check(self, device_count: int | None = None, *, model: Any = None) -> None:
@@ -267,7 +273,7 @@ class Scenario:
         if device_count is not None:
             problem = layout_problem(self.layout, device_count)
             if problem:
-                raise ConfigError(problem)
+                raise ConfigError(problem, knobs=("layout", "devices"))
 
     def rollout_config(self) -> RolloutConfig:
         static = self.lora and self.engine == "sglang_jax" and self.sglang_static_lora

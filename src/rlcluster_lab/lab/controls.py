@@ -7,25 +7,32 @@ these devices can hold); nothing here decides where a model lives. The
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import ipywidgets as widgets
 import jax
 
 from rlcluster_lab.cluster.scenario import ROLLOUT_DTYPES, Scenario
+from rlcluster_lab.core.knobs import KNOBS
 from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
-from rlcluster_lab.core.options import ENGINES
+from rlcluster_lab.core.options import ENGINE_LABELS, ENGINES
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.rules.anchor import anchor_is_partial
 
 CUSTOM = "custom"
-_ENGINE_LABELS = {
-    "vanilla": "vanilla",
-    "vllm": "vllm (JAX placement stand-in)",
-    "sglang_jax": "sglang_jax (JAX placement stand-in)",
-}
+# One column of knobs: every label and every choice shown whole (the widest choice,
+# "sglang_jax (JAX placement stand-in)", needs about 250 px beside a 120 px label).
+KNOB_WIDTH = 400
+LABEL_WIDTH = 120
+
+
+def label(field: str) -> str:
+    """The knob's label on screen: the one ``core.knobs`` table, which errors name too."""
+    text = KNOBS[field].label
+    assert text is not None, f"{field} is not a lab knob"
+    return text
 
 
 # What each knob changes, by the rule that reads it (shown as the knob's tooltip).
@@ -33,7 +40,8 @@ TOOLTIPS = {
     "layout": "P1: actor and rollout on one mesh share one model; the layout sets role_to_mesh for every role",
     "lora": "P2, P4, P12: a LoRA actor links the reference to the actor (P2), lets it share the actor's "
     "backbone (P4), and the optimizer trains only the adapters (P12); P13 syncs only the adapters",
-    "lora-rank": "the adapters' inner dimension (at most the model's largest useful rank)",
+    "lora-rank": "P12, P13: the adapters' inner dimension, so the size of what the optimizer trains and the "
+    "sync hands over (at most the model's largest useful rank)",
     "lora-separate-base": "P4: the LoRA actor wraps its own copy of the base, so reference and actor hold "
     "two backbones; the cluster warns (AvoidableCopyWarning)",
     "engine": "P3: vanilla loads a second copy when the rollout is not linked to the actor, other engines "
@@ -41,7 +49,7 @@ TOOLTIPS = {
     "static-lora": "P6: the sglang_jax engine refuses a LoRA actor without static-LoRA settings",
     "offload": "P14: every role waits in pinned host memory between uses and comes to device for its work",
     "rollout-dtype": "P3, P5: a second copy of the actor is cast to this dtype as it is loaded onto the rollout mesh",
-    "model-size": "the model's dimensions: every byte figure scales with it",
+    "model-size": "L2, L3: the model's dimensions: every byte figure (memory, sync) scales with it",
     "reward": "P5: a reward model, loaded onto the reward mesh (the actor's in these layouts)",
     "critic": "P5: a critic (value model), loaded onto the critic mesh (the actor's in these layouts)",
     "anchor": "P8: what is pinned to host at construction and at every sync: the actor's whole state, "
@@ -71,14 +79,14 @@ class Knobs:
         self._update_custom_visibility()
 
     def _make(self) -> None:
-        style = {"description_width": "130px"}
-        wide = widgets.Layout(width="330px")
+        style = {"description_width": f"{LABEL_WIDTH}px"}
+        wide = widgets.Layout(width=f"{KNOB_WIDTH}px")
         auto = widgets.Layout(width="auto")
         layouts = reachable_layouts(self.devices) + [CUSTOM]
         self.layout = widgets.Dropdown(
             options=[(name if name != CUSTOM else "custom rollout mesh", name) for name in layouts],
             value=layouts[0],
-            description="layout",
+            description=label("layout"),
             style=style,
             layout=wide,
         )
@@ -86,52 +94,50 @@ class Knobs:
             widgets.ToggleButton(value=True, description=str(d.id), tooltip=str(d), layout=widgets.Layout(width="38px"))
             for d in self.devices
         ]
-        self.rollout_shape = widgets.Dropdown(description="rollout shape", style=style, layout=wide)
-        self.custom_note = widgets.HTML()
+        self.rollout_shape = widgets.Dropdown(description=label("rollout_shape"), style=style, layout=wide)
+        self.custom_note = widgets.HTML(layout=widgets.Layout(width=f"{KNOB_WIDTH}px"))
         self.custom_box = widgets.VBox(
             [
                 widgets.HTML("<b>rollout devices</b>"),
-                widgets.HBox(self.device_toggles),
+                widgets.HBox(self.device_toggles, layout=widgets.Layout(flex_flow="row wrap")),
                 self.rollout_shape,
                 self.custom_note,
             ]
         )
-        self.lora = widgets.Checkbox(value=False, description="LoRA actor", indent=False, layout=auto)
+        self.lora = widgets.Checkbox(value=False, description=label("lora"), indent=False, layout=auto)
         self.lora_rank = widgets.BoundedIntText(
-            value=4, min=1, max=64, description="LoRA rank", style=style, layout=wide
+            value=4, min=1, max=64, description=label("lora_rank"), style=style, layout=wide
         )
         self.lora_separate_base = widgets.Checkbox(
-            value=False, description="LoRA over a separate copy of the base (P4 warns)", indent=False, layout=auto
+            value=False, description=label("lora_separate_base"), indent=False, layout=auto
         )
         self.engine = widgets.Dropdown(
-            options=[(_ENGINE_LABELS.get(e, e), e) for e in ENGINES],
+            options=[(ENGINE_LABELS.get(e, e), e) for e in ENGINES],
             value="vanilla",
-            description="rollout engine",
+            description=label("engine"),
             style=style,
             layout=wide,
         )
         self.static_lora = widgets.Checkbox(
-            value=True, description="static-LoRA settings for sglang_jax (P6)", indent=False, layout=auto
+            value=True, description=label("sglang_static_lora"), indent=False, layout=auto
         )
-        self.offload = widgets.Checkbox(
-            value=False, description="offload to pinned host (P14)", indent=False, layout=auto
-        )
+        self.offload = widgets.Checkbox(value=False, description=label("offload"), indent=False, layout=auto)
         self.rollout_dtype = widgets.Dropdown(
             options=[("as given (float32)", "")] + [(d, d) for d in ROLLOUT_DTYPES],
             value="",
-            description="rollout dtype",
+            description=label("rollout_dtype"),
             style=style,
             layout=wide,
         )
         self.model_size = widgets.Dropdown(
-            options=list(MODEL_SIZES), value="tiny", description="model size", style=style, layout=wide
+            options=list(MODEL_SIZES), value="tiny", description=label("model_size"), style=style, layout=wide
         )
-        self.with_reward = widgets.Checkbox(value=False, description="reward model", indent=False, layout=auto)
-        self.with_critic = widgets.Checkbox(value=False, description="critic model", indent=False, layout=auto)
+        self.with_reward = widgets.Checkbox(value=False, description=label("with_reward"), indent=False, layout=auto)
+        self.with_critic = widgets.Checkbox(value=False, description=label("with_critic"), indent=False, layout=auto)
         self.anchor = widgets.Dropdown(
             options=[("full actor state", "full"), ("trainable parameters only", "trainable")],
             value="full",
-            description="anchor (P8)",
+            description=label("anchor"),
             style=style,
             layout=wide,
         )
@@ -149,35 +155,63 @@ class Knobs:
         self._update_applicability()
 
     def named(self) -> dict[str, widgets.Widget]:
-        """Every knob by its name (the CLI flag's, without the dashes)."""
+        """Every knob by its name (the CLI flag's, without the dashes; ``core.knobs``)."""
+        return {KNOBS[field].name: widget for field, widget in self.by_field().items()}
+
+    def by_field(self) -> dict[str, widgets.Widget]:
+        """Every knob by the ``Scenario`` field it sets (``rollout_shape``: the custom mesh's shape)."""
         return {
             "layout": self.layout,
             "lora": self.lora,
-            "lora-rank": self.lora_rank,
-            "lora-separate-base": self.lora_separate_base,
+            "lora_rank": self.lora_rank,
+            "lora_separate_base": self.lora_separate_base,
             "engine": self.engine,
-            "static-lora": self.static_lora,
+            "sglang_static_lora": self.static_lora,
             "offload": self.offload,
-            "rollout-dtype": self.rollout_dtype,
-            "model-size": self.model_size,
-            "reward": self.with_reward,
-            "critic": self.with_critic,
+            "rollout_dtype": self.rollout_dtype,
+            "model_size": self.model_size,
+            "with_reward": self.with_reward,
+            "with_critic": self.with_critic,
             "anchor": self.anchor,
-            "rollout-shape": self.rollout_shape,
+            "rollout_shape": self.rollout_shape,
         }
 
     def _assemble(self) -> widgets.Widget:
-        column = widgets.Layout(margin="0 16px 0 0")
-        return widgets.HBox(
+        """One column, grouped by concern: where the roles live (P1), the model, LoRA (P2, P4)
+        and the anchor (P8), the engine (P3, P6, P7), memory (P14) and the extra roles (P5)."""
+        return widgets.VBox(
             [
-                widgets.VBox([self.layout, self.custom_box, self.model_size, self.anchor], layout=column),
-                widgets.VBox(
-                    [self.lora, self.lora_rank, self.lora_separate_base, self.engine, self.static_lora], layout=column
-                ),
-                widgets.VBox([self.offload, self.rollout_dtype, self.with_reward, self.with_critic], layout=column),
-            ],
-            layout=widgets.Layout(flex_flow="row wrap"),
+                self.layout,
+                self.custom_box,
+                self.model_size,
+                self.lora,
+                self.lora_rank,
+                self.lora_separate_base,
+                self.anchor,
+                self.engine,
+                self.static_lora,
+                self.rollout_dtype,
+                self.offload,
+                self.with_reward,
+                self.with_critic,
+            ]
         )
+
+    def mark_at_fault(self, fields: Iterable[str]) -> list[str]:
+        """Outline the knobs a refusal names (``ConfigError.knobs``), and only those.
+
+        Returns:
+            The fields marked (those that are knobs here).
+        """
+        wanted = set(fields)
+        marked = []
+        for field, widget in self.by_field().items():
+            if field in wanted:
+                widget.add_class("rl-at-fault")
+                marked.append(field)
+            else:
+                widget.remove_class("rl-at-fault")
+        return marked
 
     def not_applicable(self) -> dict[str, str]:
         """The knobs the current choices make irrelevant, each with the reason (shown, and disabled)."""
@@ -226,7 +260,8 @@ class Knobs:
             layout=layout,
             lora=self.lora.value,
             lora_rank=int(self.lora_rank.value),
-            lora_separate_base=self.lora_separate_base.value,
+            # A knob that does not apply is not used (it is disabled, not cleared): P4 reads it only with LoRA.
+            lora_separate_base=self.lora_separate_base.value and self.lora.value,
             engine=self.engine.value,
             offload=self.offload.value,
             rollout_dtype=self.rollout_dtype.value or None,

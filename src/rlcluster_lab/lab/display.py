@@ -1,9 +1,13 @@
-"""The lab's display: the panels (SVG figures of the report), the summary, the step log and
-the error box, each redrawn only when the part of the report it shows has changed.
+"""The lab's display: the views (SVG figures of the report, the summary, the step log) in
+tabs, the error box and the "what changed" line, each redrawn only when the part of the
+report it shows has changed.
 
 The figures are ``lab.panels`` (pure functions of report JSON, drawn in
 milliseconds), put into ``Output`` widgets as display data: core ipywidgets
 only, so it runs in JupyterLab, VS Code and Colab alike.
+
+The views share one ``Tab``, so the lab fits a 1600 x 1000 screen beside its
+knobs; each action shows the view it changed (``show``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from rlcluster_lab.core.knobs import describe
 from rlcluster_lab.lab import panels
 from rlcluster_lab.training.learner import StepRecord
 
@@ -26,6 +31,25 @@ _TITLES = {
     "memory": "Memory (L2): physical bytes per device and per role, by memory kind",
     "sync": "Weight sync (P13, L3): bytes against the minimum the placement allows",
 }
+# The tabs, in reading order: (view, tab title). Every panel is one view.
+VIEWS = (
+    ("summary", "Summary"),
+    ("flow", "Decision flow"),
+    ("grid", "Devices"),
+    ("memory", "Memory"),
+    ("sync", "Weight sync"),
+    ("steps", "Training steps"),
+)
+# Each figure fits the screen's height under JupyterLab's bars and the tab bar (the
+# browser test checks a 1600 x 1000 window); a wider view than the tab is scaled to it.
+# The knobs a refusal names get a red outline.
+STYLE = """<style>
+.rl-lab .rl-view img { max-width: 100%; max-height: calc(100vh - 220px); width: auto; height: auto; }
+.rl-lab .rl-at-fault { outline: 2px solid #c00; outline-offset: 1px; }
+.rl-lab .rl-changes { font-size: 12px; line-height: 1.35; }
+.rl-lab .rl-status .widget-html-content { font-size: 12px; line-height: 1.35; }
+.rl-lab .rl-sharing td, .rl-lab .rl-sharing th { padding: 1px 12px 1px 0; }
+</style>"""
 
 
 def svg_output(svg: str, alt: str) -> dict[str, Any]:
@@ -38,32 +62,48 @@ def text_output(text: str) -> dict[str, Any]:
 
 
 class Display:
-    """The widgets that show a report: panels, summary, step log and error box."""
+    """The widgets that show a report: the views in tabs, the error box and the "what changed" line."""
 
     def __init__(self) -> None:
         self._drawn: dict[str, str] = {}  # panel -> the data its figures were drawn from
         self.error: str | None = None
+        self.style = widgets.HTML(STYLE, layout=widgets.Layout(display="none"))  # applies while hidden
         self.error_box = widgets.HTML(layout=widgets.Layout(display="none"))
         self.error_box.add_class("rl-error")
         self.summary = widgets.HTML()
         self.summary.add_class("rl-summary")
+        self.changes = widgets.HTML()
+        self.changes.add_class("rl-changes")
         self.step_log = widgets.HTML()
         self.step_log.add_class("rl-step-log")
         self.outputs = {name: widgets.Output(layout=widgets.Layout(min_height="120px")) for name in _PANELS}
         for name, out in self.outputs.items():
             out.add_class(f"rl-panel-{name}")
+        self.tabs = self._tabs()
 
-    def panel_grid(self) -> widgets.Widget:
-        """The panels, each under its title. Each keeps its figure's own width and they wrap:
-        side by side on a wide screen, one under the other on a narrow one."""
-        cells = [
-            widgets.VBox(
-                [widgets.HTML(f"<b>{html.escape(_TITLES[name])}</b>"), self.outputs[name]],
-                layout=widgets.Layout(border="1px solid #ddd", padding="4px", margin="0 8px 8px 0"),
-            )
-            for name in _PANELS
-        ]
-        return widgets.Box(cells, layout=widgets.Layout(flex_flow="row wrap", align_items="flex-start"))
+    def _tabs(self) -> widgets.Tab:
+        """One tab per view, each under its title (the panels keep their figures' own width,
+        scaled down only where the tab is narrower)."""
+        content: dict[str, widgets.Widget] = {"summary": self.summary, "steps": self.step_log, **self.outputs}
+        pages = []
+        for name, _title in VIEWS:
+            heading = [widgets.HTML(f"<b>{html.escape(_TITLES[name])}</b>")] if name in _TITLES else []
+            page = widgets.VBox(heading + [content[name]], layout=widgets.Layout(padding="2px"))
+            page.add_class("rl-view")
+            page.add_class(f"rl-view-{name}")
+            pages.append(page)
+        tabs = widgets.Tab(pages, titles=[title for _, title in VIEWS], selected_index=1)
+        tabs.add_class("rl-views")
+        return tabs
+
+    def show(self, view: str) -> None:
+        """Select the view's tab (``VIEWS``): what an action changed comes into view."""
+        self.tabs.selected_index = [name for name, _ in VIEWS].index(view)
+
+    @property
+    def shown(self) -> str:
+        """The view whose tab is selected."""
+        return VIEWS[self.tabs.selected_index or 0][0]
 
     def draw(
         self, report: dict[str, Any], steps: Sequence[StepRecord], changes: Sequence[str] = ()
@@ -78,7 +118,8 @@ class Display:
             The seconds drawing took, and the panels redrawn.
         """
         start = time.perf_counter()
-        self.summary.value = summary_html(report) + changes_html(changes)
+        self.summary.value = summary_html(report)
+        self.changes.value = changes_html(changes)
         self.step_log.value = steps_html(steps)
         sync = report.get("sync")
         memory = report["memory"]
@@ -120,16 +161,18 @@ class Display:
         """Every panel shows ``text`` instead of a figure."""
         self._drawn = {}
         self.summary.value = ""
+        self.changes.value = ""
         self.step_log.value = ""
         for out in self.outputs.values():
             out.outputs = (text_output(text),)
 
     def show_error(self, exc: BaseException, *, kept: bool) -> None:
-        """The error in one box: its type, its message, and whether a cluster is still live."""
-        message = " ".join(str(exc).split())
+        """The error in one box: its type, its message (the knobs it names said as the lab's
+        widgets, ``core.knobs``), and whether a cluster is still live."""
+        message = describe(exc, "lab")
         self.error = f"{type(exc).__name__}: {message}"
         after = (
-            "The cluster shown below is still the previous one."
+            "The cluster shown is still the previous one."
             if kept
             else "No cluster is live now; change the knobs and press Construct."
         )
@@ -172,10 +215,10 @@ def changes_since(before: dict[str, Any] | None, after: dict[str, Any]) -> list[
 
 
 def changes_html(changes: Sequence[str]) -> str:
-    """The "what changed since the last construction" line under the summary."""
+    """The "what changed since the last construction" line beside the knobs."""
     if not changes:
         return ""
-    # One paragraph, not a list: the panels below stay in view.
+    # One paragraph, not a list: it stays short under the knobs.
     items = "; ".join(html.escape(c) for c in changes)
     return f"<div class='rl-changes'><b>changed since the last construction:</b> {items}</div>"
 

@@ -28,10 +28,14 @@ import jax
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.cluster.scenario import build_cluster, validate
 from rlcluster_lab.core.compile_cache import count_compilations, trim_compiled_programs
-from rlcluster_lab.lab.controls import Knobs
+from rlcluster_lab.core.knobs import knobs_of
+from rlcluster_lab.lab.controls import KNOB_WIDTH, Knobs
 from rlcluster_lab.lab.display import Display, changes_since
 from rlcluster_lab.measure.report import placement_report
 from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig, StepRecord
+
+# The column of knobs and buttons: the widest knob and a margin.
+LEFT_WIDTH = KNOB_WIDTH + 20
 
 
 def live_buffer_bytes() -> int:
@@ -98,7 +102,11 @@ class PlacementLab:
         self.sync_button = widgets.Button(description="Sync weights", icon="refresh")
         self.step_button = widgets.Button(description="Training step", icon="forward")
         self.progress = widgets.IntProgress(
-            value=0, min=0, max=4, layout=widgets.Layout(width="200px", visibility="hidden")
+            value=0,
+            min=0,
+            max=4,
+            # Thin, and hidden rather than removed, so nothing below it moves when it shows.
+            layout=widgets.Layout(width=f"{KNOB_WIDTH}px", height="8px", visibility="hidden"),
         )
         self.status = widgets.HTML()
         self.construct_button.on_click(lambda _b: self.construct())
@@ -113,12 +121,18 @@ class PlacementLab:
             w.add_class(f"rl-{name}")
 
     def _assemble(self) -> widgets.Widget:
-        actions = widgets.HBox(
-            [self.construct_button, self.sync_button, self.step_button, self.progress, self.status],
-            layout=widgets.Layout(align_items="center"),
-        )
+        """Knobs and buttons in a fixed-width column, the views in tabs beside it: at 1600 x 1000
+        the buttons and the view of the last action are on screen together."""
         d = self.display
-        root = widgets.VBox([self.knobs.widget, actions, d.error_box, d.summary, d.panel_grid(), d.step_log])
+        actions = widgets.HBox([self.construct_button, self.sync_button, self.step_button])
+        left = widgets.VBox(
+            [d.style, actions, self.progress, self.status, d.error_box, self.knobs.widget, d.changes],
+            layout=widgets.Layout(width=f"{LEFT_WIDTH}px", flex="0 0 auto", margin="0 12px 0 0"),
+        )
+        left.add_class("rl-controls")
+        # Beside the knobs while the views get 480 px or more; under them on a narrower screen.
+        d.tabs.layout = widgets.Layout(flex="1 1 480px", min_width="0")
+        root = widgets.HBox([left, d.tabs], layout=widgets.Layout(align_items="flex-start", flex_flow="row wrap"))
         root.add_class("rl-lab")
         return root
 
@@ -148,6 +162,13 @@ class PlacementLab:
         # Compiled programs are kept (bounded caches): the next build with the same
         # layouts reuses them instead of compiling again.
         trim_compiled_programs()
+        if ref() is not None and self._rehearsal is not None and self._rehearsal.is_alive():
+            # The rehearsal of its training step holds it until its compilation ends (a
+            # build does not wait for that); then nothing holds it and its buffers go.
+            return (
+                "the previous cluster is held by the background compilation of its training step, "
+                "still running: its buffers are freed when that ends"
+            )
         if ref() is not None:
             # Someone else (a notebook variable) holds it; deleting its buffers
             # under them would break their object, so say so instead.
@@ -186,12 +207,13 @@ class PlacementLab:
             self.timings = {"action": "construct", "work": time.perf_counter() - start}
             self._cluster = cluster
             self._learner = GRPOLearner(cluster, self.step_config)
-            self.display.clear_error()
+            self._clear_error()
             self._stage(3, "measuring")
             self._refresh_report()
             self.changes = changes_since(previous, self._report)
             self._stage(4, "drawing")
             self._draw_all()
+            self.display.show("flow")
             self._set_status(f"constructed ({released}); {self._timing_text()}")
             self._start_rehearsal()
 
@@ -208,9 +230,10 @@ class PlacementLab:
                 self._show_error(exc, kept=True)
                 return
             self.timings = {"action": "sync", "work": time.perf_counter() - start}
-            self.display.clear_error()
+            self._clear_error()
             self._refresh_report()
             self._draw_all()
+            self.display.show("sync")
             self._set_status(f"synced: global step {self._cluster.global_steps}; {self._timing_text()}")
 
     def train_step(self) -> None:
@@ -228,9 +251,10 @@ class PlacementLab:
             self.timings = {"action": "train_step", "work": time.perf_counter() - start}
             self._steps.append(record)
             self._sync = record.sync
-            self.display.clear_error()
+            self._clear_error()
             self._refresh_report()
             self._draw_all()
+            self.display.show("steps")
             self._set_status(f"step {record.step}: mean reward {record.mean_reward:.3f}; {self._timing_text()}")
 
     # ------------------------------------------------------------------ drawing
@@ -263,7 +287,12 @@ class PlacementLab:
 
     def _show_error(self, exc: BaseException, *, kept: bool) -> None:
         self.display.show_error(exc, kept=kept)
+        self.knobs.mark_at_fault(k.field for k in knobs_of(exc))
         self._set_status("error (see below)")
+
+    def _clear_error(self) -> None:
+        self.display.clear_error()
+        self.knobs.mark_at_fault(())
 
     @property
     def error(self) -> str | None:

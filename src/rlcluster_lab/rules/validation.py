@@ -130,7 +130,12 @@ def check_vllm_version(model_version: str | None) -> None:
 def check_sglang_lora(actor_has_lora: bool, static_lora: bool) -> None:
     """P6: the sglang_jax engine refuses a LoRA actor without static-LoRA settings."""
     if actor_has_lora and not static_lora:
-        raise ConfigError(SGLANG_LORA_MESSAGE)
+        # The lab and the CLI name their own knobs (core.knobs) instead of RolloutConfig's fields.
+        raise ConfigError(
+            SGLANG_LORA_MESSAGE,
+            knobs=("sglang_static_lora", "lora", "engine"),
+            problem="the sglang_jax engine was given a LoRA actor but no static-LoRA settings (P6)",
+        )
 
 
 def check_lora_rank(rank: Any, model: Any) -> None:
@@ -159,5 +164,6 @@ def check_lora_rank(rank: Any, model: Any) -> None:
         raise ConfigError(
             f"lora_rank (--lora-rank) must be between 1 and {bound} for the {model.name} model, got {rank}: an "
             f"adapter on an (in, out) projection has rank at most min(in, out), at most {bound} here ({widest}), "
-            "so a higher rank adds no capacity, only memory"
+            "so a higher rank adds no capacity, only memory",
+            knobs=("lora_rank", "model_size"),
         )

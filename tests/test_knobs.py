@@ -1,0 +1,93 @@
+"""Refusals name the knob to change as the reader sees it: the flag in the CLI, the widget in the lab.
+
+The one table (``core.knobs``) is checked against the CLI's parser, so every
+flag it names is a flag the CLI takes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcluster_lab.cli.main import EXIT_BAD_INPUT, build_parser, main
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.knobs import KNOBS, describe, knobs_of
+from rlcluster_lab.core.options import Scenario
+
+
+def refusal(**knobs) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        Scenario(**knobs).check()
+    return info.value
+
+
+def test_every_flag_in_the_table_is_a_flag_the_cli_takes():
+    parser = build_parser()
+    flags = {
+        option
+        for sub in parser._subparsers._group_actions[0].choices.values()
+        for action in sub._actions
+        for option in action.option_strings
+    }
+    named = {knob.flag for knob in KNOBS.values() if knob.flag}
+    assert named <= flags, named - flags
+    # Every knob a Scenario has is in the table (the lab's labels and the CLI's flags come from it).
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(Scenario)} - {"temperature", "kv_cache_size", "seed"}
+    assert fields <= set(KNOBS), fields - set(KNOBS)
+
+
+def test_p6_refusal_names_the_flag_in_the_cli_and_the_checkbox_in_the_lab():
+    exc = refusal(engine="sglang_jax", lora=True, sglang_static_lora=False)
+    assert [k.field for k in knobs_of(exc)] == ["sglang_static_lora", "lora", "engine"]
+    # The API's own message still says what to set in RolloutConfig ...
+    assert "rollout_sglang_jax_enable_static_lora" in str(exc)
+    # ... the CLI and the lab say which of their own knobs to change instead.
+    cli = describe(exc, "cli")
+    assert "RolloutConfig" not in cli and "rollout_sglang_jax" not in cli
+    assert cli.endswith("The flag to change: --no-static-lora (or --lora, --engine).")
+    lab = describe(exc, "lab")
+    assert "RolloutConfig" not in lab and "--" not in lab
+    assert "What to change: the 'static-LoRA settings for sglang_jax (P6)' checkbox" in lab
+    assert "the 'LoRA actor' checkbox, the 'rollout engine' dropdown" in lab
+
+
+def test_a_field_named_with_its_flag_reads_as_the_flag_or_the_widget():
+    exc = refusal(lora=True, lora_rank=65)
+    assert str(exc).startswith("lora_rank (--lora-rank) must be between 1 and 64")
+    assert describe(exc, "cli").startswith("--lora-rank must be between 1 and 64")
+    assert describe(exc, "lab").startswith("'LoRA rank' must be between 1 and 64")
+    assert describe(exc, "lab").endswith("the 'LoRA rank' number box (or the 'model size' dropdown).")
+
+
+def test_a_knob_the_audience_does_not_have_is_left_out():
+    # The lab has no device-count knob (it builds on the devices it was given); the CLI has --devices.
+    Scenario(layout="split").check(device_count=8)
+    with pytest.raises(ConfigError) as info:
+        Scenario(layout="split").check(device_count=3)
+    exc = info.value
+    assert describe(exc, "cli").endswith("The flag to change: --layout (or --devices).")
+    assert describe(exc, "lab").endswith("What to change: the 'layout' dropdown.")
+
+
+def test_an_error_without_knobs_is_its_message_on_one_line():
+    assert describe(ValueError("two\n   lines"), "cli") == "two lines"
+    assert describe(ConfigError("no knob here"), "lab") == "no knob here"
+    assert describe(ConfigError("", knobs=("not-a-knob",)), "cli") == "ConfigError"
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["report", "--engine", "sglang_jax", "--lora", "--no-static-lora"], "--no-static-lora"),
+        (["report", "--lora-separate-base"], "--lora-separate-base needs --lora"),
+        (["report", "--lora", "--lora-rank", "65"], "--lora-rank must be between 1 and 64"),
+        (["learn", "--mini-batch-size", "6", "--micro-batch-size", "4"], "--micro-batch-size"),
+    ],
+)
+def test_cli_refusal_names_the_flag_and_exits_2(capsys, argv, flag):
+    assert main(argv) == EXIT_BAD_INPUT == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert flag in err and "The flag to change: --" in err
+    assert "RolloutConfig" not in err
