@@ -269,26 +269,13 @@ def device_grid(report: Mapping[str, Any]) -> Figure:
                 continue
             ink = "white" if kind == "own" else "#222222"
             note = "asked for" if dashed else "= actor" if hatched else fmt_bytes(held) if held and show_bytes else ""
-            ax.text(
-                x + cell_w / 2,
-                y + 0.17,
-                ",".join(map(str, coords[dev])),
-                fontsize=MIN_PT,
-                ha="center",
-                va="center",
-                color=ink,
-            )
-            if note:
-                ax.text(
-                    x + cell_w / 2,
-                    y + 0.35,
-                    note,
-                    fontsize=MIN_PT,
-                    ha="center",
-                    va="center",
-                    color=ink,
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.85} if hatched else None,
-                )
+            # On a hatched cell the text sits on a white ground, so the stripes do not cross it.
+            ground = {"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.85} if hatched else None
+            for line, at in ((",".join(map(str, coords[dev])), 0.17), (note, 0.35)):
+                if line:
+                    ax.text(
+                        x + cell_w / 2, y + at, line, fontsize=MIN_PT, ha="center", va="center", color=ink, bbox=ground
+                    )
     y = top + row_h * len(rows) + 0.18
     key = [
         ("own", {"facecolor": "#9a9a9a", "edgecolor": "#9a9a9a"}, "solid: buffers of its own (a copy)"),

@@ -133,7 +133,7 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         role = str(v["role"])
         kept = d["branch"] == "kept as is"
         reused = v.get("leaves_on_target", 0)
-        detail = f"{reused} of {v['leaves']} leaves already in place"
+        detail = f"{reused} of {v['leaves']} leaves already in their target sharding"
         if not kept and v.get("requested_dtype") and v["requested_dtype"] != v.get("dtype"):
             detail += f"; cast {v.get('dtype')} -> {v['requested_dtype']}"
         rows.append(

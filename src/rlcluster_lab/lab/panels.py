@@ -203,9 +203,13 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 title=title,
             )
             ink = "white" if fill == color else TEXT
-            c.text(x + cell_w / 2, y + 17, ",".join(map(str, coords[dev])), size=MIN_FONT, anchor="middle", fill=ink)
-            if note:
-                c.text(x + cell_w / 2, y + 32, clip(note, cell_w - 6), size=MIN_FONT, anchor="middle", fill=ink)
+            for line, base in ((",".join(map(str, coords[dev])), y + 17), (clip(note, cell_w - 6), y + 32)):
+                if not line:
+                    continue
+                if fill.startswith("url("):  # a white ground under the text, so the stripes do not cross it
+                    w = text_width(line, MIN_FONT) + 4
+                    c.rect(x + (cell_w - w) / 2, base - 11, w, 14, "white", rx=2, opacity=0.85)
+                c.text(x + cell_w / 2, base, line, size=MIN_FONT, anchor="middle", fill=ink)
     items = []
     if "own" in kinds:
         items.append(("#9a9a9a", "solid: buffers of its own (a copy)"))

@@ -77,8 +77,11 @@ class Canvas:
         id: str | None = None,
         title: str | None = None,
         nbytes: int | None = None,
+        opacity: float | None = None,
     ) -> None:
         attrs = [f'x="{x:.1f}" y="{y:.1f}" width="{max(w, 0):.1f}" height="{max(h, 0):.1f}" fill="{fill}"']
+        if opacity is not None:
+            attrs.append(f'fill-opacity="{opacity}"')
         if nbytes is not None:
             attrs.append(f'data-bytes="{int(nbytes)}"')  # the figure's number, for readers and tests
         if stroke:
