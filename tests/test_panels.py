@@ -98,6 +98,20 @@ def test_grid_says_why_a_linked_rollout_holds_a_copy_and_why_an_unlinked_one_sha
     assert "left in place because they are the same on both meshes (replicated leaves), not a link in the map" in text
 
 
+def test_sharing_map_panel_separates_the_map_from_the_measured_buffers(reports):
+    reshaped = reports["reshaped-lora"]
+    els = _elements(panels.sharing_map(reshaped))
+    # One cell per fact, each its own element: "reference" and "actor" cannot run together.
+    assert els["map:reference:links"].text == "actor" and els["map:rollout:links"].text == "no link"
+    rollout_shared = sum(g["bytes"] for g in reshaped["memory"]["shared"] if {"actor", "rollout"} <= set(g["roles"]))
+    held = reshaped["memory"]["by_role"]["rollout"]["bytes"]
+    assert els["map:rollout:measured"].text == f"{fmt_bytes(rollout_shared)} of {fmt_bytes(held)}"
+    assert els["map:reference:measured"].text.startswith("all ")
+    assert "map:reward" not in els  # no reward model in this cluster
+    vllm = _elements(panels.sharing_map(reports["colocated-vllm"]))
+    assert vllm["map:rollout:links"].text == "actor, reference" and vllm["map:rollout:measured"].text == "none"
+
+
 @pytest.mark.parametrize("name", ["colocated-lora", "reshaped-vllm", "split-offload"])
 def test_l2_memory_by_device_draws_every_buffer_once(reports, name):
     memory = reports[name]["memory"]
@@ -157,6 +171,7 @@ def test_every_panel_is_legible_at_the_width_it_is_shown(reports):
         for draw, data in (
             (panels.decision_flow, report),
             (panels.device_grid, report),
+            (panels.sharing_map, report),
             (panels.memory_by_device, report["memory"]),
             (panels.memory_by_role, report["memory"]),
             (panels.sync_bytes, report["sync"]),

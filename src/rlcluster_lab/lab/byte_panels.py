@@ -310,7 +310,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         c.text(
             8,
             y,
-            f"{label}: {fmt_bytes(synced)} synced (physical: every device's shard) = "
+            f"{label}: {fmt_bytes(synced)} synced (physical: every device's shard), "
             f"{fmt_bytes(logical)} logical (each leaf once)",
             size=13,
             weight="bold",
@@ -381,8 +381,8 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         if logical and synced:
             lines.append(
                 (
-                    f"physical / logical = {synced / logical:.1f}: a leaf counts once for every device that "
-                    "receives a piece of it (a replicated leaf, once per device)",
+                    f"physical / logical = {synced / logical:.1f}: a leaf counts once per device that receives "
+                    "a piece of it, so a replicated one counts on every device",
                     MUTED,
                 )
             )

@@ -23,7 +23,7 @@ from typing import Any
 # The byte panels live in their own module; the lab and the notebooks reach every panel here.
 from rlcluster_lab.lab.byte_panels import SYNC_COLORS, memory_by_device, memory_by_role, sync_bytes
 from rlcluster_lab.lab.flow import OPTION_LABELS, flow_links, flow_rows, link_ends, link_lanes, mesh_coords
-from rlcluster_lab.lab.sharing_notes import role_note, shared_bytes
+from rlcluster_lab.lab.sharing_notes import actor_share_text, measured_text, role_note, shared_bytes
 from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_COLORS, ROLE_ORDER, fmt_bytes
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, clip, legend, present, text_width, wrap
 
@@ -228,6 +228,38 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     return c.render()
 
 
+def sharing_map(report: Mapping[str, Any]) -> Svg:
+    """The sharing map (P1, P2) beside what each role measurably holds of the actor's buffers
+    (L2), one row per role in cells that cannot run together, and under each row why the two
+    differ where they do (an engine's own copy, P7; replicated shards the reshard left in place,
+    P5). The map says which roles *may* share a model; the measurement, which buffers they do."""
+    present_roles = set(report.get("role_to_mesh", {})) or set(report.get("sharing_map", {}))
+    roles = [r for r in present(list(report.get("sharing_map", {})), ROLE_ORDER) if r in present_roles]
+    cols = (8.0, 120.0, 380.0)  # role | linked in the map | holds of the actor's buffers
+    c = Canvas(WIDTH, 0)
+    c.text(8, 20, "Sharing map (P1, P2) and the actor's buffers each role holds (measured)", size=14, weight="bold")
+    y = 34
+    c.rect(4, y, WIDTH - 8, 22, "#f2f2f2")
+    for x, head in zip(cols, ("role", "linked in the map (P1, P2)", "holds of the actor's buffers (measured)")):
+        c.text(x, y + 16, head, size=MIN_FONT, weight="bold")
+    y += 22
+    for role in roles:
+        links = ", ".join(report["sharing_map"].get(role, [])) or "no link"
+        why = measured_text(report, role).removeprefix("measured: ")
+        lines = wrap(why, WIDTH - 40, MIN_FONT, lines=3) if why else []
+        h = 24 + 16 * len(lines)
+        c.line(4, y, WIDTH - 4, y, "#dddddd")
+        c.text(cols[0], y + 17, role, size=13, weight="bold", id=f"map:{role}")
+        c.text(cols[1], y + 17, clip(links, cols[2] - cols[1] - 12), size=MIN_FONT, id=f"map:{role}:links")
+        c.text(cols[2], y + 17, actor_share_text(report, role), size=MIN_FONT, id=f"map:{role}:measured")
+        for k, line in enumerate(lines):
+            c.text(cols[0] + 16, y + 35 + 16 * k, line, size=MIN_FONT, fill=MUTED)
+        y += h
+    c.line(4, y, WIDTH - 4, y, "#dddddd")
+    c.height = y + 8
+    return c.render()
+
+
 # --------------------------------------------------------------------------- memory (L2)
 
 
@@ -242,5 +274,6 @@ __all__ = [
     "device_grid",
     "memory_by_device",
     "memory_by_role",
+    "sharing_map",
     "sync_bytes",
 ]

@@ -79,6 +79,18 @@ def measured_text(report: Mapping[str, Any], role: str) -> str:
     return text + ("" if linked else ", not a link in the map")
 
 
+def actor_share_text(report: Mapping[str, Any], role: str) -> str:
+    """How much of the actor's buffers ``role`` holds, measured: "all", "10.0 KiB of 588.0 KiB", "none"."""
+    memory = report.get("memory") or {}
+    held = int(memory.get("by_role", {}).get(role, {}).get("bytes", 0))
+    if role == "actor" or not held:
+        return "-"
+    shared = shared_bytes(memory, role, "actor")
+    if not shared:
+        return "none"
+    return f"all {fmt_bytes(held)}" if shared >= held else f"{fmt_bytes(shared)} of {fmt_bytes(held)}"
+
+
 def role_note(report: Mapping[str, Any], role: str) -> str:
     """One line per role: the map's links, then what the role measurably shares, and why."""
     measured = measured_text(report, role)

@@ -130,7 +130,7 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
             fontsize=MIN_PT,
             color="black" if fits is not False else "#c44e52",
         )
-    ax_role.set_xlim(0, max(left + [1]) * 1.6)
+    ax_role.set_xlim(0, max(left + [1]) * 2.2)  # room for the label after the longest bar
     ax_role.set_yticks(range(len(entries)), entries, fontsize=MIN_PT)
     ax_role.invert_yaxis()
     bytes_axis(ax_role.xaxis, ax_role.get_xlim()[1])
