@@ -28,7 +28,7 @@ def _group_fill(c: Canvas, roles: list[str]) -> str:
     return c.hatch(ROLE_COLORS.get(roles[0], "#999999"), ROLE_COLORS.get(roles[1], "#999999"))
 
 
-def _own(memory: Mapping[str, Any], entry: str, dev: str, kind: str) -> int:
+def own_bytes(memory: Mapping[str, Any], entry: str, dev: str, kind: str) -> int:
     """What ``entry`` holds on ``dev`` in ``kind`` that no other entry holds."""
     held = int(memory.get("by_role", {}).get(entry, {}).get("by_device", {}).get(dev, {}).get(kind, 0))
     for g in memory.get("shared", []):
@@ -87,7 +87,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
             y = base
             pinned = kind == "pinned_host"
             for e in entries:
-                v = _own(memory, e, dev, kind)
+                v = own_bytes(memory, e, dev, kind)
                 if v > 0:
                     h = v * scale
                     color = ROLE_COLORS.get(e, "#999999")
@@ -142,7 +142,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     items = [
         (ROLE_COLORS.get(e, "#999999"), e)
         for e in entries
-        if any(_own(memory, e, d, k) > 0 for d in devices for k in kinds)
+        if any(own_bytes(memory, e, d, k) > 0 for d in devices for k in kinds)
     ]
     items += [(_group_fill(c, g["roles"]), " = ".join(g["roles"]) + " (held once)") for g in groups]
     y = legend(c, 8, base + 42, items, WIDTH - 16)

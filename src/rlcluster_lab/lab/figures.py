@@ -27,7 +27,7 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
-from rlcluster_lab.lab.byte_panels import held_with, role_parts
+from rlcluster_lab.lab.byte_panels import held_with, own_bytes, role_parts
 from rlcluster_lab.lab.flow import (
     OPTION_LABELS,
     FlowRow,
@@ -310,15 +310,6 @@ def device_grid(report: Mapping[str, Any]) -> Figure:
 # --------------------------------------------------------------------------- memory (L2)
 
 
-def _own(memory: Mapping[str, Any], entry: str, dev: str, kind: str) -> int:
-    """What ``entry`` holds on ``dev`` in ``kind`` that no other entry holds."""
-    held = int(memory.get("by_role", {}).get(entry, {}).get("by_device", {}).get(dev, {}).get(kind, 0))
-    for g in memory.get("shared", []):
-        if entry in g.get("roles", []):
-            held -= int((g.get("by_device") or {}).get(dev, {}).get(kind, 0))
-    return held
-
-
 def _naive_by_device(memory: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     """Per device and kind, the sum over entries: what it would be if no buffer were shared."""
     out: dict[str, dict[str, int]] = {}
@@ -362,7 +353,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Figure:
             x = i - 0.4 + width * (k + 0.5)
             bottom = 0
             for e in entries:
-                v = _own(memory, e, dev, kind)
+                v = own_bytes(memory, e, dev, kind)
                 if v <= 0:
                     continue
                 ax.bar(

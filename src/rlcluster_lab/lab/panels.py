@@ -1,4 +1,5 @@
-"""The lab's figures as SVG: decision flow, device grid, memory by device and by role, sync.
+"""The lab's figures as SVG: decision flow, device grid, sharing map, memory by device and by
+role, sync.
 
 Each function takes a report's JSON (the placement report, its ``memory`` or
 its ``sync``) and returns an ``Svg``: the markup as a string, displayed as a
@@ -7,12 +8,15 @@ report and recompute no decision. SVG is drawn in a few milliseconds (a
 matplotlib figure with this much text takes about half a second to render
 on a small CPU), stays sharp at any zoom, keeps its text selectable, and
 says more on hover (``<title>``). Elements that tests look up carry an
-``id``: ``"P3:shared"`` for a decision's answer, ``"cell:rollout:5"`` for a
-device cell, ``"seg:<what>:<key>"`` for a bar segment.
+``id``: ``"P3:shared"`` for a decision's answer, ``"link:P1:P3"`` for an
+arrow, ``"cell:rollout:5"`` for a device cell, ``"seg:<what>:<key>"`` for a
+bar segment.
 
 Bytes are physical bytes, as in the reports: every device shard counted.
-A buffer that several roles hold is drawn once: hatched, in the colour of
-the first role that holds it, and named in the legend ("actor = rollout").
+A buffer that several roles hold is drawn once: in the bar of its first
+holder, and hatched in that holder's colour wherever else it appears
+("= actor"). Each panel is ``svg.WIDTH`` px wide and meant to be shown at
+that width, where its smallest text (``svg.MIN_FONT``, 12 px) is 9 pt.
 """
 
 from __future__ import annotations
