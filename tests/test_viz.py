@@ -10,10 +10,12 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402  (only to check that no pyplot figure is left open)
 import pytest  # noqa: E402
+from legibility import mpl_problems  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from rlcluster_lab.cluster.scenario import Scenario, build_cluster  # noqa: E402
 from rlcluster_lab.lab import figures as viz  # noqa: E402
+from rlcluster_lab.lab.mpl import MIN_PT, new_figure  # noqa: E402
 from rlcluster_lab.measure.report import placement_report  # noqa: E402
 
 
@@ -45,7 +47,13 @@ def reports() -> dict[str, dict]:
         "split": Scenario(layout="split"),
         "colocated_vllm": Scenario(layout="colocated", engine="vllm"),
     }
-    return {name: placement_report(build_cluster(s)).to_json() for name, s in scenarios.items()}
+    out = {}
+    for name, s in scenarios.items():
+        cluster = build_cluster(s)
+        out[name] = placement_report(
+            cluster, sync=cluster.sync_weights() if name == "colocated_vllm" else None
+        ).to_json()
+    return out
 
 
 # ------------------------------------------------------------------ decision flow (L1)
@@ -69,7 +77,36 @@ def test_decision_flow_vllm_engine_replaces_rollout_mesh_P7(reports):
     # Linked by the map, so P3 hands the actor object over; the engine keeps its own copy.
     assert {"P1:linked", "P3:shared", "P7:replaced"} <= _highlighted(fig)
     assert "still registered as sharing: yes" in _texts(fig)
-    assert "the engine then keeps a copy of its own" in _texts(fig)
+    # Why "shared" does not mean the actor's buffers: what P7 recorded, said on P3's row.
+    assert "but the vllm engine copied it onto its own (1,8) mesh (P7: not the (2,4) asked for)" in _texts(fig)
+
+
+def _row_ys(fig) -> dict[str, float]:
+    """Rule -> the y of its first row's first answer box (rows go down the figure)."""
+    ys: dict[str, float] = {}
+    for gid, p in sorted(_patches(fig, "P").items(), key=lambda kv: kv[1].get_y()):
+        ys.setdefault(gid.split(":")[0], p.get_y())
+    return ys
+
+
+def test_decision_flow_rows_follow_the_trace_with_P12_and_arrows(reports):
+    report = reports["colocated_vllm"]
+    fig = viz.decision_flow(report)
+    ys = _row_ys(fig)
+    traced = []
+    for d in report["decisions"]:
+        if d["rule"] in ys and d["rule"] not in traced:
+            traced.append(d["rule"])
+    # Construction order, not rule order: P5 (actor) and P3 come before P4, P7 after them, P12 before P8.
+    assert sorted(traced, key=ys.__getitem__) == traced
+    assert ys["P3"] < ys["P4"] < ys["P7"] < ys["P12"] < ys["P8"] < ys["P13"]
+    assert "P12:LoRA params" not in _highlighted(fig) and "P12:all params" in _highlighted(fig)
+    links = {line.get_gid() for ax in fig.axes for line in ax.lines if (line.get_gid() or "").startswith("link:")}
+    # P1 -> P7 only because the engine replaced the mesh P1's map was built from.
+    assert links == {"link:P1:P3", "link:P2:P4", "link:P1:P7", "link:P3:P7", "link:P12:P13"}
+    assert "P1 -> P7 (still registered as sharing: yes)" in _texts(fig)
+    lora = {line.get_gid() for ax in viz.decision_flow(reports["colocated_lora"]).axes for line in ax.lines}
+    assert {"link:P1:P3", "link:P2:P4", "link:P3:P7"} <= lora and "link:P1:P7" not in lora
 
 
 def test_decision_flow_lights_exactly_one_answer_per_row(reports):
@@ -117,6 +154,26 @@ def test_device_grid_split_puts_actor_and_rollout_on_disjoint_halves(reports):
     assert _filled(fig, "actor") == {0, 1, 2, 3}
     assert _filled(fig, "rollout") == {4, 5, 6, 7}
     assert _filled(fig, "reference") == {0, 1, 2, 3}
+
+
+def _hatched(fig, row: str) -> set[int]:
+    return {int(gid.rsplit(":", 1)[1]) for gid, p in _patches(fig, f"cell:{row}:").items() if p.get_hatch()}
+
+
+def test_device_grid_hatches_the_actors_buffers_and_says_why_a_copy_is_a_copy(reports):
+    shared = viz.device_grid(reports["colocated_lora"])
+    # P3 shared: the rollout computes with the actor's buffers; P4: so does the LoRA reference.
+    assert _hatched(shared, "rollout") == _hatched(shared, "reference") == set(range(8))
+    assert not _hatched(shared, "actor")
+    assert "= actor" in _texts(shared)
+    copied = viz.device_grid(reports["reshaped_separate_base"])
+    assert not _hatched(copied, "rollout") and not _hatched(copied, "reference")
+    # Colocated vllm: linked and "shared", yet a copy, and the figure says why (P7).
+    vllm = viz.device_grid(reports["colocated_vllm"])
+    assert not _hatched(vllm, "rollout")
+    text = " ".join(_texts(vllm).split())  # notes wrap over lines
+    assert "rollout: sharing map (P1, P2): linked to actor" in text
+    assert "the vllm engine copied it onto its own (1,8) mesh" in text
 
 
 def test_device_grid_reshaped_same_devices_other_coordinates_P1(reports):
@@ -169,29 +226,40 @@ MEMORY = {
         },
     },
     "by_device": {"0": {"device": 700, "pinned_host": 600}, "1": {"device": 450, "pinned_host": 400}},
-    "shared": [{"roles": ["actor", "reference"], "bytes": 750, "buffers": 6}],
+    "shared": [
+        {
+            "roles": ["actor", "reference"],
+            "bytes": 750,
+            "buffers": 6,
+            "by_device": {"0": {"device": 400}, "1": {"device": 350}},
+        }
+    ],
     "unique_bytes": 2150,
     "naive_bytes": 2900,
     "allocator": {"available": False, "note": "the CPU backend has no allocator statistics", "by_device": {}},
 }
 
 
-def test_memory_by_device_bar_heights_are_the_reports_unique_bytes_L2():
+def test_memory_by_device_draws_every_buffer_once_L2():
     fig = viz.memory_by_device(MEMORY)
-    bars = _patches(fig, "bar:device:")
-    assert {gid: p.get_height() for gid, p in bars.items()} == {
-        "bar:device:0:device": 700,
-        "bar:device:1:device": 450,
-        "bar:device:0:pinned_host": 600,
-        "bar:device:1:pinned_host": 400,
-    }
-    # Stacked by role: per device and memory kind the segments add up to the sum of every role's bytes.
     stacks: dict[str, float] = {}
-    for gid, p in _patches(fig, "bar:role:").items():
-        _, _, dev, kind, _role = gid.split(":")
+    for gid, p in {**_patches(fig, "bar:own:"), **_patches(fig, "bar:group:")}.items():
+        _, _, dev, kind, _who = gid.split(":")
         stacks[f"{dev}:{kind}"] = stacks.get(f"{dev}:{kind}", 0) + p.get_height()
-    assert sorted(stacks.values()) == [400, 600, 800, 1100]
-    assert _patches(fig, "bar:role:0:device:actor")["bar:role:0:device:actor"].get_height() > 0
+    # Each stack is what the device holds, each buffer once: the report's by_device.
+    assert stacks == {f"{d}:{k}": v for d, kinds in MEMORY["by_device"].items() for k, v in kinds.items()}
+    # The actor = reference buffers are one hatched segment, not one per role.
+    group = _patches(fig, "bar:group:0:device:")
+    assert (
+        list(group) == ["bar:group:0:device:actor+reference"]
+        and group["bar:group:0:device:actor+reference"].get_hatch()
+    )
+    # The dashed box is what separate copies would add: naive - held.
+    naive = _patches(fig, "bar:naive:")
+    assert {gid: p.get_height() for gid, p in naive.items()} == {
+        "bar:naive:0:device": 500 + 600 - 700,
+        "bar:naive:1:device": 400 + 400 - 450,
+    }
     text = _texts(fig)
     assert "physical bytes" in text and "no allocator statistics" in text
 
@@ -204,24 +272,40 @@ def test_memory_by_device_draws_allocator_figures_when_present():
         "by_device": {"0": {"bytes_in_use": 2000}, "1": {"bytes_in_use": 1500}},
     }
     fig = viz.memory_by_device(memory)
-    offsets = fig.axes[0].collections[0].get_offsets()
-    assert [tuple(map(float, o)) for o in offsets] == [(0.0, 2000.0), (1.0, 1500.0)]
+    (points,) = [c for c in fig.axes[0].collections if c.get_gid() == "points:allocator"]
+    assert [tuple(map(float, o)) for o in points.get_offsets()] == [(0.0, 2000.0), (1.0, 1500.0)]
 
 
-def test_memory_by_role_bar_lengths_are_the_reports_bytes_and_name_sharing_L2():
+def test_memory_by_role_draws_a_shared_buffer_once_L2():
     fig = viz.memory_by_role(MEMORY)
-    bars = _patches(fig, "bar:role:")
-    assert {gid: p.get_width() for gid, p in bars.items() if p.get_width()} == {
-        "bar:role:actor:device": 1000,
-        "bar:role:reference:device": 900,
-        "bar:role:anchor:pinned_host": 1000,
+    bars = {gid: p.get_width() for gid, p in _patches(fig, "bar:role:").items()}
+    # The actor holds the shared 750 B first: solid in its bar; in the reference's bar the same
+    # 750 B are hatched as the actor's buffers, after the 150 B only the reference holds.
+    assert bars == {
+        "bar:role:actor:held:device": 1000,
+        "bar:role:reference:held:device": 150,
+        "bar:role:reference:same:actor": 750,
+        "bar:role:anchor:held:pinned_host": 1000,
     }
-    # The pinned-host part starts where the device part ends: each bar's end is the role's bytes.
-    assert bars["bar:role:anchor:pinned_host"].get_x() == 0
-    assert bars["bar:role:actor:pinned_host"].get_x() == 1000
+    patches = _patches(fig, "bar:role:")
+    assert (
+        patches["bar:role:reference:same:actor"].get_hatch() and patches["bar:role:reference:same:actor"].get_x() == 150
+    )
+    solid = sum(w for gid, w in bars.items() if ":held:" in gid)
+    assert solid == MEMORY["unique_bytes"]  # the solid parts are what is held, each buffer once
+    assert sum(bars.values()) == MEMORY["naive_bytes"]
     text = _texts(fig)
-    assert "750 B with reference" in text and "750 B with actor" in text
-    assert "physical bytes" in text and "2.1 KiB counting each buffer once" in text
+    assert "750 B = the actor's buffers" in text and "also held by reference (750 B)" in text
+    assert "physical bytes" in text and "add up to 2.1 KiB" in text
+
+
+def test_memory_by_role_of_a_live_cluster_adds_up_to_the_unique_bytes(reports):
+    for report in reports.values():
+        memory = report["memory"]
+        fig = viz.memory_by_role(memory)
+        bars = {gid: p.get_width() for gid, p in _patches(fig, "bar:role:").items()}
+        assert sum(w for gid, w in bars.items() if ":held:" in gid) == memory["unique_bytes"]
+        assert sum(bars.values()) == memory["naive_bytes"]
 
 
 def test_memory_timeline_sums_each_kind_over_devices_P14():
@@ -276,6 +360,15 @@ SYNC = {
 }
 
 
+def _table(fig) -> dict[tuple[str, str], str]:
+    """(row label, column heading) -> cell text of the figure's table."""
+    (table,) = [t for ax in fig.axes for t in ax.tables]
+    cells = table.get_celld()
+    heads = {c: cell.get_text().get_text() for (r, c), cell in cells.items() if r == 0}
+    rows = {r: cell.get_text().get_text() for (r, c), cell in cells.items() if c == -1}
+    return {(rows[r], heads[c]): cell.get_text().get_text() for (r, c), cell in cells.items() if r > 0 and c >= 0}
+
+
 def test_sync_bytes_segments_are_moved_copied_reused_and_minimum_line_L3():
     fig = viz.sync_bytes(SYNC)
     bars = {gid.rsplit(":", 1)[1]: p for gid, p in _patches(fig, "bar:sync:").items()}
@@ -284,9 +377,32 @@ def test_sync_bytes_segments_are_moved_copied_reused_and_minimum_line_L3():
     assert bars["copied_same_device_bytes"].get_y() == 1000
     assert bars["reused_bytes"].get_height() == 400
     assert bars["reused_bytes"].get_y() + 400 == SYNC["synced_bytes"]
-    (line,) = [c for c in fig.axes[0].collections if c.get_gid() == "line:minimum:full sync"]
+    (line,) = [c for ax in fig.axes for c in ax.collections if c.get_gid() == "line:minimum:full sync"]
     assert line.get_segments()[0][0][1] == 800
     assert "physical bytes" in _texts(fig)
+    # Every number, physical and logical, in the table.
+    table = _table(fig)
+    assert table[("full sync", "synced\n(physical)")] == "1.6 KiB"
+    assert table[("full sync", "synced\n(logical)")] == "400 B"
+    assert table[("full sync", "moved between\ndevices")] == "1000 B"
+    assert table[("full sync", "copied within\na device")] == "200 B"
+    assert table[("full sync", "reused\n(no copy)")] == "400 B"
+    assert table[("full sync", "minimum\nto cross")] == "800 B"
+    assert table[("full sync", "excess")] == "200 B"
+
+
+def test_sync_bytes_draws_relayed_bytes_apart_from_what_synced(reports):
+    sync = reports["colocated_vllm"]["sync"]
+    assert sync["relayed_cross_device_bytes"] > 0  # XLA's two hops onto the engine's own mesh
+    fig = viz.sync_bytes(sync)
+    label = "full sync"
+    synced = sum(p.get_height() for p in _patches(fig, f"bar:sync:{label}:").values())
+    crossed = sum(p.get_height() for p in _patches(fig, f"bar:cross:{label}:").values())
+    assert synced == sync["synced_bytes"] and crossed == sync["moved_cross_device_bytes"]
+    assert (
+        _patches(fig, f"bar:cross:{label}:relayed")[f"bar:cross:{label}:relayed"].get_height()
+        == (sync["relayed_cross_device_bytes"])
+    )
 
 
 def test_sync_bytes_compares_several_runs():
@@ -303,6 +419,7 @@ def test_sync_bytes_compares_several_runs():
     assert bars["bar:sync:colocated:reused_bytes"].get_height() == 1600
     assert bars["bar:sync:split:moved_cross_device_bytes"].get_height() == 1000
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["colocated", "split"]
+    assert _table(fig)[("colocated", "excess")] == "0 B"
 
 
 def test_sync_leaves_bar_lengths_per_leaf_and_top_filter_L3():
@@ -410,6 +527,48 @@ def test_figures_leave_no_pyplot_figure_open(reports):
     viz.plan_memory(PLAN)
     assert plt.get_fignums() == []
     assert viz.to_png(viz.sync_bytes(SYNC)).startswith(b"\x89PNG")
+
+
+# ------------------------------------------------------------------ legibility
+
+
+def _every_figure(reports):
+    for name in ("colocated_lora", "colocated_vllm"):
+        report = reports[name]
+        yield f"decision_flow {name}", lambda r=report: viz.decision_flow(r)
+        yield f"device_grid {name}", lambda r=report: viz.device_grid(r)
+        yield f"memory_by_device {name}", lambda r=report: viz.memory_by_device(r["memory"])
+        yield f"memory_by_role {name}", lambda r=report: viz.memory_by_role(r["memory"])
+    sync = reports["colocated_vllm"]["sync"]
+    yield "sync_bytes live", lambda: viz.sync_bytes(sync)
+    yield "sync_bytes six runs", lambda: viz.sync_bytes({f"layout {i}, LoRA": sync for i in range(6)})
+    yield "sync_leaves", lambda: viz.sync_leaves(sync, top=12)
+    yield "memory_by_device", lambda: viz.memory_by_device(MEMORY)
+    yield "memory_by_role", lambda: viz.memory_by_role(MEMORY)
+    yield "sync_bytes", lambda: viz.sync_bytes(SYNC)
+    yield "memory_timeline", lambda: viz.memory_timeline([("between ops", MEMORY), ("during update", MEMORY)])
+    yield "plan_memory", lambda: viz.plan_memory(PLAN)
+
+
+def test_every_figure_is_legible_at_the_size_a_notebook_shows_it(reports):
+    """Text at least 9 pt at the figure's own size, inside the figure, no legend over the data,
+    no tick labels running together, no figure wider than a notebook shows unshrunk."""
+    for name, draw in _every_figure(reports):
+        assert mpl_problems(draw()) == [], name
+
+
+def test_the_legibility_check_finds_small_text_clipped_labels_and_a_legend_over_bars():
+    fig = new_figure(12.0, 3.0, layout=None)  # capped at the widest a notebook shows unshrunk
+    assert fig.get_figwidth() == 10.0
+    ax = fig.add_subplot()
+    ax.bar([0, 1], [5, 5], gid="bar:x")
+    ax.text(0.5, 2, "tiny", fontsize=MIN_PT - 1)
+    ax.text(0.9, 2, "a label that runs far beyond the right-hand edge of the figure", fontsize=MIN_PT)
+    ax.legend(handles=[ax.patches[0]], labels=["over the bars"], loc="center")
+    found = " | ".join(mpl_problems(fig))
+    assert "'tiny' at 8.0 pt" in found
+    assert "runs past the figure's edge" in found
+    assert "legend over bar:x" in found
 
 
 def test_fmt_bytes():

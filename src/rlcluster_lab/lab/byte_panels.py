@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, ROLE_COLORS, fmt_bytes
-from rlcluster_lab.lab.svg import MUTED, WIDTH, Canvas, Svg, clip, device_keys, legend, present
+from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, device_keys, legend, present, wrap
 
 SYNC_COLORS = {"arrived": "#c44e52", "copied": "#dd8452", "reused": "#55a868", "relayed": "#8b1a1a"}
 
@@ -22,7 +22,13 @@ def _groups(memory: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     )
 
 
-def _own(memory: Mapping[str, Any], entry: str, dev: str, kind: str) -> int:
+def _group_fill(c: Canvas, roles: list[str]) -> str:
+    """A set of shared buffers: hatched in its first holder's colour over a tint of the next
+    one's, so that "actor = reference" and "actor = rollout = reference" look different."""
+    return c.hatch(ROLE_COLORS.get(roles[0], "#999999"), ROLE_COLORS.get(roles[1], "#999999"))
+
+
+def own_bytes(memory: Mapping[str, Any], entry: str, dev: str, kind: str) -> int:
     """What ``entry`` holds on ``dev`` in ``kind`` that no other entry holds."""
     held = int(memory.get("by_role", {}).get(entry, {}).get("by_device", {}).get(dev, {}).get(kind, 0))
     for g in memory.get("shared", []):
@@ -49,36 +55,39 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         for k in kinds
     }
     top_value = max([naive[key] for key in naive] + [1])
-    left, top, plot_h = 66, 52, 190
+    left, top, plot_h = 80, 60, 190
     slot = (WIDTH - left - 12) / max(len(devices), 1)
     bar_w = min(30.0, slot * 0.8 / len(kinds))
     c = Canvas(WIDTH, top + plot_h + 96)
     c.text(
         8,
-        18,
+        20,
         f"Memory per device (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, "
         f"{fmt_bytes(memory.get('naive_bytes', 0))} if every role had its own copy",
-        size=13,
+        size=14,
         weight="bold",
     )
     allocator = memory.get("allocator") or {}
     note = "allocator figures: " + (
         "see the JSON" if allocator.get("available") else (allocator.get("note") or "none on this backend")
     )
-    c.text(8, 36, clip(note, WIDTH - 16, 11), size=11, fill=MUTED, title=note)
+    notes = wrap(note, WIDTH - 16, MIN_FONT, lines=2)
+    for k, line in enumerate(notes):
+        c.text(8, 40 + 16 * k, line, size=MIN_FONT, fill=MUTED, title=note)
+    top += 16 * (len(notes) - 1)
     scale = plot_h / top_value
     base = top + plot_h
     for frac in (0.0, 0.5, 1.0):
         yy = base - plot_h * frac
         c.line(left - 4, yy, WIDTH - 8, yy, "#eeeeee")
-        c.text(left - 8, yy + 4, fmt_bytes(top_value * frac), size=10.5, anchor="end", fill=MUTED)
+        c.text(left - 8, yy + 4, fmt_bytes(top_value * frac), size=MIN_FONT, anchor="end", fill=MUTED)
     for i, dev in enumerate(devices):
         for k, kind in enumerate(kinds):
             x = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
             y = base
             pinned = kind == "pinned_host"
             for e in entries:
-                v = _own(memory, e, dev, kind)
+                v = own_bytes(memory, e, dev, kind)
                 if v > 0:
                     h = v * scale
                     color = ROLE_COLORS.get(e, "#999999")
@@ -105,7 +114,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
                         y - h,
                         bar_w - 2,
                         h,
-                        c.hatch(ROLE_COLORS.get(g["roles"][0], "#999999")),
+                        _group_fill(c, g["roles"]),
                         stroke="#555555",
                         width=0.5,
                         id=f"seg:{dev}:{kind}:{'+'.join(g['roles'])}",
@@ -129,88 +138,141 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
                     nbytes=n - held,
                     title=f"device {dev} ({kind}): {fmt_bytes(n - held)} more if every role had its own copy",
                 )
-        c.text(left + i * slot + slot / 2, base + 16, f"dev {dev}", size=11, anchor="middle")
+        c.text(left + i * slot + slot / 2, base + 17, f"dev {dev}", size=MIN_FONT, anchor="middle")
     items = [
         (ROLE_COLORS.get(e, "#999999"), e)
         for e in entries
-        if any(_own(memory, e, d, k) > 0 for d in devices for k in kinds)
+        if any(own_bytes(memory, e, d, k) > 0 for d in devices for k in kinds)
     ]
-    items += [
-        (c.hatch(ROLE_COLORS.get(g["roles"][0], "#999999")), " = ".join(g["roles"]) + " (held once)") for g in groups
-    ]
-    y = legend(c, left, base + 38, items, WIDTH - left - 10)
+    items += [(_group_fill(c, g["roles"]), " = ".join(g["roles"]) + " (held once)") for g in groups]
+    y = legend(c, 8, base + 42, items, WIDTH - 16)
     extra = []
     if "pinned_host" in kinds:
         extra.append("dotted (right-hand bars): pinned host memory")
     extra.append("dashed: what separate copies would add")
-    c.text(left, y + 2, "; ".join(extra), size=11, fill=MUTED)
+    c.text(8, y + 2, "; ".join(extra), size=MIN_FONT, fill=MUTED)
     c.height = y + 12
     return c.render()
 
 
+def _kind_bytes(by_device: Mapping[str, Mapping[str, int]], kind: str) -> int:
+    return sum(int(kinds.get(kind, 0)) for kinds in by_device.values())
+
+
+def role_parts(memory: Mapping[str, Any], entry: str) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """``entry``'s bytes split the way the figures draw them, each buffer once over all entries.
+
+    Returns:
+        Per memory kind, the bytes counted in ``entry``'s bar: its own buffers, and the shared
+        ones it is the first holder of (in the report's order: the actor before the rest);
+        then, per set of shared buffers another entry is the first holder of, that entry and
+        the bytes: drawn hatched, as the same buffers, not counted again.
+    """
+    row = memory.get("by_role", {}).get(entry, {})
+    counted = {k: int(v) for k, v in row.get("by_kind", {}).items()}
+    borrowed: dict[str, int] = {}
+    for g in _groups(memory):
+        if entry not in g.get("roles", []) or g["roles"][0] == entry:
+            continue
+        for k in counted:
+            counted[k] -= _kind_bytes(g.get("by_device") or {}, k)
+        borrowed[g["roles"][0]] = borrowed.get(g["roles"][0], 0) + int(g.get("bytes", 0))
+    return {k: v for k, v in counted.items() if v}, list(borrowed.items())
+
+
+def held_with(memory: Mapping[str, Any], entry: str) -> list[tuple[str, int]]:
+    """Per other entry, the bytes of ``entry``'s buffers it holds too (the report's order)."""
+    out: dict[str, int] = {}
+    for g in _groups(memory):
+        if entry in g.get("roles", []):
+            for r in g["roles"]:
+                if r != entry:
+                    out[r] = out.get(r, 0) + int(g.get("bytes", 0))
+    return sorted(out.items(), key=lambda kv: ENTRY_ORDER.index(kv[0]) if kv[0] in ENTRY_ORDER else 99)
+
+
 def memory_by_role(memory: Mapping[str, Any]) -> Svg:
-    """What each role (and the anchor, the optimizer state) holds: its own buffers solid, the
-    ones it shares hatched and named, so a shared buffer is visibly the same buffer."""
+    """What each role (and the anchor, the optimizer state) holds, each buffer drawn once: the
+    solid part of a bar is counted in that bar (its own buffers, and shared ones it holds first),
+    a hatched part is the same buffers as another role's, in that role's colour ("= actor"), so
+    the solid parts add up to what the devices hold."""
     by_role = memory.get("by_role", {})
     entries = present(list(by_role), ENTRY_ORDER)
-    shared_of: dict[str, list[tuple[int, list[str]]]] = {}
-    for g in _groups(memory):
-        for e in g.get("roles", []):
-            shared_of.setdefault(e, []).append((int(g.get("bytes", 0)), [r for r in g["roles"] if r != e]))
     top_value = max([int(by_role[e].get("bytes", 0)) for e in entries] + [1])
-    left, top, row_h = 96, 40, 30
-    bar_max = WIDTH * 0.46
-    c = Canvas(WIDTH, top + row_h * len(entries) + 30)
+    left, top, row_h = 100, 48, 40
+    bar_max = 300.0
+    text_x = left + bar_max + 10
+    text_w = WIDTH - 8 - text_x
+    scale = bar_max / top_value
+    c = Canvas(WIDTH, 0)
     c.text(
         8,
-        18,
-        f"Memory per role (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, each buffer once",
-        size=13,
+        20,
+        f"Memory per role (measured): the solid parts add up to {fmt_bytes(memory.get('unique_bytes', 0))}",
+        size=14,
         weight="bold",
     )
+    c.text(
+        8,
+        38,
+        f"each buffer counted once; {fmt_bytes(memory.get('naive_bytes', 0))} if every role's bytes were summed",
+        size=MIN_FONT,
+        fill=MUTED,
+    )
+    kinds_seen: set[str] = set()
     for i, e in enumerate(entries):
         y = top + i * row_h
         color = ROLE_COLORS.get(e, "#999999")
         total = int(by_role[e].get("bytes", 0))
-        shared = sum(b for b, _ in shared_of.get(e, []))
-        own = total - shared
-        scale = bar_max / top_value
-        c.text(left - 8, y + 15, e, size=12, anchor="end", weight="bold")
-        c.rect(
-            left,
-            y + 2,
-            own * scale,
-            row_h - 10,
-            color,
-            id=f"seg:role:{e}:own",
-            nbytes=own,
-            title=f"{e}: {fmt_bytes(own)} in buffers only it holds",
-        )
-        if shared:
+        counted, borrowed = role_parts(memory, e)
+        c.text(left - 8, y + 18, e, size=13, anchor="end", weight="bold")
+        x = left
+        for kind in KINDS:
+            v = counted.get(kind, 0)
+            if v <= 0:
+                continue
+            kinds_seen.add(kind)
             c.rect(
-                left + own * scale,
-                y + 2,
-                shared * scale,
-                row_h - 10,
-                c.hatch(color),
+                x,
+                y + 4,
+                v * scale,
+                row_h - 14,
+                c.dots(color) if kind == "pinned_host" else color,
                 stroke=color,
                 width=0.6,
-                id=f"seg:role:{e}:shared",
-                nbytes=shared,
-                title=f"{e}: {fmt_bytes(shared)} in buffers other roles hold too (drawn once in the device view)",
+                id=f"seg:role:{e}:held:{kind}",
+                nbytes=v,
+                title=f"{e}: {fmt_bytes(v)} in {kind}, counted here",
             )
-        kinds = ", ".join(f"{fmt_bytes(v)} {k}" for k, v in by_role[e].get("by_kind", {}).items())
-        text = f"{fmt_bytes(total)} ({kinds})" if total else "nothing"
-        if shared:
-            text += "; shared: " + "; ".join(f"{fmt_bytes(b)} = {', '.join(o)}" for b, o in shared_of[e])
-        c.text(left + total * scale + 6, y + 16, clip(text, WIDTH - left - total * scale - 14, 11), size=11, title=text)
-    c.text(
-        8,
-        top + row_h * len(entries) + 14,
-        "solid: buffers only this role holds; hatched: buffers it shares (the same bytes, not a copy)",
-        size=11,
-        fill=MUTED,
-    )
+            x += v * scale
+        for owner, v in borrowed:
+            c.rect(
+                x,
+                y + 4,
+                v * scale,
+                row_h - 14,
+                c.hatch(ROLE_COLORS.get(owner, "#999999"), color),
+                stroke=ROLE_COLORS.get(owner, "#999999"),
+                width=0.6,
+                id=f"seg:role:{e}:same:{owner}",
+                nbytes=v,
+                title=f"{e}: {fmt_bytes(v)} that are the {owner}'s buffers (counted in the {owner}'s bar)",
+            )
+            x += v * scale
+        kinds = ", ".join(k.replace("_", " ") for k in KINDS if by_role[e].get("by_kind", {}).get(k))
+        text = f"{fmt_bytes(total)}" + (f" in {kinds}" if kinds and kinds != "device" else "") if total else "nothing"
+        for owner, v in borrowed:
+            text += f"; {'all' if v == total else fmt_bytes(v)} = the {owner}'s buffers"
+        if not borrowed and held_with(memory, e):
+            text += "; also held by " + ", ".join(f"{r} ({fmt_bytes(v)})" for r, v in held_with(memory, e))
+        lines = wrap(text, text_w, MIN_FONT, lines=2)
+        for k, line in enumerate(lines):
+            c.text(text_x, y + 18 + 15 * k - 7 * (len(lines) - 1), line, size=MIN_FONT, title=text)
+    items = [("#9a9a9a", "solid: counted in this bar")]
+    items.append((c.hatch(ROLE_COLORS["actor"], "#9a9a9a"), "hatched: another role's buffers (same bytes, no copy)"))
+    if "pinned_host" in kinds_seen:
+        items.append((c.dots("#666666"), "dotted: pinned host"))
+    c.height = legend(c, 8, top + row_h * len(entries) + 12, items, WIDTH - 16)
     return c.render()
 
 
@@ -221,28 +283,40 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
     into what arrived from another device, what was made on the device from
     its own data, and what was reused; the lower bar is everything that
     crossed devices against the least the placement forces (the tick), its
-    excess relayed (moved again or dropped) drawn dark.
+    excess relayed (moved again or dropped) drawn dark. The logical figure
+    (each leaf once) is beside the physical one, with their ratio.
     """
     runs = {("LoRA" if sync.get("lora") else "full") + " sync": sync} if "synced_bytes" in sync else dict(sync)
-    left, top, block = 120, 34, 112
-    c = Canvas(WIDTH, top + block * len(runs) + 12)
-    c.text(8, 18, "Weight sync (P13, measured): where the bytes went", size=13, weight="bold")
+    left = 78
+    bar_w = WIDTH - left - 16
     widest = max(
         [max(int(s.get("synced_bytes", 0)), int(s.get("moved_cross_device_bytes", 0))) for s in runs.values()] + [1]
     )
-    scale = (WIDTH - left - 16) / widest
-    for i, (label, s) in enumerate(runs.items()):
-        y = top + i * block
+    scale = bar_w / widest
+    c = Canvas(WIDTH, 0)
+    c.text(8, 20, "Weight sync (P13, measured): where the bytes went", size=14, weight="bold")
+    y = 44
+    for label, s in runs.items():
         synced = int(s.get("synced_bytes", 0))
+        logical = int(s.get("synced_logical_bytes", 0))
         moved = int(s.get("moved_cross_device_bytes", 0))
         relayed = int(s.get("relayed_cross_device_bytes", 0))
+        minimum = int(s.get("minimum_cross_device_bytes", 0))
         parts = [
-            ("arrived", "arrived from another device", moved - relayed),
-            ("copied", "made on its device from its own data", int(s.get("copied_same_device_bytes", 0))),
-            ("reused", "reused: the destination buffer is the source's", int(s.get("reused_bytes", 0))),
+            ("arrived", "moved between devices", moved - relayed),
+            ("copied", "copied within a device", int(s.get("copied_same_device_bytes", 0))),
+            ("reused", "reused (no copy)", int(s.get("reused_bytes", 0))),
         ]
-        c.text(left - 8, y + 15, label, size=12, anchor="end", weight="bold")
-        c.text(left - 8, y + 29, "synced", size=11, anchor="end", fill=MUTED)
+        c.text(
+            8,
+            y,
+            f"{label}: {fmt_bytes(synced)} synced (physical: every device's shard), "
+            f"{fmt_bytes(logical)} logical (each leaf once)",
+            size=13,
+            weight="bold",
+        )
+        y += 10
+        c.text(left - 8, y + 16, "synced", size=MIN_FONT, anchor="end", fill=MUTED)
         x = left
         for key, what, v in parts:
             if v > 0:
@@ -250,37 +324,36 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
                     x,
                     y + 2,
                     v * scale,
-                    22,
+                    20,
                     SYNC_COLORS[key],
                     id=f"seg:sync:{label}:{key}",
                     title=f"{what}: {fmt_bytes(v)}",
                     nbytes=v,
                 )
                 x += v * scale
-        c.text(
+        y = legend(
+            c,
             left,
-            y + 40,
-            f"{fmt_bytes(synced)} synced = {fmt_bytes(moved - relayed)} arrived + "
-            f"{fmt_bytes(parts[1][2])} made locally + {fmt_bytes(parts[2][2])} reused; "
-            f"{fmt_bytes(int(s.get('synced_logical_bytes', 0)))} logical (each leaf once)",
-            size=11,
+            y + 42,
+            [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts],
+            WIDTH - left - 8,
         )
-        yy = y + 50
-        c.text(left - 8, yy + 15, "crossed", size=11, anchor="end", fill=MUTED)
+        c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
         if moved - relayed > 0:
             c.rect(
                 left,
-                yy + 2,
+                y - 2,
                 (moved - relayed) * scale,
                 18,
                 SYNC_COLORS["arrived"],
                 id=f"seg:cross:{label}:kept",
                 nbytes=moved - relayed,
+                title=f"crossed devices and stayed: {fmt_bytes(moved - relayed)}",
             )
         if relayed > 0:
             c.rect(
                 left + (moved - relayed) * scale,
-                yy + 2,
+                y - 2,
                 relayed * scale,
                 18,
                 SYNC_COLORS["relayed"],
@@ -288,10 +361,31 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
                 title=f"relayed: {fmt_bytes(relayed)} crossed but did not stay",
                 nbytes=relayed,
             )
-        minimum = int(s.get("minimum_cross_device_bytes", 0))
         mx = left + minimum * scale
-        c.line(mx, yy - 2, mx, yy + 24, "black", width=2.5, id=f"min:{label}")
+        c.line(mx, y - 6, mx, y + 20, "black", width=2.5, id=f"min:{label}")
         excess = int(s.get("excess_cross_device_bytes", moved - minimum))
+        lines = [
+            (
+                f"{fmt_bytes(moved)} crossed devices; the least this placement allows: {fmt_bytes(minimum)} "
+                f"(black tick); excess {fmt_bytes(excess)}"
+                + (
+                    ", all of it relayed"
+                    if relayed and relayed == excess
+                    else f", {fmt_bytes(relayed)} relayed (dark)"
+                    if relayed
+                    else ""
+                ),
+                TEXT,
+            )
+        ]
+        if logical and synced:
+            lines.append(
+                (
+                    f"physical / logical = {synced / logical:.1f}: a leaf counts once per device that receives "
+                    "a piece of it, so a replicated one counts on every device",
+                    MUTED,
+                )
+            )
         seconds = s.get("seconds")
         timing = (
             ""
@@ -305,19 +399,18 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
                 else ""
             )
         )
-        c.text(
-            left,
-            yy + 36,
-            f"{fmt_bytes(moved)} crossed devices; minimum {fmt_bytes(minimum)} (black tick); "
-            f"excess {fmt_bytes(excess)}" + (f", of which {fmt_bytes(relayed)} relayed" if relayed else ""),
-            size=11,
+        lines.append(
+            (
+                f"reshard: {s.get('reshard_strategy', '?')}; anchor re-pinned "
+                f"{fmt_bytes(int(s.get('anchor_bytes', 0)))}" + timing,
+                MUTED,
+            )
         )
-        strategy = s.get("reshard_strategy", "?")
-        c.text(
-            left,
-            yy + 52,
-            f"reshard: {strategy}; anchor re-pinned {fmt_bytes(int(s.get('anchor_bytes', 0)))}" + timing,
-            size=11,
-            fill=MUTED,
-        )
+        y += 36
+        for text, fill in lines:
+            for line in wrap(text, WIDTH - left - 8, MIN_FONT, lines=2):
+                c.text(left, y, line, size=MIN_FONT, fill=fill)
+                y += 16
+        y += 18
+    c.height = y - 10
     return c.render()

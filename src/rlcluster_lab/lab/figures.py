@@ -7,9 +7,15 @@ reads what the report recorded (L1-L4). Byte figures are PHYSICAL bytes, as
 in the reports: every device shard counted, so a leaf replicated on four
 devices counts four times. Axis labels say so.
 
+A buffer several roles hold is drawn once: solid in the bar of its first
+holder (the actor before the rest), hatched in that holder's colour
+("= the actor's buffers") wherever else it appears, as in the SVG panels.
+Every figure is at most ``mpl.MAX_WIDTH`` inches wide with no text under
+``mpl.MIN_PT`` points, so a notebook shows it at full size.
+
 Artists that tests (and the widget panel) look up carry a ``gid``:
-``"P3:shared"`` for a decision box, ``"cell:rollout:5"`` for a device cell,
-``"bar:<what>:<key>"`` for a bar.
+``"P3:shared"`` for a decision box, ``"link:P1:P3"`` for an arrow,
+``"cell:rollout:5"`` for a device cell, ``"bar:<what>:<key>"`` for a bar.
 """
 
 from __future__ import annotations
@@ -17,11 +23,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
-from rlcluster_lab.lab.flow import OPTION_LABELS, FlowRow, flow_rows, mesh_coords, mesh_shape_text
-from rlcluster_lab.lab.mpl import bytes_axis, device_order, new_figure, present_keys, to_png
+from rlcluster_lab.lab.byte_panels import held_with, own_bytes, role_parts
+from rlcluster_lab.lab.flow import (
+    OPTION_LABELS,
+    FlowRow,
+    flow_links,
+    flow_rows,
+    link_ends,
+    link_lanes,
+    mesh_coords,
+    mesh_shape_text,
+)
+from rlcluster_lab.lab.mpl import (
+    FONT,
+    MAX_WIDTH,
+    MIN_PT,
+    TITLE,
+    bytes_axis,
+    device_order,
+    inch_axes,
+    inches,
+    legend_columns,
+    new_figure,
+    present_keys,
+    to_png,
+)
+from rlcluster_lab.lab.sharing_notes import role_note, shared_bytes
 from rlcluster_lab.lab.style import (
     ENTRY_ORDER,
     HIGHLIGHT,
@@ -35,56 +66,122 @@ from rlcluster_lab.lab.style import (
     SYNC_PARTS,
     fmt_bytes,
 )
+from rlcluster_lab.lab.textfit import clip, text_width, wrap
 from rlcluster_lab.lab.trend_figures import memory_timeline, p11_gap, plan_memory
+
+MUTED = "#555555"
+
+
+def _tint(color: str, alpha: float = 0.22) -> tuple[float, float, float, float]:
+    """``color`` mixed with white: the background of a hatched (shared) segment."""
+    r, g, b, _ = to_rgba(color)
+    return (1 - alpha * (1 - r), 1 - alpha * (1 - g), 1 - alpha * (1 - b), 1.0)
+
+
+def _color(entry: str) -> str:
+    return ROLE_COLORS.get(entry, "#999999")
+
 
 # --------------------------------------------------------------------------- decision flow (L1)
 
 
+def _option_widths(labels: list[str], room: float, gap: float) -> list[float]:
+    need = [max(inches(text_width(label, FONT, bold=True)) + 0.16, 0.6) for label in labels]
+    free = room - gap * (len(labels) - 1)
+    return [w * free / sum(need) for w in need]
+
+
 def decision_flow(report: Mapping[str, Any]) -> Figure:
-    """Every construction decision as a row of answers with the one that fired highlighted (L1)."""
-    rows = flow_rows(report)
-    width = 12.0
-    fig = new_figure(width, 0.62 * len(rows) + 0.9)
-    ax = fig.add_subplot()
-    ax.set_xlim(0, width)
-    ax.set_ylim(len(rows), -0.6)
-    ax.axis("off")
-    q_width, gap = 3.6, 0.12
+    """Every decision of construction (and of any sync) in the order the trace recorded them,
+    the answer that fired highlighted, and an arrow from a decision to each one that reads its
+    result (P1 -> P3, P2 -> P4, P1 -> P7, P12 -> P13), its value listed under the rows (L1)."""
+    rows: list[FlowRow] = flow_rows(report)
+    row_of: dict[str, int] = {}
     for i, row in enumerate(rows):
-        y = i
-        ax.text(0.05, y + 0.05, row.key.split(":")[0], fontsize=9, fontweight="bold", va="center")
-        ax.text(0.55, y + 0.05, row.question, fontsize=9, va="center")
-        box_w = (width - q_width - 0.1 - gap * (len(row.options) - 1)) / len(row.options)
-        for j, option in enumerate(row.options):
-            x = q_width + j * (box_w + gap)
-            fired = option == row.fired
-            box = FancyBboxPatch(
-                (x, y - 0.25),
-                box_w,
-                0.5,
-                boxstyle="round,pad=0.02",
-                facecolor=HIGHLIGHT if fired else IDLE,
-                edgecolor="#333333" if fired else "#cccccc",
-                linewidth=1.6 if fired else 0.8,
-                gid=f"{row.key}:{option}",
+        row_of.setdefault(row.key.split(":")[0], i)
+    links = [link for link in flow_links(report) if link.src in row_of and link.dst in row_of]
+    lanes = link_lanes(links, row_of)
+    width = MAX_WIDTH
+    left = 0.2 + 0.13 * (max(lanes + [0]) + 1)
+    q_x = left + 0.52
+    q_w = 2.55
+    opt_x = q_x + q_w + 0.05
+    details = [wrap(r.detail, 72 * (width - q_x - 0.1), MIN_PT, lines=2) if r.detail else [] for r in rows]
+    heights = [0.4 + 0.19 * len(d) for d in details]
+    footer = wrap(
+        "arrows: a decision that reads another's result; "
+        + "; ".join(f"{link.src} -> {link.dst} ({link.value})" for link in links),
+        72 * (width - 0.2),
+        MIN_PT,
+        lines=3,
+    )
+    top = 0.45
+    fig = new_figure(width, top + sum(heights) + 0.2 * len(footer) + 0.15, layout=None)
+    ax = inch_axes(fig)
+    title = f"Decisions in the order taken (engine {report.get('engine', '?')})"
+    if report.get("warnings"):
+        title += f"; {len(report['warnings'])} warning(s)"
+    ax.text(0.1, 0.22, title, fontsize=TITLE, fontweight="bold", va="center")
+    mid: dict[str, float] = {}
+    y = top
+    for row, detail, h in zip(rows, details, heights):
+        rule = row.key.split(":")[0]
+        mid.setdefault(rule, y + 0.14)
+        ax.add_patch(
+            FancyBboxPatch(
+                (left, y), 0.44, 0.28, boxstyle="round,pad=0,rounding_size=0.05", facecolor="#333333", linewidth=0
             )
-            ax.add_patch(box)
+        )
+        ax.text(left + 0.22, y + 0.14, rule, fontsize=FONT, fontweight="bold", color="white", ha="center", va="center")
+        ax.text(q_x, y + 0.14, clip(row.question, 72 * q_w, FONT), fontsize=FONT, va="center")
+        labels = [OPTION_LABELS.get(o, o) for o in row.options]
+        x = opt_x
+        for option, label, w in zip(row.options, labels, _option_widths(labels, width - 0.1 - opt_x, 0.06)):
+            fired = option == row.fired
+            ax.add_patch(
+                FancyBboxPatch(
+                    (x, y),
+                    w,
+                    0.28,
+                    boxstyle="round,pad=0,rounding_size=0.05",
+                    facecolor=HIGHLIGHT if fired else IDLE,
+                    edgecolor="#333333" if fired else "#cccccc",
+                    linewidth=1.4 if fired else 0.8,
+                    gid=f"{row.key}:{option}",
+                )
+            )
             ax.text(
-                x + box_w / 2,
-                y - 0.02,
-                OPTION_LABELS.get(option, option),
+                x + w / 2,
+                y + 0.14,
+                clip(label, 72 * (w - 0.08), FONT, bold=fired),
                 ha="center",
                 va="center",
-                fontsize=8.5,
+                fontsize=FONT,
                 color="black" if fired else IDLE_TEXT,
                 fontweight="bold" if fired else "normal",
             )
-        if row.detail:
-            ax.text(q_width, y + 0.38, row.detail, fontsize=7, color="#555555", va="center")
-    title = f"decisions: engine {report.get('engine', '?')}"
-    if report.get("warnings"):
-        title += f"  |  {len(report['warnings'])} warning(s)"
-    ax.set_title(title, fontsize=10, loc="left")
+            x += w + 0.06
+        for k, line in enumerate(detail):
+            ax.text(q_x, y + 0.45 + 0.19 * k, line, fontsize=MIN_PT, color=MUTED, va="center")
+        y += h
+    for link, lane, (a, b) in zip(links, lanes, link_ends(links)):
+        lx = left - 0.14 - 0.13 * lane
+        y1, y2 = mid[link.src] + 0.07 * a, mid[link.dst] + 0.07 * b
+        ax.plot(
+            [left - 0.01, lx, lx, left - 0.08],
+            [y1, y1, y2, y2],
+            color=MUTED,
+            linewidth=1.1,
+            gid=f"link:{link.src}:{link.dst}",
+        )
+        ax.annotate(
+            "",
+            xy=(left - 0.01, y2),
+            xytext=(left - 0.09, y2),
+            arrowprops={"arrowstyle": "-|>", "color": MUTED, "linewidth": 1.1, "shrinkA": 0, "shrinkB": 0},
+        )
+    for k, line in enumerate(footer):
+        ax.text(0.1, y + 0.12 + 0.2 * k, line, fontsize=MIN_PT, color=MUTED, va="center")
     return fig
 
 
@@ -92,14 +189,18 @@ def decision_flow(report: Mapping[str, Any]) -> Figure:
 
 
 def device_grid(report: Mapping[str, Any]) -> Figure:
-    """Which devices each role's mesh covers, and where in the mesh each device sits.
+    """Which devices each role's mesh covers, where in the mesh each device sits, and whose
+    buffers a role computes with there.
 
     One row per role, one column per device. A filled cell is a device of the
-    role's mesh, labelled with its mesh coordinate, so the reshaped layout
-    shows the same eight devices at other coordinates. With a memory section
-    each cell also gives the role's physical bytes on that device. When the
+    role's mesh, labelled with its mesh coordinate (so the reshaped layout
+    shows the same eight devices at other coordinates) and the role's
+    physical bytes there. A cell whose bytes are all the actor's own buffers
+    is hatched in the actor's colour and says "= actor": the rollout on P3's
+    shared branch, a LoRA reference's backbone (P4); a copy is solid. When the
     engine replaced the rollout mesh (P7), the mesh the config asked for is
-    drawn on an extra row.
+    drawn dashed on an extra row. Under the grid, per role, the sharing map's
+    links (P1, P2) beside what the role measurably shares with the actor.
     """
     meshes = report.get("role_to_mesh", {})
     rows: list[tuple[str, str, Mapping[str, Any]]] = [(r, r, meshes[r]) for r in present_keys(list(meshes), ROLE_ORDER)]
@@ -109,64 +210,100 @@ def device_grid(report: Mapping[str, Any]) -> Figure:
     all_ids = sorted(
         {int(d) for _, _, m in rows for d in m.get("device_ids", [])} | set(range(int(report.get("device_count", 0))))
     )
-    by_role = (report.get("memory") or {}).get("by_role", {})
-    sharing = report.get("sharing_map", {})
-
-    fig = new_figure(1.6 + 0.95 * max(len(all_ids), 1) + 2.4, 0.55 * len(rows) + 1.0)
-    ax = fig.add_subplot()
-    ax.set_xlim(-0.05, len(all_ids) + 0.05)
-    ax.set_ylim(len(rows) + 0.05, -0.05)
-    ax.set_xticks([i + 0.5 for i in range(len(all_ids))], [f"dev {d}" for d in all_ids], fontsize=8)
-    ax.xaxis.tick_top()
-    ax.set_yticks(
-        [i + 0.5 for i in range(len(rows))], [f"{name}  {mesh_shape_text(mesh)}" for name, _, mesh in rows], fontsize=9
+    memory = report.get("memory") or {}
+    by_role = memory.get("by_role", {})
+    width = MAX_WIDTH
+    label_w, top, row_h = 1.55, 0.62, 0.52
+    cell_w = min(0.95, (width - label_w - 0.1) / max(len(all_ids), 1))
+    show_bytes = 72 * cell_w >= text_width("888.8 KiB", MIN_PT) + 4
+    notes = [
+        (role, wrap(role_note(report, role), 72 * (width - 0.35), MIN_PT, lines=3))
+        for name, role, _ in rows
+        if name == role
+    ]
+    height = top + row_h * len(rows) + 0.5 + 0.19 * sum(len(lines) for _, lines in notes) + 0.1
+    fig = new_figure(width, height, layout=None)
+    ax = inch_axes(fig)
+    title = (
+        f"{report.get('platform', '?')}: {report.get('device_count', len(all_ids))} device(s); "
+        "cells give the mesh coordinate" + (" and the role's physical bytes there" if by_role else "")
     )
-    ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    ax.text(0.1, 0.2, title, fontsize=TITLE, fontweight="bold", va="center")
+    for j, dev in enumerate(all_ids):
+        ax.text(label_w + (j + 0.5) * cell_w, top - 0.12, f"dev {dev}", fontsize=MIN_PT, ha="center", color=MUTED)
+    actor = _color("actor")
+    seen: set[str] = set()
     for i, (name, role, mesh) in enumerate(rows):
-        coords = mesh_coords(mesh)
+        y = top + i * row_h
         dashed = name.endswith("(config)")
+        ax.text(0.1, y + 0.19, name, fontsize=FONT, fontweight="bold", va="center")
+        ax.text(0.1, y + 0.38, f"mesh {mesh_shape_text(mesh)}", fontsize=MIN_PT, color=MUTED, va="center")
+        coords = mesh_coords(mesh)
+        color = _color(role)
         for j, dev in enumerate(all_ids):
+            x = label_w + j * cell_w
             inside = dev in coords
-            cell = Rectangle(
-                (j + 0.04, i + 0.06),
-                0.92,
-                0.88,
-                facecolor=ROLE_COLORS.get(role, "#999999") if inside and not dashed else "white",
-                edgecolor=ROLE_COLORS.get(role, "#999999") if inside else "#dddddd",
-                linestyle="--" if dashed else "-",
-                linewidth=1.2 if inside else 0.6,
-                alpha=0.85 if inside else 1.0,
-                gid=f"cell:{name}:{dev}",
+            held = (
+                sum(by_role.get(role, {}).get("by_device", {}).get(str(dev), {}).values())
+                if inside and not dashed
+                else 0
             )
-            ax.add_patch(cell)
+            shared = shared_bytes(memory, role, "actor", str(dev)) if role != "actor" and held else 0
+            hatched = bool(held) and shared >= held
+            kind = "asked" if dashed and inside else "actor's" if hatched else "own" if inside else "none"
+            seen.add(kind)
+            ax.add_patch(
+                Rectangle(
+                    (x + 0.03, y + 0.03),
+                    cell_w - 0.06,
+                    row_h - 0.08,
+                    facecolor={"own": color, "actor's": _tint(color, 0.3)}.get(kind, "white"),
+                    edgecolor={"none": "#dddddd", "actor's": actor}.get(kind, color),
+                    hatch="///" if hatched else None,
+                    linestyle="--" if dashed else "-",
+                    linewidth=1.2 if inside else 0.6,
+                    gid=f"cell:{name}:{dev}",
+                )
+            )
             if not inside:
                 continue
-            label = ",".join(str(c) for c in coords[dev])
-            entry = by_role.get(role, {}).get("by_device", {}).get(str(dev)) if not dashed else None
-            if entry:
-                label += "\n" + fmt_bytes(sum(entry.values()))
+            ink = "white" if kind == "own" else "#222222"
+            note = "asked for" if dashed else "= actor" if hatched else fmt_bytes(held) if held and show_bytes else ""
+            # On a hatched cell the text sits on a white ground, so the stripes do not cross it.
+            ground = {"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.85} if hatched else None
+            for line, at in ((",".join(map(str, coords[dev])), 0.17), (note, 0.35)):
+                if line:
+                    ax.text(
+                        x + cell_w / 2, y + at, line, fontsize=MIN_PT, ha="center", va="center", color=ink, bbox=ground
+                    )
+    y = top + row_h * len(rows) + 0.18
+    key = [
+        ("own", {"facecolor": "#9a9a9a", "edgecolor": "#9a9a9a"}, "solid: buffers of its own (a copy)"),
+        (
+            "actor's",
+            {"facecolor": _tint("#9a9a9a", 0.3), "edgecolor": actor, "hatch": "///"},
+            '"= actor": the actor\'s own buffers, no copy',
+        ),
+        (
+            "asked",
+            {"facecolor": "white", "edgecolor": "#9a9a9a", "linestyle": "--"},
+            "dashed: the mesh asked for, replaced by the engine (P7)",
+        ),
+    ]
+    x = 0.1
+    for kind, style, label in key:
+        if kind not in seen:
+            continue
+        ax.add_patch(Rectangle((x, y - 0.07), 0.18, 0.14, linewidth=1, **style))
+        ax.text(x + 0.25, y, label, fontsize=MIN_PT, va="center")
+        x += 0.25 + inches(text_width(label, MIN_PT)) + 0.3
+    y += 0.3
+    for role, lines in notes:
+        for k, line in enumerate(lines):
             ax.text(
-                j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=7, color="#333333" if dashed else "white"
+                0.1 if k == 0 else 0.3, y, line, fontsize=MIN_PT, va="center", gid=f"note:{role}" if k == 0 else None
             )
-        note = ""
-        if not dashed:
-            linked = sharing.get(role, [])
-            note = ("map links it to " + ", ".join(linked)) if linked else "no links in the map"
-            if role == "rollout" and report.get("rollout_shares_actor_weights"):
-                note += "; samples with the actor's own buffers"
-            elif role == "reference" and report.get("reference_shares_backbone"):
-                note += "; its backbone is the actor's buffers"
-        else:
-            note = "asked for; replaced by the engine (P7)"
-        ax.text(len(all_ids) + 0.15, i + 0.5, note, va="center", fontsize=8, clip_on=False)
-    ax.set_title(
-        f"{report.get('platform', '?')}: {report.get('device_count', len(all_ids))} device(s); "
-        "cells give the mesh coordinate" + (" and physical bytes" if by_role else ""),
-        fontsize=9,
-        loc="left",
-    )
+            y += 0.19
     return fig
 
 
@@ -185,52 +322,103 @@ def _naive_by_device(memory: Mapping[str, Any]) -> dict[str, dict[str, int]]:
 
 
 def memory_by_device(memory: Mapping[str, Any]) -> Figure:
-    """Physical bytes on each device, stacked by role, one bar per memory kind (L2).
+    """What each device holds, each buffer once, one bar per memory kind (L2).
 
-    Each bar stacks every role's own bytes on that device in that memory kind
-    (the anchor and the optimizer state included), so its height is what the
-    device would hold if no buffer were shared. The black box drawn over it
-    is what the device really holds, each buffer counted once: the part of
-    the stack above the box is what sharing saves. Where the backend reports
-    allocator figures they are drawn as black ticks; on CPU it has none, and
-    the title says so.
+    A solid segment per role for the buffers only it holds; a hatched segment
+    per set of roles for the buffers they share, in the colour of its first
+    holder over a tint of the next ("actor = reference"), drawn once. So a
+    bar's height is the report's ``by_device`` figure. The dashed box above
+    it is what separate copies would add. Pinned host bars are dotted. Where
+    the backend reports allocator figures they are drawn as black ticks; on
+    CPU it has none, and the title says so.
     """
     by_device = memory.get("by_device", {})
-    by_role = memory.get("by_role", {})
+    entries = present_keys(list(memory.get("by_role", {})), ENTRY_ORDER)
     naive = _naive_by_device(memory)
     devices = device_order(list(set(by_device) | set(naive)))
     kinds = [k for k in KINDS if any(by_device.get(d, {}).get(k) or naive.get(d, {}).get(k) for d in devices)] or [
         "device"
     ]
-    entries = present_keys(list(by_role), ENTRY_ORDER)
-    fig = new_figure(max(6.0, 0.8 * len(devices) + 4.0), 3.8)
+    groups = sorted(
+        memory.get("shared", []),
+        key=lambda g: tuple(ENTRY_ORDER.index(r) if r in ENTRY_ORDER else 99 for r in g.get("roles", [])),
+    )
+    fig = new_figure(max(6.0, 0.8 * len(devices) + 3.0), 4.6)
     ax = fig.add_subplot()
     width = 0.8 / len(kinds)
+    handles: dict[str, Patch] = {}
     for k, kind in enumerate(kinds):
-        xs = [i - 0.4 + width * (k + 0.5) for i in range(len(devices))]
-        bottom = [0] * len(devices)
-        for e in entries:
-            values = [int(by_role[e].get("by_device", {}).get(d, {}).get(kind, 0)) for d in devices]
-            if not any(values):
-                continue
-            # Pinned host is hatched, so role colour and memory kind read together.
-            segs = ax.bar(
-                xs,
-                values,
-                width * 0.92,
-                bottom=bottom,
-                color=ROLE_COLORS.get(e, "#999999"),
-                hatch="///" if kind == "pinned_host" else None,
-                edgecolor="white",
-                linewidth=0.5,
-            )
-            for bar, dev in zip(segs, devices):
-                bar.set_gid(f"bar:role:{dev}:{kind}:{e}")
-            bottom = [a + b for a, b in zip(bottom, values)]
-        unique = [int(by_device.get(d, {}).get(kind, 0)) for d in devices]
-        boxes = ax.bar(xs, unique, width * 0.92, facecolor="none", edgecolor="black", linewidth=1.6)
-        for bar, dev in zip(boxes, devices):
-            bar.set_gid(f"bar:device:{dev}:{kind}")
+        pinned = kind == "pinned_host"
+        for i, dev in enumerate(devices):
+            x = i - 0.4 + width * (k + 0.5)
+            bottom = 0
+            for e in entries:
+                v = own_bytes(memory, e, dev, kind)
+                if v <= 0:
+                    continue
+                ax.bar(
+                    x,
+                    v,
+                    width * 0.92,
+                    bottom=bottom,
+                    color=_color(e),
+                    hatch=".." if pinned else None,
+                    edgecolor="white",
+                    linewidth=0.5,
+                    gid=f"bar:own:{dev}:{kind}:{e}",
+                )
+                handles.setdefault(e, Patch(facecolor=_color(e), label=e))
+                bottom += v
+            for g in groups:
+                v = int((g.get("by_device") or {}).get(dev, {}).get(kind, 0))
+                if v <= 0:
+                    continue
+                roles = g["roles"]
+                ax.bar(
+                    x,
+                    v,
+                    width * 0.92,
+                    bottom=bottom,
+                    color=_tint(_color(roles[1]), 0.35),
+                    hatch="///",
+                    edgecolor=_color(roles[0]),
+                    linewidth=0.6,
+                    gid=f"bar:group:{dev}:{kind}:{'+'.join(roles)}",
+                )
+                label = " = ".join(roles) + " (held once)"
+                handles.setdefault(
+                    label,
+                    Patch(
+                        facecolor=_tint(_color(roles[1]), 0.35), edgecolor=_color(roles[0]), hatch="///", label=label
+                    ),
+                )
+                bottom += v
+            extra = int(naive.get(dev, {}).get(kind, 0)) - bottom
+            if extra > 0:
+                ax.bar(
+                    x,
+                    extra,
+                    width * 0.92,
+                    bottom=bottom,
+                    facecolor="none",
+                    edgecolor="#777777",
+                    linestyle="--",
+                    linewidth=1,
+                    gid=f"bar:naive:{dev}:{kind}",
+                )
+                handles.setdefault(
+                    "naive",
+                    Patch(
+                        facecolor="none",
+                        edgecolor="#777777",
+                        linestyle="--",
+                        label="dashed: what separate copies would add",
+                    ),
+                )
+    if "pinned_host" in kinds:
+        handles["pinned"] = Patch(
+            facecolor="white", edgecolor="#555555", hatch="..", label="dotted (right bar): pinned_host"
+        )
     allocator = memory.get("allocator") or {}
     if allocator.get("available"):
         in_use = [allocator.get("by_device", {}).get(d, {}).get("bytes_in_use") for d in devices]
@@ -244,72 +432,113 @@ def memory_by_device(memory: Mapping[str, Any]) -> Figure:
                 color="black",
                 label="allocator: bytes in use",
                 zorder=3,
+                gid="points:allocator",
             )
-    ax.set_xticks(range(len(devices)), [f"dev {d}" for d in devices], fontsize=8)
-    ax.set_ylabel(PHYSICAL, fontsize=8)
+    ax.set_xticks(range(len(devices)), [f"dev {d}" for d in devices], fontsize=FONT)
+    ax.set_ylabel(PHYSICAL, fontsize=MIN_PT)
+    ax.margins(y=0.05)
     bytes_axis(ax.yaxis, ax.get_ylim()[1])
-    handles, _ = ax.get_legend_handles_labels()
-    handles += [Patch(facecolor=ROLE_COLORS.get(e, "#999999"), label=e) for e in entries]
-    if "pinned_host" in kinds:
-        handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="///", label="pinned_host (hatched)"))
-    handles.append(Patch(facecolor="none", edgecolor="black", linewidth=1.6, label="held: each buffer once"))
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    note = (
-        "" if allocator.get("available") else "\nallocator: " + (allocator.get("note") or "no figures on this backend")
+    legend_handles = ax.get_legend_handles_labels()[0] + list(handles.values())
+    ncols = legend_columns(fig, [h.get_label() for h in legend_handles])
+    fig.legend(handles=legend_handles, loc="outside lower center", ncols=ncols, fontsize=MIN_PT, frameon=False)
+    room = 72 * (fig.get_figwidth() - 1.2)  # the title starts at the axes' left edge
+    lines = wrap(
+        f"per device, each buffer once: {fmt_bytes(memory.get('unique_bytes', 0))} held, "
+        f"{fmt_bytes(memory.get('naive_bytes', 0))} if every role had its own copy",
+        room,
+        FONT,
+        2,
     )
-    ax.set_title(
-        f"per device: {fmt_bytes(memory.get('unique_bytes', 0))} counting each buffer once, "
-        f"{fmt_bytes(memory.get('naive_bytes', 0))} summed per role{note}",
-        fontsize=8,
-        loc="left",
-    )
+    if not allocator.get("available"):
+        lines += wrap("allocator: " + (allocator.get("note") or "no figures on this backend"), room, FONT, 2)
+    ax.set_title("\n".join(lines), fontsize=FONT, loc="left")
     return fig
 
 
 def memory_by_role(memory: Mapping[str, Any]) -> Figure:
-    """Physical bytes each role (and the anchor, the optimizer state) holds, split by memory kind (L2).
+    """What each role (and the anchor, the optimizer state) holds, each buffer drawn once (L2).
 
-    A buffer two roles share is in both bars; the label says with whom, and
-    the title gives the total counting it once.
+    The solid part of a bar is counted in that bar: the role's own buffers
+    and the shared ones it is the first holder of. A hatched part is the same
+    buffers as another role's, in that role's colour ("= the actor's
+    buffers"), not counted again: the solid parts add up to the bytes held,
+    the bars' full lengths to what every role's own copy would cost.
     """
     by_role = memory.get("by_role", {})
     entries = present_keys(list(by_role), ENTRY_ORDER)
-    shared_with: dict[str, list[str]] = {}
-    for group in memory.get("shared", []):
-        for e in group.get("roles", []):
-            shared_with.setdefault(e, []).append(
-                f"{fmt_bytes(group.get('bytes', 0))} with {', '.join(r for r in group['roles'] if r != e)}"
-            )
-    fig = new_figure(9.0, 0.5 * len(entries) + 1.3)
-    ax = fig.add_subplot()
+    fig = new_figure(MAX_WIDTH, 0.5 * len(entries) + 2.0)
+    ax, ax_text = fig.subplots(1, 2, width_ratios=[1.05, 1], sharey=True)
     ys = list(range(len(entries)))
-    left = [0] * len(entries)
-    for kind in KINDS:
-        values = [int(by_role[e].get("by_kind", {}).get(kind, 0)) for e in entries]
-        if not any(values):
-            continue
-        bars = ax.barh(ys, values, left=left, color=KIND_COLORS[kind], label=kind, height=0.6)
-        for bar, e in zip(bars, entries):
-            bar.set_gid(f"bar:role:{e}:{kind}")
-        left = [a + b for a, b in zip(left, values)]
-    top = max([int(by_role[e].get("bytes", 0)) for e in entries] + [1])
+    handles: dict[str, Patch] = {"held": Patch(facecolor="#9a9a9a", label="solid: counted in this bar")}
     for y, e in zip(ys, entries):
-        text = fmt_bytes(by_role[e].get("bytes", 0))
-        if shared_with.get(e):
-            text += "  (shares " + "; ".join(shared_with[e]) + ")"
-        ax.text(int(by_role[e].get("bytes", 0)) + top * 0.01, y, text, va="center", fontsize=8)
-    ax.set_yticks(ys, entries, fontsize=9)
+        counted, borrowed = role_parts(memory, e)
+        left = 0
+        for kind in KINDS:
+            v = counted.get(kind, 0)
+            if v <= 0:
+                continue
+            pinned = kind == "pinned_host"
+            ax.barh(
+                y,
+                v,
+                left=left,
+                height=0.6,
+                color=_tint(_color(e), 0.55) if pinned else _color(e),
+                hatch=".." if pinned else None,
+                edgecolor=_color(e),
+                linewidth=0.6,
+                gid=f"bar:role:{e}:held:{kind}",
+            )
+            if pinned:
+                handles["pinned"] = Patch(
+                    facecolor="white", edgecolor="#555555", hatch="..", label="dotted: pinned_host"
+                )
+            left += v
+        for owner, v in borrowed:
+            ax.barh(
+                y,
+                v,
+                left=left,
+                height=0.6,
+                color=_tint(_color(e), 0.3),
+                hatch="///",
+                edgecolor=_color(owner),
+                linewidth=0.6,
+                gid=f"bar:role:{e}:same:{owner}",
+            )
+            handles.setdefault(
+                "same",
+                Patch(
+                    facecolor="white",
+                    edgecolor=_color(owner),
+                    hatch="///",
+                    label="hatched: another role's buffers (no copy)",
+                ),
+            )
+            left += v
+        total = int(by_role[e].get("bytes", 0))
+        kinds = ", ".join(k for k in KINDS if by_role[e].get("by_kind", {}).get(k))
+        text = fmt_bytes(total) + (f" in {kinds}" if kinds and kinds != "device" else "") if total else "nothing"
+        for owner, v in borrowed:
+            text += f"; {'all' if v == total else fmt_bytes(v)} = the {owner}'s buffers"
+        if not borrowed and held_with(memory, e):
+            text += "; also held by " + ", ".join(f"{r} ({fmt_bytes(v)})" for r, v in held_with(memory, e))
+        ax_text.text(0.0, y, "\n".join(wrap(text, 72 * 4.4, MIN_PT, lines=2)), fontsize=MIN_PT, va="center")
+    ax.set_yticks(ys, entries, fontsize=FONT)
     ax.invert_yaxis()
-    ax.set_xlim(0, top * 1.9)
-    ax.set_xlabel(PHYSICAL + "; a shared buffer appears in each role that holds it", fontsize=8)
+    top = max([int(by_role[e].get("bytes", 0)) for e in entries] + [1])
+    ax.set_xlim(0, top * 1.03)
+    ax.set_xlabel(PHYSICAL, fontsize=MIN_PT)
     bytes_axis(ax.xaxis, ax.get_xlim()[1])
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(
-        f"per role: {fmt_bytes(memory.get('unique_bytes', 0))} counting each buffer once, "
-        f"{fmt_bytes(memory.get('naive_bytes', 0))} summed per role",
-        fontsize=9,
-        loc="left",
+    ax_text.axis("off")
+    ax_text.set_xlim(0, 1)
+    ncols = legend_columns(fig, [h.get_label() for h in handles.values()])
+    fig.legend(handles=list(handles.values()), loc="outside lower center", ncols=ncols, fontsize=MIN_PT, frameon=False)
+    title = (
+        f"per role, each buffer once: the solid parts add up to {fmt_bytes(memory.get('unique_bytes', 0))}; "
+        f"{fmt_bytes(memory.get('naive_bytes', 0))} if every role's bytes were summed"
     )
+    ax.set_title("\n".join(wrap(title, 72 * (MAX_WIDTH - 1.2), FONT, 2)), fontsize=FONT, loc="left")
     return fig
 
 
@@ -323,60 +552,124 @@ def _syncs(sync: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {str(k): v for k, v in sync.items()}
 
 
+SYNC_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("synced_bytes", "synced\n(physical)"),
+    ("synced_logical_bytes", "synced\n(logical)"),
+    ("arrived", "moved between\ndevices"),
+    ("copied_same_device_bytes", "copied within\na device"),
+    ("reused_bytes", "reused\n(no copy)"),
+    ("moved_cross_device_bytes", "crossed\ndevices"),
+    ("minimum_cross_device_bytes", "minimum\nto cross"),
+    ("excess_cross_device_bytes", "excess"),
+)
+
+
+def _sync_value(s: Mapping[str, Any], key: str) -> int:
+    if key == "arrived":  # what crossed and stayed: synced = arrived + copied + reused
+        return int(s.get("moved_cross_device_bytes", 0)) - int(s.get("relayed_cross_device_bytes", 0))
+    if key == "excess_cross_device_bytes" and key not in s:
+        return int(s.get("moved_cross_device_bytes", 0)) - int(s.get("minimum_cross_device_bytes", 0))
+    return int(s.get(key, 0))
+
+
 def sync_bytes(sync: Mapping[str, Any]) -> Figure:
-    """Where the synced bytes went: moved between devices, copied within one, or reused (L3).
+    """Where the synced bytes went, with every number in a table under the bars (L3).
 
     Takes one sync report, or ``{label: sync report}`` to compare runs side by
-    side. The black line on each bar is the least the placement needs to move
-    between devices; the bar's red part is what the sync really moved.
+    side. Per run, the left bar splits the synced bytes (physical) into what
+    moved between devices, what was copied within a device and what was
+    reused; the right bar is everything that crossed devices (dark: relayed,
+    crossed but did not stay), with the least the placement forces as a
+    black line. The table gives each figure, and the logical synced bytes
+    (each leaf once) beside the physical ones.
     """
     runs = _syncs(sync)
     labels = list(runs)
-    # At most 9.6 inches wide, so a notebook shows it unscaled and its 9-point text stays 9 points.
-    fig = new_figure(min(9.6, max(6.5, 1.1 * len(labels) + 3.0)), 4.2)
-    ax = fig.add_subplot()
-    bottoms = [0] * len(labels)
-    for key, legend, color in SYNC_PARTS:
-        values = [int(runs[lb].get(key, 0)) for lb in labels]
-        bars = ax.bar(range(len(labels)), values, 0.55, bottom=bottoms, color=color, label=legend)
-        for bar, lb in zip(bars, labels):
-            bar.set_gid(f"bar:sync:{lb}:{key}")
-        bottoms = [a + b for a, b in zip(bottoms, values)]
+    fig = new_figure(MAX_WIDTH, 4.0 + 0.3 * (len(labels) + 2))
+    bars_fig, table_fig = fig.subfigures(2, 1, height_ratios=[4.0, 0.3 * (len(labels) + 2)])
+    ax = bars_fig.add_subplot()
+    w = 0.36
     for i, lb in enumerate(labels):
         s = runs[lb]
+        bottom = 0
+        for key, legend, color in SYNC_PARTS:
+            v = _sync_value(s, "arrived" if key == "moved_cross_device_bytes" else key)
+            ax.bar(
+                i - w / 2 - 0.01,
+                v,
+                w,
+                bottom=bottom,
+                color=color,
+                label=legend if i == 0 else None,
+                gid=f"bar:sync:{lb}:{key}",
+            )
+            bottom += v
+        arrived = _sync_value(s, "arrived")
+        relayed = int(s.get("relayed_cross_device_bytes", 0))
+        ax.bar(i + w / 2 + 0.01, arrived, w, color=SYNC_PARTS[0][2], gid=f"bar:cross:{lb}:kept")
+        ax.bar(
+            i + w / 2 + 0.01,
+            relayed,
+            w,
+            bottom=arrived,
+            color="#8b1a1a",
+            label="relayed: crossed, did not stay" if i == 0 else None,
+            gid=f"bar:cross:{lb}:relayed",
+        )
         ax.hlines(
             int(s.get("minimum_cross_device_bytes", 0)),
-            i - 0.36,
-            i + 0.36,
+            i + 0.01,
+            i + w + 0.05,
             colors="black",
-            linewidth=2,
-            label="minimum to move between devices" if i == 0 else None,
+            linewidth=2.2,
+            label="least the placement allows\nto cross devices" if i == 0 else None,
             gid=f"line:minimum:{lb}",
         )
         if "synced_logical_bytes" in s:
             # Logical beside physical: a leaf on four devices is four times in the bar, once here.
             ax.hlines(
                 int(s["synced_logical_bytes"]),
-                i - 0.36,
-                i + 0.36,
+                i - w - 0.01,
+                i - 0.01,
                 colors="#222222",
                 linestyles=":",
                 linewidth=2,
-                label="logical bytes (each leaf once)" if i == 0 else None,
+                label="synced, logical (each leaf once)" if i == 0 else None,
                 gid=f"line:logical:{lb}",
             )
-        seconds = s.get("seconds")
-        text = fmt_bytes(s.get("synced_bytes", 0))
-        if seconds is not None:
-            text += f"\n{seconds * 1e3:.1f} ms" + (" (incl. compiling)" if s.get("includes_compilation") else "")
-        ax.text(i, bottoms[i], text, ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(range(len(labels)), [lb.replace(", ", ",\n") for lb in labels], fontsize=9)
-    ax.set_ylabel(PHYSICAL, fontsize=9)
-    ax.set_ylim(0, max(bottoms + [1]) * 1.25)
+    ax.set_xticks(range(len(labels)), [lb.replace(", ", ",\n") for lb in labels], fontsize=MIN_PT)
+    pad = 0.1 + 0.25 * max(0, 3 - len(labels))  # one or two runs: bars no wider than with three
+    ax.set_xlim(-0.5 - pad, len(labels) - 0.5 + pad)
+    ax.set_ylabel(PHYSICAL, fontsize=MIN_PT)
+    top = max(
+        [max(_sync_value(s, "synced_bytes"), _sync_value(s, "moved_cross_device_bytes")) for s in runs.values()] + [1]
+    )
+    ax.set_ylim(0, top * 1.08)
     bytes_axis(ax.yaxis, ax.get_ylim()[1])
-    ax.tick_params(axis="y", labelsize=9)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title("weight sync: synced (physical) = moved + copied + reused", fontsize=9, loc="left")
+    ax.legend(fontsize=MIN_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(
+        "weight sync (P13, measured): per run, the left bar is what synced (= moved + copied + reused),\n"
+        "the right one what crossed devices",
+        fontsize=FONT,
+        loc="left",
+    )
+    ax_table = table_fig.add_subplot()
+    ax_table.axis("off")
+    table = ax_table.table(
+        cellText=[[fmt_bytes(_sync_value(runs[lb], key)) for key, _ in SYNC_COLUMNS] for lb in labels],
+        rowLabels=labels,
+        colLabels=[head for _, head in SYNC_COLUMNS],
+        loc="center",
+        cellLoc="right",
+        bbox=(0.1, 0.0, 0.9, 1.0),
+    )
+    table.auto_set_font_size(False)
+    table.set_fontsize(MIN_PT)
+    for (r, _c), cell in table.get_celld().items():
+        cell.set_edgecolor("#cccccc")
+        if r == 0:
+            cell.set_height(cell.get_height() * 2)
+            cell.get_text().set_horizontalalignment("center")
     return fig
 
 
@@ -389,8 +682,7 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Figure:
     if top is not None:
         leaves = sorted(leaves, key=lambda lf: (-int(lf.get("synced_bytes", 0)), lf.get("path", "")))[:top]
         leaves.sort(key=lambda lf: lf.get("path", ""))
-    # 9.6 inches wide and 9-point text: a notebook shows it unscaled.
-    fig = new_figure(9.6, 0.25 * len(leaves) + 1.5)
+    fig = new_figure(MAX_WIDTH, 0.24 * len(leaves) + 1.9)
     ax = fig.add_subplot()
     ys = list(range(len(leaves)))
     left = [0] * len(leaves)
@@ -406,25 +698,22 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Figure:
         marker="|",
         s=90,
         color="black",
-        label="minimum between devices",
+        label="least the placement allows to cross",
         zorder=3,
     )
-    ax.set_yticks(ys, [f"{lf.get('path')} {tuple(lf.get('shape', []))}" for lf in leaves], fontsize=9)
+    ax.set_yticks(ys, [f"{lf.get('path')} {tuple(lf.get('shape', []))}" for lf in leaves], fontsize=MIN_PT)
     ax.invert_yaxis()
-    ax.set_xlabel(PHYSICAL, fontsize=9)
+    ax.set_xlabel(PHYSICAL, fontsize=MIN_PT)
     ax.set_xlim(0, max(left + [1]) * 1.05)
     bytes_axis(ax.xaxis, ax.get_xlim()[1])
-    ax.tick_params(axis="x", labelsize=9)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ncols = legend_columns(fig, [legend for _, legend, _ in SYNC_PARTS] + ["least the placement allows to cross"])
+    fig.legend(loc="outside lower center", ncols=ncols, fontsize=MIN_PT, frameon=False)
     shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
-    ax.set_title(f"weight sync per leaf ({shown})", fontsize=9, loc="left")
+    ax.set_title(f"weight sync per leaf ({shown})", fontsize=FONT, loc="left")
     return fig
 
 
-# --------------------------------------------------------------------------- learner (P11)
-
-
-# --------------------------------------------------------------------------- plan (L4)
+# --------------------------------------------------------------------------- learner (P11) and plan (L4): trend_figures
 
 
 __all__ = [

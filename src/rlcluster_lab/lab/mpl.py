@@ -1,5 +1,11 @@
 """Small matplotlib helpers for the lab's figures: a figure without pyplot, a bytes axis,
-the order of entries and devices, and PNG bytes of a figure."""
+the order of entries and devices, PNG bytes of a figure, and the sizes every figure keeps to.
+
+A notebook shows a figure at its own size: ``dpi`` pixels per inch of ``figsize`` (100, the
+default), and a notebook's output column is about 1000 px wide. So no figure is wider than
+``MAX_WIDTH`` inches (it would be shrunk, and its text with it), and no text is smaller than
+``MIN_PT`` points: 9 pt at 100 dpi is 12.5 px, at least the 12 px that 9 pt is on a screen.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +38,38 @@ def bytes_axis(axis: Any, top: float) -> None:
     axis.set_major_formatter(lambda v, _: f"{v / unit:g} {name}" if v else "0")
 
 
-def new_figure(width: float, height: float) -> Figure:
-    return Figure(figsize=(width, height), layout="constrained")
+MAX_WIDTH = 10.0  # inches: 1000 px at the default 100 dpi
+
+
+MIN_PT = 9.0  # the smallest font size in any figure
+
+
+FONT = 10.0  # body text, tick labels, legends
+
+
+TITLE = 11.0
+
+
+def new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
+    """A figure (no pyplot) at most ``MAX_WIDTH`` wide."""
+    return Figure(figsize=(min(width, MAX_WIDTH), height), layout=layout)
+
+
+def inch_axes(fig: Figure) -> Any:
+    """Axes over the whole figure whose data units are inches from its top left corner: for
+    figures laid out by hand (the decision flow, the device grid), where text is fitted to
+    boxes measured in inches."""
+    w, h = fig.get_size_inches()
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, w)
+    ax.set_ylim(h, 0)
+    ax.axis("off")
+    return ax
+
+
+def inches(text_points: float) -> float:
+    """Points (of a text width from ``textfit``) in inches."""
+    return text_points / 72.0
 
 
 def present_keys(keys: Sequence[str], order: Sequence[str]) -> list[str]:
@@ -44,3 +80,12 @@ def present_keys(keys: Sequence[str], order: Sequence[str]) -> list[str]:
 
 def device_order(keys: Sequence[str]) -> list[str]:
     return sorted(keys, key=lambda k: (0, int(k)) if str(k).isdigit() else (1, str(k)))
+
+
+def legend_columns(fig: Figure, labels: Sequence[str], size: float = MIN_PT) -> int:
+    """How many columns a legend under the figure can have and still fit its width."""
+    from rlcluster_lab.lab.textfit import text_width
+
+    widest = max([text_width(line, size) for label in labels for line in label.split("\n")] + [1.0])
+    per_column = widest + 3.2 * size  # the swatch, its gap and the gap between columns, in pt
+    return max(1, min(len(labels), int((72 * fig.get_figwidth() - 20) // per_column)))

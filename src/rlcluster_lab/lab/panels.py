@@ -1,4 +1,5 @@
-"""The lab's figures as SVG: decision flow, device grid, memory by device and by role, sync.
+"""The lab's figures as SVG: decision flow, device grid, sharing map, memory by device and by
+role, sync.
 
 Each function takes a report's JSON (the placement report, its ``memory`` or
 its ``sync``) and returns an ``Svg``: the markup as a string, displayed as a
@@ -7,12 +8,15 @@ report and recompute no decision. SVG is drawn in a few milliseconds (a
 matplotlib figure with this much text takes about half a second to render
 on a small CPU), stays sharp at any zoom, keeps its text selectable, and
 says more on hover (``<title>``). Elements that tests look up carry an
-``id``: ``"P3:shared"`` for a decision's answer, ``"cell:rollout:5"`` for a
-device cell, ``"seg:<what>:<key>"`` for a bar segment.
+``id``: ``"P3:shared"`` for a decision's answer, ``"link:P1:P3"`` for an
+arrow, ``"cell:rollout:5"`` for a device cell, ``"seg:<what>:<key>"`` for a
+bar segment.
 
 Bytes are physical bytes, as in the reports: every device shard counted.
-A buffer that several roles hold is drawn once: hatched, in the colour of
-the first role that holds it, and named in the legend ("actor = rollout").
+A buffer that several roles hold is drawn once: in the bar of its first
+holder, and hatched in that holder's colour wherever else it appears
+("= actor"). Each panel is ``svg.WIDTH`` px wide and meant to be shown at
+that width, where its smallest text (``svg.MIN_FONT``, 12 px) is 9 pt.
 """
 
 from __future__ import annotations
@@ -22,80 +26,68 @@ from typing import Any
 
 # The byte panels live in their own module; the lab and the notebooks reach every panel here.
 from rlcluster_lab.lab.byte_panels import SYNC_COLORS, memory_by_device, memory_by_role, sync_bytes
-from rlcluster_lab.lab.flow import OPTION_LABELS, FlowRow, flow_rows, mesh_coords
+from rlcluster_lab.lab.flow import OPTION_LABELS, flow_links, flow_rows, link_ends, link_lanes, mesh_coords
+from rlcluster_lab.lab.sharing_notes import actor_share_text, measured_text, role_note, shared_bytes
 from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_COLORS, ROLE_ORDER, fmt_bytes
-from rlcluster_lab.lab.svg import MUTED, TEXT, WIDTH, Canvas, Svg, clip, present
+from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, clip, legend, present, text_width, wrap
 
 # --------------------------------------------------------------------------- decision flow (L1)
 
-# Which decision feeds which: the arrows of the flow figure.
-FLOW_LINKS: tuple[tuple[str, str, str], ...] = (
-    ("P1", "P3", "linked?"),
-    ("P2", "P4", "linked?"),
-    ("P3", "P7", "engine"),
-    ("P12", "P13", "trains what syncs"),
-)
 
-
-def _flow_order(report: Mapping[str, Any], rows: list[Any]) -> list[Any]:
-    """Rows in the order the cluster took the decisions (the trace's order)."""
-    first: dict[str, int] = {}
-    for i, d in enumerate(report.get("decisions", [])):
-        rule = str(d.get("rule"))
-        role = (d.get("values") or {}).get("role")
-        key = f"{rule}:{role}" if rule in ("P5",) and role else rule
-        first.setdefault(key, i)
-    end = len(report.get("decisions", []))
-    return sorted(rows, key=lambda r: first.get(r.key, first.get(r.key.split(":")[0], end)))
-
-
-def _p12_row(report: Mapping[str, Any]) -> Any:
-
-    p12 = [d for d in report.get("decisions", []) if d.get("rule") == "P12"]
-    if not p12:
-        return None
-    return FlowRow(
-        "P12",
-        "the optimizer trains",
-        ("LoRA params", "all params"),
-        str(p12[0].get("branch")),
-        str(p12[0].get("outcome", "")),
-    )
+def _option_widths(labels: list[str], room: float, gap: float) -> list[float]:
+    """Box widths for a row's answers: each as wide as its label needs, all of them filling ``room``."""
+    need = [max(text_width(label, MIN_FONT, bold=True) + 14, 56.0) for label in labels]
+    free = room - gap * (len(labels) - 1)
+    return [w * free / sum(need) for w in need]
 
 
 def decision_flow(report: Mapping[str, Any]) -> Svg:
-    """Every decision of construction (and of any sync) in the order taken, the answer that
-    fired highlighted, and arrows from a decision to the ones that read its result (L1)."""
-    rows = list(flow_rows(report))
-    extra = _p12_row(report)
-    if extra is not None:
-        rows.append(extra)
-    rows = _flow_order(report, rows)
-    row_h, top, left = 44, 34, 64
-    q_w, opt_x = 300, left + 304
-    c = Canvas(WIDTH, top + row_h * len(rows) + 10)
+    """Every decision of construction (and of any sync) in the order the trace recorded them,
+    the answer that fired highlighted, and an arrow from a decision to each one that reads its
+    result (P1 -> P3, P2 -> P4, ...), labelled below with the value the later one read (L1)."""
+    rows = flow_rows(report)
+    links = flow_links(report)
+    row_of: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        row_of.setdefault(row.key.split(":")[0], i)
+    links = [link for link in links if link.src in row_of and link.dst in row_of]
+    lanes = link_lanes(links, row_of)
+    left = 14 + 10 * max(lanes + [0]) + 14  # room for the arrows' lanes
+    q_x = left + 44
+    q_w = 228
+    opt_x = q_x + q_w + 6
+    detail_w = WIDTH - 8 - q_x
+    details = [wrap(row.detail, detail_w, MIN_FONT, lines=2) if row.detail else [] for row in rows]
+    heights = [30 + 16 * len(d) for d in details]
+    top = 40
+    footer = wrap(
+        "arrows: a decision that reads another's result; "
+        + "; ".join(f"{link.src} -> {link.dst} ({link.value})" for link in links),
+        WIDTH - 16,
+        MIN_FONT,
+        lines=3,
+    )
+    c = Canvas(WIDTH, top + sum(heights) + 18 * len(footer) + 8)
     title = f"Decisions in the order taken (engine {report.get('engine', '?')})"
     if report.get("warnings"):
         title += f"; {len(report['warnings'])} warning(s)"
-    c.text(8, 18, title, size=13, weight="bold")
-    y_of = {}
-    for i, row in enumerate(rows):
-        y = top + i * row_h
+    c.text(8, 20, title, size=14, weight="bold")
+    mid: dict[str, float] = {}
+    y = top
+    for row, detail, h in zip(rows, details, heights):
         rule = row.key.split(":")[0]
-        y_of.setdefault(rule, y + 14)
-        c.rect(left - 2, y, 36, 22, "#333333", rx=4)
-        c.text(left + 16, y + 15, rule, size=11, anchor="middle", weight="bold", fill="white")
-        c.text(left + 40, y + 15, clip(row.question, q_w - 44), size=12, title=row.question)
-        n = len(row.options)
-        box_w = (WIDTH - opt_x - 8 - 6 * (n - 1)) / n
-        for j, option in enumerate(row.options):
-            x = opt_x + j * (box_w + 6)
+        mid.setdefault(rule, y + 11)
+        c.rect(left, y, 38, 22, "#333333", rx=4, id=f"key:{row.key}")
+        c.text(left + 19, y + 16, rule, size=MIN_FONT, anchor="middle", weight="bold", fill="white")
+        c.text(q_x, y + 16, clip(row.question, q_w), size=MIN_FONT, title=row.question)
+        labels = [OPTION_LABELS.get(o, o) for o in row.options]
+        x = opt_x
+        for option, label, w in zip(row.options, labels, _option_widths(labels, WIDTH - 8 - opt_x, 5)):
             fired = option == row.fired
-            label = OPTION_LABELS.get(option, option)
             c.rect(
                 x,
                 y,
-                box_w,
+                w,
                 22,
                 HIGHLIGHT if fired else IDLE,
                 stroke="#333333" if fired else "#cccccc",
@@ -105,50 +97,46 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
                 title=f"{row.key}: {label}" + (" (fired)" if fired else ""),
             )
             c.text(
-                x + box_w / 2,
-                y + 15,
-                clip(label, box_w - 6),
-                size=11.5,
+                x + w / 2,
+                y + 16,
+                clip(label, w - 8, MIN_FONT, bold=fired),
+                size=MIN_FONT,
                 anchor="middle",
                 weight="bold" if fired else None,
                 fill=TEXT if fired else IDLE_TEXT,
             )
-        if row.detail:
-            c.text(opt_x, y + 36, clip(row.detail, WIDTH - opt_x - 8), size=11, fill=MUTED, title=row.detail)
-    for k, (src, dst, why) in enumerate(FLOW_LINKS):
-        if src in y_of and dst in y_of:
-            x = left - 10 - 11 * k
-            y1, y2 = y_of[src], y_of[dst]
-            c.path(
-                f"M{left - 3},{y1} H{x} V{y2} H{left - 4}",
-                "#555555",
-                arrow=True,
-                id=f"link:{src}:{dst}",
-                title=f"{src} -> {dst}: {why}",
-            )
+            x += w + 5
+        for k, line in enumerate(detail):
+            c.text(q_x, y + 38 + 16 * k, line, size=MIN_FONT, fill=MUTED, title=row.detail)
+        y += h
+    for link, lane, (a, b) in zip(links, lanes, link_ends(links)):
+        lx = left - 12 - 10 * lane
+        y1, y2 = mid[link.src] + 6 * a, mid[link.dst] + 6 * b
+        c.path(
+            f"M{left - 1},{y1:.1f} H{lx} V{y2:.1f} H{left - 2}",
+            "#555555",
+            arrow=True,
+            id=f"link:{link.src}:{link.dst}",
+            title=link.label,
+        )
+    for k, line in enumerate(footer):
+        c.text(8, y + 14 + 18 * k, line, size=MIN_FONT, fill=MUTED)
     return c.render()
 
 
 # --------------------------------------------------------------------------- device grid
 
 
-def _shared_on(memory: Mapping[str, Any], role: str, other: str, dev: str) -> int:
-    """Bytes ``role`` holds on ``dev`` that are buffers ``other`` holds too."""
-    total = 0
-    for group in memory.get("shared", []):
-        if role in group.get("roles", []) and other in group.get("roles", []):
-            total += sum((group.get("by_device") or {}).get(dev, {}).values())
-    return total
-
-
 def device_grid(report: Mapping[str, Any]) -> Svg:
     """Which devices each role's mesh covers, its mesh coordinate there, and its bytes.
 
     A cell whose bytes are all the actor's own buffers is hatched in the
-    actor's colour ("= actor"): the rollout on the shared branch, a LoRA
-    reference's backbone. A second copy is solid in its own colour. When the
-    engine replaced the rollout mesh (P7), the mesh the config asked for is
-    drawn dashed on a row of its own.
+    actor's colour over a tint of the role's ("= actor"): the rollout on the
+    shared branch, a LoRA reference's backbone. A copy is solid in the role's
+    colour. When the engine replaced the rollout mesh (P7), the mesh the
+    config asked for is drawn dashed on a row of its own. Under the grid, per
+    role, the sharing map's links (P1, P2) beside what the role measurably
+    shares with the actor, and why the two differ where they do.
     """
     meshes = report.get("role_to_mesh", {})
     rows: list[tuple[str, str, Mapping[str, Any]]] = [(r, r, meshes[r]) for r in present(list(meshes), ROLE_ORDER)]
@@ -160,26 +148,28 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     )
     memory = report.get("memory") or {}
     by_role = memory.get("by_role", {})
-    label_w, top, row_h = 150, 44, 40
-    cell_w = min(66.0, (WIDTH - label_w - 10) / max(len(ids), 1))
-    c = Canvas(WIDTH, top + row_h * len(rows) + 30)
+    label_w, top, row_h = 150, 48, 42
+    cell_w = min(72.0, (WIDTH - label_w - 10) / max(len(ids), 1))
+    small = cell_w < text_width("88.8 KiB", MIN_FONT) + 6  # too narrow for bytes: they go in the hover
+    actor_color = ROLE_COLORS["actor"]
+    c = Canvas(WIDTH, 0)
     c.text(
         8,
-        18,
+        20,
         f"Devices: {report.get('device_count', len(ids))} on {report.get('platform', '?')}; "
-        "each cell: the mesh coordinate and the role's bytes there",
-        size=13,
+        "each cell: mesh coordinate and the role's bytes",
+        size=14,
         weight="bold",
     )
     for j, dev in enumerate(ids):
-        c.text(label_w + j * cell_w + cell_w / 2, top - 8, f"dev {dev}", size=11, anchor="middle", fill=MUTED)
-    actor_color = ROLE_COLORS["actor"]
+        c.text(label_w + j * cell_w + cell_w / 2, top - 8, f"dev {dev}", size=MIN_FONT, anchor="middle", fill=MUTED)
+    kinds: set[str] = set()
     for i, (name, role, mesh) in enumerate(rows):
         y = top + i * row_h
         dashed = name.endswith("(config)")
         shape = "x".join(str(v) for v in mesh.get("shape", {}).values())
-        c.text(8, y + 17, name, size=12, weight="bold")
-        c.text(8, y + 32, f"mesh {shape}", size=11, fill=MUTED)
+        c.text(8, y + 17, name, size=13, weight="bold")
+        c.text(8, y + 33, f"mesh {shape}", size=MIN_FONT, fill=MUTED)
         coords = mesh_coords(mesh)
         for j, dev in enumerate(ids):
             x = label_w + j * cell_w
@@ -190,13 +180,14 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 continue
             color = ROLE_COLORS.get(role, "#999999")
             held = sum(by_role.get(role, {}).get("by_device", {}).get(str(dev), {}).values()) if not dashed else 0
-            shared = _shared_on(memory, role, "actor", str(dev)) if role != "actor" and held else 0
+            shared = shared_bytes(memory, role, "actor", str(dev)) if role != "actor" and held else 0
             if dashed:
-                fill, note = "white", "asked for"
-            elif held and shared == held:
-                fill, note = c.hatch(actor_color), "= actor"
+                fill, note, kind = "white", "asked for", "asked"
+            elif held and shared >= held:
+                fill, note, kind = c.hatch(actor_color, color), "= actor", "actor's"
             else:
-                fill, note = color, fmt_bytes(held) if held else ""
+                fill, note, kind = color, fmt_bytes(held) if held and not small else "", "own"
+            kinds.add(kind)
             title = f"{name} on device {dev}: mesh coordinate {coords[dev]}"
             if held:
                 title += f"; holds {fmt_bytes(held)}" + (
@@ -215,32 +206,61 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 id=f"cell:{name}:{dev}",
                 title=title,
             )
-            dark = fill == color
-            c.text(
-                x + cell_w / 2,
-                y + 16,
-                ",".join(map(str, coords[dev])),
-                size=11,
-                anchor="middle",
-                fill="white" if dark else TEXT,
-            )
-            if note:
-                c.text(
-                    x + cell_w / 2,
-                    y + 30,
-                    clip(note, cell_w - 4, 10.5),
-                    size=10.5,
-                    anchor="middle",
-                    fill="white" if dark else TEXT,
-                )
-    y = top + row_h * len(rows) + 14
-    c.text(
-        8,
-        y,
-        "hatched: the role computes with the actor's own buffers (no copy); solid: buffers of its own",
-        size=11,
-        fill=MUTED,
-    )
+            ink = "white" if fill == color else TEXT
+            for line, base in ((",".join(map(str, coords[dev])), y + 17), (clip(note, cell_w - 6), y + 32)):
+                if not line:
+                    continue
+                if fill.startswith("url("):  # a white ground under the text, so the stripes do not cross it
+                    w = text_width(line, MIN_FONT) + 4
+                    c.rect(x + (cell_w - w) / 2, base - 11, w, 14, "white", rx=2, opacity=0.85)
+                c.text(x + cell_w / 2, base, line, size=MIN_FONT, anchor="middle", fill=ink)
+    items = []
+    if "own" in kinds:
+        items.append(("#9a9a9a", "solid: buffers of its own (a copy)"))
+    if "actor's" in kinds:
+        items.append((c.hatch(actor_color, "#9a9a9a"), 'hatched "= actor": the actor\'s own buffers, no copy'))
+    if "asked" in kinds:
+        items.append(("white", "dashed: the mesh asked for, replaced by the engine (P7)"))
+    y = legend(c, 8, top + row_h * len(rows) + 16, items, WIDTH - 16)
+    for name, role, _ in rows:
+        if name != role:
+            continue
+        for k, line in enumerate(wrap(role_note(report, role), WIDTH - 16 - 14)):
+            c.text(8 if k == 0 else 22, y, line, size=MIN_FONT, id=f"note:{role}" if k == 0 else None)
+            y += 17
+    c.height = y
+    return c.render()
+
+
+def sharing_map(report: Mapping[str, Any]) -> Svg:
+    """The sharing map (P1, P2) beside what each role measurably holds of the actor's buffers
+    (L2), one row per role in cells that cannot run together, and under each row why the two
+    differ where they do (an engine's own copy, P7; replicated shards the reshard left in place,
+    P5). The map says which roles *may* share a model; the measurement, which buffers they do."""
+    present_roles = set(report.get("role_to_mesh", {})) or set(report.get("sharing_map", {}))
+    roles = [r for r in present(list(report.get("sharing_map", {})), ROLE_ORDER) if r in present_roles]
+    cols = (8.0, 120.0, 380.0)  # role | linked in the map | holds of the actor's buffers
+    c = Canvas(WIDTH, 0)
+    c.text(8, 20, "Sharing map (P1, P2) and the actor's buffers each role holds (measured)", size=14, weight="bold")
+    y = 34
+    c.rect(4, y, WIDTH - 8, 22, "#f2f2f2")
+    for x, head in zip(cols, ("role", "linked in the map (P1, P2)", "holds of the actor's buffers (measured)")):
+        c.text(x, y + 16, head, size=MIN_FONT, weight="bold")
+    y += 22
+    for role in roles:
+        links = ", ".join(report["sharing_map"].get(role, [])) or "no link"
+        why = measured_text(report, role).removeprefix("measured: ")
+        lines = wrap(why, WIDTH - 40, MIN_FONT, lines=3) if why else []
+        h = 24 + 16 * len(lines)
+        c.line(4, y, WIDTH - 4, y, "#dddddd")
+        c.text(cols[0], y + 17, role, size=13, weight="bold", id=f"map:{role}")
+        c.text(cols[1], y + 17, clip(links, cols[2] - cols[1] - 12), size=MIN_FONT, id=f"map:{role}:links")
+        c.text(cols[2], y + 17, actor_share_text(report, role), size=MIN_FONT, id=f"map:{role}:measured")
+        for k, line in enumerate(lines):
+            c.text(cols[0] + 16, y + 35 + 16 * k, line, size=MIN_FONT, fill=MUTED)
+        y += h
+    c.line(4, y, WIDTH - 4, y, "#dddddd")
+    c.height = y + 8
     return c.render()
 
 
@@ -248,9 +268,6 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
 
 
 # --------------------------------------------------------------------------- sync (L3)
-
-
-__all__ = ["Svg", "decision_flow", "device_grid", "memory_by_device", "memory_by_role", "sync_bytes", "FLOW_LINKS"]
 
 
 __all__ = [
@@ -261,5 +278,6 @@ __all__ = [
     "device_grid",
     "memory_by_device",
     "memory_by_role",
+    "sharing_map",
     "sync_bytes",
 ]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from rlcluster_lab.lab.textfit import clip, text_width, wrap  # noqa: F401  (the panels import them from here)
+
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 
 
@@ -16,6 +18,11 @@ MUTED = "#5f5f5f"
 
 
 WIDTH = 760  # a panel's width in px: two side by side fit a 1600 px wide screen
+
+
+# The smallest text a panel draws, in px at its own width: 12 px is 9 pt (1 pt = 4/3 px). A panel
+# is shown at its width (``WIDTH``), so this is the size on screen.
+MIN_FONT = 12.0
 
 
 class Svg(str):
@@ -33,13 +40,15 @@ class Canvas:
         self._items: list[str] = []
         self._patterns: dict[str, str] = {}
 
-    def hatch(self, color: str) -> str:
-        """A fill of diagonal lines in ``color``: what marks a buffer held by more than one role."""
-        pid = "hatch-" + color.lstrip("#")
+    def hatch(self, color: str, background: str | None = None) -> str:
+        """A fill of thin diagonal lines in ``color`` over a light tint of ``background``
+        (default: ``color``): what marks another role's buffers. Light enough for dark text."""
+        tint = background or color
+        pid = "hatch-" + color.lstrip("#") + ("-" + tint.lstrip("#") if background else "")
         self._patterns[pid] = (
-            f'<pattern id="{pid}" width="6" height="6" patternUnits="userSpaceOnUse" '
-            f'patternTransform="rotate(45)"><rect width="6" height="6" fill="{color}" fill-opacity="0.25"/>'
-            f'<line x1="0" y1="0" x2="0" y2="6" stroke="{color}" stroke-width="3"/></pattern>'
+            f'<pattern id="{pid}" width="7" height="7" patternUnits="userSpaceOnUse" '
+            f'patternTransform="rotate(45)"><rect width="7" height="7" fill="{tint}" fill-opacity="0.22"/>'
+            f'<line x1="0" y1="0" x2="0" y2="7" stroke="{color}" stroke-width="2" stroke-opacity="0.75"/></pattern>'
         )
         return f"url(#{pid})"
 
@@ -68,8 +77,11 @@ class Canvas:
         id: str | None = None,
         title: str | None = None,
         nbytes: int | None = None,
+        opacity: float | None = None,
     ) -> None:
         attrs = [f'x="{x:.1f}" y="{y:.1f}" width="{max(w, 0):.1f}" height="{max(h, 0):.1f}" fill="{fill}"']
+        if opacity is not None:
+            attrs.append(f'fill-opacity="{opacity}"')
         if nbytes is not None:
             attrs.append(f'data-bytes="{int(nbytes)}"')  # the figure's number, for readers and tests
         if stroke:
@@ -160,13 +172,13 @@ def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]], widt
     """Swatches and labels, left to right, wrapping at ``width``; returns the y below them."""
     cx = x
     for fill, label in items:
-        w = 18 + 7 * len(label)
-        if cx + w > x + width:
-            cx, y = x, y + 18
-        c.rect(cx, y - 10, 12, 12, fill, stroke="#888888", width=0.6)
-        c.text(cx + 16, y, label, size=11)
-        cx += w + 10
-    return y + 18
+        w = 18 + text_width(label, MIN_FONT)
+        if cx + w > x + width and cx > x:
+            cx, y = x, y + 20
+        c.rect(cx, y - 11, 13, 13, fill, stroke="#888888", width=0.6)
+        c.text(cx + 18, y, label, size=MIN_FONT)
+        cx += w + 12
+    return y + 20
 
 
 def present(keys: Sequence[str], order: Sequence[str]) -> list[str]:
@@ -175,9 +187,3 @@ def present(keys: Sequence[str], order: Sequence[str]) -> list[str]:
 
 def device_keys(keys: Sequence[str]) -> list[str]:
     return sorted(keys, key=lambda k: (0, int(k)) if str(k).isdigit() else (1, str(k)))
-
-
-def clip(text: str, width: float, size: float = 12) -> str:
-    """Text cut to roughly fit ``width`` px (an ellipsis marks the cut; hover shows all)."""
-    fits = max(4, int(width / (size * 0.56)))
-    return text if len(text) <= fits else text[: fits - 1] + "\u2026"

@@ -8,7 +8,16 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from rlcluster_lab.lab.mpl import bytes_axis, device_order, new_figure, present_keys
+from rlcluster_lab.lab.mpl import (
+    FONT,
+    MAX_WIDTH,
+    MIN_PT,
+    bytes_axis,
+    device_order,
+    legend_columns,
+    new_figure,
+    present_keys,
+)
 from rlcluster_lab.lab.style import ENTRY_ORDER, KIND_COLORS, KINDS, PHYSICAL, ROLE_COLORS, fmt_bytes
 
 
@@ -28,11 +37,11 @@ def memory_timeline(phases: Sequence[tuple[str, Mapping[str, Any]]]) -> Figure:
         )
         for bar, label in zip(bars, labels):
             bar.set_gid(f"bar:phase:{label}:{kind}")
-    ax.set_xticks(range(len(phases)), labels, fontsize=8, rotation=20, ha="right")
-    ax.set_ylabel(PHYSICAL + ",\neach buffer once", fontsize=8)
+    ax.set_xticks(range(len(phases)), labels, fontsize=MIN_PT, rotation=20, ha="right")
+    ax.set_ylabel(PHYSICAL + ",\neach buffer once", fontsize=MIN_PT)
     bytes_axis(ax.yaxis, ax.get_ylim()[1])
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title("memory kinds over one step", fontsize=9, loc="left")
+    ax.legend(fontsize=MIN_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("memory kinds over one step", fontsize=FONT, loc="left")
     return fig
 
 
@@ -49,7 +58,7 @@ def p11_gap(result: Mapping[str, Any]) -> Figure:
     live = [max(float(r["live_vs_anchor"]), floor) for r in records]
     sampler = [max(float(r["anchor_vs_sampler"]), floor) for r in records]
     fresh = [r.get("steps_taken_before", 0) == 0 for r in records]
-    fig = new_figure(8.0, 3.6)
+    fig = new_figure(8.0, 4.2)
     ax = fig.add_subplot()
     ax.set_yscale("log")
     ax.plot(xs, live, color=ROLE_COLORS["actor"], linewidth=0.8, alpha=0.6)
@@ -77,10 +86,13 @@ def p11_gap(result: Mapping[str, Any]) -> Figure:
         label="anchor vs sampler",
         gid="line:sampler",
     )
-    ax.set_xlabel("optimizer step", fontsize=8)
-    ax.set_ylabel("max |difference| of per-token log-prob (nats)", fontsize=8)
-    ax.legend(fontsize=7)
-    ax.set_title("P11: old log-probs from live weights drift; the anchor matches the sampler", fontsize=9, loc="left")
+    ax.set_xlabel("optimizer step", fontsize=MIN_PT)
+    ax.set_ylabel("max |difference| of per-token\nlog-prob (nats)", fontsize=MIN_PT)
+    labels = ax.get_legend_handles_labels()[1]
+    fig.legend(loc="outside lower center", ncols=legend_columns(fig, labels), fontsize=MIN_PT, frameon=False)
+    ax.set_title(
+        "P11: old log-probs from live weights drift; the anchor matches the sampler", fontsize=FONT, loc="left"
+    )
     return fig
 
 
@@ -95,7 +107,7 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
     by_device = memory.get("by_device", {})
     devices = device_order(list(by_device))
     capacity = _capacity(plan)
-    fig = new_figure(12.0, max(3.2, 0.4 * len(entries) + 1.6))
+    fig = new_figure(MAX_WIDTH, max(3.4, 0.4 * len(entries) + 1.8))
     ax_role, ax_dev = fig.subplots(1, 2, width_ratios=[1, 1.3])
     left = [0] * len(entries)
     for kind in KINDS:
@@ -115,16 +127,15 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
             y,
             f" {fmt_bytes(by_role[e].get('bytes', 0))}{note}",
             va="center",
-            fontsize=7,
+            fontsize=MIN_PT,
             color="black" if fits is not False else "#c44e52",
         )
-    ax_role.set_xlim(0, max(left + [1]) * 1.6)
-    ax_role.set_yticks(range(len(entries)), entries, fontsize=8)
+    ax_role.set_xlim(0, max(left + [1]) * 2.2)  # room for the label after the longest bar
+    ax_role.set_yticks(range(len(entries)), entries, fontsize=MIN_PT)
     ax_role.invert_yaxis()
     bytes_axis(ax_role.xaxis, ax_role.get_xlim()[1])
-    ax_role.set_xlabel(PHYSICAL, fontsize=8)
-    ax_role.legend(fontsize=7, loc="lower right")
-    ax_role.set_title("per role", fontsize=9, loc="left")
+    ax_role.set_xlabel(PHYSICAL, fontsize=MIN_PT)
+    ax_role.set_title("per role", fontsize=FONT, loc="left")
 
     totals = [int(by_device[d].get("device", 0)) for d in devices]
     colors = ["#c44e52" if capacity and t > capacity else KIND_COLORS["device"] for t in totals]
@@ -140,19 +151,27 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
             gid="line:capacity",
             label=f"device memory {fmt_bytes(capacity)}",
         )
-        ax_dev.legend(fontsize=7)
     step = max(1, len(devices) // 16)
-    ax_dev.set_xticks(range(0, len(devices), step), [f"{devices[i]}" for i in range(0, len(devices), step)], fontsize=7)
-    ax_dev.set_xlabel("device", fontsize=8)
+    ax_dev.set_xticks(
+        range(0, len(devices), step), [f"{devices[i]}" for i in range(0, len(devices), step)], fontsize=MIN_PT
+    )
+    ax_dev.set_xlabel("device", fontsize=MIN_PT)
     bytes_axis(ax_dev.yaxis, ax_dev.get_ylim()[1])
-    ax_dev.set_title("device memory per device", fontsize=9, loc="left")
+    ax_dev.set_title("device memory per device", fontsize=FONT, loc="left")
     model = plan.get("model", {})
     name = model.get("name", "model") if isinstance(model, Mapping) else str(model)
     topo = plan.get("topology", {})
     topo_name = topo.get("name", "") if isinstance(topo, Mapping) else str(topo)
+    handles, labels = [], []
+    for ax in (ax_role, ax_dev):  # one legend under both panels, over neither's bars or labels
+        h, lb = ax.get_legend_handles_labels()
+        handles, labels = handles + h, labels + lb
+    fig.legend(
+        handles, labels, loc="outside lower center", ncols=legend_columns(fig, labels), fontsize=MIN_PT, frameon=False
+    )
     fig.suptitle(
         f"plan: {name} on {topo_name}, layout {plan.get('layout', '?')} ({plan.get('source', 'computed from shapes')})",
-        fontsize=9,
+        fontsize=FONT,
     )
     return fig
 
