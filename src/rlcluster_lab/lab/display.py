@@ -22,6 +22,7 @@ import ipywidgets as widgets
 
 from rlcluster_lab.core.knobs import describe
 from rlcluster_lab.lab import panels
+from rlcluster_lab.lab.sharing_notes import actor_share_text
 from rlcluster_lab.training.learner import StepRecord
 
 _PANELS = ("flow", "grid", "memory", "sync")
@@ -226,7 +227,8 @@ def changes_html(changes: Sequence[str]) -> str:
 def summary_html(report: dict[str, Any]) -> str:
     """The report's headline facts: sharing map, rollout branch, meshes, anchor, memory, warnings."""
     rows = "".join(
-        f"<tr><td>{html.escape(role)}</td><td>{html.escape(', '.join(others) or '(none)')}</td>"
+        f"<tr><td>{html.escape(role)}</td><td>{html.escape(', '.join(others) or 'no link')}</td>"
+        f"<td>{html.escape(actor_share_text(report, role)) if report.get('memory') else ''}</td>"
         f"<td>{_mesh_text(report['role_to_mesh'].get(role))}</td></tr>"
         for role, others in report["sharing_map"].items()
     )
@@ -252,7 +254,8 @@ def summary_html(report: dict[str, Any]) -> str:
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
     return (
         "<div class='rl-sharing'><b>sharing map (P1, P2)</b>"
-        "<table style='text-align:left'><tr><th>role</th><th>shares weights with</th>"
+        "<table style='text-align:left'><tr><th>role</th><th>linked in the map</th>"
+        "<th>holds of the actor's buffers (measured)</th>"
         "<th>mesh (after construction)</th></tr>"
         f"{rows}</table></div>"
         + "".join(f"<div>{line}</div>" for line in lines)
