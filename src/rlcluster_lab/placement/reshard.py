@@ -302,6 +302,7 @@ def _change_layout(
         if log is not None and done:
             log.strategies.add("xla")
     if rest:
+        _refuse_minimal_across_processes([xs[i] for i in rest], [dsts[i] for i in rest])
         # Per-device programs must not inherit a role's mesh context.
         with jax.set_mesh(None):
             built = reshard_minimal.assemble_many(
@@ -312,6 +313,20 @@ def _change_layout(
         if log is not None:
             log.strategies.add("minimal")
     return results  # type: ignore[return-value]
+
+
+def _refuse_minimal_across_processes(xs: list[jax.Array], dsts: list[Sharding]) -> None:
+    """multi-process: the minimal strategy copies single buffers between devices, which JAX does
+    only within a process."""
+    from rlcluster_lab.multiprocess.hosts import spans_processes
+
+    if jax.process_count() == 1:
+        return
+    if any(spans_processes(set(x.sharding.device_set) | set(d.device_set)) for x, d in zip(xs, dsts)):
+        raise NotImplementedError(
+            "the minimal reshard strategy copies one buffer at a time between devices, which JAX cannot do "
+            "between processes; use reshard='xla' (--reshard xla) when the roles span several processes"
+        )
 
 
 def _work_kind(x: jax.Array) -> str:
@@ -362,6 +377,9 @@ def clear_programs() -> None:
 
     reshard_minimal.clear()
     reshard_xla.clear()
+    from rlcluster_lab.multiprocess import crossing  # multi-process: the programs that cross processes
+
+    crossing.clear()
 
 
 def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | None) -> None:
