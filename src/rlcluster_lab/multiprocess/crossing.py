@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.placement.reshard import to_box
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
 from rlcluster_lab.placement.transfers import Transfer
@@ -83,6 +84,7 @@ class CrossingProgram:
     compiled: Any
     mesh: Mesh  # the stacked mesh: (SIDE, *destination axes)
     traffic: ProgramTraffic
+    source: str = "compiled"  # or "persistent cache": read back from disk
 
 
 class _Programs:
@@ -128,12 +130,13 @@ def stacked_mesh(src_a: Sequence[Any], dst_mesh: Mesh) -> Mesh:
 
 def crossing_program(
     mesh: Mesh, avals: Sequence[jax.ShapeDtypeStruct], specs: Sequence[PartitionSpec], routes: Sequence[LeafRoute]
-) -> CrossingProgram:
-    """The compiled program moving each leaf's sent blocks from side 0 to side 1 of ``mesh``."""
+) -> tuple[CrossingProgram, bool]:
+    """The compiled program moving each leaf's sent blocks from side 0 to side 1 of ``mesh``;
+    True when it was built now (compiled, or read from the persistent cache)."""
     key = (mesh, tuple((a.shape, np.dtype(a.dtype)) for a in avals), tuple(specs), tuple(r.sends for r in routes))
     hit = PROGRAMS.get(key)
     if hit is not None:
-        return hit
+        return hit, False
     n = int(np.prod(mesh.devices.shape[1:]))
     axes = tuple(mesh.axis_names)
     perms = [[(p, n + p) for p in r.sends] for r in routes]
@@ -143,11 +146,17 @@ def crossing_program(
         return [jax.lax.ppermute(v, axes, perm) for v, perm in zip(leaves, perms)]
 
     fn = jax.shard_map(body, mesh=mesh, in_specs=(list(specs),), out_specs=list(specs), check_vma=False)
-    with jax.set_mesh(None):
+    with jax.set_mesh(None), count_compilations() as made:
         compiled = jax.jit(fn).lower(list(avals)).compile()
-    built = CrossingProgram(compiled, mesh, program_traffic(compiled, list(mesh.devices.flat)))
+    from_disk = bool(made) and all(cached for _, _, cached in made)
+    built = CrossingProgram(
+        compiled,
+        mesh,
+        program_traffic(compiled, list(mesh.devices.flat)),
+        "persistent cache" if from_disk else "compiled",
+    )
     PROGRAMS.put(key, built)
-    return built
+    return built, True
 
 
 def _placeholders(dsts: Sequence[NamedSharding], avals: Sequence[jax.ShapeDtypeStruct]) -> list[jax.Array]:
@@ -219,7 +228,12 @@ def _move_group(
         avals.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, dst.spec)))
         routes.append(route(dst, x.shape))
         wanted.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dst))
-    prog = crossing_program(mesh, avals, specs, routes)
+    prog, built = crossing_program(mesh, avals, specs, routes)
+    if log is not None and built:
+        if prog.source == "compiled":
+            log.compiled = True
+        else:
+            log.loaded = True
     zeros = _placeholders([w.sharding for w in wanted], wanted)
     inputs = []
     for k, i in enumerate(members):

@@ -2,16 +2,17 @@
 
 A job is JSON (it travels to the workers as a file)::
 
-    {"kind": "reports", "scenarios": [{knobs of a Scenario}, ...], "sync": true, "exercise": false}
+    {"kind": "reports", "scenarios": [{knobs of a Scenario}, ...], "syncs": 1, "exercise": [false, ...]}
 
 For each scenario every process builds the cluster on all processes' devices
 (``jax.devices()``: the standard layouts then span the processes, and the
 split layout puts the trainer on process 0's devices and the rollout on
 process 1's), optionally exercises it (generate, log-probs under every role,
 one optimizer step, and after the sync the rollout's log-probs against the
-live actor's), optionally runs one weight sync, and writes its placement
-report. The reports are exchanged through the coordination service and
-process 0 merges them (``multiprocess.report``).
+live actor's), runs ``syncs`` weight syncs (the report keeps the last: the
+first also compiles its programs), and writes its placement report. The
+reports are exchanged through the coordination service and process 0 merges
+them (``multiprocess.report``).
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def run_job(job: dict[str, Any], progress: Callable[[str], None]) -> dict[str, A
     from rlcluster_lab.core.options import Scenario
 
     scenarios = [Scenario(**knobs) for knobs in job["scenarios"]]
+    exercise = job.get("exercise") or [False] * len(scenarios)
     reports = []
-    for n, scenario in enumerate(scenarios, start=1):
+    for n, (scenario, ops) in enumerate(zip(scenarios, exercise), start=1):
         label = f"scenario {n}/{len(scenarios)} ({describe(scenario)})"
-        reports.append(run_scenario(scenario, bool(job.get("sync")), bool(job.get("exercise")), label, progress))
+        reports.append(run_scenario(scenario, int(job.get("syncs", 0)), bool(ops), label, progress))
         gc.collect()
     return {"process_index": jax.process_index(), "reports": reports}
 
@@ -47,7 +49,7 @@ def describe(scenario: Any) -> str:
 
 
 def run_scenario(
-    scenario: Any, sync: bool, exercise: bool, label: str, progress: Callable[[str], None]
+    scenario: Any, syncs: int, exercise: bool, label: str, progress: Callable[[str], None]
 ) -> dict[str, Any] | None:
     """One scenario on every process; process 0 returns the merged report, the others None."""
     import jax
@@ -65,11 +67,12 @@ def run_scenario(
     progress(f"{label}: built in {seconds['build']:.1f} s")
     checks = exercise_cluster(cluster, seconds, progress, label) if exercise else None
     sync_report = crossing = None
-    if sync:
+    if syncs:
         filters = (nnx.LoRAParam,) if cluster.trainable_is_lora else (nnx.Param,)
-        sync_report = cluster.sync_weights()
+        for _ in range(syncs):
+            sync_report = cluster.sync_weights()
+            progress(f"{label}: synced ({sync_report.seconds * 1e3:.1f} ms handover)")
         seconds["sync"] = sync_report.seconds
-        progress(f"{label}: synced ({sync_report.seconds * 1e3:.1f} ms handover)")
         crossing = crossing_facts(
             flat_leaves(nnx.state(cluster.actor_model, *filters)),
             flat_leaves(nnx.state(cluster.rollout.model(), *filters)),
@@ -133,11 +136,14 @@ def exercise_cluster(
     metrics = cluster.update_actor(TrainBatch(prompts, tokens, advantages, anchor, ref))
     seconds["update"] = time.perf_counter() - start
     progress(f"{label}: one optimizer step")
+    (trained,) = host_values([cluster.get_live_actor_per_token_logps(prompts, tokens)])
     return {
         "tokens": np.asarray(tokens).tolist(),
         "metrics": metrics,
         "sampler_vs_rollout": float(np.max(np.abs(out.logprobs - old))),
         "anchor_vs_rollout": float(np.max(np.abs(anchor - old))),
+        # The step changed the actor; a rollout with weights of its own still has the old ones.
+        "trained_actor_vs_rollout_before_sync": float(np.max(np.abs(trained - old))),
         "prompts": prompts.tolist(),
     }
 
@@ -158,7 +164,7 @@ def after_sync(cluster: Any, checks: dict[str, Any], seconds: dict[str, float]) 
         ]
     )
     seconds["log_probs_after_sync"] = time.perf_counter() - start
-    return {"rollout_vs_live_actor_after_sync": float(np.max(np.abs(rollout - live)))}
+    return {"rollout_vs_trained_actor_after_sync": float(np.max(np.abs(rollout - live)))}
 
 
 def _host() -> str:

@@ -301,8 +301,8 @@ def run_reports(
     *,
     processes: int = 2,
     devices_per_process: int = 4,
-    sync: bool = False,
-    exercise: bool = False,
+    sync: bool | int = False,
+    exercise: bool | Sequence[bool] = False,
     timeout: float = DEFAULT_TIMEOUT_S,
     progress: Callable[[str], None] | None = None,
     on_start: Callable[[list[int]], None] | None = None,
@@ -321,9 +321,12 @@ def run_reports(
         scenarios: ``Scenario`` objects (checked here, before anything starts).
         processes: how many processes (at most 16).
         devices_per_process: simulated CPU devices in each.
-        sync: run one weight sync per scenario and report it.
-        exercise: also generate, score under every role and take one optimizer step (the
-            report then holds ``exercise_by_process``: what each process read back).
+        sync: run one weight sync per scenario (or this many) and report the last; the first
+            also compiles the sync's programs.
+        exercise: also generate, score under every role and take one optimizer step before the
+            sync, and score with the rollout after it (the report then holds
+            ``exercise_by_process``: what each process read back); one flag for every scenario,
+            or one per scenario.
         timeout: seconds for the whole run.
         progress: called with each progress line of each process.
         on_start: called with the workers' process ids once they started.
@@ -344,7 +347,13 @@ def run_reports(
         knobs.append(dataclasses.asdict(s))
     if not knobs:
         raise ConfigError("run_reports needs at least one scenario")
-    job = {"kind": "reports", "scenarios": knobs, "sync": bool(sync), "exercise": bool(exercise)}
+    ops = [bool(exercise)] * len(knobs) if isinstance(exercise, bool) else [bool(e) for e in exercise]
+    if len(ops) != len(knobs):
+        raise ConfigError(f"exercise has {len(ops)} flag(s) for {len(knobs)} scenario(s); give one per scenario")
+    syncs = int(sync)
+    if syncs < 0:
+        raise ConfigError(f"sync must be True, False or a number of syncs (at least 0), got {sync!r}")
+    job = {"kind": "reports", "scenarios": knobs, "syncs": syncs, "exercise": ops}
     results = launch(job, settings, progress=progress, on_start=on_start)
     return results[0]["reports"]
 
