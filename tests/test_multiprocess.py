@@ -24,6 +24,7 @@ from rlcluster_lab import Scenario, build_cluster, placement_report
 from rlcluster_lab.cli.main import main
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.multiprocess.gathering import exchange, held_within, host_values
+from rlcluster_lab.multiprocess.jobs import PROMPTS
 from rlcluster_lab.multiprocess.launcher import LaunchSettings, run_reports
 from rlcluster_lab.multiprocess.report import (
     ProcessesDisagree,
@@ -261,6 +262,11 @@ def test_every_operation_runs_across_processes(launched, layout, lora):
         # across: afterwards the rollout scores as the trained actor does.
         assert checks["trained_actor_vs_rollout_before_sync"] > CLOSE
         assert checks["rollout_vs_trained_actor_after_sync"] < CLOSE
+    if layout == "split":
+        # Models drawn on each host and placed: the same weights as one process's, so the
+        # same samples from the same seed.
+        here = build_cluster(Scenario(layout=layout, lora=lora)).generate(list(PROMPTS))
+        assert here.tokens.tolist() == first["tokens"]
 
 
 def _children(pid):

@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, Sharding
 
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.multiprocess.hosts import crosses_processes, foreign_device_ids, spans_processes
-from rlcluster_lab.placement.reshard import to_box
+from rlcluster_lab.placement.reshard import relabel, to_box
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
 from rlcluster_lab.placement.transfers import Transfer, current_log, not_recorded, record_transfers
 from rlcluster_lab.placement.xla_analysis import Provenance, identity, probe_provenance, read_analysis, write_analysis
@@ -236,7 +236,8 @@ def _change_layout(
             # the destination's order (replicated axes), re-label it, which copies nothing.
             relabelled = _in_order(x.sharding, dst_a)  # type: ignore[arg-type]
             if relabelled is not None and relabelled.is_equivalent_to(x.sharding, x.ndim):
-                xs[i] = jax.device_put(x, relabelled)
+                # multi-process: device_put would copy an array spanning processes (relabel).
+                xs[i] = relabel(x, relabelled) if jax.process_count() > 1 else jax.device_put(x, relabelled)
                 src_a = dst_a
         groups.setdefault((src_a, dst_a), []).append(i)
     done: dict[int, tuple[jax.Array, set[int]]] = {}
