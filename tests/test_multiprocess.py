@@ -25,7 +25,7 @@ from rlcluster_lab.cli.main import main
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.multiprocess.gathering import exchange, held_within, host_values
 from rlcluster_lab.multiprocess.jobs import PROMPTS
-from rlcluster_lab.multiprocess.launcher import LaunchSettings, run_reports
+from rlcluster_lab.multiprocess.launcher import LaunchError, LaunchSettings, launch, run_reports
 from rlcluster_lab.multiprocess.report import (
     ProcessesDisagree,
     merge_reports,
@@ -154,6 +154,8 @@ def test_a_scenario_the_processes_cannot_form_is_refused_before_they_start():
     # 3 processes x 1 device: the split layout needs an even device count.
     with pytest.raises(ConfigError, match="even number of devices"):
         run_reports([Scenario(layout="split")], processes=3, devices_per_process=1)
+    with pytest.raises(ConfigError, match="minimal reshard strategy"):
+        run_reports([Scenario(layout="split", reshard="minimal")], processes=2)
 
 
 # ---------------------------------------------------------------------------- two processes
@@ -289,6 +291,16 @@ def _alive(pid):
     except OSError:
         return False
     return state != "Z"
+
+
+@pytest.mark.slow
+def test_a_worker_that_raises_ends_the_run_with_its_own_error():
+    pids = []
+    # Both workers refuse the job; whichever exits first is the one reported.
+    with pytest.raises(LaunchError, match=r"process [01] of 2 failed after .*ValueError: unknown job kind") as info:
+        launch({"kind": "no such job"}, LaunchSettings(processes=2, devices_per_process=1), on_start=pids.extend)
+    assert info.value.process_id in (0, 1) and info.value.returncode == 1
+    assert len(pids) == 2 and not [p for p in pids if _alive(p)]
 
 
 @pytest.mark.slow

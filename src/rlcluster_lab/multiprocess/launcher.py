@@ -200,9 +200,15 @@ def launch(
 def _worker_env() -> dict[str, str]:
     """The launcher's environment, for the workers: this copy of the lab first on the path,
     the CPU platform, unbuffered output, and no proxy (the runtime's connections are local)."""
+    from rlcluster_lab.core.compile_cache import ENV as CACHE_ENV
+
     env = {k: v for k, v in os.environ.items() if "_proxy" not in k.lower()}
     src = str(Path(rlcluster_lab.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    jax = sys.modules.get("jax")  # a caller that uses JAX already (a notebook, a test session)
+    folder = jax.config.jax_compilation_cache_dir if jax is not None else None
+    if folder and CACHE_ENV not in env:
+        env[CACHE_ENV] = str(folder)  # the workers share the caller's compilation cache
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -344,6 +350,11 @@ def run_reports(
         if not isinstance(s, Scenario):
             raise TypeError(f"run_reports takes Scenario objects, got {type(s).__name__}")
         s.check(settings.processes * settings.devices_per_process)
+        if s.reshard == "minimal" and settings.processes > 1:
+            raise ConfigError(
+                "the minimal reshard strategy copies one buffer at a time between devices, which JAX does only "
+                "within a process; use reshard='xla' (--reshard xla) with several processes"
+            )
         knobs.append(dataclasses.asdict(s))
     if not knobs:
         raise ConfigError("run_reports needs at least one scenario")
