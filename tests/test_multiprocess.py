@@ -262,9 +262,9 @@ def test_every_operation_runs_across_processes(launched, layout, lora):
     for checks in (first, second):
         assert checks["sampler_vs_rollout"] < CLOSE
         assert checks["anchor_vs_rollout"] < CLOSE
-        # The step changed the actor, not the rollout's own copy; the sync carried the change
-        # across: afterwards the rollout scores as the trained actor does.
-        assert checks["trained_actor_vs_rollout_before_sync"] > CLOSE
+        # The step changed the actor's log-probs; the sync carried the change to the rollout
+        # (across processes in the split layout): afterwards it scores as the trained actor does.
+        assert checks["step_changed_log_probs"] > CLOSE
         assert checks["rollout_vs_trained_actor_after_sync"] < CLOSE
     if layout == "split":
         # Models drawn on each host and placed: the same weights as one process's, so the

@@ -142,8 +142,8 @@ def exercise_cluster(
         "metrics": metrics,
         "sampler_vs_rollout": float(np.max(np.abs(out.logprobs - old))),
         "anchor_vs_rollout": float(np.max(np.abs(anchor - old))),
-        # The step changed the actor; a rollout with weights of its own still has the old ones.
-        "trained_actor_vs_rollout_before_sync": float(np.max(np.abs(trained - old))),
+        # The step changed the actor: its log-probs now differ from those scored before the step.
+        "step_changed_log_probs": float(np.max(np.abs(trained - old))),
         "prompts": prompts.tolist(),
     }
 
