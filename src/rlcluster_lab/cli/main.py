@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
 from rlcluster_lab.cli.plan import add_plan_arguments
+from rlcluster_lab.cli.processes import add_process_arguments, multi_process
 from rlcluster_lab.core.knobs import describe
 
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="build a cluster and print its placement report")
     add_scenario_flags(rep)
     rep.add_argument("--sync", action="store_true", help="also run one weight sync and report the bytes it moved (L3)")
+    add_process_arguments(rep)
     learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
     add_scenario_flags(learn)
     learn.add_argument("--steps", type=int, default=30)
@@ -63,6 +65,7 @@ EXIT_INTERRUPTED = 130
 # is one too, and a MemoryError), a wrong type, a file that is not there, a number too large
 # for a C integer, a backend that cannot do what was asked.
 _REFUSALS = (ValueError, TypeError, RuntimeError, FileNotFoundError, MemoryError, OverflowError)
+# A multi-process run that failed (multiprocess.LaunchError) is a RuntimeError: exit 2, the worker's error.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,6 +98,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     # before the backend starts.
     learning = _learn_setup(args) if args.command == "learn" else None
     if args.command == "report":
+        if multi_process(args):
+            # Several processes: the workers start JAX, this process never does.
+            from rlcluster_lab.cli.processes import run_processes_command
+
+            return run_processes_command(args)
         scenario_from(args).check()
     # The device count must be set before anything starts the JAX backend,
     # and the persistent compilation cache before the first compilation.

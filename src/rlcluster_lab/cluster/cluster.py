@@ -35,6 +35,7 @@ from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine, RolloutOutput
 from rlcluster_lab.measure.sync import SyncReport
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, is_lora
 from rlcluster_lab.model.tokenizer import ByteTokenizer
+from rlcluster_lab.multiprocess.hosts import home_device
 from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.placement.place import array_leaves, default_memory_kind
 from rlcluster_lab.placement.reshard import reshard_strategy
@@ -317,7 +318,8 @@ class RLCluster:
         rules = self.cluster_config.logical_axis_rules(role)
         with contextlib.ExitStack() as stack:
             stack.enter_context(jax.set_mesh(mesh))
-            stack.enter_context(jax.default_device(next(iter(mesh.devices.flat))))
+            # multi-process: the mesh's first device this process owns (home_device).
+            stack.enter_context(jax.default_device(home_device(mesh)))
             if self.cluster_config.matmul_precision is not None:
                 stack.enter_context(jax.default_matmul_precision(self.cluster_config.matmul_precision))
             stack.enter_context(reshard_strategy(self.cluster_config.reshard))

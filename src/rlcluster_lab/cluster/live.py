@@ -14,6 +14,7 @@ from rlcluster_lab.core.roles import Role
 from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine
 from rlcluster_lab.model import checkpoint
 from rlcluster_lab.model.lora import is_lora
+from rlcluster_lab.multiprocess.gathering import summed
 from rlcluster_lab.placement.buffers import sharing_backbone, state_bytes
 from rlcluster_lab.placement.place import (
     array_leaves,
@@ -107,7 +108,8 @@ class LiveExecutor:
     def pin_anchor(self, actor: nnx.Module, partial: bool) -> tuple[Any, int]:
         source = nnx.state(actor, nnx.LoRAParam) if partial else nnx.state(actor)
         anchor = put_on_memory_kind(source, "pinned_host")
-        return anchor, state_bytes(anchor)
+        # multi-process: each process holds its own shards; P8 records the bytes of all of them.
+        return anchor, summed(state_bytes(anchor), "anchor bytes")
 
     def device_kind(self, mesh: Any) -> str:
         return default_memory_kind(mesh)

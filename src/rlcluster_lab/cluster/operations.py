@@ -25,6 +25,7 @@ from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.engines import RolloutOutput
 from rlcluster_lab.model import is_lora, logps_from_state
+from rlcluster_lab.multiprocess.gathering import host_value, host_values
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import p10_require_anchor
 from rlcluster_lab.rules.steps import p9_check_prompts
@@ -162,7 +163,7 @@ def update_actor(c: RLCluster, batch: TrainBatch, on_step: Any) -> list[dict[str
                 # leaf's sharding); a step that raised changed neither.
                 nnx.update(actor, new_trainable)
                 c._opt_state = new_opt_state
-                metrics.append({k: float(v) for k, v in m.items()})
+                metrics.append(_host_metrics(m))
     return metrics
 
 
@@ -203,8 +204,15 @@ def update_critic(c: RLCluster, batch: Any) -> list[dict[str, float]]:
                 )
                 nnx.update(critic, new_trainable)
                 c._critic_opt_state = new_opt_state
-                metrics.append({k: float(v) for k, v in m.items()})
+                metrics.append(_host_metrics(m))
     return metrics
+
+
+def _host_metrics(m: dict[str, Any]) -> dict[str, float]:
+    """A step's metrics as floats; with several processes, read from whichever process
+    computed them (``multiprocess.gathering``)."""
+    keys = list(m)
+    return {k: float(v) for k, v in zip(keys, host_values([m[k] for k in keys]))}
 
 
 @contextlib.contextmanager
@@ -280,8 +288,8 @@ def rehearse_step(c: RLCluster, prompts: Sequence[str], reward_model: bool) -> b
         if calls is not None:
             engine._calls = calls  # the sampling seed the real step will use
     p, comp = out.left_padded_prompt_tokens, out.tokens
-    anchor = np.asarray(c.get_actor_per_token_logps(p, comp))
-    ref = np.asarray(c.get_ref_per_token_logps(p, comp)) if c._reference is not None else None
+    anchor = host_value(c.get_actor_per_token_logps(p, comp))
+    ref = host_value(c.get_ref_per_token_logps(p, comp)) if c._reference is not None else None
     if reward_model and c._reward is not None:
         c.get_rewards(p, comp)
     batch = TrainBatch(p, comp, np.zeros(len(p), np.float32), anchor, ref)

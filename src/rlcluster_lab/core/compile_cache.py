@@ -101,7 +101,14 @@ def trim_compiled_programs(fraction: float | None = None) -> bool:
     """
     fraction = TRIM_FRACTION if fraction is None else fraction
     held, limit = mapped_regions(), mapping_limit()
-    if held is None or limit is None or held < fraction * limit:
+    over = not (held is None or limit is None or held < fraction * limit)
+    if jax.process_count() > 1:
+        # multi-process: every process drops its programs together, or one would analyse a
+        # shared program again alone and wait for the others (multiprocess.gathering).
+        from rlcluster_lab.multiprocess.gathering import any_process
+
+        over = any_process(over, "trim compiled programs")
+    if not over:
         return False
     from rlcluster_lab.placement.reshard import clear_programs
 

@@ -193,6 +193,8 @@ def allocator_stats(devices: Sequence[Any] | None = None) -> dict[str, Any]:
     """
     devices = list(devices) if devices is not None else jax.local_devices()
     platform = devices[0].platform if devices else "?"
+    # multi-process: a process reads only the devices it owns (the others' have no stats here).
+    devices = [d for d in devices if d.process_index == jax.process_index()]
     stats = {}
     for d in devices:
         s = d.memory_stats()

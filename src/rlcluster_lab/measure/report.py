@@ -17,6 +17,7 @@ from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.meshes import describe_meshes
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure import MemoryReport, SyncReport, memory_report
+from rlcluster_lab.multiprocess.gathering import held_within
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone, state_bytes
 from rlcluster_lab.placement.place import memory_kinds
 from rlcluster_lab.rules.sharing import sharing_map_json
@@ -66,7 +67,7 @@ def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> Plac
         sharing_map=sharing_map_json(cluster.sharing_map),
         rollout_branch=str(cluster.rollout_branch),
         # Every buffer the engine samples with is one of the actor's own.
-        rollout_shares_actor_weights=bool(rollout_keys) and rollout_keys <= actor_keys,
+        rollout_shares_actor_weights=held_within(rollout_keys, actor_keys, "rollout buffers shared"),
         reference_shares_backbone=reference is not None and sharing_backbone(reference, actor),
         role_to_mesh=describe_meshes({r: m for r, m in cluster.role_to_mesh.items() if r in present}),
         config_role_to_mesh=describe_meshes({r: m for r, m in cluster.config_role_to_mesh.items() if r in present}),

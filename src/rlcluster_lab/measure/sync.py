@@ -23,7 +23,7 @@ from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.memory import UNITS, _buffers, _plain
 from rlcluster_lab.placement.place import array_leaves
 from rlcluster_lab.placement.reshard import box_size, minimum_cross_device_elements, shard_boxes
-from rlcluster_lab.placement.transfers import TransferLog, shard_key, shard_keys
+from rlcluster_lab.placement.transfers import Transfer, TransferLog, shard_key, shard_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +117,10 @@ class SyncReport:
     includes_program_load: bool = False
     reshard_strategy: str = "minimal"
     units: str = UNITS
+    # Every logged cross-device copy (source and destination device): with several processes,
+    # multiprocess.report splits them into bytes that crossed a process boundary and bytes
+    # that stayed inside one. Not part of the JSON.
+    transfers: tuple[Transfer, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     def _sum(self, field: str) -> int:
         return int(sum(getattr(leaf, field) for leaf in self.leaves))
@@ -319,6 +323,7 @@ def sync_report(
         includes_compilation=log.compiled,
         includes_program_load=log.loaded,
         reshard_strategy=strategy,
+        transfers=tuple(t for t in log.transfers if t.kind == "cross_device" and t.leaf is not None),
     )
 
 

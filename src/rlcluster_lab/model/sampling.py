@@ -29,6 +29,7 @@ from rlcluster_lab.model.logps import (
 )
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.model.transformer import init_cache
+from rlcluster_lab.multiprocess.gathering import host_values
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,8 @@ def sample(
         eos_id=eos_id,
         pad_id=pad_id,
     )
-    tokens = np.asarray(tokens)
-    logprobs = np.asarray(logprobs, dtype=np.float32)
+    # multi-process: the sampler's devices may belong to another process (a split rollout).
+    tokens, logprobs = host_values([tokens, logprobs])
+    logprobs = logprobs.astype(np.float32, copy=False)
     text = [tokenizer.decode(row) for row in tokens]
     return SampleOutput(text=text, tokens=tokens, logprobs=logprobs, prompt_tokens=prompt_tokens)

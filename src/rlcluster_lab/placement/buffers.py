@@ -22,6 +22,9 @@ def buffer_keys(state: Any) -> set[tuple[str, int, int]]:
 
 def sharing_backbone(a: nnx.Module, b: nnx.Module) -> bool:
     """P4: every frozen (non-LoRA) buffer of ``a`` is one of ``b``'s."""
+    from rlcluster_lab.multiprocess.gathering import held_within
+
     ka = buffer_keys(nnx.state(a, nnx.Not(nnx.LoRAParam)))
     kb = buffer_keys(nnx.state(b, nnx.Not(nnx.LoRAParam)))
-    return bool(ka) and ka <= kb
+    # multi-process: every process holding some of a's buffers must agree (held_within).
+    return held_within(ka, kb, "backbone buffers shared")

@@ -253,9 +253,14 @@ def reshard_many(
         group = [i for i in direct if (copy and not staged[i][2]) is must_copy]
         if not group:
             continue
-        moved = jax.device_put(
-            [staged[i][0] for i in group], [targets[i] for i in group], may_alias=False if must_copy else None
-        )
+        if not must_copy and jax.process_count() > 1:
+            # multi-process: device_put copies an array spanning processes even onto an
+            # equivalent sharding; its own shards, re-labelled, are the same buffers.
+            moved = [relabel(staged[i][0], targets[i]) for i in group]
+        else:
+            moved = jax.device_put(
+                [staged[i][0] for i in group], [targets[i] for i in group], may_alias=False if must_copy else None
+            )
         for i, y in zip(group, moved):
             produced[i] = log_new_shards("same_device", staged[i][0], y, labels[i]) if current is not None else set()
             out[i] = y
@@ -302,6 +307,7 @@ def _change_layout(
         if log is not None and done:
             log.strategies.add("xla")
     if rest:
+        _refuse_minimal_across_processes([xs[i] for i in rest], [dsts[i] for i in rest])
         # Per-device programs must not inherit a role's mesh context.
         with jax.set_mesh(None):
             built = reshard_minimal.assemble_many(
@@ -312,6 +318,25 @@ def _change_layout(
         if log is not None:
             log.strategies.add("minimal")
     return results  # type: ignore[return-value]
+
+
+def relabel(x: jax.Array, dst: Sharding) -> jax.Array:
+    """``x``'s own shards as an array on ``dst``, an equivalent sharding (nothing is copied)."""
+    return jax.make_array_from_single_device_arrays(x.shape, dst, [s.data for s in x.addressable_shards], dtype=x.dtype)
+
+
+def _refuse_minimal_across_processes(xs: list[jax.Array], dsts: list[Sharding]) -> None:
+    """multi-process: the minimal strategy copies single buffers between devices, which JAX does
+    only within a process."""
+    from rlcluster_lab.multiprocess.hosts import spans_processes
+
+    if jax.process_count() == 1:
+        return
+    if any(spans_processes(set(x.sharding.device_set) | set(d.device_set)) for x, d in zip(xs, dsts)):
+        raise NotImplementedError(
+            "the minimal reshard strategy copies one buffer at a time between devices, which JAX cannot do "
+            "between processes; use reshard='xla' (--reshard xla) when the roles span several processes"
+        )
 
 
 def _work_kind(x: jax.Array) -> str:
@@ -362,6 +387,9 @@ def clear_programs() -> None:
 
     reshard_minimal.clear()
     reshard_xla.clear()
+    from rlcluster_lab.multiprocess import crossing  # multi-process: the programs that cross processes
+
+    crossing.clear()
 
 
 def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | None) -> None:

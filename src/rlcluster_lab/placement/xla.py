@@ -39,7 +39,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 
 from rlcluster_lab.core.compile_cache import count_compilations
-from rlcluster_lab.placement.reshard import to_box
+from rlcluster_lab.multiprocess.hosts import crosses_processes, foreign_device_ids, spans_processes
+from rlcluster_lab.placement.reshard import relabel, to_box
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
 from rlcluster_lab.placement.transfers import Transfer, current_log, not_recorded, record_transfers
 from rlcluster_lab.placement.xla_analysis import Provenance, identity, probe_provenance, read_analysis, write_analysis
@@ -68,7 +69,9 @@ class XlaProgram:
 
     def _analyse(self) -> tuple[ProgramTraffic, Provenance]:
         if self._analysis is None:
-            stored = read_analysis(self.compiled, self.devices)
+            # multi-process: a program spanning processes is probed by all of them together,
+            # never read back by some (their stores may differ) while the others probe it.
+            stored = None if spans_processes(self.devices) else read_analysis(self.compiled, self.devices)
             if stored is None:
                 traffic = program_traffic(self.compiled, self.devices)
                 # The probe is a measurement of the program, made once, not part of any sync: it
@@ -233,7 +236,8 @@ def _change_layout(
             # the destination's order (replicated axes), re-label it, which copies nothing.
             relabelled = _in_order(x.sharding, dst_a)  # type: ignore[arg-type]
             if relabelled is not None and relabelled.is_equivalent_to(x.sharding, x.ndim):
-                xs[i] = jax.device_put(x, relabelled)
+                # multi-process: device_put would copy an array spanning processes (relabel).
+                xs[i] = relabel(x, relabelled) if jax.process_count() > 1 else jax.device_put(x, relabelled)
                 src_a = dst_a
         groups.setdefault((src_a, dst_a), []).append(i)
     done: dict[int, tuple[jax.Array, set[int]]] = {}
@@ -288,7 +292,18 @@ def _run_then_move(
             _note_built(log, prog, built)
             _log_flows(log, prog, [labels[i] for i in need])
     if not set(src_a) & set(dst_a):
+        if crosses_processes(src_a, dst_a):
+            # multi-process: whole shards cross into another process in one compiled program.
+            from rlcluster_lab.multiprocess.crossing import move_across
+
+            return move_across(idx, xs, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
         return _move_whole(idx, xs, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
+    if crosses_processes(src_a, dst_a):
+        raise NotImplementedError(
+            "a layout change between overlapping device sets whose shards would cross processes is not "
+            "supported; place the rollout on the same devices as the actor (any shape) or on devices of "
+            "its own (the split layout)"
+        )
     # Position p of the layout: the shard on src_a[p] belongs on dst_a[p]. Where no program
     # ran and the destination device already holds that very block (a replicated leaf, or
     # a device in both sets), its own buffer serves.
@@ -404,7 +419,8 @@ def _note_built(log: Any, prog: XlaProgram, built: bool) -> None:
 
 
 def _crossed(prog: XlaProgram, k: int) -> int:
-    return sum(f.nbytes for f in prog.traffic.flows if f.param == k)
+    foreign = foreign_device_ids()  # multi-process: the flows onto this process's devices
+    return sum(f.nbytes for f in prog.traffic.flows if f.param == k and f.dst_device not in foreign)
 
 
 def _note_relayed(log: Any, label: str | None, nbytes: int) -> None:
@@ -413,7 +429,10 @@ def _note_relayed(log: Any, label: str | None, nbytes: int) -> None:
 
 
 def _log_flows(log: Any, prog: XlaProgram, labels: list[str | None]) -> None:
+    foreign = foreign_device_ids()  # multi-process: each process logs what lands on its devices
     for f in prog.traffic.flows:
+        if f.dst_device in foreign:
+            continue
         label = labels[f.param] if f.param is not None else None
         log.transfers.append(Transfer("cross_device", f.src_device, f.dst_device, f.nbytes, label))
     for line in prog.traffic.unreadable:

@@ -1,0 +1,83 @@
+"""``report --processes N``: the same report, built by N processes on this machine.
+
+The command never starts JAX itself: it checks the flags and the scenario,
+then ``multiprocess.launcher`` starts one worker per process, each with
+``--devices-per-process`` simulated CPU devices, and process 0's merged
+report comes back. A failed or stuck worker ends the run with exit status 2
+and that worker's error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rlcluster_lab.cli.flags import scenario_from
+from rlcluster_lab.core.errors import ConfigError
+
+
+def add_process_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of a multi-process ``report``."""
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="build the cluster over this many processes on this machine (JAX's multi-process runtime; "
+        "default 1: in this process)",
+    )
+    p.add_argument(
+        "--devices-per-process",
+        type=int,
+        default=4,
+        help="simulated CPU devices of each process with --processes (default 4)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds the whole multi-process run may take (default 900); then every process is stopped",
+    )
+
+
+def multi_process(args: argparse.Namespace) -> bool:
+    """True when the flags ask for several processes; refuses flags that only make sense with them."""
+    if isinstance(args.processes, int) and args.processes > 1:
+        return True
+    if args.processes != 1:
+        raise ConfigError(f"--processes must be at least 1, got {args.processes}")
+    if args.timeout is not None:
+        raise ConfigError("--timeout bounds a multi-process run: use it with --processes 2 or more")
+    return False
+
+
+def run_processes_command(args: argparse.Namespace) -> dict[str, Any]:
+    """The merged report of a multi-process run, as JSON or (``_text``) a readable summary.
+
+    Raises:
+        ConfigError: a flag or scenario that cannot work (nothing started).
+        LaunchError: a worker failed or the deadline passed (every worker was stopped).
+    """
+    from rlcluster_lab.multiprocess.launcher import DEFAULT_TIMEOUT_S, run_report
+
+    total = args.processes * args.devices_per_process
+    if args.devices not in (8, total):
+        raise ConfigError(
+            f"--devices {args.devices} conflicts with --processes {args.processes} x --devices-per-process "
+            f"{args.devices_per_process} = {total} devices; drop --devices with --processes"
+        )
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    data = run_report(
+        scenario_from(args),
+        processes=args.processes,
+        devices_per_process=args.devices_per_process,
+        sync=args.sync,
+        timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
+        progress=progress,
+    )
+    if args.json:
+        return data
+    from rlcluster_lab.cli.main import format_report
+    from rlcluster_lab.multiprocess.report import format_processes
+
+    return {"_text": "\n".join([format_report(data), *format_processes(data)])}

@@ -1,0 +1,143 @@
+"""Reading what lives on other processes: small facts, and host values of global arrays.
+
+Every function here is collective: every process must call it, in the same
+order, with the same structure (multi-controller JAX runs one program in
+every process, so the cluster's code reaches each call on each process).
+Which path a call takes is decided from global facts only (an array's
+sharding, the process count), never from what this process happens to
+hold, so the processes cannot take different paths and wait on each other.
+
+Small facts (JSON) go through the coordination service's key-value store
+that ``jax.distributed.initialize`` starts: no device program is needed,
+whichever devices the processes own. Array values go through device
+collectives (``jax.experimental.multihost_utils``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlcluster_lab.multiprocess.hosts import processes_of
+
+# How long a process waits for another's fact before giving up: a peer that never arrives has
+# failed or taken another path; the error ends the run instead of a silent wait.
+EXCHANGE_TIMEOUT_S = 120.0
+
+_SEQUENCE = itertools.count()  # the same on every process: calls happen in the same order
+
+
+def exchange(value: Any, what: str, timeout_s: float = EXCHANGE_TIMEOUT_S) -> list[Any]:
+    """Every process's ``value`` (JSON-ready), indexed by process, on every process.
+
+    Args:
+        value: this process's fact.
+        what: a short name for the key and for the error message.
+        timeout_s: how long to wait for each other process.
+
+    Raises:
+        TimeoutError: a process did not publish its value in time (it failed, or the processes
+            are not running the same program).
+    """
+    if jax.process_count() == 1:
+        return [value]
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:  # pragma: no cover - process_count() > 1 implies an initialized runtime
+        raise RuntimeError("several JAX processes but no distributed client: call jax.distributed.initialize first")
+    key = f"rlcluster_lab/{next(_SEQUENCE)}/{what}"
+    client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value))
+    out = []
+    for p in range(jax.process_count()):
+        try:
+            out.append(json.loads(client.blocking_key_value_get(f"{key}/{p}", int(timeout_s * 1000))))
+        except Exception as exc:  # the runtime raises its own error type for a deadline
+            raise TimeoutError(
+                f"process {p} did not publish {what!r} within {timeout_s:.0f} s: it failed, or the processes "
+                f"are not running the same program ({type(exc).__name__}: {exc})"
+            ) from exc
+    return out
+
+
+def summed(value: int, what: str) -> int:
+    """The sum over processes of a per-process count (the count itself in one process)."""
+    return int(sum(exchange(int(value), what)))
+
+
+def any_process(flag: bool, what: str) -> bool:
+    """True when ``flag`` is true on some process."""
+    return any(exchange(bool(flag), what))
+
+
+def host_value(x: Any) -> np.ndarray:
+    """The whole value of ``x`` on this host, whichever processes own its shards.
+
+    One process: ``np.asarray``. An array on devices of every process: the
+    shard this process holds when it is replicated, else a gather over the
+    processes. An array on some processes only (the rollout of a split
+    layout, seen from the trainer): replicated among its owners, then sent
+    from the first owner to every process.
+    """
+    return host_values([x])[0]
+
+
+def host_values(values: list[Any]) -> list[np.ndarray]:
+    """``host_value`` of each array, with one broadcast per owning process (see ``host_value``)."""
+    if jax.process_count() == 1:
+        return [np.asarray(v) for v in values]
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    out: list[np.ndarray | None] = [None] * len(values)
+    later: dict[int, list[int]] = {}  # first owning process -> indices to broadcast from it
+    everyone = jax.process_count()
+    for i, v in enumerate(values):
+        if not isinstance(v, jax.Array):
+            out[i] = np.asarray(v)
+            continue
+        owners = processes_of(v.sharding.device_set)
+        if len(owners) == everyone:
+            if v.is_fully_replicated:
+                out[i] = np.asarray(v.addressable_data(0))
+            else:
+                out[i] = np.asarray(multihost_utils.process_allgather(v, tiled=True))
+            continue
+        later.setdefault(owners[0], []).append(i)
+    me = jax.process_index()
+    for source, idx in sorted(later.items()):
+        local = []
+        for i in idx:
+            v = values[i]
+            if not v.is_fully_replicated:
+                # Replicated among its own devices first (only its owners compute).
+                spec = PartitionSpec()
+                target = (
+                    NamedSharding(v.sharding.mesh, spec)
+                    if isinstance(v.sharding, NamedSharding)
+                    else v.sharding.with_spec(spec)  # pragma: no cover - the cluster uses NamedSharding
+                )
+                v = jax.jit(lambda t: t, out_shardings=target)(v)
+            if v.addressable_shards:
+                local.append(np.asarray(v.addressable_data(0)))
+            else:
+                local.append(np.zeros(v.shape, v.dtype))
+        got = multihost_utils.broadcast_one_to_all(local, is_source=me == source)
+        for i, g in zip(idx, got):
+            out[i] = np.asarray(g)
+    return out  # type: ignore[return-value]
+
+
+def held_within(a: set[Any], b: set[Any], what: str) -> bool:
+    """True when ``a`` is non-empty and within ``b`` on every process that holds any of ``a``.
+
+    Buffer identities (``placement.buffers``) are per process: each process
+    sees only the shards on its own devices, so "these buffers are those
+    buffers" is answered by every process holding some, together.
+    """
+    facts = exchange([bool(a), a <= b], what)
+    return any(has for has, _ in facts) and all(ok for has, ok in facts if has)

@@ -1,0 +1,66 @@
+"""Which process owns what: the facts every multi-process path reads.
+
+In a single process every device is addressable and these helpers reduce to
+what the lab did before (the first device of a mesh, ``np.asarray``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+
+def process_count() -> int:
+    """How many processes run this program (1 without ``jax.distributed``)."""
+    return jax.process_count()
+
+
+def home_device(mesh: Any) -> Any:
+    """The device arrays made without a placement should land on while working on ``mesh``.
+
+    The mesh's first device this process owns; a process that owns none of
+    them (the trainer process, for a rollout mesh on another process) gets
+    its own first device of the mesh's platform: a device it does not own
+    cannot receive a host value here.
+    """
+    devices = list(mesh.devices.flat)
+    me = jax.process_index()
+    for d in devices:
+        if d.process_index == me:
+            return d
+    return jax.local_devices(backend=devices[0].platform)[0]
+
+
+def owns_any(mesh: Any) -> bool:
+    """True when this process owns at least one device of ``mesh``."""
+    me = jax.process_index()
+    return any(d.process_index == me for d in mesh.devices.flat)
+
+
+def processes_of(devices: Any) -> list[int]:
+    """The process indices owning ``devices``, sorted."""
+    return sorted({int(d.process_index) for d in devices})
+
+
+def foreign_device_ids() -> frozenset[int]:
+    """Ids of the devices other processes own (empty in a single process).
+
+    A compiled program that spans processes is the same text on every
+    process, so each reads every flow in it; a process counts only the flows
+    that land on its own devices, and process 0 adds the processes' counts.
+    """
+    if jax.process_count() == 1:
+        return frozenset()
+    me = jax.process_index()
+    return frozenset(int(d.id) for d in jax.devices() if d.process_index != me)
+
+
+def spans_processes(devices: Any) -> bool:
+    """True when ``devices`` belong to more than one process."""
+    return len(processes_of(devices)) > 1
+
+
+def crosses_processes(src: Any, dst: Any) -> bool:
+    """True when a move from device ``src[p]`` to ``dst[p]`` leaves a process for some position p."""
+    return any(a.process_index != b.process_index for a, b in zip(src, dst))

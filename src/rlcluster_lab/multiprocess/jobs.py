@@ -1,0 +1,173 @@
+"""What a worker runs: the same cluster code in every process, then process 0 merges the reports.
+
+A job is JSON (it travels to the workers as a file)::
+
+    {"kind": "reports", "scenarios": [{knobs of a Scenario}, ...], "syncs": 1, "exercise": [false, ...]}
+
+For each scenario every process builds the cluster on all processes' devices
+(``jax.devices()``: the standard layouts then span the processes, and the
+split layout puts the trainer on process 0's devices and the rollout on
+process 1's), optionally exercises it (generate, log-probs under every role,
+one optimizer step, and after the sync the rollout's log-probs against the
+live actor's), runs ``syncs`` weight syncs (the report keeps the last: the
+first also compiles its programs), and writes its placement report. The
+reports are exchanged through the coordination service and process 0 merges
+them (``multiprocess.report``).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+PROMPTS = ("the cluster", "weights cross hosts")
+
+
+def run_job(job: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run ``job`` in this process; returns this process's result (process 0's holds the merged reports)."""
+    if job.get("kind") != "reports":
+        raise ValueError(f"unknown job kind {job.get('kind')!r}; this worker runs 'reports'")
+    import jax
+
+    from rlcluster_lab.core.options import Scenario
+
+    scenarios = [Scenario(**knobs) for knobs in job["scenarios"]]
+    exercise = job.get("exercise") or [False] * len(scenarios)
+    reports = []
+    for n, (scenario, ops) in enumerate(zip(scenarios, exercise), start=1):
+        label = f"scenario {n}/{len(scenarios)} ({describe(scenario)})"
+        reports.append(run_scenario(scenario, int(job.get("syncs", 0)), bool(ops), label, progress))
+        gc.collect()
+    return {"process_index": jax.process_index(), "reports": reports}
+
+
+def describe(scenario: Any) -> str:
+    engine = "" if scenario.engine == "vanilla" else f", {scenario.engine}"
+    return f"{scenario.layout}{', LoRA' if scenario.lora else ''}{engine}"
+
+
+def run_scenario(
+    scenario: Any, syncs: int, exercise: bool, label: str, progress: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """One scenario on every process; process 0 returns the merged report, the others None."""
+    import jax
+    from flax import nnx
+
+    from rlcluster_lab.cluster.scenario import build_cluster
+    from rlcluster_lab.measure.report import placement_report
+    from rlcluster_lab.measure.sync import flat_leaves
+    from rlcluster_lab.multiprocess.gathering import exchange
+    from rlcluster_lab.multiprocess.report import crossing_facts, merge_reports
+
+    start = time.perf_counter()
+    cluster = build_cluster(scenario)
+    seconds = {"build": time.perf_counter() - start}
+    progress(f"{label}: built in {seconds['build']:.1f} s")
+    checks = exercise_cluster(cluster, seconds, progress, label) if exercise else None
+    sync_report = crossing = None
+    if syncs:
+        filters = (nnx.LoRAParam,) if cluster.trainable_is_lora else (nnx.Param,)
+        for _ in range(syncs):
+            sync_report = cluster.sync_weights()
+            progress(f"{label}: synced ({sync_report.seconds * 1e3:.1f} ms handover)")
+        seconds["sync"] = sync_report.seconds
+        crossing = crossing_facts(
+            flat_leaves(nnx.state(cluster.actor_model, *filters)),
+            flat_leaves(nnx.state(cluster.rollout.model(), *filters)),
+            sync_report,
+        )
+        if exercise:
+            checks.update(after_sync(cluster, checks, seconds))  # type: ignore[union-attr]
+    report = placement_report(cluster, sync=sync_report).to_json()
+    report["process"] = {
+        "index": jax.process_index(),
+        "device_ids": [int(d.id) for d in jax.local_devices()],
+        "host": _host(),
+    }
+    report["crossing"] = crossing
+    report["seconds"] = seconds
+    if checks is not None:
+        report["exercise"] = checks
+    everyone = exchange(report, "placement report")
+    progress(f"{label}: reports gathered")
+    del cluster
+    if jax.process_index() != 0:
+        return None
+    merged = merge_reports(everyone)
+    merged["seconds_by_process"] = [r["seconds"] for r in everyone]
+    if exercise:
+        merged["exercise_by_process"] = [r["exercise"] for r in everyone]
+    return merged
+
+
+def exercise_cluster(
+    cluster: Any, seconds: dict[str, float], progress: Callable[[str], None], label: str
+) -> dict[str, Any]:
+    """Every operation once, on every process: host values read back wherever they live.
+
+    Returns what the tests compare across processes: the sampled tokens, the
+    optimizer step's metrics, and how far the sampler's log-probs are from
+    the rollout's, the anchor's and the live actor's scoring (the same
+    weights before any step, so equal up to float rounding).
+    """
+    import numpy as np
+
+    from rlcluster_lab.multiprocess.gathering import host_values
+    from rlcluster_lab.training.step import TrainBatch
+
+    start = time.perf_counter()
+    out = cluster.generate(list(PROMPTS))
+    seconds["generate"] = time.perf_counter() - start
+    prompts, tokens = out.left_padded_prompt_tokens, out.tokens
+    start = time.perf_counter()
+    ref, old, anchor = host_values(
+        [
+            cluster.get_ref_per_token_logps(prompts, tokens),
+            cluster.get_old_per_token_logps(prompts, tokens),
+            cluster.get_actor_per_token_logps(prompts, tokens),
+        ]
+    )
+    seconds["log_probs"] = time.perf_counter() - start
+    progress(f"{label}: generated and scored")
+    advantages = np.linspace(-1.0, 1.0, len(prompts), dtype=np.float32)
+    start = time.perf_counter()
+    metrics = cluster.update_actor(TrainBatch(prompts, tokens, advantages, anchor, ref))
+    seconds["update"] = time.perf_counter() - start
+    progress(f"{label}: one optimizer step")
+    (trained,) = host_values([cluster.get_live_actor_per_token_logps(prompts, tokens)])
+    return {
+        "tokens": np.asarray(tokens).tolist(),
+        "metrics": metrics,
+        "sampler_vs_rollout": float(np.max(np.abs(out.logprobs - old))),
+        "anchor_vs_rollout": float(np.max(np.abs(anchor - old))),
+        # The step changed the actor: its log-probs now differ from those scored before the step.
+        "step_changed_log_probs": float(np.max(np.abs(trained - old))),
+        "prompts": prompts.tolist(),
+    }
+
+
+def after_sync(cluster: Any, checks: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+    """After the step and the sync: the rollout scores with the weights the actor trained to."""
+    import numpy as np
+
+    from rlcluster_lab.multiprocess.gathering import host_values
+
+    prompts = np.asarray(checks["prompts"], np.int32)
+    tokens = np.asarray(checks["tokens"], np.int32)
+    start = time.perf_counter()
+    rollout, live = host_values(
+        [
+            cluster.get_old_per_token_logps(prompts, tokens),
+            cluster.get_live_actor_per_token_logps(prompts, tokens),
+        ]
+    )
+    seconds["log_probs_after_sync"] = time.perf_counter() - start
+    return {"rollout_vs_trained_actor_after_sync": float(np.max(np.abs(rollout - live)))}
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()

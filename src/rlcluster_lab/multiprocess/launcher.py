@@ -1,0 +1,389 @@
+"""Start a multi-process run on this machine, wait for it, and never leave a process behind.
+
+``run_reports`` (and ``run_report`` for one scenario) is the Python entry
+point; ``python -m rlcluster_lab report --processes N`` calls it. The
+launcher itself never imports JAX: it writes the job to a file, picks a free
+port for process 0's coordination service, starts one worker per process
+(``python -m rlcluster_lab.multiprocess.worker``, each in a session of its
+own so that its whole process group can be signalled), and polls them every
+50 ms:
+
+- the first worker that exits with an error ends the run: the others get
+  SIGTERM, then SIGKILL after a grace period, and ``LaunchError`` carries
+  the failed worker's own error (from its result file) or, for a worker
+  killed by a signal or aborted by the runtime, the signal and the last
+  lines it wrote;
+- the deadline (``timeout``) ends a run that does not finish, saying where
+  each process last reported it was: a process alive but stuck in a
+  collective is never detected by JAX itself, only by this deadline;
+- workers die with the launcher (``worker.die_with_parent``), so even a
+  killed launcher leaves none behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import rlcluster_lab
+from rlcluster_lab.core.errors import ConfigError
+
+MAX_PROCESSES = 16
+POLL_S = 0.05
+GRACE_S = 3.0
+DEFAULT_TIMEOUT_S = 900.0
+
+
+class LaunchError(RuntimeError):
+    """A multi-process run did not finish: a worker failed, or the deadline passed.
+
+    Attributes:
+        process_id: the worker that failed first (None for a timeout).
+        returncode: its exit status (negative: the signal that ended it).
+        elapsed_s: seconds from the start of the run to the failure.
+        log_dir: the folder with every worker's logs (kept after a failure).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        process_id: int | None = None,
+        returncode: int | None = None,
+        elapsed_s: float | None = None,
+        log_dir: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.process_id = process_id
+        self.returncode = returncode
+        self.elapsed_s = elapsed_s
+        self.log_dir = log_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSettings:
+    """How many processes, and the bounds that keep a run from hanging.
+
+    ``init_timeout_s``: how long ``jax.distributed.initialize`` waits for every process to
+    join. ``heartbeat_s``: after how long without heartbeats a process counts as dead (its
+    peers then abort). ``shutdown_timeout_s``: how long a finished process waits for the
+    others at the exit barrier. ``timeout_s``: the whole run.
+    """
+
+    processes: int = 2
+    devices_per_process: int = 4
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    init_timeout_s: int = 120
+    heartbeat_s: int = 10
+    shutdown_timeout_s: int = 60
+
+    def check(self) -> None:
+        """Raises ``ConfigError`` naming the setting that cannot work, and the fix."""
+        from rlcluster_lab.core.options import check_device_count
+
+        for name, value, low, high in (
+            ("processes", self.processes, 1, MAX_PROCESSES),
+            ("devices_per_process", self.devices_per_process, 1, None),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            if value < low or (high is not None and value > high):
+                bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+                raise ConfigError(f"{name} must be {bound}, got {value}")
+        check_device_count(self.processes * self.devices_per_process, "processes x devices per process")
+        for name in ("timeout_s", "init_timeout_s", "heartbeat_s", "shutdown_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(
+    job: dict[str, Any],
+    settings: LaunchSettings,
+    *,
+    progress: Callable[[str], None] | None = None,
+    on_start: Callable[[list[int]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run ``job`` (``multiprocess.jobs``) in ``settings.processes`` workers on this machine.
+
+    Args:
+        job: what every worker runs.
+        settings: process count, devices per process, bounds.
+        progress: called with each progress line a worker writes, as it appears.
+        on_start: called once with the workers' process ids, after they started.
+
+    Returns:
+        Each worker's result, in process order.
+
+    Raises:
+        LaunchError: a worker failed or the run passed its deadline; every worker was stopped.
+        ConfigError: a setting that cannot work.
+    """
+    settings.check()
+    folder = Path(tempfile.mkdtemp(prefix="rlcluster-lab-processes-"))
+    job_file = folder / "job.json"
+    job_file.write_text(json.dumps(job))
+    port = free_port()
+    env = _worker_env()
+    workers: list[subprocess.Popen] = []
+    files = [
+        (folder / f"w{i}.json", folder / f"w{i}.progress", folder / f"w{i}.log") for i in range(settings.processes)
+    ]
+    start = time.monotonic()
+    failed: tuple[int, int, float] | None = None
+    timed_out = False
+    seen = [0] * settings.processes
+    last = [""] * settings.processes
+    try:
+        for i, (out, prog, log) in enumerate(files):
+            cmd = [
+                sys.executable,
+                "-m",
+                "rlcluster_lab.multiprocess.worker",
+                *("--job", str(job_file), "--out", str(out), "--progress", str(prog)),
+                *("--process-id", str(i), "--num-processes", str(settings.processes)),
+                *("--coordinator", f"127.0.0.1:{port}", "--devices", str(settings.devices_per_process)),
+                *("--init-timeout", str(int(settings.init_timeout_s)), "--heartbeat", str(int(settings.heartbeat_s))),
+                *("--shutdown-timeout", str(int(settings.shutdown_timeout_s))),
+            ]
+            with open(log, "wb") as sink:
+                workers.append(
+                    subprocess.Popen(
+                        cmd, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True
+                    )
+                )
+        if on_start is not None:
+            on_start([w.pid for w in workers])
+        deadline = start + settings.timeout_s
+        while True:
+            codes = [w.poll() for w in workers]
+            _read_progress(files, seen, last, progress)
+            bad = [i for i, rc in enumerate(codes) if rc not in (None, 0)]
+            if bad:
+                failed = (bad[0], int(codes[bad[0]]), time.monotonic() - start)  # type: ignore[arg-type]
+                break
+            if all(rc == 0 for rc in codes):
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(POLL_S)
+    finally:
+        _stop(workers)
+        _read_progress(files, seen, last, progress)
+    if failed is not None or timed_out:
+        raise _failure(files, last, failed, settings, start, folder)
+    results = [json.loads(out.read_text()) for out, _, _ in files]
+    shutil.rmtree(folder, ignore_errors=True)
+    return results
+
+
+def _worker_env() -> dict[str, str]:
+    """The launcher's environment, for the workers: this copy of the lab first on the path,
+    the CPU platform, unbuffered output, and no proxy (the runtime's connections are local)."""
+    from rlcluster_lab.core.compile_cache import ENV as CACHE_ENV
+
+    env = {k: v for k, v in os.environ.items() if "_proxy" not in k.lower()}
+    src = str(Path(rlcluster_lab.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    jax = sys.modules.get("jax")  # a caller that uses JAX already (a notebook, a test session)
+    folder = jax.config.jax_compilation_cache_dir if jax is not None else None
+    if folder and CACHE_ENV not in env:
+        env[CACHE_ENV] = str(folder)  # the workers share the caller's compilation cache
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _read_progress(
+    files: Sequence[tuple[Path, Path, Path]], seen: list[int], last: list[str], progress: Callable[[str], None] | None
+) -> None:
+    for i, (_, prog, _) in enumerate(files):
+        try:
+            with open(prog) as f:
+                f.seek(seen[i])
+                text = f.read()
+        except FileNotFoundError:
+            continue
+        complete = text[: text.rfind("\n") + 1]
+        seen[i] += len(complete.encode())
+        for line in complete.splitlines():
+            last[i] = line
+            if progress is not None:
+                progress(line)
+
+
+def _stop(workers: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM every worker's process group still running, SIGKILL what is left after the grace."""
+    for w in workers:
+        if w.poll() is None:
+            _signal_group(w, signal.SIGTERM)
+    end = time.monotonic() + GRACE_S
+    for w in workers:
+        try:
+            w.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(w, signal.SIGKILL)
+            w.wait()
+    for w in workers:  # anything the worker started in its group goes with it
+        _signal_group(w, signal.SIGKILL)
+
+
+def _signal_group(w: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(w.pid, sig)
+
+
+def _failure(
+    files: Sequence[tuple[Path, Path, Path]],
+    last: list[str],
+    failed: tuple[int, int, float] | None,
+    settings: LaunchSettings,
+    start: float,
+    folder: Path,
+) -> LaunchError:
+    where = "; ".join(f"process {i}: {line or 'no progress yet'}" for i, line in enumerate(last))
+    if failed is None:
+        return LaunchError(
+            f"the run did not finish within {settings.timeout_s:g} s and its {len(files)} processes were "
+            f"stopped (last progress: {where}); logs in {folder}",
+            elapsed_s=time.monotonic() - start,
+            log_dir=str(folder),
+        )
+    i, code, elapsed = failed
+    out, _, log = files[i]
+    reason = None
+    with contextlib.suppress(OSError, ValueError):
+        reason = json.loads(out.read_text()).get("error")
+    if reason is None:
+        reason = _exit_reason(code, log)
+    return LaunchError(
+        f"process {i} of {len(files)} failed after {elapsed:.1f} s: {reason}; the other processes were "
+        f"stopped (last progress: {where}); logs in {folder}",
+        process_id=i,
+        returncode=code,
+        elapsed_s=elapsed,
+        log_dir=str(folder),
+    )
+
+
+def _exit_reason(code: int, log: Path) -> str:
+    """Why a worker that wrote no error ended: the signal, and the runtime's own last fatal line."""
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    # The distributed runtime aborts with a line starting "F<date>" naming the cause.
+    fatal = [ln for ln in lines if ln.startswith("F") and "]" in ln]
+    tail = fatal[-1].split("]", 1)[1].strip() if fatal else (lines[-1].strip() if lines else "")
+    return f"{how}" + (f" ({tail[:400]})" if tail else "")
+
+
+# ---------------------------------------------------------------------------- the entry points
+
+
+def run_reports(
+    scenarios: Sequence[Any],
+    *,
+    processes: int = 2,
+    devices_per_process: int = 4,
+    sync: bool | int = False,
+    exercise: bool | Sequence[bool] = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    progress: Callable[[str], None] | None = None,
+    on_start: Callable[[list[int]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Placement reports of several scenarios, each built over ``processes`` processes on this machine.
+
+    One launch runs them all, one after the other, in the same workers (the
+    processes start and compile once). Each report has the single-process
+    report's fields (added up over processes where each holds a part) and
+    ``process_count``, ``by_host`` (per process: devices, memory per role and
+    kind, its part of the sync) and, with ``sync``, ``sync["processes"]``: the
+    bytes that crossed a process boundary and those that stayed inside one,
+    each beside its minimum.
+
+    Args:
+        scenarios: ``Scenario`` objects (checked here, before anything starts).
+        processes: how many processes (at most 16).
+        devices_per_process: simulated CPU devices in each.
+        sync: run one weight sync per scenario (or this many) and report the last; the first
+            also compiles the sync's programs.
+        exercise: also generate, score under every role and take one optimizer step before the
+            sync, and score with the rollout after it (the report then holds
+            ``exercise_by_process``: what each process read back); one flag for every scenario,
+            or one per scenario.
+        timeout: seconds for the whole run.
+        progress: called with each progress line of each process.
+        on_start: called with the workers' process ids once they started.
+
+    Raises:
+        LaunchError: a process failed (its error is in the message) or the run passed ``timeout``.
+        ConfigError: a scenario or setting that cannot work.
+    """
+    from rlcluster_lab.core.options import Scenario
+
+    settings = LaunchSettings(processes=processes, devices_per_process=devices_per_process, timeout_s=timeout)
+    settings.check()
+    knobs = []
+    for s in scenarios:
+        if not isinstance(s, Scenario):
+            raise TypeError(f"run_reports takes Scenario objects, got {type(s).__name__}")
+        s.check(settings.processes * settings.devices_per_process)
+        if s.reshard == "minimal" and settings.processes > 1:
+            raise ConfigError(
+                "the minimal reshard strategy copies one buffer at a time between devices, which JAX does only "
+                "within a process; use reshard='xla' (--reshard xla) with several processes"
+            )
+        knobs.append(dataclasses.asdict(s))
+    if not knobs:
+        raise ConfigError("run_reports needs at least one scenario")
+    ops = [bool(exercise)] * len(knobs) if isinstance(exercise, bool) else [bool(e) for e in exercise]
+    if len(ops) != len(knobs):
+        raise ConfigError(f"exercise has {len(ops)} flag(s) for {len(knobs)} scenario(s); give one per scenario")
+    syncs = int(sync)
+    if syncs < 0:
+        raise ConfigError(f"sync must be True, False or a number of syncs (at least 0), got {sync!r}")
+    job = {"kind": "reports", "scenarios": knobs, "syncs": syncs, "exercise": ops}
+    results = launch(job, settings, progress=progress, on_start=on_start)
+    return results[0]["reports"]
+
+
+def run_report(
+    scenario: Any,
+    *,
+    processes: int = 2,
+    devices_per_process: int = 4,
+    sync: bool = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """``run_reports`` for one scenario: its merged placement report (see ``run_reports``)."""
+    return run_reports(
+        [scenario],
+        processes=processes,
+        devices_per_process=devices_per_process,
+        sync=sync,
+        timeout=timeout,
+        progress=progress,
+    )[0]

@@ -1,0 +1,384 @@
+"""One placement report from several processes: what each host holds, and what crossed between hosts.
+
+Every process builds its own placement report (``measure.report``) from what
+it can see: the decisions (the same everywhere, since every process runs the
+same construction), and the shards on its own devices (memory, L2) and the
+copies that landed on them (sync, L3). Process 0 gathers them and merges them
+here:
+
+- decisions, meshes and every other fact taken by the rules must be equal on
+  every process; a difference is an error, not something to average;
+- memory: each device belongs to one process, so devices are united and
+  bytes added; ``by_host`` keeps each process's own totals (memory per role
+  per host and per device);
+- sync: leaf figures are added (each process counted the destination shards
+  on its own devices and the flows that landed there), and the cross-device
+  bytes are split into those that crossed a process boundary and those that
+  stayed inside a process, each beside its minimum.
+
+The minimums are computed from the two shardings alone (shard indices and
+the process owning each device); the moved bytes are what the sync's log
+holds (collectives read from compiled programs, copies made).
+
+Nothing here imports JAX except ``crossing_facts``, which reads a live cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# Report fields every process must agree on: they come from the rules and the meshes.
+AGREED = (
+    "sharing_map",
+    "rollout_branch",
+    "rollout_shares_actor_weights",
+    "reference_shares_backbone",
+    "role_to_mesh",
+    "config_role_to_mesh",
+    "mesh_overridden_by_engine",
+    "engine",
+    "offload_to_cpu",
+    "lora",
+    "decisions",
+    "warnings",
+    "platform",
+    "device_count",
+)
+
+CROSSING_SOURCE = (
+    "moved: the sync's logged cross-device copies (collectives read from the compiled programs, "
+    "copies the reshard made), split by the process owning the source and the destination device; "
+    "minimum: computed from the two shardings (shard indices and the process owning each device)"
+)
+
+
+class ProcessesDisagree(RuntimeError):
+    """Two processes took different decisions: they did not run the same program."""
+
+
+def merge_reports(per_process: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Process 0's view: the processes' placement reports (``PlacementReport.to_json()`` plus
+    ``process`` and, after a sync, ``crossing``) as one report.
+
+    Args:
+        per_process: one report per process, in process order. Each holds
+            ``process`` (``index``, ``device_ids``, ``host``) besides the
+            placement report's own fields.
+
+    Returns:
+        The placement report's fields (the agreed ones as they are, memory
+        and sync added up), plus ``process_count``, ``by_host`` (per process:
+        devices, memory per role and kind, the sync's share) and, with a
+        sync, ``sync["processes"]`` (bytes across and within processes).
+
+    Raises:
+        ProcessesDisagree: an agreed field differs between processes.
+    """
+    first = per_process[0]
+    for other in per_process[1:]:
+        for key in AGREED:
+            if other[key] != first[key]:
+                raise ProcessesDisagree(
+                    f"process {other['process']['index']} reports a different {key!r} than process "
+                    f"{first['process']['index']}: the processes did not take the same decisions"
+                )
+    out: dict[str, Any] = {key: first[key] for key in AGREED}
+    out["anchor"] = {**first["anchor"], "bytes": sum(int(r["anchor"]["bytes"]) for r in per_process)}
+    out["memory"] = merge_memory([r["memory"] for r in per_process])
+    syncs = [r.get("sync") for r in per_process]
+    out["sync"] = None
+    if all(s is not None for s in syncs):
+        out["sync"] = merge_sync(syncs)  # type: ignore[arg-type]
+        out["sync"]["processes"] = merge_crossing([r["crossing"] for r in per_process])
+    out["process_count"] = len(per_process)
+    out["by_host"] = {str(r["process"]["index"]): host_summary(r) for r in per_process}
+    return out
+
+
+def host_summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """One process's share: its devices, what its devices hold per role and kind, its sync figures."""
+    memory = report["memory"]
+    out: dict[str, Any] = {
+        "host": report["process"].get("host"),
+        "device_ids": list(report["process"]["device_ids"]),
+        "memory": {
+            "unique_bytes": memory["unique_bytes"],
+            "naive_bytes": memory["naive_bytes"],
+            "by_role": {role: r["bytes"] for role, r in memory["by_role"].items() if r["bytes"]},
+            "by_kind": _sum_kinds(memory["by_device"].values()),
+            "by_device": memory["by_device"],
+        },
+    }
+    sync = report.get("sync")
+    if sync is not None:
+        crossing = report["crossing"]
+        out["sync"] = {
+            "arrived_bytes": sum(sync["arrived_by_device"].values()),
+            "crossed_into_bytes": crossing["cross_process_bytes"],
+            "seconds": sync["seconds"],
+            "anchor_seconds": sync["anchor_seconds"],
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------- memory (L2)
+
+
+def merge_memory(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Memory reports of disjoint device sets as one: bytes added, devices united."""
+    by_role: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for role, r in part["by_role"].items():
+            into = by_role.setdefault(role, {"bytes": 0, "by_kind": {}, "by_device": {}})
+            into["bytes"] += int(r["bytes"])
+            for kind, n in r["by_kind"].items():
+                into["by_kind"][kind] = into["by_kind"].get(kind, 0) + int(n)
+            into["by_device"].update(r["by_device"])
+    shared: dict[tuple[str, ...], dict[str, Any]] = {}
+    for part in parts:
+        for g in part["shared"]:
+            into = shared.setdefault(tuple(g["roles"]), {"roles": list(g["roles"]), "bytes": 0, "buffers": 0})
+            into["bytes"] += int(g["bytes"])
+            into["buffers"] += int(g["buffers"])
+            into.setdefault("by_device", {}).update(g["by_device"])
+    by_device: dict[str, Any] = {}
+    for part in parts:
+        by_device.update(part["by_device"])
+    return {
+        "units": parts[0]["units"],
+        "source": parts[0]["source"] + ", on each process for its own devices, added up by process 0",
+        "by_role": {role: {**r, "by_device": _by_id(r["by_device"])} for role, r in by_role.items()},
+        "by_device": _by_id(by_device),
+        "shared": [shared[k] for k in sorted(shared)],
+        "unique_bytes": sum(int(p["unique_bytes"]) for p in parts),
+        "naive_bytes": sum(int(p["naive_bytes"]) for p in parts),
+        "allocator": {
+            "available": any(p["allocator"]["available"] for p in parts),
+            "note": parts[0]["allocator"]["note"],
+            "by_device": _by_id({k: v for p in parts for k, v in p["allocator"]["by_device"].items()}),
+        },
+    }
+
+
+# ---------------------------------------------------------------------------- sync (L3)
+
+_LEAF_SUMS = (
+    "synced_bytes",
+    "moved_cross_device_bytes",
+    "copied_same_device_bytes",
+    "reused_bytes",
+    "minimum_cross_device_bytes",
+    "relayed_cross_device_bytes",
+)
+
+
+def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Sync reports of the processes as one: per leaf and in total, bytes added.
+
+    The handover's ``seconds`` is the longest process's: the sync is done when
+    the last process has its new arrays.
+    """
+    leaves: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for leaf in part["leaves"]:
+            into = leaves.get(leaf["path"])
+            if into is None:
+                leaves[leaf["path"]] = dict(leaf)
+                continue
+            for key in _LEAF_SUMS:
+                into[key] += int(leaf[key])
+            if leaf["method"] != into["method"]:
+                into["method"] = f"{into['method']}; {leaf['method']}"
+    merged = [leaves[k] for k in sorted(leaves)]
+    total = {key: sum(int(leaf[key]) for leaf in merged) for key in _LEAF_SUMS}
+    first = parts[0]
+    strategies = sorted({s for p in parts for s in p["reshard_strategy"].split("+")})
+    return {
+        "units": first["units"],
+        "method": first["method"] + "; on each process for its own devices, added up by process 0",
+        "lora": first["lora"],
+        "global_step": first["global_step"],
+        **total,
+        "excess_cross_device_bytes": total["moved_cross_device_bytes"] - total["minimum_cross_device_bytes"],
+        "reshard_strategy": "+".join(strategies),
+        "synced_logical_bytes": sum(int(leaf["logical_bytes"]) for leaf in merged),
+        "anchor_bytes": sum(int(p["anchor_bytes"]) for p in parts),
+        "anchor_mode": first["anchor_mode"],
+        "seconds": max(float(p["seconds"]) for p in parts),
+        "anchor_seconds": max(float(p["anchor_seconds"]) for p in parts),
+        "includes_compilation": any(p["includes_compilation"] for p in parts),
+        "includes_program_load": any(p["includes_program_load"] for p in parts),
+        "arrived_by_device": _by_id({k: v for p in parts for k, v in p["arrived_by_device"].items()}),
+        "peak_extra_bytes": _by_id({k: v for p in parts for k, v in p["peak_extra_bytes"].items()}),
+        "leaves": merged,
+    }
+
+
+def process_split(
+    transfers: Iterable[tuple[int, int, int]], process_of: Mapping[int, int]
+) -> tuple[int, int, dict[str, int]]:
+    """(cross-process bytes, within-process bytes, bytes per "src->dst" process pair) of
+    cross-device transfers given as (source device id, destination device id, bytes)."""
+    across = within = 0
+    pairs: dict[str, int] = {}
+    for src, dst, nbytes in transfers:
+        a, b = process_of[src], process_of[dst]
+        if a != b:
+            across += nbytes
+        else:
+            within += nbytes
+        key = f"{a}->{b}"
+        pairs[key] = pairs.get(key, 0) + nbytes
+    return across, within, pairs
+
+
+def merge_crossing(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The processes' crossing facts as one: moved bytes added (each process counted what landed on
+    its own devices); the minimums are global already (computed from shardings), taken from process 0."""
+    pairs: dict[str, int] = {}
+    for p in parts:
+        for key, n in p["by_process_pair"].items():
+            pairs[key] = pairs.get(key, 0) + int(n)
+    first = parts[0]
+    across = sum(int(p["cross_process_bytes"]) for p in parts)
+    within = sum(int(p["within_process_bytes"]) for p in parts)
+    return {
+        "cross_process_bytes": across,
+        "minimum_cross_process_bytes": int(first["minimum_cross_process_bytes"]),
+        "excess_cross_process_bytes": across - int(first["minimum_cross_process_bytes"]),
+        "within_process_bytes": within,
+        "minimum_within_process_bytes": int(first["minimum_within_process_bytes"]),
+        "by_process_pair": dict(sorted(pairs.items())),
+        "minimum_by_process": first["minimum_by_process"],
+        "source": CROSSING_SOURCE,
+    }
+
+
+def minimum_crossing_elements(
+    shape: Sequence[int], src_boxes: Iterable[tuple[int, Any]], dst_boxes: Iterable[tuple[int, Any]]
+) -> dict[int, int]:
+    """Per receiving process: elements its destination shards need that no source shard on one
+    of its own devices holds. Each must cross into that process at least once, however the
+    process then shares it among its devices.
+
+    ``src_boxes`` and ``dst_boxes`` are (process index, box) for every shard, a box being
+    (start, stop) per dimension. Shards of one sharding are equal or disjoint, so the
+    distinct boxes of a process do not overlap.
+    """
+    from rlcluster_lab.placement.reshard import box_size
+
+    held: dict[int, set[Any]] = {}
+    for proc, box in src_boxes:
+        held.setdefault(proc, set()).add(box)
+    needed: dict[int, set[Any]] = {}
+    for proc, box in dst_boxes:
+        needed.setdefault(proc, set()).add(box)
+    out = {}
+    for proc, boxes in sorted(needed.items()):
+        lacking = 0
+        for want in boxes:
+            have = 0
+            for box in held.get(proc, ()):
+                inter = _intersect(box, want)
+                if inter is not None:
+                    have += box_size(inter)
+            lacking += box_size(want) - have
+        out[proc] = lacking
+    return out
+
+
+def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sync: Any) -> dict[str, Any]:
+    """This process's crossing facts for one sync (every process computes the same minimums).
+
+    Args:
+        source: leaf path -> the actor's array the sync read.
+        destination: leaf path -> the rollout's array after the sync.
+        sync: the ``SyncReport`` the sync returned (its logged cross-device copies).
+    """
+    import jax
+    import numpy as np
+
+    from rlcluster_lab.placement.reshard import to_box
+
+    process_of = {int(d.id): int(d.process_index) for d in jax.devices()}
+    across, within, pairs = process_split(((t.src_device, t.dst_device, t.nbytes) for t in sync.transfers), process_of)
+    by_process: dict[int, int] = {}
+    for path, x in source.items():
+        y = destination[path]
+        shape = tuple(x.shape)
+        itemsize = np.dtype(x.dtype).itemsize
+        src = [(d.process_index, to_box(i, shape)) for d, i in x.sharding.devices_indices_map(shape).items()]
+        dst = [(d.process_index, to_box(i, shape)) for d, i in y.sharding.devices_indices_map(shape).items()]
+        for proc, n in minimum_crossing_elements(shape, src, dst).items():
+            by_process[proc] = by_process.get(proc, 0) + n * itemsize
+    minimum_across = sum(by_process.values())
+    return {
+        "cross_process_bytes": across,
+        "within_process_bytes": within,
+        "by_process_pair": pairs,
+        "minimum_cross_process_bytes": minimum_across,
+        # What crossed devices at least, less what must cross processes, may stay inside one.
+        "minimum_within_process_bytes": _global_minimum_cross_device(source, destination) - minimum_across,
+        "minimum_by_process": {str(p): n for p, n in sorted(by_process.items())},
+    }
+
+
+def _global_minimum_cross_device(source: Mapping[str, Any], destination: Mapping[str, Any]) -> int:
+    """The sync report's ``minimum_cross_device_bytes`` over every device of every process."""
+    import numpy as np
+
+    from rlcluster_lab.placement.reshard import minimum_cross_device_elements, to_box
+
+    total = 0
+    for path, x in source.items():
+        y = destination[path]
+        shape = tuple(x.shape)
+        src = [(d.id, to_box(i, shape)) for d, i in x.sharding.devices_indices_map(shape).items()]
+        dst = [(d.id, to_box(i, shape)) for d, i in y.sharding.devices_indices_map(shape).items()]
+        total += sum(minimum_cross_device_elements(src, dst)) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def _intersect(a: Any, b: Any) -> Any:
+    out = []
+    for (a0, a1), (b0, b1) in zip(a, b):
+        lo, hi = max(a0, b0), min(a1, b1)
+        if lo >= hi:
+            return None
+        out.append((lo, hi))
+    return tuple(out)
+
+
+def _sum_kinds(per_device: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for kinds in per_device:
+        for kind, n in kinds.items():
+            out[kind] = out.get(kind, 0) + int(n)
+    return out
+
+
+def _by_id(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: d[k] for k in sorted(d, key=int)}
+
+
+def format_processes(data: Mapping[str, Any]) -> list[str]:
+    """The per-process part of a merged report as lines of text."""
+    lines = [f"processes: {data['process_count']} (each holds the shards on its own devices)"]
+    for index, h in data["by_host"].items():
+        roles = ", ".join(f"{r} {n:,}" for r, n in h["memory"]["by_role"].items())
+        lines.append(f"  process {index} devices {h['device_ids']}: {h['memory']['unique_bytes']:,} bytes ({roles})")
+        if "sync" in h:
+            lines.append(
+                f"    sync: {h['sync']['arrived_bytes']:,} bytes arrived on its devices, "
+                f"{h['sync']['crossed_into_bytes']:,} of them from another process; "
+                f"handover {h['sync']['seconds'] * 1e3:.2f} ms"
+            )
+    sync = data.get("sync")
+    if sync:
+        p = sync["processes"]
+        lines.append(
+            f"  across processes {p['cross_process_bytes']:,} bytes (minimum {p['minimum_cross_process_bytes']:,}); "
+            f"within processes {p['within_process_bytes']:,} (minimum {p['minimum_within_process_bytes']:,})"
+        )
+    return lines

@@ -1,0 +1,331 @@
+"""The cluster over JAX's multi-process runtime: 2 processes x 4 CPU devices on this machine.
+
+One launch builds all six layout x LoRA cases in the same two processes
+(they start and compile once), syncs each, and exercises every operation in
+one of them; the tests below read its reports. Each case's decisions must
+equal those of the same scenario built here in one process, the bytes that
+cross the process boundary must equal the least the shardings allow, and a
+worker killed mid-run must end the run with its error and leave no process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlcluster_lab import Scenario, build_cluster, placement_report
+from rlcluster_lab.cli.main import main
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.multiprocess.gathering import exchange, held_within, host_values
+from rlcluster_lab.multiprocess.jobs import PROMPTS
+from rlcluster_lab.multiprocess.launcher import LaunchError, LaunchSettings, launch, run_reports
+from rlcluster_lab.multiprocess.report import (
+    ProcessesDisagree,
+    merge_reports,
+    minimum_crossing_elements,
+    process_split,
+)
+
+CASES = [(layout, lora) for layout in ("colocated", "reshaped", "split") for lora in (False, True)]
+# Every operation in one case, the one whose programs run on one process each and whose host
+# values (tokens, metrics, log-probs) come from the other process: split, full weights crossing.
+# (Each exercised case compiles the sampler and the training step again: about a minute on two
+# cores. run_reports(..., exercise=True) runs them in every case.)
+EXERCISED = {("split", False)}
+# The sampler's log-probs against the scorers', and the rollout's against the live actor's after
+# the sync: the same weights, so equal up to float32 rounding of differently sharded programs.
+CLOSE = 1e-4
+
+
+# ---------------------------------------------------------------------------- without processes
+
+
+def test_one_process_reads_values_and_facts_as_before():
+    import jax.numpy as jnp
+
+    assert exchange({"a": 1}, "fact") == [{"a": 1}]
+    assert [v.tolist() for v in host_values([jnp.arange(3), np.ones(2)])] == [[0, 1, 2], [1.0, 1.0]]
+    assert held_within({1}, {1, 2}, "subset") and not held_within(set(), {1}, "empty")
+    assert not held_within({3}, {1, 2}, "not a subset")
+
+
+def test_minimum_crossing_counts_each_block_once_per_receiving_process():
+    box = ((0, 4), (0, 8))  # one 32-element block
+    halves = [((0, 2), (0, 8)), ((2, 4), (0, 8))]
+    # Replicated on four devices of process 1, held by process 0 only: crosses once.
+    assert minimum_crossing_elements((4, 8), [(0, box)] * 4, [(1, box)] * 4) == {1: 32}
+    # Process 1 already holds one half of what it needs.
+    assert minimum_crossing_elements((4, 8), [(0, halves[0]), (1, halves[1])], [(1, box)] * 2) == {1: 16}
+    # Both processes need the whole block; each holds one half.
+    got = minimum_crossing_elements((4, 8), [(0, halves[0]), (1, halves[1])], [(0, box), (1, box)])
+    assert got == {0: 16, 1: 16}
+
+
+def test_process_split_sorts_copies_by_the_processes_they_join():
+    owner = {0: 0, 1: 0, 2048: 1, 2049: 1}
+    across, within, pairs = process_split([(0, 2048, 10), (2048, 2049, 10), (1, 0, 5)], owner)
+    assert (across, within, pairs) == (10, 15, {"0->1": 10, "1->1": 10, "0->0": 5})
+
+
+def test_processes_that_decided_differently_are_an_error():
+    one = _fake_report(0, [{"rule": "P1", "branch": "linked"}])
+    other = _fake_report(1, [{"rule": "P1", "branch": "not_linked"}])
+    with pytest.raises(ProcessesDisagree, match="process 1 reports a different 'decisions'"):
+        merge_reports([one, other])
+    merged = merge_reports([one, _fake_report(1, one["decisions"])])
+    assert merged["process_count"] == 2
+    assert merged["memory"]["unique_bytes"] == 2 * one["memory"]["unique_bytes"]
+    assert merged["memory"]["by_device"] == {"0": {"device": 100}, "2048": {"device": 100}}
+    assert merged["by_host"]["1"]["memory"]["by_role"] == {"actor": 100}
+
+
+def _fake_report(index, decisions):
+    device = str(2048 * index)
+    memory = {
+        "units": "physical bytes",
+        "source": "measured",
+        "by_role": {"actor": {"bytes": 100, "by_kind": {"device": 100}, "by_device": {device: {"device": 100}}}},
+        "by_device": {device: {"device": 100}},
+        "shared": [],
+        "unique_bytes": 100,
+        "naive_bytes": 100,
+        "allocator": {"available": False, "note": "none", "by_device": {}},
+    }
+    facts = {
+        "sharing_map": {},
+        "rollout_branch": "shared",
+        "rollout_shares_actor_weights": True,
+        "reference_shares_backbone": False,
+        "role_to_mesh": {},
+        "config_role_to_mesh": {},
+        "mesh_overridden_by_engine": False,
+        "engine": "vanilla",
+        "offload_to_cpu": False,
+        "lora": False,
+        "warnings": [],
+        "platform": "cpu",
+        "device_count": 8,
+    }
+    return {
+        **facts,
+        "decisions": decisions,
+        "anchor": {"mode": "full", "memory_kind": "pinned_host", "bytes": 10},
+        "memory": memory,
+        "sync": None,
+        "process": {"index": index, "device_ids": [int(device)], "host": "here"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        (LaunchSettings(processes=0), "processes must be between 1 and 16"),
+        (LaunchSettings(processes=2, devices_per_process=True), "devices_per_process must be an int"),
+        (LaunchSettings(processes=2, timeout_s=0), "timeout_s must be a positive"),
+        (LaunchSettings(processes=16, devices_per_process=1024), "between 1 and 4096"),
+    ],
+)
+def test_launch_settings_that_cannot_work_are_refused(settings, fragment):
+    with pytest.raises((ConfigError, TypeError), match=fragment):
+        settings.check()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--processes", "0"], "--processes must be at least 1"),
+        (["--timeout", "10"], "use it with --processes"),
+        (["--processes", "2", "--devices", "6"], "drop --devices"),
+        (["--processes", "2", "--layout", "split", "--devices-per-process", "1", "--lora-rank", "0"], "lora_rank"),
+    ],
+)
+def test_bad_process_flags_exit_2_before_anything_starts(capsys, args, fragment):
+    assert main(["report", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and fragment in err
+
+
+def test_a_scenario_the_processes_cannot_form_is_refused_before_they_start():
+    # 3 processes x 1 device: the split layout needs an even device count.
+    with pytest.raises(ConfigError, match="even number of devices"):
+        run_reports([Scenario(layout="split")], processes=3, devices_per_process=1)
+    with pytest.raises(ConfigError, match="minimal reshard strategy"):
+        run_reports([Scenario(layout="split", reshard="minimal")], processes=2)
+
+
+# ---------------------------------------------------------------------------- two processes
+
+
+@pytest.fixture(scope="module")
+def launched():
+    """The six cases, built by one launch of two processes (each with 4 CPU devices)."""
+    start = time.monotonic()
+    reports = run_reports(
+        [Scenario(layout=layout, lora=lora) for layout, lora in CASES],
+        processes=2,
+        devices_per_process=4,
+        sync=True,
+        exercise=[case in EXERCISED for case in CASES],
+        timeout=1800,
+    )
+    print(f"\n2 processes, {len(CASES)} cases: {time.monotonic() - start:.1f} s")
+    return dict(zip(CASES, reports))
+
+
+def _normalised(decisions, order):
+    """Decisions with every device id replaced by its position among all devices (process 0's
+    devices first), so two runs over different ids but the same arrangement compare equal."""
+    position = {device: p for p, device in enumerate(order)}
+
+    def walk(value, key=None):
+        if isinstance(value, dict):
+            return {k: walk(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [position[v] if key == "device_ids" else walk(v) for v in value]
+        return value
+
+    return walk(decisions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "lora"), CASES)
+def test_two_processes_decide_as_one_process_does(launched, layout, lora):
+    data = launched[(layout, lora)]
+    assert data["process_count"] == 2  # merging checked that both processes took the same decisions
+    order = data["by_host"]["0"]["device_ids"] + data["by_host"]["1"]["device_ids"]
+    assert len(order) == 8 and order[4] != 4  # process 1's devices have ids of their own
+
+    cluster = build_cluster(Scenario(layout=layout, lora=lora))
+    sync = cluster.sync_weights()
+    here = placement_report(cluster, sync=sync).to_json()
+    assert _normalised(data["decisions"], order) == _normalised(here["decisions"], list(range(8)))
+    assert data["rollout_branch"] == here["rollout_branch"]
+    assert data["rollout_shares_actor_weights"] == here["rollout_shares_actor_weights"]
+    assert data["reference_shares_backbone"] == here["reference_shares_backbone"]
+    # Memory: the same placement holds the same bytes per role, now spread over two hosts.
+    assert {r: v["bytes"] for r, v in data["memory"]["by_role"].items()} == {
+        r: v["bytes"] for r, v in here["memory"]["by_role"].items()
+    }
+    hosts = data["by_host"]
+    assert sum(h["memory"]["unique_bytes"] for h in hosts.values()) == data["memory"]["unique_bytes"]
+    assert data["memory"]["unique_bytes"] == here["memory"]["unique_bytes"]
+    if layout == "split":
+        # The trainer's roles live on process 0's devices, the rollout's on process 1's.
+        assert set(hosts["0"]["memory"]["by_role"]) >= {"actor", "reference", "anchor", "optimizer"}
+        assert set(hosts["1"]["memory"]["by_role"]) == {"rollout"}
+    else:
+        assert hosts["0"]["memory"]["unique_bytes"] == hosts["1"]["memory"]["unique_bytes"]
+    # The sync moved what one process moves, in total.
+    for key in ("synced_bytes", "moved_cross_device_bytes", "minimum_cross_device_bytes", "synced_logical_bytes"):
+        assert data["sync"][key] == here["sync"][key], key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "lora"), CASES)
+def test_bytes_across_processes_equal_their_minimum(launched, layout, lora):
+    sync = launched[(layout, lora)]["sync"]
+    p = sync["processes"]
+    # Moved: read from the compiled programs' collectives and the copies made; minimum: from the
+    # shardings. Every cross-device byte either crossed a process boundary or stayed in one.
+    assert p["cross_process_bytes"] == p["minimum_cross_process_bytes"]
+    assert p["within_process_bytes"] == p["minimum_within_process_bytes"]
+    assert p["cross_process_bytes"] + p["within_process_bytes"] == sync["moved_cross_device_bytes"]
+    assert sync["moved_cross_device_bytes"] == sync["minimum_cross_device_bytes"]
+    assert sync["synced_bytes"] == (
+        sync["moved_cross_device_bytes"]
+        - sync["relayed_cross_device_bytes"]
+        + sync["copied_same_device_bytes"]
+        + sync["reused_bytes"]
+    )
+    if layout == "colocated":
+        assert p["cross_process_bytes"] == p["within_process_bytes"] == 0  # shared: nothing moves
+    if layout == "split":
+        # Everything the rollout holds came from the trainer's process, each block once.
+        assert p["cross_process_bytes"] == sync["synced_logical_bytes"] > 0
+        assert set(p["by_process_pair"]) <= {"0->1", "1->1"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "lora"), sorted(EXERCISED))
+def test_every_operation_runs_across_processes(launched, layout, lora):
+    first, second = launched[(layout, lora)]["exercise_by_process"]
+    # Every process read back the same tokens and the same optimizer metrics.
+    assert first["tokens"] == second["tokens"]
+    assert first["metrics"] == second["metrics"]
+    for checks in (first, second):
+        assert checks["sampler_vs_rollout"] < CLOSE
+        assert checks["anchor_vs_rollout"] < CLOSE
+        # The step changed the actor's log-probs; the sync carried the change to the rollout
+        # (across processes in the split layout): afterwards it scores as the trained actor does.
+        assert checks["step_changed_log_probs"] > CLOSE
+        assert checks["rollout_vs_trained_actor_after_sync"] < CLOSE
+    if layout == "split":
+        # Models drawn on each host and placed: the same weights as one process's, so the
+        # same samples from the same seed.
+        here = build_cluster(Scenario(layout=layout, lora=lora)).generate(list(PROMPTS))
+        assert here.tokens.tolist() == first["tokens"]
+
+
+def _children(pid):
+    """Process ids whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_a_worker_that_raises_ends_the_run_with_its_own_error():
+    pids = []
+    # Both workers refuse the job; whichever exits first is the one reported.
+    with pytest.raises(LaunchError, match=r"process [01] of 2 failed after .*ValueError: unknown job kind") as info:
+        launch({"kind": "no such job"}, LaunchSettings(processes=2, devices_per_process=1), on_start=pids.extend)
+    assert info.value.process_id in (0, 1) and info.value.returncode == 1
+    assert len(pids) == 2 and not [p for p in pids if _alive(p)]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_ends_the_run_with_its_error_and_no_orphans():
+    cmd = [sys.executable, "-m", "rlcluster_lab", "report", "--processes", "2", "--layout", "split", "--sync"]
+    cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        workers = []
+        for line in cli.stderr:  # progress lines, then the error
+            if not workers:
+                workers = _children(cli.pid)
+            if line.startswith("[process 1") and "built" in line:
+                break
+        assert len(workers) == 2, workers
+        victim = next(w for w in workers if "--process-id\x001\x00" in Path(f"/proc/{w}/cmdline").read_text())
+        os.kill(victim, signal.SIGKILL)  # mid-run: process 1 is about to sync
+        # A generous safeguard only: the run ends on the failure, long before its own deadline.
+        _, err = cli.communicate(timeout=600)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: process 1 of 2 failed after") and "killed by SIGKILL" in last
+    assert "did not finish within" not in last  # the failure, not the deadline, ended it
+    assert not [w for w in workers if _alive(w)]
