@@ -143,7 +143,7 @@ def test_launch_settings_that_cannot_work_are_refused(settings, fragment):
         (["--processes", "0"], "--processes must be at least 1"),
         (["--timeout", "10"], "use it with --processes"),
         (["--processes", "2", "--devices", "6"], "drop --devices"),
-        (["--processes", "2", "--layout", "split", "--devices-per-process", "1", "--lora-rank", "0"], "lora_rank"),
+        (["--processes", "2", "--layout", "split", "--devices-per-process", "1", "--lora-rank", "0"], "--lora-rank must be at least 1"),
     ],
 )
 def test_bad_process_flags_exit_2_before_anything_starts(capsys, args, fragment):
