@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -271,9 +270,7 @@ def activation_bytes(
     tokens = workload.sequence_length
     per_token = layer_bytes_per_token(config, tokens, split, lora_rank)
     layer = per_token * rows * tokens + layer_constant_bytes(config)
-    head = head_bytes(
-        config, rows, tokens, workload.max_tokens, split, lora_rank=lora_rank, value_head=value_head
-    )
+    head = head_bytes(config, rows, tokens, workload.max_tokens, split, lora_rank=lora_rank, value_head=value_head)
     if workload.remat:
         inputs = config.num_layers * itemsize(config) * config.embed_dim * rows * tokens
         return {"layer_inputs": inputs, "one_layer_recomputed": layer, "head": head}
@@ -285,24 +282,6 @@ def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, split: Split = Sp
     itemsize, rows split over the data-parallel axes and kv heads over the tensor ones."""
     heads = _per(config.num_kv_heads, split.kv_heads)
     return 2 * config.num_layers * heads * config.head_dim * slots * _per(rows, split.rows) * itemsize(config)
-
-
-def shard_bytes_by_device(arrays: Any, dtype: Any = None) -> dict[int, int]:
-    """Bytes per device of planned arrays (``dtype`` replaces each array's own)."""
-    out: dict[int, int] = {}
-    for a in arrays:
-        size = a.shard_bytes if dtype is None else a.shard_bytes // a.dtype.itemsize * np.dtype(dtype).itemsize
-        for d in a.mesh.device_ids:
-            out[d] = out.get(d, 0) + size
-    return out
-
-
-def add_bytes(*parts: Mapping[int, int]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for part in parts:
-        for d, n in part.items():
-            out[d] = out.get(d, 0) + n
-    return out
 
 
 FORMULAS = {

@@ -154,7 +154,8 @@ class Topology:
     host_link_source: str = "unknown: pass host_link_bandwidth"
 
     def __post_init__(self) -> None:
-        if self.devices_per_host is not None and (self.devices_per_host < 1 or self.device_count % self.devices_per_host):
+        per = self.devices_per_host
+        if per is not None and (per < 1 or self.device_count % per):
             raise ValueError(
                 f"devices_per_host must divide the device count: {self.devices_per_host} does not divide "
                 f"{self.device_count} ({self.name})"
@@ -206,9 +207,7 @@ _H100 = (
     f"NVIDIA H100 Tensor Core GPU datasheet ({_H100_URL}), SXM5: 80GB HBM3, taken as 80e9 bytes "
     "(74.5 GiB), below the ~79.6 GiB CUDA reports usable, so 'fits' errs on the safe side"
 )
-_H100_LINK = (
-    f"NVIDIA H100 datasheet ({_H100_URL}), SXM5: NVLink 4 900 GB/s bidirectional per GPU; received: 450 GB/s"
-)
+_H100_LINK = f"NVIDIA H100 datasheet ({_H100_URL}), SXM5: NVLink 4 900 GB/s bidirectional per GPU; received: 450 GB/s"
 _DGX_URL = (
     "https://docs.nvidia.com/dgx-basepod/reference-architecture-infrastructure-foundation-enterprise-ai/"
     "latest/core-components.html"
