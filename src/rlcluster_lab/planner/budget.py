@@ -137,6 +137,32 @@ def shard_bytes_by_device(arrays: Sequence[PlannedArray], itemsize: int | None =
     return _per_device(_rows(arrays, itemsize), distinct=False)
 
 
+def logical_bytes(arrays: Sequence[PlannedArray], itemsize: int | None = None) -> int:
+    """Bytes of ``arrays`` counted once each, however they are sharded or replicated."""
+    return sum(
+        int(np.prod(a.shape, dtype=np.int64)) * (a.dtype.itemsize if itemsize is None else itemsize) for a in arrays
+    )
+
+
+def training_state(trainer: Trainer, workload: Workload, parameters: int) -> dict[str, float]:
+    """The trained role's model states once each (not per device): parameters, gradients and
+    optimizer state, in bytes and per parameter, to hold against published figures
+    (``planner.references``)."""
+    state = {
+        "parameters": logical_bytes(trainer.arrays),
+        "gradients": logical_bytes(trainer.trainable)
+        + (logical_bytes(trainer.trainable, 4) if workload.accumulates else 0),
+        "optimizer": logical_bytes(trainer.optimizer),
+    }
+    total = sum(state.values())
+    return {
+        **state,
+        "total": total,
+        "num_params": parameters,
+        "bytes_per_parameter": {k: v / parameters for k, v in {**state, "total": total}.items()},
+    }
+
+
 def add_bytes(*parts: Mapping[int, int]) -> dict[int, int]:
     out: dict[int, int] = {}
     for part in parts:

@@ -106,6 +106,7 @@ from rlcluster_lab.planner.budget import (
     Trainer,
     budgets,
     generate_phase,
+    training_state,
     update_phase,
     verdict,
 )
@@ -538,6 +539,11 @@ def _step_phases(req: PlanRequest, placed: _Placed) -> tuple[dict[str, dict[int,
         },
         "kv_cache_per_device": kv_cache_bytes(config, work.rollout_batch_size, work.kv_cache_size, rollout_split),
         "kv_cache_bytes": kv_cache_bytes(config, work.rollout_batch_size, work.kv_cache_size),
+        "actor_training_state": training_state(
+            trainers["actor_update"],
+            work,
+            config.num_params + (config.lora_params(req.lora_rank) if req.lora_rank else 0),
+        ),
     }
     if placed.critic_optimizer is not None and "critic" in placed.models:
         critic = list(placed.models["critic"].values())
