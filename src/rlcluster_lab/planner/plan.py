@@ -77,11 +77,24 @@ link bandwidth, the bandwidth being what one device can receive (half a
 datasheet's bidirectional figure): a lower bound that ignores latency,
 multi-hop routes and contention.
 
-Fits: a role fits when its bytes on its busiest device, in any memory kind,
-are at most the memory per device (an offloaded role comes to device for its
-operation, P14); ``resident`` is the device-kind bytes on the busiest device
-with shared buffers counted once; ``with_sync_peak`` adds the sync's peak
-extra device-kind bytes.
+Across hosts (a host is the devices of one process, ``Topology.hosts``): each
+destination shard's ``cross_host_bytes`` are the elements no source shard on
+its host holds, the least that must cross from another host (the rest of
+what moves stays between devices of one host); ``estimated_seconds`` takes
+the within-host bytes over the device link and the cross-host bytes over the
+host link, the two at once.
+
+Fits (``planner.budget``): a device's peak is its resident bytes (each buffer
+once) plus the largest phase of a step (generate's KV cache; an update's
+gradients, activations and outputs; a sync's new buffers), with the formulas
+of ``planner.step_memory`` at the plan's ``Workload``; a host's peak is its
+RAM (pinned and offloaded state, the anchor, a sync's newly pinned anchor).
+Everything fits when every device and every host is within its memory and
+every role fits one device (an offloaded role comes to device for its
+operation, P14); ``fits["reason"]`` names the device or host and its largest
+terms when not. ``per_device`` and ``per_host`` hold the figures
+(``DeviceBudget``, ``HostBudget``); ``resident`` and ``with_sync_peak`` keep
+their earlier meaning (device-kind bytes, and those plus the sync's peak).
 """
 
 from __future__ import annotations

@@ -11,20 +11,27 @@ counted from the model's code (the tests hold every term to
 parameter dtype's bytes, per layer and per token of a row of ``T`` tokens:
 
 - each of the two RMSNorms: the input in float32 (4e), the normalised value in
-  float32 (4e), the output in the model's dtype (p e), two float32 statistics (8);
+  float32 (4e, only where the scale trains), the output in the model's dtype
+  (p e), two float32 statistics (8);
 - q and the attention output (2 p q), k and v (2 p kv), where q = heads x head_dim
   and kv = kv_heads x head_dim; the rotary sin/cos of q and k (4 x head_dim/2 float32);
 - attention over the T keys, per head: the mask (1 byte), the masked float32
   scores and their exponentials (4 + 4), the probabilities in the model's dtype (p);
   per head two float32 row statistics (8);
 - the gated MLP: gate and up projections, three SiLU intermediates and their
-  product (6 p m).
+  product (6 p m);
+- with LoRA, each of the seven adapted projections' input times ``lora_a``
+  (7 p r for rank r).
 
-Beside the layers, per token the final norm and the embedding's gather indices,
-and per completion token the float32 logits, the pad mask and the log-softmax
-over the vocabulary plus the loss's per-token terms. This is an upper bound on
-what a compiler keeps: XLA fuses and drops some of these (the tests report the
-ratio of a compiled step's temporary bytes to it).
+Beside the layers (and per layer the two norm scales in float32), per token the
+final norm and the embedding's gather indices, and per completion token the
+float32 logits, the pad mask and the log-softmax over the vocabulary plus the
+loss's per-token terms (a critic has a scalar head instead of logits; a LoRA
+actor's backward pass stops at the first block). The count is exact against
+JAX; a compiler keeps about as much, fusing some terms away and adding working
+buffers of its own: XLA's temporaries for the lab's step on one CPU device were
+1.02x (tiny) and 0.91x (small) of activations plus gradients at the default
+step, 1.39x on the eight-device colocated layout (the tests bound the ratio).
 
 With rematerialisation (``remat=True``, what ``jax.checkpoint`` around each
 block does: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"),
@@ -40,7 +47,7 @@ Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models" (without sequence parallelism). The lab's step does not say how XLA
 lays out its activations; this split is what a data- and tensor-parallel step does.
 
-Gradients (``gradient_bytes``): one per trainable parameter (the LoRA adapters
+Gradients: one per trainable parameter (the LoRA adapters
 only for a LoRA actor), with its parameter's sharding and dtype; with gradient
 accumulation the step also keeps a float32 running sum (``training.step``).
 Update outputs: the lab's step does not donate its inputs, so the new trainable

@@ -8,8 +8,10 @@ details of the original that do not change the parameter count of the
 projections (activation, norm offsets, rope scaling, soft-capping) are not
 modelled.
 
-Topologies: device count, memory per device and link bandwidth, each with the
-document it comes from. Every figure can be overridden per plan.
+Topologies: device count, memory per device and link bandwidth, hosts (the
+devices of one process), RAM per host and the bandwidth a device receives from
+other hosts, each with the document it comes from (a ``*_source`` string with
+its URL). Every figure can be overridden per plan.
 """
 
 from __future__ import annotations
