@@ -5,8 +5,8 @@ A device holds its resident state (each buffer once, counted for the first entry
 holds it in report order: actor, rollout, reference, reward, critic, anchor, optimizer,
 critic optimizer) and, while one phase of an RL step runs, that phase's transient bytes:
 
-- ``generate`` (rollout devices): the KV cache; under offload the rollout weights,
-  brought to device for the call (P14);
+- ``generate`` (rollout devices): the KV cache and the prefill's logits and attention;
+  under offload the rollout weights, brought to device for the call (P14);
 - ``actor_update`` (actor devices): gradients, activations of one micro-batch and the
   step's outputs (new trainable parameters and optimizer state beside the old ones);
   under offload the actor and its optimizer state, brought to device;
@@ -31,7 +31,7 @@ import numpy as np
 
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES
 from rlcluster_lab.planner.buffers import PlannedArray
-from rlcluster_lab.planner.step_memory import Split, Workload, activation_bytes, kv_cache_bytes
+from rlcluster_lab.planner.step_memory import Split, Workload, activation_bytes, kv_cache_bytes, prefill_bytes
 
 PHASES = ("generate", "actor_update", "critic_update", "sync")
 HOST_KINDS = ("pinned_host", "unpinned_host")
@@ -222,13 +222,14 @@ def generate_phase(
     workload: Workload,
     offload: bool,
 ) -> dict[int, dict[str, int]]:
-    """Per rollout device, what a generate call adds: the KV cache (``step_memory``), and under
-    offload the rollout weights brought to device."""
+    """Per rollout device, what a generate call adds: the KV cache and the prefill's logits and
+    attention (``step_memory``), and under offload the rollout weights brought to device."""
     kv = kv_cache_bytes(config, workload.rollout_batch_size, workload.kv_cache_size, split)
+    prefill = prefill_bytes(config, workload, split)
     brought = _unique_device_bytes(rollout, "pinned_host")
     out = {}
     for d in devices:
-        terms = {"kv_cache": kv}
+        terms = {"kv_cache": kv, **prefill}
         if offload:
             terms["offloaded_state"] = brought.get(d, 0)
         out[d] = terms

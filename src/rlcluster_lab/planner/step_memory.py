@@ -55,7 +55,9 @@ parameters and optimizer state are written beside the old ones while it runs.
 
 KV cache (``kv_cache_bytes``): 2 (keys, values) x layers x kv_heads x head_dim x
 slots x rows x the cache's itemsize; the engine's cache (``init_cache``) is in
-the model config's dtype, even where the rollout weights are cast.
+the model config's dtype, even where the rollout weights are cast. Beside it the
+sampler's prefill (``prefill_bytes``) holds float32 logits at every prompt
+position and one layer's attention over the cache's slots.
 """
 
 from __future__ import annotations
@@ -72,7 +74,15 @@ from rlcluster_lab.planner.workload import Workload
 if TYPE_CHECKING:
     from rlcluster_lab.planner.shapes import PlannedMesh
 
-__all__ = ["FORMULAS", "Split", "Workload", "activation_bytes", "kv_cache_bytes", "layer_bytes_per_token"]
+__all__ = [
+    "FORMULAS",
+    "Split",
+    "Workload",
+    "activation_bytes",
+    "kv_cache_bytes",
+    "layer_bytes_per_token",
+    "prefill_bytes",
+]
 
 F32 = 4  # float32 bytes: statistics, softmax and logits are kept in float32
 
@@ -222,6 +232,21 @@ def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, split: Split = Sp
     return 2 * config.num_layers * heads * config.head_dim * slots * _per(rows, split.rows) * itemsize(config)
 
 
+def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = Split()) -> dict[str, int]:
+    """What the sampler's prefill holds beside the cache, on one device: the float32 logits
+    at every prompt position (``model.sampling`` keeps the whole (rows, prompt, vocab) array
+    and reads its last position), and one layer's attention over the cache's slots (mask,
+    float32 scores and exponentials, probabilities in the model's dtype), as in training."""
+    rows = _per(workload.rollout_batch_size, split.rows)
+    heads = _per(config.num_heads, split.q_heads)
+    vocab = _per(config.vocab_size, split.vocab)
+    prompt, slots = workload.prompt_length, workload.kv_cache_size
+    return {
+        "prefill_logits": rows * prompt * vocab * F32,
+        "prefill_attention": rows * heads * prompt * slots * (1 + 2 * F32 + itemsize(config)),
+    }
+
+
 FORMULAS = {
     "activations": "per layer per token: 2 x (8e + p e + 8) [two RMSNorms] + p (2q + 2kv) + 8 head_dim [rotary] "
     "+ heads x T x (9 + p) [mask, float32 scores, exponentials, probabilities] + 8 heads + 6 p m [gated MLP]; "
@@ -232,4 +257,6 @@ FORMULAS = {
     "update_outputs": "the step's new trainable parameters and optimizer state, written beside the old ones "
     "(the lab's step does not donate its inputs)",
     "kv_cache": "2 x layers x kv_heads x head_dim x slots x rows x itemsize (the model config's dtype)",
+    "prefill": "rows x prompt x vocab x 4 (float32 logits at every prompt position) + rows x heads x prompt x "
+    "slots x (9 + p) (one layer's attention over the cache)",
 }

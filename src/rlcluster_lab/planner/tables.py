@@ -331,7 +331,9 @@ def local_topology() -> Topology:
     run every process sees every global device, and its own are one host.
     """
     devices = jax.devices()
-    stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
+    # Read from a device of this process: under a multi-process run the others are not addressable.
+    mine = jax.local_devices()[0]
+    stats = mine.memory_stats() if hasattr(mine, "memory_stats") else None
     limit = int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
     platform = devices[0].platform
     ram = _physical_memory()
