@@ -221,7 +221,7 @@ def test_l4_the_compiled_step_holds_what_the_plan_counts() -> None:
     planned update outputs (plus the metrics and one 8-byte entry per output buffer, the
     tuple XLA returns); its temporaries, where activations and gradients live, track the
     plan's figures only roughly, since XLA fuses and trims JAX's saved set (measured here
-    1.39 for this layout; 1.02 and 0.91 for the tiny and small models on one device)."""
+    1.39 for this layout; 1.01 and 0.89 for the tiny and small models on one device)."""
     scenario = Scenario()
     plan, work, cluster, (graphdef, trainable, frozen), _, on_actor = _live_step_terms(scenario, gradients=False)
     mesh = jax.tree.leaves(trainable)[0].sharding.mesh

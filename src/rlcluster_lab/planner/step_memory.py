@@ -30,7 +30,7 @@ loss's per-token terms (a critic has a scalar head instead of logits; a LoRA
 actor's backward pass stops at the first block). The count is exact against
 JAX; a compiler keeps about as much, fusing some terms away and adding working
 buffers of its own: XLA's temporaries for the lab's step on one CPU device were
-1.02x (tiny) and 0.91x (small) of activations plus gradients at the default
+1.01x (tiny) and 0.89x (small) of activations plus gradients at the default
 step, 1.39x on the eight-device colocated layout (the tests bound the ratio).
 
 With rematerialisation (``remat=True``, what ``jax.checkpoint`` around each
