@@ -12,6 +12,7 @@ from typing import Any
 
 from rlcluster_lab.cli.flags import scenario_from
 from rlcluster_lab.core.options import DTYPES, MODEL_SIZES
+from rlcluster_lab.planner.workload import Workload
 
 
 def _size(n: int | float | None) -> str:
@@ -59,17 +60,24 @@ def format_plan(data: Mapping[str, Any]) -> str:
         f"per device: {_size(per)} ({fits['memory_source']}); resident busiest "
         f"{_size(fits['resident']['max_device_bytes'])}, with sync peak "
         f"{_size(fits['with_sync_peak']['max_device_bytes'])}"
-        + ("" if fits["all_fit"] is None else ("; everything fits" if fits["all_fit"] else "; DOES NOT FIT"))
     )
+    lines += _step_lines(data)
     lines.append(
         f"sync (P13, {'LoRA parameters' if sync['lora'] else 'all parameters'}): synced "
         f"{_size(sync['synced_bytes'])}, moved across devices {_size(sync['moved_cross_device_bytes'])}, "
         f"copied within a device {_size(sync['copied_same_device_bytes'])}, reused "
         f"{_size(sync['reused_bytes'])}; anchor re-pinned {_size(sync['anchor_bytes'])}"
     )
+    lines.append(
+        f"  across hosts {_size(sync.get('cross_host_bytes', 0))} (at least), between devices of one host "
+        f"{_size(sync.get('within_host_cross_device_bytes', sync['moved_cross_device_bytes']))}"
+    )
     busiest = max(sync["arrived_by_device"].values(), default=0)
     secs = sync["estimated_seconds"]
     rate = "unknown bandwidth" if t["link_bandwidth"] is None else f"{t['link_bandwidth'] / 1e9:,.0f} GB/s"
+    host_rate = t.get("host_link_bandwidth")
+    if host_rate is not None and sync.get("cross_host_bytes"):
+        rate += f" within a host, {host_rate / 1e9:,.0f} GB/s from other hosts"
     lines.append(
         f"  busiest device receives {_size(busiest)}; at {rate}: "
         + ("unknown (no bandwidth)" if secs is None else f"{secs * 1e3:,.3f} ms")
@@ -77,7 +85,66 @@ def format_plan(data: Mapping[str, Any]) -> str:
     for kind in ("device", "pinned_host"):
         peak = max((k.get(kind, 0) for k in sync["peak_extra_bytes"].values()), default=0)
         lines.append(f"  peak extra {kind} bytes on one device during the sync: {_size(peak)}")
+    verdict = fits["all_fit"]
+    lines.append(
+        "fits: "
+        + ("unknown (no memory per device known: pass --memory-per-device)" if verdict is None else "")
+        + ("everything fits" if verdict else "")
+        + (f"DOES NOT FIT: {fits['reason']}" if verdict is False else "")
+    )
     return "\n".join(lines)
+
+
+def _terms(terms: Mapping[str, int], top: int = 8) -> str:
+    ranked = sorted(((v, k) for k, v in terms.items() if v), reverse=True)[:top]
+    return ", ".join(f"{k.replace('_', ' ')} {_size(v)}" for v, k in ranked) or "nothing"
+
+
+def _step_lines(data: Mapping[str, Any]) -> list[str]:
+    """The workload, the busiest device at its peak, each phase there, and every host."""
+    work, step, fits = data.get("workload"), data.get("step"), data["fits"]
+    if not work or not step:
+        return []
+    micro = work["micro_batch_size"]
+    lines = [
+        f"step: {work['rollout_batch_size']} rows of {work['prompt_length']} prompt + {work['max_tokens']} "
+        f"completion tokens, KV cache of {work['kv_cache_size']} slots, trained "
+        + (f"in micro-batches of {micro}" if micro else "in one piece")
+        + (", every layer rematerialised" if work["remat"] else ", no rematerialisation (as the lab's step)"),
+    ]
+    state = step.get("actor_training_state")
+    if state:
+        per = state["bytes_per_parameter"]
+        lines.append(
+            f"  actor's training state {_size(state['total'])}: {per['total']:.2f} bytes per parameter "
+            f"(parameters {per['parameters']:.2f}, gradients {per['gradients']:.2f}, optimizer {per['optimizer']:.2f})"
+        )
+    peak = fits.get("peak") or {}
+    devices = {d["device"]: d for d in data.get("per_device", [])}
+    top = devices.get(peak.get("device"))
+    if top is not None:
+        phase = (top["peak_phase"] or "rest").replace("_", " ")
+        lines.append(
+            f"  busiest device {top['device']} (host {top['host']}) peaks at {_size(top['peak_bytes'])} "
+            f"during {phase}: {_terms(peak.get('terms', {}))}"
+        )
+        for name, terms in top["phases"].items():
+            lines.append(f"    {name.replace('_', ' '):<13} +{_size(sum(terms.values()))}: {_terms(terms)}")
+    hosts = data.get("per_host", [])
+    shown = hosts if len(hosts) <= 4 else [h for h in hosts if h["host"] == (fits.get("hosts") or {}).get("host")]
+    if len(hosts) > len(shown):
+        lines.append(f"  {len(hosts)} hosts; the fullest:")
+    for h in shown:
+        ids = h["device_ids"]
+        cap = h["host_memory"]
+        lines.append(
+            f"  host {h['host']} (devices {ids[0]}..{ids[-1]}): busiest device {_size(h['device_peak_bytes'])}; "
+            f"RAM {_size(h['ram_bytes'])}"
+            + ("" if cap is None else f" of {_size(cap)}")
+            + (f" ({_terms(h['ram'], 4)})" if h["ram"] else "")
+            + f"; a sync brings {_size(h['sync_cross_host_bytes'])} from other hosts"
+        )
+    return lines
 
 
 # --------------------------------------------------------------------------- CLI
@@ -124,7 +191,7 @@ def add_plan_arguments(p: Any) -> None:
     p.add_argument(
         "--topology",
         default="local",
-        help="local (this machine's devices), gpu-8, tpu-v5e-8, tpu-v5p-8, tpu-v5p-64, tpu-v5p-256",
+        help="local (this machine's devices), gpu-8, gpu-2x8, tpu-v5e-8, tpu-v5p-8, tpu-v5p-64, tpu-v5p-256",
     )
     p.add_argument("--vllm-tp", type=int, default=None, help="vllm engine's tensor-parallel size (default: all)")
     p.add_argument(
@@ -143,6 +210,46 @@ def add_plan_arguments(p: Any) -> None:
         default=None,
         help="bytes/s one device receives, e.g. 450GB (default: the topology's, see its source)",
     )
+    p.add_argument(
+        "--devices-per-host",
+        type=int,
+        default=None,
+        help="devices of one host (process), consecutive ids (default: the topology's)",
+    )
+    p.add_argument("--host-memory", default=None, help="RAM per host, e.g. 2TB (default: the topology's)")
+    p.add_argument(
+        "--host-bandwidth",
+        default=None,
+        help="bytes/s one device receives from other hosts, e.g. 50GB (default: the topology's)",
+    )
+    work = Workload()
+    p.add_argument(
+        "--rollout-batch-size",
+        type=int,
+        default=work.rollout_batch_size,
+        help=f"completions sampled at once (default {work.rollout_batch_size})",
+    )
+    p.add_argument(
+        "--prompt-length",
+        type=int,
+        default=work.prompt_length,
+        help=f"prompt tokens per row (default {work.prompt_length})",
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=work.max_tokens, help=f"completion tokens per row (default {work.max_tokens})"
+    )
+    p.add_argument(
+        "--kv-cache-size", type=int, default=None, help="KV cache slots per row (default: prompt + completion tokens)"
+    )
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        help="rows per training micro-batch (default: the whole batch in one piece)",
+    )
+    p.add_argument(
+        "--remat", action="store_true", help="plan a step that rematerialises every layer (the lab's does not)"
+    )
 
 
 def run_plan_command(args: Any) -> dict[str, Any]:
@@ -155,6 +262,14 @@ def run_plan_command(args: Any) -> dict[str, Any]:
     lab_size = args.model_size in MODEL_SIZES
     scenario = scenario_from(args, model_size=args.model_size if lab_size else "tiny")
     scenario.check(model=model_config(args.model_size, dtype=args.dtype))
+    workload = Workload(
+        rollout_batch_size=args.rollout_batch_size,
+        prompt_length=args.prompt_length,
+        max_tokens=args.max_tokens,
+        kv_cache_size=args.kv_cache_size if args.kv_cache_size is not None else args.prompt_length + args.max_tokens,
+        micro_batch_size=args.micro_batch_size,
+        remat=args.remat,
+    )
     plan = plan_cluster(
         args.model_size,
         args.topology,
@@ -174,6 +289,12 @@ def run_plan_command(args: Any) -> dict[str, Any]:
         if args.memory_per_device is None
         else int(parse_bytes(args.memory_per_device, "--memory-per-device")),
         link_bandwidth=None if args.bandwidth is None else parse_bytes(args.bandwidth, "--bandwidth"),
+        workload=workload,
+        devices_per_host=args.devices_per_host,
+        host_memory=None if args.host_memory is None else int(parse_bytes(args.host_memory, "--host-memory")),
+        host_link_bandwidth=None
+        if args.host_bandwidth is None
+        else parse_bytes(args.host_bandwidth, "--host-bandwidth"),
     )
     data = plan.to_json()
     return data if args.json else {"_text": format_plan(data)}

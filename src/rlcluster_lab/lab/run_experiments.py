@@ -358,7 +358,8 @@ def what_if_rows(
                 "topology": topo,
                 "layout": layout,
                 "actor": f"LoRA {rank}" if rank else "full",
-                "busiest device": _gib(fits["with_sync_peak"]["max_device_bytes"]),
+                # The fullest device at its peak through a step's phases (planner.budget).
+                "busiest device": _gib(fits["peak"]["max_device_bytes"]),
                 "per device": _gib(fits["memory_per_device"]),
                 "fits": fits["all_fit"],
                 "sync moves": _gib(plan["sync"]["moved_cross_device_bytes"]),

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES, UNITS, memory_table
-from rlcluster_lab.planner.buffers import Buffers, PlannedArray, overlap
+from rlcluster_lab.planner.buffers import Buffers, PlannedArray, host_overlap, overlap
 from rlcluster_lab.planner.shapes import shard_elements
 
 SOURCE = "computed from shapes (no allocation)"
@@ -90,6 +90,8 @@ def sync_summary(
     offload: bool,
     link_bandwidth: float | None,
     strategy: str = "xla",
+    host_of: Mapping[int, int] | None = None,
+    host_link_bandwidth: float | None = None,
 ) -> dict[str, Any]:
     """P13 on paper, with the SyncReport's definitions (see ``plan``'s docstring).
 
@@ -99,10 +101,16 @@ def sync_summary(
 
     ``trainable``: the leaves the sync hands over (LoRA adapters, or every
     parameter); ``copy``: the engine owns its weights, so it never keeps the
-    trainer's buffers.
+    trainer's buffers. ``host_of``: each device's host (None: one host), which
+    splits the cross-device bytes into those that must cross from another host
+    (the least: a piece another device of the same host holds comes from it)
+    and those that move within a host.
     """
     span = 1 + max(max(a.mesh.device_ids) for m in (actor, rollout) for a in m.values())
-    arrived, peak = _PerDevice(span), _PerDevice(span)
+    arrived, peak, across = _PerDevice(span), _PerDevice(span), _PerDevice(span)
+    host_of = dict(host_of) if host_of is not None else {}
+    hosts_key = tuple(sorted(host_of.items()))
+    several_hosts = len(set(host_of.values())) > 1
     leaves = []
     for path in sorted(trainable, key=lambda k: "/".join(map(str, k))):
         src, dst = actor[path], rollout[path]
@@ -114,7 +122,12 @@ def sync_summary(
         item = src.dtype.itemsize
         moved = np.where(reused, 0, lacking) * item
         copied = np.where(reused, 0, elems - lacking) * item
+        crossing = np.zeros(dst.mesh.size, dtype=np.int64)
+        if several_hosts:
+            crossing = np.where(reused, 0, host_overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec, hosts_key))
+            crossing = crossing * item
         arrived.add(dst.mesh.ids, "device", moved)
+        across.add(dst.mesh.ids, "device", crossing)
         peak.add(dst.mesh.ids[~reused], dst.kind, elems * dst.dtype.itemsize)
         leaves.append(
             {
@@ -131,6 +144,7 @@ def sync_summary(
                 "minimum_cross_device_bytes": int(lacking.sum() * item),
                 "logical_bytes": int(np.prod(src.shape, dtype=np.int64) * item),
                 "relayed_cross_device_bytes": 0,
+                "cross_host_bytes": int(crossing.sum()),
                 "method": "planned: the least the placement forces",
             }
         )
@@ -155,7 +169,15 @@ def sync_summary(
             anchor_bytes += a.shard_bytes * a.mesh.size
             peak.add(a.mesh.ids, "pinned_host", a.shard_bytes)
     arrived_by_device = arrived.total()
-    busiest = max(arrived_by_device.values(), default=0)
+    across_by_device = across.total()
+    cross_host = sum(leaf["cross_host_bytes"] for leaf in leaves)
+    seconds, estimate = _sync_seconds(arrived_by_device, across_by_device, link_bandwidth, host_link_bandwidth)
+    by_host: dict[str, dict[str, int]] = {}
+    for d, n in arrived_by_device.items():
+        h = str(host_of.get(int(d), 0))
+        entry = by_host.setdefault(h, {"cross_host_bytes": 0, "within_host_bytes": 0})
+        entry["cross_host_bytes"] += across_by_device.get(d, 0)
+        entry["within_host_bytes"] += n - across_by_device.get(d, 0)
     return {
         "units": UNITS,
         "lora": lora,
@@ -169,12 +191,36 @@ def sync_summary(
         "anchor_mode": "trainable" if partial else "full",
         "global_step": 1,
         "arrived_by_device": arrived_by_device,
+        "cross_host_bytes": cross_host,
+        "within_host_cross_device_bytes": totals["moved_cross_device_bytes"] - cross_host,
+        "arrived_cross_host_by_device": across_by_device,
+        "by_host": dict(sorted(by_host.items(), key=lambda kv: int(kv[0]))),
         "peak_extra_bytes": peak.by_kind(),
-        "estimated_seconds": None if link_bandwidth is None else busiest / link_bandwidth,
-        "estimate": "max over devices of cross-device bytes arriving / link bandwidth a device receives"
-        + ("" if link_bandwidth is not None else " (no bandwidth known for this topology: pass one)"),
+        "estimated_seconds": seconds,
+        "estimate": estimate,
         "leaves": leaves,
     }
+
+
+def _sync_seconds(
+    arrived: Mapping[str, int], across: Mapping[str, int], link: float | None, host_link: float | None
+) -> tuple[float | None, str]:
+    """The sync's time on its busiest device: bytes from its own host over the device link
+    and bytes from other hosts over the host link, the two at once (a lower bound that
+    ignores latency, multi-hop routes and contention)."""
+    rule = (
+        "max over devices of max(within-host cross-device bytes / device link bandwidth, "
+        "cross-host bytes / host link bandwidth), each the rate one device receives"
+    )
+    needs_host = any(across.values())
+    if link is None or (needs_host and host_link is None):
+        missing = "device link" if link is None else "host link"
+        return None, f"{rule} (no {missing} bandwidth known for this topology: pass one)"
+    worst = 0.0
+    for d, n in arrived.items():
+        cross = across.get(d, 0)
+        worst = max(worst, (n - cross) / link, cross / host_link if cross else 0.0)
+    return worst, rule
 
 
 # --------------------------------------------------------------------------- fits

@@ -75,6 +75,31 @@ def overlap(
     return same, lacking
 
 
+@functools.lru_cache(maxsize=8192)
+def host_overlap(
+    shape: tuple[int, ...],
+    src_mesh: PlannedMesh,
+    src_spec: PartitionSpec,
+    dst_mesh: PlannedMesh,
+    dst_spec: PartitionSpec,
+    hosts: tuple[tuple[int, int], ...],
+) -> np.ndarray:
+    """Per destination shard (mesh order): how many of its elements no source shard on
+    its *host* holds, the least that must cross from another host.
+
+    ``hosts``: (device id, host index) pairs. The same count as ``overlap``'s second
+    figure with every device named by its host (``reshard.minimum_cross_device_elements``):
+    a host's distinct source shards are disjoint, so what it has of a box is the sum of
+    their intersections with it.
+    """
+    host = dict(hosts)
+    src = [(host[d], box) for d, box in shard_boxes(shape, src_spec, src_mesh)]
+    dst = [(host[d], box) for d, box in shard_boxes(shape, dst_spec, dst_mesh)]
+    lacking = np.array(minimum_cross_device_elements(src, dst), dtype=np.int64)
+    lacking.setflags(write=False)
+    return lacking
+
+
 def _relabels(a: PlannedArray, mesh: PlannedMesh) -> bool:
     """The same devices in another order, where the source layout reads the same in the
     destination's device order (replicated axes): the xla strategy re-labels it and runs

@@ -77,11 +77,24 @@ link bandwidth, the bandwidth being what one device can receive (half a
 datasheet's bidirectional figure): a lower bound that ignores latency,
 multi-hop routes and contention.
 
-Fits: a role fits when its bytes on its busiest device, in any memory kind,
-are at most the memory per device (an offloaded role comes to device for its
-operation, P14); ``resident`` is the device-kind bytes on the busiest device
-with shared buffers counted once; ``with_sync_peak`` adds the sync's peak
-extra device-kind bytes.
+Across hosts (a host is the devices of one process, ``Topology.hosts``): each
+destination shard's ``cross_host_bytes`` are the elements no source shard on
+its host holds, the least that must cross from another host (the rest of
+what moves stays between devices of one host); ``estimated_seconds`` takes
+the within-host bytes over the device link and the cross-host bytes over the
+host link, the two at once.
+
+Fits (``planner.budget``): a device's peak is its resident bytes (each buffer
+once) plus the largest phase of a step (generate's KV cache; an update's
+gradients, activations and outputs; a sync's new buffers), with the formulas
+of ``planner.step_memory`` at the plan's ``Workload``; a host's peak is its
+RAM (pinned and offloaded state, the anchor, a sync's newly pinned anchor).
+Everything fits when every device and every host is within its memory and
+every role fits one device (an offloaded role comes to device for its
+operation, P14); ``fits["reason"]`` names the device or host and its largest
+terms when not. ``per_device`` and ``per_host`` hold the figures
+(``DeviceBudget``, ``HostBudget``); ``resident`` and ``with_sync_peak`` keep
+their earlier meaning (device-kind bytes, and those plus the sync's peak).
 """
 
 from __future__ import annotations
@@ -100,10 +113,21 @@ from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, ModelConfig
 from rlcluster_lab.planner.accounting import SOURCE, UNITS, fits_summary, memory_summary, sync_summary
+from rlcluster_lab.planner.budget import (
+    DeviceBudget,
+    HostBudget,
+    Trainer,
+    budgets,
+    generate_phase,
+    training_state,
+    update_phase,
+    verdict,
+)
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray
 from rlcluster_lab.planner.executor import PlannedExecutor, given_models
 from rlcluster_lab.planner.shapes import PlannedMesh
-from rlcluster_lab.planner.tables import Topology, model_config, model_source
+from rlcluster_lab.planner.step_memory import FORMULAS, Split, Workload, activation_bytes, kv_cache_bytes
+from rlcluster_lab.planner.tables import Topology, model_config, model_source, with_figures
 from rlcluster_lab.planner.tables import topology as get_topology
 from rlcluster_lab.rules.sharing import sharing_map_json
 from rlcluster_lab.rules.validation import check_lora_rank
@@ -138,6 +162,7 @@ class PlanRequest:
     optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
     critic_optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
     reshard: str = "xla"
+    workload: Workload = Workload()
 
     def __post_init__(self) -> None:
         if self.reshard not in RESHARD_STRATEGIES:
@@ -193,10 +218,21 @@ class Plan:
     fits: dict[str, Any]
     sync: dict[str, Any]
     decisions: list[dict[str, Any]]
+    workload: dict[str, Any] = dataclasses.field(default_factory=dict)
+    step: dict[str, Any] = dataclasses.field(default_factory=dict)
+    per_device: tuple[DeviceBudget, ...] = ()
+    per_host: tuple[HostBudget, ...] = ()
     source: str = SOURCE
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def host(self, index: int) -> HostBudget:
+        """The budget of host ``index`` (``per_host`` by host index)."""
+        for h in self.per_host:
+            if h.host == index:
+                return h
+        raise KeyError(f"this plan has hosts {[h.host for h in self.per_host]}, not {index}")
 
 
 def plan_cluster(
@@ -221,6 +257,10 @@ def plan_cluster(
     memory_per_device: int | None = None,
     link_bandwidth: float | None = None,
     reshard: str = "xla",
+    workload: Workload | None = None,
+    devices_per_host: int | None = None,
+    host_memory: int | None = None,
+    host_link_bandwidth: float | None = None,
 ) -> Plan:
     """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
 
@@ -232,22 +272,28 @@ def plan_cluster(
     ``Mesh`` objects or ``PlannedMesh``); roles left out keep the layout's.
     ``optimizer`` / ``critic_optimizer``: the actor's and (``with_critic``) the
     critic's optimizers, whose states are planned (default: adam each).
+    ``workload``: the step's shapes (rows, prompt and completion lengths, cache
+    slots, micro-batch, rematerialisation) that activations and the KV cache
+    scale with (default: the lab's default step, ``Workload()``).
+    ``devices_per_host``, ``host_memory`` (bytes) and ``host_link_bandwidth``
+    (bytes/s a device receives from other hosts) override the topology's.
     """
     if isinstance(model, ModelConfig):
         config = model if dtype is None else dataclasses.replace(model, param_dtype=dtype)
         name = config.name
     else:
         config, name = model_config(model, dtype=dtype), model
+    figures = dict(
+        memory_per_device=memory_per_device,
+        link_bandwidth=link_bandwidth,
+        devices_per_host=devices_per_host,
+        host_memory=host_memory,
+        host_link_bandwidth=host_link_bandwidth,
+    )
     if isinstance(topology, Topology):
-        topo = topology
-        if memory_per_device is not None or link_bandwidth is not None:
-            topo = dataclasses.replace(
-                topo,
-                memory_per_device=topo.memory_per_device if memory_per_device is None else int(memory_per_device),
-                link_bandwidth=topo.link_bandwidth if link_bandwidth is None else float(link_bandwidth),
-            )
+        topo = with_figures(topology, **figures)
     else:
-        topo = get_topology(topology, memory_per_device=memory_per_device, link_bandwidth=link_bandwidth)
+        topo = get_topology(topology, **figures)
     request = PlanRequest(
         model=config,
         model_name=name,
@@ -271,13 +317,16 @@ def plan_cluster(
         optimizer=optimizer,
         critic_optimizer=critic_optimizer,
         reshard=reshard,
+        workload=Workload() if workload is None else workload,
     )
     return _plan(request)
 
 
 def plan_scenario(scenario: Any, topology: str | Topology = "local", **overrides: Any) -> Plan:
-    """The plan of a ``Scenario``'s knobs (the same ones ``build_cluster`` takes)."""
+    """The plan of a ``Scenario``'s knobs (the same ones ``build_cluster`` takes); its
+    workload is the scenario's token counts (``Workload.of_scenario``) unless given."""
     knobs = dict(
+        workload=Workload.of_scenario(scenario),
         layout=scenario.layout,
         lora_rank=scenario.lora_rank if scenario.lora else 0,
         lora_separate_base=scenario.lora_separate_base,
@@ -412,6 +461,7 @@ def _plan(req: PlanRequest) -> Plan:
         entries["critic_optimizer"] = placed.critic_optimizer
     memory = memory_summary(entries)
     topo = req.topology
+    host_of = topo.host_of()
     sync = sync_summary(
         placed.buffers,
         placed.models["actor"],
@@ -423,8 +473,22 @@ def _plan(req: PlanRequest) -> Plan:
         offload=req.offload,
         link_bandwidth=topo.link_bandwidth,
         strategy=req.reshard,
+        host_of=host_of,
+        host_link_bandwidth=topo.host_link_bandwidth,
+    )
+    phases, step = _step_phases(req, placed)
+    per_device, per_host = budgets(
+        entries, phases, sync, topo.ids(), host_of, topo.memory_per_device, topo.host_memory, topo.platform
     )
     fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
+    fits.update(verdict(fits["by_role"], per_device, per_host, topo.memory_per_device, topo.host_memory))
+    fits["host_memory_source"] = topo.host_memory_source
+    fits["rule"] = (
+        "everything fits when every device's peak (its resident bytes, each buffer once, plus the largest "
+        "phase of a step: generate's KV cache, an update's gradients, activations and outputs, a sync's new "
+        "buffers) is at most the memory per device, every role fits one device (an offloaded role comes to "
+        "device for its operation), and every host's RAM peak is at most the host memory (when known)"
+    )
     present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
     present |= {Role.REWARD} if req.with_reward else set()
     present |= {Role.CRITIC} if req.with_critic else set()
@@ -455,13 +519,65 @@ def _plan(req: PlanRequest) -> Plan:
         fits=fits,
         sync=sync,
         decisions=placed.trace.to_json(),
+        workload=req.workload.to_json(),
+        step=step,
+        per_device=per_device,
+        per_host=per_host,
     )
+
+
+def _step_phases(req: PlanRequest, placed: _Placed) -> tuple[dict[str, dict[int, dict[str, int]]], dict[str, Any]]:
+    """What each phase of a step adds per device (``budget``), and the step's figures."""
+    config, work = req.model, req.workload
+    actor = placed.models["actor"]
+    actor_split = Split.of(placed.role_to_mesh[Role.ACTOR], req.rules(Role.ACTOR))
+    rollout_mesh = placed.role_to_mesh[Role.ROLLOUT]
+    rollout_split = Split.of(rollout_mesh, req.rules(Role.ROLLOUT))
+    trainers = {
+        "actor_update": Trainer(
+            list(actor.values()),
+            [actor[p] for p in sorted(placed.trainable, key=lambda k: "/".join(map(str, k)))],
+            placed.optimizer,
+            actor_split,
+            lora_rank=req.lora_rank,
+        )
+    }
+    step: dict[str, Any] = {
+        "source": "computed from the model's dimensions and the workload (planner.step_memory)",
+        "formulas": FORMULAS,
+        "actor_split": dataclasses.asdict(actor_split),
+        "rollout_split": dataclasses.asdict(rollout_split),
+        "activations_per_device": {
+            "actor": activation_bytes(config, work, actor_split, lora_rank=req.lora_rank),
+        },
+        "kv_cache_per_device": kv_cache_bytes(config, work.rollout_batch_size, work.kv_cache_size, rollout_split),
+        "kv_cache_bytes": kv_cache_bytes(config, work.rollout_batch_size, work.kv_cache_size),
+        "actor_training_state": training_state(
+            trainers["actor_update"],
+            work,
+            config.num_params + (config.lora_params(req.lora_rank) if req.lora_rank else 0),
+        ),
+    }
+    if placed.critic_optimizer is not None and "critic" in placed.models:
+        critic = list(placed.models["critic"].values())
+        critic_split = Split.of(placed.role_to_mesh[Role.CRITIC], req.rules(Role.CRITIC))
+        trainers["critic_update"] = Trainer(critic, critic, placed.critic_optimizer, critic_split, value_head=True)
+        step["critic_split"] = dataclasses.asdict(critic_split)
+        step["activations_per_device"]["critic"] = activation_bytes(config, work, critic_split, value_head=True)
+    phases = {name: update_phase(config, t, work, req.offload) for name, t in trainers.items()}
+    phases["generate"] = generate_phase(
+        config, list(placed.models["rollout"].values()), rollout_mesh.device_ids, rollout_split, work, req.offload
+    )
+    return phases, step
 
 
 __all__ = [
     "ANCHOR_MODES",
+    "DeviceBudget",
+    "HostBudget",
     "Plan",
     "PlanRequest",
+    "Workload",
     "SOURCE",
     "UNITS",
     "fits_summary",

@@ -8,13 +8,16 @@ details of the original that do not change the parameter count of the
 projections (activation, norm offsets, rope scaling, soft-capping) are not
 modelled.
 
-Topologies: device count, memory per device and link bandwidth, each with the
-document it comes from. Every figure can be overridden per plan.
+Topologies: device count, memory per device and link bandwidth, hosts (the
+devices of one process), RAM per host and the bandwidth a device receives from
+other hosts, each with the document it comes from (a ``*_source`` string with
+its URL). Every figure can be overridden per plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import jax
@@ -119,13 +122,21 @@ def model_source(name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    """Devices to plan on: their count and kind, memory per device, link bandwidth.
+    """Devices to plan on: their count and kind, memory per device, links, and hosts.
 
     ``link_bandwidth`` is the rate at which one device can *receive* over its
     device-to-device links (bytes/s): half a datasheet's bidirectional figure.
+    ``host_link_bandwidth`` is what one device can receive from devices of
+    other hosts (for GPU nodes the network card beside each GPU; inside a TPU
+    slice the chips of different hosts are joined by the same ICI links, so it
+    equals ``link_bandwidth`` there). A host is the devices of one process:
+    ``devices_per_host`` consecutive ids, or ``host_ids`` (one per device, in
+    ``ids()`` order) where they are not consecutive. ``host_memory`` is the RAM
+    of one host (pinned state, the anchor, offloaded roles live there).
     ``platform`` picks the resharding behaviour the plan reproduces (on CPU the
     lab reshards shard by shard and reuses a shard already in place; elsewhere
     JAX's device_put reuses buffers only when the whole layout is equivalent).
+    Every figure carries the document it comes from (``*_source``).
     """
 
     name: str
@@ -137,9 +148,41 @@ class Topology:
     memory_source: str
     bandwidth_source: str
     device_ids: tuple[int, ...] | None = None  # None: 0 .. device_count - 1
+    devices_per_host: int | None = None  # None: one host holds every device (unless host_ids says otherwise)
+    host_ids: tuple[int, ...] | None = None  # the host of each device, in ids() order
+    host_memory: int | None = None
+    host_memory_source: str = "unknown: pass host_memory"
+    host_link_bandwidth: float | None = None
+    host_link_source: str = "unknown: pass host_link_bandwidth"
+
+    def __post_init__(self) -> None:
+        per = self.devices_per_host
+        if per is not None and (per < 1 or self.device_count % per):
+            raise ValueError(
+                f"devices_per_host must divide the device count: {self.devices_per_host} does not divide "
+                f"{self.device_count} ({self.name})"
+            )
+        if self.host_ids is not None and len(self.host_ids) != self.device_count:
+            raise ValueError(f"host_ids names {len(self.host_ids)} hosts for {self.device_count} devices ({self.name})")
 
     def ids(self) -> tuple[int, ...]:
         return self.device_ids if self.device_ids is not None else tuple(range(self.device_count))
+
+    def host_of(self) -> dict[int, int]:
+        """Device id -> host index (0 .. hosts - 1, in the order hosts first appear)."""
+        ids = self.ids()
+        if self.host_ids is not None:
+            order = {h: i for i, h in enumerate(dict.fromkeys(self.host_ids))}
+            return {d: order[h] for d, h in zip(ids, self.host_ids)}
+        per = self.devices_per_host or len(ids)
+        return {d: i // per for i, d in enumerate(ids)}
+
+    def hosts(self) -> tuple[tuple[int, ...], ...]:
+        """The device ids of each host, by host index."""
+        out: dict[int, list[int]] = {}
+        for d, h in self.host_of().items():
+            out.setdefault(h, []).append(d)
+        return tuple(tuple(out[h]) for h in sorted(out))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -151,28 +194,122 @@ class Topology:
             "link_bandwidth": self.link_bandwidth,
             "memory_source": self.memory_source,
             "bandwidth_source": self.bandwidth_source,
+            "hosts": [list(h) for h in self.hosts()],
+            "host_memory": self.host_memory,
+            "host_memory_source": self.host_memory_source,
+            "host_link_bandwidth": self.host_link_bandwidth,
+            "host_link_source": self.host_link_source,
         }
 
 
+# Each figure with the page it is read from. A datasheet's bidirectional link figure is
+# halved for what one device receives.
+_H100_URL = "https://www.nvidia.com/en-us/data-center/h100/"
 _H100 = (
-    "NVIDIA H100 Tensor Core GPU datasheet, SXM5: 80GB HBM3, taken as 80e9 bytes (74.5 GiB), "
-    "below the ~79.6 GiB CUDA reports usable, so 'fits' errs on the safe side"
+    f"NVIDIA H100 Tensor Core GPU datasheet ({_H100_URL}), SXM5: 80GB HBM3, taken as 80e9 bytes "
+    "(74.5 GiB), below the ~79.6 GiB CUDA reports usable, so 'fits' errs on the safe side"
 )
-_H100_LINK = "NVIDIA H100 datasheet, SXM5: NVLink 900 GB/s bidirectional per GPU; received: 450 GB/s"
-_V5E = "Cloud TPU docs, TPU v5e: HBM2 capacity 16 GB per chip, taken as 16e9 bytes (the lower reading)"
-_V5E_LINK = "Cloud TPU docs, TPU v5e: bidirectional ICI bandwidth 400 GBps per chip (1,600 Gbps); received: 200 GB/s"
+_H100_LINK = f"NVIDIA H100 datasheet ({_H100_URL}), SXM5: NVLink 4 900 GB/s bidirectional per GPU; received: 450 GB/s"
+_DGX_URL = (
+    "https://docs.nvidia.com/dgx-basepod/reference-architecture-infrastructure-foundation-enterprise-ai/"
+    "latest/core-components.html"
+)
+_DGX_MEMORY = f"NVIDIA DGX BasePOD reference architecture, DGX H100 ({_DGX_URL}): 2 TB of DDR5 system memory per node"
+_DGX_ONE_HOST = "one node: no host-to-host traffic (for several nodes: InfiniBand NDR, see gpu-2x8)"
+_DGX_IB = (
+    f"NVIDIA DGX BasePOD reference architecture, DGX H100 ({_DGX_URL}): eight single-port ConnectX-7, up to "
+    "400 Gb/s InfiniBand NDR each, one per GPU for the compute fabric; received per GPU: 400 Gb/s = 50 GB/s"
+)
+_V5E_URL = "https://cloud.google.com/tpu/docs/v5e"
+_V5E = f"Cloud TPU docs, TPU v5e ({_V5E_URL}): HBM2 capacity 16 GB per chip, taken as 16e9 bytes (the lower reading)"
+_V5E_LINK = (
+    f"Cloud TPU docs, TPU v5e ({_V5E_URL}): bidirectional ICI bandwidth 400 GBps per chip (1,600 Gbps); "
+    "received: 200 GB/s"
+)
+_V5E_HOST = (
+    f"Cloud TPU docs, TPU v5e ({_V5E_URL}): 8-chip VM ct5lp-hightpu-8t, 384 GB RAM per VM (the spec table's "
+    "'DRAM per host 512 GiB' is the larger reading); a 2x4 slice is one host"
+)
+_V5E_HOST_LINK = (
+    f"Cloud TPU docs, TPU v5e ({_V5E_URL}): one host, no host-to-host traffic; between slices the data-center "
+    "network is 2 x 100 Gbps NICs per host (multislice, not planned here)"
+)
+_V5P_URL = "https://cloud.google.com/tpu/docs/v5p"
 _V5P = (
-    "Cloud TPU docs, TPU v5p: HBM2e capacity 95 GB per chip (95 GiB in the docs' spec table), "
+    f"Cloud TPU docs, TPU v5p ({_V5P_URL}): HBM2e capacity 95 GB per chip (95 GiB in the docs' spec table), "
     "taken as 95e9 bytes (the lower reading)"
 )
-_V5P_LINK = "Cloud TPU docs, TPU v5p: bidirectional ICI bandwidth 1,200 GBps per chip (4,800 Gbps); received: 600 GB/s"
+_V5P_LINK = (
+    f"Cloud TPU docs, TPU v5p ({_V5P_URL}): bidirectional ICI bandwidth 1,200 GBps per chip (4,800 Gbps); "
+    "received: 600 GB/s"
+)
+_V5P_HOST = f"Cloud TPU docs, TPU v5p ({_V5P_URL}): a VM (host) holds 4 chips and 448 GB of RAM"
+_V5P_HOST_LINK = (
+    f"Cloud TPU docs, TPU v5p ({_V5P_URL}): inside one slice the chips of different hosts are joined by ICI, "
+    "so host-to-host bytes travel at the ICI rate (600 GB/s received); the data-center network (50 Gbps per "
+    "chip) joins slices (multislice, not planned here)"
+)
+
+TB = 10**12
+
+
+def _gpu(name: str, nodes: int) -> Topology:
+    return Topology(
+        name,
+        8 * nodes,
+        f"{nodes}x HGX node of 8 NVIDIA H100 SXM5 80GB" if nodes > 1 else "8x NVIDIA H100 SXM5 80GB (one HGX node)",
+        "gpu",
+        80 * GB,
+        450e9,
+        _H100,
+        _H100_LINK,
+        devices_per_host=8,
+        host_memory=2 * TB,
+        host_memory_source=_DGX_MEMORY,
+        host_link_bandwidth=50e9,
+        host_link_source=_DGX_IB if nodes > 1 else _DGX_ONE_HOST + "; " + _DGX_IB,
+    )
+
+
+def _v5p(chips: int) -> Topology:
+    return Topology(
+        f"tpu-v5p-{chips}",
+        chips,
+        f"TPU v5p slice of {chips} chips ({chips // 4} hosts of 4)",
+        "tpu",
+        95 * GB,
+        600e9,
+        _V5P,
+        _V5P_LINK,
+        devices_per_host=4,
+        host_memory=448 * GB,
+        host_memory_source=_V5P_HOST,
+        host_link_bandwidth=600e9,
+        host_link_source=_V5P_HOST_LINK,
+    )
+
 
 TOPOLOGIES: dict[str, Topology] = {
-    "gpu-8": Topology("gpu-8", 8, "8x NVIDIA H100 SXM5 80GB (one HGX node)", "gpu", 80 * GB, 450e9, _H100, _H100_LINK),
-    "tpu-v5e-8": Topology("tpu-v5e-8", 8, "TPU v5e slice of 8 chips", "tpu", 16 * GB, 200e9, _V5E, _V5E_LINK),
-    "tpu-v5p-8": Topology("tpu-v5p-8", 8, "TPU v5p slice of 8 chips", "tpu", 95 * GB, 600e9, _V5P, _V5P_LINK),
-    "tpu-v5p-64": Topology("tpu-v5p-64", 64, "TPU v5p slice of 64 chips", "tpu", 95 * GB, 600e9, _V5P, _V5P_LINK),
-    "tpu-v5p-256": Topology("tpu-v5p-256", 256, "TPU v5p slice of 256 chips", "tpu", 95 * GB, 600e9, _V5P, _V5P_LINK),
+    "gpu-8": _gpu("gpu-8", 1),
+    "gpu-2x8": _gpu("gpu-2x8", 2),
+    "tpu-v5e-8": Topology(
+        "tpu-v5e-8",
+        8,
+        "TPU v5e slice of 8 chips (one host)",
+        "tpu",
+        16 * GB,
+        200e9,
+        _V5E,
+        _V5E_LINK,
+        devices_per_host=8,
+        host_memory=384 * GB,
+        host_memory_source=_V5E_HOST,
+        host_link_bandwidth=200e9,
+        host_link_source=_V5E_HOST_LINK,
+    ),
+    "tpu-v5p-8": _v5p(8),
+    "tpu-v5p-64": _v5p(64),
+    "tpu-v5p-256": _v5p(256),
 }
 
 
@@ -180,12 +317,26 @@ def topology_names() -> list[str]:
     return ["local"] + list(TOPOLOGIES)
 
 
+def _physical_memory() -> int | None:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not every system names these
+        return None
+
+
 def local_topology() -> Topology:
-    """This process's devices, by their real ids (on CPU: the simulated devices)."""
+    """This process's view of JAX's devices, by their real ids (on CPU: the simulated devices).
+
+    Hosts are JAX's processes (``device.process_index``): under a multi-process
+    run every process sees every global device, and its own are one host.
+    """
     devices = jax.devices()
-    stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
+    # Read from a device of this process: under a multi-process run the others are not addressable.
+    mine = jax.local_devices()[0]
+    stats = mine.memory_stats() if hasattr(mine, "memory_stats") else None
     limit = int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
     platform = devices[0].platform
+    ram = _physical_memory()
     return Topology(
         name="local",
         device_count=len(devices),
@@ -198,23 +349,67 @@ def local_topology() -> Topology:
         else "unknown: this backend reports no memory limit (CPU); pass memory_per_device",
         bandwidth_source="unknown for this machine; pass link_bandwidth",
         device_ids=tuple(int(d.id) for d in devices),
+        host_ids=tuple(int(d.process_index) for d in devices),
+        host_memory=ram,
+        host_memory_source="this machine's physical memory (os.sysconf); processes on one machine share it"
+        if ram is not None
+        else "unknown on this system; pass host_memory",
+        host_link_source="unknown for this machine; pass host_link_bandwidth",
     )
 
 
-def topology(name: str, *, memory_per_device: int | None = None, link_bandwidth: float | None = None) -> Topology:
-    """A topology by name, with its memory and bandwidth optionally overridden."""
+def topology(
+    name: str,
+    *,
+    memory_per_device: int | None = None,
+    link_bandwidth: float | None = None,
+    devices_per_host: int | None = None,
+    host_memory: int | None = None,
+    host_link_bandwidth: float | None = None,
+) -> Topology:
+    """A topology by name, with any of its figures overridden (the source then reads "given")."""
     if name == "local":
         topo = local_topology()
     elif name in TOPOLOGIES:
         topo = TOPOLOGIES[name]
     else:
         raise ValueError(f"unknown topology {name!r}; choose one of {', '.join(topology_names())}")
-    if memory_per_device is not None:
-        if memory_per_device <= 0:
-            raise ValueError(f"memory per device must be positive, got {memory_per_device}")
-        topo = dataclasses.replace(topo, memory_per_device=int(memory_per_device), memory_source="given")
-    if link_bandwidth is not None:
-        if link_bandwidth <= 0:
-            raise ValueError(f"link bandwidth must be positive, got {link_bandwidth}")
-        topo = dataclasses.replace(topo, link_bandwidth=float(link_bandwidth), bandwidth_source="given")
-    return topo
+    return with_figures(
+        topo,
+        memory_per_device=memory_per_device,
+        link_bandwidth=link_bandwidth,
+        devices_per_host=devices_per_host,
+        host_memory=host_memory,
+        host_link_bandwidth=host_link_bandwidth,
+    )
+
+
+def with_figures(
+    topo: Topology,
+    *,
+    memory_per_device: int | None = None,
+    link_bandwidth: float | None = None,
+    devices_per_host: int | None = None,
+    host_memory: int | None = None,
+    host_link_bandwidth: float | None = None,
+) -> Topology:
+    """``topo`` with the figures given (None keeps the topology's); each must be positive."""
+    changes: dict[str, Any] = {}
+    for field, value, source, cast in (
+        ("memory_per_device", memory_per_device, "memory_source", int),
+        ("link_bandwidth", link_bandwidth, "bandwidth_source", float),
+        ("host_memory", host_memory, "host_memory_source", int),
+        ("host_link_bandwidth", host_link_bandwidth, "host_link_source", float),
+    ):
+        if value is None:
+            continue
+        if not value > 0:
+            raise ValueError(f"{field.replace('_', ' ')} must be positive, got {value}")
+        changes[field] = cast(value)
+        changes[source] = "given"
+    if devices_per_host is not None:
+        if isinstance(devices_per_host, bool) or not isinstance(devices_per_host, int) or devices_per_host < 1:
+            raise ValueError(f"devices per host must be a positive int, got {devices_per_host!r}")
+        changes["devices_per_host"] = devices_per_host
+        changes["host_ids"] = None  # consecutive ids, devices_per_host to a host
+    return dataclasses.replace(topo, **changes) if changes else topo

@@ -1,0 +1,262 @@
+"""What one RL step holds beside the resident state (L4): activations, gradients, the
+training step's outputs and the rollout's KV cache, from the model's dimensions.
+
+The formulas count the lab's own model (``model.transformer``) and training step
+(``training.step``); each says what it counts, so it can be checked.
+
+Activations (``activation_bytes``) are what JAX's reverse mode keeps for the
+backward pass of one training micro-batch: the residuals ``jax.vjp`` saves,
+counted from the model's code (the tests hold every term to
+``jax.ad_checkpoint.print_saved_residuals`` of the real loss). With ``p`` the
+parameter dtype's bytes, per layer and per token of a row of ``T`` tokens:
+
+- each of the two RMSNorms: the input in float32 (4e), the normalised value in
+  float32 (4e, only where the scale trains), the output in the model's dtype
+  (p e), two float32 statistics (8);
+- q and the attention output (2 p q), k and v (2 p kv), where q = heads x head_dim
+  and kv = kv_heads x head_dim; the rotary sin/cos of q and k (4 x head_dim/2 float32);
+- attention over the T keys, per head: the mask (1 byte), the masked float32
+  scores and their exponentials (4 + 4), the probabilities in the model's dtype (p);
+  per head two float32 row statistics (8);
+- the gated MLP: gate and up projections, three SiLU intermediates and their
+  product (6 p m);
+- with LoRA, each of the seven adapted projections' input times ``lora_a``
+  (7 p r for rank r).
+
+Beside the layers (and per layer the two norm scales in float32), per token the
+final norm and the embedding's gather indices, and per completion token the
+float32 logits, the pad mask and the log-softmax over the vocabulary plus the
+loss's per-token terms (a critic has a scalar head instead of logits; a LoRA
+actor's backward pass stops at the first block). The count is exact against
+JAX; a compiler keeps about as much, fusing some terms away and adding working
+buffers of its own: XLA's temporaries for the lab's step on one CPU device were
+1.01x (tiny) and 0.89x (small) of activations plus gradients at the default
+step, 1.39x on the eight-device colocated layout (the tests bound the ratio).
+
+With rematerialisation (``remat=True``, what ``jax.checkpoint`` around each
+block does: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"),
+each layer keeps only its input (p e per token) and one layer's activations are
+recomputed at a time during the backward pass: L p e + one layer + the head.
+The lab's own step does not rematerialise; the flag plans one that does.
+
+Per device the batch's rows are split over the mesh axes no tensor is split
+over (data parallelism), and heads, the MLP's hidden units and the vocabulary
+over the axes the role's rules give them (tensor parallelism); the residual
+stream (the e-sized terms) is whole on every tensor-parallel device, as in
+Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models" (without sequence parallelism). The lab's step does not say how XLA
+lays out its activations; this split is what a data- and tensor-parallel step does.
+
+Gradients: one per trainable parameter (the LoRA adapters
+only for a LoRA actor), with its parameter's sharding and dtype; with gradient
+accumulation the step also keeps a float32 running sum (``training.step``).
+Update outputs: the lab's step does not donate its inputs, so the new trainable
+parameters and optimizer state are written beside the old ones while it runs.
+
+KV cache (``kv_cache_bytes``): 2 (keys, values) x layers x kv_heads x head_dim x
+slots x rows x the cache's itemsize; the engine's cache (``init_cache``) is in
+the model config's dtype, even where the rollout weights are cast. Beside it the
+sampler's prefill (``prefill_bytes``) holds float32 logits at every prompt
+position and one layer's attention over the cache's slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rlcluster_lab.core.model_config import ModelConfig
+from rlcluster_lab.planner.workload import Workload
+
+if TYPE_CHECKING:
+    from rlcluster_lab.planner.shapes import PlannedMesh
+
+__all__ = [
+    "FORMULAS",
+    "Split",
+    "Workload",
+    "activation_bytes",
+    "kv_cache_bytes",
+    "layer_bytes_per_token",
+    "prefill_bytes",
+]
+
+F32 = 4  # float32 bytes: statistics, softmax and logits are kept in float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """How a mesh divides a step's tensors: the batch's rows, and heads, MLP units and
+    vocabulary (each the product of the mesh axes the role's rules map it to)."""
+
+    rows: int = 1
+    q_heads: int = 1
+    kv_heads: int = 1
+    mlp: int = 1
+    vocab: int = 1
+
+    @classmethod
+    def of(cls, mesh: PlannedMesh, rules: Any) -> Split:
+        sizes = dict(mesh.shape)
+        mapping = {str(k): v for k, v in rules}
+        used: set[str] = set()
+
+        def ways(name: str) -> int:
+            target = mapping.get(name)
+            axes = () if target is None else (target,) if isinstance(target, str) else tuple(target)
+            axes = tuple(a for a in axes if a in sizes)
+            used.update(axes)
+            return math.prod(sizes[a] for a in axes)
+
+        q, kv, mlp, vocab = ways("q_heads"), ways("kv_heads"), ways("mlp"), ways("vocab")
+        rows = math.prod(n for a, n in sizes.items() if a not in used)
+        return cls(rows=rows, q_heads=q, kv_heads=kv, mlp=mlp, vocab=vocab)
+
+
+def _per(n: int, ways: int) -> int:
+    """What one device holds of n things split ``ways`` ways (at least one: a head is not split)."""
+    return max(1, -(-n // max(1, ways)))
+
+
+def itemsize(config: ModelConfig) -> int:
+    return int(np.dtype(config.dtype).itemsize)
+
+
+def norm_bytes_per_token(config: ModelConfig, *, trainable_scale: bool = True) -> int:
+    """One RMSNorm's residuals per token: the float32 input, the float32 normalised value
+    (only where the scale trains), the output in the model's dtype, two float32 statistics."""
+    e = config.embed_dim
+    return F32 * e + (F32 * e if trainable_scale else 0) + itemsize(config) * e + 2 * F32
+
+
+def layer_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split(), lora_rank: int = 0) -> int:
+    """One block's residuals per token of a row that attends over ``keys`` tokens, on one
+    device. With LoRA (frozen norm scales) the normalised values are not kept; each of the
+    seven adapted projections keeps its input times ``lora_a`` (rank values)."""
+    p, hd = itemsize(config), config.head_dim
+    heads = _per(config.num_heads, split.q_heads)
+    kv = _per(config.num_kv_heads, split.kv_heads) * hd
+    q = heads * hd
+    mlp = _per(config.mlp_dim, split.mlp)
+    return (
+        2 * norm_bytes_per_token(config, trainable_scale=not lora_rank)
+        + p * (2 * q + 2 * kv)  # q, attention output; k, v
+        + 4 * (hd // 2) * F32  # rotary sin and cos of q and k
+        + heads * keys * (1 + 2 * F32 + p)  # mask, masked scores, exponentials, probabilities
+        + heads * 2 * F32  # the softmax's row statistics
+        + 6 * p * mlp  # gate, up, three SiLU intermediates, their product
+        + 7 * p * lora_rank  # x @ lora_a of q, k, v, o, gate, up, down
+    )
+
+
+def layer_constant_bytes(config: ModelConfig) -> int:
+    """Per block, whatever the batch: the two norm scales broadcast to float32."""
+    return 2 * F32 * config.embed_dim
+
+
+# The losses' per-completion-token terms: for the actor (``training.step.grpo_sums`` and
+# ``model.logps.forward_logps``) the picked token's index (int32), the pad mask (bool) and
+# ten float32 values (the mask as float32, the log-softmax's normaliser, the picked log-prob,
+# the ratio, three clip intermediates, two quotients and the KL's exponential); for the
+# critic (``training.critic.ppo_value_sums``) the pad mask and ten float32 values.
+LOSS_BYTES_PER_COMPLETION_TOKEN = 4 + 1 + 10 * F32
+VALUE_LOSS_BYTES_PER_COMPLETION_TOKEN = 1 + 10 * F32
+# Per row the advantage broadcast over the completion (float32); per step float32 scalars.
+LOSS_BYTES_PER_ROW = F32
+
+
+def head_bytes(
+    config: ModelConfig,
+    rows: int,
+    tokens: int,
+    completion: int,
+    split: Split = Split(),
+    *,
+    lora_rank: int = 0,
+    value_head: bool = False,
+) -> int:
+    """Residuals outside the blocks, on one device.
+
+    Per token the final norm and the embedding's gather index; per completion token the
+    logits (pad mask, float32 masked logits and log-softmax over the device's share of the
+    vocabulary) and the loss's terms. With LoRA (frozen embedding, norms and head) the
+    backward pass stops at the first block: the first norm keeps only its output and the
+    final norm no output, so the per-token terms cancel (the blocks' count stands).
+    ``value_head``: a critic, whose head is a scalar (no logits).
+    """
+    if value_head:
+        per_token = norm_bytes_per_token(config) + 4
+        return rows * (tokens * per_token + completion * VALUE_LOSS_BYTES_PER_COMPLETION_TOKEN) + (
+            F32 * config.embed_dim + F32
+        )
+    vocab = _per(config.vocab_size, split.vocab)
+    per_completion = vocab * (1 + 2 * F32) + LOSS_BYTES_PER_COMPLETION_TOKEN
+    if lora_rank:
+        per_token, constant = 0, 2 * F32
+    else:
+        per_token, constant = norm_bytes_per_token(config) + 4, F32 * config.embed_dim + 2 * F32
+    return rows * (tokens * per_token + completion * per_completion + LOSS_BYTES_PER_ROW) + constant
+
+
+def activation_bytes(
+    config: ModelConfig,
+    workload: Workload,
+    split: Split = Split(),
+    *,
+    lora_rank: int = 0,
+    value_head: bool = False,
+) -> dict[str, int]:
+    """Activations of one training micro-batch on one device, by part.
+
+    ``lora_rank``: the actor trains LoRA adapters of that rank only. ``value_head``: a
+    critic (all its parameters train; no vocabulary logits).
+    """
+    rows = _per(workload.train_rows, split.rows)
+    tokens = workload.sequence_length
+    per_token = layer_bytes_per_token(config, tokens, split, lora_rank)
+    layer = per_token * rows * tokens + layer_constant_bytes(config)
+    head = head_bytes(config, rows, tokens, workload.max_tokens, split, lora_rank=lora_rank, value_head=value_head)
+    if workload.remat:
+        inputs = config.num_layers * itemsize(config) * config.embed_dim * rows * tokens
+        return {"layer_inputs": inputs, "one_layer_recomputed": layer, "head": head}
+    return {"layers": config.num_layers * layer, "head": head}
+
+
+def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, split: Split = Split()) -> int:
+    """The rollout's KV cache on one device: 2 x layers x kv_heads x head_dim x slots x rows x
+    itemsize, rows split over the data-parallel axes and kv heads over the tensor ones."""
+    heads = _per(config.num_kv_heads, split.kv_heads)
+    return 2 * config.num_layers * heads * config.head_dim * slots * _per(rows, split.rows) * itemsize(config)
+
+
+def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = Split()) -> dict[str, int]:
+    """What the sampler's prefill holds beside the cache, on one device: the float32 logits
+    at every prompt position (``model.sampling`` keeps the whole (rows, prompt, vocab) array
+    and reads its last position), and one layer's attention over the cache's slots (mask,
+    float32 scores and exponentials, probabilities in the model's dtype), as in training."""
+    rows = _per(workload.rollout_batch_size, split.rows)
+    heads = _per(config.num_heads, split.q_heads)
+    vocab = _per(config.vocab_size, split.vocab)
+    prompt, slots = workload.prompt_length, workload.kv_cache_size
+    return {
+        "prefill_logits": rows * prompt * vocab * F32,
+        "prefill_attention": rows * heads * prompt * slots * (1 + 2 * F32 + itemsize(config)),
+    }
+
+
+FORMULAS = {
+    "activations": "per layer per token: 2 x (8e + p e + 8) [two RMSNorms] + p (2q + 2kv) + 8 head_dim [rotary] "
+    "+ heads x T x (9 + p) [mask, float32 scores, exponentials, probabilities] + 8 heads + 6 p m [gated MLP]; "
+    "x layers x rows x T, plus per token the final norm and gather index, and per completion token "
+    "9 x vocab bytes of logits and 45 bytes of loss terms (p: parameter bytes; T: prompt + completion)",
+    "activations_remat": "layers x p e per token (each block's input) + one block's activations + the head",
+    "gradients": "one per trainable parameter, its sharding and dtype (+ a float32 running sum when accumulating)",
+    "update_outputs": "the step's new trainable parameters and optimizer state, written beside the old ones "
+    "(the lab's step does not donate its inputs)",
+    "kv_cache": "2 x layers x kv_heads x head_dim x slots x rows x itemsize (the model config's dtype)",
+    "prefill": "rows x prompt x vocab x 4 (float32 logits at every prompt position) + rows x heads x prompt x "
+    "slots x (9 + p) (one layer's attention over the cache)",
+}

@@ -1,0 +1,69 @@
+"""Rows for tables of a plan's budgets (L4): the busiest device term by term, every host,
+and one line per plan with its verdict. Figures are the plan's own, computed from shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+GIB = 1 << 30
+
+
+def _gib(n: int | float | None) -> str:
+    return "-" if n is None else f"{n / GIB:,.1f} GiB"
+
+
+def _json(plan: Any) -> Mapping[str, Any]:
+    return plan.to_json() if hasattr(plan, "to_json") else plan
+
+
+def peak_rows(plan: Any) -> list[dict[str, Any]]:
+    """The busiest device at its peak: each resident entry, then each phase's terms (the
+    phase that sets the peak marked), largest first within each."""
+    data = _json(plan)
+    device = data["fits"]["peak"]["device"]
+    budget = next(d for d in data["per_device"] if d["device"] == device)
+    rows = [
+        {"device": device, "when": "resident", "term": name, "bytes": _gib(n)}
+        for name, n in sorted(budget["resident"].items(), key=lambda kv: -kv[1])
+    ]
+    for phase, terms in budget["phases"].items():
+        when = phase.replace("_", " ") + (" (peak)" if phase == budget["peak_phase"] else "")
+        rows += [
+            {"device": device, "when": when, "term": term.replace("_", " "), "bytes": _gib(n)}
+            for term, n in sorted(terms.items(), key=lambda kv: -kv[1])
+        ]
+    rows.append({"device": device, "when": "peak", "term": "total", "bytes": _gib(budget["peak_bytes"])})
+    return rows
+
+
+def host_rows(plan: Any) -> list[dict[str, Any]]:
+    """Per host: its devices, its busiest device, its RAM and what a sync brings it."""
+    data = _json(plan)
+    return [
+        {
+            "host": h["host"],
+            "devices": f"{h['device_ids'][0]}..{h['device_ids'][-1]}",
+            "busiest device": _gib(h["device_peak_bytes"]),
+            "RAM": _gib(h["ram_bytes"]),
+            "RAM per host": _gib(h["host_memory"]),
+            "sync from other hosts": _gib(h["sync_cross_host_bytes"]),
+            "sync within the host": _gib(h["sync_within_host_bytes"]),
+        }
+        for h in data["per_host"]
+    ]
+
+
+def verdict_row(label: str, plan: Any) -> dict[str, Any]:
+    """One plan in a line: its busiest device at rest and at its peak, and whether it fits."""
+    data = _json(plan)
+    fits = data["fits"]
+    peak = fits["peak"]
+    return {
+        "plan": label,
+        "resident": _gib(fits["resident"]["max_device_bytes"]),
+        "peak": _gib(peak["max_device_bytes"]),
+        "during": (peak["phase"] or "-").replace("_", " "),
+        "per device": _gib(fits["memory_per_device"]),
+        "fits": fits["all_fit"],
+    }

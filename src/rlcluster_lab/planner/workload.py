@@ -1,0 +1,83 @@
+"""The shapes of one RL step the planner sizes activations and the KV cache by (L4).
+
+JAX-free, so the CLI can build its flags from the defaults before the backend starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The shapes of one RL step: how many rows are sampled and trained, and how long they are.
+
+    Defaults are the lab's default step (the learner's 4 prompts x group 4, a
+    ``Scenario``'s 16 new tokens in a 128-slot cache, the longest prompt that
+    fits beside them).
+
+    Args:
+        rollout_batch_size: completions sampled at once (rows of the KV cache).
+        prompt_length: prompt tokens per row.
+        max_tokens: completion tokens per row.
+        kv_cache_size: cache slots per row; at least prompt_length + max_tokens.
+        micro_batch_size: rows per training micro-batch (None: the whole batch in one piece).
+        remat: plan a step that rematerialises every layer (the lab's does not).
+    """
+
+    rollout_batch_size: int = 16
+    prompt_length: int = 112
+    max_tokens: int = 16
+    kv_cache_size: int = 128
+    micro_batch_size: int | None = None
+    remat: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("rollout_batch_size", "prompt_length", "max_tokens", "kv_cache_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Workload.{name} must be a positive int, got {value!r}")
+        micro = self.micro_batch_size
+        if micro is not None and (isinstance(micro, bool) or not isinstance(micro, int) or micro < 1):
+            raise ValueError(f"Workload.micro_batch_size must be a positive int or None, got {micro!r}")
+        if self.prompt_length + self.max_tokens > self.kv_cache_size:
+            raise ValueError(
+                f"a row needs prompt_length + max_tokens = {self.prompt_length + self.max_tokens} cache slots but "
+                f"kv_cache_size is {self.kv_cache_size}: raise kv_cache_size or shorten the rows"
+            )
+
+    @classmethod
+    def of_scenario(cls, scenario: Any, rows: int = 16, micro_batch_size: int | None = None) -> Workload:
+        """A scenario's token counts (its cache, its new tokens, the longest prompt beside them)."""
+        return cls(
+            rollout_batch_size=rows,
+            prompt_length=scenario.kv_cache_size - scenario.max_tokens,
+            max_tokens=scenario.max_tokens,
+            kv_cache_size=scenario.kv_cache_size,
+            micro_batch_size=micro_batch_size,
+        )
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens per training row: prompt and completion."""
+        return self.prompt_length + self.max_tokens
+
+    @property
+    def train_rows(self) -> int:
+        """Rows whose activations are alive at once in a training step."""
+        micro = self.micro_batch_size
+        return self.rollout_batch_size if micro is None else min(micro, self.rollout_batch_size)
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether a step sums the gradients of several micro-batches."""
+        return self.train_rows < self.rollout_batch_size
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "sequence_length": self.sequence_length,
+            "train_rows": self.train_rows,
+            "accumulates": self.accumulates,
+        }
