@@ -143,7 +143,10 @@ def test_launch_settings_that_cannot_work_are_refused(settings, fragment):
         (["--processes", "0"], "--processes must be at least 1"),
         (["--timeout", "10"], "use it with --processes"),
         (["--processes", "2", "--devices", "6"], "drop --devices"),
-        (["--processes", "2", "--layout", "split", "--devices-per-process", "1", "--lora-rank", "0"], "--lora-rank must be at least 1"),
+        (
+            ["--processes", "2", "--layout", "split", "--devices-per-process", "1", "--lora-rank", "0"],
+            "--lora-rank must be at least 1",
+        ),
     ],
 )
 def test_bad_process_flags_exit_2_before_anything_starts(capsys, args, fragment):
@@ -329,3 +332,28 @@ def test_a_killed_worker_ends_the_run_with_its_error_and_no_orphans():
     assert last.startswith("error: process 1 of 2 failed after") and "killed by SIGKILL" in last
     assert "did not finish within" not in last  # the failure, not the deadline, ended it
     assert not [w for w in workers if _alive(w)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "lora"), CASES)
+def test_the_planner_per_host_equals_two_processes_measured(launched, layout, lora):
+    """L4 at small scale: the planner, told this machine's eight devices are two hosts of four,
+    gives each host the bytes per role that host's process measured on its own shards, and the
+    sync bytes that must cross hosts equal those that crossed processes (each against its minimum)."""
+    import dataclasses
+
+    from rlcluster_lab.planner.plan import plan_scenario
+    from rlcluster_lab.planner.tables import local_topology
+
+    data = launched[(layout, lora)]
+    plan = plan_scenario(
+        Scenario(layout=layout, lora=lora), dataclasses.replace(local_topology(), devices_per_host=4, host_ids=None)
+    )
+    assert len(plan.per_host) == 2
+    for host in plan.per_host:
+        measured = data["by_host"][str(host.host)]["memory"]["by_role"]
+        planned = {role: sum(kinds.values()) for role, kinds in host.by_role.items() if sum(kinds.values())}
+        assert planned == measured, host.host
+    crossing = data["sync"]["processes"]
+    assert sum(h.sync_cross_host_bytes for h in plan.per_host) == crossing["cross_process_bytes"]
+    assert sum(h.sync_within_host_bytes for h in plan.per_host) == crossing["within_process_bytes"]

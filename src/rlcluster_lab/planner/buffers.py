@@ -85,7 +85,9 @@ def host_overlap(
     hosts: tuple[tuple[int, int], ...],
 ) -> np.ndarray:
     """Per destination shard (mesh order): how many of its elements no source shard on
-    its *host* holds, the least that must cross from another host.
+    its *host* holds, the least that must cross from another host. A box several
+    devices of one host need crosses once, for the first of them (mesh order); the
+    others copy it from there within the host, so theirs count as within-host moves.
 
     ``hosts``: (device id, host index) pairs. The same count as ``overlap``'s second
     figure with every device named by its host (``reshard.minimum_cross_device_elements``):
@@ -96,6 +98,11 @@ def host_overlap(
     src = [(host[d], box) for d, box in shard_boxes(shape, src_spec, src_mesh)]
     dst = [(host[d], box) for d, box in shard_boxes(shape, dst_spec, dst_mesh)]
     lacking = np.array(minimum_cross_device_elements(src, dst), dtype=np.int64)
+    seen: set[tuple[int, Any]] = set()
+    for i, (h, box) in enumerate(dst):
+        if (h, box) in seen:
+            lacking[i] = 0
+        seen.add((h, box))
     lacking.setflags(write=False)
     return lacking
 
