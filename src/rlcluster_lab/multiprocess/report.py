@@ -266,7 +266,7 @@ def minimum_crossing_elements(
     (start, stop) per dimension. Shards of one sharding are equal or disjoint, so the
     distinct boxes of a process do not overlap.
     """
-    from rlcluster_lab.placement.reshard import box_size
+    from rlcluster_lab.placement.reshard import box_size, intersect_boxes
 
     held: dict[int, set[Any]] = {}
     for proc, box in src_boxes:
@@ -280,7 +280,7 @@ def minimum_crossing_elements(
         for want in boxes:
             have = 0
             for box in held.get(proc, ()):
-                inter = _intersect(box, want)
+                inter = intersect_boxes(box, want)
                 if inter is not None:
                     have += box_size(inter)
             lacking += box_size(want) - have
@@ -338,16 +338,6 @@ def _global_minimum_cross_device(source: Mapping[str, Any], destination: Mapping
         dst = [(d.id, to_box(i, shape)) for d, i in y.sharding.devices_indices_map(shape).items()]
         total += sum(minimum_cross_device_elements(src, dst)) * np.dtype(x.dtype).itemsize
     return total
-
-
-def _intersect(a: Any, b: Any) -> Any:
-    out = []
-    for (a0, a1), (b0, b1) in zip(a, b):
-        lo, hi = max(a0, b0), min(a1, b1)
-        if lo >= hi:
-            return None
-        out.append((lo, hi))
-    return tuple(out)
 
 
 def _sum_kinds(per_device: Iterable[Mapping[str, int]]) -> dict[str, int]:

@@ -113,7 +113,7 @@ def minimum_cross_device_elements(
     for dev, want in dst_boxes:
         have = 0
         for box in dict.fromkeys(local.get(dev, [])):
-            inter = _intersect(box, want)
+            inter = intersect_boxes(box, want)
             if inter is not None:
                 have += box_size(inter)
         out.append(box_size(want) - have)
@@ -155,7 +155,7 @@ def plan_reshard(
     for dev, want in dst_boxes:
         pieces = []
         for box, devs in holders.items():
-            inter = _intersect(box, want)
+            inter = intersect_boxes(box, want)
             if inter is None:
                 continue
             src = dev if dev in devs else min(devs)
@@ -418,7 +418,8 @@ def _put(xs: list[Any], dsts: list[Any]) -> list[Any]:
     return list(jax.device_put(xs, dsts)) if xs else []
 
 
-def _intersect(a: Box, b: Box) -> Box | None:
+def intersect_boxes(a: Box, b: Box) -> Box | None:
+    """The box two boxes have in common, or None when they do not meet."""
     out = []
     for (a0, a1), (b0, b1) in zip(a, b):
         lo, hi = max(a0, b0), min(a1, b1)
