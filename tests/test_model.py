@@ -9,9 +9,8 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
 from rlcluster_lab.model import (
-    DEFAULT_LOGICAL_AXIS_RULES,
-    MESH_AXES,
     MODEL_SIZES,
     LoRALinear,
     forward_logps,

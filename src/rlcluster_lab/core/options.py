@@ -248,33 +248,6 @@ class Scenario:
                 knobs=("max_tokens",),
             )
 
-    def check(self, device_count: int | None = None, *, model: Any = None) -> None:
-        """Every refusal that follows from the knobs alone (P6, the LoRA rank the model's
-        dimensions allow, and layouts on ``device_count`` devices), before anything is allocated.
-
-        Args:
-            device_count: the devices the layout must form (None: not checked here).
-            model: the ``ModelConfig`` the LoRA rank is checked against (None: the
-                ``model_size``'s; the planner passes a published architecture's).
-                Dimensions only: JAX is not imported.
-
-        Raises:
-            ConfigError: with the reason and the fix.
-        """
-        from rlcluster_lab.rules.validation import check_lora_rank, check_sglang_lora  # P6's own home (rules/)
-
-        if model is None:
-            from rlcluster_lab.core.model_config import get_model_config
-
-            model = get_model_config(self.model_size)
-        check_lora_rank(self.lora_rank, model)
-        if self.engine == "sglang_jax":
-            check_sglang_lora(self.lora, self.sglang_static_lora)
-        if device_count is not None:
-            problem = layout_problem(self.layout, device_count)
-            if problem:
-                raise ConfigError(problem, knobs=("layout", "devices"))
-
     def rollout_config(self) -> RolloutConfig:
         static = self.lora and self.engine == "sglang_jax" and self.sglang_static_lora
         return RolloutConfig(

@@ -26,9 +26,10 @@ from jax.sharding import Mesh
 
 from rlcluster_lab.core.config import ConfigError, RolloutConfig
 from rlcluster_lab.core.meshes import make_mesh
+from rlcluster_lab.core.shardings import default_memory_kind
 from rlcluster_lab.engines.base import RolloutEngine
 from rlcluster_lab.model import is_lora
-from rlcluster_lab.placement.place import default_memory_kind, place_model
+from rlcluster_lab.placement.place import place_model
 from rlcluster_lab.rules.validation import check_sglang_lora, check_vllm_version
 
 

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rlcluster_lab.placement.place import array_leaves
+from rlcluster_lab.core.shardings import array_leaves
 
 UNITS = "physical bytes: every device shard counted (a leaf replicated on 4 devices counts 4 times)"
 MEMORY_SOURCE = "measured: walk of the live buffers of each role's state"

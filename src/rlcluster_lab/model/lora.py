@@ -10,8 +10,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rlcluster_lab.model.init import _initial
 from rlcluster_lab.model.transformer import TransformerLM
+from rlcluster_lab.model.values import initial_value
 
 # ---------------------------------------------------------------------------
 # LoRA
@@ -91,7 +91,7 @@ def with_lora(
     made: list[tuple[Any, Any]] = []  # (host value, sharding) of every adapter, in order
 
     def adapters(path: str, a: jax.ShapeDtypeStruct, b: jax.ShapeDtypeStruct) -> tuple[Any, Any]:
-        host_a = _initial(tuple(path.split("/")) + ("lora_a",), a.shape, np.dtype(a.dtype), seed)
+        host_a = initial_value(tuple(path.split("/")) + ("lora_a",), a.shape, np.dtype(a.dtype), seed)
         host_b = np.zeros(b.shape, b.dtype)
         made.append((host_a, a.sharding))
         made.append((host_b, b.sharding))

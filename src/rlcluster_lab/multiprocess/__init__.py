@@ -18,8 +18,8 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "LaunchError": "rlcluster_lab.multiprocess.launcher",
-    "host_value": "rlcluster_lab.multiprocess.gathering",
-    "host_values": "rlcluster_lab.multiprocess.gathering",
+    "host_value": "rlcluster_lab.core.gathering",
+    "host_values": "rlcluster_lab.core.gathering",
     "run_report": "rlcluster_lab.multiprocess.launcher",
     "run_reports": "rlcluster_lab.multiprocess.launcher",
 }

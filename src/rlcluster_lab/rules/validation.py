@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.model_config import get_model_config
 from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
+from rlcluster_lab.core.options import Scenario, layout_problem
 from rlcluster_lab.core.roles import Mode
 from rlcluster_lab.core.trace import Decision
 
@@ -167,3 +169,30 @@ def check_lora_rank(rank: Any, model: Any) -> None:
             "so a higher rank adds no capacity, only memory",
             knobs=("lora_rank", "model_size"),
         )
+
+
+def check_scenario(scenario: Scenario, device_count: int | None = None, *, model: Any = None) -> None:
+    """P6 on a scenario's knobs: every refusal that follows from the knobs alone (the engine's
+    LoRA settings, the LoRA rank the model's dimensions allow, and the layout on
+    ``device_count`` devices), before anything is allocated. Each knob's own range is checked
+    when the ``Scenario`` is made; this is what needs several knobs, or the model, together.
+
+    Args:
+        scenario: the knobs.
+        device_count: the devices the layout must form (None: not checked here).
+        model: the ``ModelConfig`` the LoRA rank is checked against (None: the
+            ``model_size``'s; the planner passes a published architecture's).
+            Dimensions only: JAX is not imported.
+
+    Raises:
+        ConfigError: with the reason and the fix.
+
+    Tests: test_knobs.py, test_cli_safety.py::test_lora_rank_*.
+    """
+    check_lora_rank(scenario.lora_rank, model if model is not None else get_model_config(scenario.model_size))
+    if scenario.engine == "sglang_jax":
+        check_sglang_lora(scenario.lora, scenario.sglang_static_lora)
+    if device_count is not None:
+        problem = layout_problem(scenario.layout, device_count)
+        if problem:
+            raise ConfigError(problem, knobs=("layout", "devices"))
