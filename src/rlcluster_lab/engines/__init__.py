@@ -1,6 +1,6 @@
 """Rollout engines: the protocol, the vanilla sampler, and placement stand-ins for vLLM and SGLang-JAX."""
 
-from rlcluster_lab.engines.base import RolloutEngine, RolloutOutput, reshard_into
+from rlcluster_lab.engines.base import RolloutEngine, RolloutOutput
 from rlcluster_lab.engines.own_copy import OwnCopyEngine, SglangJaxStyleEngine, VllmStyleEngine
 from rlcluster_lab.engines.vanilla import VanillaEngine
 
@@ -11,7 +11,6 @@ __all__ = [
     "SglangJaxStyleEngine",
     "VanillaEngine",
     "VllmStyleEngine",
-    "reshard_into",
 ]
 
 # The built-in engines by the names ClusterConfig.rollout_engine accepts.
