@@ -13,6 +13,8 @@ from rlcluster_lab.core.config import ClusterConfig
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import ENGINES, RolloutEngine
+from rlcluster_lab.model.checkpoint import abstract_checkpoint
+from rlcluster_lab.model.scoring import ScoreModel
 from rlcluster_lab.rules.validation import p6_engine_accepts, p6_engine_choice, p6_rollout_config
 
 
@@ -58,8 +60,6 @@ def check_inputs(
     for name, model in (("actor", actor), ("reference", reference), ("reward", reward), ("critic", critic)):
         if model is not None and not isinstance(model, (nnx.Module, str, os.PathLike)):
             raise ConfigError(f"{name} must be an nnx.Module or a checkpoint path, got {type(model).__name__}")
-    from rlcluster_lab.model.scoring import ScoreModel
-
     for name, model in (("reward", reward), ("critic", critic)):
         if isinstance(model, nnx.Module) and not isinstance(model, ScoreModel):
             raise ConfigError(
@@ -99,8 +99,6 @@ def _structure(model: Any) -> nnx.Module:
     """The model itself, or the one a checkpoint path holds, as shapes only."""
     if isinstance(model, nnx.Module):
         return model
-    from rlcluster_lab.model.checkpoint import abstract_checkpoint
-
     return abstract_checkpoint(model)
 
 
