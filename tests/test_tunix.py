@@ -98,10 +98,7 @@ def test_p2_reference_link_and_propagation_equal(compared, scenario):
 @needs_tunix
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
 def test_p3_rollout_model_equal(compared, scenario):
-    result = compared(scenario)
-    for row in _rows(result, "P3"):
-        # "engine inputs" is P3's documented difference for the vanilla engine, checked below.
-        assert row.agree or row.item == "engine inputs", f"{row.item}: {row.lab!r} vs {row.tunix!r}"
+    _assert_equal(compared(scenario), "P3")
 
 
 @needs_tunix

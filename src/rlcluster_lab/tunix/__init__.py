@@ -12,43 +12,53 @@
   difference that explains it, checked on the two clusters.
 - ``build_tunix_cluster(scenario)``: Tunix's cluster from the lab's models.
 
-Importing this package does not import Tunix; a function that needs it raises
-``TunixMissingError`` saying how to install the extra (``available()`` asks first).
-Nothing else in the lab imports this package.
+Importing this package imports neither Tunix nor JAX: the names below load on first
+use, and a function that needs Tunix raises ``TunixMissingError`` saying how to
+install the extra (``available()`` asks first). Nothing else in the lab imports
+this package.
 """
 
-from rlcluster_lab.tunix.build import ENGINES, Given, TunixBuild, build_tunix_cluster
-from rlcluster_lab.tunix.compare import Row, SideBySide, side_by_side
-from rlcluster_lab.tunix.differences import DIFFERENCES, DifferenceCheck, config_differences
-from rlcluster_lab.tunix.extra import (
-    INSTALL_HINT,
-    PINNED_VERSION,
-    TunixMissingError,
-    available,
-    installed_version,
-    require,
-)
-from rlcluster_lab.tunix.report import TunixReport, inspect
-from rlcluster_lab.tunix.sync import TunixSync
+from __future__ import annotations
 
-__all__ = [
-    "DIFFERENCES",
-    "DifferenceCheck",
-    "ENGINES",
-    "Given",
-    "INSTALL_HINT",
-    "PINNED_VERSION",
-    "Row",
-    "SideBySide",
-    "TunixBuild",
-    "TunixMissingError",
-    "TunixReport",
-    "TunixSync",
-    "available",
-    "build_tunix_cluster",
-    "config_differences",
-    "inspect",
-    "installed_version",
-    "require",
-    "side_by_side",
-]
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "DIFFERENCES": "rlcluster_lab.tunix.differences",
+    "DifferenceCheck": "rlcluster_lab.tunix.differences",
+    "ENGINES": "rlcluster_lab.tunix.build",
+    "Given": "rlcluster_lab.tunix.build",
+    "INSTALL_HINT": "rlcluster_lab.tunix.extra",
+    "PINNED_VERSION": "rlcluster_lab.tunix.extra",
+    "Row": "rlcluster_lab.tunix.compare",
+    "SideBySide": "rlcluster_lab.tunix.compare",
+    "TunixBuild": "rlcluster_lab.tunix.build",
+    "TunixMissingError": "rlcluster_lab.tunix.extra",
+    "TunixReport": "rlcluster_lab.tunix.report",
+    "TunixSync": "rlcluster_lab.tunix.sync",
+    "available": "rlcluster_lab.tunix.extra",
+    "build_tunix_cluster": "rlcluster_lab.tunix.build",
+    "config_differences": "rlcluster_lab.tunix.differences",
+    "inspect": "rlcluster_lab.tunix.report",
+    "installed_version": "rlcluster_lab.tunix.extra",
+    "require": "rlcluster_lab.tunix.extra",
+    "side_by_side": "rlcluster_lab.tunix.compare",
+}
+_SUBMODULES = ("adapters", "build", "compare", "differences", "extra", "observe", "report", "standin", "sync")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))

@@ -71,14 +71,18 @@ class _Collect(logging.Handler):
 
 @contextmanager
 def logged_warnings() -> Iterator[list[str]]:
-    """The warnings Tunix logs (through absl, which writes to the ``absl`` logger) inside the block."""
+    """The warnings Tunix logs (through absl, which writes to the ``absl`` logger) inside the block.
+
+    They are kept, not printed: the report carries what they say (P4's warning, P5's reshards).
+    """
     handler = _Collect()
     logger = logging.getLogger("absl")
-    logger.addHandler(handler)
+    saved = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [handler], False
     try:
         yield handler.messages
     finally:
-        logger.removeHandler(handler)
+        logger.handlers, logger.propagate = saved
 
 
 def tunix_config(scenario: Scenario, role_to_mesh: Mapping[Role, Any], training: TrainingConfig | None = None) -> Any:

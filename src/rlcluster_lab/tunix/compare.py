@@ -91,6 +91,22 @@ class SideBySide:
                 lines.append(f"{'':<43}why: {r.difference or 'UNEXPLAINED'}")
         return "\n".join(lines)
 
+    def summary(self) -> dict[str, Any]:
+        """One line for a table of scenarios: the decisions and figures that agree, the sync's
+        outcome on Tunix's side, and the documented differences that explain the rest."""
+        decisions = [r for r in self.rows if r.rule.startswith("P") and not r.rule.startswith("P13")]
+        figures = [r for r in self.rows if r not in decisions]
+        why = sorted({r.difference or "UNEXPLAINED" for r in self.differing})
+        return {
+            "layout": self.scenario.layout,
+            "LoRA": self.scenario.lora,
+            "engine": self.scenario.engine,
+            "decisions equal": f"{sum(r.agree for r in decisions)} of {len(decisions)}",
+            "figures equal": f"{sum(r.agree for r in figures)} of {len(figures)}",
+            "Tunix's sync": self.tunix_sync.outcome if self.tunix_sync is not None else "not run",
+            "the rest differ by": why,
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": dataclasses.asdict(self.scenario),
@@ -222,7 +238,7 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
         _row("P8 anchor", "P8", lab["anchor"], tunix["anchor"]),
     ]
     if facts["tunix_engine_inputs"] is not None:
-        rows.append(_row("engine inputs", "P3", facts["lab_engine_inputs"], facts["tunix_engine_inputs"]))
+        rows.append(_row("engine inputs", "engine", facts["lab_engine_inputs"], facts["tunix_engine_inputs"]))
     lab_mem, tunix_mem = lab["memory"], tunix["memory"]
     for name in MEMORY_ROWS:
         ours, theirs = lab_mem["by_role"].get(name), tunix_mem["by_role"].get(name)
