@@ -33,6 +33,8 @@ SCENARIOS = [
     for engine in ("vanilla", "vllm")
 ]
 IDS = [f"{s.layout}-{'lora' if s.lora else 'full'}-{s.engine}" for s in SCENARIOS]
+# Beyond the twelve: offload, where one more documented difference shows (the optimizer state's memory kind).
+OFFLOAD = Scenario(layout="split", lora=True, offload=True)
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +159,19 @@ def test_every_differing_row_is_a_documented_difference_observed_in_that_scenari
 
 
 @needs_tunix
+def test_p4_p5_p14_offload_decisions_equal_and_differences_documented(compared):
+    result = compared(OFFLOAD)
+    for rule in ("P4", "P5", "P12"):
+        _assert_equal(result, rule)
+    for row in _rows(result, "L2"):
+        # Memory per role and memory kind after construction: both offload the models (P14).
+        assert row.agree or row.difference is not None, f"{row.item}: {row.lab!r} vs {row.tunix!r}"
+    assert not result.unexplained, "\n" + result.table()
+
+
+@needs_tunix
 def test_every_documented_scenario_difference_is_observed_in_some_scenario(compared):
-    observed = {d.id for s in SCENARIOS for d in compared(s).differences if d.observed}
+    observed = {d.id for s in [*SCENARIOS, OFFLOAD] for d in compared(s).differences if d.observed}
     expected = {d.id for d in rt.differences.SCENARIO_DIFFERENCES}
     assert observed == expected
 
@@ -276,6 +289,12 @@ def test_lab_figures_draw_a_tunix_report(compared):
         (figures.sync_bytes, result.tunix_sync.report.to_json()),
     ):
         assert draw(arg).axes
+
+
+@needs_tunix
+def test_p8_side_by_side_refuses_the_labs_trainable_anchor():
+    with pytest.raises(ConfigError, match="anchor='full'"):
+        rt.side_by_side(Scenario(lora=True, anchor="trainable"))
 
 
 @needs_tunix

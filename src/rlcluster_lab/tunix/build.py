@@ -27,6 +27,7 @@ from rlcluster_lab.core.config import TrainingConfig
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import Scenario
 from rlcluster_lab.core.roles import Role
+from rlcluster_lab.measure.sync import describe_sharding, flat_leaves
 from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.tunix.adapters import TunixTokenizer, check_model, lab_axis_rules, tunix_role_to_mesh
 from rlcluster_lab.tunix.extra import require
@@ -41,14 +42,19 @@ class Given:
     """What a Tunix cluster was handed, recorded before construction.
 
     ``role_to_mesh``: the meshes as asked (a copy). ``buffers``: per model
-    name, its buffer keys before construction. ``logged``: every warning
-    Tunix logged while constructing. ``engine``: the lab's engine name.
+    name, its buffer keys before construction. ``layouts``: per model name and
+    leaf path, its sharding before construction, memory kind left out (an
+    offload moves a leaf between memory kinds without changing its layout,
+    P14). ``logged``: every warning Tunix logged while constructing.
+    ``engine``: the lab's engine name; ``offload``: whether it was asked (P14).
     """
 
     role_to_mesh: Mapping[Role, Any]
     buffers: Mapping[str, frozenset]
+    layouts: Mapping[str, Mapping[str, str]]
     logged: tuple[str, ...]
     engine: str
+    offload: bool
     seconds: float
 
 
@@ -83,6 +89,15 @@ def logged_warnings() -> Iterator[list[str]]:
         yield handler.messages
     finally:
         logger.handlers, logger.propagate = saved
+
+
+def leaf_layouts(state: Any) -> dict[str, str]:
+    """Leaf path -> its sharding (mesh, devices, partition spec), memory kind left out."""
+    out = {}
+    for path, x in flat_leaves(state).items():
+        sharding = x.sharding.with_memory_kind("device") if hasattr(x.sharding, "with_memory_kind") else x.sharding
+        out[path] = describe_sharding(sharding).rsplit(" ", 1)[0]
+    return out
 
 
 def tunix_config(scenario: Scenario, role_to_mesh: Mapping[Role, Any], training: TrainingConfig | None = None) -> Any:
@@ -161,14 +176,17 @@ def build_tunix_cluster(
     for name, model in models.items():
         check_model(model, name, scenario.engine)
     buffers = {name: frozenset(buffer_keys(nnx.state(m))) for name, m in models.items()}
+    layouts = {name: leaf_layouts(nnx.state(m)) for name, m in models.items()}
     start = time.perf_counter()
     with logged_warnings() as logged, lab_axis_rules():
         cluster = tunix.rl_cluster.RLCluster(tokenizer=TunixTokenizer(), cluster_config=config, **models)
     given = Given(
         role_to_mesh=asked,
         buffers=buffers,
+        layouts=layouts,
         logged=tuple(logged),
         engine=scenario.engine,
+        offload=scenario.offload,
         seconds=time.perf_counter() - start,
     )
     return TunixBuild(cluster=cluster, given=given)

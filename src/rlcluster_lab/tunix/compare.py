@@ -18,7 +18,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from rlcluster_lab import Scenario, SyncReport, TrainingConfig, build_cluster, placement_report
+from rlcluster_lab import ConfigError, Scenario, SyncReport, TrainingConfig, build_cluster, placement_report
 from rlcluster_lab.tunix.build import build_tunix_cluster
 from rlcluster_lab.tunix.differences import SCENARIO_DIFFERENCES, DifferenceCheck, optimizer_facts
 from rlcluster_lab.tunix.observe import optimizer_state
@@ -135,9 +135,16 @@ def side_by_side(
         The rows, the documented differences checked on the two clusters, both reports and syncs.
 
     Raises:
-        ConfigError: a scenario the lab refuses, or an engine Tunix cannot run here.
+        ConfigError: a scenario the lab refuses, an engine Tunix cannot run here, or the lab's
+            trainable anchor (Tunix has only the full one).
         TunixMissingError: Tunix is not installed.
     """
+    if scenario.anchor != "full":
+        raise ConfigError(
+            f"anchor={scenario.anchor!r} is the lab's own cheaper anchor; Tunix 0.1.7 always pins the actor's "
+            "whole state (P8), so there is nothing to compare it with. Compare with anchor='full'",
+            knobs=("anchor",),
+        )
     start = time.perf_counter()
     build = build_tunix_cluster(scenario, devices=devices, training_config=training_config)
     tunix_seconds = time.perf_counter() - start
@@ -151,6 +158,8 @@ def side_by_side(
         "tunix_engine_inputs": _tunix_engine_inputs(build.cluster),
         "lab_optimizer": optimizer_facts(cluster.optimizer_state),
         "tunix_optimizer": optimizer_facts(optimizer_state(build.cluster.actor_trainer)),
+        "lab_optimizer_kinds": _kinds_of(lab_report["memory"], "optimizer"),
+        "tunix_optimizer_kinds": _kinds_of(tunix_report.memory.to_json(), "optimizer"),
         "lab_sync": None,
         "tunix_sync": None,
     }
@@ -246,6 +255,7 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
             rows.append(_row(f"L2 {name}", "L2", ours, theirs))
     rows += [
         _row("L2 optimizer", "L2", _bytes_of(lab_mem, "optimizer"), _bytes_of(tunix_mem, "optimizer")),
+        _row("L2 optimizer memory kinds", "L2", _kinds_of(lab_mem, "optimizer"), _kinds_of(tunix_mem, "optimizer")),
         _row("L2 shared buffers", "L2", _shared(lab_mem), _shared(tunix_mem)),
         _row("L2 unique bytes", "L2", lab_mem["unique_bytes"], tunix_mem["unique_bytes"]),
     ]
@@ -277,6 +287,11 @@ def _p4_warnings(report: Mapping[str, Any]) -> int:
 def _bytes_of(memory: Mapping[str, Any], name: str) -> int | None:
     entry = memory["by_role"].get(name)
     return None if entry is None else entry["bytes"]
+
+
+def _kinds_of(memory: Mapping[str, Any], name: str) -> list[str]:
+    entry = memory["by_role"].get(name)
+    return [] if entry is None else sorted(entry["by_kind"])
 
 
 def _shared(memory: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int]]:

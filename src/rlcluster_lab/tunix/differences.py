@@ -82,6 +82,17 @@ def _optimizer_counters(facts: Mapping[str, Any]) -> DifferenceCheck:
     )
 
 
+def _offloaded_optimizer(facts: Mapping[str, Any]) -> DifferenceCheck:
+    lab, tunix = facts["lab_optimizer_kinds"], facts["tunix_optimizer_kinds"]
+    return DifferenceCheck(
+        "offload-optimizer-state",
+        SCENARIO_DIFFERENCES[3].readme,
+        observed=lab == ["pinned_host"] and tunix == ["device"],
+        lab=", ".join(lab),
+        tunix=", ".join(tunix),
+    )
+
+
 SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (
     ScenarioDifference(
         "device-put-through-host",
@@ -103,6 +114,13 @@ SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (
         "optimizer keeps that count and a step counter of its own, each on one device (a few bytes)",
         ("L2 optimizer", "L2 unique bytes"),
         _optimizer_counters,
+    ),
+    ScenarioDifference(
+        "offload-optimizer-state",
+        "with offload_to_cpu, the lab keeps the optimizer state in pinned host memory between updates too; "
+        "the reference offloads only model variables",
+        ("L2 optimizer memory kinds",),
+        _offloaded_optimizer,
     ),
 )
 

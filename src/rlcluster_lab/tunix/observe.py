@@ -20,6 +20,7 @@ from flax import nnx
 
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.roles import Role
+from rlcluster_lab.measure.sync import flat_leaves
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.buffers import sharing_backbone, state_bytes
 from rlcluster_lab.placement.place import array_leaves, memory_kinds
@@ -31,7 +32,7 @@ from rlcluster_lab.rules.rollout import MeshBranch, RolloutBranch
 from rlcluster_lab.rules.sharing import LinkBranch
 from rlcluster_lab.rules.steps import ParamsBranch
 from rlcluster_lab.tunix.adapters import lab_role
-from rlcluster_lab.tunix.build import Given
+from rlcluster_lab.tunix.build import Given, leaf_layouts
 
 OBSERVED = "observed: read back from the constructed cluster's state"
 OBSERVED_GIVEN = "observed: the cluster's state against what it was handed"
@@ -154,7 +155,7 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
         )
     )
     if given is not None:
-        out.append(_load_decision("actor", actor, given.buffers.get("actor"), meshes[Role.ACTOR]))
+        out.append(_load_decision("actor", actor, given, "actor", meshes[Role.ACTOR]))
     branch = (
         RolloutBranch.SHARED
         if link
@@ -181,10 +182,10 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
         )
     )
     if given is not None and branch is RolloutBranch.SECOND_COPY:
-        out.append(_load_decision("rollout", models["rollout"], given.buffers.get("actor"), meshes[Role.ROLLOUT]))
+        out.append(_load_decision("rollout", models["rollout"], given, "actor", meshes[Role.ROLLOUT]))
     for name in ("reference", "reward", "critic"):
         if given is not None and name in models:
-            out.append(_load_decision(name, models[name], given.buffers.get(name), meshes[Role(name)]))
+            out.append(_load_decision(name, models[name], given, name, meshes[Role(name)]))
     if reference is not None:
         out.append(_reference_decision(cluster, reference, actor, ref_link, given))
     out.append(
@@ -231,13 +232,24 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
                     OBSERVED,
                 )
             )
-    out.append(anchor_decision(cluster))
+    if has_anchor(cluster):
+        out.append(anchor_decision(cluster))
     return out
+
+
+def has_anchor(cluster: Any) -> bool:
+    """Whether this Tunix version keeps an anchor policy state (0.1.7 does, P8)."""
+    return hasattr(cluster, "_anchor_policy_state")
+
+
+def anchor_state(cluster: Any) -> Any:
+    """The anchor policy state, or None where the version keeps none (or it is not set)."""
+    return getattr(cluster, "_anchor_policy_state", None)
 
 
 def anchor_decision(cluster: Any) -> dict[str, Any]:
     """P8 as the anchor state shows it: the whole actor state or its trainable part, where, how big."""
-    anchor = cluster._anchor_policy_state  # noqa: SLF001  (0.1.7 keeps it private)
+    anchor = anchor_state(cluster)
     actor_leaves = len(array_leaves(nnx.state(cluster.actor_trainer.model)))
     held = len(array_leaves(anchor)) if anchor is not None else 0
     full = held == actor_leaves
@@ -251,24 +263,33 @@ def anchor_decision(cluster: Any) -> dict[str, Any]:
     )
 
 
-def _load_decision(role: str, model: nnx.Module, before: frozenset | None, mesh: Any) -> dict[str, Any]:
-    """P5: kept as is when every buffer the role holds now is one the model it was handed held."""
+def _load_decision(role: str, model: nnx.Module, given: Given, source: str, mesh: Any) -> dict[str, Any]:
+    """P5: kept as is when every leaf the role holds is one of the handed model's buffers, or
+    keeps that leaf's layout where an offload (P14) only moved it to another memory kind."""
     state = nnx.state(model)
-    leaves = array_leaves(state)
-    before = before or frozenset()
-    kept = sum(1 for x in leaves if shard_keys(x) <= before)
-    on_mesh = sum(1 for x in leaves if getattr(x.sharding, "mesh", None) == mesh)
+    leaves = flat_leaves(state)
+    before = given.buffers.get(source, frozenset())
+    layouts = given.layouts.get(source, {})
+    offload = bool(given.offload)
+    now = leaf_layouts(state) if offload else {}
+    kept = sum(
+        1
+        for path, x in leaves.items()
+        if shard_keys(x) <= before or (offload and path in layouts and now.get(path) == layouts[path])
+    )
+    on_mesh = sum(1 for x in leaves.values() if getattr(x.sharding, "mesh", None) == mesh)
     whole = kept == len(leaves)
+    first = next(iter(leaves.values()), None)
     return _decision(
         "P5",
-        f"{role}: every leaf kept from the model handed in (buffer identity)",
+        f"{role}: every leaf kept from the model handed in (buffer identity; layout where offloaded)",
         {
             "role": role,
             "leaves_on_target": kept,
             "leaves": len(leaves),
             "leaves_on_mesh": on_mesh,
             "memory_kind": ", ".join(memory_kinds(state)),
-            "dtype": str(np.dtype(leaves[0].dtype)) if leaves else None,
+            "dtype": str(np.dtype(first.dtype)) if first is not None else None,
         },
         "kept as is" if whole else f"resharded onto the target mesh ({len(leaves) - kept} of {len(leaves)} leaves new)",
         LoadBranch.KEPT if whole else LoadBranch.RESHARDED,
@@ -283,10 +304,12 @@ def _reference_decision(
     warned = None if given is None else any(P4_WARNING_MARK in m for m in given.logged)
     if not linked:
         branch, outcome = ReferenceBranch.OWN_WEIGHTS, "reference holds its own weights on its mesh"
-    elif shares:
-        branch, outcome = ReferenceBranch.ONE_BACKBONE, "one backbone in memory"
+    elif warned or (given is None and not shares):
+        # Tunix decides when the reference is loaded, and says so by its warning; with offload,
+        # P14 may join the two copies afterwards, so the buffers now can share when it warned.
+        branch, outcome = ReferenceBranch.AVOIDABLE_COPY, "two copies of the backbone when the reference was loaded"
     else:
-        branch, outcome = ReferenceBranch.AVOIDABLE_COPY, "two copies of the backbone"
+        branch, outcome = ReferenceBranch.ONE_BACKBONE, "one backbone in memory"
     if warned:
         outcome += "; Tunix logged its avoidable-copy warning"
     return _decision(

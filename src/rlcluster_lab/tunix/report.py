@@ -26,6 +26,7 @@ from rlcluster_lab.tunix.extra import installed_version, version_note
 from rlcluster_lab.tunix.observe import (
     OBSERVED,
     P4_WARNING_MARK,
+    anchor_state,
     engine_mesh,
     engine_name,
     observed_decisions,
@@ -109,7 +110,7 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
     platform = devices[0].platform
     actor = models["actor"]
     reference = models.get("reference")
-    anchor = rl_cluster._anchor_policy_state  # noqa: SLF001  (0.1.7 keeps it private)
+    anchor = anchor_state(rl_cluster)
     decisions = observed_decisions(rl_cluster, given)
     rollout_keys = buffer_keys(nnx.state(models["rollout"]))
     own_mesh = engine_mesh(rl_cluster)
@@ -136,8 +137,15 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
     critic_trainer = getattr(rl_cluster, "_critic_trainer", None)
     if critic_trainer is not None:
         entries["critic_optimizer"] = optimizer_state(critic_trainer)
-    p8 = next(d for d in decisions if d["rule"] == "P8")
+    p8 = next((d for d in decisions if d["rule"] == "P8"), None)
+    if p8 is None:
+        notes.append("this Tunix version keeps no anchor policy state (P8)")
     kinds = memory_kinds(anchor) if anchor is not None else []
+    anchor_json = (
+        {"mode": p8["branch"], "memory_kind": kinds[0] if len(kinds) == 1 else kinds, "bytes": p8["values"]["bytes"]}
+        if p8 is not None
+        else {}
+    )
     return TunixReport(
         sharing_map=sharing_map_json(sharing_map(rl_cluster)),
         rollout_branch=next(d["branch"] for d in decisions if d["rule"] == "P3"),
@@ -149,11 +157,7 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         engine=engine_name(rl_cluster),
         offload_to_cpu=bool(rl_cluster.cluster_config.offload_to_cpu),
         lora=is_lora(actor),
-        anchor={
-            "mode": p8["branch"],
-            "memory_kind": kinds[0] if len(kinds) == 1 else kinds,
-            "bytes": p8["values"]["bytes"],
-        },
+        anchor=anchor_json,
         decisions=decisions,
         warnings=warnings,
         platform=platform,

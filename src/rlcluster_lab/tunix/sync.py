@@ -33,7 +33,7 @@ from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.placement.reshard import plan_reshard, shard_boxes
 from rlcluster_lab.placement.transfers import Transfer, TransferLog, shard_key
 from rlcluster_lab.rules.steps import ParamsBranch, p13_sync_guarded
-from rlcluster_lab.tunix.observe import OBSERVED, anchor_decision
+from rlcluster_lab.tunix.observe import OBSERVED, anchor_decision, anchor_state, has_anchor
 
 COMPLETED = "completed"
 REFUSED = "refused by the transfer guard"
@@ -107,7 +107,7 @@ def run_sync(cluster: Any, platform: str) -> TunixSync:
     watch = SyncObserver()
     watch.before(nnx.state(actor, *filter_types))
     rollout_before = buffer_keys(nnx.state(cluster.rollout.model(), *filter_types))
-    anchor_before = cluster._anchor_policy_state  # noqa: SLF001  (0.1.7 keeps it private)
+    anchor_before = anchor_state(cluster)
     steps_before = int(cluster.global_steps)
     error = None
     start = time.perf_counter()
@@ -122,14 +122,15 @@ def run_sync(cluster: Any, platform: str) -> TunixSync:
         error = str(exc).splitlines()[0][:400]
     seconds = time.perf_counter() - start
     destination = nnx.state(cluster.rollout.model(), *filter_types)
-    anchor_after = cluster._anchor_policy_state  # noqa: SLF001
+    anchor_after = anchor_state(cluster)
     report = None
     if error is None:
         watch.after(destination, seconds)
-        watch.anchor(anchor_after, anchor_before, 0.0)
+        if anchor_after is not None:
+            watch.anchor(anchor_after, anchor_before if anchor_before is not None else {}, 0.0)
         inferred = _infer_transfers(watch.source, watch.destination, watch.log)
-        p8 = anchor_decision(cluster)
-        report = watch.report(lora=lora, anchor_mode=p8["branch"], global_step=int(cluster.global_steps))
+        mode = anchor_decision(cluster)["branch"] if has_anchor(cluster) else "none"
+        report = watch.report(lora=lora, anchor_mode=mode, global_step=int(cluster.global_steps))
         leaves = tuple(
             dataclasses.replace(leaf, method=INFERRED) if leaf.path in inferred else leaf for leaf in report.leaves
         )
