@@ -93,16 +93,18 @@ def _highlight(source: str) -> str:
 
 
 def _without_docstring(fn: Callable[..., object]) -> tuple[str, int]:
+    """The function from its ``def`` line on, without its docstring, and that line's number.
+
+    The decorator that registers it with its rule (``@P3.function``) is left out too: every
+    rule function has one, and the rule is named above the code."""
     lines, first = inspect.getsourcelines(fn)
     source = textwrap.dedent("".join(lines))
     node = ast.parse(source).body[0]
+    kept = source.splitlines(keepends=True)
     body = getattr(node, "body", [])
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-        doc = body[0]
-        kept = source.splitlines(keepends=True)
-        del kept[doc.lineno - 1 : doc.end_lineno]
-        source = "".join(kept)
-    return source, first
+        del kept[body[0].lineno - 1 : body[0].end_lineno]
+    return "".join(kept[node.lineno - 1 :]), first + node.lineno - 1
 
 
 def _functions(rule: str) -> Sequence[Callable[..., object]]:
