@@ -9,8 +9,9 @@ engines, the models, the reports and the errors. The what-if planner lives in
 lab and the notebooks' helpers in ``rlcluster_lab.lab`` (``PlacementLab``,
 ``LabDevices``, ``show_rule``), the multi-process launcher in
 ``rlcluster_lab.multiprocess``. Names that used to sit here (``PlacementLab``,
-``plan_cluster``, ``mesh_from_ids`` ...) still resolve, from their new home, but are
-not part of ``__all__``.
+``plan_cluster``, ``mesh_from_ids`` ...) still resolve at run time, from their new
+home, but are not part of ``__all__``, and a type checker reports them: import them
+from their new home.
 
 The names below are imported on first use (the imports under ``TYPE_CHECKING`` are
 what type checkers see and what is served), so ``import rlcluster_lab`` imports no
@@ -122,4 +123,6 @@ _MOVED = {
     "mesh_from_ids": "rlcluster_lab.core.meshes",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, __file__, __all__, moved=_MOVED)
+# Hidden from type checkers, so that they flag a name that is not imported above.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__, moved=_MOVED)

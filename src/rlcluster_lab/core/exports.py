@@ -17,7 +17,8 @@ bad flag before the JAX backend starts::
 
     __all__ = ["RLCluster"]
 
-    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)
+    if not TYPE_CHECKING:  # a type checker then flags a name not imported above
+        __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)
 
 JAX-free (the standard library only).
 """

@@ -21,4 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CUSTOM", "Knobs", "LabDevices", "PlacementLab", "live_buffer_bytes", "shape_options", "show_rule"]
 
-__getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)
+# Hidden from type checkers, so that they flag a name that is not imported above.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)

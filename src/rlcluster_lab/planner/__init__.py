@@ -22,4 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Plan", "PlannedMesh", "Workload", "plan_cluster", "plan_scenario"]
 
-__getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)
+# Hidden from type checkers, so that they flag a name that is not imported above.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)
