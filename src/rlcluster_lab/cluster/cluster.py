@@ -46,7 +46,6 @@ from rlcluster_lab.training.critic import ValueBatch
 from rlcluster_lab.training.step import TrainBatch
 
 ModelOrPath = nnx.Module | str | os.PathLike
-ROLLOUT_BRANCHES = ("shared", "second_copy", "engine_initial_value")
 
 
 def _given_modules(*models: Any) -> list[nnx.Module]:

@@ -15,20 +15,20 @@ import math
 import numbers
 from typing import Any
 
+from rlcluster_lab.core import model_config
 from rlcluster_lab.core.errors import ConfigError
 
 LAYOUTS: tuple[str, ...] = ("colocated", "reshaped", "split")
 ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
-ENGINE_LABELS: dict[str, str] = {
-    "vanilla": "vanilla",
-    "vllm": "vllm (JAX placement stand-in)",
-    "sglang_jax": "sglang_jax (JAX placement stand-in)",
-}
+# Every engine but the built-in sampler stands in for an external server's placement.
+ENGINE_LABELS: dict[str, str] = {e: e if e == "vanilla" else f"{e} (JAX placement stand-in)" for e in ENGINES}
 ANCHOR_MODES: tuple[str, ...] = ("full", "trainable")
 RESHARD_STRATEGIES: tuple[str, ...] = ("xla", "minimal")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-MODEL_SIZES: tuple[str, ...] = ("tiny", "small", "base", "large")
-LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+# The names of the lab's preset sizes and of the projections LoRA adapts, from the model's own
+# tables (``core.model_config``: JAX-free too), so a size or a projection is spelled once.
+MODEL_SIZES: tuple[str, ...] = tuple(model_config.MODEL_SIZES)
+LORA_TARGETS: tuple[str, ...] = tuple(name for names in model_config.LORA_PROJECTIONS.values() for name in names)
 
 
 def dtype_name(value: Any, what: str = "dtype") -> str:
