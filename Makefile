@@ -37,10 +37,12 @@ lab: install-lab
 test: install-test lint
 	$(PY) -m pytest
 
-# ruff (lint and format check), configured in pyproject.toml; `make test` runs it first.
+# ruff (lint and format check) and import-linter (one-way layers, no cycle inside a subpackage),
+# both configured in pyproject.toml; `make test` runs them first.
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks notebooks
 	$(VENV)/bin/ruff format --check src tests benchmarks notebooks
+	PYTHONPATH=src $(VENV)/bin/lint-imports --no-cache
 
 # The real-browser test alone (JupyterLab + Debian's Chromium through Playwright), and the
 # README's screenshot of the placement lab, which that test saves.

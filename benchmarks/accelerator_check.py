@@ -145,7 +145,7 @@ def _cluster_at(rl, mesh, precision):
     """A colocated cluster on ``mesh`` whose operations run at ``precision`` (None: the platform's default)."""
     import dataclasses
 
-    from rlcluster_lab.cluster.scenario import build_models, cluster_config
+    from rlcluster_lab.app.scenario import build_models, cluster_config
 
     scenario = rl.Scenario(max_tokens=8)
     r2m = {role: mesh for role in rl.Role}

@@ -26,10 +26,10 @@ def main() -> None:
     import jax
 
     from rlcluster_lab import RLCluster, memory_report
-    from rlcluster_lab.cluster.scenario import Scenario, build_models
+    from rlcluster_lab.app.scenario import Scenario, build_models
     from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
     from rlcluster_lab.core.meshes import layout_meshes
-    from rlcluster_lab.placement.reshard import clear_programs
+    from rlcluster_lab.placement.programs import clear_programs
 
     rows = []
     labels = []

@@ -238,7 +238,7 @@ def median_of(fn, repeats, warmup):
 def forget_programs():
     # Compiled programs hold memory mappings: start every case without the last one's.
     try:
-        from rlcluster_lab.placement.reshard import clear_programs
+        from rlcluster_lab.placement.programs import clear_programs
         clear_programs()
     except Exception:
         pass

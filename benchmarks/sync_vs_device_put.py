@@ -26,8 +26,8 @@ def main() -> None:
     import jax
     from flax import nnx
 
-    from rlcluster_lab.cluster.scenario import Scenario, build_cluster
-    from rlcluster_lab.placement.reshard import clear_programs
+    from rlcluster_lab.app.scenario import Scenario, build_cluster
+    from rlcluster_lab.placement.programs import clear_programs
 
     rows = []
     labels = []

@@ -18,7 +18,7 @@ enable_compilation_cache(_CACHE)
 import jax  # noqa: E402  (after the devices are set)
 import pytest  # noqa: E402
 
-from rlcluster_lab.placement.reshard import clear_programs  # noqa: E402
+from rlcluster_lab.placement.programs import clear_programs
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -9,8 +9,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.core.shardings import all_on_mesh
 from rlcluster_lab.engines import RolloutEngine
-from rlcluster_lab.placement.place import all_on_mesh, place_model
+from rlcluster_lab.placement.place import place_model
 
 
 class RecordingEngine(RolloutEngine):

@@ -16,9 +16,10 @@ import sys
 
 import pytest
 
-import rlcluster_lab.cluster.scenario as scenario_module
+import rlcluster_lab.app.scenario as scenario_module
+from rlcluster_lab.app.learner import GRPOLearner, StepRecord
+from rlcluster_lab.app.scenario import check_memory, rollout_bytes, validate
 from rlcluster_lab.cli.main import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
-from rlcluster_lab.cluster.scenario import check_memory, rollout_bytes, validate
 from rlcluster_lab.core.config import TrainingConfig
 from rlcluster_lab.core.devices import MAX_SIMULATED_DEVICES, ensure_simulated_devices
 from rlcluster_lab.core.errors import ConfigError
@@ -26,7 +27,7 @@ from rlcluster_lab.core.limits import LIMIT_ENV, TooLargeError
 from rlcluster_lab.core.options import RolloutConfig, Scenario
 from rlcluster_lab.model import get_model_config
 from rlcluster_lab.planner.plan import plan_cluster
-from rlcluster_lab.training.learner import GRPOLearner, StepRecord
+from rlcluster_lab.rules.validation import check_scenario
 
 TINY = get_model_config("tiny")
 
@@ -59,13 +60,13 @@ def test_max_lora_rank_is_the_widest_adapted_projections_smaller_side():
 
 
 def test_scenario_check_refuses_a_lora_rank_above_the_models_bound():
-    Scenario(lora=True, lora_rank=64).check()
+    check_scenario(Scenario(lora=True, lora_rank=64))
     with pytest.raises(ConfigError, match=r"between 1 and 64 for the tiny model, got 65"):
-        Scenario(lora=True, lora_rank=65).check()
+        check_scenario(Scenario(lora=True, lora_rank=65))
     # The large model's bound is its own.
-    Scenario(lora=True, lora_rank=512, model_size="large").check()
+    check_scenario(Scenario(lora=True, lora_rank=512, model_size="large"))
     with pytest.raises(ConfigError, match=r"between 1 and 512 for the large model"):
-        Scenario(lora=True, lora_rank=513, model_size="large").check()
+        check_scenario(Scenario(lora=True, lora_rank=513, model_size="large"))
 
 
 def test_build_cluster_refuses_the_rank_before_building(monkeypatch):
@@ -211,7 +212,7 @@ def test_config_values_are_checked_where_the_config_is_made():
     "argv, target",
     [
         (["plan"], "rlcluster_lab.planner.plan.plan_cluster"),
-        (["report"], "rlcluster_lab.cluster.scenario.build_cluster"),
+        (["report"], "rlcluster_lab.app.scenario.build_cluster"),
     ],
 )
 def test_keyboard_interrupt_is_one_line_exit_130(capsys, monkeypatch, argv, target):

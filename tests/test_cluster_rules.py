@@ -33,8 +33,8 @@ from rlcluster_lab import (
     with_lora,
 )
 from rlcluster_lab.core.config import Mode
+from rlcluster_lab.core.shardings import PlacementError, memory_kinds
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
-from rlcluster_lab.placement.place import PlacementError, memory_kinds
 
 PROMPTS = ["abc", "hello world", "x", "rl"]
 

@@ -11,8 +11,9 @@ import jax
 import pytest
 
 from rlcluster_lab import Scenario, build_cluster
+from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig
 from rlcluster_lab.core import compile_cache
-from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig
+from rlcluster_lab.placement import programs
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
@@ -66,16 +67,16 @@ def test_sixty_varied_rebuilds_stay_under_the_mapping_limit(monkeypatch):
     """The lab's rebuild loop: 60 clusters over every layout, two sizes, every engine and
     LoRA, a sync each and a training step every fifteenth. With the bound set just above where
     the process starts, it must trim at least once and never run past the kernel's limit."""
-    held, limit = compile_cache.mapped_regions(), compile_cache.mapping_limit()
+    held, limit = programs.mapped_regions(), programs.mapping_limit()
     if held is None or limit is None:
         pytest.skip("no /proc/self/maps here: the mapping bound is a Linux matter")
-    monkeypatch.setattr(compile_cache, "TRIM_FRACTION", (held + 4000) / limit)
+    monkeypatch.setattr(programs, "TRIM_FRACTION", (held + 4000) / limit)
     trims = []
-    real = compile_cache.trim_compiled_programs
-    monkeypatch.setattr(compile_cache, "trim_compiled_programs", lambda *a: trims.append(real(*a)) or trims[-1])
-    import rlcluster_lab.cluster.scenario as scenario_mod
+    real = programs.trim_compiled_programs
+    monkeypatch.setattr(programs, "trim_compiled_programs", lambda *a: trims.append(real(*a)) or trims[-1])
+    import rlcluster_lab.app.scenario as scenario_mod
 
-    monkeypatch.setattr(scenario_mod, "trim_compiled_programs", compile_cache.trim_compiled_programs)
+    monkeypatch.setattr(scenario_mod, "trim_compiled_programs", programs.trim_compiled_programs)
     combos = itertools.cycle(
         itertools.product(
             ["colocated", "reshaped", "split"], ["tiny", "small"], ["vanilla", "vllm", "sglang_jax"], [False, True]
@@ -89,7 +90,7 @@ def test_sixty_varied_rebuilds_stay_under_the_mapping_limit(monkeypatch):
         if i % 15 == 14:
             GRPOLearner(cluster, LearnerConfig(steps=1, prompts_per_step=1, group_size=2)).step()
         del cluster
-        peak = max(peak, compile_cache.mapped_regions())
+        peak = max(peak, programs.mapped_regions())
     assert any(trims), "the bound never triggered"
     assert peak < limit
     jax.clear_caches()

@@ -29,15 +29,15 @@ from rlcluster_lab import (
     ValueBatch,
     build_cluster,
 )
+from rlcluster_lab.app.learner import critic_advantages
 from rlcluster_lab.cli.main import main
 from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.core.shardings import memory_kinds
 from rlcluster_lab.measure import memory_report
 from rlcluster_lab.model.scoring import completion_scores, init_score_model
-from rlcluster_lab.placement.place import memory_kinds
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.tables import local_topology
 from rlcluster_lab.training.critic import ppo_value_loss, value_train_step
-from rlcluster_lab.training.learner import critic_advantages
 from rlcluster_lab.training.step import init_optimizer_state
 
 PAD = 256

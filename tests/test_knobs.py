@@ -12,11 +12,12 @@ from rlcluster_lab.cli.main import EXIT_BAD_INPUT, build_parser, main
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS, describe, knobs_of
 from rlcluster_lab.core.options import Scenario
+from rlcluster_lab.rules.validation import check_scenario
 
 
 def refusal(**knobs) -> ConfigError:
     with pytest.raises(ConfigError) as info:
-        Scenario(**knobs).check()
+        check_scenario(Scenario(**knobs))
     return info.value
 
 
@@ -62,9 +63,9 @@ def test_a_field_named_with_its_flag_reads_as_the_flag_or_the_widget():
 
 def test_a_knob_the_audience_does_not_have_is_left_out():
     # The lab has no device-count knob (it builds on the devices it was given); the CLI has --devices.
-    Scenario(layout="split").check(device_count=8)
+    check_scenario(Scenario(layout="split"), device_count=8)
     with pytest.raises(ConfigError) as info:
-        Scenario(layout="split").check(device_count=3)
+        check_scenario(Scenario(layout="split"), device_count=3)
     exc = info.value
     assert describe(exc, "cli").endswith("The flag to change: --layout (or --devices).")
     assert describe(exc, "lab").endswith("What to change: the 'layout' dropdown.")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainingConfig, build_cluster
-from rlcluster_lab.training.learner import group_advantages, lowercase_reward
+from rlcluster_lab.app.learner import group_advantages, lowercase_reward
 
 
 def test_lowercase_reward_counts_letters():

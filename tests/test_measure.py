@@ -13,8 +13,10 @@ from test_reshard import _cases
 
 from rlcluster_lab import Scenario, build_cluster, memory_report, placement_report
 from rlcluster_lab.measure import memory_of, shard_facts, sync_report
+from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.buffers import state_bytes
-from rlcluster_lab.placement.reshard import leaf_label, record_transfers, reshard, reshard_strategy, to_box
+from rlcluster_lab.placement.reshard import reshard, reshard_strategy
+from rlcluster_lab.placement.transfers import leaf_label, record_transfers
 
 PROPERTY = settings(max_examples=40, deadline=None, derandomize=True)
 
@@ -210,17 +212,17 @@ def test_l3_xla_accounting_adds_up_and_never_undercuts_the_minimum(case, copy):
 
 def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     """A planner that ignores the local copy makes the report show the excess."""
-    from rlcluster_lab.placement import reshard as reshard_mod
+    from rlcluster_lab.placement import boxes, minimal, programs
 
     def wasteful(shape, src_boxes, dst_boxes):
-        plans = reshard_mod._plan_reshard_minimal(shape, src_boxes, dst_boxes)
+        plans = boxes.plan_reshard(shape, src_boxes, dst_boxes)
         out = []
         for plan in plans:
             pieces = []
             for p in plan.pieces:
                 others = [d for d, b in src_boxes if b == p.src_box and d != plan.device]
-                pieces.append(reshard_mod.Piece(others[0], p.src_box, p.box) if others else p)
-            out.append(reshard_mod.BlockPlan(plan.device, plan.box, tuple(pieces)))
+                pieces.append(boxes.Piece(others[0], p.src_box, p.box) if others else p)
+            out.append(boxes.BlockPlan(plan.device, plan.box, tuple(pieces)))
         return out
 
     mesh_src = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("fsdp", "tp"))
@@ -228,9 +230,8 @@ def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     P = jax.sharding.PartitionSpec
     x = jax.device_put(np.ones((8, 8), np.float32), jax.sharding.NamedSharding(mesh_src, P("fsdp", None)))
     dst = jax.sharding.NamedSharding(mesh_dst, P("fsdp", None))
-    monkeypatch.setattr(reshard_mod, "_plan_reshard_minimal", reshard_mod.plan_reshard, raising=False)
-    monkeypatch.setattr(reshard_mod, "plan_reshard", wasteful)
-    reshard_mod.clear_programs()  # schedules are cached per sharding set; plan afresh
+    monkeypatch.setattr(minimal, "plan_reshard", wasteful)
+    programs.clear_programs()  # schedules are cached per sharding set; plan afresh
     facts = shard_facts(x)
     with record_transfers() as log, leaf_label("w"), reshard_strategy("minimal"):
         y = reshard(x, dst)
@@ -245,14 +246,14 @@ def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
         anchor_seconds=0.0,
         global_step=1,
     )
-    reshard_mod.clear_programs()
+    programs.clear_programs()
     assert rep.excess_cross_device_bytes > 0
     assert rep.moved_cross_device_bytes > rep.minimum_cross_device_bytes
 
 
 def test_l3_minimum_counts_partial_overlap_only_for_the_rest():
     """A destination shard half covered by its own device's source shard needs only the other half."""
-    from rlcluster_lab.placement.reshard import minimum_cross_device_elements
+    from rlcluster_lab.placement.boxes import minimum_cross_device_elements
 
     src = [(0, ((0, 4), (0, 8))), (1, ((4, 8), (0, 8)))]
     dst = [(0, ((0, 8), (0, 4))), (1, ((0, 8), (4, 8)))]

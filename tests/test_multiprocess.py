@@ -23,7 +23,7 @@ import pytest
 from rlcluster_lab import Scenario, build_cluster, placement_report
 from rlcluster_lab.cli.main import main
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.multiprocess.gathering import exchange, held_within, host_values
+from rlcluster_lab.core.gathering import exchange, held_within, host_values
 from rlcluster_lab.multiprocess.jobs import PROMPTS
 from rlcluster_lab.multiprocess.launcher import LaunchError, LaunchSettings, launch, run_reports
 from rlcluster_lab.multiprocess.report import (

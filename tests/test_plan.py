@@ -22,10 +22,11 @@ from rlcluster_lab.cli.main import build_parser, main
 from rlcluster_lab.cli.plan import parse_bytes
 from rlcluster_lab.core.meshes import LAYOUTS, describe_mesh, make_mesh
 from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
+from rlcluster_lab.core.shardings import PlacementError
 from rlcluster_lab.measure import memory_report
 from rlcluster_lab.model import MODEL_SIZES
-from rlcluster_lab.placement.place import PlacementError
-from rlcluster_lab.placement.reshard import plan_reshard, reshard, reshard_strategy, to_box
+from rlcluster_lab.placement.boxes import plan_reshard, to_box
+from rlcluster_lab.placement.reshard import reshard, reshard_strategy
 from rlcluster_lab.planner.buffers import Buffers, overlap
 from rlcluster_lab.planner.plan import ANCHOR_MODES, plan_cluster, plan_scenario
 from rlcluster_lab.planner.shapes import PlannedMesh, abstract_leaves, shard_boxes

@@ -12,7 +12,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rlcluster_lab.core.meshes import make_mesh
-from rlcluster_lab.placement.reshard import array_plan, plan_reshard, reshard, reshard_strategy, reshard_tree, to_box
+from rlcluster_lab.placement.boxes import array_plan, plan_reshard, to_box
+from rlcluster_lab.placement.reshard import reshard, reshard_strategy, reshard_tree
 
 DEVICES = jax.devices()
 BY_ID = {d.id: d for d in DEVICES}

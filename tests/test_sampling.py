@@ -6,7 +6,8 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, init_model, logps_from_state
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
+from rlcluster_lab.model import init_model, logps_from_state
 from rlcluster_lab.model.sampling import PROMPT_BUCKET, SampleOutput, sample
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 

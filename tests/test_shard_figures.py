@@ -16,7 +16,8 @@ from matplotlib.text import Text
 from rlcluster_lab.lab import shard_figures as sf
 from rlcluster_lab.lab import shards
 from rlcluster_lab.measure.sync import shard_facts, sync_report
-from rlcluster_lab.placement.reshard import record_transfers, reshard_many, reshard_strategy
+from rlcluster_lab.placement.reshard import reshard_many, reshard_strategy
+from rlcluster_lab.placement.transfers import record_transfers
 
 
 def _mesh(shape: tuple[int, int]) -> Mesh:

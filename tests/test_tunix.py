@@ -19,7 +19,7 @@ from flax import nnx
 from rlcluster_lab import Scenario
 from rlcluster_lab import tunix as rt
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.placement.reshard import shard_boxes
+from rlcluster_lab.placement.boxes import shard_boxes
 
 # Tunix's trainer enters its meshes with `with mesh:`, which this JAX deprecates; the warning is Tunix's.
 pytestmark = pytest.mark.filterwarnings("ignore:.*with mesh.*context manager has been deprecated:DeprecationWarning")

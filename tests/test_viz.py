@@ -13,10 +13,10 @@ import pytest  # noqa: E402
 from legibility import mpl_problems  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from rlcluster_lab.cluster.scenario import Scenario, build_cluster  # noqa: E402
+from rlcluster_lab.app.report import placement_report
+from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.lab import figures as viz  # noqa: E402
 from rlcluster_lab.lab.mpl import MIN_PT, new_figure  # noqa: E402
-from rlcluster_lab.measure.report import placement_report  # noqa: E402
 
 
 def _patches(fig, prefix: str) -> dict[str, object]:

@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.placement import xla as reshard_xla
-from rlcluster_lab.placement.reshard import minimum_cross_device_elements, shard_boxes, to_box
+from rlcluster_lab.placement.boxes import minimum_cross_device_elements, shard_boxes, to_box
 from rlcluster_lab.placement.traffic import _flows, _groups, _pairs, _Unreadable, program_traffic
 
 DEVICES = jax.devices()

@@ -12,7 +12,9 @@ from typing import Any, NoReturn
 from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
 from rlcluster_lab.cli.plan import add_plan_arguments
 from rlcluster_lab.cli.processes import add_process_arguments, multi_process
+from rlcluster_lab.cli.text import format_report
 from rlcluster_lab.core.knobs import describe
+from rlcluster_lab.rules.validation import check_scenario
 
 
 class _Parser(argparse.ArgumentParser):
@@ -103,7 +105,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             from rlcluster_lab.cli.processes import run_processes_command
 
             return run_processes_command(args)
-        scenario_from(args).check()
+        check_scenario(scenario_from(args))
     # The device count must be set before anything starts the JAX backend,
     # and the persistent compilation cache before the first compilation.
     from rlcluster_lab.core.compile_cache import enable_compilation_cache
@@ -137,8 +139,8 @@ def _stdout_closed() -> int:
 
 
 def _report(args: argparse.Namespace) -> dict[str, Any]:
-    from rlcluster_lab.cluster.scenario import build_cluster
-    from rlcluster_lab.measure.report import placement_report
+    from rlcluster_lab.app.report import placement_report
+    from rlcluster_lab.app.scenario import build_cluster
 
     cluster = build_cluster(scenario_from(args))
     sync = cluster.sync_weights() if args.sync else None
@@ -151,9 +153,9 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
 def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """The learner's scenario and settings, checked before the backend starts; the batch is
     refused when its rollout would not fit in memory."""
-    from rlcluster_lab.cluster.scenario import check_rollout_fits
+    from rlcluster_lab.app.learner import LearnerConfig
+    from rlcluster_lab.app.scenario import check_rollout_fits
     from rlcluster_lab.core.config import TrainingConfig
-    from rlcluster_lab.training.learner import LearnerConfig
 
     scenario = scenario_from(args, max_tokens=args.max_tokens)
     training = TrainingConfig(
@@ -170,7 +172,7 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         group_size=args.group_size,
         critic=args.critic,
     )
-    scenario.check()
+    check_scenario(scenario)
     check_rollout_fits(
         scenario,
         config.batch_size,
@@ -182,8 +184,8 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) -> dict[str, Any]:
-    from rlcluster_lab.cluster.scenario import build_cluster
-    from rlcluster_lab.training.learner import GRPOLearner
+    from rlcluster_lab.app.learner import GRPOLearner
+    from rlcluster_lab.app.scenario import build_cluster
 
     learner = GRPOLearner(build_cluster(scenario, training_config=training), config)
     progress = (
@@ -215,76 +217,6 @@ def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) 
         ]
         data = {"_text": "\n".join(lines)}
     return data
-
-
-def format_report(data: dict[str, Any]) -> str:
-    """A readable summary of a placement report's JSON."""
-    lines = [
-        f"platform {data['platform']} with {data['device_count']} device(s); engine {data['engine']}"
-        f"{'; LoRA actor' if data['lora'] else ''}{'; offload to pinned host' if data['offload_to_cpu'] else ''}"
-    ]
-    lines.append("meshes after construction:")
-    for role, mesh in data["role_to_mesh"].items():
-        shape = "x".join(f"{k}={v}" for k, v in mesh["shape"].items())
-        lines.append(f"  {role:<9} {shape:<14} devices {mesh['device_ids']}")
-    if data["mesh_overridden_by_engine"]:
-        lines.append("  (the engine replaced the rollout mesh; the sharing map was built from the config's meshes)")
-    lines.append("sharing map:")
-    for role, others in data["sharing_map"].items():
-        lines.append(f"  {role:<9} -> {', '.join(others) if others else '(none)'}")
-    lines.append(f"rollout branch (P3): {data['rollout_branch']}")
-    lines.append(f"rollout samples with the actor's own buffers: {data['rollout_shares_actor_weights']}")
-    lines.append(f"reference shares the actor's frozen backbone: {data['reference_shares_backbone']}")
-    anchor = data["anchor"]
-    lines.append(f"anchor (P8, mode {anchor['mode']}): {anchor['bytes']:,} bytes pinned in {anchor['memory_kind']}")
-    lines.extend(format_memory(data["memory"]))
-    if data.get("sync"):
-        lines.extend(format_sync(data["sync"]))
-    for w in data["warnings"]:
-        lines.append(f"warning: {w}")
-    lines.append("decisions:")
-    for d in data["decisions"]:
-        lines.append(f"  {d['rule']:>4}  {d['test']}")
-        lines.append(f"        -> {d['outcome']}")
-    return "\n".join(lines)
-
-
-def format_memory(memory: dict[str, Any]) -> list[str]:
-    """Memory per role (L2) as lines of text."""
-    lines = [f"memory (L2, measured; {memory['units']}):"]
-    for role, r in memory["by_role"].items():
-        kinds = ", ".join(f"{k} {v:,}" for k, v in r["by_kind"].items())
-        lines.append(f"  {role:<16} {r['bytes']:>14,}  ({kinds})")
-    for g in memory["shared"]:
-        lines.append(
-            f"  shared by {' + '.join(g['roles'])}: {g['bytes']:,} bytes in {g['buffers']} buffers (counted once)"
-        )
-    lines.append(
-        f"  unique {memory['unique_bytes']:,} bytes; naive (every role its own copy) {memory['naive_bytes']:,}"
-    )
-    alloc = memory["allocator"]
-    lines.append(f"  allocator: {'see JSON' if alloc['available'] else alloc['note']}")
-    return lines
-
-
-def format_sync(sync: dict[str, Any]) -> list[str]:
-    """One weight sync (L3) as lines of text."""
-    return [
-        f"sync (L3, {sync['method']}; physical bytes):",
-        f"  synced {sync['synced_bytes']:,} = moved across devices {sync['moved_cross_device_bytes']:,}"
-        f" + copied within a device {sync['copied_same_device_bytes']:,} + reused {sync['reused_bytes']:,}",
-        f"  minimum across devices {sync['minimum_cross_device_bytes']:,}; logical (each leaf once)"
-        f" {sync['synced_logical_bytes']:,}",
-        f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
-        f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms"
-        + (
-            " (the handover includes compiling its copy programs: first sync of these shardings)"
-            if sync.get("includes_compilation")
-            else " (the handover includes reading its copy programs from the compilation cache)"
-            if sync.get("includes_program_load")
-            else ""
-        ),
-    ]
 
 
 if __name__ == "__main__":

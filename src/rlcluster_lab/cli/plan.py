@@ -13,6 +13,7 @@ from typing import Any
 from rlcluster_lab.cli.flags import scenario_from
 from rlcluster_lab.core.options import DTYPES, MODEL_SIZES
 from rlcluster_lab.planner.workload import Workload
+from rlcluster_lab.rules.validation import check_scenario
 
 
 def _size(n: int | float | None) -> str:
@@ -261,7 +262,7 @@ def run_plan_command(args: Any) -> dict[str, Any]:
     # and the LoRA rank is checked against its dimensions.
     lab_size = args.model_size in MODEL_SIZES
     scenario = scenario_from(args, model_size=args.model_size if lab_size else "tiny")
-    scenario.check(model=model_config(args.model_size, dtype=args.dtype))
+    check_scenario(scenario, model=model_config(args.model_size, dtype=args.dtype))
     workload = Workload(
         rollout_batch_size=args.rollout_batch_size,
         prompt_length=args.prompt_length,

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from rlcluster_lab.cli.flags import scenario_from
+from rlcluster_lab.cli.text import format_report
 from rlcluster_lab.core.errors import ConfigError
 
 
@@ -77,7 +78,6 @@ def run_processes_command(args: argparse.Namespace) -> dict[str, Any]:
     )
     if args.json:
         return data
-    from rlcluster_lab.cli.main import format_report
     from rlcluster_lab.multiprocess.report import format_processes
 
     return {"_text": "\n".join([format_report(data), *format_processes(data)])}

@@ -28,16 +28,17 @@ from rlcluster_lab.cluster.live import LiveExecutor
 from rlcluster_lab.cluster.sync import sync_weights
 from rlcluster_lab.cluster.validate import check_inputs, engine_class, require_config
 from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
+from rlcluster_lab.core.hosts import home_device
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.options import RolloutConfig, dtype_name
 from rlcluster_lab.core.roles import Mode, Role
+from rlcluster_lab.core.shardings import array_leaves, default_memory_kind
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine, RolloutOutput
 from rlcluster_lab.measure.sync import SyncReport
-from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, is_lora
+from rlcluster_lab.model import is_lora
 from rlcluster_lab.model.tokenizer import ByteTokenizer
-from rlcluster_lab.multiprocess.hosts import home_device
 from rlcluster_lab.placement.buffers import buffer_keys
-from rlcluster_lab.placement.place import array_leaves, default_memory_kind
 from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.rules.anchor import anchor_is_partial
 from rlcluster_lab.rules.reference import AVOIDABLE_COPY_ADVICE
@@ -45,7 +46,6 @@ from rlcluster_lab.training.critic import ValueBatch
 from rlcluster_lab.training.step import TrainBatch
 
 ModelOrPath = nnx.Module | str | os.PathLike
-ROLLOUT_BRANCHES = ("shared", "second_copy", "engine_initial_value")
 
 
 def _given_modules(*models: Any) -> list[nnx.Module]:

@@ -9,22 +9,15 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from rlcluster_lab.cluster.construct import LoadFacts
+from rlcluster_lab.core.gathering import summed
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.shardings import array_leaves, default_memory_kind, is_on_device, state_meshes
 from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine
 from rlcluster_lab.model import checkpoint
 from rlcluster_lab.model.lora import is_lora
-from rlcluster_lab.multiprocess.gathering import summed
 from rlcluster_lab.placement.buffers import sharing_backbone, state_bytes
-from rlcluster_lab.placement.place import (
-    array_leaves,
-    default_memory_kind,
-    is_on_device,
-    move_model,
-    place_model,
-    put_on_memory_kind,
-    state_meshes,
-)
+from rlcluster_lab.placement.place import move_model, place_model, put_on_memory_kind
 from rlcluster_lab.training.step import init_optimizer_state
 
 if TYPE_CHECKING:

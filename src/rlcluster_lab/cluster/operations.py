@@ -22,10 +22,10 @@ from flax import nnx
 
 from rlcluster_lab.cluster.observe import at_work
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.gathering import host_value, host_values
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.engines import RolloutOutput
 from rlcluster_lab.model import is_lora, logps_from_state
-from rlcluster_lab.multiprocess.gathering import host_value, host_values
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import p10_require_anchor
 from rlcluster_lab.rules.steps import p9_check_prompts
@@ -210,7 +210,7 @@ def update_critic(c: RLCluster, batch: Any) -> list[dict[str, float]]:
 
 def _host_metrics(m: dict[str, Any]) -> dict[str, float]:
     """A step's metrics as floats; with several processes, read from whichever process
-    computed them (``multiprocess.gathering``)."""
+    computed them (``core.gathering``)."""
     keys = list(m)
     return {k: float(v) for k, v in zip(keys, host_values([m[k] for k in keys]))}
 

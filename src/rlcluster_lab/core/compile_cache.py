@@ -64,59 +64,6 @@ def active_cache_dir() -> str | None:
     return jax.config.jax_compilation_cache_dir or None
 
 
-# ------------------------------------------------------------------ the bound on live programs
-
-
-def mapped_regions() -> int | None:
-    """Memory mappings this process holds now (Linux), or None where that cannot be read."""
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return None
-
-
-def mapping_limit() -> int | None:
-    """The kernel's per-process limit on memory mappings (Linux), or None."""
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-TRIM_FRACTION = 0.5
-
-
-def trim_compiled_programs(fraction: float | None = None) -> bool:
-    """Release every compiled program when this process holds more than ``fraction`` of its
-    mapping limit; True when it did.
-
-    On the CPU backend each compiled program holds memory mappings of its own
-    (a training step's programs take about 1,000), and the kernel stops a
-    process at ``vm.max_map_count`` (usually 65,530) with an allocation error.
-    Programs stay cached while they are few, so a rebuild of a layout seen
-    before compiles nothing; past the bound, they are dropped together, and
-    the persistent cache makes rebuilding them a read from disk.
-    """
-    fraction = TRIM_FRACTION if fraction is None else fraction
-    held, limit = mapped_regions(), mapping_limit()
-    over = not (held is None or limit is None or held < fraction * limit)
-    if jax.process_count() > 1:
-        # multi-process: every process drops its programs together, or one would analyse a
-        # shared program again alone and wait for the others (multiprocess.gathering).
-        from rlcluster_lab.multiprocess.gathering import any_process
-
-        over = any_process(over, "trim compiled programs")
-    if not over:
-        return False
-    from rlcluster_lab.placement.reshard import clear_programs
-
-    clear_programs()
-    jax.clear_caches()
-    return True
-
-
 # ------------------------------------------------------------------ counting compilations
 
 

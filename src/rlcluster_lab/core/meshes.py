@@ -19,6 +19,15 @@ from rlcluster_lab.core.roles import Role
 
 MESH_AXES: tuple[str, str] = ("fsdp", "tp")
 
+# Logical name -> mesh axis. Norm scales use None and stay replicated.
+DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
+    ("embed", "fsdp"),
+    ("vocab", "tp"),
+    ("q_heads", "tp"),
+    ("kv_heads", "tp"),
+    ("mlp", "tp"),
+)
+
 
 def make_mesh(
     devices: Sequence[jax.Device],

@@ -22,6 +22,9 @@ def _dtype_name(dtype: Any) -> str:
     return jnp.dtype(dtype).name
 
 
+# The projections ``with_lora`` adapts, by the part of a transformer block that holds them.
+LORA_PROJECTIONS: dict[str, tuple[str, ...]] = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
+
 # The dimensions of a ModelConfig: positive ints (checked here, and in a checkpoint's config.json).
 INT_FIELDS = (
     "vocab_size",
@@ -130,8 +133,8 @@ class ModelConfig:
 
 
 # Sharded dims are all multiples of 8 (264 = 8 * 33) so each shards over 8, 4 or 2.
-MODEL_SIZES: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(
+_PRESETS: tuple[ModelConfig, ...] = (
+    ModelConfig(
         "tiny",
         vocab_size=264,
         embed_dim=64,
@@ -142,7 +145,7 @@ MODEL_SIZES: dict[str, ModelConfig] = {
         mlp_dim=128,
         max_seq_len=128,
     ),
-    "small": ModelConfig(
+    ModelConfig(
         "small",
         vocab_size=264,
         embed_dim=128,
@@ -153,7 +156,7 @@ MODEL_SIZES: dict[str, ModelConfig] = {
         mlp_dim=512,
         max_seq_len=256,
     ),
-    "base": ModelConfig(
+    ModelConfig(
         "base",
         vocab_size=264,
         embed_dim=256,
@@ -164,7 +167,7 @@ MODEL_SIZES: dict[str, ModelConfig] = {
         mlp_dim=1024,
         max_seq_len=512,
     ),
-    "large": ModelConfig(
+    ModelConfig(
         "large",
         vocab_size=264,
         embed_dim=512,
@@ -175,7 +178,11 @@ MODEL_SIZES: dict[str, ModelConfig] = {
         mlp_dim=2048,
         max_seq_len=1024,
     ),
-}
+)
+
+# The lab's preset sizes by name, smallest first: the one list of sizes (``core.options.MODEL_SIZES``
+# is its names, for the CLI and the knobs).
+MODEL_SIZES: dict[str, ModelConfig] = {config.name: config for config in _PRESETS}
 
 
 def get_model_config(name: str) -> ModelConfig:

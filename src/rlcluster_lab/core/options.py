@@ -15,20 +15,20 @@ import math
 import numbers
 from typing import Any
 
+from rlcluster_lab.core import model_config
 from rlcluster_lab.core.errors import ConfigError
 
 LAYOUTS: tuple[str, ...] = ("colocated", "reshaped", "split")
 ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
-ENGINE_LABELS: dict[str, str] = {
-    "vanilla": "vanilla",
-    "vllm": "vllm (JAX placement stand-in)",
-    "sglang_jax": "sglang_jax (JAX placement stand-in)",
-}
+# Every engine but the built-in sampler stands in for an external server's placement.
+ENGINE_LABELS: dict[str, str] = {e: e if e == "vanilla" else f"{e} (JAX placement stand-in)" for e in ENGINES}
 ANCHOR_MODES: tuple[str, ...] = ("full", "trainable")
 RESHARD_STRATEGIES: tuple[str, ...] = ("xla", "minimal")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-MODEL_SIZES: tuple[str, ...] = ("tiny", "small", "base", "large")
-LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+# The names of the lab's preset sizes and of the projections LoRA adapts, from the model's own
+# tables (``core.model_config``: JAX-free too), so a size or a projection is spelled once.
+MODEL_SIZES: tuple[str, ...] = tuple(model_config.MODEL_SIZES)
+LORA_TARGETS: tuple[str, ...] = tuple(name for names in model_config.LORA_PROJECTIONS.values() for name in names)
 
 
 def dtype_name(value: Any, what: str = "dtype") -> str:
@@ -247,33 +247,6 @@ class Scenario:
                 f"prompt fits in the KV cache beside the completion, got {self.max_tokens}",
                 knobs=("max_tokens",),
             )
-
-    def check(self, device_count: int | None = None, *, model: Any = None) -> None:
-        """Every refusal that follows from the knobs alone (P6, the LoRA rank the model's
-        dimensions allow, and layouts on ``device_count`` devices), before anything is allocated.
-
-        Args:
-            device_count: the devices the layout must form (None: not checked here).
-            model: the ``ModelConfig`` the LoRA rank is checked against (None: the
-                ``model_size``'s; the planner passes a published architecture's).
-                Dimensions only: JAX is not imported.
-
-        Raises:
-            ConfigError: with the reason and the fix.
-        """
-        from rlcluster_lab.rules.validation import check_lora_rank, check_sglang_lora  # P6's own home (rules/)
-
-        if model is None:
-            from rlcluster_lab.core.model_config import get_model_config
-
-            model = get_model_config(self.model_size)
-        check_lora_rank(self.lora_rank, model)
-        if self.engine == "sglang_jax":
-            check_sglang_lora(self.lora, self.sglang_static_lora)
-        if device_count is not None:
-            problem = layout_problem(self.layout, device_count)
-            if problem:
-                raise ConfigError(problem, knobs=("layout", "devices"))
 
     def rollout_config(self) -> RolloutConfig:
         static = self.lora and self.engine == "sglang_jax" and self.sglang_static_lora

@@ -26,9 +26,10 @@ from jax.sharding import Mesh
 
 from rlcluster_lab.core.config import ConfigError, RolloutConfig
 from rlcluster_lab.core.meshes import make_mesh
+from rlcluster_lab.core.shardings import default_memory_kind
 from rlcluster_lab.engines.base import RolloutEngine
 from rlcluster_lab.model import is_lora
-from rlcluster_lab.placement.place import default_memory_kind, place_model
+from rlcluster_lab.placement.place import place_model
 from rlcluster_lab.rules.validation import check_sglang_lora, check_vllm_version
 
 
@@ -67,11 +68,9 @@ class OwnCopyEngine(RolloutEngine):
     ) -> None:
         super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config, cache_size=cache_size)
         if mesh is None:
-            raise ConfigError(f"the {self.name} engine needs the rollout mesh to place its weights on")
+            raise ConfigError(f"the {type(self).__name__} engine needs the rollout mesh to place its weights on")
         self._engine_mesh = self.settle_mesh(mesh, rollout_config)
         self._model = copy_onto_mesh(rollout_actor, self._engine_mesh, logical_axis_rules)
-
-    name = "own-copy"
 
     def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
         """The mesh the engine keeps its copy on: the given one unless a subclass rearranges it."""
@@ -83,8 +82,6 @@ class OwnCopyEngine(RolloutEngine):
 
 class VllmStyleEngine(OwnCopyEngine):
     """Stand-in for the vLLM rollout's placement: its own rearranged mesh, its own copy."""
-
-    name = "vllm"
 
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
@@ -110,8 +107,6 @@ class VllmStyleEngine(OwnCopyEngine):
 
 class SglangJaxStyleEngine(OwnCopyEngine):
     """Stand-in for the SGLang-JAX rollout's placement: given mesh, own copy, no mesh exposed."""
-
-    name = "sglang_jax"
 
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import ipywidgets as widgets
 import jax
 
-from rlcluster_lab.cluster.scenario import ROLLOUT_DTYPES, Scenario
+from rlcluster_lab.app.scenario import ROLLOUT_DTYPES, Scenario
 from rlcluster_lab.core.knobs import KNOBS
 from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.core.options import ENGINE_LABELS, ENGINES

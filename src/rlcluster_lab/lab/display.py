@@ -20,10 +20,10 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from rlcluster_lab.app.learner import StepRecord
 from rlcluster_lab.core.knobs import describe
 from rlcluster_lab.lab import panels
 from rlcluster_lab.lab.sharing_notes import actor_share_text
-from rlcluster_lab.training.learner import StepRecord
 
 _PANELS = ("flow", "grid", "memory", "sync")
 _TITLES = {

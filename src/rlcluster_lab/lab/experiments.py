@@ -17,8 +17,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.app.report import placement_report
+from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.cluster import RLCluster
-from rlcluster_lab.cluster.scenario import Scenario, build_cluster
 from rlcluster_lab.core.config import ClusterConfig, ConfigError, RolloutConfig
 from rlcluster_lab.core.meshes import layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.core.roles import Mode, Role
@@ -43,7 +44,6 @@ from rlcluster_lab.lab.run_experiments import (  # noqa: F401
     timeline_rows,
     what_if_rows,
 )
-from rlcluster_lab.measure.report import placement_report
 from rlcluster_lab.model import init_model
 from rlcluster_lab.rules.sharing import build_sharing_map, sharing_map_json
 

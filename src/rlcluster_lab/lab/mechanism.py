@@ -15,15 +15,15 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.app.learner import group_advantages, lowercase_reward
+from rlcluster_lab.app.report import placement_report
+from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.cluster.contexts import context_rows
-from rlcluster_lab.cluster.scenario import Scenario, build_cluster
 from rlcluster_lab.core.meshes import layout_meshes
 from rlcluster_lab.core.trace import Decision
 from rlcluster_lab.lab.run_experiments import EVEN_PROMPTS, collect
-from rlcluster_lab.measure.report import placement_report
 from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.rules.sharing import sharing_map
-from rlcluster_lab.training.learner import group_advantages, lowercase_reward
 from rlcluster_lab.training.step import TrainBatch
 
 # --------------------------------------------------------------------------- 01: the sharing map

@@ -17,14 +17,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, LearnerResult, group_advantages, lowercase_reward
+from rlcluster_lab.app.report import placement_report
+from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.cluster import RLCluster
-from rlcluster_lab.cluster.scenario import Scenario, build_cluster
 from rlcluster_lab.core.config import TrainingConfig
 from rlcluster_lab.core.meshes import reachable_layouts
+from rlcluster_lab.core.options import LAYOUTS
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure import memory_report
-from rlcluster_lab.measure.report import placement_report
-from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig, LearnerResult, group_advantages, lowercase_reward
 from rlcluster_lab.training.step import TrainBatch
 
 Tick = Callable[[Any], None]
@@ -188,7 +189,7 @@ def p11_rows(result: Mapping[str, Any], tolerance: float = 1e-4) -> list[dict[st
 
 def sync_matrix(
     devices: Sequence[jax.Device],
-    layouts: Sequence[str] = ("colocated", "reshaped", "split"),
+    layouts: Sequence[str] = LAYOUTS,
     loras: Sequence[bool] = (False, True),
     engine: str = "vanilla",
     progress: Tick | None = None,

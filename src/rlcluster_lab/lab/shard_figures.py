@@ -33,7 +33,7 @@ from matplotlib.textpath import TextPath
 from rlcluster_lab.lab.mpl import bytes_axis, new_figure
 from rlcluster_lab.lab.shards import ShardLayout, SyncFlows
 from rlcluster_lab.lab.style import PHYSICAL, SYNC_PARTS, fmt_bytes
-from rlcluster_lab.placement.reshard import Box
+from rlcluster_lab.placement.boxes import Box
 
 MIN_FONT = 9.0
 MAX_WIDTH = 9.6  # inches: at 100 dpi a notebook shows the figure unscaled

@@ -32,7 +32,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from rlcluster_lab.measure.sync import flat_leaves
-from rlcluster_lab.placement.reshard import Box, to_box
+from rlcluster_lab.placement.boxes import Box, to_box
 from rlcluster_lab.placement.transfers import shard_key
 
 HOWS: tuple[str, ...] = ("moved", "copied", "reused")

@@ -35,11 +35,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, StepRecord
 from rlcluster_lab.cluster.observe import observing
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure.memory import MemoryReport, cluster_entries, memory_of
 from rlcluster_lab.measure.sync import SyncReport
-from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig, StepRecord
 
 # One length for every prompt: each step then has the same shapes (see ``run_steps``).
 EVEN_PROMPTS: tuple[str, ...] = ("abc", "the", "cat", "xyz", "jax", "rl ", "map", "row")

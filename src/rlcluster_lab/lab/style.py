@@ -3,13 +3,17 @@ order and colours, memory kinds, the parts of a sync, and how bytes are written.
 
 from __future__ import annotations
 
-ROLE_ORDER: tuple[str, ...] = ("actor", "rollout", "reference", "reward", "critic")
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.shardings import MEMORY_KINDS
+from rlcluster_lab.measure.memory import MEMORY_ENTRIES
+
+ROLE_ORDER: tuple[str, ...] = tuple(role.value for role in Role)
 
 
-ENTRY_ORDER: tuple[str, ...] = ROLE_ORDER + ("anchor", "optimizer", "critic_optimizer")
+ENTRY_ORDER: tuple[str, ...] = MEMORY_ENTRIES
 
 
-KINDS: tuple[str, ...] = ("device", "pinned_host")
+KINDS: tuple[str, ...] = MEMORY_KINDS
 
 
 ROLE_COLORS: dict[str, str] = {

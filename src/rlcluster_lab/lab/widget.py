@@ -25,14 +25,15 @@ from typing import Any
 import ipywidgets as widgets
 import jax
 
+from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, StepRecord
+from rlcluster_lab.app.report import placement_report
+from rlcluster_lab.app.scenario import build_cluster, validate
 from rlcluster_lab.cluster import RLCluster
-from rlcluster_lab.cluster.scenario import build_cluster, validate
-from rlcluster_lab.core.compile_cache import count_compilations, trim_compiled_programs
+from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.knobs import knobs_of
 from rlcluster_lab.lab.controls import KNOB_WIDTH, Knobs
 from rlcluster_lab.lab.display import Display, changes_since
-from rlcluster_lab.measure.report import placement_report
-from rlcluster_lab.training.learner import GRPOLearner, LearnerConfig, StepRecord
+from rlcluster_lab.placement.programs import trim_compiled_programs
 
 # The column of knobs and buttons: the widest knob and a margin.
 LEFT_WIDTH = KNOB_WIDTH + 20

@@ -19,10 +19,10 @@ from flax import nnx
 from flax.traverse_util import flatten_dict
 from jax.sharding import NamedSharding, Sharding
 
+from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.memory import UNITS, _buffers, _plain
-from rlcluster_lab.placement.place import array_leaves
-from rlcluster_lab.placement.reshard import box_size, minimum_cross_device_elements, shard_boxes
+from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.transfers import Transfer, TransferLog, shard_key, shard_keys
 
 

@@ -2,12 +2,10 @@
 compiling, log-probabilities, a byte tokenizer, KV-cache sampling, reward and value models,
 and checkpoints (so a role can be given as a path). Nothing is downloaded."""
 
-from rlcluster_lab.model.init import abstract_model, host_values, init_model, materialize
+from rlcluster_lab.model.init import abstract_model, init_model, materialize
 from rlcluster_lab.model.logps import forward_logps, logps_from_state, mask_pad_logits
 from rlcluster_lab.model.lora import LoRALinear, is_lora, with_lora
 from rlcluster_lab.model.transformer import (
-    DEFAULT_LOGICAL_AXIS_RULES,
-    MESH_AXES,
     MODEL_SIZES,
     KVCache,
     ModelConfig,
@@ -16,12 +14,11 @@ from rlcluster_lab.model.transformer import (
     get_model_config,
     init_cache,
 )
+from rlcluster_lab.model.values import initial_values
 
 __all__ = [
-    "DEFAULT_LOGICAL_AXIS_RULES",
     "KVCache",
     "LoRALinear",
-    "MESH_AXES",
     "MODEL_SIZES",
     "ModelConfig",
     "TransformerLM",
@@ -29,7 +26,7 @@ __all__ = [
     "apply_rope",
     "forward_logps",
     "get_model_config",
-    "host_values",
+    "initial_values",
     "init_cache",
     "init_model",
     "is_lora",

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import functools
-import math
-import zlib
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
-from flax.traverse_util import flatten_dict, unflatten_dict
 
-from rlcluster_lab.model.transformer import DEFAULT_LOGICAL_AXIS_RULES, ModelConfig, TransformerLM, get_model_config
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
+from rlcluster_lab.core.shardings import default_memory_kind, target_shardings
+from rlcluster_lab.model.lora import _wrap_lora
+from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
+from rlcluster_lab.model.values import initial_values
 
 
 @functools.lru_cache(maxsize=32)
@@ -34,37 +34,8 @@ def abstract_model(config: ModelConfig | str, lora_rank: int = 0, lora_scale: fl
     graphdef, state = _abstract_lm(config)
     model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
     if lora_rank:
-        from rlcluster_lab.model.lora import _wrap_lora  # LoRA builds on this module's values
-
         model, _ = _wrap_lora(model, lora_rank, lora_scale, adapters=lambda path, a, b: (a, b))
     return model
-
-
-def host_values(state: nnx.State, seed: int) -> dict[Any, Any]:
-    """Initial values for an abstract state, drawn on the host with NumPy.
-
-    Each leaf has its own generator, seeded by ``seed`` and the leaf's path,
-    so a value never depends on which other leaves exist. Kernels and LoRA
-    ``lora_a`` are normal with standard deviation 1/sqrt(fan-in); the
-    embedding table 1/sqrt(embed); norm scales are ones; biases and LoRA
-    ``lora_b`` zeros (so a fresh adapter changes nothing).
-    """
-    out = {}
-    for path, value in flatten_dict(nnx.to_pure_dict(state)).items():
-        out[path] = _initial(path, tuple(value.shape), np.dtype(value.dtype), seed)
-    return unflatten_dict(out)
-
-
-def _initial(path: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype, seed: int) -> np.ndarray:
-    name = str(path[-1])
-    if name in ("scale",):
-        return np.ones(shape, dtype)
-    if name in ("bias", "lora_b") or len(shape) < 2:
-        return np.zeros(shape, dtype)
-    rng = np.random.default_rng([seed, zlib.crc32("/".join(map(str, path)).encode())])
-    fan = shape[-1] if name == "embedding" else shape[0]
-    values = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / math.sqrt(fan))
-    return values.astype(dtype)
 
 
 def materialize(graphdef: nnx.GraphDef, abstract: nnx.State, values: Any, shardings: Any = None) -> nnx.Module:
@@ -83,7 +54,7 @@ def init_model(
 ) -> TransformerLM:
     """A freshly initialised model from a config or a preset name.
 
-    Values are drawn on the host (``host_values``) and put straight onto
+    Values are drawn on the host (``model.values.initial_values``) and put straight onto
     ``mesh`` with the model's own partition specs (mapped by ``rules``, the
     model's defaults when None), in ``memory_kind`` (the device's default when
     None); without a mesh they go to the default device. No XLA program is
@@ -103,14 +74,14 @@ def init_model(
     if isinstance(config, str):
         config = get_model_config(config)
     graphdef, abstract = _abstract_lm(config)
-    return materialize(graphdef, abstract, host_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind))
+    return materialize(
+        graphdef, abstract, initial_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind)
+    )
 
 
 def _shardings(abstract: Any, mesh: Any, rules: Any, memory_kind: str | None) -> Any:
     if mesh is None:
         return None
-    from rlcluster_lab.placement.place import default_memory_kind, target_shardings
-
     return target_shardings(
         abstract,
         mesh,

@@ -10,8 +10,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rlcluster_lab.model.init import _initial
+from rlcluster_lab.core.model_config import LORA_PROJECTIONS
 from rlcluster_lab.model.transformer import TransformerLM
+from rlcluster_lab.model.values import initial_value
 
 # ---------------------------------------------------------------------------
 # LoRA
@@ -40,9 +41,6 @@ class LoRALinear(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         k, a, b = self.kernel[...], self.lora_a[...], self.lora_b[...]
         return x @ k + ((x @ a) @ b) * jnp.asarray(self.scale, x.dtype)
-
-
-_LORA_TARGETS: dict[str, tuple[str, ...]] = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
 
 
 def with_lora(
@@ -91,7 +89,7 @@ def with_lora(
     made: list[tuple[Any, Any]] = []  # (host value, sharding) of every adapter, in order
 
     def adapters(path: str, a: jax.ShapeDtypeStruct, b: jax.ShapeDtypeStruct) -> tuple[Any, Any]:
-        host_a = _initial(tuple(path.split("/")) + ("lora_a",), a.shape, np.dtype(a.dtype), seed)
+        host_a = initial_value(tuple(path.split("/")) + ("lora_a",), a.shape, np.dtype(a.dtype), seed)
         host_b = np.zeros(b.shape, b.dtype)
         made.append((host_a, a.sharding))
         made.append((host_b, b.sharding))
@@ -113,7 +111,7 @@ def _wrap_lora(model: TransformerLM, rank: int, scale: float, adapters: Any) -> 
     layers: list[LoRALinear] = []
     with nnx.use_eager_sharding(False):
         for i, block in enumerate(model.blocks):
-            for part, names in _LORA_TARGETS.items():
+            for part, names in LORA_PROJECTIONS.items():
                 sub = getattr(block, part)
                 for name in names:
                     lin: nnx.Linear = getattr(sub, name)

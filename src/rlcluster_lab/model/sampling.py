@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.gathering import host_values
 from rlcluster_lab.model.logps import (
     check_temperature,
     check_token_id,
@@ -29,7 +30,6 @@ from rlcluster_lab.model.logps import (
 )
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.model.transformer import init_cache
-from rlcluster_lab.multiprocess.gathering import host_values
 
 
 @dataclass(frozen=True)

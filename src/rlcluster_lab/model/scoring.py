@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlcluster_lab.model.init import _shardings, host_values, materialize
+from rlcluster_lab.model.init import _shardings, materialize
 from rlcluster_lab.model.logps import check_token_batch, check_token_id, model_vocab_size
 from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
+from rlcluster_lab.model.values import initial_values
 
 
 class ScoreModel(nnx.Module):
@@ -72,7 +73,9 @@ def init_score_model(
     """
     cfg = get_model_config(config) if isinstance(config, str) else config
     graphdef, abstract = _abstract_score(cfg)
-    return materialize(graphdef, abstract, host_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind))
+    return materialize(
+        graphdef, abstract, initial_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind)
+    )
 
 
 def completion_scores(

@@ -20,17 +20,6 @@ from rlcluster_lab.core.model_config import INT_FIELDS, MODEL_SIZES, ModelConfig
 
 __all__ = ["INT_FIELDS", "MODEL_SIZES", "ModelConfig", "get_model_config"]
 
-MESH_AXES: tuple[str, str] = ("fsdp", "tp")
-
-# Logical name -> mesh axis. Norm scales use None and stay replicated.
-DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
-    ("embed", "fsdp"),
-    ("vocab", "tp"),
-    ("q_heads", "tp"),
-    ("kv_heads", "tp"),
-    ("mlp", "tp"),
-)
-
 
 class KVCache(NamedTuple):
     """Keys and values of every layer: (num_layers, B, S, num_kv_heads, head_dim).

@@ -55,10 +55,10 @@ def run_scenario(
     import jax
     from flax import nnx
 
-    from rlcluster_lab.cluster.scenario import build_cluster
-    from rlcluster_lab.measure.report import placement_report
+    from rlcluster_lab.app.report import placement_report
+    from rlcluster_lab.app.scenario import build_cluster
+    from rlcluster_lab.core.gathering import exchange
     from rlcluster_lab.measure.sync import flat_leaves
-    from rlcluster_lab.multiprocess.gathering import exchange
     from rlcluster_lab.multiprocess.report import crossing_facts, merge_reports
 
     start = time.perf_counter()
@@ -114,7 +114,7 @@ def exercise_cluster(
     """
     import numpy as np
 
-    from rlcluster_lab.multiprocess.gathering import host_values
+    from rlcluster_lab.core.gathering import host_values
     from rlcluster_lab.training.step import TrainBatch
 
     start = time.perf_counter()
@@ -152,7 +152,7 @@ def after_sync(cluster: Any, checks: dict[str, Any], seconds: dict[str, float]) 
     """After the step and the sync: the rollout scores with the weights the actor trained to."""
     import numpy as np
 
-    from rlcluster_lab.multiprocess.gathering import host_values
+    from rlcluster_lab.core.gathering import host_values
 
     prompts = np.asarray(checks["prompts"], np.int32)
     tokens = np.asarray(checks["tokens"], np.int32)

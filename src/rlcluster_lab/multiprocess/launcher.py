@@ -342,6 +342,7 @@ def run_reports(
         ConfigError: a scenario or setting that cannot work.
     """
     from rlcluster_lab.core.options import Scenario
+    from rlcluster_lab.rules.validation import check_scenario
 
     settings = LaunchSettings(processes=processes, devices_per_process=devices_per_process, timeout_s=timeout)
     settings.check()
@@ -349,7 +350,7 @@ def run_reports(
     for s in scenarios:
         if not isinstance(s, Scenario):
             raise TypeError(f"run_reports takes Scenario objects, got {type(s).__name__}")
-        s.check(settings.processes * settings.devices_per_process)
+        check_scenario(s, settings.processes * settings.devices_per_process)
         if s.reshard == "minimal" and settings.processes > 1:
             raise ConfigError(
                 "the minimal reshard strategy copies one buffer at a time between devices, which JAX does only "

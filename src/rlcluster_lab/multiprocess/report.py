@@ -1,6 +1,6 @@
 """One placement report from several processes: what each host holds, and what crossed between hosts.
 
-Every process builds its own placement report (``measure.report``) from what
+Every process builds its own placement report (``app.report``) from what
 it can see: the decisions (the same everywhere, since every process runs the
 same construction), and the shards on its own devices (memory, L2) and the
 copies that landed on them (sync, L3). Process 0 gathers them and merges them
@@ -266,7 +266,7 @@ def minimum_crossing_elements(
     (start, stop) per dimension. Shards of one sharding are equal or disjoint, so the
     distinct boxes of a process do not overlap.
     """
-    from rlcluster_lab.placement.reshard import box_size, intersect_boxes
+    from rlcluster_lab.placement.boxes import box_size, intersect_boxes
 
     held: dict[int, set[Any]] = {}
     for proc, box in src_boxes:
@@ -299,7 +299,7 @@ def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sy
     import jax
     import numpy as np
 
-    from rlcluster_lab.placement.reshard import to_box
+    from rlcluster_lab.placement.boxes import to_box
 
     process_of = {int(d.id): int(d.process_index) for d in jax.devices()}
     across, within, pairs = process_split(((t.src_device, t.dst_device, t.nbytes) for t in sync.transfers), process_of)
@@ -328,7 +328,7 @@ def _global_minimum_cross_device(source: Mapping[str, Any], destination: Mapping
     """The sync report's ``minimum_cross_device_bytes`` over every device of every process."""
     import numpy as np
 
-    from rlcluster_lab.placement.reshard import minimum_cross_device_elements, to_box
+    from rlcluster_lab.placement.boxes import minimum_cross_device_elements, to_box
 
     total = 0
     for path, x in source.items():

@@ -2,30 +2,16 @@
 kinds (P14), the two reshard strategies (a compiled program, or the exact minimum), the bytes a
 compiled program moves, and the log every copy is recorded in (L3's evidence)."""
 
-from rlcluster_lab.placement.place import (
-    MEMORY_KINDS,
-    PlacementError,
-    array_leaves,
-    default_memory_kind,
-    move_model,
-    place_model,
-    put_on_memory_kind,
-    target_shardings,
-)
+from rlcluster_lab.placement.place import move_model, place_model, put_on_memory_kind
 
 # ``reshard`` names the module here; the function is ``placement.reshard.reshard``.
 from rlcluster_lab.placement.reshard import reshard_many, reshard_strategy, reshard_tree
 
 __all__ = [
-    "MEMORY_KINDS",
-    "PlacementError",
-    "array_leaves",
-    "default_memory_kind",
     "move_model",
     "place_model",
     "put_on_memory_kind",
     "reshard_many",
     "reshard_strategy",
     "reshard_tree",
-    "target_shardings",
 ]

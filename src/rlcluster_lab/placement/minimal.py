@@ -1,7 +1,7 @@
 """The ``minimal`` reshard strategy: every destination shard assembled on its own device.
 
 Each destination shard is built on its device from the pieces of source
-shards that overlap it (``reshard.plan_reshard``), preferring a copy already
+shards that overlap it (``boxes.plan_reshard``), preferring a copy already
 on that device, so only the bytes a device lacks cross devices: the least any
 reshard can move at slice granularity. The work of a whole tree is batched:
 one program per source device cuts and packs every piece that leaves it, one
@@ -27,8 +27,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from rlcluster_lab.core.compile_cache import count_compilations
-from rlcluster_lab.placement import reshard as _reshard
-from rlcluster_lab.placement.reshard import BlockPlan, box_size, to_box
+from rlcluster_lab.placement.boxes import BlockPlan, box_size, plan_reshard, to_box
 from rlcluster_lab.placement.transfers import Transfer, current_log
 
 # A local piece is cut from a source shard on the block's own device; a
@@ -71,7 +70,7 @@ def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -
         src_boxes = [(d.id, to_box(idx, shape)) for d, idx in src.devices_indices_map(shape).items()]
         dst_boxes = [(d.id, to_box(idx, shape)) for d, idx in dst.devices_indices_map(shape).items()]
         # Looked up on the module, so a test can swap in another planner.
-        plans.append(tuple(_reshard.plan_reshard(shape, src_boxes, dst_boxes)))
+        plans.append(tuple(plan_reshard(shape, src_boxes, dst_boxes)))
     packs: dict[tuple[int, int, Any], list[tuple[int, tuple[int, ...], tuple[int, ...]]]] = {}
     pack_fill: dict[tuple[int, int, Any], int] = {}
     per_device: dict[int, list[tuple[int, int, _Block]]] = {}

@@ -16,7 +16,7 @@ cluster sets it from ``ClusterConfig.reshard``):
 On the CPU backend ``jax.device_put`` between layouts gathers through host
 memory, which the weight sync's transfer guard (P13) forbids and which would
 not show what a real interconnect moves; both strategies avoid it on every
-platform. ``plan_reshard`` is the pure part (indices and devices only), so the
+platform. ``boxes.plan_reshard`` is the pure part (indices and devices only), so the
 same plan serves the minimal strategy, the minimum any reshard must move, and
 the planner. Every copy either strategy makes is recorded
 (``transfers.record_transfers``): the weight sync's report (L3) counts what
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -36,26 +35,21 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from rlcluster_lab.placement.transfers import (  # noqa: F401  (re-exported: the log lives beside the reshard)
-    Transfer,
-    TransferLog,
-    current_log,
-    leaf_label,
-    log_new_shards,
-    record_transfers,
-    shard_key,
-    shard_keys,
-)
+from rlcluster_lab.core.hosts import spans_processes
+from rlcluster_lab.core.options import RESHARD_STRATEGIES
+from rlcluster_lab.placement import minimal as reshard_minimal
+from rlcluster_lab.placement import xla as reshard_xla
+from rlcluster_lab.placement.boxes import relabel
+from rlcluster_lab.placement.transfers import Transfer, current_log, log_new_shards, shard_key, shard_keys
 
-STRATEGIES: tuple[str, ...] = ("xla", "minimal")
 _STRATEGY: contextvars.ContextVar[str] = contextvars.ContextVar("rlcluster_lab_reshard_strategy", default="xla")
 
 
 @contextlib.contextmanager
 def reshard_strategy(name: str) -> Iterator[None]:
     """Use strategy ``name`` (``xla`` or ``minimal``) for the layout changes made inside the block."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown reshard strategy {name!r}; use one of {', '.join(STRATEGIES)}")
+    if name not in RESHARD_STRATEGIES:
+        raise ValueError(f"unknown reshard strategy {name!r}; use one of {', '.join(RESHARD_STRATEGIES)}")
     token = _STRATEGY.set(name)
     try:
         yield
@@ -66,116 +60,6 @@ def reshard_strategy(name: str) -> Iterator[None]:
 def current_strategy() -> str:
     """The strategy layout changes use here (``xla`` unless a ``reshard_strategy`` block says otherwise)."""
     return _STRATEGY.get()
-
-
-Box = tuple[tuple[int, int], ...]  # (start, stop) per dimension
-
-
-@dataclasses.dataclass(frozen=True)
-class Piece:
-    """Part of one destination shard, cut from one source shard."""
-
-    src_device: int
-    src_box: Box  # the source shard's box in the global array
-    box: Box  # the piece's box in the global array
-
-    def size(self) -> int:
-        return box_size(self.box)
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockPlan:
-    """How one destination shard is made."""
-
-    device: int
-    box: Box
-    pieces: tuple[Piece, ...]
-
-    @property
-    def reuses_source_buffer(self) -> bool:
-        """The whole block is one source shard already on this device."""
-        return len(self.pieces) == 1 and self.pieces[0].src_device == self.device and self.pieces[0].src_box == self.box
-
-
-def minimum_cross_device_elements(
-    src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[tuple[int, Box]]
-) -> list[int]:
-    """Per destination shard: elements that no source shard on its own device holds.
-
-    Shards of one sharding are equal or disjoint, so a device's own source
-    shards are one box, and what it lacks is its destination box minus the
-    intersection with that box. This is the least any reshard must move.
-    """
-    local: dict[int, list[Box]] = {}
-    for dev, box in src_boxes:
-        local.setdefault(dev, []).append(box)
-    out = []
-    for dev, want in dst_boxes:
-        have = 0
-        for box in dict.fromkeys(local.get(dev, [])):
-            inter = intersect_boxes(box, want)
-            if inter is not None:
-                have += box_size(inter)
-        out.append(box_size(want) - have)
-    return out
-
-
-def shard_boxes(x: jax.Array) -> list[tuple[int, Box]]:
-    """(device id, box) of every addressable shard of ``x``."""
-    shape = tuple(x.shape)
-    return [(s.device.id, to_box(s.index, shape)) for s in x.addressable_shards]
-
-
-def to_box(index: Sequence[slice], shape: Sequence[int]) -> Box:
-    out = []
-    for sl, n in zip(index, shape):
-        start, stop, _ = sl.indices(n)
-        out.append((start, stop))
-    # Scalars and trailing unsharded dims.
-    for n in shape[len(out) :]:
-        out.append((0, n))
-    return tuple(out)
-
-
-def plan_reshard(
-    shape: Sequence[int],
-    src_boxes: Sequence[tuple[int, Box]],
-    dst_boxes: Sequence[tuple[int, Box]],
-) -> list[BlockPlan]:
-    """For each destination (device, box): the source pieces that fill it.
-
-    ``src_boxes`` lists every source shard as (device id, box); a box held by
-    several devices (replication) is a choice, and the destination device's
-    own copy is preferred, then the lowest device id.
-    """
-    holders: dict[Box, list[int]] = {}
-    for dev, box in src_boxes:
-        holders.setdefault(box, []).append(dev)
-    plans = []
-    for dev, want in dst_boxes:
-        pieces = []
-        for box, devs in holders.items():
-            inter = intersect_boxes(box, want)
-            if inter is None:
-                continue
-            src = dev if dev in devs else min(devs)
-            pieces.append(Piece(src_device=src, src_box=box, box=inter))
-        covered = sum(p.size() for p in pieces)
-        if covered != box_size(want):
-            raise ValueError(
-                f"source shards cover {covered} of the {box_size(want)} elements of destination "
-                f"box {want}; the source sharding does not tile the array"
-            )
-        plans.append(BlockPlan(device=dev, box=want, pieces=tuple(pieces)))
-    return plans
-
-
-def array_plan(x: jax.Array, dst: Sharding) -> list[BlockPlan]:
-    shape = tuple(x.shape)
-    src = shard_boxes(x)
-    dst_map = dst.addressable_devices_indices_map(shape)
-    dst_boxes = [(d.id, to_box(idx, shape)) for d, idx in dst_map.items()]
-    return plan_reshard(shape, src, dst_boxes)
 
 
 def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False) -> jax.Array:
@@ -292,9 +176,6 @@ def _change_layout(
     xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]
 ) -> list[tuple[jax.Array, set[int]]]:
     """Layout changes in device memory, by the current strategy; (array, devices with new buffers)."""
-    from rlcluster_lab.placement import minimal as reshard_minimal
-    from rlcluster_lab.placement import xla as reshard_xla
-
     log = current_log()
     strategy = current_strategy()
     results: list[tuple[jax.Array, set[int]] | None] = [None] * len(xs)
@@ -320,16 +201,9 @@ def _change_layout(
     return results  # type: ignore[return-value]
 
 
-def relabel(x: jax.Array, dst: Sharding) -> jax.Array:
-    """``x``'s own shards as an array on ``dst``, an equivalent sharding (nothing is copied)."""
-    return jax.make_array_from_single_device_arrays(x.shape, dst, [s.data for s in x.addressable_shards], dtype=x.dtype)
-
-
 def _refuse_minimal_across_processes(xs: list[jax.Array], dsts: list[Sharding]) -> None:
     """multi-process: the minimal strategy copies single buffers between devices, which JAX does
     only within a process."""
-    from rlcluster_lab.multiprocess.hosts import spans_processes
-
     if jax.process_count() == 1:
         return
     if any(spans_processes(set(x.sharding.device_set) | set(d.device_set)) for x, d in zip(xs, dsts)):
@@ -376,22 +250,6 @@ def _cast_program(dtypes: tuple[str, ...]) -> Any:
     return cast
 
 
-def clear_programs() -> None:
-    """Forget the compiled copy programs of both strategies (the next reshard builds them again).
-
-    Programs are bounded caches already; this is for a caller that wants
-    their memory back at once (or a test that swaps the planner).
-    """
-    from rlcluster_lab.placement import minimal as reshard_minimal
-    from rlcluster_lab.placement import xla as reshard_xla
-
-    reshard_minimal.clear()
-    reshard_xla.clear()
-    from rlcluster_lab.multiprocess import crossing  # multi-process: the programs that cross processes
-
-    crossing.clear()
-
-
 def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | None) -> None:
     """A cast made new buffers out of ``before`` (a reshard of ``src``): log the shards that
     were still ``src``'s own buffers, which the cast turned into same-device copies."""
@@ -416,21 +274,3 @@ def _log_carried(src: jax.Array, out: jax.Array, produced: set[int], label: str 
 
 def _put(xs: list[Any], dsts: list[Any]) -> list[Any]:
     return list(jax.device_put(xs, dsts)) if xs else []
-
-
-def intersect_boxes(a: Box, b: Box) -> Box | None:
-    """The box two boxes have in common, or None when they do not meet."""
-    out = []
-    for (a0, a1), (b0, b1) in zip(a, b):
-        lo, hi = max(a0, b0), min(a1, b1)
-        if lo >= hi:
-            return None
-        out.append((lo, hi))
-    return tuple(out)
-
-
-def box_size(box: Box) -> int:
-    n = 1
-    for a, b in box:
-        n *= b - a
-    return n

@@ -39,8 +39,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 
 from rlcluster_lab.core.compile_cache import count_compilations
-from rlcluster_lab.multiprocess.hosts import crosses_processes, foreign_device_ids, spans_processes
-from rlcluster_lab.placement.reshard import relabel, to_box
+from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
+from rlcluster_lab.placement.boxes import relabel, to_box
+from rlcluster_lab.placement.crossing import move_across
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
 from rlcluster_lab.placement.transfers import Transfer, current_log, not_recorded, record_transfers
 from rlcluster_lab.placement.xla_analysis import Provenance, identity, probe_provenance, read_analysis, write_analysis
@@ -294,8 +295,6 @@ def _run_then_move(
     if not set(src_a) & set(dst_a):
         if crosses_processes(src_a, dst_a):
             # multi-process: whole shards cross into another process in one compiled program.
-            from rlcluster_lab.multiprocess.crossing import move_across
-
             return move_across(idx, xs, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
         return _move_whole(idx, xs, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
     if crosses_processes(src_a, dst_a):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from rlcluster_lab.placement.reshard import minimum_cross_device_elements
+from rlcluster_lab.placement.boxes import minimum_cross_device_elements
 from rlcluster_lab.planner.shapes import AbstractLeaf, PlannedMesh, shard_boxes, shard_elements
 
 
@@ -57,8 +57,8 @@ def overlap(
     """Per destination shard (mesh order): is it exactly the source shard on its
     device, and how many of its elements no source shard on its device holds.
 
-    The second is ``reshard.minimum_cross_device_elements``, the function the
-    measured sync uses. The first is what ``reshard.plan_reshard`` calls
+    The second is ``boxes.minimum_cross_device_elements``, the function the
+    measured sync uses. The first is what ``boxes.plan_reshard`` calls
     ``reuses_source_buffer`` (shards of one sharding are equal or disjoint, so
     a block that is one source shard on its own device is exactly that
     device's source box); it is read off each device's own box because
@@ -90,7 +90,7 @@ def host_overlap(
     others copy it from there within the host, so theirs count as within-host moves.
 
     ``hosts``: (device id, host index) pairs. The same count as ``overlap``'s second
-    figure with every device named by its host (``reshard.minimum_cross_device_elements``):
+    figure with every device named by its host (``boxes.minimum_cross_device_elements``):
     a host's distinct source shards are disjoint, so what it has of a box is the sum of
     their intersections with it.
     """

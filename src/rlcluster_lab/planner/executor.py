@@ -20,10 +20,10 @@ from jax.sharding import PartitionSpec
 from rlcluster_lab.cluster.construct import LoadFacts
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.shardings import check_spec
 from rlcluster_lab.engines import ENGINES, OwnCopyEngine, VllmStyleEngine
 from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.model import ModelConfig
-from rlcluster_lab.placement.place import check_spec
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray
 from rlcluster_lab.planner.shapes import AbstractLeaf, PlannedMesh, abstract_leaves, optimizer_slots
 
@@ -228,7 +228,7 @@ def given_models(
     with_critic: bool,
     default_rules: Rules,
 ) -> dict[str, PlannedModel]:
-    """The models ``cluster.scenario.build_models`` hands the cluster, on paper.
+    """The models ``app.scenario.build_models`` hands the cluster, on paper.
 
     The reference is created on its mesh with the model family's default
     rules; the actor is a copy of it, or LoRA adapters built over its buffers

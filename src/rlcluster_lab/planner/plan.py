@@ -56,7 +56,7 @@ never for an engine that owns its weights, nor with a dtype cast); else the
 elements of B inside the source shard on d are *copied_same_device* and the
 rest *moved_cross_device* (a plan moves no more than the placement forces);
 minimum_cross_device = |B| - |B & local source box|
-(``reshard.minimum_cross_device_elements``, 0 when reused). Bytes are
+(``boxes.minimum_cross_device_elements``, 0 when reused). Bytes are
 counted in the source dtype; synced is the sum over destination shards, so
 synced = moved + copied + reused for every leaf. (Decided here: a shard
 that is the local source shard but lands in a new buffer, because the
@@ -107,11 +107,11 @@ import optax
 
 from rlcluster_lab.cluster.construct import Request, construct
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.meshes import LAYOUTS, describe_mesh, layout_meshes
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, LAYOUTS, describe_mesh, layout_meshes
 from rlcluster_lab.core.options import ANCHOR_MODES, ENGINES, RESHARD_STRATEGIES, check_tensor_parallel_size, dtype_name
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
-from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, ModelConfig
+from rlcluster_lab.model import ModelConfig
 from rlcluster_lab.planner.accounting import SOURCE, UNITS, fits_summary, memory_summary, sync_summary
 from rlcluster_lab.planner.budget import (
     DeviceBudget,

@@ -23,10 +23,11 @@ from flax import nnx
 from flax.traverse_util import flatten_dict
 from jax.sharding import PartitionSpec
 
-from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, ModelConfig, abstract_model
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
+from rlcluster_lab.core.shardings import resolve_specs
+from rlcluster_lab.model import ModelConfig, abstract_model
 from rlcluster_lab.model.scoring import abstract_score_model
-from rlcluster_lab.placement.place import resolve_specs
-from rlcluster_lab.placement.reshard import Box
+from rlcluster_lab.placement.boxes import Box
 
 Path = tuple[Any, ...]
 

@@ -29,8 +29,8 @@ from typing import Any
 from flax import nnx
 
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.roles import Role
-from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 
 # What Tunix's vanilla engine reads from ``model.config`` to size its KV cache.

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlcluster_lab.cluster.scenario import build_models, validate
+from rlcluster_lab.app.scenario import build_models, validate
 from rlcluster_lab.core.config import TrainingConfig
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import Scenario

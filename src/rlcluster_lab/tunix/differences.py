@@ -20,7 +20,7 @@ from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.meshes import layout_meshes
 from rlcluster_lab.core.options import RolloutConfig, Scenario
 from rlcluster_lab.core.roles import Role
-from rlcluster_lab.placement.place import array_leaves
+from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.tunix.extra import require
 
 
@@ -175,7 +175,7 @@ def _vllm_version_default(tunix: Any) -> DifferenceCheck:
 
 
 def _missing_role_meshes(tunix: Any) -> DifferenceCheck:
-    from rlcluster_lab.cluster.scenario import build_models
+    from rlcluster_lab.app.scenario import build_models
     from rlcluster_lab.tunix.adapters import TunixTokenizer, lab_axis_rules
     from rlcluster_lab.tunix.build import tunix_config
 

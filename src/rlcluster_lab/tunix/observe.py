@@ -20,10 +20,10 @@ from flax import nnx
 
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.shardings import array_leaves, memory_kinds
 from rlcluster_lab.measure.sync import flat_leaves
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.buffers import sharing_backbone, state_bytes
-from rlcluster_lab.placement.place import array_leaves, memory_kinds
 from rlcluster_lab.placement.transfers import shard_keys
 from rlcluster_lab.rules.anchor import AnchorBranch
 from rlcluster_lab.rules.loading import LoadBranch, OffloadBranch

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.options import RolloutConfig
 from rlcluster_lab.engines.own_copy import VllmStyleEngine
-from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.tunix.extra import require
 

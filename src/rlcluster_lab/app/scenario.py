@@ -15,14 +15,20 @@ import jax
 from flax import nnx
 
 from rlcluster_lab.cluster import RLCluster
-from rlcluster_lab.core.compile_cache import trim_compiled_programs
 from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
-from rlcluster_lab.core.meshes import layout_meshes
+from rlcluster_lab.core.limits import check_fits, limit_bytes
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, layout_meshes
 from rlcluster_lab.core.options import DTYPES, Scenario
 from rlcluster_lab.core.roles import Role
-from rlcluster_lab.model import DEFAULT_LOGICAL_AXIS_RULES, get_model_config, init_model, with_lora
+from rlcluster_lab.core.shardings import check_spec
+from rlcluster_lab.model import get_model_config, init_model, with_lora
 from rlcluster_lab.model.scoring import init_score_model
 from rlcluster_lab.placement.place import place_model
+from rlcluster_lab.placement.programs import trim_compiled_programs
+from rlcluster_lab.planner.plan import plan_scenario
+from rlcluster_lab.planner.shapes import abstract_leaves
+from rlcluster_lab.planner.tables import Topology
+from rlcluster_lab.rules.validation import check_scenario
 
 ROLLOUT_DTYPES = DTYPES
 
@@ -82,10 +88,7 @@ def validate(
     Raises:
         ConfigError, ValueError: what cannot work, and how to fix it.
     """
-    from rlcluster_lab.placement.place import check_spec
-    from rlcluster_lab.planner.shapes import abstract_leaves
-
-    scenario.check()
+    check_scenario(scenario)
     r2m = dict(role_to_mesh) if role_to_mesh is not None else layout_meshes(scenario.layout, devices)
     config = cluster_config(scenario, r2m, training_config)
     size = get_model_config(scenario.model_size)
@@ -105,7 +108,7 @@ def validate(
 # reference, rollout copy, anchor, the actor's adam moments (2), reward, critic, the
 # critic's adam moments (2), and one spare.
 _MAX_COPIES = 12
-# NumPy draws every initial value in float32 (``model.init.host_values``).
+# NumPy draws every initial value in float32 (``model.values.initial_values``).
 _DRAW_ITEMSIZE = 4
 
 
@@ -124,8 +127,6 @@ def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
         TooLargeError: the estimate exceeds ``core.limits.limit_bytes()``; the message
             gives both figures and how to ask for less.
     """
-    from rlcluster_lab.core.limits import check_fits, limit_bytes
-
     size = get_model_config(scenario.model_size)
     params = size.num_params + (size.lora_params(scenario.lora_rank) if scenario.lora else 0)
     draw = size.num_params * _DRAW_ITEMSIZE
@@ -134,9 +135,6 @@ def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
     bound = _MAX_COPIES * params * _DRAW_ITEMSIZE * len(devices) + draw + (1 << 20)
     if bound <= limit_bytes():
         return
-    from rlcluster_lab.planner.plan import plan_scenario
-    from rlcluster_lab.planner.tables import Topology
-
     training = config.training_config
     here = Topology(
         name="local",
@@ -192,8 +190,6 @@ def check_rollout_fits(scenario: Scenario, rows: int, what: str = "", fix: str =
     Raises:
         TooLargeError: ``rollout_bytes`` exceeds ``core.limits.limit_bytes()``; nothing was allocated.
     """
-    from rlcluster_lab.core.limits import check_fits
-
     check_fits(
         rollout_bytes(scenario, rows),
         what or f"a rollout of {rows:,} completions with the {scenario.model_size} model",

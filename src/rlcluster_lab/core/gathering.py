@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlcluster_lab.multiprocess.hosts import processes_of
+from rlcluster_lab.core.hosts import processes_of
 
 # How long a process waits for another's fact before giving up: a peer that never arrives has
 # failed or taken another path; the error ends the run instead of a silent wait.

@@ -41,7 +41,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from rlcluster_lab.core.compile_cache import count_compilations
-from rlcluster_lab.placement.reshard import to_box
+from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
 from rlcluster_lab.placement.transfers import Transfer
 

@@ -1,0 +1,75 @@
+"""The CLI's readable text: a placement report's JSON (with its memory and sync) as lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_report(data: dict[str, Any]) -> str:
+    """A readable summary of a placement report's JSON."""
+    lines = [
+        f"platform {data['platform']} with {data['device_count']} device(s); engine {data['engine']}"
+        f"{'; LoRA actor' if data['lora'] else ''}{'; offload to pinned host' if data['offload_to_cpu'] else ''}"
+    ]
+    lines.append("meshes after construction:")
+    for role, mesh in data["role_to_mesh"].items():
+        shape = "x".join(f"{k}={v}" for k, v in mesh["shape"].items())
+        lines.append(f"  {role:<9} {shape:<14} devices {mesh['device_ids']}")
+    if data["mesh_overridden_by_engine"]:
+        lines.append("  (the engine replaced the rollout mesh; the sharing map was built from the config's meshes)")
+    lines.append("sharing map:")
+    for role, others in data["sharing_map"].items():
+        lines.append(f"  {role:<9} -> {', '.join(others) if others else '(none)'}")
+    lines.append(f"rollout branch (P3): {data['rollout_branch']}")
+    lines.append(f"rollout samples with the actor's own buffers: {data['rollout_shares_actor_weights']}")
+    lines.append(f"reference shares the actor's frozen backbone: {data['reference_shares_backbone']}")
+    anchor = data["anchor"]
+    lines.append(f"anchor (P8, mode {anchor['mode']}): {anchor['bytes']:,} bytes pinned in {anchor['memory_kind']}")
+    lines.extend(format_memory(data["memory"]))
+    if data.get("sync"):
+        lines.extend(format_sync(data["sync"]))
+    for w in data["warnings"]:
+        lines.append(f"warning: {w}")
+    lines.append("decisions:")
+    for d in data["decisions"]:
+        lines.append(f"  {d['rule']:>4}  {d['test']}")
+        lines.append(f"        -> {d['outcome']}")
+    return "\n".join(lines)
+
+
+def format_memory(memory: dict[str, Any]) -> list[str]:
+    """Memory per role (L2) as lines of text."""
+    lines = [f"memory (L2, measured; {memory['units']}):"]
+    for role, r in memory["by_role"].items():
+        kinds = ", ".join(f"{k} {v:,}" for k, v in r["by_kind"].items())
+        lines.append(f"  {role:<16} {r['bytes']:>14,}  ({kinds})")
+    for g in memory["shared"]:
+        lines.append(
+            f"  shared by {' + '.join(g['roles'])}: {g['bytes']:,} bytes in {g['buffers']} buffers (counted once)"
+        )
+    lines.append(
+        f"  unique {memory['unique_bytes']:,} bytes; naive (every role its own copy) {memory['naive_bytes']:,}"
+    )
+    alloc = memory["allocator"]
+    lines.append(f"  allocator: {'see JSON' if alloc['available'] else alloc['note']}")
+    return lines
+
+
+def format_sync(sync: dict[str, Any]) -> list[str]:
+    """One weight sync (L3) as lines of text."""
+    return [
+        f"sync (L3, {sync['method']}; physical bytes):",
+        f"  synced {sync['synced_bytes']:,} = moved across devices {sync['moved_cross_device_bytes']:,}"
+        f" + copied within a device {sync['copied_same_device_bytes']:,} + reused {sync['reused_bytes']:,}",
+        f"  minimum across devices {sync['minimum_cross_device_bytes']:,}; logical (each leaf once)"
+        f" {sync['synced_logical_bytes']:,}",
+        f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
+        f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms"
+        + (
+            " (the handover includes compiling its copy programs: first sync of these shardings)"
+            if sync.get("includes_compilation")
+            else " (the handover includes reading its copy programs from the compilation cache)"
+            if sync.get("includes_program_load")
+            else ""
+        ),
+    ]

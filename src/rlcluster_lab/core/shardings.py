@@ -1,0 +1,127 @@
+"""Shardings of a model on a mesh: which devices and memory kind each leaf belongs in.
+
+Partition specs come from the model's own logical axis names, mapped onto mesh
+axes by the role's logical axis rules. A leaf without a spec is replicated.
+These are facts about arrays and meshes (nothing is moved here): the model
+package reads them to put fresh values straight where they belong, and
+``placement`` reads them to move existing models (P5, P14).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rlcluster_lab.core.meshes import MESH_AXES
+
+MEMORY_KINDS: tuple[str, ...] = ("device", "pinned_host")  # where the lab places arrays
+
+
+class PlacementError(ValueError):
+    """A model cannot be placed on a mesh as asked; the message names the fix."""
+
+
+def default_memory_kind(where: Any = None) -> str:
+    """The default memory kind of the devices ``where`` names (a mesh, an array, a sharding,
+    a device); of JAX's default device when None. Read from the devices themselves, so a
+    mesh of CPU devices beside an accelerator gets the CPU's kind."""
+    return _first_device(where).default_memory().kind
+
+
+def _first_device(where: Any) -> Any:
+    if where is None:
+        return jax.devices()[0]
+    if isinstance(where, Mesh):
+        return where.devices.flat[0]
+    if isinstance(where, jax.Array):
+        where = where.sharding
+    if hasattr(where, "device_set"):
+        return min(where.device_set, key=lambda d: d.id)
+    if hasattr(where, "default_memory"):
+        return where
+    leaves = array_leaves(where)
+    if leaves:
+        return _first_device(leaves[0])
+    return jax.devices()[0]
+
+
+def array_leaves(tree: Any) -> list[jax.Array]:
+    return [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+
+
+def state_meshes(tree: Any) -> set[Mesh]:
+    """The meshes the NamedSharding leaves of ``tree`` live on."""
+    return {x.sharding.mesh for x in array_leaves(tree) if isinstance(x.sharding, NamedSharding)}
+
+
+def all_on_mesh(tree: Any, mesh: Mesh) -> bool:
+    leaves = array_leaves(tree)
+    return bool(leaves) and all(isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh for x in leaves)
+
+
+def is_on_device(tree: Any) -> bool:
+    """True when any leaf sits in its devices' default memory (the reference's test, kept as is)."""
+    return any(x.sharding.memory_kind == default_memory_kind(x) for x in array_leaves(tree))
+
+
+def memory_kinds(tree: Any) -> list[str]:
+    return sorted({str(x.sharding.memory_kind) for x in array_leaves(tree)})
+
+
+def resolve_specs(state: Any, rules: Iterable[tuple[str, Any]] | None) -> Any:
+    """Map the state's logical partition specs onto mesh axes with ``rules``."""
+    if rules is None:
+        return nnx.get_partition_spec(state)
+    with nnx.logical_axis_rules(list(rules)):
+        return nnx.get_partition_spec(state)
+
+
+def target_shardings(
+    state: Any,
+    mesh: Mesh,
+    rules: Iterable[tuple[str, Any]] | None,
+    memory_kind: str,
+    *,
+    role: str = "model",
+) -> Any:
+    """NamedShardings for every leaf of ``state`` on ``mesh``, checked against its shapes."""
+    specs = resolve_specs(state, rules)
+    values = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
+    spec_values = nnx.to_pure_dict(specs) if isinstance(specs, nnx.State) else specs
+
+    def one(x: Any, spec: Any) -> NamedSharding:
+        spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
+        check_spec(spec, getattr(x, "shape", ()), mesh, role)
+        return NamedSharding(mesh, spec, memory_kind=memory_kind)
+
+    shardings = jax.tree.map(one, values, spec_values, is_leaf=lambda s: s is None or isinstance(s, PartitionSpec))
+    return shardings
+
+
+def check_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh, role: str) -> None:
+    """A spec may name only the mesh's axes, and each sharded dimension must divide evenly."""
+    for dim, entry in enumerate(spec):
+        if entry is None:
+            continue
+        names = entry if isinstance(entry, tuple) else (entry,)
+        missing = [n for n in names if n not in mesh.axis_names]
+        if missing:
+            raise PlacementError(
+                f"the {role} model's partition spec {spec} uses axis name(s) {missing} that the "
+                f"{role} mesh does not have (its axes: {tuple(mesh.axis_names)}). Build the mesh with "
+                f"axis names {MESH_AXES} (rlcluster_lab.make_mesh), or map the model's logical "
+                f"axes onto this mesh's names with TrainingConfig.role_to_logical_axis_rule."
+            )
+        size = 1
+        for n in names:
+            size *= int(mesh.shape[n])
+        if dim < len(shape) and shape[dim] % size:
+            raise PlacementError(
+                f"the {role} model has a dimension of size {shape[dim]} sharded over mesh axes "
+                f"{names} of total size {size}, which does not divide it. Pick a mesh shape whose "
+                f"{names} size divides {shape[dim]}, or a model size whose dimensions do."
+            )
