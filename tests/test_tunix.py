@@ -19,7 +19,10 @@ from flax import nnx
 from rlcluster_lab import Scenario
 from rlcluster_lab import tunix as rt
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.boxes import shard_boxes
+from rlcluster_lab.tunix import differences, extra
+from rlcluster_lab.tunix import sync as tunix_sync
 
 # Tunix's trainer enters its meshes with `with mesh:`, which this JAX deprecates; the warning is Tunix's.
 pytestmark = pytest.mark.filterwarnings("ignore:.*with mesh.*context manager has been deprecated:DeprecationWarning")
@@ -75,7 +78,7 @@ def test_importing_the_lab_never_imports_tunix():
 
 
 def test_a_missing_tunix_says_how_to_install_the_extra(monkeypatch):
-    monkeypatch.setattr(rt.extra, "available", lambda: False)
+    monkeypatch.setattr(extra, "available", lambda: False)
     with pytest.raises(rt.TunixMissingError, match=r'pip install -e "\.\[tunix\]"'):
         rt.require("this test")
     with pytest.raises(rt.TunixMissingError, match="building Tunix's RLCluster"):
@@ -172,12 +175,12 @@ def test_p4_p5_p14_offload_decisions_equal_and_differences_documented(compared):
 @needs_tunix
 def test_every_documented_scenario_difference_is_observed_in_some_scenario(compared):
     observed = {d.id for s in [*SCENARIOS, OFFLOAD] for d in compared(s).differences if d.observed}
-    expected = {d.id for d in rt.differences.SCENARIO_DIFFERENCES}
+    expected = {d.id for d in differences.SCENARIO_DIFFERENCES}
     assert observed == expected
 
 
 @needs_tunix
-@pytest.mark.parametrize("check", rt.DIFFERENCES[len(rt.differences.SCENARIO_DIFFERENCES) :])
+@pytest.mark.parametrize("check", rt.DIFFERENCES[len(differences.SCENARIO_DIFFERENCES) :])
 def test_documented_config_difference_is_observed(check):
     results = {d.id: d for d in rt.config_differences()}
     assert results[check].observed, results[check]
@@ -189,7 +192,7 @@ def test_documented_config_difference_is_observed(check):
 def _layout_changes(cluster) -> bool:
     """Whether some synced leaf's shards hold other boxes, mesh position by mesh position."""
     actor = cluster.actor_trainer.model
-    kind = nnx.LoRAParam if rt.report.is_lora(actor) else nnx.Param
+    kind = nnx.LoRAParam if is_lora(actor) else nnx.Param
     src = nnx.to_flat_state(nnx.state(actor, kind))
     dst = dict(nnx.to_flat_state(nnx.state(cluster.rollout.model(), kind)))
     for path, var in src:
@@ -226,7 +229,7 @@ def test_p13_a_refused_tunix_sync_changes_nothing(compared):
 @needs_tunix
 def test_p13_reshaped_full_parameter_sync_is_refused_by_the_guard(compared):
     sync = compared(Scenario(layout="reshaped")).tunix_sync
-    assert sync.outcome == rt.sync.REFUSED
+    assert sync.outcome == tunix_sync.REFUSED
     assert "disallowed" in sync.guard
 
 

@@ -20,45 +20,49 @@ this package.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
-_EXPORTS: dict[str, str] = {
-    "DIFFERENCES": "rlcluster_lab.tunix.differences",
-    "DifferenceCheck": "rlcluster_lab.tunix.differences",
-    "ENGINES": "rlcluster_lab.tunix.build",
-    "Given": "rlcluster_lab.tunix.build",
-    "INSTALL_HINT": "rlcluster_lab.tunix.extra",
-    "PINNED_VERSION": "rlcluster_lab.tunix.extra",
-    "Row": "rlcluster_lab.tunix.compare",
-    "SideBySide": "rlcluster_lab.tunix.compare",
-    "TunixBuild": "rlcluster_lab.tunix.build",
-    "TunixMissingError": "rlcluster_lab.tunix.extra",
-    "TunixReport": "rlcluster_lab.tunix.report",
-    "TunixSync": "rlcluster_lab.tunix.sync",
-    "available": "rlcluster_lab.tunix.extra",
-    "build_tunix_cluster": "rlcluster_lab.tunix.build",
-    "config_differences": "rlcluster_lab.tunix.differences",
-    "inspect": "rlcluster_lab.tunix.report",
-    "installed_version": "rlcluster_lab.tunix.extra",
-    "require": "rlcluster_lab.tunix.extra",
-    "side_by_side": "rlcluster_lab.tunix.compare",
-}
-_SUBMODULES = ("adapters", "build", "compare", "differences", "extra", "observe", "report", "standin", "sync")
+from rlcluster_lab.core.exports import lazy_exports
 
-__all__ = sorted(_EXPORTS)
+if TYPE_CHECKING:
+    from rlcluster_lab.tunix.build import ENGINES, Given, TunixBuild, build_tunix_cluster
+    from rlcluster_lab.tunix.compare import Row, SideBySide, side_by_side
+    from rlcluster_lab.tunix.differences import DIFFERENCES, DifferenceCheck, config_differences
+    from rlcluster_lab.tunix.extra import (
+        INSTALL_HINT,
+        PINNED_VERSION,
+        TunixMissingError,
+        available,
+        installed_version,
+        require,
+        version_note,
+    )
+    from rlcluster_lab.tunix.report import TunixReport, inspect
+    from rlcluster_lab.tunix.sync import TunixSync
 
+__all__ = [
+    "DIFFERENCES",
+    "DifferenceCheck",
+    "ENGINES",
+    "Given",
+    "INSTALL_HINT",
+    "PINNED_VERSION",
+    "Row",
+    "SideBySide",
+    "TunixBuild",
+    "TunixMissingError",
+    "TunixReport",
+    "TunixSync",
+    "available",
+    "build_tunix_cluster",
+    "config_differences",
+    "inspect",
+    "installed_version",
+    "require",
+    "side_by_side",
+    "version_note",
+]
 
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
+# Hidden from type checkers, so that they flag a name that is not imported above.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)
