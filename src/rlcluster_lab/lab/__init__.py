@@ -1,5 +1,7 @@
 """The notebook side: the set-up every notebook runs first, the notebooks' experiments, the
-figures (matplotlib for the notebooks, SVG panels for the lab), and the widget lab itself.
+figures (each defined once: the report's figures in SVG, shown by the notebooks and the
+widget lab; the notebooks' charts of steps, plans and shards in matplotlib), and the widget
+lab itself.
 
 ``from rlcluster_lab.lab import PlacementLab`` gives the lab.
 """

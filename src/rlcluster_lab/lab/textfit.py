@@ -37,14 +37,14 @@ def clip(text: str, width: float, size: float = 12.0, bold: bool = False) -> str
     return text.rstrip() + "\u2026"
 
 
-def wrap(text: str, width: float, size: float = 12.0, lines: int = 3) -> list[str]:
+def wrap(text: str, width: float, size: float = 12.0, lines: int = 3, bold: bool = False) -> list[str]:
     """``text`` broken at spaces into lines that fit ``width``, at most ``lines`` of them
     (the last one clipped with an ellipsis if the text is longer still)."""
     out: list[str] = []
     line = ""
     for word in text.split():
         candidate = f"{line} {word}" if line else word
-        if line and text_width(candidate, size) > width:
+        if line and text_width(candidate, size, bold) > width:
             out.append(line)
             line = word
         else:
@@ -52,5 +52,5 @@ def wrap(text: str, width: float, size: float = 12.0, lines: int = 3) -> list[st
     if line:
         out.append(line)
     if len(out) > lines:
-        out = out[: lines - 1] + [clip(" ".join(out[lines - 1 :]), width, size)]
-    return [clip(o, width, size) for o in out]
+        out = out[: lines - 1] + [clip(" ".join(out[lines - 1 :]), width, size, bold)]
+    return [clip(o, width, size, bold) for o in out]
