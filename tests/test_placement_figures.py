@@ -4,6 +4,8 @@ role computes with the actor's buffers."""
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
+
 import pytest
 from legibility import svg_problems
 from stored_reports import PLACEMENTS, elements, is_hatched, stored, svg_text
@@ -230,6 +232,14 @@ def test_every_placement_figure_is_legible_at_the_width_it_is_shown(name):
     assert "pt on screen" in " ".join(svg_problems(decision_flow(report), 600))
 
 
-def test_an_svg_figure_displays_itself_in_a_notebook():
+def test_an_svg_figure_displays_itself_in_a_notebook_with_a_one_line_text_form():
+    from IPython.core.formatters import DisplayFormatter
+
     svg = decision_flow(stored("split"))
-    assert svg._repr_svg_().startswith("<svg") and svg._repr_svg_() == str(svg)
+    data, _ = DisplayFormatter().format(svg)
+    assert data["image/svg+xml"] == str(svg) and str(svg).startswith("<svg")
+    assert data["text/plain"] == f"<SVG figure, 760 x {elements_height(svg)} px>"
+
+
+def elements_height(svg: str) -> str:
+    return ET.fromstring(svg).get("height")

@@ -5,7 +5,9 @@ widget lab show as a figure."""
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
+from typing import Any
 
 from rlcluster_lab.lab.textfit import text_width
 
@@ -31,6 +33,11 @@ class Svg(str):
 
     def _repr_svg_(self) -> str:
         return str(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # A notebook stores this as the figure's text/plain beside the SVG: one line, not the markup again.
+        size = re.search(r'width="([\d.]+)" height="([\d.]+)"', self)
+        printer.text(f"<SVG figure, {size.group(1)} x {size.group(2)} px>" if size else "<SVG figure>")
 
 
 class Canvas:

@@ -1,5 +1,5 @@
 """How wide a line of text is in DejaVu Sans (the font of the matplotlib figures and the first
-font of the SVG panels), and text cut or wrapped to a width: what keeps labels inside their
+font of the SVG figures), and text cut or wrapped to a width: what keeps labels inside their
 boxes in both kinds of figure. Widths come in the unit of the size: px for px, pt for pt."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 
 def text_width(text: str, size: float, bold: bool = False) -> float:
     """How wide ``text`` is at font size ``size`` in DejaVu Sans, in the unit of ``size`` (summed
-    glyph advances, no kerning; Helvetica and Arial, the SVG panels' fallbacks, are narrower)."""
+    glyph advances, no kerning; Helvetica and Arial, the SVG figures' fallbacks, are narrower)."""
     em = _advances(bold)
     return size * sum(em.get(ch, 0.7) for ch in text)
 
