@@ -1,6 +1,7 @@
 """The notebook side: the set-up every notebook runs first, the notebooks' experiments, the
-figures (matplotlib for the notebooks, SVG panels for the lab), the rule code shown beside a
-decision, and the widget lab itself.
+figures (each defined once: the report's figures in SVG, shown by the notebooks and the
+widget lab; the notebooks' charts of steps, plans and shards in matplotlib), and the widget
+lab itself, and the rule code shown beside a decision.
 
 ``from rlcluster_lab.lab import PlacementLab`` gives the lab; ``rlcluster_lab.setup()``
 (``lab.setup.setup``) sets a notebook up and returns its ``LabDevices``. The names are

@@ -1,7 +1,7 @@
 """The decision flow as rows (L1): per decision, the question, its answers and the one that
 fired, read from the typed branch each rule recorded, in the order the cluster took them, and
-the links from a decision to the ones that read its result. Both the matplotlib figure and the
-SVG panel draw these rows and links."""
+the links from a decision to the ones that read its result: what ``placement_figures.decision_flow``
+draws."""
 
 from __future__ import annotations
 
