@@ -30,7 +30,7 @@ rule(
 rule(
     "L1",
     "the decision trace",
-    tests=("tests/test_cluster_rules.py", "tests/test_viz.py", "tests/test_panels.py::test_l1_*"),
+    tests=("tests/test_cluster_rules.py", "tests/test_placement_figures.py::test_l1_*"),
     note="Every rule function above returns a `Decision` (rule id, typed branch, the values it read, "
     "a one-line outcome); the cluster and the planner append each one to their `Trace` "
     "(`core.trace`) in the order taken, and the figures draw the branch.",
