@@ -69,8 +69,8 @@ def temperature_rule(allow_zero: bool = True) -> str:
     """What a temperature must be, as the refusals say it."""
     low = ">= 0 (0 = greedy)" if allow_zero else "> 0"
     return (
-        f"must be {low} and finite, and at least {MIN_TEMPERATURE:g} when not 0 (below that, logits / "
-        "temperature overflow float32 and every log-prob is NaN)"
+        f"must be {low}, at least {MIN_TEMPERATURE:g} when not 0 (below that, logits / temperature overflow "
+        "float32 and every log-prob is NaN), and finite"
     )
 
 
