@@ -66,7 +66,7 @@ class LearnerConfig:
         if self.prompts_per_step < 1 or self.group_size < 2:
             raise ConfigError(
                 "prompts_per_step must be >= 1 and group_size >= 2 (GRPO compares within a group)",
-                knobs=("prompts_per_step", "group_size"),
+                knobs=("group_size",) if self.group_size < 2 else ("prompts_per_step",),
             )
 
     @property
