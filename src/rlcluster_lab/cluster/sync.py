@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import jax
 from flax import nnx
 
+from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.engines.base import flat_values, reshard_flat
 from rlcluster_lab.measure.sync import SyncObserver, SyncReport
 from rlcluster_lab.model import is_lora
@@ -31,6 +32,7 @@ def sync_weights(c: RLCluster) -> SyncReport:
     """
     c._require_constructed()
     actor = c.actor_model
+    check_finite_leaves(actor, "actor")  # all or nothing: refused before anything changes
     lora = is_lora(actor)
     filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
     watch = SyncObserver()

@@ -58,6 +58,22 @@ def dtype_name(value: Any, what: str = "dtype") -> str:
     return name
 
 
+# The smallest sampling temperature above 0 (greedy): log-probs come from logits / temperature
+# in float32, and below this floor the quotient overflows (or, below float32's smallest normal
+# number, the temperature itself flushes to 0): every log-prob is NaN. At the floor a logit
+# would have to exceed 1e32 to overflow.
+MIN_TEMPERATURE = 1e-6
+
+
+def temperature_rule(allow_zero: bool = True) -> str:
+    """What a temperature must be, as the refusals say it."""
+    low = ">= 0 (0 = greedy)" if allow_zero else "> 0"
+    return (
+        f"must be {low}, at least {MIN_TEMPERATURE:g} when not 0 (below that, logits / temperature overflow "
+        "float32 and every log-prob is NaN), and finite"
+    )
+
+
 def check_tensor_parallel_size(size: Any) -> None:
     """The vllm engine's tensor-parallel size is None (all its devices) or an int >= 1.
 
@@ -175,8 +191,8 @@ class RolloutConfig:
         temperature = self.temperature
         if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
             raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-        if not math.isfinite(temperature) or temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy) and finite, got {temperature}")
+        if not math.isfinite(temperature) or temperature < 0 or 0 < temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"temperature {temperature_rule()}, got {temperature}")
         if self.kv_cache_size < 2:
             raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
         check_tensor_parallel_size(self.rollout_vllm_tensor_parallel_size)

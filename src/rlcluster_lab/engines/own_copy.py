@@ -46,7 +46,13 @@ def rearranged_device_grid(device_ids: Sequence[int], tp_size: int | None) -> np
     tp = n if tp_size is None else int(tp_size)
     if tp < 1 or n % tp:
         raise ConfigError(
-            f"rollout_vllm_tensor_parallel_size={tp_size} does not divide the {n} rollout devices; use a divisor of {n}"
+            f"rollout_vllm_tensor_parallel_size={tp_size} does not divide the {n} rollout devices; "
+            f"use a divisor of {n}",
+            knobs=("rollout_vllm_tensor_parallel_size",),
+            problem=(
+                f"rollout_vllm_tensor_parallel_size (--vllm-tp) is {tp_size}, which does not divide the {n} rollout "
+                f"devices; use a divisor of {n}"
+            ),
         )
     return np.asarray(ids, dtype=np.int64).reshape(n // tp, tp)
 

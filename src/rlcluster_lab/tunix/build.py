@@ -1,6 +1,6 @@
 """Building Tunix's own ``RLCluster`` for one of the lab's scenarios.
 
-The models are the lab's (``cluster.scenario.build_models``: the same seed,
+The models are the lab's (``app.scenario.build_models``: the same seed,
 the same values, the same meshes as ``build_cluster`` makes); the knobs become
 Tunix's ``ClusterConfig``. What the cluster was handed is kept beside it
 (``Given``): some decisions can only be read against the state before
