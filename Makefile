@@ -17,8 +17,10 @@ $(LAB_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[lab]"
 	touch $@
 
+# The tests also install the [tunix] extra (Tunix's own RLCluster, about 0.8 GB, some 40 s here), so that
+# tests/test_tunix.py and notebook 10 compare the lab with it; without the extra they skip, saying why.
 $(TEST_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,tunix]"
 	touch $@ $(LAB_STAMP)
 
 install-lab: $(LAB_STAMP)

@@ -1,6 +1,6 @@
 """Checks that a figure can be read at the size it is shown: no text under 9 pt, no label cut
 off at the figure's edge or overflowing its box, no legend over the data, no tick labels
-running into each other. Used by test_viz.py (matplotlib) and test_panels.py (SVG)."""
+running into each other. Used by the figure tests, for the matplotlib figures and the SVG ones."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def _is_drawn(t: Text) -> bool:
 
 
 def svg_problems(svg: str, shown_width: float | None = None) -> list[str]:
-    """Everything in an SVG panel that cannot be read when shown ``shown_width`` px wide
+    """Everything in an SVG figure that cannot be read when shown ``shown_width`` px wide
     (default: its own width): text under 9 pt on screen, text past the canvas's edges, a
     label wider than the box it sits in."""
     root = ET.fromstring(svg)

@@ -7,14 +7,19 @@ misleading name. Nothing in these tests allocates more than a few megabytes.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
+import re
+import resource
 import shutil
+import threading
 import tracemalloc
 import zipfile
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -25,7 +30,7 @@ from rlcluster_lab.cluster.validate import check_inputs
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.limits import LIMIT_ENV, TooLargeError
 from rlcluster_lab.core.trace import Trace
-from rlcluster_lab.model import checkpoint, with_lora
+from rlcluster_lab.model import LoRALinear, checkpoint, with_lora
 from rlcluster_lab.model.checkpoint import CheckpointConfig, abstract_checkpoint, load, read_config, save
 from rlcluster_lab.model.scoring import init_score_model
 
@@ -132,7 +137,6 @@ def _load_peak_bytes(folder):
     [
         {"config": {"embed_dim": 1 << 20}},
         {"config": {"vocab_size": 1 << 30}},
-        {"config": {"num_layers": 10_000_000}},  # small layers, but tracing them would take hours
         {"config": {"mlp_dim": 1 << 28}, "lora_rank": 64, "lora_scale": 1.0},
         {"kind": "score", "config": {"embed_dim": 1 << 20}},
     ],
@@ -483,3 +487,271 @@ def test_abstract_checkpoint_has_the_saved_structure_and_no_values(saved):
     leaves = flatten_dict(nnx.to_pure_dict(nnx.state(model))).values()
     assert all(isinstance(v, jax.ShapeDtypeStruct) for v in leaves)
     assert model.config == read_config(saved).config
+
+
+# ---------------------------------------------------------------- 7: saving never loses a checkpoint (issue 21)
+
+
+def _embedding(folder):
+    with np.load(folder / "params.npz") as data:
+        return data["embed/embedding"].copy()
+
+
+def _leftovers(parent):
+    return sorted(p.name for p in parent.iterdir() if ".saving-" in p.name)
+
+
+@contextlib.contextmanager
+def _file_size_limit(nbytes):
+    """Writes past ``nbytes`` in any file fail with EFBIG, as on a full disk (Python ignores SIGXFSZ)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_save_over_a_full_disk_keeps_the_previous_checkpoint_whole(ckpt):
+    old = _embedding(ckpt)
+    with _file_size_limit(64 * 1024), pytest.raises(OSError):  # config.json fits, params.npz does not
+        save(init_model("tiny", seed=9), ckpt)
+    np.testing.assert_array_equal(np.asarray(load(ckpt).embed.embedding.get_value()), old)
+    assert _leftovers(ckpt.parent) == []  # the unfinished new checkpoint was removed
+
+
+def test_a_killed_save_leaves_the_previous_checkpoint_and_the_next_save_clears_its_folder(ckpt, monkeypatch):
+    from rlcluster_lab.model import atomic
+
+    old = _embedding(ckpt)
+    # A SIGKILL while params.npz is written: no clean-up runs, the half-written folder stays.
+    monkeypatch.setattr(atomic.shutil, "rmtree", lambda *a, **k: None)
+    real_savez = np.savez
+
+    def killed(fp, **arrays):
+        fp.write(b"PK\x03\x04 half a zip")
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(np, "savez", killed)
+    with pytest.raises(SystemExit):
+        save(init_model("tiny", seed=9), ckpt)
+    assert len(_leftovers(ckpt.parent)) == 1
+    np.testing.assert_array_equal(np.asarray(load(ckpt).embed.embedding.get_value()), old)
+    monkeypatch.undo()
+    assert np.savez is real_savez
+    new = init_model("tiny", seed=9)
+    save(new, ckpt)
+    assert _leftovers(ckpt.parent) == []
+    np.testing.assert_array_equal(_embedding(ckpt), np.asarray(new.embed.embedding.get_value()))
+
+
+def test_concurrent_saves_to_one_path_are_serialized_and_the_old_checkpoint_stays_readable(ckpt, monkeypatch):
+    """Two threads save to one folder: the second waits for the first; while the first is writing,
+    the folder still holds the previous checkpoint, whole; the last save wins."""
+    from rlcluster_lab.model import atomic
+
+    old = _embedding(ckpt)
+    first, second = init_model("tiny", seed=11), init_model("tiny", seed=12)
+    writing, release, second_waits = threading.Event(), threading.Event(), threading.Event()
+    active, overlaps, seen_during_write = [], [], []
+    real_savez, real_wait = np.savez, atomic._wait_for_lock
+
+    def slow_savez(fp, **arrays):
+        active.append(1)
+        overlaps.append(len(active))
+        if not writing.is_set():  # the first save pauses in the middle of its write
+            writing.set()
+            assert release.wait(60)
+        real_savez(fp, **arrays)
+        active.pop()
+
+    def waiting(fd):
+        second_waits.set()
+        real_wait(fd)
+
+    monkeypatch.setattr(np, "savez", slow_savez)
+    monkeypatch.setattr(atomic, "_wait_for_lock", waiting)
+    errors = []
+
+    def run(model):
+        try:
+            save(model, ckpt)
+        except Exception as exc:  # noqa: BLE001  (checked below)
+            errors.append(exc)
+
+    t1 = threading.Thread(target=run, args=(first,))
+    t1.start()
+    assert writing.wait(60)
+    seen_during_write.append(_embedding(ckpt))  # mid-save: still the previous checkpoint
+    t2 = threading.Thread(target=run, args=(second,))
+    t2.start()
+    assert second_waits.wait(60)  # blocked on the first save's lock, not writing beside it
+    release.set()
+    t1.join(60)
+    t2.join(60)
+    assert errors == [] and max(overlaps) == 1
+    np.testing.assert_array_equal(seen_during_write[0], old)
+    np.testing.assert_array_equal(_embedding(ckpt), np.asarray(second.embed.embedding.get_value()))
+    assert _leftovers(ckpt.parent) == []
+
+
+# ---------------------------------------------------------------- 8: no write through a planted link (issue 21)
+
+
+def test_save_never_writes_through_a_planted_params_link(ckpt, tmp_path):
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"precious")
+    (ckpt / "params.npz").unlink()
+    (ckpt / "params.npz").symlink_to(victim)
+    model = init_model("tiny", seed=13)
+    save(model, ckpt)
+    assert victim.read_bytes() == b"precious"
+    assert not (ckpt / "params.npz").is_symlink()
+    np.testing.assert_array_equal(
+        np.asarray(load(ckpt).embed.embedding.get_value()), np.asarray(model.embed.embedding.get_value())
+    )
+
+
+@pytest.mark.parametrize("case", ["folder is a link", "folder holds other files", "path is a file"])
+def test_save_refuses_to_replace_what_is_not_a_checkpoint_folder(saved, tmp_path, case):
+    target = tmp_path / "target"
+    if case == "folder is a link":
+        shutil.copytree(saved, tmp_path / "elsewhere")
+        target.symlink_to(tmp_path / "elsewhere")
+    elif case == "folder holds other files":
+        target.mkdir()
+        (target / "notes.txt").write_text("mine")
+    else:
+        target.write_text("a file")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(FileExistsError, match=str(target)):
+        save(init_model("tiny"), target)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+# ---------------------------------------------------------------- 9: save refuses what load refuses (issue 21)
+
+
+def test_save_refuses_a_model_holding_a_nan_and_writes_nothing(tmp_path):
+    model = init_model("tiny", seed=2)
+    kernel = model.blocks[0].mlp.up.kernel
+    kernel.set_value(kernel.get_value().at[1, 2].set(jnp.nan))
+    with pytest.raises(ConfigError, match=r"blocks/0/mlp/up/kernel.*1 non-finite.*\(1, 2\)"):
+        save(model, tmp_path / "nan")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_refuses_adapters_whose_scale_load_would_refuse(tmp_path):
+    model = with_lora(init_model("tiny"), 4)
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, LoRALinear):
+            object.__setattr__(node, "scale", 1e38)
+    with pytest.raises(ConfigError, match="lora_scale"):
+        save(model, tmp_path / "scaled")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- 10: numerics that keep the forward finite (issue 21)
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"config": {"rope_base": 1e-300}}, "config.rope_base"),
+        ({"config": {"rope_base": 1.0}}, "config.rope_base"),
+        ({"config": {"rms_eps": 1e-300}}, "config.rms_eps"),
+        ({"config": {"param_dtype": "float64"}}, "config.param_dtype"),
+        ({"lora_rank": 4, "lora_scale": 1e38}, "lora_scale"),
+    ],
+)
+def test_numerics_that_give_nan_log_probs_are_refused_at_load(ckpt, change, key):
+    meta = _meta(ckpt)
+    meta["config"].update(change.pop("config", {}))
+    meta.update(change)
+    _write_meta(ckpt, meta)
+    with pytest.raises(ConfigError, match=re.escape(key)) as err:
+        read_config(ckpt)
+    assert str(ckpt / "config.json") in str(err.value)
+
+
+# ---------------------------------------------------------------- 11: work bounded before building (issue 21)
+
+
+def test_a_million_layers_are_refused_before_any_structure_is_built(ckpt, monkeypatch):
+    meta = _meta(ckpt)
+    meta["config"].update(num_layers=10**6, vocab_size=8, embed_dim=8, num_heads=2, num_kv_heads=1, head_dim=4)
+    meta["config"].update(mlp_dim=8)
+    _write_meta(ckpt, meta)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the structure was built before the layer count was checked")
+
+    monkeypatch.setattr(checkpoint, "abstract_model", must_not_run)
+    with pytest.raises(ConfigError, match=r"num_layers is 1,000,000; at most 1,024"):
+        load(ckpt)
+
+
+def test_structure_building_traces_one_layer_whatever_the_layer_count(monkeypatch):
+    """Linear in the layer count: one block is traced and repeated (counted, not timed)."""
+    import dataclasses
+
+    from rlcluster_lab.model import get_model_config, transformer
+
+    built = []
+    real_init = transformer.Block.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformer.Block, "__init__", counting)
+    deep = dataclasses.replace(get_model_config("tiny"), name="tiny-60-layers", num_layers=60)
+    model = checkpoint.abstract_model(deep)
+    assert len(built) == 1
+    assert len(model.blocks) == 60
+    shapes = {_key(p): v.shape for p, v in _abstract_leaves(model).items()}
+    assert shapes["blocks/59/mlp/down/kernel"] == (128, 64) and len(shapes) == 60 * 9 + 3
+
+
+def test_the_repeated_structure_is_the_traced_one():
+    import dataclasses
+
+    from rlcluster_lab.model import TransformerLM, get_model_config
+    from rlcluster_lab.model.init import abstract_structure
+    from rlcluster_lab.model.scoring import ScoreModel
+
+    config = dataclasses.replace(get_model_config("tiny"), num_layers=3)
+    for build in (TransformerLM, ScoreModel):
+        graphdef, state = nnx.split(abstract_structure(build, config))
+        traced_def, traced = nnx.split(nnx.eval_shape(lambda b=build: b(config, rngs=nnx.Rngs(0))))
+        assert graphdef == traced_def
+        ours, theirs = nnx.to_flat_state(state), nnx.to_flat_state(traced)
+        assert [k for k, _ in ours] == [k for k, _ in theirs]
+        for (_, a), (_, b) in zip(ours, theirs, strict=True):
+            assert (a.get_value().shape, a.get_value().dtype) == (b.get_value().shape, b.get_value().dtype)
+            assert type(a) is type(b) and a.get_metadata() == b.get_metadata()
+
+
+class _CountingName(str):
+    """A member name that counts its comparisons (str's hash, so set lookups work as usual)."""
+
+    compared = 0
+
+    def __eq__(self, other):
+        _CountingName.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_the_duplicate_member_check_is_linear_in_the_member_count(saved):
+    """60,001 members with one name repeated took 46 s to refuse: count the comparisons instead."""
+    ck = read_config(saved)
+    expected = {_key(p): v for p, v in _abstract_leaves(checkpoint._structure(ck)).items()}
+    count = 4001
+    infos = [zipfile.ZipInfo(_CountingName(f"m{i}.npy")) for i in range(count - 1)]
+    infos.append(zipfile.ZipInfo(_CountingName("m7.npy")))
+    _CountingName.compared = 0
+    with pytest.raises(ConfigError, match=r"\['m7.npy'\] appear more than once"):
+        checkpoint._check_members(ck, saved / "params.npz", infos, expected)
+    assert _CountingName.compared < 10 * count

@@ -19,7 +19,7 @@ import pytest
 import rlcluster_lab.app.scenario as scenario_module
 from rlcluster_lab.app.learner import GRPOLearner, StepRecord
 from rlcluster_lab.app.scenario import check_memory, rollout_bytes, validate
-from rlcluster_lab.cli.main import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
+from rlcluster_lab.cli.main import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OUTPUT_FAILED, main
 from rlcluster_lab.core.config import TrainingConfig
 from rlcluster_lab.core.devices import MAX_SIMULATED_DEVICES, ensure_simulated_devices
 from rlcluster_lab.core.errors import ConfigError
@@ -281,3 +281,114 @@ def test_refusals_come_back_before_jax_is_imported(argv):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "jax" not in out.stdout.splitlines()[-1], out.stdout
+
+
+# --- issue 21: sizes and numerics bounded where they enter; refusals name the flag ------------------
+
+
+def test_a_kv_cache_size_that_cannot_fit_is_refused_before_anything_is_built(monkeypatch):
+    def no_build(*_args, **_kwargs):
+        raise AssertionError("models were built for a cache that cannot fit")
+
+    monkeypatch.setattr(scenario_module, "build_models", no_build)
+    with pytest.raises(TooLargeError, match=r"KV cache of 100,000,000 slots.*lower kv_cache_size"):
+        scenario_module.build_cluster(Scenario(kv_cache_size=10**8))
+
+
+def test_a_cluster_given_models_refuses_a_cache_that_cannot_fit_before_placing_them():
+    from rlcluster_lab import ClusterConfig, init_model, layout_meshes
+    from rlcluster_lab.cluster.validate import check_inputs
+    from rlcluster_lab.core.trace import Trace
+
+    config = ClusterConfig(role_to_mesh=layout_meshes("colocated"), rollout_config=RolloutConfig(kv_cache_size=10**8))
+    with pytest.raises(TooLargeError, match="kv_cache_size=100,000,000 slots for one prompt"):
+        check_inputs(config, init_model("tiny"), None, None, None, Trace())
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"num_layers": 10**6}, "num_layers"),
+        ({"num_layers": 10**9}, "num_layers"),
+        ({"embed_dim": 10**12}, "embed_dim"),
+        ({"vocab_size": 2**31}, "vocab_size"),
+        ({"rms_eps": math.nan}, "rms_eps"),
+        ({"rms_eps": math.inf}, "rms_eps"),
+        ({"rms_eps": 1e-300}, "rms_eps"),
+        ({"rope_base": math.inf}, "rope_base"),
+        ({"rope_base": 1e-300}, "rope_base"),
+        ({"param_dtype": "int8"}, "param_dtype"),
+        ({"param_dtype": "float64"}, "param_dtype"),
+        ({"param_dtype": "bool"}, "param_dtype"),
+        ({"param_dtype": "complex64"}, "param_dtype"),
+        ({"param_dtype": "uint32"}, "param_dtype"),
+    ],
+)
+def test_model_config_refuses_what_would_hang_overflow_or_compute_nan(change, field):
+    """Each was accepted: a plan that never returned, an OverflowError, NaN log-probs and NUL text."""
+    import dataclasses
+
+    with pytest.raises(ValueError, match=f"ModelConfig.{field}"):
+        dataclasses.replace(TINY, **change)
+
+
+def test_a_lora_scale_that_turns_adapters_to_inf_is_refused():
+    from rlcluster_lab.model import init_model, with_lora
+
+    with pytest.raises(ValueError, match=r"alpha / rank .* at most 10000"):
+        with_lora(init_model("tiny"), 1, alpha=1e38)
+
+
+def test_a_score_model_given_as_the_actor_is_refused(tmp_path):
+    from rlcluster_lab import ClusterConfig, layout_meshes
+    from rlcluster_lab.cluster.validate import check_inputs
+    from rlcluster_lab.core.trace import Trace
+    from rlcluster_lab.model.checkpoint import save
+    from rlcluster_lab.model.scoring import init_score_model
+
+    config = ClusterConfig(role_to_mesh=layout_meshes("colocated"))
+    scorer = init_score_model("tiny")
+    for actor in (scorer, save(scorer, tmp_path / "scorer")):
+        with pytest.raises(ConfigError, match="actor must be a language model.*ScoreModel.*reward= or critic="):
+            check_inputs(config, actor, None, None, None, Trace())
+
+
+@pytest.mark.parametrize(
+    "argv, flag, field",
+    [
+        (["plan", "--engine", "vllm", "--vllm-tp", "3"], "--vllm-tp", "rollout_vllm_tensor_parallel_size"),
+        (["plan", "--prompt-length", "0"], "--prompt-length", "Workload."),
+        (["plan", "--rollout-batch-size", "0"], "--rollout-batch-size", "Workload."),
+        (["plan", "--max-tokens", "0"], "--max-tokens", "Workload."),
+        (["plan", "--micro-batch-size", "0"], "--micro-batch-size", "Workload."),
+        (["plan", "--kv-cache-size", "1"], "--kv-cache-size", "kv_cache_size is"),
+        (["plan", "--devices-per-host", "3"], "--devices-per-host", "devices_per_host must"),
+        (["plan", "--topology", "nope"], "--topology", "topology_names"),
+        (["learn", "--steps", "-1"], "--steps", "LearnerConfig"),
+        (["learn", "--group-size", "1"], "--group-size", "LearnerConfig"),
+    ],
+)
+def test_plan_and_learn_refusals_name_the_flag_not_the_python_field(capsys, argv, flag, field):
+    rc, out, err = run(capsys, argv)
+    assert_one_line_refusal(rc, out, err, f"The flag to change: {flag}")
+    assert field not in err
+
+
+class _FullDisk(io.TextIOBase):
+    """A stdout on a full file system: every write fails as ``> /dev/full`` does."""
+
+    def write(self, _text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("no descriptor")
+
+
+@pytest.mark.parametrize("stdout", [_FullDisk(), None], ids=["full", "closed"])
+def test_plan_into_a_full_or_closed_output_is_one_line_and_not_zero(capsys, monkeypatch, stdout):
+    monkeypatch.setattr(sys, "stdout", stdout)
+    rc = main(["plan", "--json"])
+    err = capsys.readouterr().err
+    assert rc == EXIT_OUTPUT_FAILED != 0
+    assert err.count("\n") == 1 and err.startswith("error: cannot write the output: "), err
+    assert "Traceback" not in err

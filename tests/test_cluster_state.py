@@ -25,6 +25,8 @@ from rlcluster_lab import (
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.training.critic import ValueBatch
 
+pytestmark = pytest.mark.cluster  # every test here builds a cluster
+
 PROMPTS = ["abc", "hello world", "x", "rl"]
 
 

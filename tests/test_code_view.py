@@ -3,13 +3,14 @@ function that wrote it, shown without its docstring, with the inputs it read."""
 
 from __future__ import annotations
 
+import pathlib
 import re
 
 import pytest
 
 import rlcluster_lab as rl
 from rlcluster_lab.lab.code_view import _test_patterns, rule_function, show_rule
-from rlcluster_lab.rules import RULES
+from rlcluster_lab.rules import RULES, find_rule
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,14 @@ def test_shown_code_is_the_function_without_its_docstring(split_lora):
     text = code.text()
     assert "read  engine = 'vllm'" in text and "branch  'engine_initial_value'" in text
     assert "<table" in code._repr_html_()
+
+
+def test_shown_code_starts_at_its_def_line_under_the_rules_declared_title():
+    code = show_rule(None, "P3")
+    source = pathlib.Path(rl.__file__).parent.joinpath(code.path.removeprefix("rlcluster_lab/")).read_text()
+    assert source.splitlines()[code.first_line - 1].startswith("def p3_rollout_model(")
+    assert code.title == find_rule("P3").title
+    assert code.text().startswith(f"# P3 ({find_rule('P3').title}): ")
 
 
 def test_which_and_where_select_a_decision(split_lora):

@@ -20,7 +20,8 @@ from rlcluster_lab.core.meshes import layout_meshes, make_mesh
 from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
 from rlcluster_lab.core.options import dtype_name
 from rlcluster_lab.core.roles import Mode, Role
-from rlcluster_lab.engines import RolloutEngine, VanillaEngine
+from rlcluster_lab.engines import ENGINES as ENGINE_CLASSES
+from rlcluster_lab.engines import RolloutEngine, SglangJaxStyleEngine, VanillaEngine, VllmStyleEngine
 from rlcluster_lab.rules.validation import p6_engine_choice, p6_rollout_config
 
 DEVICES = jax.devices()
@@ -121,6 +122,14 @@ def test_p6_known_engine_strings_accepted(name):
 
 def test_p6_known_engines_are_the_reference_three():
     assert set(KNOWN_ENGINES) == {"vanilla", "vllm", "sglang_jax"}
+
+
+def test_each_engine_name_gets_its_own_class():
+    # The classes are paired with core.options.ENGINES by position: a reordering shows here.
+    assert tuple(ENGINE_CLASSES) == KNOWN_ENGINES
+    assert ENGINE_CLASSES["vanilla"] is VanillaEngine
+    assert ENGINE_CLASSES["vllm"] is VllmStyleEngine
+    assert ENGINE_CLASSES["sglang_jax"] is SglangJaxStyleEngine
 
 
 def test_p6_unknown_engine_string_lists_known_engines():

@@ -65,18 +65,6 @@ def test_p11_rows_mark_where_live_and_anchor_part_P11():
     assert setting["optimizer steps per global step"] == 2 and setting["live == anchor"] == "2 of 4"
 
 
-def test_timeline_rows_list_entries_by_memory_kind_P14():
-    mem = {
-        "by_role": {
-            "actor": {"by_kind": {"device": 10}},
-            "anchor": {"by_kind": {"pinned_host": 10}},
-            "reference": {"by_kind": {"device": 0, "pinned_host": 5}},
-        }
-    }
-    (row,) = ex.timeline_rows([("during update", mem)])
-    assert row == {"phase": "during update", "in device memory": ["actor"], "in pinned host": ["anchor", "reference"]}
-
-
 def test_sync_rows_keep_bytes_and_leave_out_timings_L3():
     sync = {k: i for i, k in enumerate(ex.SYNC_COLUMNS)} | {"seconds": 0.5, "anchor_seconds": 0.1}
     (row,) = ex.sync_rows({"split, LoRA": sync})

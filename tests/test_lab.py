@@ -89,6 +89,7 @@ def test_before_construct_only_construct_is_enabled(lab: PlacementLab) -> None:
     assert lab.cluster is None and lab.report is None
 
 
+@pytest.mark.cluster
 def test_construct_fills_every_panel_from_the_report(lab: PlacementLab) -> None:
     report = build(lab)
     for panel in ("flow", "grid", "memory"):
@@ -100,6 +101,7 @@ def test_construct_fills_every_panel_from_the_report(lab: PlacementLab) -> None:
     assert plt.get_fignums() == []  # every figure closed after drawing
 
 
+@pytest.mark.cluster
 def test_P1_reshaped_layout_is_a_second_copy_and_the_panels_change(lab: PlacementLab) -> None:
     colocated = build(lab)
     assert "rollout" in colocated["sharing_map"]["actor"]
@@ -117,6 +119,7 @@ def test_P1_reshaped_layout_is_a_second_copy_and_the_panels_change(lab: Placemen
     assert lab.summary.value != summary
 
 
+@pytest.mark.cluster
 def test_P1_custom_rollout_mesh_same_devices_same_shape_is_shared(lab: PlacementLab) -> None:
     lab.knobs.layout.value = CUSTOM
     assert lab.knobs.custom_box.layout.display == "flex"
@@ -127,6 +130,7 @@ def test_P1_custom_rollout_mesh_same_devices_same_shape_is_shared(lab: Placement
     assert build(lab)["rollout_branch"] == "second_copy"
 
 
+@pytest.mark.cluster
 def test_custom_rollout_mesh_on_picked_devices(lab: PlacementLab) -> None:
     lab.knobs.layout.value = CUSTOM
     for toggle in lab.knobs.device_toggles[:4]:
@@ -139,6 +143,7 @@ def test_custom_rollout_mesh_on_picked_devices(lab: PlacementLab) -> None:
     assert sorted(int(d) for d in by_device) == [4, 5, 6, 7]
 
 
+@pytest.mark.cluster
 def test_P2_lora_links_the_reference(lab: PlacementLab) -> None:
     lab.knobs.layout.value = "reshaped"
     plain = build(lab)
@@ -151,6 +156,7 @@ def test_P2_lora_links_the_reference(lab: PlacementLab) -> None:
     assert png(lab, "flow") != flow
 
 
+@pytest.mark.cluster
 def test_P4_separate_base_warning_is_shown(lab: PlacementLab) -> None:
     lab.knobs.lora.value = True
     lab.knobs.lora_separate_base.value = True
@@ -159,6 +165,7 @@ def test_P4_separate_base_warning_is_shown(lab: PlacementLab) -> None:
     assert "avoidable copy" in lab.summary.value
 
 
+@pytest.mark.cluster
 def test_P7_vllm_engine_replaces_the_rollout_mesh(lab: PlacementLab) -> None:
     lab.knobs.engine.value = "vllm"
     report = build(lab)
@@ -166,6 +173,7 @@ def test_P7_vllm_engine_replaces_the_rollout_mesh(lab: PlacementLab) -> None:
     assert "P7" in lab.summary.value
 
 
+@pytest.mark.cluster
 def test_P14_offload_moves_memory_to_pinned_host(lab: PlacementLab) -> None:
     on_device = build(lab)["memory"]
     lab.knobs.offload.value = True
@@ -177,6 +185,7 @@ def test_P14_offload_moves_memory_to_pinned_host(lab: PlacementLab) -> None:
     )
 
 
+@pytest.mark.cluster
 def test_P3_rollout_dtype_casts_the_second_copy(lab: PlacementLab) -> None:
     lab.knobs.layout.value = "reshaped"
     f32 = build(lab)["memory"]["by_role"]["rollout"]["bytes"]
@@ -185,12 +194,14 @@ def test_P3_rollout_dtype_casts_the_second_copy(lab: PlacementLab) -> None:
     assert bf16 < f32
 
 
+@pytest.mark.cluster
 def test_model_size_grows_memory(lab: PlacementLab) -> None:
     tiny = build(lab)["memory"]["unique_bytes"]
     lab.knobs.model_size.value = "small"
     assert build(lab)["memory"]["unique_bytes"] > 4 * tiny
 
 
+@pytest.mark.cluster
 def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -> None:
     build(lab)
     lab.knobs.engine.value = "sglang_jax"
@@ -220,6 +231,7 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     assert not any("rl-at-fault" in w._dom_classes for w in lab.knobs.named().values())
 
 
+@pytest.mark.cluster
 def test_mesh_that_does_not_divide_the_model_shows_the_placement_error(lab: PlacementLab) -> None:
     lab.knobs.layout.value = CUSTOM
     lab.knobs.device_toggles[0].value = False  # 7 devices: (7, 1) cannot shard a dimension of 64
@@ -229,6 +241,7 @@ def test_mesh_that_does_not_divide_the_model_shows_the_placement_error(lab: Plac
     build(lab)
 
 
+@pytest.mark.cluster
 def test_knob_error_keeps_the_live_cluster(lab: PlacementLab) -> None:
     report = build(lab)
     cluster = lab.cluster
@@ -242,6 +255,7 @@ def test_knob_error_keeps_the_live_cluster(lab: PlacementLab) -> None:
     assert not lab.sync_button.disabled
 
 
+@pytest.mark.cluster
 def test_P13_sync_button_shows_bytes_moved(lab: PlacementLab) -> None:
     build(lab)
     assert lab.display.shown == "flow"  # Construct shows the decisions it took
@@ -261,6 +275,7 @@ def test_P13_sync_button_shows_bytes_moved(lab: PlacementLab) -> None:
     assert lab.cluster.global_steps == 1
 
 
+@pytest.mark.cluster
 def test_training_step_runs_on_cluster_operations(lab: PlacementLab) -> None:
     lab.knobs.lora.value = True
     build(lab)
@@ -273,6 +288,7 @@ def test_training_step_runs_on_cluster_operations(lab: PlacementLab) -> None:
     assert png(lab, "sync")
 
 
+@pytest.mark.cluster
 def test_busy_state_while_constructing(lab: PlacementLab, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
     real = lab_module.build_cluster
@@ -291,6 +307,7 @@ def test_busy_state_while_constructing(lab: PlacementLab, monkeypatch: pytest.Mo
     assert lab.progress.layout.visibility == "hidden" and not lab.construct_button.disabled
 
 
+@pytest.mark.cluster
 def test_rebuilding_20_times_releases_old_clusters(lab: PlacementLab) -> None:
     build(lab)
     after_first = live_buffer_bytes()
@@ -304,6 +321,7 @@ def test_rebuilding_20_times_releases_old_clusters(lab: PlacementLab) -> None:
     assert live_buffer_bytes() == after_first
 
 
+@pytest.mark.cluster
 def test_release_says_when_someone_else_holds_the_cluster(lab: PlacementLab) -> None:
     before = live_buffer_bytes()
     build(lab)
@@ -315,6 +333,7 @@ def test_release_says_when_someone_else_holds_the_cluster(lab: PlacementLab) -> 
     assert live_buffer_bytes() == before
 
 
+@pytest.mark.cluster
 def test_release_says_when_the_background_compilation_holds_the_cluster(lab: PlacementLab) -> None:
     import threading
 
@@ -330,6 +349,7 @@ def test_release_says_when_the_background_compilation_holds_the_cluster(lab: Pla
         lab._rehearsal.join()
 
 
+@pytest.mark.cluster
 def test_lab_builds_on_the_devices_it_is_given() -> None:
     import jax
 
@@ -345,6 +365,7 @@ def test_lab_builds_on_the_devices_it_is_given() -> None:
         lab.release()
 
 
+@pytest.mark.cluster
 def test_memory_panel_shows_per_device_and_per_role(lab: PlacementLab) -> None:
     build(lab)
     images = [o["data"].get("image/svg+xml") for o in lab.display.outputs["memory"].outputs]
@@ -357,6 +378,7 @@ def test_shape_options_list_the_standard_shape_first() -> None:
     assert shape_options(0) == []
 
 
+@pytest.mark.cluster
 def test_a_rehearsal_after_construct_leaves_the_training_step_nothing_to_compile() -> None:
     from rlcluster_lab.core.compile_cache import count_compilations
 

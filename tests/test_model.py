@@ -10,6 +10,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
+from rlcluster_lab.core.options import LORA_TARGETS
 from rlcluster_lab.model import (
     MODEL_SIZES,
     LoRALinear,
@@ -114,6 +115,11 @@ def test_lora_params_matches_model(tiny):
     lora = with_lora(tiny, 4, seed=1)
     assert _count(lora, nnx.LoRAParam) == TINY.lora_params(4)
     assert _count(lora, nnx.Param) == TINY.num_params + TINY.lora_params(4)
+
+
+def test_lora_shapes_cover_the_projections_with_lora_adapts():
+    # lora_shapes() writes each projection beside its shape; the adapted ones are core.model_config's.
+    assert tuple(TINY.lora_shapes()) == LORA_TARGETS
 
 
 def test_every_param_has_logical_sharding(tiny):

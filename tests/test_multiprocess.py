@@ -137,6 +137,24 @@ def test_launch_settings_that_cannot_work_are_refused(settings, fragment):
         settings.check()
 
 
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, OSError])
+def test_the_run_folder_is_removed_however_the_launch_ends(tmp_path, monkeypatch, interrupt):
+    """Ctrl-C (or a failure) while the workers start left a rlcluster-lab-processes-* folder behind."""
+    import tempfile
+
+    from rlcluster_lab.multiprocess import launcher
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def stopped(*args, **kwargs):
+        raise interrupt()
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", stopped)
+    with pytest.raises(interrupt):
+        launch({"kind": "report"}, LaunchSettings(processes=2, devices_per_process=1))
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -453,9 +453,10 @@ def test_l4_cli_plan_shows_the_terms_hosts_and_reason() -> None:
 @pytest.mark.parametrize(
     "argv,says",
     [
-        (["--prompt-length", "0"], "prompt_length must be a positive int"),
-        (["--prompt-length", "200", "--kv-cache-size", "128"], "kv_cache_size"),
-        (["--devices-per-host", "3"], "devices_per_host must divide"),
+        # Named as the flags to change (issue 21), never as Workload or Topology fields.
+        (["--prompt-length", "0"], "--prompt-length must be a positive int"),
+        (["--prompt-length", "200", "--kv-cache-size", "128"], "--kv-cache-size is 128"),
+        (["--devices-per-host", "3"], "--devices-per-host must divide"),
         (["--host-memory", "lots"], "--host-memory"),
     ],
 )

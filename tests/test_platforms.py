@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 import rlcluster_lab as rl
 from rlcluster_lab import ClusterConfig, Role, Scenario, build_cluster, layout_meshes, placement_report
 from rlcluster_lab.core.config import ConfigError
+from rlcluster_lab.core.limits import TooLargeError
 from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.lab import setup as notebook
 from rlcluster_lab.measure import allocator_stats
@@ -128,3 +129,33 @@ def test_p11_log_probs_are_computed_at_the_configured_precision():
     assert seen == ["highest"]
     with pytest.raises(ConfigError, match="matmul_precision"):
         ClusterConfig(role_to_mesh=layout_meshes("colocated"), matmul_precision="fastest")
+
+
+def test_on_devices_with_memory_of_their_own_the_plan_is_compared_before_building(monkeypatch):
+    """On an accelerator the planner's resident bytes per device are compared with what each
+    device's allocator has free (``memory_stats()``), before a model is built. Devices that report
+    no figures (CPU) are left to the host check; stand-ins report them here."""
+    import rlcluster_lab.cluster.scenario as scenario_module
+
+    scenario = Scenario()
+    config = scenario_module.validate(scenario)
+    real = jax.devices
+
+    def chips(free: int):
+        # What check_memory sees of this platform's devices: stand-ins with allocator figures.
+        stats = {"bytes_limit": free + 1000, "bytes_in_use": 1000}
+        stand_ins = [Chip(d.id, "cpu", stats) for d in real("cpu")]
+        seen = types.SimpleNamespace(devices=lambda platform=None: stand_ins if platform == "cpu" else real(platform))
+        monkeypatch.setattr(scenario_module, "jax", seen)
+
+    def no_build(*_args, **_kwargs):
+        raise AssertionError("models were built past the devices' memory")
+
+    monkeypatch.setattr(scenario_module, "build_models", no_build)
+    chips(free=10**9)
+    scenario_module.check_memory(scenario, config)  # roomy devices: accepted
+    chips(free=50_000)  # less than the tiny cluster's share of one device
+    with pytest.raises(TooLargeError, match=r"device 0 but it has 50.0 KB free .* memory_stats"):
+        scenario_module.check_memory(scenario, config)
+    with pytest.raises(TooLargeError, match="memory_stats"):
+        scenario_module.build_cluster(scenario)

@@ -13,6 +13,8 @@ from flax import nnx
 from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, build_cluster
 from rlcluster_lab.lab.rehearsal import rehearse_step
 
+pytestmark = pytest.mark.cluster  # every test here builds a cluster and compiles a step
+
 PROMPTS = ["abc", "hello world", "x", "rl"]
 
 

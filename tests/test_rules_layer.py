@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import fnmatch
 import pathlib
+import re
 
 import jax
 import pytest
 
 from rlcluster_lab import Scenario, build_cluster
 from rlcluster_lab.core.trace import Decision
+from rlcluster_lab.lab.flow import OPTION_LABELS, flow_rows
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.tables import local_topology
-from rlcluster_lab.rules import LAB_RULES, RULES, rules_markdown, sharing
+from rlcluster_lab.rules import LAB_RULES, RULES, find_rule, rule, rules_markdown, sharing
 from rlcluster_lab.rules.sharing import LinkBranch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -23,15 +26,68 @@ def test_docs_rules_md_is_what_the_code_says() -> None:
     assert (ROOT / "docs" / "rules.md").read_text() == rules_markdown()
 
 
-def test_every_rule_has_one_entry_and_its_tests_exist() -> None:
+def test_every_rule_is_declared_once_with_functions_or_a_note() -> None:
     ids = [e.rule for e in RULES + LAB_RULES]
     assert ids == [f"P{i}" for i in range(1, 16)] + [f"L{i}" for i in range(1, 5)]
     for entry in RULES + LAB_RULES:
         assert entry.functions or entry.note, entry.rule
         for fn in entry.functions:
             assert fn.__doc__ and entry.rule in fn.__doc__.split(":")[0], (entry.rule, fn.__qualname__)
-        for test in entry.tests:
-            assert (ROOT / test).exists(), test
+
+
+def _test_names(path: pathlib.Path) -> list[str]:
+    return re.findall(r"^\s*(?:async\s+)?def (test_\w+)", path.read_text(), flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize("entry", RULES + LAB_RULES, ids=lambda e: e.rule)
+def test_each_rules_declared_tests_exist(entry) -> None:
+    """A declared ``file::pattern`` names at least one test of that file, so the list cannot
+    drift from the tests (a renamed test fails here)."""
+    for test in entry.tests:
+        path, _, pattern = test.partition("::")
+        assert (ROOT / path).is_file(), test
+        if pattern:
+            assert fnmatch.filter(_test_names(ROOT / path), pattern), f"{entry.rule}: no test matches {test}"
+
+
+def test_a_rules_tests_are_declared_beside_it_not_in_docstrings() -> None:
+    for entry in RULES:
+        for fn in entry.functions:
+            assert "Tests:" not in (fn.__doc__ or ""), (entry.rule, fn.__qualname__)
+
+
+def test_a_rule_cannot_be_declared_twice() -> None:
+    with pytest.raises(ValueError, match="P3 is declared twice"):
+        rule("P3", "again", tests=("tests/test_cluster_rules.py",))
+
+
+def test_a_rule_without_tests_is_refused() -> None:
+    with pytest.raises(ValueError, match="names no tests"):
+        rule("P99", "untested", tests=())
+
+
+def test_find_rule_names_the_rules_there_are() -> None:
+    assert find_rule("P3").title == "the rollout model"
+    with pytest.raises(ValueError, match="unknown rule 'P99'"):
+        find_rule("P99")
+
+
+def test_flow_questions_and_labels_are_the_rules_declarations() -> None:
+    """The flow figure asks each rule's declared question and draws its declared answers, in
+    order; the labels the figures write are the declared ones."""
+    report = {
+        "decisions": [
+            {"rule": "P3", "test": "", "values": {}, "outcome": "x", "branch": "second_copy"},
+            {"rule": "P7", "test": "", "values": {"engine": "vanilla"}, "outcome": "x", "branch": "kept"},
+        ]
+    }
+    rows = {row.key: row for row in flow_rows(report)}
+    for key in ("P3", "P4", "P7", "P14"):
+        declared = find_rule(key)
+        assert (rows[key].question, rows[key].options) == (declared.question, declared.values())
+    assert rows["P3"].fired == "second_copy"
+    assert OPTION_LABELS["second_copy"] == find_rule("P3").labels()["second_copy"] == "second copy"
+    assert OPTION_LABELS["kept"] == "rollout mesh kept"
 
 
 def test_changing_a_rule_function_changes_the_cluster_and_the_planner(monkeypatch) -> None:

@@ -6,8 +6,11 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.limits import LIMIT_ENV, TooLargeError
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
-from rlcluster_lab.model import init_model, logps_from_state
+from rlcluster_lab.core.options import MIN_TEMPERATURE, RolloutConfig
+from rlcluster_lab.model import init_model, logps_from_state, sampling
 from rlcluster_lab.model.sampling import PROMPT_BUCKET, SampleOutput, sample
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 
@@ -113,3 +116,32 @@ def test_empty_prompts_raise(split_model):
 def test_cache_too_small_raises(split_model):
     with pytest.raises(ValueError, match="raise cache_size"):
         _sample(*split_model, 1.0, cache_size=20)
+
+
+def test_the_smallest_temperature_keeps_log_probs_finite_and_a_smaller_one_is_refused(split_model):
+    """1e-40 is finite and positive, yet it flushes to 0 in float32: every log-prob was NaN."""
+    out = _sample(*split_model, MIN_TEMPERATURE)
+    assert np.isfinite(out.logprobs).all()
+    scored = logps_from_state(*split_model, out.prompt_tokens, out.tokens, TOK.pad_id, MIN_TEMPERATURE)
+    assert np.isfinite(np.asarray(scored)).all()
+    for tiny in (1e-40, MIN_TEMPERATURE / 2):
+        with pytest.raises(ConfigError, match="at least 1e-06 when not 0"):
+            _sample(*split_model, tiny)
+        with pytest.raises(ConfigError, match="at least 1e-06 when not 0"):
+            RolloutConfig(temperature=tiny)
+
+
+def test_generate_refuses_a_batch_whose_cache_cannot_fit_before_asking_xla(split_model, monkeypatch):
+    """20,000 prompts under a 64 MiB limit reached XLA (8.4 GB peak); now refused from shapes."""
+    monkeypatch.setenv(LIMIT_ENV, "64MiB")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the sampler ran before its memory was checked")
+
+    monkeypatch.setattr(sampling, "_generate", must_not_run)
+    with pytest.raises(TooLargeError, match=r"generating for 20,000 prompts .* estimated from shapes"):
+        sample(*split_model, TOK, ["abcdefgh"] * 20_000, max_new_tokens=8, temperature=1.0, cache_size=128, seed=0)
+    # The estimate covers the cache twice over, the prefill's logits and the sampler's buffers.
+    config = init_model("tiny").config
+    kv = 2 * config.num_layers * 20_000 * 128 * config.num_kv_heads * config.head_dim * 4
+    assert sampling.generate_bytes(config, 20_000, 16, 128, 8) > 2 * kv + 20_000 * 16 * config.vocab_size * 4

@@ -266,14 +266,3 @@ def test_short_bytes_fits_five_characters():
     ]
     assert all(len(sf.short_bytes(n)) <= 5 for n in (1023, 102_399, 1024**2 - 1))
     assert re.fullmatch(r"#[0-9a-f]{6}", sf.device_color(11))
-
-
-def test_sync_totals_pair_physical_with_logical_bytes(synced):
-    """The six-run bar figure draws each sync's logical bytes beside its physical bar."""
-    from rlcluster_lab.lab import figures as viz
-
-    rep = synced["xla"]
-    assert rep["synced_logical_bytes"] < rep["synced_bytes"]  # replicated leaves count once per device
-    fig = viz.sync_bytes({"reshaped": rep})
-    (line,) = [c for c in fig.axes[0].collections if c.get_gid() == "line:logical:reshaped"]
-    assert line.get_segments()[0][0][1] == rep["synced_logical_bytes"]

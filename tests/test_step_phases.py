@@ -1,5 +1,6 @@
 """One RL step measured phase by phase (lab.step_phases): the learner's own operations, in
-order, with memory walked from the live buffers inside each operation (observe.at_work)."""
+order, with memory walked from the live buffers inside each operation (observe.at_work).
+Its figure is tested on a stored step (test_step_figures.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from flax import nnx
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainingConfig, build_cluster
 from rlcluster_lab.cluster import observe
-from rlcluster_lab.lab.phase_figures import phase_memory, segments
 from rlcluster_lab.lab.step_phases import (
     EVEN_PROMPTS,
     measure_step,
@@ -20,6 +20,8 @@ from rlcluster_lab.lab.step_phases import (
     time_rows,
 )
 from rlcluster_lab.placement.buffers import state_bytes
+
+pytestmark = pytest.mark.cluster  # every test here builds a cluster and runs a learner step
 
 PHASES = ["generate", "rewards", "log-probs: actor (anchor)", "log-probs: reference", "update", "sync"]
 MAX_TOKENS = 4
@@ -122,28 +124,8 @@ def test_tables_name_every_phase_and_total_the_step(offloaded):
     assert mem[1]["phase"] == "rewards *"  # no work point: the walk after it
 
 
-def test_figure_draws_each_buffer_once(offloaded):
-    _, _, step = offloaded
-    data = step.to_json()
-    fig = phase_memory(data)
-    bars = {p.get_gid(): p.get_height() for ax in fig.axes for p in ax.patches if p.get_gid()}
-    for phase in data["phases"]:
-        memory = phase["during"] or phase["after"]
-        for kind in ("device", "pinned_host"):
-            drawn = sum(h for gid, h in bars.items() if f":{phase['name']}:{kind}:" in gid)
-            held = sum(int(k.get(kind, 0)) for k in memory["by_device"].values())
-            assert drawn == held, (phase["name"], kind)
-    generate = data["phases"][0]["during"]
-    assert [s[0] for s in segments(generate, "device")] == ["actor = rollout"]
-    assert min(t.get_fontsize() for ax in fig.axes for t in ax.texts + ax.get_xticklabels()) >= 9
-
-
 def test_bad_input_is_refused_with_the_fix(offloaded):
-    cluster, _, step = offloaded
-    with pytest.raises(ValueError, match="when must be"):
-        phase_memory(step.to_json(), when="before")
-    with pytest.raises(ValueError, match="no phase 'scoring'"):
-        phase_memory(step.to_json(), only=["scoring"])
+    cluster, _, _ = offloaded
     with pytest.raises(ValueError, match="steps must be at least 1"):
         run_steps(cluster, steps=0)
     with pytest.raises(TypeError, match="dataclass instance"):

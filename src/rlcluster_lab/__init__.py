@@ -3,85 +3,126 @@
 Call ``ensure_simulated_devices()`` (or, in a notebook, ``setup()``) first on a
 machine without accelerators, before anything else uses JAX.
 
-The public names below are loaded on first use, so ``python -m rlcluster_lab``
-can read its flags and refuse a bad combination before JAX is imported.
+The top level is the cluster's API: the cluster itself, its configs and knobs, the
+engines, the models, the reports and the errors. The what-if planner lives in
+``rlcluster_lab.planner`` (``plan_cluster``, ``plan_scenario``, ``Plan``), the widget
+lab and the notebooks' helpers in ``rlcluster_lab.lab`` (``PlacementLab``,
+``LabDevices``, ``show_rule``), the multi-process launcher in
+``rlcluster_lab.multiprocess``. Names that used to sit here (``PlacementLab``,
+``plan_cluster``, ``mesh_from_ids`` ...) still resolve at run time, from their new
+home, but are not part of ``__all__``, and a type checker reports them: import them
+from their new home.
+
+The names below are imported on first use (the imports under ``TYPE_CHECKING`` are
+what type checkers see and what is served), so ``import rlcluster_lab`` imports no
+JAX and ``python -m rlcluster_lab`` refuses a bad flag before JAX starts.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
-_EXPORTS: dict[str, str] = {
-    "AvoidableCopyWarning": "rlcluster_lab.cluster",
-    "ByteTokenizer": "rlcluster_lab.model.tokenizer",
-    "ClusterConfig": "rlcluster_lab.core.config",
-    "ConfigError": "rlcluster_lab.core.errors",
-    "Decision": "rlcluster_lab.core.trace",
-    "DeviceSetupError": "rlcluster_lab.core.devices",
-    "GRPOLearner": "rlcluster_lab.app.learner",
-    "LAYOUTS": "rlcluster_lab.core.options",
-    "LabDevices": "rlcluster_lab.lab.setup",
-    "LearnerConfig": "rlcluster_lab.app.learner",
-    "LearnerResult": "rlcluster_lab.app.learner",
-    "MODEL_SIZES": "rlcluster_lab.model",
-    "PlacementLab": "rlcluster_lab.lab.widget",
-    "MemoryReport": "rlcluster_lab.measure",
-    "Mode": "rlcluster_lab.core.roles",
-    "ModelConfig": "rlcluster_lab.model",
-    "NotConstructedError": "rlcluster_lab.cluster",
-    "PlacementError": "rlcluster_lab.core.shardings",
-    "PlacementReport": "rlcluster_lab.app.report",
-    "Plan": "rlcluster_lab.planner.plan",
-    "PlannedMesh": "rlcluster_lab.planner.shapes",
-    "RLCluster": "rlcluster_lab.cluster",
-    "RLEngine": "rlcluster_lab.cluster",
-    "Role": "rlcluster_lab.core.roles",
-    "RolloutConfig": "rlcluster_lab.core.options",
-    "RolloutEngine": "rlcluster_lab.engines",
-    "RolloutOutput": "rlcluster_lab.engines",
-    "Scenario": "rlcluster_lab.core.options",
-    "ScoreModel": "rlcluster_lab.model.scoring",
-    "SglangJaxStyleEngine": "rlcluster_lab.engines",
-    "SyncReport": "rlcluster_lab.measure",
-    "Trace": "rlcluster_lab.core.trace",
-    "TrainBatch": "rlcluster_lab.training",
-    "TrainingConfig": "rlcluster_lab.core.config",
-    "TransformerLM": "rlcluster_lab.model",
-    "ValueBatch": "rlcluster_lab.training",
-    "VanillaEngine": "rlcluster_lab.engines",
-    "VllmStyleEngine": "rlcluster_lab.engines",
-    "build_cluster": "rlcluster_lab.app.scenario",
-    "build_sharing_map": "rlcluster_lab.rules.sharing",
-    "describe_mesh": "rlcluster_lab.core.meshes",
-    "ensure_simulated_devices": "rlcluster_lab.core.devices",
-    "init_model": "rlcluster_lab.model",
-    "init_score_model": "rlcluster_lab.model.scoring",
-    "is_lora": "rlcluster_lab.model",
-    "layout_meshes": "rlcluster_lab.core.meshes",
-    "make_mesh": "rlcluster_lab.core.meshes",
-    "memory_report": "rlcluster_lab.measure",
+from rlcluster_lab.core.exports import lazy_exports
+
+if TYPE_CHECKING:
+    from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, LearnerResult
+    from rlcluster_lab.app.report import PlacementReport, placement_report
+    from rlcluster_lab.app.scenario import build_cluster
+    from rlcluster_lab.cluster import AvoidableCopyWarning, NotConstructedError, RLCluster, RLEngine
+    from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
+    from rlcluster_lab.core.devices import DeviceSetupError, ensure_simulated_devices
+    from rlcluster_lab.core.errors import ConfigError
+    from rlcluster_lab.core.meshes import describe_mesh, layout_meshes, make_mesh, reachable_layouts
+    from rlcluster_lab.core.options import LAYOUTS, RolloutConfig, Scenario
+    from rlcluster_lab.core.roles import Mode, Role
+    from rlcluster_lab.core.shardings import PlacementError
+    from rlcluster_lab.core.trace import Decision, Trace
+    from rlcluster_lab.engines import (
+        RolloutEngine,
+        RolloutOutput,
+        SglangJaxStyleEngine,
+        VanillaEngine,
+        VllmStyleEngine,
+    )
+    from rlcluster_lab.lab.setup import setup
+    from rlcluster_lab.measure import MemoryReport, SyncReport, memory_report
+    from rlcluster_lab.model import MODEL_SIZES, ModelConfig, TransformerLM, init_model, is_lora, with_lora
+    from rlcluster_lab.model.scoring import ScoreModel, init_score_model
+    from rlcluster_lab.model.tokenizer import ByteTokenizer
+    from rlcluster_lab.placement import place_model
+    from rlcluster_lab.rules.sharing import build_sharing_map
+    from rlcluster_lab.training import TrainBatch, ValueBatch
+
+__all__ = [
+    # the cluster (P15: two names, one class)
+    "RLCluster",
+    "RLEngine",
+    "build_cluster",
+    "Scenario",
+    "LAYOUTS",
+    "ClusterConfig",
+    "TrainingConfig",
+    "RolloutConfig",
+    "Role",
+    "Mode",
+    "TrainBatch",
+    "ValueBatch",
+    # devices and meshes
+    "ensure_simulated_devices",
+    "setup",
+    "make_mesh",
+    "layout_meshes",
+    "reachable_layouts",
+    "describe_mesh",
+    "place_model",
+    "build_sharing_map",
+    # rollout engines
+    "RolloutEngine",
+    "RolloutOutput",
+    "VanillaEngine",
+    "VllmStyleEngine",
+    "SglangJaxStyleEngine",
+    # models
+    "MODEL_SIZES",
+    "ModelConfig",
+    "TransformerLM",
+    "init_model",
+    "with_lora",
+    "is_lora",
+    "ScoreModel",
+    "init_score_model",
+    "ByteTokenizer",
+    # reports: the decision trace (L1), memory (L2), the sync (L3)
+    "placement_report",
+    "PlacementReport",
+    "Decision",
+    "Trace",
+    "memory_report",
+    "MemoryReport",
+    "SyncReport",
+    # the toy learner
+    "GRPOLearner",
+    "LearnerConfig",
+    "LearnerResult",
+    # errors
+    "ConfigError",
+    "DeviceSetupError",
+    "PlacementError",
+    "AvoidableCopyWarning",
+    "NotConstructedError",
+]
+
+# Names that moved to their own namespace, still served here for older code.
+_MOVED = {
+    "PlacementLab": "rlcluster_lab.lab",
+    "LabDevices": "rlcluster_lab.lab",
+    "Plan": "rlcluster_lab.planner",
+    "PlannedMesh": "rlcluster_lab.planner",
+    "plan_cluster": "rlcluster_lab.planner",
+    "plan_scenario": "rlcluster_lab.planner",
     "mesh_from_ids": "rlcluster_lab.core.meshes",
-    "place_model": "rlcluster_lab.placement",
-    "placement_report": "rlcluster_lab.app.report",
-    "plan_cluster": "rlcluster_lab.planner.plan",
-    "plan_scenario": "rlcluster_lab.planner.plan",
-    "reachable_layouts": "rlcluster_lab.core.meshes",
-    "setup": "rlcluster_lab.lab.setup",
-    "with_lora": "rlcluster_lab.model",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rlcluster_lab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# Hidden from type checkers, so that they flag a name that is not imported above.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__, moved=_MOVED)

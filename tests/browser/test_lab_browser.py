@@ -49,6 +49,8 @@ CHROMIUM_ARGS = [
 ]
 BUILD_TIMEOUT_MS = 300_000  # the kernel's first cluster build compiles its programs
 
+pytestmark = pytest.mark.cluster  # a JupyterLab server and a kernel that builds clusters, in subprocesses
+
 
 def _chromium() -> str:
     """Debian's Chromium (never a browser downloaded by Playwright)."""

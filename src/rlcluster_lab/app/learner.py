@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rlcluster_lab.cluster import RLCluster
+from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure.sync import SyncReport
 from rlcluster_lab.training.batch import TrainBatch, validate_prompts
@@ -61,9 +62,12 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         if self.steps < 0:
-            raise ValueError(f"steps must be >= 0, got {self.steps}")
+            raise ConfigError(f"steps must be >= 0, got {self.steps}", knobs=("steps",))
         if self.prompts_per_step < 1 or self.group_size < 2:
-            raise ValueError("prompts_per_step must be >= 1 and group_size >= 2 (GRPO compares within a group)")
+            raise ConfigError(
+                "prompts_per_step must be >= 1 and group_size >= 2 (GRPO compares within a group)",
+                knobs=("group_size",) if self.group_size < 2 else ("prompts_per_step",),
+            )
 
     @property
     def batch_size(self) -> int:

@@ -16,7 +16,7 @@ from flax import nnx
 
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
-from rlcluster_lab.core.limits import check_fits, limit_bytes
+from rlcluster_lab.core.limits import check_fits, check_fits_devices, device_free_bytes, limit_bytes
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, layout_meshes
 from rlcluster_lab.core.options import DTYPES, Scenario
 from rlcluster_lab.core.roles import Role
@@ -127,13 +127,17 @@ def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
         TooLargeError: the estimate exceeds ``core.limits.limit_bytes()``; the message
             gives both figures and how to ask for less.
     """
+    # The engine's KV cache for one prompt, whatever the batch (a batch is checked by generate).
+    check_rollout_fits(scenario, 1, f"a KV cache of {scenario.kv_cache_size:,} slots", "lower kv_cache_size")
     size = get_model_config(scenario.model_size)
     params = size.num_params + (size.lora_params(scenario.lora_rank) if scenario.lora else 0)
     draw = size.num_params * _DRAW_ITEMSIZE
     platform = next(iter(config.role_to_mesh.values())).devices.flat[0].platform
     devices = jax.devices(platform)
+    # Devices that report their allocator's figures (accelerators) are compared with the plan too.
+    reporting = [d for d in devices if device_free_bytes(d) is not None]
     bound = _MAX_COPIES * params * _DRAW_ITEMSIZE * len(devices) + draw + (1 << 20)
-    if bound <= limit_bytes():
+    if bound <= limit_bytes() and not reporting:
         return
     training = config.training_config
     here = Topology(
@@ -159,14 +163,20 @@ def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
     else:
         placed = sum(int(kinds.get("pinned_host", 0)) for kinds in memory["by_device"].values())
     roles = ["actor", "reference", "rollout"] + ["reward"] * scenario.with_reward + ["critic"] * scenario.with_critic
-    check_fits(
-        placed + draw,
+    what = (
         f"building this scenario (the {scenario.model_size} model"
         + (f" with LoRA rank {scenario.lora_rank}" if scenario.lora else "")
-        + f" as {', '.join(roles)} on {len(devices)} {platform} device(s))",
-        "ask for less: a smaller model_size (--model-size), fewer roles (--reward, --critic), "
-        "a LoRA actor (--lora) or fewer devices (--devices)",
+        + f" as {', '.join(roles)} on {len(devices)} {platform} device(s))"
     )
+    fix = (
+        "ask for less: a smaller model_size (--model-size), fewer roles (--reward, --critic), "
+        "a LoRA actor (--lora) or fewer devices (--devices)"
+    )
+    check_fits(placed + draw, what, fix)
+    # On devices with memory of their own: the planner's resident bytes per device (every
+    # role placed, device memory kind) against what each device's allocator has free.
+    resident = {int(d): int(kinds.get("device", 0)) for d, kinds in memory["by_device"].items()}
+    check_fits_devices(resident, reporting, what, fix)
 
 
 def rollout_bytes(scenario: Scenario, rows: int) -> int:

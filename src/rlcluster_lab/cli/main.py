@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 141
 EXIT_INTERRUPTED = 130
+# The result could not be written (a full disk, ``> /dev/full``, a closed stdout): sysexits' EX_IOERR.
+EXIT_OUTPUT_FAILED = 74
 
 # What a command raises for input it cannot use: a ConfigError (a ValueError; TooLargeError
 # is one too, and a MemoryError), a wrong type, a file that is not there, a number too large
@@ -71,16 +73,15 @@ _REFUSALS = (ValueError, TypeError, RuntimeError, FileNotFoundError, MemoryError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the exit code (0, 2, 130 or 141: see ``EXIT_*``)."""
+    """Run one subcommand; returns the exit code (0, 2, 74, 130 or 141: see ``EXIT_*``)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # a bad flag (one line on stderr, exit 2) or --help (exit 0)
         return int(exit_.code or 0)
     try:
         out = _run(args)
-        print(json.dumps(out, indent=2, sort_keys=True) if args.json else out["_text"] if "_text" in out else "")
-        sys.stdout.flush()  # a closed pipe is found here, not at interpreter exit
-    except BrokenPipeError:
+        text = json.dumps(out, indent=2, sort_keys=True) if args.json else out["_text"] if "_text" in out else ""
+    except BrokenPipeError:  # progress lines written while the command ran
         return _stdout_closed()
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -89,6 +90,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A refusal that names its knobs names them as this command's flags (core.knobs).
         print(f"error: {describe(exc, 'cli')}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    return _write(text)
+
+
+def _write(text: str) -> int:
+    """Print the result; an output that cannot take it ends with one line, never a traceback."""
+    if sys.stdout is None:  # started with stdout closed (``>&-``): the result has nowhere to go
+        print("error: cannot write the output: stdout is closed", file=sys.stderr)
+        return EXIT_OUTPUT_FAILED
+    try:
+        print(text)
+        sys.stdout.flush()  # a closed pipe or a full disk is found here, not at interpreter exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    except (OSError, ValueError) as exc:  # a full file system (``> /dev/full``), a closed file
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"error: cannot write the output: {reason}", file=sys.stderr)
+        _stdout_closed()
+        return EXIT_OUTPUT_FAILED
     return 0
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.cli.flags import scenario_from
+from rlcluster_lab.core.limits import BYTE_UNITS
 from rlcluster_lab.core.options import DTYPES, MODEL_SIZES
 from rlcluster_lab.planner.workload import Workload
 from rlcluster_lab.rules.validation import check_scenario
@@ -151,18 +152,7 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- CLI
 
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
+_UNITS = BYTE_UNITS
 
 
 def parse_bytes(text: str, name: str = "value") -> float:

@@ -10,6 +10,7 @@ import jax
 from flax import nnx
 
 from rlcluster_lab.cluster.state import ClusterState
+from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.measure.sync import SyncObserver, SyncReport
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.placement.reshard import reshard_strategy
@@ -26,6 +27,7 @@ def sync_weights(s: ClusterState) -> SyncReport:
     """
     placed = s.placed
     actor, engine = placed.actor, placed.engine
+    check_finite_leaves(actor, "actor")  # all or nothing: refused before anything changes
     lora = placed.lora
     filter_types = sync_filter(lora)
     watch = SyncObserver()

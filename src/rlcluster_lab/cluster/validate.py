@@ -6,14 +6,21 @@ import functools
 import os
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict
 
-from rlcluster_lab.core.config import ClusterConfig
+from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.gathering import host_values
+from rlcluster_lab.core.limits import check_fits
+from rlcluster_lab.core.model_config import ModelConfig
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import ENGINES, RolloutEngine
-from rlcluster_lab.model.checkpoint import abstract_checkpoint
+from rlcluster_lab.model.checkpoint import abstract_checkpoint, read_config
+from rlcluster_lab.model.sampling import generate_bytes
 from rlcluster_lab.model.scoring import ScoreModel
 from rlcluster_lab.rules.validation import p6_engine_accepts, p6_engine_choice, p6_rollout_config
 
@@ -60,6 +67,13 @@ def check_inputs(
     for name, model in (("actor", actor), ("reference", reference), ("reward", reward), ("critic", critic)):
         if model is not None and not isinstance(model, (nnx.Module, str, os.PathLike)):
             raise ConfigError(f"{name} must be an nnx.Module or a checkpoint path, got {type(model).__name__}")
+    if isinstance(actor, ScoreModel) or (_is_path(actor) and _checkpoint_kind(actor) == "score"):
+        where = f"the checkpoint {actor} holds" if _is_path(actor) else "got"
+        raise ConfigError(
+            f"actor must be a language model (a TransformerLM, from rlcluster_lab.init_model, or a checkpoint of "
+            f"one), {where} a ScoreModel (a reward or value model, which scores text but cannot generate it); "
+            "pass it as reward= or critic= instead"
+        )
     for name, model in (("reward", reward), ("critic", critic)):
         if isinstance(model, nnx.Module) and not isinstance(model, ScoreModel):
             raise ConfigError(
@@ -88,7 +102,60 @@ def check_inputs(
             if not paths:
                 raise
             raise ConfigError(f"{err} ({'; '.join(paths)}, compared by its config.json)") from None
+    check_cache_fits(actor, max_kv_cache_size(config))
     return train, kind
+
+
+def _checkpoint_kind(path: Any) -> str:
+    return read_config(path).kind
+
+
+def check_cache_fits(actor: Any, cache_size: int) -> None:
+    """Refuse a KV cache size whose cache for one prompt cannot fit, before anything is built.
+
+    Raises:
+        TooLargeError: the estimate (``model.sampling.generate_bytes`` for one row) exceeds
+            ``core.limits.limit_bytes()``.
+    """
+    if isinstance(actor, nnx.Module):
+        config = getattr(actor, "config", None)
+    else:
+        config = read_config(actor).config
+    if not isinstance(config, ModelConfig):
+        return  # a user's own module: its engine sizes its own cache
+    check_fits(
+        generate_bytes(config, 1, 1, cache_size, 1),
+        f"a KV cache of kv_cache_size={cache_size:,} slots for one prompt with the {config.name} model",
+        "lower kv_cache_size in the RolloutConfig (Scenario.kv_cache_size)",
+    )
+
+
+def check_finite_leaves(model: nnx.Module, role: str) -> None:
+    """Refuse a model holding a NaN or an infinite value, naming the leaves (before a sync copies it).
+
+    One compiled reduction over every floating-point leaf, where the leaves live;
+    only a flag per leaf comes back to the host.
+
+    Raises:
+        ValueError: the first few leaves holding a non-finite value.
+    """
+    flat = [(path, var.get_value()) for path, var in nnx.to_flat_state(nnx.state(model))]
+    leaves = [(path, x) for path, x in flat if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not leaves:
+        return
+    (flags,) = host_values([_all_finite([x for _, x in leaves])])
+    bad = ["/".join(map(str, path)) for (path, _), ok in zip(leaves, np.asarray(flags)) if not ok]
+    if bad:
+        raise ValueError(
+            f"the {role} holds NaN or infinite values in {len(bad)} leaf(s) (e.g. {bad[:3]}); nothing was synced: "
+            f"the rollout and the anchor keep their weights. Restore the {role} from a finite state (a checkpoint, "
+            "or the anchor) before syncing"
+        )
+
+
+@jax.jit
+def _all_finite(leaves: list[jax.Array]) -> jax.Array:
+    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
 
 
 def _is_path(model: Any) -> bool:

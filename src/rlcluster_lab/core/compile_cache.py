@@ -10,13 +10,22 @@ construction and the first sync skip XLA compilation. Where the cache lives:
 
 JAX reads this setting when it compiles for the first time in a process, so
 ``enable_compilation_cache`` must run before the first compilation.
+
+The cache is trusted: JAX runs the native code its entries hold, and an entry
+planted under another program's key runs as that program. So the folder must
+be one only this user can write: a folder owned by the user and writable by
+nobody else (the lab creates it with mode 0700). Any other folder gets one
+warning and no persistent cache (JAX then compiles as usual), even one named
+by ``JAX_COMPILATION_CACHE_DIR``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,20 +47,69 @@ def cache_dir() -> Path | None:
     return Path(base) / "rlcluster-lab" / "jax"
 
 
+def untrusted_reason(folder: Path) -> str | None:
+    """Why ``folder`` may not hold files this process runs or believes, or None when it may.
+
+    It must be a folder owned by this user that neither its group nor others
+    can write (reached through a link only if that link is this user's too).
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    try:
+        link = os.lstat(folder)
+        info = os.stat(folder)
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    if stat.S_ISLNK(link.st_mode) and uid is not None and link.st_uid != uid:
+        return f"is a symbolic link owned by user id {link.st_uid}, not by this user ({uid})"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if uid is not None and info.st_uid != uid:
+        return f"is owned by user id {info.st_uid}, not by this user ({uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        mode = stat.S_IMODE(info.st_mode)
+        return f"can be written by other users (mode {mode:04o}; it must not be group- or world-writable)"
+    return None
+
+
+_WARNED: set[str] = set()
+
+
+def trusted_folder(folder: Path, what: str) -> Path | None:
+    """``folder``, created private (0700) when missing, or None (one warning) when it cannot be trusted."""
+    with contextlib.suppress(OSError):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        os.mkdir(folder, 0o700)
+    reason = untrusted_reason(folder)
+    if reason is None:
+        return folder
+    if str(folder) not in _WARNED:
+        _WARNED.add(str(folder))
+        warnings.warn(
+            f"{what} is off: {folder} {reason}. Its files would be run or believed as this program's own; "
+            f"use a folder of your own (chmod 700), set {ENV} to one, or set {ENV}=off",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return None
+
+
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache (``path``, or ``cache_dir()``).
 
     Every program is cached, however quickly it compiled: on two CPU cores a
     "small" program still costs 0.1-0.5 s. Returns the folder, or None when
-    the cache is turned off or the folder cannot be created (then nothing
-    changes and JAX compiles as usual).
+    the cache is turned off, the folder cannot be created, or it cannot be
+    trusted (not this user's, or writable by others: one warning); then no
+    persistent cache is used and JAX compiles as usual.
     """
     folder = Path(path).expanduser() if path is not None else cache_dir()
+    if folder is not None:
+        folder = trusted_folder(folder, "the persistent compilation cache")
     if folder is None:
-        return None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
+        # Off, also for a folder JAX took from its own environment variable.
+        if jax.config.jax_compilation_cache_dir:
+            jax.config.update("jax_compilation_cache_dir", None)
         return None
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -17,7 +17,7 @@ import optax
 from jax.sharding import Mesh
 
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.options import ANCHOR_MODES, RESHARD_STRATEGIES, RolloutConfig, dtype_name
+from rlcluster_lab.core.options import ANCHOR_MODES, RESHARD_STRATEGIES, RolloutConfig
 from rlcluster_lab.core.roles import Mode, Role
 
 LogicalAxisRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
@@ -290,12 +290,3 @@ def max_kv_cache_size(config: ClusterConfig) -> int:
     if isinstance(cfg, Mapping):
         return max(c.kv_cache_size for c in cfg.values())
     return config.rollout_config_for(Mode.TRAIN).kv_cache_size
-
-
-def parse_dtype(name: Any) -> Any:
-    """A dtype given as a name or a dtype, as a JAX dtype (None stays None)."""
-    if name is None:
-        return None
-    import jax.numpy as jnp
-
-    return jnp.dtype(dtype_name(name))

@@ -32,12 +32,6 @@ def home_device(mesh: Any) -> Any:
     return jax.local_devices(backend=devices[0].platform)[0]
 
 
-def owns_any(mesh: Any) -> bool:
-    """True when this process owns at least one device of ``mesh``."""
-    me = jax.process_index()
-    return any(d.process_index == me for d in mesh.devices.flat)
-
-
 def processes_of(devices: Any) -> list[int]:
     """The process indices owning ``devices``, sorted."""
     return sorted({int(d.process_index) for d in devices})

@@ -83,6 +83,17 @@ KNOBS: dict[str, Knob] = {
         _k("mini_batch_size", "mini-batch-size", None, "number", "--mini-batch-size"),
         _k("train_micro_batch_size", "micro-batch-size", None, "number", "--micro-batch-size"),
         _k("num_iterations", "iterations", None, "number", "--iterations"),
+        _k("steps", "steps", None, "number", "--steps"),
+        _k("prompts_per_step", "prompts-per-step", None, "number", "--prompts-per-step"),
+        _k("group_size", "group-size", None, "number", "--group-size"),
+        # CLI only: what ``plan`` alone takes (a paper cluster's topology and step shapes).
+        _k("topology", "topology", None, "text", "--topology"),
+        _k("rollout_vllm_tensor_parallel_size", "vllm-tp", None, "number", "--vllm-tp"),
+        _k("devices_per_host", "devices-per-host", None, "number", "--devices-per-host"),
+        _k("rollout_batch_size", "rollout-batch-size", None, "number", "--rollout-batch-size"),
+        _k("prompt_length", "prompt-length", None, "number", "--prompt-length"),
+        _k("kv_cache_size", "kv-cache-size", None, "number", "--kv-cache-size"),
+        _k("micro_batch_size", "micro-batch-size", None, "number", "--micro-batch-size"),
     )
 }
 

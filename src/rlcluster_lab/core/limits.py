@@ -8,7 +8,11 @@ limit instead of a ``MemoryError`` deep inside NumPy or the kernel's OOM killer.
 
 from __future__ import annotations
 
+import math
 import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
 
@@ -25,14 +29,48 @@ class TooLargeError(ConfigError, MemoryError):
     """A request whose estimated bytes exceed what the machine can give; nothing was allocated."""
 
 
+# Units a byte count may carry (the CLI's --memory-per-device and $RLCLUSTER_LAB_MEMORY_LIMIT).
+BYTE_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+# Far above any machine's memory (an exabyte), so a limit never becomes a huge or infinite float.
+_MAX_LIMIT = 10**18
+
+
+def parse_limit(text: str) -> int:
+    """``$RLCLUSTER_LAB_MEMORY_LIMIT`` as bytes: a number with an optional unit (``64MiB``, ``2e9``).
+
+    Raises:
+        ConfigError: not a finite number of bytes between 0 and 10**18; the message names the variable.
+    """
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    try:
+        value = float(match.group(1)) * BYTE_UNITS[unit] if match else math.nan
+    except (ValueError, KeyError):
+        value = math.nan
+    if not math.isfinite(value) or not 0 <= value <= _MAX_LIMIT:
+        raise ConfigError(
+            f"{LIMIT_ENV}={text!r:.40} is not a number of bytes between 0 and {_MAX_LIMIT:.0e}; set it to e.g. "
+            f"2000000000, 2GB or 64MiB (units {', '.join(u for u in BYTE_UNITS if u)}), or unset it"
+        )
+    return int(value)
+
+
 def available_host_bytes() -> int:
     """Host memory this process may still use, in bytes (``MemAvailable``, or the env cap)."""
     cap = os.environ.get(LIMIT_ENV)
     if cap:
-        try:
-            return int(float(cap))
-        except ValueError as exc:
-            raise ConfigError(f"{LIMIT_ENV}={cap!r} is not a number of bytes") from exc
+        return parse_limit(cap)
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             for line in fh:
@@ -70,6 +108,43 @@ def check_fits(need: int, what: str, fix: str = "") -> None:
         raise TooLargeError(
             f"{what} would need about {_human(need)} ({need:,} bytes, estimated from shapes) but at most "
             f"{_human(limit)} may be allocated here (half the free host memory, or ${LIMIT_ENV}){hint}"
+        )
+
+
+def device_free_bytes(device: Any) -> int | None:
+    """Bytes ``device`` can still allocate, from its allocator (``memory_stats()``: its limit less
+    what is in use); None where the device reports no figures (CPU devices)."""
+    stats_of = getattr(device, "memory_stats", None)
+    if stats_of is None:
+        return None
+    try:
+        stats = stats_of()
+    except Exception:  # a backend without allocator figures raises rather than returning None
+        return None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def check_fits_devices(need: Mapping[int, int], devices: Iterable[Any], what: str, fix: str = "") -> None:
+    """Refuse when any device's ``need[device.id]`` bytes exceed what it can still allocate.
+
+    Only devices that report allocator figures (``device_free_bytes``) are checked:
+    on CPU devices, whose memory is the host's, ``check_fits`` is the check.
+
+    Raises:
+        TooLargeError: the first device that cannot hold its share; the message gives both figures.
+    """
+    for device in devices:
+        want = int(need.get(int(device.id), 0))
+        free = device_free_bytes(device)
+        if free is None or want <= free:
+            continue
+        hint = f"; {fix}" if fix else ""
+        raise TooLargeError(
+            f"{what} would need about {_human(want)} ({want:,} bytes, estimated from shapes) on {device.platform} "
+            f"device {device.id} but it has {_human(max(free, 0))} free ({max(free, 0):,} bytes, from its "
+            f"allocator's memory_stats()){hint}"
         )
 
 

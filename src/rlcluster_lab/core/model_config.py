@@ -7,19 +7,77 @@ rank) to refuse a configuration before JAX is imported; the model itself
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
-# Names taken as they are, without importing JAX; anything else is resolved through jnp.dtype.
-_DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+# The parameter dtypes the lab documents (README): the model's matmuls, its norms' float32
+# statistics and the checkpoint format are written for these three.
+PARAM_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
 def _dtype_name(dtype: Any) -> str:
-    if isinstance(dtype, str) and dtype in _DTYPE_NAMES:
+    if isinstance(dtype, str) and dtype in PARAM_DTYPES:
         return dtype
+    if isinstance(dtype, str):
+        return dtype  # refused by the caller, without importing JAX
     import jax.numpy as jnp
 
     return jnp.dtype(dtype).name
+
+
+# The projections ``with_lora`` adapts, by the part of a transformer block that holds them.
+LORA_PROJECTIONS: dict[str, tuple[str, ...]] = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
+
+# Bounds checked before any structure is built (validate, then build): the work of building a
+# model, planning it or reading its checkpoint grows with its layer count, and every dimension
+# becomes an array extent (int32 indices on the accelerators) and a term of int64 byte sums.
+MAX_LAYERS = 1024
+MAX_DIM = 2**31 - 1
+# About 4 * 10^15 parameters: a thousand times the largest published models, and far enough
+# below 2^63 that the planner's byte sums (bytes x copies x devices) stay exact in int64.
+MAX_PARAMS = 2**52
+
+# Ranges that keep the forward finite in float32 (where the norms and RoPE compute):
+# - rms_eps: added to a mean of squares before rsqrt; below float32's smallest normal number
+#   (about 1.2e-38) it flushes to 0 and an all-zero row divides by zero. 1 is far above any
+#   model's (1e-6 to 1e-5).
+# - rope_base: frequencies are base ** (-i / half); a base at or below 1 gives frequencies of
+#   1 and above (or infinite ones, 1e-300 ** -x), a base beyond float32's range is infinite.
+NUMERIC_RANGES: dict[str, tuple[float, float]] = {"rms_eps": (1e-30, 1.0), "rope_base": (1.0, 1e30)}
+# LoRA's scale (alpha / rank) multiplies every adapter's output; 1e4 is far above any use
+# (alpha 64 at rank 1 is 64), and 1e38 turns trained adapters into inf.
+MAX_LORA_SCALE = 1e4
+
+
+def numeric_problem(field: str, value: Any) -> str | None:
+    """Why ``value`` cannot be ``ModelConfig.<field>`` (rms_eps, rope_base), or None when it can."""
+    low, high = NUMERIC_RANGES[field]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"must be a number, got {type(value).__name__} {value!r:.40}"
+    value = float(value)
+    low_ok = value > low if field == "rope_base" else value >= low
+    if not math.isfinite(value) or not low_ok or value > high:
+        lower = f"above {low:g}" if field == "rope_base" else f"at least {low:g}"
+        return f"must be finite, {lower} and at most {high:g} (so the forward stays finite), got {value!r}"
+    return None
+
+
+def check_lora_scale(scale: Any, name: str = "lora_scale") -> float:
+    """A LoRA scale (alpha / rank) as a float: finite, ``|scale| <= MAX_LORA_SCALE``.
+
+    Raises:
+        ValueError: anything else; the message names ``name`` and the range.
+    """
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(float(scale)):
+        raise ValueError(f"{name} must be a finite number, got {scale!r:.40}")
+    if abs(float(scale)) > MAX_LORA_SCALE:
+        raise ValueError(
+            f"{name} is {float(scale):g}; at most {MAX_LORA_SCALE:g} in magnitude keeps the adapters' output "
+            "finite (the scale is alpha / rank: lower alpha)"
+        )
+    return float(scale)
 
 
 # The dimensions of a ModelConfig: positive ints (checked here, and in a checkpoint's config.json).
@@ -56,8 +114,20 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for field in INT_FIELDS:
             value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ModelConfig.{field} must be a positive int, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{field} must be a positive int, got {value!r:.40}")
+            if value > MAX_DIM:
+                raise ValueError(f"ModelConfig.{field} is {value:,}; a dimension is at most {MAX_DIM:,} (2**31 - 1)")
+        if self.num_layers > MAX_LAYERS:
+            raise ValueError(
+                f"ModelConfig.num_layers is {self.num_layers:,}; at most {MAX_LAYERS:,} layers are supported "
+                "(building, planning and loading a model take time in proportion to its layers)"
+            )
+        if self.num_params > MAX_PARAMS:
+            raise ValueError(
+                f"ModelConfig describes {self.num_params:,} parameters; at most {MAX_PARAMS:,} are supported: "
+                "lower the dimensions"
+            )
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -65,15 +135,21 @@ class ModelConfig:
             )
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if self.rms_eps <= 0 or self.rope_base <= 0:
-            raise ValueError("rms_eps and rope_base must be positive")
+        for field in NUMERIC_RANGES:
+            problem = numeric_problem(field, getattr(self, field))
+            if problem:
+                raise ValueError(f"ModelConfig.{field} {problem}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"ModelConfig.tie_embeddings must be True or False, got {self.tie_embeddings!r:.40}")
         try:
             name = _dtype_name(self.param_dtype)
-        except TypeError as err:
+        except (TypeError, ValueError):
+            name = None
+        if name not in PARAM_DTYPES:
             raise ValueError(
-                f"unknown param_dtype {self.param_dtype!r}; give a name ('bfloat16') or a JAX/NumPy dtype "
-                "(jnp.bfloat16)"
-            ) from err
+                f"ModelConfig.param_dtype {self.param_dtype!r:.40} is not supported; use one of "
+                f"{', '.join(PARAM_DTYPES)}, as a name ('bfloat16') or a JAX/NumPy dtype (jnp.bfloat16)"
+            )
         # Held as its name: the config is written to a checkpoint's config.json.
         object.__setattr__(self, "param_dtype", name)
 
@@ -130,8 +206,8 @@ class ModelConfig:
 
 
 # Sharded dims are all multiples of 8 (264 = 8 * 33) so each shards over 8, 4 or 2.
-MODEL_SIZES: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(
+_PRESETS: tuple[ModelConfig, ...] = (
+    ModelConfig(
         "tiny",
         vocab_size=264,
         embed_dim=64,
@@ -142,7 +218,7 @@ MODEL_SIZES: dict[str, ModelConfig] = {
         mlp_dim=128,
         max_seq_len=128,
     ),
-    "small": ModelConfig(
+    ModelConfig(
         "small",
         vocab_size=264,
         embed_dim=128,
@@ -153,7 +229,7 @@ MODEL_SIZES: dict[str, ModelConfig] = {
         mlp_dim=512,
         max_seq_len=256,
     ),
-    "base": ModelConfig(
+    ModelConfig(
         "base",
         vocab_size=264,
         embed_dim=256,
@@ -164,7 +240,7 @@ MODEL_SIZES: dict[str, ModelConfig] = {
         mlp_dim=1024,
         max_seq_len=512,
     ),
-    "large": ModelConfig(
+    ModelConfig(
         "large",
         vocab_size=264,
         embed_dim=512,
@@ -175,7 +251,11 @@ MODEL_SIZES: dict[str, ModelConfig] = {
         mlp_dim=2048,
         max_seq_len=1024,
     ),
-}
+)
+
+# The lab's preset sizes by name, smallest first: the one list of sizes (``core.options.MODEL_SIZES``
+# is its names, for the CLI and the knobs).
+MODEL_SIZES: dict[str, ModelConfig] = {config.name: config for config in _PRESETS}
 
 
 def get_model_config(name: str) -> ModelConfig:

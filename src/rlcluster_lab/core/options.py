@@ -15,20 +15,20 @@ import math
 import numbers
 from typing import Any
 
+from rlcluster_lab.core import model_config
 from rlcluster_lab.core.errors import ConfigError
 
 LAYOUTS: tuple[str, ...] = ("colocated", "reshaped", "split")
 ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
-ENGINE_LABELS: dict[str, str] = {
-    "vanilla": "vanilla",
-    "vllm": "vllm (JAX placement stand-in)",
-    "sglang_jax": "sglang_jax (JAX placement stand-in)",
-}
+# Every engine but the built-in sampler stands in for an external server's placement.
+ENGINE_LABELS: dict[str, str] = {e: e if e == "vanilla" else f"{e} (JAX placement stand-in)" for e in ENGINES}
 ANCHOR_MODES: tuple[str, ...] = ("full", "trainable")
 RESHARD_STRATEGIES: tuple[str, ...] = ("xla", "minimal")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-MODEL_SIZES: tuple[str, ...] = ("tiny", "small", "base", "large")
-LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+# The names of the lab's preset sizes and of the projections LoRA adapts, from the model's own
+# tables (``core.model_config``: JAX-free too), so a size or a projection is spelled once.
+MODEL_SIZES: tuple[str, ...] = tuple(model_config.MODEL_SIZES)
+LORA_TARGETS: tuple[str, ...] = tuple(name for names in model_config.LORA_PROJECTIONS.values() for name in names)
 
 
 def dtype_name(value: Any, what: str = "dtype") -> str:
@@ -56,6 +56,22 @@ def dtype_name(value: Any, what: str = "dtype") -> str:
             f"dtype (e.g. 'bfloat16' or jnp.bfloat16)"
         )
     return name
+
+
+# The smallest sampling temperature above 0 (greedy): log-probs come from logits / temperature
+# in float32, and below this floor the quotient overflows (or, below float32's smallest normal
+# number, the temperature itself flushes to 0): every log-prob is NaN. At the floor a logit
+# would have to exceed 1e32 to overflow.
+MIN_TEMPERATURE = 1e-6
+
+
+def temperature_rule(allow_zero: bool = True) -> str:
+    """What a temperature must be, as the refusals say it."""
+    low = ">= 0 (0 = greedy)" if allow_zero else "> 0"
+    return (
+        f"must be {low}, at least {MIN_TEMPERATURE:g} when not 0 (below that, logits / temperature overflow "
+        "float32 and every log-prob is NaN), and finite"
+    )
 
 
 def check_tensor_parallel_size(size: Any) -> None:
@@ -175,8 +191,8 @@ class RolloutConfig:
         temperature = self.temperature
         if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
             raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-        if not math.isfinite(temperature) or temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy) and finite, got {temperature}")
+        if not math.isfinite(temperature) or temperature < 0 or 0 < temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"temperature {temperature_rule()}, got {temperature}")
         if self.kv_cache_size < 2:
             raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
         check_tensor_parallel_size(self.rollout_vllm_tensor_parallel_size)

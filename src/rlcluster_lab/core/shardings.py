@@ -16,7 +16,9 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MEMORY_KINDS = ("device", "pinned_host")
+from rlcluster_lab.core.meshes import MESH_AXES
+
+MEMORY_KINDS: tuple[str, ...] = ("device", "pinned_host")  # where the lab places arrays
 
 
 class PlacementError(ValueError):
@@ -111,7 +113,7 @@ def check_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh, role: st
             raise PlacementError(
                 f"the {role} model's partition spec {spec} uses axis name(s) {missing} that the "
                 f"{role} mesh does not have (its axes: {tuple(mesh.axis_names)}). Build the mesh with "
-                f"axis names ('fsdp', 'tp') (rlcluster_lab.make_mesh), or map the model's logical "
+                f"axis names {MESH_AXES} (rlcluster_lab.make_mesh), or map the model's logical "
                 f"axes onto this mesh's names with TrainingConfig.role_to_logical_axis_rule."
             )
         size = 1

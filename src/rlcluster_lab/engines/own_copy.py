@@ -46,7 +46,13 @@ def rearranged_device_grid(device_ids: Sequence[int], tp_size: int | None) -> np
     tp = n if tp_size is None else int(tp_size)
     if tp < 1 or n % tp:
         raise ConfigError(
-            f"rollout_vllm_tensor_parallel_size={tp_size} does not divide the {n} rollout devices; use a divisor of {n}"
+            f"rollout_vllm_tensor_parallel_size={tp_size} does not divide the {n} rollout devices; "
+            f"use a divisor of {n}",
+            knobs=("rollout_vllm_tensor_parallel_size",),
+            problem=(
+                f"rollout_vllm_tensor_parallel_size (--vllm-tp) is {tp_size}, which does not divide the {n} rollout "
+                f"devices; use a divisor of {n}"
+            ),
         )
     return np.asarray(ids, dtype=np.int64).reshape(n // tp, tp)
 
@@ -68,11 +74,9 @@ class OwnCopyEngine(RolloutEngine):
     ) -> None:
         super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config, cache_size=cache_size)
         if mesh is None:
-            raise ConfigError(f"the {self.name} engine needs the rollout mesh to place its weights on")
+            raise ConfigError(f"the {type(self).__name__} engine needs the rollout mesh to place its weights on")
         self._engine_mesh = self.settle_mesh(mesh, rollout_config)
         self._model = copy_onto_mesh(rollout_actor, self._engine_mesh, logical_axis_rules)
-
-    name = "own-copy"
 
     def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
         """The mesh the engine keeps its copy on: the given one unless a subclass rearranges it."""
@@ -84,8 +88,6 @@ class OwnCopyEngine(RolloutEngine):
 
 class VllmStyleEngine(OwnCopyEngine):
     """Stand-in for the vLLM rollout's placement: its own rearranged mesh, its own copy."""
-
-    name = "vllm"
 
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
@@ -111,8 +113,6 @@ class VllmStyleEngine(OwnCopyEngine):
 
 class SglangJaxStyleEngine(OwnCopyEngine):
     """Stand-in for the SGLang-JAX rollout's placement: given mesh, own copy, no mesh exposed."""
-
-    name = "sglang_jax"
 
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:

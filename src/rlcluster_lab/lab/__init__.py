@@ -1,22 +1,27 @@
 """The notebook side: the set-up every notebook runs first, the notebooks' experiments, the
-figures (matplotlib for the notebooks, SVG panels for the lab), and the widget lab itself.
+figures (each defined once: the report's figures in SVG, shown by the notebooks and the
+widget lab; the notebooks' charts of steps, plans and shards in matplotlib), and the widget
+lab itself, and the rule code shown beside a decision.
 
-``from rlcluster_lab.lab import PlacementLab`` gives the lab.
+``from rlcluster_lab.lab import PlacementLab`` gives the lab; ``rlcluster_lab.setup()``
+(``lab.setup.setup``) sets a notebook up and returns its ``LabDevices``. The names are
+imported on first use: the widget lab imports ipywidgets, which a figure does not need.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+from rlcluster_lab.core.exports import lazy_exports
 
-def __getattr__(name: str) -> Any:
-    # The widget lab imports ipywidgets: loaded only when it is asked for.
-    if name in ("PlacementLab", "live_buffer_bytes"):
-        from rlcluster_lab.lab import widget
+if TYPE_CHECKING:
+    from rlcluster_lab.lab.code_view import show_rule
+    from rlcluster_lab.lab.controls import CUSTOM, Knobs, shape_options
+    from rlcluster_lab.lab.setup import LabDevices
+    from rlcluster_lab.lab.widget import PlacementLab, live_buffer_bytes
 
-        return getattr(widget, name)
-    if name in ("Knobs", "shape_options", "CUSTOM"):
-        from rlcluster_lab.lab import controls
+__all__ = ["CUSTOM", "Knobs", "LabDevices", "PlacementLab", "live_buffer_bytes", "shape_options", "show_rule"]
 
-        return getattr(controls, name)
-    raise AttributeError(f"module 'rlcluster_lab.lab' has no attribute {name!r}")
+# Hidden from type checkers, so that they flag a name that is not imported above.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.core.trace import Decision, jsonable
+from rlcluster_lab.rules.catalogue import find_rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +33,16 @@ class RuleCode:
     first_line: int  # line number of ``def`` in its file
     path: str  # the file, relative to the package
     decision: Mapping[str, Any] | None
+    title: str = ""  # the rule's title, as declared beside its functions
+
+    @property
+    def heading(self) -> str:
+        """``P3 (the rollout model)``: the rule id with its declared title."""
+        return f"{self.rule} ({self.title})" if self.title else self.rule
 
     def text(self) -> str:
         """The source, then what the decision read and returned, as plain text."""
-        lines = [f"# {self.rule}: {self.function}  ({self.path}, line {self.first_line})", self.source.rstrip()]
+        lines = [f"# {self.heading}: {self.function}  ({self.path}, line {self.first_line})", self.source.rstrip()]
         if self.decision is not None:
             lines += ["", f"# the decision it took: {self.decision.get('test')}"]
             for key, value in (self.decision.get("values") or {}).items():
@@ -53,7 +60,7 @@ class RuleCode:
     def _repr_html_(self) -> str:
         code = _highlight(self.source)
         head = (
-            f"<div style='font:12px sans-serif;color:#444'><b>{html.escape(self.rule)}</b> · "
+            f"<div style='font:12px sans-serif;color:#444'><b>{html.escape(self.heading)}</b> · "
             f"<code>{html.escape(self.function)}</code> · {html.escape(self.path)}, line {self.first_line}</div>"
         )
         if self.decision is None:
@@ -86,28 +93,26 @@ def _highlight(source: str) -> str:
 
 
 def _without_docstring(fn: Callable[..., object]) -> tuple[str, int]:
+    """The function from its ``def`` line on, without its docstring, and that line's number.
+
+    The decorator that registers it with its rule (``@P3.function``) is left out too: every
+    rule function has one, and the rule is named above the code."""
     lines, first = inspect.getsourcelines(fn)
     source = textwrap.dedent("".join(lines))
     node = ast.parse(source).body[0]
+    kept = source.splitlines(keepends=True)
     body = getattr(node, "body", [])
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-        doc = body[0]
-        kept = source.splitlines(keepends=True)
-        del kept[doc.lineno - 1 : doc.end_lineno]
-        source = "".join(kept)
-    return source, first
+        del kept[body[0].lineno - 1 : body[0].end_lineno]
+    return "".join(kept[node.lineno - 1 :]), first + node.lineno - 1
 
 
 def _functions(rule: str) -> Sequence[Callable[..., object]]:
-    from rlcluster_lab.rules import RULES
-
-    for entry in RULES:
-        if entry.rule == rule:
-            if not entry.functions:
-                raise ValueError(f"{rule} has no function of its own: {entry.note}")
-            return entry.functions
-    known = ", ".join(e.rule for e in RULES)
-    raise ValueError(f"unknown rule {rule!r}: the rules are {known}")
+    """The functions registered with the rule's declaration (``rules.registry``)."""
+    entry = find_rule(rule)
+    if not entry.functions:
+        raise ValueError(f"{rule} has no function of its own: {entry.note}")
+    return entry.functions
 
 
 def _as_dict(decision: Decision | Mapping[str, Any]) -> dict[str, Any]:
@@ -204,4 +209,5 @@ def show_rule(
     code, first = _without_docstring(fn)
     module = inspect.getmodule(fn)
     path = (module.__name__ if module else fn.__module__).replace(".", "/") + ".py"
-    return RuleCode(rule, f"{fn.__module__}.{fn.__qualname__}", code, first, path, decision)
+    title = find_rule(rule).title
+    return RuleCode(rule, f"{fn.__module__}.{fn.__qualname__}", code, first, path, decision, title)

@@ -2,9 +2,10 @@
 tabs, the error box and the "what changed" line, each redrawn only when the part of the
 report it shows has changed.
 
-The figures are ``lab.panels`` (pure functions of report JSON, drawn in
-milliseconds), put into ``Output`` widgets as display data: core ipywidgets
-only, so it runs in JupyterLab, VS Code and Colab alike.
+The figures are the notebooks' own (``lab.placement_figures``, ``lab.memory_figures``,
+``lab.sync_figures``: pure functions of report JSON that return SVG, drawn in milliseconds),
+put into ``Output`` widgets as display data: core ipywidgets only, so it runs in JupyterLab,
+VS Code and Colab alike.
 
 The views share one ``Tab``, so the lab fits a 1600 x 1000 screen beside its
 knobs; each action shows the view it changed (``show``).
@@ -22,8 +23,10 @@ import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
 from rlcluster_lab.core.knobs import describe
-from rlcluster_lab.lab import panels
+from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
+from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
 from rlcluster_lab.lab.sharing_notes import actor_share_text
+from rlcluster_lab.lab.sync_figures import sync_bytes
 
 _PANELS = ("flow", "grid", "memory", "sync")
 _TITLES = {
@@ -54,7 +57,7 @@ STYLE = """<style>
 
 
 def svg_output(svg: str, alt: str) -> dict[str, Any]:
-    """One display-data output holding an SVG figure (``panels``)."""
+    """One display-data output holding an SVG figure."""
     return {"output_type": "display_data", "data": {"image/svg+xml": str(svg), "text/plain": alt}, "metadata": {}}
 
 
@@ -127,16 +130,16 @@ class Display:
         draws: dict[str, tuple[Any, list[Callable[[], Any]] | str]] = {
             "flow": (
                 (report["decisions"], report["sharing_map"], report["rollout_branch"], report["anchor"]),
-                [lambda: panels.decision_flow(report)],
+                [lambda: decision_flow(report)],
             ),
             "grid": (
                 (report["role_to_mesh"], report["config_role_to_mesh"], memory),
-                [lambda: panels.device_grid(report)],
+                [lambda: device_grid(report)],
             ),
-            "memory": (memory, [lambda: panels.memory_by_device(memory), lambda: panels.memory_by_role(memory)]),
+            "memory": (memory, [lambda: memory_by_device(memory), lambda: memory_by_role(memory)]),
             "sync": (
                 sync,
-                [lambda: panels.sync_bytes(sync)] if sync else "no sync measured yet: press Sync weights (P13)",
+                [lambda: sync_bytes(sync)] if sync else "no sync measured yet: press Sync weights (P13)",
             ),
         }
         redrawn = []

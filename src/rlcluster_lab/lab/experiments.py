@@ -1,15 +1,18 @@
-"""The experiments the notebooks run, each one call that returns plain data.
+"""The experiments the notebooks run on live clusters, each one call that returns plain data,
+and the tables made of their results.
 
-A notebook cell calls one of these and hands the result to ``viz`` or prints
-it with ``format_table``; the cells hold no logic of their own. Every
-function builds its clusters through ``Scenario``/``build_cluster`` (or the
-public ``RLCluster`` for the P6 error cases) and reads results from the
-reports, so what a notebook shows is what the CLI and the tests see.
+A notebook cell calls one of these and hands the result to a figure function or prints it
+with ``format_table``; the cells hold no logic of their own. Every function builds its
+clusters through ``Scenario``/``build_cluster`` (or the public ``RLCluster`` for the P6
+error cases) and reads results from the reports, so what a notebook shows is what the CLI
+and the tests see; nothing here decides where a model lives. The planner's side (plans
+against measurements, what-if plans) is ``lab.what_if``.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,35 +20,24 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, LearnerResult
 from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.cluster import RLCluster
-from rlcluster_lab.core.config import ClusterConfig, ConfigError, RolloutConfig
-from rlcluster_lab.core.meshes import layout_meshes, make_mesh, reachable_layouts
+from rlcluster_lab.core.config import ClusterConfig, ConfigError, RolloutConfig, TrainingConfig
+from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
+from rlcluster_lab.core.options import LAYOUTS
 from rlcluster_lab.core.roles import Mode, Role
-
-# The experiments of notebooks 04-08 live in their own module; a notebook reaches all here.
-from rlcluster_lab.lab.run_experiments import (  # noqa: F401
-    EVEN_PROMPTS,
-    PLAN_CHECKS,
-    SYNC_COLUMNS,
-    Tick,
-    anchor_rows,
-    collect,
-    offload_timeline,
-    p11_compare,
-    p11_rows,
-    p11_run,
-    p11_setting_rows,
-    plan_vs_measured,
-    sync_matrix,
-    sync_rows,
-    sync_time_rows,
-    timeline_rows,
-    what_if_rows,
-)
+from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.model import init_model
 from rlcluster_lab.rules.sharing import build_sharing_map, sharing_map_json
+
+Tick = Callable[[Any], None]
+
+
+def collect() -> None:
+    """Free the buffers of clusters a cell no longer holds, before building the next one."""
+    gc.collect()
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
@@ -140,8 +132,6 @@ def mesh_identity(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
 
 
 def _shape(n: int) -> tuple[int, int]:
-    from rlcluster_lab.core.meshes import default_shape
-
     return default_shape(n)
 
 
@@ -305,29 +295,170 @@ def engine_rows(
     return rows, reports
 
 
-__all__ = [
-    "EVEN_PROMPTS",
-    "MEMORY_SCENARIOS",
-    "anchor_rows",
-    "decision_lines",
-    "engine_rows",
-    "layout_rows",
-    "reports_for",
-    "format_table",
-    "memory_comparison",
-    "memory_rows",
-    "mesh_identity",
-    "offload_timeline",
-    "plan_vs_measured",
-    "what_if_rows",
-    "p11_compare",
-    "p11_rows",
-    "p11_run",
-    "p11_setting_rows",
-    "p6_errors",
-    "sharing_maps",
-    "sync_matrix",
-    "sync_rows",
-    "sync_time_rows",
-    "timeline_rows",
-]
+# --------------------------------------------------------------------------- 04: P11 and the anchor (P8)
+
+
+def p11_run(
+    devices: Sequence[jax.Device],
+    *,
+    steps: int = 6,
+    mini_batch_size: int = 8,
+    iterations: int = 2,
+    prompts_per_step: int = 4,
+    group_size: int = 4,
+    progress: Tick | None = None,
+) -> dict[str, Any]:
+    """A short GRPO run whose every optimizer step records the P11 gaps; returns its JSON."""
+    cluster = build_cluster(
+        Scenario(layout="colocated", max_tokens=8),
+        devices=devices,
+        training_config=TrainingConfig(learning_rate=3e-3, mini_batch_size=mini_batch_size, num_iterations=iterations),
+    )
+    learner = GRPOLearner(
+        cluster,
+        LearnerConfig(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size),
+        prompts=EVEN_PROMPTS,
+    )
+    result: LearnerResult = learner.run(
+        progress=(lambda s: progress(f"mean reward {s.mean_reward:.2f}")) if progress else None
+    )
+    out = result.to_json()
+    out["config"] = {
+        "batch_size": prompts_per_step * group_size,
+        "mini_batch_size": mini_batch_size,
+        "iterations": iterations,
+        "steps": steps,
+    }
+    return out
+
+
+def anchor_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What the anchor (P8) holds in each report, and where."""
+    return [
+        {
+            "scenario": label,
+            "anchor mode": r["anchor"].get("mode", "full"),
+            "memory kind": r["anchor"]["memory_kind"],
+            "anchor bytes": r["anchor"]["bytes"],
+            "actor bytes": r["memory"]["by_role"]["actor"]["bytes"],
+        }
+        for label, r in reports.items()
+    ]
+
+
+def p11_compare(
+    devices: Sequence[jax.Device],
+    settings: Sequence[tuple[int, int]] = ((16, 1), (8, 1), (8, 2)),
+    steps: int = 8,
+    progress: Tick | None = None,
+) -> dict[str, dict[str, Any]]:
+    """One short run per (mini-batch size, iterations) setting, batch 16; label -> run JSON.
+
+    ``progress`` is called once per GRPO step of every run.
+    """
+    out = {}
+    for mini, iterations in settings:
+        label = f"mini-batch {mini}, {iterations} iteration{'s' if iterations > 1 else ''}"
+        out[label] = p11_run(devices, steps=steps, mini_batch_size=mini, iterations=iterations, progress=progress)
+        collect()
+    return out
+
+
+def p11_setting_rows(runs: Mapping[str, Mapping[str, Any]], tolerance: float = 1e-4) -> list[dict[str, Any]]:
+    """Per setting: optimizer steps per global step, and on how many of them live == anchor."""
+    rows = []
+    for label, run in runs.items():
+        recs = run["p11"]
+        steps = max(run["config"]["steps"], 1)
+        same = sum(r["live_vs_anchor"] <= tolerance for r in recs)
+        rows.append(
+            {
+                "setting": label,
+                "optimizer steps per global step": len(recs) // steps,
+                "live == anchor": f"{same} of {len(recs)}",
+                "anchor == sampler": f"{sum(r['anchor_vs_sampler'] <= tolerance for r in recs)} of {len(recs)}",
+            }
+        )
+    return rows
+
+
+def p11_rows(result: Mapping[str, Any], tolerance: float = 1e-4) -> list[dict[str, Any]]:
+    """Per (iteration, mini-batch) position in a global step: do live and anchor agree?
+
+    Agreement is within ``tolerance`` nats (float noise is ~1e-6); the anchor
+    and the sampler must agree everywhere.
+    """
+    groups: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
+    for rec in result["p11"]:
+        groups.setdefault((rec["iteration"], rec["rows"][0]), []).append(rec)
+    rows = []
+    for (iteration, _start), recs in sorted(groups.items()):
+        rows.append(
+            {
+                "iteration": iteration,
+                "rows": f"{recs[0]['rows'][0]}-{recs[0]['rows'][1]}",
+                "optimizer steps before": recs[0]["steps_taken_before"],
+                "live == anchor": all(r["live_vs_anchor"] <= tolerance for r in recs),
+                "anchor == sampler": all(r["anchor_vs_sampler"] <= tolerance for r in recs),
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- 05: weight sync (P13, L3)
+
+
+SYNC_COLUMNS = (
+    "synced_bytes",
+    "moved_cross_device_bytes",
+    "copied_same_device_bytes",
+    "reused_bytes",
+    "minimum_cross_device_bytes",
+    "synced_logical_bytes",
+)
+
+
+def sync_matrix(
+    devices: Sequence[jax.Device],
+    layouts: Sequence[str] = LAYOUTS,
+    loras: Sequence[bool] = (False, True),
+    engine: str = "vanilla",
+    progress: Tick | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The measured sync (L3) of each layout, with a full and a LoRA actor.
+
+    Each cluster syncs twice and the second sync is kept: the first one also
+    compiles the resharding programs, which is not what a sync costs in a run.
+    """
+    out = {}
+    for layout in layouts:
+        if layout not in reachable_layouts(devices):
+            continue
+        for lora in loras:
+            cluster = build_cluster(Scenario(layout=layout, lora=lora, engine=engine), devices=devices)
+            cluster.sync_weights()
+            report = cluster.sync_weights()
+            out[f"{layout}, {'LoRA' if lora else 'full'}"] = report.to_json()
+            del cluster
+            collect()
+            if progress:
+                progress(f"{layout}, {'LoRA' if lora else 'full'}")
+    return out
+
+
+def sync_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Byte counts of each measured sync (physical bytes), without timings, so they compare run to run."""
+    return [{"run": label, **{k.replace("_bytes", ""): s[k] for k in SYNC_COLUMNS}} for label, s in syncs.items()]
+
+
+def sync_time_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Measured seconds of each sync and of its anchor re-pin (they vary run to run)."""
+    return [
+        {
+            "run": label,
+            "sync ms": f"{s['seconds'] * 1e3:.2f}",
+            "anchor ms": f"{s['anchor_seconds'] * 1e3:.2f}",
+            "moved MB/s": f"{s['moved_cross_device_bytes'] / max(s['seconds'], 1e-9) / 1e6:.0f}",
+        }
+        for label, s in syncs.items()
+    ]

@@ -1,7 +1,7 @@
 """The decision flow as rows (L1): per decision, the question, its answers and the one that
 fired, read from the typed branch each rule recorded, in the order the cluster took them, and
-the links from a decision to the ones that read its result. Both the matplotlib figure and the
-SVG panel draw these rows and links."""
+the links from a decision to the ones that read its result: what ``placement_figures.decision_flow``
+draws."""
 
 from __future__ import annotations
 
@@ -10,6 +10,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.lab.style import fmt_bytes
+from rlcluster_lab.rules.anchor import P8
+from rlcluster_lab.rules.catalogue import RULES
+from rlcluster_lab.rules.loading import P5, P14, LoadBranch, OffloadAnswer, OffloadBranch
+from rlcluster_lab.rules.reference import NO_REFERENCE, P4
+from rlcluster_lab.rules.rollout import P3, P7, MeshBranch, RolloutBranch
+from rlcluster_lab.rules.sharing import P1, P2, LinkBranch
+from rlcluster_lab.rules.steps import P12, P13
+from rlcluster_lab.rules.validation import P6, CheckBranch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +68,13 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     rows: list[FlowRow] = []
     checks = _decisions(report, "P6")
     if checks:
-        failed = [d for d in checks if d.get("branch") == "error"]
+        failed = [d for d in checks if d.get("branch") == CheckBranch.ERROR.value]
         rows.append(
             FlowRow(
                 "P6",
-                "config checks pass?",
-                ("pass", "error"),
-                "error" if failed else "pass",
+                P6.question,
+                P6.values(),
+                (CheckBranch.ERROR if failed else CheckBranch.PASS).value,
                 f"{len(checks) - len(failed)} of {len(checks)} checks passed",
             )
         )
@@ -75,18 +83,18 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         rows.append(
             FlowRow(
                 "P1",
-                "actor mesh == rollout mesh?",
-                ("linked", "not linked"),
+                P1.question,
+                P1.values(),
                 str(d.get("branch")),
                 f"shapes {mesh_shape_text(v.get('actor_mesh'))} vs {mesh_shape_text(v.get('rollout_mesh'))}; "
                 f"same devices: {'yes' if v.get('same_devices') else 'no'}",
             )
         )
-    p2 = [d for d in _decisions(report, "P2") if d.get("branch") != "propagated"]
+    p2 = [d for d in _decisions(report, "P2") if d.get("branch") != LinkBranch.PROPAGATED]
     for d in p2[:1]:
         v = d["values"]
         fired = str(d.get("branch"))
-        if fired == "skipped":
+        if fired == LinkBranch.SKIPPED:
             detail = "a model was given as a path"
         else:
             detail = (
@@ -96,42 +104,36 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
             )
             for prop in _decisions(report, "P2"):
                 linked = (prop.get("values") or {}).get("linked_to_actor") or []
-                if prop.get("branch") == "propagated" and len(linked) > 1:
+                if prop.get("branch") == LinkBranch.PROPAGATED and len(linked) > 1:
                     # P2's propagation: roles linked to the actor are linked to each other.
                     detail += f"; so {' and '.join(linked)} are linked too"
-        rows.append(
-            FlowRow("P2", "LoRA actor, reference on its mesh?", ("linked", "not linked", "skipped"), fired, detail)
-        )
+        rows.append(FlowRow("P2", P2.question, P2.values(), fired, detail))
     for d in _decisions(report, "P3")[:1]:
         detail = d["outcome"]
-        if d.get("branch") == "shared" and report.get("rollout_shares_actor_weights") is False:
+        if d.get("branch") == RolloutBranch.SHARED and report.get("rollout_shares_actor_weights") is False:
             # Measured: the rollout holds none of the actor's buffers although P3 handed it over.
             detail = "handed the actor object, but " + engine_copy_reason(report) + ": the rollout holds a copy"
         rows.append(
             FlowRow(
                 "P3",
-                "what does the rollout sample with?",
-                ("shared", "second_copy", "engine_initial_value"),
+                P3.question,
+                P3.values(),
                 str(d.get("branch")),
                 detail,
             )
         )
     p4 = _decisions(report, "P4")
     if not p4:
-        fired, detail = "no reference", ""
+        fired, detail = NO_REFERENCE, ""
     else:
         fired, detail = str(p4[0].get("branch")), p4[0]["outcome"].split(";")[0]
-    rows.append(
-        FlowRow(
-            "P4", "reference backbone", ("one backbone", "avoidable copy", "own weights", "no reference"), fired, detail
-        )
-    )
+    rows.append(FlowRow("P4", P4.question, P4.values(), fired, detail))
     for d in _decisions(report, "P5"):
         v = d["values"]
-        if d.get("branch") not in ("kept as is", "resharded"):
+        if d.get("branch") not in P5.values():
             continue  # "read from the checkpoint" notes, not a placement branch
         role = str(v["role"])
-        kept = d["branch"] == "kept as is"
+        kept = d["branch"] == LoadBranch.KEPT
         reused = v.get("leaves_on_target", 0)
         detail = f"{reused} of {v['leaves']} leaves already in their target sharding"
         if not kept and v.get("requested_dtype") and v["requested_dtype"] != v.get("dtype"):
@@ -139,21 +141,21 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         rows.append(
             FlowRow(
                 f"P5:{role}",
-                f"load {role} onto its mesh",
-                ("kept as is", "resharded"),
-                "kept as is" if kept else "resharded",
+                P5.question.format(role=role),
+                P5.values(),
+                str(d["branch"]),
                 detail,
             )
         )
     moved = sorted(
-        {str(d["values"]["role"]) for d in _decisions(report, "P14") if d.get("branch") == "moved to pinned_host"}
+        {str(d["values"]["role"]) for d in _decisions(report, "P14") if d.get("branch") == OffloadBranch.OFFLOADED}
     )
     rows.append(
         FlowRow(
             "P14",
-            "offload_to_cpu?",
-            ("pinned host between uses", "stays on device"),
-            "pinned host between uses" if report.get("offload_to_cpu") else "stays on device",
+            P14.question,
+            P14.values(),
+            (OffloadAnswer.PINNED_HOST if report.get("offload_to_cpu") else OffloadAnswer.ON_DEVICE).value,
             ("moved to pinned host: " + ", ".join(moved)) if moved else "",
         )
     )
@@ -162,8 +164,8 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         rows.append(
             FlowRow(
                 "P7",
-                "engine exposes a mesh?",
-                ("kept", "replaced"),
+                P7.question,
+                P7.values(),
                 str(d.get("branch")),
                 f"engine {v.get('engine')}; map rebuilt: {'yes' if v.get('sharing_map_rebuilt') else 'no'}; "
                 "still registered as sharing: "
@@ -179,8 +181,8 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         rows.append(
             FlowRow(
                 "P8",
-                "anchor policy state holds",
-                ("full", "trainable"),
+                P8.question,
+                P8.values(),
                 fired,
                 f"{fmt_bytes(anchor.get('bytes', 0))} in {kind}",
             )
@@ -190,8 +192,8 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         rows.append(
             FlowRow(
                 "P12",
-                "the optimizer trains",
-                ("LoRA params", "all params"),
+                P12.question,
+                P12.values(),
                 str(d.get("branch")),
                 str(d.get("outcome", "")),
             )
@@ -201,8 +203,8 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         rows.append(
             FlowRow(
                 "P13",
-                "sync hands the engine",
-                ("LoRA params", "all params"),
+                P13.question,
+                P13.values(),
                 str(p13[-1].get("branch")),
                 f"{len(p13)} sync(s); sharing map consulted: no",
             )
@@ -216,7 +218,7 @@ def engine_copy_reason(report: Mapping[str, Any]) -> str:
     engine = str(report.get("engine", "the"))
     for d in _decisions(report, "P7")[:1]:
         v = d.get("values") or {}
-        if d.get("branch") == "replaced":
+        if d.get("branch") == MeshBranch.REPLACED:
             return (
                 f"the {engine} engine copied it onto its own {mesh_shape_text(v.get('engine_mesh'))} mesh "
                 f"(P7: not the {mesh_shape_text(v.get('config_rollout_mesh'))} asked for)"
@@ -258,7 +260,7 @@ def flow_links(report: Mapping[str, Any]) -> list[FlowLink]:
         if not _decisions(report, src) or not _decisions(report, dst):
             continue
         d = _decisions(report, dst)[0]
-        if (src, dst) == ("P1", "P7") and d.get("branch") != "replaced":
+        if (src, dst) == ("P1", "P7") and d.get("branch") != MeshBranch.REPLACED:
             continue
         value = (d.get("values") or {}).get(key)
         shown = ("yes" if value else "no") if isinstance(value, bool) else str(value)
@@ -312,13 +314,20 @@ def mesh_coords(mesh: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
     return out
 
 
-# How a branch is labelled in the flow figures (matplotlib and SVG); other branches use their own name.
-OPTION_LABELS = {
-    "second_copy": "second copy",
-    "engine_initial_value": "engine's initial value",
-    "shared": "same object",
-    "full": "full state",
-    "trainable": "trainable only",
-    "kept": "rollout mesh kept",
-    "replaced": "engine's mesh",
-}
+def _option_labels() -> dict[str, str]:
+    """Answer value -> its label, from every rule's declaration; a value two rules label
+    differently could not be drawn right, so it is refused here."""
+    labels: dict[str, str] = {}
+    for entry in RULES:
+        for value, label in entry.labels().items():
+            if labels.setdefault(value, label) != label:
+                raise ValueError(
+                    f"the answer {value!r} is labelled {labels[value]!r} by one rule and {label!r} by {entry.rule}; "
+                    "give the two answers different values or the same label"
+                )
+    return {value: label for value, label in labels.items() if label != value}
+
+
+# How a branch is labelled in the flow figures (matplotlib and SVG), as each rule declares it
+# (``rules.registry``); other branches use their own name.
+OPTION_LABELS: dict[str, str] = _option_labels()

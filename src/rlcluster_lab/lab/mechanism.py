@@ -23,7 +23,8 @@ from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster.contexts import context_rows
 from rlcluster_lab.core.meshes import layout_meshes
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.lab.run_experiments import EVEN_PROMPTS, collect
+from rlcluster_lab.lab.experiments import collect
+from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.rules.sharing import sharing_map
 from rlcluster_lab.training.step import TrainBatch

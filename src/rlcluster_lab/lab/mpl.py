@@ -1,5 +1,5 @@
-"""Small matplotlib helpers for the lab's figures: a figure without pyplot, a bytes axis,
-the order of entries and devices, PNG bytes of a figure, and the sizes every figure keeps to.
+"""Small matplotlib helpers for the notebooks' matplotlib figures: a figure without pyplot, a
+bytes axis, legend columns, PNG bytes of a figure, and the sizes every figure keeps to.
 
 A notebook shows a figure at its own size: ``dpi`` pixels per inch of ``figsize`` (100, the
 default), and a notebook's output column is about 1000 px wide. So no figure is wider than
@@ -16,6 +16,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import MultipleLocator
+
+from rlcluster_lab.lab.textfit import text_width
 
 
 def to_png(fig: Figure, dpi: int = 100) -> bytes:
@@ -47,45 +49,13 @@ MIN_PT = 9.0  # the smallest font size in any figure
 FONT = 10.0  # body text, tick labels, legends
 
 
-TITLE = 11.0
-
-
 def new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
     """A figure (no pyplot) at most ``MAX_WIDTH`` wide."""
     return Figure(figsize=(min(width, MAX_WIDTH), height), layout=layout)
 
 
-def inch_axes(fig: Figure) -> Any:
-    """Axes over the whole figure whose data units are inches from its top left corner: for
-    figures laid out by hand (the decision flow, the device grid), where text is fitted to
-    boxes measured in inches."""
-    w, h = fig.get_size_inches()
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, w)
-    ax.set_ylim(h, 0)
-    ax.axis("off")
-    return ax
-
-
-def inches(text_points: float) -> float:
-    """Points (of a text width from ``textfit``) in inches."""
-    return text_points / 72.0
-
-
-def present_keys(keys: Sequence[str], order: Sequence[str]) -> list[str]:
-    """``keys`` in the lab's usual order, unknown ones last (sorted, so stable)."""
-    known = [k for k in order if k in keys]
-    return known + sorted(k for k in keys if k not in order)
-
-
-def device_order(keys: Sequence[str]) -> list[str]:
-    return sorted(keys, key=lambda k: (0, int(k)) if str(k).isdigit() else (1, str(k)))
-
-
 def legend_columns(fig: Figure, labels: Sequence[str], size: float = MIN_PT) -> int:
     """How many columns a legend under the figure can have and still fit its width."""
-    from rlcluster_lab.lab.textfit import text_width
-
     widest = max([text_width(line, size) for label in labels for line in label.split("\n")] + [1.0])
     per_column = widest + 3.2 * size  # the swatch, its gap and the gap between columns, in pt
     return max(1, min(len(labels), int((72 * fig.get_figwidth() - 20) // per_column)))

@@ -236,8 +236,9 @@ def _enable_colab_widgets() -> None:
 def _register_figure_display() -> None:
     """Show a ``matplotlib.figure.Figure`` returned by a cell as a PNG.
 
-    The figures in ``viz`` are built without pyplot, so IPython has no display
-    rule for them until one is registered.
+    The notebooks' matplotlib figures (``step_figures``, ``plan_figures``, ``shard_figures``)
+    are built without pyplot, so IPython has no display rule for them until one is
+    registered. The SVG figures display themselves (``svg.Svg``).
     """
     try:
         from IPython import get_ipython
@@ -248,7 +249,7 @@ def _register_figure_display() -> None:
         return
     from matplotlib.figure import Figure
 
-    from rlcluster_lab.lab.figures import to_png
+    from rlcluster_lab.lab.mpl import to_png
 
     shell.display_formatter.formatters["image/png"].for_type(Figure, lambda fig: to_png(fig))
 

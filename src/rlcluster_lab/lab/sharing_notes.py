@@ -1,5 +1,5 @@
-"""Per role, the sharing map beside the measured buffers, in words: what the figures print
-under the device grid (matplotlib and SVG).
+"""Per role, the sharing map beside the measured buffers, in words: what the device grid prints
+under its cells and the sharing-map figure in its rows (``placement_figures``).
 
 Two facts that read alike and are not the same: the sharing map is P1/P2's decision of which
 roles may share a model; the measured shared buffers are the ones two roles really hold in

@@ -1,15 +1,21 @@
-"""The lab's visual vocabulary, shared by the matplotlib figures and the SVG panels: role
-order and colours, memory kinds, the parts of a sync, and how bytes are written."""
+"""The lab's visual vocabulary, shared by the SVG figures and the matplotlib ones: role order
+and colours, memory kinds, the parts of a sync, and how bytes and entries are written."""
 
 from __future__ import annotations
 
-ROLE_ORDER: tuple[str, ...] = ("actor", "rollout", "reference", "reward", "critic")
+from collections.abc import Sequence
+
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.shardings import MEMORY_KINDS
+from rlcluster_lab.measure.memory import MEMORY_ENTRIES
+
+ROLE_ORDER: tuple[str, ...] = tuple(role.value for role in Role)
 
 
-ENTRY_ORDER: tuple[str, ...] = ROLE_ORDER + ("anchor", "optimizer", "critic_optimizer")
+ENTRY_ORDER: tuple[str, ...] = MEMORY_ENTRIES
 
 
-KINDS: tuple[str, ...] = ("device", "pinned_host")
+KINDS: tuple[str, ...] = MEMORY_KINDS
 
 
 ROLE_COLORS: dict[str, str] = {
@@ -35,6 +41,9 @@ SYNC_PARTS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+RELAYED = "#8b1a1a"  # bytes that crossed devices and did not stay (a sync's relayed excess)
+
+
 HIGHLIGHT = "#f6c343"  # the branch that fired
 
 
@@ -55,3 +64,13 @@ def fmt_bytes(n: float) -> str:
             return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def in_order(keys: Sequence[str], order: Sequence[str]) -> list[str]:
+    """``keys`` in the lab's usual ``order`` (``ROLE_ORDER``, ``ENTRY_ORDER``), unknown ones last, sorted."""
+    return [k for k in order if k in keys] + sorted(k for k in keys if k not in order)
+
+
+def device_order(keys: Sequence[str]) -> list[str]:
+    """Device keys of a report ("0", "1", ..., "10") in numeric order, any other key after them."""
+    return sorted(keys, key=lambda k: (0, int(k)) if str(k).isdigit() else (1, str(k)))

@@ -1,12 +1,15 @@
-"""SVG drawing for the lab's panels: a small canvas (rectangles, text, lines, paths, hatches)
-whose elements carry ids and hover titles, rendered to a string a notebook shows as a figure."""
+"""SVG drawing for the lab's figures: a small canvas (rectangles, text, lines, paths, hatches)
+whose elements carry ids and hover titles, rendered to a string that a notebook and the
+widget lab show as a figure."""
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
+from typing import Any
 
-from rlcluster_lab.lab.textfit import clip, text_width, wrap  # noqa: F401  (the panels import them from here)
+from rlcluster_lab.lab.textfit import text_width
 
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 
@@ -17,10 +20,10 @@ TEXT = "#222222"
 MUTED = "#5f5f5f"
 
 
-WIDTH = 760  # a panel's width in px: two side by side fit a 1600 px wide screen
+WIDTH = 760  # a figure's width in px: it fits a notebook's output column and the lab's view beside its knobs
 
 
-# The smallest text a panel draws, in px at its own width: 12 px is 9 pt (1 pt = 4/3 px). A panel
+# The smallest text a figure draws, in px at its own width: 12 px is 9 pt (1 pt = 4/3 px). A figure
 # is shown at its width (``WIDTH``), so this is the size on screen.
 MIN_FONT = 12.0
 
@@ -30,6 +33,11 @@ class Svg(str):
 
     def _repr_svg_(self) -> str:
         return str(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # A notebook stores this as the figure's text/plain beside the SVG: one line, not the markup again.
+        size = re.search(r'width="([\d.]+)" height="([\d.]+)"', self)
+        printer.text(f"<SVG figure, {size.group(1)} x {size.group(2)} px>" if size else "<SVG figure>")
 
 
 class Canvas:
@@ -124,11 +132,15 @@ class Canvas:
         width: float = 1.0,
         dash: str | None = None,
         id: str | None = None,
+        title: str | None = None,
+        nbytes: int | None = None,
     ) -> None:
         attrs = f'x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{stroke}" stroke-width="{width}"'
         if dash:
             attrs += f' stroke-dasharray="{dash}"'
-        self._add("line", attrs, id, None)
+        if nbytes is not None:
+            attrs += f' data-bytes="{int(nbytes)}"'  # the figure's number, for readers and tests
+        self._add("line", attrs, id, title)
 
     def path(
         self,
@@ -179,11 +191,3 @@ def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]], widt
         c.text(cx + 18, y, label, size=MIN_FONT)
         cx += w + 12
     return y + 20
-
-
-def present(keys: Sequence[str], order: Sequence[str]) -> list[str]:
-    return [k for k in order if k in keys] + sorted(k for k in keys if k not in order)
-
-
-def device_keys(keys: Sequence[str]) -> list[str]:
-    return sorted(keys, key=lambda k: (0, int(k)) if str(k).isdigit() else (1, str(k)))

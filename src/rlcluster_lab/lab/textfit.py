@@ -1,5 +1,5 @@
 """How wide a line of text is in DejaVu Sans (the font of the matplotlib figures and the first
-font of the SVG panels), and text cut or wrapped to a width: what keeps labels inside their
+font of the SVG figures), and text cut or wrapped to a width: what keeps labels inside their
 boxes in both kinds of figure. Widths come in the unit of the size: px for px, pt for pt."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 
 def text_width(text: str, size: float, bold: bool = False) -> float:
     """How wide ``text`` is at font size ``size`` in DejaVu Sans, in the unit of ``size`` (summed
-    glyph advances, no kerning; Helvetica and Arial, the SVG panels' fallbacks, are narrower)."""
+    glyph advances, no kerning; Helvetica and Arial, the SVG figures' fallbacks, are narrower)."""
     em = _advances(bold)
     return size * sum(em.get(ch, 0.7) for ch in text)
 
@@ -37,14 +37,14 @@ def clip(text: str, width: float, size: float = 12.0, bold: bool = False) -> str
     return text.rstrip() + "\u2026"
 
 
-def wrap(text: str, width: float, size: float = 12.0, lines: int = 3) -> list[str]:
+def wrap(text: str, width: float, size: float = 12.0, lines: int = 3, bold: bool = False) -> list[str]:
     """``text`` broken at spaces into lines that fit ``width``, at most ``lines`` of them
     (the last one clipped with an ellipsis if the text is longer still)."""
     out: list[str] = []
     line = ""
     for word in text.split():
         candidate = f"{line} {word}" if line else word
-        if line and text_width(candidate, size) > width:
+        if line and text_width(candidate, size, bold) > width:
             out.append(line)
             line = word
         else:
@@ -52,5 +52,5 @@ def wrap(text: str, width: float, size: float = 12.0, lines: int = 3) -> list[st
     if line:
         out.append(line)
     if len(out) > lines:
-        out = out[: lines - 1] + [clip(" ".join(out[lines - 1 :]), width, size)]
-    return [clip(o, width, size) for o in out]
+        out = out[: lines - 1] + [clip(" ".join(out[lines - 1 :]), width, size, bold)]
+    return [clip(o, width, size, bold) for o in out]

@@ -1,8 +1,8 @@
 """The placement lab: every knob of a scenario as a widget, and live panels.
 
 The panels read the placement report (``placement_report(cluster,
-sync=...).to_json()``) and draw it with ``rlcluster_lab.lab.panels`` (SVG, drawn in
-milliseconds); nothing here decides where a model lives. Only core ipywidgets
+sync=...).to_json()``) and draw it with the notebooks' own figure functions (SVG,
+drawn in milliseconds; ``lab.display``); nothing here decides where a model lives. Only core ipywidgets
 are used: each figure is put into an ``Output`` widget as display data (no
 ipympl, which Colab does not run). A panel whose part of the report did not
 change is not drawn again.

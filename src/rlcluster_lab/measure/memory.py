@@ -17,15 +17,17 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rlcluster_lab.core.shardings import array_leaves
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.shardings import MEMORY_KINDS, array_leaves
 
 UNITS = "physical bytes: every device shard counted (a leaf replicated on 4 devices counts 4 times)"
 MEMORY_SOURCE = "measured: walk of the live buffers of each role's state"
 
-# The order entries appear in reports and figures.
-MEMORY_ENTRIES = ("actor", "rollout", "reference", "reward", "critic", "anchor", "optimizer", "critic_optimizer")
+# The order entries appear in reports and figures: the roles, then what the cluster holds beside them.
+MEMORY_ENTRIES: tuple[str, ...] = tuple(role.value for role in Role) + ("anchor", "optimizer", "critic_optimizer")
 
-KINDS = ("device", "pinned_host", "unpinned_host")  # memory kinds, in report order
+# Memory kinds in report order: the two the lab places into, then host memory JAX may report too.
+KINDS: tuple[str, ...] = MEMORY_KINDS + ("unpinned_host",)
 
 BufferKey = tuple[str, int, str, int]  # (platform, device id, memory kind, buffer pointer)
 

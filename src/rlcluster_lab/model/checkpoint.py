@@ -19,6 +19,14 @@ it. The order is chosen so that nothing is allocated on a file's word:
 5. the data is read into arrays of the expected size and checked to be
    finite; only then is the model built, so a failed load returns nothing
    and leaves nothing on the devices.
+
+``save`` refuses what ``load`` would refuse (the same checks of the config,
+the parameters' names, shapes and dtypes, finite values), and replaces a
+checkpoint atomically: both files are written into a new folder beside the
+target (made exclusively, so nothing is written through a link planted
+there), flushed to disk, and only then swapped in, so the previous
+checkpoint stays whole until the new one is complete. Saves to one folder
+are serialized (an exclusive lock on the parent folder).
 """
 
 from __future__ import annotations
@@ -38,7 +46,9 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.limits import check_fits
+from rlcluster_lab.core.model_config import NUMERIC_RANGES, check_lora_scale, numeric_problem
 from rlcluster_lab.core.options import DTYPES
+from rlcluster_lab.model.atomic import replace_folder
 from rlcluster_lab.model.init import abstract_model, materialize
 from rlcluster_lab.model.lora import is_lora
 from rlcluster_lab.model.transformer import INT_FIELDS, ModelConfig
@@ -93,20 +103,77 @@ class CheckpointConfig:
 
 
 def save(model: nnx.Module, path: str | os.PathLike) -> Path:
-    """Write ``model`` (a TransformerLM, LoRA or not, or a ScoreModel) under ``path``."""
+    """Write ``model`` (a TransformerLM, LoRA or not, or a ScoreModel) under ``path``.
+
+    The write is atomic: ``config.json`` and ``params.npz`` go into a new
+    folder beside ``path`` (created exclusively), are flushed to disk, and the
+    folder then takes ``path``'s place in one rename; a previous checkpoint
+    there stays whole until then, and a failed save (a full disk, an
+    interrupt) leaves it as it was. Saves to one folder are serialized.
+
+    Raises:
+        ConfigError: the model holds what ``load`` would refuse (a non-finite
+            value, parameters that do not match its config, a LoRA scale out of
+            range); nothing was written.
+        FileExistsError: ``path`` is a symbolic link, a file, or a folder that
+            holds other files than a checkpoint's (``save`` replaces the whole
+            folder, so it refuses to delete anything else).
+        OSError: the write failed; a checkpoint already at ``path`` is untouched.
+    """
     from rlcluster_lab.model.scoring import ScoreModel
 
     folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
     kind = "score" if isinstance(model, ScoreModel) else "lm"
-    rank = _lora_rank(model)
-    meta = {"format": FORMAT, "kind": kind, "config": dataclasses.asdict(model.config), "lora_rank": rank}
+    rank, scale = _lora_settings(model)
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "kind": kind,
+        "config": dataclasses.asdict(model.config),
+        "lora_rank": rank,
+    }
     if rank:
-        meta["lora_scale"] = float(_first_lora(model).scale)
-    (folder / "config.json").write_text(json.dumps(meta, indent=2))
+        meta["lora_scale"] = scale
     flat = {_key(p): np.asarray(v) for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
-    np.savez(folder / "params.npz", **flat)
+    # The checks load makes, before anything is written.
+    try:
+        ck = _check_meta(folder / "config.json", json.loads(json.dumps(meta)))
+    except ConfigError as err:
+        raise ConfigError(f"save refused {folder}: the checkpoint would not load: {err}") from None
+    _check_saved_params(ck, folder, flat)
+    replace_folder(
+        folder,
+        {
+            "config.json": lambda f: f.write(json.dumps(meta, indent=2).encode()),
+            "params.npz": lambda f: np.savez(f, **flat),
+        },
+    )
     return folder
+
+
+def _check_saved_params(ck: CheckpointConfig, folder: Path, flat: dict[str, np.ndarray]) -> None:
+    """The model's parameters against what its config describes, and finite, as ``load`` checks them."""
+    expected = {_key(p): v for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(_build_structure(ck)))).items()}
+    if set(flat) != set(expected):
+        missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+        raise ConfigError(
+            f"save refused {folder}: the model's parameters do not match its config (missing {missing[:3]}, "
+            f"unexpected {extra[:3]}); save a TransformerLM (with or without LoRA) or a ScoreModel"
+        )
+    for name, values in flat.items():
+        spec = expected[name]
+        if tuple(values.shape) != tuple(spec.shape) or np.dtype(values.dtype) != np.dtype(spec.dtype):
+            raise ConfigError(
+                f"save refused {folder}: parameter {name!r} has shape {tuple(values.shape)} and dtype "
+                f"{values.dtype}, but its config needs {tuple(spec.shape)} and {np.dtype(spec.dtype)} (every "
+                "parameter in the config's param_dtype); the checkpoint would not load"
+            )
+        bad, where = _non_finite(values)
+        if bad:
+            raise ConfigError(
+                f"save refused {folder}: parameter {name!r} holds {bad:,} non-finite value(s) (NaN or inf), the "
+                f"first at index {where}; load refuses such a checkpoint: save the model from a state before "
+                "its values diverged"
+            )
 
 
 def load(path: str | os.PathLike) -> nnx.Module:
@@ -174,6 +241,11 @@ def read_config(path: str | os.PathLike) -> CheckpointConfig:
         ) from err
     except OSError as err:
         raise ConfigError(f"{cfg_file} cannot be read ({err}); {_RESAVE}") from err
+    return _check_meta(cfg_file, meta)
+
+
+def _check_meta(cfg_file: Path, meta: Any) -> CheckpointConfig:
+    """A parsed ``config.json`` checked key by key (``load`` reads it; ``save`` checks what it writes)."""
     if not isinstance(meta, dict):
         raise ConfigError(f"{cfg_file} holds a JSON {type(meta).__name__}; expected an object with keys {_TOP_KEYS}")
     unknown = sorted(set(meta) - set(_TOP_KEYS))
@@ -198,8 +270,10 @@ def read_config(path: str | os.PathLike) -> CheckpointConfig:
     if rank and kind == "score":
         raise ConfigError(f"{cfg_file}: key 'lora_rank' must be 0 for kind 'score' (a score model has no adapters)")
     scale = meta.get("lora_scale", 1.0)
-    if not _is_real(scale) or not math.isfinite(scale):
-        raise ConfigError(f"{cfg_file}: key 'lora_scale' must be a finite number, got {_show(scale)}")
+    try:
+        scale = check_lora_scale(scale, "key 'lora_scale'")
+    except ValueError as err:
+        raise ConfigError(f"{cfg_file}: {err}") from None
     config = _model_config(cfg_file, meta["config"])
     if rank > config.max_lora_rank:
         raise ConfigError(
@@ -235,11 +309,10 @@ def _model_config(cfg_file: Path, raw: Any) -> ModelConfig:
         raise ConfigError(
             f"{cfg_file}: key 'config.param_dtype' must be one of {DTYPES}, got {_show(raw['param_dtype'])}"
         )
-    for field in ("rms_eps", "rope_base"):
-        if field in raw and not (_is_real(raw[field]) and math.isfinite(raw[field]) and raw[field] > 0):
-            raise ConfigError(
-                f"{cfg_file}: key 'config.{field}' must be a positive finite number, got {_show(raw[field])}"
-            )
+    for field in NUMERIC_RANGES:
+        problem = numeric_problem(field, raw[field]) if field in raw else None
+        if problem:
+            raise ConfigError(f"{cfg_file}: key 'config.{field}' {problem}")
     try:
         return ModelConfig(**raw)
     except (ValueError, TypeError) as err:  # the relations between fields (heads, even head_dim)
@@ -248,21 +321,25 @@ def _model_config(cfg_file: Path, raw: Any) -> ModelConfig:
 
 def _structure(ck: CheckpointConfig) -> nnx.Module:
     """The checkpoint's model on paper, after its bytes were found to fit (nothing allocated)."""
-    from rlcluster_lab.model.scoring import abstract_score_model
-
     # Twice the parameters: they are read into host arrays, then copied to the device.
     fix = f"check the dimensions in {ck.path} (a foreign or corrupted file?) or load it on a larger machine"
     check_fits(2 * ck.param_bytes, f"the checkpoint {ck.path.parent}", fix)
-    # Tracing the structure costs time that grows with the layer count, so the check above
-    # comes first; the one below is the exact count, should the formula and the model drift.
-    if ck.kind == "score":
-        model: nnx.Module = abstract_score_model(ck.config)
-    else:
-        model = abstract_model(ck.config, ck.lora_rank, ck.lora_scale)
+    # Building the structure costs time in proportion to the layer count (bounded by
+    # ModelConfig), so the check above comes first; the one below is the exact count,
+    # should the formula and the model drift.
+    model = _build_structure(ck)
     leaves = flatten_dict(nnx.to_pure_dict(nnx.state(model))).values()
     exact = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in leaves)
     check_fits(2 * exact, f"the checkpoint {ck.path.parent}", fix)
     return model
+
+
+def _build_structure(ck: CheckpointConfig) -> nnx.Module:
+    from rlcluster_lab.model.scoring import abstract_score_model
+
+    if ck.kind == "score":
+        return abstract_score_model(ck.config)
+    return abstract_model(ck.config, ck.lora_rank, ck.lora_scale)
 
 
 def _read_params(ck: CheckpointConfig, expected: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -290,7 +367,11 @@ def _read_params(ck: CheckpointConfig, expected: dict[str, Any]) -> dict[str, np
 def _check_members(ck: CheckpointConfig, npz: Path, infos: list[zipfile.ZipInfo], expected: dict[str, Any]) -> None:
     """The zip's directory against the config: names, then declared sizes. No data is read."""
     names = [info.filename for info in infos]
-    repeated = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+    seen: set[str] = set()
+    repeated_set: set[str] = set()
+    for n in names:  # one pass: a crafted zip may hold a great many members
+        (repeated_set if n in seen else seen).add(n)
+    repeated = sorted(repeated_set)
     if repeated:
         raise ConfigError(f"{npz}: member(s) {repeated[:3]} appear more than once; {_RESAVE}")
     want = {k + ".npy" for k in expected}
@@ -381,10 +462,10 @@ def _read_exactly(fp: Any, out: np.ndarray, npz: Path, member: str) -> None:
         pos += got
 
 
-def _check_finite(npz: Path, member: str, values: np.ndarray) -> None:
-    """Refuse NaN or inf: a model holding them computes NaN log-probs and losses without a word."""
+def _non_finite(values: np.ndarray) -> tuple[int, tuple[int, ...]]:
+    """How many values are NaN or inf, and the index of the first (0 and () when none)."""
     if values.dtype.kind not in "fcV":
-        return
+        return 0, ()
     flat = values.reshape(-1)
     step = _CHUNK // max(values.dtype.itemsize, 1)
     bad, first = 0, -1
@@ -394,8 +475,15 @@ def _check_finite(npz: Path, member: str, values: np.ndarray) -> None:
         if count and first < 0:
             first = start + int(np.argmin(ok))
         bad += count
+    if not bad:
+        return 0, ()
+    return bad, tuple(int(i) for i in np.unravel_index(first, values.shape))
+
+
+def _check_finite(npz: Path, member: str, values: np.ndarray) -> None:
+    """Refuse NaN or inf: a model holding them computes NaN log-probs and losses without a word."""
+    bad, where = _non_finite(values)
     if bad:
-        where = tuple(int(i) for i in np.unravel_index(first, values.shape))
         raise ConfigError(
             f"{npz}: member {member!r} holds {bad:,} non-finite value(s) (NaN or inf), the first at index "
             f"{where}; a checkpoint's parameters must be finite: save the model from a state before its "
@@ -424,16 +512,21 @@ def _key(path: tuple) -> str:
     return "/".join(map(str, path))
 
 
-def _first_lora(model: nnx.Module) -> Any:
+def _lora_settings(model: nnx.Module) -> tuple[int, float]:
+    """The adapters' rank and scale (0 and 1.0 without adapters); every adapter must share them,
+    as the checkpoint records one of each."""
     from rlcluster_lab.model.lora import LoRALinear
 
-    for _, node in nnx.iter_graph(model):
-        if isinstance(node, LoRALinear):
-            return node
-    raise ValueError("model has no LoRA layer")
-
-
-def _lora_rank(model: nnx.Module) -> int:
     if not is_lora(model):
-        return 0
-    return int(_first_lora(model).lora_a.get_value().shape[1])
+        return 0, 1.0
+    found = {
+        (int(node.lora_a.get_value().shape[1]), float(node.scale))
+        for _, node in nnx.iter_graph(model)
+        if isinstance(node, LoRALinear)
+    }
+    if len(found) != 1:
+        raise ConfigError(
+            f"save: the model's adapters differ in (rank, scale): {sorted(found)[:3]}; a checkpoint records one "
+            "rank and one scale for every adapter (build it with with_lora)"
+        )
+    return next(iter(found))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -19,9 +21,34 @@ from rlcluster_lab.model.values import initial_values
 def _abstract_lm(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
     """The model's structure: every Variable with its logical names, values as shapes only.
 
-    Traced once per config (``nnx.eval_shape``: nothing is computed or compiled).
+    Made once per config (``abstract_structure``: nothing is computed or compiled).
     """
-    return nnx.split(nnx.eval_shape(lambda: TransformerLM(config, rngs=nnx.Rngs(0))))
+    return nnx.split(abstract_structure(TransformerLM, config))
+
+
+def abstract_structure(build: Callable[..., nnx.Module], config: ModelConfig) -> Any:
+    """``build(config, rngs=...)`` as shapes only, in time linear in the layer count.
+
+    Tracing a whole model (``nnx.eval_shape``) costs time that grows faster than
+    its layer count (every parameter's random draw inspects the trace so far:
+    a 300-layer model took minutes). Every block is built by the same
+    constructor from the same config, so one block is traced, in a one-layer
+    model, and repeated: each copy has Variables of its own and the same
+    shapes, dtypes and sharding names. The config the one-layer model holds is
+    replaced by ``config`` wherever it appears, so the result is the model
+    ``build(config)`` traces (the tests compare the two).
+    """
+    one = dataclasses.replace(config, num_layers=1)
+    model = nnx.eval_shape(lambda: build(one, rngs=nnx.Rngs(0)))
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Module) and getattr(node, "config", None) == one:
+            node.config = config
+    lm = model if isinstance(model, TransformerLM) else model.backbone
+    block_def, block_state = nnx.split(lm.blocks[0])
+    lm.blocks = nnx.List(
+        [nnx.merge(block_def, jax.tree.map(lambda x: x, block_state)) for _ in range(config.num_layers)]
+    )
+    return model
 
 
 def abstract_model(config: ModelConfig | str, lora_rank: int = 0, lora_scale: float = 1.0) -> TransformerLM:

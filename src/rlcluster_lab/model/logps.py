@@ -13,6 +13,7 @@ import numpy as np
 from flax import nnx
 
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.options import MIN_TEMPERATURE, temperature_rule
 from rlcluster_lab.model.transformer import TransformerLM
 
 # ---------------------------------------------------------------------------
@@ -104,7 +105,10 @@ def check_token_batch(
 
 
 def check_temperature(temperature: Any, *, allow_zero: bool = True, name: str = "temperature") -> float:
-    """``temperature`` as a finite float, >= 0 (0 = greedy) or > 0 when ``allow_zero`` is False.
+    """``temperature`` as a finite float: 0 (greedy, when ``allow_zero``) or at least ``MIN_TEMPERATURE``.
+
+    Log-probs are computed from ``logits / temperature`` in float32: a temperature
+    below the floor divides by (nearly) zero and turns every log-prob into NaN.
 
     Raises:
         TypeError: not a real number.
@@ -115,29 +119,33 @@ def check_temperature(temperature: Any, *, allow_zero: bool = True, name: str = 
     if np.ndim(temperature) != 0:
         raise ConfigError(f"{name} must be a scalar, got shape {np.shape(temperature)}")
     value = float(temperature)
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        expected = ">= 0 (0 = greedy)" if allow_zero else "> 0"
-        raise ConfigError(f"{name} must be {expected} and finite, got {value}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or 0 < value < MIN_TEMPERATURE:
+        raise ConfigError(f"{name} {temperature_rule(allow_zero)}, got {value}")
     return value
 
 
-_VOCAB_BY_GRAPHDEF: dict[Any, int | None] = {}
+_CONFIG_BY_GRAPHDEF: dict[Any, Any] = {}
+
+
+def model_config_of(graphdef: nnx.GraphDef, *states: Any) -> Any:
+    """The ``config`` of the model ``graphdef`` describes (a ``ModelConfig`` for the lab's models),
+    or None for a model without one. Found once per graphdef (merging builds Python objects only)."""
+    try:
+        return _CONFIG_BY_GRAPHDEF[graphdef]
+    except KeyError:
+        pass
+    config = getattr(nnx.merge(graphdef, *states), "config", None)
+    if len(_CONFIG_BY_GRAPHDEF) >= 64:  # bounded: one entry per model architecture seen
+        _CONFIG_BY_GRAPHDEF.clear()
+    _CONFIG_BY_GRAPHDEF[graphdef] = config
+    return config
 
 
 def model_vocab_size(graphdef: nnx.GraphDef, *states: Any) -> int | None:
     """The vocabulary size of the model ``graphdef`` describes (its ``config.vocab_size``), or None
-    for a model without one. Found once per graphdef (merging builds Python objects only)."""
-    try:
-        return _VOCAB_BY_GRAPHDEF[graphdef]
-    except KeyError:
-        pass
-    config = getattr(nnx.merge(graphdef, *states), "config", None)
-    vocab = getattr(config, "vocab_size", None)
-    vocab = int(vocab) if isinstance(vocab, numbers.Integral) else None
-    if len(_VOCAB_BY_GRAPHDEF) >= 64:  # bounded: one entry per model architecture seen
-        _VOCAB_BY_GRAPHDEF.clear()
-    _VOCAB_BY_GRAPHDEF[graphdef] = vocab
-    return vocab
+    for a model without one."""
+    vocab = getattr(model_config_of(graphdef, *states), "vocab_size", None)
+    return int(vocab) if isinstance(vocab, numbers.Integral) else None
 
 
 # ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rlcluster_lab.core.model_config import LORA_PROJECTIONS, check_lora_scale
 from rlcluster_lab.model.transformer import TransformerLM
 from rlcluster_lab.model.values import initial_value
 
@@ -35,14 +36,12 @@ class LoRALinear(nnx.Module):
         in_axis, out_axis = base.kernel.get_metadata()["out_sharding"]
         self.lora_a = nnx.LoRAParam(a, out_sharding=(in_axis, None), eager_sharding=False)
         self.lora_b = nnx.LoRAParam(b, out_sharding=(None, out_axis), eager_sharding=False)
-        self.scale = float(scale)
+        # A scale out of range turns trained adapters into inf (core.model_config.MAX_LORA_SCALE).
+        self.scale = check_lora_scale(scale, "the LoRA scale (alpha / rank)")
 
     def __call__(self, x: jax.Array) -> jax.Array:
         k, a, b = self.kernel[...], self.lora_a[...], self.lora_b[...]
         return x @ k + ((x @ a) @ b) * jnp.asarray(self.scale, x.dtype)
-
-
-_LORA_TARGETS: dict[str, tuple[str, ...]] = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
 
 
 def with_lora(
@@ -69,13 +68,14 @@ def with_lora(
         The LoRA model.
 
     Raises:
-        ValueError: for a rank below 1 or a base that already has adapters.
+        ValueError: for a rank below 1, a base that already has adapters, or a scale
+            (alpha / rank) that is not finite or above ``MAX_LORA_SCALE`` in magnitude.
     """
     if rank <= 0:
         raise ValueError(f"LoRA rank must be positive, got {rank}")
     if is_lora(base):
         raise ValueError("model already has LoRA adapters")
-    scale = (rank if alpha is None else alpha) / rank
+    scale = check_lora_scale((rank if alpha is None else alpha) / rank, f"alpha / rank ({alpha!r} / {rank})")
     graphdef, state = nnx.split(base)
     # Mapping over the state rebuilds every Variable (merge alone would reuse
     # base's Variable objects); the leaves stay the same arrays unless a copy
@@ -113,7 +113,7 @@ def _wrap_lora(model: TransformerLM, rank: int, scale: float, adapters: Any) -> 
     layers: list[LoRALinear] = []
     with nnx.use_eager_sharding(False):
         for i, block in enumerate(model.blocks):
-            for part, names in _LORA_TARGETS.items():
+            for part, names in LORA_PROJECTIONS.items():
                 sub = getattr(block, part)
                 for name in names:
                     lin: nnx.Linear = getattr(sub, name)

@@ -21,15 +21,17 @@ from flax import nnx
 
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
+from rlcluster_lab.core.limits import check_fits
 from rlcluster_lab.model.logps import (
     check_temperature,
     check_token_id,
     check_token_ids,
     mask_pad_logits,
+    model_config_of,
     model_vocab_size,
 )
 from rlcluster_lab.model.tokenizer import ByteTokenizer
-from rlcluster_lab.model.transformer import init_cache
+from rlcluster_lab.model.transformer import ModelConfig, init_cache
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,27 @@ def check_max_new_tokens(max_new_tokens: Any, name: str = "max_new_tokens") -> i
     return int(max_new_tokens)
 
 
+def generate_bytes(config: ModelConfig, rows: int, prompt_length: int, cache_size: int, new_tokens: int) -> int:
+    """Bytes one ``generate`` call holds at its peak beside the model, estimated from shapes.
+
+    The KV cache (keys and values of every layer, ``cache_size`` slots per row, in the
+    model's dtype) twice: a decode step writes a new cache while the old one is alive.
+    The prefill's float32 logits (every prompt position, every vocabulary entry); one
+    layer's float32 attention scores and probabilities and its widest activations; the
+    masks; the sampled ids and log-probs.
+    """
+    b, p, s = int(rows), int(prompt_length), int(cache_size)
+    itemsize = np.dtype(config.dtype).itemsize
+    kv = 2 * config.num_layers * b * s * config.num_kv_heads * config.head_dim * itemsize
+    logits = b * p * config.vocab_size * 4
+    scores = 2 * b * config.num_heads * p * s * 4
+    widest = max(2 * config.mlp_dim, config.q_dim + 2 * config.kv_dim, config.embed_dim)
+    activations = 2 * b * p * widest * itemsize
+    masks = 2 * b * p * s
+    outputs = b * (int(new_tokens) * 8 + s)
+    return 2 * kv + logits + scores + activations + masks + outputs
+
+
 def sample(
     graphdef: nnx.GraphDef,
     state: nnx.State,
@@ -176,9 +199,11 @@ def sample(
     Raises:
         TypeError: ``prompts`` is a bare string or holds a non-string; ``max_new_tokens``
             is not an int; ``temperature`` is not a number.
-        ConfigError: no prompts; ``max_new_tokens`` < 1; ``temperature`` negative, NaN or
-            infinite; a prompt (or the pad id) encodes to an id outside the model's vocabulary;
-            prompt plus completion longer than the cache.
+        ConfigError: no prompts; ``max_new_tokens`` < 1; ``temperature`` negative, NaN,
+            infinite or below ``MIN_TEMPERATURE``; a prompt (or the pad id) encodes to an id
+            outside the model's vocabulary; prompt plus completion longer than the cache.
+        TooLargeError: the batch's KV cache and buffers (``generate_bytes``) would exceed
+            what may be allocated (``core.limits``); nothing was allocated.
     """
     prompts = check_prompts(prompts)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
@@ -208,6 +233,15 @@ def sample(
             f"The longest prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) "
             f"needs {prompt_len + max_new_tokens} cache slots but cache_size is {cache_size}: "
             "raise cache_size or lower max_new_tokens / shorten the prompts."
+        )
+    config = model_config_of(graphdef, state)
+    if isinstance(config, ModelConfig):
+        # Validate, then allocate: the batch's cache and buffers are refused before XLA is asked.
+        check_fits(
+            generate_bytes(config, len(prompts), prompt_len, cache_size, max_new_tokens),
+            f"generating for {len(prompts):,} prompts ({prompt_len} prompt tokens + {max_new_tokens} new, a KV "
+            f"cache of {cache_size:,} slots each) with the {config.name} model",
+            "pass fewer prompts per generate call, or a smaller kv_cache_size",
         )
     greedy = temperature == 0
     tokens, logprobs = _generate(

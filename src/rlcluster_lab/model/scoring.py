@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlcluster_lab.model.init import _shardings, materialize
+from rlcluster_lab.model.init import _shardings, abstract_structure, materialize
 from rlcluster_lab.model.logps import check_token_batch, check_token_id, model_vocab_size
 from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
 from rlcluster_lab.model.values import initial_values
@@ -46,7 +46,7 @@ class ScoreModel(nnx.Module):
 
 @functools.lru_cache(maxsize=16)
 def _abstract_score(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-    return nnx.split(nnx.eval_shape(lambda: ScoreModel(config, rngs=nnx.Rngs(0))))
+    return nnx.split(abstract_structure(ScoreModel, config))
 
 
 def abstract_score_model(config: ModelConfig | str) -> ScoreModel:

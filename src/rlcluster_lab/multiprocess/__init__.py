@@ -3,32 +3,26 @@
 Multi-controller JAX runs the same Python program in every process; each
 process owns some of the devices and holds only the shards that live on
 them. This package starts such a run on one machine (``launcher``), sets
-each process up (``worker``), moves data across the process boundary
-(``crossing``), reads host values and per-process facts back
-(``gathering``), and reports what each process holds and what crossed
-(``report``).
+each process up (``worker``) and reports what each process holds and what
+crossed (``report``); moving data across the process boundary
+(``placement.crossing``) and reading host values and per-process facts back
+(``core.gathering``) sit lower down, where the cluster uses them.
 
 Importing the package imports no JAX: the CLI reads its flags first.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
-_EXPORTS: dict[str, str] = {
-    "LaunchError": "rlcluster_lab.multiprocess.launcher",
-    "host_value": "rlcluster_lab.core.gathering",
-    "host_values": "rlcluster_lab.core.gathering",
-    "run_report": "rlcluster_lab.multiprocess.launcher",
-    "run_reports": "rlcluster_lab.multiprocess.launcher",
-}
+from rlcluster_lab.core.exports import lazy_exports
 
-__all__ = sorted(_EXPORTS)
+if TYPE_CHECKING:
+    from rlcluster_lab.core.gathering import host_value, host_values
+    from rlcluster_lab.multiprocess.launcher import LaunchError, run_report, run_reports
 
+__all__ = ["LaunchError", "host_value", "host_values", "run_report", "run_reports"]
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rlcluster_lab.multiprocess' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+# Hidden from type checkers, so that they flag a name that is not imported above.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)

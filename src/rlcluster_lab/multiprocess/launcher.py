@@ -53,7 +53,8 @@ class LaunchError(RuntimeError):
         process_id: the worker that failed first (None for a timeout).
         returncode: its exit status (negative: the signal that ended it).
         elapsed_s: seconds from the start of the run to the failure.
-        log_dir: the folder with every worker's logs (kept after a failure).
+        log_tail: the last lines of the failed worker's log (of every worker's, for a
+            timeout); the run's folder itself is removed on every exit path.
     """
 
     def __init__(
@@ -63,13 +64,13 @@ class LaunchError(RuntimeError):
         process_id: int | None = None,
         returncode: int | None = None,
         elapsed_s: float | None = None,
-        log_dir: str | None = None,
+        log_tail: str = "",
     ) -> None:
         super().__init__(message)
         self.process_id = process_id
         self.returncode = returncode
         self.elapsed_s = elapsed_s
-        self.log_dir = log_dir
+        self.log_tail = log_tail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +140,22 @@ def launch(
         ConfigError: a setting that cannot work.
     """
     settings.check()
+    # The run's folder (job, results, progress, logs) is removed on every exit path: success,
+    # a failed worker, the deadline, Ctrl-C, an error while starting the workers.
     folder = Path(tempfile.mkdtemp(prefix="rlcluster-lab-processes-"))
+    try:
+        return _run_workers(folder, job, settings, progress, on_start)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_workers(
+    folder: Path,
+    job: dict[str, Any],
+    settings: LaunchSettings,
+    progress: Callable[[str], None] | None,
+    on_start: Callable[[list[int]], None] | None,
+) -> list[dict[str, Any]]:
     job_file = folder / "job.json"
     job_file.write_text(json.dumps(job))
     port = free_port()
@@ -191,10 +207,8 @@ def launch(
         _stop(workers)
         _read_progress(files, seen, last, progress)
     if failed is not None or timed_out:
-        raise _failure(files, last, failed, settings, start, folder)
-    results = [json.loads(out.read_text()) for out, _, _ in files]
-    shutil.rmtree(folder, ignore_errors=True)
-    return results
+        raise _failure(files, last, failed, settings, start)
+    return [json.loads(out.read_text()) for out, _, _ in files]
 
 
 def _worker_env() -> dict[str, str]:
@@ -259,15 +273,14 @@ def _failure(
     failed: tuple[int, int, float] | None,
     settings: LaunchSettings,
     start: float,
-    folder: Path,
 ) -> LaunchError:
     where = "; ".join(f"process {i}: {line or 'no progress yet'}" for i, line in enumerate(last))
     if failed is None:
         return LaunchError(
             f"the run did not finish within {settings.timeout_s:g} s and its {len(files)} processes were "
-            f"stopped (last progress: {where}); logs in {folder}",
+            f"stopped (last progress: {where})",
             elapsed_s=time.monotonic() - start,
-            log_dir=str(folder),
+            log_tail="\n".join(f"[process {i}] {_tail(log)}" for i, (_, _, log) in enumerate(files)),
         )
     i, code, elapsed = failed
     out, _, log = files[i]
@@ -278,12 +291,20 @@ def _failure(
         reason = _exit_reason(code, log)
     return LaunchError(
         f"process {i} of {len(files)} failed after {elapsed:.1f} s: {reason}; the other processes were "
-        f"stopped (last progress: {where}); logs in {folder}",
+        f"stopped (last progress: {where})",
         process_id=i,
         returncode=code,
         elapsed_s=elapsed,
-        log_dir=str(folder),
+        log_tail=_tail(log),
     )
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    """The last lines of a worker's log (read before the run's folder is removed)."""
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def _exit_reason(code: int, log: Path) -> str:

@@ -36,20 +36,20 @@ import numpy as np
 from jax.sharding import Sharding
 
 from rlcluster_lab.core.hosts import spans_processes
+from rlcluster_lab.core.options import RESHARD_STRATEGIES
 from rlcluster_lab.placement import minimal as reshard_minimal
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.boxes import relabel
 from rlcluster_lab.placement.transfers import Transfer, current_log, log_new_shards, shard_key, shard_keys
 
-STRATEGIES: tuple[str, ...] = ("xla", "minimal")
 _STRATEGY: contextvars.ContextVar[str] = contextvars.ContextVar("rlcluster_lab_reshard_strategy", default="xla")
 
 
 @contextlib.contextmanager
 def reshard_strategy(name: str) -> Iterator[None]:
     """Use strategy ``name`` (``xla`` or ``minimal``) for the layout changes made inside the block."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown reshard strategy {name!r}; use one of {', '.join(STRATEGIES)}")
+    if name not in RESHARD_STRATEGIES:
+        raise ValueError(f"unknown reshard strategy {name!r}; use one of {', '.join(RESHARD_STRATEGIES)}")
     token = _STRATEGY.set(name)
     try:
         yield

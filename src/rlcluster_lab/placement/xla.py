@@ -70,18 +70,23 @@ class XlaProgram:
 
     def _analyse(self) -> tuple[ProgramTraffic, Provenance]:
         if self._analysis is None:
+            # The flows are read from the program itself; only the probe's result may come from
+            # the store, and only once it was checked against this program (xla_analysis).
+            traffic = program_traffic(self.compiled, self.devices)
             # multi-process: a program spanning processes is probed by all of them together,
             # never read back by some (their stores may differ) while the others probe it.
-            stored = None if spans_processes(self.devices) else read_analysis(self.compiled, self.devices)
-            if stored is None:
-                traffic = program_traffic(self.compiled, self.devices)
+            spans = spans_processes(self.devices)
+            provenance = (
+                None if spans else read_analysis(self.compiled, self.devices, self.inputs, self.outputs, traffic)
+            )
+            if provenance is None:
                 # The probe is a measurement of the program, made once, not part of any sync: it
                 # may stage its tagged inputs and outputs through the host even inside a sync's guard.
                 with jax.transfer_guard("allow"):
                     provenance = probe_provenance(self.compiled, self.inputs, self.outputs)
-                write_analysis(self.compiled, self.devices, traffic, provenance)
-                stored = (traffic, provenance)
-            self._analysis = stored
+                if not spans:
+                    write_analysis(self.compiled, self.devices, provenance)
+            self._analysis = (traffic, provenance)
         return self._analysis
 
     @property

@@ -2,10 +2,24 @@
 
 ``xla.XlaProgram`` asks for this once per program, when a recorded reshard
 first needs it: the collectives read from the compiled program
-(``placement.traffic``), and a provenance probe that runs the program on
-inputs whose every shard holds its own device's tag. Both are kept on disk
+(``placement.traffic``, a parse of the program's own text, cheap enough to
+do every time), and a provenance probe that runs the program on inputs whose
+every shard holds its own device's tag. The probe's result is kept on disk
 beside the persistent compilation cache, keyed by the program's fingerprint,
-so a new process reads them back instead of probing again.
+so a new process can read it back instead of probing again.
+
+A stored entry is data from outside the program, so nothing in it is
+believed before it is checked against the program it claims to describe:
+one entry per leaf, a count per destination device the output sharding
+names, origins among the devices the input sharding names, every count a
+non-negative integer no larger than what that origin's shard and the
+destination's shard have in common, the counts of a destination shard
+summing to its size, and no more data arriving from other devices than the
+program's collectives carry there. An entry that fails any check (or cannot
+be parsed: any content, any nesting, any size) is ignored and the program
+is probed again. Entries are written to a file made with ``mkstemp`` in the
+store's folder and renamed into place; the store's folder must pass the same
+trust check as the compilation cache (``core.compile_cache.trusted_folder``).
 """
 
 from __future__ import annotations
@@ -15,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +38,14 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from rlcluster_lab.core.compile_cache import active_cache_dir
-from rlcluster_lab.placement.traffic import Flow, ProgramTraffic
+from rlcluster_lab.core.compile_cache import active_cache_dir, trusted_folder
+from rlcluster_lab.placement.boxes import box_size, intersect_boxes, to_box
+from rlcluster_lab.placement.traffic import ProgramTraffic
+
+# What an entry holds; an entry of another format (an older lab's) is probed again and replaced.
+FORMAT = "rlcluster-lab-provenance/2"
+# An entry holds a few numbers per leaf and device pair; a file this large is not one.
+MAX_ENTRY_BYTES = 16 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,51 +57,145 @@ class Provenance:
 
 
 def analysis_path(compiled: Any, devices: Sequence[Any]) -> Path | None:
+    """Where the program's entry is stored, or None (no persistent cache, or a store not trusted)."""
     folder = active_cache_dir()
     if not folder:
         return None
+    store = trusted_folder(Path(folder) / "rlcluster-lab-analysis", "the store of XLA program analyses")
+    if store is None:
+        return None
     ids = ",".join(f"{d.platform}:{d.id}" for d in devices)
     digest = hashlib.sha256((compiled.as_text() + "|" + ids).encode()).hexdigest()[:40]
-    return Path(folder) / "rlcluster-lab-analysis" / f"{digest}.json"
+    return store / f"{digest}.json"
 
 
-def read_analysis(compiled: Any, devices: Sequence[Any]) -> tuple[ProgramTraffic, Provenance] | None:
+class _Mismatch(ValueError):
+    """A stored entry that does not fit the program it is filed under."""
+
+
+def read_analysis(
+    compiled: Any,
+    devices: Sequence[Any],
+    inputs: Sequence[Any],
+    outputs: Sequence[Sharding],
+    traffic: ProgramTraffic,
+) -> Provenance | None:
+    """The stored provenance of this program, checked against it; None when there is none that fits.
+
+    ``inputs``: the program's inputs (shapes, dtypes, source shardings);
+    ``outputs``: its destination shardings; ``traffic``: its flows, read from
+    the program itself. Any content of the file (bad JSON, deep nesting, wrong
+    types, indices out of range, figures its shardings rule out) gives None.
+    """
     path = analysis_path(compiled, devices)
-    if path is None or not path.is_file():
+    if path is None:
         return None
     try:
-        data = json.loads(path.read_text())
-        flows = tuple(Flow(f["op"], f["src"], f["dst"], f["nbytes"], f["param"]) for f in data["flows"])
-        traffic = ProgramTraffic(flows, tuple(data["collectives"]), tuple(data["unreadable"]))
-        leaves = tuple(
-            None
-            if leaf is None
-            else {int(d): {int(o): int(c) for o, c in counts.items()} for d, counts in leaf.items()}
-            for leaf in data["provenance"]
-        )
-        return traffic, Provenance(leaves)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # unreadable: analyse the program again
+        if path.stat().st_size > MAX_ENTRY_BYTES:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return checked_provenance(data, inputs, outputs, traffic)
+    except Exception:  # noqa: BLE001 - unreadable or not this program's: probe the program again
+        return None
 
 
-def write_analysis(compiled: Any, devices: Sequence[Any], traffic: ProgramTraffic, provenance: Provenance) -> None:
+def checked_provenance(
+    data: Any, inputs: Sequence[Any], outputs: Sequence[Sharding], traffic: ProgramTraffic
+) -> Provenance:
+    """``data`` (a parsed entry) as the program's ``Provenance``, every figure checked.
+
+    Raises:
+        ValueError: the entry does not describe this program (see the module docstring).
+    """
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise _Mismatch("not an entry of this format")
+    raw = data.get("provenance")
+    if not isinstance(raw, list) or len(raw) != len(inputs):
+        raise _Mismatch("not one entry per program input")
+    largest = max(d.id for x in inputs for d in x.sharding.device_set) + 1
+    foreign_by_device: dict[int, int] = {}
+    leaves: list[dict[int, dict[int, int]] | None] = []
+    for x, dst, leaf in zip(inputs, outputs, raw):
+        if not tag_dtype_ok(x.dtype, largest):
+            if leaf is not None:
+                raise _Mismatch("counts for a leaf whose dtype cannot hold a tag")
+            leaves.append(None)
+            continue
+        per_device = _checked_leaf(x, dst, leaf)
+        itemsize = np.dtype(x.dtype).itemsize
+        for d, counts in per_device.items():
+            foreign = sum(c for origin, c in counts.items() if origin != d) * itemsize
+            foreign_by_device[d] = foreign_by_device.get(d, 0) + foreign
+        leaves.append(per_device)
+    if traffic.exact:
+        # Data that started on another device reached its destination through a collective.
+        into: dict[int, int] = {}
+        for f in traffic.flows:
+            into[f.dst_device] = into.get(f.dst_device, 0) + f.nbytes
+        if any(n > into.get(d, 0) for d, n in foreign_by_device.items()):
+            raise _Mismatch("more data arrives from other devices than the program's collectives carry")
+    return Provenance(tuple(leaves))
+
+
+def _checked_leaf(x: Any, dst: Sharding, leaf: Any) -> dict[int, dict[int, int]]:
+    shape = tuple(x.shape)
+    src_boxes = {d.id: to_box(ix, shape) for d, ix in x.sharding.devices_indices_map(shape).items()}
+    dst_boxes = {d.id: to_box(ix, shape) for d, ix in dst.addressable_devices_indices_map(shape).items()}
+    if not isinstance(leaf, dict) or len(leaf) != len(dst_boxes):
+        raise _Mismatch("not one entry per destination device")
+    out: dict[int, dict[int, int]] = {}
+    for key, counts in leaf.items():
+        d = _device_key(key, dst_boxes)
+        if d in out or not isinstance(counts, dict) or len(counts) > len(src_boxes):
+            raise _Mismatch("a destination device twice, or counts that are not a map of origins")
+        box = dst_boxes[d]
+        parsed: dict[int, int] = {}
+        for origin_key, count in counts.items():
+            origin = _device_key(origin_key, src_boxes)
+            if origin in parsed or isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise _Mismatch("an origin twice, or a count that is not a non-negative integer")
+            common = intersect_boxes(box, src_boxes[origin])
+            if count > (box_size(common) if common is not None else 0):
+                raise _Mismatch("more elements from an origin than its shard shares with the destination's")
+            parsed[origin] = count
+        if sum(parsed.values()) != box_size(box):
+            raise _Mismatch("counts that do not add up to the destination shard's size")
+        out[d] = parsed
+    return out
+
+
+def _device_key(key: Any, known: dict[int, Any]) -> int:
+    """A JSON object key naming one of ``known``'s device ids."""
+    if not isinstance(key, str) or not key.isdigit() or len(key) > 12 or int(key) not in known:
+        raise _Mismatch("a device id the program's shardings do not name")
+    return int(key)
+
+
+def write_analysis(compiled: Any, devices: Sequence[Any], provenance: Provenance) -> None:
+    """Store the program's provenance (best effort: a store that cannot be written is skipped).
+
+    The entry is written to a new file made with ``mkstemp`` in the store's
+    folder and renamed over the entry's name, so a reader sees a whole entry
+    or none, and no link planted at a predictable name is followed. A failed
+    write removes its file.
+    """
     path = analysis_path(compiled, devices)
     if path is None:
         return
-    data = {
-        "flows": [
-            {"op": f.op, "src": f.src_device, "dst": f.dst_device, "nbytes": f.nbytes, "param": f.param}
-            for f in traffic.flows
-        ],
-        "collectives": list(traffic.collectives),
-        "unreadable": list(traffic.unreadable),
-        "provenance": list(provenance.by_leaf),
-    }
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
+    text = json.dumps({"format": FORMAT, "provenance": list(provenance.by_leaf)})
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if not isinstance(exc, OSError):
+            raise
 
 
 def identity(tree: Any) -> Any:

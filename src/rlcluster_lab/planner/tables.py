@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 
+from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model import MODEL_SIZES, ModelConfig
 
 GB = 10**9
@@ -109,7 +110,7 @@ def model_config(name: str, *, dtype: str | None = None) -> ModelConfig:
     elif name in ARCHITECTURES:
         config = ARCHITECTURES[name].config
     else:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
+        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(model_names())}", knobs=("model_size",))
     return config if dtype is None else dataclasses.replace(config, param_dtype=dtype)
 
 
@@ -158,9 +159,14 @@ class Topology:
     def __post_init__(self) -> None:
         per = self.devices_per_host
         if per is not None and (per < 1 or self.device_count % per):
-            raise ValueError(
+            raise ConfigError(
                 f"devices_per_host must divide the device count: {self.devices_per_host} does not divide "
-                f"{self.device_count} ({self.name})"
+                f"{self.device_count} ({self.name})",
+                knobs=("devices_per_host",),
+                problem=(
+                    f"devices_per_host (--devices-per-host) must divide the device count: {self.devices_per_host} "
+                    f"does not divide {self.device_count} ({self.name})"
+                ),
             )
         if self.host_ids is not None and len(self.host_ids) != self.device_count:
             raise ValueError(f"host_ids names {len(self.host_ids)} hosts for {self.device_count} devices ({self.name})")
@@ -373,7 +379,9 @@ def topology(
     elif name in TOPOLOGIES:
         topo = TOPOLOGIES[name]
     else:
-        raise ValueError(f"unknown topology {name!r}; choose one of {', '.join(topology_names())}")
+        raise ConfigError(
+            f"unknown topology {name!r}; choose one of {', '.join(topology_names())}", knobs=("topology",)
+        )
     return with_figures(
         topo,
         memory_per_device=memory_per_device,

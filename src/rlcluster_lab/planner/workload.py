@@ -8,6 +8,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rlcluster_lab.core.errors import ConfigError
+
+# The ``plan`` flag of each field, named in the CLI's refusals (``core.knobs``).
+FLAGS = {
+    "rollout_batch_size": "--rollout-batch-size",
+    "prompt_length": "--prompt-length",
+    "max_tokens": "--max-tokens",
+    "kv_cache_size": "--kv-cache-size",
+    "micro_batch_size": "--micro-batch-size",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
@@ -37,14 +48,28 @@ class Workload:
         for name in ("rollout_batch_size", "prompt_length", "max_tokens", "kv_cache_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Workload.{name} must be a positive int, got {value!r}")
+                raise ConfigError(
+                    f"Workload.{name} must be a positive int, got {value!r:.40}",
+                    knobs=(name,),
+                    problem=f"{name} ({FLAGS[name]}) must be a positive int, got {value!r:.40}",
+                )
         micro = self.micro_batch_size
         if micro is not None and (isinstance(micro, bool) or not isinstance(micro, int) or micro < 1):
-            raise ValueError(f"Workload.micro_batch_size must be a positive int or None, got {micro!r}")
+            raise ConfigError(
+                f"Workload.micro_batch_size must be a positive int or None, got {micro!r:.40}",
+                knobs=("micro_batch_size",),
+                problem=f"micro_batch_size (--micro-batch-size) must be a positive int, got {micro!r:.40}",
+            )
         if self.prompt_length + self.max_tokens > self.kv_cache_size:
-            raise ValueError(
-                f"a row needs prompt_length + max_tokens = {self.prompt_length + self.max_tokens} cache slots but "
-                f"kv_cache_size is {self.kv_cache_size}: raise kv_cache_size or shorten the rows"
+            need = self.prompt_length + self.max_tokens
+            raise ConfigError(
+                f"a row needs prompt_length + max_tokens = {need} cache slots but "
+                f"kv_cache_size is {self.kv_cache_size}: raise kv_cache_size or shorten the rows",
+                knobs=("kv_cache_size", "prompt_length", "max_tokens"),
+                problem=(
+                    f"a row needs prompt_length (--prompt-length) + max_tokens (--max-tokens) = {need} cache slots "
+                    f"but kv_cache_size (--kv-cache-size) is {self.kv_cache_size}: raise it or shorten the rows"
+                ),
             )
 
     @classmethod

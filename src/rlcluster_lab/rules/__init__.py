@@ -1,4 +1,4 @@
-"""The rules: one pure function per placement rule of the RL cluster, P1 to P14.
+"""The rules: the placement rules of the RL cluster, P1 to P15, as pure functions.
 
 Each function takes plain facts (meshes or their descriptions, whether the
 actor has LoRA, the engine's declared properties, the offload flag, ...)
@@ -6,25 +6,35 @@ and returns a typed ``Decision``: the rule id, the branch taken (a member of
 the rule's ``Branch`` enum), the inputs it read and a one-line explanation.
 The live cluster and the what-if planner both execute these functions, so
 changing a rule changes both; the figures read the branch, never the text.
-Each function's docstring states its rule; ``docs/rules.md`` is generated
-from them (``python -m rlcluster_lab.rules``; ``rules.catalogue``).
+
+Each rule is declared once, beside its functions (``registry.rule``): its id,
+title, the question and answers the flow figure draws, and its tests; each
+function registers with ``@P3.function`` and its docstring states the rule.
+``rules.catalogue`` puts the declarations in order; ``docs/rules.md`` is
+generated from them (``python -m rlcluster_lab.rules``).
 
 Modules: ``sharing`` (P1, P2), ``rollout`` (P3, P7), ``reference`` (P4),
 ``loading`` (P5, P14), ``validation`` (P6, JAX-free), ``anchor`` (P8, P10,
 P11), ``steps`` (P9, P12, P13).
 """
 
-from typing import Any
+from __future__ import annotations
 
-__all__ = ["LAB_RULES", "RULES", "RuleEntry", "rules_markdown"]
+from typing import TYPE_CHECKING
 
+from rlcluster_lab.core.exports import lazy_exports
 
-def __getattr__(name: str) -> Any:
-    # The catalogue imports every rule module (and so JAX, through the mesh helpers); it is
-    # loaded on first use, so that a CLI error found by ``rules.validation`` (JAX-free) comes
-    # back before JAX is imported.
-    if name in __all__:
-        from rlcluster_lab.rules import catalogue
+# The catalogue imports every rule module (and so JAX, through the mesh helpers); it is
+# loaded on first use, so that a CLI error found by ``rules.validation`` (JAX-free) comes
+# back before JAX is imported.
+if TYPE_CHECKING:
+    from rlcluster_lab.rules.catalogue import LAB_RULES, RULES, find_rule, rules_markdown
+    from rlcluster_lab.rules.registry import Rule, rule
 
-        return getattr(catalogue, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["LAB_RULES", "RULES", "Rule", "find_rule", "rule", "rules_markdown"]
+
+# Hidden from type checkers, so that they flag a name that is not imported above.
+if not TYPE_CHECKING:
+    # ``RuleEntry``: the catalogue's entries under their former name.
+    _MOVED = {"RuleEntry": "rlcluster_lab.rules.catalogue"}
+    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__, moved=_MOVED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 
 from rlcluster_lab.core.trace import Decision
+from rlcluster_lab.rules.registry import rule
 
 
 class AnchorBranch(str, enum.Enum):
@@ -17,6 +18,16 @@ def anchor_is_partial(mode: str, actor_has_lora: bool) -> bool:
     return mode == "trainable" and actor_has_lora
 
 
+P8 = rule(
+    "P8",
+    "the anchor snapshot",
+    question="anchor policy state holds",
+    answers={AnchorBranch.FULL: "full state", AnchorBranch.TRAINABLE: "trainable only"},
+    tests=("tests/test_cluster_rules.py::test_p8_*", "tests/test_sync.py::test_*anchor*"),
+)
+
+
+@P8.function
 def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -> Decision:
     """P8: at the end of construction (and at every sync, P13) the actor's full state is
     copied to pinned host memory: the anchor policy state.
@@ -24,8 +35,6 @@ def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -
     The lab adds ``anchor="trainable"``: for a LoRA actor only the adapters
     are pinned, and the frozen backbone, which training never changes, is read
     from the actor (the same log-probs for less pinned memory).
-
-    Tests: test_cluster_rules.py::test_p8_*, test_sync.py::test_*anchor*.
     """
     partial = anchor_is_partial(mode, actor_has_lora)
     return Decision(
@@ -41,7 +50,21 @@ def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -
 
 ANCHOR_MISSING = "The anchor policy state is not set: call sync_weights() first."
 
+P10 = rule(
+    "P10",
+    "per-token log-probs from the anchor",
+    tests=("tests/test_cluster_rules.py::test_p10_*", "tests/test_learner.py"),
+)
 
+P11 = rule(
+    "P11",
+    "why the anchor",
+    tests=("tests/test_cluster_rules.py::test_p11_*", "tests/test_learner.py::test_p11_*"),
+    note="Stated in P10's function: the learner's probe measures it (live vs anchor vs sampler).",
+)
+
+
+@P10.function
 def p10_require_anchor(anchor_present: bool) -> None:
     """P10: actor log-probs run the live model's graph over the *anchor* state (moved to
     device first when it is pinned on the host); with no anchor the call fails with a
@@ -55,8 +78,6 @@ def p10_require_anchor(anchor_present: bool) -> None:
 
     Raises:
         ValueError: there is no anchor.
-
-    Tests: test_cluster_rules.py::test_p10_*, test_learner.py::test_p11_*.
     """
     if not anchor_present:
         raise ValueError(ANCHOR_MISSING)

@@ -8,6 +8,7 @@ from typing import Any
 
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Decision
+from rlcluster_lab.rules.registry import rule
 
 
 class LoadBranch(str, enum.Enum):
@@ -21,11 +22,23 @@ class OffloadBranch(str, enum.Enum):
     OWN_COPY = "own copy offloaded on its own"
 
 
-def p5_from_path(role: str, path: str) -> Decision:
-    """P5 (paths): a role given as a checkpoint path is read before it is loaded; P2 is then skipped."""
-    return Decision("P5", f"{role}: given as a path", {"path": path}, "read from the checkpoint", LoadBranch.FROM_PATH)
+class OffloadAnswer(str, enum.Enum):
+    """The flow figure's answers to "offload_to_cpu?": the flag itself, which every role obeys."""
+
+    PINNED_HOST = "pinned host between uses"
+    ON_DEVICE = "stays on device"
 
 
+P5 = rule(
+    "P5",
+    "loading a model onto a mesh",
+    question="load {role} onto its mesh",
+    answers={LoadBranch.KEPT: "kept as is", LoadBranch.RESHARDED: "resharded"},
+    tests=("tests/test_cluster_rules.py::test_p5_*", "tests/test_reshard.py"),
+)
+
+
+@P5.function
 def p5_load(
     role: str,
     *,
@@ -43,8 +56,6 @@ def p5_load(
 
     The lab keeps a model "as is" only when *every* leaf is on the target mesh;
     leaves already in place are reused by the reshard.
-
-    Tests: test_cluster_rules.py::test_p5_*, test_reshard.py.
     """
     kept = leaves > 0 and leaves_on_target == leaves
     cast = requested_dtype is not None and leaves > 0 and requested_dtype != dtype
@@ -79,14 +90,28 @@ def p5_load(
     )
 
 
+@P5.function
+def p5_from_path(role: str, path: str) -> Decision:
+    """P5 (paths): a role given as a checkpoint path is read before it is loaded; P2 is then skipped."""
+    return Decision("P5", f"{role}: given as a path", {"path": path}, "read from the checkpoint", LoadBranch.FROM_PATH)
+
+
+P14 = rule(
+    "P14",
+    "offload",
+    question="offload_to_cpu?",
+    answers={OffloadAnswer.PINNED_HOST: "pinned host between uses", OffloadAnswer.ON_DEVICE: "stays on device"},
+    tests=("tests/test_cluster_rules.py::test_p14_*", "tests/test_sync.py::test_p13_p14_*"),
+)
+
+
+@P14.function
 def p14_offload(role: str, offload_to_cpu: bool, on_device: bool) -> Decision | None:
     """P14: with ``offload_to_cpu``, every role lives in pinned host memory between uses and is
     brought to device for its operation; roles that share weights are updated together.
 
     Returns the decision to move a model that sits on device to pinned host,
     or None when nothing moves.
-
-    Tests: test_cluster_rules.py::test_p14_*, test_sync.py::test_p13_p14_*.
     """
     if not (offload_to_cpu and on_device):
         return None
@@ -99,6 +124,7 @@ def p14_offload(role: str, offload_to_cpu: bool, on_device: bool) -> Decision | 
     )
 
 
+@P14.function
 def p14_own_copy_engine(engine_name: str) -> Decision:
     """P14 (engines with their own copy): with offload, a linked rollout whose engine owns its
     weights is moved to and from host on its own and is not updated together with the actor
@@ -113,6 +139,7 @@ def p14_own_copy_engine(engine_name: str) -> Decision:
     )
 
 
+@P14.function
 def p14_updated_together(sharing: Mapping[Role, Sequence[Role]], role: Role, engine_owns_weights: bool) -> list[Role]:
     """P14: the roles that take ``role``'s new arrays when it moves between memory kinds.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 
 from rlcluster_lab.core.trace import Decision
+from rlcluster_lab.rules.registry import rule
 
 
 class ReferenceBranch(str, enum.Enum):
@@ -12,6 +13,9 @@ class ReferenceBranch(str, enum.Enum):
     AVOIDABLE_COPY = "avoidable copy"
     OWN_WEIGHTS = "own weights"
 
+
+# The flow figure's answer when there is no reference at all (P4 takes no decision then).
+NO_REFERENCE = "no reference"
 
 AVOIDABLE_COPY_ADVICE = (
     "The reference and the actor are on one mesh and may share the frozen "
@@ -21,12 +25,25 @@ AVOIDABLE_COPY_ADVICE = (
 )
 
 
+P4 = rule(
+    "P4",
+    "the reference model and the avoidable copy",
+    question="reference backbone",
+    answers={
+        ReferenceBranch.ONE_BACKBONE: "one backbone",
+        ReferenceBranch.AVOIDABLE_COPY: "avoidable copy",
+        ReferenceBranch.OWN_WEIGHTS: "own weights",
+        NO_REFERENCE: "no reference",
+    },
+    tests=("tests/test_cluster_rules.py::test_p4_*", "tests/test_cli.py::test_p4_*"),
+)
+
+
+@P4.function
 def p4_reference_backbone(linked: bool, shares_buffers: bool, offload_to_cpu: bool) -> Decision:
     """P4: the reference is loaded onto its own mesh; when it is linked to the actor but its
     frozen (non-LoRA) buffers are not the actor's, a warning says that an avoidable copy
     costs device memory.
-
-    Tests: test_cluster_rules.py::test_p4_*.
     """
     if not linked:
         return Decision(

@@ -7,6 +7,7 @@ from typing import Any
 
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.trace import Decision
+from rlcluster_lab.rules.registry import rule
 
 
 class RolloutBranch(str, enum.Enum):
@@ -20,6 +21,20 @@ class MeshBranch(str, enum.Enum):
     REPLACED = "replaced"
 
 
+P3 = rule(
+    "P3",
+    "the rollout model",
+    question="what does the rollout sample with?",
+    answers={
+        RolloutBranch.SHARED: "same object",
+        RolloutBranch.SECOND_COPY: "second copy",
+        RolloutBranch.ENGINE_INITIAL_VALUE: "engine's initial value",
+    },
+    tests=("tests/test_cluster_rules.py::test_p3_*", "tests/test_cluster_matrix.py"),
+)
+
+
+@P3.function
 def p3_rollout_model(linked: bool, engine_kind: str, engine_name: str, rollout_dtype: str | None) -> Decision:
     """P3: if ROLLOUT is linked to ACTOR, the rollout model *is* the actor model.
 
@@ -28,8 +43,6 @@ def p3_rollout_model(linked: bool, engine_kind: str, engine_name: str, rollout_d
     rollout mesh, cast to the rollout config's dtype when one is set. Else
     (any other engine) the engine is handed the trainer's model as its
     initial weights and owns its copy from then on.
-
-    Tests: test_cluster_rules.py::test_p3_*, test_cluster_matrix.py.
     """
     if linked:
         branch, outcome = RolloutBranch.SHARED, "rollout model is the actor model: one object, no second copy"
@@ -50,6 +63,16 @@ def p3_rollout_model(linked: bool, engine_kind: str, engine_name: str, rollout_d
     )
 
 
+P7 = rule(
+    "P7",
+    "an engine's mesh replaces the rollout mesh",
+    question="engine exposes a mesh?",
+    answers={MeshBranch.KEPT: "rollout mesh kept", MeshBranch.REPLACED: "engine's mesh"},
+    tests=("tests/test_cluster_rules.py::test_p7_*", "tests/test_cluster_matrix.py"),
+)
+
+
+@P7.function
 def p7_engine_mesh(engine_name: str, config_mesh: Any, engine_mesh: Any, still_sharing: bool) -> Decision:
     """P7: an engine that exposes a non-None ``mesh`` replaces the rollout mesh.
 
@@ -58,8 +81,6 @@ def p7_engine_mesh(engine_name: str, config_mesh: Any, engine_mesh: Any, still_s
     the recorded rollout mesh is the one the engine picked. In the reference
     only the vllm engine exposes a mesh; sglang_jax is handed one but does
     not expose it; vanilla has none.
-
-    Tests: test_cluster_rules.py::test_p7_*, test_cluster_matrix.py.
     """
     exposes = engine_mesh is not None
     return Decision(

@@ -17,6 +17,7 @@ from typing import Any
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Decision
+from rlcluster_lab.rules.registry import rule
 
 SharingMap = dict[Role, tuple[Role, ...]]
 
@@ -28,14 +29,22 @@ class LinkBranch(str, enum.Enum):
     PROPAGATED = "propagated"
 
 
+P1 = rule(
+    "P1",
+    "actor/rollout link",
+    question="actor mesh == rollout mesh?",
+    answers={LinkBranch.LINKED: "linked", LinkBranch.NOT_LINKED: "not linked"},
+    tests=("tests/test_sharing.py::test_p1_*", "tests/test_cluster_matrix.py"),
+)
+
+
+@P1.function
 def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision:
     """P1: ACTOR and ROLLOUT are linked both ways exactly when their meshes are equal.
 
     Equal means ``==`` on meshes, which JAX interns: the same devices in the
     same shape with the same axis names. The same eight chips as (2, 4) and as
     (8, 1) are two meshes, so the rollout gets a full second copy.
-
-    Tests: test_sharing.py::test_p1_*, test_cluster_rules.py::test_p1_*.
     """
     same = actor_mesh == rollout_mesh
     return Decision(
@@ -52,6 +61,16 @@ def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision:
     )
 
 
+P2 = rule(
+    "P2",
+    "LoRA reference link and propagation",
+    question="LoRA actor, reference on its mesh?",
+    answers={LinkBranch.LINKED: "linked", LinkBranch.NOT_LINKED: "not linked", LinkBranch.SKIPPED: "skipped"},
+    tests=("tests/test_sharing.py::test_p2_*", "tests/test_cluster_matrix.py"),
+)
+
+
+@P2.function
 def p2_link_reference(
     *,
     actor_is_module: bool,
@@ -67,8 +86,6 @@ def p2_link_reference(
     reference is given, and the reference mesh equals the actor mesh: the
     frozen base can then serve as the reference, adapters filtered out. If
     either model is given as a path instead of a module, the rule is skipped.
-
-    Tests: test_sharing.py::test_p2_*, test_cluster_rules.py::test_p2_*.
     """
     if not actor_is_module or (has_reference and not reference_is_module):
         return Decision(
@@ -94,11 +111,9 @@ def p2_link_reference(
     )
 
 
+@P2.function
 def p2_propagate(links: Mapping[Role, list[Role]]) -> tuple[dict[Role, list[Role]], Decision]:
-    """P2 (propagation): every pair of roles linked to ACTOR is linked to each other.
-
-    Tests: test_sharing.py::test_p2_propagation_*.
-    """
+    """P2 (propagation): every pair of roles linked to ACTOR is linked to each other."""
     out = {role: list(others) for role, others in links.items()}
     added = []
     for role in list(out[Role.ACTOR]):

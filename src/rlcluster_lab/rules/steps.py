@@ -6,6 +6,7 @@ import enum
 from collections.abc import Sequence
 
 from rlcluster_lab.core.trace import Decision
+from rlcluster_lab.rules.registry import rule
 
 
 class ParamsBranch(str, enum.Enum):
@@ -13,14 +14,16 @@ class ParamsBranch(str, enum.Enum):
     ALL = "all params"
 
 
+P9 = rule("P9", "generate", tests=("tests/test_cluster_rules.py::test_p9_*",))
+
+
+@P9.function
 def p9_check_prompts(prompts: Sequence[str], micro_batch_size: int | None) -> None:
     """P9: sampling runs on the rollout mesh, in micro-batches if asked; an empty prompt list
     is an error.
 
     Raises:
         ValueError: no prompts, or a micro-batch size below 1.
-
-    Tests: test_cluster_rules.py::test_p9_*.
     """
     if not prompts:
         raise ValueError("Cannot generate from an empty list of prompts.")
@@ -28,12 +31,20 @@ def p9_check_prompts(prompts: Sequence[str], micro_batch_size: int | None) -> No
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
 
 
+P12 = rule(
+    "P12",
+    "the actor's and the critic's optimizer steps",
+    question="the optimizer trains",
+    answers={ParamsBranch.LORA: "LoRA params", ParamsBranch.ALL: "all params"},
+    tests=("tests/test_cluster_rules.py::test_p12_*", "tests/test_learner.py", "tests/test_critic.py"),
+)
+
+
+@P12.function
 def p12_trainable(actor_has_lora: bool) -> Decision:
     """P12: a real optimizer step (optax) on the actor, on its mesh: over the LoRA parameters
     of a LoRA actor, else over all parameters; with offload the model is loaded to device for
     the step and offloaded after.
-
-    Tests: test_cluster_rules.py::test_p12_*, test_learner.py.
     """
     return Decision(
         "P12",
@@ -44,12 +55,11 @@ def p12_trainable(actor_has_lora: bool) -> Decision:
     )
 
 
+@P12.function
 def p12_critic_trainable() -> Decision:
     """P12 for the critic: a cluster given a critic trains it with its own optimizer
     (``TrainingConfig.critic_tx()``) over all its parameters, its state on the critic's mesh
     and, with offload, in pinned host memory between updates, like the actor's.
-
-    Tests: test_critic.py.
     """
     return Decision(
         "P12",
@@ -60,11 +70,16 @@ def p12_critic_trainable() -> Decision:
     )
 
 
-def p13_sync_guarded(platform: str) -> bool:
-    """P13: on CPU devices, explicit host<->device transfers are disallowed during a sync."""
-    return platform == "cpu"
+P13 = rule(
+    "P13",
+    "the weight sync",
+    question="sync hands the engine",
+    answers={ParamsBranch.LORA: "LoRA params", ParamsBranch.ALL: "all params"},
+    tests=("tests/test_sync.py", "tests/test_cluster_rules.py::test_p13_*"),
+)
 
 
+@P13.function
 def p13_sync(actor_has_lora: bool, global_step: int, platform: str, reshard: str) -> Decision:
     """P13: the sharing map is not consulted. The actor state is filtered to LoRA parameters
     (LoRA actor) or all parameters and handed, with its filter, to the rollout engine, which
@@ -72,8 +87,6 @@ def p13_sync(actor_has_lora: bool, global_step: int, platform: str, reshard: str
     nothing; another mesh moves every synced byte. Then the anchor is re-pinned and the
     global step counter goes up by one. On CPU devices, explicit host<->device transfers
     are disallowed during the sync.
-
-    Tests: test_sync.py, test_cluster_rules.py::test_p13_*.
     """
     return Decision(
         "P13",
@@ -88,3 +101,9 @@ def p13_sync(actor_has_lora: bool, global_step: int, platform: str, reshard: str
         "LoRA parameters handed to the engine" if actor_has_lora else "all parameters handed to the engine",
         ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL,
     )
+
+
+@P13.function
+def p13_sync_guarded(platform: str) -> bool:
+    """P13: on CPU devices, explicit host<->device transfers are disallowed during a sync."""
+    return platform == "cpu"

@@ -17,6 +17,7 @@ from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
 from rlcluster_lab.core.options import Scenario, layout_problem
 from rlcluster_lab.core.roles import Mode
 from rlcluster_lab.core.trace import Decision
+from rlcluster_lab.rules.registry import rule
 
 
 class CheckBranch(str, enum.Enum):
@@ -24,6 +25,22 @@ class CheckBranch(str, enum.Enum):
     ERROR = "error"
 
 
+P6 = rule(
+    "P6",
+    "validation",
+    question="config checks pass?",
+    answers={CheckBranch.PASS: "pass", CheckBranch.ERROR: "error"},
+    tests=(
+        "tests/test_config.py::test_p6_*",
+        "tests/test_cluster_rules.py::test_p6_*",
+        "tests/test_cli.py",
+        "tests/test_knobs.py",
+        "tests/test_cli_safety.py::test_*lora_rank*",
+    ),
+)
+
+
+@P6.function
 def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
     """P6: a rollout config must be given, and a per-mode dict must have a TRAIN entry.
 
@@ -31,8 +48,6 @@ def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
 
     Raises:
         ConfigError: no rollout config, or a per-mode dict without TRAIN.
-
-    Tests: test_config.py::test_p6_*.
     """
     if rollout_config is None:
         raise ConfigError(
@@ -55,6 +70,7 @@ def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
     )
 
 
+@P6.function
 def p6_engine_choice(engine: Any, is_engine_class: Callable[[Any], bool], engine_name: str) -> tuple[str, Decision]:
     """P6: the rollout engine is a known name (vanilla, vllm, sglang_jax), or a rollout-engine
     subclass, or a ``functools.partial`` of one. Returns the kind: the name, or ``custom``.
@@ -63,8 +79,6 @@ def p6_engine_choice(engine: Any, is_engine_class: Callable[[Any], bool], engine
         ConfigError: an unknown engine name.
         NotImplementedError: an engine value that is neither a name nor an engine class
             (the reference's type: "... not supported").
-
-    Tests: test_config.py::test_p6_*.
     """
     if isinstance(engine, str):
         if engine not in KNOWN_ENGINES:
@@ -89,6 +103,7 @@ def p6_engine_choice(engine: Any, is_engine_class: Callable[[Any], bool], engine
     )
 
 
+@P6.function
 def p6_engine_accepts(engine_name: str, facts: Mapping[str, Any] | None) -> Decision:
     """P6: the engine's own checks on the actor and the rollout config (``facts`` is None when
     they refused: the error is raised by the engine's check)."""
@@ -117,18 +132,21 @@ SGLANG_LORA_MESSAGE = (
 )
 
 
+@P6.function
 def check_vanilla_model(has_config: bool) -> None:
     """P6: the vanilla engine needs a model with a ``config`` attribute."""
     if not has_config:
         raise ConfigError(VANILLA_CONFIG_MESSAGE)
 
 
+@P6.function
 def check_vllm_version(model_version: str | None) -> None:
     """P6: the vllm engine needs the model version it serves."""
     if model_version is None:
         raise ConfigError(VLLM_VERSION_MESSAGE)
 
 
+@P6.function
 def check_sglang_lora(actor_has_lora: bool, static_lora: bool) -> None:
     """P6: the sglang_jax engine refuses a LoRA actor without static-LoRA settings."""
     if actor_has_lora and not static_lora:
@@ -171,6 +189,7 @@ def check_lora_rank(rank: Any, model: Any) -> None:
         )
 
 
+@P6.function
 def check_scenario(scenario: Scenario, device_count: int | None = None, *, model: Any = None) -> None:
     """P6 on a scenario's knobs: every refusal that follows from the knobs alone (the engine's
     LoRA settings, the LoRA rank the model's dimensions allow, and the layout on
@@ -186,8 +205,6 @@ def check_scenario(scenario: Scenario, device_count: int | None = None, *, model
 
     Raises:
         ConfigError: with the reason and the fix.
-
-    Tests: test_knobs.py, test_cli_safety.py::test_lora_rank_*.
     """
     check_lora_rank(scenario.lora_rank, model if model is not None else get_model_config(scenario.model_size))
     if scenario.engine == "sglang_jax":

@@ -1,7 +1,12 @@
-"""The lab's byte panels as SVG: memory by device and by role (L2), and the sync (L3).
+"""Figures of measured memory (L2): what each device holds and what each role holds, each
+buffer drawn once.
 
-Pure functions of a report's ``memory`` or ``sync`` JSON (see ``lab.panels``
-for the conventions: physical bytes, a shared buffer drawn once, hatched).
+Pure functions of a report's ``memory`` JSON, returning an ``Svg`` that the notebooks and the
+widget lab both show (``lab.placement_figures`` says why SVG, and the conventions: physical
+bytes, a shared buffer drawn once and hatched where another role holds it). Segments carry
+an ``id`` and their bytes (``data-bytes``): ``"seg:<device>:<kind>:<entry or a+b>"``,
+``"naive:<device>:<kind>"``, ``"alloc:<device>"``, ``"seg:role:<entry>:held:<kind>"``,
+``"seg:role:<entry>:same:<owner>"``.
 """
 
 from __future__ import annotations
@@ -9,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, ROLE_COLORS, fmt_bytes
-from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, device_keys, legend, present, wrap
-
-SYNC_COLORS = {"arrived": "#c44e52", "copied": "#dd8452", "reused": "#55a868", "relayed": "#8b1a1a"}
+from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, ROLE_COLORS, device_order, fmt_bytes, in_order
+from rlcluster_lab.lab.svg import MIN_FONT, MUTED, WIDTH, Canvas, Svg, legend
+from rlcluster_lab.lab.textfit import wrap
 
 
 def _groups(memory: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -42,19 +46,29 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     hatched segment per set of roles for the buffers they share; one bar per memory kind.
 
     A dashed outline marks what the device would hold if every role had its
-    own copy. The bar's height is the report's ``by_device`` figure.
+    own copy. The bar's height is the report's ``by_device`` figure. Pinned
+    host bars are dotted. Where the backend reports allocator figures, a black
+    tick marks the allocator's bytes in use on each device; where it does not,
+    the figure says so.
     """
     by_device = memory.get("by_device", {})
-    entries = present(list(memory.get("by_role", {})), ENTRY_ORDER)
+    entries = in_order(list(memory.get("by_role", {})), ENTRY_ORDER)
     groups = _groups(memory)
-    devices = device_keys(list(by_device))
+    devices = device_order(list(by_device))
     kinds = [k for k in KINDS if any(by_device.get(d, {}).get(k) for d in devices)] or ["device"]
     naive = {
         (d, k): sum(int(memory["by_role"][e].get("by_device", {}).get(d, {}).get(k, 0)) for e in entries)
         for d in devices
         for k in kinds
     }
-    top_value = max([naive[key] for key in naive] + [1])
+    allocator = memory.get("allocator") or {}
+    in_use = {
+        d: int(v)
+        for d in devices
+        if allocator.get("available")
+        and (v := (allocator.get("by_device") or {}).get(d, {}).get("bytes_in_use")) is not None
+    }
+    top_value = max([naive[key] for key in naive] + list(in_use.values()) + [1])
     left, top, plot_h = 80, 60, 190
     slot = (WIDTH - left - 12) / max(len(devices), 1)
     bar_w = min(30.0, slot * 0.8 / len(kinds))
@@ -67,11 +81,12 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         size=14,
         weight="bold",
     )
-    allocator = memory.get("allocator") or {}
-    note = "allocator figures: " + (
-        "see the JSON" if allocator.get("available") else (allocator.get("note") or "none on this backend")
+    note = "physical bytes (every device's shard counted), each buffer drawn once; allocator: " + (
+        "the black tick is its bytes in use on the device"
+        if in_use
+        else (allocator.get("note") or "no figures on this backend")
     )
-    notes = wrap(note, WIDTH - 16, MIN_FONT, lines=2)
+    notes = wrap(note, WIDTH - 16, MIN_FONT, lines=3)
     for k, line in enumerate(notes):
         c.text(8, 40 + 16 * k, line, size=MIN_FONT, fill=MUTED, title=note)
     top += 16 * (len(notes) - 1)
@@ -138,6 +153,21 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
                     nbytes=n - held,
                     title=f"device {dev} ({kind}): {fmt_bytes(n - held)} more if every role had its own copy",
                 )
+        if dev in in_use:
+            # The allocator counts device memory: the tick sits on the device-memory bar.
+            k = kinds.index("device") if "device" in kinds else 0
+            x0 = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
+            y = base - in_use[dev] * scale
+            c.rect(
+                x0 - 3,
+                y - 1.5,
+                bar_w + 4,
+                3,
+                "black",
+                id=f"alloc:{dev}",
+                nbytes=in_use[dev],
+                title=f"device {dev}: the allocator reports {fmt_bytes(in_use[dev])} in use",
+            )
         c.text(left + i * slot + slot / 2, base + 17, f"dev {dev}", size=MIN_FONT, anchor="middle")
     items = [
         (ROLE_COLORS.get(e, "#999999"), e)
@@ -197,7 +227,7 @@ def memory_by_role(memory: Mapping[str, Any]) -> Svg:
     a hatched part is the same buffers as another role's, in that role's colour ("= actor"), so
     the solid parts add up to what the devices hold."""
     by_role = memory.get("by_role", {})
-    entries = present(list(by_role), ENTRY_ORDER)
+    entries = in_order(list(by_role), ENTRY_ORDER)
     top_value = max([int(by_role[e].get("bytes", 0)) for e in entries] + [1])
     left, top, row_h = 100, 48, 40
     bar_max = 300.0
@@ -215,7 +245,8 @@ def memory_by_role(memory: Mapping[str, Any]) -> Svg:
     c.text(
         8,
         38,
-        f"each buffer counted once; {fmt_bytes(memory.get('naive_bytes', 0))} if every role's bytes were summed",
+        f"physical bytes, each buffer counted once; {fmt_bytes(memory.get('naive_bytes', 0))} "
+        "if every role's bytes were summed",
         size=MIN_FONT,
         fill=MUTED,
     )
@@ -273,144 +304,4 @@ def memory_by_role(memory: Mapping[str, Any]) -> Svg:
     if "pinned_host" in kinds_seen:
         items.append((c.dots("#666666"), "dotted: pinned host"))
     c.height = legend(c, 8, top + row_h * len(entries) + 12, items, WIDTH - 16)
-    return c.render()
-
-
-def sync_bytes(sync: Mapping[str, Any]) -> Svg:
-    """Where one sync's bytes went, with the numbers (L3).
-
-    The upper bar splits the synced bytes (physical, every destination shard)
-    into what arrived from another device, what was made on the device from
-    its own data, and what was reused; the lower bar is everything that
-    crossed devices against the least the placement forces (the tick), its
-    excess relayed (moved again or dropped) drawn dark. The logical figure
-    (each leaf once) is beside the physical one, with their ratio.
-    """
-    runs = {("LoRA" if sync.get("lora") else "full") + " sync": sync} if "synced_bytes" in sync else dict(sync)
-    left = 78
-    bar_w = WIDTH - left - 16
-    widest = max(
-        [max(int(s.get("synced_bytes", 0)), int(s.get("moved_cross_device_bytes", 0))) for s in runs.values()] + [1]
-    )
-    scale = bar_w / widest
-    c = Canvas(WIDTH, 0)
-    c.text(8, 20, "Weight sync (P13, measured): where the bytes went", size=14, weight="bold")
-    y = 44
-    for label, s in runs.items():
-        synced = int(s.get("synced_bytes", 0))
-        logical = int(s.get("synced_logical_bytes", 0))
-        moved = int(s.get("moved_cross_device_bytes", 0))
-        relayed = int(s.get("relayed_cross_device_bytes", 0))
-        minimum = int(s.get("minimum_cross_device_bytes", 0))
-        parts = [
-            ("arrived", "moved between devices", moved - relayed),
-            ("copied", "copied within a device", int(s.get("copied_same_device_bytes", 0))),
-            ("reused", "reused (no copy)", int(s.get("reused_bytes", 0))),
-        ]
-        c.text(
-            8,
-            y,
-            f"{label}: {fmt_bytes(synced)} synced (physical: every device's shard), "
-            f"{fmt_bytes(logical)} logical (each leaf once)",
-            size=13,
-            weight="bold",
-        )
-        y += 10
-        c.text(left - 8, y + 16, "synced", size=MIN_FONT, anchor="end", fill=MUTED)
-        x = left
-        for key, what, v in parts:
-            if v > 0:
-                c.rect(
-                    x,
-                    y + 2,
-                    v * scale,
-                    20,
-                    SYNC_COLORS[key],
-                    id=f"seg:sync:{label}:{key}",
-                    title=f"{what}: {fmt_bytes(v)}",
-                    nbytes=v,
-                )
-                x += v * scale
-        y = legend(
-            c,
-            left,
-            y + 42,
-            [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts],
-            WIDTH - left - 8,
-        )
-        c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
-        if moved - relayed > 0:
-            c.rect(
-                left,
-                y - 2,
-                (moved - relayed) * scale,
-                18,
-                SYNC_COLORS["arrived"],
-                id=f"seg:cross:{label}:kept",
-                nbytes=moved - relayed,
-                title=f"crossed devices and stayed: {fmt_bytes(moved - relayed)}",
-            )
-        if relayed > 0:
-            c.rect(
-                left + (moved - relayed) * scale,
-                y - 2,
-                relayed * scale,
-                18,
-                SYNC_COLORS["relayed"],
-                id=f"seg:cross:{label}:relayed",
-                title=f"relayed: {fmt_bytes(relayed)} crossed but did not stay",
-                nbytes=relayed,
-            )
-        mx = left + minimum * scale
-        c.line(mx, y - 6, mx, y + 20, "black", width=2.5, id=f"min:{label}")
-        excess = int(s.get("excess_cross_device_bytes", moved - minimum))
-        lines = [
-            (
-                f"{fmt_bytes(moved)} crossed devices; the least this placement allows: {fmt_bytes(minimum)} "
-                f"(black tick); excess {fmt_bytes(excess)}"
-                + (
-                    ", all of it relayed"
-                    if relayed and relayed == excess
-                    else f", {fmt_bytes(relayed)} relayed (dark)"
-                    if relayed
-                    else ""
-                ),
-                TEXT,
-            )
-        ]
-        if logical and synced:
-            lines.append(
-                (
-                    f"physical / logical = {synced / logical:.1f}: a leaf counts once per device that receives "
-                    "a piece of it, so a replicated one counts on every device",
-                    MUTED,
-                )
-            )
-        seconds = s.get("seconds")
-        timing = (
-            ""
-            if seconds is None
-            else f"; handover {seconds * 1e3:.1f} ms"
-            + (
-                " incl. compiling"
-                if s.get("includes_compilation")
-                else " incl. reading programs from the compilation cache"
-                if s.get("includes_program_load")
-                else ""
-            )
-        )
-        lines.append(
-            (
-                f"reshard: {s.get('reshard_strategy', '?')}; anchor re-pinned "
-                f"{fmt_bytes(int(s.get('anchor_bytes', 0)))}" + timing,
-                MUTED,
-            )
-        )
-        y += 36
-        for text, fill in lines:
-            for line in wrap(text, WIDTH - left - 8, MIN_FONT, lines=2):
-                c.text(left, y, line, size=MIN_FONT, fill=fill)
-                y += 16
-        y += 18
-    c.height = y - 10
     return c.render()

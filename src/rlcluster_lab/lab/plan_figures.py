@@ -1,99 +1,20 @@
-"""Figures of a run over time and of a plan: the memory timeline of a training step (P14),
-the P11 gap between live and anchor log-probs, and a plan's memory against the device's."""
+"""A what-if plan's memory as a figure (L4, matplotlib): bytes per role and per device against
+the device's capacity, all computed from shapes (``planner.plan_cluster(...).to_json()``).
+
+A pure function of the plan's JSON; it builds a ``matplotlib.figure.Figure`` without
+pyplot, which only the notebooks show. Artists carry a ``gid``: ``"bar:role:<entry>:<kind>"``,
+``"bar:device:<device>:device"``, ``"line:capacity"``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from matplotlib.figure import Figure
 
-from rlcluster_lab.lab.mpl import (
-    FONT,
-    MAX_WIDTH,
-    MIN_PT,
-    bytes_axis,
-    device_order,
-    legend_columns,
-    new_figure,
-    present_keys,
-)
-from rlcluster_lab.lab.style import ENTRY_ORDER, KIND_COLORS, KINDS, PHYSICAL, ROLE_COLORS, fmt_bytes
-
-
-def memory_timeline(phases: Sequence[tuple[str, Mapping[str, Any]]]) -> Figure:
-    """Unique physical bytes per memory kind at each phase of a step (P14).
-
-    ``phases`` is a list of (label, memory dict) taken one after another.
-    """
-    labels = [p[0] for p in phases]
-    fig = new_figure(max(6.0, 1.2 * len(phases) + 2.0), 3.6)
-    ax = fig.add_subplot()
-    width = 0.38
-    for k, kind in enumerate(KINDS):
-        values = [sum(int(kinds.get(kind, 0)) for kinds in m.get("by_device", {}).values()) for _, m in phases]
-        bars = ax.bar(
-            [i - 0.2 + width * k for i in range(len(phases))], values, width * 0.95, color=KIND_COLORS[kind], label=kind
-        )
-        for bar, label in zip(bars, labels):
-            bar.set_gid(f"bar:phase:{label}:{kind}")
-    ax.set_xticks(range(len(phases)), labels, fontsize=MIN_PT, rotation=20, ha="right")
-    ax.set_ylabel(PHYSICAL + ",\neach buffer once", fontsize=MIN_PT)
-    bytes_axis(ax.yaxis, ax.get_ylim()[1])
-    ax.legend(fontsize=MIN_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title("memory kinds over one step", fontsize=FONT, loc="left")
-    return fig
-
-
-def p11_gap(result: Mapping[str, Any]) -> Figure:
-    """Per optimizer step: how far the live actor's log-probs are from the anchor's,
-    and the anchor's from the sampler's (P11), from ``LearnerResult.to_json()``.
-
-    Steps whose actor had not stepped yet in that global step are drawn as
-    open circles; later mini-batches and iterations as filled ones.
-    """
-    records = list(result.get("p11", []))
-    xs = list(range(len(records)))
-    floor = 1e-9  # a gap of exactly 0 still gets a point on a log axis
-    live = [max(float(r["live_vs_anchor"]), floor) for r in records]
-    sampler = [max(float(r["anchor_vs_sampler"]), floor) for r in records]
-    fresh = [r.get("steps_taken_before", 0) == 0 for r in records]
-    fig = new_figure(8.0, 4.2)
-    ax = fig.add_subplot()
-    ax.set_yscale("log")
-    ax.plot(xs, live, color=ROLE_COLORS["actor"], linewidth=0.8, alpha=0.6)
-    ax.scatter(
-        [x for x, f in zip(xs, fresh) if f],
-        [v for v, f in zip(live, fresh) if f],
-        facecolors="none",
-        edgecolors=ROLE_COLORS["actor"],
-        label="live vs anchor, first optimizer step of a global step",
-        gid="points:live:first",
-    )
-    ax.scatter(
-        [x for x, f in zip(xs, fresh) if not f],
-        [v for v, f in zip(live, fresh) if not f],
-        color=ROLE_COLORS["actor"],
-        label="live vs anchor, after the actor stepped",
-        gid="points:live:later",
-    )
-    ax.plot(
-        xs,
-        sampler,
-        color=ROLE_COLORS["rollout"],
-        marker=".",
-        linewidth=0.8,
-        label="anchor vs sampler",
-        gid="line:sampler",
-    )
-    ax.set_xlabel("optimizer step", fontsize=MIN_PT)
-    ax.set_ylabel("max |difference| of per-token\nlog-prob (nats)", fontsize=MIN_PT)
-    labels = ax.get_legend_handles_labels()[1]
-    fig.legend(loc="outside lower center", ncols=legend_columns(fig, labels), fontsize=MIN_PT, frameon=False)
-    ax.set_title(
-        "P11: old log-probs from live weights drift; the anchor matches the sampler", fontsize=FONT, loc="left"
-    )
-    return fig
+from rlcluster_lab.lab.mpl import FONT, MAX_WIDTH, MIN_PT, bytes_axis, legend_columns, new_figure
+from rlcluster_lab.lab.style import ENTRY_ORDER, KIND_COLORS, KINDS, PHYSICAL, device_order, fmt_bytes, in_order
 
 
 def plan_memory(plan: Mapping[str, Any]) -> Figure:
@@ -103,7 +24,7 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
     """
     memory = plan.get("memory", {})
     by_role = memory.get("by_role", {})
-    entries = present_keys(list(by_role), ENTRY_ORDER)
+    entries = in_order(list(by_role), ENTRY_ORDER)
     by_device = memory.get("by_device", {})
     devices = device_order(list(by_device))
     capacity = _capacity(plan)

@@ -1,22 +1,36 @@
-"""The lab's figures as SVG: decision flow, device grid, sharing map, memory by device and by
-role, sync.
+"""Figures of a placement (L1, P1-P7): the decision flow, the device grid and the sharing map.
 
-Each function takes a report's JSON (the placement report, its ``memory`` or
-its ``sync``) and returns an ``Svg``: the markup as a string, displayed as a
-figure in a notebook and in the lab's panels. They are pure functions of the
-report and recompute no decision. SVG is drawn in a few milliseconds (a
-matplotlib figure with this much text takes about half a second to render
-on a small CPU), stays sharp at any zoom, keeps its text selectable, and
-says more on hover (``<title>``). Elements that tests look up carry an
-``id``: ``"P3:shared"`` for a decision's answer, ``"link:P1:P3"`` for an
-arrow, ``"cell:rollout:5"`` for a device cell, ``"seg:<what>:<key>"`` for a
-bar segment.
+Each function takes a placement report's JSON (``placement_report(...).to_json()``, or a
+stored one) and returns an ``Svg``: the markup as a string, which a notebook displays as a
+figure (``_repr_svg_``) and the widget lab puts in its views. The notebooks and the widget
+call these same functions; nothing else draws these figures. They are pure functions of the
+report and recompute no decision.
 
-Bytes are physical bytes, as in the reports: every device shard counted.
-A buffer that several roles hold is drawn once: in the bar of its first
-holder, and hatched in that holder's colour wherever else it appears
-("= actor"). Each panel is ``svg.WIDTH`` px wide and meant to be shown at
-that width, where its smallest text (``svg.MIN_FONT``, 12 px) is 9 pt.
+Why SVG: the widget redraws after every click, and a click should answer within about a
+second on 2 CPU cores. Measured on such a machine (tiny model, eight devices, ms, each figure
+drawn in a fresh process: the first draw, then the median of seven more), SVG against the
+matplotlib 3.10 figures these replace (Figure + PNG at 100 dpi, what a notebook or an
+ipywidgets Image needs, after a 0.4-0.6 s import of matplotlib):
+
+    figure            SVG first / warm   matplotlib first / warm
+    decision_flow       276 / 0.7           247 / 172
+    device_grid         242 / 0.7            86 / 79
+    memory_by_device    189 / 0.4           125 / 120
+    memory_by_role      198 / 0.2           121 / 98
+    sync_bytes          200 / 0.2           107 / 99
+
+An SVG figure's first draw is almost all the one-off read of the font's glyph widths
+(``textfit``); after it, a Construct's four figures redraw in about 2 ms against about half
+a second. SVG also stays sharp at any zoom, keeps its text selectable and says more on
+hover (``<title>``).
+
+Elements that tests look up carry an ``id``: ``"P3:shared"`` for a decision's answer,
+``"key:P3"`` for its rule, ``"link:P1:P3"`` for an arrow, ``"cell:rollout:5"`` for a device
+cell, ``"map:rollout:links"`` for a sharing-map cell. Bytes are physical bytes, as in the
+reports: every device shard counted. A buffer that several roles hold is drawn once, and
+hatched in its first holder's colour wherever else it appears ("= actor"). Each figure is
+``svg.WIDTH`` px wide and meant to be shown at that width, where its smallest text
+(``svg.MIN_FONT``, 12 px) is 9 pt.
 """
 
 from __future__ import annotations
@@ -24,12 +38,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# The byte panels live in their own module; the lab and the notebooks reach every panel here.
-from rlcluster_lab.lab.byte_panels import SYNC_COLORS, memory_by_device, memory_by_role, sync_bytes
 from rlcluster_lab.lab.flow import OPTION_LABELS, flow_links, flow_rows, link_ends, link_lanes, mesh_coords
 from rlcluster_lab.lab.sharing_notes import actor_share_text, measured_text, role_note, shared_bytes
-from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_COLORS, ROLE_ORDER, fmt_bytes
-from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, clip, legend, present, text_width, wrap
+from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_COLORS, ROLE_ORDER, fmt_bytes, in_order
+from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
+from rlcluster_lab.lab.textfit import clip, text_width, wrap
 
 # --------------------------------------------------------------------------- decision flow (L1)
 
@@ -139,7 +152,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     shares with the actor, and why the two differ where they do.
     """
     meshes = report.get("role_to_mesh", {})
-    rows: list[tuple[str, str, Mapping[str, Any]]] = [(r, r, meshes[r]) for r in present(list(meshes), ROLE_ORDER)]
+    rows: list[tuple[str, str, Mapping[str, Any]]] = [(r, r, meshes[r]) for r in in_order(list(meshes), ROLE_ORDER)]
     if report.get("mesh_overridden_by_engine") and "rollout" in report.get("config_role_to_mesh", {}):
         at = next(i for i, r in enumerate(rows) if r[0] == "rollout") + 1
         rows.insert(at, ("rollout (config)", "rollout", report["config_role_to_mesh"]["rollout"]))
@@ -157,7 +170,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
         8,
         20,
         f"Devices: {report.get('device_count', len(ids))} on {report.get('platform', '?')}; "
-        "each cell: mesh coordinate and the role's bytes",
+        "each cell: mesh coordinate and the role's physical bytes",
         size=14,
         weight="bold",
     )
@@ -238,7 +251,7 @@ def sharing_map(report: Mapping[str, Any]) -> Svg:
     differ where they do (an engine's own copy, P7; replicated shards the reshard left in place,
     P5). The map says which roles *may* share a model; the measurement, which buffers they do."""
     present_roles = set(report.get("role_to_mesh", {})) or set(report.get("sharing_map", {}))
-    roles = [r for r in present(list(report.get("sharing_map", {})), ROLE_ORDER) if r in present_roles]
+    roles = [r for r in in_order(list(report.get("sharing_map", {})), ROLE_ORDER) if r in present_roles]
     cols = (8.0, 120.0, 380.0)  # role | linked in the map | holds of the actor's buffers
     c = Canvas(WIDTH, 0)
     c.text(8, 20, "Sharing map (P1, P2) and the actor's buffers each role holds (measured)", size=14, weight="bold")
@@ -262,22 +275,3 @@ def sharing_map(report: Mapping[str, Any]) -> Svg:
     c.line(4, y, WIDTH - 4, y, "#dddddd")
     c.height = y + 8
     return c.render()
-
-
-# --------------------------------------------------------------------------- memory (L2)
-
-
-# --------------------------------------------------------------------------- sync (L3)
-
-
-__all__ = [
-    "SYNC_COLORS",
-    "WIDTH",
-    "Svg",
-    "decision_flow",
-    "device_grid",
-    "memory_by_device",
-    "memory_by_role",
-    "sharing_map",
-    "sync_bytes",
-]

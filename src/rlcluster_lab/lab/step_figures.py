@@ -1,13 +1,18 @@
-"""The RL step's phases as a figure: per phase, the bytes each role holds in device memory
-and in pinned host memory, measured inside the phase (``lab.step_phases``).
+"""Figures of training steps (matplotlib): per phase of an RL step, the bytes each role
+holds in device and in pinned host memory, measured inside the phase (P14,
+``lab.step_phases``); and per optimizer step, the P11 gap between the live actor's
+log-probs, the anchor's and the sampler's (``LearnerResult.to_json()``).
 
-Pure, like ``lab.figures``: it reads ``StepPhases.to_json()`` and builds a Figure; nothing
-is measured or decided here. Each buffer is drawn once: a buffer several entries hold (the
-rollout that *is* the actor, a LoRA actor's backbone that is the reference's) is one
-segment, labelled with every entry that holds it, so a bar's height is what the memory
-kind really holds. Bytes are physical bytes (every device shard counted).
+Pure functions of that JSON: nothing is measured or decided here. They build a
+``matplotlib.figure.Figure`` without pyplot; only the notebooks show them (the widget lab
+draws SVG, ``lab.placement_figures``). In ``phase_memory`` each buffer is drawn once: a
+buffer several entries hold (the rollout that *is* the actor, a LoRA actor's backbone that
+is the reference's) is one segment, labelled with every entry that holds it, so a bar's
+height is what the memory kind really holds. Bytes are physical bytes (every device shard
+counted).
 
-Bars carry a ``gid``: ``"bar:phase:<step label>:<phase>:<kind>:<segment>"``.
+Artists carry a ``gid``: ``"bar:phase:<step label>:<phase>:<kind>:<segment>"`` for a bar,
+``"points:live:first"``, ``"points:live:later"`` and ``"line:sampler"`` for the P11 gap.
 """
 
 from __future__ import annotations
@@ -18,10 +23,9 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from rlcluster_lab.lab.mpl import bytes_axis, new_figure, present_keys
-from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, PHYSICAL, ROLE_COLORS
+from rlcluster_lab.lab.mpl import FONT, MIN_PT, bytes_axis, legend_columns, new_figure
+from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, PHYSICAL, ROLE_COLORS, in_order
 
-FONT = 9  # the smallest text in the figure, at display size
 HOST_ALPHA = 0.45  # pinned host bars are drawn paler than device bars
 
 
@@ -53,7 +57,7 @@ def segments(memory: Mapping[str, Any], kind: str) -> list[tuple[str, tuple[str,
     by_role = memory.get("by_role", {})
     groups = memory.get("shared", [])
     out: list[tuple[str, tuple[str, ...], int]] = []
-    for entry in present_keys(list(by_role), ENTRY_ORDER):
+    for entry in in_order(list(by_role), ENTRY_ORDER):
         own = int(by_role[entry].get("by_kind", {}).get(kind, 0))
         for group in groups:
             if entry in group["roles"]:
@@ -136,30 +140,78 @@ def phase_memory(
                     bottom += nbytes
                 top = max(top, bottom)
         ticks = [i - 0.2 + 0.4 * k for i in range(len(phases)) for k in range(len(KINDS))]
-        ax.set_xticks(ticks, ["device", "pinned"] * len(phases), minor=True, fontsize=FONT)
+        ax.set_xticks(ticks, ["device", "pinned"] * len(phases), minor=True, fontsize=MIN_PT)
         names = []
         for phase in phases:
             star = "*" if when == "during" and phase.get("during") is None else ""
             wrapped = phase["name"].replace(": ", ":\n")
             names.append(f"{wrapped}{star}\n{phase['seconds'] * 1e3:.0f} ms")
-        ax.set_xticks(range(len(phases)), names, fontsize=FONT)
+        ax.set_xticks(range(len(phases)), names, fontsize=MIN_PT)
         ax.tick_params(axis="x", which="major", pad=16, length=0)
         ax.tick_params(axis="x", which="minor", length=2)
-        ax.tick_params(axis="y", labelsize=FONT)
+        ax.tick_params(axis="y", labelsize=MIN_PT)
         ax.set_xlim(-0.6, len(phases) - 0.4)
-        ax.set_ylabel(PHYSICAL.replace(" (", "\n("), fontsize=FONT)
-        ax.set_title(label, fontsize=FONT + 1, loc="left")
+        ax.set_ylabel(PHYSICAL.replace(" (", "\n("), fontsize=MIN_PT)
+        ax.set_title(label, fontsize=MIN_PT + 1, loc="left")
     for ax in axes:
         ax.set_ylim(0, top * 1.08)
         bytes_axis(ax.yaxis, top * 1.08)
-    handles = [legend[n] for n in present_keys(list(legend), ENTRY_ORDER)]
+    handles = [legend[n] for n in in_order(list(legend), ENTRY_ORDER)]
     handles.append(Patch(facecolor=ROLE_COLORS["actor"], alpha=HOST_ALPHA, label="pale colour: pinned host memory"))
-    axes[0].legend(handles=handles, fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    axes[0].legend(handles=handles, fontsize=MIN_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     note = "memory inside each operation, at its work point" if when == "during" else "memory after each phase"
     if marked:
         note += "; * no work point (host code, the sync): the walk after it"
-    fig.suptitle(f"{note}\neach buffer drawn once; bytes and times measured", fontsize=FONT, x=0.01, ha="left")
+    fig.suptitle(f"{note}\neach buffer drawn once; bytes and times measured", fontsize=MIN_PT, x=0.01, ha="left")
     return fig
 
 
-__all__ = ["phase_memory", "segments"]
+def p11_gap(result: Mapping[str, Any]) -> Figure:
+    """Per optimizer step: how far the live actor's log-probs are from the anchor's,
+    and the anchor's from the sampler's (P11), from ``LearnerResult.to_json()``.
+
+    Steps whose actor had not stepped yet in that global step are drawn as
+    open circles; later mini-batches and iterations as filled ones.
+    """
+    records = list(result.get("p11", []))
+    xs = list(range(len(records)))
+    floor = 1e-9  # a gap of exactly 0 still gets a point on a log axis
+    live = [max(float(r["live_vs_anchor"]), floor) for r in records]
+    sampler = [max(float(r["anchor_vs_sampler"]), floor) for r in records]
+    fresh = [r.get("steps_taken_before", 0) == 0 for r in records]
+    fig = new_figure(8.0, 4.2)
+    ax = fig.add_subplot()
+    ax.set_yscale("log")
+    ax.plot(xs, live, color=ROLE_COLORS["actor"], linewidth=0.8, alpha=0.6)
+    ax.scatter(
+        [x for x, f in zip(xs, fresh) if f],
+        [v for v, f in zip(live, fresh) if f],
+        facecolors="none",
+        edgecolors=ROLE_COLORS["actor"],
+        label="live vs anchor, first optimizer step of a global step",
+        gid="points:live:first",
+    )
+    ax.scatter(
+        [x for x, f in zip(xs, fresh) if not f],
+        [v for v, f in zip(live, fresh) if not f],
+        color=ROLE_COLORS["actor"],
+        label="live vs anchor, after the actor stepped",
+        gid="points:live:later",
+    )
+    ax.plot(
+        xs,
+        sampler,
+        color=ROLE_COLORS["rollout"],
+        marker=".",
+        linewidth=0.8,
+        label="anchor vs sampler",
+        gid="line:sampler",
+    )
+    ax.set_xlabel("optimizer step", fontsize=MIN_PT)
+    ax.set_ylabel("max |difference| of per-token\nlog-prob (nats)", fontsize=MIN_PT)
+    labels = ax.get_legend_handles_labels()[1]
+    fig.legend(loc="outside lower center", ncols=legend_columns(fig, labels), fontsize=MIN_PT, frameon=False)
+    ax.set_title(
+        "P11: old log-probs from live weights drift; the anchor matches the sampler", fontsize=FONT, loc="left"
+    )
+    return fig

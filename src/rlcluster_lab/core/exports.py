@@ -1,0 +1,121 @@
+"""Public names that IDEs and type checkers see, imported only when first used.
+
+A package's ``__init__`` writes its public API as ordinary imports under
+``if TYPE_CHECKING:``, which type checkers and IDEs read, and lists the names in
+``__all__``; then it hands its own source to ``lazy_exports``, which reads those
+same import lines and resolves each name on first use. The imports are written
+once: what a type checker sees is what the package serves. Nothing is imported
+until asked for, so ``import rlcluster_lab`` imports no JAX and the CLI refuses a
+bad flag before the JAX backend starts::
+
+    from typing import TYPE_CHECKING
+
+    from rlcluster_lab.core.exports import lazy_exports
+
+    if TYPE_CHECKING:
+        from rlcluster_lab.cluster import RLCluster
+
+    __all__ = ["RLCluster"]
+
+    if not TYPE_CHECKING:  # a type checker then flags a name not imported above
+        __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)
+
+JAX-free (the standard library only).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import pathlib
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+
+def typed_imports(source: str, package: str) -> dict[str, tuple[str, str]]:
+    """The names a module's ``if TYPE_CHECKING:`` blocks import: name -> (module, attribute).
+
+    Args:
+        source: the module's source.
+        package: the package relative imports are resolved against.
+
+    Raises:
+        ValueError: a plain ``import x`` in such a block (only ``from x import y`` names a
+            single public object), or a name imported twice.
+    """
+    found: dict[str, tuple[str, str]] = {}
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.If) and _is_type_checking(node.test)):
+            continue
+        for stmt in node.body:
+            if isinstance(stmt, ast.ImportFrom):
+                module = importlib.util.resolve_name("." * stmt.level + (stmt.module or ""), package)
+                for alias in stmt.names:
+                    name = alias.asname or alias.name
+                    if name in found:
+                        raise ValueError(f"{package}: {name!r} is imported twice under TYPE_CHECKING")
+                    found[name] = (module, alias.name)
+            elif isinstance(stmt, ast.Import):
+                raise ValueError(
+                    f"{package}: 'import {stmt.names[0].name}' under TYPE_CHECKING names no single object; "
+                    "write 'from module import name' for each public name"
+                )
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def lazy_exports(
+    module_name: str,
+    source_file: str,
+    public: Iterable[str],
+    *,
+    moved: Mapping[str, str] | None = None,
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of a package whose public names are its
+    ``TYPE_CHECKING`` imports.
+
+    Args:
+        module_name: the package (``__name__``).
+        source_file: its ``__init__.py`` (``__file__``), whose ``if TYPE_CHECKING:`` imports
+            are read.
+        public: its ``__all__``; it must be exactly the names those imports bring.
+        moved: names that left this namespace for another, still served for older code but
+            not listed in ``__all__`` or ``dir()``: name -> the module that holds it now.
+
+    Returns:
+        ``(__getattr__, __dir__)`` for the package: a name is imported on first use and kept.
+
+    Raises:
+        ValueError: ``public`` and the ``TYPE_CHECKING`` imports name different things.
+    """
+    table = typed_imports(pathlib.Path(source_file).read_text(encoding="utf-8"), module_name)
+    listed = list(public)
+    if sorted(listed) != sorted(table):
+        missing, extra = sorted(set(table) - set(listed)), sorted(set(listed) - set(table))
+        raise ValueError(
+            f"{module_name}: __all__ and the TYPE_CHECKING imports differ (imported but not in __all__: {missing}; "
+            f"in __all__ but not imported: {extra}); list each public name in both"
+        )
+    old = dict(moved or {})
+
+    def __getattr__(name: str) -> Any:
+        if name in table:
+            module, attribute = table[name]
+            value = getattr(importlib.import_module(module), attribute)
+            setattr(sys.modules[module_name], name, value)  # resolved once
+            return value
+        if name in old:
+            return getattr(importlib.import_module(old[name]), name)
+        raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[module_name])) | set(listed))
+
+    return __getattr__, __dir__

@@ -1,0 +1,118 @@
+"""The planner in the notebooks (L4): its figures beside a live cluster's measured ones, and
+what-if plans of published models on real topologies; each one call that returns rows.
+
+Plans are computed from shapes (``planner``), measurements read from the placement report of
+a cluster built through ``build_cluster``; nothing here decides where a model lives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from rlcluster_lab.app.report import placement_report
+from rlcluster_lab.app.scenario import Scenario, build_cluster
+from rlcluster_lab.lab.experiments import Tick, collect
+from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
+from rlcluster_lab.planner.tables import local_topology
+
+
+def _busiest_device(r: Mapping[str, Any]) -> int:
+    return max(k.get("device", 0) for k in r["memory"]["by_device"].values())
+
+
+# (figure, what is read from the plan and from the measured report, how the two must relate).
+# The plan counts the least a sync must move between devices; a compiled reshard (the
+# ``xla`` strategy) may relay pieces through another device, which only a measurement sees,
+# so "moved" is checked as "at least the plan's figure" and its excess is shown on its own.
+PLAN_CHECKS: tuple[tuple[str, Callable[[Mapping[str, Any]], int], str], ...] = (
+    ("bytes held (each buffer once)", lambda r: r["memory"]["unique_bytes"], "="),
+    ("rollout bytes", lambda r: r["memory"]["by_role"]["rollout"]["bytes"], "="),
+    ("anchor bytes", lambda r: r["memory"]["by_role"]["anchor"]["bytes"], "="),
+    ("busiest device, device memory", _busiest_device, "="),
+    ("sync: least between devices", lambda r: r["sync"]["minimum_cross_device_bytes"], "="),
+    ("sync: moved between devices", lambda r: r["sync"]["moved_cross_device_bytes"], ">="),
+    ("sync: copied within a device", lambda r: r["sync"]["copied_same_device_bytes"], "="),
+    ("sync: reused", lambda r: r["sync"]["reused_bytes"], "="),
+)
+
+
+def _agrees(planned: int, measured: int, relation: str) -> str:
+    """'yes' when the measurement is what the plan says (or, for ">=", at least that)."""
+    if planned == measured:
+        return "yes"
+    if relation == ">=" and measured > planned:
+        return f"yes, +{measured - planned:,} relayed"
+    return "no"
+
+
+def _local_topology(devices: Sequence[jax.Device]) -> Any:
+    """The planner's ``local`` topology, restricted to the devices the notebook builds on."""
+    return dataclasses.replace(
+        local_topology(),
+        device_count=len(devices),
+        platform=devices[0].platform,
+        device_ids=tuple(int(d.id) for d in devices),
+    )
+
+
+def plan_vs_measured(
+    devices: Sequence[jax.Device], scenarios: Mapping[str, Scenario], progress: Tick | None = None
+) -> list[dict[str, Any]]:
+    """The planner's figures (L4) beside a live cluster's measured ones (L2, L3), scenario by scenario."""
+    topo = _local_topology(devices)
+    rows = []
+    for label, scenario in scenarios.items():
+        cluster = build_cluster(scenario, devices=devices)
+        measured = placement_report(cluster, sync=cluster.sync_weights()).to_json()
+        del cluster
+        planned = plan_scenario(scenario, topo).to_json()
+        for what, read, relation in PLAN_CHECKS:
+            p, m = int(read(planned)), int(read(measured))
+            agrees = _agrees(p, m, relation)
+            rows.append({"scenario": label, "figure": what, "planned": p, "measured": m, "agrees": agrees})
+        collect()
+        if progress:
+            progress(label)
+    return rows
+
+
+def what_if_rows(
+    models: Sequence[str],
+    topologies: Sequence[str],
+    *,
+    layouts: Sequence[str] = ("colocated", "split"),
+    lora_rank: int = 16,
+    **knobs: Any,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Plans of published models on real topologies, per layout, full and LoRA; rows and each plan's JSON."""
+    rows, plans = [], {}
+    for model, topo, layout, rank in itertools.product(models, topologies, layouts, (0, lora_rank)):
+        plan = plan_cluster(model, topo, layout=layout, lora_rank=rank, **knobs).to_json()
+        label = f"{model} on {topo}, {layout}, {'LoRA ' + str(rank) if rank else 'full'}"
+        plans[label] = plan
+        fits = plan["fits"]
+        seconds = plan["sync"].get("estimated_seconds")
+        rows.append(
+            {
+                "model": model,
+                "topology": topo,
+                "layout": layout,
+                "actor": f"LoRA {rank}" if rank else "full",
+                # The fullest device at its peak through a step's phases (planner.budget).
+                "busiest device": _gib(fits["peak"]["max_device_bytes"]),
+                "per device": _gib(fits["memory_per_device"]),
+                "fits": fits["all_fit"],
+                "sync moves": _gib(plan["sync"]["moved_cross_device_bytes"]),
+                "sync (est.)": "-" if seconds is None else f"{seconds * 1e3:.1f} ms",
+            }
+        )
+    return rows, plans
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f} GiB"

@@ -1,0 +1,139 @@
+"""How a rule is declared: once, beside its functions, with everything the lab says about it.
+
+A rule's id, its title, the question the decision-flow figure asks, the answers it draws (each
+branch with its label) and the tests that hold it are written in one ``rule(...)`` call in the
+module of its functions; each function then registers with it::
+
+    P3 = rule(
+        "P3",
+        "the rollout model",
+        question="what does the rollout sample with?",
+        answers={RolloutBranch.SHARED: "same object", ...},
+        tests=("tests/test_cluster_rules.py::test_p3_*",),
+    )
+
+
+    @P3.function
+    def p3_rollout_model(...) -> Decision: ...
+
+Everything that shows a rule reads these declarations: the catalogue and ``docs/rules.md``
+(``rules.catalogue``), the flow figure's questions and labels (``lab.flow``) and
+``show_rule`` (``lab.code_view``). JAX-free, like ``rules.validation``, which declares P6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Each declared rule by id, in the order declared; ``rules.catalogue`` puts them in order.
+_DECLARED: dict[str, Rule] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """One answer the flow figure draws for a rule's question: the value a decision records
+    (its branch's value) and how the figure writes it."""
+
+    value: str
+    label: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rule:
+    """One rule: its id, a title, the flow figure's question and answers, where it is tested,
+    and the functions that implement it (registered with ``@rule.function``).
+
+    Attributes:
+        rule: the id, ``"P1"`` to ``"P15"`` or ``"L1"`` to ``"L4"``.
+        title: a few words, the heading in ``docs/rules.md``.
+        tests: test files, or ``file::pattern`` for the tests of one file whose names match.
+        question: what the flow figure asks; ``{role}`` is filled in for a per-role row (P5).
+        answers: the answers the flow figure draws, in order.
+        note: for a rule with no function of its own, what holds it.
+    """
+
+    rule: str
+    title: str
+    tests: tuple[str, ...]
+    question: str = ""
+    answers: tuple[Answer, ...] = ()
+    note: str = ""
+    _functions: list[Callable[..., object]] = dataclasses.field(default_factory=list, init=False, repr=False)
+
+    @property
+    def functions(self) -> tuple[Callable[..., object], ...]:
+        """The functions that implement the rule, in the order they were registered."""
+        return tuple(self._functions)
+
+    def function(self, fn: F) -> F:
+        """Register ``fn`` as one of this rule's functions; returns it unchanged, so a test can
+        still replace it on its module."""
+        self._functions.append(fn)
+        return fn
+
+    def values(self) -> tuple[str, ...]:
+        """The answers' values, in order: a flow row's options."""
+        return tuple(a.value for a in self.answers)
+
+    def labels(self) -> dict[str, str]:
+        """Answer value -> how the figure writes it."""
+        return {a.value: a.label for a in self.answers}
+
+
+_ID = re.compile(r"[PL][1-9][0-9]*")
+
+
+def rule(
+    rule_id: str,
+    title: str,
+    *,
+    tests: tuple[str, ...],
+    question: str = "",
+    answers: Mapping[enum.Enum | str, str] | None = None,
+    note: str = "",
+) -> Rule:
+    """Declare a rule, once.
+
+    Args:
+        rule_id: ``"P1"`` ... ``"P15"`` for the cluster's rules, ``"L1"`` ... for the lab's own.
+        title: a few words.
+        tests: test files (``"tests/test_sync.py"``) or ``"tests/test_sync.py::test_p13_*"``.
+        question: what the flow figure asks, if the figure draws the rule.
+        answers: branch (or plain value, for an answer that is not a branch) -> its label in the
+            figure, in the order the figure draws them.
+        note: for a rule with no function of its own, what holds it.
+
+    Returns:
+        The ``Rule``; its ``function`` method registers the functions that implement it.
+
+    Raises:
+        ValueError: a malformed id, an id declared twice, or a rule with no tests.
+    """
+    if not _ID.fullmatch(rule_id):
+        raise ValueError(f"rule id {rule_id!r} is not P<n> or L<n>; name a rule like 'P3' or 'L1'")
+    if rule_id in _DECLARED:
+        raise ValueError(f"rule {rule_id} is declared twice; declare it once, beside its first function")
+    if not tests:
+        raise ValueError(f"rule {rule_id} names no tests; give the test files (or file::pattern) that hold it")
+    given = (answers or {}).items()
+    declared = Rule(
+        rule_id,
+        title,
+        tuple(tests),
+        question,
+        tuple(Answer(k.value if isinstance(k, enum.Enum) else str(k), label) for k, label in given),
+        note,
+    )
+    _DECLARED[rule_id] = declared
+    return declared
+
+
+def declared() -> tuple[Rule, ...]:
+    """Every rule declared so far, in the order declared (import ``rules.catalogue`` for all)."""
+    return tuple(_DECLARED.values())

@@ -1,0 +1,99 @@
+"""What Tunix 0.1.7 asks of the models and tokenizer it is handed, met for the lab's own.
+
+Tunix's cluster takes in-memory ``nnx.Module`` models (a path is not supported
+by that version). To construct, it needs:
+
+- partition specs that name the mesh's own axes: it reads each model's specs
+  to reshard it onto a role's mesh (P5). The lab's model carries logical names
+  ("embed", "vocab", ...), so the construction runs inside
+  ``nnx.logical_axis_rules`` with the lab's rules, which resolves those names
+  to the mesh axes ("fsdp", "tp") wherever specs are read;
+- for its built-in vanilla engine, a ``config`` attribute with ``num_layers``,
+  ``num_kv_heads`` and ``head_dim`` (it sizes the KV cache from them): the
+  lab's ``TransformerLM`` has one;
+- a tokenizer with ``encode``, ``decode`` and the methods ``bos_id()``,
+  ``eos_id()`` and ``pad_id()``: ``TunixTokenizer`` gives the lab's byte
+  tokenizer that shape.
+
+Tunix's sampler calls a model with its own arguments (tokens, positions, a
+per-layer cache dict, a mask), which the lab's model does not take, so the
+comparison stays with what construction and the weight sync do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from flax import nnx
+
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.model.tokenizer import ByteTokenizer
+
+# What Tunix's vanilla engine reads from ``model.config`` to size its KV cache.
+CONFIG_FIELDS = ("num_layers", "num_kv_heads", "head_dim")
+
+
+class TunixTokenizer:
+    """The lab's byte tokenizer with the methods Tunix's tokenizer adapter looks for."""
+
+    def __init__(self, tokenizer: ByteTokenizer | None = None) -> None:
+        self.inner = tokenizer or ByteTokenizer()
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return self.inner.encode(text)
+
+    def decode(self, ids: Any, **_: Any) -> str:
+        return self.inner.decode(ids)
+
+    def bos_id(self) -> int:
+        return int(self.inner.bos_id)
+
+    def eos_id(self) -> int:
+        return int(self.inner.eos_id)
+
+    def pad_id(self) -> int:
+        return int(self.inner.pad_id)
+
+
+@contextlib.contextmanager
+def lab_axis_rules(rules: Any = None) -> Iterator[None]:
+    """Resolve the lab's logical partition names to mesh axes while Tunix reads specs (P5)."""
+    with nnx.logical_axis_rules(list(rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES)):
+        yield
+
+
+def check_model(model: Any, role: str, engine: str) -> None:
+    """Refuse a model Tunix's construction would not take, saying what it lacks.
+
+    Raises:
+        ConfigError: not an ``nnx.Module``, or (vanilla engine) no ``config`` with the
+            fields Tunix sizes its KV cache from.
+    """
+    if not isinstance(model, nnx.Module):
+        raise ConfigError(
+            f"Tunix 0.1.7 takes the {role} as an nnx.Module (loading from a path is not supported there), "
+            f"got {type(model).__name__}; load the model first and pass the module"
+        )
+    if engine == "vanilla" and role == "actor":
+        config = getattr(model, "config", None)
+        missing = [f for f in CONFIG_FIELDS if not hasattr(config, f)]
+        if missing:
+            raise ConfigError(
+                f"Tunix's vanilla engine sizes its KV cache from model.config.{{{', '.join(CONFIG_FIELDS)}}}; "
+                f"the actor ({type(model).__name__}) lacks {', '.join(missing)}. Give the model a config "
+                "object with those fields"
+            )
+
+
+def tunix_role_to_mesh(tunix_roles: Any, role_to_mesh: Mapping[Role, Any]) -> dict[Any, Any]:
+    """The lab's role -> mesh map with Tunix's own ``Role`` members as keys (the values match)."""
+    return {tunix_roles(role.value): mesh for role, mesh in role_to_mesh.items()}
+
+
+def lab_role(tunix_role: Any) -> Role:
+    """The lab's ``Role`` for one of Tunix's (both enums use the same lower-case values)."""
+    return Role(tunix_role.value)

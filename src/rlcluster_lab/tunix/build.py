@@ -1,0 +1,192 @@
+"""Building Tunix's own ``RLCluster`` for one of the lab's scenarios.
+
+The models are the lab's (``app.scenario.build_models``: the same seed,
+the same values, the same meshes as ``build_cluster`` makes); the knobs become
+Tunix's ``ClusterConfig``. What the cluster was handed is kept beside it
+(``Given``): some decisions can only be read against the state before
+construction (whether a model was kept or resharded, P5; the mesh the engine
+replaced, P7, since Tunix writes the engine's mesh into the very dict it was
+given; the warnings it logged, P4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlcluster_lab.app.scenario import build_models, validate
+from rlcluster_lab.core.config import TrainingConfig
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.options import Scenario
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.measure.sync import describe_sharding, flat_leaves
+from rlcluster_lab.placement.buffers import buffer_keys
+from rlcluster_lab.tunix.adapters import TunixTokenizer, check_model, lab_axis_rules, tunix_role_to_mesh
+from rlcluster_lab.tunix.extra import require
+from rlcluster_lab.tunix.standin import vllm_stand_in
+
+# The engines whose scenarios Tunix's cluster can be built for here (vllm through the stand-in).
+ENGINES = ("vanilla", "vllm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Given:
+    """What a Tunix cluster was handed, recorded before construction.
+
+    ``role_to_mesh``: the meshes as asked (a copy). ``buffers``: per model
+    name, its buffer keys before construction. ``layouts``: per model name and
+    leaf path, its sharding before construction, memory kind left out (an
+    offload moves a leaf between memory kinds without changing its layout,
+    P14). ``logged``: every warning Tunix logged while constructing.
+    ``engine``: the lab's engine name; ``offload``: whether it was asked (P14).
+    """
+
+    role_to_mesh: Mapping[Role, Any]
+    buffers: Mapping[str, frozenset]
+    layouts: Mapping[str, Mapping[str, str]]
+    logged: tuple[str, ...]
+    engine: str
+    offload: bool
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TunixBuild:
+    """A constructed Tunix ``RLCluster`` and what it was handed."""
+
+    cluster: Any
+    given: Given
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def logged_warnings() -> Iterator[list[str]]:
+    """The warnings Tunix logs (through absl, which writes to the ``absl`` logger) inside the block.
+
+    They are kept, not printed: the report carries what they say (P4's warning, P5's reshards).
+    """
+    handler = _Collect()
+    logger = logging.getLogger("absl")
+    saved = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [handler], False
+    try:
+        yield handler.messages
+    finally:
+        logger.handlers, logger.propagate = saved
+
+
+def leaf_layouts(state: Any) -> dict[str, str]:
+    """Leaf path -> its sharding (mesh, devices, partition spec), memory kind left out."""
+    out = {}
+    for path, x in flat_leaves(state).items():
+        sharding = x.sharding.with_memory_kind("device") if hasattr(x.sharding, "with_memory_kind") else x.sharding
+        out[path] = describe_sharding(sharding).rsplit(" ", 1)[0]
+    return out
+
+
+def tunix_config(scenario: Scenario, role_to_mesh: Mapping[Role, Any], training: TrainingConfig | None = None) -> Any:
+    """Tunix's ``ClusterConfig`` for a scenario's knobs on these meshes.
+
+    Raises:
+        ConfigError: a knob Tunix's cluster cannot be built with here (an engine other than
+            vanilla or vllm).
+        TunixMissingError: Tunix is not installed.
+    """
+    tunix = require("building Tunix's RLCluster")
+    if scenario.engine not in ENGINES:
+        raise ConfigError(
+            f"Tunix's {scenario.engine} engine cannot run here (its serving library is not installed on CPU), "
+            f"and the lab has no stand-in for it on Tunix's side; use engine {' or '.join(repr(e) for e in ENGINES)}",
+            knobs=("engine",),
+        )
+    rc = tunix.rl_cluster
+    training = training or TrainingConfig()
+    rollout = tunix.base_rollout.RolloutConfig(
+        max_tokens_to_generate=scenario.max_tokens,
+        temperature=scenario.temperature,
+        kv_cache_size=scenario.kv_cache_size,
+        data_type=jnp.dtype(scenario.rollout_dtype) if scenario.rollout_dtype else None,
+        seed=scenario.seed,
+        rollout_vllm_model_version=scenario.rollout_config().rollout_vllm_model_version or "",
+    )
+    return rc.ClusterConfig(
+        role_to_mesh=tunix_role_to_mesh(rc.Role, role_to_mesh),
+        rollout_engine=vllm_stand_in() if scenario.engine == "vllm" else scenario.engine,
+        offload_to_cpu=scenario.offload,
+        training_config=rc.RLTrainingConfig(
+            actor_optimizer=training.actor_optimizer(),
+            # Tunix's default (None) fails when the critic's trainer is built; the lab's default is given.
+            critic_optimizer=training.critic_tx() if scenario.with_critic else None,
+            eval_every_n_steps=1,
+        ),
+        rollout_config=rollout,
+    )
+
+
+def build_tunix_cluster(
+    scenario: Scenario,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+    role_to_mesh: Mapping[Role, Any] | None = None,
+    training_config: TrainingConfig | None = None,
+) -> TunixBuild:
+    """Tunix's ``RLCluster`` for ``scenario``, built from the lab's models on the lab's meshes.
+
+    The scenario is checked as ``build_cluster`` checks it first, so what the lab refuses is
+    refused here too, before anything is allocated.
+
+    Args:
+        scenario: the knobs (engine vanilla or vllm; vllm runs through ``standin``).
+        devices: the devices the layout is built on (default ``jax.devices()``).
+        role_to_mesh: meshes that replace the layout's.
+        training_config: the actor's optimizer settings (default: the lab's).
+
+    Returns:
+        The cluster and what it was handed.
+
+    Raises:
+        ConfigError: a combination the lab refuses, or an engine Tunix cannot run here.
+        TunixMissingError: Tunix is not installed.
+    """
+    tunix = require("building Tunix's RLCluster")
+    lab_config = validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh)
+    asked = dict(lab_config.role_to_mesh)
+    present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
+    present |= {Role.REWARD} if scenario.with_reward else set()
+    present |= {Role.CRITIC} if scenario.with_critic else set()
+    asked = {r: m for r, m in asked.items() if r in present}
+    config = tunix_config(scenario, asked, training_config)
+    models = build_models(scenario, asked)
+    for name, model in models.items():
+        check_model(model, name, scenario.engine)
+    buffers = {name: frozenset(buffer_keys(nnx.state(m))) for name, m in models.items()}
+    layouts = {name: leaf_layouts(nnx.state(m)) for name, m in models.items()}
+    start = time.perf_counter()
+    with logged_warnings() as logged, lab_axis_rules():
+        cluster = tunix.rl_cluster.RLCluster(tokenizer=TunixTokenizer(), cluster_config=config, **models)
+    given = Given(
+        role_to_mesh=asked,
+        buffers=buffers,
+        layouts=layouts,
+        logged=tuple(logged),
+        engine=scenario.engine,
+        offload=scenario.offload,
+        seconds=time.perf_counter() - start,
+    )
+    return TunixBuild(cluster=cluster, given=given)

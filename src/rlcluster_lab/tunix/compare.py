@@ -1,0 +1,346 @@
+"""``side_by_side``: Tunix's cluster and the lab's for one scenario, decision by decision.
+
+Both are built from the same models (same seed, same meshes). Each row puts
+one decision or one measured figure of the lab's cluster (its trace and
+placement report) beside the same thing observed on Tunix's. Where a row
+differs, the documented difference that explains it is named, and that
+difference's own check (``differences``) must have found it in these two
+clusters; a differing row without one is *unexplained*.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from rlcluster_lab import ConfigError, Scenario, SyncReport, TrainingConfig, build_cluster, placement_report
+from rlcluster_lab.tunix.build import build_tunix_cluster
+from rlcluster_lab.tunix.differences import SCENARIO_DIFFERENCES, DifferenceCheck, optimizer_facts
+from rlcluster_lab.tunix.observe import optimizer_state
+from rlcluster_lab.tunix.report import TunixReport, inspect
+from rlcluster_lab.tunix.sync import TunixSync
+
+# The model roles and state entries whose memory is compared role by role (L2).
+MEMORY_ROWS = ("actor", "rollout", "reference", "reward", "critic", "anchor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One decision or figure on both sides. ``difference``: the documented difference that
+    explains a disagreement (None when they agree, or when none does: then it is unexplained)."""
+
+    item: str
+    rule: str
+    lab: Any
+    tunix: Any
+    agree: bool
+    difference: str | None = None
+
+    @property
+    def unexplained(self) -> bool:
+        return not self.agree and self.difference is None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SideBySide:
+    """The two clusters of one scenario compared.
+
+    ``rows``: every compared decision and figure. ``differences``: the scenario
+    differences checked on these clusters (observed or not). ``lab_report`` /
+    ``tunix_report``: the two reports (JSON of the lab's placement report; Tunix's
+    ``TunixReport``). ``lab_sync`` / ``tunix_sync``: one weight sync of each.
+    ``seconds``: building each (``lab``, ``tunix``).
+    """
+
+    scenario: Scenario
+    rows: tuple[Row, ...]
+    differences: tuple[DifferenceCheck, ...]
+    lab_report: Mapping[str, Any]
+    tunix_report: TunixReport
+    lab_sync: SyncReport | None
+    tunix_sync: TunixSync | None
+    seconds: Mapping[str, float]
+
+    @property
+    def agreed(self) -> list[Row]:
+        return [r for r in self.rows if r.agree]
+
+    @property
+    def differing(self) -> list[Row]:
+        return [r for r in self.rows if not r.agree]
+
+    @property
+    def unexplained(self) -> list[Row]:
+        return [r for r in self.rows if r.unexplained]
+
+    def table(self, width: int = 38) -> str:
+        """The rows as plain text: item, agreement, and the two values (shortened to ``width``)."""
+        lines = [f"{'item':<34} {'':<8} {'lab':<{width}} tunix"]
+        for r in self.rows:
+            mark = "equal" if r.agree else "differs"
+            lines.append(f"{r.item:<34} {mark:<8} {_short(r.lab, width):<{width}} {_short(r.tunix, width)}")
+            if not r.agree:
+                lines.append(f"{'':<43}why: {r.difference or 'UNEXPLAINED'}")
+        return "\n".join(lines)
+
+    def summary(self) -> dict[str, Any]:
+        """One line for a table of scenarios: the decisions and figures that agree, the sync's
+        outcome on Tunix's side, and the documented differences that explain the rest."""
+        decisions = [r for r in self.rows if r.rule.startswith("P") and not r.rule.startswith("P13")]
+        figures = [r for r in self.rows if r not in decisions]
+        why = sorted({r.difference or "UNEXPLAINED" for r in self.differing})
+        return {
+            "layout": self.scenario.layout,
+            "LoRA": self.scenario.lora,
+            "engine": self.scenario.engine,
+            "decisions equal": f"{sum(r.agree for r in decisions)} of {len(decisions)}",
+            "figures equal": f"{sum(r.agree for r in figures)} of {len(figures)}",
+            "Tunix's sync": self.tunix_sync.outcome if self.tunix_sync is not None else "not run",
+            "the rest differ by": why,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": dataclasses.asdict(self.scenario),
+            "rows": [r.to_json() for r in self.rows],
+            "differences": [d.to_json() for d in self.differences],
+            "seconds": dict(self.seconds),
+        }
+
+
+def side_by_side(
+    scenario: Scenario,
+    *,
+    sync: bool = True,
+    devices: Sequence[jax.Device] | None = None,
+    training_config: TrainingConfig | None = None,
+) -> SideBySide:
+    """Build Tunix's cluster and the lab's for ``scenario`` and compare them decision by decision.
+
+    Args:
+        scenario: the knobs (engine vanilla or vllm; see ``build_tunix_cluster``).
+        sync: also run one weight sync on each and compare them (P13, L3).
+        devices: the devices the layout is built on.
+        training_config: the actor's optimizer settings, the same for both.
+
+    Returns:
+        The rows, the documented differences checked on the two clusters, both reports and syncs.
+
+    Raises:
+        ConfigError: a scenario the lab refuses, an engine Tunix cannot run here, or the lab's
+            trainable anchor (Tunix has only the full one).
+        TunixMissingError: Tunix is not installed.
+    """
+    if scenario.anchor != "full":
+        raise ConfigError(
+            f"anchor={scenario.anchor!r} is the lab's own cheaper anchor; Tunix 0.1.7 always pins the actor's "
+            "whole state (P8), so there is nothing to compare it with. Compare with anchor='full'",
+            knobs=("anchor",),
+        )
+    start = time.perf_counter()
+    build = build_tunix_cluster(scenario, devices=devices, training_config=training_config)
+    tunix_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    cluster = build_cluster(scenario, devices=devices, training_config=training_config)
+    lab_seconds = time.perf_counter() - start
+    tunix_report = inspect(build)
+    lab_report = placement_report(cluster).to_json()
+    facts: dict[str, Any] = {
+        "lab_engine_inputs": _lab_engine_inputs(cluster),
+        "tunix_engine_inputs": _tunix_engine_inputs(build.cluster),
+        "lab_optimizer": optimizer_facts(cluster.optimizer_state),
+        "tunix_optimizer": optimizer_facts(optimizer_state(build.cluster.actor_trainer)),
+        "lab_optimizer_kinds": _kinds_of(lab_report["memory"], "optimizer"),
+        "tunix_optimizer_kinds": _kinds_of(tunix_report.memory.to_json(), "optimizer"),
+        "lab_sync": None,
+        "tunix_sync": None,
+    }
+    if sync:
+        facts["lab_sync"] = cluster.sync_weights()
+        facts["tunix_sync"] = tunix_report.sync()
+    checks = {d.id: d.check(facts) for d in SCENARIO_DIFFERENCES}
+    explains = {row: d.id for d in SCENARIO_DIFFERENCES for row in d.rows}
+    rows = []
+    for row in _rows(lab_report, tunix_report.to_json(), facts):
+        why = explains.get(row.item)
+        # A difference explains a row only where its own check found it in these two clusters.
+        if not row.agree and why is not None and checks[why].observed:
+            row = dataclasses.replace(row, difference=why)
+        rows.append(row)
+    return SideBySide(
+        scenario=scenario,
+        rows=tuple(rows),
+        differences=tuple(checks.values()),
+        lab_report=lab_report,
+        tunix_report=tunix_report,
+        lab_sync=facts["lab_sync"],
+        tunix_sync=facts["tunix_sync"],
+        seconds={"lab": lab_seconds, "tunix": tunix_seconds},
+    )
+
+
+def _decision(report: Mapping[str, Any], rule: str, role: str | None = None, test: str | None = None) -> Any:
+    for d in report["decisions"]:
+        values = d.get("values") or {}
+        if d["rule"] != rule or (role is not None and values.get("role") != role):
+            continue
+        if test is not None and (d["branch"] == "propagated") != (test == "propagated"):
+            continue
+        return d
+    return None
+
+
+def _branch(report: Mapping[str, Any], rule: str, **kw: Any) -> str | None:
+    d = _decision(report, rule, **kw)
+    return None if d is None else d["branch"]
+
+
+def _row(item: str, rule: str, lab: Any, tunix: Any) -> Row:
+    return Row(item, rule, lab, tunix, lab == tunix)
+
+
+def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Row]:
+    rows = [
+        _row("P1 actor/rollout link", "P1", _branch(lab, "P1"), _branch(tunix, "P1")),
+        _row("P2 LoRA reference link", "P2", _branch(lab, "P2", test="link"), _branch(tunix, "P2", test="link")),
+        _row(
+            "P2 roles linked to the actor",
+            "P2",
+            sorted((_decision(lab, "P2", test="propagated") or {"values": {}})["values"].get("linked_to_actor", [])),
+            sorted((_decision(tunix, "P2", test="propagated") or {"values": {}})["values"].get("linked_to_actor", [])),
+        ),
+        _row("sharing map", "P1, P2", lab["sharing_map"], tunix["sharing_map"]),
+        _row("P3 what the rollout samples with", "P3", lab["rollout_branch"], tunix["rollout_branch"]),
+        _row(
+            "P3 rollout holds actor buffers",
+            "P3",
+            lab["rollout_shares_actor_weights"],
+            tunix["rollout_shares_actor_weights"],
+        ),
+    ]
+    for role in ("actor", "rollout", "reference", "reward", "critic"):
+        ours, theirs = _branch(lab, "P5", role=role), _branch(tunix, "P5", role=role)
+        if ours is not None or theirs is not None:
+            rows.append(_row(f"P5 load {role}", "P5", ours, theirs))
+    rows += [
+        _row("P4 reference backbone", "P4", _branch(lab, "P4"), _branch(tunix, "P4")),
+        _row(
+            "P4 reference shares the backbone",
+            "P4",
+            lab["reference_shares_backbone"],
+            tunix["reference_shares_backbone"],
+        ),
+        _row("P4 warnings", "P4", _p4_warnings(lab), _p4_warnings(tunix)),
+        _row("P7 engine mesh", "P7", _branch(lab, "P7"), _branch(tunix, "P7")),
+        _row("P7 mesh replaced", "P7", lab["mesh_overridden_by_engine"], tunix["mesh_overridden_by_engine"]),
+        _row("role meshes as constructed", "P5, P7", lab["role_to_mesh"], tunix["role_to_mesh"]),
+        _row("role meshes as asked", "P1", lab["config_role_to_mesh"], tunix["config_role_to_mesh"]),
+        _row("P12 optimizer trains", "P12", _branch(lab, "P12"), _branch(tunix, "P12")),
+        _row("P8 anchor", "P8", lab["anchor"], tunix["anchor"]),
+    ]
+    if facts["tunix_engine_inputs"] is not None:
+        rows.append(_row("engine inputs", "engine", facts["lab_engine_inputs"], facts["tunix_engine_inputs"]))
+    lab_mem, tunix_mem = lab["memory"], tunix["memory"]
+    for name in MEMORY_ROWS:
+        ours, theirs = lab_mem["by_role"].get(name), tunix_mem["by_role"].get(name)
+        if ours is not None or theirs is not None:
+            rows.append(_row(f"L2 {name}", "L2", ours, theirs))
+    rows += [
+        _row("L2 optimizer", "L2", _bytes_of(lab_mem, "optimizer"), _bytes_of(tunix_mem, "optimizer")),
+        _row("L2 optimizer memory kinds", "L2", _kinds_of(lab_mem, "optimizer"), _kinds_of(tunix_mem, "optimizer")),
+        _row("L2 shared buffers", "L2", _shared(lab_mem), _shared(tunix_mem)),
+        _row("L2 unique bytes", "L2", lab_mem["unique_bytes"], tunix_mem["unique_bytes"]),
+    ]
+    lab_sync, tunix_sync = facts["lab_sync"], facts["tunix_sync"]
+    if lab_sync is not None and tunix_sync is not None:
+        rows += [
+            _row("P13 sync outcome", "P13", "completed", tunix_sync.outcome),
+            _row(
+                "P13 sync hands over",
+                "P13",
+                "LoRA params" if lab_sync.lora else "all params",
+                tunix_sync.decision["branch"],
+            ),
+            _row("P13 global steps after the sync", "P13", lab_sync.global_step, tunix_sync.global_steps_after),
+            _row(
+                "P13 sync bytes",
+                "P13, L3",
+                _sync_bytes(lab_sync),
+                _sync_bytes(tunix_sync.report) if tunix_sync.report is not None else None,
+            ),
+        ]
+    return rows
+
+
+def _p4_warnings(report: Mapping[str, Any]) -> int:
+    return sum(1 for w in report["warnings"] if str(w).startswith("P4"))
+
+
+def _bytes_of(memory: Mapping[str, Any], name: str) -> int | None:
+    entry = memory["by_role"].get(name)
+    return None if entry is None else entry["bytes"]
+
+
+def _kinds_of(memory: Mapping[str, Any], name: str) -> list[str]:
+    entry = memory["by_role"].get(name)
+    return [] if entry is None else sorted(entry["by_kind"])
+
+
+def _shared(memory: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int]]:
+    return [(tuple(g["roles"]), g["bytes"]) for g in memory["shared"]]
+
+
+def _sync_bytes(report: SyncReport) -> dict[str, int]:
+    """What both sides measure the same way: every destination shard, reuse by identity, the minimum."""
+    return {
+        "synced": report.synced_bytes,
+        "reused": report.reused_bytes,
+        "minimum_cross_device": report.minimum_cross_device_bytes,
+        "anchor": report.anchor_bytes,
+    }
+
+
+def _lab_engine_inputs(cluster: Any) -> dict[str, Any]:
+    engine = cluster.rollout
+    return {
+        "rollout_config": engine.rollout_config is not None,
+        "mesh": isinstance(engine.given_mesh, Mesh),
+        "cache_size": engine.cache_size,
+    }
+
+
+def _tunix_engine_inputs(cluster: Any) -> dict[str, Any] | None:
+    """What Tunix's built-in vanilla engine holds of its inputs (None for other engines).
+
+    Looked for in the engine and its sampler: a rollout config, a mesh, the KV cache size.
+    """
+    engine = cluster.rollout
+    if type(engine).__name__ != "VanillaRollout":
+        return None
+    rollout_config_type = type(cluster.get_rollout_config(mode=_train_mode(cluster)))
+    held = list(vars(engine).values()) + [v for s in vars(engine).values() for v in getattr(s, "__dict__", {}).values()]
+    cache = next((v for v in held if hasattr(v, "cache_size")), None)
+    return {
+        "rollout_config": any(isinstance(v, rollout_config_type) for v in held),
+        "mesh": any(isinstance(v, Mesh) for v in held),
+        "cache_size": getattr(cache, "cache_size", None),
+    }
+
+
+def _train_mode(cluster: Any) -> Any:
+    from rlcluster_lab.tunix.extra import require
+
+    return require().rl_cluster.Mode.TRAIN
+
+
+def _short(value: Any, width: int) -> str:
+    text = str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -1,0 +1,259 @@
+"""The README's differences from the reference, each checked on Tunix itself.
+
+Two kinds. Scenario differences show in a side-by-side build (``compare``):
+each names the comparison rows it explains and a check that looks for it in
+the two clusters. Config differences show without a cluster, or with a
+one-role build, and are checked by ``config_differences()``. A difference is
+*observed* only when its check found it; nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax.numpy as jnp
+
+from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.meshes import layout_meshes
+from rlcluster_lab.core.options import RolloutConfig, Scenario
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.shardings import array_leaves
+from rlcluster_lab.tunix.extra import require
+
+
+@dataclasses.dataclass(frozen=True)
+class DifferenceCheck:
+    """One documented difference and what its check saw.
+
+    ``id``: a short name. ``readme``: the README's point, in brief. ``observed``: the
+    check found the difference. ``lab`` / ``tunix``: what each side showed.
+    """
+
+    id: str
+    readme: str
+    observed: bool
+    lab: str
+    tunix: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScenarioDifference:
+    """A documented difference a side-by-side build can show, and the rows it explains."""
+
+    id: str
+    readme: str
+    rows: tuple[str, ...]
+    check: Callable[[Mapping[str, Any]], DifferenceCheck]
+
+
+def _sync_through_host(facts: Mapping[str, Any]) -> DifferenceCheck:
+    lab, tunix = facts["lab_sync"], facts["tunix_sync"]
+    refused_host = tunix is not None and not tunix.completed and "host" in (tunix.error or "")
+    return DifferenceCheck(
+        "device-put-through-host",
+        SCENARIO_DIFFERENCES[0].readme,
+        observed=bool(lab is not None and refused_host),
+        lab="sync completed under the P13 guard" if lab is not None else "no sync run",
+        tunix=f"{tunix.outcome}: {tunix.error}" if tunix is not None and tunix.error else "sync completed",
+    )
+
+
+def _vanilla_inputs(facts: Mapping[str, Any]) -> DifferenceCheck:
+    lab, tunix = facts["lab_engine_inputs"], facts["tunix_engine_inputs"]
+    observed = bool(lab and tunix and lab["rollout_config"] and lab["mesh"] and not tunix["rollout_config"])
+    observed = observed and not tunix["mesh"]
+    return DifferenceCheck(
+        "vanilla-engine-inputs", SCENARIO_DIFFERENCES[1].readme, observed, lab=str(lab), tunix=str(tunix)
+    )
+
+
+def _optimizer_counters(facts: Mapping[str, Any]) -> DifferenceCheck:
+    lab, tunix = facts["lab_optimizer"], facts["tunix_optimizer"]
+    # The difference is the counters' alone: the moments (every non-scalar leaf) hold the same bytes.
+    observed = lab["moment_bytes"] == tunix["moment_bytes"] and lab["counters"] != tunix["counters"]
+    return DifferenceCheck(
+        "optimizer-counters", SCENARIO_DIFFERENCES[2].readme, observed, lab=str(lab), tunix=str(tunix)
+    )
+
+
+def _offloaded_optimizer(facts: Mapping[str, Any]) -> DifferenceCheck:
+    lab, tunix = facts["lab_optimizer_kinds"], facts["tunix_optimizer_kinds"]
+    return DifferenceCheck(
+        "offload-optimizer-state",
+        SCENARIO_DIFFERENCES[3].readme,
+        observed=lab == ["pinned_host"] and tunix == ["device"],
+        lab=", ".join(lab),
+        tunix=", ".join(tunix),
+    )
+
+
+SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (
+    ScenarioDifference(
+        "device-put-through-host",
+        "on CPU, jax.device_put changes a layout through host memory, which the sync's transfer guard (P13) "
+        "forbids; the lab changes layouts device to device, so its sync runs under the guard",
+        ("P13 sync outcome", "P13 global steps after the sync", "P13 sync bytes"),
+        _sync_through_host,
+    ),
+    ScenarioDifference(
+        "vanilla-engine-inputs",
+        "the lab's vanilla engine also receives the TRAIN rollout config and the rollout mesh; the reference's "
+        "gets only a cache config",
+        ("engine inputs",),
+        _vanilla_inputs,
+    ),
+    ScenarioDifference(
+        "optimizer-counters",
+        "the lab's optimizer state holds optax's step count replicated over the actor's mesh; Tunix's nnx "
+        "optimizer keeps that count and a step counter of its own, each on one device (a few bytes)",
+        ("L2 optimizer", "L2 unique bytes"),
+        _optimizer_counters,
+    ),
+    ScenarioDifference(
+        "offload-optimizer-state",
+        "with offload_to_cpu, the lab keeps the optimizer state in pinned host memory between updates too; "
+        "the reference offloads only model variables",
+        ("L2 optimizer memory kinds",),
+        _offloaded_optimizer,
+    ),
+)
+
+DIFFERENCES: tuple[str, ...] = tuple(d.id for d in SCENARIO_DIFFERENCES) + (
+    "vllm-version-default",
+    "missing-role-meshes",
+    "gradient-accumulation-field",
+    "rollout-dtypes",
+    "p15-names",
+)
+
+
+def optimizer_facts(state: Any) -> dict[str, Any]:
+    """Bytes of the moments (non-scalar leaves) and, per scalar counter, its bytes over all devices."""
+    leaves = array_leaves(state)
+    moments = sum(s.data.nbytes for x in leaves if x.ndim for s in x.addressable_shards)
+    counters = sorted(
+        (str(x.dtype), len(x.addressable_shards), sum(s.data.nbytes for s in x.addressable_shards))
+        for x in leaves
+        if not x.ndim
+    )
+    return {"moment_bytes": int(moments), "counters": counters}
+
+
+def config_differences() -> list[DifferenceCheck]:
+    """Check the differences that need no side-by-side scenario, on Tunix and on the lab.
+
+    Raises:
+        TunixMissingError: Tunix is not installed.
+    """
+    tunix = require("checking the documented differences")
+    return [
+        _vllm_version_default(tunix),
+        _missing_role_meshes(tunix),
+        _gradient_accumulation(tunix),
+        _rollout_dtypes(tunix),
+        _p15_names(tunix),
+    ]
+
+
+def _vllm_version_default(tunix: Any) -> DifferenceCheck:
+    lab = RolloutConfig().rollout_vllm_model_version
+    theirs = tunix.base_rollout.RolloutConfig().rollout_vllm_model_version
+    return DifferenceCheck(
+        "vllm-version-default",
+        "RolloutConfig.rollout_vllm_model_version defaults to None in the lab, so P6 refuses the vllm engine "
+        "without one; the reference's default is an empty string, which passes its check",
+        observed=lab is None and theirs is not None,
+        lab=repr(lab),
+        tunix=repr(theirs),
+    )
+
+
+def _missing_role_meshes(tunix: Any) -> DifferenceCheck:
+    from rlcluster_lab.app.scenario import build_models
+    from rlcluster_lab.tunix.adapters import TunixTokenizer, lab_axis_rules
+    from rlcluster_lab.tunix.build import tunix_config
+
+    meshes = layout_meshes("colocated")
+    only = {Role.ACTOR: meshes[Role.ACTOR], Role.ROLLOUT: meshes[Role.ROLLOUT]}
+    lab = ClusterConfig(role_to_mesh=only).role_to_mesh.get(Role.REFERENCE)
+    scenario = Scenario()
+    models = build_models(scenario, meshes)
+    try:
+        with lab_axis_rules():
+            tunix.rl_cluster.RLCluster(
+                tokenizer=TunixTokenizer(), cluster_config=tunix_config(scenario, only), **models
+            )
+        theirs = "built"
+    except KeyError as exc:
+        theirs = f"KeyError {exc}"
+    return DifferenceCheck(
+        "missing-role-meshes",
+        "REFERENCE, REWARD and CRITIC meshes left out of role_to_mesh default to the actor's mesh; the "
+        "reference raises KeyError",
+        observed=lab is only[Role.ACTOR] and theirs.startswith("KeyError"),
+        lab="reference mesh = actor mesh" if lab is only[Role.ACTOR] else repr(lab),
+        tunix=theirs,
+    )
+
+
+def _gradient_accumulation(tunix: Any) -> DifferenceCheck:
+    import optax
+
+    lab = TrainingConfig(mini_batch_size=8, train_micro_batch_size=4)
+    lab_field = "gradient_accumulation_steps" in {f.name for f in dataclasses.fields(TrainingConfig)}
+    try:
+        tunix.rl_cluster.RLTrainingConfig(
+            actor_optimizer=optax.sgd(1e-3), eval_every_n_steps=1, gradient_accumulation_steps=2
+        )
+        theirs = "accepted gradient_accumulation_steps=2"
+    except ValueError:
+        theirs = "a constructor field that must be None (ValueError when set)"
+    lab_steps = lab.gradient_accumulation_steps
+    derived = tunix.rl_cluster.RLTrainingConfig(
+        actor_optimizer=optax.sgd(1e-3), eval_every_n_steps=1, mini_batch_size=8, train_micro_batch_size=4
+    ).gradient_accumulation_steps
+    return DifferenceCheck(
+        "gradient-accumulation-field",
+        "gradient_accumulation_steps is a derived read-only property in the lab, a constructor field that must "
+        "be None in the reference; both derive mini_batch_size // train_micro_batch_size",
+        observed=(not lab_field) and theirs.startswith("a constructor field") and derived == lab_steps,
+        lab=f"read-only property, {lab.gradient_accumulation_steps} for 8 // 4",
+        tunix=f"{theirs}; derived {derived} for 8 // 4",
+    )
+
+
+def _rollout_dtypes(tunix: Any) -> DifferenceCheck:
+    try:
+        RolloutConfig(data_type="int8")
+        lab = "accepted int8"
+    except ConfigError:
+        lab = "refused int8 (float32, bfloat16 and float16 only)"
+    theirs = tunix.base_rollout.RolloutConfig(data_type=jnp.int8).data_type
+    return DifferenceCheck(
+        "rollout-dtypes",
+        "only float32, bfloat16 and float16 are accepted as the rollout dtype in the lab; the reference takes "
+        "any dtype",
+        observed=lab.startswith("refused") and theirs is jnp.int8,
+        lab=lab,
+        tunix=f"accepted {jnp.dtype(theirs).name}",
+    )
+
+
+def _p15_names(tunix: Any) -> DifferenceCheck:
+    import rlcluster_lab
+
+    names = sorted(n for n in ("RLCluster", "RLEngine") if hasattr(tunix.rl_cluster, n))
+    return DifferenceCheck(
+        "p15-names",
+        "the lab names one class RLCluster and RLEngine (P15, as a later upstream rl_cluster.py does); "
+        "Tunix 0.1.7 exports RLCluster only",
+        observed=rlcluster_lab.RLCluster is rlcluster_lab.RLEngine and names == ["RLCluster"],
+        lab="RLCluster is RLEngine",
+        tunix=", ".join(names),
+    )

@@ -1,0 +1,72 @@
+"""The optional ``[tunix]`` extra: whether Tunix is installed, and the modules of it the lab reads.
+
+Nothing here imports Tunix at module import time, so ``import rlcluster_lab.tunix`` works
+without the extra and says how to add it when a function needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import types
+
+# The release whose rl_cluster.py the lab's rules follow (pyproject.toml pins the same one).
+PINNED_VERSION = "0.1.7"
+DISTRIBUTION = "google-tunix"
+INSTALL_HINT = (
+    f"install the lab's tunix extra: pip install -e \".[tunix]\" from the lab's folder "
+    f"(or pip install {DISTRIBUTION}=={PINNED_VERSION}); about 0.8 GB of further packages"
+)
+
+
+class TunixMissingError(ImportError):
+    """Tunix is not installed in this environment; the message says how to install it."""
+
+
+def available() -> bool:
+    """True when the ``tunix`` package can be imported here (nothing is imported to find out)."""
+    return importlib.util.find_spec("tunix") is not None
+
+
+def installed_version() -> str | None:
+    """The installed google-tunix version, or None when it is not installed."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def require(what: str = "this") -> types.SimpleNamespace:
+    """Import the parts of Tunix the lab reads, or say how to install them.
+
+    Args:
+        what: what needs Tunix, for the error message.
+
+    Returns:
+        A namespace with ``rl_cluster`` (``tunix.rl.rl_cluster``), ``base_rollout``
+        (``tunix.rl.rollout.base_rollout``) and ``reshard`` (``tunix.rl.reshard``).
+
+    Raises:
+        TunixMissingError: Tunix is not installed.
+    """
+    if not available():
+        raise TunixMissingError(f"{what} needs Tunix, which is not installed here: {INSTALL_HINT}")
+    return types.SimpleNamespace(
+        rl_cluster=importlib.import_module("tunix.rl.rl_cluster"),
+        base_rollout=importlib.import_module("tunix.rl.rollout.base_rollout"),
+        reshard=importlib.import_module("tunix.rl.reshard"),
+    )
+
+
+def version_note() -> str:
+    """One line on the installed version against the pinned one."""
+    version = installed_version()
+    if version is None:
+        return f"Tunix is not installed ({INSTALL_HINT})"
+    if version != PINNED_VERSION:
+        return (
+            f"google-tunix {version} is installed; the lab's rules follow {PINNED_VERSION}, so observed "
+            "decisions may differ for reasons of version"
+        )
+    return f"google-tunix {version}, the version the lab's rules follow"

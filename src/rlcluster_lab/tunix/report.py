@@ -1,0 +1,169 @@
+"""``inspect``: the lab's report of a Tunix ``RLCluster``, read from the object's state.
+
+The report has the lab's placement report's fields (so ``lab.figures`` draws
+it as it draws the lab's own), with every decision an observation
+(``observe``), memory per role from the lab's own buffer walk (L2), and
+``sync()`` to run the cluster's weight sync under the lab's observer (L3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from flax import nnx
+
+from rlcluster_lab.core.meshes import describe_meshes
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.shardings import memory_kinds
+from rlcluster_lab.measure.memory import MemoryReport, memory_of
+from rlcluster_lab.model import is_lora
+from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
+from rlcluster_lab.rules.sharing import sharing_map_json
+from rlcluster_lab.tunix.build import Given, TunixBuild
+from rlcluster_lab.tunix.extra import installed_version, version_note
+from rlcluster_lab.tunix.observe import (
+    OBSERVED,
+    P4_WARNING_MARK,
+    anchor_state,
+    engine_mesh,
+    engine_name,
+    observed_decisions,
+    optimizer_state,
+    role_meshes,
+    sharing_map,
+    tunix_models,
+)
+from rlcluster_lab.tunix.sync import TunixSync, run_sync
+
+
+@dataclasses.dataclass(frozen=True)
+class TunixReport:
+    """The lab's report of a Tunix cluster: the placement report's fields, observed.
+
+    ``decisions`` are observations of the constructed state (each says so in its
+    ``source``), ``memory`` is the lab's walk of the live buffers (a buffer several
+    roles hold counted once), ``config_role_to_mesh`` is the meshes as asked where
+    they are known (a cluster built by ``build_tunix_cluster``). ``notes`` say what
+    could not be read. ``to_json()`` has the keys ``lab.figures`` reads.
+    """
+
+    sharing_map: dict[str, list[str]]
+    rollout_branch: str
+    rollout_shares_actor_weights: bool
+    reference_shares_backbone: bool
+    role_to_mesh: dict[str, dict[str, Any]]
+    config_role_to_mesh: dict[str, dict[str, Any]]
+    mesh_overridden_by_engine: bool
+    engine: str
+    offload_to_cpu: bool
+    lora: bool
+    anchor: dict[str, Any]
+    decisions: list[dict[str, Any]]
+    warnings: list[str]
+    platform: str
+    device_count: int
+    memory: MemoryReport
+    tunix_version: str | None
+    notes: tuple[str, ...]
+    source: str = OBSERVED
+    cluster: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cluster"}
+        out["memory"] = self.memory.to_json()
+        out["sync"] = None  # the placement report's key; a sync's own report comes from sync()
+        out["notes"] = list(self.notes)
+        return out
+
+    def sync(self) -> TunixSync:
+        """Run the cluster's ``sync_weights`` under the lab's observer and P13 guard.
+
+        Returns:
+            What the sync did. Call ``inspect`` again for the state after it.
+        """
+        if self.cluster is None:
+            raise ValueError("this report holds no cluster to sync; build it with rlcluster_lab.tunix.inspect(cluster)")
+        return run_sync(self.cluster, self.platform)
+
+
+def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
+    """The lab's report of a constructed Tunix ``RLCluster``.
+
+    Args:
+        rl_cluster: a Tunix ``RLCluster`` (0.1.7), or the ``TunixBuild`` that
+            ``build_tunix_cluster`` returns (its ``given`` is then used).
+        given: what the cluster was handed, when known: with it the report also shows
+            P5 (kept or resharded), the rollout mesh the engine replaced (P7) and the P4
+            warning Tunix logged.
+
+    Returns:
+        The report; ``.sync()`` runs the cluster's weight sync under the lab's observer.
+    """
+    if isinstance(rl_cluster, TunixBuild):
+        rl_cluster, given = rl_cluster.cluster, given or rl_cluster.given
+    models = tunix_models(rl_cluster)
+    present = {Role(name) for name in models}
+    meshes = role_meshes(rl_cluster, present)
+    devices = sorted({d for m in meshes.values() for d in m.devices.flat}, key=lambda d: d.id)
+    platform = devices[0].platform
+    actor = models["actor"]
+    reference = models.get("reference")
+    anchor = anchor_state(rl_cluster)
+    decisions = observed_decisions(rl_cluster, given)
+    rollout_keys = buffer_keys(nnx.state(models["rollout"]))
+    own_mesh = engine_mesh(rl_cluster)
+    replaced = own_mesh is not None and meshes.get(Role.ROLLOUT) is own_mesh
+    notes = [version_note()]
+    if given is None:
+        notes.append(
+            "built elsewhere: P5 (kept or resharded), the rollout mesh as asked (P7) and Tunix's logged "
+            "warnings are not readable from the object alone"
+        )
+        asked = {r: m for r, m in meshes.items() if not (r is Role.ROLLOUT and replaced)}
+        warnings: list[str] = []
+    else:
+        asked = {r: m for r, m in given.role_to_mesh.items() if r in present}
+        warnings = [
+            "P4: Tunix logged its avoidable-copy warning (reference and actor hold two copies of the backbone)"
+            for m in given.logged
+            if P4_WARNING_MARK in m
+        ]
+    entries = {name: nnx.state(model) for name, model in models.items()}
+    if anchor is not None:
+        entries["anchor"] = anchor
+    entries["optimizer"] = optimizer_state(rl_cluster.actor_trainer)
+    critic_trainer = getattr(rl_cluster, "_critic_trainer", None)
+    if critic_trainer is not None:
+        entries["critic_optimizer"] = optimizer_state(critic_trainer)
+    p8 = next((d for d in decisions if d["rule"] == "P8"), None)
+    if p8 is None:
+        notes.append("this Tunix version keeps no anchor policy state (P8)")
+    kinds = memory_kinds(anchor) if anchor is not None else []
+    anchor_json = (
+        {"mode": p8["branch"], "memory_kind": kinds[0] if len(kinds) == 1 else kinds, "bytes": p8["values"]["bytes"]}
+        if p8 is not None
+        else {}
+    )
+    return TunixReport(
+        sharing_map=sharing_map_json(sharing_map(rl_cluster)),
+        rollout_branch=next(d["branch"] for d in decisions if d["rule"] == "P3"),
+        rollout_shares_actor_weights=bool(rollout_keys) and rollout_keys <= buffer_keys(nnx.state(actor)),
+        reference_shares_backbone=reference is not None and sharing_backbone(reference, actor),
+        role_to_mesh=describe_meshes(meshes),
+        config_role_to_mesh=describe_meshes(asked),
+        mesh_overridden_by_engine=replaced,
+        engine=engine_name(rl_cluster),
+        offload_to_cpu=bool(rl_cluster.cluster_config.offload_to_cpu),
+        lora=is_lora(actor),
+        anchor=anchor_json,
+        decisions=decisions,
+        warnings=warnings,
+        platform=platform,
+        device_count=len(jax.devices(platform)),
+        memory=memory_of(entries, devices=devices),
+        tunix_version=installed_version(),
+        notes=tuple(notes),
+        cluster=rl_cluster,
+    )

@@ -1,0 +1,190 @@
+"""Tunix's own ``sync_weights`` run under the lab's sync observer and the lab's P13 guard (L3).
+
+The call is Tunix's, unchanged. Around it the lab reads the source's shards
+before, the engine's and the anchor's arrays after, and keeps the transfer
+guard's outcome: on CPU devices explicit host<->device transfers are
+disallowed (P13, as Tunix itself does on a CPU backend). Where a layout must
+change, Tunix reshards with ``jax.device_put``, which on CPU goes through host
+memory: the guard refuses it, and that refusal is the observed outcome, not a
+crash of the lab.
+
+What the report can and cannot say: reuse is buffer identity and the minimum
+comes from the two shardings, as for the lab's own sync. ``device_put`` does
+not log its copies, so for leaves no lab reshard logged, the split of new
+destination bytes into moved (from another device) and copied (within the
+device) is inferred from where each destination shard's data already was:
+the least any reshard must move. The leaves' ``method`` says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rlcluster_lab.cluster.sync import sync_guard
+from rlcluster_lab.measure.sync import ShardFacts, SyncObserver, SyncReport
+from rlcluster_lab.model import is_lora
+from rlcluster_lab.placement.boxes import plan_reshard, shard_boxes
+from rlcluster_lab.placement.buffers import buffer_keys
+from rlcluster_lab.placement.transfers import Transfer, TransferLog, shard_key
+from rlcluster_lab.rules.steps import ParamsBranch, p13_sync_guarded
+from rlcluster_lab.tunix.observe import OBSERVED, anchor_decision, anchor_state, has_anchor
+
+COMPLETED = "completed"
+REFUSED = "refused by the transfer guard"
+INFERRED = (
+    "inferred: Tunix reshards with jax.device_put, whose copies are not logged; new destination bytes "
+    "count as moved or copied by where their data already was (the least any reshard must move)"
+)
+METHOD = (
+    "measured around Tunix's sync_weights: buffer identity for reuse, the minimum from the two shardings; "
+    "moved and copied bytes logged where the lab's reshard ran, inferred per leaf otherwise (see leaves); "
+    "seconds cover the whole call (Tunix's handover and anchor re-pin are one call), anchor_seconds is not "
+    "separable (0)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TunixSync:
+    """One run of a Tunix cluster's ``sync_weights`` and what it did.
+
+    ``outcome``: ``"completed"`` or ``"refused by the transfer guard"``. ``guard``: the
+    guard in force. ``error``: the refusal's first line. ``report``: the lab's sync
+    report (L3) when the sync completed. ``rollout_unchanged``: the engine holds the
+    same buffers as before. ``anchor_repinned``: the anchor is a new state.
+    ``decision``: the P13 record, observed.
+    """
+
+    outcome: str
+    guard: str
+    error: str | None
+    report: SyncReport | None
+    global_steps_before: int
+    global_steps_after: int
+    rollout_unchanged: bool
+    anchor_repinned: bool
+    seconds: float
+    decision: dict[str, Any]
+    source: str = OBSERVED
+
+    @property
+    def completed(self) -> bool:
+        return self.outcome == COMPLETED
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["report"] = self.report.to_json() if self.report is not None else None
+        return out
+
+
+def guard_text(platform: str) -> str:
+    if p13_sync_guarded(platform):
+        return "the lab's P13 guard: explicit host<->device transfers disallowed (cpu devices)"
+    return f"none: P13 guards only CPU devices, these are {platform}"
+
+
+def run_sync(cluster: Any, platform: str) -> TunixSync:
+    """Run ``cluster.sync_weights()`` under the lab's guard and observer.
+
+    Args:
+        cluster: a constructed Tunix ``RLCluster``.
+        platform: the platform of its meshes' devices (the guard is chosen from it).
+
+    Returns:
+        What the sync did; a refusal by the transfer guard is an outcome, not an error.
+
+    Raises:
+        Exception: any other failure of Tunix's sync, with a note saying so.
+    """
+    actor = cluster.actor_trainer.model
+    lora = is_lora(actor)
+    filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
+    watch = SyncObserver()
+    watch.before(nnx.state(actor, *filter_types))
+    rollout_before = buffer_keys(nnx.state(cluster.rollout.model(), *filter_types))
+    anchor_before = anchor_state(cluster)
+    steps_before = int(cluster.global_steps)
+    error = None
+    start = time.perf_counter()
+    try:
+        with sync_guard(platform), watch.recording():
+            cluster.sync_weights()
+            jax.block_until_ready(nnx.state(cluster.rollout.model(), *filter_types))
+    except Exception as exc:
+        if "Disallowed" not in str(exc) or "transfer" not in str(exc):
+            exc.add_note("Tunix's sync_weights failed for a reason other than the transfer guard")
+            raise
+        error = str(exc).splitlines()[0][:400]
+    seconds = time.perf_counter() - start
+    destination = nnx.state(cluster.rollout.model(), *filter_types)
+    anchor_after = anchor_state(cluster)
+    report = None
+    if error is None:
+        watch.after(destination, seconds)
+        if anchor_after is not None:
+            watch.anchor(anchor_after, anchor_before if anchor_before is not None else {}, 0.0)
+        inferred = _infer_transfers(watch.source, watch.destination, watch.log)
+        mode = anchor_decision(cluster)["branch"] if has_anchor(cluster) else "none"
+        report = watch.report(lora=lora, anchor_mode=mode, global_step=int(cluster.global_steps))
+        leaves = tuple(
+            dataclasses.replace(leaf, method=INFERRED) if leaf.path in inferred else leaf for leaf in report.leaves
+        )
+        strategy = report.reshard_strategy if not inferred else "Tunix's reshard_pytree (jax.device_put)"
+        report = dataclasses.replace(report, leaves=leaves, method=METHOD, reshard_strategy=strategy)
+    outcome = COMPLETED if error is None else REFUSED
+    return TunixSync(
+        outcome=outcome,
+        guard=guard_text(platform),
+        error=error,
+        report=report,
+        global_steps_before=steps_before,
+        global_steps_after=int(cluster.global_steps),
+        rollout_unchanged=buffer_keys(destination) == rollout_before,
+        anchor_repinned=anchor_after is not anchor_before,
+        seconds=seconds,
+        decision={
+            "rule": "P13",
+            "test": "sync: the actor's LoRA parameters if it has LoRA, else all parameters, to the engine",
+            "values": {
+                "lora": lora,
+                "global_steps": int(cluster.global_steps),
+                "platform": platform,
+                "guard": guard_text(platform),
+                "outcome": outcome,
+            },
+            "outcome": outcome if error is None else f"{outcome}: {error}",
+            "branch": (ParamsBranch.LORA if lora else ParamsBranch.ALL).value,
+            "source": OBSERVED,
+        },
+    )
+
+
+def _infer_transfers(source: dict[str, ShardFacts], destination: dict[str, jax.Array], log: TransferLog) -> set[str]:
+    """Add to ``log`` the copies of leaves no lab reshard logged, inferred from shard boxes.
+
+    Returns the paths whose copies were inferred.
+    """
+    logged = {t.leaf for t in log.transfers}
+    inferred = set()
+    for path, src in source.items():
+        dst = destination[path]
+        if path in logged:
+            continue
+        itemsize = np.dtype(src.dtype).itemsize
+        new = [
+            (s, box) for s, (_, box) in zip(dst.addressable_shards, shard_boxes(dst)) if shard_key(s) not in src.buffers
+        ]
+        if not new:
+            continue
+        inferred.add(path)
+        plans = plan_reshard(src.shape, list(src.boxes), [(s.device.id, box) for s, box in new])
+        for plan in plans:
+            for piece in plan.pieces:
+                kind = "same_device" if piece.src_device == plan.device else "cross_device"
+                log.transfers.append(Transfer(kind, piece.src_device, plan.device, piece.size() * itemsize, path))
+    return inferred

@@ -1,0 +1,164 @@
+"""Figures of a weight sync (L3, P13), drawn from stored reports and from a hand-built one: every
+segment's bytes are the report's, and every number is written out."""
+
+from __future__ import annotations
+
+import pytest
+from legibility import svg_problems
+from stored_reports import PLACEMENTS, drawn_bytes, elements, stored, svg_text
+
+from rlcluster_lab.lab.style import fmt_bytes
+from rlcluster_lab.lab.sync_figures import sync_bytes, sync_leaves
+
+
+def _leaf(path: str, moved: int, copied: int, reused: int, minimum: int) -> dict:
+    return {
+        "path": path,
+        "dtype": "float32",
+        "dst_dtype": "float32",
+        "shape": [4, 4],
+        "src_sharding": "a",
+        "dst_sharding": "b",
+        "synced_bytes": moved + copied + reused,
+        "moved_cross_device_bytes": moved,
+        "copied_same_device_bytes": copied,
+        "reused_bytes": reused,
+        "minimum_cross_device_bytes": minimum,
+        "logical_bytes": 64,
+    }
+
+
+SYNC = {
+    "units": "physical bytes",
+    "method": "reshard",
+    "lora": False,
+    "synced_bytes": 1600,
+    "moved_cross_device_bytes": 1000,
+    "copied_same_device_bytes": 200,
+    "reused_bytes": 400,
+    "minimum_cross_device_bytes": 800,
+    "synced_logical_bytes": 400,
+    "anchor_bytes": 1600,
+    "seconds": 0.0123,
+    "anchor_seconds": 0.001,
+    "arrived_by_device": {"0": 500, "1": 500},
+    "peak_extra_bytes": {"0": {"device": 600}},
+    "leaves": [_leaf("layers/0/w", 1000, 0, 0, 800), _leaf("embed", 0, 200, 400, 0)],
+}
+
+
+def _bytes_of(els: dict, key: str) -> int:
+    return int(els[key].get("data-bytes"))
+
+
+# ------------------------------------------------------------------ where the bytes went
+
+
+def test_l3_sync_bytes_splits_the_synced_bytes_into_moved_copied_and_reused():
+    els = elements(sync_bytes(SYNC))
+    assert _bytes_of(els, "seg:sync:full sync:arrived") == 1000
+    assert _bytes_of(els, "seg:sync:full sync:copied") == 200
+    assert _bytes_of(els, "seg:sync:full sync:reused") == 400
+    assert drawn_bytes(els, "seg:sync:full sync:") == SYNC["synced_bytes"]
+    # Ticks: the least the placement allows to cross, and the same sync in logical bytes.
+    assert _bytes_of(els, "min:full sync") == 800 and _bytes_of(els, "logical:full sync") == 400
+    text = svg_text(sync_bytes(SYNC))
+    assert "1.6 KiB synced (physical" in text and "400 B logical (each leaf once)" in text
+    assert "excess 200 B" in text and "physical / logical = 4.0" in text
+
+
+@pytest.mark.parametrize("name", ["colocated-lora", "reshaped-vllm", "split-offload"])
+def test_p13_sync_bytes_of_a_stored_report_draws_and_writes_the_reports_numbers(name):
+    sync = stored(name)["sync"]
+    svg = sync_bytes(sync)
+    els = elements(svg)
+    label = ("LoRA" if sync["lora"] else "full") + " sync"
+    assert drawn_bytes(els, f"seg:sync:{label}:") == sync["synced_bytes"]
+    assert drawn_bytes(els, f"seg:cross:{label}:") == sync["moved_cross_device_bytes"]
+    assert drawn_bytes(els, f"seg:cross:{label}:relayed") == sync["relayed_cross_device_bytes"]
+    text = svg_text(svg)
+    moved = sync["moved_cross_device_bytes"] - sync["relayed_cross_device_bytes"]
+    for words in (
+        f"{fmt_bytes(sync['synced_bytes'])} synced (physical",
+        f"{fmt_bytes(sync['synced_logical_bytes'])} logical (each leaf once)",
+        f"moved between devices {fmt_bytes(moved)}",
+        f"copied within a device {fmt_bytes(sync['copied_same_device_bytes'])}",
+        f"reused (no copy) {fmt_bytes(sync['reused_bytes'])}",
+        f"{fmt_bytes(sync['moved_cross_device_bytes'])} crossed devices",
+        f"the least this placement allows: {fmt_bytes(sync['minimum_cross_device_bytes'])}",
+    ):
+        assert words in text, words
+
+
+def test_p7_sync_onto_an_engines_own_mesh_draws_the_relayed_bytes_apart():
+    sync = stored("reshaped-vllm")["sync"]
+    assert sync["relayed_cross_device_bytes"] > 0  # XLA's two hops onto the engine's own mesh
+    els = elements(sync_bytes(sync))
+    assert _bytes_of(els, "seg:cross:full sync:relayed") == sync["relayed_cross_device_bytes"]
+    kept = sync["moved_cross_device_bytes"] - sync["relayed_cross_device_bytes"]
+    assert _bytes_of(els, "seg:cross:full sync:kept") == _bytes_of(els, "seg:sync:full sync:arrived") == kept
+
+
+def test_l3_sync_bytes_marks_logical_bytes_below_physical_where_leaves_are_replicated():
+    sync = stored("reshaped-lora")["sync"]
+    assert sync["synced_logical_bytes"] < sync["synced_bytes"]  # a replicated leaf counts once per device
+    assert _bytes_of(elements(sync_bytes(sync)), "logical:LoRA sync") == sync["synced_logical_bytes"]
+
+
+def test_l3_sync_bytes_compares_several_runs_on_one_scale():
+    colocated = {
+        **SYNC,
+        "moved_cross_device_bytes": 0,
+        "copied_same_device_bytes": 0,
+        "reused_bytes": 1600,
+        "minimum_cross_device_bytes": 0,
+    }
+    svg = sync_bytes({"colocated": colocated, "split": SYNC})
+    els = elements(svg)
+    assert drawn_bytes(els, "seg:sync:colocated:arrived") == 0
+    assert _bytes_of(els, "seg:sync:colocated:reused") == 1600
+    assert _bytes_of(els, "seg:sync:split:arrived") == 1000
+    # One byte scale: 1600 reused bytes are drawn 1.6 times as long as 1000 moved ones.
+    reused, arrived = (float(els[k].get("width")) for k in ("seg:sync:colocated:reused", "seg:sync:split:arrived"))
+    assert reused / arrived == pytest.approx(1.6, rel=1e-2)
+    text = svg_text(svg)
+    assert "colocated: 1.6 KiB synced" in text and "split: 1.6 KiB synced" in text and "excess 0 B" in text
+
+
+# ------------------------------------------------------------------ per leaf
+
+
+def test_l3_sync_leaves_draws_each_leafs_bytes_and_its_minimum():
+    els = elements(sync_leaves(SYNC))
+    assert _bytes_of(els, "seg:leaf:layers/0/w:moved_cross_device_bytes") == 1000
+    assert _bytes_of(els, "seg:leaf:embed:reused_bytes") == 400
+    assert _bytes_of(els, "seg:leaf:embed:copied_same_device_bytes") == 200
+    assert _bytes_of(els, "min:leaf:layers/0/w") == 800
+    assert "2 leaves" in svg_text(sync_leaves(SYNC))
+
+
+def test_l3_sync_leaves_keeps_the_leaves_with_the_most_synced_bytes():
+    svg = sync_leaves(SYNC, top=1)
+    assert {key.split(":")[2] for key in elements(svg) if key.startswith("seg:leaf:")} == {"layers/0/w"}
+    assert "1 of 2 leaves" in svg_text(svg)
+    stored_sync = stored("reshaped-lora")["sync"]
+    top = sorted(stored_sync["leaves"], key=lambda lf: (-lf["synced_bytes"], lf["path"]))[:5]
+    drawn = {key.split(":")[2] for key in elements(sync_leaves(stored_sync, top=5)) if key.startswith("min:leaf:")}
+    assert drawn == {lf["path"] for lf in top}
+
+
+# ------------------------------------------------------------------ legibility
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+def test_sync_figures_of_every_stored_report_are_legible_at_their_width(name):
+    sync = stored(name)["sync"]
+    assert svg_problems(sync_bytes(sync)) == []
+    assert svg_problems(sync_leaves(sync)) == []
+    assert svg_problems(sync_leaves(sync, top=12)) == []
+
+
+def test_sync_bytes_of_six_runs_with_long_labels_is_legible():
+    runs = {f"{name}, LoRA, mini-batch 8": stored(name)["sync"] for name in PLACEMENTS[:6]}
+    assert svg_problems(sync_bytes(runs)) == []
+    assert svg_problems(sync_bytes(SYNC)) == [] and svg_problems(sync_leaves(SYNC)) == []
