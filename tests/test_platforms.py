@@ -135,7 +135,7 @@ def test_on_devices_with_memory_of_their_own_the_plan_is_compared_before_buildin
     """On an accelerator the planner's resident bytes per device are compared with what each
     device's allocator has free (``memory_stats()``), before a model is built. Devices that report
     no figures (CPU) are left to the host check; stand-ins report them here."""
-    import rlcluster_lab.cluster.scenario as scenario_module
+    import rlcluster_lab.app.scenario as scenario_module
 
     scenario = Scenario()
     config = scenario_module.validate(scenario)
