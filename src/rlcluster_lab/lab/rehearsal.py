@@ -4,7 +4,7 @@ The widget rehearses on a background thread after each Construct, so that the
 Training step the user presses next runs programs instead of compiling them.
 The rehearsal runs the step's programs (sampling, the anchor's, the
 reference's and the live actor's log-probs, rewards, values, the optimizer
-steps, the sync's reshard) on the cluster's own arrays, in each role's
+steps, the sync's check and reshard) on the cluster's own arrays, in each role's
 context, and throws the results away. It reads the cluster and writes nothing
 a call on it reads: it samples with its own seed (``generate_with_seed``, the
 engine's next seed untouched), keeps no optimizer state, anchor or weights it
@@ -27,6 +27,7 @@ from rlcluster_lab.app.learner import GRPOLearner
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.cluster.contexts import role_context
 from rlcluster_lab.cluster.sync import sync_filter, sync_guard
+from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.core.gathering import host_value
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.core.shardings import default_memory_kind
@@ -113,7 +114,9 @@ def rehearse_step(
                 epsilon=float(tcfg.epsilon),
                 micro_batch_size=tcfg.train_micro_batch_size,
             )
-    # The sync's reshard, into new buffers that are dropped (P13: under the sync's guard).
+    # The sync: its check of the actor's leaves, then its reshard into new buffers that are
+    # dropped (P13: under the sync's guard).
+    check_finite_leaves(actor, "actor")
     filter_types = sync_filter(state.placed.lora)
     with sync_guard(cluster.platform), reshard_strategy(config.reshard):
         params = flat_values(nnx.state(actor, *filter_types))
