@@ -22,6 +22,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
+from rlcluster_lab.lab.changes import changes_html
 from rlcluster_lab.core.knobs import describe
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
@@ -190,41 +191,6 @@ class Display:
         self.error = None
         self.error_box.value = ""
         self.error_box.layout.display = "none"
-
-
-def changes_since(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
-    """What a construction changed against the previous cluster's report: every decision whose
-    branch differs (matched by rule and test), decisions that fired on one side only, and the
-    byte totals. Empty for the first construction."""
-    if before is None:
-        return []
-
-    def branches(report: dict[str, Any]) -> dict[tuple[str, str], str]:
-        return {(d["rule"], d["test"]): str(d["branch"] or d["outcome"]) for d in report["decisions"]}
-
-    old, new = branches(before), branches(after)
-    lines = [
-        f"{rule} {test}: {old[(rule, test)]} -> {b}" for (rule, test), b in new.items() if old.get((rule, test), b) != b
-    ]
-    lines += [f"{rule} now: {test}" for rule, test in new if (rule, test) not in old]
-    lines += [f"{rule} no longer: {test}" for rule, test in old if (rule, test) not in new]
-    for label, read in (
-        ("bytes held (each buffer once)", lambda r: r["memory"]["unique_bytes"]),
-        ("rollout bytes", lambda r: r["memory"]["by_role"].get("rollout", {}).get("bytes", 0)),
-    ):
-        a, b = read(before), read(after)
-        if a != b:
-            lines.append(f"{label}: {a:,} -> {b:,}")
-    return lines
-
-
-def changes_html(changes: Sequence[str]) -> str:
-    """The "what changed since the last construction" line beside the knobs."""
-    if not changes:
-        return ""
-    # One paragraph, not a list: it stays short under the knobs.
-    items = "; ".join(html.escape(c) for c in changes)
-    return f"<div class='rl-changes'><b>changed since the last construction:</b> {items}</div>"
 
 
 def summary_html(report: dict[str, Any]) -> str:
