@@ -74,7 +74,8 @@ KNOBS: dict[str, Knob] = {
         _k("with_critic", "critic", "critic model", "checkbox", "--critic"),
         _k("anchor", "anchor", "anchor (P8)", "dropdown", "--anchor"),
         _k("reshard", "reshard", None, "dropdown", "--reshard"),
-        # Lab only: the custom rollout mesh's shape (the CLI builds standard layouts).
+        # Lab only: the custom rollout mesh's devices and shape (the CLI builds standard layouts).
+        _k("rollout_devices", "rollout-devices", "rollout devices", "buttons", None),
         _k("rollout_shape", "rollout-shape", "rollout shape", "dropdown", None),
         # CLI only: the simulated device count, and the learner's settings (``learn``).
         _k("devices", "devices", None, "number", "--devices"),

@@ -47,9 +47,9 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
 
     A dashed outline marks what the device would hold if every role had its
     own copy. The bar's height is the report's ``by_device`` figure. Pinned
-    host bars are dotted. The axis' ticks are round values (``style.byte_ticks``). Where the backend reports allocator figures, a black
-    tick marks the allocator's bytes in use on each device; where it does not,
-    the figure says so.
+    host bars are dotted. The axis' ticks are round values (``style.byte_ticks``).
+    Where the backend reports allocator figures, a black tick marks the allocator's
+    bytes in use on each device; where it does not, the figure says so.
     """
     by_device = memory.get("by_device", {})
     entries = in_order(list(memory.get("by_role", {})), ENTRY_ORDER)
