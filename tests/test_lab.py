@@ -225,7 +225,7 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     # Refused before anything was released: the previous cluster stays live and drawn.
     assert lab.cluster is before and lab.report is not None
     assert "still the previous one" in note.value and "still the previous one" in lab.status.text
-    assert "static-LoRA settings for sglang_jax (P6)" in lab.status.text
+    assert lab.status.text.startswith("Refused: see the note by the outlined knob.")
     assert not lab.sync_button.disabled and not lab.step_button.disabled
     assert png(lab, "flow") == drawn
     lab.knobs.static_lora.value = True

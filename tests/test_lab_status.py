@@ -68,7 +68,7 @@ def test_a_training_step_clicked_during_the_background_compile_says_so_before_it
     # Then the step itself says what it does, before it starts.
     assert learner.seen["status"].startswith("Training step: sampling, scoring, updating, syncing: ")
     # The stub step failed: the status says so, not busy any more.
-    assert lab.status.text.startswith("Failed: see the note beside the buttons")
+    assert lab.status.text == "Failed: see the note by the buttons. The cluster shown is still the previous one."
     assert "<b>RuntimeError</b>: stub step: stops here" in lab.notes.note("actions").value
     assert not lab.status.busy
 
@@ -148,10 +148,7 @@ def test_a_refusal_sits_beside_its_knob_and_moves_nothing(lab):
     )
     assert note in slot.children and "rl-note" in note._dom_classes
     assert [id(c) for c in left.children] == before
-    assert lab.status.text == (
-        "Refused: change the 'static-LoRA settings for sglang_jax (P6)' checkbox, outlined (the note beside it "
-        "says why); no cluster is live now."
-    )
+    assert lab.status.text == "Refused: see the note by the outlined knob. No cluster is live now."
 
 
 def _boxes(widget):

@@ -115,8 +115,10 @@ class JupyterLab:
         self.stop()
         raise TimeoutError(f"jupyter lab did not answer within {timeout:.0f}s:\n{self.log.read_text()[-3000:]}")
 
-    def notebook_url(self, name: str) -> str:
-        return f"{self.url}/lab/tree/{name}?token={self.token}"
+    def notebook_url(self, name: str, *, reset: bool = False) -> str:
+        """The notebook's own address; ``reset``: in a workspace with nothing else open (JupyterLab
+        would otherwise reopen, and start kernels for, every notebook opened before)."""
+        return f"{self.url}/lab/tree/{name}?token={self.token}" + ("&reset" if reset else "")
 
     def api(self, path: str, method: str = "GET") -> object:
         """A call to the server's REST API; its JSON answer (None when empty)."""

@@ -41,12 +41,13 @@ def stepped(global_step: int, mean_reward: float, seconds: float) -> str:
     return f"Training step done in {seconds:.1f} s, now at {STEP_COUNTER} {global_step}: mean reward {mean_reward:.3f}."
 
 
-def refused(kept: bool, knob: str | None, *, failed: bool = False) -> str:
+def refused(kept: bool, outlined: bool, *, failed: bool = False) -> str:
     """After a refusal (the checks before a build) or a failure (of the action itself): where
-    its message is, and which cluster is live."""
-    where = f"change {knob}, outlined (the note beside it says why)" if knob else "see the note beside the buttons"
-    after = "the cluster shown is still the previous one." if kept else "no cluster is live now."
-    return f"{'Failed' if failed else 'Refused'}: {where}; {after}"
+    its message is (beside the outlined knob it names, or beside the buttons), and which
+    cluster is live."""
+    where = "see the note by the outlined knob" if outlined else "see the note by the buttons"
+    after = "The cluster shown is still the previous one." if kept else "No cluster is live now."
+    return f"{'Failed' if failed else 'Refused'}: {where}. {after}"
 
 
 def details(

@@ -326,10 +326,9 @@ class PlacementLab:
         named = knobs_of(exc)
         marked = self.knobs.mark_at_fault(k.field for k in named)
         after = "The cluster shown is still the previous one." if kept else "No cluster is live now."
-        first = next((k for k in named if k.field in marked), None)  # the likeliest fix first
-        self.notes.show(first.field if first else "actions", type(exc).__name__, message, after)
-        knob = first.said("lab") if first else None
-        self.status.say(sentences.refused(kept, knob, failed=failed), self.error)
+        first = next((k.field for k in named if k.field in marked), "actions")  # the likeliest fix first
+        self.notes.show(first, type(exc).__name__, message, after)
+        self.status.say(sentences.refused(kept, first != "actions", failed=failed), self.error)
 
     # ------------------------------------------------------------------ status
 
