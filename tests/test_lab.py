@@ -241,7 +241,8 @@ def test_p1_custom_mesh_offers_only_shapes_that_divide_the_model() -> None:
     for toggle in lab.knobs.device_toggles[3:]:
         toggle.value = False  # 3 devices: neither 3 x 1 nor 1 x 3 divides a dimension of 64
     assert lab.knobs.rollout_shape.options == ()
-    assert "Pick 1, 2, 4, 8 devices" in lab.knobs.custom_note.value
+    assert "Pick 1, 2, 4 or 8 devices" in lab.knobs.custom_note.value
+    assert "must divide its dimensions 64 by a and 32, 64, 128, 264 by b" in lab.knobs.custom_note.value
     lab.construct_button.click()
     # Refused before any build, in the widget's words, the device buttons outlined and the note beside them.
     assert lab.error is not None and lab.error.startswith("ConfigError")
@@ -255,9 +256,9 @@ def test_p1_custom_mesh_offers_only_shapes_that_divide_the_model() -> None:
 def test_custom_mesh_marks_the_picked_devices() -> None:
     knobs = PlacementLab(rehearse=False).knobs
     knobs.device_toggles[2].value = False
-    styles = [(t.value, t.button_style, t.icon) for t in knobs.device_toggles]
-    assert styles[2] == (False, "", "")
-    assert all(style == (True, "info", "check") for i, style in enumerate(styles) if i != 2)
+    styles = [(t.value, t.button_style) for t in knobs.device_toggles]
+    assert styles[2] == (False, "")
+    assert all(style == (True, "info") for i, style in enumerate(styles) if i != 2)
 
 
 @pytest.mark.cluster
@@ -448,3 +449,21 @@ def test_a_rehearsal_after_construct_leaves_the_training_step_nothing_to_compile
         assert lab.timings["compiled"] == 0
     finally:
         lab.release()
+
+
+@pytest.mark.cluster
+def test_p13_one_step_counter_the_global_step_in_the_status_and_the_step_log(lab: PlacementLab) -> None:
+    from rlcluster_lab.lab.style import fmt_bytes
+
+    report = build(lab)
+    assert lab.status.text.startswith("Constructed in ")
+    assert f"Rollout: same object (P3); {fmt_bytes(report['memory']['unique_bytes'])} held (measured)." in (
+        lab.status.text
+    )
+    lab.sync_button.click()
+    assert lab.cluster.global_steps == 1 and "now at global step 1:" in lab.status.text
+    lab.step_button.click()  # a step ends with a sync: the same counter moves on
+    assert lab.cluster.global_steps == 2 and "now at global step 2: mean reward" in lab.status.text
+    log = lab.display.step_log.value
+    assert "<th>global step</th>" in log and "<tr><td>2</td>" in log
+    assert "step 0" not in lab.status.text + log

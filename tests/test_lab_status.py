@@ -101,7 +101,7 @@ def test_a_wait_is_shown_at_once_then_redrawn_at_most_half_a_second_apart():
 
 def test_wait_text_names_what_it_waits_for_the_seconds_the_estimate_and_the_programs():
     text = wait_text("Sync weights", 1.234, 0.5, ["jit(a)", "jit(b)", "jit(c)", "jit(d)"])
-    assert text == "Sync weights: 1.2 s so far (last time 0.5 s); compiled 4: b, c, d ..."
+    assert text == "Sync weights: 1.2 s so far (last time 0.5 s); compiled 4, latest: b, c, d"
     assert wait_text("Construct", 0.0) == "Construct: 0.0 s so far"
     assert program_name("jit(grpo_train_step)") == "grpo_train_step"
 
@@ -160,7 +160,7 @@ def _boxes(widget):
 def test_sentences_name_one_step_counter():
     sync = {"global_step": 3, "moved_cross_device_bytes": 0, "synced_bytes": 2048}
     assert sentences.synced(sync, 0.05) == (
-        "Synced in 0.05 s, now at global step 3: 0 B of 2.0 KiB crossed devices, measured."
+        "Synced in 0.05 s, now at global step 3: 0 B of 2.0 KiB crossed devices (measured)."
     )
     assert sentences.stepped(4, 0.25, 1.2) == "Training step done in 1.2 s, now at global step 4: mean reward 0.250."
 
@@ -172,6 +172,10 @@ def test_the_output_carries_a_picture_of_the_lab_not_the_widgets_repr(lab):
     html = bundle["text/html"]
     assert "rl-lab-picture" in html and "<style" not in html and "<svg" not in html
     assert "LoRA actor" in html and "Decision flow" in html  # the knobs, the views' tabs
+    # The knobs in the order the column shows them.
+    assert (
+        html.index(">layout<") < html.index(">model size<") < html.index(">LoRA actor<") < html.index(">critic model<")
+    )
     assert lab.status.text in html
 
 

@@ -106,7 +106,7 @@ class Knobs:
         self.custom_note = widgets.HTML(layout=widgets.Layout(width=f"{KNOB_WIDTH}px"))
         self.custom_box = widgets.VBox(
             [
-                widgets.HTML(f"<b>{label('rollout_devices')}</b> (picked: blue, ticked)"),
+                widgets.HTML(f"<b>{label('rollout_devices')}</b> (picked: filled)"),
                 self.devices_box,
                 self.rollout_shape,
                 self.custom_note,
@@ -251,8 +251,8 @@ class Knobs:
 
     def _update_shape_options(self) -> None:
         for toggle in self.device_toggles:
-            # Picked devices stand out: filled and ticked; the others stay plain.
-            toggle.button_style, toggle.icon = ("info", "check") if toggle.value else ("", "")
+            # Picked devices stand out, filled in colour; the others stay plain.
+            toggle.button_style = "info" if toggle.value else ""
         picked = len(self.picked_devices())
         options = shape_options(picked, self.model_size.value)
         self.rollout_shape.options = options
@@ -281,11 +281,12 @@ class Knobs:
         if not picked:
             return f"No device picked: pick the {label('rollout_devices')} with the buttons above."
         dims = sharded_dims(MODEL_SIZES[self.model_size.value])
-        counts = ", ".join(map(str, self.fitting_counts()))
+        counts = [str(n) for n in self.fitting_counts()]
+        either = ", ".join(counts[:-1]) + f" or {counts[-1]}" if len(counts) > 1 else counts[0]
         return (
-            f"No {label('rollout_shape')} of {picked} devices can hold the {self.model_size.value} model: "
-            f"its dimensions {', '.join(map(str, dims['fsdp'] + dims['tp']))} are split over the shape's "
-            f"two sizes, which must divide them. Pick {counts} devices, or another {label('model_size')}."
+            f"No {label('rollout_shape')} of {picked} devices fits the {self.model_size.value} model: a shape "
+            f"a x b must divide its dimensions {', '.join(map(str, dims['fsdp']))} by a and "
+            f"{', '.join(map(str, dims['tp']))} by b. Pick {either} devices, or another {label('model_size')}."
         )
 
     def picked_devices(self) -> list[jax.Device]:

@@ -59,12 +59,13 @@ STYLE = """<style>
   white-space: normal; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; }
 .rl-lab .rl-status.rl-busy .widget-html-content { color: #8a5a00; }
 .rl-lab .rl-details { font-size: 12px; line-height: 1.35; }
+.rl-lab .rl-controls .widget-html-content { line-height: 1.35; }
 .rl-lab .rl-controls, .rl-lab .rl-controls .widget-box, .rl-lab .rl-slot { overflow: visible; }
 .rl-lab .rl-slot { position: relative; }
 .rl-lab .rl-note { position: absolute; left: calc(100% + 16px); top: 0; width: 380px; z-index: 30; margin: 0;
   border: 1px solid #c00; background: #fee; padding: 6px; font-size: 12px; line-height: 1.35;
   box-shadow: 0 2px 6px rgba(0, 0, 0, 0.25); }
-.rl-lab .rl-note .widget-html-content { white-space: normal; }
+.rl-lab .rl-note .widget-html-content { white-space: normal; line-height: 1.35; }
 .rl-lab .rl-sharing td, .rl-lab .rl-sharing th { padding: 1px 12px 1px 0; }
 </style>"""
 

@@ -37,21 +37,30 @@ def knob_value(widget: widgets.Widget) -> str:
     return str(widget.value)
 
 
+def _in_screen_order(box: widgets.Widget, wanted: dict[int, str]) -> list[str]:
+    """The fields of ``wanted`` (widget id -> field) in the order the column shows them."""
+    if id(box) in wanted:
+        return [wanted[id(box)]]
+    return [field for child in getattr(box, "children", ()) for field in _in_screen_order(child, wanted)]
+
+
 def knobs_table(knobs: Knobs) -> str:
-    """Every knob shown now, with its setting (a knob that does not apply is greyed)."""
-    rows = []
+    """Every knob shown now, top to bottom, with its setting (a knob that does not apply is greyed)."""
     custom = knobs.custom_box.layout.display != "none"
-    for field, widget in knobs.by_field().items():
-        if field == "rollout_shape" and not custom:
+    outlined = knobs.outlined()
+    rows = []
+    for field in _in_screen_order(knobs.widget, {id(w): f for f, w in outlined.items()}):
+        if field in ("rollout_shape", "rollout_devices") and not custom:
             continue
-        style = " style='color:#9a9a9a'" if widget.disabled else ""
-        rows.append(
-            f"<tr{style}><td>{html.escape(str(widget.description))}</td><td><b>{html.escape(knob_value(widget))}</b></td></tr>"
-        )
-        if field == "layout" and custom:
-            picked = ", ".join(str(d.id) for d in knobs.picked_devices()) or "none"
-            rows.append(f"<tr><td>rollout devices</td><td><b>{html.escape(picked)}</b></td></tr>")
-    return f"<table class='rl-picture-knobs' style='text-align:left;{_FONT}'>{''.join(rows)}</table>"
+        widget = outlined[field]
+        if field == "rollout_devices":
+            name, value = "rollout devices", ", ".join(str(d.id) for d in knobs.picked_devices()) or "none"
+        else:
+            name, value = str(widget.description), knob_value(widget)
+        color = "color:#9a9a9a;" if getattr(widget, "disabled", False) else ""
+        cell = f"style='text-align:left;padding:1px 10px 1px 0;{color}'"
+        rows.append(f"<tr><td {cell}>{html.escape(name)}</td><td {cell}><b>{html.escape(value)}</b></td></tr>")
+    return f"<table class='rl-picture-knobs' style='{_FONT}'>{''.join(rows)}</table>"
 
 
 def _output_html(out: widgets.Output) -> str:

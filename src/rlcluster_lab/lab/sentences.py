@@ -22,8 +22,8 @@ def constructed(report: Mapping[str, Any], seconds: float) -> str:
     """After Construct: the rollout's branch (P3) and the bytes held, measured."""
     memory = report.get("memory") or {}
     return (
-        f"Constructed in {seconds:.1f} s: the rollout samples with: {answer_label(report['rollout_branch'])} "
-        f"(P3); {fmt_bytes(memory.get('unique_bytes', 0))} held, measured."
+        f"Constructed in {seconds:.1f} s. Rollout: {answer_label(report['rollout_branch'])} (P3); "
+        f"{fmt_bytes(memory.get('unique_bytes', 0))} held (measured)."
     )
 
 
@@ -32,7 +32,7 @@ def synced(sync: Mapping[str, Any], seconds: float) -> str:
     return (
         f"Synced in {seconds:.2f} s, now at {STEP_COUNTER} {sync['global_step']}: "
         f"{fmt_bytes(sync['moved_cross_device_bytes'])} of {fmt_bytes(sync['synced_bytes'])} "
-        "crossed devices, measured."
+        "crossed devices (measured)."
     )
 
 

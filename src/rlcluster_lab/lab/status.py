@@ -38,7 +38,7 @@ def wait_text(what: str, elapsed: float, estimate: float | None = None, programs
     if programs:
         names = [program_name(p) for p in programs]
         more = len(names) - _NAMES_SHOWN
-        text += f"; compiled {len(names)}: " + ", ".join(names[-_NAMES_SHOWN:]) + (" ..." if more > 0 else "")
+        text += f"; compiled {len(names)}" + (", latest: " if more > 0 else ": ") + ", ".join(names[-_NAMES_SHOWN:])
     return text
 
 
