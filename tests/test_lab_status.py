@@ -99,6 +99,15 @@ def test_a_wait_is_shown_at_once_then_redrawn_at_most_half_a_second_apart():
     assert event.timeouts and all(t == TICK_SECONDS <= 0.5 for t in event.timeouts)
 
 
+def test_a_wait_shows_a_new_stage_at_once():
+    status = StatusLine(400)
+    with status.waiting("Construct: releasing", "construct:tiny") as wait:
+        wait.what = "Construct: building"
+        assert status.text.startswith("Construct: building: ")  # not at the next redraw
+    status.say("done")
+    assert status.text == "done" and not status.busy
+
+
 def test_wait_text_names_what_it_waits_for_the_seconds_the_estimate_and_the_programs():
     text = wait_text("Sync weights", 1.234, 0.5, ["jit(a)", "jit(b)", "jit(c)", "jit(d)"])
     assert text == "Sync weights: 1.2 s so far (last time 0.5 s); compiled 4, latest: b, c, d"

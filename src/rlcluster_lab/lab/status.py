@@ -68,6 +68,7 @@ class Ticker:
         self._stop = stop or threading.Event()
         self._since = since
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # a redraw computes and shows its text in one go
 
     def elapsed(self) -> float:
         return self.clock() - (self._since if self._since is not None else self.clock())
@@ -76,15 +77,20 @@ class Ticker:
         """Show the text now (before the caller waits on anything), then start redrawing."""
         if self._since is None:
             self._since = self.clock()
-        self.show(self.text(self.elapsed()))
+        self.redraw()
         # A daemon: it only redraws text; nothing is lost if the interpreter leaves before it.
         self._thread = threading.Thread(target=self.run, name="rlcluster-lab-status", daemon=True)
         self._thread.start()
 
+    def redraw(self) -> None:
+        """Show the text now (between the regular redraws)."""
+        with self._lock:
+            self.show(self.text(self.elapsed()))
+
     def run(self) -> None:
         """Redraw every ``interval`` until stopped."""
         while not self._stop.wait(self.interval):
-            self.show(self.text(self.elapsed()))
+            self.redraw()
 
     def stop(self) -> float:
         """Stop redrawing; returns the seconds since ``start``."""
@@ -92,6 +98,25 @@ class Ticker:
         if self._thread is not None:
             self._thread.join()
         return self.elapsed()
+
+
+class Wait:
+    """What a wait is for, changeable while it lasts (one action's stages: build, measure, draw);
+    a change is shown at once."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self.ticker: Ticker | None = None
+
+    @property
+    def what(self) -> str:
+        return self._what
+
+    @what.setter
+    def what(self, what: str) -> None:
+        self._what = what
+        if self.ticker is not None:
+            self.ticker.redraw()
 
 
 class StatusLine:
@@ -117,7 +142,7 @@ class StatusLine:
         self.progress = widgets.IntProgress(
             value=0,
             min=0,
-            max=4,
+            max=3,
             # Thin, and hidden rather than removed, so nothing below it moves when it shows.
             layout=widgets.Layout(width=f"{width}px", height="8px", visibility="hidden"),
         )
@@ -126,6 +151,7 @@ class StatusLine:
         self.busy = False
         self.last: dict[str, float] = {}  # seconds of the last wait of each kind: the next one's estimate
         self._lock = threading.Lock()
+        self._ticker: Ticker | None = None
 
     def _show(self, text: str) -> None:
         with self._lock:
@@ -134,7 +160,9 @@ class StatusLine:
             self.sentence.value = f"<span title='{escaped}'>{escaped}</span>"
 
     def say(self, text: str, details: str = "") -> None:
-        """The sentence after an action (or a refusal), and its details."""
+        """The sentence after an action (or a refusal), and its details; it ends any wait's redraws."""
+        if self._ticker is not None:
+            self._ticker.stop()
         self._set_busy(False)
         self._show(text)
         self.details.value = f"<small>{html.escape(details)}</small>" if details else ""
@@ -152,19 +180,24 @@ class StatusLine:
         programs: Callable[[], Sequence[str]] = tuple,
         since: float | None = None,
         estimate: float | None = None,
-    ) -> Iterator[None]:
+    ) -> Iterator[Wait]:
         """Show what the block waits for at once and redraw it every ``TICK_SECONDS`` with the
         seconds so far (counted from ``since``, default now), an estimate (``estimate``, else the
         last wait of the same ``key``) and ``programs()`` compiled so far; the wait's seconds
-        become the estimate for the next wait of ``key``."""
+        become the estimate for the next wait of ``key``. The block may change what it waits
+        for (``Wait.what``); ``say`` ends the redraws."""
         self._set_busy(True)
         guess = estimate if estimate is not None else self.last.get(key)
-        ticker = Ticker(self._show, lambda t: wait_text(what, t, guess, programs()), since=since)
+        wait = Wait(what)
+        ticker = Ticker(self._show, lambda t: wait_text(wait.what, t, guess, programs()), since=since)
+        self._ticker = wait.ticker = ticker
         ticker.start()
         try:
-            yield
+            yield wait
         finally:
             self.last[key] = ticker.stop()
+            if self._ticker is ticker:
+                self._ticker = None
 
     def stage(self, value: int) -> None:
         """Show the progress bar at ``value`` (of ``progress.max``)."""

@@ -209,29 +209,28 @@ class PlacementLab:
             except Exception as exc:  # noqa: BLE001 - shown beside its knob, the lab stays usable
                 self._show_error(exc, kept=self._cluster is not None)
                 return
-            self.status.stage(1)
-            previous = self._report
-            released = self.release()
-            self.status.stage(2)
-            start = time.perf_counter()
-            try:
-                with self.status.waiting(
-                    f"Construct: building the {size} models and the cluster",
-                    f"construct:{size}",
-                    programs=self._programs,
-                ):
+            # One wait from the click to the drawing, saying which stage it is in.
+            with self.status.waiting(
+                "Construct: releasing the previous cluster", self._key("construct"), programs=self._programs
+            ) as wait:
+                self.status.stage(1)
+                previous, released = self._report, self.release()
+                wait.what = f"Construct: building the {size} models and the cluster"
+                self.status.stage(2)
+                start = time.perf_counter()
+                try:
                     cluster = build_cluster(scenario, devices=self.devices, role_to_mesh=role_to_mesh)
-            except Exception as exc:  # noqa: BLE001 - the cluster's own error, shown as it is
-                self._show_error(exc, kept=False, failed=True)
-                self.display.clear("no cluster: construction failed (see the note beside the buttons)")
-                return
-            self.timings = {"action": "construct", "work": time.perf_counter() - start}
-            self._cluster, self._learner = cluster, GRPOLearner(cluster, self.step_config)
-            self.status.stage(3)
-            self._refresh_report()
-            self.changes = changes_since(previous, self._report)
-            self.status.stage(4)
-            self._draw("flow")
+                except Exception as exc:  # noqa: BLE001 - the cluster's own error, shown as it is
+                    self._show_error(exc, kept=False, failed=True)
+                    self.display.clear("no cluster: construction failed (see the note beside the buttons)")
+                    return
+                self.timings = {"action": "construct", "work": time.perf_counter() - start}
+                self._cluster, self._learner = cluster, GRPOLearner(cluster, self.step_config)
+                wait.what = "Construct: measuring the placement and drawing it"
+                self.status.stage(3)
+                self._refresh_report()
+                self.changes = changes_since(previous, self._report)
+                self._draw("flow")
             self._done(sentences.constructed(self._report, self.timings["work"]), released)
             if self.rehearse:
                 self.background.start(self._learner)
@@ -242,20 +241,19 @@ class PlacementLab:
             self.status.say("Construct a cluster first.")
             return
         with self._busy():
-            start = time.perf_counter()
-            try:
-                with self.status.waiting(
-                    "Sync weights: handing the actor's weights to the rollout",
-                    self._key("sync"),
-                    programs=self._programs,
-                ):
+            with self.status.waiting(
+                "Sync weights: handing the actor's weights to the rollout", self._key("sync"), programs=self._programs
+            ) as wait:
+                start = time.perf_counter()
+                try:
                     self._sync = self._cluster.sync_weights()
-            except Exception as exc:  # noqa: BLE001
-                self._show_error(exc, kept=True, failed=True)
-                return
-            self.timings = {"action": "sync", "work": time.perf_counter() - start}
-            self._refresh_report()
-            self._draw("sync")
+                except Exception as exc:  # noqa: BLE001
+                    self._show_error(exc, kept=True, failed=True)
+                    return
+                self.timings = {"action": "sync", "work": time.perf_counter() - start}
+                wait.what = "Sync weights: measuring what moved and drawing it"
+                self._refresh_report()
+                self._draw("sync")
             self._done(sentences.synced(self._report["sync"], self.timings["work"]))
 
     def train_step(self) -> None:
@@ -275,20 +273,21 @@ class PlacementLab:
                     estimate=self.background.last_seconds,
                 ):
                     self._waited = self.background.join()
-            start = time.perf_counter()
-            try:
-                with self.status.waiting(
-                    "Training step: sampling, scoring, updating, syncing", self._key("step"), programs=self._programs
-                ):
+            with self.status.waiting(
+                "Training step: sampling, scoring, updating, syncing", self._key("step"), programs=self._programs
+            ) as wait:
+                start = time.perf_counter()
+                try:
                     record = self._learner.step()
-            except Exception as exc:  # noqa: BLE001
-                self._show_error(exc, kept=True, failed=True)
-                return
-            self.timings = {"action": "train_step", "work": time.perf_counter() - start}
-            self._steps.append(record)
-            self._sync = record.sync
-            self._refresh_report()
-            self._draw("steps")
+                except Exception as exc:  # noqa: BLE001
+                    self._show_error(exc, kept=True, failed=True)
+                    return
+                self.timings = {"action": "train_step", "work": time.perf_counter() - start}
+                self._steps.append(record)
+                self._sync = record.sync
+                wait.what = "Training step: measuring and drawing"
+                self._refresh_report()
+                self._draw("steps")
             self._done(sentences.stepped(self._cluster.global_steps, record.mean_reward, self.timings["work"]))
 
     # ------------------------------------------------------------------ drawing
