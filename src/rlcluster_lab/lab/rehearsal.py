@@ -99,7 +99,7 @@ def rehearse_step(
     step_temperature = jnp.float32(temperature or 1.0)
     with role_context(config, meshes[Role.ACTOR], Role.ACTOR):
         for rows in _one_per_size(len(batch), tcfg.mini_batch_size):
-            logps(graphdef, nnx.state(actor), p[rows], comp[rows])  # what on_step's live_logps runs
+            logps(graphdef, nnx.state(actor), p, comp)  # what the learner's P11 probe runs (the whole batch)
             graph, trainable, frozen = nnx.split(actor, state.trainable, ...)
             train_step(
                 graph,

@@ -41,6 +41,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.core.compile_options import compiler_options
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
 from rlcluster_lab.placement.transfers import Transfer
@@ -146,8 +147,9 @@ def crossing_program(
         return [jax.lax.ppermute(v, axes, perm) for v, perm in zip(leaves, perms)]
 
     fn = jax.shard_map(body, mesh=mesh, in_specs=(list(specs),), out_specs=list(specs), check_vma=False)
+    options = compiler_options(mesh.devices.flat[0].platform, sum(int(np.prod(a.shape)) for a in avals))
     with jax.set_mesh(None), count_compilations() as made:
-        compiled = jax.jit(fn).lower(list(avals)).compile()
+        compiled = jax.jit(fn).lower(list(avals)).compile(options)
     from_disk = bool(made) and all(cached for _, _, cached in made)
     built = CrossingProgram(
         compiled,

@@ -39,6 +39,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 
 from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
 from rlcluster_lab.placement.boxes import relabel, to_box
 from rlcluster_lab.placement.crossing import move_across
@@ -175,7 +176,7 @@ def program(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> tuple[XlaProgr
     abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in xs]
     # Outside any role's mesh context: the program's shardings are all explicit.
     with jax.set_mesh(None), count_compilations() as made:
-        compiled = jax.jit(identity, out_shardings=list(dsts)).lower(abstract).compile()
+        compiled = jax.jit(identity, out_shardings=list(dsts)).lower(abstract).compile(options_for(list(xs)))
     from_disk = bool(made) and all(cached for _, _, cached in made)
     built = XlaProgram(compiled, devices, tuple(abstract), tuple(dsts), "persistent cache" if from_disk else "compiled")
     PROGRAMS.put(key, built)
