@@ -230,3 +230,19 @@ def test_learn_marks_each_phase_of_a_step_as_a_wait():
     for phase in ("generate", "log-probs (anchor)", "log-probs (reference)", "update_actor", "sync_weights"):
         assert ("step 1 of 1", phase) in seen, seen
     assert WAITS.last("learner step") is not None
+
+
+@pytest.mark.cluster
+def test_the_labs_background_rehearsal_is_a_wait_a_click_can_show():
+    from rlcluster_lab import Scenario, build_cluster
+    from rlcluster_lab.lab.rehearsal import REHEARSAL, rehearse_step
+
+    cluster = build_cluster(Scenario(layout="colocated", max_tokens=4))
+    seen = []
+    unsubscribe = WAITS.subscribe(lambda: seen.append(getattr(WAITS.status(), "labels", None)))
+    try:
+        assert rehearse_step(cluster, ["abc", "hello"])
+    finally:
+        unsubscribe()
+    assert ("compiling the training step's programs (in the background)",) in seen
+    assert WAITS.last(REHEARSAL) is not None
