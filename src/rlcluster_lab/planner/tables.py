@@ -364,32 +364,15 @@ def local_topology() -> Topology:
     )
 
 
-def topology(
-    name: str,
-    *,
-    memory_per_device: int | None = None,
-    link_bandwidth: float | None = None,
-    devices_per_host: int | None = None,
-    host_memory: int | None = None,
-    host_link_bandwidth: float | None = None,
-) -> Topology:
-    """A topology by name, with any of its figures overridden (the source then reads "given")."""
+def topology(name: str, **figures: Any) -> Topology:
+    """A topology by name, with any of its figures overridden (``with_figures``)."""
     if name == "local":
-        topo = local_topology()
-    elif name in TOPOLOGIES:
-        topo = TOPOLOGIES[name]
-    else:
+        return with_figures(local_topology(), **figures)
+    if name not in TOPOLOGIES:
         raise ConfigError(
             f"unknown topology {name!r}; choose one of {', '.join(topology_names())}", knobs=("topology",)
         )
-    return with_figures(
-        topo,
-        memory_per_device=memory_per_device,
-        link_bandwidth=link_bandwidth,
-        devices_per_host=devices_per_host,
-        host_memory=host_memory,
-        host_link_bandwidth=host_link_bandwidth,
-    )
+    return with_figures(TOPOLOGIES[name], **figures)
 
 
 def with_figures(
@@ -401,7 +384,8 @@ def with_figures(
     host_memory: int | None = None,
     host_link_bandwidth: float | None = None,
 ) -> Topology:
-    """``topo`` with the figures given (None keeps the topology's); each must be positive."""
+    """``topo`` with the figures given (None keeps the topology's; the source of one given reads
+    "given"); each must be positive."""
     changes: dict[str, Any] = {}
     for field, value, source, cast in (
         ("memory_per_device", memory_per_device, "memory_source", int),
