@@ -6,12 +6,11 @@ JAX: the device count must be set before the backend starts.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.cli.flags import scenario_from
-from rlcluster_lab.core.limits import BYTE_UNITS
+from rlcluster_lab.core.limits import parse_bytes
 from rlcluster_lab.core.options import DTYPES, MODEL_SIZES
 from rlcluster_lab.planner.workload import Workload
 from rlcluster_lab.rules.validation import check_scenario
@@ -150,31 +149,6 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- CLI
-
-
-_UNITS = BYTE_UNITS
-
-
-def parse_bytes(text: str, name: str = "value") -> float:
-    """'80GB', '16GiB', '450e9', '2.5 TB' -> bytes; a trailing '/s' is allowed for rates.
-
-    Raises:
-        ValueError: text that is not a positive, finite number of bytes; the message names ``name``.
-    """
-    s = str(text).strip().lower().replace(" ", "").removesuffix("/s")
-    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(number) :]
-    if unit not in _UNITS:
-        raise ValueError(
-            f"{name}: cannot read {text!r} as bytes: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
-        )
-    try:
-        value = float(number) * _UNITS[unit]
-    except ValueError:
-        raise ValueError(f"{name}: cannot read {text!r} as bytes; write e.g. 80GB, 16GiB or 450e9") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive, finite number of bytes (e.g. 80GB), got {text!r}")
-    return value
 
 
 def add_plan_arguments(p: Any) -> None:
