@@ -7,6 +7,7 @@ matmuls are sharded, and the lab wants the classic behaviour everywhere.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,25 @@ DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
 )
 
 
+def check_mesh_shape(device_ids: Sequence[int], shape: Sequence[int], axis_names: Sequence[str]) -> None:
+    """A mesh's shape holds exactly its devices, has one size per axis name, and uses each device once
+    (real meshes and the planner's meshes on paper alike).
+
+    Raises:
+        ValueError: saying which does not hold.
+    """
+    shape, count = tuple(shape), len(device_ids)
+    if math.prod(shape) != count:
+        raise ValueError(
+            f"mesh shape {shape} holds {math.prod(shape)} devices but {count} were given; "
+            f"pick a shape whose product is {count}"
+        )
+    if len(shape) != len(axis_names):
+        raise ValueError(f"mesh shape {shape} and axis names {tuple(axis_names)} differ in length")
+    if len(set(device_ids)) != count:
+        raise ValueError("a mesh cannot use the same device twice")
+
+
 def make_mesh(
     devices: Sequence[jax.Device],
     shape: tuple[int, ...],
@@ -36,15 +56,7 @@ def make_mesh(
 ) -> Mesh:
     """A mesh over ``devices`` (in the order given) arranged as ``shape``."""
     devices = list(devices)
-    if int(np.prod(shape)) != len(devices):
-        raise ValueError(
-            f"mesh shape {tuple(shape)} holds {int(np.prod(shape))} devices but "
-            f"{len(devices)} were given; pick a shape whose product is {len(devices)}"
-        )
-    if len(shape) != len(axis_names):
-        raise ValueError(f"mesh shape {tuple(shape)} and axis names {axis_names} differ in length")
-    if len({d.id for d in devices}) != len(devices):
-        raise ValueError("a mesh cannot use the same device twice")
+    check_mesh_shape([d.id for d in devices], shape, axis_names)
     arr = np.array(devices, dtype=object).reshape(shape)
     return Mesh(arr, axis_names, axis_types=(AxisType.Auto,) * len(axis_names))
 

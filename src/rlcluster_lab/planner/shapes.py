@@ -23,7 +23,7 @@ from flax import nnx
 from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import PartitionSpec
 
-from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, check_mesh_shape
 from rlcluster_lab.core.shardings import resolve_specs
 from rlcluster_lab.model import ModelConfig, abstract_model
 from rlcluster_lab.model.scoring import abstract_score_model
@@ -60,15 +60,9 @@ class PlannedMesh:
         sizes = tuple(int(s) for s in self.axis_sizes)
         names = tuple(str(n) for n in self.axis_names)
         types = tuple(self.axis_types) if self.axis_types is not None else ("Auto",) * len(names)
-        if math.prod(sizes) != len(ids):
-            raise ValueError(
-                f"mesh shape {sizes} holds {math.prod(sizes)} devices but {len(ids)} were given; "
-                f"pick a shape whose product is {len(ids)}"
-            )
-        if len(sizes) != len(names) or len(types) != len(names):
-            raise ValueError(f"mesh shape {sizes} and axis names {names} differ in length")
-        if len(set(ids)) != len(ids):
-            raise ValueError("a mesh cannot use the same device twice")
+        check_mesh_shape(ids, sizes, names)
+        if len(types) != len(names):
+            raise ValueError(f"axis types {types} and axis names {names} differ in length")
         object.__setattr__(self, "device_ids", ids)
         object.__setattr__(self, "axis_sizes", sizes)
         object.__setattr__(self, "axis_names", names)

@@ -42,22 +42,11 @@ _LLAMA_VOCAB = (
     "128,000-token vocabulary plus 256 reserved special tokens); head size 8192/64 = 128"
 )
 
-# Dimensions as published; checkpoints ship in bfloat16, so that is the default dtype.
+# Dimensions as published; checkpoints ship in bfloat16, so that is the default dtype. ModelConfig's
+# fields: name, vocab_size, embed_dim, num_layers, num_heads, num_kv_heads, head_dim, mlp_dim, max_seq_len.
 ARCHITECTURES: dict[str, Architecture] = {
     "gemma-2b": Architecture(
-        ModelConfig(
-            "gemma-2b",
-            vocab_size=256128,
-            embed_dim=2048,
-            num_layers=18,
-            num_heads=8,
-            num_kv_heads=1,
-            head_dim=256,
-            mlp_dim=16384,
-            max_seq_len=8192,
-            tie_embeddings=True,
-            param_dtype="bfloat16",
-        ),
+        ModelConfig("gemma-2b", 256128, 2048, 18, 8, 1, 256, 16384, 8192, tie_embeddings=True, param_dtype="bfloat16"),
         source="Gemma Team, 'Gemma: Open Models Based on Gemini Research and Technology' (2024), "
         "Table 1 (2B: d_model 2048, 18 layers, 8 heads, 1 KV head, head size 256, "
         "vocab 256128, tied input/output embeddings); MLP hidden size 16384 per gate/up "
@@ -65,34 +54,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         note="the released Hugging Face config trims the vocabulary to 256000 rows",
     ),
     "llama3-8b": Architecture(
-        ModelConfig(
-            "llama3-8b",
-            vocab_size=128256,
-            embed_dim=4096,
-            num_layers=32,
-            num_heads=32,
-            num_kv_heads=8,
-            head_dim=128,
-            mlp_dim=14336,
-            max_seq_len=8192,
-            param_dtype="bfloat16",
-        ),
+        ModelConfig("llama3-8b", 128256, 4096, 32, 32, 8, 128, 14336, 8192, param_dtype="bfloat16"),
         source="Llama Team, 'The Llama 3 Herd of Models' (2024), Table 3 (8B: 32 layers, model "
         "dimension 4096, FFN dimension 14336, 32 attention heads, 8 key/value heads); " + _LLAMA_VOCAB,
     ),
     "llama3-70b": Architecture(
-        ModelConfig(
-            "llama3-70b",
-            vocab_size=128256,
-            embed_dim=8192,
-            num_layers=80,
-            num_heads=64,
-            num_kv_heads=8,
-            head_dim=128,
-            mlp_dim=28672,
-            max_seq_len=8192,
-            param_dtype="bfloat16",
-        ),
+        ModelConfig("llama3-70b", 128256, 8192, 80, 64, 8, 128, 28672, 8192, param_dtype="bfloat16"),
         source="Llama Team, 'The Llama 3 Herd of Models' (2024), Table 3 (70B: 80 layers, model "
         "dimension 8192, FFN dimension 28672, 64 attention heads, 8 key/value heads); " + _LLAMA_VOCAB,
     ),
