@@ -376,4 +376,8 @@ def verdict(
         },
         "all_fit": all_fit,
         "reason": "; ".join(reasons) if reasons else None,
+        "rule": "everything fits when every device's peak (its resident bytes, each buffer once, plus the "
+        "largest phase of a step: generate's KV cache, an update's gradients, activations and outputs, a sync's "
+        "new buffers) is at most the memory per device, every role fits one device (an offloaded role comes to "
+        "device for its operation), and every host's RAM peak is at most the host memory (when known)",
     }

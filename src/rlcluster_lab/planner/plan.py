@@ -345,15 +345,7 @@ def _plan(req: PlanRequest) -> Plan:
     fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
     fits.update(verdict(fits["by_role"], per_device, per_host, topo.memory_per_device, topo.host_memory))
     fits["host_memory_source"] = topo.host_memory_source
-    fits["rule"] = (
-        "everything fits when every device's peak (its resident bytes, each buffer once, plus the largest "
-        "phase of a step: generate's KV cache, an update's gradients, activations and outputs, a sync's new "
-        "buffers) is at most the memory per device, every role fits one device (an offloaded role comes to "
-        "device for its operation), and every host's RAM peak is at most the host memory (when known)"
-    )
-    present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
-    present |= {Role.REWARD} if req.with_reward else set()
-    present |= {Role.CRITIC} if req.with_critic else set()
+    present = {Role(name) for name in models if name != "anchor"}
     config = req.model
     model = {
         "name": req.model_name,
