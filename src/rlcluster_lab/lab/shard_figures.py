@@ -23,7 +23,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.textpath import TextPath
 
 from rlcluster_lab.lab.mpl import MIN_PT, bytes_axis, new_figure
-from rlcluster_lab.lab.shards import ShardLayout, SyncFlows
+from rlcluster_lab.lab.shards import HOWS, ShardLayout, SyncFlows
 from rlcluster_lab.lab.style import PHYSICAL, SYNC_PARTS, fmt_bytes
 from rlcluster_lab.placement.boxes import Box
 
@@ -36,7 +36,7 @@ DEVICE_COLORS: tuple[str, ...] = tuple(
     "#aec7e8 #ffbb78 #98df8a #f7b6d2 #c5b0d5 #c49c94 #dbdb8d #9edae5 #c7c7c7 #e7cb94".split()
 )
 
-_COLOR = {how: color for (_, _, color), how in zip(SYNC_PARTS, ("moved", "copied", "reused"))}
+_COLOR = {how: color for (_, _, color), how in zip(SYNC_PARTS, HOWS)}
 _LEGEND = {
     "moved": "moved between devices",
     "copied": "copied within a device",
@@ -305,7 +305,7 @@ def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: flo
         "reused": [flows.reused.get(d, 0) for d in dsts],
     }
     bottom = [0] * len(dsts)
-    for how in ("moved", "copied", "reused"):
+    for how in HOWS:
         bars = ax.bar(range(len(dsts)), values[how], 0.7, bottom=bottom, color=_COLOR[how], label=_LEGEND[how])
         for bar, d, n in zip(bars, dsts, values[how]):
             bar.set_gid(f"bar:{how}:{d}:{n}")
@@ -345,8 +345,9 @@ def _heading(flows: SyncFlows, head: str) -> str:
 
 
 def _grid_devices(flows: SyncFlows, src: ShardLayout | None, dst: ShardLayout | None) -> tuple[list[int], list[int]]:
-    srcs = sorted(set(flows.src_devices) | set(src.devices if src else ()))
-    dsts = sorted(set(flows.dst_devices) | set(dst.devices if dst else ()))
+    kept = set(flows.copied) | set(flows.reused)  # on the diagonal: a row and a column each
+    srcs = sorted({s for s, _ in flows.moved} | kept | set(src.devices if src else ()))
+    dsts = sorted({d for _, d in flows.moved} | kept | set(dst.devices if dst else ()))
     if not srcs or not dsts:
         raise ValueError("this sync carried no bytes (no pieces), so there is nothing to draw")
     return srcs, dsts

@@ -183,14 +183,6 @@ class SyncFlows:
     strategy: str
     method: str
 
-    @property
-    def src_devices(self) -> tuple[int, ...]:
-        return tuple(sorted({s for s, _ in self.moved} | set(self.copied) | set(self.reused)))
-
-    @property
-    def dst_devices(self) -> tuple[int, ...]:
-        return tuple(sorted({d for _, d in self.moved} | set(self.copied) | set(self.reused)))
-
     def arrived(self, device: int) -> int:
         """Bytes that crossed into ``device`` from other devices."""
         return sum(n for (_, d), n in self.moved.items() if d == device)
