@@ -12,9 +12,11 @@ from typing import Any, NoReturn
 from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
 from rlcluster_lab.cli.plan import add_plan_arguments, run_plan_command
 from rlcluster_lab.cli.processes import add_process_arguments, multi_process, run_processes_command
+from rlcluster_lab.cli.progress import progress_line
 from rlcluster_lab.cli.text import format_report
 from rlcluster_lab.core.knobs import describe
 from rlcluster_lab.core.options import check_device_count
+from rlcluster_lab.core.waits import waiting
 from rlcluster_lab.rules.validation import check_scenario
 
 
@@ -80,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # a bad flag (one line on stderr, exit 2) or --help (exit 0)
         return int(exit_.code or 0)
     try:
-        out = _run(args)
+        # A line on stderr during every wait of half a second or more (a terminal only, not with --json).
+        with progress_line(sys.stderr, json_output=bool(getattr(args, "json", False))):
+            out = _run(args)
         text = json.dumps(out, indent=2, sort_keys=True) if args.json else out["_text"] if "_text" in out else ""
     except BrokenPipeError:  # progress lines written while the command ran
         return _stdout_closed()
@@ -123,11 +127,12 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         check_scenario(scenario_from(args))
     # The device count must be set before anything starts the JAX backend,
     # and the persistent compilation cache before the first compilation.
-    from rlcluster_lab.core.compile_cache import enable_compilation_cache
-    from rlcluster_lab.core.devices import ensure_simulated_devices
+    with waiting("starting JAX"):
+        from rlcluster_lab.core.compile_cache import enable_compilation_cache
+        from rlcluster_lab.core.devices import ensure_simulated_devices
 
-    ensure_simulated_devices(args.devices)
-    enable_compilation_cache()
+        ensure_simulated_devices(args.devices)
+        enable_compilation_cache()
     if args.command == "report":
         return _report(args)
     if args.command == "plan":
@@ -155,9 +160,14 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
     from rlcluster_lab.app.report import placement_report
     from rlcluster_lab.app.scenario import build_cluster
 
-    cluster = build_cluster(scenario_from(args))
-    sync = cluster.sync_weights() if args.sync else None
-    data = placement_report(cluster, sync=sync).to_json()
+    with waiting("building the cluster"):
+        cluster = build_cluster(scenario_from(args))
+    sync = None
+    if args.sync:
+        with waiting("syncing weights"):
+            sync = cluster.sync_weights()
+    with waiting("measuring the report"):
+        data = placement_report(cluster, sync=sync).to_json()
     if not args.json:
         data = {"_text": format_report(data)}
     return data
@@ -200,7 +210,8 @@ def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) 
     from rlcluster_lab.app.learner import GRPOLearner
     from rlcluster_lab.app.scenario import build_cluster
 
-    learner = GRPOLearner(build_cluster(scenario, training_config=training), config)
+    with waiting("building the cluster"):
+        learner = GRPOLearner(build_cluster(scenario, training_config=training), config)
     progress = (
         None
         if args.json

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from rlcluster_lab.core.compile_options import compiler_options
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
@@ -105,7 +106,8 @@ def crossing_program(
         return [jax.lax.ppermute(v, axes, perm) for v, perm in zip(leaves, perms)]
 
     fn = jax.shard_map(body, mesh=mesh, in_specs=(list(specs),), out_specs=list(specs), check_vma=False)
-    compiled, source = compile_outside_mesh(jax.jit(fn), list(avals))
+    options = compiler_options(mesh.devices.flat[0].platform, sum(int(np.prod(a.shape)) for a in avals))
+    compiled, source = compile_outside_mesh(jax.jit(fn), list(avals), options=options)
     built = CrossingProgram(compiled, mesh, program_traffic(compiled, list(mesh.devices.flat)), source)
     PROGRAMS.put(key, built)
     return built, True

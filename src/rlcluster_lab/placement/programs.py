@@ -54,12 +54,13 @@ class ProgramCache:
             self._data.clear()
 
 
-def compile_outside_mesh(jitted: Any, *args: Any) -> tuple[Any, str]:
+def compile_outside_mesh(jitted: Any, *args: Any, options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """``jitted`` lowered for ``args`` and compiled outside any role's mesh context (its
     shardings are all explicit), and where the executable came from: ``"compiled"`` (by XLA
-    here) or ``"persistent cache"`` (read back from disk)."""
+    here) or ``"persistent cache"`` (read back from disk). ``options``: XLA compiler options
+    (``core.compile_options``; None: XLA's defaults)."""
     with jax.set_mesh(None), count_compilations() as made:
-        compiled = jitted.lower(*args).compile()
+        compiled = jitted.lower(*args).compile(options)
     return compiled, "persistent cache" if made and all(cached for _, _, cached in made) else "compiled"
 
 

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 
+from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
 from rlcluster_lab.placement.boxes import relabel, to_box
 from rlcluster_lab.placement.crossing import move_across
@@ -127,7 +128,9 @@ def program(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> tuple[XlaProgr
     devices = assignment(xs[0].sharding)
     assert devices is not None
     abstract = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in xs)
-    compiled, source = compile_outside_mesh(jax.jit(identity, out_shardings=list(dsts)), list(abstract))
+    compiled, source = compile_outside_mesh(
+        jax.jit(identity, out_shardings=list(dsts)), list(abstract), options=options_for(list(xs))
+    )
     built = XlaProgram(compiled, devices, abstract, tuple(dsts), source)
     PROGRAMS.put(key, built)
     return built, True
