@@ -34,7 +34,10 @@ install-test: $(TEST_STAMP)
 LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root) $(if $(DISPLAY)$(WAYLAND_DISPLAY),,--no-browser)
 FIRST_NOTEBOOK := 00_start_here.ipynb
 
+# The warm start (rlcluster_lab/lab/warm.py): once per environment, a background process at the lowest
+# CPU priority compiles the standard programs into the persistent cache while JupyterLab opens.
 lab: install-lab
+	-$(PY) -m rlcluster_lab.lab.warm --background
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) --ServerApp.root_dir=notebooks \
 		--LabApp.default_url=/lab/tree/$(FIRST_NOTEBOOK)
 

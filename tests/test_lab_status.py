@@ -108,6 +108,14 @@ def test_a_wait_shows_a_new_stage_at_once():
     assert status.text == "done" and not status.busy
 
 
+def test_wait_text_names_the_program_being_built_now():
+    from rlcluster_lab.core.waits import Building
+
+    building = (Building("compiling", "jit(grpo_train_step)", 1.94),)
+    text = wait_text("Training step", 3.0, None, ["jit(_generate)"], building)
+    assert text == "Training step: 3.0 s so far; compiling grpo_train_step (1.9 s), 1 compiled before"
+
+
 def test_wait_text_names_what_it_waits_for_the_seconds_the_estimate_and_the_programs():
     text = wait_text("Sync weights", 1.234, 0.5, ["jit(a)", "jit(b)", "jit(c)", "jit(d)"])
     assert text == "Sync weights: 1.2 s so far (last time 0.5 s); compiled 4, latest: b, c, d"
@@ -117,10 +125,13 @@ def test_wait_text_names_what_it_waits_for_the_seconds_the_estimate_and_the_prog
 
 def test_the_last_wait_of_a_kind_is_the_next_ones_estimate():
     status = StatusLine(400)
-    with status.waiting("Sync weights", "sync:tiny"):
+    from rlcluster_lab.core.waits import WAITS
+
+    with status.waiting("Sync weights", "sync:test-estimate"):
         assert "last time" not in status.text
-    first = status.last["sync:tiny"]
-    with status.waiting("Sync weights", "sync:tiny"):
+    first = WAITS.last("sync:test-estimate")
+    assert first is not None
+    with status.waiting("Sync weights", "sync:test-estimate"):
         assert f"(last time {first:.1f} s)" in status.text
     assert status.text.startswith("Sync weights: ")  # the last redraw stays until the action's sentence
 

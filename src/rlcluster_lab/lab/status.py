@@ -4,7 +4,9 @@ and, while an action waits, what it waits for and for how long so far.
 A wait (a build, a sync, a training step, the background compile a step waits for) is shown
 the moment it begins, before anything blocks, and redrawn every ``TICK_SECONDS`` from a
 thread of its own with the seconds so far, the last comparable wait as an estimate, and the
-programs compiled so far; so the line is never more than a quarter of a second stale. The
+program being compiled at that moment (in any thread: ``core.waits``, whose registry every
+lab wait joins too) or else the programs compiled so far; so the line is never more than a
+quarter of a second stale. The
 sentence keeps one height whatever it says (two lines; the whole text is its hover title and
 in the details), so nothing under it moves from one action to the next.
 """
@@ -19,6 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import ipywidgets as widgets
 
+from rlcluster_lab.core.waits import WAITS, Building
+
 TICK_SECONDS = 0.25  # a wait's line is redrawn at least this often
 STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the sentence's fixed height
 _NAMES_SHOWN = 3  # program names a wait's line lists (the latest ones)
@@ -29,13 +33,30 @@ def program_name(name: str) -> str:
     return name[4:-1] if name.startswith("jit(") and name.endswith(")") else name
 
 
-def wait_text(what: str, elapsed: float, estimate: float | None = None, programs: Sequence[str] = ()) -> str:
+def building_now() -> tuple[Building, ...]:
+    """The programs being traced, lowered or compiled at this moment, in any thread."""
+    status = WAITS.status()
+    return status.building if status is not None else ()
+
+
+def wait_text(
+    what: str,
+    elapsed: float,
+    estimate: float | None = None,
+    programs: Sequence[str] = (),
+    building: Sequence[Building] = (),
+) -> str:
     """One wait in words: what it waits for, the seconds so far, the last comparable wait, and
-    the latest programs compiled (``program_name``)."""
+    the program being built now, or else the latest programs compiled (``program_name``)."""
     text = f"{what}: {elapsed:.1f} s so far"
     if estimate is not None:
         text += f" (last time {estimate:.1f} s)"
-    if programs:
+    if building:
+        b = building[-1]
+        text += f"; {b.phase} {program_name(b.name)} ({b.elapsed_s:.1f} s)"
+        if programs:
+            text += f", {len(programs)} compiled before"
+    elif programs:
         names = [program_name(p) for p in programs]
         more = len(names) - _NAMES_SHOWN
         text += f"; compiled {len(names)}" + (", latest: " if more > 0 else ": ") + ", ".join(names[-_NAMES_SHOWN:])
@@ -149,7 +170,6 @@ class StatusLine:
         self.widget = widgets.HBox([self.sentence, self.toggle], layout=widgets.Layout(width=f"{width}px"))
         self.text = ""  # the sentence as plain text
         self.busy = False
-        self.last: dict[str, float] = {}  # seconds of the last wait of each kind: the next one's estimate
         self._lock = threading.Lock()
         self._ticker: Ticker | None = None
 
@@ -183,21 +203,23 @@ class StatusLine:
     ) -> Iterator[Wait]:
         """Show what the block waits for at once and redraw it every ``TICK_SECONDS`` with the
         seconds so far (counted from ``since``, default now), an estimate (``estimate``, else the
-        last wait of the same ``key``) and ``programs()`` compiled so far; the wait's seconds
-        become the estimate for the next wait of ``key``. The block may change what it waits
-        for (``Wait.what``); ``say`` ends the redraws."""
+        last wait of the same ``key``), the program being built now, or ``programs()`` compiled
+        so far. The wait joins ``core.waits`` (kind ``key``), so its seconds become the estimate
+        for the next wait of ``key`` and any other progress display sees it. The block may
+        change what it waits for (``Wait.what``); ``say`` ends the redraws."""
         self._set_busy(True)
-        guess = estimate if estimate is not None else self.last.get(key)
+        guess = estimate if estimate is not None else WAITS.last(key)
         wait = Wait(what)
-        ticker = Ticker(self._show, lambda t: wait_text(wait.what, t, guess, programs()), since=since)
+        ticker = Ticker(self._show, lambda t: wait_text(wait.what, t, guess, programs(), building_now()), since=since)
         self._ticker = wait.ticker = ticker
-        ticker.start()
-        try:
-            yield wait
-        finally:
-            self.last[key] = ticker.stop()
-            if self._ticker is ticker:
-                self._ticker = None
+        with WAITS.waiting(what, kind=key):
+            ticker.start()
+            try:
+                yield wait
+            finally:
+                ticker.stop()
+                if self._ticker is ticker:
+                    self._ticker = None
 
     def stage(self, value: int) -> None:
         """Show the progress bar at ``value`` (of ``progress.max``)."""
