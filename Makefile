@@ -29,13 +29,17 @@ install-test: $(TEST_STAMP)
 
 # Jupyter refuses to run as root without --allow-root (containers and cloud boxes run as root);
 # with no display it opens no browser and prints the URL (with its token) to open instead.
+# The server's default address is notebook 00 itself: the URL it prints, and the page a
+# browser opens with a display, is that notebook's, not the Launcher's.
 LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root) $(if $(DISPLAY)$(WAYLAND_DISPLAY),,--no-browser)
+FIRST_NOTEBOOK := 00_start_here.ipynb
 
 # The warm start (rlcluster_lab/lab/warm.py): once per environment, a background process at the lowest
 # CPU priority compiles the standard programs into the persistent cache while JupyterLab opens.
 lab: install-lab
 	-$(PY) -m rlcluster_lab.lab.warm --background
-	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/00_start_here.ipynb
+	$(VENV)/bin/jupyter lab $(LAB_FLAGS) --ServerApp.root_dir=notebooks \
+		--LabApp.default_url=/lab/tree/$(FIRST_NOTEBOOK)
 
 test: install-test lint
 	$(PY) -m pytest

@@ -75,7 +75,8 @@ def test_knobs_and_buttons_beside_the_views_in_tabs(lab: PlacementLab) -> None:
     # (tests/browser checks the pixels): one fixed column of knobs, the views in tabs.
     controls, tabs = lab.widget.children
     assert "rl-controls" in controls._dom_classes and controls.layout.width == f"{lab_module.LEFT_WIDTH}px"
-    assert lab.construct_button in controls.children[1].children
+    actions = controls.children[1].children[0]  # in its slot, beside its note
+    assert lab.construct_button in actions.children
     assert lab.knobs.widget in controls.children
     assert tabs is lab.display.tabs
     assert [tabs.get_title(i) for i in range(len(tabs.children))] == [t for _, t in VIEWS]
@@ -211,8 +212,10 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     drawn = png(lab, "flow")
     lab.construct_button.click()
     assert lab.error is not None and lab.error.startswith("ConfigError")
-    assert "static-LoRA" in lab.display.error_box.value  # the cluster's own message
-    assert lab.display.error_box.layout.display == "block"
+    # The message sits beside the checkbox it names (the first of them), which is outlined.
+    note = lab.notes.note("sglang_static_lora")
+    assert lab.notes.shown == "sglang_static_lora" and note.layout.display == "block"
+    assert "static-LoRA" in note.value  # the cluster's own message
     # It names the checkbox to change (its label on screen), not RolloutConfig's fields, and outlines it.
     assert "What to change: the 'static-LoRA settings for sglang_jax (P6)' checkbox" in lab.error
     assert "RolloutConfig" not in lab.error and "rollout_sglang_jax" not in lab.error
@@ -221,24 +224,41 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     assert "rl-at-fault" not in lab.knobs.layout._dom_classes
     # Refused before anything was released: the previous cluster stays live and drawn.
     assert lab.cluster is before and lab.report is not None
-    assert "still the previous one" in lab.display.error_box.value
+    assert "still the previous one" in note.value and "still the previous one" in lab.status.text
+    assert lab.status.text.startswith("Refused: see the note by the outlined knob.")
     assert not lab.sync_button.disabled and not lab.step_button.disabled
     assert png(lab, "flow") == drawn
     lab.knobs.static_lora.value = True
     report = build(lab)
     assert report["engine"] == "sglang_jax"
-    assert lab.display.error_box.layout.display == "none"
+    assert lab.notes.shown is None and note.layout.display == "none"
     assert not any("rl-at-fault" in w._dom_classes for w in lab.knobs.named().values())
 
 
-@pytest.mark.cluster
-def test_mesh_that_does_not_divide_the_model_shows_the_placement_error(lab: PlacementLab) -> None:
+def test_p1_custom_mesh_offers_only_shapes_that_divide_the_model() -> None:
+    lab = PlacementLab(rehearse=False)
     lab.knobs.layout.value = CUSTOM
-    lab.knobs.device_toggles[0].value = False  # 7 devices: (7, 1) cannot shard a dimension of 64
+    for toggle in lab.knobs.device_toggles[3:]:
+        toggle.value = False  # 3 devices: neither 3 x 1 nor 1 x 3 divides a dimension of 64
+    assert lab.knobs.rollout_shape.options == ()
+    assert "Pick 1, 2, 4 or 8 devices" in lab.knobs.custom_note.value
+    assert "must divide its dimensions 64 by a and 32, 64, 128, 264 by b" in lab.knobs.custom_note.value
     lab.construct_button.click()
-    assert lab.error is not None and "PlacementError" in lab.error
-    lab.knobs.device_toggles[0].value = True
-    build(lab)
+    # Refused before any build, in the widget's words, the device buttons outlined and the note beside them.
+    assert lab.error is not None and lab.error.startswith("ConfigError")
+    assert "What to change: the 'rollout devices' buttons (or the 'model size' dropdown)" in lab.error
+    assert "fsdp" not in lab.error and "(" + "'" not in lab.error.split("What to change")[0]
+    assert "rl-at-fault" in lab.knobs.devices_box._dom_classes and lab.notes.shown == "rollout_devices"
+    lab.knobs.device_toggles[3].value = True  # 4 devices: every shape of 4 divides the tiny model
+    assert [label for label, _ in lab.knobs.rollout_shape.options] == ["2 x 2", "1 x 4", "4 x 1"]
+
+
+def test_custom_mesh_marks_the_picked_devices() -> None:
+    knobs = PlacementLab(rehearse=False).knobs
+    knobs.device_toggles[2].value = False
+    styles = [(t.value, t.button_style) for t in knobs.device_toggles]
+    assert styles[2] == (False, "")
+    assert all(style == (True, "info") for i, style in enumerate(styles) if i != 2)
 
 
 @pytest.mark.cluster
@@ -249,8 +269,9 @@ def test_knob_error_keeps_the_live_cluster(lab: PlacementLab) -> None:
     for toggle in lab.knobs.device_toggles:
         toggle.value = False
     lab.construct_button.click()
-    assert lab.error is not None and "at least one device" in lab.error
-    assert "still the previous one" in lab.display.error_box.value
+    assert lab.error is not None and "No device picked" in lab.error
+    assert "rl-at-fault" in lab.knobs.devices_box._dom_classes
+    assert "still the previous one" in lab.notes.note("rollout_devices").value
     assert lab.cluster is cluster and lab.report is report
     assert not lab.sync_button.disabled
 
@@ -295,16 +316,20 @@ def test_busy_state_while_constructing(lab: PlacementLab, monkeypatch: pytest.Mo
 
     def spy(*args, **kwargs):
         seen["disabled"] = (lab.construct_button.disabled, lab.sync_button.disabled, lab.step_button.disabled)
-        seen["progress"] = lab.progress.layout.visibility
-        seen["status"] = lab.status.value
+        seen["progress"] = lab.status.progress.layout.visibility
+        seen["status"] = lab.status.text
+        seen["busy"] = "rl-busy" in lab.status.sentence._dom_classes
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lab_module, "build_cluster", spy)
     lab.knobs.model_size.value = "small"
     build(lab)
     assert seen["disabled"] == (True, True, True)
-    assert seen["progress"] == "visible" and "busy" in seen["status"] and "small" in seen["status"]
-    assert lab.progress.layout.visibility == "hidden" and not lab.construct_button.disabled
+    assert seen["progress"] == "visible" and seen["busy"]
+    assert seen["status"].startswith("Construct: building the small models and the cluster: ")
+    assert " s so far" in seen["status"]
+    assert lab.status.progress.layout.visibility == "hidden" and not lab.construct_button.disabled
+    assert "rl-busy" not in lab.status.sentence._dom_classes
 
 
 @pytest.mark.cluster
@@ -340,13 +365,13 @@ def test_release_says_when_the_background_compilation_holds_the_cluster(lab: Pla
     build(lab)
     done = threading.Event()
     # What a rehearsal does: a thread that holds the cluster until its compilation ends.
-    lab._rehearsal = threading.Thread(target=lambda held=lab.cluster: done.wait())
-    lab._rehearsal.start()
+    lab.background._thread = threading.Thread(target=lambda held=lab.cluster: done.wait())
+    lab.background._thread.start()
     try:
         assert "held by the background compilation" in lab.release()
     finally:
         done.set()
-        lab._rehearsal.join()
+        lab.background.join()
 
 
 @pytest.mark.cluster
@@ -378,6 +403,37 @@ def test_shape_options_list_the_standard_shape_first() -> None:
     assert shape_options(0) == []
 
 
+@pytest.mark.parametrize("size", ["tiny", "small"])
+@pytest.mark.parametrize("count", range(1, 9))
+def test_p1_shape_options_are_the_shapes_the_placement_accepts(size: str, count: int) -> None:
+    # Against the model itself: a shape is offered exactly when every parameter's spec divides (check_spec).
+    import jax
+    from flax import nnx
+    from jax.sharding import PartitionSpec
+
+    from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, make_mesh
+    from rlcluster_lab.core.shardings import PlacementError, check_spec, resolve_specs
+    from rlcluster_lab.model import abstract_model
+
+    state = nnx.state(abstract_model(size, lora_rank=4))
+    spec_tree = nnx.to_pure_dict(resolve_specs(state, DEFAULT_LOGICAL_AXIS_RULES))
+    specs = jax.tree.leaves(spec_tree, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+    shapes = [leaf.shape for leaf in jax.tree.leaves(nnx.to_pure_dict(state))]
+    assert len(specs) == len(shapes) > 0
+    accepted = []
+    for a in range(1, count + 1):
+        if count % a:
+            continue
+        mesh = make_mesh(jax.devices()[:count], (a, count // a))
+        try:
+            for spec, shape in zip(specs, shapes, strict=True):
+                check_spec(spec, shape, mesh, "actor")
+        except PlacementError:
+            continue
+        accepted.append((a, count // a))
+    assert sorted(v for _, v in shape_options(count, size)) == sorted(accepted)
+
+
 @pytest.mark.cluster
 def test_a_rehearsal_after_construct_leaves_the_training_step_nothing_to_compile() -> None:
     from rlcluster_lab.core.compile_cache import count_compilations
@@ -394,3 +450,21 @@ def test_a_rehearsal_after_construct_leaves_the_training_step_nothing_to_compile
         assert lab.timings["compiled"] == 0
     finally:
         lab.release()
+
+
+@pytest.mark.cluster
+def test_p13_one_step_counter_the_global_step_in_the_status_and_the_step_log(lab: PlacementLab) -> None:
+    from rlcluster_lab.lab.style import fmt_bytes
+
+    report = build(lab)
+    assert lab.status.text.startswith("Constructed in ")
+    assert f"Rollout: same object (P3); {fmt_bytes(report['memory']['unique_bytes'])} held (measured)." in (
+        lab.status.text
+    )
+    lab.sync_button.click()
+    assert lab.cluster.global_steps == 1 and "now at global step 1:" in lab.status.text
+    lab.step_button.click()  # a step ends with a sync: the same counter moves on
+    assert lab.cluster.global_steps == 2 and "now at global step 2: mean reward" in lab.status.text
+    log = lab.display.step_log.value
+    assert "<th>global step</th>" in log and "<tr><td>2</td>" in log
+    assert "step 0" not in lab.status.text + log

@@ -6,10 +6,13 @@ import re
 
 import jax
 import pytest
+from stored_reports import stored
 
 from rlcluster_lab.core.knobs import KNOBS
+from rlcluster_lab.lab.changes import changes_html, changes_since, decision_changes
 from rlcluster_lab.lab.controls import TOOLTIPS, Knobs
-from rlcluster_lab.lab.display import changes_html, changes_since
+from rlcluster_lab.lab.flow import flow_rows
+from rlcluster_lab.rules.catalogue import RULES
 
 
 @pytest.fixture
@@ -60,24 +63,77 @@ def test_knobs_that_do_not_apply_are_disabled_with_the_reason(knobs):
     assert knobs.static_lora.disabled and knobs.lora_rank.disabled
 
 
-def report(branch: str, unique: int, rollout: int, extra: bool = False) -> dict:
-    decisions = [
-        {"rule": "P1", "test": "actor == rollout", "outcome": "linked", "branch": "linked"},
-        {"rule": "P3", "test": "rollout model", "outcome": "x", "branch": branch},
-    ]
-    if extra:
-        decisions.append({"rule": "P4", "test": "reference backbone", "outcome": "shared", "branch": "shared"})
-    return {"decisions": decisions, "memory": {"unique_bytes": unique, "by_role": {"rollout": {"bytes": rollout}}}}
+# Pairs of stored reports (tests/data/reports): one construction, then the next.
+PAIRS = [
+    ("split", "reshaped-lora"),
+    ("split", "split-offload"),
+    ("colocated-vllm", "split"),
+    ("split", "colocated-vllm"),
+    ("colocated-lora", "colocated-vllm-lora"),
+    ("reshaped-lora", "reshaped-separate-base"),
+]
+DECLARED = {entry.rule: entry for entry in RULES}
 
 
-def test_changes_since_the_last_construction():
-    assert changes_since(None, report("shared", 10, 5)) == []
-    assert changes_since(report("shared", 10, 5), report("shared", 10, 5)) == []
-    lines = changes_since(report("shared", 1000, 5), report("second_copy", 2000, 5, extra=True))
-    assert lines == [
-        "P3 rollout model: shared -> second_copy",
-        "P4 now: reference backbone",
-        "bytes held (each buffer once): 1,000 -> 2,000",
-    ]
+def _label(rule: str, value: str) -> str:
+    return DECLARED[rule].labels().get(value, value)
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS, ids=lambda p: p)
+def test_l1_each_changed_line_says_the_decision_it_describes(first, second):
+    before, after = stored(first), stored(second)
+    old = {r.key: r for r in flow_rows(before)}
+    new = {r.key: r for r in flow_rows(after)}
+    changes = decision_changes(before, after)
+    lines = changes_since(before, after)
+    # One line per decision whose answer changed, and only those (the sync's P13 is not construction).
+    differing = {
+        k
+        for k in old.keys() | new.keys()
+        if not k.startswith("P13") and getattr(old.get(k), "fired", None) != getattr(new.get(k), "fired", None)
+    }
+    assert {c.key for c in changes} == differing and len(changes) == len(differing)
+    expressions = {d["test"] for d in before["decisions"] + after["decisions"]}
+    for change, line in zip(changes, lines):
+        assert line == change.text()
+        row = new.get(change.key) or old[change.key]
+        # The figure's question and the rule's declared answer labels, never the rule's test expression.
+        assert line.startswith(f"{row.question} ({change.rule}): ")
+        assert not any(expr in line for expr in expressions), line
+        if change.before is not None:
+            assert old[change.key].fired == change.before
+            assert _label(change.rule, change.before) in line
+        if change.after is not None:
+            assert new[change.key].fired == change.after
+            assert f"\u2192 {_label(change.rule, change.after)}" in line or "now asked" in line
+            assert new[change.key].detail in line
     assert "changed since the last construction" in changes_html(lines)
+
+
+def test_l1_a_decision_that_kept_its_answer_gets_no_line():
+    # split -> reshaped + LoRA: the rollout is resharded on both sides (P5), so no P5 line; P4
+    # changed once, so one P4 line (the old list said "P4 now ... / P4 no longer ...").
+    lines = changes_since(stored("split"), stored("reshaped-lora"))
+    assert not any("(P5)" in line for line in lines)
+    assert [line for line in lines if "(P4)" in line] == [
+        "reference backbone (P4): own weights \u2192 one backbone (one backbone in memory), "
+        "because reference linked: yes (P2)"
+    ]
+
+
+def test_p14_offload_change_reads_as_the_flow_figure_says_it():
+    lines = changes_since(stored("split"), stored("split-offload"))
+    assert "offload_to_cpu? (P14): stays on device \u2192 pinned host between uses" in "\n".join(lines)
+
+
+def test_p3_change_names_its_reason_from_p1():
+    lines = changes_since(stored("colocated-vllm"), stored("split"))
+    p3 = next(line for line in lines if "(P3)" in line)
+    assert "same object \u2192 second copy" in p3 and p3.endswith("because rollout linked: no (P1)")
+
+
+def test_no_changes_for_the_first_construction_or_the_same_one():
+    report = stored("split")
+    assert changes_since(None, report) == []
+    assert changes_since(report, stored("split")) == []
     assert changes_html([]) == ""

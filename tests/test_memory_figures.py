@@ -4,13 +4,14 @@ buffer drawn once, each bar's bytes the report's."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 from legibility import svg_problems
 from stored_reports import PLACEMENTS, drawn_bytes, elements, is_hatched, stored, svg_text
 
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
-from rlcluster_lab.lab.style import fmt_bytes
+from rlcluster_lab.lab.style import byte_ticks, fmt_bytes
 
 # Per the report contract: an actor and a reference sharing 750 B, an anchor in pinned host memory.
 MEMORY = {
@@ -96,6 +97,57 @@ def test_l2_memory_by_device_marks_the_allocators_bytes_in_use_where_the_backend
         "alloc:1": 1500,
     }
     assert "the black tick is its bytes in use" in svg_text(memory_by_device(_with_allocator()))
+
+
+def _tick_labels(svg: str) -> list[str]:
+    """The axis' tick labels, bottom to top."""
+    ticks = {float(key[5:]): el.text for key, el in elements(svg).items() if key.startswith("tick:")}
+    return [ticks[v] for v in sorted(ticks)]
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+def test_l2_memory_by_device_ticks_are_round_values_in_one_unit(name):
+    memory = stored(name)["memory"]
+    labels = _tick_labels(memory_by_device(memory))
+    assert labels[0] == "0" and 3 <= len(labels) <= 5, labels
+    values = [float(label.split()[0]) for label in labels[1:]]
+    units = {label.split()[1] for label in labels[1:]}
+    assert len(units) == 1, labels
+    step = values[0]
+    # Steps of 1, 2, 2.5 or 5 times a power of ten, evenly spaced.
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    assert any(math.isclose(mantissa, m) for m in (1, 2, 2.5, 5)), labels
+    assert all(math.isclose(v, step * (k + 1)) for k, v in enumerate(values)), labels
+
+
+def test_byte_ticks_of_the_offload_chart_the_issue_shows():
+    # The axis the issue saw at 130.3 / 260.5 KiB.
+    assert [label for _, label in byte_ticks(266_752)] == ["0", "100 KiB", "200 KiB", "300 KiB"]
+    assert byte_ticks(266_752)[-1][0] >= 266_752
+
+
+def test_l2_memory_by_device_legend_says_one_dotted_bar_per_device_when_all_is_pinned_host():
+    # With offload every role waits in pinned host memory: one bar per device, all dotted.
+    memory = stored("split-offload")["memory"]
+    assert {k for kinds in memory["by_device"].values() for k in kinds} == {"pinned_host"}
+    text = svg_text(memory_by_device(memory))
+    assert "dotted: pinned host memory (every bar)" in text
+    assert "right" not in text and "bars per device" not in text
+
+
+def test_l2_memory_by_device_legend_names_both_bars_when_two_kinds_are_drawn():
+    text = svg_text(memory_by_device(MEMORY))
+    assert "2 bars per device: device memory (solid, left), pinned host (dotted, right)" in text
+
+
+def test_l2_memory_by_device_legend_has_no_dashed_entry_without_a_dashed_box():
+    memory = copy.deepcopy(MEMORY)
+    memory["shared"] = []  # nothing shared: separate copies would add nothing, no dashed box
+    memory["by_device"] = {"0": {"device": 1100, "pinned_host": 600}, "1": {"device": 800, "pinned_host": 400}}
+    svg = memory_by_device(memory)
+    assert not any(key.startswith("naive:") for key in elements(svg))
+    assert "dashed" not in svg_text(svg)
+    assert "dashed: what separate copies would add" in svg_text(memory_by_device(MEMORY))
 
 
 # ------------------------------------------------------------------ per role

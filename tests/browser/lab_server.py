@@ -26,8 +26,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def copy_notebooks(notebooks: list[Path], folder: Path) -> None:
+    """Copy each notebook into ``folder`` with its Markdown twin and ``jupytext.toml``, where they exist."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for nb in notebooks:
+        for twin in (nb, nb.with_suffix(".md"), nb.parent / "jupytext.toml"):
+            if twin.exists():
+                shutil.copy(twin, folder / twin.name)
+
+
 class JupyterLab:
-    """``jupyter lab`` started from this Python, so its kernel imports this package."""
+    """``jupyter lab`` started from this Python, so its kernel imports this package.
+
+    ``notebooks`` are copied into the served folder (with their Markdown twins and
+    ``jupytext.toml`` where they exist, so a save writes both, as in the repository).
+    """
 
     def __init__(self, root: Path, notebooks: list[Path]) -> None:
         self.root = root
@@ -38,8 +51,7 @@ class JupyterLab:
         self._proc: subprocess.Popen | None = None
         work = root / "work"
         work.mkdir(parents=True, exist_ok=True)
-        for nb in notebooks:
-            shutil.copy(nb, work / nb.name)
+        copy_notebooks(notebooks, work)
         self.work = work
 
     def env(self) -> dict[str, str]:
@@ -47,8 +59,14 @@ class JupyterLab:
         config = self.root / "config"
         (config / "labconfig").mkdir(parents=True, exist_ok=True)
         # No news toast over the panels (and no request for news).
+        # The app object on ``window.jupyterapp``, so a test can run a command (save) as a menu would.
         (config / "labconfig" / "page_config.json").write_text(
-            json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
+            json.dumps(
+                {
+                    "disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True},
+                    "exposeAppInBrowser": True,
+                }
+            )
         )
         env.update(
             JUPYTER_CONFIG_DIR=str(config),
@@ -97,8 +115,28 @@ class JupyterLab:
         self.stop()
         raise TimeoutError(f"jupyter lab did not answer within {timeout:.0f}s:\n{self.log.read_text()[-3000:]}")
 
-    def notebook_url(self, name: str) -> str:
-        return f"{self.url}/lab/tree/{name}?token={self.token}"
+    def notebook_url(self, name: str, *, reset: bool = False) -> str:
+        """The notebook's own address; ``reset``: in a workspace with nothing else open (JupyterLab
+        would otherwise reopen, and start kernels for, every notebook opened before)."""
+        return f"{self.url}/lab/tree/{name}?token={self.token}" + ("&reset" if reset else "")
+
+    def api(self, path: str, method: str = "GET") -> object:
+        """A call to the server's REST API; its JSON answer (None when empty)."""
+        req = urllib.request.Request(f"{self.url}/api/{path}?token={self.token}", method=method)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            body = r.read()
+        return json.loads(body) if body else None
+
+    def shut_down_kernels(self) -> None:
+        """End every kernel the server runs (one per notebook opened)."""
+        for session in self.api("sessions") or []:
+            self.api(f"sessions/{session['id']}", method="DELETE")
+
+    def trust(self, path: Path) -> None:
+        """Sign a notebook in this server's own trust database, as JupyterLab's "Trust Notebook" does."""
+        subprocess.run(
+            [sys.executable, "-m", "jupyter", "trust", str(path)], env=self.env(), check=True, capture_output=True
+        )
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None

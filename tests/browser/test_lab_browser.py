@@ -2,14 +2,25 @@
 
 JupyterLab runs on localhost with a token; Debian's headless Chromium, driven
 by Playwright's Python API, opens notebook 07 in a 1600 x 1000 window, runs all
-cells from the Run menu, brings the lab to the top of the notebook, toggles
-LoRA, switches the layout to ``reshaped``, presses Construct, then Sync
-weights. After each action it checks, on the page as drawn, that the buttons
-and the view of that action (the decision flow, then the sync) are inside the
-visible part of the notebook with no scrolling, and that the view changed. No
-knob's label or choice is cut off. It saves a screenshot of the lab after the
-reshaped construction (``RL_LAB_SCREENSHOT=docs/lab.png`` writes the README's;
-``make screenshot``).
+cells from the Run menu, brings the lab to the top of the notebook, asks for a
+combination the checks refuse (sglang_jax, LoRA, no static-LoRA settings) and
+checks that the refusal's note shows beside the knob it names while no knob
+and not the status line moves, then switches the layout to ``reshaped``,
+presses Construct, Sync weights and Training step. After each action it
+checks, on the page as drawn, that the buttons and the view of that action
+(the decision flow, then the sync) are inside the visible part of the notebook
+with no scrolling, and that the view changed; while the step runs the status
+says what it waits for. No knob's label or choice is cut off. It saves a
+screenshot of the lab after the reshaped construction
+(``RL_LAB_SCREENSHOT=docs/lab.png`` writes the README's; ``make screenshot``),
+then saves the notebook and checks that its metadata and its Markdown twin are
+as committed.
+
+Two more checks need no cell run: the committed 07, opened as a fresh clone
+opens it (untrusted), shows a picture of the lab, not the widget's repr text,
+and once trusted draws the widget itself from the state saved with it; and
+every notebook opened and saved in JupyterLab is left byte for byte as
+committed (its kernelspec and its twin's header are what JupyterLab writes).
 
 Outside CI the test is skipped when Chromium is absent; in CI (``CI`` set)
 it must run, so a missing browser fails it.
@@ -18,6 +29,7 @@ it must run, so a missing browser fails it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -25,7 +37,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_server import JupyterLab
+from lab_server import JupyterLab, copy_notebooks
+
+from rlcluster_lab.core.options import ENGINE_LABELS
 
 try:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -35,6 +49,7 @@ except ImportError:  # reported by _chromium() below
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "07_placement_lab.ipynb"
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # Without the background-networking flags Chromium tries to reach the network
 # at start, and a closed network refuses it.
 CHROMIUM_ARGS = [
@@ -92,6 +107,7 @@ def _image(page, panel: str) -> str:
 
 
 VIEWPORT = {"width": 1600, "height": 1000}
+SHOWN = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on screen (others may be open in tabs)
 BUTTONS = [f".rl-lab button.rl-{name}" for name in ("construct", "sync", "step")]
 
 
@@ -106,24 +122,20 @@ def test_lab_panel_fits_a_1600x1000_screen_in_a_real_browser(
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport=VIEWPORT)
-            page.goto(lab_server.notebook_url(NOTEBOOK.name))
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
-            _accept_kernel_dialog(page)
-            # Cells sent while the kernel is still starting can be dropped.
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+            _open(page, lab_server.notebook_url(NOTEBOOK.name))
             timings["open"] = time.monotonic() - start
-            # Fold the file browser away: the notebook gets the whole width.
-            open_tab = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
-            if open_tab.count():
-                open_tab.first.click()
 
             _run_all_cells(page)
             page.wait_for_selector(".rl-lab .rl-panel-flow img", timeout=BUILD_TIMEOUT_MS)
             _wait_idle(page)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=BUILD_TIMEOUT_MS)
+            page.wait_for_selector(
+                f"{SHOWN} .jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=BUILD_TIMEOUT_MS
+            )
             timings["run all"] = time.monotonic() - start
-            # Bring the lab to the top of the notebook once, as a reader scrolls to it; from here
-            # on nothing scrolls.
+            # Make the lab's cell the active one, as the first click in it would (JupyterLab then
+            # scrolls the cell's top into view), and bring the lab to the top of the notebook once,
+            # as a reader scrolls to it; from here on nothing scrolls.
+            page.locator(".jp-CodeCell", has=page.locator(".rl-lab")).locator(".jp-InputPrompt").first.click()
             page.locator(".rl-lab").evaluate("e => e.scrollIntoView({block: 'start'})")
             scrolled = _scroll_top(page)
             assert _current_tab(page) == "Decision flow"
@@ -135,7 +147,29 @@ def test_lab_panel_fits_a_1600x1000_screen_in_a_real_browser(
             before = {panel: _image(page, panel) for panel in ("flow", "grid")}
             assert "rollout branch (P3): shared" in _text(page, "summary")
 
+            # A refusal: its note shows beside the knob it names, and nothing moves.
+            placed = _boxes(page, STEADY)
+            # One knob at a time, each after the kernel has answered the last (as a person clicks).
             page.locator(".rl-lab .rl-lora input[type=checkbox]").check()
+            page.wait_for_selector(".rl-lab .rl-lora-rank input:not([disabled])")
+            page.locator(".rl-lab .rl-engine select").select_option(label=ENGINE_LABELS["sglang_jax"])
+            page.wait_for_selector(".rl-lab .rl-static-lora input:not([disabled])")
+            page.locator(".rl-lab .rl-static-lora input[type=checkbox]").uncheck()
+            _round_trip(page)
+            page.locator(".rl-lab button.rl-construct").click()
+            note = page.locator(".rl-lab .rl-note-sglang_static_lora")
+            note.wait_for(state="visible", timeout=BUILD_TIMEOUT_MS)
+            assert "static-LoRA" in note.inner_text()
+            assert _boxes(page, STEADY) == placed, "the refusal moved the knobs or the status line"
+            knob = page.locator(".rl-lab .rl-static-lora").first.bounding_box()
+            column = page.locator(".rl-lab .rl-controls").first.bounding_box()
+            shown = note.bounding_box()
+            assert shown["x"] >= column["x"] + column["width"] - 1, "the note is not beside the knob column"
+            assert abs(shown["y"] - knob["y"]) <= 8, "the note is not level with the knob it names"
+            _assert_in_view(page, [".rl-lab .rl-note-sglang_static_lora"])
+            assert "rl-at-fault" in (page.locator(".rl-lab .rl-static-lora").first.get_attribute("class") or "")
+
+            page.locator(".rl-lab .rl-engine select").select_option(label=ENGINE_LABELS["vanilla"])
             page.locator(".rl-lab .rl-layout select").select_option(label="reshaped")
             page.locator(".rl-lab button.rl-construct").click()
             page.wait_for_function(
@@ -151,8 +185,12 @@ def test_lab_panel_fits_a_1600x1000_screen_in_a_real_browser(
             assert _current_tab(page) == "Decision flow"
             _assert_in_view(page, [*BUTTONS, ".rl-lab .rl-panel-flow img"])
             assert _scroll_top(page) == scrolled, "the notebook scrolled"
-            assert page.locator(".rl-lab .rl-error").is_hidden()
-            assert "changed since the last construction" in _text(page, "changes")
+            assert note.is_hidden()
+            assert _boxes(page, STEADY) == placed, "the construction moved the knobs or the status line"
+            changes = _text(page, "changes")
+            assert "changed since the last construction" in changes
+            assert "what does the rollout sample with? (P3): same object \u2192 second copy" in changes
+            assert "role_to_mesh[" not in changes, "a rule's test expression in the changes"
             shot.parent.mkdir(parents=True, exist_ok=True)
             page.locator(".rl-lab").screenshot(path=str(shot))
 
@@ -174,15 +212,163 @@ def test_lab_panel_fits_a_1600x1000_screen_in_a_real_browser(
             assert _current_tab(page) == "Weight sync"
             _assert_in_view(page, [*BUTTONS, ".rl-lab .rl-panel-sync img"])
             assert _scroll_top(page) == scrolled, "the notebook scrolled"
+            assert _text(page, "status").startswith("Synced in ")
             page.locator(".rl-lab").screenshot(path=str(tmp_path / "lab-sync.png"))
             print(f"after Sync weights: {tmp_path / 'lab-sync.png'}")
+
+            # A training step says what it does while it runs, then what it did: every text the
+            # status showed from the click on is recorded in the page.
+            page.evaluate(_RECORD_STATUS)
+            page.locator(".rl-lab button.rl-step").click()
+            page.wait_for_function(
+                "() => (document.querySelector('.rl-lab .rl-status').innerText || '').startsWith('Training step done')",
+                timeout=BUILD_TIMEOUT_MS,
+            )
+            seen = page.evaluate("() => window.rlStatusTexts")
+            timings["step"] = time.monotonic() - start
+            assert any(t.startswith("Training step: ") and " s so far" in t for t in seen), seen
+            assert _boxes(page, STEADY) == placed, "the training step moved the knobs or the status line"
+
+            # Saved, the notebook keeps its metadata and its Markdown twin as committed.
+            _save(page, lab_server.work / NOTEBOOK.name)
         except Exception:
             _report_failure(page, lab_server, tmp_path)
             raise
         finally:
             browser.close()
+    saved = json.loads((lab_server.work / NOTEBOOK.name).read_text())
+    committed = json.loads(NOTEBOOK.read_text())
+    assert _metadata(saved) == _metadata(committed)
+    twin = NOTEBOOK.with_suffix(".md")
+    assert (lab_server.work / twin.name).read_text() == twin.read_text(), "JupyterLab rewrote the Markdown twin"
     assert shot.stat().st_size > 10_000
     print("browser test timings (s, cumulative):", {k: round(v, 1) for k, v in timings.items()})
+
+
+def test_the_committed_lab_notebook_shows_the_lab_before_it_runs(
+    chromium: str, lab_server: JupyterLab, tmp_path: Path
+) -> None:
+    # As a fresh clone opens it: untrusted, nothing run. A renderer without widgets gets the
+    # output's HTML picture; trusted, JupyterLab draws the widget from the state saved with it.
+    folder = lab_server.work / "as_committed"
+    copy_notebooks([NOTEBOOK], folder)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        try:
+            _open(page, lab_server.notebook_url(f"as_committed/{NOTEBOOK.name}", reset=True))
+            picture = page.locator(".jp-OutputArea-output .rl-lab-picture")
+            picture.wait_for(state="visible", timeout=60_000)
+            flow = picture.locator(".rl-picture-view-flow img").first
+            assert (flow.get_attribute("src") or "").startswith("data:image/svg+xml;base64,")
+            assert flow.bounding_box()["width"] > 300, "the picture's decision flow is not drawn"
+            assert "LoRA actor" in picture.inner_text() and "Decision flow" in picture.inner_text()
+            outputs = " ".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+            assert "HBox(children=" not in outputs, "the widget's repr text is shown"
+
+            lab_server.trust(folder / NOTEBOOK.name)
+            page.reload()
+            _open(page, None)
+            page.wait_for_selector(".rl-lab .rl-panel-flow img", timeout=60_000)
+            assert page.locator(".rl-lab .rl-views .lm-TabBar-tab").count() == 6
+            prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
+            assert not any("*" in text for text in prompts), "a cell ran"
+        except Exception:
+            _report_failure(page, lab_server, tmp_path)
+            raise
+        finally:
+            browser.close()
+            lab_server.shut_down_kernels()
+
+
+def test_every_notebook_opened_and_saved_in_jupyterlab_stays_as_committed(
+    chromium: str, lab_server: JupyterLab, tmp_path: Path
+) -> None:
+    # JupyterLab sets the kernelspec from the kernel it starts and jupytext writes the twin on
+    # save: both must write what is committed, or opening a notebook dirties `git status`.
+    folder = lab_server.work / "all"
+    copy_notebooks(NOTEBOOKS, folder)
+    changed = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        try:
+            for nb in NOTEBOOKS:
+                _open(page, lab_server.notebook_url(f"all/{nb.name}", reset=True))
+                _save(page, folder / nb.name)
+                lab_server.shut_down_kernels()
+                for path in (nb, nb.with_suffix(".md")):
+                    if (folder / path.name).read_bytes() != path.read_bytes():
+                        changed.append(path.name)
+        except Exception:
+            _report_failure(page, lab_server, tmp_path)
+            raise
+        finally:
+            browser.close()
+    assert changed == [], f"JupyterLab rewrote {changed}"
+
+
+# Elements that must not move when the lab refuses, builds or steps: knobs above and below the
+# one a refusal names, and the status line (its height is fixed).
+STEADY = [".rl-lab .rl-status", ".rl-lab .rl-model-size", ".rl-lab .rl-offload", ".rl-lab .rl-critic"]
+
+
+def _round_trip(page) -> None:
+    """Open and close the status details (the kernel shows and hides them): every change sent
+    before has reached the kernel when they are shown."""
+    for state in ("visible", "hidden"):
+        page.locator(".rl-lab .rl-details-toggle").click()
+        page.locator(".rl-lab .rl-details").wait_for(state=state)
+
+
+def _boxes(page, selectors: list[str]) -> list[tuple[float, float, float, float]]:
+    """Where each element is drawn, relative to the lab's top left corner, and its size."""
+    root = page.locator(".rl-lab").first.bounding_box()
+    boxes = []
+    for selector in selectors:
+        b = page.locator(selector).first.bounding_box()
+        boxes.append((round(b["x"] - root["x"]), round(b["y"] - root["y"]), round(b["width"]), round(b["height"])))
+    return boxes
+
+
+# Every text the status line shows from now on, in order (a MutationObserver on it).
+_RECORD_STATUS = """() => {
+  const s = document.querySelector('.rl-lab .rl-status');
+  window.rlStatusTexts = [s.innerText];
+  new MutationObserver(() => window.rlStatusTexts.push(s.innerText))
+    .observe(s, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def _metadata(nb: dict) -> dict:
+    """A notebook's metadata without the widget state (a run renews it)."""
+    return {k: v for k, v in nb["metadata"].items() if k != "widgets"}
+
+
+def _open(page, url: str | None) -> None:
+    """Open ``url`` (None: the page already open), take the kernel JupyterLab offers, wait
+    until it is idle, and fold the file browser away so the notebook gets the whole width."""
+    if url is not None:
+        page.goto(url)
+    page.wait_for_selector(f"{SHOWN} .jp-Cell", timeout=120_000)
+    _accept_kernel_dialog(page)
+    # Cells sent while the kernel is still starting can be dropped.
+    page.wait_for_selector(f"{SHOWN} .jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    open_tab = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
+    if open_tab.count():
+        open_tab.first.click()
+
+
+def _save(page, path: Path, timeout: float = 60.0) -> None:
+    """File > Save, as the menu runs it, and wait until the file on disk was written."""
+    before = path.stat().st_mtime_ns
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    deadline = time.monotonic() + timeout
+    while path.stat().st_mtime_ns == before:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path.name} was not saved within {timeout:.0f} s")
+        time.sleep(0.2)
+    time.sleep(1.0)  # the Markdown twin is written right after the notebook
 
 
 # The part of the window the notebook shows: its scrolling area, inside the window.
@@ -309,9 +495,9 @@ def _report_failure(page, server: JupyterLab, folder: Path) -> None:
 
 
 def _wait_idle(page) -> None:
-    """Until the lab's status says it is no longer busy (it is set last after drawing)."""
+    """Until the lab's status is no longer busy (its sentence is set last, after drawing)."""
     page.wait_for_function(
         "() => { const s = document.querySelector('.rl-lab .rl-status');"
-        " return s && s.innerText.trim() !== '' && !s.innerText.includes('busy'); }",
+        " return s && s.innerText.trim() !== '' && !s.classList.contains('rl-busy'); }",
         timeout=BUILD_TIMEOUT_MS,
     )

@@ -70,7 +70,8 @@ KNOBS: dict[str, Knob] = {
         Knob("with_critic", "critic", "critic model", "checkbox", "--critic"),
         Knob("anchor", "anchor", "anchor (P8)", "dropdown", "--anchor"),
         Knob("reshard", "reshard", None, "dropdown", "--reshard"),
-        # Lab only: the custom rollout mesh's shape (the CLI builds standard layouts).
+        # Lab only: the custom rollout mesh's devices and shape (the CLI builds standard layouts).
+        Knob("rollout_devices", "rollout-devices", "rollout devices", "buttons", None),
         Knob("rollout_shape", "rollout-shape", "rollout shape", "dropdown", None),
         # CLI only: the simulated device count, and the learner's settings (``learn``).
         Knob("devices", "devices", None, "number", "--devices"),

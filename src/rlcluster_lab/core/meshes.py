@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from rlcluster_lab.core.model_config import ModelConfig
 from rlcluster_lab.core.options import LAYOUTS, default_shape, layout_problem
 from rlcluster_lab.core.roles import Role
 
@@ -79,6 +80,33 @@ def mesh_from_ids(
         raise ValueError("a mesh needs at least one device id")
     shape = tuple(shape) if shape is not None else default_shape(len(device_ids))
     return make_mesh([by_id[i] for i in device_ids], shape, axis_names)
+
+
+def sharded_dims(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Per mesh axis, the sizes of the model's dimensions sharded over it (through
+    ``DEFAULT_LOGICAL_AXIS_RULES``): each must be divisible by that axis' size."""
+    logical = {
+        "embed": config.embed_dim,
+        "vocab": config.vocab_size,
+        "q_heads": config.q_dim,
+        "kv_heads": config.kv_dim,
+        "mlp": config.mlp_dim,
+    }
+    out: dict[str, set[int]] = {axis: set() for axis in MESH_AXES}
+    for name, axis in DEFAULT_LOGICAL_AXIS_RULES:
+        if axis is not None:
+            out[axis].add(logical[name])
+    return {axis: tuple(sorted(sizes)) for axis, sizes in out.items()}
+
+
+def fitting_shapes(count: int, config: ModelConfig) -> list[tuple[int, int]]:
+    """The (fsdp, tp) arrangements of ``count`` devices whose axis sizes divide every model
+    dimension sharded over them (what ``check_spec`` asks of a placement), the standard shape
+    first when it fits. Empty when none does (3 devices and a 64-wide model)."""
+    dims = sharded_dims(config)
+    shapes = [default_shape(count)] if count else []
+    shapes += [(a, count // a) for a in range(1, count + 1) if count % a == 0 and (a, count // a) not in shapes]
+    return [(a, b) for a, b in shapes if all(d % a == 0 for d in dims["fsdp"]) and all(d % b == 0 for d in dims["tp"])]
 
 
 def layout_meshes(

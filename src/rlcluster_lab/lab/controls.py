@@ -14,8 +14,16 @@ import ipywidgets as widgets
 import jax
 
 from rlcluster_lab.app.scenario import ROLLOUT_DTYPES, Scenario
+from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS
-from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
+from rlcluster_lab.core.meshes import (
+    default_shape,
+    fitting_shapes,
+    layout_meshes,
+    make_mesh,
+    reachable_layouts,
+    sharded_dims,
+)
 from rlcluster_lab.core.options import ENGINE_LABELS, ENGINES
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.model import MODEL_SIZES
@@ -58,11 +66,10 @@ TOOLTIPS = {
 }
 
 
-def shape_options(count: int) -> list[tuple[str, tuple[int, int]]]:
-    """Every (fsdp, tp) arrangement of ``count`` devices, the lab's standard one first."""
-    shapes = [default_shape(count)] if count else []
-    shapes += [(a, count // a) for a in range(1, count + 1) if count % a == 0 and (a, count // a) not in shapes]
-    return [(f"{a} x {b}", (a, b)) for a, b in shapes]
+def shape_options(count: int, model_size: str = "tiny") -> list[tuple[str, tuple[int, int]]]:
+    """The (fsdp, tp) arrangements of ``count`` devices that can hold the model (every sharded
+    dimension divisible by its axis' size, ``core.meshes.fitting_shapes``), the standard one first."""
+    return [(f"{a} x {b}", (a, b)) for a, b in fitting_shapes(count, MODEL_SIZES[model_size])]
 
 
 class Knobs:
@@ -91,15 +98,16 @@ class Knobs:
             layout=wide,
         )
         self.device_toggles = [
-            widgets.ToggleButton(value=True, description=str(d.id), tooltip=str(d), layout=widgets.Layout(width="38px"))
+            widgets.ToggleButton(value=True, description=str(d.id), tooltip=str(d), layout=widgets.Layout(width="44px"))
             for d in self.devices
         ]
+        self.devices_box = widgets.HBox(self.device_toggles, layout=widgets.Layout(flex_flow="row wrap"))
         self.rollout_shape = widgets.Dropdown(description=label("rollout_shape"), style=style, layout=wide)
         self.custom_note = widgets.HTML(layout=widgets.Layout(width=f"{KNOB_WIDTH}px"))
         self.custom_box = widgets.VBox(
             [
-                widgets.HTML("<b>rollout devices</b>"),
-                widgets.HBox(self.device_toggles, layout=widgets.Layout(flex_flow="row wrap")),
+                widgets.HTML(f"<b>{label('rollout_devices')}</b> (picked: filled)"),
+                self.devices_box,
                 self.rollout_shape,
                 self.custom_note,
             ]
@@ -146,6 +154,7 @@ class Knobs:
             knob.observe(lambda _c: self._update_applicability(), names="value")
         for toggle in self.device_toggles:
             toggle.observe(lambda _c: self._update_shape_options(), names="value")
+        self.model_size.observe(lambda _c: self._update_shape_options(), names="value")
         self._update_shape_options()
 
         # Class names let a browser test find each control.
@@ -176,6 +185,11 @@ class Knobs:
             "rollout_shape": self.rollout_shape,
         }
 
+    def outlined(self) -> dict[str, widgets.Widget]:
+        """What a refusal can outline, by the field it names: every knob, and the custom mesh's
+        device buttons (``rollout_devices``)."""
+        return {**self.by_field(), "rollout_devices": self.devices_box}
+
     def _assemble(self) -> widgets.Widget:
         """One column, grouped by concern: where the roles live (P1), the model, LoRA (P2, P4)
         and the anchor (P8), the engine (P3, P6, P7), memory (P14) and the extra roles (P5)."""
@@ -205,7 +219,7 @@ class Knobs:
         """
         wanted = set(fields)
         marked = []
-        for field, widget in self.by_field().items():
+        for field, widget in self.outlined().items():
             if field in wanted:
                 widget.add_class("rl-at-fault")
                 marked.append(field)
@@ -236,16 +250,43 @@ class Knobs:
         self.custom_box.layout.display = "flex" if self.layout.value == CUSTOM else "none"
 
     def _update_shape_options(self) -> None:
-        options = shape_options(len(self.picked_devices()))
+        for toggle in self.device_toggles:
+            # Picked devices stand out, filled in colour; the others stay plain.
+            toggle.button_style = "info" if toggle.value else ""
+        picked = len(self.picked_devices())
+        options = shape_options(picked, self.model_size.value)
         self.rollout_shape.options = options
         if options:
             # New options leave no selection; the standard shape is the natural one.
             self.rollout_shape.value = options[0][1]
         main = default_shape(len(self.devices))
         self.custom_note.value = (
-            f"<small>actor, reference, reward, critic: all {len(self.devices)} devices as "
-            f"{main[0]} x {main[1]}. Pick them all as {main[0]} x {main[1]} and P1 sees one mesh; "
-            "the same devices in another shape are another mesh.</small>"
+            "<small>"
+            + (
+                f"actor, reference, reward, critic: all {len(self.devices)} devices as "
+                f"{main[0]} x {main[1]}. Pick them all as {main[0]} x {main[1]} and P1 sees one mesh; "
+                "the same devices in another shape are another mesh."
+                if options
+                else self._no_shape_reason(picked)
+            )
+            + "</small>"
+        )
+
+    def fitting_counts(self) -> list[int]:
+        """How many picked devices some shape can hold the model on."""
+        return [n for n in range(1, len(self.devices) + 1) if shape_options(n, self.model_size.value)]
+
+    def _no_shape_reason(self, picked: int) -> str:
+        """Why the shape menu is empty, in the widgets' words."""
+        if not picked:
+            return f"No device picked: pick the {label('rollout_devices')} with the buttons above."
+        dims = sharded_dims(MODEL_SIZES[self.model_size.value])
+        counts = [str(n) for n in self.fitting_counts()]
+        either = ", ".join(counts[:-1]) + f" or {counts[-1]}" if len(counts) > 1 else counts[0]
+        return (
+            f"No {label('rollout_shape')} of {picked} devices fits the {self.model_size.value} model: a shape "
+            f"a x b must divide its dimensions {', '.join(map(str, dims['fsdp']))} by a and "
+            f"{', '.join(map(str, dims['tp']))} by b. Pick {either} devices, or another {label('model_size')}."
         )
 
     def picked_devices(self) -> list[jax.Device]:
@@ -277,8 +318,9 @@ class Knobs:
         if self.layout.value != CUSTOM:
             return None
         picked = self.picked_devices()
-        if not picked:
-            raise ValueError("the custom rollout mesh needs at least one device: pick some with the device buttons")
+        if not picked or not self.rollout_shape.options:
+            reason = self._no_shape_reason(len(picked))
+            raise ConfigError(reason, knobs=("rollout_devices",) if not picked else ("rollout_devices", "model_size"))
         # P1: the trainer roles keep the standard mesh; the rollout mesh is that
         # very mesh only when all its devices are picked in the standard shape.
         meshes = layout_meshes("colocated", self.devices)

@@ -1,6 +1,6 @@
 """The lab's display: the views (SVG figures of the report, the summary, the step log) in
-tabs, the error box and the "what changed" line, each redrawn only when the part of the
-report it shows has changed.
+tabs and the "what changed" list, each redrawn only when the part of the report it shows has
+changed, and the style sheet of the whole lab.
 
 The figures are the notebooks' own (``lab.placement_figures``, ``lab.memory_figures``,
 ``lab.sync_figures``: pure functions of report JSON that return SVG, drawn in milliseconds),
@@ -22,14 +22,15 @@ from typing import Any
 import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
-from rlcluster_lab.core.knobs import describe
+from rlcluster_lab.lab.changes import changes_html
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
+from rlcluster_lab.lab.sentences import STEP_COUNTER
 from rlcluster_lab.lab.sharing_notes import actor_share_text
 from rlcluster_lab.lab.sync_figures import sync_bytes
 
 _PANELS = ("flow", "grid", "memory", "sync")
-_TITLES = {
+TITLES = {
     "flow": "Decision flow (L1): the branches that fired are highlighted",
     "grid": "Devices: which role holds what, on which device",
     "memory": "Memory (L2): physical bytes per device and per role, by memory kind",
@@ -46,12 +47,25 @@ VIEWS = (
 )
 # Each figure fits the screen's height under JupyterLab's bars and the tab bar (the
 # browser test checks a 1600 x 1000 window); a wider view than the tab is scaled to it.
-# The knobs a refusal names get a red outline.
+# The knobs a refusal names get a red outline, and its message a note beside the first of
+# them, placed over the views (out of the flow: nothing moves when it shows, ``lab.notes``).
+# The status sentence has one height (two lines, the rest cut off; all of it in its hover
+# title and the details), so the knobs under it stay put from one action to the next.
 STYLE = """<style>
 .rl-lab .rl-view img { max-width: 100%; max-height: calc(100vh - 220px); width: auto; height: auto; }
 .rl-lab .rl-at-fault { outline: 2px solid #c00; outline-offset: 1px; }
 .rl-lab .rl-changes { font-size: 12px; line-height: 1.35; }
-.rl-lab .rl-status .widget-html-content { font-size: 12px; line-height: 1.35; }
+.rl-lab .rl-status .widget-html-content { font-size: 12px; line-height: 1.4; height: 34px; overflow: hidden;
+  white-space: normal; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; }
+.rl-lab .rl-status.rl-busy .widget-html-content { color: #8a5a00; }
+.rl-lab .rl-details { font-size: 12px; line-height: 1.35; }
+.rl-lab .rl-controls .widget-html-content { line-height: 1.35; }
+.rl-lab .rl-controls, .rl-lab .rl-controls .widget-box, .rl-lab .rl-slot { overflow: visible; }
+.rl-lab .rl-slot { position: relative; }
+.rl-lab .rl-note { position: absolute; left: calc(100% + 16px); top: 0; width: 380px; z-index: 30; margin: 0;
+  border: 1px solid #c00; background: #fee; padding: 6px; font-size: 12px; line-height: 1.35;
+  box-shadow: 0 2px 6px rgba(0, 0, 0, 0.25); }
+.rl-lab .rl-note .widget-html-content { white-space: normal; line-height: 1.35; }
 .rl-lab .rl-sharing td, .rl-lab .rl-sharing th { padding: 1px 12px 1px 0; }
 </style>"""
 
@@ -66,14 +80,11 @@ def text_output(text: str) -> dict[str, Any]:
 
 
 class Display:
-    """The widgets that show a report: the views in tabs, the error box and the "what changed" line."""
+    """The widgets that show a report: the views in tabs and the "what changed" list."""
 
     def __init__(self) -> None:
         self._drawn: dict[str, str] = {}  # panel -> the data its figures were drawn from
-        self.error: str | None = None
         self.style = widgets.HTML(STYLE, layout=widgets.Layout(display="none"))  # applies while hidden
-        self.error_box = widgets.HTML(layout=widgets.Layout(display="none"))
-        self.error_box.add_class("rl-error")
         self.summary = widgets.HTML()
         self.summary.add_class("rl-summary")
         self.changes = widgets.HTML()
@@ -91,7 +102,7 @@ class Display:
         content: dict[str, widgets.Widget] = {"summary": self.summary, "steps": self.step_log, **self.outputs}
         pages = []
         for name, _title in VIEWS:
-            heading = [widgets.HTML(f"<b>{html.escape(_TITLES[name])}</b>")] if name in _TITLES else []
+            heading = [widgets.HTML(f"<b>{html.escape(TITLES[name])}</b>")] if name in TITLES else []
             page = widgets.VBox(heading + [content[name]], layout=widgets.Layout(padding="2px"))
             page.add_class("rl-view")
             page.add_class(f"rl-view-{name}")
@@ -157,7 +168,7 @@ class Display:
         if isinstance(draw, str):
             return (text_output(draw),)
         try:
-            return tuple(svg_output(fig(), _TITLES[name]) for fig in draw)
+            return tuple(svg_output(fig(), TITLES[name]) for fig in draw)
         except Exception as exc:  # noqa: BLE001 - one broken figure must not take the lab down
             return (text_output(f"could not draw this panel: {type(exc).__name__}: {exc}"),)
 
@@ -169,62 +180,6 @@ class Display:
         self.step_log.value = ""
         for out in self.outputs.values():
             out.outputs = (text_output(text),)
-
-    def show_error(self, exc: BaseException, *, kept: bool) -> None:
-        """The error in one box: its type, its message (the knobs it names said as the lab's
-        widgets, ``core.knobs``), and whether a cluster is still live."""
-        message = describe(exc, "lab")
-        self.error = f"{type(exc).__name__}: {message}"
-        after = (
-            "The cluster shown is still the previous one."
-            if kept
-            else "No cluster is live now; change the knobs and press Construct."
-        )
-        self.error_box.value = (
-            f"<div style='border:1px solid #c00;background:#fee;padding:6px'>"
-            f"<b>{html.escape(type(exc).__name__)}</b>: {html.escape(message)}<br><i>{after}</i></div>"
-        )
-        self.error_box.layout.display = "block"
-
-    def clear_error(self) -> None:
-        self.error = None
-        self.error_box.value = ""
-        self.error_box.layout.display = "none"
-
-
-def changes_since(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
-    """What a construction changed against the previous cluster's report: every decision whose
-    branch differs (matched by rule and test), decisions that fired on one side only, and the
-    byte totals. Empty for the first construction."""
-    if before is None:
-        return []
-
-    def branches(report: dict[str, Any]) -> dict[tuple[str, str], str]:
-        return {(d["rule"], d["test"]): str(d["branch"] or d["outcome"]) for d in report["decisions"]}
-
-    old, new = branches(before), branches(after)
-    lines = [
-        f"{rule} {test}: {old[(rule, test)]} -> {b}" for (rule, test), b in new.items() if old.get((rule, test), b) != b
-    ]
-    lines += [f"{rule} now: {test}" for rule, test in new if (rule, test) not in old]
-    lines += [f"{rule} no longer: {test}" for rule, test in old if (rule, test) not in new]
-    for label, read in (
-        ("bytes held (each buffer once)", lambda r: r["memory"]["unique_bytes"]),
-        ("rollout bytes", lambda r: r["memory"]["by_role"].get("rollout", {}).get("bytes", 0)),
-    ):
-        a, b = read(before), read(after)
-        if a != b:
-            lines.append(f"{label}: {a:,} -> {b:,}")
-    return lines
-
-
-def changes_html(changes: Sequence[str]) -> str:
-    """The "what changed since the last construction" line beside the knobs."""
-    if not changes:
-        return ""
-    # One paragraph, not a list: it stays short under the knobs.
-    items = "; ".join(html.escape(c) for c in changes)
-    return f"<div class='rl-changes'><b>changed since the last construction:</b> {items}</div>"
 
 
 def summary_html(report: dict[str, Any]) -> str:
@@ -273,17 +228,22 @@ def _mesh_text(mesh: dict[str, Any] | None) -> str:
     return html.escape(f"{shape} on devices {mesh['device_ids']}")
 
 
+def _global_step(step: StepRecord) -> str:
+    return str(step.sync.global_step) if step.sync is not None else ""
+
+
 def steps_html(steps: Sequence[StepRecord]) -> str:
     if not steps:
         return ""
+    # Each step ends with a sync (P13): the global step that sync reached is the step's number.
     rows = "".join(
-        f"<tr><td>{s.step}</td><td>{s.mean_reward:.3f}</td><td>{s.loss:+.4f}</td><td>{s.kl:.2e}</td>"
+        f"<tr><td>{_global_step(s)}</td><td>{s.mean_reward:.3f}</td><td>{s.loss:+.4f}</td><td>{s.kl:.2e}</td>"
         f"<td>{s.optimizer_steps}</td></tr>"
         for s in steps
     )
     return (
         "<b>training steps</b> (toy reward: lowercase letters in the completion)"
-        "<table style='text-align:left'><tr><th>step</th><th>mean reward</th><th>loss</th><th>kl</th>"
+        f"<table style='text-align:left'><tr><th>{STEP_COUNTER}</th><th>mean reward</th><th>loss</th><th>kl</th>"
         "<th>optimizer steps</th></tr>"
         f"{rows}</table>"
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, ROLE_COLORS, device_order, fmt_bytes, in_order
+from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, ROLE_COLORS, byte_ticks, device_order, fmt_bytes, in_order
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, WIDTH, Canvas, Svg, legend
 from rlcluster_lab.lab.textfit import wrap
 
@@ -47,9 +47,9 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
 
     A dashed outline marks what the device would hold if every role had its
     own copy. The bar's height is the report's ``by_device`` figure. Pinned
-    host bars are dotted. Where the backend reports allocator figures, a black
-    tick marks the allocator's bytes in use on each device; where it does not,
-    the figure says so.
+    host bars are dotted. The axis' ticks are round values (``style.byte_ticks``).
+    Where the backend reports allocator figures, a black tick marks the allocator's
+    bytes in use on each device; where it does not, the figure says so.
     """
     by_device = memory.get("by_device", {})
     entries = in_order(list(memory.get("by_role", {})), ENTRY_ORDER)
@@ -68,7 +68,9 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         if allocator.get("available")
         and (v := (allocator.get("by_device") or {}).get(d, {}).get("bytes_in_use")) is not None
     }
-    top_value = max([naive[key] for key in naive] + list(in_use.values()) + [1])
+    # Round ticks; the axis' top is the last one, so every bar fits under it.
+    ticks = byte_ticks(max([naive[key] for key in naive] + list(in_use.values()) + [1]))
+    top_value = ticks[-1][0]
     left, top, plot_h = 80, 60, 190
     slot = (WIDTH - left - 12) / max(len(devices), 1)
     bar_w = min(30.0, slot * 0.8 / len(kinds))
@@ -92,10 +94,11 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     top += 16 * (len(notes) - 1)
     scale = plot_h / top_value
     base = top + plot_h
-    for frac in (0.0, 0.5, 1.0):
-        yy = base - plot_h * frac
+    dashed = False
+    for value, label in ticks:
+        yy = base - value * scale
         c.line(left - 4, yy, WIDTH - 8, yy, "#eeeeee")
-        c.text(left - 8, yy + 4, fmt_bytes(top_value * frac), size=MIN_FONT, anchor="end", fill=MUTED)
+        c.text(left - 8, yy + 4, label, size=MIN_FONT, anchor="end", fill=MUTED, id=f"tick:{value:.0f}")
     for i, dev in enumerate(devices):
         for k, kind in enumerate(kinds):
             x = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
@@ -140,6 +143,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
             held = int(by_device.get(dev, {}).get(kind, 0))
             n = naive[(dev, kind)]
             if n > held:
+                dashed = True
                 c.rect(
                     x,
                     base - n * scale,
@@ -176,13 +180,22 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     ]
     items += [(_group_fill(c, g["roles"]), " = ".join(g["roles"]) + " (held once)") for g in groups]
     y = legend(c, 8, base + 42, items, WIDTH - 16)
+    # Say only what is drawn: how many bars a device has, and a dashed box only if one is drawn.
     extra = []
-    if "pinned_host" in kinds:
-        extra.append("dotted (right-hand bars): pinned host memory")
-    extra.append("dashed: what separate copies would add")
-    c.text(8, y + 2, "; ".join(extra), size=MIN_FONT, fill=MUTED)
-    c.height = y + 12
+    if kinds == ["pinned_host"]:
+        extra.append("dotted: pinned host memory (every bar)")
+    elif "pinned_host" in kinds:
+        extra.append(f"{len(kinds)} bars per device: {', '.join(_KIND_WORDS[k] for k in kinds)}")
+    if dashed:
+        extra.append("dashed: what separate copies would add")
+    if extra:
+        c.text(8, y + 2, "; ".join(extra), size=MIN_FONT, fill=MUTED)
+    c.height = y + (12 if extra else -6)
     return c.render()
+
+
+# How the per-device legend names each memory kind's bar, left to right (``KINDS`` order).
+_KIND_WORDS = {"device": "device memory (solid, left)", "pinned_host": "pinned host (dotted, right)"}
 
 
 def _kind_bytes(by_device: Mapping[str, Mapping[str, int]], kind: str) -> int:

@@ -17,6 +17,8 @@ shardings, so the step that follows finds each one ready.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -28,6 +30,7 @@ from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.cluster.contexts import role_context
 from rlcluster_lab.cluster.sync import sync_filter, sync_guard
 from rlcluster_lab.cluster.validate import check_finite_leaves
+from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.gathering import host_value
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.core.shardings import default_memory_kind
@@ -40,6 +43,65 @@ from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.training.batch import TrainBatch, validate_prompts
 from rlcluster_lab.training.critic import ValueBatch, value_train_step
 from rlcluster_lab.training.step import batch_arrays, mini_batches, train_step
+
+
+class BackgroundCompile:
+    """The rehearsal of the next training step on a thread of its own, one at a time.
+
+    ``start`` begins one after each Construct; a Training step ``join``s it first. While it
+    runs, ``programs`` lists what it has compiled so far and ``started`` when it began, so a
+    wait for it can say what it waits for; ``last_seconds`` is how long the last one took
+    (the next wait's estimate).
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+        self.started: float | None = None
+        self.last_seconds: float | None = None
+        self._compiled: list[tuple[str, float, bool]] = []
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def programs(self) -> list[str]:
+        """The programs the running (or last) rehearsal has built so far, by name."""
+        return [name for name, _, _ in list(self._compiled)]
+
+    def start(self, learner: GRPOLearner) -> None:
+        """Rehearse ``learner``'s next step in the background (after any rehearsal still running:
+        two would only compete for the cores)."""
+        previous = self._thread
+        compiled: list[tuple[str, float, bool]] = []
+
+        def work() -> None:
+            if previous is not None:
+                previous.join()
+            self._compiled, self.started = compiled, time.perf_counter()
+            try:
+                with count_compilations() as found:
+                    self._compiled = found
+                    rehearse_next_step(learner)
+            except Exception as exc:  # noqa: BLE001 - the real step will show the real error
+                self.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self.last_seconds = time.perf_counter() - self.started
+
+        self.error = None
+        self.started = time.perf_counter()
+        # Not a daemon: the interpreter waits for it at exit. A daemon thread stopped inside an
+        # XLA compilation aborts the whole process ("terminate called ... exception not rethrown").
+        self._thread = threading.Thread(target=work, name="rlcluster-lab-rehearsal", daemon=False)
+        self._thread.start()
+
+    def join(self) -> float:
+        """Wait until no rehearsal runs; returns the seconds waited."""
+        start = time.perf_counter()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return time.perf_counter() - start
 
 
 def rehearse_next_step(learner: GRPOLearner) -> bool:

@@ -3,6 +3,7 @@ and colours, memory kinds, the parts of a sync, and how bytes and entries are wr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from rlcluster_lab.core.roles import Role
@@ -64,6 +65,34 @@ def fmt_bytes(n: float) -> str:
             return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def byte_ticks(top: float, most: int = 4) -> list[tuple[float, str]]:
+    """Round axis ticks from 0 to at least ``top`` bytes, each with its label: steps of 1, 2,
+    2.5 or 5 times a power of ten in the unit ``top`` is written in (``fmt_bytes``), at most
+    ``most`` steps, every label in that one unit; the last tick is the axis' top.
+    266,752 B (260.5 KiB) -> 0, 100, 200, 300 KiB."""
+    top = max(float(top), 1.0)
+    power = 0
+    while power < len(_UNITS) - 1 and top >= 1024 ** (power + 1):
+        power += 1
+    unit = 1024**power
+    scaled = top / unit
+    decade = 10 ** math.floor(math.log10(scaled))
+    step = 10 * decade
+    for factor in (0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5):
+        if (power > 0 or factor * decade >= 1) and math.ceil(scaled / (factor * decade) - 1e-9) <= most:
+            step = factor * decade
+            break
+    ticks = []
+    for k in range(math.ceil(scaled / step - 1e-9) + 1):
+        value = round(k * step, 6)
+        text = f"{value:g} {_UNITS[power]}" if value else "0"
+        ticks.append((value * unit, text))
+    return ticks
 
 
 def in_order(keys: Sequence[str], order: Sequence[str]) -> list[str]:

@@ -1,0 +1,231 @@
+"""The lab's status: one sentence of fixed height, its details behind a toggle, a progress bar,
+and, while an action waits, what it waits for and for how long so far.
+
+A wait (a build, a sync, a training step, the background compile a step waits for) is shown
+the moment it begins, before anything blocks, and redrawn every ``TICK_SECONDS`` from a
+thread of its own with the seconds so far, the last comparable wait as an estimate, and the
+program being compiled at that moment (in any thread: ``core.waits``, whose registry every
+lab wait joins too) or else the programs compiled so far; so the line is never more than a
+quarter of a second stale. The
+sentence keeps one height whatever it says (two lines; the whole text is its hover title and
+in the details), so nothing under it moves from one action to the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import ipywidgets as widgets
+
+from rlcluster_lab.core.waits import WAITS, Building
+
+TICK_SECONDS = 0.25  # a wait's line is redrawn at least this often
+STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the sentence's fixed height
+_NAMES_SHOWN = 3  # program names a wait's line lists (the latest ones)
+
+
+def program_name(name: str) -> str:
+    """A compiled program's name as a reader knows it: ``jit(_generate)`` -> ``_generate``."""
+    return name[4:-1] if name.startswith("jit(") and name.endswith(")") else name
+
+
+def building_now() -> tuple[Building, ...]:
+    """The programs being traced, lowered or compiled at this moment, in any thread."""
+    status = WAITS.status()
+    return status.building if status is not None else ()
+
+
+def wait_text(
+    what: str,
+    elapsed: float,
+    estimate: float | None = None,
+    programs: Sequence[str] = (),
+    building: Sequence[Building] = (),
+) -> str:
+    """One wait in words: what it waits for, the seconds so far, the last comparable wait, and
+    the program being built now, or else the latest programs compiled (``program_name``)."""
+    text = f"{what}: {elapsed:.1f} s so far"
+    if estimate is not None:
+        text += f" (last time {estimate:.1f} s)"
+    if building:
+        b = building[-1]
+        text += f"; {b.phase} {program_name(b.name)} ({b.elapsed_s:.1f} s)"
+        if programs:
+            text += f", {len(programs)} compiled before"
+    elif programs:
+        names = [program_name(p) for p in programs]
+        more = len(names) - _NAMES_SHOWN
+        text += f"; compiled {len(names)}" + (", latest: " if more > 0 else ": ") + ", ".join(names[-_NAMES_SHOWN:])
+    return text
+
+
+class Ticker:
+    """Shows ``text(seconds so far)`` at once, then again every ``interval`` seconds from a thread
+    until stopped.
+
+    Args:
+        show: where the text goes (the status line).
+        text: the text for a number of seconds since ``start``.
+        interval: seconds between redraws.
+        clock: the time source (seconds).
+        stop: the event that ends the redraws (its ``wait(interval)`` paces them).
+    """
+
+    def __init__(
+        self,
+        show: Callable[[str], None],
+        text: Callable[[float], str],
+        *,
+        interval: float = TICK_SECONDS,
+        clock: Callable[[], float] = time.perf_counter,
+        stop: threading.Event | None = None,
+        since: float | None = None,
+    ) -> None:
+        self.show, self.text, self.interval, self.clock = show, text, interval, clock
+        self._stop = stop or threading.Event()
+        self._since = since
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # a redraw computes and shows its text in one go
+
+    def elapsed(self) -> float:
+        return self.clock() - (self._since if self._since is not None else self.clock())
+
+    def start(self) -> None:
+        """Show the text now (before the caller waits on anything), then start redrawing."""
+        if self._since is None:
+            self._since = self.clock()
+        self.redraw()
+        # A daemon: it only redraws text; nothing is lost if the interpreter leaves before it.
+        self._thread = threading.Thread(target=self.run, name="rlcluster-lab-status", daemon=True)
+        self._thread.start()
+
+    def redraw(self) -> None:
+        """Show the text now (between the regular redraws)."""
+        with self._lock:
+            self.show(self.text(self.elapsed()))
+
+    def run(self) -> None:
+        """Redraw every ``interval`` until stopped."""
+        while not self._stop.wait(self.interval):
+            self.redraw()
+
+    def stop(self) -> float:
+        """Stop redrawing; returns the seconds since ``start``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.elapsed()
+
+
+class Wait:
+    """What a wait is for, changeable while it lasts (one action's stages: build, measure, draw);
+    a change is shown at once."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self.ticker: Ticker | None = None
+
+    @property
+    def what(self) -> str:
+        return self._what
+
+    @what.setter
+    def what(self, what: str) -> None:
+        self._what = what
+        if self.ticker is not None:
+            self.ticker.redraw()
+
+
+class StatusLine:
+    """The sentence, its details toggle, the details and the progress bar.
+
+    Args:
+        width: the column's width in px.
+    """
+
+    def __init__(self, width: int) -> None:
+        self.sentence = widgets.HTML(layout=widgets.Layout(height=f"{STATUS_HEIGHT_PX}px", flex="1 1 auto"))
+        self.sentence.add_class("rl-status")
+        self.toggle = widgets.ToggleButton(
+            value=False,
+            description="details",
+            tooltip="what the last action cost, measured: its work, the report, the redraw, the programs compiled",
+            layout=widgets.Layout(width="76px", height="24px", flex="0 0 auto"),
+        )
+        self.toggle.add_class("rl-details-toggle")
+        self.details = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.details.add_class("rl-details")
+        self.toggle.observe(lambda c: setattr(self.details.layout, "display", "block" if c.new else "none"), "value")
+        self.progress = widgets.IntProgress(
+            value=0,
+            min=0,
+            max=3,
+            # Thin, and hidden rather than removed, so nothing below it moves when it shows.
+            layout=widgets.Layout(width=f"{width}px", height="8px", visibility="hidden"),
+        )
+        self.widget = widgets.HBox([self.sentence, self.toggle], layout=widgets.Layout(width=f"{width}px"))
+        self.text = ""  # the sentence as plain text
+        self.busy = False
+        self._lock = threading.Lock()
+        self._ticker: Ticker | None = None
+
+    def _show(self, text: str) -> None:
+        with self._lock:
+            self.text = text
+            escaped = html.escape(text)
+            self.sentence.value = f"<span title='{escaped}'>{escaped}</span>"
+
+    def say(self, text: str, details: str = "") -> None:
+        """The sentence after an action (or a refusal), and its details; it ends any wait's redraws."""
+        if self._ticker is not None:
+            self._ticker.stop()
+        self._set_busy(False)
+        self._show(text)
+        self.details.value = f"<small>{html.escape(details)}</small>" if details else ""
+
+    def _set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        (self.sentence.add_class if busy else self.sentence.remove_class)("rl-busy")
+
+    @contextlib.contextmanager
+    def waiting(
+        self,
+        what: str,
+        key: str,
+        *,
+        programs: Callable[[], Sequence[str]] = tuple,
+        since: float | None = None,
+        estimate: float | None = None,
+    ) -> Iterator[Wait]:
+        """Show what the block waits for at once and redraw it every ``TICK_SECONDS`` with the
+        seconds so far (counted from ``since``, default now), an estimate (``estimate``, else the
+        last wait of the same ``key``), the program being built now, or ``programs()`` compiled
+        so far. The wait joins ``core.waits`` (kind ``key``), so its seconds become the estimate
+        for the next wait of ``key`` and any other progress display sees it. The block may
+        change what it waits for (``Wait.what``); ``say`` ends the redraws."""
+        self._set_busy(True)
+        guess = estimate if estimate is not None else WAITS.last(key)
+        wait = Wait(what)
+        ticker = Ticker(self._show, lambda t: wait_text(wait.what, t, guess, programs(), building_now()), since=since)
+        self._ticker = wait.ticker = ticker
+        with WAITS.waiting(what, kind=key):
+            ticker.start()
+            try:
+                yield wait
+            finally:
+                ticker.stop()
+                if self._ticker is ticker:
+                    self._ticker = None
+
+    def stage(self, value: int) -> None:
+        """Show the progress bar at ``value`` (of ``progress.max``)."""
+        self.progress.value = value
+        self.progress.layout.visibility = "visible"
+
+    def done(self) -> None:
+        self.progress.layout.visibility = "hidden"
+        self._set_busy(False)

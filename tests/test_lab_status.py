@@ -1,0 +1,213 @@
+"""The lab's status: a wait is shown the moment it begins and redrawn while it lasts; the
+sentence keeps one height; a refusal sits beside its knob; the output carries a picture of
+the lab for renderers without widgets.
+
+Nothing here is timed: a wait is a stub whose ``join`` records what the status said when it
+was called, and the redraw loop is driven by a stub event that records how long it was asked
+to wait between redraws.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from rlcluster_lab.lab import sentences
+from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, program_name, wait_text
+from rlcluster_lab.lab.widget import PlacementLab
+
+
+@pytest.fixture
+def lab() -> PlacementLab:
+    return PlacementLab(rehearse=False)
+
+
+class StubCompile:
+    """A background compile that is still running; its ``join`` notes what the status said."""
+
+    def __init__(self, lab: PlacementLab) -> None:
+        self.lab = lab
+        self.running = True
+        self.started = 0.0
+        self.last_seconds = 9.7
+        self.error = None
+        self.seen: dict[str, object] = {}
+
+    def programs(self) -> list[str]:
+        return ["jit(_generate)", "jit(_logps_jit)"]
+
+    def join(self) -> float:
+        self.seen["status"] = self.lab.status.text
+        self.seen["busy"] = "rl-busy" in self.lab.status.sentence._dom_classes
+        self.seen["buttons"] = self.lab.step_button.disabled
+        self.running = False
+        return 0.0
+
+
+class StubLearner:
+    def __init__(self, lab: PlacementLab) -> None:
+        self.lab = lab
+        self.seen: dict[str, str] = {}
+
+    def step(self):
+        self.seen["status"] = self.lab.status.text
+        raise RuntimeError("stub step: stops here")
+
+
+def test_a_training_step_clicked_during_the_background_compile_says_so_before_it_waits(lab):
+    # Issue: the status was set only after the wait for the background compile ended.
+    stub = StubCompile(lab)
+    learner = StubLearner(lab)
+    lab.background, lab._cluster, lab._learner = stub, object(), learner
+    lab.step_button.click()
+    said = stub.seen["status"]
+    assert said.startswith("Training step: waiting for the background compile of its programs: ")
+    assert "(last time 9.7 s)" in said and "compiled 2: _generate, _logps_jit" in said
+    assert stub.seen["busy"] and stub.seen["buttons"]
+    # Then the step itself says what it does, before it starts.
+    assert learner.seen["status"].startswith("Training step: sampling, scoring, updating, syncing: ")
+    # The stub step failed: the status says so, not busy any more.
+    assert lab.status.text == "Failed: see the note by the buttons. The cluster shown is still the previous one."
+    assert "<b>RuntimeError</b>: stub step: stops here" in lab.notes.note("actions").value
+    assert not lab.status.busy
+
+
+class StubEvent:
+    """``threading.Event`` for the redraw loop: records each timeout, is set after ``rounds``."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.timeouts: list[float] = []
+
+    def wait(self, timeout: float) -> bool:
+        self.timeouts.append(timeout)
+        return len(self.timeouts) > self.rounds
+
+    def set(self) -> None:
+        self.rounds = 0
+
+
+def test_a_wait_is_shown_at_once_then_redrawn_at_most_half_a_second_apart():
+    clock = iter([10.0, 10.0, 10.25, 10.5, 10.75, 11.0])
+    shown: list[str] = []
+    event = StubEvent(rounds=3)
+    ticker = Ticker(shown.append, lambda t: f"{t:.2f}", clock=lambda: next(clock), stop=event)
+    ticker.start()  # shows at once; its thread runs the loop
+    ticker._thread.join()
+    assert shown == ["0.00", "0.25", "0.50", "0.75"]
+    assert event.timeouts and all(t == TICK_SECONDS <= 0.5 for t in event.timeouts)
+
+
+def test_a_wait_shows_a_new_stage_at_once():
+    status = StatusLine(400)
+    with status.waiting("Construct: releasing", "construct:tiny") as wait:
+        wait.what = "Construct: building"
+        assert status.text.startswith("Construct: building: ")  # not at the next redraw
+    status.say("done")
+    assert status.text == "done" and not status.busy
+
+
+def test_wait_text_names_the_program_being_built_now():
+    from rlcluster_lab.core.waits import Building
+
+    building = (Building("compiling", "jit(grpo_train_step)", 1.94),)
+    text = wait_text("Training step", 3.0, None, ["jit(_generate)"], building)
+    assert text == "Training step: 3.0 s so far; compiling grpo_train_step (1.9 s), 1 compiled before"
+
+
+def test_wait_text_names_what_it_waits_for_the_seconds_the_estimate_and_the_programs():
+    text = wait_text("Sync weights", 1.234, 0.5, ["jit(a)", "jit(b)", "jit(c)", "jit(d)"])
+    assert text == "Sync weights: 1.2 s so far (last time 0.5 s); compiled 4, latest: b, c, d"
+    assert wait_text("Construct", 0.0) == "Construct: 0.0 s so far"
+    assert program_name("jit(grpo_train_step)") == "grpo_train_step"
+
+
+def test_the_last_wait_of_a_kind_is_the_next_ones_estimate():
+    status = StatusLine(400)
+    from rlcluster_lab.core.waits import WAITS
+
+    with status.waiting("Sync weights", "sync:test-estimate"):
+        assert "last time" not in status.text
+    first = WAITS.last("sync:test-estimate")
+    assert first is not None
+    with status.waiting("Sync weights", "sync:test-estimate"):
+        assert f"(last time {first:.1f} s)" in status.text
+    assert status.text.startswith("Sync weights: ")  # the last redraw stays until the action's sentence
+
+
+def test_the_status_sentence_has_one_height_whatever_it_says(lab):
+    heights = set()
+    for text in ("short", "a long sentence " * 40):
+        lab.status.say(text, "details " * 50)
+        heights.add(lab.status.sentence.layout.height)
+        assert lab.status.text == text
+    assert heights == {f"{STATUS_HEIGHT_PX}px"}
+    # Details are behind the toggle, placed after the knobs: showing them moves no knob.
+    assert lab.status.details.layout.display == "none"
+    lab.status.toggle.value = True
+    assert lab.status.details.layout.display == "block"
+    left = lab.widget.children[0].children
+    assert left.index(lab.status.details) > left.index(lab.knobs.widget)
+
+
+def test_a_refusal_sits_beside_its_knob_and_moves_nothing(lab):
+    lab.knobs.engine.value = "sglang_jax"
+    lab.knobs.lora.value = True
+    lab.knobs.static_lora.value = False
+    left = lab.widget.children[0]
+    before = [id(c) for c in left.children]
+    lab.construct_button.click()  # refused by the checks, before any build
+    assert lab.notes.shown == "sglang_static_lora"
+    note = lab.notes.note("sglang_static_lora")
+    # In the knob's own slot, out of the flow (display.STYLE: .rl-note is absolutely placed).
+    slot = next(
+        w
+        for w in _boxes(lab.widget)
+        if "rl-slot" in getattr(w, "_dom_classes", ()) and lab.knobs.static_lora in w.children
+    )
+    assert note in slot.children and "rl-note" in note._dom_classes
+    assert [id(c) for c in left.children] == before
+    assert lab.status.text == "Refused: see the note by the outlined knob. No cluster is live now."
+
+
+def _boxes(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _boxes(child)
+
+
+def test_sentences_name_one_step_counter():
+    sync = {"global_step": 3, "moved_cross_device_bytes": 0, "synced_bytes": 2048}
+    assert sentences.synced(sync, 0.05) == (
+        "Synced in 0.05 s, now at global step 3: 0 B of 2.0 KiB crossed devices (measured)."
+    )
+    assert sentences.stepped(4, 0.25, 1.2) == "Training step done in 1.2 s, now at global step 4: mean reward 0.250."
+
+
+def test_the_output_carries_a_picture_of_the_lab_not_the_widgets_repr(lab):
+    bundle = lab._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert not bundle["text/plain"].startswith("HBox(")
+    html = bundle["text/html"]
+    assert "rl-lab-picture" in html and "<style" not in html and "<svg" not in html
+    assert "LoRA actor" in html and "Decision flow" in html  # the knobs, the views' tabs
+    # The knobs in the order the column shows them.
+    assert (
+        html.index(">layout<") < html.index(">model size<") < html.index(">LoRA actor<") < html.index(">critic model<")
+    )
+    assert lab.status.text in html
+
+
+def test_the_background_compile_runs_one_at_a_time_and_records_its_programs():
+    from rlcluster_lab.lab.rehearsal import BackgroundCompile
+
+    gate = threading.Event()
+    compile_ = BackgroundCompile()
+    # A thread standing for a running rehearsal: join waits for it.
+    compile_._thread = threading.Thread(target=gate.wait)
+    compile_._thread.start()
+    assert compile_.running
+    gate.set()
+    compile_.join()
+    assert not compile_.running and compile_.programs() == []
