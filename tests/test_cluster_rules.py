@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 
@@ -32,6 +33,7 @@ from rlcluster_lab import (
     place_model,
     with_lora,
 )
+from rlcluster_lab.cluster import operations
 from rlcluster_lab.core.config import Mode
 from rlcluster_lab.core.shardings import PlacementError, memory_kinds
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
@@ -381,9 +383,12 @@ def test_p10_actor_logps_use_the_anchor_not_live_weights():
 def test_p10_missing_anchor_asks_for_a_sync():
     c = cluster_for("colocated")
     _, p, comp = a_batch(c)
-    c._anchor_policy_state = None
+    # No public call leaves a cluster without an anchor: the actor's log-probs operation is
+    # run on a copy of the cluster's state whose anchor is None.
+    no_anchor = dataclasses.replace(c.state, placed=dataclasses.replace(c.state.placed, anchor=None))
     with pytest.raises(ValueError, match="sync_weights"):
-        c.per_token_logps(Role.ACTOR, p, comp)
+        operations.anchor_logps(no_anchor, p, comp, None)
+    assert c.pinned_anchor_state is not None  # the cluster itself keeps its anchor
 
 
 @pytest.mark.parametrize("role", [Role.ACTOR, Role.REFERENCE, Role.ROLLOUT])
@@ -537,7 +542,7 @@ def test_p14_offload_keeps_every_role_on_pinned_host_between_uses():
     c.update_actor(TrainBatch(p, comp, np.array([1.0, -1.0, 1.0, -1.0]), anchor, ref))
     c.sync_weights()
     assert set(map(tuple, kinds().values())) == {("pinned_host",)}
-    assert memory_kinds(c._opt_state) == ["pinned_host"]
+    assert memory_kinds(c.optimizer_state) == ["pinned_host"]
     # Roles that share weights were updated together.
     assert sharing_backbone(c.reference_model, c.actor_model)
     assert c.rollout.model() is c.actor_model

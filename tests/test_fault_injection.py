@@ -245,7 +245,7 @@ def offloaded():
 
 def all_pinned(c) -> bool:
     kinds = {tuple(memory_kinds(nnx.state(m))) for m in c.models().values()}
-    return kinds == {("pinned_host",)} and memory_kinds(c._opt_state) == ["pinned_host"]
+    return kinds == {("pinned_host",)} and memory_kinds(c.optimizer_state) == ["pinned_host"]
 
 
 def test_interrupted_generate_offloads_again(offloaded, monkeypatch):
@@ -276,7 +276,7 @@ def test_interrupted_update_actor_offloads_again_and_keeps_the_weights(offloaded
     p, comp = out.left_padded_prompt_tokens, out.tokens
     anchor = np.asarray(offloaded.per_token_logps(Role.ACTOR, p, comp))
     weights = values(nnx.state(offloaded.actor_model))
-    optimizer = values(offloaded._opt_state)
+    optimizer = values(offloaded.optimizer_state)
 
     def interrupt(iteration, rows, live_logps):
         raise KeyboardInterrupt
@@ -286,7 +286,7 @@ def test_interrupted_update_actor_offloads_again_and_keeps_the_weights(offloaded
         offloaded.update_actor(batch, on_step=interrupt)
     assert all_pinned(offloaded)
     assert all(np.array_equal(a, b) for a, b in zip(values(nnx.state(offloaded.actor_model)), weights, strict=True))
-    assert all(np.array_equal(a, b) for a, b in zip(values(offloaded._opt_state), optimizer, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(values(offloaded.optimizer_state), optimizer, strict=True))
 
 
 # ---------------------------------------------------------------- inputs of the wrong kind

@@ -82,7 +82,7 @@ def test_operations_default_to_the_roles_devices():
     """Arrays made without a placement inside an operation (keys, prompts) land on the role's
     devices, not on JAX's default device: the role context enters its mesh's first device."""
     cluster = build_cluster(Scenario(layout="split"))
-    with cluster._role_context(Role.ROLLOUT):
+    with cluster.state.contexts.enter(Role.ROLLOUT):
         x = jax.numpy.zeros(3)
         key = jax.random.key(0)
     rollout = set(cluster.role_to_mesh[Role.ROLLOUT].devices.flat)
@@ -127,7 +127,7 @@ def test_allocator_figures_come_from_the_devices_given_and_say_what_they_cover()
 def test_p11_log_probs_are_computed_at_the_configured_precision():
     seen = []
     cluster = build_cluster(Scenario())
-    with cluster._role_context(Role.ACTOR):
+    with cluster.state.contexts.enter(Role.ACTOR):
         seen.append(jax.config.jax_default_matmul_precision)
     assert seen == ["highest"]
     with pytest.raises(ConfigError, match="matmul_precision"):

@@ -169,12 +169,12 @@ class GRPOLearner:
         )
         return [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
 
-    def rehearse(self) -> bool:
-        """Compile every program the next ``step`` will run, changing nothing (not even which
-        prompts it picks): ``RLCluster.rehearse_step`` on the next step's prompts."""
+    def next_prompts(self) -> list[str]:
+        """The prompts the next ``step`` will sample from, read without drawing them (the
+        learner's generator is left as it is). The lab's rehearsal compiles for these."""
         peek = np.random.default_rng()
         peek.bit_generator.state = self._rng.bit_generator.state
-        return bool(self.cluster.rehearse_step(self._next_prompts(peek), reward_model=self.use_reward_model))
+        return self._next_prompts(peek)
 
     def step(self) -> StepRecord:
         cfg = self.config

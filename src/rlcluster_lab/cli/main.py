@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
-from rlcluster_lab.cli.plan import add_plan_arguments
-from rlcluster_lab.cli.processes import add_process_arguments, multi_process
+from rlcluster_lab.cli.plan import add_plan_arguments, run_plan_command
+from rlcluster_lab.cli.processes import add_process_arguments, multi_process, run_processes_command
 from rlcluster_lab.cli.text import format_report
 from rlcluster_lab.core.knobs import describe
+from rlcluster_lab.core.options import check_device_count
 from rlcluster_lab.rules.validation import check_scenario
 
 
@@ -112,17 +113,12 @@ def _write(text: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from rlcluster_lab.core.options import check_device_count
-
     check_device_count(args.devices, "--devices")
     # Knob-level refusals (P6, the LoRA rank the model allows, the learner's sizes) come back
     # before the backend starts.
     learning = _learn_setup(args) if args.command == "learn" else None
     if args.command == "report":
-        if multi_process(args):
-            # Several processes: the workers start JAX, this process never does.
-            from rlcluster_lab.cli.processes import run_processes_command
-
+        if multi_process(args):  # several processes: the workers start JAX, this process never does
             return run_processes_command(args)
         check_scenario(scenario_from(args))
     # The device count must be set before anything starts the JAX backend,
@@ -135,8 +131,6 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if args.command == "report":
         return _report(args)
     if args.command == "plan":
-        from rlcluster_lab.cli.plan import run_plan_command
-
         return run_plan_command(args)
     return _learn(args, *learning) if learning is not None else {}
 

@@ -2,67 +2,65 @@
 
 ``RLCluster`` (also named ``RLEngine``, P15) validates its inputs
 (``cluster.validate``), places every role by running ``cluster.construct``
-on real arrays (``cluster.live``), and offers the operations a learner needs
-(``cluster.operations``) and the weight sync (``cluster.sync``). Every
-decision is taken by a rule function (``rules/``) and kept in ``self.trace``
-(L1).
+on real arrays (``cluster.live``), keeps what construction placed as its
+state (``cluster.state``), and offers the operations a learner needs
+(``cluster.operations``) and the weight sync (``cluster.sync``), each a
+function of that state. Every decision is taken by a rule function
+(``rules/``) and kept in ``self.trace`` (L1).
+
+Operations on one cluster run one at a time: each holds the state's lock (re-entrant,
+so an operation that calls another, as ``per_token_logps`` does, takes it again). Two
+threads calling ``update_actor`` at once therefore take two steps, one after the other.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import gc
 import os
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import jax
 from flax import nnx
 from jax.sharding import Mesh
 
 from rlcluster_lab.cluster import operations
-from rlcluster_lab.cluster.construct import Keeper, Request, construct
-from rlcluster_lab.cluster.contexts import ContextEntry, ContextLog
-from rlcluster_lab.cluster.live import LiveExecutor
+from rlcluster_lab.cluster.construct import Placed
+from rlcluster_lab.cluster.contexts import ContextEntry, RoleContexts
+from rlcluster_lab.cluster.live import LiveExecutor, construct_live
+from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.sync import sync_weights
-from rlcluster_lab.cluster.validate import check_inputs, engine_class, require_config
-from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
-from rlcluster_lab.core.hosts import home_device
-from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
-from rlcluster_lab.core.options import RolloutConfig, dtype_name
+from rlcluster_lab.cluster.validate import check_inputs, require_config
+from rlcluster_lab.core.config import ClusterConfig
+from rlcluster_lab.core.options import RolloutConfig
 from rlcluster_lab.core.roles import Mode, Role
-from rlcluster_lab.core.shardings import array_leaves, default_memory_kind
 from rlcluster_lab.core.trace import Trace
-from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine, RolloutOutput
+from rlcluster_lab.engines import RolloutEngine, RolloutOutput
 from rlcluster_lab.measure.sync import SyncReport
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.model.tokenizer import ByteTokenizer
-from rlcluster_lab.placement.buffers import buffer_keys
-from rlcluster_lab.placement.reshard import reshard_strategy
-from rlcluster_lab.rules.anchor import anchor_is_partial
 from rlcluster_lab.rules.reference import AVOIDABLE_COPY_ADVICE
+from rlcluster_lab.rules.sharing import SharingMap
 from rlcluster_lab.training.critic import ValueBatch
 from rlcluster_lab.training.step import TrainBatch
 
 ModelOrPath = nnx.Module | str | os.PathLike
+_Op = TypeVar("_Op", bound=Callable[..., Any])
 
 
-def _given_modules(*models: Any) -> list[nnx.Module]:
-    """The caller's models (not paths), each once."""
-    return list({id(m): m for m in models if isinstance(m, nnx.Module)}.values())
+def _one_at_a_time(method: _Op) -> _Op:
+    """An operation holds the cluster state's lock while it runs: two threads stepping at once
+    would both start from the same parameters, and one step would be lost. Re-entrant: a
+    generic primitive calling its shorthand takes it twice."""
 
+    @functools.wraps(method)
+    def serialized(self: RLCluster, *args: Any, **kwargs: Any) -> Any:
+        with self.state.lock:
+            return method(self, *args, **kwargs)
 
-def _arrays_of(obj: Any) -> list[jax.Array]:
-    """The arrays a model, an engine's model or a pytree (optimizer state, anchor) holds."""
-    if isinstance(obj, RolloutEngine):
-        try:
-            obj = obj.model()
-        except Exception:  # an engine that failed half-way: what it holds is not ours to judge
-            return []
-    if isinstance(obj, nnx.Module):
-        obj = nnx.state(obj)
-    return array_leaves(obj)
+    return serialized  # type: ignore[return-value]
 
 
 class AvoidableCopyWarning(UserWarning):
@@ -71,6 +69,13 @@ class AvoidableCopyWarning(UserWarning):
 
 class NotConstructedError(RuntimeError):
     """An operation was called on a cluster whose construction did not finish."""
+
+    def __init__(
+        self,
+        message: str = "this RLCluster did not finish construction (it raised); build a new one "
+        "with a corrected config before calling its operations",
+    ) -> None:
+        super().__init__(message)
 
 
 class RLCluster:
@@ -99,140 +104,69 @@ class RLCluster:
         tokenizer: Any | None = None,
         cluster_config: ClusterConfig,
     ) -> None:
-        self._constructed = False
+        self._state: ClusterState | None = None  # set once construction has finished
         require_config(cluster_config)
         self.cluster_config = cluster_config
         self.trace = Trace()
-        self._contexts = ContextLog()  # every role context entered, construction's included
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
-        # The reference writes the engine's mesh into its role_to_mesh dict (P7);
-        # the frozen config keeps what the user asked for, this dict what is used.
-        self.role_to_mesh: dict[Role, Mesh] = dict(cluster_config.role_to_mesh)
+        # The reference writes the engine's mesh into its role_to_mesh dict (P7); the frozen
+        # config keeps what the user asked for, the contexts what is used.
+        self._contexts = RoleContexts(cluster_config)  # every role context entered, construction's included
         self.config_role_to_mesh: dict[Role, Mesh] = dict(cluster_config.role_to_mesh)
-        self.mesh_overridden_by_engine = False
-        self.global_steps = 0
-        self.rollout_branch: str | None = None
-        self.warnings: list[str] = []
-        self._actor = self._reference = self._reward = self._critic = None
-        self._rollout: RolloutEngine | None = None
-        self._opt_state: Any = None
-        self._anchor_policy_state: Any = None
-        self._tx = cluster_config.training_config.actor_optimizer()
-        self._critic_tx = cluster_config.training_config.critic_tx()
-        self._critic_opt_state: Any = None
-        train_cfg, self._engine_kind = check_inputs(cluster_config, actor, reference, reward, critic, self.trace)
-        self._train_rollout_config: RolloutConfig = train_cfg
-
-        # Ownership (not timing) decides what a failed construction frees: the arrays that
-        # existed before are never touched, the caller's models get their own arrays back
-        # (values, buffers and memory kinds), and only what construction made is deleted.
-        before = {id(x) for x in jax.live_arrays()}
-        saved = [(m, jax.tree.map(lambda x: x, nnx.state(m))) for m in _given_modules(actor, reference, reward, critic)]
-        made: dict[str, Any] = {}
-        try:
-            with reshard_strategy(cluster_config.reshard):
-                placed = construct(
-                    LiveExecutor(self),
-                    Request(
-                        actor=actor,
-                        reference=reference,
-                        reward=reward,
-                        critic=critic,
-                        role_to_mesh=self.role_to_mesh,
-                        engine_kind=self._engine_kind,
-                        engine_name=cluster_config.engine_name(),
-                        rollout_dtype=None if train_cfg.data_type is None else dtype_name(train_cfg.data_type),
-                        offload_to_cpu=cluster_config.offload_to_cpu,
-                        anchor_mode=cluster_config.anchor,
-                        actor_is_module=isinstance(actor, nnx.Module),
-                        reference_is_module=reference is None or isinstance(reference, nnx.Module),
-                    ),
-                    self.trace,
-                    sink=made,
-                )
-        except BaseException as exc:
-            freed = self._abandon(made, saved, before)
-            exc.add_note(
-                f"RLCluster construction did not finish: the models you passed were given back their own "
-                f"arrays and memory kinds, and the {freed} array(s) construction had made were freed."
-            )
-            raise
-        del saved
-        self._actor, self._rollout, self._reference = placed.actor, placed.engine, placed.reference
-        self._reward, self._critic = placed.reward, placed.critic
-        self._opt_state, self._anchor_policy_state = placed.optimizer, placed.anchor
-        self._critic_opt_state = placed.critic_optimizer
-        self.role_to_mesh, self.sharing_map = placed.role_to_mesh, placed.sharing_map
-        self.rollout_branch = placed.rollout_branch.value
-        self.mesh_overridden_by_engine = placed.mesh_overridden_by_engine
-        self._trainable_filter = nnx.LoRAParam if placed.lora else nnx.Param
-        self._keeper: Keeper = placed.keeper
-        self.warnings = list(placed.warnings)
-        if self.warnings:
+        train_cfg, engine_kind = check_inputs(cluster_config, actor, reference, reward, critic, self.trace)
+        tx = cluster_config.training_config.actor_optimizer()
+        critic_tx = cluster_config.training_config.critic_tx()
+        placed = construct_live(  # a construction that raised gives everything back first
+            LiveExecutor(
+                self._contexts, self.tokenizer, engine_kind, train_cfg, {Role.ACTOR: tx, Role.CRITIC: critic_tx}
+            ),
+            {Role.ACTOR: actor, Role.REFERENCE: reference, Role.REWARD: reward, Role.CRITIC: critic},
+            self.trace,
+        )
+        self._contexts.role_to_mesh = placed.role_to_mesh
+        self._state = ClusterState(cluster_config, self.trace, self._contexts, placed, tx, critic_tx)
+        if placed.warnings:
             warnings.warn(AVOIDABLE_COPY_ADVICE, AvoidableCopyWarning, stacklevel=2)
         gc.collect()
-        self._constructed = True
 
-    def _abandon(self, made: dict[str, Any], saved: list[tuple[nnx.Module, Any]], before: set[int]) -> int:
-        """After a failed construction: give the caller's models their arrays back and free
-        exactly what construction made. Returns the number of arrays freed.
+    @property
+    def state(self) -> ClusterState:
+        """What the cluster holds (``cluster.state.ClusterState``); the operations are functions
+        of it. Read it freely; change it only through the cluster's operations.
 
-        Construction's own arrays are those reachable from what it made (``made``) and
-        those it put into the caller's models; an array that existed before, or that
-        shares a buffer with one of the caller's arrays (a reshard may reuse a source
-        buffer), is kept. Arrays anyone else made meanwhile are never reached.
+        Raises:
+            NotConstructedError: construction did not finish.
         """
-        self._actor = self._reference = self._reward = self._critic = None
-        self._rollout = None
-        self._anchor_policy_state = self._opt_state = self._critic_opt_state = None
-        ours = [x for obj in made.values() for x in _arrays_of(obj)]
-        ours += [x for model, _ in saved for x in array_leaves(nnx.state(model))]
-        for model, snapshot in saved:
-            nnx.update(model, snapshot)
-        protected = buffer_keys([snapshot for _, snapshot in saved])
-        made.clear()
-        freed = 0
-        for x in {id(x): x for x in ours}.values():
-            if id(x) in before or x.is_deleted() or buffer_keys([x]) & protected:
-                continue
-            x.delete()
-            freed += 1
-        gc.collect()
-        return freed
+        if self._state is None:
+            raise NotConstructedError()
+        return self._state
 
-    # ------------------------------------------------------------------ models and meshes
+    def _placed(self) -> Placed | None:
+        return None if self._state is None else self._state.placed
 
     @property
     def rollout(self) -> RolloutEngine:
-        self._require_constructed()
-        assert self._rollout is not None
-        return self._rollout
+        return self.state.placed.engine
 
     @property
     def actor_model(self) -> nnx.Module:
-        self._require_constructed()
-        assert self._actor is not None
-        return self._actor
+        return self.state.placed.actor
 
     @property
     def reference_model(self) -> nnx.Module | None:
-        return self._reference
+        return getattr(self._placed(), "reference", None)
 
     @property
     def reward_model(self) -> nnx.Module | None:
-        return self._reward
+        return getattr(self._placed(), "reward", None)
 
     @property
     def critic_model(self) -> nnx.Module | None:
-        return self._critic
+        return getattr(self._placed(), "critic", None)
 
     @property
     def trainable_is_lora(self) -> bool:
         return is_lora(self.actor_model)
-
-    @property
-    def _anchor_is_partial(self) -> bool:
-        return self._actor is not None and anchor_is_partial(self.cluster_config.anchor, is_lora(self._actor))
 
     @property
     def anchor_policy_state(self) -> Any:
@@ -242,41 +176,62 @@ class RLCluster:
         adapters only; the frozen backbone, which training never changes, is
         the actor's own, so the merged state equals a full snapshot.
         """
-        if self._anchor_policy_state is None or not self._anchor_is_partial:
-            return self._anchor_policy_state
-        assert self._actor is not None
-        return nnx.merge_state(nnx.state(self._actor, nnx.Not(nnx.LoRAParam)), self._anchor_policy_state)
+        return None if self._state is None else self._state.anchor_state()
 
     @property
     def pinned_anchor_state(self) -> Any:
         """What the anchor snapshot itself holds in pinned host memory."""
-        return self._anchor_policy_state
+        return getattr(self._placed(), "anchor", None)
 
     @property
     def optimizer_state(self) -> Any:
         """The actor optimizer's state (moments live beside the trainable parameters)."""
-        return self._opt_state
+        return getattr(self._placed(), "optimizer", None)
 
     @property
     def critic_optimizer_state(self) -> Any:
         """The critic optimizer's state (None without a critic), on the critic's mesh."""
-        return self._critic_opt_state
+        return getattr(self._placed(), "critic_optimizer", None)
+
+    @property
+    def role_to_mesh(self) -> dict[Role, Mesh]:
+        """The mesh each role computes on: the config's, with the engine's mesh for the rollout (P7)."""
+        return self._contexts.role_to_mesh
+
+    @property
+    def global_steps(self) -> int:
+        """The syncs done so far (P13)."""
+        return 0 if self._state is None else self._state.global_steps
+
+    @property
+    def rollout_branch(self) -> str | None:
+        """P3's branch: ``shared``, ``second_copy`` or ``engine_initial_value``."""
+        placed = self._placed()
+        return None if placed is None else placed.rollout_branch.value
+
+    @property
+    def mesh_overridden_by_engine(self) -> bool:
+        """P7: the engine brought a rollout mesh other than the config's."""
+        return bool(getattr(self._placed(), "mesh_overridden_by_engine", False))
+
+    @property
+    def sharing_map(self) -> SharingMap | None:
+        """P1/P2: which roles share weights, from the config's meshes."""
+        return getattr(self._placed(), "sharing_map", None)
+
+    @property
+    def warnings(self) -> list[str]:
+        """P4's advice when reference and actor hold two copies of one backbone."""
+        return list(getattr(self._placed(), "warnings", []))
 
     def models(self) -> dict[Role, nnx.Module]:
         """The module each present role computes with (the rollout: the engine's model)."""
-        out: dict[Role, nnx.Module] = {}
-        if self._actor is not None:
-            out[Role.ACTOR] = self._actor
-        if self._rollout is not None:
-            out[Role.ROLLOUT] = self._rollout.model()
-        for role, model in (
-            (Role.REFERENCE, self._reference),
-            (Role.REWARD, self._reward),
-            (Role.CRITIC, self._critic),
-        ):
-            if model is not None:
-                out[role] = model
-        return out
+        placed = self._placed()
+        if placed is None:
+            return {}
+        out: dict[Role, nnx.Module] = {Role.ACTOR: placed.actor, Role.ROLLOUT: placed.engine.model()}
+        others = {Role.REFERENCE: placed.reference, Role.REWARD: placed.reward, Role.CRITIC: placed.critic}
+        return out | {role: model for role, model in others.items() if model is not None}
 
     def get_rollout_config(self, mode: Mode = Mode.TRAIN) -> RolloutConfig:
         return self.cluster_config.rollout_config_for(mode)
@@ -293,65 +248,15 @@ class RLCluster:
 
     def rules_for(self, role: Role) -> Any:
         """The role's logical axis rules, or the model family's defaults."""
-        rules = self.cluster_config.logical_axis_rules(role)
-        return rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES
-
-    def _device_kind(self, role: Role) -> str:
-        """The default memory kind of the devices the role's mesh uses (where it computes)."""
-        return default_memory_kind(self.role_to_mesh[role])
-
-    # ------------------------------------------------------------------ the role context
+        return self._contexts.rules_for(role)
 
     @property
     def contexts_entered(self) -> tuple[ContextEntry, ...]:
         """The role contexts entered so far (the last 256), oldest first: which operation,
         which role, and the mesh JAX reported as current inside (``cluster.contexts``)."""
-        return self._contexts.entries()
+        return self._contexts.log.entries()
 
-    @contextlib.contextmanager
-    def _role_context(self, role: Role, operation: str = "(unnamed)") -> Iterator[Mesh]:
-        """Enter the role's mesh, its devices as the default ones (arrays made without a
-        placement land there, not on JAX's default backend), the configured matmul
-        precision, the reshard strategy and, when configured, its logical axis rules;
-        ``operation`` names the entry in ``contexts_entered``."""
-        mesh = self.role_to_mesh[role]
-        rules = self.cluster_config.logical_axis_rules(role)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(jax.set_mesh(mesh))
-            # multi-process: the mesh's first device this process owns (home_device).
-            stack.enter_context(jax.default_device(home_device(mesh)))
-            if self.cluster_config.matmul_precision is not None:
-                stack.enter_context(jax.default_matmul_precision(self.cluster_config.matmul_precision))
-            stack.enter_context(reshard_strategy(self.cluster_config.reshard))
-            if rules:
-                stack.enter_context(nnx.logical_axis_rules(list(rules)))
-            self._contexts.record(operation, role.value, mesh)  # read inside: what JAX has current
-            yield mesh
-
-    @contextlib.contextmanager
-    def _working(self, role: Role, model: nnx.Module | None, operation: str) -> Iterator[Mesh]:
-        """Every operation's bracket: require a finished construction, enter the role's
-        context, bring its model to device (P14), work, and offload it again, even when
-        the work raised."""
-        self._require_constructed()
-        with self._role_context(role, operation) as mesh:
-            if model is not None:
-                self._keeper.to_device(model, role)
-            try:
-                yield mesh
-            finally:
-                if model is not None:
-                    self._keeper.to_host(model, role)
-
-    def _require_constructed(self) -> None:
-        if not self._constructed:
-            raise NotConstructedError(
-                "this RLCluster did not finish construction (it raised); build a new one "
-                "with a corrected config before calling its operations"
-            )
-
-    # ------------------------------------------------------------------ operations
-
+    @_one_at_a_time
     def generate(
         self,
         prompts: Sequence[str],
@@ -360,47 +265,67 @@ class RLCluster:
         max_generation_steps: int | None = None,
     ) -> RolloutOutput:
         """P9: sample completions on the rollout mesh, in micro-batches if asked."""
-        return operations.generate(self, prompts, mode, micro_batch_size, max_generation_steps)
+        return operations.generate(self.state, prompts, mode, micro_batch_size, max_generation_steps)
 
+    @_one_at_a_time
     def per_token_logps(
         self, role: Role, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
     ) -> jax.Array:
-        """Per-token log-probs under REFERENCE, ACTOR (the anchor, P10) or ROLLOUT."""
-        return operations.per_token_logps(self, Role.parse(role), prompt_tokens, completion_tokens, micro_batch_size)
+        """Per-token log-probs under REFERENCE, ACTOR (the anchor, P10) or ROLLOUT, as in the
+        reference: it returns the named shorthand's answer (``get_ref_per_token_logps``,
+        ``get_actor_per_token_logps``, ``get_old_per_token_logps``), so a subclass that
+        overrides a shorthand changes this call too."""
+        shorthand = {
+            Role.REFERENCE: self.get_ref_per_token_logps,
+            Role.ACTOR: self.get_actor_per_token_logps,
+            Role.ROLLOUT: self.get_old_per_token_logps,
+        }.get(Role.parse(role))
+        if shorthand is None:
+            raise ValueError(f"per-token log-probs come from actor, reference or rollout, not {Role.parse(role).value}")
+        return shorthand(prompt_tokens, completion_tokens, micro_batch_size)
 
+    @_one_at_a_time
     def get_ref_per_token_logps(
         self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
     ) -> jax.Array:
-        return operations.per_token_logps(self, Role.REFERENCE, prompt_tokens, completion_tokens, micro_batch_size)
+        """Log-probs under the reference model, on its mesh."""
+        return operations.reference_logps(self.state, prompt_tokens, completion_tokens, micro_batch_size)
 
+    @_one_at_a_time
     def get_old_per_token_logps(
         self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
     ) -> jax.Array:
         """Log-probs under the rollout engine's own weights."""
-        return operations.per_token_logps(self, Role.ROLLOUT, prompt_tokens, completion_tokens, micro_batch_size)
+        return operations.rollout_logps(self.state, prompt_tokens, completion_tokens, micro_batch_size)
 
+    @_one_at_a_time
     def get_actor_per_token_logps(
         self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
     ) -> jax.Array:
         """P10: the live actor's graph run over the *anchor* state (P11 says why)."""
-        return operations.per_token_logps(self, Role.ACTOR, prompt_tokens, completion_tokens, micro_batch_size)
+        return operations.anchor_logps(self.state, prompt_tokens, completion_tokens, micro_batch_size)
 
+    @_one_at_a_time
     def get_live_actor_per_token_logps(
         self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
     ) -> jax.Array:
         """The actor's log-probs with its *live* weights: what P11 warns against (not used by training)."""
-        return operations.live_actor_logps(self, prompt_tokens, completion_tokens, micro_batch_size)
+        return operations.live_actor_logps(self.state, prompt_tokens, completion_tokens, micro_batch_size)
 
+    @_one_at_a_time
     def update_actor(self, batch: TrainBatch, on_step: Any = None) -> list[dict[str, float]]:
         """P12: optimizer steps on the actor, on its mesh, one per mini-batch per iteration.
 
         ``on_step(iteration, rows, live_logps)``, when given, is called before
         each step; ``live_logps(prompt_tokens, completion_tokens)`` scores with
-        the actor's weights as they are at that moment (P11 made visible).
+        the actor's weights as they are at that moment (P11 made visible). It
+        runs inside the operation: it may call the cluster from its own thread,
+        while another thread's call waits for the step to finish.
         Returns one metrics dict per step.
         """
-        return operations.update_actor(self, batch, on_step)
+        return operations.update_actor(self.state, batch, on_step)
 
+    @_one_at_a_time
     def update_critic(self, batch: ValueBatch) -> list[dict[str, float]]:
         """P12 for the critic: clipped value-loss steps (``TrainingConfig.clip_range_value``)
         with the critic's own optimizer, on the critic mesh, one per mini-batch per iteration.
@@ -413,63 +338,38 @@ class RLCluster:
             ValueError: the cluster has no critic.
             TypeError: ``batch`` is not a ``ValueBatch``.
         """
-        return operations.update_critic(self, batch)
+        return operations.update_critic(self.state, batch)
 
+    @_one_at_a_time
     def train(self, role: Role | str, batch: Any, **kwargs: Any) -> list[dict[str, float]]:
-        """The reference's generic training primitive: ``update_actor`` for ACTOR (``batch`` a
-        ``TrainBatch``, ``on_step`` passed on), ``update_critic`` for CRITIC (a ``ValueBatch``).
+        """The reference's generic training primitive: it returns ``update_actor`` for ACTOR
+        (``batch`` a ``TrainBatch``, ``on_step`` passed on) and ``update_critic`` for CRITIC
+        (a ``ValueBatch``), so a subclass that overrides one of them changes this call too.
 
         Raises:
             ValueError: any other role ("Unsupported role for train: ...").
         """
-        try:
-            parsed = Role.parse(role)
-        except ValueError:
-            parsed = None
-        if parsed is Role.ACTOR:
-            return self.update_actor(batch, **kwargs)
-        if parsed is Role.CRITIC:
-            return self.update_critic(batch, **kwargs)
-        raise ValueError(f"Unsupported role for train: {role}; train takes Role.ACTOR or Role.CRITIC")
+        trained = {Role.ACTOR.value: self.update_actor, Role.CRITIC.value: self.update_critic}
+        update = trained.get(role.value if isinstance(role, Role) else str(role).lower())
+        if update is None:
+            raise ValueError(f"Unsupported role for train: {role}; train takes Role.ACTOR or Role.CRITIC")
+        return update(batch, **kwargs)
 
+    @_one_at_a_time
     def sync_weights(self) -> SyncReport:
         """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin
         the anchor, advance the global step; returns what the sync really moved (L3)."""
-        return sync_weights(self)
+        return sync_weights(self.state)
 
-    def rehearse_step(self, prompts: Sequence[str], reward_model: bool = False) -> bool:
-        """Run every program one RL step uses, on these prompts' shapes, changing no state."""
-        return operations.rehearse_step(self, prompts, reward_model)
-
+    @_one_at_a_time
     def get_rewards(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
         """Scores (B,) from the reward model, on the reward mesh."""
-        return operations.score(self, Role.REWARD, prompt_tokens, completion_tokens, per_token=False)
+        return operations.score(self.state, Role.REWARD, prompt_tokens, completion_tokens, per_token=False)
 
+    @_one_at_a_time
     def get_values(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
         """Per-token values (B, C) from the critic, on the critic mesh."""
-        return operations.score(self, Role.CRITIC, prompt_tokens, completion_tokens, per_token=True)
+        return operations.score(self.state, Role.CRITIC, prompt_tokens, completion_tokens, per_token=True)
 
 
 RLEngine = RLCluster  # P15: one class, two names
-
-
-def engine_arguments(cluster: RLCluster, rollout_actor: nnx.Module, mesh: Any) -> tuple[Any, dict[str, Any]]:
-    """How the engine is built, as in the reference: every engine gets the TRAIN rollout config
-    unchanged; the KV cache size (the largest over modes) travels as its own argument, to the
-    engines that take one (vanilla, vllm), never to sglang_jax or a user's engine."""
-    config = cluster.cluster_config
-    kind = cluster._engine_kind
-    kwargs: dict[str, Any] = dict(
-        rollout_actor=rollout_actor,
-        tokenizer=cluster.tokenizer,
-        mesh=mesh,
-        rollout_config=cluster._train_rollout_config,
-    )
-    if kind == "custom":
-        return config.rollout_engine, kwargs
-    cls = engine_class(config, kind)
-    if kind in ("vanilla", "vllm"):
-        kwargs["cache_size"] = max_kv_cache_size(config)
-    if issubclass(cls, OwnCopyEngine):
-        kwargs["logical_axis_rules"] = cluster.rules_for(Role.ROLLOUT)
-    return cls, kwargs

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.rules import loading, reference, rollout, sharing, steps
@@ -100,7 +101,11 @@ class Request:
 
 @dataclasses.dataclass
 class Placed:
-    """The roles after construction (live models or models on paper) and what was decided."""
+    """The roles after construction (live models or models on paper) and what was decided.
+
+    A live cluster keeps it as its state (``cluster.state.ClusterState``): its steps replace
+    ``optimizer`` and ``critic_optimizer``, its syncs ``anchor``; nothing else changes.
+    """
 
     actor: Any
     engine: Any
@@ -117,7 +122,7 @@ class Placed:
     mesh_overridden_by_engine: bool
     lora: bool
     warnings: list[str]
-    keeper: Keeper
+    mover: Mover
 
 
 def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | None = None) -> Placed:
@@ -143,7 +148,7 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
         trace.add(d)
     if path is not None:
         trace.add(loading.p5_from_path("actor", path))
-    mover = Keeper(ex, shared, trace, req.offload_to_cpu, r2m)
+    mover = Mover(ex, shared, trace, req.offload_to_cpu, r2m)
 
     actor = sink["actor"] = mover.load(actor_given, Role.ACTOR, r2m[Role.ACTOR])
     linked = sharing.shares(shared, Role.ACTOR, Role.ROLLOUT)
@@ -234,14 +239,14 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
         mesh_overridden_by_engine=overridden,
         lora=lora,
         warnings=mover.warnings,
-        keeper=mover,
+        mover=mover,
     )
 
 
-class Keeper:
+class Mover:
     """P5 and P14: load a model onto a mesh, and move roles between memory kinds, keeping the
     roles that share weights together. Construction uses it, and the live cluster keeps it
-    for its operations (each brings its role to device and back, P14)."""
+    (``Placed.mover``) for its operations (each brings its role to device and back, P14)."""
 
     def __init__(
         self, ex: Executor, shared: sharing.SharingMap, trace: Trace, offload: bool, role_to_mesh: dict[Role, Any]
@@ -266,7 +271,7 @@ class Keeper:
             loading.p5_load(
                 role.value,
                 model_meshes=facts.model_meshes,
-                target_mesh=_describe(mesh),
+                target_mesh=describe_mesh(mesh),
                 leaves_on_target=facts.leaves_on_target,
                 leaves=facts.leaves,
                 memory_kind=facts.memory_kind,
@@ -312,9 +317,3 @@ def _read(sink: dict[str, Any], key: str, model: Any) -> Any:
     """Note a model construction read itself, so that a failure can free it."""
     sink[key] = model
     return model
-
-
-def _describe(mesh: Any) -> dict[str, Any]:
-    from rlcluster_lab.core.meshes import describe_mesh
-
-    return describe_mesh(mesh)

@@ -1,20 +1,32 @@
-"""The role contexts a cluster entered: a bounded, read-only record.
+"""The role contexts: entering a role's context, and a bounded, read-only record of each entry.
 
 Every operation of the cluster (generate, log-probs, rewards, values, the optimizer steps)
-opens by entering the mesh of the role it uses (``RLCluster._role_context``). The record
-is taken *inside* that context and reads JAX's own notion of the current mesh
-(``jax.sharding.get_mesh()``), not the mesh the cluster meant to enter, so an operation
-that stopped entering its role's mesh would show it.
+opens by entering the context of the role it uses (``RoleContexts.enter``): its mesh, its
+devices as the default ones, the configured matmul precision, the reshard strategy and
+its logical axis rules. The record is taken *inside* that context and reads JAX's own
+notion of the current mesh (``jax.sharding.get_mesh()``), not the mesh the cluster meant
+to enter, so an operation that stopped entering its role's mesh would show it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlcluster_lab.core.config import ClusterConfig
+from rlcluster_lab.core.hosts import home_device
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.shardings import default_memory_kind
+from rlcluster_lab.placement.reshard import reshard_strategy
 
 # Enough for a few RL steps of every operation; older entries are dropped first.
 DEFAULT_CAPACITY = 256
@@ -84,3 +96,53 @@ def context_rows(entries: tuple[ContextEntry, ...] | list[ContextEntry]) -> list
         {"operation": e.operation, "role": e.role, "current mesh": e.mesh_text(), "role's mesh": e.is_role_mesh}
         for e in entries
     ]
+
+
+@contextlib.contextmanager
+def role_context(config: ClusterConfig, mesh: Mesh, role: Role) -> Iterator[Mesh]:
+    """Enter a role's context, recording nothing: ``mesh`` current, its devices as the default
+    ones (arrays made without a placement land there, not on JAX's default backend), the
+    configured matmul precision, the reshard strategy and, when configured, the role's
+    logical axis rules. Every setting is the calling thread's own (JAX's and Flax's contexts
+    are thread-local), so another thread's operations are not affected."""
+    rules = config.logical_axis_rules(role)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(jax.set_mesh(mesh))
+        # multi-process: the mesh's first device this process owns (home_device).
+        stack.enter_context(jax.default_device(home_device(mesh)))
+        if config.matmul_precision is not None:
+            stack.enter_context(jax.default_matmul_precision(config.matmul_precision))
+        stack.enter_context(reshard_strategy(config.reshard))
+        if rules:
+            stack.enter_context(nnx.logical_axis_rules(list(rules)))
+        yield mesh
+
+
+class RoleContexts:
+    """Where each role of one cluster computes, and the record of every entry into a role's context.
+
+    ``role_to_mesh`` starts as the config's meshes (what construction works with) and is
+    replaced by the meshes construction settled on (P7: an engine may bring its own).
+    """
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.role_to_mesh: dict[Role, Mesh] = dict(config.role_to_mesh)
+        self.log = ContextLog()
+
+    def rules_for(self, role: Role) -> Any:
+        """The role's logical axis rules, or the model family's defaults."""
+        rules = self.config.logical_axis_rules(role)
+        return rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES
+
+    def device_kind(self, role: Role) -> str:
+        """The default memory kind of the devices the role's mesh uses (where it computes)."""
+        return default_memory_kind(self.role_to_mesh[role])
+
+    @contextlib.contextmanager
+    def enter(self, role: Role, operation: str = "(unnamed)") -> Iterator[Mesh]:
+        """``role_context`` on the role's mesh, recorded in ``log`` under ``operation``."""
+        mesh = self.role_to_mesh[role]
+        with role_context(self.config, mesh, role):
+            self.log.record(operation, role.value, mesh)  # read inside: what JAX has current
+            yield mesh

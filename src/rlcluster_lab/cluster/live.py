@@ -1,34 +1,60 @@
-"""The live executor: construction's steps (``cluster.construct``) done on real arrays."""
+"""The live executor: construction's steps (``cluster.construct``) done on real arrays, and
+what a construction that raised gives back (``give_back``)."""
 
 from __future__ import annotations
 
+import gc
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import jax
+import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from rlcluster_lab.cluster.construct import LoadFacts
+from rlcluster_lab.cluster.construct import LoadFacts, Placed, Request, construct
+from rlcluster_lab.cluster.contexts import RoleContexts
+from rlcluster_lab.cluster.validate import engine_class
+from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
 from rlcluster_lab.core.gathering import summed
 from rlcluster_lab.core.meshes import describe_mesh
+from rlcluster_lab.core.options import RolloutConfig, dtype_name
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import array_leaves, default_memory_kind, is_on_device, state_meshes
+from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine
 from rlcluster_lab.model import checkpoint
 from rlcluster_lab.model.lora import is_lora
-from rlcluster_lab.placement.buffers import sharing_backbone, state_bytes
+from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone, state_bytes
 from rlcluster_lab.placement.place import move_model, place_model, put_on_memory_kind
+from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.training.step import init_optimizer_state
-
-if TYPE_CHECKING:
-    from rlcluster_lab.cluster.cluster import RLCluster
 
 
 class LiveExecutor:
-    """Places real models for an ``RLCluster`` (its config, tokenizer and role contexts)."""
+    """Places real models for a cluster: its role contexts, tokenizer, engine and optimizers.
 
-    def __init__(self, cluster: RLCluster) -> None:
-        self.cluster = cluster
+    Args:
+        contexts: the cluster's role contexts (construction's entries are recorded there).
+        tokenizer: handed to the engine.
+        engine_kind: the engine's name, or ``custom`` (``validate.check_inputs``).
+        rollout_config: the TRAIN rollout config the engine is built with.
+        optimizers: the optimizer of each trained role (ACTOR, and CRITIC).
+    """
+
+    def __init__(
+        self,
+        contexts: RoleContexts,
+        tokenizer: Any,
+        engine_kind: str,
+        rollout_config: RolloutConfig,
+        optimizers: dict[Role, optax.GradientTransformation],
+    ) -> None:
+        self.contexts = contexts
+        self.tokenizer = tokenizer
+        self.engine_kind = engine_kind
+        self.rollout_config = rollout_config
+        self.optimizers = optimizers
         self.engine: RolloutEngine | None = None
 
     def as_model(self, given: Any, role: Role) -> tuple[nnx.Module, str | None]:
@@ -52,7 +78,7 @@ class LiveExecutor:
         )
 
     def place(self, model: nnx.Module, role: Role, mesh: Any, kind: str, dtype: str | None) -> nnx.Module:
-        return place_model(model, mesh, self.cluster.rules_for(role), memory_kind=kind, dtype=dtype, role=role.value)
+        return place_model(model, mesh, self.contexts.rules_for(role), memory_kind=kind, dtype=dtype, role=role.value)
 
     def move(self, model: nnx.Module, kind: str) -> nnx.Module:
         move_model(model, kind)
@@ -71,12 +97,11 @@ class LiveExecutor:
         return is_lora(model)
 
     def make_engine(self, rollout_actor: nnx.Module, mesh: Any) -> RolloutEngine:
-        """The engine, as the reference builds each kind (see ``cluster.engine_arguments``)."""
-        from rlcluster_lab.cluster.cluster import engine_arguments
-
-        c = self.cluster
-        factory, kwargs = engine_arguments(c, rollout_actor, mesh)
-        with c._role_context(Role.ROLLOUT, "construct: engine"):
+        """The engine, as the reference builds each kind (see ``engine_arguments``)."""
+        factory, kwargs = engine_arguments(
+            self.contexts, self.engine_kind, self.tokenizer, self.rollout_config, rollout_actor, mesh
+        )
+        with self.contexts.enter(Role.ROLLOUT, "construct: engine"):
             self.engine = factory(**kwargs)
         return self.engine
 
@@ -90,10 +115,9 @@ class LiveExecutor:
         return bool(engine.owns_weights)
 
     def init_optimizer(self, model: nnx.Module, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
-        c = self.cluster
-        tx = c._critic_tx if role is Role.CRITIC else c._tx
-        with c._role_context(role, "construct: optimizer state"):
-            return init_optimizer_state(tx, nnx.state(model, nnx.LoRAParam if lora else nnx.Param), mesh)
+        with self.contexts.enter(role, "construct: optimizer state"):
+            trainable = nnx.state(model, nnx.LoRAParam if lora else nnx.Param)
+            return init_optimizer_state(self.optimizers[role], trainable, mesh)
 
     def move_optimizer(self, state: Any, kind: str) -> Any:
         return put_on_memory_kind(state, kind)
@@ -108,5 +132,106 @@ class LiveExecutor:
         return default_memory_kind(mesh)
 
 
-def own_copy_class(engine_cls: type) -> bool:
-    return isinstance(engine_cls, type) and issubclass(engine_cls, OwnCopyEngine)
+def engine_arguments(
+    contexts: RoleContexts,
+    kind: str,
+    tokenizer: Any,
+    rollout_config: RolloutConfig,
+    rollout_actor: nnx.Module,
+    mesh: Any,
+) -> tuple[Any, dict[str, Any]]:
+    """How the engine is built, as in the reference: every engine gets the TRAIN rollout config
+    unchanged; the KV cache size (the largest over modes) travels as its own argument, to the
+    engines that take one (vanilla, vllm), never to sglang_jax or a user's engine."""
+    config: ClusterConfig = contexts.config
+    kwargs: dict[str, Any] = dict(
+        rollout_actor=rollout_actor, tokenizer=tokenizer, mesh=mesh, rollout_config=rollout_config
+    )
+    if kind == "custom":
+        return config.rollout_engine, kwargs
+    cls = engine_class(config, kind)
+    if kind in ("vanilla", "vllm"):
+        kwargs["cache_size"] = max_kv_cache_size(config)
+    if issubclass(cls, OwnCopyEngine):
+        kwargs["logical_axis_rules"] = contexts.rules_for(Role.ROLLOUT)
+    return cls, kwargs
+
+
+def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace) -> Placed:
+    """``construct`` on real arrays, of the models ``given`` per role (modules, checkpoint
+    paths or None), in the config's reshard strategy; a construction that raised gives
+    everything back (``give_back``) before the error goes on, with a note.
+
+    Ownership (not timing) decides what a failed construction frees: the arrays that
+    existed before are never touched, the caller's models get their own arrays back
+    (values, buffers and memory kinds), and only what construction made is deleted.
+    """
+    config = executor.contexts.config
+    actor, reference = given[Role.ACTOR], given.get(Role.REFERENCE)
+    data_type = executor.rollout_config.data_type
+    request = Request(
+        actor=actor,
+        reference=reference,
+        reward=given.get(Role.REWARD),
+        critic=given.get(Role.CRITIC),
+        role_to_mesh=executor.contexts.role_to_mesh,
+        engine_kind=executor.engine_kind,
+        engine_name=config.engine_name(),
+        rollout_dtype=None if data_type is None else dtype_name(data_type),
+        offload_to_cpu=config.offload_to_cpu,
+        anchor_mode=config.anchor,
+        actor_is_module=isinstance(actor, nnx.Module),
+        reference_is_module=reference is None or isinstance(reference, nnx.Module),
+    )
+    before = {id(x) for x in jax.live_arrays()}
+    modules = {id(m): m for m in given.values() if isinstance(m, nnx.Module)}
+    saved = [(m, jax.tree.map(lambda x: x, nnx.state(m))) for m in modules.values()]
+    made: dict[str, Any] = {}
+    try:
+        with reshard_strategy(config.reshard):
+            return construct(executor, request, trace, sink=made)
+    except BaseException as exc:
+        freed = give_back(made, saved, before)
+        exc.add_note(
+            f"RLCluster construction did not finish: the models you passed were given back their own "
+            f"arrays and memory kinds, and the {freed} array(s) construction had made were freed."
+        )
+        raise
+
+
+def give_back(made: dict[str, Any], saved: list[tuple[nnx.Module, Any]], before: set[int]) -> int:
+    """After a failed construction: give the caller's models their arrays back and free
+    exactly what construction made. Returns the number of arrays freed.
+
+    Construction's own arrays are those reachable from what it made (``made``) and
+    those it put into the caller's models (``saved``: each model with a snapshot of its
+    state taken before); an array that existed before (``before``: ids), or that shares
+    a buffer with one of the caller's arrays (a reshard may reuse a source buffer), is
+    kept. Arrays anyone else made meanwhile are never reached.
+    """
+    ours = [x for obj in made.values() for x in _arrays_of(obj)]
+    ours += [x for model, _ in saved for x in array_leaves(nnx.state(model))]
+    for model, snapshot in saved:
+        nnx.update(model, snapshot)
+    protected = buffer_keys([snapshot for _, snapshot in saved])
+    made.clear()
+    freed = 0
+    for x in {id(x): x for x in ours}.values():
+        if id(x) in before or x.is_deleted() or buffer_keys([x]) & protected:
+            continue
+        x.delete()
+        freed += 1
+    gc.collect()
+    return freed
+
+
+def _arrays_of(obj: Any) -> list[jax.Array]:
+    """The arrays a model, an engine's model or a pytree (optimizer state, anchor) holds."""
+    if isinstance(obj, RolloutEngine):
+        try:
+            obj = obj.model()
+        except Exception:  # an engine that failed half-way: what it holds is not ours to judge
+            return []
+    if isinstance(obj, nnx.Module):
+        obj = nnx.state(obj)
+    return array_leaves(obj)

@@ -8,7 +8,8 @@ everything it computes with is where the work reads it, just before the work:
 reference on device, the actor's log-probs with the anchor's device copy made (P10),
 ``update_actor`` with the actor and its optimizer state on device (P12).
 
-An observer is registered per cluster with ``observing``; it is given the role and the
+An observer is registered per cluster with ``observing`` (kept beside the cluster's
+state, which the operations are handed); it is given the role and the
 states the work reads that the cluster does not hold itself (the anchor's device copy),
 so a measurement taken there sees every buffer the work uses. Observers must not change
 anything: the lab's step measurement (``lab.step_phases``) takes memory walks here.
@@ -30,9 +31,10 @@ WorkObserver = Callable[[Role, Mapping[str, Any]], None]
 _OBSERVERS: weakref.WeakKeyDictionary[Any, WorkObserver] = weakref.WeakKeyDictionary()
 
 
-def at_work(cluster: Any, role: Role, working: Mapping[str, Any] | None = None) -> None:
-    """Called by an operation just before its work, with everything it reads in place."""
-    observer = _OBSERVERS.get(cluster)
+def at_work(state: Any, role: Role, working: Mapping[str, Any] | None = None) -> None:
+    """Called by an operation just before its work, with everything it reads in place;
+    ``state`` is the cluster's state (``RLCluster.state``) the operation was handed."""
+    observer = _OBSERVERS.get(state)
     if observer is not None:
         observer(role, dict(working or {}))
 
@@ -44,10 +46,11 @@ def observing(cluster: Any, observer: WorkObserver) -> Iterator[None]:
     Raises:
         RuntimeError: the cluster already has an observer (one at a time, so none is lost).
     """
-    if cluster in _OBSERVERS:
+    state = cluster.state
+    if state in _OBSERVERS:
         raise RuntimeError("this cluster already has a work observer: finish that measurement before starting another")
-    _OBSERVERS[cluster] = observer
+    _OBSERVERS[state] = observer
     try:
         yield
     finally:
-        _OBSERVERS.pop(cluster, None)
+        _OBSERVERS.pop(state, None)

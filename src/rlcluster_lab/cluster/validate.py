@@ -19,6 +19,9 @@ from rlcluster_lab.core.limits import check_fits
 from rlcluster_lab.core.model_config import ModelConfig
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import ENGINES, RolloutEngine
+from rlcluster_lab.model.checkpoint import abstract_checkpoint, read_config
+from rlcluster_lab.model.sampling import generate_bytes
+from rlcluster_lab.model.scoring import ScoreModel
 from rlcluster_lab.rules.validation import p6_engine_accepts, p6_engine_choice, p6_rollout_config
 
 
@@ -64,8 +67,6 @@ def check_inputs(
     for name, model in (("actor", actor), ("reference", reference), ("reward", reward), ("critic", critic)):
         if model is not None and not isinstance(model, (nnx.Module, str, os.PathLike)):
             raise ConfigError(f"{name} must be an nnx.Module or a checkpoint path, got {type(model).__name__}")
-    from rlcluster_lab.model.scoring import ScoreModel
-
     if isinstance(actor, ScoreModel) or (_is_path(actor) and _checkpoint_kind(actor) == "score"):
         where = f"the checkpoint {actor} holds" if _is_path(actor) else "got"
         raise ConfigError(
@@ -106,8 +107,6 @@ def check_inputs(
 
 
 def _checkpoint_kind(path: Any) -> str:
-    from rlcluster_lab.model.checkpoint import read_config
-
     return read_config(path).kind
 
 
@@ -118,13 +117,9 @@ def check_cache_fits(actor: Any, cache_size: int) -> None:
         TooLargeError: the estimate (``model.sampling.generate_bytes`` for one row) exceeds
             ``core.limits.limit_bytes()``.
     """
-    from rlcluster_lab.model.sampling import generate_bytes
-
     if isinstance(actor, nnx.Module):
         config = getattr(actor, "config", None)
     else:
-        from rlcluster_lab.model.checkpoint import read_config
-
         config = read_config(actor).config
     if not isinstance(config, ModelConfig):
         return  # a user's own module: its engine sizes its own cache
@@ -171,8 +166,6 @@ def _structure(model: Any) -> nnx.Module:
     """The model itself, or the one a checkpoint path holds, as shapes only."""
     if isinstance(model, nnx.Module):
         return model
-    from rlcluster_lab.model.checkpoint import abstract_checkpoint
-
     return abstract_checkpoint(model)
 
 

@@ -97,11 +97,9 @@ def trusted_folder(folder: Path, what: str) -> Path | None:
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache (``path``, or ``cache_dir()``).
 
-    Every program is cached, however quickly it compiled: on two CPU cores a
-    "small" program still costs 0.1-0.5 s. Returns the folder, or None when
-    the cache is turned off, the folder cannot be created, or it cannot be
-    trusted (not this user's, or writable by others: one warning); then no
-    persistent cache is used and JAX compiles as usual.
+    Every program is cached, however quickly it compiled: on two CPU cores a "small" program
+    still costs 0.1-0.5 s. Returns the folder, or None when the cache is off or the folder
+    cannot be created or trusted (see the module docstring); JAX then compiles as usual.
     """
     folder = Path(path).expanduser() if path is not None else cache_dir()
     if folder is not None:

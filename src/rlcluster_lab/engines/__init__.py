@@ -1,7 +1,7 @@
 """Rollout engines: the protocol, the vanilla sampler, and placement stand-ins for vLLM and SGLang-JAX."""
 
 from rlcluster_lab.core import options
-from rlcluster_lab.engines.base import RolloutEngine, RolloutOutput, reshard_into
+from rlcluster_lab.engines.base import RolloutEngine, RolloutOutput
 from rlcluster_lab.engines.own_copy import OwnCopyEngine, SglangJaxStyleEngine, VllmStyleEngine
 from rlcluster_lab.engines.vanilla import VanillaEngine
 
@@ -12,7 +12,6 @@ __all__ = [
     "SglangJaxStyleEngine",
     "VanillaEngine",
     "VllmStyleEngine",
-    "reshard_into",
 ]
 
 # The built-in engines by the names ClusterConfig.rollout_engine accepts. The names are spelled once,

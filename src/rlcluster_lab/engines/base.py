@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import itertools
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from flax.traverse_util import flatten_dict, unflatten_dict
+from flax.traverse_util import flatten_dict
 from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.config import RolloutConfig
@@ -64,7 +65,9 @@ class RolloutEngine(abc.ABC):
         self.cache_size = cache_size
         # Not exposed as ``mesh``: an engine that exposes one replaces the rollout mesh (P7).
         self.given_mesh = mesh
-        self._calls = 0
+        # One seed offset per generate call; next() on a count is atomic, so calls from
+        # several threads never draw the same one.
+        self._draws = itertools.count()
 
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
@@ -93,11 +96,20 @@ class RolloutEngine(abc.ABC):
             ConfigError: no prompts, a prompt outside the model's vocabulary, or a setting
                 ``sample`` refuses (see ``rlcluster_lab.model.sampling.sample``).
         """
+        prompts = check_prompts(prompts)  # a refused call draws no seed
+        # A fresh seed per call, so repeated calls sample different completions.
+        return self.generate_with_seed(prompts, rollout_config, rollout_config.seed + next(self._draws))
+
+    def generate_with_seed(self, prompts: list[str], rollout_config: RolloutConfig, seed: int) -> RolloutOutput:
+        """``generate`` with the sampling seed given: it reads the engine's weights and changes
+        nothing of the engine's (the seed ``generate`` draws next is untouched). The lab's
+        rehearsal compiles a step's sampling programs through it.
+
+        Raises:
+            As ``generate``.
+        """
         prompts = check_prompts(prompts)
         graphdef, state = nnx.split(self.model())
-        # A fresh seed per call, so repeated calls sample different completions.
-        seed = rollout_config.seed + self._calls
-        self._calls += 1
         out = sample(
             graphdef,
             state,
@@ -187,17 +199,6 @@ def flat_values(tree: Any) -> dict[tuple[Any, ...], Any]:
     return flatten_dict(tree)
 
 
-def reshard_into(src: Any, dst: Any, *, copy: bool, follow_source_memory: bool = False) -> Any:
-    """A pure dict of ``src``'s values placed with ``dst``'s shardings and cast to ``dst``'s dtypes.
-
-    Leaves already in their destination sharding are reused unless ``copy``
-    asks for new buffers. Only device-to-device copies happen: no host
-    round-trip, so it runs under a transfer guard.
-    """
-    moved = reshard_flat(flat_values(src), flat_values(dst), copy=copy, follow_source_memory=follow_source_memory)
-    return unflatten_dict(moved)
-
-
 def reshard_flat(
     src_flat: dict[tuple[Any, ...], Any],
     dst_flat: dict[tuple[Any, ...], Any],
@@ -205,7 +206,12 @@ def reshard_flat(
     copy: bool,
     follow_source_memory: bool = False,
 ) -> dict[tuple[Any, ...], Any]:
-    """``reshard_into`` on flat path -> array dicts."""
+    """``src_flat``'s values (path -> array) placed with ``dst_flat``'s shardings and cast to its dtypes.
+
+    Leaves already in their destination sharding are reused unless ``copy``
+    asks for new buffers. Only device-to-device copies happen: no host
+    round-trip, so it runs under a transfer guard.
+    """
     if follow_source_memory:
         # Keeping shared roles together may hand over part of a tree (a
         # reference has no adapters): only those leaves are replaced.

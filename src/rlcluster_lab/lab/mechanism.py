@@ -1,13 +1,12 @@
 """The mechanism behind notebooks 01-04, made visible: the decisions the sharing map takes
 without any model, the buffers an own-copy engine holds, which mesh each operation entered,
-and where the anchor guard (P10) fires.
-
-Each function builds through ``build_cluster`` and reads what the cluster recorded or holds
-(its trace, its buffers, ``contexts_entered``); nothing here takes a decision of its own.
+and where the anchor guard (P10) fires. Each function reads what a cluster built through
+``build_cluster`` recorded or holds; nothing here takes a decision of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,30 +17,21 @@ from flax import nnx
 from rlcluster_lab.app.learner import group_advantages, lowercase_reward
 from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import Scenario, build_cluster
+from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster.contexts import context_rows
-from rlcluster_lab.core.meshes import layout_meshes
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.lab.experiments import collect
+from rlcluster_lab.lab.experiments import collect, sharing_map_of
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.placement.buffers import buffer_keys
-from rlcluster_lab.rules.sharing import sharing_map
 from rlcluster_lab.training.step import TrainBatch
 
 # --------------------------------------------------------------------------- 01: the sharing map
 
 
 def sharing_decisions(devices: Sequence[jax.Device], layout: str, *, lora: bool) -> list[Decision]:
-    """P1, P2 and P2's propagation for a layout, from the same rule functions construction
-    calls (``rules.sharing.sharing_map``), with no model built: the map reads only the
+    """P1, P2 and P2's propagation for a layout, with no model built: the map reads only the
     meshes and two facts about the models (a LoRA actor, a reference given as a module)."""
-    _, decisions = sharing_map(
-        layout_meshes(layout, devices),
-        actor_is_module=True,
-        actor_has_lora=lora,
-        has_reference=True,
-        reference_is_module=True,
-    )
-    return decisions
+    return sharing_map_of(devices, layout, lora=lora)[1]
 
 
 # --------------------------------------------------------------------------- 02: P3's three branches
@@ -130,8 +120,10 @@ def p10_guard(devices: Sequence[jax.Device], layout: str = "colocated") -> list[
 
     Construction pins the anchor (P8) before it returns, so on a constructed cluster the
     actor's log-probs can be read before any sync. A construction that raised returns no
-    cluster at all. The guard therefore fires only on a cluster whose anchor has been
-    removed, which no public call does: it is removed here by hand, then put back.
+    cluster at all. The guard therefore fires only on a state without an anchor, which no
+    public call leaves: the actor's log-probs operation (``cluster.operations.anchor_logps``,
+    what ``get_actor_per_token_logps`` runs) is called here on a copy of the cluster's state
+    whose anchor is None. The cluster itself is not touched.
 
     Returns:
         One row per step: what was done, and what the cluster answered.
@@ -154,15 +146,13 @@ def p10_guard(devices: Sequence[jax.Device], layout: str = "colocated") -> list[
             "result": f"shape {logps.shape}, equal to the sampler's within 1e-4: {'yes' if agree else 'no'}",
         }
     )
-    kept = cluster._anchor_policy_state
-    cluster._anchor_policy_state = None  # the one state in which the guard fires
-    try:
-        cluster.get_actor_per_token_logps(p, c)
+    state = cluster.state
+    no_anchor = dataclasses.replace(state, placed=dataclasses.replace(state.placed, anchor=None))
+    try:  # the one state in which the guard fires
+        operations.anchor_logps(no_anchor, p, c, None)
         answer = "(no error: the guard did not fire)"
     except ValueError as exc:
         answer = f"{type(exc).__name__}: {exc}"
-    finally:
-        cluster._anchor_policy_state = kept
     rows.append({"step": "the same call with the anchor removed", "result": answer})
     del cluster
     collect()

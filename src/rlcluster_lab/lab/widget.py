@@ -33,6 +33,7 @@ from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.knobs import knobs_of
 from rlcluster_lab.lab.controls import KNOB_WIDTH, Knobs
 from rlcluster_lab.lab.display import Display, changes_since
+from rlcluster_lab.lab.rehearsal import rehearse_next_step
 from rlcluster_lab.placement.programs import trim_compiled_programs
 
 # The column of knobs and buttons: the widest knob and a margin.
@@ -73,7 +74,7 @@ class PlacementLab:
         """``devices``: what layouts are built on (default ``jax.devices()``; a
         notebook passes ``rl.setup().devices``). ``rehearse``: after each
         Construct, compile the programs of a training step in the background
-        (``GRPOLearner.rehearse``), so that pressing Training step, after the
+        (``lab.rehearsal.rehearse_next_step``), so that pressing Training step, after the
         few seconds that takes, runs a step instead of compiling one."""
         self.devices = list(devices) if devices is not None else jax.devices()
         self.rehearse = rehearse
@@ -317,7 +318,7 @@ class PlacementLab:
             if previous is not None:
                 previous.join()  # one rehearsal at a time: two would only compete for the cores
             try:
-                learner.rehearse()
+                rehearse_next_step(learner)
             except Exception as exc:  # noqa: BLE001 - the real step will show the real error
                 self.rehearsal_error = f"{type(exc).__name__}: {exc}"
 

@@ -1,26 +1,14 @@
 """Moving arrays between shardings device to device, never through the host.
 
-Two strategies do a layout change, chosen with ``reshard_strategy`` (the
-cluster sets it from ``ClusterConfig.reshard``):
-
-- ``xla`` (the default, ``reshard_xla``): one compiled program per set of
-  shardings, in which XLA plans the collectives; where the device sets differ
-  (the split layout) whole shards then cross in one transfer call. The bytes
-  are read from the program's own collectives, so where XLA moves more than
-  the placement requires, the report shows it.
-- ``minimal`` (``reshard_minimal``): every destination shard is assembled on
-  its own device from the overlapping pieces of source shards, preferring a
-  copy already on that device, so only the bytes a device lacks cross
-  devices: the least any reshard can move at slice granularity.
-
-On the CPU backend ``jax.device_put`` between layouts gathers through host
-memory, which the weight sync's transfer guard (P13) forbids and which would
-not show what a real interconnect moves; both strategies avoid it on every
-platform. ``boxes.plan_reshard`` is the pure part (indices and devices only), so the
-same plan serves the minimal strategy, the minimum any reshard must move, and
-the planner. Every copy either strategy makes is recorded
-(``transfers.record_transfers``): the weight sync's report (L3) counts what
-was really copied from that log.
+Two strategies do a layout change, chosen with ``reshard_strategy`` (the cluster sets it
+from ``ClusterConfig.reshard``): ``xla`` (the default, ``placement.xla``: one compiled
+program per set of shardings, whose bytes are read from its own collectives) and
+``minimal`` (``placement.minimal``: each destination shard assembled on its own device, so
+only the bytes a device lacks cross). On the CPU backend ``jax.device_put`` between layouts
+gathers through host memory, which the weight sync's transfer guard (P13) forbids and which
+would not show what a real interconnect moves; both strategies avoid it on every platform.
+Every copy either makes is recorded (``transfers.record_transfers``): the weight sync's
+report (L3) counts what was really copied from that log.
 """
 
 from __future__ import annotations
@@ -57,11 +45,6 @@ def reshard_strategy(name: str) -> Iterator[None]:
         _STRATEGY.reset(token)
 
 
-def current_strategy() -> str:
-    """The strategy layout changes use here (``xla`` unless a ``reshard_strategy`` block says otherwise)."""
-    return _STRATEGY.get()
-
-
 def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False) -> jax.Array:
     """``x`` laid out as ``dst``, moving only device to device.
 
@@ -96,80 +79,73 @@ def reshard_many(
     current = current_log()
     default = current.leaf if current is not None else None
     labels = [default if lab is None else lab for lab in labels] if labels is not None else [default] * len(xs)
-    out: list[jax.Array | None] = [None] * len(xs)
-    staged: dict[int, tuple[jax.Array, Sharding, bool]] = {}
-    for i, (x, dst) in enumerate(zip(xs, dsts)):
-        if x.sharding == dst:
-            if not copy:
-                out[i] = x
-            else:
-                staged[i] = (x, dst, False)
-            continue
-        staged[i] = (x, dst, x.sharding.memory_kind != _work_kind(x))
-    to_work = [i for i, (x, _, moved) in staged.items() if moved]
-    if to_work:
-        for i, y in zip(
-            to_work,
-            _put(
-                [staged[i][0] for i in to_work],
-                [staged[i][0].sharding.with_memory_kind(_work_kind(staged[i][0])) for i in to_work],
-            ),
-        ):
-            log_new_shards("memory_kind", staged[i][0], y, labels[i])
-            staged[i] = (y, staged[i][1], True)
-
+    out = list(xs)
+    todo = [i for i, (x, dst) in enumerate(zip(xs, dsts)) if copy or x.sharding != dst]
+    # A layout change runs in the devices' default memory: arrays elsewhere move there first.
+    kind_moved = [i for i in todo if xs[i].sharding != dsts[i] and xs[i].sharding.memory_kind != _work_kind(xs[i])]
+    work_shardings = [xs[i].sharding.with_memory_kind(_work_kind(xs[i])) for i in kind_moved]
+    for i, y in zip(
+        kind_moved, _put_kinds([xs[i] for i in kind_moved], work_shardings, [labels[i] for i in kind_moved])
+    ):
+        out[i] = y
     targets: dict[int, Sharding] = {}
     change: list[int] = []
     direct: list[int] = []
-    for i, (x, dst, _moved_kind) in staged.items():
-        if x.sharding == dst:  # the forced copy of an unchanged sharding
-            direct.append(i)
-            targets[i] = dst
-            continue
+    for i in todo:
+        x, dst = out[i], dsts[i]
         work = _work_kind(x)
-        target = dst.with_memory_kind(work) if dst.memory_kind != work else dst
-        targets[i] = target
-        (direct if x.sharding.is_equivalent_to(target, x.ndim) else change).append(i)
+        targets[i] = dst if x.sharding == dst or dst.memory_kind == work else dst.with_memory_kind(work)
+        # The forced copy of an unchanged sharding, or an equivalent layout, needs no layout change.
+        (direct if x.sharding.is_equivalent_to(targets[i], x.ndim) else change).append(i)
     # Devices whose destination shard of array i was made by a logged copy.
-    produced: dict[int, set[int]] = {i: set() for i in staged}
+    produced: dict[int, set[int]] = {i: set() for i in todo}
     # Equivalent layouts: re-labelled in one call (a forced copy where asked, in another).
     for must_copy in (False, True):
-        group = [i for i in direct if (copy and not staged[i][2]) is must_copy]
+        group = [i for i in direct if (copy and i not in kind_moved) is must_copy]
         if not group:
             continue
         if not must_copy and jax.process_count() > 1:
             # multi-process: device_put copies an array spanning processes even onto an
             # equivalent sharding; its own shards, re-labelled, are the same buffers.
-            moved = [relabel(staged[i][0], targets[i]) for i in group]
+            moved = [relabel(out[i], targets[i]) for i in group]
         else:
             moved = jax.device_put(
-                [staged[i][0] for i in group], [targets[i] for i in group], may_alias=False if must_copy else None
+                [out[i] for i in group], [targets[i] for i in group], may_alias=False if must_copy else None
             )
         for i, y in zip(group, moved):
-            produced[i] = log_new_shards("same_device", staged[i][0], y, labels[i]) if current is not None else set()
+            produced[i] = log_new_shards("same_device", out[i], y, labels[i]) if current is not None else set()
             out[i] = y
     if change:
-        for i, (y, made) in zip(
-            change,
-            _change_layout(
-                [staged[i][0] for i in change], [targets[i] for i in change], copy, [labels[i] for i in change]
-            ),
-        ):
-            out[i] = y
-            produced[i] = made
-    to_final = [i for i in staged if targets[i] != dsts[i]]
-    if to_final:
-        for i, y in zip(to_final, _put([out[i] for i in to_final], [dsts[i] for i in to_final])):
-            log_new_shards("memory_kind", out[i], y, labels[i])
-            out[i] = y
-    for i in staged:
-        if current is None or out[i] is xs[i] or len(produced[i]) == len(out[i].sharding.device_set):  # type: ignore[union-attr]
+        changed = _change_layout(
+            [out[i] for i in change], [targets[i] for i in change], copy, [labels[i] for i in change]
+        )
+        for i, (y, made) in zip(change, changed):
+            out[i], produced[i] = y, made
+    to_final = [i for i in todo if targets[i] != dsts[i]]
+    for i, y in zip(
+        to_final, _put_kinds([out[i] for i in to_final], [dsts[i] for i in to_final], [labels[i] for i in to_final])
+    ):
+        out[i] = y
+    for i in todo:
+        if current is None or out[i] is xs[i] or len(produced[i]) == len(out[i].sharding.device_set):
             continue  # nothing to log, or every shard's copy is logged already
-        # A shard that carries the source's own data on its device but sits in a
-        # new buffer (moved between memory kinds on the way) was copied within
-        # its device: logged so that every destination byte is accounted for.
-        _log_carried(xs[i], out[i], produced[i], labels[i])  # type: ignore[arg-type]
-    return out  # type: ignore[return-value]
+        # A shard that carries the source's own data on its device but sits in a new buffer
+        # (moved between memory kinds on the way) was copied within its device: logged so
+        # that every destination byte is accounted for.
+        src_keys = shard_keys(xs[i])
+        carried = [s for s in out[i].addressable_shards if shard_key(s) not in src_keys]
+        _log_same_device([s for s in carried if s.device.id not in produced[i]], labels[i])
+    return out
+
+
+def _put_kinds(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None]) -> list[jax.Array]:
+    """Moves between memory kinds (per device, which the transfer guard allows), logged."""
+    if not xs:
+        return []
+    ys = list(jax.device_put(xs, dsts))
+    for x, y, label in zip(xs, ys, labels):
+        log_new_shards("memory_kind", x, y, label)
+    return ys
 
 
 def _change_layout(
@@ -177,10 +153,9 @@ def _change_layout(
 ) -> list[tuple[jax.Array, set[int]]]:
     """Layout changes in device memory, by the current strategy; (array, devices with new buffers)."""
     log = current_log()
-    strategy = current_strategy()
     results: list[tuple[jax.Array, set[int]] | None] = [None] * len(xs)
     rest = list(range(len(xs)))
-    if strategy == "xla":
+    if _STRATEGY.get() == "xla":
         done = reshard_xla.change_layout(xs, dsts, copy, labels)
         for i, r in done.items():
             results[i] = r
@@ -188,7 +163,15 @@ def _change_layout(
         if log is not None and done:
             log.strategies.add("xla")
     if rest:
-        _refuse_minimal_across_processes([xs[i] for i in rest], [dsts[i] for i in rest])
+        if jax.process_count() > 1 and any(
+            spans_processes(set(xs[i].sharding.device_set) | set(dsts[i].device_set)) for i in rest
+        ):
+            # multi-process: the minimal strategy copies single buffers between devices, which
+            # JAX does only within a process.
+            raise NotImplementedError(
+                "the minimal reshard strategy copies one buffer at a time between devices, which JAX cannot do "
+                "between processes; use reshard='xla' (--reshard xla) when the roles span several processes"
+            )
         # Per-device programs must not inherit a role's mesh context.
         with jax.set_mesh(None):
             built = reshard_minimal.assemble_many(
@@ -199,18 +182,6 @@ def _change_layout(
         if log is not None:
             log.strategies.add("minimal")
     return results  # type: ignore[return-value]
-
-
-def _refuse_minimal_across_processes(xs: list[jax.Array], dsts: list[Sharding]) -> None:
-    """multi-process: the minimal strategy copies single buffers between devices, which JAX does
-    only within a process."""
-    if jax.process_count() == 1:
-        return
-    if any(spans_processes(set(x.sharding.device_set) | set(d.device_set)) for x, d in zip(xs, dsts)):
-        raise NotImplementedError(
-            "the minimal reshard strategy copies one buffer at a time between devices, which JAX cannot do "
-            "between processes; use reshard='xla' (--reshard xla) when the roles span several processes"
-        )
 
 
 def _work_kind(x: jax.Array) -> str:
@@ -253,24 +224,14 @@ def _cast_program(dtypes: tuple[str, ...]) -> Any:
 def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | None) -> None:
     """A cast made new buffers out of ``before`` (a reshard of ``src``): log the shards that
     were still ``src``'s own buffers, which the cast turned into same-device copies."""
+    if before is not after:
+        own = shard_keys(src)
+        _log_same_device([s for s in before.addressable_shards if shard_key(s) in own], label)
+
+
+def _log_same_device(shards: Sequence[Any], label: str | None) -> None:
     log = current_log()
-    if log is None or before is after:
-        return
-    own = shard_keys(src)
-    for s in before.addressable_shards:
-        if shard_key(s) in own:
-            log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
-
-
-def _log_carried(src: jax.Array, out: jax.Array, produced: set[int], label: str | None) -> None:
-    log = current_log()
-    if log is None:
-        return
-    src_keys = shard_keys(src)
-    for s in out.addressable_shards:
-        if shard_key(s) not in src_keys and s.device.id not in produced:
-            log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
-
-
-def _put(xs: list[Any], dsts: list[Any]) -> list[Any]:
-    return list(jax.device_put(xs, dsts)) if xs else []
+    if log is not None:
+        log.transfers.extend(
+            Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label) for s in shards
+        )

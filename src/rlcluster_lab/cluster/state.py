@@ -1,0 +1,117 @@
+"""What a constructed cluster holds: the one object its operations read and change.
+
+``RLCluster`` builds a ``ClusterState`` once construction has finished and keeps
+nothing else of its own; the operations (``cluster.operations``) and the sync
+(``cluster.sync``) are functions handed it. It holds what construction placed
+(``construct.Placed``: the models, the engine, the optimizer states, the anchor,
+the ``Mover`` that keeps shared roles together), the role contexts, the two
+optimizers and the step count, and the lock that serializes the cluster's
+operations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlcluster_lab.cluster.construct import Placed
+from rlcluster_lab.cluster.contexts import RoleContexts
+from rlcluster_lab.core.config import ClusterConfig
+from rlcluster_lab.core.roles import Mode, Role
+from rlcluster_lab.core.trace import Trace
+from rlcluster_lab.placement.place import put_on_memory_kind
+from rlcluster_lab.rules.anchor import anchor_is_partial
+
+# Which field of ``Placed`` holds each trained role's optimizer state.
+_OPTIMIZER_FIELD = {Role.ACTOR: "optimizer", Role.CRITIC: "critic_optimizer"}
+
+
+@dataclasses.dataclass(eq=False)
+class ClusterState:
+    """A constructed cluster's state.
+
+    Attributes:
+        config: the cluster's config.
+        trace: the decision trace (L1), construction's records first.
+        contexts: the role meshes in use and the record of every context entered.
+        placed: what construction placed; steps replace its optimizer states, syncs its anchor.
+        tx: the actor's optimizer.
+        critic_tx: the critic's optimizer.
+        global_steps: the syncs done so far (P13).
+        lock: held by each of the cluster's operations (re-entrant: one operation may call another).
+    """
+
+    config: ClusterConfig
+    trace: Trace
+    contexts: RoleContexts
+    placed: Placed
+    tx: optax.GradientTransformation
+    critic_tx: optax.GradientTransformation
+    global_steps: int = 0
+    lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)
+
+    @property
+    def trainable(self) -> type[nnx.Variable]:
+        """What the actor's optimizer steps over (P12): the LoRA adapters, or every parameter."""
+        return nnx.LoRAParam if self.placed.lora else nnx.Param
+
+    @property
+    def anchor_is_partial(self) -> bool:
+        """P8: the anchor holds the adapters only (anchor='trainable' on a LoRA actor)."""
+        return anchor_is_partial(self.config.anchor, self.placed.lora)
+
+    def anchor_state(self) -> Any:
+        """The state the actor's log-probs are taken with (P10): the pinned snapshot, merged
+        with the actor's own frozen backbone when it holds the adapters only."""
+        anchor = self.placed.anchor
+        if anchor is None or not self.anchor_is_partial:
+            return anchor
+        return nnx.merge_state(nnx.state(self.placed.actor, nnx.Not(nnx.LoRAParam)), anchor)
+
+    @property
+    def platform(self) -> str:
+        """The platform of the devices the cluster's meshes use (one platform per cluster)."""
+        return next(iter(self.contexts.role_to_mesh[Role.ACTOR].devices.flat)).platform
+
+    @property
+    def temperature(self) -> float | None:
+        """The TRAIN rollout temperature, which every log-prob is taken at."""
+        return self.config.rollout_config_for(Mode.TRAIN).temperature
+
+    def pad_id(self) -> int:
+        return self.placed.engine.pad_id()
+
+    @contextlib.contextmanager
+    def working(self, role: Role, model: nnx.Module | None, operation: str) -> Iterator[Mesh]:
+        """Every operation's bracket: enter the role's context (recorded under ``operation``),
+        bring its model to device (P14; the roles sharing its weights come along), work, and
+        offload it again, even when the work raised."""
+        with self.contexts.enter(role, operation) as mesh:
+            if model is not None:
+                self.placed.mover.to_device(model, role)
+            try:
+                yield mesh
+            finally:
+                if model is not None:
+                    self.placed.mover.to_host(model, role)
+
+    @contextlib.contextmanager
+    def optimizer_on_device(self, role: Role) -> Iterator[None]:
+        """P14 for an optimizer state (ACTOR's or CRITIC's): with offload it comes to the role's
+        device memory for the steps and goes back to pinned host afterwards, even when a step raised."""
+        if not self.config.offload_to_cpu:
+            yield
+            return
+        field = _OPTIMIZER_FIELD[role]
+        setattr(self.placed, field, put_on_memory_kind(getattr(self.placed, field), self.contexts.device_kind(role)))
+        try:
+            yield
+        finally:
+            setattr(self.placed, field, put_on_memory_kind(getattr(self.placed, field), "pinned_host"))
