@@ -1,9 +1,10 @@
-# Two entry points: `make lab` (install and open JupyterLab) and `make test` (install and run every test).
+# Entry points: `make lab` (install and open JupyterLab), `make test` (install and run every test)
+# and `make test-fast` (the tests that build no cluster and start no process).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: lab test lint browser-test screenshot install-lab install-test install-browser clean
+.PHONY: lab test test-fast lint browser-test screenshot install-lab install-test install-browser clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +42,18 @@ lab: install-lab
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) --ServerApp.root_dir=notebooks \
 		--LabApp.default_url=/lab/tree/$(FIRST_NOTEBOOK)
 
+# Two tiers. `make test-fast`: no cluster build, no subprocess, no notebook (about a minute on
+# 2 cores) for the edit-and-test loop. `make test` (CI): everything, the notebooks under nbval, the
+# real-browser test and the multi-process launch included. Both spread whole files over WORKERS
+# processes (pytest-xdist), so a notebook's cells stay in order in one of them.
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadfile
+
 test: install-test lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
+
+test-fast: install-test
+	$(PY) -m pytest $(XDIST) -m "not cluster and not slow" -p no:nbval tests
 
 # ruff (lint and format check) and import-linter (one-way layers, no cycle inside a subpackage),
 # both configured in pyproject.toml; `make test` runs them first.

@@ -116,6 +116,7 @@ def test_bad_micro_batch_combinations_are_config_errors(kwargs, message):
         TrainingConfig(**kwargs)
 
 
+@pytest.mark.cluster
 def test_update_actor_accumulates_and_matches_the_unaccumulated_cluster_without_extra_compilations():
     scenario = Scenario(layout="colocated", max_tokens=4)
     whole = build_cluster(scenario, training_config=TrainingConfig(optimizer=optax.sgd(0.5), mini_batch_size=4))

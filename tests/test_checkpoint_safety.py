@@ -438,6 +438,7 @@ def _refuse_weights(monkeypatch):
     monkeypatch.setattr(checkpoint, "load", no_weights)
 
 
+@pytest.mark.cluster
 def test_reference_checkpoint_of_another_size_is_refused_before_its_weights_are_read(tmp_path, monkeypatch):
     ref = save(init_model("small"), tmp_path / "small_ref")
     _refuse_weights(monkeypatch)
@@ -450,6 +451,7 @@ def test_reference_checkpoint_of_another_size_is_refused_before_its_weights_are_
     assert str(ref) in str(err.value)
 
 
+@pytest.mark.cluster
 def test_critic_checkpoint_of_another_size_is_refused(tmp_path, monkeypatch):
     critic = save(init_score_model("small"), tmp_path / "small_critic")
     _refuse_weights(monkeypatch)
@@ -462,6 +464,7 @@ def test_critic_checkpoint_of_another_size_is_refused(tmp_path, monkeypatch):
     assert str(critic) in str(err.value)
 
 
+@pytest.mark.cluster
 def test_actor_checkpoint_against_a_reference_of_another_size_is_refused(saved, monkeypatch):
     _refuse_weights(monkeypatch)
     with pytest.raises(ConfigError, match="reference model's parameter tree does not match") as err:

@@ -28,6 +28,7 @@ def run_json(capsys, *args: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.cluster
 def test_report_json_has_the_documented_keys(capsys):
     data = run_json(capsys, "--layout", "colocated")
     assert KEYS <= set(data)
@@ -43,6 +44,7 @@ def test_report_json_has_the_documented_keys(capsys):
     assert data["anchor"]["memory_kind"] == "pinned_host"
 
 
+@pytest.mark.cluster
 def test_report_json_memory_and_sync_keys(capsys):
     data = run_json(capsys, "--layout", "split", "--lora")
     assert set(data["memory"]) >= {"by_role", "by_device", "shared", "unique_bytes", "naive_bytes", "allocator"}
@@ -65,6 +67,7 @@ def test_report_json_memory_and_sync_keys(capsys):
     assert sync["anchor_bytes"] == data["anchor"]["bytes"]
 
 
+@pytest.mark.cluster
 def test_report_reshaped_same_chips_is_a_second_copy(capsys):
     data = run_json(capsys, "--layout", "reshaped")
     assert data["sharing_map"]["actor"] == []
@@ -73,6 +76,7 @@ def test_report_reshaped_same_chips_is_a_second_copy(capsys):
     assert data["role_to_mesh"]["rollout"]["device_ids"] == data["role_to_mesh"]["actor"]["device_ids"]
 
 
+@pytest.mark.cluster
 def test_report_lora_shares_the_reference_backbone(capsys):
     data = run_json(capsys, "--layout", "split", "--lora", "--engine", "vllm")
     assert data["sharing_map"]["reference"] == ["actor"]
@@ -81,12 +85,14 @@ def test_report_lora_shares_the_reference_backbone(capsys):
     assert data["mesh_overridden_by_engine"] is True
 
 
+@pytest.mark.cluster
 def test_p4_report_lora_separate_base_warns(capsys):
     data = run_json(capsys, "--lora", "--lora-separate-base")
     assert data["reference_shares_backbone"] is False
     assert any("avoidable copy" in w for w in data["warnings"])
 
 
+@pytest.mark.cluster
 def test_report_text_summary(capsys):
     assert main(["report", "--layout", "split", "--rollout-dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
@@ -118,6 +124,7 @@ def main_exit(argv):
         return exc.code
 
 
+@pytest.mark.cluster
 def test_devices_flag_sets_the_simulated_device_count():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run(
@@ -134,6 +141,7 @@ def test_devices_flag_sets_the_simulated_device_count():
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.cluster
 def test_p4_p14_offload_lora_warns_at_construction_then_rejoins(capsys):
     data = run_json(capsys, "--lora", "--offload")
     assert any("offload_to_cpu" in w for w in data["warnings"])

@@ -232,6 +232,7 @@ class _ClosedPipe(io.TextIOBase):
         raise BrokenPipeError(32, "Broken pipe")
 
 
+@pytest.mark.cluster
 def test_learn_into_a_closed_stdout_ends_quietly(capsys, monkeypatch):
     # The progress lines are written while the learner runs, so the pipe breaks inside
     # GRPOLearner.run. Its GRPO step (compiling every program, most of a minute here) is
@@ -243,6 +244,7 @@ def test_learn_into_a_closed_stdout_ends_quietly(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.cluster
 def test_plan_json_into_a_pipe_closed_early_has_no_traceback():
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first byte (`| head -c 0`)
@@ -269,6 +271,7 @@ def test_plan_json_into_a_pipe_closed_early_has_no_traceback():
         ["report", "--devices", "200000"],
     ],
 )
+@pytest.mark.cluster
 def test_refusals_come_back_before_jax_is_imported(argv):
     # A knob-level refusal costs an interpreter start, not an `import jax` (about 3 s here).
     code = (

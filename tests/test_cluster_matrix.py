@@ -1,11 +1,14 @@
-"""Every layout x LoRA x engine: the report's decisions against the rules, and a working sync."""
+"""Layout x LoRA x engine, pairwise: the report's decisions against the rules, and a working sync."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from pairwise import pairwise
 
 from rlcluster_lab import Scenario, build_cluster, placement_report
+
+pytestmark = pytest.mark.cluster  # every case builds a cluster and syncs it
 
 LAYOUTS = ["colocated", "reshaped", "split"]
 ENGINES = ["vanilla", "vllm", "sglang_jax"]
@@ -49,9 +52,27 @@ def expected(layout: str, lora: bool, engine: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+# Pairwise over layout x LoRA x engine: every expectation above turns on one factor or two
+# (the branch and the rollout mesh on layout and engine, the sharing map on layout and LoRA).
+MATRIX_CASES = pairwise(
+    {"layout": LAYOUTS, "lora": [False, True], "engine": ENGINES},
+    [
+        ("colocated", False, "vanilla"),
+        ("colocated", True, "vllm"),
+        ("colocated", True, "sglang_jax"),
+        ("reshaped", True, "vanilla"),
+        ("reshaped", False, "vllm"),
+        ("reshaped", False, "sglang_jax"),
+        ("split", False, "vanilla"),
+        ("split", True, "vllm"),
+        ("split", True, "sglang_jax"),
+    ],
+)
+
+
+@pytest.mark.parametrize(
+    ("layout", "lora", "engine"), MATRIX_CASES, ids=lambda v: {False: "full", True: "lora"}.get(v, v)
+)
 def test_p1_to_p8_matrix(layout: str, lora: bool, engine: str) -> None:
     cluster = build_cluster(Scenario(layout=layout, lora=lora, engine=engine, max_tokens=4))
     report = placement_report(cluster)

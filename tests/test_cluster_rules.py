@@ -38,6 +38,8 @@ from rlcluster_lab.core.config import Mode
 from rlcluster_lab.core.shardings import PlacementError, memory_kinds
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
 
+pytestmark = pytest.mark.cluster  # the rules observed on live clusters (construction errors included)
+
 PROMPTS = ["abc", "hello world", "x", "rl"]
 
 

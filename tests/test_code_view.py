@@ -12,6 +12,8 @@ import rlcluster_lab as rl
 from rlcluster_lab.lab.code_view import _test_patterns, rule_function, show_rule
 from rlcluster_lab.rules import RULES, find_rule
 
+pytestmark = pytest.mark.cluster  # each test reads the decisions of a live cluster
+
 
 @pytest.fixture(scope="module")
 def split_lora():

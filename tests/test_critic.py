@@ -111,6 +111,7 @@ def test_value_step_accumulates_micro_batches_to_the_same_update():
 # ------------------------------------------------------------------ the cluster
 
 
+@pytest.mark.cluster
 def test_update_critic_trains_the_critic_with_its_own_optimizer_on_its_mesh(cluster):
     c = cluster
     state = c.critic_optimizer_state
@@ -136,6 +137,7 @@ def test_update_critic_trains_the_critic_with_its_own_optimizer_on_its_mesh(clus
     assert c.critic_optimizer_state is not state
 
 
+@pytest.mark.cluster
 def test_train_dispatches_by_role_and_refuses_the_others(cluster):
     c = cluster
     prompts, completion = tokens()
@@ -150,6 +152,7 @@ def test_train_dispatches_by_role_and_refuses_the_others(cluster):
         c.train(Role.CRITIC, batch)
 
 
+@pytest.mark.cluster
 def test_update_critic_without_a_critic_is_a_clear_error():
     c = build_cluster(Scenario(layout="colocated", max_tokens=4))
     assert c.critic_optimizer_state is None
@@ -158,6 +161,7 @@ def test_update_critic_without_a_critic_is_a_clear_error():
         c.update_critic(value_batch(np.zeros((4, 3), np.float32)))
 
 
+@pytest.mark.cluster
 def test_offload_keeps_the_critic_optimizer_state_in_pinned_host_between_updates():
     c = build_cluster(Scenario(layout="colocated", with_critic=True, offload=True, max_tokens=4))
     assert memory_kinds(c.critic_optimizer_state) == ["pinned_host"]
@@ -166,6 +170,7 @@ def test_offload_keeps_the_critic_optimizer_state_in_pinned_host_between_updates
     assert memory_kinds(nnx.state(c.critic_model)) == ["pinned_host"]
 
 
+@pytest.mark.cluster
 def test_memory_ledger_and_plan_count_the_critic_optimizer_alike(cluster):
     measured = memory_report(cluster).to_json()["by_role"]["critic_optimizer"]
     planned = plan_scenario(Scenario(layout="split", with_critic=True), local_topology()).memory["by_role"]
@@ -194,6 +199,7 @@ def _cli(argv):
     return rc, out.getvalue()
 
 
+@pytest.mark.cluster
 def test_cli_report_and_plan_show_the_critic_optimizer():
     rc, out = _cli(["report", "--critic", "--json"])
     assert rc == 0
@@ -217,6 +223,7 @@ def test_critic_advantages_use_the_reward_as_every_tokens_return():
     np.testing.assert_allclose(advantages, (raw - raw.mean()) / raw.std(), rtol=1e-5)
 
 
+@pytest.mark.cluster
 def test_learner_runs_ppo_style_steps_with_the_critic():
     c = build_cluster(Scenario(layout="colocated", with_critic=True, max_tokens=4))
     before = critic_params(c)

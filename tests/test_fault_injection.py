@@ -38,6 +38,8 @@ from rlcluster_lab.cluster import sync as sync_module
 from rlcluster_lab.core.shardings import memory_kinds
 from rlcluster_lab.placement.buffers import buffer_keys
 
+pytestmark = pytest.mark.cluster  # faults injected into live clusters
+
 PROMPTS = ["abc", "hello world", "x", "rl"]
 
 

@@ -76,6 +76,7 @@ def test_logps_refuse_a_pad_id_outside_the_vocabulary(split_model):
         logps_from_state(*split_model, batch["prompt_tokens"], batch["completion_tokens"], 300)
 
 
+@pytest.mark.cluster
 def test_cluster_logps_refuse_ids_outside_the_vocabulary_for_every_role(cluster):
     batch = good_batch()
     completion = batch["completion_tokens"].copy()
@@ -108,6 +109,7 @@ def test_sample_refuses_prompts_the_model_cannot_embed(split_model):
         sample(*split_model, WideTokenizer(), ["hi"], max_new_tokens=2, temperature=1.0, cache_size=32, seed=0)
 
 
+@pytest.mark.cluster
 def test_train_batch_refuses_negative_ids_and_the_step_refuses_ids_past_the_vocabulary(cluster):
     batch = good_batch()
     negative = batch["prompt_tokens"].copy()
@@ -210,6 +212,7 @@ def test_sampler_refuses_a_float_length(split_model):
 
 
 @pytest.mark.parametrize("size", [0, -1])
+@pytest.mark.cluster
 def test_micro_batch_size_must_be_positive(cluster, size):
     batch = good_batch()
     with pytest.raises(ConfigError, match=f"micro_batch_size must be a positive int .* got {size}"):
@@ -226,6 +229,7 @@ def test_empty_batches_are_clear_errors(split_model):
 # ------------------------------------------------------------------ a string is not a list of prompts
 
 
+@pytest.mark.cluster
 def test_engine_generate_refuses_a_bare_string(cluster):
     with pytest.raises(TypeError, match=r"prompts must be a list of prompt strings.*pass \['hello'\]"):
         cluster.rollout.generate("hello", cluster.get_rollout_config())
@@ -239,6 +243,7 @@ def test_sampler_refuses_a_bare_string_and_non_strings(split_model):
         sample(*split_model, TOK, ["ok", 7], **kw)
 
 
+@pytest.mark.cluster
 def test_learner_refuses_a_bare_string(cluster):
     with pytest.raises(TypeError, match=r"pass \['hello'\]"):
         GRPOLearner(cluster, prompts="hello")
@@ -250,6 +255,7 @@ def test_validate_prompts_keeps_a_list_and_refuses_a_string():
         validate_prompts("hello")
 
 
+@pytest.mark.cluster
 def test_cluster_generate_refuses_a_bare_string(cluster):
     with pytest.raises(TypeError, match=r"pass \['hello'\]"):
         cluster.generate("hello")

@@ -35,18 +35,21 @@ def run():
     return cluster, learner.run()
 
 
+@pytest.mark.cluster
 def test_learner_raises_the_toy_reward(run):
     _, result = run
     first, last = np.mean(result.rewards[:5]), np.mean(result.rewards[-5:])
     assert last > first + 0.2, result.rewards
 
 
+@pytest.mark.cluster
 def test_learner_steps_and_syncs_through_the_cluster(run):
     cluster, result = run
     assert cluster.global_steps == 20
     assert all(s.optimizer_steps == 2 for s in result.steps)  # batch 16, mini-batch 8
 
 
+@pytest.mark.cluster
 def test_p11_learner_shows_live_weights_drift_from_the_anchor(run):
     _, result = run
     first = [p.live_vs_anchor for p in result.p11 if p.steps_taken_before == 0]
@@ -57,6 +60,7 @@ def test_p11_learner_shows_live_weights_drift_from_the_anchor(run):
     assert max(p.anchor_vs_sampler for p in result.p11) < 1e-4
 
 
+@pytest.mark.cluster
 def test_learner_can_take_rewards_from_the_reward_model():
     import jax.numpy as jnp
 
@@ -71,6 +75,7 @@ def test_learner_can_take_rewards_from_the_reward_model():
     assert cluster.global_steps == 1
 
 
+@pytest.mark.cluster
 def test_learner_rejects_two_reward_sources():
     cluster = build_cluster(Scenario(layout="colocated", max_tokens=4, with_reward=True))
     with pytest.raises(ValueError, match="not both"):

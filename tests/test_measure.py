@@ -6,6 +6,7 @@ import math
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +19,9 @@ from rlcluster_lab.placement.buffers import state_bytes
 from rlcluster_lab.placement.reshard import reshard, reshard_strategy
 from rlcluster_lab.placement.transfers import leaf_label, record_transfers
 
-PROPERTY = settings(max_examples=40, deadline=None, derandomize=True)
+# Every example reshards onto fresh shardings and compiles: the count is the hypothesis profile's
+# (tests/conftest.py: 12 in `make test`, 40 with HYPOTHESIS_PROFILE=thorough).
+COMPILING = settings(deadline=None, derandomize=True)
 
 
 # --- L2 on clusters ---------------------------------------------------------------
@@ -32,6 +35,7 @@ def _check_totals(mem: dict) -> None:
         assert r["bytes"] == sum(r["by_kind"].values()) == sum(sum(k.values()) for k in r["by_device"].values())
 
 
+@pytest.mark.cluster
 def test_l2_colocated_rollout_is_the_actor_counted_once():
     cluster = build_cluster(Scenario(layout="colocated"))
     mem = memory_report(cluster).to_json()
@@ -44,6 +48,7 @@ def test_l2_colocated_rollout_is_the_actor_counted_once():
     assert mem["naive_bytes"] - mem["unique_bytes"] == actor
 
 
+@pytest.mark.cluster
 def test_l2_split_holds_two_copies_and_nothing_shared():
     cluster = build_cluster(Scenario(layout="split"))
     mem = memory_report(cluster).to_json()
@@ -55,6 +60,7 @@ def test_l2_split_holds_two_copies_and_nothing_shared():
     assert set(mem["by_role"]["actor"]["by_device"]) == {"0", "1", "2", "3"}
 
 
+@pytest.mark.cluster
 def test_l2_lora_reference_shares_the_backbone_unless_built_on_a_copy():
     shared = memory_report(build_cluster(Scenario(layout="split", lora=True))).to_json()
     ref = shared["by_role"]["reference"]["bytes"]
@@ -68,6 +74,7 @@ def test_l2_lora_reference_shares_the_backbone_unless_built_on_a_copy():
     assert separate["unique_bytes"] - shared["unique_bytes"] == ref
 
 
+@pytest.mark.cluster
 def test_l2_anchor_and_optimizer_are_entries_of_their_own():
     cluster = build_cluster(Scenario(layout="colocated", lora=True))
     mem = memory_report(cluster).to_json()
@@ -78,6 +85,7 @@ def test_l2_anchor_and_optimizer_are_entries_of_their_own():
     assert mem["by_role"]["optimizer"]["bytes"] < 2 * adapters + 8 * 16
 
 
+@pytest.mark.cluster
 def test_l2_offload_puts_every_role_in_pinned_host():
     cluster = build_cluster(Scenario(layout="reshaped", lora=True, offload=True, with_reward=True, with_critic=True))
     mem = memory_report(cluster).to_json()
@@ -87,6 +95,7 @@ def test_l2_offload_puts_every_role_in_pinned_host():
     assert {"reward", "critic"} <= set(mem["by_role"])
 
 
+@pytest.mark.cluster
 def test_l2_trainable_anchor_pins_only_adapters():
     full = build_cluster(Scenario(layout="reshaped", lora=True, anchor="full"))
     part = build_cluster(Scenario(layout="reshaped", lora=True, anchor="trainable"))
@@ -105,6 +114,7 @@ def test_l2_trainable_anchor_pins_only_adapters():
     }
 
 
+@pytest.mark.cluster
 def test_l2_every_counted_buffer_is_live():
     cluster = build_cluster(Scenario(layout="reshaped", lora=True, engine="vllm"))
     mem = memory_report(cluster).to_json()
@@ -115,6 +125,7 @@ def test_l2_every_counted_buffer_is_live():
     assert mem["unique_bytes"] <= sum(live.values())
 
 
+@pytest.mark.cluster
 def test_l2_allocator_figures_are_not_invented_on_cpu():
     cluster = build_cluster(Scenario())
     alloc = memory_report(cluster).to_json()["allocator"]
@@ -170,7 +181,7 @@ def _accounted(case, copy, strategy):
     return host, x, y, rep
 
 
-@PROPERTY
+@COMPILING
 @given(_cases(), st.booleans())
 def test_l3_minimal_accounting_adds_up_and_moves_only_the_minimum(case, copy):
     host, x, y, rep = _accounted(case, copy, "minimal")
@@ -190,7 +201,7 @@ def test_l3_minimal_accounting_adds_up_and_moves_only_the_minimum(case, copy):
     np.testing.assert_array_equal(np.asarray(y), host)
 
 
-@settings(max_examples=12, deadline=None, derandomize=True)
+@COMPILING
 @given(_cases(), st.booleans())
 def test_l3_xla_accounting_adds_up_and_never_undercuts_the_minimum(case, copy):
     """The compiled program's collectives, traced per destination shard: every byte accounted for."""

@@ -5,9 +5,12 @@ them."""
 from __future__ import annotations
 
 import jax
+import pytest
 
 import rlcluster_lab as rl
 from rlcluster_lab.lab.mechanism import p3_branch_rows, sharing_decisions
+
+pytestmark = pytest.mark.cluster  # compared with a built cluster
 
 
 def test_sharing_decisions_are_the_ones_a_cluster_takes():

@@ -217,6 +217,7 @@ def _normalised(decisions, order):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("layout", "lora"), CASES)
+@pytest.mark.cluster
 def test_two_processes_decide_as_one_process_does(launched, layout, lora):
     data = launched[(layout, lora)]
     assert data["process_count"] == 2  # merging checked that both processes took the same decisions
@@ -250,6 +251,7 @@ def test_two_processes_decide_as_one_process_does(launched, layout, lora):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("layout", "lora"), CASES)
+@pytest.mark.cluster
 def test_bytes_across_processes_equal_their_minimum(launched, layout, lora):
     sync = launched[(layout, lora)]["sync"]
     p = sync["processes"]
@@ -275,6 +277,7 @@ def test_bytes_across_processes_equal_their_minimum(launched, layout, lora):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("layout", "lora"), sorted(EXERCISED))
+@pytest.mark.cluster
 def test_every_operation_runs_across_processes(launched, layout, lora):
     first, second = launched[(layout, lora)]["exercise_by_process"]
     # Every process read back the same tokens and the same optimizer metrics.
@@ -317,6 +320,7 @@ def _alive(pid):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_worker_that_raises_ends_the_run_with_its_own_error():
     pids = []
     # Both workers refuse the job; whichever exits first is the one reported.
@@ -327,6 +331,7 @@ def test_a_worker_that_raises_ends_the_run_with_its_own_error():
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_killed_worker_ends_the_run_with_its_error_and_no_orphans():
     cmd = [sys.executable, "-m", "rlcluster_lab", "report", "--processes", "2", "--layout", "split", "--sync"]
     cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
@@ -354,6 +359,7 @@ def test_a_killed_worker_ends_the_run_with_its_error_and_no_orphans():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("layout", "lora"), CASES)
+@pytest.mark.cluster
 def test_the_planner_per_host_equals_two_processes_measured(launched, layout, lora):
     """L4 at small scale: the planner, told this machine's eight devices are two hosts of four,
     gives each host the bytes per role that host's process measured on its own shards, and the

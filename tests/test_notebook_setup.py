@@ -32,6 +32,7 @@ def test_setup_fails_loudly_when_the_backend_already_started_with_another_count(
         rl.setup(4, quiet=True)
 
 
+@pytest.mark.cluster
 def test_setup_in_a_fresh_process_sets_the_count_and_lists_reachable_layouts():
     code = (
         "import json, rlcluster_lab as rl\n"

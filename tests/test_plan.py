@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from pairwise import pairwise
 from test_reshard import _cases
 
 from rlcluster_lab import Role, Scenario, TrainingConfig, build_cluster, placement_report
@@ -109,9 +110,25 @@ def _assert_sync_matches(planned: dict, sync: dict, strategy: str) -> None:
 # --- plan == measured -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("reshard", ["xla", "minimal"])
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+# Pairwise over layout x LoRA x strategy. Reshaped with the minimal strategy compiles two small
+# programs per device (about 20 s here), so it runs once, with full weights; the sync tests reuse it.
+LAYOUT_CASES = pairwise(
+    {"layout": LAYOUTS, "lora": [False, True], "reshard": ["xla", "minimal"]},
+    [
+        ("colocated", False, "xla"),
+        ("colocated", True, "minimal"),
+        ("reshaped", False, "minimal"),
+        ("reshaped", True, "xla"),
+        ("split", False, "xla"),
+        ("split", True, "minimal"),
+    ],
+)
+
+
+@pytest.mark.parametrize(
+    ("layout", "lora", "reshard"), LAYOUT_CASES, ids=lambda v: {False: "full", True: "lora"}.get(v, v)
+)
+@pytest.mark.cluster
 def test_l4_plan_equals_measured_for_every_layout_and_lora(layout: str, lora: bool, reshard: str) -> None:
     plan = assert_plan_matches_measurement(Scenario(layout=layout, lora=lora, reshard=reshard))
     # P1/P3 as the plan saw them: only the colocated layout shares one set of weights.
@@ -140,10 +157,12 @@ def test_l4_plan_equals_measured_for_every_layout_and_lora(layout: str, lora: bo
     ],
     ids=lambda k: "-".join(f"{v}" if isinstance(v, str) else k for k, v in k.items()),
 )
+@pytest.mark.cluster
 def test_l4_plan_equals_measured_for_engines_offload_and_options(knobs: dict) -> None:
     assert_plan_matches_measurement(Scenario(**knobs))
 
 
+@pytest.mark.cluster
 def test_l4_plan_equals_measured_with_own_meshes_and_role_rules() -> None:
     # P2 unlinked: the reference on the same chips in another order; the LoRA actor is
     # resharded off the reference's buffers, keeping only the shards that coincide (norm scales).
@@ -175,6 +194,7 @@ def test_l4_plan_equals_measured_with_own_meshes_and_role_rules() -> None:
     assert plan["sync"]["moved_cross_device_bytes"] > 0
 
 
+@pytest.mark.cluster
 def test_l4_plan_equals_measured_optimizer_state_for_another_optimizer() -> None:
     # P12: mu in bfloat16 beside float32 parameters, nu in float32, one step count on the actor's mesh.
     tx = optax.adamw(1e-3, mu_dtype="bfloat16")
@@ -273,13 +293,14 @@ def _planned_reuse_matches_the_reshard(case, strategy: str) -> None:
     assert list(buf.kept(a, PlannedMesh.of(dst.mesh), dst.spec, "device")) == measured
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+# Each example compiles a reshard: the count is the hypothesis profile's (tests/conftest.py).
+@settings(deadline=None, derandomize=True)
 @given(_cases())
 def test_l4_planned_reuse_equals_the_minimal_reshard(case) -> None:
     _planned_reuse_matches_the_reshard(case, "minimal")
 
 
-@settings(max_examples=12, deadline=None, derandomize=True)
+@settings(deadline=None, derandomize=True)
 @given(_cases())
 def test_l4_planned_reuse_equals_the_xla_reshard(case) -> None:
     _planned_reuse_matches_the_reshard(case, "xla")

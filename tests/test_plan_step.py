@@ -205,6 +205,7 @@ def _live_step_terms(scenario: Scenario, *, gradients: bool = True):
 
 
 @pytest.mark.parametrize("knobs", [{"layout": "colocated"}, {"layout": "split", "lora": True}], ids=["full", "lora"])
+@pytest.mark.cluster
 def test_l4_gradients_and_update_outputs_equal_live_buffers(knobs: dict) -> None:
     """Gradients as live buffers; the step's outputs have its inputs' layouts (it pins them),
     so they are the live trainable parameters and optimizer state again."""
@@ -216,6 +217,7 @@ def test_l4_gradients_and_update_outputs_equal_live_buffers(knobs: dict) -> None
 
 
 @pytest.mark.slow  # compiles the training step for eight devices: about a minute on two cores
+@pytest.mark.cluster
 def test_l4_the_compiled_step_holds_what_the_plan_counts() -> None:
     """XLA's memory analysis of the lab's own step (nothing runs): its outputs are exactly the
     planned update outputs (plus the metrics and one 8-byte entry per output buffer, the
@@ -233,6 +235,7 @@ def test_l4_the_compiled_step_holds_what_the_plan_counts() -> None:
         assert 0.5 < analysis.temp_size_in_bytes / (update["gradients"] + update["activations"]) < 2.0
 
 
+@pytest.mark.cluster
 def test_l4_kv_cache_is_the_engines_cache() -> None:
     scenario = Scenario(layout="split")
     plan = plan_scenario(scenario)
@@ -341,6 +344,7 @@ def test_l4_split_layout_over_two_hosts_sends_every_synced_byte_across() -> None
 @pytest.mark.parametrize(
     "knobs", [{"layout": "split", "lora": True}, {"layout": "colocated", "offload": True}, {"layout": "reshaped"}]
 )
+@pytest.mark.cluster
 def test_l4_per_host_figures_are_the_per_device_walk_grouped_by_host(knobs: dict) -> None:
     """What each process's walk of its own shards would report: the live cluster's per-device
     figures, summed over the devices of each host."""
@@ -466,6 +470,7 @@ def test_l4_cli_plan_bad_workload_is_one_line_exit_2(argv: list[str], says: str)
     assert err.count("\n") == 1 and says in err
 
 
+@pytest.mark.cluster
 def test_l4_the_compiled_sampler_holds_about_what_the_generate_phase_counts() -> None:
     """XLA's temporaries for the lab's sampler (``model.sampling``) at the workload's shapes,
     beside the plan's generate phase (cache, prefill logits, one layer's attention): measured

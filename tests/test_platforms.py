@@ -60,6 +60,7 @@ def test_setup_with_use_accelerator_builds_on_the_chip(monkeypatch):
     assert "only colocated fits" in lab.summary()
 
 
+@pytest.mark.cluster
 def test_a_cpu_cluster_keeps_its_guard_platform_and_memory_kinds_when_the_default_backend_is_a_gpu(monkeypatch):
     """A cluster on simulated CPU devices beside a GPU: the GPU is JAX's default backend, yet the
     sync is guarded (P13), the report says cpu, and memory kinds are the CPU devices' own."""
@@ -76,6 +77,7 @@ def test_a_cpu_cluster_keeps_its_guard_platform_and_memory_kinds_when_the_defaul
     assert report["sync"]["moved_cross_device_bytes"] == report["sync"]["minimum_cross_device_bytes"] > 0
 
 
+@pytest.mark.cluster
 def test_operations_default_to_the_roles_devices():
     """Arrays made without a placement inside an operation (keys, prompts) land on the role's
     devices, not on JAX's default device: the role context enters its mesh's first device."""
@@ -121,6 +123,7 @@ def test_allocator_figures_come_from_the_devices_given_and_say_what_they_cover()
     assert not allocator_stats(jax.devices("cpu"))["available"]
 
 
+@pytest.mark.cluster
 def test_p11_log_probs_are_computed_at_the_configured_precision():
     seen = []
     cluster = build_cluster(Scenario())

@@ -39,6 +39,7 @@ def test_an_unknown_name_is_an_attribute_error(name: str) -> None:
         module.no_such_name  # noqa: B018
 
 
+@pytest.mark.cluster
 def test_import_rlcluster_lab_alone_imports_no_jax() -> None:
     code = (
         "import sys\n"

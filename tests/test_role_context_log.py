@@ -19,6 +19,8 @@ from rlcluster_lab.training import critic as critic_training
 from rlcluster_lab.training.critic import ValueBatch
 from rlcluster_lab.training.step import TrainBatch
 
+pytestmark = pytest.mark.cluster  # every test here builds a cluster
+
 PROMPTS = ["abc", "hello world", "x", "rl"]
 
 

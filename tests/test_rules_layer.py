@@ -90,6 +90,7 @@ def test_flow_questions_and_labels_are_the_rules_declarations() -> None:
     assert OPTION_LABELS["kept"] == "rollout mesh kept"
 
 
+@pytest.mark.cluster
 def test_changing_a_rule_function_changes_the_cluster_and_the_planner(monkeypatch) -> None:
     """Both execute the same P1 function: make it refuse every link, and the colocated layout
     (one mesh, normally shared) becomes a second copy in the live cluster and in the plan."""
@@ -113,6 +114,7 @@ def test_changing_a_rule_function_changes_the_cluster_and_the_planner(monkeypatc
 
 
 @pytest.mark.parametrize("layout, critic", [("colocated", False), ("reshaped", False), ("split", True)])
+@pytest.mark.cluster
 def test_cluster_and_plan_take_the_same_decisions_in_the_same_order(layout: str, critic: bool) -> None:
     scenario = Scenario(layout=layout, lora=True, with_critic=critic)
     cluster = build_cluster(scenario, devices=jax.devices())

@@ -25,7 +25,10 @@ from rlcluster_lab.tunix import differences, extra
 from rlcluster_lab.tunix import sync as tunix_sync
 
 # Tunix's trainer enters its meshes with `with mesh:`, which this JAX deprecates; the warning is Tunix's.
-pytestmark = pytest.mark.filterwarnings("ignore:.*with mesh.*context manager has been deprecated:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*with mesh.*context manager has been deprecated:DeprecationWarning"),
+    pytest.mark.cluster,  # the lab's cluster and Tunix's, built side by side (and a fresh interpreter)
+]
 
 needs_tunix = pytest.mark.skipif(not rt.available(), reason=f"Tunix is not installed: {rt.INSTALL_HINT}")
 
