@@ -120,6 +120,7 @@ def _waiting_child(release) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+@pytest.mark.cluster  # starts Python processes (stand-ins for the warm-up)
 def test_the_warm_start_starts_one_process_and_not_a_second_while_it_runs(warm_env, tmp_path):
     release = tmp_path / "release"
     line = warm.start_warm_up(command=_waiting_child(release))
