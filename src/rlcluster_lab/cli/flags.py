@@ -57,6 +57,14 @@ def add_scenario_flags(p: argparse.ArgumentParser, *, planner: bool = False) -> 
         help="how layouts change: xla (one compiled program, bytes read from its collectives) "
         "or minimal (exactly what each device lacks)",
     )
+    p.add_argument(
+        "--sync-chunk-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hand a weight sync over in chunks of at most N bytes of leaves, each committed and its old "
+        "arrays dropped before the next (bounds the sync's peak; default: one piece)",
+    )
     p.add_argument("--reward", action="store_true", help="add a reward model")
     p.add_argument("--critic", action="store_true", help="add a critic")
     p.add_argument(
@@ -87,6 +95,7 @@ def scenario_from(args: argparse.Namespace, **extra: Any) -> Any:
         sglang_static_lora=not args.no_static_lora,
         anchor=args.anchor,
         reshard=args.reshard,
+        sync_chunk_bytes=args.sync_chunk_bytes,
     )
     knobs.update(extra)
     return Scenario(**knobs)

@@ -74,6 +74,7 @@ KNOBS: dict[str, Knob] = {
         _k("with_critic", "critic", "critic model", "checkbox", "--critic"),
         _k("anchor", "anchor", "anchor (P8)", "dropdown", "--anchor"),
         _k("reshard", "reshard", None, "dropdown", "--reshard"),
+        _k("sync_chunk_bytes", "sync-chunk-bytes", "sync in chunks of (P13)", "dropdown", "--sync-chunk-bytes"),
         # Lab only: the custom rollout mesh's shape (the CLI builds standard layouts).
         _k("rollout_shape", "rollout-shape", "rollout shape", "dropdown", None),
         # CLI only: the simulated device count, and the learner's settings (``learn``).

@@ -38,6 +38,7 @@ from jax.sharding import Sharding
 from rlcluster_lab.core.hosts import spans_processes
 from rlcluster_lab.core.options import RESHARD_STRATEGIES
 from rlcluster_lab.placement import minimal as reshard_minimal
+from rlcluster_lab.placement import phases
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.boxes import relabel
 from rlcluster_lab.placement.transfers import Transfer, current_log, log_new_shards, shard_key, shard_keys
@@ -108,15 +109,16 @@ def reshard_many(
         staged[i] = (x, dst, x.sharding.memory_kind != _work_kind(x))
     to_work = [i for i, (x, _, moved) in staged.items() if moved]
     if to_work:
-        for i, y in zip(
-            to_work,
-            _put(
-                [staged[i][0] for i in to_work],
-                [staged[i][0].sharding.with_memory_kind(_work_kind(staged[i][0])) for i in to_work],
-            ),
-        ):
+        brought = _put(
+            [staged[i][0] for i in to_work],
+            [staged[i][0].sharding.with_memory_kind(_work_kind(staged[i][0])) for i in to_work],
+        )
+        phases.made(brought, phases.STAGED)
+        for i, y in zip(to_work, brought):
             log_new_shards("memory_kind", staged[i][0], y, labels[i])
             staged[i] = (y, staged[i][1], True)
+        del brought
+        phases.phase("stage")
 
     targets: dict[int, Sharding] = {}
     change: list[int] = []
@@ -130,6 +132,7 @@ def reshard_many(
         target = dst.with_memory_kind(work) if dst.memory_kind != work else dst
         targets[i] = target
         (direct if x.sharding.is_equivalent_to(target, x.ndim) else change).append(i)
+    x = y = None  # no loop variable keeps an array alive past its phase (the sync's peak, L3)
     # Devices whose destination shard of array i was made by a logged copy.
     produced: dict[int, set[int]] = {i: set() for i in staged}
     # Equivalent layouts: re-labelled in one call (a forced copy where asked, in another).
@@ -145,9 +148,11 @@ def reshard_many(
             moved = jax.device_put(
                 [staged[i][0] for i in group], [targets[i] for i in group], may_alias=False if must_copy else None
             )
+        phases.made(moved, phases.RESHARDED)
         for i, y in zip(group, moved):
             produced[i] = log_new_shards("same_device", staged[i][0], y, labels[i]) if current is not None else set()
             out[i] = y
+        del moved
     if change:
         for i, (y, made) in zip(
             change,
@@ -157,12 +162,21 @@ def reshard_many(
         ):
             out[i] = y
             produced[i] = made
-    to_final = [i for i in staged if targets[i] != dsts[i]]
+        y = None
+    # Every layout is changed: the most this batch holds in the work memory kind (sources
+    # brought there, and results). The sources brought there are dropped now.
+    phases.phase("reshard")
+    staged.clear()
+    to_final = [i for i in produced if targets[i] != dsts[i]]
     if to_final:
-        for i, y in zip(to_final, _put([out[i] for i in to_final], [dsts[i] for i in to_final])):
+        finals = _put([out[i] for i in to_final], [dsts[i] for i in to_final])
+        phases.made(finals, phases.MEMORY_KIND)
+        phases.phase("memory kind")
+        for i, y in zip(to_final, finals):
             log_new_shards("memory_kind", out[i], y, labels[i])
             out[i] = y
-    for i in staged:
+        del finals
+    for i in produced:
         if current is None or out[i] is xs[i] or len(produced[i]) == len(out[i].sharding.device_set):  # type: ignore[union-attr]
             continue  # nothing to log, or every shard's copy is logged already
         # A shard that carries the source's own data on its device but sits in a
@@ -234,12 +248,37 @@ def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]
         groups.setdefault(tuple(xs[i].sharding.device_set), []).append(i)
     for idx in groups.values():
         arrays = [xs[i] for i in idx]
+        names = tuple(str(np.dtype(dtypes[i])) for i in idx)
         with jax.set_mesh(None):
-            cast = _cast_program(tuple(str(np.dtype(dtypes[i])) for i in idx))
-            ys = jax.jit(cast, out_shardings=[x.sharding for x in arrays])(arrays)
+            cast = jax.jit(_cast_program(names), out_shardings=[x.sharding for x in arrays])
+            ys = cast(arrays)
+        if phases.current_probe() is not None:
+            phases.made(ys, phases.CAST)
+            phases.phase("cast", [cast_temporaries_of(arrays, [dtypes[i] for i in idx])])
         for i, y in zip(idx, ys):
             out[i] = y
     return out
+
+
+_CAST_TEMPORARIES: dict[Any, tuple[tuple[int, ...], int]] = {}
+
+
+def cast_temporaries_of(arrays: Sequence[Any], dtypes: Sequence[Any]) -> tuple[tuple[int, ...], int]:
+    """(device ids, temporary bytes per device) of the program ``cast_many`` runs for ``arrays``
+    (arrays or ``ShapeDtypeStruct``s on one set of devices), from its memory analysis; compiled
+    once per signature (the planner reads the same figure without allocating)."""
+    names = tuple(str(np.dtype(d)) for d in dtypes)
+    key = (names, tuple((tuple(x.shape), str(np.dtype(x.dtype)), x.sharding) for x in arrays))
+    hit = _CAST_TEMPORARIES.get(key)
+    if hit is None:
+        with jax.set_mesh(None):
+            cast = jax.jit(_cast_program(names), out_shardings=[x.sharding for x in arrays])
+            compiled = cast.lower(list(arrays)).compile()
+        hit = phases.program_temporaries(compiled, list(arrays[0].sharding.device_set))
+        if len(_CAST_TEMPORARIES) > 64:
+            _CAST_TEMPORARIES.clear()
+        _CAST_TEMPORARIES[key] = hit
+    return hit
 
 
 @functools.lru_cache(maxsize=32)

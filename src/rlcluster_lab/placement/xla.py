@@ -40,6 +40,7 @@ from jax.sharding import Mesh, NamedSharding, Sharding
 
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
+from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import relabel, to_box
 from rlcluster_lab.placement.crossing import move_across
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
@@ -67,6 +68,14 @@ class XlaProgram:
     outputs: tuple[Sharding, ...]
     source: str = "compiled"
     _analysis: tuple[ProgramTraffic, Provenance] | None = None
+    _temporaries: tuple[tuple[int, ...], int] | None = None
+
+    @property
+    def temporaries(self) -> tuple[tuple[int, ...], int]:
+        """(device ids, temporary bytes per device) from the compiled program's memory analysis."""
+        if self._temporaries is None:
+            self._temporaries = phases.program_temporaries(self.compiled, self.devices)
+        return self._temporaries
 
     def _analyse(self) -> tuple[ProgramTraffic, Provenance]:
         if self._analysis is None:
@@ -244,6 +253,7 @@ def _change_layout(
             if relabelled is not None and relabelled.is_equivalent_to(x.sharding, x.ndim):
                 # multi-process: device_put would copy an array spanning processes (relabel).
                 xs[i] = relabel(x, relabelled) if jax.process_count() > 1 else jax.device_put(x, relabelled)
+                phases.made([xs[i]], phases.IN_FLIGHT)
                 src_a = dst_a
         groups.setdefault((src_a, dst_a), []).append(i)
     done: dict[int, tuple[jax.Array, set[int]]] = {}
@@ -262,6 +272,9 @@ def _run(
     """One program over the group; every output shard is a new buffer, logged from the program."""
     prog, built = program([xs[i] for i in idx], dsts)
     outs = prog.compiled([xs[i] for i in idx])
+    if phases.current_probe() is not None:
+        phases.made(outs, phases.RESHARDED)
+        phases.phase("reshard", [prog.temporaries])
     log = current_log()
     if log is not None:
         _note_built(log, prog, built)
@@ -289,6 +302,9 @@ def _run_then_move(
     if need:
         prog, built = program([xs[i] for i in need], [inter[i] for i in need])
         outs = prog.compiled([xs[i] for i in need])
+        if phases.current_probe() is not None:
+            phases.made(outs, phases.IN_FLIGHT)
+            phases.phase("reshard", [prog.temporaries])
         for k, (i, y) in enumerate(zip(need, outs)):
             staged[i] = y
             if log is not None:
@@ -333,6 +349,7 @@ def _run_then_move(
                 sends.append((i, p, data))
             elif copy and i not in ran:
                 blocks[i][p] = jax.device_put(data, dst, may_alias=False)
+                phases.made([blocks[i][p]], phases.RESHARDED)
                 made[i].add(dst.id)
             else:
                 blocks[i][p] = data
@@ -340,6 +357,9 @@ def _run_then_move(
                     made[i].add(dst.id)
     if sends:
         arrived = jax.device_put([d for _, _, d in sends], [dst_a[p] for _, p, _ in sends])
+        if phases.current_probe() is not None:
+            phases.made(arrived, phases.RESHARDED)
+            phases.phase("move")
         for (i, p, _), y in zip(sends, arrived):
             blocks[i][p] = y
             made[i].add(dst_a[p].id)
@@ -375,6 +395,9 @@ def _move_whole(
     """Disjoint device sets: every shard crosses whole, position p from src_a[p] to dst_a[p],
     all in one device-to-device transfer call (no shard can be kept, none goes through the host)."""
     moved = jax.device_put([staged[i] for i in idx], [dsts[i] for i in idx])
+    if phases.current_probe() is not None:
+        phases.made(moved, phases.RESHARDED)
+        phases.phase("move")
     out = dict(zip(idx, moved))
     made = {d.id for d in dst_a}
     if log is not None:

@@ -103,12 +103,20 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import optax
 
 from rlcluster_lab.cluster.construct import Request, construct
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, LAYOUTS, describe_mesh, layout_meshes
-from rlcluster_lab.core.options import ANCHOR_MODES, ENGINES, RESHARD_STRATEGIES, check_tensor_parallel_size, dtype_name
+from rlcluster_lab.core.options import (
+    ANCHOR_MODES,
+    ENGINES,
+    RESHARD_STRATEGIES,
+    check_sync_chunk_bytes,
+    check_tensor_parallel_size,
+    dtype_name,
+)
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model import ModelConfig
@@ -127,9 +135,11 @@ from rlcluster_lab.planner.buffers import Buffers, PlannedArray
 from rlcluster_lab.planner.executor import PlannedExecutor, given_models
 from rlcluster_lab.planner.shapes import PlannedMesh
 from rlcluster_lab.planner.step_memory import FORMULAS, Split, Workload, activation_bytes, kv_cache_bytes
+from rlcluster_lab.planner.sync_peak import plan_sync_peak
 from rlcluster_lab.planner.tables import Topology, model_config, model_source, with_figures
 from rlcluster_lab.planner.tables import topology as get_topology
 from rlcluster_lab.rules.sharing import sharing_map_json
+from rlcluster_lab.rules.steps import p13_sync_order
 from rlcluster_lab.rules.validation import check_lora_rank
 
 Rules = tuple[tuple[str, Any], ...]
@@ -163,8 +173,11 @@ class PlanRequest:
     critic_optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
     reshard: str = "xla"
     workload: Workload = Workload()
+    sync_chunk_bytes: int | None = None
+    sync_programs: bool = False  # compile the sync's reshard programs for their temporaries
 
     def __post_init__(self) -> None:
+        check_sync_chunk_bytes(self.sync_chunk_bytes)
         if self.reshard not in RESHARD_STRATEGIES:
             raise ConfigError(
                 f"unknown reshard strategy {self.reshard!r}; choose one of {', '.join(RESHARD_STRATEGIES)}"
@@ -261,6 +274,8 @@ def plan_cluster(
     devices_per_host: int | None = None,
     host_memory: int | None = None,
     host_link_bandwidth: float | None = None,
+    sync_chunk_bytes: int | None = None,
+    sync_programs: bool = False,
 ) -> Plan:
     """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
 
@@ -277,6 +292,10 @@ def plan_cluster(
     scale with (default: the lab's default step, ``Workload()``).
     ``devices_per_host``, ``host_memory`` (bytes) and ``host_link_bandwidth``
     (bytes/s a device receives from other hosts) override the topology's.
+    ``sync_chunk_bytes`` plans a sync handed over in chunks (``ClusterConfig.sync_chunk_bytes``);
+    ``sync_programs`` compiles the sync's reshard programs (no array is allocated) so its
+    transient peak includes their temporaries; it needs the topology's devices in this
+    process (the ``local`` topology).
     """
     if isinstance(model, ModelConfig):
         config = model if dtype is None else dataclasses.replace(model, param_dtype=dtype)
@@ -318,6 +337,8 @@ def plan_cluster(
         critic_optimizer=critic_optimizer,
         reshard=reshard,
         workload=Workload() if workload is None else workload,
+        sync_chunk_bytes=sync_chunk_bytes,
+        sync_programs=sync_programs,
     )
     return _plan(request)
 
@@ -337,6 +358,7 @@ def plan_scenario(scenario: Any, topology: str | Topology = "local", **overrides
         with_reward=scenario.with_reward,
         with_critic=scenario.with_critic,
         reshard=getattr(scenario, "reshard", "xla"),
+        sync_chunk_bytes=getattr(scenario, "sync_chunk_bytes", None),
     )
     knobs.update(overrides)
     return plan_cluster(scenario.model_size, topology, **knobs)
@@ -476,6 +498,19 @@ def _plan(req: PlanRequest) -> Plan:
         host_of=host_of,
         host_link_bandwidth=topo.host_link_bandwidth,
     )
+    sync["transient_peak"] = plan_sync_peak(
+        placed.models["actor"],
+        placed.models["rollout"],
+        placed.models["anchor"],
+        placed.trainable,
+        copy=placed.owns_weights,
+        offload=req.offload,
+        partial_anchor=placed.lora and req.anchor == "trainable",
+        chunk_bytes=req.sync_chunk_bytes,
+        strategy=req.reshard,
+        order=p13_sync_order(req.sync_chunk_bytes, req.offload),
+        programs=_local_devices(topo) if req.sync_programs else None,
+    )
     phases, step = _step_phases(req, placed)
     per_device, per_host = budgets(
         entries, phases, sync, topo.ids(), host_of, topo.memory_per_device, topo.host_memory, topo.platform
@@ -524,6 +559,22 @@ def _plan(req: PlanRequest) -> Plan:
         per_device=per_device,
         per_host=per_host,
     )
+
+
+def _local_devices(topo: Topology) -> list[Any]:
+    """This process's devices with the topology's ids, to compile the sync's programs on."""
+    try:
+        devices = {int(d.id): d for d in jax.devices(topo.platform)}
+    except RuntimeError:
+        devices = {}
+    missing = [i for i in topo.ids() if i not in devices]
+    if missing:
+        raise ValueError(
+            f"sync_programs compiles the sync's reshard programs on this process's devices, but topology "
+            f"{topo.name} has device id(s) {missing[:5]} that are not here; plan it with sync_programs=False "
+            "(the peak then leaves the programs' temporaries out)"
+        )
+    return [devices[i] for i in topo.ids()]
 
 
 def _step_phases(req: PlanRequest, placed: _Placed) -> tuple[dict[str, dict[int, dict[str, int]]], dict[str, Any]]:
