@@ -273,7 +273,7 @@ class PeakWalk:
                     continue
                 alive.add(key)
                 _add(arrays, dev, kind, n)
-                _add(terms, dev, ph.MEMORY_KIND if term == ph.RESHARDED and kind == "pinned_host" else term, n)
+                _add(terms, dev, ph.term_in(term, kind), n)
         self._made = kept
         released: set[Key] = set()
         for bufs in gone:
@@ -282,7 +282,7 @@ class PeakWalk:
                     continue
                 released.add(key)
                 _add(arrays, dev, kind, -n)
-                _add(terms, dev, "released", -n)
+                _add(terms, dev, ph.term_in(ph.RELEASED, kind), -n)
         temps: dict[str, int] = {}
         for ids, n in programs:
             for d in ids:

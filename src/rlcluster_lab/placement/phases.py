@@ -28,7 +28,17 @@ RESHARDED = "new rollout arrays"  # the destination layout, in device memory
 MEMORY_KIND = "new rollout arrays (pinned host)"  # moved to the destination's memory kind
 CAST = "cast"  # the rollout dtype, made on the destination devices
 ANCHOR = "new anchor"  # the anchor re-pinned (P8)
-TERMS = (STAGED, IN_FLIGHT, RESHARDED, MEMORY_KIND, CAST, ANCHOR)
+RELEASED = "released"  # old arrays the sync replaced and nothing holds any more (negative)
+PINNED = " (pinned host)"  # the suffix of a term counted in pinned host memory
+TERMS = (STAGED, IN_FLIGHT, RESHARDED, MEMORY_KIND, CAST, ANCHOR, RELEASED)
+
+
+def term_in(term: str, kind: str) -> str:
+    """The term as the figures split it by memory kind: a new rollout array in pinned host is
+    ``MEMORY_KIND``; a cast or a release there carries ``PINNED``; the anchor is pinned by nature."""
+    if kind != "pinned_host" or term in (MEMORY_KIND, ANCHOR) or term.endswith(PINNED):
+        return term
+    return MEMORY_KIND if term == RESHARDED else term + PINNED
 
 
 class Probe(Protocol):

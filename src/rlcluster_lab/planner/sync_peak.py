@@ -70,7 +70,7 @@ class _Level:
         self.terms: dict[str, np.ndarray] = {}
 
     def add(self, ids: np.ndarray, kind: str, term: str, nbytes: np.ndarray | int) -> None:
-        for table, key in ((self.kinds, kind), (self.terms, term)):
+        for table, key in ((self.kinds, kind), (self.terms, ph.term_in(term, kind))):
             row = table.get(key)
             if row is None:
                 row = table[key] = np.zeros(self.span, dtype=np.int64)
@@ -241,8 +241,56 @@ def plan_sync_peak(
         largest_chunk_bytes=max((sum(sizes[i] for i in r) for r in parts), default=0),
         order=order,
         method=method,
-    )
-    return peak.to_json()
+    ).to_json()
+    rollout_on_device = _Level(span)
+    for p in paths:
+        a = rollout[p]
+        rollout_on_device.add(a.mesh.ids, WORK, "rollout", a.shard_bytes)
+    peak["orders"] = other_orders(peak["phases"], new_anchor, rollout_on_device if offload else None)
+    return peak
+
+
+def other_orders(phases: Sequence[Mapping[str, Any]], anchor: _Level, rollout: _Level | None) -> dict[str, Any]:
+    """The peaks of the sync's steps in other orders, from the cluster's own phases (P13, P14).
+
+    ``the cluster's``: the handover, then the anchor re-pin (``rules.steps.p13_sync_order``).
+    ``anchor re-pinned first``: the new anchor is alive through the whole handover.
+    ``rollout brought to device whole`` (offload): the rollout's synced leaves come to device
+    for the handover, as an operation brings its role (P14); counted on top of the cluster's
+    phases, which is the least that order needs. Per order: the largest bytes of each memory
+    kind on one device, and the largest sum over kinds on one device at one phase (on CPU
+    devices every kind is the host's RAM).
+    """
+
+    def per_device(level: _Level | None, kind: str) -> dict[str, int]:
+        row = None if level is None else level.kinds.get(kind)
+        return {} if row is None else {str(int(d)): int(row[d]) for d in np.flatnonzero(row)}
+
+    extra_anchor, extra_rollout = per_device(anchor, "pinned_host"), per_device(rollout, WORK)
+    variants: dict[str, tuple[str, Mapping[str, int]]] = {
+        "the cluster's": ("", {}),
+        "anchor re-pinned first": ("pinned_host", extra_anchor),
+    }
+    if rollout is not None:
+        variants["rollout brought to device whole"] = (WORK, extra_rollout)
+    out = {}
+    for name, (kind, extra) in variants.items():
+        top: dict[str, int] = {}
+        total = 0
+        for p in phases:
+            during = p["chunk"] is not None  # a phase of the handover, where the order adds its extra
+            devices = set(p["arrays"]) | set(p["temporaries"]) | (set(extra) if during else set())
+            for d in devices:
+                kinds = dict(p["arrays"].get(d, {}))
+                if p["temporaries"].get(d):
+                    kinds["device"] = kinds.get("device", 0) + int(p["temporaries"][d])
+                if during and d in extra:
+                    kinds[kind] = kinds.get(kind, 0) + extra[d]
+                for k, v in kinds.items():
+                    top[k] = max(top.get(k, 0), int(v))
+                total = max(total, sum(int(v) for v in kinds.values()))
+        out[name] = {"max_bytes": {k: v for k, v in sorted(top.items()) if v > 0}, "max_total_bytes": total}
+    return out
 
 
 def _phase(name: str, chunk: int | None, level: _Level, temps: Mapping[int, int]) -> PeakPhase:
@@ -285,7 +333,7 @@ def _release(released: _Level, gone: set[tuple[int, int]], a: PlannedArray, held
         if key in held or key in gone:
             continue
         gone.add(key)
-        released.add(a.mesh.ids[i : i + 1], a.kind, "released", -a.shard_bytes)
+        released.add(a.mesh.ids[i : i + 1], a.kind, ph.RELEASED, -a.shard_bytes)
 
 
 def _classify(path: PathKey, src: PlannedArray, dst: PlannedArray, copy: bool, strategy: str) -> _Leaf:
