@@ -35,8 +35,8 @@ from rlcluster_lab import (
 )
 from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster import sync as sync_module
-from rlcluster_lab.engines import base as base_engine
 from rlcluster_lab.core.shardings import memory_kinds
+from rlcluster_lab.engines import base as base_engine
 from rlcluster_lab.placement.buffers import buffer_keys
 
 PROMPTS = ["abc", "hello world", "x", "rl"]

@@ -104,7 +104,6 @@ def test_l3_chunks_release_each_chunks_old_arrays_before_the_next():
     # Each commit leaves what the chunk made, minus what it replaced: no more than before it.
     assert all(p["arrays"].get("0", {}).get("device", 0) <= 0 for p in commits)
     assert all(p["terms"].get("0", {}).get("released", 0) < 0 for p in commits)
-    assert m["largest_chunk_bytes"] <= CHUNK
     assert m["after"] == {}
 
 
@@ -136,23 +135,28 @@ def test_p14_an_offloaded_sync_stages_each_chunk_on_device_and_writes_pinned_hos
 
 
 @pytest.mark.parametrize(
-    "knobs",
+    "knobs,higher",
     [
-        {"layout": "reshaped"},
-        {"layout": "split", "lora": True},
-        {"layout": "reshaped", "offload": True},
-        {"layout": "colocated", "engine": "vllm", "offload": True, "sync_chunk_bytes": CHUNK},
+        ({"layout": "reshaped"}, []),  # in one piece the old arrays stay to the end: a tie
+        ({"layout": "reshaped", "sync_chunk_bytes": CHUNK}, ["anchor re-pinned first"]),
+        ({"layout": "split", "lora": True}, []),  # anchor and rollout on different devices
+        ({"layout": "reshaped", "offload": True}, ["rollout brought to device whole"]),
+        (
+            {"layout": "colocated", "engine": "vllm", "offload": True, "sync_chunk_bytes": CHUNK},
+            ["rollout brought to device whole"],
+        ),
     ],
 )
-def test_p13_p14_the_clusters_sync_order_has_the_lowest_planned_peak(knobs):
+def test_p13_p14_the_clusters_sync_order_has_the_lowest_planned_peak(knobs, higher):
     orders = plan_scenario(Scenario(**knobs)).to_json()["sync"]["transient_peak"]["orders"]
     ours = orders.pop("the cluster's")
     assert orders and ("rollout brought to device whole" in orders) == bool(knobs.get("offload"))
-    for other in orders.values():
+    for name, other in orders.items():
         assert other["max_total_bytes"] >= ours["max_total_bytes"]
         for kind, n in ours["max_bytes"].items():
             assert other["max_bytes"].get(kind, 0) >= n
-    assert any(o["max_total_bytes"] > ours["max_total_bytes"] for o in orders.values())
+        # Under offload the anchor keeps the actor's pinned buffers: re-pinning it first costs nothing.
+        assert (other["max_total_bytes"] > ours["max_total_bytes"]) == (name in higher), name
 
 
 def test_l4_70b_what_if_counts_the_sync_peak_in_its_fit_and_chunks_lower_it():
