@@ -176,6 +176,12 @@ class RolloutEngine(abc.ABC):
         del src
         limit = current_chunk_bytes()
         parts = chunk_leaves([int(x.nbytes) for x in sources], limit) if limit else [range(len(picked))]
+        if not self.owns_weights and all(index.get(j) is x for j, x in zip(picked, sources)):
+            # The model holds these very arrays (the actor itself, P3 shared): nothing to hand over.
+            for _ in parts:
+                phases.phase("reshard")
+                phases.phase("commit")
+            return
         for part in parts:
             xs = [sources[i] for i in part]
             where = [picked[i] for i in part]

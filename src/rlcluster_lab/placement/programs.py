@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 
 from rlcluster_lab.core.gathering import any_process
-from rlcluster_lab.placement import crossing, minimal, xla
+from rlcluster_lab.placement import crossing, minimal, reshard, xla
 
 
 def clear_programs() -> None:
@@ -24,6 +24,7 @@ def clear_programs() -> None:
     minimal.clear()
     xla.clear()
     crossing.clear()
+    reshard.forget_described()
 
 
 def mapped_regions() -> int | None:

@@ -237,11 +237,38 @@ def change_layout(
     return done
 
 
-def _change_layout(
-    xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: Sequence[str | None]
-) -> dict[int, tuple[jax.Array, set[int]]]:
+@dataclasses.dataclass
+class _Route:
+    """How a batch of (shape, dtype, source, destination) changes layout, worked out once.
+
+    ``relabel``: arrays re-labelled into the destination's device order first;
+    ``groups``: (source order, destination order, arrays) in the order they run;
+    ``inter`` and ``need``: for a group whose device orders differ, each array's layout
+    on the source devices and the arrays a program must lay out; ``programs``: each
+    group's compiled program once it ran (a steady sync looks nothing up again).
+    """
+
+    relabel: tuple[tuple[int, Sharding], ...]
+    groups: tuple[tuple[tuple[Any, ...], tuple[Any, ...], tuple[int, ...]], ...]
+    inter: dict[int, Sharding]
+    need: dict[tuple[Any, ...], tuple[int, ...]]
+    programs: dict[Any, XlaProgram] = dataclasses.field(default_factory=dict)
+
+
+_ROUTES: collections.OrderedDict[Any, _Route] = collections.OrderedDict()
+_ROUTES_LOCK = threading.Lock()
+
+
+def _route(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> _Route:
+    key = tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts))
+    with _ROUTES_LOCK:
+        hit = _ROUTES.get(key)
+        if hit is not None:
+            _ROUTES.move_to_end(key)
+            return hit
     groups: dict[tuple[Any, Any], list[int]] = {}
-    xs = list(xs)
+    relabels: list[tuple[int, Sharding]] = []
+    shardings = [x.sharding for x in xs]
     for i, (x, dst) in enumerate(zip(xs, dsts)):
         src_a, dst_a = assignment(x.sharding), assignment(dst)
         if src_a is None or dst_a is None or len(src_a) != len(dst_a):
@@ -251,26 +278,64 @@ def _change_layout(
             # the destination's order (replicated axes), re-label it, which copies nothing.
             relabelled = _in_order(x.sharding, dst_a)  # type: ignore[arg-type]
             if relabelled is not None and relabelled.is_equivalent_to(x.sharding, x.ndim):
-                # multi-process: device_put would copy an array spanning processes (relabel).
-                xs[i] = relabel(x, relabelled) if jax.process_count() > 1 else jax.device_put(x, relabelled)
-                phases.made([xs[i]], phases.IN_FLIGHT)
+                relabels.append((i, relabelled))
+                shardings[i] = relabelled
                 src_a = dst_a
         groups.setdefault((src_a, dst_a), []).append(i)
-    done: dict[int, tuple[jax.Array, set[int]]] = {}
+    inter: dict[int, Sharding] = {}
+    need: dict[tuple[Any, ...], tuple[int, ...]] = {}
     for (src_a, dst_a), idx in groups.items():
+        if src_a != dst_a:
+            for i in idx:
+                inter[i] = congruent(dsts[i], src_a)  # type: ignore[arg-type]
+            need[(src_a, dst_a)] = tuple(i for i in idx if not shardings[i].is_equivalent_to(inter[i], xs[i].ndim))
+    route = _Route(tuple(relabels), tuple((a, b, tuple(idx)) for (a, b), idx in groups.items()), inter, need)
+    with _ROUTES_LOCK:
+        _ROUTES[key] = route
+        while len(_ROUTES) > MAX_PROGRAMS:
+            _ROUTES.popitem(last=False)
+    return route
+
+
+def _change_layout(
+    xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: Sequence[str | None]
+) -> dict[int, tuple[jax.Array, set[int]]]:
+    route = _route(xs, dsts)
+    xs = list(xs)
+    for i, sharding in route.relabel:
+        # multi-process: device_put would copy an array spanning processes (relabel).
+        xs[i] = relabel(xs[i], sharding) if jax.process_count() > 1 else jax.device_put(xs[i], sharding)
+        phases.made([xs[i]], phases.IN_FLIGHT)
+    done: dict[int, tuple[jax.Array, set[int]]] = {}
+    for src_a, dst_a, idx in route.groups:
         if src_a == dst_a:
-            outs = _run(idx, xs, [dsts[i] for i in idx], labels)
+            outs = _run(list(idx), xs, [dsts[i] for i in idx], labels, route, (src_a, dst_a))
         else:
-            outs = _run_then_move(idx, xs, dsts, src_a, dst_a, copy, labels)
+            outs = _run_then_move(list(idx), xs, dsts, src_a, dst_a, copy, labels, route)
         done.update(outs)
     return done
 
 
+def _program_of(route: _Route, group: Any, xs: list[jax.Array], dsts: list[Sharding]) -> tuple[XlaProgram, bool]:
+    """The group's program: remembered by the route once it ran, else looked up (or built)."""
+    hit = route.programs.get(group)
+    if hit is not None:
+        return hit, False
+    prog, built = program(xs, dsts)
+    route.programs[group] = prog
+    return prog, built
+
+
 def _run(
-    idx: list[int], xs: Sequence[jax.Array], dsts: list[Sharding], labels: Sequence[str | None]
+    idx: list[int],
+    xs: Sequence[jax.Array],
+    dsts: list[Sharding],
+    labels: Sequence[str | None],
+    route: _Route,
+    group: Any,
 ) -> dict[int, tuple[jax.Array, set[int]]]:
     """One program over the group; every output shard is a new buffer, logged from the program."""
-    prog, built = program([xs[i] for i in idx], dsts)
+    prog, built = _program_of(route, group, [xs[i] for i in idx], dsts)
     outs = prog.compiled([xs[i] for i in idx])
     if phases.current_probe() is not None:
         phases.made(outs, phases.RESHARDED)
@@ -290,17 +355,18 @@ def _run_then_move(
     dst_a: tuple[Any, ...],
     copy: bool,
     labels: Sequence[str | None],
+    route: _Route,
 ) -> dict[int, tuple[jax.Array, set[int]]]:
     """Reshard onto the source devices laid out as the destination, then move whole shards."""
     log = current_log()
-    inter = {i: congruent(dsts[i], src_a) for i in idx}  # type: ignore[arg-type]
-    need = [i for i in idx if not xs[i].sharding.is_equivalent_to(inter[i], xs[i].ndim)]
+    inter = route.inter
+    need = list(route.need[(src_a, dst_a)])
     ran = set(need)  # arrays a program lays out anew (their intermediate shards are new buffers)
     staged: dict[int, jax.Array] = {i: xs[i] for i in idx}
     origins: dict[int, dict[int, dict[int, int]] | None] = {}
     crossed: dict[int, int] = {}
     if need:
-        prog, built = program([xs[i] for i in need], [inter[i] for i in need])
+        prog, built = _program_of(route, ("between", src_a, dst_a), [xs[i] for i in need], [inter[i] for i in need])
         outs = prog.compiled([xs[i] for i in need])
         if phases.current_probe() is not None:
             phases.made(outs, phases.IN_FLIGHT)
@@ -513,3 +579,5 @@ def clear() -> None:
     """Forget every compiled program (the next reshard of each sharding set compiles again)."""
     PROGRAMS.clear()
     _LOGS.clear()
+    with _ROUTES_LOCK:
+        _ROUTES.clear()
