@@ -227,7 +227,7 @@ def test_chunked_sync_that_fails_in_a_later_chunk_restores_the_earlier_ones(monk
     cfg = ClusterConfig(
         role_to_mesh=layout_meshes("reshaped"),
         rollout_config=RolloutConfig(max_tokens_to_generate=4),
-        sync_chunk_bytes=48 << 10,
+        sync_chunk_bytes=160 << 10,  # the full tree in 3 chunks
     )
     c = RLCluster(actor=actor, reference=reference, cluster_config=cfg)
     changed_actor(c)
