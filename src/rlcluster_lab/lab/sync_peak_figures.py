@@ -14,7 +14,7 @@ from typing import Any
 
 from rlcluster_lab.lab.style import ROLE_COLORS, fmt_bytes
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
-from rlcluster_lab.lab.textfit import wrap
+from rlcluster_lab.lab.textfit import text_width, wrap
 from rlcluster_lab.placement import phases as ph
 
 TEMPORARIES = "program temporaries"
@@ -257,7 +257,8 @@ def _panel(
         # Chunk boundaries, a label at most every 80 px; the anchor re-pin and the end at the right.
         last = -1e9
         ends = [i for i, p in enumerate(phases) if p["chunk"] is None]
-        stop = left + step * (ends[0] if ends else len(phases)) - 80
+        right_edge = left + step * len(phases)
+        stop = right_edge - (text_width("anchor, end", MIN_FONT) + 12 if ends else 0) - 70
         for i, p in enumerate(phases):
             x = left + step * i
             new_chunk = p["chunk"] is not None and (i == 0 or phases[i - 1]["chunk"] != p["chunk"])
@@ -279,24 +280,30 @@ def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = No
     bars on one axis of chunk sizes: where chunking stops helping, the peak bars stop falling
     while the time bars keep rising.
     """
-    left, right = 150, 16
+    left, right = 130, 16
     c = Canvas(WIDTH, 0)
     c.text(8, 20, title or "Chunk size against the sync's peak and its time", size=14, weight="bold")
     step = (WIDTH - left - right) / max(len(points), 1)
     bar = min(step * 0.6, 60)
-    y = 40
-    for key, what, color, fmt in (
-        ("peak", "device-memory peak (busiest device)", ROLE_COLORS["rollout"], fmt_bytes),
-        ("seconds", "handover time", "#4c72b0", lambda v: f"{v * 1e3:.1f} ms"),
-    ):
+    y = 44
+    rows = (
+        ("peak", ("device peak", "busiest device", "tick: planned"), ROLE_COLORS["rollout"], fmt_bytes),
+        ("seconds", ("handover time", "measured"), "#4c72b0", lambda v: f"{v * 1e3:.1f} ms"),
+    )
+    for key, lines, color, fmt in rows:
         top = max([float(p.get(key) or 0) for p in points] + [1e-12])
         h = 110.0
-        c.text(left - 8, y + 16, what, size=MIN_FONT, anchor="end", weight="bold")
-        for line_no, line in enumerate(
-            wrap("measured" if key == "seconds" else "measured; tick: planned", left - 16, MIN_FONT, lines=1)
-        ):
-            c.text(left - 8, y + 32 + 16 * line_no, line, size=MIN_FONT, anchor="end", fill=MUTED)
-        base = y + h
+        base = y + 18 + h  # room above the tallest bar for its number
+        for k, line in enumerate(lines):
+            c.text(
+                left - 8,
+                y + 30 + 16 * k,
+                line,
+                size=MIN_FONT,
+                anchor="end",
+                weight="bold" if k == 0 else None,
+                fill=TEXT if k == 0 else MUTED,
+            )
         c.line(left, base, WIDTH - right, base, "#999999")
         for i, p in enumerate(points):
             v = float(p.get(key) or 0)

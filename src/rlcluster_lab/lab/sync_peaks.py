@@ -126,6 +126,7 @@ def chunk_sweep(
                 "peak": int(peak.max_bytes.get("device", 0)),
                 "planned": int(planned["max_bytes"].get("device", 0)),
                 "seconds": statistics.median(r.seconds for r in reports),
+                "sync": reports[-1].to_json(),
             }
         )
         del cluster, reports
@@ -151,3 +152,18 @@ def sweep_rows(points: Sequence[Mapping[str, Any]], with_time: bool = False) -> 
             row["handover ms"] = f"{p['seconds'] * 1e3:.1f}"
         rows.append(row)
     return rows
+
+
+def order_rows(peak: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A plan's peaks of the sync's steps in each order (``transient_peak["orders"]``, computed
+    from shapes): the most of each memory kind on one device, and the most of all kinds on one
+    device at one phase (on CPU devices every kind is the host's RAM)."""
+    return [
+        {
+            "order": name,
+            "device peak": int(o["max_bytes"].get("device", 0)),
+            "pinned host peak": int(o["max_bytes"].get("pinned_host", 0)),
+            "all kinds, one device": int(o["max_total_bytes"]),
+        }
+        for name, o in peak["orders"].items()
+    ]
