@@ -41,6 +41,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
 from rlcluster_lab.placement.transfers import Transfer
@@ -242,7 +243,12 @@ def _move_group(
         gs = avals[k].sharding
         mine = [have[d] for d in gs.addressable_devices_indices_map(avals[k].shape)]
         inputs.append(jax.make_array_from_single_device_arrays(avals[k].shape, gs, mine, dtype=avals[k].dtype))
+    phases.made(zeros, phases.IN_FLIGHT)
     arrived = prog.compiled(inputs)
+    if phases.current_probe() is not None:
+        phases.made(arrived, phases.RESHARDED)
+        own = [d for d in mesh.devices.flat if d.process_index == me]  # each process counts its own devices
+        phases.phase("move", [phases.program_temporaries(prog.compiled, own)])
     del inputs, zeros
     result: dict[int, tuple[jax.Array, set[int]]] = {}
     for k, i in enumerate(members):
@@ -252,7 +258,9 @@ def _move_group(
         # The receiver's other devices copy their block from the device it arrived on.
         copies = [p for p, f in enumerate(r.source) if f != p and dst_a[p].process_index == me]
         if copies:
-            for p, y in zip(copies, jax.device_put([blocks[r.source[p]] for p in copies], [dst_a[p] for p in copies])):
+            copied = jax.device_put([blocks[r.source[p]] for p in copies], [dst_a[p] for p in copies])
+            phases.made(copied, phases.RESHARDED)
+            for p, y in zip(copies, copied):
                 blocks[p] = y
         mine = [blocks[p] for p in sorted(blocks)]
         y = jax.make_array_from_single_device_arrays(xs[i].shape, dsts[i], mine, dtype=xs[i].dtype)
