@@ -30,7 +30,7 @@ from flax import nnx
 
 from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.validate import check_finite_leaves
-from rlcluster_lab.engines.base import Target, flat_values, reshard_flat
+from rlcluster_lab.engines.base import flat_values, reshard_flat
 from rlcluster_lab.measure.sync import SyncObserver, SyncReport
 from rlcluster_lab.placement.chunks import sync_chunks
 from rlcluster_lab.placement.place import put_on_memory_kind
@@ -120,16 +120,10 @@ def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, .
     """Every synced leaf of the rollout set from the anchor (the weights of the last sync),
     resharded onto the rollout's shardings and cast to its dtypes, in new buffers."""
     anchor = flat_values(s.placed.anchor)
-    variables = engine._variables(filter_types)
-    targets = {k: _target(v) for k, v in variables.items()}
+    targets = engine.held_targets(filter_types)
     with reshard_strategy(s.config.reshard):
-        values = reshard_flat({k: anchor[k] for k in variables}, targets, copy=True)
+        values = reshard_flat({k: anchor[k] for k in targets}, targets, copy=True)
     engine.assign(values, filter_types)
-
-
-def _target(v: nnx.Variable) -> Target:
-    x = v.get_value()
-    return Target(x.sharding, x.dtype)
 
 
 def _anchor_covers(anchor: Any, engine: Any, filter_types: tuple[Any, ...]) -> bool:
@@ -138,7 +132,7 @@ def _anchor_covers(anchor: Any, engine: Any, filter_types: tuple[Any, ...]) -> b
     if anchor is None:
         return False
     held = flat_values(anchor)
-    return all(k in held for k in engine._variables(filter_types))
+    return all(k in held for k in engine.held_targets(filter_types))
 
 
 def _devices(s: ClusterState) -> list[Any]:

@@ -6,6 +6,12 @@ returns, scores completions, and takes new weights through
 ``update_params(params, filter_types)``. An engine that picks its own mesh
 exposes it as ``mesh``; the cluster then records that mesh for the rollout
 role (P7).
+
+The base class's ``update_params`` hands a sync over in one reshard call, or
+chunk by chunk (``placement.chunks``), committing each chunk to the model and
+dropping the arrays it replaces before the next; it tells the sync's peak walk
+(``placement.phases``) when it has committed. Variables without hooks are read
+and set raw, so a steady sync spends its time moving data.
 """
 
 from __future__ import annotations
@@ -201,6 +207,11 @@ class RolloutEngine(abc.ABC):
         for j, k in enumerate(index.keys):
             if k in values:
                 index.set(j, values[k])
+
+    def held_targets(self, filter_types: tuple[Any, ...] | None = None) -> dict[tuple[Any, ...], Target]:
+        """Path -> where each leaf the model holds lives (its sharding and dtype), in path order."""
+        index = self._index(filter_types)
+        return {k: index.target(j) for j, k in enumerate(index.keys)}
 
     def held_values(self, filter_types: tuple[Any, ...] | None = None) -> list[Any]:
         """The arrays the engine's model holds now (those matching ``filter_types``), in path order."""

@@ -20,7 +20,12 @@ platform. ``boxes.plan_reshard`` is the pure part (indices and devices only), so
 same plan serves the minimal strategy, the minimum any reshard must move, and
 the planner. Every copy either strategy makes is recorded
 (``transfers.record_transfers``): the weight sync's report (L3) counts what
-was really copied from that log.
+was really copied from that log. What a batch logs depends only on its
+shapes, dtypes, shardings, labels and strategy, so it is recorded the first
+time and added from memory afterwards. At the points where a batch holds the
+most it will before dropping something it tells the sync's peak walk
+(``placement.phases``), and it drops what it no longer needs as it goes (a
+staged source once the layout changed, a result once moved to its memory kind).
 """
 
 from __future__ import annotations
