@@ -70,11 +70,12 @@ class _Level:
         self.terms: dict[str, np.ndarray] = {}
 
     def add(self, ids: np.ndarray, kind: str, term: str, nbytes: np.ndarray | int) -> None:
+        """Add ``nbytes`` on each of ``ids`` (a mesh's devices: each once)."""
         for table, key in ((self.kinds, kind), (self.terms, ph.term_in(term, kind))):
             row = table.get(key)
             if row is None:
                 row = table[key] = np.zeros(self.span, dtype=np.int64)
-            np.add.at(row, ids, nbytes)
+            row[ids] += nbytes
 
     def plus(self, *others: _Level) -> _Level:
         out = _Level(self.span)
@@ -126,7 +127,7 @@ def plan_sync_peak(
     ids = [d for m in (actor, rollout, anchor) for a in m.values() for d in a.mesh.device_ids]
     span = 1 + max(ids, default=0)
     keep = _buffers(actor.values())
-    old_anchor = _buffers(anchor.values())
+    kept_through = keep | _buffers(anchor.values())  # the old anchor is released at the end only
     paths = sorted(trainable, key=leaf_path)
     sizes = [int(np.prod(actor[p].shape, dtype=np.int64)) * actor[p].dtype.itemsize for p in paths]
     parts = chunk_leaves(sizes, chunk_bytes)
@@ -213,7 +214,7 @@ def plan_sync_peak(
         committed = committed.plus(outputs, casts)
         if chunked:
             for lf in leaves:
-                _release(released, gone, lf.dst, keep | old_anchor)
+                _release(released, gone, lf.dst, kept_through)
         emit("commit", c)
     new_anchor = _Level(span)
     if not offload:
@@ -323,17 +324,16 @@ def _drop(outputs: _Level, lf: _Leaf) -> None:
 
 def _buffers(arrays: Any) -> set[tuple[int, int]]:
     """(device, buffer) of every shard."""
-    return {(int(d), int(o)) for a in arrays for d, o in zip(a.mesh.device_ids, a.origins)}
+    return {k for a in arrays for k in zip(a.mesh.device_ids, a.origins.tolist())}
 
 
 def _release(released: _Level, gone: set[tuple[int, int]], a: PlannedArray, held: set[tuple[int, int]]) -> None:
     """The shards of a replaced array that nothing else holds are freed (each buffer once)."""
-    for i, (d, o) in enumerate(zip(a.mesh.device_ids, a.origins)):
-        key = (int(d), int(o))
-        if key in held or key in gone:
-            continue
-        gone.add(key)
-        released.add(a.mesh.ids[i : i + 1], a.kind, ph.RELEASED, -a.shard_bytes)
+    keys = list(zip(a.mesh.device_ids, a.origins.tolist()))
+    free = np.array([k not in held and k not in gone for k in keys], dtype=bool)
+    if free.any():
+        gone.update(k for k, f in zip(keys, free) if f)
+        released.add(a.mesh.ids[free], a.kind, ph.RELEASED, -a.shard_bytes)
 
 
 def _classify(path: PathKey, src: PlannedArray, dst: PlannedArray, copy: bool, strategy: str) -> _Leaf:
