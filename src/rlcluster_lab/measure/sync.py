@@ -103,7 +103,9 @@ class SyncReport:
     worst moment, phase by phase, with the reshard's staging and program
     temporaries and the chunks' releases (``measure.sync_peak``).
     A cast to the rollout dtype happens on the destination device after the
-    move and is not counted as movement. ``includes_compilation``: the first
+    move and is not counted as movement. ``seconds`` is the handover alone
+    (the engine's update until its arrays are ready, the peak walk's own time
+    left out). ``includes_compilation``: the first
     sync between a set of shardings compiles its copy programs, and its
     ``seconds`` include that; ``includes_program_load``: it read them back
     from the persistent compilation cache instead; later syncs reuse them.
