@@ -228,6 +228,9 @@ def _reshard_many(
             out[i] = y
             produced[i] = made
         y = None
+        # A result assembled from per-device blocks is a new array over their buffers: it is what
+        # keeps them alive from here on (the peak walk counts each buffer once).
+        phases.made([out[i] for i in change], phases.RESHARDED)  # type: ignore[misc]
     # Every layout is changed: the most this batch holds in the work memory kind (sources
     # brought there, and results). The sources brought there are dropped now.
     phases.phase("reshard")
