@@ -31,7 +31,10 @@ install-test: $(TEST_STAMP)
 # with no display it opens no browser and prints the URL (with its token) to open instead.
 LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root) $(if $(DISPLAY)$(WAYLAND_DISPLAY),,--no-browser)
 
+# The warm start (rlcluster_lab/lab/warm.py): once per environment, a background process at the lowest
+# CPU priority compiles the standard programs into the persistent cache while JupyterLab opens.
 lab: install-lab
+	-$(PY) -m rlcluster_lab.lab.warm --background
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/00_start_here.ipynb
 
 test: install-test lint

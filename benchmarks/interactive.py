@@ -1,6 +1,6 @@
 """What users wait for: the CLI, building clusters, the lab's buttons, and the steady weight sync, cold and warm.
 
-    python benchmarks/interactive.py [--quick] [--only cli,build,lab,sync] [--timeout 600]
+    python benchmarks/interactive.py [--quick] [--only cli,build,lab,sync,step,tunix] [--timeout 600]
 
 Every figure is measured, none estimated. Every "cold" figure comes from a
 fresh Python process whose JAX persistent compilation cache
@@ -23,6 +23,12 @@ Sections:
 4. Steady sync handover (``SyncReport.seconds``) against the fastest reshard
    of the same tree on this machine (bare ``jax.device_put`` or a jitted
    identity with the destination shardings), tiny and small models.
+5. The first RL step through the public API, cold and warm, with the table of
+   the programs it compiled (``interactive_step.py``).
+6. The twelve scenarios beside Tunix's own RLCluster (``interactive_step.py``).
+
+The header gives the machine's load average (``os.getloadavg()``) at the start
+and the end: the machine may be shared, and cold timings move with its load.
 
 Then a table of targets, the raw numbers in ``<out>/interactive.json`` and
 a plot in ``<out>/interactive.png``. ``--quick`` runs fewer cases (3-4
@@ -47,11 +53,12 @@ from pathlib import Path
 from typing import Any
 
 import common
+import interactive_step
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE_ENV = "RLCLUSTER_LAB_COMPILATION_CACHE"
 ENGINES = ("vanilla", "vllm")
-SECTIONS = ("cli", "build", "lab", "sync")
+SECTIONS = ("cli", "build", "lab", "sync", "step", "tunix")
 
 # Targets (seconds, or a ratio for the sync).
 T_BUILD_COLD = 2.0
@@ -341,12 +348,17 @@ class Runner:
             flush=True,
         )
 
-    def python(self, what: str, body: str, child_args: dict[str, Any], cache: Path) -> dict[str, Any]:
-        """A fresh Python process running PRELUDE + body with ``cache`` as its compilation cache."""
+    def python(
+        self, what: str, body: str, child_args: dict[str, Any], cache: Path, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """A fresh Python process running PRELUDE + body with ``cache`` as its compilation cache
+        (``env``: more environment variables)."""
         payload = dict(child_args, devices=self.args.devices)
         code = f"import json as _json\nARGS = _json.loads({json.dumps(json.dumps(payload))})\n" + PRELUDE + body
         self.log(f"{what} (cache {cache.name}, {cache_entries(cache)} entries)")
-        proc = common.run_python_child(code, env={CACHE_ENV: str(cache)}, timeout=self.args.timeout, cwd=str(REPO))
+        proc = common.run_python_child(
+            code, env={**(env or {}), CACHE_ENV: str(cache)}, timeout=self.args.timeout, cwd=str(REPO)
+        )
         proc["cache_entries_after"] = cache_entries(cache)
         result = proc["result"]
         if proc["timed_out"]:
@@ -989,6 +1001,7 @@ def targets(results: dict[str, Any]) -> list[list[Any]]:
                     target,
                     note=f"wall {v:.2f} s - python -c 'import jax' {base:.2f} s" if v is not None and base else "",
                 )
+    interactive_step.target_rows(results, add)
     if "sync" in results:
         for key, value in sync_ratios(results["sync"]).items():
             add(
@@ -1122,6 +1135,7 @@ def main() -> None:
 
     results: dict[str, Any] = {"facts": machine_facts({}), "quick": args.quick, "args": vars(args)}
     run = Runner(args)
+    run.log(f"load average (1, 5, 15 min) at start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     start = time.perf_counter()
     try:
         measure = {
@@ -1129,6 +1143,8 @@ def main() -> None:
             "build": lambda: build_section(run, args.quick, layouts),
             "lab": lambda: lab_section(run, args.quick),
             "sync": lambda: sync_section(run, args.quick, layouts, sizes, args.repeats),
+            "step": lambda: interactive_step.step_section(run, args.quick),
+            "tunix": lambda: interactive_step.tunix_section(run, args.quick, BUILD_CHILD, all_scenarios(layouts)),
         }
         for section in SECTIONS:
             if section in only:
@@ -1160,7 +1176,8 @@ def main() -> None:
         f"machine: {f['cpu_count']} CPUs ({f['cpus_usable']} usable), {f['platform']}; python {f['python']}; "
         f"jax {child.get('jax', '?')}, jaxlib {child.get('jaxlib', '?')}, flax {child.get('flax', '?')}; "
         f"backend {child.get('backend', '?')} with {child.get('device_count', '?')} devices; "
-        f"load average {f['load_average_at_start'][0]:.2f} at start, {f['load_average_at_end'][0]:.2f} at end"
+        f"load average (1, 5, 15 min) {', '.join(f'{x:.2f}' for x in f['load_average_at_start'])} at start, "
+        f"{', '.join(f'{x:.2f}' for x in f['load_average_at_end'])} at end"
         if f["load_average_at_start"]
         else ""
     )
@@ -1184,7 +1201,14 @@ def main() -> None:
         target_rows = [["(the targets could not be computed)", f"{type(exc).__name__}: {exc}", "", "", ""]]
     results["targets"] = [dict(zip(["figure", "measured", "target", "met", "note"], r)) for r in target_rows]
     json_path.write_text(json.dumps(results, indent=1, default=str))
-    for section, show in (("cli", print_cli), ("build", print_build), ("lab", print_lab), ("sync", print_sync)):
+    for section, show in (
+        ("cli", print_cli),
+        ("build", print_build),
+        ("lab", print_lab),
+        ("sync", print_sync),
+        ("step", interactive_step.print_step),
+        ("tunix", interactive_step.print_tunix),
+    ):
         if section in results:
             try:
                 show(results[section])

@@ -3,8 +3,12 @@ persistent compilation cache of the session's own (a program compiled by one tes
 read back by the next one after the in-memory caches are cleared)."""
 
 import atexit
+import os
 import shutil
 import tempfile
+
+# No background warm-up process (lab.warm) from a notebook's set-up cell run by the tests.
+os.environ["RLCLUSTER_LAB_WARM"] = "off"
 
 from rlcluster_lab.core.compile_cache import enable_compilation_cache
 from rlcluster_lab.core.devices import ensure_simulated_devices

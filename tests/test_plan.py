@@ -251,7 +251,7 @@ def test_l4_reuse_is_per_shard_for_minimal_and_whole_layout_for_one_program() ->
         ("minimal", PlannedMesh.build(range(4), (2, 2)), [True, True, False, False]),
         ("xla", PlannedMesh.build(range(8), (4, 2)), [False] * 8),
     ):
-        buf = Buffers(strategy, 0)
+        buf = Buffers(strategy)
         a = buf.new((8, 4), np.float32, src_mesh, P("fsdp", None), "device")
         assert list(buf.kept(a, dst_mesh, P("fsdp", None), "device")) == want
         moved = buf.reshard(a, dst_mesh, P("fsdp", None), "device")
@@ -268,7 +268,7 @@ def _planned_reuse_matches_the_reshard(case, strategy: str) -> None:
     order = [d.id for d in np.asarray(dst.mesh.devices).flat]
     after = {s.device.id: s.data.unsafe_buffer_pointer() for s in y.addressable_shards}
     measured = [before.get(d) == after[d] for d in order]
-    buf = Buffers(strategy, 0)
+    buf = Buffers(strategy)
     a = buf.new(shape, np.float32, PlannedMesh.of(src.mesh), src.spec, "device")
     assert list(buf.kept(a, PlannedMesh.of(dst.mesh), dst.spec, "device")) == measured
 

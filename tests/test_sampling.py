@@ -138,7 +138,7 @@ def test_generate_refuses_a_batch_whose_cache_cannot_fit_before_asking_xla(split
     def must_not_run(*args, **kwargs):
         raise AssertionError("the sampler ran before its memory was checked")
 
-    monkeypatch.setattr(sampling, "_generate", must_not_run)
+    monkeypatch.setattr(sampling, "_run_generate", must_not_run)
     with pytest.raises(TooLargeError, match=r"generating for 20,000 prompts .* estimated from shapes"):
         sample(*split_model, TOK, ["abcdefgh"] * 20_000, max_new_tokens=8, temperature=1.0, cache_size=128, seed=0)
     # The estimate covers the cache twice over, the prefill's logits and the sampler's buffers.

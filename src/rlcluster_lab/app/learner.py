@@ -28,6 +28,7 @@ import numpy as np
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.roles import Role
+from rlcluster_lab.core.waits import waiting
 from rlcluster_lab.measure.sync import SyncReport
 from rlcluster_lab.training.batch import TrainBatch, validate_prompts
 from rlcluster_lab.training.critic import ValueBatch
@@ -180,30 +181,39 @@ class GRPOLearner:
         cfg = self.config
         cluster = self.cluster
         prompts = self._next_prompts(self._rng)
-        out = cluster.generate(prompts)
+        # Each phase is a wait the progress displays show (core.waits): the CLI's line, the lab's status.
+        with waiting("generate"):
+            out = cluster.generate(prompts)
         prompt_tokens, completion = out.left_padded_prompt_tokens, out.tokens
-        if self.use_reward_model:
-            rewards = np.asarray(cluster.get_rewards(prompt_tokens, completion), dtype=np.float32)
-        else:
-            rewards = np.asarray(self.reward_fn(prompts, out.text), dtype=np.float32)
+        with waiting("rewards"):
+            if self.use_reward_model:
+                rewards = np.asarray(cluster.get_rewards(prompt_tokens, completion), dtype=np.float32)
+            else:
+                rewards = np.asarray(self.reward_fn(prompts, out.text), dtype=np.float32)
         if rewards.shape != (len(prompts),):
             raise ValueError(f"reward_fn returned shape {rewards.shape}, expected ({len(prompts)},)")
         values = returns = None
         if cfg.critic:
-            values = np.asarray(cluster.get_values(prompt_tokens, completion), dtype=np.float32)
+            with waiting("values (critic)"):
+                values = np.asarray(cluster.get_values(prompt_tokens, completion), dtype=np.float32)
             advantages, returns = critic_advantages(rewards, values, completion != cluster.rollout.pad_id())
         else:
             advantages = group_advantages(rewards, cfg.group_size)
-        anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, prompt_tokens, completion))
+        with waiting("log-probs (anchor)"):
+            anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, prompt_tokens, completion))
         ref = None
         if cluster.reference_model is not None and cluster.cluster_config.training_config.beta > 0:
-            ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, prompt_tokens, completion))
+            with waiting("log-probs (reference)"):
+                ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, prompt_tokens, completion))
         batch = TrainBatch(prompt_tokens, completion, advantages, anchor, ref)
         index = len(self.history)
         taken = [0]
 
         def probe(iteration: int, rows: slice, live_logps: Callable[..., Any]) -> None:
-            live = np.asarray(live_logps(prompt_tokens[rows], completion[rows]))
+            # The live weights score the whole batch, as the anchor did: the same shapes and
+            # shardings run the anchor's compiled program (a mini-batch's own shape would compile
+            # another); P11 compares the mini-batch's rows.
+            live = np.asarray(live_logps(prompt_tokens, completion))[rows]
             self.p11.append(
                 P11Record(
                     step=index,
@@ -216,12 +226,15 @@ class GRPOLearner:
             )
             taken[0] += 1
 
-        metrics = cluster.update_actor(batch, on_step=probe)
+        with waiting("update_actor"):
+            metrics = cluster.update_actor(batch, on_step=probe)
         value_loss = None
         if cfg.critic:
-            critic_metrics = cluster.update_critic(ValueBatch(prompt_tokens, completion, returns, values))
+            with waiting("update_critic"):
+                critic_metrics = cluster.update_critic(ValueBatch(prompt_tokens, completion, returns, values))
             value_loss = float(np.mean([m["loss"] for m in critic_metrics]))
-        sync = cluster.sync_weights()
+        with waiting("sync_weights"):
+            sync = cluster.sync_weights()
         reasons = [r for r in (rejection_reason(m) for m in metrics) if r is not None]
         record = StepRecord(
             step=index,
@@ -243,8 +256,11 @@ class GRPOLearner:
         return record
 
     def run(self, progress: Callable[[StepRecord], None] | None = None) -> LearnerResult:
-        for _ in range(self.config.steps):
-            record = self.step()
+        total = self.config.steps
+        for i in range(total):
+            # Every step is one kind of wait: the last step's duration is the next one's estimate.
+            with waiting(f"step {i + 1} of {total}", kind="learner step"):
+                record = self.step()
             if progress is not None:
                 progress(record)
         return LearnerResult(steps=list(self.history), p11=list(self.p11))

@@ -10,10 +10,13 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
-from rlcluster_lab.cli.plan import add_plan_arguments
-from rlcluster_lab.cli.processes import add_process_arguments, multi_process
+from rlcluster_lab.cli.plan import add_plan_arguments, run_plan_command
+from rlcluster_lab.cli.processes import add_process_arguments, multi_process, run_processes_command
+from rlcluster_lab.cli.progress import progress_line
 from rlcluster_lab.cli.text import format_report
 from rlcluster_lab.core.knobs import describe
+from rlcluster_lab.core.options import check_device_count
+from rlcluster_lab.core.waits import waiting
 from rlcluster_lab.rules.validation import check_scenario
 
 
@@ -79,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # a bad flag (one line on stderr, exit 2) or --help (exit 0)
         return int(exit_.code or 0)
     try:
-        out = _run(args)
+        # A line on stderr during every wait of half a second or more (a terminal only, not with --json).
+        with progress_line(sys.stderr, json_output=bool(getattr(args, "json", False))):
+            out = _run(args)
         text = json.dumps(out, indent=2, sort_keys=True) if args.json else out["_text"] if "_text" in out else ""
     except BrokenPipeError:  # progress lines written while the command ran
         return _stdout_closed()
@@ -112,31 +117,25 @@ def _write(text: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from rlcluster_lab.core.options import check_device_count
-
     check_device_count(args.devices, "--devices")
     # Knob-level refusals (P6, the LoRA rank the model allows, the learner's sizes) come back
     # before the backend starts.
     learning = _learn_setup(args) if args.command == "learn" else None
     if args.command == "report":
-        if multi_process(args):
-            # Several processes: the workers start JAX, this process never does.
-            from rlcluster_lab.cli.processes import run_processes_command
-
+        if multi_process(args):  # several processes: the workers start JAX, this process never does
             return run_processes_command(args)
         check_scenario(scenario_from(args))
     # The device count must be set before anything starts the JAX backend,
     # and the persistent compilation cache before the first compilation.
-    from rlcluster_lab.core.compile_cache import enable_compilation_cache
-    from rlcluster_lab.core.devices import ensure_simulated_devices
+    with waiting("starting JAX"):
+        from rlcluster_lab.core.compile_cache import enable_compilation_cache
+        from rlcluster_lab.core.devices import ensure_simulated_devices
 
-    ensure_simulated_devices(args.devices)
-    enable_compilation_cache()
+        ensure_simulated_devices(args.devices)
+        enable_compilation_cache()
     if args.command == "report":
         return _report(args)
     if args.command == "plan":
-        from rlcluster_lab.cli.plan import run_plan_command
-
         return run_plan_command(args)
     return _learn(args, *learning) if learning is not None else {}
 
@@ -161,9 +160,14 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
     from rlcluster_lab.app.report import placement_report
     from rlcluster_lab.app.scenario import build_cluster
 
-    cluster = build_cluster(scenario_from(args))
-    sync = cluster.sync_weights() if args.sync else None
-    data = placement_report(cluster, sync=sync).to_json()
+    with waiting("building the cluster"):
+        cluster = build_cluster(scenario_from(args))
+    sync = None
+    if args.sync:
+        with waiting("syncing weights"):
+            sync = cluster.sync_weights()
+    with waiting("measuring the report"):
+        data = placement_report(cluster, sync=sync).to_json()
     if not args.json:
         data = {"_text": format_report(data)}
     return data
@@ -206,7 +210,8 @@ def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) 
     from rlcluster_lab.app.learner import GRPOLearner
     from rlcluster_lab.app.scenario import build_cluster
 
-    learner = GRPOLearner(build_cluster(scenario, training_config=training), config)
+    with waiting("building the cluster"):
+        learner = GRPOLearner(build_cluster(scenario, training_config=training), config)
     progress = (
         None
         if args.json

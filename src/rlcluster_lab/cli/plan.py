@@ -6,12 +6,11 @@ JAX: the device count must be set before the backend starts.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.cli.flags import scenario_from
-from rlcluster_lab.core.limits import BYTE_UNITS
+from rlcluster_lab.core.limits import parse_bytes
 from rlcluster_lab.core.options import DTYPES, MODEL_SIZES
 from rlcluster_lab.planner.workload import Workload
 from rlcluster_lab.rules.validation import check_scenario
@@ -162,31 +161,6 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- CLI
 
 
-_UNITS = BYTE_UNITS
-
-
-def parse_bytes(text: str, name: str = "value") -> float:
-    """'80GB', '16GiB', '450e9', '2.5 TB' -> bytes; a trailing '/s' is allowed for rates.
-
-    Raises:
-        ValueError: text that is not a positive, finite number of bytes; the message names ``name``.
-    """
-    s = str(text).strip().lower().replace(" ", "").removesuffix("/s")
-    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(number) :]
-    if unit not in _UNITS:
-        raise ValueError(
-            f"{name}: cannot read {text!r} as bytes: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
-        )
-    try:
-        value = float(number) * _UNITS[unit]
-    except ValueError:
-        raise ValueError(f"{name}: cannot read {text!r} as bytes; write e.g. 80GB, 16GiB or 450e9") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive, finite number of bytes (e.g. 80GB), got {text!r}")
-    return value
-
-
 def add_plan_arguments(p: Any) -> None:
     """The flags only ``plan`` has; the scenario's knobs come from ``cli.flags``."""
     p.add_argument(
@@ -194,60 +168,37 @@ def add_plan_arguments(p: Any) -> None:
         default="local",
         help="local (this machine's devices), gpu-8, gpu-2x8, tpu-v5e-8, tpu-v5p-8, tpu-v5p-64, tpu-v5p-256",
     )
-    p.add_argument("--vllm-tp", type=int, default=None, help="vllm engine's tensor-parallel size (default: all)")
     p.add_argument(
         "--dtype",
         choices=DTYPES,
         default=None,
         help="parameter dtype (default: the model's: float32 for our sizes, bfloat16 for published ones)",
     )
-    p.add_argument(
-        "--memory-per-device",
-        default=None,
-        help="bytes per device, e.g. 80GB or 16GiB (default: the topology's, see its source)",
-    )
-    p.add_argument(
-        "--bandwidth",
-        default=None,
-        help="bytes/s one device receives, e.g. 450GB (default: the topology's, see its source)",
-    )
-    p.add_argument(
-        "--devices-per-host",
-        type=int,
-        default=None,
-        help="devices of one host (process), consecutive ids (default: the topology's)",
-    )
-    p.add_argument("--host-memory", default=None, help="RAM per host, e.g. 2TB (default: the topology's)")
-    p.add_argument(
-        "--host-bandwidth",
-        default=None,
-        help="bytes/s one device receives from other hosts, e.g. 50GB (default: the topology's)",
-    )
+    topology = "(default: the topology's, see its source)"
+    # Byte counts and rates, read by parse_bytes (None: the topology's figure).
+    for flag, text in (
+        ("--memory-per-device", f"bytes per device, e.g. 80GB or 16GiB {topology}"),
+        ("--bandwidth", f"bytes/s one device receives, e.g. 450GB {topology}"),
+        ("--host-memory", "RAM per host, e.g. 2TB (default: the topology's)"),
+        ("--host-bandwidth", "bytes/s one device receives from other hosts, e.g. 50GB (default: the topology's)"),
+    ):
+        p.add_argument(flag, default=None, help=text)
     work = Workload()
-    p.add_argument(
-        "--rollout-batch-size",
-        type=int,
-        default=work.rollout_batch_size,
-        help=f"completions sampled at once (default {work.rollout_batch_size})",
-    )
-    p.add_argument(
-        "--prompt-length",
-        type=int,
-        default=work.prompt_length,
-        help=f"prompt tokens per row (default {work.prompt_length})",
-    )
-    p.add_argument(
-        "--max-tokens", type=int, default=work.max_tokens, help=f"completion tokens per row (default {work.max_tokens})"
-    )
-    p.add_argument(
-        "--kv-cache-size", type=int, default=None, help="KV cache slots per row (default: prompt + completion tokens)"
-    )
-    p.add_argument(
-        "--micro-batch-size",
-        type=int,
-        default=None,
-        help="rows per training micro-batch (default: the whole batch in one piece)",
-    )
+    for flag, default, text in (
+        ("--vllm-tp", None, "vllm engine's tensor-parallel size (default: all)"),
+        ("--devices-per-host", None, "devices of one host (process), consecutive ids (default: the topology's)"),
+        # The step's shapes (planner.Workload).
+        (
+            "--rollout-batch-size",
+            work.rollout_batch_size,
+            f"completions sampled at once (default {work.rollout_batch_size})",
+        ),
+        ("--prompt-length", work.prompt_length, f"prompt tokens per row (default {work.prompt_length})"),
+        ("--max-tokens", work.max_tokens, f"completion tokens per row (default {work.max_tokens})"),
+        ("--kv-cache-size", None, "KV cache slots per row (default: prompt + completion tokens)"),
+        ("--micro-batch-size", None, "rows per training micro-batch (default: the whole batch in one piece)"),
+    ):
+        p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument(
         "--remat", action="store_true", help="plan a step that rematerialises every layer (the lab's does not)"
     )

@@ -12,6 +12,7 @@ import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict
 
+from rlcluster_lab.core.compile_options import ProgramFamily, options_for
 from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
@@ -143,7 +144,8 @@ def check_finite_leaves(model: nnx.Module, role: str) -> None:
     leaves = [(path, x) for path, x in flat if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact)]
     if not leaves:
         return
-    (flags,) = host_values([_all_finite([x for _, x in leaves])])
+    arrays = [x for _, x in leaves]
+    (flags,) = host_values([_ALL_FINITE.jitted(options_for(arrays))(arrays)])
     bad = ["/".join(map(str, path)) for (path, _), ok in zip(leaves, np.asarray(flags)) if not ok]
     if bad:
         raise ValueError(
@@ -153,9 +155,11 @@ def check_finite_leaves(model: nnx.Module, role: str) -> None:
         )
 
 
-@jax.jit
 def _all_finite(leaves: list[jax.Array]) -> jax.Array:
     return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+
+
+_ALL_FINITE = ProgramFamily(_all_finite)
 
 
 def _is_path(model: Any) -> bool:

@@ -11,6 +11,13 @@ construction and the first sync skip XLA compilation. Where the cache lives:
 JAX reads this setting when it compiles for the first time in a process, so
 ``enable_compilation_cache`` must run before the first compilation.
 
+The cache is bounded on disk: ``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB`` (default
+``DEFAULT_MAX_MB``, 512 MB) is the most its files may take. When a process turns
+the cache on and the folder holds more, the least recently used files (by their
+last access or change) are deleted until it holds at most 90% of the bound, so a
+folder just over it is not trimmed at every start. Every file of a program is
+one file: a deleted one is only compiled again when it is next needed.
+
 The cache is trusted: JAX runs the native code its entries hold, and an entry
 planted under another program's key runs as that program. So the folder must
 be one only this user can write: a folder owned by the user and writable by
@@ -32,6 +39,10 @@ from pathlib import Path
 import jax
 
 ENV = "RLCLUSTER_LAB_COMPILATION_CACHE"
+MAX_MB_ENV = "RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB"
+DEFAULT_MAX_MB = 512
+# Files of the lab's own that trimming leaves alone (the warm start's lock and record, lab/warm.py).
+KEEP_PREFIX = "rlcluster-lab-warm"
 _OFF = {"0", "off", "false", "no", "none", ""}
 
 
@@ -97,11 +108,9 @@ def trusted_folder(folder: Path, what: str) -> Path | None:
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache (``path``, or ``cache_dir()``).
 
-    Every program is cached, however quickly it compiled: on two CPU cores a
-    "small" program still costs 0.1-0.5 s. Returns the folder, or None when
-    the cache is turned off, the folder cannot be created, or it cannot be
-    trusted (not this user's, or writable by others: one warning); then no
-    persistent cache is used and JAX compiles as usual.
+    Every program is cached, however quickly it compiled: on two CPU cores a "small" program
+    still costs 0.1-0.5 s. Returns the folder, or None when the cache is off or the folder
+    cannot be created or trusted (see the module docstring); JAX then compiles as usual.
     """
     folder = Path(path).expanduser() if path is not None else cache_dir()
     if folder is not None:
@@ -114,7 +123,84 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if str(folder) not in _TRIMMED:
+        _TRIMMED.add(str(folder))
+        trim_cache(folder, max_cache_bytes())
     return folder
+
+
+_TRIMMED: set[str] = set()
+
+
+def max_cache_bytes() -> int:
+    """The bound on the cache's files, in bytes (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
+
+    Raises:
+        ValueError: a value that is not a positive number of megabytes.
+    """
+    value = os.environ.get(MAX_MB_ENV, "").strip()
+    if not value:
+        return DEFAULT_MAX_MB * 2**20
+    try:
+        mb = float(value)
+    except ValueError:
+        mb = float("nan")
+    if not mb > 0 or mb == float("inf"):
+        raise ValueError(f"{MAX_MB_ENV}={value!r} must be a positive number of megabytes (e.g. 512)")
+    return int(mb * 2**20)
+
+
+def cache_files(folder: Path) -> list[tuple[float, int, Path]]:
+    """(last use, size, path) of every regular file under ``folder``; links are neither followed
+    nor listed, so nothing outside the folder is ever seen."""
+    found: list[tuple[float, int, Path]] = []
+    stack = [folder]
+    while stack:
+        here = stack.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    info = entry.stat(follow_symlinks=False)
+                    found.append((max(info.st_atime, info.st_mtime), info.st_size, Path(entry.path)))
+            except OSError:
+                continue
+    return found
+
+
+def trim_cache(folder: Path, max_bytes: int) -> tuple[int, int]:
+    """Delete the least recently used files under ``folder`` while it holds more than
+    ``max_bytes``, down to 90% of it; returns (files deleted, bytes freed).
+
+    Only a folder that ``untrusted_reason`` accepts is touched (the cache's own rule);
+    the warm start's lock and record are kept.
+    """
+    if untrusted_reason(folder) is not None:
+        return 0, 0
+    files = cache_files(folder)
+    total = sum(size for _, size, _ in files)
+    if total <= max_bytes:
+        return 0, 0
+    target = int(max_bytes * 0.9)
+    deleted = freed = 0
+    for _, size, path in sorted(files):
+        if total <= target:
+            break
+        if path.name.startswith(KEEP_PREFIX):
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total -= size
+        deleted += 1
+        freed += size
+    return deleted, freed
 
 
 def active_cache_dir() -> str | None:

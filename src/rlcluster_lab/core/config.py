@@ -53,16 +53,20 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         # A NaN or infinite rate trains to NaN without an error; zero or a negative rate does not
-        # descend. Only the default optimizer reads learning_rate, but the field is checked always.
-        if not _finite_real(self.learning_rate) or self.learning_rate <= 0:
-            raise ConfigError(
-                f"learning_rate (--learning-rate) must be a finite number > 0 (e.g. 3e-3), got {self.learning_rate!r}",
-                knobs=("learning_rate",),
-            )
-        if not _finite_real(self.beta) or self.beta < 0:
-            raise ConfigError(f"beta (the KL weight) must be a finite number >= 0, got {self.beta!r}")
-        if not _finite_real(self.epsilon) or self.epsilon <= 0:
-            raise ConfigError(f"epsilon (the clip range) must be a finite number > 0, got {self.epsilon!r}")
+        # descend. Only the default optimizers read the rates, but the fields are checked always.
+        for field, label, example, zero_ok in (
+            ("learning_rate", "learning_rate (--learning-rate)", " (e.g. 3e-3)", False),
+            ("beta", "beta (the KL weight)", "", True),
+            ("epsilon", "epsilon (the clip range)", "", False),
+            ("critic_learning_rate", "critic_learning_rate", " (e.g. 1e-3)", False),
+            ("clip_range_value", "clip_range_value (the value loss's clip range)", "", False),
+        ):
+            value = getattr(self, field)
+            if not _finite_real(value) or value < 0 or (value == 0 and not zero_ok):
+                raise ConfigError(
+                    f"{label} must be a finite number {'>=' if zero_ok else '>'} 0{example}, got {value!r}",
+                    knobs=(field,) if field == "learning_rate" else (),
+                )
         for name, value in (("mini_batch_size", self.mini_batch_size), ("num_iterations", self.num_iterations)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}", knobs=(name,))
@@ -70,6 +74,8 @@ class TrainingConfig:
             raise ConfigError(
                 f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}", knobs=("mini_batch_size",)
             )
+        if self.num_iterations < 1:
+            raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}", knobs=("num_iterations",))
         micro = self.train_micro_batch_size
         if micro is not None:
             if isinstance(micro, bool) or not isinstance(micro, numbers.Integral) or micro < 1:
@@ -90,17 +96,6 @@ class TrainingConfig:
                     "each optimizer update accumulates a whole number of micro-batches",
                     knobs=("mini_batch_size", "train_micro_batch_size"),
                 )
-        if not _finite_real(self.critic_learning_rate) or self.critic_learning_rate <= 0:
-            raise ConfigError(
-                f"critic_learning_rate must be a finite number > 0 (e.g. 1e-3), got {self.critic_learning_rate!r}"
-            )
-        if not _finite_real(self.clip_range_value) or self.clip_range_value <= 0:
-            raise ConfigError(
-                f"clip_range_value (the value loss's clip range) must be a finite number > 0, got "
-                f"{self.clip_range_value!r}"
-            )
-        if self.num_iterations < 1:
-            raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}", knobs=("num_iterations",))
         if self.role_to_logical_axis_rule is not None:
             rules = {Role.parse(r): tuple(tuple(x) for x in v) for r, v in self.role_to_logical_axis_rule.items()}
             object.__setattr__(self, "role_to_logical_axis_rule", types.MappingProxyType(rules))

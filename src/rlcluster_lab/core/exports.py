@@ -1,26 +1,12 @@
 """Public names that IDEs and type checkers see, imported only when first used.
 
-A package's ``__init__`` writes its public API as ordinary imports under
-``if TYPE_CHECKING:``, which type checkers and IDEs read, and lists the names in
-``__all__``; then it hands its own source to ``lazy_exports``, which reads those
-same import lines and resolves each name on first use. The imports are written
-once: what a type checker sees is what the package serves. Nothing is imported
-until asked for, so ``import rlcluster_lab`` imports no JAX and the CLI refuses a
-bad flag before the JAX backend starts::
-
-    from typing import TYPE_CHECKING
-
-    from rlcluster_lab.core.exports import lazy_exports
-
-    if TYPE_CHECKING:
-        from rlcluster_lab.cluster import RLCluster
-
-    __all__ = ["RLCluster"]
-
-    if not TYPE_CHECKING:  # a type checker then flags a name not imported above
-        __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)
-
-JAX-free (the standard library only).
+A package's ``__init__`` writes its public API as ordinary imports under ``if
+TYPE_CHECKING:`` and lists the names in ``__all__``; under ``if not TYPE_CHECKING:`` it sets
+``__getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)``, which reads those same
+import lines and resolves each name on first use (``rlcluster_lab.planner`` is a short
+example). The imports are written once: what a type checker sees is what the package serves,
+and nothing is imported until asked for, so ``import rlcluster_lab`` imports no JAX and the
+CLI refuses a bad flag before the JAX backend starts. JAX-free (the standard library only).
 """
 
 from __future__ import annotations

@@ -41,60 +41,56 @@ class Knob:
         return f"the '{self.label}' {self.widget}" if self.label else None
 
 
-def _k(field: str, name: str, label: str | None, widget: str, flag: str | None) -> Knob:
-    return Knob(field, name, label, widget, flag)
-
-
 KNOBS: dict[str, Knob] = {
     k.field: k
     for k in (
-        _k("layout", "layout", "layout", "dropdown", "--layout"),
-        _k("lora", "lora", "LoRA actor", "checkbox", "--lora"),
-        _k("lora_rank", "lora-rank", "LoRA rank", "number box", "--lora-rank"),
-        _k(
+        Knob("layout", "layout", "layout", "dropdown", "--layout"),
+        Knob("lora", "lora", "LoRA actor", "checkbox", "--lora"),
+        Knob("lora_rank", "lora-rank", "LoRA rank", "number box", "--lora-rank"),
+        Knob(
             "lora_separate_base",
             "lora-separate-base",
             "LoRA over a separate copy of the base (P4 warns)",
             "checkbox",
             "--lora-separate-base",
         ),
-        _k("engine", "engine", "rollout engine", "dropdown", "--engine"),
+        Knob("engine", "engine", "rollout engine", "dropdown", "--engine"),
         # The flag turns the settings off; the checkbox (on by default) turns them on.
-        _k(
+        Knob(
             "sglang_static_lora",
             "static-lora",
             "static-LoRA settings for sglang_jax (P6)",
             "checkbox",
             "--no-static-lora",
         ),
-        _k("offload", "offload", "offload to pinned host (P14)", "checkbox", "--offload"),
-        _k("rollout_dtype", "rollout-dtype", "rollout dtype", "dropdown", "--rollout-dtype"),
-        _k("model_size", "model-size", "model size", "dropdown", "--model-size"),
-        _k("with_reward", "reward", "reward model", "checkbox", "--reward"),
-        _k("with_critic", "critic", "critic model", "checkbox", "--critic"),
-        _k("anchor", "anchor", "anchor (P8)", "dropdown", "--anchor"),
-        _k("reshard", "reshard", None, "dropdown", "--reshard"),
-        _k("sync_chunk_bytes", "sync-chunk-bytes", "sync in chunks of (P13)", "dropdown", "--sync-chunk-bytes"),
+        Knob("offload", "offload", "offload to pinned host (P14)", "checkbox", "--offload"),
+        Knob("rollout_dtype", "rollout-dtype", "rollout dtype", "dropdown", "--rollout-dtype"),
+        Knob("model_size", "model-size", "model size", "dropdown", "--model-size"),
+        Knob("with_reward", "reward", "reward model", "checkbox", "--reward"),
+        Knob("with_critic", "critic", "critic model", "checkbox", "--critic"),
+        Knob("anchor", "anchor", "anchor (P8)", "dropdown", "--anchor"),
+        Knob("reshard", "reshard", None, "dropdown", "--reshard"),
+        Knob("sync_chunk_bytes", "sync-chunk-bytes", "sync in chunks of (P13)", "dropdown", "--sync-chunk-bytes"),
         # Lab only: the custom rollout mesh's shape (the CLI builds standard layouts).
-        _k("rollout_shape", "rollout-shape", "rollout shape", "dropdown", None),
+        Knob("rollout_shape", "rollout-shape", "rollout shape", "dropdown", None),
         # CLI only: the simulated device count, and the learner's settings (``learn``).
-        _k("devices", "devices", None, "number", "--devices"),
-        _k("max_tokens", "max-tokens", None, "number", "--max-tokens"),
-        _k("learning_rate", "learning-rate", None, "number", "--learning-rate"),
-        _k("mini_batch_size", "mini-batch-size", None, "number", "--mini-batch-size"),
-        _k("train_micro_batch_size", "micro-batch-size", None, "number", "--micro-batch-size"),
-        _k("num_iterations", "iterations", None, "number", "--iterations"),
-        _k("steps", "steps", None, "number", "--steps"),
-        _k("prompts_per_step", "prompts-per-step", None, "number", "--prompts-per-step"),
-        _k("group_size", "group-size", None, "number", "--group-size"),
+        Knob("devices", "devices", None, "number", "--devices"),
+        Knob("max_tokens", "max-tokens", None, "number", "--max-tokens"),
+        Knob("learning_rate", "learning-rate", None, "number", "--learning-rate"),
+        Knob("mini_batch_size", "mini-batch-size", None, "number", "--mini-batch-size"),
+        Knob("train_micro_batch_size", "micro-batch-size", None, "number", "--micro-batch-size"),
+        Knob("num_iterations", "iterations", None, "number", "--iterations"),
+        Knob("steps", "steps", None, "number", "--steps"),
+        Knob("prompts_per_step", "prompts-per-step", None, "number", "--prompts-per-step"),
+        Knob("group_size", "group-size", None, "number", "--group-size"),
         # CLI only: what ``plan`` alone takes (a paper cluster's topology and step shapes).
-        _k("topology", "topology", None, "text", "--topology"),
-        _k("rollout_vllm_tensor_parallel_size", "vllm-tp", None, "number", "--vllm-tp"),
-        _k("devices_per_host", "devices-per-host", None, "number", "--devices-per-host"),
-        _k("rollout_batch_size", "rollout-batch-size", None, "number", "--rollout-batch-size"),
-        _k("prompt_length", "prompt-length", None, "number", "--prompt-length"),
-        _k("kv_cache_size", "kv-cache-size", None, "number", "--kv-cache-size"),
-        _k("micro_batch_size", "micro-batch-size", None, "number", "--micro-batch-size"),
+        Knob("topology", "topology", None, "text", "--topology"),
+        Knob("rollout_vllm_tensor_parallel_size", "vllm-tp", None, "number", "--vllm-tp"),
+        Knob("devices_per_host", "devices-per-host", None, "number", "--devices-per-host"),
+        Knob("rollout_batch_size", "rollout-batch-size", None, "number", "--rollout-batch-size"),
+        Knob("prompt_length", "prompt-length", None, "number", "--prompt-length"),
+        Knob("kv_cache_size", "kv-cache-size", None, "number", "--kv-cache-size"),
+        Knob("micro_batch_size", "micro-batch-size", None, "number", "--micro-batch-size"),
     )
 }
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -46,19 +45,42 @@ BYTE_UNITS: dict[str, int] = {
 _MAX_LIMIT = 10**18
 
 
+def parse_bytes(text: str, name: str = "value", *, allow_zero: bool = False) -> float:
+    """``'80GB'``, ``'16GiB'``, ``'450e9'``, ``'2.5 TB'`` as bytes: a positive (or with
+    ``allow_zero``, non-negative) finite number with an optional unit of ``BYTE_UNITS`` (and a
+    trailing ``/s``, for rates).
+
+    Raises:
+        ValueError: anything else; the message names ``name``.
+    """
+    s = str(text).strip().lower().replace(" ", "").removesuffix("/s")
+    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(number) :]
+    if unit not in BYTE_UNITS:
+        raise ValueError(
+            f"{name}: cannot read {text!r:.40} as bytes: unknown unit {unit!r:.20} (use B, KB, MB, GB, TB, KiB, "
+            "MiB, GiB, TiB)"
+        )
+    try:
+        value = float(number) * BYTE_UNITS[unit]
+    except ValueError:
+        raise ValueError(f"{name}: cannot read {text!r:.40} as bytes; write e.g. 80GB, 16GiB or 450e9") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a positive, finite number of bytes (e.g. 80GB), got {text!r:.40}")
+    return value
+
+
 def parse_limit(text: str) -> int:
     """``$RLCLUSTER_LAB_MEMORY_LIMIT`` as bytes: a number with an optional unit (``64MiB``, ``2e9``).
 
     Raises:
         ConfigError: not a finite number of bytes between 0 and 10**18; the message names the variable.
     """
-    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
     try:
-        value = float(match.group(1)) * BYTE_UNITS[unit] if match else math.nan
-    except (ValueError, KeyError):
-        value = math.nan
-    if not math.isfinite(value) or not 0 <= value <= _MAX_LIMIT:
+        value = parse_bytes(text, LIMIT_ENV, allow_zero=True)
+    except ValueError:
+        value = math.inf
+    if value > _MAX_LIMIT:
         raise ConfigError(
             f"{LIMIT_ENV}={text!r:.40} is not a number of bytes between 0 and {_MAX_LIMIT:.0e}; set it to e.g. "
             f"2000000000, 2GB or 64MiB (units {', '.join(u for u in BYTE_UNITS if u)}), or unset it"

@@ -7,6 +7,7 @@ matmuls are sharded, and the lab wants the classic behaviour everywhere.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from rlcluster_lab.core.options import LAYOUTS, standard_shape
+from rlcluster_lab.core.options import LAYOUTS, default_shape, layout_problem
 from rlcluster_lab.core.roles import Role
 
 MESH_AXES: tuple[str, str] = ("fsdp", "tp")
@@ -29,6 +30,25 @@ DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
 )
 
 
+def check_mesh_shape(device_ids: Sequence[int], shape: Sequence[int], axis_names: Sequence[str]) -> None:
+    """A mesh's shape holds exactly its devices, has one size per axis name, and uses each device once
+    (real meshes and the planner's meshes on paper alike).
+
+    Raises:
+        ValueError: saying which does not hold.
+    """
+    shape, count = tuple(shape), len(device_ids)
+    if math.prod(shape) != count:
+        raise ValueError(
+            f"mesh shape {shape} holds {math.prod(shape)} devices but {count} were given; "
+            f"pick a shape whose product is {count}"
+        )
+    if len(shape) != len(axis_names):
+        raise ValueError(f"mesh shape {shape} and axis names {tuple(axis_names)} differ in length")
+    if len(set(device_ids)) != count:
+        raise ValueError("a mesh cannot use the same device twice")
+
+
 def make_mesh(
     devices: Sequence[jax.Device],
     shape: tuple[int, ...],
@@ -36,15 +56,7 @@ def make_mesh(
 ) -> Mesh:
     """A mesh over ``devices`` (in the order given) arranged as ``shape``."""
     devices = list(devices)
-    if int(np.prod(shape)) != len(devices):
-        raise ValueError(
-            f"mesh shape {tuple(shape)} holds {int(np.prod(shape))} devices but "
-            f"{len(devices)} were given; pick a shape whose product is {len(devices)}"
-        )
-    if len(shape) != len(axis_names):
-        raise ValueError(f"mesh shape {tuple(shape)} and axis names {axis_names} differ in length")
-    if len({d.id for d in devices}) != len(devices):
-        raise ValueError("a mesh cannot use the same device twice")
+    check_mesh_shape([d.id for d in devices], shape, axis_names)
     arr = np.array(devices, dtype=object).reshape(shape)
     return Mesh(arr, axis_names, axis_types=(AxisType.Auto,) * len(axis_names))
 
@@ -69,11 +81,6 @@ def mesh_from_ids(
     return make_mesh([by_id[i] for i in device_ids], shape, axis_names)
 
 
-def default_shape(count: int) -> tuple[int, int]:
-    """The lab's standard (fsdp, tp) shape for ``count`` devices: (2,4) for 8, (2,2) for 4."""
-    return standard_shape(count)
-
-
 def layout_meshes(
     layout: str,
     devices: Sequence[Any] | None = None,
@@ -94,25 +101,14 @@ def layout_meshes(
     """
     devices = list(devices) if devices is not None else jax.devices()
     n = len(devices)
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    problem = layout_problem(layout, n)
+    if problem:
+        raise ValueError(problem)
     main = make(devices, default_shape(n))
     if layout == "colocated":
         return {role: main for role in Role}
     if layout == "reshaped":
-        other = make(devices, (n, 1))
-        if other == main:
-            raise ValueError(
-                f"the reshaped layout needs a device count whose standard shape is not "
-                f"({n}, 1); with {n} device(s) there is no second arrangement. Use 'colocated', "
-                "or run with more devices."
-            )
-        return {**{role: main for role in Role}, Role.ROLLOUT: other}
-    if n < 2 or n % 2:
-        raise ValueError(
-            f"the split layout needs an even number of devices (at least 2); "
-            f"this process has {n}. Use 'colocated' here, or run with more devices."
-        )
+        return {**{role: main for role in Role}, Role.ROLLOUT: make(devices, (n, 1))}
     half = n // 2
     first = make(devices[:half], default_shape(half))
     second = make(devices[half:], default_shape(half))
@@ -121,14 +117,8 @@ def layout_meshes(
 
 def reachable_layouts(devices: Sequence[jax.Device] | None = None) -> list[str]:
     """The standard layouts the given devices can form."""
-    ok = []
-    for layout in LAYOUTS:
-        try:
-            layout_meshes(layout, devices)
-        except ValueError:
-            continue
-        ok.append(layout)
-    return ok
+    count = len(devices) if devices is not None else len(jax.devices())
+    return [layout for layout in LAYOUTS if layout_problem(layout, count) is None]
 
 
 def describe_mesh(mesh: Any) -> dict[str, Any]:

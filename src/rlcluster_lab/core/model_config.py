@@ -12,19 +12,38 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-# The parameter dtypes the lab documents (README): the model's matmuls, its norms' float32
-# statistics and the checkpoint format are written for these three.
-PARAM_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+from rlcluster_lab.core.errors import ConfigError
+
+# The parameter dtypes the lab documents (README), and the rollout's: the model's matmuls, its
+# norms' float32 statistics and the checkpoint format are written for these three.
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
-def _dtype_name(dtype: Any) -> str:
-    if isinstance(dtype, str) and dtype in PARAM_DTYPES:
-        return dtype
-    if isinstance(dtype, str):
-        return dtype  # refused by the caller, without importing JAX
-    import jax.numpy as jnp
+def dtype_name(value: Any, what: str = "dtype") -> str:
+    """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type, as its name.
 
-    return jnp.dtype(dtype).name
+    Args:
+        value: ``"bfloat16"``, ``jnp.bfloat16``, ``np.float16``, ``np.dtype("float32")``...
+        what: the argument's name, for the error message.
+
+    Raises:
+        ConfigError: for anything that is not one of ``DTYPES``.
+    """
+    if isinstance(value, str):
+        name = value
+    else:
+        import numpy as np
+
+        try:
+            name = np.dtype(value).name
+        except (TypeError, ValueError):
+            name = str(getattr(value, "__name__", value))
+    if name not in DTYPES:
+        raise ConfigError(
+            f"{what}: unsupported dtype {value!r}; use one of {', '.join(DTYPES)}, as a name or as a JAX/NumPy "
+            f"dtype (e.g. 'bfloat16' or jnp.bfloat16)"
+        )
+    return name
 
 
 # The projections ``with_lora`` adapts, by the part of a transformer block that holds them.
@@ -141,17 +160,8 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{field} {problem}")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"ModelConfig.tie_embeddings must be True or False, got {self.tie_embeddings!r:.40}")
-        try:
-            name = _dtype_name(self.param_dtype)
-        except (TypeError, ValueError):
-            name = None
-        if name not in PARAM_DTYPES:
-            raise ValueError(
-                f"ModelConfig.param_dtype {self.param_dtype!r:.40} is not supported; use one of "
-                f"{', '.join(PARAM_DTYPES)}, as a name ('bfloat16') or a JAX/NumPy dtype (jnp.bfloat16)"
-            )
         # Held as its name: the config is written to a checkpoint's config.json.
-        object.__setattr__(self, "param_dtype", name)
+        object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype, "ModelConfig.param_dtype"))
 
     @property
     def dtype(self) -> Any:
@@ -206,56 +216,17 @@ class ModelConfig:
 
 
 # Sharded dims are all multiples of 8 (264 = 8 * 33) so each shards over 8, 4 or 2.
-_PRESETS: tuple[ModelConfig, ...] = (
-    ModelConfig(
-        "tiny",
-        vocab_size=264,
-        embed_dim=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        mlp_dim=128,
-        max_seq_len=128,
-    ),
-    ModelConfig(
-        "small",
-        vocab_size=264,
-        embed_dim=128,
-        num_layers=6,
-        num_heads=8,
-        num_kv_heads=4,
-        head_dim=16,
-        mlp_dim=512,
-        max_seq_len=256,
-    ),
-    ModelConfig(
-        "base",
-        vocab_size=264,
-        embed_dim=256,
-        num_layers=10,
-        num_heads=8,
-        num_kv_heads=4,
-        head_dim=32,
-        mlp_dim=1024,
-        max_seq_len=512,
-    ),
-    ModelConfig(
-        "large",
-        vocab_size=264,
-        embed_dim=512,
-        num_layers=12,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=32,
-        mlp_dim=2048,
-        max_seq_len=1024,
-    ),
-)
+# name: (vocab_size, embed_dim, num_layers, num_heads, num_kv_heads, head_dim, mlp_dim, max_seq_len)
+_PRESETS: dict[str, tuple[int, ...]] = {
+    "tiny": (264, 64, 2, 4, 2, 16, 128, 128),
+    "small": (264, 128, 6, 8, 4, 16, 512, 256),
+    "base": (264, 256, 10, 8, 4, 32, 1024, 512),
+    "large": (264, 512, 12, 16, 8, 32, 2048, 1024),
+}
 
 # The lab's preset sizes by name, smallest first: the one list of sizes (``core.options.MODEL_SIZES``
 # is its names, for the CLI and the knobs).
-MODEL_SIZES: dict[str, ModelConfig] = {config.name: config for config in _PRESETS}
+MODEL_SIZES: dict[str, ModelConfig] = {name: ModelConfig(name, *dims) for name, dims in _PRESETS.items()}
 
 
 def get_model_config(name: str) -> ModelConfig:

@@ -18,45 +18,20 @@ from typing import Any
 from rlcluster_lab.core import model_config
 from rlcluster_lab.core.errors import ConfigError
 
+# Defined with the model's dimensions (JAX-free too); every knob's values are also read from here.
+from rlcluster_lab.core.model_config import DTYPES as DTYPES
+from rlcluster_lab.core.model_config import dtype_name
+
 LAYOUTS: tuple[str, ...] = ("colocated", "reshaped", "split")
 ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
 # Every engine but the built-in sampler stands in for an external server's placement.
 ENGINE_LABELS: dict[str, str] = {e: e if e == "vanilla" else f"{e} (JAX placement stand-in)" for e in ENGINES}
 ANCHOR_MODES: tuple[str, ...] = ("full", "trainable")
 RESHARD_STRATEGIES: tuple[str, ...] = ("xla", "minimal")
-DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # The names of the lab's preset sizes and of the projections LoRA adapts, from the model's own
 # tables (``core.model_config``: JAX-free too), so a size or a projection is spelled once.
 MODEL_SIZES: tuple[str, ...] = tuple(model_config.MODEL_SIZES)
 LORA_TARGETS: tuple[str, ...] = tuple(name for names in model_config.LORA_PROJECTIONS.values() for name in names)
-
-
-def dtype_name(value: Any, what: str = "dtype") -> str:
-    """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type, as its name.
-
-    Args:
-        value: ``"bfloat16"``, ``jnp.bfloat16``, ``np.float16``, ``np.dtype("float32")``...
-        what: the argument's name, for the error message.
-
-    Raises:
-        ConfigError: for anything that is not one of ``DTYPES``.
-    """
-    if isinstance(value, str):
-        name = value
-    else:
-        import numpy as np
-
-        try:
-            name = np.dtype(value).name
-        except (TypeError, ValueError):
-            name = str(getattr(value, "__name__", value))
-    if name not in DTYPES:
-        raise ConfigError(
-            f"{what}: unsupported dtype {value!r}; use one of {', '.join(DTYPES)}, as a name or as a JAX/NumPy "
-            f"dtype (e.g. 'bfloat16' or jnp.bfloat16)"
-        )
-    return name
-
 
 # The smallest sampling temperature above 0 (greedy): log-probs come from logits / temperature
 # in float32, and below this floor the quotient overflows (or, below float32's smallest normal
@@ -136,7 +111,7 @@ def check_device_count(count: object, name: str = "count") -> None:
         )
 
 
-def standard_shape(count: int) -> tuple[int, int]:
+def default_shape(count: int) -> tuple[int, int]:
     """The lab's standard (fsdp, tp) shape for ``count`` devices: (2,4) for 8, (2,2) for 4."""
     for tp in (4, 2):
         if count % tp == 0 and count // tp >= 2:
@@ -152,7 +127,7 @@ def layout_problem(layout: str, count: int) -> str | None:
         return f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}"
     if count < 1:
         return "a layout needs at least one device"
-    if layout == "reshaped" and standard_shape(count) == (count, 1):
+    if layout == "reshaped" and default_shape(count) == (count, 1):
         return (
             f"the reshaped layout needs a device count whose standard shape is not ({count}, 1); "
             f"with {count} device(s) there is no second arrangement. Use 'colocated', or run with more devices."

@@ -98,8 +98,7 @@ def target_shardings(
         check_spec(spec, getattr(x, "shape", ()), mesh, role)
         return NamedSharding(mesh, spec, memory_kind=memory_kind)
 
-    shardings = jax.tree.map(one, values, spec_values, is_leaf=lambda s: s is None or isinstance(s, PartitionSpec))
-    return shardings
+    return jax.tree.map(one, values, spec_values, is_leaf=lambda s: s is None or isinstance(s, PartitionSpec))
 
 
 def check_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh, role: str) -> None:

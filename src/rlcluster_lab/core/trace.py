@@ -60,18 +60,10 @@ class Trace:
     def __init__(self) -> None:
         self._decisions: list[Decision] = []
 
-    def record(
-        self, rule: str, test: str, values: Mapping[str, Any], outcome: str, branch: enum.Enum | None = None
-    ) -> Decision:
-        return self.add(Decision(rule=rule, test=test, values=dict(values), outcome=outcome, branch=branch))
-
     def add(self, decision: Decision) -> Decision:
         """Append a decision a rule function returned."""
         self._decisions.append(decision)
         return decision
-
-    def extend(self, decisions: Trace | list[Decision]) -> None:
-        self._decisions.extend(list(decisions))
 
     def by_rule(self, rule: str) -> list[Decision]:
         return [d for d in self._decisions if d.rule == rule]

@@ -1,20 +1,18 @@
 """The experiments the notebooks run on live clusters, each one call that returns plain data,
-and the tables made of their results.
+and the tables made of their results (``format_table``).
 
-A notebook cell calls one of these and hands the result to a figure function or prints it
-with ``format_table``; the cells hold no logic of their own. Every function builds its
-clusters through ``Scenario``/``build_cluster`` (or the public ``RLCluster`` for the P6
-error cases) and reads results from the reports, so what a notebook shows is what the CLI
-and the tests see; nothing here decides where a model lives. The planner's side (plans
-against measurements, what-if plans) is ``lab.what_if``.
+Clusters are built through ``Scenario``/``build_cluster`` (or the public ``RLCluster`` for
+the P6 error cases) and results read from their reports, so a notebook shows what the CLI
+and the tests see; nothing here decides where a model lives. The planner's side is
+``lab.what_if``.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -30,14 +28,27 @@ from rlcluster_lab.core.options import LAYOUTS
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.model import init_model
-from rlcluster_lab.rules.sharing import build_sharing_map, sharing_map_json
+from rlcluster_lab.rules.sharing import sharing_map, sharing_map_json
 
 Tick = Callable[[Any], None]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def collect() -> None:
     """Free the buffers of clusters a cell no longer holds, before building the next one."""
     gc.collect()
+
+
+def each(cases: Iterable[tuple[str, T]], run: Callable[[T], R], progress: Tick | None = None) -> dict[str, R]:
+    """``run`` of each labelled case, the memory of one freed before the next (``collect``)."""
+    out = {}
+    for label, case in cases:
+        out[label] = run(case)
+        collect()
+        if progress:
+            progress(label)
+    return out
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
@@ -91,13 +102,11 @@ def reports_for(
     scenarios: Mapping[str, Scenario], devices: Sequence[jax.Device], progress: Tick | None = None
 ) -> dict[str, dict[str, Any]]:
     """Build each scenario's cluster and keep only its placement report (JSON)."""
-    out = {}
-    for label, scenario in scenarios.items():
-        out[label] = placement_report(build_cluster(scenario, devices=devices)).to_json()
-        collect()
-        if progress:
-            progress(label)
-    return out
+    return each(
+        scenarios.items(),
+        lambda scenario: placement_report(build_cluster(scenario, devices=devices)).to_json(),
+        progress,
+    )
 
 
 def decision_lines(report: Mapping[str, Any], rules: Sequence[str]) -> str:
@@ -118,21 +127,18 @@ def mesh_identity(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
     """
     devices = list(devices)
     n = len(devices)
-    base = make_mesh(devices, _shape(n))
+    shape = default_shape(n)
+    base = make_mesh(devices, shape)
     cases = [
-        ("same devices, same shape, same names", make_mesh(devices, _shape(n))),
+        ("same devices, same shape, same names", make_mesh(devices, shape)),
         (f"same devices as ({n}, 1)", make_mesh(devices, (n, 1))),
-        ("same devices and shape, axes named data/model", make_mesh(devices, _shape(n), ("data", "model"))),
-        ("same devices in reverse order", make_mesh(devices[::-1], _shape(n))),
+        ("same devices and shape, axes named data/model", make_mesh(devices, shape, ("data", "model"))),
+        ("same devices in reverse order", make_mesh(devices[::-1], shape)),
     ]
     return [
         {"built as": label, "shape": str(tuple(m.devices.shape)), "same object": m is base, "== (P1)": m == base}
         for label, m in cases
     ]
-
-
-def _shape(n: int) -> tuple[int, int]:
-    return default_shape(n)
 
 
 def sharing_maps(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
@@ -143,27 +149,22 @@ def sharing_maps(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
     """
     rows = []
     for layout in reachable_layouts(devices):
-        meshes = layout_meshes(layout, devices)
         for lora in (False, True):
-            smap = sharing_map_json(
-                build_sharing_map(
-                    meshes,
-                    actor_is_module=True,
-                    actor_has_lora=lora,
-                    has_reference=True,
-                    reference_is_module=True,
-                )
-            )
-            rows.append(
-                {
-                    "layout": layout,
-                    "LoRA": lora,
-                    "actor": smap["actor"],
-                    "rollout": smap["rollout"],
-                    "reference": smap["reference"],
-                }
-            )
+            smap = sharing_map_json(sharing_map_of(devices, layout, lora=lora)[0])
+            rows.append({"layout": layout, "LoRA": lora, **{r: smap[r] for r in ("actor", "rollout", "reference")}})
     return rows
+
+
+def sharing_map_of(devices: Sequence[jax.Device], layout: str, *, lora: bool) -> tuple[Any, list[Any]]:
+    """The sharing map of a layout's meshes and its decisions (P1, P2, propagation), from the
+    rule functions construction calls, for an actor and a reference given as modules."""
+    return sharing_map(
+        layout_meshes(layout, devices),
+        actor_is_module=True,
+        actor_has_lora=lora,
+        has_reference=True,
+        reference_is_module=True,
+    )
 
 
 # --------------------------------------------------------------------------- 02: rollout and reference memory
@@ -181,9 +182,8 @@ def memory_comparison(
 ) -> dict[str, dict[str, Any]]:
     """Placement reports of the same layout with a full actor, a LoRA actor sharing the
     reference's backbone, and a LoRA actor over a copy of it (P2-P4)."""
-    return reports_for(
-        {label: Scenario(layout=layout, **knobs) for label, knobs in MEMORY_SCENARIOS.items()}, devices, progress
-    )
+    scenarios = {label: Scenario(layout=layout, **knobs) for label, knobs in MEMORY_SCENARIOS.items()}
+    return reports_for(scenarios, devices, progress)
 
 
 def memory_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -219,38 +219,20 @@ def p6_errors(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
         pass
 
     tiny = functools.partial(init_model, "tiny")
+
+    def cluster(actor: Callable[[], Any] = tiny, **config: Any) -> Callable[[], Any]:
+        """A P6 case: the public constructor with these config fields."""
+        return lambda: RLCluster(actor=actor(), cluster_config=ClusterConfig(role_to_mesh=meshes, **config))
+
     lora = Scenario(layout="colocated", lora=True, engine="sglang_jax", sglang_static_lora=False)
     cases: list[tuple[str, Callable[[], Any]]] = [
-        (
-            "rollout_config=None",
-            lambda: RLCluster(actor=tiny(), cluster_config=ClusterConfig(role_to_mesh=meshes, rollout_config=None)),
-        ),
-        (
-            "per-mode dict without TRAIN",
-            lambda: RLCluster(
-                actor=tiny(),
-                cluster_config=ClusterConfig(role_to_mesh=meshes, rollout_config={Mode.EVAL: RolloutConfig()}),
-            ),
-        ),
-        (
-            "rollout_engine='tgi'",
-            lambda: RLCluster(actor=tiny(), cluster_config=ClusterConfig(role_to_mesh=meshes, rollout_engine="tgi")),
-        ),
-        (
-            "vanilla, model without .config",
-            lambda: RLCluster(actor=NoConfig(), cluster_config=ClusterConfig(role_to_mesh=meshes)),
-        ),
-        (
-            "vllm without a model version",
-            lambda: RLCluster(actor=tiny(), cluster_config=ClusterConfig(role_to_mesh=meshes, rollout_engine="vllm")),
-        ),
+        ("rollout_config=None", cluster(rollout_config=None)),
+        ("per-mode dict without TRAIN", cluster(rollout_config={Mode.EVAL: RolloutConfig()})),
+        ("rollout_engine='tgi'", cluster(rollout_engine="tgi")),
+        ("vanilla, model without .config", cluster(NoConfig)),
+        ("vllm without a model version", cluster(rollout_engine="vllm")),
         ("sglang_jax, LoRA actor, no static LoRA", lambda: build_cluster(lora, devices=devices)),
-        (
-            "engine class that is not a RolloutEngine",
-            lambda: RLCluster(
-                actor=tiny(), cluster_config=ClusterConfig(role_to_mesh=meshes, rollout_engine=NotAnEngine)
-            ),
-        ),
+        ("engine class that is not a RolloutEngine", cluster(rollout_engine=NotAnEngine)),
     ]
     rows = []
     for label, make in cases:
@@ -275,23 +257,20 @@ def engine_rows(
     colocated run stays registered as sharing even when the engine keeps its
     own copy on a mesh of its own.
     """
-    rows, reports = [], {}
-    for engine in ("vanilla", "sglang_jax", "vllm"):
-        rep = placement_report(build_cluster(Scenario(layout=layout, engine=engine), devices=devices)).to_json()
-        reports[engine] = rep
-        mesh = rep["role_to_mesh"]["rollout"]
-        rows.append(
-            {
-                "engine": engine,
-                "P3 branch": rep["rollout_branch"],
-                "map links actor-rollout": "rollout" in rep["sharing_map"]["actor"],
-                "samples with actor buffers": rep["rollout_shares_actor_weights"],
-                "P7 mesh replaced": rep["mesh_overridden_by_engine"],
-                "rollout mesh": "x".join(f"{k}={v}" for k, v in mesh["shape"].items()),
-                "rollout bytes": rep["memory"]["by_role"]["rollout"]["bytes"],
-            }
-        )
-        collect()
+    engines = ("vanilla", "sglang_jax", "vllm")
+    reports = reports_for({engine: Scenario(layout=layout, engine=engine) for engine in engines}, devices)
+    rows = [
+        {
+            "engine": engine,
+            "P3 branch": rep["rollout_branch"],
+            "map links actor-rollout": "rollout" in rep["sharing_map"]["actor"],
+            "samples with actor buffers": rep["rollout_shares_actor_weights"],
+            "P7 mesh replaced": rep["mesh_overridden_by_engine"],
+            "rollout mesh": "x".join(f"{k}={v}" for k, v in rep["role_to_mesh"]["rollout"]["shape"].items()),
+            "rollout bytes": rep["memory"]["by_role"]["rollout"]["bytes"],
+        }
+        for engine, rep in reports.items()
+    ]
     return rows, reports
 
 
@@ -356,12 +335,11 @@ def p11_compare(
 
     ``progress`` is called once per GRPO step of every run.
     """
-    out = {}
-    for mini, iterations in settings:
-        label = f"mini-batch {mini}, {iterations} iteration{'s' if iterations > 1 else ''}"
-        out[label] = p11_run(devices, steps=steps, mini_batch_size=mini, iterations=iterations, progress=progress)
-        collect()
-    return out
+    cases = [(f"mini-batch {mini}, {it} iteration{'s' if it > 1 else ''}", (mini, it)) for mini, it in settings]
+    return each(
+        cases,
+        lambda s: p11_run(devices, steps=steps, mini_batch_size=s[0], iterations=s[1], progress=progress),
+    )
 
 
 def p11_setting_rows(runs: Mapping[str, Mapping[str, Any]], tolerance: float = 1e-4) -> list[dict[str, Any]]:
@@ -430,20 +408,19 @@ def sync_matrix(
     Each cluster syncs twice and the second sync is kept: the first one also
     compiles the resharding programs, which is not what a sync costs in a run.
     """
-    out = {}
-    for layout in layouts:
-        if layout not in reachable_layouts(devices):
-            continue
-        for lora in loras:
-            cluster = build_cluster(Scenario(layout=layout, lora=lora, engine=engine), devices=devices)
-            cluster.sync_weights()
-            report = cluster.sync_weights()
-            out[f"{layout}, {'LoRA' if lora else 'full'}"] = report.to_json()
-            del cluster
-            collect()
-            if progress:
-                progress(f"{layout}, {'LoRA' if lora else 'full'}")
-    return out
+
+    def second_sync(scenario: Scenario) -> dict[str, Any]:
+        cluster = build_cluster(scenario, devices=devices)
+        cluster.sync_weights()
+        return cluster.sync_weights().to_json()
+
+    cases = [
+        (f"{layout}, {'LoRA' if lora else 'full'}", Scenario(layout=layout, lora=lora, engine=engine))
+        for layout in layouts
+        if layout in reachable_layouts(devices)
+        for lora in loras
+    ]
+    return each(cases, second_sync, progress)
 
 
 def sync_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

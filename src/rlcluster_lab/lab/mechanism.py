@@ -1,9 +1,7 @@
 """The mechanism behind notebooks 01-04, made visible: the decisions the sharing map takes
 without any model, the buffers an own-copy engine holds, which mesh each operation entered,
-and where the anchor guard (P10) fires.
-
-Each function builds through ``build_cluster`` and reads what the cluster recorded or holds
-(its trace, its buffers, ``contexts_entered``); nothing here takes a decision of its own.
+and where the anchor guard (P10) fires. Each function reads what a cluster built through
+``build_cluster`` recorded or holds; nothing here takes a decision of its own.
 """
 
 from __future__ import annotations
@@ -21,29 +19,19 @@ from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster.contexts import context_rows
-from rlcluster_lab.core.meshes import layout_meshes
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.lab.experiments import collect
+from rlcluster_lab.lab.experiments import collect, sharing_map_of
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.placement.buffers import buffer_keys
-from rlcluster_lab.rules.sharing import sharing_map
 from rlcluster_lab.training.step import TrainBatch
 
 # --------------------------------------------------------------------------- 01: the sharing map
 
 
 def sharing_decisions(devices: Sequence[jax.Device], layout: str, *, lora: bool) -> list[Decision]:
-    """P1, P2 and P2's propagation for a layout, from the same rule functions construction
-    calls (``rules.sharing.sharing_map``), with no model built: the map reads only the
+    """P1, P2 and P2's propagation for a layout, with no model built: the map reads only the
     meshes and two facts about the models (a LoRA actor, a reference given as a module)."""
-    _, decisions = sharing_map(
-        layout_meshes(layout, devices),
-        actor_is_module=True,
-        actor_has_lora=lora,
-        has_reference=True,
-        reference_is_module=True,
-    )
-    return decisions
+    return sharing_map_of(devices, layout, lora=lora)[1]
 
 
 # --------------------------------------------------------------------------- 02: P3's three branches

@@ -79,10 +79,7 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
     ax_dev.set_xlabel("device", fontsize=MIN_PT)
     bytes_axis(ax_dev.yaxis, ax_dev.get_ylim()[1])
     ax_dev.set_title("device memory per device", fontsize=FONT, loc="left")
-    model = plan.get("model", {})
-    name = model.get("name", "model") if isinstance(model, Mapping) else str(model)
-    topo = plan.get("topology", {})
-    topo_name = topo.get("name", "") if isinstance(topo, Mapping) else str(topo)
+    name, topo_name = plan.get("model", {}).get("name", "model"), plan.get("topology", {}).get("name", "")
     handles, labels = [], []
     for ax in (ax_role, ax_dev):  # one legend under both panels, over neither's bars or labels
         h, lb = ax.get_legend_handles_labels()
@@ -99,10 +96,7 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
 
 def _capacity(plan: Mapping[str, Any]) -> int | None:
     """Bytes of device memory per device, where the plan gives it."""
-    for section in (plan.get("fits", {}), plan.get("topology", {})):
-        if not isinstance(section, Mapping):
-            continue
-        for key in ("memory_per_device", "capacity_bytes"):
-            if section.get(key):
-                return int(section[key])
+    for section in (plan.get("fits") or {}, plan.get("topology", {})):
+        if section.get("memory_per_device"):
+            return int(section["memory_per_device"])
     return None

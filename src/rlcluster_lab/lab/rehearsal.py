@@ -31,6 +31,7 @@ from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.core.gathering import host_value
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.core.shardings import default_memory_kind
+from rlcluster_lab.core.waits import waiting
 from rlcluster_lab.engines.base import flat_values, reshard_flat
 from rlcluster_lab.model import logps_from_state
 from rlcluster_lab.model.scoring import scores_from_state
@@ -61,10 +62,23 @@ def rehearse_step(
     step is PPO-style (the critic's values and its update). With ``offload_to_cpu``
     nothing is done: the programs would need the roles moved between memory kinds,
     which is state the operations read. Returns whether the rehearsal ran.
+
+    The rehearsal is a wait of its own (``core.waits``, kind ``REHEARSAL``): a click
+    that waits for it can show what is being compiled, for how long, and how long the
+    last rehearsal took.
     """
     config = cluster.cluster_config
     if config.offload_to_cpu:
         return False
+    with waiting("compiling the training step's programs (in the background)", kind=REHEARSAL):
+        return _rehearse(cluster, prompts, reward_model=reward_model, critic=critic)
+
+
+REHEARSAL = "rehearsal"
+
+
+def _rehearse(cluster: RLCluster, prompts: Sequence[str], *, reward_model: bool, critic: bool) -> bool:
+    config = cluster.cluster_config
     state = cluster.state
     meshes = cluster.role_to_mesh
     engine = cluster.rollout
@@ -99,7 +113,7 @@ def rehearse_step(
     step_temperature = jnp.float32(temperature or 1.0)
     with role_context(config, meshes[Role.ACTOR], Role.ACTOR):
         for rows in _one_per_size(len(batch), tcfg.mini_batch_size):
-            logps(graphdef, nnx.state(actor), p[rows], comp[rows])  # what on_step's live_logps runs
+            logps(graphdef, nnx.state(actor), p, comp)  # what the learner's P11 probe runs (the whole batch)
             graph, trainable, frozen = nnx.split(actor, state.trainable, ...)
             train_step(
                 graph,

@@ -17,6 +17,11 @@
   platform of everything it does (memory kinds, the transfer guard, default
   devices, allocator figures) from its own meshes, not from that default;
 - turns on the persistent compilation cache;
+- with ``warm=True`` (the default) and the layouts on simulated CPU devices, starts
+  the warm start (``lab.warm``): one background process, at the lowest CPU
+  priority, compiling the standard programs into the persistent cache once per
+  environment, so the first Construct and Training step read them back; the cell
+  does not wait for it;
 - prints what it found and which layouts the chosen devices can reach.
 """
 
@@ -38,6 +43,7 @@ from rlcluster_lab.core.devices import (
     check_device_count,
 )
 from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
+from rlcluster_lab.lab.warm import start_warm_up
 
 # The first code cell of every notebook. The lab cannot install itself, so in a
 # kernel without it (a fresh Colab runtime) the cell installs it from the source
@@ -150,7 +156,9 @@ def choose_devices(
     )
 
 
-def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto") -> LabDevices:
+def setup(
+    n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto", warm: bool = True
+) -> LabDevices:
     """Set up the devices for the notebooks; returns what was found (and prints it unless ``quiet``).
 
     Args:
@@ -158,6 +166,8 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
         quiet: do not print the summary.
         use: ``"auto"``; ``"accelerator"`` builds on the accelerator even when
             it cannot form every layout (a single chip: colocated only).
+        warm: start the warm start in the background (``lab.warm``) when the layouts run
+            on simulated CPU devices and this environment's cache is not warm yet.
 
     Returns:
         The devices found and the ones the layouts are built on.
@@ -195,6 +205,9 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
     else:
         devices, simulated, notes = choose_devices(accelerators, cpus, n_devices)
     platform = devices[0].platform if devices else "cpu"
+    if warm and simulated and cache is not None:
+        # A separate process: the cell never waits, and nothing it compiles holds this kernel's memory.
+        notes = [*notes, *filter(None, [start_warm_up(len(cpus))])]
     result = LabDevices(
         platform=platform,
         devices=tuple(devices),

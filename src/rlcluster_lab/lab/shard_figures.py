@@ -1,22 +1,14 @@
 """Shards you can see: one weight matrix cut into the boxes each device holds, and what a
 sync did with them, device pair by device pair (L3).
 
-``jax.debug.visualize_array_sharding`` and Flax NNX's treescope display already
-draw one array's sharding; these figures add what they cannot show: the bytes
-of each shard side by side on several meshes, the pieces a weight sync moved
-between devices, the ones it copied within a device and the ones it reused
-(the destination shard is the source's own buffer).
+``jax.debug.visualize_array_sharding`` draws one array's sharding; these figures add the
+bytes of each shard side by side on several meshes, and the pieces a weight sync moved
+between devices, copied within a device or reused (the destination shard is the source's
+own buffer). Everything drawn is read: boxes from a live array's shards
+(``shards.shard_layout``), bytes from the sync report's pieces (``shards.sync_flows``).
 
-Everything drawn is read, not assumed: boxes from a live array's shards
-(``shards.shard_layout``), bytes per device pair from the sync report's pieces
-(``shards.sync_flows``), which the reshard logged as it ran. Bytes are
-physical (every device's copy counted) unless labelled logical. Text is at
-least ``MIN_FONT`` points and figures are at most ``MAX_WIDTH`` inches wide,
-so a notebook shows them at their size.
-
-Artists that tests look up carry a ``gid``: ``"shard:<panel>:<device>:<box>"``
-for a device's part of a box, ``"flow:<how>:<src>:<dst>:<bytes>"`` for a
-grid cell, ``"bar:<how>:<dst>:<bytes>"`` for a bar segment.
+Artists that tests look up carry a ``gid``: ``"shard:<panel>:<box>:<devices>"`` for a box,
+``"flow:<how>:<src>:<dst>:<bytes>"`` for a grid cell, ``"bar:<how>:<dst>:<bytes>"`` for a bar.
 """
 
 from __future__ import annotations
@@ -30,30 +22,21 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.textpath import TextPath
 
-from rlcluster_lab.lab.mpl import bytes_axis, new_figure
-from rlcluster_lab.lab.shards import ShardLayout, SyncFlows
+from rlcluster_lab.lab.mpl import MIN_PT, bytes_axis, new_figure
+from rlcluster_lab.lab.shards import HOWS, ShardLayout, SyncFlows
 from rlcluster_lab.lab.style import PHYSICAL, SYNC_PARTS, fmt_bytes
 from rlcluster_lab.placement.boxes import Box
 
-MIN_FONT = 9.0
+MIN_FONT = MIN_PT
 MAX_WIDTH = 9.6  # inches: at 100 dpi a notebook shows the figure unscaled
 
 # Light colours, one per device, with dark text on them; the sync's own colours (SYNC_PARTS)
 # are darker, so a device's box and a kind of copy do not read alike.
-DEVICE_COLORS: tuple[str, ...] = (
-    "#aec7e8",
-    "#ffbb78",
-    "#98df8a",
-    "#f7b6d2",
-    "#c5b0d5",
-    "#c49c94",
-    "#dbdb8d",
-    "#9edae5",
-    "#c7c7c7",
-    "#e7cb94",
+DEVICE_COLORS: tuple[str, ...] = tuple(
+    "#aec7e8 #ffbb78 #98df8a #f7b6d2 #c5b0d5 #c49c94 #dbdb8d #9edae5 #c7c7c7 #e7cb94".split()
 )
 
-_COLOR = {how: color for (_, _, color), how in zip(SYNC_PARTS, ("moved", "copied", "reused"))}
+_COLOR = {how: color for (_, _, color), how in zip(SYNC_PARTS, HOWS)}
 _LEGEND = {
     "moved": "moved between devices",
     "copied": "copied within a device",
@@ -76,21 +59,16 @@ def short_bytes(n: int) -> str:
 
 
 def _as_2d(box: Box, shape: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int]]:
-    if len(shape) == 2:
-        return box[0], box[1]
-    if len(shape) == 1:
-        return (0, 1), box[0]
-    if len(shape) == 0:
-        return (0, 1), (0, 1)
-    raise ValueError(f"only arrays of up to 2 dimensions can be drawn as a matrix; this one has shape {shape}")
+    """A box as (rows, columns) of a matrix: a vector is one row, a scalar one cell."""
+    if len(shape) > 2:
+        raise ValueError(f"only arrays of up to 2 dimensions can be drawn as a matrix; this one has shape {shape}")
+    rows, cols = ((0, 1), (0, 1), *box)[-2:]
+    return rows, cols
 
 
 def _shape_2d(shape: tuple[int, ...]) -> tuple[int, int]:
-    if len(shape) == 2:
-        return shape[0], shape[1]
-    if len(shape) <= 1:
-        return 1, (shape[0] if shape else 1)
-    raise ValueError(f"only arrays of up to 2 dimensions can be drawn as a matrix; this one has shape {shape}")
+    (_, rows), (_, cols) = _as_2d(tuple((0, n) for n in shape), shape)
+    return rows, cols
 
 
 def _box_id(box: Box) -> str:
@@ -100,7 +78,13 @@ def _box_id(box: Box) -> str:
 # --------------------------------------------------------------------------- one array's shards
 
 
-def _draw_layout(ax: Any, layout: ShardLayout, width_in: float, caption: bool = True) -> None:
+def _centred(ax: Any, x: float, y: float, text: str) -> None:
+    """``text`` centred on (x, y) at the smallest font; nothing for an empty label (none fits)."""
+    if text:
+        ax.text(x, y, text, ha="center", va="center", fontsize=MIN_FONT)
+
+
+def _draw_layout(ax: Any, layout: ShardLayout, width_in: float) -> None:
     """The array as a rectangle cut into its shards' boxes (read from the live array).
 
     A box one device holds is filled with that device's colour. A box several
@@ -134,8 +118,7 @@ def _draw_layout(ax: Any, layout: ShardLayout, width_in: float, caption: bool = 
         )
         if alone:
             label = _fit([f"dev {devices[0]}\n{fmt_bytes(nbytes)}", f"dev {devices[0]}", str(devices[0])], w_pt, h_pt)
-            if label:
-                ax.text((c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=MIN_FONT)
+            _centred(ax, (c0 + c1) / 2, (r0 + r1) / 2, label)
             continue
         _chips(ax, devices, (c0, r0, c1, r1), (w_pt, h_pt), per_pt, f"{fmt_bytes(nbytes)} on each")
     ax.set_xticks([0, cols], ["0", str(cols)], fontsize=MIN_FONT)
@@ -145,15 +128,14 @@ def _draw_layout(ax: Any, layout: ShardLayout, width_in: float, caption: bool = 
         spine.set_visible(False)
     where = f"({layout.mesh}) {layout.spec}" if layout.mesh else layout.spec
     ax.set_title(f"{layout.label}\n{where}", fontsize=MIN_FONT, loc="left")
-    if caption:
-        sizes = sorted({s.nbytes for s in layout.shards})
-        each = f"{sizes[0]:,} B" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,} B"
-        ax.set_xlabel(
-            f"{len(layout.shards)} shards x {each} = {layout.physical_bytes:,} B physical\n"
-            f"{layout.logical_bytes:,} B logical; each element on {layout.replicas} device(s)",
-            fontsize=MIN_FONT,
-            loc="left",
-        )
+    sizes = sorted({s.nbytes for s in layout.shards})
+    each = f"{sizes[0]:,} B" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,} B"
+    ax.set_xlabel(
+        f"{len(layout.shards)} shards x {each} = {layout.physical_bytes:,} B physical\n"
+        f"{layout.logical_bytes:,} B logical; each element on {layout.replicas} device(s)",
+        fontsize=MIN_FONT,
+        loc="left",
+    )
 
 
 _CHIP, _GAP = 15.0, 3.0  # points: a device chip and the space between chips
@@ -177,9 +159,8 @@ def _chips(
     per_row = int((w_pt - 2 * _GAP) // step)
     lines = -(-len(devices) // per_row) if per_row else 0
     if not per_row or lines * step + _GAP > h_pt:
-        text = _fit([f"dev {','.join(map(str, devices))}\n{note}", f"dev {','.join(map(str, devices))}"], w_pt, h_pt)
-        if text:
-            ax.text((c0 + c1) / 2, (r0 + r1) / 2, text, ha="center", va="center", fontsize=MIN_FONT)
+        held = f"dev {','.join(map(str, devices))}"
+        _centred(ax, (c0 + c1) / 2, (r0 + r1) / 2, _fit([f"{held}\n{note}", held], w_pt, h_pt))
         return
     note_fits = bool(_fit([note], w_pt, h_pt - lines * step - _GAP))
     block_h = lines * step - _GAP + (MIN_FONT * 1.4 if note_fits else 0)
@@ -201,12 +182,9 @@ def _chips(
                 gid=f"chip:{dev}",
             )
         )
-        ax.text(
-            x + _CHIP * per_pt[0] / 2, y + _CHIP * per_pt[1] / 2, str(dev), ha="center", va="center", fontsize=MIN_FONT
-        )
+        _centred(ax, x + _CHIP * per_pt[0] / 2, y + _CHIP * per_pt[1] / 2, str(dev))
     if note_fits:
-        y = r0 + (top_pt + lines * step + MIN_FONT * 0.6) * per_pt[1]
-        ax.text((c0 + c1) / 2, y, note, ha="center", va="center", fontsize=MIN_FONT)
+        _centred(ax, (c0 + c1) / 2, r0 + (top_pt + lines * step + MIN_FONT * 0.6) * per_pt[1], note)
 
 
 def _aspect(layout: ShardLayout) -> float:
@@ -304,9 +282,7 @@ def _draw_grid(ax: Any, flows: SyncFlows, srcs: Sequence[int], dsts: Sequence[in
                         gid=f"flow:{how}:{s}:{d}:{n}",
                     )
                 )
-                label = _fit([short_bytes(n)], cell_pt, cell_pt * h)
-                if label:
-                    ax.text(j + 0.5, i + (k + 0.5) * h, label, ha="center", va="center", fontsize=MIN_FONT)
+                _centred(ax, j + 0.5, i + (k + 0.5) * h, _fit([short_bytes(n)], cell_pt, cell_pt * h))
     ax.set_xticks([j + 0.5 for j in range(len(dsts))], [str(d) for d in dsts], fontsize=MIN_FONT)
     ax.set_yticks([i + 0.5 for i in range(len(srcs))], [str(s) for s in srcs], fontsize=MIN_FONT)
     ax.xaxis.tick_top()
@@ -329,7 +305,7 @@ def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: flo
         "reused": [flows.reused.get(d, 0) for d in dsts],
     }
     bottom = [0] * len(dsts)
-    for how in ("moved", "copied", "reused"):
+    for how in HOWS:
         bars = ax.bar(range(len(dsts)), values[how], 0.7, bottom=bottom, color=_COLOR[how], label=_LEGEND[how])
         for bar, d, n in zip(bars, dsts, values[how]):
             bar.set_gid(f"bar:{how}:{d}:{n}")
@@ -337,15 +313,10 @@ def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: flo
     top = max(bottom + [1])
     slot_pt = width_in * 72 / len(dsts)
     upright = all(_fit([short_bytes(t)], slot_pt, 2 * MIN_FONT) for t in bottom)
+    rotation = 0 if upright else 90
     for j, total in enumerate(bottom):
         ax.text(
-            j,
-            total + top * 0.02,
-            short_bytes(total),
-            ha="center",
-            va="bottom",
-            fontsize=MIN_FONT,
-            rotation=0 if upright else 90,
+            j, total + top * 0.02, short_bytes(total), ha="center", va="bottom", fontsize=MIN_FONT, rotation=rotation
         )
     ax.set_xticks(range(len(dsts)), [str(d) for d in dsts], fontsize=MIN_FONT)
     ax.set_xlabel("destination device", fontsize=MIN_FONT)
@@ -374,8 +345,9 @@ def _heading(flows: SyncFlows, head: str) -> str:
 
 
 def _grid_devices(flows: SyncFlows, src: ShardLayout | None, dst: ShardLayout | None) -> tuple[list[int], list[int]]:
-    srcs = sorted(set(flows.src_devices) | set(src.devices if src else ()))
-    dsts = sorted(set(flows.dst_devices) | set(dst.devices if dst else ()))
+    kept = set(flows.copied) | set(flows.reused)  # on the diagonal: a row and a column each
+    srcs = sorted({s for s, _ in flows.moved} | kept | set(src.devices if src else ()))
+    dsts = sorted({d for _, d in flows.moved} | kept | set(dst.devices if dst else ()))
     if not srcs or not dsts:
         raise ValueError("this sync carried no bytes (no pieces), so there is nothing to draw")
     return srcs, dsts
@@ -421,15 +393,3 @@ def sync_summary(flows: SyncFlows) -> Figure:
     _draw_arrivals(fig.add_subplot(grid[0, 1]), flows, dsts, MAX_WIDTH / 2.25 - 0.7)
     fig.suptitle(_heading(flows, flows.label), fontsize=MIN_FONT, x=0.01, ha="left")
     return fig
-
-
-__all__ = [
-    "DEVICE_COLORS",
-    "MAX_WIDTH",
-    "MIN_FONT",
-    "device_color",
-    "shard_layouts",
-    "short_bytes",
-    "sync_leaf",
-    "sync_summary",
-]

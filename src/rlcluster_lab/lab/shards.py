@@ -1,21 +1,10 @@
 """Shards you can see: one array's shards as boxes, and one sync's bytes per pair of devices.
 
-Plain data for ``shard_figures`` and the notebooks, read from what exists, never
-assumed from a partition spec:
-
-- ``shard_layout`` reads a live array's ``addressable_shards``: for every
-  shard, the device holding it, the box of the global array it covers
-  (``shard.index``) and the bytes of its buffer. A replicated box shows up
-  once per device that holds it, as JAX stores it.
-- ``sync_flows`` reads a sync report's per-leaf ``pieces`` (L3): bytes that
-  crossed from one device to another, bytes copied within a device, bytes
-  reused in place. The report records them from the reshard's own log (the
-  ``minimal`` strategy logs every piece it sends; the ``xla`` strategy reads
-  the compiled program's collectives and traces each destination shard's
-  data), so what is drawn is what the sync measured.
-
-Bytes are physical (every device's copy counted) unless a name says logical
-(each element once).
+Plain data for ``shard_figures`` and notebook 05, read from what exists, never assumed from
+a partition spec: ``shard_layout`` reads a live array's ``addressable_shards`` (a replicated
+box shows up once per device that holds it, as JAX stores it); ``sync_flows`` reads a sync
+report's per-leaf ``pieces`` (L3), which the reshard logged as it ran. Bytes are physical
+(every device's copy counted) unless a name says logical (each element once).
 """
 
 from __future__ import annotations
@@ -23,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -63,10 +53,6 @@ class ShardLayout:
     shards: tuple[Shard, ...]
 
     @property
-    def itemsize(self) -> int:
-        return int(np.dtype(self.dtype).itemsize)
-
-    @property
     def physical_bytes(self) -> int:
         """Every shard's buffer counted: a box held by four devices counts four times."""
         return sum(s.nbytes for s in self.shards)
@@ -74,7 +60,7 @@ class ShardLayout:
     @property
     def logical_bytes(self) -> int:
         """The array counted once."""
-        return math.prod(self.shape) * self.itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def devices(self) -> tuple[int, ...]:
@@ -122,12 +108,15 @@ def model_leaf(model: nnx.Module, path: str) -> jax.Array:
 
 def cluster_layouts(cluster: Any, path: str) -> tuple[ShardLayout, ShardLayout]:
     """One leaf's shards in the actor (the sync's source) and in the rollout's model (its destination)."""
-    actor = model_leaf(cluster.actor_model, path)
-    rollout = model_leaf(cluster.rollout.model(), path)
+    actor, rollout = _actor_and_rollout(cluster, path)
     return (
         shard_layout(actor, f"actor: {_mesh_label(actor)}"),
         shard_layout(rollout, f"rollout: {_mesh_label(rollout)}"),
     )
+
+
+def _actor_and_rollout(cluster: Any, path: str) -> tuple[jax.Array, jax.Array]:
+    return model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
 
 
 def _mesh_label(x: jax.Array) -> str:
@@ -144,8 +133,7 @@ def same_buffer_rows(cluster: Any, path: str) -> list[dict[str, Any]]:
     Buffer identity (device and buffer address) is what the sync report counts
     as reused (L3): nothing was copied for that shard.
     """
-    actor = model_leaf(cluster.actor_model, path)
-    rollout = model_leaf(cluster.rollout.model(), path)
+    actor, rollout = _actor_and_rollout(cluster, path)
     mine = {s.device.id: s for s in actor.addressable_shards}
     rows = []
     for s in sorted(rollout.addressable_shards, key=lambda s: s.device.id):
@@ -195,14 +183,6 @@ class SyncFlows:
     strategy: str
     method: str
 
-    @property
-    def src_devices(self) -> tuple[int, ...]:
-        return tuple(sorted({s for s, _ in self.moved} | set(self.copied) | set(self.reused)))
-
-    @property
-    def dst_devices(self) -> tuple[int, ...]:
-        return tuple(sorted({d for _, d in self.moved} | set(self.copied) | set(self.reused)))
-
     def arrived(self, device: int) -> int:
         """Bytes that crossed into ``device`` from other devices."""
         return sum(n for (_, d), n in self.moved.items() if d == device)
@@ -233,19 +213,14 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
     chosen = [leaves[p] for p in wanted]
     if any("pieces" not in lf for lf in chosen):
         raise ValueError("this sync report has no per-device pieces; sync again with this version of the lab")
-    moved: dict[tuple[int, int], int] = {}
-    copied: dict[int, int] = {}
-    reused: dict[int, int] = {}
+    moved: Counter[tuple[int, int]] = Counter()
+    kept: dict[str, Counter[int]] = {"copied": Counter(), "reused": Counter()}
     for lf in chosen:
         for p in lf["pieces"]:
-            n = int(p["nbytes"])
             if p["how"] == "moved":
-                key = (int(p["src_device"]), int(p["dst_device"]))
-                moved[key] = moved.get(key, 0) + n
-            elif p["how"] == "copied":
-                copied[int(p["dst_device"])] = copied.get(int(p["dst_device"]), 0) + n
-            elif p["how"] == "reused":
-                reused[int(p["dst_device"])] = reused.get(int(p["dst_device"]), 0) + n
+                moved[int(p["src_device"]), int(p["dst_device"])] += int(p["nbytes"])
+            elif p["how"] in kept:
+                kept[p["how"]][int(p["dst_device"])] += int(p["nbytes"])
             else:
                 raise ValueError(f"unknown piece kind {p['how']!r} in leaf {lf['path']}; expected one of {HOWS}")
 
@@ -256,8 +231,8 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
         label=label or (chosen[0]["path"] if len(chosen) == 1 else f"{len(chosen)} leaves"),
         leaves=tuple(lf["path"] for lf in chosen),
         moved=dict(sorted(moved.items())),
-        copied=dict(sorted(copied.items())),
-        reused=dict(sorted(reused.items())),
+        copied=dict(sorted(kept["copied"].items())),
+        reused=dict(sorted(kept["reused"].items())),
         synced_bytes=total("synced_bytes"),
         synced_logical_bytes=total("logical_bytes"),
         moved_bytes=total("moved_cross_device_bytes"),
@@ -404,14 +379,6 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     meshes: dict[str, Any] = {"spec": "rollout mesh", "leaves": "", "logical": ""}
     for label in runs:
         total[label] = f"{int(syncs[label]['synced_bytes']):,}"
-        meshes[label] = destination_meshes({label: syncs[label]})[label]
+        leaves = syncs[label].get("leaves", [])  # the rollout mesh, as the report wrote it
+        meshes[label] = mesh_of(leaves[0]["dst_sharding"]) if leaves else "?"
     return [meshes, *rows, total]
-
-
-def destination_meshes(syncs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """Per sync: the rollout mesh its destination shards lie on, as the report wrote it."""
-    out = {}
-    for label, s in syncs.items():
-        leaves = s.get("leaves", [])
-        out[label] = mesh_of(leaves[0]["dst_sharding"]) if leaves else "?"
-    return out

@@ -1,15 +1,9 @@
-"""Figures of training steps (matplotlib): per phase of an RL step, the bytes each role
-holds in device and in pinned host memory, measured inside the phase (P14,
-``lab.step_phases``); and per optimizer step, the P11 gap between the live actor's
-log-probs, the anchor's and the sampler's (``LearnerResult.to_json()``).
-
-Pure functions of that JSON: nothing is measured or decided here. They build a
-``matplotlib.figure.Figure`` without pyplot; only the notebooks show them (the widget lab
-draws SVG, ``lab.placement_figures``). In ``phase_memory`` each buffer is drawn once: a
-buffer several entries hold (the rollout that *is* the actor, a LoRA actor's backbone that
-is the reference's) is one segment, labelled with every entry that holds it, so a bar's
-height is what the memory kind really holds. Bytes are physical bytes (every device shard
-counted).
+"""Figures of training steps (matplotlib, shown by the notebooks): per phase of an RL step,
+the bytes each role holds in device and in pinned host memory, measured inside the phase
+(P14, ``lab.step_phases``); and per optimizer step, the P11 gap between the live actor's
+log-probs, the anchor's and the sampler's (``LearnerResult.to_json()``). Pure functions of
+that JSON. In ``phase_memory`` a buffer several entries hold is one segment, labelled with
+every holder, so a bar's height is what the memory kind really holds (physical bytes).
 
 Artists carry a ``gid``: ``"bar:phase:<step label>:<phase>:<kind>:<segment>"`` for a bar,
 ``"points:live:first"``, ``"points:live:later"`` and ``"line:sampler"`` for the P11 gap.
@@ -121,19 +115,11 @@ def phase_memory(
             memory, fallback = _walk(phase, when)
             marked |= fallback
             for k, kind in enumerate(KINDS):
-                x = i - 0.2 + 0.4 * k
+                x, alpha = i - 0.2 + 0.4 * k, 1.0 if kind == "device" else HOST_ALPHA
                 bottom = 0
                 for name, holders, nbytes in segments(memory, kind):
                     look = _look(holders)
-                    bar = ax.bar(
-                        x,
-                        nbytes,
-                        0.36,
-                        bottom=bottom,
-                        alpha=1.0 if kind == "device" else HOST_ALPHA,
-                        linewidth=0.6,
-                        **look,
-                    )[0]
+                    bar = ax.bar(x, nbytes, 0.36, bottom=bottom, alpha=alpha, linewidth=0.6, **look)[0]
                     bar.set_gid(f"bar:phase:{label}:{phase['name']}:{kind}:{name}")
                     shared = "  (one set of buffers)" if len(holders) > 1 else ""
                     legend.setdefault(name, Patch(label=name + shared, **look))

@@ -1,27 +1,15 @@
 """One RL step, phase by phase: generate, rewards, log-probs, update, sync, each timed and
 with its memory measured on the live buffers.
 
-The step measured is the learner's own (``GRPOLearner.step``): nothing here calls a
-model or re-orders the operations. Each cluster operation the step calls is wrapped
-while it runs, and its phase records
-
-- ``seconds``: the wall time of the call until its results are ready (measured; the
-  memory walks taken inside it are timed and left out);
-- ``trace_seconds`` and ``compile_seconds``: the parts of it JAX spent tracing Python
-  functions and lowering them for XLA, and XLA spent compiling programs or reading them
-  back from the persistent compilation cache (measured by JAX's own monitoring events,
-  which time only top-level traces, so none is counted twice): a first step's
-  compiling and a later step's running can be told apart;
-- ``during``: a memory walk (L2) taken inside the operation, at its work point
-  (``cluster.observe.at_work``): the role's model is on device if it is ever (P14), and
-  states the work reads that the cluster does not hold (the anchor's device copy, P10)
-  are walked too. Host code (a reward function) and the sync have no work point; their
-  ``during`` is None;
-- ``after``: a memory walk once the call returned;
-- ``returned``: what the call returned, as shapes and dtypes.
-
-Bytes are physical bytes (every device shard counted), per entry (role, anchor,
-optimizer state) and memory kind, as in ``measure.memory``.
+The step measured is the learner's own (``GRPOLearner.step``): nothing here calls a model or
+re-orders the operations. Each cluster operation the step calls is wrapped while it runs,
+and its ``Phase`` records the wall time, the part of it JAX spent tracing and XLA compiling
+(JAX's own monitoring events, which time only top-level traces, so a first step's compiling
+and a later step's running can be told apart), a memory walk (L2) at the operation's work
+point (``cluster.observe.at_work``: the role's model on device if it ever is, P14, and the
+working states the cluster does not hold, such as the anchor's device copy, P10), a walk
+after it, and what it returned. Bytes are physical, per entry and memory kind, as in
+``measure.memory``.
 """
 
 from __future__ import annotations
@@ -87,7 +75,7 @@ class Phase:
     programs: int  # programs compiled or read back from the cache inside the call
     cache_hits: int  # of those, read back from the persistent cache
     callback_seconds: float  # in the caller's callback inside the call (the learner's P11 probe)
-    during: MemoryReport | None  # walk at the operation's work point; None without one
+    during: MemoryReport | None  # walk at the operation's work point; None without one (host code, the sync)
     after: MemoryReport  # walk once the call returned
     returned: tuple[tuple[str, str], ...]  # (field, shape and dtype) of what the call returned
 
@@ -106,20 +94,11 @@ class Phase:
         return [e for e, kinds in self.bytes_by_entry(when).items() if kinds.get("device")]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "call": self.call,
-            "role": self.role,
-            "seconds": self.seconds,
-            "trace_seconds": self.trace_seconds,
-            "compile_seconds": self.compile_seconds,
-            "programs": self.programs,
-            "cache_hits": self.cache_hits,
-            "callback_seconds": self.callback_seconds,
-            "during": None if self.during is None else self.during.to_json(),
-            "after": self.after.to_json(),
-            "returned": [list(r) for r in self.returned],
-        }
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["during"] = None if self.during is None else self.during.to_json()
+        out["after"] = self.after.to_json()
+        out["returned"] = [list(r) for r in self.returned]
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,13 +150,8 @@ def describe(value: Any) -> str:
 def returned_fields(value: Any) -> tuple[tuple[str, str], ...]:
     """What an operation returned, field by field: (name, shape and dtype)."""
     if isinstance(value, SyncReport):
-        return (
-            ("leaves", str(len(value.leaves))),
-            ("synced_bytes", str(value.synced_bytes)),
-            ("moved_cross_device_bytes", str(value.moved_cross_device_bytes)),
-            ("anchor_bytes", str(value.anchor_bytes)),
-            ("global_step", str(value.global_step)),
-        )
+        kept = ("synced_bytes", "moved_cross_device_bytes", "anchor_bytes", "global_step")
+        return (("leaves", str(len(value.leaves))), *((k, str(getattr(value, k))) for k in kept))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return tuple((f.name, describe(getattr(value, f.name))) for f in dataclasses.fields(value))
     return (("value", describe(value)),)
@@ -192,16 +166,11 @@ def output_rows(value: Any) -> list[dict[str, Any]]:
         v = getattr(value, f.name)
         if isinstance(v, (jax.Array, np.ndarray)):
             rows.append({"field": f.name, "type": type(v).__name__, "shape": tuple(v.shape), "dtype": str(v.dtype)})
-        else:
-            first = v[0] if isinstance(v, (list, tuple)) and v else v
-            rows.append(
-                {
-                    "field": f.name,
-                    "type": f"{type(v).__name__} of {type(first).__name__}",
-                    "shape": (len(v),) if isinstance(v, (list, tuple)) else "",
-                    "dtype": "",
-                }
-            )
+            continue
+        many = isinstance(v, (list, tuple))
+        first = v[0] if many and v else v
+        kind = f"{type(v).__name__} of {type(first).__name__}"
+        rows.append({"field": f.name, "type": kind, "shape": (len(v),) if many else "", "dtype": ""})
     return rows
 
 
@@ -256,14 +225,14 @@ class _Recorder:
         target = getattr(self._cluster, name)
         if name in _OPERATIONS:
             phase, role = _OPERATIONS[name]
-            return self._wrap(phase, f"cluster.{name}", role, target)
+            return self.wrap(phase, f"cluster.{name}", role, target)
         if name == "per_token_logps":
 
             def logps(role: Any, *args: Any, **kwargs: Any) -> Any:
                 parsed = Role.parse(role)
                 name_ = _LOGPS_PHASES.get(parsed, f"log-probs: {parsed.value}")
                 call = f"cluster.per_token_logps(Role.{parsed.name}, ...)"
-                return self._wrap(name_, call, parsed.value, target)(role, *args, **kwargs)
+                return self.wrap(name_, call, parsed.value, target)(role, *args, **kwargs)
 
             return logps
         return target
@@ -311,7 +280,7 @@ class _Recorder:
 
         return callback
 
-    def _wrap(self, name: str, call: str, role: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(self, name: str, call: str, role: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
             if self._open is not None:  # an operation called from inside another: part of it
                 return fn(*args, **kwargs)
@@ -326,29 +295,13 @@ class _Recorder:
                 opened = self._open
             finally:
                 self._open = None
-            self._phases.append(
-                Phase(
-                    name=opened.name,
-                    call=opened.call,
-                    role=opened.role,
-                    seconds=total - opened.walk_seconds,
-                    trace_seconds=opened.trace_seconds,
-                    compile_seconds=opened.compile_seconds,
-                    programs=opened.programs,
-                    cache_hits=opened.cache_hits,
-                    callback_seconds=opened.callback_seconds,
-                    during=opened.during,
-                    after=self._walk(),
-                    returned=returned_fields(out),
-                )
-            )
+            # The open phase's figures, with the memory walks inside the call left out of its time.
+            measured = {k: v for k, v in vars(opened).items() if k != "walk_seconds"}
+            seconds = total - opened.walk_seconds
+            self._phases.append(Phase(**measured, seconds=seconds, after=self._walk(), returned=returned_fields(out)))
             return out
 
         return run
-
-    def host(self, name: str, call: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Host code the learner calls (its reward function), recorded as a phase of its own."""
-        return self._wrap(name, call, None, fn)
 
 
 @contextlib.contextmanager
@@ -375,7 +328,8 @@ def measure_step(learner: GRPOLearner) -> StepPhases:
     cluster, reward_fn = learner.cluster, learner.reward_fn
     recorder = _Recorder(cluster)
     learner.cluster = recorder  # type: ignore[assignment]
-    learner.reward_fn = recorder.host("rewards", "reward_fn(prompts, completions)", reward_fn)
+    # Host code the learner calls (its reward function) is a phase of its own, in no role's mesh.
+    learner.reward_fn = recorder.wrap("rewards", "reward_fn(prompts, completions)", None, reward_fn)
     try:
         with observing(cluster, recorder.at_work), _listening(recorder):
             start = time.perf_counter()

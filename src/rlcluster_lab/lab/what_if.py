@@ -16,7 +16,7 @@ import jax
 
 from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import Scenario, build_cluster
-from rlcluster_lab.lab.experiments import Tick, collect
+from rlcluster_lab.lab.experiments import Tick, each
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.tables import local_topology
 
@@ -65,20 +65,17 @@ def plan_vs_measured(
 ) -> list[dict[str, Any]]:
     """The planner's figures (L4) beside a live cluster's measured ones (L2, L3), scenario by scenario."""
     topo = _local_topology(devices)
-    rows = []
-    for label, scenario in scenarios.items():
+
+    def compare(scenario: Scenario) -> list[dict[str, Any]]:
         cluster = build_cluster(scenario, devices=devices)
         measured = placement_report(cluster, sync=cluster.sync_weights()).to_json()
         del cluster
         planned = plan_scenario(scenario, topo).to_json()
-        for what, read, relation in PLAN_CHECKS:
-            p, m = int(read(planned)), int(read(measured))
-            agrees = _agrees(p, m, relation)
-            rows.append({"scenario": label, "figure": what, "planned": p, "measured": m, "agrees": agrees})
-        collect()
-        if progress:
-            progress(label)
-    return rows
+        pairs = [(what, int(read(planned)), int(read(measured)), relation) for what, read, relation in PLAN_CHECKS]
+        return [{"figure": w, "planned": p, "measured": m, "agrees": _agrees(p, m, r)} for w, p, m, r in pairs]
+
+    compared = each(scenarios.items(), compare, progress)
+    return [{"scenario": label, **row} for label, rows in compared.items() for row in rows]
 
 
 def what_if_rows(

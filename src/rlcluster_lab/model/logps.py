@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from functools import partial
 from typing import Any
 
 import jax
@@ -12,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.core.compile_options import ProgramFamily, options_for
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import MIN_TEMPERATURE, temperature_rule
 from rlcluster_lab.model.transformer import TransformerLM
@@ -195,9 +195,22 @@ def forward_logps(
     return jnp.where(completion_tokens != pad_id, picked, 0.0)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "pad_id"))
-def _logps_jit(graphdef, state, prompt_tokens, completion_tokens, pad_id, temperature):
+def _logps(graphdef, state, prompt_tokens, completion_tokens, pad_id, temperature):
     return forward_logps(nnx.merge(graphdef, state), prompt_tokens, completion_tokens, pad_id, temperature)
+
+
+# One program per model graph, shapes, shardings and compiler options: every role whose model
+# has the same graph (the reference, the anchor and the live actor without LoRA; the rollout
+# where it is the actor) runs the same compiled program.
+LOGPS = ProgramFamily(_logps, static_argnames=("graphdef", "pad_id"))
+
+
+def model_compiler_options(graphdef: nnx.GraphDef, *states: Any) -> dict[str, Any] | None:
+    """The compiler options for a program over this model (``core.compile_options``): chosen
+    from the platform its state lives on and its parameter count."""
+    config = model_config_of(graphdef, *states)
+    size = getattr(config, "num_params", None)
+    return options_for(states, size if isinstance(size, int) else None)
 
 
 def logps_from_state(
@@ -221,7 +234,7 @@ def logps_from_state(
     prompt, completion = check_token_batch(prompt_tokens, completion_tokens, vocab)
     check_token_id("pad_id", pad_id, vocab)
     temperature = check_temperature(temperature)
-    return _logps_jit(
+    return LOGPS.jitted(model_compiler_options(graphdef, state))(
         graphdef,
         state,
         jnp.asarray(prompt, jnp.int32),

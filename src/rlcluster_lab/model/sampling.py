@@ -11,7 +11,6 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.core.compile_options import ProgramFamily
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
 from rlcluster_lab.core.limits import check_fits
@@ -27,6 +27,7 @@ from rlcluster_lab.model.logps import (
     check_token_id,
     check_token_ids,
     mask_pad_logits,
+    model_compiler_options,
     model_config_of,
     model_vocab_size,
 )
@@ -49,7 +50,6 @@ class SampleOutput:
     prompt_tokens: np.ndarray
 
 
-@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy", "eos_id", "pad_id"))
 def _generate(
     graphdef,
     state,
@@ -110,6 +110,16 @@ def _generate(
     )
     carry = jax.lax.fori_loop(0, max_new_tokens, body, carry)
     return carry[4], carry[5]
+
+
+_SAMPLER = ProgramFamily(
+    _generate, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy", "eos_id", "pad_id")
+)
+
+
+def _run_generate(graphdef: nnx.GraphDef, state: nnx.State, *args: Any, **kwargs: Any) -> tuple[jax.Array, jax.Array]:
+    """The compiled sampler for this model (compiler options from its platform and size), run."""
+    return _SAMPLER.jitted(model_compiler_options(graphdef, state))(graphdef, state, *args, **kwargs)
 
 
 PROMPT_BUCKET = 16
@@ -244,7 +254,7 @@ def sample(
             "pass fewer prompts per generate call, or a smaller kv_cache_size",
         )
     greedy = temperature == 0
-    tokens, logprobs = _generate(
+    tokens, logprobs = _run_generate(
         graphdef,
         state,
         jnp.asarray(prompt_tokens),

@@ -9,15 +9,15 @@ critic's values are the head's outputs at every completion position.
 from __future__ import annotations
 
 import functools
-from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlcluster_lab.core.compile_options import ProgramFamily
 from rlcluster_lab.model.init import _shardings, abstract_structure, materialize
-from rlcluster_lab.model.logps import check_token_batch, check_token_id, model_vocab_size
+from rlcluster_lab.model.logps import check_token_batch, check_token_id, model_compiler_options, model_vocab_size
 from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
 from rlcluster_lab.model.values import initial_values
 
@@ -91,7 +91,6 @@ def completion_scores(
     return jnp.where(completion_tokens != pad_id, per_token, 0.0)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "pad_id", "per_token"))
 def _scores(
     graphdef: Any, state: Any, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int, per_token: bool
 ) -> jax.Array:
@@ -103,6 +102,9 @@ def _scores(
     real = completion_tokens != pad_id
     last = jnp.maximum(real.sum(axis=1) - 1, 0)
     return jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
+
+
+_SCORES = ProgramFamily(_scores, static_argnames=("graphdef", "pad_id", "per_token"))
 
 
 def scores_from_state(
@@ -118,7 +120,7 @@ def scores_from_state(
     vocab = model_vocab_size(graphdef, state)
     prompt_tokens, completion_tokens = check_token_batch(prompt_tokens, completion_tokens, vocab)
     check_token_id("pad_id", pad_id, vocab)
-    return _scores(
+    return _SCORES.jitted(model_compiler_options(graphdef, state))(
         graphdef,
         state,
         jnp.asarray(prompt_tokens, jnp.int32),

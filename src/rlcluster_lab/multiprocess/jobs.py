@@ -18,6 +18,7 @@ them (``multiprocess.report``).
 from __future__ import annotations
 
 import gc
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,7 +85,7 @@ def run_scenario(
     report["process"] = {
         "index": jax.process_index(),
         "device_ids": [int(d.id) for d in jax.local_devices()],
-        "host": _host(),
+        "host": socket.gethostname(),
     }
     report["crossing"] = crossing
     report["seconds"] = seconds
@@ -165,9 +166,3 @@ def after_sync(cluster: Any, checks: dict[str, Any], seconds: dict[str, float]) 
     )
     seconds["log_probs_after_sync"] = time.perf_counter() - start
     return {"rollout_vs_trained_actor_after_sync": float(np.max(np.abs(rollout - live)))}
-
-
-def _host() -> str:
-    import socket
-
-    return socket.gethostname()

@@ -149,6 +149,43 @@ def launch(
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@dataclasses.dataclass
+class _Worker:
+    """One worker's files (``w<i>.json``: its result, ``.progress``, ``.log``) and what the
+    launcher has read of its progress."""
+
+    index: int
+    folder: Path
+    process: subprocess.Popen = dataclasses.field(init=False)
+    read: int = 0  # bytes of its progress file read so far
+    last: str = ""  # its last progress line
+
+    def path(self, suffix: str) -> Path:
+        return self.folder / f"w{self.index}.{suffix}"
+
+    def read_progress(self, progress: Callable[[str], None] | None) -> None:
+        """Pass on the complete lines the worker wrote since the last call."""
+        try:
+            with open(self.path("progress")) as f:
+                f.seek(self.read)
+                text = f.read()
+        except FileNotFoundError:
+            return
+        complete = text[: text.rfind("\n") + 1]
+        self.read += len(complete.encode())
+        for line in complete.splitlines():
+            self.last = line
+            if progress is not None:
+                progress(line)
+
+    def tail(self, lines: int = 40) -> str:
+        """The last lines of its log (read before the run's folder is removed)."""
+        try:
+            return "\n".join(self.path("log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
 def _run_workers(
     folder: Path,
     job: dict[str, Any],
@@ -160,42 +197,38 @@ def _run_workers(
     job_file.write_text(json.dumps(job))
     port = free_port()
     env = _worker_env()
-    workers: list[subprocess.Popen] = []
-    files = [
-        (folder / f"w{i}.json", folder / f"w{i}.progress", folder / f"w{i}.log") for i in range(settings.processes)
-    ]
+    workers: list[_Worker] = []
     start = time.monotonic()
-    failed: tuple[int, int, float] | None = None
+    failed: tuple[_Worker, int, float] | None = None
     timed_out = False
-    seen = [0] * settings.processes
-    last = [""] * settings.processes
     try:
-        for i, (out, prog, log) in enumerate(files):
+        for i in range(settings.processes):
+            w = _Worker(i, folder)
             cmd = [
                 sys.executable,
                 "-m",
                 "rlcluster_lab.multiprocess.worker",
-                *("--job", str(job_file), "--out", str(out), "--progress", str(prog)),
-                *("--process-id", str(i), "--num-processes", str(settings.processes)),
+                *("--job", str(job_file), "--out", str(w.path("json")), "--progress", str(w.path("progress"))),
+                *("--process-id", str(w.index), "--num-processes", str(settings.processes)),
                 *("--coordinator", f"127.0.0.1:{port}", "--devices", str(settings.devices_per_process)),
                 *("--init-timeout", str(int(settings.init_timeout_s)), "--heartbeat", str(int(settings.heartbeat_s))),
                 *("--shutdown-timeout", str(int(settings.shutdown_timeout_s))),
             ]
-            with open(log, "wb") as sink:
-                workers.append(
-                    subprocess.Popen(
-                        cmd, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True
-                    )
+            with open(w.path("log"), "wb") as sink:
+                w.process = subprocess.Popen(
+                    cmd, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True
                 )
+            workers.append(w)
         if on_start is not None:
-            on_start([w.pid for w in workers])
+            on_start([w.process.pid for w in workers])
         deadline = start + settings.timeout_s
         while True:
-            codes = [w.poll() for w in workers]
-            _read_progress(files, seen, last, progress)
+            codes = [w.process.poll() for w in workers]
+            for w in workers:
+                w.read_progress(progress)
             bad = [i for i, rc in enumerate(codes) if rc not in (None, 0)]
             if bad:
-                failed = (bad[0], int(codes[bad[0]]), time.monotonic() - start)  # type: ignore[arg-type]
+                failed = (workers[bad[0]], int(codes[bad[0]]), time.monotonic() - start)  # type: ignore[arg-type]
                 break
             if all(rc == 0 for rc in codes):
                 break
@@ -204,11 +237,12 @@ def _run_workers(
                 break
             time.sleep(POLL_S)
     finally:
-        _stop(workers)
-        _read_progress(files, seen, last, progress)
+        _stop([w.process for w in workers])
+        for w in workers:
+            w.read_progress(progress)
     if failed is not None or timed_out:
-        raise _failure(files, last, failed, settings, start)
-    return [json.loads(out.read_text()) for out, _, _ in files]
+        raise _failure(workers, failed, settings, start)
+    return [json.loads(w.path("json").read_text()) for w in workers]
 
 
 def _worker_env() -> dict[str, str]:
@@ -228,96 +262,60 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _read_progress(
-    files: Sequence[tuple[Path, Path, Path]], seen: list[int], last: list[str], progress: Callable[[str], None] | None
-) -> None:
-    for i, (_, prog, _) in enumerate(files):
-        try:
-            with open(prog) as f:
-                f.seek(seen[i])
-                text = f.read()
-        except FileNotFoundError:
-            continue
-        complete = text[: text.rfind("\n") + 1]
-        seen[i] += len(complete.encode())
-        for line in complete.splitlines():
-            last[i] = line
-            if progress is not None:
-                progress(line)
-
-
-def _stop(workers: Sequence[subprocess.Popen]) -> None:
+def _stop(processes: Sequence[subprocess.Popen]) -> None:
     """SIGTERM every worker's process group still running, SIGKILL what is left after the grace."""
-    for w in workers:
-        if w.poll() is None:
-            _signal_group(w, signal.SIGTERM)
+    for p in processes:
+        if p.poll() is None:
+            _signal_group(p, signal.SIGTERM)
     end = time.monotonic() + GRACE_S
-    for w in workers:
+    for p in processes:
         try:
-            w.wait(timeout=max(0.0, end - time.monotonic()))
+            p.wait(timeout=max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _signal_group(w, signal.SIGKILL)
-            w.wait()
-    for w in workers:  # anything the worker started in its group goes with it
-        _signal_group(w, signal.SIGKILL)
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
+    for p in processes:  # anything the worker started in its group goes with it
+        _signal_group(p, signal.SIGKILL)
 
 
-def _signal_group(w: subprocess.Popen, sig: int) -> None:
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(w.pid, sig)
+        os.killpg(p.pid, sig)
 
 
 def _failure(
-    files: Sequence[tuple[Path, Path, Path]],
-    last: list[str],
-    failed: tuple[int, int, float] | None,
-    settings: LaunchSettings,
-    start: float,
+    workers: Sequence[_Worker], failed: tuple[_Worker, int, float] | None, settings: LaunchSettings, start: float
 ) -> LaunchError:
-    where = "; ".join(f"process {i}: {line or 'no progress yet'}" for i, line in enumerate(last))
+    where = "; ".join(f"process {w.index}: {w.last or 'no progress yet'}" for w in workers)
     if failed is None:
         return LaunchError(
-            f"the run did not finish within {settings.timeout_s:g} s and its {len(files)} processes were "
+            f"the run did not finish within {settings.timeout_s:g} s and its {len(workers)} processes were "
             f"stopped (last progress: {where})",
             elapsed_s=time.monotonic() - start,
-            log_tail="\n".join(f"[process {i}] {_tail(log)}" for i, (_, _, log) in enumerate(files)),
+            log_tail="\n".join(f"[process {w.index}] {w.tail()}" for w in workers),
         )
-    i, code, elapsed = failed
-    out, _, log = files[i]
+    w, code, elapsed = failed
     reason = None
     with contextlib.suppress(OSError, ValueError):
-        reason = json.loads(out.read_text()).get("error")
-    if reason is None:
-        reason = _exit_reason(code, log)
+        reason = json.loads(w.path("json").read_text()).get("error")
     return LaunchError(
-        f"process {i} of {len(files)} failed after {elapsed:.1f} s: {reason}; the other processes were "
-        f"stopped (last progress: {where})",
-        process_id=i,
+        f"process {w.index} of {len(workers)} failed after {elapsed:.1f} s: {reason or _exit_reason(code, w)}; the "
+        f"other processes were stopped (last progress: {where})",
+        process_id=w.index,
         returncode=code,
         elapsed_s=elapsed,
-        log_tail=_tail(log),
+        log_tail=w.tail(),
     )
 
 
-def _tail(log: Path, lines: int = 40) -> str:
-    """The last lines of a worker's log (read before the run's folder is removed)."""
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _exit_reason(code: int, log: Path) -> str:
+def _exit_reason(code: int, w: _Worker) -> str:
     """Why a worker that wrote no error ended: the signal, and the runtime's own last fatal line."""
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        lines = []
+    lines = w.tail(lines=10**9).splitlines()
     # The distributed runtime aborts with a line starting "F<date>" naming the cause.
     fatal = [ln for ln in lines if ln.startswith("F") and "]" in ln]
     tail = fatal[-1].split("]", 1)[1].strip() if fatal else (lines[-1].strip() if lines else "")
-    return f"{how}" + (f" ({tail[:400]})" if tail else "")
+    return how + (f" ({tail[:400]})" if tail else "")
 
 
 # ---------------------------------------------------------------------------- the entry points

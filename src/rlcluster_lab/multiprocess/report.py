@@ -101,6 +101,9 @@ def merge_reports(per_process: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def host_summary(report: Mapping[str, Any]) -> dict[str, Any]:
     """One process's share: its devices, what its devices hold per role and kind, its sync figures."""
     memory = report["memory"]
+    by_kind: dict[str, int] = {}
+    for kinds in memory["by_device"].values():
+        _add(by_kind, kinds)
     out: dict[str, Any] = {
         "host": report["process"].get("host"),
         "device_ids": list(report["process"]["device_ids"]),
@@ -108,7 +111,7 @@ def host_summary(report: Mapping[str, Any]) -> dict[str, Any]:
             "unique_bytes": memory["unique_bytes"],
             "naive_bytes": memory["naive_bytes"],
             "by_role": {role: r["bytes"] for role, r in memory["by_role"].items() if r["bytes"]},
-            "by_kind": _sum_kinds(memory["by_device"].values()),
+            "by_kind": by_kind,
             "by_device": memory["by_device"],
         },
     }
@@ -127,38 +130,40 @@ def host_summary(report: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- memory (L2)
 
 
+def _add(into: dict[str, int], items: Mapping[str, Any]) -> dict[str, int]:
+    """``into`` with each of ``items``' counts added."""
+    for key, n in items.items():
+        into[key] = into.get(key, 0) + int(n)
+    return into
+
+
 def merge_memory(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Memory reports of disjoint device sets as one: bytes added, devices united."""
     by_role: dict[str, dict[str, Any]] = {}
+    shared: dict[tuple[str, ...], dict[str, Any]] = {}
     for part in parts:
         for role, r in part["by_role"].items():
             into = by_role.setdefault(role, {"bytes": 0, "by_kind": {}, "by_device": {}})
             into["bytes"] += int(r["bytes"])
-            for kind, n in r["by_kind"].items():
-                into["by_kind"][kind] = into["by_kind"].get(kind, 0) + int(n)
+            _add(into["by_kind"], r["by_kind"])
             into["by_device"].update(r["by_device"])
-    shared: dict[tuple[str, ...], dict[str, Any]] = {}
-    for part in parts:
         for g in part["shared"]:
             into = shared.setdefault(tuple(g["roles"]), {"roles": list(g["roles"]), "bytes": 0, "buffers": 0})
             into["bytes"] += int(g["bytes"])
             into["buffers"] += int(g["buffers"])
             into.setdefault("by_device", {}).update(g["by_device"])
-    by_device: dict[str, Any] = {}
-    for part in parts:
-        by_device.update(part["by_device"])
     return {
         "units": parts[0]["units"],
         "source": parts[0]["source"] + ", on each process for its own devices, added up by process 0",
         "by_role": {role: {**r, "by_device": _by_id(r["by_device"])} for role, r in by_role.items()},
-        "by_device": _by_id(by_device),
+        "by_device": _united(p["by_device"] for p in parts),
         "shared": [shared[k] for k in sorted(shared)],
         "unique_bytes": sum(int(p["unique_bytes"]) for p in parts),
         "naive_bytes": sum(int(p["naive_bytes"]) for p in parts),
         "allocator": {
             "available": any(p["allocator"]["available"] for p in parts),
             "note": parts[0]["allocator"]["note"],
-            "by_device": _by_id({k: v for p in parts for k, v in p["allocator"]["by_device"].items()}),
+            "by_device": _united(p["allocator"]["by_device"] for p in parts),
         },
     }
 
@@ -188,8 +193,7 @@ def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if into is None:
                 leaves[leaf["path"]] = dict(leaf)
                 continue
-            for key in _LEAF_SUMS:
-                into[key] += int(leaf[key])
+            _add(into, {key: leaf[key] for key in _LEAF_SUMS})
             if leaf["method"] != into["method"]:
                 into["method"] = f"{into['method']}; {leaf['method']}"
     merged = [leaves[k] for k in sorted(leaves)]
@@ -211,8 +215,8 @@ def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "anchor_seconds": max(float(p["anchor_seconds"]) for p in parts),
         "includes_compilation": any(p["includes_compilation"] for p in parts),
         "includes_program_load": any(p["includes_program_load"] for p in parts),
-        "arrived_by_device": _by_id({k: v for p in parts for k, v in p["arrived_by_device"].items()}),
-        "peak_extra_bytes": _by_id({k: v for p in parts for k, v in p["peak_extra_bytes"].items()}),
+        "arrived_by_device": _united(p["arrived_by_device"] for p in parts),
+        "peak_extra_bytes": _united(p["peak_extra_bytes"] for p in parts),
         "transient_peak": merge_peaks([p.get("transient_peak") for p in parts]),
         "leaves": merged,
     }
@@ -234,9 +238,9 @@ def merge_peaks(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | N
             PeakPhase(
                 rows[0]["name"],
                 rows[0]["chunk"],
-                _by_id({d: k for r in rows for d, k in r["arrays"].items()}),
-                _by_id({d: k for r in rows for d, k in r["terms"].items()}),
-                _by_id({d: n for r in rows for d, n in r["temporaries"].items()}),
+                _united(r["arrays"] for r in rows),
+                _united(r["terms"] for r in rows),
+                _united(r["temporaries"] for r in rows),
             )
         )
     allocator = [p.get("allocator") or {} for p in parts]  # type: ignore[union-attr]
@@ -249,7 +253,7 @@ def merge_peaks(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | N
         allocator={
             "available": any(a.get("available") for a in allocator),
             "note": allocator[0].get("note", ""),
-            "by_device": _by_id({d: n for a in allocator for d, n in a.get("by_device", {}).items()}),
+            "by_device": _united(a.get("by_device", {}) for a in allocator),
         },
     )
     return merged.to_json()
@@ -268,26 +272,23 @@ def process_split(
             across += nbytes
         else:
             within += nbytes
-        key = f"{a}->{b}"
-        pairs[key] = pairs.get(key, 0) + nbytes
+        _add(pairs, {f"{a}->{b}": nbytes})
     return across, within, pairs
 
 
 def merge_crossing(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The processes' crossing facts as one: moved bytes added (each process counted what landed on
     its own devices); the minimums are global already (computed from shardings), taken from process 0."""
-    pairs: dict[str, int] = {}
-    for p in parts:
-        for key, n in p["by_process_pair"].items():
-            pairs[key] = pairs.get(key, 0) + int(n)
     first = parts[0]
     across = sum(int(p["cross_process_bytes"]) for p in parts)
-    within = sum(int(p["within_process_bytes"]) for p in parts)
+    pairs: dict[str, int] = {}
+    for p in parts:
+        _add(pairs, p["by_process_pair"])
     return {
         "cross_process_bytes": across,
         "minimum_cross_process_bytes": int(first["minimum_cross_process_bytes"]),
         "excess_cross_process_bytes": across - int(first["minimum_cross_process_bytes"]),
-        "within_process_bytes": within,
+        "within_process_bytes": sum(int(p["within_process_bytes"]) for p in parts),
         "minimum_within_process_bytes": int(first["minimum_within_process_bytes"]),
         "by_process_pair": dict(sorted(pairs.items())),
         "minimum_by_process": first["minimum_by_process"],
@@ -303,28 +304,15 @@ def minimum_crossing_elements(
     process then shares it among its devices.
 
     ``src_boxes`` and ``dst_boxes`` are (process index, box) for every shard, a box being
-    (start, stop) per dimension. Shards of one sharding are equal or disjoint, so the
-    distinct boxes of a process do not overlap.
+    (start, stop) per dimension: ``boxes.minimum_cross_device_elements`` with processes for
+    devices, each distinct box a process needs counted once.
     """
-    from rlcluster_lab.placement.boxes import box_size, intersect_boxes
+    from rlcluster_lab.placement.boxes import minimum_cross_device_elements
 
-    held: dict[int, set[Any]] = {}
-    for proc, box in src_boxes:
-        held.setdefault(proc, set()).add(box)
-    needed: dict[int, set[Any]] = {}
-    for proc, box in dst_boxes:
-        needed.setdefault(proc, set()).add(box)
-    out = {}
-    for proc, boxes in sorted(needed.items()):
-        lacking = 0
-        for want in boxes:
-            have = 0
-            for box in held.get(proc, ()):
-                inter = intersect_boxes(box, want)
-                if inter is not None:
-                    have += box_size(inter)
-            lacking += box_size(want) - have
-        out[proc] = lacking
+    needed = sorted(set(dst_boxes))
+    out = {proc: 0 for proc, _ in needed}
+    for (proc, _), lacking in zip(needed, minimum_cross_device_elements(list(src_boxes), needed)):
+        out[proc] += lacking
     return out
 
 
@@ -339,19 +327,22 @@ def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sy
     import jax
     import numpy as np
 
-    from rlcluster_lab.placement.boxes import to_box
+    from rlcluster_lab.placement.boxes import minimum_cross_device_elements, to_box
 
     process_of = {int(d.id): int(d.process_index) for d in jax.devices()}
     across, within, pairs = process_split(((t.src_device, t.dst_device, t.nbytes) for t in sync.transfers), process_of)
-    by_process: dict[int, int] = {}
+    by_process: dict[str, int] = {}
+    cross_device = 0  # the sync report's minimum_cross_device_bytes over every device of every process
     for path, x in source.items():
-        y = destination[path]
         shape = tuple(x.shape)
         itemsize = np.dtype(x.dtype).itemsize
-        src = [(d.process_index, to_box(i, shape)) for d, i in x.sharding.devices_indices_map(shape).items()]
-        dst = [(d.process_index, to_box(i, shape)) for d, i in y.sharding.devices_indices_map(shape).items()]
-        for proc, n in minimum_crossing_elements(shape, src, dst).items():
-            by_process[proc] = by_process.get(proc, 0) + n * itemsize
+        src, dst = (
+            [(d, to_box(i, shape)) for d, i in a.sharding.devices_indices_map(shape).items()]
+            for a in (x, destination[path])
+        )
+        cross_device += sum(minimum_cross_device_elements(_keyed(src, "id"), _keyed(dst, "id"))) * itemsize
+        needed = minimum_crossing_elements(shape, _keyed(src, "process_index"), _keyed(dst, "process_index"))
+        _add(by_process, {str(proc): n * itemsize for proc, n in needed.items()})
     minimum_across = sum(by_process.values())
     return {
         "cross_process_bytes": across,
@@ -359,37 +350,23 @@ def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sy
         "by_process_pair": pairs,
         "minimum_cross_process_bytes": minimum_across,
         # What crossed devices at least, less what must cross processes, may stay inside one.
-        "minimum_within_process_bytes": _global_minimum_cross_device(source, destination) - minimum_across,
-        "minimum_by_process": {str(p): n for p, n in sorted(by_process.items())},
+        "minimum_within_process_bytes": cross_device - minimum_across,
+        "minimum_by_process": dict(sorted(by_process.items(), key=lambda kv: int(kv[0]))),
     }
 
 
-def _global_minimum_cross_device(source: Mapping[str, Any], destination: Mapping[str, Any]) -> int:
-    """The sync report's ``minimum_cross_device_bytes`` over every device of every process."""
-    import numpy as np
-
-    from rlcluster_lab.placement.boxes import minimum_cross_device_elements, to_box
-
-    total = 0
-    for path, x in source.items():
-        y = destination[path]
-        shape = tuple(x.shape)
-        src = [(d.id, to_box(i, shape)) for d, i in x.sharding.devices_indices_map(shape).items()]
-        dst = [(d.id, to_box(i, shape)) for d, i in y.sharding.devices_indices_map(shape).items()]
-        total += sum(minimum_cross_device_elements(src, dst)) * np.dtype(x.dtype).itemsize
-    return total
-
-
-def _sum_kinds(per_device: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for kinds in per_device:
-        for kind, n in kinds.items():
-            out[kind] = out.get(kind, 0) + int(n)
-    return out
+def _keyed(boxes: Sequence[tuple[Any, Any]], attribute: str) -> list[tuple[int, Any]]:
+    """(device, box) pairs as (the device's id or process index, box)."""
+    return [(int(getattr(d, attribute)), box) for d, box in boxes]
 
 
 def _by_id(d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: d[k] for k in sorted(d, key=int)}
+
+
+def _united(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per-device maps of disjoint device sets as one, by device id."""
+    return _by_id({k: v for part in parts for k, v in part.items()})
 
 
 def format_processes(data: Mapping[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ crossing report and the planner.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import jax
@@ -58,12 +59,8 @@ def minimum_cross_device_elements(
         local.setdefault(dev, []).append(box)
     out = []
     for dev, want in dst_boxes:
-        have = 0
-        for box in dict.fromkeys(local.get(dev, [])):
-            inter = intersect_boxes(box, want)
-            if inter is not None:
-                have += box_size(inter)
-        out.append(box_size(want) - have)
+        common = (intersect_boxes(box, want) for box in dict.fromkeys(local.get(dev, [])))
+        out.append(box_size(want) - sum(box_size(c) for c in common if c is not None))
     return out
 
 
@@ -74,14 +71,9 @@ def shard_boxes(x: jax.Array) -> list[tuple[int, Box]]:
 
 
 def to_box(index: Sequence[slice], shape: Sequence[int]) -> Box:
-    out = []
-    for sl, n in zip(index, shape):
-        start, stop, _ = sl.indices(n)
-        out.append((start, stop))
-    # Scalars and trailing unsharded dims.
-    for n in shape[len(out) :]:
-        out.append((0, n))
-    return tuple(out)
+    """A shard's index (slices) as a box; dimensions the index leaves out are whole."""
+    box = tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
+    return box + tuple((0, n) for n in shape[len(box) :])
 
 
 def plan_reshard(
@@ -142,7 +134,4 @@ def intersect_boxes(a: Box, b: Box) -> Box | None:
 
 
 def box_size(box: Box) -> int:
-    n = 1
-    for a, b in box:
-        n *= b - a
-    return n
+    return math.prod(b - a for a, b in box)

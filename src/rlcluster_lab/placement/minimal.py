@@ -1,24 +1,21 @@
 """The ``minimal`` reshard strategy: every destination shard assembled on its own device.
 
-Each destination shard is built on its device from the pieces of source
-shards that overlap it (``boxes.plan_reshard``), preferring a copy already
-on that device, so only the bytes a device lacks cross devices: the least any
-reshard can move at slice granularity. The work of a whole tree is batched:
-one program per source device cuts and packs every piece that leaves it, one
-transfer call moves every pack (and every whole shard that only changes
-device), and one program per destination device assembles its blocks. The
-schedule is worked out once per set of (shape, dtype, shardings).
-
-Every copy is logged (``transfers``), so the sync report counts what was
-really copied, and a resharder that moved more than it needed would show it.
-Its price is compilation: two small programs per device for every new set of
-shardings, which is why the ``xla`` strategy is the default.
+Each destination shard is built on its device from the pieces of source shards that overlap
+it (``boxes.plan_reshard``), preferring a copy already on that device, so only the bytes a
+device lacks cross devices: the least any reshard can move at slice granularity. A whole
+tree is batched: one program per source device cuts and packs every piece that leaves it,
+one transfer call moves every pack (and every whole shard that only changes device), and
+one program per destination device assembles its blocks. The schedule is worked out once
+per set of (shape, dtype, shardings). Every copy is logged (``transfers``). Its price is
+compilation: two small programs per device for every new set of shardings, which is why
+the ``xla`` strategy is the default.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -28,55 +25,47 @@ from jax.sharding import Sharding
 
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.placement import phases
-from rlcluster_lab.placement.boxes import BlockPlan, box_size, plan_reshard, to_box
+from rlcluster_lab.placement.boxes import box_size, plan_reshard, to_box
+from rlcluster_lab.placement.programs import cleared_with_programs
 from rlcluster_lab.placement.transfers import Transfer, current_log
 
-# A local piece is cut from a source shard on the block's own device; a
-# remote piece arrives packed with the other pieces from the same device.
-_LocalPiece = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # input, starts, limits, offset
-_RemotePiece = tuple[int, int, tuple[int, ...], tuple[int, ...]]  # pack, start in pack, shape, offset
+Shape = tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Block:
-    array: int
-    device: int
-    shape: tuple[int, ...]
-    dtype: Any
-    local: tuple[_LocalPiece, ...]
-    remote: tuple[_RemotePiece, ...]
+class _Schedule:
+    """How a batch of arrays is resharded: the calls to make, everything static worked out once.
 
-
-@dataclasses.dataclass(frozen=True)
-class _Program:
-    """How a batch of arrays is resharded, worked out once per set of (shape, dtype, shardings).
-
-    ``packs``: per (source device, destination device, dtype) the pieces
-    that cross, as (array, starts, limits) cut from that device's shard,
-    raveled and concatenated so they cross in one transfer. ``blocks``: per
-    destination device, the blocks it assembles. ``reused``: (array, block
-    position, device) of blocks that are a source shard as it is.
+    A pack is the pieces one source device sends one destination device (of one dtype),
+    raveled and concatenated so they cross in one transfer.
     """
 
-    plans: tuple[tuple[BlockPlan, ...], ...]
-    packs: tuple[tuple[int, int, Any, tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]], ...]
-    blocks: tuple[tuple[int, tuple[tuple[int, int, _Block], ...], tuple[int, ...]], ...]
-    reused: tuple[tuple[int, int, int], ...]
-    whole: tuple[tuple[int, int, int, int], ...] = ()  # (array, block, src device, dst device)
+    cuts: tuple[tuple[int, tuple[int, ...], Any, tuple[int, ...]], ...]  # src device, arrays, spec, pack ids
+    pack_devices: tuple[int, ...]  # destination device of each pack
+    pack_bytes: tuple[int, ...]
+    cross_log: tuple[tuple[int, int, int, int], ...]  # src device, dst device, bytes, array
+    places: tuple[tuple[int, tuple[int, ...], tuple[int, ...], Any, tuple[tuple[int, int], ...]], ...]
+    same_log: tuple[tuple[int, int, int], ...]  # device, bytes, array
+    reused: tuple[tuple[int, int, int], ...]  # (array, block, device): a source shard as it is
+    whole: tuple[tuple[int, int, int, int], ...]  # (array, block, src device, dst device)
+    made: tuple[frozenset[int], ...]  # per array: devices whose block is a new buffer (without forced copies)
+    block_counts: tuple[int, ...]
 
 
-def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -> _Program:
+@functools.lru_cache(maxsize=32)
+def _schedule(key: tuple[tuple[Shape, Any, Sharding, Sharding], ...]) -> _Schedule:
     plans = []
     for shape, _, src, dst in key:
         src_boxes = [(d.id, to_box(idx, shape)) for d, idx in src.devices_indices_map(shape).items()]
         dst_boxes = [(d.id, to_box(idx, shape)) for d, idx in dst.devices_indices_map(shape).items()]
         # Looked up on the module, so a test can swap in another planner.
-        plans.append(tuple(plan_reshard(shape, src_boxes, dst_boxes)))
-    packs: dict[tuple[int, int, Any], list[tuple[int, tuple[int, ...], tuple[int, ...]]]] = {}
-    pack_fill: dict[tuple[int, int, Any], int] = {}
-    per_device: dict[int, list[tuple[int, int, _Block]]] = {}
-    reused = []
-    whole = []
+        plans.append(plan_reshard(shape, src_boxes, dst_boxes))
+    packs: dict[tuple[int, int, Any], list[tuple[int, Shape, Shape]]] = {}  # (array, starts, limits)
+    fill: dict[tuple[int, int, Any], int] = {}
+    # Per destination device, its blocks: (array, block, shape, dtype, local pieces, remote pieces).
+    # A local piece is cut from a source shard on the block's own device; a remote one arrives packed.
+    per_device: dict[int, list[tuple[int, int, Shape, Any, list[Any], list[Any]]]] = {}
+    reused, whole = [], []
     for a, plan in enumerate(plans):
         dtype = key[a][1]
         for b, block in enumerate(plan):
@@ -97,106 +86,57 @@ def _program(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -
                 else:
                     pk = (piece.src_device, block.device, dtype)
                     packs.setdefault(pk, []).append((a, starts, limits))
-                    shape = tuple(hi - lo for lo, hi in zip(starts, limits))
-                    remote.append((pk, pack_fill.get(pk, 0), shape, offset))
-                    pack_fill[pk] = pack_fill.get(pk, 0) + box_size(piece.box)
-            per_device.setdefault(block.device, []).append(
-                (
-                    a,
-                    b,
-                    _Block(a, block.device, tuple(hi - lo for lo, hi in block.box), dtype, tuple(local), tuple(remote)),
-                )
-            )
+                    remote.append((pk, fill.get(pk, 0), tuple(hi - lo for lo, hi in zip(starts, limits)), offset))
+                    fill[pk] = fill.get(pk, 0) + box_size(piece.box)
+            shape = tuple(hi - lo for lo, hi in block.box)
+            per_device.setdefault(block.device, []).append((a, b, shape, dtype, local, remote))
     pack_keys = list(packs)
-    index = {pk: i for i, pk in enumerate(pack_keys)}
-    blocks = []
-    for dev, entries in per_device.items():
-        fixed = []
-        for a, b, blk in entries:
-            remote = tuple((index[pk], start, shape, off) for pk, start, shape, off in blk.remote)
-            fixed.append((a, b, dataclasses.replace(blk, remote=remote)))
-        incoming = tuple(i for i, pk in enumerate(pack_keys) if pk[1] == dev)
-        blocks.append((dev, tuple(fixed), incoming))
-    return _Program(
-        plans=tuple(plans),
-        packs=tuple((pk[0], pk[1], pk[2], tuple(packs[pk])) for pk in pack_keys),
-        blocks=tuple(blocks),
-        reused=tuple(reused),
-        whole=tuple(whole),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Schedule:
-    """A ``_Program`` as the calls to make, everything static worked out once."""
-
-    cuts: tuple[tuple[int, tuple[int, ...], Any, tuple[int, ...]], ...]  # src device, arrays, spec, pack ids
-    pack_devices: tuple[int, ...]  # destination device of each pack
-    pack_bytes: tuple[int, ...]
-    cross_log: tuple[tuple[int, int, int, int], ...]  # src device, dst device, bytes, array
-    places: tuple[tuple[int, tuple[int, ...], tuple[int, ...], Any, tuple[tuple[int, int], ...]], ...]
-    same_log: tuple[tuple[int, int, int], ...]  # device, bytes, array
-    reused: tuple[tuple[int, int, int], ...]
-    whole: tuple[tuple[int, int, int, int], ...]  # (array, block, src device, dst device)
-    made: tuple[frozenset[int], ...]  # per array: devices whose block is a new buffer (without forced copies)
-    block_counts: tuple[int, ...]
-
-
-@functools.lru_cache(maxsize=32)
-def _schedule(key: tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]) -> _Schedule:
-    prog = _program(key)
-    by_src: dict[int, list[int]] = {}
-    for i, (src_dev, _, _, _) in enumerate(prog.packs):
-        by_src.setdefault(src_dev, []).append(i)
     cuts = []
-    for src_dev, ids in by_src.items():
-        arrays = tuple(sorted({a for i in ids for a, _, _ in prog.packs[i][3]}))
+    for src_dev in dict.fromkeys(pk[0] for pk in pack_keys):
+        ids = tuple(i for i, pk in enumerate(pack_keys) if pk[0] == src_dev)
+        arrays = tuple(sorted({a for i in ids for a, _, _ in packs[pack_keys[i]]}))
         slot = {a: k for k, a in enumerate(arrays)}
-        spec = tuple(tuple((slot[a], st, lim) for a, st, lim in prog.packs[i][3]) for i in ids)
-        cuts.append((src_dev, arrays, spec, tuple(ids)))
-    cross_log = []
-    pack_bytes = []
-    for src_dev, dst_dev, dtype, pieces in prog.packs:
-        itemsize = np.dtype(dtype).itemsize
-        sizes = [box_size(tuple(zip(st, lim))) * itemsize for _, st, lim in pieces]
+        spec = tuple(tuple((slot[a], st, lim) for a, st, lim in packs[pack_keys[i]]) for i in ids)
+        cuts.append((src_dev, arrays, spec, ids))
+    cross_log, pack_bytes = [], []
+    for (src_dev, dst_dev, dtype), pieces in packs.items():
+        sizes = [box_size(tuple(zip(st, lim))) * np.dtype(dtype).itemsize for _, st, lim in pieces]
         pack_bytes.append(sum(sizes))
         cross_log.extend((src_dev, dst_dev, n, a) for (a, _, _), n in zip(pieces, sizes))
-    places = []
-    same_log = []
-    for dev, entries, incoming in prog.blocks:
-        arrays = tuple(sorted({blk.array for _, _, blk in entries if blk.local}))
+    places, same_log = [], []
+    for dev, entries in per_device.items():
+        incoming = tuple(i for i, pk in enumerate(pack_keys) if pk[1] == dev)
+        arrays = tuple(sorted({a for a, _, _, _, local, _ in entries if local}))
         slot = {a: k for k, a in enumerate(arrays)}
-        pslot = {i: k for k, i in enumerate(incoming)}
+        pslot = {pack_keys[i]: k for k, i in enumerate(incoming)}
         spec = tuple(
             (
-                blk.shape,
-                str(np.dtype(blk.dtype)),
-                tuple((slot[a], st, lim, off) for a, st, lim, off in blk.local),
-                tuple((pslot[i], start, shape, off) for i, start, shape, off in blk.remote),
+                shape,
+                str(np.dtype(dtype)),
+                tuple((slot[a], st, lim, off) for a, st, lim, off in local),
+                tuple((pslot[pk], start, piece_shape, off) for pk, start, piece_shape, off in remote),
             )
-            for _, _, blk in entries
+            for _, _, shape, dtype, local, remote in entries
         )
-        places.append((dev, arrays, tuple(incoming), spec, tuple((a, b) for a, b, _ in entries)))
-        for a, _, blk in entries:
-            itemsize = np.dtype(blk.dtype).itemsize
-            same_log.extend((dev, box_size(tuple(zip(st, lim))) * itemsize, a) for _, st, lim, _ in blk.local)
-    made = [{block.device for block in plan} for plan in prog.plans]
-    for a, _, dev in prog.reused:
-        made[a].discard(dev)
+        places.append((dev, arrays, incoming, spec, tuple((a, b) for a, b, *_ in entries)))
+        for a, _, _, dtype, local, _ in entries:
+            itemsize = np.dtype(dtype).itemsize
+            same_log.extend((dev, box_size(tuple(zip(st, lim))) * itemsize, a) for _, st, lim, _ in local)
     return _Schedule(
         cuts=tuple(cuts),
-        pack_devices=tuple(dst for _, dst, _, _ in prog.packs),
+        pack_devices=tuple(dst for _, dst, _ in pack_keys),
         pack_bytes=tuple(pack_bytes),
         cross_log=tuple(cross_log),
         places=tuple(places),
         same_log=tuple(same_log),
-        reused=prog.reused,
-        whole=prog.whole,
-        made=tuple(frozenset(m) for m in made),
-        block_counts=tuple(len(plan) for plan in prog.plans),
+        reused=tuple(reused),
+        whole=tuple(whole),
+        made=tuple(frozenset(bl.device for bl in plan if not bl.reuses_source_buffer) for plan in plans),
+        block_counts=tuple(len(plan) for plan in plans),
     )
 
 
+@cleared_with_programs
 def clear() -> None:
     """Forget the per-device copy programs (the next reshard of a sharding set builds them again)."""
     _schedule.cache_clear()
@@ -296,10 +236,7 @@ def _assemble_blocks(locals_: tuple[jax.Array, ...], packs: tuple[jax.Array, ...
         for k, st, lim, off in local:
             block = jax.lax.dynamic_update_slice(block, jax.lax.slice(locals_[k], st, lim), off)
         for k, start, piece_shape, off in remote:
-            n = 1
-            for d in piece_shape:
-                n *= d
-            piece = jax.lax.slice(packs[k], (start,), (start + n,)).reshape(piece_shape)
+            piece = jax.lax.slice(packs[k], (start,), (start + math.prod(piece_shape),)).reshape(piece_shape)
             block = jax.lax.dynamic_update_slice(block, piece, off)
         out.append(block)
     return tuple(out)

@@ -1,30 +1,75 @@
 """The compiled programs placement keeps, and the bound on how many a process holds.
 
-Both reshard strategies and the multi-process crossing keep their compiled
-programs in bounded caches, so a rebuild of a layout seen before compiles
-nothing. ``trim_compiled_programs`` drops them all (and JAX's own caches) when
-the process nears the kernel's limit on memory mappings.
+Both reshard strategies and the multi-process crossing keep their compiled programs in
+bounded caches that register here, so a rebuild of a layout seen before compiles nothing
+and ``clear_programs`` forgets them all.
 """
 
 from __future__ import annotations
 
+import collections
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
 import jax
 
+from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.gathering import any_process
-from rlcluster_lab.placement import crossing, minimal, reshard, xla
+
+_CLEARS: list[Callable[[], None]] = []  # every placement cache's clear, run by clear_programs
+
+
+def cleared_with_programs(clear: Callable[[], None]) -> Callable[[], None]:
+    """Register ``clear`` (a cache's own) to run in ``clear_programs``; usable as a decorator."""
+    _CLEARS.append(clear)
+    return clear
+
+
+class ProgramCache:
+    """A small thread-safe least-recently-used map of compiled programs."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._data: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        cleared_with_programs(self.clear)
+
+    def get(self, key: Hashable) -> Any:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is not None:
+                self._data.move_to_end(key)
+            return hit
+
+    def put(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+def compile_outside_mesh(jitted: Any, *args: Any, options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """``jitted`` lowered for ``args`` and compiled outside any role's mesh context (its
+    shardings are all explicit), and where the executable came from: ``"compiled"`` (by XLA
+    here) or ``"persistent cache"`` (read back from disk). ``options``: XLA compiler options
+    (``core.compile_options``; None: XLA's defaults)."""
+    with jax.set_mesh(None), count_compilations() as made:
+        compiled = jitted.lower(*args).compile(options)
+    return compiled, "persistent cache" if made and all(cached for _, _, cached in made) else "compiled"
 
 
 def clear_programs() -> None:
     """Forget the compiled copy programs of both strategies and of the multi-process crossing
-    (the next reshard builds them again).
-
-    Programs are bounded caches already; this is for a caller that wants
-    their memory back at once (or a test that swaps the planner).
-    """
-    minimal.clear()
-    xla.clear()
-    crossing.clear()
-    reshard.forget_described()
+    (the next reshard builds them again): for a caller that wants their memory back at once,
+    or a test that swaps the planner."""
+    for clear in _CLEARS:
+        clear()
 
 
 def mapped_regions() -> int | None:
@@ -52,12 +97,10 @@ def trim_compiled_programs(fraction: float | None = None) -> bool:
     """Release every compiled program when this process holds more than ``fraction`` of its
     mapping limit; True when it did.
 
-    On the CPU backend each compiled program holds memory mappings of its own
-    (a training step's programs take about 1,000), and the kernel stops a
-    process at ``vm.max_map_count`` (usually 65,530) with an allocation error.
-    Programs stay cached while they are few, so a rebuild of a layout seen
-    before compiles nothing; past the bound, they are dropped together, and
-    the persistent cache makes rebuilding them a read from disk.
+    On the CPU backend each compiled program holds memory mappings of its own (a training
+    step's programs take about 1,000), and the kernel stops a process at ``vm.max_map_count``
+    (usually 65,530) with an allocation error. Past the bound, programs are dropped together,
+    and the persistent cache makes rebuilding them a read from disk.
     """
     fraction = TRIM_FRACTION if fraction is None else fraction
     held, limit = mapped_regions(), mapping_limit()

@@ -1,31 +1,19 @@
 """Moving arrays between shardings device to device, never through the host.
 
-Two strategies do a layout change, chosen with ``reshard_strategy`` (the
-cluster sets it from ``ClusterConfig.reshard``):
-
-- ``xla`` (the default, ``reshard_xla``): one compiled program per set of
-  shardings, in which XLA plans the collectives; where the device sets differ
-  (the split layout) whole shards then cross in one transfer call. The bytes
-  are read from the program's own collectives, so where XLA moves more than
-  the placement requires, the report shows it.
-- ``minimal`` (``reshard_minimal``): every destination shard is assembled on
-  its own device from the overlapping pieces of source shards, preferring a
-  copy already on that device, so only the bytes a device lacks cross
-  devices: the least any reshard can move at slice granularity.
-
-On the CPU backend ``jax.device_put`` between layouts gathers through host
-memory, which the weight sync's transfer guard (P13) forbids and which would
-not show what a real interconnect moves; both strategies avoid it on every
-platform. ``boxes.plan_reshard`` is the pure part (indices and devices only), so the
-same plan serves the minimal strategy, the minimum any reshard must move, and
-the planner. Every copy either strategy makes is recorded
-(``transfers.record_transfers``): the weight sync's report (L3) counts what
-was really copied from that log. What a batch logs depends only on its
-shapes, dtypes, shardings, labels and strategy, so it is recorded the first
-time and added from memory afterwards. At the points where a batch holds the
-most it will before dropping something it tells the sync's peak walk
-(``placement.phases``), and it drops what it no longer needs as it goes (a
-staged source once the layout changed, a result once moved to its memory kind).
+Two strategies do a layout change, chosen with ``reshard_strategy`` (the cluster sets it
+from ``ClusterConfig.reshard``): ``xla`` (the default, ``placement.xla``: one compiled
+program per set of shardings, whose bytes are read from its own collectives) and
+``minimal`` (``placement.minimal``: each destination shard assembled on its own device, so
+only the bytes a device lacks cross). On the CPU backend ``jax.device_put`` between layouts
+gathers through host memory, which the weight sync's transfer guard (P13) forbids and which
+would not show what a real interconnect moves; both strategies avoid it on every platform.
+Every copy either makes is recorded (``transfers.record_transfers``): the weight sync's
+report (L3) counts what was really copied from that log. What a batch logs depends only on
+its shapes, dtypes, shardings, labels and strategy, so it is recorded the first time and
+added from memory afterwards. At the points where a batch holds the most it will before it
+drops something it tells the sync's peak walk (``placement.phases``), and it drops what it
+no longer needs as it goes (a staged source once its layout changed, a result once moved
+to its memory kind).
 """
 
 from __future__ import annotations
@@ -33,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -47,6 +34,7 @@ from rlcluster_lab.placement import minimal as reshard_minimal
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.boxes import relabel
+from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.transfers import (
     Transfer,
     TransferLog,
@@ -71,11 +59,6 @@ def reshard_strategy(name: str) -> Iterator[None]:
         yield
     finally:
         _STRATEGY.reset(token)
-
-
-def current_strategy() -> str:
-    """The strategy layout changes use here (``xla`` unless a ``reshard_strategy`` block says otherwise)."""
-    return _STRATEGY.get()
 
 
 def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False) -> jax.Array:
@@ -115,143 +98,124 @@ def reshard_many(
     if current is None:
         return _reshard_many(xs, dsts, copy, labels)
     # What a batch logs depends only on its shapes, dtypes, shardings, labels and strategy:
-    # worked out (recorded) the first time and added from memory afterwards, so a steady
-    # sync spends its time moving data, not describing it again.
+    # recorded the first time and added from memory afterwards, so a steady sync spends its
+    # time moving data, not describing it again.
     key = (
-        current_strategy(),
+        _STRATEGY.get(),
         copy,
         tuple(labels),
         tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)),
     )
-    with _DESCRIBED_LOCK:
-        known = _DESCRIBED.get(key)
+    known: TransferLog | None = _DESCRIBED.get(key)
     if known is None:
-        with record_transfers() as fresh:
+        with record_transfers() as known:
             out = _reshard_many(xs, dsts, copy, labels)
-        with _DESCRIBED_LOCK:
-            _DESCRIBED[key] = fresh
-            while len(_DESCRIBED) > _MAX_DESCRIBED:
-                _DESCRIBED.pop(next(iter(_DESCRIBED)))
-        current.compiled |= fresh.compiled
-        current.loaded |= fresh.loaded
-        known = fresh
+        _DESCRIBED.put(key, known)
+        current.compiled |= known.compiled
+        current.loaded |= known.loaded
     else:
         with not_recorded():
             out = _reshard_many(xs, dsts, copy, labels)
     current.transfers.extend(known.transfers)
     for leaf, n in known.relayed.items():
-        current.relayed[leaf] = current.relayed.get(leaf, 0) + n
+        current.note_relayed(leaf, n)
     current.unreadable.extend(known.unreadable)
     current.strategies.update(known.strategies)
     return out
 
 
-# The log of each batch signature reshard_many has recorded (bounded, oldest dropped first).
-_DESCRIBED: dict[Any, TransferLog] = {}
-_DESCRIBED_LOCK = threading.Lock()
-_MAX_DESCRIBED = 64
-
-
-def forget_described() -> None:
-    """Forget the recorded logs (the next reshard of each batch records again)."""
-    with _DESCRIBED_LOCK:
-        _DESCRIBED.clear()
+_DESCRIBED = ProgramCache(64)  # the log each batch signature recorded (cleared with the programs)
 
 
 def _reshard_many(
     xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: list[str | None]
 ) -> list[jax.Array]:
     current = current_log()
-    out: list[jax.Array | None] = [None] * len(xs)
-    staged: dict[int, tuple[jax.Array, Sharding, bool]] = {}
-    for i, (x, dst) in enumerate(zip(xs, dsts)):
-        if x.sharding == dst:
-            if not copy:
-                out[i] = x
-            else:
-                staged[i] = (x, dst, False)
-            continue
-        staged[i] = (x, dst, x.sharding.memory_kind != _work_kind(x))
-    to_work = [i for i, (x, _, moved) in staged.items() if moved]
-    if to_work:
-        brought = _put(
-            [staged[i][0] for i in to_work],
-            [staged[i][0].sharding.with_memory_kind(_work_kind(staged[i][0])) for i in to_work],
-        )
+    out = list(xs)
+    todo = [i for i, (x, dst) in enumerate(zip(xs, dsts)) if copy or x.sharding != dst]
+    # A layout change runs in the devices' default memory: arrays elsewhere move there first.
+    kind_moved = [i for i in todo if xs[i].sharding != dsts[i] and xs[i].sharding.memory_kind != _work_kind(xs[i])]
+    work_shardings = [xs[i].sharding.with_memory_kind(_work_kind(xs[i])) for i in kind_moved]
+    if kind_moved:
+        brought = _put_kinds([xs[i] for i in kind_moved], work_shardings, [labels[i] for i in kind_moved])
         phases.made(brought, phases.STAGED)
-        for i, y in zip(to_work, brought):
-            log_new_shards("memory_kind", staged[i][0], y, labels[i])
-            staged[i] = (y, staged[i][1], True)
+        for i, y in zip(kind_moved, brought):
+            out[i] = y
         del brought
         phases.phase("stage")
-
     targets: dict[int, Sharding] = {}
     change: list[int] = []
     direct: list[int] = []
-    for i, (x, dst, _moved_kind) in staged.items():
-        if x.sharding == dst:  # the forced copy of an unchanged sharding
-            direct.append(i)
-            targets[i] = dst
-            continue
+    for i in todo:
+        x, dst = out[i], dsts[i]
         work = _work_kind(x)
-        target = dst.with_memory_kind(work) if dst.memory_kind != work else dst
-        targets[i] = target
-        (direct if x.sharding.is_equivalent_to(target, x.ndim) else change).append(i)
+        targets[i] = dst if x.sharding == dst or dst.memory_kind == work else dst.with_memory_kind(work)
+        # The forced copy of an unchanged sharding, or an equivalent layout, needs no layout change.
+        (direct if x.sharding.is_equivalent_to(targets[i], x.ndim) else change).append(i)
     x = y = None  # no loop variable keeps an array alive past its phase (the sync's peak, L3)
     # Devices whose destination shard of array i was made by a logged copy.
-    produced: dict[int, set[int]] = {i: set() for i in staged}
+    produced: dict[int, set[int]] = {i: set() for i in todo}
     # Equivalent layouts: re-labelled in one call (a forced copy where asked, in another).
     for must_copy in (False, True):
-        group = [i for i in direct if (copy and not staged[i][2]) is must_copy]
+        group = [i for i in direct if (copy and i not in kind_moved) is must_copy]
         if not group:
             continue
         if not must_copy and jax.process_count() > 1:
             # multi-process: device_put copies an array spanning processes even onto an
             # equivalent sharding; its own shards, re-labelled, are the same buffers.
-            moved = [relabel(staged[i][0], targets[i]) for i in group]
+            moved = [relabel(out[i], targets[i]) for i in group]
         else:
             moved = jax.device_put(
-                [staged[i][0] for i in group], [targets[i] for i in group], may_alias=False if must_copy else None
+                [out[i] for i in group], [targets[i] for i in group], may_alias=False if must_copy else None
             )
         phases.made(moved, phases.RESHARDED)
         for i, y in zip(group, moved):
-            produced[i] = log_new_shards("same_device", staged[i][0], y, labels[i]) if current is not None else set()
+            produced[i] = log_new_shards("same_device", out[i], y, labels[i]) if current is not None else set()
             out[i] = y
         del moved
     if change:
-        for i, (y, made) in zip(
-            change,
-            _change_layout(
-                [staged[i][0] for i in change], [targets[i] for i in change], copy, [labels[i] for i in change]
-            ),
-        ):
-            out[i] = y
-            produced[i] = made
-        y = None
-        # A result assembled from per-device blocks is a new array over their buffers: it is what
-        # keeps them alive from here on (the peak walk counts each buffer once).
+        changed = _change_layout(
+            [out[i] for i in change], [targets[i] for i in change], copy, [labels[i] for i in change]
+        )
+        for i, (y, made) in zip(change, changed):
+            out[i], produced[i] = y, made
+        del changed
+        # A result assembled from per-device blocks is a new array over their buffers: it is
+        # what keeps them alive from here on (the peak walk counts each buffer once).
         phases.made([out[i] for i in change], phases.RESHARDED)  # type: ignore[misc]
-    # Every layout is changed: the most this batch holds in the work memory kind (sources
-    # brought there, and results). The sources brought there are dropped now.
+    y = None
+    # Every layout is changed (each staged source dropped as its layout changed): the most
+    # this batch holds in the work memory kind.
     phases.phase("reshard")
-    staged.clear()
-    to_final = [i for i in produced if targets[i] != dsts[i]]
+    to_final = [i for i in todo if targets[i] != dsts[i]]
     if to_final:
-        finals = _put([out[i] for i in to_final], [dsts[i] for i in to_final])
+        finals = _put_kinds([out[i] for i in to_final], [dsts[i] for i in to_final], [labels[i] for i in to_final])
         phases.made(finals, phases.MEMORY_KIND)
         phases.phase("memory kind")
         for i, y in zip(to_final, finals):
-            log_new_shards("memory_kind", out[i], y, labels[i])
             out[i] = y
         del finals
-    for i in produced:
-        if current is None or out[i] is xs[i] or len(produced[i]) == len(out[i].sharding.device_set):  # type: ignore[union-attr]
+        y = None
+    for i in todo:
+        if current is None or out[i] is xs[i] or len(produced[i]) == len(out[i].sharding.device_set):
             continue  # nothing to log, or every shard's copy is logged already
-        # A shard that carries the source's own data on its device but sits in a
-        # new buffer (moved between memory kinds on the way) was copied within
-        # its device: logged so that every destination byte is accounted for.
-        _log_carried(xs[i], out[i], produced[i], labels[i])  # type: ignore[arg-type]
-    return out  # type: ignore[return-value]
+        # A shard that carries the source's own data on its device but sits in a new buffer
+        # (moved between memory kinds on the way) was copied within its device: logged so
+        # that every destination byte is accounted for.
+        src_keys = shard_keys(xs[i])
+        carried = [s for s in out[i].addressable_shards if shard_key(s) not in src_keys]
+        _log_same_device([s for s in carried if s.device.id not in produced[i]], labels[i])
+    return out
+
+
+def _put_kinds(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None]) -> list[jax.Array]:
+    """Moves between memory kinds (per device, which the transfer guard allows), logged."""
+    if not xs:
+        return []
+    ys = list(jax.device_put(xs, dsts))
+    for x, y, label in zip(xs, ys, labels):
+        log_new_shards("memory_kind", x, y, label)
+    return ys
 
 
 def _change_layout(
@@ -259,10 +223,9 @@ def _change_layout(
 ) -> list[tuple[jax.Array, set[int]]]:
     """Layout changes in device memory, by the current strategy; (array, devices with new buffers)."""
     log = current_log()
-    strategy = current_strategy()
     results: list[tuple[jax.Array, set[int]] | None] = [None] * len(xs)
     rest = list(range(len(xs)))
-    if strategy == "xla":
+    if _STRATEGY.get() == "xla":
         done = reshard_xla.change_layout(xs, dsts, copy, labels)
         for i, r in done.items():
             results[i] = r
@@ -270,7 +233,15 @@ def _change_layout(
         if log is not None and done:
             log.strategies.add("xla")
     if rest:
-        _refuse_minimal_across_processes([xs[i] for i in rest], [dsts[i] for i in rest])
+        if jax.process_count() > 1 and any(
+            spans_processes(set(xs[i].sharding.device_set) | set(dsts[i].device_set)) for i in rest
+        ):
+            # multi-process: the minimal strategy copies single buffers between devices, which
+            # JAX does only within a process.
+            raise NotImplementedError(
+                "the minimal reshard strategy copies one buffer at a time between devices, which JAX cannot do "
+                "between processes; use reshard='xla' (--reshard xla) when the roles span several processes"
+            )
         # Per-device programs must not inherit a role's mesh context.
         with jax.set_mesh(None):
             built = reshard_minimal.assemble_many(
@@ -281,18 +252,6 @@ def _change_layout(
         if log is not None:
             log.strategies.add("minimal")
     return results  # type: ignore[return-value]
-
-
-def _refuse_minimal_across_processes(xs: list[jax.Array], dsts: list[Sharding]) -> None:
-    """multi-process: the minimal strategy copies single buffers between devices, which JAX does
-    only within a process."""
-    if jax.process_count() == 1:
-        return
-    if any(spans_processes(set(x.sharding.device_set) | set(d.device_set)) for x, d in zip(xs, dsts)):
-        raise NotImplementedError(
-            "the minimal reshard strategy copies one buffer at a time between devices, which JAX cannot do "
-            "between processes; use reshard='xla' (--reshard xla) when the roles span several processes"
-        )
 
 
 def _work_kind(x: jax.Array) -> str:
@@ -316,10 +275,9 @@ def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]
         groups.setdefault(tuple(xs[i].sharding.device_set), []).append(i)
     for idx in groups.values():
         arrays = [xs[i] for i in idx]
-        names = tuple(str(np.dtype(dtypes[i])) for i in idx)
         with jax.set_mesh(None):
-            cast = jax.jit(_cast_program(names), out_shardings=[x.sharding for x in arrays])
-            ys = cast(arrays)
+            cast = _cast_program(tuple(str(np.dtype(dtypes[i])) for i in idx))
+            ys = jax.jit(cast, out_shardings=[x.sharding for x in arrays])(arrays)
         if phases.current_probe() is not None:
             phases.made(ys, phases.CAST)
             phases.phase("cast", [cast_temporaries_of(arrays, [dtypes[i] for i in idx])])
@@ -328,7 +286,7 @@ def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]
     return out
 
 
-_CAST_TEMPORARIES: dict[Any, tuple[tuple[int, ...], int]] = {}
+_CAST_TEMPORARIES = ProgramCache(64)
 
 
 def cast_temporaries_of(arrays: Sequence[Any], dtypes: Sequence[Any]) -> tuple[tuple[int, ...], int]:
@@ -337,15 +295,13 @@ def cast_temporaries_of(arrays: Sequence[Any], dtypes: Sequence[Any]) -> tuple[t
     once per signature (the planner reads the same figure without allocating)."""
     names = tuple(str(np.dtype(d)) for d in dtypes)
     key = (names, tuple((tuple(x.shape), str(np.dtype(x.dtype)), x.sharding) for x in arrays))
-    hit = _CAST_TEMPORARIES.get(key)
+    hit: tuple[tuple[int, ...], int] | None = _CAST_TEMPORARIES.get(key)
     if hit is None:
-        with jax.set_mesh(None):
-            cast = jax.jit(_cast_program(names), out_shardings=[x.sharding for x in arrays])
-            compiled = cast.lower(list(arrays)).compile()
+        compiled, _ = compile_outside_mesh(
+            jax.jit(_cast_program(names), out_shardings=[x.sharding for x in arrays]), list(arrays)
+        )
         hit = phases.program_temporaries(compiled, list(arrays[0].sharding.device_set))
-        if len(_CAST_TEMPORARIES) > 64:
-            _CAST_TEMPORARIES.clear()
-        _CAST_TEMPORARIES[key] = hit
+        _CAST_TEMPORARIES.put(key, hit)
     return hit
 
 
@@ -360,24 +316,14 @@ def _cast_program(dtypes: tuple[str, ...]) -> Any:
 def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | None) -> None:
     """A cast made new buffers out of ``before`` (a reshard of ``src``): log the shards that
     were still ``src``'s own buffers, which the cast turned into same-device copies."""
+    if before is not after:
+        own = shard_keys(src)
+        _log_same_device([s for s in before.addressable_shards if shard_key(s) in own], label)
+
+
+def _log_same_device(shards: Sequence[Any], label: str | None) -> None:
     log = current_log()
-    if log is None or before is after:
-        return
-    own = shard_keys(src)
-    for s in before.addressable_shards:
-        if shard_key(s) in own:
-            log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
-
-
-def _log_carried(src: jax.Array, out: jax.Array, produced: set[int], label: str | None) -> None:
-    log = current_log()
-    if log is None:
-        return
-    src_keys = shard_keys(src)
-    for s in out.addressable_shards:
-        if shard_key(s) not in src_keys and s.device.id not in produced:
-            log.transfers.append(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
-
-
-def _put(xs: list[Any], dsts: list[Any]) -> list[Any]:
-    return list(jax.device_put(xs, dsts)) if xs else []
+    if log is not None:
+        log.transfers.extend(
+            Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label) for s in shards
+        )

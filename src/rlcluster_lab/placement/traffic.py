@@ -1,32 +1,23 @@
 """What a compiled XLA program moves between devices, read from the program itself.
 
-When XLA does a reshard (a jitted identity with the destination shardings),
-the data crosses devices inside the program's collectives: ``all-to-all``,
-``all-gather``, ``collective-permute`` and their relatives. This module reads
-those instructions from the compiled HLO module (opcode, result shapes,
-operands, replica groups or source-target pairs) and turns each into the
-device-to-device flows it implies, attributed to the program parameters its
-operands come from. Nothing is assumed about how XLA chose to do the reshard:
-a program that gathers more than it keeps shows it.
+A reshard by XLA moves data inside the program's collectives. This module reads them from
+the compiled HLO (opcode, result shapes, operands, replica groups or source-target pairs)
+and turns each into the device-to-device flows it implies, attributed to the program
+parameters its operands come from; nothing is assumed about how XLA chose to reshard. Per
+collective, the bytes one member receives:
 
-Per collective, the bytes one member receives:
-
-- ``all-to-all``: from each other member of its group, the chunk addressed to
-  it (tuple form: operand ``i`` goes to the group's ``i``-th member; array
-  form: the operand split in group-size chunks along its split dimension).
+- ``all-to-all``: from each other member of its group, the chunk addressed to it (tuple
+  form: operand ``i`` goes to member ``i``; array form: the operand in group-size chunks).
 - ``all-gather``: each other member's whole operand.
-- ``collective-permute``: the operand, from its source, for each pair whose
-  source is not its target.
+- ``collective-permute``: the operand, from its source, for each pair not its own target.
 - ``reduce-scatter``: each other member's 1/n of the operand.
-- ``all-reduce``: each other member's whole operand (direct exchange; XLA's
-  algorithm may differ, and the report names the op so a reader can tell).
+- ``all-reduce``: each other member's whole operand (direct exchange; XLA's algorithm may
+  differ, and the report names the op).
 - ``collective-broadcast``: the root's operand, for every other member.
 
-Ids in groups and pairs are partitions of the program, mapped to devices by
-the program's device assignment (the mesh's flat device order). An
-instruction this module cannot read (a format it does not know, send/recv)
-is listed in ``unreadable``; the caller then reports its bytes as not
-derivable instead of inventing them.
+Group and pair ids are partitions, mapped to devices by the program's device assignment.
+An instruction this module cannot read is listed in ``unreadable``; the caller then
+reports its bytes as not derivable instead of inventing them.
 """
 
 from __future__ import annotations
@@ -38,57 +29,20 @@ from typing import Any
 
 import numpy as np
 
-_ITEM_BYTES = {
-    "pred": 1,
-    "s4": 1,
-    "u4": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-    "c64": 8,
-    "c128": 16,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
-    "f8e4m3": 1,
-    "f8e3m4": 1,
-    "f8e4m3b11fnuz": 1,
-    "f8e4m3fnuz": 1,
-    "f8e5m2fnuz": 1,
-    "f8e8m0fnu": 1,
-    "f4e2m1fn": 1,
-}
-
-_COLLECTIVES = {
-    "all-to-all",
-    "all-gather",
-    "all-gather-start",
-    "collective-permute",
-    "collective-permute-start",
-    "all-reduce",
-    "all-reduce-start",
-    "reduce-scatter",
-    "collective-broadcast",
-    "ragged-all-to-all",
-}
-_UNREADABLE = {"send", "recv", "send-done", "recv-done", "ragged-all-to-all"}
+# An HLO element type: pred, or a letter code and its bit width (s8, u32, bf16, c64,
+# f8e4m3fn, f4e2m1fn...); types under a byte are stored one per byte.
+_ELEMENT = re.compile(r"pred|(?:s|u|f|bf|c)(\d+)(?:e\d+m\d+\w*)?")
+_COLLECTIVES = frozenset(
+    "all-to-all all-gather all-gather-start collective-permute collective-permute-start all-reduce "
+    "all-reduce-start reduce-scatter collective-broadcast ragged-all-to-all".split()
+)
+_UNREADABLE = frozenset("send recv send-done recv-done ragged-all-to-all".split())
 
 
 @dataclasses.dataclass(frozen=True)
 class Flow:
-    """Bytes one collective carried from one device to another, for one program parameter.
-
-    ``param`` is the index of the program input the data comes from (a leaf
-    of the resharded tree), or None when it could not be traced to one.
-    """
+    """Bytes one collective carried from one device to another, for ``param``: the index of the
+    program input the data comes from (a leaf of the resharded tree), or None when untraced."""
 
     op: str
     src_device: int
@@ -108,12 +62,6 @@ class ProgramTraffic:
     @property
     def exact(self) -> bool:
         return not self.unreadable
-
-    def bytes_by_param(self) -> dict[int | None, int]:
-        out: dict[int | None, int] = {}
-        for f in self.flows:
-            out[f.param] = out.get(f.param, 0) + f.nbytes
-        return out
 
 
 def program_traffic(compiled: Any, devices: Sequence[Any]) -> ProgramTraffic:
@@ -140,17 +88,13 @@ def program_traffic(compiled: Any, devices: Sequence[Any]) -> ProgramTraffic:
                 if name in _UNREADABLE:
                     unreadable.append(ins.to_string()[:200])
                     continue
-                if name == "async-start":
-                    wrapped = ins.async_wrapped_root
-                    if _opcode_name(wrapped) not in _COLLECTIVES:
-                        continue
-                    text, operands, op = wrapped.to_string(), ins.operands(), _opcode_name(wrapped)
-                elif name in _COLLECTIVES:
-                    text, operands, op = ins.to_string(), ins.operands(), name
-                else:
+                root = ins.async_wrapped_root if name == "async-start" else ins
+                op = _opcode_name(root)
+                if op not in _COLLECTIVES:
                     continue
+                text = root.to_string()
                 try:
-                    found = _flows(op, text, operands, len(ids), params)
+                    found = _flows(op, text, ins.operands(), len(ids), params)
                 except _Unreadable as exc:
                     unreadable.append(f"{op}: {exc}: {text[:200]}")
                     continue
@@ -298,11 +242,13 @@ def _result_shape(text: str) -> list[tuple[str, tuple[int, ...]]]:
 def _array_bytes(parts: list[tuple[str, tuple[int, ...]]]) -> int:
     total = 0
     for dtype, dims in parts:
-        if dtype not in _ITEM_BYTES:
-            if dtype in ("token", "opaque"):
-                continue
+        if dtype in ("token", "opaque"):
+            continue
+        element = _ELEMENT.fullmatch(dtype)
+        if element is None:
             raise _Unreadable(f"unknown element type {dtype}")
-        total += int(np.prod(dims, dtype=np.int64)) * _ITEM_BYTES[dtype]
+        item = max(1, int(element.group(1) or 8) // 8)
+        total += int(np.prod(dims, dtype=np.int64)) * item
     return total
 
 

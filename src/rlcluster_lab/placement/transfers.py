@@ -1,9 +1,7 @@
 """The log of what a reshard copied: the evidence the sync report (L3) counts from.
 
-Every copy a reshard makes, whichever strategy makes it, is recorded here
-inside a ``record_transfers()`` block: which device the bytes came from,
-which device they landed on, how many, and for which leaf. The weight sync's
-report counts what was really copied from this log, not from a plan.
+Every copy a reshard makes, whichever strategy makes it, is recorded inside a
+``record_transfers()`` block: from which device, onto which, how many bytes, for which leaf.
 """
 
 from __future__ import annotations
@@ -60,6 +58,18 @@ class TransferLog:
     @property
     def exact(self) -> bool:
         return not self.unreadable
+
+    def note_built(self, source: str) -> None:
+        """A program this block ran was built here: compiled, or read from the persistent cache."""
+        if source == "compiled":
+            self.compiled = True
+        else:
+            self.loaded = True
+
+    def note_relayed(self, leaf: str | None, nbytes: int) -> None:
+        """Bytes of ``leaf`` that crossed devices and did not stay (nothing when ``nbytes`` <= 0)."""
+        if nbytes > 0:
+            self.relayed[leaf] = self.relayed.get(leaf, 0) + nbytes
 
 
 _LOG: contextvars.ContextVar[TransferLog | None] = contextvars.ContextVar("rlcluster_lab_transfer_log", default=None)

@@ -1,25 +1,15 @@
-"""What a compiled reshard program moves, and where each destination byte came from.
+"""Where each destination byte of a compiled reshard program came from, stored and checked.
 
-``xla.XlaProgram`` asks for this once per program, when a recorded reshard
-first needs it: the collectives read from the compiled program
-(``placement.traffic``, a parse of the program's own text, cheap enough to
-do every time), and a provenance probe that runs the program on inputs whose
-every shard holds its own device's tag. The probe's result is kept on disk
-beside the persistent compilation cache, keyed by the program's fingerprint,
-so a new process can read it back instead of probing again.
+``xla.XlaProgram`` asks for this once per program: a provenance probe runs the program on
+inputs whose every shard holds its own device's tag. The result is kept beside the
+persistent compilation cache, keyed by the program's fingerprint, so a new process reads
+it back instead of probing again.
 
-A stored entry is data from outside the program, so nothing in it is
-believed before it is checked against the program it claims to describe:
-one entry per leaf, a count per destination device the output sharding
-names, origins among the devices the input sharding names, every count a
-non-negative integer no larger than what that origin's shard and the
-destination's shard have in common, the counts of a destination shard
-summing to its size, and no more data arriving from other devices than the
-program's collectives carry there. An entry that fails any check (or cannot
-be parsed: any content, any nesting, any size) is ignored and the program
-is probed again. Entries are written to a file made with ``mkstemp`` in the
-store's folder and renamed into place; the store's folder must pass the same
-trust check as the compilation cache (``core.compile_cache.trusted_folder``).
+A stored entry is data from outside the program, so nothing in it is believed before it is
+checked against the program it claims to describe (``checked_provenance``): any entry that
+fails a check or cannot be parsed is ignored and the program probed again. Entries are
+written with ``mkstemp`` in the store's folder and renamed into place; the folder must pass
+the compilation cache's trust check (``core.compile_cache.trusted_folder``).
 """
 
 from __future__ import annotations
@@ -46,6 +36,7 @@ from rlcluster_lab.placement.traffic import ProgramTraffic
 FORMAT = "rlcluster-lab-provenance/2"
 # An entry holds a few numbers per leaf and device pair; a file this large is not one.
 MAX_ENTRY_BYTES = 16 << 20
+UNTRACED = "destination data not traced (dtype cannot hold a device tag)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +71,9 @@ def read_analysis(
     outputs: Sequence[Sharding],
     traffic: ProgramTraffic,
 ) -> Provenance | None:
-    """The stored provenance of this program, checked against it; None when there is none that fits.
-
-    ``inputs``: the program's inputs (shapes, dtypes, source shardings);
-    ``outputs``: its destination shardings; ``traffic``: its flows, read from
-    the program itself. Any content of the file (bad JSON, deep nesting, wrong
-    types, indices out of range, figures its shardings rule out) gives None.
-    """
+    """The stored provenance of this program (``inputs``: its abstract inputs with the source
+    shardings; ``outputs``: its destination shardings; ``traffic``: its flows), checked against
+    it; None when there is none that fits, whatever the file holds."""
     path = analysis_path(compiled, devices)
     if path is None:
         return None
@@ -102,10 +89,15 @@ def read_analysis(
 def checked_provenance(
     data: Any, inputs: Sequence[Any], outputs: Sequence[Sharding], traffic: ProgramTraffic
 ) -> Provenance:
-    """``data`` (a parsed entry) as the program's ``Provenance``, every figure checked.
+    """``data`` (a parsed entry) as the program's ``Provenance``, every figure checked: one
+    entry per leaf, a count per destination device the output sharding names, origins among
+    the devices the input sharding names, every count a non-negative integer no larger than
+    what that origin's shard and the destination's have in common, a destination's counts
+    summing to its size, and no more data arriving from other devices than the program's
+    collectives carry there.
 
     Raises:
-        ValueError: the entry does not describe this program (see the module docstring).
+        ValueError: the entry does not describe this program.
     """
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise _Mismatch("not an entry of this format")
@@ -174,10 +166,8 @@ def _device_key(key: Any, known: dict[int, Any]) -> int:
 def write_analysis(compiled: Any, devices: Sequence[Any], provenance: Provenance) -> None:
     """Store the program's provenance (best effort: a store that cannot be written is skipped).
 
-    The entry is written to a new file made with ``mkstemp`` in the store's
-    folder and renamed over the entry's name, so a reader sees a whole entry
-    or none, and no link planted at a predictable name is followed. A failed
-    write removes its file.
+    Written to a new ``mkstemp`` file and renamed over the entry's name, so a reader sees a
+    whole entry or none and no link planted at a predictable name is followed.
     """
     path = analysis_path(compiled, devices)
     if path is None:

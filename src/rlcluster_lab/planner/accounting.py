@@ -1,8 +1,7 @@
 """Counting for the what-if planner (L4): memory per role and device, the sync, fits.
 
-Each function takes arrays on paper (``plan_buffers``) and returns the JSON
-the measured reports use (``measure.MemoryReport``, ``measure.SyncReport``),
-by the definitions in ``plan``'s docstring.
+Each function takes arrays on paper (``planner.buffers``) and returns the JSON the
+measured reports use (``measure.MemoryReport``, ``measure.SyncReport``).
 """
 
 from __future__ import annotations
@@ -13,37 +12,18 @@ from typing import Any
 import numpy as np
 
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES, UNITS, memory_table
-from rlcluster_lab.planner.buffers import Buffers, PlannedArray, host_overlap, overlap
+from rlcluster_lab.planner.buffers import Buffers, PlannedArray, host_overlap, overlap, shard_rows
 from rlcluster_lab.planner.shapes import shard_elements
 
 SOURCE = "computed from shapes (no allocation)"
-ENTRIES = MEMORY_ENTRIES
 PathKey = tuple[Any, ...]
-
-
-# --------------------------------------------------------------------------- memory
-
-
-def _records(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, np.ndarray]:
-    """One row per (entry, device shard): entry index, device, origin, bytes, kind index."""
-    cols: dict[str, list[np.ndarray]] = {"entry": [], "device": [], "origin": [], "bytes": [], "kind": []}
-    names = list(entries)
-    for e, name in enumerate(names):
-        for a in entries[name]:
-            n = a.mesh.size
-            cols["entry"].append(np.full(n, e, dtype=np.int64))
-            cols["device"].append(a.mesh.ids)
-            cols["origin"].append(a.origins)
-            cols["bytes"].append(np.full(n, a.shard_bytes, dtype=np.int64))
-            cols["kind"].append(np.full(n, KINDS.index(a.kind), dtype=np.int64))
-    return {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in cols.items()}
 
 
 def memory_summary(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, Any]:
     """The memory JSON (same keys as the measured one, without the allocator) from arrays on paper."""
-    names = [n for n in ENTRIES if n in entries]
-    r = _records({n: entries[n] for n in names})
-    span = int(r["device"].max()) + 1 if len(r["device"]) else 1
+    names = [n for n in MEMORY_ENTRIES if n in entries]
+    r = shard_rows([entries[n] for n in names])
+    span = int(r["device"].max(initial=0)) + 1
     # One id per buffer: a shard's origin names its buffer on its device.
     table = memory_table(names, r["entry"], r["device"], r["kind"], r["bytes"], r["origin"] * span + r["device"])
     return {"units": UNITS, "source": SOURCE, **table}
@@ -93,18 +73,35 @@ def sync_summary(
     host_of: Mapping[int, int] | None = None,
     host_link_bandwidth: float | None = None,
 ) -> dict[str, Any]:
-    """P13 on paper, with the SyncReport's definitions (see ``plan``'s docstring).
+    """P13 on paper, with the ``SyncReport``'s definitions.
 
-    Cross-device bytes are the least the placement forces, which is what the
-    minimal strategy moves; a compiled program (the xla strategy) may move
-    more, and only a measured sync can say how much (its excess).
+    The filter is LoRAParam for a LoRA actor (``lora``), else Param: ``trainable`` are the
+    leaves handed over; the source is the actor's leaves, the destination the rollout's.
+    For each destination shard on device d with box B: *reused* if the reshard keeps the
+    source buffer (``Buffers.kept``; never with ``copy``, an engine that owns its weights,
+    nor with a dtype cast); else the elements of B inside the source shard on d are
+    *copied_same_device* and the rest *moved_cross_device*: the least the placement forces,
+    what the minimal strategy moves (a compiled program, the xla strategy, may move more, and
+    only a measured sync can say how much); minimum_cross_device = |B| - |B & local source
+    box| (0 when reused). Bytes are counted in the source dtype, so synced = moved + copied +
+    reused for every leaf. (A shard that is the local source shard but lands in a new buffer,
+    the destination being in pinned_host or in another dtype, counts as copied within its
+    device; the measured report, which counts copies from the reshard's transfer log, misses
+    that one where the layout is equivalent, so there its leaf sum falls short of synced.)
 
-    ``trainable``: the leaves the sync hands over (LoRA adapters, or every
-    parameter); ``copy``: the engine owns its weights, so it never keeps the
-    trainer's buffers. ``host_of``: each device's host (None: one host), which
-    splits the cross-device bytes into those that must cross from another host
-    (the least: a piece another device of the same host holds comes from it)
-    and those that move within a host.
+    ``anchor_bytes`` is what the sync pins anew: the full state, or the adapters only with
+    ``anchor="trainable"``; 0 under offload, where the actor is already pinned and the
+    snapshot keeps its buffers. ``peak_extra_bytes[device][kind]`` is the new destination
+    buffers in the destination dtype (they exist before the old ones are released) plus the
+    new anchor buffers under pinned_host; transient buffers inside a reshard are not counted.
+
+    ``host_of``: each device's host (None: one host). Each destination shard's
+    ``cross_host_bytes`` are the elements no source shard on its host holds, the least that
+    must cross from another host (the rest moves between devices of one host).
+    ``estimated_seconds`` is the busiest device's within-host bytes over the device link and
+    cross-host bytes over the host link, the two at once, each the rate one device receives
+    (half a datasheet's bidirectional figure): a lower bound that ignores latency, multi-hop
+    routes and contention.
     """
     span = 1 + max(max(a.mesh.device_ids) for m in (actor, rollout) for a in m.values())
     arrived, peak, across = _PerDevice(span), _PerDevice(span), _PerDevice(span)
@@ -205,9 +202,7 @@ def sync_summary(
 def _sync_seconds(
     arrived: Mapping[str, int], across: Mapping[str, int], link: float | None, host_link: float | None
 ) -> tuple[float | None, str]:
-    """The sync's time on its busiest device: bytes from its own host over the device link
-    and bytes from other hosts over the host link, the two at once (a lower bound that
-    ignores latency, multi-hop routes and contention)."""
+    """The sync's time on its busiest device, and the rule (``sync_summary``)."""
     rule = (
         "max over devices of max(within-host cross-device bytes / device link bandwidth, "
         "cross-host bytes / host link bandwidth), each the rate one device receives"

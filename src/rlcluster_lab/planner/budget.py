@@ -22,19 +22,22 @@ anchor, offloaded roles) and, during a sync, its pinned-host peak (the newly pin
 the rollout's new pinned arrays under offload); on the CPU backend
 a device's memory is the host's RAM too, so there the host also counts its devices.
 Log-prob passes (reference, anchor, reward) keep no activations for a backward pass
-and are not counted. Formulas: ``planner.step_memory``.
+and are not counted. Everything fits when every device and every host is within its
+memory and every role fits one device (an offloaded role comes to device for its
+operation, P14). Formulas: ``planner.step_memory``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES
-from rlcluster_lab.planner.buffers import PlannedArray
+from rlcluster_lab.planner.buffers import PlannedArray, distinct_buffers, shard_rows
 from rlcluster_lab.planner.step_memory import Split, Workload, activation_bytes, kv_cache_bytes, prefill_bytes
 
 PHASES = ("generate", "actor_update", "critic_update", "sync")
@@ -70,7 +73,6 @@ def sync_device_terms(sync: Mapping[str, Any]) -> dict[int, dict[str, int]]:
     return out
 
 
-HOST_KINDS = ("pinned_host", "unpinned_host")
 GIB = 1 << 30
 
 
@@ -91,10 +93,6 @@ class DeviceBudget:
     peak_phase: str | None
     memory: int | None
     fits: bool | None
-
-    @property
-    def resident_bytes(self) -> int:
-        return sum(self.resident.values())
 
     def terms_at_peak(self) -> dict[str, int]:
         """Every term that fills the device at its peak, resident and transient."""
@@ -130,54 +128,26 @@ class HostBudget:
     sync_within_host_bytes: int
 
 
-# --------------------------------------------------------------------------- resident state
+# --------------------------------------------------------------------------- bytes of arrays on paper
 
 
-def _rows(arrays: Sequence[PlannedArray], itemsize: int | None = None) -> dict[str, np.ndarray]:
-    """One row per device shard of ``arrays``: device, buffer origin, bytes (``itemsize``
-    bytes per element instead of the array's own, if given), kind index."""
-    if not arrays:
-        return {k: np.zeros(0, dtype=np.int64) for k in ("device", "origin", "bytes", "kind")}
-
-    def nbytes(a: PlannedArray) -> int:
-        return a.shard_bytes if itemsize is None else a.shard_bytes // a.dtype.itemsize * itemsize
-
-    return {
-        "device": np.concatenate([a.mesh.ids for a in arrays]),
-        "origin": np.concatenate([a.origins for a in arrays]),
-        "bytes": np.concatenate([np.full(a.mesh.size, nbytes(a), dtype=np.int64) for a in arrays]),
-        "kind": np.concatenate([np.full(a.mesh.size, KINDS.index(a.kind), dtype=np.int64) for a in arrays]),
-    }
-
-
-def _distinct(rows: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Indices of the first row of each buffer (a buffer is an origin on a device)."""
-    key = rows["origin"] * (int(rows["device"].max(initial=0)) + 1) + rows["device"]
-    return np.unique(key, return_index=True)[1]
-
-
-def _per_device(rows: Mapping[str, np.ndarray], kind: str | None = None, *, distinct: bool = True) -> dict[int, int]:
-    """Bytes per device (of ``kind`` only, if given), each buffer once unless ``distinct`` is off."""
-    sel = _distinct(rows) if distinct else np.arange(len(rows["device"]))
+def _per_device(arrays: Sequence[PlannedArray], kind: str | None = None, itemsize: int | None = None) -> Counter:
+    """Bytes per device of ``arrays``: every shard, or with ``kind`` each buffer of that kind once
+    (``itemsize``: in that many bytes per element instead of each array's own)."""
+    rows = shard_rows([arrays], itemsize)
+    sel = np.arange(len(rows["device"]))
     if kind is not None:
+        sel = distinct_buffers(rows)
         sel = sel[rows["kind"][sel] == KINDS.index(kind)]
     devices, inverse = np.unique(rows["device"][sel], return_inverse=True)
     sums = np.zeros(len(devices), dtype=np.int64)
     np.add.at(sums, inverse, rows["bytes"][sel])
-    return {int(d): int(n) for d, n in zip(devices, sums) if n}
-
-
-def shard_bytes_by_device(arrays: Sequence[PlannedArray], itemsize: int | None = None) -> dict[int, int]:
-    """Bytes per device of ``arrays``, every shard counted (``itemsize``: in that many
-    bytes per element instead of each array's own)."""
-    return _per_device(_rows(arrays, itemsize), distinct=False)
+    return Counter({int(d): int(n) for d, n in zip(devices, sums) if n})
 
 
 def logical_bytes(arrays: Sequence[PlannedArray], itemsize: int | None = None) -> int:
     """Bytes of ``arrays`` counted once each, however they are sharded or replicated."""
-    return sum(
-        int(np.prod(a.shape, dtype=np.int64)) * (a.dtype.itemsize if itemsize is None else itemsize) for a in arrays
-    )
+    return sum(int(np.prod(a.shape, dtype=np.int64)) * (itemsize or a.dtype.itemsize) for a in arrays)
 
 
 def training_state(trainer: Trainer, workload: Workload, parameters: int) -> dict[str, float]:
@@ -199,19 +169,6 @@ def training_state(trainer: Trainer, workload: Workload, parameters: int) -> dic
     }
 
 
-def add_bytes(*parts: Mapping[int, int]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for part in parts:
-        for d, n in part.items():
-            out[d] = out.get(d, 0) + n
-    return out
-
-
-def _unique_device_bytes(arrays: Sequence[PlannedArray], kind: str) -> dict[int, int]:
-    """Bytes per device of the distinct buffers of ``arrays`` in ``kind``."""
-    return _per_device(_rows(arrays), kind)
-
-
 # --------------------------------------------------------------------------- a step's phases
 
 
@@ -229,24 +186,21 @@ class Trainer:
 
 def update_phase(config: Any, trainer: Trainer, workload: Workload, offload: bool) -> dict[int, dict[str, int]]:
     """Per device of the trainer's mesh, what one optimizer step adds (``step_memory``)."""
-    grads = shard_bytes_by_device(trainer.trainable)
+    grads = _per_device(trainer.trainable)
     if workload.accumulates:  # a float32 running sum beside each micro-batch's gradient
-        grads = add_bytes(grads, shard_bytes_by_device(trainer.trainable, 4))
-    outputs = add_bytes(shard_bytes_by_device(trainer.trainable), shard_bytes_by_device(trainer.optimizer))
+        grads += _per_device(trainer.trainable, itemsize=4)
+    outputs = _per_device(trainer.trainable) + _per_device(trainer.optimizer)
     acts = sum(
         activation_bytes(
             config, workload, trainer.split, lora_rank=trainer.lora_rank, value_head=trainer.value_head
         ).values()
     )
-    brought = add_bytes(
-        _unique_device_bytes(trainer.arrays, "pinned_host"), _unique_device_bytes(trainer.optimizer, "pinned_host")
-    )
+    brought = _per_device(trainer.arrays, "pinned_host") + _per_device(trainer.optimizer, "pinned_host")
     out: dict[int, dict[str, int]] = {}
     for d in sorted(set(grads) | set(outputs)):
-        terms = {"gradients": grads.get(d, 0), "activations": acts, "update_outputs": outputs.get(d, 0)}
+        out[d] = {"gradients": grads[d], "activations": acts, "update_outputs": outputs[d]}
         if offload:
-            terms["offloaded_state"] = brought.get(d, 0)
-        out[d] = terms
+            out[d]["offloaded_state"] = brought[d]
     return out
 
 
@@ -262,13 +216,12 @@ def generate_phase(
     attention (``step_memory``), and under offload the rollout weights brought to device."""
     kv = kv_cache_bytes(config, workload.rollout_batch_size, workload.kv_cache_size, split)
     prefill = prefill_bytes(config, workload, split)
-    brought = _unique_device_bytes(rollout, "pinned_host")
+    brought = _per_device(rollout, "pinned_host")
     out = {}
     for d in devices:
-        terms = {"kv_cache": kv, **prefill}
+        out[d] = {"kv_cache": kv, **prefill}
         if offload:
-            terms["offloaded_state"] = brought.get(d, 0)
-        out[d] = terms
+            out[d]["offloaded_state"] = brought[d]
     return out
 
 
@@ -287,41 +240,37 @@ def budgets(
 ) -> tuple[tuple[DeviceBudget, ...], tuple[HostBudget, ...]]:
     """Every device's and every host's budget from the planned arrays and the phases."""
     names = [n for n in MEMORY_ENTRIES if n in entries]
-    parts = [_rows(entries[n]) for n in names]
-    rows = {k: np.concatenate([p[k] for p in parts]) for k in ("device", "origin", "bytes", "kind")}
-    rows["entry"] = np.concatenate([np.full(len(p["device"]), i, dtype=np.int64) for i, p in enumerate(parts)])
+    rows = shard_rows([entries[n] for n in names])
     span = 1 + max(int(rows["device"].max(initial=0)), max(host_of, default=0))
-    hosts_arr = np.zeros(span, dtype=np.int64)
-    for d, h in host_of.items():
-        hosts_arr[d] = h
+    host = np.zeros(span, dtype=np.int64)
+    host[list(host_of)] = list(host_of.values())
+    hosts = int(host.max(initial=0)) + 1
+
+    def table(sel: np.ndarray, at: np.ndarray, size: int) -> np.ndarray:
+        """Bytes of the selected rows by (``at`` index, entry, memory kind)."""
+        out = np.zeros((size, len(names), len(KINDS)), dtype=np.int64)
+        np.add.at(out, (at[sel], rows["entry"][sel], rows["kind"][sel]), rows["bytes"][sel])
+        return out
+
     # Rows are in report order, so a buffer's first row is its first holder's.
-    first = _distinct(rows)
-    held = np.zeros((span, len(names), len(KINDS)), dtype=np.int64)
-    np.add.at(held, (rows["device"][first], rows["entry"][first], rows["kind"][first]), rows["bytes"][first])
+    held = table(distinct_buffers(rows), rows["device"], span)
+    held_by_host = np.zeros((hosts, *held.shape[1:]), dtype=np.int64)
+    np.add.at(held_by_host, host, held)
+    # Per entry, its own buffers (a buffer another entry also holds counts for both).
+    own = table(distinct_buffers(rows, per_entry=True), host[rows["device"]], hosts)
+
+    def kinds(row: np.ndarray) -> dict[str, int]:
+        return {KINDS[k]: int(v) for k, v in enumerate(row) if v}
+
+    kind_device = KINDS.index("device")
     resident = {
-        d: {names[e]: int(n) for e, n in enumerate(held[d, :, 0]) if n} for d in sorted(set(device_ids) | set(host_of))
+        d: {names[e]: int(n) for e, n in enumerate(held[d, :, kind_device]) if n}
+        for d in sorted(set(device_ids) | set(host_of))
     }
-    host_resident: dict[int, dict[str, int]] = {}
-    for d in range(span):
-        for e, name in enumerate(names):
-            n = int(held[d, e, 1:].sum())
-            if n:
-                ram = host_resident.setdefault(int(hosts_arr[d]), {})
-                ram[name] = ram.get(name, 0) + n
-    # Per entry, its own distinct buffers (a buffer another entry also holds counts for both).
-    by_role: dict[int, dict[str, dict[str, int]]] = {}
-    for name, part in zip(names, parts):
-        sel = _distinct(part)
-        table = np.zeros((int(hosts_arr.max(initial=0)) + 1, len(KINDS)), dtype=np.int64)
-        np.add.at(table, (hosts_arr[part["device"][sel]], part["kind"][sel]), part["bytes"][sel])
-        for h, kinds in enumerate(table):
-            if kinds.any():
-                by_role.setdefault(h, {})[name] = {KINDS[k]: int(v) for k, v in enumerate(kinds) if v}
-    by_kind: dict[int, dict[str, int]] = {}
-    for h in range(int(hosts_arr.max(initial=0)) + 1):
-        devs = hosts_arr == h
-        kinds = held[devs[: len(held)]].sum(axis=(0, 1)) if devs.any() else np.zeros(len(KINDS), dtype=np.int64)
-        by_kind[h] = {KINDS[k]: int(v) for k, v in enumerate(kinds) if v}
+    host_ram = held_by_host.sum(axis=2) - held_by_host[:, :, kind_device]
+    host_resident = {h: {names[e]: int(n) for e, n in enumerate(host_ram[h]) if n} for h in range(hosts)}
+    by_role = {h: {names[e]: kinds(own[h, e]) for e in range(len(names)) if own[h, e].any()} for h in range(hosts)}
+    by_kind = {h: kinds(held_by_host[h].sum(axis=0)) for h in range(hosts)}
     phase_terms: dict[int, dict[str, dict[str, int]]] = {d: {} for d in resident}
     for phase, by_device in phases.items():
         for d, terms in by_device.items():
@@ -329,25 +278,14 @@ def budgets(
     for d, terms in sync_device_terms(sync).items():
         phase_terms.setdefault(d, {})["sync"] = terms
     devices = []
-    for d in sorted(set(resident) | set(phase_terms)):
+    for d in sorted(phase_terms):
         res = resident.get(d, {})
-        ph = {p: phase_terms[d][p] for p in PHASES if p in phase_terms.get(d, {})}
+        ph = {p: phase_terms[d][p] for p in PHASES if p in phase_terms[d]}
         top = max(ph, key=lambda p: sum(ph[p].values()), default=None)
         peak = sum(res.values()) + (sum(ph[top].values()) if top is not None else 0)
-        devices.append(
-            DeviceBudget(
-                d,
-                host_of.get(d, 0),
-                res,
-                ph,
-                peak,
-                top,
-                memory_per_device,
-                None if memory_per_device is None else peak <= memory_per_device,
-            )
-        )
-    hosts = _hosts(devices, host_resident, by_role, by_kind, sync, host_of, host_memory, platform)
-    return tuple(devices), hosts
+        fits = None if memory_per_device is None else peak <= memory_per_device
+        devices.append(DeviceBudget(d, host_of.get(d, 0), res, ph, peak, top, memory_per_device, fits))
+    return tuple(devices), _hosts(devices, host_resident, by_role, by_kind, sync, host_of, host_memory, platform)
 
 
 def _hosts(
@@ -364,32 +302,27 @@ def _hosts(
     for d, h in host_of.items():
         members.setdefault(h, []).append(d)
     pinned_peak = {int(d): int(k.get("pinned_host", 0)) for d, k in _sync_peak(sync).items()}
-    sync_by_host = sync.get("by_host", {})
     out = []
     for h in sorted(members):
         mine = [b for b in devices if b.host == h]
-        ram_resident = dict(host_resident.get(h, {}))
-        phase_ram: dict[str, dict[str, int]] = {}
+        ram_resident: Counter = Counter(host_resident.get(h, {}))
+        phase_ram: dict[str, Counter] = {}
         new_pinned = sum(pinned_peak.get(d, 0) for d in members[h])
         if new_pinned:
-            phase_ram["sync"] = {"sync_new_pinned": new_pinned}
+            phase_ram["sync"] = Counter(sync_new_pinned=new_pinned)
         if platform == "cpu":  # a CPU device's memory is this host's RAM
             for b in mine:
-                for name, n in b.resident.items():
-                    ram_resident[f"device:{name}"] = ram_resident.get(f"device:{name}", 0) + n
+                ram_resident.update({f"device:{name}": n for name, n in b.resident.items()})
             for phase in PHASES:
-                extra: dict[str, int] = {}
+                extra: Counter = Counter()
                 for b in mine:
-                    for term, n in b.phases.get(phase, {}).items():
-                        extra[f"device:{term}"] = extra.get(f"device:{term}", 0) + n
+                    extra.update({f"device:{t}": n for t, n in b.phases.get(phase, {}).items()})
                 if extra:
-                    phase_ram.setdefault(phase, {}).update(extra)
+                    phase_ram.setdefault(phase, Counter()).update(extra)
         top = max(phase_ram, key=lambda p: sum(phase_ram[p].values()), default=None)
-        ram = {k: v for k, v in ram_resident.items() if v}
-        if top is not None:
-            ram.update({k: v for k, v in phase_ram[top].items() if v})
+        ram = {k: v for k, v in {**ram_resident, **(phase_ram[top] if top else {})}.items() if v}
         total = sum(ram.values())
-        moved = sync_by_host.get(str(h), {})
+        moved = sync.get("by_host", {}).get(str(h), {})
         out.append(
             HostBudget(
                 h,
@@ -412,13 +345,14 @@ def _hosts(
 # --------------------------------------------------------------------------- the verdict
 
 
-def _gib(n: int | float) -> str:
-    return f"{n / GIB:,.1f} GiB"
+def gib(n: int | float | None) -> str:
+    """Bytes as GiB, one decimal ("-" for unknown)."""
+    return "-" if n is None else f"{n / GIB:,.1f} GiB"
 
 
 def _terms_text(terms: Mapping[str, int], top: int = 4) -> str:
     ranked = sorted(((v, k) for k, v in terms.items() if v), reverse=True)
-    text = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for v, k in ranked[:top])
+    text = ", ".join(f"{k.replace('_', ' ')} {gib(v)}" for v, k in ranked[:top])
     return text + (f" (+ {len(ranked) - top} smaller)" if len(ranked) > top else "")
 
 
@@ -438,23 +372,23 @@ def verdict(
         b = max(over, key=lambda b: b.peak_bytes - (b.memory or 0))
         where = f"during {b.peak_phase.replace('_', ' ')}" if b.peak_phase else "at rest"
         reasons.append(
-            f"device {b.device} (host {b.host}) needs {_gib(b.peak_bytes)} {where}, over its "
-            f"{_gib(memory_per_device or 0)}: {_terms_text(b.terms_at_peak())}"
+            f"device {b.device} (host {b.host}) needs {gib(b.peak_bytes)} {where}, over its "
+            f"{gib(memory_per_device or 0)}: {_terms_text(b.terms_at_peak())}"
             + (f"; {len(over)} of {len(devices)} devices are over" if len(over) > 1 else "")
         )
     for role, v in roles.items():
         if v.get("fits") is False:
             reasons.append(
-                f"the {role} alone holds {_gib(v['max_device_bytes'])} on its busiest device, over "
-                f"{_gib(memory_per_device or 0)}"
+                f"the {role} alone holds {gib(v['max_device_bytes'])} on its busiest device, over "
+                f"{gib(memory_per_device or 0)}"
             )
     hosts_over = [h for h in hosts if h.fits is False]
     if hosts_over:
         h = max(hosts_over, key=lambda h: h.ram_bytes)
         reasons.append(
-            f"host {h.host} needs {_gib(h.ram_bytes)} of RAM"
+            f"host {h.host} needs {gib(h.ram_bytes)} of RAM"
             + (f" during {h.ram_phase.replace('_', ' ')}" if h.ram_phase else "")
-            + f", over its {_gib(host_memory or 0)}: {_terms_text(h.ram)}"
+            + f", over its {gib(host_memory or 0)}: {_terms_text(h.ram)}"
         )
     known = memory_per_device is not None
     devices_fit = None if not known else not over and all(v.get("fits") is not False for v in roles.values())
@@ -477,4 +411,8 @@ def verdict(
         },
         "all_fit": all_fit,
         "reason": "; ".join(reasons) if reasons else None,
+        "rule": "everything fits when every device's peak (its resident bytes, each buffer once, plus the "
+        "largest phase of a step: generate's KV cache, an update's gradients, activations and outputs, a sync's "
+        "new buffers) is at most the memory per device, every role fits one device (an offloaded role comes to "
+        "device for its operation), and every host's RAM peak is at most the host memory (when known)",
     }

@@ -12,13 +12,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from rlcluster_lab.measure.memory import KINDS
 from rlcluster_lab.placement.boxes import minimum_cross_device_elements
-from rlcluster_lab.planner.shapes import AbstractLeaf, PlannedMesh, shard_boxes, shard_elements
+from rlcluster_lab.planner.shapes import PlannedMesh, shard_boxes, shard_elements
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -36,14 +38,45 @@ class PlannedArray:
     spec: PartitionSpec
     kind: str
     origins: np.ndarray
-    placed: bool = True  # False: fresh on the default device, on no mesh yet
 
     @property
     def shard_bytes(self) -> int:
         return shard_elements(self.shape, self.spec, self.mesh) * self.dtype.itemsize
 
     def same_sharding(self, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> bool:
-        return self.placed and self.mesh == mesh and self.spec == spec and self.kind == kind
+        return self.mesh == mesh and self.spec == spec and self.kind == kind
+
+
+def shard_rows(groups: Sequence[Sequence[PlannedArray]], itemsize: int | None = None) -> dict[str, np.ndarray]:
+    """One row per device shard of every array, group after group: the group's index
+    (``entry``), the device, the buffer's origin, its bytes (``itemsize`` bytes per element
+    instead of the array's own, if given) and its memory kind's index in ``KINDS``."""
+    arrays = [(e, a) for e, group in enumerate(groups) for a in group]
+    if not arrays:
+        return {k: np.zeros(0, dtype=np.int64) for k in ("entry", "device", "origin", "bytes", "kind")}
+
+    def nbytes(a: PlannedArray) -> int:
+        return a.shard_bytes if itemsize is None else a.shard_bytes // a.dtype.itemsize * itemsize
+
+    def column(value: Any) -> np.ndarray:
+        return np.concatenate([np.full(a.mesh.size, value(e, a), dtype=np.int64) for e, a in arrays])
+
+    return {
+        "entry": column(lambda e, a: e),
+        "device": np.concatenate([a.mesh.ids for _, a in arrays]),
+        "origin": np.concatenate([a.origins for _, a in arrays]),
+        "bytes": column(lambda e, a: nbytes(a)),
+        "kind": column(lambda e, a: KINDS.index(a.kind)),
+    }
+
+
+def distinct_buffers(rows: dict[str, np.ndarray], per_entry: bool = False) -> np.ndarray:
+    """Indices of the first row of each buffer (an origin on a device), or with ``per_entry``
+    of each buffer within each group."""
+    key = rows["origin"] * (int(rows["device"].max(initial=0)) + 1) + rows["device"]
+    if per_entry:
+        key = key * (int(rows["entry"].max(initial=0)) + 1) + rows["entry"]
+    return np.unique(key, return_index=True)[1]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -121,39 +154,19 @@ def _relabels(a: PlannedArray, mesh: PlannedMesh) -> bool:
 class Buffers:
     """Makes arrays on paper and reshards them as ``reshard.reshard`` would with ``strategy``."""
 
-    def __init__(self, strategy: str, default_device: int) -> None:
+    def __init__(self, strategy: str) -> None:
         self._ids = itertools.count()
         self.strategy = strategy
-        self.default_mesh = PlannedMesh((default_device,), (1,), ("default",))
 
     def new(
-        self,
-        shape: tuple[int, ...],
-        dtype: Any,
-        mesh: PlannedMesh,
-        spec: PartitionSpec,
-        kind: str,
-        *,
-        placed: bool = True,
+        self, shape: tuple[int, ...], dtype: Any, mesh: PlannedMesh, spec: PartitionSpec, kind: str
     ) -> PlannedArray:
-        return PlannedArray(
-            tuple(shape), np.dtype(dtype), mesh, spec, kind, np.full(mesh.size, next(self._ids), dtype=np.int64), placed
-        )
-
-    def fresh(self, leaf: AbstractLeaf) -> PlannedArray:
-        """A freshly initialised parameter, on the default device (uncommitted)."""
-        return self.new(leaf.shape, leaf.dtype, self.default_mesh, PartitionSpec(), "device", placed=False)
+        origins = np.full(mesh.size, next(self._ids), dtype=np.int64)
+        return PlannedArray(tuple(shape), np.dtype(dtype), mesh, spec, kind, origins)
 
     def like(self, a: PlannedArray, *, kind: str | None = None, dtype: Any = None) -> PlannedArray:
         """New buffers with ``a``'s sharding (a copy, a cast or a memory-kind move)."""
-        return self.new(
-            a.shape,
-            a.dtype if dtype is None else dtype,
-            a.mesh,
-            a.spec,
-            a.kind if kind is None else kind,
-            placed=a.placed,
-        )
+        return self.new(a.shape, a.dtype if dtype is None else dtype, a.mesh, a.spec, a.kind if kind is None else kind)
 
     def kept(self, a: PlannedArray, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> np.ndarray:
         """Per destination shard: does a reshard (without copy) keep ``a``'s buffer?"""
@@ -166,9 +179,9 @@ class Buffers:
         if set(a.mesh.device_ids) == set(mesh.device_ids) and bool(same.all()):
             # An equivalent layout: re-labelled, not copied, by either strategy.
             return np.ones(mesh.size, dtype=bool)
-        if self.strategy == "minimal" or not a.placed or a.mesh.size != mesh.size:
-            # Shard by shard (the minimal strategy, which the xla one also uses for a
-            # single-device source or a different number of devices).
+        if self.strategy == "minimal" or a.mesh.size != mesh.size:
+            # Shard by shard (the minimal strategy, which the xla one also uses between
+            # different numbers of devices).
             return same
         if a.mesh.device_ids == mesh.device_ids or _relabels(a, mesh):
             return np.zeros(mesh.size, dtype=bool)  # one compiled program: new buffers

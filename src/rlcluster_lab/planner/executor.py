@@ -100,11 +100,6 @@ class PlannedExecutor:
         leaves = abstract_leaves(self.config, model.lora_rank, model.kind, self.rules[role])
         return {leaf.path: leaf for leaf in leaves}
 
-    def check(self, leaves: Iterable[AbstractLeaf], mesh: PlannedMesh, role: Role) -> None:
-        """The cluster's own check (``placement.check_spec``): axis names exist, dimensions divide."""
-        for shape, spec in {(leaf.shape, leaf.spec) for leaf in leaves}:
-            check_spec(spec, shape, mesh, role.value)
-
     # ------------------------------------------------------------------ the executor protocol
 
     def as_model(self, given: PlannedModel, role: Role) -> tuple[PlannedModel, str | None]:
@@ -112,11 +107,11 @@ class PlannedExecutor:
 
     def load_facts(self, model: PlannedModel, role: Role, mesh: PlannedMesh) -> LoadFacts:
         arrays = list(model.arrays.values())
-        meshes = list(dict.fromkeys(a.mesh for a in arrays if a.placed))
+        meshes = list(dict.fromkeys(a.mesh for a in arrays))
         on_device = any(a.kind == "device" for a in arrays)
         return LoadFacts(
             model_meshes=[describe_mesh(m) for m in meshes],
-            leaves_on_target=sum(a.placed and a.mesh == mesh for a in arrays),
+            leaves_on_target=sum(a.mesh == mesh for a in arrays),
             leaves=len(arrays),
             on_device=on_device,
             memory_kind="device" if on_device else "pinned_host",
@@ -125,7 +120,7 @@ class PlannedExecutor:
 
     def place(self, model: PlannedModel, role: Role, mesh: PlannedMesh, kind: str, dtype: str | None) -> PlannedModel:
         specs = self.specs(role, model)
-        self.check((specs[p] for p in model.arrays), mesh, role)
+        _check_specs((specs[p] for p in model.arrays), mesh, role.value)
         arrays = {p: self.buf.reshard(a, mesh, specs[p].spec, kind, dtype=dtype) for p, a in model.arrays.items()}
         return dataclasses.replace(model, arrays=arrays)
 
@@ -155,7 +150,7 @@ class PlannedExecutor:
             grid = rearranged_device_grid(mesh.device_ids, self.tp_size)
             engine_mesh = PlannedMesh(tuple(grid.flat), grid.shape, mesh.axis_names)
         specs = self.specs(Role.ROLLOUT, rollout_actor)
-        self.check((specs[p] for p in rollout_actor.arrays), engine_mesh, Role.ROLLOUT)
+        _check_specs((specs[p] for p in rollout_actor.arrays), engine_mesh, Role.ROLLOUT.value)
         arrays = {
             p: self.buf.reshard(a, engine_mesh, specs[p].spec, "device", copy=True)
             for p, a in rollout_actor.arrays.items()
@@ -213,6 +208,12 @@ class PlannedExecutor:
         return "device"
 
 
+def _check_specs(leaves: Iterable[AbstractLeaf], mesh: PlannedMesh, role: str) -> None:
+    """The cluster's own check (``check_spec``): axis names exist, dimensions divide."""
+    for shape, spec in {(leaf.shape, leaf.spec) for leaf in leaves}:
+        check_spec(spec, shape, mesh, role)
+
+
 def _same_buffers(a: PlannedArray, b: PlannedArray | None) -> bool:
     return b is not None and a.mesh == b.mesh and a.kind == b.kind and bool(np.array_equal(a.origins, b.origins))
 
@@ -241,8 +242,7 @@ def given_models(
 
     mesh = role_to_mesh[Role.REFERENCE]
     base_leaves = abstract_leaves(config, 0, "lm", default_rules)
-    for shape, spec in {(leaf.shape, leaf.spec) for leaf in base_leaves}:
-        check_spec(spec, shape, mesh, "reference")
+    _check_specs(base_leaves, mesh, "reference")
     reference = PlannedModel(made(base_leaves, mesh), "lm")
     if lora_rank:
         base = {p: buf.like(a) for p, a in reference.arrays.items()} if lora_separate_base else reference.arrays

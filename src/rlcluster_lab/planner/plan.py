@@ -1,100 +1,34 @@
 """What-if planning (L4): the cluster's placement, memory and sync bytes on paper.
 
-``plan_cluster`` takes a model (one of the lab's sizes or a published
-architecture, ``plan_tables``), a topology (``local`` or a table entry) and
-the knobs of a ``Scenario``, and returns a ``Plan``: which mesh each role gets,
-the sharing map, the rollout branch, per-role per-device bytes, whether each
-role fits a per-device memory, and what a weight sync moves and how long the
-link bandwidth says that takes. No array is allocated, so a 70B model on 256
-chips plans in seconds on a laptop. ``plan_cli`` holds the ``plan``
-subcommand and the text form.
+``plan_cluster`` takes a model (one of the lab's sizes or a published architecture,
+``planner.tables``), a topology (``local`` or a table entry) and the knobs of a
+``Scenario``, and returns a ``Plan``: which mesh each role gets, the sharing map, the
+rollout branch, bytes per role, device and host through a step's phases and whether they
+fit (``planner.budget``), and what a weight sync moves and how long the links say that
+takes (``planner.accounting``). No array is allocated, so a 70B model on 256 chips plans
+in seconds on a laptop. ``cli.plan`` holds the ``plan`` subcommand and its text form.
 
-The rules are the cluster's own code, not a copy: planned meshes go through
-``meshes.layout_meshes`` and the vllm engine's ``rearranged_device_grid``
-(P7); the sharing map is ``sharing.build_sharing_map`` (P1, P2) and the
-rollout branch ``sharing.rollout_branch`` (P3); parameter trees come from
-``nnx.eval_shape`` over the real constructors and partition specs from the
-cluster's logical-axis rules (``plan_shapes``); a spec that cannot go on a
-mesh fails in ``placement.check_spec`` with the cluster's message.
+The rules are the cluster's own code, not a copy: the cluster's construction
+(``cluster.construct``) runs with a ``PlannedExecutor``, so the meshes come from
+``meshes.layout_meshes`` and the vllm engine's ``rearranged_device_grid`` (P7), the
+sharing map and every branch from the rule functions, parameter trees from
+``nnx.eval_shape`` over the real constructors with the cluster's logical-axis rules
+(``planner.shapes``), and a spec that cannot go on a mesh fails in ``check_spec`` with the
+cluster's message.
 
-What the plan models of the placement itself (the tests compare it with a
-walk of a live cluster's buffers for every layout x LoRA, the own-copy
-engines, offload, a separate LoRA base, reward and critic models):
-
-- Buffers. Each array is a shard per device of its mesh; a shard lives in a
-  buffer identified by where it was made. A reshard (P5) keeps a source
-  buffer where the destination shard is exactly the source shard on the same
-  device in the same memory kind (on CPU the lab reshards shard by shard, so
-  this holds shard by shard; on GPU/TPU ``jax.device_put`` reuses buffers only
-  when the whole layout is equivalent), unless a copy is asked for or a dtype
-  cast happens; every other shard is a new buffer. A model already on the
-  target mesh is kept as is (P5).
-- Construction follows ``Scenario``/``build_models`` and the cluster: the
-  reference is placed on its mesh; the actor is a copy of it, or with LoRA
-  adapters built over its buffers (a copy with ``lora_separate_base``); the
-  rollout model is the actor (shared), a second load of the actor as given,
-  cast to the rollout dtype (second_copy), or the engine's own copy on its
-  mesh (vllm, sglang_jax: always a copy, in the actor's dtype); reward and
-  critic are placed on their meshes; the optimizer state has a leaf per
-  trainable parameter with its sharding (adam's mu, nu) and any other leaf
-  (the step count) replicated on the actor's mesh; the anchor (P8) is the
-  actor's full state pinned to host in new buffers, or with
-  ``anchor="trainable"`` and a LoRA actor only the adapters, the backbone
-  being the actor's own buffers.
-- Offload (P14). Every role ends in pinned_host in buffers of its own, except
-  what the cluster keeps together: a rollout on the shared branch with the
-  vanilla engine is the actor; a reference linked to the actor (P2) holds the
-  actor's frozen buffers (loading a shared role updates the others); the
-  anchor is the actor's own pinned buffers (pinning keeps leaves already in
-  pinned_host, so the snapshot adds nothing).
-
-Sync (P13), per the lab's SyncReport definitions: the filter is LoRAParam
-for a LoRA actor, else Param; the source is the actor's leaves, the
-destination the rollout model's. For each destination shard on device d with
-box B: *reused* if the reshard keeps the source buffer (same rule as above;
-never for an engine that owns its weights, nor with a dtype cast); else the
-elements of B inside the source shard on d are *copied_same_device* and the
-rest *moved_cross_device* (a plan moves no more than the placement forces);
-minimum_cross_device = |B| - |B & local source box|
-(``boxes.minimum_cross_device_elements``, 0 when reused). Bytes are
-counted in the source dtype; synced is the sum over destination shards, so
-synced = moved + copied + reused for every leaf. (Decided here: a shard
-that is the local source shard but lands in a new buffer, because the
-destination is in pinned_host or in another dtype, counts as copied within
-its device. The measured report counts copies from the reshard's transfer
-log, which misses this one where the layout is equivalent and the
-destination is pinned_host, or where the destination casts, so there its
-copied bytes are lower and its leaf sum falls short of synced.) ``arrived_by_device`` is the cross-device bytes
-arriving on each device. ``anchor_bytes`` is what the sync pins anew: the
-full state (or adapters only with ``anchor="trainable"``); 0 under offload,
-where the actor is already pinned and the snapshot keeps its buffers.
-``peak_extra_bytes[device][kind]`` is the new destination buffers on that
-device in the destination dtype (they exist before the old ones are
-released) plus the new anchor buffers under pinned_host; transient buffers
-inside a reshard (a cast's source-dtype copy, a memory-kind round trip) are
-not counted. ``estimated_seconds`` = max over devices of arrived bytes /
-link bandwidth, the bandwidth being what one device can receive (half a
-datasheet's bidirectional figure): a lower bound that ignores latency,
-multi-hop routes and contention.
-
-Across hosts (a host is the devices of one process, ``Topology.hosts``): each
-destination shard's ``cross_host_bytes`` are the elements no source shard on
-its host holds, the least that must cross from another host (the rest of
-what moves stays between devices of one host); ``estimated_seconds`` takes
-the within-host bytes over the device link and the cross-host bytes over the
-host link, the two at once.
-
-Fits (``planner.budget``): a device's peak is its resident bytes (each buffer
-once) plus the largest phase of a step (generate's KV cache; an update's
-gradients, activations and outputs; a sync's new buffers), with the formulas
-of ``planner.step_memory`` at the plan's ``Workload``; a host's peak is its
-RAM (pinned and offloaded state, the anchor, a sync's newly pinned anchor).
-Everything fits when every device and every host is within its memory and
-every role fits one device (an offloaded role comes to device for its
-operation, P14); ``fits["reason"]`` names the device or host and its largest
-terms when not. ``per_device`` and ``per_host`` hold the figures
-(``DeviceBudget``, ``HostBudget``); ``resident`` and ``with_sync_peak`` keep
-their earlier meaning (device-kind bytes, and those plus the sync's peak).
+What the plan models of the placement itself (the tests compare it with a walk of a live
+cluster's buffers for every layout x LoRA, the own-copy engines, offload, a separate LoRA
+base, reward and critic models): which shards keep their buffer through a reshard (P5,
+``planner.buffers``); the models ``Scenario.build_models`` hands the cluster and what
+construction makes of them (``planner.executor``): the rollout as the actor itself, a
+second load or the engine's own copy (P3), an optimizer state leaf per trainable
+parameter (P12), the anchor pinned anew or, with ``anchor="trainable"``, its adapters
+only (P8). Under offload (P14) every role ends in pinned_host in buffers of its own,
+except what the cluster keeps together: a shared vanilla rollout is the actor, a
+reference linked to the actor (P2) holds the actor's frozen buffers, and the anchor is
+the actor's own pinned buffers. A sync's transient peak per device goes through the
+cluster's own phases on paper (``planner.sync_peak``), in one piece or in chunks
+(``sync_chunk_bytes``), and counts in the fit verdict as the ``sync`` phase.
 """
 
 from __future__ import annotations
@@ -106,7 +40,7 @@ from typing import Any
 import jax
 import optax
 
-from rlcluster_lab.cluster.construct import Request, construct
+from rlcluster_lab.cluster.construct import Placed, Request, construct
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, LAYOUTS, describe_mesh, layout_meshes
 from rlcluster_lab.core.options import (
@@ -144,10 +78,6 @@ from rlcluster_lab.rules.validation import check_lora_rank
 
 Rules = tuple[tuple[str, Any], ...]
 PathKey = tuple[Any, ...]
-Model = dict[PathKey, PlannedArray]
-
-
-# --------------------------------------------------------------------------- the request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,16 +108,14 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         check_sync_chunk_bytes(self.sync_chunk_bytes)
-        if self.reshard not in RESHARD_STRATEGIES:
-            raise ConfigError(
-                f"unknown reshard strategy {self.reshard!r}; choose one of {', '.join(RESHARD_STRATEGIES)}"
-            )
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"unknown layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
-        if self.engine not in ENGINES:
-            raise ConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
-        if self.anchor not in ANCHOR_MODES:
-            raise ValueError(f"unknown anchor mode {self.anchor!r}; choose one of {', '.join(ANCHOR_MODES)}")
+        for knob, value, allowed in (
+            ("reshard strategy", self.reshard, RESHARD_STRATEGIES),
+            ("layout", self.layout, LAYOUTS),
+            ("engine", self.engine, ENGINES),
+            ("anchor mode", self.anchor, ANCHOR_MODES),
+        ):
+            if value not in allowed:
+                raise ConfigError(f"unknown {knob} {value!r}; choose one of {', '.join(allowed)}")
         if self.lora_rank < 0:
             raise ValueError(f"LoRA rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if self.lora_rank:
@@ -195,7 +123,7 @@ class PlanRequest:
         check_tensor_parallel_size(self.vllm_tensor_parallel_size)
         if self.lora_separate_base and not self.lora_rank:
             raise ConfigError("lora_separate_base needs LoRA: the separate base is the LoRA actor's frozen part")
-        if self.rollout_dtype is not None:  # a name or a JAX/NumPy dtype; the plan reads the name
+        if self.rollout_dtype is not None:
             object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype, "rollout_dtype"))
 
     def rules(self, role: Role) -> Rules:
@@ -205,9 +133,6 @@ class PlanRequest:
 
 def _freeze_rules(rules: Any) -> Rules:
     return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in rules)
-
-
-# --------------------------------------------------------------------------- the plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,22 +204,17 @@ def plan_cluster(
 ) -> Plan:
     """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
 
-    ``model``: a name from ``plan_tables.model_names()`` or a ``ModelConfig``
-    (``dtype`` overrides its parameter dtype). ``topology``: a name from
-    ``plan_tables.topology_names()`` or a ``Topology``; ``memory_per_device``
-    (bytes) and ``link_bandwidth`` (bytes/s a device receives) override its
-    figures. ``role_to_mesh`` replaces the layout's meshes per role (real
-    ``Mesh`` objects or ``PlannedMesh``); roles left out keep the layout's.
-    ``optimizer`` / ``critic_optimizer``: the actor's and (``with_critic``) the
-    critic's optimizers, whose states are planned (default: adam each).
-    ``workload``: the step's shapes (rows, prompt and completion lengths, cache
-    slots, micro-batch, rematerialisation) that activations and the KV cache
-    scale with (default: the lab's default step, ``Workload()``).
-    ``devices_per_host``, ``host_memory`` (bytes) and ``host_link_bandwidth``
-    (bytes/s a device receives from other hosts) override the topology's.
+    ``model``: a name from ``tables.model_names()`` or a ``ModelConfig`` (``dtype``
+    overrides its parameter dtype). ``topology``: a name from ``tables.topology_names()`` or
+    a ``Topology``; ``memory_per_device`` (bytes), ``link_bandwidth`` (bytes/s a device
+    receives), ``devices_per_host``, ``host_memory`` (bytes) and ``host_link_bandwidth``
+    (bytes/s a device receives from other hosts) override its figures. ``role_to_mesh``
+    replaces the layout's meshes per role (``Mesh`` or ``PlannedMesh``). ``optimizer`` /
+    ``critic_optimizer``: whose states are planned (default: adam each). ``workload``: the
+    step's shapes that activations and the KV cache scale with (default ``Workload()``).
     ``sync_chunk_bytes`` plans a sync handed over in chunks (``ClusterConfig.sync_chunk_bytes``);
     ``sync_programs`` compiles the sync's reshard programs (no array is allocated) so its
-    transient peak includes their temporaries; it needs the topology's devices in this
+    transient peak includes their temporaries, which needs the topology's devices in this
     process (the ``local`` topology).
     """
     if isinstance(model, ModelConfig):
@@ -302,17 +222,14 @@ def plan_cluster(
         name = config.name
     else:
         config, name = model_config(model, dtype=dtype), model
-    figures = dict(
+    topo = with_figures(
+        topology if isinstance(topology, Topology) else get_topology(topology),
         memory_per_device=memory_per_device,
         link_bandwidth=link_bandwidth,
         devices_per_host=devices_per_host,
         host_memory=host_memory,
         host_link_bandwidth=host_link_bandwidth,
     )
-    if isinstance(topology, Topology):
-        topo = with_figures(topology, **figures)
-    else:
-        topo = get_topology(topology, **figures)
     request = PlanRequest(
         model=config,
         model_name=name,
@@ -353,36 +270,14 @@ def plan_scenario(scenario: Any, topology: str | Topology = "local", **overrides
         lora_separate_base=scenario.lora_separate_base,
         engine=scenario.engine,
         offload=scenario.offload,
-        anchor=getattr(scenario, "anchor", "full"),
+        anchor=scenario.anchor,
         rollout_dtype=scenario.rollout_dtype,
         with_reward=scenario.with_reward,
         with_critic=scenario.with_critic,
-        reshard=getattr(scenario, "reshard", "xla"),
-        sync_chunk_bytes=getattr(scenario, "sync_chunk_bytes", None),
+        reshard=scenario.reshard,
+        sync_chunk_bytes=scenario.sync_chunk_bytes,
     )
-    knobs.update(overrides)
-    return plan_cluster(scenario.model_size, topology, **knobs)
-
-
-# --------------------------------------------------------------------------- construction
-
-
-@dataclasses.dataclass
-class _Placed:
-    """The roles of a planned cluster, after construction."""
-
-    models: dict[str, Model]  # actor, rollout, reference, reward, critic, anchor
-    optimizer: list[PlannedArray]
-    critic_optimizer: list[PlannedArray] | None
-    role_to_mesh: dict[Role, PlannedMesh]
-    config_role_to_mesh: dict[Role, PlannedMesh]
-    sharing_map: Any
-    branch: str
-    trace: Trace
-    buffers: Buffers
-    lora: bool
-    trainable: frozenset[PathKey]  # what a sync hands over (P13) and the optimizer trains (P12)
-    owns_weights: bool
+    return plan_cluster(scenario.model_size, topology, **{**knobs, **overrides})
 
 
 def _meshes(req: PlanRequest) -> dict[Role, PlannedMesh]:
@@ -391,8 +286,7 @@ def _meshes(req: PlanRequest) -> dict[Role, PlannedMesh]:
         r2m = layout_meshes(req.layout, list(topo.ids()), make=PlannedMesh.build)
     except ValueError as err:
         raise ValueError(f"{err} (planning for {topo.name}: {topo.device_count} device(s))") from None
-    if req.role_to_mesh:
-        r2m.update(req.role_to_mesh)
+    r2m.update(req.role_to_mesh or {})
     known = set(topo.ids())
     for role, mesh in r2m.items():
         unknown = sorted(set(mesh.device_ids) - known)
@@ -404,20 +298,12 @@ def _meshes(req: PlanRequest) -> dict[Role, PlannedMesh]:
     return r2m
 
 
-def _construct(req: PlanRequest) -> _Placed:
+def _construct(req: PlanRequest, buf: Buffers, trace: Trace) -> Placed:
     """The cluster's own construction (``cluster.construct``), run on arrays on paper."""
-    buf = Buffers(req.reshard, req.topology.ids()[0])
     r2m = _meshes(req)
     tx = req.optimizer if req.optimizer is not None else optax.adam(3e-3)
-    ex = PlannedExecutor(
-        buf,
-        req.model,
-        {role: req.rules(role) for role in Role},
-        req.engine,
-        req.vllm_tensor_parallel_size,
-        tx,
-        req.critic_optimizer,
-    )
+    rules = {role: req.rules(role) for role in Role}
+    ex = PlannedExecutor(buf, req.model, rules, req.engine, req.vllm_tensor_parallel_size, tx, req.critic_optimizer)
     # Scenario.build_models places the models it makes without rules: the family's defaults.
     given = given_models(
         buf,
@@ -429,55 +315,33 @@ def _construct(req: PlanRequest) -> _Placed:
         with_critic=req.with_critic,
         default_rules=_freeze_rules(DEFAULT_LOGICAL_AXIS_RULES),
     )
-    trace = Trace()
-    placed = construct(
-        ex,
-        Request(
-            actor=given["actor"],
-            reference=given["reference"],
-            reward=given.get("reward"),
-            critic=given.get("critic"),
-            role_to_mesh=r2m,
-            engine_kind=req.engine,
-            engine_name=req.engine,
-            rollout_dtype=req.rollout_dtype,
-            offload_to_cpu=req.offload,
-            anchor_mode=req.anchor,
-            actor_is_module=True,
-            reference_is_module=True,
-        ),
-        trace,
+    request = Request(
+        actor=given["actor"],
+        reference=given["reference"],
+        reward=given.get("reward"),
+        critic=given.get("critic"),
+        role_to_mesh=r2m,
+        engine_kind=req.engine,
+        engine_name=req.engine,
+        rollout_dtype=req.rollout_dtype,
+        offload_to_cpu=req.offload,
+        anchor_mode=req.anchor,
+        actor_is_module=True,
+        reference_is_module=True,
     )
-    actor = placed.actor
-    models = {"actor": actor.arrays, "rollout": placed.engine.model.arrays, "reference": placed.reference.arrays}
-    for name in ("critic", "reward"):
-        role_model = getattr(placed, name)
-        if role_model is not None:
-            models[name] = role_model.arrays
-    models["anchor"] = placed.anchor
-    trainable = frozenset(p for p in actor.arrays if p in actor.lora_paths or not placed.lora)
-    return _Placed(
-        models,
-        placed.optimizer,
-        placed.critic_optimizer,
-        placed.role_to_mesh,
-        placed.config_role_to_mesh,
-        placed.sharing_map,
-        placed.rollout_branch.value,
-        trace,
-        buf,
-        placed.lora,
-        trainable,
-        placed.engine.owns_weights,
-    )
-
-
-# --------------------------------------------------------------------------- assembling a plan
+    return construct(ex, request, trace)
 
 
 def _plan(req: PlanRequest) -> Plan:
-    placed = _construct(req)
-    entries: dict[str, list[PlannedArray]] = {name: list(m.values()) for name, m in placed.models.items()}
+    buf, trace = Buffers(req.reshard), Trace()
+    placed = _construct(req, buf, trace)
+    actor = placed.actor
+    models = {"actor": actor.arrays, "rollout": placed.engine.model.arrays, "reference": placed.reference.arrays}
+    models.update({n: getattr(placed, n).arrays for n in ("critic", "reward") if getattr(placed, n) is not None})
+    models["anchor"] = placed.anchor
+    # What a sync hands over (P13) and the optimizer trains (P12).
+    trainable = frozenset(p for p in actor.arrays if p in actor.lora_paths or not placed.lora)
+    entries: dict[str, list[PlannedArray]] = {name: list(m.values()) for name, m in models.items()}
     entries["optimizer"] = placed.optimizer
     if placed.critic_optimizer is not None:
         entries["critic_optimizer"] = placed.critic_optimizer
@@ -485,12 +349,12 @@ def _plan(req: PlanRequest) -> Plan:
     topo = req.topology
     host_of = topo.host_of()
     sync = sync_summary(
-        placed.buffers,
-        placed.models["actor"],
-        placed.models["rollout"],
-        placed.trainable,
+        buf,
+        models["actor"],
+        models["rollout"],
+        trainable,
         lora=placed.lora,
-        copy=placed.owns_weights,
+        copy=placed.engine.owns_weights,
         anchor_mode=req.anchor,
         offload=req.offload,
         link_bandwidth=topo.link_bandwidth,
@@ -499,11 +363,11 @@ def _plan(req: PlanRequest) -> Plan:
         host_link_bandwidth=topo.host_link_bandwidth,
     )
     sync["transient_peak"] = plan_sync_peak(
-        placed.models["actor"],
-        placed.models["rollout"],
-        placed.models["anchor"],
-        placed.trainable,
-        copy=placed.owns_weights,
+        models["actor"],
+        models["rollout"],
+        models["anchor"],
+        trainable,
+        copy=placed.engine.owns_weights,
         offload=req.offload,
         partial_anchor=placed.lora and req.anchor == "trainable",
         chunk_bytes=req.sync_chunk_bytes,
@@ -511,22 +375,14 @@ def _plan(req: PlanRequest) -> Plan:
         order=p13_sync_order(req.sync_chunk_bytes, req.offload),
         programs=_local_devices(topo) if req.sync_programs else None,
     )
-    phases, step = _step_phases(req, placed)
+    phases, step = _step_phases(req, placed, models, trainable)
     per_device, per_host = budgets(
         entries, phases, sync, topo.ids(), host_of, topo.memory_per_device, topo.host_memory, topo.platform
     )
     fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
     fits.update(verdict(fits["by_role"], per_device, per_host, topo.memory_per_device, topo.host_memory))
     fits["host_memory_source"] = topo.host_memory_source
-    fits["rule"] = (
-        "everything fits when every device's peak (its resident bytes, each buffer once, plus the largest "
-        "phase of a step: generate's KV cache, an update's gradients, activations and outputs, a sync's new "
-        "buffers) is at most the memory per device, every role fits one device (an offloaded role comes to "
-        "device for its operation), and every host's RAM peak is at most the host memory (when known)"
-    )
-    present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
-    present |= {Role.REWARD} if req.with_reward else set()
-    present |= {Role.CRITIC} if req.with_critic else set()
+    present = {Role(name) for name in models if name != "anchor"}
     config = req.model
     model = {
         "name": req.model_name,
@@ -547,13 +403,13 @@ def _plan(req: PlanRequest) -> Plan:
         rollout_dtype=req.rollout_dtype,
         role_to_mesh={r.value: describe_mesh(m) for r, m in placed.role_to_mesh.items() if r in present},
         config_role_to_mesh={r.value: describe_mesh(m) for r, m in placed.config_role_to_mesh.items() if r in present},
-        mesh_overridden_by_engine=placed.role_to_mesh[Role.ROLLOUT] != placed.config_role_to_mesh[Role.ROLLOUT],
+        mesh_overridden_by_engine=placed.mesh_overridden_by_engine,
         sharing_map=sharing_map_json(placed.sharing_map),
-        rollout_branch=placed.branch,
+        rollout_branch=placed.rollout_branch.value,
         memory=memory,
         fits=fits,
         sync=sync,
-        decisions=placed.trace.to_json(),
+        decisions=trace.to_json(),
         workload=req.workload.to_json(),
         step=step,
         per_device=per_device,
@@ -577,47 +433,38 @@ def _local_devices(topo: Topology) -> list[Any]:
     return [devices[i] for i in topo.ids()]
 
 
-def _step_phases(req: PlanRequest, placed: _Placed) -> tuple[dict[str, dict[int, dict[str, int]]], dict[str, Any]]:
+def _step_phases(
+    req: PlanRequest, placed: Placed, models: Mapping[str, Mapping[PathKey, PlannedArray]], trainable: frozenset
+) -> tuple[dict[str, dict[int, dict[str, int]]], dict[str, Any]]:
     """What each phase of a step adds per device (``budget``), and the step's figures."""
-    config, work = req.model, req.workload
-    actor = placed.models["actor"]
+    config, work, rank = req.model, req.workload, req.lora_rank
+    actor = models["actor"]
     actor_split = Split.of(placed.role_to_mesh[Role.ACTOR], req.rules(Role.ACTOR))
     rollout_mesh = placed.role_to_mesh[Role.ROLLOUT]
     rollout_split = Split.of(rollout_mesh, req.rules(Role.ROLLOUT))
-    trainers = {
-        "actor_update": Trainer(
-            list(actor.values()),
-            [actor[p] for p in sorted(placed.trainable, key=lambda k: "/".join(map(str, k)))],
-            placed.optimizer,
-            actor_split,
-            lora_rank=req.lora_rank,
-        )
-    }
+    trained = [actor[p] for p in sorted(trainable, key=lambda k: "/".join(map(str, k)))]
+    trainers = {"actor_update": Trainer(list(actor.values()), trained, placed.optimizer, actor_split, lora_rank=rank)}
     step: dict[str, Any] = {
         "source": "computed from the model's dimensions and the workload (planner.step_memory)",
         "formulas": FORMULAS,
         "actor_split": dataclasses.asdict(actor_split),
         "rollout_split": dataclasses.asdict(rollout_split),
-        "activations_per_device": {
-            "actor": activation_bytes(config, work, actor_split, lora_rank=req.lora_rank),
-        },
+        "activations_per_device": {"actor": activation_bytes(config, work, actor_split, lora_rank=rank)},
         "kv_cache_per_device": kv_cache_bytes(config, work.rollout_batch_size, work.kv_cache_size, rollout_split),
         "kv_cache_bytes": kv_cache_bytes(config, work.rollout_batch_size, work.kv_cache_size),
         "actor_training_state": training_state(
-            trainers["actor_update"],
-            work,
-            config.num_params + (config.lora_params(req.lora_rank) if req.lora_rank else 0),
+            trainers["actor_update"], work, config.num_params + (config.lora_params(rank) if rank else 0)
         ),
     }
-    if placed.critic_optimizer is not None and "critic" in placed.models:
-        critic = list(placed.models["critic"].values())
+    if placed.critic_optimizer is not None and "critic" in models:
+        critic = list(models["critic"].values())
         critic_split = Split.of(placed.role_to_mesh[Role.CRITIC], req.rules(Role.CRITIC))
         trainers["critic_update"] = Trainer(critic, critic, placed.critic_optimizer, critic_split, value_head=True)
         step["critic_split"] = dataclasses.asdict(critic_split)
         step["activations_per_device"]["critic"] = activation_bytes(config, work, critic_split, value_head=True)
     phases = {name: update_phase(config, t, work, req.offload) for name, t in trainers.items()}
     phases["generate"] = generate_phase(
-        config, list(placed.models["rollout"].values()), rollout_mesh.device_ids, rollout_split, work, req.offload
+        config, list(models["rollout"].values()), rollout_mesh.device_ids, rollout_split, work, req.offload
     )
     return phases, step
 

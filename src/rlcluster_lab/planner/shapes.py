@@ -20,10 +20,10 @@ import jax
 import numpy as np
 import optax
 from flax import nnx
-from flax.traverse_util import flatten_dict
+from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import PartitionSpec
 
-from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, check_mesh_shape
 from rlcluster_lab.core.shardings import resolve_specs
 from rlcluster_lab.model import ModelConfig, abstract_model
 from rlcluster_lab.model.scoring import abstract_score_model
@@ -60,15 +60,9 @@ class PlannedMesh:
         sizes = tuple(int(s) for s in self.axis_sizes)
         names = tuple(str(n) for n in self.axis_names)
         types = tuple(self.axis_types) if self.axis_types is not None else ("Auto",) * len(names)
-        if math.prod(sizes) != len(ids):
-            raise ValueError(
-                f"mesh shape {sizes} holds {math.prod(sizes)} devices but {len(ids)} were given; "
-                f"pick a shape whose product is {len(ids)}"
-            )
-        if len(sizes) != len(names) or len(types) != len(names):
-            raise ValueError(f"mesh shape {sizes} and axis names {names} differ in length")
-        if len(set(ids)) != len(ids):
-            raise ValueError("a mesh cannot use the same device twice")
+        check_mesh_shape(ids, sizes, names)
+        if len(types) != len(names):
+            raise ValueError(f"axis types {types} and axis names {names} differ in length")
         object.__setattr__(self, "device_ids", ids)
         object.__setattr__(self, "axis_sizes", sizes)
         object.__setattr__(self, "axis_names", names)
@@ -245,26 +239,20 @@ def _block_index(path: Path) -> int | None:
 
 
 def _repeat_block(leaves: Iterable[AbstractLeaf], num_layers: int) -> list[AbstractLeaf]:
+    """A one-layer model's leaves with each run of block leaves repeated for every layer."""
     out: list[AbstractLeaf] = []
     block: list[AbstractLeaf] = []
-
-    def flush() -> None:
-        for layer in range(num_layers):
-            for leaf in block:
-                i = _block_index(leaf.path)
-                assert i is not None
-                out.append(dataclasses.replace(leaf, path=leaf.path[:i] + (layer,) + leaf.path[i + 1 :]))
-        block.clear()
-
-    for leaf in leaves:
-        if _block_index(leaf.path) is not None:
+    for leaf in [*leaves, None]:
+        if leaf is not None and _block_index(leaf.path) is not None:
             block.append(leaf)
             continue
-        if block:
-            flush()
-        out.append(leaf)
-    if block:
-        flush()
+        for layer in range(num_layers):
+            for b in block:
+                i = _block_index(b.path)
+                out.append(dataclasses.replace(b, path=b.path[:i] + (layer,) + b.path[i + 1 :]))
+        block = []
+        if leaf is not None:
+            out.append(leaf)
     return out
 
 
@@ -292,13 +280,7 @@ def optimizer_slots(tx: optax.GradientTransformation, config: ModelConfig, lora_
     probe = dataclasses.replace(config, num_layers=1)
     trainable = [leaf for leaf in abstract_leaves(probe, lora_rank) if leaf.lora or not lora_rank]
     params: dict[Path, Any] = {leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in trainable}
-    tree: dict[Any, Any] = {}
-    for path, value in params.items():
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    state = jax.eval_shape(tx.init, tree)
+    state = jax.eval_shape(tx.init, unflatten_dict(params))
     slots: dict[str, OptimizerSlot] = {}
     for key_path, value in jax.tree_util.tree_flatten_with_path(state)[0]:
         keys = tuple(_key(k) for k in key_path)

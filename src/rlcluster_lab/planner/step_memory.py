@@ -2,62 +2,35 @@
 training step's outputs and the rollout's KV cache, from the model's dimensions.
 
 The formulas count the lab's own model (``model.transformer``) and training step
-(``training.step``); each says what it counts, so it can be checked.
+(``training.step``); each says what it counts (``FORMULAS``, and each function's
+docstring and comments), so it can be checked.
 
-Activations (``activation_bytes``) are what JAX's reverse mode keeps for the
-backward pass of one training micro-batch: the residuals ``jax.vjp`` saves,
-counted from the model's code (the tests hold every term to
-``jax.ad_checkpoint.print_saved_residuals`` of the real loss). With ``p`` the
-parameter dtype's bytes, per layer and per token of a row of ``T`` tokens:
-
-- each of the two RMSNorms: the input in float32 (4e), the normalised value in
-  float32 (4e, only where the scale trains), the output in the model's dtype
-  (p e), two float32 statistics (8);
-- q and the attention output (2 p q), k and v (2 p kv), where q = heads x head_dim
-  and kv = kv_heads x head_dim; the rotary sin/cos of q and k (4 x head_dim/2 float32);
-- attention over the T keys, per head: the mask (1 byte), the masked float32
-  scores and their exponentials (4 + 4), the probabilities in the model's dtype (p);
-  per head two float32 row statistics (8);
-- the gated MLP: gate and up projections, three SiLU intermediates and their
-  product (6 p m);
-- with LoRA, each of the seven adapted projections' input times ``lora_a``
-  (7 p r for rank r).
-
-Beside the layers (and per layer the two norm scales in float32), per token the
-final norm and the embedding's gather indices, and per completion token the
-float32 logits, the pad mask and the log-softmax over the vocabulary plus the
-loss's per-token terms (a critic has a scalar head instead of logits; a LoRA
-actor's backward pass stops at the first block). The count is exact against
-JAX; a compiler keeps about as much, fusing some terms away and adding working
-buffers of its own: XLA's temporaries for the lab's step on one CPU device were
-1.01x (tiny) and 0.89x (small) of activations plus gradients at the default
+Activations (``activation_bytes``) are what JAX's reverse mode keeps for the backward pass
+of one training micro-batch: the residuals ``jax.vjp`` saves, counted from the model's code
+(the tests hold every term to ``jax.ad_checkpoint.print_saved_residuals`` of the real
+loss). The count is exact against JAX; a compiler keeps about as much, fusing some terms
+away and adding working buffers of its own: XLA's temporaries for the lab's step on one
+CPU device were 1.01x (tiny) and 0.89x (small) of activations plus gradients at the default
 step, 1.39x on the eight-device colocated layout (the tests bound the ratio).
 
-With rematerialisation (``remat=True``, what ``jax.checkpoint`` around each
-block does: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"),
-each layer keeps only its input (p e per token) and one layer's activations are
-recomputed at a time during the backward pass: L p e + one layer + the head.
+With rematerialisation (``remat=True``, what ``jax.checkpoint`` around each block does:
+Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"), each layer keeps only
+its input and one layer's activations are recomputed at a time during the backward pass.
 The lab's own step does not rematerialise; the flag plans one that does.
 
-Per device the batch's rows are split over the mesh axes no tensor is split
-over (data parallelism), and heads, the MLP's hidden units and the vocabulary
-over the axes the role's rules give them (tensor parallelism); the residual
-stream (the e-sized terms) is whole on every tensor-parallel device, as in
-Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models" (without sequence parallelism). The lab's step does not say how XLA
-lays out its activations; this split is what a data- and tensor-parallel step does.
+Per device the batch's rows are split over the mesh axes no tensor is split over (data
+parallelism), and heads, the MLP's hidden units and the vocabulary over the axes the
+role's rules give them (tensor parallelism); the residual stream (the e-sized terms) is
+whole on every tensor-parallel device, as in Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models" (without sequence parallelism). The
+lab's step does not say how XLA lays out its activations; this split is what a data- and
+tensor-parallel step does.
 
-Gradients: one per trainable parameter (the LoRA adapters
-only for a LoRA actor), with its parameter's sharding and dtype; with gradient
-accumulation the step also keeps a float32 running sum (``training.step``).
-Update outputs: the lab's step does not donate its inputs, so the new trainable
-parameters and optimizer state are written beside the old ones while it runs.
-
-KV cache (``kv_cache_bytes``): 2 (keys, values) x layers x kv_heads x head_dim x
-slots x rows x the cache's itemsize; the engine's cache (``init_cache``) is in
-the model config's dtype, even where the rollout weights are cast. Beside it the
-sampler's prefill (``prefill_bytes``) holds float32 logits at every prompt
-position and one layer's attention over the cache's slots.
+Gradients and update outputs (``planner.budget``): a gradient per trainable parameter
+with its sharding and dtype (and a float32 running sum when accumulating); the lab's step
+does not donate its inputs, so new parameters and optimizer state are written beside the
+old ones. The KV cache is in the model config's dtype, even where the rollout weights are
+cast.
 """
 
 from __future__ import annotations

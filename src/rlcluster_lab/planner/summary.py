@@ -6,11 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-GIB = 1 << 30
-
-
-def _gib(n: int | float | None) -> str:
-    return "-" if n is None else f"{n / GIB:,.1f} GiB"
+from rlcluster_lab.planner.budget import gib as _gib
 
 
 def _json(plan: Any) -> Mapping[str, Any]:

@@ -15,8 +15,8 @@ reshard runs (``placement.reshard.reshard_many`` and ``placement.xla``):
    (``reshard``) where the orders match, else a program onto the source devices in
    the destination's layout where needed (``reshard``, in flight) and whole shards
    crossing (``move``). The program's temporaries count while it runs.
-3. ``reshard``: the batch holds every result and every staged source; the staged
-   sources are dropped.
+3. ``reshard``: the batch holds every result (each staged source was dropped once its
+   layout changed; one an equivalent layout re-labelled is the result).
 4. ``memory kind``: results moved to the destination's memory kind (pinned host).
 5. ``cast``: to the rollout's dtype, per set of destination devices.
 6. ``commit``: the chunk is the rollout's; with chunks, the arrays it replaced go.
@@ -155,11 +155,16 @@ def plan_sync_peak(
         if any(lf.staged for lf in leaves):
             emit("stage", c, staged)
         outputs = _Level(span)
-        for lf in leaves:  # the equivalent layouts copied for an owning engine (one call each way)
+        for lf in leaves:  # the equivalent layouts: re-labelled, or copied for an owning engine
             if lf.how == "copied":
                 kind = lf.dst.kind if lf.src.same_sharding(lf.dst.mesh, lf.dst.spec, lf.dst.kind) else WORK
                 lf.out = (kind, lf.dst_bytes(lf.src.dtype.itemsize))
                 outputs.add(lf.dst.mesh.ids, kind, _term(kind), lf.out[1])
+            elif lf.how == "relabel" and lf.staged:
+                # The staged source, re-labelled, is the result from here on.
+                staged.add(lf.src.mesh.ids, WORK, ph.STAGED, -lf.src.shard_bytes)
+                lf.out = (WORK, lf.src.shard_bytes)
+                outputs.add(lf.src.mesh.ids, WORK, ph.RESHARDED, lf.out[1])
         groups: dict[Any, list[_Leaf]] = {}
         for lf in leaves:
             if lf.how in ("run", "run_then_move", "minimal"):
@@ -183,12 +188,8 @@ def plan_sync_peak(
             else:
                 emit("reshard", c, staged, outputs, made)
             outputs = outputs.plus(made)
-        emit("reshard", c, staged, outputs)
-        # The staged sources are dropped; one an equivalent layout re-labelled stays as the result.
-        for lf in leaves:
-            if lf.staged and lf.how == "relabel":
-                lf.out = (WORK, lf.src.shard_bytes)
-                outputs.add(lf.src.mesh.ids, WORK, ph.RESHARDED, lf.out[1])
+        # Each staged source was dropped once its layout changed.
+        emit("reshard", c, outputs)
         finals = [lf for lf in leaves if lf.final]
         if finals:
             moved = _Level(span)

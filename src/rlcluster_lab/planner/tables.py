@@ -42,22 +42,11 @@ _LLAMA_VOCAB = (
     "128,000-token vocabulary plus 256 reserved special tokens); head size 8192/64 = 128"
 )
 
-# Dimensions as published; checkpoints ship in bfloat16, so that is the default dtype.
+# Dimensions as published; checkpoints ship in bfloat16, so that is the default dtype. ModelConfig's
+# fields: name, vocab_size, embed_dim, num_layers, num_heads, num_kv_heads, head_dim, mlp_dim, max_seq_len.
 ARCHITECTURES: dict[str, Architecture] = {
     "gemma-2b": Architecture(
-        ModelConfig(
-            "gemma-2b",
-            vocab_size=256128,
-            embed_dim=2048,
-            num_layers=18,
-            num_heads=8,
-            num_kv_heads=1,
-            head_dim=256,
-            mlp_dim=16384,
-            max_seq_len=8192,
-            tie_embeddings=True,
-            param_dtype="bfloat16",
-        ),
+        ModelConfig("gemma-2b", 256128, 2048, 18, 8, 1, 256, 16384, 8192, tie_embeddings=True, param_dtype="bfloat16"),
         source="Gemma Team, 'Gemma: Open Models Based on Gemini Research and Technology' (2024), "
         "Table 1 (2B: d_model 2048, 18 layers, 8 heads, 1 KV head, head size 256, "
         "vocab 256128, tied input/output embeddings); MLP hidden size 16384 per gate/up "
@@ -65,34 +54,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         note="the released Hugging Face config trims the vocabulary to 256000 rows",
     ),
     "llama3-8b": Architecture(
-        ModelConfig(
-            "llama3-8b",
-            vocab_size=128256,
-            embed_dim=4096,
-            num_layers=32,
-            num_heads=32,
-            num_kv_heads=8,
-            head_dim=128,
-            mlp_dim=14336,
-            max_seq_len=8192,
-            param_dtype="bfloat16",
-        ),
+        ModelConfig("llama3-8b", 128256, 4096, 32, 32, 8, 128, 14336, 8192, param_dtype="bfloat16"),
         source="Llama Team, 'The Llama 3 Herd of Models' (2024), Table 3 (8B: 32 layers, model "
         "dimension 4096, FFN dimension 14336, 32 attention heads, 8 key/value heads); " + _LLAMA_VOCAB,
     ),
     "llama3-70b": Architecture(
-        ModelConfig(
-            "llama3-70b",
-            vocab_size=128256,
-            embed_dim=8192,
-            num_layers=80,
-            num_heads=64,
-            num_kv_heads=8,
-            head_dim=128,
-            mlp_dim=28672,
-            max_seq_len=8192,
-            param_dtype="bfloat16",
-        ),
+        ModelConfig("llama3-70b", 128256, 8192, 80, 64, 8, 128, 28672, 8192, param_dtype="bfloat16"),
         source="Llama Team, 'The Llama 3 Herd of Models' (2024), Table 3 (70B: 80 layers, model "
         "dimension 8192, FFN dimension 28672, 64 attention heads, 8 key/value heads); " + _LLAMA_VOCAB,
     ),
@@ -364,32 +331,15 @@ def local_topology() -> Topology:
     )
 
 
-def topology(
-    name: str,
-    *,
-    memory_per_device: int | None = None,
-    link_bandwidth: float | None = None,
-    devices_per_host: int | None = None,
-    host_memory: int | None = None,
-    host_link_bandwidth: float | None = None,
-) -> Topology:
-    """A topology by name, with any of its figures overridden (the source then reads "given")."""
+def topology(name: str, **figures: Any) -> Topology:
+    """A topology by name, with any of its figures overridden (``with_figures``)."""
     if name == "local":
-        topo = local_topology()
-    elif name in TOPOLOGIES:
-        topo = TOPOLOGIES[name]
-    else:
+        return with_figures(local_topology(), **figures)
+    if name not in TOPOLOGIES:
         raise ConfigError(
             f"unknown topology {name!r}; choose one of {', '.join(topology_names())}", knobs=("topology",)
         )
-    return with_figures(
-        topo,
-        memory_per_device=memory_per_device,
-        link_bandwidth=link_bandwidth,
-        devices_per_host=devices_per_host,
-        host_memory=host_memory,
-        host_link_bandwidth=host_link_bandwidth,
-    )
+    return with_figures(TOPOLOGIES[name], **figures)
 
 
 def with_figures(
@@ -401,7 +351,8 @@ def with_figures(
     host_memory: int | None = None,
     host_link_bandwidth: float | None = None,
 ) -> Topology:
-    """``topo`` with the figures given (None keeps the topology's); each must be positive."""
+    """``topo`` with the figures given (None keeps the topology's; the source of one given reads
+    "given"); each must be positive."""
     changes: dict[str, Any] = {}
     for field, value, source, cast in (
         ("memory_per_device", memory_per_device, "memory_source", int),

@@ -9,15 +9,12 @@ import dataclasses
 from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.knobs import KNOBS
 
-# The ``plan`` flag of each field, named in the CLI's refusals (``core.knobs``).
-FLAGS = {
-    "rollout_batch_size": "--rollout-batch-size",
-    "prompt_length": "--prompt-length",
-    "max_tokens": "--max-tokens",
-    "kv_cache_size": "--kv-cache-size",
-    "micro_batch_size": "--micro-batch-size",
-}
+
+def _said(field: str) -> str:
+    """A field with its ``plan`` flag, as a refusal names it (``core.knobs.describe`` keeps one of the two)."""
+    return f"{field} ({KNOBS[field].flag})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,28 +45,19 @@ class Workload:
         for name in ("rollout_batch_size", "prompt_length", "max_tokens", "kv_cache_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"Workload.{name} must be a positive int, got {value!r:.40}",
-                    knobs=(name,),
-                    problem=f"{name} ({FLAGS[name]}) must be a positive int, got {value!r:.40}",
-                )
+                raise ConfigError(f"{_said(name)} must be a positive int, got {value!r:.40}", knobs=(name,))
         micro = self.micro_batch_size
         if micro is not None and (isinstance(micro, bool) or not isinstance(micro, int) or micro < 1):
             raise ConfigError(
-                f"Workload.micro_batch_size must be a positive int or None, got {micro!r:.40}",
+                f"{_said('micro_batch_size')} must be a positive int or None, got {micro!r:.40}",
                 knobs=("micro_batch_size",),
-                problem=f"micro_batch_size (--micro-batch-size) must be a positive int, got {micro!r:.40}",
             )
         if self.prompt_length + self.max_tokens > self.kv_cache_size:
-            need = self.prompt_length + self.max_tokens
             raise ConfigError(
-                f"a row needs prompt_length + max_tokens = {need} cache slots but "
-                f"kv_cache_size is {self.kv_cache_size}: raise kv_cache_size or shorten the rows",
+                f"a row needs {_said('prompt_length')} + {_said('max_tokens')} = "
+                f"{self.prompt_length + self.max_tokens} cache slots but {_said('kv_cache_size')} is "
+                f"{self.kv_cache_size}: raise it or shorten the rows",
                 knobs=("kv_cache_size", "prompt_length", "max_tokens"),
-                problem=(
-                    f"a row needs prompt_length (--prompt-length) + max_tokens (--max-tokens) = {need} cache slots "
-                    f"but kv_cache_size (--kv-cache-size) is {self.kv_cache_size}: raise it or shorten the rows"
-                ),
             )
 
     @classmethod

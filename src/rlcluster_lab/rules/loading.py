@@ -58,20 +58,11 @@ def p5_load(
     leaves already in place are reused by the reshard.
     """
     kept = leaves > 0 and leaves_on_target == leaves
-    cast = requested_dtype is not None and leaves > 0 and requested_dtype != dtype
-    outcome = (
-        "kept as is"
-        if kept
-        else (
-            f"resharded onto the target mesh in {memory_kind} memory"
-            + (f", cast to {requested_dtype}" if cast else "")
-            + (
-                f" ({leaves_on_target} of {leaves} leaves were already in place and are reused)"
-                if leaves_on_target
-                else ""
-            )
-        )
-    )
+    outcome = "kept as is" if kept else f"resharded onto the target mesh in {memory_kind} memory"
+    if not kept and requested_dtype is not None and leaves > 0 and requested_dtype != dtype:
+        outcome += f", cast to {requested_dtype}"
+    if not kept and leaves_on_target:
+        outcome += f" ({leaves_on_target} of {leaves} leaves were already in place and are reused)"
     return Decision(
         "P5",
         f"{role}: every leaf already on the target mesh",

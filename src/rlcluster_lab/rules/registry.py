@@ -2,23 +2,10 @@
 
 A rule's id, its title, the question the decision-flow figure asks, the answers it draws (each
 branch with its label) and the tests that hold it are written in one ``rule(...)`` call in the
-module of its functions; each function then registers with it::
-
-    P3 = rule(
-        "P3",
-        "the rollout model",
-        question="what does the rollout sample with?",
-        answers={RolloutBranch.SHARED: "same object", ...},
-        tests=("tests/test_cluster_rules.py::test_p3_*",),
-    )
-
-
-    @P3.function
-    def p3_rollout_model(...) -> Decision: ...
-
-Everything that shows a rule reads these declarations: the catalogue and ``docs/rules.md``
-(``rules.catalogue``), the flow figure's questions and labels (``lab.flow``) and
-``show_rule`` (``lab.code_view``). JAX-free, like ``rules.validation``, which declares P6.
+module of its functions, and each function registers with ``@P3.function`` (``rules.rollout``
+is an example). Everything that shows a rule reads these declarations: the catalogue and
+``docs/rules.md`` (``rules.catalogue``), the flow figure's questions and labels (``lab.flow``)
+and ``show_rule`` (``lab.code_view``). JAX-free, like ``rules.validation``, which declares P6.
 """
 
 from __future__ import annotations
@@ -101,13 +88,9 @@ def rule(
     """Declare a rule, once.
 
     Args:
-        rule_id: ``"P1"`` ... ``"P15"`` for the cluster's rules, ``"L1"`` ... for the lab's own.
-        title: a few words.
-        tests: test files (``"tests/test_sync.py"``) or ``"tests/test_sync.py::test_p13_*"``.
-        question: what the flow figure asks, if the figure draws the rule.
+        rule_id, title, tests, question, note: as ``Rule``'s attributes.
         answers: branch (or plain value, for an answer that is not a branch) -> its label in the
             figure, in the order the figure draws them.
-        note: for a rule with no function of its own, what holds it.
 
     Returns:
         The ``Rule``; its ``function`` method registers the functions that implement it.

@@ -29,8 +29,9 @@ import numpy as np
 import optax
 from flax import nnx
 
+from rlcluster_lab.core.compile_options import options_key
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.model.logps import check_token_batch, check_token_ids
+from rlcluster_lab.model.logps import check_token_batch, check_token_ids, model_compiler_options
 from rlcluster_lab.model.scoring import completion_scores
 from rlcluster_lab.training.batch import _float_array
 from rlcluster_lab.training.step import _STEPS, _sharding_key, accumulation_steps, jitted_update
@@ -149,13 +150,13 @@ def value_train_step(
     keep = (_sharding_key(trainable), _sharding_key(opt_state))
     pad_id, clip = int(pad_id), float(clip_range_value)
     pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
+    options = model_compiler_options(graphdef, trainable, frozen)
 
     def build() -> Any:
         def sums_fn(model: nnx.Module, b: dict[str, jax.Array], _extra: Any) -> Any:
             return ppo_value_sums(model, b, pad_id=pad_id, clip_range_value=clip)
 
-        return jitted_update(graphdef, keep, pieces, sums_fn, "value_train_step")
+        return jitted_update(graphdef, keep, pieces, sums_fn, "value_train_step", options)
 
-    return _STEPS.call(
-        tx, (graphdef, "value", pad_id, clip, keep, pieces), build, trainable, frozen, opt_state, batch, None
-    )
+    key = (graphdef, "value", pad_id, clip, keep, pieces, options_key(options))
+    return _STEPS.call(tx, key, build, trainable, frozen, opt_state, batch, None)

@@ -30,9 +30,10 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rlcluster_lab.core.compile_options import options_for, options_key
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model import forward_logps
-from rlcluster_lab.model.logps import check_temperature, model_vocab_size
+from rlcluster_lab.model.logps import check_temperature, model_compiler_options, model_vocab_size
 from rlcluster_lab.training.batch import TrainBatch, batch_arrays, mini_batches, validate_batch_arrays
 from rlcluster_lab.training.fingerprint import describe_transformation
 
@@ -168,10 +169,11 @@ def train_step(
     keep = (_sharding_key(trainable), _sharding_key(opt_state))
     pad_id, beta, epsilon = int(pad_id), float(beta), float(epsilon)
     pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
+    options = model_compiler_options(graphdef, trainable, frozen)
     return _STEPS.call(
         tx,
-        (graphdef, "grpo", pad_id, beta, epsilon, keep, pieces),
-        lambda: _jitted_step(graphdef, pad_id, beta, epsilon, keep, pieces),
+        (graphdef, "grpo", pad_id, beta, epsilon, keep, pieces, options_key(options)),
+        lambda: _jitted_step(graphdef, pad_id, beta, epsilon, keep, pieces, options),
         trainable,
         frozen,
         opt_state,
@@ -329,14 +331,22 @@ def _jitted_step(
     epsilon: float,
     keep: tuple[Any, Any],
     pieces: int = 1,
+    options: Mapping[str, Any] | None = None,
 ) -> Any:
     def sums_fn(model: nnx.Module, batch: dict[str, jax.Array], temperature: jax.Array) -> Any:
         return grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
 
-    return jitted_update(graphdef, keep, pieces, sums_fn, "grpo_train_step")
+    return jitted_update(graphdef, keep, pieces, sums_fn, "grpo_train_step", options)
 
 
-def jitted_update(graphdef: nnx.GraphDef, keep: tuple[Any, Any], pieces: int, sums_fn: Any, name: str) -> Any:
+def jitted_update(
+    graphdef: nnx.GraphDef,
+    keep: tuple[Any, Any],
+    pieces: int,
+    sums_fn: Any,
+    name: str,
+    options: Mapping[str, Any] | None = None,
+) -> Any:
     """The transactional optimizer step of any token-mean loss, jitted with pinned shardings.
 
     ``sums_fn(model, batch, extra)`` returns the loss and its metrics summed
@@ -345,6 +355,7 @@ def jitted_update(graphdef: nnx.GraphDef, keep: tuple[Any, Any], pieces: int, su
     when ``pieces > 1``. The program runs ``(trainable, frozen, opt_state,
     batch, extra)``; a result with a non-finite loss, gradient, parameter or
     optimizer-state value hands back the old ones (``metrics["rejected"]``).
+    ``options``: XLA compiler options (``core.compile_options``; None: the defaults).
     """
     (p_def, p_shardings), (o_def, o_shardings) = keep
     mesh = next((s.mesh for s in p_shardings if isinstance(s, NamedSharding)), None)
@@ -386,7 +397,7 @@ def jitted_update(graphdef: nnx.GraphDef, keep: tuple[Any, Any], pieces: int, su
 
     step.__name__ = step.__qualname__ = name  # the program's name in compilation reports
     out = (jax.tree.unflatten(p_def, p_shardings), jax.tree.unflatten(o_def, o_shardings), metrics)
-    return jax.jit(step, out_shardings=out)
+    return jax.jit(step, out_shardings=out, compiler_options=dict(options) if options else None)
 
 
 def _accumulated_grads(
@@ -455,10 +466,15 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
 
     shardings = jax.tree_util.tree_map_with_path(pick, abstract)
     flat, treedef = jax.tree.flatten(shardings)
-    key = (_sharding_key(params), treedef, tuple(flat))
+    options = options_for(params)
+    key = (_sharding_key(params), treedef, tuple(flat), options_key(options))
 
     def build() -> Any:
-        return jax.jit(lambda p: _INITS.current_tx().init(p), out_shardings=shardings)
+        return jax.jit(
+            lambda p: _INITS.current_tx().init(p),
+            out_shardings=shardings,
+            compiler_options=dict(options) if options else None,
+        )
 
     return _INITS.call(tx, key, build, params)
 

@@ -1,21 +1,15 @@
 """Point the lab at Tunix's own ``RLCluster`` (the optional ``[tunix]`` extra).
 
-- ``inspect(rl_cluster)``: the lab's report of a Tunix cluster, read from its
-  state: sharing map, whether rollout and actor share buffers, whether the
-  reference shares the backbone, role meshes as constructed, the engine's mesh
-  override, the anchor, memory per role x device x memory kind (a buffer held
-  by several roles counted once). Decisions are observed, not traced.
-  ``inspect(...).sync()`` runs the cluster's ``sync_weights`` under the lab's
-  sync observer and P13 transfer guard.
-- ``side_by_side(scenario)``: Tunix's cluster and the lab's for one scenario,
-  compared decision by decision, each difference matched to the documented
-  difference that explains it, checked on the two clusters.
-- ``build_tunix_cluster(scenario)``: Tunix's cluster from the lab's models.
+``inspect(rl_cluster)`` is the lab's report of a Tunix cluster, read from its state
+(``report``; ``.sync()`` runs its weight sync under the lab's observer and P13 guard);
+``side_by_side(scenario)`` compares Tunix's cluster and the lab's decision by decision
+(``compare``), each difference matched to the documented one that explains it
+(``differences``); ``build_tunix_cluster(scenario)`` builds Tunix's cluster from the lab's
+models (``build``).
 
-Importing this package imports neither Tunix nor JAX: the names below load on first
-use, and a function that needs Tunix raises ``TunixMissingError`` saying how to
-install the extra (``available()`` asks first). Nothing else in the lab imports
-this package.
+Importing this package imports neither Tunix nor JAX: the names below load on first use,
+and a function that needs Tunix raises ``TunixMissingError`` saying how to install the
+extra (``available()`` asks first). Nothing else in the lab imports this package.
 """
 
 from __future__ import annotations

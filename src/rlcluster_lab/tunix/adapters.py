@@ -1,23 +1,14 @@
 """What Tunix 0.1.7 asks of the models and tokenizer it is handed, met for the lab's own.
 
-Tunix's cluster takes in-memory ``nnx.Module`` models (a path is not supported
-by that version). To construct, it needs:
+Tunix's cluster takes in-memory ``nnx.Module`` models (a path is not supported by that
+version) whose partition specs name the mesh's own axes, a ``config`` with the KV-cache
+fields for its vanilla engine (``check_model``), and a tokenizer with ``bos_id()``,
+``eos_id()`` and ``pad_id()`` methods (``TunixTokenizer``). The lab's model carries logical
+axis names, so construction runs inside ``lab_axis_rules`` (P5).
 
-- partition specs that name the mesh's own axes: it reads each model's specs
-  to reshard it onto a role's mesh (P5). The lab's model carries logical names
-  ("embed", "vocab", ...), so the construction runs inside
-  ``nnx.logical_axis_rules`` with the lab's rules, which resolves those names
-  to the mesh axes ("fsdp", "tp") wherever specs are read;
-- for its built-in vanilla engine, a ``config`` attribute with ``num_layers``,
-  ``num_kv_heads`` and ``head_dim`` (it sizes the KV cache from them): the
-  lab's ``TransformerLM`` has one;
-- a tokenizer with ``encode``, ``decode`` and the methods ``bos_id()``,
-  ``eos_id()`` and ``pad_id()``: ``TunixTokenizer`` gives the lab's byte
-  tokenizer that shape.
-
-Tunix's sampler calls a model with its own arguments (tokens, positions, a
-per-layer cache dict, a mask), which the lab's model does not take, so the
-comparison stays with what construction and the weight sync do.
+Tunix's sampler calls a model with its own arguments (tokens, positions, a per-layer cache
+dict, a mask), which the lab's model does not take, so the comparison stays with what
+construction and the weight sync do.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -68,10 +68,6 @@ class SideBySide:
     lab_sync: SyncReport | None
     tunix_sync: TunixSync | None
     seconds: Mapping[str, float]
-
-    @property
-    def agreed(self) -> list[Row]:
-        return [r for r in self.rows if r.agree]
 
     @property
     def differing(self) -> list[Row]:
@@ -208,80 +204,70 @@ def _row(item: str, rule: str, lab: Any, tunix: Any) -> Row:
 
 
 def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Row]:
+    def read(item: str, rule: str, what: Callable[[Mapping[str, Any]], Any]) -> Row:
+        """The row of one figure, read the same way from both reports."""
+        return _row(item, rule, what(lab), what(tunix))
+
+    def branch(item: str, rule: str, **kw: Any) -> Row:
+        return read(item, rule, lambda report: _branch(report, rule, **kw))
+
+    def key(item: str, rule: str, name: str) -> Row:
+        return read(item, rule, lambda report: report[name])
+
+    def linked(report: Mapping[str, Any]) -> list[str]:
+        return sorted(
+            (_decision(report, "P2", test="propagated") or {"values": {}})["values"].get("linked_to_actor", [])
+        )
+
+    def shared(report: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int]]:
+        return [(tuple(g["roles"]), g["bytes"]) for g in report["memory"]["shared"]]
+
     rows = [
-        _row("P1 actor/rollout link", "P1", _branch(lab, "P1"), _branch(tunix, "P1")),
-        _row("P2 LoRA reference link", "P2", _branch(lab, "P2", test="link"), _branch(tunix, "P2", test="link")),
-        _row(
-            "P2 roles linked to the actor",
-            "P2",
-            sorted((_decision(lab, "P2", test="propagated") or {"values": {}})["values"].get("linked_to_actor", [])),
-            sorted((_decision(tunix, "P2", test="propagated") or {"values": {}})["values"].get("linked_to_actor", [])),
-        ),
-        _row("sharing map", "P1, P2", lab["sharing_map"], tunix["sharing_map"]),
-        _row("P3 what the rollout samples with", "P3", lab["rollout_branch"], tunix["rollout_branch"]),
-        _row(
-            "P3 rollout holds actor buffers",
-            "P3",
-            lab["rollout_shares_actor_weights"],
-            tunix["rollout_shares_actor_weights"],
-        ),
+        branch("P1 actor/rollout link", "P1"),
+        branch("P2 LoRA reference link", "P2", test="link"),
+        read("P2 roles linked to the actor", "P2", linked),
+        key("sharing map", "P1, P2", "sharing_map"),
+        key("P3 what the rollout samples with", "P3", "rollout_branch"),
+        key("P3 rollout holds actor buffers", "P3", "rollout_shares_actor_weights"),
     ]
     for role in ("actor", "rollout", "reference", "reward", "critic"):
-        ours, theirs = _branch(lab, "P5", role=role), _branch(tunix, "P5", role=role)
-        if ours is not None or theirs is not None:
-            rows.append(_row(f"P5 load {role}", "P5", ours, theirs))
+        row = branch(f"P5 load {role}", "P5", role=role)
+        if row.lab is not None or row.tunix is not None:
+            rows.append(row)
     rows += [
-        _row("P4 reference backbone", "P4", _branch(lab, "P4"), _branch(tunix, "P4")),
-        _row(
-            "P4 reference shares the backbone",
-            "P4",
-            lab["reference_shares_backbone"],
-            tunix["reference_shares_backbone"],
-        ),
-        _row("P4 warnings", "P4", _p4_warnings(lab), _p4_warnings(tunix)),
-        _row("P7 engine mesh", "P7", _branch(lab, "P7"), _branch(tunix, "P7")),
-        _row("P7 mesh replaced", "P7", lab["mesh_overridden_by_engine"], tunix["mesh_overridden_by_engine"]),
-        _row("role meshes as constructed", "P5, P7", lab["role_to_mesh"], tunix["role_to_mesh"]),
-        _row("role meshes as asked", "P1", lab["config_role_to_mesh"], tunix["config_role_to_mesh"]),
-        _row("P12 optimizer trains", "P12", _branch(lab, "P12"), _branch(tunix, "P12")),
-        _row("P8 anchor", "P8", lab["anchor"], tunix["anchor"]),
+        branch("P4 reference backbone", "P4"),
+        key("P4 reference shares the backbone", "P4", "reference_shares_backbone"),
+        read("P4 warnings", "P4", lambda report: sum(1 for w in report["warnings"] if str(w).startswith("P4"))),
+        branch("P7 engine mesh", "P7"),
+        key("P7 mesh replaced", "P7", "mesh_overridden_by_engine"),
+        key("role meshes as constructed", "P5, P7", "role_to_mesh"),
+        key("role meshes as asked", "P1", "config_role_to_mesh"),
+        branch("P12 optimizer trains", "P12"),
+        key("P8 anchor", "P8", "anchor"),
     ]
     if facts["tunix_engine_inputs"] is not None:
         rows.append(_row("engine inputs", "engine", facts["lab_engine_inputs"], facts["tunix_engine_inputs"]))
-    lab_mem, tunix_mem = lab["memory"], tunix["memory"]
     for name in MEMORY_ROWS:
-        ours, theirs = lab_mem["by_role"].get(name), tunix_mem["by_role"].get(name)
-        if ours is not None or theirs is not None:
-            rows.append(_row(f"L2 {name}", "L2", ours, theirs))
+        row = read(f"L2 {name}", "L2", lambda report, name=name: report["memory"]["by_role"].get(name))
+        if row.lab is not None or row.tunix is not None:
+            rows.append(row)
     rows += [
-        _row("L2 optimizer", "L2", _bytes_of(lab_mem, "optimizer"), _bytes_of(tunix_mem, "optimizer")),
-        _row("L2 optimizer memory kinds", "L2", _kinds_of(lab_mem, "optimizer"), _kinds_of(tunix_mem, "optimizer")),
-        _row("L2 shared buffers", "L2", _shared(lab_mem), _shared(tunix_mem)),
-        _row("L2 unique bytes", "L2", lab_mem["unique_bytes"], tunix_mem["unique_bytes"]),
+        read("L2 optimizer", "L2", lambda report: _bytes_of(report["memory"], "optimizer")),
+        read("L2 optimizer memory kinds", "L2", lambda report: _kinds_of(report["memory"], "optimizer")),
+        read("L2 shared buffers", "L2", shared),
+        read("L2 unique bytes", "L2", lambda report: report["memory"]["unique_bytes"]),
     ]
     lab_sync, tunix_sync = facts["lab_sync"], facts["tunix_sync"]
     if lab_sync is not None and tunix_sync is not None:
+        tunix_bytes = _sync_bytes(tunix_sync.report) if tunix_sync.report is not None else None
+        lab_params = "LoRA params" if lab_sync.lora else "all params"
         rows += [
             _row("P13 sync outcome", "P13", "completed", tunix_sync.outcome),
-            _row(
-                "P13 sync hands over",
-                "P13",
-                "LoRA params" if lab_sync.lora else "all params",
-                tunix_sync.decision["branch"],
-            ),
+            _row("P13 sync hands over", "P13", lab_params, tunix_sync.decision["branch"]),
             _row("P13 global steps after the sync", "P13", lab_sync.global_step, tunix_sync.global_steps_after),
-            _row(
-                "P13 sync bytes",
-                "P13, L3",
-                _sync_bytes(lab_sync),
-                _sync_bytes(tunix_sync.report) if tunix_sync.report is not None else None,
-            ),
+            _row("P13 sync bytes", "P13, L3", _sync_bytes(lab_sync), tunix_bytes),
         ]
     return rows
-
-
-def _p4_warnings(report: Mapping[str, Any]) -> int:
-    return sum(1 for w in report["warnings"] if str(w).startswith("P4"))
 
 
 def _bytes_of(memory: Mapping[str, Any], name: str) -> int | None:
@@ -292,10 +278,6 @@ def _bytes_of(memory: Mapping[str, Any], name: str) -> int | None:
 def _kinds_of(memory: Mapping[str, Any], name: str) -> list[str]:
     entry = memory["by_role"].get(name)
     return [] if entry is None else sorted(entry["by_kind"])
-
-
-def _shared(memory: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int]]:
-    return [(tuple(g["roles"]), g["bytes"]) for g in memory["shared"]]
 
 
 def _sync_bytes(report: SyncReport) -> dict[str, int]:

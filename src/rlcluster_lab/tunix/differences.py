@@ -44,53 +44,45 @@ class DifferenceCheck:
 
 @dataclasses.dataclass(frozen=True)
 class ScenarioDifference:
-    """A documented difference a side-by-side build can show, and the rows it explains."""
+    """A documented difference a side-by-side build can show, the rows it explains, and how to
+    look for it: the two clusters' facts -> (observed, what the lab showed, what Tunix showed)."""
 
     id: str
     readme: str
     rows: tuple[str, ...]
-    check: Callable[[Mapping[str, Any]], DifferenceCheck]
+    look: Callable[[Mapping[str, Any]], tuple[bool, str, str]]
+
+    def check(self, facts: Mapping[str, Any]) -> DifferenceCheck:
+        observed, lab, tunix = self.look(facts)
+        return DifferenceCheck(self.id, self.readme, bool(observed), lab, tunix)
 
 
-def _sync_through_host(facts: Mapping[str, Any]) -> DifferenceCheck:
+def _sync_through_host(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
     lab, tunix = facts["lab_sync"], facts["tunix_sync"]
     refused_host = tunix is not None and not tunix.completed and "host" in (tunix.error or "")
-    return DifferenceCheck(
-        "device-put-through-host",
-        SCENARIO_DIFFERENCES[0].readme,
-        observed=bool(lab is not None and refused_host),
-        lab="sync completed under the P13 guard" if lab is not None else "no sync run",
-        tunix=f"{tunix.outcome}: {tunix.error}" if tunix is not None and tunix.error else "sync completed",
+    return (
+        lab is not None and refused_host,
+        "sync completed under the P13 guard" if lab is not None else "no sync run",
+        f"{tunix.outcome}: {tunix.error}" if tunix is not None and tunix.error else "sync completed",
     )
 
 
-def _vanilla_inputs(facts: Mapping[str, Any]) -> DifferenceCheck:
+def _vanilla_inputs(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
     lab, tunix = facts["lab_engine_inputs"], facts["tunix_engine_inputs"]
-    observed = bool(lab and tunix and lab["rollout_config"] and lab["mesh"] and not tunix["rollout_config"])
-    observed = observed and not tunix["mesh"]
-    return DifferenceCheck(
-        "vanilla-engine-inputs", SCENARIO_DIFFERENCES[1].readme, observed, lab=str(lab), tunix=str(tunix)
-    )
+    observed = bool(lab and tunix and lab["rollout_config"] and lab["mesh"])
+    return observed and not tunix["rollout_config"] and not tunix["mesh"], str(lab), str(tunix)
 
 
-def _optimizer_counters(facts: Mapping[str, Any]) -> DifferenceCheck:
+def _optimizer_counters(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
     lab, tunix = facts["lab_optimizer"], facts["tunix_optimizer"]
     # The difference is the counters' alone: the moments (every non-scalar leaf) hold the same bytes.
     observed = lab["moment_bytes"] == tunix["moment_bytes"] and lab["counters"] != tunix["counters"]
-    return DifferenceCheck(
-        "optimizer-counters", SCENARIO_DIFFERENCES[2].readme, observed, lab=str(lab), tunix=str(tunix)
-    )
+    return observed, str(lab), str(tunix)
 
 
-def _offloaded_optimizer(facts: Mapping[str, Any]) -> DifferenceCheck:
+def _offloaded_optimizer(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
     lab, tunix = facts["lab_optimizer_kinds"], facts["tunix_optimizer_kinds"]
-    return DifferenceCheck(
-        "offload-optimizer-state",
-        SCENARIO_DIFFERENCES[3].readme,
-        observed=lab == ["pinned_host"] and tunix == ["device"],
-        lab=", ".join(lab),
-        tunix=", ".join(tunix),
-    )
+    return lab == ["pinned_host"] and tunix == ["device"], ", ".join(lab), ", ".join(tunix)
 
 
 SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (

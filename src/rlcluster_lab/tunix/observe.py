@@ -12,7 +12,6 @@ while Tunix decided.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ from rlcluster_lab.rules.anchor import AnchorBranch
 from rlcluster_lab.rules.loading import LoadBranch, OffloadBranch
 from rlcluster_lab.rules.reference import ReferenceBranch
 from rlcluster_lab.rules.rollout import MeshBranch, RolloutBranch
-from rlcluster_lab.rules.sharing import LinkBranch
+from rlcluster_lab.rules.sharing import LinkBranch, shares
 from rlcluster_lab.rules.steps import ParamsBranch
 from rlcluster_lab.tunix.adapters import lab_role
 from rlcluster_lab.tunix.build import Given, leaf_layouts
@@ -83,14 +82,12 @@ def optimizer_state(trainer: Any) -> Any:
     return nnx.state(trainer.optimizer)
 
 
-def _decision(rule: str, test: str, values: dict[str, Any], outcome: str, branch: Any, source: str) -> dict[str, Any]:
-    # The branch's value, as the lab's trace records it ("linked", "second_copy", ...).
+def observation(
+    rule: str, test: str, values: dict[str, Any], outcome: str, branch: Any, source: str = OBSERVED
+) -> dict[str, Any]:
+    """A decision as the lab's trace records it (the branch as its value: "linked", ...), with its ``source``."""
     value = branch.value if isinstance(branch, enum.Enum) else str(branch)
     return {"rule": rule, "test": test, "values": values, "outcome": outcome, "branch": value, "source": source}
-
-
-def _linked(smap: Mapping[Role, tuple[Role, ...]], a: Role, b: Role) -> bool:
-    return b in smap.get(a, ())
 
 
 def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[str, Any]]:
@@ -110,9 +107,9 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     rollout_asked = asked.get(Role.ROLLOUT, None if replaced else meshes[Role.ROLLOUT])
     out = []
 
-    link = _linked(smap, Role.ACTOR, Role.ROLLOUT)
+    link = shares(smap, Role.ACTOR, Role.ROLLOUT)
     out.append(
-        _decision(
+        observation(
             "P1",
             "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT] (read from the sharing map)",
             {
@@ -127,9 +124,9 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     )
     actor = models["actor"]
     reference = models.get("reference")
-    ref_link = _linked(smap, Role.ACTOR, Role.REFERENCE)
+    ref_link = shares(smap, Role.ACTOR, Role.REFERENCE)
     out.append(
-        _decision(
+        observation(
             "P2",
             "LoRA actor, a reference, reference mesh == actor mesh (read from the sharing map)",
             {
@@ -139,19 +136,17 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
             },
             "actor and reference linked both ways" if ref_link else "reference not linked",
             LinkBranch.LINKED if ref_link else LinkBranch.NOT_LINKED,
-            OBSERVED,
         )
     )
     with_actor = list(smap.get(Role.ACTOR, ()))
-    propagated = [(a, b) for a in with_actor for b in with_actor if a != b and _linked(smap, a, b)]
+    propagated = [(a, b) for a in with_actor for b in with_actor if a != b and shares(smap, a, b)]
     out.append(
-        _decision(
+        observation(
             "P2",
             "propagate: roles linked to ACTOR are linked to each other (read from the sharing map)",
             {"linked_to_actor": [r.value for r in with_actor]},
             f"{len(propagated)} link(s) between roles linked to the actor",
             LinkBranch.PROPAGATED,
-            OBSERVED,
         )
     )
     if given is not None:
@@ -164,7 +159,7 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
         else RolloutBranch.ENGINE_INITIAL_VALUE
     )
     out.append(
-        _decision(
+        observation(
             "P3",
             "ROLLOUT in sharing_map[ACTOR]; else engine == 'vanilla' (the map and the engine read back)",
             {
@@ -178,7 +173,6 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
                 RolloutBranch.ENGINE_INITIAL_VALUE: f"the {engine} engine was handed the trainer's model",
             }[branch],
             branch,
-            OBSERVED,
         )
     )
     if given is not None and branch is RolloutBranch.SECOND_COPY:
@@ -189,7 +183,7 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     if reference is not None:
         out.append(_reference_decision(cluster, reference, actor, ref_link, given))
     out.append(
-        _decision(
+        observation(
             "P7",
             "the engine exposes a non-None mesh (read from the built engine)",
             {
@@ -210,26 +204,24 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     wrt = getattr(cluster.actor_trainer.optimizer, "wrt", None)
     lora_wrt = wrt is nnx.LoRAParam
     out.append(
-        _decision(
+        observation(
             "P12",
             "actor trainable parameters (the optimizer's wrt filter)",
             {"lora": lora_wrt, "wrt": getattr(wrt, "__name__", str(wrt))},
             "optimizer over LoRA parameters only" if lora_wrt else "optimizer over all parameters",
             ParamsBranch.LORA if lora_wrt else ParamsBranch.ALL,
-            OBSERVED,
         )
     )
     if cluster.cluster_config.offload_to_cpu:
         for name, model in models.items():
             kinds = memory_kinds(nnx.state(model))
             out.append(
-                _decision(
+                observation(
                     "P14",
                     f"{name}: memory kind after construction",
                     {"role": name, "memory_kinds": kinds},
                     f"{name} in {', '.join(kinds)}",
                     OffloadBranch.OFFLOADED if kinds == ["pinned_host"] else "stays on device",
-                    OBSERVED,
                 )
             )
     if has_anchor(cluster):
@@ -253,13 +245,12 @@ def anchor_decision(cluster: Any) -> dict[str, Any]:
     actor_leaves = len(array_leaves(nnx.state(cluster.actor_trainer.model)))
     held = len(array_leaves(anchor)) if anchor is not None else 0
     full = held == actor_leaves
-    return _decision(
+    return observation(
         "P8",
         "the anchor policy state: the actor's whole state on pinned host (read back)",
         {"global_steps": int(cluster.global_steps), "anchor": "full" if full else "trainable", "bytes": _bytes(anchor)},
         f"anchor holds {held} of the actor's {actor_leaves} leaves in {', '.join(memory_kinds(anchor) or ['-'])}",
         AnchorBranch.FULL if full else AnchorBranch.TRAINABLE,
-        OBSERVED,
     )
 
 
@@ -280,7 +271,7 @@ def _load_decision(role: str, model: nnx.Module, given: Given, source: str, mesh
     on_mesh = sum(1 for x in leaves.values() if getattr(x.sharding, "mesh", None) == mesh)
     whole = kept == len(leaves)
     first = next(iter(leaves.values()), None)
-    return _decision(
+    return observation(
         "P5",
         f"{role}: every leaf kept from the model handed in (buffer identity; layout where offloaded)",
         {
@@ -312,7 +303,7 @@ def _reference_decision(
         branch, outcome = ReferenceBranch.ONE_BACKBONE, "one backbone in memory"
     if warned:
         outcome += "; Tunix logged its avoidable-copy warning"
-    return _decision(
+    return observation(
         "P4",
         "reference linked to actor: its frozen buffers are the actor's (buffer identity)",
         {

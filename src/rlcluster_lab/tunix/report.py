@@ -1,6 +1,6 @@
 """``inspect``: the lab's report of a Tunix ``RLCluster``, read from the object's state.
 
-The report has the lab's placement report's fields (so ``lab.figures`` draws
+The report has the lab's placement report's fields (so the lab's figures draw
 it as it draws the lab's own), with every decision an observation
 (``observe``), memory per role from the lab's own buffer walk (L2), and
 ``sync()`` to run the cluster's weight sync under the lab's observer (L3).
@@ -46,7 +46,7 @@ class TunixReport:
     ``source``), ``memory`` is the lab's walk of the live buffers (a buffer several
     roles hold counted once), ``config_role_to_mesh`` is the meshes as asked where
     they are known (a cluster built by ``build_tunix_cluster``). ``notes`` say what
-    could not be read. ``to_json()`` has the keys ``lab.figures`` reads.
+    could not be read. ``to_json()`` has the keys the lab's figures read.
     """
 
     sharing_map: dict[str, list[str]]

@@ -33,7 +33,7 @@ from rlcluster_lab.placement.boxes import plan_reshard, shard_boxes
 from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.placement.transfers import Transfer, TransferLog, shard_key
 from rlcluster_lab.rules.steps import ParamsBranch, p13_sync_guarded
-from rlcluster_lab.tunix.observe import OBSERVED, anchor_decision, anchor_state, has_anchor
+from rlcluster_lab.tunix.observe import OBSERVED, anchor_decision, anchor_state, has_anchor, observation
 
 COMPLETED = "completed"
 REFUSED = "refused by the transfer guard"
@@ -147,20 +147,19 @@ def run_sync(cluster: Any, platform: str) -> TunixSync:
         rollout_unchanged=buffer_keys(destination) == rollout_before,
         anchor_repinned=anchor_after is not anchor_before,
         seconds=seconds,
-        decision={
-            "rule": "P13",
-            "test": "sync: the actor's LoRA parameters if it has LoRA, else all parameters, to the engine",
-            "values": {
+        decision=observation(
+            "P13",
+            "sync: the actor's LoRA parameters if it has LoRA, else all parameters, to the engine",
+            {
                 "lora": lora,
                 "global_steps": int(cluster.global_steps),
                 "platform": platform,
                 "guard": guard_text(platform),
                 "outcome": outcome,
             },
-            "outcome": outcome if error is None else f"{outcome}: {error}",
-            "branch": (ParamsBranch.LORA if lora else ParamsBranch.ALL).value,
-            "source": OBSERVED,
-        },
+            outcome if error is None else f"{outcome}: {error}",
+            ParamsBranch.LORA if lora else ParamsBranch.ALL,
+        ),
     )
 
 

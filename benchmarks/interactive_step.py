@@ -1,0 +1,351 @@
+"""Sections of ``interactive.py``: the first RL step through the public API, and the twelve
+scenarios beside Tunix's own RLCluster.
+
+5. ``step``: a fresh process with an empty compilation cache builds a tiny
+   colocated LoRA cluster and takes one RL step through the public API
+   (``generate``, reference and anchor log-probs, ``update_actor``,
+   ``sync_weights``), then the same step five more times (the step once
+   compiled: "warm"). The same in a fresh process whose cache the cold one
+   filled, and cold again with XLA's default compiler options
+   (``RLCLUSTER_LAB_FAST_COMPILE=off``), to show what the options save in
+   compiling and cost in running. Every program the first step built is listed
+   (``core.compile_cache.count_compilations``): the per-program compile table.
+6. ``tunix``: the twelve scenarios (layout x LoRA x {vanilla, vllm}, build + two
+   syncs each, one fresh process with an empty cache) for the lab and for
+   Tunix's own ``RLCluster`` (``rlcluster_lab.tunix.build``; Tunix's sync under
+   its own transfer guard refuses to move host arrays on the layouts where
+   shards change place: that refusal is part of its time, as it is of a
+   user's), alternated, repeated, medians compared.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import common
+
+T_STEP_RATIO = 6.0
+T_TUNIX_RATIO = 0.3
+STEP_REPEATS = 5
+
+STEP_CHILD = r"""
+import collections
+from jax._src import monitoring
+from rlcluster_lab import Scenario, build_cluster
+from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.core.roles import Role
+from rlcluster_lab.training.batch import TrainBatch
+import numpy as np
+
+phases = collections.defaultdict(float)
+
+
+def on_duration(event, seconds, **kwargs):
+    if event.startswith("/jax/core/compile/"):
+        phases[event.rsplit("/", 1)[-1]] += seconds
+
+
+monitoring.register_event_duration_secs_listener(on_duration)
+PROMPTS = ["abc", "the cat", "hello", "xyz"] * 4
+t = time.perf_counter()
+cluster = build_cluster(Scenario(layout="colocated", lora=True))
+build_s = time.perf_counter() - t
+
+
+def step():
+    out = cluster.generate(PROMPTS)
+    p, c = out.left_padded_prompt_tokens, out.tokens
+    ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, p, c))
+    anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, p, c))
+    cluster.update_actor(TrainBatch(p, c, np.linspace(-1, 1, len(p), dtype=np.float32), anchor, ref))
+    cluster.sync_weights()
+
+
+phases.clear()
+with count_compilations() as built:
+    t = time.perf_counter()
+    step()
+    first_s = time.perf_counter() - t
+first_phases = dict(phases)
+repeats = []
+for _ in range(ARGS["repeats"]):
+    t = time.perf_counter()
+    step()
+    repeats.append(time.perf_counter() - t)
+emit({"build_s": build_s, "first_s": first_s, "repeat_s": repeats, "phases": first_phases,
+      "programs": [[name, seconds, bool(cached)] for name, seconds, cached in built]})
+"""
+
+TUNIX_CHILD = r"""
+_t = time.perf_counter()
+from rlcluster_lab.core.options import Scenario
+from rlcluster_lab.tunix.build import build_tunix_cluster
+IMPORT_S = time.perf_counter() - _t
+rows = []
+_t_all = time.perf_counter()
+for sc in ARGS["scenarios"]:
+    row = dict(sc)
+    t = time.perf_counter()
+    built = None
+    try:
+        built = build_tunix_cluster(Scenario(layout=sc["layout"], lora=sc["lora"], engine=sc["engine"],
+                                             model_size=sc["size"]))
+        row["build_s"] = time.perf_counter() - t
+        row["sync_errors"] = []
+        for _ in range(2):
+            try:
+                built.cluster.sync_weights()
+            except Exception as exc:
+                row["sync_errors"].append(error_text(exc)[:160])
+    except Exception as exc:
+        row["error"] = error_text(exc)
+    built = None
+    row["total_s"] = time.perf_counter() - t
+    rows.append(row)
+emit({"import_s": IMPORT_S, "rows": rows, "total_s": time.perf_counter() - _t_all})
+"""
+
+
+# ------------------------------------------------------------------ 5. the first RL step
+
+
+def step_section(run: Any, quick: bool) -> dict[str, Any]:
+    repeats = 1 if quick else 3
+    out: dict[str, Any] = {"repeats": repeats, "cold": [], "warm": [], "defaults_cold": []}
+    args = {"repeats": STEP_REPEATS}
+    for _ in range(repeats):
+        cache = run.fresh_cache()
+        out["cold"].append(run.python("first RL step, cold", STEP_CHILD, args, cache))
+        out["warm"].append(run.python("first RL step, warm cache", STEP_CHILD, args, cache))
+    for _ in range(1 if quick else 2):
+        out["defaults_cold"].append(
+            run.python(
+                "first RL step, cold, XLA's default options",
+                STEP_CHILD,
+                args,
+                run.fresh_cache(),
+                env={"RLCLUSTER_LAB_FAST_COMPILE": "off"},
+            )
+        )
+    return out
+
+
+def _ok(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c["result"] for c in children if c["ok"]]
+
+
+def _med(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def step_figures(out: dict[str, Any], which: str = "cold") -> dict[str, float | None]:
+    runs = _ok(out[which])
+    first = _med([r["first_s"] for r in runs])
+    warm = _med([statistics.median(r["repeat_s"]) for r in runs if r["repeat_s"]])
+    return {
+        "first_s": first,
+        "repeat_s": warm,
+        "ratio": first / warm if first is not None and warm else None,
+        "build_s": _med([r["build_s"] for r in runs]),
+    }
+
+
+def program_table(out: dict[str, Any]) -> list[list[Any]]:
+    """Per program the first step built: how many, median compile seconds with the lab's options and
+    with XLA's defaults (cold), and whether the warm-cache process read it back."""
+
+    def per_run(runs: list[dict[str, Any]]) -> list[dict[str, tuple[int, float, int]]]:
+        tables = []
+        for r in runs:
+            table: dict[str, list[float]] = {}
+            for name, seconds, cached in r["programs"]:
+                entry = table.setdefault(name, [0, 0.0, 0])
+                entry[0] += 1
+                entry[1] += seconds
+                entry[2] += int(cached)
+            tables.append({k: tuple(v) for k, v in table.items()})
+        return tables
+
+    fast, default, warm = (per_run(_ok(out[k])) for k in ("cold", "defaults_cold", "warm"))
+    names = sorted(
+        {n for t in fast + default for n in t},
+        key=lambda n: -(_med([t[n][1] for t in fast if n in t]) or 0.0),
+    )
+    rows = []
+    for n in names:
+        count = max((t[n][0] for t in fast + default if n in t), default=0)
+        f = _med([t[n][1] for t in fast if n in t])
+        d = _med([t[n][1] for t in default if n in t])
+        read = [t[n][2] for t in warm if n in t]
+        rows.append(
+            [
+                n,
+                count,
+                "-" if f is None else f,
+                "-" if d is None else d,
+                "-" if not read else f"{min(read)}/{count}",
+            ]
+        )
+    totals = [
+        "all programs",
+        "",
+        _med([sum(v[1] for v in t.values()) for t in fast]) or "-",
+        _med([sum(v[1] for v in t.values()) for t in default]) or "-",
+        "",
+    ]
+    return [*rows, totals]
+
+
+def print_step(out: dict[str, Any]) -> None:
+    print(
+        f"\n== 5. the first RL step through the public API (tiny, colocated, LoRA: generate, reference and anchor "
+        f"log-probs, update_actor, sync_weights), fresh processes, median of {out['repeats']}"
+    )
+    rows = []
+    for key, what in (
+        ("cold", "cold (empty cache), the lab's compiler options"),
+        ("warm", "warm cache (a fresh process reading what the cold one wrote)"),
+        ("defaults_cold", "cold, XLA's default options (RLCLUSTER_LAB_FAST_COMPILE=off)"),
+    ):
+        f = step_figures(out, key)
+        runs = _ok(out[key])
+        phases = {p: _med([r["phases"].get(p, 0.0) for r in runs]) for p in ("jaxpr_trace_duration",)}
+        lower = _med([r["phases"].get("jaxpr_to_mlir_module_duration", 0.0) for r in runs])
+        compile_s = _med([r["phases"].get("backend_compile_duration", 0.0) for r in runs])
+        rows.append(
+            [
+                what,
+                common_fmt(f["build_s"]),
+                common_fmt(f["first_s"]),
+                common_fmt(phases["jaxpr_trace_duration"]),
+                common_fmt(lower),
+                common_fmt(compile_s),
+                common_fmt(None if f["repeat_s"] is None else f["repeat_s"] * 1e3),
+                common_fmt(f["ratio"]),
+            ]
+        )
+    print(
+        common.table(
+            [
+                "process",
+                "build s",
+                "first step s",
+                "tracing s",
+                "lowering s",
+                "compiling s",
+                f"step once compiled ms (median of {STEP_REPEATS})",
+                "first / compiled",
+            ],
+            rows,
+        )
+    )
+    print("\n   per program the first step built (compile seconds: median over the cold processes)")
+    print(
+        common.table(
+            ["program", "built per step", "lab options s", "XLA defaults s", "read from cache (warm)"],
+            program_table(out),
+        )
+    )
+
+
+def common_fmt(x: float | None) -> Any:
+    return "failed" if x is None else x
+
+
+# ------------------------------------------------------------------ 6. the twelve scenarios beside Tunix
+
+
+def tunix_section(run: Any, quick: bool, build_child: str, scenarios: list[dict[str, Any]]) -> dict[str, Any]:
+    repeats = 1 if quick else 3
+    out: dict[str, Any] = {"repeats": repeats, "lab": [], "tunix": [], "scenarios": scenarios}
+    for i in range(repeats):
+        # Alternated, so a change in the machine's load falls on both alike.
+        out["lab"].append(
+            run.python(
+                f"twelve scenarios, lab, cold ({i + 1}/{repeats})",
+                build_child,
+                {"scenarios": scenarios, "steady": 1},
+                run.fresh_cache(),
+            )
+        )
+        out["tunix"].append(
+            run.python(
+                f"twelve scenarios, Tunix RLCluster, cold ({i + 1}/{repeats})",
+                TUNIX_CHILD,
+                {"scenarios": scenarios},
+                run.fresh_cache(),
+            )
+        )
+    return out
+
+
+def tunix_figures(out: dict[str, Any]) -> dict[str, Any]:
+    lab = [r["total_s"] for r in _ok(out["lab"]) if not any("error" in row for row in r["rows"])]
+    tunix = [r["total_s"] for r in _ok(out["tunix"]) if not any("error" in row for row in r["rows"])]
+    lab_m, tunix_m = _med(lab), _med(tunix)
+    return {
+        "lab_s": lab,
+        "tunix_s": tunix,
+        "lab_median_s": lab_m,
+        "tunix_median_s": tunix_m,
+        "ratio": lab_m / tunix_m if lab_m is not None and tunix_m else None,
+    }
+
+
+def print_tunix(out: dict[str, Any]) -> None:
+    f = tunix_figures(out)
+    print(
+        f"\n== 6. the twelve scenarios in one fresh process each (build + two syncs each, empty cache), the lab "
+        f"beside Tunix 0.1.7's RLCluster, alternated, {out['repeats']} of each"
+    )
+    rows = [
+        ["lab", *(f"{x:.2f}" for x in f["lab_s"]), common_fmt(f["lab_median_s"])],
+        ["Tunix RLCluster", *(f"{x:.2f}" for x in f["tunix_s"]), common_fmt(f["tunix_median_s"])],
+    ]
+    width = max(len(r) for r in rows)
+    rows = [r[:-1] + [""] * (width - len(r)) + r[-1:] for r in rows]
+    print(common.table(["cluster", *[f"run {i + 1} s" for i in range(width - 2)], "median s"], rows))
+    refused = sorted(
+        {
+            f"{row['layout']}/{'lora' if row['lora'] else 'full'}/{row['engine']}"
+            for r in _ok(out["tunix"])
+            for row in r["rows"]
+            if row.get("sync_errors")
+        }
+    )
+    if refused:
+        print(f"   Tunix's sync refused by its own transfer guard (timed as it is): {', '.join(refused)}")
+    ratio = "failed" if f["ratio"] is None else f"{f['ratio']:.2f}"
+    print(f"   lab / Tunix: {ratio}   target <= {T_TUNIX_RATIO}")
+
+
+def target_rows(results: dict[str, Any], add: Any) -> None:
+    """Add this module's targets with ``add(what, value, target, unit, note)``."""
+    if "step" in results:
+        f = step_figures(results["step"])
+        warm = step_figures(results["step"], "warm")
+        add(
+            "first RL step cold / the same step once compiled (tiny colocated LoRA, public API)",
+            f["ratio"],
+            T_STEP_RATIO,
+            "",
+            (
+                f"{f['first_s']:.2f} s / {f['repeat_s'] * 1e3:.0f} ms; warm cache first step {warm['first_s']:.2f} s"
+                if f["ratio"] is not None and warm["first_s"] is not None
+                else ""
+            ),
+        )
+    if "tunix" in results:
+        f = tunix_figures(results["tunix"])
+        add(
+            "twelve scenarios cold, lab / Tunix RLCluster (one process each, medians)",
+            f["ratio"],
+            T_TUNIX_RATIO,
+            "",
+            (
+                f"lab {f['lab_median_s']:.1f} s, Tunix {f['tunix_median_s']:.1f} s"
+                if f["ratio"] is not None
+                else "Tunix not installed or a run failed"
+            ),
+        )

@@ -1,0 +1,134 @@
+"""Compiler options chosen for the platform and the size of what a program computes.
+
+On simulated CPU devices with the lab's small models, what a user waits for is
+XLA:CPU compiling a program, not the program running: a log-prob program of the
+tiny model (two layers, 64 wide) spent about a second in LLVM's code generation
+of some fifty small kernels, and ran in milliseconds. So on CPU, for programs
+over at most ``FAST_MAX_ELEMENTS`` parameters (or array elements, for programs
+that only move data), the lab asks XLA for cheap code generation
+(``FAST_CPU``): LLVM at optimisation level 0 without its expensive passes, and
+XLA:CPU's elemental kernel emitters instead of its newer fusion emitters, which
+emit more code per kernel. Measured on the step's programs (2 busy CPU cores,
+``benchmarks/interactive.py`` keeps the per-program table): the sampler's
+compile went from about 4 s to 0.6-0.9 s, a log-prob program from 1.2-2 s to
+0.2-0.4 s, the optimizer step from 3.7-6.6 s to 1.4-2.9 s.
+
+On GPUs and TPUs, and for larger models, nothing is changed: XLA's defaults.
+``RLCLUSTER_LAB_FAST_COMPILE`` overrides the choice: ``off`` (XLA's defaults
+everywhere), ``on`` (the cheap options on CPU whatever the size), ``auto``
+(the default, as above). The options are part of a compiled program's key in
+JAX's persistent cache, so programs compiled either way never mix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+ENV = "RLCLUSTER_LAB_FAST_COMPILE"
+MODES = ("auto", "on", "off")
+
+# XLA DebugOptions fields, passed per program (jax.jit's ``compiler_options``); all three only
+# change how XLA:CPU generates code, never what a program computes (float results may differ in
+# the last bits: the numerics tests run with them).
+FAST_CPU: Mapping[str, Any] = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+    "xla_cpu_use_fusion_emitters": False,
+}
+
+# The lab's tiny (0.1 M parameters) and small (1.5 M) models compile cheaply; base (10 M) and
+# large (47 M) keep XLA's defaults, where the programs' run time starts to matter on CPU.
+FAST_MAX_ELEMENTS = 4_000_000
+
+
+def compile_mode() -> str:
+    """``RLCLUSTER_LAB_FAST_COMPILE`` as one of ``MODES`` (``auto`` when unset).
+
+    Raises:
+        ValueError: any other value, naming the ones allowed.
+    """
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r} is not a compile mode; use one of {', '.join(MODES)}")
+    return value
+
+
+def compiler_options(platform: str | None, elements: int | None = None) -> dict[str, Any] | None:
+    """The compiler options for a program on ``platform`` over ``elements`` parameters (or array
+    elements); None for XLA's defaults.
+
+    Args:
+        platform: ``"cpu"``, ``"gpu"``, ``"tpu"`` (None: unknown, the defaults).
+        elements: the model's parameter count, or the elements the program's inputs hold
+            (None: unknown, treated as small).
+    """
+    mode = compile_mode()
+    if mode == "off" or platform != "cpu":
+        return None
+    if mode == "auto" and elements is not None and elements > FAST_MAX_ELEMENTS:
+        return None
+    return dict(FAST_CPU)
+
+
+def platform_of(tree: Any) -> str | None:
+    """The platform of the first array in ``tree`` (None when it holds none)."""
+    import jax
+
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is None:
+            continue
+        for device in sharding.device_set:
+            return str(device.platform)
+    return None
+
+
+def elements_of(tree: Any) -> int:
+    """How many elements the arrays of ``tree`` hold together."""
+    import jax
+
+    return sum(int(getattr(leaf, "size", 0)) for leaf in jax.tree.leaves(tree))
+
+
+def options_for(tree: Any, elements: int | None = None) -> dict[str, Any] | None:
+    """``compiler_options`` for a program over ``tree``'s arrays (``elements``: the model's
+    parameter count when known, else the arrays' own element count)."""
+    return compiler_options(platform_of(tree), elements_of(tree) if elements is None else elements)
+
+
+def options_key(options: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    """A hashable form of ``options``, for keys of compiled programs."""
+    return tuple(sorted((options or {}).items()))
+
+
+class ProgramFamily:
+    """One jitted function per set of compiler options, each made on first use.
+
+    A module-level program is jitted before anyone knows where it will run; the
+    options depend on that (the platform, the model's size), so the jitted
+    function is picked per call: ``family.jitted(options)(*args)``.
+    """
+
+    def __init__(self, fun: Callable[..., Any], **jit_kwargs: Any) -> None:
+        self._fun = fun
+        self._jit_kwargs = jit_kwargs
+        self._by_options: dict[tuple[tuple[str, Any], ...], Any] = {}
+
+    def jitted(self, options: Mapping[str, Any] | None) -> Any:
+        """The function jitted with ``options`` (None: XLA's defaults)."""
+        key = options_key(options)
+        hit = self._by_options.get(key)
+        if hit is None:
+            import jax
+
+            hit = jax.jit(self._fun, compiler_options=dict(options) if options else None, **self._jit_kwargs)
+            # A dict write is atomic under the GIL: two threads at most build the same wrapper twice.
+            self._by_options[key] = hit
+        return hit
+
+    def clear_cache(self) -> None:
+        """Drop the compiled programs of every option set (as ``jax.jit(...).clear_cache``)."""
+        for jitted in list(self._by_options.values()):
+            jitted.clear_cache()

@@ -1,0 +1,250 @@
+"""What the process is waiting for right now: the waits in progress and the programs being built.
+
+An action that may take a while runs inside ``waiting(label)`` (building a
+cluster, a learner step and each of its phases, a wait for a background
+compile). Whatever shows progress (the CLI's line on stderr, the lab's status)
+asks ``WAITS.status()`` as often as it likes: what is being waited for (the
+labels of the waits in progress, outermost first), for how long so far, the
+programs JAX is tracing, lowering or compiling at this moment in any thread
+(names from ``jax.monitoring``'s compile events, with their own elapsed
+seconds), how many programs were built since the wait began, and how long the
+last comparable wait took (same ``kind``), when there was one.
+
+Nothing here imports JAX: the compile events are listened to from the first
+wait that starts after JAX was imported (``listen_to_jax``), so the CLI can
+show its own start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+# jax.monitoring events marking the start (a scalar: the start time) and the end (a duration) of
+# turning a function into a program: tracing it, lowering it, compiling it (or reading it back
+# from the persistent cache).
+_PHASES = {
+    "/jax/core/compile/jaxpr_trace_duration": "tracing",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
+    "/jax/core/compile/backend_compile_duration": "compiling",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Building:
+    """A program being built now: ``phase`` is tracing, lowering or compiling (compiling covers a
+    read from the persistent cache too); ``name`` as JAX reports it, e.g. ``jit(_generate)``."""
+
+    phase: str
+    name: str
+    elapsed_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitStatus:
+    """One look at what the process waits for.
+
+    ``labels``: the waits in progress in the thread that has waited longest,
+    outermost first (``("step 1 of 30", "update_actor")``). ``elapsed_s``:
+    since the outermost began; ``stage_elapsed_s``: since the innermost began.
+    ``building``: programs being traced, lowered or compiled now, in any
+    thread. ``built``: programs compiled (or read from the cache) since the
+    outermost wait began. ``estimate_s``: how long the last wait of the same
+    kind as the outermost took (None when there was none in this process).
+    """
+
+    labels: tuple[str, ...]
+    elapsed_s: float
+    stage_elapsed_s: float
+    building: tuple[Building, ...] = ()
+    built: int = 0
+    estimate_s: float | None = None
+
+    def line(self) -> str:
+        """One line: ``step 1 of 30: update_actor, 2.4 s (last 0.6 s); compiling jit(grpo_train_step) 1.9 s``."""
+        text = ": ".join(self.labels) + f", {self.elapsed_s:.1f} s"
+        if self.estimate_s is not None:
+            text += f" (last {self.estimate_s:.1f} s)"
+        if self.building:
+            text += "; " + ", ".join(f"{b.phase} {b.name} {b.elapsed_s:.1f} s" for b in self.building)
+        elif self.built:
+            text += f"; {self.built} program(s) built"
+        return text
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "labels": list(self.labels),
+            "elapsed_s": self.elapsed_s,
+            "stage_elapsed_s": self.stage_elapsed_s,
+            "building": [dataclasses.asdict(b) for b in self.building],
+            "built": self.built,
+            "estimate_s": self.estimate_s,
+        }
+
+
+@dataclasses.dataclass
+class _Wait:
+    label: str
+    kind: str
+    start: float
+    built_at_start: int
+
+
+class Waits:
+    """The waits in progress (a stack per thread) and the programs being built, for one process.
+
+    ``clock``: seconds, monotonic (tests pass a fake one). ``subscribe(fn)``: ``fn()``
+    is called after every wait begins or ends (a progress line redraws or clears at once).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._stacks: dict[int, list[_Wait]] = {}
+        # (thread, phase) -> [program name, start, depth]: nested jits trace inside their caller's
+        # trace, so a thread's outermost program of each phase is the one shown.
+        self._building: dict[tuple[int, str], list] = {}
+        self._built = 0
+        self._last: dict[str, float] = {}
+        self._subscribers: list[Callable[[], None]] = []
+
+    # ------------------------------------------------------------------ waits
+
+    @contextmanager
+    def waiting(self, label: str, kind: str | None = None) -> Iterator[None]:
+        """Mark the block as a wait for ``label``; ``kind`` (default: the label) groups waits
+        whose durations estimate each other (every learner step, say)."""
+        listen_to_jax(self)
+        me = threading.get_ident()
+        with self._lock:
+            wait = _Wait(label, kind or label, self.clock(), self._built)
+            self._stacks.setdefault(me, []).append(wait)
+        self._notify()
+        try:
+            yield
+        finally:
+            with self._lock:
+                stack = self._stacks.get(me, [])
+                if wait in stack:
+                    stack.remove(wait)
+                if not stack:
+                    self._stacks.pop(me, None)
+                self._last[wait.kind] = self.clock() - wait.start
+            self._notify()
+
+    def status(self) -> WaitStatus | None:
+        """What is waited for now, or None when nothing is."""
+        with self._lock:
+            stacks = [s for s in self._stacks.values() if s]
+            if not stacks:
+                return None
+            now = self.clock()
+            stack = min(stacks, key=lambda s: s[0].start)
+            outer, inner = stack[0], stack[-1]
+            building = tuple(
+                Building(phase, name, max(0.0, now - start))
+                for (_, phase), (name, start, _) in sorted(self._building.items(), key=lambda kv: kv[1][1])
+            )
+            return WaitStatus(
+                labels=tuple(w.label for w in stack),
+                elapsed_s=max(0.0, now - outer.start),
+                stage_elapsed_s=max(0.0, now - inner.start),
+                building=building,
+                built=self._built - outer.built_at_start,
+                estimate_s=self._last.get(outer.kind),
+            )
+
+    def last(self, kind: str) -> float | None:
+        """How long the last wait of ``kind`` took (None when none ended yet)."""
+        with self._lock:
+            return self._last.get(kind)
+
+    def subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn()`` after every wait begins or ends; returns the function that unsubscribes."""
+        with self._lock:
+            self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if fn in self._subscribers:
+                    self._subscribers.remove(fn)
+
+        return unsubscribe
+
+    def _notify(self) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for fn in subscribers:
+            fn()
+
+    # ------------------------------------------------------------------ programs being built
+
+    def build_started(self, phase: str, name: str, thread: int | None = None) -> None:
+        """A program began its ``phase`` (tracing, lowering, compiling) in ``thread``."""
+        key = (threading.get_ident() if thread is None else thread, phase)
+        with self._lock:
+            entry = self._building.get(key)
+            if entry is None:
+                self._building[key] = [name, self.clock(), 1]
+            else:
+                entry[2] += 1
+
+    def build_ended(self, phase: str, name: str, thread: int | None = None) -> None:
+        """The program's ``phase`` ended in ``thread`` (a compile that ended counts as one program
+        built; ``name`` is not needed: a thread's phases nest)."""
+        key = (threading.get_ident() if thread is None else thread, phase)
+        with self._lock:
+            entry = self._building.get(key)
+            if entry is not None:
+                entry[2] -= 1
+                if entry[2] <= 0:
+                    del self._building[key]
+            if phase == "compiling":
+                self._built += 1
+
+
+WAITS = Waits()
+
+
+def waiting(label: str, kind: str | None = None) -> AbstractContextManager[None]:
+    """``WAITS.waiting(label, kind)``: mark the block as a wait the process's progress shows."""
+    return WAITS.waiting(label, kind)
+
+
+_LISTENING: set[int] = set()
+_LISTEN_LOCK = threading.Lock()
+
+
+def listen_to_jax(waits: Waits) -> bool:
+    """Feed ``waits`` JAX's compile events from now on, once JAX is imported (True when it listens).
+
+    Registered once per ``Waits`` for the life of the process; each event costs a
+    dictionary lookup when it is not one of the three phases.
+    """
+    if id(waits) in _LISTENING:
+        return True
+    if "jax" not in sys.modules:
+        return False
+    with _LISTEN_LOCK:
+        if id(waits) in _LISTENING:
+            return True
+        from jax._src import monitoring
+
+        def on_start(event: str, value: float, **kwargs: object) -> None:
+            phase = _PHASES.get(event)
+            if phase is not None:
+                waits.build_started(phase, str(kwargs.get("fun_name", "?")))
+
+        def on_end(event: str, seconds: float, **kwargs: object) -> None:
+            phase = _PHASES.get(event)
+            if phase is not None:
+                waits.build_ended(phase, str(kwargs.get("fun_name", "?")))
+
+        monitoring.register_scalar_listener(on_start)
+        monitoring.register_event_duration_secs_listener(on_end)
+        _LISTENING.add(id(waits))
+    return True

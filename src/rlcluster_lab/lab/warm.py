@@ -1,0 +1,239 @@
+"""The lab's warm start: compile the standard programs into the persistent cache, in the background.
+
+The first Construct, Sync and Training step of a new environment compile their
+programs (seconds each on two CPU cores). ``start_warm_up()`` starts one other
+process, at the lowest CPU priority, that builds the standard tiny clusters
+(``STANDARD``: the three layouts, with and without LoRA), syncs each and
+rehearses one training step of the widget's size (``lab.rehearsal``), which
+writes every program they compile into the persistent compilation cache. The
+lab and the notebooks then read those programs back instead of compiling them.
+
+It never blocks: the caller only starts the process (``make lab`` does, before
+JupyterLab opens; so does ``lab.setup()`` in a notebook's first cell). It runs
+once per environment: a record in the cache folder (``rlcluster-lab-warm.json``)
+names the versions, device count and compile mode it warmed for, and a lock
+file keeps two from running at once. It runs only where the layouts run on
+simulated CPU devices (the process is pinned to the CPU, so it never takes an
+accelerator's memory), and only when the persistent cache is on and trusted
+(``core.compile_cache``: a folder of this user's, mode 0700). What it writes is
+bounded like the rest of the cache (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
+
+``RLCLUSTER_LAB_WARM=off`` turns it off (the test suite does).
+
+    python -m rlcluster_lab.lab.warm               # warm now, in this process
+    python -m rlcluster_lab.lab.warm --background  # start the background process and return
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlcluster_lab.core.compile_cache import KEEP_PREFIX, cache_dir, trusted_folder
+from rlcluster_lab.core.options import DEFAULT_SIMULATED_DEVICES
+
+ENV = "RLCLUSTER_LAB_WARM"
+RECORD = KEEP_PREFIX + ".json"
+LOCK = KEEP_PREFIX + ".lock"
+LOG = KEEP_PREFIX + ".log"
+
+# The widget's training step (PlacementLab's default step_config; a test holds them equal).
+STEP_SIZES = {"steps": 1, "prompts_per_step": 2, "group_size": 4}
+
+# (layout, LoRA) of the tiny, vanilla clusters warmed: the lab's first clicks.
+STANDARD: tuple[tuple[str, bool], ...] = tuple(
+    (layout, lora) for layout in ("colocated", "reshaped", "split") for lora in (False, True)
+)
+
+
+def enabled() -> bool:
+    """False when ``RLCLUSTER_LAB_WARM`` turns the warm start off."""
+    return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+
+
+def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
+    """What the programs in the cache depend on: versions, devices, compile mode, the scenarios."""
+    import importlib.metadata as metadata
+
+    from rlcluster_lab.core.compile_options import compile_mode
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "?"
+
+    return {
+        "rlcluster-lab": version("rlcluster-lab"),
+        "jax": version("jax"),
+        "jaxlib": version("jaxlib"),
+        "flax": version("flax"),
+        "optax": version("optax"),
+        "python": sys.version.split()[0],
+        "devices": devices,
+        "compile_mode": compile_mode(),
+        "scenarios": [list(s) for s in STANDARD],
+    }
+
+
+def is_warm(folder: Path, devices: int = DEFAULT_SIMULATED_DEVICES) -> bool:
+    """Whether a finished warm-up for this environment is recorded in ``folder``."""
+    try:
+        data = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("key") == warm_key(devices)
+
+
+def _lock_holder(folder: Path) -> int | None:
+    """The pid of a live warm-up holding ``folder``'s lock, or None (a stale lock is removed)."""
+    path = folder / LOCK
+    try:
+        pid = int(path.read_text(encoding="ascii").strip() or "0")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        pid = 0
+    if pid > 0:
+        try:
+            os.kill(pid, 0)
+            return pid
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return pid
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
+
+
+def _take_lock(folder: Path) -> int | None:
+    """A descriptor of ``folder``'s lock file, newly made (None when a live warm-up holds it)."""
+    for _ in range(2):
+        try:
+            return os.open(folder / LOCK, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            if _lock_holder(folder) is not None:
+                return None
+    return None
+
+
+def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence[str] | None = None) -> str:
+    """Start the warm-up process when this environment is not warm yet; never waits for it.
+
+    Returns one line saying what happened (started, with its pid and log; already warm;
+    already running; or why not), "" when ``RLCLUSTER_LAB_WARM`` turns it off.
+    ``command``: the process to start (tests pass a stub).
+    """
+    if not enabled():
+        return ""
+    where = cache_dir()
+    if where is None:
+        return "warm start skipped: the persistent compilation cache is off"
+    folder = trusted_folder(where, "the persistent compilation cache")
+    if folder is None:
+        return f"warm start skipped: {where} cannot be trusted (see the warning)"
+    if is_warm(folder, devices):
+        return "compilation cache already warm for this environment"
+    lock = _take_lock(folder)
+    if lock is None:
+        return f"the compilation cache is being warmed already (process {_lock_holder(folder)})"
+    argv = list(command) if command is not None else [sys.executable, "-m", "rlcluster_lab.lab.warm"]
+    argv += ["--devices", str(devices), "--low-priority"] if command is None else []
+    env = dict(os.environ, JAX_PLATFORMS="cpu")  # never an accelerator's memory
+    try:
+        with open(folder / LOG, "w", encoding="utf-8") as log:
+            proc = subprocess.Popen(  # noqa: S603 - our own module, argv built here
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a kernel restart or Ctrl-C in the terminal does not stop it half-way
+            )
+        os.write(lock, str(proc.pid).encode("ascii"))
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            (folder / LOCK).unlink()
+        return f"warm start skipped: {err.strerror or err}"
+    finally:
+        os.close(lock)
+    return f"warming the compilation cache in the background (process {proc.pid}, log {folder / LOG})"
+
+
+def warm_programs(
+    devices: int = DEFAULT_SIMULATED_DEVICES, scenarios: Sequence[tuple[str, bool]] = STANDARD
+) -> dict[str, Any]:
+    """In this process: build each standard cluster, sync it and rehearse one training step of
+    the widget's size, so their programs land in the persistent cache; returns what it did."""
+    from rlcluster_lab.core.compile_cache import count_compilations, enable_compilation_cache
+    from rlcluster_lab.core.devices import ensure_simulated_devices
+
+    ensure_simulated_devices(devices)
+    folder = enable_compilation_cache()
+    if folder is None:
+        raise RuntimeError("the persistent compilation cache is off or not trusted: there is nothing to warm")
+    from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig
+    from rlcluster_lab.app.scenario import build_cluster
+    from rlcluster_lab.core.options import Scenario
+    from rlcluster_lab.lab.rehearsal import rehearse_next_step
+
+    done = []
+    start = time.perf_counter()
+    for layout, lora in scenarios:
+        t = time.perf_counter()
+        with count_compilations() as built:
+            cluster = build_cluster(Scenario(layout=layout, lora=lora))
+            cluster.sync_weights()
+            rehearse_next_step(GRPOLearner(cluster, LearnerConfig(**STEP_SIZES)))
+        done.append(
+            {
+                "layout": layout,
+                "lora": lora,
+                "seconds": time.perf_counter() - t,
+                "programs": len(built),
+                "from_cache": sum(cached for _, _, cached in built),
+            }
+        )
+        print(f"warmed {layout}{' LoRA' if lora else ''}: {done[-1]['programs']} programs", flush=True)
+        del cluster
+    return {"folder": str(folder), "scenarios": done, "seconds": time.perf_counter() - start}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlcluster_lab.lab.warm", description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=DEFAULT_SIMULATED_DEVICES)
+    parser.add_argument("--background", action="store_true", help="start the warm-up process and return at once")
+    parser.add_argument("--low-priority", action="store_true", help="run at the lowest CPU priority (nice 19)")
+    args = parser.parse_args(argv)
+    if args.low_priority and hasattr(os, "nice"):
+        with contextlib.suppress(OSError):
+            os.nice(19)  # the notebook's own work comes first
+    if args.background:
+        print(start_warm_up(args.devices))
+        return 0
+    where = cache_dir()
+    folder = trusted_folder(where, "the persistent compilation cache") if where is not None else None
+    try:
+        result = warm_programs(args.devices)
+        if folder is not None:
+            record = {"key": warm_key(args.devices), "finished": time.time(), "result": result}
+            (folder / RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+        print(f"compilation cache warm: {result['seconds']:.1f} s", flush=True)
+        return 0
+    finally:
+        if folder is not None and _lock_holder(folder) == os.getpid():
+            with contextlib.suppress(OSError):
+                (folder / LOCK).unlink()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""What a first step compiles: compiler options chosen for the platform and the model's size,
+one log-prob program for every role whose model graph and shardings allow it, and prompt
+lengths bucketed so a new length in the same bucket compiles nothing."""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlcluster_lab import Scenario, build_cluster
+from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig
+from rlcluster_lab.core import compile_options
+from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.core.config import TrainingConfig
+from rlcluster_lab.core.model_config import MODEL_SIZES
+from rlcluster_lab.model import init_model
+from rlcluster_lab.model.logps import LOGPS
+from rlcluster_lab.model.sampling import PROMPT_BUCKET
+
+TINY = MODEL_SIZES["tiny"].num_params
+LARGE = MODEL_SIZES["large"].num_params
+
+
+# ------------------------------------------------------------------ the options
+
+
+def test_cpu_programs_of_small_models_get_cheap_code_generation(monkeypatch):
+    monkeypatch.delenv(compile_options.ENV, raising=False)
+    assert compile_options.compiler_options("cpu", TINY) == dict(compile_options.FAST_CPU)
+    assert compile_options.compiler_options("cpu", MODEL_SIZES["small"].num_params) == dict(compile_options.FAST_CPU)
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu", None])
+def test_accelerators_keep_xla_defaults(monkeypatch, platform):
+    monkeypatch.delenv(compile_options.ENV, raising=False)
+    assert compile_options.compiler_options(platform, TINY) is None
+
+
+def test_larger_models_keep_xla_defaults_unless_asked(monkeypatch):
+    monkeypatch.delenv(compile_options.ENV, raising=False)
+    assert compile_options.compiler_options("cpu", LARGE) is None
+    monkeypatch.setenv(compile_options.ENV, "on")
+    assert compile_options.compiler_options("cpu", LARGE) == dict(compile_options.FAST_CPU)
+    assert compile_options.compiler_options("gpu", TINY) is None
+
+
+def test_the_environment_turns_the_cheap_options_off(monkeypatch):
+    monkeypatch.setenv(compile_options.ENV, "off")
+    assert compile_options.compiler_options("cpu", TINY) is None
+
+
+def test_an_unknown_compile_mode_is_refused_naming_the_choices(monkeypatch):
+    monkeypatch.setenv(compile_options.ENV, "fast")
+    with pytest.raises(ValueError, match="auto, on, off"):
+        compile_options.compiler_options("cpu", TINY)
+
+
+def test_options_follow_the_platform_of_the_arrays(monkeypatch):
+    monkeypatch.delenv(compile_options.ENV, raising=False)
+    x = jnp.zeros((4, 4))
+    assert compile_options.platform_of({"a": x}) == "cpu"
+    assert compile_options.platform_of({}) is None
+    assert compile_options.options_for([x]) == dict(compile_options.FAST_CPU)
+    assert compile_options.options_for([x], elements=LARGE) is None
+
+
+def test_p10_log_probs_with_cheap_code_generation_match_xla_defaults():
+    """The options change how XLA:CPU generates code, not what the program computes."""
+    graphdef, state = nnx.split(init_model("tiny", seed=3))
+    rng = np.random.default_rng(0)
+    prompt = jnp.asarray(rng.integers(1, 200, (4, 16)), jnp.int32)
+    completion = jnp.asarray(rng.integers(1, 200, (4, 8)), jnp.int32)
+    args = (graphdef, state, prompt, completion, 0, jnp.float32(1.0))
+    fast = np.asarray(LOGPS.jitted(compile_options.FAST_CPU)(*args))
+    default = np.asarray(LOGPS.jitted(None)(*args))
+    assert np.isfinite(fast).all()
+    np.testing.assert_allclose(fast, default, rtol=0, atol=1e-5)
+
+
+def test_one_program_family_keeps_one_jitted_function_per_option_set():
+    family = compile_options.ProgramFamily(lambda x: x + 1)
+    assert family.jitted(None) is family.jitted({})
+    assert family.jitted({"xla_backend_optimization_level": 0}) is not family.jitted(None)
+    assert int(family.jitted({"xla_backend_optimization_level": 0})(jnp.int32(1))) == 2
+
+
+# ------------------------------------------------------------------ what a step compiles
+
+
+def _names(found) -> collections.Counter:
+    return collections.Counter(name for name, _, _ in found)
+
+
+def _learner(cluster, prompts) -> GRPOLearner:
+    return GRPOLearner(cluster, LearnerConfig(steps=1, prompts_per_step=2, group_size=4), prompts=prompts)
+
+
+@pytest.mark.cluster
+def test_p10_p11_a_full_step_runs_one_log_prob_program_for_anchor_reference_and_live_actor():
+    """Without LoRA the reference, the anchor and the live actor (P11's probe, on every
+    mini-batch) have one graph and one set of shardings: one program."""
+    cluster = build_cluster(
+        Scenario(layout="colocated", max_tokens=4), training_config=TrainingConfig(mini_batch_size=4)
+    )
+    learner = _learner(cluster, ["abc", "hello"])
+    jax.clear_caches()
+    with count_compilations() as found:
+        learner.step()
+    names = _names(found)
+    assert names["jit(_logps)"] == 1, names
+    assert names["jit(grpo_train_step)"] == 1 and names["jit(_generate)"] == 1, names
+    assert len(learner.p11) == 2  # two mini-batches probed, by the same program
+
+
+@pytest.mark.cluster
+def test_p10_with_lora_the_reference_is_another_graph_and_the_only_second_log_prob_program():
+    cluster = build_cluster(Scenario(layout="colocated", lora=True, max_tokens=4))
+    learner = _learner(cluster, ["abc", "hello"])
+    jax.clear_caches()
+    with count_compilations() as found:
+        learner.step()
+    assert _names(found)["jit(_logps)"] == 2, _names(found)
+
+
+@pytest.mark.cluster
+def test_a_second_prompt_length_in_the_same_bucket_compiles_nothing():
+    cluster = build_cluster(Scenario(layout="colocated", lora=True, max_tokens=4))
+    _learner(cluster, ["abc"]).step()
+    longer = "x" * (PROMPT_BUCKET - 2)
+    with count_compilations() as found:
+        record = _learner(cluster, [longer]).step()
+    assert found == [], _names(found)
+    assert record.optimizer_steps >= 1

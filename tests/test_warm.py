@@ -1,0 +1,210 @@
+"""The warm start (lab.warm) and the bound on the persistent compilation cache's size on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlcluster_lab.core import compile_cache
+from rlcluster_lab.lab import warm
+
+# ------------------------------------------------------------------ the bound on disk
+
+
+def _file(folder, name: str, size: int, when: float):
+    path = folder / name
+    path.write_bytes(b"x" * size)
+    os.utime(path, (when, when))
+    return path
+
+
+@pytest.fixture
+def private(tmp_path):
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    return folder
+
+
+def test_trimming_deletes_the_least_recently_used_files_down_to_nine_tenths(private):
+    old = [_file(private, f"old{i}-cache", 1000, 1_000 + i) for i in range(5)]
+    new = [_file(private, f"new{i}-cache", 1000, 9_000 + i) for i in range(5)]
+    deleted, freed = compile_cache.trim_cache(private, 8_000)
+    assert (deleted, freed) == (3, 3000)  # 10,000 bytes down to at most 7,200
+    assert [p.exists() for p in old] == [False, False, False, True, True]
+    assert all(p.exists() for p in new)
+
+
+def test_a_cache_within_its_bound_is_left_alone(private):
+    files = [_file(private, f"e{i}-cache", 1000, 1_000 + i) for i in range(3)]
+    assert compile_cache.trim_cache(private, 3_000) == (0, 0)
+    assert all(p.exists() for p in files)
+
+
+def test_trimming_counts_subfolders_and_keeps_the_warm_start_files(private):
+    (private / "rlcluster-lab-analysis").mkdir(mode=0o700)
+    analysis = _file(private / "rlcluster-lab-analysis", "a.json", 4000, 1_000)
+    record = _file(private, warm.RECORD, 4000, 500)
+    entry = _file(private, "e-cache", 1000, 9_000)
+    assert compile_cache.trim_cache(private, 6_000) == (1, 4000)  # 9,000 bytes down to at most 5,400
+    assert not analysis.exists() and record.exists() and entry.exists()
+
+
+def test_trimming_never_touches_a_folder_others_can_write(tmp_path):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    files = [_file(folder, f"e{i}-cache", 1000, 1_000 + i) for i in range(4)]
+    assert compile_cache.trim_cache(folder, 1_000) == (0, 0)
+    assert all(p.exists() for p in files)
+
+
+def test_trimming_does_not_follow_links_out_of_the_folder(private, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = _file(outside, "precious", 5000, 1)
+    (private / "link").symlink_to(outside, target_is_directory=True)
+    (private / "file-link").symlink_to(victim)
+    _file(private, "e-cache", 1000, 9_000)
+    compile_cache.trim_cache(private, 500)
+    assert victim.exists()
+
+
+def test_the_bound_is_a_setting_in_megabytes(monkeypatch):
+    monkeypatch.delenv(compile_cache.MAX_MB_ENV, raising=False)
+    assert compile_cache.max_cache_bytes() == compile_cache.DEFAULT_MAX_MB * 2**20
+    monkeypatch.setenv(compile_cache.MAX_MB_ENV, "1.5")
+    assert compile_cache.max_cache_bytes() == int(1.5 * 2**20)
+    for bad in ("0", "-3", "lots", "inf"):
+        monkeypatch.setenv(compile_cache.MAX_MB_ENV, bad)
+        with pytest.raises(ValueError, match="positive number of megabytes"):
+            compile_cache.max_cache_bytes()
+
+
+def test_turning_the_cache_on_trims_it_to_its_bound(private, monkeypatch, keep_cache_setting):
+    files = [_file(private, f"e{i}-cache", 400_000, 1_000 + i) for i in range(5)]
+    monkeypatch.setenv(compile_cache.MAX_MB_ENV, "1")
+    assert compile_cache.enable_compilation_cache(private) == private
+    assert sum(p.exists() for p in files) == 2  # 2,000,000 bytes down to at most 0.9 MiB
+
+
+@pytest.fixture
+def keep_cache_setting():
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    yield
+    jax.config.update("jax_compilation_cache_dir", before)
+
+
+# ------------------------------------------------------------------ starting the warm-up
+
+
+@pytest.fixture
+def warm_env(private, monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV, str(private))
+    monkeypatch.delenv(warm.ENV, raising=False)
+    return private
+
+
+def _waiting_child(release) -> list[str]:
+    """A stand-in warm-up: waits until ``release`` exists (at most 60 s), then ends."""
+    code = (
+        "import os, sys, time\n"
+        "t = time.monotonic()\n"
+        f"while not os.path.exists({str(release)!r}) and time.monotonic() - t < 60: time.sleep(0.05)\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_the_warm_start_starts_one_process_and_not_a_second_while_it_runs(warm_env, tmp_path):
+    release = tmp_path / "release"
+    line = warm.start_warm_up(command=_waiting_child(release))
+    assert line.startswith("warming the compilation cache in the background (process ")
+    pid = int((warm_env / warm.LOCK).read_text())
+    try:
+        again = warm.start_warm_up(command=_waiting_child(release))
+        assert again == f"the compilation cache is being warmed already (process {pid})"
+    finally:
+        release.touch()
+        os.waitpid(pid, 0)
+    # The process ended without removing its lock (a crash, say): the stale lock is no obstacle.
+    line = warm.start_warm_up(command=[sys.executable, "-c", "pass"])
+    assert line.startswith("warming the compilation cache in the background")
+    os.waitpid(int((warm_env / warm.LOCK).read_text()), 0)
+
+
+def test_a_warm_environment_starts_nothing(warm_env):
+    (warm_env / warm.RECORD).write_text(json.dumps({"key": warm.warm_key()}))
+    assert warm.start_warm_up(command=[sys.executable, "-c", "raise SystemExit(1)"]) == (
+        "compilation cache already warm for this environment"
+    )
+    assert not (warm_env / warm.LOCK).exists()
+
+
+def test_a_record_for_another_environment_is_not_warm(warm_env):
+    (warm_env / warm.RECORD).write_text(json.dumps({"key": warm.warm_key(devices=4)}))
+    assert not warm.is_warm(warm_env)
+    (warm_env / warm.RECORD).write_text("not json")
+    assert not warm.is_warm(warm_env)
+
+
+def test_the_warm_start_is_off_by_setting_or_without_a_trusted_cache(warm_env, monkeypatch, tmp_path):
+    monkeypatch.setenv(warm.ENV, "off")
+    assert warm.start_warm_up(command=[sys.executable, "-c", "pass"]) == ""
+    monkeypatch.delenv(warm.ENV)
+    monkeypatch.setenv(compile_cache.ENV, "off")
+    assert "cache is off" in warm.start_warm_up(command=[sys.executable, "-c", "pass"])
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv(compile_cache.ENV, str(shared))
+    with pytest.warns(RuntimeWarning, match="can be written by other users"):
+        assert "cannot be trusted" in warm.start_warm_up(command=[sys.executable, "-c", "pass"])
+    assert not (shared / warm.LOCK).exists()
+
+
+def test_the_warmed_step_is_the_widgets_step():
+    from rlcluster_lab.app.learner import LearnerConfig
+    from rlcluster_lab.lab.widget import PlacementLab
+
+    assert PlacementLab(build=False).step_config == LearnerConfig(**warm.STEP_SIZES)
+
+
+# ------------------------------------------------------------------ what it warms
+
+WARM = """
+from rlcluster_lab.lab import warm
+print(warm.warm_programs(8, [("colocated", True)]))
+"""
+
+FIRST_STEP = """
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+from rlcluster_lab.core.compile_cache import count_compilations, enable_compilation_cache
+enable_compilation_cache()
+from rlcluster_lab import Scenario, build_cluster
+from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig
+from rlcluster_lab.lab.warm import STEP_SIZES
+with count_compilations() as built:
+    cluster = build_cluster(Scenario(layout="colocated", lora=True))
+    GRPOLearner(cluster, LearnerConfig(**STEP_SIZES)).step()
+print("COMPILED", sorted({name for name, _, cached in built if not cached}))
+print("READ", len([1 for _, _, cached in built if cached]))
+"""
+
+
+@pytest.mark.cluster
+def test_after_the_warm_up_a_new_process_compiles_nothing_for_its_first_step(tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, compile_cache.ENV: str(cache), "JAX_PLATFORMS": "cpu"}
+    warmed = subprocess.run([sys.executable, "-c", WARM], env=env, capture_output=True, text=True, timeout=600)
+    assert warmed.returncode == 0, warmed.stderr[-2000:]
+    step = subprocess.run([sys.executable, "-c", FIRST_STEP], env=env, capture_output=True, text=True, timeout=600)
+    assert step.returncode == 0, step.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in step.stdout.splitlines() if line.startswith(("COMPILED", "READ")))
+    assert lines["COMPILED"] == "[]", lines
+    assert int(lines["READ"]) >= 4
