@@ -37,21 +37,23 @@ SAME = (
     "phases",
 )
 
-_RESULTS: dict[Scenario, tuple[dict, dict]] = {}
 
-
-def planned_and_measured(scenario: Scenario) -> tuple[dict, dict]:
+@pytest.fixture(scope="module")
+def peaks():
     """The plan's transient peak (with the reshard programs compiled for their temporaries) and
-    the first sync's measured one, each cluster built once per module."""
-    if scenario not in _RESULTS:
-        planned = plan_scenario(scenario, sync_programs=True).to_json()["sync"]["transient_peak"]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            cluster = build_cluster(scenario)
-        measured = cluster.sync_weights().to_json()["transient_peak"]
-        del cluster
-        _RESULTS[scenario] = (planned, measured)
-    return _RESULTS[scenario]
+    the first sync's measured one, per scenario: each cluster built once per module."""
+    results: dict[Scenario, tuple[dict, dict]] = {}
+
+    def planned_and_measured(scenario: Scenario) -> tuple[dict, dict]:
+        if scenario not in results:
+            planned = plan_scenario(scenario, sync_programs=True).to_json()["sync"]["transient_peak"]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cluster = build_cluster(scenario)
+            results[scenario] = (planned, cluster.sync_weights().to_json()["transient_peak"])
+        return results[scenario]
+
+    return planned_and_measured
 
 
 def _scenario(layout: str, lora: bool, engine: str, chunk: int | None, size: str = "tiny") -> Scenario:
@@ -62,8 +64,8 @@ def _scenario(layout: str, lora: bool, engine: str, chunk: int | None, size: str
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_l4_planned_sync_peak_equals_the_measured_one(layout, lora, engine, chunked):
-    planned, measured = planned_and_measured(_scenario(layout, lora, engine, CHUNKS[lora] if chunked else None))
+def test_l4_planned_sync_peak_equals_the_measured_one(layout, lora, engine, chunked, peaks):
+    planned, measured = peaks(_scenario(layout, lora, engine, CHUNKS[lora] if chunked else None))
     assert measured["chunks"] == (3 if chunked else 1)
     for key in SAME:
         assert planned[key] == measured[key], key
@@ -72,23 +74,23 @@ def test_l4_planned_sync_peak_equals_the_measured_one(layout, lora, engine, chun
 
 
 @pytest.mark.parametrize("chunk", [None, SMALL_CHUNK], ids=["one-piece", "chunks"])
-def test_l4_planned_sync_peak_equals_the_measured_one_for_a_small_reshaped_full_sync(chunk):
-    planned, measured = planned_and_measured(_scenario("reshaped", False, "vanilla", chunk, "small"))
+def test_l4_planned_sync_peak_equals_the_measured_one_for_a_small_reshaped_full_sync(chunk, peaks):
+    planned, measured = peaks(_scenario("reshaped", False, "vanilla", chunk, "small"))
     for key in SAME:
         assert planned[key] == measured[key], key
 
 
-def test_p13_chunks_lower_the_measured_peak_of_a_small_reshaped_full_sync():
-    _, whole = planned_and_measured(_scenario("reshaped", False, "vanilla", None, "small"))
-    _, chunked = planned_and_measured(_scenario("reshaped", False, "vanilla", SMALL_CHUNK, "small"))
+def test_p13_chunks_lower_the_measured_peak_of_a_small_reshaped_full_sync(peaks):
+    _, whole = peaks(_scenario("reshaped", False, "vanilla", None, "small"))
+    _, chunked = peaks(_scenario("reshaped", False, "vanilla", SMALL_CHUNK, "small"))
     assert chunked["chunks"] > 1 and whole["chunks"] == 1
     assert chunked["max_bytes"]["device"] < whole["max_bytes"]["device"] / 4
     # The anchor re-pin is not chunked: its pinned-host peak is the same.
     assert chunked["max_bytes"]["pinned_host"] == whole["max_bytes"]["pinned_host"]
 
 
-def test_l3_a_reshaped_sync_peaks_with_its_new_arrays_and_the_programs_temporaries():
-    _, m = planned_and_measured(_scenario("reshaped", False, "vanilla", None))
+def test_l3_a_reshaped_sync_peaks_with_its_new_arrays_and_the_programs_temporaries(peaks):
+    _, m = peaks(_scenario("reshaped", False, "vanilla", None))
     at = next(p for p in m["phases"] if p["name"] == "reshard" and p["temporaries"])
     new = at["terms"]["0"][phases.RESHARDED]
     assert new > 0 and at["temporaries"]["0"] > 0
@@ -100,8 +102,8 @@ def test_l3_a_reshaped_sync_peaks_with_its_new_arrays_and_the_programs_temporari
     assert m["after"] == {}
 
 
-def test_l3_chunks_release_each_chunks_old_arrays_before_the_next():
-    _, m = planned_and_measured(_scenario("reshaped", False, "vanilla", CHUNK))
+def test_l3_chunks_release_each_chunks_old_arrays_before_the_next(peaks):
+    _, m = peaks(_scenario("reshaped", False, "vanilla", CHUNK))
     commits = [p for p in m["phases"] if p["name"] == "commit"]
     assert len(commits) == m["chunks"] > 1
     # Each commit leaves what the chunk made, minus what it replaced: no more than before it.
@@ -110,8 +112,8 @@ def test_l3_chunks_release_each_chunks_old_arrays_before_the_next():
     assert m["after"] == {}
 
 
-def test_l3_a_colocated_shared_sync_holds_nothing_new_on_device():
-    _, m = planned_and_measured(_scenario("colocated", False, "vanilla", None))
+def test_l3_a_colocated_shared_sync_holds_nothing_new_on_device(peaks):
+    _, m = peaks(_scenario("colocated", False, "vanilla", None))
     assert all("device" not in kinds for kinds in m["by_device"].values())
     assert m["max_bytes"]["pinned_host"] > 0  # the anchor re-pin
 
@@ -124,9 +126,9 @@ def test_l3_a_colocated_shared_sync_holds_nothing_new_on_device():
     ],
     ids=["reshaped", "split-vllm-lora"],
 )
-def test_p14_an_offloaded_sync_stages_each_chunk_on_device_and_writes_pinned_host(knobs):
+def test_p14_an_offloaded_sync_stages_each_chunk_on_device_and_writes_pinned_host(knobs, peaks):
     scenario = Scenario(**knobs, sync_chunk_bytes=CHUNKS[bool(knobs.get("lora"))])
-    planned, measured = planned_and_measured(scenario)
+    planned, measured = peaks(scenario)
     for key in SAME:
         assert planned[key] == measured[key], key
     device = measured["max_device"]
