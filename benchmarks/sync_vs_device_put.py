@@ -1,115 +1,132 @@
-"""Weight-sync handover time against a bare ``jax.device_put`` of the same tree to the same shardings.
+"""Weight-sync handover time against the fastest reshard of the same tree, and its peak against the chunk size.
 
     python benchmarks/sync_vs_device_put.py [--sizes tiny,small,base,large] [--layouts ...]
+        [--chunks 0,1048576,262144]
 
-For each layout, LoRA on/off and model size, times the handover part of
-``cluster.sync_weights()`` (``SyncReport.seconds``: the engine's reshard and
-update, until ready) and ``jax.device_put(params, destination shardings)``
-of the same filtered tree, without the transfer guard (on CPU, device_put
-gathers through host memory when the layout changes, which the sync may not
-do). Prints the median of each and their ratio, the median ratio overall,
-and saves a plot. Also times a colocated shared sync against an empty call:
-the bookkeeping overhead, in microseconds.
+1. For each layout, LoRA on/off and model size, times the handover part of
+   ``cluster.sync_weights()`` (``SyncReport.seconds``: the engine's reshard and
+   update, until ready) against the faster of ``jax.device_put(params,
+   destination shardings)`` and a jitted identity with the destination shardings
+   (the same floor as ``benchmarks/interactive.py``'s sync section), both without
+   the transfer guard (on CPU, device_put gathers through host memory when the
+   layout changes, which the sync may not do; a jitted identity cannot run
+   across the split layout's disjoint devices). Prints the medians, their ratio,
+   the median ratio overall, and saves a plot.
+2. With ``--chunks``, for the reshaped full-parameter sync of each size: the
+   transient peak (busiest device, device memory, measured) and the handover's
+   median time per chunk size (0: one piece), beside the planner's peak.
+
+The machine may be shared: run it more than once and compare medians (the
+figures carry ``uptime``'s load at start and end).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 
 import common
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _floors(params, shardings, repeats: int) -> dict[str, float | None]:
+    """The medians of device_put and of a jitted identity (None where one cannot run)."""
+    import jax
+
+    leaves = jax.tree.leaves(params)
+
+    def put() -> None:
+        jax.block_until_ready(jax.device_put(leaves, shardings))
+
+    out: dict[str, float | None] = {"device_put": common.median_seconds(put, repeats)}
+    try:
+        identity = jax.jit(lambda t: t, out_shardings=shardings)
+        out["jit identity"] = common.median_seconds(lambda: jax.block_until_ready(identity(leaves)), repeats)
+    except ValueError:  # disjoint device sets (split): a program cannot take and give them
+        out["jit identity"] = None
+    return out
+
+
 def main() -> None:
-    args = common.parser(__doc__.splitlines()[0]).parse_args()
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--chunks", default="", help="comma-separated sync_chunk_bytes to sweep (0: one piece)")
+    args = p.parse_args()
     common.setup(args)
     import jax
     from flax import nnx
 
     from rlcluster_lab.app.scenario import Scenario, build_cluster
     from rlcluster_lab.placement.programs import clear_programs
+    from rlcluster_lab.planner.plan import plan_scenario
 
-    rows = []
-    labels = []
-    ratios = []
+    print(f"load average at start: {_load()}")
+    rows, labels, ratios = [], [], []
     for size, layout, lora in common.cases(args):
         cluster = build_cluster(Scenario(layout=layout, lora=lora, model_size=size))
         kind = nnx.LoRAParam if lora else nnx.Param
-        dst = jax.tree.map(lambda x: x.sharding, nnx.state(cluster.rollout.model(), kind))
-
-        # The sync reads the actor's state before its clock starts; so does the floor.
+        # The sync reads the actor's state before its clock starts; so do the floors.
         params = nnx.state(cluster.actor_model, kind)
-
-        def floor(params=params, dst=dst) -> None:
-            jax.block_until_ready(jax.device_put(params, dst))
-
-        def handover(cluster=cluster) -> float:
-            return cluster.sync_weights().seconds
-
+        shardings = [x.sharding for x in cluster.rollout.held_values((kind,))]
         for _ in range(2):
-            handover()
-        sync_s = statistics.median(handover() for _ in range(args.repeats))
-        put_s = common.median_seconds(floor, args.repeats)
+            cluster.sync_weights()
+        sync_s = statistics.median(cluster.sync_weights().seconds for _ in range(args.repeats))
+        floors = _floors(params, shardings, args.repeats)
+        fastest = min((k for k, v in floors.items() if v is not None), key=lambda k: floors[k])
         rep = cluster.sync_weights()
-        ratio = sync_s / put_s
+        ratio = sync_s / floors[fastest]
         ratios.append(ratio)
         labels.append(f"{size}/{layout}{'/lora' if lora else ''}")
+        jit_ms = "n/a" if floors["jit identity"] is None else floors["jit identity"] * 1e3
         rows.append(
-            [
-                size,
-                layout,
-                "lora" if lora else "full",
-                rep.synced_bytes,
-                rep.moved_cross_device_bytes,
-                sync_s * 1e3,
-                put_s * 1e3,
-                ratio,
-            ]
+            [size, layout, "lora" if lora else "full", rep.synced_bytes, rep.moved_cross_device_bytes]
+            + [sync_s * 1e3, floors["device_put"] * 1e3, jit_ms, fastest, ratio]
         )
-        del cluster
+        del cluster, params
         # Compiled programs hold memory mappings: start every case without the last one's.
         clear_programs()
         jax.clear_caches()
         print(f"  done {labels[-1]}", file=sys.stderr, flush=True)
     print(f"platform {jax.default_backend()}, {jax.device_count()} devices; median of {args.repeats} runs")
-    print(
-        common.table(
-            ["size", "layout", "params", "synced B", "cross-device B", "sync ms", "device_put ms", "ratio"], rows
-        )
-    )
-    print(f"median ratio sync / device_put: {statistics.median(ratios):.2f} (goal <= 1.1)")
+    head = ["size", "layout", "params", "synced B", "cross-device B", "sync ms", "device_put ms", "jit ms"]
+    print(common.table(head + ["fastest", "sync / fastest"], rows))
+    print(f"median ratio sync / fastest reshard: {statistics.median(ratios):.2f} (target <= 1.0)")
     common.save_bar_plot(
         f"{args.out}/sync_vs_device_put.png",
         labels,
-        {"sync / device_put": ratios},
+        {"sync / fastest reshard": ratios},
         "time ratio",
-        "weight sync vs bare jax.device_put (1.0 = the floor)",
+        "weight sync vs the fastest reshard of the same tree (1.0 = the floor)",
         hline=1.0,
     )
 
-    # Colocated and shared: nothing moves, so what is left is the bookkeeping.
-    cluster = build_cluster(Scenario(layout="colocated"))
-
-    def empty() -> None:
-        pass
-
-    sync_total = common.median_seconds(cluster.sync_weights, args.repeats * 3)
-    handover = statistics.median(cluster.sync_weights().seconds for _ in range(args.repeats * 3))
-    empty_s = common.median_seconds(empty, args.repeats * 3)
-    rep = cluster.sync_weights()
-    print()
-    print(f"colocated shared sync (tiny): nothing moves (reused {rep.reused_bytes:,} of {rep.synced_bytes:,} bytes)")
-    print(
-        common.table(
-            ["what", "microseconds"],
-            [
-                ["empty call", empty_s * 1e6],
-                ["handover (reshard + update + ready)", handover * 1e6],
-                ["whole sync_weights (with accounting and anchor re-pin)", sync_total * 1e6],
-                ["anchor re-pin alone", rep.anchor_seconds * 1e6],
-            ],
-        )
-    )
+    if args.chunks:
+        sweep = []
+        for size in args.sizes.split(","):
+            for chunk in (int(c) or None for c in args.chunks.split(",")):
+                scenario = Scenario(layout="reshaped", model_size=size, sync_chunk_bytes=chunk)
+                planned = plan_scenario(scenario, sync_programs=True).sync["transient_peak"]
+                cluster = build_cluster(scenario)
+                for _ in range(2):
+                    cluster.sync_weights()
+                reports = [cluster.sync_weights() for _ in range(args.repeats)]
+                peak = reports[-1].peak
+                sweep.append(
+                    [size, "one piece" if chunk is None else chunk, peak.chunks, peak.largest_chunk_bytes]
+                    + [peak.max_bytes.get("device", 0), planned["max_bytes"].get("device", 0)]
+                    + [statistics.median(r.seconds for r in reports) * 1e3]
+                )
+                del cluster, reports
+                clear_programs()
+                jax.clear_caches()
+                print(f"  done {size}/{chunk}", file=sys.stderr, flush=True)
+        print("\nreshaped full-parameter sync: chunk size against the transient peak (busiest device, device memory)")
+        head = ["size", "chunk B", "chunks", "largest chunk B", "peak B (measured)", "peak B (planned)", "sync ms"]
+        print(common.table(head, sweep))
+    print(f"load average at end: {_load()}")
 
 
 if __name__ == "__main__":

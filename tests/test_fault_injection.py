@@ -36,6 +36,7 @@ from rlcluster_lab import (
 from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster import sync as sync_module
 from rlcluster_lab.core.shardings import memory_kinds
+from rlcluster_lab.engines import base as base_engine
 from rlcluster_lab.placement.buffers import buffer_keys
 
 pytestmark = pytest.mark.cluster  # faults injected into live clusters
@@ -214,6 +215,48 @@ def test_sync_whose_anchor_repin_fails_rolls_the_rollout_back(monkeypatch):
     monkeypatch.undo()
     report = c.sync_weights()  # and the next sync works
     assert c.global_steps == 1 and report.global_step == 1
+    actor_values = values(nnx.state(c.actor_model, nnx.Param))
+    assert all(
+        np.array_equal(a, b) for a, b in zip(values(nnx.state(c.rollout.model(), nnx.Param)), actor_values, strict=True)
+    )
+
+
+@pytest.mark.cluster
+def test_chunked_sync_that_fails_in_a_later_chunk_restores_the_earlier_ones(monkeypatch):
+    """In chunks, each chunk's old arrays are dropped when it is committed; a failure in a
+    later chunk restores every synced leaf from the anchor (the weights of the last sync)."""
+    actor, reference = caller_models("reshaped", False)
+    cfg = ClusterConfig(
+        role_to_mesh=layout_meshes("reshaped"),
+        rollout_config=RolloutConfig(max_tokens_to_generate=4),
+        sync_chunk_bytes=160 << 10,  # the full tree in 3 chunks
+    )
+    c = RLCluster(actor=actor, reference=reference, cluster_config=cfg)
+    changed_actor(c)
+    rollout_before = values(nnx.state(c.rollout.model(), nnx.Param))
+    anchor_before = c.pinned_anchor_state
+    calls = []
+    handover = base_engine.reshard_leaves
+
+    def fail_third_chunk(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 3:
+            # The first two chunks are the rollout's already: the actor's new weights.
+            held = values(nnx.state(c.rollout.model(), nnx.Param))
+            assert sum(not np.array_equal(a, b) for a, b in zip(held, rollout_before)) >= len(calls[0])
+            raise RuntimeError("chunk 3 failed")
+        return handover(*args, **kwargs)
+
+    monkeypatch.setattr(base_engine, "reshard_leaves", fail_third_chunk)
+    with pytest.raises(RuntimeError, match="chunk 3") as info:
+        c.sync_weights()
+    assert "restored from the anchor snapshot" in "".join(info.value.__notes__)
+    restored = values(nnx.state(c.rollout.model(), nnx.Param))
+    assert all(np.array_equal(a, b) for a, b in zip(restored, rollout_before, strict=True))
+    assert c.pinned_anchor_state is anchor_before and c.global_steps == 0
+    monkeypatch.undo()
+    report = c.sync_weights()  # and the next sync works, in chunks
+    assert report.peak.chunks > 2 and c.global_steps == 1
     actor_values = values(nnx.state(c.actor_model, nnx.Param))
     assert all(
         np.array_equal(a, b) for a, b in zip(values(nnx.state(c.rollout.model(), nnx.Param)), actor_values, strict=True)

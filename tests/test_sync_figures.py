@@ -8,7 +8,7 @@ from legibility import svg_problems
 from stored_reports import PLACEMENTS, drawn_bytes, elements, stored, svg_text
 
 from rlcluster_lab.lab.style import fmt_bytes
-from rlcluster_lab.lab.sync_figures import sync_bytes, sync_leaves
+from rlcluster_lab.lab.sync_figures import sync_bytes, sync_chunk_curve, sync_leaves, sync_peak
 
 
 def _leaf(path: str, moved: int, copied: int, reused: int, minimum: int) -> dict:
@@ -162,3 +162,50 @@ def test_sync_bytes_of_six_runs_with_long_labels_is_legible():
     runs = {f"{name}, LoRA, mini-batch 8": stored(name)["sync"] for name in PLACEMENTS[:6]}
     assert svg_problems(sync_bytes(runs)) == []
     assert svg_problems(sync_bytes(SYNC)) == [] and svg_problems(sync_leaves(SYNC)) == []
+
+
+# ------------------------------------------------------------------ the sync's transient peak
+
+
+def _planned_peak(**knobs) -> dict:
+    from rlcluster_lab import Scenario
+    from rlcluster_lab.planner.plan import plan_scenario
+
+    return plan_scenario(Scenario(**knobs)).to_json()["sync"]
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"layout": "reshaped"},
+        {"layout": "reshaped", "sync_chunk_bytes": 48 << 10},
+        {"layout": "split", "lora": True, "offload": True, "engine": "vllm", "sync_chunk_bytes": 12 << 10},
+    ],
+    ids=["one-piece", "chunks", "offload"],
+)
+def test_l3_sync_peak_draws_each_phases_level_and_the_devices_peak(knobs):
+    sync = _planned_peak(**knobs)
+    peak = sync["transient_peak"]
+    device = peak["max_device"]
+    svg = sync_peak(sync)
+    els = elements(svg)
+    assert _bytes_of(els, "peak-mark:device") == peak["by_device"][device]["device"]
+    for i, phase in enumerate(peak["phases"]):
+        level = phase["arrays"].get(device, {}).get("device", 0) + phase["temporaries"].get(device, 0)
+        assert _bytes_of(els, f"level:device:{i}") == level
+        # What is drawn adds up to the level: the stacked new bytes, minus what was released beyond them.
+        assert drawn_bytes(els, f"peak:device:{i}:") == level
+    assert fmt_bytes(peak["by_device"][device]["device"]) in svg_text(svg)
+    assert svg_problems(svg) == []
+
+
+def test_l3_sync_chunk_curve_draws_each_points_peak_and_plan():
+    points = [
+        {"label": "one piece", "peak": 104448, "planned": 104448, "seconds": 0.004},
+        {"label": "64.0 KiB", "peak": 23296, "planned": 23296, "seconds": 0.011},
+    ]
+    svg = sync_chunk_curve(points)
+    els = elements(svg)
+    assert [_bytes_of(els, f"curve:peak:{i}") for i in range(2)] == [104448, 23296]
+    assert [_bytes_of(els, f"curve:planned:{i}") for i in range(2)] == [104448, 23296]
+    assert "11.0 ms" in svg_text(svg) and svg_problems(svg) == []

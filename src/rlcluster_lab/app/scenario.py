@@ -66,6 +66,7 @@ def cluster_config(
         training_config=training_config or TrainingConfig(),
         anchor=scenario.anchor,
         reshard=scenario.reshard,
+        sync_chunk_bytes=scenario.sync_chunk_bytes,
     )
 
 

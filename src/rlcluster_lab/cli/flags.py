@@ -47,6 +47,14 @@ def add_scenario_flags(p: argparse.ArgumentParser, *, planner: bool = False) -> 
         p.add_argument(flag, action="store_true", help=text)
     p.add_argument("--lora-rank", type=int, default=4, help="LoRA rank with --lora (default 4)")
     p.add_argument(
+        "--sync-chunk-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hand a weight sync over in chunks of at most N bytes of leaves, each committed and its old "
+        "arrays dropped before the next (bounds the sync's peak; default: one piece)",
+    )
+    p.add_argument(
         "--model-size",
         "--model",
         dest="model_size",
@@ -77,6 +85,7 @@ def scenario_from(args: argparse.Namespace, **extra: Any) -> Any:
         sglang_static_lora=not args.no_static_lora,
         anchor=args.anchor,
         reshard=args.reshard,
+        sync_chunk_bytes=args.sync_chunk_bytes,
     )
     knobs.update(extra)
     return Scenario(**knobs)

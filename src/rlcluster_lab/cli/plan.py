@@ -86,6 +86,16 @@ def format_plan(data: Mapping[str, Any]) -> str:
     for kind in ("device", "pinned_host"):
         peak = max((k.get(kind, 0) for k in sync["peak_extra_bytes"].values()), default=0)
         lines.append(f"  peak extra {kind} bytes on one device during the sync: {_size(peak)}")
+    transient = sync.get("transient_peak")
+    if transient:
+        top = transient["max_bytes"]
+        chunks = transient["chunks"]
+        lines.append(
+            "  transient peak on one device (new arrays before the old go, staging, arrays in flight"
+            + (", program temporaries" if transient["method"]["program_temporaries"].startswith("computed") else "")
+            + f"): device memory {_size(top.get('device', 0))}, pinned host {_size(top.get('pinned_host', 0))}; "
+            + ("in one piece" if chunks <= 1 else f"in {chunks} chunks")
+        )
     verdict = fits["all_fit"]
     lines.append(
         "fits: "
@@ -227,6 +237,7 @@ def run_plan_command(args: Any) -> dict[str, Any]:
         with_reward=args.reward,
         with_critic=args.critic,
         reshard=args.reshard,
+        sync_chunk_bytes=args.sync_chunk_bytes,
         memory_per_device=None
         if args.memory_per_device is None
         else int(parse_bytes(args.memory_per_device, "--memory-per-device")),

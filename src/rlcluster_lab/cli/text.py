@@ -72,4 +72,22 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
             if sync.get("includes_program_load")
             else ""
         ),
+    ] + _peak_lines(sync.get("transient_peak"))
+
+
+def _peak_lines(peak: dict[str, Any] | None) -> list[str]:
+    """The sync's transient peak (L3): the busiest device, per memory kind, and where it is."""
+    if not peak:
+        return []
+    top = peak["max_bytes"]
+    device = peak.get("max_device")
+    where = f" on device {device}, at {peak['phase_at_peak'][device]}" if device is not None else ""
+    chunks = (
+        "in one piece"
+        if peak["chunks"] <= 1
+        else f"in {peak['chunks']} chunks of at most {peak['chunk_bytes']:,} bytes"
+    )
+    return [
+        f"  transient peak above what was there before (measured, {chunks}): device memory "
+        f"{top.get('device', 0):,}{where}; pinned host {top.get('pinned_host', 0):,}"
     ]

@@ -1,20 +1,41 @@
 """P13: the weight sync. The actor's LoRA (or all) parameters go to the rollout engine, the
-anchor is re-pinned, the global step advances; a ``SyncObserver`` measures it (L3)."""
+anchor is re-pinned, the global step advances; a ``SyncObserver`` measures it (L3).
+
+All or nothing, in one piece or in chunks (``ClusterConfig.sync_chunk_bytes``):
+
+- In one piece, the rollout's old arrays are kept until the new state, the re-pinned
+  anchor and the step count are committed together; a failure puts the very same
+  arrays back. They are alive during the whole handover anyway (every new array
+  exists before any old one could go), so keeping them costs no peak.
+- In chunks, each chunk's old arrays are dropped as soon as the chunk is committed:
+  that is what bounds the peak, so they cannot be kept. A failure in a later chunk
+  restores every synced leaf from the anchor snapshot instead, which holds the
+  actor's weights of the last sync (P8): exactly what the rollout was given then (or,
+  before the first sync, the actor's weights at construction, which the rollout was
+  built from), cast to the rollout's dtype the same way. The restore is a reshard of
+  the anchor onto the rollout's shardings, so it costs nothing while syncs succeed and
+  holds no second copy of the rollout anywhere; the old anchor is kept until the new
+  one is committed for this reason. Where the anchor does not hold every synced leaf
+  (never with the lab's anchors), the chunks' old arrays are kept as in one piece.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 import jax
 from flax import nnx
 
 from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.validate import check_finite_leaves
+from rlcluster_lab.engines.base import flat_values, reshard_flat
 from rlcluster_lab.measure.sync import SyncObserver, SyncReport
+from rlcluster_lab.placement.chunks import sync_chunks
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.placement.reshard import reshard_strategy
-from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded
+from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
 
 
 def sync_weights(s: ClusterState) -> SyncReport:
@@ -23,28 +44,35 @@ def sync_weights(s: ClusterState) -> SyncReport:
     The sharing map is not consulted: the engine reshards onto its own copy's
     shardings, which moves nothing when that copy is the actor itself. Then
     the anchor is re-pinned and the global step advances. Returns what the
-    handover and the re-pin really moved (L3).
+    handover and the re-pin really moved, and the sync's transient peak (L3).
     """
     placed = s.placed
     actor, engine = placed.actor, placed.engine
     check_finite_leaves(actor, "actor")  # all or nothing: refused before anything changes
     lora = placed.lora
     filter_types = sync_filter(lora)
-    watch = SyncObserver()
+    chunk = s.config.sync_chunk_bytes
     engine_model = engine.model()
-    # All or nothing: the rollout's current arrays are kept until the new state, the
-    # re-pinned anchor and the step count can all be committed together.
-    previous = jax.tree.map(lambda x: x, nnx.state(engine_model, *filter_types))
+    old = engine.held_values(filter_types)
+    anchor_restores = chunk is not None and _anchor_covers(placed.anchor, engine, filter_types)
+    order = p13_sync_order(chunk, s.config.offload_to_cpu, anchor_restores)
+    watch = SyncObserver(chunk_bytes=chunk, order=order)
+    watch.start(nnx.state(actor), (old, placed.anchor), _devices(s))
+    # In one piece the old arrays are kept for a rollback (they are alive anyway); in
+    # chunks they go chunk by chunk, and the anchor restores them if a chunk fails.
+    previous = None if anchor_restores else jax.tree.map(lambda x: x, nnx.state(engine_model, *filter_types))
+    del old
     try:
-        with sync_guard(s.platform), reshard_strategy(s.config.reshard):
+        with sync_guard(s.platform), reshard_strategy(s.config.reshard), sync_chunks(chunk):
             params = nnx.state(actor, *filter_types)
             watch.before(params)
             with watch.recording():
-                # The handover alone is timed: the engine's update, until its arrays are ready.
+                # The handover alone is timed: the engine's update, until its arrays are ready
+                # (the peak walk's own time left out).
                 start = time.perf_counter()
                 engine.update_params(params, filter_types)
                 jax.block_until_ready(engine.held_values(filter_types))
-                seconds = time.perf_counter() - start
+                seconds = time.perf_counter() - start - watch.walk_seconds
             watch.after(nnx.state(engine_model, *filter_types), seconds)
             del params
             # P8: the actor's full state, or only its adapters with anchor='trainable' and LoRA.
@@ -52,21 +80,64 @@ def sync_weights(s: ClusterState) -> SyncReport:
             start = time.perf_counter()
             anchor = put_on_memory_kind(source, "pinned_host")
             jax.block_until_ready(anchor)
-            watch.anchor(anchor, source, time.perf_counter() - start)
+            anchor_seconds = time.perf_counter() - start
+            watch.anchor(anchor, source, anchor_seconds)
             del source
     except BaseException as exc:
-        nnx.update(engine_model, previous)
-        exc.add_note(
-            f"sync_weights did not finish: the rollout keeps the weights of global step {s.global_steps}, "
-            "the anchor was not re-pinned and the step count did not advance."
-        )
+        _roll_back(s, engine, filter_types, previous, exc)
         raise
     placed.anchor = anchor
-    s.trace.add(p13_sync(lora, s.global_steps + 1, s.platform, s.config.reshard))
+    del previous, anchor
+    watch.end()
+    s.trace.add(p13_sync(lora, s.global_steps + 1, s.platform, s.config.reshard, chunk))
     s.global_steps += 1
     return watch.report(
         lora=lora, anchor_mode="trainable" if s.anchor_is_partial else "full", global_step=s.global_steps
     )
+
+
+def _roll_back(s: ClusterState, engine: Any, filter_types: tuple[Any, ...], previous: Any, exc: BaseException) -> None:
+    """Put the rollout's weights of the last sync back (see the module docstring)."""
+    how = "its old arrays" if previous is not None else "restored from the anchor snapshot"
+    try:
+        if previous is not None:
+            nnx.update(engine.model(), previous)
+        else:
+            restore_from_anchor(s, engine, filter_types)
+    except BaseException as again:  # noqa: BLE001 - said in the note, the first error is raised
+        exc.add_note(
+            f"sync_weights did not finish, and restoring the rollout from the anchor failed too "
+            f"({type(again).__name__}: {again}); rebuild the cluster."
+        )
+        return
+    exc.add_note(
+        f"sync_weights did not finish: the rollout keeps the weights of global step {s.global_steps} "
+        f"({how}), the anchor was not re-pinned and the step count did not advance."
+    )
+
+
+def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, ...]) -> None:
+    """Every synced leaf of the rollout set from the anchor (the weights of the last sync),
+    resharded onto the rollout's shardings and cast to its dtypes, in new buffers."""
+    anchor = flat_values(s.placed.anchor)
+    targets = engine.held_targets(filter_types)
+    with reshard_strategy(s.config.reshard):
+        values = reshard_flat({k: anchor[k] for k in targets}, targets, copy=True)
+    engine.assign(values, filter_types)
+
+
+def _anchor_covers(anchor: Any, engine: Any, filter_types: tuple[Any, ...]) -> bool:
+    """The anchor holds every leaf a sync hands over (P8: the full state, or the adapters of a
+    LoRA actor, whose syncs hand over the adapters only)."""
+    if anchor is None:
+        return False
+    held = flat_values(anchor)
+    return all(k in held for k in engine.held_targets(filter_types))
+
+
+def _devices(s: ClusterState) -> list[Any]:
+    found = {d for mesh in s.contexts.role_to_mesh.values() for d in mesh.devices.flat}
+    return sorted(found, key=lambda d: d.id)
 
 
 def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:

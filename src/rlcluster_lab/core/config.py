@@ -17,7 +17,7 @@ import optax
 from jax.sharding import Mesh
 
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.options import ANCHOR_MODES, RESHARD_STRATEGIES, RolloutConfig
+from rlcluster_lab.core.options import ANCHOR_MODES, RESHARD_STRATEGIES, RolloutConfig, check_sync_chunk_bytes
 from rlcluster_lab.core.roles import Mode, Role
 
 LogicalAxisRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
@@ -161,6 +161,13 @@ class ClusterConfig:
     the anchor's and the live actor's log-probs agree to float32 rounding on
     every platform (P11); on CPU it changes nothing.
 
+    ``sync_chunk_bytes`` (None: one piece) makes a weight sync (P13) hand the
+    weights over in chunks of at most that many bytes of leaves, each chunk
+    committed and the arrays it replaces dropped before the next, which bounds
+    the sync's transient peak at the cost of one reshard call per chunk; a
+    failure in a later chunk restores the rollout from the anchor snapshot
+    (``cluster.sync``).
+
     ``anchor`` says what the anchor policy state holds (P8). ``"full"``, the
     reference behaviour, pins the actor's whole state at every sync.
     ``"trainable"`` pins only what training changes: for a LoRA actor the
@@ -177,8 +184,10 @@ class ClusterConfig:
     anchor: str = "full"
     reshard: str = "xla"
     matmul_precision: str | None = "highest"
+    sync_chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        check_sync_chunk_bytes(self.sync_chunk_bytes)
         if self.reshard not in RESHARD_STRATEGIES:
             raise ConfigError(
                 f"reshard must be one of {', '.join(RESHARD_STRATEGIES)}, got {self.reshard!r}: 'xla' compiles "

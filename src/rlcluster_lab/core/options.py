@@ -67,6 +67,22 @@ def check_tensor_parallel_size(size: Any) -> None:
         )
 
 
+def check_sync_chunk_bytes(value: Any) -> None:
+    """``sync_chunk_bytes`` is None (a sync hands everything over in one piece) or an int >= 1.
+
+    Raises:
+        ConfigError: a value below 1 or not an int.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(
+            f"sync_chunk_bytes (--sync-chunk-bytes) must be a whole number of bytes >= 1 (a sync then hands "
+            f"its leaves over in chunks of at most that many bytes), or None for one piece; got {value!r}",
+            knobs=("sync_chunk_bytes",),
+        )
+
+
 DEFAULT_SIMULATED_DEVICES = 8
 
 # The most simulated CPU devices the lab asks for. Each one costs the CPU client about
@@ -184,7 +200,8 @@ class Scenario:
     is real); ``lora_separate_base`` builds it over a copy instead, which P4
     flags as an avoidable copy. Without LoRA the actor is a full copy of the
     reference, as it must be to train. ``reshard`` picks how layouts change
-    (see ``ClusterConfig.reshard``).
+    (see ``ClusterConfig.reshard``); ``sync_chunk_bytes`` how a sync hands its
+    weights over (see ``ClusterConfig.sync_chunk_bytes``).
     """
 
     layout: str = "colocated"
@@ -200,6 +217,7 @@ class Scenario:
     sglang_static_lora: bool = True
     anchor: str = "full"
     reshard: str = "xla"
+    sync_chunk_bytes: int | None = None
     max_tokens: int = 16
     temperature: float = 1.0
     kv_cache_size: int = 128
@@ -218,6 +236,7 @@ class Scenario:
                 raise ConfigError(f"unknown {knob} {value!r}; choose one of {', '.join(allowed)}", knobs=(field,))
         if self.rollout_dtype is not None:
             object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype, "rollout_dtype"))
+        check_sync_chunk_bytes(self.sync_chunk_bytes)
         if self.lora_separate_base and not self.lora:
             raise ConfigError(
                 "lora_separate_base (--lora-separate-base) needs lora (--lora): the separate base is the LoRA "

@@ -6,6 +6,12 @@ returns, scores completions, and takes new weights through
 ``update_params(params, filter_types)``. An engine that picks its own mesh
 exposes it as ``mesh``; the cluster then records that mesh for the rollout
 role (P7).
+
+The base class's ``update_params`` hands a sync over in one reshard call, or
+chunk by chunk (``placement.chunks``), committing each chunk to the model and
+dropping the arrays it replaces before the next; it tells the sync's peak walk
+(``placement.phases``) when it has committed. Variables without hooks are read
+and set raw, so a steady sync spends its time moving data.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from jax.sharding import Mesh, NamedSharding
 from rlcluster_lab.core.config import RolloutConfig
 from rlcluster_lab.model import logps_from_state
 from rlcluster_lab.model.sampling import check_prompts, sample
+from rlcluster_lab.placement import phases
+from rlcluster_lab.placement.chunks import chunk_leaves, current_chunk_bytes
 from rlcluster_lab.placement.reshard import cast_many, log_cast, reshard_many
 
 
@@ -154,24 +162,69 @@ class RolloutEngine(abc.ABC):
         matching part of this engine's model, in its current shardings and
         memory kind. Without it (keeping shared roles together, P14) the whole
         state is taken, in the memory kind the source is in.
+
+        One reshard per sync, or one per chunk inside a ``placement.chunks.sync_chunks``
+        block (the cluster's ``sync_chunk_bytes``): each chunk is committed to the
+        model, and the arrays it replaces dropped, before the next one starts.
         """
-        variables = self._variables(filter_types)
-        dst = {k: v.get_value() for k, v in variables.items()}
-        new_values = reshard_flat(
-            flat_values(params), dst, copy=self.owns_weights, follow_source_memory=filter_types is None
-        )
-        for k, x in new_values.items():
-            var = variables[k]
-            # A leaf that is already the new array (a shared model) is left alone.
-            if var.get_value() is not x:
-                var.set_value(x)
+        index = self._index(filter_types)
+        src = flat_values(params)
+        follow = filter_types is None
+        if follow:
+            # Keeping shared roles together may hand over part of a tree (a reference
+            # has no adapters): only those leaves are replaced.
+            picked = [j for j, k in enumerate(index.keys) if k in src]
+        else:
+            if len(src) != len(index.keys) or any(k not in src for k in index.keys):
+                raise tree_mismatch(src, index.keys)
+            picked = list(range(len(index.keys)))
+        sources = [src[index.keys[j]] for j in picked]
+        del src
+        limit = current_chunk_bytes()
+        parts = chunk_leaves([int(x.nbytes) for x in sources], limit) if limit else [range(len(picked))]
+        if not self.owns_weights and all(index.get(j) is x for j, x in zip(picked, sources)):
+            # The model holds these very arrays (the actor itself, P3 shared): nothing to hand over.
+            for _ in parts:
+                phases.phase("reshard")
+                phases.phase("commit")
+            return
+        for part in parts:
+            xs = [sources[i] for i in part]
+            where = [picked[i] for i in part]
+            targets = [index.target(j, xs[n] if follow else None) for n, j in enumerate(where)]
+            new = reshard_leaves(xs, targets, copy=self.owns_weights, labels=[index.labels[j] for j in where])
+            del xs, targets
+            for j, y in zip(where, new):
+                index.set(j, y)  # a leaf that is already the new array (a shared model) is left alone
+            del new
+            # The chunk is committed: the arrays it replaced are dropped (unless someone else holds them).
+            phases.phase("commit")
+
+    def assign(self, values: dict[tuple[Any, ...], Any], filter_types: tuple[Any, ...] | None = None) -> None:
+        """Set arrays already in this engine's shardings and dtypes (path -> array) into its
+        model, without resharding: the cluster restores a failed chunked sync with it."""
+        index = self._index(filter_types)
+        for j, k in enumerate(index.keys):
+            if k in values:
+                index.set(j, values[k])
+
+    def held_targets(self, filter_types: tuple[Any, ...] | None = None) -> dict[tuple[Any, ...], Target]:
+        """Path -> where each leaf the model holds lives (its sharding and dtype), in path order."""
+        index = self._index(filter_types)
+        return {k: index.target(j) for j, k in enumerate(index.keys)}
 
     def held_values(self, filter_types: tuple[Any, ...] | None = None) -> list[Any]:
-        """The arrays the engine's model holds now (those matching ``filter_types``)."""
-        return [v.get_value() for v in self._variables(filter_types).values()]
+        """The arrays the engine's model holds now (those matching ``filter_types``), in path order."""
+        index = self._index(filter_types)
+        return [index.get(j) for j in range(len(index.keys))]
 
     def _variables(self, filter_types: tuple[Any, ...] | None) -> dict[tuple[Any, ...], nnx.Variable]:
-        """Path -> the model's own Variable objects, found once per filter.
+        """Path -> the model's own Variable objects (those matching ``filter_types``), in path order."""
+        index = self._index(filter_types)
+        return dict(zip(index.keys, index.variables))
+
+    def _index(self, filter_types: tuple[Any, ...] | None) -> _VariableIndex:
+        """The model's Variables matching ``filter_types``, found once per filter.
 
         A sync runs often and the model's structure never changes after
         construction, so the graph is walked once; values are read and set
@@ -180,11 +233,77 @@ class RolloutEngine(abc.ABC):
         model = self.model()
         cache = self.__dict__.setdefault("_variable_index", {})
         hit = cache.get(filter_types)
-        if hit is None or hit[0] is not model:
+        if hit is None or hit.model is not model:
             state = nnx.state(model, *filter_types) if filter_types is not None else nnx.state(model)
-            hit = (model, {tuple(k): v for k, v in nnx.to_flat_state(state)})
+            hit = _VariableIndex.of(model, state)
             cache[filter_types] = hit
-        return hit[1]
+        return hit
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where a leaf goes: the sharding and dtype of the array it replaces (never that array,
+    so a chunked handover does not keep the old arrays of later chunks alive)."""
+
+    sharding: Any
+    dtype: Any
+
+
+class _VariableIndex:
+    """A model's Variables in path order, with the fastest safe way to read and set each.
+
+    A Variable without get/set hooks holding a plain array is read and set raw (no
+    copy of the tree, no hooks to run); any other goes through ``get_value``/``set_value``.
+    """
+
+    def __init__(self, model: nnx.Module, keys: list[tuple[Any, ...]], variables: list[nnx.Variable]) -> None:
+        self.model = model
+        self.keys = keys
+        self.variables = variables
+        self.labels = [leaf_path(k) for k in keys]
+        self.raw = [_plain_variable(v) for v in variables]
+
+    @classmethod
+    def of(cls, model: nnx.Module, state: Any) -> _VariableIndex:
+        pairs = sorted(((tuple(k), v) for k, v in nnx.to_flat_state(state)), key=lambda kv: leaf_path(kv[0]))
+        return cls(model, [k for k, _ in pairs], [v for _, v in pairs])
+
+    def get(self, j: int) -> Any:
+        v = self.variables[j]
+        return v.get_raw_value() if self.raw[j] else v.get_value()
+
+    def set(self, j: int, x: Any) -> None:
+        v = self.variables[j]
+        if self.raw[j]:
+            if v.get_raw_value() is not x:
+                v.set_raw_value(x)
+        elif v.get_value() is not x:
+            v.set_value(x)
+
+    def target(self, j: int, source: Any = None) -> Target:
+        """Leaf j's destination: its current sharding and dtype; with ``source``, in the
+        memory kind the source is in (P14: shared roles move together)."""
+        held = self.get(j)
+        sharding = held.sharding
+        if source is not None and isinstance(sharding, NamedSharding):
+            sharding = sharding.with_memory_kind(source.sharding.memory_kind)
+        return Target(sharding, held.dtype)
+
+
+def _plain_variable(v: nnx.Variable) -> bool:
+    meta = v.get_metadata()
+    if "on_get_value" in meta or "on_set_value" in meta:
+        return False
+    return isinstance(v.get_raw_value(), jax.Array)
+
+
+def tree_mismatch(src: Any, keys: Any) -> ValueError:
+    missing = sorted(map(str, set(keys) - set(src)))[:5]
+    extra = sorted(map(str, set(src) - set(keys)))[:5]
+    return ValueError(
+        "the new weights do not match the rollout model's parameter tree "
+        f"(missing: {missing}, unexpected: {extra}); sync from a model of the same architecture"
+    )
 
 
 def leaf_path(key: tuple[Any, ...]) -> str:
@@ -193,10 +312,14 @@ def leaf_path(key: tuple[Any, ...]) -> str:
 
 
 def flat_values(tree: Any) -> dict[tuple[Any, ...], Any]:
-    """Path tuple -> array, from an ``nnx.State`` or a nested dict of arrays."""
+    """Path -> array, from an ``nnx.State`` or a nested dict of arrays."""
     if isinstance(tree, nnx.State):
-        return {tuple(k): (v.get_value() if isinstance(v, nnx.Variable) else v) for k, v in nnx.to_flat_state(tree)}
+        return {tuple(k): (_read(v) if isinstance(v, nnx.Variable) else v) for k, v in nnx.to_flat_state(tree)}
     return flatten_dict(tree)
+
+
+def _read(v: nnx.Variable) -> Any:
+    return v.get_raw_value() if _plain_variable(v) else v.get_value()
 
 
 def reshard_flat(
@@ -208,35 +331,37 @@ def reshard_flat(
 ) -> dict[tuple[Any, ...], Any]:
     """``src_flat``'s values (path -> array) placed with ``dst_flat``'s shardings and cast to its dtypes.
 
-    Leaves already in their destination sharding are reused unless ``copy``
-    asks for new buffers. Only device-to-device copies happen: no host
-    round-trip, so it runs under a transfer guard.
+    ``dst_flat``'s values are arrays or ``Target``s (anything with ``sharding`` and
+    ``dtype``). Leaves already in their destination sharding are reused unless ``copy``
+    asks for new buffers. Only device-to-device copies happen: no host round-trip, so
+    it runs under a transfer guard.
     """
     if follow_source_memory:
         # Keeping shared roles together may hand over part of a tree (a
         # reference has no adapters): only those leaves are replaced.
         dst_flat = {k: v for k, v in dst_flat.items() if k in src_flat}
     if src_flat.keys() != dst_flat.keys():
-        missing = sorted(map(str, set(dst_flat) - set(src_flat)))[:5]
-        extra = sorted(map(str, set(src_flat) - set(dst_flat)))[:5]
-        raise ValueError(
-            "the new weights do not match the rollout model's parameter tree "
-            f"(missing: {missing}, unexpected: {extra}); sync from a model of the same architecture"
-        )
+        raise tree_mismatch(src_flat, dst_flat)
     keys = list(dst_flat)
-    shardings = []
+    targets = []
     for k in keys:
         s = dst_flat[k].sharding
         if follow_source_memory and isinstance(s, NamedSharding):
             s = s.with_memory_kind(src_flat[k].sharding.memory_kind)
-        shardings.append(s)
-    # One batch for the whole tree; each leaf's copies are logged under its path (L3).
-    moved = reshard_many([src_flat[k] for k in keys], shardings, copy=copy, labels=[leaf_path(k) for k in keys])
-    # Cast on the destination devices, after the move (bytes move in the source dtype).
-    cast = cast_many(moved, [dst_flat[k].dtype for k in keys])
-    out = {}
-    for k, x, y in zip(keys, moved, cast):
-        out[k] = y
-        if y is not x:
-            log_cast(src_flat[k], x, y, leaf_path(k))
-    return out
+        targets.append(Target(s, dst_flat[k].dtype))
+    new = reshard_leaves([src_flat[k] for k in keys], targets, copy=copy, labels=[leaf_path(k) for k in keys])
+    return dict(zip(keys, new))
+
+
+def reshard_leaves(xs: list[Any], targets: list[Target], *, copy: bool, labels: list[str]) -> list[Any]:
+    """Each ``xs[i]`` laid out as ``targets[i]`` and cast to its dtype: one batch for the whole
+    list (one reshard call, one cast program); each leaf's copies are logged under its label (L3).
+
+    The bytes move in the source dtype; the cast runs on the destination devices after the move.
+    """
+    moved = reshard_many(xs, [t.sharding for t in targets], copy=copy, labels=labels)
+    cast = cast_many(moved, [t.dtype for t in targets])
+    for x, m, y, label in zip(xs, moved, cast, labels):
+        if y is not m:
+            log_cast(x, m, y, label)
+    return cast

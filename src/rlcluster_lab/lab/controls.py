@@ -63,7 +63,11 @@ TOOLTIPS = {
     "anchor": "P8: what is pinned to host at construction and at every sync: the actor's whole state, "
     "or (with LoRA) only its adapters",
     "rollout-shape": "P1: the same devices in another shape are another mesh, so the rollout gets a second copy",
+    "sync-chunk-bytes": "P13: a sync hands the weights over in chunks of at most this many bytes of leaves, "
+    "each committed and its old arrays dropped before the next: a lower transient peak, one reshard per chunk",
 }
+# The sync's chunk sizes the lab offers (0: one piece).
+SYNC_CHUNKS = [("one piece", 0), ("16 KiB", 16 << 10), ("64 KiB", 64 << 10), ("256 KiB", 256 << 10), ("1 MiB", 1 << 20)]
 
 
 def shape_options(count: int, model_size: str = "tiny") -> list[tuple[str, tuple[int, int]]]:
@@ -149,6 +153,9 @@ class Knobs:
             style=style,
             layout=wide,
         )
+        self.sync_chunk_bytes = widgets.Dropdown(
+            options=SYNC_CHUNKS, value=0, description=label("sync_chunk_bytes"), style=style, layout=wide
+        )
         self.layout.observe(lambda _c: self._update_custom_visibility(), names="value")
         for knob in (self.lora, self.engine):
             knob.observe(lambda _c: self._update_applicability(), names="value")
@@ -182,6 +189,7 @@ class Knobs:
             "with_reward": self.with_reward,
             "with_critic": self.with_critic,
             "anchor": self.anchor,
+            "sync_chunk_bytes": self.sync_chunk_bytes,
             "rollout_shape": self.rollout_shape,
         }
 
@@ -206,6 +214,7 @@ class Knobs:
                 self.static_lora,
                 self.rollout_dtype,
                 self.offload,
+                self.sync_chunk_bytes,
                 self.with_reward,
                 self.with_critic,
             ]
@@ -311,6 +320,7 @@ class Knobs:
             with_critic=self.with_critic.value,
             sglang_static_lora=self.static_lora.value,
             anchor=self.anchor.value,
+            sync_chunk_bytes=int(self.sync_chunk_bytes.value) or None,
         )
 
     def role_to_mesh(self) -> dict[Role, Any] | None:

@@ -27,14 +27,14 @@ from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
 from rlcluster_lab.lab.sentences import STEP_COUNTER
 from rlcluster_lab.lab.sharing_notes import actor_share_text
-from rlcluster_lab.lab.sync_figures import sync_bytes
+from rlcluster_lab.lab.sync_figures import sync_bytes, sync_peak
 
 _PANELS = ("flow", "grid", "memory", "sync")
 TITLES = {
     "flow": "Decision flow (L1): the branches that fired are highlighted",
     "grid": "Devices: which role holds what, on which device",
     "memory": "Memory (L2): physical bytes per device and per role, by memory kind",
-    "sync": "Weight sync (P13, L3): bytes against the minimum the placement allows",
+    "sync": "Weight sync (P13, L3): bytes against the minimum the placement allows, and its transient peak",
 }
 # The tabs, in reading order: (view, tab title). Every panel is one view.
 VIEWS = (
@@ -150,7 +150,9 @@ class Display:
             "memory": (memory, [lambda: memory_by_device(memory), lambda: memory_by_role(memory)]),
             "sync": (
                 sync,
-                [lambda: sync_bytes(sync)] if sync else "no sync measured yet: press Sync weights (P13)",
+                [lambda: sync_bytes(sync)] + ([lambda: sync_peak(sync)] if sync.get("transient_peak") else [])
+                if sync
+                else "no sync measured yet: press Sync weights (P13)",
             ),
         }
         redrawn = []

@@ -1,4 +1,5 @@
-"""Figures of a weight sync (L3): where a sync's bytes went, and the same per leaf.
+"""Figures of a weight sync (L3): where a sync's bytes went, the same per leaf, and (from
+``lab.sync_peak_figures``) what the sync holds on a device at each phase, and its chunk sizes.
 
 Pure functions of a sync report's JSON (``SyncReport.to_json()``, or a placement report's
 ``sync``), returning an ``Svg`` that the notebooks and the widget lab both show
@@ -16,6 +17,7 @@ from typing import Any
 
 from rlcluster_lab.lab.style import RELAYED, SYNC_PARTS, fmt_bytes
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
+from rlcluster_lab.lab.sync_peak_figures import sync_chunk_curve, sync_peak
 from rlcluster_lab.lab.textfit import clip, text_width, wrap
 
 # The synced bytes' parts (synced = arrived + copied + reused) in SYNC_PARTS' colours.
@@ -236,3 +238,6 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
         y += row_h
     c.height = y + 10
     return c.render()
+
+
+__all__ = ["sync_bytes", "sync_chunk_curve", "sync_leaves", "sync_peak"]

@@ -22,7 +22,10 @@ from jax.sharding import NamedSharding, Sharding
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.memory import UNITS, _buffers, _plain
+from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, allocator_before, allocator_peak, peak_of
+from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
+from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.transfers import Transfer, TransferLog, shard_key, shard_keys
 
 
@@ -96,8 +99,13 @@ class SyncReport:
     apart from the handover. ``peak_extra_bytes`` per device and memory
     kind: the new buffers the sync allocates while the old ones are still
     alive (new destination buffers in their dtype, plus the new anchor).
+    ``peak`` (JSON ``transient_peak``): what is really alive at the sync's
+    worst moment, phase by phase, with the reshard's staging and program
+    temporaries and the chunks' releases (``measure.sync_peak``).
     A cast to the rollout dtype happens on the destination device after the
-    move and is not counted as movement. ``includes_compilation``: the first
+    move and is not counted as movement. ``seconds`` is the handover alone
+    (the engine's update until its arrays are ready, the peak walk's own time
+    left out). ``includes_compilation``: the first
     sync between a set of shardings compiles its copy programs, and its
     ``seconds`` include that; ``includes_program_load``: it read them back
     from the persistent compilation cache instead; later syncs reuse them.
@@ -117,6 +125,8 @@ class SyncReport:
     includes_program_load: bool = False
     reshard_strategy: str = "minimal"
     units: str = UNITS
+    # The sync's transient peak per device and memory kind (measure.sync_peak); None where not watched.
+    peak: SyncPeak | None = None
     # Every logged cross-device copy (source and destination device): with several processes,
     # multiprocess.report splits them into bytes that crossed a process boundary and bytes
     # that stayed inside one. Not part of the JSON.
@@ -180,6 +190,7 @@ class SyncReport:
             "includes_program_load": self.includes_program_load,
             "arrived_by_device": _plain(self.arrived_by_device),
             "peak_extra_bytes": _plain(self.peak_extra_bytes),
+            "transient_peak": None if self.peak is None else self.peak.to_json(),
             "leaves": [leaf.to_json() for leaf in self.leaves],
         }
 
@@ -222,6 +233,7 @@ def sync_report(
     anchor_mode: str,
     anchor_seconds: float,
     global_step: int,
+    transient_peak: SyncPeak | None = None,
 ) -> SyncReport:
     """Build the report from the source's facts, the destination arrays and the transfer log.
 
@@ -323,6 +335,7 @@ def sync_report(
         includes_compilation=log.compiled,
         includes_program_load=log.loaded,
         reshard_strategy=strategy,
+        peak=transient_peak,
         transfers=tuple(t for t in log.transfers if t.kind == "cross_device" and t.leaf is not None),
     )
 
@@ -359,22 +372,44 @@ def _id_ranges(ids: Sequence[int]) -> str:
 class SyncObserver:
     """Watches one weight sync and writes its report (L3); the sync itself only calls its hooks.
 
-    ``before(params)`` reads the source's shard facts; the handover runs
-    inside ``recording()`` (the reshard logs every copy it makes there);
-    ``after(destination, seconds)`` and ``anchor(new, old, seconds)`` read
-    what the sync left; ``report(...)`` puts it together.
+    ``start(keep, replaced, devices)`` takes stock of what is alive before the sync
+    (the transient peak's baseline, ``measure.sync_peak``); ``before(params)`` reads
+    the source's shard facts; the handover runs inside ``recording()`` (the reshard
+    logs every copy it makes there, and reports its phases to the peak walk);
+    ``after(destination, seconds)`` and ``anchor(new, old, seconds)`` read what the
+    sync left; ``end()`` counts once it committed; ``report(...)`` puts it together.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, chunk_bytes: int | None = None, order: str = "") -> None:
         self.source: dict[str, ShardFacts] = {}
         self.destination: dict[str, jax.Array] = {}
         self.log = TransferLog()
         self.seconds = 0.0
         self.anchor_seconds = 0.0
         self.new_anchor: list[tuple[int, str, int]] = []
+        self.chunk_bytes = chunk_bytes
+        self.order = order
+        self.walk: PeakWalk | None = None
+        self._devices: list[Any] = []
+        self._allocator: dict[str, tuple[int, int]] | None = None
+        self._sizes: list[int] = []
+
+    def start(self, keep: Any, replaced: Any, devices: Sequence[Any]) -> None:
+        """What is alive before the sync: ``keep`` (arrays the sync may share but never
+        frees: the actor's state) and ``replaced`` (the rollout's old leaves, the old anchor)."""
+        self.walk = PeakWalk(array_leaves(keep), array_leaves(replaced))
+        self._devices = list(devices)
+        self._allocator = allocator_before(self._devices)
+
+    @property
+    def walk_seconds(self) -> float:
+        """Time the peak walk took so far (kept out of the sync's timed figures)."""
+        return 0.0 if self.walk is None else self.walk.seconds
 
     def before(self, params: Any) -> None:
-        self.source = {path: shard_facts(x) for path, x in flat_leaves(params).items()}
+        leaves = flat_leaves(params)
+        self.source = {path: shard_facts(x) for path, x in leaves.items()}
+        self._sizes = [int(leaves[path].nbytes) for path in sorted(leaves)]
 
     def recording(self) -> Any:
         from rlcluster_lab.placement.transfers import record_transfers
@@ -388,6 +423,27 @@ class SyncObserver:
     def anchor(self, new: Any, old: Any, seconds: float) -> None:
         self.new_anchor = new_shards(new, old)
         self.anchor_seconds = seconds
+        if self.walk is not None:
+            self.walk.made(array_leaves(new), phases.ANCHOR)
+            self.walk.phase("anchor re-pin")
+
+    def end(self) -> None:
+        """The sync committed (the replaced arrays dropped): the bytes above before now."""
+        if self.walk is not None:
+            self.walk.phase("end")
+
+    def peak(self) -> SyncPeak | None:
+        if self.walk is None:
+            return None
+        parts = chunk_leaves(self._sizes, self.chunk_bytes)
+        return peak_of(
+            self.walk.phases,
+            chunk_bytes=self.chunk_bytes,
+            largest_chunk_bytes=max((sum(self._sizes[i] for i in r) for r in parts), default=0),
+            order=self.order,
+            method=METHOD,
+            allocator=allocator_peak(self._devices, self._allocator),
+        )
 
     def report(self, *, lora: bool, anchor_mode: str, global_step: int) -> SyncReport:
         return sync_report(
@@ -400,16 +456,20 @@ class SyncObserver:
             anchor_mode=anchor_mode,
             anchor_seconds=self.anchor_seconds,
             global_step=global_step,
+            transient_peak=self.peak(),
         )
 
 
 class _Recording:
     def __init__(self, observer: SyncObserver, block: Any) -> None:
         self.observer, self.block = observer, block
+        self.probe = phases.probing(observer.walk)
 
     def __enter__(self) -> TransferLog:
         self.observer.log = self.block.__enter__()
+        self.probe.__enter__()
         return self.observer.log
 
     def __exit__(self, *exc: Any) -> Any:
+        self.probe.__exit__(*exc)
         return self.block.__exit__(*exc)

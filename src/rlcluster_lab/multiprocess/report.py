@@ -20,7 +20,9 @@ The minimums are computed from the two shardings alone (shard indices and
 the process owning each device); the moved bytes are what the sync's log
 holds (collectives read from compiled programs, copies made).
 
-Nothing here imports JAX except ``crossing_facts``, which reads a live cluster.
+Nothing here imports JAX except ``crossing_facts``, which reads a live cluster, and
+``merge_peaks``, which reduces the processes' transient peaks with the measured report's
+own code (``measure.sync_peak``).
 """
 
 from __future__ import annotations
@@ -215,8 +217,46 @@ def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "includes_program_load": any(p["includes_program_load"] for p in parts),
         "arrived_by_device": _united(p["arrived_by_device"] for p in parts),
         "peak_extra_bytes": _united(p["peak_extra_bytes"] for p in parts),
+        "transient_peak": merge_peaks([p.get("transient_peak") for p in parts]),
         "leaves": merged,
     }
+
+
+def merge_peaks(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The processes' transient peaks (each walked the arrays on its own devices) as one: phase by
+    phase (every process goes through the same phases), each device's figures from its process."""
+    if not parts or any(p is None for p in parts):
+        return None
+    from rlcluster_lab.measure.sync_peak import PeakPhase, peak_of  # the one reduction of a peak
+
+    first = parts[0]
+    count = min(len(p["phases"]) for p in parts)  # type: ignore[index]
+    phases = []
+    for i in range(count):
+        rows = [p["phases"][i] for p in parts]  # type: ignore[index]
+        phases.append(
+            PeakPhase(
+                rows[0]["name"],
+                rows[0]["chunk"],
+                _united(r["arrays"] for r in rows),
+                _united(r["terms"] for r in rows),
+                _united(r["temporaries"] for r in rows),
+            )
+        )
+    allocator = [p.get("allocator") or {} for p in parts]  # type: ignore[union-attr]
+    merged = peak_of(
+        phases,
+        chunk_bytes=first["chunk_bytes"],  # type: ignore[index]
+        largest_chunk_bytes=first["largest_chunk_bytes"],  # type: ignore[index]
+        order=first["order"],  # type: ignore[index]
+        method={k: v + "; each process walked its own devices" for k, v in first["method"].items()},  # type: ignore[index]
+        allocator={
+            "available": any(a.get("available") for a in allocator),
+            "note": allocator[0].get("note", ""),
+            "by_device": _united(a.get("by_device", {}) for a in allocator),
+        },
+    )
+    return merged.to_json()
 
 
 def process_split(

@@ -31,6 +31,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from rlcluster_lab.core.compile_options import compiler_options
+from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
@@ -168,7 +169,12 @@ def move_across(
             gs = avals[k].sharding
             mine = [have[d] for d in gs.addressable_devices_indices_map(avals[k].shape)]
             inputs.append(jax.make_array_from_single_device_arrays(avals[k].shape, gs, mine, dtype=avals[k].dtype))
+        phases.made(zeros, phases.IN_FLIGHT)
         arrived = prog.compiled(inputs)
+        if phases.current_probe() is not None:
+            phases.made(arrived, phases.RESHARDED)
+            own = [d for d in mesh.devices.flat if d.process_index == me]  # each process counts its own devices
+            phases.phase("move", [phases.program_temporaries(prog.compiled, own)])
         del inputs, zeros
         for k, i in enumerate(members):
             got = {s.device: s.data for s in arrived[k].addressable_shards}
@@ -177,9 +183,9 @@ def move_across(
             # The receiver's other devices copy their block from the device it arrived on.
             copies = [p for p, f in enumerate(r.source) if f != p and dst_a[p].process_index == me]
             if copies:
-                for p, y in zip(
-                    copies, jax.device_put([blocks[r.source[p]] for p in copies], [dst_a[p] for p in copies])
-                ):
+                copied = jax.device_put([blocks[r.source[p]] for p in copies], [dst_a[p] for p in copies])
+                phases.made(copied, phases.RESHARDED)
+                for p, y in zip(copies, copied):
                     blocks[p] = y
             y = jax.make_array_from_single_device_arrays(
                 xs[i].shape, dsts[i], [blocks[p] for p in sorted(blocks)], dtype=xs[i].dtype

@@ -24,6 +24,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, plan_reshard, to_box
 from rlcluster_lab.placement.programs import cleared_with_programs
 from rlcluster_lab.placement.transfers import Transfer, current_log
@@ -170,6 +171,7 @@ def _assemble(
     for src_dev, arrays, spec, ids in sched.cuts:
         for i, y in zip(ids, _cut_and_pack(tuple(shards[a][src_dev] for a in arrays), spec)):
             packed[i] = y
+    phases.made(packed, phases.IN_FLIGHT)
     # Phase 2: every pack, and every whole shard that only changes device, crosses in one call.
     blocks: list[list[Any]] = [[None] * n for n in sched.block_counts]
     if packed or sched.whole:
@@ -179,6 +181,8 @@ def _assemble(
                 packed + sent, [devices[d] for d in sched.pack_devices] + [devices[dst] for _, _, _, dst in sched.whole]
             )
         )
+        phases.made(arrived, phases.IN_FLIGHT)
+        phases.phase("move")
         packed = arrived[: len(packed)]
         # What crossed is the packs; each piece in them is logged under its leaf.
         assert [p.nbytes for p in packed] == list(sched.pack_bytes)
@@ -191,6 +195,7 @@ def _assemble(
     # Phase 3: on each destination device, one program assembles its blocks.
     for dev, arrays, incoming, spec, where in sched.places:
         outs = _assemble_blocks(tuple(shards[a][dev] for a in arrays), tuple(packed[i] for i in incoming), spec)
+        phases.made(outs, phases.RESHARDED)
         for (a, b), y in zip(where, outs):
             blocks[a][b] = y
     if log is not None:
@@ -200,10 +205,13 @@ def _assemble(
         data = shards[a][dev]
         if copy:
             data = jax.device_put(data, devices[dev], may_alias=False)
+            phases.made([data], phases.RESHARDED)
             made[a].add(dev)
             if log is not None:
                 log.transfers.append(Transfer("same_device", dev, dev, int(data.nbytes), labels[a]))
         blocks[a][b] = data
+    # Every block is assembled while the packs that fed it are still held.
+    phases.phase("reshard")
     return [
         (jax.make_array_from_single_device_arrays(tuple(x.shape), dst, blocks[a]), made[a])
         for a, (x, dst) in enumerate(zip(xs, dsts))

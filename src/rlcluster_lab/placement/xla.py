@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, Sharding
 
 from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
+from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import relabel, to_box
 from rlcluster_lab.placement.crossing import move_across
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
@@ -63,6 +64,14 @@ class XlaProgram:
     outputs: tuple[Sharding, ...]
     source: str = "compiled"
     _analysis: tuple[ProgramTraffic, Provenance] | None = None
+    _temporaries: tuple[tuple[int, ...], int] | None = None
+
+    @property
+    def temporaries(self) -> tuple[tuple[int, ...], int]:
+        """(device ids, temporary bytes per device) from the compiled program's memory analysis."""
+        if self._temporaries is None:
+            self._temporaries = phases.program_temporaries(self.compiled, self.devices)
+        return self._temporaries
 
     def _analyse(self) -> tuple[ProgramTraffic, Provenance]:
         if self._analysis is None:
@@ -171,11 +180,35 @@ def change_layout(
     return done
 
 
-def _change_layout(
-    xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: Sequence[str | None]
-) -> dict[int, tuple[jax.Array, set[int]]]:
+@dataclasses.dataclass
+class _Route:
+    """How a batch of (shape, dtype, source, destination) changes layout, worked out once.
+
+    ``relabel``: arrays re-labelled into the destination's device order first; ``groups``:
+    (source order, destination order, arrays) in the order they run; ``inter`` and ``need``:
+    for a group whose device orders differ, each array's layout on the source devices and the
+    arrays a program must lay out; ``programs``: each group's compiled program once it ran (a
+    steady sync looks nothing up again).
+    """
+
+    relabel: tuple[tuple[int, Sharding], ...]
+    groups: tuple[tuple[tuple[Any, ...], tuple[Any, ...], tuple[int, ...]], ...]
+    inter: dict[int, Sharding]
+    need: dict[tuple[Any, ...], tuple[int, ...]]
+    programs: dict[Any, XlaProgram] = dataclasses.field(default_factory=dict)
+
+
+_ROUTES = ProgramCache(MAX_PROGRAMS)  # a route holds its groups' programs: bounded like them
+
+
+def _route(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> _Route:
+    key = _key(xs, dsts)
+    hit: _Route | None = _ROUTES.get(key)
+    if hit is not None:
+        return hit
     groups: dict[tuple[Any, Any], list[int]] = {}
-    xs = list(xs)
+    relabels: list[tuple[int, Sharding]] = []
+    shardings = [x.sharding for x in xs]
     for i, (x, dst) in enumerate(zip(xs, dsts)):
         src_a, dst_a = assignment(x.sharding), assignment(dst)
         if src_a is None or dst_a is None or len(src_a) != len(dst_a):
@@ -185,37 +218,77 @@ def _change_layout(
             # the destination's order (replicated axes), re-label it, which copies nothing.
             relabelled = congruent(x.sharding, dst_a)  # type: ignore[arg-type]
             if relabelled.is_equivalent_to(x.sharding, x.ndim):
-                # multi-process: device_put would copy an array spanning processes (relabel).
-                xs[i] = relabel(x, relabelled) if jax.process_count() > 1 else jax.device_put(x, relabelled)
+                relabels.append((i, relabelled))
+                shardings[i] = relabelled
                 src_a = dst_a
         groups.setdefault((src_a, dst_a), []).append(i)
-    done: dict[int, tuple[jax.Array, set[int]]] = {}
+    inter: dict[int, Sharding] = {}
+    need: dict[tuple[Any, ...], tuple[int, ...]] = {}
     for (src_a, dst_a), idx in groups.items():
+        if src_a != dst_a:
+            for i in idx:
+                inter[i] = congruent(dsts[i], src_a)  # type: ignore[arg-type]
+            need[(src_a, dst_a)] = tuple(i for i in idx if not shardings[i].is_equivalent_to(inter[i], xs[i].ndim))
+    route = _Route(tuple(relabels), tuple((a, b, tuple(idx)) for (a, b), idx in groups.items()), inter, need)
+    _ROUTES.put(key, route)
+    return route
+
+
+def _change_layout(
+    xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: Sequence[str | None]
+) -> dict[int, tuple[jax.Array, set[int]]]:
+    route = _route(xs, dsts)
+    xs = list(xs)
+    for i, sharding in route.relabel:
+        # multi-process: device_put would copy an array spanning processes (relabel).
+        xs[i] = relabel(xs[i], sharding) if jax.process_count() > 1 else jax.device_put(xs[i], sharding)
+        phases.made([xs[i]], phases.IN_FLIGHT)
+    done: dict[int, tuple[jax.Array, set[int]]] = {}
+    for src_a, dst_a, idx in route.groups:
         if src_a == dst_a:
-            outs = _run(idx, xs, [dsts[i] for i in idx], labels)
+            outs = _run(list(idx), xs, [dsts[i] for i in idx], labels, route, (src_a, dst_a))
         else:
-            outs = _run_then_move(idx, xs, dsts, src_a, dst_a, copy, labels)
+            outs = _run_then_move(list(idx), xs, dsts, src_a, dst_a, copy, labels, route)
         done.update(outs)
     return done
 
 
 def _run(
-    idx: list[int], xs: Sequence[jax.Array], dsts: list[Sharding], labels: Sequence[str | None]
+    idx: list[int],
+    xs: Sequence[jax.Array],
+    dsts: list[Sharding],
+    labels: Sequence[str | None],
+    route: _Route,
+    group: Any,
 ) -> dict[int, tuple[jax.Array, set[int]]]:
     """One program over the group; every output shard is a new buffer, logged from the program."""
     log = current_log()
-    prog, outs = _run_program([xs[i] for i in idx], dsts, [labels[i] for i in idx], log)
+    prog, outs = _run_program([xs[i] for i in idx], dsts, [labels[i] for i in idx], log, route, group)
     if log is not None:
         _log_arrivals(log, prog, [labels[i] for i in idx], outs)
     return {i: (y, {d.id for d in y.sharding.device_set}) for i, y in zip(idx, outs)}
 
 
 def _run_program(
-    xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None], log: TransferLog | None
+    xs: list[jax.Array],
+    dsts: list[Sharding],
+    labels: list[str | None],
+    log: TransferLog | None,
+    route: _Route,
+    group: Any,
+    term: str = phases.RESHARDED,
 ) -> tuple[XlaProgram, list[jax.Array]]:
-    """The compiled identity run on ``xs``; logs that it was built, and the flows read from it."""
-    prog, built = program(xs, dsts)
+    """The compiled identity run on ``xs`` (the route remembers it once it ran); logs that it was
+    built, and the flows read from it; tells the sync's peak walk what it made (``term``)."""
+    prog = route.programs.get(group)
+    built = False
+    if prog is None:
+        prog, built = program(xs, dsts)
+        route.programs[group] = prog
     outs = prog.compiled(xs)
+    if phases.current_probe() is not None:
+        phases.made(outs, term)
+        phases.phase("reshard", [prog.temporaries])
     if log is not None:
         if built:
             log.note_built(prog.source)
@@ -231,17 +304,26 @@ def _run_then_move(
     dst_a: tuple[Any, ...],
     copy: bool,
     labels: Sequence[str | None],
+    route: _Route,
 ) -> dict[int, tuple[jax.Array, set[int]]]:
     """Reshard onto the source devices laid out as the destination, then move whole shards."""
     log = current_log()
-    inter = {i: congruent(dsts[i], src_a) for i in idx}  # type: ignore[arg-type]
-    need = [i for i in idx if not xs[i].sharding.is_equivalent_to(inter[i], xs[i].ndim)]
+    inter = route.inter
+    need = list(route.need[(src_a, dst_a)])
     ran = set(need)  # arrays a program lays out anew (their intermediate shards are new buffers)
     staged: dict[int, jax.Array] = {i: xs[i] for i in idx}
     origins: dict[int, dict[int, dict[int, int]] | None] = {}
     crossed: dict[int, int] = {}
     if need:
-        prog, outs = _run_program([xs[i] for i in need], [inter[i] for i in need], [labels[i] for i in need], log)
+        prog, outs = _run_program(
+            [xs[i] for i in need],
+            [inter[i] for i in need],
+            [labels[i] for i in need],
+            log,
+            route,
+            ("between", src_a, dst_a),
+            phases.IN_FLIGHT,
+        )
         for k, (i, y) in enumerate(zip(need, outs)):
             staged[i] = y
             if log is not None:
@@ -256,10 +338,12 @@ def _run_then_move(
             )
         # multi-process: whole shards cross into another process in one compiled program.
         return move_across(idx, xs, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
-    # Position p of the layout: the shard on src_a[p] belongs on dst_a[p], and crosses whole,
-    # all in one device-to-device transfer call. Where no program ran and the destination
-    # device already holds that very block (a replicated leaf, or a device in both sets), its
-    # own buffer serves.
+    if not set(src_a) & set(dst_a):
+        return _move_whole(idx, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
+    # Overlapping device sets. Position p of the layout: the shard on src_a[p] belongs on
+    # dst_a[p], and crosses whole, all in one device-to-device transfer call. Where no program
+    # ran and the destination device already holds that very block (a replicated leaf, or a
+    # device in both sets), its own buffer serves.
     sends: list[tuple[int, int, Any]] = []  # (array, position, data)
     blocks: dict[int, list[Any]] = {i: [None] * len(dst_a) for i in idx}
     made: dict[int, set[int]] = {i: set() for i in idx}
@@ -282,6 +366,7 @@ def _run_then_move(
                 sends.append((i, p, data))
             elif copy and i not in ran:
                 blocks[i][p] = jax.device_put(data, dst, may_alias=False)
+                phases.made([blocks[i][p]], phases.RESHARDED)
                 made[i].add(dst.id)
             else:
                 blocks[i][p] = data
@@ -289,6 +374,9 @@ def _run_then_move(
                     made[i].add(dst.id)
     if sends:
         arrived = jax.device_put([d for _, _, d in sends], [dst_a[p] for _, p, _ in sends])
+        if phases.current_probe() is not None:
+            phases.made(arrived, phases.RESHARDED)
+            phases.phase("move")
         for (i, p, _), y in zip(sends, arrived):
             blocks[i][p] = y
             made[i].add(dst_a[p].id)
@@ -307,6 +395,36 @@ def _run_then_move(
                 crossed_before=crossed.get(i, 0),
             )
     return {i: (out[i], made[i]) for i in idx}
+
+
+def _move_whole(
+    idx: list[int],
+    dsts: Sequence[Sharding],
+    staged: dict[int, jax.Array],
+    src_a: tuple[Any, ...],
+    dst_a: tuple[Any, ...],
+    origins: dict[int, Any],
+    crossed: dict[int, int],
+    labels: Sequence[str | None],
+    log: TransferLog | None,
+) -> dict[int, tuple[jax.Array, set[int]]]:
+    """Disjoint device sets: every shard crosses whole, position p from src_a[p] to dst_a[p], the
+    arrays handed to one device-to-device transfer call as they are (no shard can be kept, none
+    goes through the host, and no per-shard bookkeeping is needed: the split layout's steady sync
+    costs what a bare ``device_put`` of the same tree costs)."""
+    moved = jax.device_put([staged[i] for i in idx], [dsts[i] for i in idx])
+    if phases.current_probe() is not None:
+        phases.made(moved, phases.RESHARDED)
+        phases.phase("move")
+    made = {d.id for d in dst_a}
+    if log is not None:
+        every = set(range(len(dst_a)))
+        for i, y in zip(idx, moved):
+            origin = origins[i] if i in origins else "own"
+            _log_final(
+                log, labels[i], y, src_a, dst_a, origin, moved=every, made=made, crossed_before=crossed.get(i, 0)
+            )
+    return {i: (y, set(made)) for i, y in zip(idx, moved)}
 
 
 def _log_arrivals(log: TransferLog, prog: XlaProgram, labels: list[str | None], outs: Sequence[jax.Array]) -> None:

@@ -232,7 +232,8 @@ def fits_summary(
         busiest = max((sum(k.values()) for k in role["by_device"].values()), default=0)
         roles[name] = {"max_device_bytes": busiest, "fits": verdict(busiest)}
     resident = {d: kinds.get("device", 0) for d, kinds in memory["by_device"].items()}
-    peak = {d: resident.get(d, 0) + kinds.get("device", 0) for d, kinds in sync["peak_extra_bytes"].items()}
+    during = (sync.get("transient_peak") or {}).get("by_device") or sync["peak_extra_bytes"]
+    peak = {d: resident.get(d, 0) + kinds.get("device", 0) for d, kinds in during.items()}
     peak = {**resident, **peak}
     top_resident = max(resident.values(), default=0)
     top_peak = max(peak.values(), default=0)
@@ -247,5 +248,5 @@ def fits_summary(
         else all(r["fits"] for r in roles.values()) and top_peak <= memory_per_device,
         "rule": "a role fits when its bytes on its busiest device (any memory kind: an offloaded role "
         "comes to device for its operation) are at most the memory per device; resident = device-kind "
-        "bytes with shared buffers counted once; with_sync_peak adds the sync's new device buffers",
+        "bytes with shared buffers counted once; with_sync_peak adds the sync's transient device peak",
     }

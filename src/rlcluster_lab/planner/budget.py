@@ -11,11 +11,15 @@ critic optimizer) and, while one phase of an RL step runs, that phase's transien
   step's outputs (new trainable parameters and optimizer state beside the old ones);
   under offload the actor and its optimizer state, brought to device;
 - ``critic_update`` (critic devices, with a critic): the same for the critic;
-- ``sync``: the new destination buffers the sync makes before the old ones go.
+- ``sync``: the sync's transient peak in device memory (``planner.sync_peak``: new
+  rollout arrays before the old ones go, staged sources, arrays in flight, and the
+  reshard programs' temporaries where they were compiled), chunk by chunk with
+  ``sync_chunk_bytes``.
 
 Phases run one after another, so a device's peak is its resident bytes plus its
 largest phase. A host's RAM holds its devices' pinned and unpinned-host buffers (the
-anchor, offloaded roles) and, during a sync, the newly pinned anchor; on the CPU backend
+anchor, offloaded roles) and, during a sync, its pinned-host peak (the newly pinned anchor,
+the rollout's new pinned arrays under offload); on the CPU backend
 a device's memory is the host's RAM too, so there the host also counts its devices.
 Log-prob passes (reference, anchor, reward) keep no activations for a backward pass
 and are not counted. Everything fits when every device and every host is within its
@@ -37,6 +41,38 @@ from rlcluster_lab.planner.buffers import PlannedArray, distinct_buffers, shard_
 from rlcluster_lab.planner.step_memory import Split, Workload, activation_bytes, kv_cache_bytes, prefill_bytes
 
 PHASES = ("generate", "actor_update", "critic_update", "sync")
+
+
+def _sync_peak(sync: Mapping[str, Any]) -> Mapping[str, Mapping[str, int]]:
+    """Per device and memory kind, the sync's transient peak (the plan's ``transient_peak``;
+    the new buffers alone, ``peak_extra_bytes``, for a sync JSON without it)."""
+    peak = sync.get("transient_peak")
+    return peak["by_device"] if peak else sync.get("peak_extra_bytes", {})
+
+
+def sync_device_terms(sync: Mapping[str, Any]) -> dict[int, dict[str, int]]:
+    """Per device, the sync's device-memory peak split into arrays and program temporaries
+    (at the phase where the device's peak is)."""
+    peak = sync.get("transient_peak")
+    out: dict[int, dict[str, int]] = {}
+    if not peak:
+        for d, kinds in sync.get("peak_extra_bytes", {}).items():
+            if kinds.get("device"):
+                out[int(d)] = {"sync_new_buffers": int(kinds["device"])}
+        return out
+    for d, kinds in peak["by_device"].items():
+        top = int(kinds.get("device", 0))
+        if not top:
+            continue
+        for ph in peak["phases"]:
+            arrays = int(ph["arrays"].get(d, {}).get("device", 0))
+            temps = int(ph["temporaries"].get(d, 0))
+            if arrays + temps == top:
+                out[int(d)] = {k: v for k, v in (("sync_arrays", arrays), ("sync_program_temporaries", temps)) if v}
+                break
+    return out
+
+
 GIB = 1 << 30
 
 
@@ -239,9 +275,8 @@ def budgets(
     for phase, by_device in phases.items():
         for d, terms in by_device.items():
             phase_terms.setdefault(d, {})[phase] = dict(terms)
-    for d, extra in sync.get("peak_extra_bytes", {}).items():
-        if extra.get("device"):
-            phase_terms.setdefault(int(d), {})["sync"] = {"sync_new_buffers": int(extra["device"])}
+    for d, terms in sync_device_terms(sync).items():
+        phase_terms.setdefault(d, {})["sync"] = terms
     devices = []
     for d in sorted(phase_terms):
         res = resident.get(d, {})
@@ -266,7 +301,7 @@ def _hosts(
     members: dict[int, list[int]] = {}
     for d, h in host_of.items():
         members.setdefault(h, []).append(d)
-    pinned_peak = {int(d): int(k.get("pinned_host", 0)) for d, k in sync.get("peak_extra_bytes", {}).items()}
+    pinned_peak = {int(d): int(k.get("pinned_host", 0)) for d, k in _sync_peak(sync).items()}
     out = []
     for h in sorted(members):
         mine = [b for b in devices if b.host == h]

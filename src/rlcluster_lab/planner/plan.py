@@ -26,7 +26,9 @@ parameter (P12), the anchor pinned anew or, with ``anchor="trainable"``, its ada
 only (P8). Under offload (P14) every role ends in pinned_host in buffers of its own,
 except what the cluster keeps together: a shared vanilla rollout is the actor, a
 reference linked to the actor (P2) holds the actor's frozen buffers, and the anchor is
-the actor's own pinned buffers.
+the actor's own pinned buffers. A sync's transient peak per device goes through the
+cluster's own phases on paper (``planner.sync_peak``), in one piece or in chunks
+(``sync_chunk_bytes``), and counts in the fit verdict as the ``sync`` phase.
 """
 
 from __future__ import annotations
@@ -35,12 +37,20 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import optax
 
 from rlcluster_lab.cluster.construct import Placed, Request, construct
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, LAYOUTS, describe_mesh, layout_meshes
-from rlcluster_lab.core.options import ANCHOR_MODES, ENGINES, RESHARD_STRATEGIES, check_tensor_parallel_size, dtype_name
+from rlcluster_lab.core.options import (
+    ANCHOR_MODES,
+    ENGINES,
+    RESHARD_STRATEGIES,
+    check_sync_chunk_bytes,
+    check_tensor_parallel_size,
+    dtype_name,
+)
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model import ModelConfig
@@ -59,9 +69,11 @@ from rlcluster_lab.planner.buffers import Buffers, PlannedArray
 from rlcluster_lab.planner.executor import PlannedExecutor, given_models
 from rlcluster_lab.planner.shapes import PlannedMesh
 from rlcluster_lab.planner.step_memory import FORMULAS, Split, Workload, activation_bytes, kv_cache_bytes
+from rlcluster_lab.planner.sync_peak import plan_sync_peak
 from rlcluster_lab.planner.tables import Topology, model_config, model_source, with_figures
 from rlcluster_lab.planner.tables import topology as get_topology
 from rlcluster_lab.rules.sharing import sharing_map_json
+from rlcluster_lab.rules.steps import p13_sync_order
 from rlcluster_lab.rules.validation import check_lora_rank
 
 Rules = tuple[tuple[str, Any], ...]
@@ -91,8 +103,11 @@ class PlanRequest:
     critic_optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
     reshard: str = "xla"
     workload: Workload = Workload()
+    sync_chunk_bytes: int | None = None
+    sync_programs: bool = False  # compile the sync's reshard programs for their temporaries
 
     def __post_init__(self) -> None:
+        check_sync_chunk_bytes(self.sync_chunk_bytes)
         for knob, value, allowed in (
             ("reshard strategy", self.reshard, RESHARD_STRATEGIES),
             ("layout", self.layout, LAYOUTS),
@@ -184,6 +199,8 @@ def plan_cluster(
     devices_per_host: int | None = None,
     host_memory: int | None = None,
     host_link_bandwidth: float | None = None,
+    sync_chunk_bytes: int | None = None,
+    sync_programs: bool = False,
 ) -> Plan:
     """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
 
@@ -195,6 +212,10 @@ def plan_cluster(
     replaces the layout's meshes per role (``Mesh`` or ``PlannedMesh``). ``optimizer`` /
     ``critic_optimizer``: whose states are planned (default: adam each). ``workload``: the
     step's shapes that activations and the KV cache scale with (default ``Workload()``).
+    ``sync_chunk_bytes`` plans a sync handed over in chunks (``ClusterConfig.sync_chunk_bytes``);
+    ``sync_programs`` compiles the sync's reshard programs (no array is allocated) so its
+    transient peak includes their temporaries, which needs the topology's devices in this
+    process (the ``local`` topology).
     """
     if isinstance(model, ModelConfig):
         config = model if dtype is None else dataclasses.replace(model, param_dtype=dtype)
@@ -233,6 +254,8 @@ def plan_cluster(
         critic_optimizer=critic_optimizer,
         reshard=reshard,
         workload=Workload() if workload is None else workload,
+        sync_chunk_bytes=sync_chunk_bytes,
+        sync_programs=sync_programs,
     )
     return _plan(request)
 
@@ -252,6 +275,7 @@ def plan_scenario(scenario: Any, topology: str | Topology = "local", **overrides
         with_reward=scenario.with_reward,
         with_critic=scenario.with_critic,
         reshard=scenario.reshard,
+        sync_chunk_bytes=scenario.sync_chunk_bytes,
     )
     return plan_cluster(scenario.model_size, topology, **{**knobs, **overrides})
 
@@ -338,6 +362,19 @@ def _plan(req: PlanRequest) -> Plan:
         host_of=host_of,
         host_link_bandwidth=topo.host_link_bandwidth,
     )
+    sync["transient_peak"] = plan_sync_peak(
+        models["actor"],
+        models["rollout"],
+        models["anchor"],
+        trainable,
+        copy=placed.engine.owns_weights,
+        offload=req.offload,
+        partial_anchor=placed.lora and req.anchor == "trainable",
+        chunk_bytes=req.sync_chunk_bytes,
+        strategy=req.reshard,
+        order=p13_sync_order(req.sync_chunk_bytes, req.offload),
+        programs=_local_devices(topo) if req.sync_programs else None,
+    )
     phases, step = _step_phases(req, placed, models, trainable)
     per_device, per_host = budgets(
         entries, phases, sync, topo.ids(), host_of, topo.memory_per_device, topo.host_memory, topo.platform
@@ -378,6 +415,22 @@ def _plan(req: PlanRequest) -> Plan:
         per_device=per_device,
         per_host=per_host,
     )
+
+
+def _local_devices(topo: Topology) -> list[Any]:
+    """This process's devices with the topology's ids, to compile the sync's programs on."""
+    try:
+        devices = {int(d.id): d for d in jax.devices(topo.platform)}
+    except RuntimeError:
+        devices = {}
+    missing = [i for i in topo.ids() if i not in devices]
+    if missing:
+        raise ValueError(
+            f"sync_programs compiles the sync's reshard programs on this process's devices, but topology "
+            f"{topo.name} has device id(s) {missing[:5]} that are not here; plan it with sync_programs=False "
+            "(the peak then leaves the programs' temporaries out)"
+        )
+    return [devices[i] for i in topo.ids()]
 
 
 def _step_phases(

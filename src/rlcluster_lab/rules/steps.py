@@ -80,7 +80,9 @@ P13 = rule(
 
 
 @P13.function
-def p13_sync(actor_has_lora: bool, global_step: int, platform: str, reshard: str) -> Decision:
+def p13_sync(
+    actor_has_lora: bool, global_step: int, platform: str, reshard: str, chunk_bytes: int | None = None
+) -> Decision:
     """P13: the sharing map is not consulted. The actor state is filtered to LoRA parameters
     (LoRA actor) or all parameters and handed, with its filter, to the rollout engine, which
     reshards it onto its own copy's shardings: the same object on the same mesh moves
@@ -97,10 +99,37 @@ def p13_sync(actor_has_lora: bool, global_step: int, platform: str, reshard: str
             "transfer_guard": p13_sync_guarded(platform),
             "sharing_map_consulted": False,
             "reshard": reshard,
+            "sync_chunk_bytes": chunk_bytes,
         },
         "LoRA parameters handed to the engine" if actor_has_lora else "all parameters handed to the engine",
         ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL,
     )
+
+
+@P13.function
+def p13_sync_order(chunk_bytes: int | None, offload: bool, anchor_restores: bool = True) -> str:
+    """P13, P14: the order of a sync's steps, the one with the lowest transient peak.
+
+    The handover first, then the anchor re-pin: the anchor re-pinned first would be
+    alive beside the handover's own peak, and the old anchor must stay until the end
+    anyway (a failed chunked sync restores from it). With chunks, each chunk is
+    resharded, committed and its old arrays dropped before the next. With offload
+    nothing comes back to device whole: each chunk of the actor is staged to device,
+    resharded there and written to the rollout in pinned host before the next, and the
+    anchor keeps the actor's own pinned buffers (nothing new). The planner
+    (``planner.sync_peak``) computes the other orders' peaks from shapes; a test holds
+    this one to the lowest.
+    """
+    steps = ["the handover"]
+    if chunk_bytes is not None:
+        steps[0] += f" in chunks of at most {chunk_bytes:,} bytes (each committed and its old arrays dropped"
+        steps[0] += ")" if anchor_restores else "; the old arrays kept for a rollback)"
+    else:
+        steps[0] += " in one piece (the old arrays kept until the end for a rollback)"
+    if offload:
+        steps[0] += ", each piece staged to device memory and written back to pinned host before the next"
+    steps.append("then the anchor re-pin" + (" (the actor's own pinned buffers)" if offload else ""))
+    return ", ".join(steps)
 
 
 @P13.function

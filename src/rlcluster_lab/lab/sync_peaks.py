@@ -1,0 +1,169 @@
+"""Notebook 05's runs on a sync's transient peak (L3, L4): tables of measured peaks, the plan
+beside the measurement, and the chunk size against the peak and the time.
+
+Each function builds clusters through ``build_cluster`` (or reads sync reports already
+measured) and returns rows for ``experiments.format_table`` or points for
+``sync_figures.sync_chunk_curve``; nothing here decides where a model lives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+
+from rlcluster_lab.app.scenario import Scenario, build_cluster
+from rlcluster_lab.lab.experiments import Tick, collect
+from rlcluster_lab.lab.style import fmt_bytes
+from rlcluster_lab.lab.sync_peak_figures import PANELS
+from rlcluster_lab.planner.plan import plan_scenario
+from rlcluster_lab.planner.tables import local_topology
+
+
+def _local(devices: Sequence[jax.Device]) -> Any:
+    return dataclasses.replace(
+        local_topology(),
+        device_count=len(devices),
+        platform=devices[0].platform,
+        device_ids=tuple(int(d.id) for d in devices),
+    )
+
+
+def on_device_at_peak(peak: Mapping[str, Any]) -> str:
+    """What the busiest device holds at its device-memory peak, by what it is."""
+    device = peak.get("max_device")
+    if device is None:
+        return "nothing new"
+    at = peak["phase_at_peak"][device]
+    chunks = int(peak.get("chunks", 1) or 1)
+    for p in peak["phases"]:
+        label = p["name"] if p["chunk"] is None or chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
+        if label == at:
+            terms = p["terms"].get(device, {})
+            held = [f"{term} {fmt_bytes(terms[term])}" for term, _, _ in PANELS["device"] if terms.get(term, 0) > 0]
+            if p["temporaries"].get(device):
+                held.append(f"program temporaries {fmt_bytes(p['temporaries'][device])}")
+            return ", ".join(held)
+    return "?"
+
+
+def peak_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per measured sync: its device-memory and pinned-host peaks (busiest device, bytes),
+    where the device peak is, and what fills it."""
+    rows = []
+    for label, sync in syncs.items():
+        peak = sync["transient_peak"]
+        top = peak["max_bytes"]
+        rows.append(
+            {
+                "run": label,
+                "device peak": int(top.get("device", 0)),
+                "pinned host peak": int(top.get("pinned_host", 0)),
+                "busiest device": peak["max_device"] if peak["max_device"] is not None else "-",
+                "at": peak["phase_at_peak"].get(peak["max_device"], "-") if peak["max_device"] else "-",
+                "on device at the peak": on_device_at_peak(peak),
+            }
+        )
+    return rows
+
+
+def planned_peak_rows(
+    devices: Sequence[jax.Device],
+    scenarios: Mapping[str, Scenario],
+    syncs: Mapping[str, Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """The planner's peak (L4, its reshard programs compiled for their temporaries) beside the
+    measured one of the same scenario, busiest device, per memory kind."""
+    topo = _local(devices)
+    rows = []
+    for label, scenario in scenarios.items():
+        planned = plan_scenario(scenario, topo, sync_programs=True).sync["transient_peak"]
+        measured = syncs[label]["transient_peak"]
+        for kind in ("device", "pinned_host"):
+            p, m = int(planned["max_bytes"].get(kind, 0)), int(measured["max_bytes"].get(kind, 0))
+            same = planned["by_device"] == measured["by_device"]
+            rows.append(
+                {
+                    "run": label,
+                    "memory": kind.replace("_", " "),
+                    "planned": p,
+                    "measured": m,
+                    "every device agrees": same,
+                }
+            )
+    return rows
+
+
+def chunk_sweep(
+    devices: Sequence[jax.Device],
+    scenario: Scenario,
+    chunk_sizes: Sequence[int | None],
+    repeats: int = 5,
+    progress: Tick | None = None,
+) -> list[dict[str, Any]]:
+    """One cluster per chunk size (``None``: one piece): its measured peak (busiest device),
+    the planner's, and the median handover time of ``repeats`` syncs after one that compiles."""
+    topo = _local(devices)
+    points = []
+    for size in chunk_sizes:
+        sc = dataclasses.replace(scenario, sync_chunk_bytes=size)
+        planned = plan_scenario(sc, topo, sync_programs=True).sync["transient_peak"]
+        cluster = build_cluster(sc, devices=devices)
+        cluster.sync_weights()  # compiles the chunks' programs
+        reports = [cluster.sync_weights() for _ in range(repeats)]
+        peak = reports[-1].peak
+        assert peak is not None
+        label = "one piece" if size is None else fmt_bytes(size)
+        points.append(
+            {
+                "label": label,
+                "chunk_bytes": size,
+                "chunks": peak.chunks,
+                "largest_chunk_bytes": peak.largest_chunk_bytes,
+                "peak": int(peak.max_bytes.get("device", 0)),
+                "planned": int(planned["max_bytes"].get("device", 0)),
+                "seconds": statistics.median(r.seconds for r in reports),
+                "sync": reports[-1].to_json(),
+            }
+        )
+        del cluster, reports
+        collect()
+        if progress:
+            progress(label)
+    return points
+
+
+def sweep_rows(points: Sequence[Mapping[str, Any]], with_time: bool = False) -> list[dict[str, Any]]:
+    """The sweep as a table: chunk size, chunks, the largest chunk, peak measured and planned
+    (and, ``with_time``, the median handover time, which varies run to run)."""
+    rows = []
+    for p in points:
+        row = {
+            "chunk size": p["label"],
+            "chunks": p["chunks"],
+            "largest chunk": int(p["largest_chunk_bytes"]),
+            "device peak": int(p["peak"]),
+            "planned": int(p["planned"]),
+        }
+        if with_time:
+            row["handover ms"] = f"{p['seconds'] * 1e3:.1f}"
+        rows.append(row)
+    return rows
+
+
+def order_rows(peak: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A plan's peaks of the sync's steps in each order (``transient_peak["orders"]``, computed
+    from shapes): the most of each memory kind on one device, and the most of all kinds on one
+    device at one phase (on CPU devices every kind is the host's RAM)."""
+    return [
+        {
+            "order": name,
+            "device peak": int(o["max_bytes"].get("device", 0)),
+            "pinned host peak": int(o["max_bytes"].get("pinned_host", 0)),
+            "all kinds, one device": int(o["max_total_bytes"]),
+        }
+        for name, o in peak["orders"].items()
+    ]

@@ -1,0 +1,325 @@
+"""A weight sync's transient peak (L3), measured: the bytes alive during it above what was there before.
+
+During a sync the old rollout arrays, the new ones, whatever the reshard stages and
+its compiled programs' temporaries are alive together for a moment; that moment, not
+the bytes moved, is where a colocated or reshaped run runs out of memory. ``PeakWalk``
+is the ``placement.phases.Probe`` the sync's observer installs: the reshard tells it
+which arrays it made and when it holds the most it will before dropping something,
+and the walk counts, at each of those phases:
+
+- **arrays**: the buffers of every array the sync made that is still alive (a weak
+  reference: what the reshard dropped is gone), minus the buffers alive before the
+  sync that are gone now (old rollout arrays the sync replaced and nothing else
+  holds; a buffer the actor or the anchor still holds stays). Buffers are keyed by
+  (platform, device, pointer), so one several arrays hold counts once, and only the
+  sync's own arrays are walked: another thread's arrays never count.
+- **program temporaries**: the scratch memory of each compiled program that ran in
+  the phase (its memory analysis, ``temp_size_in_bytes`` per device), in device
+  memory while the program runs.
+- **allocator**: on devices that report ``memory_stats()`` (GPU, TPU), the
+  allocator's ``peak_bytes_in_use`` after the sync against ``bytes_in_use`` before,
+  where the peak rose during the sync (otherwise the process's earlier peak hides it).
+
+The figures are per device and memory kind; a device's peak is the largest phase.
+The walk's own time is kept apart (``seconds``), so the sync's timed handover excludes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from rlcluster_lab.placement import phases as ph
+
+Key = tuple[str, int, int]  # (platform, device id, buffer pointer)
+Buffer = tuple[str, str, int]  # (device id, memory kind, bytes)
+
+METHOD = {
+    "arrays": "measured: a walk, at each phase of the handover, of the arrays the sync made (weak references: "
+    "an array counts while it is alive) and of those it replaced, buffers counted once by (device, pointer), "
+    "those alive before the sync left out",
+    "program_temporaries": "measured: the memory analysis of each compiled program that ran (temp_size_in_bytes "
+    "per device: the reshard's and the cast's); the minimal strategy's per-device slicing programs are not read",
+    "allocator": "measured where the devices report memory_stats() (GPU, TPU): peak_bytes_in_use after the sync "
+    "minus bytes_in_use before, where the peak rose during the sync",
+}
+
+
+def _buffers(x: jax.Array) -> dict[Key, Buffer]:
+    kind = str(x.sharding.memory_kind)
+    return {
+        (s.device.platform, s.device.id, s.data.unsafe_buffer_pointer()): (str(s.device.id), kind, int(s.data.nbytes))
+        for s in x.addressable_shards
+    }
+
+
+def nonzero(table: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """Device -> key -> bytes without the zeros, devices in id order (a plan writes the same)."""
+    out = {d: {k: int(v) for k, v in sorted(row.items()) if v} for d, row in table.items()}
+    return {d: out[d] for d in sorted(out, key=int) if out[d]}
+
+
+def _add(table: dict[str, dict[str, int]], device: str, key: str, n: int) -> None:
+    row = table.setdefault(device, {})
+    row[key] = row.get(key, 0) + n
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakPhase:
+    """One phase of a sync: the bytes above what was alive before it, per device.
+
+    ``arrays[device][kind]``: new buffers alive minus buffers released (negative once
+    a chunk frees more than it made); ``terms[device][term]``: the new buffers by
+    what they are (``placement.phases.TERMS``) and ``released`` (negative);
+    ``temporaries[device]``: compiled programs' scratch (device memory).
+    """
+
+    name: str
+    chunk: int | None  # 1-based; None for the anchor re-pin and the end
+    arrays: Mapping[str, Mapping[str, int]]
+    terms: Mapping[str, Mapping[str, int]]
+    temporaries: Mapping[str, int]
+
+    def total(self, device: str, kind: str) -> int:
+        return int(self.arrays.get(device, {}).get(kind, 0)) + (
+            int(self.temporaries.get(device, 0)) if kind == "device" else 0
+        )
+
+    def label(self, chunks: int) -> str:
+        if self.chunk is None:
+            return self.name
+        return self.name if chunks == 1 else f"chunk {self.chunk}/{chunks}: {self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "chunk": self.chunk,
+            "arrays": {d: dict(k) for d, k in self.arrays.items()},
+            "terms": {d: dict(k) for d, k in self.terms.items()},
+            "temporaries": dict(self.temporaries),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncPeak:
+    """A sync's transient peak per device and memory kind (see the module docstring).
+
+    ``by_device[device][kind]``: the most bytes above before at any phase (arrays,
+    plus program temporaries in device memory), never below 0; ``phase_at_peak``:
+    the phase where each device's device-memory peak (else its largest kind) is;
+    ``after``: the bytes above before once the sync committed. ``chunks``: how many
+    chunks the handover took (``chunk_bytes`` the setting, ``largest_chunk_bytes``
+    the largest chunk's logical bytes). ``order``: the order of the sync's steps.
+    """
+
+    by_device: Mapping[str, Mapping[str, int]]
+    phase_at_peak: Mapping[str, str]
+    after: Mapping[str, Mapping[str, int]]
+    phases: tuple[PeakPhase, ...]
+    chunks: int
+    chunk_bytes: int | None
+    largest_chunk_bytes: int
+    order: str
+    method: Mapping[str, str]
+    allocator: Mapping[str, Any] | None = None
+
+    @property
+    def max_bytes(self) -> dict[str, int]:
+        """Per memory kind, the largest peak of any device."""
+        out: dict[str, int] = {}
+        for kinds in self.by_device.values():
+            for kind, n in kinds.items():
+                out[kind] = max(out.get(kind, 0), int(n))
+        return out
+
+    @property
+    def max_device(self) -> str | None:
+        """The device with the largest device-memory peak (None: no device memory used)."""
+        busiest = max(self.by_device.items(), key=lambda kv: (kv[1].get("device", 0), -int(kv[0])), default=None)
+        return None if busiest is None or not busiest[1].get("device", 0) else busiest[0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "by_device": {d: dict(k) for d, k in self.by_device.items()},
+            "max_bytes": self.max_bytes,
+            "max_device": self.max_device,
+            "phase_at_peak": dict(self.phase_at_peak),
+            "after": {d: dict(k) for d, k in self.after.items()},
+            "chunks": self.chunks,
+            "chunk_bytes": self.chunk_bytes,
+            "largest_chunk_bytes": self.largest_chunk_bytes,
+            "order": self.order,
+            "method": dict(self.method),
+            "allocator": None if self.allocator is None else dict(self.allocator),
+            "phases": [p.to_json() for p in self.phases],
+        }
+
+
+def peak_of(
+    phases: Sequence[PeakPhase],
+    *,
+    chunk_bytes: int | None,
+    largest_chunk_bytes: int,
+    order: str,
+    method: Mapping[str, str],
+    allocator: Mapping[str, Any] | None = None,
+) -> SyncPeak:
+    """Put a sync's phases together: each device's peak per kind, and where it is.
+
+    The planner (``planner.sync_peak``) calls it on its phases too, so a plan and a
+    measurement are reduced the same way.
+    """
+    chunks = max((p.chunk or 0 for p in phases), default=0)
+    best: dict[str, dict[str, int]] = {}
+    where: dict[str, dict[str, str]] = {}
+    for p in phases:
+        devices = set(p.arrays) | set(p.temporaries)
+        for d in devices:
+            kinds = set(p.arrays.get(d, {})) | ({"device"} if d in p.temporaries else set())
+            for kind in kinds:
+                n = p.total(d, kind)
+                if n > best.setdefault(d, {}).get(kind, 0):
+                    best[d][kind] = n
+                    where.setdefault(d, {})[kind] = p.label(chunks)
+    by_device = {d: {k: v for k, v in sorted(best[d].items()) if v > 0} for d in sorted(best, key=int)}
+    by_device = {d: k for d, k in by_device.items() if k}
+    at_peak = {}
+    for d, kinds in by_device.items():
+        kind = "device" if "device" in kinds else max(kinds, key=kinds.get)
+        at_peak[d] = where[d][kind]
+    last = phases[-1] if phases else None
+    after = {} if last is None else {d: {k: v for k, v in ks.items() if v} for d, ks in last.arrays.items()}
+    return SyncPeak(
+        by_device=by_device,
+        phase_at_peak=at_peak,
+        after={d: k for d, k in sorted(after.items(), key=lambda kv: int(kv[0])) if k},
+        phases=tuple(phases),
+        chunks=chunks,
+        chunk_bytes=chunk_bytes,
+        largest_chunk_bytes=largest_chunk_bytes,
+        order=order,
+        method=method,
+        allocator=allocator,
+    )
+
+
+class PeakWalk:
+    """The sync's ``placement.phases.Probe``: counts, at each phase, the bytes above before.
+
+    Args:
+        keep: arrays alive through the whole sync whose buffers the sync may share
+            (the actor's state): never counted as new, never released.
+        replaced: arrays the sync replaces (the rollout's old leaves, the old anchor):
+            counted as released once nothing holds them.
+    """
+
+    def __init__(self, keep: Iterable[jax.Array], replaced: Iterable[jax.Array]) -> None:
+        self.keep: set[Key] = set()
+        for x in keep:
+            self.keep.update(_buffers(x))
+        self.replaced: list[tuple[weakref.ref, dict[Key, Buffer]]] = [(weakref.ref(x), _buffers(x)) for x in replaced]
+        self._made: list[list[Any]] = []  # [weak reference, term, buffers once read]
+        self.phases: list[PeakPhase] = []
+        self.seconds = 0.0
+        self.chunk = 1
+        self.chunk_sizes: list[int] = []
+
+    # The Probe protocol ------------------------------------------------------------
+
+    def made(self, arrays: Iterable[jax.Array], term: str) -> None:
+        self._made.extend([weakref.ref(x), term, None] for x in arrays)
+
+    def phase(self, name: str, programs: Sequence[tuple[tuple[int, ...], int]] = ()) -> None:
+        start = time.perf_counter()
+        chunk = None if name in ("anchor re-pin", "end") else self.chunk
+        self.phases.append(self._count(name, chunk, programs))
+        if name == "commit":
+            self.chunk += 1
+        self.seconds += time.perf_counter() - start
+
+    # ---------------------------------------------------------------------------------
+
+    def _count(self, name: str, chunk: int | None, programs: Sequence[tuple[tuple[int, ...], int]]) -> PeakPhase:
+        arrays: dict[str, dict[str, int]] = {}
+        terms: dict[str, dict[str, int]] = {}
+        # What was alive before and still is: the kept arrays and the replaced ones still held.
+        # Only against these is a buffer "not new": a freed buffer's address may be reused by
+        # a new array, which then is new.
+        still: set[Key] = set(self.keep)
+        gone: list[dict[Key, Buffer]] = []
+        for ref, bufs in self.replaced:
+            x = ref()
+            if x is not None and not x.is_deleted():
+                still.update(bufs)
+            else:
+                gone.append(bufs)
+        alive: set[Key] = set()
+        kept = []
+        for entry in self._made:
+            x = entry[0]()
+            if x is None or x.is_deleted():
+                continue  # dropped: gone from the walk for good
+            kept.append(entry)
+            if entry[2] is None:
+                entry[2] = _buffers(x)
+            term = entry[1]
+            for key, (dev, kind, n) in entry[2].items():
+                if key in alive or key in still:
+                    continue
+                alive.add(key)
+                _add(arrays, dev, kind, n)
+                _add(terms, dev, ph.term_in(term, kind), n)
+        self._made = kept
+        released: set[Key] = set()
+        for bufs in gone:
+            for key, (dev, kind, n) in bufs.items():
+                if key in still or key in released:
+                    continue
+                released.add(key)
+                _add(arrays, dev, kind, -n)
+                _add(terms, dev, ph.term_in(ph.RELEASED, kind), -n)
+        temps: dict[str, int] = {}
+        for ids, n in programs:
+            for d in ids:
+                temps[str(d)] = temps.get(str(d), 0) + int(n)
+        return PeakPhase(name, chunk, nonzero(arrays), nonzero(terms), temps)
+
+
+def allocator_before(devices: Sequence[Any]) -> dict[str, tuple[int, int]] | None:
+    """(bytes_in_use, peak_bytes_in_use) per device, where the allocator reports them."""
+    out = {}
+    for d in devices:
+        if d.process_index != jax.process_index():
+            continue
+        s = d.memory_stats()
+        if s and "bytes_in_use" in s and "peak_bytes_in_use" in s:
+            out[str(d.id)] = (int(s["bytes_in_use"]), int(s["peak_bytes_in_use"]))
+    return out or None
+
+
+def allocator_peak(devices: Sequence[Any], before: Mapping[str, tuple[int, int]] | None) -> dict[str, Any]:
+    """The allocator's view of the sync: per device, the peak above what was in use before,
+    where the peak rose during the sync; otherwise None and why."""
+    platform = devices[0].platform if devices else "?"
+    if not before:
+        return {"available": False, "note": f"the {platform} devices report no allocator figures", "by_device": {}}
+    by_device: dict[str, int | None] = {}
+    for d in devices:
+        key = str(d.id)
+        if key not in before:
+            continue
+        s = d.memory_stats() or {}
+        in_use, old_peak = before[key]
+        peak = int(s.get("peak_bytes_in_use", old_peak))
+        by_device[key] = peak - in_use if peak > old_peak else None
+    return {
+        "available": True,
+        "note": "peak_bytes_in_use after the sync minus bytes_in_use before, per device; None where the "
+        "process's earlier peak was higher (the allocator keeps one peak per process, never reset)",
+        "by_device": by_device,
+    }

@@ -1,0 +1,54 @@
+"""A weight sync in chunks: which leaves go together, and the setting in force (``sync_chunk_bytes``).
+
+A sync hands its leaves over in path order. With a chunk size of N bytes, leaves
+are gathered into chunks of at most N logical bytes (each leaf once, in the dtype
+it is handed over in); a leaf larger than N is a chunk of its own (a leaf is never
+split). Each chunk is resharded, committed to the rollout, and its old arrays
+released before the next one starts, which bounds the sync's transient peak at the
+cost of one reshard call (and one compiled program) per chunk. The cluster's sync
+and the planner both split with ``chunk_leaves``, so a plan's chunks are the run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+
+_CHUNK_BYTES: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlcluster_lab_sync_chunk", default=None)
+
+
+def chunk_leaves(sizes: Sequence[int], limit: int | None) -> list[range]:
+    """Consecutive runs of leaves (indices into ``sizes``) of at most ``limit`` bytes each.
+
+    ``limit`` None: one chunk of everything. Greedy in order: a chunk takes the next
+    leaf while it stays within the limit; a leaf above the limit stands alone.
+    """
+    if not sizes:
+        return []
+    if limit is None:
+        return [range(len(sizes))]
+    out: list[range] = []
+    start, filled = 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and filled + n > limit:
+            out.append(range(start, i))
+            start, filled = i, 0
+        filled += n
+    out.append(range(start, len(sizes)))
+    return out
+
+
+@contextlib.contextmanager
+def sync_chunks(limit: int | None) -> Iterator[None]:
+    """Hand weights over in chunks of at most ``limit`` bytes inside the block (None: in one piece)."""
+    token = _CHUNK_BYTES.set(limit)
+    try:
+        yield
+    finally:
+        _CHUNK_BYTES.reset(token)
+
+
+def current_chunk_bytes() -> int | None:
+    """The chunk size a handover uses here (None: the whole tree in one piece)."""
+    return _CHUNK_BYTES.get()
