@@ -475,7 +475,7 @@ def test_l4_the_compiled_sampler_holds_about_what_the_generate_phase_counts() ->
     """XLA's temporaries for the lab's sampler (``model.sampling``) at the workload's shapes,
     beside the plan's generate phase (cache, prefill logits, one layer's attention): measured
     0.83 of the plan on one device, 1.33 on eight (colocated) and 1.24 on the split layout's four."""
-    from rlcluster_lab.model.sampling import _generate
+    from rlcluster_lab.model.sampling import _SAMPLER, model_compiler_options
 
     scenario = Scenario(layout="split")
     plan = plan_scenario(scenario)
@@ -484,7 +484,8 @@ def test_l4_the_compiled_sampler_holds_about_what_the_generate_phase_counts() ->
     graphdef, state = nnx.split(cluster.rollout.model())
     replicated = NamedSharding(jax.tree.leaves(state)[0].sharding.mesh, P())
     prompts = jax.ShapeDtypeStruct((work.rollout_batch_size, work.prompt_length), jnp.int32, sharding=replicated)
-    compiled = _generate.lower(
+    # The sampler as the lab compiles it (with its platform's and size's compiler options).
+    compiled = _SAMPLER.jitted(model_compiler_options(graphdef, state)).lower(
         graphdef,
         state,
         prompts,

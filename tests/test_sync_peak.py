@@ -197,6 +197,6 @@ def test_sync_chunk_bytes_refusal_names_the_flag_and_the_widget(capsys):
     with pytest.raises(ConfigError) as info:
         Scenario(sync_chunk_bytes=0)
     assert "--sync-chunk-bytes" in describe(info.value, "cli")
-    assert "'sync in chunks of (P13)'" in describe(info.value, "lab")
+    assert "'sync chunks (P13)'" in describe(info.value, "lab")
     assert main(["report", "--sync-chunk-bytes", "0"]) == 2
     assert "--sync-chunk-bytes" in capsys.readouterr().err

@@ -70,7 +70,7 @@ KNOBS: dict[str, Knob] = {
         Knob("with_critic", "critic", "critic model", "checkbox", "--critic"),
         Knob("anchor", "anchor", "anchor (P8)", "dropdown", "--anchor"),
         Knob("reshard", "reshard", None, "dropdown", "--reshard"),
-        Knob("sync_chunk_bytes", "sync-chunk-bytes", "sync in chunks of (P13)", "dropdown", "--sync-chunk-bytes"),
+        Knob("sync_chunk_bytes", "sync-chunk-bytes", "sync chunks (P13)", "dropdown", "--sync-chunk-bytes"),
         # Lab only: the custom rollout mesh's devices and shape (the CLI builds standard layouts).
         Knob("rollout_devices", "rollout-devices", "rollout devices", "buttons", None),
         Knob("rollout_shape", "rollout-shape", "rollout shape", "dropdown", None),

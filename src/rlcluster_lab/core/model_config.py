@@ -14,7 +14,7 @@ from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
 
-# The parameter dtypes the lab documents (README), and the rollout's: the model's matmuls, its
+# The parameter dtypes the lab documents (docs/guarantees.md), and the rollout's: the model's matmuls, its
 # norms' float32 statistics and the checkpoint format are written for these three.
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 

@@ -1,4 +1,4 @@
-"""The README's differences from the reference, each checked on Tunix itself.
+"""The documented differences from the reference (docs/reference.md), each checked on Tunix itself.
 
 Two kinds. Scenario differences show in a side-by-side build (``compare``):
 each names the comparison rows it explains and a check that looks for it in
@@ -28,7 +28,7 @@ from rlcluster_lab.tunix.extra import require
 class DifferenceCheck:
     """One documented difference and what its check saw.
 
-    ``id``: a short name. ``readme``: the README's point, in brief. ``observed``: the
+    ``id``: a short name. ``readme``: the documented point (docs/reference.md), in brief. ``observed``: the
     check found the difference. ``lab`` / ``tunix``: what each side showed.
     """
 
