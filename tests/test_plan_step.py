@@ -485,18 +485,22 @@ def test_l4_the_compiled_sampler_holds_about_what_the_generate_phase_counts() ->
     replicated = NamedSharding(jax.tree.leaves(state)[0].sharding.mesh, P())
     prompts = jax.ShapeDtypeStruct((work.rollout_batch_size, work.prompt_length), jnp.int32, sharding=replicated)
     # The sampler as the lab compiles it (with its platform's and size's compiler options).
-    compiled = _SAMPLER.jitted(model_compiler_options(graphdef, state)).lower(
-        graphdef,
-        state,
-        prompts,
-        jax.random.key(0),
-        jnp.float32(1.0),
-        max_new_tokens=work.max_tokens,
-        cache_size=work.kv_cache_size,
-        greedy=False,
-        eos_id=1,
-        pad_id=0,
-    ).compile()
+    compiled = (
+        _SAMPLER.jitted(model_compiler_options(graphdef, state))
+        .lower(
+            graphdef,
+            state,
+            prompts,
+            jax.random.key(0),
+            jnp.float32(1.0),
+            max_new_tokens=work.max_tokens,
+            cache_size=work.kv_cache_size,
+            greedy=False,
+            eos_id=1,
+            pad_id=0,
+        )
+        .compile()
+    )
     rollout = plan.role_to_mesh["rollout"]["device_ids"]
     generate = next(b for b in plan.per_device if b.device == rollout[0]).phases["generate"]
     assert 0.5 < compiled.memory_analysis().temp_size_in_bytes / sum(generate.values()) < 2.0

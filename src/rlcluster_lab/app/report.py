@@ -24,7 +24,10 @@ from rlcluster_lab.rules.sharing import sharing_map_json
 
 
 @dataclasses.dataclass(frozen=True)
-class PlacementReport:
+class PlacementFacts:
+    """Where a cluster placed its roles and what that holds: the fields every figure reads,
+    whoever built the cluster (the lab's own, or Tunix's read by ``rlcluster_lab.tunix``)."""
+
     sharing_map: dict[str, list[str]]
     rollout_branch: str
     rollout_shares_actor_weights: bool
@@ -41,11 +44,21 @@ class PlacementReport:
     platform: str
     device_count: int
     memory: MemoryReport
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
+        out["memory"] = self.memory.to_json()
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementReport(PlacementFacts):
+    """The lab's cluster: its placement, plus the report of the sync the caller ran, if any."""
+
     sync: SyncReport | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["memory"] = self.memory.to_json()
+        out = super().to_json()
         out["sync"] = self.sync.to_json() if self.sync is not None else None
         return out
 

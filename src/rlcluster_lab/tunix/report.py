@@ -14,10 +14,11 @@ from typing import Any
 import jax
 from flax import nnx
 
+from rlcluster_lab.app.report import PlacementFacts
 from rlcluster_lab.core.meshes import describe_meshes
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import memory_kinds
-from rlcluster_lab.measure.memory import MemoryReport, memory_of
+from rlcluster_lab.measure.memory import memory_of
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
 from rlcluster_lab.rules.sharing import sharing_map_json
@@ -39,7 +40,7 @@ from rlcluster_lab.tunix.sync import TunixSync, run_sync
 
 
 @dataclasses.dataclass(frozen=True)
-class TunixReport:
+class TunixReport(PlacementFacts):
     """The lab's report of a Tunix cluster: the placement report's fields, observed.
 
     ``decisions`` are observations of the constructed state (each says so in its
@@ -49,30 +50,13 @@ class TunixReport:
     could not be read. ``to_json()`` has the keys the lab's figures read.
     """
 
-    sharing_map: dict[str, list[str]]
-    rollout_branch: str
-    rollout_shares_actor_weights: bool
-    reference_shares_backbone: bool
-    role_to_mesh: dict[str, dict[str, Any]]
-    config_role_to_mesh: dict[str, dict[str, Any]]
-    mesh_overridden_by_engine: bool
-    engine: str
-    offload_to_cpu: bool
-    lora: bool
-    anchor: dict[str, Any]
-    decisions: list[dict[str, Any]]
-    warnings: list[str]
-    platform: str
-    device_count: int
-    memory: MemoryReport
     tunix_version: str | None
     notes: tuple[str, ...]
     source: str = OBSERVED
     cluster: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cluster"}
-        out["memory"] = self.memory.to_json()
+        out = super().to_json()
         out["sync"] = None  # the placement report's key; a sync's own report comes from sync()
         out["notes"] = list(self.notes)
         return out
