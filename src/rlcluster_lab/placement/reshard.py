@@ -37,11 +37,9 @@ from rlcluster_lab.placement.boxes import relabel
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.transfers import (
     Transfer,
-    TransferLog,
     current_log,
     log_new_shards,
-    not_recorded,
-    record_transfers,
+    replay_log,
     shard_key,
     shard_keys,
 )
@@ -106,22 +104,7 @@ def reshard_many(
         tuple(labels),
         tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)),
     )
-    known: TransferLog | None = _DESCRIBED.get(key)
-    if known is None:
-        with record_transfers() as known:
-            out = _reshard_many(xs, dsts, copy, labels)
-        _DESCRIBED.put(key, known)
-        current.compiled |= known.compiled
-        current.loaded |= known.loaded
-    else:
-        with not_recorded():
-            out = _reshard_many(xs, dsts, copy, labels)
-    current.transfers.extend(known.transfers)
-    for leaf, n in known.relayed.items():
-        current.note_relayed(leaf, n)
-    current.unreadable.extend(known.unreadable)
-    current.strategies.update(known.strategies)
-    return out
+    return replay_log(_DESCRIBED, key, lambda: _reshard_many(xs, dsts, copy, labels))
 
 
 _DESCRIBED = ProgramCache(64)  # the log each batch signature recorded (cleared with the programs)

@@ -33,7 +33,12 @@ from rlcluster_lab.placement.boxes import relabel, to_box
 from rlcluster_lab.placement.crossing import move_across
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
-from rlcluster_lab.placement.transfers import Transfer, TransferLog, current_log, not_recorded, record_transfers
+from rlcluster_lab.placement.transfers import (
+    Transfer,
+    TransferLog,
+    current_log,
+    replay_log,
+)
 from rlcluster_lab.placement.xla_analysis import (
     UNTRACED,
     Provenance,
@@ -163,21 +168,7 @@ def change_layout(
     if log is None:
         return _change_layout(xs, dsts, copy, labels)
     key = (_key(xs, dsts), copy, tuple(labels))
-    known: TransferLog | None = _LOGS.get(key)
-    if known is None:
-        with record_transfers() as known:
-            done = _change_layout(xs, dsts, copy, labels)
-        _LOGS.put(key, known)
-        log.compiled |= known.compiled
-        log.loaded |= known.loaded
-    else:
-        with not_recorded():
-            done = _change_layout(xs, dsts, copy, labels)
-    log.transfers.extend(known.transfers)
-    for leaf, n in known.relayed.items():
-        log.note_relayed(leaf, n)
-    log.unreadable.extend(known.unreadable)
-    return done
+    return replay_log(_LOGS, key, lambda: _change_layout(xs, dsts, copy, labels))
 
 
 @dataclasses.dataclass
