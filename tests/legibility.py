@@ -11,8 +11,8 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from rlcluster_lab.lab.mpl import MAX_WIDTH, MIN_PT
+from rlcluster_lab.lab.style import text_width
 from rlcluster_lab.lab.svg import MIN_FONT
-from rlcluster_lab.lab.textfit import text_width
 
 NS = "{http://www.w3.org/2000/svg}"
 

@@ -9,9 +9,8 @@ import pytest
 from stored_reports import stored
 
 from rlcluster_lab.core.knobs import KNOBS
-from rlcluster_lab.lab.changes import changes_html, changes_since, decision_changes
 from rlcluster_lab.lab.controls import TOOLTIPS, Knobs
-from rlcluster_lab.lab.flow import flow_rows
+from rlcluster_lab.lab.flow import changes_html, changes_since, decision_changes, flow_rows
 from rlcluster_lab.rules.catalogue import RULES
 
 

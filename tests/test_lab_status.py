@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from rlcluster_lab.lab import sentences
+from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, program_name, wait_text
 from rlcluster_lab.lab.widget import PlacementLab
 

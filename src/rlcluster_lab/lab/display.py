@@ -9,25 +9,33 @@ VS Code and Colab alike.
 
 The views share one ``Tab``, so the lab fits a 1600 x 1000 screen beside its
 knobs; each action shows the view it changed (``show``).
+
+Where no widget can be drawn (an untrusted notebook, GitHub), the output bundle's HTML is a
+static picture of the lab (``lab_picture``): the knobs, the status, what changed and every
+view. It uses only what JupyterLab's sanitizer keeps for an untrusted notebook (no
+``<style>``, no inline ``<svg>``: inline styles, ``<details>`` and ``data:`` images).
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
-from rlcluster_lab.lab.changes import changes_html
+from rlcluster_lab.lab.flow import actor_share_text, changes_html
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
-from rlcluster_lab.lab.sentences import STEP_COUNTER
-from rlcluster_lab.lab.sharing_notes import actor_share_text
+from rlcluster_lab.lab.status import STEP_COUNTER
 from rlcluster_lab.lab.sync_figures import sync_bytes, sync_peak
+
+if TYPE_CHECKING:
+    from rlcluster_lab.lab.controls import Knobs
 
 _PANELS = ("flow", "grid", "memory", "sync")
 TITLES = {
@@ -48,7 +56,7 @@ VIEWS = (
 # Each figure fits the screen's height under JupyterLab's bars and the tab bar (the
 # browser test checks a 1600 x 1000 window); a wider view than the tab is scaled to it.
 # The knobs a refusal names get a red outline, and its message a note beside the first of
-# them, placed over the views (out of the flow: nothing moves when it shows, ``lab.notes``).
+# them, placed over the views (out of the flow: nothing moves when it shows, ``widget.Notes``).
 # The status sentence has one height (two lines, the rest cut off; all of it in its hover
 # title and the details), so the knobs under it stay put from one action to the next.
 STYLE = """<style>
@@ -249,3 +257,105 @@ def steps_html(steps: Sequence[StepRecord]) -> str:
         "<th>optimizer steps</th></tr>"
         f"{rows}</table>"
     )
+
+
+_FONT = "font-size:12px;line-height:1.35"
+
+
+def knob_value(widget: widgets.Widget) -> str:
+    """A knob's setting as the widget shows it."""
+    if isinstance(widget, widgets.Dropdown):
+        return str(widget.label)
+    if isinstance(widget, widgets.Checkbox | widgets.ToggleButton):
+        return "on" if widget.value else "off"
+    return str(widget.value)
+
+
+def _in_screen_order(box: widgets.Widget, wanted: dict[int, str]) -> list[str]:
+    """The fields of ``wanted`` (widget id -> field) in the order the column shows them."""
+    if id(box) in wanted:
+        return [wanted[id(box)]]
+    return [field for child in getattr(box, "children", ()) for field in _in_screen_order(child, wanted)]
+
+
+def knobs_table(knobs: Knobs) -> str:
+    """Every knob shown now, top to bottom, with its setting (a knob that does not apply is greyed)."""
+    custom = knobs.custom_box.layout.display != "none"
+    outlined = knobs.outlined()
+    rows = []
+    for field in _in_screen_order(knobs.widget, {id(w): f for f, w in outlined.items()}):
+        if field in ("rollout_shape", "rollout_devices") and not custom:
+            continue
+        widget = outlined[field]
+        if field == "rollout_devices":
+            name, value = "rollout devices", ", ".join(str(d.id) for d in knobs.picked_devices()) or "none"
+        else:
+            name, value = str(widget.description), knob_value(widget)
+        color = "color:#9a9a9a;" if getattr(widget, "disabled", False) else ""
+        cell = f"style='text-align:left;padding:1px 10px 1px 0;{color}'"
+        rows.append(f"<tr><td {cell}>{html.escape(name)}</td><td {cell}><b>{html.escape(value)}</b></td></tr>")
+    return f"<table class='rl-picture-knobs' style='{_FONT}'>{''.join(rows)}</table>"
+
+
+def _output_html(out: widgets.Output) -> str:
+    parts = []
+    for item in out.outputs:
+        data = item.get("data", {})
+        if "image/svg+xml" in data:
+            svg = "".join(data["image/svg+xml"]) if isinstance(data["image/svg+xml"], list) else data["image/svg+xml"]
+            src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
+            alt = html.escape(str(data.get("text/plain", "figure")), quote=True)
+            parts.append(f"<img src='{src}' alt='{alt}' style='max-width:100%;height:auto;display:block'>")
+        elif "text/plain" in data:
+            parts.append(f"<pre style='{_FONT}'>{html.escape(str(data['text/plain']))}</pre>")
+    return "".join(parts)
+
+
+def view_html(display: Display, name: str) -> str:
+    """One view's content: its heading and figures, or its HTML (the summary, the step log)."""
+    heading = f"<div><b>{html.escape(TITLES[name])}</b></div>" if name in TITLES else ""
+    if name == "summary":
+        body = display.summary.value
+    elif name == "steps":
+        body = display.step_log.value or "<i>no training step yet</i>"
+    else:
+        body = _output_html(display.outputs[name])
+    return f"<div class='rl-picture-view rl-picture-view-{name}'>{heading}{body}</div>"
+
+
+def lab_picture(knobs: Knobs, display: Display, status: str) -> str:
+    """The lab as it stands, as one block of HTML: the knobs' column beside the views."""
+    shown = display.shown
+    tabs = " · ".join(
+        f"<b>[{html.escape(title)}]</b>" if name == shown else html.escape(title) for name, title in VIEWS
+    )
+    folded = "".join(
+        f"<details><summary>{html.escape(title)}</summary>{view_html(display, name)}</details>"
+        for name, title in VIEWS
+        if name != shown
+    )
+    left = (
+        "<div style='flex:0 0 400px;max-width:400px'>"
+        "<div><b>Placement lab</b>, as last run: a picture of the widget. Run the notebook to turn its knobs.</div>"
+        f"<div class='rl-picture-status' style='margin:4px 0;{_FONT}'><i>{html.escape(status)}</i></div>"
+        f"{knobs_table(knobs)}{display.changes.value}</div>"
+    )
+    right = (
+        "<div style='flex:1 1 480px;min-width:0'>"
+        f"<div class='rl-picture-tabs' style='margin-bottom:4px'>{tabs}</div>"
+        f"{view_html(display, shown)}{folded}</div>"
+    )
+    return (
+        f"<div class='rl-lab-picture' style='display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start;{_FONT}'>"
+        f"{left}{right}</div>"
+    )
+
+
+def text_line(status: str) -> str:
+    """The bundle's plain-text form: what the lab is, and its status."""
+    return f"PlacementLab (an interactive widget: run the notebook to use it). {status}"
+
+
+def mimebundle(widget_bundle: dict[str, Any], knobs: Knobs, display: Display, status: str) -> dict[str, Any]:
+    """The widget's own bundle with the picture as its HTML and one line as its text."""
+    return {**widget_bundle, "text/html": lab_picture(knobs, display, status), "text/plain": text_line(status)}

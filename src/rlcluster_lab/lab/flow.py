@@ -1,15 +1,18 @@
 """The decision flow as rows (L1): per decision, the question, its answers and the one that
 fired, read from the typed branch each rule recorded, in the order the cluster took them, and
 the links from a decision to the ones that read its result: what ``placement_figures.decision_flow``
-draws."""
+draws. From the same rows: what a construction changed against the one before it
+(``decision_changes``, ``changes_since``), so a line never disagrees with the figure, and the
+sharing map beside the measured buffers in words (``measured_text``, ``role_note``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import html
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlcluster_lab.lab.style import fmt_bytes
+from rlcluster_lab.lab.style import ROLE_ORDER, fmt_bytes
 from rlcluster_lab.rules.anchor import P8
 from rlcluster_lab.rules.catalogue import RULES
 from rlcluster_lab.rules.loading import P5, P14, LoadBranch, OffloadAnswer, OffloadBranch
@@ -331,3 +334,202 @@ def _option_labels() -> dict[str, str]:
 # How a branch is labelled in the flow figures (matplotlib and SVG), as each rule declares it
 # (``rules.registry``); other branches use their own name.
 OPTION_LABELS: dict[str, str] = _option_labels()
+
+
+# The sharing map is P1/P2's decision of which roles may share a model; the measured shared
+# buffers are the ones two roles really hold in common (L2). They differ where P3 hands the actor
+# to an engine that keeps its own copy, and where an unlinked role holds shards the reshard (P5)
+# left in place because they are the same on both meshes (replicated leaves).
+
+
+def shared_bytes(memory: Mapping[str, Any], role: str, other: str, dev: str | None = None) -> int:
+    """Bytes ``role`` holds (on ``dev``, or on every device) that are buffers ``other`` holds too."""
+    total = 0
+    for group in memory.get("shared", []):
+        if role in group.get("roles", []) and other in group.get("roles", []):
+            if dev is None:
+                total += int(group.get("bytes", 0))
+            else:
+                total += sum(int(v) for v in (group.get("by_device") or {}).get(dev, {}).values())
+    return total
+
+
+def _branch(report: Mapping[str, Any], rule: str, role: str | None = None) -> str | None:
+    for d in report.get("decisions", []):
+        if d.get("rule") == rule and (role is None or (d.get("values") or {}).get("role") == role):
+            return str(d.get("branch"))
+    return None
+
+
+def map_text(report: Mapping[str, Any], role: str) -> str:
+    """The sharing map's entry for ``role``, as P1/P2 decided it."""
+    links = list(report.get("sharing_map", {}).get(role, []))
+    return "sharing map (P1, P2): linked to " + ", ".join(links) if links else "sharing map (P1, P2): no link"
+
+
+def measured_text(report: Mapping[str, Any], role: str) -> str:
+    """What the memory walk found ``role`` to hold of the actor's buffers, and why."""
+    memory = report.get("memory") or {}
+    held = int(memory.get("by_role", {}).get(role, {}).get("bytes", 0))
+    if not held:
+        return ""
+    if role == "actor":
+        others = sorted(
+            {r for g in memory.get("shared", []) if "actor" in g.get("roles", []) for r in g["roles"] if r != "actor"},
+            key=lambda r: ROLE_ORDER.index(r) if r in ROLE_ORDER else len(ROLE_ORDER),
+        )
+        return ("measured: its buffers are held by " + ", ".join(others) + " too") if others else ""
+    linked = "actor" in report.get("sharing_map", {}).get(role, [])
+    shared = shared_bytes(memory, role, "actor")
+    if shared >= held:
+        why = {"rollout": " (P3: the same object)", "reference": " (P4: one backbone)"}.get(role, "")
+        return f"measured: all {fmt_bytes(held)} are the actor's buffers{why}, no copy"
+    if role == "rollout" and _branch(report, "P3") == "shared":
+        return (
+            f"measured: {fmt_bytes(held - shared)} of its own: P3 handed over the actor object, but "
+            + engine_copy_reason(report)
+        )
+    if role == "reference" and linked and _branch(report, "P4") == "avoidable copy":
+        return f"measured: {fmt_bytes(held - shared)} of its own (P4: an avoidable copy)"
+    if not shared:
+        return f"measured: {fmt_bytes(held)} of its own"
+    how = (
+        "shards the reshard (P5) left in place because they are the same on both meshes (replicated leaves)"
+        if _branch(report, "P5", role) == "resharded"
+        else "buffers P5 kept as they were"
+    )
+    text = f"measured: {fmt_bytes(shared)} of its {fmt_bytes(held)} are the actor's buffers: {how}"
+    return text + ("" if linked else ", not a link in the map")
+
+
+def actor_share_text(report: Mapping[str, Any], role: str) -> str:
+    """How much of the actor's buffers ``role`` holds, measured: "all", "10.0 KiB of 588.0 KiB", "none"."""
+    memory = report.get("memory") or {}
+    held = int(memory.get("by_role", {}).get(role, {}).get("bytes", 0))
+    if role == "actor" or not held:
+        return "-"
+    shared = shared_bytes(memory, role, "actor")
+    if not shared:
+        return "none"
+    return f"all {fmt_bytes(held)}" if shared >= held else f"{fmt_bytes(shared)} of {fmt_bytes(held)}"
+
+
+def role_note(report: Mapping[str, Any], role: str) -> str:
+    """One line per role: the map's links, then what the role measurably shares, and why."""
+    measured = measured_text(report, role)
+    return f"{role}: {map_text(report, role)}" + (f"; {measured}" if measured else "")
+
+
+# Rows that are not construction decisions: P13 is the sync's (a sync after the previous
+# construction is not something this construction changed).
+_NOT_CONSTRUCTION = ("P13",)
+_NOT_A_REASON = {("P1", "P7")}
+
+
+def answer_label(value: str) -> str:
+    """How the flow figure writes an answer (its rule's declared label)."""
+    return OPTION_LABELS.get(value, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One decision whose answer changed: the flow row's key (``"P3"``, ``"P5:rollout"``), its
+    question, the answers before and after (None: the decision was not taken on that side),
+    the new answer's detail, and the inputs it read from earlier decisions that changed."""
+
+    key: str
+    question: str
+    before: str | None
+    after: str | None
+    detail: str = ""
+    because: tuple[tuple[str, str], ...] = ()  # (earlier rule, "rollout linked: no") per changed input
+
+    @property
+    def rule(self) -> str:
+        return self.key.split(":")[0]
+
+    def text(self) -> str:
+        """The change in words: "what does the rollout sample with? (P3): same object -> second copy"."""
+        head = f"{self.question} ({self.rule})"
+        if self.before is None:
+            said = f"{head}: now asked, {answer_label(str(self.after))}"
+        elif self.after is None:
+            said = f"{head}: no longer asked (was {answer_label(self.before)})"
+        else:
+            said = f"{head}: {answer_label(self.before)} \u2192 {answer_label(self.after)}"
+        if self.after is not None and self.detail:
+            said += f" ({self.detail})"
+        if self.because:
+            said += ", because " + " and ".join(f"{value} ({rule})" for rule, value in self.because)
+        return said
+
+
+def decision_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Change]:
+    """Every construction decision whose answer differs between two reports, in the order the
+    new cluster took them (then the ones it no longer took)."""
+    old = {r.key: r for r in flow_rows(before) if r.key.split(":")[0] not in _NOT_CONSTRUCTION}
+    new = {r.key: r for r in flow_rows(after) if r.key.split(":")[0] not in _NOT_CONSTRUCTION}
+    changed = {key for key in old.keys() | new.keys() if _fired(old.get(key)) != _fired(new.get(key))}
+    read_before = {(link.src, link.dst): link.value for link in flow_links(before)}
+    out = []
+    for key in [k for k in new if k in changed] + [k for k in old if k in changed and k not in new]:
+        row = new.get(key) or old[key]
+        # The arrows into this decision whose value changed: what it read is the reason (not
+        # P1 -> P7, which shows what P7 left of P1's map, not what P7 read).
+        because = tuple(
+            (link.src, link.value)
+            for link in flow_links(after)
+            if key in new
+            and link.dst == key
+            and (link.src, link.dst) not in _NOT_A_REASON
+            and read_before.get((link.src, link.dst)) != link.value
+        )
+        out.append(
+            Change(
+                key,
+                row.question,
+                _fired(old.get(key)),
+                _fired(new.get(key)),
+                new[key].detail if key in new else "",
+                because,
+            )
+        )
+    return out
+
+
+def _fired(row: FlowRow | None) -> str | None:
+    return None if row is None else row.fired
+
+
+# Byte totals a construction changes (measured, physical bytes), by what the line calls them.
+_TOTALS = (
+    ("bytes held, each buffer once (measured)", lambda r: r["memory"]["unique_bytes"]),
+    ("rollout bytes (measured)", lambda r: r["memory"]["by_role"].get("rollout", {}).get("bytes", 0)),
+)
+
+
+def changes_since(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[str]:
+    """What a construction changed against the previous cluster's report: a line per decision
+    whose answer changed (``decision_changes``), then the byte totals that changed. Empty for
+    the first construction."""
+    if before is None:
+        return []
+    lines = [c.text() for c in decision_changes(before, after)]
+    for label, read in _TOTALS:
+        a, b = read(before), read(after)
+        if a != b:
+            # Exact bytes where the short form would read as no change.
+            said = (fmt_bytes(a), fmt_bytes(b)) if fmt_bytes(a) != fmt_bytes(b) else (f"{a:,} B", f"{b:,} B")
+            lines.append(f"{label}: {said[0]} \u2192 {said[1]}")
+    return lines
+
+
+def changes_html(changes: Sequence[str]) -> str:
+    """The "changed since the last construction" list under the knobs."""
+    if not changes:
+        return ""
+    items = "".join(f"<li>{html.escape(c)}</li>" for c in changes)
+    return (
+        "<div class='rl-changes'><b>changed since the last construction:</b>"
+        f"<ul style='margin:2px 0;padding-left:16px'>{items}</ul></div>"
+    )

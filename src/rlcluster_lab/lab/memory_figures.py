@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, ROLE_COLORS, byte_ticks, device_order, fmt_bytes, in_order
+from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, ROLE_COLORS, byte_ticks, device_order, fmt_bytes, in_order, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, WIDTH, Canvas, Svg, legend
-from rlcluster_lab.lab.textfit import wrap
 
 
 def _groups(memory: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MultipleLocator
 
-from rlcluster_lab.lab.textfit import text_width
+from rlcluster_lab.lab.style import text_width
 
 
 def to_png(fig: Figure, dpi: int = 100) -> bytes:

@@ -20,7 +20,7 @@ ipywidgets Image needs, after a 0.4-0.6 s import of matplotlib):
     sync_bytes          200 / 0.2           107 / 99
 
 An SVG figure's first draw is almost all the one-off read of the font's glyph widths
-(``textfit``); after it, a Construct's four figures redraw in about 2 ms against about half
+(``style.text_width``); after it, a Construct's four figures redraw in about 2 ms against about half
 a second. SVG also stays sharp at any zoom, keeps its text selectable and says more on
 hover (``<title>``).
 
@@ -38,11 +38,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlcluster_lab.lab.flow import OPTION_LABELS, flow_links, flow_rows, link_ends, link_lanes, mesh_coords
-from rlcluster_lab.lab.sharing_notes import actor_share_text, measured_text, role_note, shared_bytes
-from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_COLORS, ROLE_ORDER, fmt_bytes, in_order
+from rlcluster_lab.lab.flow import (
+    OPTION_LABELS,
+    actor_share_text,
+    flow_links,
+    flow_rows,
+    link_ends,
+    link_lanes,
+    measured_text,
+    mesh_coords,
+    role_note,
+    shared_bytes,
+)
+from rlcluster_lab.lab.style import (
+    HIGHLIGHT,
+    IDLE,
+    IDLE_TEXT,
+    ROLE_COLORS,
+    ROLE_ORDER,
+    clip,
+    fmt_bytes,
+    in_order,
+    text_width,
+    wrap,
+)
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
-from rlcluster_lab.lab.textfit import clip, text_width, wrap
 
 # --------------------------------------------------------------------------- decision flow (L1)
 

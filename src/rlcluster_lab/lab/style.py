@@ -1,9 +1,13 @@
 """The lab's visual vocabulary, shared by the SVG figures and the matplotlib ones: role order
-and colours, memory kinds, the parts of a sync, and how bytes and entries are written."""
+and colours, memory kinds, the parts of a sync, how bytes and entries are written, and how
+wide text is in DejaVu Sans (the font of both kinds of figure), which keeps labels inside
+their boxes."""
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Sequence
 
 from rlcluster_lab.core.roles import Role
@@ -103,3 +107,51 @@ def in_order(keys: Sequence[str], order: Sequence[str]) -> list[str]:
 def device_order(keys: Sequence[str]) -> list[str]:
     """Device keys of a report ("0", "1", ..., "10") in numeric order, any other key after them."""
     return sorted(keys, key=lambda k: (0, int(k)) if str(k).isdigit() else (1, str(k)))
+
+
+def text_width(text: str, size: float, bold: bool = False) -> float:
+    """How wide ``text`` is at font size ``size`` in DejaVu Sans, in the unit of ``size`` (summed
+    glyph advances, no kerning; Helvetica and Arial, the SVG figures' fallbacks, are narrower)."""
+    em = _advances(bold)
+    return size * sum(em.get(ch, 0.7) for ch in text)
+
+
+@functools.cache
+def _advances(bold: bool) -> dict[str, float]:
+    """Advance per printable ASCII character, in em, read from the DejaVu Sans that matplotlib ships."""
+    from matplotlib import get_data_path
+    from matplotlib.ft2font import FT2Font, LoadFlags
+
+    font = FT2Font(os.path.join(get_data_path(), "fonts", "ttf", "DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf"))
+    font.set_size(100, 72)
+    # linearHoriAdvance: the glyph's advance in 1/65536 px, here at 100 px to the em.
+    codes = [*range(32, 127), *map(ord, "\u2026\u2192\u00d7\u2264\u2265\u2013\u2014")]
+    return {chr(c): font.load_char(c, flags=LoadFlags.NO_HINTING).linearHoriAdvance / 65536 / 100 for c in codes}
+
+
+def clip(text: str, width: float, size: float = 12.0, bold: bool = False) -> str:
+    """Text cut to fit ``width`` (an ellipsis marks the cut)."""
+    if text_width(text, size, bold) <= width:
+        return text
+    while len(text) > 1 and text_width(text + "\u2026", size, bold) > width:
+        text = text[:-1]
+    return text.rstrip() + "\u2026"
+
+
+def wrap(text: str, width: float, size: float = 12.0, lines: int = 3, bold: bool = False) -> list[str]:
+    """``text`` broken at spaces into lines that fit ``width``, at most ``lines`` of them
+    (the last one clipped with an ellipsis if the text is longer still)."""
+    out: list[str] = []
+    line = ""
+    for word in text.split():
+        candidate = f"{line} {word}" if line else word
+        if line and text_width(candidate, size, bold) > width:
+            out.append(line)
+            line = word
+        else:
+            line = candidate
+    if line:
+        out.append(line)
+    if len(out) > lines:
+        out = out[: lines - 1] + [clip(" ".join(out[lines - 1 :]), width, size, bold)]
+    return [clip(o, width, size, bold) for o in out]

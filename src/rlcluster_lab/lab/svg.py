@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rlcluster_lab.lab.textfit import text_width
+from rlcluster_lab.lab.style import text_width
 
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 

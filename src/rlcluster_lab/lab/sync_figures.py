@@ -1,5 +1,5 @@
-"""Figures of a weight sync (L3): where a sync's bytes went, the same per leaf, and (from
-``lab.sync_peak_figures``) what the sync holds on a device at each phase, and its chunk sizes.
+"""Figures of a weight sync (L3): where a sync's bytes went, the same per leaf, what the sync
+holds on a device at each phase, and its chunk sizes.
 
 Pure functions of a sync report's JSON (``SyncReport.to_json()``, or a placement report's
 ``sync``), returning an ``Svg`` that the notebooks and the widget lab both show
@@ -12,13 +12,12 @@ and ``":relayed"``, ``"min:<run>"``, ``"logical:<run>"``, ``"seg:leaf:<path>:<re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlcluster_lab.lab.style import RELAYED, SYNC_PARTS, fmt_bytes
+from rlcluster_lab.lab.style import RELAYED, ROLE_COLORS, SYNC_PARTS, clip, fmt_bytes, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
-from rlcluster_lab.lab.sync_peak_figures import sync_chunk_curve, sync_peak
-from rlcluster_lab.lab.textfit import clip, text_width, wrap
+from rlcluster_lab.placement import phases as ph
 
 # The synced bytes' parts (synced = arrived + copied + reused) in SYNC_PARTS' colours.
 SYNC_COLORS = {
@@ -241,3 +240,318 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
 
 
 __all__ = ["sync_bytes", "sync_chunk_curve", "sync_leaves", "sync_peak"]
+
+
+TEMPORARIES = "program temporaries"
+# The terms drawn in each memory kind's panel, bottom up, with their colours and who they belong to.
+PANELS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "device": (
+        (ph.STAGED, ROLE_COLORS["actor"], "actor: its leaves brought to device (offload)"),
+        (ph.IN_FLIGHT, "#b07aa1", "rollout layout in flight on the actor's devices"),
+        (ph.RESHARDED, ROLE_COLORS["rollout"], "rollout: new arrays (net of the old ones released)"),
+        (ph.CAST, "#e8b04b", "rollout: cast to its dtype"),
+        (TEMPORARIES, "#9d9d9d", "reshard and cast programs' temporaries"),
+    ),
+    "pinned_host": (
+        (ph.MEMORY_KIND, ROLE_COLORS["rollout"], "rollout: new arrays in pinned host (net)"),
+        (ph.CAST + ph.PINNED, "#e8b04b", "rollout: cast, in pinned host"),
+        (ph.ANCHOR, ROLE_COLORS["anchor"], "anchor: re-pinned"),
+    ),
+}
+RELEASED_COLOR = "#7fb27f"
+LEFT = 104  # room for "pinned host" beside its panel
+
+
+def _peak(sync: Mapping[str, Any]) -> Mapping[str, Any]:
+    peak = sync.get("transient_peak", sync)
+    if not peak or "phases" not in peak:
+        raise ValueError("this sync report has no transient_peak (a sync of this lab version measures it)")
+    return peak
+
+
+def _label(p: Mapping[str, Any], chunks: int) -> str:
+    if p["chunk"] is None:
+        return p["name"]
+    return p["name"] if chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
+
+
+def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | None = None) -> Svg:
+    """What a sync holds on one device above what was there before, phase by phase (L3).
+
+    ``sync``: a sync report's JSON (or its ``transient_peak``), measured or planned.
+    ``device``: the device to draw (default: the one with the highest device-memory peak,
+    else the highest peak of any kind). One panel per memory kind the sync touches there:
+    per phase, the new arrays stacked by what they are (whose they are: the actor's staged
+    leaves, the rollout's new arrays, the anchor), the compiled programs' temporaries, and
+    below the line what the sync released; the black tick is the net level, the dashed line
+    the device's peak.
+    """
+    peak = _peak(sync)
+    phases = list(peak["phases"])
+    chunks = int(peak.get("chunks", 1) or 1)
+    by_device = peak.get("by_device", {})
+    if device is None:
+        device = peak.get("max_device") or max(
+            by_device, key=lambda d: max(by_device[d].values(), default=0), default="0"
+        )
+    device = str(device)
+    kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
+    left, right = LEFT, 16
+    plot_w = WIDTH - left - right
+    c = Canvas(WIDTH, 0)
+    head = title or "Weight sync (P13): bytes alive on one device during the sync, above what was there before"
+    c.text(8, 20, head, size=14, weight="bold")
+    source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
+    mine = by_device.get(device, {})
+    sub = (
+        f"device {device} ({source}); peak: "
+        + (", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in mine.items()) or "nothing new")
+        + (f", at {peak['phase_at_peak'][device]}" if device in peak.get("phase_at_peak", {}) else "")
+        + ("; in one piece" if chunks <= 1 else f"; {chunks} chunks of at most {fmt_bytes(peak['chunk_bytes'])}")
+    )
+    y = 40
+    for line in wrap(sub, WIDTH - 16, MIN_FONT, lines=2):
+        c.text(8, y, line, size=MIN_FONT, fill=MUTED)
+        y += 16
+    step = plot_w / max(len(phases), 1)
+    bar = max(min(step * 0.7, 42), 1.5)
+    for kind in kinds:
+        y = _panel(c, phases, device, kind, chunks, left, y + 16, step, bar, mine.get(kind, 0))
+    if not kinds:
+        c.text(left, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
+        y += 36
+    y = legend(
+        c,
+        8,
+        y + 6,
+        [(_fill(c, k, color), what) for k in kinds for term, color, what in PANELS[k] if _used(phases, device, k, term)]
+        + [(RELEASED_COLOR, "released: old arrays (or the old anchor) nothing holds any more")]
+        * any(_released(p, device) for p in phases),
+        WIDTH - 16,
+    )
+    notes = [f"order: {peak.get('order', '?')}"]
+    at = peak.get("phase_at_peak", {}).get(device)
+    if at is not None and "device" in mine:
+        top = next((p for p in phases if _label(p, chunks) == at), None)
+        if top is not None:
+            held = [what for term, _, what in PANELS["device"] if _terms(top, device, "device").get(term)]
+            notes.insert(0, f"on device {device} at its peak: " + "; ".join(held))
+    method = peak.get("method", {})
+    notes.append(
+        "arrays: "
+        + str(method.get("arrays", "?")).split(":")[0]
+        + "; temporaries: "
+        + str(method.get("program_temporaries", "?")).split(":")[0]
+    )
+    for text in notes:
+        for line in wrap(text, WIDTH - 16, MIN_FONT, lines=3):
+            c.text(8, y, line, size=MIN_FONT, fill=MUTED)
+            y += 16
+    c.height = y + 6
+    return c.render()
+
+
+def _fill(c: Canvas, kind: str, color: str) -> str:
+    """Pinned host memory is dotted, as in the lab's memory figures."""
+    return c.dots(color) if kind == "pinned_host" else color
+
+
+def _terms(p: Mapping[str, Any], device: str, kind: str) -> dict[str, int]:
+    """The positive terms of a phase drawn in ``kind``'s panel (temporaries in the device's).
+
+    The old arrays a sync released are netted against the rollout's new arrays of the same
+    kind (they are what replaced them), so a chunk shows what it adds, not everything the
+    earlier chunks made and freed; what is left of a release is drawn below the line.
+    """
+    terms = p.get("terms", {}).get(device, {})
+    names = {term for term, _, _ in PANELS[kind]}
+    out = {t: int(v) for t, v in terms.items() if t in names and v > 0}
+    gone = -int(terms.get(ph.term_in(ph.RELEASED, kind), 0))
+    for term in (ph.term_in(ph.RESHARDED, kind), ph.term_in(ph.CAST, kind)):
+        take = min(gone, out.get(term, 0))
+        if take:
+            out[term] -= take
+            gone -= take
+    out = {t: v for t, v in out.items() if v > 0}
+    if kind == "device" and p.get("temporaries", {}).get(device):
+        out[TEMPORARIES] = int(p["temporaries"][device])
+    return out
+
+
+def _released(p: Mapping[str, Any], device: str, kind: str | None = None) -> int:
+    """What a phase released beyond the rollout's new arrays that replaced it (bytes, >= 0)."""
+    kinds = list(PANELS) if kind is None else [kind]
+    left = 0
+    for k in kinds:
+        terms = p.get("terms", {}).get(device, {})
+        gone = -int(terms.get(ph.term_in(ph.RELEASED, k), 0))
+        made = sum(max(int(terms.get(ph.term_in(t, k), 0)), 0) for t in (ph.RESHARDED, ph.CAST))
+        left += max(gone - made, 0)
+    return left
+
+
+def _panel_level(p: Mapping[str, Any], device: str, kind: str) -> int:
+    level = int(p.get("arrays", {}).get(device, {}).get(kind, 0))
+    if kind == "device":
+        level += int(p.get("temporaries", {}).get(device, 0))
+    return level
+
+
+def _used(phases: Sequence[Mapping[str, Any]], device: str, kind: str, term: str) -> bool:
+    return any(_terms(p, device, kind).get(term) for p in phases)
+
+
+def _panel(
+    c: Canvas,
+    phases: Sequence[Mapping[str, Any]],
+    device: str,
+    kind: str,
+    chunks: int,
+    left: float,
+    y: float,
+    step: float,
+    bar: float,
+    top: int,
+) -> float:
+    """One memory kind: stacked terms above the zero line, releases below; returns the y below."""
+    up = max([sum(_terms(p, device, kind).values()) for p in phases] + [1])
+    down = max([_released(p, device, kind) for p in phases] + [0])
+    height, below = 120.0, 120.0 * down / (up + down) if down else 0.0
+    scale = (height - below) / up
+    c.text(left - 8, y + 14, kind.replace("_", " "), size=MIN_FONT, anchor="end", weight="bold")
+    zero = y + height - below
+    c.line(left, zero, left + step * len(phases), zero, "#999999")
+    c.text(left - 8, zero + 4, "0", size=MIN_FONT, anchor="end", fill=MUTED)
+    c.text(left - 8, y + 30, fmt_bytes(up), size=MIN_FONT, anchor="end", fill=MUTED)
+    for i, p in enumerate(phases):
+        x = left + step * i + (step - bar) / 2
+        h0 = zero
+        label = _label(p, chunks)
+        for term, color, what in PANELS[kind]:
+            n = _terms(p, device, kind).get(term, 0)
+            if n:
+                h = n * scale
+                c.rect(
+                    x,
+                    h0 - h,
+                    bar,
+                    h,
+                    _fill(c, kind, color),
+                    id=f"peak:{kind}:{i}:{term}",
+                    nbytes=n,
+                    title=f"{label}: {what} {fmt_bytes(n)}",
+                )
+                h0 -= h
+        gone = _released(p, device, kind)
+        if gone:
+            c.rect(
+                x,
+                zero,
+                bar,
+                gone * scale,
+                RELEASED_COLOR,
+                id=f"peak:{kind}:{i}:released",
+                nbytes=-gone,
+                title=f"{label}: released {fmt_bytes(gone)}",
+            )
+        level = _panel_level(p, device, kind)
+        ly = zero - level * scale
+        c.line(
+            x - 1,
+            ly,
+            x + bar + 1,
+            ly,
+            TEXT,
+            width=2,
+            id=f"level:{kind}:{i}",
+            nbytes=level,
+            title=f"{label}: {fmt_bytes(level)} above before",
+        )
+    if top:
+        py = zero - top * scale
+        c.line(
+            left, py, left + step * len(phases), py, "black", width=1, dash="5,3", id=f"peak-mark:{kind}", nbytes=top
+        )
+        c.text(left + step * len(phases), py - 4, f"peak {fmt_bytes(top)}", size=MIN_FONT, anchor="end")
+    # Phase names under the panel where there is room; chunk boundaries otherwise.
+    ty = y + height + 16
+    if step >= 60:
+        for i, p in enumerate(phases):
+            c.text(left + step * (i + 0.5), ty, p["name"], size=MIN_FONT, anchor="middle", fill=MUTED)
+    else:
+        # Chunk boundaries, a label at most every 80 px; the anchor re-pin and the end at the right.
+        last = -1e9
+        ends = [i for i, p in enumerate(phases) if p["chunk"] is None]
+        right_edge = left + step * len(phases)
+        stop = right_edge - (text_width("anchor, end", MIN_FONT) + 12 if ends else 0) - 70
+        for i, p in enumerate(phases):
+            x = left + step * i
+            new_chunk = p["chunk"] is not None and (i == 0 or phases[i - 1]["chunk"] != p["chunk"])
+            if new_chunk and x - last >= 80 and x <= stop:
+                c.line(x, zero, x, zero + 4, "#999999")
+                c.text(x, ty, f"chunk {p['chunk']}", size=MIN_FONT, fill=MUTED)
+                last = x
+        if ends:
+            c.text(left + step * len(phases), ty, "anchor, end", size=MIN_FONT, anchor="end", fill=MUTED)
+    return ty + 10
+
+
+def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = None) -> Svg:
+    """The sync's device-memory peak and its handover time against the chunk size (L3).
+
+    ``points``: one per chunk size, in the order to draw, each with ``label`` (the chunk
+    size as said), ``peak`` (the largest device-memory peak of any device, bytes), ``seconds``
+    (the handover's time) and optionally ``planned`` (the planner's peak, bytes). Two rows of
+    bars on one axis of chunk sizes: where chunking stops helping, the peak bars stop falling
+    while the time bars keep rising.
+    """
+    left, right = 130, 16
+    c = Canvas(WIDTH, 0)
+    c.text(8, 20, title or "Chunk size against the sync's peak and its time", size=14, weight="bold")
+    step = (WIDTH - left - right) / max(len(points), 1)
+    bar = min(step * 0.6, 60)
+    y = 44
+    rows = (
+        ("peak", ("device peak", "busiest device", "tick: planned"), ROLE_COLORS["rollout"], fmt_bytes),
+        ("seconds", ("handover time", "measured"), "#4c72b0", lambda v: f"{v * 1e3:.1f} ms"),
+    )
+    for key, lines, color, fmt in rows:
+        top = max([float(p.get(key) or 0) for p in points] + [1e-12])
+        h = 110.0
+        base = y + 18 + h  # room above the tallest bar for its number
+        for k, line in enumerate(lines):
+            c.text(
+                left - 8,
+                y + 30 + 16 * k,
+                line,
+                size=MIN_FONT,
+                anchor="end",
+                weight="bold" if k == 0 else None,
+                fill=TEXT if k == 0 else MUTED,
+            )
+        c.line(left, base, WIDTH - right, base, "#999999")
+        for i, p in enumerate(points):
+            v = float(p.get(key) or 0)
+            x = left + step * i + (step - bar) / 2
+            bh = h * v / top
+            c.rect(
+                x,
+                base - bh,
+                bar,
+                bh,
+                color,
+                id=f"curve:{key}:{i}",
+                nbytes=int(v) if key == "peak" else None,
+                title=f"{p['label']}: {fmt(v)}",
+            )
+            c.text(x + bar / 2, base - bh - 4, fmt(v), size=MIN_FONT, anchor="middle")
+            planned = p.get("planned") if key == "peak" else None
+            if planned is not None:
+                py = base - h * float(planned) / top
+                c.line(x - 3, py, x + bar + 3, py, "black", width=2, id=f"curve:planned:{i}", nbytes=int(planned))
+        y = base + 8
+    for i, p in enumerate(points):
+        c.text(left + step * (i + 0.5), y + 10, str(p["label"]), size=MIN_FONT, anchor="middle")
+    c.text(left - 8, y + 10, "chunk size", size=MIN_FONT, anchor="end", fill=MUTED)
+    c.height = y + 24
+    return c.render()

@@ -18,7 +18,7 @@ import jax
 from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.lab.experiments import Tick, collect
 from rlcluster_lab.lab.style import fmt_bytes
-from rlcluster_lab.lab.sync_peak_figures import PANELS
+from rlcluster_lab.lab.sync_figures import PANELS
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.tables import local_topology
 

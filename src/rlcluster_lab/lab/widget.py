@@ -6,11 +6,11 @@ drawn in milliseconds; ``lab.display``); nothing here decides where a model live
 are used: each figure is put into an ``Output`` widget as display data (no
 ipympl, which Colab does not run). A panel whose part of the report did not
 change is not drawn again. Where no widget can be drawn (an untrusted notebook, GitHub), the
-output shows a static picture of the lab instead (``lab.picture``).
+output shows a static picture of the lab instead (``display.mimebundle``).
 
 The status says what each action does while it does it, and what it waits for (``lab.status``),
-then one sentence of what happened (``lab.sentences``); a refusal's message sits beside the knob
-it names (``lab.notes``).
+then one sentence of what happened (``status.constructed`` and the like); a refusal's message sits beside the knob
+it names (``Notes``).
 
 A rebuild releases the previous cluster first, so only one cluster's buffers
 are alive at a time, on CPU and on an accelerator alike.
@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import html
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -34,12 +35,10 @@ from rlcluster_lab.app.scenario import build_cluster, validate
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.knobs import describe, knobs_of
-from rlcluster_lab.lab import sentences
-from rlcluster_lab.lab.changes import changes_since
+from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab.controls import KNOB_WIDTH, Knobs
-from rlcluster_lab.lab.display import Display
-from rlcluster_lab.lab.notes import Notes
-from rlcluster_lab.lab.picture import mimebundle
+from rlcluster_lab.lab.display import Display, mimebundle
+from rlcluster_lab.lab.flow import changes_since
 from rlcluster_lab.lab.rehearsal import BackgroundCompile
 from rlcluster_lab.lab.status import StatusLine
 from rlcluster_lab.placement.programs import trim_compiled_programs
@@ -140,7 +139,7 @@ class PlacementLab:
         return root
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        # The live widget, and a picture of it for renderers that cannot draw one (lab.picture).
+        # The live widget, and a picture of it for renderers that cannot draw one (display.mimebundle).
         return mimebundle(self.widget._repr_mimebundle_(**kwargs), self.knobs, self.display, self.status.text)
 
     # ------------------------------------------------------------------ state
@@ -350,3 +349,59 @@ class PlacementLab:
     def _refresh_buttons(self) -> None:
         self.construct_button.disabled = False
         self.sync_button.disabled = self.step_button.disabled = self._cluster is None
+
+
+class Notes:
+    """One hidden note per named control, shown beside it on demand (one at a time): a refusal's
+    message by the knob it names, over the views and out of the page's flow (``.rl-note``), so
+    showing or hiding it moves nothing."""
+
+    def __init__(self) -> None:
+        self._notes: dict[str, widgets.HTML] = {}
+        self.shown: str | None = None  # the control whose note is shown
+        self.text: str | None = None  # what it says
+
+    def wrap(self, box: widgets.Box, targets: Mapping[str, widgets.Widget]) -> None:
+        """Put each of ``targets`` found inside ``box`` (at any depth of boxes) into a slot with
+        its own note; the rest of the layout is unchanged."""
+        by_id = {id(w): name for name, w in targets.items()}
+        children = []
+        for child in box.children:
+            name = by_id.get(id(child))
+            if name is not None:
+                note = widgets.HTML(layout=widgets.Layout(display="none"))
+                note.add_class("rl-note")
+                note.add_class(f"rl-note-{name}")
+                self._notes[name] = note
+                slot = widgets.VBox([child, note])
+                slot.add_class("rl-slot")
+                children.append(slot)
+            else:
+                if isinstance(child, widgets.Box):
+                    self.wrap(child, targets)
+                children.append(child)
+        box.children = tuple(children)
+
+    def names(self) -> list[str]:
+        return list(self._notes)
+
+    def show(self, name: str, title: str, message: str, after: str = "") -> None:
+        """Show the note beside ``name`` (hiding any other): a bold title, the message, and a
+        last line in italics."""
+        self.clear()
+        note = self._notes[name]
+        note.value = f"<b>{html.escape(title)}</b>: {html.escape(message)}" + (
+            f"<br><i>{html.escape(after)}</i>" if after else ""
+        )
+        note.layout.display = "block"
+        self.shown, self.text = name, f"{title}: {message}"
+
+    def clear(self) -> None:
+        for note in self._notes.values():
+            note.value = ""
+            note.layout.display = "none"
+        self.shown = self.text = None
+
+    def note(self, name: str) -> widgets.HTML:
+        """The note widget beside ``name``."""
+        return self._notes[name]
