@@ -93,14 +93,15 @@ class Knobs:
         style = {"description_width": f"{LABEL_WIDTH}px"}
         wide = widgets.Layout(width=f"{KNOB_WIDTH}px")
         auto = widgets.Layout(width="auto")
+
+        def check(field: str, value: bool = False) -> widgets.Checkbox:
+            return widgets.Checkbox(value=value, description=label(field), indent=False, layout=auto)
+
+        def menu(field: str, options: Any, value: Any) -> widgets.Dropdown:
+            return widgets.Dropdown(options=options, value=value, description=label(field), style=style, layout=wide)
+
         layouts = reachable_layouts(self.devices) + [CUSTOM]
-        self.layout = widgets.Dropdown(
-            options=[(name if name != CUSTOM else "custom rollout mesh", name) for name in layouts],
-            value=layouts[0],
-            description=label("layout"),
-            style=style,
-            layout=wide,
-        )
+        self.layout = menu("layout", [(n if n != CUSTOM else "custom rollout mesh", n) for n in layouts], layouts[0])
         self.device_toggles = [
             widgets.ToggleButton(value=True, description=str(d.id), tooltip=str(d), layout=widgets.Layout(width="44px"))
             for d in self.devices
@@ -116,46 +117,21 @@ class Knobs:
                 self.custom_note,
             ]
         )
-        self.lora = widgets.Checkbox(value=False, description=label("lora"), indent=False, layout=auto)
+        self.lora = check("lora")
         self.lora_rank = widgets.BoundedIntText(
             value=4, min=1, max=64, description=label("lora_rank"), style=style, layout=wide
         )
-        self.lora_separate_base = widgets.Checkbox(
-            value=False, description=label("lora_separate_base"), indent=False, layout=auto
-        )
-        self.engine = widgets.Dropdown(
-            options=[(ENGINE_LABELS.get(e, e), e) for e in ENGINES],
-            value="vanilla",
-            description=label("engine"),
-            style=style,
-            layout=wide,
-        )
-        self.static_lora = widgets.Checkbox(
-            value=True, description=label("sglang_static_lora"), indent=False, layout=auto
-        )
-        self.offload = widgets.Checkbox(value=False, description=label("offload"), indent=False, layout=auto)
-        self.rollout_dtype = widgets.Dropdown(
-            options=[("as given (float32)", "")] + [(d, d) for d in ROLLOUT_DTYPES],
-            value="",
-            description=label("rollout_dtype"),
-            style=style,
-            layout=wide,
-        )
-        self.model_size = widgets.Dropdown(
-            options=list(MODEL_SIZES), value="tiny", description=label("model_size"), style=style, layout=wide
-        )
-        self.with_reward = widgets.Checkbox(value=False, description=label("with_reward"), indent=False, layout=auto)
-        self.with_critic = widgets.Checkbox(value=False, description=label("with_critic"), indent=False, layout=auto)
-        self.anchor = widgets.Dropdown(
-            options=[("full actor state", "full"), ("trainable parameters only", "trainable")],
-            value="full",
-            description=label("anchor"),
-            style=style,
-            layout=wide,
-        )
-        self.sync_chunk_bytes = widgets.Dropdown(
-            options=SYNC_CHUNKS, value=0, description=label("sync_chunk_bytes"), style=style, layout=wide
-        )
+        self.lora_separate_base = check("lora_separate_base")
+        self.engine = menu("engine", [(ENGINE_LABELS.get(e, e), e) for e in ENGINES], "vanilla")
+        self.static_lora = check("sglang_static_lora", True)
+        self.offload = check("offload")
+        self.rollout_dtype = menu("rollout_dtype", [("as given (float32)", "")] + [(d, d) for d in ROLLOUT_DTYPES], "")
+        self.model_size = menu("model_size", list(MODEL_SIZES), "tiny")
+        self.with_reward = check("with_reward")
+        self.with_critic = check("with_critic")
+        anchors = [("full actor state", "full"), ("trainable parameters only", "trainable")]
+        self.anchor = menu("anchor", anchors, "full")
+        self.sync_chunk_bytes = menu("sync_chunk_bytes", SYNC_CHUNKS, 0)
         self.layout.observe(lambda _c: self._update_custom_visibility(), names="value")
         for knob in (self.lora, self.engine):
             knob.observe(lambda _c: self._update_applicability(), names="value")
@@ -300,8 +276,6 @@ class Knobs:
 
     def picked_devices(self) -> list[jax.Device]:
         return [d for d, t in zip(self.devices, self.device_toggles) if t.value]
-
-    # ------------------------------------------------------------------ knobs -> scenario
 
     def scenario(self) -> Scenario:
         """The knobs as a Scenario (its own checks raise ConfigError)."""

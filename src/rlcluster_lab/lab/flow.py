@@ -335,7 +335,6 @@ def _option_labels() -> dict[str, str]:
 # (``rules.registry``); other branches use their own name.
 OPTION_LABELS: dict[str, str] = _option_labels()
 
-
 # The sharing map is P1/P2's decision of which roles may share a model; the measured shared
 # buffers are the ones two roles really hold in common (L2). They differ where P3 hands the actor
 # to an engine that keeps its own copy, and where an unlinked role holds shards the reshard (P5)

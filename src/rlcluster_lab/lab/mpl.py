@@ -42,9 +42,7 @@ def bytes_axis(axis: Any, top: float) -> None:
 
 MAX_WIDTH = 10.0  # inches: 1000 px at the default 100 dpi
 
-
 MIN_PT = 9.0  # the smallest font size in any figure
-
 
 FONT = 10.0  # body text, tick labels, legends
 

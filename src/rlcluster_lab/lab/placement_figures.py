@@ -64,8 +64,6 @@ from rlcluster_lab.lab.style import (
 )
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
 
-# --------------------------------------------------------------------------- decision flow (L1)
-
 
 def _option_widths(labels: list[str], room: float, gap: float) -> list[float]:
     """Box widths for a row's answers: each as wide as its label needs, all of them filling ``room``."""
@@ -155,9 +153,6 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
     for k, line in enumerate(footer):
         c.text(8, y + 14 + 18 * k, line, size=MIN_FONT, fill=MUTED)
     return c.render()
-
-
-# --------------------------------------------------------------------------- device grid
 
 
 def device_grid(report: Mapping[str, Any]) -> Svg:

@@ -1,28 +1,15 @@
-"""The set-up every notebook runs first: pick the devices the lab's layouts are built on.
+"""The set-up every notebook runs first (``setup()``): pick the devices the lab's layouts are built on.
 
-``setup()`` is the one call a notebook's first cell makes. It
-
-- on Colab, turns on the widget manager ipywidgets needs there (the package
-  itself is installed by the cell's first lines, see ``SETUP_CELL``);
-- asks the CPU backend for ``n_devices`` simulated devices, which must happen
-  before the JAX backend starts (it fails loudly when it is too late: restart
-  the kernel); JAX starts its CPU backend beside any accelerator, so the
-  simulated devices exist on a GPU or TPU machine too;
-- with GPUs or TPUs that can form every standard layout, builds on them;
-- with a single accelerator chip (Colab's TPU runtime, a one-GPU machine),
-  where only the colocated layout fits on the chip, builds the layouts on
-  the simulated CPU devices beside it and keeps the chip reachable
-  (``LabDevices.accelerator_devices``). JAX is never restarted: the
-  accelerator stays JAX's default backend, and the cluster takes the
-  platform of everything it does (memory kinds, the transfer guard, default
-  devices, allocator figures) from its own meshes, not from that default;
-- turns on the persistent compilation cache;
-- with ``warm=True`` (the default) and the layouts on simulated CPU devices, starts
-  the warm start (``lab.warm``): one background process, at the lowest CPU
-  priority, compiling the standard programs into the persistent cache once per
-  environment, so the first Construct and Training step read them back; the cell
-  does not wait for it;
-- prints what it found and which layouts the chosen devices can reach.
+It turns on Colab's widget manager there; asks the CPU backend for ``n_devices`` simulated
+devices, which must happen before the JAX backend starts (JAX starts its CPU backend beside
+any accelerator, so they exist on a GPU or TPU machine too); builds on GPUs or TPUs that can
+form every standard layout, and otherwise (a single chip, where only colocated fits) on the
+simulated CPU devices beside it, keeping the chip reachable (``accelerator_devices``). JAX is
+never restarted: the accelerator stays its default backend, and the cluster takes its platform
+(memory kinds, the transfer guard, default devices, allocator figures) from its own meshes.
+It turns on the persistent compilation cache and, with the layouts on simulated CPU devices,
+starts the warm start (``lab.warm``: one background process at the lowest CPU priority
+compiling the standard programs into that cache once per environment), without waiting for it.
 """
 
 from __future__ import annotations
@@ -45,10 +32,9 @@ from rlcluster_lab.core.devices import (
 from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
 from rlcluster_lab.lab.warm import start_warm_up
 
-# The first code cell of every notebook. The lab cannot install itself, so in a
-# kernel without it (a fresh Colab runtime) the cell installs it from the source
-# the user names; the lab has no address of its own to assume.
-LAB_SOURCE_ENV = "RLCLUSTER_LAB_SOURCE"
+# The first code cell of every notebook. The lab cannot install itself, so in a kernel without
+# it (a fresh Colab runtime) the cell installs it from the source the user names (the lab has
+# no address of its own to assume).
 SETUP_CELL = """\
 # Shared set-up (the same first cell in every notebook). In a kernel without the lab
 # (a fresh Colab runtime), first run: %env RLCLUSTER_LAB_SOURCE=<git+https://... URL of
@@ -92,21 +78,15 @@ class LabDevices:
         return tuple(reachable_layouts(list(self.accelerator_devices))) if self.accelerator_devices else ()
 
     def summary(self) -> str:
-        lines = []
-        if self.accelerator:
-            lines.append(
-                f"accelerator: {len(self.accelerator_devices)} {self.accelerator} device(s) "
-                f"({_kind(self.accelerator_devices)})"
-            )
-        else:
-            lines.append("accelerator: none")
-        where = (
-            f"{len(self.devices)} simulated CPU device(s)"
-            if self.simulated
-            else (f"{len(self.devices)} {self.platform} device(s)")
-        )
-        lines.append(f"layouts are built on: {where}")
-        lines.append("reachable layouts: " + ", ".join(self.reachable))
+        acc = self.accelerator_devices
+        where = "simulated CPU" if self.simulated else self.platform
+        lines = [
+            f"accelerator: {len(acc)} {self.accelerator} device(s) ({_kind(acc)})"
+            if self.accelerator
+            else "accelerator: none",
+            f"layouts are built on: {len(self.devices)} {where} device(s)",
+            "reachable layouts: " + ", ".join(self.reachable),
+        ]
         unreachable = [lay for lay in LAYOUTS if lay not in self.reachable]
         if unreachable:
             lines.append("not reachable here: " + ", ".join(unreachable))
@@ -126,10 +106,8 @@ def choose_devices(
 ) -> tuple[list[Any], bool, list[str]]:
     """Which devices to build layouts on: (devices, simulated, notes).
 
-    Accelerators win when they can form every standard layout. A single chip
-    can only form the colocated one, so then the CPU devices beside it are
-    used, when there are at least two; the chip stays available through
-    ``LabDevices.accelerator_devices`` (pass it as ``devices=``).
+    Accelerators win when they can form every standard layout; otherwise (a single chip: only
+    colocated) the CPU devices beside it, when there are at least two.
     """
     if not accelerators:
         return list(cpus), True, []
@@ -181,11 +159,9 @@ def setup(
         raise ValueError(f"use must be 'auto' or 'accelerator', got {use!r}")
     colab = in_colab()
     if not backend_started():
-        # Always ask: on CPU these are the lab's devices; beside an accelerator
-        # they are the simulated devices a single chip needs for the other layouts.
+        # Always ask: beside an accelerator these are what a single chip needs for the other layouts.
         jax.config.update("jax_num_cpu_devices", n_devices)
-    # Programs compiled in an earlier session are read back from disk (before the
-    # first compilation, or JAX would not look there).
+    # Before the first compilation, or JAX would not look in the cache.
     cache = enable_compilation_cache()
     accelerators = [d for d in jax.devices() if d.platform != "cpu"]
     cpus = _cpu_devices()
@@ -247,12 +223,8 @@ def _enable_colab_widgets() -> None:
 
 
 def _register_figure_display() -> None:
-    """Show a ``matplotlib.figure.Figure`` returned by a cell as a PNG.
-
-    The notebooks' matplotlib figures (``step_figures``, ``plan_figures``, ``shard_figures``)
-    are built without pyplot, so IPython has no display rule for them until one is
-    registered. The SVG figures display themselves (``svg.Svg``).
-    """
+    """Show a ``matplotlib.figure.Figure`` returned by a cell as a PNG: the notebooks' figures are
+    built without pyplot, so IPython has no display rule for them (``svg.Svg`` displays itself)."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -267,19 +239,14 @@ def _register_figure_display() -> None:
     shell.display_formatter.formatters["image/png"].for_type(Figure, lambda fig: to_png(fig))
 
 
-# --------------------------------------------------------------------------- progress for long cells
-
-
 def progress(total: int, label: str = "") -> Callable[[Any], None]:
     """A callback to call once per unit of work; shows a bar in a notebook, prints elsewhere.
 
-    The bar is a core ipywidgets ``IntProgress``. When the last unit is done
-    the bar is replaced by one line of text, so a saved notebook shows the
-    text and no widget that needs a live kernel.
+    When the last unit is done the bar is replaced by one line of text, so a saved notebook
+    shows no widget that needs a live kernel.
     """
     state = {"done": 0}
-    handle = None
-    bar = None
+    handle = bar = None
     if _in_kernel():
         try:
             import ipywidgets as widgets

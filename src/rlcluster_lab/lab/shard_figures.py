@@ -75,9 +75,6 @@ def _box_id(box: Box) -> str:
     return "x".join(f"{a}-{b}" for a, b in box)
 
 
-# --------------------------------------------------------------------------- one array's shards
-
-
 def _centred(ax: Any, x: float, y: float, text: str) -> None:
     """``text`` centred on (x, y) at the smallest font; nothing for an empty label (none fits)."""
     if text:
@@ -243,9 +240,6 @@ def shard_layouts(layouts: Sequence[ShardLayout], title: str = "", columns: int 
     if title:
         fig.suptitle(title, fontsize=MIN_FONT + 1, x=0.01, ha="left")
     return fig
-
-
-# --------------------------------------------------------------------------- a sync's pieces
 
 
 def _draw_grid(ax: Any, flows: SyncFlows, srcs: Sequence[int], dsts: Sequence[int], width_in: float) -> None:

@@ -154,9 +154,6 @@ def _box_text(box: Box) -> str:
     return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
 
 
-# --------------------------------------------------------------------------- a sync's pieces
-
-
 @dataclasses.dataclass(frozen=True)
 class SyncFlows:
     """One sync's bytes (of one leaf, some leaves or all) per pair of devices, by how they came.
@@ -243,9 +240,6 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
         strategy=str(report.get("reshard_strategy", "?")),
         method=str(report.get("method", "?")),
     )
-
-
-# --------------------------------------------------------------------------- tables for notebook 05
 
 
 _SPEC = re.compile(r"P\((.*)\)")

@@ -129,9 +129,6 @@ class StepPhases:
         }
 
 
-# ---------------------------------------------------------------------------- what a call returned
-
-
 def describe(value: Any) -> str:
     """Shape and dtype of an array, or a short account of anything else."""
     if isinstance(value, (jax.Array, np.ndarray)):
@@ -184,9 +181,6 @@ def decoded_sample(tokenizer: Any, out: Any, row: int = 0) -> dict[str, str]:
         "completion (decoded from tokens)": repr(tokenizer.decode(out.tokens[row])),
         "completion (text field)": repr(out.text[row]),
     }
-
-
-# ---------------------------------------------------------------------------- recording
 
 
 @dataclasses.dataclass
@@ -344,9 +338,6 @@ def measure_step(learner: GRPOLearner) -> StepPhases:
         record=record,
         seconds=seconds - recorder.walk_seconds,
     )
-
-
-# ---------------------------------------------------------------------------- running and tables
 
 
 def run_steps(

@@ -16,12 +16,9 @@ from rlcluster_lab.measure.memory import MEMORY_ENTRIES
 
 ROLE_ORDER: tuple[str, ...] = tuple(role.value for role in Role)
 
-
 ENTRY_ORDER: tuple[str, ...] = MEMORY_ENTRIES
 
-
 KINDS: tuple[str, ...] = MEMORY_KINDS
-
 
 ROLE_COLORS: dict[str, str] = {
     "actor": "#4c72b0",
@@ -34,9 +31,7 @@ ROLE_COLORS: dict[str, str] = {
     "critic_optimizer": "#b5a28f",
 }
 
-
 KIND_COLORS: dict[str, str] = {"device": "#4c72b0", "pinned_host": "#ccb974"}
-
 
 SYNC_PARTS: tuple[tuple[str, str, str], ...] = (
     # (report key, legend label, colour): the identity synced = moved + copied + reused (L3).
@@ -45,18 +40,13 @@ SYNC_PARTS: tuple[tuple[str, str, str], ...] = (
     ("reused_bytes", "reused (no copy)", "#55a868"),
 )
 
-
 RELAYED = "#8b1a1a"  # bytes that crossed devices and did not stay (a sync's relayed excess)
-
 
 HIGHLIGHT = "#f6c343"  # the branch that fired
 
-
 IDLE = "#eeeeee"  # the branches that did not
 
-
 IDLE_TEXT = "#9a9a9a"
-
 
 PHYSICAL = "physical bytes (every device shard counted)"
 

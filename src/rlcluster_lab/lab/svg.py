@@ -13,15 +13,11 @@ from rlcluster_lab.lab.style import text_width
 
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 
-
 TEXT = "#222222"
-
 
 MUTED = "#5f5f5f"
 
-
 WIDTH = 760  # a figure's width in px: it fits a notebook's output column and the lab's view beside its knobs
-
 
 # The smallest text a figure draws, in px at its own width: 12 px is 9 pt (1 pt = 4/3 px). A figure
 # is shown at its width (``WIDTH``), so this is the size on screen.

@@ -241,7 +241,6 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
 
 __all__ = ["sync_bytes", "sync_chunk_curve", "sync_leaves", "sync_peak"]
 
-
 TEMPORARIES = "program temporaries"
 # The terms drawn in each memory kind's panel, bottom up, with their colours and who they belong to.
 PANELS: dict[str, tuple[tuple[str, str, str], ...]] = {

@@ -108,8 +108,6 @@ class PlacementLab:
         if build:
             self.construct()
 
-    # ------------------------------------------------------------------ widgets
-
     def _make_buttons(self) -> None:
         self.construct_button = widgets.Button(description="Construct", button_style="primary", icon="cubes")
         self.sync_button = widgets.Button(description="Sync weights", icon="refresh")
@@ -141,8 +139,6 @@ class PlacementLab:
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # The live widget, and a picture of it for renderers that cannot draw one (display.mimebundle).
         return mimebundle(self.widget._repr_mimebundle_(**kwargs), self.knobs, self.display, self.status.text)
-
-    # ------------------------------------------------------------------ state
 
     @property
     def cluster(self) -> RLCluster | None:
@@ -192,8 +188,6 @@ class PlacementLab:
                 "so its buffers stay alive"
             )
         return "previous cluster released"
-
-    # ------------------------------------------------------------------ actions
 
     def construct(self) -> None:
         """Build the cluster the knobs describe, replacing the live one."""
@@ -289,8 +283,6 @@ class PlacementLab:
                 self._draw("steps")
             self._done(sentences.stepped(self._cluster.global_steps, record.mean_reward, self.timings["work"]))
 
-    # ------------------------------------------------------------------ drawing
-
     def _key(self, action: str) -> str:
         """Which waits are comparable: the same action on the same model size."""
         return f"{action}:{self.knobs.model_size.value}"
@@ -327,8 +319,6 @@ class PlacementLab:
         first = next((k.field for k in named if k.field in marked), "actions")  # the likeliest fix first
         self.notes.show(first, type(exc).__name__, message, after)
         self.status.say(sentences.refused(kept, first != "actions", failed=failed), self.error)
-
-    # ------------------------------------------------------------------ status
 
     @contextlib.contextmanager
     def _busy(self) -> Iterator[None]:
