@@ -17,6 +17,7 @@ from rlcluster_lab.rules.anchor import P8
 from rlcluster_lab.rules.catalogue import RULES
 from rlcluster_lab.rules.loading import P5, P14, LoadBranch, OffloadAnswer, OffloadBranch
 from rlcluster_lab.rules.reference import NO_REFERENCE, P4
+from rlcluster_lab.rules.registry import Rule
 from rlcluster_lab.rules.rollout import P3, P7, MeshBranch, RolloutBranch
 from rlcluster_lab.rules.sharing import P1, P2, LinkBranch
 from rlcluster_lab.rules.steps import P12, P13
@@ -69,29 +70,22 @@ def _in_trace_order(report: Mapping[str, Any], rows: list[FlowRow]) -> list[Flow
 
 def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     rows: list[FlowRow] = []
+
+    def add(rule: Rule, fired: Any, detail: str = "", key: str = "", question: str = "") -> None:
+        rows.append(FlowRow(key or rule.rule, question or rule.question, rule.values(), str(fired), detail))
+
     checks = _decisions(report, "P6")
     if checks:
         failed = [d for d in checks if d.get("branch") == CheckBranch.ERROR.value]
-        rows.append(
-            FlowRow(
-                "P6",
-                P6.question,
-                P6.values(),
-                (CheckBranch.ERROR if failed else CheckBranch.PASS).value,
-                f"{len(checks) - len(failed)} of {len(checks)} checks passed",
-            )
-        )
+        fired = (CheckBranch.ERROR if failed else CheckBranch.PASS).value
+        add(P6, fired, f"{len(checks) - len(failed)} of {len(checks)} checks passed")
     for d in _decisions(report, "P1")[:1]:
         v = d["values"]
-        rows.append(
-            FlowRow(
-                "P1",
-                P1.question,
-                P1.values(),
-                str(d.get("branch")),
-                f"shapes {mesh_shape_text(v.get('actor_mesh'))} vs {mesh_shape_text(v.get('rollout_mesh'))}; "
-                f"same devices: {'yes' if v.get('same_devices') else 'no'}",
-            )
+        add(
+            P1,
+            d.get("branch"),
+            f"shapes {mesh_shape_text(v.get('actor_mesh'))} vs {mesh_shape_text(v.get('rollout_mesh'))}; "
+            f"same devices: {'yes' if v.get('same_devices') else 'no'}",
         )
     p2 = [d for d in _decisions(report, "P2") if d.get("branch") != LinkBranch.PROPAGATED]
     for d in p2[:1]:
@@ -110,108 +104,52 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
                 if prop.get("branch") == LinkBranch.PROPAGATED and len(linked) > 1:
                     # P2's propagation: roles linked to the actor are linked to each other.
                     detail += f"; so {' and '.join(linked)} are linked too"
-        rows.append(FlowRow("P2", P2.question, P2.values(), fired, detail))
+        add(P2, fired, detail)
     for d in _decisions(report, "P3")[:1]:
         detail = d["outcome"]
         if d.get("branch") == RolloutBranch.SHARED and report.get("rollout_shares_actor_weights") is False:
             # Measured: the rollout holds none of the actor's buffers although P3 handed it over.
             detail = "handed the actor object, but " + engine_copy_reason(report) + ": the rollout holds a copy"
-        rows.append(
-            FlowRow(
-                "P3",
-                P3.question,
-                P3.values(),
-                str(d.get("branch")),
-                detail,
-            )
-        )
-    p4 = _decisions(report, "P4")
-    if not p4:
-        fired, detail = NO_REFERENCE, ""
+        add(P3, d.get("branch"), detail)
+    if p4 := _decisions(report, "P4"):
+        add(P4, p4[0].get("branch"), p4[0]["outcome"].split(";")[0])
     else:
-        fired, detail = str(p4[0].get("branch")), p4[0]["outcome"].split(";")[0]
-    rows.append(FlowRow("P4", P4.question, P4.values(), fired, detail))
+        add(P4, NO_REFERENCE)
     for d in _decisions(report, "P5"):
         v = d["values"]
         if d.get("branch") not in P5.values():
             continue  # "read from the checkpoint" notes, not a placement branch
         role = str(v["role"])
-        kept = d["branch"] == LoadBranch.KEPT
-        reused = v.get("leaves_on_target", 0)
-        detail = f"{reused} of {v['leaves']} leaves already in their target sharding"
-        if not kept and v.get("requested_dtype") and v["requested_dtype"] != v.get("dtype"):
+        detail = f"{v.get('leaves_on_target', 0)} of {v['leaves']} leaves already in their target sharding"
+        if d["branch"] != LoadBranch.KEPT and v.get("requested_dtype") and v["requested_dtype"] != v.get("dtype"):
             detail += f"; cast {v.get('dtype')} -> {v['requested_dtype']}"
-        rows.append(
-            FlowRow(
-                f"P5:{role}",
-                P5.question.format(role=role),
-                P5.values(),
-                str(d["branch"]),
-                detail,
-            )
-        )
+        add(P5, d["branch"], detail, key=f"P5:{role}", question=P5.question.format(role=role))
     moved = sorted(
         {str(d["values"]["role"]) for d in _decisions(report, "P14") if d.get("branch") == OffloadBranch.OFFLOADED}
     )
-    rows.append(
-        FlowRow(
-            "P14",
-            P14.question,
-            P14.values(),
-            (OffloadAnswer.PINNED_HOST if report.get("offload_to_cpu") else OffloadAnswer.ON_DEVICE).value,
-            ("moved to pinned host: " + ", ".join(moved)) if moved else "",
-        )
-    )
+    offload = OffloadAnswer.PINNED_HOST if report.get("offload_to_cpu") else OffloadAnswer.ON_DEVICE
+    add(P14, offload.value, ("moved to pinned host: " + ", ".join(moved)) if moved else "")
     for d in _decisions(report, "P7")[:1]:
         v = d["values"]
-        rows.append(
-            FlowRow(
-                "P7",
-                P7.question,
-                P7.values(),
-                str(d.get("branch")),
-                f"engine {v.get('engine')}; map rebuilt: {'yes' if v.get('sharing_map_rebuilt') else 'no'}; "
-                "still registered as sharing: "
-                f"{'yes' if v.get('still_registered_as_sharing') else 'no'}",
-            )
+        add(
+            P7,
+            d.get("branch"),
+            f"engine {v.get('engine')}; map rebuilt: {'yes' if v.get('sharing_map_rebuilt') else 'no'}; "
+            f"still registered as sharing: {'yes' if v.get('still_registered_as_sharing') else 'no'}",
         )
     anchor = report.get("anchor") or {}
-    if _decisions(report, "P8") or anchor:
+    p8 = _decisions(report, "P8")
+    if p8 or anchor:
         kind = anchor.get("memory_kind")
         kind = ", ".join(kind) if isinstance(kind, list) else str(kind)
-        p8 = _decisions(report, "P8")
-        fired = str(p8[-1].get("branch")) if p8 else str(anchor.get("mode", "full"))
-        rows.append(
-            FlowRow(
-                "P8",
-                P8.question,
-                P8.values(),
-                fired,
-                f"{fmt_bytes(anchor.get('bytes', 0))} in {kind}",
-            )
-        )
+        fired = p8[-1].get("branch") if p8 else anchor.get("mode", "full")
+        add(P8, fired, f"{fmt_bytes(anchor.get('bytes', 0))} in {kind}")
     p12 = [d for d in _decisions(report, "P12") if d.get("test") != "critic trainable parameters"]
     for d in (p12 or _decisions(report, "P12"))[:1]:
-        rows.append(
-            FlowRow(
-                "P12",
-                P12.question,
-                P12.values(),
-                str(d.get("branch")),
-                str(d.get("outcome", "")),
-            )
-        )
+        add(P12, d.get("branch"), str(d.get("outcome", "")))
     p13 = _decisions(report, "P13")
     if p13:
-        rows.append(
-            FlowRow(
-                "P13",
-                P13.question,
-                P13.values(),
-                str(p13[-1].get("branch")),
-                f"{len(p13)} sync(s); sharing map consulted: no",
-            )
-        )
+        add(P13, p13[-1].get("branch"), f"{len(p13)} sync(s); sharing map consulted: no")
     return rows
 
 
