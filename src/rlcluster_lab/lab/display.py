@@ -151,10 +151,7 @@ class Display:
                 (report["decisions"], report["sharing_map"], report["rollout_branch"], report["anchor"]),
                 [lambda: decision_flow(report)],
             ),
-            "grid": (
-                (report["role_to_mesh"], report["config_role_to_mesh"], memory),
-                [lambda: device_grid(report)],
-            ),
+            "grid": ((report["role_to_mesh"], report["config_role_to_mesh"], memory), [lambda: device_grid(report)]),
             "memory": (memory, [lambda: memory_by_device(memory), lambda: memory_by_role(memory)]),
             "sync": (
                 sync,

@@ -337,8 +337,7 @@ def p11_compare(
     """
     cases = [(f"mini-batch {mini}, {it} iteration{'s' if it > 1 else ''}", (mini, it)) for mini, it in settings]
     return each(
-        cases,
-        lambda s: p11_run(devices, steps=steps, mini_batch_size=s[0], iterations=s[1], progress=progress),
+        cases, lambda s: p11_run(devices, steps=steps, mini_batch_size=s[0], iterations=s[1], progress=progress)
     )
 
 

@@ -108,10 +108,7 @@ def rehearse_next_step(learner: GRPOLearner) -> bool:
     """``rehearse_step`` on the prompts the learner's next step will use (not drawn: the step
     that follows picks the very same ones). Returns whether the rehearsal ran."""
     return rehearse_step(
-        learner.cluster,
-        learner.next_prompts(),
-        reward_model=learner.use_reward_model,
-        critic=learner.config.critic,
+        learner.cluster, learner.next_prompts(), reward_model=learner.use_reward_model, critic=learner.config.critic
     )
 
 

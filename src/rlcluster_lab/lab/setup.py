@@ -23,12 +23,7 @@ from typing import Any
 import jax
 
 from rlcluster_lab.core.compile_cache import enable_compilation_cache
-from rlcluster_lab.core.devices import (
-    DEFAULT_SIMULATED_DEVICES,
-    DeviceSetupError,
-    backend_started,
-    check_device_count,
-)
+from rlcluster_lab.core.devices import DEFAULT_SIMULATED_DEVICES, DeviceSetupError, backend_started, check_device_count
 from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
 from rlcluster_lab.lab.warm import start_warm_up
 

@@ -37,11 +37,7 @@ DEVICE_COLORS: tuple[str, ...] = tuple(
 )
 
 _COLOR = {how: color for (_, _, color), how in zip(SYNC_PARTS, HOWS)}
-_LEGEND = {
-    "moved": "moved between devices",
-    "copied": "copied within a device",
-    "reused": "reused (same buffer)",
-}
+_LEGEND = {"moved": "moved between devices", "copied": "copied within a device", "reused": "reused (same buffer)"}
 
 
 def device_color(device: int) -> str:

@@ -341,10 +341,7 @@ def measure_step(learner: GRPOLearner) -> StepPhases:
 
 
 def run_steps(
-    cluster: Any,
-    steps: int = 2,
-    config: LearnerConfig | None = None,
-    prompts: Sequence[str] = EVEN_PROMPTS,
+    cluster: Any, steps: int = 2, config: LearnerConfig | None = None, prompts: Sequence[str] = EVEN_PROMPTS
 ) -> list[StepPhases]:
     """``steps`` learner steps on ``cluster``, each measured phase by phase.
 

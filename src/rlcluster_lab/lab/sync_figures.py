@@ -20,12 +20,7 @@ from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, leg
 from rlcluster_lab.placement import phases as ph
 
 # The synced bytes' parts (synced = arrived + copied + reused) in SYNC_PARTS' colours.
-SYNC_COLORS = {
-    "arrived": SYNC_PARTS[0][2],
-    "copied": SYNC_PARTS[1][2],
-    "reused": SYNC_PARTS[2][2],
-    "relayed": RELAYED,
-}
+SYNC_COLORS = {"arrived": SYNC_PARTS[0][2], "copied": SYNC_PARTS[1][2], "reused": SYNC_PARTS[2][2], "relayed": RELAYED}
 
 
 def _runs(sync: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -95,11 +90,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
             lx = left + logical * scale
             c.line(lx, y - 2, lx, y + 26, TEXT, width=2, dash="2,2", id=f"logical:{label}", nbytes=logical)
         y = legend(
-            c,
-            left,
-            y + 42,
-            [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts],
-            WIDTH - left - 8,
+            c, left, y + 42, [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts], WIDTH - left - 8
         )
         c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
         if moved - relayed > 0:

@@ -71,9 +71,7 @@ def peak_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def planned_peak_rows(
-    devices: Sequence[jax.Device],
-    scenarios: Mapping[str, Scenario],
-    syncs: Mapping[str, Mapping[str, Any]],
+    devices: Sequence[jax.Device], scenarios: Mapping[str, Scenario], syncs: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """The planner's peak (L4, its reshard programs compiled for their temporaries) beside the
     measured one of the same scenario, busiest device, per memory kind."""
