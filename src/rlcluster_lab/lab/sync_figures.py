@@ -259,7 +259,8 @@ def _peak(sync: Mapping[str, Any]) -> Mapping[str, Any]:
     return peak
 
 
-def _label(p: Mapping[str, Any], chunks: int) -> str:
+def phase_label(p: Mapping[str, Any], chunks: int) -> str:
+    """A sync phase as the figures name it: ``"chunk 2/3: reshard"`` where the sync ran in chunks."""
     if p["chunk"] is None:
         return p["name"]
     return p["name"] if chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
@@ -322,7 +323,7 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | N
     notes = [f"order: {peak.get('order', '?')}"]
     at = peak.get("phase_at_peak", {}).get(device)
     if at is not None and "device" in mine:
-        top = next((p for p in phases if _label(p, chunks) == at), None)
+        top = next((p for p in phases if phase_label(p, chunks) == at), None)
         if top is not None:
             held = [what for term, _, what in PANELS["device"] if _terms(top, device, "device").get(term)]
             notes.insert(0, f"on device {device} at its peak: " + "; ".join(held))
@@ -416,7 +417,7 @@ def _panel(
     for i, p in enumerate(phases):
         x = left + step * i + (step - bar) / 2
         h0 = zero
-        label = _label(p, chunks)
+        label = phase_label(p, chunks)
         for term, color, what in PANELS[kind]:
             n = _terms(p, device, kind).get(term, 0)
             if n:

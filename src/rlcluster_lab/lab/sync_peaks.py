@@ -18,18 +18,9 @@ import jax
 from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.lab.experiments import Tick, collect
 from rlcluster_lab.lab.style import fmt_bytes
-from rlcluster_lab.lab.sync_figures import PANELS
+from rlcluster_lab.lab.sync_figures import PANELS, phase_label
+from rlcluster_lab.lab.what_if import notebook_topology
 from rlcluster_lab.planner.plan import plan_scenario
-from rlcluster_lab.planner.tables import local_topology
-
-
-def _local(devices: Sequence[jax.Device]) -> Any:
-    return dataclasses.replace(
-        local_topology(),
-        device_count=len(devices),
-        platform=devices[0].platform,
-        device_ids=tuple(int(d.id) for d in devices),
-    )
 
 
 def on_device_at_peak(peak: Mapping[str, Any]) -> str:
@@ -40,8 +31,7 @@ def on_device_at_peak(peak: Mapping[str, Any]) -> str:
     at = peak["phase_at_peak"][device]
     chunks = int(peak.get("chunks", 1) or 1)
     for p in peak["phases"]:
-        label = p["name"] if p["chunk"] is None or chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
-        if label == at:
+        if phase_label(p, chunks) == at:
             terms = p["terms"].get(device, {})
             held = [f"{term} {fmt_bytes(terms[term])}" for term, _, _ in PANELS["device"] if terms.get(term, 0) > 0]
             if p["temporaries"].get(device):
@@ -75,7 +65,7 @@ def planned_peak_rows(
 ) -> list[dict[str, Any]]:
     """The planner's peak (L4, its reshard programs compiled for their temporaries) beside the
     measured one of the same scenario, busiest device, per memory kind."""
-    topo = _local(devices)
+    topo = notebook_topology(devices)
     rows = []
     for label, scenario in scenarios.items():
         planned = plan_scenario(scenario, topo, sync_programs=True).sync["transient_peak"]
@@ -104,7 +94,7 @@ def chunk_sweep(
 ) -> list[dict[str, Any]]:
     """One cluster per chunk size (``None``: one piece): its measured peak (busiest device),
     the planner's, and the median handover time of ``repeats`` syncs after one that compiles."""
-    topo = _local(devices)
+    topo = notebook_topology(devices)
     points = []
     for size in chunk_sizes:
         sc = dataclasses.replace(scenario, sync_chunk_bytes=size)

@@ -50,7 +50,7 @@ def _agrees(planned: int, measured: int, relation: str) -> str:
     return "no"
 
 
-def _local_topology(devices: Sequence[jax.Device]) -> Any:
+def notebook_topology(devices: Sequence[jax.Device]) -> Any:
     """The planner's ``local`` topology, restricted to the devices the notebook builds on."""
     return dataclasses.replace(
         local_topology(),
@@ -64,7 +64,7 @@ def plan_vs_measured(
     devices: Sequence[jax.Device], scenarios: Mapping[str, Scenario], progress: Tick | None = None
 ) -> list[dict[str, Any]]:
     """The planner's figures (L4) beside a live cluster's measured ones (L2, L3), scenario by scenario."""
-    topo = _local_topology(devices)
+    topo = notebook_topology(devices)
 
     def compare(scenario: Scenario) -> list[dict[str, Any]]:
         cluster = build_cluster(scenario, devices=devices)
