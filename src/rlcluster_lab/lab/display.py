@@ -182,9 +182,7 @@ class Display:
     def clear(self, text: str) -> None:
         """Every panel shows ``text`` instead of a figure."""
         self._drawn = {}
-        self.summary.value = ""
-        self.changes.value = ""
-        self.step_log.value = ""
+        self.summary.value = self.changes.value = self.step_log.value = ""
         for out in self.outputs.values():
             out.outputs = (text_output(text),)
 
@@ -235,17 +233,13 @@ def _mesh_text(mesh: dict[str, Any] | None) -> str:
     return html.escape(f"{shape} on devices {mesh['device_ids']}")
 
 
-def _global_step(step: StepRecord) -> str:
-    return str(step.sync.global_step) if step.sync is not None else ""
-
-
 def steps_html(steps: Sequence[StepRecord]) -> str:
     if not steps:
         return ""
     # Each step ends with a sync (P13): the global step that sync reached is the step's number.
     rows = "".join(
-        f"<tr><td>{_global_step(s)}</td><td>{s.mean_reward:.3f}</td><td>{s.loss:+.4f}</td><td>{s.kl:.2e}</td>"
-        f"<td>{s.optimizer_steps}</td></tr>"
+        f"<tr><td>{s.sync.global_step if s.sync is not None else ''}</td><td>{s.mean_reward:.3f}</td>"
+        f"<td>{s.loss:+.4f}</td><td>{s.kl:.2e}</td><td>{s.optimizer_steps}</td></tr>"
         for s in steps
     )
     return (

@@ -54,10 +54,6 @@ def flow_rows(report: Mapping[str, Any]) -> list[FlowRow]:
     row whose rule left no decision in the trace (P4 without a reference,
     P14 without offload) comes last.
     """
-    return _in_trace_order(report, _rows(report))
-
-
-def _in_trace_order(report: Mapping[str, Any], rows: list[FlowRow]) -> list[FlowRow]:
     first: dict[str, int] = {}
     for i, d in enumerate(report.get("decisions", [])):
         rule = str(d.get("rule"))
@@ -65,7 +61,7 @@ def _in_trace_order(report: Mapping[str, Any], rows: list[FlowRow]) -> list[Flow
         first.setdefault(f"{rule}:{role}" if rule == "P5" and role else rule, i)
     end = len(report.get("decisions", []))
     # sorted() is stable: rows of one rule keep the order they were built in.
-    return sorted(rows, key=lambda r: first.get(r.key, first.get(r.key.split(":")[0], end)))
+    return sorted(_rows(report), key=lambda r: first.get(r.key, first.get(r.key.split(":")[0], end)))
 
 
 def _rows(report: Mapping[str, Any]) -> list[FlowRow]:

@@ -197,10 +197,6 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
 _KIND_WORDS = {"device": "device memory (solid, left)", "pinned_host": "pinned host (dotted, right)"}
 
 
-def _kind_bytes(by_device: Mapping[str, Mapping[str, int]], kind: str) -> int:
-    return sum(int(kinds.get(kind, 0)) for kinds in by_device.values())
-
-
 def role_parts(memory: Mapping[str, Any], entry: str) -> tuple[dict[str, int], list[tuple[str, int]]]:
     """``entry``'s bytes split the way the figures draw them, each buffer once over all entries.
 
@@ -217,7 +213,7 @@ def role_parts(memory: Mapping[str, Any], entry: str) -> tuple[dict[str, int], l
         if entry not in g.get("roles", []) or g["roles"][0] == entry:
             continue
         for k in counted:
-            counted[k] -= _kind_bytes(g.get("by_device") or {}, k)
+            counted[k] -= sum(int(kinds.get(k, 0)) for kinds in (g.get("by_device") or {}).values())
         borrowed[g["roles"][0]] = borrowed.get(g["roles"][0], 0) + int(g.get("bytes", 0))
     return {k: v for k, v in counted.items() if v}, list(borrowed.items())
 

@@ -72,11 +72,7 @@ def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
             return "?"
 
     return {
-        "rlcluster-lab": version("rlcluster-lab"),
-        "jax": version("jax"),
-        "jaxlib": version("jaxlib"),
-        "flax": version("flax"),
-        "optax": version("optax"),
+        **{name: version(name) for name in ("rlcluster-lab", "jax", "jaxlib", "flax", "optax")},
         "python": sys.version.split()[0],
         "devices": devices,
         "compile_mode": compile_mode(),
