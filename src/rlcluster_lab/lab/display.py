@@ -1,19 +1,15 @@
-"""The lab's display: the views (SVG figures of the report, the summary, the step log) in
-tabs and the "what changed" list, each redrawn only when the part of the report it shows has
-changed, and the style sheet of the whole lab.
+"""The lab's display: the views (SVG figures of the report, the summary, the step log) in one
+``Tab``, so the lab fits a 1600 x 1000 screen beside its knobs, and the "what changed" list,
+each redrawn only when the part of the report it shows has changed; and the lab's style sheet.
 
-The figures are the notebooks' own (``lab.placement_figures``, ``lab.memory_figures``,
-``lab.sync_figures``: pure functions of report JSON that return SVG, drawn in milliseconds),
-put into ``Output`` widgets as display data: core ipywidgets only, so it runs in JupyterLab,
-VS Code and Colab alike.
-
-The views share one ``Tab``, so the lab fits a 1600 x 1000 screen beside its
-knobs; each action shows the view it changed (``show``).
+The figures are the notebooks' own (pure functions of report JSON that return SVG, drawn in
+milliseconds), put into ``Output`` widgets as display data: core ipywidgets only (no ipympl,
+which Colab does not run), so it runs in JupyterLab, VS Code and Colab alike.
 
 Where no widget can be drawn (an untrusted notebook, GitHub), the output bundle's HTML is a
-static picture of the lab (``lab_picture``): the knobs, the status, what changed and every
-view. It uses only what JupyterLab's sanitizer keeps for an untrusted notebook (no
-``<style>``, no inline ``<svg>``: inline styles, ``<details>`` and ``data:`` images).
+static picture of the lab (``lab_picture``). It uses only what JupyterLab's sanitizer keeps
+for an untrusted notebook (no ``<style>``, no inline ``<svg>``: inline styles, ``<details>``
+and ``data:`` images).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The lab's rehearsal: compile every program one training step will run, before it runs.
 
-The widget rehearses on a background thread after each Construct, so that the
-Training step the user presses next runs programs instead of compiling them.
-The rehearsal runs the step's programs (sampling, the anchor's, the
-reference's and the live actor's log-probs, rewards, values, the optimizer
-steps, the sync's check and reshard) on the cluster's own arrays, in each role's
-context, and throws the results away. It reads the cluster and writes nothing
-a call on it reads: it samples with its own seed (``generate_with_seed``, the
-engine's next seed untouched), keeps no optimizer state, anchor or weights it
-computes, enters the role contexts without recording them
-(``contexts_entered`` stays as it was), reaches no work observer, and takes
-no lock, so the cluster's operations on other threads neither wait for it nor
-see it. A compiled program is shared by every call with the same shapes and
-shardings, so the step that follows finds each one ready.
+The widget rehearses on a background thread after each Construct, so that the Training step
+pressed next runs programs instead of compiling them: the step's programs (sampling, the
+anchor's, the reference's and the live actor's log-probs, rewards, values, the optimizer steps,
+the sync's check and reshard) run on the cluster's own arrays, in each role's context, and
+their results are thrown away. It writes nothing a call on the cluster reads: it samples with
+its own seed (``generate_with_seed``), keeps no state it computes, enters the role contexts
+without recording them, reaches no work observer and takes no lock, so the cluster's
+operations on other threads neither wait for it nor see it.
 """
 
 from __future__ import annotations

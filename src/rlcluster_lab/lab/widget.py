@@ -1,19 +1,11 @@
 """The placement lab: every knob of a scenario as a widget, and live panels.
 
-The panels read the placement report (``placement_report(cluster,
-sync=...).to_json()``) and draw it with the notebooks' own figure functions (SVG,
-drawn in milliseconds; ``lab.display``); nothing here decides where a model lives. Only core ipywidgets
-are used: each figure is put into an ``Output`` widget as display data (no
-ipympl, which Colab does not run). A panel whose part of the report did not
-change is not drawn again. Where no widget can be drawn (an untrusted notebook, GitHub), the
-output shows a static picture of the lab instead (``display.mimebundle``).
-
-The status says what each action does while it does it, and what it waits for (``lab.status``),
-then one sentence of what happened (``status.constructed`` and the like); a refusal's message sits beside the knob
-it names (``Notes``).
-
-A rebuild releases the previous cluster first, so only one cluster's buffers
-are alive at a time, on CPU and on an accelerator alike.
+The panels draw the placement report (``placement_report(cluster, sync=...).to_json()``)
+with the notebooks' own figure functions (``lab.display``); nothing here decides where a
+model lives. The status says what each action does while it does it (``lab.status``), and a
+refusal's message sits beside the knob it names (``Notes``). A rebuild releases the previous
+cluster first, so only one cluster's buffers are alive at a time, on CPU and on an
+accelerator alike.
 """
 
 from __future__ import annotations
