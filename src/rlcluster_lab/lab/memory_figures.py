@@ -73,14 +73,11 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     left, top, plot_h = 80, 60, 190
     slot = (WIDTH - left - 12) / max(len(devices), 1)
     bar_w = min(30.0, slot * 0.8 / len(kinds))
-    c = Canvas(WIDTH, top + plot_h + 96)
-    c.text(
-        8,
-        20,
+    c = Canvas(
+        WIDTH,
+        top + plot_h + 96,
         f"Memory per device (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, "
         f"{fmt_bytes(memory.get('naive_bytes', 0))} if every role had its own copy",
-        size=14,
-        weight="bold",
     )
     note = "physical bytes (every device's shard counted), each buffer drawn once; allocator: " + (
         "the black tick is its bytes in use on the device"
@@ -242,13 +239,8 @@ def memory_by_role(memory: Mapping[str, Any]) -> Svg:
     text_x = left + bar_max + 10
     text_w = WIDTH - 8 - text_x
     scale = bar_max / top_value
-    c = Canvas(WIDTH, 0)
-    c.text(
-        8,
-        20,
-        f"Memory per role (measured): the solid parts add up to {fmt_bytes(memory.get('unique_bytes', 0))}",
-        size=14,
-        weight="bold",
+    c = Canvas(
+        WIDTH, 0, f"Memory per role (measured): the solid parts add up to {fmt_bytes(memory.get('unique_bytes', 0))}"
     )
     c.text(
         8,

@@ -98,11 +98,10 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
         MIN_FONT,
         lines=3,
     )
-    c = Canvas(WIDTH, top + sum(heights) + 18 * len(footer) + 8)
     title = f"Decisions in the order taken (engine {report.get('engine', '?')})"
     if report.get("warnings"):
         title += f"; {len(report['warnings'])} warning(s)"
-    c.text(8, 20, title, size=14, weight="bold")
+    c = Canvas(WIDTH, top + sum(heights) + 18 * len(footer) + 8, title)
     mid: dict[str, float] = {}
     y = top
     for row, detail, h in zip(rows, details, heights):
@@ -180,14 +179,11 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     cell_w = min(72.0, (WIDTH - label_w - 10) / max(len(ids), 1))
     small = cell_w < text_width("88.8 KiB", MIN_FONT) + 6  # too narrow for bytes: they go in the hover
     actor_color = ROLE_COLORS["actor"]
-    c = Canvas(WIDTH, 0)
-    c.text(
-        8,
-        20,
+    c = Canvas(
+        WIDTH,
+        0,
         f"Devices: {report.get('device_count', len(ids))} on {report.get('platform', '?')}; "
         "each cell: mesh coordinate and the role's physical bytes",
-        size=14,
-        weight="bold",
     )
     for j, dev in enumerate(ids):
         c.text(label_w + j * cell_w + cell_w / 2, top - 8, f"dev {dev}", size=MIN_FONT, anchor="middle", fill=MUTED)
@@ -268,8 +264,7 @@ def sharing_map(report: Mapping[str, Any]) -> Svg:
     present_roles = set(report.get("role_to_mesh", {})) or set(report.get("sharing_map", {}))
     roles = [r for r in in_order(list(report.get("sharing_map", {})), ROLE_ORDER) if r in present_roles]
     cols = (8.0, 120.0, 380.0)  # role | linked in the map | holds of the actor's buffers
-    c = Canvas(WIDTH, 0)
-    c.text(8, 20, "Sharing map (P1, P2) and the actor's buffers each role holds (measured)", size=14, weight="bold")
+    c = Canvas(WIDTH, 0, "Sharing map (P1, P2) and the actor's buffers each role holds (measured)")
     y = 34
     c.rect(4, y, WIDTH - 8, 22, "#f2f2f2")
     for x, head in zip(cols, ("role", "linked in the map (P1, P2)", "holds of the actor's buffers (measured)")):

@@ -49,8 +49,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         [max(int(s.get("synced_bytes", 0)), int(s.get("moved_cross_device_bytes", 0))) for s in runs.values()] + [1]
     )
     scale = bar_w / widest
-    c = Canvas(WIDTH, 0)
-    c.text(8, 20, "Weight sync (P13, measured): where the bytes went", size=14, weight="bold")
+    c = Canvas(WIDTH, 0, "Weight sync (P13, measured): where the bytes went")
     y = 44
     for label, s in runs.items():
         synced = int(s.get("synced_bytes", 0))
@@ -189,8 +188,7 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     widest = max([sum(int(lf.get(key, 0)) for key, _, _ in SYNC_PARTS) for lf in leaves] + [1])
     scale = bar_w / widest
     shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
-    c = Canvas(WIDTH, 0)
-    c.text(8, 20, f"Weight sync per leaf ({shown}), physical bytes", size=14, weight="bold")
+    c = Canvas(WIDTH, 0, f"Weight sync per leaf ({shown}), physical bytes")
     y = legend(
         c,
         8,
@@ -289,9 +287,9 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | N
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
     left, right = LEFT, 16
     plot_w = WIDTH - left - right
-    c = Canvas(WIDTH, 0)
-    head = title or "Weight sync (P13): bytes alive on one device during the sync, above what was there before"
-    c.text(8, 20, head, size=14, weight="bold")
+    c = Canvas(
+        WIDTH, 0, title or "Weight sync (P13): bytes alive on one device during the sync, above what was there before"
+    )
     source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
     mine = by_device.get(device, {})
     sub = (
@@ -497,8 +495,7 @@ def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = No
     while the time bars keep rising.
     """
     left, right = 130, 16
-    c = Canvas(WIDTH, 0)
-    c.text(8, 20, title or "Chunk size against the sync's peak and its time", size=14, weight="bold")
+    c = Canvas(WIDTH, 0, title or "Chunk size against the sync's peak and its time")
     step = (WIDTH - left - right) / max(len(points), 1)
     bar = min(step * 0.6, 60)
     y = 44
