@@ -175,7 +175,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         if any(own_bytes(memory, e, d, k) > 0 for d in devices for k in kinds)
     ]
     items += [(_group_fill(c, g["roles"]), " = ".join(g["roles"]) + " (held once)") for g in groups]
-    y = legend(c, 8, base + 42, items, WIDTH - 16)
+    y = legend(c, 8, base + 42, items)
     # Say only what is drawn: how many bars a device has, and a dashed box only if one is drawn.
     extra = []
     if kinds == ["pinned_host"]:
@@ -303,5 +303,5 @@ def memory_by_role(memory: Mapping[str, Any]) -> Svg:
     items.append((c.hatch(ROLE_COLORS["actor"], "#9a9a9a"), "hatched: another role's buffers (same bytes, no copy)"))
     if "pinned_host" in kinds_seen:
         items.append((c.dots("#666666"), "dotted: pinned host"))
-    c.height = legend(c, 8, top + row_h * len(entries) + 12, items, WIDTH - 16)
+    c.height = legend(c, 8, top + row_h * len(entries) + 12, items)
     return c.render()

@@ -245,7 +245,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
         items.append((c.hatch(actor_color, "#9a9a9a"), 'hatched "= actor": the actor\'s own buffers, no copy'))
     if "asked" in kinds:
         items.append(("white", "dashed: the mesh asked for, replaced by the engine (P7)"))
-    y = legend(c, 8, top + row_h * len(rows) + 16, items, WIDTH - 16)
+    y = legend(c, 8, top + row_h * len(rows) + 16, items)
     for name, role, _ in rows:
         if name != role:
             continue

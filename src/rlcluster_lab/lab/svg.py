@@ -178,8 +178,10 @@ def element_id(id: str | None) -> str:
     return f' id="{html.escape(id, quote=True)}"' if id else ""
 
 
-def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]], width: float) -> float:
-    """Swatches and labels, left to right, wrapping at ``width``; returns the y below them."""
+def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]], width: float | None = None) -> float:
+    """Swatches and labels, left to right, wrapping at ``width`` (default: to 8 px from the right
+    edge); returns the y below them."""
+    width = c.width - x - 8 if width is None else width
     cx = x
     for fill, label in items:
         w = 18 + text_width(label, MIN_FONT)

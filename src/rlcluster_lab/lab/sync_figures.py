@@ -88,9 +88,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         if logical:
             lx = left + logical * scale
             c.line(lx, y - 2, lx, y + 26, TEXT, width=2, dash="2,2", id=f"logical:{label}", nbytes=logical)
-        y = legend(
-            c, left, y + 42, [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts], WIDTH - left - 8
-        )
+        y = legend(c, left, y + 42, [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts])
         c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
         if moved - relayed > 0:
             c.rect(
@@ -189,13 +187,8 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     scale = bar_w / widest
     shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
     c = Canvas(WIDTH, 0, f"Weight sync per leaf ({shown}), physical bytes")
-    y = legend(
-        c,
-        8,
-        42,
-        [(color, what) for _, what, color in SYNC_PARTS] + [("black", "tick: the least the placement allows to cross")],
-        WIDTH - 16,
-    )
+    tick = ("black", "tick: the least the placement allows to cross")
+    y = legend(c, 8, 42, [(color, what) for _, what, color in SYNC_PARTS] + [tick])
     for frac in (0.0, 0.5, 1.0):
         x = left + bar_w * frac
         anchor = {0.0: "start", 0.5: "middle", 1.0: "end"}[frac]
@@ -309,15 +302,12 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | N
     if not kinds:
         c.text(left, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
         y += 36
-    y = legend(
-        c,
-        8,
-        y + 6,
-        [(_fill(c, k, color), what) for k in kinds for term, color, what in PANELS[k] if _used(phases, device, k, term)]
-        + [(RELEASED_COLOR, "released: old arrays (or the old anchor) nothing holds any more")]
-        * any(_released(p, device) for p in phases),
-        WIDTH - 16,
-    )
+    items = [
+        (_fill(c, k, color), what) for k in kinds for term, color, what in PANELS[k] if _used(phases, device, k, term)
+    ]
+    if any(_released(p, device) for p in phases):
+        items.append((RELEASED_COLOR, "released: old arrays (or the old anchor) nothing holds any more"))
+    y = legend(c, 8, y + 6, items)
     notes = [f"order: {peak.get('order', '?')}"]
     at = peak.get("phase_at_peak", {}).get(device)
     if at is not None and "device" in mine:
