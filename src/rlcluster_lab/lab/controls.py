@@ -152,22 +152,11 @@ class Knobs:
 
     def by_field(self) -> dict[str, widgets.Widget]:
         """Every knob by the ``Scenario`` field it sets (``rollout_shape``: the custom mesh's shape)."""
-        return {
-            "layout": self.layout,
-            "lora": self.lora,
-            "lora_rank": self.lora_rank,
-            "lora_separate_base": self.lora_separate_base,
-            "engine": self.engine,
-            "sglang_static_lora": self.static_lora,
-            "offload": self.offload,
-            "rollout_dtype": self.rollout_dtype,
-            "model_size": self.model_size,
-            "with_reward": self.with_reward,
-            "with_critic": self.with_critic,
-            "anchor": self.anchor,
-            "sync_chunk_bytes": self.sync_chunk_bytes,
-            "rollout_shape": self.rollout_shape,
-        }
+        fields = (
+            "layout lora lora_rank lora_separate_base engine sglang_static_lora offload rollout_dtype model_size "
+            "with_reward with_critic anchor sync_chunk_bytes rollout_shape"
+        )
+        return {f: getattr(self, "static_lora" if f == "sglang_static_lora" else f) for f in fields.split()}
 
     def outlined(self) -> dict[str, widgets.Widget]:
         """What a refusal can outline, by the field it names: every knob, and the custom mesh's
@@ -177,24 +166,11 @@ class Knobs:
     def _assemble(self) -> widgets.Widget:
         """One column, grouped by concern: where the roles live (P1), the model, LoRA (P2, P4)
         and the anchor (P8), the engine (P3, P6, P7), memory (P14) and the extra roles (P5)."""
-        return widgets.VBox(
-            [
-                self.layout,
-                self.custom_box,
-                self.model_size,
-                self.lora,
-                self.lora_rank,
-                self.lora_separate_base,
-                self.anchor,
-                self.engine,
-                self.static_lora,
-                self.rollout_dtype,
-                self.offload,
-                self.sync_chunk_bytes,
-                self.with_reward,
-                self.with_critic,
-            ]
+        column = (
+            "layout custom_box model_size lora lora_rank lora_separate_base anchor engine static_lora rollout_dtype "
+            "offload sync_chunk_bytes with_reward with_critic"
         )
+        return widgets.VBox([getattr(self, name) for name in column.split()])
 
     def mark_at_fault(self, fields: Iterable[str]) -> list[str]:
         """Outline the knobs a refusal names (``ConfigError.knobs``), and only those.
