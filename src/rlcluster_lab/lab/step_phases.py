@@ -368,29 +368,19 @@ def _ms(seconds: float) -> str:
 
 def time_rows(step: StepPhases) -> list[dict[str, Any]]:
     """Per phase: its measured wall time, and how much of it was compiling (or cache reads)."""
-    rows = [
-        {
-            "phase": p.name,
-            "ms": _ms(p.seconds),
-            "trace ms": _ms(p.trace_seconds),
-            "compile ms": _ms(p.compile_seconds),
-            "programs (cache hits)": f"{p.programs} ({p.cache_hits})",
-            "caller's probe ms": _ms(p.callback_seconds) if p.callback_seconds else "",
+
+    def row(name: str, seconds: float, phases: Sequence[Phase], probe: str = "") -> dict[str, Any]:
+        return {
+            "phase": name,
+            "ms": _ms(seconds),
+            "trace ms": _ms(sum(p.trace_seconds for p in phases)),
+            "compile ms": _ms(sum(p.compile_seconds for p in phases)),
+            "programs (cache hits)": f"{sum(p.programs for p in phases)} ({sum(p.cache_hits for p in phases)})",
+            "caller's probe ms": probe,
         }
-        for p in step.phases
-    ]
-    programs, hits = sum(p.programs for p in step.phases), sum(p.cache_hits for p in step.phases)
-    rows.append(
-        {
-            "phase": f"step {step.step} in all",
-            "ms": _ms(step.seconds),
-            "trace ms": _ms(sum(p.trace_seconds for p in step.phases)),
-            "compile ms": _ms(sum(p.compile_seconds for p in step.phases)),
-            "programs (cache hits)": f"{programs} ({hits})",
-            "caller's probe ms": "",
-        }
-    )
-    return rows
+
+    rows = [row(p.name, p.seconds, [p], _ms(p.callback_seconds) if p.callback_seconds else "") for p in step.phases]
+    return [*rows, row(f"step {step.step} in all", step.seconds, step.phases)]
 
 
 def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
