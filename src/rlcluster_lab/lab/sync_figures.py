@@ -221,8 +221,6 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     return c.render()
 
 
-__all__ = ["sync_bytes", "sync_chunk_curve", "sync_leaves", "sync_peak"]
-
 TEMPORARIES = "program temporaries"
 # The terms drawn in each memory kind's panel, bottom up, with their colours and who they belong to.
 PANELS: dict[str, tuple[tuple[str, str, str], ...]] = {
@@ -533,3 +531,6 @@ def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = No
     c.text(left - 8, y + 10, "chunk size", size=MIN_FONT, anchor="end", fill=MUTED)
     c.height = y + 24
     return c.render()
+
+
+__all__ = ["sync_bytes", "sync_chunk_curve", "sync_leaves", "sync_peak"]
