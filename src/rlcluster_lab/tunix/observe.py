@@ -1,12 +1,9 @@
 """Reading a constructed Tunix ``RLCluster``: its models, meshes and sharing map, and each
 construction decision as it shows in that state (L1, observed).
 
-Tunix records no trace. A decision here is read back from what construction
-left (the sharing map, the engine, which buffers each model holds) and, where
-only the state before construction tells (P5 kept or resharded, the mesh P7
-replaced, the P4 warning), from what the cluster was handed (``Given``). Every
-record says so in its ``source``: these are observations, not a trace taken
-while Tunix decided.
+Tunix records no trace: a decision is read back from what construction left and, where only
+the state before tells (P5 kept or resharded, the mesh P7 replaced, the P4 warning), from what
+the cluster was handed (``Given``). Every record says so in its ``source``.
 """
 
 from __future__ import annotations
@@ -91,11 +88,9 @@ def observation(
 
 
 def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[str, Any]]:
-    """The construction decisions (P1-P5, P7, P8, P12, P14) as the cluster's state shows them.
-
-    Without ``given``, P5 (kept or resharded) is left out, P1 and P7 read the rollout mesh as
-    constructed, and P4 reads buffer identity alone.
-    """
+    """The construction decisions (P1-P5, P7, P8, P12, P14) as the cluster's state shows them;
+    without ``given``, P5 is left out, P1 and P7 read the rollout mesh as constructed, and P4
+    reads buffer identity alone."""
     models = tunix_models(cluster)
     smap = sharing_map(cluster)
     meshes = role_meshes(cluster)
@@ -151,13 +146,8 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     )
     if given is not None:
         out.append(_load_decision("actor", actor, given, "actor", meshes[Role.ACTOR]))
-    branch = (
-        RolloutBranch.SHARED
-        if link
-        else RolloutBranch.SECOND_COPY
-        if engine == "vanilla"
-        else RolloutBranch.ENGINE_INITIAL_VALUE
-    )
+    branch = RolloutBranch.ENGINE_INITIAL_VALUE if engine != "vanilla" else RolloutBranch.SECOND_COPY
+    branch = RolloutBranch.SHARED if link else branch
     out.append(
         observation(
             "P3",
@@ -230,7 +220,7 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
 
 
 def has_anchor(cluster: Any) -> bool:
-    """Whether this Tunix version keeps an anchor policy state (0.1.7 does, P8)."""
+    """Whether this Tunix version keeps an anchor policy state (P8)."""
     return hasattr(cluster, "_anchor_policy_state")
 
 
@@ -248,7 +238,11 @@ def anchor_decision(cluster: Any) -> dict[str, Any]:
     return observation(
         "P8",
         "the anchor policy state: the actor's whole state on pinned host (read back)",
-        {"global_steps": int(cluster.global_steps), "anchor": "full" if full else "trainable", "bytes": _bytes(anchor)},
+        {
+            "global_steps": int(cluster.global_steps),
+            "anchor": "full" if full else "trainable",
+            "bytes": state_bytes(anchor) if anchor is not None else 0,
+        },
         f"anchor holds {held} of the actor's {actor_leaves} leaves in {', '.join(memory_kinds(anchor) or ['-'])}",
         AnchorBranch.FULL if full else AnchorBranch.TRAINABLE,
     )
@@ -318,13 +312,8 @@ def _reference_decision(
     )
 
 
-def _bytes(state: Any) -> int:
-    return state_bytes(state) if state is not None else 0
-
-
 def _dtype_name(rollout_config: Any) -> str | None:
     if isinstance(rollout_config, dict):  # per mode: the TRAIN entry is the one engines are built with
         rollout_config = next(v for k, v in rollout_config.items() if getattr(k, "value", k) == "train")
-    config = rollout_config
-    dtype = getattr(config, "data_type", None)
+    dtype = getattr(rollout_config, "data_type", None)
     return None if dtype is None else str(np.dtype(dtype))
