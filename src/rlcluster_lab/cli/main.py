@@ -36,19 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_process_arguments(rep)
     learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
     add_scenario_flags(learn)
-    learn.add_argument("--steps", type=int, default=30)
-    learn.add_argument("--prompts-per-step", type=int, default=4)
-    learn.add_argument("--group-size", type=int, default=4)
-    learn.add_argument("--mini-batch-size", type=int, default=8)
-    learn.add_argument(
-        "--micro-batch-size",
-        type=int,
-        default=None,
-        help="train micro-batch size: each mini-batch update accumulates mini/micro micro-batch gradients",
-    )
-    learn.add_argument("--iterations", type=int, default=1)
-    learn.add_argument("--learning-rate", type=float, default=3e-3)
-    learn.add_argument("--max-tokens", type=int, default=8)
+    micro = "train micro-batch size: each mini-batch update accumulates mini/micro micro-batch gradients"
+    for flag, kind, default, text in (
+        ("--steps", int, 30, None),
+        ("--prompts-per-step", int, 4, None),
+        ("--group-size", int, 4, None),
+        ("--mini-batch-size", int, 8, None),
+        ("--micro-batch-size", int, None, micro),
+        ("--iterations", int, 1, None),
+        ("--learning-rate", float, 3e-3, None),
+        ("--max-tokens", int, 8, None),
+    ):
+        learn.add_argument(flag, type=kind, default=default, help=text)
     plan = sub.add_parser(
         "plan",
         help="what-if plan (L4): placement, memory and sync bytes from shapes alone, for any model size and topology",
@@ -141,12 +140,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _stdout_closed() -> int:
-    """The reader of stdout went away (``| head``): end quietly.
-
-    What is left in stdout's buffer cannot be written; pointing the descriptor at
-    /dev/null lets the interpreter's final flush succeed instead of printing a
-    second error on the way out.
-    """
+    """The reader of stdout went away (``| head``): end quietly. Pointing the descriptor at
+    /dev/null lets the interpreter's final flush succeed instead of printing a second error."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -174,8 +169,7 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """The learner's scenario and settings, checked before the backend starts; the batch is
-    refused when its rollout would not fit in memory."""
+    """The learner's scenario and settings, checked (the rollout's memory too) before the backend starts."""
     from rlcluster_lab.app.learner import LearnerConfig
     from rlcluster_lab.app.scenario import check_rollout_fits
     from rlcluster_lab.core.config import TrainingConfig

@@ -1,8 +1,5 @@
-"""The ``plan`` subcommand (L4): its own flags, running a plan, and its text form.
-
-Kept apart from ``planner.plan`` so that building the CLI parser imports no
-JAX: the device count must be set before the backend starts.
-"""
+"""The ``plan`` subcommand (L4): its own flags, running a plan, and its text form (apart from
+``planner.plan`` so that building the parser imports no JAX)."""
 
 from __future__ import annotations
 
