@@ -206,35 +206,28 @@ def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) 
 
     with waiting("building the cluster"):
         learner = GRPOLearner(build_cluster(scenario, training_config=training), config)
-    progress = (
-        None
-        if args.json
-        else (
-            lambda s: print(
-                f"step {s.step:3d}  mean reward {s.mean_reward:.3f}  loss {s.loss:+.4f}"
-                + (f"  value loss {s.value_loss:.4f}" if s.value_loss is not None else ""),
-                flush=True,
-            )
-        )
-    )
-    result = learner.run(progress=progress)
-    data = result.to_json()
-    if not args.json:
-        later = [p for p in result.p11 if p.steps_taken_before > 0]
-        first = [p for p in result.p11 if p.steps_taken_before == 0]
-        lines = [
-            f"mean reward: first step {result.rewards[0]:.3f}, last step {result.rewards[-1]:.3f}"
-            if result.rewards
-            else "no steps run",
-            "P11: max |live - anchor| log-prob before the first optimizer step of a global step: "
-            + (f"{max(p.live_vs_anchor for p in first):.2e}" if first else "n/a"),
-            "P11: max |live - anchor| once the actor has stepped (later mini-batches): "
-            + (f"{max(p.live_vs_anchor for p in later):.2e}" if later else "n/a (one mini-batch per step)"),
-            "P11: max |anchor - sampler|: "
-            + (f"{max(p.anchor_vs_sampler for p in result.p11):.2e}" if result.p11 else "n/a"),
-        ]
-        data = {"_text": "\n".join(lines)}
-    return data
+
+    def show(s: Any) -> None:
+        value_loss = f"  value loss {s.value_loss:.4f}" if s.value_loss is not None else ""
+        print(f"step {s.step:3d}  mean reward {s.mean_reward:.3f}  loss {s.loss:+.4f}{value_loss}", flush=True)
+
+    result = learner.run(progress=None if args.json else show)
+    if args.json:
+        return result.to_json()
+    later = [p for p in result.p11 if p.steps_taken_before > 0]
+    first = [p for p in result.p11 if p.steps_taken_before == 0]
+    lines = [
+        f"mean reward: first step {result.rewards[0]:.3f}, last step {result.rewards[-1]:.3f}"
+        if result.rewards
+        else "no steps run",
+        "P11: max |live - anchor| log-prob before the first optimizer step of a global step: "
+        + (f"{max(p.live_vs_anchor for p in first):.2e}" if first else "n/a"),
+        "P11: max |live - anchor| once the actor has stepped (later mini-batches): "
+        + (f"{max(p.live_vs_anchor for p in later):.2e}" if later else "n/a (one mini-batch per step)"),
+        "P11: max |anchor - sampler|: "
+        + (f"{max(p.anchor_vs_sampler for p in result.p11):.2e}" if result.p11 else "n/a"),
+    ]
+    return {"_text": "\n".join(lines)}
 
 
 if __name__ == "__main__":

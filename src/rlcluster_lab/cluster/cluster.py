@@ -207,12 +207,11 @@ class RLCluster:
     @property
     def platform(self) -> str:
         """The platform of the devices the cluster's meshes use (one platform per cluster)."""
-        return next(iter(self.role_to_mesh[Role.ACTOR].devices.flat)).platform
+        return self._contexts.platform()
 
     def devices(self) -> list[Any]:
         """Every device some role's mesh uses, in id order."""
-        found = {d for mesh in self.role_to_mesh.values() for d in mesh.devices.flat}
-        return sorted(found, key=lambda d: d.id)
+        return self._contexts.devices()
 
     def rules_for(self, role: Role) -> Any:
         """The role's logical axis rules, or the model family's defaults."""

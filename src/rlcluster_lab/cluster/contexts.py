@@ -30,15 +30,9 @@ DEFAULT_CAPACITY = 256
 
 @dataclasses.dataclass(frozen=True)
 class ContextEntry:
-    """One entry into a role's context.
-
-    Attributes:
-        operation: what entered it (``"generate"``, ``"update_actor"``, ``"construct: engine"``, ...).
-        role: the role whose context it is.
-        mesh_shape: the current mesh inside the context as JAX reports it, axis name -> size.
-        device_ids: that mesh's devices, in mesh order.
-        is_role_mesh: whether that mesh is the role's mesh (``role_to_mesh[role]``, ``==``).
-    """
+    """One entry into a role's context by ``operation`` (``"generate"``, ``"construct: engine"``,
+    ...): the current mesh inside as JAX reports it (axis sizes, devices in mesh order), and
+    whether it is the role's mesh."""
 
     operation: str
     role: str
@@ -125,6 +119,14 @@ class RoleContexts:
         """The role's logical axis rules, or the model family's defaults."""
         rules = self.config.logical_axis_rules(role)
         return rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES
+
+    def devices(self) -> list[Any]:
+        """Every device some role's mesh uses, in id order."""
+        return sorted({d for mesh in self.role_to_mesh.values() for d in mesh.devices.flat}, key=lambda d: d.id)
+
+    def platform(self) -> str:
+        """The platform of the devices the meshes use (one platform per cluster)."""
+        return next(iter(self.role_to_mesh[Role.ACTOR].devices.flat)).platform
 
     def device_kind(self, role: Role) -> str:
         """The default memory kind of the devices the role's mesh uses (where it computes)."""

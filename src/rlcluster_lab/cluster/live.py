@@ -3,6 +3,7 @@ raised gives back (``give_back``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from typing import Any
@@ -31,25 +32,18 @@ from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.training.step import init_optimizer_state
 
 
+@dataclasses.dataclass(eq=False)
 class LiveExecutor:
     """Places real models for a cluster, in its role contexts; ``engine_kind`` is a name or
     ``custom`` (``validate.check_inputs``), ``rollout_config`` the TRAIN one, ``optimizers`` per
     trained role (ACTOR, CRITIC)."""
 
-    def __init__(
-        self,
-        contexts: RoleContexts,
-        tokenizer: Any,
-        engine_kind: str,
-        rollout_config: RolloutConfig,
-        optimizers: dict[Role, optax.GradientTransformation],
-    ) -> None:
-        self.contexts = contexts
-        self.tokenizer = tokenizer
-        self.engine_kind = engine_kind
-        self.rollout_config = rollout_config
-        self.optimizers = optimizers
-        self.engine: RolloutEngine | None = None
+    contexts: RoleContexts
+    tokenizer: Any
+    engine_kind: str
+    rollout_config: RolloutConfig
+    optimizers: dict[Role, optax.GradientTransformation]
+    engine: RolloutEngine | None = dataclasses.field(default=None, init=False)
 
     def as_model(self, given: Any, role: Role) -> tuple[nnx.Module, str | None]:
         if isinstance(given, nnx.Module):

@@ -33,11 +33,7 @@ from rlcluster_lab.training.step import TrainBatch, batch_arrays, mini_batches, 
 
 
 def generate(
-    s: ClusterState,
-    prompts: Sequence[str],
-    mode: Mode,
-    micro_batch_size: int | None,
-    max_generation_steps: int | None,
+    s: ClusterState, prompts: Sequence[str], mode: Mode, micro_batch_size: int | None, max_generation_steps: int | None
 ) -> RolloutOutput:
     """P9: sample completions on the rollout mesh, in micro-batches if asked."""
     prompts = validate_prompts(prompts)  # a bare string is not a list of prompts
@@ -58,9 +54,8 @@ def reference_logps(
     """Per-token log-probs under the reference model, on its mesh."""
     if s.placed.reference is None:
         raise ValueError("this cluster has no reference model; pass reference=... when building it")
-    return _model_logps(
-        s, Role.REFERENCE, "reference", "reference log-probs", prompt_tokens, completion_tokens, micro_batch_size
-    )
+    batch = check_batch(prompt_tokens, completion_tokens, "reference")
+    return _own_weights_logps(s, Role.REFERENCE, "reference log-probs", batch, micro_batch_size)
 
 
 def anchor_logps(
@@ -96,21 +91,19 @@ def live_actor_logps(
     s: ClusterState, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None
 ) -> jax.Array:
     """The actor's log-probs with its *live* weights (what P11 warns against)."""
-    return _model_logps(
-        s, Role.ACTOR, "actor", "live actor log-probs", prompt_tokens, completion_tokens, micro_batch_size
-    )
+    batch = check_batch(prompt_tokens, completion_tokens, "actor")
+    return _own_weights_logps(s, Role.ACTOR, "live actor log-probs", batch, micro_batch_size)
 
 
-def _model_logps(
-    s: ClusterState, role: Role, what: str, operation: str, prompt_tokens: Any, completion_tokens: Any, mbs: int | None
+def _own_weights_logps(
+    s: ClusterState, role: Role, operation: str, batch: tuple[np.ndarray, np.ndarray], micro_batch_size: int | None
 ) -> jax.Array:
     """Log-probs under ``role``'s model (the reference, or the live actor) with its own weights."""
-    prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, what)
     model = s.placed.reference if role is Role.REFERENCE else s.placed.actor
     with s.working(role, model, operation):
         graphdef, state = nnx.split(model)
         at_work(s, role)
-        return _chunked(s, graphdef, state, prompt_tokens, completion_tokens, mbs)
+        return _chunked(s, graphdef, state, *batch, micro_batch_size)
 
 
 def _live_logps(s: ClusterState) -> Callable[[Any, Any], jax.Array]:
@@ -125,12 +118,7 @@ def _live_logps(s: ClusterState) -> Callable[[Any, Any], jax.Array]:
 
 
 def _chunked(
-    s: ClusterState,
-    graphdef: Any,
-    state: Any,
-    prompt_tokens: np.ndarray,
-    completion_tokens: np.ndarray,
-    micro_batch_size: int | None,
+    s: ClusterState, graphdef: Any, state: Any, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None
 ) -> jax.Array:
     outs = [
         logps_from_state(graphdef, state, prompt_tokens[rows], completion_tokens[rows], s.pad_id(), s.temperature)

@@ -26,18 +26,9 @@ OPTIMIZER_FIELD = {Role.ACTOR: "optimizer", Role.CRITIC: "critic_optimizer"}
 
 @dataclasses.dataclass(eq=False)
 class ClusterState:
-    """A constructed cluster's state (``RLCluster`` keeps nothing else of its own).
-
-    Attributes:
-        config: the cluster's config.
-        trace: the decision trace (L1), construction's records first.
-        contexts: the role meshes in use and the record of every context entered.
-        placed: what construction placed; steps replace its optimizer states, syncs its anchor.
-        tx: the actor's optimizer.
-        critic_tx: the critic's optimizer.
-        global_steps: the syncs done so far (P13).
-        lock: held by each of the cluster's operations (re-entrant: one operation may call another).
-    """
+    """A constructed cluster's state (``RLCluster`` keeps nothing else of its own): its config,
+    the decision trace (L1), the role contexts, what construction placed, the actor's and the
+    critic's optimizers, the syncs done so far (P13), and the (re-entrant) operations' lock."""
 
     config: ClusterConfig
     trace: Trace
@@ -69,7 +60,7 @@ class ClusterState:
     @property
     def platform(self) -> str:
         """The platform of the cluster's devices (one per cluster)."""
-        return next(iter(self.contexts.role_to_mesh[Role.ACTOR].devices.flat)).platform
+        return self.contexts.platform()
 
     @property
     def temperature(self) -> float | None:

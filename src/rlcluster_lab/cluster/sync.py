@@ -56,7 +56,7 @@ def sync_weights(s: ClusterState) -> SyncReport:
     anchor_restores = chunk is not None and _anchor_covers(placed.anchor, engine, filter_types)
     order = p13_sync_order(chunk, s.config.offload_to_cpu, anchor_restores)
     watch = SyncObserver(chunk_bytes=chunk, order=order)
-    watch.start(nnx.state(actor), (old, placed.anchor), _devices(s))
+    watch.start(nnx.state(actor), (old, placed.anchor), s.contexts.devices())
     previous = None if anchor_restores else jax.tree.map(lambda x: x, nnx.state(engine_model, *filter_types))
     del old
     try:
@@ -128,11 +128,6 @@ def _anchor_covers(anchor: Any, engine: Any, filter_types: tuple[Any, ...]) -> b
         return False
     held = flat_values(anchor)
     return all(k in held for k in engine.held_targets(filter_types))
-
-
-def _devices(s: ClusterState) -> list[Any]:
-    found = {d for mesh in s.contexts.role_to_mesh.values() for d in mesh.devices.flat}
-    return sorted(found, key=lambda d: d.id)
 
 
 def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:

@@ -137,11 +137,7 @@ def merge_memory(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "shared": [shared[k] for k in sorted(shared)],
         "unique_bytes": sum(int(p["unique_bytes"]) for p in parts),
         "naive_bytes": sum(int(p["naive_bytes"]) for p in parts),
-        "allocator": {
-            "available": any(p["allocator"]["available"] for p in parts),
-            "note": parts[0]["allocator"]["note"],
-            "by_device": _united(p["allocator"]["by_device"] for p in parts),
-        },
+        "allocator": _merge_allocator([p["allocator"] for p in parts]),
     }
 
 
@@ -220,18 +216,13 @@ def merge_peaks(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | N
                 _united(r["temporaries"] for r in rows),
             )
         )
-    allocator = [p.get("allocator") or {} for p in parts]  # type: ignore[union-attr]
     merged = peak_of(
         phases,
         chunk_bytes=first["chunk_bytes"],  # type: ignore[index]
         largest_chunk_bytes=first["largest_chunk_bytes"],  # type: ignore[index]
         order=first["order"],  # type: ignore[index]
         method={k: v + "; each process walked its own devices" for k, v in first["method"].items()},  # type: ignore[index]
-        allocator={
-            "available": any(a.get("available") for a in allocator),
-            "note": allocator[0].get("note", ""),
-            "by_device": _united(a.get("by_device", {}) for a in allocator),
-        },
+        allocator=_merge_allocator([p.get("allocator") or {} for p in parts]),  # type: ignore[union-attr]
     )
     return merged.to_json()
 
@@ -333,6 +324,15 @@ def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sy
 def _keyed(boxes: Sequence[tuple[Any, Any]], attribute: str) -> list[tuple[int, Any]]:
     """(device, box) pairs as (the device's id or process index, box)."""
     return [(int(getattr(d, attribute)), box) for d, box in boxes]
+
+
+def _merge_allocator(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The processes' allocator figures (``measure.memory``) as one, by device id."""
+    return {
+        "available": any(a.get("available") for a in parts),
+        "note": parts[0].get("note", ""),
+        "by_device": _united(a.get("by_device", {}) for a in parts),
+    }
 
 
 def _by_id(d: Mapping[str, Any]) -> dict[str, Any]:

@@ -100,6 +100,9 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     replaced = own_mesh is not None and meshes.get(Role.ROLLOUT) is own_mesh
     actor_mesh = asked.get(Role.ACTOR, meshes[Role.ACTOR])
     rollout_asked = asked.get(Role.ROLLOUT, None if replaced else meshes[Role.ROLLOUT])
+    rollout_text = describe_mesh(rollout_asked) if rollout_asked is not None else None
+    equal = bool(rollout_asked == actor_mesh) if rollout_asked is not None else None
+    source = OBSERVED_GIVEN if given is not None else OBSERVED
     out = []
 
     link = shares(smap, Role.ACTOR, Role.ROLLOUT)
@@ -109,12 +112,12 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
             "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT] (read from the sharing map)",
             {
                 "actor_mesh": describe_mesh(actor_mesh),
-                "rollout_mesh": describe_mesh(rollout_asked) if rollout_asked is not None else None,
-                "equal": bool(rollout_asked == actor_mesh) if rollout_asked is not None else None,
+                "rollout_mesh": rollout_text,
+                "equal": equal,
             },
             "linked: rollout and actor may share weights" if link else "not linked: the rollout gets its own weights",
             LinkBranch.LINKED if link else LinkBranch.NOT_LINKED,
-            OBSERVED_GIVEN if given is not None else OBSERVED,
+            source,
         )
     )
     actor = models["actor"]
@@ -179,16 +182,14 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
             {
                 "engine": engine,
                 "exposes_mesh": own_mesh is not None,
-                "config_rollout_mesh": describe_mesh(rollout_asked) if rollout_asked is not None else None,
+                "config_rollout_mesh": rollout_text,
                 "engine_mesh": describe_mesh(own_mesh) if own_mesh is not None else None,
-                "sharing_map_rebuilt": (link != bool(rollout_asked == actor_mesh))
-                if rollout_asked is not None
-                else None,
+                "sharing_map_rebuilt": (link != equal) if equal is not None else None,
                 "still_registered_as_sharing": link,
             },
             "role_to_mesh[ROLLOUT] is the engine's mesh" if replaced else "role_to_mesh[ROLLOUT] as configured",
             MeshBranch.REPLACED if replaced else MeshBranch.KEPT,
-            OBSERVED_GIVEN if given is not None else OBSERVED,
+            source,
         )
     )
     wrt = getattr(cluster.actor_trainer.optimizer, "wrt", None)
