@@ -69,7 +69,6 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         given: what the cluster was handed, when known: with it the report also shows
             P5 (kept or resharded), the rollout mesh the engine replaced (P7) and the P4
             warning Tunix logged.
-
     """
     if isinstance(rl_cluster, TunixBuild):
         rl_cluster, given = rl_cluster.cluster, given or rl_cluster.given
