@@ -3,19 +3,10 @@
 Call ``ensure_simulated_devices()`` (or, in a notebook, ``setup()``) first on a
 machine without accelerators, before anything else uses JAX.
 
-The top level is the cluster's API: the cluster itself, its configs and knobs, the
-engines, the models, the reports and the errors. The what-if planner lives in
-``rlcluster_lab.planner`` (``plan_cluster``, ``plan_scenario``, ``Plan``), the widget
-lab and the notebooks' helpers in ``rlcluster_lab.lab`` (``PlacementLab``,
-``LabDevices``, ``show_rule``), the multi-process launcher in
-``rlcluster_lab.multiprocess``. Names that used to sit here (``PlacementLab``,
-``plan_cluster``, ``mesh_from_ids`` ...) still resolve at run time, from their new
-home, but are not part of ``__all__``, and a type checker reports them: import them
-from their new home.
-
-The names below are imported on first use (the imports under ``TYPE_CHECKING`` are
-what type checkers see and what is served), so ``import rlcluster_lab`` imports no
-JAX and ``python -m rlcluster_lab`` refuses a bad flag before JAX starts.
+The top level is the cluster's API; the what-if planner lives in ``rlcluster_lab.planner``,
+the widget lab and the notebooks' helpers in ``rlcluster_lab.lab``, the multi-process launcher
+in ``rlcluster_lab.multiprocess``. Names that moved there (``_MOVED``) still resolve here, but
+are not in ``__all__``. Names load on first use, so ``import rlcluster_lab`` imports no JAX.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """A small GRPO learner built only on cluster operations.
 
-Each step: sample a group of completions per prompt (generate), score them
-with a reward function, normalise rewards within each group, take the
-anchor's and the reference's log-probs, update the actor in mini-batches,
-and sync. The toy task rewards lowercase ASCII letters in the completion,
-which a tiny random model learns within a few dozen steps on CPU.
-
-With ``LearnerConfig(critic=True)`` a step is PPO-style instead: the
-cluster's critic gives per-token values, the advantage is the reward minus
-the critic's baseline (``critic_advantages``), and after the actor's update
-the critic is trained (``update_critic``) on the clipped value loss towards
-the returns.
-
-``P11Probe`` records, before every optimizer step, how far the live actor's
-log-probs are from the anchor's on that mini-batch, and how far the anchor's
-are from the sampler's: the numbers behind rule P11.
+Each step: sample a group of completions per prompt, score them, normalise rewards within each
+group, take the anchor's and the reference's log-probs, update the actor, and sync. The toy
+task rewards lowercase ASCII letters, which a tiny random model learns in a few dozen steps.
+With ``LearnerConfig(critic=True)`` a step is PPO-style: the critic's baseline gives the
+advantage (``critic_advantages``) and the critic is trained after the actor. Before every
+optimizer step a ``P11Record`` says how far the live actor's log-probs are from the anchor's,
+and the anchor's from the sampler's: the numbers behind rule P11.
 """
 
 from __future__ import annotations
@@ -90,11 +82,7 @@ class P11Record:
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
     """One GRPO step: its figures, and the report of the weight sync that ended it (P13).
-
-    ``rejected_steps`` counts the optimizer steps that kept the previous
-    parameters and optimizer state because the update was not finite;
-    ``rejected`` says why (None when every step was applied).
-    """
+    ``rejected_steps``: optimizer steps whose update was not finite (``rejected`` says why)."""
 
     step: int
     mean_reward: float
@@ -138,8 +126,7 @@ class GRPOLearner:
         prompts: Sequence[str] = TOY_PROMPTS,
         use_reward_model: bool = False,
     ) -> None:
-        """Rewards come from ``reward_fn`` (default: the toy task), or from the
-        cluster's reward model with ``use_reward_model``.
+        """Rewards come from ``reward_fn`` (default: the toy task), or the cluster's reward model.
 
         Raises:
             TypeError: ``prompts`` is a bare string (pass ``["hello"]``) or holds a non-string.
@@ -171,8 +158,8 @@ class GRPOLearner:
         return [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
 
     def next_prompts(self) -> list[str]:
-        """The prompts the next ``step`` will sample from, read without drawing them (the
-        learner's generator is left as it is). The lab's rehearsal compiles for these."""
+        """The prompts the next ``step`` will sample from, read without drawing them (the lab's
+        rehearsal compiles for these)."""
         peek = np.random.default_rng()
         peek.bit_generator.state = self._rng.bit_generator.state
         return self._next_prompts(peek)
@@ -279,13 +266,10 @@ def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
 def critic_advantages(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """PPO-style advantages and value targets from a critic, for a sequence-level reward.
 
-    The choice, documented: the reward comes once, at the end of the completion,
-    undiscounted (gamma = 1), so the return-to-go of every real completion token
-    is the reward itself: that is the critic's target (``returns``, (B, C), 0 at
-    padding). (GAE with gamma = lambda = 1 gives the same returns.) The actor's
-    loss takes one advantage per completion, so the baseline is the critic's
-    mean value over the completion's real tokens; the advantages (reward minus
-    baseline) are whitened over the batch, as PPO implementations usually do.
+    The reward comes once, at the end, undiscounted (gamma = 1), so every real completion
+    token's return-to-go, the critic's target, is the reward itself (0 at padding). The actor
+    takes one advantage per completion: the reward minus the critic's mean value over the real
+    tokens, whitened over the batch as PPO implementations usually do.
 
     Args:
         rewards: (B,) one reward per completion.

@@ -1,9 +1,5 @@
-"""The placement report: what the cluster decided and what it costs, as one frozen, JSON-ready object.
-
-CLI, figures and widgets read this report; none of them recomputes a decision.
-``memory`` is measured on the live buffers (L2); ``sync`` is the report of
-the sync the caller ran, if any (L3).
-"""
+"""The placement report: what the cluster decided and what it costs, as one frozen, JSON-ready
+object that the CLI, figures and widgets read (none recomputes a decision)."""
 
 from __future__ import annotations
 
@@ -64,10 +60,8 @@ class PlacementReport(PlacementFacts):
 
 
 def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> PlacementReport:
-    """Read the decisions and the live buffers of a constructed cluster.
-
-    Pass the ``SyncReport`` that ``cluster.sync_weights()`` returned to carry it too.
-    """
+    """Read the decisions and the live buffers (L2) of a constructed cluster, with the
+    ``SyncReport`` of a sync the caller ran, if any (L3)."""
     actor = cluster.actor_model
     rollout_model = cluster.rollout.model()
     actor_keys = buffer_keys(nnx.state(actor))

@@ -1,9 +1,5 @@
-"""From knobs to a cluster: the lab's standard way of building one.
-
-The CLI, the notebooks and the tests all turn their knobs into a
-``Scenario`` (``options``, JAX-free) and call ``build_cluster``; nothing else
-builds models for them.
-"""
+"""From knobs to a cluster: the CLI, the notebooks and the tests turn their knobs into a
+``Scenario`` (JAX-free) and call ``build_cluster``."""
 
 from __future__ import annotations
 
@@ -34,11 +30,8 @@ ROLLOUT_DTYPES = DTYPES
 
 
 def build_models(scenario: Scenario, role_to_mesh: dict[Role, Any]) -> dict[str, nnx.Module]:
-    """Actor, reference (and reward/critic when asked), each created on its role's mesh.
-
-    Values are drawn on the host and placed in one transfer per model: no
-    program is compiled to build them.
-    """
+    """Actor, reference (and reward/critic when asked), each created on its role's mesh; values
+    are drawn on the host and placed in one transfer per model (no program compiled)."""
     mesh = role_to_mesh[Role.REFERENCE]
     reference = init_model(scenario.model_size, seed=scenario.seed, mesh=mesh)
     if scenario.lora:
@@ -77,14 +70,9 @@ def validate(
     training_config: TrainingConfig | None = None,
     role_to_mesh: dict[Role, Any] | None = None,
 ) -> ClusterConfig:
-    """Every check a build would make, with nothing allocated and nothing compiled.
-
-    The knobs (``Scenario.check``, P6), the layout on these devices, the
-    ``ClusterConfig``, and every role's partition specs on its mesh (axis
-    names exist, dimensions divide), read from the models' shapes alone.
-
-    Returns:
-        The validated config.
+    """Every check a build would make, with nothing allocated and nothing compiled: the knobs
+    (P6), the layout on these devices, the ``ClusterConfig``, and every role's partition specs on
+    its mesh, read from the models' shapes alone. Returns the validated config.
 
     Raises:
         ConfigError, ValueError: what cannot work, and how to fix it.
@@ -116,13 +104,10 @@ _DRAW_ITEMSIZE = 4
 def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
     """Refuse a scenario whose models would not fit in host memory, before any is built.
 
-    The estimate is the planner's (``planner.plan_scenario`` on the config's own
-    meshes, from shapes alone): on the CPU backend every shard of every role lives
-    in host memory, so the plan's unique bytes; on an accelerator only what it
-    pins to host. Either way the host also holds one model's initial values while
-    they are drawn (float32). A plan costs a fraction of a second per build, so
-    it is skipped when a bound that needs no plan already fits: every role a
-    full float32 copy on every device.
+    The estimate is the planner's on the config's own meshes (on CPU the plan's unique bytes, on
+    an accelerator what it pins to host), plus one model's initial values while they are drawn.
+    A plan costs a fraction of a second, so it is skipped when a bound that needs none fits:
+    every role a full float32 copy on every device.
 
     Raises:
         TooLargeError: the estimate exceeds ``core.limits.limit_bytes()``; the message
@@ -181,13 +166,9 @@ def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
 
 
 def rollout_bytes(scenario: Scenario, rows: int) -> int:
-    """Bytes one rollout of ``rows`` completions holds at once, estimated from shapes.
-
-    The engine's KV cache (keys and values of every layer, ``kv_cache_size``
-    slots per completion, in the model's dtype) and the float32 logits the
-    log-probs are read from (every slot, every vocabulary entry). The cluster's
-    own copies of the models are not included (``check_memory``).
-    """
+    """Bytes one rollout of ``rows`` completions holds at once, from shapes: the engine's KV cache
+    (``kv_cache_size`` slots, the model's dtype) and the float32 logits of every slot (the
+    models themselves are ``check_memory``'s)."""
     size = get_model_config(scenario.model_size)
     slots = scenario.kv_cache_size
     kv = 2 * size.num_layers * slots * size.num_kv_heads * size.head_dim * size.dtype.itemsize
@@ -215,20 +196,14 @@ def build_cluster(
     training_config: TrainingConfig | None = None,
     role_to_mesh: dict[Role, Any] | None = None,
 ) -> RLCluster:
-    """Build the scenario's models and meshes and construct the cluster.
-
-    Every check that follows from the knobs runs first (``Scenario.check``,
-    the layout, ``ClusterConfig``), so a combination that cannot work fails
-    before a model is built or a program compiled.
+    """Build the scenario's models and meshes and construct the cluster, after every check
+    that follows from the knobs (``validate``, ``check_memory``).
 
     Args:
         scenario: the knobs.
         devices: the devices the layout is built on (default ``jax.devices()``).
         training_config: the actor's training settings.
         role_to_mesh: meshes that replace the layout's (e.g. a custom rollout mesh).
-
-    Returns:
-        The constructed cluster.
 
     Raises:
         ConfigError: for a combination that cannot work, with the fix.

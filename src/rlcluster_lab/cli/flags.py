@@ -1,9 +1,5 @@
 """The scenario flags every subcommand shares, derived from the one vocabulary (``core.options``).
-
-``report``, ``learn`` and ``plan`` spell each knob the same way; ``plan``
-adds what only a paper cluster has (a topology, a published architecture,
-link figures). Nothing here imports JAX.
-"""
+Nothing here imports JAX."""
 
 from __future__ import annotations
 
@@ -67,8 +63,7 @@ def add_scenario_flags(p: argparse.ArgumentParser, *, planner: bool = False) -> 
 
 
 def scenario_from(args: argparse.Namespace, **extra: Any) -> Any:
-    """The ``Scenario`` the flags describe (checked when it is made); ``extra`` sets or
-    overrides knobs (``plan`` replaces a published model's name with a lab size)."""
+    """The ``Scenario`` the flags describe; ``extra`` sets or overrides knobs."""
     from rlcluster_lab.core.options import Scenario
 
     knobs: dict[str, Any] = dict(

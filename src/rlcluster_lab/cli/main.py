@@ -36,19 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_process_arguments(rep)
     learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
     add_scenario_flags(learn)
-    learn.add_argument("--steps", type=int, default=30)
-    learn.add_argument("--prompts-per-step", type=int, default=4)
-    learn.add_argument("--group-size", type=int, default=4)
-    learn.add_argument("--mini-batch-size", type=int, default=8)
-    learn.add_argument(
-        "--micro-batch-size",
-        type=int,
-        default=None,
-        help="train micro-batch size: each mini-batch update accumulates mini/micro micro-batch gradients",
-    )
-    learn.add_argument("--iterations", type=int, default=1)
-    learn.add_argument("--learning-rate", type=float, default=3e-3)
-    learn.add_argument("--max-tokens", type=int, default=8)
+    micro = "train micro-batch size: each mini-batch update accumulates mini/micro micro-batch gradients"
+    for flag, kind, default, text in (
+        ("--steps", int, 30, None),
+        ("--prompts-per-step", int, 4, None),
+        ("--group-size", int, 4, None),
+        ("--mini-batch-size", int, 8, None),
+        ("--micro-batch-size", int, None, micro),
+        ("--iterations", int, 1, None),
+        ("--learning-rate", float, 3e-3, None),
+        ("--max-tokens", int, 8, None),
+    ):
+        learn.add_argument(flag, type=kind, default=default, help=text)
     plan = sub.add_parser(
         "plan",
         help="what-if plan (L4): placement, memory and sync bytes from shapes alone, for any model size and topology",
@@ -141,12 +140,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _stdout_closed() -> int:
-    """The reader of stdout went away (``| head``): end quietly.
-
-    What is left in stdout's buffer cannot be written; pointing the descriptor at
-    /dev/null lets the interpreter's final flush succeed instead of printing a
-    second error on the way out.
-    """
+    """The reader of stdout went away (``| head``): end quietly. Pointing the descriptor at
+    /dev/null lets the interpreter's final flush succeed instead of printing a second error."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -174,8 +169,7 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """The learner's scenario and settings, checked before the backend starts; the batch is
-    refused when its rollout would not fit in memory."""
+    """The learner's scenario and settings, checked (the rollout's memory too) before the backend starts."""
     from rlcluster_lab.app.learner import LearnerConfig
     from rlcluster_lab.app.scenario import check_rollout_fits
     from rlcluster_lab.core.config import TrainingConfig
@@ -212,35 +206,28 @@ def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) 
 
     with waiting("building the cluster"):
         learner = GRPOLearner(build_cluster(scenario, training_config=training), config)
-    progress = (
-        None
-        if args.json
-        else (
-            lambda s: print(
-                f"step {s.step:3d}  mean reward {s.mean_reward:.3f}  loss {s.loss:+.4f}"
-                + (f"  value loss {s.value_loss:.4f}" if s.value_loss is not None else ""),
-                flush=True,
-            )
-        )
-    )
-    result = learner.run(progress=progress)
-    data = result.to_json()
-    if not args.json:
-        later = [p for p in result.p11 if p.steps_taken_before > 0]
-        first = [p for p in result.p11 if p.steps_taken_before == 0]
-        lines = [
-            f"mean reward: first step {result.rewards[0]:.3f}, last step {result.rewards[-1]:.3f}"
-            if result.rewards
-            else "no steps run",
-            "P11: max |live - anchor| log-prob before the first optimizer step of a global step: "
-            + (f"{max(p.live_vs_anchor for p in first):.2e}" if first else "n/a"),
-            "P11: max |live - anchor| once the actor has stepped (later mini-batches): "
-            + (f"{max(p.live_vs_anchor for p in later):.2e}" if later else "n/a (one mini-batch per step)"),
-            "P11: max |anchor - sampler|: "
-            + (f"{max(p.anchor_vs_sampler for p in result.p11):.2e}" if result.p11 else "n/a"),
-        ]
-        data = {"_text": "\n".join(lines)}
-    return data
+
+    def show(s: Any) -> None:
+        value_loss = f"  value loss {s.value_loss:.4f}" if s.value_loss is not None else ""
+        print(f"step {s.step:3d}  mean reward {s.mean_reward:.3f}  loss {s.loss:+.4f}{value_loss}", flush=True)
+
+    result = learner.run(progress=None if args.json else show)
+    if args.json:
+        return result.to_json()
+    later = [p for p in result.p11 if p.steps_taken_before > 0]
+    first = [p for p in result.p11 if p.steps_taken_before == 0]
+    lines = [
+        f"mean reward: first step {result.rewards[0]:.3f}, last step {result.rewards[-1]:.3f}"
+        if result.rewards
+        else "no steps run",
+        "P11: max |live - anchor| log-prob before the first optimizer step of a global step: "
+        + (f"{max(p.live_vs_anchor for p in first):.2e}" if first else "n/a"),
+        "P11: max |live - anchor| once the actor has stepped (later mini-batches): "
+        + (f"{max(p.live_vs_anchor for p in later):.2e}" if later else "n/a (one mini-batch per step)"),
+        "P11: max |anchor - sampler|: "
+        + (f"{max(p.anchor_vs_sampler for p in result.p11):.2e}" if result.p11 else "n/a"),
+    ]
+    return {"_text": "\n".join(lines)}
 
 
 if __name__ == "__main__":

@@ -1,8 +1,5 @@
-"""The ``plan`` subcommand (L4): its own flags, running a plan, and its text form.
-
-Kept apart from ``planner.plan`` so that building the CLI parser imports no
-JAX: the device count must be set before the backend starts.
-"""
+"""The ``plan`` subcommand (L4): its own flags, running a plan, and its text form (apart from
+``planner.plan`` so that building the parser imports no JAX)."""
 
 from __future__ import annotations
 
@@ -96,13 +93,8 @@ def format_plan(data: Mapping[str, Any]) -> str:
             + f"): device memory {_size(top.get('device', 0))}, pinned host {_size(top.get('pinned_host', 0))}; "
             + ("in one piece" if chunks <= 1 else f"in {chunks} chunks")
         )
-    verdict = fits["all_fit"]
-    lines.append(
-        "fits: "
-        + ("unknown (no memory per device known: pass --memory-per-device)" if verdict is None else "")
-        + ("everything fits" if verdict else "")
-        + (f"DOES NOT FIT: {fits['reason']}" if verdict is False else "")
-    )
+    verdict = {None: "unknown (no memory per device known: pass --memory-per-device)", True: "everything fits"}
+    lines.append("fits: " + verdict.get(fits["all_fit"], f"DOES NOT FIT: {fits['reason']}"))
     return "\n".join(lines)
 
 

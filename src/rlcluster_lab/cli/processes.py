@@ -1,10 +1,6 @@
-"""``report --processes N``: the same report, built by N processes on this machine.
-
-The command never starts JAX itself: it checks the flags and the scenario,
-then ``multiprocess.launcher`` starts one worker per process, each with
-``--devices-per-process`` simulated CPU devices, and process 0's merged
-report comes back. A failed or stuck worker ends the run with exit status 2
-and that worker's error.
+"""``report --processes N``: the same report, built by N worker processes on this machine
+(``multiprocess.launcher``); this process never starts JAX. A failed or stuck worker ends the
+run with exit status 2 and that worker's error.
 """
 
 from __future__ import annotations

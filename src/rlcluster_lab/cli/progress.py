@@ -1,11 +1,5 @@
-"""The CLI's progress line: what a command waits for, on one line of stderr, rewritten in place.
-
-Any wait (``core.waits``) that has lasted ``delay`` seconds (half a second) is
-shown on stderr and redrawn every ``interval`` seconds (a quarter of a second)
-until it ends, when the line is erased: what is waited for, the seconds so far,
-the last comparable wait's duration when there was one, and the programs being
-traced, lowered or compiled. Only on a terminal, and never with ``--json``:
-piped or scripted output stays exactly what it was.
+"""The CLI's progress line: what a command waits for (``core.waits``), on one line of stderr,
+redrawn in place until the wait ends, then erased. Only on a terminal, never with ``--json``.
 """
 
 from __future__ import annotations
@@ -25,13 +19,9 @@ _ERASE = "\r\x1b[K"  # back to the start of the line, erase to its end
 
 
 class ProgressLine:
-    """Shows ``waits.status()`` on ``stream``, one line rewritten in place.
-
-    ``tick()`` draws once (tests call it with a fake clock); ``start()`` runs a
-    thread that ticks every ``interval`` seconds, ``stop()`` ends it and erases
-    the line. A wait that begins or ends ticks at once, so the line is gone
-    before anything else is printed.
-    """
+    """Shows ``waits.status()`` on ``stream`` once a wait has lasted ``delay`` seconds, one line
+    redrawn every ``interval`` seconds by a thread (``start``, ``stop``); a wait that begins or
+    ends draws at once (``tick``), so the line is gone before anything else is printed."""
 
     def __init__(
         self, stream: TextIO, waits: Waits = WAITS, *, delay: float = DELAY_S, interval: float = INTERVAL_S
@@ -47,8 +37,7 @@ class ProgressLine:
         self._unsubscribe = None
 
     def tick(self) -> str:
-        """Draw what is waited for now (or erase the line when nothing has waited ``delay``
-        seconds); returns the text shown ("" for none)."""
+        """Draw what is waited for now, or erase the line; returns the text shown ("" for none)."""
         status = self.waits.status()
         text = status.line()[:WIDTH] if status is not None and status.elapsed_s >= self.delay else ""
         with self._lock:

@@ -1,16 +1,9 @@
 """The RL cluster: where every model of an RL run lives, and the operations on them.
 
-``RLCluster`` (also named ``RLEngine``, P15) validates its inputs
-(``cluster.validate``), places every role by running ``cluster.construct``
-on real arrays (``cluster.live``), keeps what construction placed as its
-state (``cluster.state``), and offers the operations a learner needs
-(``cluster.operations``) and the weight sync (``cluster.sync``), each a
-function of that state. Every decision is taken by a rule function
-(``rules/``) and kept in ``self.trace`` (L1).
-
-Operations on one cluster run one at a time: each holds the state's lock (re-entrant,
-so an operation that calls another, as ``per_token_logps`` does, takes it again). Two
-threads calling ``update_actor`` at once therefore take two steps, one after the other.
+``RLCluster`` (also ``RLEngine``, P15) validates its inputs (``validate``), places every role
+with ``construct`` on real arrays (``live``) and keeps the result as its ``state``; the
+operations (``operations``) and the weight sync (``sync``) are functions of that state. Every
+decision is a rule function's (``rules/``), kept in ``self.trace`` (L1).
 """
 
 from __future__ import annotations
@@ -42,7 +35,6 @@ from rlcluster_lab.measure.sync import SyncReport
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.rules.reference import AVOIDABLE_COPY_ADVICE
-from rlcluster_lab.rules.sharing import SharingMap
 from rlcluster_lab.training.critic import ValueBatch
 from rlcluster_lab.training.step import TrainBatch
 
@@ -51,9 +43,8 @@ _Op = TypeVar("_Op", bound=Callable[..., Any])
 
 
 def _one_at_a_time(method: _Op) -> _Op:
-    """An operation holds the cluster state's lock while it runs: two threads stepping at once
-    would both start from the same parameters, and one step would be lost. Re-entrant: a
-    generic primitive calling its shorthand takes it twice."""
+    """An operation holds the state's (re-entrant) lock: two threads stepping at once would
+    both start from the same parameters, and one step would be lost."""
 
     @functools.wraps(method)
     def serialized(self: RLCluster, *args: Any, **kwargs: Any) -> Any:
@@ -61,6 +52,11 @@ def _one_at_a_time(method: _Op) -> _Op:
             return method(self, *args, **kwargs)
 
     return serialized  # type: ignore[return-value]
+
+
+def _placed_field(name: str, doc: str) -> Any:
+    """A read-only property: ``name`` of what construction placed, None before it finished."""
+    return property(lambda self: getattr(self._placed(), name, None), doc=doc)
 
 
 class AvoidableCopyWarning(UserWarning):
@@ -109,13 +105,11 @@ class RLCluster:
         self.cluster_config = cluster_config
         self.trace = Trace()
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
-        # The reference writes the engine's mesh into its role_to_mesh dict (P7); the frozen
-        # config keeps what the user asked for, the contexts what is used.
-        self._contexts = RoleContexts(cluster_config)  # every role context entered, construction's included
+        # P7: the frozen config keeps the meshes asked for, the contexts those in use.
+        self._contexts = RoleContexts(cluster_config)
         self.config_role_to_mesh: dict[Role, Mesh] = dict(cluster_config.role_to_mesh)
         train_cfg, engine_kind = check_inputs(cluster_config, actor, reference, reward, critic, self.trace)
-        tx = cluster_config.training_config.actor_optimizer()
-        critic_tx = cluster_config.training_config.critic_tx()
+        tx, critic_tx = cluster_config.training_config.actor_optimizer(), cluster_config.training_config.critic_tx()
         placed = construct_live(  # a construction that raised gives everything back first
             LiveExecutor(
                 self._contexts, self.tokenizer, engine_kind, train_cfg, {Role.ACTOR: tx, Role.CRITIC: critic_tx}
@@ -127,16 +121,13 @@ class RLCluster:
         self._state = ClusterState(cluster_config, self.trace, self._contexts, placed, tx, critic_tx)
         if placed.warnings:
             warnings.warn(AVOIDABLE_COPY_ADVICE, AvoidableCopyWarning, stacklevel=2)
-        # Construction's own short-lived cycles are young: collecting the young generations frees
-        # them in about a millisecond. A full collection walks every object of the process (JAX's,
-        # Flax's) and took 0.14-0.18 s per construction here while finding nothing more (measured on
-        # the layouts x LoRA: no array and no other object freed).
+        # Construction's short-lived cycles are young: collecting them takes about a millisecond; a
+        # full collection took 0.14-0.18 s per construction and freed nothing more (measured).
         gc.collect(1)
 
     @property
     def state(self) -> ClusterState:
-        """What the cluster holds (``cluster.state.ClusterState``); the operations are functions
-        of it. Read it freely; change it only through the cluster's operations.
+        """What the cluster holds (``ClusterState``); change it only through the operations.
 
         Raises:
             NotConstructedError: construction did not finish.
@@ -156,17 +147,14 @@ class RLCluster:
     def actor_model(self) -> nnx.Module:
         return self.state.placed.actor
 
-    @property
-    def reference_model(self) -> nnx.Module | None:
-        return getattr(self._placed(), "reference", None)
-
-    @property
-    def reward_model(self) -> nnx.Module | None:
-        return getattr(self._placed(), "reward", None)
-
-    @property
-    def critic_model(self) -> nnx.Module | None:
-        return getattr(self._placed(), "critic", None)
+    # What construction placed (None before it finished, or for a role not given).
+    reference_model = _placed_field("reference", "The reference model, or None.")
+    reward_model = _placed_field("reward", "The reward model, or None.")
+    critic_model = _placed_field("critic", "The critic model, or None.")
+    pinned_anchor_state = _placed_field("anchor", "What the anchor snapshot itself holds in pinned host memory.")
+    optimizer_state = _placed_field("optimizer", "The actor optimizer's state (moments beside the parameters).")
+    critic_optimizer_state = _placed_field("critic_optimizer", "The critic optimizer's state, on the critic's mesh.")
+    sharing_map = _placed_field("sharing_map", "P1/P2: which roles share weights, from the config's meshes.")
 
     @property
     def trainable_is_lora(self) -> bool:
@@ -174,28 +162,9 @@ class RLCluster:
 
     @property
     def anchor_policy_state(self) -> Any:
-        """The state the actor's log-probs are taken with (P10): the last sync's snapshot.
-
-        With anchor='trainable' on a LoRA actor the pinned snapshot holds the
-        adapters only; the frozen backbone, which training never changes, is
-        the actor's own, so the merged state equals a full snapshot.
-        """
+        """The state the actor's log-probs are taken with (P10): the last sync's snapshot, merged
+        with the actor's own frozen backbone when it holds the adapters only (anchor='trainable')."""
         return None if self._state is None else self._state.anchor_state()
-
-    @property
-    def pinned_anchor_state(self) -> Any:
-        """What the anchor snapshot itself holds in pinned host memory."""
-        return getattr(self._placed(), "anchor", None)
-
-    @property
-    def optimizer_state(self) -> Any:
-        """The actor optimizer's state (moments live beside the trainable parameters)."""
-        return getattr(self._placed(), "optimizer", None)
-
-    @property
-    def critic_optimizer_state(self) -> Any:
-        """The critic optimizer's state (None without a critic), on the critic's mesh."""
-        return getattr(self._placed(), "critic_optimizer", None)
 
     @property
     def role_to_mesh(self) -> dict[Role, Mesh]:
@@ -219,11 +188,6 @@ class RLCluster:
         return bool(getattr(self._placed(), "mesh_overridden_by_engine", False))
 
     @property
-    def sharing_map(self) -> SharingMap | None:
-        """P1/P2: which roles share weights, from the config's meshes."""
-        return getattr(self._placed(), "sharing_map", None)
-
-    @property
     def warnings(self) -> list[str]:
         """P4's advice when reference and actor hold two copies of one backbone."""
         return list(getattr(self._placed(), "warnings", []))
@@ -243,12 +207,11 @@ class RLCluster:
     @property
     def platform(self) -> str:
         """The platform of the devices the cluster's meshes use (one platform per cluster)."""
-        return next(iter(self.role_to_mesh[Role.ACTOR].devices.flat)).platform
+        return self._contexts.platform()
 
     def devices(self) -> list[Any]:
         """Every device some role's mesh uses, in id order."""
-        found = {d for mesh in self.role_to_mesh.values() for d in mesh.devices.flat}
-        return sorted(found, key=lambda d: d.id)
+        return self._contexts.devices()
 
     def rules_for(self, role: Role) -> Any:
         """The role's logical axis rules, or the model family's defaults."""
@@ -256,8 +219,7 @@ class RLCluster:
 
     @property
     def contexts_entered(self) -> tuple[ContextEntry, ...]:
-        """The role contexts entered so far (the last 256), oldest first: which operation,
-        which role, and the mesh JAX reported as current inside (``cluster.contexts``)."""
+        """The role contexts entered so far (the last 256), oldest first (``cluster.contexts``)."""
         return self._contexts.log.entries()
 
     @_one_at_a_time
@@ -275,10 +237,8 @@ class RLCluster:
     def per_token_logps(
         self, role: Role, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
     ) -> jax.Array:
-        """Per-token log-probs under REFERENCE, ACTOR (the anchor, P10) or ROLLOUT, as in the
-        reference: it returns the named shorthand's answer (``get_ref_per_token_logps``,
-        ``get_actor_per_token_logps``, ``get_old_per_token_logps``), so a subclass that
-        overrides a shorthand changes this call too."""
+        """Per-token log-probs under REFERENCE, ACTOR (the anchor, P10) or ROLLOUT, through the
+        named shorthand (as in the reference), so a subclass that overrides one changes this too."""
         shorthand = {
             Role.REFERENCE: self.get_ref_per_token_logps,
             Role.ACTOR: self.get_actor_per_token_logps,
@@ -320,12 +280,9 @@ class RLCluster:
     def update_actor(self, batch: TrainBatch, on_step: Any = None) -> list[dict[str, float]]:
         """P12: optimizer steps on the actor, on its mesh, one per mini-batch per iteration.
 
-        ``on_step(iteration, rows, live_logps)``, when given, is called before
-        each step; ``live_logps(prompt_tokens, completion_tokens)`` scores with
-        the actor's weights as they are at that moment (P11 made visible). It
-        runs inside the operation: it may call the cluster from its own thread,
-        while another thread's call waits for the step to finish.
-        Returns one metrics dict per step.
+        ``on_step(iteration, rows, live_logps)``, when given, is called before each step, inside
+        the operation; ``live_logps(prompt_tokens, completion_tokens)`` scores with the actor's
+        weights of that moment (P11 made visible). Returns one metrics dict per step.
         """
         return operations.update_actor(self.state, batch, on_step)
 
@@ -346,9 +303,8 @@ class RLCluster:
 
     @_one_at_a_time
     def train(self, role: Role | str, batch: Any, **kwargs: Any) -> list[dict[str, float]]:
-        """The reference's generic training primitive: it returns ``update_actor`` for ACTOR
-        (``batch`` a ``TrainBatch``, ``on_step`` passed on) and ``update_critic`` for CRITIC
-        (a ``ValueBatch``), so a subclass that overrides one of them changes this call too.
+        """The reference's generic training primitive: ``update_actor`` for ACTOR, ``update_critic``
+        for CRITIC (``kwargs`` passed on), so a subclass that overrides one changes this too.
 
         Raises:
             ValueError: any other role ("Unsupported role for train: ...").

@@ -1,17 +1,10 @@
 """Construction: the one sequence of decisions and placements, for a live cluster and for a plan.
 
-``construct`` follows the reference's order: the sharing map from the
-config's meshes (P1, P2); the actor, then the rollout model (P3), the
-reference (P4), the critic and the reward model, each loaded onto its mesh
-(P5, P14); the rollout engine, which may replace the rollout mesh (P7); the
-actor's optimizer, then the critic's on the critic mesh (P12); the anchor
-snapshot on pinned host (P8). Every decision
-comes from a rule function (``rules/``) and goes into the trace.
-
-What happens to the models is an ``Executor``'s business: the live one
-(``cluster.live``) moves real arrays, the planner's (``planner.executor``)
-moves arrays on paper. Both run this very sequence, so a plan is the
-cluster's own construction, executed on shapes.
+``construct`` follows the reference's order: the sharing map (P1, P2); the actor, the rollout
+model (P3), the reference (P4), the critic and the reward model, each loaded onto its mesh (P5,
+P14); the engine, which may replace the rollout mesh (P7); the optimizers (P12); the anchor (P8).
+An ``Executor`` moves the models: the live one (``cluster.live``) real arrays, the planner's
+(``planner.executor``) arrays on paper, so a plan is the cluster's own construction on shapes.
 """
 
 from __future__ import annotations
@@ -102,10 +95,7 @@ class Request:
 @dataclasses.dataclass
 class Placed:
     """The roles after construction (live models or models on paper) and what was decided.
-
-    A live cluster keeps it as its state (``cluster.state.ClusterState``): its steps replace
-    ``optimizer`` and ``critic_optimizer``, its syncs ``anchor``; nothing else changes.
-    """
+    A live cluster's steps replace ``optimizer`` and ``critic_optimizer``, its syncs ``anchor``."""
 
     actor: Any
     engine: Any
@@ -126,11 +116,8 @@ class Placed:
 
 
 def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | None = None) -> Placed:
-    """Place every role, taking every decision from the rules; see the module docstring.
-
-    ``sink`` receives each model as soon as it exists (``"actor"``, ...), so a
-    caller can release what a construction that raised had already made.
-    """
+    """Place every role, taking every decision from the rules. ``sink`` receives each model as
+    soon as it exists, so a caller can release what a construction that raised had made."""
     sink = sink if sink is not None else {}
     r2m = dict(req.role_to_mesh)
     actor_given, path = ex.as_model(req.actor, Role.ACTOR)
@@ -155,15 +142,22 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     p3 = trace.add(rollout.p3_rollout_model(linked, req.engine_kind, req.engine_name, req.rollout_dtype))
     if p3.branch is RolloutBranch.SECOND_COPY:
         # A fresh load of the actor as given (a path is read again).
-        again = actor_given if path is None else _read(sink, "rollout_read", mover.given(req.actor, Role.ACTOR))
+        again = actor_given
+        if path is not None:
+            again = sink["rollout_read"] = mover.given(req.actor, Role.ACTOR)
         rollout_actor = sink["rollout"] = mover.load(again, Role.ROLLOUT, r2m[Role.ROLLOUT], dtype=req.rollout_dtype)
     else:
         rollout_actor = actor
 
-    ref = None
-    if req.reference is not None:
-        given = _read(sink, "reference_read", mover.given(req.reference, Role.REFERENCE))
-        ref = sink["reference"] = mover.load(given, Role.REFERENCE, r2m[Role.REFERENCE])
+    def load_role(role: Role, given: Any) -> Any:
+        if given is None:
+            return None
+        read = sink[f"{role.value}_read"] = mover.given(given, role)  # construction's own, to free on failure
+        sink[role.value] = mover.load(read, role, r2m[role])
+        return sink[role.value]
+
+    ref = load_role(Role.REFERENCE, req.reference)
+    if ref is not None:
         ref_linked = sharing.shares(shared, Role.ACTOR, Role.REFERENCE)
         p4 = trace.add(
             reference.p4_reference_backbone(
@@ -173,13 +167,7 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
         warning = reference.p4_warning(p4)
         if warning:
             mover.warnings.append(warning)
-    critic = reward = None
-    if req.critic is not None:
-        given = _read(sink, "critic_read", mover.given(req.critic, Role.CRITIC))
-        critic = sink["critic"] = mover.load(given, Role.CRITIC, r2m[Role.CRITIC])
-    if req.reward is not None:
-        given = _read(sink, "reward_read", mover.given(req.reward, Role.REWARD))
-        reward = sink["reward"] = mover.load(given, Role.REWARD, r2m[Role.REWARD])
+    critic, reward = load_role(Role.CRITIC, req.critic), load_role(Role.REWARD, req.reward)
     mover.models = {Role.ACTOR: actor, Role.REFERENCE: ref, Role.CRITIC: critic, Role.REWARD: reward}
 
     # The engine: a model sitting in pinned host memory is brought to device before the
@@ -245,8 +233,7 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
 
 class Mover:
     """P5 and P14: load a model onto a mesh, and move roles between memory kinds, keeping the
-    roles that share weights together. Construction uses it, and the live cluster keeps it
-    (``Placed.mover``) for its operations (each brings its role to device and back, P14)."""
+    roles that share weights together (construction's, then the live cluster's operations')."""
 
     def __init__(
         self, ex: Executor, shared: sharing.SharingMap, trace: Trace, offload: bool, role_to_mesh: dict[Role, Any]
@@ -311,9 +298,3 @@ class Mover:
                 other is Role.ACTOR and self.models.get(Role.ACTOR) is not None and self.models[Role.ACTOR] is not model
             ):
                 self.ex.share(self.models[Role.ACTOR], model, False, Role.ACTOR)
-
-
-def _read(sink: dict[str, Any], key: str, model: Any) -> Any:
-    """Note a model construction read itself, so that a failure can free it."""
-    sink[key] = model
-    return model

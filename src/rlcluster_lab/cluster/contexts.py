@@ -1,11 +1,7 @@
 """The role contexts: entering a role's context, and a bounded, read-only record of each entry.
 
-Every operation of the cluster (generate, log-probs, rewards, values, the optimizer steps)
-opens by entering the context of the role it uses (``RoleContexts.enter``): its mesh, its
-devices as the default ones, the configured matmul precision, the reshard strategy and
-its logical axis rules. The record is taken *inside* that context and reads JAX's own
-notion of the current mesh (``jax.sharding.get_mesh()``), not the mesh the cluster meant
-to enter, so an operation that stopped entering its role's mesh would show it.
+The record is taken *inside* the context and reads JAX's own current mesh, not the mesh the
+cluster meant to enter, so an operation that stopped entering its role's mesh would show it.
 """
 
 from __future__ import annotations
@@ -34,15 +30,9 @@ DEFAULT_CAPACITY = 256
 
 @dataclasses.dataclass(frozen=True)
 class ContextEntry:
-    """One entry into a role's context.
-
-    Attributes:
-        operation: what entered it (``"generate"``, ``"update_actor"``, ``"construct: engine"``, ...).
-        role: the role whose context it is.
-        mesh_shape: the current mesh inside the context as JAX reports it, axis name -> size.
-        device_ids: that mesh's devices, in mesh order.
-        is_role_mesh: whether that mesh is the role's mesh (``role_to_mesh[role]``, ``==``).
-    """
+    """One entry into a role's context by ``operation`` (``"generate"``, ``"construct: engine"``,
+    ...): the current mesh inside as JAX reports it (axis sizes, devices in mesh order), and
+    whether it is the role's mesh."""
 
     operation: str
     role: str
@@ -100,11 +90,9 @@ def context_rows(entries: tuple[ContextEntry, ...] | list[ContextEntry]) -> list
 
 @contextlib.contextmanager
 def role_context(config: ClusterConfig, mesh: Mesh, role: Role) -> Iterator[Mesh]:
-    """Enter a role's context, recording nothing: ``mesh`` current, its devices as the default
-    ones (arrays made without a placement land there, not on JAX's default backend), the
-    configured matmul precision, the reshard strategy and, when configured, the role's
-    logical axis rules. Every setting is the calling thread's own (JAX's and Flax's contexts
-    are thread-local), so another thread's operations are not affected."""
+    """Enter a role's context, recording nothing: ``mesh`` current, its devices the default ones
+    (not JAX's default backend's), the matmul precision, the reshard strategy and the role's
+    logical axis rules, all thread-local (another thread's operations are not affected)."""
     rules = config.logical_axis_rules(role)
     with contextlib.ExitStack() as stack:
         stack.enter_context(jax.set_mesh(mesh))
@@ -119,11 +107,8 @@ def role_context(config: ClusterConfig, mesh: Mesh, role: Role) -> Iterator[Mesh
 
 
 class RoleContexts:
-    """Where each role of one cluster computes, and the record of every entry into a role's context.
-
-    ``role_to_mesh`` starts as the config's meshes (what construction works with) and is
-    replaced by the meshes construction settled on (P7: an engine may bring its own).
-    """
+    """Where each role of one cluster computes (the config's meshes, then construction's, P7),
+    and the record of every entry into a role's context."""
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
@@ -134,6 +119,14 @@ class RoleContexts:
         """The role's logical axis rules, or the model family's defaults."""
         rules = self.config.logical_axis_rules(role)
         return rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES
+
+    def devices(self) -> list[Any]:
+        """Every device some role's mesh uses, in id order."""
+        return sorted({d for mesh in self.role_to_mesh.values() for d in mesh.devices.flat}, key=lambda d: d.id)
+
+    def platform(self) -> str:
+        """The platform of the devices the meshes use (one platform per cluster)."""
+        return next(iter(self.role_to_mesh[Role.ACTOR].devices.flat)).platform
 
     def device_kind(self, role: Role) -> str:
         """The default memory kind of the devices the role's mesh uses (where it computes)."""

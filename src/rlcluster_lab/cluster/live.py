@@ -1,8 +1,9 @@
-"""The live executor: construction's steps (``cluster.construct``) done on real arrays, and
-what a construction that raised gives back (``give_back``)."""
+"""The live executor: construction's steps done on real arrays, and what a construction that
+raised gives back (``give_back``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from typing import Any
@@ -31,31 +32,18 @@ from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.training.step import init_optimizer_state
 
 
+@dataclasses.dataclass(eq=False)
 class LiveExecutor:
-    """Places real models for a cluster: its role contexts, tokenizer, engine and optimizers.
+    """Places real models for a cluster, in its role contexts; ``engine_kind`` is a name or
+    ``custom`` (``validate.check_inputs``), ``rollout_config`` the TRAIN one, ``optimizers`` per
+    trained role (ACTOR, CRITIC)."""
 
-    Args:
-        contexts: the cluster's role contexts (construction's entries are recorded there).
-        tokenizer: handed to the engine.
-        engine_kind: the engine's name, or ``custom`` (``validate.check_inputs``).
-        rollout_config: the TRAIN rollout config the engine is built with.
-        optimizers: the optimizer of each trained role (ACTOR, and CRITIC).
-    """
-
-    def __init__(
-        self,
-        contexts: RoleContexts,
-        tokenizer: Any,
-        engine_kind: str,
-        rollout_config: RolloutConfig,
-        optimizers: dict[Role, optax.GradientTransformation],
-    ) -> None:
-        self.contexts = contexts
-        self.tokenizer = tokenizer
-        self.engine_kind = engine_kind
-        self.rollout_config = rollout_config
-        self.optimizers = optimizers
-        self.engine: RolloutEngine | None = None
+    contexts: RoleContexts
+    tokenizer: Any
+    engine_kind: str
+    rollout_config: RolloutConfig
+    optimizers: dict[Role, optax.GradientTransformation]
+    engine: RolloutEngine | None = dataclasses.field(default=None, init=False)
 
     def as_model(self, given: Any, role: Role) -> tuple[nnx.Module, str | None]:
         if isinstance(given, nnx.Module):
@@ -140,9 +128,8 @@ def engine_arguments(
     rollout_actor: nnx.Module,
     mesh: Any,
 ) -> tuple[Any, dict[str, Any]]:
-    """How the engine is built, as in the reference: every engine gets the TRAIN rollout config
-    unchanged; the KV cache size (the largest over modes) travels as its own argument, to the
-    engines that take one (vanilla, vllm), never to sglang_jax or a user's engine."""
+    """How the engine is built, as in the reference: the TRAIN rollout config unchanged, and the
+    KV cache size (the largest over modes) only to the engines that take one (vanilla, vllm)."""
     config: ClusterConfig = contexts.config
     kwargs: dict[str, Any] = dict(
         rollout_actor=rollout_actor, tokenizer=tokenizer, mesh=mesh, rollout_config=rollout_config
@@ -160,12 +147,7 @@ def engine_arguments(
 def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace) -> Placed:
     """``construct`` on real arrays, of the models ``given`` per role (modules, checkpoint
     paths or None), in the config's reshard strategy; a construction that raised gives
-    everything back (``give_back``) before the error goes on, with a note.
-
-    Ownership (not timing) decides what a failed construction frees: the arrays that
-    existed before are never touched, the caller's models get their own arrays back
-    (values, buffers and memory kinds), and only what construction made is deleted.
-    """
+    everything back (``give_back``) before the error goes on, with a note."""
     config = executor.contexts.config
     actor, reference = given[Role.ACTOR], given.get(Role.REFERENCE)
     data_type = executor.rollout_config.data_type
@@ -201,13 +183,12 @@ def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace)
 
 def give_back(made: dict[str, Any], saved: list[tuple[nnx.Module, Any]], before: set[int]) -> int:
     """After a failed construction: give the caller's models their arrays back and free
-    exactly what construction made. Returns the number of arrays freed.
+    exactly what construction made; returns the number of arrays freed.
 
-    Construction's own arrays are those reachable from what it made (``made``) and
-    those it put into the caller's models (``saved``: each model with a snapshot of its
-    state taken before); an array that existed before (``before``: ids), or that shares
-    a buffer with one of the caller's arrays (a reshard may reuse a source buffer), is
-    kept. Arrays anyone else made meanwhile are never reached.
+    Ownership, not timing, decides: construction's arrays are those reachable from ``made``
+    and those it put into the caller's models (``saved``: each with a snapshot taken before);
+    an array that existed before (``before``: ids) or shares a buffer with one of the caller's
+    (a reshard may reuse a source buffer) is kept, and others' arrays are never reached.
     """
     ours = [x for obj in made.values() for x in _arrays_of(obj)]
     ours += [x for model, _ in saved for x in array_leaves(nnx.state(model))]

@@ -1,19 +1,10 @@
 """A read-only look inside the cluster's operations, at the moment of the work.
 
-An operation enters its role's context, brings what it computes with to device (P14),
-works, and offloads again; from outside, a memory walk only ever sees the before and
-the after. ``at_work`` is called by each operation (``cluster.operations``) once
-everything it computes with is where the work reads it, just before the work:
-``generate`` with the rollout's model on device, the reference's log-probs with the
-reference on device, the actor's log-probs with the anchor's device copy made (P10),
-``update_actor`` with the actor and its optimizer state on device (P12).
-
-An observer is registered per cluster with ``observing`` (kept beside the cluster's
-state, which the operations are handed); it is given the role and the
-states the work reads that the cluster does not hold itself (the anchor's device copy),
-so a measurement taken there sees every buffer the work uses. Observers must not change
-anything: the lab's step measurement (``lab.step_phases``) takes memory walks here.
-Without an observer ``at_work`` does nothing.
+From outside, a memory walk sees only the before and the after of an operation (P14 brings
+its models to device and back). Each operation calls ``at_work`` just before its work, with
+everything it computes with in place, and hands it the states the work reads that the cluster
+does not hold itself (the anchor's device copy, P10). An observer registered with
+``observing`` (the lab's ``step_phases``) measures there and must change nothing.
 """
 
 from __future__ import annotations
@@ -32,8 +23,7 @@ _OBSERVERS: weakref.WeakKeyDictionary[Any, WorkObserver] = weakref.WeakKeyDictio
 
 
 def at_work(state: Any, role: Role, working: Mapping[str, Any] | None = None) -> None:
-    """Called by an operation just before its work, with everything it reads in place;
-    ``state`` is the cluster's state (``RLCluster.state``) the operation was handed."""
+    """Called by an operation on the cluster's ``state`` just before its work."""
     observer = _OBSERVERS.get(state)
     if observer is not None:
         observer(role, dict(working or {}))

@@ -1,12 +1,9 @@
 """The cluster's operations: generate (P9), per-token log-probs (P10), the optimizer steps
-(P12), rewards and values. Each is a function of the cluster's state (``ClusterState``),
-called by the ``RLCluster`` method of the same purpose, which holds the state's lock.
+(P12), rewards and values: functions of the cluster's state, called by the ``RLCluster``
+method of the same purpose under the state's lock.
 
-Each operation runs inside ``ClusterState.working(role, model, operation)``: the role's
-mesh and context are entered (and recorded in ``contexts_entered`` under the
-operation's name), its model is brought to device (P14) and offloaded again
-afterwards, even when the operation raised. Just before its work it calls
-``observe.at_work``, where a registered observer may measure (nothing, without one).
+Each runs inside ``ClusterState.working`` (the role's context entered and recorded, its model
+on device for the work, P14) and calls ``observe.at_work`` just before its work.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from rlcluster_lab.cluster.observe import at_work
-from rlcluster_lab.cluster.state import ClusterState
+from rlcluster_lab.cluster.state import OPTIMIZER_FIELD, ClusterState
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
 from rlcluster_lab.core.roles import Mode, Role
@@ -36,11 +33,7 @@ from rlcluster_lab.training.step import TrainBatch, batch_arrays, mini_batches, 
 
 
 def generate(
-    s: ClusterState,
-    prompts: Sequence[str],
-    mode: Mode,
-    micro_batch_size: int | None,
-    max_generation_steps: int | None,
+    s: ClusterState, prompts: Sequence[str], mode: Mode, micro_batch_size: int | None, max_generation_steps: int | None
 ) -> RolloutOutput:
     """P9: sample completions on the rollout mesh, in micro-batches if asked."""
     prompts = validate_prompts(prompts)  # a bare string is not a list of prompts
@@ -59,14 +52,10 @@ def reference_logps(
     s: ClusterState, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None
 ) -> jax.Array:
     """Per-token log-probs under the reference model, on its mesh."""
-    reference = s.placed.reference
-    if reference is None:
+    if s.placed.reference is None:
         raise ValueError("this cluster has no reference model; pass reference=... when building it")
-    prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "reference")
-    with s.working(Role.REFERENCE, reference, "reference log-probs"):
-        graphdef, state = nnx.split(reference)
-        at_work(s, Role.REFERENCE)
-        return _chunked(s, graphdef, state, prompt_tokens, completion_tokens, micro_batch_size)
+    batch = check_batch(prompt_tokens, completion_tokens, "reference")
+    return _own_weights_logps(s, Role.REFERENCE, "reference log-probs", batch, micro_batch_size)
 
 
 def anchor_logps(
@@ -102,12 +91,19 @@ def live_actor_logps(
     s: ClusterState, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None
 ) -> jax.Array:
     """The actor's log-probs with its *live* weights (what P11 warns against)."""
-    prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "actor")
-    actor = s.placed.actor
-    with s.working(Role.ACTOR, actor, "live actor log-probs"):
-        graphdef, state = nnx.split(actor)
-        at_work(s, Role.ACTOR)
-        return _chunked(s, graphdef, state, prompt_tokens, completion_tokens, micro_batch_size)
+    batch = check_batch(prompt_tokens, completion_tokens, "actor")
+    return _own_weights_logps(s, Role.ACTOR, "live actor log-probs", batch, micro_batch_size)
+
+
+def _own_weights_logps(
+    s: ClusterState, role: Role, operation: str, batch: tuple[np.ndarray, np.ndarray], micro_batch_size: int | None
+) -> jax.Array:
+    """Log-probs under ``role``'s model (the reference, or the live actor) with its own weights."""
+    model = s.placed.reference if role is Role.REFERENCE else s.placed.actor
+    with s.working(role, model, operation):
+        graphdef, state = nnx.split(model)
+        at_work(s, role)
+        return _chunked(s, graphdef, state, *batch, micro_batch_size)
 
 
 def _live_logps(s: ClusterState) -> Callable[[Any, Any], jax.Array]:
@@ -122,12 +118,7 @@ def _live_logps(s: ClusterState) -> Callable[[Any, Any], jax.Array]:
 
 
 def _chunked(
-    s: ClusterState,
-    graphdef: Any,
-    state: Any,
-    prompt_tokens: np.ndarray,
-    completion_tokens: np.ndarray,
-    micro_batch_size: int | None,
+    s: ClusterState, graphdef: Any, state: Any, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None
 ) -> jax.Array:
     outs = [
         logps_from_state(graphdef, state, prompt_tokens[rows], completion_tokens[rows], s.pad_id(), s.temperature)
@@ -142,72 +133,74 @@ def update_actor(s: ClusterState, batch: TrainBatch, on_step: Any) -> list[dict[
     if not isinstance(batch, TrainBatch):
         raise TypeError(f"update_actor takes a TrainBatch, got {type(batch).__name__}")
     tcfg = s.config.training_config
-    placed = s.placed
-    actor = placed.actor
-    batch.validate(getattr(getattr(actor, "config", None), "vocab_size", None))  # before anything moves
-    check_accumulation(len(batch), tcfg)
-    metrics: list[dict[str, float]] = []
     temperature = jnp.float32(s.temperature or 1.0)
-    with s.working(Role.ACTOR, actor, "update_actor"), s.optimizer_on_device(Role.ACTOR):
-        at_work(s, Role.ACTOR)
-        for iteration in range(tcfg.num_iterations):
-            for rows in mini_batches(len(batch), tcfg.mini_batch_size):
-                if on_step is not None:
-                    on_step(iteration, rows, _live_logps(s))
-                graphdef, trainable, frozen = nnx.split(actor, s.trainable, ...)
-                new_trainable, new_opt_state, m = train_step(
-                    graphdef,
-                    s.tx,
-                    trainable,
-                    frozen,
-                    placed.optimizer,
-                    batch_arrays(batch.rows(rows)),
-                    temperature,
-                    pad_id=s.pad_id(),
-                    beta=float(tcfg.beta),
-                    epsilon=float(tcfg.epsilon),
-                    micro_batch_size=tcfg.train_micro_batch_size,
-                )
-                # Parameters and optimizer state change together (the step keeps every
-                # leaf's sharding); a step that raised changed neither.
-                nnx.update(actor, new_trainable)
-                placed.optimizer = new_opt_state
-                metrics.append(_host_metrics(m))
-    return metrics
+
+    def step(graphdef: Any, trainable: Any, frozen: Any, opt_state: Any, rows: slice) -> Any:
+        return train_step(
+            graphdef,
+            s.tx,
+            trainable,
+            frozen,
+            opt_state,
+            batch_arrays(batch.rows(rows)),
+            temperature,
+            pad_id=s.pad_id(),
+            beta=float(tcfg.beta),
+            epsilon=float(tcfg.epsilon),
+            micro_batch_size=tcfg.train_micro_batch_size,
+        )
+
+    return _steps(s, Role.ACTOR, batch, s.trainable, step, on_step)
 
 
 def update_critic(s: ClusterState, batch: Any) -> list[dict[str, float]]:
     """P12 for the critic: clipped value-loss steps on the critic, on its mesh, one per
     mini-batch per iteration, accumulating micro-batches as the actor does; with offload the
     critic and its optimizer state come to device for the steps and go back after."""
-    placed = s.placed
-    critic = placed.critic
-    if critic is None:
+    if s.placed.critic is None:
         raise ValueError("this cluster has no critic model; pass critic=... when building it to train one")
     if not isinstance(batch, critic_training.ValueBatch):
         raise TypeError(f"update_critic takes a ValueBatch, got {type(batch).__name__}")
     tcfg = s.config.training_config
-    batch.validate(getattr(getattr(critic, "config", None), "vocab_size", None))  # before anything moves
+
+    def step(graphdef: Any, trainable: Any, frozen: Any, opt_state: Any, rows: slice) -> Any:
+        return critic_training.value_train_step(
+            graphdef,
+            s.critic_tx,
+            trainable,
+            frozen,
+            opt_state,
+            batch.rows(rows).arrays(),
+            pad_id=s.pad_id(),
+            clip_range_value=float(tcfg.clip_range_value),
+            micro_batch_size=tcfg.train_micro_batch_size,
+        )
+
+    return _steps(s, Role.CRITIC, batch, nnx.Param, step)
+
+
+def _steps(
+    s: ClusterState, role: Role, batch: Any, trainable: Any, step: Callable[..., Any], on_step: Any = None
+) -> list[dict[str, float]]:
+    """The optimizer steps of ACTOR or CRITIC over ``batch``: one per mini-batch per iteration."""
+    tcfg = s.config.training_config
+    model = s.placed.actor if role is Role.ACTOR else s.placed.critic
+    field = OPTIMIZER_FIELD[role]
+    batch.validate(getattr(getattr(model, "config", None), "vocab_size", None))  # before anything moves
     check_accumulation(len(batch), tcfg)
     metrics: list[dict[str, float]] = []
-    with s.working(Role.CRITIC, critic, "update_critic"), s.optimizer_on_device(Role.CRITIC):
-        at_work(s, Role.CRITIC)
-        for _ in range(tcfg.num_iterations):
+    with s.working(role, model, f"update_{role.value}"), s.optimizer_on_device(role):
+        at_work(s, role)
+        for iteration in range(tcfg.num_iterations):
             for rows in mini_batches(len(batch), tcfg.mini_batch_size):
-                graphdef, trainable, frozen = nnx.split(critic, nnx.Param, ...)
-                new_trainable, new_opt_state, m = critic_training.value_train_step(
-                    graphdef,
-                    s.critic_tx,
-                    trainable,
-                    frozen,
-                    placed.critic_optimizer,
-                    batch.rows(rows).arrays(),
-                    pad_id=s.pad_id(),
-                    clip_range_value=float(tcfg.clip_range_value),
-                    micro_batch_size=tcfg.train_micro_batch_size,
-                )
-                nnx.update(critic, new_trainable)
-                placed.critic_optimizer = new_opt_state
+                if on_step is not None:
+                    on_step(iteration, rows, _live_logps(s))
+                graphdef, params, frozen = nnx.split(model, trainable, ...)
+                new_params, new_opt_state, m = step(graphdef, params, frozen, getattr(s.placed, field), rows)
+                # Parameters and optimizer state change together (the step keeps every
+                # leaf's sharding); a step that raised changed neither.
+                nnx.update(model, new_params)
+                setattr(s.placed, field, new_opt_state)
                 metrics.append(_host_metrics(m))
     return metrics
 

@@ -1,13 +1,4 @@
-"""What a constructed cluster holds: the one object its operations read and change.
-
-``RLCluster`` builds a ``ClusterState`` once construction has finished and keeps
-nothing else of its own; the operations (``cluster.operations``) and the sync
-(``cluster.sync``) are functions handed it. It holds what construction placed
-(``construct.Placed``: the models, the engine, the optimizer states, the anchor,
-the ``Mover`` that keeps shared roles together), the role contexts, the two
-optimizers and the step count, and the lock that serializes the cluster's
-operations.
-"""
+"""What a constructed cluster holds: the one object its operations and its sync read and change."""
 
 from __future__ import annotations
 
@@ -30,23 +21,14 @@ from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import anchor_is_partial
 
 # Which field of ``Placed`` holds each trained role's optimizer state.
-_OPTIMIZER_FIELD = {Role.ACTOR: "optimizer", Role.CRITIC: "critic_optimizer"}
+OPTIMIZER_FIELD = {Role.ACTOR: "optimizer", Role.CRITIC: "critic_optimizer"}
 
 
 @dataclasses.dataclass(eq=False)
 class ClusterState:
-    """A constructed cluster's state.
-
-    Attributes:
-        config: the cluster's config.
-        trace: the decision trace (L1), construction's records first.
-        contexts: the role meshes in use and the record of every context entered.
-        placed: what construction placed; steps replace its optimizer states, syncs its anchor.
-        tx: the actor's optimizer.
-        critic_tx: the critic's optimizer.
-        global_steps: the syncs done so far (P13).
-        lock: held by each of the cluster's operations (re-entrant: one operation may call another).
-    """
+    """A constructed cluster's state (``RLCluster`` keeps nothing else of its own): its config,
+    the decision trace (L1), the role contexts, what construction placed, the actor's and the
+    critic's optimizers, the syncs done so far (P13), and the (re-entrant) operations' lock."""
 
     config: ClusterConfig
     trace: Trace
@@ -77,8 +59,8 @@ class ClusterState:
 
     @property
     def platform(self) -> str:
-        """The platform of the devices the cluster's meshes use (one platform per cluster)."""
-        return next(iter(self.contexts.role_to_mesh[Role.ACTOR].devices.flat)).platform
+        """The platform of the cluster's devices (one per cluster)."""
+        return self.contexts.platform()
 
     @property
     def temperature(self) -> float | None:
@@ -90,9 +72,8 @@ class ClusterState:
 
     @contextlib.contextmanager
     def working(self, role: Role, model: nnx.Module | None, operation: str) -> Iterator[Mesh]:
-        """Every operation's bracket: enter the role's context (recorded under ``operation``),
-        bring its model to device (P14; the roles sharing its weights come along), work, and
-        offload it again, even when the work raised."""
+        """Every operation's bracket: the role's context entered (recorded under ``operation``),
+        its model and sharing partners on device for the work (P14), offloaded again after."""
         with self.contexts.enter(role, operation) as mesh:
             if model is not None:
                 self.placed.mover.to_device(model, role)
@@ -104,12 +85,11 @@ class ClusterState:
 
     @contextlib.contextmanager
     def optimizer_on_device(self, role: Role) -> Iterator[None]:
-        """P14 for an optimizer state (ACTOR's or CRITIC's): with offload it comes to the role's
-        device memory for the steps and goes back to pinned host afterwards, even when a step raised."""
+        """P14 for ACTOR's or CRITIC's optimizer state: with offload, on device for the steps only."""
         if not self.config.offload_to_cpu:
             yield
             return
-        field = _OPTIMIZER_FIELD[role]
+        field = OPTIMIZER_FIELD[role]
         setattr(self.placed, field, put_on_memory_kind(getattr(self.placed, field), self.contexts.device_kind(role)))
         try:
             yield

@@ -39,12 +39,11 @@ from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
 
 
 def sync_weights(s: ClusterState) -> SyncReport:
-    """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine.
+    """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin
+    the anchor, advance the global step; returns what really moved and the transient peak (L3).
 
-    The sharing map is not consulted: the engine reshards onto its own copy's
-    shardings, which moves nothing when that copy is the actor itself. Then
-    the anchor is re-pinned and the global step advances. Returns what the
-    handover and the re-pin really moved, and the sync's transient peak (L3).
+    The sharing map is not consulted: the engine reshards onto its own copy's shardings,
+    which moves nothing when that copy is the actor itself.
     """
     placed = s.placed
     actor, engine = placed.actor, placed.engine
@@ -57,9 +56,7 @@ def sync_weights(s: ClusterState) -> SyncReport:
     anchor_restores = chunk is not None and _anchor_covers(placed.anchor, engine, filter_types)
     order = p13_sync_order(chunk, s.config.offload_to_cpu, anchor_restores)
     watch = SyncObserver(chunk_bytes=chunk, order=order)
-    watch.start(nnx.state(actor), (old, placed.anchor), _devices(s))
-    # In one piece the old arrays are kept for a rollback (they are alive anyway); in
-    # chunks they go chunk by chunk, and the anchor restores them if a chunk fails.
+    watch.start(nnx.state(actor), (old, placed.anchor), s.contexts.devices())
     previous = None if anchor_restores else jax.tree.map(lambda x: x, nnx.state(engine_model, *filter_types))
     del old
     try:
@@ -117,8 +114,7 @@ def _roll_back(s: ClusterState, engine: Any, filter_types: tuple[Any, ...], prev
 
 
 def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, ...]) -> None:
-    """Every synced leaf of the rollout set from the anchor (the weights of the last sync),
-    resharded onto the rollout's shardings and cast to its dtypes, in new buffers."""
+    """Every synced leaf of the rollout set from the anchor (the weights of the last sync), in new buffers."""
     anchor = flat_values(s.placed.anchor)
     targets = engine.held_targets(filter_types)
     with reshard_strategy(s.config.reshard):
@@ -127,17 +123,11 @@ def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, .
 
 
 def _anchor_covers(anchor: Any, engine: Any, filter_types: tuple[Any, ...]) -> bool:
-    """The anchor holds every leaf a sync hands over (P8: the full state, or the adapters of a
-    LoRA actor, whose syncs hand over the adapters only)."""
+    """The anchor holds every leaf a sync hands over (P8)."""
     if anchor is None:
         return False
     held = flat_values(anchor)
     return all(k in held for k in engine.held_targets(filter_types))
-
-
-def _devices(s: ClusterState) -> list[Any]:
-    found = {d for mesh in s.contexts.role_to_mesh.values() for d in mesh.devices.flat}
-    return sorted(found, key=lambda d: d.id)
 
 
 def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:
@@ -146,11 +136,8 @@ def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:
 
 
 def sync_guard(platform: str) -> contextlib.AbstractContextManager:
-    """P13: on CPU devices, explicit host<->device transfers are disallowed during a sync.
-
-    ``platform`` is the cluster's own (its meshes' devices), not JAX's default
-    backend: a cluster on simulated CPU devices beside a GPU is guarded.
-    """
+    """P13: on CPU devices, explicit host<->device transfers are disallowed during a sync
+    (``platform``: the cluster's own, so CPU devices beside a GPU are guarded)."""
     if not p13_sync_guarded(platform):
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()

@@ -50,9 +50,8 @@ def require_config(config: Any) -> None:
 def check_inputs(
     config: ClusterConfig, actor: Any, reference: Any, reward: Any, critic: Any, trace: Trace
 ) -> tuple[Any, str]:
-    """Every P6 check, and the input checks, before anything is allocated.
-
-    Returns the TRAIN rollout config and the engine kind (a name, or ``custom``).
+    """Every P6 check and input check, before anything is allocated; returns the TRAIN rollout
+    config and the engine kind (a name, or ``custom``).
 
     Raises:
         ConfigError: a check failed (the message says how to fix it).
@@ -68,7 +67,7 @@ def check_inputs(
     for name, model in (("actor", actor), ("reference", reference), ("reward", reward), ("critic", critic)):
         if model is not None and not isinstance(model, (nnx.Module, str, os.PathLike)):
             raise ConfigError(f"{name} must be an nnx.Module or a checkpoint path, got {type(model).__name__}")
-    if isinstance(actor, ScoreModel) or (_is_path(actor) and _checkpoint_kind(actor) == "score"):
+    if isinstance(actor, ScoreModel) or (_is_path(actor) and read_config(actor).kind == "score"):
         where = f"the checkpoint {actor} holds" if _is_path(actor) else "got"
         raise ConfigError(
             f"actor must be a language model (a TransformerLM, from rlcluster_lab.init_model, or a checkpoint of "
@@ -107,10 +106,6 @@ def check_inputs(
     return train, kind
 
 
-def _checkpoint_kind(path: Any) -> str:
-    return read_config(path).kind
-
-
 def check_cache_fits(actor: Any, cache_size: int) -> None:
     """Refuse a KV cache size whose cache for one prompt cannot fit, before anything is built.
 
@@ -118,10 +113,7 @@ def check_cache_fits(actor: Any, cache_size: int) -> None:
         TooLargeError: the estimate (``model.sampling.generate_bytes`` for one row) exceeds
             ``core.limits.limit_bytes()``.
     """
-    if isinstance(actor, nnx.Module):
-        config = getattr(actor, "config", None)
-    else:
-        config = read_config(actor).config
+    config = getattr(actor, "config", None) if isinstance(actor, nnx.Module) else read_config(actor).config
     if not isinstance(config, ModelConfig):
         return  # a user's own module: its engine sizes its own cache
     check_fits(
@@ -132,10 +124,8 @@ def check_cache_fits(actor: Any, cache_size: int) -> None:
 
 
 def check_finite_leaves(model: nnx.Module, role: str) -> None:
-    """Refuse a model holding a NaN or an infinite value, naming the leaves (before a sync copies it).
-
-    One compiled reduction over every floating-point leaf, where the leaves live;
-    only a flag per leaf comes back to the host.
+    """Refuse a model holding a NaN or an infinite value, naming the leaves (before a sync copies
+    it): one compiled reduction where the leaves live, a flag per leaf back to the host.
 
     Raises:
         ValueError: the first few leaves holding a non-finite value.
@@ -168,9 +158,7 @@ def _is_path(model: Any) -> bool:
 
 def _structure(model: Any) -> nnx.Module:
     """The model itself, or the one a checkpoint path holds, as shapes only."""
-    if isinstance(model, nnx.Module):
-        return model
-    return abstract_checkpoint(model)
+    return model if isinstance(model, nnx.Module) else abstract_checkpoint(model)
 
 
 def check_same_backbone(actor: nnx.Module, other: nnx.Module, name: str) -> None:

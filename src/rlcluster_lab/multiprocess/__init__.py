@@ -1,14 +1,6 @@
-"""The cluster on JAX's multi-process runtime: several processes, one program.
-
-Multi-controller JAX runs the same Python program in every process; each
-process owns some of the devices and holds only the shards that live on
-them. This package starts such a run on one machine (``launcher``), sets
-each process up (``worker``) and reports what each process holds and what
-crossed (``report``); moving data across the process boundary
-(``placement.crossing``) and reading host values and per-process facts back
-(``core.gathering``) sit lower down, where the cluster uses them.
-
-Importing the package imports no JAX: the CLI reads its flags first.
+"""The cluster on JAX's multi-process runtime: several processes, one program, each holding
+the shards on its own devices. ``launcher`` starts a run on one machine, ``worker`` sets each
+process up, ``report`` merges what each holds and what crossed. Importing it imports no JAX.
 """
 
 from __future__ import annotations

@@ -4,15 +4,9 @@ A job is JSON (it travels to the workers as a file)::
 
     {"kind": "reports", "scenarios": [{knobs of a Scenario}, ...], "syncs": 1, "exercise": [false, ...]}
 
-For each scenario every process builds the cluster on all processes' devices
-(``jax.devices()``: the standard layouts then span the processes, and the
-split layout puts the trainer on process 0's devices and the rollout on
-process 1's), optionally exercises it (generate, log-probs under every role,
-one optimizer step, and after the sync the rollout's log-probs against the
-live actor's), runs ``syncs`` weight syncs (the report keeps the last: the
-first also compiles its programs), and writes its placement report. The
-reports are exchanged through the coordination service and process 0 merges
-them (``multiprocess.report``).
+For each scenario every process builds the cluster on all processes' devices (the layouts then
+span the processes), optionally exercises it, runs ``syncs`` weight syncs (the report keeps the
+last) and exchanges its placement report; process 0 merges them (``multiprocess.report``).
 """
 
 from __future__ import annotations
@@ -106,13 +100,9 @@ def run_scenario(
 def exercise_cluster(
     cluster: Any, seconds: dict[str, float], progress: Callable[[str], None], label: str
 ) -> dict[str, Any]:
-    """Every operation once, on every process: host values read back wherever they live.
-
-    Returns what the tests compare across processes: the sampled tokens, the
-    optimizer step's metrics, and how far the sampler's log-probs are from
-    the rollout's, the anchor's and the live actor's scoring (the same
-    weights before any step, so equal up to float rounding).
-    """
+    """Every operation once, on every process; returns what the tests compare across processes:
+    the sampled tokens, the step's metrics, and how far the sampler's log-probs are from the
+    rollout's and the anchor's (equal up to rounding) and, after the step, the live actor's."""
     import numpy as np
 
     from rlcluster_lab.core.gathering import host_values

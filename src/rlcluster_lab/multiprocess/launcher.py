@@ -1,23 +1,10 @@
 """Start a multi-process run on this machine, wait for it, and never leave a process behind.
 
-``run_reports`` (and ``run_report`` for one scenario) is the Python entry
-point; ``python -m rlcluster_lab report --processes N`` calls it. The
-launcher itself never imports JAX: it writes the job to a file, picks a free
-port for process 0's coordination service, starts one worker per process
-(``python -m rlcluster_lab.multiprocess.worker``, each in a session of its
-own so that its whole process group can be signalled), and polls them every
-50 ms:
-
-- the first worker that exits with an error ends the run: the others get
-  SIGTERM, then SIGKILL after a grace period, and ``LaunchError`` carries
-  the failed worker's own error (from its result file) or, for a worker
-  killed by a signal or aborted by the runtime, the signal and the last
-  lines it wrote;
-- the deadline (``timeout``) ends a run that does not finish, saying where
-  each process last reported it was: a process alive but stuck in a
-  collective is never detected by JAX itself, only by this deadline;
-- workers die with the launcher (``worker.die_with_parent``), so even a
-  killed launcher leaves none behind.
+``run_reports`` (``report --processes N``) never imports JAX: it writes the job to a file and
+starts one worker per process, each in a session of its own (its process group can be
+signalled), and polls them every 50 ms. The first worker that fails ends the run (the others
+get SIGTERM, then SIGKILL), with that worker's error; the deadline ends a run stuck in a
+collective, which JAX itself never detects; workers die with the launcher.
 """
 
 from __future__ import annotations
@@ -53,8 +40,7 @@ class LaunchError(RuntimeError):
         process_id: the worker that failed first (None for a timeout).
         returncode: its exit status (negative: the signal that ended it).
         elapsed_s: seconds from the start of the run to the failure.
-        log_tail: the last lines of the failed worker's log (of every worker's, for a
-            timeout); the run's folder itself is removed on every exit path.
+        log_tail: the last lines of the failed worker's log (of every worker's, for a timeout).
     """
 
     def __init__(
@@ -75,13 +61,8 @@ class LaunchError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class LaunchSettings:
-    """How many processes, and the bounds that keep a run from hanging.
-
-    ``init_timeout_s``: how long ``jax.distributed.initialize`` waits for every process to
-    join. ``heartbeat_s``: after how long without heartbeats a process counts as dead (its
-    peers then abort). ``shutdown_timeout_s``: how long a finished process waits for the
-    others at the exit barrier. ``timeout_s``: the whole run.
-    """
+    """How many processes, and the bounds (seconds) that keep a run from hanging: the whole run,
+    joining ``jax.distributed.initialize``, a peer without heartbeats, the exit barrier."""
 
     processes: int = 2
     devices_per_process: int = 4
@@ -126,22 +107,15 @@ def launch(
 ) -> list[dict[str, Any]]:
     """Run ``job`` (``multiprocess.jobs``) in ``settings.processes`` workers on this machine.
 
-    Args:
-        job: what every worker runs.
-        settings: process count, devices per process, bounds.
-        progress: called with each progress line a worker writes, as it appears.
-        on_start: called once with the workers' process ids, after they started.
-
-    Returns:
-        Each worker's result, in process order.
+    ``progress`` gets each progress line a worker writes, ``on_start`` the workers' process ids;
+    returns each worker's result, in process order.
 
     Raises:
         LaunchError: a worker failed or the run passed its deadline; every worker was stopped.
         ConfigError: a setting that cannot work.
     """
     settings.check()
-    # The run's folder (job, results, progress, logs) is removed on every exit path: success,
-    # a failed worker, the deadline, Ctrl-C, an error while starting the workers.
+    # The run's folder (job, results, progress, logs) is removed on every exit path.
     folder = Path(tempfile.mkdtemp(prefix="rlcluster-lab-processes-"))
     try:
         return _run_workers(folder, job, settings, progress, on_start)
@@ -334,13 +308,9 @@ def run_reports(
 ) -> list[dict[str, Any]]:
     """Placement reports of several scenarios, each built over ``processes`` processes on this machine.
 
-    One launch runs them all, one after the other, in the same workers (the
-    processes start and compile once). Each report has the single-process
-    report's fields (added up over processes where each holds a part) and
-    ``process_count``, ``by_host`` (per process: devices, memory per role and
-    kind, its part of the sync) and, with ``sync``, ``sync["processes"]``: the
-    bytes that crossed a process boundary and those that stayed inside one,
-    each beside its minimum.
+    One launch runs them all in the same workers (they start and compile once). Each report is
+    ``multiprocess.report.merge_reports``'s: the single-process fields, ``process_count``,
+    ``by_host`` and, with ``sync``, ``sync["processes"]`` (bytes across and within processes).
 
     Args:
         scenarios: ``Scenario`` objects (checked here, before anything starts).

@@ -1,28 +1,11 @@
 """One placement report from several processes: what each host holds, and what crossed between hosts.
 
-Every process builds its own placement report (``app.report``) from what
-it can see: the decisions (the same everywhere, since every process runs the
-same construction), and the shards on its own devices (memory, L2) and the
-copies that landed on them (sync, L3). Process 0 gathers them and merges them
-here:
-
-- decisions, meshes and every other fact taken by the rules must be equal on
-  every process; a difference is an error, not something to average;
-- memory: each device belongs to one process, so devices are united and
-  bytes added; ``by_host`` keeps each process's own totals (memory per role
-  per host and per device);
-- sync: leaf figures are added (each process counted the destination shards
-  on its own devices and the flows that landed there), and the cross-device
-  bytes are split into those that crossed a process boundary and those that
-  stayed inside a process, each beside its minimum.
-
-The minimums are computed from the two shardings alone (shard indices and
-the process owning each device); the moved bytes are what the sync's log
-holds (collectives read from compiled programs, copies made).
-
-Nothing here imports JAX except ``crossing_facts``, which reads a live cluster, and
-``merge_peaks``, which reduces the processes' transient peaks with the measured report's
-own code (``measure.sync_peak``).
+Every process reports what it sees (the same decisions; the shards on its own devices and the
+copies that landed there); process 0 merges them: facts taken by the rules must be equal on
+every process (a difference is an error, not something to average), devices are united and
+bytes added, and the sync's cross-device bytes split into those that crossed a process
+boundary and those that stayed inside one, each beside its minimum (from the shardings alone).
+Only ``crossing_facts`` and ``merge_peaks`` import JAX.
 """
 
 from __future__ import annotations
@@ -60,19 +43,13 @@ class ProcessesDisagree(RuntimeError):
 
 
 def merge_reports(per_process: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Process 0's view: the processes' placement reports (``PlacementReport.to_json()`` plus
-    ``process`` and, after a sync, ``crossing``) as one report.
-
-    Args:
-        per_process: one report per process, in process order. Each holds
-            ``process`` (``index``, ``device_ids``, ``host``) besides the
-            placement report's own fields.
+    """Process 0's view: the processes' placement reports (each with ``process``: ``index``,
+    ``device_ids``, ``host``, and after a sync ``crossing``), in process order, as one report.
 
     Returns:
-        The placement report's fields (the agreed ones as they are, memory
-        and sync added up), plus ``process_count``, ``by_host`` (per process:
-        devices, memory per role and kind, the sync's share) and, with a
-        sync, ``sync["processes"]`` (bytes across and within processes).
+        The placement report's fields (the agreed ones as they are, memory and sync added up),
+        plus ``process_count``, ``by_host`` (per process: devices, memory per role and kind,
+        the sync's share) and, with a sync, ``sync["processes"]``.
 
     Raises:
         ProcessesDisagree: an agreed field differs between processes.
@@ -160,11 +137,7 @@ def merge_memory(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "shared": [shared[k] for k in sorted(shared)],
         "unique_bytes": sum(int(p["unique_bytes"]) for p in parts),
         "naive_bytes": sum(int(p["naive_bytes"]) for p in parts),
-        "allocator": {
-            "available": any(p["allocator"]["available"] for p in parts),
-            "note": parts[0]["allocator"]["note"],
-            "by_device": _united(p["allocator"]["by_device"] for p in parts),
-        },
+        "allocator": _merge_allocator([p["allocator"] for p in parts]),
     }
 
 
@@ -243,18 +216,13 @@ def merge_peaks(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | N
                 _united(r["temporaries"] for r in rows),
             )
         )
-    allocator = [p.get("allocator") or {} for p in parts]  # type: ignore[union-attr]
     merged = peak_of(
         phases,
         chunk_bytes=first["chunk_bytes"],  # type: ignore[index]
         largest_chunk_bytes=first["largest_chunk_bytes"],  # type: ignore[index]
         order=first["order"],  # type: ignore[index]
         method={k: v + "; each process walked its own devices" for k, v in first["method"].items()},  # type: ignore[index]
-        allocator={
-            "available": any(a.get("available") for a in allocator),
-            "note": allocator[0].get("note", ""),
-            "by_device": _united(a.get("by_device", {}) for a in allocator),
-        },
+        allocator=_merge_allocator([p.get("allocator") or {} for p in parts]),  # type: ignore[union-attr]
     )
     return merged.to_json()
 
@@ -300,12 +268,10 @@ def minimum_crossing_elements(
     shape: Sequence[int], src_boxes: Iterable[tuple[int, Any]], dst_boxes: Iterable[tuple[int, Any]]
 ) -> dict[int, int]:
     """Per receiving process: elements its destination shards need that no source shard on one
-    of its own devices holds. Each must cross into that process at least once, however the
-    process then shares it among its devices.
+    of its own devices holds (each must cross into it at least once).
 
-    ``src_boxes`` and ``dst_boxes`` are (process index, box) for every shard, a box being
-    (start, stop) per dimension: ``boxes.minimum_cross_device_elements`` with processes for
-    devices, each distinct box a process needs counted once.
+    ``src_boxes`` and ``dst_boxes`` are (process index, box) per shard:
+    ``boxes.minimum_cross_device_elements`` with processes for devices, each distinct box once.
     """
     from rlcluster_lab.placement.boxes import minimum_cross_device_elements
 
@@ -358,6 +324,15 @@ def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sy
 def _keyed(boxes: Sequence[tuple[Any, Any]], attribute: str) -> list[tuple[int, Any]]:
     """(device, box) pairs as (the device's id or process index, box)."""
     return [(int(getattr(d, attribute)), box) for d, box in boxes]
+
+
+def _merge_allocator(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The processes' allocator figures (``measure.memory``) as one, by device id."""
+    return {
+        "available": any(a.get("available") for a in parts),
+        "note": parts[0].get("note", ""),
+        "by_device": _united(a.get("by_device", {}) for a in parts),
+    }
 
 
 def _by_id(d: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,4 @@
-"""Rows for notebook tables from merged multi-process reports (``run_reports``): pure, JSON in.
-
-Bytes are the reports' own (measured on each process, added by process 0);
-seconds are the sync's measured handover and re-pin, which depend on the
-machine and its load.
-"""
+"""Rows for notebook tables from merged multi-process reports (``run_reports``): pure, JSON in."""
 
 from __future__ import annotations
 

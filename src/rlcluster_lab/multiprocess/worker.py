@@ -1,23 +1,11 @@
 """One process of a multi-process run: JAX set up for it, its job, its result, and a clean exit.
 
-Started by ``multiprocess.launcher`` as
-``python -m rlcluster_lab.multiprocess.worker --job FILE --process-id I ...``.
-What makes a run end instead of hang (measured in the notes behind issue 11):
-
-- the worker dies with its launcher (``PR_SET_PDEATHSIG``), so a killed
-  launcher leaves no process behind;
-- JAX's preemption service is off, so a plain SIGTERM from the launcher ends
-  the worker (the service would catch it and keep running);
-- ``jax.distributed.initialize`` is bounded (``--init-timeout``), and a peer
-  that stops sending heartbeats ends the others (``--heartbeat``);
-- a worker that fails writes its error and leaves with ``os._exit(1)`` at
-  once: a normal exit would wait in the runtime's shutdown barrier while its
-  peers wait in their collectives;
-- a worker that succeeds writes its result, then leaves the runtime with the
-  others (``jax.distributed.shutdown``), then ``os._exit(0)``.
-
-Progress lines go to ``--progress`` (one line per step), so a launcher that
-stops a run can say where each process was.
+What makes a run end instead of hang (issue 11): the worker dies with its launcher
+(``PR_SET_PDEATHSIG``); JAX's preemption service is off, so SIGTERM ends it; joining and
+heartbeats are bounded; a failed worker writes its error and leaves with ``os._exit(1)`` at
+once (a normal exit would wait in the shutdown barrier while its peers wait in collectives);
+a successful one leaves the runtime with the others, then ``os._exit(0)``. Progress lines
+(``--progress``) tell a launcher that stops a run where each process was.
 """
 
 from __future__ import annotations

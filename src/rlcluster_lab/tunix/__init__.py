@@ -1,15 +1,11 @@
 """Point the lab at Tunix's own ``RLCluster`` (the optional ``[tunix]`` extra).
 
-``inspect(rl_cluster)`` is the lab's report of a Tunix cluster, read from its state
-(``report``; ``.sync()`` runs its weight sync under the lab's observer and P13 guard);
-``side_by_side(scenario)`` compares Tunix's cluster and the lab's decision by decision
-(``compare``), each difference matched to the documented one that explains it
-(``differences``); ``build_tunix_cluster(scenario)`` builds Tunix's cluster from the lab's
-models (``build``).
+``inspect(rl_cluster)``: the lab's report of a Tunix cluster (``.sync()`` runs its weight sync
+under the lab's observer); ``side_by_side(scenario)``: Tunix's cluster and the lab's, decision
+by decision, each difference matched to a documented one; ``build_tunix_cluster(scenario)``.
 
-Importing this package imports neither Tunix nor JAX: the names below load on first use,
-and a function that needs Tunix raises ``TunixMissingError`` saying how to install the
-extra (``available()`` asks first). Nothing else in the lab imports this package.
+Importing this package imports neither Tunix nor JAX; a function that needs Tunix raises
+``TunixMissingError`` saying how to install the extra (``available()`` asks first).
 """
 
 from __future__ import annotations

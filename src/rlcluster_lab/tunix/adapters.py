@@ -1,14 +1,10 @@
 """What Tunix 0.1.7 asks of the models and tokenizer it is handed, met for the lab's own.
 
-Tunix's cluster takes in-memory ``nnx.Module`` models (a path is not supported by that
-version) whose partition specs name the mesh's own axes, a ``config`` with the KV-cache
-fields for its vanilla engine (``check_model``), and a tokenizer with ``bos_id()``,
-``eos_id()`` and ``pad_id()`` methods (``TunixTokenizer``). The lab's model carries logical
-axis names, so construction runs inside ``lab_axis_rules`` (P5).
-
-Tunix's sampler calls a model with its own arguments (tokens, positions, a per-layer cache
-dict, a mask), which the lab's model does not take, so the comparison stays with what
-construction and the weight sync do.
+In-memory ``nnx.Module`` models with a KV-cache ``config`` for the vanilla engine
+(``check_model``), partition specs on the mesh's own axes (``lab_axis_rules``, P5), and a
+tokenizer with ``bos_id()``, ``eos_id()`` and ``pad_id()`` (``TunixTokenizer``). Tunix's
+sampler calls a model with arguments the lab's does not take, so the comparison stays with
+construction and the weight sync.
 """
 
 from __future__ import annotations
@@ -61,8 +57,7 @@ def check_model(model: Any, role: str, engine: str) -> None:
     """Refuse a model Tunix's construction would not take, saying what it lacks.
 
     Raises:
-        ConfigError: not an ``nnx.Module``, or (vanilla engine) no ``config`` with the
-            fields Tunix sizes its KV cache from.
+        ConfigError: not an ``nnx.Module``, or (vanilla engine) no ``config`` with ``CONFIG_FIELDS``.
     """
     if not isinstance(model, nnx.Module):
         raise ConfigError(

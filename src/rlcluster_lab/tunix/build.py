@@ -1,12 +1,6 @@
-"""Building Tunix's own ``RLCluster`` for one of the lab's scenarios.
-
-The models are the lab's (``app.scenario.build_models``: the same seed,
-the same values, the same meshes as ``build_cluster`` makes); the knobs become
-Tunix's ``ClusterConfig``. What the cluster was handed is kept beside it
-(``Given``): some decisions can only be read against the state before
-construction (whether a model was kept or resharded, P5; the mesh the engine
-replaced, P7, since Tunix writes the engine's mesh into the very dict it was
-given; the warnings it logged, P4).
+"""Building Tunix's own ``RLCluster`` for one of the lab's scenarios, from the lab's models
+(``app.scenario.build_models``); what it was handed is kept beside it (``Given``), since some
+decisions read only against the state before construction (P5, P7, P4's logged warning).
 """
 
 from __future__ import annotations
@@ -39,15 +33,10 @@ ENGINES = ("vanilla", "vllm")
 
 @dataclasses.dataclass(frozen=True)
 class Given:
-    """What a Tunix cluster was handed, recorded before construction.
-
-    ``role_to_mesh``: the meshes as asked (a copy). ``buffers``: per model
-    name, its buffer keys before construction. ``layouts``: per model name and
-    leaf path, its sharding before construction, memory kind left out (an
-    offload moves a leaf between memory kinds without changing its layout,
-    P14). ``logged``: every warning Tunix logged while constructing.
-    ``engine``: the lab's engine name; ``offload``: whether it was asked (P14).
-    """
+    """What a Tunix cluster was handed, recorded before construction: the meshes as asked (a
+    copy, since Tunix writes the engine's mesh into it, P7), per model its buffer keys and its
+    leaves' layouts (memory kind left out: an offload moves a leaf without changing its layout,
+    P14), every warning Tunix logged, the engine name and whether offload was asked."""
 
     role_to_mesh: Mapping[Role, Any]
     buffers: Mapping[str, frozenset]
@@ -77,10 +66,7 @@ class _Collect(logging.Handler):
 
 @contextmanager
 def logged_warnings() -> Iterator[list[str]]:
-    """The warnings Tunix logs (through absl, which writes to the ``absl`` logger) inside the block.
-
-    They are kept, not printed: the report carries what they say (P4's warning, P5's reshards).
-    """
+    """The warnings Tunix logs (to the ``absl`` logger) inside the block, kept, not printed."""
     handler = _Collect()
     logger = logging.getLogger("absl")
     saved = logger.handlers[:], logger.propagate
@@ -148,8 +134,7 @@ def build_tunix_cluster(
 ) -> TunixBuild:
     """Tunix's ``RLCluster`` for ``scenario``, built from the lab's models on the lab's meshes.
 
-    The scenario is checked as ``build_cluster`` checks it first, so what the lab refuses is
-    refused here too, before anything is allocated.
+    The scenario is checked first as ``build_cluster`` checks it.
 
     Args:
         scenario: the knobs (engine vanilla or vllm; vllm runs through ``standin``).
@@ -157,20 +142,14 @@ def build_tunix_cluster(
         role_to_mesh: meshes that replace the layout's.
         training_config: the actor's optimizer settings (default: the lab's).
 
-    Returns:
-        The cluster and what it was handed.
-
     Raises:
         ConfigError: a combination the lab refuses, or an engine Tunix cannot run here.
         TunixMissingError: Tunix is not installed.
     """
     tunix = require("building Tunix's RLCluster")
     lab_config = validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh)
-    asked = dict(lab_config.role_to_mesh)
-    present = {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE}
-    present |= {Role.REWARD} if scenario.with_reward else set()
-    present |= {Role.CRITIC} if scenario.with_critic else set()
-    asked = {r: m for r, m in asked.items() if r in present}
+    skipped = {Role.REWARD: not scenario.with_reward, Role.CRITIC: not scenario.with_critic}
+    asked = {r: m for r, m in lab_config.role_to_mesh.items() if not skipped.get(r, False)}
     config = tunix_config(scenario, asked, training_config)
     models = build_models(scenario, asked)
     for name, model in models.items():

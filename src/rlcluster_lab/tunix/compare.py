@@ -1,11 +1,7 @@
-"""``side_by_side``: Tunix's cluster and the lab's for one scenario, decision by decision.
-
-Both are built from the same models (same seed, same meshes). Each row puts
-one decision or one measured figure of the lab's cluster (its trace and
-placement report) beside the same thing observed on Tunix's. Where a row
-differs, the documented difference that explains it is named, and that
-difference's own check (``differences``) must have found it in these two
-clusters; a differing row without one is *unexplained*.
+"""``side_by_side``: Tunix's cluster and the lab's for one scenario (same models, same meshes),
+decision by decision and figure by figure. A differing row names the documented difference
+that explains it only where that difference's own check (``differences``) found it in these
+two clusters; a differing row without one is *unexplained*.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ from jax.sharding import Mesh
 from rlcluster_lab import ConfigError, Scenario, SyncReport, TrainingConfig, build_cluster, placement_report
 from rlcluster_lab.tunix.build import build_tunix_cluster
 from rlcluster_lab.tunix.differences import SCENARIO_DIFFERENCES, DifferenceCheck, optimizer_facts
+from rlcluster_lab.tunix.extra import require
 from rlcluster_lab.tunix.observe import optimizer_state
 from rlcluster_lab.tunix.report import TunixReport, inspect
 from rlcluster_lab.tunix.sync import TunixSync
@@ -51,14 +48,9 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class SideBySide:
-    """The two clusters of one scenario compared.
-
-    ``rows``: every compared decision and figure. ``differences``: the scenario
-    differences checked on these clusters (observed or not). ``lab_report`` /
-    ``tunix_report``: the two reports (JSON of the lab's placement report; Tunix's
-    ``TunixReport``). ``lab_sync`` / ``tunix_sync``: one weight sync of each.
-    ``seconds``: building each (``lab``, ``tunix``).
-    """
+    """The two clusters of one scenario compared: the rows, the scenario differences checked on
+    them (observed or not), both reports (the lab's as JSON), one sync of each, and the seconds
+    building each took."""
 
     scenario: Scenario
     rows: tuple[Row, ...]
@@ -88,8 +80,7 @@ class SideBySide:
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
-        """One line for a table of scenarios: the decisions and figures that agree, the sync's
-        outcome on Tunix's side, and the documented differences that explain the rest."""
+        """One line for a table of scenarios: what agrees, Tunix's sync, and what explains the rest."""
         decisions = [r for r in self.rows if r.rule.startswith("P") and not r.rule.startswith("P13")]
         figures = [r for r in self.rows if r not in decisions]
         why = sorted({r.difference or "UNEXPLAINED" for r in self.differing})
@@ -126,9 +117,6 @@ def side_by_side(
         sync: also run one weight sync on each and compare them (P13, L3).
         devices: the devices the layout is built on.
         training_config: the actor's optimizer settings, the same for both.
-
-    Returns:
-        The rows, the documented differences checked on the two clusters, both reports and syncs.
 
     Raises:
         ConfigError: a scenario the lab refuses, an engine Tunix cannot run here, or the lab's
@@ -300,14 +288,12 @@ def _lab_engine_inputs(cluster: Any) -> dict[str, Any]:
 
 
 def _tunix_engine_inputs(cluster: Any) -> dict[str, Any] | None:
-    """What Tunix's built-in vanilla engine holds of its inputs (None for other engines).
-
-    Looked for in the engine and its sampler: a rollout config, a mesh, the KV cache size.
-    """
+    """What Tunix's built-in vanilla engine and its sampler hold of its inputs: a rollout config,
+    a mesh, the KV cache size (None for other engines)."""
     engine = cluster.rollout
     if type(engine).__name__ != "VanillaRollout":
         return None
-    rollout_config_type = type(cluster.get_rollout_config(mode=_train_mode(cluster)))
+    rollout_config_type = type(cluster.get_rollout_config(mode=require().rl_cluster.Mode.TRAIN))
     held = list(vars(engine).values()) + [v for s in vars(engine).values() for v in getattr(s, "__dict__", {}).values()]
     cache = next((v for v in held if hasattr(v, "cache_size")), None)
     return {
@@ -315,12 +301,6 @@ def _tunix_engine_inputs(cluster: Any) -> dict[str, Any] | None:
         "mesh": any(isinstance(v, Mesh) for v in held),
         "cache_size": getattr(cache, "cache_size", None),
     }
-
-
-def _train_mode(cluster: Any) -> Any:
-    from rlcluster_lab.tunix.extra import require
-
-    return require().rl_cluster.Mode.TRAIN
 
 
 def _short(value: Any, width: int) -> str:

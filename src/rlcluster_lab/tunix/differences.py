@@ -1,10 +1,8 @@
 """The documented differences from the reference (docs/reference.md), each checked on Tunix itself.
 
-Two kinds. Scenario differences show in a side-by-side build (``compare``):
-each names the comparison rows it explains and a check that looks for it in
-the two clusters. Config differences show without a cluster, or with a
-one-role build, and are checked by ``config_differences()``. A difference is
-*observed* only when its check found it; nothing here is asserted.
+Scenario differences show in a side-by-side build (``compare``) and name the rows they explain;
+config differences need no scenario (``config_differences()``). A difference is *observed*
+only when its check found it; nothing here is asserted.
 """
 
 from __future__ import annotations
@@ -26,11 +24,8 @@ from rlcluster_lab.tunix.extra import require
 
 @dataclasses.dataclass(frozen=True)
 class DifferenceCheck:
-    """One documented difference and what its check saw.
-
-    ``id``: a short name. ``readme``: the documented point (docs/reference.md), in brief. ``observed``: the
-    check found the difference. ``lab`` / ``tunix``: what each side showed.
-    """
+    """One documented difference (``readme``: the point, in brief), whether its check found it,
+    and what each side showed."""
 
     id: str
     readme: str
@@ -138,7 +133,7 @@ def optimizer_facts(state: Any) -> dict[str, Any]:
 
 
 def config_differences() -> list[DifferenceCheck]:
-    """Check the differences that need no side-by-side scenario, on Tunix and on the lab.
+    """Check the differences that need no side-by-side scenario.
 
     Raises:
         TunixMissingError: Tunix is not installed.

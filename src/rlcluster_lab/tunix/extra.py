@@ -1,8 +1,5 @@
-"""The optional ``[tunix]`` extra: whether Tunix is installed, and the modules of it the lab reads.
-
-Nothing here imports Tunix at module import time, so ``import rlcluster_lab.tunix`` works
-without the extra and says how to add it when a function needs it.
-"""
+"""The optional ``[tunix]`` extra: whether Tunix is installed, and the modules of it the lab
+reads (imported only when a function needs them)."""
 
 from __future__ import annotations
 
@@ -38,14 +35,8 @@ def installed_version() -> str | None:
 
 
 def require(what: str = "this") -> types.SimpleNamespace:
-    """Import the parts of Tunix the lab reads, or say how to install them.
-
-    Args:
-        what: what needs Tunix, for the error message.
-
-    Returns:
-        A namespace with ``rl_cluster`` (``tunix.rl.rl_cluster``), ``base_rollout``
-        (``tunix.rl.rollout.base_rollout``) and ``reshard`` (``tunix.rl.reshard``).
+    """Tunix's ``rl.rl_cluster``, ``rl.rollout.base_rollout`` and ``rl.reshard`` as a namespace;
+    ``what`` (what needs Tunix) goes into the error message.
 
     Raises:
         TunixMissingError: Tunix is not installed.

@@ -1,12 +1,9 @@
 """Reading a constructed Tunix ``RLCluster``: its models, meshes and sharing map, and each
 construction decision as it shows in that state (L1, observed).
 
-Tunix records no trace. A decision here is read back from what construction
-left (the sharing map, the engine, which buffers each model holds) and, where
-only the state before construction tells (P5 kept or resharded, the mesh P7
-replaced, the P4 warning), from what the cluster was handed (``Given``). Every
-record says so in its ``source``: these are observations, not a trace taken
-while Tunix decided.
+Tunix records no trace: a decision is read back from what construction left and, where only
+the state before tells (P5 kept or resharded, the mesh P7 replaced, the P4 warning), from what
+the cluster was handed (``Given``). Every record says so in its ``source``.
 """
 
 from __future__ import annotations
@@ -91,11 +88,9 @@ def observation(
 
 
 def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[str, Any]]:
-    """The construction decisions (P1-P5, P7, P8, P12, P14) as the cluster's state shows them.
-
-    Without ``given``, P5 (kept or resharded) is left out, P1 and P7 read the rollout mesh as
-    constructed, and P4 reads buffer identity alone.
-    """
+    """The construction decisions (P1-P5, P7, P8, P12, P14) as the cluster's state shows them;
+    without ``given``, P5 is left out, P1 and P7 read the rollout mesh as constructed, and P4
+    reads buffer identity alone."""
     models = tunix_models(cluster)
     smap = sharing_map(cluster)
     meshes = role_meshes(cluster)
@@ -105,6 +100,9 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     replaced = own_mesh is not None and meshes.get(Role.ROLLOUT) is own_mesh
     actor_mesh = asked.get(Role.ACTOR, meshes[Role.ACTOR])
     rollout_asked = asked.get(Role.ROLLOUT, None if replaced else meshes[Role.ROLLOUT])
+    rollout_text = describe_mesh(rollout_asked) if rollout_asked is not None else None
+    equal = bool(rollout_asked == actor_mesh) if rollout_asked is not None else None
+    source = OBSERVED_GIVEN if given is not None else OBSERVED
     out = []
 
     link = shares(smap, Role.ACTOR, Role.ROLLOUT)
@@ -114,12 +112,12 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
             "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT] (read from the sharing map)",
             {
                 "actor_mesh": describe_mesh(actor_mesh),
-                "rollout_mesh": describe_mesh(rollout_asked) if rollout_asked is not None else None,
-                "equal": bool(rollout_asked == actor_mesh) if rollout_asked is not None else None,
+                "rollout_mesh": rollout_text,
+                "equal": equal,
             },
             "linked: rollout and actor may share weights" if link else "not linked: the rollout gets its own weights",
             LinkBranch.LINKED if link else LinkBranch.NOT_LINKED,
-            OBSERVED_GIVEN if given is not None else OBSERVED,
+            source,
         )
     )
     actor = models["actor"]
@@ -151,13 +149,8 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     )
     if given is not None:
         out.append(_load_decision("actor", actor, given, "actor", meshes[Role.ACTOR]))
-    branch = (
-        RolloutBranch.SHARED
-        if link
-        else RolloutBranch.SECOND_COPY
-        if engine == "vanilla"
-        else RolloutBranch.ENGINE_INITIAL_VALUE
-    )
+    branch = RolloutBranch.ENGINE_INITIAL_VALUE if engine != "vanilla" else RolloutBranch.SECOND_COPY
+    branch = RolloutBranch.SHARED if link else branch
     out.append(
         observation(
             "P3",
@@ -189,16 +182,14 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
             {
                 "engine": engine,
                 "exposes_mesh": own_mesh is not None,
-                "config_rollout_mesh": describe_mesh(rollout_asked) if rollout_asked is not None else None,
+                "config_rollout_mesh": rollout_text,
                 "engine_mesh": describe_mesh(own_mesh) if own_mesh is not None else None,
-                "sharing_map_rebuilt": (link != bool(rollout_asked == actor_mesh))
-                if rollout_asked is not None
-                else None,
+                "sharing_map_rebuilt": (link != equal) if equal is not None else None,
                 "still_registered_as_sharing": link,
             },
             "role_to_mesh[ROLLOUT] is the engine's mesh" if replaced else "role_to_mesh[ROLLOUT] as configured",
             MeshBranch.REPLACED if replaced else MeshBranch.KEPT,
-            OBSERVED_GIVEN if given is not None else OBSERVED,
+            source,
         )
     )
     wrt = getattr(cluster.actor_trainer.optimizer, "wrt", None)
@@ -230,7 +221,7 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
 
 
 def has_anchor(cluster: Any) -> bool:
-    """Whether this Tunix version keeps an anchor policy state (0.1.7 does, P8)."""
+    """Whether this Tunix version keeps an anchor policy state (P8)."""
     return hasattr(cluster, "_anchor_policy_state")
 
 
@@ -248,7 +239,11 @@ def anchor_decision(cluster: Any) -> dict[str, Any]:
     return observation(
         "P8",
         "the anchor policy state: the actor's whole state on pinned host (read back)",
-        {"global_steps": int(cluster.global_steps), "anchor": "full" if full else "trainable", "bytes": _bytes(anchor)},
+        {
+            "global_steps": int(cluster.global_steps),
+            "anchor": "full" if full else "trainable",
+            "bytes": state_bytes(anchor) if anchor is not None else 0,
+        },
         f"anchor holds {held} of the actor's {actor_leaves} leaves in {', '.join(memory_kinds(anchor) or ['-'])}",
         AnchorBranch.FULL if full else AnchorBranch.TRAINABLE,
     )
@@ -318,13 +313,8 @@ def _reference_decision(
     )
 
 
-def _bytes(state: Any) -> int:
-    return state_bytes(state) if state is not None else 0
-
-
 def _dtype_name(rollout_config: Any) -> str | None:
     if isinstance(rollout_config, dict):  # per mode: the TRAIN entry is the one engines are built with
         rollout_config = next(v for k, v in rollout_config.items() if getattr(k, "value", k) == "train")
-    config = rollout_config
-    dtype = getattr(config, "data_type", None)
+    dtype = getattr(rollout_config, "data_type", None)
     return None if dtype is None else str(np.dtype(dtype))

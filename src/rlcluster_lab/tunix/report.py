@@ -1,9 +1,6 @@
-"""``inspect``: the lab's report of a Tunix ``RLCluster``, read from the object's state.
-
-The report has the lab's placement report's fields (so the lab's figures draw
-it as it draws the lab's own), with every decision an observation
-(``observe``), memory per role from the lab's own buffer walk (L2), and
-``sync()`` to run the cluster's weight sync under the lab's observer (L3).
+"""``inspect``: the lab's report of a Tunix ``RLCluster``, read from the object's state: the
+placement report's fields (the lab's figures draw it), every decision an observation
+(``observe``), memory from the lab's buffer walk (L2), and ``sync()`` (L3).
 """
 
 from __future__ import annotations
@@ -41,14 +38,8 @@ from rlcluster_lab.tunix.sync import TunixSync, run_sync
 
 @dataclasses.dataclass(frozen=True)
 class TunixReport(PlacementFacts):
-    """The lab's report of a Tunix cluster: the placement report's fields, observed.
-
-    ``decisions`` are observations of the constructed state (each says so in its
-    ``source``), ``memory`` is the lab's walk of the live buffers (a buffer several
-    roles hold counted once), ``config_role_to_mesh`` is the meshes as asked where
-    they are known (a cluster built by ``build_tunix_cluster``). ``notes`` say what
-    could not be read. ``to_json()`` has the keys the lab's figures read.
-    """
+    """The lab's report of a Tunix cluster: the placement report's fields, observed
+    (``config_role_to_mesh``: the meshes as asked where known); ``notes`` say what could not be read."""
 
     tunix_version: str | None
     notes: tuple[str, ...]
@@ -62,11 +53,8 @@ class TunixReport(PlacementFacts):
         return out
 
     def sync(self) -> TunixSync:
-        """Run the cluster's ``sync_weights`` under the lab's observer and P13 guard.
-
-        Returns:
-            What the sync did. Call ``inspect`` again for the state after it.
-        """
+        """Run the cluster's ``sync_weights`` under the lab's observer and P13 guard; call
+        ``inspect`` again for the state after it."""
         if self.cluster is None:
             raise ValueError("this report holds no cluster to sync; build it with rlcluster_lab.tunix.inspect(cluster)")
         return run_sync(self.cluster, self.platform)
@@ -81,9 +69,6 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         given: what the cluster was handed, when known: with it the report also shows
             P5 (kept or resharded), the rollout mesh the engine replaced (P7) and the P4
             warning Tunix logged.
-
-    Returns:
-        The report; ``.sync()`` runs the cluster's weight sync under the lab's observer.
     """
     if isinstance(rl_cluster, TunixBuild):
         rl_cluster, given = rl_cluster.cluster, given or rl_cluster.given

@@ -1,16 +1,10 @@
 """The vllm scenarios on Tunix's own cluster: a custom Tunix engine with vLLM's placement.
 
-vLLM does not run on these CPUs, so Tunix's ``"vllm"`` engine cannot be built
-here. Tunix's cluster also takes an engine class of its own kind, and for its
-decisions that path is the vllm path's twin: the engine is handed the trainer's
-model as its initial weights (P3), and a non-None ``mesh`` on the built engine
-replaces the rollout mesh (P7). So the lab's vllm scenarios hand Tunix
-``VllmStandInRollout``: the lab's vllm-style stand-in (its own mesh, every
-rollout device on the tensor-parallel axis, and its own copy of the weights)
-wrapped as a Tunix engine. Its weight sync goes through Tunix's own
-``reshard.reshard_pytree``, the function Tunix's vLLM sampler updates its
-weights with, so the sync measured is Tunix's. It samples and scores with the
-lab's code on its own copy; its speed says nothing about vLLM.
+vLLM does not run on these CPUs. For Tunix's decisions, an engine class of its own is the vllm
+path's twin: it is handed the trainer's model as initial weights (P3), and its non-None
+``mesh`` replaces the rollout mesh (P7). ``VllmStandInRollout`` wraps the lab's vllm-style
+stand-in as such an engine; its sync goes through Tunix's ``reshard.reshard_pytree`` (what
+Tunix's vLLM sampler uses), so the sync measured is Tunix's. Its speed says nothing about vLLM.
 """
 
 from __future__ import annotations
@@ -44,7 +38,7 @@ def lab_rollout_config(tunix_config: Any) -> RolloutConfig:
 
 @functools.cache
 def vllm_stand_in() -> type:
-    """The Tunix engine class for the vllm scenarios (made once; it subclasses Tunix's base).
+    """The Tunix engine class for the vllm scenarios (made once: it subclasses Tunix's base).
 
     Raises:
         TunixMissingError: Tunix is not installed.

@@ -1,19 +1,10 @@
-"""Tunix's own ``sync_weights`` run under the lab's sync observer and the lab's P13 guard (L3).
+"""Tunix's own ``sync_weights`` run under the lab's sync observer and P13 guard (L3).
 
-The call is Tunix's, unchanged. Around it the lab reads the source's shards
-before, the engine's and the anchor's arrays after, and keeps the transfer
-guard's outcome: on CPU devices explicit host<->device transfers are
-disallowed (P13, as Tunix itself does on a CPU backend). Where a layout must
-change, Tunix reshards with ``jax.device_put``, which on CPU goes through host
-memory: the guard refuses it, and that refusal is the observed outcome, not a
-crash of the lab.
-
-What the report can and cannot say: reuse is buffer identity and the minimum
-comes from the two shardings, as for the lab's own sync. ``device_put`` does
-not log its copies, so for leaves no lab reshard logged, the split of new
-destination bytes into moved (from another device) and copied (within the
-device) is inferred from where each destination shard's data already was:
-the least any reshard must move. The leaves' ``method`` says which.
+The call is Tunix's, unchanged. Where a layout must change, Tunix reshards with
+``jax.device_put``, which on CPU goes through host memory: the guard refuses it, and that
+refusal is the observed outcome, not a crash. ``device_put`` does not log its copies, so for
+leaves no lab reshard logged, moved and copied bytes are inferred from where each destination
+shard's data already was (the least any reshard must move); the leaves' ``method`` says which.
 """
 
 from __future__ import annotations
@@ -51,14 +42,9 @@ METHOD = (
 
 @dataclasses.dataclass(frozen=True)
 class TunixSync:
-    """One run of a Tunix cluster's ``sync_weights`` and what it did.
-
-    ``outcome``: ``"completed"`` or ``"refused by the transfer guard"``. ``guard``: the
-    guard in force. ``error``: the refusal's first line. ``report``: the lab's sync
-    report (L3) when the sync completed. ``rollout_unchanged``: the engine holds the
-    same buffers as before. ``anchor_repinned``: the anchor is a new state.
-    ``decision``: the P13 record, observed.
-    """
+    """One run of a Tunix cluster's ``sync_weights``: its outcome (``COMPLETED`` or ``REFUSED``),
+    the guard in force, the refusal's first line, the lab's sync report (L3) when it completed,
+    and the observed P13 record."""
 
     outcome: str
     guard: str
@@ -89,14 +75,8 @@ def guard_text(platform: str) -> str:
 
 
 def run_sync(cluster: Any, platform: str) -> TunixSync:
-    """Run ``cluster.sync_weights()`` under the lab's guard and observer.
-
-    Args:
-        cluster: a constructed Tunix ``RLCluster``.
-        platform: the platform of its meshes' devices (the guard is chosen from it).
-
-    Returns:
-        What the sync did; a refusal by the transfer guard is an outcome, not an error.
+    """Run ``cluster.sync_weights()`` under the lab's guard (chosen from ``platform``) and
+    observer; a refusal by the transfer guard is an outcome, not an error.
 
     Raises:
         Exception: any other failure of Tunix's sync, with a note saying so.
@@ -164,10 +144,8 @@ def run_sync(cluster: Any, platform: str) -> TunixSync:
 
 
 def _infer_transfers(source: dict[str, ShardFacts], destination: dict[str, jax.Array], log: TransferLog) -> set[str]:
-    """Add to ``log`` the copies of leaves no lab reshard logged, inferred from shard boxes.
-
-    Returns the paths whose copies were inferred.
-    """
+    """Add to ``log`` the copies of leaves no lab reshard logged, inferred from shard boxes;
+    returns the paths whose copies were inferred."""
     logged = {t.leaf for t in log.transfers}
     inferred = set()
     for path, src in source.items():
