@@ -35,6 +35,7 @@ from rlcluster_lab.measure.sync import SyncReport
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.rules.reference import AVOIDABLE_COPY_ADVICE
+from rlcluster_lab.rules.sharing import SharingMap
 from rlcluster_lab.training.critic import ValueBatch
 from rlcluster_lab.training.step import TrainBatch
 
@@ -52,11 +53,6 @@ def _one_at_a_time(method: _Op) -> _Op:
             return method(self, *args, **kwargs)
 
     return serialized  # type: ignore[return-value]
-
-
-def _placed_field(name: str, doc: str) -> Any:
-    """A read-only property: ``name`` of what construction placed, None before it finished."""
-    return property(lambda self: getattr(self._placed(), name, None), doc=doc)
 
 
 class AvoidableCopyWarning(UserWarning):
@@ -147,14 +143,38 @@ class RLCluster:
     def actor_model(self) -> nnx.Module:
         return self.state.placed.actor
 
-    # What construction placed (None before it finished, or for a role not given).
-    reference_model = _placed_field("reference", "The reference model, or None.")
-    reward_model = _placed_field("reward", "The reward model, or None.")
-    critic_model = _placed_field("critic", "The critic model, or None.")
-    pinned_anchor_state = _placed_field("anchor", "What the anchor snapshot itself holds in pinned host memory.")
-    optimizer_state = _placed_field("optimizer", "The actor optimizer's state (moments beside the parameters).")
-    critic_optimizer_state = _placed_field("critic_optimizer", "The critic optimizer's state, on the critic's mesh.")
-    sharing_map = _placed_field("sharing_map", "P1/P2: which roles share weights, from the config's meshes.")
+    # What construction placed: None before it finished, or for a role not given.
+    @property
+    def reference_model(self) -> nnx.Module | None:
+        return getattr(self._placed(), "reference", None)
+
+    @property
+    def reward_model(self) -> nnx.Module | None:
+        return getattr(self._placed(), "reward", None)
+
+    @property
+    def critic_model(self) -> nnx.Module | None:
+        return getattr(self._placed(), "critic", None)
+
+    @property
+    def pinned_anchor_state(self) -> Any:
+        """What the anchor snapshot itself holds in pinned host memory."""
+        return getattr(self._placed(), "anchor", None)
+
+    @property
+    def optimizer_state(self) -> Any:
+        """The actor optimizer's state (moments beside the trainable parameters)."""
+        return getattr(self._placed(), "optimizer", None)
+
+    @property
+    def critic_optimizer_state(self) -> Any:
+        """The critic optimizer's state, on the critic's mesh."""
+        return getattr(self._placed(), "critic_optimizer", None)
+
+    @property
+    def sharing_map(self) -> SharingMap | None:
+        """P1/P2: which roles share weights, from the config's meshes."""
+        return getattr(self._placed(), "sharing_map", None)
 
     @property
     def trainable_is_lora(self) -> bool:
