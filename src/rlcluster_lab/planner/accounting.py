@@ -1,8 +1,5 @@
-"""Counting for the what-if planner (L4): memory per role and device, the sync, fits.
-
-Each function takes arrays on paper (``planner.buffers``) and returns the JSON the
-measured reports use (``measure.MemoryReport``, ``measure.SyncReport``).
-"""
+"""Counting for the what-if planner (L4): memory per role and device, the sync, fits, in the
+JSON of the measured reports (``measure.MemoryReport``, ``measure.SyncReport``)."""
 
 from __future__ import annotations
 
@@ -75,33 +72,23 @@ def sync_summary(
 ) -> dict[str, Any]:
     """P13 on paper, with the ``SyncReport``'s definitions.
 
-    The filter is LoRAParam for a LoRA actor (``lora``), else Param: ``trainable`` are the
-    leaves handed over; the source is the actor's leaves, the destination the rollout's.
-    For each destination shard on device d with box B: *reused* if the reshard keeps the
-    source buffer (``Buffers.kept``; never with ``copy``, an engine that owns its weights,
-    nor with a dtype cast); else the elements of B inside the source shard on d are
-    *copied_same_device* and the rest *moved_cross_device*: the least the placement forces,
-    what the minimal strategy moves (a compiled program, the xla strategy, may move more, and
-    only a measured sync can say how much); minimum_cross_device = |B| - |B & local source
-    box| (0 when reused). Bytes are counted in the source dtype, so synced = moved + copied +
-    reused for every leaf. (A shard that is the local source shard but lands in a new buffer,
-    the destination being in pinned_host or in another dtype, counts as copied within its
-    device; the measured report, which counts copies from the reshard's transfer log, misses
-    that one where the layout is equivalent, so there its leaf sum falls short of synced.)
+    ``trainable`` are the leaves handed over (LoRAParam for a LoRA actor, else Param), from
+    the actor's leaves to the rollout's. A destination shard with box B on device d is
+    *reused* if the reshard keeps the source buffer (``Buffers.kept``; never with ``copy``
+    nor a dtype cast); else B's elements inside d's source shard are *copied_same_device*
+    and the rest *moved_cross_device*: the least the placement forces (a compiled program
+    may move more; only a measured sync can say). Bytes are in the source dtype, so synced =
+    moved + copied + reused per leaf. (A local source shard that lands in a new buffer, in
+    pinned_host or another dtype, counts as copied; the measured report misses that one for
+    an equivalent layout, so there its leaf sum falls short of synced.)
 
-    ``anchor_bytes`` is what the sync pins anew: the full state, or the adapters only with
-    ``anchor="trainable"``; 0 under offload, where the actor is already pinned and the
-    snapshot keeps its buffers. ``peak_extra_bytes[device][kind]`` is the new destination
-    buffers in the destination dtype (they exist before the old ones are released) plus the
-    new anchor buffers under pinned_host; transient buffers inside a reshard are not counted.
-
-    ``host_of``: each device's host (None: one host). Each destination shard's
-    ``cross_host_bytes`` are the elements no source shard on its host holds, the least that
-    must cross from another host (the rest moves between devices of one host).
-    ``estimated_seconds`` is the busiest device's within-host bytes over the device link and
-    cross-host bytes over the host link, the two at once, each the rate one device receives
-    (half a datasheet's bidirectional figure): a lower bound that ignores latency, multi-hop
-    routes and contention.
+    ``anchor_bytes``: what the sync pins anew (the adapters only with ``anchor="trainable"``;
+    0 under offload, where the snapshot keeps the actor's pinned buffers).
+    ``peak_extra_bytes[device][kind]``: the new destination buffers plus the new anchor's.
+    ``host_of``: each device's host (None: one host); ``cross_host_bytes``: elements no
+    source shard on the destination's host holds. ``estimated_seconds``: the busiest
+    device's within-host bytes over the device link and cross-host bytes over the host link
+    at once, each the rate one device receives: a lower bound (no latency nor contention).
     """
     span = 1 + max(max(a.mesh.device_ids) for m in (actor, rollout) for a in m.values())
     arrived, peak, across = _PerDevice(span), _PerDevice(span), _PerDevice(span)

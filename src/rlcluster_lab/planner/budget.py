@@ -1,30 +1,15 @@
 """Whether a planned cluster fits (L4): every device's bytes through a step's phases, every
 host's RAM, and the reason when something does not fit.
 
-A device holds its resident state (each buffer once, counted for the first entry that
-holds it in report order: actor, rollout, reference, reward, critic, anchor, optimizer,
-critic optimizer) and, while one phase of an RL step runs, that phase's transient bytes:
-
-- ``generate`` (rollout devices): the KV cache and the prefill's logits and attention;
-  under offload the rollout weights, brought to device for the call (P14);
-- ``actor_update`` (actor devices): gradients, activations of one micro-batch and the
-  step's outputs (new trainable parameters and optimizer state beside the old ones);
-  under offload the actor and its optimizer state, brought to device;
-- ``critic_update`` (critic devices, with a critic): the same for the critic;
-- ``sync``: the sync's transient peak in device memory (``planner.sync_peak``: new
-  rollout arrays before the old ones go, staged sources, arrays in flight, and the
-  reshard programs' temporaries where they were compiled), chunk by chunk with
-  ``sync_chunk_bytes``.
-
-Phases run one after another, so a device's peak is its resident bytes plus its
-largest phase. A host's RAM holds its devices' pinned and unpinned-host buffers (the
-anchor, offloaded roles) and, during a sync, its pinned-host peak (the newly pinned anchor,
-the rollout's new pinned arrays under offload); on the CPU backend
-a device's memory is the host's RAM too, so there the host also counts its devices.
-Log-prob passes (reference, anchor, reward) keep no activations for a backward pass
-and are not counted. Everything fits when every device and every host is within its
-memory and every role fits one device (an offloaded role comes to device for its
-operation, P14). Formulas: ``planner.step_memory``.
+A device holds its resident state (each buffer once, for its first holder in report order)
+and, while a phase of a step runs, that phase's transient bytes: ``generate`` (the KV cache
+and the prefill; under offload the rollout weights, brought to device: P14), ``actor_update``
+and ``critic_update`` (gradients, one micro-batch's activations, the new parameters and
+optimizer state; under offload the role's state, brought to device) and ``sync`` (its
+transient device peak, ``planner.sync_peak``). Phases run one after another, so a device's
+peak is its resident bytes plus its largest phase. A host's RAM holds its devices' host-kind
+buffers and the sync's pinned-host peak; on CPU it holds its devices' bytes too. Log-prob
+passes keep no activations and are not counted. Formulas: ``planner.step_memory``.
 """
 
 from __future__ import annotations

@@ -140,15 +140,18 @@ def host_overlap(
     return lacking
 
 
-def _relabels(a: PlannedArray, mesh: PlannedMesh) -> bool:
+def laid_out_as(a: PlannedArray, ids: tuple[int, ...], like: PlannedMesh, spec: PartitionSpec) -> bool:
+    """Does ``a`` hold every shard of ``spec`` on devices ``ids`` in ``like``'s grid, each on its device?"""
+    mesh = PlannedMesh(ids, like.axis_sizes, like.axis_names, like.axis_types)
+    return bool(overlap(a.shape, a.mesh, a.spec, mesh, spec)[0].all())
+
+
+def relabels(a: PlannedArray, mesh: PlannedMesh) -> bool:
     """The same devices in another order, where the source layout reads the same in the
     destination's device order (replicated axes): the xla strategy re-labels it and runs
     one program (``placement.xla._in_order``)."""
-    if set(a.mesh.device_ids) != set(mesh.device_ids) or a.mesh.device_ids == mesh.device_ids:
-        return False
-    other = PlannedMesh(mesh.device_ids, a.mesh.axis_sizes, a.mesh.axis_names, a.mesh.axis_types)
-    same, _ = overlap(a.shape, a.mesh, a.spec, other, a.spec)
-    return bool(same.all())
+    ids = mesh.device_ids
+    return set(a.mesh.device_ids) == set(ids) and a.mesh.device_ids != ids and laid_out_as(a, ids, a.mesh, a.spec)
 
 
 class Buffers:
@@ -183,16 +186,12 @@ class Buffers:
             # Shard by shard (the minimal strategy, which the xla one also uses between
             # different numbers of devices).
             return same
-        if a.mesh.device_ids == mesh.device_ids or _relabels(a, mesh):
-            return np.zeros(mesh.size, dtype=bool)  # one compiled program: new buffers
-        # The same number of devices, another order or set: a program onto the source
-        # devices laid out as the destination, unless the source already is that layout;
+        # One compiled program makes new buffers; so does one onto the source devices laid out
+        # as the destination (another order or set), unless the source already is that layout:
         # then whole shards move, and a device that holds its block keeps it.
-        inter = PlannedMesh(a.mesh.device_ids, mesh.axis_sizes, mesh.axis_names, mesh.axis_types)
-        inter_same, _ = overlap(a.shape, a.mesh, a.spec, inter, spec)
-        if not inter_same.all():
+        if a.mesh.device_ids == mesh.device_ids or relabels(a, mesh):
             return np.zeros(mesh.size, dtype=bool)
-        return same
+        return same if laid_out_as(a, a.mesh.device_ids, mesh, spec) else np.zeros(mesh.size, dtype=bool)
 
     def reshard(
         self,
