@@ -1,10 +1,9 @@
 """Memory per role (L2), measured on the live run.
 
-Units: **physical bytes**, every device shard counted (a leaf replicated on
-four devices counts four times). A walk of the live buffers of every role's
-state, keyed by (platform, device, memory kind, buffer pointer), so a buffer
-several roles hold is counted once and listed with the roles that share it;
-beside it, the allocator's own figures where the devices have them.
+Units: **physical bytes**, every device shard counted. A walk of the live buffers of every
+role's state, keyed by (platform, device, memory kind, pointer), so a buffer several roles
+hold counts once and is listed with the roles that share it; beside it, the allocator's
+figures where the devices have them.
 """
 
 from __future__ import annotations
@@ -39,12 +38,10 @@ BufferKey = tuple[str, int, str, int]  # (platform, device id, memory kind, buff
 class MemoryReport:
     """Bytes per role, per device and per memory kind, from the live buffers.
 
-    ``by_role[entry]``: ``bytes``, ``by_kind`` {kind: bytes} and ``by_device``
-    {device id: {kind: bytes}} of the buffers that entry holds. ``by_device``
-    counts every buffer once however many entries hold it; ``shared`` lists,
-    for each set of two or more entries, the bytes and buffers they hold in
-    common (and per device and memory kind). ``naive_bytes`` is what every entry holding its own copy would
-    cost (the sum over entries); ``unique_bytes`` what is really held.
+    ``by_role[entry]``: ``bytes``, ``by_kind`` and ``by_device`` of the buffers it holds;
+    ``by_device`` counts every buffer once; ``shared``: for each set of two or more entries,
+    what they hold in common. ``naive_bytes``: the sum over entries; ``unique_bytes``: what
+    is really held.
     """
 
     by_role: Mapping[str, Mapping[str, Any]]
@@ -130,9 +127,7 @@ def memory_table(
 
     Returns:
         ``by_role``, ``by_device``, ``shared``, ``unique_bytes`` and ``naive_bytes``, as in
-        ``MemoryReport``: a buffer several entries hold is counted once per entry in
-        ``by_role`` and once in ``by_device``, and ``shared`` lists each set of two or more
-        entries with what they hold in common.
+        ``MemoryReport``.
     """
     by_role = {}
     for e, name in enumerate(names):

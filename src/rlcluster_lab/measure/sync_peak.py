@@ -1,27 +1,18 @@
 """A weight sync's transient peak (L3), measured: the bytes alive during it above what was there before.
 
-During a sync the old rollout arrays, the new ones, whatever the reshard stages and
-its compiled programs' temporaries are alive together for a moment; that moment, not
-the bytes moved, is where a colocated or reshaped run runs out of memory. ``PeakWalk``
-is the ``placement.phases.Probe`` the sync's observer installs: the reshard tells it
-which arrays it made and when it holds the most it will before dropping something,
-and the walk counts, at each of those phases:
+During a sync the old rollout arrays, the new ones, the reshard's staging and its programs'
+temporaries are alive together for a moment; that moment, not the bytes moved, is where a
+run runs out of memory. ``PeakWalk`` is the ``placement.phases.Probe`` the sync installs;
+at each phase the reshard reports it counts:
 
-- **arrays**: the buffers of every array the sync made that is still alive (a weak
-  reference: what the reshard dropped is gone), minus the buffers alive before the
-  sync that are gone now (old rollout arrays the sync replaced and nothing else
-  holds; a buffer the actor or the anchor still holds stays). Buffers are keyed by
-  (platform, device, pointer), so one several arrays hold counts once, and only the
-  sync's own arrays are walked: another thread's arrays never count.
-- **program temporaries**: the scratch memory of each compiled program that ran in
-  the phase (its memory analysis, ``temp_size_in_bytes`` per device), in device
-  memory while the program runs.
-- **allocator**: on devices that report ``memory_stats()`` (GPU, TPU), the
-  allocator's ``peak_bytes_in_use`` after the sync against ``bytes_in_use`` before,
-  where the peak rose during the sync (otherwise the process's earlier peak hides it).
+- **arrays**: every array the sync made that is still alive (weak references), minus the
+  buffers alive before that are gone now (a buffer the actor or the anchor holds stays),
+  each buffer once by (platform, device, pointer); only the sync's own arrays are walked.
+- **program temporaries**: each compiled program's ``temp_size_in_bytes`` per device.
+- **allocator**: where devices report ``memory_stats()``, ``peak_bytes_in_use`` after the
+  sync against ``bytes_in_use`` before, where the peak rose during the sync.
 
-The figures are per device and memory kind; a device's peak is the largest phase.
-The walk's own time is kept apart (``seconds``), so the sync's timed handover excludes it.
+A device's peak is its largest phase; the walk's own time is kept apart (``seconds``).
 """
 
 from __future__ import annotations
@@ -109,12 +100,10 @@ class PeakPhase:
 class SyncPeak:
     """A sync's transient peak per device and memory kind (see the module docstring).
 
-    ``by_device[device][kind]``: the most bytes above before at any phase (arrays,
-    plus program temporaries in device memory), never below 0; ``phase_at_peak``:
-    the phase where each device's device-memory peak (else its largest kind) is;
-    ``after``: the bytes above before once the sync committed. ``chunks``: how many
-    chunks the handover took (``chunk_bytes`` the setting, ``largest_chunk_bytes``
-    the largest chunk's logical bytes). ``order``: the order of the sync's steps.
+    ``by_device[device][kind]``: the most bytes above before at any phase, never below 0;
+    ``phase_at_peak``: where each device's device-memory peak (else its largest kind) is;
+    ``after``: the bytes above before once the sync committed; ``chunks``: how many chunks
+    the handover took; ``order``: the order of the sync's steps.
     """
 
     by_device: Mapping[str, Mapping[str, int]]
@@ -169,11 +158,8 @@ def peak_of(
     method: Mapping[str, str],
     allocator: Mapping[str, Any] | None = None,
 ) -> SyncPeak:
-    """Put a sync's phases together: each device's peak per kind, and where it is.
-
-    The planner (``planner.sync_peak``) calls it on its phases too, so a plan and a
-    measurement are reduced the same way.
-    """
+    """Put a sync's phases together: each device's peak per kind, and where it is (the planner
+    reduces its phases with it too)."""
     chunks = max((p.chunk or 0 for p in phases), default=0)
     best: dict[str, dict[str, int]] = {}
     where: dict[str, dict[str, str]] = {}

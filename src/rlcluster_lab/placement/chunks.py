@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+
+from rlcluster_lab.placement.phases import bound
 
 _CHUNK_BYTES: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlcluster_lab_sync_chunk", default=None)
 
@@ -39,14 +41,9 @@ def chunk_leaves(sizes: Sequence[int], limit: int | None) -> list[range]:
     return out
 
 
-@contextlib.contextmanager
-def sync_chunks(limit: int | None) -> Iterator[None]:
+def sync_chunks(limit: int | None) -> contextlib.AbstractContextManager[int | None]:
     """Hand weights over in chunks of at most ``limit`` bytes inside the block (None: in one piece)."""
-    token = _CHUNK_BYTES.set(limit)
-    try:
-        yield
-    finally:
-        _CHUNK_BYTES.reset(token)
+    return bound(_CHUNK_BYTES, limit)
 
 
 def current_chunk_bytes() -> int | None:

@@ -1,23 +1,15 @@
 """What a compiled XLA program moves between devices, read from the program itself.
 
-A reshard by XLA moves data inside the program's collectives. This module reads them from
-the compiled HLO (opcode, result shapes, operands, replica groups or source-target pairs)
-and turns each into the device-to-device flows it implies, attributed to the program
-parameters its operands come from; nothing is assumed about how XLA chose to reshard. Per
-collective, the bytes one member receives:
-
-- ``all-to-all``: from each other member of its group, the chunk addressed to it (tuple
-  form: operand ``i`` goes to member ``i``; array form: the operand in group-size chunks).
-- ``all-gather``: each other member's whole operand.
-- ``collective-permute``: the operand, from its source, for each pair not its own target.
-- ``reduce-scatter``: each other member's 1/n of the operand.
-- ``all-reduce``: each other member's whole operand (direct exchange; XLA's algorithm may
-  differ, and the report names the op).
-- ``collective-broadcast``: the root's operand, for every other member.
-
-Group and pair ids are partitions, mapped to devices by the program's device assignment.
-An instruction this module cannot read is listed in ``unreadable``; the caller then
-reports its bytes as not derivable instead of inventing them.
+Each collective of the compiled HLO (opcode, result shapes, operands, replica groups or
+source-target pairs) becomes the device-to-device flows it implies, attributed to the
+program parameters its operands come from. Per collective, the bytes one member receives:
+``all-to-all``: the chunk each other member addresses to it (tuple form: operand ``i`` to
+member ``i``; array form: group-size chunks); ``all-gather``: each other member's operand;
+``collective-permute``: the operand, per pair; ``reduce-scatter``: each other member's 1/n;
+``all-reduce``: each other member's operand (a direct exchange; XLA's algorithm may
+differ); ``collective-broadcast``: the root's operand. Group and pair ids are partitions,
+mapped to devices by the program's device assignment. An instruction that cannot be read
+is listed in ``unreadable``, and its bytes are reported as not derivable.
 """
 
 from __future__ import annotations
@@ -65,17 +57,9 @@ class ProgramTraffic:
 
 
 def program_traffic(compiled: Any, devices: Sequence[Any]) -> ProgramTraffic:
-    """The cross-device flows of a ``jax.stages.Compiled`` whose partitions are ``devices``.
-
-    Args:
-        compiled: the result of ``jax.jit(...).lower(...).compile()``.
-        devices: the program's device assignment (partition ``i`` runs on
-            ``devices[i]``): the flat device order of its mesh.
-
-    Returns:
-        The flows, one readable line per collective, and the instructions
-        that could not be read.
-    """
+    """The cross-device flows of a ``jax.stages.Compiled`` whose partition ``i`` runs on
+    ``devices[i]`` (its mesh's flat device order), one line per collective, and what could not
+    be read."""
     ids = [int(d.id) for d in devices]
     flows: list[Flow] = []
     lines: list[str] = []

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES, UNITS, memory_table
+from rlcluster_lab.measure.sync import describe_layout
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray, host_overlap, overlap, shard_rows
 from rlcluster_lab.planner.shapes import shard_elements
 
@@ -30,13 +31,7 @@ def memory_summary(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, A
 
 
 def _sharding_text(a: PlannedArray) -> str:
-    """The sharding as ``measure.describe_sharding`` writes a NamedSharding's."""
-    axes = ",".join(f"{n}={k}" for n, k in a.mesh.shape.items())
-    ids = list(a.mesh.device_ids)
-    span = f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
-    ids_text = span if ids == list(range(ids[0], ids[0] + len(ids))) else ",".join(map(str, ids))
-    spec = ", ".join("None" if p is None else repr(p) for p in a.spec)
-    return f"mesh({axes}) devices {ids_text} P({spec}) {a.kind}"
+    return describe_layout(a.mesh.shape, a.mesh.device_ids, a.spec, a.kind)
 
 
 class _PerDevice:

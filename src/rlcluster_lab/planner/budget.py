@@ -63,12 +63,9 @@ GIB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class DeviceBudget:
-    """One device's bytes: resident state by entry, each phase's transient terms, the peak.
-
-    ``resident``: device-memory bytes per entry (a buffer several entries hold counts for
-    the first in report order). ``phases[phase][term]``: what that phase adds while it
-    runs. ``peak_bytes`` = resident + the largest phase (``peak_phase``).
-    """
+    """One device's bytes: ``resident`` per entry (a shared buffer for the first in report
+    order), ``phases[phase][term]`` while each runs, ``peak_bytes`` = resident + the largest
+    phase (``peak_phase``)."""
 
     device: int
     host: int
@@ -91,12 +88,10 @@ class DeviceBudget:
 class HostBudget:
     """One host (the devices of one process): what its devices hold, and its RAM.
 
-    ``by_role[entry][kind]``: bytes of each entry's buffers on this host's devices (as a
-    walk of that process's addressable shards counts them); ``by_kind``: every buffer on
-    the host once. ``ram[term]``: host-RAM bytes at the host's peak (entries' host-memory
-    buffers, the sync's newly pinned anchor; on CPU also the devices' bytes).
-    ``sync_cross_host_bytes``: what a sync must bring to this host's devices from other
-    hosts; ``sync_within_host_bytes``: what it moves between this host's own devices.
+    ``by_role[entry][kind]``: each entry's buffers on this host (as that process's walk
+    counts them); ``by_kind``: every buffer once; ``ram[term]``: host RAM at the host's
+    peak; ``sync_cross_host_bytes`` / ``sync_within_host_bytes``: what a sync brings from
+    other hosts / moves between this host's devices.
     """
 
     host: int

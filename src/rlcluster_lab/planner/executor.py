@@ -1,10 +1,8 @@
 """The planner's executor: construction's steps (``cluster.construct``) done on arrays on paper.
 
-``construct`` takes every decision from the rule functions and asks an
-executor to carry it out. The live executor moves real arrays; this one
-moves ``PlannedArray`` records through ``Buffers``, which reshards them as
-the cluster's reshard would (which shards keep their buffer, which are new).
-So a plan runs the cluster's own construction, on shapes.
+``construct`` takes every decision from the rule functions and asks an executor to carry it
+out; this one moves ``PlannedArray`` records through ``Buffers``, which reshards them as the
+cluster would. So a plan runs the cluster's own construction, on shapes.
 """
 
 from __future__ import annotations
@@ -33,12 +31,8 @@ Rules = tuple[tuple[str, Any], ...]
 
 @dataclasses.dataclass(eq=False)
 class PlannedModel:
-    """A model on paper: one ``PlannedArray`` per parameter path.
-
-    Mutable like an ``nnx.Module``: moving it between memory kinds, or another
-    role's arrays taking its place (P14), changes it in place, so every role
-    holding this object sees the change.
-    """
+    """A model on paper: one ``PlannedArray`` per parameter path; mutable like an ``nnx.Module``,
+    so every role holding it sees a move between memory kinds or a share (P14)."""
 
     arrays: dict[PathKey, PlannedArray]
     kind: str  # "lm" or "score"
@@ -171,10 +165,8 @@ class PlannedExecutor:
     def init_optimizer(
         self, actor: PlannedModel, lora: bool, mesh: PlannedMesh, role: Role = Role.ACTOR
     ) -> list[PlannedArray]:
-        """One array per optimizer slot: a slot mirroring the parameters has a leaf per
-        trainable parameter with its sharding (adam's mu, nu); any other leaf (the step
-        count) is made under the role's mesh (P12 runs in its context): replicated on it.
-        The critic's optimizer covers all the critic's parameters."""
+        """One array per optimizer slot (``shapes.optimizer_slots``): a mirroring slot per trainable
+        parameter, any other leaf replicated on the role's mesh (P12 runs in its context)."""
         trainable = [a for p, a in actor.arrays.items() if p in actor.lora_paths or not lora]
         tx = self.critic_tx if role is Role.CRITIC else self.tx
         out = []
@@ -229,13 +221,9 @@ def given_models(
     with_critic: bool,
     default_rules: Rules,
 ) -> dict[str, PlannedModel]:
-    """The models ``app.scenario.build_models`` hands the cluster, on paper.
-
-    The reference is created on its mesh with the model family's default
-    rules; the actor is a copy of it, or LoRA adapters built over its buffers
-    (over a copy with ``lora_separate_base``), each adapter where its kernel
-    lives; reward and critic are created on their meshes.
-    """
+    """The models ``app.scenario.build_models`` hands the cluster, on paper: the reference on its
+    mesh with the family's default rules; the actor a copy of it, or LoRA adapters over its
+    buffers (over a copy with ``lora_separate_base``); reward and critic on their meshes."""
 
     def made(leaves: Iterable[AbstractLeaf], mesh: PlannedMesh) -> dict[PathKey, PlannedArray]:
         return {leaf.path: buf.new(leaf.shape, leaf.dtype, mesh, leaf.spec, "device") for leaf in leaves}

@@ -38,7 +38,7 @@ from rlcluster_lab.core.options import (
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model import ModelConfig
-from rlcluster_lab.planner.accounting import SOURCE, UNITS, fits_summary, memory_summary, sync_summary
+from rlcluster_lab.planner.accounting import SOURCE, fits_summary, memory_summary, sync_summary
 from rlcluster_lab.planner.budget import (
     DeviceBudget,
     HostBudget,
@@ -188,18 +188,15 @@ def plan_cluster(
 ) -> Plan:
     """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
 
-    ``model``: a name from ``tables.model_names()`` or a ``ModelConfig`` (``dtype``
-    overrides its parameter dtype). ``topology``: a name from ``tables.topology_names()`` or
-    a ``Topology``; ``memory_per_device`` (bytes), ``link_bandwidth`` (bytes/s a device
-    receives), ``devices_per_host``, ``host_memory`` (bytes) and ``host_link_bandwidth``
-    (bytes/s a device receives from other hosts) override its figures. ``role_to_mesh``
-    replaces the layout's meshes per role (``Mesh`` or ``PlannedMesh``). ``optimizer`` /
-    ``critic_optimizer``: whose states are planned (default: adam each). ``workload``: the
-    step's shapes that activations and the KV cache scale with (default ``Workload()``).
-    ``sync_chunk_bytes`` plans a sync handed over in chunks (``ClusterConfig.sync_chunk_bytes``);
-    ``sync_programs`` compiles the sync's reshard programs (no array is allocated) so its
-    transient peak includes their temporaries, which needs the topology's devices in this
-    process (the ``local`` topology).
+    ``model``: a name from ``tables.model_names()`` or a ``ModelConfig`` (``dtype`` overrides
+    its parameter dtype). ``topology``: a name from ``tables.topology_names()`` or a
+    ``Topology``, whose figures ``memory_per_device``, ``link_bandwidth``,
+    ``devices_per_host``, ``host_memory`` and ``host_link_bandwidth`` override
+    (``tables.with_figures``). ``role_to_mesh``: per role, a ``Mesh`` or ``PlannedMesh``
+    instead of the layout's. ``optimizer`` / ``critic_optimizer``: default adam.
+    ``workload``: the step's shapes (default ``Workload()``). ``sync_chunk_bytes``: a sync
+    in chunks; ``sync_programs`` compiles the sync's programs (nothing allocated) to count
+    their temporaries, which needs the topology's devices here (``local``).
     """
     if isinstance(model, ModelConfig):
         config = model if dtype is None else dataclasses.replace(model, param_dtype=dtype)
@@ -451,20 +448,3 @@ def _step_phases(
         config, list(models["rollout"].values()), rollout_mesh.device_ids, rollout_split, work, req.offload
     )
     return phases, step
-
-
-__all__ = [
-    "ANCHOR_MODES",
-    "DeviceBudget",
-    "HostBudget",
-    "Plan",
-    "PlanRequest",
-    "Workload",
-    "SOURCE",
-    "UNITS",
-    "fits_summary",
-    "memory_summary",
-    "plan_cluster",
-    "plan_scenario",
-    "sync_summary",
-]

@@ -33,16 +33,6 @@ from rlcluster_lab.planner.workload import Workload
 if TYPE_CHECKING:
     from rlcluster_lab.planner.shapes import PlannedMesh
 
-__all__ = [
-    "FORMULAS",
-    "Split",
-    "Workload",
-    "activation_bytes",
-    "kv_cache_bytes",
-    "layer_bytes_per_token",
-    "prefill_bytes",
-]
-
 F32 = 4  # float32 bytes: statistics, softmax and logits are kept in float32
 
 
@@ -161,12 +151,7 @@ def head_bytes(
 
 
 def activation_bytes(
-    config: ModelConfig,
-    workload: Workload,
-    split: Split = Split(),
-    *,
-    lora_rank: int = 0,
-    value_head: bool = False,
+    config: ModelConfig, workload: Workload, split: Split = Split(), *, lora_rank: int = 0, value_head: bool = False
 ) -> dict[str, int]:
     """Activations of one training micro-batch on one device, by part.
 

@@ -27,7 +27,6 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from rlcluster_lab.engines.base import leaf_path
-from rlcluster_lab.measure.memory import KINDS
 from rlcluster_lab.measure.sync_peak import PeakPhase, nonzero, peak_of
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement import xla as reshard_xla
@@ -280,19 +279,15 @@ def other_orders(phases: Sequence[Mapping[str, Any]], anchor: _Level, rollout: _
 
 
 def _phase(name: str, chunk: int | None, level: _Level, temps: Mapping[int, int]) -> PeakPhase:
-    arrays: dict[str, dict[str, int]] = {}
-    for kind in KINDS:
-        row = level.kinds.get(kind)
-        if row is None:
-            continue
-        for d in np.flatnonzero(row):
-            arrays.setdefault(str(int(d)), {})[kind] = int(row[d])
-    terms: dict[str, dict[str, int]] = {}
-    for term, row in level.terms.items():
-        for d in np.flatnonzero(row):
-            terms.setdefault(str(int(d)), {})[term] = int(row[d])
+    def by_device(rows: Mapping[str, np.ndarray]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for key, row in rows.items():
+            for d in np.flatnonzero(row):
+                out.setdefault(str(int(d)), {})[key] = int(row[d])
+        return nonzero(out)
+
     temporaries = {str(d): int(n) for d, n in sorted(temps.items()) if n}
-    return PeakPhase(name, chunk, nonzero(arrays), nonzero(terms), temporaries)
+    return PeakPhase(name, chunk, by_device(level.kinds), by_device(level.terms), temporaries)
 
 
 def _term(kind: str) -> str:
