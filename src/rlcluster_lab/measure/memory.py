@@ -31,9 +31,6 @@ KINDS: tuple[str, ...] = MEMORY_KINDS + ("unpinned_host",)
 BufferKey = tuple[str, int, str, int]  # (platform, device id, memory kind, buffer pointer)
 
 
-# ---------------------------------------------------------------------------- memory (L2)
-
-
 @dataclasses.dataclass(frozen=True)
 class MemoryReport:
     """Bytes per role, per device and per memory kind, from the live buffers.

@@ -118,33 +118,14 @@ class SyncReport:
     def _sum(self, field: str) -> int:
         return int(sum(getattr(leaf, field) for leaf in self.leaves))
 
-    @property
-    def synced_bytes(self) -> int:
-        return self._sum("synced_bytes")
-
-    @property
-    def moved_cross_device_bytes(self) -> int:
-        return self._sum("moved_cross_device_bytes")
-
-    @property
-    def copied_same_device_bytes(self) -> int:
-        return self._sum("copied_same_device_bytes")
-
-    @property
-    def reused_bytes(self) -> int:
-        return self._sum("reused_bytes")
-
-    @property
-    def relayed_cross_device_bytes(self) -> int:
-        return self._sum("relayed_cross_device_bytes")
-
-    @property
-    def minimum_cross_device_bytes(self) -> int:
-        return self._sum("minimum_cross_device_bytes")
-
-    @property
-    def synced_logical_bytes(self) -> int:
-        return self._sum("logical_bytes")
+    # The totals: each the sum of the leaves' figure.
+    synced_bytes = property(lambda self: self._sum("synced_bytes"))
+    moved_cross_device_bytes = property(lambda self: self._sum("moved_cross_device_bytes"))
+    copied_same_device_bytes = property(lambda self: self._sum("copied_same_device_bytes"))
+    reused_bytes = property(lambda self: self._sum("reused_bytes"))
+    relayed_cross_device_bytes = property(lambda self: self._sum("relayed_cross_device_bytes"))
+    minimum_cross_device_bytes = property(lambda self: self._sum("minimum_cross_device_bytes"))
+    synced_logical_bytes = property(lambda self: self._sum("logical_bytes"))
 
     @property
     def excess_cross_device_bytes(self) -> int:

@@ -215,8 +215,6 @@ class PeakWalk:
         self.chunk = 1
         self.chunk_sizes: list[int] = []
 
-    # The Probe protocol ------------------------------------------------------------
-
     def made(self, arrays: Iterable[jax.Array], term: str) -> None:
         self._made.extend([weakref.ref(x), term, None] for x in arrays)
 
@@ -227,8 +225,6 @@ class PeakWalk:
         if name == "commit":
             self.chunk += 1
         self.seconds += time.perf_counter() - start
-
-    # ---------------------------------------------------------------------------------
 
     def _count(self, name: str, chunk: int | None, programs: Sequence[tuple[tuple[int, ...], int]]) -> PeakPhase:
         arrays: dict[str, dict[str, int]] = {}

@@ -73,9 +73,7 @@ def reshard_many(
     labels = [default if lab is None else lab for lab in labels] if labels is not None else [default] * len(xs)
     if current is None:
         return _reshard_many(xs, dsts, copy, labels)
-    # What a batch logs depends only on its shapes, dtypes, shardings, labels and strategy:
-    # recorded the first time and added from memory afterwards, so a steady sync spends its
-    # time moving data, not describing it again.
+    # Logged once per batch signature, then replayed: a steady sync spends its time moving data.
     key = (
         _STRATEGY.get(),
         copy,

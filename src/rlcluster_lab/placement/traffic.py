@@ -210,14 +210,7 @@ def _result_shape(text: str) -> list[tuple[str, tuple[int, ...]]]:
     """The array parts of an instruction's result shape: ``%x = f32[2,3]{1,0} op(...)``."""
     head = text.split("=", 1)[1].lstrip() if "=" in text else text
     if head.startswith("("):
-        depth, end = 0, 0
-        for i, ch in enumerate(head):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0:
-                end = i
-                break
-        head = head[1:end]
+        head = head[1 : _closing(head, 0) or 0]  # unbalanced: nothing
     else:
         head = head.split(" ", 1)[0]
     return [(dt, tuple(int(d) for d in dims.split(",") if d)) for dt, dims in _SHAPE.findall(head)]
@@ -282,13 +275,10 @@ def _mesh_groups(rest: str) -> list[list[int]]:
     tail = rest[close + 1 :]
     ids_spec = None
     if tail.startswith(", device_ids=("):
-        depth, i = 0, len(", device_ids=")
-        for j in range(i, len(tail)):
-            depth += tail[j] == "("
-            depth -= tail[j] == ")"
-            if depth == 0:
-                ids_spec, tail = tail[i + 1 : j], tail[j + 1 :]
-                break
+        i = len(", device_ids=")
+        j = _closing(tail, i)
+        if j is not None:
+            ids_spec, tail = tail[i + 1 : j], tail[j + 1 :]
     m = re.match(r"\s*\{([^}]*)\}", tail)
     if not m:
         raise _Unreadable("mesh replica groups without group axes")
@@ -315,6 +305,17 @@ def _mesh_groups(rest: str) -> list[list[int]]:
     return [list(map(int, row)) for row in arr.reshape(-1, width)]
 
 
+def _closing(text: str, start: int) -> int | None:
+    """The index of the parenthesis closing the one at ``text[start]`` (None: unbalanced)."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += text[i] == "("
+        depth -= text[i] == ")"
+        if depth == 0:
+            return i
+    return None
+
+
 def _device_ids(spec: str, size: int) -> np.ndarray:
     spec = spec.strip()
     if spec.startswith("["):
@@ -332,15 +333,12 @@ def _iota(spec: str) -> np.ndarray:
     if not m:
         raise _Unreadable(f"unknown iota format {spec!r}")
     dims = [int(x) for x in m.group(1).split(",")]
-    if m.group(2) is None:
-        # "[2,4]T(1,0)": iota of these dims, transposed.
-        arr = np.arange(int(np.prod(dims))).reshape(dims)
-        return arr.transpose([int(x) for x in m.group(3).split(",")]) if m.group(3) else arr
-    reshape = [int(x) for x in m.group(2).split(",")]
+    # "[2,4]T(1,0)" (no reshape): iota of these dims, transposed, as it is.
+    reshape = dims if m.group(2) is None else [int(x) for x in m.group(2).split(",")]
     arr = np.arange(int(np.prod(reshape))).reshape(reshape)
     if m.group(3):
         arr = arr.transpose([int(x) for x in m.group(3).split(",")])
-    return arr.reshape(dims)
+    return arr if m.group(2) is None else arr.reshape(dims)
 
 
 def _summary(op: str, text: str) -> str:

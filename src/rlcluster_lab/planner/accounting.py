@@ -27,9 +27,6 @@ def memory_summary(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, A
     return {"units": UNITS, "source": SOURCE, **table}
 
 
-# --------------------------------------------------------------------------- sync
-
-
 def _sharding_text(a: PlannedArray) -> str:
     return describe_layout(a.mesh.shape, a.mesh.device_ids, a.spec, a.kind)
 
@@ -198,9 +195,6 @@ def _sync_seconds(
         cross = across.get(d, 0)
         worst = max(worst, (n - cross) / link, cross / host_link if cross else 0.0)
     return worst, rule
-
-
-# --------------------------------------------------------------------------- fits
 
 
 def fits_summary(

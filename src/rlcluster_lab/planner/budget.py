@@ -108,9 +108,6 @@ class HostBudget:
     sync_within_host_bytes: int
 
 
-# --------------------------------------------------------------------------- bytes of arrays on paper
-
-
 def _per_device(arrays: Sequence[PlannedArray], kind: str | None = None, itemsize: int | None = None) -> Counter:
     """Bytes per device of ``arrays``: every shard, or with ``kind`` each buffer of that kind once
     (``itemsize``: in that many bytes per element instead of each array's own)."""
@@ -147,9 +144,6 @@ def training_state(trainer: Trainer, workload: Workload, parameters: int) -> dic
         "num_params": parameters,
         "bytes_per_parameter": {k: v / parameters for k, v in {**state, "total": total}.items()},
     }
-
-
-# --------------------------------------------------------------------------- a step's phases
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,9 +197,6 @@ def generate_phase(
         if offload:
             out[d]["offloaded_state"] = brought[d]
     return out
-
-
-# --------------------------------------------------------------------------- devices and hosts
 
 
 def budgets(
@@ -320,9 +311,6 @@ def _hosts(
             )
         )
     return tuple(out)
-
-
-# --------------------------------------------------------------------------- the verdict
 
 
 def gib(n: int | float | None) -> str:

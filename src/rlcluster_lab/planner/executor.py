@@ -87,14 +87,10 @@ class PlannedExecutor:
         self.tx = optimizer
         self.critic_tx = critic_optimizer if critic_optimizer is not None else optax.adam(1e-3)
 
-    # ------------------------------------------------------------------ shapes
-
     def specs(self, role: Role, model: PlannedModel) -> dict[PathKey, AbstractLeaf]:
         """The role's partition spec for every leaf of ``model`` (its rules, the model's shapes)."""
         leaves = abstract_leaves(self.config, model.lora_rank, model.kind, self.rules[role])
         return {leaf.path: leaf for leaf in leaves}
-
-    # ------------------------------------------------------------------ the executor protocol
 
     def as_model(self, given: PlannedModel, role: Role) -> tuple[PlannedModel, str | None]:
         return given, None
@@ -112,10 +108,14 @@ class PlannedExecutor:
             dtype=str(arrays[0].dtype) if arrays else None,
         )
 
-    def place(self, model: PlannedModel, role: Role, mesh: PlannedMesh, kind: str, dtype: str | None) -> PlannedModel:
+    def place(
+        self, model: PlannedModel, role: Role, mesh: PlannedMesh, kind: str, dtype: str | None, copy: bool = False
+    ) -> PlannedModel:
         specs = self.specs(role, model)
         _check_specs((specs[p] for p in model.arrays), mesh, role.value)
-        arrays = {p: self.buf.reshard(a, mesh, specs[p].spec, kind, dtype=dtype) for p, a in model.arrays.items()}
+        arrays = {
+            p: self.buf.reshard(a, mesh, specs[p].spec, kind, copy=copy, dtype=dtype) for p, a in model.arrays.items()
+        }
         return dataclasses.replace(model, arrays=arrays)
 
     def move(self, model: PlannedModel, kind: str) -> PlannedModel:
@@ -143,15 +143,8 @@ class PlannedExecutor:
         if exposes:
             grid = rearranged_device_grid(mesh.device_ids, self.tp_size)
             engine_mesh = PlannedMesh(tuple(grid.flat), grid.shape, mesh.axis_names)
-        specs = self.specs(Role.ROLLOUT, rollout_actor)
-        _check_specs((specs[p] for p in rollout_actor.arrays), engine_mesh, Role.ROLLOUT.value)
-        arrays = {
-            p: self.buf.reshard(a, engine_mesh, specs[p].spec, "device", copy=True)
-            for p, a in rollout_actor.arrays.items()
-        }
-        return PlannedEngine(
-            dataclasses.replace(rollout_actor, arrays=arrays), engine_mesh if exposes else None, owns_weights=True
-        )
+        model = self.place(rollout_actor, Role.ROLLOUT, engine_mesh, "device", None, copy=True)
+        return PlannedEngine(model, engine_mesh if exposes else None, owns_weights=True)
 
     def engine_model(self, engine: PlannedEngine) -> PlannedModel:
         return engine.model

@@ -141,9 +141,6 @@ def shard_elements(shape: tuple[int, ...], spec: PartitionSpec, mesh: PlannedMes
     return n
 
 
-# --------------------------------------------------------------------------- parameter trees
-
-
 @dataclasses.dataclass(frozen=True)
 class AbstractLeaf:
     """One parameter of a model, as ``nnx.eval_shape`` sees it."""
@@ -238,9 +235,6 @@ def _repeat_block(leaves: Iterable[AbstractLeaf], num_layers: int) -> list[Abstr
         if leaf is not None:
             out.append(leaf)
     return out
-
-
-# --------------------------------------------------------------------------- optimizer state
 
 
 @dataclasses.dataclass(frozen=True)

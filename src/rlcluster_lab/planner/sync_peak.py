@@ -348,9 +348,6 @@ def _classify(path: PathKey, src: PlannedArray, dst: PlannedArray, copy: bool, s
     return lf
 
 
-# --------------------------------------------------------------------------- program temporaries
-
-
 def _mesh(m: PlannedMesh, devices: Mapping[int, Any]) -> Mesh:
     grid = np.empty(len(m.device_ids), dtype=object)
     grid[:] = [devices[i] for i in m.device_ids]
