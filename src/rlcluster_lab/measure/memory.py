@@ -78,12 +78,13 @@ def cluster_entries(cluster: Any) -> dict[str, Any]:
     ):
         if model is not None:
             out[name] = nnx.state(model)
-    if cluster.anchor_policy_state is not None:
-        out["anchor"] = cluster.anchor_policy_state
-    if cluster.optimizer_state is not None:
-        out["optimizer"] = cluster.optimizer_state
-    if getattr(cluster, "critic_optimizer_state", None) is not None:
-        out["critic_optimizer"] = cluster.critic_optimizer_state
+    for name, state in (
+        ("anchor", cluster.anchor_policy_state),
+        ("optimizer", cluster.optimizer_state),
+        ("critic_optimizer", getattr(cluster, "critic_optimizer_state", None)),
+    ):
+        if state is not None:
+            out[name] = state
     return out
 
 

@@ -82,9 +82,7 @@ class PeakPhase:
         )
 
     def label(self, chunks: int) -> str:
-        if self.chunk is None:
-            return self.name
-        return self.name if chunks == 1 else f"chunk {self.chunk}/{chunks}: {self.name}"
+        return self.name if self.chunk is None or chunks == 1 else f"chunk {self.chunk}/{chunks}: {self.name}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,18 +170,15 @@ def peak_of(
                 if n > best.setdefault(d, {}).get(kind, 0):
                     best[d][kind] = n
                     where.setdefault(d, {})[kind] = p.label(chunks)
-    by_device = {d: {k: v for k, v in sorted(best[d].items()) if v > 0} for d in sorted(best, key=int)}
-    by_device = {d: k for d, k in by_device.items() if k}
+    by_device = nonzero(best)  # every figure in best is above 0
     at_peak = {}
     for d, kinds in by_device.items():
         kind = "device" if "device" in kinds else max(kinds, key=kinds.get)
         at_peak[d] = where[d][kind]
-    last = phases[-1] if phases else None
-    after = {} if last is None else {d: {k: v for k, v in ks.items() if v} for d, ks in last.arrays.items()}
     return SyncPeak(
         by_device=by_device,
         phase_at_peak=at_peak,
-        after={d: k for d, k in sorted(after.items(), key=lambda kv: int(kv[0])) if k},
+        after=nonzero(phases[-1].arrays) if phases else {},
         phases=tuple(phases),
         chunks=chunks,
         chunk_bytes=chunk_bytes,

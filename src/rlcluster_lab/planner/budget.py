@@ -40,14 +40,12 @@ def sync_device_terms(sync: Mapping[str, Any]) -> dict[int, dict[str, int]]:
     (at the phase where the device's peak is)."""
     peak = sync.get("transient_peak")
     out: dict[int, dict[str, int]] = {}
-    if not peak:
-        for d, kinds in sync.get("peak_extra_bytes", {}).items():
-            if kinds.get("device"):
-                out[int(d)] = {"sync_new_buffers": int(kinds["device"])}
-        return out
-    for d, kinds in peak["by_device"].items():
+    for d, kinds in _sync_peak(sync).items():
         top = int(kinds.get("device", 0))
         if not top:
+            continue
+        if not peak:
+            out[int(d)] = {"sync_new_buffers": top}
             continue
         for ph in peak["phases"]:
             arrays = int(ph["arrays"].get(d, {}).get("device", 0))
