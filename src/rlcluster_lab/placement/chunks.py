@@ -1,12 +1,9 @@
 """A weight sync in chunks: which leaves go together, and the setting in force (``sync_chunk_bytes``).
 
-A sync hands its leaves over in path order. With a chunk size of N bytes, leaves
-are gathered into chunks of at most N logical bytes (each leaf once, in the dtype
-it is handed over in); a leaf larger than N is a chunk of its own (a leaf is never
-split). Each chunk is resharded, committed to the rollout, and its old arrays
-released before the next one starts, which bounds the sync's transient peak at the
-cost of one reshard call (and one compiled program) per chunk. The cluster's sync
-and the planner both split with ``chunk_leaves``, so a plan's chunks are the run's.
+Leaves go in path order into chunks of at most N logical bytes (a larger leaf alone, never
+split); each chunk is resharded, committed and its old arrays released before the next,
+bounding the sync's transient peak at the cost of a reshard call per chunk. The cluster's
+sync and the planner both split with ``chunk_leaves``.
 """
 
 from __future__ import annotations

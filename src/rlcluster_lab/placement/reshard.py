@@ -62,11 +62,9 @@ def reshard_many(
 ) -> list[jax.Array]:
     """``reshard`` of many arrays at once; ``labels`` tag their transfers in the log.
 
-    Per array: kept when its sharding is already the destination (unless
-    ``copy``); re-wrapped without a copy when the layout is equivalent (same
-    devices, same boxes); otherwise its layout changes, with the whole batch
-    done by the current strategy. Memory-kind changes are per-device moves on
-    either side of the layout change, which the transfer guard allows.
+    Per array: kept when already in the destination sharding (unless ``copy``), re-wrapped
+    when the layout is equivalent, else changed by the current strategy. Memory-kind changes
+    are per-device moves on either side of the layout change (the transfer guard allows them).
     """
     current = current_log()
     default = current.leaf if current is not None else None
@@ -219,12 +217,8 @@ def _work_kind(x: jax.Array) -> str:
 
 
 def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]:
-    """Each array cast to its dtype on its own devices, all in one compiled program.
-
-    Arrays already in their dtype are returned as they are. Eager ``astype``
-    would compile a program per shape; one jitted tree program is compiled
-    once per set of shapes, dtypes and shardings.
-    """
+    """Each array cast to its dtype on its own devices (those already in it as they are), in one
+    jitted program per set of devices: eager ``astype`` would compile one per shape."""
     todo = [i for i, (x, d) in enumerate(zip(xs, dtypes)) if x.dtype != np.dtype(d)]
     out = list(xs)
     if not todo:

@@ -381,9 +381,8 @@ def _move_whole(
     labels: Sequence[str | None],
     log: TransferLog | None,
 ) -> dict[int, tuple[jax.Array, set[int]]]:
-    """Disjoint device sets: every shard crosses whole, position p from src_a[p] to dst_a[p], the
-    arrays handed to one device-to-device transfer call as they are (no shard can be kept, none
-    goes through the host, and no per-shard bookkeeping is needed: the split layout's steady sync
+    """Disjoint device sets: every shard crosses whole, position p from src_a[p] to dst_a[p], in one
+    device-to-device transfer call of the arrays as they are (the split layout's steady sync
     costs what a bare ``device_put`` of the same tree costs)."""
     moved = jax.device_put([staged[i] for i in idx], [dsts[i] for i in idx])
     if phases.current_probe() is not None:
