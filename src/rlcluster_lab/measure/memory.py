@@ -1,10 +1,9 @@
 """Memory per role (L2), measured on the live run.
 
-Units: **physical bytes**, every device shard counted (a leaf replicated on
-four devices counts four times). A walk of the live buffers of every role's
-state, keyed by (platform, device, memory kind, buffer pointer), so a buffer
-several roles hold is counted once and listed with the roles that share it;
-beside it, the allocator's own figures where the devices have them.
+Units: **physical bytes**, every device shard counted. A walk of the live buffers of every
+role's state, keyed by (platform, device, memory kind, pointer), so a buffer several roles
+hold counts once and is listed with the roles that share it; beside it, the allocator's
+figures where the devices have them.
 """
 
 from __future__ import annotations
@@ -32,19 +31,14 @@ KINDS: tuple[str, ...] = MEMORY_KINDS + ("unpinned_host",)
 BufferKey = tuple[str, int, str, int]  # (platform, device id, memory kind, buffer pointer)
 
 
-# ---------------------------------------------------------------------------- memory (L2)
-
-
 @dataclasses.dataclass(frozen=True)
 class MemoryReport:
     """Bytes per role, per device and per memory kind, from the live buffers.
 
-    ``by_role[entry]``: ``bytes``, ``by_kind`` {kind: bytes} and ``by_device``
-    {device id: {kind: bytes}} of the buffers that entry holds. ``by_device``
-    counts every buffer once however many entries hold it; ``shared`` lists,
-    for each set of two or more entries, the bytes and buffers they hold in
-    common (and per device and memory kind). ``naive_bytes`` is what every entry holding its own copy would
-    cost (the sum over entries); ``unique_bytes`` what is really held.
+    ``by_role[entry]``: ``bytes``, ``by_kind`` and ``by_device`` of the buffers it holds;
+    ``by_device`` counts every buffer once; ``shared``: for each set of two or more entries,
+    what they hold in common. ``naive_bytes``: the sum over entries; ``unique_bytes``: what
+    is really held.
     """
 
     by_role: Mapping[str, Mapping[str, Any]]
@@ -84,12 +78,13 @@ def cluster_entries(cluster: Any) -> dict[str, Any]:
     ):
         if model is not None:
             out[name] = nnx.state(model)
-    if cluster.anchor_policy_state is not None:
-        out["anchor"] = cluster.anchor_policy_state
-    if cluster.optimizer_state is not None:
-        out["optimizer"] = cluster.optimizer_state
-    if getattr(cluster, "critic_optimizer_state", None) is not None:
-        out["critic_optimizer"] = cluster.critic_optimizer_state
+    for name, state in (
+        ("anchor", cluster.anchor_policy_state),
+        ("optimizer", cluster.optimizer_state),
+        ("critic_optimizer", getattr(cluster, "critic_optimizer_state", None)),
+    ):
+        if state is not None:
+            out[name] = state
     return out
 
 
@@ -130,9 +125,7 @@ def memory_table(
 
     Returns:
         ``by_role``, ``by_device``, ``shared``, ``unique_bytes`` and ``naive_bytes``, as in
-        ``MemoryReport``: a buffer several entries hold is counted once per entry in
-        ``by_role`` and once in ``by_device``, and ``shared`` lists each set of two or more
-        entries with what they hold in common.
+        ``MemoryReport``.
     """
     by_role = {}
     for e, name in enumerate(names):

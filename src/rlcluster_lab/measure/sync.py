@@ -1,16 +1,16 @@
 """What one weight sync moved (L3): per leaf and in total, against the least the placement allows.
 
-Units: **physical bytes**, every device shard counted; ``synced_logical_bytes``
-is the one figure counted once per leaf. The report is built from the
-source's shard facts (read before the sync), the destination arrays, and the
-reshard's own log of what it copied (``placement.transfers``), not from JAX's
-transfer guard, which does not see device-to-device copies on CPU.
+Units: **physical bytes**, every device shard counted (``synced_logical_bytes`` once per
+leaf). Built from the source's shard facts (read before the sync), the destination arrays
+and the reshard's log of its copies (``placement.transfers``), not from JAX's transfer
+guard, which does not see device-to-device copies on CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -22,23 +22,20 @@ from jax.sharding import NamedSharding, Sharding
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.memory import UNITS, _buffers, _plain
-from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, allocator_before, allocator_peak, peak_of
+from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, _add, allocator_before, allocator_peak, peak_of
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.transfers import Transfer, TransferLog, shard_key, shard_keys
+from rlcluster_lab.placement.transfers import Transfer, TransferLog, record_transfers, shard_key, shard_keys
 
 
 @dataclasses.dataclass(frozen=True)
 class SyncPiece:
     """Bytes of one leaf, by how they reached one destination device (L3).
 
-    ``how``: ``"moved"`` (crossed from ``src_device``: a logged copy, or a
-    collective of the compiled program), ``"copied"`` (a new buffer made on
-    ``dst_device`` from data already there) or ``"reused"`` (the destination
-    shard is the source's own buffer). Copied and reused pieces have
-    ``src_device == dst_device``. Per leaf and kind the pieces sum to the
-    leaf's moved, copied and reused bytes.
+    ``how``: ``"moved"`` (crossed from ``src_device``), ``"copied"`` (a new buffer made from
+    data already on ``dst_device``) or ``"reused"`` (the source's own buffer). Per leaf and
+    kind the pieces sum to the leaf's moved, copied and reused bytes.
     """
 
     how: str
@@ -81,34 +78,20 @@ class LeafSync:
 class SyncReport:
     """What one ``sync_weights`` moved (P13, L3).
 
-    For every destination shard, its bytes were either *reused* (the
-    destination buffer is a source buffer: nothing moved), *copied within
-    its device* (made from data that started on that device), or arrived
-    from another device. ``moved_cross_device`` is everything that crossed
-    devices; ``relayed_cross_device`` is the part of it that did not end up
-    as destination data on the device it crossed to (a compiled program that
-    moves data twice, or gathers and drops it; 0 for the minimal strategy).
-    So ``synced = moved_cross_device - relayed_cross_device +
-    copied_same_device + reused``. ``minimum_cross_device_bytes`` is what the
-    two shardings force to cross devices, from shard indices and devices
-    alone; ``excess_cross_device_bytes`` is how much more than that was moved.
-    ``reshard_strategy`` names the strategy (or strategies) that did the
-    layout changes. Each leaf's ``pieces`` give its bytes per source and
-    destination device (what ``lab.shard_figures`` draws).
-    ``anchor_bytes`` are the new pinned-host buffers of the anchor re-pin,
-    apart from the handover. ``peak_extra_bytes`` per device and memory
-    kind: the new buffers the sync allocates while the old ones are still
-    alive (new destination buffers in their dtype, plus the new anchor).
-    ``peak`` (JSON ``transient_peak``): what is really alive at the sync's
-    worst moment, phase by phase, with the reshard's staging and program
-    temporaries and the chunks' releases (``measure.sync_peak``).
-    A cast to the rollout dtype happens on the destination device after the
-    move and is not counted as movement. ``seconds`` is the handover alone
-    (the engine's update until its arrays are ready, the peak walk's own time
-    left out). ``includes_compilation``: the first
-    sync between a set of shardings compiles its copy programs, and its
-    ``seconds`` include that; ``includes_program_load``: it read them back
-    from the persistent compilation cache instead; later syncs reuse them.
+    Every destination shard's bytes were *reused* (a source buffer), *copied within its
+    device*, or arrived from another device. ``moved_cross_device`` is everything that
+    crossed; ``relayed_cross_device`` the part that did not end up as destination data where
+    it crossed to (a program moving data twice, or gathering and dropping it; 0 for the
+    minimal strategy). So ``synced = moved - relayed + copied + reused``.
+    ``minimum_cross_device_bytes``: what the two shardings force to cross;
+    ``excess_cross_device_bytes``: how much more moved. Each leaf's ``pieces`` give its bytes
+    per source and destination device (``lab.shard_figures``). ``anchor_bytes``: the anchor
+    re-pin's new pinned buffers. ``peak_extra_bytes`` per device and kind: the new buffers
+    allocated while the old are alive; ``peak`` (JSON ``transient_peak``): what is alive at
+    the worst moment, phase by phase (``measure.sync_peak``). A cast to the rollout dtype is
+    not movement. ``seconds``: the handover alone (the peak walk's time left out), including
+    compiling (``includes_compilation``) or loading (``includes_program_load``) its programs
+    on a first sync.
     """
 
     method: str
@@ -135,33 +118,14 @@ class SyncReport:
     def _sum(self, field: str) -> int:
         return int(sum(getattr(leaf, field) for leaf in self.leaves))
 
-    @property
-    def synced_bytes(self) -> int:
-        return self._sum("synced_bytes")
-
-    @property
-    def moved_cross_device_bytes(self) -> int:
-        return self._sum("moved_cross_device_bytes")
-
-    @property
-    def copied_same_device_bytes(self) -> int:
-        return self._sum("copied_same_device_bytes")
-
-    @property
-    def reused_bytes(self) -> int:
-        return self._sum("reused_bytes")
-
-    @property
-    def relayed_cross_device_bytes(self) -> int:
-        return self._sum("relayed_cross_device_bytes")
-
-    @property
-    def minimum_cross_device_bytes(self) -> int:
-        return self._sum("minimum_cross_device_bytes")
-
-    @property
-    def synced_logical_bytes(self) -> int:
-        return self._sum("logical_bytes")
+    # The totals: each the sum of the leaves' figure.
+    synced_bytes = property(lambda self: self._sum("synced_bytes"))
+    moved_cross_device_bytes = property(lambda self: self._sum("moved_cross_device_bytes"))
+    copied_same_device_bytes = property(lambda self: self._sum("copied_same_device_bytes"))
+    reused_bytes = property(lambda self: self._sum("reused_bytes"))
+    relayed_cross_device_bytes = property(lambda self: self._sum("relayed_cross_device_bytes"))
+    minimum_cross_device_bytes = property(lambda self: self._sum("minimum_cross_device_bytes"))
+    synced_logical_bytes = property(lambda self: self._sum("logical_bytes"))
 
     @property
     def excess_cross_device_bytes(self) -> int:
@@ -257,9 +221,7 @@ def sync_report(
             part = "copied"
         else:
             continue
-        at = pieces.setdefault(t.leaf, {})
-        key = (part, int(t.src_device), int(t.dst_device))
-        at[key] = at.get(key, 0) + t.nbytes
+        _add(pieces, t.leaf, (part, int(t.src_device), int(t.dst_device)), t.nbytes)
     untraced: dict[str | None, list[str]] = {}
     for leaf, why in log.unreadable:
         untraced.setdefault(leaf, []).append(why)
@@ -279,12 +241,9 @@ def sync_report(
             synced += elements * itemsize
             if shard_key(s) in src.buffers:
                 reused += elements * itemsize
-                at = pieces.setdefault(path, {})
-                key = ("reused", int(s.device.id), int(s.device.id))
-                at[key] = at.get(key, 0) + elements * itemsize
+                _add(pieces, path, ("reused", int(s.device.id), int(s.device.id)), elements * itemsize)
                 continue
-            d = peak.setdefault(str(s.device.id), {})
-            d[kind] = d.get(kind, 0) + s.data.nbytes
+            _add(peak, str(s.device.id), kind, s.data.nbytes)
         how = "logged copies" if not program else "logged copies and compiled-program collectives"
         if path in untraced or None in untraced:
             how = "not fully derivable: " + "; ".join(untraced.get(path, []) + untraced.get(None, []))[:300]
@@ -309,8 +268,7 @@ def sync_report(
         )
     anchor_bytes = 0
     for dev, kind, n in new_anchor_shards:
-        d = peak.setdefault(str(dev), {})
-        d[kind] = d.get(kind, 0) + n
+        _add(peak, str(dev), kind, n)
         anchor_bytes += n
     strategy = "+".join(sorted(log.strategies)) or "none (no layout changed)"
     method = (
@@ -355,12 +313,17 @@ def new_shards(after: Any, before: Any) -> list[tuple[int, str, int]]:
 def describe_sharding(s: Sharding) -> str:
     """A short readable sharding: mesh axes, device ids, partition spec, memory kind."""
     if isinstance(s, NamedSharding):
-        axes = ",".join(f"{n}={k}" for n, k in s.mesh.shape.items())
         ids = [d.id for d in np.asarray(s.mesh.devices).flatten()]
-        spec = ", ".join("None" if p is None else repr(p) for p in s.spec)
-        return f"mesh({axes}) devices {_id_ranges(ids)} P({spec}) {s.memory_kind}"
+        return describe_layout(s.mesh.shape, ids, s.spec, s.memory_kind)
     ids = sorted(d.id for d in s.device_set)
     return f"{type(s).__name__} devices {_id_ranges(ids)} {s.memory_kind}"
+
+
+def describe_layout(axes: Mapping[str, int], ids: Sequence[int], spec: Any, kind: Any) -> str:
+    """A mesh sharding as ``describe_sharding`` writes it (the planner writes its arrays so too)."""
+    sizes = ",".join(f"{n}={k}" for n, k in axes.items())
+    parts = ", ".join("None" if p is None else repr(p) for p in spec)
+    return f"mesh({sizes}) devices {_id_ranges(ids)} P({parts}) {kind}"
 
 
 def _id_ranges(ids: Sequence[int]) -> str:
@@ -370,14 +333,9 @@ def _id_ranges(ids: Sequence[int]) -> str:
 
 
 class SyncObserver:
-    """Watches one weight sync and writes its report (L3); the sync itself only calls its hooks.
-
-    ``start(keep, replaced, devices)`` takes stock of what is alive before the sync
-    (the transient peak's baseline, ``measure.sync_peak``); ``before(params)`` reads
-    the source's shard facts; the handover runs inside ``recording()`` (the reshard
-    logs every copy it makes there, and reports its phases to the peak walk);
-    ``after(destination, seconds)`` and ``anchor(new, old, seconds)`` read what the
-    sync left; ``end()`` counts once it committed; ``report(...)`` puts it together.
+    """Watches one weight sync and writes its report (L3); the sync itself only calls its hooks:
+    ``start``, ``before``, the handover inside ``recording()``, ``after``, ``anchor``, ``end``,
+    then ``report``.
     """
 
     def __init__(self, *, chunk_bytes: int | None = None, order: str = "") -> None:
@@ -411,10 +369,12 @@ class SyncObserver:
         self.source = {path: shard_facts(x) for path, x in leaves.items()}
         self._sizes = [int(leaves[path].nbytes) for path in sorted(leaves)]
 
-    def recording(self) -> Any:
-        from rlcluster_lab.placement.transfers import record_transfers
-
-        return _Recording(self, record_transfers())
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[TransferLog]:
+        """The handover's block: the reshard logs its copies and reports its phases to the walk."""
+        with record_transfers() as log, phases.probing(self.walk):
+            self.log = log
+            yield log
 
     def after(self, destination: Any, seconds: float) -> None:
         self.destination = flat_leaves(destination)
@@ -458,18 +418,3 @@ class SyncObserver:
             global_step=global_step,
             transient_peak=self.peak(),
         )
-
-
-class _Recording:
-    def __init__(self, observer: SyncObserver, block: Any) -> None:
-        self.observer, self.block = observer, block
-        self.probe = phases.probing(observer.walk)
-
-    def __enter__(self) -> TransferLog:
-        self.observer.log = self.block.__enter__()
-        self.probe.__enter__()
-        return self.observer.log
-
-    def __exit__(self, *exc: Any) -> Any:
-        self.probe.__exit__(*exc)
-        return self.block.__exit__(*exc)

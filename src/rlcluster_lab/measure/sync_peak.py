@@ -1,27 +1,18 @@
 """A weight sync's transient peak (L3), measured: the bytes alive during it above what was there before.
 
-During a sync the old rollout arrays, the new ones, whatever the reshard stages and
-its compiled programs' temporaries are alive together for a moment; that moment, not
-the bytes moved, is where a colocated or reshaped run runs out of memory. ``PeakWalk``
-is the ``placement.phases.Probe`` the sync's observer installs: the reshard tells it
-which arrays it made and when it holds the most it will before dropping something,
-and the walk counts, at each of those phases:
+During a sync the old rollout arrays, the new ones, the reshard's staging and its programs'
+temporaries are alive together for a moment; that moment, not the bytes moved, is where a
+run runs out of memory. ``PeakWalk`` is the ``placement.phases.Probe`` the sync installs;
+at each phase the reshard reports it counts:
 
-- **arrays**: the buffers of every array the sync made that is still alive (a weak
-  reference: what the reshard dropped is gone), minus the buffers alive before the
-  sync that are gone now (old rollout arrays the sync replaced and nothing else
-  holds; a buffer the actor or the anchor still holds stays). Buffers are keyed by
-  (platform, device, pointer), so one several arrays hold counts once, and only the
-  sync's own arrays are walked: another thread's arrays never count.
-- **program temporaries**: the scratch memory of each compiled program that ran in
-  the phase (its memory analysis, ``temp_size_in_bytes`` per device), in device
-  memory while the program runs.
-- **allocator**: on devices that report ``memory_stats()`` (GPU, TPU), the
-  allocator's ``peak_bytes_in_use`` after the sync against ``bytes_in_use`` before,
-  where the peak rose during the sync (otherwise the process's earlier peak hides it).
+- **arrays**: every array the sync made that is still alive (weak references), minus the
+  buffers alive before that are gone now (a buffer the actor or the anchor holds stays),
+  each buffer once by (platform, device, pointer); only the sync's own arrays are walked.
+- **program temporaries**: each compiled program's ``temp_size_in_bytes`` per device.
+- **allocator**: where devices report ``memory_stats()``, ``peak_bytes_in_use`` after the
+  sync against ``bytes_in_use`` before, where the peak rose during the sync.
 
-The figures are per device and memory kind; a device's peak is the largest phase.
-The walk's own time is kept apart (``seconds``), so the sync's timed handover excludes it.
+A device's peak is its largest phase; the walk's own time is kept apart (``seconds``).
 """
 
 from __future__ import annotations
@@ -91,9 +82,7 @@ class PeakPhase:
         )
 
     def label(self, chunks: int) -> str:
-        if self.chunk is None:
-            return self.name
-        return self.name if chunks == 1 else f"chunk {self.chunk}/{chunks}: {self.name}"
+        return self.name if self.chunk is None or chunks == 1 else f"chunk {self.chunk}/{chunks}: {self.name}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,12 +98,10 @@ class PeakPhase:
 class SyncPeak:
     """A sync's transient peak per device and memory kind (see the module docstring).
 
-    ``by_device[device][kind]``: the most bytes above before at any phase (arrays,
-    plus program temporaries in device memory), never below 0; ``phase_at_peak``:
-    the phase where each device's device-memory peak (else its largest kind) is;
-    ``after``: the bytes above before once the sync committed. ``chunks``: how many
-    chunks the handover took (``chunk_bytes`` the setting, ``largest_chunk_bytes``
-    the largest chunk's logical bytes). ``order``: the order of the sync's steps.
+    ``by_device[device][kind]``: the most bytes above before at any phase, never below 0;
+    ``phase_at_peak``: where each device's device-memory peak (else its largest kind) is;
+    ``after``: the bytes above before once the sync committed; ``chunks``: how many chunks
+    the handover took; ``order``: the order of the sync's steps.
     """
 
     by_device: Mapping[str, Mapping[str, int]]
@@ -169,11 +156,8 @@ def peak_of(
     method: Mapping[str, str],
     allocator: Mapping[str, Any] | None = None,
 ) -> SyncPeak:
-    """Put a sync's phases together: each device's peak per kind, and where it is.
-
-    The planner (``planner.sync_peak``) calls it on its phases too, so a plan and a
-    measurement are reduced the same way.
-    """
+    """Put a sync's phases together: each device's peak per kind, and where it is (the planner
+    reduces its phases with it too)."""
     chunks = max((p.chunk or 0 for p in phases), default=0)
     best: dict[str, dict[str, int]] = {}
     where: dict[str, dict[str, str]] = {}
@@ -186,18 +170,15 @@ def peak_of(
                 if n > best.setdefault(d, {}).get(kind, 0):
                     best[d][kind] = n
                     where.setdefault(d, {})[kind] = p.label(chunks)
-    by_device = {d: {k: v for k, v in sorted(best[d].items()) if v > 0} for d in sorted(best, key=int)}
-    by_device = {d: k for d, k in by_device.items() if k}
+    by_device = nonzero(best)  # every figure in best is above 0
     at_peak = {}
     for d, kinds in by_device.items():
         kind = "device" if "device" in kinds else max(kinds, key=kinds.get)
         at_peak[d] = where[d][kind]
-    last = phases[-1] if phases else None
-    after = {} if last is None else {d: {k: v for k, v in ks.items() if v} for d, ks in last.arrays.items()}
     return SyncPeak(
         by_device=by_device,
         phase_at_peak=at_peak,
-        after={d: k for d, k in sorted(after.items(), key=lambda kv: int(kv[0])) if k},
+        after=nonzero(phases[-1].arrays) if phases else {},
         phases=tuple(phases),
         chunks=chunks,
         chunk_bytes=chunk_bytes,
@@ -229,8 +210,6 @@ class PeakWalk:
         self.chunk = 1
         self.chunk_sizes: list[int] = []
 
-    # The Probe protocol ------------------------------------------------------------
-
     def made(self, arrays: Iterable[jax.Array], term: str) -> None:
         self._made.extend([weakref.ref(x), term, None] for x in arrays)
 
@@ -241,8 +220,6 @@ class PeakWalk:
         if name == "commit":
             self.chunk += 1
         self.seconds += time.perf_counter() - start
-
-    # ---------------------------------------------------------------------------------
 
     def _count(self, name: str, chunk: int | None, programs: Sequence[tuple[tuple[int, ...], int]]) -> PeakPhase:
         arrays: dict[str, dict[str, int]] = {}

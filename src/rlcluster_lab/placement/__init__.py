@@ -7,11 +7,4 @@ from rlcluster_lab.placement.place import move_model, place_model, put_on_memory
 # ``reshard`` names the module here; the function is ``placement.reshard.reshard``.
 from rlcluster_lab.placement.reshard import reshard_many, reshard_strategy, reshard_tree
 
-__all__ = [
-    "move_model",
-    "place_model",
-    "put_on_memory_kind",
-    "reshard_many",
-    "reshard_strategy",
-    "reshard_tree",
-]
+__all__ = ["move_model", "place_model", "put_on_memory_kind", "reshard_many", "reshard_strategy", "reshard_tree"]

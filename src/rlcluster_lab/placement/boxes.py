@@ -1,10 +1,7 @@
-"""Shards as boxes: which part of a global array each device holds, and what a change of
-layout must move.
-
-A box is a (start, stop) pair per dimension. Everything here reads indices and
-devices only (no data moves), so the same arithmetic serves the minimal
-reshard strategy, the minimum any reshard must move (L3), the multi-process
-crossing report and the planner.
+"""Shards as boxes (a (start, stop) pair per dimension): which part of a global array each
+device holds, and what a change of layout must move. Indices and devices only, so the same
+arithmetic serves the minimal strategy, the minimum any reshard moves (L3), the crossing
+report and the planner.
 """
 
 from __future__ import annotations
@@ -48,12 +45,8 @@ class BlockPlan:
 def minimum_cross_device_elements(
     src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[tuple[int, Box]]
 ) -> list[int]:
-    """Per destination shard: elements that no source shard on its own device holds.
-
-    Shards of one sharding are equal or disjoint, so a device's own source
-    shards are one box, and what it lacks is its destination box minus the
-    intersection with that box. This is the least any reshard must move.
-    """
+    """Per destination shard: elements no source shard on its own device holds, the least any
+    reshard must move (shards of one sharding are equal or disjoint)."""
     local: dict[int, list[Box]] = {}
     for dev, box in src_boxes:
         local.setdefault(dev, []).append(box)
@@ -77,9 +70,7 @@ def to_box(index: Sequence[slice], shape: Sequence[int]) -> Box:
 
 
 def plan_reshard(
-    shape: Sequence[int],
-    src_boxes: Sequence[tuple[int, Box]],
-    dst_boxes: Sequence[tuple[int, Box]],
+    shape: Sequence[int], src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[tuple[int, Box]]
 ) -> list[BlockPlan]:
     """For each destination (device, box): the source pieces that fill it.
 

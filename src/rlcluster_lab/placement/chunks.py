@@ -1,19 +1,18 @@
 """A weight sync in chunks: which leaves go together, and the setting in force (``sync_chunk_bytes``).
 
-A sync hands its leaves over in path order. With a chunk size of N bytes, leaves
-are gathered into chunks of at most N logical bytes (each leaf once, in the dtype
-it is handed over in); a leaf larger than N is a chunk of its own (a leaf is never
-split). Each chunk is resharded, committed to the rollout, and its old arrays
-released before the next one starts, which bounds the sync's transient peak at the
-cost of one reshard call (and one compiled program) per chunk. The cluster's sync
-and the planner both split with ``chunk_leaves``, so a plan's chunks are the run's.
+Leaves go in path order into chunks of at most N logical bytes (a larger leaf alone, never
+split); each chunk is resharded, committed and its old arrays released before the next,
+bounding the sync's transient peak at the cost of a reshard call per chunk. The cluster's
+sync and the planner both split with ``chunk_leaves``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+
+from rlcluster_lab.placement.phases import bound
 
 _CHUNK_BYTES: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlcluster_lab_sync_chunk", default=None)
 
@@ -39,14 +38,9 @@ def chunk_leaves(sizes: Sequence[int], limit: int | None) -> list[range]:
     return out
 
 
-@contextlib.contextmanager
-def sync_chunks(limit: int | None) -> Iterator[None]:
+def sync_chunks(limit: int | None) -> contextlib.AbstractContextManager[int | None]:
     """Hand weights over in chunks of at most ``limit`` bytes inside the block (None: in one piece)."""
-    token = _CHUNK_BYTES.set(limit)
-    try:
-        yield
-    finally:
-        _CHUNK_BYTES.reset(token)
+    return bound(_CHUNK_BYTES, limit)
 
 
 def current_chunk_bytes() -> int | None:

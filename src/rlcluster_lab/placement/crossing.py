@@ -2,21 +2,13 @@
 
 JAX copies a buffer between devices only inside a process (``jax.device_put`` onto another
 process's device needs a transfer server, which hung with the CPU backend's defaults in our
-trials; see the notes behind issue 11). So a layout change between processes (the split
-layout: trainer process against rollout process) is a compiled program every process runs:
-
-1. The sender lays each leaf out as its destination sharding over its own devices
-   (``placement.xla`` does this before handing over).
-2. One jitted ``shard_map`` over a mesh stacking those devices on top of the destination
-   devices moves each leaf with one ``lax.ppermute``: position p of the sender to position p
-   of the receiver, only for the first position of each distinct block in each receiving
-   process, so a block replicated on four devices of the rollout process crosses once.
-3. Inside the receiving process, the other devices that need a block copy it from the
-   device it arrived on.
-
-What crossed is read from the compiled program (its ``collective-permute`` pairs,
-``placement.traffic``); each process logs what landed on its own devices, and process 0
-adds the processes' logs (``multiprocess.report``).
+trials; see issue 11). So a layout change between processes (the split layout) is a program
+every process runs: the sender lays each leaf out as its destination over its own devices
+(``placement.xla``); one jitted ``shard_map`` over a mesh stacking those devices on the
+destination's moves each leaf with one ``lax.ppermute``, only the first position of each
+distinct block in each receiving process; the receiver's other devices copy the block from
+where it arrived. Each process logs, from the program's ``collective-permute`` pairs, what
+landed on its devices; process 0 adds the logs (``multiprocess.report``).
 """
 
 from __future__ import annotations
@@ -45,13 +37,9 @@ PROGRAMS = ProgramCache(16)
 
 @dataclasses.dataclass(frozen=True)
 class LeafRoute:
-    """Where one leaf's destination blocks come from.
-
-    ``sends``: the destination positions whose block crosses from the sender (the first
-    position holding each distinct block in each receiving process). ``source``: for every
-    destination position, the position its block arrives at (itself for a sent one, else the
-    sent one in its process that holds the same block).
-    """
+    """Where one leaf's destination blocks come from: ``sends``, the positions whose block crosses
+    (the first holding each distinct block in each receiving process), and per position
+    ``source``, the sent position in its process that holds its block."""
 
     sends: tuple[int, ...]
     source: tuple[int, ...]
@@ -141,11 +129,9 @@ def move_across(
 ) -> dict[int, tuple[jax.Array, set[int]]]:
     """Disjoint device sets in different processes: ``placement.xla._move_whole`` across processes.
 
-    ``staged[i]`` is leaf i laid out as ``dsts[i]`` over ``src_a`` (position p on
-    ``src_a[p]``). Returns index -> (the leaf on ``dsts[i]``, ids of this process's devices
-    holding new buffers). Every process calls it, one program per destination mesh; each gets
-    back arrays holding the shards on its own devices (none on the sender's), and logs the
-    transfers that landed on them.
+    ``staged[i]`` is leaf i laid out as ``dsts[i]`` over ``src_a``. Every process calls it,
+    one program per destination mesh, and gets index -> (the leaf, ids of its own devices
+    holding new buffers), logging the transfers that landed on them.
     """
     groups: dict[Mesh, list[int]] = {}
     for i in idx:

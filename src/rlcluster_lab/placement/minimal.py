@@ -1,14 +1,13 @@
 """The ``minimal`` reshard strategy: every destination shard assembled on its own device.
 
-Each destination shard is built on its device from the pieces of source shards that overlap
-it (``boxes.plan_reshard``), preferring a copy already on that device, so only the bytes a
-device lacks cross devices: the least any reshard can move at slice granularity. A whole
-tree is batched: one program per source device cuts and packs every piece that leaves it,
-one transfer call moves every pack (and every whole shard that only changes device), and
-one program per destination device assembles its blocks. The schedule is worked out once
-per set of (shape, dtype, shardings). Every copy is logged (``transfers``). Its price is
-compilation: two small programs per device for every new set of shardings, which is why
-the ``xla`` strategy is the default.
+Each destination shard is built on its device from the overlapping pieces of source shards
+(``boxes.plan_reshard``), preferring a copy already there, so only the bytes a device lacks
+cross: the least any reshard can move at slice granularity. Batched per tree: one program
+per source device cuts and packs what leaves it, one transfer call moves every pack (and
+every whole shard that only changes device), one program per destination device assembles
+its blocks; the schedule is worked out once per set of shardings and every copy is logged.
+Its price is two small programs per device per new set of shardings, hence ``xla`` is the
+default.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The points where a reshard can be watched for memory: what it made, and when it holds the most.
 
-A weight sync's transient peak (L3) is the bytes alive during the handover above
-what was there before it. The reshard does not measure that itself: it tells a
-``Probe`` (the sync's observer, ``measure.sync``) which arrays it made and when it
-reaches a point where it holds the most it will hold before it drops something
-(``phase``), with the temporaries of the compiled programs that ran since the last
-point. The probe decides what is alive (it keeps weak references, so an array the
-reshard dropped is gone) and counts buffers.
-
-Without a probe (a model loaded at construction, the lab's rehearsal) these calls
-cost one context-variable read each.
+The reshard tells a ``Probe`` (the sync's observer, ``measure.sync``) which arrays it made and
+when it holds the most it will before dropping something (``phase``), with the temporaries
+of the programs that ran since; the probe decides what is alive and counts buffers. Without
+a probe these calls cost one context-variable read each.
 """
 
 from __future__ import annotations
@@ -17,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import jax
 
@@ -56,6 +50,17 @@ class Probe(Protocol):
 
 
 _PROBE: contextvars.ContextVar[Probe | None] = contextvars.ContextVar("rlcluster_lab_memory_probe", default=None)
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def bound(var: contextvars.ContextVar[T], value: T) -> Iterator[T]:
+    """``var`` set to ``value`` inside the block (placement's settings are context variables)."""
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
 
 
 def current_probe() -> Probe | None:
@@ -63,14 +68,9 @@ def current_probe() -> Probe | None:
     return _PROBE.get()
 
 
-@contextlib.contextmanager
-def probing(probe: Probe | None) -> Iterator[None]:
+def probing(probe: Probe | None) -> contextlib.AbstractContextManager[Probe | None]:
     """Report every reshard made inside the block to ``probe``."""
-    token = _PROBE.set(probe)
-    try:
-        yield
-    finally:
-        _PROBE.reset(token)
+    return bound(_PROBE, probe)
 
 
 def made(arrays: Iterable[jax.Array], term: str) -> None:

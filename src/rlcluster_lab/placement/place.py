@@ -1,9 +1,6 @@
-"""Putting a model onto a mesh and into a memory kind (P5, P14).
-
-Partition specs come from the model's own logical axis names, mapped onto
-mesh axes by the role's logical axis rules (the model's defaults when the
-config gives none). A leaf without a spec is replicated.
-"""
+"""Putting a model onto a mesh and into a memory kind (P5, P14): partition specs from the model's
+logical axis names through the role's rules (the model's defaults when none); a leaf without
+a spec is replicated."""
 
 from __future__ import annotations
 
@@ -48,12 +45,8 @@ def place_model(
     role: str = "model",
     copy: bool = False,
 ) -> nnx.Module:
-    """A model whose every leaf is sharded on ``mesh`` per its partition specs.
-
-    Leaves already in their target sharding are kept (no copy) unless ``copy``
-    asks for buffers of its own; the rest are resharded. Returns a new module
-    object; ``model`` is left untouched.
-    """
+    """A new module whose every leaf is sharded on ``mesh`` per its partition specs (``model`` is
+    untouched): leaves already there are kept unless ``copy`` asks for buffers of their own."""
     graphdef, state = nnx.split(model)
     kind = memory_kind or default_memory_kind(mesh)
     shardings = target_shardings(

@@ -1,19 +1,13 @@
 """Moving arrays between shardings device to device, never through the host.
 
-Two strategies do a layout change, chosen with ``reshard_strategy`` (the cluster sets it
-from ``ClusterConfig.reshard``): ``xla`` (the default, ``placement.xla``: one compiled
-program per set of shardings, whose bytes are read from its own collectives) and
-``minimal`` (``placement.minimal``: each destination shard assembled on its own device, so
-only the bytes a device lacks cross). On the CPU backend ``jax.device_put`` between layouts
-gathers through host memory, which the weight sync's transfer guard (P13) forbids and which
-would not show what a real interconnect moves; both strategies avoid it on every platform.
-Every copy either makes is recorded (``transfers.record_transfers``): the weight sync's
-report (L3) counts what was really copied from that log. What a batch logs depends only on
-its shapes, dtypes, shardings, labels and strategy, so it is recorded the first time and
-added from memory afterwards. At the points where a batch holds the most it will before it
-drops something it tells the sync's peak walk (``placement.phases``), and it drops what it
-no longer needs as it goes (a staged source once its layout changed, a result once moved
-to its memory kind).
+Two strategies change a layout (``reshard_strategy``, from ``ClusterConfig.reshard``): ``xla``
+(``placement.xla``: one compiled program per set of shardings) and ``minimal``
+(``placement.minimal``: each destination shard assembled on its device, so only the bytes a
+device lacks cross). On CPU ``jax.device_put`` between layouts gathers through host memory,
+which the sync's transfer guard (P13) forbids; both strategies avoid it everywhere. Every
+copy is logged (``transfers.record_transfers``) for the sync report (L3), recorded once per
+batch signature and replayed. A batch tells the peak walk (``placement.phases``) where it
+holds the most, and drops what it no longer needs as it goes.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -35,28 +29,16 @@ from rlcluster_lab.placement import phases
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.boxes import relabel
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
-from rlcluster_lab.placement.transfers import (
-    Transfer,
-    current_log,
-    log_new_shards,
-    replay_log,
-    shard_key,
-    shard_keys,
-)
+from rlcluster_lab.placement.transfers import Transfer, current_log, log_new_shards, replay_log, shard_key, shard_keys
 
 _STRATEGY: contextvars.ContextVar[str] = contextvars.ContextVar("rlcluster_lab_reshard_strategy", default="xla")
 
 
-@contextlib.contextmanager
-def reshard_strategy(name: str) -> Iterator[None]:
+def reshard_strategy(name: str) -> contextlib.AbstractContextManager[str]:
     """Use strategy ``name`` (``xla`` or ``minimal``) for the layout changes made inside the block."""
     if name not in RESHARD_STRATEGIES:
         raise ValueError(f"unknown reshard strategy {name!r}; use one of {', '.join(RESHARD_STRATEGIES)}")
-    token = _STRATEGY.set(name)
-    try:
-        yield
-    finally:
-        _STRATEGY.reset(token)
+    return phases.bound(_STRATEGY, name)
 
 
 def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False) -> jax.Array:
@@ -76,28 +58,20 @@ def reshard_tree(values: Any, shardings: Any, *, copy: bool = False) -> Any:
 
 
 def reshard_many(
-    xs: Sequence[jax.Array],
-    dsts: Sequence[Sharding],
-    *,
-    copy: bool = False,
-    labels: Sequence[str | None] | None = None,
+    xs: Sequence[jax.Array], dsts: Sequence[Sharding], *, copy: bool = False, labels: Sequence[str | None] | None = None
 ) -> list[jax.Array]:
     """``reshard`` of many arrays at once; ``labels`` tag their transfers in the log.
 
-    Per array: kept when its sharding is already the destination (unless
-    ``copy``); re-wrapped without a copy when the layout is equivalent (same
-    devices, same boxes); otherwise its layout changes, with the whole batch
-    done by the current strategy. Memory-kind changes are per-device moves on
-    either side of the layout change, which the transfer guard allows.
+    Per array: kept when already in the destination sharding (unless ``copy``), re-wrapped
+    when the layout is equivalent, else changed by the current strategy. Memory-kind changes
+    are per-device moves on either side of the layout change (the transfer guard allows them).
     """
     current = current_log()
     default = current.leaf if current is not None else None
     labels = [default if lab is None else lab for lab in labels] if labels is not None else [default] * len(xs)
     if current is None:
         return _reshard_many(xs, dsts, copy, labels)
-    # What a batch logs depends only on its shapes, dtypes, shardings, labels and strategy:
-    # recorded the first time and added from memory afterwards, so a steady sync spends its
-    # time moving data, not describing it again.
+    # Logged once per batch signature, then replayed: a steady sync spends its time moving data.
     key = (
         _STRATEGY.get(),
         copy,
@@ -243,12 +217,8 @@ def _work_kind(x: jax.Array) -> str:
 
 
 def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]:
-    """Each array cast to its dtype on its own devices, all in one compiled program.
-
-    Arrays already in their dtype are returned as they are. Eager ``astype``
-    would compile a program per shape; one jitted tree program is compiled
-    once per set of shapes, dtypes and shardings.
-    """
+    """Each array cast to its dtype on its own devices (those already in it as they are), in one
+    jitted program per set of devices: eager ``astype`` would compile one per shape."""
     todo = [i for i, (x, d) in enumerate(zip(xs, dtypes)) if x.dtype != np.dtype(d)]
     out = list(xs)
     if not todo:

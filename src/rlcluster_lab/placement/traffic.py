@@ -1,23 +1,15 @@
 """What a compiled XLA program moves between devices, read from the program itself.
 
-A reshard by XLA moves data inside the program's collectives. This module reads them from
-the compiled HLO (opcode, result shapes, operands, replica groups or source-target pairs)
-and turns each into the device-to-device flows it implies, attributed to the program
-parameters its operands come from; nothing is assumed about how XLA chose to reshard. Per
-collective, the bytes one member receives:
-
-- ``all-to-all``: from each other member of its group, the chunk addressed to it (tuple
-  form: operand ``i`` goes to member ``i``; array form: the operand in group-size chunks).
-- ``all-gather``: each other member's whole operand.
-- ``collective-permute``: the operand, from its source, for each pair not its own target.
-- ``reduce-scatter``: each other member's 1/n of the operand.
-- ``all-reduce``: each other member's whole operand (direct exchange; XLA's algorithm may
-  differ, and the report names the op).
-- ``collective-broadcast``: the root's operand, for every other member.
-
-Group and pair ids are partitions, mapped to devices by the program's device assignment.
-An instruction this module cannot read is listed in ``unreadable``; the caller then
-reports its bytes as not derivable instead of inventing them.
+Each collective of the compiled HLO (opcode, result shapes, operands, replica groups or
+source-target pairs) becomes the device-to-device flows it implies, attributed to the
+program parameters its operands come from. Per collective, the bytes one member receives:
+``all-to-all``: the chunk each other member addresses to it (tuple form: operand ``i`` to
+member ``i``; array form: group-size chunks); ``all-gather``: each other member's operand;
+``collective-permute``: the operand, per pair; ``reduce-scatter``: each other member's 1/n;
+``all-reduce``: each other member's operand (a direct exchange; XLA's algorithm may
+differ); ``collective-broadcast``: the root's operand. Group and pair ids are partitions,
+mapped to devices by the program's device assignment. An instruction that cannot be read
+is listed in ``unreadable``, and its bytes are reported as not derivable.
 """
 
 from __future__ import annotations
@@ -65,17 +57,9 @@ class ProgramTraffic:
 
 
 def program_traffic(compiled: Any, devices: Sequence[Any]) -> ProgramTraffic:
-    """The cross-device flows of a ``jax.stages.Compiled`` whose partitions are ``devices``.
-
-    Args:
-        compiled: the result of ``jax.jit(...).lower(...).compile()``.
-        devices: the program's device assignment (partition ``i`` runs on
-            ``devices[i]``): the flat device order of its mesh.
-
-    Returns:
-        The flows, one readable line per collective, and the instructions
-        that could not be read.
-    """
+    """The cross-device flows of a ``jax.stages.Compiled`` whose partition ``i`` runs on
+    ``devices[i]`` (its mesh's flat device order), one line per collective, and what could not
+    be read."""
     ids = [int(d.id) for d in devices]
     flows: list[Flow] = []
     lines: list[str] = []
@@ -226,14 +210,7 @@ def _result_shape(text: str) -> list[tuple[str, tuple[int, ...]]]:
     """The array parts of an instruction's result shape: ``%x = f32[2,3]{1,0} op(...)``."""
     head = text.split("=", 1)[1].lstrip() if "=" in text else text
     if head.startswith("("):
-        depth, end = 0, 0
-        for i, ch in enumerate(head):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0:
-                end = i
-                break
-        head = head[1:end]
+        head = head[1 : _closing(head, 0) or 0]  # unbalanced: nothing
     else:
         head = head.split(" ", 1)[0]
     return [(dt, tuple(int(d) for d in dims.split(",") if d)) for dt, dims in _SHAPE.findall(head)]
@@ -298,13 +275,10 @@ def _mesh_groups(rest: str) -> list[list[int]]:
     tail = rest[close + 1 :]
     ids_spec = None
     if tail.startswith(", device_ids=("):
-        depth, i = 0, len(", device_ids=")
-        for j in range(i, len(tail)):
-            depth += tail[j] == "("
-            depth -= tail[j] == ")"
-            if depth == 0:
-                ids_spec, tail = tail[i + 1 : j], tail[j + 1 :]
-                break
+        i = len(", device_ids=")
+        j = _closing(tail, i)
+        if j is not None:
+            ids_spec, tail = tail[i + 1 : j], tail[j + 1 :]
     m = re.match(r"\s*\{([^}]*)\}", tail)
     if not m:
         raise _Unreadable("mesh replica groups without group axes")
@@ -331,6 +305,17 @@ def _mesh_groups(rest: str) -> list[list[int]]:
     return [list(map(int, row)) for row in arr.reshape(-1, width)]
 
 
+def _closing(text: str, start: int) -> int | None:
+    """The index of the parenthesis closing the one at ``text[start]`` (None: unbalanced)."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += text[i] == "("
+        depth -= text[i] == ")"
+        if depth == 0:
+            return i
+    return None
+
+
 def _device_ids(spec: str, size: int) -> np.ndarray:
     spec = spec.strip()
     if spec.startswith("["):
@@ -348,15 +333,12 @@ def _iota(spec: str) -> np.ndarray:
     if not m:
         raise _Unreadable(f"unknown iota format {spec!r}")
     dims = [int(x) for x in m.group(1).split(",")]
-    if m.group(2) is None:
-        # "[2,4]T(1,0)": iota of these dims, transposed.
-        arr = np.arange(int(np.prod(dims))).reshape(dims)
-        return arr.transpose([int(x) for x in m.group(3).split(",")]) if m.group(3) else arr
-    reshape = [int(x) for x in m.group(2).split(",")]
+    # "[2,4]T(1,0)" (no reshape): iota of these dims, transposed, as it is.
+    reshape = dims if m.group(2) is None else [int(x) for x in m.group(2).split(",")]
     arr = np.arange(int(np.prod(reshape))).reshape(reshape)
     if m.group(3):
         arr = arr.transpose([int(x) for x in m.group(3).split(",")])
-    return arr.reshape(dims)
+    return arr if m.group(2) is None else arr.reshape(dims)
 
 
 def _summary(op: str, text: str) -> str:

@@ -14,18 +14,16 @@ from typing import Any, Literal, TypeVar
 
 import jax
 
+from rlcluster_lab.placement.phases import bound
+
 TransferKind = Literal["cross_device", "same_device", "memory_kind"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:
-    """One copy a reshard made: ``nbytes`` physical bytes into a buffer on ``dst_device``.
-
-    ``cross_device``: the bytes crossed from another device. ``same_device``:
-    a new buffer made from data already on that device (a slice, an assembled
-    block, a forced copy). ``memory_kind``: a move between a device's own
-    memories (device <-> pinned host).
-    """
+    """One copy a reshard made: ``nbytes`` physical bytes into a buffer on ``dst_device``:
+    ``cross_device`` (from another device), ``same_device`` (from data already there) or
+    ``memory_kind`` (between a device's own memories)."""
 
     kind: TransferKind
     src_device: int
@@ -38,13 +36,10 @@ class Transfer:
 class TransferLog:
     """The transfers made inside one ``record_transfers`` block.
 
-    ``relayed`` (per leaf): bytes that crossed devices but did not end up as
-    destination data on the device they crossed to: XLA moved them on again,
-    or moved them and dropped them. ``strategies``: which reshard strategies
-    did the layout changes. ``unreadable``: collectives of a compiled program
-    whose bytes could not be read (the report then says its figures for those
-    leaves are not derived from the program). ``compiled``: some program this
-    block ran was built (compiled, or loaded from the persistent cache) here.
+    ``relayed`` (per leaf): bytes that crossed devices but did not stay as destination data
+    where they crossed to. ``strategies``: the reshard strategies used. ``unreadable``:
+    collectives whose bytes could not be read. ``compiled``: a program this block ran was
+    compiled here.
     """
 
     transfers: list[Transfer] = dataclasses.field(default_factory=list)
@@ -80,25 +75,14 @@ def current_log() -> TransferLog | None:
     return _LOG.get()
 
 
-@contextlib.contextmanager
-def record_transfers() -> Iterator[TransferLog]:
+def record_transfers() -> contextlib.AbstractContextManager[TransferLog]:
     """Log every copy ``reshard`` makes inside the block."""
-    log = TransferLog()
-    token = _LOG.set(log)
-    try:
-        yield log
-    finally:
-        _LOG.reset(token)
+    return bound(_LOG, TransferLog())  # type: ignore[return-value]
 
 
-@contextlib.contextmanager
-def not_recorded() -> Iterator[None]:
+def not_recorded() -> contextlib.AbstractContextManager[None]:
     """Make no log entries inside the block (a caller that already knows them adds them)."""
-    token = _LOG.set(None)
-    try:
-        yield
-    finally:
-        _LOG.reset(token)
+    return bound(_LOG, None)  # type: ignore[return-value]
 
 
 T = TypeVar("T")

@@ -1,19 +1,14 @@
-"""Resharding with XLA: one compiled program per set of shardings, and the bytes it moves.
+"""Resharding with XLA (the ``xla`` strategy of ``reshard.reshard_many``): one compiled program
+per set of shardings, and the bytes it moves.
 
-The ``xla`` strategy of ``reshard.reshard_many``. Where source and destination use the same
-devices in the same order (colocated meshes in another shape: the reshaped layout, the
-vllm-style engine's mesh), a tree is resharded by one jitted identity whose outputs carry
-the destination shardings: XLA plans the collectives and nothing goes through the host, so
-it runs under the weight sync's transfer guard (P13). Where the device sets differ but have
-the same size (the split layout), the program reshards onto the source devices arranged as
-the destination mesh, and each shard then crosses to its destination device whole, in one
-transfer call. Other placements are left to the ``minimal`` strategy.
-
-What crossed devices is read from the compiled program (``placement.traffic``), plus the
-whole shards the transfer call moved. Which destination bytes started on another device is
-measured once per program by a tagged run (``xla_analysis.Provenance``); the difference is
-data XLA moved more than once or moved and dropped (``relayed``), shown as excess over the
-minimum. Programs live in a bounded cache (each compiled CPU program holds memory mappings).
+Same devices in the same order (the reshaped layout, the vllm-style engine's mesh): one jitted
+identity with the destination shardings; XLA plans the collectives and nothing goes through
+the host, so it runs under the sync's transfer guard (P13). Device sets of one size (the
+split layout): a program onto the source devices laid out as the destination, then every
+shard crosses whole in one transfer call. Anything else is left to the ``minimal`` strategy.
+What crossed is read from the program (``placement.traffic``) plus the whole shards moved;
+where destination bytes started is measured once per program by a tagged run
+(``xla_analysis.Provenance``), and the difference is ``relayed`` (excess over the minimum).
 """
 
 from __future__ import annotations
@@ -33,12 +28,7 @@ from rlcluster_lab.placement.boxes import relabel, to_box
 from rlcluster_lab.placement.crossing import move_across
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
-from rlcluster_lab.placement.transfers import (
-    Transfer,
-    TransferLog,
-    current_log,
-    replay_log,
-)
+from rlcluster_lab.placement.transfers import Transfer, TransferLog, current_log, replay_log
 from rlcluster_lab.placement.xla_analysis import (
     UNTRACED,
     Provenance,
@@ -57,10 +47,8 @@ Key = tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]
 class XlaProgram:
     """A compiled identity from source to destination shardings, and (once asked for) what it moves.
 
-    ``source``: ``"compiled"`` (by XLA in this process) or ``"persistent cache"`` (read back
-    from disk). The analysis (``traffic``, ``provenance``) is made the first time a recorded
-    reshard needs it: a reshard nobody measures (a model loaded at construction) pays only for
-    the program.
+    ``source``: ``"compiled"`` or ``"persistent cache"``. The analysis (``traffic``,
+    ``provenance``) is made the first time a recorded reshard needs it.
     """
 
     compiled: Any
@@ -155,14 +143,9 @@ def change_layout(
 ) -> dict[int, tuple[jax.Array, set[int]]]:
     """Reshard what this strategy can; returns index -> (new array, devices holding new buffers).
 
-    Arrays are grouped by (source device order, destination device order). Same order: one
-    program. Same number of devices: one program onto the source devices laid out as the
-    destination, then one transfer call for the shards that change device. Anything else is
-    left out of the result (the caller uses the minimal strategy for it).
-
-    What a change logs depends only on shapes, dtypes, shardings and labels: it is worked out
-    the first time and added from memory afterwards, so a steady sync spends its time moving
-    data, not describing it again.
+    Arrays are grouped by (source device order, destination device order) as the module says;
+    the rest is left out of the result (for the minimal strategy). What a change logs depends
+    only on shapes, dtypes, shardings and labels, so it is recorded once and replayed.
     """
     log = current_log()
     if log is None:
@@ -175,11 +158,10 @@ def change_layout(
 class _Route:
     """How a batch of (shape, dtype, source, destination) changes layout, worked out once.
 
-    ``relabel``: arrays re-labelled into the destination's device order first; ``groups``:
-    (source order, destination order, arrays) in the order they run; ``inter`` and ``need``:
-    for a group whose device orders differ, each array's layout on the source devices and the
-    arrays a program must lay out; ``programs``: each group's compiled program once it ran (a
-    steady sync looks nothing up again).
+    ``relabel``: arrays re-labelled into the destination's order first; ``groups``: (source
+    order, destination order, arrays) as they run; ``inter`` and ``need``: for differing
+    orders, each array's layout on the source devices and those a program must lay out;
+    ``programs``: each group's compiled program once it ran.
     """
 
     relabel: tuple[tuple[int, Sharding], ...]
@@ -399,9 +381,8 @@ def _move_whole(
     labels: Sequence[str | None],
     log: TransferLog | None,
 ) -> dict[int, tuple[jax.Array, set[int]]]:
-    """Disjoint device sets: every shard crosses whole, position p from src_a[p] to dst_a[p], the
-    arrays handed to one device-to-device transfer call as they are (no shard can be kept, none
-    goes through the host, and no per-shard bookkeeping is needed: the split layout's steady sync
+    """Disjoint device sets: every shard crosses whole, position p from src_a[p] to dst_a[p], in one
+    device-to-device transfer call of the arrays as they are (the split layout's steady sync
     costs what a bare ``device_put`` of the same tree costs)."""
     moved = jax.device_put([staged[i] for i in idx], [dsts[i] for i in idx])
     if phases.current_probe() is not None:

@@ -1,15 +1,11 @@
 """Where each destination byte of a compiled reshard program came from, stored and checked.
 
-``xla.XlaProgram`` asks for this once per program: a provenance probe runs the program on
-inputs whose every shard holds its own device's tag. The result is kept beside the
-persistent compilation cache, keyed by the program's fingerprint, so a new process reads
-it back instead of probing again.
-
-A stored entry is data from outside the program, so nothing in it is believed before it is
-checked against the program it claims to describe (``checked_provenance``): any entry that
-fails a check or cannot be parsed is ignored and the program probed again. Entries are
-written with ``mkstemp`` in the store's folder and renamed into place; the folder must pass
-the compilation cache's trust check (``core.compile_cache.trusted_folder``).
+``xla.XlaProgram`` asks for this once per program: a probe runs it on inputs whose every
+shard holds its device's tag. The result is stored beside the persistent compilation cache,
+keyed by the program's fingerprint, so a new process reads it back. A stored entry is data
+from outside, so it is checked against the program (``checked_provenance``) and ignored if
+it fails; entries are written with ``mkstemp`` and renamed into place, in a folder that
+passes the compilation cache's trust check (``core.compile_cache.trusted_folder``).
 """
 
 from __future__ import annotations
@@ -65,11 +61,7 @@ class _Mismatch(ValueError):
 
 
 def read_analysis(
-    compiled: Any,
-    devices: Sequence[Any],
-    inputs: Sequence[Any],
-    outputs: Sequence[Sharding],
-    traffic: ProgramTraffic,
+    compiled: Any, devices: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Sharding], traffic: ProgramTraffic
 ) -> Provenance | None:
     """The stored provenance of this program (``inputs``: its abstract inputs with the source
     shardings; ``outputs``: its destination shardings; ``traffic``: its flows), checked against
@@ -89,12 +81,10 @@ def read_analysis(
 def checked_provenance(
     data: Any, inputs: Sequence[Any], outputs: Sequence[Sharding], traffic: ProgramTraffic
 ) -> Provenance:
-    """``data`` (a parsed entry) as the program's ``Provenance``, every figure checked: one
-    entry per leaf, a count per destination device the output sharding names, origins among
-    the devices the input sharding names, every count a non-negative integer no larger than
-    what that origin's shard and the destination's have in common, a destination's counts
-    summing to its size, and no more data arriving from other devices than the program's
-    collectives carry there.
+    """``data`` (a parsed entry) as the program's ``Provenance``, every figure checked: one entry
+    per leaf and per destination device, origins the input sharding names, counts
+    non-negative integers within what origin and destination share, summing to the
+    destination's size, and no more foreign data than the program's collectives carry.
 
     Raises:
         ValueError: the entry does not describe this program.
@@ -164,11 +154,8 @@ def _device_key(key: Any, known: dict[int, Any]) -> int:
 
 
 def write_analysis(compiled: Any, devices: Sequence[Any], provenance: Provenance) -> None:
-    """Store the program's provenance (best effort: a store that cannot be written is skipped).
-
-    Written to a new ``mkstemp`` file and renamed over the entry's name, so a reader sees a
-    whole entry or none and no link planted at a predictable name is followed.
-    """
+    """Store the program's provenance (best effort), through a new ``mkstemp`` file renamed into
+    place: a reader sees a whole entry or none, and no link planted at the name is followed."""
     path = analysis_path(compiled, devices)
     if path is None:
         return

@@ -1,8 +1,5 @@
-"""Counting for the what-if planner (L4): memory per role and device, the sync, fits.
-
-Each function takes arrays on paper (``planner.buffers``) and returns the JSON the
-measured reports use (``measure.MemoryReport``, ``measure.SyncReport``).
-"""
+"""Counting for the what-if planner (L4): memory per role and device, the sync, fits, in the
+JSON of the measured reports (``measure.MemoryReport``, ``measure.SyncReport``)."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES, UNITS, memory_table
+from rlcluster_lab.measure.sync import describe_layout
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray, host_overlap, overlap, shard_rows
 from rlcluster_lab.planner.shapes import shard_elements
 
@@ -29,17 +27,8 @@ def memory_summary(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, A
     return {"units": UNITS, "source": SOURCE, **table}
 
 
-# --------------------------------------------------------------------------- sync
-
-
 def _sharding_text(a: PlannedArray) -> str:
-    """The sharding as ``measure.describe_sharding`` writes a NamedSharding's."""
-    axes = ",".join(f"{n}={k}" for n, k in a.mesh.shape.items())
-    ids = list(a.mesh.device_ids)
-    span = f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
-    ids_text = span if ids == list(range(ids[0], ids[0] + len(ids))) else ",".join(map(str, ids))
-    spec = ", ".join("None" if p is None else repr(p) for p in a.spec)
-    return f"mesh({axes}) devices {ids_text} P({spec}) {a.kind}"
+    return describe_layout(a.mesh.shape, a.mesh.device_ids, a.spec, a.kind)
 
 
 class _PerDevice:
@@ -75,33 +64,23 @@ def sync_summary(
 ) -> dict[str, Any]:
     """P13 on paper, with the ``SyncReport``'s definitions.
 
-    The filter is LoRAParam for a LoRA actor (``lora``), else Param: ``trainable`` are the
-    leaves handed over; the source is the actor's leaves, the destination the rollout's.
-    For each destination shard on device d with box B: *reused* if the reshard keeps the
-    source buffer (``Buffers.kept``; never with ``copy``, an engine that owns its weights,
-    nor with a dtype cast); else the elements of B inside the source shard on d are
-    *copied_same_device* and the rest *moved_cross_device*: the least the placement forces,
-    what the minimal strategy moves (a compiled program, the xla strategy, may move more, and
-    only a measured sync can say how much); minimum_cross_device = |B| - |B & local source
-    box| (0 when reused). Bytes are counted in the source dtype, so synced = moved + copied +
-    reused for every leaf. (A shard that is the local source shard but lands in a new buffer,
-    the destination being in pinned_host or in another dtype, counts as copied within its
-    device; the measured report, which counts copies from the reshard's transfer log, misses
-    that one where the layout is equivalent, so there its leaf sum falls short of synced.)
+    ``trainable`` are the leaves handed over (LoRAParam for a LoRA actor, else Param), from
+    the actor's leaves to the rollout's. A destination shard with box B on device d is
+    *reused* if the reshard keeps the source buffer (``Buffers.kept``; never with ``copy``
+    nor a dtype cast); else B's elements inside d's source shard are *copied_same_device*
+    and the rest *moved_cross_device*: the least the placement forces (a compiled program
+    may move more; only a measured sync can say). Bytes are in the source dtype, so synced =
+    moved + copied + reused per leaf. (A local source shard that lands in a new buffer, in
+    pinned_host or another dtype, counts as copied; the measured report misses that one for
+    an equivalent layout, so there its leaf sum falls short of synced.)
 
-    ``anchor_bytes`` is what the sync pins anew: the full state, or the adapters only with
-    ``anchor="trainable"``; 0 under offload, where the actor is already pinned and the
-    snapshot keeps its buffers. ``peak_extra_bytes[device][kind]`` is the new destination
-    buffers in the destination dtype (they exist before the old ones are released) plus the
-    new anchor buffers under pinned_host; transient buffers inside a reshard are not counted.
-
-    ``host_of``: each device's host (None: one host). Each destination shard's
-    ``cross_host_bytes`` are the elements no source shard on its host holds, the least that
-    must cross from another host (the rest moves between devices of one host).
-    ``estimated_seconds`` is the busiest device's within-host bytes over the device link and
-    cross-host bytes over the host link, the two at once, each the rate one device receives
-    (half a datasheet's bidirectional figure): a lower bound that ignores latency, multi-hop
-    routes and contention.
+    ``anchor_bytes``: what the sync pins anew (the adapters only with ``anchor="trainable"``;
+    0 under offload, where the snapshot keeps the actor's pinned buffers).
+    ``peak_extra_bytes[device][kind]``: the new destination buffers plus the new anchor's.
+    ``host_of``: each device's host (None: one host); ``cross_host_bytes``: elements no
+    source shard on the destination's host holds. ``estimated_seconds``: the busiest
+    device's within-host bytes over the device link and cross-host bytes over the host link
+    at once, each the rate one device receives: a lower bound (no latency nor contention).
     """
     span = 1 + max(max(a.mesh.device_ids) for m in (actor, rollout) for a in m.values())
     arrived, peak, across = _PerDevice(span), _PerDevice(span), _PerDevice(span)
@@ -216,9 +195,6 @@ def _sync_seconds(
         cross = across.get(d, 0)
         worst = max(worst, (n - cross) / link, cross / host_link if cross else 0.0)
     return worst, rule
-
-
-# --------------------------------------------------------------------------- fits
 
 
 def fits_summary(

@@ -1,30 +1,15 @@
 """Whether a planned cluster fits (L4): every device's bytes through a step's phases, every
 host's RAM, and the reason when something does not fit.
 
-A device holds its resident state (each buffer once, counted for the first entry that
-holds it in report order: actor, rollout, reference, reward, critic, anchor, optimizer,
-critic optimizer) and, while one phase of an RL step runs, that phase's transient bytes:
-
-- ``generate`` (rollout devices): the KV cache and the prefill's logits and attention;
-  under offload the rollout weights, brought to device for the call (P14);
-- ``actor_update`` (actor devices): gradients, activations of one micro-batch and the
-  step's outputs (new trainable parameters and optimizer state beside the old ones);
-  under offload the actor and its optimizer state, brought to device;
-- ``critic_update`` (critic devices, with a critic): the same for the critic;
-- ``sync``: the sync's transient peak in device memory (``planner.sync_peak``: new
-  rollout arrays before the old ones go, staged sources, arrays in flight, and the
-  reshard programs' temporaries where they were compiled), chunk by chunk with
-  ``sync_chunk_bytes``.
-
-Phases run one after another, so a device's peak is its resident bytes plus its
-largest phase. A host's RAM holds its devices' pinned and unpinned-host buffers (the
-anchor, offloaded roles) and, during a sync, its pinned-host peak (the newly pinned anchor,
-the rollout's new pinned arrays under offload); on the CPU backend
-a device's memory is the host's RAM too, so there the host also counts its devices.
-Log-prob passes (reference, anchor, reward) keep no activations for a backward pass
-and are not counted. Everything fits when every device and every host is within its
-memory and every role fits one device (an offloaded role comes to device for its
-operation, P14). Formulas: ``planner.step_memory``.
+A device holds its resident state (each buffer once, for its first holder in report order)
+and, while a phase of a step runs, that phase's transient bytes: ``generate`` (the KV cache
+and the prefill; under offload the rollout weights, brought to device: P14), ``actor_update``
+and ``critic_update`` (gradients, one micro-batch's activations, the new parameters and
+optimizer state; under offload the role's state, brought to device) and ``sync`` (its
+transient device peak, ``planner.sync_peak``). Phases run one after another, so a device's
+peak is its resident bytes plus its largest phase. A host's RAM holds its devices' host-kind
+buffers and the sync's pinned-host peak; on CPU it holds its devices' bytes too. Log-prob
+passes keep no activations and are not counted. Formulas: ``planner.step_memory``.
 """
 
 from __future__ import annotations
@@ -55,14 +40,12 @@ def sync_device_terms(sync: Mapping[str, Any]) -> dict[int, dict[str, int]]:
     (at the phase where the device's peak is)."""
     peak = sync.get("transient_peak")
     out: dict[int, dict[str, int]] = {}
-    if not peak:
-        for d, kinds in sync.get("peak_extra_bytes", {}).items():
-            if kinds.get("device"):
-                out[int(d)] = {"sync_new_buffers": int(kinds["device"])}
-        return out
-    for d, kinds in peak["by_device"].items():
+    for d, kinds in _sync_peak(sync).items():
         top = int(kinds.get("device", 0))
         if not top:
+            continue
+        if not peak:
+            out[int(d)] = {"sync_new_buffers": top}
             continue
         for ph in peak["phases"]:
             arrays = int(ph["arrays"].get(d, {}).get("device", 0))
@@ -78,12 +61,9 @@ GIB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class DeviceBudget:
-    """One device's bytes: resident state by entry, each phase's transient terms, the peak.
-
-    ``resident``: device-memory bytes per entry (a buffer several entries hold counts for
-    the first in report order). ``phases[phase][term]``: what that phase adds while it
-    runs. ``peak_bytes`` = resident + the largest phase (``peak_phase``).
-    """
+    """One device's bytes: ``resident`` per entry (a shared buffer for the first in report
+    order), ``phases[phase][term]`` while each runs, ``peak_bytes`` = resident + the largest
+    phase (``peak_phase``)."""
 
     device: int
     host: int
@@ -106,12 +86,10 @@ class DeviceBudget:
 class HostBudget:
     """One host (the devices of one process): what its devices hold, and its RAM.
 
-    ``by_role[entry][kind]``: bytes of each entry's buffers on this host's devices (as a
-    walk of that process's addressable shards counts them); ``by_kind``: every buffer on
-    the host once. ``ram[term]``: host-RAM bytes at the host's peak (entries' host-memory
-    buffers, the sync's newly pinned anchor; on CPU also the devices' bytes).
-    ``sync_cross_host_bytes``: what a sync must bring to this host's devices from other
-    hosts; ``sync_within_host_bytes``: what it moves between this host's own devices.
+    ``by_role[entry][kind]``: each entry's buffers on this host (as that process's walk
+    counts them); ``by_kind``: every buffer once; ``ram[term]``: host RAM at the host's
+    peak; ``sync_cross_host_bytes`` / ``sync_within_host_bytes``: what a sync brings from
+    other hosts / moves between this host's devices.
     """
 
     host: int
@@ -126,9 +104,6 @@ class HostBudget:
     device_peak_bytes: int
     sync_cross_host_bytes: int
     sync_within_host_bytes: int
-
-
-# --------------------------------------------------------------------------- bytes of arrays on paper
 
 
 def _per_device(arrays: Sequence[PlannedArray], kind: str | None = None, itemsize: int | None = None) -> Counter:
@@ -167,9 +142,6 @@ def training_state(trainer: Trainer, workload: Workload, parameters: int) -> dic
         "num_params": parameters,
         "bytes_per_parameter": {k: v / parameters for k, v in {**state, "total": total}.items()},
     }
-
-
-# --------------------------------------------------------------------------- a step's phases
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,9 +195,6 @@ def generate_phase(
         if offload:
             out[d]["offloaded_state"] = brought[d]
     return out
-
-
-# --------------------------------------------------------------------------- devices and hosts
 
 
 def budgets(
@@ -340,9 +309,6 @@ def _hosts(
             )
         )
     return tuple(out)
-
-
-# --------------------------------------------------------------------------- the verdict
 
 
 def gib(n: int | float | None) -> str:

@@ -1,10 +1,6 @@
-"""Arrays on paper for the what-if planner (L4): shardings, and which buffer each shard is.
-
-A ``PlannedArray`` records a sharding and, per device, the buffer its shard
-lives in (named by the array that first made it), so the planner can count
-a buffer several roles hold once, as the measured walk of live buffers
-does. ``Buffers`` makes such arrays and reshards them as ``reshard.reshard``
-would (P5): which shards keep their source buffer and which are new.
+"""Arrays on paper for the what-if planner (L4): shardings, and which buffer each shard is, so
+a buffer several roles hold counts once, as in the measured walk. ``Buffers`` reshards them
+as ``reshard.reshard`` would (P5): which shards keep their source buffer and which are new.
 """
 
 from __future__ import annotations
@@ -25,12 +21,9 @@ from rlcluster_lab.planner.shapes import PlannedMesh, shard_boxes, shard_element
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PlannedArray:
-    """An array on paper: its sharding, and the buffer each device's shard lives in.
-
-    ``origins[i]`` names the buffer of the shard on ``mesh.device_ids[i]``: the
-    id of the array that first made it. Two shards are one buffer exactly when
-    they sit on the same device with the same origin.
-    """
+    """An array on paper: its sharding, and per device its shard's buffer: ``origins[i]``, the
+    id of the array that first made the shard on ``mesh.device_ids[i]`` (one device and one
+    origin: one buffer)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -87,17 +80,10 @@ def overlap(
     dst_mesh: PlannedMesh,
     dst_spec: PartitionSpec,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per destination shard (mesh order): is it exactly the source shard on its
-    device, and how many of its elements no source shard on its device holds.
-
-    The second is ``boxes.minimum_cross_device_elements``, the function the
-    measured sync uses. The first is what ``boxes.plan_reshard`` calls
-    ``reuses_source_buffer`` (shards of one sharding are equal or disjoint, so
-    a block that is one source shard on its own device is exactly that
-    device's source box); it is read off each device's own box because
-    ``plan_reshard`` visits every pair of shards, too slow at 256 chips. The
-    tests check both agree with ``plan_reshard``.
-    """
+    """Per destination shard (mesh order): is it exactly the source shard on its device
+    (``plan_reshard``'s ``reuses_source_buffer``, read off each device's own box: visiting
+    every pair of shards is too slow at 256 chips), and how many of its elements no source
+    shard on its device holds (``boxes.minimum_cross_device_elements``, as the measured sync)."""
     src = shard_boxes(shape, src_spec, src_mesh)
     dst = shard_boxes(shape, dst_spec, dst_mesh)
     local = dict(src)
@@ -117,16 +103,10 @@ def host_overlap(
     dst_spec: PartitionSpec,
     hosts: tuple[tuple[int, int], ...],
 ) -> np.ndarray:
-    """Per destination shard (mesh order): how many of its elements no source shard on
-    its *host* holds, the least that must cross from another host. A box several
-    devices of one host need crosses once, for the first of them (mesh order); the
-    others copy it from there within the host, so theirs count as within-host moves.
-
-    ``hosts``: (device id, host index) pairs. The same count as ``overlap``'s second
-    figure with every device named by its host (``boxes.minimum_cross_device_elements``):
-    a host's distinct source shards are disjoint, so what it has of a box is the sum of
-    their intersections with it.
-    """
+    """Per destination shard (mesh order): how many of its elements no source shard on its
+    *host* holds (``overlap``'s second figure with each device named by its host, ``hosts``:
+    (device id, host index) pairs). A box several devices of one host need crosses once, for
+    the first of them; the others copy it within the host."""
     host = dict(hosts)
     src = [(host[d], box) for d, box in shard_boxes(shape, src_spec, src_mesh)]
     dst = [(host[d], box) for d, box in shard_boxes(shape, dst_spec, dst_mesh)]
@@ -140,15 +120,18 @@ def host_overlap(
     return lacking
 
 
-def _relabels(a: PlannedArray, mesh: PlannedMesh) -> bool:
+def laid_out_as(a: PlannedArray, ids: tuple[int, ...], like: PlannedMesh, spec: PartitionSpec) -> bool:
+    """Does ``a`` hold every shard of ``spec`` on devices ``ids`` in ``like``'s grid, each on its device?"""
+    mesh = PlannedMesh(ids, like.axis_sizes, like.axis_names, like.axis_types)
+    return bool(overlap(a.shape, a.mesh, a.spec, mesh, spec)[0].all())
+
+
+def relabels(a: PlannedArray, mesh: PlannedMesh) -> bool:
     """The same devices in another order, where the source layout reads the same in the
     destination's device order (replicated axes): the xla strategy re-labels it and runs
     one program (``placement.xla._in_order``)."""
-    if set(a.mesh.device_ids) != set(mesh.device_ids) or a.mesh.device_ids == mesh.device_ids:
-        return False
-    other = PlannedMesh(mesh.device_ids, a.mesh.axis_sizes, a.mesh.axis_names, a.mesh.axis_types)
-    same, _ = overlap(a.shape, a.mesh, a.spec, other, a.spec)
-    return bool(same.all())
+    ids = mesh.device_ids
+    return set(a.mesh.device_ids) == set(ids) and a.mesh.device_ids != ids and laid_out_as(a, ids, a.mesh, a.spec)
 
 
 class Buffers:
@@ -183,16 +166,12 @@ class Buffers:
             # Shard by shard (the minimal strategy, which the xla one also uses between
             # different numbers of devices).
             return same
-        if a.mesh.device_ids == mesh.device_ids or _relabels(a, mesh):
-            return np.zeros(mesh.size, dtype=bool)  # one compiled program: new buffers
-        # The same number of devices, another order or set: a program onto the source
-        # devices laid out as the destination, unless the source already is that layout;
+        # One compiled program makes new buffers; so does one onto the source devices laid out
+        # as the destination (another order or set), unless the source already is that layout:
         # then whole shards move, and a device that holds its block keeps it.
-        inter = PlannedMesh(a.mesh.device_ids, mesh.axis_sizes, mesh.axis_names, mesh.axis_types)
-        inter_same, _ = overlap(a.shape, a.mesh, a.spec, inter, spec)
-        if not inter_same.all():
+        if a.mesh.device_ids == mesh.device_ids or relabels(a, mesh):
             return np.zeros(mesh.size, dtype=bool)
-        return same
+        return same if laid_out_as(a, a.mesh.device_ids, mesh, spec) else np.zeros(mesh.size, dtype=bool)
 
     def reshard(
         self,

@@ -1,10 +1,8 @@
 """The planner's executor: construction's steps (``cluster.construct``) done on arrays on paper.
 
-``construct`` takes every decision from the rule functions and asks an
-executor to carry it out. The live executor moves real arrays; this one
-moves ``PlannedArray`` records through ``Buffers``, which reshards them as
-the cluster's reshard would (which shards keep their buffer, which are new).
-So a plan runs the cluster's own construction, on shapes.
+``construct`` takes every decision from the rule functions and asks an executor to carry it
+out; this one moves ``PlannedArray`` records through ``Buffers``, which reshards them as the
+cluster would. So a plan runs the cluster's own construction, on shapes.
 """
 
 from __future__ import annotations
@@ -33,12 +31,8 @@ Rules = tuple[tuple[str, Any], ...]
 
 @dataclasses.dataclass(eq=False)
 class PlannedModel:
-    """A model on paper: one ``PlannedArray`` per parameter path.
-
-    Mutable like an ``nnx.Module``: moving it between memory kinds, or another
-    role's arrays taking its place (P14), changes it in place, so every role
-    holding this object sees the change.
-    """
+    """A model on paper: one ``PlannedArray`` per parameter path; mutable like an ``nnx.Module``,
+    so every role holding it sees a move between memory kinds or a share (P14)."""
 
     arrays: dict[PathKey, PlannedArray]
     kind: str  # "lm" or "score"
@@ -93,14 +87,10 @@ class PlannedExecutor:
         self.tx = optimizer
         self.critic_tx = critic_optimizer if critic_optimizer is not None else optax.adam(1e-3)
 
-    # ------------------------------------------------------------------ shapes
-
     def specs(self, role: Role, model: PlannedModel) -> dict[PathKey, AbstractLeaf]:
         """The role's partition spec for every leaf of ``model`` (its rules, the model's shapes)."""
         leaves = abstract_leaves(self.config, model.lora_rank, model.kind, self.rules[role])
         return {leaf.path: leaf for leaf in leaves}
-
-    # ------------------------------------------------------------------ the executor protocol
 
     def as_model(self, given: PlannedModel, role: Role) -> tuple[PlannedModel, str | None]:
         return given, None
@@ -118,10 +108,14 @@ class PlannedExecutor:
             dtype=str(arrays[0].dtype) if arrays else None,
         )
 
-    def place(self, model: PlannedModel, role: Role, mesh: PlannedMesh, kind: str, dtype: str | None) -> PlannedModel:
+    def place(
+        self, model: PlannedModel, role: Role, mesh: PlannedMesh, kind: str, dtype: str | None, copy: bool = False
+    ) -> PlannedModel:
         specs = self.specs(role, model)
         _check_specs((specs[p] for p in model.arrays), mesh, role.value)
-        arrays = {p: self.buf.reshard(a, mesh, specs[p].spec, kind, dtype=dtype) for p, a in model.arrays.items()}
+        arrays = {
+            p: self.buf.reshard(a, mesh, specs[p].spec, kind, copy=copy, dtype=dtype) for p, a in model.arrays.items()
+        }
         return dataclasses.replace(model, arrays=arrays)
 
     def move(self, model: PlannedModel, kind: str) -> PlannedModel:
@@ -149,15 +143,8 @@ class PlannedExecutor:
         if exposes:
             grid = rearranged_device_grid(mesh.device_ids, self.tp_size)
             engine_mesh = PlannedMesh(tuple(grid.flat), grid.shape, mesh.axis_names)
-        specs = self.specs(Role.ROLLOUT, rollout_actor)
-        _check_specs((specs[p] for p in rollout_actor.arrays), engine_mesh, Role.ROLLOUT.value)
-        arrays = {
-            p: self.buf.reshard(a, engine_mesh, specs[p].spec, "device", copy=True)
-            for p, a in rollout_actor.arrays.items()
-        }
-        return PlannedEngine(
-            dataclasses.replace(rollout_actor, arrays=arrays), engine_mesh if exposes else None, owns_weights=True
-        )
+        model = self.place(rollout_actor, Role.ROLLOUT, engine_mesh, "device", None, copy=True)
+        return PlannedEngine(model, engine_mesh if exposes else None, owns_weights=True)
 
     def engine_model(self, engine: PlannedEngine) -> PlannedModel:
         return engine.model
@@ -171,10 +158,8 @@ class PlannedExecutor:
     def init_optimizer(
         self, actor: PlannedModel, lora: bool, mesh: PlannedMesh, role: Role = Role.ACTOR
     ) -> list[PlannedArray]:
-        """One array per optimizer slot: a slot mirroring the parameters has a leaf per
-        trainable parameter with its sharding (adam's mu, nu); any other leaf (the step
-        count) is made under the role's mesh (P12 runs in its context): replicated on it.
-        The critic's optimizer covers all the critic's parameters."""
+        """One array per optimizer slot (``shapes.optimizer_slots``): a mirroring slot per trainable
+        parameter, any other leaf replicated on the role's mesh (P12 runs in its context)."""
         trainable = [a for p, a in actor.arrays.items() if p in actor.lora_paths or not lora]
         tx = self.critic_tx if role is Role.CRITIC else self.tx
         out = []
@@ -229,13 +214,9 @@ def given_models(
     with_critic: bool,
     default_rules: Rules,
 ) -> dict[str, PlannedModel]:
-    """The models ``app.scenario.build_models`` hands the cluster, on paper.
-
-    The reference is created on its mesh with the model family's default
-    rules; the actor is a copy of it, or LoRA adapters built over its buffers
-    (over a copy with ``lora_separate_base``), each adapter where its kernel
-    lives; reward and critic are created on their meshes.
-    """
+    """The models ``app.scenario.build_models`` hands the cluster, on paper: the reference on its
+    mesh with the family's default rules; the actor a copy of it, or LoRA adapters over its
+    buffers (over a copy with ``lora_separate_base``); reward and critic on their meshes."""
 
     def made(leaves: Iterable[AbstractLeaf], mesh: PlannedMesh) -> dict[PathKey, PlannedArray]:
         return {leaf.path: buf.new(leaf.shape, leaf.dtype, mesh, leaf.spec, "device") for leaf in leaves}

@@ -1,34 +1,18 @@
 """What-if planning (L4): the cluster's placement, memory and sync bytes on paper.
 
-``plan_cluster`` takes a model (one of the lab's sizes or a published architecture,
-``planner.tables``), a topology (``local`` or a table entry) and the knobs of a
-``Scenario``, and returns a ``Plan``: which mesh each role gets, the sharing map, the
-rollout branch, bytes per role, device and host through a step's phases and whether they
-fit (``planner.budget``), and what a weight sync moves and how long the links say that
-takes (``planner.accounting``). No array is allocated, so a 70B model on 256 chips plans
-in seconds on a laptop. ``cli.plan`` holds the ``plan`` subcommand and its text form.
+``plan_cluster`` takes a model (a lab size or a published architecture, ``planner.tables``),
+a topology and a ``Scenario``'s knobs, and returns a ``Plan``: each role's mesh, the sharing
+map, the rollout branch, bytes per role, device and host through a step's phases and whether
+they fit (``planner.budget``), and what a sync moves and how long that takes
+(``planner.accounting``). Nothing is allocated, so a 70B model on 256 chips plans in seconds.
 
-The rules are the cluster's own code, not a copy: the cluster's construction
-(``cluster.construct``) runs with a ``PlannedExecutor``, so the meshes come from
-``meshes.layout_meshes`` and the vllm engine's ``rearranged_device_grid`` (P7), the
-sharing map and every branch from the rule functions, parameter trees from
-``nnx.eval_shape`` over the real constructors with the cluster's logical-axis rules
-(``planner.shapes``), and a spec that cannot go on a mesh fails in ``check_spec`` with the
-cluster's message.
-
-What the plan models of the placement itself (the tests compare it with a walk of a live
-cluster's buffers for every layout x LoRA, the own-copy engines, offload, a separate LoRA
-base, reward and critic models): which shards keep their buffer through a reshard (P5,
-``planner.buffers``); the models ``Scenario.build_models`` hands the cluster and what
-construction makes of them (``planner.executor``): the rollout as the actor itself, a
-second load or the engine's own copy (P3), an optimizer state leaf per trainable
-parameter (P12), the anchor pinned anew or, with ``anchor="trainable"``, its adapters
-only (P8). Under offload (P14) every role ends in pinned_host in buffers of its own,
-except what the cluster keeps together: a shared vanilla rollout is the actor, a
-reference linked to the actor (P2) holds the actor's frozen buffers, and the anchor is
-the actor's own pinned buffers. A sync's transient peak per device goes through the
-cluster's own phases on paper (``planner.sync_peak``), in one piece or in chunks
-(``sync_chunk_bytes``), and counts in the fit verdict as the ``sync`` phase.
+The rules are the cluster's own code: ``cluster.construct`` runs with a ``PlannedExecutor``,
+so meshes, the sharing map and every branch come from the rule functions, parameter trees
+from ``nnx.eval_shape`` over the real constructors (``planner.shapes``), and a spec that
+cannot go on a mesh fails in ``check_spec`` with the cluster's message. The tests compare a
+plan with a live cluster's buffers: buffers kept through a reshard (P5), the rollout as the
+actor, a second load or the engine's copy (P3), optimizer state per trainable leaf (P12), the
+anchor (P8), offload (P14, P2), and the sync's transient peak (``planner.sync_peak``).
 """
 
 from __future__ import annotations
@@ -54,7 +38,7 @@ from rlcluster_lab.core.options import (
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model import ModelConfig
-from rlcluster_lab.planner.accounting import SOURCE, UNITS, fits_summary, memory_summary, sync_summary
+from rlcluster_lab.planner.accounting import SOURCE, fits_summary, memory_summary, sync_summary
 from rlcluster_lab.planner.budget import (
     DeviceBudget,
     HostBudget,
@@ -204,18 +188,15 @@ def plan_cluster(
 ) -> Plan:
     """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
 
-    ``model``: a name from ``tables.model_names()`` or a ``ModelConfig`` (``dtype``
-    overrides its parameter dtype). ``topology``: a name from ``tables.topology_names()`` or
-    a ``Topology``; ``memory_per_device`` (bytes), ``link_bandwidth`` (bytes/s a device
-    receives), ``devices_per_host``, ``host_memory`` (bytes) and ``host_link_bandwidth``
-    (bytes/s a device receives from other hosts) override its figures. ``role_to_mesh``
-    replaces the layout's meshes per role (``Mesh`` or ``PlannedMesh``). ``optimizer`` /
-    ``critic_optimizer``: whose states are planned (default: adam each). ``workload``: the
-    step's shapes that activations and the KV cache scale with (default ``Workload()``).
-    ``sync_chunk_bytes`` plans a sync handed over in chunks (``ClusterConfig.sync_chunk_bytes``);
-    ``sync_programs`` compiles the sync's reshard programs (no array is allocated) so its
-    transient peak includes their temporaries, which needs the topology's devices in this
-    process (the ``local`` topology).
+    ``model``: a name from ``tables.model_names()`` or a ``ModelConfig`` (``dtype`` overrides
+    its parameter dtype). ``topology``: a name from ``tables.topology_names()`` or a
+    ``Topology``, whose figures ``memory_per_device``, ``link_bandwidth``,
+    ``devices_per_host``, ``host_memory`` and ``host_link_bandwidth`` override
+    (``tables.with_figures``). ``role_to_mesh``: per role, a ``Mesh`` or ``PlannedMesh``
+    instead of the layout's. ``optimizer`` / ``critic_optimizer``: default adam.
+    ``workload``: the step's shapes (default ``Workload()``). ``sync_chunk_bytes``: a sync
+    in chunks; ``sync_programs`` compiles the sync's programs (nothing allocated) to count
+    their temporaries, which needs the topology's devices here (``local``).
     """
     if isinstance(model, ModelConfig):
         config = model if dtype is None else dataclasses.replace(model, param_dtype=dtype)
@@ -467,20 +448,3 @@ def _step_phases(
         config, list(models["rollout"].values()), rollout_mesh.device_ids, rollout_split, work, req.offload
     )
     return phases, step
-
-
-__all__ = [
-    "ANCHOR_MODES",
-    "DeviceBudget",
-    "HostBudget",
-    "Plan",
-    "PlanRequest",
-    "Workload",
-    "SOURCE",
-    "UNITS",
-    "fits_summary",
-    "memory_summary",
-    "plan_cluster",
-    "plan_scenario",
-    "sync_summary",
-]

@@ -1,12 +1,9 @@
 """Published memory figures the planner's formulas are held to (L4), with their sources.
 
-Each figure states the assumptions under which it holds; the tests plan the same case
-and compare where the assumptions match ours. Ours: parameters in one dtype (float32 for
-the lab's sizes, bfloat16 for the published architectures), gradients in the same dtype,
-``optax.adam`` whose two moments take the parameters' dtype, no float32 master copy. So
-a float32 run holds 4 + 4 + 8 = 16 bytes per trained parameter, the same total as
-mixed-precision Adam in the ZeRO paper (2 + 2 + 12) in another composition, and a
-bfloat16 run 2 + 2 + 4 = 8.
+The tests plan the same case and compare where the assumptions match ours: parameters and
+gradients in one dtype, ``optax.adam`` moments in that dtype, no float32 master copy. So a
+float32 run holds 4 + 4 + 8 = 16 bytes per trained parameter (ZeRO's mixed precision Adam:
+2 + 2 + 12) and a bfloat16 run 2 + 2 + 4 = 8.
 """
 
 from __future__ import annotations

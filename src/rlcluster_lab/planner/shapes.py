@@ -1,10 +1,6 @@
-"""Shapes without arrays, for the what-if planner (L4): meshes on paper, shard
-boxes, and the parameter trees of the lab's real models.
-
-Nothing here allocates a device buffer. Parameter trees come from
-``nnx.eval_shape`` over the real constructors (``init_model``, ``with_lora``,
-``init_score_model``), and partition specs from the same logical-axis rules a
-cluster uses (``placement.resolve_specs``).
+"""Shapes without arrays, for the what-if planner (L4): meshes on paper, shard boxes, and the
+parameter trees of the lab's real models (``nnx.eval_shape`` over their constructors, specs
+from the cluster's logical-axis rules). Nothing here allocates a device buffer.
 """
 
 from __future__ import annotations
@@ -41,14 +37,9 @@ class PlannedDevice:
 
 @dataclasses.dataclass(frozen=True)
 class PlannedMesh:
-    """A mesh on paper.
-
-    ``==`` means what ``Mesh`` equality means: JAX interns a ``Mesh`` on its
-    devices in order, its shape, its axis names and axis types, so two planned
-    meshes are equal exactly when all four are (P1 compares meshes with ``==``).
-    It has the attributes ``describe_mesh``, ``check_spec`` and the sharing map
-    read (``axis_names``, ``shape``, ``devices``), so they take it as they are.
-    """
+    """A mesh on paper: equal, as a ``Mesh`` is (P1 compares meshes with ``==``), exactly when its
+    devices in order, shape, axis names and axis types are; with the attributes
+    ``describe_mesh``, ``check_spec`` and the sharing map read."""
 
     device_ids: tuple[int, ...]
     axis_sizes: tuple[int, ...]
@@ -120,13 +111,9 @@ def spec_axes(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
 
 @functools.lru_cache(maxsize=65536)
 def shard_boxes(shape: tuple[int, ...], spec: PartitionSpec, mesh: PlannedMesh) -> tuple[tuple[int, Box], ...]:
-    """(device id, box) of every device's shard, in mesh order.
-
-    A dimension split over axes (a, b) is cut into size(a) * size(b) equal
-    pieces, a major: the piece index is a's coordinate * size(b) + b's. This is
-    what ``NamedSharding.devices_indices_map`` gives for evenly divisible
-    dimensions (``placement.check_spec`` refuses the others).
-    """
+    """(device id, box) of every device's shard, in mesh order, as
+    ``NamedSharding.devices_indices_map`` gives them: a dimension split over axes (a, b) is
+    cut into size(a) * size(b) equal pieces, a major."""
     sizes = dict(mesh.shape)
     axes = spec_axes(spec, len(shape))
     out = []
@@ -152,9 +139,6 @@ def shard_elements(shape: tuple[int, ...], spec: PartitionSpec, mesh: PlannedMes
     for dim, names in zip(shape, spec_axes(spec, len(shape))):
         n *= dim // math.prod(sizes[a] for a in names)
     return n
-
-
-# --------------------------------------------------------------------------- parameter trees
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,13 +195,10 @@ def abstract_leaves(
     """The parameter tree of ``init_model`` (``kind="lm"``, with ``with_lora`` when
     ``lora_rank``) or ``init_score_model`` (``kind="score"``), with partition specs.
 
-    Tracing every layer of an 80-layer model takes tens of seconds, and every
-    block is built by the same constructor from the same config, so with
-    ``probe`` a one-layer model is traced and its block repeated ``num_layers``
-    times. ``probe=False`` traces the whole model (the tests check both agree);
-    the default probes only models deeper than ``PROBE_ABOVE`` layers, below
-    which tracing the whole model once (and sharing that trace with
-    ``init_model``) is cheaper than a second, one-layer trace.
+    Tracing all 80 layers of a large model takes tens of seconds and every block is built
+    alike, so with ``probe`` a one-layer model is traced and its block repeated (the tests
+    check both agree). By default only models deeper than ``PROBE_ABOVE`` layers are probed:
+    below it, one whole trace (shared with ``init_model``) is cheaper.
     """
     if kind not in ("lm", "score"):
         raise ValueError(f"kind must be 'lm' or 'score', got {kind!r}")
@@ -256,9 +237,6 @@ def _repeat_block(leaves: Iterable[AbstractLeaf], num_layers: int) -> list[Abstr
     return out
 
 
-# --------------------------------------------------------------------------- optimizer state
-
-
 @dataclasses.dataclass(frozen=True)
 class OptimizerSlot:
     """Leaves of an optimizer state: a copy per trainable parameter (``mirrors``) or one leaf."""
@@ -270,13 +248,9 @@ class OptimizerSlot:
 
 
 def optimizer_slots(tx: optax.GradientTransformation, config: ModelConfig, lora_rank: int) -> tuple[OptimizerSlot, ...]:
-    """The layout of ``tx.init(trainable params)`` from ``jax.eval_shape`` on a one-layer model.
-
-    A state leaf whose key path ends with a trainable parameter's path and has
-    its shape mirrors that parameter (adam's mu and nu); in a real cluster it
-    takes the parameter's sharding. Any other leaf (adam's step count) is
-    created under the actor's mesh and is replicated on it.
-    """
+    """The layout of ``tx.init(trainable params)`` from ``jax.eval_shape`` on a one-layer model:
+    a leaf whose key path ends with a trainable parameter's path and shape mirrors it (adam's
+    mu and nu, with its sharding); any other (the step count) is replicated on the mesh."""
     probe = dataclasses.replace(config, num_layers=1)
     trainable = [leaf for leaf in abstract_leaves(probe, lora_rank) if leaf.lora or not lora_rank]
     params: dict[Path, Any] = {leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in trainable}

@@ -1,36 +1,22 @@
 """What one RL step holds beside the resident state (L4): activations, gradients, the
 training step's outputs and the rollout's KV cache, from the model's dimensions.
 
-The formulas count the lab's own model (``model.transformer``) and training step
-(``training.step``); each says what it counts (``FORMULAS``, and each function's
-docstring and comments), so it can be checked.
+The formulas count the lab's own model and training step, each term named (``FORMULAS``
+and the comments), so it can be checked. Activations (``activation_bytes``) are the
+residuals ``jax.vjp`` keeps for one micro-batch's backward pass; the tests hold every term
+to ``jax.ad_checkpoint.print_saved_residuals`` of the real loss. XLA keeps about as much
+(its temporaries were 0.89x-1.39x of activations plus gradients for the lab's steps; the
+tests bound the ratio). With ``remat=True`` (``jax.checkpoint`` per block, Chen et al.
+2016) each layer keeps only its input and one layer is recomputed at a time; the lab's
+step does not rematerialise.
 
-Activations (``activation_bytes``) are what JAX's reverse mode keeps for the backward pass
-of one training micro-batch: the residuals ``jax.vjp`` saves, counted from the model's code
-(the tests hold every term to ``jax.ad_checkpoint.print_saved_residuals`` of the real
-loss). The count is exact against JAX; a compiler keeps about as much, fusing some terms
-away and adding working buffers of its own: XLA's temporaries for the lab's step on one
-CPU device were 1.01x (tiny) and 0.89x (small) of activations plus gradients at the default
-step, 1.39x on the eight-device colocated layout (the tests bound the ratio).
-
-With rematerialisation (``remat=True``, what ``jax.checkpoint`` around each block does:
-Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"), each layer keeps only
-its input and one layer's activations are recomputed at a time during the backward pass.
-The lab's own step does not rematerialise; the flag plans one that does.
-
-Per device the batch's rows are split over the mesh axes no tensor is split over (data
-parallelism), and heads, the MLP's hidden units and the vocabulary over the axes the
-role's rules give them (tensor parallelism); the residual stream (the e-sized terms) is
-whole on every tensor-parallel device, as in Korthikanti et al. 2022, "Reducing
-Activation Recomputation in Large Transformer Models" (without sequence parallelism). The
-lab's step does not say how XLA lays out its activations; this split is what a data- and
-tensor-parallel step does.
-
-Gradients and update outputs (``planner.budget``): a gradient per trainable parameter
-with its sharding and dtype (and a float32 running sum when accumulating); the lab's step
-does not donate its inputs, so new parameters and optimizer state are written beside the
-old ones. The KV cache is in the model config's dtype, even where the rollout weights are
-cast.
+Per device, rows split over the axes no tensor uses (data parallelism), heads, MLP units
+and the vocabulary over the axes the role's rules give them (tensor parallelism), the
+residual stream whole on every device (Korthikanti et al. 2022, without sequence
+parallelism). Gradients (one per trainable parameter, plus a float32 running sum when
+accumulating) and update outputs (the step does not donate, so new parameters and
+optimizer state sit beside the old) are in ``planner.budget``. The KV cache is in the
+model config's dtype, even where the rollout weights are cast.
 """
 
 from __future__ import annotations
@@ -46,16 +32,6 @@ from rlcluster_lab.planner.workload import Workload
 
 if TYPE_CHECKING:
     from rlcluster_lab.planner.shapes import PlannedMesh
-
-__all__ = [
-    "FORMULAS",
-    "Split",
-    "Workload",
-    "activation_bytes",
-    "kv_cache_bytes",
-    "layer_bytes_per_token",
-    "prefill_bytes",
-]
 
 F32 = 4  # float32 bytes: statistics, softmax and logits are kept in float32
 
@@ -175,12 +151,7 @@ def head_bytes(
 
 
 def activation_bytes(
-    config: ModelConfig,
-    workload: Workload,
-    split: Split = Split(),
-    *,
-    lora_rank: int = 0,
-    value_head: bool = False,
+    config: ModelConfig, workload: Workload, split: Split = Split(), *, lora_rank: int = 0, value_head: bool = False
 ) -> dict[str, int]:
     """Activations of one training micro-batch on one device, by part.
 

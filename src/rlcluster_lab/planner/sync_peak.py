@@ -1,35 +1,19 @@
-"""A weight sync's transient peak on paper (L4): the phases the cluster's sync goes through, from shapes.
+"""A weight sync's transient peak on paper (L4): the cluster's sync phases, from shapes.
 
-The measured peak (``measure.sync_peak``) walks the arrays the sync holds at each
-phase of its handover; this module goes through the same phases with arrays on
-paper (``planner.buffers``) and counts the same way, so a plan of a cluster and a
-measurement of its first sync agree (tests/test_sync_peak.py). Per chunk
-(``placement.chunks.chunk_leaves``, the cluster's own split), in the order the
-reshard runs (``placement.reshard.reshard_many`` and ``placement.xla``):
+The same phases ``measure.sync_peak`` walks on live arrays, on arrays on paper and counted
+the same way, so a plan and a measured first sync agree (tests/test_sync_peak.py). Per chunk
+(``placement.chunks.chunk_leaves``), in the order ``placement.reshard.reshard_many`` runs:
+``stage`` (offloaded sources to device), the layout change (a leaf in its destination
+sharding is kept, or copied for an owning engine; an equivalent layout is re-labelled; any
+other goes through a compiled program per device order, ``reshard``, or a program onto the
+source devices and a ``move`` of whole shards), ``reshard`` (the batch holds every result),
+``memory kind`` (to pinned host), ``cast`` (per set of destination devices) and ``commit``
+(with chunks, the replaced arrays go). Then the ``anchor re-pin`` and the ``end``. A buffer
+the actor holds is never new and never freed.
 
-1. ``stage``: leaves in pinned host (offload) are brought to device memory.
-2. the layout changes: a leaf already in its destination sharding is kept (or, for
-   an engine that owns its weights, copied in its memory kind); an equivalent
-   layout is re-labelled (copied for an owning engine); every other leaf goes
-   through a compiled program per (source, destination) device order: one program
-   (``reshard``) where the orders match, else a program onto the source devices in
-   the destination's layout where needed (``reshard``, in flight) and whole shards
-   crossing (``move``). The program's temporaries count while it runs.
-3. ``reshard``: the batch holds every result (each staged source was dropped once its
-   layout changed; one an equivalent layout re-labelled is the result).
-4. ``memory kind``: results moved to the destination's memory kind (pinned host).
-5. ``cast``: to the rollout's dtype, per set of destination devices.
-6. ``commit``: the chunk is the rollout's; with chunks, the arrays it replaced go.
-
-Then the anchor re-pin (new pinned buffers, none under offload) and the ``end``
-(everything replaced gone). A buffer the actor holds is never new and never freed.
-
-Program temporaries come from the compiled programs' memory analysis: the planner
-compiles the reshard programs (no array is allocated) when ``programs`` is on and
-the topology's devices are this process's; otherwise they are left out and the
-peak's method says so. Not modelled (their figures are left out, and the method
-says so): the minimal strategy's packs in flight, and layouts between overlapping
-but different device sets.
+Program temporaries are counted when ``programs`` compiles the reshard programs here (no
+array allocated); the minimal strategy's packs in flight are not modelled, and the method
+says what was left out.
 """
 
 from __future__ import annotations
@@ -43,13 +27,12 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from rlcluster_lab.engines.base import leaf_path
-from rlcluster_lab.measure.memory import KINDS
 from rlcluster_lab.measure.sync_peak import PeakPhase, nonzero, peak_of
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.reshard import cast_temporaries_of
-from rlcluster_lab.planner.buffers import PlannedArray, overlap
+from rlcluster_lab.planner.buffers import PlannedArray, laid_out_as, overlap, relabels
 from rlcluster_lab.planner.shapes import PlannedMesh, shard_elements
 
 PathKey = tuple[Any, ...]
@@ -296,19 +279,15 @@ def other_orders(phases: Sequence[Mapping[str, Any]], anchor: _Level, rollout: _
 
 
 def _phase(name: str, chunk: int | None, level: _Level, temps: Mapping[int, int]) -> PeakPhase:
-    arrays: dict[str, dict[str, int]] = {}
-    for kind in KINDS:
-        row = level.kinds.get(kind)
-        if row is None:
-            continue
-        for d in np.flatnonzero(row):
-            arrays.setdefault(str(int(d)), {})[kind] = int(row[d])
-    terms: dict[str, dict[str, int]] = {}
-    for term, row in level.terms.items():
-        for d in np.flatnonzero(row):
-            terms.setdefault(str(int(d)), {})[term] = int(row[d])
+    def by_device(rows: Mapping[str, np.ndarray]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for key, row in rows.items():
+            for d in np.flatnonzero(row):
+                out.setdefault(str(int(d)), {})[key] = int(row[d])
+        return nonzero(out)
+
     temporaries = {str(d): int(n) for d, n in sorted(temps.items()) if n}
-    return PeakPhase(name, chunk, nonzero(arrays), nonzero(terms), temporaries)
+    return PeakPhase(name, chunk, by_device(level.kinds), by_device(level.terms), temporaries)
 
 
 def _term(kind: str) -> str:
@@ -353,11 +332,8 @@ def _classify(path: PathKey, src: PlannedArray, dst: PlannedArray, copy: bool, s
     if strategy == "minimal" or len(src_ids) != len(dst_ids):
         lf.how, lf.group = "minimal", "minimal"
         return lf
-    if src_ids != dst_ids and set(src_ids) == set(dst_ids):
-        other = PlannedMesh(dst_ids, src.mesh.axis_sizes, src.mesh.axis_names, src.mesh.axis_types)
-        again, _ = overlap(src.shape, src.mesh, src.spec, other, src.spec)
-        if bool(again.all()):
-            src_ids = dst_ids  # re-labelled in the destination's order (xla._in_order)
+    if relabels(src, dst.mesh):
+        src_ids = dst_ids  # re-labelled in the destination's order (xla._in_order)
     lf.group = (src_ids, dst_ids)
     if src_ids == dst_ids:
         lf.how = "run"
@@ -368,13 +344,8 @@ def _classify(path: PathKey, src: PlannedArray, dst: PlannedArray, copy: bool, s
             "different device sets; place the rollout on the actor's devices or on devices of its own"
         )
     lf.how = "run_then_move"
-    inter = PlannedMesh(src.mesh.device_ids, dst.mesh.axis_sizes, dst.mesh.axis_names, dst.mesh.axis_types)
-    same_inter, _ = overlap(src.shape, src.mesh, src.spec, inter, dst.spec)
-    lf.inter = not bool(same_inter.all())
+    lf.inter = not laid_out_as(src, src.mesh.device_ids, dst.mesh, dst.spec)
     return lf
-
-
-# --------------------------------------------------------------------------- program temporaries
 
 
 def _mesh(m: PlannedMesh, devices: Mapping[int, Any]) -> Mesh:

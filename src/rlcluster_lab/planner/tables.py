@@ -1,17 +1,9 @@
 """What the what-if planner (L4) plans for: model sizes and device topologies.
 
-Models: the lab's own sizes (``MODEL_SIZES``) and a table of published
-decoder architectures expressed as our ``ModelConfig``. A table entry is *our*
-architecture (RMSNorm, rotary positions, gated MLP, no biases) at the published
-dimensions, so its parameter tree is the one the lab would build at that size;
-details of the original that do not change the parameter count of the
-projections (activation, norm offsets, rope scaling, soft-capping) are not
-modelled.
-
-Topologies: device count, memory per device and link bandwidth, hosts (the
-devices of one process), RAM per host and the bandwidth a device receives from
-other hosts, each with the document it comes from (a ``*_source`` string with
-its URL). Every figure can be overridden per plan.
+Models: the lab's sizes (``MODEL_SIZES``) and published decoders as *our* architecture
+(RMSNorm, rotary positions, gated MLP, no biases) at their dimensions; details that do not
+change the projections' parameter counts are not modelled. Topologies: devices, memory,
+links and hosts, each figure with the document it comes from; any can be overridden.
 """
 
 from __future__ import annotations
@@ -92,19 +84,12 @@ def model_source(name: str) -> str:
 class Topology:
     """Devices to plan on: their count and kind, memory per device, links, and hosts.
 
-    ``link_bandwidth`` is the rate at which one device can *receive* over its
-    device-to-device links (bytes/s): half a datasheet's bidirectional figure.
-    ``host_link_bandwidth`` is what one device can receive from devices of
-    other hosts (for GPU nodes the network card beside each GPU; inside a TPU
-    slice the chips of different hosts are joined by the same ICI links, so it
-    equals ``link_bandwidth`` there). A host is the devices of one process:
-    ``devices_per_host`` consecutive ids, or ``host_ids`` (one per device, in
-    ``ids()`` order) where they are not consecutive. ``host_memory`` is the RAM
-    of one host (pinned state, the anchor, offloaded roles live there).
-    ``platform`` picks the resharding behaviour the plan reproduces (on CPU the
-    lab reshards shard by shard and reuses a shard already in place; elsewhere
-    JAX's device_put reuses buffers only when the whole layout is equivalent).
-    Every figure carries the document it comes from (``*_source``).
+    ``link_bandwidth``: bytes/s one device *receives* over its device links (half a
+    datasheet's bidirectional figure); ``host_link_bandwidth``: what it receives from other
+    hosts (a GPU's network card; inside a TPU slice the same ICI links). A host is the
+    devices of one process: ``devices_per_host`` consecutive ids, or ``host_ids`` (one per
+    device, in ``ids()`` order); ``host_memory`` is its RAM. Every figure carries the
+    document it comes from (``*_source``).
     """
 
     name: str
@@ -158,21 +143,14 @@ class Topology:
         return tuple(tuple(out[h]) for h in sorted(out))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "device_count": self.device_count,
-            "device": self.device,
-            "platform": self.platform,
-            "memory_per_device": self.memory_per_device,
-            "link_bandwidth": self.link_bandwidth,
-            "memory_source": self.memory_source,
-            "bandwidth_source": self.bandwidth_source,
-            "hosts": [list(h) for h in self.hosts()],
-            "host_memory": self.host_memory,
-            "host_memory_source": self.host_memory_source,
-            "host_link_bandwidth": self.host_link_bandwidth,
-            "host_link_source": self.host_link_source,
-        }
+        """The fields in order, the device ids and host layout written as ``hosts``."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "device_ids":
+                out["hosts"] = [list(h) for h in self.hosts()]
+            elif f.name not in ("devices_per_host", "host_ids"):
+                out[f.name] = getattr(self, f.name)
+        return out
 
 
 # Each figure with the page it is read from. A datasheet's bidirectional link figure is

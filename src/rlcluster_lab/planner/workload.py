@@ -21,9 +21,7 @@ def _said(field: str) -> str:
 class Workload:
     """The shapes of one RL step: how many rows are sampled and trained, and how long they are.
 
-    Defaults are the lab's default step (the learner's 4 prompts x group 4, a
-    ``Scenario``'s 16 new tokens in a 128-slot cache, the longest prompt that
-    fits beside them).
+    Defaults are the lab's step (4 prompts x group 4, 16 new tokens in a 128-slot cache).
 
     Args:
         rollout_batch_size: completions sampled at once (rows of the KV cache).
