@@ -126,11 +126,7 @@ PROMPT_BUCKET = 16
 
 
 def check_prompts(prompts: Any, name: str = "prompts") -> list[str]:
-    """``prompts`` as a list of strings; a bare string is an error, not a list of characters.
-
-    ``list("hello")`` is five one-letter prompts, which is never what a caller
-    meant, so a ``str`` (or ``bytes``) where a sequence of prompts belongs is
-    refused rather than iterated.
+    """``prompts`` as a list of strings; a bare string (``list("hello")`` is five prompts) is refused.
 
     Raises:
         TypeError: a bare string, a non-sequence, or an element that is not a string.

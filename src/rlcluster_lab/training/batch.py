@@ -69,20 +69,14 @@ def _float_array(name: str, value: Any, shape: tuple[int, ...], meaning: str) ->
 
 @dataclasses.dataclass(frozen=True)
 class TrainBatch:
-    """One batch of sampled completions with what the loss needs.
-
-    ``old_logps`` are the log-probs of the policy that sampled the tokens
-    (the anchor, P11); ``ref_logps`` those of the frozen reference.
-
-    The contract, checked at construction (arrays are kept as host NumPy
-    arrays; float fields as float32):
+    """One batch of sampled completions with what the loss needs, checked at construction.
 
     * ``prompt_tokens``: (B, P) integer ids >= 0, B >= 1, P >= 1, left-padded;
     * ``completion_tokens``: (B, C) integer ids >= 0, C >= 1, right-padded;
-    * ``advantages``: (B,) finite; ``old_logps`` and ``ref_logps``: (B, C) finite.
+    * ``advantages``: (B,) finite; ``old_logps`` (the anchor's, P11) and ``ref_logps``
+      (the frozen reference's): (B, C) finite, kept as float32 host arrays.
 
-    The upper bound of the ids (the model's vocabulary) is checked where the
-    model is known: ``validate(vocab_size)``, which the training step calls.
+    The ids' upper bound is checked where the model is known (``validate(vocab_size)``).
 
     Raises:
         TypeError: ids that are not integers, or values that are not numbers.
@@ -130,13 +124,7 @@ class TrainBatch:
 
     def rows(self, index: slice | np.ndarray) -> TrainBatch:
         pick = lambda x: None if x is None else np.asarray(x)[index]  # noqa: E731
-        return TrainBatch(
-            prompt_tokens=pick(self.prompt_tokens),
-            completion_tokens=pick(self.completion_tokens),
-            advantages=pick(self.advantages),
-            old_logps=pick(self.old_logps),
-            ref_logps=pick(self.ref_logps),
-        )
+        return TrainBatch(*(pick(getattr(self, f.name)) for f in dataclasses.fields(self)))
 
 
 _BATCH_KEYS = ("prompt_tokens", "completion_tokens", "advantages", "old_logps", "ref_logps")
@@ -150,15 +138,17 @@ def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:
     """
     if not isinstance(batch, TrainBatch):
         raise TypeError(f"batch_arrays takes a TrainBatch, got {type(batch).__name__}")
-    out = {
-        "prompt_tokens": np.asarray(batch.prompt_tokens, np.int32),
-        "completion_tokens": np.asarray(batch.completion_tokens, np.int32),
-        "advantages": np.asarray(batch.advantages, np.float32),
-        "old_logps": np.asarray(batch.old_logps, np.float32),
+    return host_arrays(batch)
+
+
+def host_arrays(batch: Any) -> dict[str, np.ndarray]:
+    """A batch dataclass's fields as host arrays, ids as int32 and values as float32 (None fields left out)."""
+    fields = (f.name for f in dataclasses.fields(batch))
+    return {
+        k: np.asarray(v, np.int32 if k.endswith("_tokens") else np.float32)
+        for k in fields
+        if (v := getattr(batch, k)) is not None
     }
-    if batch.ref_logps is not None:
-        out["ref_logps"] = np.asarray(batch.ref_logps, np.float32)
-    return out
 
 
 def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None:

@@ -1,17 +1,12 @@
 """A hashable description of an optax transformation, so equal optimizers share compiled code.
 
-An optax transformation is a pair of closures, and a fresh ``optax.adam(1e-3)``
-is a new object every time, equal to the last one in everything but identity.
-Keyed by identity, every rebuilt cluster compiled the training step again
-(seconds) and kept the old executable alive (tens of MB each). The description
-here is structural: a function is its code, defaults, the values its closure
-cells hold and the globals it reads, recursively; a hyper-parameter is its
-value. Two transformations with the same description run the same program.
-
-Anything the walk cannot describe by value (an arbitrary object, a device
-array) is described by identity and returned in ``pins``: whoever keeps the
-description must keep those objects alive too, so their ids are never reused
-by an unrelated object while the description is in use.
+A fresh ``optax.adam(1e-3)`` is a new pair of closures every time; keyed by identity,
+every rebuilt cluster compiled the training step again (seconds) and kept the old
+executable alive (tens of MB). The description is structural: a function is its code,
+defaults, closure cells and the globals it reads, recursively; a hyper-parameter is its
+value. Anything the walk cannot describe by value is described by identity and returned
+in ``pins``: whoever keeps the description keeps those objects alive too, so their ids
+are never reused while it is in use.
 """
 
 from __future__ import annotations
