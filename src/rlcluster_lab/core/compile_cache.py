@@ -200,9 +200,6 @@ def active_cache_dir() -> str | None:
     return jax.config.jax_compilation_cache_dir or None
 
 
-# ------------------------------------------------------------------ counting compilations
-
-
 @contextlib.contextmanager
 def count_compilations() -> Iterator[list[tuple[str, float, bool]]]:
     """Collect (program name, seconds, read from the persistent cache) of every executable this

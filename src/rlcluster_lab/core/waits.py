@@ -69,14 +69,8 @@ class WaitStatus:
         return text
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "labels": list(self.labels),
-            "elapsed_s": self.elapsed_s,
-            "stage_elapsed_s": self.stage_elapsed_s,
-            "building": [dataclasses.asdict(b) for b in self.building],
-            "built": self.built,
-            "estimate_s": self.estimate_s,
-        }
+        building = [dataclasses.asdict(b) for b in self.building]
+        return {**dataclasses.asdict(self), "labels": list(self.labels), "building": building}
 
 
 @dataclasses.dataclass
@@ -104,8 +98,6 @@ class Waits:
         self._built = 0
         self._last: dict[str, float] = {}
         self._subscribers: list[Callable[[], None]] = []
-
-    # ------------------------------------------------------------------ waits
 
     @contextmanager
     def waiting(self, label: str, kind: str | None = None) -> Iterator[None]:
@@ -173,8 +165,6 @@ class Waits:
             subscribers = list(self._subscribers)
         for fn in subscribers:
             fn()
-
-    # ------------------------------------------------------------------ programs being built
 
     def build_started(self, phase: str, name: str, thread: int | None = None) -> None:
         """A program began its ``phase`` (tracing, lowering, compiling) in ``thread``."""

@@ -88,21 +88,16 @@ def init_model(
         rules: logical axis rules for ``mesh`` (None: the model's defaults).
         memory_kind: ``device`` or ``pinned_host`` (None: the devices' default).
     """
-    if isinstance(config, str):
-        config = get_model_config(config)
-    graphdef, abstract = _abstract_lm(config)
-    return materialize(
-        graphdef, abstract, initial_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind)
-    )
+    return init_from(_abstract_lm, config, seed, mesh, rules, memory_kind)
 
 
-def _shardings(abstract: Any, mesh: Any, rules: Any, memory_kind: str | None) -> Any:
-    if mesh is None:
-        return None
-    return target_shardings(
-        abstract,
-        mesh,
-        rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES,
-        memory_kind or default_memory_kind(mesh),
-        role="model",
-    )
+def init_from(
+    split: Callable[[ModelConfig], Any], config: ModelConfig | str, seed: int, mesh: Any, rules: Any, memory_kind: Any
+) -> nnx.Module:
+    """``init_model`` for the structure ``split(config)`` gives (graphdef, abstract state)."""
+    graphdef, abstract = split(get_model_config(config) if isinstance(config, str) else config)
+    shardings = None
+    if mesh is not None:
+        rules = rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES
+        shardings = target_shardings(abstract, mesh, rules, memory_kind or default_memory_kind(mesh), role="model")
+    return materialize(graphdef, abstract, initial_values(abstract, seed), shardings)

@@ -16,7 +16,6 @@ from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import MIN_TEMPERATURE, temperature_rule
 from rlcluster_lab.model.transformer import TransformerLM
 
-# ---------------------------------------------------------------------------
 # Input contracts, checked on the host before any device work: an id outside the
 # vocabulary makes the embedding gather read past its table (NaN log-probs on CPU,
 # silently wrapped or clamped ids elsewhere), so nothing reaches a program unchecked.
@@ -25,10 +24,8 @@ from rlcluster_lab.model.transformer import TransformerLM
 def check_token_ids(name: str, tokens: Any, vocab_size: int | None) -> np.ndarray:
     """``tokens`` as a host integer array whose ids all lie in ``[0, vocab_size)``.
 
-    Args:
-        name: the argument's name, for the error message.
-        tokens: any array-like of token ids (a device array is read back to the host).
-        vocab_size: the model's vocabulary size; None checks only that ids are not negative.
+    ``name`` is the argument's name for the message; ``vocab_size`` None checks only that
+    ids are not negative. A device array is read back to the host.
 
     Raises:
         TypeError: the ids are not integers (floats, booleans, strings).
@@ -142,10 +139,6 @@ def model_vocab_size(graphdef: nnx.GraphDef, *states: Any) -> int | None:
     for a model without one."""
     vocab = getattr(model_config_of(graphdef, *states), "vocab_size", None)
     return int(vocab) if isinstance(vocab, numbers.Integral) else None
-
-
-# ---------------------------------------------------------------------------
-# Log-probabilities
 
 
 def mask_pad_logits(logits: jax.Array, pad_id: int) -> jax.Array:

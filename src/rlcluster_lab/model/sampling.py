@@ -198,9 +198,9 @@ def sample(
 ) -> SampleOutput:
     """Generate up to ``max_new_tokens`` per prompt; temperature 0 is greedy.
 
-    Log-probs are those of the sampled tokens under ``logits / temperature``
-    (under plain logits when greedy), the same quantity as
-    ``model.logps_from_state``. ``eos_id``/``pad_id`` default to the tokenizer's.
+    Log-probs are those of the sampled tokens under ``logits / temperature`` (plain
+    logits when greedy), as ``model.logps_from_state`` computes them. ``eos_id`` and
+    ``pad_id`` default to the tokenizer's.
 
     Raises:
         TypeError: ``prompts`` is a bare string or holds a non-string; ``max_new_tokens``

@@ -16,10 +16,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlcluster_lab.core.compile_options import ProgramFamily
-from rlcluster_lab.model.init import _shardings, abstract_structure, materialize
+from rlcluster_lab.model.init import abstract_structure, init_from
 from rlcluster_lab.model.logps import checked_batch, model_compiler_options, packed_sequence
 from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
-from rlcluster_lab.model.values import initial_values
 
 
 class ScoreModel(nnx.Module):
@@ -60,11 +59,7 @@ def init_score_model(
     config: ModelConfig | str, *, seed: int = 0, mesh: Any = None, rules: Any = None, memory_kind: str | None = None
 ) -> ScoreModel:
     """A fresh reward or value model; the arguments are ``init_model``'s."""
-    cfg = get_model_config(config) if isinstance(config, str) else config
-    graphdef, abstract = _abstract_score(cfg)
-    return materialize(
-        graphdef, abstract, initial_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind)
-    )
+    return init_from(_abstract_score, config, seed, mesh, rules, memory_kind)
 
 
 def completion_scores(

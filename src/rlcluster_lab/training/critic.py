@@ -22,16 +22,15 @@ import optax
 from flax import nnx
 
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.model.logps import check_token_batch, check_token_ids
 from rlcluster_lab.model.scoring import completion_scores
-from rlcluster_lab.training.batch import _float_array, host_arrays
+from rlcluster_lab.training.batch import TokenBatch, _float_array, host_arrays
 from rlcluster_lab.training.step import run_update, token_mean
 
 __all__ = ["ValueBatch", "ppo_value_loss", "ppo_value_sums", "value_train_step"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ValueBatch:
+class ValueBatch(TokenBatch):
     """What the critic learns from: completions, their returns and the rollout-time values.
 
     * ``prompt_tokens``: (B, P) left-padded ids; ``completion_tokens``: (B, C) right-padded ids.
@@ -50,33 +49,11 @@ class ValueBatch:
     old_values: np.ndarray
 
     def __post_init__(self) -> None:
-        if np.shape(self.prompt_tokens)[:1] == (0,):
-            raise ConfigError("Cannot update the critic from an empty batch (ValueBatch.prompt_tokens has no rows).")
-        prompt, completion = check_token_batch(
-            self.prompt_tokens,
-            self.completion_tokens,
-            None,
-            names=("ValueBatch.prompt_tokens", "ValueBatch.completion_tokens"),
-        )
-        shape = completion.shape
+        shape = self._check_ids("critic")
         set_ = object.__setattr__
-        set_(self, "prompt_tokens", prompt)
-        set_(self, "completion_tokens", completion)
         per_token = "one value per completion token, like completion_tokens"
         set_(self, "returns", _float_array("returns", self.returns, shape, per_token).copy())
         set_(self, "old_values", _float_array("old_values", self.old_values, shape, per_token).copy())
-
-    def __len__(self) -> int:
-        return len(self.prompt_tokens)
-
-    def validate(self, vocab_size: int | None) -> ValueBatch:
-        """Check every id is below ``vocab_size``; returns self."""
-        check_token_ids("ValueBatch.prompt_tokens", self.prompt_tokens, vocab_size)
-        check_token_ids("ValueBatch.completion_tokens", self.completion_tokens, vocab_size)
-        return self
-
-    def rows(self, index: slice | np.ndarray) -> ValueBatch:
-        return ValueBatch(*(np.asarray(getattr(self, f.name))[index] for f in dataclasses.fields(self)))
 
     def arrays(self) -> dict[str, np.ndarray]:
         return host_arrays(self)

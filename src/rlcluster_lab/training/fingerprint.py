@@ -72,12 +72,7 @@ def _describe(obj: Any, pins: list[Any], seen: dict[int, int]) -> Any:
     if isinstance(obj, dict):
         return ("dict", *((_describe(k, pins, seen), _describe(v, pins, seen)) for k, v in obj.items()))
     if isinstance(obj, functools.partial):
-        return (
-            "partial",
-            _describe(obj.func, pins, seen),
-            _describe(obj.args, pins, seen),
-            _describe(dict(obj.keywords), pins, seen),
-        )
+        return ("partial", *(_describe(x, pins, seen) for x in (obj.func, obj.args, dict(obj.keywords))))
     if isinstance(obj, types.MethodType):
         return ("method", _describe(obj.__func__, pins, seen), _describe(obj.__self__, pins, seen))
     if isinstance(obj, types.FunctionType):
@@ -106,16 +101,8 @@ def _describe_function(fn: types.FunctionType, pins: list[Any], seen: dict[int, 
             value = fn.__globals__[name]
             plain = value is None or isinstance(value, (bool, int, float, complex, str, bytes, types.ModuleType))
             read[name] = _describe(value, pins, seen) if plain else _pinned(value, pins)
-    return (
-        "function",
-        fn.__module__,
-        fn.__qualname__,
-        fn.__code__,
-        _describe(fn.__defaults__, pins, seen),
-        _describe(fn.__kwdefaults__, pins, seen),
-        tuple(cells),
-        tuple(read.items()),
-    )
+    defaults = (_describe(fn.__defaults__, pins, seen), _describe(fn.__kwdefaults__, pins, seen))
+    return ("function", fn.__module__, fn.__qualname__, fn.__code__, *defaults, tuple(cells), tuple(read.items()))
 
 
 def _global_names(code: types.CodeType) -> set[str]:
