@@ -1,29 +1,21 @@
 """JAX's persistent compilation cache, on by default for the CLI, the notebooks and the lab.
 
-A compiled program is written to disk the first time and read back by every
-later process, so the second time a user opens the lab or runs the CLI,
-construction and the first sync skip XLA compilation. Where the cache lives:
+A compiled program is written to disk the first time and read back by every later
+process, so construction and the first sync skip XLA compilation. ``enable_compilation_cache``
+must run before the first compilation (JAX reads the setting then). Where the cache lives:
 
 1. ``RLCLUSTER_LAB_COMPILATION_CACHE``: a folder, or ``off`` to turn it off;
 2. else ``JAX_COMPILATION_CACHE_DIR``, JAX's own setting;
 3. else ``$XDG_CACHE_HOME/rlcluster-lab/jax`` (``~/.cache/rlcluster-lab/jax``).
 
-JAX reads this setting when it compiles for the first time in a process, so
-``enable_compilation_cache`` must run before the first compilation.
+The cache is bounded on disk by ``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB`` (default
+``DEFAULT_MAX_MB``): a process that turns it on deletes the least recently used files
+down to 90% of the bound, so a folder just over it is not trimmed at every start.
 
-The cache is bounded on disk: ``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB`` (default
-``DEFAULT_MAX_MB``, 512 MB) is the most its files may take. When a process turns
-the cache on and the folder holds more, the least recently used files (by their
-last access or change) are deleted until it holds at most 90% of the bound, so a
-folder just over it is not trimmed at every start. Every file of a program is
-one file: a deleted one is only compiled again when it is next needed.
-
-The cache is trusted: JAX runs the native code its entries hold, and an entry
-planted under another program's key runs as that program. So the folder must
-be one only this user can write: a folder owned by the user and writable by
-nobody else (the lab creates it with mode 0700). Any other folder gets one
-warning and no persistent cache (JAX then compiles as usual), even one named
-by ``JAX_COMPILATION_CACHE_DIR``.
+The cache is trusted: JAX runs the native code its entries hold, and an entry planted
+under another program's key runs as that program. So the folder must be owned by the
+user and writable by nobody else (the lab creates it with mode 0700); any other folder
+gets one warning and no persistent cache, even one named by ``JAX_COMPILATION_CACHE_DIR``.
 """
 
 from __future__ import annotations
@@ -206,9 +198,6 @@ def trim_cache(folder: Path, max_bytes: int) -> tuple[int, int]:
 def active_cache_dir() -> str | None:
     """The folder JAX's persistent cache uses in this process, if any."""
     return jax.config.jax_compilation_cache_dir or None
-
-
-# ------------------------------------------------------------------ counting compilations
 
 
 @contextlib.contextmanager

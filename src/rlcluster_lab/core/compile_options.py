@@ -1,23 +1,17 @@
 """Compiler options chosen for the platform and the size of what a program computes.
 
-On simulated CPU devices with the lab's small models, what a user waits for is
-XLA:CPU compiling a program, not the program running: a log-prob program of the
-tiny model (two layers, 64 wide) spent about a second in LLVM's code generation
-of some fifty small kernels, and ran in milliseconds. So on CPU, for programs
-over at most ``FAST_MAX_ELEMENTS`` parameters (or array elements, for programs
-that only move data), the lab asks XLA for cheap code generation
-(``FAST_CPU``): LLVM at optimisation level 0 without its expensive passes, and
-XLA:CPU's elemental kernel emitters instead of its newer fusion emitters, which
-emit more code per kernel. Measured on the step's programs (2 busy CPU cores,
-``benchmarks/interactive.py`` keeps the per-program table): the sampler's
-compile went from about 4 s to 0.6-0.9 s, a log-prob program from 1.2-2 s to
-0.2-0.4 s, the optimizer step from 3.7-6.6 s to 1.4-2.9 s.
+On simulated CPU devices with the lab's small models, a user waits for XLA:CPU
+compiling a program, not for it running (a log-prob program of the tiny model spent
+about a second in LLVM, and ran in milliseconds). So on CPU, for programs over at most
+``FAST_MAX_ELEMENTS`` parameters (or array elements, for programs that only move data),
+the lab asks for cheap code generation (``FAST_CPU``). Measured on the step's programs
+(2 busy cores, ``benchmarks/interactive.py``): the sampler's compile went from about 4 s
+to 0.6-0.9 s, a log-prob program from 1.2-2 s to 0.2-0.4 s, the optimizer step from
+3.7-6.6 s to 1.4-2.9 s. On GPUs and TPUs, and for larger models, XLA's defaults.
 
-On GPUs and TPUs, and for larger models, nothing is changed: XLA's defaults.
-``RLCLUSTER_LAB_FAST_COMPILE`` overrides the choice: ``off`` (XLA's defaults
-everywhere), ``on`` (the cheap options on CPU whatever the size), ``auto``
-(the default, as above). The options are part of a compiled program's key in
-JAX's persistent cache, so programs compiled either way never mix.
+``RLCLUSTER_LAB_FAST_COMPILE`` overrides the choice: ``off``, ``on`` (whatever the size)
+or ``auto`` (the default). The options are part of a program's key in JAX's persistent
+cache, so programs compiled either way never mix.
 """
 
 from __future__ import annotations

@@ -27,16 +27,11 @@ LogicalAxisRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 class TrainingConfig:
     """How the actor (GRPO-style clipped objective with a KL term) and the critic learn.
 
-    Gradient accumulation follows the reference: with ``train_micro_batch_size``
-    set, each mini-batch step sums the gradients of ``mini_batch_size //
-    train_micro_batch_size`` micro-batches (``gradient_accumulation_steps``)
-    before one optimizer update; the loss stays the token mean over the whole
-    mini-batch, so the update equals one step on the mini-batch, with the
-    activations of one micro-batch alive at a time.
-
-    The critic (when the cluster has one) trains with ``critic_optimizer``,
-    default ``adam(critic_learning_rate)``, on a PPO-style clipped value loss
-    with clip range ``clip_range_value``.
+    With ``train_micro_batch_size`` set, each mini-batch step sums the gradients of
+    ``mini_batch_size // train_micro_batch_size`` micro-batches (``gradient_accumulation_steps``,
+    as in the reference) before one update equal to a step on the whole mini-batch.
+    The critic trains with ``critic_optimizer`` (default ``adam(critic_learning_rate)``)
+    on a PPO-style clipped value loss with clip range ``clip_range_value``.
     """
 
     learning_rate: float = 3e-3
@@ -145,35 +140,27 @@ EngineArg = str | type | functools.partial | Callable[..., Any]
 class ClusterConfig:
     """Which mesh each role lives on, which rollout engine samples, and offload.
 
-    ``role_to_mesh`` needs ACTOR and ROLLOUT; REFERENCE, REWARD and CRITIC
-    default to the actor's mesh when left out.
+    ``role_to_mesh`` needs ACTOR and ROLLOUT; REFERENCE, REWARD and CRITIC default to
+    the actor's mesh when left out.
 
-    ``reshard`` picks how layouts change (P5 loads, P13 syncs): ``"xla"``
-    (the default) compiles one program per set of shardings and reports the
-    bytes its collectives move, excess over the minimum included;
-    ``"minimal"`` assembles every destination shard on its own device from
-    exactly the pieces it lacks, which moves the least but compiles two small
-    programs per device.
+    ``reshard`` picks how layouts change (P5 loads, P13 syncs): ``"xla"`` (the default)
+    compiles one program per set of shardings and reports the bytes its collectives move;
+    ``"minimal"`` assembles every destination shard on its own device from exactly the
+    pieces it lacks, which moves the least but compiles two small programs per device.
 
-    ``matmul_precision`` is entered around every operation (None: the
-    platform's default). The default, ``"highest"``, keeps float32 matmuls in
-    float32 on GPUs (no TF32) and TPUs (no bfloat16 passes), so the sampler's,
-    the anchor's and the live actor's log-probs agree to float32 rounding on
-    every platform (P11); on CPU it changes nothing.
+    ``matmul_precision`` is entered around every operation (None: the platform's
+    default). The default, ``"highest"``, keeps float32 matmuls in float32 on GPUs and
+    TPUs, so the sampler's, the anchor's and the live actor's log-probs agree to float32
+    rounding on every platform (P11).
 
-    ``sync_chunk_bytes`` (None: one piece) makes a weight sync (P13) hand the
-    weights over in chunks of at most that many bytes of leaves, each chunk
-    committed and the arrays it replaces dropped before the next, which bounds
-    the sync's transient peak at the cost of one reshard call per chunk; a
-    failure in a later chunk restores the rollout from the anchor snapshot
-    (``cluster.sync``).
+    ``sync_chunk_bytes`` (None: one piece) makes a weight sync (P13) hand the weights
+    over in chunks of at most that many bytes, each committed (and the arrays it replaces
+    dropped) before the next: a lower transient peak for one reshard call per chunk. A
+    failure in a later chunk restores the rollout from the anchor snapshot.
 
-    ``anchor`` says what the anchor policy state holds (P8). ``"full"``, the
-    reference behaviour, pins the actor's whole state at every sync.
-    ``"trainable"`` pins only what training changes: for a LoRA actor the
-    adapters, with the frozen backbone read from the actor itself, which
-    gives the same log-probs for less pinned memory (for a full-parameter
-    actor it is the same as ``"full"``).
+    ``anchor`` says what the anchor policy state holds (P8): ``"full"`` (the reference)
+    the actor's whole state; ``"trainable"`` only what training changes, for a LoRA actor
+    the adapters, with the frozen backbone read from the actor itself.
     """
 
     role_to_mesh: Mapping[Role, Mesh]

@@ -58,25 +58,16 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def lazy_exports(
-    module_name: str,
-    source_file: str,
-    public: Iterable[str],
-    *,
-    moved: Mapping[str, str] | None = None,
+    module_name: str, source_file: str, public: Iterable[str], *, moved: Mapping[str, str] | None = None
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The ``__getattr__`` and ``__dir__`` of a package whose public names are its
-    ``TYPE_CHECKING`` imports.
+    """The ``__getattr__`` and ``__dir__`` of a package whose public names are its ``TYPE_CHECKING`` imports.
 
     Args:
         module_name: the package (``__name__``).
-        source_file: its ``__init__.py`` (``__file__``), whose ``if TYPE_CHECKING:`` imports
-            are read.
+        source_file: its ``__init__.py`` (``__file__``).
         public: its ``__all__``; it must be exactly the names those imports bring.
-        moved: names that left this namespace for another, still served for older code but
-            not listed in ``__all__`` or ``dir()``: name -> the module that holds it now.
-
-    Returns:
-        ``(__getattr__, __dir__)`` for the package: a name is imported on first use and kept.
+        moved: names that left this namespace, still served for older code but not listed
+            in ``__all__`` or ``dir()``: name -> the module that holds it now.
 
     Raises:
         ValueError: ``public`` and the ``TYPE_CHECKING`` imports name different things.

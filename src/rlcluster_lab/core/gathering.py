@@ -1,16 +1,11 @@
 """Reading what lives on other processes: small facts, and host values of global arrays.
 
-Every function here is collective: every process must call it, in the same
-order, with the same structure (multi-controller JAX runs one program in
-every process, so the cluster's code reaches each call on each process).
-Which path a call takes is decided from global facts only (an array's
-sharding, the process count), never from what this process happens to
-hold, so the processes cannot take different paths and wait on each other.
-
-Small facts (JSON) go through the coordination service's key-value store
-that ``jax.distributed.initialize`` starts: no device program is needed,
-whichever devices the processes own. Array values go through device
-collectives (``jax.experimental.multihost_utils``).
+Every function here is collective: every process must call it, in the same order,
+with the same structure. Which path a call takes is decided from global facts only
+(an array's sharding, the process count), never from what this process happens to
+hold, so the processes cannot take different paths and wait on each other. Small
+facts (JSON) go through the coordination service's key-value store; array values
+through device collectives (``jax.experimental.multihost_utils``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """One table of the knobs a person turns: each one's lab widget and CLI flag (JAX-free).
 
-A refusal (``ConfigError``) says which knobs would fix it (``ConfigError.knobs``,
-``Scenario`` field names, as the rules and checks know them). The lab and the CLI
-do not show those names: ``describe`` turns the error into the reader's terms,
-the widget's label in the lab and the flag in the CLI, from this one table. The
-lab's widgets take their labels from it too, so the label an error names is the
-label on the screen.
+A refusal names the knobs that would fix it (``ConfigError.knobs``: ``Scenario`` field
+names); ``describe`` says them in the reader's terms, the widget's label in the lab and
+the flag in the CLI. The lab's widgets take their labels from this table too, so the
+label an error names is the label on the screen.
 """
 
 from __future__ import annotations

@@ -32,14 +32,8 @@ class TooLargeError(ConfigError, MemoryError):
 BYTE_UNITS: dict[str, int] = {
     "": 1,
     "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
+    **{f"{p}b": 1000**i for i, p in enumerate("kmgt", 1)},
+    **{f"{p}ib": 1024**i for i, p in enumerate("kmgt", 1)},
 }
 # Far above any machine's memory (an exabyte), so a limit never becomes a huge or infinite float.
 _MAX_LIMIT = 10**18

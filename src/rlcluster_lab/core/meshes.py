@@ -50,11 +50,7 @@ def check_mesh_shape(device_ids: Sequence[int], shape: Sequence[int], axis_names
         raise ValueError("a mesh cannot use the same device twice")
 
 
-def make_mesh(
-    devices: Sequence[jax.Device],
-    shape: tuple[int, ...],
-    axis_names: tuple[str, ...] = MESH_AXES,
-) -> Mesh:
+def make_mesh(devices: Sequence[jax.Device], shape: tuple[int, ...], axis_names: tuple[str, ...] = MESH_AXES) -> Mesh:
     """A mesh over ``devices`` (in the order given) arranged as ``shape``."""
     devices = list(devices)
     check_mesh_shape([d.id for d in devices], shape, axis_names)
@@ -63,9 +59,7 @@ def make_mesh(
 
 
 def mesh_from_ids(
-    device_ids: Sequence[int],
-    shape: tuple[int, ...] | None = None,
-    axis_names: tuple[str, ...] = MESH_AXES,
+    device_ids: Sequence[int], shape: tuple[int, ...] | None = None, axis_names: tuple[str, ...] = MESH_AXES
 ) -> Mesh:
     """A mesh over the devices with these ids; the shape defaults to the standard one."""
     by_id = {d.id: d for d in jax.devices()}
@@ -110,10 +104,7 @@ def fitting_shapes(count: int, config: ModelConfig) -> list[tuple[int, int]]:
 
 
 def layout_meshes(
-    layout: str,
-    devices: Sequence[Any] | None = None,
-    *,
-    make: Callable[..., Any] = make_mesh,
+    layout: str, devices: Sequence[Any] | None = None, *, make: Callable[..., Any] = make_mesh
 ) -> dict[Role, Mesh]:
     """Meshes for every role in one of the standard layouts.
 

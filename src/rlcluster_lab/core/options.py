@@ -94,9 +94,8 @@ MAX_SIMULATED_DEVICES = 4096
 def check_device_count(count: object, name: str = "count") -> None:
     """Refuse a simulated device count that is not an int between 1 and ``MAX_SIMULATED_DEVICES``.
 
-    Checked before ``jax_num_cpu_devices`` is set (and before JAX is imported): a huge
-    count would otherwise make the CPU client grow without bound, or fail inside
-    jaxlib's bindings.
+    Checked before ``jax_num_cpu_devices`` is set: a huge count would make the CPU
+    client grow without bound, or fail inside jaxlib's bindings.
 
     Raises:
         TypeError: ``count`` is not an int.
@@ -144,13 +143,10 @@ def layout_problem(layout: str, count: int) -> str | None:
 class RolloutConfig:
     """How the rollout engine samples.
 
-    ``data_type`` casts the vanilla engine's second copy (P3) when set; it
-    takes a name (``"bfloat16"``) or a JAX/NumPy dtype (``jnp.bfloat16``,
-    ``np.dtype("float16")``). As in the reference the field keeps what was
-    given (``cfg.data_type is jnp.bfloat16``); ``dtype_name`` reads it where it
-    is used. The
-    ``rollout_vllm_*`` and ``rollout_sglang_jax_*`` fields are read only by
-    the matching engine.
+    ``data_type`` casts the vanilla engine's second copy (P3) when set: a name
+    (``"bfloat16"``) or a JAX/NumPy dtype, kept as given, as in the reference
+    (``dtype_name`` reads it where it is used). The ``rollout_vllm_*`` and
+    ``rollout_sglang_jax_*`` fields are read only by the matching engine.
     """
 
     max_tokens_to_generate: int = 16

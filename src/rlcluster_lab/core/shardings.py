@@ -81,12 +81,7 @@ def resolve_specs(state: Any, rules: Iterable[tuple[str, Any]] | None) -> Any:
 
 
 def target_shardings(
-    state: Any,
-    mesh: Mesh,
-    rules: Iterable[tuple[str, Any]] | None,
-    memory_kind: str,
-    *,
-    role: str = "model",
+    state: Any, mesh: Mesh, rules: Iterable[tuple[str, Any]] | None, memory_kind: str, *, role: str = "model"
 ) -> Any:
     """NamedShardings for every leaf of ``state`` on ``mesh``, checked against its shapes."""
     specs = resolve_specs(state, rules)

@@ -19,12 +19,9 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple, set, frozenset)):
         items = [jsonable(v) for v in value]
         return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, (np.bool_,)):
-        return bool(value)
+    for numpy_type, cast in ((np.integer, int), (np.floating, float), (np.bool_, bool)):
+        if isinstance(value, numpy_type):
+            return cast(value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)

@@ -1,18 +1,11 @@
 """What the process is waiting for right now: the waits in progress and the programs being built.
 
-An action that may take a while runs inside ``waiting(label)`` (building a
-cluster, a learner step and each of its phases, a wait for a background
-compile). Whatever shows progress (the CLI's line on stderr, the lab's status)
-asks ``WAITS.status()`` as often as it likes: what is being waited for (the
-labels of the waits in progress, outermost first), for how long so far, the
-programs JAX is tracing, lowering or compiling at this moment in any thread
-(names from ``jax.monitoring``'s compile events, with their own elapsed
-seconds), how many programs were built since the wait began, and how long the
-last comparable wait took (same ``kind``), when there was one.
+An action that may take a while runs inside ``waiting(label)``. Whatever shows progress
+(the CLI's line on stderr, the lab's status) asks ``WAITS.status()`` as often as it
+likes (``WaitStatus`` says what it holds).
 
-Nothing here imports JAX: the compile events are listened to from the first
-wait that starts after JAX was imported (``listen_to_jax``), so the CLI can
-show its own start-up.
+Nothing here imports JAX: the compile events are listened to from the first wait that
+starts after JAX was imported (``listen_to_jax``), so the CLI can show its own start-up.
 """
 
 from __future__ import annotations
@@ -76,14 +69,8 @@ class WaitStatus:
         return text
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "labels": list(self.labels),
-            "elapsed_s": self.elapsed_s,
-            "stage_elapsed_s": self.stage_elapsed_s,
-            "building": [dataclasses.asdict(b) for b in self.building],
-            "built": self.built,
-            "estimate_s": self.estimate_s,
-        }
+        building = [dataclasses.asdict(b) for b in self.building]
+        return {**dataclasses.asdict(self), "labels": list(self.labels), "building": building}
 
 
 @dataclasses.dataclass
@@ -111,8 +98,6 @@ class Waits:
         self._built = 0
         self._last: dict[str, float] = {}
         self._subscribers: list[Callable[[], None]] = []
-
-    # ------------------------------------------------------------------ waits
 
     @contextmanager
     def waiting(self, label: str, kind: str | None = None) -> Iterator[None]:
@@ -181,8 +166,6 @@ class Waits:
         for fn in subscribers:
             fn()
 
-    # ------------------------------------------------------------------ programs being built
-
     def build_started(self, phase: str, name: str, thread: int | None = None) -> None:
         """A program began its ``phase`` (tracing, lowering, compiling) in ``thread``."""
         key = (threading.get_ident() if thread is None else thread, phase)
@@ -234,17 +217,15 @@ def listen_to_jax(waits: Waits) -> bool:
             return True
         from jax._src import monitoring
 
-        def on_start(event: str, value: float, **kwargs: object) -> None:
-            phase = _PHASES.get(event)
-            if phase is not None:
-                waits.build_started(phase, str(kwargs.get("fun_name", "?")))
+        def relay(method: Callable[[str, str], None]) -> Callable[..., None]:
+            def listener(event: str, value: float, **kwargs: object) -> None:
+                phase = _PHASES.get(event)
+                if phase is not None:
+                    method(phase, str(kwargs.get("fun_name", "?")))
 
-        def on_end(event: str, seconds: float, **kwargs: object) -> None:
-            phase = _PHASES.get(event)
-            if phase is not None:
-                waits.build_ended(phase, str(kwargs.get("fun_name", "?")))
+            return listener
 
-        monitoring.register_scalar_listener(on_start)
-        monitoring.register_event_duration_secs_listener(on_end)
+        monitoring.register_scalar_listener(relay(waits.build_started))
+        monitoring.register_event_duration_secs_listener(relay(waits.build_ended))
         _LISTENING.add(id(waits))
     return True

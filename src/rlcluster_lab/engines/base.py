@@ -1,17 +1,10 @@
 """The rollout-engine protocol every engine follows, built-in or a user's own.
 
-An engine is constructed as ``Engine(rollout_actor=..., tokenizer=...,
-mesh=..., rollout_config=...)``. It samples with the module ``model()``
-returns, scores completions, and takes new weights through
-``update_params(params, filter_types)``. An engine that picks its own mesh
-exposes it as ``mesh``; the cluster then records that mesh for the rollout
-role (P7).
-
-The base class's ``update_params`` hands a sync over in one reshard call, or
-chunk by chunk (``placement.chunks``), committing each chunk to the model and
-dropping the arrays it replaces before the next; it tells the sync's peak walk
-(``placement.phases``) when it has committed. Variables without hooks are read
-and set raw, so a steady sync spends its time moving data.
+An engine is constructed as ``Engine(rollout_actor=..., tokenizer=..., mesh=...,
+rollout_config=...)``. It samples with the module ``model()`` returns, scores
+completions, and takes new weights through ``update_params(params, filter_types)``.
+An engine that picks its own mesh exposes it as ``mesh``; the cluster then records
+that mesh for the rollout role (P7).
 """
 
 from __future__ import annotations
@@ -147,25 +140,18 @@ class RolloutEngine(abc.ABC):
         """
         graphdef, state = nnx.split(self.model())
         return logps_from_state(
-            graphdef,
-            state,
-            prompt_tokens,
-            completion_tokens,
-            self.pad_id(),
-            self.rollout_config.temperature,
+            graphdef, state, prompt_tokens, completion_tokens, self.pad_id(), self.rollout_config.temperature
         )
 
     def update_params(self, params: Any, filter_types: tuple[Any, ...] | None = None) -> None:
         """Take new weights, resharded onto this engine's own shardings.
 
-        With ``filter_types`` (a weight sync, P13) the destination is the
-        matching part of this engine's model, in its current shardings and
-        memory kind. Without it (keeping shared roles together, P14) the whole
-        state is taken, in the memory kind the source is in.
-
-        One reshard per sync, or one per chunk inside a ``placement.chunks.sync_chunks``
-        block (the cluster's ``sync_chunk_bytes``): each chunk is committed to the
-        model, and the arrays it replaces dropped, before the next one starts.
+        With ``filter_types`` (a weight sync, P13) the destination is the matching part of
+        this engine's model, in its current shardings and memory kind. Without it (keeping
+        shared roles together, P14) the whole state is taken, in the memory kind the source
+        is in. One reshard per sync, or one per chunk inside a ``placement.chunks.sync_chunks``
+        block, each chunk committed (and the arrays it replaces dropped) before the next; the
+        sync's peak walk (``placement.phases``) is told of each commit.
         """
         index = self._index(filter_types)
         src = flat_values(params)
@@ -323,11 +309,7 @@ def _read(v: nnx.Variable) -> Any:
 
 
 def reshard_flat(
-    src_flat: dict[tuple[Any, ...], Any],
-    dst_flat: dict[tuple[Any, ...], Any],
-    *,
-    copy: bool,
-    follow_source_memory: bool = False,
+    src_flat: dict[tuple[Any, ...], Any], dst_flat: dict[tuple[Any, ...], Any], *, copy: bool
 ) -> dict[tuple[Any, ...], Any]:
     """``src_flat``'s values (path -> array) placed with ``dst_flat``'s shardings and cast to its dtypes.
 
@@ -336,19 +318,10 @@ def reshard_flat(
     asks for new buffers. Only device-to-device copies happen: no host round-trip, so
     it runs under a transfer guard.
     """
-    if follow_source_memory:
-        # Keeping shared roles together may hand over part of a tree (a
-        # reference has no adapters): only those leaves are replaced.
-        dst_flat = {k: v for k, v in dst_flat.items() if k in src_flat}
     if src_flat.keys() != dst_flat.keys():
         raise tree_mismatch(src_flat, dst_flat)
     keys = list(dst_flat)
-    targets = []
-    for k in keys:
-        s = dst_flat[k].sharding
-        if follow_source_memory and isinstance(s, NamedSharding):
-            s = s.with_memory_kind(src_flat[k].sharding.memory_kind)
-        targets.append(Target(s, dst_flat[k].dtype))
+    targets = [Target(dst_flat[k].sharding, dst_flat[k].dtype) for k in keys]
     new = reshard_leaves([src_flat[k] for k in keys], targets, copy=copy, labels=[leaf_path(k) for k in keys])
     return dict(zip(keys, new))
 

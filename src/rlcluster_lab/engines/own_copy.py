@@ -1,18 +1,12 @@
 """Placement stand-ins for the vLLM and SGLang-JAX rollouts.
 
-Neither vLLM nor SGLang runs here. These two engines are written in JAX for
-this lab and sample with the same code as the vanilla engine; what they
-reproduce is the *placement contract* of those engines in the reference:
-
-- ``VllmStyleEngine`` builds a mesh of its own over the devices it is given,
-  rearranged for tensor parallelism, exposes it as ``mesh`` (so the cluster
-  replaces the recorded rollout mesh, P7), and holds its own copy of the
-  weights on that mesh.
-- ``SglangJaxStyleEngine`` takes the rollout mesh, holds its own copy of the
-  weights on it, exposes no mesh, and refuses a LoRA actor unless static-LoRA
-  settings are given (P6).
-
-They are not vLLM or SGLang, and their speed says nothing about those engines.
+Neither vLLM nor SGLang runs here: these engines sample with the vanilla engine's
+code and reproduce only the reference's *placement contract*. ``VllmStyleEngine``
+builds a mesh of its own over the devices it is given, rearranged for tensor
+parallelism, and exposes it as ``mesh`` (P7); ``SglangJaxStyleEngine`` takes the
+rollout mesh, exposes none, and refuses a LoRA actor without static-LoRA settings
+(P6). Both hold their own copy of the weights. Their speed says nothing about vLLM
+or SGLang.
 """
 
 from __future__ import annotations
@@ -31,11 +25,6 @@ from rlcluster_lab.engines.base import RolloutEngine
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.place import place_model
 from rlcluster_lab.rules.validation import check_sglang_lora, check_vllm_version
-
-
-def copy_onto_mesh(model: nnx.Module, mesh: Mesh, rules: Any) -> nnx.Module:
-    """A new module whose every buffer is the engine's own, sharded on ``mesh``."""
-    return place_model(model, mesh, rules, memory_kind=default_memory_kind(mesh), role="rollout", copy=True)
 
 
 def rearranged_device_grid(device_ids: Sequence[int], tp_size: int | None) -> np.ndarray:
@@ -62,21 +51,14 @@ class OwnCopyEngine(RolloutEngine):
 
     owns_weights = True
 
-    def __init__(
-        self,
-        rollout_actor: nnx.Module,
-        tokenizer: Any,
-        *,
-        mesh: Mesh | None = None,
-        rollout_config: RolloutConfig,
-        logical_axis_rules: Any = None,
-        cache_size: int | None = None,
-    ) -> None:
-        super().__init__(rollout_actor, tokenizer, mesh=mesh, rollout_config=rollout_config, cache_size=cache_size)
-        if mesh is None:
+    def __init__(self, rollout_actor: nnx.Module, tokenizer: Any, *, logical_axis_rules: Any = None, **kwargs: Any):
+        """As ``RolloutEngine``'s, plus the logical axis rules the copy is placed with."""
+        super().__init__(rollout_actor, tokenizer, **kwargs)
+        if self.given_mesh is None:
             raise ConfigError(f"the {type(self).__name__} engine needs the rollout mesh to place its weights on")
-        self._engine_mesh = self.settle_mesh(mesh, rollout_config)
-        self._model = copy_onto_mesh(rollout_actor, self._engine_mesh, logical_axis_rules)
+        self._engine_mesh = self.settle_mesh(self.given_mesh, self.rollout_config)
+        mesh, kind = self._engine_mesh, default_memory_kind(self._engine_mesh)
+        self._model = place_model(rollout_actor, mesh, logical_axis_rules, memory_kind=kind, role="rollout", copy=True)
 
     def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
         """The mesh the engine keeps its copy on: the given one unless a subclass rearranges it."""

@@ -31,6 +31,7 @@ are serialized (an exclusive lock on the parent folder).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -68,8 +69,7 @@ _NPY_PREAMBLE = 12
 _CHUNK = 16 << 20
 
 _RESAVE = "re-save the model with rlcluster_lab.model.checkpoint.save(model, path)"
-_INT_FIELDS = INT_FIELDS
-_REQUIRED_FIELDS = ("name", *_INT_FIELDS)
+_REQUIRED_FIELDS = ("name", *INT_FIELDS)
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 _TOP_KEYS = ("format", "kind", "config", "lora_rank", "lora_scale")
 
@@ -103,13 +103,10 @@ class CheckpointConfig:
 
 
 def save(model: nnx.Module, path: str | os.PathLike) -> Path:
-    """Write ``model`` (a TransformerLM, LoRA or not, or a ScoreModel) under ``path``.
+    """Write ``model`` (a TransformerLM, LoRA or not, or a ScoreModel) under ``path``, atomically.
 
-    The write is atomic: ``config.json`` and ``params.npz`` go into a new
-    folder beside ``path`` (created exclusively), are flushed to disk, and the
-    folder then takes ``path``'s place in one rename; a previous checkpoint
-    there stays whole until then, and a failed save (a full disk, an
-    interrupt) leaves it as it was. Saves to one folder are serialized.
+    A previous checkpoint there stays whole until the new one is complete (see the module
+    docstring); saves to one folder are serialized.
 
     Raises:
         ConfigError: the model holds what ``load`` would refuse (a non-finite
@@ -133,7 +130,7 @@ def save(model: nnx.Module, path: str | os.PathLike) -> Path:
     }
     if rank:
         meta["lora_scale"] = scale
-    flat = {_key(p): np.asarray(v) for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
+    flat = {k: np.asarray(v) for k, v in _flat_state(model).items()}
     # The checks load makes, before anything is written.
     try:
         ck = _check_meta(folder / "config.json", json.loads(json.dumps(meta)))
@@ -152,7 +149,7 @@ def save(model: nnx.Module, path: str | os.PathLike) -> Path:
 
 def _check_saved_params(ck: CheckpointConfig, folder: Path, flat: dict[str, np.ndarray]) -> None:
     """The model's parameters against what its config describes, and finite, as ``load`` checks them."""
-    expected = {_key(p): v for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(_build_structure(ck)))).items()}
+    expected = _flat_state(_build_structure(ck))
     if set(flat) != set(expected):
         missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
         raise ConfigError(
@@ -177,11 +174,7 @@ def _check_saved_params(ck: CheckpointConfig, folder: Path, flat: dict[str, np.n
 
 
 def load(path: str | os.PathLike) -> nnx.Module:
-    """Read a model written by ``save``; it comes back on the default device.
-
-    Nothing is allocated before the file has been checked against its own
-    config (see the module docstring); a failed load returns nothing and
-    leaves nothing behind.
+    """Read a model written by ``save`` onto the default device; a failed load allocates nothing.
 
     Raises:
         FileNotFoundError: no ``config.json`` or no ``params.npz`` under ``path``.
@@ -192,11 +185,10 @@ def load(path: str | os.PathLike) -> nnx.Module:
     """
     ck = read_config(path)
     model = _structure(ck)
-    expected = {_key(p): v for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
-    arrays = _read_params(ck, expected)
+    arrays = _read_params(ck, _flat_state(model))
     graphdef, state = nnx.split(model)
     paths = flatten_dict(nnx.to_pure_dict(state))
-    return materialize(graphdef, state, unflatten_dict({p: arrays[_key(p)] for p in paths}))
+    return materialize(graphdef, state, unflatten_dict({p: arrays["/".join(map(str, p))] for p in paths}))
 
 
 def abstract_checkpoint(path: str | os.PathLike) -> nnx.Module:
@@ -297,7 +289,7 @@ def _model_config(cfg_file: Path, raw: Any) -> ModelConfig:
             raise ConfigError(f"{cfg_file}: missing key 'config.{field}'; {_RESAVE}")
     if not isinstance(raw["name"], str):
         raise ConfigError(f"{cfg_file}: key 'config.name' must be a string, got {_show(raw['name'])}")
-    for field in _INT_FIELDS:
+    for field in INT_FIELDS:
         value = raw[field]
         if not _is_int(value) or value <= 0:
             raise ConfigError(f"{cfg_file}: key 'config.{field}' must be a positive integer, got {_show(value)}")
@@ -328,8 +320,7 @@ def _structure(ck: CheckpointConfig) -> nnx.Module:
     # ModelConfig), so the check above comes first; the one below is the exact count,
     # should the formula and the model drift.
     model = _build_structure(ck)
-    leaves = flatten_dict(nnx.to_pure_dict(nnx.state(model))).values()
-    exact = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in leaves)
+    exact = sum(_nbytes(v.shape, v.dtype) for v in _flat_state(model).values())
     check_fits(2 * exact, f"the checkpoint {ck.path.parent}", fix)
     return model
 
@@ -367,11 +358,7 @@ def _read_params(ck: CheckpointConfig, expected: dict[str, Any]) -> dict[str, np
 def _check_members(ck: CheckpointConfig, npz: Path, infos: list[zipfile.ZipInfo], expected: dict[str, Any]) -> None:
     """The zip's directory against the config: names, then declared sizes. No data is read."""
     names = [info.filename for info in infos]
-    seen: set[str] = set()
-    repeated_set: set[str] = set()
-    for n in names:  # one pass: a crafted zip may hold a great many members
-        (repeated_set if n in seen else seen).add(n)
-    repeated = sorted(repeated_set)
+    repeated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
     if repeated:
         raise ConfigError(f"{npz}: member(s) {repeated[:3]} appear more than once; {_RESAVE}")
     want = {k + ".npy" for k in expected}
@@ -408,12 +395,10 @@ def _check_header(ck: CheckpointConfig, npz: Path, zf: zipfile.ZipFile, info: zi
     with zf.open(info) as fp:
         try:
             version = np.lib.format.read_magic(fp)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=MAX_NPY_HEADER)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=MAX_NPY_HEADER)
-            else:
+            if version not in ((1, 0), (2, 0)):
                 raise ValueError(f".npy format version {version} (save writes 1.0)")
+            read_header = getattr(np.lib.format, f"read_array_header_{version[0]}_0")
+            shape, fortran, dtype = read_header(fp, max_header_size=MAX_NPY_HEADER)
         except ValueError as err:
             raise ConfigError(f"{npz}: member {member!r} is not a readable .npy array ({err}); {_RESAVE}") from err
         header = fp.tell()
@@ -442,24 +427,28 @@ def _read_member(npz: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, spec: An
     out = np.empty(shape[::-1] if fortran else shape, dtype)
     with zf.open(info) as fp:
         fp.read(info.file_size - out.nbytes)  # the header, checked already
-        _read_exactly(fp, out, npz, member)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        pos = 0
+        while pos < len(view):
+            got = fp.readinto(view[pos : pos + _CHUNK])
+            if not got:
+                raise ConfigError(
+                    f"{npz}: member {member!r} ends after {pos:,} of its {len(view):,} data bytes (truncated); "
+                    f"{_RESAVE}"
+                )
+            pos += got
         if fp.read(1):  # also reaches the member's end, where zipfile checks its CRC
             raise ConfigError(f"{npz}: member {member!r} has data beyond its declared shape; {_RESAVE}")
     out = out.T if fortran else out
-    _check_finite(npz, member, out)
+    # A model holding NaN or inf computes NaN log-probs and losses without a word.
+    bad, where = _non_finite(out)
+    if bad:
+        raise ConfigError(
+            f"{npz}: member {member!r} holds {bad:,} non-finite value(s) (NaN or inf), the first at index "
+            f"{where}; a checkpoint's parameters must be finite: save the model from a state before its "
+            "values diverged"
+        )
     return out
-
-
-def _read_exactly(fp: Any, out: np.ndarray, npz: Path, member: str) -> None:
-    view = memoryview(out.reshape(-1).view(np.uint8))
-    pos = 0
-    while pos < len(view):
-        got = fp.readinto(view[pos : pos + _CHUNK])
-        if not got:
-            raise ConfigError(
-                f"{npz}: member {member!r} ends after {pos:,} of its {len(view):,} data bytes (truncated); {_RESAVE}"
-            )
-        pos += got
 
 
 def _non_finite(values: np.ndarray) -> tuple[int, tuple[int, ...]]:
@@ -480,17 +469,6 @@ def _non_finite(values: np.ndarray) -> tuple[int, tuple[int, ...]]:
     return bad, tuple(int(i) for i in np.unravel_index(first, values.shape))
 
 
-def _check_finite(npz: Path, member: str, values: np.ndarray) -> None:
-    """Refuse NaN or inf: a model holding them computes NaN log-probs and losses without a word."""
-    bad, where = _non_finite(values)
-    if bad:
-        raise ConfigError(
-            f"{npz}: member {member!r} holds {bad:,} non-finite value(s) (NaN or inf), the first at index "
-            f"{where}; a checkpoint's parameters must be finite: save the model from a state before its "
-            "values diverged"
-        )
-
-
 def _nbytes(shape: Any, dtype: Any) -> int:
     return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
 
@@ -499,17 +477,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _key(path: tuple) -> str:
-    return "/".join(map(str, path))
+def _flat_state(model: nnx.Module) -> dict[str, Any]:
+    """Every variable of ``model`` by its path, ``"blocks/0/attn/q/kernel"``."""
+    return {"/".join(map(str, p)): v for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
 
 
 def _lora_settings(model: nnx.Module) -> tuple[int, float]:

@@ -29,14 +29,10 @@ def _abstract_lm(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
 def abstract_structure(build: Callable[..., nnx.Module], config: ModelConfig) -> Any:
     """``build(config, rngs=...)`` as shapes only, in time linear in the layer count.
 
-    Tracing a whole model (``nnx.eval_shape``) costs time that grows faster than
-    its layer count (every parameter's random draw inspects the trace so far:
-    a 300-layer model took minutes). Every block is built by the same
-    constructor from the same config, so one block is traced, in a one-layer
-    model, and repeated: each copy has Variables of its own and the same
-    shapes, dtypes and sharding names. The config the one-layer model holds is
-    replaced by ``config`` wherever it appears, so the result is the model
-    ``build(config)`` traces (the tests compare the two).
+    Tracing a whole model (``nnx.eval_shape``) takes time that grows faster than its
+    layer count (a 300-layer model took minutes), so one block is traced in a one-layer
+    model and repeated, each copy with Variables of its own; the one-layer config is
+    replaced by ``config`` wherever it appears (the tests compare with a full trace).
     """
     one = dataclasses.replace(config, num_layers=1)
     model = nnx.eval_shape(lambda: build(one, rngs=nnx.Rngs(0)))
@@ -79,40 +75,29 @@ def materialize(graphdef: nnx.GraphDef, abstract: nnx.State, values: Any, shardi
 def init_model(
     config: ModelConfig | str, *, seed: int = 0, mesh: Any = None, rules: Any = None, memory_kind: str | None = None
 ) -> TransformerLM:
-    """A freshly initialised model from a config or a preset name.
+    """A freshly initialised model from a config or a preset name, without compiling anything.
 
-    Values are drawn on the host (``model.values.initial_values``) and put straight onto
-    ``mesh`` with the model's own partition specs (mapped by ``rules``, the
-    model's defaults when None), in ``memory_kind`` (the device's default when
-    None); without a mesh they go to the default device. No XLA program is
-    compiled: a jitted initialiser of even the tiny model takes seconds to
-    compile on a CPU, and an eager one compiles a program per parameter shape.
+    Values are drawn on the host (``model.values.initial_values``) and put straight where
+    they belong (a jitted initialiser of even the tiny model takes seconds to compile on a
+    CPU, and an eager one compiles a program per parameter shape).
 
     Args:
         config: a ``ModelConfig`` or a preset name (``tiny``, ``small``, ``base``, ``large``).
         seed: the seed of every leaf's generator.
-        mesh: where to place the model; None for the default device.
-        rules: logical axis rules for ``mesh``.
-        memory_kind: ``device`` or ``pinned_host``.
-
-    Returns:
-        The model, every leaf on its target sharding.
+        mesh: where to place the model, with its own partition specs; None for the default device.
+        rules: logical axis rules for ``mesh`` (None: the model's defaults).
+        memory_kind: ``device`` or ``pinned_host`` (None: the devices' default).
     """
-    if isinstance(config, str):
-        config = get_model_config(config)
-    graphdef, abstract = _abstract_lm(config)
-    return materialize(
-        graphdef, abstract, initial_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind)
-    )
+    return init_from(_abstract_lm, config, seed, mesh, rules, memory_kind)
 
 
-def _shardings(abstract: Any, mesh: Any, rules: Any, memory_kind: str | None) -> Any:
-    if mesh is None:
-        return None
-    return target_shardings(
-        abstract,
-        mesh,
-        rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES,
-        memory_kind or default_memory_kind(mesh),
-        role="model",
-    )
+def init_from(
+    split: Callable[[ModelConfig], Any], config: ModelConfig | str, seed: int, mesh: Any, rules: Any, memory_kind: Any
+) -> nnx.Module:
+    """``init_model`` for the structure ``split(config)`` gives (graphdef, abstract state)."""
+    graphdef, abstract = split(get_model_config(config) if isinstance(config, str) else config)
+    shardings = None
+    if mesh is not None:
+        rules = rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES
+        shardings = target_shardings(abstract, mesh, rules, memory_kind or default_memory_kind(mesh), role="model")
+    return materialize(graphdef, abstract, initial_values(abstract, seed), shardings)

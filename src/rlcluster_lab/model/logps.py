@@ -16,7 +16,6 @@ from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import MIN_TEMPERATURE, temperature_rule
 from rlcluster_lab.model.transformer import TransformerLM
 
-# ---------------------------------------------------------------------------
 # Input contracts, checked on the host before any device work: an id outside the
 # vocabulary makes the embedding gather read past its table (NaN log-probs on CPU,
 # silently wrapped or clamped ids elsewhere), so nothing reaches a program unchecked.
@@ -25,10 +24,8 @@ from rlcluster_lab.model.transformer import TransformerLM
 def check_token_ids(name: str, tokens: Any, vocab_size: int | None) -> np.ndarray:
     """``tokens`` as a host integer array whose ids all lie in ``[0, vocab_size)``.
 
-    Args:
-        name: the argument's name, for the error message.
-        tokens: any array-like of token ids (a device array is read back to the host).
-        vocab_size: the model's vocabulary size; None checks only that ids are not negative.
+    ``name`` is the argument's name for the message; ``vocab_size`` None checks only that
+    ids are not negative. A device array is read back to the host.
 
     Raises:
         TypeError: the ids are not integers (floats, booleans, strings).
@@ -45,11 +42,7 @@ def check_token_ids(name: str, tokens: Any, vocab_size: int | None) -> np.ndarra
     if arr.size == 0:
         return arr
     low, high = arr.min(), arr.max()
-    bad = None
-    if low < 0:
-        bad = low
-    elif vocab_size is not None and high >= vocab_size:
-        bad = high
+    bad = low if low < 0 else high if vocab_size is not None and high >= vocab_size else None
     if bad is not None:
         where = tuple(int(i) for i in np.argwhere(arr == bad)[0])
         limit = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocab_size)"
@@ -148,16 +141,6 @@ def model_vocab_size(graphdef: nnx.GraphDef, *states: Any) -> int | None:
     return int(vocab) if isinstance(vocab, numbers.Integral) else None
 
 
-# ---------------------------------------------------------------------------
-# Log-probabilities
-
-
-def _effective_temperature(temperature: float | jax.Array) -> jax.Array:
-    # Temperature 0 means greedy decoding; its log-probs are reported at 1.
-    t = jnp.asarray(temperature, jnp.float32)
-    return jnp.where(t == 0, jnp.float32(1.0), t)
-
-
 def mask_pad_logits(logits: jax.Array, pad_id: int) -> jax.Array:
     """The pad id is never generated: its logit is -inf for sampling and scoring alike.
 
@@ -165,6 +148,29 @@ def mask_pad_logits(logits: jax.Array, pad_id: int) -> jax.Array:
     and the sampler's log-probs would disagree with the scorer's.
     """
     return jnp.where(jnp.arange(logits.shape[-1]) == pad_id, -jnp.inf, logits)
+
+
+def packed_sequence(prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int) -> tuple[jax.Array, ...]:
+    """A model's inputs for prompt + completion: the tokens, positions that skip pads, and
+    the pad mask over keys (B, 1, P + C; causality is added by the model)."""
+    tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
+    valid = tokens != pad_id
+    return tokens, jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32), valid[:, None, :]
+
+
+def checked_batch(
+    graphdef: nnx.GraphDef, state: Any, prompt_tokens: Any, completion_tokens: Any, pad_id: Any
+) -> tuple[jax.Array, jax.Array]:
+    """The ids and ``pad_id`` checked on the host against the model's vocabulary; the ids as int32 arrays.
+
+    Raises:
+        TypeError: ids that are not integers.
+        ConfigError: a batch of the wrong shape (or empty) or an id outside the vocabulary.
+    """
+    vocab = model_vocab_size(graphdef, state)
+    prompt, completion = check_token_batch(prompt_tokens, completion_tokens, vocab)
+    check_token_id("pad_id", pad_id, vocab)
+    return jnp.asarray(prompt, jnp.int32), jnp.asarray(completion, jnp.int32)
 
 
 def forward_logps(
@@ -181,15 +187,11 @@ def forward_logps(
     """
     prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
     completion_tokens = jnp.asarray(completion_tokens, jnp.int32)
-    p = prompt_tokens.shape[1]
-    c = completion_tokens.shape[1]
-    tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
-    valid = tokens != pad_id
-    positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
-    mask = valid[:, None, :]  # keys; causality is added by the model
-    logits, _ = model(tokens, positions, mask)
-    # Logits at position i predict token i + 1.
-    logits = mask_pad_logits(logits[:, p - 1 : p + c - 1], pad_id) / _effective_temperature(temperature)
+    p, c = prompt_tokens.shape[1], completion_tokens.shape[1]
+    logits, _ = model(*packed_sequence(prompt_tokens, completion_tokens, pad_id))
+    # Logits at position i predict token i + 1. Temperature 0 (greedy) reports log-probs at 1.
+    t = jnp.asarray(temperature, jnp.float32)
+    logits = mask_pad_logits(logits[:, p - 1 : p + c - 1], pad_id) / jnp.where(t == 0, jnp.float32(1.0), t)
     logps = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logps, completion_tokens[..., None], axis=-1)[..., 0]
     return jnp.where(completion_tokens != pad_id, picked, 0.0)
@@ -230,15 +232,8 @@ def logps_from_state(
         ConfigError: a batch of the wrong shape (or empty), an id outside the model's
             vocabulary, or a temperature that is negative, NaN or infinite.
     """
-    vocab = model_vocab_size(graphdef, state)
-    prompt, completion = check_token_batch(prompt_tokens, completion_tokens, vocab)
-    check_token_id("pad_id", pad_id, vocab)
-    temperature = check_temperature(temperature)
+    prompt, completion = checked_batch(graphdef, state, prompt_tokens, completion_tokens, pad_id)
+    temperature = jnp.asarray(check_temperature(temperature), jnp.float32)
     return LOGPS.jitted(model_compiler_options(graphdef, state))(
-        graphdef,
-        state,
-        jnp.asarray(prompt, jnp.int32),
-        jnp.asarray(completion, jnp.int32),
-        int(pad_id),
-        jnp.asarray(temperature, jnp.float32),
+        graphdef, state, prompt, completion, int(pad_id), temperature
     )

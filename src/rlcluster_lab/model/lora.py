@@ -14,9 +14,6 @@ from rlcluster_lab.core.model_config import LORA_PROJECTIONS, check_lora_scale
 from rlcluster_lab.model.transformer import TransformerLM
 from rlcluster_lab.model.values import initial_value
 
-# ---------------------------------------------------------------------------
-# LoRA
-
 
 class LoRALinear(nnx.Module):
     """A bias-free linear layer with a rank-``r`` adapter beside its kernel.
@@ -49,23 +46,17 @@ def with_lora(
 ) -> TransformerLM:
     """A new model whose 7 projections per layer are wrapped in rank-``rank`` LoRA.
 
-    The base weights are the same arrays as ``base``'s (``copy_base=False``) or
-    fresh copies (``copy_base=True``); Variable objects are never shared.
-    ``lora_b`` starts at zero so the result computes exactly what ``base`` does.
-    The adapter term is scaled by ``alpha / rank``; ``alpha`` defaults to
-    ``rank``, i.e. a scale of 1. The adapters are drawn on the host and put
-    where the kernel they adapt lives: its mesh, with the kernel's input axis
-    sharding ``lora_a`` and its output axis ``lora_b``, in its memory kind.
+    ``lora_b`` starts at zero, so the result computes exactly what ``base`` does. The
+    adapters are drawn on the host and put where the kernel they adapt lives: ``lora_a``
+    split like its rows, ``lora_b`` like its columns, in its memory kind.
 
     Args:
         base: a ``TransformerLM`` without adapters.
         rank: the adapters' rank.
         seed: the seed of the adapters' generators.
-        alpha: the adapter scale numerator.
-        copy_base: give the result base weights of its own.
-
-    Returns:
-        The LoRA model.
+        alpha: the adapter term is scaled by ``alpha / rank`` (default ``rank``: a scale of 1).
+        copy_base: give the result base weights of its own (else the same arrays as
+            ``base``'s; Variable objects are never shared).
 
     Raises:
         ValueError: for a rank below 1, a base that already has adapters, or a scale
@@ -80,21 +71,17 @@ def with_lora(
     # Mapping over the state rebuilds every Variable (merge alone would reuse
     # base's Variable objects); the leaves stay the same arrays unless a copy
     # was asked for (a copy in place, on each leaf's own sharding).
+    state = jax.tree.map(lambda x: x, state)
     if copy_base:
-        state = jax.tree.map(lambda x: x, state)
         leaves = jax.tree.leaves(state)
         copies = jax.device_put(leaves, [x.sharding for x in leaves], may_alias=False)
         state = jax.tree.unflatten(jax.tree.structure(state), copies)
-    else:
-        state = jax.tree.map(lambda x: x, state)
     model = nnx.merge(graphdef, state)
     made: list[tuple[Any, Any]] = []  # (host value, sharding) of every adapter, in order
 
     def adapters(path: str, a: jax.ShapeDtypeStruct, b: jax.ShapeDtypeStruct) -> tuple[Any, Any]:
         host_a = initial_value(tuple(path.split("/")) + ("lora_a",), a.shape, np.dtype(a.dtype), seed)
-        host_b = np.zeros(b.shape, b.dtype)
-        made.append((host_a, a.sharding))
-        made.append((host_b, b.sharding))
+        made.extend([(host_a, a.sharding), (np.zeros(b.shape, b.dtype), b.sharding)])
         return a, b
 
     wrapped, layers = _wrap_lora(model, rank, scale, adapters)

@@ -126,11 +126,7 @@ PROMPT_BUCKET = 16
 
 
 def check_prompts(prompts: Any, name: str = "prompts") -> list[str]:
-    """``prompts`` as a list of strings; a bare string is an error, not a list of characters.
-
-    ``list("hello")`` is five one-letter prompts, which is never what a caller
-    meant, so a ``str`` (or ``bytes``) where a sequence of prompts belongs is
-    refused rather than iterated.
+    """``prompts`` as a list of strings; a bare string (``list("hello")`` is five prompts) is refused.
 
     Raises:
         TypeError: a bare string, a non-sequence, or an element that is not a string.
@@ -202,9 +198,9 @@ def sample(
 ) -> SampleOutput:
     """Generate up to ``max_new_tokens`` per prompt; temperature 0 is greedy.
 
-    Log-probs are those of the sampled tokens under ``logits / temperature``
-    (under plain logits when greedy), the same quantity as
-    ``model.logps_from_state``. ``eos_id``/``pad_id`` default to the tokenizer's.
+    Log-probs are those of the sampled tokens under ``logits / temperature`` (plain
+    logits when greedy), as ``model.logps_from_state`` computes them. ``eos_id`` and
+    ``pad_id`` default to the tokenizer's.
 
     Raises:
         TypeError: ``prompts`` is a bare string or holds a non-string; ``max_new_tokens``

@@ -16,10 +16,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlcluster_lab.core.compile_options import ProgramFamily
-from rlcluster_lab.model.init import _shardings, abstract_structure, materialize
-from rlcluster_lab.model.logps import check_token_batch, check_token_id, model_compiler_options, model_vocab_size
+from rlcluster_lab.model.init import abstract_structure, init_from
+from rlcluster_lab.model.logps import checked_batch, model_compiler_options, packed_sequence
 from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
-from rlcluster_lab.model.values import initial_values
 
 
 class ScoreModel(nnx.Module):
@@ -59,36 +58,16 @@ def abstract_score_model(config: ModelConfig | str) -> ScoreModel:
 def init_score_model(
     config: ModelConfig | str, *, seed: int = 0, mesh: Any = None, rules: Any = None, memory_kind: str | None = None
 ) -> ScoreModel:
-    """A fresh reward or value model; values drawn on the host, placed like ``init_model`` does.
-
-    Args:
-        config: a ``ModelConfig`` or a preset name.
-        seed: the seed of every leaf's generator.
-        mesh: where to place the model; None for the default device.
-        rules: logical axis rules for ``mesh``.
-        memory_kind: ``device`` or ``pinned_host``.
-
-    Returns:
-        The model.
-    """
-    cfg = get_model_config(config) if isinstance(config, str) else config
-    graphdef, abstract = _abstract_score(cfg)
-    return materialize(
-        graphdef, abstract, initial_values(abstract, seed), _shardings(abstract, mesh, rules, memory_kind)
-    )
+    """A fresh reward or value model; the arguments are ``init_model``'s."""
+    return init_from(_abstract_score, config, seed, mesh, rules, memory_kind)
 
 
 def completion_scores(
     model: ScoreModel, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int
 ) -> jax.Array:
     """Head outputs (B, C) at the completion positions; 0 at padding."""
-    tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
-    valid = tokens != pad_id
-    positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
-    out = model(tokens, positions, valid[:, None, :])
-    p = prompt_tokens.shape[1]
-    per_token = out[:, p:]
-    return jnp.where(completion_tokens != pad_id, per_token, 0.0)
+    out = model(*packed_sequence(prompt_tokens, completion_tokens, pad_id))
+    return jnp.where(completion_tokens != pad_id, out[:, prompt_tokens.shape[1] :], 0.0)
 
 
 def _scores(
@@ -117,14 +96,7 @@ def scores_from_state(
         ConfigError: a batch of the wrong shape or an id outside the model's vocabulary
             (checked on the host first: such an id would score NaN).
     """
-    vocab = model_vocab_size(graphdef, state)
-    prompt_tokens, completion_tokens = check_token_batch(prompt_tokens, completion_tokens, vocab)
-    check_token_id("pad_id", pad_id, vocab)
+    prompt, completion = checked_batch(graphdef, state, prompt_tokens, completion_tokens, pad_id)
     return _SCORES.jitted(model_compiler_options(graphdef, state))(
-        graphdef,
-        state,
-        jnp.asarray(prompt_tokens, jnp.int32),
-        jnp.asarray(completion_tokens, jnp.int32),
-        int(pad_id),
-        bool(per_token),
+        graphdef, state, prompt, completion, int(pad_id), bool(per_token)
     )

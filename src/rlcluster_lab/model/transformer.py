@@ -205,18 +205,15 @@ class TransformerLM(nnx.Module):
                 mask = attention_mask
             mask = jnp.broadcast_to(mask, (b, t, s))
         x = self.embed(tokens)
-        new_k, new_v = [], []
+        kvs = []
         for i, block in enumerate(self.blocks):
             layer_kv = None if cache is None else (cache.k[i], cache.v[i])
             x, kv = block(x, positions, mask, layer_kv, None if cache is None else cache.index)
-            if kv is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
+            kvs.append(kv)
         x = self.final_norm(x)
-        new_cache = None
-        if cache is not None:
-            new_cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), cache.index + t)
-        return x, new_cache
+        if cache is None:
+            return x, None
+        return x, KVCache(jnp.stack([k for k, _ in kvs]), jnp.stack([v for _, v in kvs]), cache.index + t)
 
     def __call__(
         self,

@@ -116,34 +116,24 @@ def p6_engine_accepts(engine_name: str, facts: Mapping[str, Any] | None) -> Deci
     )
 
 
-VANILLA_CONFIG_MESSAGE = (
-    "the vanilla engine needs a model with a `config` attribute (num_layers, "
-    "num_kv_heads, head_dim) to size its KV cache; use rlcluster_lab.TransformerLM "
-    "or give your module a config"
-)
-VLLM_VERSION_MESSAGE = (
-    "the vllm engine needs rollout_config.rollout_vllm_model_version (the model "
-    "version or path it serves); set it in RolloutConfig"
-)
-SGLANG_LORA_MESSAGE = (
-    "the sglang_jax engine was given a LoRA actor but no static-LoRA settings: set "
-    "rollout_sglang_jax_enable_static_lora=True and rollout_sglang_jax_lora_target_modules, "
-    "rollout_sglang_jax_max_lora_rank, rollout_sglang_jax_lora_scaling in RolloutConfig"
-)
-
-
 @P6.function
 def check_vanilla_model(has_config: bool) -> None:
     """P6: the vanilla engine needs a model with a ``config`` attribute."""
     if not has_config:
-        raise ConfigError(VANILLA_CONFIG_MESSAGE)
+        raise ConfigError(
+            "the vanilla engine needs a model with a `config` attribute (num_layers, num_kv_heads, head_dim) to "
+            "size its KV cache; use rlcluster_lab.TransformerLM or give your module a config"
+        )
 
 
 @P6.function
 def check_vllm_version(model_version: str | None) -> None:
     """P6: the vllm engine needs the model version it serves."""
     if model_version is None:
-        raise ConfigError(VLLM_VERSION_MESSAGE)
+        raise ConfigError(
+            "the vllm engine needs rollout_config.rollout_vllm_model_version (the model version or path it "
+            "serves); set it in RolloutConfig"
+        )
 
 
 @P6.function
@@ -152,7 +142,9 @@ def check_sglang_lora(actor_has_lora: bool, static_lora: bool) -> None:
     if actor_has_lora and not static_lora:
         # The lab and the CLI name their own knobs (core.knobs) instead of RolloutConfig's fields.
         raise ConfigError(
-            SGLANG_LORA_MESSAGE,
+            "the sglang_jax engine was given a LoRA actor but no static-LoRA settings: set "
+            "rollout_sglang_jax_enable_static_lora=True and rollout_sglang_jax_lora_target_modules, "
+            "rollout_sglang_jax_max_lora_rank, rollout_sglang_jax_lora_scaling in RolloutConfig",
             knobs=("sglang_static_lora", "lora", "engine"),
             problem="the sglang_jax engine was given a LoRA actor but no static-LoRA settings (P6)",
         )
@@ -161,16 +153,13 @@ def check_sglang_lora(actor_has_lora: bool, static_lora: bool) -> None:
 def check_lora_rank(rank: Any, model: Any) -> None:
     """A LoRA rank is an int between 1 and the model's ``max_lora_rank``.
 
-    An adapter on an (in, out) projection has rank at most min(in, out): above
-    the largest such bound among the adapted projections a rank adds no
-    capacity, only memory (rank 50000 on the tiny model is gigabytes of
-    adapters that compute what rank 64 computes), so it is refused here, from
-    the model's dimensions, before any adapter is drawn.
+    Above the largest min(in, out) among the adapted projections a rank adds no capacity,
+    only memory (rank 50000 on the tiny model is gigabytes of adapters that compute what
+    rank 64 computes), so it is refused from the model's dimensions before any adapter is drawn.
 
     Args:
         rank: the requested rank.
-        model: the ``ModelConfig`` the adapters would go on (``name``,
-            ``max_lora_rank`` and ``lora_shapes()`` are read).
+        model: the ``ModelConfig`` the adapters would go on.
 
     Raises:
         TypeError: a rank that is not an int.

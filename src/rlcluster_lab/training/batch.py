@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -67,22 +67,52 @@ def _float_array(name: str, value: Any, shape: tuple[int, ...], meaning: str) ->
     return arr
 
 
+class TokenBatch:
+    """What ``TrainBatch`` and the critic's ``ValueBatch`` share: ids checked on the host, rows picked."""
+
+    prompt_tokens: np.ndarray
+    completion_tokens: np.ndarray
+
+    def _check_ids(self, learner: str) -> tuple[int, ...]:
+        """Refuse an empty batch (of ``learner``'s update) or malformed ids, keep the ids as host
+        arrays, and return the completions' shape (B, C)."""
+        name = type(self).__name__
+        if np.shape(self.prompt_tokens)[:1] == (0,):
+            raise ConfigError(f"Cannot update the {learner} from an empty batch ({name}.prompt_tokens has no rows).")
+        names = (f"{name}.prompt_tokens", f"{name}.completion_tokens")
+        prompt, completion = check_token_batch(self.prompt_tokens, self.completion_tokens, None, names=names)
+        object.__setattr__(self, "prompt_tokens", prompt)
+        object.__setattr__(self, "completion_tokens", completion)
+        return completion.shape
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    def validate(self, vocab_size: int | None) -> Self:
+        """Check every id is below ``vocab_size`` (the rest was checked at construction); returns self.
+
+        Raises:
+            ConfigError: an id outside ``[0, vocab_size)``.
+        """
+        for field in ("prompt_tokens", "completion_tokens"):
+            check_token_ids(f"{type(self).__name__}.{field}", getattr(self, field), vocab_size)
+        return self
+
+    def rows(self, index: slice | np.ndarray) -> Self:
+        pick = lambda x: None if x is None else np.asarray(x)[index]  # noqa: E731
+        return type(self)(*(pick(getattr(self, f.name)) for f in dataclasses.fields(self)))  # type: ignore[arg-type]
+
+
 @dataclasses.dataclass(frozen=True)
-class TrainBatch:
-    """One batch of sampled completions with what the loss needs.
-
-    ``old_logps`` are the log-probs of the policy that sampled the tokens
-    (the anchor, P11); ``ref_logps`` those of the frozen reference.
-
-    The contract, checked at construction (arrays are kept as host NumPy
-    arrays; float fields as float32):
+class TrainBatch(TokenBatch):
+    """One batch of sampled completions with what the loss needs, checked at construction.
 
     * ``prompt_tokens``: (B, P) integer ids >= 0, B >= 1, P >= 1, left-padded;
     * ``completion_tokens``: (B, C) integer ids >= 0, C >= 1, right-padded;
-    * ``advantages``: (B,) finite; ``old_logps`` and ``ref_logps``: (B, C) finite.
+    * ``advantages``: (B,) finite; ``old_logps`` (the anchor's, P11) and ``ref_logps``
+      (the frozen reference's): (B, C) finite, kept as float32 host arrays.
 
-    The upper bound of the ids (the model's vocabulary) is checked where the
-    model is known: ``validate(vocab_size)``, which the training step calls.
+    The ids' upper bound is checked where the model is known (``validate(vocab_size)``).
 
     Raises:
         TypeError: ids that are not integers, or values that are not numbers.
@@ -97,46 +127,13 @@ class TrainBatch:
     ref_logps: np.ndarray | None = None  # (B, C); None: no KL term
 
     def __post_init__(self) -> None:
-        if np.shape(self.prompt_tokens)[:1] == (0,):
-            raise ConfigError("Cannot update the actor from an empty batch (TrainBatch.prompt_tokens has no rows).")
-        prompt, completion = check_token_batch(
-            self.prompt_tokens,
-            self.completion_tokens,
-            None,
-            names=("TrainBatch.prompt_tokens", "TrainBatch.completion_tokens"),
-        )
-        b, c = completion.shape
+        b, c = self._check_ids("actor")
         set_ = object.__setattr__
-        set_(self, "prompt_tokens", prompt)
-        set_(self, "completion_tokens", completion)
         set_(self, "advantages", _float_array("advantages", self.advantages, (b,), "one advantage per completion"))
         per_token = "one log-prob per completion token, like completion_tokens"
         set_(self, "old_logps", _float_array("old_logps", self.old_logps, (b, c), per_token))
         if self.ref_logps is not None:
             set_(self, "ref_logps", _float_array("ref_logps", self.ref_logps, (b, c), per_token))
-
-    def __len__(self) -> int:
-        return len(self.prompt_tokens)
-
-    def validate(self, vocab_size: int | None) -> TrainBatch:
-        """Check every id is below ``vocab_size`` (the rest was checked at construction); returns self.
-
-        Raises:
-            ConfigError: an id outside ``[0, vocab_size)``.
-        """
-        check_token_ids("TrainBatch.prompt_tokens", self.prompt_tokens, vocab_size)
-        check_token_ids("TrainBatch.completion_tokens", self.completion_tokens, vocab_size)
-        return self
-
-    def rows(self, index: slice | np.ndarray) -> TrainBatch:
-        pick = lambda x: None if x is None else np.asarray(x)[index]  # noqa: E731
-        return TrainBatch(
-            prompt_tokens=pick(self.prompt_tokens),
-            completion_tokens=pick(self.completion_tokens),
-            advantages=pick(self.advantages),
-            old_logps=pick(self.old_logps),
-            ref_logps=pick(self.ref_logps),
-        )
 
 
 _BATCH_KEYS = ("prompt_tokens", "completion_tokens", "advantages", "old_logps", "ref_logps")
@@ -150,15 +147,17 @@ def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:
     """
     if not isinstance(batch, TrainBatch):
         raise TypeError(f"batch_arrays takes a TrainBatch, got {type(batch).__name__}")
-    out = {
-        "prompt_tokens": np.asarray(batch.prompt_tokens, np.int32),
-        "completion_tokens": np.asarray(batch.completion_tokens, np.int32),
-        "advantages": np.asarray(batch.advantages, np.float32),
-        "old_logps": np.asarray(batch.old_logps, np.float32),
+    return host_arrays(batch)
+
+
+def host_arrays(batch: Any) -> dict[str, np.ndarray]:
+    """A batch dataclass's fields as host arrays, ids as int32 and values as float32 (None fields left out)."""
+    fields = (f.name for f in dataclasses.fields(batch))
+    return {
+        k: np.asarray(v, np.int32 if k.endswith("_tokens") else np.float32)
+        for k in fields
+        if (v := getattr(batch, k)) is not None
     }
-    if batch.ref_logps is not None:
-        out["ref_logps"] = np.asarray(batch.ref_logps, np.float32)
-    return out
 
 
 def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None:

@@ -1,20 +1,12 @@
 """The critic's training: a PPO-style clipped value loss and its optimizer step (P12).
 
-The critic (a ``ScoreModel``) predicts a value per completion token. Its loss,
-as in the reference's PPO value loss, is the pessimistic (larger) of the
-squared error of the prediction and of the prediction clipped to within
-``clip_range_value`` of the values the critic gave at rollout time, times
-0.5, averaged over real completion tokens.
-
-Values are read where ``RLCluster.get_values`` reads them: the head's output
-at each completion token's own position (``model.scoring.completion_scores``),
-so ``old_values`` taken with ``get_values`` line up with the predictions. (The
-reference reads the output one position earlier; both are consistent within
-themselves.)
-
-The step is the actor step's program (``training.step.jitted_update``):
-transactional, shared by equal optimizers, and accumulating over
-``train_micro_batch_size`` micro-batches when asked.
+The loss, as in the reference's PPO value loss, is 0.5 times the larger of the
+squared errors of the prediction and of the prediction clipped to within
+``clip_range_value`` of the rollout-time values, averaged over real completion
+tokens. Values are read where ``RLCluster.get_values`` reads them (the head's
+output at each completion token's own position; the reference reads one
+position earlier, both consistent within themselves). The step is the actor
+step's program (``training.step.jitted_update``).
 """
 
 from __future__ import annotations
@@ -29,18 +21,16 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rlcluster_lab.core.compile_options import options_key
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.model.logps import check_token_batch, check_token_ids, model_compiler_options
 from rlcluster_lab.model.scoring import completion_scores
-from rlcluster_lab.training.batch import _float_array
-from rlcluster_lab.training.step import _STEPS, _sharding_key, accumulation_steps, jitted_update
+from rlcluster_lab.training.batch import TokenBatch, _float_array, host_arrays
+from rlcluster_lab.training.step import run_update, token_mean
 
 __all__ = ["ValueBatch", "ppo_value_loss", "ppo_value_sums", "value_train_step"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ValueBatch:
+class ValueBatch(TokenBatch):
     """What the critic learns from: completions, their returns and the rollout-time values.
 
     * ``prompt_tokens``: (B, P) left-padded ids; ``completion_tokens``: (B, C) right-padded ids.
@@ -59,41 +49,14 @@ class ValueBatch:
     old_values: np.ndarray
 
     def __post_init__(self) -> None:
-        if np.shape(self.prompt_tokens)[:1] == (0,):
-            raise ConfigError("Cannot update the critic from an empty batch (ValueBatch.prompt_tokens has no rows).")
-        prompt, completion = check_token_batch(
-            self.prompt_tokens,
-            self.completion_tokens,
-            None,
-            names=("ValueBatch.prompt_tokens", "ValueBatch.completion_tokens"),
-        )
-        shape = completion.shape
+        shape = self._check_ids("critic")
         set_ = object.__setattr__
-        set_(self, "prompt_tokens", prompt)
-        set_(self, "completion_tokens", completion)
         per_token = "one value per completion token, like completion_tokens"
         set_(self, "returns", _float_array("returns", self.returns, shape, per_token).copy())
         set_(self, "old_values", _float_array("old_values", self.old_values, shape, per_token).copy())
 
-    def __len__(self) -> int:
-        return len(self.prompt_tokens)
-
-    def validate(self, vocab_size: int | None) -> ValueBatch:
-        """Check every id is below ``vocab_size``; returns self."""
-        check_token_ids("ValueBatch.prompt_tokens", self.prompt_tokens, vocab_size)
-        check_token_ids("ValueBatch.completion_tokens", self.completion_tokens, vocab_size)
-        return self
-
-    def rows(self, index: slice | np.ndarray) -> ValueBatch:
-        return ValueBatch(*(np.asarray(getattr(self, f.name))[index] for f in dataclasses.fields(self)))
-
     def arrays(self) -> dict[str, np.ndarray]:
-        return {
-            "prompt_tokens": np.asarray(self.prompt_tokens, np.int32),
-            "completion_tokens": np.asarray(self.completion_tokens, np.int32),
-            "returns": np.asarray(self.returns, np.float32),
-            "old_values": np.asarray(self.old_values, np.float32),
-        }
+        return host_arrays(self)
 
 
 def ppo_value_sums(
@@ -122,9 +85,7 @@ def ppo_value_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``0.5 * masked mean of max((v - R)^2, (clip(v, v_old ± c) - R)^2)`` and its metrics
     (``vpred_mean``, ``vf_clipfrac``, ``return_mean``), means over real completion tokens."""
-    sums, tokens = ppo_value_sums(model, batch, pad_id=pad_id, clip_range_value=clip_range_value)
-    denom = jnp.maximum(tokens, 1.0)
-    return sums["loss"] / denom, {k: v / denom for k, v in sums.items()}
+    return token_mean(*ppo_value_sums(model, batch, pad_id=pad_id, clip_range_value=clip_range_value))
 
 
 def value_train_step(
@@ -147,16 +108,10 @@ def value_train_step(
     """
     if not math.isfinite(float(clip_range_value)) or float(clip_range_value) <= 0:
         raise ConfigError(f"clip_range_value must be a finite number > 0, got {clip_range_value}")
-    keep = (_sharding_key(trainable), _sharding_key(opt_state))
     pad_id, clip = int(pad_id), float(clip_range_value)
-    pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
-    options = model_compiler_options(graphdef, trainable, frozen)
 
-    def build() -> Any:
-        def sums_fn(model: nnx.Module, b: dict[str, jax.Array], _extra: Any) -> Any:
-            return ppo_value_sums(model, b, pad_id=pad_id, clip_range_value=clip)
+    def sums_fn(model: nnx.Module, b: dict[str, jax.Array], _extra: Any) -> Any:
+        return ppo_value_sums(model, b, pad_id=pad_id, clip_range_value=clip)
 
-        return jitted_update(graphdef, keep, pieces, sums_fn, "value_train_step", options)
-
-    key = (graphdef, "value", pad_id, clip, keep, pieces, options_key(options))
-    return _STEPS.call(tx, key, build, trainable, frozen, opt_state, batch, None)
+    args = (trainable, frozen, opt_state, batch, None)
+    return run_update(tx, graphdef, args, micro_batch_size, ("value", pad_id, clip), sums_fn, "value_train_step")

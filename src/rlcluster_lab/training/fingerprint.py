@@ -1,17 +1,12 @@
 """A hashable description of an optax transformation, so equal optimizers share compiled code.
 
-An optax transformation is a pair of closures, and a fresh ``optax.adam(1e-3)``
-is a new object every time, equal to the last one in everything but identity.
-Keyed by identity, every rebuilt cluster compiled the training step again
-(seconds) and kept the old executable alive (tens of MB each). The description
-here is structural: a function is its code, defaults, the values its closure
-cells hold and the globals it reads, recursively; a hyper-parameter is its
-value. Two transformations with the same description run the same program.
-
-Anything the walk cannot describe by value (an arbitrary object, a device
-array) is described by identity and returned in ``pins``: whoever keeps the
-description must keep those objects alive too, so their ids are never reused
-by an unrelated object while the description is in use.
+A fresh ``optax.adam(1e-3)`` is a new pair of closures every time; keyed by identity,
+every rebuilt cluster compiled the training step again (seconds) and kept the old
+executable alive (tens of MB). The description is structural: a function is its code,
+defaults, closure cells and the globals it reads, recursively; a hyper-parameter is its
+value. Anything the walk cannot describe by value is described by identity and returned
+in ``pins``: whoever keeps the description keeps those objects alive too, so their ids
+are never reused while it is in use.
 """
 
 from __future__ import annotations
@@ -77,12 +72,7 @@ def _describe(obj: Any, pins: list[Any], seen: dict[int, int]) -> Any:
     if isinstance(obj, dict):
         return ("dict", *((_describe(k, pins, seen), _describe(v, pins, seen)) for k, v in obj.items()))
     if isinstance(obj, functools.partial):
-        return (
-            "partial",
-            _describe(obj.func, pins, seen),
-            _describe(obj.args, pins, seen),
-            _describe(dict(obj.keywords), pins, seen),
-        )
+        return ("partial", *(_describe(x, pins, seen) for x in (obj.func, obj.args, dict(obj.keywords))))
     if isinstance(obj, types.MethodType):
         return ("method", _describe(obj.__func__, pins, seen), _describe(obj.__self__, pins, seen))
     if isinstance(obj, types.FunctionType):
@@ -111,16 +101,8 @@ def _describe_function(fn: types.FunctionType, pins: list[Any], seen: dict[int, 
             value = fn.__globals__[name]
             plain = value is None or isinstance(value, (bool, int, float, complex, str, bytes, types.ModuleType))
             read[name] = _describe(value, pins, seen) if plain else _pinned(value, pins)
-    return (
-        "function",
-        fn.__module__,
-        fn.__qualname__,
-        fn.__code__,
-        _describe(fn.__defaults__, pins, seen),
-        _describe(fn.__kwdefaults__, pins, seen),
-        tuple(cells),
-        tuple(read.items()),
-    )
+    defaults = (_describe(fn.__defaults__, pins, seen), _describe(fn.__kwdefaults__, pins, seen))
+    return ("function", fn.__module__, fn.__qualname__, fn.__code__, *defaults, tuple(cells), tuple(read.items()))
 
 
 def _global_names(code: types.CodeType) -> set[str]:

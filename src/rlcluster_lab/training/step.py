@@ -2,17 +2,11 @@
 
 The step is a pure jitted function of (trainable state, frozen state,
 optimizer state, batch); the cluster feeds it the live actor and writes the
-new trainable state back.
-
-The step is transactional: a step whose loss, gradients, new parameters or new
-optimizer state are not all finite hands back the old parameters and the old
-optimizer state, and says why in its ``rejected`` metric. The check and the
-choice happen inside the compiled program (one flag, one select per leaf), so
-a rejected step costs no extra transfer and no extra compilation.
-
-Compiled steps are shared by every caller with the same model, settings,
-layouts and an *equal* optimizer (``fingerprint.describe``), not only the same
-optimizer object, and are dropped once no live optimizer uses them.
+new trainable state back. It is transactional: a step that would leave a
+non-finite value keeps the old state, and says why in its ``rejected`` metric
+(one flag and one select per leaf inside the program: no extra transfer or
+compilation). Compiled steps are shared by every caller with an *equal*
+optimizer (``fingerprint.describe``) and dropped once no live optimizer uses them.
 """
 
 from __future__ import annotations
@@ -71,28 +65,20 @@ def rejection_reason(metrics: Mapping[str, Any]) -> str | None:
 
 
 def grpo_loss(
-    model: nnx.Module,
-    batch: dict[str, jax.Array],
-    *,
-    pad_id: int,
-    temperature: jax.Array,
-    beta: float,
-    epsilon: float,
+    model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, temperature: jax.Array, beta: float, epsilon: float
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped policy-gradient loss plus ``beta`` times a k3 KL estimate, over real tokens."""
-    sums, tokens = grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
+    return token_mean(*grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon))
+
+
+def token_mean(sums: dict[str, jax.Array], tokens: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Summed terms (a dict with ``"loss"``) divided by the token count (at least 1): the loss and its metrics."""
     denom = jnp.maximum(tokens, 1.0)
     return sums["loss"] / denom, {k: v / denom for k, v in sums.items()}
 
 
 def grpo_sums(
-    model: nnx.Module,
-    batch: dict[str, jax.Array],
-    *,
-    pad_id: int,
-    temperature: jax.Array,
-    beta: float,
-    epsilon: float,
+    model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, temperature: jax.Array, beta: float, epsilon: float
 ) -> tuple[dict[str, jax.Array], jax.Array]:
     """``grpo_loss``'s terms summed over real tokens (not divided), and the token count.
 
@@ -135,23 +121,12 @@ def train_step(
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """One optimizer step (P12); the new parameters and optimizer state keep the old ones' shardings.
 
-    With ``micro_batch_size`` smaller than the batch, the gradient is
-    accumulated over ``B // micro_batch_size`` micro-batches inside the same
-    compiled program (a scan: one micro-batch's activations at a time), as the
-    token-weighted sum of their gradients over the batch's token count, so the
-    one update that follows equals the update of a step on the whole batch.
-
-    Left to itself XLA may hand back a leaf in another layout (a replicated
-    norm scale's Adam moment split over a mesh axis), which changes what a
-    role holds and makes the next step compile again for the new layout; so
-    the outputs are pinned to the inputs' shardings, and the compiled step is
-    shared by every call with the same layouts.
-
-    The batch (``batch_arrays(TrainBatch(...))``) is checked on the host
-    against the model first. A step that would leave a non-finite loss,
-    gradient, parameter or optimizer-state value returns the inputs'
-    parameters and optimizer state unchanged, with ``metrics["rejected"]`` > 0
-    (``rejection_reason`` says why).
+    With ``micro_batch_size`` smaller than the batch, the gradient is accumulated over
+    ``B // micro_batch_size`` micro-batches inside the same program (a scan), so the one
+    update equals a step on the whole batch. The outputs are pinned to the inputs'
+    shardings: left to itself XLA may hand back a leaf in another layout, and the next step
+    would compile again. A step that would leave a non-finite value returns the inputs'
+    parameters and optimizer state with ``metrics["rejected"]`` > 0 (``rejection_reason``).
 
     Raises:
         TypeError / ConfigError: a malformed batch (shape, ids outside the vocabulary,
@@ -166,20 +141,32 @@ def train_step(
     for name, value in (("beta", beta), ("epsilon", epsilon)):
         if not math.isfinite(float(value)) or float(value) < 0:
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
-    keep = (_sharding_key(trainable), _sharding_key(opt_state))
     pad_id, beta, epsilon = int(pad_id), float(beta), float(epsilon)
+
+    def sums_fn(model: nnx.Module, batch: dict[str, jax.Array], temperature: jax.Array) -> Any:
+        return grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
+
+    args = (trainable, frozen, opt_state, batch, temperature)
+    return run_update(tx, graphdef, args, micro_batch_size, ("grpo", pad_id, beta, epsilon), sums_fn, "grpo_train_step")
+
+
+def run_update(
+    tx: optax.GradientTransformation,
+    graphdef: nnx.GraphDef,
+    args: tuple[Any, Any, Any, dict[str, Any], Any],
+    micro_batch_size: int | None,
+    key: tuple[Any, ...],
+    sums_fn: Any,
+    name: str,
+) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """Run ``jitted_update``'s program on ``args`` (trainable, frozen, opt_state, batch, extra),
+    compiled once per optimizer description, loss ``key``, layouts and micro-batch count."""
+    trainable, frozen, opt_state, batch, _ = args
+    keep = (_sharding_key(trainable), _sharding_key(opt_state))
     pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
     options = model_compiler_options(graphdef, trainable, frozen)
-    return _STEPS.call(
-        tx,
-        (graphdef, "grpo", pad_id, beta, epsilon, keep, pieces, options_key(options)),
-        lambda: _jitted_step(graphdef, pad_id, beta, epsilon, keep, pieces, options),
-        trainable,
-        frozen,
-        opt_state,
-        batch,
-        temperature,
-    )
+    full = (graphdef, *key, keep, pieces, options_key(options))
+    return _STEPS.call(tx, full, lambda: jitted_update(graphdef, keep, pieces, sums_fn, name, options), *args)
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int | None) -> int:
@@ -220,18 +207,13 @@ class _Entry:
 class _Programs:
     """Compiled programs keyed by a description of what they compute.
 
-    The key describes the optimizer by value (``describe_transformation``), so a
-    rebuilt cluster with an equal optimizer finds the program compiled before.
-    Each entry holds weak references to the ``update`` functions of the
-    optimizers that used it. When the last one is collected (its clusters are
-    gone) the entry becomes idle: the ``idle_limit`` most recently idle entries
-    are kept, so dropping a cluster and building the same one again compiles
-    nothing, and older idle ones are released with their executables. At most
-    ``limit`` entries are held in all (least recently used dropped first).
-
-    The program never holds an optimizer itself: it reads the caller's (any
-    equal one does) from ``current_tx`` while jit traces it, so it cannot keep
-    its users alive.
+    The key describes the optimizer by value (``describe_transformation``), so a rebuilt
+    cluster with an equal optimizer finds the program compiled before. An entry holds weak
+    references to the ``update`` functions of the optimizers that used it; when the last
+    is collected the entry becomes idle, and only the ``idle_limit`` most recently idle
+    are kept (at most ``limit`` entries in all, least recently used dropped first). The
+    program reads the caller's optimizer from ``current_tx`` while jit traces it, so it
+    never keeps its users alive.
     """
 
     def __init__(self, limit: int, idle_limit: int) -> None:
@@ -324,21 +306,6 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
 
 
-def _jitted_step(
-    graphdef: nnx.GraphDef,
-    pad_id: int,
-    beta: float,
-    epsilon: float,
-    keep: tuple[Any, Any],
-    pieces: int = 1,
-    options: Mapping[str, Any] | None = None,
-) -> Any:
-    def sums_fn(model: nnx.Module, batch: dict[str, jax.Array], temperature: jax.Array) -> Any:
-        return grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
-
-    return jitted_update(graphdef, keep, pieces, sums_fn, "grpo_train_step", options)
-
-
 def jitted_update(
     graphdef: nnx.GraphDef,
     keep: tuple[Any, Any],
@@ -349,13 +316,10 @@ def jitted_update(
 ) -> Any:
     """The transactional optimizer step of any token-mean loss, jitted with pinned shardings.
 
-    ``sums_fn(model, batch, extra)`` returns the loss and its metrics summed
-    over real tokens (a dict with ``"loss"``) and the token count; the step
-    divides by the count, accumulating over ``pieces`` micro-batches first
-    when ``pieces > 1``. The program runs ``(trainable, frozen, opt_state,
-    batch, extra)``; a result with a non-finite loss, gradient, parameter or
-    optimizer-state value hands back the old ones (``metrics["rejected"]``).
-    ``options``: XLA compiler options (``core.compile_options``; None: the defaults).
+    ``sums_fn(model, batch, extra)`` returns the loss and its metrics summed over real
+    tokens (a dict with ``"loss"``) and the token count; the step divides by the count,
+    accumulating over ``pieces`` micro-batches first. The program runs ``(trainable,
+    frozen, opt_state, batch, extra)``. ``options``: XLA compiler options (None: defaults).
     """
     (p_def, p_shardings), (o_def, o_shardings) = keep
     mesh = next((s.mesh for s in p_shardings if isinstance(s, NamedSharding)), None)
@@ -365,9 +329,7 @@ def jitted_update(
         trainable: Any, frozen: Any, opt_state: Any, batch: dict[str, jax.Array], extra: Any
     ) -> tuple[Any, Any, dict[str, jax.Array]]:
         def loss_fn(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-            sums, tokens = sums_fn(nnx.merge(graphdef, params, frozen), batch, extra)
-            denom = jnp.maximum(tokens, 1.0)
-            return sums["loss"] / denom, {k: v / denom for k, v in sums.items()}
+            return token_mean(*sums_fn(nnx.merge(graphdef, params, frozen), batch, extra))
 
         if pieces == 1:
             grads, m = jax.grad(loss_fn, has_aux=True)(trainable)
@@ -377,16 +339,8 @@ def jitted_update(
         new_trainable = optax.apply_updates(trainable, updates)
         grad_norm = optax.tree.norm(grads)
         # The first problem found, 0 if none; the old state is kept unless it is 0.
-        code = jnp.select(
-            [
-                ~jnp.isfinite(m["loss"]),
-                ~_all_finite(grads),
-                ~_all_finite(new_trainable),
-                ~_all_finite(new_opt_state),
-            ],
-            [jnp.int32(1), jnp.int32(2), jnp.int32(3), jnp.int32(4)],
-            default=jnp.int32(0),
-        )
+        bad = [~jnp.isfinite(m["loss"]), ~_all_finite(grads), ~_all_finite(new_trainable), ~_all_finite(new_opt_state)]
+        code = jnp.select(bad, [jnp.int32(c) for c in REJECTION_REASONS], default=jnp.int32(0))
         accept = code == 0
         keep_or_take = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
         trainable = jax.tree.map(keep_or_take, new_trainable, trainable)
