@@ -182,13 +182,23 @@ def _device_ids(mesh: Any) -> list[int]:
     return describe_mesh(mesh)["device_ids"]
 
 
-def build_sharing_map(role_to_mesh: Mapping[Role, Any], *, trace: Any = None, **facts: bool) -> SharingMap:
-    """The sharing map (P1, P2), its decisions added to ``trace`` when one is given.
-
-    ``facts``: ``sharing_map``'s keywords (``actor_is_module``, ``actor_has_lora``,
-    ``has_reference``, ``reference_is_module``).
-    """
-    result, decisions = sharing_map(role_to_mesh, **facts)
+def build_sharing_map(
+    role_to_mesh: Mapping[Role, Any],
+    *,
+    actor_is_module: bool,
+    actor_has_lora: bool,
+    has_reference: bool,
+    reference_is_module: bool,
+    trace: Any = None,
+) -> SharingMap:
+    """The sharing map (P1, P2), its decisions added to ``trace`` when one is given."""
+    result, decisions = sharing_map(
+        role_to_mesh,
+        actor_is_module=actor_is_module,
+        actor_has_lora=actor_has_lora,
+        has_reference=has_reference,
+        reference_is_module=reference_is_module,
+    )
     if trace is not None:
         for d in decisions:
             trace.add(d)
