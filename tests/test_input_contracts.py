@@ -24,6 +24,7 @@ from rlcluster_lab.model.sampling import sample
 from rlcluster_lab.model.scoring import init_score_model, scores_from_state
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.training.batch import batch_arrays, mini_batches, validate_batch_arrays, validate_prompts
+from rlcluster_lab.training.critic import ValueBatch
 
 TOK = ByteTokenizer()
 VOCAB = 264  # the tiny model's vocabulary
@@ -144,6 +145,16 @@ def test_train_batch_names_the_argument_the_shape_given_and_the_shape_expected(f
     message = rf"TrainBatch\.{field} has shape {re_tuple(shape)}; expected {re_tuple(expected)}"
     with pytest.raises(ConfigError, match=message):
         TrainBatch(**batch)
+
+
+@pytest.mark.parametrize("field", ["returns", "old_values"])
+def test_value_batch_names_its_own_argument(field):
+    batch = good_batch()
+    values = {"returns": np.zeros((B, C), np.float32), "old_values": np.zeros((B, C), np.float32)}
+    values[field] = np.zeros((B, C + 1), np.float32)
+    message = rf"ValueBatch\.{field} has shape {re_tuple((B, C + 1))}; expected {re_tuple((B, C))}"
+    with pytest.raises(ConfigError, match=message):
+        ValueBatch(batch["prompt_tokens"], batch["completion_tokens"], **values)
 
 
 def re_tuple(shape: tuple[int, ...]) -> str:

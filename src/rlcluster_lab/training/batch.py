@@ -44,24 +44,24 @@ def validate_prompts(prompts: Any, name: str = "prompts") -> list[str]:
     return check_prompts(prompts, name)
 
 
-def _float_array(name: str, value: Any, shape: tuple[int, ...], meaning: str) -> np.ndarray:
-    """``value`` as a finite float32 host array of exactly ``shape``."""
+def _float_array(owner: str, name: str, value: Any, shape: tuple[int, ...], meaning: str) -> np.ndarray:
+    """``value`` as a finite float32 host array of exactly ``shape``; errors name ``owner.name``."""
     if isinstance(value, (str, bytes)):
-        raise TypeError(f"TrainBatch.{name} must be a float array {meaning}, got {type(value).__name__}")
+        raise TypeError(f"{owner}.{name} must be a float array {meaning}, got {type(value).__name__}")
     arr = np.asarray(value)
     if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
-        raise TypeError(f"TrainBatch.{name} must hold real numbers {meaning}, got dtype {arr.dtype}")
+        raise TypeError(f"{owner}.{name} must hold real numbers {meaning}, got dtype {arr.dtype}")
     if arr.shape != shape:
         hint = ""
         if arr.ndim == len(shape) + 1 and arr.shape[-1] == 1:
             hint = f": a trailing axis of 1 would broadcast into a wrong loss; pass {name}.reshape{shape}"
-        raise ConfigError(f"TrainBatch.{name} has shape {arr.shape}; expected {shape} ({meaning}){hint}")
+        raise ConfigError(f"{owner}.{name} has shape {arr.shape}; expected {shape} ({meaning}){hint}")
     arr = arr.astype(np.float32, copy=False)
     finite = np.isfinite(arr)
     if not finite.all():
         where = tuple(int(i) for i in np.argwhere(~finite)[0])
         raise ConfigError(
-            f"TrainBatch.{name} holds {arr[where]} at index {where}; every value must be finite: one NaN "
+            f"{owner}.{name} holds {arr[where]} at index {where}; every value must be finite: one NaN "
             "or inf here makes every updated parameter NaN"
         )
     return arr
@@ -84,6 +84,11 @@ class TokenBatch:
         object.__setattr__(self, "prompt_tokens", prompt)
         object.__setattr__(self, "completion_tokens", completion)
         return completion.shape
+
+    def _set_floats(self, field: str, shape: tuple[int, ...], meaning: str, copy: bool = False) -> None:
+        """Keep ``field`` as a finite float32 host array of ``shape`` (a copy of its own if ``copy``)."""
+        arr = _float_array(type(self).__name__, field, getattr(self, field), shape, meaning)
+        object.__setattr__(self, field, arr.copy() if copy else arr)
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -128,12 +133,11 @@ class TrainBatch(TokenBatch):
 
     def __post_init__(self) -> None:
         b, c = self._check_ids("actor")
-        set_ = object.__setattr__
-        set_(self, "advantages", _float_array("advantages", self.advantages, (b,), "one advantage per completion"))
+        self._set_floats("advantages", (b,), "one advantage per completion")
         per_token = "one log-prob per completion token, like completion_tokens"
-        set_(self, "old_logps", _float_array("old_logps", self.old_logps, (b, c), per_token))
+        self._set_floats("old_logps", (b, c), per_token)
         if self.ref_logps is not None:
-            set_(self, "ref_logps", _float_array("ref_logps", self.ref_logps, (b, c), per_token))
+            self._set_floats("ref_logps", (b, c), per_token)
 
 
 _BATCH_KEYS = ("prompt_tokens", "completion_tokens", "advantages", "old_logps", "ref_logps")

@@ -23,7 +23,7 @@ from flax import nnx
 
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model.scoring import completion_scores
-from rlcluster_lab.training.batch import TokenBatch, _float_array, host_arrays
+from rlcluster_lab.training.batch import TokenBatch, host_arrays
 from rlcluster_lab.training.step import run_update, token_mean
 
 __all__ = ["ValueBatch", "ppo_value_loss", "ppo_value_sums", "value_train_step"]
@@ -50,10 +50,9 @@ class ValueBatch(TokenBatch):
 
     def __post_init__(self) -> None:
         shape = self._check_ids("critic")
-        set_ = object.__setattr__
         per_token = "one value per completion token, like completion_tokens"
-        set_(self, "returns", _float_array("returns", self.returns, shape, per_token).copy())
-        set_(self, "old_values", _float_array("old_values", self.old_values, shape, per_token).copy())
+        self._set_floats("returns", shape, per_token, copy=True)
+        self._set_floats("old_values", shape, per_token, copy=True)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return host_arrays(self)
