@@ -188,7 +188,7 @@ def load(path: str | os.PathLike) -> nnx.Module:
     arrays = _read_params(ck, _flat_state(model))
     graphdef, state = nnx.split(model)
     paths = flatten_dict(nnx.to_pure_dict(state))
-    return materialize(graphdef, state, unflatten_dict({p: arrays["/".join(map(str, p))] for p in paths}))
+    return materialize(graphdef, state, unflatten_dict({p: arrays[_key(p)] for p in paths}))
 
 
 def abstract_checkpoint(path: str | os.PathLike) -> nnx.Module:
@@ -484,7 +484,12 @@ def _show(value: Any) -> str:
 
 def _flat_state(model: nnx.Module) -> dict[str, Any]:
     """Every variable of ``model`` by its path, ``"blocks/0/attn/q/kernel"``."""
-    return {"/".join(map(str, p)): v for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
+    return {_key(p): v for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
+
+
+def _key(path: tuple) -> str:
+    """A variable's member name in ``params.npz``: its path joined by slashes."""
+    return "/".join(map(str, path))
 
 
 def _lora_settings(model: nnx.Module) -> tuple[int, float]:
