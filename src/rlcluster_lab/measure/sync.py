@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, Sharding
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.memory import UNITS, _buffers, _plain
-from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, _add, allocator_before, allocator_peak, peak_of
+from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, allocator_before, allocator_peak, peak_of, tally
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.chunks import chunk_leaves
@@ -221,7 +221,7 @@ def sync_report(
             part = "copied"
         else:
             continue
-        _add(pieces, t.leaf, (part, int(t.src_device), int(t.dst_device)), t.nbytes)
+        tally(pieces, t.leaf, (part, int(t.src_device), int(t.dst_device)), t.nbytes)
     untraced: dict[str | None, list[str]] = {}
     for leaf, why in log.unreadable:
         untraced.setdefault(leaf, []).append(why)
@@ -241,9 +241,9 @@ def sync_report(
             synced += elements * itemsize
             if shard_key(s) in src.buffers:
                 reused += elements * itemsize
-                _add(pieces, path, ("reused", int(s.device.id), int(s.device.id)), elements * itemsize)
+                tally(pieces, path, ("reused", int(s.device.id), int(s.device.id)), elements * itemsize)
                 continue
-            _add(peak, str(s.device.id), kind, s.data.nbytes)
+            tally(peak, str(s.device.id), kind, s.data.nbytes)
         how = "logged copies" if not program else "logged copies and compiled-program collectives"
         if path in untraced or None in untraced:
             how = "not fully derivable: " + "; ".join(untraced.get(path, []) + untraced.get(None, []))[:300]
@@ -268,7 +268,7 @@ def sync_report(
         )
     anchor_bytes = 0
     for dev, kind, n in new_anchor_shards:
-        _add(peak, str(dev), kind, n)
+        tally(peak, str(dev), kind, n)
         anchor_bytes += n
     strategy = "+".join(sorted(log.strategies)) or "none (no layout changed)"
     method = (

@@ -55,8 +55,9 @@ def nonzero(table: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]
     return {d: out[d] for d in sorted(out, key=int) if out[d]}
 
 
-def _add(table: dict[str, dict[str, int]], device: str, key: str, n: int) -> None:
-    row = table.setdefault(device, {})
+def tally(table: dict[Any, dict[Any, int]], row_key: Any, key: Any, n: int) -> None:
+    """Add ``n`` to ``table[row_key][key]`` (a per-device, per-kind or per-leaf count)."""
+    row = table.setdefault(row_key, {})
     row[key] = row.get(key, 0) + n
 
 
@@ -249,8 +250,8 @@ class PeakWalk:
                 if key in alive or key in still:
                     continue
                 alive.add(key)
-                _add(arrays, dev, kind, n)
-                _add(terms, dev, ph.term_in(term, kind), n)
+                tally(arrays, dev, kind, n)
+                tally(terms, dev, ph.term_in(term, kind), n)
         self._made = kept
         released: set[Key] = set()
         for bufs in gone:
@@ -258,8 +259,8 @@ class PeakWalk:
                 if key in still or key in released:
                     continue
                 released.add(key)
-                _add(arrays, dev, kind, -n)
-                _add(terms, dev, ph.term_in(ph.RELEASED, kind), -n)
+                tally(arrays, dev, kind, -n)
+                tally(terms, dev, ph.term_in(ph.RELEASED, kind), -n)
         temps: dict[str, int] = {}
         for ids, n in programs:
             for d in ids:
