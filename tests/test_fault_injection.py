@@ -37,6 +37,7 @@ from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster import sync as sync_module
 from rlcluster_lab.core.shardings import memory_kinds
 from rlcluster_lab.engines import base as base_engine
+from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.buffers import buffer_keys
 
 pytestmark = pytest.mark.cluster  # faults injected into live clusters
@@ -261,6 +262,90 @@ def test_chunked_sync_that_fails_in_a_later_chunk_restores_the_earlier_ones(monk
     assert all(
         np.array_equal(a, b) for a, b in zip(values(nnx.state(c.rollout.model(), nnx.Param)), actor_values, strict=True)
     )
+
+
+def _fail_on_commit(number: int, exc: type[BaseException]):
+    """A ``phases.phase`` that raises at the ``number``-th chunk commit of a handover."""
+    seen = []
+    phase = phases.phase
+
+    def wrapped(name, *args, **kwargs):
+        if name == "commit":
+            seen.append(name)
+            if len(seen) == number:
+                raise exc("fault injected at chunk commit %d" % number)
+        return phase(name, *args, **kwargs)
+
+    return wrapped
+
+
+def _raise(exc: type[BaseException]):
+    def fail(*args, **kwargs):
+        raise exc("fault injected")
+
+    return fail
+
+
+# Where a sync can fail, from the handover's start to the last measurement before the commit:
+# (name, what to patch, how many chunks it needs to be reached).
+SYNC_FAULTS = {
+    "handover starts": lambda c: (c.rollout, "update_params", _raise(KeyboardInterrupt)),
+    "first chunk committed": lambda c: (phases, "phase", _fail_on_commit(1, RuntimeError)),
+    "second chunk committed": lambda c: (phases, "phase", _fail_on_commit(2, KeyboardInterrupt)),
+    "measured after the handover": lambda c: (sync_module.SyncObserver, "after", _raise(RuntimeError)),
+    "anchor re-pin": lambda c: (sync_module, "put_on_memory_kind", _raise(KeyboardInterrupt)),
+    "anchor measured": lambda c: (sync_module.SyncObserver, "anchor", _raise(RuntimeError)),
+}
+
+
+@pytest.mark.parametrize(
+    "layout, lora, chunk, offload",
+    [
+        (layout, lora, chunk, False)
+        for layout in ("colocated", "reshaped", "split")
+        for lora in (False, True)
+        for chunk in (None, 16 << 10)
+    ]
+    + [("colocated", True, 16 << 10, True), ("split", False, 16 << 10, True)],
+)
+def test_a_failed_sync_at_any_phase_keeps_actor_optimizer_rollout_and_anchor(monkeypatch, layout, lora, chunk, offload):
+    """A fault (an exception or Ctrl-C) at every phase of a sync, in one piece or in chunks: the
+    actor keeps its trained weights (the rollout that *is* the actor is never restored over
+    them), the optimizer state, the rollout, the anchor, the trace and the step count stay as
+    they were, and the next sync works."""
+    actor, reference = caller_models(layout, lora)
+    cfg = ClusterConfig(
+        role_to_mesh=layout_meshes(layout),
+        rollout_config=RolloutConfig(max_tokens_to_generate=4),
+        sync_chunk_bytes=chunk,
+        offload_to_cpu=offload,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AvoidableCopyWarning)
+        c = RLCluster(actor=actor, reference=reference, cluster_config=cfg)
+    changed_actor(c)
+    trained, optimizer = values(nnx.state(c.actor_model)), values(c.optimizer_state)
+    rollout, anchor = values(nnx.state(c.rollout.model())), c.pinned_anchor_state
+    decisions = len(c.trace)
+    for name, fault in SYNC_FAULTS.items():
+        if name == "second chunk committed" and chunk is None:
+            continue
+        with monkeypatch.context() as patch:
+            patch.setattr(*fault(c))
+            with pytest.raises((RuntimeError, KeyboardInterrupt), match="fault injected") as info:
+                c.sync_weights()
+        assert "did not finish" in "".join(getattr(info.value, "__notes__", [])), name
+        assert all(map(np.array_equal, values(nnx.state(c.actor_model)), trained)), f"actor changed ({name})"
+        assert all(map(np.array_equal, values(c.optimizer_state), optimizer)), f"optimizer changed ({name})"
+        assert all(map(np.array_equal, values(nnx.state(c.rollout.model())), rollout)), f"rollout changed ({name})"
+        assert c.pinned_anchor_state is anchor and c.global_steps == 0 and len(c.trace) == decisions, name
+    c.sync_weights()
+    assert c.global_steps == 1
+    synced = sync_module.sync_filter(lora)
+    assert all(
+        map(np.array_equal, values(nnx.state(c.rollout.model(), *synced)), values(nnx.state(c.actor_model, *synced)))
+    )
+    assert all(map(np.array_equal, values(nnx.state(c.actor_model)), trained))
 
 
 def test_sync_refuses_an_actor_holding_a_nan_and_changes_nothing():

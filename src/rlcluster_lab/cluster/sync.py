@@ -17,6 +17,11 @@ All or nothing, in one piece or in chunks (``ClusterConfig.sync_chunk_bytes``):
   holds no second copy of the rollout anywhere; the old anchor is kept until the new
   one is committed for this reason. Where the anchor does not hold every synced leaf
   (never with the lab's anchors), the chunks' old arrays are kept as in one piece.
+
+Either way a rollback writes only the rollout's own leaves. A leaf the rollout shares with
+the actor (the actor itself, P3 shared) was handed nothing and holds the actor's current,
+trained weights: restoring it would overwrite them with the last sync's and leave the
+optimizer state a step ahead, so it is never touched.
 """
 
 from __future__ import annotations
@@ -53,12 +58,14 @@ def sync_weights(s: ClusterState) -> SyncReport:
     chunk = s.config.sync_chunk_bytes
     engine_model = engine.model()
     old = engine.held_values(filter_types)
-    anchor_restores = chunk is not None and _anchor_covers(placed.anchor, engine, filter_types)
+    own = _rollouts_own(engine, filter_types, old, actor)
+    anchor_restores = chunk is not None and _anchor_covers(placed.anchor, own)
     order = p13_sync_order(chunk, s.config.offload_to_cpu, anchor_restores)
     watch = SyncObserver(chunk_bytes=chunk, order=order)
     watch.start(nnx.state(actor), (old, placed.anchor), s.contexts.devices())
-    previous = None if anchor_restores else jax.tree.map(lambda x: x, nnx.state(engine_model, *filter_types))
-    del old
+    # In chunks restored from the anchor only the paths are kept: each chunk's old arrays must go.
+    previous, own_keys = (None if anchor_restores else own), frozenset(own)
+    del old, own
     try:
         with sync_guard(s.platform), reshard_strategy(s.config.reshard), sync_chunks(chunk):
             params = nnx.state(actor, *filter_types)
@@ -80,27 +87,43 @@ def sync_weights(s: ClusterState) -> SyncReport:
             anchor_seconds = time.perf_counter() - start
             watch.anchor(anchor, source, anchor_seconds)
             del source
+            decision = p13_sync(lora, s.global_steps + 1, s.platform, s.config.reshard, chunk)
     except BaseException as exc:
-        _roll_back(s, engine, filter_types, previous, exc)
+        _roll_back(s, engine, filter_types, previous, own_keys, exc)
         raise
+    # The commit: the anchor, the trace and the step count change together, with nothing in between that can fail.
     placed.anchor = anchor
+    s.trace.add(decision)
+    s.global_steps += 1
     del previous, anchor
     watch.end()
-    s.trace.add(p13_sync(lora, s.global_steps + 1, s.platform, s.config.reshard, chunk))
-    s.global_steps += 1
     return watch.report(
         lora=lora, anchor_mode="trainable" if s.anchor_is_partial else "full", global_step=s.global_steps
     )
 
 
-def _roll_back(s: ClusterState, engine: Any, filter_types: tuple[Any, ...], previous: Any, exc: BaseException) -> None:
-    """Put the rollout's weights of the last sync back (see the module docstring)."""
+def _roll_back(
+    s: ClusterState,
+    engine: Any,
+    filter_types: tuple[Any, ...],
+    previous: dict[tuple[Any, ...], Any] | None,
+    own: frozenset[tuple[Any, ...]],
+    exc: BaseException,
+) -> None:
+    """Put the rollout's weights of the last sync back into its own leaves (see the module docstring)."""
+    if not own:
+        exc.add_note(
+            "sync_weights did not finish: the rollout is the actor itself, so nothing was handed over and "
+            "nothing was restored (the actor keeps its trained weights); the anchor was not re-pinned and the "
+            f"step count did not advance (global step {s.global_steps})."
+        )
+        return
     how = "its old arrays" if previous is not None else "restored from the anchor snapshot"
     try:
         if previous is not None:
-            nnx.update(engine.model(), previous)
+            engine.assign(previous, filter_types)
         else:
-            restore_from_anchor(s, engine, filter_types)
+            restore_from_anchor(s, engine, filter_types, own)
     except BaseException as again:  # noqa: BLE001 - said in the note, the first error is raised
         exc.add_note(
             f"sync_weights did not finish, and restoring the rollout from the anchor failed too "
@@ -113,21 +136,28 @@ def _roll_back(s: ClusterState, engine: Any, filter_types: tuple[Any, ...], prev
     )
 
 
-def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, ...]) -> None:
-    """Every synced leaf of the rollout set from the anchor (the weights of the last sync), in new buffers."""
+def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, ...], keys: Any) -> None:
+    """The rollout's leaves ``keys`` set from the anchor (the weights of the last sync), in new buffers."""
     anchor = flat_values(s.placed.anchor)
-    targets = engine.held_targets(filter_types)
+    targets = {k: t for k, t in engine.held_targets(filter_types).items() if k in keys}
     with reshard_strategy(s.config.reshard):
         values = reshard_flat({k: anchor[k] for k in targets}, targets, copy=True)
     engine.assign(values, filter_types)
 
 
-def _anchor_covers(anchor: Any, engine: Any, filter_types: tuple[Any, ...]) -> bool:
-    """The anchor holds every leaf a sync hands over (P8)."""
+def _rollouts_own(engine: Any, filter_types: tuple[Any, ...], held: list[Any], actor: Any) -> dict[tuple[Any, ...], Any]:
+    """Path -> array of the synced leaves the rollout holds as arrays of its own: not the
+    actor's very arrays (P3 shared), which a sync leaves as they are and a rollback must too."""
+    actors = flat_values(nnx.state(actor, *filter_types))
+    return {k: x for k, x in zip(engine.held_targets(filter_types), held) if x is not actors.get(k)}
+
+
+def _anchor_covers(anchor: Any, keys: Any) -> bool:
+    """The anchor holds every leaf a rollback may restore (P8)."""
     if anchor is None:
         return False
     held = flat_values(anchor)
-    return all(k in held for k in engine.held_targets(filter_types))
+    return all(k in held for k in keys)
 
 
 def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:
