@@ -273,7 +273,7 @@ def _fail_on_commit(number: int, exc: type[BaseException]):
         if name == "commit":
             seen.append(name)
             if len(seen) == number:
-                raise exc("fault injected at chunk commit %d" % number)
+                raise exc(f"fault injected at chunk commit {number}")
         return phase(name, *args, **kwargs)
 
     return wrapped

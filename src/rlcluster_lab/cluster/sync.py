@@ -145,7 +145,9 @@ def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, .
     engine.assign(values, filter_types)
 
 
-def _rollouts_own(engine: Any, filter_types: tuple[Any, ...], held: list[Any], actor: Any) -> dict[tuple[Any, ...], Any]:
+def _rollouts_own(
+    engine: Any, filter_types: tuple[Any, ...], held: list[Any], actor: Any
+) -> dict[tuple[Any, ...], Any]:
     """Path -> array of the synced leaves the rollout holds as arrays of its own: not the
     actor's very arrays (P3 shared), which a sync leaves as they are and a rollback must too."""
     actors = flat_values(nnx.state(actor, *filter_types))
