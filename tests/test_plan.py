@@ -165,7 +165,8 @@ def test_l4_plan_equals_measured_for_engines_offload_and_options(knobs: dict) ->
 @pytest.mark.cluster
 def test_l4_plan_equals_measured_with_own_meshes_and_role_rules() -> None:
     # P2 unlinked: the reference on the same chips in another order; the LoRA actor is
-    # resharded off the reference's buffers, keeping only the shards that coincide (norm scales).
+    # resharded off the reference's buffers and, as jax.device_put does for the same devices
+    # in another order, keeps none of them (not even the replicated norm scales).
     r2m = {
         Role.ACTOR: make_mesh(DEVICES, (2, 4)),
         Role.ROLLOUT: make_mesh(DEVICES, (2, 4)),
@@ -178,7 +179,7 @@ def test_l4_plan_equals_measured_with_own_meshes_and_role_rules() -> None:
     memory = memory_report(cluster).to_json()
     for key in MEMORY_KEYS:
         assert plan["memory"][key] == memory[key], key
-    assert any(group["roles"] == ["actor", "rollout", "reference"] for group in plan["memory"]["shared"])
+    assert not any("reference" in group["roles"] for group in plan["memory"]["shared"])
     # The rollout role with its own logical-axis rules, on an engine that keeps its own copy.
     rules = {
         Role.ROLLOUT: (("embed", "tp"), ("vocab", "fsdp"), ("q_heads", "fsdp"), ("kv_heads", "fsdp"), ("mlp", "fsdp"))

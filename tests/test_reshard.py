@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rlcluster_lab.core.meshes import make_mesh
-from rlcluster_lab.placement.boxes import array_plan, plan_reshard, to_box
+from rlcluster_lab.placement.boxes import array_plan, device_put_keeps, plan_reshard, to_box
 from rlcluster_lab.placement.reshard import reshard, reshard_strategy, reshard_tree
 
 DEVICES = jax.devices()
@@ -213,6 +213,75 @@ def test_p13_same_box_on_same_device_copy_true_gives_new_buffer(case):
         with reshard_strategy(strategy):
             same = _reused_devices(x, reshard(x, dst, copy=True))
         assert not any(same.values()), f"copy=True reused buffers ({strategy}): {same}"
+
+
+def _same_buffers(x, y):
+    """Per device of ``y``: is its shard the very buffer ``x`` holds on that device?"""
+    before = _pointers(x)
+    return {dev: before.get(dev) == ptr for dev, ptr in _pointers(y).items()}
+
+
+def _boxes_in_mesh_order(sharding, shape):
+    return [(d.id, to_box(ix, shape)) for d, ix in sharding.devices_indices_map(shape).items()]
+
+
+def _device_put_goes_through_host(src, dst, shape):
+    """device_put assembles the array through the host when a destination box is no source shard's."""
+    have = {box for _, box in _boxes_in_mesh_order(src, shape)}
+    return any(box not in have for _, box in _boxes_in_mesh_order(dst, shape))
+
+
+@COMPILING
+@given(_cases())
+def test_p5_device_put_keeps_is_what_jax_device_put_keeps(case):
+    """The lab's statement of device_put's reuse, checked against device_put itself (outside
+    any guard). Where device_put goes through the host the rule says nothing is kept; on CPU
+    the host path may alias a host view of a source buffer, a copy no accelerator makes."""
+    shape, src, dst = case
+    _, x = _array(shape, src)
+    if src == dst or _device_put_goes_through_host(src, dst, shape):
+        return
+    kept = _same_buffers(x, jax.device_put(x, dst))
+    rule = device_put_keeps(_boxes_in_mesh_order(src, shape), _boxes_in_mesh_order(dst, shape))
+    assert [kept[d.id] for d in dst.mesh.devices.flat] == rule
+
+
+@COMPILING
+@given(_cases())
+def test_p5_xla_reshard_keeps_exactly_what_device_put_keeps(case):
+    """The default strategy reuses a source buffer exactly where jax.device_put would (so L2's
+    shared buffers are the reference's); the minimal strategy, the lab's named better option,
+    keeps every shard whose box its device already holds."""
+    shape, src, dst = case
+    _, x = _array(shape, src)
+    if src == dst:
+        return
+    rule = device_put_keeps(_boxes_in_mesh_order(src, shape), _boxes_in_mesh_order(dst, shape))
+    d2h, h2d = _guarded()
+    with d2h, h2d, reshard_strategy("xla"):
+        kept = _same_buffers(x, reshard(x, dst))
+    assert [kept[d.id] for d in dst.mesh.devices.flat] == rule
+    with d2h, h2d, reshard_strategy("minimal"):
+        kept = _same_buffers(x, reshard(x, dst))
+    held = dict(_boxes_in_mesh_order(src, shape))
+    assert all(kept[d] == (held.get(d) == box) for d, box in _boxes_in_mesh_order(dst, shape))
+
+
+@pytest.mark.parametrize("spec", [P(), P("fsdp")])
+def test_p5_the_same_devices_in_another_order_keep_nothing_as_device_put(spec):
+    """A replicated (or partly replicated) leaf onto the same chips in another order: jax.device_put
+    makes every shard anew, and so does the default strategy; the minimal one keeps what each
+    device holds."""
+    _, x = _array((16, 32), NamedSharding(_mesh24(), spec))
+    dst = NamedSharding(make_mesh(DEVICES[::-1], (2, 4)), spec)
+    assert not any(_same_buffers(x, jax.device_put(x, dst)).values())
+    with reshard_strategy("xla"):
+        assert not any(_same_buffers(x, reshard(x, dst)).values())
+    with reshard_strategy("minimal"):
+        kept = _same_buffers(x, reshard(x, dst))
+    held = dict(_boxes_in_mesh_order(x.sharding, x.shape))
+    assert kept == {d: held[d] == box for d, box in _boxes_in_mesh_order(dst, x.shape)}
+    assert all(kept.values()) == (spec == P())
 
 
 @PROPERTY

@@ -57,6 +57,32 @@ def minimum_cross_device_elements(
     return out
 
 
+def device_put_keeps(src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[tuple[int, Box]]) -> list[bool]:
+    """Per destination shard (mesh order): does ``jax.device_put`` onto the destination keep the
+    source's buffer there? The reuse every load and reshard of the lab follows by default (P5,
+    P13), so that L2's shared buffers are the reference's (its loads are ``device_put``).
+
+    Both lists are (device id, box) in mesh order; an identical sharding (every shard kept) is
+    the caller's to see. ``device_put``, read from JAX and checked against it by a test:
+
+    - the same devices in another order: a compiled program makes every shard anew;
+    - the same boxes at the same mesh positions (equal tilings): a shard is kept where its
+      device is the same at that position;
+    - otherwise shard by shard: a source shard with the same box on the same device is kept,
+      unless some destination box is no source shard's, when the whole array is assembled
+      through the host and nothing is kept (the lab builds it on the devices instead).
+    """
+    src_ids, dst_ids = [d for d, _ in src_boxes], [d for d, _ in dst_boxes]
+    if len(src_ids) > 1 and src_ids != dst_ids and set(src_ids) == set(dst_ids):
+        return [False] * len(dst_ids)
+    if len(src_ids) == len(dst_ids) and all(a == b for (_, a), (_, b) in zip(src_boxes, dst_boxes)):
+        return [s == d for s, d in zip(src_ids, dst_ids)]
+    held = set(src_boxes)
+    if not {box for _, box in dst_boxes} <= {box for _, box in src_boxes}:
+        return [False] * len(dst_ids)
+    return [(d, box) in held for d, box in dst_boxes]
+
+
 def shard_boxes(x: jax.Array) -> list[tuple[int, Box]]:
     """(device id, box) of every addressable shard of ``x``."""
     shape = tuple(x.shape)

@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, Sharding
 from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
 from rlcluster_lab.placement import phases
-from rlcluster_lab.placement.boxes import relabel, to_box
+from rlcluster_lab.placement.boxes import device_put_keeps, relabel, to_box
 from rlcluster_lab.placement.crossing import move_across
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
@@ -186,9 +186,11 @@ def _route(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> _Route:
         src_a, dst_a = assignment(x.sharding), assignment(dst)
         if src_a is None or dst_a is None or len(src_a) != len(dst_a):
             continue
-        if src_a != dst_a and set(src_a) == set(dst_a):
-            # The same devices in another order: when the source layout reads the same in
-            # the destination's order (replicated axes), re-label it, which copies nothing.
+        if src_a != dst_a and set(src_a) == set(dst_a) and jax.process_count() > 1:
+            # multi-process, the same devices in another order: when the source layout reads the
+            # same in the destination's order (replicated axes), re-label it, which copies
+            # nothing (whole shards cannot move between processes one at a time). In one
+            # process every shard is made anew, as ``jax.device_put`` does (_run_then_move).
             relabelled = congruent(x.sharding, dst_a)  # type: ignore[arg-type]
             if relabelled.is_equivalent_to(x.sharding, x.ndim):
                 relabels.append((i, relabelled))
@@ -315,20 +317,16 @@ def _run_then_move(
         return _move_whole(idx, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
     # Overlapping device sets. Position p of the layout: the shard on src_a[p] belongs on
     # dst_a[p], and crosses whole, all in one device-to-device transfer call. Where no program
-    # ran and the destination device already holds that very block (a replicated leaf, or a
-    # device in both sets), its own buffer serves.
+    # ran, a destination device keeps its own buffer exactly where ``jax.device_put`` would
+    # (``boxes.device_put_keeps``); every other shard is a new buffer, copied on its device
+    # when it is already there (the same devices in another order make every shard anew).
     sends: list[tuple[int, int, Any]] = []  # (array, position, data)
     blocks: dict[int, list[Any]] = {i: [None] * len(dst_a) for i in idx}
     made: dict[int, set[int]] = {i: set() for i in idx}
     came_from: dict[int, list[Any]] = {i: list(src_a) for i in idx}
     for i in idx:
-        shape = tuple(xs[i].shape)
         by_device = {s.device: s.data for s in staged[i].addressable_shards}
-        own = {}
-        if i not in ran:
-            have = {s.device: to_box(s.index, shape) for s in xs[i].addressable_shards}
-            want = {d: to_box(ix, shape) for d, ix in dsts[i].addressable_devices_indices_map(shape).items()}
-            own = {d for d in want if have.get(d) == want[d]}
+        own = set() if i in ran else _kept_by_device_put(xs[i], dsts[i])
         for p, (src, dst) in enumerate(zip(src_a, dst_a)):
             if dst in own:
                 came_from[i][p] = dst
@@ -337,7 +335,7 @@ def _run_then_move(
                 data = by_device[src]
             if came_from[i][p] != dst:
                 sends.append((i, p, data))
-            elif copy and i not in ran:
+            elif (copy or dst not in own) and i not in ran:
                 blocks[i][p] = jax.device_put(data, dst, may_alias=False)
                 phases.made([blocks[i][p]], phases.RESHARDED)
                 made[i].add(dst.id)
@@ -368,6 +366,15 @@ def _run_then_move(
                 crossed_before=crossed.get(i, 0),
             )
     return {i: (out[i], made[i]) for i in idx}
+
+
+def _kept_by_device_put(x: jax.Array, dst: Sharding) -> set[Any]:
+    """The devices whose shard of ``x`` ``jax.device_put`` onto ``dst`` keeps as it is."""
+    shape = tuple(x.shape)
+    src = [(d.id, to_box(ix, shape)) for d, ix in x.sharding.devices_indices_map(shape).items()]
+    want = [(d, to_box(ix, shape)) for d, ix in dst.devices_indices_map(shape).items()]
+    keeps = device_put_keeps(src, [(d.id, box) for d, box in want])
+    return {d for (d, _), k in zip(want, keeps) if k}
 
 
 def _move_whole(

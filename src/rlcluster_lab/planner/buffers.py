@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from rlcluster_lab.measure.memory import KINDS
-from rlcluster_lab.placement.boxes import minimum_cross_device_elements
+from rlcluster_lab.placement.boxes import device_put_keeps, minimum_cross_device_elements
 from rlcluster_lab.planner.shapes import PlannedMesh, shard_boxes, shard_elements
 
 
@@ -120,18 +120,26 @@ def host_overlap(
     return lacking
 
 
+@functools.lru_cache(maxsize=8192)
+def device_put_kept(
+    shape: tuple[int, ...],
+    src_mesh: PlannedMesh,
+    src_spec: PartitionSpec,
+    dst_mesh: PlannedMesh,
+    dst_spec: PartitionSpec,
+) -> np.ndarray:
+    """Per destination shard (mesh order): ``boxes.device_put_keeps`` on paper."""
+    keeps = np.array(
+        device_put_keeps(shard_boxes(shape, src_spec, src_mesh), shard_boxes(shape, dst_spec, dst_mesh)), dtype=bool
+    )
+    keeps.setflags(write=False)
+    return keeps
+
+
 def laid_out_as(a: PlannedArray, ids: tuple[int, ...], like: PlannedMesh, spec: PartitionSpec) -> bool:
     """Does ``a`` hold every shard of ``spec`` on devices ``ids`` in ``like``'s grid, each on its device?"""
     mesh = PlannedMesh(ids, like.axis_sizes, like.axis_names, like.axis_types)
     return bool(overlap(a.shape, a.mesh, a.spec, mesh, spec)[0].all())
-
-
-def relabels(a: PlannedArray, mesh: PlannedMesh) -> bool:
-    """The same devices in another order, where the source layout reads the same in the
-    destination's device order (replicated axes): the xla strategy re-labels it and runs
-    one program (``placement.xla._in_order``)."""
-    ids = mesh.device_ids
-    return set(a.mesh.device_ids) == set(ids) and a.mesh.device_ids != ids and laid_out_as(a, ids, a.mesh, a.spec)
 
 
 class Buffers:
@@ -152,26 +160,17 @@ class Buffers:
         return self.new(a.shape, a.dtype if dtype is None else dtype, a.mesh, a.spec, a.kind if kind is None else kind)
 
     def kept(self, a: PlannedArray, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> np.ndarray:
-        """Per destination shard: does a reshard (without copy) keep ``a``'s buffer?"""
+        """Per destination shard: does a reshard (without copy) keep ``a``'s buffer? As the live
+        reshard does: with the ``xla`` strategy what ``jax.device_put`` keeps
+        (``boxes.device_put_keeps``), with ``minimal`` every shard already on its device."""
         if a.same_sharding(mesh, spec, kind):
             return np.ones(mesh.size, dtype=bool)
         if a.kind != "device" or kind != "device":
             # A memory-kind change moves every shard into a new buffer.
             return np.zeros(mesh.size, dtype=bool)
-        same, _ = overlap(a.shape, a.mesh, a.spec, mesh, spec)
-        if set(a.mesh.device_ids) == set(mesh.device_ids) and bool(same.all()):
-            # An equivalent layout: re-labelled, not copied, by either strategy.
-            return np.ones(mesh.size, dtype=bool)
-        if self.strategy == "minimal" or a.mesh.size != mesh.size:
-            # Shard by shard (the minimal strategy, which the xla one also uses between
-            # different numbers of devices).
-            return same
-        # One compiled program makes new buffers; so does one onto the source devices laid out
-        # as the destination (another order or set), unless the source already is that layout:
-        # then whole shards move, and a device that holds its block keeps it.
-        if a.mesh.device_ids == mesh.device_ids or relabels(a, mesh):
-            return np.zeros(mesh.size, dtype=bool)
-        return same if laid_out_as(a, a.mesh.device_ids, mesh, spec) else np.zeros(mesh.size, dtype=bool)
+        if self.strategy == "minimal":
+            return overlap(a.shape, a.mesh, a.spec, mesh, spec)[0]
+        return device_put_kept(a.shape, a.mesh, a.spec, mesh, spec)
 
     def reshard(
         self,

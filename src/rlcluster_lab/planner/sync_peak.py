@@ -32,7 +32,7 @@ from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.reshard import cast_temporaries_of
-from rlcluster_lab.planner.buffers import PlannedArray, laid_out_as, overlap, relabels
+from rlcluster_lab.planner.buffers import PlannedArray, laid_out_as, overlap
 from rlcluster_lab.planner.shapes import PlannedMesh, shard_elements
 
 PathKey = tuple[Any, ...]
@@ -325,15 +325,15 @@ def _classify(path: PathKey, src: PlannedArray, dst: PlannedArray, copy: bool, s
     lf.staged = src.kind != WORK
     lf.final = dst.kind != WORK
     same, _ = overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec)
-    if set(src.mesh.device_ids) == set(dst.mesh.device_ids) and bool(same.all()):
+    src_ids, dst_ids = src.mesh.device_ids, dst.mesh.device_ids
+    # Every shard already on its device: re-labelled (the same device order, or any order with
+    # the minimal strategy; in another order the xla strategy makes every shard anew, as device_put).
+    if (src_ids == dst_ids or (strategy == "minimal" and set(src_ids) == set(dst_ids))) and bool(same.all()):
         lf.how = "copied" if copy and not lf.staged else "relabel"
         return lf
-    src_ids, dst_ids = src.mesh.device_ids, dst.mesh.device_ids
     if strategy == "minimal" or len(src_ids) != len(dst_ids):
         lf.how, lf.group = "minimal", "minimal"
         return lf
-    if relabels(src, dst.mesh):
-        src_ids = dst_ids  # re-labelled in the destination's order (xla._in_order)
     lf.group = (src_ids, dst_ids)
     if src_ids == dst_ids:
         lf.how = "run"
@@ -367,8 +367,6 @@ def _temps(group: Sequence[_Leaf], devices: Mapping[int, Any] | None, *, between
     for lf in group:
         src = _sharding(lf.src, devices, WORK)
         dst = _sharding(lf.dst, devices, WORK)
-        if lf.group[0] != lf.src.mesh.device_ids:  # re-labelled in the destination's order first
-            src = reshard_xla._in_order(src, tuple(devices[i] for i in lf.group[0]))
         if between:
             dst = reshard_xla.congruent(dst, [devices[i] for i in lf.src.mesh.device_ids])
         ins.append(jax.ShapeDtypeStruct(lf.src.shape, lf.src.dtype, sharding=src))
