@@ -17,7 +17,7 @@ from typing import Any
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.rules.registry import rule
+from rlcluster_lab.rules.registry import Locator, rule
 
 SharingMap = dict[Role, tuple[Role, ...]]
 
@@ -35,6 +35,14 @@ P1 = rule(
     question="actor mesh == rollout mesh?",
     answers={LinkBranch.LINKED: "linked", LinkBranch.NOT_LINKED: "not linked"},
     tests=("tests/test_sharing.py::test_p1_*", "tests/test_cluster_matrix.py"),
+    reference=(
+        Locator(
+            "RLCluster._init_backbone_sharing_map",
+            "If",
+            uses=("r2m", "ACTOR", "ROLLOUT", "=="),
+            what="the link: an `if` comparing the actor's and the rollout's meshes with `==`",
+        ),
+    ),
 )
 
 
@@ -67,6 +75,21 @@ P2 = rule(
     question="LoRA actor, reference on its mesh?",
     answers={LinkBranch.LINKED: "linked", LinkBranch.NOT_LINKED: "not linked", LinkBranch.SKIPPED: "skipped"},
     tests=("tests/test_sharing.py::test_p2_*", "tests/test_cluster_matrix.py"),
+    reference=(
+        Locator(
+            "RLCluster._init_backbone_sharing_map",
+            "If",
+            uses=("isinstance", "Module"),
+            what="skipped when the actor or the reference is not a module",
+        ),
+        Locator(
+            "RLCluster._init_backbone_sharing_map",
+            "If",
+            uses=("is_lora_enabled",),
+            what="a LoRA actor linked to a reference on its mesh",
+        ),
+        Locator("RLCluster._propagate_backbone_sharing_map", what="propagation"),
+    ),
 )
 
 

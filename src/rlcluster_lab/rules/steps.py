@@ -6,7 +6,7 @@ import enum
 from collections.abc import Sequence
 
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.rules.registry import rule
+from rlcluster_lab.rules.registry import Locator, rule
 
 
 class ParamsBranch(str, enum.Enum):
@@ -14,7 +14,12 @@ class ParamsBranch(str, enum.Enum):
     ALL = "all params"
 
 
-P9 = rule("P9", "generate", tests=("tests/test_cluster_rules.py::test_p9_*",))
+P9 = rule(
+    "P9",
+    "generate",
+    tests=("tests/test_cluster_rules.py::test_p9_*",),
+    reference=(Locator("RLCluster.generate", what="sampling on the rollout mesh, in micro-batches"),),
+)
 
 
 @P9.function
@@ -37,6 +42,10 @@ P12 = rule(
     question="the optimizer trains",
     answers={ParamsBranch.LORA: "LoRA params", ParamsBranch.ALL: "all params"},
     tests=("tests/test_cluster_rules.py::test_p12_*", "tests/test_learner.py", "tests/test_critic.py"),
+    reference=(
+        Locator("RLCluster.update_actor", what="the actor's training on its mesh"),
+        Locator("RLCluster.update_critic", what="the critic's"),
+    ),
 )
 
 
@@ -76,6 +85,7 @@ P13 = rule(
     question="sync hands the engine",
     answers={ParamsBranch.LORA: "LoRA params", ParamsBranch.ALL: "all params"},
     tests=("tests/test_sync.py", "tests/test_cluster_rules.py::test_p13_*"),
+    reference=(Locator("RLCluster.sync_weights", what="the sync"),),
 )
 
 
