@@ -3,9 +3,9 @@
 A pure function of the meshes and of a few facts about the models, so the
 live cluster and the planner take the same decision. Meshes are compared
 with ``==``: JAX interns ``Mesh`` objects, so two meshes over the same
-devices in the same shape with the same axis names are the same object, and
-anything else (the same chips in another shape, or other axis names) is a
-different mesh.
+devices in the same shape with the same axis names and axis types are the
+same object, and anything else (the same chips in another shape, other axis
+names, or other axis types) is a different mesh.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision:
     """P1: ACTOR and ROLLOUT are linked both ways exactly when their meshes are equal.
 
     Equal means ``==`` on meshes, which JAX interns: the same devices in the
-    same shape with the same axis names. The same eight chips as (2, 4) and as
-    (8, 1) are two meshes, so the rollout gets a full second copy.
+    same shape with the same axis names and axis types. The same eight chips as
+    (2, 4) and as (8, 1) are two meshes, so the rollout gets a full second copy.
     """
     same = actor_mesh == rollout_mesh
     return Decision(

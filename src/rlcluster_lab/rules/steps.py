@@ -96,9 +96,11 @@ def p13_sync(
     """P13: the sharing map is not consulted. The actor state is filtered to LoRA parameters
     (LoRA actor) or all parameters and handed, with its filter, to the rollout engine, which
     reshards it onto its own copy's shardings: the same object on the same mesh moves
-    nothing; another mesh moves every synced byte. Then the anchor is re-pinned and the
-    global step counter goes up by one. On CPU devices, explicit host<->device transfers
-    are disallowed during the sync.
+    nothing; a mesh over other devices moves every synced byte; the same devices in another
+    shape move only what a device does not already hold (part of each shard stays in place:
+    73 % of a full sync's bytes cross devices on the reshaped layout, notebook 05). Then the
+    anchor is re-pinned and the global step counter goes up by one. On CPU devices, explicit
+    host<->device transfers are disallowed during the sync.
     """
     return Decision(
         "P13",
