@@ -147,6 +147,7 @@ def test_show_rule_puts_the_reference_lines_beside_the_rules_own_code():
     page = code._repr_html_()
     assert "Tunix&#x27;s own lines" in page and f">{span.first}</span>" in page  # numbered from the file's line
     assert show_rule(None, "P1").reference is None  # only when asked for
+    assert show_rule("P1", reference=True) == code  # the rule alone, without a source
 
 
 def test_a_rule_the_reference_has_no_lines_for_says_so():

@@ -198,7 +198,7 @@ def show_rule(
     Args:
         source: a constructed cluster, a report (dict or dataclass with ``decisions``), or a
             list of decisions; ``None`` shows the rule's first function with no decision.
-        rule: the rule id, e.g. ``"P3"``.
+        rule: the rule id, e.g. ``"P3"`` (``show_rule("P3")`` alone reads as ``show_rule(None, "P3")``).
         which: among the rule's decisions (after ``where``), the one to show, in the order taken.
         where: keep only decisions whose ``values`` have these items (e.g. ``{"role": "actor"}``).
         reference: also show the lines of the installed Tunix's ``rl_cluster.py`` that take the
@@ -211,6 +211,8 @@ def show_rule(
         ValueError: unknown rule, a rule with no function (unless ``reference``: then its note
             and the reference's lines), or no such decision in ``source``.
     """
+    if isinstance(source, str) and not rule:
+        source, rule = None, source
     entry = find_rule(rule)  # an unknown rule fails first
     if reference and not entry.functions:
         return RuleCode(rule, "", "", 0, "", None, entry.title, entry.note, reference_code(rule))
