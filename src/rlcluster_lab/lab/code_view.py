@@ -1,5 +1,6 @@
 """Code beside the decision (L1): a rule's own function from the rules layer, shown next to
-the decision it just took, with the inputs it read and the branch it returned.
+the decision it just took, with the inputs it read and the branch it returned, and, on
+request, Tunix's own lines for the rule (``lab.reference_lines``).
 
 The function is found, not named by hand: a decision records the test it made (the
 ``Decision.test`` string), and exactly one function of the rule writes that string. The
@@ -19,7 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.core.trace import Decision, jsonable
+from rlcluster_lab.lab.reference_lines import CAPTION, ReferenceCode, highlight, inline_html, reference_code
 from rlcluster_lab.rules.catalogue import find_rule
+
+_COLUMN = "flex:1 1 480px;overflow-x:auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +38,8 @@ class RuleCode:
     path: str  # the file, relative to the package
     decision: Mapping[str, Any] | None
     title: str = ""  # the rule's title, as declared beside its functions
+    note: str = ""  # for a rule with no function of its own (then ``function`` is empty), what holds it
+    reference: ReferenceCode | None = None  # the reference's own lines, when asked for
 
     @property
     def heading(self) -> str:
@@ -41,14 +47,20 @@ class RuleCode:
         return f"{self.rule} ({self.title})" if self.title else self.rule
 
     def text(self) -> str:
-        """The source, then what the decision read and returned, as plain text."""
-        lines = [f"# {self.heading}: {self.function}  ({self.path}, line {self.first_line})", self.source.rstrip()]
+        """The source, then what the decision read and returned, then the reference's lines, as
+        plain text."""
+        if self.function:
+            lines = [f"# {self.heading}: {self.function}  ({self.path}, line {self.first_line})", self.source.rstrip()]
+        else:
+            lines = [f"# {self.heading}: no function of its own. {self.note}"]
         if self.decision is not None:
             lines += ["", f"# the decision it took: {self.decision.get('test')}"]
             for key, value in (self.decision.get("values") or {}).items():
                 lines.append(f"#   read  {key} = {value!r}")
             lines.append(f"#   branch  {self.decision.get('branch')!r}")
             lines.append(f"#   outcome {self.decision.get('outcome')!r}")
+        if self.reference is not None:
+            lines += ["", self.reference.text()]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -58,38 +70,35 @@ class RuleCode:
         printer.text(self.text())
 
     def _repr_html_(self) -> str:
-        code = _highlight(self.source)
-        head = (
-            f"<div style='font:12px sans-serif;color:#444'><b>{html.escape(self.heading)}</b> · "
-            f"<code>{html.escape(self.function)}</code> · {html.escape(self.path)}, line {self.first_line}</div>"
-        )
-        if self.decision is None:
-            return f"<div>{head}{code}</div>"
-        rows = "".join(
-            f"<tr><td><code>{html.escape(str(k))}</code></td><td><code>{html.escape(repr(v))}</code></td></tr>"
-            for k, v in (self.decision.get("values") or {}).items()
-        )
-        side = (
-            "<div style='font:12px sans-serif;min-width:260px;max-width:420px'>"
-            f"<div><b>what it read</b></div><table style='font-size:12px'>{rows}</table>"
-            "<div style='margin-top:6px'><b>branch</b> "
-            f"<code>{html.escape(str(self.decision.get('branch')))}</code></div>"
-            f"<div><b>outcome</b> {html.escape(str(self.decision.get('outcome')))}</div></div>"
-        )
+        """The rule's code, the reference's lines beside it when asked for, and what the decision
+        read and returned."""
+        if self.function:
+            head = (
+                f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b> · "
+                f"<code>{html.escape(self.function)}</code> · {html.escape(self.path)}, line {self.first_line}</div>"
+            )
+            columns = [f"<div style='{_COLUMN}'>{highlight(self.source)}</div>"]
+        else:
+            head = f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b> · {inline_html(self.note)}</div>"
+            columns = []
+        if self.reference is not None:
+            columns.append(f"<div style='{_COLUMN}'>{self.reference._repr_html_()}</div>")
+        if self.decision is not None:
+            rows = "".join(
+                f"<tr><td><code>{html.escape(str(k))}</code></td><td><code>{html.escape(repr(v))}</code></td></tr>"
+                for k, v in (self.decision.get("values") or {}).items()
+            )
+            columns.append(
+                "<div style='font:12px sans-serif;min-width:260px;max-width:420px'>"
+                f"<div><b>what it read</b></div><table style='font-size:12px'>{rows}</table>"
+                "<div style='margin-top:6px'><b>branch</b> "
+                f"<code>{html.escape(str(self.decision.get('branch')))}</code></div>"
+                f"<div><b>outcome</b> {html.escape(str(self.decision.get('outcome')))}</div></div>"
+            )
         return (
             f"<div>{head}<div style='display:flex;gap:16px;align-items:flex-start;flex-wrap:wrap'>"
-            f"<div style='flex:1 1 480px;overflow-x:auto'>{code}</div>{side}</div></div>"
+            f"{''.join(columns)}</div></div>"
         )
-
-
-def _highlight(source: str) -> str:
-    try:
-        from pygments import highlight
-        from pygments.formatters import HtmlFormatter
-        from pygments.lexers import PythonLexer
-    except ImportError:  # pygments comes with the lab's extras; plain text without it
-        return f"<pre>{html.escape(source)}</pre>"
-    return highlight(source, PythonLexer(), HtmlFormatter(noclasses=True, style="default"))
 
 
 def _without_docstring(fn: Callable[..., object]) -> tuple[str, int]:
@@ -177,24 +186,37 @@ def rule_function(rule: str, decision: Decision | Mapping[str, Any] | None = Non
 
 
 def show_rule(
-    source: Any = None, rule: str = "", *, which: int = 0, where: Mapping[str, Any] | None = None
+    source: Any = None,
+    rule: str = "",
+    *,
+    which: int = 0,
+    where: Mapping[str, Any] | None = None,
+    reference: bool = False,
 ) -> RuleCode:
-    """A rule's own code next to the decision it took.
+    """A rule's own code next to the decision it took, and Tunix's own lines for it.
 
     Args:
         source: a constructed cluster, a report (dict or dataclass with ``decisions``), or a
             list of decisions; ``None`` shows the rule's first function with no decision.
-        rule: the rule id, e.g. ``"P3"``.
+        rule: the rule id, e.g. ``"P3"`` (``show_rule("P3")`` alone reads as ``show_rule(None, "P3")``).
         which: among the rule's decisions (after ``where``), the one to show, in the order taken.
         where: keep only decisions whose ``values`` have these items (e.g. ``{"role": "actor"}``).
+        reference: also show the lines of the installed Tunix's ``rl_cluster.py`` that take the
+            rule (``reference_code``); without Tunix, which lines of which release to open.
 
     Returns:
         A ``RuleCode``: highlighted HTML in a notebook, plain text when printed.
 
     Raises:
-        ValueError: unknown rule, a rule with no function, or no such decision in ``source``.
+        ValueError: unknown rule, a rule with no function (unless ``reference``: then its note
+            and the reference's lines), or no such decision in ``source``.
     """
-    _functions(rule)  # an unknown rule, or one without a function, fails first
+    if isinstance(source, str) and not rule:
+        source, rule = None, source
+    entry = find_rule(rule)  # an unknown rule fails first
+    if reference and not entry.functions:
+        return RuleCode(rule, "", "", 0, "", None, entry.title, entry.note, reference_code(rule))
+    _functions(rule)  # a rule without a function fails next
     decision: dict[str, Any] | None = None
     if source is not None:
         found = [d for d in _decisions_of(source) if d.get("rule") == rule]
@@ -209,5 +231,5 @@ def show_rule(
     code, first = _without_docstring(fn)
     module = inspect.getmodule(fn)
     path = (module.__name__ if module else fn.__module__).replace(".", "/") + ".py"
-    title = find_rule(rule).title
-    return RuleCode(rule, f"{fn.__module__}.{fn.__qualname__}", code, first, path, decision, title)
+    shown = reference_code(rule) if reference else None
+    return RuleCode(rule, f"{fn.__module__}.{fn.__qualname__}", code, first, path, decision, entry.title, "", shown)

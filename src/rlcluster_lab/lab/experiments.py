@@ -122,8 +122,9 @@ def decision_lines(report: Mapping[str, Any], rules: Sequence[str]) -> str:
 def mesh_identity(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
     """P1's test, ``==`` on meshes, for meshes over the same devices built different ways.
 
-    JAX interns meshes: building the same devices, shape and axis names twice
-    gives back one object. Change any of the three and it is another mesh.
+    JAX interns meshes: building the same devices, shape, axis names and axis
+    types twice gives back one object. Change any of the four and it is another
+    mesh (the lab's meshes all have Auto axes, so the rows vary the other three).
     """
     devices = list(devices)
     n = len(devices)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.rules.registry import rule
+from rlcluster_lab.rules.registry import Locator, rule
 
 
 class AnchorBranch(str, enum.Enum):
@@ -24,6 +24,14 @@ P8 = rule(
     question="anchor policy state holds",
     answers={AnchorBranch.FULL: "full state", AnchorBranch.TRAINABLE: "trainable only"},
     tests=("tests/test_cluster_rules.py::test_p8_*", "tests/test_sync.py::test_*anchor*"),
+    reference=(
+        Locator(
+            "RLCluster._init_cluster",
+            "Assign",
+            uses=("_anchor_policy_state", "pinned_host"),
+            what="the actor's full state pinned to host memory, last in construction",
+        ),
+    ),
 )
 
 
@@ -54,6 +62,26 @@ P10 = rule(
     "P10",
     "per-token log-probs from the anchor",
     tests=("tests/test_cluster_rules.py::test_p10_*", "tests/test_learner.py"),
+    reference=(
+        Locator(
+            "RLCluster.get_actor_per_token_logps",
+            "Raise",
+            every=True,
+            what="an empty batch, and no anchor: errors",
+        ),
+        Locator(
+            "RLCluster.get_actor_per_token_logps",
+            "If",
+            uses=("anchor_on_device",),
+            what="the anchor brought to device when it is pinned on the host",
+        ),
+        Locator(
+            "RLCluster.get_actor_per_token_logps",
+            "Expr",
+            uses=("compute_per_token_logps", "anchor_policy_state"),
+            what="the live model's graph over the anchor state",
+        ),
+    ),
 )
 
 P11 = rule(

@@ -16,7 +16,7 @@ import inspect
 
 # Imported for their declarations: each module declares its rules as it is imported.
 from rlcluster_lab.rules import anchor, loading, reference, rollout, sharing, steps, validation  # noqa: F401
-from rlcluster_lab.rules.registry import Rule, declared, rule
+from rlcluster_lab.rules.registry import REFERENCE, Locator, Rule, declared, rule
 
 # The class the catalogue's entries are (kept under its former name too).
 RuleEntry = Rule
@@ -26,6 +26,7 @@ rule(
     "names",
     tests=("tests/test_cluster_rules.py::test_p15_*",),
     note="`RLCluster` and `RLEngine` name the same class (`rlcluster_lab.cluster.cluster`).",
+    reference=(Locator("RLCluster", what="the class's name (an alias of it, where the file has one)"),),
 )
 rule(
     "L1",
@@ -92,6 +93,13 @@ def _answers_line(entry: Rule) -> list[str]:
     return [f"Drawn in the decision flow as *{entry.question.format(role='each role')}*: {answers}.", ""]
 
 
+def _reference_line(entry: Rule) -> list[str]:
+    if not entry.reference:
+        return []
+    where = "; ".join(f"`{loc.function}`" + (f" ({loc.what})" if loc.what else "") for loc in entry.reference)
+    return [f"In the reference ({REFERENCE.distribution} {REFERENCE.version}, `{REFERENCE.path}`): {where}.", ""]
+
+
 def rules_markdown() -> str:
     """The rules as Markdown: each rule's title, its functions' docstrings, the flow figure's
     question and answers, and its tests."""
@@ -103,7 +111,8 @@ def rules_markdown() -> str:
         "Generated from `src/rlcluster_lab/rules/` by `python -m rlcluster_lab.rules > docs/rules.md`;",
         "a test checks this file is what the code says. Each rule is declared once, beside its functions",
         "(`rules.registry.rule`): one or more pure functions that return a typed decision; the cluster and",
-        "the planner both call them.",
+        "the planner both call them. `rlcluster_lab.lab.show_rule(source, rule, reference=True)` shows a",
+        "rule's code beside the reference's own lines, read from the installed Tunix.",
         "",
     ]
     for entry in RULES + LAB_RULES:
@@ -113,5 +122,6 @@ def rules_markdown() -> str:
         if entry.note:
             lines += [entry.note, ""]
         lines += _answers_line(entry)
+        lines += _reference_line(entry)
         lines += ["Tests: " + ", ".join(f"`{t}`" for t in entry.tests), ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -8,7 +8,7 @@ from typing import Any
 
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.rules.registry import rule
+from rlcluster_lab.rules.registry import Locator, rule
 
 
 class LoadBranch(str, enum.Enum):
@@ -35,6 +35,7 @@ P5 = rule(
     question="load {role} onto its mesh",
     answers={LoadBranch.KEPT: "kept as is", LoadBranch.RESHARDED: "resharded"},
     tests=("tests/test_cluster_rules.py::test_p5_*", "tests/test_reshard.py"),
+    reference=(Locator("RLCluster._load_model", what="the loader: kept, or resharded with the model's own specs"),),
 )
 
 
@@ -93,6 +94,17 @@ P14 = rule(
     question="offload_to_cpu?",
     answers={OffloadAnswer.PINNED_HOST: "pinned host between uses", OffloadAnswer.ON_DEVICE: "stays on device"},
     tests=("tests/test_cluster_rules.py::test_p14_*", "tests/test_sync.py::test_p13_p14_*"),
+    reference=(
+        Locator(
+            "RLCluster._load_model",
+            "If",
+            uses=("offload_to_cpu",),
+            what="at load, a model on device goes to pinned host memory",
+        ),
+        Locator("RLCluster._update_models_sharing_weights", what="roles that share weights updated together"),
+        Locator("RLCluster._maybe_load_model_from_cpu", what="to device for an operation"),
+        Locator("RLCluster._maybe_offload_model_to_cpu", what="back to pinned host memory after it"),
+    ),
 )
 
 

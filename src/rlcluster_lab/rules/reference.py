@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.rules.registry import rule
+from rlcluster_lab.rules.registry import Locator, rule
 
 
 class ReferenceBranch(str, enum.Enum):
@@ -36,6 +36,14 @@ P4 = rule(
         NO_REFERENCE: "no reference",
     },
     tests=("tests/test_cluster_rules.py::test_p4_*", "tests/test_cli.py::test_p4_*"),
+    reference=(
+        Locator(
+            "RLCluster.__init__",
+            "If",
+            uses=("reference",),
+            what="the reference loaded onto its mesh, and the warning when linked but not sharing",
+        ),
+    ),
 )
 
 

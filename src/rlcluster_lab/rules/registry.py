@@ -6,6 +6,10 @@ module of its functions, and each function registers with ``@P3.function`` (``ru
 is an example). Everything that shows a rule reads these declarations: the catalogue and
 ``docs/rules.md`` (``rules.catalogue``), the flow figure's questions and labels (``lab.flow``)
 and ``show_rule`` (``lab.code_view``). JAX-free, like ``rules.validation``, which declares P6.
+
+A declaration also says where the reference takes the rule: ``Locator``s, plain data (a
+function of Tunix's ``rl_cluster.py`` and a pattern for a statement in it) that ``show_rule``
+resolves against the installed file at run time. No line of the reference is stored here.
 """
 
 from __future__ import annotations
@@ -31,6 +35,59 @@ class Answer:
     label: str
 
 
+@dataclasses.dataclass(frozen=True)
+class ReferenceFile:
+    """The file of the reference the rules follow, in a released version of its package."""
+
+    distribution: str  # the package's name on PyPI
+    version: str  # the release the rules follow (pyproject.toml's [tunix] extra pins the same one)
+    module: str  # the module, as imported
+    repository: str  # where its source is published; releases are tagged ``v<version>``
+
+    @property
+    def path(self) -> str:
+        """The file's path in the package's repository (and under site-packages)."""
+        return self.module.replace(".", "/") + ".py"
+
+    @property
+    def url(self) -> str:
+        """The file at the pinned release's tag."""
+        return f"{self.repository}/blob/v{self.version}/{self.path}"
+
+    @property
+    def install_hint(self) -> str:
+        """How to install the lab's extra that brings the pinned release."""
+        return (
+            f"install the lab's tunix extra: pip install -e \".[tunix]\" from the lab's folder "
+            f"(or pip install {self.distribution}=={self.version}); about 0.8 GB of further packages"
+        )
+
+
+REFERENCE = ReferenceFile("google-tunix", "0.1.7", "tunix.rl.rl_cluster", "https://github.com/google/tunix")
+
+
+@dataclasses.dataclass(frozen=True)
+class Locator:
+    """Where the reference takes a rule, found by syntax in ``REFERENCE``'s file, never by line.
+
+    Attributes:
+        function: the dotted path of a function or class from the module, e.g.
+            ``"RLCluster.sync_weights"``; a module-level alias of a class (``A = B``) is followed.
+        statement: empty for the whole function (or, for a class, its ``class`` line); else the
+            ``ast`` class name of a statement inside the function (``"If"``, ``"Assign"``, ...).
+        uses: what the statement's head (an ``if``'s condition, an assignment, a ``raise``)
+            must all mention: names, attribute names, string constants or operators (``"=="``).
+        every: every such statement, in the file's order; else the first.
+        what: what the lines do, in the lab's words.
+    """
+
+    function: str
+    statement: str = ""
+    uses: tuple[str, ...] = ()
+    every: bool = False
+    what: str = ""
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Rule:
     """One rule: its id, a title, the flow figure's question and answers, where it is tested,
@@ -43,6 +100,8 @@ class Rule:
         question: what the flow figure asks; ``{role}`` is filled in for a per-role row (P5).
         answers: the answers the flow figure draws, in order.
         note: for a rule with no function of its own, what holds it.
+        reference: where ``REFERENCE``'s file takes the rule, in the file's order (none: it has
+            no lines of its own for it).
     """
 
     rule: str
@@ -51,6 +110,7 @@ class Rule:
     question: str = ""
     answers: tuple[Answer, ...] = ()
     note: str = ""
+    reference: tuple[Locator, ...] = ()
     _functions: list[Callable[..., object]] = dataclasses.field(default_factory=list, init=False, repr=False)
 
     @property
@@ -84,11 +144,12 @@ def rule(
     question: str = "",
     answers: Mapping[enum.Enum | str, str] | None = None,
     note: str = "",
+    reference: tuple[Locator, ...] = (),
 ) -> Rule:
     """Declare a rule, once.
 
     Args:
-        rule_id, title, tests, question, note: as ``Rule``'s attributes.
+        rule_id, title, tests, question, note, reference: as ``Rule``'s attributes.
         answers: branch (or plain value, for an answer that is not a branch) -> its label in the
             figure, in the order the figure draws them.
 
@@ -112,6 +173,7 @@ def rule(
         question,
         tuple(Answer(k.value if isinstance(k, enum.Enum) else str(k), label) for k, label in given),
         note,
+        tuple(reference),
     )
     _DECLARED[rule_id] = declared
     return declared

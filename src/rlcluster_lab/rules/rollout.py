@@ -7,7 +7,7 @@ from typing import Any
 
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.rules.registry import rule
+from rlcluster_lab.rules.registry import Locator, rule
 
 
 class RolloutBranch(str, enum.Enum):
@@ -31,6 +31,14 @@ P3 = rule(
         RolloutBranch.ENGINE_INITIAL_VALUE: "engine's initial value",
     },
     tests=("tests/test_cluster_rules.py::test_p3_*", "tests/test_cluster_matrix.py"),
+    reference=(
+        Locator(
+            "RLCluster.__init__",
+            "If",
+            uses=("_backbone_sharing_map", "ROLLOUT"),
+            what="the three branches: linked, the vanilla engine, any other engine",
+        ),
+    ),
 )
 
 
@@ -69,6 +77,14 @@ P7 = rule(
     question="engine exposes a mesh?",
     answers={MeshBranch.KEPT: "rollout mesh kept", MeshBranch.REPLACED: "engine's mesh"},
     tests=("tests/test_cluster_rules.py::test_p7_*", "tests/test_cluster_matrix.py"),
+    reference=(
+        Locator(
+            "RLCluster._init_cluster",
+            "If",
+            uses=("_rollout", "mesh"),
+            what="after the engine is built, a mesh it exposes replaces the rollout mesh",
+        ),
+    ),
 )
 
 

@@ -3,9 +3,9 @@
 A pure function of the meshes and of a few facts about the models, so the
 live cluster and the planner take the same decision. Meshes are compared
 with ``==``: JAX interns ``Mesh`` objects, so two meshes over the same
-devices in the same shape with the same axis names are the same object, and
-anything else (the same chips in another shape, or other axis names) is a
-different mesh.
+devices in the same shape with the same axis names and axis types are the
+same object, and anything else (the same chips in another shape, other axis
+names, or other axis types) is a different mesh.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.rules.registry import rule
+from rlcluster_lab.rules.registry import Locator, rule
 
 SharingMap = dict[Role, tuple[Role, ...]]
 
@@ -35,6 +35,14 @@ P1 = rule(
     question="actor mesh == rollout mesh?",
     answers={LinkBranch.LINKED: "linked", LinkBranch.NOT_LINKED: "not linked"},
     tests=("tests/test_sharing.py::test_p1_*", "tests/test_cluster_matrix.py"),
+    reference=(
+        Locator(
+            "RLCluster._init_backbone_sharing_map",
+            "If",
+            uses=("r2m", "ACTOR", "ROLLOUT", "=="),
+            what="the link: an `if` comparing the actor's and the rollout's meshes with `==`",
+        ),
+    ),
 )
 
 
@@ -43,8 +51,8 @@ def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision:
     """P1: ACTOR and ROLLOUT are linked both ways exactly when their meshes are equal.
 
     Equal means ``==`` on meshes, which JAX interns: the same devices in the
-    same shape with the same axis names. The same eight chips as (2, 4) and as
-    (8, 1) are two meshes, so the rollout gets a full second copy.
+    same shape with the same axis names and axis types. The same eight chips as
+    (2, 4) and as (8, 1) are two meshes, so the rollout gets a full second copy.
     """
     same = actor_mesh == rollout_mesh
     return Decision(
@@ -67,6 +75,21 @@ P2 = rule(
     question="LoRA actor, reference on its mesh?",
     answers={LinkBranch.LINKED: "linked", LinkBranch.NOT_LINKED: "not linked", LinkBranch.SKIPPED: "skipped"},
     tests=("tests/test_sharing.py::test_p2_*", "tests/test_cluster_matrix.py"),
+    reference=(
+        Locator(
+            "RLCluster._init_backbone_sharing_map",
+            "If",
+            uses=("isinstance", "Module"),
+            what="skipped when the actor or the reference is not a module",
+        ),
+        Locator(
+            "RLCluster._init_backbone_sharing_map",
+            "If",
+            uses=("is_lora_enabled",),
+            what="a LoRA actor linked to a reference on its mesh",
+        ),
+        Locator("RLCluster._propagate_backbone_sharing_map", what="propagation"),
+    ),
 )
 
 

@@ -17,7 +17,7 @@ from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
 from rlcluster_lab.core.options import Scenario, layout_problem
 from rlcluster_lab.core.roles import Mode
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.rules.registry import rule
+from rlcluster_lab.rules.registry import Locator, rule
 
 
 class CheckBranch(str, enum.Enum):
@@ -36,6 +36,10 @@ P6 = rule(
         "tests/test_cli.py",
         "tests/test_knobs.py",
         "tests/test_cli_safety.py::test_*lora_rank*",
+    ),
+    reference=(
+        Locator("RLCluster.__init__", "Raise", every=True, what="the rollout config's checks"),
+        Locator("RLCluster._init_cluster", "Raise", every=True, what="the engine's checks"),
     ),
 )
 

@@ -8,13 +8,12 @@ import importlib.metadata
 import importlib.util
 import types
 
-# The release whose rl_cluster.py the lab's rules follow (pyproject.toml pins the same one).
-PINNED_VERSION = "0.1.7"
-DISTRIBUTION = "google-tunix"
-INSTALL_HINT = (
-    f"install the lab's tunix extra: pip install -e \".[tunix]\" from the lab's folder "
-    f"(or pip install {DISTRIBUTION}=={PINNED_VERSION}); about 0.8 GB of further packages"
-)
+from rlcluster_lab.rules.registry import REFERENCE
+
+# The release whose rl_cluster.py the lab's rules follow, declared with the rules.
+PINNED_VERSION = REFERENCE.version
+DISTRIBUTION = REFERENCE.distribution
+INSTALL_HINT = REFERENCE.install_hint
 
 
 class TunixMissingError(ImportError):
