@@ -27,10 +27,11 @@ from rlcluster_lab.core.shardings import PlacementError
 from rlcluster_lab.measure import memory_report
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.placement.boxes import plan_reshard, to_box
+from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes
 from rlcluster_lab.placement.reshard import reshard, reshard_strategy
 from rlcluster_lab.planner.buffers import Buffers, overlap
 from rlcluster_lab.planner.plan import ANCHOR_MODES, plan_cluster, plan_scenario
-from rlcluster_lab.planner.shapes import PlannedMesh, abstract_leaves, shard_boxes
+from rlcluster_lab.planner.shapes import abstract_leaves
 from rlcluster_lab.planner.tables import ARCHITECTURES, TOPOLOGIES, model_config
 
 DEVICES = jax.devices()

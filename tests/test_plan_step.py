@@ -29,10 +29,10 @@ from rlcluster_lab.model.init import abstract_model
 from rlcluster_lab.model.lora import is_lora
 from rlcluster_lab.model.scoring import abstract_score_model
 from rlcluster_lab.model.transformer import init_cache
+from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes
 from rlcluster_lab.planner.buffers import host_overlap
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.references import PUBLISHED, published
-from rlcluster_lab.planner.shapes import PlannedMesh, shard_boxes
 from rlcluster_lab.planner.step_memory import Split, Workload, activation_bytes, kv_cache_bytes
 from rlcluster_lab.planner.tables import TOPOLOGIES, Topology, local_topology
 from rlcluster_lab.training import step as step_module

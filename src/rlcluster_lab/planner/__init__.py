@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from rlcluster_lab.core.exports import lazy_exports
 
 if TYPE_CHECKING:
+    from rlcluster_lab.placement.layout import PlannedMesh
     from rlcluster_lab.planner.plan import Plan, plan_cluster, plan_scenario
-    from rlcluster_lab.planner.shapes import PlannedMesh
     from rlcluster_lab.planner.workload import Workload
 
 __all__ = ["Plan", "PlannedMesh", "Workload", "plan_cluster", "plan_scenario"]

@@ -10,8 +10,8 @@ import numpy as np
 
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES, UNITS, memory_table
 from rlcluster_lab.measure.sync import describe_layout
+from rlcluster_lab.placement.layout import shard_elements
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray, host_overlap, overlap, shard_rows
-from rlcluster_lab.planner.shapes import shard_elements
 
 SOURCE = "computed from shapes (no allocation)"
 PathKey = tuple[Any, ...]

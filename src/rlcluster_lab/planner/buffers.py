@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec
 
 from rlcluster_lab.measure.memory import KINDS
 from rlcluster_lab.placement.boxes import device_put_keeps, minimum_cross_device_elements
-from rlcluster_lab.planner.shapes import PlannedMesh, shard_boxes, shard_elements
+from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes, shard_elements
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

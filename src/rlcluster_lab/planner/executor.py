@@ -22,8 +22,9 @@ from rlcluster_lab.core.shardings import check_spec
 from rlcluster_lab.engines import ENGINES, OwnCopyEngine, VllmStyleEngine
 from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.model import ModelConfig
+from rlcluster_lab.placement.layout import PlannedMesh
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray
-from rlcluster_lab.planner.shapes import AbstractLeaf, PlannedMesh, abstract_leaves, optimizer_slots
+from rlcluster_lab.planner.shapes import AbstractLeaf, abstract_leaves, optimizer_slots
 
 PathKey = tuple[Any, ...]
 Rules = tuple[tuple[str, Any], ...]

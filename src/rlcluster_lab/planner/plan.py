@@ -38,6 +38,7 @@ from rlcluster_lab.core.options import (
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model import ModelConfig
+from rlcluster_lab.placement.layout import PlannedMesh
 from rlcluster_lab.planner.accounting import SOURCE, fits_summary, memory_summary, sync_summary
 from rlcluster_lab.planner.budget import (
     DeviceBudget,
@@ -51,7 +52,6 @@ from rlcluster_lab.planner.budget import (
 )
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray
 from rlcluster_lab.planner.executor import PlannedExecutor, given_models
-from rlcluster_lab.planner.shapes import PlannedMesh
 from rlcluster_lab.planner.step_memory import FORMULAS, Split, Workload, activation_bytes, kv_cache_bytes
 from rlcluster_lab.planner.sync_peak import plan_sync_peak
 from rlcluster_lab.planner.tables import Topology, model_config, model_source, with_figures

@@ -31,7 +31,7 @@ from rlcluster_lab.core.model_config import ModelConfig
 from rlcluster_lab.planner.workload import Workload
 
 if TYPE_CHECKING:
-    from rlcluster_lab.planner.shapes import PlannedMesh
+    from rlcluster_lab.placement.layout import PlannedMesh
 
 F32 = 4  # float32 bytes: statistics, softmax and logits are kept in float32
 

@@ -31,9 +31,9 @@ from rlcluster_lab.measure.sync_peak import PeakPhase, nonzero, peak_of
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.chunks import chunk_leaves
+from rlcluster_lab.placement.layout import PlannedMesh, shard_elements
 from rlcluster_lab.placement.reshard import cast_temporaries_of
 from rlcluster_lab.planner.buffers import PlannedArray, laid_out_as, overlap
-from rlcluster_lab.planner.shapes import PlannedMesh, shard_elements
 
 PathKey = tuple[Any, ...]
 WORK = "device"  # the memory kind layouts change in (a device's default)
