@@ -223,7 +223,7 @@ def test_l3_xla_accounting_adds_up_and_never_undercuts_the_minimum(case, copy):
 
 def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     """A planner that ignores the local copy makes the report show the excess."""
-    from rlcluster_lab.placement import boxes, minimal, programs
+    from rlcluster_lab.placement import boxes, programs, route
 
     def wasteful(shape, src_boxes, dst_boxes):
         plans = boxes.plan_reshard(shape, src_boxes, dst_boxes)
@@ -241,7 +241,7 @@ def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     P = jax.sharding.PartitionSpec
     x = jax.device_put(np.ones((8, 8), np.float32), jax.sharding.NamedSharding(mesh_src, P("fsdp", None)))
     dst = jax.sharding.NamedSharding(mesh_dst, P("fsdp", None))
-    monkeypatch.setattr(minimal, "plan_reshard", wasteful)
+    monkeypatch.setattr(route, "plan_reshard", wasteful)
     programs.clear_programs()  # schedules are cached per sharding set; plan afresh
     facts = shard_facts(x)
     with record_transfers() as log, leaf_label("w"), reshard_strategy("minimal"):

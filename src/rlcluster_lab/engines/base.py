@@ -25,7 +25,7 @@ from rlcluster_lab.model import logps_from_state
 from rlcluster_lab.model.sampling import check_prompts, sample
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.chunks import chunk_leaves, current_chunk_bytes
-from rlcluster_lab.placement.reshard import cast_many, log_cast, reshard_many
+from rlcluster_lab.placement.reshard import reshard_many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,9 +332,4 @@ def reshard_leaves(xs: list[Any], targets: list[Target], *, copy: bool, labels: 
 
     The bytes move in the source dtype; the cast runs on the destination devices after the move.
     """
-    moved = reshard_many(xs, [t.sharding for t in targets], copy=copy, labels=labels)
-    cast = cast_many(moved, [t.dtype for t in targets])
-    for x, m, y, label in zip(xs, moved, cast, labels):
-        if y is not m:
-            log_cast(x, m, y, label)
-    return cast
+    return reshard_many(xs, [t.sharding for t in targets], copy=copy, labels=labels, dtypes=[t.dtype for t in targets])

@@ -1,34 +1,38 @@
 """Moving arrays between shardings device to device, never through the host.
 
-Two strategies change a layout (``reshard_strategy``, from ``ClusterConfig.reshard``): ``xla``
-(``placement.xla``: one compiled program per set of shardings) and ``minimal``
-(``placement.minimal``: each destination shard assembled on its device, so only the bytes a
-device lacks cross). On CPU ``jax.device_put`` between layouts gathers through host memory,
-which the sync's transfer guard (P13) forbids; both strategies avoid it everywhere. Every
-copy is logged (``transfers.record_transfers``) for the sync report (L3), recorded once per
-batch signature and replayed. A batch tells the peak walk (``placement.phases``) where it
-holds the most, and drops what it no longer needs as it goes.
+``reshard_many`` works out the batch's route (``placement.route``: pure, from shapes and
+layouts, the same description the planner reads) and runs its steps in order: stage, re-label
+or copy, the ``xla`` strategy's programs and shard moves (``placement.xla``), the shard-by-shard
+assembly (``placement.minimal``), the memory-kind moves and the casts. On CPU ``jax.device_put``
+between layouts gathers through host memory, which the sync's transfer guard (P13) forbids;
+no step does. Each step holds its values in one table and drops what the route says it drops,
+so at each of the route's phases exactly the route's buffers are alive: the sync's peak walk
+(``placement.phases``) is told what each step made. Every copy is logged
+(``transfers.record_transfers``) for the sync report (L3), once per batch signature and replayed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Sharding
+from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from rlcluster_lab.core.hosts import spans_processes
+from rlcluster_lab.core.meshes import MESH_AXES
 from rlcluster_lab.core.options import RESHARD_STRATEGIES
 from rlcluster_lab.placement import minimal as reshard_minimal
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.boxes import relabel
+from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
+from rlcluster_lab.placement.route import Leg, Route, route
 from rlcluster_lab.placement.transfers import Transfer, current_log, log_new_shards, replay_log, shard_key, shard_keys
 
 _STRATEGY: contextvars.ContextVar[str] = contextvars.ContextVar("rlcluster_lab_reshard_strategy", default="xla")
@@ -58,114 +62,202 @@ def reshard_tree(values: Any, shardings: Any, *, copy: bool = False) -> Any:
 
 
 def reshard_many(
-    xs: Sequence[jax.Array], dsts: Sequence[Sharding], *, copy: bool = False, labels: Sequence[str | None] | None = None
+    xs: Sequence[jax.Array],
+    dsts: Sequence[Sharding],
+    *,
+    copy: bool = False,
+    labels: Sequence[str | None] | None = None,
+    dtypes: Sequence[Any] | None = None,
 ) -> list[jax.Array]:
-    """``reshard`` of many arrays at once; ``labels`` tag their transfers in the log.
+    """``reshard`` of many arrays at once, each cast to ``dtypes[i]`` on its destination devices
+    afterwards when given; ``labels`` tag their transfers in the log.
 
-    Per array: kept when already in the destination sharding (unless ``copy``), re-wrapped
-    when the layout is equivalent, else changed by the current strategy. Memory-kind changes
-    are per-device moves on either side of the layout change (the transfer guard allows them).
+    Per array: kept when already in the destination sharding (unless ``copy``), re-labelled
+    when the layout is equivalent, else changed by the current strategy; a source buffer is
+    kept exactly where ``jax.device_put`` keeps it (the ``minimal`` strategy: wherever its
+    device holds the block). The bytes move in the source dtype; the cast comes last.
     """
     current = current_log()
     default = current.leaf if current is not None else None
     labels = [default if lab is None else lab for lab in labels] if labels is not None else [default] * len(xs)
-    if current is None:
-        return _reshard_many(xs, dsts, copy, labels)
-    # Logged once per batch signature, then replayed: a steady sync spends its time moving data.
-    key = (
-        _STRATEGY.get(),
-        copy,
-        tuple(labels),
-        tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts)),
+    legs = tuple(
+        Leg(tuple(x.shape), np.dtype(x.dtype), layout_of(x.sharding), layout_of(d), None if t is None else np.dtype(t))
+        for x, d, t in zip(xs, dsts, dtypes if dtypes is not None else [None] * len(xs))
     )
-    return replay_log(_DESCRIBED, key, lambda: _reshard_many(xs, dsts, copy, labels))
+    strategy = _STRATEGY.get()
+    r = route(legs, copy, strategy)
+    if current is None:
+        return _Run(r, xs, dsts, labels).results()
+    # Logged once per batch signature, then replayed: a steady sync spends its time moving data.
+    key = (legs, copy, strategy, tuple(labels), tuple(x.sharding for x in xs), tuple(dsts))
+    return replay_log(_DESCRIBED, key, lambda: _Run(r, xs, dsts, labels).results())
 
 
 _DESCRIBED = ProgramCache(64)  # the log each batch signature recorded (cleared with the programs)
 
 
-def _reshard_many(
-    xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: list[str | None]
-) -> list[jax.Array]:
-    current = current_log()
-    out = list(xs)
-    todo = [i for i, (x, dst) in enumerate(zip(xs, dsts)) if copy or x.sharding != dst]
-    # A layout change runs in the devices' default memory: arrays elsewhere move there first.
-    kind_moved = [i for i in todo if xs[i].sharding != dsts[i] and xs[i].sharding.memory_kind != _work_kind(xs[i])]
-    work_shardings = [xs[i].sharding.with_memory_kind(_work_kind(xs[i])) for i in kind_moved]
-    if kind_moved:
-        brought = _put_kinds([xs[i] for i in kind_moved], work_shardings, [labels[i] for i in kind_moved])
-        phases.made(brought, phases.STAGED)
-        for i, y in zip(kind_moved, brought):
-            out[i] = y
-        del brought
-        phases.phase("stage")
-    targets: dict[int, Sharding] = {}
-    change: list[int] = []
-    direct: list[int] = []
-    for i in todo:
-        x, dst = out[i], dsts[i]
-        work = _work_kind(x)
-        targets[i] = dst if x.sharding == dst or dst.memory_kind == work else dst.with_memory_kind(work)
-        # The forced copy of an unchanged sharding, or an equivalent layout, needs no layout change.
-        (direct if x.sharding.is_equivalent_to(targets[i], x.ndim) else change).append(i)
-    x = y = None  # no loop variable keeps an array alive past its phase (the sync's peak, L3)
-    # Devices whose destination shard of array i was made by a logged copy.
-    produced: dict[int, set[int]] = {i: set() for i in todo}
-    # Equivalent layouts: re-labelled in one call (a forced copy where asked, in another).
-    for must_copy in (False, True):
-        group = [i for i in direct if (copy and i not in kind_moved) is must_copy]
-        if not group:
-            continue
-        if not must_copy and jax.process_count() > 1:
-            # multi-process: device_put copies an array spanning processes even onto an
-            # equivalent sharding; its own shards, re-labelled, are the same buffers.
-            moved = [relabel(out[i], targets[i]) for i in group]
-        else:
-            moved = jax.device_put(
-                [out[i] for i in group], [targets[i] for i in group], may_alias=False if must_copy else None
-            )
-        phases.made(moved, phases.RESHARDED)
-        for i, y in zip(group, moved):
-            produced[i] = log_new_shards("same_device", out[i], y, labels[i]) if current is not None else set()
-            out[i] = y
-        del moved
-    if change:
-        changed = _change_layout(
-            [out[i] for i in change], [targets[i] for i in change], copy, [labels[i] for i in change]
-        )
-        for i, (y, made) in zip(change, changed):
-            out[i], produced[i] = y, made
-        del changed
-        # A result assembled from per-device blocks is a new array over their buffers: it is
-        # what keeps them alive from here on (the peak walk counts each buffer once).
-        phases.made([out[i] for i in change], phases.RESHARDED)  # type: ignore[misc]
-    y = None
-    # Every layout is changed (each staged source dropped as its layout changed): the most
-    # this batch holds in the work memory kind.
-    phases.phase("reshard")
-    to_final = [i for i in todo if targets[i] != dsts[i]]
-    if to_final:
-        finals = _put_kinds([out[i] for i in to_final], [dsts[i] for i in to_final], [labels[i] for i in to_final])
-        phases.made(finals, phases.MEMORY_KIND)
-        phases.phase("memory kind")
-        for i, y in zip(to_final, finals):
-            out[i] = y
-        del finals
-        y = None
-    for i in todo:
-        if current is None or out[i] is xs[i] or len(produced[i]) == len(out[i].sharding.device_set):
-            continue  # nothing to log, or every shard's copy is logged already
-        # A shard that carries the source's own data on its device but sits in a new buffer
-        # (moved between memory kinds on the way) was copied within its device: logged so
-        # that every destination byte is accounted for.
-        src_keys = shard_keys(xs[i])
-        carried = [s for s in out[i].addressable_shards if shard_key(s) not in src_keys]
-        _log_same_device([s for s in carried if s.device.id not in produced[i]], labels[i])
-    return out
+def layout_of(sharding: Sharding) -> Layout:
+    """A sharding as plain data; a single-device sharding is a mesh of one device."""
+    if isinstance(sharding, NamedSharding):
+        return Layout.of(sharding)
+    (device,) = sharding.device_set
+    return Layout(PlannedMesh((device.id,), (1,) * len(MESH_AXES)), PartitionSpec(), str(sharding.memory_kind))
 
 
-def _put_kinds(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None]) -> list[jax.Array]:
+@dataclasses.dataclass
+class _Run:
+    """One execution of a route on arrays: the values each step made, by key, and for each leg
+    the devices whose result shard a logged copy made (``produced``)."""
+
+    route: Route
+    xs: Sequence[jax.Array]
+    dsts: Sequence[Sharding]
+    labels: list[str | None]
+    vals: dict[tuple[Any, ...], Any] = dataclasses.field(default_factory=dict)
+    produced: dict[int, set[int]] = dataclasses.field(default_factory=dict)
+    # The xla strategy's moves: a between program's (provenance, bytes crossed) per leg, the
+    # shards gathered for each leg, and legs already one array (moved whole, or across processes).
+    between: dict[int, tuple[Any, int]] = dataclasses.field(default_factory=dict)
+    blocks: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
+    joined: dict[int, jax.Array] = dataclasses.field(default_factory=dict)
+
+    def value(self, i: int) -> jax.Array:
+        """Leg i's array as the layout change takes it: staged, or the source itself."""
+        return self.vals.get(("staged", i), self.xs[i])
+
+    def work_dst(self, i: int) -> Sharding:
+        """Leg i's destination in the devices' default memory (where layouts change)."""
+        dst = self.dsts[i]
+        return dst if self.route.legs[i].src == self.route.legs[i].dst else dst.with_memory_kind(_work_kind(dst))
+
+    def device(self, device_id: int) -> Any:
+        return self.devices[device_id]
+
+    @functools.cached_property
+    def devices(self) -> dict[int, Any]:
+        return {d.id: d for x, dst in zip(self.xs, self.dsts) for d in (*x.sharding.device_set, *dst.device_set)}
+
+    def results(self) -> list[jax.Array]:
+        for step in self.route.steps:
+            out, temps = _OPS[step.op](self, step)
+            for key in step.drops:
+                self.vals.pop(key, None)
+            self.vals.update(out)
+            if phases.current_probe() is not None:
+                for m in step.made:
+                    value = self.vals[m.key]
+                    phases.made(value if isinstance(value, list) else [value], m.term)
+                if step.phase is not None:
+                    phases.phase(step.phase, temps)
+            del out
+        results = []
+        for i, x in enumerate(self.xs):
+            key = self.route.result_key(i)
+            results.append(x if key is None else self.vals[key])
+        self._log_carried()
+        return results
+
+    def _log_carried(self) -> None:
+        """A result shard that carries the source's own data on its device but sits in a new
+        buffer (moved between memory kinds on the way) was copied within its device: logged so
+        that every destination byte is accounted for."""
+        log = current_log()
+        if log is None:
+            return
+        for i, x in enumerate(self.xs):
+            key = self.route.uncast_key(i)
+            y = x if key is None else self.vals[key]
+            if y is x:
+                continue
+            made = self.produced.get(i, set())
+            if len(made) == len(y.sharding.device_set):
+                continue
+            own = shard_keys(x)
+            carried = [s for s in y.addressable_shards if shard_key(s) not in own and s.device.id not in made]
+            log_same_device(carried, self.labels[i])
+
+
+Ops = dict[tuple[Any, ...], Any]
+
+
+def _stage(run: _Run, step: Any) -> tuple[Ops, list]:
+    """Sources in another memory kind, brought to the devices' default memory (per device)."""
+    xs = [run.xs[i] for i in step.legs]
+    targets = [x.sharding.with_memory_kind(_work_kind(x.sharding)) for x in xs]
+    ys = put_kinds(xs, targets, [run.labels[i] for i in step.legs])
+    return {("staged", i): y for i, y in zip(step.legs, ys)}, []
+
+
+def _relabel(run: _Run, step: Any) -> tuple[Ops, list]:
+    """Equivalent layouts: the same buffers under the destination's sharding."""
+    xs = [run.value(i) for i in step.legs]
+    targets = [run.work_dst(i) for i in step.legs]
+    if jax.process_count() > 1:
+        # multi-process: device_put copies an array spanning processes even onto an
+        # equivalent sharding; its own shards, re-labelled, are the same buffers.
+        ys = [relabel(x, t) for x, t in zip(xs, targets)]
+    else:
+        ys = jax.device_put(xs, targets)
+    return {("out", i): y for i, y in zip(step.legs, ys)}, []
+
+
+def _copy(run: _Run, step: Any) -> tuple[Ops, list]:
+    """New buffers of the same layout, on every device (an engine that owns its weights)."""
+    xs = [run.value(i) for i in step.legs]
+    ys = jax.device_put(xs, [run.work_dst(i) for i in step.legs], may_alias=False)
+    for i, x, y in zip(step.legs, xs, ys):
+        run.produced[i] = log_new_shards("same_device", x, y, run.labels[i])
+    return {("out", i): y for i, y in zip(step.legs, ys)}, []
+
+
+def _changed(run: _Run, step: Any) -> tuple[Ops, list]:
+    return {}, []
+
+
+def _memory_kind(run: _Run, step: Any) -> tuple[Ops, list]:
+    """Results moved to their destination's memory kind (pinned host), per device."""
+    ys = put_kinds(
+        [run.vals[("out", i)] for i in step.legs], [run.dsts[i] for i in step.legs], [run.labels[i] for i in step.legs]
+    )
+    return {("final", i): y for i, y in zip(step.legs, ys)}, []
+
+
+def _cast(run: _Run, step: Any) -> tuple[Ops, list]:
+    """Each array cast to its destination dtype on its own devices, in one program."""
+    r = run.route
+    before = {i: run.xs[i] if r.uncast_key(i) is None else run.vals[r.uncast_key(i)] for i in step.legs}
+    arrays = [before[i] for i in step.legs]
+    dtypes = [r.legs[i].to_dtype for i in step.legs]
+    ys, temps = _cast_program_run(arrays, dtypes)
+    for i, y in zip(step.legs, ys):
+        log_cast(run.xs[i], before[i], y, run.labels[i])
+    return {("cast", i): y for i, y in zip(step.legs, ys)}, [temps] if temps is not None else []
+
+
+def _settled(run: _Run, step: Any) -> tuple[Ops, list]:
+    return {}, []
+
+
+_OPS = {
+    "stage": _stage,
+    "relabel": _relabel,
+    "copy": _copy,
+    "program": reshard_xla.run_program,
+    "between": reshard_xla.run_between,
+    "moves": reshard_xla.run_moves,
+    "join": reshard_xla.join,
+    "join pieces": reshard_minimal.join,
+    "cut": reshard_minimal.cut,
+    "send": reshard_minimal.send,
+    "assemble": reshard_minimal.assemble,
+    "changed": _changed,
+    "memory kind": _memory_kind,
+    "settled": _settled,
+    "cast": _cast,
+}
+
+
+def put_kinds(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None]) -> list[jax.Array]:
     """Moves between memory kinds (per device, which the transfer guard allows), logged."""
     if not xs:
         return []
@@ -175,45 +267,9 @@ def _put_kinds(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | Non
     return ys
 
 
-def _change_layout(
-    xs: list[jax.Array], dsts: list[Sharding], copy: bool, labels: list[str | None]
-) -> list[tuple[jax.Array, set[int]]]:
-    """Layout changes in device memory, by the current strategy; (array, devices with new buffers)."""
-    log = current_log()
-    results: list[tuple[jax.Array, set[int]] | None] = [None] * len(xs)
-    rest = list(range(len(xs)))
-    if _STRATEGY.get() == "xla":
-        done = reshard_xla.change_layout(xs, dsts, copy, labels)
-        for i, r in done.items():
-            results[i] = r
-        rest = [i for i in rest if results[i] is None]
-        if log is not None and done:
-            log.strategies.add("xla")
-    if rest:
-        if jax.process_count() > 1 and any(
-            spans_processes(set(xs[i].sharding.device_set) | set(dsts[i].device_set)) for i in rest
-        ):
-            # multi-process: the minimal strategy copies single buffers between devices, which
-            # JAX does only within a process.
-            raise NotImplementedError(
-                "the minimal reshard strategy copies one buffer at a time between devices, which JAX cannot do "
-                "between processes; use reshard='xla' (--reshard xla) when the roles span several processes"
-            )
-        # Per-device programs must not inherit a role's mesh context.
-        with jax.set_mesh(None):
-            built = reshard_minimal.assemble_many(
-                [xs[i] for i in rest], [dsts[i] for i in rest], copy, [labels[i] for i in rest]
-            )
-        for i, r in zip(rest, built):
-            results[i] = r
-        if log is not None:
-            log.strategies.add("minimal")
-    return results  # type: ignore[return-value]
-
-
-def _work_kind(x: jax.Array) -> str:
-    """The default memory kind of the devices ``x`` lives on (where layout changes run)."""
-    return next(iter(x.sharding.device_set)).default_memory().kind
+def _work_kind(s: Sharding) -> str:
+    """The default memory kind of the devices ``s`` is on (where layout changes run)."""
+    return next(iter(s.device_set)).default_memory().kind
 
 
 def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]:
@@ -221,22 +277,24 @@ def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]
     jitted program per set of devices: eager ``astype`` would compile one per shape."""
     todo = [i for i, (x, d) in enumerate(zip(xs, dtypes)) if x.dtype != np.dtype(d)]
     out = list(xs)
-    if not todo:
-        return out
     groups: dict[Any, list[int]] = {}
     for i in todo:
         groups.setdefault(tuple(xs[i].sharding.device_set), []).append(i)
     for idx in groups.values():
-        arrays = [xs[i] for i in idx]
-        with jax.set_mesh(None):
-            cast = _cast_program(tuple(str(np.dtype(dtypes[i])) for i in idx))
-            ys = jax.jit(cast, out_shardings=[x.sharding for x in arrays])(arrays)
-        if phases.current_probe() is not None:
-            phases.made(ys, phases.CAST)
-            phases.phase("cast", [cast_temporaries_of(arrays, [dtypes[i] for i in idx])])
+        ys, _ = _cast_program_run([xs[i] for i in idx], [dtypes[i] for i in idx])
         for i, y in zip(idx, ys):
             out[i] = y
     return out
+
+
+def _cast_program_run(arrays: list[jax.Array], dtypes: list[Any]) -> tuple[list[jax.Array], Any]:
+    """The cast program run on ``arrays`` (one set of devices), and its temporaries when a peak
+    walk is watching."""
+    names = tuple(str(np.dtype(d)) for d in dtypes)
+    with jax.set_mesh(None):
+        ys = jax.jit(_cast_program(names), out_shardings=[x.sharding for x in arrays])(arrays)
+    temps = cast_temporaries_of(arrays, dtypes) if phases.current_probe() is not None else None
+    return list(ys), temps
 
 
 _CAST_TEMPORARIES = ProgramCache(64)
@@ -271,10 +329,10 @@ def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | N
     were still ``src``'s own buffers, which the cast turned into same-device copies."""
     if before is not after:
         own = shard_keys(src)
-        _log_same_device([s for s in before.addressable_shards if shard_key(s) in own], label)
+        log_same_device([s for s in before.addressable_shards if shard_key(s) in own], label)
 
 
-def _log_same_device(shards: Sequence[Any], label: str | None) -> None:
+def log_same_device(shards: Sequence[Any], label: str | None) -> None:
     log = current_log()
     if log is not None:
         log.transfers.extend(

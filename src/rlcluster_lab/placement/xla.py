@@ -24,11 +24,10 @@ from jax.sharding import Mesh, NamedSharding, Sharding
 from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
 from rlcluster_lab.placement import phases
-from rlcluster_lab.placement.boxes import device_put_keeps, relabel, to_box
 from rlcluster_lab.placement.crossing import move_across
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
-from rlcluster_lab.placement.transfers import Transfer, TransferLog, current_log, replay_log
+from rlcluster_lab.placement.transfers import Transfer, TransferLog, current_log
 from rlcluster_lab.placement.xla_analysis import (
     UNTRACED,
     Provenance,
@@ -97,7 +96,6 @@ class XlaProgram:
 
 
 PROGRAMS = ProgramCache(MAX_PROGRAMS)
-_LOGS = ProgramCache(MAX_PROGRAMS)  # what a change of layout logs, per (arrays, destinations, copy, labels)
 
 
 def assignment(sharding: Sharding) -> tuple[Any, ...] | None:
@@ -138,172 +136,55 @@ def program(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> tuple[XlaProgr
     return built, True
 
 
-def change_layout(
-    xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: Sequence[str | None]
-) -> dict[int, tuple[jax.Array, set[int]]]:
-    """Reshard what this strategy can; returns index -> (new array, devices holding new buffers).
-
-    Arrays are grouped by (source device order, destination device order) as the module says;
-    the rest is left out of the result (for the minimal strategy). What a change logs depends
-    only on shapes, dtypes, shardings and labels, so it is recorded once and replayed.
-    """
+def run_program(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
+    """A ``program`` step: one compiled identity over the group, from the source to the
+    destination shardings (the same devices in the same order); every result shard is new."""
+    g = run.route.programs[step.group]
+    xs = [run.value(i) for i in g.legs]
+    labels = [run.labels[i] for i in g.legs]
+    prog, outs = _run_program(xs, [run.work_dst(i) for i in g.legs], labels)
     log = current_log()
-    if log is None:
-        return _change_layout(xs, dsts, copy, labels)
-    key = (_key(xs, dsts), copy, tuple(labels))
-    return replay_log(_LOGS, key, lambda: _change_layout(xs, dsts, copy, labels))
-
-
-@dataclasses.dataclass
-class _Route:
-    """How a batch of (shape, dtype, source, destination) changes layout, worked out once.
-
-    ``relabel``: arrays re-labelled into the destination's order first; ``groups``: (source
-    order, destination order, arrays) as they run; ``inter`` and ``need``: for differing
-    orders, each array's layout on the source devices and those a program must lay out;
-    ``programs``: each group's compiled program once it ran.
-    """
-
-    relabel: tuple[tuple[int, Sharding], ...]
-    groups: tuple[tuple[tuple[Any, ...], tuple[Any, ...], tuple[int, ...]], ...]
-    inter: dict[int, Sharding]
-    need: dict[tuple[Any, ...], tuple[int, ...]]
-    programs: dict[Any, XlaProgram] = dataclasses.field(default_factory=dict)
-
-
-_ROUTES = ProgramCache(MAX_PROGRAMS)  # a route holds its groups' programs: bounded like them
-
-
-def _route(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> _Route:
-    key = _key(xs, dsts)
-    hit: _Route | None = _ROUTES.get(key)
-    if hit is not None:
-        return hit
-    groups: dict[tuple[Any, Any], list[int]] = {}
-    relabels: list[tuple[int, Sharding]] = []
-    shardings = [x.sharding for x in xs]
-    for i, (x, dst) in enumerate(zip(xs, dsts)):
-        src_a, dst_a = assignment(x.sharding), assignment(dst)
-        if src_a is None or dst_a is None or len(src_a) != len(dst_a):
-            continue
-        if src_a != dst_a and set(src_a) == set(dst_a) and jax.process_count() > 1:
-            # multi-process, the same devices in another order: when the source layout reads the
-            # same in the destination's order (replicated axes), re-label it, which copies
-            # nothing (whole shards cannot move between processes one at a time). In one
-            # process every shard is made anew, as ``jax.device_put`` does (_run_then_move).
-            relabelled = congruent(x.sharding, dst_a)  # type: ignore[arg-type]
-            if relabelled.is_equivalent_to(x.sharding, x.ndim):
-                relabels.append((i, relabelled))
-                shardings[i] = relabelled
-                src_a = dst_a
-        groups.setdefault((src_a, dst_a), []).append(i)
-    inter: dict[int, Sharding] = {}
-    need: dict[tuple[Any, ...], tuple[int, ...]] = {}
-    for (src_a, dst_a), idx in groups.items():
-        if src_a != dst_a:
-            for i in idx:
-                inter[i] = congruent(dsts[i], src_a)  # type: ignore[arg-type]
-            need[(src_a, dst_a)] = tuple(i for i in idx if not shardings[i].is_equivalent_to(inter[i], xs[i].ndim))
-    route = _Route(tuple(relabels), tuple((a, b, tuple(idx)) for (a, b), idx in groups.items()), inter, need)
-    _ROUTES.put(key, route)
-    return route
-
-
-def _change_layout(
-    xs: Sequence[jax.Array], dsts: Sequence[Sharding], copy: bool, labels: Sequence[str | None]
-) -> dict[int, tuple[jax.Array, set[int]]]:
-    route = _route(xs, dsts)
-    xs = list(xs)
-    for i, sharding in route.relabel:
-        # multi-process: device_put would copy an array spanning processes (relabel).
-        xs[i] = relabel(xs[i], sharding) if jax.process_count() > 1 else jax.device_put(xs[i], sharding)
-        phases.made([xs[i]], phases.IN_FLIGHT)
-    done: dict[int, tuple[jax.Array, set[int]]] = {}
-    for src_a, dst_a, idx in route.groups:
-        if src_a == dst_a:
-            outs = _run(list(idx), xs, [dsts[i] for i in idx], labels, route, (src_a, dst_a))
-        else:
-            outs = _run_then_move(list(idx), xs, dsts, src_a, dst_a, copy, labels, route)
-        done.update(outs)
-    return done
-
-
-def _run(
-    idx: list[int],
-    xs: Sequence[jax.Array],
-    dsts: list[Sharding],
-    labels: Sequence[str | None],
-    route: _Route,
-    group: Any,
-) -> dict[int, tuple[jax.Array, set[int]]]:
-    """One program over the group; every output shard is a new buffer, logged from the program."""
-    log = current_log()
-    prog, outs = _run_program([xs[i] for i in idx], dsts, [labels[i] for i in idx], log, route, group)
     if log is not None:
-        _log_arrivals(log, prog, [labels[i] for i in idx], outs)
-    return {i: (y, {d.id for d in y.sharding.device_set}) for i, y in zip(idx, outs)}
+        _log_arrivals(log, prog, labels, outs)
+    for i, y in zip(g.legs, outs):
+        run.produced[i] = {d.id for d in y.sharding.device_set}
+    return {("out", i): y for i, y in zip(g.legs, outs)}, [prog.temporaries]
 
 
-def _run_program(
-    xs: list[jax.Array],
-    dsts: list[Sharding],
-    labels: list[str | None],
-    log: TransferLog | None,
-    route: _Route,
-    group: Any,
-    term: str = phases.RESHARDED,
-) -> tuple[XlaProgram, list[jax.Array]]:
-    """The compiled identity run on ``xs`` (the route remembers it once it ran); logs that it was
-    built, and the flows read from it; tells the sync's peak walk what it made (``term``)."""
-    prog = route.programs.get(group)
-    built = False
-    if prog is None:
-        prog, built = program(xs, dsts)
-        route.programs[group] = prog
+def run_between(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
+    """A ``between`` step: the group's leaves laid out as their destination over the source
+    devices (the destination's shard at position p on the p-th source device)."""
+    g = run.route.programs[step.group]
+    src_a = [run.device(d) for d in g.src_order]
+    xs = [run.value(i) for i in g.legs]
+    prog, outs = _run_program(xs, [congruent(run.work_dst(i), src_a) for i in g.legs], [run.labels[i] for i in g.legs])
+    if current_log() is not None:
+        for k, i in enumerate(g.legs):
+            run.between[i] = (prog.provenance.by_leaf[k], _crossed(prog, k))
+    return {("inter", i): y for i, y in zip(g.legs, outs)}, [prog.temporaries]
+
+
+def _run_program(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None]) -> tuple[XlaProgram, list[Any]]:
+    prog, built = program(xs, dsts)
     outs = prog.compiled(xs)
-    if phases.current_probe() is not None:
-        phases.made(outs, term)
-        phases.phase("reshard", [prog.temporaries])
+    log = current_log()
     if log is not None:
+        log.strategies.add("xla")
         if built:
             log.note_built(prog.source)
         _log_flows(log, prog, labels)
-    return prog, outs
+    return prog, list(outs)
 
 
-def _run_then_move(
-    idx: list[int],
-    xs: Sequence[jax.Array],
-    dsts: Sequence[Sharding],
-    src_a: tuple[Any, ...],
-    dst_a: tuple[Any, ...],
-    copy: bool,
-    labels: Sequence[str | None],
-    route: _Route,
-) -> dict[int, tuple[jax.Array, set[int]]]:
-    """Reshard onto the source devices laid out as the destination, then move whole shards."""
-    log = current_log()
-    inter = route.inter
-    need = list(route.need[(src_a, dst_a)])
-    ran = set(need)  # arrays a program lays out anew (their intermediate shards are new buffers)
-    staged: dict[int, jax.Array] = {i: xs[i] for i in idx}
-    origins: dict[int, dict[int, dict[int, int]] | None] = {}
-    crossed: dict[int, int] = {}
-    if need:
-        prog, outs = _run_program(
-            [xs[i] for i in need],
-            [inter[i] for i in need],
-            [labels[i] for i in need],
-            log,
-            route,
-            ("between", src_a, dst_a),
-            phases.IN_FLIGHT,
-        )
-        for k, (i, y) in enumerate(zip(need, outs)):
-            staged[i] = y
-            if log is not None:
-                origins[i] = prog.provenance.by_leaf[k]
-                crossed[i] = _crossed(prog, k)
+def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
+    """A ``moves`` step: each destination shard crosses whole from the device the route names,
+    stays (the source's buffer where ``jax.device_put`` keeps it, or the program's result), or
+    is copied within its device; every crossing in one device-to-device transfer call."""
+    g = run.route.programs[step.group]
+    src_a = tuple(run.device(d) for d in g.src_order)
+    dst_a = tuple(run.device(d) for d in g.dst_order)
+    members = list(step.legs)
+    current = {i: run.vals.get(("inter", i), run.value(i)) for i in members}
     if crosses_processes(src_a, dst_a):
         if set(src_a) & set(dst_a):
             raise NotImplementedError(
@@ -312,98 +193,72 @@ def _run_then_move(
                 "its own (the split layout)"
             )
         # multi-process: whole shards cross into another process in one compiled program.
-        return move_across(idx, xs, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
-    if not set(src_a) & set(dst_a):
-        return _move_whole(idx, dsts, staged, src_a, dst_a, origins, crossed, labels, log)
-    # Overlapping device sets. Position p of the layout: the shard on src_a[p] belongs on
-    # dst_a[p], and crosses whole, all in one device-to-device transfer call. Where no program
-    # ran, a destination device keeps its own buffer exactly where ``jax.device_put`` would
-    # (``boxes.device_put_keeps``); every other shard is a new buffer, copied on its device
-    # when it is already there (the same devices in another order make every shard anew).
-    sends: list[tuple[int, int, Any]] = []  # (array, position, data)
-    blocks: dict[int, list[Any]] = {i: [None] * len(dst_a) for i in idx}
-    made: dict[int, set[int]] = {i: set() for i in idx}
-    came_from: dict[int, list[Any]] = {i: list(src_a) for i in idx}
-    for i in idx:
-        by_device = {s.device: s.data for s in staged[i].addressable_shards}
-        own = set() if i in ran else _kept_by_device_put(xs[i], dsts[i])
-        for p, (src, dst) in enumerate(zip(src_a, dst_a)):
-            if dst in own:
-                came_from[i][p] = dst
-                data = by_device[dst]
+        origins = {i: run.between[i][0] for i in members if i in run.between}
+        crossed = {i: run.between[i][1] for i in members if i in run.between}
+        done = move_across(
+            members, run.xs, run.dsts, current, src_a, dst_a, origins, crossed, run.labels, current_log()
+        )
+        for i, (y, made) in done.items():
+            run.produced[i] = made
+            run.joined[i] = y
+        return {("sent", i): [done[i][0]] for i in members}, []
+    whole = [i for i in members if all(p.how == "send" for p in run.route.positions[i])]
+    if whole:
+        # Every shard crosses: the arrays as they are, in one call (a bare device_put's cost).
+        for i, y in zip(whole, jax.device_put([current[i] for i in whole], [run.work_dst(i) for i in whole])):
+            run.joined[i] = y
+    sends: list[tuple[int, int, Any]] = []
+    copies: dict[int, list[Any]] = {}
+    for i in members:
+        if i in run.joined:
+            continue
+        by_device = {s.device.id: s.data for s in current[i].addressable_shards}
+        blocks: list[Any] = [None] * len(dst_a)
+        for p, pos in enumerate(run.route.positions[i]):
+            if pos.how == "send":
+                sends.append((i, p, by_device[pos.src]))
+            elif pos.how == "copy":
+                blocks[p] = jax.device_put(by_device[pos.dst], dst_a[p], may_alias=False)
+                copies.setdefault(i, []).append(blocks[p])
             else:
-                data = by_device[src]
-            if came_from[i][p] != dst:
-                sends.append((i, p, data))
-            elif (copy or dst not in own) and i not in ran:
-                blocks[i][p] = jax.device_put(data, dst, may_alias=False)
-                phases.made([blocks[i][p]], phases.RESHARDED)
-                made[i].add(dst.id)
-            else:
-                blocks[i][p] = data
-                if i in ran:
-                    made[i].add(dst.id)
+                blocks[p] = by_device[pos.dst]
+        run.blocks[i] = blocks
+    out: dict[tuple[Any, ...], Any] = {("sent", i): list(copies.get(i, [])) for i in members}
+    for i in whole:
+        out[("sent", i)] = [run.joined[i]]
     if sends:
         arrived = jax.device_put([d for _, _, d in sends], [dst_a[p] for _, p, _ in sends])
-        if phases.current_probe() is not None:
-            phases.made(arrived, phases.RESHARDED)
-            phases.phase("move")
         for (i, p, _), y in zip(sends, arrived):
-            blocks[i][p] = y
-            made[i].add(dst_a[p].id)
-    out = {i: jax.make_array_from_single_device_arrays(xs[i].shape, dsts[i], blocks[i]) for i in idx}
-    if log is not None:
-        for i in idx:
-            _log_final(
-                log,
-                labels[i],
-                out[i],
-                came_from[i],
-                dst_a,
-                origins[i] if i in origins else "own",
-                moved={p for j, p, _ in sends if j == i},
-                made=made[i],
-                crossed_before=crossed.get(i, 0),
-            )
-    return {i: (out[i], made[i]) for i in idx}
+            run.blocks[i][p] = y
+            out[("sent", i)].append(y)
+    return out, []
 
 
-def _kept_by_device_put(x: jax.Array, dst: Sharding) -> set[Any]:
-    """The devices whose shard of ``x`` ``jax.device_put`` onto ``dst`` keeps as it is."""
-    shape = tuple(x.shape)
-    src = [(d.id, to_box(ix, shape)) for d, ix in x.sharding.devices_indices_map(shape).items()]
-    want = [(d, to_box(ix, shape)) for d, ix in dst.devices_indices_map(shape).items()]
-    keeps = device_put_keeps(src, [(d.id, box) for d, box in want])
-    return {d for (d, _), k in zip(want, keeps) if k}
-
-
-def _move_whole(
-    idx: list[int],
-    dsts: Sequence[Sharding],
-    staged: dict[int, jax.Array],
-    src_a: tuple[Any, ...],
-    dst_a: tuple[Any, ...],
-    origins: dict[int, Any],
-    crossed: dict[int, int],
-    labels: Sequence[str | None],
-    log: TransferLog | None,
-) -> dict[int, tuple[jax.Array, set[int]]]:
-    """Disjoint device sets: every shard crosses whole, position p from src_a[p] to dst_a[p], in one
-    device-to-device transfer call of the arrays as they are (the split layout's steady sync
-    costs what a bare ``device_put`` of the same tree costs)."""
-    moved = jax.device_put([staged[i] for i in idx], [dsts[i] for i in idx])
-    if phases.current_probe() is not None:
-        phases.made(moved, phases.RESHARDED)
-        phases.phase("move")
-    made = {d.id for d in dst_a}
-    if log is not None:
-        every = set(range(len(dst_a)))
-        for i, y in zip(idx, moved):
-            origin = origins[i] if i in origins else "own"
-            _log_final(
-                log, labels[i], y, src_a, dst_a, origin, moved=every, made=made, crossed_before=crossed.get(i, 0)
-            )
-    return {i: (y, set(made)) for i, y in zip(idx, moved)}
+def join(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
+    """Each ``moves`` leaf's shards made one array with its destination sharding; what crossed,
+    and what each new shard's data started as, logged."""
+    g = run.route.programs[step.group]
+    src_a = tuple(run.device(d) for d in g.src_order)
+    dst_a = tuple(run.device(d) for d in g.dst_order)
+    log = current_log()
+    out = {}
+    for i in step.legs:
+        positions = run.route.positions[i]
+        y = run.joined.pop(i, None)
+        if y is None:
+            blocks = run.blocks.pop(i)
+            y = jax.make_array_from_single_device_arrays(run.xs[i].shape, run.work_dst(i), blocks)
+            del blocks
+        out[("out", i)] = y
+        made = {p.dst for p in positions if p.how != "kept"}
+        if i not in run.produced:
+            run.produced[i] = made
+        if log is not None and not crosses_processes(src_a, dst_a):
+            origin, crossed = run.between.get(i, ("own", 0))
+            came_from = [run.device(p.src) for p in positions]
+            moved = {k for k, p in enumerate(positions) if p.how == "send"}
+            _log_final(log, run.labels[i], y, came_from, dst_a, origin, moved=moved, made=made, crossed_before=crossed)
+    return out, []
 
 
 def _log_arrivals(log: TransferLog, prog: XlaProgram, labels: list[str | None], outs: Sequence[jax.Array]) -> None:

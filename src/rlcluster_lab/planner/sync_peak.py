@@ -1,24 +1,17 @@
 """A weight sync's transient peak on paper (L4): the cluster's sync phases, from shapes.
 
-The same phases ``measure.sync_peak`` walks on live arrays, on arrays on paper and counted
-the same way, so a plan and a measured first sync agree (tests/test_sync_peak.py). Per chunk
-(``placement.chunks.chunk_leaves``), in the order ``placement.reshard.reshard_many`` runs:
-``stage`` (offloaded sources to device), the layout change (a leaf in its destination
-sharding is kept, or copied for an owning engine; an equivalent layout is re-labelled; any
-other goes through a compiled program per device order, ``reshard``, or a program onto the
-source devices and a ``move`` of whole shards), ``reshard`` (the batch holds every result),
-``memory kind`` (to pinned host), ``cast`` (per set of destination devices) and ``commit``
-(with chunks, the replaced arrays go). Then the ``anchor re-pin`` and the ``end``. A buffer
-the actor holds is never new and never freed.
-
-Program temporaries are counted when ``programs`` compiles the reshard programs here (no
-array allocated); the minimal strategy's packs in flight are not modelled, and the method
-says what was left out.
+Per chunk (``placement.chunks.chunk_leaves``) the handover is the route ``placement.route``
+works out for the chunk's leaves, the very description the live reshard executes: this module
+adds up, at each of the route's phases, the buffers its steps made and have not dropped, as
+``measure.sync_peak`` walks the live arrays at the same phases; then ``commit`` (with chunks, the
+replaced arrays go), the ``anchor re-pin`` and the ``end``. A buffer the actor holds is never
+new and never freed. Program temporaries are counted when ``programs`` compiles the route's
+reshard and cast programs here (no array allocated); the minimal strategy's per-device
+slicing programs are left out on both sides, and the method says so.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,12 +24,12 @@ from rlcluster_lab.measure.sync_peak import PeakPhase, nonzero, peak_of
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.layout import PlannedMesh, shard_elements
+from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.placement.reshard import cast_temporaries_of
-from rlcluster_lab.planner.buffers import PlannedArray, laid_out_as, overlap
+from rlcluster_lab.placement.route import WORK, Leg, Made, Route, Step, route
+from rlcluster_lab.planner.buffers import PlannedArray
 
 PathKey = tuple[Any, ...]
-WORK = "device"  # the memory kind layouts change in (a device's default)
 
 METHOD_ARRAYS = (
     "computed from shapes: the sync's phases (planner.sync_peak) on arrays on paper, buffers counted once, "
@@ -67,25 +60,6 @@ class _Level:
                 for k, row in table.items():
                     dst[k] = dst.get(k, np.zeros(self.span, dtype=np.int64)) + row
         return out
-
-
-@dataclasses.dataclass
-class _Leaf:
-    """One leaf's arrays through a chunk, on paper."""
-
-    path: PathKey
-    src: PlannedArray
-    dst: PlannedArray
-    staged: bool = False  # brought to device memory first (offload)
-    how: str = "kept"  # kept | copied | relabel | run | run_then_move | minimal
-    group: Any = None  # the program group (source order, destination order)
-    inter: bool = False  # run_then_move: a program onto the source devices ran
-    final: bool = False  # moved to the destination's memory kind after the layout change
-    cast: bool = False
-    out: tuple[str, int] | None = None  # the result's new buffers: (memory kind, bytes per device)
-
-    def dst_bytes(self, itemsize: int) -> int:
-        return shard_elements(self.dst.shape, self.dst.spec, self.dst.mesh) * itemsize
 
 
 def plan_sync_peak(
@@ -128,77 +102,32 @@ def plan_sync_peak(
         phases.append(_phase(name, chunk, total, temps or {}))
 
     for c, part in enumerate(parts, 1):
-        leaves = [_classify(p, actor[p], rollout[p], copy, strategy) for p in (paths[i] for i in part)]
-        if any(lf.how == "minimal" for lf in leaves):
-            notes.append("the minimal strategy's packs in flight are not modelled")
-        staged = _Level(span)
-        for lf in leaves:
-            if lf.staged:
-                staged.add(lf.src.mesh.ids, WORK, ph.STAGED, lf.src.shard_bytes)
-        if any(lf.staged for lf in leaves):
-            emit("stage", c, staged)
-        outputs = _Level(span)
-        for lf in leaves:  # the equivalent layouts: re-labelled, or copied for an owning engine
-            if lf.how == "copied":
-                kind = lf.dst.kind if lf.src.same_sharding(lf.dst.mesh, lf.dst.spec, lf.dst.kind) else WORK
-                lf.out = (kind, lf.dst_bytes(lf.src.dtype.itemsize))
-                outputs.add(lf.dst.mesh.ids, kind, _term(kind), lf.out[1])
-            elif lf.how == "relabel" and lf.staged:
-                # The staged source, re-labelled, is the result from here on.
-                staged.add(lf.src.mesh.ids, WORK, ph.STAGED, -lf.src.shard_bytes)
-                lf.out = (WORK, lf.src.shard_bytes)
-                outputs.add(lf.src.mesh.ids, WORK, ph.RESHARDED, lf.out[1])
-        groups: dict[Any, list[_Leaf]] = {}
-        for lf in leaves:
-            if lf.how in ("run", "run_then_move", "minimal"):
-                groups.setdefault(lf.group, []).append(lf)
-        for group in groups.values():
-            kind = group[0].how
-            made = _Level(span)
-            for lf in group:
-                lf.out = (WORK, lf.dst_bytes(lf.src.dtype.itemsize))
-                made.add(lf.dst.mesh.ids, WORK, ph.RESHARDED, lf.out[1])
-            if kind == "run":
-                emit("reshard", c, staged, outputs, made, temps=_temps(group, devices, between=False))
-            elif kind == "run_then_move":
-                inflight = _Level(span)
-                ran = [lf for lf in group if lf.inter]
-                for lf in ran:
-                    inflight.add(lf.src.mesh.ids, WORK, ph.IN_FLIGHT, lf.dst_bytes(lf.src.dtype.itemsize))
-                if ran:
-                    emit("reshard", c, staged, outputs, inflight, temps=_temps(ran, devices, between=True))
-                emit("move", c, staged, outputs, inflight, made)
-            else:
-                emit("reshard", c, staged, outputs, made)
-            outputs = outputs.plus(made)
-        # Each staged source was dropped once its layout changed.
-        emit("reshard", c, outputs)
-        finals = [lf for lf in leaves if lf.final]
-        if finals:
-            moved = _Level(span)
-            for lf in finals:
-                moved.add(lf.dst.mesh.ids, lf.dst.kind, _term(lf.dst.kind), lf.dst_bytes(lf.src.dtype.itemsize))
-            emit("memory kind", c, outputs, moved)
-            for lf in finals:
-                _drop(outputs, lf)
-                lf.out = (lf.dst.kind, lf.dst_bytes(lf.src.dtype.itemsize))
-            outputs = outputs.plus(moved)
-        by_devices: dict[tuple[int, ...], list[_Leaf]] = {}
-        for lf in leaves:
-            if lf.cast:
-                by_devices.setdefault(tuple(sorted(lf.dst.mesh.device_ids)), []).append(lf)
-        casts = _Level(span)
-        for group in by_devices.values():
-            for lf in group:
-                casts.add(lf.dst.mesh.ids, lf.dst.kind, ph.CAST, lf.dst.shard_bytes)
-            emit("cast", c, outputs, casts, temps=_cast_temps(group, devices))
-        for group in by_devices.values():
-            for lf in group:
-                _drop(outputs, lf)
-        committed = committed.plus(outputs, casts)
+        chunk_paths = [paths[i] for i in part]
+        legs = tuple(
+            Leg(
+                actor[p].shape,
+                actor[p].dtype,
+                Layout(actor[p].mesh, actor[p].spec, actor[p].kind),
+                Layout(rollout[p].mesh, rollout[p].spec, rollout[p].kind),
+                rollout[p].dtype,
+            )
+            for p in chunk_paths
+        )
+        r = route(legs, copy, strategy)
+        if r.pieces is not None:
+            notes.append("the minimal strategy's per-device slicing programs' temporaries are not read")
+        alive: dict[Any, Made] = {}
+        for step in r.steps:
+            for key in step.drops:
+                alive.pop(key, None)
+            alive.update((m.key, m) for m in step.made)
+            if step.phase is not None:
+                emit(step.phase, c, _level(span, alive.values()), temps=_step_temps(r, step, devices))
+        results = [alive[k] for k in (r.result_key(i) for i in range(len(legs))) if k is not None and k in alive]
+        committed = committed.plus(_level(span, results))
         if chunked:
-            for lf in leaves:
-                _release(released, gone, lf.dst, kept_through)
+            for p in chunk_paths:
+                _release(released, gone, rollout[p], kept_through)
         emit("commit", c)
     new_anchor = _Level(span)
     if not offload:
@@ -290,18 +219,6 @@ def _phase(name: str, chunk: int | None, level: _Level, temps: Mapping[int, int]
     return PeakPhase(name, chunk, by_device(level.kinds), by_device(level.terms), temporaries)
 
 
-def _term(kind: str) -> str:
-    return ph.RESHARDED if kind == WORK else ph.MEMORY_KIND
-
-
-def _drop(outputs: _Level, lf: _Leaf) -> None:
-    """The leaf's result so far is dropped (replaced by its move to pinned host, or its cast)."""
-    if lf.out is not None:
-        kind, n = lf.out
-        outputs.add(lf.dst.mesh.ids, kind, _term(kind), -n)
-        lf.out = None
-
-
 def _buffers(arrays: Any) -> set[tuple[int, int]]:
     """(device, buffer) of every shard."""
     return {k for a in arrays for k in zip(a.mesh.device_ids, a.origins.tolist())}
@@ -316,38 +233,6 @@ def _release(released: _Level, gone: set[tuple[int, int]], a: PlannedArray, held
         released.add(a.mesh.ids[free], a.kind, ph.RELEASED, -a.shard_bytes)
 
 
-def _classify(path: PathKey, src: PlannedArray, dst: PlannedArray, copy: bool, strategy: str) -> _Leaf:
-    """What ``reshard_many`` does with one leaf (see the module docstring)."""
-    lf = _Leaf(path, src, dst, cast=dst.dtype != src.dtype)
-    if src.same_sharding(dst.mesh, dst.spec, dst.kind):
-        lf.how = "copied" if copy else "kept"
-        return lf
-    lf.staged = src.kind != WORK
-    lf.final = dst.kind != WORK
-    same, _ = overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec)
-    src_ids, dst_ids = src.mesh.device_ids, dst.mesh.device_ids
-    # Every shard already on its device: re-labelled (the same device order, or any order with
-    # the minimal strategy; in another order the xla strategy makes every shard anew, as device_put).
-    if (src_ids == dst_ids or (strategy == "minimal" and set(src_ids) == set(dst_ids))) and bool(same.all()):
-        lf.how = "copied" if copy and not lf.staged else "relabel"
-        return lf
-    if strategy == "minimal" or len(src_ids) != len(dst_ids):
-        lf.how, lf.group = "minimal", "minimal"
-        return lf
-    lf.group = (src_ids, dst_ids)
-    if src_ids == dst_ids:
-        lf.how = "run"
-        return lf
-    if set(src_ids) & set(dst_ids):
-        raise NotImplementedError(
-            f"{leaf_path(path)}: the sync's peak is not planned for a layout change between overlapping but "
-            "different device sets; place the rollout on the actor's devices or on devices of its own"
-        )
-    lf.how = "run_then_move"
-    lf.inter = not laid_out_as(src, src.mesh.device_ids, dst.mesh, dst.spec)
-    return lf
-
-
 def _mesh(m: PlannedMesh, devices: Mapping[int, Any]) -> Mesh:
     grid = np.empty(len(m.device_ids), dtype=object)
     grid[:] = [devices[i] for i in m.device_ids]
@@ -355,31 +240,35 @@ def _mesh(m: PlannedMesh, devices: Mapping[int, Any]) -> Mesh:
     return Mesh(grid.reshape(m.axis_sizes), m.axis_names, axis_types=types)
 
 
-def _sharding(a: PlannedArray, devices: Mapping[int, Any], kind: str | None = None) -> NamedSharding:
+def _sharding(a: PlannedArray | Layout, devices: Mapping[int, Any], kind: str | None = None) -> NamedSharding:
     return NamedSharding(_mesh(a.mesh, devices), a.spec, memory_kind=kind or a.kind)
 
 
-def _temps(group: Sequence[_Leaf], devices: Mapping[int, Any] | None, *, between: bool) -> dict[int, int]:
-    """Per device, the temporaries of the program the reshard runs for this group (compiled here)."""
-    if devices is None:
+def _level(span: int, made: Any) -> _Level:
+    """The bytes of these values' new buffers, per memory kind and per term, on each device."""
+    out = _Level(span)
+    for m in made:
+        for device, n in m.bytes:
+            out.add(np.array([device]), m.kind, m.term, n)
+    return out
+
+
+def _step_temps(r: Route, step: Step, devices: Mapping[int, Any] | None) -> dict[int, int]:
+    """Per device, the temporaries of the program a step runs (compiled here, as the live
+    reshard compiles it: ``placement.xla.program`` and ``placement.reshard.cast_temporaries_of``)."""
+    if devices is None or step.group is None or step.op not in ("program", "between", "cast"):
         return {}
+    if step.op == "cast":
+        legs = [r.legs[i] for i in step.legs]
+        arrays = [jax.ShapeDtypeStruct(leg.shape, leg.dtype, sharding=_sharding(leg.dst, devices)) for leg in legs]
+        ids, n = cast_temporaries_of(arrays, [leg.to_dtype for leg in legs])
+        return {int(d): n for d in ids}
+    g = r.programs[step.group]
     ins, outs = [], []
-    for lf in group:
-        src = _sharding(lf.src, devices, WORK)
-        dst = _sharding(lf.dst, devices, WORK)
-        if between:
-            dst = reshard_xla.congruent(dst, [devices[i] for i in lf.src.mesh.device_ids])
-        ins.append(jax.ShapeDtypeStruct(lf.src.shape, lf.src.dtype, sharding=src))
-        outs.append(dst)
+    for i in g.legs:
+        leg = r.legs[i]
+        ins.append(jax.ShapeDtypeStruct(leg.shape, leg.dtype, sharding=_sharding(leg.src, devices, WORK)))
+        outs.append(_sharding(g.inter(leg) if g.between else leg.dst, devices, WORK))
     prog, _ = reshard_xla.program(ins, outs)
     ids, n = prog.temporaries
-    return {int(d): n for d in ids}
-
-
-def _cast_temps(group: Sequence[_Leaf], devices: Mapping[int, Any] | None) -> dict[int, int]:
-    """Per device, the temporaries of the cast program (compiled here, as ``reshard.cast_many`` builds it)."""
-    if devices is None:
-        return {}
-    arrays = [jax.ShapeDtypeStruct(lf.dst.shape, lf.src.dtype, sharding=_sharding(lf.dst, devices)) for lf in group]
-    ids, n = cast_temporaries_of(arrays, [lf.dst.dtype for lf in group])
     return {int(d): n for d in ids}

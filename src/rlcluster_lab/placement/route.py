@@ -1,0 +1,456 @@
+"""How a batch of arrays changes layout: one description, which the move runs and the planner reads.
+
+``route`` works out, from shapes and layouts alone (``placement.layout``), every step a reshard
+takes and every buffer each step makes:
+
+- ``stage``: a source in another memory kind (pinned host) is brought to device memory first;
+- an equivalent layout (same devices in the same order, same shard boxes) is re-labelled: the
+  source's own buffers (``relabel``), or copies of them (``copy``) when new buffers are asked for;
+- ``xla`` strategy, same devices in the same order: one compiled program (``program``);
+- ``xla`` strategy, as many devices in another order or set: a program onto the source devices
+  laid out as the destination where the source is not laid out so already (``between``), then
+  each destination shard crosses whole, or stays where ``jax.device_put`` keeps it (``moves``);
+- anything else, and every layout change with the ``minimal`` strategy, shard by shard:
+  pieces cut and packed on each source device (``cut``), sent (``send``) and assembled on each
+  destination device (``assemble``), a block already there kept;
+- ``memory kind``: results moved to the destination's memory kind (pinned host);
+- ``cast``: to the destination dtype, on the destination devices.
+
+A destination shard keeps a source buffer exactly where ``jax.device_put`` would
+(``boxes.device_put_keeps``); the ``minimal`` strategy, the lab's named better option, keeps
+every shard its device already holds. ``placement.reshard`` executes the steps on arrays and
+tells the sync's peak walk what each made; ``planner.sync_peak`` adds up the same steps'
+buffers on paper. So a sync's planned transient peak and its measured one come from one
+description (``tests/test_sync_peak.py`` holds them equal over random layouts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlcluster_lab.placement import phases
+from rlcluster_lab.placement.boxes import box_size, device_put_keeps, plan_reshard
+from rlcluster_lab.placement.layout import Layout, PlannedMesh
+from rlcluster_lab.placement.programs import cleared_with_programs
+
+WORK = "device"  # the memory kind layouts change in (every platform's default)
+
+
+@dataclasses.dataclass(frozen=True)
+class Leg:
+    """One array of the batch: its shape and dtype, where it is, where it goes, and the dtype it
+    ends in (None: its own)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    src: Layout
+    dst: Layout
+    to_dtype: np.dtype | None = None
+
+    def shard_bytes(self, layout: Layout, dtype: Any = None) -> int:
+        return layout.shard_bytes(self.shape, np.dtype(dtype or self.dtype).itemsize)
+
+    def on(self, layout: Layout, term: str, key: tuple[Any, ...], dtype: Any = None) -> Made:
+        """New buffers of this leg on every device of ``layout``."""
+        n = self.shard_bytes(layout, dtype)
+        return Made(key, term, layout.kind, tuple((d, n) for d in layout.device_ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class Made:
+    """Buffers a step makes, on paper: a value's key, what it is (``phases.TERMS``), its memory
+    kind, and (device id, bytes) of each buffer that is new (a re-labelled or kept buffer is
+    not listed: it was alive before)."""
+
+    key: tuple[Any, ...]
+    term: str
+    kind: str
+    bytes: tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of a reshard: the values it drops as it starts, the values it makes, and the
+    phase it ends at, where the reshard holds the most it will before dropping something
+    (None: no such point). ``group``: the program group or cast group it runs."""
+
+    op: str
+    legs: tuple[int, ...] = ()
+    drops: tuple[tuple[Any, ...], ...] = ()
+    made: tuple[Made, ...] = ()
+    phase: str | None = None
+    group: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramGroup:
+    """Leaves one compiled program lays out together: the same source and destination device
+    orders. ``between``: the program lays them out as the destination over the *source*
+    devices (then shards move); ``legs``: those the program takes (a ``between`` leaf already
+    laid out so takes none)."""
+
+    src_order: tuple[int, ...]
+    dst_order: tuple[int, ...]
+    legs: tuple[int, ...]
+    between: bool
+
+    def inter(self, leg: Leg) -> Layout:
+        """The layout a ``between`` program gives ``leg``: the destination's over the source devices."""
+        m = leg.dst.mesh
+        return Layout(PlannedMesh(self.src_order, m.axis_sizes, m.axis_names, m.axis_types), leg.dst.spec, WORK)
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where a ``moves`` leaf's shard at one destination position comes from: ``how`` is
+    ``kept`` (the source's own buffer there), ``ran`` (the program's result there), ``copy``
+    (copied within the device) or ``send`` (from ``src`` to ``dst``)."""
+
+    how: str
+    src: int
+    dst: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+    """The shard-by-shard schedule of every ``pieces`` leaf of a batch, worked out once.
+
+    A pack is the pieces one source device sends one destination device (of one dtype), raveled
+    and concatenated so they cross in one transfer. ``cuts``: per source device, the legs it
+    cuts from and, per pack it makes, (slot, starts, limits) of each piece. ``places``: per
+    destination device, the legs it reads locally, the packs it reads, and per block (shape,
+    dtype, local pieces (slot, starts, limits, offset), remote pieces (pack slot, start, shape,
+    offset)). ``whole``: (leg, block, source device, destination device) of a whole source shard
+    that crosses as it is; ``kept``/``copied``: (leg, block, device) of a block its device holds
+    (kept as it is, or copied within the device)."""
+
+    legs: tuple[int, ...]
+    cuts: tuple[tuple[int, tuple[int, ...], Any, tuple[int, ...]], ...]
+    pack_devices: tuple[int, ...]
+    pack_sources: tuple[int, ...]
+    pack_bytes: tuple[int, ...]
+    cross_log: tuple[tuple[int, int, int, int], ...]  # src device, dst device, bytes, leg
+    places: tuple[tuple[int, tuple[int, ...], tuple[int, ...], Any, tuple[tuple[int, int], ...]], ...]
+    same_log: tuple[tuple[int, int, int], ...]  # device, bytes, leg
+    kept: tuple[tuple[int, int, int], ...]
+    copied: tuple[tuple[int, int, int], ...]
+    whole: tuple[tuple[int, int, int, int], ...]
+    block_counts: tuple[int, ...]  # per leg of ``legs``
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Route:
+    """Every step of one batch's reshard, and what the steps run (see the module docstring).
+
+    ``how`` per leg: ``kept``, ``relabel``, ``copy``, ``program``, ``moves`` or ``pieces``;
+    ``staged``/``final``: legs brought to device memory first / moved to their memory kind last.
+    """
+
+    legs: tuple[Leg, ...]
+    how: tuple[str, ...]
+    staged: frozenset[int]
+    final: frozenset[int]
+    programs: tuple[ProgramGroup, ...]
+    positions: dict[int, tuple[Position, ...]]
+    pieces: Pieces | None
+    casts: tuple[tuple[int, ...], ...]  # legs cast together (one program per set of devices)
+    steps: tuple[Step, ...]
+
+    def result_key(self, i: int) -> tuple[Any, ...] | None:
+        """The value that ends as leg i's result (None: the source itself)."""
+        if any(i in c for c in self.casts):
+            return ("cast", i)
+        return self.uncast_key(i)
+
+    def uncast_key(self, i: int) -> tuple[Any, ...] | None:
+        """Leg i's value before any cast: its layout changed (None: the source itself)."""
+        if self.how[i] == "kept":
+            return None
+        return ("final", i) if i in self.final else ("out", i)
+
+
+@functools.lru_cache(maxsize=256)
+def route(legs: tuple[Leg, ...], copy: bool, strategy: str) -> Route:
+    """The route of a batch (see the module docstring); pure, and cached per batch signature."""
+    how: list[str] = []
+    staged, final = set(), set()
+    for i, leg in enumerate(legs):
+        same = leg.src == leg.dst
+        if same:
+            how.append("copy" if copy else "kept")
+            continue
+        if leg.src.kind != WORK:
+            staged.add(i)
+        if leg.dst.kind != WORK:
+            final.add(i)
+        src, dst = leg.src.in_kind(WORK), leg.dst.in_kind(WORK)
+        if _equivalent(src, dst, leg.shape):
+            how.append("copy" if copy and i not in staged else "relabel")
+        elif strategy == "xla" and len(src.device_ids) == len(dst.device_ids):
+            how.append("program" if src.device_ids == dst.device_ids else "moves")
+        else:
+            how.append("pieces")
+    programs = _program_groups(legs, how)
+    positions = {
+        i: _positions(legs[i], g, i in g.legs, copy) for g in programs if g.between for i in _members(g, legs, how)
+    }
+    pieces_legs = tuple(i for i, h in enumerate(how) if h == "pieces")
+    pieces = _pieces(legs, pieces_legs, copy, strategy) if pieces_legs else None
+    casts = _cast_groups(legs)
+    r = Route(legs, tuple(how), frozenset(staged), frozenset(final), programs, positions, pieces, casts, ())
+    return dataclasses.replace(r, steps=tuple(_steps(r, copy)))
+
+
+cleared_with_programs(route.cache_clear)  # routes are worked out afresh once the programs are forgotten
+
+
+def _equivalent(a: Layout, b: Layout, shape: tuple[int, ...]) -> bool:
+    """Same devices in the same order, each holding the same box (``Sharding.is_equivalent_to``)."""
+    return a.kind == b.kind and a.device_ids == b.device_ids and a.boxes(shape) == b.boxes(shape)
+
+
+def _members(g: ProgramGroup, legs: Sequence[Leg], how: Sequence[str]) -> list[int]:
+    """Every leaf of the group's device orders (a ``between`` group's unprogrammed leaves too)."""
+    return [
+        i
+        for i, leg in enumerate(legs)
+        if how[i] in ("program", "moves") and (leg.src.device_ids, leg.dst.device_ids) == (g.src_order, g.dst_order)
+    ]
+
+
+def _program_groups(legs: Sequence[Leg], how: Sequence[str]) -> tuple[ProgramGroup, ...]:
+    orders: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+    for i, leg in enumerate(legs):
+        if how[i] in ("program", "moves"):
+            orders.setdefault((leg.src.device_ids, leg.dst.device_ids), []).append(i)
+    groups = []
+    for (src, dst), idx in orders.items():
+        between = src != dst
+        g = ProgramGroup(src, dst, (), between)
+        ran = tuple(
+            i for i in idx if not between or not _equivalent(legs[i].src.in_kind(WORK), g.inter(legs[i]), legs[i].shape)
+        )
+        groups.append(dataclasses.replace(g, legs=ran))
+    return tuple(groups)
+
+
+def _positions(leg: Leg, g: ProgramGroup, ran: bool, copy: bool) -> tuple[Position, ...]:
+    """Per destination position of a ``moves`` leaf: where its shard comes from. The shard at
+    position p of the (source-ordered) intermediate belongs at position p of the destination;
+    where no program ran, a device keeps its own buffer exactly where ``jax.device_put`` would,
+    and copies it within itself where it holds the block but device_put would not keep it."""
+    keeps = [False] * len(g.dst_order)
+    if not ran:
+        src, dst = leg.src.in_kind(WORK), leg.dst.in_kind(WORK)
+        keeps = device_put_keeps(src.boxes(leg.shape), dst.boxes(leg.shape))
+    out = []
+    for p, (s, d) in enumerate(zip(g.src_order, g.dst_order)):
+        if keeps[p]:
+            out.append(Position("copy" if copy else "kept", d, d))
+        elif s != d:
+            out.append(Position("send", s, d))
+        else:
+            out.append(Position("ran" if ran else "copy", d, d))
+    return tuple(out)
+
+
+def _cast_groups(legs: Sequence[Leg]) -> tuple[tuple[int, ...], ...]:
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, leg in enumerate(legs):
+        if leg.to_dtype is not None and np.dtype(leg.to_dtype) != leg.dtype:
+            groups.setdefault(tuple(sorted(leg.dst.device_ids)), []).append(i)
+    return tuple(tuple(g) for g in groups.values())
+
+
+def _pieces(legs: Sequence[Leg], idx: tuple[int, ...], copy: bool, strategy: str) -> Pieces:
+    packs: dict[tuple[int, int, Any], list[tuple[int, tuple[int, ...], tuple[int, ...]]]] = {}
+    fill: dict[tuple[int, int, Any], int] = {}
+    per_device: dict[int, list[Any]] = {}
+    kept, copied, whole = [], [], []
+    for a, i in enumerate(idx):
+        leg = legs[i]
+        src = leg.src.in_kind(WORK).boxes(leg.shape)
+        dst = leg.dst.in_kind(WORK).boxes(leg.shape)
+        # The minimal strategy keeps every block its device holds; as the xla strategy's
+        # fallback, only those jax.device_put keeps.
+        keeps = device_put_keeps(src, dst) if strategy == "xla" else None
+        for b, block in enumerate(plan_reshard(leg.shape, src, dst)):
+            if block.reuses_source_buffer:
+                if (keeps is None or keeps[b]) and not copy:
+                    kept.append((a, b, block.device))
+                else:
+                    copied.append((a, b, block.device))
+                continue
+            if len(block.pieces) == 1 and block.pieces[0].src_box == block.box:
+                whole.append((a, b, block.pieces[0].src_device, block.device))
+                continue
+            local, remote = [], []
+            for piece in block.pieces:
+                starts = tuple(lo - s0 for (lo, _), (s0, _) in zip(piece.box, piece.src_box))
+                limits = tuple(hi - s0 for (_, hi), (s0, _) in zip(piece.box, piece.src_box))
+                offset = tuple(lo - w0 for (lo, _), (w0, _) in zip(piece.box, block.box))
+                if piece.src_device == block.device:
+                    local.append((a, starts, limits, offset))
+                else:
+                    pk = (piece.src_device, block.device, leg.dtype)
+                    packs.setdefault(pk, []).append((a, starts, limits))
+                    remote.append((pk, fill.get(pk, 0), tuple(hi - lo for lo, hi in zip(starts, limits)), offset))
+                    fill[pk] = fill.get(pk, 0) + box_size(piece.box)
+            shape = tuple(hi - lo for lo, hi in block.box)
+            per_device.setdefault(block.device, []).append((a, b, shape, leg.dtype, local, remote))
+    pack_keys = list(packs)
+    cuts = []
+    for src_dev in dict.fromkeys(pk[0] for pk in pack_keys):
+        ids = tuple(k for k, pk in enumerate(pack_keys) if pk[0] == src_dev)
+        arrays = tuple(sorted({a for k in ids for a, _, _ in packs[pack_keys[k]]}))
+        slot = {a: s for s, a in enumerate(arrays)}
+        spec = tuple(tuple((slot[a], st, lim) for a, st, lim in packs[pack_keys[k]]) for k in ids)
+        cuts.append((src_dev, arrays, spec, ids))
+    cross_log, pack_bytes = [], []
+    for (src_dev, dst_dev, dtype), pieces in packs.items():
+        sizes = [box_size(tuple(zip(st, lim))) * np.dtype(dtype).itemsize for _, st, lim in pieces]
+        pack_bytes.append(sum(sizes))
+        cross_log.extend((src_dev, dst_dev, n, a) for (a, _, _), n in zip(pieces, sizes))
+    places, same_log = [], []
+    for dev, entries in per_device.items():
+        incoming = tuple(k for k, pk in enumerate(pack_keys) if pk[1] == dev)
+        arrays = tuple(sorted({a for a, _, _, _, local, _ in entries if local}))
+        slot = {a: s for s, a in enumerate(arrays)}
+        pslot = {pack_keys[k]: s for s, k in enumerate(incoming)}
+        spec = tuple(
+            (
+                shape,
+                str(np.dtype(dtype)),
+                tuple((slot[a], st, lim, off) for a, st, lim, off in local),
+                tuple((pslot[pk], start, piece_shape, off) for pk, start, piece_shape, off in remote),
+            )
+            for _, _, shape, dtype, local, remote in entries
+        )
+        places.append((dev, arrays, incoming, spec, tuple((a, b) for a, b, *_ in entries)))
+        for a, _, _, dtype, local, _ in entries:
+            itemsize = np.dtype(dtype).itemsize
+            same_log.extend((dev, box_size(tuple(zip(st, lim))) * itemsize, a) for _, st, lim, _ in local)
+    return Pieces(
+        legs=idx,
+        cuts=tuple(cuts),
+        pack_devices=tuple(dst for _, dst, _ in pack_keys),
+        pack_sources=tuple(src for src, _, _ in pack_keys),
+        pack_bytes=tuple(pack_bytes),
+        cross_log=tuple(cross_log),
+        places=tuple(places),
+        same_log=tuple(same_log),
+        kept=tuple(kept),
+        copied=tuple(copied),
+        whole=tuple(whole),
+        block_counts=tuple(len(legs[i].dst.device_ids) for i in idx),
+    )
+
+
+def _steps(r: Route, copy: bool) -> list[Step]:
+    """The steps in the order the reshard runs them, with the buffers each makes (on paper)."""
+    legs, how = r.legs, r.how
+    steps: list[Step] = []
+    work = {i: legs[i].src.in_kind(WORK) for i in range(len(legs))}
+    if r.staged:
+        made = tuple(legs[i].on(work[i], phases.STAGED, ("staged", i)) for i in sorted(r.staged))
+        steps.append(Step("stage", tuple(sorted(r.staged)), made=made, phase="stage"))
+    # Equivalent layouts: the source's (or the staged) buffers re-labelled, or copied.
+    relabel = tuple(i for i in range(len(legs)) if how[i] == "relabel")
+    if relabel:
+        made = tuple(
+            Made(("out", i), phases.RESHARDED, WORK, legs[i].on(work[i], "", ()).bytes if i in r.staged else ())
+            for i in relabel
+        )
+        steps.append(Step("relabel", relabel, drops=tuple(("staged", i) for i in relabel if i in r.staged), made=made))
+    copies = tuple(i for i in range(len(legs)) if how[i] == "copy")
+    if copies:
+        target = {i: legs[i].dst if legs[i].src == legs[i].dst else legs[i].dst.in_kind(WORK) for i in copies}
+        made = tuple(legs[i].on(target[i], phases.RESHARDED, ("out", i)) for i in copies)
+        steps.append(Step("copy", copies, made=made))
+    changed: list[int] = []
+    for g_index, g in enumerate(r.programs):
+        dst_of = {i: legs[i].dst.in_kind(WORK) for i in g.legs}
+        if not g.between:
+            made = tuple(legs[i].on(dst_of[i], phases.RESHARDED, ("out", i)) for i in g.legs)
+            steps.append(Step("program", g.legs, made=made, phase="reshard", group=g_index))
+            changed.extend(g.legs)
+            continue
+        members = [
+            i for i in r.positions if (legs[i].src.device_ids, legs[i].dst.device_ids) == (g.src_order, g.dst_order)
+        ]
+        if g.legs:
+            made = tuple(legs[i].on(g.inter(legs[i]), phases.IN_FLIGHT, ("inter", i)) for i in g.legs)
+            steps.append(Step("between", g.legs, made=made, phase="reshard", group=g_index))
+        sent = []
+        for i in members:
+            n = legs[i].shard_bytes(legs[i].dst)
+            new = tuple((p.dst, n) for p in r.positions[i] if p.how in ("send", "copy"))
+            sent.append(Made(("sent", i), phases.RESHARDED, WORK, new))
+        sends = any(p.how == "send" for i in members for p in r.positions[i])
+        steps.append(Step("moves", tuple(members), made=tuple(sent), phase="move" if sends else None, group=g_index))
+        joined = []
+        for i in members:
+            # A kept shard of a staged leaf is the staged buffer: new to the sync, and the result's from here on.
+            n = legs[i].shard_bytes(legs[i].dst)
+            held = tuple((p.dst, n) for p in r.positions[i] if p.how != "kept" or i in r.staged)
+            joined.append(Made(("out", i), phases.RESHARDED, WORK, held))
+        drops = tuple(("sent", i) for i in members) + tuple(("inter", i) for i in members if i in g.legs)
+        steps.append(Step("join", tuple(members), drops=drops, made=tuple(joined), group=g_index))
+        changed.extend(members)
+    if r.pieces is not None:
+        steps.extend(_pieces_steps(r, r.pieces))
+        changed.extend(r.pieces.legs)
+    # Every layout is changed, each staged source dropped: the most the batch holds in device memory.
+    drops = tuple(("staged", i) for i in sorted(r.staged) if how[i] != "relabel")
+    steps.append(Step("changed", tuple(changed), drops=drops, phase="reshard"))
+    if r.final:
+        fin = tuple(sorted(r.final))
+        made = tuple(legs[i].on(legs[i].dst, phases.RESHARDED, ("final", i)) for i in fin)
+        steps.append(Step("memory kind", fin, made=made, phase="memory kind"))
+        steps.append(Step("settled", fin, drops=tuple(("out", i) for i in fin)))
+    for c_index, group in enumerate(r.casts):
+        made = tuple(legs[i].on(legs[i].dst, phases.CAST, ("cast", i), legs[i].to_dtype) for i in group)
+        steps.append(Step("cast", group, made=made, phase="cast", group=c_index))
+    return steps
+
+
+def _pieces_steps(r: Route, s: Pieces) -> list[Step]:
+    legs = r.legs
+    leg_of = dict(enumerate(s.legs))  # slot in the schedule -> leg of the batch
+    packs = tuple(
+        Made(("pack", k), phases.IN_FLIGHT, WORK, ((src, n),))
+        for k, (src, n) in enumerate(zip(s.pack_sources, s.pack_bytes))
+    )
+    steps = [Step("cut", s.legs, made=packs)]
+
+    def block(a: int, dev: int, key: tuple[Any, ...], term: str) -> Made:
+        leg = legs[leg_of[a]]
+        return Made(key, term, WORK, ((dev, leg.shard_bytes(leg.dst)),))
+
+    arrived = tuple(
+        Made(("arrived", k), phases.IN_FLIGHT, WORK, ((d, n),))
+        for k, (d, n) in enumerate(zip(s.pack_devices, s.pack_bytes))
+    )
+    wholes = tuple(block(a, dst, ("whole", a, b), phases.IN_FLIGHT) for a, b, _, dst in s.whole)
+    moving = bool(s.pack_bytes or s.whole)
+    steps.append(Step("send", s.legs, made=arrived + wholes, phase="move" if moving else None))
+    blocks = tuple(
+        block(a, dev, ("block", a, b), phases.RESHARDED) for dev, _, _, _, where in s.places for a, b in where
+    )
+    copies = tuple(block(a, dev, ("block", a, b), phases.RESHARDED) for a, b, dev in s.copied)
+    drops = tuple(("pack", k) for k in range(len(s.pack_bytes)))
+    steps.append(Step("assemble", s.legs, drops=drops, made=blocks + copies, phase="reshard"))
+    joined = []
+    for a, i in leg_of.items():
+        new = [m.bytes[0] for m in (*wholes, *blocks, *copies) if m.key[1] == a]
+        if i in r.staged:  # a kept block of a staged leaf is the staged buffer (see the moves above)
+            new += [(dev, legs[i].shard_bytes(legs[i].dst)) for b_a, _, dev in s.kept if b_a == a]
+        joined.append(Made(("out", i), phases.RESHARDED, WORK, tuple(sorted(new))))
+    drops = tuple(("arrived", k) for k in range(len(s.pack_bytes))) + tuple(m.key for m in (*wholes, *blocks, *copies))
+    steps.append(Step("join pieces", s.legs, drops=drops, made=tuple(joined)))
+    return steps
