@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import warnings
 
+import jax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rlcluster_lab import Scenario, build_cluster
+from rlcluster_lab import Role, Scenario, build_cluster
 from rlcluster_lab.cli.main import main
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import describe
+from rlcluster_lab.core.meshes import fitting_shapes, layout_meshes, make_mesh
+from rlcluster_lab.model import get_model_config
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
@@ -78,6 +83,51 @@ def test_l4_planned_sync_peak_equals_the_measured_one_for_a_small_reshaped_full_
     planned, measured = peaks(_scenario("reshaped", False, "vanilla", chunk, "small"))
     for key in SAME:
         assert planned[key] == measured[key], key
+
+
+@st.composite
+def _buildable(draw):
+    """A scenario the lab can build, with a rollout mesh of its own over any devices in any order
+    (one device included), and the sync's knobs drawn too."""
+    count = draw(st.sampled_from([8, 4, 2, 1]))
+    ids = draw(st.permutations(range(8)))[:count]
+    shape = draw(st.sampled_from(fitting_shapes(count, get_model_config("tiny"))))
+    lora = draw(st.booleans())
+    knobs = {
+        "layout": draw(st.sampled_from(LAYOUTS)),
+        "lora": lora,
+        "lora_rank": draw(st.sampled_from([2, 4, 8, 16])),
+        "engine": draw(st.sampled_from(ENGINES)),
+        "reshard": draw(st.sampled_from(["xla", "minimal"])),
+        "rollout_dtype": draw(st.sampled_from([None, "bfloat16"])),
+        "offload": draw(st.booleans()),
+        "sync_chunk_bytes": draw(st.sampled_from([None, 4 << 10, 16 << 10, 160 << 10])),
+    }
+    custom = draw(st.booleans())
+    return Scenario(**knobs), (tuple(ids), shape) if custom else None
+
+
+@settings(deadline=None, derandomize=True)
+@given(_buildable())
+def test_l4_planned_sync_peak_equals_the_measured_one_for_any_buildable_scenario(case):
+    """Planned = measured, key for key, over scenarios beyond the standard ones: custom rollout
+    meshes over any device subset and order (one device too), both reshard strategies, LoRA
+    ranks, rollout dtypes, chunk sizes, offload, every engine; and for a later sync too."""
+    scenario, custom = case
+    r2m = None
+    if custom is not None:
+        ids, shape = custom
+        r2m = layout_meshes(scenario.layout)
+        r2m[Role.ROLLOUT] = make_mesh([jax.devices()[i] for i in ids], shape)
+    planned = plan_scenario(scenario, sync_programs=True, role_to_mesh=r2m).to_json()["sync"]["transient_peak"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cluster = build_cluster(scenario, role_to_mesh=r2m)
+    first = cluster.sync_weights().to_json()["transient_peak"]
+    later = cluster.sync_weights().to_json()["transient_peak"]
+    for key in SAME:
+        assert planned[key] == first[key], key
+        assert planned[key] == later[key], key
 
 
 def test_p13_chunks_lower_the_measured_peak_of_a_small_reshaped_full_sync(peaks):

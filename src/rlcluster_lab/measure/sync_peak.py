@@ -264,7 +264,8 @@ class PeakWalk:
         temps: dict[str, int] = {}
         for ids, n in programs:
             for d in ids:
-                temps[str(d)] = temps.get(str(d), 0) + int(n)
+                if n:  # a program without temporaries adds no entry (a plan writes none either)
+                    temps[str(d)] = temps.get(str(d), 0) + int(n)
         return PeakPhase(name, chunk, nonzero(arrays), nonzero(terms), temps)
 
 

@@ -241,6 +241,8 @@ def join(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
     src_a = tuple(run.device(d) for d in g.src_order)
     dst_a = tuple(run.device(d) for d in g.dst_order)
     log = current_log()
+    if log is not None:
+        log.strategies.add("xla")
     out = {}
     for i in step.legs:
         positions = run.route.positions[i]
