@@ -76,6 +76,7 @@ def validate(
 
     Raises:
         ConfigError, ValueError: what cannot work, and how to fix it.
+        TypeError: ``scenario`` is not a ``Scenario``.
     """
     check_scenario(scenario)
     r2m = dict(role_to_mesh) if role_to_mesh is not None else layout_meshes(scenario.layout, devices)

@@ -194,7 +194,13 @@ def check_scenario(scenario: Scenario, device_count: int | None = None, *, model
 
     Raises:
         ConfigError: with the reason and the fix.
+        TypeError: ``scenario`` is not a ``Scenario``.
     """
+    if not isinstance(scenario, Scenario):
+        raise TypeError(
+            f"scenario must be a Scenario (e.g. Scenario(layout='colocated')), got {type(scenario).__name__} "
+            f"{scenario!r:.40}"
+        )
     check_lora_rank(scenario.lora_rank, model if model is not None else get_model_config(scenario.model_size))
     if scenario.engine == "sglang_jax":
         check_sglang_lora(scenario.lora, scenario.sglang_static_lora)
