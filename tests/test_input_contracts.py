@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from rlcluster_lab import (
     GRPOLearner,
     LearnerConfig,
+    Mode,
     Role,
     RolloutConfig,
     Scenario,
@@ -429,17 +430,18 @@ def test_a_foreign_argument_is_refused_naming_it_and_what_it_takes(call, error, 
         call()
 
 
-def test_a_cluster_config_refuses_what_is_no_rollout_config_or_engine():
-    from rlcluster_lab import ClusterConfig, layout_meshes
+def test_a_cluster_config_takes_numpy_numbers_and_refuses_what_is_no_rollout_config():
+    from rlcluster_lab import ClusterConfig, RLCluster, layout_meshes
 
     meshes = layout_meshes("colocated")
     assert type(ClusterConfig(role_to_mesh=meshes, sync_chunk_bytes=np.int64(64)).sync_chunk_bytes) is int
-    with pytest.raises(ConfigError, match="rollout_config must be a RolloutConfig, .* got int"):
-        ClusterConfig(role_to_mesh=meshes, rollout_config=5)
-    with pytest.raises(ConfigError, match="rollout_engine must be an engine name .* got int"):
-        ClusterConfig(role_to_mesh=meshes, rollout_engine=5)
     with pytest.raises(ConfigError, match="offload_to_cpu must be True or False, got str"):
         ClusterConfig(role_to_mesh=meshes, offload_to_cpu="yes")
+    # P6 decides what a rollout config is, when the cluster is made (None is refused there too).
+    for value in (5, {Mode.TRAIN: "greedy"}):
+        config = ClusterConfig(role_to_mesh=meshes, rollout_config=value)
+        with pytest.raises(ConfigError, match="rollout_config must be a RolloutConfig or a dict from Mode to"):
+            RLCluster(actor=init_model("tiny"), cluster_config=config)
 
 
 @pytest.mark.parametrize("value", [None, 42, "x"])

@@ -19,7 +19,6 @@ from jax.sharding import Mesh
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import (
     ANCHOR_MODES,
-    ENGINES,
     RESHARD_STRATEGIES,
     RolloutConfig,
     as_bool,
@@ -203,18 +202,6 @@ class ClusterConfig:
         object.__setattr__(self, "offload_to_cpu", as_bool(self.offload_to_cpu, "offload_to_cpu"))
         if not isinstance(self.training_config, TrainingConfig):
             raise ConfigError(f"training_config must be a TrainingConfig, got {type(self.training_config).__name__}")
-        given = self.rollout_config
-        configs = given.values() if isinstance(given, Mapping) else [] if given is None else [given]
-        if not all(isinstance(c, RolloutConfig) for c in configs):
-            raise ConfigError(
-                f"rollout_config must be a RolloutConfig, a dict from Mode to RolloutConfig, or None; got "
-                f"{type(given).__name__} {given!r:.60}"
-            )
-        if not (isinstance(self.rollout_engine, str) or callable(self.rollout_engine)):
-            raise ConfigError(
-                f"rollout_engine must be an engine name ({', '.join(ENGINES)}), a RolloutEngine class or a "
-                f"callable that makes one; got {type(self.rollout_engine).__name__} {self.rollout_engine!r:.40}"
-            )
         try:
             r2m = {Role.parse(r): m for r, m in self.role_to_mesh.items()}
         except ValueError as exc:

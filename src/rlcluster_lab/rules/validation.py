@@ -14,7 +14,7 @@ from typing import Any
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.model_config import get_model_config
 from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
-from rlcluster_lab.core.options import Scenario, layout_problem
+from rlcluster_lab.core.options import RolloutConfig, Scenario, layout_problem
 from rlcluster_lab.core.roles import Mode
 from rlcluster_lab.core.trace import Decision
 from rlcluster_lab.rules.registry import rule
@@ -47,7 +47,7 @@ def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
     Returns the TRAIN config and the decision.
 
     Raises:
-        ConfigError: no rollout config, or a per-mode dict without TRAIN.
+        ConfigError: no rollout config, one that is not a ``RolloutConfig``, or a per-mode dict without TRAIN.
     """
     if rollout_config is None:
         raise ConfigError(
@@ -55,6 +55,11 @@ def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
             "Pass rollout_config=RolloutConfig(...) (or a dict with a Mode.TRAIN entry)."
         )
     per_mode = isinstance(rollout_config, Mapping)
+    if not all(isinstance(c, RolloutConfig) for c in (rollout_config.values() if per_mode else [rollout_config])):
+        raise ConfigError(
+            f"rollout_config must be a RolloutConfig or a dict from Mode to RolloutConfig, got "
+            f"{type(rollout_config).__name__} {rollout_config!r:.60}"
+        )
     if per_mode and not rollout_config.get(Mode.TRAIN):
         raise ConfigError(
             "rollout_config is a per-mode dict without a Mode.TRAIN entry "
