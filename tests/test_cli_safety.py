@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -395,3 +396,84 @@ def test_plan_into_a_full_or_closed_output_is_one_line_and_not_zero(capsys, monk
     assert rc == EXIT_OUTPUT_FAILED != 0
     assert err.count("\n") == 1 and err.startswith("error: cannot write the output: "), err
     assert "Traceback" not in err
+
+
+# A CLI run (``python -m``, as a user starts it) that stops at one wait of the command
+# (``core.waits``), says so on a pipe and waits there for the test's SIGINT: in the command's own
+# code ("plain"); inside a garbage-collector callback ("gc"), where Python prints "Exception
+# ignored" and drops the KeyboardInterrupt, as when Ctrl-C lands in JAX's GC callback; or inside a
+# string exec ("exec", as while a dataclass is made), after which CPython, under ``-m``, would end
+# the process by SIGINT rather than with its exit status.
+_STOPPED_AT = r"""
+import gc, os, sys, threading, time
+point, where, ready = sys.argv[1], sys.argv[2], int(sys.argv[3])
+from rlcluster_lab.cli.main import main
+from rlcluster_lab.core.waits import WAITS
+
+def wait_for_the_signal():
+    os.write(ready, b"ready\n")
+    deadline = time.monotonic() + 60  # a bound only: the signal comes at once
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+
+def in_gc(phase, info):
+    if phase == "start" and threading.current_thread() is threading.main_thread() and in_gc in gc.callbacks:
+        gc.callbacks.remove(in_gc)
+        wait_for_the_signal()
+
+def at_point():
+    status = WAITS.status()
+    if status is not None and status.labels[-1] == point:
+        unsubscribe()
+        if where == "gc":
+            gc.callbacks.append(in_gc)
+            gc.collect()
+        elif where == "exec":
+            exec("wait_for_the_signal()", {"wait_for_the_signal": wait_for_the_signal})
+        else:
+            wait_for_the_signal()
+
+unsubscribe = WAITS.subscribe(at_point)
+raise SystemExit(main(["report", "--layout", "reshaped", "--sync", "--sync-chunk-bytes", "1"]))
+"""
+
+_POINTS = [
+    ("starting JAX", "plain"),
+    ("building the cluster", "gc"),
+    ("building the cluster", "exec"),
+    ("syncing weights", "plain"),
+    ("syncing weights", "gc"),
+    ("measuring the report", "gc"),
+]
+
+
+@pytest.mark.cluster
+def test_ctrl_c_at_any_point_ends_with_one_line_and_130(tmp_path):
+    (tmp_path / "stopped_cli").mkdir()
+    (tmp_path / "stopped_cli" / "__main__.py").write_text(_STOPPED_AT)
+    paths = [str(tmp_path), *(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    runs = []
+    for point, where in _POINTS:  # all at once: each waits at its point for its signal
+        read, write = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stopped_cli", point, where, str(write)],
+            pass_fds=(write,),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        os.close(write)
+        runs.append((point, where, proc, os.fdopen(read)))
+    results = []
+    for point, where, proc, ready in runs:
+        with ready:
+            at_point = ready.readline() == "ready\n"  # "" if the process ended without reaching it
+        if at_point:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+        results.append((point, where, at_point, proc.returncode, out, err))
+    for point, where, at_point, rc, out, err in results:
+        assert at_point, (point, where, rc, err[-2000:])
+        assert (rc, out, err) == (EXIT_INTERRUPTED, "", "error: interrupted\n"), (point, where, rc, err[-2000:])

@@ -8,6 +8,8 @@ NaN, ``generate("hello")`` sampled five one-letter prompts.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import jax
@@ -17,7 +19,19 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlcluster_lab import GRPOLearner, Role, RolloutConfig, Scenario, TrainBatch, TrainingConfig, build_cluster
+from rlcluster_lab import (
+    GRPOLearner,
+    LearnerConfig,
+    Mode,
+    Role,
+    RolloutConfig,
+    Scenario,
+    TrainBatch,
+    TrainingConfig,
+    build_cluster,
+    placement_report,
+    with_lora,
+)
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model import init_model, logps_from_state
 from rlcluster_lab.model.sampling import sample
@@ -332,3 +346,162 @@ def test_property_a_malformed_batch_never_reaches_the_model(case):
         assert f"TrainBatch.{field}" in str(err), (field, str(err))
     else:
         assert field is None, f"TrainBatch accepted a corrupted {field}"
+
+
+# ------------------------------------------------------------------ every entry point: types
+
+
+def _plan(**knobs):
+    from rlcluster_lab.planner import plan_cluster
+
+    return plan_cluster(**knobs)
+
+
+NUMPY_NUMBERS = [
+    (Scenario, {"sync_chunk_bytes": np.int64(16384)}),
+    (Scenario, {"lora_rank": np.int32(4), "max_tokens": np.int64(8), "kv_cache_size": np.int64(64)}),
+    (Scenario, {"seed": np.uint8(3), "temperature": np.float32(0.5), "lora": np.bool_(True)}),
+    (RolloutConfig, {"max_tokens_to_generate": np.int64(8), "kv_cache_size": np.int16(64), "seed": np.int64(1)}),
+    (RolloutConfig, {"temperature": np.float32(0.5), "rollout_vllm_tensor_parallel_size": np.int64(2)}),
+    (
+        RolloutConfig,
+        {"rollout_sglang_jax_max_lora_rank": np.int64(4), "rollout_sglang_jax_lora_scaling": np.float32(1)},
+    ),
+    (TrainingConfig, {"learning_rate": np.float32(1e-3), "beta": np.float16(0.1), "epsilon": np.float32(0.2)}),
+    (
+        TrainingConfig,
+        {"mini_batch_size": np.int64(4), "train_micro_batch_size": np.int64(2), "num_iterations": np.int8(2)},
+    ),
+    (LearnerConfig, {"steps": np.int64(2), "prompts_per_step": np.int32(2), "group_size": np.int64(4)}),
+]
+
+
+@pytest.mark.parametrize("make, knobs", NUMPY_NUMBERS, ids=lambda x: getattr(x, "__name__", None))
+def test_numpy_numbers_are_taken_as_plain_numbers(make, knobs):
+    made = make(**knobs)
+    for name, value in knobs.items():
+        got = getattr(made, name)
+        assert type(got) is type(value.item()) and got == value.item(), (name, got)
+    json.dumps(dataclasses.asdict(made))  # what a report does with it
+
+
+def test_a_plan_of_numpy_numbers_is_json():
+    plan = _plan(sync_chunk_bytes=np.int64(4096), vllm_tensor_parallel_size=np.int64(2), engine="vllm")
+    json.dumps(plan.to_json())
+    assert len(json.loads(json.dumps(_plan(devices_per_host=np.int64(4)).to_json()))["topology"]["hosts"]) == 2
+
+
+def _tiny():
+    return init_model("tiny", seed=0)
+
+
+# (what is called, the argument it is given, the error, the words the message must have)
+FOREIGN = [
+    (lambda: Scenario(max_tokens="8"), ConfigError, "max_tokens must be an int, got str"),
+    (lambda: Scenario(lora="no"), ConfigError, "lora must be True or False, got str 'no'"),
+    (lambda: Scenario(with_reward=1), ConfigError, "with_reward must be True or False, got int"),
+    (lambda: Scenario(temperature="hot"), ConfigError, "temperature must be a number, got str"),
+    (lambda: Scenario(lora_rank=2.5), ConfigError, "lora_rank must be an int, got float"),
+    (lambda: RolloutConfig(rollout_sglang_jax_max_lora_rank="4"), ConfigError, "rollout_sglang_jax_max_lora_rank"),
+    (lambda: RolloutConfig(rollout_sglang_jax_lora_scaling="1"), ConfigError, "rollout_sglang_jax_lora_scaling"),
+    (lambda: RolloutConfig(rollout_vllm_model_version=3), ConfigError, "rollout_vllm_model_version must be a str"),
+    (lambda: LearnerConfig(steps="3"), ConfigError, "steps must be an int, got str"),
+    (lambda: LearnerConfig(group_size=2.5), ConfigError, "group_size must be an int, got float"),
+    (lambda: build_cluster("colocated"), TypeError, "scenario must be a Scenario .* got str"),
+    (lambda: build_cluster(None), TypeError, "scenario must be a Scenario .* got NoneType"),
+    (lambda: build_cluster(Scenario(), devices=8), TypeError, "devices must be a list of JAX devices .*got int"),
+    (lambda: placement_report(None), TypeError, "cluster must be the lab's RLCluster .* got NoneType"),
+    (lambda: GRPOLearner(None), TypeError, "cluster must be an RLCluster .* got NoneType"),
+    (lambda: init_model(64), TypeError, "config must be a ModelConfig or a preset name .* got int"),
+    (lambda: init_model("tiny", seed="1"), ConfigError, "seed must be an int, got str"),
+    (lambda: with_lora(None, 4), TypeError, "base must be a TransformerLM .* got NoneType"),
+    (lambda: with_lora(_tiny(), "4"), ConfigError, r"rank \(the LoRA rank\) must be an int >= 1, got str"),
+    (lambda: _plan(lora_rank="4"), ConfigError, "lora_rank must be an int, got str"),
+    (lambda: _plan(memory_per_device="80GB"), ValueError, "memory per device must be a positive number, got '80GB'"),
+    (lambda: _plan(workload=16), TypeError, "workload must be a Workload .* got int"),
+]
+
+
+@pytest.mark.parametrize(
+    "call, error, words", FOREIGN, ids=[w.split(" ")[0] + f"-{i}" for i, (_, _, w) in enumerate(FOREIGN)]
+)
+def test_a_foreign_argument_is_refused_naming_it_and_what_it_takes(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_a_cluster_config_takes_numpy_numbers_and_refuses_what_is_no_rollout_config():
+    from rlcluster_lab import ClusterConfig, RLCluster, layout_meshes
+
+    meshes = layout_meshes("colocated")
+    assert type(ClusterConfig(role_to_mesh=meshes, sync_chunk_bytes=np.int64(64)).sync_chunk_bytes) is int
+    with pytest.raises(ConfigError, match="offload_to_cpu must be True or False, got str"):
+        ClusterConfig(role_to_mesh=meshes, offload_to_cpu="yes")
+    # P6 decides what a rollout config is, when the cluster is made (None is refused there too).
+    for value in (5, {Mode.TRAIN: "greedy"}):
+        config = ClusterConfig(role_to_mesh=meshes, rollout_config=value)
+        with pytest.raises(ConfigError, match="rollout_config must be a RolloutConfig or a dict from Mode to"):
+            RLCluster(actor=init_model("tiny"), cluster_config=config)
+
+
+@pytest.mark.parametrize("value", [None, 42, "x"])
+def test_tunix_inspect_names_what_it_takes(value):
+    pytest.importorskip("tunix")
+    from rlcluster_lab import tunix as rt
+
+    with pytest.raises(TypeError, match=f"rl_cluster must be Tunix's RLCluster .* got {type(value).__name__}"):
+        rt.inspect(value)
+
+
+@pytest.mark.parametrize("value", ["colocated", None, {}])
+def test_tunix_side_by_side_names_what_it_takes(value):
+    pytest.importorskip("tunix")
+    from rlcluster_lab import tunix as rt
+
+    with pytest.raises(TypeError, match=f"scenario must be a Scenario .* got {type(value).__name__}"):
+        rt.side_by_side(value)
+
+
+@pytest.mark.cluster
+def test_tunix_inspect_of_the_labs_own_cluster_says_what_reads_it(cluster):
+    pytest.importorskip("tunix")
+    from rlcluster_lab import tunix as rt
+
+    with pytest.raises(TypeError, match="got RLCluster .*the lab's own: read it with rlcluster_lab.placement_report"):
+        rt.inspect(cluster)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"max_generation_steps": -1}, "max_generation_steps must be an int >= 1, got -1"),
+        ({"max_generation_steps": 2.5}, "max_generation_steps must be an int >= 1, got float"),
+        ({"micro_batch_size": "2"}, "micro_batch_size must be an int >= 1, got str"),
+        ({"mode": "training"}, "unknown rollout mode 'training'"),
+    ],
+)
+def test_cluster_generate_names_the_argument_passed(cluster, kwargs, words):
+    with pytest.raises(ConfigError, match=words) as refused:
+        cluster.generate(["hi"], **kwargs)
+    assert "max_tokens_to_generate" not in str(refused.value)
+
+
+@pytest.mark.cluster
+def test_cluster_methods_refuse_foreign_arguments_by_name(cluster):
+    batch = good_batch()
+    with pytest.raises(TypeError, match="prompt_tokens must be a \\(batch, length\\) array of token ids, got NoneType"):
+        cluster.get_ref_per_token_logps(None, batch["completion_tokens"])
+    with pytest.raises(ValueError, match="unknown role 5"):
+        cluster.rules_for(5)
+    with pytest.raises(TypeError, match="sync must be the SyncReport .* got 5"):
+        placement_report(cluster, sync=5)
+    with pytest.raises(TypeError, match="config must be a LearnerConfig, got int"):
+        GRPOLearner(cluster, 5)
+
+
+@pytest.mark.cluster
+def test_a_numpy_chunk_size_makes_a_json_report():
+    cluster = build_cluster(Scenario(layout="reshaped", sync_chunk_bytes=np.int64(16384), max_tokens=4))
+    report = placement_report(cluster, sync=cluster.sync_weights()).to_json()
+    assert json.loads(json.dumps(report))["sync"]["transient_peak"]["chunk_bytes"] == 16384

@@ -277,6 +277,31 @@ def test_knob_error_keeps_the_live_cluster(lab: PlacementLab) -> None:
 
 
 @pytest.mark.cluster
+def test_a_memory_refusal_keeps_the_live_cluster_usable(lab: PlacementLab, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlcluster_lab.core.limits import LIMIT_ENV
+
+    report = build(lab)
+    cluster, drawn = lab.cluster, png(lab, "memory")
+    # The tiny cluster and its steps fit in 5 MB; the small model's cluster (about 37 MB) does not.
+    monkeypatch.setenv(LIMIT_ENV, "5MB")
+    lab.knobs.model_size.value = "small"
+    lab.construct_button.click()
+    assert lab.error is not None and lab.error.startswith("TooLargeError"), lab.error
+    assert "the small model" in lab.error and "5.0 MB may be allocated" in lab.error
+    # Refused before anything was released: the previous cluster stays live, drawn and usable.
+    assert lab.cluster is cluster and lab.report is report
+    assert "still the previous one" in lab.status.text
+    assert png(lab, "memory") == drawn
+    assert not lab.sync_button.disabled and not lab.step_button.disabled
+    lab.sync_button.click()
+    assert lab.error is None, lab.error
+    assert lab.report["sync"] is not None and lab.cluster.global_steps == 1
+    lab.step_button.click()
+    assert lab.error is None, lab.error
+    assert lab.cluster is cluster and lab.cluster.global_steps == 2
+
+
+@pytest.mark.cluster
 def test_P13_sync_button_shows_bytes_moved(lab: PlacementLab) -> None:
     build(lab)
     assert lab.display.shown == "flow"  # Construct shows the decisions it took

@@ -47,3 +47,36 @@ def test_device_memory_is_compared_only_where_the_device_reports_it():
     limits.check_fits_devices({1: 100, 2: 10**15}, [full, quiet], "placing")
     with pytest.raises(limits.TooLargeError, match=r"placing would need about 101 B .* gpu device 1 but it has 100 B"):
         limits.check_fits_devices({1: 101}, [full], "placing")
+
+
+def test_what_a_replaced_cluster_frees_counts_as_free(monkeypatch):
+    # The lab checks a new cluster before it releases the live one: what that release frees
+    # counts, on the host (unless the variable bounds the request itself) and on each device.
+    monkeypatch.setenv(limits.LIMIT_ENV, "500")
+    assert limits.limit_bytes(freed=600) == 500
+    monkeypatch.delenv(limits.LIMIT_ENV)
+    monkeypatch.setattr(limits, "available_host_bytes", lambda: 1000)
+    assert (limits.limit_bytes(), limits.limit_bytes(freed=600)) == (500, 800)
+    with pytest.raises(limits.TooLargeError, match="at most 500 B"):
+        limits.check_fits(800, "building")
+    limits.check_fits(800, "building", freed=600)
+    with pytest.raises(limits.TooLargeError, match="at most 800 B .*counting the 600 B the cluster it replaces frees"):
+        limits.check_fits(801, "building", freed=600)
+    full = _Device(1, {"bytes_limit": 1000, "bytes_in_use": 900})
+    limits.check_fits_devices({1: 700}, [full], "placing", freed={1: 600})
+    with pytest.raises(limits.TooLargeError, match=r"has 700 B free .*and the 600 B the cluster it replaces frees"):
+        limits.check_fits_devices({1: 701}, [full], "placing", freed={1: 600})
+
+
+def test_check_memory_counts_the_cluster_it_replaces(monkeypatch):
+    from rlcluster_lab.app.scenario import check_memory, validate
+    from rlcluster_lab.core.options import Scenario
+
+    scenario = Scenario(model_size="small")
+    config = validate(scenario)
+    monkeypatch.delenv(limits.LIMIT_ENV, raising=False)
+    monkeypatch.setattr(limits, "available_host_bytes", lambda: 40_000_000)  # half: 20 MB, the model needs ~37 MB
+    with pytest.raises(limits.TooLargeError, match="the small model"):
+        check_memory(scenario, config)
+    # A live cluster of 40 MB on the CPU devices, released before the build: 40 MB free instead of 20.
+    check_memory(scenario, config, {str(i): {"device": 5_000_000} for i in range(8)})

@@ -116,6 +116,41 @@ def test_a_nested_trace_shows_the_outermost_program(waits):
         assert waits.status().building == ()
 
 
+@pytest.mark.parametrize("when", ["begin", "end", "always"])
+def test_a_failing_subscriber_is_reported_and_changes_nothing_else(waits, when):
+    calls = []
+
+    def broken() -> None:
+        calls.append(waits.status() is not None)  # True at the begin, False at the end
+        if when == "always" or (when == "begin") == calls[-1]:
+            raise RuntimeError("the progress display is gone")
+
+    waits.subscribe(broken)
+    with pytest.warns(RuntimeWarning, match=r"broken\) raised RuntimeError: the progress display is gone"):
+        with pytest.raises(KeyError, match="the body's own"):
+            with waits.waiting("loading"):
+                assert waits.status().labels == ("loading",)  # the wait began, whatever the subscriber did
+                raise KeyError("the body's own")
+    assert waits.status() is None  # and ended: no wait left behind
+    assert calls == [True, False]
+    with pytest.warns(RuntimeWarning):
+        with waits.waiting("again"):
+            pass
+    assert waits.status() is None
+
+
+def test_an_interrupt_in_a_subscriber_ends_the_wait_and_is_not_swallowed(waits):
+    def interrupted() -> None:
+        if waits.status() is not None:
+            raise KeyboardInterrupt
+
+    waits.subscribe(interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with waits.waiting("loading"):
+            pass
+    assert waits.status() is None
+
+
 def test_compile_events_of_jax_reach_the_process_waits():
     """The real listener: a program jitted inside a wait is counted as built."""
     import jax

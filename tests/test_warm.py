@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
 import sys
+import threading
+import warnings
 
 import pytest
 
@@ -166,6 +169,131 @@ def test_the_warm_start_is_off_by_setting_or_without_a_trusted_cache(warm_env, m
     with pytest.warns(RuntimeWarning, match="can be written by other users"):
         assert "cannot be trusted" in warm.start_warm_up(command=[sys.executable, "-c", "pass"])
     assert not (shared / warm.LOCK).exists()
+
+
+def _read_only(monkeypatch, folder):
+    """``folder`` as on a read-only file system: every open that would write in it fails (EROFS)."""
+    real = os.open
+
+    def open_(path, flags, *args, **kwargs):
+        if str(path).startswith(str(folder)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+
+
+def test_a_read_only_cache_folder_is_one_warning_and_no_warm_start(warm_env, monkeypatch):
+    _read_only(monkeypatch, warm_env)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lines = [warm.start_warm_up(command=[sys.executable, "-c", "raise SystemExit(1)"]) for _ in range(2)]
+    assert lines == [f"warm start skipped: {warm_env} cannot be written (see the warning)"] * 2
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == [
+        f"the warm start is off: {warm_env / warm.LOCK} cannot be written (Read-only file system); programs are "
+        f"compiled when first needed instead. Make {warm_env} a writable folder of your own, set "
+        f"{compile_cache.ENV} to one, or set {warm.ENV}=off"
+    ]
+    assert os.listdir(warm_env) == []
+
+
+def test_setup_on_a_read_only_cache_folder_warns_and_goes_on(warm_env, monkeypatch, keep_cache_setting):
+    from rlcluster_lab.lab.setup import setup
+
+    _read_only(monkeypatch, warm_env)
+    with pytest.warns(RuntimeWarning, match=r"the warm start is off: .*\(Read-only file system\)"):
+        found = setup(quiet=True)
+    assert f"warm start skipped: {warm_env} cannot be written (see the warning)" in found.notes
+
+
+@pytest.mark.cluster  # starts a Python process
+def test_warm_background_in_an_unusable_folder_is_one_warning_and_no_traceback(warm_env):
+    (warm_env / warm.LOCK).mkdir()  # the lock's name taken by a folder: it cannot be opened for writing
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcluster_lab.lab.warm", "--background"],
+        env={**os.environ, compile_cache.ENV: str(warm_env)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == f"warm start skipped: {warm_env} cannot be written (see the warning)\n"
+    assert proc.stderr.count("RuntimeWarning: the warm start is off: ") == 1, proc.stderr
+    assert "Is a directory" in proc.stderr
+
+
+@pytest.mark.cluster  # starts Python processes (stand-ins for the warm-up)
+def test_concurrent_callers_start_exactly_one_warm_up(warm_env, tmp_path, monkeypatch):
+    # Four callers at once. The first to take the lock is held inside Popen until every other
+    # caller has either given up or reached Popen itself, so a lock that another caller can take
+    # meanwhile (an empty lock file read as stale) shows as a second process, every time.
+    callers, release = 4, tmp_path / "release"
+    state = {"returned": 0, "in_popen": 0}
+    cond = threading.Condition()
+    real = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        with cond:
+            state["in_popen"] += 1
+            cond.notify_all()
+            cond.wait_for(lambda: state["returned"] + state["in_popen"] == callers, timeout=60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    barrier = threading.Barrier(callers)
+    lines: list[str] = []
+
+    def call() -> None:
+        barrier.wait()
+        try:
+            lines.append(warm.start_warm_up(command=_waiting_child(release)))
+        finally:
+            with cond:
+                state["returned"] += 1
+                cond.notify_all()
+
+    threads = [threading.Thread(target=call) for _ in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    started = [line for line in lines if line.startswith("warming the compilation cache in the background")]
+    pids = [int(line.split("(process ")[1].split(",")[0]) for line in started]
+    try:
+        assert len(started) == 1, lines
+        others = [line for line in lines if line not in started]
+        assert others == [f"the compilation cache is being warmed already (process {os.getpid()})"] * 3
+        # Once it started, its pid is in the lock: the next caller names it.
+        assert int((warm_env / warm.LOCK).read_text()) == pids[0]
+        assert warm.start_warm_up(command=_waiting_child(release)) == (
+            f"the compilation cache is being warmed already (process {pids[0]})"
+        )
+    finally:
+        release.touch()
+        for pid in pids:
+            os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize("name", [warm.LOG, warm.LOCK])
+def test_the_warm_start_never_writes_through_a_link(warm_env, tmp_path, name):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (warm_env / name).symlink_to(victim)
+    with pytest.warns(RuntimeWarning, match="is a symbolic link, which the warm start never writes through"):
+        line = warm.start_warm_up(command=[sys.executable, "-c", "print('written')"])
+    assert line == f"warm start skipped: {warm_env} cannot be written (see the warning)"
+    assert victim.read_text() == "precious"
+
+
+def test_the_warm_record_is_never_written_through_a_link(warm_env, tmp_path, monkeypatch, capsys):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (warm_env / warm.RECORD).symlink_to(victim)
+    monkeypatch.setattr(warm, "warm_programs", lambda devices: {"seconds": 0.0})  # the compiling is not tested
+    with pytest.warns(RuntimeWarning, match="is a symbolic link"):
+        assert warm.main([]) == 1
+    assert victim.read_text() == "precious"
+    assert capsys.readouterr().out == f"warm start skipped: {warm_env} cannot be written (see the warning)\n"
 
 
 def test_the_warmed_step_is_the_widgets_step():

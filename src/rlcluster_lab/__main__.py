@@ -1,3 +1,9 @@
+import signal
+
 from rlcluster_lab.cli.main import main
 
-raise SystemExit(main())
+code = main()
+# The command is over and has said how it ended: a Ctrl-C while the interpreter shuts down
+# (JAX's exit handlers) would only print a traceback from inside them.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+raise SystemExit(code)

@@ -19,6 +19,7 @@ import numpy as np
 
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.options import as_bool, as_int
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.waits import waiting
 from rlcluster_lab.measure.sync import SyncReport
@@ -54,6 +55,9 @@ class LearnerConfig:
     critic: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "group_size", "seed"):
+            object.__setattr__(self, name, as_int(getattr(self, name), name, knobs=(name,)))
+        object.__setattr__(self, "critic", as_bool(self.critic, "critic", knobs=("with_critic",)))
         if self.steps < 0:
             raise ConfigError(f"steps must be >= 0, got {self.steps}", knobs=("steps",))
         if self.prompts_per_step < 1 or self.group_size < 2:
@@ -132,6 +136,10 @@ class GRPOLearner:
             TypeError: ``prompts`` is a bare string (pass ``["hello"]``) or holds a non-string.
             ValueError: no prompts, or conflicting reward sources.
         """
+        if not isinstance(cluster, RLCluster):
+            raise TypeError(f"cluster must be an RLCluster (build_cluster(...)), got {type(cluster).__name__}")
+        if not isinstance(config, LearnerConfig):
+            raise TypeError(f"config must be a LearnerConfig, got {type(config).__name__} {config!r:.40}")
         prompts = validate_prompts(prompts)
         if use_reward_model and reward_fn is not None:
             raise ValueError("give either reward_fn or use_reward_model=True, not both")

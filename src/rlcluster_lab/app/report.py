@@ -61,7 +61,19 @@ class PlacementReport(PlacementFacts):
 
 def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> PlacementReport:
     """Read the decisions and the live buffers (L2) of a constructed cluster, with the
-    ``SyncReport`` of a sync the caller ran, if any (L3)."""
+    ``SyncReport`` of a sync the caller ran, if any (L3).
+
+    Raises:
+        TypeError: ``cluster`` is not the lab's ``RLCluster`` (for Tunix's, ``rlcluster_lab.tunix.inspect``),
+            or ``sync`` is not a ``SyncReport``.
+    """
+    if not isinstance(cluster, RLCluster):
+        raise TypeError(
+            f"cluster must be the lab's RLCluster (build_cluster(...)), got {type(cluster).__name__}; for "
+            "Tunix's RLCluster use rlcluster_lab.tunix.inspect"
+        )
+    if sync is not None and not isinstance(sync, SyncReport):
+        raise TypeError(f"sync must be the SyncReport that cluster.sync_weights() returned, or None; got {sync!r:.40}")
     actor = cluster.actor_model
     rollout_model = cluster.rollout.model()
     actor_keys = buffer_keys(nnx.state(actor))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -76,6 +76,7 @@ def validate(
 
     Raises:
         ConfigError, ValueError: what cannot work, and how to fix it.
+        TypeError: ``scenario`` is not a ``Scenario``.
     """
     check_scenario(scenario)
     r2m = dict(role_to_mesh) if role_to_mesh is not None else layout_meshes(scenario.layout, devices)
@@ -101,13 +102,19 @@ _MAX_COPIES = 12
 _DRAW_ITEMSIZE = 4
 
 
-def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
+def check_memory(
+    scenario: Scenario, config: ClusterConfig, replacing: Mapping[str, Mapping[str, int]] | None = None
+) -> None:
     """Refuse a scenario whose models would not fit in host memory, before any is built.
 
     The estimate is the planner's on the config's own meshes (on CPU the plan's unique bytes, on
     an accelerator what it pins to host), plus one model's initial values while they are drawn.
     A plan costs a fraction of a second, so it is skipped when a bound that needs none fits:
     every role a full float32 copy on every device.
+
+    ``replacing``: the memory by device (a placement report's ``memory["by_device"]``) of a
+    cluster the caller releases before building this one, counted as free: the lab checks
+    before it releases the live cluster, so a refusal leaves that cluster as it was.
 
     Raises:
         TooLargeError: the estimate exceeds ``core.limits.limit_bytes()``; the message
@@ -122,8 +129,12 @@ def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
     devices = jax.devices(platform)
     # Devices that report their allocator's figures (accelerators) are compared with the plan too.
     reporting = [d for d in devices if device_free_bytes(d) is not None]
+    # What the replaced cluster frees: on CPU every byte is the host's; elsewhere its host kinds.
+    held = (replacing or {}).items()
+    freed_host = sum(n for _, kinds in held for k, n in kinds.items() if platform == "cpu" or k != "device")
+    freed_device = {} if platform == "cpu" else {int(d): int(kinds.get("device", 0)) for d, kinds in held}
     bound = _MAX_COPIES * params * _DRAW_ITEMSIZE * len(devices) + draw + (1 << 20)
-    if bound <= limit_bytes() and not reporting:
+    if bound <= limit_bytes(freed_host) and not reporting:
         return
     training = config.training_config
     here = Topology(
@@ -158,11 +169,11 @@ def check_memory(scenario: Scenario, config: ClusterConfig) -> None:
         "ask for less: a smaller model_size (--model-size), fewer roles (--reward, --critic), "
         "a LoRA actor (--lora) or fewer devices (--devices)"
     )
-    check_fits(placed + draw, what, fix)
+    check_fits(placed + draw, what, fix, freed_host)
     # On devices with memory of their own: the planner's resident bytes per device (every
     # role placed, device memory kind) against what each device's allocator has free.
     resident = {int(d): int(kinds.get("device", 0)) for d, kinds in memory["by_device"].items()}
-    check_fits_devices(resident, reporting, what, fix)
+    check_fits_devices(resident, reporting, what, fix, freed_device)
 
 
 def rollout_bytes(scenario: Scenario, rows: int) -> int:

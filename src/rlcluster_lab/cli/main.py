@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
@@ -16,7 +19,7 @@ from rlcluster_lab.cli.progress import progress_line
 from rlcluster_lab.cli.text import format_report
 from rlcluster_lab.core.knobs import describe
 from rlcluster_lab.core.options import check_device_count
-from rlcluster_lab.core.waits import waiting
+from rlcluster_lab.core.waits import WAITS, waiting
 from rlcluster_lab.rules.validation import check_scenario
 
 
@@ -74,8 +77,75 @@ _REFUSALS = (ValueError, TypeError, RuntimeError, FileNotFoundError, MemoryError
 # A multi-process run that failed (multiprocess.LaunchError) is a RuntimeError: exit 2, the worker's error.
 
 
+class _Interrupts:
+    """Ctrl-C while a command runs: recorded, and raised as ``KeyboardInterrupt`` where the command is.
+
+    Python raises it in whatever code runs when the signal arrives; in a callback (JAX's GC
+    callback, a finalizer) it is printed as "Exception ignored" and lost, and the command would
+    go on and exit 0. So it is also recorded: raised again when the command next begins or
+    ends a wait (``core.waits``) and before the output is written, and the command ends with
+    one line and 130 whatever swallowed it (the "Exception ignored" report is left out).
+    """
+
+    def __init__(self) -> None:
+        self.hit = False
+        self.armed = True  # False once the command is over: a Ctrl-C is then only recorded
+        self._main = threading.get_ident()
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.hit = True
+        if self.armed:
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise the recorded interrupt (in the main thread, while the command runs)."""
+        if self.hit and self.armed and threading.get_ident() == self._main:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        previous_handler = signal.signal(signal.SIGINT, self.on_signal)
+        previous_hook = sys.unraisablehook
+
+        def unraisable(info: Any) -> None:
+            if not (self.hit and isinstance(info.exc_value, KeyboardInterrupt)):
+                previous_hook(info)
+
+        sys.unraisablehook = unraisable
+        unsubscribe = WAITS.subscribe(self.check)
+        try:
+            yield
+        finally:
+            unsubscribe()
+            sys.unraisablehook = previous_hook
+            signal.signal(signal.SIGINT, previous_handler if previous_handler is not None else signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the exit code (0, 2, 74, 130 or 141: see ``EXIT_*``)."""
+    interrupts = _Interrupts()
+    with interrupts.installed():
+        try:
+            try:
+                code = _main(argv, interrupts)
+            finally:
+                interrupts.armed = False
+        except KeyboardInterrupt:
+            interrupts.hit = True
+        if interrupts.hit:  # raised, or swallowed by a callback: either way the command was interrupted
+            print("error: interrupted", file=sys.stderr)
+            # An interrupt that ended a string exec (a dataclass made while a module loads) leaves
+            # CPython's "unhandled KeyboardInterrupt" flag set, and under ``python -m`` the process
+            # would kill itself with SIGINT instead of exiting 130; the next string eval clears it.
+            exec("None", {})  # noqa: S102 - a constant
+            return EXIT_INTERRUPTED
+    return code
+
+
+def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # a bad flag (one line on stderr, exit 2) or --help (exit 0)
@@ -87,13 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = json.dumps(out, indent=2, sort_keys=True) if args.json else out["_text"] if "_text" in out else ""
     except BrokenPipeError:  # progress lines written while the command ran
         return _stdout_closed()
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
     except _REFUSALS as exc:
+        if interrupts.hit:  # an interrupt some code turned into another error on its way out
+            raise KeyboardInterrupt from None
         # A refusal that names its knobs names them as this command's flags (core.knobs).
         print(f"error: {describe(exc, 'cli')}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    interrupts.check()  # one a callback swallowed: nothing is written
     return _write(text)
 
 

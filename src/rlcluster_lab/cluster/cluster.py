@@ -235,7 +235,7 @@ class RLCluster:
 
     def rules_for(self, role: Role) -> Any:
         """The role's logical axis rules, or the model family's defaults."""
-        return self._contexts.rules_for(role)
+        return self._contexts.rules_for(Role.parse(role))  # an unknown role is refused, not given the defaults
 
     @property
     def contexts_entered(self) -> tuple[ContextEntry, ...]:

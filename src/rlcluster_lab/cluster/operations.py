@@ -21,6 +21,7 @@ from rlcluster_lab.cluster.observe import at_work
 from rlcluster_lab.cluster.state import OPTIMIZER_FIELD, ClusterState
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
+from rlcluster_lab.core.options import as_int
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.engines import RolloutOutput
 from rlcluster_lab.model import logps_from_state, scoring
@@ -40,7 +41,9 @@ def generate(
     p9_check_prompts(prompts, micro_batch_size)
     rollout_cfg = s.config.rollout_config_for(mode)
     if max_generation_steps is not None:
-        rollout_cfg = dataclasses.replace(rollout_cfg, max_tokens_to_generate=max_generation_steps)
+        # Checked under its own name: the config it replaces would name its own field.
+        steps = as_int(max_generation_steps, "max_generation_steps", low=1)
+        rollout_cfg = dataclasses.replace(rollout_cfg, max_tokens_to_generate=steps)
     engine = s.placed.engine
     with s.working(Role.ROLLOUT, engine.model(), "generate"):
         at_work(s, Role.ROLLOUT)
@@ -245,6 +248,9 @@ def score(s: ClusterState, role: Role, prompt_tokens: Any, completion_tokens: An
 
 def check_batch(prompt_tokens: Any, completion_tokens: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     """Two (batch, length) token arrays with the same batch; an empty batch is an error (P10)."""
+    for name, tokens in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens)):
+        if not hasattr(tokens, "__array__") and not isinstance(tokens, (list, tuple)):
+            raise TypeError(f"{name} must be a (batch, length) array of token ids, got {type(tokens).__name__}")
     prompt_tokens = np.asarray(prompt_tokens)
     completion_tokens = np.asarray(completion_tokens)
     if prompt_tokens.ndim != 2 or prompt_tokens.shape[0] == 0:

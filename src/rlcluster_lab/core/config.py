@@ -17,7 +17,14 @@ import optax
 from jax.sharding import Mesh
 
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.options import ANCHOR_MODES, RESHARD_STRATEGIES, RolloutConfig, check_sync_chunk_bytes
+from rlcluster_lab.core.options import (
+    ANCHOR_MODES,
+    RESHARD_STRATEGIES,
+    RolloutConfig,
+    as_bool,
+    as_int,
+    check_sync_chunk_bytes,
+)
 from rlcluster_lab.core.roles import Mode, Role
 
 LogicalAxisRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
@@ -62,9 +69,10 @@ class TrainingConfig:
                     f"{label} must be a finite number {'>=' if zero_ok else '>'} 0{example}, got {value!r}",
                     knobs=(field,) if field == "learning_rate" else (),
                 )
-        for name, value in (("mini_batch_size", self.mini_batch_size), ("num_iterations", self.num_iterations)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-                raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}", knobs=(name,))
+            object.__setattr__(self, field, float(value))  # a NumPy number becomes a plain one
+        for name in ("mini_batch_size", "num_iterations"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, as_int(getattr(self, name), name, knobs=(name,)))
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
             raise ConfigError(
                 f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}", knobs=("mini_batch_size",)
@@ -78,6 +86,7 @@ class TrainingConfig:
                     f"train_micro_batch_size must be a positive integer or None (no accumulation), got {micro!r}",
                     knobs=("train_micro_batch_size",),
                 )
+            object.__setattr__(self, "train_micro_batch_size", int(micro))
             if self.mini_batch_size is None:
                 raise ConfigError(
                     f"mini_batch_size must be set when train_micro_batch_size is set (got train_micro_batch_size="
@@ -174,7 +183,7 @@ class ClusterConfig:
     sync_chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        check_sync_chunk_bytes(self.sync_chunk_bytes)
+        object.__setattr__(self, "sync_chunk_bytes", check_sync_chunk_bytes(self.sync_chunk_bytes))
         if self.reshard not in RESHARD_STRATEGIES:
             raise ConfigError(
                 f"reshard must be one of {', '.join(RESHARD_STRATEGIES)}, got {self.reshard!r}: 'xla' compiles "
@@ -190,8 +199,7 @@ class ClusterConfig:
                 f"role_to_mesh must be a dict from Role to jax.sharding.Mesh, got {type(self.role_to_mesh).__name__} "
                 "(for example {Role.ACTOR: mesh, Role.ROLLOUT: mesh}, or rlcluster_lab.layout_meshes('colocated'))"
             )
-        if not isinstance(self.offload_to_cpu, bool):
-            raise ConfigError(f"offload_to_cpu must be True or False, got {self.offload_to_cpu!r}")
+        object.__setattr__(self, "offload_to_cpu", as_bool(self.offload_to_cpu, "offload_to_cpu"))
         if not isinstance(self.training_config, TrainingConfig):
             raise ConfigError(f"training_config must be a TrainingConfig, got {type(self.training_config).__name__}")
         try:
@@ -249,6 +257,7 @@ class ClusterConfig:
         return None if not rules else rules.get(role)
 
     def rollout_config_for(self, mode: Mode = Mode.TRAIN) -> RolloutConfig:
+        mode = _parse_mode(mode)  # an unknown mode is refused, whatever the config holds
         cfg = self.rollout_config
         if isinstance(cfg, Mapping):
             if mode not in cfg:

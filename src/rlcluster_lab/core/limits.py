@@ -100,30 +100,36 @@ def available_host_bytes() -> int:
         return 1 << 40  # unknown: do not refuse on a guess
 
 
-def limit_bytes() -> int:
-    """The most one request may plan to allocate (bytes)."""
+def limit_bytes(freed: int = 0) -> int:
+    """The most one request may plan to allocate (bytes).
+
+    ``freed``: host bytes the caller frees before allocating (a cluster it replaces), counted as
+    free memory; ``$RLCLUSTER_LAB_MEMORY_LIMIT`` bounds the request itself, so it ignores them.
+    """
     if os.environ.get(LIMIT_ENV):
         return available_host_bytes()
-    return int(available_host_bytes() * SHARE)
+    return int((available_host_bytes() + freed) * SHARE)
 
 
-def check_fits(need: int, what: str, fix: str = "") -> None:
+def check_fits(need: int, what: str, fix: str = "", freed: int = 0) -> None:
     """Refuse ``need`` bytes before allocating them when they exceed :func:`limit_bytes`.
 
     Args:
         need: the estimated bytes (computed from shapes, never by allocating).
         what: what would be allocated, for the message ("the checkpoint's parameters").
         fix: how to get a smaller request, appended to the message.
+        freed: host bytes the caller frees before allocating (``limit_bytes``).
 
     Raises:
         TooLargeError: ``need`` exceeds the limit; the message gives both figures.
     """
-    limit = limit_bytes()
+    limit = limit_bytes(freed)
     if need > limit:
         hint = f"; {fix}" if fix else ""
+        counted = f", counting the {_human(freed)} the cluster it replaces frees" if freed else ""
         raise TooLargeError(
             f"{what} would need about {_human(need)} ({need:,} bytes, estimated from shapes) but at most "
-            f"{_human(limit)} may be allocated here (half the free host memory, or ${LIMIT_ENV}){hint}"
+            f"{_human(limit)} may be allocated here (half the free host memory{counted}, or ${LIMIT_ENV}){hint}"
         )
 
 
@@ -142,11 +148,14 @@ def device_free_bytes(device: Any) -> int | None:
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
-def check_fits_devices(need: Mapping[int, int], devices: Iterable[Any], what: str, fix: str = "") -> None:
+def check_fits_devices(
+    need: Mapping[int, int], devices: Iterable[Any], what: str, fix: str = "", freed: Mapping[int, int] | None = None
+) -> None:
     """Refuse when any device's ``need[device.id]`` bytes exceed what it can still allocate.
 
     Only devices that report allocator figures (``device_free_bytes``) are checked:
-    on CPU devices, whose memory is the host's, ``check_fits`` is the check.
+    on CPU devices, whose memory is the host's, ``check_fits`` is the check. ``freed[device.id]``:
+    bytes the caller frees on that device before allocating (a cluster it replaces), counted as free.
 
     Raises:
         TooLargeError: the first device that cannot hold its share; the message gives both figures.
@@ -154,13 +163,16 @@ def check_fits_devices(need: Mapping[int, int], devices: Iterable[Any], what: st
     for device in devices:
         want = int(need.get(int(device.id), 0))
         free = device_free_bytes(device)
-        if free is None or want <= free:
+        released = int((freed or {}).get(int(device.id), 0))
+        if free is None or want <= free + released:
             continue
+        free = max(free + released, 0)
         hint = f"; {fix}" if fix else ""
+        counted = f" and the {_human(released)} the cluster it replaces frees" if released else ""
         raise TooLargeError(
             f"{what} would need about {_human(want)} ({want:,} bytes, estimated from shapes) on {device.platform} "
-            f"device {device.id} but it has {_human(max(free, 0))} free ({max(free, 0):,} bytes, from its "
-            f"allocator's memory_stats()){hint}"
+            f"device {device.id} but it has {_human(free)} free ({free:,} bytes, from its allocator's "
+            f"memory_stats(){counted}){hint}"
         )
 
 

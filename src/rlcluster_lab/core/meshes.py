@@ -118,6 +118,8 @@ def layout_meshes(
     ``make(devices, shape)`` builds each mesh; the what-if planner passes one
     that builds meshes on paper, so real and planned layouts are one definition.
     """
+    if devices is not None and not isinstance(devices, (Sequence, np.ndarray)):
+        raise TypeError(f"devices must be a list of JAX devices (e.g. jax.devices()[:4]), got {type(devices).__name__}")
     devices = list(devices) if devices is not None else jax.devices()
     n = len(devices)
     problem = layout_problem(layout, n)

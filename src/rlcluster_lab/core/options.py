@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Sequence
 from typing import Any
 
 from rlcluster_lab.core import model_config
@@ -49,8 +50,46 @@ def temperature_rule(allow_zero: bool = True) -> str:
     )
 
 
-def check_tensor_parallel_size(size: Any) -> None:
-    """The vllm engine's tensor-parallel size is None (all its devices) or an int >= 1.
+def as_int(value: Any, name: str, *, low: int | None = None, knobs: Sequence[str] = ()) -> int:
+    """``value`` as a plain ``int``: an int or a NumPy integer (converted, so a report of it is
+    still JSON); a bool, a float or anything else is refused.
+
+    Raises:
+        ConfigError: not a whole number, or below ``low``; the message names ``name``.
+    """
+    bound = f" >= {low}" if low is not None else ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an int{bound}, got {type(value).__name__} {value!r:.40}", knobs=knobs)
+    if low is not None and value < low:
+        raise ConfigError(f"{name} must be an int{bound}, got {value}", knobs=knobs)
+    return int(value)
+
+
+def as_float(value: Any, name: str, *, knobs: Sequence[str] = ()) -> float:
+    """``value`` as a plain ``float``: any real number but a bool (NumPy's included).
+
+    Raises:
+        ConfigError: not a real number; the message names ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}", knobs=knobs)
+    return float(value)
+
+
+def as_bool(value: Any, name: str, *, knobs: Sequence[str] = ()) -> bool:
+    """``value`` as a plain ``bool``: True, False or a NumPy bool; ``"no"`` or 1 is refused, not read as true.
+
+    Raises:
+        ConfigError: anything else; the message names ``name``.
+    """
+    if isinstance(value, bool) or (getattr(getattr(value, "dtype", None), "kind", None) == "b" and not value.shape):
+        return bool(value)
+    raise ConfigError(f"{name} must be True or False, got {type(value).__name__} {value!r:.40}", knobs=knobs)
+
+
+def check_tensor_parallel_size(size: Any) -> int | None:
+    """The vllm engine's tensor-parallel size is None (all its devices) or an int >= 1; returns it
+    as a plain int.
 
     Checked whichever engine is chosen, so a bad value is not silently ignored;
     whether it divides the rollout devices is checked where the mesh is known.
@@ -59,28 +98,31 @@ def check_tensor_parallel_size(size: Any) -> None:
         ConfigError: a value below 1 or not an int.
     """
     if size is None:
-        return
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return None
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
         raise ConfigError(
             f"rollout_vllm_tensor_parallel_size (--vllm-tp) must be an int >= 1 that divides the rollout "
             f"devices, or None for all of them; got {size!r}"
         )
+    return int(size)
 
 
-def check_sync_chunk_bytes(value: Any) -> None:
-    """``sync_chunk_bytes`` is None (a sync hands everything over in one piece) or an int >= 1.
+def check_sync_chunk_bytes(value: Any) -> int | None:
+    """``sync_chunk_bytes`` is None (a sync hands everything over in one piece) or an int >= 1;
+    returns it as a plain int.
 
     Raises:
         ConfigError: a value below 1 or not an int.
     """
     if value is None:
-        return
+        return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ConfigError(
             f"sync_chunk_bytes (--sync-chunk-bytes) must be a whole number of bytes >= 1 (a sync then hands "
             f"its leaves over in chunks of at most that many bytes), or None for one piece; got {value!r}",
             knobs=("sync_chunk_bytes",),
         )
+    return int(value)
 
 
 DEFAULT_SIMULATED_DEVICES = 8
@@ -91,8 +133,9 @@ DEFAULT_SIMULATED_DEVICES = 8
 MAX_SIMULATED_DEVICES = 4096
 
 
-def check_device_count(count: object, name: str = "count") -> None:
-    """Refuse a simulated device count that is not an int between 1 and ``MAX_SIMULATED_DEVICES``.
+def check_device_count(count: object, name: str = "count") -> int:
+    """Refuse a simulated device count that is not an int between 1 and ``MAX_SIMULATED_DEVICES``;
+    returns it as a plain int (a NumPy integer is taken).
 
     Checked before ``jax_num_cpu_devices`` is set: a huge count would make the CPU
     client grow without bound, or fail inside jaxlib's bindings.
@@ -101,13 +144,14 @@ def check_device_count(count: object, name: str = "count") -> None:
         TypeError: ``count`` is not an int.
         ConfigError: ``count`` is out of range; the message names ``name``.
     """
-    if isinstance(count, bool) or not isinstance(count, int):
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral):
         raise TypeError(f"{name} must be an int (a number of simulated CPU devices), got {type(count).__name__}")
     if not 1 <= count <= MAX_SIMULATED_DEVICES:
         raise ConfigError(
-            f"{name} must be between 1 and {MAX_SIMULATED_DEVICES} simulated CPU devices, got {count:,} "
+            f"{name} must be between 1 and {MAX_SIMULATED_DEVICES} simulated CPU devices, got {int(count):,} "
             f"(the lab's layouts are drawn for {DEFAULT_SIMULATED_DEVICES})"
         )
+    return int(count)
 
 
 def default_shape(count: int) -> tuple[int, int]:
@@ -165,11 +209,10 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         # A float count fails deep inside the compiled sampler; a NaN or infinite temperature
-        # samples garbage and turns the trained actor to NaN: refuse both here.
+        # samples garbage and turns the trained actor to NaN: refuse both here. NumPy numbers
+        # become plain ones, so the config (and every report of it) stays JSON.
         for name in ("max_tokens_to_generate", "kv_cache_size", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            object.__setattr__(self, name, as_int(getattr(self, name), name))
         if self.max_tokens_to_generate < 1:
             raise ConfigError(
                 f"max_tokens_to_generate (Scenario.max_tokens, --max-tokens) must be >= 1, got "
@@ -180,9 +223,23 @@ class RolloutConfig:
             raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
         if not math.isfinite(temperature) or temperature < 0 or 0 < temperature < MIN_TEMPERATURE:
             raise ConfigError(f"temperature {temperature_rule()}, got {temperature}")
+        object.__setattr__(self, "temperature", float(temperature))
         if self.kv_cache_size < 2:
             raise ConfigError(f"kv_cache_size must be >= 2, got {self.kv_cache_size}")
-        check_tensor_parallel_size(self.rollout_vllm_tensor_parallel_size)
+        tp = check_tensor_parallel_size(self.rollout_vllm_tensor_parallel_size)
+        object.__setattr__(self, "rollout_vllm_tensor_parallel_size", tp)
+        if self.rollout_vllm_model_version is not None and not isinstance(self.rollout_vllm_model_version, str):
+            raise ConfigError(
+                f"rollout_vllm_model_version must be a str or None, got {self.rollout_vllm_model_version!r:.40}"
+            )
+        # Read only by their engine, but checked (and NumPy numbers converted) whichever is chosen.
+        for name, convert in (
+            ("rollout_sglang_jax_enable_static_lora", as_bool),
+            ("rollout_sglang_jax_max_lora_rank", as_int),
+            ("rollout_sglang_jax_lora_scaling", as_float),
+        ):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, convert(getattr(self, name), name))
         if self.data_type is not None:
             dtype_name(self.data_type, "data_type")  # refused here if unknown; kept as given
 
@@ -230,9 +287,16 @@ class Scenario:
             value = getattr(self, field)
             if value not in allowed:
                 raise ConfigError(f"unknown {knob} {value!r}; choose one of {', '.join(allowed)}", knobs=(field,))
+        # NumPy numbers become plain ones (a report of the scenario stays JSON); anything else is
+        # refused naming the knob, before the rollout config would name its own field instead.
+        for name in ("lora", "lora_separate_base", "offload", "with_reward", "with_critic", "sglang_static_lora"):
+            object.__setattr__(self, name, as_bool(getattr(self, name), name, knobs=(name,)))
+        for name in ("lora_rank", "max_tokens", "kv_cache_size", "seed"):
+            object.__setattr__(self, name, as_int(getattr(self, name), name, knobs=(name,)))
+        object.__setattr__(self, "temperature", as_float(self.temperature, "temperature", knobs=("temperature",)))
         if self.rollout_dtype is not None:
             object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype, "rollout_dtype"))
-        check_sync_chunk_bytes(self.sync_chunk_bytes)
+        object.__setattr__(self, "sync_chunk_bytes", check_sync_chunk_bytes(self.sync_chunk_bytes))
         if self.lora_separate_base and not self.lora:
             raise ConfigError(
                 "lora_separate_base (--lora-separate-base) needs lora (--lora): the separate base is the LoRA "
@@ -241,8 +305,6 @@ class Scenario:
             )
         # The rank is checked with or without LoRA, so a forgotten --lora does not hide a bad value;
         # its upper bound comes from the model's dimensions (check()).
-        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int):
-            raise TypeError(f"lora_rank must be an int, got {type(self.lora_rank).__name__} {self.lora_rank!r}")
         if self.lora_rank < 1:
             raise ConfigError(f"lora_rank (--lora-rank) must be at least 1, got {self.lora_rank}", knobs=("lora_rank",))
         self.rollout_config()  # its own checks (token count, cache size, temperature), when the knobs are made

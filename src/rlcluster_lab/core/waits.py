@@ -14,6 +14,7 @@ import dataclasses
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
@@ -85,7 +86,9 @@ class Waits:
     """The waits in progress (a stack per thread) and the programs being built, for one process.
 
     ``clock``: seconds, monotonic (tests pass a fake one). ``subscribe(fn)``: ``fn()``
-    is called after every wait begins or ends (a progress line redraws or clears at once).
+    is called after every wait begins or ends (a progress line redraws or clears at once);
+    an exception it raises is reported as a ``RuntimeWarning``, never ends a wait early or
+    leaves one behind, and never replaces the block's own exception.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -108,8 +111,8 @@ class Waits:
         with self._lock:
             wait = _Wait(label, kind or label, self.clock(), self._built)
             self._stacks.setdefault(me, []).append(wait)
-        self._notify()
         try:
+            self._notify()  # inside: whatever ends the block here (Ctrl-C) still ends the wait
             yield
         finally:
             with self._lock:
@@ -164,7 +167,16 @@ class Waits:
         with self._lock:
             subscribers = list(self._subscribers)
         for fn in subscribers:
-            fn()
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - a subscriber's fault is its own, and is reported
+                # It never ends the wait, nor replaces the exception the block itself raised.
+                warnings.warn(
+                    f"a subscriber of the waits ({getattr(fn, '__qualname__', type(fn).__name__)}) raised "
+                    f"{type(exc).__name__}: {exc}; the wait goes on without it",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     def build_started(self, phase: str, name: str, thread: int | None = None) -> None:
         """A program began its ``phase`` (tracing, lowering, compiling) in ``thread``."""

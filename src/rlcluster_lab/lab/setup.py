@@ -149,7 +149,7 @@ def setup(
         DeviceSetupError: JAX already started on CPU with another device
             count: restart the kernel and run the set-up cell first.
     """
-    check_device_count(n_devices, "n_devices")
+    n_devices = check_device_count(n_devices, "n_devices")
     if use not in ("auto", "accelerator"):
         raise ValueError(f"use must be 'auto' or 'accelerator', got {use!r}")
     colab = in_colab()

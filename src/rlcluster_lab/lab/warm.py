@@ -11,12 +11,15 @@ lab and the notebooks then read those programs back instead of compiling them.
 It never blocks: the caller only starts the process (``make lab`` does, before
 JupyterLab opens; so does ``lab.setup()`` in a notebook's first cell). It runs
 once per environment: a record in the cache folder (``rlcluster-lab-warm.json``)
-names the versions, device count and compile mode it warmed for, and a lock
-file keeps two from running at once. It runs only where the layouts run on
-simulated CPU devices (the process is pinned to the CPU, so it never takes an
-accelerator's memory), and only when the persistent cache is on and trusted
-(``core.compile_cache``: a folder of this user's, mode 0700). What it writes is
-bounded like the rest of the cache (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
+names the versions, device count and compile mode it warmed for, and an exclusive
+``flock`` on a lock file, taken before the process starts and held by it until it
+ends, keeps two from running at once (the kernel drops it with the process, so it
+is never stale). It runs only where the layouts run on simulated CPU devices (the
+process is pinned to the CPU, so it never takes an accelerator's memory), and only
+when the persistent cache is on and trusted (``core.compile_cache``: a folder of
+this user's, mode 0700). A folder it cannot write (read-only, say) gets one warning
+and no warm start; it never writes through a link (``O_NOFOLLOW``). What it writes
+is bounded like the rest of the cache (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
 
 ``RLCLUSTER_LAB_WARM=off`` turns it off (the test suite does).
 
@@ -28,16 +31,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlcluster_lab.core.compile_cache import ENV as CACHE_ENV
 from rlcluster_lab.core.compile_cache import KEEP_PREFIX, cache_dir, trusted_folder
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no warm start
+    fcntl = None  # type: ignore[assignment]
 from rlcluster_lab.core.options import DEFAULT_SIMULATED_DEVICES
 
 ENV = "RLCLUSTER_LAB_WARM"
@@ -89,48 +100,83 @@ def is_warm(folder: Path, devices: int = DEFAULT_SIMULATED_DEVICES) -> bool:
     return isinstance(data, dict) and data.get("key") == warm_key(devices)
 
 
-def _lock_holder(folder: Path) -> int | None:
-    """The pid of a live warm-up holding ``folder``'s lock, or None (a stale lock is removed)."""
-    path = folder / LOCK
+def _open(folder: Path, name: str, flags: int) -> int:
+    """A descriptor of ``folder / name``, made private (0600) when new, never through a link."""
+    return os.open(folder / name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def _write_pid(fd: int, pid: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(pid).encode("ascii"), 0)
+
+
+def _lock_pid(folder: Path) -> int | None:
+    """The pid written in ``folder``'s lock (the warm-up holding it), None when unreadable."""
     try:
-        pid = int(path.read_text(encoding="ascii").strip() or "0")
-    except FileNotFoundError:
+        fd = _open(folder, LOCK, os.O_RDONLY)
+    except OSError:
         return None
-    except (OSError, ValueError):
-        pid = 0
-    if pid > 0:
-        try:
-            os.kill(pid, 0)
-            return pid
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            return pid
-    with contextlib.suppress(OSError):
-        path.unlink()
-    return None
+    try:
+        return int(os.read(fd, 32).decode("ascii").strip() or "0") or None
+    except ValueError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _take_lock(folder: Path) -> int | None:
-    """A descriptor of ``folder``'s lock file, newly made (None when a live warm-up holds it)."""
-    for _ in range(2):
-        try:
-            return os.open(folder / LOCK, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            if _lock_holder(folder) is not None:
-                return None
-    return None
+    """A descriptor holding ``folder``'s lock (None when a warm-up holds it), this process's pid
+    written in it. The lock is an exclusive ``flock``: taken atomically, and released by the kernel
+    when the last descriptor of its holder closes, so a crashed warm-up leaves nothing stale.
+
+    Raises:
+        OSError: the lock file cannot be opened (a read-only folder, a link in its place).
+    """
+    fd = _open(folder, LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _write_pid(fd, os.getpid())
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_WARNED: set[str] = set()
+
+
+def _unusable(folder: Path, err: OSError) -> str:
+    """One warning per folder that the warm start cannot write; returns the line ``setup`` shows."""
+    where = err.filename or folder
+    reason = f"cannot be written ({err.strerror or err})"
+    if err.errno == errno.ELOOP:
+        reason = "is a symbolic link, which the warm start never writes through"
+    if str(folder) not in _WARNED:
+        _WARNED.add(str(folder))
+        warnings.warn(
+            f"the warm start is off: {where} {reason}; programs are compiled when first needed instead. Make "
+            f"{folder} a writable folder of your own, set {CACHE_ENV} to one, or set {ENV}=off",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return f"warm start skipped: {folder} cannot be written (see the warning)"
 
 
 def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence[str] | None = None) -> str:
     """Start the warm-up process when this environment is not warm yet; never waits for it.
 
     Returns one line saying what happened (started, with its pid and log; already warm;
-    already running; or why not), "" when ``RLCLUSTER_LAB_WARM`` turns it off.
-    ``command``: the process to start (tests pass a stub).
+    already running; or why not), "" when ``RLCLUSTER_LAB_WARM`` turns it off. A cache
+    folder it cannot write gets one warning, never an exception. ``command``: the process
+    to start (tests pass a stub).
     """
     if not enabled():
         return ""
+    if fcntl is None:
+        return "warm start skipped: it needs flock (a POSIX system)"
     where = cache_dir()
     if where is None:
         return "warm start skipped: the persistent compilation cache is off"
@@ -139,14 +185,21 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
         return f"warm start skipped: {where} cannot be trusted (see the warning)"
     if is_warm(folder, devices):
         return "compilation cache already warm for this environment"
-    lock = _take_lock(folder)
+    try:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise OSError(errno.EACCES, "it is read-only for this user", str(folder))
+        lock = _take_lock(folder)
+    except OSError as err:
+        return _unusable(folder, err)
     if lock is None:
-        return f"the compilation cache is being warmed already (process {_lock_holder(folder)})"
+        pid = _lock_pid(folder)
+        return f"the compilation cache is being warmed already ({f'process {pid}' if pid else 'another process'})"
     argv = list(command) if command is not None else [sys.executable, "-m", "rlcluster_lab.lab.warm"]
     argv += ["--devices", str(devices), "--low-priority"] if command is None else []
     env = dict(os.environ, JAX_PLATFORMS="cpu")  # never an accelerator's memory
     try:
-        with open(folder / LOG, "w", encoding="utf-8") as log:
+        log = _open(folder, LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
             proc = subprocess.Popen(  # noqa: S603 - our own module, argv built here
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -154,12 +207,13 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # a kernel restart or Ctrl-C in the terminal does not stop it half-way
+                pass_fds=(lock,),  # the process holds the lock until it ends
             )
-        os.write(lock, str(proc.pid).encode("ascii"))
+        finally:
+            os.close(log)
+        _write_pid(lock, proc.pid)
     except OSError as err:
-        with contextlib.suppress(OSError):
-            (folder / LOCK).unlink()
-        return f"warm start skipped: {err.strerror or err}"
+        return _unusable(folder, err)
     finally:
         os.close(lock)
     return f"warming the compilation cache in the background (process {proc.pid}, log {folder / LOG})"
@@ -218,17 +272,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     where = cache_dir()
     folder = trusted_folder(where, "the persistent compilation cache") if where is not None else None
-    try:
-        result = warm_programs(args.devices)
-        if folder is not None:
-            record = {"key": warm_key(args.devices), "finished": time.time(), "result": result}
-            (folder / RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
-        print(f"compilation cache warm: {result['seconds']:.1f} s", flush=True)
-        return 0
-    finally:
-        if folder is not None and _lock_holder(folder) == os.getpid():
-            with contextlib.suppress(OSError):
-                (folder / LOCK).unlink()
+    result = warm_programs(args.devices)
+    if folder is not None:
+        record = {"key": warm_key(args.devices), "finished": time.time(), "result": result}
+        try:
+            fd = _open(folder, RECORD, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            with open(fd, "w", encoding="utf-8") as out:
+                json.dump(record, out, indent=1)
+        except OSError as err:
+            print(_unusable(folder, err), flush=True)
+            return 1
+    print(f"compilation cache warm: {result['seconds']:.1f} s", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

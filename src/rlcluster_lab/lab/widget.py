@@ -23,7 +23,7 @@ import jax
 
 from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, StepRecord
 from rlcluster_lab.app.report import placement_report
-from rlcluster_lab.app.scenario import build_cluster, validate
+from rlcluster_lab.app.scenario import build_cluster, check_memory, validate
 from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.knobs import describe, knobs_of
@@ -187,10 +187,12 @@ class PlacementLab:
         with self._busy():
             try:
                 # Every check a build makes runs before anything is released: a combination that
-                # cannot work leaves the live cluster and its panels as they are.
+                # cannot work, or a cluster that would not fit in memory (counting what releasing
+                # the live one frees), leaves the live cluster and its panels as they are.
                 scenario = self.knobs.scenario()
                 role_to_mesh = self.knobs.role_to_mesh()
-                validate(scenario, devices=self.devices, role_to_mesh=role_to_mesh)
+                config = validate(scenario, devices=self.devices, role_to_mesh=role_to_mesh)
+                check_memory(scenario, config, self._report["memory"]["by_device"] if self._report else None)
             except Exception as exc:  # noqa: BLE001 - shown beside its knob, the lab stays usable
                 self._show_error(exc, kept=self._cluster is not None)
                 return

@@ -11,6 +11,7 @@ import jax
 from flax import nnx
 
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
+from rlcluster_lab.core.options import as_int
 from rlcluster_lab.core.shardings import default_memory_kind, target_shardings
 from rlcluster_lab.model.lora import _wrap_lora
 from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
@@ -95,6 +96,9 @@ def init_from(
     split: Callable[[ModelConfig], Any], config: ModelConfig | str, seed: int, mesh: Any, rules: Any, memory_kind: Any
 ) -> nnx.Module:
     """``init_model`` for the structure ``split(config)`` gives (graphdef, abstract state)."""
+    if not isinstance(config, (str, ModelConfig)):
+        raise TypeError(f"config must be a ModelConfig or a preset name ('tiny', ...), got {type(config).__name__}")
+    seed = as_int(seed, "seed")
     graphdef, abstract = split(get_model_config(config) if isinstance(config, str) else config)
     shardings = None
     if mesh is not None:

@@ -11,6 +11,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rlcluster_lab.core.model_config import LORA_PROJECTIONS, check_lora_scale
+from rlcluster_lab.core.options import as_int
 from rlcluster_lab.model.transformer import TransformerLM
 from rlcluster_lab.model.values import initial_value
 
@@ -59,11 +60,13 @@ def with_lora(
             ``base``'s; Variable objects are never shared).
 
     Raises:
-        ValueError: for a rank below 1, a base that already has adapters, or a scale
+        TypeError: ``base`` is not a ``TransformerLM``.
+        ValueError: for a rank that is not an int >= 1, a base that already has adapters, or a scale
             (alpha / rank) that is not finite or above ``MAX_LORA_SCALE`` in magnitude.
     """
-    if rank <= 0:
-        raise ValueError(f"LoRA rank must be positive, got {rank}")
+    if not isinstance(base, TransformerLM):
+        raise TypeError(f"base must be a TransformerLM (init_model(...)), got {type(base).__name__}")
+    rank = as_int(rank, "rank (the LoRA rank)", low=1)
     if is_lora(base):
         raise ValueError("model already has LoRA adapters")
     scale = check_lora_scale((rank if alpha is None else alpha) / rank, f"alpha / rank ({alpha!r} / {rank})")

@@ -31,6 +31,7 @@ from rlcluster_lab.core.options import (
     ANCHOR_MODES,
     ENGINES,
     RESHARD_STRATEGIES,
+    as_int,
     check_sync_chunk_bytes,
     check_tensor_parallel_size,
     dtype_name,
@@ -91,7 +92,11 @@ class PlanRequest:
     sync_programs: bool = False  # compile the sync's reshard programs for their temporaries
 
     def __post_init__(self) -> None:
-        check_sync_chunk_bytes(self.sync_chunk_bytes)
+        # NumPy numbers become plain ones (the plan's JSON keeps them).
+        object.__setattr__(self, "sync_chunk_bytes", check_sync_chunk_bytes(self.sync_chunk_bytes))
+        object.__setattr__(self, "lora_rank", as_int(self.lora_rank, "lora_rank", knobs=("lora_rank",)))
+        if not isinstance(self.workload, Workload):
+            raise TypeError(f"workload must be a Workload (or None), got {type(self.workload).__name__}")
         for knob, value, allowed in (
             ("reshard strategy", self.reshard, RESHARD_STRATEGIES),
             ("layout", self.layout, LAYOUTS),
@@ -104,7 +109,8 @@ class PlanRequest:
             raise ValueError(f"LoRA rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if self.lora_rank:
             check_lora_rank(self.lora_rank, self.model)
-        check_tensor_parallel_size(self.vllm_tensor_parallel_size)
+        tp = check_tensor_parallel_size(self.vllm_tensor_parallel_size)
+        object.__setattr__(self, "vllm_tensor_parallel_size", tp)
         if self.lora_separate_base and not self.lora_rank:
             raise ConfigError("lora_separate_base needs LoRA: the separate base is the LoRA actor's frozen part")
         if self.rollout_dtype is not None:
@@ -216,7 +222,7 @@ def plan_cluster(
         model_name=name,
         topology=topo,
         layout=layout,
-        lora_rank=int(lora_rank or 0),
+        lora_rank=lora_rank or 0,
         lora_separate_base=lora_separate_base,
         engine=engine,
         vllm_tensor_parallel_size=vllm_tensor_parallel_size,

@@ -9,6 +9,7 @@ links and hosts, each figure with the document it comes from; any can be overrid
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from typing import Any
 
@@ -340,13 +341,17 @@ def with_figures(
     ):
         if value is None:
             continue
-        if not value > 0:
-            raise ValueError(f"{field.replace('_', ' ')} must be positive, got {value}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+            raise ValueError(f"{field.replace('_', ' ')} must be a positive number, got {value!r:.40}")
         changes[field] = cast(value)
         changes[source] = "given"
     if devices_per_host is not None:
-        if isinstance(devices_per_host, bool) or not isinstance(devices_per_host, int) or devices_per_host < 1:
+        if (
+            isinstance(devices_per_host, bool)
+            or not isinstance(devices_per_host, numbers.Integral)
+            or devices_per_host < 1
+        ):
             raise ValueError(f"devices per host must be a positive int, got {devices_per_host!r}")
-        changes["devices_per_host"] = devices_per_host
+        changes["devices_per_host"] = int(devices_per_host)
         changes["host_ids"] = None  # consecutive ids, devices_per_host to a host
     return dataclasses.replace(topo, **changes) if changes else topo

@@ -6,6 +6,7 @@ JAX-free, so the CLI can build its flags from the defaults before the backend st
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
@@ -42,14 +43,16 @@ class Workload:
     def __post_init__(self) -> None:
         for name in ("rollout_batch_size", "prompt_length", "max_tokens", "kv_cache_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ConfigError(f"{_said(name)} must be a positive int, got {value!r:.40}", knobs=(name,))
+            object.__setattr__(self, name, int(value))  # a NumPy integer becomes a plain one
         micro = self.micro_batch_size
-        if micro is not None and (isinstance(micro, bool) or not isinstance(micro, int) or micro < 1):
+        if micro is not None and (isinstance(micro, bool) or not isinstance(micro, numbers.Integral) or micro < 1):
             raise ConfigError(
                 f"{_said('micro_batch_size')} must be a positive int or None, got {micro!r:.40}",
                 knobs=("micro_batch_size",),
             )
+        object.__setattr__(self, "micro_batch_size", None if micro is None else int(micro))
         if self.prompt_length + self.max_tokens > self.kv_cache_size:
             raise ConfigError(
                 f"a row needs {_said('prompt_length')} + {_said('max_tokens')} = "

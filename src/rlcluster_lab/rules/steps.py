@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+from rlcluster_lab.core.options import as_int
 from rlcluster_lab.core.trace import Decision
 from rlcluster_lab.rules.registry import Locator, rule
 
@@ -28,12 +29,12 @@ def p9_check_prompts(prompts: Sequence[str], micro_batch_size: int | None) -> No
     is an error.
 
     Raises:
-        ValueError: no prompts, or a micro-batch size below 1.
+        ValueError: no prompts, or a micro-batch size that is not an int >= 1 (a ConfigError).
     """
     if not prompts:
         raise ValueError("Cannot generate from an empty list of prompts.")
-    if micro_batch_size is not None and micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    if micro_batch_size is not None:
+        as_int(micro_batch_size, "micro_batch_size", low=1)
 
 
 P12 = rule(

@@ -14,7 +14,7 @@ from typing import Any
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.model_config import get_model_config
 from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
-from rlcluster_lab.core.options import Scenario, layout_problem
+from rlcluster_lab.core.options import RolloutConfig, Scenario, layout_problem
 from rlcluster_lab.core.roles import Mode
 from rlcluster_lab.core.trace import Decision
 from rlcluster_lab.rules.registry import Locator, rule
@@ -51,7 +51,7 @@ def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
     Returns the TRAIN config and the decision.
 
     Raises:
-        ConfigError: no rollout config, or a per-mode dict without TRAIN.
+        ConfigError: no rollout config, one that is not a ``RolloutConfig``, or a per-mode dict without TRAIN.
     """
     if rollout_config is None:
         raise ConfigError(
@@ -59,6 +59,11 @@ def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
             "Pass rollout_config=RolloutConfig(...) (or a dict with a Mode.TRAIN entry)."
         )
     per_mode = isinstance(rollout_config, Mapping)
+    if not all(isinstance(c, RolloutConfig) for c in (rollout_config.values() if per_mode else [rollout_config])):
+        raise ConfigError(
+            f"rollout_config must be a RolloutConfig or a dict from Mode to RolloutConfig, got "
+            f"{type(rollout_config).__name__} {rollout_config!r:.60}"
+        )
     if per_mode and not rollout_config.get(Mode.TRAIN):
         raise ConfigError(
             "rollout_config is a per-mode dict without a Mode.TRAIN entry "
@@ -198,7 +203,13 @@ def check_scenario(scenario: Scenario, device_count: int | None = None, *, model
 
     Raises:
         ConfigError: with the reason and the fix.
+        TypeError: ``scenario`` is not a ``Scenario``.
     """
+    if not isinstance(scenario, Scenario):
+        raise TypeError(
+            f"scenario must be a Scenario (e.g. Scenario(layout='colocated')), got {type(scenario).__name__} "
+            f"{scenario!r:.40}"
+        )
     check_lora_rank(scenario.lora_rank, model if model is not None else get_model_config(scenario.model_size))
     if scenario.engine == "sglang_jax":
         check_sglang_lora(scenario.lora, scenario.sglang_static_lora)

@@ -15,6 +15,7 @@ import jax
 from jax.sharding import Mesh
 
 from rlcluster_lab import ConfigError, Scenario, SyncReport, TrainingConfig, build_cluster, placement_report
+from rlcluster_lab.rules.validation import check_scenario
 from rlcluster_lab.tunix.build import build_tunix_cluster
 from rlcluster_lab.tunix.differences import SCENARIO_DIFFERENCES, DifferenceCheck, optimizer_facts
 from rlcluster_lab.tunix.extra import require
@@ -122,7 +123,9 @@ def side_by_side(
         ConfigError: a scenario the lab refuses, an engine Tunix cannot run here, or the lab's
             trainable anchor (Tunix has only the full one).
         TunixMissingError: Tunix is not installed.
+        TypeError: ``scenario`` is not a ``Scenario``.
     """
+    check_scenario(scenario)  # a Scenario, and its knobs' refusals first
     if scenario.anchor != "full":
         raise ConfigError(
             f"anchor={scenario.anchor!r} is the lab's own cheaper anchor; Tunix 0.1.7 always pins the actor's "

@@ -12,6 +12,7 @@ import jax
 from flax import nnx
 
 from rlcluster_lab.app.report import PlacementFacts
+from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.meshes import describe_meshes
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import memory_kinds
@@ -20,7 +21,7 @@ from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
 from rlcluster_lab.rules.sharing import sharing_map_json
 from rlcluster_lab.tunix.build import Given, TunixBuild
-from rlcluster_lab.tunix.extra import installed_version, version_note
+from rlcluster_lab.tunix.extra import installed_version, require, version_note
 from rlcluster_lab.tunix.observe import (
     OBSERVED,
     P4_WARNING_MARK,
@@ -69,9 +70,24 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         given: what the cluster was handed, when known: with it the report also shows
             P5 (kept or resharded), the rollout mesh the engine replaced (P7) and the P4
             warning Tunix logged.
+
+    Raises:
+        TypeError: ``rl_cluster`` is not Tunix's ``RLCluster`` (the lab's own is read by
+            ``placement_report``), or ``given`` is not a ``Given``.
+        TunixMissingError: Tunix is not installed.
     """
     if isinstance(rl_cluster, TunixBuild):
         rl_cluster, given = rl_cluster.cluster, given or rl_cluster.given
+    if not isinstance(rl_cluster, require("inspect").rl_cluster.RLCluster):
+        lab = (
+            " (the lab's own: read it with rlcluster_lab.placement_report)" if isinstance(rl_cluster, RLCluster) else ""
+        )
+        raise TypeError(
+            f"rl_cluster must be Tunix's RLCluster (tunix.rl.rl_cluster.RLCluster) or the TunixBuild that "
+            f"build_tunix_cluster returns, got {type(rl_cluster).__name__}{lab}"
+        )
+    if given is not None and not isinstance(given, Given):
+        raise TypeError(f"given must be the Given of a TunixBuild, or None; got {type(given).__name__}")
     models = tunix_models(rl_cluster)
     present = {Role(name) for name in models}
     meshes = role_meshes(rl_cluster, present)
