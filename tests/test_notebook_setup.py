@@ -206,7 +206,7 @@ def test_without_its_extra_and_without_the_stored_notebook_the_check_stops_with_
         result = shell.run_cell('needs_extra("demo", False, "pip install demo", notebook="n.ipynb")', True)
     assert isinstance(result.error_in_exec, notebook.ExtraMissingError)
     assert "Traceback" not in out.stdout and "File " not in out.stdout
-    assert "needs the [demo] extra" in out.stdout and "To run it, pip install demo;" in out.stdout
+    assert "needs the [demo] extra" in out.stdout and "To run this notebook, pip install demo;" in out.stdout
 
 
 # ---------------------------------------------------------------- the working copies `make lab` serves

@@ -297,8 +297,8 @@ def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
     next save would write that. Instead, each code cell below this one whose source is the
     stored one shows its stored outputs (a run with the extra) without running; a cell edited
     since runs as written. Where the stored notebook cannot be read (a kernel that does not
-    see the file, as in Colab, where a failing cell stops Run All and leaves the rest as they
-    are), raises ``ExtraMissingError``, shown as its message alone.
+    see the file, as in Colab), raises ``ExtraMissingError``, which stops a run there and is
+    shown as its message alone.
 
     Args:
         extra: the extra's name, as in ``pip install -e ".[extra]"``.
@@ -321,8 +321,8 @@ def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
     _stored.clear()
     if available:
         return True
-    needs = f"This notebook needs the [{extra}] extra, which this kernel ({sys.executable}) does not have"
-    advice = f"To run it, {hint}; then restart the kernel and run the notebook again."
+    needs = f"This notebook needs the [{extra}] extra, which this kernel's Python ({sys.executable}) does not have"
+    advice = f"To run this notebook, {hint}; then restart the kernel and run it again."
     cells = _stored_below(shell, Path(os.environ.get(NOTEBOOKS_ENV) or os.getcwd()) / notebook)
     if cells is None:
         raise ExtraMissingError(f"{needs}.\n{advice}")
@@ -339,7 +339,7 @@ def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
     _replay.append(replay)
     print(
         f"{needs}, so the cells below do not run: each shows the output stored with the notebook, "
-        f"from a run with it.\n{advice}"
+        f"from a run with the extra.\n{advice}"
     )
     return False
 
