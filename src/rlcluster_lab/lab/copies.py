@@ -97,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("tracked", type=Path, help="the tracked notebooks (notebooks/)")
     parser.add_argument("work", type=Path, help="the working copies JupyterLab serves (.lab/notebooks)")
     args = parser.parse_args(argv)
-    print(f"JupyterLab serves working copies in {args.work}; {args.tracked} stays as committed.")
+    print(
+        f"JupyterLab serves working copies of {args.tracked}/ in {args.work}/: using them leaves {args.tracked}/ as is."
+    )
     for line in sync_copies(args.tracked, args.work):
         print(line)
     return 0
