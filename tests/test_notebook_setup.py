@@ -120,3 +120,138 @@ def test_setup_never_restarts_jax():
     rl.setup(8, quiet=True)
     assert jax.devices() == before and float(x.sum()) == 3.0
     assert not hasattr(notebook, "_cpu_first")
+
+
+# ---------------------------------------------------------------- a notebook whose extra is missing
+
+TUNIX_NOTEBOOK = pathlib.Path(__file__).parent.parent / "notebooks" / "10_tunix_side_by_side.ipynb"
+
+
+@pytest.fixture
+def shell(monkeypatch):
+    """An IPython shell as a kernel runs cells in it (each cell stored in its history)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.delenv(notebook.NOTEBOOKS_ENV, raising=False)
+    instance = InteractiveShell.instance()
+    yield instance
+    notebook.needs_extra("x", True, "", notebook="")  # take back what a test installed
+    InteractiveShell.clear_instance()
+
+
+def _run(shell, source):
+    """Run a cell: (what it printed, its result's mime bundle or None); fails on an error in it."""
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as out:
+        result = shell.run_cell(source, store_history=True)
+    assert result.error_before_exec is None and result.error_in_exec is None, out.stdout + out.stderr
+    value = result.result
+    return out.stdout, (value._repr_mimebundle_()[0] if hasattr(value, "_repr_mimebundle_") else value)
+
+
+def test_notebook_10_without_tunix_says_so_once_and_every_later_cell_shows_its_stored_outputs(shell, monkeypatch):
+    # As a kernel with only the [lab] extra runs it: Tunix cannot be imported (None in sys.modules).
+    monkeypatch.setitem(sys.modules, "tunix", None)
+    monkeypatch.chdir(TUNIX_NOTEBOOK.parent)
+    code = [c for c in nbformat.read(TUNIX_NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
+    check = next(i for i, c in enumerate(code) if "needs_extra(" in c.source)
+    assert check == 1, "the check is not the cell after the set-up"
+    said, _ = _run(shell, code[check].source)
+    assert "needs the [tunix] extra" in said and 'pip install -e ".[tunix]"' in said
+    assert "stored with the notebook" in said and "restart the kernel" in said
+    shown = 0
+    for cell in code[check + 1 :]:
+        printed, result = _run(shell, cell.source)  # none raises, though each needs Tunix
+        streams = "".join(o.text for o in cell.outputs if o.output_type == "stream")
+        results = [dict(o.data) for o in cell.outputs if o.output_type == "execute_result"]
+        assert (result is not None) == bool(results), cell.source
+        if results:
+            assert result == results[0]
+            shown += "image/svg+xml" in result
+        else:
+            assert printed == streams, cell.source
+    assert shown == 5, "the five stored figures were not shown"
+
+
+def test_without_its_extra_an_edited_cell_runs_as_written_and_the_check_itself_runs_again(shell, tmp_path):
+    check = 'needs_extra("demo", have, "pip install demo", notebook="n.ipynb")'
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("from rlcluster_lab.lab.setup import needs_extra"),
+        nbformat.v4.new_code_cell(check),
+        nbformat.v4.new_code_cell('print("ran")', outputs=[nbformat.v4.new_output("stream", text="stored\n")]),
+    ]
+    nbformat.write(nb, tmp_path / "n.ipynb")
+    shell.user_ns["have"] = False
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        _run(shell, nb.cells[0].source)
+        assert "needs the [demo] extra" in _run(shell, check)[0]
+        assert _run(shell, 'print("ran")')[0] == "stored\n"
+        assert _run(shell, 'print("ran", "edited")')[0] == "ran edited\n"
+        assert "needs the [demo] extra" in _run(shell, check)[0], "the check cell was replaced by its stored output"
+        assert _run(shell, 'print("ran")')[0] == "stored\n"
+        shell.user_ns["have"] = True  # installed since
+        assert _run(shell, check)[1] is True
+        assert _run(shell, 'print("ran")')[0] == "ran\n"
+
+
+def test_without_its_extra_and_without_the_stored_notebook_the_check_stops_with_its_message_alone(shell, tmp_path):
+    from IPython.utils.capture import capture_output
+
+    shell.run_cell("from rlcluster_lab.lab.setup import needs_extra", store_history=True)
+    with pytest.MonkeyPatch.context() as mp, capture_output() as out:
+        mp.chdir(tmp_path)  # no n.ipynb here: a kernel that does not see the notebook's file (Colab)
+        result = shell.run_cell('needs_extra("demo", False, "pip install demo", notebook="n.ipynb")', True)
+    assert isinstance(result.error_in_exec, notebook.ExtraMissingError)
+    assert "Traceback" not in out.stdout and "File " not in out.stdout
+    assert "needs the [demo] extra" in out.stdout and "To run this notebook, pip install demo;" in out.stdout
+
+
+# ---------------------------------------------------------------- the working copies `make lab` serves
+
+
+def test_working_copies_are_made_refreshed_and_an_edited_one_is_kept_as_a_backup(tmp_path):
+    from rlcluster_lab.lab.copies import sync_copies
+
+    tracked, work = tmp_path / "notebooks", tmp_path / "work"
+    tracked.mkdir()
+    files = {"a.ipynb": "a1", "a.md": "a1 text", "b.ipynb": "b1", "b.md": "b1 text", "jupytext.toml": "pair"}
+    for name, text in files.items():
+        (tracked / name).write_text(text)
+
+    def texts(folder):
+        return {p.name: p.read_text() for p in sorted(folder.iterdir()) if not p.name.startswith(".")}
+
+    said = sync_copies(tracked, work)
+    assert texts(work) == files and said == [f"copied from {tracked}: a, b, jupytext"]
+    assert sync_copies(tracked, work) == []
+
+    (work / "a.ipynb").write_text("a1 run and saved")  # the user's run: the copy is theirs
+    assert sync_copies(tracked, work) == [] and (work / "a.ipynb").read_text() == "a1 run and saved"
+
+    (tracked / "b.ipynb").write_text("b2")  # a pull changes b, which the user never touched
+    assert sync_copies(tracked, work) == [f"refreshed from {tracked} (changed there since copied): b"]
+    assert (work / "b.ipynb").read_text() == "b2"
+
+    (tracked / "a.ipynb").write_text("a2")  # ... and a, which the user changed
+    (tracked / "a.md").write_text("a2 text")
+    said = sync_copies(tracked, work)
+    assert said == [
+        f"changed in {tracked} and here too, so your copies are kept as: {work}/a.backup-1.ipynb, {work}/a.backup-1.md"
+    ]
+    assert (work / "a.backup-1.ipynb").read_text() == "a1 run and saved"
+    assert (work / "a.backup-1.md").read_text() == "a1 text"
+    assert (work / "a.ipynb").read_text() == "a2" and (work / "a.md").read_text() == "a2 text"
+
+    (work / "a.ipynb").write_text("a2 edited")
+    (tracked / "a.ipynb").write_text("a3")
+    assert "a.backup-2.ipynb" in sync_copies(tracked, work)[0]
+    assert (work / "a.backup-1.ipynb").read_text() == "a1 run and saved", "an older backup was overwritten"
+    assert (work / "a.backup-2.ipynb").read_text() == "a2 edited" and (work / "a.ipynb").read_text() == "a3"
+
+    (work / "b.ipynb").unlink()  # deleting a copy brings the tracked one back
+    (work / "b.md").unlink()
+    assert sync_copies(tracked, work) == [f"copied from {tracked}: b"] and (work / "b.ipynb").read_text() == "b2"
+    assert texts(tracked) == {**files, "a.ipynb": "a3", "a.md": "a2 text", "b.ipynb": "b2"}, "a tracked file changed"

@@ -2,14 +2,18 @@
 
 It serves a scratch folder holding a copy of the notebook, so running its
 cells never writes outputs into the repository, and keeps its config,
-runtime and workspace files there too.
+runtime and workspace files there too. Started ``make_lab=True``, it runs what
+`make lab` runs (read from ``make -n lab``): the working copies made from the
+tracked notebooks into the scratch folder, then the same `jupyter lab` command.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -18,6 +22,32 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_lab_commands(lab_dir: Path) -> tuple[list[str], dict[str, str], list[str]]:
+    """What `make lab` runs here, read from ``make -n lab`` with this Python's environment as the
+    venv (so nothing is installed) and ``lab_dir`` as the folder of working copies: the command
+    that makes the working copies, and the environment and arguments of the `jupyter lab` command
+    (the warm start left out)."""
+    venv = Path(sys.executable).parent.parent
+    out = subprocess.run(
+        ["make", "-n", "lab", f"VENV={venv}", f"LAB_DIR={lab_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = [shlex.split(line) for line in out.replace("\\\n", " ").splitlines()]
+    copies = [words for words in lines if "rlcluster_lab.lab.copies" in words]
+    labs = [words for words in lines if "lab" in words and any(w.endswith("jupyter") for w in words)]
+    assert len(copies) == 1 and len(labs) == 1, out
+    env = {}
+    while re.fullmatch(r"[A-Z_]+=.*", labs[0][0]):
+        name, value = labs[0].pop(0).split("=", 1)
+        env[name] = value
+    return copies[0], env, labs[0]
 
 
 def free_port() -> int:
@@ -40,15 +70,21 @@ class JupyterLab:
 
     ``notebooks`` are copied into the served folder (with their Markdown twins and
     ``jupytext.toml`` where they exist, so a save writes both, as in the repository).
+    ``make_lab``: served as `make lab` serves the notebooks (its working copies, its command).
+    ``hidden``: packages the kernels cannot import, as in an environment without them.
     """
 
-    def __init__(self, root: Path, notebooks: list[Path]) -> None:
+    def __init__(
+        self, root: Path, notebooks: list[Path], *, make_lab: bool = False, hidden: tuple[str, ...] = ()
+    ) -> None:
         self.root = root
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / "jupyter.log"
         self._proc: subprocess.Popen | None = None
+        self.make_lab = make_lab
+        self.hidden = hidden
         work = root / "work"
         work.mkdir(parents=True, exist_ok=True)
         copy_notebooks(notebooks, work)
@@ -76,20 +112,34 @@ class JupyterLab:
             JUPYTERLAB_SETTINGS_DIR=str(self.root / "settings"),
             IPYTHONDIR=str(self.root / "ipython"),
         )
+        # Absolute: a kernel runs in its notebook's folder.
+        paths = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if self.hidden:
+            # Python imports sitecustomize at start; None in sys.modules makes an import fail
+            # and importlib.util.find_spec answer None, as when the package is not installed.
+            site = self.root / "hidden"
+            site.mkdir(exist_ok=True)
+            (site / "sitecustomize.py").write_text(
+                "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in self.hidden)
+            )
+            paths.insert(0, str(site))
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(paths)
         return env
 
     def start(self, timeout: float = 120.0) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
+        env = self.env()
+        cmd = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={self.work}"]
+        if self.make_lab:
+            copies, assigned, cmd = make_lab_commands(self.work)
+            subprocess.run(copies, cwd=REPO, env=env, check=True, capture_output=True)
+            env.update(assigned)
+        cmd += [
             "--no-browser",
             "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={self.port}",
             "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={self.token}",
-            f"--ServerApp.root_dir={self.work}",
             "--ServerApp.terminals_enabled=False",
             # Nothing from the network: no update check, no extension listing from a registry.
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
@@ -99,7 +149,7 @@ class JupyterLab:
             cmd.append("--allow-root")  # CI runs as root
         with open(self.log, "wb") as log:
             self._proc = subprocess.Popen(
-                cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

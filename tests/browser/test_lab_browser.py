@@ -22,6 +22,13 @@ and once trusted draws the widget itself from the state saved with it; and
 every notebook opened and saved in JupyterLab is left byte for byte as
 committed (its kernelspec and its twin's header are what JupyterLab writes).
 
+The server is started as `make lab` starts it (its working copies of the
+notebooks, its command), in an environment without Tunix, as `make lab`
+installs only the [lab] extra. Notebook 10 run from the Run menu there says in
+one message what to install and keeps every stored output below it (the
+comparison and its five figures), on screen and once saved. Neither run, nor
+any save, changes a tracked file: `git status` of notebooks/ stays as it was.
+
 Outside CI the test is skipped when Chromium is absent; in CI (``CI`` set)
 it must run, so a missing browser fails it.
 """
@@ -29,15 +36,17 @@ it must run, so a missing browser fails it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_server import JupyterLab, copy_notebooks
+from lab_server import REPO, JupyterLab, copy_notebooks
 
 from rlcluster_lab.core.options import ENGINE_LABELS
 
@@ -47,8 +56,8 @@ try:
 except ImportError:  # reported by _chromium() below
     sync_playwright = None
 
-REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "07_placement_lab.ipynb"
+TUNIX_NOTEBOOK = REPO / "notebooks" / "10_tunix_side_by_side.ipynb"
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # Without the background-networking flags Chromium tries to reach the network
 # at start, and a closed network refuses it.
@@ -88,9 +97,23 @@ def chromium() -> str:
     return _chromium()
 
 
+def _tracked() -> tuple[str, dict[str, str]]:
+    """What git says of notebooks/, and the bytes of each file there: using the notebooks changes neither."""
+    folder = REPO / "notebooks"
+    status = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=folder, capture_output=True, text=True)
+    return status.stdout, {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
+
+
 @pytest.fixture(scope="module")
-def lab_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    server = JupyterLab(tmp_path_factory.mktemp("jupyter"), [NOTEBOOK])
+def tracked_before() -> tuple[str, dict[str, str]]:
+    """notebooks/ before the server starts (``_tracked``)."""
+    return _tracked()
+
+
+@pytest.fixture(scope="module")
+def lab_server(chromium: str, tracked_before: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
+    # As `make lab` serves the notebooks, with what it installs: the [lab] extra, not [tunix].
+    server = JupyterLab(tmp_path_factory.mktemp("jupyter"), [], make_lab=True, hidden=("tunix",))
     server.start()
     try:
         yield server
@@ -112,7 +135,7 @@ BUTTONS = [f".rl-lab button.rl-{name}" for name in ("construct", "sync", "step")
 
 
 def test_lab_panel_fits_a_1600x1000_screen_in_a_real_browser(
-    chromium: str, lab_server: JupyterLab, tmp_path: Path
+    chromium: str, lab_server: JupyterLab, tracked_before: object, tmp_path: Path
 ) -> None:
     shot = Path(os.environ.get("RL_LAB_SCREENSHOT") or tmp_path / "lab.png")
     timings: dict[str, float] = {}
@@ -241,6 +264,7 @@ def test_lab_panel_fits_a_1600x1000_screen_in_a_real_browser(
     assert _metadata(saved) == _metadata(committed)
     twin = NOTEBOOK.with_suffix(".md")
     assert (lab_server.work / twin.name).read_text() == twin.read_text(), "JupyterLab rewrote the Markdown twin"
+    assert _tracked() == tracked_before, "running and saving notebook 07 under make lab changed notebooks/"
     assert shot.stat().st_size > 10_000
     print("browser test timings (s, cumulative):", {k: round(v, 1) for k, v in timings.items()})
 
@@ -306,6 +330,65 @@ def test_every_notebook_opened_and_saved_in_jupyterlab_stays_as_committed(
         finally:
             browser.close()
     assert changed == [], f"JupyterLab rewrote {changed}"
+
+
+def test_notebook_10_without_tunix_says_what_to_install_and_keeps_its_stored_comparison(
+    chromium: str, lab_server: JupyterLab, tracked_before: object, tmp_path: Path
+) -> None:
+    # Run All in a kernel without Tunix: one message, no error, and every stored output below it
+    # shown again (JupyterLab clears each cell as it sends it), so the save keeps the comparison.
+    path = lab_server.work / TUNIX_NOTEBOOK.name
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        try:
+            _open(page, lab_server.notebook_url(TUNIX_NOTEBOOK.name, reset=True))
+            _run_all_cells(page)
+            page.wait_for_function(
+                f"() => [...document.querySelectorAll('{SHOWN} .jp-CodeCell .jp-InputPrompt')]"
+                ".every(p => /\\[\\d+\\]/.test(p.textContent))",
+                timeout=120_000,
+            )
+            message = page.locator(f"{SHOWN} .jp-CodeCell").nth(1).locator(".jp-OutputArea-output")
+            message.first.scroll_into_view_if_needed()  # Run All leaves the notebook at its end
+            assert message.count() == 1
+            assert message.first.is_visible()
+            said = message.first.text_content()
+            assert "needs the [tunix] extra" in said and 'pip install -e ".[tunix]"' in said, said
+            assert "stored with the notebook" in said and "restart the kernel" in said, said
+            assert page.locator(f"{SHOWN} [data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+            _save(page, path)
+        except Exception:
+            _report_failure(page, lab_server, tmp_path)
+            raise
+        finally:
+            browser.close()
+            lab_server.shut_down_kernels()
+    saved, stored = _code_outputs(json.loads(path.read_text())), _code_outputs(json.loads(TUNIX_NOTEBOOK.read_text()))
+    assert saved[2:] == stored[2:], "a stored output below the check changed"
+    assert len(saved) == len(stored) == 20
+    assert sum("image/svg+xml" in o.get("data", {}) for cell in saved for o in cell) == 5, "the five figures"
+    assert _tracked() == tracked_before, "running notebook 10 under make lab changed notebooks/"
+
+
+def _code_outputs(nb: dict) -> list[list[dict]]:
+    """Each code cell's outputs, as they read: lines joined, no execution count."""
+
+    def joined(value: object) -> object:
+        return "".join(value) if isinstance(value, list) else value
+
+    return [
+        [
+            {
+                k: {m: joined(x) for m, x in v.items()} if k == "data" else joined(v)
+                for k, v in out.items()
+                if k != "execution_count"
+            }
+            for out in cell["outputs"]
+        ]
+        for cell in nb["cells"]
+        if cell["cell_type"] == "code"
+    ]
 
 
 # Elements that must not move when the lab refuses, builds or steps: knobs above and below the

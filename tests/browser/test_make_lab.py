@@ -1,51 +1,42 @@
 """`make lab` prints notebook 00's own address, not the Launcher's.
 
-The test asks make for the command `make lab` runs (``make -n``, with this Python's
-environment as the venv, so nothing is installed), runs it on a free port with a token of its
-own (and no browser), and reads the address the server prints: it must be notebook 00's, and
-that page must exist. No browser is needed.
+The test asks make for the commands `make lab` runs (``make -n``, with this Python's
+environment as the venv, so nothing is installed, and a scratch folder for the working
+copies), runs them, the server on a free port with a token of its own (and no browser), and
+reads the address the server prints: it must be notebook 00's, and that page must exist, in
+the working copies it serves. No browser is needed.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_server import JupyterLab, free_port
-
-REPO = Path(__file__).resolve().parents[2]
+from lab_server import REPO, JupyterLab, free_port, make_lab_commands
 
 pytestmark = pytest.mark.cluster  # a JupyterLab server in a subprocess
 
 
-def lab_command() -> list[str]:
-    """The `jupyter lab ...` command `make lab` runs here, as arguments."""
-    venv = Path(sys.executable).parent.parent
-    out = subprocess.run(
-        ["make", "-n", "lab", f"VENV={venv}"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout
-    lines = [line for line in out.replace("\\\n", " ").splitlines() if "jupyter lab" in line]
-    assert len(lines) == 1, out
-    return shlex.split(lines[0])
-
-
 def test_make_lab_prints_the_address_of_notebook_00(tmp_path: Path) -> None:
     port = free_port()
+    work = tmp_path / "lab"
+    copies, assigned, lab = make_lab_commands(work)
+    env = {**JupyterLab(tmp_path, []).env(), **assigned}
+    subprocess.run(copies, cwd=REPO, env=env, check=True)
+    assert f"--ServerApp.root_dir={work}" in lab, "make lab does not serve the working copies"
+    assert (work / "00_start_here.ipynb").read_bytes() == (REPO / "notebooks" / "00_start_here.ipynb").read_bytes()
     # The server makes its own token, as under `make lab` (one given to it is printed as "...").
-    command = lab_command() + [
+    command = lab + [
         "--no-browser",
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={port}",
         "--ServerApp.port_retries=0",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]
-    env = JupyterLab(tmp_path, []).env()
     log = tmp_path / "lab.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)

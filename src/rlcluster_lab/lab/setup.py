@@ -10,14 +10,20 @@ never restarted: the accelerator stays its default backend, and the cluster take
 It turns on the persistent compilation cache and, with the layouts on simulated CPU devices,
 starts the warm start (``lab.warm``: one background process at the lowest CPU priority
 compiling the standard programs into that cache once per environment), without waiting for it.
+
+A notebook whose optional extra is missing calls ``needs_extra()`` in the cell after the set-up:
+one message says what to install, and the cells below show the outputs stored with the notebook
+instead of failing one by one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -220,11 +226,7 @@ def _enable_colab_widgets() -> None:
 def _register_figure_display() -> None:
     """Show a ``matplotlib.figure.Figure`` returned by a cell as a PNG: the notebooks' figures are
     built without pyplot, so IPython has no display rule for them (``svg.Svg`` displays itself)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
+    shell = _shell()
     if shell is None:
         return
     from matplotlib.figure import Figure
@@ -267,9 +269,136 @@ def progress(total: int, label: str = "") -> Callable[[Any], None]:
 
 
 def _in_kernel() -> bool:
+    shell = _shell()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+# `make lab` serves working copies and names the tracked notebooks' folder here, so a notebook
+# shows the outputs committed with it however its working copy was saved since.
+NOTEBOOKS_ENV = "RLCLUSTER_LAB_NOTEBOOKS"
+_replay: list[Callable[[list[str]], list[str]]] = []  # the input transformer needs_extra installed, if any
+_stored: list[list[dict[str, Any]]] = []  # the stored outputs it shows, by the index in its code
+
+
+class ExtraMissingError(ModuleNotFoundError):
+    """A notebook's optional extra is not installed (its message says what to install)."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows these lines instead of a traceback: the message is all there is to read.
+        return str(self).splitlines()
+
+
+def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
+    """Whether this kernel has the optional ``extra`` the notebook's later cells need; without it,
+    say so once and have those cells show the outputs stored with the notebook.
+
+    JupyterLab's Run All clears the outputs of every cell as it sends them to the kernel, so
+    a cell that stopped the run here would leave the stored results below it empty, and the
+    next save would write that. Instead, each code cell below this one whose source is the
+    stored one shows its stored outputs (a run with the extra) without running; a cell edited
+    since runs as written. Where the stored notebook cannot be read (a kernel that does not
+    see the file, as in Colab), raises ``ExtraMissingError``, which stops a run there and is
+    shown as its message alone.
+
+    Args:
+        extra: the extra's name, as in ``pip install -e ".[extra]"``.
+        available: whether it is installed in this kernel.
+        hint: how to install it.
+        notebook: the notebook's file name, read in the folder ``RLCLUSTER_LAB_NOTEBOOKS``
+            names (``make lab`` names the tracked notebooks) or else the kernel's folder.
+
+    Returns:
+        ``available``. With the extra, any stored outputs shown before are switched off.
+
+    Raises:
+        ExtraMissingError: the extra is missing and the stored notebook cannot be read.
+    """
+    shell = _shell()
+    for transform in _replay:
+        if shell is not None and transform in shell.input_transformers_cleanup:
+            shell.input_transformers_cleanup.remove(transform)
+    _replay.clear()
+    _stored.clear()
+    if available:
+        return True
+    needs = f"This notebook needs the [{extra}] extra, which this kernel's Python ({sys.executable}) does not have"
+    advice = f"To run this notebook, {hint}; then restart the kernel and run it again."
+    cells = _stored_below(shell, Path(os.environ.get(NOTEBOOKS_ENV) or os.getcwd()) / notebook)
+    if cells is None:
+        raise ExtraMissingError(f"{needs}.\n{advice}")
+    _stored.extend(cells.values())
+    code = {source: i for i, source in enumerate(cells)}
+
+    def replay(lines: list[str]) -> list[str]:
+        i = code.get("".join(lines).strip())
+        if i is None:
+            return lines
+        return [f"__import__({__name__!r}, fromlist=['_']).show_stored({i})\n"]
+
+    shell.input_transformers_cleanup.insert(0, replay)
+    _replay.append(replay)
+    print(
+        f"{needs}, so the cells below do not run: each shows the output stored with the notebook, "
+        f"from a run with the extra.\n{advice}"
+    )
+    return False
+
+
+def show_stored(index: int) -> Any:
+    """Show the stored outputs of the ``index``-th cell ``needs_extra`` matched: its streams and
+    displays now, its result as the cell's value (so it is shown as the cell's result)."""
+    from IPython.display import publish_display_data
+
+    result = None
+    for out in _stored[index]:
+        kind = out.get("output_type")
+        if kind == "stream":
+            print(_joined(out["text"]), end="", file=sys.stderr if out.get("name") == "stderr" else sys.stdout)
+        elif kind == "display_data":
+            publish_display_data(_bundle(out), out.get("metadata") or {})
+        elif kind == "execute_result":
+            result = _StoredResult(_bundle(out), out.get("metadata") or {})
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _StoredResult:
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> tuple[dict, dict]:
+        return self.data, self.metadata
+
+
+def _stored_below(shell: Any, path: Path) -> dict[str, list[dict[str, Any]]] | None:
+    """Source -> stored outputs of the code cells below the running one in the notebook at
+    ``path``; None outside IPython or when the file, or the running cell in it, is not found."""
+    if shell is None or not shell.history_manager.input_hist_raw:
+        return None
+    try:
+        cells = [c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    sources = [_joined(c["source"]).strip() for c in cells]
+    running = shell.history_manager.input_hist_raw[-1].strip()
+    if running not in sources:
+        return None
+    below = sources.index(running) + 1
+    return {source: cell.get("outputs", []) for source, cell in zip(sources[below:], cells[below:])}
+
+
+def _joined(text: str | list[str]) -> str:
+    return "".join(text) if isinstance(text, list) else text
+
+
+def _bundle(output: dict[str, Any]) -> dict[str, Any]:
+    # A stored text is split in lines; JSON data is kept as it is.
+    return {mime: value if mime.endswith("json") else _joined(value) for mime, value in output["data"].items()}
+
+
+def _shell() -> Any:
     try:
         from IPython import get_ipython
     except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+        return None
+    return get_ipython()
