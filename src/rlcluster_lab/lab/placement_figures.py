@@ -159,8 +159,8 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
 
     A cell whose bytes are all the actor's own buffers is hatched in the
     actor's colour over a tint of the role's ("= actor"): the rollout on the
-    shared branch, a LoRA reference's backbone. A copy is solid in the role's
-    colour. When the engine replaced the rollout mesh (P7), the mesh the
+    shared branch, a LoRA reference's backbone. Buffers of the role's own (the
+    actor's, a copy, a model of its own) are solid in its colour. When the engine replaced the rollout mesh (P7), the mesh the
     config asked for is drawn dashed on a row of its own. Under the grid, per
     role, the sharing map's links (P1, P2) beside what the role measurably
     shares with the actor, and why the two differ where they do.
@@ -240,7 +240,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 c.text(x + cell_w / 2, base, line, size=MIN_FONT, anchor="middle", fill=ink)
     items = []
     if "own" in kinds:
-        items.append(("#9a9a9a", "solid: buffers of its own (a copy)"))
+        items.append(("#9a9a9a", "solid: buffers of its own"))
     if "actor's" in kinds:
         items.append((c.hatch(actor_color, "#9a9a9a"), 'hatched "= actor": the actor\'s own buffers, no copy'))
     if "asked" in kinds:
