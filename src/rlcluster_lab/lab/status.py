@@ -298,10 +298,8 @@ def not_applied(action: str, pending: Sequence[tuple[str, str, str]]) -> str:
     Construct, as (label, the constructed cluster's setting, the knob's setting now)."""
     if not pending:
         return ""
-    names = " and ".join(f"{name} ({before})" for name, before, _ in pending)
-    return (
-        f"{action} used the constructed cluster's {names}; Construct to apply {' and '.join(n for *_, n in pending)}."
-    )
+    said = "; ".join(f"{name}: {before}, not {now}" for name, before, now in pending)
+    return f"{action} used the constructed cluster ({said}): Construct to apply the knobs."
 
 
 def refused(kept: bool, outlined: bool, *, failed: bool = False) -> str:
