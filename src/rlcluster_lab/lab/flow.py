@@ -3,7 +3,10 @@ fired, read from the typed branch each rule recorded, in the order the cluster t
 the links from a decision to the ones that read its result: what ``placement_figures.decision_flow``
 draws. From the same rows: what a construction changed against the one before it
 (``decision_changes``, ``changes_since``), so a line never disagrees with the figure, and the
-sharing map beside the measured buffers in words (``measured_text``, ``role_note``)."""
+sharing map beside the measured buffers in words (``measured_text``, ``role_note``). Every view
+and the status take their claims about copies from here: "no copy" only where ``no_copy`` holds,
+why (``share_reason``), and P4's avoidable copy beside P14's later join of the two host copies
+(``p14_joined``, ``p4_text``, ``warning_lines``)."""
 
 from __future__ import annotations
 
