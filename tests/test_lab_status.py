@@ -286,7 +286,8 @@ def test_every_time_the_status_says_counts_from_the_click_on_one_clock(stand_in)
     said = _seconds(r"(\d+\.\d) s so far", shown)
     assert said and lab.status.text.startswith("Constructed in ")
     assert max(said) <= _seconds(r"^Constructed in (\d+\.\d) s", [lab.status.text])[0]
-    # A training step clicked while the background compile (begun 6 s before the click) runs.
+    # A training step clicked while the background compile runs, begun 6 s before the click (what
+    # the lab read before it counted from the click): the click is where its seconds start.
     stub = StubCompile(lab)
     stub.started, stub.last_seconds = time.perf_counter() - 6.0, 9.7
     lab.background = stub
