@@ -9,11 +9,19 @@ to wait between redraws.
 
 from __future__ import annotations
 
+import itertools
+import re
 import threading
+import time
+from types import SimpleNamespace
 
 import pytest
+from stored_reports import stored
 
+from rlcluster_lab.app.learner import StepRecord
+from rlcluster_lab.core.waits import Building
 from rlcluster_lab.lab import status as sentences
+from rlcluster_lab.lab import widget as widget_module
 from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, program_name, wait_text
 from rlcluster_lab.lab.widget import PlacementLab
 
@@ -29,8 +37,6 @@ class StubCompile:
     def __init__(self, lab: PlacementLab) -> None:
         self.lab = lab
         self.running = True
-        self.started = 0.0
-        self.last_seconds = 9.7
         self.error = None
         self.seen: dict[str, object] = {}
 
@@ -63,7 +69,7 @@ def test_a_training_step_clicked_during_the_background_compile_says_so_before_it
     lab.step_button.click()
     said = stub.seen["status"]
     assert said.startswith("Training step: waiting for the background compile of its programs: ")
-    assert "(last time 9.7 s)" in said and "compiled 2: _generate, _logps_jit" in said
+    assert "compiled 2: _generate, _logps_jit" in said
     assert stub.seen["busy"] and stub.seen["buttons"]
     # Then the step itself says what it does, before it starts.
     assert learner.seen["status"].startswith("Training step: sampling, scoring, updating, syncing: ")
@@ -211,3 +217,127 @@ def test_the_background_compile_runs_one_at_a_time_and_records_its_programs():
     gate.set()
     compile_.join()
     assert not compile_.running and compile_.programs() == []
+
+
+# ------------------------------------------------------------------ a lab on a stand-in cluster
+
+
+class StandInCluster:
+    """What the lab asks of a cluster between its report's reads: a sync, the step counter."""
+
+    def __init__(self) -> None:
+        self.global_steps = 0
+
+    def sync_weights(self) -> SimpleNamespace:
+        self.global_steps += 1
+        return SimpleNamespace(global_step=self.global_steps)
+
+
+class StandInLearner:
+    def __init__(self, cluster: StandInCluster, config: object) -> None:
+        self.cluster = cluster
+
+    def step(self) -> StepRecord:
+        return StepRecord(1, 0.5, 0.1, 0.0, 1, sync=self.cluster.sync_weights())
+
+
+@pytest.fixture
+def stand_in(monkeypatch) -> PlacementLab:
+    """A lab whose builds give a stand-in cluster and whose report is a stored one: the widget's
+    own code runs (its status, knobs and views), no cluster is built. ``lab.built`` lists the
+    scenarios it was asked to build."""
+    lab = PlacementLab(rehearse=False)
+    lab.built = []
+
+    def build(scenario, *, devices, role_to_mesh):
+        lab.built.append(scenario)
+        return StandInCluster()
+
+    def report(cluster, sync=None):
+        data = stored("colocated-lora")
+        data["sync"] = None if sync is None else {**data["sync"], "global_step": sync.global_step}
+        return SimpleNamespace(to_json=lambda: data)
+
+    monkeypatch.setattr(widget_module, "build_cluster", build)
+    monkeypatch.setattr(widget_module, "placement_report", report)
+    monkeypatch.setattr(widget_module, "GRPOLearner", StandInLearner)
+    return lab
+
+
+def _record(lab: PlacementLab) -> list[str]:
+    """Every text the status line shows from now on."""
+    shown: list[str] = []
+    real = lab.status._show
+    lab.status._show = lambda text: (shown.append(text), real(text))[1]
+    return shown
+
+
+def _seconds(pattern: str, texts: list[str]) -> list[float]:
+    return [float(m) for t in texts for m in re.findall(pattern, t)]
+
+
+def test_every_time_the_status_says_counts_from_the_click_on_one_clock(stand_in):
+    # Issue: "0.5 s so far" then "Constructed in 0.2 s"; a 6.1 s wait then "done in 2.1 s".
+    lab = stand_in
+    readings = itertools.count()
+    lab.status.clock = lambda: 0.25 * next(readings)  # every reading a quarter second later
+    shown = _record(lab)
+    lab.construct()
+    said = _seconds(r"(\d+\.\d) s so far", shown)
+    assert said and lab.status.text.startswith("Constructed in ")
+    assert max(said) <= _seconds(r"^Constructed in (\d+\.\d) s", [lab.status.text])[0]
+    # A training step clicked while the background compile runs, begun 6 s before the click (what
+    # the lab read before it counted from the click): the click is where its seconds start.
+    stub = StubCompile(lab)
+    stub.started, stub.last_seconds = time.perf_counter() - 6.0, 9.7
+    lab.background = stub
+    shown.clear()
+    lab.step_button.click()
+    said = _seconds(r"(\d+\.\d) s so far", shown)
+    assert any(t.startswith("Training step: waiting for the background compile") for t in shown)
+    total = _seconds(r"^Training step done in (\d+\.\d) s", [lab.status.text])
+    assert said and total and max(said) <= total[0], (shown, lab.status.text)
+    waited = _seconds(r"\((\d+\.\d) s of it waiting for the background compile\)", [lab.status.text])
+    assert waited and waited[0] <= total[0]
+
+
+def test_a_program_shown_compiling_during_the_wait_is_named_when_it_ends(stand_in, monkeypatch):
+    # Issue: the wait said "compiling grpo_train_step", then the details "nothing compiled".
+    lab = stand_in
+    now = (Building("compiling", "jit(grpo_train_step)", 1.9),)
+    monkeypatch.setattr(sentences, "building_now", lambda: now)
+    shown = _record(lab)
+    lab.construct()
+    assert any("compiling grpo_train_step (1.9 s)" in t for t in shown)
+    details = lab.status.details.value
+    assert "nothing compiled" not in details
+    assert "built meanwhile in another thread (the background compile), as shown: grpo_train_step" in details
+
+
+def test_a_knob_changed_since_construct_is_marked_and_sync_says_it_used_the_constructed_cluster(stand_in):
+    # Issue: a new sync chunk size was silently ignored by Sync while the panels showed the old cluster.
+    lab = stand_in
+    lab.construct()
+    assert all(note.layout.display == "none" for note in lab.display.stale.values())
+    lab.knobs.sync_chunk_bytes.value = 16 << 10
+    pending = [f for f, w in lab.knobs.outlined().items() if "rl-pending" in w._dom_classes]
+    assert pending == ["sync_chunk_bytes"]
+    label = lab.knobs.sync_chunk_bytes.description
+    for view, note in lab.display.stale.items():
+        assert note.layout.display == "block", view
+        assert f"not applied until Construct: {label} one piece \u2192 16 KiB" in note.value
+    assert "not applied until Construct" in lab._repr_mimebundle_()["text/html"]  # the picture says it too
+    lab.sync()
+    assert lab.status.text.startswith(
+        f"Sync used the constructed cluster ({label}: one piece, not 16 KiB): Construct to apply the knobs. Synced in "
+    )
+    # A knob that does not apply now (the LoRA rank without LoRA) is not pending.
+    lab.knobs.lora_rank.value = 8
+    assert lab.pending() == [(label, "one piece", "16 KiB")]
+    lab.construct()
+    assert lab.built[-1].sync_chunk_bytes == 16 << 10
+    assert lab.pending() == [] and all(note.layout.display == "none" for note in lab.display.stale.values())
+    assert not any("rl-pending" in w._dom_classes for w in lab.knobs.outlined().values())
+    lab.knobs.sync_chunk_bytes.value = 0
+    lab.knobs.sync_chunk_bytes.value = 16 << 10  # back to what was constructed: nothing pending
+    assert lab.pending() == []

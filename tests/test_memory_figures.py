@@ -171,7 +171,9 @@ def test_l2_memory_by_role_draws_a_shared_buffer_once_in_its_first_holders_bar()
     assert sum(bars.values()) == MEMORY["naive_bytes"]
     text = svg_text(memory_by_role(MEMORY))
     assert "750 B = the actor's buffers" in text and "also held by reference (750 B)" in text
-    assert "physical bytes" in text and "add up to 2.1 KiB" in text
+    # The heading's sums are the counted parts as drawn: solid (device) 1000 + 150, dotted (pinned) 1000.
+    assert "physical bytes" in text and "2.1 KiB held" in text
+    assert "solid bars (device memory) add up to 1.1 KiB; dotted bars (pinned host) add up to 1000 B" in text
 
 
 @pytest.mark.parametrize("name", ["colocated-lora", "reshaped-lora", "split-offload"])

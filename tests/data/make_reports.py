@@ -27,13 +27,20 @@ OUT = Path(__file__).resolve().parent / "reports"
 
 # name -> the Scenario's knobs: the cases the figure tests need (shared and copied rollouts, a
 # LoRA reference on the actor's backbone and on a copy, an engine that replaces the mesh (P7),
-# relayed sync bytes, offload to pinned host, a reward model).
+# relayed sync bytes, offload to pinned host, a reward model, a LoRA reference whose copy P4
+# warned of and P14 joined, the sglang_jax engine, a chunked sync), and the lab's words about
+# them (tests/test_lab_words.py). ``rollout_mesh``: a custom rollout mesh, (device ids, shape),
+# as the lab's custom layout builds it (the other roles keep the colocated mesh).
 SCENARIOS: dict[str, dict[str, Any]] = {
     "colocated-lora": {"lora": True, "with_reward": True},
+    "colocated-lora-offload": {"lora": True, "offload": True},
+    "colocated-offload-chunked": {"offload": True, "with_critic": True, "sync_chunk_bytes": 16 << 10},
     "colocated-vllm": {"engine": "vllm"},
     "colocated-vllm-lora": {"lora": True, "engine": "vllm"},
+    "custom-lora-chunked": {"lora": True, "rollout_mesh": ((4, 5, 6, 7), (2, 2)), "sync_chunk_bytes": 16 << 10},
     "reshaped-lora": {"layout": "reshaped", "lora": True},
     "reshaped-separate-base": {"layout": "reshaped", "lora": True, "lora_separate_base": True},
+    "reshaped-sglang-lora": {"layout": "reshaped", "lora": True, "engine": "sglang_jax", "anchor": "trainable"},
     "reshaped-vllm": {"layout": "reshaped", "engine": "vllm"},
     "split": {"layout": "split"},
     "split-offload": {"layout": "split", "lora": True, "offload": True},
@@ -42,10 +49,20 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 def make_report(name: str) -> dict[str, Any]:
     """The placement report, with one sync, of the scenario ``name`` (``SCENARIOS``), as JSON."""
+    import jax
+
     from rlcluster_lab.app.report import placement_report
     from rlcluster_lab.app.scenario import Scenario, build_cluster
+    from rlcluster_lab.core.meshes import layout_meshes, make_mesh
+    from rlcluster_lab.core.roles import Role
 
-    cluster = build_cluster(Scenario(**SCENARIOS[name]))
+    knobs = dict(SCENARIOS[name])
+    role_to_mesh = None
+    if "rollout_mesh" in knobs:
+        ids, shape = knobs.pop("rollout_mesh")
+        role_to_mesh = layout_meshes("colocated", jax.devices())
+        role_to_mesh[Role.ROLLOUT] = make_mesh([jax.devices()[i] for i in ids], shape)
+    cluster = build_cluster(Scenario(**knobs), role_to_mesh=role_to_mesh)
     report = placement_report(cluster, sync=cluster.sync_weights()).to_json()
     for leaf in report["sync"]["leaves"]:
         leaf.pop("pieces", None)

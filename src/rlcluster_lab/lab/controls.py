@@ -7,7 +7,7 @@ these devices can hold); nothing here decides where a model lives. The
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -68,6 +68,15 @@ TOOLTIPS = {
 }
 # The sync's chunk sizes the lab offers (0: one piece).
 SYNC_CHUNKS = [("one piece", 0), ("16 KiB", 16 << 10), ("64 KiB", 64 << 10), ("256 KiB", 256 << 10), ("1 MiB", 1 << 20)]
+
+
+def knob_value(widget: widgets.Widget) -> str:
+    """A knob's setting as the widget shows it."""
+    if isinstance(widget, widgets.Dropdown):
+        return str(widget.label)
+    if isinstance(widget, widgets.Checkbox | widgets.ToggleButton):
+        return "on" if widget.value else "off"
+    return str(widget.value)
 
 
 def shape_options(count: int, model_size: str = "tiny") -> list[tuple[str, tuple[int, int]]]:
@@ -171,6 +180,39 @@ class Knobs:
             "offload sync_chunk_bytes with_reward with_critic"
         )
         return widgets.VBox([getattr(self, name) for name in column.split()])
+
+    def settings(self) -> dict[str, tuple[str, str]]:
+        """Every knob that applies now, by field: its label and its setting as the widget shows it
+        (a disabled knob is not read; the custom mesh's knobs count only with the custom layout)."""
+        custom = self.layout.value == CUSTOM
+        out = {}
+        for field, widget in self.outlined().items():
+            if getattr(widget, "disabled", False) or (field in ("rollout_shape", "rollout_devices") and not custom):
+                continue
+            if field == "rollout_devices":
+                out[field] = (label(field), ", ".join(str(d.id) for d in self.picked_devices()) or "none")
+            else:
+                out[field] = (str(widget.description), knob_value(widget))
+        return out
+
+    def mark_pending(self, before: dict[str, tuple[str, str]] | None) -> list[tuple[str, str, str]]:
+        """Mark the knobs whose setting differs from ``before`` (``settings`` at the last
+        Construct; None: no cluster, nothing pending), and only those.
+
+        Returns:
+            (label, setting then, setting now) per changed knob, top to bottom.
+        """
+        now, then = self.settings(), before or {}
+        # A knob that applies on one side only changed because another did, which is listed.
+        changed = [f for f in now if f in then and now[f] != then[f]]
+        for field, widget in self.outlined().items():
+            (widget.add_class if field in changed else widget.remove_class)("rl-pending")
+        return [(now[f][0], then[f][1], now[f][1]) for f in changed]
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after any knob (or device button) changes."""
+        for widget in [*self.by_field().values(), *self.device_toggles]:
+            widget.observe(lambda _c: callback(), names="value")
 
     def mark_at_fault(self, fields: Iterable[str]) -> list[str]:
         """Outline the knobs a refusal names (``ConfigError.knobs``), and only those.

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
-from rlcluster_lab.lab.flow import actor_share_text, changes_html
+from rlcluster_lab.lab.controls import knob_value
+from rlcluster_lab.lab.flow import actor_share_text, changes_html, p14_joined, warning_lines
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
 from rlcluster_lab.lab.status import STEP_COUNTER
@@ -53,11 +54,15 @@ VIEWS = (
 # browser test checks a 1600 x 1000 window); a wider view than the tab is scaled to it.
 # The knobs a refusal names get a red outline, and its message a note beside the first of
 # them, placed over the views (out of the flow: nothing moves when it shows, ``widget.Notes``).
+# A knob changed since the last Construct gets an orange bar at its left (a shadow: nothing
+# moves), and every view a line saying it shows the constructed cluster (``Display.mark_stale``).
 # The status sentence has one height (two lines, the rest cut off; all of it in its hover
 # title and the details), so the knobs under it stay put from one action to the next.
 STYLE = """<style>
 .rl-lab .rl-view img { max-width: 100%; max-height: calc(100vh - 220px); width: auto; height: auto; }
 .rl-lab .rl-at-fault { outline: 2px solid #c00; outline-offset: 1px; }
+.rl-lab .rl-pending { box-shadow: -4px 0 0 #e69f00; }
+.rl-lab .rl-stale .widget-html-content { font-size: 12px; line-height: 1.35; white-space: normal; color: #8a5a00; }
 .rl-lab .rl-changes { font-size: 12px; line-height: 1.35; }
 .rl-lab .rl-status .widget-html-content { font-size: 12px; line-height: 1.4; height: 34px; overflow: hidden;
   white-space: normal; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; }
@@ -98,6 +103,9 @@ class Display:
         self.outputs = {name: widgets.Output(layout=widgets.Layout(min_height="120px")) for name in _PANELS}
         for name, out in self.outputs.items():
             out.add_class(f"rl-panel-{name}")
+        # Per view, under its heading: what it shows is the last construction, not the knobs' changes since.
+        self.stale = {name: widgets.HTML(layout=widgets.Layout(display="none")) for name, _ in VIEWS}
+        self.stale_text = ""
         self.tabs = self._tabs()
 
     def _tabs(self) -> widgets.Tab:
@@ -107,7 +115,8 @@ class Display:
         pages = []
         for name, _title in VIEWS:
             heading = [widgets.HTML(f"<b>{html.escape(TITLES[name])}</b>")] if name in TITLES else []
-            page = widgets.VBox(heading + [content[name]], layout=widgets.Layout(padding="2px"))
+            self.stale[name].add_class("rl-stale")
+            page = widgets.VBox(heading + [self.stale[name], content[name]], layout=widgets.Layout(padding="2px"))
             page.add_class("rl-view")
             page.add_class(f"rl-view-{name}")
             pages.append(page)
@@ -118,6 +127,19 @@ class Display:
     def show(self, view: str) -> None:
         """Select the view's tab (``VIEWS``): what an action changed comes into view."""
         self.tabs.selected_index = [name for name, _ in VIEWS].index(view)
+
+    def mark_stale(self, pending: Sequence[tuple[str, str, str]]) -> None:
+        """Label every view as showing the last construction while knobs differ from it (``pending``:
+        label, setting then, setting now); no label when nothing is pending."""
+        changes = ", ".join(f"{name} {before} \u2192 {now}" for name, before, now in pending)
+        self.stale_text = (
+            f"Showing the cluster as last constructed; changed since, not applied until Construct: {changes}"
+            if pending
+            else ""
+        )
+        for note in self.stale.values():
+            note.value = f"<i>{html.escape(self.stale_text)}</i>"
+            note.layout.display = "block" if pending else "none"
 
     @property
     def shown(self) -> str:
@@ -148,7 +170,10 @@ class Display:
                 [lambda: decision_flow(report)],
             ),
             "grid": ((report["role_to_mesh"], report["config_role_to_mesh"], memory), [lambda: device_grid(report)]),
-            "memory": (memory, [lambda: memory_by_device(memory), lambda: memory_by_role(memory)]),
+            "memory": (
+                (memory, report["decisions"], report["offload_to_cpu"]),
+                [lambda: memory_by_device(memory), lambda: memory_by_role(memory, report)],
+            ),
             "sync": (
                 sync,
                 [lambda: sync_bytes(sync)] + ([lambda: sync_peak(sync)] if sync.get("transient_peak") else [])
@@ -199,7 +224,8 @@ def summary_html(report: dict[str, Any]) -> str:
         + ("; offload to pinned host" if report["offload_to_cpu"] else ""),
         f"rollout branch (P3): <b>{html.escape(report['rollout_branch'])}</b>; "
         f"rollout samples with the actor's own buffers: <b>{report['rollout_shares_actor_weights']}</b>; "
-        f"reference shares the actor's backbone: <b>{report['reference_shares_backbone']}</b>",
+        f"reference shares the actor's backbone: <b>{report['reference_shares_backbone']}</b>"
+        + (" (P4 warned of a copy at construction; P14 has since joined it)" if p14_joined(report) else ""),
     ]
     if report.get("mesh_overridden_by_engine"):
         lines.append("P7: the engine replaced the rollout mesh; the sharing map was built from the config's meshes")
@@ -210,7 +236,7 @@ def summary_html(report: dict[str, Any]) -> str:
             f"memory (measured, physical bytes): {memory['unique_bytes']:,} in unique buffers, "
             f"{memory['naive_bytes']:,} if every role held its own"
         )
-    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
+    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in warning_lines(report))
     return (
         "<div class='rl-sharing'><b>sharing map (P1, P2)</b>"
         "<table style='text-align:left'><tr><th>role</th><th>linked in the map</th>"
@@ -247,15 +273,6 @@ def steps_html(steps: Sequence[StepRecord]) -> str:
 
 
 _FONT = "font-size:12px;line-height:1.35"
-
-
-def knob_value(widget: widgets.Widget) -> str:
-    """A knob's setting as the widget shows it."""
-    if isinstance(widget, widgets.Dropdown):
-        return str(widget.label)
-    if isinstance(widget, widgets.Checkbox | widgets.ToggleButton):
-        return "on" if widget.value else "off"
-    return str(widget.value)
 
 
 def _in_screen_order(box: widgets.Widget, wanted: dict[int, str]) -> list[str]:
@@ -301,6 +318,8 @@ def _output_html(out: widgets.Output) -> str:
 def view_html(display: Display, name: str) -> str:
     """One view's content: its heading and figures, or its HTML (the summary, the step log)."""
     heading = f"<div><b>{html.escape(TITLES[name])}</b></div>" if name in TITLES else ""
+    if display.stale_text:
+        heading += f"<div><i>{html.escape(display.stale_text)}</i></div>"
     if name == "summary":
         body = display.summary.value
     elif name == "steps":

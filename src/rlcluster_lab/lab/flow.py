@@ -3,7 +3,10 @@ fired, read from the typed branch each rule recorded, in the order the cluster t
 the links from a decision to the ones that read its result: what ``placement_figures.decision_flow``
 draws. From the same rows: what a construction changed against the one before it
 (``decision_changes``, ``changes_since``), so a line never disagrees with the figure, and the
-sharing map beside the measured buffers in words (``measured_text``, ``role_note``)."""
+sharing map beside the measured buffers in words (``measured_text``, ``role_note``). Every view
+and the status take their claims about copies from here: "no copy" only where ``no_copy`` holds,
+why (``share_reason``), and P4's avoidable copy beside P14's later join of the two host copies
+(``p14_joined``, ``p4_text``, ``warning_lines``)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from rlcluster_lab.lab.style import ROLE_ORDER, fmt_bytes
 from rlcluster_lab.rules.anchor import P8
 from rlcluster_lab.rules.catalogue import RULES
 from rlcluster_lab.rules.loading import P5, P14, LoadBranch, OffloadAnswer, OffloadBranch
-from rlcluster_lab.rules.reference import NO_REFERENCE, P4
+from rlcluster_lab.rules.reference import NO_REFERENCE, P4, ReferenceBranch
 from rlcluster_lab.rules.registry import Rule
 from rlcluster_lab.rules.rollout import P3, P7, MeshBranch, RolloutBranch
 from rlcluster_lab.rules.sharing import P1, P2, LinkBranch
@@ -108,7 +111,7 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
             detail = "handed the actor object, but " + engine_copy_reason(report) + ": the rollout holds a copy"
         add(P3, d.get("branch"), detail)
     if p4 := _decisions(report, "P4"):
-        add(P4, p4[0].get("branch"), p4[0]["outcome"].split(";")[0])
+        add(P4, p4[0].get("branch"), p4_text(report))
     else:
         add(P4, NO_REFERENCE)
     for d in _decisions(report, "P5"):
@@ -124,7 +127,10 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         {str(d["values"]["role"]) for d in _decisions(report, "P14") if d.get("branch") == OffloadBranch.OFFLOADED}
     )
     offload = OffloadAnswer.PINNED_HOST if report.get("offload_to_cpu") else OffloadAnswer.ON_DEVICE
-    add(P14, offload.value, ("moved to pinned host: " + ", ".join(moved)) if moved else "")
+    detail = ("moved to pinned host: " + ", ".join(moved)) if moved else ""
+    if p14_joined(report):
+        detail += "; then joined the reference's backbone copy to the actor's (P4's avoidable copy)"
+    add(P14, offload.value, detail)
     for d in _decisions(report, "P7")[:1]:
         v = d["values"]
         add(
@@ -294,6 +300,82 @@ def _branch(report: Mapping[str, Any], rule: str, role: str | None = None) -> st
     return None
 
 
+def held_bytes(memory: Mapping[str, Any], role: str) -> int:
+    """Bytes ``role`` holds, measured (0 when it holds nothing or is absent)."""
+    return int(memory.get("by_role", {}).get(role, {}).get("bytes", 0))
+
+
+def no_copy(report: Mapping[str, Any], role: str) -> bool:
+    """Every byte ``role`` holds is one of the actor's buffers (measured): the one condition under
+    which the lab says "no copy" of a role."""
+    memory = report.get("memory") or {}
+    held = held_bytes(memory, role)
+    return role != "actor" and held > 0 and shared_bytes(memory, role, "actor") >= held
+
+
+def p14_joined(report: Mapping[str, Any]) -> bool:
+    """P4 warned of an avoidable copy with offload (the reference's backbone loaded as host copies
+    of its own), and the reference now measurably holds only the actor's buffers: P14 joined the
+    two copies when a shared role was next loaded, as P4's decision says it would."""
+    p4 = _decisions(report, "P4")[:1]
+    return bool(
+        p4
+        and p4[0].get("branch") == ReferenceBranch.AVOIDABLE_COPY
+        and (p4[0].get("values") or {}).get("offload_to_cpu")
+        and no_copy(report, "reference")
+    )
+
+
+# The reason a role holds nothing but the actor's buffers, by what the trace recorded.
+P4_P14_JOINED = "P4 warned of a copy, P14 joined it"
+
+
+def share_reason(report: Mapping[str, Any], role: str) -> str:
+    """Why ``role`` holds only the actor's buffers (``no_copy``), in a few words, from the trace;
+    "" when no decision says why."""
+    if role == "rollout" and _branch(report, "P3") == RolloutBranch.SHARED:
+        return "P3: the same object"
+    if role == "reference" and _branch(report, "P4") == ReferenceBranch.ONE_BACKBONE:
+        return "P4: one backbone"
+    if role == "reference" and p14_joined(report):
+        return P4_P14_JOINED
+    if role == "anchor" and report.get("offload_to_cpu"):
+        return "P8 pins it where P14 keeps the actor"
+    return ""
+
+
+def p4_text(report: Mapping[str, Any]) -> str:
+    """P4's decision in words: what it decided at construction and, with offload, what P14 has
+    done since (joined the two copies, or not yet, measured)."""
+    d = _decisions(report, "P4")[0]
+    said = str(d.get("outcome", "")).split(";")[0]
+    if d.get("branch") != ReferenceBranch.AVOIDABLE_COPY or not (d.get("values") or {}).get("offload_to_cpu"):
+        return said
+    if p14_joined(report):
+        return f"{said} at construction; P14 has since joined the two host copies: no copy now (measured)"
+    memory = report.get("memory") or {}
+    own = held_bytes(memory, "reference") - shared_bytes(memory, "reference", "actor")
+    later = "; P14 joins the two host copies when a shared role is next loaded"
+    return said + later + (f" (not yet: {fmt_bytes(own)} of its own, measured)" if memory else "")
+
+
+def warning_lines(report: Mapping[str, Any], short: bool = False) -> list[str]:
+    """The cluster's warnings as they stand now: P4's avoidable copy says whether P14 has since
+    joined the two host copies (``p14_joined``). ``short``: each up to its first clause."""
+    out = []
+    for w in report.get("warnings", []):
+        if short:
+            w = w.split(" (")[0].split(";")[0]
+        if w.startswith("P4") and p14_joined(report):
+            w += (
+                ", since joined by P14"
+                if short
+                else "; P14 has since joined them: the reference holds only the actor's buffers now (measured)"
+            )
+        out.append(w)
+    return out
+
+
 def map_text(report: Mapping[str, Any], role: str) -> str:
     """The sharing map's entry for ``role``, as P1/P2 decided it."""
     links = list(report.get("sharing_map", {}).get(role, []))
@@ -303,7 +385,7 @@ def map_text(report: Mapping[str, Any], role: str) -> str:
 def measured_text(report: Mapping[str, Any], role: str) -> str:
     """What the memory walk found ``role`` to hold of the actor's buffers, and why."""
     memory = report.get("memory") or {}
-    held = int(memory.get("by_role", {}).get(role, {}).get("bytes", 0))
+    held = held_bytes(memory, role)
     if not held:
         return ""
     if role == "actor":
@@ -314,15 +396,15 @@ def measured_text(report: Mapping[str, Any], role: str) -> str:
         return ("measured: its buffers are held by " + ", ".join(others) + " too") if others else ""
     linked = "actor" in report.get("sharing_map", {}).get(role, [])
     shared = shared_bytes(memory, role, "actor")
-    if shared >= held:
-        why = {"rollout": " (P3: the same object)", "reference": " (P4: one backbone)"}.get(role, "")
-        return f"measured: all {fmt_bytes(held)} are the actor's buffers{why}, no copy"
+    if no_copy(report, role):
+        why = share_reason(report, role)
+        return f"measured: all {fmt_bytes(held)} are the actor's buffers" + (f" ({why})" if why else "") + ", no copy"
     if role == "rollout" and _branch(report, "P3") == "shared":
         return (
             f"measured: {fmt_bytes(held - shared)} of its own: P3 handed over the actor object, but "
             + engine_copy_reason(report)
         )
-    if role == "reference" and linked and _branch(report, "P4") == "avoidable copy":
+    if role == "reference" and linked and _branch(report, "P4") == ReferenceBranch.AVOIDABLE_COPY:
         return f"measured: {fmt_bytes(held - shared)} of its own (P4: an avoidable copy)"
     if not shared:
         return f"measured: {fmt_bytes(held)} of its own"
@@ -338,13 +420,13 @@ def measured_text(report: Mapping[str, Any], role: str) -> str:
 def actor_share_text(report: Mapping[str, Any], role: str) -> str:
     """How much of the actor's buffers ``role`` holds, measured: "all", "10.0 KiB of 588.0 KiB", "none"."""
     memory = report.get("memory") or {}
-    held = int(memory.get("by_role", {}).get(role, {}).get("bytes", 0))
+    held = held_bytes(memory, role)
     if role == "actor" or not held:
         return "-"
     shared = shared_bytes(memory, role, "actor")
     if not shared:
         return "none"
-    return f"all {fmt_bytes(held)}" if shared >= held else f"{fmt_bytes(shared)} of {fmt_bytes(held)}"
+    return f"all {fmt_bytes(held)}" if no_copy(report, role) else f"{fmt_bytes(shared)} of {fmt_bytes(held)}"
 
 
 def role_note(report: Mapping[str, Any], role: str) -> str:

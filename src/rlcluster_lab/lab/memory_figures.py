@@ -14,7 +14,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, ROLE_COLORS, byte_ticks, device_order, fmt_bytes, in_order, wrap
+from rlcluster_lab.lab.flow import share_reason
+from rlcluster_lab.lab.style import (
+    ENTRY_ORDER,
+    KINDS,
+    ROLE_COLORS,
+    byte_ticks,
+    device_order,
+    fmt_bytes,
+    in_order,
+    text_width,
+    wrap,
+)
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, WIDTH, Canvas, Svg, legend
 
 
@@ -25,10 +36,21 @@ def _groups(memory: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     )
 
 
-def _group_fill(c: Canvas, roles: list[str]) -> str:
-    """A set of shared buffers: hatched in its first holder's colour over a tint of the next
-    one's, so that "actor = reference" and "actor = rollout = reference" look different."""
-    return c.hatch(ROLE_COLORS.get(roles[0], "#999999"), ROLE_COLORS.get(roles[1], "#999999"))
+def _group_fills(c: Canvas, groups: list[Mapping[str, Any]]) -> list[str]:
+    """Per set of shared buffers, its fill: hatched in its first holder's colour over a tint of
+    another holder's, the first one that no earlier set uses with the same first holder, so that
+    no two sets look alike ("actor = rollout = reference" and "actor = rollout = anchor")."""
+    fills: list[str] = []
+    for g in groups:
+        first, *rest = g["roles"]
+        tints = [ROLE_COLORS.get(r, "#999999") for r in rest] + _SPARE_TINTS
+        fill = next(f for t in tints if (f := c.hatch(ROLE_COLORS.get(first, "#999999"), t)) not in fills)
+        fills.append(fill)
+    return fills
+
+
+# Tints for a set of shared buffers whose holders' colours are all taken by other sets.
+_SPARE_TINTS = ["#222222", "#bbbbbb", "#777777", "#e0e0e0"]
 
 
 def own_bytes(memory: Mapping[str, Any], entry: str, dev: str, kind: str) -> int:
@@ -79,6 +101,8 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         f"Memory per device (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, "
         f"{fmt_bytes(memory.get('naive_bytes', 0))} if every role had its own copy",
     )
+    group_fills = _group_fills(c, groups)
+    drawn: dict[str, set[str]] = {}  # entry or set of shared buffers -> the memory kinds of its segments
     note = "physical bytes (every device's shard counted), each buffer drawn once; allocator: " + (
         "the black tick is its bytes in use on the device"
         if in_use
@@ -103,6 +127,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
             for e in entries:
                 v = own_bytes(memory, e, dev, kind)
                 if v > 0:
+                    drawn.setdefault(e, set()).add(kind)
                     h = v * scale
                     color = ROLE_COLORS.get(e, "#999999")
                     c.rect(
@@ -118,17 +143,18 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
                         nbytes=v,
                     )
                     y -= h
-            for g in groups:
+            for g, fill in zip(groups, group_fills):
                 v = int((g.get("by_device") or {}).get(dev, {}).get(kind, 0))
                 if v > 0:
                     h = v * scale
                     names = " = ".join(g["roles"])
+                    drawn.setdefault(names, set()).add(kind)
                     c.rect(
                         x,
                         y - h,
                         bar_w - 2,
                         h,
-                        _group_fill(c, g["roles"]),
+                        fill,
                         stroke="#555555",
                         width=0.5,
                         id=f"seg:{dev}:{kind}:{'+'.join(g['roles'])}",
@@ -169,12 +195,13 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
                 title=f"device {dev}: the allocator reports {fmt_bytes(in_use[dev])} in use",
             )
         c.text(left + i * slot + slot / 2, base + 17, f"dev {dev}", size=MIN_FONT, anchor="middle")
+    # Each swatch as its segments are drawn: dotted where they are all in pinned host.
     items = [
-        (ROLE_COLORS.get(e, "#999999"), e)
+        (c.dots(ROLE_COLORS.get(e, "#999999")) if drawn[e] == {"pinned_host"} else ROLE_COLORS.get(e, "#999999"), e)
         for e in entries
-        if any(own_bytes(memory, e, d, k) > 0 for d in devices for k in kinds)
+        if e in drawn
     ]
-    items += [(_group_fill(c, g["roles"]), " = ".join(g["roles"]) + " (held once)") for g in groups]
+    items += [(fill, " = ".join(g["roles"]) + " (held once)") for g, fill in zip(groups, group_fills)]
     y = legend(c, 8, base + 42, items)
     # Say only what is drawn: how many bars a device has, and a dashed box only if one is drawn.
     extra = []
@@ -226,31 +253,56 @@ def held_with(memory: Mapping[str, Any], entry: str) -> list[tuple[str, int]]:
     return sorted(out.items(), key=lambda kv: ENTRY_ORDER.index(kv[0]) if kv[0] in ENTRY_ORDER else 99)
 
 
-def memory_by_role(memory: Mapping[str, Any]) -> Svg:
+def role_sums(memory: Mapping[str, Any]) -> dict[str, int]:
+    """Per memory kind, the bytes of the bars' counted parts (``role_parts``), added up: what the
+    per-role figure says its solid (device) and dotted (pinned host) bars add up to."""
+    sums = dict.fromkeys(KINDS, 0)
+    for e in memory.get("by_role", {}):
+        for kind, v in role_parts(memory, e)[0].items():
+            sums[kind] = sums.get(kind, 0) + v
+    return sums
+
+
+def _sums_text(sums: Mapping[str, int]) -> str:
+    """What the counted parts add up to, in the words of what is drawn (nothing solid: say so)."""
+    solid, dotted = sums.get("device", 0), sums.get("pinned_host", 0)
+    if not dotted:
+        return f"solid bars add up to {fmt_bytes(solid)}"
+    said = f"dotted bars (pinned host) add up to {fmt_bytes(dotted)}"
+    if not solid:
+        return "no bar is solid (nothing in device memory); " + said
+    return f"solid bars (device memory) add up to {fmt_bytes(solid)}; " + said
+
+
+def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None = None) -> Svg:
     """What each role (and the anchor, the optimizer state) holds, each buffer drawn once: the
-    solid part of a bar is counted in that bar (its own buffers, and shared ones it holds first),
-    a hatched part is the same buffers as another role's, in that role's colour ("= actor"), so
-    the solid parts add up to what the devices hold."""
+    counted part of a bar (solid in device memory, dotted in pinned host) is that bar's own
+    buffers and the shared ones it holds first; a hatched part is the same buffers as another
+    role's, in that role's colour ("= actor"). The counted parts add up to what the devices hold;
+    the heading says what the solid and the dotted ones add up to (``role_sums``).
+
+    ``report``: the placement report ``memory`` belongs to; given, a role whose bytes are all the
+    actor's says which decision made it so (``flow.share_reason``: P3, P4, P4 then P14).
+    """
     by_role = memory.get("by_role", {})
     entries = in_order(list(by_role), ENTRY_ORDER)
     top_value = max([int(by_role[e].get("bytes", 0)) for e in entries] + [1])
-    left, top, row_h = 100, 48, 40
+    # Room for the longest name ("critic_optimizer") left of the bars.
+    left, top, row_h = max([100.0] + [text_width(e, 13, bold=True) + 16 for e in entries]), 64, 40
     bar_max = 300.0
     text_x = left + bar_max + 10
     text_w = WIDTH - 8 - text_x
     scale = bar_max / top_value
-    c = Canvas(
-        WIDTH, 0, f"Memory per role (measured): the solid parts add up to {fmt_bytes(memory.get('unique_bytes', 0))}"
+    sums = role_sums(memory)
+    c = Canvas(WIDTH, 0, f"Memory per role (measured): {fmt_bytes(sum(sums.values()))} held, each buffer counted once")
+    note = (
+        f"{_sums_text(sums)}; physical bytes; {fmt_bytes(memory.get('naive_bytes', 0))} if every role's bytes "
+        "were summed"
     )
-    c.text(
-        8,
-        38,
-        f"physical bytes, each buffer counted once; {fmt_bytes(memory.get('naive_bytes', 0))} "
-        "if every role's bytes were summed",
-        size=MIN_FONT,
-        fill=MUTED,
-    )
+    for k, line in enumerate(wrap(note, WIDTH - 16, MIN_FONT, lines=2)):
+        c.text(8, 38 + 16 * k, line, size=MIN_FONT, fill=MUTED, id="sums" if k == 0 else None, title=note)
     kinds_seen: set[str] = set()
+    hatched = False
     for i, e in enumerate(entries):
         y = top + i * row_h
         color = ROLE_COLORS.get(e, "#999999")
@@ -277,6 +329,7 @@ def memory_by_role(memory: Mapping[str, Any]) -> Svg:
             )
             x += v * scale
         for owner, v in borrowed:
+            hatched = True
             c.rect(
                 x,
                 y + 4,
@@ -293,15 +346,22 @@ def memory_by_role(memory: Mapping[str, Any]) -> Svg:
         kinds = ", ".join(k.replace("_", " ") for k in KINDS if by_role[e].get("by_kind", {}).get(k))
         text = f"{fmt_bytes(total)}" + (f" in {kinds}" if kinds and kinds != "device" else "") if total else "nothing"
         for owner, v in borrowed:
-            text += f"; {'all' if v == total else fmt_bytes(v)} = the {owner}'s buffers"
+            why = share_reason(report, e) if report is not None and owner == "actor" and v == total else ""
+            text += f"; {'all' if v == total else fmt_bytes(v)} = the {owner}'s buffers" + (f" ({why})" if why else "")
         if not borrowed and held_with(memory, e):
             text += "; also held by " + ", ".join(f"{r} ({fmt_bytes(v)})" for r, v in held_with(memory, e))
         lines = wrap(text, text_w, MIN_FONT, lines=2)
         for k, line in enumerate(lines):
             c.text(text_x, y + 18 + 15 * k - 7 * (len(lines) - 1), line, size=MIN_FONT, title=text)
-    items = [("#9a9a9a", "solid: counted in this bar")]
-    items.append((c.hatch(ROLE_COLORS["actor"], "#9a9a9a"), "hatched: another role's buffers (same bytes, no copy)"))
+    # Only what is drawn, each swatch as its parts are drawn.
+    items = []
+    if "device" in kinds_seen:
+        items.append(("#9a9a9a", "solid: device memory, counted in this bar"))
     if "pinned_host" in kinds_seen:
-        items.append((c.dots("#666666"), "dotted: pinned host"))
+        items.append((c.dots("#666666"), "dotted: pinned host, counted in this bar"))
+    if hatched:
+        items.append(
+            (c.hatch(ROLE_COLORS["actor"], "#9a9a9a"), "hatched: another role's buffers (same bytes, no copy)")
+        )
     c.height = legend(c, 8, top + row_h * len(entries) + 12, items)
     return c.render()

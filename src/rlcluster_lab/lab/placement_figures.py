@@ -40,6 +40,7 @@ from typing import Any
 
 from rlcluster_lab.lab.flow import (
     OPTION_LABELS,
+    FlowRow,
     actor_share_text,
     flow_links,
     flow_rows,
@@ -65,10 +66,15 @@ from rlcluster_lab.lab.style import (
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
 
 
-def _option_widths(labels: list[str], room: float, gap: float) -> list[float]:
+def _option_need(row: FlowRow) -> list[float]:
+    """The width each answer's box needs for its label (in bold for the one that fired)."""
+    return [max(text_width(OPTION_LABELS.get(o, o), MIN_FONT, bold=o == row.fired) + 14, 56.0) for o in row.options]
+
+
+def _option_widths(row: FlowRow, room: float, gap: float) -> list[float]:
     """Box widths for a row's answers: each as wide as its label needs, all of them filling ``room``."""
-    need = [max(text_width(label, MIN_FONT, bold=True) + 14, 56.0) for label in labels]
-    free = room - gap * (len(labels) - 1)
+    need = _option_need(row)
+    free = room - gap * (len(need) - 1)
     return [w * free / sum(need) for w in need]
 
 
@@ -85,7 +91,9 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
     lanes = link_lanes(links, row_of)
     left = 14 + 10 * max(lanes + [0]) + 14  # room for the arrows' lanes
     q_x = left + 44
-    q_w = 228
+    # The question gives up room (it is clipped, whole in its hover) before an answer would.
+    need = max(sum(_option_need(r)) + 5 * (len(r.options) - 1) for r in rows)
+    q_w = max(120.0, min(228.0, WIDTH - 8 - 6 - q_x - need))
     opt_x = q_x + q_w + 6
     detail_w = WIDTH - 8 - q_x
     details = [wrap(row.detail, detail_w, MIN_FONT, lines=2) if row.detail else [] for row in rows]
@@ -112,7 +120,7 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
         c.text(q_x, y + 16, clip(row.question, q_w), size=MIN_FONT, title=row.question)
         labels = [OPTION_LABELS.get(o, o) for o in row.options]
         x = opt_x
-        for option, label, w in zip(row.options, labels, _option_widths(labels, WIDTH - 8 - opt_x, 5)):
+        for option, label, w in zip(row.options, labels, _option_widths(row, WIDTH - 8 - opt_x, 5)):
             fired = option == row.fired
             c.rect(
                 x,
@@ -159,11 +167,12 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
 
     A cell whose bytes are all the actor's own buffers is hatched in the
     actor's colour over a tint of the role's ("= actor"): the rollout on the
-    shared branch, a LoRA reference's backbone. A copy is solid in the role's
-    colour. When the engine replaced the rollout mesh (P7), the mesh the
-    config asked for is drawn dashed on a row of its own. Under the grid, per
-    role, the sharing map's links (P1, P2) beside what the role measurably
-    shares with the actor, and why the two differ where they do.
+    shared branch, a LoRA reference's backbone. Buffers of the role's own (the
+    actor's, a copy, a model of its own) are solid in its colour. When the
+    engine replaced the rollout mesh (P7), the mesh the config asked for is
+    drawn dashed on a row of its own. Under the grid, per role, the sharing
+    map's links (P1, P2) beside what the role measurably shares with the
+    actor, and why the two differ where they do.
     """
     meshes = report.get("role_to_mesh", {})
     rows: list[tuple[str, str, Mapping[str, Any]]] = [(r, r, meshes[r]) for r in in_order(list(meshes), ROLE_ORDER)]
@@ -240,7 +249,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 c.text(x + cell_w / 2, base, line, size=MIN_FONT, anchor="middle", fill=ink)
     items = []
     if "own" in kinds:
-        items.append(("#9a9a9a", "solid: buffers of its own (a copy)"))
+        items.append(("#9a9a9a", "solid: buffers of its own"))
     if "actor's" in kinds:
         items.append((c.hatch(actor_color, "#9a9a9a"), 'hatched "= actor": the actor\'s own buffers, no copy'))
     if "asked" in kinds:

@@ -44,16 +44,13 @@ class BackgroundCompile:
     """The rehearsal of the next training step on a thread of its own, one at a time.
 
     ``start`` begins one after each Construct; a Training step ``join``s it first. While it
-    runs, ``programs`` lists what it has compiled so far and ``started`` when it began, so a
-    wait for it can say what it waits for; ``last_seconds`` is how long the last one took
-    (the next wait's estimate).
+    runs, ``programs`` lists what it has compiled so far, so a wait for it can say what it
+    waits for.
     """
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self.error: str | None = None
-        self.started: float | None = None
-        self.last_seconds: float | None = None
         self._compiled: list[tuple[str, float, bool]] = []
 
     @property
@@ -73,18 +70,15 @@ class BackgroundCompile:
         def work() -> None:
             if previous is not None:
                 previous.join()
-            self._compiled, self.started = compiled, time.perf_counter()
+            self._compiled = compiled
             try:
                 with count_compilations() as found:
                     self._compiled = found
                     rehearse_next_step(learner)
             except Exception as exc:  # noqa: BLE001 - the real step will show the real error
                 self.error = f"{type(exc).__name__}: {exc}"
-            finally:
-                self.last_seconds = time.perf_counter() - self.started
 
         self.error = None
-        self.started = time.perf_counter()
         # Not a daemon: the interpreter waits for it at exit. A daemon thread stopped inside an
         # XLA compilation aborts the whole process ("terminate called ... exception not rethrown").
         self._thread = threading.Thread(target=work, name="rlcluster-lab-rehearsal", daemon=False)

@@ -6,8 +6,10 @@ the moment it begins, before anything blocks, and redrawn every ``TICK_SECONDS``
 thread of its own with the seconds so far, the last comparable wait as an estimate, and the
 program being compiled at that moment (in any thread: ``core.waits``, whose registry every
 lab wait joins too) or else the programs compiled so far; so the line is never more than a
-quarter of a second stale. The sentence keeps one height whatever it says (two lines; the
-whole text is its hover title and in the details), so nothing under it moves.
+quarter of a second stale. Every time the status says, while an action waits and after it,
+counts from the action's click on one clock (``StatusLine.begin``, ``elapsed``), and a program
+shown being built is named again in the details. The sentence keeps one height whatever it
+says (two lines; the whole text is its hover title and in the details), so nothing under it moves.
 
 After each action the sentence says what happened and the one figure that matters, measured
 (``constructed``, ``synced``, ``stepped``, ``refused``), and the details what it cost: pure
@@ -26,7 +28,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from rlcluster_lab.core.waits import WAITS, Building
-from rlcluster_lab.lab.flow import answer_label
+from rlcluster_lab.lab.flow import answer_label, warning_lines
 from rlcluster_lab.lab.style import fmt_bytes
 
 TICK_SECONDS = 0.25  # a wait's line is redrawn at least this often
@@ -176,8 +178,21 @@ class StatusLine:
         self.widget = widgets.HBox([self.sentence, self.toggle], layout=widgets.Layout(width=f"{width}px"))
         self.text = ""  # the sentence as plain text
         self.busy = False
+        self.clock: Callable[[], float] = time.perf_counter  # the one clock of every time the status says
+        self.started = self.clock()  # when the running (or last) action was clicked
+        self.building_shown: list[str] = []  # programs a wait of this action showed being built
         self._lock = threading.Lock()
         self._ticker: Ticker | None = None
+
+    def begin(self) -> None:
+        """An action begins (a click): every time said until the next one counts from now, and
+        what its waits show being built is recorded from now (``building_shown``)."""
+        self.started = self.clock()
+        self.building_shown = []
+
+    def elapsed(self) -> float:
+        """Seconds since the action began (``begin``), on the status' one clock."""
+        return self.clock() - self.started
 
     def _show(self, text: str) -> None:
         with self._lock:
@@ -204,19 +219,26 @@ class StatusLine:
         key: str,
         *,
         programs: Callable[[], Sequence[str]] = tuple,
-        since: float | None = None,
-        estimate: float | None = None,
     ) -> Iterator[Wait]:
         """Show what the block waits for at once and redraw it every ``TICK_SECONDS`` with the
-        seconds so far (counted from ``since``, default now), an estimate (``estimate``, else the
-        last wait of the same ``key``), the program being built now, or ``programs()`` compiled
-        so far. The wait joins ``core.waits`` (kind ``key``), so its seconds become the estimate
-        for the next wait of ``key`` and any other progress display sees it. The block may
-        change what it waits for (``Wait.what``); ``say`` ends the redraws."""
+        seconds since the action's click (``begin``: one clock for every wait of an action and
+        its closing sentence), the last wait of the same ``key`` as an estimate, the program being
+        built now (recorded in ``building_shown``), or ``programs()`` compiled so far. The wait
+        joins ``core.waits`` (kind ``key``), so its seconds become the estimate for the next wait
+        of ``key`` and any other progress display sees it. The block may change what it waits for
+        (``Wait.what``); ``say`` ends the redraws."""
         self._set_busy(True)
-        guess = estimate if estimate is not None else WAITS.last(key)
+        guess = WAITS.last(key)
         wait = Wait(what)
-        ticker = Ticker(self._show, lambda t: wait_text(wait.what, t, guess, programs(), building_now()), since=since)
+
+        def text(seconds: float) -> str:
+            building = building_now()
+            for b in building:
+                if program_name(b.name) not in self.building_shown:
+                    self.building_shown.append(program_name(b.name))
+            return wait_text(wait.what, seconds, guess, programs(), building)
+
+        ticker = Ticker(self._show, text, clock=self.clock, since=self.started)
         self._ticker = wait.ticker = ticker
         with WAITS.waiting(what, kind=key):
             ticker.start()
@@ -241,16 +263,21 @@ STEP_COUNTER = "global step"  # the one step counter the lab names (the cluster'
 
 
 def constructed(report: Mapping[str, Any], seconds: float) -> str:
-    """After Construct: the rollout's branch (P3) and the bytes held, measured."""
+    """After Construct: the rollout's branch (P3), the bytes held, measured, and the warnings as
+    they stand now (``flow.warning_lines``). ``seconds``: since the click."""
     memory = report.get("memory") or {}
+    warnings = warning_lines(report, short=True)
     return (
         f"Constructed in {seconds:.1f} s. Rollout: {answer_label(report['rollout_branch'])} (P3); "
-        f"{fmt_bytes(memory.get('unique_bytes', 0))} held (measured)."
+        f"{fmt_bytes(memory.get('unique_bytes', 0))} held (measured)"
+        + (f"; warning: {'; '.join(warnings)}" if warnings else "")
+        + "."
     )
 
 
 def synced(sync: Mapping[str, Any], seconds: float) -> str:
-    """After Sync weights: the global step it reached and the bytes that crossed devices, measured."""
+    """After Sync weights (``seconds`` since the click): the global step it reached and the bytes
+    that crossed devices, measured."""
     return (
         f"Synced in {seconds:.2f} s, now at {STEP_COUNTER} {sync['global_step']}: "
         f"{fmt_bytes(sync['moved_cross_device_bytes'])} of {fmt_bytes(sync['synced_bytes'])} "
@@ -258,9 +285,23 @@ def synced(sync: Mapping[str, Any], seconds: float) -> str:
     )
 
 
-def stepped(global_step: int, mean_reward: float, seconds: float) -> str:
-    """After Training step: the global step its sync reached, and the batch's mean reward."""
-    return f"Training step done in {seconds:.1f} s, now at {STEP_COUNTER} {global_step}: mean reward {mean_reward:.3f}."
+def stepped(global_step: int, mean_reward: float, seconds: float, waited: float = 0.0) -> str:
+    """After Training step (``seconds`` since the click, ``waited`` of them for the background
+    compile): the global step its sync reached, and the batch's mean reward."""
+    of_it = f" ({waited:.1f} s of it waiting for the background compile)" if waited > 0.05 else ""
+    return (
+        f"Training step done in {seconds:.1f} s{of_it}, now at {STEP_COUNTER} {global_step}: "
+        f"mean reward {mean_reward:.3f}."
+    )
+
+
+def not_applied(action: str, pending: Sequence[tuple[str, str, str]]) -> str:
+    """What an action on the constructed cluster did not use: the knobs changed since the last
+    Construct, as (label, the constructed cluster's setting, the knob's setting now)."""
+    if not pending:
+        return ""
+    said = "; ".join(f"{name}: {before}, not {now}" for name, before, now in pending)
+    return f"{action} used the constructed cluster ({said}): Construct to apply the knobs."
 
 
 def refused(kept: bool, outlined: bool, *, failed: bool = False) -> str:
@@ -273,19 +314,32 @@ def refused(kept: bool, outlined: bool, *, failed: bool = False) -> str:
 
 
 def details(
-    timings: Mapping[str, Any], compiled: Sequence[tuple[str, float, bool]], waited: float, released: str = ""
+    timings: Mapping[str, Any],
+    compiled: Sequence[tuple[str, float, bool]],
+    waited: float,
+    released: str = "",
+    shown: Sequence[str] = (),
 ) -> str:
-    """What the last action cost, measured: the work, the report, the redraw, the programs it
-    compiled or read back from the compilation cache, and any wait for the background compile."""
+    """What the last action cost, measured: the seconds since the click and the work, the report
+    and the redraw among them, the programs it compiled or read back from the compilation cache,
+    those its waits showed being built in another thread (``shown``: the background compile's),
+    and any wait for the background compile."""
     redrawn = ", ".join(timings.get("redrawn", [])) or "nothing"
     built = [program_name(name) for name, _, cached in compiled if not cached]
     loaded = sum(cached for _, _, cached in compiled)
+    others = [name for name in shown if name not in {program_name(n) for n, _, _ in compiled}]
     parts = [
-        f"{timings.get('work', 0):.2f} s work, {timings.get('report', 0):.2f} s report, "
-        f"{timings.get('draw', 0):.2f} s drawing (redrawn: {redrawn})",
-        (f"compiled {len(built)} program(s): {', '.join(built)}" if built else "nothing compiled")
+        f"{timings.get('total', 0):.2f} s from the click: {timings.get('work', 0):.2f} s work, "
+        f"{timings.get('report', 0):.2f} s report, {timings.get('draw', 0):.2f} s drawing (redrawn: {redrawn})",
+        (
+            f"compiled {len(built)} program(s): {', '.join(built)}"
+            if built
+            else ("compiled nothing itself" if others else "nothing compiled")
+        )
         + (f", read {loaded} from the compilation cache" if loaded else ""),
     ]
+    if others:
+        parts.append(f"built meanwhile in another thread (the background compile), as shown: {', '.join(others)}")
     if waited > 0.05:
         parts.append(f"waited {waited:.1f} s for the background compile of the step's programs")
     if released:

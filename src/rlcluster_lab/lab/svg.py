@@ -180,14 +180,14 @@ def element_id(id: str | None) -> str:
 
 def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]], width: float | None = None) -> float:
     """Swatches and labels, left to right, wrapping at ``width`` (default: to 8 px from the right
-    edge); returns the y below them."""
+    edge); returns the y below them. Each swatch's id is ``legend:<its label>``."""
     width = c.width - x - 8 if width is None else width
     cx = x
     for fill, label in items:
         w = 18 + text_width(label, MIN_FONT)
         if cx + w > x + width and cx > x:
             cx, y = x, y + 20
-        c.rect(cx, y - 11, 13, 13, fill, stroke="#888888", width=0.6)
+        c.rect(cx, y - 11, 13, 13, fill, stroke="#888888", width=0.6, id=f"legend:{label}")
         c.text(cx + 18, y, label, size=MIN_FONT)
         cx += w + 12
     return y + 20

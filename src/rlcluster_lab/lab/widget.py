@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import html
-import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -90,12 +89,14 @@ class PlacementLab:
         self._waited = 0.0  # seconds the last action waited for the background compile
         self._compiled: list[tuple[str, float, bool]] = []  # programs the running action built
         self.knobs = Knobs(self.devices)
+        self._constructed: dict[str, tuple[str, str]] | None = None  # the knobs' settings at the last Construct
         self.display = Display()
         self.status = StatusLine(KNOB_WIDTH)
         self.notes = Notes()
         self._make_buttons()
         self.widget = self._assemble()
         self._refresh_buttons()
+        self.knobs.on_change(self.pending)
         self.status.say("Press Construct to build the cluster the knobs describe.")
         if build:
             self.construct()
@@ -196,7 +197,8 @@ class PlacementLab:
             except Exception as exc:  # noqa: BLE001 - shown beside its knob, the lab stays usable
                 self._show_error(exc, kept=self._cluster is not None)
                 return
-            # One wait from the click to the drawing, saying which stage it is in.
+            # One wait from the click to the drawing, saying which stage it is in; its seconds and the
+            # sentence's count from the click (the status' one clock).
             with self.status.waiting(
                 "Construct: releasing the previous cluster", self._key("construct"), programs=self._programs
             ) as wait:
@@ -204,21 +206,24 @@ class PlacementLab:
                 previous, released = self._report, self.release()
                 wait.what = f"Construct: building the {size} models and the cluster"
                 self.status.stage(2)
-                start = time.perf_counter()
+                start = self.status.clock()
                 try:
                     cluster = build_cluster(scenario, devices=self.devices, role_to_mesh=role_to_mesh)
                 except Exception as exc:  # noqa: BLE001 - the cluster's own error, shown as it is
+                    self._constructed = None
+                    self.pending()
                     self._show_error(exc, kept=False, failed=True)
                     self.display.clear("no cluster: construction failed (see the note beside the buttons)")
                     return
-                self.timings = {"action": "construct", "work": time.perf_counter() - start}
+                self.timings = {"action": "construct", "work": self.status.clock() - start}
                 self._cluster, self._learner = cluster, GRPOLearner(cluster, self.step_config)
+                self._constructed = self.knobs.settings()
                 wait.what = "Construct: measuring the placement and drawing it"
                 self.status.stage(3)
                 self._refresh_report()
                 self.changes = changes_since(previous, self._report)
                 self._draw("flow")
-            self._done(sentences.constructed(self._report, self.timings["work"]), released)
+            self._done(sentences.constructed(self._report, self._total()), released)
             if self.rehearse:
                 self.background.start(self._learner)
 
@@ -231,17 +236,18 @@ class PlacementLab:
             with self.status.waiting(
                 "Sync weights: handing the actor's weights to the rollout", self._key("sync"), programs=self._programs
             ) as wait:
-                start = time.perf_counter()
+                start = self.status.clock()
                 try:
                     self._sync = self._cluster.sync_weights()
                 except Exception as exc:  # noqa: BLE001
                     self._show_error(exc, kept=True, failed=True)
                     return
-                self.timings = {"action": "sync", "work": time.perf_counter() - start}
+                self.timings = {"action": "sync", "work": self.status.clock() - start}
                 wait.what = "Sync weights: measuring what moved and drawing it"
                 self._refresh_report()
                 self._draw("sync")
-            self._done(sentences.synced(self._report["sync"], self.timings["work"]))
+            # A knob changed since Construct is not the cluster's: the sync ran as constructed, and says so.
+            self._done(self._unapplied("Sync") + sentences.synced(self._report["sync"], self._total()))
 
     def train_step(self) -> None:
         """One GRPO step on cluster operations (generate, reward, update, sync)."""
@@ -256,26 +262,29 @@ class PlacementLab:
                     "Training step: waiting for the background compile of its programs",
                     self._key("background"),
                     programs=self.background.programs,
-                    since=self.background.started,
-                    estimate=self.background.last_seconds,
                 ):
-                    self._waited = self.background.join()
+                    start = self.status.clock()
+                    self.background.join()
+                    self._waited = self.status.clock() - start
             with self.status.waiting(
                 "Training step: sampling, scoring, updating, syncing", self._key("step"), programs=self._programs
             ) as wait:
-                start = time.perf_counter()
+                start = self.status.clock()
                 try:
                     record = self._learner.step()
                 except Exception as exc:  # noqa: BLE001
                     self._show_error(exc, kept=True, failed=True)
                     return
-                self.timings = {"action": "train_step", "work": time.perf_counter() - start}
+                self.timings = {"action": "train_step", "work": self.status.clock() - start}
                 self._steps.append(record)
                 self._sync = record.sync
                 wait.what = "Training step: measuring and drawing"
                 self._refresh_report()
                 self._draw("steps")
-            self._done(sentences.stepped(self._cluster.global_steps, record.mean_reward, self.timings["work"]))
+            self._done(
+                self._unapplied("Training step")
+                + sentences.stepped(self._cluster.global_steps, record.mean_reward, self._total(), self._waited)
+            )
 
     def _key(self, action: str) -> str:
         """Which waits are comparable: the same action on the same model size."""
@@ -284,11 +293,28 @@ class PlacementLab:
     def _programs(self) -> list[str]:
         return [name for name, _, _ in list(self._compiled)]
 
+    def pending(self) -> list[tuple[str, str, str]]:
+        """The knobs changed since the last Construct (label, setting then, setting now): marked on
+        the knobs, and every view labelled as showing the constructed cluster (called on every
+        knob change)."""
+        changed = self.knobs.mark_pending(self._constructed if self._cluster is not None else None)
+        self.display.mark_stale(changed)
+        return changed
+
+    def _unapplied(self, action: str) -> str:
+        said = sentences.not_applied(action, self.pending())
+        return f"{said} " if said else ""
+
+    def _total(self) -> float:
+        """Seconds since the click, on the status' clock (what every time the status says counts from)."""
+        self.timings["total"] = self.status.elapsed()
+        return self.timings["total"]
+
     def _refresh_report(self) -> None:
         assert self._cluster is not None
-        start = time.perf_counter()
+        start = self.status.clock()
         self._report = placement_report(self._cluster, sync=self._sync).to_json()
-        self.timings["report"] = time.perf_counter() - start
+        self.timings["report"] = self.status.clock() - start
 
     def _draw(self, view: str) -> None:
         """Redraw what changed and show ``view``, the one the action changed."""
@@ -298,9 +324,11 @@ class PlacementLab:
         self.knobs.mark_at_fault(())
         self.timings["draw"], self.timings["redrawn"] = self.display.draw(self._report, self._steps, self.changes)
         self.display.show(view)
+        self.pending()
 
     def _done(self, sentence: str, released: str = "") -> None:
-        self.status.say(sentence, sentences.details(self.timings, self._compiled, self._waited, released))
+        shown = self.status.building_shown
+        self.status.say(sentence, sentences.details(self.timings, self._compiled, self._waited, released, shown))
 
     def _show_error(self, exc: BaseException, *, kept: bool, failed: bool = False) -> None:
         """The message beside the first knob it names (outlined with the others), or beside the
@@ -318,6 +346,7 @@ class PlacementLab:
     def _busy(self) -> Iterator[None]:
         for b in (self.construct_button, self.sync_button, self.step_button):
             b.disabled = True
+        self.status.begin()
         self._waited = 0.0
         try:
             with count_compilations() as compiled:
