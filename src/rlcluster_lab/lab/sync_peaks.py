@@ -145,13 +145,18 @@ def sweep_rows(points: Sequence[Mapping[str, Any]], with_time: bool = False) -> 
 def order_rows(peak: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A plan's peaks of the sync's steps in each order (``transient_peak["orders"]``, computed
     from shapes): the most of each memory kind on one device, and the most of all kinds on one
-    device at one phase (on CPU devices every kind is the host's RAM)."""
+    device at one phase (on CPU devices every kind is the host's RAM). ``counts`` says what the
+    figures include: the arrays alone, or the programs' temporaries too (a plan made with
+    ``sync_programs=True``, which is what a measured peak includes)."""
+    temporaries = str(peak["method"]["program_temporaries"]).startswith("computed")
+    counts = "arrays + program temporaries" if temporaries else "arrays only (no program temporaries)"
     return [
         {
             "order": name,
             "device peak": int(o["max_bytes"].get("device", 0)),
             "pinned host peak": int(o["max_bytes"].get("pinned_host", 0)),
             "all kinds, one device": int(o["max_total_bytes"]),
+            "counts": counts,
         }
         for name, o in peak["orders"].items()
     ]
