@@ -91,18 +91,31 @@ class Step:
 class ProgramGroup:
     """Leaves one compiled program lays out together: the same source and destination device
     orders. ``between``: the program lays them out as the destination over the *source*
-    devices (then shards move); ``legs``: those the program takes (a ``between`` leaf already
-    laid out so takes none)."""
+    devices (then shards move); ``legs``: those the program takes (a ``between`` leaf whose
+    every destination block some source device already holds takes none)."""
 
     src_order: tuple[int, ...]
     dst_order: tuple[int, ...]
     legs: tuple[int, ...]
     between: bool
 
+    @property
+    def copies(self) -> int:
+        """How many copies of the destination layout a ``between`` program makes over the
+        source devices (the source has that many times the destination's devices)."""
+        return len(self.src_order) // len(self.dst_order)
+
     def inter(self, leg: Leg) -> Layout:
-        """The layout a ``between`` program gives ``leg``: the destination's over the source devices."""
+        """The layout a ``between`` program gives ``leg``: the destination's over the source
+        devices (in their order, as a program needs), ``copies`` times over a leading axis."""
         m = leg.dst.mesh
-        return Layout(PlannedMesh(self.src_order, m.axis_sizes, m.axis_names, m.axis_types), leg.dst.spec, WORK)
+        if self.copies == 1:
+            return Layout(PlannedMesh(self.src_order, m.axis_sizes, m.axis_names, m.axis_types), leg.dst.spec, WORK)
+        sizes, names = (self.copies, *m.axis_sizes), (COPIES, *m.axis_names)
+        return Layout(PlannedMesh(self.src_order, sizes, names, ("Auto", *m.axis_types)), leg.dst.spec, WORK)
+
+
+COPIES = "copies"  # the leading axis of a between program's layout when the source has more devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +204,7 @@ def route(legs: tuple[Leg, ...], copy: bool, strategy: str) -> Route:
         src, dst = leg.src.in_kind(WORK), leg.dst.in_kind(WORK)
         if _equivalent(src, dst, leg.shape):
             how.append("copy" if copy and i not in staged else "relabel")
-        elif strategy == "xla" and len(src.device_ids) == len(dst.device_ids):
+        elif strategy == "xla" and len(src.device_ids) % len(dst.device_ids) == 0:
             how.append("program" if src.device_ids == dst.device_ids else "moves")
         else:
             how.append("pieces")
@@ -231,32 +244,63 @@ def _program_groups(legs: Sequence[Leg], how: Sequence[str]) -> tuple[ProgramGro
     groups = []
     for (src, dst), idx in orders.items():
         between = src != dst
-        g = ProgramGroup(src, dst, (), between)
-        ran = tuple(
-            i for i in idx if not between or not _equivalent(legs[i].src.in_kind(WORK), g.inter(legs[i]), legs[i].shape)
-        )
-        groups.append(dataclasses.replace(g, legs=ran))
+        # Where every destination block is some source shard already, the shards move as they are.
+        ran = tuple(i for i in idx if not between or not _holds_every_block(legs[i]))
+        groups.append(ProgramGroup(src, dst, ran, between))
     return tuple(groups)
 
 
+def _holds_every_block(leg: Leg) -> bool:
+    have = {box for _, box in leg.src.boxes(leg.shape)}
+    return all(box in have for _, box in leg.dst.boxes(leg.shape))
+
+
 def _positions(leg: Leg, g: ProgramGroup, ran: bool, copy: bool) -> tuple[Position, ...]:
-    """Per destination position of a ``moves`` leaf: where its shard comes from. The shard at
-    position p of the (source-ordered) intermediate belongs at position p of the destination;
-    where no program ran, a device keeps its own buffer exactly where ``jax.device_put`` would,
-    and copies it within itself where it holds the block but device_put would not keep it."""
-    keeps = [False] * len(g.dst_order)
-    if not ran:
-        src, dst = leg.src.in_kind(WORK), leg.dst.in_kind(WORK)
-        keeps = device_put_keeps(src.boxes(leg.shape), dst.boxes(leg.shape))
+    """Per destination position of a ``moves`` leaf: where its shard comes from.
+
+    After a program, position p's block is on each source device at p in every copy of the
+    layout: the destination device's own when it is one of them, else it crosses from the
+    first. Without one, a device keeps its own buffer exactly where ``jax.device_put`` would,
+    copies it within itself where it holds the block but device_put would not keep it, and
+    any other block crosses from the source device at the same position when that one holds
+    it, else from the first that does."""
+    n = len(g.dst_order)
     out = []
-    for p, (s, d) in enumerate(zip(g.src_order, g.dst_order)):
+    if ran:
+        for p, d in enumerate(g.dst_order):
+            rows = [g.src_order[r * n + p] for r in range(g.copies)]
+            out.append(Position("ran", d, d) if d in rows else Position("send", rows[0], d))
+        return tuple(out)
+    src, dst = leg.src.boxes(leg.shape), leg.dst.boxes(leg.shape)
+    keeps = device_put_keeps(src, dst)
+    holders: dict[Any, list[int]] = {}
+    for dev, box in src:
+        holders.setdefault(box, []).append(dev)
+    at = dict(enumerate(g.src_order))
+    for p, (d, box) in enumerate(dst):
         if keeps[p]:
             out.append(Position("copy" if copy else "kept", d, d))
-        elif s != d:
-            out.append(Position("send", s, d))
+        elif d in holders[box]:
+            out.append(Position("copy", d, d))
         else:
-            out.append(Position("ran" if ran else "copy", d, d))
+            s = at.get(p) if at.get(p) in holders[box] else holders[box][0]
+            out.append(Position("send", s, d))
     return tuple(out)
+
+
+def whole_move(r: Route, i: int) -> bool:
+    """Leg i's every shard crosses from the source device at its position onto another set of
+    devices: one ``device_put`` of the array moves them all (a bare device_put's cost)."""
+    g = next(
+        g for g in r.programs if (g.src_order, g.dst_order) == (r.legs[i].src.device_ids, r.legs[i].dst.device_ids)
+    )
+    positions = r.positions[i]
+    return (
+        g.copies == 1
+        and not set(g.src_order) & set(g.dst_order)
+        and all(p.how == "send" and p.src == g.src_order[k] for k, p in enumerate(positions))
+        and (i in g.legs or _equivalent(r.legs[i].src.in_kind(WORK), g.inter(r.legs[i]), r.legs[i].shape))
+    )
 
 
 def _cast_groups(legs: Sequence[Leg]) -> tuple[tuple[int, ...], ...]:

@@ -14,18 +14,20 @@ where destination bytes started is measured once per program by a tagged run
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, Sharding
+from jax.sharding import AxisType, Mesh, NamedSharding, Sharding
 
 from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.crossing import move_across
+from rlcluster_lab.placement.layout import Layout
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
+from rlcluster_lab.placement.route import whole_move
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
 from rlcluster_lab.placement.transfers import Transfer, TransferLog, current_log
 from rlcluster_lab.placement.xla_analysis import (
@@ -115,6 +117,14 @@ def congruent(dst: NamedSharding, devices: Sequence[Any]) -> NamedSharding:
     return NamedSharding(mesh, dst.spec, memory_kind=dst.memory_kind)
 
 
+def layout_sharding(layout: Layout, devices: Mapping[int, Any]) -> NamedSharding:
+    """A layout on paper as a sharding over these devices (by id)."""
+    m = layout.mesh
+    grid = np.asarray([devices[i] for i in m.device_ids], dtype=object).reshape(m.axis_sizes)
+    mesh = Mesh(grid, m.axis_names, axis_types=tuple(getattr(AxisType, t) for t in m.axis_types))
+    return NamedSharding(mesh, layout.spec, memory_kind=layout.kind)
+
+
 def _key(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> Key:
     return tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts))
 
@@ -155,9 +165,9 @@ def run_between(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[A
     """A ``between`` step: the group's leaves laid out as their destination over the source
     devices (the destination's shard at position p on the p-th source device)."""
     g = run.route.programs[step.group]
-    src_a = [run.device(d) for d in g.src_order]
     xs = [run.value(i) for i in g.legs]
-    prog, outs = _run_program(xs, [congruent(run.work_dst(i), src_a) for i in g.legs], [run.labels[i] for i in g.legs])
+    inters = [layout_sharding(g.inter(run.route.legs[i]), run.devices) for i in g.legs]
+    prog, outs = _run_program(xs, inters, [run.labels[i] for i in g.legs])
     if current_log() is not None:
         for k, i in enumerate(g.legs):
             run.between[i] = (prog.provenance.by_leaf[k], _crossed(prog, k))
@@ -202,7 +212,7 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
             run.produced[i] = made
             run.joined[i] = y
         return {("sent", i): [done[i][0]] for i in members}, []
-    whole = [i for i in members if all(p.how == "send" for p in run.route.positions[i])]
+    whole = [i for i in members if whole_move(run.route, i)]
     if whole:
         # Every shard crosses: the arrays as they are, in one call (a bare device_put's cost).
         for i, y in zip(whole, jax.device_put([current[i] for i in whole], [run.work_dst(i) for i in whole])):

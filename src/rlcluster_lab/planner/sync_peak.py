@@ -17,14 +17,14 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import NamedSharding
 
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.sync_peak import PeakPhase, nonzero, peak_of
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.layout import Layout, PlannedMesh
+from rlcluster_lab.placement.layout import Layout
 from rlcluster_lab.placement.reshard import cast_temporaries_of
 from rlcluster_lab.placement.route import WORK, Leg, Made, Route, Step, route
 from rlcluster_lab.planner.buffers import PlannedArray
@@ -233,15 +233,8 @@ def _release(released: _Level, gone: set[tuple[int, int]], a: PlannedArray, held
         released.add(a.mesh.ids[free], a.kind, ph.RELEASED, -a.shard_bytes)
 
 
-def _mesh(m: PlannedMesh, devices: Mapping[int, Any]) -> Mesh:
-    grid = np.empty(len(m.device_ids), dtype=object)
-    grid[:] = [devices[i] for i in m.device_ids]
-    types = tuple(getattr(AxisType, t) for t in m.axis_types)
-    return Mesh(grid.reshape(m.axis_sizes), m.axis_names, axis_types=types)
-
-
 def _sharding(a: PlannedArray | Layout, devices: Mapping[int, Any], kind: str | None = None) -> NamedSharding:
-    return NamedSharding(_mesh(a.mesh, devices), a.spec, memory_kind=kind or a.kind)
+    return reshard_xla.layout_sharding(Layout(a.mesh, a.spec, kind or a.kind), devices)
 
 
 def _level(span: int, made: Any) -> _Level:
