@@ -41,7 +41,7 @@ class StubCompile:
         self.seen: dict[str, object] = {}
 
     def programs(self) -> list[str]:
-        return ["jit(_generate)", "jit(_logps_jit)"]
+        return ["jit(_generate)", "jit(_logps)"]
 
     def join(self) -> float:
         self.seen["status"] = self.lab.status.text
@@ -69,7 +69,7 @@ def test_a_training_step_clicked_during_the_background_compile_says_so_before_it
     lab.step_button.click()
     said = stub.seen["status"]
     assert said.startswith("Training step: waiting for the background compile of its programs: ")
-    assert "compiled 2: _generate, _logps_jit" in said
+    assert "compiled 2: sampling completions, per-token log-probs" in said
     assert stub.seen["busy"] and stub.seen["buttons"]
     # Then the step itself says what it does, before it starts.
     assert learner.seen["status"].startswith("Training step: sampling, scoring, updating, syncing: ")
@@ -119,14 +119,19 @@ def test_wait_text_names_the_program_being_built_now():
 
     building = (Building("compiling", "jit(grpo_train_step)", 1.94),)
     text = wait_text("Training step", 3.0, None, ["jit(_generate)"], building)
-    assert text == "Training step: 3.0 s so far; compiling grpo_train_step (1.9 s), 1 compiled before"
+    # The work in a reader's words, never a function's name; the program's place in the wait.
+    assert text == "Training step: 3.0 s so far; compiling the actor's optimizer step (1.9 s), program 2"
 
 
 def test_wait_text_names_what_it_waits_for_the_seconds_the_estimate_and_the_programs():
-    text = wait_text("Sync weights", 1.234, 0.5, ["jit(a)", "jit(b)", "jit(c)", "jit(d)"])
-    assert text == "Sync weights: 1.2 s so far (last time 0.5 s); compiled 4, latest: b, c, d"
+    text = wait_text("Sync weights", 1.234, 0.5, ["jit(_generate)", "jit(identity)", "jit(cast)", "jit(mystery)"])
+    assert text == (
+        "Sync weights: 1.2 s so far (last time 0.5 s); compiled 4, latest: "
+        "a reshard between two layouts, a cast to the rollout's dtype, another program"
+    )
     assert wait_text("Construct", 0.0) == "Construct: 0.0 s so far"
-    assert program_name("jit(grpo_train_step)") == "grpo_train_step"
+    assert program_name("jit(grpo_train_step)") == "the actor's optimizer step"
+    assert program_name("jit(something_internal)") == "another program"
 
 
 def test_the_last_wait_of_a_kind_is_the_next_ones_estimate():
@@ -302,16 +307,16 @@ def test_every_time_the_status_says_counts_from_the_click_on_one_clock(stand_in)
 
 
 def test_a_program_shown_compiling_during_the_wait_is_named_when_it_ends(stand_in, monkeypatch):
-    # Issue: the wait said "compiling grpo_train_step", then the details "nothing compiled".
+    # The wait said "compiling ..." and then the details "nothing compiled".
     lab = stand_in
     now = (Building("compiling", "jit(grpo_train_step)", 1.9),)
     monkeypatch.setattr(sentences, "building_now", lambda: now)
     shown = _record(lab)
     lab.construct()
-    assert any("compiling grpo_train_step (1.9 s)" in t for t in shown)
+    assert any("compiling the actor's optimizer step (1.9 s)" in t for t in shown)
     details = lab.status.details.value
     assert "nothing compiled" not in details
-    assert "built meanwhile in another thread (the background compile), as shown: grpo_train_step" in details
+    assert "built meanwhile in another thread (the background compile), as shown: the actor&#x27;s optimizer step" in details
 
 
 def test_a_knob_changed_since_construct_is_marked_and_sync_says_it_used_the_constructed_cluster(stand_in):

@@ -101,7 +101,7 @@ def test_programs_being_built_are_named_with_their_own_elapsed_time(waits, clock
         after = waits.status()
     assert [(b.phase, b.name) for b in during.building] == [("compiling", "jit(_generate)")]
     assert during.building[0].elapsed_s == pytest.approx(1.2)
-    assert "compiling jit(_generate) 1.2 s" in during.line()
+    assert "compiling sampling completions 1.2 s" in during.line()  # the work, not the function
     assert after.building == () and after.built == 1
     assert "1 program(s) built" in after.line()
 
@@ -183,7 +183,7 @@ def test_the_line_shows_the_wait_after_half_a_second_and_each_tick_redraws_it(wa
         clock.advance(0.3)
         second = line.tick()
     assert first == "building the cluster, 0.6 s"
-    assert second.startswith("building the cluster, 0.9 s; compiling jit(identity) 0.3 s")
+    assert second.startswith("building the cluster, 0.9 s; compiling a reshard between two layouts 0.3 s")
     assert stream.getvalue().count("\r\x1b[K") == 2
 
 
@@ -281,3 +281,36 @@ def test_the_labs_background_rehearsal_is_a_wait_a_click_can_show():
         unsubscribe()
     assert ("compiling the training step's programs (in the background)",) in seen
     assert WAITS.last(REHEARSAL) is not None
+
+
+@pytest.mark.cluster
+def test_every_program_a_cluster_compiles_is_named_in_a_readers_words():
+    """The status names the work a program does, never a function: every program a build, a sync
+    and a training step compile (reshaped LoRA with a bfloat16 rollout, reward and critic; and a
+    custom rollout mesh under the minimal strategy) has words of its own."""
+    import warnings
+
+    import jax
+
+    from rlcluster_lab import Role, Scenario, build_cluster
+    from rlcluster_lab.app.learner import GRPOLearner
+    from rlcluster_lab.core.compile_cache import count_compilations
+    from rlcluster_lab.core.meshes import layout_meshes, make_mesh
+    from rlcluster_lab.core.waits import PROGRAM_WORDS
+
+    custom = layout_meshes("colocated")
+    custom[Role.ROLLOUT] = make_mesh([jax.devices()[i] for i in (6, 0, 4)][:2], (2, 1))
+    cases = [
+        (Scenario(layout="reshaped", lora=True, rollout_dtype="bfloat16", with_reward=True, with_critic=True), None),
+        (Scenario(reshard="minimal"), custom),
+    ]
+    with count_compilations() as made, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for scenario, r2m in cases:
+            cluster = build_cluster(scenario, role_to_mesh=r2m)
+            cluster.sync_weights()
+            if r2m is None:
+                GRPOLearner(cluster).step()
+    names = {name[4:-1] for name, _, _ in made}
+    assert {"_generate", "_cut_and_pack", "_assemble_blocks", "identity"} <= names
+    assert names <= set(PROGRAM_WORDS), sorted(names - set(PROGRAM_WORDS))

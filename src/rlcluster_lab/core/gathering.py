@@ -116,7 +116,7 @@ def host_values(values: list[Any]) -> list[np.ndarray]:
                     if isinstance(v.sharding, NamedSharding)
                     else v.sharding.with_spec(spec)  # pragma: no cover - the cluster uses NamedSharding
                 )
-                v = jax.jit(lambda t: t, out_shardings=target)(v)
+                v = jax.jit(replicate, out_shardings=target)(v)
             if v.addressable_shards:
                 local.append(np.asarray(v.addressable_data(0)))
             else:
@@ -125,6 +125,11 @@ def host_values(values: list[Any]) -> list[np.ndarray]:
         for i, g in zip(idx, got):
             out[i] = np.asarray(g)
     return out  # type: ignore[return-value]
+
+
+def replicate(t: Any) -> Any:
+    """The identity, compiled onto a replicated sharding to gather a value among its devices."""
+    return t
 
 
 def held_within(a: set[Any], b: set[Any], what: str) -> bool:

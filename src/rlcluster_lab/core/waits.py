@@ -28,6 +28,36 @@ _PHASES = {
 }
 
 
+# What each of the lab's compiled programs does, in a reader's words, by the name of the function
+# JAX compiles (``jit(_generate)``): a wait names the work, never the function.
+PROGRAM_WORDS = {
+    "_generate": "sampling completions",
+    "_logps": "per-token log-probs",
+    "_scores": "the reward model's or critic's scores",
+    "grpo_train_step": "the actor's optimizer step",
+    "value_train_step": "the critic's optimizer step",
+    "init_optimizer_state": "the optimizer's initial state",
+    "identity": "a reshard between two layouts",
+    "_cut_and_pack": "cutting the pieces a device sends (minimal reshard)",
+    "_assemble_blocks": "assembling a device's shards (minimal reshard)",
+    "crossing": "moving shards into another process",
+    "receiving_zeros": "the receiving side of a move between processes",
+    "replicate": "gathering a value to read it",
+    "_all_finite": "the check for NaN or infinite values",
+    "cast": "a cast to the rollout's dtype",
+    "_threefry_seed": "a random seed",
+    "convert_element_type": "a dtype conversion",
+    "stage": "a host value put on a device",
+}
+
+
+def program_words(name: str) -> str:
+    """A compiled program in a reader's words (``jit(_generate)`` -> ``sampling completions``);
+    a program the lab does not know is 'another program'."""
+    bare = name[4:-1] if name.startswith("jit(") and name.endswith(")") else name
+    return PROGRAM_WORDS.get(bare, "another program")
+
+
 @dataclasses.dataclass(frozen=True)
 class Building:
     """A program being built now: ``phase`` is tracing, lowering or compiling (compiling covers a
@@ -36,6 +66,10 @@ class Building:
     phase: str
     name: str
     elapsed_s: float
+
+    @property
+    def words(self) -> str:
+        return program_words(self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +93,14 @@ class WaitStatus:
     estimate_s: float | None = None
 
     def line(self) -> str:
-        """One line: ``step 1 of 30: update_actor, 2.4 s (last 0.6 s); compiling jit(grpo_train_step) 1.9 s``."""
+        """One line: ``step 1 of 30: update_actor, 2.4 s (last 0.6 s); compiling the actor's optimizer step 1.9 s``."""
         text = ": ".join(self.labels) + f", {self.elapsed_s:.1f} s"
         if self.estimate_s is not None:
             text += f" (last {self.estimate_s:.1f} s)"
         if self.building:
-            text += "; " + ", ".join(f"{b.phase} {b.name} {b.elapsed_s:.1f} s" for b in self.building)
+            text += "; " + ", ".join(f"{b.phase} {b.words} {b.elapsed_s:.1f} s" for b in self.building)
+            if self.built:
+                text += f" ({self.built} program(s) built before)"
         elif self.built:
             text += f"; {self.built} program(s) built"
         return text

@@ -27,7 +27,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from rlcluster_lab.core.waits import WAITS, Building
+from rlcluster_lab.core.waits import WAITS, Building, program_words
 from rlcluster_lab.lab.flow import answer_label, warning_lines
 from rlcluster_lab.lab.style import fmt_bytes
 
@@ -36,9 +36,7 @@ STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the sentence's fixed height
 _NAMES_SHOWN = 3  # program names a wait's line lists (the latest ones)
 
 
-def program_name(name: str) -> str:
-    """A compiled program's name as a reader knows it: ``jit(_generate)`` -> ``_generate``."""
-    return name[4:-1] if name.startswith("jit(") and name.endswith(")") else name
+program_name = program_words  # a compiled program, as a reader knows it (``core.waits.PROGRAM_WORDS``)
 
 
 def building_now() -> tuple[Building, ...]:
@@ -63,7 +61,7 @@ def wait_text(
         b = building[-1]
         text += f"; {b.phase} {program_name(b.name)} ({b.elapsed_s:.1f} s)"
         if programs:
-            text += f", {len(programs)} compiled before"
+            text += f", program {len(programs) + 1}"
     elif programs:
         names = [program_name(p) for p in programs]
         more = len(names) - _NAMES_SHOWN

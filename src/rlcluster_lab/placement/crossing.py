@@ -91,10 +91,10 @@ def crossing_program(
     # Linear index over (SIDE, *axes): side * n + the position in the destination mesh.
     perms = [[(p, n + p) for p in r.sends] for r in routes]
 
-    def body(leaves: list[jax.Array]) -> list[jax.Array]:
+    def crossing(leaves: list[jax.Array]) -> list[jax.Array]:
         return [jax.lax.ppermute(v, axes, perm) for v, perm in zip(leaves, perms)]
 
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(list(specs),), out_specs=list(specs), check_vma=False)
+    fn = jax.shard_map(crossing, mesh=mesh, in_specs=(list(specs),), out_specs=list(specs), check_vma=False)
     options = compiler_options(mesh.devices.flat[0].platform, sum(int(np.prod(a.shape)) for a in avals))
     compiled, source = compile_outside_mesh(jax.jit(fn), list(avals), options=options)
     built = CrossingProgram(compiled, mesh, program_traffic(compiled, list(mesh.devices.flat)), source)
@@ -110,7 +110,11 @@ def _placeholders(dsts: Sequence[NamedSharding], avals: Sequence[jax.ShapeDtypeS
     make = PROGRAMS.get(key)
     if make is None:
         with jax.set_mesh(None):
-            make = jax.jit(lambda: [jnp.zeros(s, d) for s, d in shapes], out_shardings=list(dsts))
+
+            def receiving_zeros() -> list[jax.Array]:
+                return [jnp.zeros(s, d) for s, d in shapes]
+
+            make = jax.jit(receiving_zeros, out_shardings=list(dsts))
         PROGRAMS.put(key, make)
     return make()
 

@@ -423,11 +423,12 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
     options = options_for(params)
     key = (_sharding_key(params), treedef, tuple(flat), options_key(options))
 
+    def init_optimizer_state(p: Any) -> Any:
+        return _INITS.current_tx().init(p)
+
     def build() -> Any:
         return jax.jit(
-            lambda p: _INITS.current_tx().init(p),
-            out_shardings=shardings,
-            compiler_options=dict(options) if options else None,
+            init_optimizer_state, out_shardings=shardings, compiler_options=dict(options) if options else None
         )
 
     return _INITS.call(tx, key, build, params)
