@@ -316,7 +316,8 @@ def test_a_program_shown_compiling_during_the_wait_is_named_when_it_ends(stand_i
     assert any("compiling the actor's optimizer step (1.9 s)" in t for t in shown)
     details = lab.status.details.value
     assert "nothing compiled" not in details
-    assert "built meanwhile in another thread (the background compile), as shown: the actor&#x27;s optimizer step" in details
+    shown_words = "the actor&#x27;s optimizer step"
+    assert f"built meanwhile in another thread (the background compile), as shown: {shown_words}" in details
 
 
 def test_a_knob_changed_since_construct_is_marked_and_sync_says_it_used_the_constructed_cluster(stand_in):
