@@ -74,17 +74,25 @@ CASES = {
 
 def _held(cluster) -> tuple[list, tuple]:
     """What a call on the cluster reads: the arrays and states (compared by identity, so their
-    memory kinds too), and the step count, the contexts entered and the trace's length."""
+    memory kinds too), and the step count, the contexts entered, the trace's length and every
+    live buffer of the process (what the lab's memory figures measure)."""
     leaves = [x for m in cluster.models().values() for x in jax.tree.leaves(nnx.state(m))]
     states = [cluster.optimizer_state, cluster.critic_optimizer_state, cluster.pinned_anchor_state]
-    return leaves + states, (cluster.global_steps, cluster.contexts_entered, len(cluster.trace))
+    buffers = {
+        (s.device.id, s.data.unsafe_buffer_pointer())
+        for x in jax.live_arrays()
+        if not x.is_deleted()
+        for s in x.addressable_shards
+    }
+    return leaves + states, (cluster.global_steps, cluster.contexts_entered, len(cluster.trace), buffers)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_after_a_rehearsal_the_learners_next_step_compiles_nothing_and_is_the_rehearsed_one(case):
     """The rehearsal cannot drift from the step: the step that follows finds every program it
     runs built, and gives the rehearsal's very record, so the rehearsal changed nothing it reads
-    (the weights, the optimizer state, the anchor, the seed it samples with)."""
+    (the weights, the optimizer state, the anchor, the seed it samples with); what the rehearsal
+    made is gone when it ends."""
     scenario, training, knobs, reward_model, custom = CASES[case]
     cluster = build_cluster(scenario, training_config=training, role_to_mesh=_custom_meshes() if custom else None)
     learner = GRPOLearner(cluster, LearnerConfig(**SIZES, **knobs), use_reward_model=reward_model)
