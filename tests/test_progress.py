@@ -269,14 +269,14 @@ def test_learn_marks_each_phase_of_a_step_as_a_wait():
 
 @pytest.mark.cluster
 def test_the_labs_background_rehearsal_is_a_wait_a_click_can_show():
-    from rlcluster_lab import Scenario, build_cluster
-    from rlcluster_lab.lab.rehearsal import REHEARSAL, rehearse_step
+    from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, build_cluster
+    from rlcluster_lab.lab.rehearsal import REHEARSAL, rehearse_next_step
 
     cluster = build_cluster(Scenario(layout="colocated", max_tokens=4))
     seen = []
     unsubscribe = WAITS.subscribe(lambda: seen.append(getattr(WAITS.status(), "labels", None)))
     try:
-        assert rehearse_step(cluster, ["abc", "hello"])
+        rehearse_next_step(GRPOLearner(cluster, LearnerConfig(steps=1, prompts_per_step=2, group_size=2)))
     finally:
         unsubscribe()
     assert ("compiling the training step's programs (in the background)",) in seen

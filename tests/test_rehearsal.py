@@ -1,21 +1,30 @@
-"""The lab's rehearsal (lab.rehearsal) compiles a step's programs and touches nothing a call
-on the cluster reads: not the engine's seeds, not the weights, the optimizer state, the
-anchor, the step count or the record of contexts entered."""
+"""The lab's rehearsal (lab.rehearsal) is the learner's own next step, taken on twins of the
+learner and its cluster: the step that follows compiles nothing, whatever the configuration,
+and the rehearsal touches nothing a call on the cluster reads: not the engine's seeds, the
+weights, their memory kinds, the optimizer states, the anchor, the step count, the decision
+trace or the record of contexts entered; it takes no lock of the cluster's and reaches no
+observer of it."""
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import jax
 import pytest
 from flax import nnx
 
-from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, build_cluster
-from rlcluster_lab.lab.rehearsal import rehearse_step
+from rlcluster_lab import GRPOLearner, LearnerConfig, Role, Scenario, TrainingConfig, build_cluster, make_mesh
+from rlcluster_lab.cluster.observe import observing
+from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.engines import RolloutEngine
+from rlcluster_lab.lab.rehearsal import rehearse_next_step
+from rlcluster_lab.placement.programs import clear_programs
 
 pytestmark = pytest.mark.cluster  # every test here builds a cluster and compiles a step
 
 PROMPTS = ["abc", "hello world", "x", "rl"]
+SIZES = {"steps": 1, "prompts_per_step": 2, "group_size": 2}
 
 
 @pytest.fixture(scope="module")
@@ -23,19 +32,89 @@ def cluster():
     return build_cluster(Scenario(layout="split", max_tokens=4))
 
 
-def test_a_rehearsal_changes_nothing_a_call_reads(cluster):
-    actor = jax.tree.leaves(nnx.state(cluster.actor_model))
-    rollout = jax.tree.leaves(nnx.state(cluster.rollout.model()))
-    optimizer, anchor = cluster.optimizer_state, cluster.pinned_anchor_state
-    contexts, steps = cluster.contexts_entered, cluster.global_steps
-    assert rehearse_step(cluster, PROMPTS) is True
-    assert all(a is b for a, b in zip(jax.tree.leaves(nnx.state(cluster.actor_model)), actor, strict=True))
-    assert all(a is b for a, b in zip(jax.tree.leaves(nnx.state(cluster.rollout.model())), rollout, strict=True))
-    assert cluster.optimizer_state is optimizer and cluster.pinned_anchor_state is anchor
-    assert cluster.contexts_entered == contexts and cluster.global_steps == steps
+def _custom_meshes() -> dict:
+    """Every role on a mesh of its own, the rollout's over the devices in reverse order."""
+    d = jax.devices()
+    return {
+        Role.ACTOR: make_mesh(d[:4], (2, 2)),
+        Role.REFERENCE: make_mesh(d[:4], (4, 1)),
+        Role.ROLLOUT: make_mesh(d[::-1][:4], (1, 4)),
+        Role.REWARD: make_mesh(d[4:], (4, 1)),
+        Role.CRITIC: make_mesh(d[4:], (1, 4)),
+    }
 
 
-def test_generate_calls_during_a_rehearsal_draw_new_seeds(cluster, monkeypatch):
+# id -> (scenario, training config, learner knobs, rewards from the reward model, custom meshes)
+CASES = {
+    "split": (Scenario(layout="split", max_tokens=4), None, {}, False, False),
+    "lora-trainable-anchor": (
+        Scenario(layout="colocated", lora=True, anchor="trainable", max_tokens=4),
+        None,
+        {},
+        False,
+        False,
+    ),
+    "offload": (Scenario(layout="colocated", offload=True, max_tokens=4), None, {}, False, False),
+    "reward-critic-custom-meshes": (
+        Scenario(layout="split", with_reward=True, with_critic=True, max_tokens=4),
+        None,
+        {"critic": True},
+        True,
+        True,
+    ),
+    "vllm-lora-chunked-sync-accumulated-minibatches": (
+        Scenario(layout="reshaped", engine="vllm", lora=True, sync_chunk_bytes=4096, max_tokens=4),
+        TrainingConfig(mini_batch_size=2, train_micro_batch_size=1, num_iterations=2),
+        {},
+        False,
+        False,
+    ),
+}
+
+
+def _held(cluster) -> tuple[list, tuple]:
+    """What a call on the cluster reads: the arrays and states (compared by identity, so their
+    memory kinds too), and the step count, the contexts entered, the trace's length and every
+    live buffer of the process (what the lab's memory figures measure)."""
+    leaves = [x for m in cluster.models().values() for x in jax.tree.leaves(nnx.state(m))]
+    states = [cluster.optimizer_state, cluster.critic_optimizer_state, cluster.pinned_anchor_state]
+    buffers = {
+        (s.device.id, s.data.unsafe_buffer_pointer())
+        for x in jax.live_arrays()
+        if not x.is_deleted()
+        for s in x.addressable_shards
+    }
+    return leaves + states, (cluster.global_steps, cluster.contexts_entered, len(cluster.trace), buffers)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_after_a_rehearsal_the_learners_next_step_compiles_nothing_and_is_the_rehearsed_one(case):
+    """The rehearsal cannot drift from the step: the step that follows finds every program it
+    runs built, and gives the rehearsal's very record, so the rehearsal changed nothing it reads
+    (the weights, the optimizer state, the anchor, the seed it samples with); what the rehearsal
+    made is gone when it ends."""
+    scenario, training, knobs, reward_model, custom = CASES[case]
+    cluster = build_cluster(scenario, training_config=training, role_to_mesh=_custom_meshes() if custom else None)
+    learner = GRPOLearner(cluster, LearnerConfig(**SIZES, **knobs), use_reward_model=reward_model)
+    clear_programs()
+    jax.clear_caches()  # nothing left from construction or an earlier case: the rehearsal builds it all
+    held, rehearsed, observed = _held(cluster), [], []
+    with observing(cluster, lambda role, working: observed.append(role)):
+        # On a thread of its own, as in the lab.
+        thread = threading.Thread(target=lambda: rehearsed.append(rehearse_next_step(learner)))
+        thread.start()
+        thread.join()
+    assert len(rehearsed) == 1 and observed == []
+    (objects, values), (objects_before, values_before) = _held(cluster), held
+    assert all(a is b for a, b in zip(objects, objects_before, strict=True)) and values == values_before
+    assert learner.history == [] and learner.p11 == []
+    with count_compilations() as compiled:
+        record = learner.step()
+    assert compiled == [], f"the step compiled {[name for name, _, _ in compiled]}"
+    assert record == rehearsed[0] and cluster.global_steps == 1
+
+
+def test_a_rehearsal_takes_no_lock_and_generate_calls_meanwhile_draw_new_seeds(cluster, monkeypatch):
     """Before, the rehearsal saved the engine's call counter and put it back afterwards, so
     generate calls made meanwhile from another thread reused their seeds."""
     engine = cluster.rollout
@@ -52,15 +131,28 @@ def test_generate_calls_during_a_rehearsal_draw_new_seeds(cluster, monkeypatch):
         return sample(prompts, rollout_config, seed)
 
     monkeypatch.setattr(engine, "generate_with_seed", recording)
-    rehearsal = threading.Thread(target=rehearse_step, args=(cluster, PROMPTS), name="rehearsal")
+    learner = GRPOLearner(cluster, LearnerConfig(**SIZES))
+    rehearsal = threading.Thread(target=rehearse_next_step, args=(learner,), name="rehearsal")
     rehearsal.start()
     assert inside.wait(timeout=120)
-    texts = [cluster.generate(PROMPTS).text for _ in range(3)]
-    release.set()
-    rehearsal.join()
+    try:
+        assert cluster.state.lock.acquire(blocking=False)  # nobody holds the cluster's lock
+        cluster.state.lock.release()
+        texts = [cluster.generate(PROMPTS).text for _ in range(3)]
+    finally:
+        release.set()
+        rehearsal.join()
     texts += [cluster.generate(PROMPTS).text for _ in range(3)]
     assert len(set(seeds)) == 6
     assert len({tuple(t) for t in texts}) == 6
+
+
+def test_an_engine_whose_twin_keeps_its_model_is_refused_before_anything_runs(cluster, monkeypatch):
+    monkeypatch.setattr(RolloutEngine, "twin", lambda self, clones: copy.copy(self))
+    contexts = cluster.contexts_entered
+    with pytest.raises(TypeError, match="override RolloutEngine.twin"):
+        rehearse_next_step(GRPOLearner(cluster, LearnerConfig(**SIZES)))
+    assert cluster.contexts_entered == contexts
 
 
 class Stop(Exception):
@@ -80,11 +172,4 @@ def test_the_learner_names_its_next_prompts_without_drawing_them(cluster, monkey
     monkeypatch.setattr(cluster, "generate", stop)
     with pytest.raises(Stop):
         learner.step()
-    assert sampled == [upcoming]  # the step sampled exactly the prompts the rehearsal was given
-
-
-def test_an_offloaded_cluster_is_not_rehearsed():
-    offloaded = build_cluster(Scenario(layout="colocated", offload=True, max_tokens=4))
-    contexts = offloaded.contexts_entered
-    assert rehearse_step(offloaded, PROMPTS) is False
-    assert offloaded.contexts_entered == contexts
+    assert sampled == [upcoming]  # the step sampled exactly the prompts named

@@ -11,6 +11,7 @@ and the anchor's from the sampler's: the numbers behind rule P11.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -166,11 +167,20 @@ class GRPOLearner:
         return [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
 
     def next_prompts(self) -> list[str]:
-        """The prompts the next ``step`` will sample from, read without drawing them (the lab's
-        rehearsal compiles for these)."""
+        """The prompts the next ``step`` will sample from, read without drawing them."""
         peek = np.random.default_rng()
         peek.bit_generator.state = self._rng.bit_generator.state
         return self._next_prompts(peek)
+
+    def on(self, cluster: RLCluster) -> GRPOLearner:
+        """This learner as it is now (config, rewards, prompts, the prompts it draws next, its
+        history) on ``cluster``, drawing and recording on its own: its ``step`` is the step this
+        learner takes next. The lab's rehearsal steps it on the cluster's twin (``RLCluster.isolated``)."""
+        twin = copy.copy(self)
+        twin.cluster = cluster
+        twin._rng = copy.deepcopy(self._rng)
+        twin.history, twin.p11 = list(self.history), list(self.p11)
+        return twin
 
     def step(self) -> StepRecord:
         cfg = self.config

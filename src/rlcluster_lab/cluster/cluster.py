@@ -8,6 +8,7 @@ decision is a rule function's (``rules/``), kept in ``self.trace`` (L1).
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import os
@@ -131,6 +132,15 @@ class RLCluster:
         if self._state is None:
             raise NotConstructedError()
         return self._state
+
+    def isolated(self) -> RLCluster:
+        """A twin of this cluster on the same arrays (``ClusterState.isolated``): its operations
+        run the programs this cluster's would and change nothing this cluster holds or records,
+        nor wait for its operations. The lab's rehearsal runs a training step on it."""
+        twin = copy.copy(self)
+        twin._state = self.state.isolated()
+        twin._contexts, twin.trace = twin._state.contexts, twin._state.trace
+        return twin
 
     def _placed(self) -> Placed | None:
         return None if self._state is None else self._state.placed

@@ -9,7 +9,9 @@ An ``Executor`` moves the models: the live one (``cluster.live``) real arrays, t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from rlcluster_lab.core.meshes import describe_mesh
@@ -274,6 +276,16 @@ class Mover:
             self.trace.add(p14)
             model = self.ex.move(model, "pinned_host")
         return model
+
+    def twin(self, clone: Callable[[Any], Any], engine: Any) -> Mover:
+        """This mover over the models ``clone`` maps this one's to, and ``engine``: its moves
+        change those only (a cluster's twin, ``ClusterState.isolated``)."""
+        twin = copy.copy(self)
+        twin.models = {role: clone(model) for role, model in self.models.items()}
+        twin.engine = engine
+        twin.ex = copy.copy(self.ex)
+        twin.ex.engine = engine  # the live executor hands the rollout its partner's weights through it
+        return twin
 
     def to_device(self, model: Any, role: Role) -> None:
         """P14: bring a role's model to device for its work, its sharing partners with it."""

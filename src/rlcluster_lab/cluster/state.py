@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import jax
 import optax
 from flax import nnx
 from jax.sharding import Mesh
 
 from rlcluster_lab.cluster.construct import Placed
-from rlcluster_lab.cluster.contexts import RoleContexts
+from rlcluster_lab.cluster.contexts import ContextLog, RoleContexts
 from rlcluster_lab.core.config import ClusterConfig
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.core.trace import Trace
@@ -69,6 +71,47 @@ class ClusterState:
 
     def pad_id(self) -> int:
         return self.placed.engine.pad_id()
+
+    def isolated(self) -> ClusterState:
+        """A twin of this state, on which the lab's rehearsal runs a training step: the same
+        config, optimizers, meshes and arrays (nothing is copied), held by models (one clone of
+        all of them, so the weights they share stay shared), an engine, a mover, a record of
+        contexts, a trace, a step count and a lock of its own. Operations on the twin run the
+        programs this state's would, and change nothing this state holds: no weight, optimizer
+        state, anchor, memory kind, seed or step count; they take no lock of its, reach no
+        observer of its (``observe`` looks observers up by state) and record no context in its log.
+        """
+        placed = self.placed
+        engine = placed.engine
+        models = (placed.actor, engine.model(), placed.reference, placed.reward, placed.critic)
+        originals = [m for m in models if m is not None]
+        graphdef, variables = nnx.split(originals)
+        # New Variables holding the same arrays (split hands out the models' own Variables).
+        clones = dict(zip(map(id, originals), nnx.merge(graphdef, jax.tree.map(lambda x: x, variables))))
+
+        def clone(model: Any) -> Any:
+            return None if model is None else clones[id(model)]
+
+        twin_engine = engine.twin(clones)
+        if twin_engine.model() is not clones[id(engine.model())]:
+            raise TypeError(
+                f"the {type(engine).__name__} engine's twin still samples with the engine's own model: override "
+                "RolloutEngine.twin to hand it the clone (the rehearsal must not change the cluster's weights)"
+            )
+        contexts = copy.copy(self.contexts)
+        contexts.log = ContextLog()
+        twin = dataclasses.replace(
+            placed,
+            actor=clone(placed.actor),
+            engine=twin_engine,
+            reference=clone(placed.reference),
+            reward=clone(placed.reward),
+            critic=clone(placed.critic),
+            mover=placed.mover.twin(clone, twin_engine),
+        )
+        return ClusterState(
+            self.config, copy.deepcopy(self.trace), contexts, twin, self.tx, self.critic_tx, self.global_steps
+        )
 
     @contextlib.contextmanager
     def working(self, role: Role, model: nnx.Module | None, operation: str) -> Iterator[Mesh]:

@@ -10,8 +10,10 @@ that mesh for the rollout role (P7).
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -103,8 +105,7 @@ class RolloutEngine(abc.ABC):
 
     def generate_with_seed(self, prompts: list[str], rollout_config: RolloutConfig, seed: int) -> RolloutOutput:
         """``generate`` with the sampling seed given: it reads the engine's weights and changes
-        nothing of the engine's (the seed ``generate`` draws next is untouched). The lab's
-        rehearsal compiles a step's sampling programs through it.
+        nothing of the engine's (the seed ``generate`` draws next is untouched).
 
         Raises:
             As ``generate``.
@@ -129,6 +130,18 @@ class RolloutEngine(abc.ABC):
             logprobs=np.asarray(out.logprobs),
             left_padded_prompt_tokens=np.asarray(out.prompt_tokens),
         )
+
+    def twin(self, clones: Mapping[int, nnx.Module]) -> RolloutEngine:
+        """A copy of this engine that samples with other modules (the lab's rehearsal runs a
+        step on it, ``RLCluster.isolated``): each module it holds as an attribute that ``clones``
+        maps (by ``id``) replaced by its clone, with a seed counter and caches of its own; the
+        rest is shared and only read. An engine that keeps its model other than as an attribute,
+        or changes other state of its own when it samples, overrides this."""
+        twin = copy.copy(self)
+        twin.__dict__.update({k: clones[id(v)] for k, v in vars(self).items() if id(v) in clones})
+        twin.__dict__.pop("_variable_index", None)
+        twin._draws = itertools.count()
+        return twin
 
     def get_per_token_logps(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
         """Per-token log-probs (B, C) under the engine's weights.
