@@ -222,8 +222,8 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
 def warm_programs(
     devices: int = DEFAULT_SIMULATED_DEVICES, scenarios: Sequence[tuple[str, bool]] = STANDARD
 ) -> dict[str, Any]:
-    """In this process: build each standard cluster, sync it and rehearse one training step of
-    the widget's size, so their programs land in the persistent cache; returns what it did."""
+    """In this process: build each standard cluster and rehearse one training step of the widget's
+    size (its sync included), so their programs land in the persistent cache; returns what it did."""
     from rlcluster_lab.core.compile_cache import count_compilations, enable_compilation_cache
     from rlcluster_lab.core.devices import ensure_simulated_devices
 
@@ -242,7 +242,6 @@ def warm_programs(
         t = time.perf_counter()
         with count_compilations() as built:
             cluster = build_cluster(Scenario(layout=layout, lora=lora))
-            cluster.sync_weights()
             rehearse_next_step(GRPOLearner(cluster, LearnerConfig(**STEP_SIZES)))
         done.append(
             {
