@@ -37,6 +37,7 @@ from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster import sync as sync_module
 from rlcluster_lab.core.shardings import memory_kinds
 from rlcluster_lab.engines import base as base_engine
+from rlcluster_lab.measure.sync import SyncObserver
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.buffers import buffer_keys
 
@@ -292,9 +293,9 @@ SYNC_FAULTS = {
     "handover starts": lambda c: (c.rollout, "update_params", _raise(KeyboardInterrupt)),
     "first chunk committed": lambda c: (phases, "phase", _fail_on_commit(1, RuntimeError)),
     "second chunk committed": lambda c: (phases, "phase", _fail_on_commit(2, KeyboardInterrupt)),
-    "measured after the handover": lambda c: (sync_module.SyncObserver, "after", _raise(RuntimeError)),
+    "measured after the handover": lambda c: (SyncObserver, "after", _raise(RuntimeError)),
     "anchor re-pin": lambda c: (sync_module, "put_on_memory_kind", _raise(KeyboardInterrupt)),
-    "anchor measured": lambda c: (sync_module.SyncObserver, "anchor", _raise(RuntimeError)),
+    "anchor measured": lambda c: (SyncObserver, "anchor", _raise(RuntimeError)),
 }
 
 

@@ -8,6 +8,7 @@ observer of it."""
 from __future__ import annotations
 
 import copy
+import gc
 import threading
 
 import jax
@@ -75,7 +76,9 @@ CASES = {
 def _held(cluster) -> tuple[list, tuple]:
     """What a call on the cluster reads: the arrays and states (compared by identity, so their
     memory kinds too), and the step count, the contexts entered, the trace's length and every
-    live buffer of the process (what the lab's memory figures measure)."""
+    live buffer of the process (what the lab's memory figures measure), garbage an earlier test
+    left collected first so that only what is alive counts."""
+    gc.collect()
     leaves = [x for m in cluster.models().values() for x in jax.tree.leaves(nnx.state(m))]
     states = [cluster.optimizer_state, cluster.critic_optimizer_state, cluster.pinned_anchor_state]
     buffers = {

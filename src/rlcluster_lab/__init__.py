@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, LearnerResult
     from rlcluster_lab.app.report import PlacementReport, placement_report
     from rlcluster_lab.app.scenario import build_cluster
-    from rlcluster_lab.cluster import AvoidableCopyWarning, NotConstructedError, RLCluster, RLEngine
     from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
     from rlcluster_lab.core.devices import DeviceSetupError, ensure_simulated_devices
     from rlcluster_lab.core.errors import ConfigError
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
     from rlcluster_lab.model.scoring import ScoreModel, init_score_model
     from rlcluster_lab.model.tokenizer import ByteTokenizer
     from rlcluster_lab.placement import place_model
+    from rlcluster_lab.rl_cluster import AvoidableCopyWarning, NotConstructedError, RLCluster, RLEngine
     from rlcluster_lab.rules.sharing import build_sharing_map
     from rlcluster_lab.training import TrainBatch, ValueBatch
 

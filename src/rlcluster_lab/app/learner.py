@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import as_bool, as_int
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.waits import waiting
 from rlcluster_lab.measure.sync import SyncReport
+from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.training.batch import TrainBatch, validate_prompts
 from rlcluster_lab.training.critic import ValueBatch
 from rlcluster_lab.training.step import rejection_reason

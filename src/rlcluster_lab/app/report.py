@@ -9,13 +9,13 @@ from typing import Any
 import jax
 from flax import nnx
 
-from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.gathering import held_within
 from rlcluster_lab.core.meshes import describe_meshes
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import memory_kinds
 from rlcluster_lab.measure import MemoryReport, SyncReport, memory_report
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone, state_bytes
+from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.rules.sharing import sharing_map_json
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import jax
 from flax import nnx
 
-from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
 from rlcluster_lab.core.limits import check_fits, check_fits_devices, device_free_bytes, limit_bytes
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, layout_meshes
@@ -24,6 +23,7 @@ from rlcluster_lab.placement.programs import trim_compiled_programs
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.shapes import abstract_leaves
 from rlcluster_lab.planner.tables import Topology
+from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.rules.validation import check_scenario
 
 ROLLOUT_DTYPES = DTYPES

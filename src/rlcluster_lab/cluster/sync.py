@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 from flax import nnx
@@ -36,16 +36,32 @@ from flax import nnx
 from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.engines.base import flat_values, reshard_flat
-from rlcluster_lab.measure.sync import SyncObserver, SyncReport
 from rlcluster_lab.placement.chunks import sync_chunks
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
 
 
-def sync_weights(s: ClusterState) -> SyncReport:
+class SyncWatch(Protocol):
+    """What watches a sync from outside (``measure.sync.SyncObserver``): the sync tells it what
+    was alive before, the handover's source, the block the handover runs in, what the rollout
+    holds after and how long it took, the new anchor, the commit; the watch writes the report."""
+
+    walk_seconds: float
+
+    def start(self, keep: Any, replaced: Any, devices: Any, *, chunk_bytes: int | None, order: str) -> None: ...
+    def before(self, params: Any) -> None: ...
+    def recording(self) -> contextlib.AbstractContextManager[Any]: ...
+    def after(self, destination: Any, seconds: float) -> None: ...
+    def anchor(self, new: Any, old: Any, seconds: float) -> None: ...
+    def end(self) -> None: ...
+    def report(self, *, lora: bool, anchor_mode: str, global_step: int) -> Any: ...
+
+
+def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin
-    the anchor, advance the global step; returns what really moved and the transient peak (L3).
+    the anchor, advance the global step; returns ``watch``'s report of what really moved and
+    the transient peak (L3).
 
     The sharing map is not consulted: the engine reshards onto its own copy's shardings,
     which moves nothing when that copy is the actor itself.
@@ -61,8 +77,7 @@ def sync_weights(s: ClusterState) -> SyncReport:
     own = _rollouts_own(engine, filter_types, old, actor)
     anchor_restores = chunk is not None and _anchor_covers(placed.anchor, own)
     order = p13_sync_order(chunk, s.config.offload_to_cpu, anchor_restores)
-    watch = SyncObserver(chunk_bytes=chunk, order=order)
-    watch.start(nnx.state(actor), (old, placed.anchor), s.contexts.devices())
+    watch.start(nnx.state(actor), (old, placed.anchor), s.contexts.devices(), chunk_bytes=chunk, order=order)
     # In chunks restored from the anchor only the paths are kept: each chunk's old arrays must go.
     previous, own_keys = (None if anchor_restores else own), frozenset(own)
     del old, own

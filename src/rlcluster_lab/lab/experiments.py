@@ -21,13 +21,13 @@ from flax import nnx
 from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, LearnerResult
 from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import Scenario, build_cluster
-from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.config import ClusterConfig, ConfigError, RolloutConfig, TrainingConfig
 from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.core.options import LAYOUTS
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.model import init_model
+from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.rules.sharing import sharing_map, sharing_map_json
 
 Tick = Callable[[Any], None]

@@ -23,7 +23,6 @@ import jax
 from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, StepRecord
 from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import build_cluster, check_memory, validate
-from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.knobs import describe, knobs_of
 from rlcluster_lab.lab import status as sentences
@@ -33,6 +32,7 @@ from rlcluster_lab.lab.flow import changes_since
 from rlcluster_lab.lab.rehearsal import BackgroundCompile
 from rlcluster_lab.lab.status import StatusLine
 from rlcluster_lab.placement.programs import trim_compiled_programs
+from rlcluster_lab.rl_cluster import RLCluster
 
 # The column of knobs and buttons: the widest knob and a margin.
 LEFT_WIDTH = KNOB_WIDTH + 20

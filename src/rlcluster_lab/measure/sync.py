@@ -338,23 +338,27 @@ class SyncObserver:
     then ``report``.
     """
 
-    def __init__(self, *, chunk_bytes: int | None = None, order: str = "") -> None:
+    def __init__(self) -> None:
         self.source: dict[str, ShardFacts] = {}
         self.destination: dict[str, jax.Array] = {}
         self.log = TransferLog()
         self.seconds = 0.0
         self.anchor_seconds = 0.0
         self.new_anchor: list[tuple[int, str, int]] = []
-        self.chunk_bytes = chunk_bytes
-        self.order = order
+        self.chunk_bytes: int | None = None
+        self.order = ""
         self.walk: PeakWalk | None = None
         self._devices: list[Any] = []
         self._allocator: dict[str, tuple[int, int]] | None = None
         self._sizes: list[int] = []
 
-    def start(self, keep: Any, replaced: Any, devices: Sequence[Any]) -> None:
+    def start(
+        self, keep: Any, replaced: Any, devices: Sequence[Any], *, chunk_bytes: int | None = None, order: str = ""
+    ) -> None:
         """What is alive before the sync: ``keep`` (arrays the sync may share but never
-        frees: the actor's state) and ``replaced`` (the rollout's old leaves, the old anchor)."""
+        frees: the actor's state) and ``replaced`` (the rollout's old leaves, the old anchor);
+        the chunk size the handover uses and the order of the sync's steps (P13)."""
+        self.chunk_bytes, self.order = chunk_bytes, order
         self.walk = PeakWalk(array_leaves(keep), array_leaves(replaced))
         self._devices = list(devices)
         self._allocator = allocator_before(self._devices)

@@ -25,7 +25,7 @@ rule(
     "P15",
     "names",
     tests=("tests/test_cluster_rules.py::test_p15_*",),
-    note="`RLCluster` and `RLEngine` name the same class (`rlcluster_lab.cluster.cluster`).",
+    note="`RLCluster` and `RLEngine` name the same class (`rlcluster_lab.rl_cluster`).",
     reference=(Locator("RLCluster", what="the class's name (an alias of it, where the file has one)"),),
 )
 rule(

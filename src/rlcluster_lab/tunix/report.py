@@ -12,13 +12,13 @@ import jax
 from flax import nnx
 
 from rlcluster_lab.app.report import PlacementFacts
-from rlcluster_lab.cluster import RLCluster
 from rlcluster_lab.core.meshes import describe_meshes
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import memory_kinds
 from rlcluster_lab.measure.memory import memory_of
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
+from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.rules.sharing import sharing_map_json
 from rlcluster_lab.tunix.build import Given, TunixBuild
 from rlcluster_lab.tunix.extra import installed_version, require, version_note

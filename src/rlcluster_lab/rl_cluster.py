@@ -1,8 +1,11 @@
-"""The RL cluster: where every model of an RL run lives, and the operations on them.
+"""The RL cluster: where every model of an RL run lives, and the operations on them (Tunix's
+``rl_cluster.py``).
 
-``RLCluster`` (also ``RLEngine``, P15) validates its inputs (``validate``), places every role
-with ``construct`` on real arrays (``live``) and keeps the result as its ``state``; the
-operations (``operations``) and the weight sync (``sync``) are functions of that state. Every
+``RLCluster`` (also ``RLEngine``, P15) validates its inputs (``cluster.validate``), places every
+role with ``cluster.construct`` on real arrays (``cluster.live``) and keeps the result as its
+``state``; the operations (``cluster.operations``) and the weight sync (``cluster.sync``) are
+functions of that state: the mechanism, which imports no instrument. This class joins them with
+the instruments that watch them from outside (the sync's ``measure.sync.SyncObserver``). Every
 decision is a rule function's (``rules/``), kept in ``self.trace`` (L1).
 """
 
@@ -32,7 +35,7 @@ from rlcluster_lab.core.options import RolloutConfig
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import RolloutEngine, RolloutOutput
-from rlcluster_lab.measure.sync import SyncReport
+from rlcluster_lab.measure.sync import SyncObserver, SyncReport
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.rules.reference import AVOIDABLE_COPY_ADVICE
@@ -348,8 +351,9 @@ class RLCluster:
     @_one_at_a_time
     def sync_weights(self) -> SyncReport:
         """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin
-        the anchor, advance the global step; returns what the sync really moved (L3)."""
-        return sync_weights(self.state)
+        the anchor, advance the global step; returns what the sync really moved and its transient
+        peak, measured from outside by ``measure.sync.SyncObserver`` (L3)."""
+        return sync_weights(self.state, SyncObserver())
 
     @_one_at_a_time
     def get_rewards(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
