@@ -208,7 +208,7 @@ def test_p2_trace_records_values_when_linked():
     trace = Trace()
     _build(_all_on(_mesh_24()), actor_has_lora=True, trace=trace)
     decisions = trace.by_rule("P2")
-    assert trace.rules()[0] == "P1"
+    assert trace[0].rule == "P1"
     link = decisions[0]
     assert link.values.actor_has_lora is True
     assert link.values.has_reference is True

@@ -77,9 +77,6 @@ class Trace:
     def by_rule(self, rule: str) -> list[Decision]:
         return [d for d in self._decisions if d.rule == rule]
 
-    def rules(self) -> list[str]:
-        return [d.rule for d in self._decisions]
-
     def to_json(self) -> list[dict[str, Any]]:
         return [d.to_json() for d in self._decisions]
 

@@ -37,9 +37,7 @@ P8 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P8Values:
-    """What P8 pinned: at which global step, in which anchor mode, how many bytes."""
-
+class P8Values:  # what P8 pinned: at which global step, in which mode, how many bytes
     global_steps: int
     anchor: str
     bytes: int

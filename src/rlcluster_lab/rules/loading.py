@@ -41,10 +41,7 @@ P5 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P5Values:
-    """What P5 read of one role's model: where its leaves are against the target mesh, in which
-    memory kind, and its dtype against the one asked for."""
-
+class P5Values:  # one role's model against the target mesh: its leaves, memory kind, dtype
     role: str
     model_meshes: Sequence[Mapping[str, Any]]
     target_mesh: Mapping[str, Any]
@@ -56,9 +53,7 @@ class P5Values:
 
 
 @dataclasses.dataclass(frozen=True)
-class P5PathValues:
-    """The checkpoint P5 read a role given as a path from."""
-
+class P5PathValues:  # the checkpoint a role given as a path is read from
     path: str
 
 
@@ -125,17 +120,13 @@ P14 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P14Values:
-    """The role P14 moved to pinned host, under the offload flag."""
-
+class P14Values:  # the role moved to pinned host under the offload flag
     role: str
     offload_to_cpu: bool
 
 
 @dataclasses.dataclass(frozen=True)
-class P14OwnCopyValues:
-    """The engine whose own copy P14 offloads on its own."""
-
+class P14OwnCopyValues:  # the engine whose own copy is offloaded on its own
     engine: str
     owns_weights: bool
 

@@ -50,16 +50,12 @@ P4 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P4UnlinkedValues:
-    """What P4 read of a reference P2 did not link: only that."""
-
+class P4UnlinkedValues:  # a reference P2 did not link: only that
     linked: bool
 
 
 @dataclasses.dataclass(frozen=True)
-class P4Values:
-    """What P4 read of a linked reference: whether its frozen buffers are the actor's, and the offload flag."""
-
+class P4Values:  # a linked reference: its frozen buffers the actor's or not, offload
     linked: bool
     shares_buffers: bool
     offload_to_cpu: bool

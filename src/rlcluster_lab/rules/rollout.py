@@ -45,9 +45,7 @@ P3 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P3Values:
-    """What P3 read: P1's link, the engine, and the dtype a second copy is cast to."""
-
+class P3Values:  # P1's link, the engine, the dtype of a second copy
     rollout_linked_to_actor: bool
     engine: str
     rollout_dtype: str | None
@@ -100,10 +98,7 @@ P7 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P7Values:
-    """What P7 read: the engine, the mesh it exposes (if any) against the config's, and P1's map,
-    which stays as it was."""
-
+class P7Values:  # the engine's mesh, if any, against the config's; P1's map kept
     engine: str
     exposes_mesh: bool
     config_rollout_mesh: Mapping[str, Any]
@@ -123,17 +118,11 @@ def p7_engine_mesh(engine_name: str, config_mesh: Any, engine_mesh: Any, still_s
     not expose it; vanilla has none.
     """
     exposes = engine_mesh is not None
+    engine = describe_mesh(engine_mesh) if exposes else None
     return Decision(
         "P7",
         "the engine exposes a non-None mesh",
-        P7Values(
-            engine_name,
-            exposes,
-            describe_mesh(config_mesh),
-            describe_mesh(engine_mesh) if exposes else None,
-            sharing_map_rebuilt=False,
-            still_registered_as_sharing=still_sharing,
-        ),
+        P7Values(engine_name, exposes, describe_mesh(config_mesh), engine, False, still_sharing),
         "role_to_mesh[ROLLOUT] replaced by the engine's mesh" if exposes else "rollout mesh kept",
         MeshBranch.REPLACED if exposes else MeshBranch.KEPT,
     )

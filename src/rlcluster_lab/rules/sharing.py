@@ -48,9 +48,7 @@ P1 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P1Values:
-    """What P1 compared: the two meshes (described), whether they span the same devices, and ``==``."""
-
+class P1Values:  # the two meshes (described), the same devices or not, and ``==``
     actor_mesh: Mapping[str, Any]
     rollout_mesh: Mapping[str, Any]
     same_devices: bool
@@ -65,16 +63,11 @@ def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision[P1Valu
     same shape with the same axis names and axis types. The same eight chips as
     (2, 4) and as (8, 1) are two meshes, so the rollout gets a full second copy.
     """
-    same = actor_mesh == rollout_mesh
+    same, same_devices = actor_mesh == rollout_mesh, _device_ids(actor_mesh) == _device_ids(rollout_mesh)
     return Decision(
         "P1",
         "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT]",
-        P1Values(
-            describe_mesh(actor_mesh),
-            describe_mesh(rollout_mesh),
-            same_devices=_device_ids(actor_mesh) == _device_ids(rollout_mesh),
-            equal=same,
-        ),
+        P1Values(describe_mesh(actor_mesh), describe_mesh(rollout_mesh), same_devices, same),
         "actor and rollout linked both ways" if same else "not linked: the rollout gets its own weights",
         LinkBranch.LINKED if same else LinkBranch.NOT_LINKED,
     )
@@ -105,17 +98,13 @@ P2 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P2SkipValues:
-    """What P2 found given as a path instead of a module (then it is skipped)."""
-
+class P2SkipValues:  # a model given as a path, not a module: P2 skipped
     actor_is_module: bool
     reference_is_module: bool
 
 
 @dataclasses.dataclass(frozen=True)
-class P2LinkValues:
-    """What P2's link read: a LoRA actor, a reference, and its mesh against the actor's."""
-
+class P2LinkValues:  # a LoRA actor, a reference, its mesh against the actor's
     actor_has_lora: bool
     has_reference: bool
     reference_mesh: Mapping[str, Any] | None
@@ -123,9 +112,7 @@ class P2LinkValues:
 
 
 @dataclasses.dataclass(frozen=True)
-class P2PropagationValues:
-    """The roles linked to the actor after P2's propagation (by name)."""
-
+class P2PropagationValues:  # the roles linked to the actor, by name
     linked_to_actor: Sequence[str]
 
 

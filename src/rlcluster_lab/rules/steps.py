@@ -52,9 +52,7 @@ P12 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P12Values:
-    """Whether P12's optimizer trains LoRA parameters only."""
-
+class P12Values:  # the optimizer over LoRA parameters only, or all
     lora: bool
 
 
@@ -99,10 +97,7 @@ P13 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P13Values:
-    """What a sync (P13) handed over and how: LoRA parameters or all, the global step it
-    brought, the CPU transfer guard, the reshard strategy and chunk size; never the map."""
-
+class P13Values:  # what a sync handed over, and how; never the map
     lora: bool
     global_step: int
     transfer_guard: bool
@@ -127,14 +122,7 @@ def p13_sync(
     return Decision(
         "P13",
         "sync: filter to LoRA parameters if the actor has LoRA, else all parameters",
-        P13Values(
-            actor_has_lora,
-            global_step,
-            transfer_guard=p13_sync_guarded(platform),
-            sharing_map_consulted=False,
-            reshard=reshard,
-            sync_chunk_bytes=chunk_bytes,
-        ),
+        P13Values(actor_has_lora, global_step, p13_sync_guarded(platform), False, reshard, chunk_bytes),
         "LoRA parameters handed to the engine" if actor_has_lora else "all parameters handed to the engine",
         ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL,
     )

@@ -46,16 +46,12 @@ P6 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P6ConfigValues:
-    """Whether the rollout config P6 checked is a per-mode dict."""
-
+class P6ConfigValues:  # a per-mode rollout config or one
     per_mode: bool
 
 
 @dataclasses.dataclass(frozen=True)
-class P6EngineValues:
-    """The rollout engine P6 accepted, by name."""
-
+class P6EngineValues:  # the rollout engine accepted, by name
     engine: str
 
 
