@@ -118,11 +118,11 @@ def p7_engine_mesh(engine_name: str, config_mesh: Any, engine_mesh: Any, still_s
     not expose it; vanilla has none.
     """
     exposes = engine_mesh is not None
-    engine = describe_mesh(engine_mesh) if exposes else None
+    own_mesh = describe_mesh(engine_mesh) if exposes else None
     return Decision(
         "P7",
         "the engine exposes a non-None mesh",
-        P7Values(engine_name, exposes, describe_mesh(config_mesh), engine, False, still_sharing),
+        P7Values(engine_name, exposes, describe_mesh(config_mesh), own_mesh, False, still_sharing),
         "role_to_mesh[ROLLOUT] replaced by the engine's mesh" if exposes else "rollout mesh kept",
         MeshBranch.REPLACED if exposes else MeshBranch.KEPT,
     )
