@@ -37,6 +37,7 @@ from rlcluster_lab.cluster import operations
 from rlcluster_lab.core.config import Mode
 from rlcluster_lab.core.shardings import PlacementError, memory_kinds
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
+from rlcluster_lab.rules.reference import P4UnlinkedValues
 
 pytestmark = pytest.mark.cluster  # the rules observed on live clusters (construction errors included)
 
@@ -92,7 +93,7 @@ def test_p3_linked_rollout_is_the_actor_object():
     c = cluster_for("colocated")
     assert c.rollout_branch == "shared"
     assert c.rollout.model() is c.actor_model
-    assert c.trace.by_rule("P3")[0].values["rollout_linked_to_actor"] is True
+    assert c.trace.by_rule("P3")[0].values.rollout_linked_to_actor is True
 
 
 def test_p3_vanilla_unlinked_loads_second_copy_on_rollout_mesh():
@@ -131,7 +132,7 @@ def test_p4_separate_base_warns_avoidable_copy():
     with pytest.warns(AvoidableCopyWarning, match="avoidable copy"):
         c = RLCluster(actor=actor, reference=reference, cluster_config=cfg)
     assert not sharing_backbone(c.reference_model, c.actor_model)
-    assert c.trace.by_rule("P4")[0].values["shares_buffers"] is False
+    assert c.trace.by_rule("P4")[0].values.shares_buffers is False
 
 
 def test_p4_shared_base_does_not_warn():
@@ -146,7 +147,7 @@ def test_p4_shared_base_does_not_warn():
 
 def test_p4_unlinked_reference_is_not_checked():
     c = cluster_for("colocated", lora=False)
-    assert c.trace.by_rule("P4")[0].values == {"linked": False}
+    assert c.trace.by_rule("P4")[0].values == P4UnlinkedValues(linked=False)
 
 
 # ---------------------------------------------------------------- P5
@@ -301,7 +302,7 @@ def test_p7_engine_mesh_replaces_rollout_mesh_without_rebuilding_map():
     assert c.mesh_overridden_by_engine
     # Still registered as sharing: the map came from the config's meshes.
     assert Role.ROLLOUT in c.sharing_map[Role.ACTOR]
-    assert c.trace.by_rule("P7")[0].values["still_registered_as_sharing"] is True
+    assert c.trace.by_rule("P7")[0].values.still_registered_as_sharing is True
 
 
 def test_p7_engine_exposing_none_keeps_the_config_mesh():

@@ -87,6 +87,14 @@ def test_shown_code_starts_at_its_def_line_under_the_rules_declared_title():
     assert code.text().startswith(f"# P3 ({find_rule('P3').title}): ")
 
 
+def test_p10_the_shown_guard_says_no_public_call_reaches_it():
+    """Construction pins the anchor (P8), so the missing-anchor guard is shown as unreachable."""
+    shown = show_rule(None, "P10").text()
+    assert "raise ValueError(ANCHOR_MISSING)" in shown
+    assert "Unreachable through the public API: construction pins the anchor (P8)" in shown
+    assert "cannot fire through the public API" in find_rule("P10").functions[0].__doc__
+
+
 @pytest.mark.cluster  # reads the decisions of a live cluster
 def test_which_and_where_select_a_decision(split_lora):
     actor = show_rule(split_lora, "P5", where={"role": "actor"})

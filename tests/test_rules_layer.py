@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import pathlib
 import re
@@ -10,7 +11,7 @@ import jax
 import pytest
 
 from rlcluster_lab import Scenario, build_cluster
-from rlcluster_lab.core.trace import Decision
+from rlcluster_lab.core.trace import Decision, jsonable, seen
 from rlcluster_lab.lab.flow import OPTION_LABELS, flow_rows
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.tables import local_topology
@@ -111,6 +112,35 @@ def test_changing_a_rule_function_changes_the_cluster_and_the_planner(monkeypatc
     assert [d["branch"] for d in plan.decisions if d["rule"] == "P1"] == ["not linked"]
     # The plan's second copy costs what the live one does.
     assert plan.memory["by_role"]["rollout"]["bytes"] == plan.memory["by_role"]["actor"]["bytes"]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        Scenario(layout="reshaped", lora=True, offload=True, with_critic=True),
+        Scenario(layout="colocated", engine="vllm", lora=True, offload=True),
+    ],
+    ids=["reshaped-offload-critic", "colocated-vllm-offload"],
+)
+def test_l1_every_decision_records_its_rules_typed_values_and_reads_them_back(scenario) -> None:
+    """Each rule function's decision carries a frozen dataclass of what it read (the engine's own
+    P6 facts excepted: each engine names its own), its JSON is the fields in order, and a report's
+    JSON reads back into the same record (``seen``), as the figures read it."""
+    cluster = build_cluster(scenario, devices=jax.devices())
+    cluster.sync_weights()
+    kinds = set()
+    for d in cluster.trace:
+        if d.rule == "P6" and d.test.endswith("engine accepts the actor and rollout config"):
+            assert isinstance(d.values, dict)
+            continue
+        kind = type(d.values)
+        assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen, (d.rule, kind)
+        reported = d.to_json()
+        assert list(reported["values"]) == [f.name for f in dataclasses.fields(kind)]
+        assert jsonable(seen(reported, kind)) == reported["values"]
+        kinds.add(kind.__name__)
+    assert {"P1Values", "P2LinkValues", "P2PropagationValues", "P5Values", "P7Values", "P13Values"} <= kinds
 
 
 @pytest.mark.parametrize("layout, critic", [("colocated", False), ("reshaped", False), ("split", True)])

@@ -105,10 +105,10 @@ def test_p1_trace_records_meshes_and_same_devices_when_reshaped():
     trace = Trace()
     _build(_all_on(_mesh_24(), rollout=_mesh_81()), trace=trace)
     (p1,) = trace.by_rule("P1")
-    assert p1.values["equal"] is False
-    assert p1.values["same_devices"] is True
-    assert p1.values["actor_mesh"] == describe_mesh(_mesh_24())
-    assert p1.values["rollout_mesh"] == describe_mesh(_mesh_81())
+    assert p1.values.equal is False
+    assert p1.values.same_devices is True
+    assert p1.values.actor_mesh == describe_mesh(_mesh_24())
+    assert p1.values.rollout_mesh == describe_mesh(_mesh_81())
     assert "not linked" in p1.outcome
 
 
@@ -116,7 +116,7 @@ def test_p1_trace_records_link_when_equal():
     trace = Trace()
     _build(_all_on(_mesh_24()), trace=trace)
     (p1,) = trace.by_rule("P1")
-    assert p1.values["equal"] is True
+    assert p1.values.equal is True
     assert p1.outcome == "actor and rollout linked both ways"
 
 
@@ -124,8 +124,8 @@ def test_p1_trace_split_layout_records_different_devices():
     trace = Trace()
     _build(layout_meshes("split"), trace=trace)
     (p1,) = trace.by_rule("P1")
-    assert p1.values["same_devices"] is False
-    assert p1.values["equal"] is False
+    assert p1.values.same_devices is False
+    assert p1.values.equal is False
 
 
 # --- P2 ---------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_p2_actor_given_as_path_skips_rule():
     assert not shares(m, Role.ACTOR, Role.REFERENCE)
     (p2,) = trace.by_rule("P2")
     assert "skipped" in p2.outcome
-    assert p2.values["actor_is_module"] is False
+    assert p2.values.actor_is_module is False
 
 
 def test_p2_reference_given_as_path_skips_rule():
@@ -196,7 +196,7 @@ def test_p2_reference_given_as_path_skips_rule():
     assert not shares(m, Role.ACTOR, Role.REFERENCE)
     (p2,) = trace.by_rule("P2")
     assert "skipped" in p2.outcome
-    assert p2.values["reference_is_module"] is False
+    assert p2.values.reference_is_module is False
 
 
 def test_p2_skip_keeps_p1_link():
@@ -208,12 +208,12 @@ def test_p2_trace_records_values_when_linked():
     trace = Trace()
     _build(_all_on(_mesh_24()), actor_has_lora=True, trace=trace)
     decisions = trace.by_rule("P2")
-    assert trace.rules()[0] == "P1"
+    assert trace[0].rule == "P1"
     link = decisions[0]
-    assert link.values["actor_has_lora"] is True
-    assert link.values["has_reference"] is True
-    assert link.values["meshes_equal"] is True
-    assert link.values["reference_mesh"] == describe_mesh(_mesh_24())
+    assert link.values.actor_has_lora is True
+    assert link.values.has_reference is True
+    assert link.values.meshes_equal is True
+    assert link.values.reference_mesh == describe_mesh(_mesh_24())
     assert link.outcome == "actor and reference linked both ways"
     propagate = decisions[1]
     assert propagate.outcome.startswith("added 2 link(s)")
@@ -224,8 +224,8 @@ def test_p2_trace_records_values_when_not_linked():
     trace = Trace()
     _build(_all_on(_mesh_24(), reference=_mesh_81()), actor_has_lora=True, trace=trace)
     link = trace.by_rule("P2")[0]
-    assert link.values["meshes_equal"] is False
-    assert link.values["reference_mesh"] == describe_mesh(_mesh_81())
+    assert link.values.meshes_equal is False
+    assert link.values.reference_mesh == describe_mesh(_mesh_81())
     assert link.outcome == "reference not linked"
 
 
@@ -233,8 +233,8 @@ def test_p2_trace_without_reference_has_no_reference_mesh():
     trace = Trace()
     _build(_all_on(_mesh_24()), actor_has_lora=True, has_reference=False, trace=trace)
     link = trace.by_rule("P2")[0]
-    assert link.values["has_reference"] is False
-    assert link.values["reference_mesh"] is None
+    assert link.values.has_reference is False
+    assert link.values.reference_mesh is None
 
 
 def test_trace_is_json_ready():

@@ -9,8 +9,11 @@ from flax import nnx
 from pairwise import pairwise
 
 from rlcluster_lab import Scenario, SyncReport, TrainBatch, build_cluster, placement_report
+from rlcluster_lab.cluster import sync as sync_module
 from rlcluster_lab.measure import flat_leaves
+from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.buffers import buffer_keys, state_bytes
+from rlcluster_lab.rules.steps import SyncOrder, p13_sync_order
 
 pytestmark = pytest.mark.cluster  # every sync here is a live cluster's
 
@@ -132,6 +135,46 @@ def test_p13_peak_extra_counts_new_destination_buffers_and_the_anchor():
     assert sum(pinned.values()) == rep.anchor_bytes == state_bytes(nnx.state(cluster.actor_model))
     shared = build_cluster(Scenario(layout="colocated")).sync_weights()
     assert all(k.get("device", 0) == 0 for k in shared.peak_extra_bytes.values())
+
+
+def test_p13_the_sync_runs_the_order_p13_decided(monkeypatch):
+    """The sync executes P13's order (``SyncOrder``), not the config: its chunks, and where a
+    failed sync restores the rollout from (here the old arrays, though the anchor covers them)."""
+    cluster = build_cluster(Scenario(layout="reshaped"))  # asks for one piece
+    order = SyncOrder(chunk_bytes=160 << 10, restore_from_anchor=False, offload=False)
+    monkeypatch.setattr(sync_module, "p13_sync_order", lambda *args: order)
+    report = cluster.sync_weights()
+    assert report.peak.chunks > 2 and report.to_json()["transient_peak"]["order"] == order.text
+    commits, phase = [], phases.phase
+
+    def fail_at_the_third_commit(name, *args, **kwargs):
+        commits.append(name == "commit")
+        if sum(commits) == 3:
+            raise RuntimeError("chunk 3 failed")
+        return phase(name, *args, **kwargs)
+
+    monkeypatch.setattr(phases, "phase", fail_at_the_third_commit)
+    with pytest.raises(RuntimeError, match="chunk 3") as info:
+        cluster.sync_weights()
+    assert "(its old arrays)" in "".join(info.value.__notes__) and cluster.global_steps == 1
+
+
+def test_p13_sync_order_in_words_is_the_reports():
+    """The order's fields, and its words as every sync report and plan records them."""
+    assert p13_sync_order(None, False) == SyncOrder(None, False, False)
+    assert p13_sync_order(1000, False, anchor_covers=False) == SyncOrder(1000, False, False)
+    assert p13_sync_order(1000, True).text == (
+        "the handover in chunks of at most 1,000 bytes (each committed and its old arrays dropped), each piece "
+        "staged to device memory and written back to pinned host before the next, then the anchor re-pin "
+        "(the actor's own pinned buffers)"
+    )
+    assert SyncOrder(1000, False, False).text == (
+        "the handover in chunks of at most 1,000 bytes (each committed and its old arrays dropped; the old arrays "
+        "kept for a rollback), then the anchor re-pin"
+    )
+    assert SyncOrder(None, False, False).text == (
+        "the handover in one piece (the old arrays kept until the end for a rollback), then the anchor re-pin"
+    )
 
 
 def test_p13_report_json_keys_and_leaf_rows():

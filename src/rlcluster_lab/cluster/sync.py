@@ -1,5 +1,6 @@
 """P13: the weight sync. The actor's LoRA (or all) parameters go to the rollout engine, the
-anchor is re-pinned, the global step advances; a ``SyncObserver`` measures it (L3).
+anchor is re-pinned, the global step advances; a watch given by the caller measures it from
+outside (``measure.sync.SyncObserver``, L3).
 
 All or nothing, in one piece or in chunks (``ClusterConfig.sync_chunk_bytes``):
 
@@ -71,18 +72,19 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     check_finite_leaves(actor, "actor")  # all or nothing: refused before anything changes
     lora = placed.lora
     filter_types = sync_filter(lora)
-    chunk = s.config.sync_chunk_bytes
     engine_model = engine.model()
     old = engine.held_values(filter_types)
     own = _rollouts_own(engine, filter_types, old, actor)
-    anchor_restores = chunk is not None and _anchor_covers(placed.anchor, own)
-    order = p13_sync_order(chunk, s.config.offload_to_cpu, anchor_restores)
-    watch.start(nnx.state(actor), (old, placed.anchor), s.contexts.devices(), chunk_bytes=chunk, order=order)
+    order = p13_sync_order(s.config.sync_chunk_bytes, s.config.offload_to_cpu, _anchor_covers(placed.anchor, own))
+    watch.start(
+        nnx.state(actor), (old, placed.anchor), s.contexts.devices(), chunk_bytes=order.chunk_bytes, order=order.text
+    )
     # In chunks restored from the anchor only the paths are kept: each chunk's old arrays must go.
-    previous, own_keys = (None if anchor_restores else own), frozenset(own)
+    previous, own_keys = (None if order.restore_from_anchor else own), frozenset(own)
     del old, own
     try:
-        with sync_guard(s.platform), reshard_strategy(s.config.reshard), sync_chunks(chunk):
+        # Under offload the reshard stages each piece to device memory itself (P14, ``order.offload``).
+        with sync_guard(s.platform), reshard_strategy(s.config.reshard), sync_chunks(order.chunk_bytes):
             params = nnx.state(actor, *filter_types)
             watch.before(params)
             with watch.recording():
@@ -102,7 +104,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
             anchor_seconds = time.perf_counter() - start
             watch.anchor(anchor, source, anchor_seconds)
             del source
-            decision = p13_sync(lora, s.global_steps + 1, s.platform, s.config.reshard, chunk)
+            decision = p13_sync(lora, s.global_steps + 1, s.platform, s.config.reshard, order.chunk_bytes)
     except BaseException as exc:
         _roll_back(s, engine, filter_types, previous, own_keys, exc)
         raise

@@ -5,15 +5,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
+
+V = TypeVar("V")
 
 
 def jsonable(value: Any) -> Any:
     """Turn trace values (roles, meshes described as dicts, dtypes, numpy) into JSON types."""
     if isinstance(value, enum.Enum):
         return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a rule's values, in field order
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {str(jsonable(k)): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -28,16 +32,17 @@ def jsonable(value: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class Decision:
-    """One branch a rule took: the rule id, what was tested, the inputs it read, a one-line
-    outcome, and the branch itself (a member of the rule's branch enum, ``rules/``).
+class Decision(Generic[V]):
+    """One branch a rule took: the rule id, what was tested, the inputs it read (``values``: a
+    frozen dataclass declared beside the rule, ``rules/``, read by attribute), a one-line
+    outcome, and the branch itself (a member of the rule's branch enum).
 
     Figures and reports read ``branch``; ``outcome`` is for people.
     """
 
     rule: str
     test: str
-    values: Mapping[str, Any]
+    values: V
     outcome: str
     branch: enum.Enum | None = None
 
@@ -49,6 +54,13 @@ class Decision:
             "outcome": self.outcome,
             "branch": None if self.branch is None else self.branch.value,
         }
+
+
+def seen(decision: Mapping[str, Any], kind: type[V]) -> V:
+    """A reported decision's values (``Decision.to_json``) as ``kind``, its rule's values dataclass.
+    What a report from elsewhere lacks (Tunix's cluster observed, ``tunix.observe``) reads as None."""
+    values = decision.get("values") or {}
+    return kind(**{f.name: values.get(f.name) for f in dataclasses.fields(kind)})
 
 
 class Trace:
@@ -64,9 +76,6 @@ class Trace:
 
     def by_rule(self, rule: str) -> list[Decision]:
         return [d for d in self._decisions if d.rule == rule]
-
-    def rules(self) -> list[str]:
-        return [d.rule for d in self._decisions]
 
     def to_json(self) -> list[dict[str, Any]]:
         return [d.to_json() for d in self._decisions]

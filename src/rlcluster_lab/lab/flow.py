@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rlcluster_lab.core.trace import seen
 from rlcluster_lab.lab.style import ROLE_ORDER, fmt_bytes
 from rlcluster_lab.rules.anchor import P8
 from rlcluster_lab.rules.catalogue import RULES
-from rlcluster_lab.rules.loading import P5, P14, LoadBranch, OffloadAnswer, OffloadBranch
-from rlcluster_lab.rules.reference import NO_REFERENCE, P4, ReferenceBranch
+from rlcluster_lab.rules.loading import P5, P14, LoadBranch, OffloadAnswer, OffloadBranch, P5Values, P14Values
+from rlcluster_lab.rules.reference import NO_REFERENCE, P4, P4Values, ReferenceBranch
 from rlcluster_lab.rules.registry import Rule
-from rlcluster_lab.rules.rollout import P3, P7, MeshBranch, RolloutBranch
-from rlcluster_lab.rules.sharing import P1, P2, LinkBranch
-from rlcluster_lab.rules.steps import P12, P13
+from rlcluster_lab.rules.rollout import P3, P7, MeshBranch, P3Values, P7Values, RolloutBranch
+from rlcluster_lab.rules.sharing import P1, P2, LinkBranch, P1Values, P2LinkValues, P2PropagationValues
+from rlcluster_lab.rules.steps import P12, P13, P13Values
 from rlcluster_lab.rules.validation import P6, CheckBranch
 
 
@@ -60,8 +61,8 @@ def flow_rows(report: Mapping[str, Any]) -> list[FlowRow]:
     first: dict[str, int] = {}
     for i, d in enumerate(report.get("decisions", [])):
         rule = str(d.get("rule"))
-        role = (d.get("values") or {}).get("role")
-        first.setdefault(f"{rule}:{role}" if rule == "P5" and role else rule, i)
+        role = seen(d, P5Values).role if rule == "P5" else None
+        first.setdefault(f"{rule}:{role}" if role else rule, i)
     end = len(report.get("decisions", []))
     # sorted() is stable: rows of one rule keep the order they were built in.
     return sorted(_rows(report), key=lambda r: first.get(r.key, first.get(r.key.split(":")[0], end)))
@@ -79,27 +80,27 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         fired = (CheckBranch.ERROR if failed else CheckBranch.PASS).value
         add(P6, fired, f"{len(checks) - len(failed)} of {len(checks)} checks passed")
     for d in _decisions(report, "P1")[:1]:
-        v = d["values"]
+        p1 = seen(d, P1Values)
         add(
             P1,
             d.get("branch"),
-            f"shapes {mesh_shape_text(v.get('actor_mesh'))} vs {mesh_shape_text(v.get('rollout_mesh'))}; "
-            f"same devices: {'yes' if v.get('same_devices') else 'no'}",
+            f"shapes {mesh_shape_text(p1.actor_mesh)} vs {mesh_shape_text(p1.rollout_mesh)}; "
+            f"same devices: {'yes' if p1.same_devices else 'no'}",
         )
     p2 = [d for d in _decisions(report, "P2") if d.get("branch") != LinkBranch.PROPAGATED]
     for d in p2[:1]:
-        v = d["values"]
         fired = str(d.get("branch"))
         if fired == LinkBranch.SKIPPED:
             detail = "a model was given as a path"
         else:
+            link = seen(d, P2LinkValues)
             detail = (
-                f"LoRA actor: {'yes' if v.get('actor_has_lora') else 'no'}; "
-                f"reference: {'yes' if v.get('has_reference') else 'no'}; "
-                f"same mesh: {'yes' if v.get('meshes_equal') else 'no'}"
+                f"LoRA actor: {'yes' if link.actor_has_lora else 'no'}; "
+                f"reference: {'yes' if link.has_reference else 'no'}; "
+                f"same mesh: {'yes' if link.meshes_equal else 'no'}"
             )
             for prop in _decisions(report, "P2"):
-                linked = (prop.get("values") or {}).get("linked_to_actor") or []
+                linked = seen(prop, P2PropagationValues).linked_to_actor or []
                 if prop.get("branch") == LinkBranch.PROPAGATED and len(linked) > 1:
                     # P2's propagation: roles linked to the actor are linked to each other.
                     detail += f"; so {' and '.join(linked)} are linked too"
@@ -115,16 +116,15 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     else:
         add(P4, NO_REFERENCE)
     for d in _decisions(report, "P5"):
-        v = d["values"]
         if d.get("branch") not in P5.values():
             continue  # "read from the checkpoint" notes, not a placement branch
-        role = str(v["role"])
-        detail = f"{v.get('leaves_on_target', 0)} of {v['leaves']} leaves already in their target sharding"
-        if d["branch"] != LoadBranch.KEPT and v.get("requested_dtype") and v["requested_dtype"] != v.get("dtype"):
-            detail += f"; cast {v.get('dtype')} -> {v['requested_dtype']}"
-        add(P5, d["branch"], detail, key=f"P5:{role}", question=P5.question.format(role=role))
+        p5 = seen(d, P5Values)
+        detail = f"{p5.leaves_on_target or 0} of {p5.leaves} leaves already in their target sharding"
+        if d["branch"] != LoadBranch.KEPT and p5.requested_dtype and p5.requested_dtype != p5.dtype:
+            detail += f"; cast {p5.dtype} -> {p5.requested_dtype}"
+        add(P5, d["branch"], detail, key=f"P5:{p5.role}", question=P5.question.format(role=p5.role))
     moved = sorted(
-        {str(d["values"]["role"]) for d in _decisions(report, "P14") if d.get("branch") == OffloadBranch.OFFLOADED}
+        {str(seen(d, P14Values).role) for d in _decisions(report, "P14") if d.get("branch") == OffloadBranch.OFFLOADED}
     )
     offload = OffloadAnswer.PINNED_HOST if report.get("offload_to_cpu") else OffloadAnswer.ON_DEVICE
     detail = ("moved to pinned host: " + ", ".join(moved)) if moved else ""
@@ -132,12 +132,12 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         detail += "; then joined the reference's backbone copy to the actor's (P4's avoidable copy)"
     add(P14, offload.value, detail)
     for d in _decisions(report, "P7")[:1]:
-        v = d["values"]
+        p7 = seen(d, P7Values)
         add(
             P7,
             d.get("branch"),
-            f"engine {v.get('engine')}; map rebuilt: {'yes' if v.get('sharing_map_rebuilt') else 'no'}; "
-            f"still registered as sharing: {'yes' if v.get('still_registered_as_sharing') else 'no'}",
+            f"engine {p7.engine}; map rebuilt: {'yes' if p7.sharing_map_rebuilt else 'no'}; "
+            f"still registered as sharing: {'yes' if p7.still_registered_as_sharing else 'no'}",
         )
     anchor = report.get("anchor") or {}
     p8 = _decisions(report, "P8")
@@ -160,11 +160,11 @@ def engine_copy_reason(report: Mapping[str, Any]) -> str:
     the trace recorded: the engine keeps its own copy (P7 says on which mesh)."""
     engine = str(report.get("engine", "the"))
     for d in _decisions(report, "P7")[:1]:
-        v = d.get("values") or {}
+        p7 = seen(d, P7Values)
         if d.get("branch") == MeshBranch.REPLACED:
             return (
-                f"the {engine} engine copied it onto its own {mesh_shape_text(v.get('engine_mesh'))} mesh "
-                f"(P7: not the {mesh_shape_text(v.get('config_rollout_mesh'))} asked for)"
+                f"the {engine} engine copied it onto its own {mesh_shape_text(p7.engine_mesh)} mesh "
+                f"(P7: not the {mesh_shape_text(p7.config_rollout_mesh)} asked for)"
             )
     return f"the {engine} engine keeps a copy of its own"
 
@@ -186,26 +186,34 @@ class FlowLink:
 
 # Which decision reads which: (from, to, the value the later rule recorded, its name, why).
 # P1 -> P7 only matters when the engine replaced the mesh: the map P1 built is not rebuilt.
-FLOW_LINKS: tuple[tuple[str, str, str, str, str], ...] = (
-    ("P1", "P3", "rollout_linked_to_actor", "rollout linked", "P3 reads the link P1 made"),
-    ("P2", "P4", "linked", "reference linked", "P4 reads the link P2 made"),
-    ("P1", "P7", "still_registered_as_sharing", "still registered as sharing", "P7 leaves P1's map as it was"),
-    ("P3", "P7", "engine", "engine", "P7 reads the mesh of the engine P3 handed the model to"),
-    ("P12", "P13", "lora", "LoRA", "P13 syncs what P12 trains"),
+FLOW_LINKS: tuple[tuple[str, str, Callable[[Any], Any], str, str], ...] = (
+    ("P1", "P3", lambda v: v.rollout_linked_to_actor, "rollout linked", "P3 reads the link P1 made"),
+    ("P2", "P4", lambda v: v.linked, "reference linked", "P4 reads the link P2 made"),
+    (
+        "P1",
+        "P7",
+        lambda v: v.still_registered_as_sharing,
+        "still registered as sharing",
+        "P7 leaves P1's map as it was",
+    ),
+    ("P3", "P7", lambda v: v.engine, "engine", "P7 reads the mesh of the engine P3 handed the model to"),
+    ("P12", "P13", lambda v: v.lora, "LoRA", "P13 syncs what P12 trains"),
 )
+# The values each link's later decision recorded, as its rule declares them.
+_LINK_VALUES = {"P3": P3Values, "P4": P4Values, "P7": P7Values, "P13": P13Values}
 
 
 def flow_links(report: Mapping[str, Any]) -> list[FlowLink]:
     """The arrows to draw: each link whose two decisions are in the trace, labelled with the
     value the later one recorded (P1 -> P7 only where P7 replaced the rollout mesh)."""
     out = []
-    for src, dst, key, name, why in FLOW_LINKS:
+    for src, dst, read, name, why in FLOW_LINKS:
         if not _decisions(report, src) or not _decisions(report, dst):
             continue
         d = _decisions(report, dst)[0]
         if (src, dst) == ("P1", "P7") and d.get("branch") != MeshBranch.REPLACED:
             continue
-        value = (d.get("values") or {}).get(key)
+        value = read(seen(d, _LINK_VALUES[dst]))
         shown = ("yes" if value else "no") if isinstance(value, bool) else str(value)
         out.append(FlowLink(src, dst, f"{name}: {shown}", why))
     return out
@@ -294,8 +302,8 @@ def shared_bytes(memory: Mapping[str, Any], role: str, other: str, dev: str | No
 
 
 def _branch(report: Mapping[str, Any], rule: str, role: str | None = None) -> str | None:
-    for d in report.get("decisions", []):
-        if d.get("rule") == rule and (role is None or (d.get("values") or {}).get("role") == role):
+    for d in _decisions(report, rule):
+        if role is None or seen(d, P5Values).role == role:
             return str(d.get("branch"))
     return None
 
@@ -321,7 +329,7 @@ def p14_joined(report: Mapping[str, Any]) -> bool:
     return bool(
         p4
         and p4[0].get("branch") == ReferenceBranch.AVOIDABLE_COPY
-        and (p4[0].get("values") or {}).get("offload_to_cpu")
+        and seen(p4[0], P4Values).offload_to_cpu
         and no_copy(report, "reference")
     )
 
@@ -349,7 +357,7 @@ def p4_text(report: Mapping[str, Any]) -> str:
     done since (joined the two copies, or not yet, measured)."""
     d = _decisions(report, "P4")[0]
     said = str(d.get("outcome", "")).split(";")[0]
-    if d.get("branch") != ReferenceBranch.AVOIDABLE_COPY or not (d.get("values") or {}).get("offload_to_cpu"):
+    if d.get("branch") != ReferenceBranch.AVOIDABLE_COPY or not seen(d, P4Values).offload_to_cpu:
         return said
     if p14_joined(report):
         return f"{said} at construction; P14 has since joined the two host copies: no copy now (measured)"

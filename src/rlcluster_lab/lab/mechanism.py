@@ -1,7 +1,7 @@
 """The mechanism behind notebooks 01-04, made visible: the decisions the sharing map takes
 without any model, the buffers an own-copy engine holds, which mesh each operation entered,
-and where the anchor guard (P10) fires. Each function reads what a cluster built through
-``build_cluster`` recorded or holds; nothing here takes a decision of its own.
+and the anchor guard (P10), which no public call reaches. Each function reads what a cluster
+built through ``build_cluster`` recorded or holds; nothing here takes a decision of its own.
 """
 
 from __future__ import annotations
@@ -116,14 +116,14 @@ def operation_meshes(devices: Sequence[jax.Device], layout: str = "split") -> di
 
 
 def p10_guard(devices: Sequence[jax.Device], layout: str = "colocated") -> list[dict[str, str]]:
-    """Where the anchor guard (P10) fires, as implemented.
+    """The anchor guard (P10), which no public call can reach.
 
     Construction pins the anchor (P8) before it returns, so on a constructed cluster the
-    actor's log-probs can be read before any sync. A construction that raised returns no
-    cluster at all. The guard therefore fires only on a state without an anchor, which no
-    public call leaves: the actor's log-probs operation (``cluster.operations.anchor_logps``,
-    what ``get_actor_per_token_logps`` runs) is called here on a copy of the cluster's state
-    whose anchor is None. The cluster itself is not touched.
+    actor's log-probs can be read before any sync; a construction that raised returns no
+    cluster at all, and a sync only replaces the anchor. To show the guard's line run at all,
+    the last row removes the anchor by hand, from a copy of the cluster's state, and calls
+    the actor's log-probs operation (``cluster.operations.anchor_logps``, what
+    ``get_actor_per_token_logps`` runs) on it. The cluster itself is not touched.
 
     Returns:
         One row per step: what was done, and what the cluster answered.
@@ -148,12 +148,12 @@ def p10_guard(devices: Sequence[jax.Device], layout: str = "colocated") -> list[
     )
     state = cluster.state
     no_anchor = dataclasses.replace(state, placed=dataclasses.replace(state.placed, anchor=None))
-    try:  # the one state in which the guard fires
+    try:  # a state no public call leaves: the anchor removed by hand
         operations.anchor_logps(no_anchor, p, c, None)
         answer = "(no error: the guard did not fire)"
     except ValueError as exc:
         answer = f"{type(exc).__name__}: {exc}"
-    rows.append({"step": "the same call with the anchor removed", "result": answer})
+    rows.append({"step": "the same call, anchor removed by hand", "result": answer})
     del cluster
     collect()
     return rows

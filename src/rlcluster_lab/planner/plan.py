@@ -359,7 +359,7 @@ def _plan(req: PlanRequest) -> Plan:
         partial_anchor=placed.lora and req.anchor == "trainable",
         chunk_bytes=req.sync_chunk_bytes,
         strategy=req.reshard,
-        order=p13_sync_order(req.sync_chunk_bytes, req.offload),
+        order=p13_sync_order(req.sync_chunk_bytes, req.offload).text,
         programs=_local_devices(topo) if req.sync_programs else None,
     )
     phases, step = _step_phases(req, placed, models, trainable)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 from rlcluster_lab.core.trace import Decision
@@ -35,8 +36,15 @@ P8 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P8Values:  # what P8 pinned: at which global step, in which mode, how many bytes
+    global_steps: int
+    anchor: str
+    bytes: int
+
+
 @P8.function
-def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -> Decision:
+def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -> Decision[P8Values]:
     """P8: at the end of construction (and at every sync, P13) the actor's full state is
     copied to pinned host memory: the anchor policy state.
 
@@ -48,7 +56,7 @@ def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -
     return Decision(
         "P8",
         "snapshot the actor's state to pinned host" + (" (trainable part only: anchor='trainable')" if partial else ""),
-        {"global_steps": global_steps, "anchor": mode, "bytes": nbytes},
+        P8Values(global_steps, mode, nbytes),
         "anchor holds the LoRA adapters; the frozen backbone is read from the actor"
         if partial
         else "anchor policy state pinned",
@@ -95,8 +103,10 @@ P11 = rule(
 @P10.function
 def p10_require_anchor(anchor_present: bool) -> None:
     """P10: actor log-probs run the live model's graph over the *anchor* state (moved to
-    device first when it is pinned on the host); with no anchor the call fails with a
-    message to sync first. An empty batch is an error too (``p9``'s batch check).
+    device first when it is pinned on the host). An empty batch is an error (``p9``'s batch
+    check). With no anchor the call fails with a message to sync first, as the reference's
+    does; in the lab that guard cannot fire through the public API: construction pins the
+    anchor (P8) before it returns, and a sync only replaces it.
 
     P11 says why: when the mini-batch is smaller than the batch, or the learner
     makes more than one pass over the same data, the actor has already stepped
@@ -107,5 +117,6 @@ def p10_require_anchor(anchor_present: bool) -> None:
     Raises:
         ValueError: there is no anchor.
     """
+    # Unreachable through the public API: construction pins the anchor (P8), a sync replaces it.
     if not anchor_present:
         raise ValueError(ANCHOR_MISSING)

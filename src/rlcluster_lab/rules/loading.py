@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,6 +40,23 @@ P5 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P5Values:  # one role's model against the target mesh: its leaves, memory kind, dtype
+    role: str
+    model_meshes: Sequence[Mapping[str, Any]]
+    target_mesh: Mapping[str, Any]
+    leaves_on_target: int
+    leaves: int
+    memory_kind: str
+    dtype: str | None
+    requested_dtype: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class P5PathValues:  # the checkpoint a role given as a path is read from
+    path: str
+
+
 @P5.function
 def p5_load(
     role: str,
@@ -50,7 +68,7 @@ def p5_load(
     memory_kind: str,
     dtype: str | None,
     requested_dtype: str | None,
-) -> Decision:
+) -> Decision[P5Values]:
     """P5: a model already on the target mesh is kept as is; on another mesh it is resharded
     onto the target mesh using the model's own partition specs (missing spec = replicated),
     keeping its memory kind (device or pinned_host), cast to a dtype when one is asked for.
@@ -67,25 +85,18 @@ def p5_load(
     return Decision(
         "P5",
         f"{role}: every leaf already on the target mesh",
-        {
-            "role": role,
-            "model_meshes": list(model_meshes),
-            "target_mesh": target_mesh,
-            "leaves_on_target": leaves_on_target,
-            "leaves": leaves,
-            "memory_kind": memory_kind,
-            "dtype": dtype,
-            "requested_dtype": requested_dtype,
-        },
+        P5Values(role, list(model_meshes), target_mesh, leaves_on_target, leaves, memory_kind, dtype, requested_dtype),
         outcome,
         LoadBranch.KEPT if kept else LoadBranch.RESHARDED,
     )
 
 
 @P5.function
-def p5_from_path(role: str, path: str) -> Decision:
+def p5_from_path(role: str, path: str) -> Decision[P5PathValues]:
     """P5 (paths): a role given as a checkpoint path is read before it is loaded; P2 is then skipped."""
-    return Decision("P5", f"{role}: given as a path", {"path": path}, "read from the checkpoint", LoadBranch.FROM_PATH)
+    return Decision(
+        "P5", f"{role}: given as a path", P5PathValues(path), "read from the checkpoint", LoadBranch.FROM_PATH
+    )
 
 
 P14 = rule(
@@ -108,8 +119,20 @@ P14 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P14Values:  # the role moved to pinned host under the offload flag
+    role: str
+    offload_to_cpu: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class P14OwnCopyValues:  # the engine whose own copy is offloaded on its own
+    engine: str
+    owns_weights: bool
+
+
 @P14.function
-def p14_offload(role: str, offload_to_cpu: bool, on_device: bool) -> Decision | None:
+def p14_offload(role: str, offload_to_cpu: bool, on_device: bool) -> Decision[P14Values] | None:
     """P14: with ``offload_to_cpu``, every role lives in pinned host memory between uses and is
     brought to device for its operation; roles that share weights are updated together.
 
@@ -121,14 +144,14 @@ def p14_offload(role: str, offload_to_cpu: bool, on_device: bool) -> Decision | 
     return Decision(
         "P14",
         f"{role}: offload_to_cpu and the model is on device",
-        {"role": role, "offload_to_cpu": True},
+        P14Values(role, offload_to_cpu=True),
         "moved to pinned_host",
         OffloadBranch.OFFLOADED,
     )
 
 
 @P14.function
-def p14_own_copy_engine(engine_name: str) -> Decision:
+def p14_own_copy_engine(engine_name: str) -> Decision[P14OwnCopyValues]:
     """P14 (engines with their own copy): with offload, a linked rollout whose engine owns its
     weights is moved to and from host on its own and is not updated together with the actor
     (the reference does not support offload for those engines; updating them together would
@@ -136,7 +159,7 @@ def p14_own_copy_engine(engine_name: str) -> Decision:
     return Decision(
         "P14",
         "offload with a linked rollout whose engine owns its weights",
-        {"engine": engine_name, "owns_weights": True},
+        P14OwnCopyValues(engine_name, owns_weights=True),
         "the engine's copy is offloaded on its own; it is not updated together with the actor",
         OffloadBranch.OWN_COPY,
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from typing import Any
 
 from rlcluster_lab.core.trace import Decision
 from rlcluster_lab.rules.registry import Locator, rule
@@ -47,8 +49,22 @@ P4 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P4UnlinkedValues:  # a reference P2 did not link: only that
+    linked: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class P4Values:  # a linked reference: its frozen buffers the actor's or not, offload
+    linked: bool
+    shares_buffers: bool
+    offload_to_cpu: bool
+
+
 @P4.function
-def p4_reference_backbone(linked: bool, shares_buffers: bool, offload_to_cpu: bool) -> Decision:
+def p4_reference_backbone(
+    linked: bool, shares_buffers: bool, offload_to_cpu: bool
+) -> Decision[P4UnlinkedValues] | Decision[P4Values]:
     """P4: the reference is loaded onto its own mesh; when it is linked to the actor but its
     frozen (non-LoRA) buffers are not the actor's, a warning says that an avoidable copy
     costs device memory.
@@ -57,7 +73,7 @@ def p4_reference_backbone(linked: bool, shares_buffers: bool, offload_to_cpu: bo
         return Decision(
             "P4",
             "reference linked to actor",
-            {"linked": False},
+            P4UnlinkedValues(linked=False),
             "reference holds its own weights on its mesh",
             ReferenceBranch.OWN_WEIGHTS,
         )
@@ -70,13 +86,13 @@ def p4_reference_backbone(linked: bool, shares_buffers: bool, offload_to_cpu: bo
     return Decision(
         "P4",
         "reference linked to actor: its frozen buffers are the actor's",
-        {"linked": True, "shares_buffers": shares_buffers, "offload_to_cpu": offload_to_cpu},
+        P4Values(linked=True, shares_buffers=shares_buffers, offload_to_cpu=offload_to_cpu),
         "one backbone in memory" if shares_buffers else "warning: avoidable copy of the backbone" + note,
         ReferenceBranch.ONE_BACKBONE if shares_buffers else ReferenceBranch.AVOIDABLE_COPY,
     )
 
 
-def p4_warning(decision: Decision) -> str | None:
+def p4_warning(decision: Decision[Any]) -> str | None:
     """The line a P4 decision adds to the cluster's warnings (None when there is nothing to warn)."""
     if decision.branch is not ReferenceBranch.AVOIDABLE_COPY:
         return None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.core.meshes import describe_mesh
@@ -42,8 +44,15 @@ P3 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P3Values:  # P1's link, the engine, the dtype of a second copy
+    rollout_linked_to_actor: bool
+    engine: str
+    rollout_dtype: str | None
+
+
 @P3.function
-def p3_rollout_model(linked: bool, engine_kind: str, engine_name: str, rollout_dtype: str | None) -> Decision:
+def p3_rollout_model(linked: bool, engine_kind: str, engine_name: str, rollout_dtype: str | None) -> Decision[P3Values]:
     """P3: if ROLLOUT is linked to ACTOR, the rollout model *is* the actor model.
 
     One Python object, one set of buffers, zero extra bytes. Else, with the
@@ -65,7 +74,7 @@ def p3_rollout_model(linked: bool, engine_kind: str, engine_name: str, rollout_d
     return Decision(
         "P3",
         "ROLLOUT in sharing_map[ACTOR]; else engine == 'vanilla'",
-        {"rollout_linked_to_actor": linked, "engine": engine_name, "rollout_dtype": rollout_dtype},
+        P3Values(linked, engine_name, rollout_dtype),
         outcome,
         branch,
     )
@@ -88,8 +97,18 @@ P7 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P7Values:  # the engine's mesh, if any, against the config's; P1's map kept
+    engine: str
+    exposes_mesh: bool
+    config_rollout_mesh: Mapping[str, Any]
+    engine_mesh: Mapping[str, Any] | None
+    sharing_map_rebuilt: bool
+    still_registered_as_sharing: bool
+
+
 @P7.function
-def p7_engine_mesh(engine_name: str, config_mesh: Any, engine_mesh: Any, still_sharing: bool) -> Decision:
+def p7_engine_mesh(engine_name: str, config_mesh: Any, engine_mesh: Any, still_sharing: bool) -> Decision[P7Values]:
     """P7: an engine that exposes a non-None ``mesh`` replaces the rollout mesh.
 
     The sharing map is built first, from the config's meshes, and is not
@@ -99,17 +118,11 @@ def p7_engine_mesh(engine_name: str, config_mesh: Any, engine_mesh: Any, still_s
     not expose it; vanilla has none.
     """
     exposes = engine_mesh is not None
+    own_mesh = describe_mesh(engine_mesh) if exposes else None
     return Decision(
         "P7",
         "the engine exposes a non-None mesh",
-        {
-            "engine": engine_name,
-            "exposes_mesh": exposes,
-            "config_rollout_mesh": describe_mesh(config_mesh),
-            "engine_mesh": describe_mesh(engine_mesh) if exposes else None,
-            "sharing_map_rebuilt": False,
-            "still_registered_as_sharing": still_sharing,
-        },
+        P7Values(engine_name, exposes, describe_mesh(config_mesh), own_mesh, False, still_sharing),
         "role_to_mesh[ROLLOUT] replaced by the engine's mesh" if exposes else "rollout mesh kept",
         MeshBranch.REPLACED if exposes else MeshBranch.KEPT,
     )

@@ -10,8 +10,9 @@ names, or other axis types) is a different mesh.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.core.meshes import describe_mesh
@@ -46,24 +47,27 @@ P1 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P1Values:  # the two meshes (described), the same devices or not, and ``==``
+    actor_mesh: Mapping[str, Any]
+    rollout_mesh: Mapping[str, Any]
+    same_devices: bool
+    equal: bool
+
+
 @P1.function
-def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision:
+def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision[P1Values]:
     """P1: ACTOR and ROLLOUT are linked both ways exactly when their meshes are equal.
 
     Equal means ``==`` on meshes, which JAX interns: the same devices in the
     same shape with the same axis names and axis types. The same eight chips as
     (2, 4) and as (8, 1) are two meshes, so the rollout gets a full second copy.
     """
-    same = actor_mesh == rollout_mesh
+    same, same_devices = actor_mesh == rollout_mesh, _device_ids(actor_mesh) == _device_ids(rollout_mesh)
     return Decision(
         "P1",
         "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT]",
-        {
-            "actor_mesh": describe_mesh(actor_mesh),
-            "rollout_mesh": describe_mesh(rollout_mesh),
-            "same_devices": _device_ids(actor_mesh) == _device_ids(rollout_mesh),
-            "equal": same,
-        },
+        P1Values(describe_mesh(actor_mesh), describe_mesh(rollout_mesh), same_devices, same),
         "actor and rollout linked both ways" if same else "not linked: the rollout gets its own weights",
         LinkBranch.LINKED if same else LinkBranch.NOT_LINKED,
     )
@@ -93,6 +97,25 @@ P2 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P2SkipValues:  # a model given as a path, not a module: P2 skipped
+    actor_is_module: bool
+    reference_is_module: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class P2LinkValues:  # a LoRA actor, a reference, its mesh against the actor's
+    actor_has_lora: bool
+    has_reference: bool
+    reference_mesh: Mapping[str, Any] | None
+    meshes_equal: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class P2PropagationValues:  # the roles linked to the actor, by name
+    linked_to_actor: Sequence[str]
+
+
 @P2.function
 def p2_link_reference(
     *,
@@ -102,7 +125,7 @@ def p2_link_reference(
     has_reference: bool,
     actor_mesh: Any,
     reference_mesh: Any,
-) -> Decision:
+) -> Decision[P2SkipValues] | Decision[P2LinkValues]:
     """P2: a LoRA actor and its reference are linked when they share a mesh.
 
     Only when the actor is an in-memory module with LoRA parameters, a
@@ -114,7 +137,7 @@ def p2_link_reference(
         return Decision(
             "P2",
             "actor and reference are in-memory modules",
-            {"actor_is_module": actor_is_module, "reference_is_module": reference_is_module},
+            P2SkipValues(actor_is_module, reference_is_module),
             "skipped: a model was given as a path",
             LinkBranch.SKIPPED,
         )
@@ -123,19 +146,14 @@ def p2_link_reference(
     return Decision(
         "P2",
         "actor has LoRA and a reference is given and role_to_mesh[REFERENCE] == role_to_mesh[ACTOR]",
-        {
-            "actor_has_lora": actor_has_lora,
-            "has_reference": has_reference,
-            "reference_mesh": describe_mesh(reference_mesh) if has_reference else None,
-            "meshes_equal": same_ref,
-        },
+        P2LinkValues(actor_has_lora, has_reference, describe_mesh(reference_mesh) if has_reference else None, same_ref),
         "actor and reference linked both ways" if link else "reference not linked",
         LinkBranch.LINKED if link else LinkBranch.NOT_LINKED,
     )
 
 
 @P2.function
-def p2_propagate(links: Mapping[Role, list[Role]]) -> tuple[dict[Role, list[Role]], Decision]:
+def p2_propagate(links: Mapping[Role, list[Role]]) -> tuple[dict[Role, list[Role]], Decision[P2PropagationValues]]:
     """P2 (propagation): every pair of roles linked to ACTOR is linked to each other."""
     out = {role: list(others) for role, others in links.items()}
     added = []
@@ -147,7 +165,7 @@ def p2_propagate(links: Mapping[Role, list[Role]]) -> tuple[dict[Role, list[Role
     return out, Decision(
         "P2",
         "propagate: roles linked to ACTOR are linked to each other",
-        {"linked_to_actor": list(out[Role.ACTOR])},
+        P2PropagationValues(tuple(r.value for r in out[Role.ACTOR])),
         f"added {len(added)} link(s)" + (": " + ", ".join(f"{a.value}->{b.value}" for a, b in added) if added else ""),
         LinkBranch.PROPAGATED,
     )
@@ -160,7 +178,7 @@ def sharing_map(
     actor_has_lora: bool,
     has_reference: bool,
     reference_is_module: bool,
-) -> tuple[SharingMap, list[Decision]]:
+) -> tuple[SharingMap, list[Decision[Any]]]:
     """P1, then P2 and its propagation: role -> roles it may share weights with, in link order."""
     links: dict[Role, list[Role]] = {role: [] for role in Role}
     p1 = p1_link_actor_rollout(role_to_mesh[Role.ACTOR], role_to_mesh[Role.ROLLOUT])
@@ -176,7 +194,7 @@ def sharing_map(
         actor_mesh=role_to_mesh[Role.ACTOR],
         reference_mesh=role_to_mesh.get(Role.REFERENCE),
     )
-    decisions = [p1, p2]
+    decisions: list[Decision[Any]] = [p1, p2]
     if p2.branch is LinkBranch.SKIPPED:
         return _freeze(links), decisions
     if p2.branch is LinkBranch.LINKED:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 
@@ -50,8 +51,13 @@ P12 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P12Values:  # the optimizer over LoRA parameters only, or all
+    lora: bool
+
+
 @P12.function
-def p12_trainable(actor_has_lora: bool) -> Decision:
+def p12_trainable(actor_has_lora: bool) -> Decision[P12Values]:
     """P12: a real optimizer step (optax) on the actor, on its mesh: over the LoRA parameters
     of a LoRA actor, else over all parameters; with offload the model is loaded to device for
     the step and offloaded after.
@@ -59,14 +65,14 @@ def p12_trainable(actor_has_lora: bool) -> Decision:
     return Decision(
         "P12",
         "actor trainable parameters",
-        {"lora": actor_has_lora},
+        P12Values(actor_has_lora),
         "optimizer over LoRA parameters only" if actor_has_lora else "optimizer over all parameters",
         ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL,
     )
 
 
 @P12.function
-def p12_critic_trainable() -> Decision:
+def p12_critic_trainable() -> Decision[P12Values]:
     """P12 for the critic: a cluster given a critic trains it with its own optimizer
     (``TrainingConfig.critic_tx()``) over all its parameters, its state on the critic's mesh
     and, with offload, in pinned host memory between updates, like the actor's.
@@ -74,7 +80,7 @@ def p12_critic_trainable() -> Decision:
     return Decision(
         "P12",
         "critic trainable parameters",
-        {"lora": False},
+        P12Values(lora=False),
         "critic optimizer over all parameters, on the critic mesh",
         ParamsBranch.ALL,
     )
@@ -90,10 +96,20 @@ P13 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P13Values:  # what a sync handed over, and how; never the map
+    lora: bool
+    global_step: int
+    transfer_guard: bool
+    sharing_map_consulted: bool
+    reshard: str
+    sync_chunk_bytes: int | None
+
+
 @P13.function
 def p13_sync(
     actor_has_lora: bool, global_step: int, platform: str, reshard: str, chunk_bytes: int | None = None
-) -> Decision:
+) -> Decision[P13Values]:
     """P13: the sharing map is not consulted. The actor state is filtered to LoRA parameters
     (LoRA actor) or all parameters and handed, with its filter, to the rollout engine, which
     reshards it onto its own copy's shardings: the same object on the same mesh moves
@@ -106,43 +122,51 @@ def p13_sync(
     return Decision(
         "P13",
         "sync: filter to LoRA parameters if the actor has LoRA, else all parameters",
-        {
-            "lora": actor_has_lora,
-            "global_step": global_step,
-            "transfer_guard": p13_sync_guarded(platform),
-            "sharing_map_consulted": False,
-            "reshard": reshard,
-            "sync_chunk_bytes": chunk_bytes,
-        },
+        P13Values(actor_has_lora, global_step, p13_sync_guarded(platform), False, reshard, chunk_bytes),
         "LoRA parameters handed to the engine" if actor_has_lora else "all parameters handed to the engine",
         ParamsBranch.LORA if actor_has_lora else ParamsBranch.ALL,
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class SyncOrder:
+    """How ``cluster.sync`` runs a sync (P13, P14): in chunks of at most ``chunk_bytes`` (None:
+    one piece); a failure restored from the anchor (each chunk's old arrays dropped at its
+    commit) or from the old arrays, kept to the end; under ``offload`` each piece staged to
+    device and written back to pinned host (the reshard's stage step). ``text``: the report's words."""
+
+    chunk_bytes: int | None
+    restore_from_anchor: bool
+    offload: bool
+
+    @property
+    def text(self) -> str:
+        if self.chunk_bytes is None:
+            said = "the handover in one piece (the old arrays kept until the end for a rollback)"
+        else:
+            said = f"the handover in chunks of at most {self.chunk_bytes:,} bytes (each committed and its old arrays "
+            said += "dropped)" if self.restore_from_anchor else "dropped; the old arrays kept for a rollback)"
+        if self.offload:
+            said += ", each piece staged to device memory and written back to pinned host before the next"
+        return said + ", then the anchor re-pin" + (" (the actor's own pinned buffers)" if self.offload else "")
+
+
 @P13.function
-def p13_sync_order(chunk_bytes: int | None, offload: bool, anchor_restores: bool = True) -> str:
+def p13_sync_order(chunk_bytes: int | None, offload: bool, anchor_covers: bool = True) -> SyncOrder:
     """P13, P14: the order of a sync's steps, the one with the lowest transient peak.
 
     The handover first, then the anchor re-pin: the anchor re-pinned first would be
     alive beside the handover's own peak, and the old anchor must stay until the end
     anyway (a failed chunked sync restores from it). With chunks, each chunk is
-    resharded, committed and its old arrays dropped before the next. With offload
-    nothing comes back to device whole: each chunk of the actor is staged to device,
-    resharded there and written to the rollout in pinned host before the next, and the
-    anchor keeps the actor's own pinned buffers (nothing new). The planner
-    (``planner.sync_peak``) computes the other orders' peaks from shapes; a test holds
-    this one to the lowest.
+    resharded, committed and its old arrays dropped before the next, when the anchor
+    holds every leaf a rollback restores (``anchor_covers``; else the old arrays are kept,
+    as in one piece). With offload nothing comes back to device whole: each chunk of the
+    actor is staged to device, resharded there and written to the rollout in pinned host
+    before the next, and the anchor keeps the actor's own pinned buffers (nothing new).
+    The planner (``planner.sync_peak``) computes the other orders' peaks from shapes; a
+    test holds this one to the lowest.
     """
-    steps = ["the handover"]
-    if chunk_bytes is not None:
-        steps[0] += f" in chunks of at most {chunk_bytes:,} bytes (each committed and its old arrays dropped"
-        steps[0] += ")" if anchor_restores else "; the old arrays kept for a rollback)"
-    else:
-        steps[0] += " in one piece (the old arrays kept until the end for a rollback)"
-    if offload:
-        steps[0] += ", each piece staged to device memory and written back to pinned host before the next"
-    steps.append("then the anchor re-pin" + (" (the actor's own pinned buffers)" if offload else ""))
-    return ", ".join(steps)
+    return SyncOrder(chunk_bytes, chunk_bytes is not None and anchor_covers, offload)
 
 
 @P13.function

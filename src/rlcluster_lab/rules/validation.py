@@ -6,6 +6,7 @@ Each error says what was wrong and how to fix it.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from collections.abc import Callable, Mapping
@@ -44,8 +45,18 @@ P6 = rule(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class P6ConfigValues:  # a per-mode rollout config or one
+    per_mode: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class P6EngineValues:  # the rollout engine accepted, by name
+    engine: str
+
+
 @P6.function
-def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
+def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision[P6ConfigValues]]:
     """P6: a rollout config must be given, and a per-mode dict must have a TRAIN entry.
 
     Returns the TRAIN config and the decision.
@@ -73,14 +84,16 @@ def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision]:
     return train, Decision(
         "P6",
         "rollout_config is set, and a per-mode dict has a TRAIN entry",
-        {"per_mode": per_mode},
+        P6ConfigValues(per_mode),
         "ok",
         CheckBranch.PASS,
     )
 
 
 @P6.function
-def p6_engine_choice(engine: Any, is_engine_class: Callable[[Any], bool], engine_name: str) -> tuple[str, Decision]:
+def p6_engine_choice(
+    engine: Any, is_engine_class: Callable[[Any], bool], engine_name: str
+) -> tuple[str, Decision[P6EngineValues]]:
     """P6: the rollout engine is a known name (vanilla, vllm, sglang_jax), or a rollout-engine
     subclass, or a ``functools.partial`` of one. Returns the kind: the name, or ``custom``.
 
@@ -106,16 +119,17 @@ def p6_engine_choice(engine: Any, is_engine_class: Callable[[Any], bool], engine
     return kind, Decision(
         "P6",
         "rollout_engine is vanilla, vllm, sglang_jax, or a RolloutEngine subclass / partial of one",
-        {"engine": engine_name},
+        P6EngineValues(engine_name),
         f"ok: {kind}",
         CheckBranch.PASS,
     )
 
 
 @P6.function
-def p6_engine_accepts(engine_name: str, facts: Mapping[str, Any] | None) -> Decision:
+def p6_engine_accepts(engine_name: str, facts: Mapping[str, Any] | None) -> Decision[dict[str, Any]]:
     """P6: the engine's own checks on the actor and the rollout config (``facts`` is None when
     they refused: the error is raised by the engine's check)."""
+    # Each engine says what it looked at (``RolloutEngine.check``): its own keys, a mapping.
     return Decision(
         "P6",
         f"{engine_name} engine accepts the actor and rollout config",

@@ -15,6 +15,9 @@ import jax
 from jax.sharding import Mesh
 
 from rlcluster_lab import ConfigError, Scenario, SyncReport, TrainingConfig, build_cluster, placement_report
+from rlcluster_lab.core.trace import seen
+from rlcluster_lab.rules.loading import P5Values
+from rlcluster_lab.rules.sharing import P2PropagationValues
 from rlcluster_lab.rules.validation import check_scenario
 from rlcluster_lab.tunix.build import build_tunix_cluster
 from rlcluster_lab.tunix.differences import SCENARIO_DIFFERENCES, DifferenceCheck, optimizer_facts
@@ -176,8 +179,7 @@ def side_by_side(
 
 def _decision(report: Mapping[str, Any], rule: str, role: str | None = None, test: str | None = None) -> Any:
     for d in report["decisions"]:
-        values = d.get("values") or {}
-        if d["rule"] != rule or (role is not None and values.get("role") != role):
+        if d["rule"] != rule or (role is not None and seen(d, P5Values).role != role):
             continue
         if test is not None and (d["branch"] == "propagated") != (test == "propagated"):
             continue
@@ -206,9 +208,7 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
         return read(item, rule, lambda report: report[name])
 
     def linked(report: Mapping[str, Any]) -> list[str]:
-        return sorted(
-            (_decision(report, "P2", test="propagated") or {"values": {}})["values"].get("linked_to_actor", [])
-        )
+        return sorted(seen(_decision(report, "P2", test="propagated") or {}, P2PropagationValues).linked_to_actor or [])
 
     def shared(report: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int]]:
         return [(tuple(g["roles"]), g["bytes"]) for g in report["memory"]["shared"]]

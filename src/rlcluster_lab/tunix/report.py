@@ -15,10 +15,12 @@ from rlcluster_lab.app.report import PlacementFacts
 from rlcluster_lab.core.meshes import describe_meshes
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import memory_kinds
+from rlcluster_lab.core.trace import seen
 from rlcluster_lab.measure.memory import memory_of
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
 from rlcluster_lab.rl_cluster import RLCluster
+from rlcluster_lab.rules.anchor import P8Values
 from rlcluster_lab.rules.sharing import sharing_map_json
 from rlcluster_lab.tunix.build import Given, TunixBuild
 from rlcluster_lab.tunix.extra import installed_version, require, version_note
@@ -127,7 +129,7 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         notes.append("this Tunix version keeps no anchor policy state (P8)")
     kinds = memory_kinds(anchor) if anchor is not None else []
     anchor_json = (
-        {"mode": p8["branch"], "memory_kind": kinds[0] if len(kinds) == 1 else kinds, "bytes": p8["values"]["bytes"]}
+        {"mode": p8["branch"], "memory_kind": kinds[0] if len(kinds) == 1 else kinds, "bytes": seen(p8, P8Values).bytes}
         if p8 is not None
         else {}
     )
