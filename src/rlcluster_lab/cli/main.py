@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
+from rlcluster_lab.cli.flags import add_knob_flags, scenario_from
 from rlcluster_lab.cli.plan import add_plan_arguments, run_plan_command
 from rlcluster_lab.cli.processes import add_process_arguments, multi_process, run_processes_command
 from rlcluster_lab.cli.progress import progress_line
@@ -34,28 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m rlcluster_lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     rep = sub.add_parser("report", help="build a cluster and print its placement report")
-    add_scenario_flags(rep)
+    add_knob_flags(rep, "report")
     rep.add_argument("--sync", action="store_true", help="also run one weight sync and report the bytes it moved (L3)")
     add_process_arguments(rep)
     learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
-    add_scenario_flags(learn)
-    micro = "train micro-batch size: each mini-batch update accumulates mini/micro micro-batch gradients"
-    for flag, kind, default, text in (
-        ("--steps", int, 30, None),
-        ("--prompts-per-step", int, 4, None),
-        ("--group-size", int, 4, None),
-        ("--mini-batch-size", int, 8, None),
-        ("--micro-batch-size", int, None, micro),
-        ("--iterations", int, 1, None),
-        ("--learning-rate", float, 3e-3, None),
-        ("--max-tokens", int, 8, None),
-    ):
-        learn.add_argument(flag, type=kind, default=default, help=text)
+    add_knob_flags(learn, "learn", max_tokens={"default": 8})
     plan = sub.add_parser(
         "plan",
         help="what-if plan (L4): placement, memory and sync bytes from shapes alone, for any model size and topology",
     )
-    add_scenario_flags(plan, planner=True)
     add_plan_arguments(plan)
     return parser
 
@@ -248,8 +235,8 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     training = TrainingConfig(
         learning_rate=args.learning_rate,
         mini_batch_size=args.mini_batch_size,
-        train_micro_batch_size=args.micro_batch_size,
-        num_iterations=args.iterations,
+        train_micro_batch_size=args.train_micro_batch_size,
+        num_iterations=args.num_iterations,
     )
     # With --critic the learner runs PPO-style steps: the critic's values as baseline, and the
     # critic trained every step.
@@ -257,7 +244,7 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         steps=args.steps,
         prompts_per_step=args.prompts_per_step,
         group_size=args.group_size,
-        critic=args.critic,
+        critic=args.with_critic,
     )
     check_scenario(scenario)
     check_rollout_fits(
