@@ -22,10 +22,10 @@ from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import ANCHOR_MODES as ANCHOR_MODES
 from rlcluster_lab.core.knobs import ENGINE_LABELS as ENGINE_LABELS
 from rlcluster_lab.core.knobs import ENGINES as ENGINES
+from rlcluster_lab.core.knobs import KNOBS, SCENARIO_KNOBS, knob_dataclass
 from rlcluster_lab.core.knobs import LAYOUTS as LAYOUTS
 from rlcluster_lab.core.knobs import MODEL_SIZES as MODEL_SIZES
 from rlcluster_lab.core.knobs import RESHARD_STRATEGIES as RESHARD_STRATEGIES
-from rlcluster_lab.core.knobs import SCENARIO_KNOBS, knob_dataclass
 from rlcluster_lab.core.knobs import as_bool as as_bool
 from rlcluster_lab.core.knobs import as_float as as_float
 from rlcluster_lab.core.knobs import as_int as as_int
@@ -71,7 +71,7 @@ def check_tensor_parallel_size(size: Any) -> int | None:
     return int(size)
 
 
-DEFAULT_SIMULATED_DEVICES = 8
+DEFAULT_SIMULATED_DEVICES: int = KNOBS["devices"].default
 
 # The most simulated CPU devices the lab asks for. Each one costs the CPU client about
 # 100 KB and start-up time (2048 devices: ~12 s and ~380 MB before any array exists), and

@@ -2,8 +2,8 @@
 
 Each control is built from its knob in the one table (``core.knobs``: kind, label, options
 or range, default, tooltip; the layouts are those these devices can hold); nothing here
-decides where a model lives. The
-``PlacementLab`` (``lab.widget``) owns the buttons and the panels.
+decides where a model lives. The ``PlacementLab`` (``lab.widget``) owns the buttons and
+the panels.
 """
 
 from __future__ import annotations
