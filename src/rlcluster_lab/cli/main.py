@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -232,20 +233,10 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from rlcluster_lab.core.config import TrainingConfig
 
     scenario = scenario_from(args, max_tokens=args.max_tokens)
-    training = TrainingConfig(
-        learning_rate=args.learning_rate,
-        mini_batch_size=args.mini_batch_size,
-        train_micro_batch_size=args.train_micro_batch_size,
-        num_iterations=args.num_iterations,
-    )
-    # With --critic the learner runs PPO-style steps: the critic's values as baseline, and the
-    # critic trained every step.
-    config = LearnerConfig(
-        steps=args.steps,
-        prompts_per_step=args.prompts_per_step,
-        group_size=args.group_size,
-        critic=args.with_critic,
-    )
+    # Each learner flag sets the field of its name (``core.knobs``). With --critic the learner runs
+    # PPO-style steps: the critic's values as baseline, and the critic trained every step.
+    training = TrainingConfig(**_fields_given(TrainingConfig, args))
+    config = LearnerConfig(**_fields_given(LearnerConfig, args), critic=args.with_critic)
     check_scenario(scenario)
     check_rollout_fits(
         scenario,
@@ -255,6 +246,11 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         "lower --prompts-per-step or --group-size",
     )
     return scenario, training, config
+
+
+def _fields_given(cls: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that set a field of ``cls``, by field."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
 def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) -> dict[str, Any]:
