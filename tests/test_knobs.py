@@ -6,12 +6,19 @@ flag it names is a flag the CLI takes.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
+import ipywidgets as widgets
+import jax
 import pytest
 
 from rlcluster_lab.cli.main import EXIT_BAD_INPUT, build_parser, main
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.knobs import KNOBS, describe, knobs_of
+from rlcluster_lab.core.knobs import KNOBS, PLANNER_KNOBS, SCENARIO_KNOBS, Knob, describe, knobs_of
 from rlcluster_lab.core.options import Scenario
+from rlcluster_lab.lab.controls import Knobs
+from rlcluster_lab.planner.plan import PlanRequest
 from rlcluster_lab.rules.validation import check_scenario
 
 
@@ -21,21 +28,46 @@ def refusal(**knobs) -> ConfigError:
     return info.value
 
 
+def _subcommands() -> dict[str, object]:
+    return build_parser()._subparsers._group_actions[0].choices
+
+
 def test_every_flag_in_the_table_is_a_flag_the_cli_takes():
-    parser = build_parser()
-    flags = {
-        option
-        for sub in parser._subparsers._group_actions[0].choices.values()
-        for action in sub._actions
-        for option in action.option_strings
-    }
+    flags = {option for sub in _subcommands().values() for action in sub._actions for option in action.option_strings}
     named = {knob.flag for knob in KNOBS.values() if knob.flag}
     assert named <= flags, named - flags
-    # Every knob a Scenario has is in the table (the lab's labels and the CLI's flags come from it).
-    import dataclasses
 
-    fields = {f.name for f in dataclasses.fields(Scenario)} - {"temperature", "kv_cache_size", "seed"}
-    assert fields <= set(KNOBS), fields - set(KNOBS)
+
+def _inside(box: widgets.Widget) -> set[int]:
+    """Every widget shown inside ``box``, at any depth."""
+    return {id(box)} | {i for child in getattr(box, "children", ()) for i in _inside(child)}
+
+
+def test_a_knob_is_on_every_surface_it_names_and_on_no_other():
+    # Every knob says whether it is a widget and a flag: neither has a default.
+    for attribute in ("label", "flag"):
+        assert inspect.signature(Knob).parameters[attribute].default is inspect.Parameter.empty
+    # Scenario: its fields are the table's scenario knobs, in order, with their defaults.
+    assert [(f.name, f.default) for f in dataclasses.fields(Scenario)] == [(k.field, k.default) for k in SCENARIO_KNOBS]
+    # CLI: a knob's flag is an option of exactly the subcommands it names, and sets its field; an
+    # option that sets a knob's field is that knob's flag.
+    for command, sub in _subcommands().items():
+        actions = {a.dest: a for a in sub._actions}
+        for knob in KNOBS.values():
+            takes = knob.flag is not None and command in knob.commands
+            assert (knob.field in actions and knob.flag in actions[knob.field].option_strings) == takes, knob.field
+        assert all(a.option_strings[0] == KNOBS[a.dest].flag for a in sub._actions if a.dest in KNOBS), command
+    # Lab: a knob with a label is a control of its kind, shown in the column; every control is a knob.
+    lab = Knobs(jax.devices()[:8])
+    controls = lab.outlined()
+    assert set(controls) == {k.field for k in KNOBS.values() if k.label}
+    kinds = {"checkbox": widgets.Checkbox, "dropdown": widgets.Dropdown, "number box": widgets.BoundedIntText}
+    for field, control in controls.items():
+        assert isinstance(control, kinds.get(KNOBS[field].widget, widgets.Box)), field
+        assert id(control) in _inside(lab.widget), field
+    # Planner: the Scenario knobs a PlanRequest takes are the table's planner knobs.
+    planned = {f.name for f in dataclasses.fields(PlanRequest)} & {k.field for k in SCENARIO_KNOBS}
+    assert planned == {k.field for k in PLANNER_KNOBS}
 
 
 def test_p6_refusal_names_the_flag_in_the_cli_and_the_checkbox_in_the_lab():

@@ -22,6 +22,7 @@ from rlcluster_lab import Role, Scenario, TrainingConfig, build_cluster, placeme
 from rlcluster_lab.cli.main import build_parser, main
 from rlcluster_lab.cli.plan import parse_bytes
 from rlcluster_lab.core.meshes import LAYOUTS, describe_mesh, make_mesh
+from rlcluster_lab.core.options import ANCHOR_MODES
 from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
 from rlcluster_lab.core.shardings import PlacementError
 from rlcluster_lab.measure import memory_report
@@ -30,7 +31,7 @@ from rlcluster_lab.placement.boxes import plan_reshard, to_box
 from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes
 from rlcluster_lab.placement.reshard import reshard, reshard_strategy
 from rlcluster_lab.planner.buffers import Buffers, overlap
-from rlcluster_lab.planner.plan import ANCHOR_MODES, plan_cluster, plan_scenario
+from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.shapes import abstract_leaves
 from rlcluster_lab.planner.tables import ARCHITECTURES, TOPOLOGIES, model_config
 

@@ -13,7 +13,7 @@ from flax import nnx
 from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
 from rlcluster_lab.core.limits import check_fits, check_fits_devices, device_free_bytes, limit_bytes
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, layout_meshes
-from rlcluster_lab.core.options import DTYPES, Scenario
+from rlcluster_lab.core.options import Scenario
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import check_spec
 from rlcluster_lab.model import get_model_config, init_model, with_lora
@@ -25,8 +25,6 @@ from rlcluster_lab.planner.shapes import abstract_leaves
 from rlcluster_lab.planner.tables import Topology
 from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.rules.validation import check_scenario
-
-ROLLOUT_DTYPES = DTYPES
 
 
 def build_models(scenario: Scenario, role_to_mesh: dict[Role, Any]) -> dict[str, nnx.Module]:

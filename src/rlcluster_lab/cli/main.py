@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-from rlcluster_lab.cli.flags import add_scenario_flags, scenario_from
+from rlcluster_lab.cli.flags import add_knob_flags, scenario_from
 from rlcluster_lab.cli.plan import add_plan_arguments, run_plan_command
 from rlcluster_lab.cli.processes import add_process_arguments, multi_process, run_processes_command
 from rlcluster_lab.cli.progress import progress_line
@@ -34,28 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m rlcluster_lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     rep = sub.add_parser("report", help="build a cluster and print its placement report")
-    add_scenario_flags(rep)
+    add_knob_flags(rep, "report")
     rep.add_argument("--sync", action="store_true", help="also run one weight sync and report the bytes it moved (L3)")
     add_process_arguments(rep)
     learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
-    add_scenario_flags(learn)
-    micro = "train micro-batch size: each mini-batch update accumulates mini/micro micro-batch gradients"
-    for flag, kind, default, text in (
-        ("--steps", int, 30, None),
-        ("--prompts-per-step", int, 4, None),
-        ("--group-size", int, 4, None),
-        ("--mini-batch-size", int, 8, None),
-        ("--micro-batch-size", int, None, micro),
-        ("--iterations", int, 1, None),
-        ("--learning-rate", float, 3e-3, None),
-        ("--max-tokens", int, 8, None),
-    ):
-        learn.add_argument(flag, type=kind, default=default, help=text)
+    add_knob_flags(learn, "learn", max_tokens={"default": 8})
     plan = sub.add_parser(
         "plan",
         help="what-if plan (L4): placement, memory and sync bytes from shapes alone, for any model size and topology",
     )
-    add_scenario_flags(plan, planner=True)
     add_plan_arguments(plan)
     return parser
 
@@ -245,20 +233,10 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from rlcluster_lab.core.config import TrainingConfig
 
     scenario = scenario_from(args, max_tokens=args.max_tokens)
-    training = TrainingConfig(
-        learning_rate=args.learning_rate,
-        mini_batch_size=args.mini_batch_size,
-        train_micro_batch_size=args.micro_batch_size,
-        num_iterations=args.iterations,
-    )
-    # With --critic the learner runs PPO-style steps: the critic's values as baseline, and the
-    # critic trained every step.
-    config = LearnerConfig(
-        steps=args.steps,
-        prompts_per_step=args.prompts_per_step,
-        group_size=args.group_size,
-        critic=args.critic,
-    )
+    # Each learner flag sets the field of its name (``core.knobs``). With --critic the learner runs
+    # PPO-style steps: the critic's values as baseline, and the critic trained every step.
+    training = TrainingConfig(**_fields_given(TrainingConfig, args))
+    config = LearnerConfig(**_fields_given(LearnerConfig, args), critic=args.with_critic)
     check_scenario(scenario)
     check_rollout_fits(
         scenario,
@@ -268,6 +246,11 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         "lower --prompts-per-step or --group-size",
     )
     return scenario, training, config
+
+
+def _fields_given(cls: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that set a field of ``cls``, by field."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
 def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) -> dict[str, Any]:

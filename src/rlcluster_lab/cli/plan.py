@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlcluster_lab.cli.flags import scenario_from
+from rlcluster_lab.cli.flags import add_knob_flags, scenario_from
+from rlcluster_lab.core.knobs import KNOBS
 from rlcluster_lab.core.limits import parse_bytes
 from rlcluster_lab.core.options import DTYPES, MODEL_SIZES
 from rlcluster_lab.planner.workload import Workload
@@ -154,11 +155,11 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
 
 
 def add_plan_arguments(p: Any) -> None:
-    """The flags only ``plan`` has; the scenario's knobs come from ``cli.flags``."""
-    p.add_argument(
-        "--topology",
-        default="local",
-        help="local (this machine's devices), gpu-8, gpu-2x8, tpu-v5e-8, tpu-v5p-8, tpu-v5p-64, tpu-v5p-256",
+    """The flags of ``plan``: the knob flags it takes (``cli.flags``) and the figures of a paper cluster."""
+    model = KNOBS["model_size"].help + ", or a published architecture (gemma-2b, llama3-8b, llama3-70b)"
+    cache = "KV cache slots per row (default: prompt + completion tokens)"
+    add_knob_flags(
+        p, "plan", model_size={"choices": None, "help": model}, kv_cache_size={"default": None, "help": cache}
     )
     p.add_argument(
         "--dtype",
@@ -175,22 +176,6 @@ def add_plan_arguments(p: Any) -> None:
         ("--host-bandwidth", "bytes/s one device receives from other hosts, e.g. 50GB (default: the topology's)"),
     ):
         p.add_argument(flag, default=None, help=text)
-    work = Workload()
-    for flag, default, text in (
-        ("--vllm-tp", None, "vllm engine's tensor-parallel size (default: all)"),
-        ("--devices-per-host", None, "devices of one host (process), consecutive ids (default: the topology's)"),
-        # The step's shapes (planner.Workload).
-        (
-            "--rollout-batch-size",
-            work.rollout_batch_size,
-            f"completions sampled at once (default {work.rollout_batch_size})",
-        ),
-        ("--prompt-length", work.prompt_length, f"prompt tokens per row (default {work.prompt_length})"),
-        ("--max-tokens", work.max_tokens, f"completion tokens per row (default {work.max_tokens})"),
-        ("--kv-cache-size", None, "KV cache slots per row (default: prompt + completion tokens)"),
-        ("--micro-batch-size", None, "rows per training micro-batch (default: the whole batch in one piece)"),
-    ):
-        p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument(
         "--remat", action="store_true", help="plan a step that rematerialises every layer (the lab's does not)"
     )
@@ -198,7 +183,7 @@ def add_plan_arguments(p: Any) -> None:
 
 def run_plan_command(args: Any) -> dict[str, Any]:
     """Run ``plan`` from parsed flags; returns the JSON, or ``{'_text': ...}`` without --json."""
-    from rlcluster_lab.planner.plan import plan_cluster
+    from rlcluster_lab.planner.plan import plan_scenario
     from rlcluster_lab.planner.tables import model_config
 
     # The knobs are checked as a Scenario's are; the model may be a published one here,
@@ -206,40 +191,32 @@ def run_plan_command(args: Any) -> dict[str, Any]:
     lab_size = args.model_size in MODEL_SIZES
     scenario = scenario_from(args, model_size=args.model_size if lab_size else "tiny")
     check_scenario(scenario, model=model_config(args.model_size, dtype=args.dtype))
+    cache = args.kv_cache_size if args.kv_cache_size is not None else args.prompt_length + args.max_tokens
     workload = Workload(
         rollout_batch_size=args.rollout_batch_size,
         prompt_length=args.prompt_length,
         max_tokens=args.max_tokens,
-        kv_cache_size=args.kv_cache_size if args.kv_cache_size is not None else args.prompt_length + args.max_tokens,
+        kv_cache_size=cache,
         micro_batch_size=args.micro_batch_size,
         remat=args.remat,
     )
-    plan = plan_cluster(
-        args.model_size,
+    plan = plan_scenario(
+        scenario,
         args.topology,
-        layout=args.layout,
-        lora_rank=args.lora_rank if args.lora else 0,
-        lora_separate_base=args.lora_separate_base,
-        engine=args.engine,
-        vllm_tensor_parallel_size=args.vllm_tp,
-        offload=args.offload,
-        anchor=args.anchor,
+        model=args.model_size,
         dtype=args.dtype,
-        rollout_dtype=args.rollout_dtype,
-        with_reward=args.reward,
-        with_critic=args.critic,
-        reshard=args.reshard,
-        sync_chunk_bytes=args.sync_chunk_bytes,
-        memory_per_device=None
-        if args.memory_per_device is None
-        else int(parse_bytes(args.memory_per_device, "--memory-per-device")),
-        link_bandwidth=None if args.bandwidth is None else parse_bytes(args.bandwidth, "--bandwidth"),
+        vllm_tensor_parallel_size=args.rollout_vllm_tensor_parallel_size,
         workload=workload,
         devices_per_host=args.devices_per_host,
-        host_memory=None if args.host_memory is None else int(parse_bytes(args.host_memory, "--host-memory")),
-        host_link_bandwidth=None
-        if args.host_bandwidth is None
-        else parse_bytes(args.host_bandwidth, "--host-bandwidth"),
+        memory_per_device=_bytes(args.memory_per_device, "--memory-per-device", int),
+        link_bandwidth=_bytes(args.bandwidth, "--bandwidth"),
+        host_memory=_bytes(args.host_memory, "--host-memory", int),
+        host_link_bandwidth=_bytes(args.host_bandwidth, "--host-bandwidth"),
     )
     data = plan.to_json()
     return data if args.json else {"_text": format_plan(data)}
+
+
+def _bytes(value: str | None, flag: str, kind: type = float) -> Any:
+    """A byte count or rate a flag gives (None: not given, the topology's figure)."""
+    return None if value is None else kind(parse_bytes(value, flag))

@@ -12,6 +12,7 @@ from typing import Any
 from rlcluster_lab.cli.flags import scenario_from
 from rlcluster_lab.cli.text import format_report
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.knobs import KNOBS
 
 
 def add_process_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +59,7 @@ def run_processes_command(args: argparse.Namespace) -> dict[str, Any]:
     from rlcluster_lab.multiprocess.launcher import DEFAULT_TIMEOUT_S, run_report
 
     total = args.processes * args.devices_per_process
-    if args.devices not in (8, total):
+    if args.devices not in (KNOBS["devices"].default, total):
         raise ConfigError(
             f"--devices {args.devices} conflicts with --processes {args.processes} x --devices-per-process "
             f"{args.devices_per_process} = {total} devices; drop --devices with --processes"

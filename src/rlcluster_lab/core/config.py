@@ -17,14 +17,8 @@ import optax
 from jax.sharding import Mesh
 
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.options import (
-    ANCHOR_MODES,
-    RESHARD_STRATEGIES,
-    RolloutConfig,
-    as_bool,
-    as_int,
-    check_sync_chunk_bytes,
-)
+from rlcluster_lab.core.knobs import ANCHOR_MODES, KNOBS, RESHARD_STRATEGIES, as_bool, as_int
+from rlcluster_lab.core.options import RolloutConfig
 from rlcluster_lab.core.roles import Mode, Role
 
 LogicalAxisRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
@@ -183,7 +177,7 @@ class ClusterConfig:
     sync_chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sync_chunk_bytes", check_sync_chunk_bytes(self.sync_chunk_bytes))
+        object.__setattr__(self, "sync_chunk_bytes", KNOBS["sync_chunk_bytes"].check(self.sync_chunk_bytes))
         if self.reshard not in RESHARD_STRATEGIES:
             raise ConfigError(
                 f"reshard must be one of {', '.join(RESHARD_STRATEGIES)}, got {self.reshard!r}: 'xla' compiles "

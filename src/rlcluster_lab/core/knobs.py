@@ -1,36 +1,124 @@
-"""One table of the knobs a person turns: each one's lab widget and CLI flag (JAX-free).
+"""Every knob a person turns, declared once (JAX-free): its type, range or choices, default,
+help, the rules that read it, its lab widget and its CLI flag.
 
-A refusal names the knobs that would fix it (``ConfigError.knobs``: ``Scenario`` field
-names); ``describe`` says them in the reader's terms, the widget's label in the lab and
-the flag in the CLI. The lab's widgets take their labels from this table too, so the
-label an error names is the label on the screen.
+Everything else is derived from this table: ``Scenario``'s fields and their checks
+(``knob_dataclass``), the CLI's flags (``cli.flags``), the lab's controls (``lab.controls``)
+and the knobs ``PlanRequest`` shares with a ``Scenario`` (``planner``). A refusal names the
+knobs that would fix it (``ConfigError.knobs``: fields of this table); ``describe`` says them
+in the reader's terms, the widget's label in the lab and the flag in the CLI, so the label an
+error names is the label on the screen.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+import numbers
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, TypeVar
+
+from rlcluster_lab.core import model_config
+from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.model_config import DTYPES, dtype_name
 
 Audience = Literal["lab", "cli"]
+T = TypeVar("T")
+
+# The vocabulary: every knob's values are read from here, so one knob is spelled one way everywhere.
+LAYOUTS: tuple[str, ...] = ("colocated", "reshaped", "split")
+ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
+# Every engine but the built-in sampler stands in for an external server's placement.
+ENGINE_LABELS: dict[str, str] = {e: e if e == "vanilla" else f"{e} (JAX placement stand-in)" for e in ENGINES}
+ANCHOR_MODES: tuple[str, ...] = ("full", "trainable")
+RESHARD_STRATEGIES: tuple[str, ...] = ("xla", "minimal")
+# The lab's preset sizes, from the model's own table (``core.model_config``), so a size is spelled once.
+MODEL_SIZES: tuple[str, ...] = tuple(model_config.MODEL_SIZES)
+COMMANDS: tuple[str, ...] = ("report", "learn", "plan")
 
 
-@dataclasses.dataclass(frozen=True)
+def as_int(value: Any, name: str, *, low: int | None = None, knobs: Sequence[str] = ()) -> int:
+    """``value`` as a plain ``int``: an int or a NumPy integer (converted, so a report of it is
+    still JSON); a bool, a float or anything else is refused.
+
+    Raises:
+        ConfigError: not a whole number, or below ``low``; the message names ``name``.
+    """
+    bound = f" >= {low}" if low is not None else ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an int{bound}, got {type(value).__name__} {value!r:.40}", knobs=knobs)
+    if low is not None and value < low:
+        raise ConfigError(f"{name} must be an int{bound}, got {value}", knobs=knobs)
+    return int(value)
+
+
+def as_float(value: Any, name: str, *, knobs: Sequence[str] = ()) -> float:
+    """``value`` as a plain ``float``: any real number but a bool (NumPy's included).
+
+    Raises:
+        ConfigError: not a real number; the message names ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}", knobs=knobs)
+    return float(value)
+
+
+def as_bool(value: Any, name: str, *, knobs: Sequence[str] = ()) -> bool:
+    """``value`` as a plain ``bool``: True, False or a NumPy bool; ``"no"`` or 1 is refused, not read as true.
+
+    Raises:
+        ConfigError: anything else; the message names ``name``.
+    """
+    if isinstance(value, bool) or (getattr(getattr(value, "dtype", None), "kind", None) == "b" and not value.shape):
+        return bool(value)
+    raise ConfigError(f"{name} must be True or False, got {type(value).__name__} {value!r:.40}", knobs=knobs)
+
+
+# What each kind of value is, as a dataclass field's annotation.
+_TYPES = {"bool": "bool", "int": "int", "float": "float", "choice": "str", "dtype": "str", "text": "str"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Knob:
-    """One knob: the field it sets, its widget in the lab, its flag in the CLI.
+    """One knob: the value it holds, who reads it, and how the lab and the CLI show it.
+
+    ``label`` and ``flag`` have no default: every knob says whether it is a widget and a flag.
 
     Attributes:
-        field: the ``Scenario`` field (or learner setting) it sets.
+        field: the ``Scenario`` field (or learner or plan setting) it sets, as refusals name it.
         name: the short name (the flag without dashes; the lab's CSS class ``rl-<name>``).
-        label: the lab widget's label (None: not a widget in the lab).
-        widget: what kind of widget the label is on ("checkbox", "dropdown", "number box").
-        flag: the CLI flag (None: not a flag).
+        kind: "bool", "int", "float", "choice" (one of ``choices``), "dtype" (a dtype name, or a
+            JAX/NumPy dtype held as its name), "text", or "lab" (a lab control, no value of its own).
+        default: its value when not given (None: none, which is a value too).
+        help: what it does (the CLI's help; the widget's tooltip after the rule ids).
+        rule: the rules that read it ("P13"; None: no rule).
+        label: the lab widget's label (None: not in the lab).
+        widget: what kind of widget the label is on ("checkbox", "dropdown", "number box", "buttons").
+        flag: the CLI flag (None: not a flag); ``alias``: a second spelling of it.
+        commands: the subcommands that take the flag.
+        choices: the values a "choice" or "dtype" knob takes.
+        options: the widget's (label, value) pairs where they are not the choices as they are
+            (a false value stands for None).
+        low: the least value of an "int".
+        refusal: the message refusing a value (``{value}``, ``{choices}``, ``{said}``: the field
+            and its flag; None: "unknown <field> ..." for a choice, "must be at least" below ``low``).
+        planner: ``PlanRequest`` takes it, as it is, under the same name.
     """
 
     field: str
     name: str
+    kind: str
+    default: Any = None
+    help: str
+    rule: str | None = None
     label: str | None
-    widget: str
+    widget: str = ""
     flag: str | None
+    alias: str | None = None
+    commands: tuple[str, ...] = COMMANDS
+    choices: tuple[str, ...] | None = None
+    options: tuple[tuple[str, Any], ...] | None = None
+    low: int | None = None
+    refusal: str | None = None
+    planner: bool = False
 
     def said(self, audience: Audience) -> str | None:
         """The knob as the audience sees it: the flag, or the widget's quoted label (None: it has none)."""
@@ -38,60 +126,202 @@ class Knob:
             return self.flag
         return f"the '{self.label}' {self.widget}" if self.label else None
 
+    @property
+    def tooltip(self) -> str:
+        """The widget's tooltip: the rules that read the knob, and what it does."""
+        return f"{self.rule}: {self.help}" if self.rule else self.help
 
-KNOBS: dict[str, Knob] = {
-    k.field: k
-    for k in (
-        Knob("layout", "layout", "layout", "dropdown", "--layout"),
-        Knob("lora", "lora", "LoRA actor", "checkbox", "--lora"),
-        Knob("lora_rank", "lora-rank", "LoRA rank", "number box", "--lora-rank"),
-        Knob(
-            "lora_separate_base",
-            "lora-separate-base",
-            "LoRA over a separate copy of the base (P4 warns)",
-            "checkbox",
-            "--lora-separate-base",
-        ),
-        Knob("engine", "engine", "rollout engine", "dropdown", "--engine"),
-        # The flag turns the settings off; the checkbox (on by default) turns them on.
-        Knob(
-            "sglang_static_lora",
-            "static-lora",
-            "static-LoRA settings for sglang_jax (P6)",
-            "checkbox",
-            "--no-static-lora",
-        ),
-        Knob("offload", "offload", "offload to pinned host (P14)", "checkbox", "--offload"),
-        Knob("rollout_dtype", "rollout-dtype", "rollout dtype", "dropdown", "--rollout-dtype"),
-        Knob("model_size", "model-size", "model size", "dropdown", "--model-size"),
-        Knob("with_reward", "reward", "reward model", "checkbox", "--reward"),
-        Knob("with_critic", "critic", "critic model", "checkbox", "--critic"),
-        Knob("anchor", "anchor", "anchor (P8)", "dropdown", "--anchor"),
-        Knob("reshard", "reshard", None, "dropdown", "--reshard"),
-        Knob("sync_chunk_bytes", "sync-chunk-bytes", "sync chunks (P13)", "dropdown", "--sync-chunk-bytes"),
-        # Lab only: the custom rollout mesh's devices and shape (the CLI builds standard layouts).
-        Knob("rollout_devices", "rollout-devices", "rollout devices", "buttons", None),
-        Knob("rollout_shape", "rollout-shape", "rollout shape", "dropdown", None),
-        # CLI only: the simulated device count, and the learner's settings (``learn``).
-        Knob("devices", "devices", None, "number", "--devices"),
-        Knob("max_tokens", "max-tokens", None, "number", "--max-tokens"),
-        Knob("learning_rate", "learning-rate", None, "number", "--learning-rate"),
-        Knob("mini_batch_size", "mini-batch-size", None, "number", "--mini-batch-size"),
-        Knob("train_micro_batch_size", "micro-batch-size", None, "number", "--micro-batch-size"),
-        Knob("num_iterations", "iterations", None, "number", "--iterations"),
-        Knob("steps", "steps", None, "number", "--steps"),
-        Knob("prompts_per_step", "prompts-per-step", None, "number", "--prompts-per-step"),
-        Knob("group_size", "group-size", None, "number", "--group-size"),
-        # CLI only: what ``plan`` alone takes (a paper cluster's topology and step shapes).
-        Knob("topology", "topology", None, "text", "--topology"),
-        Knob("rollout_vllm_tensor_parallel_size", "vllm-tp", None, "number", "--vllm-tp"),
-        Knob("devices_per_host", "devices-per-host", None, "number", "--devices-per-host"),
-        Knob("rollout_batch_size", "rollout-batch-size", None, "number", "--rollout-batch-size"),
-        Knob("prompt_length", "prompt-length", None, "number", "--prompt-length"),
-        Knob("kv_cache_size", "kv-cache-size", None, "number", "--kv-cache-size"),
-        Knob("micro_batch_size", "micro-batch-size", None, "number", "--micro-batch-size"),
-    )
-}
+    @property
+    def annotation(self) -> str:
+        return _TYPES.get(self.kind, "Any") + (" | None" if self.default is None else "")
+
+    def check(self, value: Any) -> Any:
+        """``value`` as the knob holds it: a plain number (not NumPy's), a dtype's name.
+
+        Raises:
+            ConfigError: a value of another type, out of range or not one of the choices; the
+                message names the knob (``knobs``: this one).
+        """
+        knobs = (self.field,)
+        if value is None and self.default is None:
+            return None
+        if self.kind == "bool":
+            return as_bool(value, self.field, knobs=knobs)
+        if self.kind == "float":
+            return as_float(value, self.field, knobs=knobs)
+        if self.kind == "dtype":
+            return dtype_name(value, self.field)
+        if self.kind == "int":
+            whole = not isinstance(value, bool) and isinstance(value, numbers.Integral)
+            if self.default is not None:  # a number first says it is not one; a knob that may be None says its rule
+                value = as_int(value, self.field, knobs=knobs)
+            if not whole or (self.low is not None and value < self.low):
+                raise self.refused(value)
+            return int(value)
+        if self.choices is not None and value not in self.choices:
+            raise self.refused(value)
+        return value
+
+    def refused(self, value: Any) -> ConfigError:
+        """The refusal of ``value``, in the knob's words."""
+        default = (
+            "unknown {noun} {value!r}; choose one of {choices}"
+            if self.choices
+            else "{said} must be at least {low}, got {value}"
+        )
+        text = (self.refusal or default).format(
+            value=value,
+            noun=self.field.replace("_", " "),
+            choices=", ".join(self.choices or ()),
+            said=f"{self.field} ({self.flag})",
+            low=self.low,
+        )
+        return ConfigError(text, knobs=(self.field,))
+
+
+# fmt: off
+# A Scenario's knobs, in the order of its fields (``core.options.Scenario``).
+SCENARIO_KNOBS: tuple[Knob, ...] = (
+    Knob(field="layout", name="layout", kind="choice", default="colocated", choices=LAYOUTS, planner=True,
+         rule="P1", label="layout", widget="dropdown", flag="--layout",
+         help="standard device layout, the mesh of every role: actor and rollout on one mesh share one model"),
+    Knob(field="lora", name="lora", kind="bool", default=False,
+         rule="P2, P4, P12, P13", label="LoRA actor", widget="checkbox", flag="--lora",
+         help="LoRA actor over the reference's own frozen buffers: the reference is linked to the actor and shares "
+         "its backbone, the optimizer trains only the adapters, and a sync hands over only them"),
+    Knob(field="lora_rank", name="lora-rank", kind="int", default=4, low=1, planner=True,
+         rule="P12, P13", label="LoRA rank", widget="number box", flag="--lora-rank",
+         help="the LoRA adapters' rank (with LoRA): their inner dimension, so the size of what the optimizer trains "
+         "and a sync hands over (at most the model's largest useful rank)"),
+    Knob(field="lora_separate_base", name="lora-separate-base", kind="bool", default=False, planner=True,
+         rule="P4", label="LoRA over a separate copy of the base (P4 warns)", widget="checkbox",
+         flag="--lora-separate-base",
+         help="build the LoRA actor over its own copy of the base, so reference and actor hold two backbones "
+         "(an avoidable copy: the cluster warns)"),
+    Knob(field="engine", name="engine", kind="choice", default="vanilla", choices=ENGINES, planner=True,
+         options=tuple((label, e) for e, label in ENGINE_LABELS.items()),
+         rule="P3, P7", label="rollout engine", widget="dropdown", flag="--engine",
+         help="rollout engine (vllm and sglang_jax are placement stand-ins written in JAX): vanilla loads a second "
+         "copy when the rollout is not linked to the actor, the others get the actor as initial value; an engine "
+         "with a mesh of its own replaces the rollout mesh"),
+    Knob(field="offload", name="offload", kind="bool", default=False, planner=True,
+         rule="P14", label="offload to pinned host (P14)", widget="checkbox", flag="--offload",
+         help="offload_to_cpu: every role waits in pinned host memory between uses and comes to device for its work"),
+    Knob(field="rollout_dtype", name="rollout-dtype", kind="dtype", choices=DTYPES, planner=True,
+         options=(("as given (float32)", ""), *((d, d) for d in DTYPES)),
+         rule="P3, P5", label="rollout dtype", widget="dropdown", flag="--rollout-dtype",
+         help="dtype the vanilla engine's second copy of the actor is cast to as it is loaded onto the rollout "
+         "mesh (default: as given)"),
+    Knob(field="model_size", name="model-size", kind="choice", default="tiny", choices=MODEL_SIZES,
+         rule="L2, L3", label="model size", widget="dropdown", flag="--model-size", alias="--model",
+         help="the lab's model size, whose dimensions scale every byte figure (memory, sync)"),
+    Knob(field="with_reward", name="reward", kind="bool", default=False, planner=True,
+         rule="P5", label="reward model", widget="checkbox", flag="--reward",
+         help="a reward model, loaded onto the reward mesh (the actor's in these layouts)"),
+    Knob(field="with_critic", name="critic", kind="bool", default=False, planner=True,
+         rule="P5", label="critic model", widget="checkbox", flag="--critic",
+         help="a critic (value model), loaded onto the critic mesh (the actor's in these layouts); the learner then "
+         "takes PPO-style steps"),
+    # The flag turns the settings off; the checkbox (on by default) turns them on.
+    Knob(field="sglang_static_lora", name="static-lora", kind="bool", default=True,
+         rule="P6", label="static-LoRA settings for sglang_jax (P6)", widget="checkbox", flag="--no-static-lora",
+         help="static-LoRA settings for the sglang_jax engine, which it needs for a LoRA actor"),
+    Knob(field="anchor", name="anchor", kind="choice", default="full", choices=ANCHOR_MODES, planner=True,
+         options=(("full actor state", "full"), ("trainable parameters only", "trainable")),
+         rule="P8", label="anchor (P8)", widget="dropdown", flag="--anchor",
+         help="what is pinned to host at construction and at every sync: the actor's full state, or (with LoRA) "
+         "only its adapters"),
+    Knob(field="reshard", name="reshard", kind="choice", default="xla", choices=RESHARD_STRATEGIES, planner=True,
+         refusal="unknown reshard strategy {value!r}; choose one of {choices}",
+         rule="P5, P13", label=None, flag="--reshard",
+         help="how layouts change: xla (one compiled program, bytes read from its collectives) or minimal "
+         "(exactly what each device lacks)"),
+    Knob(field="sync_chunk_bytes", name="sync-chunk-bytes", kind="int", low=1, planner=True,
+         refusal="{said} must be a whole number of bytes >= 1 (a sync then hands its leaves over in chunks of at "
+         "most that many bytes), or None for one piece; got {value!r}",
+         options=(("one piece", 0), ("16 KiB", 16 << 10), ("64 KiB", 64 << 10), ("256 KiB", 256 << 10),
+                  ("1 MiB", 1 << 20)),
+         rule="P13", label="sync chunks (P13)", widget="dropdown", flag="--sync-chunk-bytes",
+         help="hand a weight sync over in chunks of at most this many bytes of leaves, each committed and its old "
+         "arrays dropped before the next: a lower transient peak, one reshard per chunk (default: one piece)"),
+    # The rollout's settings: ``learn`` samples max_tokens, ``plan`` sizes a step by both (``planner.Workload``).
+    Knob(field="max_tokens", name="max-tokens", kind="int", default=16, commands=("learn", "plan"),
+         label=None, flag="--max-tokens", help="completion tokens per row"),
+    Knob(field="temperature", name="temperature", kind="float", default=1.0,
+         label=None, flag=None, help="sampling temperature (0: greedy)"),
+    Knob(field="kv_cache_size", name="kv-cache-size", kind="int", default=128, commands=("plan",),
+         label=None, flag="--kv-cache-size", help="KV cache slots per row"),
+    Knob(field="seed", name="seed", kind="int", default=0,
+         label=None, flag=None, help="seed of the models' initial values"),
+)
+
+
+def _flag(command: str, field: str, name: str, kind: str, default: Any, text: str) -> Knob:
+    """A knob that is one subcommand's flag alone."""
+    return Knob(field=field, name=name, kind=kind, default=default, help=text, label=None, flag=f"--{name}",
+                commands=(command,))
+
+
+KNOBS: dict[str, Knob] = {k.field: k for k in (
+    *SCENARIO_KNOBS,
+    # Lab only: the custom rollout mesh's devices and shape (the CLI builds standard layouts).
+    Knob(field="rollout_devices", name="rollout-devices", kind="lab", rule="P1",
+         label="rollout devices", widget="buttons", flag=None, help="the devices of the custom rollout mesh"),
+    Knob(field="rollout_shape", name="rollout-shape", kind="lab", rule="P1",
+         label="rollout shape", widget="dropdown", flag=None,
+         help="the same devices in another shape are another mesh, so the rollout gets a second copy"),
+    # CLI only: the simulated device count (checked by ``core.options.check_device_count``) ...
+    Knob(field="devices", name="devices", kind="int", default=8, label=None, flag="--devices",
+         help="simulated CPU device count (ignored on GPUs and TPUs)"),
+    # ... the learner's settings (``learn``: ``LearnerConfig``, ``TrainingConfig``) ...
+    _flag("learn", "steps", "steps", "int", 30, "global steps to run"),
+    _flag("learn", "prompts_per_step", "prompts-per-step", "int", 4, "prompts sampled per step"),
+    _flag("learn", "group_size", "group-size", "int", 4, "completions per prompt, compared within their group"),
+    _flag("learn", "mini_batch_size", "mini-batch-size", "int", 8, "completions per optimizer update"),
+    _flag("learn", "train_micro_batch_size", "micro-batch-size", "int", None,
+          "train micro-batch size: each mini-batch update accumulates mini/micro micro-batch gradients"),
+    _flag("learn", "num_iterations", "iterations", "int", 1, "passes over the same batch per global step"),
+    _flag("learn", "learning_rate", "learning-rate", "float", 3e-3, "the actor's learning rate"),
+    # ... and what ``plan`` alone takes (a paper cluster's topology and its step's shapes, ``planner.Workload``).
+    _flag("plan", "topology", "topology", "text", "local",
+          "local (this machine's devices), gpu-8, gpu-2x8, tpu-v5e-8, tpu-v5p-8, tpu-v5p-64, tpu-v5p-256"),
+    _flag("plan", "rollout_vllm_tensor_parallel_size", "vllm-tp", "int", None,
+          "vllm engine's tensor-parallel size (default: all)"),
+    _flag("plan", "devices_per_host", "devices-per-host", "int", None,
+          "devices of one host (process), consecutive ids (default: the topology's)"),
+    _flag("plan", "rollout_batch_size", "rollout-batch-size", "int", 16, "completions sampled at once"),
+    _flag("plan", "prompt_length", "prompt-length", "int", 112, "prompt tokens per row"),
+    _flag("plan", "micro_batch_size", "micro-batch-size", "int", None,
+          "rows per training micro-batch (default: the whole batch in one piece)"),
+)}
+# fmt: on
+PLANNER_KNOBS: tuple[Knob, ...] = tuple(k for k in SCENARIO_KNOBS if k.planner)
+
+
+def knob_dataclass(knobs: Iterable[Knob]) -> Callable[[type[T]], type[T]]:
+    """Make a class a frozen dataclass whose fields are its own, then ``knobs`` (in order, with
+    their defaults), each checked and converted by its knob (``Knob.check``) before the class's
+    own ``__post_init__`` runs. A field the class declares itself keeps its declaration and is
+    left to the class to check."""
+
+    def make(cls: type[T]) -> type[T]:
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        added = [k for k in knobs if k.field not in own]
+        cls.__annotations__ = {**own, **{k.field: k.annotation for k in added}}
+        for knob in added:
+            setattr(cls, knob.field, knob.default)
+        after = cls.__dict__.get("__post_init__")
+
+        def __post_init__(self: Any) -> None:
+            for knob in added:
+                object.__setattr__(self, knob.field, knob.check(getattr(self, knob.field)))
+            if after is not None:
+                after(self)
+
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+        return dataclasses.dataclass(frozen=True)(cls)
+
+    return make
 
 
 def knobs_of(exc: BaseException) -> tuple[Knob, ...]:

@@ -1,11 +1,11 @@
-"""The lab's vocabulary: every knob, its allowed values, and the checks on knobs alone.
+"""The ``Scenario``, the rollout's settings, and the checks on knobs alone.
 
 Nothing here imports JAX, so the CLI can parse its flags, and refuse a
 combination that cannot work, before the JAX backend starts (its device
 count must be set first) and before anything is allocated or compiled. The
-``Scenario`` (what the CLI, the widgets, the notebooks and the tests build),
-the rollout settings and the planner's request all take their choices from
-the tuples below, so one knob is spelled one way everywhere.
+``Scenario`` (what the CLI, the widgets, the notebooks and the tests build)
+takes its fields, choices and checks from the knobs' table (``core.knobs``),
+so one knob is spelled one way everywhere.
 """
 
 from __future__ import annotations
@@ -13,26 +13,27 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Sequence
 from typing import Any
 
-from rlcluster_lab.core import model_config
 from rlcluster_lab.core.errors import ConfigError
 
-# Defined with the model's dimensions (JAX-free too); every knob's values are also read from here.
+# The vocabulary and the checks of a knob's value are the knobs' table's (``core.knobs``); named here
+# too, where the rest of the lab has always read them.
+from rlcluster_lab.core.knobs import ANCHOR_MODES as ANCHOR_MODES
+from rlcluster_lab.core.knobs import ENGINE_LABELS as ENGINE_LABELS
+from rlcluster_lab.core.knobs import ENGINES as ENGINES
+from rlcluster_lab.core.knobs import KNOBS, SCENARIO_KNOBS, knob_dataclass
+from rlcluster_lab.core.knobs import LAYOUTS as LAYOUTS
+from rlcluster_lab.core.knobs import MODEL_SIZES as MODEL_SIZES
+from rlcluster_lab.core.knobs import RESHARD_STRATEGIES as RESHARD_STRATEGIES
+from rlcluster_lab.core.knobs import as_bool as as_bool
+from rlcluster_lab.core.knobs import as_float as as_float
+from rlcluster_lab.core.knobs import as_int as as_int
 from rlcluster_lab.core.model_config import DTYPES as DTYPES
-from rlcluster_lab.core.model_config import dtype_name
+from rlcluster_lab.core.model_config import LORA_PROJECTIONS, dtype_name
 
-LAYOUTS: tuple[str, ...] = ("colocated", "reshaped", "split")
-ENGINES: tuple[str, ...] = ("vanilla", "vllm", "sglang_jax")
-# Every engine but the built-in sampler stands in for an external server's placement.
-ENGINE_LABELS: dict[str, str] = {e: e if e == "vanilla" else f"{e} (JAX placement stand-in)" for e in ENGINES}
-ANCHOR_MODES: tuple[str, ...] = ("full", "trainable")
-RESHARD_STRATEGIES: tuple[str, ...] = ("xla", "minimal")
-# The names of the lab's preset sizes and of the projections LoRA adapts, from the model's own
-# tables (``core.model_config``: JAX-free too), so a size or a projection is spelled once.
-MODEL_SIZES: tuple[str, ...] = tuple(model_config.MODEL_SIZES)
-LORA_TARGETS: tuple[str, ...] = tuple(name for names in model_config.LORA_PROJECTIONS.values() for name in names)
+# The projections LoRA adapts, from the model's own table (``core.model_config``: JAX-free too).
+LORA_TARGETS: tuple[str, ...] = tuple(name for names in LORA_PROJECTIONS.values() for name in names)
 
 # The smallest sampling temperature above 0 (greedy): log-probs come from logits / temperature
 # in float32, and below this floor the quotient overflows (or, below float32's smallest normal
@@ -48,43 +49,6 @@ def temperature_rule(allow_zero: bool = True) -> str:
         f"must be {low}, at least {MIN_TEMPERATURE:g} when not 0 (below that, logits / temperature overflow "
         "float32 and every log-prob is NaN), and finite"
     )
-
-
-def as_int(value: Any, name: str, *, low: int | None = None, knobs: Sequence[str] = ()) -> int:
-    """``value`` as a plain ``int``: an int or a NumPy integer (converted, so a report of it is
-    still JSON); a bool, a float or anything else is refused.
-
-    Raises:
-        ConfigError: not a whole number, or below ``low``; the message names ``name``.
-    """
-    bound = f" >= {low}" if low is not None else ""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(f"{name} must be an int{bound}, got {type(value).__name__} {value!r:.40}", knobs=knobs)
-    if low is not None and value < low:
-        raise ConfigError(f"{name} must be an int{bound}, got {value}", knobs=knobs)
-    return int(value)
-
-
-def as_float(value: Any, name: str, *, knobs: Sequence[str] = ()) -> float:
-    """``value`` as a plain ``float``: any real number but a bool (NumPy's included).
-
-    Raises:
-        ConfigError: not a real number; the message names ``name``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}", knobs=knobs)
-    return float(value)
-
-
-def as_bool(value: Any, name: str, *, knobs: Sequence[str] = ()) -> bool:
-    """``value`` as a plain ``bool``: True, False or a NumPy bool; ``"no"`` or 1 is refused, not read as true.
-
-    Raises:
-        ConfigError: anything else; the message names ``name``.
-    """
-    if isinstance(value, bool) or (getattr(getattr(value, "dtype", None), "kind", None) == "b" and not value.shape):
-        return bool(value)
-    raise ConfigError(f"{name} must be True or False, got {type(value).__name__} {value!r:.40}", knobs=knobs)
 
 
 def check_tensor_parallel_size(size: Any) -> int | None:
@@ -107,25 +71,7 @@ def check_tensor_parallel_size(size: Any) -> int | None:
     return int(size)
 
 
-def check_sync_chunk_bytes(value: Any) -> int | None:
-    """``sync_chunk_bytes`` is None (a sync hands everything over in one piece) or an int >= 1;
-    returns it as a plain int.
-
-    Raises:
-        ConfigError: a value below 1 or not an int.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ConfigError(
-            f"sync_chunk_bytes (--sync-chunk-bytes) must be a whole number of bytes >= 1 (a sync then hands "
-            f"its leaves over in chunks of at most that many bytes), or None for one piece; got {value!r}",
-            knobs=("sync_chunk_bytes",),
-        )
-    return int(value)
-
-
-DEFAULT_SIMULATED_DEVICES = 8
+DEFAULT_SIMULATED_DEVICES: int = KNOBS["devices"].default
 
 # The most simulated CPU devices the lab asks for. Each one costs the CPU client about
 # 100 KB and start-up time (2048 devices: ~12 s and ~380 MB before any array exists), and
@@ -244,9 +190,10 @@ class RolloutConfig:
             dtype_name(self.data_type, "data_type")  # refused here if unknown; kept as given
 
 
-@dataclasses.dataclass(frozen=True)
+@knob_dataclass(SCENARIO_KNOBS)
 class Scenario:
-    """The knobs of one placement experiment.
+    """The knobs of one placement experiment: a frozen dataclass whose fields, defaults and
+    checks are the knobs' table's (``core.knobs.SCENARIO_KNOBS``, in order).
 
     With ``lora`` the actor is a LoRA model built over the reference model's
     own frozen buffers (the usual way to share a base model, so P2's sharing
@@ -254,59 +201,20 @@ class Scenario:
     flags as an avoidable copy. Without LoRA the actor is a full copy of the
     reference, as it must be to train. ``reshard`` picks how layouts change
     (see ``ClusterConfig.reshard``); ``sync_chunk_bytes`` how a sync hands its
-    weights over (see ``ClusterConfig.sync_chunk_bytes``).
+    weights over (see ``ClusterConfig.sync_chunk_bytes``). A NumPy number is taken
+    as a plain one (a report of the scenario stays JSON); anything else of the wrong
+    type is refused naming the knob. The rank's upper bound comes from the model's
+    dimensions (``rules.validation.check_scenario``).
     """
 
-    layout: str = "colocated"
-    lora: bool = False
-    lora_rank: int = 4
-    lora_separate_base: bool = False
-    engine: str = "vanilla"
-    offload: bool = False
-    rollout_dtype: str | None = None
-    model_size: str = "tiny"
-    with_reward: bool = False
-    with_critic: bool = False
-    sglang_static_lora: bool = True
-    anchor: str = "full"
-    reshard: str = "xla"
-    sync_chunk_bytes: int | None = None
-    max_tokens: int = 16
-    temperature: float = 1.0
-    kv_cache_size: int = 128
-    seed: int = 0
-
     def __post_init__(self) -> None:
-        for knob, field, allowed in (
-            ("layout", "layout", LAYOUTS),
-            ("engine", "engine", ENGINES),
-            ("model size", "model_size", MODEL_SIZES),
-            ("anchor", "anchor", ANCHOR_MODES),
-            ("reshard strategy", "reshard", RESHARD_STRATEGIES),
-        ):
-            value = getattr(self, field)
-            if value not in allowed:
-                raise ConfigError(f"unknown {knob} {value!r}; choose one of {', '.join(allowed)}", knobs=(field,))
-        # NumPy numbers become plain ones (a report of the scenario stays JSON); anything else is
-        # refused naming the knob, before the rollout config would name its own field instead.
-        for name in ("lora", "lora_separate_base", "offload", "with_reward", "with_critic", "sglang_static_lora"):
-            object.__setattr__(self, name, as_bool(getattr(self, name), name, knobs=(name,)))
-        for name in ("lora_rank", "max_tokens", "kv_cache_size", "seed"):
-            object.__setattr__(self, name, as_int(getattr(self, name), name, knobs=(name,)))
-        object.__setattr__(self, "temperature", as_float(self.temperature, "temperature", knobs=("temperature",)))
-        if self.rollout_dtype is not None:
-            object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype, "rollout_dtype"))
-        object.__setattr__(self, "sync_chunk_bytes", check_sync_chunk_bytes(self.sync_chunk_bytes))
+        # Runs after each knob's own check.
         if self.lora_separate_base and not self.lora:
             raise ConfigError(
                 "lora_separate_base (--lora-separate-base) needs lora (--lora): the separate base is the LoRA "
                 "actor's frozen part",
                 knobs=("lora_separate_base", "lora"),
             )
-        # The rank is checked with or without LoRA, so a forgotten --lora does not hide a bad value;
-        # its upper bound comes from the model's dimensions (check()).
-        if self.lora_rank < 1:
-            raise ConfigError(f"lora_rank (--lora-rank) must be at least 1, got {self.lora_rank}", knobs=("lora_rank",))
         self.rollout_config()  # its own checks (token count, cache size, temperature), when the knobs are made
         # A prompt needs at least one cache slot beside the completion.
         if self.max_tokens >= self.kv_cache_size:

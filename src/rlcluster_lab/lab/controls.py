@@ -1,8 +1,9 @@
 """The lab's knobs: one widget per knob of a ``Scenario``, and the scenario they describe.
 
-The choices come from the one vocabulary (``core.options``, via the layouts
-these devices can hold); nothing here decides where a model lives. The
-``PlacementLab`` (``lab.widget``) owns the buttons and the panels.
+Each control is built from its knob in the one table (``core.knobs``: kind, label, options
+or range, default, tooltip; the layouts are those these devices can hold); nothing here
+decides where a model lives. The ``PlacementLab`` (``lab.widget``) owns the buttons and
+the panels.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 import ipywidgets as widgets
 import jax
 
-from rlcluster_lab.app.scenario import ROLLOUT_DTYPES, Scenario
+from rlcluster_lab.app.scenario import Scenario
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.knobs import KNOBS
+from rlcluster_lab.core.knobs import KNOBS, SCENARIO_KNOBS, Knob
 from rlcluster_lab.core.meshes import (
     default_shape,
     fitting_shapes,
@@ -24,7 +25,6 @@ from rlcluster_lab.core.meshes import (
     reachable_layouts,
     sharded_dims,
 )
-from rlcluster_lab.core.options import ENGINE_LABELS, ENGINES
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.rules.anchor import anchor_is_partial
@@ -34,6 +34,8 @@ CUSTOM = "custom"
 # "sglang_jax (JAX placement stand-in)", needs about 250 px beside a 120 px label).
 KNOB_WIDTH = 400
 LABEL_WIDTH = 120
+# The knobs shown as one widget each (the custom mesh's device buttons are a row of their own).
+CONTROLS = tuple(k for k in KNOBS.values() if k.label and k.widget != "buttons")
 
 
 def label(field: str) -> str:
@@ -43,31 +45,20 @@ def label(field: str) -> str:
     return text
 
 
-# What each knob changes, by the rule that reads it (shown as the knob's tooltip).
-TOOLTIPS = {
-    "layout": "P1: actor and rollout on one mesh share one model; the layout sets role_to_mesh for every role",
-    "lora": "P2, P4, P12: a LoRA actor links the reference to the actor (P2), lets it share the actor's "
-    "backbone (P4), and the optimizer trains only the adapters (P12); P13 syncs only the adapters",
-    "lora-rank": "P12, P13: the adapters' inner dimension, so the size of what the optimizer trains and the "
-    "sync hands over (at most the model's largest useful rank)",
-    "lora-separate-base": "P4: the LoRA actor wraps its own copy of the base, so reference and actor hold "
-    "two backbones; the cluster warns (AvoidableCopyWarning)",
-    "engine": "P3: vanilla loads a second copy when the rollout is not linked to the actor, other engines "
-    "get the actor as initial value; P7: an engine that exposes a mesh replaces the rollout mesh",
-    "static-lora": "P6: the sglang_jax engine refuses a LoRA actor without static-LoRA settings",
-    "offload": "P14: every role waits in pinned host memory between uses and comes to device for its work",
-    "rollout-dtype": "P3, P5: a second copy of the actor is cast to this dtype as it is loaded onto the rollout mesh",
-    "model-size": "L2, L3: the model's dimensions: every byte figure (memory, sync) scales with it",
-    "reward": "P5: a reward model, loaded onto the reward mesh (the actor's in these layouts)",
-    "critic": "P5: a critic (value model), loaded onto the critic mesh (the actor's in these layouts)",
-    "anchor": "P8: what is pinned to host at construction and at every sync: the actor's whole state, "
-    "or (with LoRA) only its adapters",
-    "rollout-shape": "P1: the same devices in another shape are another mesh, so the rollout gets a second copy",
-    "sync-chunk-bytes": "P13: a sync hands the weights over in chunks of at most this many bytes of leaves, "
-    "each committed and its old arrays dropped before the next: a lower transient peak, one reshard per chunk",
-}
-# The sync's chunk sizes the lab offers (0: one piece).
-SYNC_CHUNKS = [("one piece", 0), ("16 KiB", 16 << 10), ("64 KiB", 64 << 10), ("256 KiB", 256 << 10), ("1 MiB", 1 << 20)]
+def control(knob: Knob, options: Sequence[tuple[str, Any]] | None = None) -> widgets.Widget:
+    """The knob's widget: its kind, label, options (``options``: what these devices offer) or
+    range, default and tooltip, from the one table (``core.knobs``)."""
+    common = {"description": knob.label, "tooltip": knob.tooltip}
+    if knob.widget == "checkbox":
+        return widgets.Checkbox(value=knob.default, indent=False, layout=widgets.Layout(width="auto"), **common)
+    style, wide = {"description_width": f"{LABEL_WIDTH}px"}, widgets.Layout(width=f"{KNOB_WIDTH}px")
+    if knob.widget == "number box":
+        # The largest rank any size allows; a size's own bound is checked with the scenario (its refusal shown here).
+        top = max(size.max_lora_rank for size in MODEL_SIZES.values())
+        return widgets.BoundedIntText(value=knob.default, min=knob.low, max=top, style=style, layout=wide, **common)
+    options = list(options or knob.options or knob.choices or ())
+    value = options[0][1] if knob.default is None and options else knob.default
+    return widgets.Dropdown(options=options, value=value, style=style, layout=wide, **common)
 
 
 def knob_value(widget: widgets.Widget) -> str:
@@ -99,24 +90,17 @@ class Knobs:
         self._update_custom_visibility()
 
     def _make(self) -> None:
-        style = {"description_width": f"{LABEL_WIDTH}px"}
-        wide = widgets.Layout(width=f"{KNOB_WIDTH}px")
-        auto = widgets.Layout(width="auto")
-
-        def check(field: str, value: bool = False) -> widgets.Checkbox:
-            return widgets.Checkbox(value=value, description=label(field), indent=False, layout=auto)
-
-        def menu(field: str, options: Any, value: Any) -> widgets.Dropdown:
-            return widgets.Dropdown(options=options, value=value, description=label(field), style=style, layout=wide)
-
-        layouts = reachable_layouts(self.devices) + [CUSTOM]
-        self.layout = menu("layout", [(n if n != CUSTOM else "custom rollout mesh", n) for n in layouts], layouts[0])
+        # Every control but the custom mesh's device buttons is built from its knob; the layouts
+        # offered are those these devices can hold.
+        layouts = [(n, n) for n in reachable_layouts(self.devices)] + [("custom rollout mesh", CUSTOM)]
+        for knob in CONTROLS:
+            setattr(self, knob.field, control(knob, layouts if knob.field == "layout" else None))
+        self.static_lora = self.sglang_static_lora  # the checkbox's short name
         self.device_toggles = [
             widgets.ToggleButton(value=True, description=str(d.id), tooltip=str(d), layout=widgets.Layout(width="44px"))
             for d in self.devices
         ]
         self.devices_box = widgets.HBox(self.device_toggles, layout=widgets.Layout(flex_flow="row wrap"))
-        self.rollout_shape = widgets.Dropdown(description=label("rollout_shape"), style=style, layout=wide)
         self.custom_note = widgets.HTML(layout=widgets.Layout(width=f"{KNOB_WIDTH}px"))
         self.custom_box = widgets.VBox(
             [
@@ -126,21 +110,6 @@ class Knobs:
                 self.custom_note,
             ]
         )
-        self.lora = check("lora")
-        self.lora_rank = widgets.BoundedIntText(
-            value=4, min=1, max=64, description=label("lora_rank"), style=style, layout=wide
-        )
-        self.lora_separate_base = check("lora_separate_base")
-        self.engine = menu("engine", [(ENGINE_LABELS.get(e, e), e) for e in ENGINES], "vanilla")
-        self.static_lora = check("sglang_static_lora", True)
-        self.offload = check("offload")
-        self.rollout_dtype = menu("rollout_dtype", [("as given (float32)", "")] + [(d, d) for d in ROLLOUT_DTYPES], "")
-        self.model_size = menu("model_size", list(MODEL_SIZES), "tiny")
-        self.with_reward = check("with_reward")
-        self.with_critic = check("with_critic")
-        anchors = [("full actor state", "full"), ("trainable parameters only", "trainable")]
-        self.anchor = menu("anchor", anchors, "full")
-        self.sync_chunk_bytes = menu("sync_chunk_bytes", SYNC_CHUNKS, 0)
         self.layout.observe(lambda _c: self._update_custom_visibility(), names="value")
         for knob in (self.lora, self.engine):
             knob.observe(lambda _c: self._update_applicability(), names="value")
@@ -148,11 +117,8 @@ class Knobs:
             toggle.observe(lambda _c: self._update_shape_options(), names="value")
         self.model_size.observe(lambda _c: self._update_shape_options(), names="value")
         self._update_shape_options()
-
-        # Class names let a browser test find each control.
         for name, w in self.named().items():
-            w.add_class(f"rl-{name}")
-            w.tooltip = TOOLTIPS[name]
+            w.add_class(f"rl-{name}")  # lets a browser test find each control
         self._update_applicability()
 
     def named(self) -> dict[str, widgets.Widget]:
@@ -161,11 +127,7 @@ class Knobs:
 
     def by_field(self) -> dict[str, widgets.Widget]:
         """Every knob by the ``Scenario`` field it sets (``rollout_shape``: the custom mesh's shape)."""
-        fields = (
-            "layout lora lora_rank lora_separate_base engine sglang_static_lora offload rollout_dtype model_size "
-            "with_reward with_critic anchor sync_chunk_bytes rollout_shape"
-        )
-        return {f: getattr(self, "static_lora" if f == "sglang_static_lora" else f) for f in fields.split()}
+        return {k.field: getattr(self, k.field) for k in CONTROLS}
 
     def outlined(self) -> dict[str, widgets.Widget]:
         """What a refusal can outline, by the field it names: every knob, and the custom mesh's
@@ -176,8 +138,8 @@ class Knobs:
         """One column, grouped by concern: where the roles live (P1), the model, LoRA (P2, P4)
         and the anchor (P8), the engine (P3, P6, P7), memory (P14) and the extra roles (P5)."""
         column = (
-            "layout custom_box model_size lora lora_rank lora_separate_base anchor engine static_lora rollout_dtype "
-            "offload sync_chunk_bytes with_reward with_critic"
+            "layout custom_box model_size lora lora_rank lora_separate_base anchor engine sglang_static_lora "
+            "rollout_dtype offload sync_chunk_bytes with_reward with_critic"
         )
         return widgets.VBox([getattr(self, name) for name in column.split()])
 
@@ -245,9 +207,10 @@ class Knobs:
 
     def _update_applicability(self) -> None:
         off = self.not_applicable()
-        for name, w in self.named().items():
+        for field, w in self.by_field().items():
+            name = KNOBS[field].name
             w.disabled = name in off
-            w.tooltip = TOOLTIPS[name] + (f" (not used now: {off[name]})" if name in off else "")
+            w.tooltip = KNOBS[field].tooltip + (f" (not used now: {off[name]})" if name in off else "")
 
     def _update_custom_visibility(self) -> None:
         self.custom_box.layout.display = "flex" if self.layout.value == CUSTOM else "none"
@@ -297,23 +260,14 @@ class Knobs:
 
     def scenario(self) -> Scenario:
         """The knobs as a Scenario (its own checks raise ConfigError)."""
-        layout = "colocated" if self.layout.value == CUSTOM else self.layout.value
-        return Scenario(
-            layout=layout,
-            lora=self.lora.value,
-            lora_rank=int(self.lora_rank.value),
-            # A knob that does not apply is not used (it is disabled, not cleared): P4 reads it only with LoRA.
-            lora_separate_base=self.lora_separate_base.value and self.lora.value,
-            engine=self.engine.value,
-            offload=self.offload.value,
-            rollout_dtype=self.rollout_dtype.value or None,
-            model_size=self.model_size.value,
-            with_reward=self.with_reward.value,
-            with_critic=self.with_critic.value,
-            sglang_static_lora=self.static_lora.value,
-            anchor=self.anchor.value,
-            sync_chunk_bytes=int(self.sync_chunk_bytes.value) or None,
-        )
+        shown = self.by_field()
+        knobs = {k.field: shown[k.field].value for k in SCENARIO_KNOBS if k.field in shown}
+        knobs.update({f: v or None for f, v in knobs.items() if KNOBS[f].default is None})  # the options for None
+        if knobs["layout"] == CUSTOM:
+            knobs["layout"] = "colocated"  # the trainer roles' meshes; ``role_to_mesh`` adds the rollout's
+        # A knob that does not apply is not used (it is disabled, not cleared): P4 reads it only with LoRA.
+        knobs["lora_separate_base"] = knobs["lora_separate_base"] and knobs["lora"]
+        return Scenario(**knobs)
 
     def role_to_mesh(self) -> dict[Role, Any] | None:
         """None for a standard layout; with the custom layout, the picked rollout mesh."""

@@ -26,16 +26,9 @@ import optax
 
 from rlcluster_lab.cluster.construct import Placed, Request, construct
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, LAYOUTS, describe_mesh, layout_meshes
-from rlcluster_lab.core.options import (
-    ANCHOR_MODES,
-    ENGINES,
-    RESHARD_STRATEGIES,
-    as_int,
-    check_sync_chunk_bytes,
-    check_tensor_parallel_size,
-    dtype_name,
-)
+from rlcluster_lab.core.knobs import KNOBS, PLANNER_KNOBS, as_int, knob_dataclass
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, describe_mesh, layout_meshes
+from rlcluster_lab.core.options import check_tensor_parallel_size
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model import ModelConfig
@@ -65,56 +58,37 @@ Rules = tuple[tuple[str, Any], ...]
 PathKey = tuple[Any, ...]
 
 
-@dataclasses.dataclass(frozen=True)
+@knob_dataclass(PLANNER_KNOBS)
 class PlanRequest:
-    """The knobs of one plan (those of a ``Scenario``, plus model, topology and dtypes)."""
+    """The knobs of one plan: model, topology, what only a plan takes, and the knobs it shares
+    with a ``Scenario`` (``core.knobs``: those marked ``planner``, checked as a Scenario's are),
+    LoRA as a rank."""
 
     model: ModelConfig
     model_name: str
     topology: Topology
-    layout: str = "colocated"
-    lora_rank: int = 0  # 0: no LoRA
-    lora_separate_base: bool = False
-    engine: str = "vanilla"
+    lora_rank: int = 0  # a Scenario's lora and lora_rank in one (0: no LoRA)
     vllm_tensor_parallel_size: int | None = None
-    offload: bool = False
-    anchor: str = "full"
-    rollout_dtype: Any = None  # a name or a JAX/NumPy dtype; held as its name
-    with_reward: bool = False
-    with_critic: bool = False
     role_to_mesh: Mapping[Role, PlannedMesh] | None = None  # overrides the layout's meshes
     logical_axis_rules: Mapping[Role, Rules] | None = None
     optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
     critic_optimizer: optax.GradientTransformation | None = None  # default: adam, as TrainingConfig
-    reshard: str = "xla"
     workload: Workload = Workload()
-    sync_chunk_bytes: int | None = None
     sync_programs: bool = False  # compile the sync's reshard programs for their temporaries
 
     def __post_init__(self) -> None:
-        # NumPy numbers become plain ones (the plan's JSON keeps them).
-        object.__setattr__(self, "sync_chunk_bytes", check_sync_chunk_bytes(self.sync_chunk_bytes))
-        object.__setattr__(self, "lora_rank", as_int(self.lora_rank, "lora_rank", knobs=("lora_rank",)))
+        # Runs after the shared knobs' checks. NumPy numbers become plain ones (the plan's JSON keeps them).
+        rank = as_int(self.lora_rank, "lora_rank", knobs=("lora_rank",))
+        if rank:  # any rank but 0 (no LoRA) is checked as a Scenario's, then against the model
+            rank = KNOBS["lora_rank"].check(rank)
+            check_lora_rank(rank, self.model)
+        object.__setattr__(self, "lora_rank", rank)
         if not isinstance(self.workload, Workload):
             raise TypeError(f"workload must be a Workload (or None), got {type(self.workload).__name__}")
-        for knob, value, allowed in (
-            ("reshard strategy", self.reshard, RESHARD_STRATEGIES),
-            ("layout", self.layout, LAYOUTS),
-            ("engine", self.engine, ENGINES),
-            ("anchor mode", self.anchor, ANCHOR_MODES),
-        ):
-            if value not in allowed:
-                raise ConfigError(f"unknown {knob} {value!r}; choose one of {', '.join(allowed)}")
-        if self.lora_rank < 0:
-            raise ValueError(f"LoRA rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
-        if self.lora_rank:
-            check_lora_rank(self.lora_rank, self.model)
         tp = check_tensor_parallel_size(self.vllm_tensor_parallel_size)
         object.__setattr__(self, "vllm_tensor_parallel_size", tp)
-        if self.lora_separate_base and not self.lora_rank:
+        if self.lora_separate_base and not rank:
             raise ConfigError("lora_separate_base needs LoRA: the separate base is the LoRA actor's frozen part")
-        if self.rollout_dtype is not None:
-            object.__setattr__(self, "rollout_dtype", dtype_name(self.rollout_dtype, "rollout_dtype"))
 
     def rules(self, role: Role) -> Rules:
         rules = (self.logical_axis_rules or {}).get(role)
@@ -167,30 +141,17 @@ def plan_cluster(
     model: str | ModelConfig = "tiny",
     topology: str | Topology = "local",
     *,
-    layout: str = "colocated",
-    lora_rank: int | None = None,
-    lora_separate_base: bool = False,
-    engine: str = "vanilla",
-    vllm_tensor_parallel_size: int | None = None,
-    offload: bool = False,
-    anchor: str = "full",
     dtype: str | None = None,
-    rollout_dtype: str | None = None,
-    with_reward: bool = False,
-    with_critic: bool = False,
+    lora_rank: int | None = None,
     role_to_mesh: Mapping[Role | str, Any] | None = None,
     logical_axis_rules: Mapping[Role | str, Any] | None = None,
-    optimizer: optax.GradientTransformation | None = None,
-    critic_optimizer: optax.GradientTransformation | None = None,
+    workload: Workload | None = None,
     memory_per_device: int | None = None,
     link_bandwidth: float | None = None,
-    reshard: str = "xla",
-    workload: Workload | None = None,
     devices_per_host: int | None = None,
     host_memory: int | None = None,
     host_link_bandwidth: float | None = None,
-    sync_chunk_bytes: int | None = None,
-    sync_programs: bool = False,
+    **knobs: Any,
 ) -> Plan:
     """Plan a cluster: meshes, sharing, memory per role and device, fits, sync bytes.
 
@@ -198,11 +159,15 @@ def plan_cluster(
     its parameter dtype). ``topology``: a name from ``tables.topology_names()`` or a
     ``Topology``, whose figures ``memory_per_device``, ``link_bandwidth``,
     ``devices_per_host``, ``host_memory`` and ``host_link_bandwidth`` override
-    (``tables.with_figures``). ``role_to_mesh``: per role, a ``Mesh`` or ``PlannedMesh``
-    instead of the layout's. ``optimizer`` / ``critic_optimizer``: default adam.
-    ``workload``: the step's shapes (default ``Workload()``). ``sync_chunk_bytes``: a sync
-    in chunks; ``sync_programs`` compiles the sync's programs (nothing allocated) to count
-    their temporaries, which needs the topology's devices here (``local``).
+    (``tables.with_figures``). ``lora_rank``: None or 0 for no LoRA. ``role_to_mesh``: per
+    role, a ``Mesh`` or ``PlannedMesh`` instead of the layout's. ``workload``: the step's
+    shapes (default ``Workload()``). ``knobs``: the rest of ``PlanRequest``'s fields: the
+    knobs a plan shares with a ``Scenario`` (``layout``, ``lora_separate_base``, ``engine``,
+    ``offload``, ``anchor``, ``rollout_dtype``, ``with_reward``, ``with_critic``, ``reshard``,
+    ``sync_chunk_bytes``: a sync in chunks), ``vllm_tensor_parallel_size``, ``optimizer`` /
+    ``critic_optimizer`` (default adam), and ``sync_programs``, which compiles the sync's
+    programs (nothing allocated) to count their temporaries and needs the topology's devices
+    here (``local``).
     """
     if isinstance(model, ModelConfig):
         config = model if dtype is None else dataclasses.replace(model, param_dtype=dtype)
@@ -221,50 +186,26 @@ def plan_cluster(
         model=config,
         model_name=name,
         topology=topo,
-        layout=layout,
         lora_rank=lora_rank or 0,
-        lora_separate_base=lora_separate_base,
-        engine=engine,
-        vllm_tensor_parallel_size=vllm_tensor_parallel_size,
-        offload=offload,
-        anchor=anchor,
-        rollout_dtype=rollout_dtype,
-        with_reward=with_reward,
-        with_critic=with_critic,
         role_to_mesh=None
         if role_to_mesh is None
         else {Role.parse(r): PlannedMesh.of(m) for r, m in role_to_mesh.items()},
         logical_axis_rules=None
         if logical_axis_rules is None
         else {Role.parse(r): _freeze_rules(v) for r, v in logical_axis_rules.items()},
-        optimizer=optimizer,
-        critic_optimizer=critic_optimizer,
-        reshard=reshard,
         workload=Workload() if workload is None else workload,
-        sync_chunk_bytes=sync_chunk_bytes,
-        sync_programs=sync_programs,
+        **knobs,
     )
     return _plan(request)
 
 
 def plan_scenario(scenario: Any, topology: str | Topology = "local", **overrides: Any) -> Plan:
     """The plan of a ``Scenario``'s knobs (the same ones ``build_cluster`` takes); its
-    workload is the scenario's token counts (``Workload.of_scenario``) unless given."""
-    knobs = dict(
-        workload=Workload.of_scenario(scenario),
-        layout=scenario.layout,
-        lora_rank=scenario.lora_rank if scenario.lora else 0,
-        lora_separate_base=scenario.lora_separate_base,
-        engine=scenario.engine,
-        offload=scenario.offload,
-        anchor=scenario.anchor,
-        rollout_dtype=scenario.rollout_dtype,
-        with_reward=scenario.with_reward,
-        with_critic=scenario.with_critic,
-        reshard=scenario.reshard,
-        sync_chunk_bytes=scenario.sync_chunk_bytes,
-    )
-    return plan_cluster(scenario.model_size, topology, **{**knobs, **overrides})
+    workload is the scenario's token counts (``Workload.of_scenario``) unless given, its
+    model the scenario's size unless ``model`` is given."""
+    knobs = {k.field: getattr(scenario, k.field) for k in PLANNER_KNOBS}
+    knobs.update(lora_rank=scenario.lora_rank if scenario.lora else 0, workload=Workload.of_scenario(scenario))
+    return plan_cluster(**{"model": scenario.model_size, "topology": topology, **knobs, **overrides})
 
 
 def _meshes(req: PlanRequest) -> dict[Role, PlannedMesh]:

@@ -33,10 +33,11 @@ class Workload:
         remat: plan a step that rematerialises every layer (the lab's does not).
     """
 
-    rollout_batch_size: int = 16
-    prompt_length: int = 112
-    max_tokens: int = 16
-    kv_cache_size: int = 128
+    # The defaults are the knobs' (``core.knobs``), which ``plan``'s flags take too.
+    rollout_batch_size: int = KNOBS["rollout_batch_size"].default
+    prompt_length: int = KNOBS["prompt_length"].default
+    max_tokens: int = KNOBS["max_tokens"].default
+    kv_cache_size: int = KNOBS["kv_cache_size"].default
     micro_batch_size: int | None = None
     remat: bool = False
 
