@@ -119,6 +119,8 @@ class Knobs:
         self._update_shape_options()
         for name, w in self.named().items():
             w.add_class(f"rl-{name}")  # lets a browser test find each control
+        for toggle, d in zip(self.device_toggles, self.devices):
+            toggle.add_class(f"rl-device-{d.id}")
         self._update_applicability()
 
     def named(self) -> dict[str, widgets.Widget]:
