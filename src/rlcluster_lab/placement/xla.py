@@ -107,16 +107,6 @@ def assignment(sharding: Sharding) -> tuple[Any, ...] | None:
     return None
 
 
-def congruent(dst: NamedSharding, devices: Sequence[Any]) -> NamedSharding:
-    """``dst``'s layout over ``devices``: the shard at mesh position i sits on devices[i]."""
-    mesh = Mesh(
-        np.asarray(list(devices), dtype=object).reshape(dst.mesh.devices.shape),
-        dst.mesh.axis_names,
-        axis_types=dst.mesh.axis_types,
-    )
-    return NamedSharding(mesh, dst.spec, memory_kind=dst.memory_kind)
-
-
 def layout_sharding(layout: Layout, devices: Mapping[int, Any]) -> NamedSharding:
     """A layout on paper as a sharding over these devices (by id)."""
     m = layout.mesh

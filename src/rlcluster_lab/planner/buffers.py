@@ -136,12 +136,6 @@ def device_put_kept(
     return keeps
 
 
-def laid_out_as(a: PlannedArray, ids: tuple[int, ...], like: PlannedMesh, spec: PartitionSpec) -> bool:
-    """Does ``a`` hold every shard of ``spec`` on devices ``ids`` in ``like``'s grid, each on its device?"""
-    mesh = PlannedMesh(ids, like.axis_sizes, like.axis_names, like.axis_types)
-    return bool(overlap(a.shape, a.mesh, a.spec, mesh, spec)[0].all())
-
-
 class Buffers:
     """Makes arrays on paper and reshards them as ``reshard.reshard`` would with ``strategy``."""
 
