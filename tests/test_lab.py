@@ -469,7 +469,7 @@ def test_a_rehearsal_after_construct_leaves_the_training_step_nothing_to_compile
     lab = PlacementLab(rehearse=True)
     try:
         lab.construct()
-        assert lab.wait_for_rehearsal() >= 0 and lab.rehearsal_error is None
+        assert lab.background.join() >= 0 and lab.background.error is None
         assert lab.cluster.global_steps == 0  # the rehearsal changed nothing
         with count_compilations() as compiled:
             lab.train_step()

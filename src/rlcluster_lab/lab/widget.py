@@ -146,14 +146,6 @@ class PlacementLab:
     def summary(self) -> widgets.HTML:
         return self.display.summary
 
-    @property
-    def rehearsal_error(self) -> str | None:
-        return self.background.error
-
-    def wait_for_rehearsal(self) -> float:
-        """Wait until a running background compile is done; returns the seconds waited."""
-        return self.background.join()
-
     def release(self) -> str:
         """Drop the live cluster so its buffers are freed; says what happened."""
         if self._cluster is None:
@@ -163,12 +155,9 @@ class PlacementLab:
         self._sync = self._report = None
         self._steps = []
         gc.collect()
-        # Compiled programs are kept (bounded caches): the next build with the same
-        # layouts reuses them instead of compiling again.
-        trim_compiled_programs()
+        trim_compiled_programs()  # bounded: the next build of the same layouts reuses what is kept
         if ref() is not None and self.background.running:
-            # The rehearsal of its training step holds it until its compilation ends (a
-            # build does not wait for that); then nothing holds it and its buffers go.
+            # The rehearsal of its training step holds it until it ends; then its buffers go.
             return (
                 "the previous cluster is held by the background compilation of its training step, "
                 "still running: its buffers are freed when that ends"
