@@ -102,7 +102,10 @@ def host_ranges(models: Mapping[str, nnx.Module]) -> tuple[tuple[int, int], ...]
     out = set()
     for model in models.values():
         for x in flat_leaves(nnx.state(model)).values():
-            out.update((p, p + s.data.nbytes) for s in x.addressable_shards if (p := s.data.unsafe_buffer_pointer()))
+            out.update(
+                (s.data.unsafe_buffer_pointer(), s.data.unsafe_buffer_pointer() + s.data.nbytes)
+                for s in x.addressable_shards
+            )
             copy = getattr(x, "_npy_value", None)  # noqa: SLF001  (jax.Array's cached host value)
             if copy is not None and copy.nbytes:
                 out.add((int(copy.ctypes.data), int(copy.ctypes.data) + int(copy.nbytes)))

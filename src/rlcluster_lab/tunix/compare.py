@@ -270,7 +270,7 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
         read("L2 optimizer memory kinds", "L2", lambda report: _kinds_of(report["memory"], "optimizer")),
         read("L2 shared buffers", "L2", lambda report: _models_memory(report["memory"])["shared"]),
         read(
-            "L2 unique bytes of the models and anchor",
+            "L2 unique bytes less optimizers",
             "L2",
             lambda report: _models_memory(report["memory"])["unique_bytes"],
         ),

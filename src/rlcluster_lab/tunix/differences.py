@@ -179,7 +179,7 @@ SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (
         "on CPU, jax.device_put's path through host memory may hand back shards that are views into one host copy "
         "of the source, so two roles resharded from one model can hold the same memory; the lab reshards on the "
         "devices, and no accelerator does that",
-        ("L2 shared buffers", "L2 unique bytes of the models and anchor"),
+        ("L2 shared buffers", "L2 unique bytes less optimizers"),
         _host_views,
     ),
 )
