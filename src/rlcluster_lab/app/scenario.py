@@ -77,7 +77,10 @@ def validate(
         TypeError: ``scenario`` is not a ``Scenario``.
     """
     check_scenario(scenario)
-    r2m = dict(role_to_mesh) if role_to_mesh is not None else layout_meshes(scenario.layout, devices)
+    if role_to_mesh is None:
+        r2m = layout_meshes(scenario.layout, devices)
+    else:  # anything but a mapping is refused by ClusterConfig, naming role_to_mesh
+        r2m = dict(role_to_mesh) if isinstance(role_to_mesh, Mapping) else role_to_mesh
     config = cluster_config(scenario, r2m, training_config)
     size = get_model_config(scenario.model_size)
     lora = scenario.lora_rank if scenario.lora else 0

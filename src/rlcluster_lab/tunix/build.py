@@ -36,7 +36,9 @@ class Given:
     """What a Tunix cluster was handed, recorded before construction: the meshes as asked (a
     copy, since Tunix writes the engine's mesh into it, P7), per model its buffer keys and its
     leaves' layouts (memory kind left out: an offload moves a leaf without changing its layout,
-    P14), every warning Tunix logged, the engine name and whether offload was asked."""
+    P14), every warning Tunix logged, the engine name and whether offload was asked;
+    ``host_ranges``: the memory the handed arrays' shards and host copies span after construction
+    (``host_ranges``), which a shard of the cluster lies inside only as it or a view into it."""
 
     role_to_mesh: Mapping[Role, Any]
     buffers: Mapping[str, frozenset]
@@ -45,6 +47,7 @@ class Given:
     engine: str
     offload: bool
     seconds: float
+    host_ranges: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +87,29 @@ def leaf_layouts(state: Any) -> dict[str, str]:
         sharding = x.sharding.with_memory_kind("device") if hasattr(x.sharding, "with_memory_kind") else x.sharding
         out[path] = describe_sharding(sharding).rsplit(" ", 1)[0]
     return out
+
+
+def host_ranges(models: Mapping[str, nnx.Module]) -> tuple[tuple[int, int], ...]:
+    """The (start, end) addresses of these models' shards and of the host copies JAX keeps of
+    their arrays.
+
+    On CPU, ``jax.device_put`` onto shards that are none of the source's reads the source on
+    host (a single device's buffer as it is, several devices' copied to host once and kept on
+    the array) and may hand back destination shards that are views into that memory (when it
+    is aligned): two arrays resharded from one source can then hold the same memory. JAX keeps
+    the copy in a private attribute; without it, only views of a shard's own buffer are found.
+    """
+    out = set()
+    for model in models.values():
+        for x in flat_leaves(nnx.state(model)).values():
+            out.update(
+                (s.data.unsafe_buffer_pointer(), s.data.unsafe_buffer_pointer() + s.data.nbytes)
+                for s in x.addressable_shards
+            )
+            copy = getattr(x, "_npy_value", None)  # noqa: SLF001  (jax.Array's cached host value)
+            if copy is not None and copy.nbytes:
+                out.add((int(copy.ctypes.data), int(copy.ctypes.data) + int(copy.nbytes)))
+    return tuple(sorted(out))
 
 
 def tunix_config(scenario: Scenario, role_to_mesh: Mapping[Role, Any], training: TrainingConfig | None = None) -> Any:
@@ -167,5 +193,6 @@ def build_tunix_cluster(
         engine=scenario.engine,
         offload=scenario.offload,
         seconds=time.perf_counter() - start,
+        host_ranges=host_ranges(models),
     )
     return TunixBuild(cluster=cluster, given=given)

@@ -15,14 +15,16 @@ import jax
 from jax.sharding import Mesh
 
 from rlcluster_lab import ConfigError, Scenario, SyncReport, TrainingConfig, build_cluster, placement_report
+from rlcluster_lab.app.scenario import validate
+from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import seen
 from rlcluster_lab.rules.loading import P5Values
 from rlcluster_lab.rules.sharing import P2PropagationValues
 from rlcluster_lab.rules.validation import check_scenario
 from rlcluster_lab.tunix.build import build_tunix_cluster
-from rlcluster_lab.tunix.differences import SCENARIO_DIFFERENCES, DifferenceCheck, optimizer_facts
+from rlcluster_lab.tunix.differences import SCENARIO_DIFFERENCES, DifferenceCheck, memory_apart, optimizer_facts
 from rlcluster_lab.tunix.extra import require
-from rlcluster_lab.tunix.observe import optimizer_state
+from rlcluster_lab.tunix.observe import optimizer_state, tunix_entries
 from rlcluster_lab.tunix.report import TunixReport, inspect
 from rlcluster_lab.tunix.sync import TunixSync
 
@@ -112,6 +114,7 @@ def side_by_side(
     *,
     sync: bool = True,
     devices: Sequence[jax.Device] | None = None,
+    role_to_mesh: Mapping[Role, Mesh] | None = None,
     training_config: TrainingConfig | None = None,
 ) -> SideBySide:
     """Build Tunix's cluster and the lab's for ``scenario`` and compare them decision by decision.
@@ -120,11 +123,16 @@ def side_by_side(
         scenario: the knobs (engine vanilla or vllm; see ``build_tunix_cluster``).
         sync: also run one weight sync on each and compare them (P13, L3).
         devices: the devices the layout is built on.
+        role_to_mesh: meshes that replace the layout's (any devices, order and shape), handed
+            to both clusters as ``build_cluster`` takes them; a role left out gets the
+            actor's mesh on both sides.
         training_config: the actor's optimizer settings, the same for both.
 
     Raises:
-        ConfigError: a scenario the lab refuses, an engine Tunix cannot run here, or the lab's
-            trainable anchor (Tunix has only the full one).
+        ConfigError: a scenario the lab refuses, an engine Tunix cannot run here, the lab's
+            trainable anchor (Tunix has only the full one), or a ``role_to_mesh`` that is not a
+            mapping from roles to meshes of this process's devices.
+        PlacementError: a ``role_to_mesh`` mesh whose shape does not divide a model's dimensions.
         TunixMissingError: Tunix is not installed.
         TypeError: ``scenario`` is not a ``Scenario``.
     """
@@ -135,21 +143,37 @@ def side_by_side(
             "whole state (P8), so there is nothing to compare it with. Compare with anchor='full'",
             knobs=("anchor",),
         )
+    # Checked once, before either cluster is built; both sides then get the same meshes.
+    meshes = dict(
+        validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh).role_to_mesh
+    )
     start = time.perf_counter()
-    build = build_tunix_cluster(scenario, devices=devices, training_config=training_config)
+    build = build_tunix_cluster(scenario, role_to_mesh=meshes, training_config=training_config)
     tunix_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    cluster = build_cluster(scenario, devices=devices, training_config=training_config)
+    cluster = build_cluster(scenario, role_to_mesh=meshes, training_config=training_config)
     lab_seconds = time.perf_counter() - start
     tunix_report = inspect(build)
     lab_report = placement_report(cluster).to_json()
+    tunix_memory = tunix_report.memory.to_json()
+    handed = frozenset().union(*build.given.buffers.values())
+    views, apart = memory_apart(tunix_entries(build.cluster), build.given.host_ranges, handed)
+    critic_trainer = getattr(build.cluster, "_critic_trainer", None)
+    tunix_critic = optimizer_state(critic_trainer) if critic_trainer is not None else None
     facts: dict[str, Any] = {
         "lab_engine_inputs": _lab_engine_inputs(cluster),
         "tunix_engine_inputs": _tunix_engine_inputs(build.cluster),
-        "lab_optimizer": optimizer_facts(cluster.optimizer_state),
-        "tunix_optimizer": optimizer_facts(optimizer_state(build.cluster.actor_trainer)),
+        "lab_engine_owns_weights": bool(getattr(cluster.rollout, "owns_weights", False)),
+        "lab_optimizer": _optimizers(cluster.optimizer_state, cluster.critic_optimizer_state),
+        "tunix_optimizer": _optimizers(optimizer_state(build.cluster.actor_trainer), tunix_critic),
         "lab_optimizer_kinds": _kinds_of(lab_report["memory"], "optimizer"),
-        "tunix_optimizer_kinds": _kinds_of(tunix_report.memory.to_json(), "optimizer"),
+        "tunix_optimizer_kinds": _kinds_of(tunix_memory, "optimizer"),
+        "lab_rollout_memory": lab_report["memory"]["by_role"]["rollout"],
+        "tunix_rollout_memory": tunix_memory["by_role"]["rollout"],
+        "lab_models_memory": _models_memory(lab_report["memory"]),
+        "tunix_models_memory": _models_memory(tunix_memory),
+        "tunix_models_memory_apart": _models_memory(apart),
+        "tunix_host_views": views,
         "lab_sync": None,
         "tunix_sync": None,
     }
@@ -157,13 +181,12 @@ def side_by_side(
         facts["lab_sync"] = cluster.sync_weights()
         facts["tunix_sync"] = tunix_report.sync()
     checks = {d.id: d.check(facts) for d in SCENARIO_DIFFERENCES}
-    explains = {row: d.id for d in SCENARIO_DIFFERENCES for row in d.rows}
     rows = []
     for row in _rows(lab_report, tunix_report.to_json(), facts):
-        why = explains.get(row.item)
         # A difference explains a row only where its own check found it in these two clusters.
-        if not row.agree and why is not None and checks[why].observed:
-            row = dataclasses.replace(row, difference=why)
+        why = [d.id for d in SCENARIO_DIFFERENCES if row.item in d.rows and checks[d.id].observed]
+        if not row.agree and why:
+            row = dataclasses.replace(row, difference=why[0])
         rows.append(row)
     return SideBySide(
         scenario=scenario,
@@ -210,9 +233,6 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
     def linked(report: Mapping[str, Any]) -> list[str]:
         return sorted(seen(_decision(report, "P2", test="propagated") or {}, P2PropagationValues).linked_to_actor or [])
 
-    def shared(report: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int]]:
-        return [(tuple(g["roles"]), g["bytes"]) for g in report["memory"]["shared"]]
-
     rows = [
         branch("P1 actor/rollout link", "P1"),
         branch("P2 LoRA reference link", "P2", test="link"),
@@ -242,11 +262,18 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
         row = read(f"L2 {name}", "L2", lambda report, name=name: report["memory"]["by_role"].get(name))
         if row.lab is not None or row.tunix is not None:
             rows.append(row)
+    rows.append(read("L2 optimizer", "L2", lambda report: _bytes_of(report["memory"], "optimizer")))
+    row = read("L2 critic optimizer", "L2", lambda report: _bytes_of(report["memory"], "critic_optimizer"))
+    if row.lab is not None or row.tunix is not None:
+        rows.append(row)
     rows += [
-        read("L2 optimizer", "L2", lambda report: _bytes_of(report["memory"], "optimizer")),
         read("L2 optimizer memory kinds", "L2", lambda report: _kinds_of(report["memory"], "optimizer")),
-        read("L2 shared buffers", "L2", shared),
-        read("L2 unique bytes", "L2", lambda report: report["memory"]["unique_bytes"]),
+        read("L2 shared buffers", "L2", lambda report: _models_memory(report["memory"])["shared"]),
+        read(
+            "L2 unique bytes less optimizers",
+            "L2",
+            lambda report: _models_memory(report["memory"])["unique_bytes"],
+        ),
     ]
     lab_sync, tunix_sync = facts["lab_sync"], facts["tunix_sync"]
     if lab_sync is not None and tunix_sync is not None:
@@ -259,6 +286,24 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
             _row("P13 sync bytes", "P13, L3", _sync_bytes(lab_sync), tunix_bytes),
         ]
     return rows
+
+
+def _models_memory(memory: Mapping[str, Any]) -> dict[str, Any]:
+    """The buffers roles share, and the unique bytes less the optimizer states' (fresh buffers of
+    their own, compared on their own rows)."""
+    optimizers = sum(_bytes_of(memory, name) or 0 for name in ("optimizer", "critic_optimizer"))
+    return {
+        "shared": [(tuple(g["roles"]), g["bytes"]) for g in memory["shared"]],
+        "unique_bytes": memory["unique_bytes"] - optimizers,
+    }
+
+
+def _optimizers(actor: Any, critic: Any) -> dict[str, Any]:
+    """``optimizer_facts`` of the actor's optimizer state and, where there is one, the critic's."""
+    out = {"optimizer": optimizer_facts(actor)}
+    if critic is not None:
+        out["critic_optimizer"] = optimizer_facts(critic)
+    return out
 
 
 def _bytes_of(memory: Mapping[str, Any], name: str) -> int | None:

@@ -7,11 +7,13 @@ only when its check found it; nothing here is asserted.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
 from rlcluster_lab.core.errors import ConfigError
@@ -19,6 +21,8 @@ from rlcluster_lab.core.meshes import layout_meshes
 from rlcluster_lab.core.options import RolloutConfig, Scenario
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import array_leaves
+from rlcluster_lab.measure.memory import KINDS, memory_table
+from rlcluster_lab.measure.sync import flat_leaves
 from rlcluster_lab.tunix.extra import require
 
 
@@ -70,14 +74,61 @@ def _vanilla_inputs(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
 
 def _optimizer_counters(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
     lab, tunix = facts["lab_optimizer"], facts["tunix_optimizer"]
-    # The difference is the counters' alone: the moments (every non-scalar leaf) hold the same bytes.
-    observed = lab["moment_bytes"] == tunix["moment_bytes"] and lab["counters"] != tunix["counters"]
+    # The difference is the counters' alone, in each optimizer state (the actor's, the critic's):
+    # the moments (every non-scalar leaf) hold the same bytes.
+    pairs = [(lab[name], tunix[name]) for name in lab if name in tunix]
+    observed = bool(pairs) and lab.keys() == tunix.keys()
+    observed = observed and all(
+        a["moment_bytes"] == b["moment_bytes"] and a["counters"] != b["counters"] for a, b in pairs
+    )
     return observed, str(lab), str(tunix)
 
 
 def _offloaded_optimizer(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
     lab, tunix = facts["lab_optimizer_kinds"], facts["tunix_optimizer_kinds"]
     return lab == ["pinned_host"] and tunix == ["device"], ", ".join(lab), ", ".join(tunix)
+
+
+def _offloaded_own_copy(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
+    lab, tunix = facts["lab_rollout_memory"], facts["tunix_rollout_memory"]
+    # Only the memory kind differs: the same bytes on the same devices, on host in the lab, on device in Tunix.
+    on_device = {d: {"device": sum(kinds.values())} for d, kinds in lab["by_device"].items()}
+    observed = (
+        facts["lab_engine_owns_weights"]
+        and list(lab["by_kind"]) == ["pinned_host"]
+        and list(tunix["by_kind"]) == ["device"]
+        and lab["bytes"] == tunix["bytes"]
+        and on_device == tunix["by_device"]
+    )
+    return observed, f"rollout in {', '.join(lab['by_kind'])}", f"rollout in {', '.join(tunix['by_kind'])}"
+
+
+def _own_copy_sync(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
+    lab, tunix = facts["lab_sync"], facts["tunix_sync"]
+    if lab is None or tunix is None or tunix.report is None or not facts["lab_engine_owns_weights"]:
+        return False, "no sync compared", "no sync compared"
+    theirs = {leaf.path: leaf for leaf in tunix.report.leaves}
+    # Only reuse differs: what device_put kept, the lab's engine copied on the same device.
+    observed = (
+        lab.reused_bytes == 0
+        and tunix.report.reused_bytes > 0
+        and (lab.synced_bytes, lab.minimum_cross_device_bytes, lab.anchor_bytes)
+        == (tunix.report.synced_bytes, tunix.report.minimum_cross_device_bytes, tunix.report.anchor_bytes)
+        and theirs.keys() == {leaf.path for leaf in lab.leaves}
+        and all(theirs[leaf.path].reused_bytes <= leaf.copied_same_device_bytes for leaf in lab.leaves)
+    )
+    return observed, f"reused {lab.reused_bytes:,} bytes", f"reused {tunix.report.reused_bytes:,} bytes"
+
+
+def _host_views(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
+    lab, tunix, apart = facts["lab_models_memory"], facts["tunix_models_memory"], facts["tunix_models_memory_apart"]
+    # Counted apart, the views leave Tunix's memory exactly the lab's.
+    observed = facts["tunix_host_views"] > 0 and apart == lab and tunix != lab
+    return (
+        observed,
+        str(lab),
+        f"{tunix}; {facts['tunix_host_views']} shard(s) are views into a host copy, counted apart: {apart}",
+    )
 
 
 SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (
@@ -99,7 +150,7 @@ SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (
         "optimizer-counters",
         "the lab's optimizer state holds optax's step count replicated over the actor's mesh; Tunix's nnx "
         "optimizer keeps that count and a step counter of its own, each on one device (a few bytes)",
-        ("L2 optimizer", "L2 unique bytes"),
+        ("L2 optimizer", "L2 critic optimizer"),
         _optimizer_counters,
     ),
     ScenarioDifference(
@@ -109,7 +160,33 @@ SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (
         ("L2 optimizer memory kinds",),
         _offloaded_optimizer,
     ),
+    ScenarioDifference(
+        "offload-own-copy-engine",
+        "with offload_to_cpu, the lab keeps the rollout of an engine with its own copy (vllm, sglang_jax) in pinned "
+        "host memory between uses as every other role; the reference offloads only the vanilla engine's",
+        ("L2 rollout",),
+        _offloaded_own_copy,
+    ),
+    ScenarioDifference(
+        "own-copy-engine-sync",
+        "an engine with its own copy (vllm, sglang_jax) takes a sync into buffers of its own; the reference's "
+        "reshard (jax.device_put) hands it the actor's own buffers where a shard already sits where the engine's goes",
+        ("P13 sync bytes",),
+        _own_copy_sync,
+    ),
+    ScenarioDifference(
+        "device-put-host-view",
+        "on CPU, jax.device_put's path through host memory may hand back shards that are views into one host copy "
+        "of the source, so two roles resharded from one model can hold the same memory; the lab reshards on the "
+        "devices, and no accelerator does that",
+        ("L2 shared buffers", "L2 unique bytes less optimizers"),
+        _host_views,
+    ),
 )
+
+# Shows only where JAX's host copy happens to be aligned (its address is the allocator's), so no
+# scenario is sure to show it; tests/test_tunix.py makes it show by aligning the copies.
+BY_CHANCE = ("device-put-host-view",)
 
 DIFFERENCES: tuple[str, ...] = tuple(d.id for d in SCENARIO_DIFFERENCES) + (
     "vllm-version-default",
@@ -118,6 +195,36 @@ DIFFERENCES: tuple[str, ...] = tuple(d.id for d in SCENARIO_DIFFERENCES) + (
     "rollout-dtypes",
     "p15-names",
 )
+
+
+def memory_apart(
+    entries: Mapping[str, Any], ranges: Sequence[tuple[int, int]], handed: frozenset = frozenset()
+) -> tuple[int, dict[str, Any]]:
+    """L2 of ``entries`` with every view into the handed memory (``build.host_ranges``) counted
+    as a buffer of its own, as on a device it would be: the number of views, and the memory
+    JSON (``measure.memory.memory_table``'s). A shard inside ``ranges`` is a view unless it is
+    exactly one of the ``handed`` buffers (``buffer_keys``), kept."""
+    starts, whole = [lo for lo, _ in ranges], set(ranges)
+    names = list(entries)
+    ids: dict[tuple[Any, ...], int] = {}
+    rows = []
+    views = 0
+    for e, name in enumerate(names):
+        for path, x in flat_leaves(entries[name]).items():
+            kind = str(x.sharding.memory_kind)
+            for s in x.addressable_shards:
+                pointer, nbytes = s.data.unsafe_buffer_pointer(), s.data.nbytes
+                key: tuple[Any, ...] = (s.device.platform, s.device.id, kind, pointer)
+                # The ranges are disjoint allocations (a host copy may be a shard's own buffer).
+                at = bisect.bisect_right(starts, pointer) - 1
+                inside = at >= 0 and any(lo <= pointer < hi for lo, hi in ranges[max(at - 1, 0) : at + 1])
+                kept = key[:2] + (pointer,) in handed and (pointer, pointer + nbytes) in whole
+                if inside and not kept:
+                    views += 1
+                    key += (name, path)  # this shard alone
+                rows.append((e, s.device.id, KINDS.index(kind), nbytes, ids.setdefault(key, len(ids))))
+    cols = np.array(rows, dtype=np.int64).reshape(-1, 5).T
+    return views, memory_table(names, *cols)
 
 
 def optimizer_facts(state: Any) -> dict[str, Any]:

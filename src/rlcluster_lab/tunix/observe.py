@@ -49,6 +49,20 @@ def tunix_models(cluster: Any) -> dict[str, nnx.Module]:
     return out
 
 
+def tunix_entries(cluster: Any) -> dict[str, Any]:
+    """Entry name -> the state Tunix holds for it (L2): each model's, the anchor's where set,
+    each trainer's optimizer state."""
+    entries = {name: nnx.state(model) for name, model in tunix_models(cluster).items()}
+    anchor = anchor_state(cluster)
+    if anchor is not None:
+        entries["anchor"] = anchor
+    entries["optimizer"] = optimizer_state(cluster.actor_trainer)
+    critic_trainer = getattr(cluster, "_critic_trainer", None)
+    if critic_trainer is not None:
+        entries["critic_optimizer"] = optimizer_state(critic_trainer)
+    return entries
+
+
 def sharing_map(cluster: Any) -> dict[Role, tuple[Role, ...]]:
     """Tunix's backbone sharing map, in the lab's roles."""
     raw = cluster._backbone_sharing_map  # noqa: SLF001  (no public accessor in 0.1.7)

@@ -31,9 +31,9 @@ from rlcluster_lab.tunix.observe import (
     engine_mesh,
     engine_name,
     observed_decisions,
-    optimizer_state,
     role_meshes,
     sharing_map,
+    tunix_entries,
     tunix_models,
 )
 from rlcluster_lab.tunix.sync import TunixSync, run_sync
@@ -117,13 +117,6 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
             for m in given.logged
             if P4_WARNING_MARK in m
         ]
-    entries = {name: nnx.state(model) for name, model in models.items()}
-    if anchor is not None:
-        entries["anchor"] = anchor
-    entries["optimizer"] = optimizer_state(rl_cluster.actor_trainer)
-    critic_trainer = getattr(rl_cluster, "_critic_trainer", None)
-    if critic_trainer is not None:
-        entries["critic_optimizer"] = optimizer_state(critic_trainer)
     p8 = next((d for d in decisions if d["rule"] == "P8"), None)
     if p8 is None:
         notes.append("this Tunix version keeps no anchor policy state (P8)")
@@ -140,7 +133,8 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         reference_shares_backbone=reference is not None and sharing_backbone(reference, actor),
         role_to_mesh=describe_meshes(meshes),
         config_role_to_mesh=describe_meshes(asked),
-        mesh_overridden_by_engine=replaced,
+        # The lab's meaning (P7): the engine brought a mesh other than the one asked (unknown without given).
+        mesh_overridden_by_engine=replaced and (given is None or own_mesh != given.role_to_mesh.get(Role.ROLLOUT)),
         engine=engine_name(rl_cluster),
         offload_to_cpu=bool(rl_cluster.cluster_config.offload_to_cpu),
         lora=is_lora(actor),
@@ -149,7 +143,7 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         warnings=warnings,
         platform=platform,
         device_count=len(jax.devices(platform)),
-        memory=memory_of(entries, devices=devices),
+        memory=memory_of(tunix_entries(rl_cluster), devices=devices),
         tunix_version=installed_version(),
         notes=tuple(notes),
         cluster=rl_cluster,
