@@ -11,10 +11,9 @@ memory figure and shared buffer must agree, or differ only by a documented diffe
 check observed it in those two clusters.
 
 Every second configuration also runs one weight sync on each side (P13, L3), to keep the CI time
-small. Measured on the 2-core machine: the builds are the cost (the lab's loads onto meshes over
-other devices compile their per-device reshard programs; each configuration's shardings are new),
-4-6 s a configuration; syncing every configuration added about an eighth, every second about
-half of that. The 40 configurations took 3-4 minutes (docs/tunix.md).
+small. Measured on the 2-core machine: the builds are the cost (each configuration's shardings are
+new, so its programs are compiled); syncing every configuration added about an eighth, every
+second about half of that. The 40 configurations took about 2 minutes (docs/tunix.md).
 """
 
 from __future__ import annotations
