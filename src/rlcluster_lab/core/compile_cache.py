@@ -86,15 +86,19 @@ def trusted_folder(folder: Path, what: str) -> Path | None:
     reason = untrusted_reason(folder)
     if reason is None:
         return folder
+    warn_once(
+        folder,
+        f"{what} is off: {folder} {reason}. Its files would be run or believed as this program's own; "
+        f"use a folder of your own (chmod 700), set {ENV} to one, or set {ENV}=off",
+    )
+    return None
+
+
+def warn_once(folder: Path, message: str) -> None:
+    """A ``RuntimeWarning`` about ``folder``, once per folder in this process (to the caller's caller)."""
     if str(folder) not in _WARNED:
         _WARNED.add(str(folder))
-        warnings.warn(
-            f"{what} is off: {folder} {reason}. Its files would be run or believed as this program's own; "
-            f"use a folder of your own (chmod 700), set {ENV} to one, or set {ENV}=off",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return None
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:

@@ -37,13 +37,12 @@ import os
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rlcluster_lab.core.compile_cache import ENV as CACHE_ENV
-from rlcluster_lab.core.compile_cache import KEEP_PREFIX, cache_dir, trusted_folder
+from rlcluster_lab.core.compile_cache import KEEP_PREFIX, cache_dir, trusted_folder, warn_once
 
 try:
     import fcntl
@@ -145,23 +144,17 @@ def _take_lock(folder: Path) -> int | None:
     return fd
 
 
-_WARNED: set[str] = set()
-
-
 def _unusable(folder: Path, err: OSError) -> str:
     """One warning per folder that the warm start cannot write; returns the line ``setup`` shows."""
     where = err.filename or folder
     reason = f"cannot be written ({err.strerror or err})"
     if err.errno == errno.ELOOP:
         reason = "is a symbolic link, which the warm start never writes through"
-    if str(folder) not in _WARNED:
-        _WARNED.add(str(folder))
-        warnings.warn(
-            f"the warm start is off: {where} {reason}; programs are compiled when first needed instead. Make "
-            f"{folder} a writable folder of your own, set {CACHE_ENV} to one, or set {ENV}=off",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    warn_once(
+        folder,
+        f"the warm start is off: {where} {reason}; programs are compiled when first needed instead. Make "
+        f"{folder} a writable folder of your own, set {CACHE_ENV} to one, or set {ENV}=off",
+    )
     return f"warm start skipped: {folder} cannot be written (see the warning)"
 
 
