@@ -210,7 +210,8 @@ def _copy(run: _Run, step: Any) -> tuple[Ops, list]:
     return {("out", i): y for i, y in zip(step.legs, ys)}, []
 
 
-def _changed(run: _Run, step: Any) -> tuple[Ops, list]:
+def _nothing(run: _Run, step: Any) -> tuple[Ops, list]:
+    """A step that runs nothing: it drops what the route says, at its phase."""
     return {}, []
 
 
@@ -234,10 +235,6 @@ def _cast(run: _Run, step: Any) -> tuple[Ops, list]:
     return {("cast", i): y for i, y in zip(step.legs, ys)}, [temps] if temps is not None else []
 
 
-def _settled(run: _Run, step: Any) -> tuple[Ops, list]:
-    return {}, []
-
-
 _OPS = {
     "stage": _stage,
     "relabel": _relabel,
@@ -250,9 +247,9 @@ _OPS = {
     "cut": reshard_minimal.cut,
     "send": reshard_minimal.send,
     "assemble": reshard_minimal.assemble,
-    "changed": _changed,
+    "changed": _nothing,
     "memory kind": _memory_kind,
-    "settled": _settled,
+    "settled": _nothing,
     "cast": _cast,
 }
 

@@ -55,10 +55,14 @@ class Leg:
     def shard_bytes(self, layout: Layout, dtype: Any = None) -> int:
         return layout.shard_bytes(self.shape, np.dtype(dtype or self.dtype).itemsize)
 
+    def buffers(self, layout: Layout, dtype: Any = None) -> tuple[tuple[int, int], ...]:
+        """(device id, bytes) of this leg's shard on every device of ``layout``."""
+        n = self.shard_bytes(layout, dtype)
+        return tuple((d, n) for d in layout.device_ids)
+
     def on(self, layout: Layout, term: str, key: tuple[Any, ...], dtype: Any = None) -> Made:
         """New buffers of this leg on every device of ``layout``."""
-        n = self.shard_bytes(layout, dtype)
-        return Made(key, term, layout.kind, tuple((d, n) for d in layout.device_ids))
+        return Made(key, term, layout.kind, self.buffers(layout, dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +95,13 @@ class Step:
 class ProgramGroup:
     """Leaves one compiled program lays out together: the same source and destination device
     orders. ``between``: the program lays them out as the destination over the *source*
-    devices (then shards move); ``legs``: those the program takes (a ``between`` leaf whose
-    every destination block some source device already holds takes none)."""
+    devices (then shards move); ``members``: every leaf of these orders; ``legs``: those the
+    program takes (a ``between`` leaf whose every destination block some source device already
+    holds takes none)."""
 
     src_order: tuple[int, ...]
     dst_order: tuple[int, ...]
+    members: tuple[int, ...]
     legs: tuple[int, ...]
     between: bool
 
@@ -209,9 +215,7 @@ def route(legs: tuple[Leg, ...], copy: bool, strategy: str) -> Route:
         else:
             how.append("pieces")
     programs = _program_groups(legs, how)
-    positions = {
-        i: _positions(legs[i], g, i in g.legs, copy) for g in programs if g.between for i in _members(g, legs, how)
-    }
+    positions = {i: _positions(legs[i], g, i in g.legs, copy) for g in programs if g.between for i in g.members}
     pieces_legs = tuple(i for i, h in enumerate(how) if h == "pieces")
     pieces = _pieces(legs, pieces_legs, copy, strategy) if pieces_legs else None
     casts = _cast_groups(legs)
@@ -227,15 +231,6 @@ def _equivalent(a: Layout, b: Layout, shape: tuple[int, ...]) -> bool:
     return a.kind == b.kind and a.device_ids == b.device_ids and a.boxes(shape) == b.boxes(shape)
 
 
-def _members(g: ProgramGroup, legs: Sequence[Leg], how: Sequence[str]) -> list[int]:
-    """Every leaf of the group's device orders (a ``between`` group's unprogrammed leaves too)."""
-    return [
-        i
-        for i, leg in enumerate(legs)
-        if how[i] in ("program", "moves") and (leg.src.device_ids, leg.dst.device_ids) == (g.src_order, g.dst_order)
-    ]
-
-
 def _program_groups(legs: Sequence[Leg], how: Sequence[str]) -> tuple[ProgramGroup, ...]:
     orders: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
     for i, leg in enumerate(legs):
@@ -246,7 +241,7 @@ def _program_groups(legs: Sequence[Leg], how: Sequence[str]) -> tuple[ProgramGro
         between = src != dst
         # Where every destination block is some source shard already, the shards move as they are.
         ran = tuple(i for i in idx if not between or not _holds_every_block(legs[i]))
-        groups.append(ProgramGroup(src, dst, ran, between))
+        groups.append(ProgramGroup(src, dst, tuple(idx), ran, between))
     return tuple(groups)
 
 
@@ -291,9 +286,7 @@ def _positions(leg: Leg, g: ProgramGroup, ran: bool, copy: bool) -> tuple[Positi
 def whole_move(r: Route, i: int) -> bool:
     """Leg i's every shard crosses from the source device at its position onto another set of
     devices: one ``device_put`` of the array moves them all (a bare device_put's cost)."""
-    g = next(
-        g for g in r.programs if (g.src_order, g.dst_order) == (r.legs[i].src.device_ids, r.legs[i].dst.device_ids)
-    )
+    g = next(g for g in r.programs if i in g.members)
     positions = r.positions[i]
     return (
         g.copies == 1
@@ -406,9 +399,9 @@ def _steps(r: Route, copy: bool) -> list[Step]:
     # Equivalent layouts: the source's (or the staged) buffers re-labelled, or copied.
     relabel = tuple(i for i in range(len(legs)) if how[i] == "relabel")
     if relabel:
+        # Re-labelled staged buffers are the sync's own (new); a source's own buffers are not.
         made = tuple(
-            Made(("out", i), phases.RESHARDED, WORK, legs[i].on(work[i], "", ()).bytes if i in r.staged else ())
-            for i in relabel
+            Made(("out", i), phases.RESHARDED, WORK, legs[i].buffers(work[i]) if i in r.staged else ()) for i in relabel
         )
         steps.append(Step("relabel", relabel, drops=tuple(("staged", i) for i in relabel if i in r.staged), made=made))
     copies = tuple(i for i in range(len(legs)) if how[i] == "copy")
@@ -418,15 +411,12 @@ def _steps(r: Route, copy: bool) -> list[Step]:
         steps.append(Step("copy", copies, made=made))
     changed: list[int] = []
     for g_index, g in enumerate(r.programs):
-        dst_of = {i: legs[i].dst.in_kind(WORK) for i in g.legs}
         if not g.between:
-            made = tuple(legs[i].on(dst_of[i], phases.RESHARDED, ("out", i)) for i in g.legs)
+            made = tuple(legs[i].on(legs[i].dst.in_kind(WORK), phases.RESHARDED, ("out", i)) for i in g.legs)
             steps.append(Step("program", g.legs, made=made, phase="reshard", group=g_index))
             changed.extend(g.legs)
             continue
-        members = [
-            i for i in r.positions if (legs[i].src.device_ids, legs[i].dst.device_ids) == (g.src_order, g.dst_order)
-        ]
+        members = g.members
         if g.legs:
             made = tuple(legs[i].on(g.inter(legs[i]), phases.IN_FLIGHT, ("inter", i)) for i in g.legs)
             steps.append(Step("between", g.legs, made=made, phase="reshard", group=g_index))
@@ -436,7 +426,7 @@ def _steps(r: Route, copy: bool) -> list[Step]:
             new = tuple((p.dst, n) for p in r.positions[i] if p.how in ("send", "copy"))
             sent.append(Made(("sent", i), phases.RESHARDED, WORK, new))
         sends = any(p.how == "send" for i in members for p in r.positions[i])
-        steps.append(Step("moves", tuple(members), made=tuple(sent), phase="move" if sends else None, group=g_index))
+        steps.append(Step("moves", members, made=tuple(sent), phase="move" if sends else None, group=g_index))
         joined = []
         for i in members:
             # A kept shard of a staged leaf is the staged buffer: new to the sync, and the result's from here on.
@@ -444,7 +434,7 @@ def _steps(r: Route, copy: bool) -> list[Step]:
             held = tuple((p.dst, n) for p in r.positions[i] if p.how != "kept" or i in r.staged)
             joined.append(Made(("out", i), phases.RESHARDED, WORK, held))
         drops = tuple(("sent", i) for i in members) + tuple(("inter", i) for i in members if i in g.legs)
-        steps.append(Step("join", tuple(members), drops=drops, made=tuple(joined), group=g_index))
+        steps.append(Step("join", members, drops=drops, made=tuple(joined), group=g_index))
         changed.extend(members)
     if r.pieces is not None:
         steps.extend(_pieces_steps(r, r.pieces))
