@@ -347,3 +347,20 @@ def test_a_knob_changed_since_construct_is_marked_and_sync_says_it_used_the_cons
     lab.knobs.sync_chunk_bytes.value = 0
     lab.knobs.sync_chunk_bytes.value = 16 << 10  # back to what was constructed: nothing pending
     assert lab.pending() == []
+
+
+@pytest.mark.parametrize("details", ["", "0.2 s from the click"])
+def test_an_answer_reaches_the_page_before_the_busy_mark_leaves(details: str) -> None:
+    """Each widget change is a message of its own, shown in order: the sentence and details
+    change first, then the busy mark goes, so a page (or a test waiting for "not busy and a new
+    sentence") never takes the wait's last text for the answer."""
+    status = StatusLine(400)
+    order: list[str] = []
+    status.sentence.observe(lambda c: order.append(c.name), names=["value", "_dom_classes"])
+    status.details.observe(lambda c: order.append("details"), names=["value"])
+    with status.waiting("Sync weights: handing over", "sync:tiny"):
+        pass
+    order.clear()
+    status.say("Synced in 0.2 s.", details)
+    assert order[-1] == "_dom_classes" and "rl-busy" not in status.sentence._dom_classes
+    assert order[0] == "value" and (not details or "details" in order)

@@ -202,9 +202,11 @@ class StatusLine:
         """The sentence after an action (or a refusal), and its details; it ends any wait's redraws."""
         if self._ticker is not None:
             self._ticker.stop()
-        self._set_busy(False)
+        # The sentence and details first, then "not busy": a page never shows the wait's last
+        # text as an answer (each change reaches the page as a message of its own, in order).
         self._show(text)
         self.details.value = f"<small>{html.escape(details)}</small>" if details else ""
+        self._set_busy(False)
 
     def _set_busy(self, busy: bool) -> None:
         self.busy = busy
