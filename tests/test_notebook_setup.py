@@ -255,3 +255,18 @@ def test_working_copies_are_made_refreshed_and_an_edited_one_is_kept_as_a_backup
     (work / "b.md").unlink()
     assert sync_copies(tracked, work) == [f"copied from {tracked}: b"] and (work / "b.ipynb").read_text() == "b2"
     assert texts(tracked) == {**files, "a.ipynb": "a3", "a.md": "a2 text", "b.ipynb": "b2"}, "a tracked file changed"
+
+
+@pytest.mark.parametrize(
+    ("version", "warned"),
+    [("6.29.5", False), ("6.31.0", False), ("7.0.0", True), ("7.4.0", True), ("10.1", True), ("dev", False)],
+)
+def test_a_kernel_that_may_reorder_widget_messages_is_named_with_the_fix(version: str, warned: bool) -> None:
+    note = notebook.kernel_note(version)
+    assert (note is not None) == warned
+    if warned:
+        assert version in note and "pip install 'ipykernel<7'" in note
+
+
+def test_outside_a_kernel_no_kernel_note_is_made() -> None:
+    assert notebook.kernel_note() is None

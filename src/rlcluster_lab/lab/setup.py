@@ -193,7 +193,9 @@ def setup(
         accelerator_devices=tuple(accelerators),
         colab=colab,
         reachable=tuple(reachable_layouts(devices)),
-        notes=tuple(notes) + ((f"compiled programs are cached in {cache}",) if cache else ()),
+        notes=tuple(notes)
+        + ((f"compiled programs are cached in {cache}",) if cache else ())
+        + tuple(filter(None, [kernel_note()])),
     )
     if colab:
         _enable_colab_widgets()
@@ -266,6 +268,31 @@ def progress(total: int, label: str = "") -> Callable[[Any], None]:
             print(text, flush=True)
 
     return tick
+
+
+def kernel_note(version: str | None = None) -> str | None:
+    """A warning when the kernel may reorder widget messages, else None.
+
+    ipykernel 7 runs a widget message that arrives while another is being handled beside it,
+    so a click can be handled before the knob change sent just before it (the lab's extra
+    installs 6.x, which handles them in order).
+
+    Args:
+        version: the kernel's version (default: the running ipykernel's, when there is one).
+    """
+    if version is None:
+        if not _in_kernel():
+            return None
+        import ipykernel
+
+        version = ipykernel.__version__
+    major = version.split(".")[0]
+    if not major.isdigit() or int(major) < 7:
+        return None
+    return (
+        f"ipykernel {version} may handle a click before the knob change made just before it; "
+        "the lab marks such a knob as pending. For clicks in order: pip install 'ipykernel<7' and restart the kernel"
+    )
 
 
 def _in_kernel() -> bool:
