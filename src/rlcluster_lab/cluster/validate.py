@@ -24,6 +24,7 @@ from rlcluster_lab.model.checkpoint import abstract_checkpoint, read_config
 from rlcluster_lab.model.sampling import generate_bytes
 from rlcluster_lab.model.scoring import ScoreModel
 from rlcluster_lab.rules.validation import p6_engine_accepts, p6_engine_choice, p6_rollout_config
+from rlcluster_lab.training.step import leaf_finite
 
 
 def is_engine_class(obj: Any) -> bool:
@@ -146,7 +147,7 @@ def check_finite_leaves(model: nnx.Module, role: str) -> None:
 
 
 def _all_finite(leaves: list[jax.Array]) -> jax.Array:
-    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+    return jnp.stack([leaf_finite(x) for x in leaves])
 
 
 _ALL_FINITE = ProgramFamily(_all_finite)

@@ -301,8 +301,18 @@ def release_unused_steps() -> int:
     return _STEPS.release_unused()
 
 
+def leaf_finite(x: jax.Array) -> jax.Array:
+    """True when every element of ``x`` is finite (a scalar).
+
+    Written with ``lax`` primitives: ``jnp.isfinite`` and ``jnp.all`` are jitted functions, and
+    tracing one call of each per leaf of the gradients, the parameters and the optimizer state
+    cost about a fifth of the training step's tracing (over 300 nested calls of ~2,000).
+    """
+    return jax.lax.reduce_and(jax.lax.is_finite(x), tuple(range(x.ndim)))
+
+
 def _all_finite(tree: Any) -> jax.Array:
-    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    flags = [leaf_finite(x) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
 
 
@@ -342,7 +352,7 @@ def jitted_update(
         bad = [~jnp.isfinite(m["loss"]), ~_all_finite(grads), ~_all_finite(new_trainable), ~_all_finite(new_opt_state)]
         code = jnp.select(bad, [jnp.int32(c) for c in REJECTION_REASONS], default=jnp.int32(0))
         accept = code == 0
-        keep_or_take = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
+        keep_or_take = lambda new, old: jax.lax.select(accept, new, old)  # noqa: E731 - a primitive: traced cheaply
         trainable = jax.tree.map(keep_or_take, new_trainable, trainable)
         opt_state = jax.tree.map(keep_or_take, new_opt_state, opt_state)
         m["grad_norm"] = grad_norm
