@@ -26,7 +26,8 @@ from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, allocato
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.transfers import Transfer, TransferLog, record_transfers, shard_key, shard_keys
+from rlcluster_lab.placement.events import Transfer, listening
+from rlcluster_lab.placement.transfers import TransferLog, shard_key, shard_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,10 +376,10 @@ class SyncObserver:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[TransferLog]:
-        """The handover's block: the reshard logs its copies and reports its phases to the walk."""
-        with record_transfers() as log, phases.probing(self.walk):
-            self.log = log
-            yield log
+        """The handover's block: the log and the peak walk listen to the reshard's events."""
+        self.log = TransferLog()
+        with listening(self.log, *filter(None, [self.walk])):
+            yield self.log
 
     def after(self, destination: Any, seconds: float) -> None:
         self.destination = flat_leaves(destination)

@@ -2,8 +2,8 @@
 
 During a sync the old rollout arrays, the new ones, the reshard's staging and its programs'
 temporaries are alive together for a moment; that moment, not the bytes moved, is where a
-run runs out of memory. ``PeakWalk`` is the ``placement.phases.Probe`` the sync installs;
-at each phase the reshard reports it counts:
+run runs out of memory. ``PeakWalk`` listens to the reshard's ``Made`` and ``Phase`` events
+(``placement.events``); at each phase it counts:
 
 - **arrays**: every array the sync made that is still alive (weak references), minus the
   buffers alive before that are gone now (a buffer the actor or the anchor holds stays),
@@ -26,6 +26,7 @@ from typing import Any
 import jax
 
 from rlcluster_lab.placement import phases as ph
+from rlcluster_lab.placement.events import Made, Phase
 
 Key = tuple[str, int, int]  # (platform, device id, buffer pointer)
 Buffer = tuple[str, str, int]  # (device id, memory kind, bytes)
@@ -191,7 +192,8 @@ def peak_of(
 
 
 class PeakWalk:
-    """The sync's ``placement.phases.Probe``: counts, at each phase, the bytes above before.
+    """The sync's listener to the reshard's ``Made`` and ``Phase`` events: counts, at each
+    phase, the bytes above before.
 
     Args:
         keep: arrays alive through the whole sync whose buffers the sync may share
@@ -210,6 +212,14 @@ class PeakWalk:
         self.seconds = 0.0
         self.chunk = 1
         self.chunk_sizes: list[int] = []
+
+    kinds = frozenset({Made, Phase})
+
+    def on(self, event: Made | Phase) -> None:
+        if isinstance(event, Made):
+            self.made(event.arrays, event.term)
+        else:
+            self.phase(event.name, event.programs)
 
     def made(self, arrays: Iterable[jax.Array], term: str) -> None:
         self._made.extend([weakref.ref(x), term, None] for x in arrays)
