@@ -91,7 +91,7 @@ class LiveExecutor:
         )
         with self.contexts.enter(Role.ROLLOUT, "construct: engine"):
             self.engine = factory(**kwargs)
-        self.engine.reshard = self.contexts.config.reshard
+        self.engine.reshard = self.contexts.config.reshard  # a custom engine's too
         return self.engine
 
     def engine_model(self, engine: RolloutEngine) -> nnx.Module:
@@ -138,10 +138,11 @@ def engine_arguments(
     if kind == "custom":
         return config.rollout_engine, kwargs
     cls = engine_class(config, kind)
+    kwargs["reshard"] = config.reshard  # an own-copy engine places its copy by it
     if kind in ("vanilla", "vllm"):
         kwargs["cache_size"] = max_kv_cache_size(config)
     if issubclass(cls, OwnCopyEngine):
-        kwargs.update(logical_axis_rules=contexts.rules_for(Role.ROLLOUT), reshard=config.reshard)
+        kwargs["logical_axis_rules"] = contexts.rules_for(Role.ROLLOUT)
     return cls, kwargs
 
 

@@ -50,10 +50,7 @@ class RolloutEngine(abc.ABC):
     """
 
     owns_weights: bool = False
-    # How ``update_params`` moves weights, set by the cluster (its signature is the reference's):
-    # the layout change's strategy (the config's ``reshard``) and the chunk size of the sync in
-    # progress (P13's order; None: in one piece).
-    reshard: str = "xla"
+    # The chunk size of the sync in progress (P13's order, set by the cluster; None: one piece).
     sync_chunk_bytes: int | None = None
 
     def __init__(
@@ -64,6 +61,7 @@ class RolloutEngine(abc.ABC):
         mesh: Mesh | None = None,
         rollout_config: RolloutConfig,
         cache_size: int | None = None,
+        reshard: str = "xla",
     ) -> None:
         type(self).check(rollout_actor, rollout_config)
         self.rollout_actor = rollout_actor  # the model the cluster handed over
@@ -73,6 +71,7 @@ class RolloutEngine(abc.ABC):
         self.cache_size = cache_size
         # Not exposed as ``mesh``: an engine that exposes one replaces the rollout mesh (P7).
         self.given_mesh = mesh
+        self.reshard = reshard  # how update_params changes layouts: the config's strategy (set by the cluster)
         # One seed offset per generate call; next() on a count is atomic, so calls from
         # several threads never draw the same one.
         self._draws = itertools.count()

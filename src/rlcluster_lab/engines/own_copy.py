@@ -51,26 +51,15 @@ class OwnCopyEngine(RolloutEngine):
 
     owns_weights = True
 
-    def __init__(
-        self,
-        rollout_actor: nnx.Module,
-        tokenizer: Any,
-        *,
-        logical_axis_rules: Any = None,
-        reshard: str = "xla",
-        **kwargs: Any,
-    ):
-        """As ``RolloutEngine``'s, plus the logical axis rules the copy is placed with and the
-        reshard strategy it is placed by (the config's ``reshard``)."""
+    def __init__(self, rollout_actor: nnx.Module, tokenizer: Any, *, logical_axis_rules: Any = None, **kwargs: Any):
+        """As ``RolloutEngine``'s, plus the logical axis rules the copy is placed with."""
         super().__init__(rollout_actor, tokenizer, **kwargs)
-        self.reshard = reshard
         if self.given_mesh is None:
             raise ConfigError(f"the {type(self).__name__} engine needs the rollout mesh to place its weights on")
         self._engine_mesh = self.settle_mesh(self.given_mesh, self.rollout_config)
         mesh, kind = self._engine_mesh, default_memory_kind(self._engine_mesh)
-        self._model = place_model(
-            rollout_actor, mesh, logical_axis_rules, memory_kind=kind, role="rollout", copy=True, strategy=reshard
-        )
+        how = dict(memory_kind=kind, role="rollout", copy=True, strategy=self.reshard)
+        self._model = place_model(rollout_actor, mesh, logical_axis_rules, **how)
 
     def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
         """The mesh the engine keeps its copy on: the given one unless a subclass rearranges it."""

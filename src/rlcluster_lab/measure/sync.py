@@ -26,7 +26,7 @@ from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, allocato
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.events import Transfer, listening
+from rlcluster_lab.placement.events import Made, Phase, Transfer, listening
 from rlcluster_lab.placement.transfers import TransferLog, shard_key, shard_keys
 
 
@@ -389,13 +389,13 @@ class SyncObserver:
         self.new_anchor = new_shards(new, old)
         self.anchor_seconds = seconds
         if self.walk is not None:
-            self.walk.made(array_leaves(new), phases.ANCHOR)
-            self.walk.phase("anchor re-pin")
+            self.walk.on(Made(array_leaves(new), phases.ANCHOR))
+            self.walk.on(Phase("anchor re-pin"))
 
     def end(self) -> None:
         """The sync committed (the replaced arrays dropped): the bytes above before now."""
         if self.walk is not None:
-            self.walk.phase("end")
+            self.walk.on(Phase("end"))
 
     def peak(self) -> SyncPeak | None:
         if self.walk is None:

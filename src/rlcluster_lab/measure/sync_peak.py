@@ -216,19 +216,14 @@ class PeakWalk:
     kinds = frozenset({Made, Phase})
 
     def on(self, event: Made | Phase) -> None:
+        """An array made counts while alive; at a phase, count what is alive."""
         if isinstance(event, Made):
-            self.made(event.arrays, event.term)
-        else:
-            self.phase(event.name, event.programs)
-
-    def made(self, arrays: Iterable[jax.Array], term: str) -> None:
-        self._made.extend([weakref.ref(x), term, None] for x in arrays)
-
-    def phase(self, name: str, programs: Sequence[tuple[tuple[int, ...], int]] = ()) -> None:
+            self._made.extend([weakref.ref(x), event.term, None] for x in event.arrays)
+            return
         start = time.perf_counter()
-        chunk = None if name in ("anchor re-pin", "end") else self.chunk
-        self.phases.append(self._count(name, chunk, programs))
-        if name == "commit":
+        chunk = None if event.name in ("anchor re-pin", "end") else self.chunk
+        self.phases.append(self._count(event.name, chunk, event.programs))
+        if event.name == "commit":
             self.chunk += 1
         self.seconds += time.perf_counter() - start
 

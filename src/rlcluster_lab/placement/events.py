@@ -1,12 +1,10 @@
 """What a layout change did, as one stream of typed events, and who listens to it.
 
 The mover (``placement.reshard`` and the strategies under it) only ``emit``s: the arrays a step
-made (``Made``), a point where it holds the most before it drops something (``Phase``), every
-copy (``Transfer``) and the ledger's notes about them (``Relayed``, ``Unreadable``, ``Ran``,
-``Built``). The instruments listen inside ``listening(...)``: the sync's peak walk
-(``measure.sync_peak.PeakWalk``) takes ``Made`` and ``Phase``, the transfer log
-(``placement.transfers.TransferLog``, the L3 report's evidence) the ledger. Work done only to
-describe an event is guarded by ``wants(kind)``: with nobody listening it costs one read.
+made, each point where it holds the most (``Phase``), every copy and the ledger's notes on them
+(``LEDGER``). Instruments listen inside ``listening(...)``: the sync's peak walk takes ``Made``
+and ``Phase``, the transfer log (``placement.transfers``, L3's evidence) the ledger. Work done
+only to describe an event is guarded by ``wants(kind)``: with nobody listening, one read.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from typing import Any, Literal, Protocol, TypeVar
 import jax
 
 TransferKind = Literal["cross_device", "same_device", "memory_kind"]
-Programs = Sequence[tuple[tuple[int, ...], int]]  # (device ids, temporary bytes per device) per program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +30,11 @@ class Made:
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-    """The mover holds the most it will before it drops something; ``programs``: the temporaries
-    of every compiled program that ran since the last phase (``phases.program_temporaries``)."""
+    """The mover holds the most it will before it drops something; ``programs``: (device ids,
+    temporary bytes per device) of each compiled program that ran since the last phase."""
 
     name: str
-    programs: Programs = ()
+    programs: Sequence[tuple[tuple[int, ...], int]] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,13 +120,9 @@ def listening(*listeners: Listener, instead: frozenset[type] = frozenset()) -> I
         _LISTENERS.reset(token)
 
 
-@dataclasses.dataclass
-class _Recorder:
-    kinds: frozenset[type] = LEDGER
-    events: list[Any] = dataclasses.field(default_factory=list)
-
-    def on(self, event: Any) -> None:
-        self.events.append(event)
+class _Recorder(list):
+    kinds = LEDGER
+    on = list.append
 
 
 T = TypeVar("T")
@@ -145,11 +138,10 @@ def described_once(cache: Any, key: Any, run: Callable[[], T]) -> T:
     """
     known: list[Any] | None = cache.get(key)
     if known is None:
-        recorder = _Recorder()
-        with listening(recorder, instead=LEDGER):
+        known = _Recorder()
+        with listening(known, instead=LEDGER):
             out = run()
-        cache.put(key, [e for e in recorder.events if not isinstance(e, Built)])
-        known = recorder.events
+        cache.put(key, [e for e in known if not isinstance(e, Built)])
     else:
         with listening(instead=LEDGER):
             out = run()

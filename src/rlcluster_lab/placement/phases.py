@@ -33,12 +33,8 @@ def term_in(term: str, kind: str) -> str:
 def program_temporaries(compiled: Any, devices: Sequence[Any]) -> tuple[tuple[int, ...], int]:
     """(device ids, temporary bytes per device) of a compiled SPMD program, from its memory
     analysis: every partition runs the same module, so each device holds that many."""
-    return tuple(int(d.id) for d in devices), _temp_bytes(compiled)
-
-
-def _temp_bytes(compiled: Any) -> int:
     try:
         stats = compiled.memory_analysis()
     except Exception:  # noqa: BLE001 - a backend without the analysis reports none
-        return 0
-    return int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
+        stats = None
+    return tuple(int(d.id) for d in devices), int(getattr(stats, "temp_size_in_bytes", 0) or 0)

@@ -2,34 +2,22 @@
 
 ``TransferLog`` listens to the mover's ledger events (``placement.events``): every copy a
 reshard makes, whichever strategy makes it, from which device, onto which, how many bytes, for
-which leaf; ``record_transfers()`` is a block with a fresh log listening.
+which leaf (inside ``events.listening(log)``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 
-from rlcluster_lab.placement.events import (
-    LEDGER,
-    Built,
-    Ran,
-    Relayed,
-    Transfer,
-    TransferKind,
-    Unreadable,
-    emit,
-    listening,
-)
+from rlcluster_lab.placement.events import LEDGER, Built, Ran, Relayed, Transfer, TransferKind, Unreadable, emit
 
 
 @dataclasses.dataclass
 class TransferLog:
-    """The transfers made inside one ``record_transfers`` block.
+    """The transfers made while it listened.
 
     ``relayed`` (per leaf): bytes that crossed devices but did not stay as destination data
     where they crossed to. ``strategies``: the reshard strategies used. ``unreadable``:
@@ -45,10 +33,6 @@ class TransferLog:
     loaded: bool = False  # a program this block ran was read back from the persistent cache
     kinds = LEDGER
 
-    @property
-    def exact(self) -> bool:
-        return not self.unreadable
-
     def on(self, event: Any) -> None:
         """Take one ledger event (``placement.events.LEDGER``)."""
         if isinstance(event, Transfer):
@@ -62,14 +46,6 @@ class TransferLog:
         elif isinstance(event, Built):
             self.compiled |= event.source == "compiled"
             self.loaded |= event.source != "compiled"
-
-
-@contextlib.contextmanager
-def record_transfers() -> Iterator[TransferLog]:
-    """Log every copy ``reshard`` makes inside the block."""
-    log = TransferLog()
-    with listening(log):
-        yield log
 
 
 def shard_key(shard: Any) -> tuple[str, int, int]:
