@@ -85,7 +85,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
         with sync_guard(s.platform):
             params = nnx.state(actor, *filter_types)
             watch.before(params)
-            engine.reshard, engine.sync_chunk_bytes = s.config.reshard, order.chunk_bytes
+            engine.sync_chunk_bytes = order.chunk_bytes  # P13's chunks (its strategy was set at construction)
             with watch.recording():
                 # The handover alone is timed: the engine's update, until its arrays are ready
                 # (the peak walk's own time left out).
