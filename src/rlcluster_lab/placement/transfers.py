@@ -21,7 +21,7 @@ class TransferLog:
 
     ``relayed`` (per leaf): bytes that crossed devices but did not stay as destination data
     where they crossed to. ``strategies``: the reshard strategies used. ``unreadable``:
-    collectives whose bytes could not be read. ``compiled``: a program this block ran was
+    collectives whose bytes could not be read. ``compiled``: a program that ran meanwhile was
     compiled here.
     """
 
@@ -30,7 +30,7 @@ class TransferLog:
     strategies: set[str] = dataclasses.field(default_factory=set)
     unreadable: list[tuple[str | None, str]] = dataclasses.field(default_factory=list)
     compiled: bool = False
-    loaded: bool = False  # a program this block ran was read back from the persistent cache
+    loaded: bool = False  # a program that ran meanwhile was read back from the persistent cache
     kinds = LEDGER
 
     def on(self, event: Any) -> None:
