@@ -38,7 +38,7 @@ from rlcluster_lab.cluster import sync as sync_module
 from rlcluster_lab.core.shardings import memory_kinds
 from rlcluster_lab.engines import base as base_engine
 from rlcluster_lab.measure.sync import SyncObserver
-from rlcluster_lab.placement import phases
+from rlcluster_lab.placement import events
 from rlcluster_lab.placement.buffers import buffer_keys
 
 pytestmark = pytest.mark.cluster  # faults injected into live clusters
@@ -266,16 +266,16 @@ def test_chunked_sync_that_fails_in_a_later_chunk_restores_the_earlier_ones(monk
 
 
 def _fail_on_commit(number: int, exc: type[BaseException]):
-    """A ``phases.phase`` that raises at the ``number``-th chunk commit of a handover."""
+    """An ``events.emit`` that raises at the ``number``-th chunk commit of a handover."""
     seen = []
-    phase = phases.phase
+    emit = events.emit
 
-    def wrapped(name, *args, **kwargs):
-        if name == "commit":
-            seen.append(name)
+    def wrapped(event):
+        if event == events.Phase("commit"):
+            seen.append(event)
             if len(seen) == number:
                 raise exc(f"fault injected at chunk commit {number}")
-        return phase(name, *args, **kwargs)
+        return emit(event)
 
     return wrapped
 
@@ -291,8 +291,8 @@ def _raise(exc: type[BaseException]):
 # (name, what to patch, how many chunks it needs to be reached).
 SYNC_FAULTS = {
     "handover starts": lambda c: (c.rollout, "update_params", _raise(KeyboardInterrupt)),
-    "first chunk committed": lambda c: (phases, "phase", _fail_on_commit(1, RuntimeError)),
-    "second chunk committed": lambda c: (phases, "phase", _fail_on_commit(2, KeyboardInterrupt)),
+    "first chunk committed": lambda c: (events, "emit", _fail_on_commit(1, RuntimeError)),
+    "second chunk committed": lambda c: (events, "emit", _fail_on_commit(2, KeyboardInterrupt)),
     "measured after the handover": lambda c: (SyncObserver, "after", _raise(RuntimeError)),
     "anchor re-pin": lambda c: (sync_module, "put_on_memory_kind", _raise(KeyboardInterrupt)),
     "anchor measured": lambda c: (SyncObserver, "anchor", _raise(RuntimeError)),

@@ -16,8 +16,9 @@ from rlcluster_lab import Scenario, build_cluster, memory_report, placement_repo
 from rlcluster_lab.measure import memory_of, shard_facts, sync_report
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.buffers import state_bytes
-from rlcluster_lab.placement.reshard import reshard, reshard_strategy
-from rlcluster_lab.placement.transfers import leaf_label, record_transfers
+from rlcluster_lab.placement.events import listening
+from rlcluster_lab.placement.reshard import reshard_many
+from rlcluster_lab.placement.transfers import TransferLog
 
 # Every example reshards onto fresh shardings and compiles: the count is the hypothesis profile's
 # (tests/conftest.py: 12 in `make test`, 40 with HYPOTHESIS_PROFILE=thorough).
@@ -164,8 +165,9 @@ def _accounted(case, copy, strategy):
     host = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
     x = jax.device_put(host, src)
     facts = shard_facts(x)
-    with record_transfers() as log, leaf_label("w"), reshard_strategy(strategy):
-        y = reshard(x, dst, copy=copy)
+    log = TransferLog()
+    with listening(log):
+        (y,) = reshard_many([x], [dst], copy=copy, labels=["w"], strategy=strategy)
     jax.block_until_ready(y)
     rep = sync_report(
         {"w": facts},
@@ -244,8 +246,9 @@ def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     monkeypatch.setattr(route, "plan_reshard", wasteful)
     programs.clear_programs()  # schedules are cached per sharding set; plan afresh
     facts = shard_facts(x)
-    with record_transfers() as log, leaf_label("w"), reshard_strategy("minimal"):
-        y = reshard(x, dst)
+    log = TransferLog()
+    with listening(log):
+        (y,) = reshard_many([x], [dst], labels=["w"], strategy="minimal")
     rep = sync_report(
         {"w": facts},
         {"w": y},

@@ -29,7 +29,7 @@ from rlcluster_lab.measure import memory_report
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.placement.boxes import plan_reshard, to_box
 from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes
-from rlcluster_lab.placement.reshard import reshard, reshard_strategy
+from rlcluster_lab.placement.reshard import reshard
 from rlcluster_lab.planner.buffers import Buffers, overlap
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.shapes import abstract_leaves
@@ -285,8 +285,7 @@ def test_l4_reuse_is_per_shard_for_minimal_and_whole_layout_for_one_program() ->
 def _planned_reuse_matches_the_reshard(case, strategy: str) -> None:
     shape, src, dst = case
     x = jax.device_put(np.zeros(shape, np.float32), src)
-    with reshard_strategy(strategy):
-        y = reshard(x, dst)
+    y = reshard(x, dst, strategy=strategy)
     before = {s.device.id: s.data.unsafe_buffer_pointer() for s in x.addressable_shards}
     order = [d.id for d in np.asarray(dst.mesh.devices).flat]
     after = {s.device.id: s.data.unsafe_buffer_pointer() for s in y.addressable_shards}

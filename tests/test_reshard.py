@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.placement.boxes import array_plan, device_put_keeps, plan_reshard, to_box
-from rlcluster_lab.placement.reshard import reshard, reshard_strategy, reshard_tree
+from rlcluster_lab.placement.reshard import reshard, reshard_tree
 
 DEVICES = jax.devices()
 BY_ID = {d.id: d for d in DEVICES}
@@ -120,8 +120,7 @@ def _guarded():
 def _check_values(case, strategy):
     shape, src, dst = case
     host, x = _array(shape, src)
-    with reshard_strategy(strategy):
-        y = reshard(x, dst)
+    y = reshard(x, dst, strategy=strategy)
     assert y.sharding == dst
     assert y.shape == x.shape and y.dtype == x.dtype
     np.testing.assert_array_equal(np.asarray(y), host)
@@ -131,8 +130,8 @@ def _check_guarded(case, strategy):
     shape, src, dst = case
     host, x = _array(shape, src)
     d2h, h2d = _guarded()
-    with d2h, h2d, reshard_strategy(strategy):
-        y = reshard(x, dst)
+    with d2h, h2d:
+        y = reshard(x, dst, strategy=strategy)
         y.block_until_ready()
     assert y.sharding == dst
     np.testing.assert_array_equal(np.asarray(y), host)
@@ -199,8 +198,7 @@ REUSE_CASES = _cases(relations=("same", "overlap"))
 def test_p13_minimal_same_box_on_same_device_reuses_buffer(case):
     shape, src, dst = case
     _, x = _array(shape, src)
-    with reshard_strategy("minimal"):
-        same = _reused_devices(x, reshard(x, dst))
+    same = _reused_devices(x, reshard(x, dst, strategy="minimal"))
     assert all(same.values()), f"devices copied shards they already held: {same}"
 
 
@@ -210,8 +208,7 @@ def test_p13_same_box_on_same_device_copy_true_gives_new_buffer(case):
     shape, src, dst = case
     _, x = _array(shape, src)
     for strategy in ("minimal", "xla"):
-        with reshard_strategy(strategy):
-            same = _reused_devices(x, reshard(x, dst, copy=True))
+        same = _reused_devices(x, reshard(x, dst, copy=True, strategy=strategy))
         assert not any(same.values()), f"copy=True reused buffers ({strategy}): {same}"
 
 
@@ -258,11 +255,11 @@ def test_p5_xla_reshard_keeps_exactly_what_device_put_keeps(case):
         return
     rule = device_put_keeps(_boxes_in_mesh_order(src, shape), _boxes_in_mesh_order(dst, shape))
     d2h, h2d = _guarded()
-    with d2h, h2d, reshard_strategy("xla"):
-        kept = _same_buffers(x, reshard(x, dst))
+    with d2h, h2d:
+        kept = _same_buffers(x, reshard(x, dst, strategy="xla"))
     assert [kept[d.id] for d in dst.mesh.devices.flat] == rule
-    with d2h, h2d, reshard_strategy("minimal"):
-        kept = _same_buffers(x, reshard(x, dst))
+    with d2h, h2d:
+        kept = _same_buffers(x, reshard(x, dst, strategy="minimal"))
     held = dict(_boxes_in_mesh_order(src, shape))
     assert all(kept[d] == (held.get(d) == box) for d, box in _boxes_in_mesh_order(dst, shape))
 
@@ -275,10 +272,8 @@ def test_p5_the_same_devices_in_another_order_keep_nothing_as_device_put(spec):
     _, x = _array((16, 32), NamedSharding(_mesh24(), spec))
     dst = NamedSharding(make_mesh(DEVICES[::-1], (2, 4)), spec)
     assert not any(_same_buffers(x, jax.device_put(x, dst)).values())
-    with reshard_strategy("xla"):
-        assert not any(_same_buffers(x, reshard(x, dst)).values())
-    with reshard_strategy("minimal"):
-        kept = _same_buffers(x, reshard(x, dst))
+    assert not any(_same_buffers(x, reshard(x, dst, strategy="xla")).values())
+    kept = _same_buffers(x, reshard(x, dst, strategy="minimal"))
     held = dict(_boxes_in_mesh_order(x.sharding, x.shape))
     assert kept == {d: held[d] == box for d, box in _boxes_in_mesh_order(dst, x.shape)}
     assert all(kept.values()) == (spec == P())
@@ -338,8 +333,7 @@ def test_p5_partial_reuse_keeps_held_shards_and_moves_the_rest():
     assert not plans[2].reuses_source_buffer and not plans[3].reuses_source_buffer
     assert plans[2].pieces[0].src_device == 4
     before = _pointers(x)
-    with reshard_strategy("minimal"):
-        y = reshard(x, dst)
+    y = reshard(x, dst, strategy="minimal")
     after = _pointers(y)
     assert after[0] == before[0] and after[1] == before[1]
     assert after[2] != before[2] and after[3] != before[3]

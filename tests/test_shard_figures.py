@@ -16,8 +16,9 @@ from matplotlib.text import Text
 from rlcluster_lab.lab import shard_figures as sf
 from rlcluster_lab.lab import shards
 from rlcluster_lab.measure.sync import shard_facts, sync_report
-from rlcluster_lab.placement.reshard import reshard_many, reshard_strategy
-from rlcluster_lab.placement.transfers import record_transfers
+from rlcluster_lab.placement.events import listening
+from rlcluster_lab.placement.reshard import reshard_many
+from rlcluster_lab.placement.transfers import TransferLog
 
 
 def _mesh(shape: tuple[int, int]) -> Mesh:
@@ -112,8 +113,9 @@ def _synced(arrays: dict[str, jax.Array], dst_mesh: Mesh, strategy: str) -> dict
     """Reshard each array onto the same spec over ``dst_mesh`` as a sync does, and report it (L3)."""
     facts = {path: shard_facts(x) for path, x in arrays.items()}
     dsts = [NamedSharding(dst_mesh, x.sharding.spec) for x in arrays.values()]
-    with record_transfers() as log, reshard_strategy(strategy):
-        out = reshard_many(list(arrays.values()), dsts, labels=list(arrays))
+    log = TransferLog()
+    with listening(log):
+        out = reshard_many(list(arrays.values()), dsts, labels=list(arrays), strategy=strategy)
     jax.block_until_ready(out)
     rep = sync_report(
         facts,

@@ -11,7 +11,7 @@ from pairwise import pairwise
 from rlcluster_lab import Scenario, SyncReport, TrainBatch, build_cluster, placement_report
 from rlcluster_lab.cluster import sync as sync_module
 from rlcluster_lab.measure import flat_leaves
-from rlcluster_lab.placement import phases
+from rlcluster_lab.placement import events
 from rlcluster_lab.placement.buffers import buffer_keys, state_bytes
 from rlcluster_lab.rules.steps import SyncOrder, p13_sync_order
 
@@ -145,15 +145,15 @@ def test_p13_the_sync_runs_the_order_p13_decided(monkeypatch):
     monkeypatch.setattr(sync_module, "p13_sync_order", lambda *args: order)
     report = cluster.sync_weights()
     assert report.peak.chunks > 2 and report.to_json()["transient_peak"]["order"] == order.text
-    commits, phase = [], phases.phase
+    commits, emit = [], events.emit
 
-    def fail_at_the_third_commit(name, *args, **kwargs):
-        commits.append(name == "commit")
+    def fail_at_the_third_commit(event):
+        commits.append(event == events.Phase("commit"))
         if sum(commits) == 3:
             raise RuntimeError("chunk 3 failed")
-        return phase(name, *args, **kwargs)
+        return emit(event)
 
-    monkeypatch.setattr(phases, "phase", fail_at_the_third_commit)
+    monkeypatch.setattr(events, "emit", fail_at_the_third_commit)
     with pytest.raises(RuntimeError, match="chunk 3") as info:
         cluster.sync_weights()
     assert "(its old arrays)" in "".join(info.value.__notes__) and cluster.global_steps == 1

@@ -22,7 +22,6 @@ from rlcluster_lab.core.hosts import home_device
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import default_memory_kind
-from rlcluster_lab.placement.reshard import reshard_strategy
 
 # Enough for a few RL steps of every operation; older entries are dropped first.
 DEFAULT_CAPACITY = 256
@@ -91,8 +90,8 @@ def context_rows(entries: tuple[ContextEntry, ...] | list[ContextEntry]) -> list
 @contextlib.contextmanager
 def role_context(config: ClusterConfig, mesh: Mesh, role: Role) -> Iterator[Mesh]:
     """Enter a role's context, recording nothing: ``mesh`` current, its devices the default ones
-    (not JAX's default backend's), the matmul precision, the reshard strategy and the role's
-    logical axis rules, all thread-local (another thread's operations are not affected)."""
+    (not JAX's default backend's), the matmul precision and the role's logical axis
+    rules, all thread-local (another thread's operations are not affected)."""
     rules = config.logical_axis_rules(role)
     with contextlib.ExitStack() as stack:
         stack.enter_context(jax.set_mesh(mesh))
@@ -100,7 +99,6 @@ def role_context(config: ClusterConfig, mesh: Mesh, role: Role) -> Iterator[Mesh
         stack.enter_context(jax.default_device(home_device(mesh)))
         if config.matmul_precision is not None:
             stack.enter_context(jax.default_matmul_precision(config.matmul_precision))
-        stack.enter_context(reshard_strategy(config.reshard))
         if rules:
             stack.enter_context(nnx.logical_axis_rules(list(rules)))
         yield mesh

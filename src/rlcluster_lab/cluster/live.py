@@ -28,7 +28,6 @@ from rlcluster_lab.model import checkpoint
 from rlcluster_lab.model.lora import is_lora
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone, state_bytes
 from rlcluster_lab.placement.place import move_model, place_model, put_on_memory_kind
-from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.training.step import init_optimizer_state
 
 
@@ -66,7 +65,8 @@ class LiveExecutor:
         )
 
     def place(self, model: nnx.Module, role: Role, mesh: Any, kind: str, dtype: str | None) -> nnx.Module:
-        return place_model(model, mesh, self.contexts.rules_for(role), memory_kind=kind, dtype=dtype, role=role.value)
+        rules, strategy = self.contexts.rules_for(role), self.contexts.config.reshard
+        return place_model(model, mesh, rules, memory_kind=kind, dtype=dtype, role=role.value, strategy=strategy)
 
     def move(self, model: nnx.Module, kind: str) -> nnx.Module:
         move_model(model, kind)
@@ -91,6 +91,7 @@ class LiveExecutor:
         )
         with self.contexts.enter(Role.ROLLOUT, "construct: engine"):
             self.engine = factory(**kwargs)
+        self.engine.reshard = self.contexts.config.reshard  # a custom engine's too
         return self.engine
 
     def engine_model(self, engine: RolloutEngine) -> nnx.Module:
@@ -137,6 +138,7 @@ def engine_arguments(
     if kind == "custom":
         return config.rollout_engine, kwargs
     cls = engine_class(config, kind)
+    kwargs["reshard"] = config.reshard  # an own-copy engine places its copy by it
     if kind in ("vanilla", "vllm"):
         kwargs["cache_size"] = max_kv_cache_size(config)
     if issubclass(cls, OwnCopyEngine):
@@ -170,8 +172,7 @@ def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace)
     saved = [(m, jax.tree.map(lambda x: x, nnx.state(m))) for m in modules.values()]
     made: dict[str, Any] = {}
     try:
-        with reshard_strategy(config.reshard):
-            return construct(executor, request, trace, sink=made)
+        return construct(executor, request, trace, sink=made)
     except BaseException as exc:
         freed = give_back(made, saved, before)
         exc.add_note(

@@ -37,9 +37,7 @@ from flax import nnx
 from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.engines.base import flat_values, reshard_flat
-from rlcluster_lab.placement.chunks import sync_chunks
 from rlcluster_lab.placement.place import put_on_memory_kind
-from rlcluster_lab.placement.reshard import reshard_strategy
 from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
 
 
@@ -84,9 +82,10 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     del old, own
     try:
         # Under offload the reshard stages each piece to device memory itself (P14, ``order.offload``).
-        with sync_guard(s.platform), reshard_strategy(s.config.reshard), sync_chunks(order.chunk_bytes):
+        with sync_guard(s.platform):
             params = nnx.state(actor, *filter_types)
             watch.before(params)
+            engine.sync_chunk_bytes = order.chunk_bytes  # P13's chunks (its strategy was set at construction)
             with watch.recording():
                 # The handover alone is timed: the engine's update, until its arrays are ready
                 # (the peak walk's own time left out).
@@ -108,6 +107,8 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     except BaseException as exc:
         _roll_back(s, engine, filter_types, previous, own_keys, exc)
         raise
+    finally:
+        engine.sync_chunk_bytes = None
     # The commit: the anchor, the trace and the step count change together, with nothing in between that can fail.
     placed.anchor = anchor
     s.trace.add(decision)
@@ -157,8 +158,7 @@ def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, .
     """The rollout's leaves ``keys`` set from the anchor (the weights of the last sync), in new buffers."""
     anchor = flat_values(s.placed.anchor)
     targets = {k: t for k, t in engine.held_targets(filter_types).items() if k in keys}
-    with reshard_strategy(s.config.reshard):
-        values = reshard_flat({k: anchor[k] for k in targets}, targets, copy=True)
+    values = reshard_flat({k: anchor[k] for k in targets}, targets, copy=True, strategy=s.config.reshard)
     engine.assign(values, filter_types)
 
 

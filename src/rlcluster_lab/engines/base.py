@@ -25,8 +25,8 @@ from jax.sharding import Mesh, NamedSharding
 from rlcluster_lab.core.config import RolloutConfig
 from rlcluster_lab.model import logps_from_state
 from rlcluster_lab.model.sampling import check_prompts, sample
-from rlcluster_lab.placement import phases
-from rlcluster_lab.placement.chunks import chunk_leaves, current_chunk_bytes
+from rlcluster_lab.placement import events
+from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.reshard import reshard_many
 
 
@@ -50,6 +50,8 @@ class RolloutEngine(abc.ABC):
     """
 
     owns_weights: bool = False
+    # The chunk size of the sync in progress (P13's order, set by the cluster; None: one piece).
+    sync_chunk_bytes: int | None = None
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class RolloutEngine(abc.ABC):
         mesh: Mesh | None = None,
         rollout_config: RolloutConfig,
         cache_size: int | None = None,
+        reshard: str = "xla",
     ) -> None:
         type(self).check(rollout_actor, rollout_config)
         self.rollout_actor = rollout_actor  # the model the cluster handed over
@@ -68,6 +71,7 @@ class RolloutEngine(abc.ABC):
         self.cache_size = cache_size
         # Not exposed as ``mesh``: an engine that exposes one replaces the rollout mesh (P7).
         self.given_mesh = mesh
+        self.reshard = reshard  # how update_params changes layouts: the config's strategy (set by the cluster)
         # One seed offset per generate call; next() on a count is atomic, so calls from
         # several threads never draw the same one.
         self._draws = itertools.count()
@@ -162,9 +166,9 @@ class RolloutEngine(abc.ABC):
         With ``filter_types`` (a weight sync, P13) the destination is the matching part of
         this engine's model, in its current shardings and memory kind. Without it (keeping
         shared roles together, P14) the whole state is taken, in the memory kind the source
-        is in. One reshard per sync, or one per chunk inside a ``placement.chunks.sync_chunks``
-        block, each chunk committed (and the arrays it replaces dropped) before the next; the
-        sync's peak walk (``placement.phases``) is told of each commit.
+        is in. One reshard per sync, or one per chunk of at most ``sync_chunk_bytes``, each chunk
+        committed (and the arrays it replaces dropped) before the next; each commit is emitted
+        (``placement.events.Phase``) for the sync's peak walk.
         """
         index = self._index(filter_types)
         src = flat_values(params)
@@ -179,25 +183,26 @@ class RolloutEngine(abc.ABC):
             picked = list(range(len(index.keys)))
         sources = [src[index.keys[j]] for j in picked]
         del src
-        limit = current_chunk_bytes()
+        limit = self.sync_chunk_bytes
         parts = chunk_leaves([int(x.nbytes) for x in sources], limit) if limit else [range(len(picked))]
         if not self.owns_weights and all(index.get(j) is x for j, x in zip(picked, sources)):
             # The model holds these very arrays (the actor itself, P3 shared): nothing to hand over.
             for _ in parts:
-                phases.phase("reshard")
-                phases.phase("commit")
+                events.emit(events.Phase("reshard"))
+                events.emit(events.Phase("commit"))
             return
         for part in parts:
             xs = [sources[i] for i in part]
             where = [picked[i] for i in part]
             targets = [index.target(j, xs[n] if follow else None) for n, j in enumerate(where)]
-            new = reshard_leaves(xs, targets, copy=self.owns_weights, labels=[index.labels[j] for j in where])
+            labels = [index.labels[j] for j in where]
+            new = reshard_leaves(xs, targets, copy=self.owns_weights, labels=labels, strategy=self.reshard)
             del xs, targets
             for j, y in zip(where, new):
                 index.set(j, y)  # a leaf that is already the new array (a shared model) is left alone
             del new
             # The chunk is committed: the arrays it replaced are dropped (unless someone else holds them).
-            phases.phase("commit")
+            events.emit(events.Phase("commit"))
 
     def assign(self, values: dict[tuple[Any, ...], Any], filter_types: tuple[Any, ...] | None = None) -> None:
         """Set arrays already in this engine's shardings and dtypes (path -> array) into its
@@ -322,7 +327,7 @@ def _read(v: nnx.Variable) -> Any:
 
 
 def reshard_flat(
-    src_flat: dict[tuple[Any, ...], Any], dst_flat: dict[tuple[Any, ...], Any], *, copy: bool
+    src_flat: dict[tuple[Any, ...], Any], dst_flat: dict[tuple[Any, ...], Any], *, copy: bool, strategy: str
 ) -> dict[tuple[Any, ...], Any]:
     """``src_flat``'s values (path -> array) placed with ``dst_flat``'s shardings and cast to its dtypes.
 
@@ -335,14 +340,16 @@ def reshard_flat(
         raise tree_mismatch(src_flat, dst_flat)
     keys = list(dst_flat)
     targets = [Target(dst_flat[k].sharding, dst_flat[k].dtype) for k in keys]
-    new = reshard_leaves([src_flat[k] for k in keys], targets, copy=copy, labels=[leaf_path(k) for k in keys])
+    labels = [leaf_path(k) for k in keys]
+    new = reshard_leaves([src_flat[k] for k in keys], targets, copy=copy, labels=labels, strategy=strategy)
     return dict(zip(keys, new))
 
 
-def reshard_leaves(xs: list[Any], targets: list[Target], *, copy: bool, labels: list[str]) -> list[Any]:
+def reshard_leaves(xs: list[Any], targets: list[Target], *, copy: bool, labels: list[str], strategy: str) -> list[Any]:
     """Each ``xs[i]`` laid out as ``targets[i]`` and cast to its dtype: one batch for the whole
     list (one reshard call, one cast program); each leaf's copies are logged under its label (L3).
 
     The bytes move in the source dtype; the cast runs on the destination devices after the move.
     """
-    return reshard_many(xs, [t.sharding for t in targets], copy=copy, labels=labels, dtypes=[t.dtype for t in targets])
+    dtypes = [t.dtype for t in targets]
+    return reshard_many(xs, [t.sharding for t in targets], copy=copy, labels=labels, dtypes=dtypes, strategy=strategy)

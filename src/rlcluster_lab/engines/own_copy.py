@@ -58,7 +58,8 @@ class OwnCopyEngine(RolloutEngine):
             raise ConfigError(f"the {type(self).__name__} engine needs the rollout mesh to place its weights on")
         self._engine_mesh = self.settle_mesh(self.given_mesh, self.rollout_config)
         mesh, kind = self._engine_mesh, default_memory_kind(self._engine_mesh)
-        self._model = place_model(rollout_actor, mesh, logical_axis_rules, memory_kind=kind, role="rollout", copy=True)
+        how = dict(memory_kind=kind, role="rollout", copy=True, strategy=self.reshard)
+        self._model = place_model(rollout_actor, mesh, logical_axis_rules, **how)
 
     def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
         """The mesh the engine keeps its copy on: the given one unless a subclass rearranges it."""

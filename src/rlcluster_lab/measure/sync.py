@@ -26,7 +26,8 @@ from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, allocato
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.transfers import Transfer, TransferLog, record_transfers, shard_key, shard_keys
+from rlcluster_lab.placement.events import Made, Phase, Transfer, listening
+from rlcluster_lab.placement.transfers import TransferLog, shard_key, shard_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,10 +376,10 @@ class SyncObserver:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[TransferLog]:
-        """The handover's block: the reshard logs its copies and reports its phases to the walk."""
-        with record_transfers() as log, phases.probing(self.walk):
-            self.log = log
-            yield log
+        """The handover's block: the log and the peak walk listen to the reshard's events."""
+        self.log = TransferLog()
+        with listening(self.log, *filter(None, [self.walk])):
+            yield self.log
 
     def after(self, destination: Any, seconds: float) -> None:
         self.destination = flat_leaves(destination)
@@ -388,13 +389,13 @@ class SyncObserver:
         self.new_anchor = new_shards(new, old)
         self.anchor_seconds = seconds
         if self.walk is not None:
-            self.walk.made(array_leaves(new), phases.ANCHOR)
-            self.walk.phase("anchor re-pin")
+            self.walk.on(Made(array_leaves(new), phases.ANCHOR))
+            self.walk.on(Phase("anchor re-pin"))
 
     def end(self) -> None:
         """The sync committed (the replaced arrays dropped): the bytes above before now."""
         if self.walk is not None:
-            self.walk.phase("end")
+            self.walk.on(Phase("end"))
 
     def peak(self) -> SyncPeak | None:
         if self.walk is None:

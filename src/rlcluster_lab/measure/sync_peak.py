@@ -2,8 +2,8 @@
 
 During a sync the old rollout arrays, the new ones, the reshard's staging and its programs'
 temporaries are alive together for a moment; that moment, not the bytes moved, is where a
-run runs out of memory. ``PeakWalk`` is the ``placement.phases.Probe`` the sync installs;
-at each phase the reshard reports it counts:
+run runs out of memory. ``PeakWalk`` listens to the reshard's ``Made`` and ``Phase`` events
+(``placement.events``); at each phase it counts:
 
 - **arrays**: every array the sync made that is still alive (weak references), minus the
   buffers alive before that are gone now (a buffer the actor or the anchor holds stays),
@@ -26,6 +26,7 @@ from typing import Any
 import jax
 
 from rlcluster_lab.placement import phases as ph
+from rlcluster_lab.placement.events import Made, Phase
 
 Key = tuple[str, int, int]  # (platform, device id, buffer pointer)
 Buffer = tuple[str, str, int]  # (device id, memory kind, bytes)
@@ -191,7 +192,8 @@ def peak_of(
 
 
 class PeakWalk:
-    """The sync's ``placement.phases.Probe``: counts, at each phase, the bytes above before.
+    """The sync's listener to the reshard's ``Made`` and ``Phase`` events: counts, at each
+    phase, the bytes above before.
 
     Args:
         keep: arrays alive through the whole sync whose buffers the sync may share
@@ -211,14 +213,17 @@ class PeakWalk:
         self.chunk = 1
         self.chunk_sizes: list[int] = []
 
-    def made(self, arrays: Iterable[jax.Array], term: str) -> None:
-        self._made.extend([weakref.ref(x), term, None] for x in arrays)
+    kinds = frozenset({Made, Phase})
 
-    def phase(self, name: str, programs: Sequence[tuple[tuple[int, ...], int]] = ()) -> None:
+    def on(self, event: Made | Phase) -> None:
+        """An array made counts while alive; at a phase, count what is alive."""
+        if isinstance(event, Made):
+            self._made.extend([weakref.ref(x), event.term, None] for x in event.arrays)
+            return
         start = time.perf_counter()
-        chunk = None if name in ("anchor re-pin", "end") else self.chunk
-        self.phases.append(self._count(name, chunk, programs))
-        if name == "commit":
+        chunk = None if event.name in ("anchor re-pin", "end") else self.chunk
+        self.phases.append(self._count(event.name, chunk, event.programs))
+        if event.name == "commit":
             self.chunk += 1
         self.seconds += time.perf_counter() - start
 

@@ -1,4 +1,4 @@
-"""A weight sync in chunks: which leaves go together, and the setting in force (``sync_chunk_bytes``).
+"""A weight sync in chunks: which leaves go together (``sync_chunk_bytes``, P13's order).
 
 Leaves go in path order into chunks of at most N logical bytes (a larger leaf alone, never
 split); each chunk is resharded, committed and its old arrays released before the next,
@@ -8,13 +8,7 @@ sync and the planner both split with ``chunk_leaves``.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from collections.abc import Sequence
-
-from rlcluster_lab.placement.phases import bound
-
-_CHUNK_BYTES: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlcluster_lab_sync_chunk", default=None)
 
 
 def chunk_leaves(sizes: Sequence[int], limit: int | None) -> list[range]:
@@ -36,13 +30,3 @@ def chunk_leaves(sizes: Sequence[int], limit: int | None) -> list[range]:
         filled += n
     out.append(range(start, len(sizes)))
     return out
-
-
-def sync_chunks(limit: int | None) -> contextlib.AbstractContextManager[int | None]:
-    """Hand weights over in chunks of at most ``limit`` bytes inside the block (None: in one piece)."""
-    return bound(_CHUNK_BYTES, limit)
-
-
-def current_chunk_bytes() -> int | None:
-    """The chunk size a handover uses here (None: the whole tree in one piece)."""
-    return _CHUNK_BYTES.get()

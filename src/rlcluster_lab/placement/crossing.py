@@ -25,9 +25,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from rlcluster_lab.core.compile_options import compiler_options
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import to_box
+from rlcluster_lab.placement.events import Built, Made, Phase, Relayed, Transfer, Unreadable, emit, wants
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
-from rlcluster_lab.placement.transfers import Transfer, TransferLog
 from rlcluster_lab.placement.xla_analysis import UNTRACED
 
 SIDE = "crossing_side"  # the stacked mesh's leading axis: 0 the sender's devices, 1 the receiver's
@@ -129,7 +129,6 @@ def move_across(
     origins: dict[int, Any],
     crossed: dict[int, int],
     labels: Sequence[str | None],
-    log: TransferLog | None,
 ) -> dict[int, tuple[jax.Array, set[int]]]:
     """Disjoint device sets in different processes: ``placement.xla._move_whole`` across processes.
 
@@ -150,8 +149,8 @@ def move_across(
         ]
         routes = [route(dsts[i], xs[i].shape) for i in members]
         prog, built = crossing_program(mesh, avals, [dsts[i].spec for i in members], routes)
-        if log is not None and built:
-            log.note_built(prog.source)
+        if built:
+            emit(Built(prog.source))
         zeros = _placeholders([dsts[i] for i in members], avals)
         inputs = []
         for k, i in enumerate(members):
@@ -159,12 +158,12 @@ def move_across(
             gs = avals[k].sharding
             mine = [have[d] for d in gs.addressable_devices_indices_map(avals[k].shape)]
             inputs.append(jax.make_array_from_single_device_arrays(avals[k].shape, gs, mine, dtype=avals[k].dtype))
-        phases.made(zeros, phases.IN_FLIGHT)
+        emit(Made(zeros, phases.IN_FLIGHT))
         arrived = prog.compiled(inputs)
-        if phases.current_probe() is not None:
-            phases.made(arrived, phases.RESHARDED)
+        if wants(Phase):
+            emit(Made(arrived, phases.RESHARDED))
             own = [d for d in mesh.devices.flat if d.process_index == me]  # each process counts its own devices
-            phases.phase("move", [phases.program_temporaries(prog.compiled, own)])
+            emit(Phase("move", [phases.program_temporaries(prog.compiled, own)]))
         del inputs, zeros
         for k, i in enumerate(members):
             got = {s.device: s.data for s in arrived[k].addressable_shards}
@@ -174,20 +173,19 @@ def move_across(
             copies = [p for p, f in enumerate(r.source) if f != p and dst_a[p].process_index == me]
             if copies:
                 copied = jax.device_put([blocks[r.source[p]] for p in copies], [dst_a[p] for p in copies])
-                phases.made(copied, phases.RESHARDED)
+                emit(Made(copied, phases.RESHARDED))
                 for p, y in zip(copies, copied):
                     blocks[p] = y
             y = jax.make_array_from_single_device_arrays(
                 xs[i].shape, dsts[i], [blocks[p] for p in sorted(blocks)], dtype=xs[i].dtype
             )
-            if log is not None:
-                _log(log, labels[i], prog, k, y, r, dst_a, copies, origins.get(i, "own"), crossed.get(i, 0))
+            if wants(Transfer):
+                _log(labels[i], prog, k, y, r, dst_a, copies, origins.get(i, "own"), crossed.get(i, 0))
             result[i] = (y, {int(dst_a[p].id) for p in blocks})
     return result
 
 
 def _log(
-    log: TransferLog,
     label: str | None,
     prog: CrossingProgram,
     k: int,
@@ -198,22 +196,23 @@ def _log(
     origins: Any,
     crossed_before: int,
 ) -> None:
-    """Log what landed on this process's devices: the program's flows (read from its HLO) and the
+    """Emit what landed on this process's devices: the program's flows (read from its HLO) and the
     copies inside the receiving process. Every destination byte is foreign (the device sets are
     disjoint), so what crossed beyond the destination's bytes was relayed (the sender's own
     re-layout, counted by ``placement.xla`` as ``crossed_before``)."""
     if origins is None:
-        log.unreadable.append((label, UNTRACED))
+        emit(Unreadable(label, UNTRACED))
     mine = {int(d.id) for d in y.sharding.device_set if d.process_index == jax.process_index()}
     moved = 0
     for f in prog.traffic.flows:
         if f.param == k and f.dst_device in mine:
-            log.transfers.append(Transfer("cross_device", f.src_device, f.dst_device, f.nbytes, label))
+            emit(Transfer("cross_device", f.src_device, f.dst_device, f.nbytes, label))
             moved += f.nbytes
-    log.unreadable.extend((label, line) for line in prog.traffic.unreadable)
+    for line in prog.traffic.unreadable:
+        emit(Unreadable(label, line))
     nbytes = {int(s.device.id): int(s.data.nbytes) for s in y.addressable_shards}
     for p in copies:
         src, dst = int(dst_a[r.source[p]].id), int(dst_a[p].id)
-        log.transfers.append(Transfer("cross_device", src, dst, nbytes[dst], label))
+        emit(Transfer("cross_device", src, dst, nbytes[dst], label))
         moved += nbytes[dst]
-    log.note_relayed(label, crossed_before + moved - sum(nbytes.values()))
+    emit(Relayed(label, crossed_before + moved - sum(nbytes.values())))

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.hosts import spans_processes
+from rlcluster_lab.placement.events import Built, Ran, Transfer, emit
 from rlcluster_lab.placement.programs import cleared_with_programs
-from rlcluster_lab.placement.transfers import Transfer, current_log
 
 Shape = tuple[int, ...]
 
@@ -42,14 +42,12 @@ def _shards(run: Any, leg: int) -> dict[int, Any]:
 
 
 def _counted(run: Any, make: Any) -> Any:
-    """``make()``, noting in the log whether the per-device programs it ran were compiled or loaded."""
+    """``make()``, emitting whether the per-device programs it ran were compiled or loaded."""
     with count_compilations() as built:
         out = make()
-    log = current_log()
-    if log is not None:
-        log.compiled |= any(not cached for _, _, cached in built)
-        log.loaded |= any(cached for _, _, cached in built)
-        log.strategies.add("minimal")
+    for source in {"persistent cache" if cached else "compiled" for _, _, cached in built}:
+        emit(Built(source))
+    emit(Ran("minimal"))
     return out
 
 
@@ -86,11 +84,10 @@ def send(run: Any, step: Any) -> Ops:
     targets = [run.device(d) for d in s.pack_devices] + [run.device(dst) for _, _, _, dst in s.whole]
     arrived = list(jax.device_put(sent, targets)) if sent else []
     del sent
-    log = current_log()
-    if log is not None:
-        log.transfers.extend(Transfer("cross_device", a, d, n, run.labels[s.legs[leg]]) for a, d, n, leg in s.cross_log)
-        for (a, _, src, dst), y in zip(s.whole, arrived[len(s.pack_bytes) :]):
-            log.transfers.append(Transfer("cross_device", src, dst, int(y.nbytes), run.labels[s.legs[a]]))
+    for a, d, n, leg in s.cross_log:
+        emit(Transfer("cross_device", a, d, n, run.labels[s.legs[leg]]))
+    for (a, _, src, dst), y in zip(s.whole, arrived[len(s.pack_bytes) :]):
+        emit(Transfer("cross_device", src, dst, int(y.nbytes), run.labels[s.legs[a]]))
     out = {("arrived", k): y for k, y in enumerate(arrived[: len(s.pack_bytes)])}
     out.update({("whole", a, b): y for (a, b, _, _), y in zip(s.whole, arrived[len(s.pack_bytes) :])})
     return out, []
@@ -111,14 +108,12 @@ def assemble(run: Any, step: Any) -> Ops:
 
     with jax.set_mesh(None):
         out = _counted(run, make)
-    log = current_log()
-    if log is not None:
-        log.transfers.extend(Transfer("same_device", d, d, n, run.labels[s.legs[a]]) for d, n, a in s.same_log)
+    for d, n, a in s.same_log:
+        emit(Transfer("same_device", d, d, n, run.labels[s.legs[a]]))
     for a, b, dev in s.copied:
         y = jax.device_put(_shards(run, s.legs[a])[dev], run.device(dev), may_alias=False)
         out[("block", a, b)] = y
-        if log is not None:
-            log.transfers.append(Transfer("same_device", dev, dev, int(y.nbytes), run.labels[s.legs[a]]))
+        emit(Transfer("same_device", dev, dev, int(y.nbytes), run.labels[s.legs[a]]))
     return out, []
 
 

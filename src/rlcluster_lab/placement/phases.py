@@ -1,19 +1,14 @@
-"""The points where a reshard can be watched for memory: what it made, and when it holds the most.
+"""What the arrays a reshard makes are, for the figures of a sync's peak, and what its programs hold.
 
-The reshard tells a ``Probe`` (the sync's observer, ``measure.sync``) which arrays it made and
-when it holds the most it will before dropping something (``phase``), with the temporaries
-of the programs that ran since; the probe decides what is alive and counts buffers. Without
-a probe these calls cost one context-variable read each.
+The mover says which arrays it made as which term (``events.Made``) and when it holds the most
+(``events.Phase``, with the temporaries of the programs that ran since); the sync's peak walk
+decides what is alive and counts buffers.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar
-
-import jax
+from collections.abc import Sequence
+from typing import Any
 
 # What an array is, for the figures of a sync's peak: which role it belongs to and why it exists.
 STAGED = "staged source"  # the actor's leaves brought from pinned host to device memory (offload)
@@ -35,67 +30,11 @@ def term_in(term: str, kind: str) -> str:
     return MEMORY_KIND if term == RESHARDED else term + PINNED
 
 
-class Probe(Protocol):
-    """Watches a reshard's memory (implemented by the sync's observer)."""
-
-    def made(self, arrays: Iterable[jax.Array], term: str) -> None:
-        """The reshard made these arrays (or re-labelled others): they count while alive."""
-
-    def phase(self, name: str, programs: Sequence[tuple[tuple[int, ...], int]] = ()) -> None:
-        """The reshard holds the most it will before it drops something.
-
-        ``programs``: (device ids, temporary bytes per device) of every compiled
-        program that ran since the last point (its memory analysis).
-        """
-
-
-_PROBE: contextvars.ContextVar[Probe | None] = contextvars.ContextVar("rlcluster_lab_memory_probe", default=None)
-T = TypeVar("T")
-
-
-@contextlib.contextmanager
-def bound(var: contextvars.ContextVar[T], value: T) -> Iterator[T]:
-    """``var`` set to ``value`` inside the block (placement's settings are context variables)."""
-    token = var.set(value)
-    try:
-        yield value
-    finally:
-        var.reset(token)
-
-
-def current_probe() -> Probe | None:
-    """The probe of the innermost ``probing`` block, if any."""
-    return _PROBE.get()
-
-
-def probing(probe: Probe | None) -> contextlib.AbstractContextManager[Probe | None]:
-    """Report every reshard made inside the block to ``probe``."""
-    return bound(_PROBE, probe)
-
-
-def made(arrays: Iterable[jax.Array], term: str) -> None:
-    """Tell the probe (if any) that the reshard made ``arrays``."""
-    probe = _PROBE.get()
-    if probe is not None:
-        probe.made(arrays, term)
-
-
-def phase(name: str, programs: Sequence[tuple[tuple[int, ...], int]] = ()) -> None:
-    """Tell the probe (if any) that the reshard is at a point of its most memory."""
-    probe = _PROBE.get()
-    if probe is not None:
-        probe.phase(name, programs)
-
-
 def program_temporaries(compiled: Any, devices: Sequence[Any]) -> tuple[tuple[int, ...], int]:
     """(device ids, temporary bytes per device) of a compiled SPMD program, from its memory
     analysis: every partition runs the same module, so each device holds that many."""
-    return tuple(int(d.id) for d in devices), _temp_bytes(compiled)
-
-
-def _temp_bytes(compiled: Any) -> int:
     try:
         stats = compiled.memory_analysis()
     except Exception:  # noqa: BLE001 - a backend without the analysis reports none
-        return 0
-    return int(getattr(stats, "temp_size_in_bytes", 0) or 0) if stats is not None else 0
+        stats = None
+    return tuple(int(d.id) for d in devices), int(getattr(stats, "temp_size_in_bytes", 0) or 0)

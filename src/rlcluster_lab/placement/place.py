@@ -44,9 +44,11 @@ def place_model(
     dtype: Any = None,
     role: str = "model",
     copy: bool = False,
+    strategy: str = "xla",
 ) -> nnx.Module:
     """A new module whose every leaf is sharded on ``mesh`` per its partition specs (``model`` is
-    untouched): leaves already there are kept unless ``copy`` asks for buffers of their own."""
+    untouched): leaves already there are kept unless ``copy`` asks for buffers of their own;
+    layouts change by ``strategy`` (the config's ``reshard``)."""
     graphdef, state = nnx.split(model)
     kind = memory_kind or default_memory_kind(mesh)
     shardings = target_shardings(
@@ -64,6 +66,6 @@ def place_model(
             for x in leaves
         ]
         values = jax.tree.unflatten(treedef, cast_many(leaves, [dtype] * len(leaves)))
-    moved = reshard_tree(values, shardings, copy=copy)
+    moved = reshard_tree(values, shardings, copy=copy, strategy=strategy)
     nnx.replace_by_pure_dict(state, moved)
     return nnx.merge(graphdef, state)

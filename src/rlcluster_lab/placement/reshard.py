@@ -6,15 +6,14 @@ or copy, the ``xla`` strategy's programs and shard moves (``placement.xla``), th
 assembly (``placement.minimal``), the memory-kind moves and the casts. On CPU ``jax.device_put``
 between layouts gathers through host memory, which the sync's transfer guard (P13) forbids;
 no step does. Each step holds its values in one table and drops what the route says it drops,
-so at each of the route's phases exactly the route's buffers are alive: the sync's peak walk
-(``placement.phases``) is told what each step made. Every copy is logged
-(``transfers.record_transfers``) for the sync report (L3), once per batch signature and replayed.
+so at each of the route's phases exactly the route's buffers are alive. What each step made,
+each phase and every copy are emitted as events (``placement.events``) for whoever listens (the
+sync's peak walk, its transfer log); the copies are described once per batch signature, then
+replayed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -30,35 +29,27 @@ from rlcluster_lab.placement import minimal as reshard_minimal
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.boxes import relabel
+from rlcluster_lab.placement.events import Made, Phase, Transfer, described_once, emit, wants
 from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import Leg, Route, route
-from rlcluster_lab.placement.transfers import Transfer, current_log, log_new_shards, replay_log, shard_key, shard_keys
-
-_STRATEGY: contextvars.ContextVar[str] = contextvars.ContextVar("rlcluster_lab_reshard_strategy", default="xla")
+from rlcluster_lab.placement.transfers import log_new_shards, shard_key, shard_keys
 
 
-def reshard_strategy(name: str) -> contextlib.AbstractContextManager[str]:
-    """Use strategy ``name`` (``xla`` or ``minimal``) for the layout changes made inside the block."""
-    if name not in RESHARD_STRATEGIES:
-        raise ValueError(f"unknown reshard strategy {name!r}; use one of {', '.join(RESHARD_STRATEGIES)}")
-    return phases.bound(_STRATEGY, name)
-
-
-def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False) -> jax.Array:
+def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False, strategy: str = "xla") -> jax.Array:
     """``x`` laid out as ``dst``, moving only device to device.
 
     The result reuses ``x`` when its sharding is already ``dst`` (unless
     ``copy``). A memory-kind change is applied after the layout change.
     """
-    return reshard_many([x], [dst], copy=copy)[0]
+    return reshard_many([x], [dst], copy=copy, strategy=strategy)[0]
 
 
-def reshard_tree(values: Any, shardings: Any, *, copy: bool = False) -> Any:
+def reshard_tree(values: Any, shardings: Any, *, copy: bool = False, strategy: str = "xla") -> Any:
     """``reshard`` over matching trees of arrays and shardings, in one batch."""
     leaves, treedef = jax.tree.flatten(values)
     dsts = treedef.flatten_up_to(shardings)
-    return jax.tree.unflatten(treedef, reshard_many(leaves, dsts, copy=copy))
+    return jax.tree.unflatten(treedef, reshard_many(leaves, dsts, copy=copy, strategy=strategy))
 
 
 def reshard_many(
@@ -68,32 +59,33 @@ def reshard_many(
     copy: bool = False,
     labels: Sequence[str | None] | None = None,
     dtypes: Sequence[Any] | None = None,
+    strategy: str = "xla",
 ) -> list[jax.Array]:
     """``reshard`` of many arrays at once, each cast to ``dtypes[i]`` on its destination devices
-    afterwards when given; ``labels`` tag their transfers in the log.
+    afterwards when given; ``labels`` tag their transfers.
 
     Per array: kept when already in the destination sharding (unless ``copy``), re-labelled
-    when the layout is equivalent, else changed by the current strategy; a source buffer is
-    kept exactly where ``jax.device_put`` keeps it (the ``minimal`` strategy: wherever its
-    device holds the block). The bytes move in the source dtype; the cast comes last.
+    when the layout is equivalent, else changed by ``strategy`` (``xla`` or ``minimal``, the
+    config's ``reshard``); a source buffer is kept exactly where ``jax.device_put`` keeps it
+    (the ``minimal`` strategy: wherever its device holds the block). The bytes move in the
+    source dtype; the cast comes last.
     """
-    current = current_log()
-    default = current.leaf if current is not None else None
-    labels = [default if lab is None else lab for lab in labels] if labels is not None else [default] * len(xs)
+    if strategy not in RESHARD_STRATEGIES:
+        raise ValueError(f"unknown reshard strategy {strategy!r}; use one of {', '.join(RESHARD_STRATEGIES)}")
+    labels = list(labels) if labels is not None else [None] * len(xs)
     legs = tuple(
         Leg(tuple(x.shape), np.dtype(x.dtype), layout_of(x.sharding), layout_of(d), None if t is None else np.dtype(t))
         for x, d, t in zip(xs, dsts, dtypes if dtypes is not None else [None] * len(xs))
     )
-    strategy = _STRATEGY.get()
     r = route(legs, copy, strategy)
-    if current is None:
+    if not wants(Transfer):
         return _Run(r, xs, dsts, labels).results()
-    # Logged once per batch signature, then replayed: a steady sync spends its time moving data.
+    # Described once per batch signature, then replayed: a steady sync spends its time moving data.
     key = (legs, copy, strategy, tuple(labels), tuple(x.sharding for x in xs), tuple(dsts))
-    return replay_log(_DESCRIBED, key, lambda: _Run(r, xs, dsts, labels).results())
+    return described_once(_DESCRIBED, key, lambda: _Run(r, xs, dsts, labels).results())
 
 
-_DESCRIBED = ProgramCache(64)  # the log each batch signature recorded (cleared with the programs)
+_DESCRIBED = ProgramCache(64)  # the ledger each batch signature emitted (cleared with the programs)
 
 
 def layout_of(sharding: Sharding) -> Layout:
@@ -143,12 +135,12 @@ class _Run:
             for key in step.drops:
                 self.vals.pop(key, None)
             self.vals.update(out)
-            if phases.current_probe() is not None:
+            if wants(Phase):
                 for m in step.made:
                     value = self.vals[m.key]
-                    phases.made(value if isinstance(value, list) else [value], m.term)
+                    emit(Made(value if isinstance(value, list) else [value], m.term))
                 if step.phase is not None:
-                    phases.phase(step.phase, temps)
+                    emit(Phase(step.phase, temps))
             del out
         results = []
         for i, x in enumerate(self.xs):
@@ -161,8 +153,7 @@ class _Run:
         """A result shard that carries the source's own data on its device but sits in a new
         buffer (moved between memory kinds on the way) was copied within its device: logged so
         that every destination byte is accounted for."""
-        log = current_log()
-        if log is None:
+        if not wants(Transfer):
             return
         for i, x in enumerate(self.xs):
             key = self.route.uncast_key(i)
@@ -290,7 +281,7 @@ def _cast_program_run(arrays: list[jax.Array], dtypes: list[Any]) -> tuple[list[
     names = tuple(str(np.dtype(d)) for d in dtypes)
     with jax.set_mesh(None):
         ys = jax.jit(_cast_program(names), out_shardings=[x.sharding for x in arrays])(arrays)
-    temps = cast_temporaries_of(arrays, dtypes) if phases.current_probe() is not None else None
+    temps = cast_temporaries_of(arrays, dtypes) if wants(Phase) else None
     return list(ys), temps
 
 
@@ -330,8 +321,5 @@ def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | N
 
 
 def log_same_device(shards: Sequence[Any], label: str | None) -> None:
-    log = current_log()
-    if log is not None:
-        log.transfers.extend(
-            Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label) for s in shards
-        )
+    for s in shards:
+        emit(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))

@@ -25,11 +25,11 @@ from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.crossing import move_across
+from rlcluster_lab.placement.events import Built, Ran, Relayed, Transfer, Unreadable, emit, wants
 from rlcluster_lab.placement.layout import Layout
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import whole_move
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
-from rlcluster_lab.placement.transfers import Transfer, TransferLog, current_log
 from rlcluster_lab.placement.xla_analysis import (
     UNTRACED,
     Provenance,
@@ -143,9 +143,8 @@ def run_program(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[A
     xs = [run.value(i) for i in g.legs]
     labels = [run.labels[i] for i in g.legs]
     prog, outs = _run_program(xs, [run.work_dst(i) for i in g.legs], labels)
-    log = current_log()
-    if log is not None:
-        _log_arrivals(log, prog, labels, outs)
+    if wants(Transfer):
+        _log_arrivals(prog, labels, outs)
     for i, y in zip(g.legs, outs):
         run.produced[i] = {d.id for d in y.sharding.device_set}
     return {("out", i): y for i, y in zip(g.legs, outs)}, [prog.temporaries]
@@ -158,7 +157,7 @@ def run_between(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[A
     xs = [run.value(i) for i in g.legs]
     inters = [layout_sharding(g.inter(run.route.legs[i]), run.devices) for i in g.legs]
     prog, outs = _run_program(xs, inters, [run.labels[i] for i in g.legs])
-    if current_log() is not None:
+    if wants(Transfer):
         for k, i in enumerate(g.legs):
             run.between[i] = (prog.provenance.by_leaf[k], _crossed(prog, k))
     return {("inter", i): y for i, y in zip(g.legs, outs)}, [prog.temporaries]
@@ -167,12 +166,11 @@ def run_between(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[A
 def _run_program(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None]) -> tuple[XlaProgram, list[Any]]:
     prog, built = program(xs, dsts)
     outs = prog.compiled(xs)
-    log = current_log()
-    if log is not None:
-        log.strategies.add("xla")
-        if built:
-            log.note_built(prog.source)
-        _log_flows(log, prog, labels)
+    emit(Ran("xla"))
+    if built:
+        emit(Built(prog.source))
+    if wants(Transfer):
+        _log_flows(prog, labels)
     return prog, list(outs)
 
 
@@ -195,9 +193,7 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
         # multi-process: whole shards cross into another process in one compiled program.
         origins = {i: run.between[i][0] for i in members if i in run.between}
         crossed = {i: run.between[i][1] for i in members if i in run.between}
-        done = move_across(
-            members, run.xs, run.dsts, current, src_a, dst_a, origins, crossed, run.labels, current_log()
-        )
+        done = move_across(members, run.xs, run.dsts, current, src_a, dst_a, origins, crossed, run.labels)
         for i, (y, made) in done.items():
             run.produced[i] = made
             run.joined[i] = y
@@ -240,9 +236,8 @@ def join(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
     g = run.route.programs[step.group]
     src_a = tuple(run.device(d) for d in g.src_order)
     dst_a = tuple(run.device(d) for d in g.dst_order)
-    log = current_log()
-    if log is not None:
-        log.strategies.add("xla")
+    emit(Ran("xla"))
+    describe = wants(Transfer)
     out = {}
     for i in step.legs:
         positions = run.route.positions[i]
@@ -255,21 +250,21 @@ def join(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
         made = {p.dst for p in positions if p.how != "kept"}
         if i not in run.produced:
             run.produced[i] = made
-        if log is not None and not crosses_processes(src_a, dst_a):
+        if describe and not crosses_processes(src_a, dst_a):
             origin, crossed = run.between.get(i, ("own", 0))
             came_from = [run.device(p.src) for p in positions]
             moved = {k for k, p in enumerate(positions) if p.how == "send"}
-            _log_final(log, run.labels[i], y, came_from, dst_a, origin, moved=moved, made=made, crossed_before=crossed)
+            _log_final(run.labels[i], y, came_from, dst_a, origin, moved=moved, made=made, crossed_before=crossed)
     return out, []
 
 
-def _log_arrivals(log: TransferLog, prog: XlaProgram, labels: list[str | None], outs: Sequence[jax.Array]) -> None:
+def _log_arrivals(prog: XlaProgram, labels: list[str | None], outs: Sequence[jax.Array]) -> None:
     """Per output shard: the bytes whose data started on its own device, as same-device copies;
     what crossed beyond the bytes that arrived from elsewhere was relayed."""
     for k, (label, y) in enumerate(zip(labels, outs)):
         origins = prog.provenance.by_leaf[k]
         if origins is None:
-            log.unreadable.append((label, UNTRACED))
+            emit(Unreadable(label, UNTRACED))
             continue
         itemsize = np.dtype(y.dtype).itemsize
         arrived = 0
@@ -278,8 +273,8 @@ def _log_arrivals(log: TransferLog, prog: XlaProgram, labels: list[str | None], 
             foreign = sum(c for origin, c in origins[dev].items() if origin != dev) * itemsize
             arrived += foreign
             if shard.data.nbytes - foreign:
-                log.transfers.append(Transfer("same_device", dev, dev, int(shard.data.nbytes) - foreign, label))
-        log.note_relayed(label, _crossed(prog, k) - arrived)
+                emit(Transfer("same_device", dev, dev, int(shard.data.nbytes) - foreign, label))
+        emit(Relayed(label, _crossed(prog, k) - arrived))
 
 
 def _crossed(prog: XlaProgram, k: int) -> int:
@@ -287,17 +282,17 @@ def _crossed(prog: XlaProgram, k: int) -> int:
     return sum(f.nbytes for f in prog.traffic.flows if f.param == k and f.dst_device not in foreign)
 
 
-def _log_flows(log: TransferLog, prog: XlaProgram, labels: list[str | None]) -> None:
+def _log_flows(prog: XlaProgram, labels: list[str | None]) -> None:
     foreign = foreign_device_ids()  # multi-process: each process logs what lands on its devices
     for f in prog.traffic.flows:
         if f.dst_device not in foreign:
             label = labels[f.param] if f.param is not None else None
-            log.transfers.append(Transfer("cross_device", f.src_device, f.dst_device, f.nbytes, label))
-    log.unreadable.extend((None, line) for line in prog.traffic.unreadable)
+            emit(Transfer("cross_device", f.src_device, f.dst_device, f.nbytes, label))
+    for line in prog.traffic.unreadable:
+        emit(Unreadable(None, line))
 
 
 def _log_final(
-    log: TransferLog,
     label: str | None,
     y: jax.Array,
     src_a: Sequence[Any],
@@ -308,21 +303,21 @@ def _log_final(
     made: set[int],
     crossed_before: int,
 ) -> None:
-    """Log the whole-shard moves, and what each new destination shard's data started as.
+    """Emit the whole-shard moves, and what each new destination shard's data started as.
 
     ``src_a[p]``: the device the shard for position p came from. ``origins``: the
     intermediate program's provenance for this array, or ``"own"`` when no program ran (each
     shard is the source's data on its device). ``crossed_before``: what the program moved.
     """
     if origins is None:
-        log.unreadable.append((label, UNTRACED))
+        emit(Unreadable(label, UNTRACED))
     by_device = {s.device: s for s in y.addressable_shards}
     itemsize = np.dtype(y.dtype).itemsize
     crossed, arrived = crossed_before, 0
     for p, (src, dst) in enumerate(zip(src_a, dst_a)):
         nbytes = int(by_device[dst].data.nbytes)
         if p in moved:
-            log.transfers.append(Transfer("cross_device", src.id, dst.id, nbytes, label))
+            emit(Transfer("cross_device", src.id, dst.id, nbytes, label))
             crossed += nbytes
         if dst.id not in made or origins is None:
             continue  # the source's own buffer, reused (or not traced)
@@ -333,5 +328,5 @@ def _log_final(
             foreign = sum(c for origin, c in origins[src.id].items() if origin != dst.id) * itemsize
         arrived += foreign
         if nbytes - foreign:
-            log.transfers.append(Transfer("same_device", dst.id, dst.id, nbytes - foreign, label))
-    log.note_relayed(label, crossed - arrived)
+            emit(Transfer("same_device", dst.id, dst.id, nbytes - foreign, label))
+    emit(Relayed(label, crossed - arrived))
