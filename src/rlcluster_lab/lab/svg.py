@@ -145,12 +145,11 @@ class Canvas:
         d: str,
         stroke: str,
         *,
-        width: float = 1.2,
         arrow: bool = False,
         id: str | None = None,
         title: str | None = None,
     ) -> None:
-        attrs = f'd="{d}" fill="none" stroke="{stroke}" stroke-width="{width}"'
+        attrs = f'd="{d}" fill="none" stroke="{stroke}" stroke-width="1.2"'
         if arrow:
             self._patterns["arrow"] = (
                 '<marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
@@ -178,10 +177,10 @@ def element_id(id: str | None) -> str:
     return f' id="{html.escape(id, quote=True)}"' if id else ""
 
 
-def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]], width: float | None = None) -> float:
-    """Swatches and labels, left to right, wrapping at ``width`` (default: to 8 px from the right
-    edge); returns the y below them. Each swatch's id is ``legend:<its label>``."""
-    width = c.width - x - 8 if width is None else width
+def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]]) -> float:
+    """Swatches and labels, left to right, wrapping 8 px from the right edge; returns the y below
+    them. Each swatch's id is ``legend:<its label>``."""
+    width = c.width - x - 8
     cx = x
     for fill, label in items:
         w = 18 + text_width(label, MIN_FONT)

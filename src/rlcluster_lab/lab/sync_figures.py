@@ -255,7 +255,7 @@ def phase_label(p: Mapping[str, Any], chunks: int) -> str:
     return p["name"] if chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
 
 
-def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | None = None) -> Svg:
+def sync_peak(sync: Mapping[str, Any], device: str | None = None) -> Svg:
     """What a sync holds on one device above what was there before, phase by phase (L3).
 
     ``sync``: a sync report's JSON (or its ``transient_peak``), measured or planned.
@@ -278,9 +278,7 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | N
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
     left, right = LEFT, 16
     plot_w = WIDTH - left - right
-    c = Canvas(
-        WIDTH, 0, title or "Weight sync (P13): bytes alive on one device during the sync, above what was there before"
-    )
+    c = Canvas(WIDTH, 0, "Weight sync (P13): bytes alive on one device during the sync, above what was there before")
     source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
     mine = by_device.get(device, {})
     sub = (
