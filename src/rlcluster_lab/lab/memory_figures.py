@@ -250,7 +250,7 @@ def held_with(memory: Mapping[str, Any], entry: str) -> list[tuple[str, int]]:
             for r in g["roles"]:
                 if r != entry:
                     out[r] = out.get(r, 0) + int(g.get("bytes", 0))
-    return sorted(out.items(), key=lambda kv: ENTRY_ORDER.index(kv[0]) if kv[0] in ENTRY_ORDER else 99)
+    return [(r, out[r]) for r in in_order(list(out), ENTRY_ORDER)]
 
 
 def role_sums(memory: Mapping[str, Any]) -> dict[str, int]:
