@@ -123,7 +123,6 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         for k, kind in enumerate(kinds):
             x = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
             y = base
-            pinned = kind == "pinned_host"
             for e in entries:
                 v = own_bytes(memory, e, dev, kind)
                 if v > 0:
@@ -135,7 +134,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
                         y - h,
                         bar_w - 2,
                         h,
-                        c.dots(color) if pinned else color,
+                        c.kind_fill(kind, color),
                         stroke="white",
                         width=0.5,
                         id=f"seg:{dev}:{kind}:{e}",
@@ -309,40 +308,23 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
         total = int(by_role[e].get("bytes", 0))
         counted, borrowed = role_parts(memory, e)
         c.text(left - 8, y + 18, e, size=13, anchor="end", weight="bold")
-        x = left
-        for kind in KINDS:
-            v = counted.get(kind, 0)
-            if v <= 0:
-                continue
-            kinds_seen.add(kind)
-            c.rect(
-                x,
-                y + 4,
-                v * scale,
-                row_h - 14,
-                c.dots(color) if kind == "pinned_host" else color,
-                stroke=color,
-                width=0.6,
-                id=f"seg:role:{e}:held:{kind}",
-                nbytes=v,
-                title=f"{e}: {fmt_bytes(v)} in {kind}, counted here",
+        held = [k for k in KINDS if counted.get(k, 0) > 0]
+        kinds_seen.update(held)
+        parts = [
+            (
+                counted[k],
+                c.kind_fill(k, color),
+                f"seg:role:{e}:held:{k}",
+                f"{e}: {fmt_bytes(counted[k])} in {k}, counted here",
             )
-            x += v * scale
+            for k in held
+        ]
+        x = c.bar(left, y + 4, row_h - 14, scale, parts, stroke=color, width=0.6)
         for owner, v in borrowed:
-            hatched = True
-            c.rect(
-                x,
-                y + 4,
-                v * scale,
-                row_h - 14,
-                c.hatch(ROLE_COLORS.get(owner, "#999999"), color),
-                stroke=ROLE_COLORS.get(owner, "#999999"),
-                width=0.6,
-                id=f"seg:role:{e}:same:{owner}",
-                nbytes=v,
-                title=f"{e}: {fmt_bytes(v)} that are the {owner}'s buffers (counted in the {owner}'s bar)",
-            )
-            x += v * scale
+            hatched, owner_color = True, ROLE_COLORS.get(owner, "#999999")
+            title = f"{e}: {fmt_bytes(v)} that are the {owner}'s buffers (counted in the {owner}'s bar)"
+            part = (v, c.hatch(owner_color, color), f"seg:role:{e}:same:{owner}", title)
+            x = c.bar(x, y + 4, row_h - 14, scale, [part], stroke=owner_color, width=0.6)
         kinds = ", ".join(k.replace("_", " ") for k in KINDS if by_role[e].get("by_kind", {}).get(k))
         text = f"{fmt_bytes(total)}" + (f" in {kinds}" if kinds and kinds != "device" else "") if total else "nothing"
         for owner, v in borrowed:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rlcluster_lab.lab.style import text_width
@@ -68,6 +68,10 @@ class Canvas:
         )
         return f"url(#{pid})"
 
+    def kind_fill(self, kind: str, color: str) -> str:
+        """The fill of bytes in memory ``kind``: ``color``, dotted in pinned host memory."""
+        return self.dots(color) if kind == "pinned_host" else color
+
     def rect(
         self,
         x: float,
@@ -97,6 +101,15 @@ class Canvas:
         if dash:
             attrs.append(f'stroke-dasharray="{dash}"')
         self._add("rect", " ".join(attrs), id, title)
+
+    def bar(self, x: float, y: float, h: float, scale: float, parts: Iterable[tuple], **style: Any) -> float:
+        """One bar's segments left to right from ``x``, each ``bytes * scale`` wide and ``h`` high;
+        ``parts``: (bytes, fill, id, title), one of no bytes left out. Returns the x it ends at."""
+        for n, fill, id, title in parts:
+            if n > 0:
+                self.rect(x, y, n * scale, h, fill, id=id, title=title, nbytes=n, **style)
+                x += n * scale
+        return x
 
     def text(
         self,

@@ -71,47 +71,24 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
             y += 17 * bool(k)
         y += 10
         c.text(left - 8, y + 16, "synced", size=MIN_FONT, anchor="end", fill=MUTED)
-        x = left
-        for key, what, v in parts:
-            if v > 0:
-                c.rect(
-                    x,
-                    y + 2,
-                    v * scale,
-                    20,
-                    SYNC_COLORS[key],
-                    id=f"seg:sync:{label}:{key}",
-                    title=f"{what}: {fmt_bytes(v)}",
-                    nbytes=v,
-                )
-                x += v * scale
+        segments = [(v, SYNC_COLORS[k], f"seg:sync:{label}:{k}", f"{w}: {fmt_bytes(v)}") for k, w, v in parts]
+        c.bar(left, y + 2, 20, scale, segments)
         if logical:
             lx = left + logical * scale
             c.line(lx, y - 2, lx, y + 26, TEXT, width=2, dash="2,2", id=f"logical:{label}", nbytes=logical)
         y = legend(c, left, y + 42, [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts])
         c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
-        if moved - relayed > 0:
-            c.rect(
-                left,
-                y - 2,
-                (moved - relayed) * scale,
-                18,
-                SYNC_COLORS["arrived"],
-                id=f"seg:cross:{label}:kept",
-                nbytes=moved - relayed,
-                title=f"crossed devices and stayed: {fmt_bytes(moved - relayed)}",
-            )
-        if relayed > 0:
-            c.rect(
-                left + (moved - relayed) * scale,
-                y - 2,
-                relayed * scale,
-                18,
+        kept = moved - relayed
+        crossed = [
+            (kept, SYNC_COLORS["arrived"], f"seg:cross:{label}:kept", f"crossed devices and stayed: {fmt_bytes(kept)}"),
+            (
+                relayed,
                 SYNC_COLORS["relayed"],
-                id=f"seg:cross:{label}:relayed",
-                title=f"relayed: {fmt_bytes(relayed)} crossed but did not stay",
-                nbytes=relayed,
-            )
+                f"seg:cross:{label}:relayed",
+                f"relayed: {fmt_bytes(relayed)} crossed but did not stay",
+            ),
+        ]
+        c.bar(left, y - 2, 18, scale, crossed)
         mx = left + minimum * scale
         c.line(mx, y - 6, mx, y + 20, "black", width=2.5, id=f"min:{label}", nbytes=minimum)
         excess = int(s.get("excess_cross_device_bytes", moved - minimum))
@@ -198,21 +175,12 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     for lf, label in zip(leaves, labels):
         path = str(lf.get("path"))
         c.text(left - 8, y + 13, clip(label, label_w - 12, MIN_FONT), size=MIN_FONT, anchor="end", title=label)
-        x = left
-        for key, what, color in SYNC_PARTS:
-            v = int(lf.get(key, 0))
-            if v > 0:
-                c.rect(
-                    x,
-                    y + 3,
-                    v * scale,
-                    row_h - 5,
-                    color,
-                    id=f"seg:leaf:{path}:{key}",
-                    nbytes=v,
-                    title=f"{path}: {fmt_bytes(v)} {what}",
-                )
-                x += v * scale
+        parts = [
+            (v, color, f"seg:leaf:{path}:{k}", f"{path}: {fmt_bytes(v)} {what}")
+            for k, what, color in SYNC_PARTS
+            if (v := int(lf.get(k, 0)))
+        ]
+        c.bar(left, y + 3, row_h - 5, scale, parts)
         minimum = int(lf.get("minimum_cross_device_bytes", 0))
         mx = left + minimum * scale
         c.line(mx, y + 1, mx, y + row_h, "black", width=2, id=f"min:leaf:{path}", nbytes=minimum)
@@ -299,7 +267,10 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None) -> Svg:
         c.text(left, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
         y += 36
     items = [
-        (_fill(c, k, color), what) for k in kinds for term, color, what in PANELS[k] if _used(phases, device, k, term)
+        (c.kind_fill(k, color), what)
+        for k in kinds
+        for term, color, what in PANELS[k]
+        if _used(phases, device, k, term)
     ]
     if any(_released(p, device) for p in phases):
         items.append((RELEASED_COLOR, "released: old arrays (or the old anchor) nothing holds any more"))
@@ -324,11 +295,6 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None) -> Svg:
             y += 16
     c.height = y + 6
     return c.render()
-
-
-def _fill(c: Canvas, kind: str, color: str) -> str:
-    """Pinned host memory is dotted, as in the lab's memory figures."""
-    return c.dots(color) if kind == "pinned_host" else color
 
 
 def _terms(p: Mapping[str, Any], device: str, kind: str) -> dict[str, int]:
@@ -411,7 +377,7 @@ def _panel(
                     h0 - h,
                     bar,
                     h,
-                    _fill(c, kind, color),
+                    c.kind_fill(kind, color),
                     id=f"peak:{kind}:{i}:{term}",
                     nbytes=n,
                     title=f"{label}: {what} {fmt_bytes(n)}",
