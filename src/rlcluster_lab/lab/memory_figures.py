@@ -55,11 +55,13 @@ _SPARE_TINTS = ["#222222", "#bbbbbb", "#777777", "#e0e0e0"]
 
 def own_bytes(memory: Mapping[str, Any], entry: str, dev: str, kind: str) -> int:
     """What ``entry`` holds on ``dev`` in ``kind`` that no other entry holds."""
-    held = int(memory.get("by_role", {}).get(entry, {}).get("by_device", {}).get(dev, {}).get(kind, 0))
-    for g in memory.get("shared", []):
-        if entry in g.get("roles", []):
-            held -= int((g.get("by_device") or {}).get(dev, {}).get(kind, 0))
-    return held
+    held = _on(memory.get("by_role", {}).get(entry, {}), dev, kind)
+    return held - sum(_on(g, dev, kind) for g in memory.get("shared", []) if entry in g.get("roles", []))
+
+
+def _on(holding: Mapping[str, Any], dev: str, kind: str) -> int:
+    """The bytes a role's or a shared set's ``by_device`` gives for ``dev`` and ``kind``."""
+    return int((holding.get("by_device") or {}).get(dev, {}).get(kind, 0))
 
 
 def memory_by_device(memory: Mapping[str, Any]) -> Svg:
@@ -122,45 +124,31 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     for i, dev in enumerate(devices):
         for k, kind in enumerate(kinds):
             x = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
-            y = base
-            for e in entries:
-                v = own_bytes(memory, e, dev, kind)
-                if v > 0:
-                    drawn.setdefault(e, set()).add(kind)
-                    h = v * scale
-                    color = ROLE_COLORS.get(e, "#999999")
-                    c.rect(
-                        x,
-                        y - h,
-                        bar_w - 2,
-                        h,
-                        c.kind_fill(kind, color),
-                        stroke="white",
-                        width=0.5,
-                        id=f"seg:{dev}:{kind}:{e}",
-                        title=f"{e} on device {dev} ({kind}): {fmt_bytes(v)}, its own",
-                        nbytes=v,
-                    )
-                    y -= h
-            for g, fill in zip(groups, group_fills):
-                v = int((g.get("by_device") or {}).get(dev, {}).get(kind, 0))
-                if v > 0:
-                    h = v * scale
-                    names = " = ".join(g["roles"])
-                    drawn.setdefault(names, set()).add(kind)
-                    c.rect(
-                        x,
-                        y - h,
-                        bar_w - 2,
-                        h,
-                        fill,
-                        stroke="#555555",
-                        width=0.5,
-                        id=f"seg:{dev}:{kind}:{'+'.join(g['roles'])}",
-                        title=f"{names} on device {dev} ({kind}): {fmt_bytes(v)} held once",
-                        nbytes=v,
-                    )
-                    y -= h
+            own = [(e, v) for e in entries if (v := own_bytes(memory, e, dev, kind)) > 0]
+            held_once = [(g["roles"], fill, _on(g, dev, kind)) for g, fill in zip(groups, group_fills)]
+            held_once = [(roles, fill, v) for roles, fill, v in held_once if v > 0]
+            for name in [e for e, _ in own] + [" = ".join(roles) for roles, _, _ in held_once]:
+                drawn.setdefault(name, set()).add(kind)
+            parts = [
+                (
+                    v,
+                    c.kind_fill(kind, ROLE_COLORS.get(e, "#999999")),
+                    f"seg:{dev}:{kind}:{e}",
+                    f"{e} on device {dev} ({kind}): {fmt_bytes(v)}, its own",
+                )
+                for e, v in own
+            ]
+            y = c.bar(x, base, bar_w - 2, scale, parts, up=True, stroke="white", width=0.5)
+            parts = [
+                (
+                    v,
+                    fill,
+                    f"seg:{dev}:{kind}:{'+'.join(roles)}",
+                    f"{' = '.join(roles)} on device {dev} ({kind}): {fmt_bytes(v)} held once",
+                )
+                for roles, fill, v in held_once
+            ]
+            c.bar(x, y, bar_w - 2, scale, parts, up=True, stroke="#555555", width=0.5)
             held = int(by_device.get(dev, {}).get(kind, 0))
             n = naive[(dev, kind)]
             if n > held:

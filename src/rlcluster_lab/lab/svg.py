@@ -102,14 +102,21 @@ class Canvas:
             attrs.append(f'stroke-dasharray="{dash}"')
         self._add("rect", " ".join(attrs), id, title)
 
-    def bar(self, x: float, y: float, h: float, scale: float, parts: Iterable[tuple], **style: Any) -> float:
-        """One bar's segments left to right from ``x``, each ``bytes * scale`` wide and ``h`` high;
-        ``parts``: (bytes, fill, id, title), one of no bytes left out. Returns the x it ends at."""
+    def bar(
+        self, x: float, y: float, size: float, scale: float, parts: Iterable[tuple], *, up: bool = False, **style: Any
+    ) -> float:
+        """One bar's segments end to end, each ``bytes * scale`` long: rightwards from ``x`` at ``y``,
+        ``size`` high, or with ``up`` upwards from ``y`` at ``x``, ``size`` wide. ``parts``: (bytes,
+        fill, id, title), one of no bytes left out. Returns where the bar ends (x, or with ``up`` y)."""
         for n, fill, id, title in parts:
             if n > 0:
-                self.rect(x, y, n * scale, h, fill, id=id, title=title, nbytes=n, **style)
-                x += n * scale
-        return x
+                if up:
+                    y -= n * scale
+                    self.rect(x, y, size, n * scale, fill, id=id, title=title, nbytes=n, **style)
+                else:
+                    self.rect(x, y, n * scale, size, fill, id=id, title=title, nbytes=n, **style)
+                    x += n * scale
+        return y if up else x
 
     def text(
         self,

@@ -366,23 +366,13 @@ def _panel(
     c.text(left - 8, y + 30, fmt_bytes(up), size=MIN_FONT, anchor="end", fill=MUTED)
     for i, p in enumerate(phases):
         x = left + step * i + (step - bar) / 2
-        h0 = zero
-        label = phase_label(p, chunks)
-        for term, color, what in PANELS[kind]:
-            n = _terms(p, device, kind).get(term, 0)
-            if n:
-                h = n * scale
-                c.rect(
-                    x,
-                    h0 - h,
-                    bar,
-                    h,
-                    c.kind_fill(kind, color),
-                    id=f"peak:{kind}:{i}:{term}",
-                    nbytes=n,
-                    title=f"{label}: {what} {fmt_bytes(n)}",
-                )
-                h0 -= h
+        label, terms = phase_label(p, chunks), _terms(p, device, kind)
+        parts = [
+            (n, c.kind_fill(kind, color), f"peak:{kind}:{i}:{term}", f"{label}: {what} {fmt_bytes(n)}")
+            for term, color, what in PANELS[kind]
+            if (n := terms.get(term, 0))
+        ]
+        c.bar(x, zero, bar, scale, parts, up=True)
         gone = _released(p, device, kind)
         if gone:
             c.rect(
