@@ -92,20 +92,11 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         mx = left + minimum * scale
         c.line(mx, y - 6, mx, y + 20, "black", width=2.5, id=f"min:{label}", nbytes=minimum)
         excess = int(s.get("excess_cross_device_bytes", moved - minimum))
-        lines = [
-            (
-                f"{fmt_bytes(moved)} crossed devices; the least this placement allows: {fmt_bytes(minimum)} "
-                f"(black tick); excess {fmt_bytes(excess)}"
-                + (
-                    ", all of it relayed"
-                    if relayed and relayed == excess
-                    else f", {fmt_bytes(relayed)} relayed (dark)"
-                    if relayed
-                    else ""
-                ),
-                TEXT,
-            )
-        ]
+        relay = "" if not relayed else f", {fmt_bytes(relayed)} relayed (dark)"
+        if relayed and relayed == excess:
+            relay = ", all of it relayed"
+        said = f"the least this placement allows: {fmt_bytes(minimum)} (black tick); excess {fmt_bytes(excess)}"
+        lines = [(f"{fmt_bytes(moved)} crossed devices; {said}{relay}", TEXT)]
         if logical and synced:
             lines.append(
                 (
@@ -115,26 +106,13 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
                     MUTED,
                 )
             )
-        seconds = s.get("seconds")
-        timing = (
-            ""
-            if seconds is None
-            else f"; handover {seconds * 1e3:.1f} ms"
-            + (
-                " incl. compiling"
-                if s.get("includes_compilation")
-                else " incl. reading programs from the compilation cache"
-                if s.get("includes_program_load")
-                else ""
-            )
-        )
-        lines.append(
-            (
-                f"reshard: {s.get('reshard_strategy', '?')}; anchor re-pinned "
-                f"{fmt_bytes(int(s.get('anchor_bytes', 0)))}" + timing,
-                MUTED,
-            )
-        )
+        timing = "" if s.get("seconds") is None else f"; handover {s['seconds'] * 1e3:.1f} ms"
+        if timing and s.get("includes_compilation"):
+            timing += " incl. compiling"
+        elif timing and s.get("includes_program_load"):
+            timing += " incl. reading programs from the compilation cache"
+        anchor = fmt_bytes(int(s.get("anchor_bytes", 0)))
+        lines.append((f"reshard: {s.get('reshard_strategy', '?')}; anchor re-pinned {anchor}{timing}", MUTED))
         y += 36
         for text, fill in lines:
             for line in wrap(text, WIDTH - left - 8, MIN_FONT, lines=2):
