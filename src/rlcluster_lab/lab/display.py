@@ -33,7 +33,7 @@ from rlcluster_lab.lab.sync_figures import sync_bytes, sync_peak
 if TYPE_CHECKING:
     from rlcluster_lab.lab.controls import Knobs
 
-_PANELS = ("flow", "grid", "memory", "sync")
+# The panels (the views that show figures), each with its heading.
 TITLES = {
     "flow": "Decision flow (L1): the branches that fired are highlighted",
     "grid": "Devices: which role holds what, on which device",
@@ -99,7 +99,7 @@ class Display:
         self.changes.add_class("rl-changes")
         self.step_log = widgets.HTML()
         self.step_log.add_class("rl-step-log")
-        self.outputs = {name: widgets.Output(layout=widgets.Layout(min_height="120px")) for name in _PANELS}
+        self.outputs = {name: widgets.Output(layout=widgets.Layout(min_height="120px")) for name in TITLES}
         for name, out in self.outputs.items():
             out.add_class(f"rl-panel-{name}")
         # Per view, under its heading: what it shows is the last construction, not the knobs' changes since.

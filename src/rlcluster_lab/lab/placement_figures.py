@@ -39,9 +39,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.lab.flow import (
-    OPTION_LABELS,
     FlowRow,
     actor_share_text,
+    answer_label,
     flow_links,
     flow_rows,
     link_ends,
@@ -68,7 +68,7 @@ from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, leg
 
 def _option_need(row: FlowRow) -> list[float]:
     """The width each answer's box needs for its label (in bold for the one that fired)."""
-    return [max(text_width(OPTION_LABELS.get(o, o), MIN_FONT, bold=o == row.fired) + 14, 56.0) for o in row.options]
+    return [max(text_width(answer_label(o), MIN_FONT, bold=o == row.fired) + 14, 56.0) for o in row.options]
 
 
 def _option_widths(row: FlowRow, room: float, gap: float) -> list[float]:
@@ -118,7 +118,7 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
         c.rect(left, y, 38, 22, "#333333", rx=4, id=f"key:{row.key}")
         c.text(left + 19, y + 16, rule, size=MIN_FONT, anchor="middle", weight="bold", fill="white")
         c.text(q_x, y + 16, clip(row.question, q_w), size=MIN_FONT, title=row.question)
-        labels = [OPTION_LABELS.get(o, o) for o in row.options]
+        labels = [answer_label(o) for o in row.options]
         x = opt_x
         for option, label, w in zip(row.options, labels, _option_widths(row, WIDTH - 8 - opt_x, 5)):
             fired = option == row.fired
