@@ -153,34 +153,16 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
             n = naive[(dev, kind)]
             if n > held:
                 dashed = True
-                c.rect(
-                    x,
-                    base - n * scale,
-                    bar_w - 2,
-                    (n - held) * scale,
-                    "none",
-                    stroke="#777777",
-                    width=1,
-                    dash="3,2",
-                    id=f"naive:{dev}:{kind}",
-                    nbytes=n - held,
-                    title=f"device {dev} ({kind}): {fmt_bytes(n - held)} more if every role had its own copy",
-                )
+                title = f"device {dev} ({kind}): {fmt_bytes(n - held)} more if every role had its own copy"
+                outline = {"stroke": "#777777", "width": 1, "dash": "3,2", "id": f"naive:{dev}:{kind}", "title": title}
+                c.rect(x, base - n * scale, bar_w - 2, (n - held) * scale, "none", nbytes=n - held, **outline)
         if dev in in_use:
             # The allocator counts device memory: the tick sits on the device-memory bar.
             k = kinds.index("device") if "device" in kinds else 0
             x0 = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
             y = base - in_use[dev] * scale
-            c.rect(
-                x0 - 3,
-                y - 1.5,
-                bar_w + 4,
-                3,
-                "black",
-                id=f"alloc:{dev}",
-                nbytes=in_use[dev],
-                title=f"device {dev}: the allocator reports {fmt_bytes(in_use[dev])} in use",
-            )
+            title = f"device {dev}: the allocator reports {fmt_bytes(in_use[dev])} in use"
+            c.rect(x0 - 3, y - 1.5, bar_w + 4, 3, "black", id=f"alloc:{dev}", nbytes=in_use[dev], title=title)
         c.text(left + i * slot + slot / 2, base + 17, f"dev {dev}", size=MIN_FONT, anchor="middle")
     # Each swatch as its segments are drawn: dotted where they are all in pinned host.
     items = [

@@ -353,29 +353,13 @@ def _panel(
         c.bar(x, zero, bar, scale, parts, up=True)
         gone = _released(p, device, kind)
         if gone:
+            title = f"{label}: released {fmt_bytes(gone)}"
             c.rect(
-                x,
-                zero,
-                bar,
-                gone * scale,
-                RELEASED_COLOR,
-                id=f"peak:{kind}:{i}:released",
-                nbytes=-gone,
-                title=f"{label}: released {fmt_bytes(gone)}",
+                x, zero, bar, gone * scale, RELEASED_COLOR, id=f"peak:{kind}:{i}:released", nbytes=-gone, title=title
             )
         level = _panel_level(p, device, kind)
-        ly = zero - level * scale
-        c.line(
-            x - 1,
-            ly,
-            x + bar + 1,
-            ly,
-            TEXT,
-            width=2,
-            id=f"level:{kind}:{i}",
-            nbytes=level,
-            title=f"{label}: {fmt_bytes(level)} above before",
-        )
+        ly, title = zero - level * scale, f"{label}: {fmt_bytes(level)} above before"
+        c.line(x - 1, ly, x + bar + 1, ly, TEXT, width=2, id=f"level:{kind}:{i}", nbytes=level, title=title)
     if top:
         py = zero - top * scale
         c.line(
@@ -427,31 +411,16 @@ def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = No
         top = max([float(p.get(key) or 0) for p in points] + [1e-12])
         h = 110.0
         base = y + 18 + h  # room above the tallest bar for its number
-        for k, line in enumerate(lines):
-            c.text(
-                left - 8,
-                y + 30 + 16 * k,
-                line,
-                size=MIN_FONT,
-                anchor="end",
-                weight="bold" if k == 0 else None,
-                fill=TEXT if k == 0 else MUTED,
-            )
+        c.text(left - 8, y + 30, lines[0], size=MIN_FONT, anchor="end", weight="bold")
+        for k, line in enumerate(lines[1:], 1):
+            c.text(left - 8, y + 30 + 16 * k, line, size=MIN_FONT, anchor="end", fill=MUTED)
         c.line(left, base, WIDTH - right, base, "#999999")
         for i, p in enumerate(points):
             v = float(p.get(key) or 0)
             x = left + step * i + (step - bar) / 2
             bh = h * v / top
-            c.rect(
-                x,
-                base - bh,
-                bar,
-                bh,
-                color,
-                id=f"curve:{key}:{i}",
-                nbytes=int(v) if key == "peak" else None,
-                title=f"{p['label']}: {fmt(v)}",
-            )
+            nbytes, title = int(v) if key == "peak" else None, f"{p['label']}: {fmt(v)}"
+            c.rect(x, base - bh, bar, bh, color, id=f"curve:{key}:{i}", nbytes=nbytes, title=title)
             c.text(x + bar / 2, base - bh - 4, fmt(v), size=MIN_FONT, anchor="middle")
             planned = p.get("planned") if key == "peak" else None
             if planned is not None:
