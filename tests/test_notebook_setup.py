@@ -50,23 +50,23 @@ def test_setup_in_a_fresh_process_sets_the_count_and_lists_reachable_layouts():
 def test_a_single_chip_gets_simulated_cpu_devices_beside_it():
     cpus = jax.devices()
     chip = cpus[:1]  # stands in for one accelerator chip: only the colocated layout fits on it
-    devices, simulated, notes = notebook.choose_devices(chip, cpus, 8)
+    devices, simulated, notes = notebook.choose_devices(chip, cpus)
     assert devices == cpus and simulated
     assert "can reach only: colocated" in notes[0] and "8 simulated CPU devices beside it" in notes[0]
 
 
 def test_a_single_chip_without_cpu_devices_keeps_the_chip_and_says_how_to_get_more():
     cpus = jax.devices()
-    devices, simulated, notes = notebook.choose_devices(cpus[:1], cpus[:1], 8)
+    devices, simulated, notes = notebook.choose_devices(cpus[:1], cpus[:1])
     assert devices == cpus[:1] and not simulated
     assert "restart the runtime" in notes[0]
 
 
 def test_accelerators_that_reach_every_layout_are_used_as_they_are():
     accel = jax.devices()  # eight devices form every standard layout
-    devices, simulated, notes = notebook.choose_devices(accel, [], 8)
+    devices, simulated, notes = notebook.choose_devices(accel, [])
     assert devices == accel and not simulated and notes == []
-    assert notebook.choose_devices([], accel, 8) == (accel, True, [])
+    assert notebook.choose_devices([], accel) == (accel, True, [])
 
 
 def test_colab_turns_on_the_widget_manager(monkeypatch):

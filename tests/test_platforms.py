@@ -46,7 +46,6 @@ def test_setup_on_a_single_gpu_builds_on_cpu_devices_beside_it_and_never_restart
     assert lab.accelerator == "gpu" and lab.accelerator_devices == (chip,)
     assert list(lab.devices) == cpus and lab.simulated and lab.platform == "cpu"
     assert lab.reachable == ("colocated", "reshaped", "split")
-    assert lab.reachable_on_accelerator() == ("colocated",)
     assert "jax_platforms" not in updates  # no restart, so no platform list that could name 'gpu'
     assert "simulated CPU devices beside it" in lab.summary()
 

@@ -151,13 +151,16 @@ class Knobs:
         custom = self.layout.value == CUSTOM
         out = {}
         for field, widget in self.outlined().items():
-            if getattr(widget, "disabled", False) or (field in ("rollout_shape", "rollout_devices") and not custom):
-                continue
-            if field == "rollout_devices":
-                out[field] = (label(field), ", ".join(str(d.id) for d in self.picked_devices()) or "none")
-            else:
-                out[field] = (str(widget.description), knob_value(widget))
+            if not getattr(widget, "disabled", False) and (custom or field not in ("rollout_shape", "rollout_devices")):
+                out[field] = self.shown(field)
         return out
+
+    def shown(self, field: str) -> tuple[str, str]:
+        """A knob's label and its setting as the widget shows it (the custom mesh's devices: the picked ones)."""
+        if field == "rollout_devices":
+            return label(field), ", ".join(str(d.id) for d in self.picked_devices()) or "none"
+        widget = self.by_field()[field]
+        return str(widget.description), knob_value(widget)
 
     def mark_pending(self, before: dict[str, tuple[str, str]] | None) -> list[tuple[str, str, str]]:
         """Mark the knobs whose setting differs from ``before`` (``settings`` at the last
@@ -185,14 +188,9 @@ class Knobs:
             The fields marked (those that are knobs here).
         """
         wanted = set(fields)
-        marked = []
         for field, widget in self.outlined().items():
-            if field in wanted:
-                widget.add_class("rl-at-fault")
-                marked.append(field)
-            else:
-                widget.remove_class("rl-at-fault")
-        return marked
+            (widget.add_class if field in wanted else widget.remove_class)("rl-at-fault")
+        return [field for field in self.outlined() if field in wanted]
 
     def not_applicable(self) -> dict[str, str]:
         """The knobs the current choices make irrelevant, each with the reason (shown, and disabled)."""

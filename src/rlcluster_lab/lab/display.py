@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
-from rlcluster_lab.lab.controls import knob_value
 from rlcluster_lab.lab.flow import actor_share_text, changes_html, p14_joined, warning_lines
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
@@ -34,7 +33,7 @@ from rlcluster_lab.lab.sync_figures import sync_bytes, sync_peak
 if TYPE_CHECKING:
     from rlcluster_lab.lab.controls import Knobs
 
-_PANELS = ("flow", "grid", "memory", "sync")
+# The panels (the views that show figures), each with its heading.
 TITLES = {
     "flow": "Decision flow (L1): the branches that fired are highlighted",
     "grid": "Devices: which role holds what, on which device",
@@ -100,7 +99,7 @@ class Display:
         self.changes.add_class("rl-changes")
         self.step_log = widgets.HTML()
         self.step_log.add_class("rl-step-log")
-        self.outputs = {name: widgets.Output(layout=widgets.Layout(min_height="120px")) for name in _PANELS}
+        self.outputs = {name: widgets.Output(layout=widgets.Layout(min_height="120px")) for name in TITLES}
         for name, out in self.outputs.items():
             out.add_class(f"rl-panel-{name}")
         # Per view, under its heading: what it shows is the last construction, not the knobs' changes since.
@@ -290,12 +289,8 @@ def knobs_table(knobs: Knobs) -> str:
     for field in _in_screen_order(knobs.widget, {id(w): f for f, w in outlined.items()}):
         if field in ("rollout_shape", "rollout_devices") and not custom:
             continue
-        widget = outlined[field]
-        if field == "rollout_devices":
-            name, value = "rollout devices", ", ".join(str(d.id) for d in knobs.picked_devices()) or "none"
-        else:
-            name, value = str(widget.description), knob_value(widget)
-        color = "color:#9a9a9a;" if getattr(widget, "disabled", False) else ""
+        name, value = knobs.shown(field)
+        color = "color:#9a9a9a;" if getattr(outlined[field], "disabled", False) else ""
         cell = f"style='text-align:left;padding:1px 10px 1px 0;{color}'"
         rows.append(f"<tr><td {cell}>{html.escape(name)}</td><td {cell}><b>{html.escape(value)}</b></td></tr>")
     return f"<table class='rl-picture-knobs' style='{_FONT}'>{''.join(rows)}</table>"

@@ -342,30 +342,31 @@ def p11_compare(
     )
 
 
-def p11_setting_rows(runs: Mapping[str, Mapping[str, Any]], tolerance: float = 1e-4) -> list[dict[str, Any]]:
+# Live and anchor agree within this many nats (float noise is ~1e-6).
+P11_TOLERANCE = 1e-4
+
+
+def p11_setting_rows(runs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per setting: optimizer steps per global step, and on how many of them live == anchor."""
     rows = []
     for label, run in runs.items():
         recs = run["p11"]
         steps = max(run["config"]["steps"], 1)
-        same = sum(r["live_vs_anchor"] <= tolerance for r in recs)
+        same = sum(r["live_vs_anchor"] <= P11_TOLERANCE for r in recs)
         rows.append(
             {
                 "setting": label,
                 "optimizer steps per global step": len(recs) // steps,
                 "live == anchor": f"{same} of {len(recs)}",
-                "anchor == sampler": f"{sum(r['anchor_vs_sampler'] <= tolerance for r in recs)} of {len(recs)}",
+                "anchor == sampler": f"{sum(r['anchor_vs_sampler'] <= P11_TOLERANCE for r in recs)} of {len(recs)}",
             }
         )
     return rows
 
 
-def p11_rows(result: Mapping[str, Any], tolerance: float = 1e-4) -> list[dict[str, Any]]:
-    """Per (iteration, mini-batch) position in a global step: do live and anchor agree?
-
-    Agreement is within ``tolerance`` nats (float noise is ~1e-6); the anchor
-    and the sampler must agree everywhere.
-    """
+def p11_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per (iteration, mini-batch) position in a global step: do live and anchor agree
+    (within ``P11_TOLERANCE``)? The anchor and the sampler must agree everywhere."""
     groups: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
     for rec in result["p11"]:
         groups.setdefault((rec["iteration"], rec["rows"][0]), []).append(rec)
@@ -376,8 +377,8 @@ def p11_rows(result: Mapping[str, Any], tolerance: float = 1e-4) -> list[dict[st
                 "iteration": iteration,
                 "rows": f"{recs[0]['rows'][0]}-{recs[0]['rows'][1]}",
                 "optimizer steps before": recs[0]["steps_taken_before"],
-                "live == anchor": all(r["live_vs_anchor"] <= tolerance for r in recs),
-                "anchor == sampler": all(r["anchor_vs_sampler"] <= tolerance for r in recs),
+                "live == anchor": all(r["live_vs_anchor"] <= P11_TOLERANCE for r in recs),
+                "anchor == sampler": all(r["anchor_vs_sampler"] <= P11_TOLERANCE for r in recs),
             }
         )
     return rows

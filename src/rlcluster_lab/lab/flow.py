@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.core.trace import seen
-from rlcluster_lab.lab.style import ROLE_ORDER, fmt_bytes
+from rlcluster_lab.lab.style import ROLE_ORDER, fmt_bytes, in_order
 from rlcluster_lab.rules.anchor import P8
 from rlcluster_lab.rules.catalogue import RULES
 from rlcluster_lab.rules.loading import P5, P14, LoadBranch, OffloadAnswer, OffloadBranch, P5Values, P14Values
@@ -397,10 +397,8 @@ def measured_text(report: Mapping[str, Any], role: str) -> str:
     if not held:
         return ""
     if role == "actor":
-        others = sorted(
-            {r for g in memory.get("shared", []) if "actor" in g.get("roles", []) for r in g["roles"] if r != "actor"},
-            key=lambda r: ROLE_ORDER.index(r) if r in ROLE_ORDER else len(ROLE_ORDER),
-        )
+        holders = {r for g in memory.get("shared", []) if "actor" in g.get("roles", []) for r in g["roles"]}
+        others = in_order(list(holders - {"actor"}), ROLE_ORDER)
         return ("measured: its buffers are held by " + ", ".join(others) + " too") if others else ""
     linked = "actor" in report.get("sharing_map", {}).get(role, [])
     shared = shared_bytes(memory, role, "actor")
@@ -507,16 +505,8 @@ def decision_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
             and (link.src, link.dst) not in _NOT_A_REASON
             and read_before.get((link.src, link.dst)) != link.value
         )
-        out.append(
-            Change(
-                key,
-                row.question,
-                _fired(old.get(key)),
-                _fired(new.get(key)),
-                new[key].detail if key in new else "",
-                because,
-            )
-        )
+        detail = new[key].detail if key in new else ""
+        out.append(Change(key, row.question, _fired(old.get(key)), _fired(new.get(key)), detail, because))
     return out
 
 

@@ -55,11 +55,13 @@ _SPARE_TINTS = ["#222222", "#bbbbbb", "#777777", "#e0e0e0"]
 
 def own_bytes(memory: Mapping[str, Any], entry: str, dev: str, kind: str) -> int:
     """What ``entry`` holds on ``dev`` in ``kind`` that no other entry holds."""
-    held = int(memory.get("by_role", {}).get(entry, {}).get("by_device", {}).get(dev, {}).get(kind, 0))
-    for g in memory.get("shared", []):
-        if entry in g.get("roles", []):
-            held -= int((g.get("by_device") or {}).get(dev, {}).get(kind, 0))
-    return held
+    held = _on(memory.get("by_role", {}).get(entry, {}), dev, kind)
+    return held - sum(_on(g, dev, kind) for g in memory.get("shared", []) if entry in g.get("roles", []))
+
+
+def _on(holding: Mapping[str, Any], dev: str, kind: str) -> int:
+    """The bytes a role's or a shared set's ``by_device`` gives for ``dev`` and ``kind``."""
+    return int((holding.get("by_device") or {}).get(dev, {}).get(kind, 0))
 
 
 def memory_by_device(memory: Mapping[str, Any]) -> Svg:
@@ -122,78 +124,45 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     for i, dev in enumerate(devices):
         for k, kind in enumerate(kinds):
             x = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
-            y = base
-            pinned = kind == "pinned_host"
-            for e in entries:
-                v = own_bytes(memory, e, dev, kind)
-                if v > 0:
-                    drawn.setdefault(e, set()).add(kind)
-                    h = v * scale
-                    color = ROLE_COLORS.get(e, "#999999")
-                    c.rect(
-                        x,
-                        y - h,
-                        bar_w - 2,
-                        h,
-                        c.dots(color) if pinned else color,
-                        stroke="white",
-                        width=0.5,
-                        id=f"seg:{dev}:{kind}:{e}",
-                        title=f"{e} on device {dev} ({kind}): {fmt_bytes(v)}, its own",
-                        nbytes=v,
-                    )
-                    y -= h
-            for g, fill in zip(groups, group_fills):
-                v = int((g.get("by_device") or {}).get(dev, {}).get(kind, 0))
-                if v > 0:
-                    h = v * scale
-                    names = " = ".join(g["roles"])
-                    drawn.setdefault(names, set()).add(kind)
-                    c.rect(
-                        x,
-                        y - h,
-                        bar_w - 2,
-                        h,
-                        fill,
-                        stroke="#555555",
-                        width=0.5,
-                        id=f"seg:{dev}:{kind}:{'+'.join(g['roles'])}",
-                        title=f"{names} on device {dev} ({kind}): {fmt_bytes(v)} held once",
-                        nbytes=v,
-                    )
-                    y -= h
+            own = [(e, v) for e in entries if (v := own_bytes(memory, e, dev, kind)) > 0]
+            held_once = [(g["roles"], fill, _on(g, dev, kind)) for g, fill in zip(groups, group_fills)]
+            held_once = [(roles, fill, v) for roles, fill, v in held_once if v > 0]
+            for name in [e for e, _ in own] + [" = ".join(roles) for roles, _, _ in held_once]:
+                drawn.setdefault(name, set()).add(kind)
+            parts = [
+                (
+                    v,
+                    c.kind_fill(kind, ROLE_COLORS.get(e, "#999999")),
+                    f"seg:{dev}:{kind}:{e}",
+                    f"{e} on device {dev} ({kind}): {fmt_bytes(v)}, its own",
+                )
+                for e, v in own
+            ]
+            y = c.bar(x, base, bar_w - 2, scale, parts, up=True, stroke="white", width=0.5)
+            parts = [
+                (
+                    v,
+                    fill,
+                    f"seg:{dev}:{kind}:{'+'.join(roles)}",
+                    f"{' = '.join(roles)} on device {dev} ({kind}): {fmt_bytes(v)} held once",
+                )
+                for roles, fill, v in held_once
+            ]
+            c.bar(x, y, bar_w - 2, scale, parts, up=True, stroke="#555555", width=0.5)
             held = int(by_device.get(dev, {}).get(kind, 0))
             n = naive[(dev, kind)]
             if n > held:
                 dashed = True
-                c.rect(
-                    x,
-                    base - n * scale,
-                    bar_w - 2,
-                    (n - held) * scale,
-                    "none",
-                    stroke="#777777",
-                    width=1,
-                    dash="3,2",
-                    id=f"naive:{dev}:{kind}",
-                    nbytes=n - held,
-                    title=f"device {dev} ({kind}): {fmt_bytes(n - held)} more if every role had its own copy",
-                )
+                title = f"device {dev} ({kind}): {fmt_bytes(n - held)} more if every role had its own copy"
+                outline = {"stroke": "#777777", "width": 1, "dash": "3,2", "id": f"naive:{dev}:{kind}", "title": title}
+                c.rect(x, base - n * scale, bar_w - 2, (n - held) * scale, "none", nbytes=n - held, **outline)
         if dev in in_use:
             # The allocator counts device memory: the tick sits on the device-memory bar.
             k = kinds.index("device") if "device" in kinds else 0
             x0 = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
             y = base - in_use[dev] * scale
-            c.rect(
-                x0 - 3,
-                y - 1.5,
-                bar_w + 4,
-                3,
-                "black",
-                id=f"alloc:{dev}",
-                nbytes=in_use[dev],
-                title=f"device {dev}: the allocator reports {fmt_bytes(in_use[dev])} in use",
-            )
+            title = f"device {dev}: the allocator reports {fmt_bytes(in_use[dev])} in use"
+            c.rect(x0 - 3, y - 1.5, bar_w + 4, 3, "black", id=f"alloc:{dev}", nbytes=in_use[dev], title=title)
         c.text(left + i * slot + slot / 2, base + 17, f"dev {dev}", size=MIN_FONT, anchor="middle")
     # Each swatch as its segments are drawn: dotted where they are all in pinned host.
     items = [
@@ -250,7 +219,7 @@ def held_with(memory: Mapping[str, Any], entry: str) -> list[tuple[str, int]]:
             for r in g["roles"]:
                 if r != entry:
                     out[r] = out.get(r, 0) + int(g.get("bytes", 0))
-    return sorted(out.items(), key=lambda kv: ENTRY_ORDER.index(kv[0]) if kv[0] in ENTRY_ORDER else 99)
+    return [(r, out[r]) for r in in_order(list(out), ENTRY_ORDER)]
 
 
 def role_sums(memory: Mapping[str, Any]) -> dict[str, int]:
@@ -309,40 +278,23 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
         total = int(by_role[e].get("bytes", 0))
         counted, borrowed = role_parts(memory, e)
         c.text(left - 8, y + 18, e, size=13, anchor="end", weight="bold")
-        x = left
-        for kind in KINDS:
-            v = counted.get(kind, 0)
-            if v <= 0:
-                continue
-            kinds_seen.add(kind)
-            c.rect(
-                x,
-                y + 4,
-                v * scale,
-                row_h - 14,
-                c.dots(color) if kind == "pinned_host" else color,
-                stroke=color,
-                width=0.6,
-                id=f"seg:role:{e}:held:{kind}",
-                nbytes=v,
-                title=f"{e}: {fmt_bytes(v)} in {kind}, counted here",
+        held = [k for k in KINDS if counted.get(k, 0) > 0]
+        kinds_seen.update(held)
+        parts = [
+            (
+                counted[k],
+                c.kind_fill(k, color),
+                f"seg:role:{e}:held:{k}",
+                f"{e}: {fmt_bytes(counted[k])} in {k}, counted here",
             )
-            x += v * scale
+            for k in held
+        ]
+        x = c.bar(left, y + 4, row_h - 14, scale, parts, stroke=color, width=0.6)
         for owner, v in borrowed:
-            hatched = True
-            c.rect(
-                x,
-                y + 4,
-                v * scale,
-                row_h - 14,
-                c.hatch(ROLE_COLORS.get(owner, "#999999"), color),
-                stroke=ROLE_COLORS.get(owner, "#999999"),
-                width=0.6,
-                id=f"seg:role:{e}:same:{owner}",
-                nbytes=v,
-                title=f"{e}: {fmt_bytes(v)} that are the {owner}'s buffers (counted in the {owner}'s bar)",
-            )
-            x += v * scale
+            hatched, owner_color = True, ROLE_COLORS.get(owner, "#999999")
+            title = f"{e}: {fmt_bytes(v)} that are the {owner}'s buffers (counted in the {owner}'s bar)"
+            part = (v, c.hatch(owner_color, color), f"seg:role:{e}:same:{owner}", title)
+            x = c.bar(x, y + 4, row_h - 14, scale, [part], stroke=owner_color, width=0.6)
         kinds = ", ".join(k.replace("_", " ") for k in KINDS if by_role[e].get("by_kind", {}).get(k))
         text = f"{fmt_bytes(total)}" + (f" in {kinds}" if kinds and kinds != "device" else "") if total else "nothing"
         for owner, v in borrowed:

@@ -20,10 +20,10 @@ from matplotlib.ticker import MultipleLocator
 from rlcluster_lab.lab.style import text_width
 
 
-def to_png(fig: Figure, dpi: int = 100) -> bytes:
-    """PNG bytes of a figure (for an ipywidgets Image or a file)."""
+def to_png(fig: Figure) -> bytes:
+    """PNG bytes of a figure at 100 dpi (for an ipywidgets Image or a file)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
 
 
@@ -52,8 +52,8 @@ def new_figure(width: float, height: float, layout: str | None = "constrained") 
     return Figure(figsize=(min(width, MAX_WIDTH), height), layout=layout)
 
 
-def legend_columns(fig: Figure, labels: Sequence[str], size: float = MIN_PT) -> int:
-    """How many columns a legend under the figure can have and still fit its width."""
-    widest = max([text_width(line, size) for label in labels for line in label.split("\n")] + [1.0])
-    per_column = widest + 3.2 * size  # the swatch, its gap and the gap between columns, in pt
+def legend_columns(fig: Figure, labels: Sequence[str]) -> int:
+    """How many columns a legend under the figure (at ``MIN_PT``) can have and still fit its width."""
+    widest = max([text_width(line, MIN_PT) for label in labels for line in label.split("\n")] + [1.0])
+    per_column = widest + 3.2 * MIN_PT  # the swatch, its gap and the gap between columns, in pt
     return max(1, min(len(labels), int((72 * fig.get_figwidth() - 20) // per_column)))

@@ -39,9 +39,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.lab.flow import (
-    OPTION_LABELS,
     FlowRow,
     actor_share_text,
+    answer_label,
     flow_links,
     flow_rows,
     link_ends,
@@ -68,7 +68,7 @@ from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, leg
 
 def _option_need(row: FlowRow) -> list[float]:
     """The width each answer's box needs for its label (in bold for the one that fired)."""
-    return [max(text_width(OPTION_LABELS.get(o, o), MIN_FONT, bold=o == row.fired) + 14, 56.0) for o in row.options]
+    return [max(text_width(answer_label(o), MIN_FONT, bold=o == row.fired) + 14, 56.0) for o in row.options]
 
 
 def _option_widths(row: FlowRow, room: float, gap: float) -> list[float]:
@@ -118,31 +118,15 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
         c.rect(left, y, 38, 22, "#333333", rx=4, id=f"key:{row.key}")
         c.text(left + 19, y + 16, rule, size=MIN_FONT, anchor="middle", weight="bold", fill="white")
         c.text(q_x, y + 16, clip(row.question, q_w), size=MIN_FONT, title=row.question)
-        labels = [OPTION_LABELS.get(o, o) for o in row.options]
+        labels = [answer_label(o) for o in row.options]
         x = opt_x
         for option, label, w in zip(row.options, labels, _option_widths(row, WIDTH - 8 - opt_x, 5)):
             fired = option == row.fired
-            c.rect(
-                x,
-                y,
-                w,
-                22,
-                HIGHLIGHT if fired else IDLE,
-                stroke="#333333" if fired else "#cccccc",
-                width=1.6 if fired else 0.8,
-                rx=4,
-                id=f"{row.key}:{option}",
-                title=f"{row.key}: {label}" + (" (fired)" if fired else ""),
-            )
-            c.text(
-                x + w / 2,
-                y + 16,
-                clip(label, w - 8, MIN_FONT, bold=fired),
-                size=MIN_FONT,
-                anchor="middle",
-                weight="bold" if fired else None,
-                fill=TEXT if fired else IDLE_TEXT,
-            )
+            box = {"stroke": "#333333", "width": 1.6} if fired else {"stroke": "#cccccc", "width": 0.8}
+            title = f"{row.key}: {label}" + (" (fired)" if fired else "")
+            c.rect(x, y, w, 22, HIGHLIGHT if fired else IDLE, rx=4, id=f"{row.key}:{option}", title=title, **box)
+            word = {"weight": "bold", "fill": TEXT} if fired else {"fill": IDLE_TEXT}
+            c.text(x + w / 2, y + 16, clip(label, w - 8, MIN_FONT, bold=fired), size=MIN_FONT, anchor="middle", **word)
             x += w + 5
         for k, line in enumerate(detail):
             c.text(q_x, y + 38 + 16 * k, line, size=MIN_FONT, fill=MUTED, title=row.detail)
@@ -206,10 +190,9 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
         coords = mesh_coords(mesh)
         for j, dev in enumerate(ids):
             x = label_w + j * cell_w
+            cell = (x + 2, y + 2, cell_w - 4, row_h - 6)
             if dev not in coords:
-                c.rect(
-                    x + 2, y + 2, cell_w - 4, row_h - 6, "white", stroke="#dddddd", width=0.6, id=f"cell:{name}:{dev}"
-                )
+                c.rect(*cell, "white", stroke="#dddddd", width=0.6, id=f"cell:{name}:{dev}")
                 continue
             color = ROLE_COLORS.get(role, "#999999")
             held = sum(by_role.get(role, {}).get("by_device", {}).get(str(dev), {}).values()) if not dashed else 0
@@ -226,19 +209,8 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 title += f"; holds {fmt_bytes(held)}" + (
                     f", of which {fmt_bytes(shared)} are the actor's buffers" if shared else ""
                 )
-            c.rect(
-                x + 2,
-                y + 2,
-                cell_w - 4,
-                row_h - 6,
-                fill,
-                stroke=color,
-                width=1.4,
-                dash="4,3" if dashed else None,
-                rx=3,
-                id=f"cell:{name}:{dev}",
-                title=title,
-            )
+            dash = "4,3" if dashed else None
+            c.rect(*cell, fill, stroke=color, width=1.4, dash=dash, rx=3, id=f"cell:{name}:{dev}", title=title)
             ink = "white" if fill == color else TEXT
             for line, base in ((",".join(map(str, coords[dev])), y + 17), (clip(note, cell_w - 6), y + 32)):
                 if not line:

@@ -43,14 +43,8 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
     for y, e in enumerate(entries):
         fits = verdicts.get(e, {}).get("fits")
         note = "" if fits is None else ("  fits per device" if fits else "  too big for one device")
-        ax_role.text(
-            left[y],
-            y,
-            f" {fmt_bytes(by_role[e].get('bytes', 0))}{note}",
-            va="center",
-            fontsize=MIN_PT,
-            color="black" if fits is not False else "#c44e52",
-        )
+        said, color = f" {fmt_bytes(by_role[e].get('bytes', 0))}{note}", "black" if fits is not False else "#c44e52"
+        ax_role.text(left[y], y, said, va="center", fontsize=MIN_PT, color=color)
     ax_role.set_xlim(0, max(left + [1]) * 2.2)  # room for the label after the longest bar
     ax_role.set_yticks(range(len(entries)), entries, fontsize=MIN_PT)
     ax_role.invert_yaxis()
@@ -64,14 +58,8 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
     for bar, d in zip(bars, devices):
         bar.set_gid(f"bar:device:{d}:device")
     if capacity:
-        ax_dev.axhline(
-            capacity,
-            color="black",
-            linestyle="--",
-            linewidth=1.2,
-            gid="line:capacity",
-            label=f"device memory {fmt_bytes(capacity)}",
-        )
+        said = f"device memory {fmt_bytes(capacity)}"
+        ax_dev.axhline(capacity, color="black", linestyle="--", linewidth=1.2, gid="line:capacity", label=said)
     step = max(1, len(devices) // 16)
     ax_dev.set_xticks(
         range(0, len(devices), step), [f"{devices[i]}" for i in range(0, len(devices), step)], fontsize=MIN_PT

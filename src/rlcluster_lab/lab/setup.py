@@ -74,10 +74,6 @@ class LabDevices:
     def device_count(self) -> int:
         return len(self.devices)
 
-    def reachable_on_accelerator(self) -> tuple[str, ...]:
-        """The layouts the real accelerator alone can form (empty without one)."""
-        return tuple(reachable_layouts(list(self.accelerator_devices))) if self.accelerator_devices else ()
-
     def summary(self) -> str:
         acc = self.accelerator_devices
         where = "simulated CPU" if self.simulated else self.platform
@@ -102,9 +98,7 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
-def choose_devices(
-    accelerators: Sequence[Any], cpus: Sequence[Any], n_devices: int
-) -> tuple[list[Any], bool, list[str]]:
+def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[list[Any], bool, list[str]]:
     """Which devices to build layouts on: (devices, simulated, notes).
 
     Accelerators win when they can form every standard layout; otherwise (a single chip: only
@@ -180,7 +174,7 @@ def setup(
                 f"{len(accelerators)} {accelerators[0].platform} device(s)"
             ]
     else:
-        devices, simulated, notes = choose_devices(accelerators, cpus, n_devices)
+        devices, simulated, notes = choose_devices(accelerators, cpus)
     platform = devices[0].platform if devices else "cpu"
     if warm and simulated and cache is not None:
         # A separate process: the cell never waits, and nothing it compiles holds this kernel's memory.
@@ -235,7 +229,7 @@ def _register_figure_display() -> None:
 
     from rlcluster_lab.lab.mpl import to_png
 
-    shell.display_formatter.formatters["image/png"].for_type(Figure, lambda fig: to_png(fig))
+    shell.display_formatter.formatters["image/png"].for_type(Figure, to_png)
 
 
 def progress(total: int, label: str = "") -> Callable[[Any], None]:

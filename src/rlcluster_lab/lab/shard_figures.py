@@ -98,17 +98,9 @@ def _draw_layout(ax: Any, layout: ShardLayout, width_in: float) -> None:
         w_pt, h_pt = (c1 - c0) / cols * width_pt, (r1 - r0) / rows * height_pt
         nbytes = next(s.nbytes for s in layout.shards if s.box == box)
         alone = len(devices) == 1
-        ax.add_patch(
-            Rectangle(
-                (c0, r0),
-                c1 - c0,
-                r1 - r0,
-                facecolor=device_color(devices[0]) if alone else "#eeeeee",
-                edgecolor="#222222",
-                linewidth=1.2,
-                gid=f"shard:{layout.label}:{_box_id(box)}:{','.join(map(str, devices))}",
-            )
-        )
+        face = device_color(devices[0]) if alone else "#eeeeee"
+        gid = f"shard:{layout.label}:{_box_id(box)}:{','.join(map(str, devices))}"
+        ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=face, edgecolor="#222222", linewidth=1.2, gid=gid))
         if alone:
             label = _fit([f"dev {devices[0]}\n{fmt_bytes(nbytes)}", f"dev {devices[0]}", str(devices[0])], w_pt, h_pt)
             _centred(ax, (c0 + c1) / 2, (r0 + r1) / 2, label)
@@ -132,6 +124,7 @@ def _draw_layout(ax: Any, layout: ShardLayout, width_in: float) -> None:
 
 
 _CHIP, _GAP = 15.0, 3.0  # points: a device chip and the space between chips
+_CHIP_EDGE = {"edgecolor": "#555555", "linewidth": 0.6}
 
 
 def _chips(
@@ -164,17 +157,8 @@ def _chips(
         left_pt = (w_pt - (in_line * step - _GAP)) / 2 + col * step
         x = c0 + left_pt * per_pt[0]
         y = r0 + (top_pt + line * step) * per_pt[1]
-        ax.add_patch(
-            Rectangle(
-                (x, y),
-                _CHIP * per_pt[0],
-                _CHIP * per_pt[1],
-                facecolor=device_color(dev),
-                edgecolor="#555555",
-                linewidth=0.6,
-                gid=f"chip:{dev}",
-            )
-        )
+        size = (_CHIP * per_pt[0], _CHIP * per_pt[1])
+        ax.add_patch(Rectangle((x, y), *size, facecolor=device_color(dev), gid=f"chip:{dev}", **_CHIP_EDGE))
         _centred(ax, x + _CHIP * per_pt[0] / 2, y + _CHIP * per_pt[1] / 2, str(dev))
     if note_fits:
         _centred(ax, (c0 + c1) / 2, r0 + (top_pt + lines * step + MIN_FONT * 0.6) * per_pt[1], note)
@@ -238,6 +222,9 @@ def shard_layouts(layouts: Sequence[ShardLayout], title: str = "", columns: int 
     return fig
 
 
+_CELL_EDGE = {"edgecolor": "white", "linewidth": 1}  # between the device-pair grid's cells
+
+
 def _draw_grid(ax: Any, flows: SyncFlows, srcs: Sequence[int], dsts: Sequence[int], width_in: float) -> None:
     """Source device (rows) x destination device (columns): bytes moved, copied or reused."""
     ax.set_xlim(0, len(dsts))
@@ -255,23 +242,13 @@ def _draw_grid(ax: Any, flows: SyncFlows, srcs: Sequence[int], dsts: Sequence[in
                 n = flows.moved.get((s, d), 0)
                 parts = [("moved", n)] if n else []
             if not parts:
-                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#f5f5f5", edgecolor="white", linewidth=1))
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#f5f5f5", **_CELL_EDGE))
                 continue
             for k, (how, n) in enumerate(parts):
                 h = 1 / len(parts)
                 alpha = 0.3 + 0.7 * n / top if how == "moved" else 0.85
-                ax.add_patch(
-                    Rectangle(
-                        (j, i + k * h),
-                        1,
-                        h,
-                        facecolor=_COLOR[how],
-                        alpha=alpha,
-                        edgecolor="white",
-                        linewidth=1,
-                        gid=f"flow:{how}:{s}:{d}:{n}",
-                    )
-                )
+                gid = f"flow:{how}:{s}:{d}:{n}"
+                ax.add_patch(Rectangle((j, i + k * h), 1, h, facecolor=_COLOR[how], alpha=alpha, gid=gid, **_CELL_EDGE))
                 _centred(ax, j + 0.5, i + (k + 0.5) * h, _fit([short_bytes(n)], cell_pt, cell_pt * h))
     ax.set_xticks([j + 0.5 for j in range(len(dsts))], [str(d) for d in dsts], fontsize=MIN_FONT)
     ax.set_yticks([i + 0.5 for i in range(len(srcs))], [str(s) for s in srcs], fontsize=MIN_FONT)

@@ -70,15 +70,14 @@ def wait_text(
 
 
 class Ticker:
-    """Shows ``text(seconds so far)`` at once, then again every ``interval`` seconds from a thread
+    """Shows ``text(seconds so far)`` at once, then again every ``TICK_SECONDS`` from a thread
     until stopped.
 
     Args:
         show: where the text goes (the status line).
         text: the text for a number of seconds since ``start``.
-        interval: seconds between redraws.
         clock: the time source (seconds).
-        stop: the event that ends the redraws (its ``wait(interval)`` paces them).
+        stop: the event that ends the redraws (its ``wait(TICK_SECONDS)`` paces them).
     """
 
     def __init__(
@@ -86,12 +85,11 @@ class Ticker:
         show: Callable[[str], None],
         text: Callable[[float], str],
         *,
-        interval: float = TICK_SECONDS,
         clock: Callable[[], float] = time.perf_counter,
         stop: threading.Event | None = None,
         since: float | None = None,
     ) -> None:
-        self.show, self.text, self.interval, self.clock = show, text, interval, clock
+        self.show, self.text, self.clock = show, text, clock
         self._stop = stop or threading.Event()
         self._since = since
         self._thread: threading.Thread | None = None
@@ -115,8 +113,8 @@ class Ticker:
             self.show(self.text(self.elapsed()))
 
     def run(self) -> None:
-        """Redraw every ``interval`` until stopped."""
-        while not self._stop.wait(self.interval):
+        """Redraw every ``TICK_SECONDS`` until stopped."""
+        while not self._stop.wait(TICK_SECONDS):
             self.redraw()
 
     def stop(self) -> float:
@@ -260,6 +258,8 @@ class StatusLine:
 
 
 STEP_COUNTER = "global step"  # the one step counter the lab names (the cluster's syncs so far)
+# Which cluster is live after a refusal or a failure, by whether the previous one was kept.
+LIVE_AFTER = {True: "The cluster shown is still the previous one.", False: "No cluster is live now."}
 
 
 def constructed(report: Mapping[str, Any], seconds: float) -> str:
@@ -309,8 +309,7 @@ def refused(kept: bool, outlined: bool, *, failed: bool = False) -> str:
     its message is (beside the outlined knob it names, or beside the buttons), and which
     cluster is live."""
     where = "see the note by the outlined knob" if outlined else "see the note by the buttons"
-    after = "The cluster shown is still the previous one." if kept else "No cluster is live now."
-    return f"{'Failed' if failed else 'Refused'}: {where}. {after}"
+    return f"{'Failed' if failed else 'Refused'}: {where}. {LIVE_AFTER[kept]}"
 
 
 def details(

@@ -169,21 +169,13 @@ def p11_gap(result: Mapping[str, Any]) -> Figure:
     ax = fig.add_subplot()
     ax.set_yscale("log")
     ax.plot(xs, live, color=ROLE_COLORS["actor"], linewidth=0.8, alpha=0.6)
-    ax.scatter(
-        [x for x, f in zip(xs, fresh) if f],
-        [v for v, f in zip(live, fresh) if f],
-        facecolors="none",
-        edgecolors=ROLE_COLORS["actor"],
-        label="live vs anchor, first optimizer step of a global step",
-        gid="points:live:first",
-    )
-    ax.scatter(
-        [x for x, f in zip(xs, fresh) if not f],
-        [v for v, f in zip(live, fresh) if not f],
-        color=ROLE_COLORS["actor"],
-        label="live vs anchor, after the actor stepped",
-        gid="points:live:later",
-    )
+    open_dots, dots = {"facecolors": "none", "edgecolors": ROLE_COLORS["actor"]}, {"color": ROLE_COLORS["actor"]}
+    for first, look, said, gid in (
+        (True, open_dots, "first optimizer step of a global step", "first"),
+        (False, dots, "after the actor stepped", "later"),
+    ):
+        at = [i for i, f in enumerate(fresh) if f == first]
+        ax.scatter(at, [live[i] for i in at], label=f"live vs anchor, {said}", gid=f"points:live:{gid}", **look)
     ax.plot(
         xs,
         sampler,

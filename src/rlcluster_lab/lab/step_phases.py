@@ -340,9 +340,7 @@ def measure_step(learner: GRPOLearner) -> StepPhases:
     )
 
 
-def run_steps(
-    cluster: Any, steps: int = 2, config: LearnerConfig | None = None, prompts: Sequence[str] = EVEN_PROMPTS
-) -> list[StepPhases]:
+def run_steps(cluster: Any, steps: int = 2) -> list[StepPhases]:
     """``steps`` learner steps on ``cluster``, each measured phase by phase.
 
     The default prompts all have one length, so every step has the same shapes: the
@@ -353,8 +351,7 @@ def run_steps(
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
-    config = config or LearnerConfig(steps=steps, prompts_per_step=4, group_size=4)
-    learner = GRPOLearner(cluster, config, prompts=prompts)
+    learner = GRPOLearner(cluster, LearnerConfig(steps=steps, prompts_per_step=4, group_size=4), prompts=EVEN_PROMPTS)
     return [measure_step(learner) for _ in range(steps)]
 
 

@@ -64,10 +64,10 @@ def fmt_bytes(n: float) -> str:
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
-def byte_ticks(top: float, most: int = 4) -> list[tuple[float, str]]:
+def byte_ticks(top: float) -> list[tuple[float, str]]:
     """Round axis ticks from 0 to at least ``top`` bytes, each with its label: steps of 1, 2,
     2.5 or 5 times a power of ten in the unit ``top`` is written in (``fmt_bytes``), at most
-    ``most`` steps, every label in that one unit; the last tick is the axis' top.
+    4 steps, every label in that one unit; the last tick is the axis' top.
     266,752 B (260.5 KiB) -> 0, 100, 200, 300 KiB."""
     top = max(float(top), 1.0)
     power = 0
@@ -78,7 +78,7 @@ def byte_ticks(top: float, most: int = 4) -> list[tuple[float, str]]:
     decade = 10 ** math.floor(math.log10(scaled))
     step = 10 * decade
     for factor in (0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5):
-        if (power > 0 or factor * decade >= 1) and math.ceil(scaled / (factor * decade) - 1e-9) <= most:
+        if (power > 0 or factor * decade >= 1) and math.ceil(scaled / (factor * decade) - 1e-9) <= 4:
             step = factor * decade
             break
     ticks = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rlcluster_lab.lab.style import text_width
@@ -68,6 +68,10 @@ class Canvas:
         )
         return f"url(#{pid})"
 
+    def kind_fill(self, kind: str, color: str) -> str:
+        """The fill of bytes in memory ``kind``: ``color``, dotted in pinned host memory."""
+        return self.dots(color) if kind == "pinned_host" else color
+
     def rect(
         self,
         x: float,
@@ -97,6 +101,22 @@ class Canvas:
         if dash:
             attrs.append(f'stroke-dasharray="{dash}"')
         self._add("rect", " ".join(attrs), id, title)
+
+    def bar(
+        self, x: float, y: float, size: float, scale: float, parts: Iterable[tuple], *, up: bool = False, **style: Any
+    ) -> float:
+        """One bar's segments end to end, each ``bytes * scale`` long: rightwards from ``x`` at ``y``,
+        ``size`` high, or with ``up`` upwards from ``y`` at ``x``, ``size`` wide. ``parts``: (bytes,
+        fill, id, title), one of no bytes left out. Returns where the bar ends (x, or with ``up`` y)."""
+        for n, fill, id, title in parts:
+            if n > 0:
+                if up:
+                    y -= n * scale
+                    self.rect(x, y, size, n * scale, fill, id=id, title=title, nbytes=n, **style)
+                else:
+                    self.rect(x, y, n * scale, size, fill, id=id, title=title, nbytes=n, **style)
+                    x += n * scale
+        return y if up else x
 
     def text(
         self,
@@ -145,12 +165,11 @@ class Canvas:
         d: str,
         stroke: str,
         *,
-        width: float = 1.2,
         arrow: bool = False,
         id: str | None = None,
         title: str | None = None,
     ) -> None:
-        attrs = f'd="{d}" fill="none" stroke="{stroke}" stroke-width="{width}"'
+        attrs = f'd="{d}" fill="none" stroke="{stroke}" stroke-width="1.2"'
         if arrow:
             self._patterns["arrow"] = (
                 '<marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
@@ -178,10 +197,10 @@ def element_id(id: str | None) -> str:
     return f' id="{html.escape(id, quote=True)}"' if id else ""
 
 
-def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]], width: float | None = None) -> float:
-    """Swatches and labels, left to right, wrapping at ``width`` (default: to 8 px from the right
-    edge); returns the y below them. Each swatch's id is ``legend:<its label>``."""
-    width = c.width - x - 8 if width is None else width
+def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]]) -> float:
+    """Swatches and labels, left to right, wrapping 8 px from the right edge; returns the y below
+    them. Each swatch's id is ``legend:<its label>``."""
+    width = c.width - x - 8
     cx = x
     for fill, label in items:
         w = 18 + text_width(label, MIN_FONT)

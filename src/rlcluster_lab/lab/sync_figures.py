@@ -71,64 +71,32 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
             y += 17 * bool(k)
         y += 10
         c.text(left - 8, y + 16, "synced", size=MIN_FONT, anchor="end", fill=MUTED)
-        x = left
-        for key, what, v in parts:
-            if v > 0:
-                c.rect(
-                    x,
-                    y + 2,
-                    v * scale,
-                    20,
-                    SYNC_COLORS[key],
-                    id=f"seg:sync:{label}:{key}",
-                    title=f"{what}: {fmt_bytes(v)}",
-                    nbytes=v,
-                )
-                x += v * scale
+        segments = [(v, SYNC_COLORS[k], f"seg:sync:{label}:{k}", f"{w}: {fmt_bytes(v)}") for k, w, v in parts]
+        c.bar(left, y + 2, 20, scale, segments)
         if logical:
             lx = left + logical * scale
             c.line(lx, y - 2, lx, y + 26, TEXT, width=2, dash="2,2", id=f"logical:{label}", nbytes=logical)
         y = legend(c, left, y + 42, [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts])
         c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
-        if moved - relayed > 0:
-            c.rect(
-                left,
-                y - 2,
-                (moved - relayed) * scale,
-                18,
-                SYNC_COLORS["arrived"],
-                id=f"seg:cross:{label}:kept",
-                nbytes=moved - relayed,
-                title=f"crossed devices and stayed: {fmt_bytes(moved - relayed)}",
-            )
-        if relayed > 0:
-            c.rect(
-                left + (moved - relayed) * scale,
-                y - 2,
-                relayed * scale,
-                18,
+        kept = moved - relayed
+        crossed = [
+            (kept, SYNC_COLORS["arrived"], f"seg:cross:{label}:kept", f"crossed devices and stayed: {fmt_bytes(kept)}"),
+            (
+                relayed,
                 SYNC_COLORS["relayed"],
-                id=f"seg:cross:{label}:relayed",
-                title=f"relayed: {fmt_bytes(relayed)} crossed but did not stay",
-                nbytes=relayed,
-            )
+                f"seg:cross:{label}:relayed",
+                f"relayed: {fmt_bytes(relayed)} crossed but did not stay",
+            ),
+        ]
+        c.bar(left, y - 2, 18, scale, crossed)
         mx = left + minimum * scale
         c.line(mx, y - 6, mx, y + 20, "black", width=2.5, id=f"min:{label}", nbytes=minimum)
         excess = int(s.get("excess_cross_device_bytes", moved - minimum))
-        lines = [
-            (
-                f"{fmt_bytes(moved)} crossed devices; the least this placement allows: {fmt_bytes(minimum)} "
-                f"(black tick); excess {fmt_bytes(excess)}"
-                + (
-                    ", all of it relayed"
-                    if relayed and relayed == excess
-                    else f", {fmt_bytes(relayed)} relayed (dark)"
-                    if relayed
-                    else ""
-                ),
-                TEXT,
-            )
-        ]
+        relay = "" if not relayed else f", {fmt_bytes(relayed)} relayed (dark)"
+        if relayed and relayed == excess:
+            relay = ", all of it relayed"
+        said = f"the least this placement allows: {fmt_bytes(minimum)} (black tick); excess {fmt_bytes(excess)}"
+        lines = [(f"{fmt_bytes(moved)} crossed devices; {said}{relay}", TEXT)]
         if logical and synced:
             lines.append(
                 (
@@ -138,26 +106,13 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
                     MUTED,
                 )
             )
-        seconds = s.get("seconds")
-        timing = (
-            ""
-            if seconds is None
-            else f"; handover {seconds * 1e3:.1f} ms"
-            + (
-                " incl. compiling"
-                if s.get("includes_compilation")
-                else " incl. reading programs from the compilation cache"
-                if s.get("includes_program_load")
-                else ""
-            )
-        )
-        lines.append(
-            (
-                f"reshard: {s.get('reshard_strategy', '?')}; anchor re-pinned "
-                f"{fmt_bytes(int(s.get('anchor_bytes', 0)))}" + timing,
-                MUTED,
-            )
-        )
+        timing = "" if s.get("seconds") is None else f"; handover {s['seconds'] * 1e3:.1f} ms"
+        if timing and s.get("includes_compilation"):
+            timing += " incl. compiling"
+        elif timing and s.get("includes_program_load"):
+            timing += " incl. reading programs from the compilation cache"
+        anchor = fmt_bytes(int(s.get("anchor_bytes", 0)))
+        lines.append((f"reshard: {s.get('reshard_strategy', '?')}; anchor re-pinned {anchor}{timing}", MUTED))
         y += 36
         for text, fill in lines:
             for line in wrap(text, WIDTH - left - 8, MIN_FONT, lines=2):
@@ -198,21 +153,12 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     for lf, label in zip(leaves, labels):
         path = str(lf.get("path"))
         c.text(left - 8, y + 13, clip(label, label_w - 12, MIN_FONT), size=MIN_FONT, anchor="end", title=label)
-        x = left
-        for key, what, color in SYNC_PARTS:
-            v = int(lf.get(key, 0))
-            if v > 0:
-                c.rect(
-                    x,
-                    y + 3,
-                    v * scale,
-                    row_h - 5,
-                    color,
-                    id=f"seg:leaf:{path}:{key}",
-                    nbytes=v,
-                    title=f"{path}: {fmt_bytes(v)} {what}",
-                )
-                x += v * scale
+        parts = [
+            (v, color, f"seg:leaf:{path}:{k}", f"{path}: {fmt_bytes(v)} {what}")
+            for k, what, color in SYNC_PARTS
+            if (v := int(lf.get(k, 0)))
+        ]
+        c.bar(left, y + 3, row_h - 5, scale, parts)
         minimum = int(lf.get("minimum_cross_device_bytes", 0))
         mx = left + minimum * scale
         c.line(mx, y + 1, mx, y + row_h, "black", width=2, id=f"min:leaf:{path}", nbytes=minimum)
@@ -255,7 +201,7 @@ def phase_label(p: Mapping[str, Any], chunks: int) -> str:
     return p["name"] if chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
 
 
-def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | None = None) -> Svg:
+def sync_peak(sync: Mapping[str, Any], device: str | None = None) -> Svg:
     """What a sync holds on one device above what was there before, phase by phase (L3).
 
     ``sync``: a sync report's JSON (or its ``transient_peak``), measured or planned.
@@ -278,9 +224,7 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | N
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
     left, right = LEFT, 16
     plot_w = WIDTH - left - right
-    c = Canvas(
-        WIDTH, 0, title or "Weight sync (P13): bytes alive on one device during the sync, above what was there before"
-    )
+    c = Canvas(WIDTH, 0, "Weight sync (P13): bytes alive on one device during the sync, above what was there before")
     source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
     mine = by_device.get(device, {})
     sub = (
@@ -301,7 +245,10 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | N
         c.text(left, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
         y += 36
     items = [
-        (_fill(c, k, color), what) for k in kinds for term, color, what in PANELS[k] if _used(phases, device, k, term)
+        (c.kind_fill(k, color), what)
+        for k in kinds
+        for term, color, what in PANELS[k]
+        if _used(phases, device, k, term)
     ]
     if any(_released(p, device) for p in phases):
         items.append((RELEASED_COLOR, "released: old arrays (or the old anchor) nothing holds any more"))
@@ -326,11 +273,6 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None, title: str | N
             y += 16
     c.height = y + 6
     return c.render()
-
-
-def _fill(c: Canvas, kind: str, color: str) -> str:
-    """Pinned host memory is dotted, as in the lab's memory figures."""
-    return c.dots(color) if kind == "pinned_host" else color
 
 
 def _terms(p: Mapping[str, Any], device: str, kind: str) -> dict[str, int]:
@@ -402,48 +344,22 @@ def _panel(
     c.text(left - 8, y + 30, fmt_bytes(up), size=MIN_FONT, anchor="end", fill=MUTED)
     for i, p in enumerate(phases):
         x = left + step * i + (step - bar) / 2
-        h0 = zero
-        label = phase_label(p, chunks)
-        for term, color, what in PANELS[kind]:
-            n = _terms(p, device, kind).get(term, 0)
-            if n:
-                h = n * scale
-                c.rect(
-                    x,
-                    h0 - h,
-                    bar,
-                    h,
-                    _fill(c, kind, color),
-                    id=f"peak:{kind}:{i}:{term}",
-                    nbytes=n,
-                    title=f"{label}: {what} {fmt_bytes(n)}",
-                )
-                h0 -= h
+        label, terms = phase_label(p, chunks), _terms(p, device, kind)
+        parts = [
+            (n, c.kind_fill(kind, color), f"peak:{kind}:{i}:{term}", f"{label}: {what} {fmt_bytes(n)}")
+            for term, color, what in PANELS[kind]
+            if (n := terms.get(term, 0))
+        ]
+        c.bar(x, zero, bar, scale, parts, up=True)
         gone = _released(p, device, kind)
         if gone:
+            title = f"{label}: released {fmt_bytes(gone)}"
             c.rect(
-                x,
-                zero,
-                bar,
-                gone * scale,
-                RELEASED_COLOR,
-                id=f"peak:{kind}:{i}:released",
-                nbytes=-gone,
-                title=f"{label}: released {fmt_bytes(gone)}",
+                x, zero, bar, gone * scale, RELEASED_COLOR, id=f"peak:{kind}:{i}:released", nbytes=-gone, title=title
             )
         level = _panel_level(p, device, kind)
-        ly = zero - level * scale
-        c.line(
-            x - 1,
-            ly,
-            x + bar + 1,
-            ly,
-            TEXT,
-            width=2,
-            id=f"level:{kind}:{i}",
-            nbytes=level,
-            title=f"{label}: {fmt_bytes(level)} above before",
-        )
+        ly, title = zero - level * scale, f"{label}: {fmt_bytes(level)} above before"
+        c.line(x - 1, ly, x + bar + 1, ly, TEXT, width=2, id=f"level:{kind}:{i}", nbytes=level, title=title)
     if top:
         py = zero - top * scale
         c.line(
@@ -495,31 +411,16 @@ def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = No
         top = max([float(p.get(key) or 0) for p in points] + [1e-12])
         h = 110.0
         base = y + 18 + h  # room above the tallest bar for its number
-        for k, line in enumerate(lines):
-            c.text(
-                left - 8,
-                y + 30 + 16 * k,
-                line,
-                size=MIN_FONT,
-                anchor="end",
-                weight="bold" if k == 0 else None,
-                fill=TEXT if k == 0 else MUTED,
-            )
+        c.text(left - 8, y + 30, lines[0], size=MIN_FONT, anchor="end", weight="bold")
+        for k, line in enumerate(lines[1:], 1):
+            c.text(left - 8, y + 30 + 16 * k, line, size=MIN_FONT, anchor="end", fill=MUTED)
         c.line(left, base, WIDTH - right, base, "#999999")
         for i, p in enumerate(points):
             v = float(p.get(key) or 0)
             x = left + step * i + (step - bar) / 2
             bh = h * v / top
-            c.rect(
-                x,
-                base - bh,
-                bar,
-                bh,
-                color,
-                id=f"curve:{key}:{i}",
-                nbytes=int(v) if key == "peak" else None,
-                title=f"{p['label']}: {fmt(v)}",
-            )
+            nbytes, title = int(v) if key == "peak" else None, f"{p['label']}: {fmt(v)}"
+            c.rect(x, base - bh, bar, bh, color, id=f"curve:{key}:{i}", nbytes=nbytes, title=title)
             c.text(x + bar / 2, base - bh - 4, fmt(v), size=MIN_FONT, anchor="middle")
             planned = p.get("planned") if key == "peak" else None
             if planned is not None:

@@ -124,22 +124,19 @@ def chunk_sweep(
     return points
 
 
-def sweep_rows(points: Sequence[Mapping[str, Any]], with_time: bool = False) -> list[dict[str, Any]]:
+def sweep_rows(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The sweep as a table: chunk size, chunks, the largest chunk, peak measured and planned
-    (and, ``with_time``, the median handover time, which varies run to run)."""
-    rows = []
-    for p in points:
-        row = {
+    (not the handover time, which varies run to run)."""
+    return [
+        {
             "chunk size": p["label"],
             "chunks": p["chunks"],
             "largest chunk": int(p["largest_chunk_bytes"]),
             "device peak": int(p["peak"]),
             "planned": int(p["planned"]),
         }
-        if with_time:
-            row["handover ms"] = f"{p['seconds'] * 1e3:.1f}"
-        rows.append(row)
-    return rows
+        for p in points
+    ]
 
 
 def order_rows(peak: Mapping[str, Any]) -> list[dict[str, Any]]:

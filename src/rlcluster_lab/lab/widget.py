@@ -326,9 +326,8 @@ class PlacementLab:
         self.error = f"{type(exc).__name__}: {message}"
         named = knobs_of(exc)
         marked = self.knobs.mark_at_fault(k.field for k in named)
-        after = "The cluster shown is still the previous one." if kept else "No cluster is live now."
         first = next((k.field for k in named if k.field in marked), "actions")  # the likeliest fix first
-        self.notes.show(first, type(exc).__name__, message, after)
+        self.notes.show(first, type(exc).__name__, message, sentences.LIVE_AFTER[kept])
         self.status.say(sentences.refused(kept, first != "actions", failed=failed), self.error)
 
     @contextlib.contextmanager
@@ -383,9 +382,6 @@ class Notes:
                     self.wrap(child, targets)
                 children.append(child)
         box.children = tuple(children)
-
-    def names(self) -> list[str]:
-        return list(self._notes)
 
     def show(self, name: str, title: str, message: str, after: str = "") -> None:
         """Show the note beside ``name`` (hiding any other): a bold title, the message, and a
