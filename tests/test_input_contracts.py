@@ -33,6 +33,7 @@ from rlcluster_lab import (
     with_lora,
 )
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.measure.memory import memory_report
 from rlcluster_lab.model import init_model, logps_from_state
 from rlcluster_lab.model.sampling import sample
 from rlcluster_lab.model.scoring import init_score_model, scores_from_state
@@ -395,6 +396,12 @@ def _tiny():
     return init_model("tiny", seed=0)
 
 
+def _lab(devices):
+    from rlcluster_lab.lab.widget import PlacementLab
+
+    return PlacementLab(devices=devices, rehearse=False)
+
+
 # (what is called, the argument it is given, the error, the words the message must have)
 FOREIGN = [
     (lambda: Scenario(max_tokens="8"), ConfigError, "max_tokens must be an int, got str"),
@@ -410,6 +417,13 @@ FOREIGN = [
     (lambda: build_cluster("colocated"), TypeError, "scenario must be a Scenario .* got str"),
     (lambda: build_cluster(None), TypeError, "scenario must be a Scenario .* got NoneType"),
     (lambda: build_cluster(Scenario(), devices=8), TypeError, "devices must be a list of JAX devices .*got int"),
+    (lambda: build_cluster(Scenario(), devices="cpu"), TypeError, "devices must be a list of JAX devices .*got str"),
+    (lambda: build_cluster(Scenario(), devices=[0, 1]), TypeError, "devices must hold JAX devices, got int"),
+    (lambda: build_cluster(Scenario(), devices=[]), ValueError, "devices is empty"),
+    (lambda: build_cluster(Scenario(), devices=jax.devices()[:1] * 2), ValueError, "devices lists a device twice"),
+    (lambda: _lab(5), TypeError, "devices must be a list of JAX devices .*got int"),
+    (lambda: _lab([]), ValueError, "devices is empty"),
+    (lambda: memory_report(None), TypeError, "memory_report takes a constructed cluster .* got NoneType"),
     (lambda: placement_report(None), TypeError, "cluster must be the lab's RLCluster .* got NoneType"),
     (lambda: GRPOLearner(None), TypeError, "cluster must be an RLCluster .* got NoneType"),
     (lambda: init_model(64), TypeError, "config must be a ModelConfig or a preset name .* got int"),

@@ -103,6 +103,31 @@ def fitting_shapes(count: int, config: ModelConfig) -> list[tuple[int, int]]:
     return [(a, b) for a, b in shapes if all(d % a == 0 for d in dims["fsdp"]) and all(d % b == 0 for d in dims["tp"])]
 
 
+def device_list(devices: Any, name: str = "devices") -> list[jax.Device]:
+    """``devices`` as a list of distinct JAX devices (None: ``jax.devices()``).
+
+    Raises:
+        TypeError: not a list of JAX devices (a count, a string, ids); the message names ``name``.
+        ValueError: empty, or a device listed twice.
+    """
+    if devices is None:
+        return jax.devices()
+    fix = "pass JAX devices (e.g. jax.devices()[:4], or rl.setup().devices in a notebook)"
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, (Sequence, np.ndarray)):
+        got = f"{type(devices).__name__} {devices!r:.40}"
+        raise TypeError(f"{name} must be a list of JAX devices (a Sequence), got {got}; {fix}")
+    out = list(devices)
+    foreign = [d for d in out if not isinstance(d, jax.Device)]
+    if foreign:
+        raise TypeError(f"{name} must hold JAX devices, got {type(foreign[0]).__name__} {foreign[0]!r:.40}; {fix}")
+    if not out:
+        raise ValueError(f"{name} is empty: a layout needs at least one device; {fix}")
+    if len({d.id for d in out}) < len(out):
+        ids = [d.id for d in out]
+        raise ValueError(f"{name} lists a device twice ({ids}); each device can hold one place in a mesh")
+    return out
+
+
 def layout_meshes(
     layout: str, devices: Sequence[Any] | None = None, *, make: Callable[..., Any] = make_mesh
 ) -> dict[Role, Mesh]:
@@ -118,9 +143,7 @@ def layout_meshes(
     ``make(devices, shape)`` builds each mesh; the what-if planner passes one
     that builds meshes on paper, so real and planned layouts are one definition.
     """
-    if devices is not None and not isinstance(devices, (Sequence, np.ndarray)):
-        raise TypeError(f"devices must be a list of JAX devices (e.g. jax.devices()[:4]), got {type(devices).__name__}")
-    devices = list(devices) if devices is not None else jax.devices()
+    devices = device_list(devices) if make is make_mesh else list(devices if devices is not None else jax.devices())
     n = len(devices)
     problem = layout_problem(layout, n)
     if problem:

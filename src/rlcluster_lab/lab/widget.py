@@ -25,6 +25,7 @@ from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import build_cluster, check_memory, validate
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.knobs import describe, knobs_of
+from rlcluster_lab.core.meshes import device_list
 from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab.controls import KNOB_WIDTH, Knobs
 from rlcluster_lab.lab.display import Display, mimebundle
@@ -74,7 +75,7 @@ class PlacementLab:
         Construct, compile the programs of a training step in the background
         (``lab.rehearsal.BackgroundCompile``), so that pressing Training step, after the
         few seconds that takes, runs a step instead of compiling one."""
-        self.devices = list(devices) if devices is not None else jax.devices()
+        self.devices = device_list(devices)  # refused before any widget is made
         self.rehearse = rehearse
         self.background = BackgroundCompile()
         self.step_config = step_config or LearnerConfig(steps=1, prompts_per_step=2, group_size=4)
