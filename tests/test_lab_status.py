@@ -364,3 +364,32 @@ def test_an_answer_reaches_the_page_before_the_busy_mark_leaves(details: str) ->
     status.say("Synced in 0.2 s.", details)
     assert order[-1] == "_dom_classes" and "rl-busy" not in status.sentence._dom_classes
     assert order[0] == "value" and (not details or "details" in order)
+
+
+class StubSyncCluster:
+    def __init__(self, lab: PlacementLab) -> None:
+        self.lab = lab
+        self.seen: dict[str, str] = {}
+
+    def sync_weights(self):
+        self.seen["status"] = self.lab.status.text
+        raise RuntimeError("stub sync: stops here")
+
+
+@pytest.mark.parametrize("allocator", [True, False])
+def test_a_sync_waits_for_the_background_compile_only_where_the_allocator_peak_would_count_it(
+    lab, monkeypatch, allocator
+):
+    # The allocator keeps one peak per process: a rehearsal's arrays made during the sync would
+    # count as the sync's. Devices without allocator figures measure the sync's own arrays only.
+    monkeypatch.setattr(widget_module, "allocator_before", lambda devices: {"0": (0, 0)} if allocator else None)
+    stub, cluster = StubCompile(lab), StubSyncCluster(lab)
+    lab.background, lab._cluster = stub, cluster
+    lab.sync_button.click()
+    if allocator:
+        assert stub.seen["status"].startswith("Sync weights: waiting for the background compile to finish: ")
+        assert stub.seen["busy"] and not stub.running
+    else:
+        assert "status" not in stub.seen and stub.running
+    assert cluster.seen["status"].startswith("Sync weights: handing the actor's weights to the rollout: ")
+    assert "<b>RuntimeError</b>: stub sync: stops here" in lab.notes.note("actions").value

@@ -32,6 +32,7 @@ from rlcluster_lab.lab.display import Display, mimebundle
 from rlcluster_lab.lab.flow import changes_since
 from rlcluster_lab.lab.rehearsal import BackgroundCompile
 from rlcluster_lab.lab.status import StatusLine
+from rlcluster_lab.measure.sync_peak import allocator_before
 from rlcluster_lab.placement.programs import trim_compiled_programs
 from rlcluster_lab.rl_cluster import RLCluster
 
@@ -223,6 +224,11 @@ class PlacementLab:
             self.status.say("Construct a cluster first.")
             return
         with self._busy():
+            if allocator_before(self.devices):
+                # The sync's allocator peak is one per process: arrays the rehearsal makes meanwhile
+                # would count in it, so the sync waits for it (devices without allocator figures
+                # measure the sync's own arrays only, and need not wait).
+                self._wait_for_background("Sync weights: waiting for the background compile to finish")
             with self.status.waiting(
                 "Sync weights: handing the actor's weights to the rollout", self._key("sync"), programs=self._programs
             ) as wait:
@@ -246,16 +252,8 @@ class PlacementLab:
             return
         with self._busy():
             # A training step uses what the background compile builds: it lets one still running
-            # finish first (then finds its programs ready), saying so the moment it is clicked.
-            if self.background.running:
-                with self.status.waiting(
-                    "Training step: waiting for the background compile of its programs",
-                    self._key("background"),
-                    programs=self.background.programs,
-                ):
-                    start = self.status.clock()
-                    self.background.join()
-                    self._waited = self.status.clock() - start
+            # finish first (then finds its programs ready).
+            self._wait_for_background("Training step: waiting for the background compile of its programs")
             with self.status.waiting(
                 "Training step: sampling, scoring, updating, syncing", self._key("step"), programs=self._programs
             ) as wait:
@@ -275,6 +273,15 @@ class PlacementLab:
                 self._unapplied("Training step")
                 + sentences.stepped(self._cluster.global_steps, record.mean_reward, self._total(), self._waited)
             )
+
+    def _wait_for_background(self, what: str) -> None:
+        """Let a background compile still running finish, saying ``what`` the moment it is clicked."""
+        if not self.background.running:
+            return
+        with self.status.waiting(what, self._key("background"), programs=self.background.programs):
+            start = self.status.clock()
+            self.background.join()
+            self._waited = self.status.clock() - start
 
     def _key(self, action: str) -> str:
         """Which waits are comparable: the same action on the same model size."""
