@@ -76,10 +76,9 @@ def _optimizer_counters(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
     lab, tunix = facts["lab_optimizer"], facts["tunix_optimizer"]
     # The difference is the counters' alone, in each optimizer state (the actor's, the critic's):
     # the moments (every non-scalar leaf) hold the same bytes.
-    pairs = [(lab[name], tunix[name]) for name in lab if name in tunix]
-    observed = bool(pairs) and lab.keys() == tunix.keys()
+    observed = bool(lab) and lab.keys() == tunix.keys()
     observed = observed and all(
-        a["moment_bytes"] == b["moment_bytes"] and a["counters"] != b["counters"] for a, b in pairs
+        lab[n]["moment_bytes"] == tunix[n]["moment_bytes"] and lab[n]["counters"] != tunix[n]["counters"] for n in lab
     )
     return observed, str(lab), str(tunix)
 

@@ -124,11 +124,7 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
         observation(
             "P1",
             "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT] (read from the sharing map)",
-            {
-                "actor_mesh": describe_mesh(actor_mesh),
-                "rollout_mesh": rollout_text,
-                "equal": equal,
-            },
+            {"actor_mesh": describe_mesh(actor_mesh), "rollout_mesh": rollout_text, "equal": equal},
             "linked: rollout and actor may share weights" if link else "not linked: the rollout gets its own weights",
             LinkBranch.LINKED if link else LinkBranch.NOT_LINKED,
             source,
