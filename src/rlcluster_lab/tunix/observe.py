@@ -71,8 +71,7 @@ def sharing_map(cluster: Any) -> dict[Role, tuple[Role, ...]]:
 
 def role_meshes(cluster: Any, present: set[Role] | None = None) -> dict[Role, Any]:
     """Each role's mesh as constructed (after P7), for the roles present."""
-    meshes = {lab_role(r): m for r, m in cluster.r2m.items()}
-    return {r: m for r, m in meshes.items() if present is None or r in present}
+    return {lab_role(r): m for r, m in cluster.r2m.items() if present is None or lab_role(r) in present}
 
 
 def engine_name(cluster: Any) -> str:
