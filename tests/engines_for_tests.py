@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rlcluster_lab.core.shardings import all_on_mesh
+from rlcluster_lab.core.shardings import state_meshes
 from rlcluster_lab.engines import RolloutEngine
 from rlcluster_lab.placement.place import place_model
 
@@ -36,7 +36,7 @@ class RecordingEngine(RolloutEngine):
         # Like any engine, sample on the mesh it was given (a no-op when the model is there).
         self._model = (
             rollout_actor
-            if mesh is None or all_on_mesh(nnx.state(rollout_actor), mesh)
+            if mesh is None or state_meshes(nnx.state(rollout_actor)) == {mesh}
             else place_model(rollout_actor, mesh)
         )
         self._expose = expose_mesh

@@ -156,23 +156,3 @@ def test_an_engine_whose_twin_keeps_its_model_is_refused_before_anything_runs(cl
     with pytest.raises(TypeError, match="override RolloutEngine.twin"):
         rehearse_next_step(GRPOLearner(cluster, LearnerConfig(**SIZES)))
     assert cluster.contexts_entered == contexts
-
-
-class Stop(Exception):
-    """Ends a learner's step at its first operation."""
-
-
-def test_the_learner_names_its_next_prompts_without_drawing_them(cluster, monkeypatch):
-    learner = GRPOLearner(cluster, LearnerConfig(steps=1, prompts_per_step=2, group_size=2))
-    upcoming = learner.next_prompts()
-    assert learner.next_prompts() == upcoming
-    sampled: list[list[str]] = []
-
-    def stop(prompts, *args, **kwargs):
-        sampled.append(list(prompts))
-        raise Stop
-
-    monkeypatch.setattr(cluster, "generate", stop)
-    with pytest.raises(Stop):
-        learner.step()
-    assert sampled == [upcoming]  # the step sampled exactly the prompts named

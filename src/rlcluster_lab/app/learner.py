@@ -35,10 +35,9 @@ TOY_PROMPTS: tuple[str, ...] = ("abc", "the cat", "hello", "xyz", "rl is", "jax 
 
 def lowercase_reward(prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
     """Fraction of the completion's characters that are lowercase ASCII letters (0 if empty)."""
-    out = []
-    for text in completions:
-        out.append(sum("a" <= ch <= "z" for ch in text) / len(text) if text else 0.0)
-    return np.asarray(out, dtype=np.float32)
+    return np.asarray(
+        [sum("a" <= ch <= "z" for ch in text) / len(text) if text else 0.0 for text in completions], dtype=np.float32
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +113,7 @@ class LearnerResult:
         return [s.mean_reward for s in self.steps]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "steps": [s.to_json() for s in self.steps],
-            "p11": [dataclasses.asdict(p) for p in self.p11],
-        }
+        return {"steps": [s.to_json() for s in self.steps], "p11": [dataclasses.asdict(p) for p in self.p11]}
 
 
 class GRPOLearner:
@@ -159,19 +155,6 @@ class GRPOLearner:
         self.history: list[StepRecord] = []
         self.p11: list[P11Record] = []
 
-    def _next_prompts(self, rng: np.random.Generator) -> list[str]:
-        cfg = self.config
-        chosen = rng.choice(
-            len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step
-        )
-        return [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
-
-    def next_prompts(self) -> list[str]:
-        """The prompts the next ``step`` will sample from, read without drawing them."""
-        peek = np.random.default_rng()
-        peek.bit_generator.state = self._rng.bit_generator.state
-        return self._next_prompts(peek)
-
     def on(self, cluster: RLCluster) -> GRPOLearner:
         """This learner as it is now (config, rewards, prompts, the prompts it draws next, its
         history) on ``cluster``, drawing and recording on its own: its ``step`` is the step this
@@ -185,7 +168,10 @@ class GRPOLearner:
     def step(self) -> StepRecord:
         cfg = self.config
         cluster = self.cluster
-        prompts = self._next_prompts(self._rng)
+        chosen = self._rng.choice(
+            len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step
+        )
+        prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
         # Each phase is a wait the progress displays show (core.waits): the CLI's line, the lab's status.
         with waiting("generate"):
             out = cluster.generate(prompts)

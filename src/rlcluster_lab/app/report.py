@@ -59,6 +59,14 @@ class PlacementReport(PlacementFacts):
         return out
 
 
+def anchor_facts(mode: str, pinned: Any) -> dict[str, Any]:
+    """The anchor (P8): its mode, the memory kind(s) of the pinned snapshot, and the bytes the
+    snapshot itself pins (adapters only with mode 'trainable' and LoRA)."""
+    kinds = memory_kinds(pinned) if pinned is not None else []
+    size = state_bytes(pinned) if pinned is not None else 0
+    return {"mode": mode, "memory_kind": kinds[0] if len(kinds) == 1 else kinds, "bytes": size}
+
+
 def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> PlacementReport:
     """Read the decisions and the live buffers (L2) of a constructed cluster, with the
     ``SyncReport`` of a sync the caller ran, if any (L3).
@@ -79,8 +87,6 @@ def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> Plac
     actor_keys = buffer_keys(nnx.state(actor))
     rollout_keys = buffer_keys(nnx.state(rollout_model))
     reference = cluster.reference_model
-    pinned = cluster.pinned_anchor_state
-    kinds = memory_kinds(pinned) if pinned is not None else []
     present = {Role.ACTOR, Role.ROLLOUT} | set(cluster.models())
     return PlacementReport(
         sharing_map=sharing_map_json(cluster.sharing_map),
@@ -94,12 +100,7 @@ def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> Plac
         engine=cluster.cluster_config.engine_name(),
         offload_to_cpu=cluster.cluster_config.offload_to_cpu,
         lora=cluster.trainable_is_lora,
-        anchor={
-            "mode": cluster.cluster_config.anchor,
-            "memory_kind": kinds[0] if len(kinds) == 1 else kinds,
-            # What the snapshot itself pins (adapters only with mode 'trainable' and LoRA).
-            "bytes": state_bytes(pinned) if pinned is not None else 0,
-        },
+        anchor=anchor_facts(cluster.cluster_config.anchor, cluster.pinned_anchor_state),
         decisions=cluster.trace.to_json(),
         warnings=list(cluster.warnings),
         # The cluster's own platform (its meshes' devices), not JAX's default backend.

@@ -40,11 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_process_arguments(rep)
     learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
     add_knob_flags(learn, "learn", max_tokens={"default": 8})
-    plan = sub.add_parser(
-        "plan",
-        help="what-if plan (L4): placement, memory and sync bytes from shapes alone, for any model size and topology",
-    )
-    add_plan_arguments(plan)
+    what_if = "what-if plan (L4): placement, memory and sync bytes from shapes alone, for any model size and topology"
+    add_plan_arguments(sub.add_parser("plan", help=what_if))
     return parser
 
 

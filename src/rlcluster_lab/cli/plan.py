@@ -114,7 +114,7 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
         f"step: {work['rollout_batch_size']} rows of {work['prompt_length']} prompt + {work['max_tokens']} "
         f"completion tokens, KV cache of {work['kv_cache_size']} slots, trained "
         + (f"in micro-batches of {micro}" if micro else "in one piece")
-        + (", every layer rematerialised" if work["remat"] else ", no rematerialisation (as the lab's step)"),
+        + (", every layer rematerialised" if work["remat"] else ", no rematerialisation (as the lab's step)")
     ]
     state = step.get("actor_training_state")
     if state:
@@ -161,12 +161,8 @@ def add_plan_arguments(p: Any) -> None:
     add_knob_flags(
         p, "plan", model_size={"choices": None, "help": model}, kv_cache_size={"default": None, "help": cache}
     )
-    p.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default=None,
-        help="parameter dtype (default: the model's: float32 for our sizes, bfloat16 for published ones)",
-    )
+    dtype = "parameter dtype (default: the model's: float32 for our sizes, bfloat16 for published ones)"
+    p.add_argument("--dtype", choices=DTYPES, default=None, help=dtype)
     topology = "(default: the topology's, see its source)"
     # Byte counts and rates, read by parse_bytes (None: the topology's figure).
     for flag, text in (
@@ -176,9 +172,8 @@ def add_plan_arguments(p: Any) -> None:
         ("--host-bandwidth", "bytes/s one device receives from other hosts, e.g. 50GB (default: the topology's)"),
     ):
         p.add_argument(flag, default=None, help=text)
-    p.add_argument(
-        "--remat", action="store_true", help="plan a step that rematerialises every layer (the lab's does not)"
-    )
+    remat = "plan a step that rematerialises every layer (the lab's does not)"
+    p.add_argument("--remat", action="store_true", help=remat)
 
 
 def run_plan_command(args: Any) -> dict[str, Any]:

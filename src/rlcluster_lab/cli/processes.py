@@ -17,25 +17,12 @@ from rlcluster_lab.core.knobs import KNOBS
 
 def add_process_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of a multi-process ``report``."""
-    p.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        help="build the cluster over this many processes on this machine (JAX's multi-process runtime; "
-        "default 1: in this process)",
-    )
-    p.add_argument(
-        "--devices-per-process",
-        type=int,
-        default=4,
-        help="simulated CPU devices of each process with --processes (default 4)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds the whole multi-process run may take (default 900); then every process is stopped",
-    )
+    where = "on this machine (JAX's multi-process runtime; default 1: in this process)"
+    p.add_argument("--processes", type=int, default=1, help=f"build the cluster over this many processes {where}")
+    each = "simulated CPU devices of each process with --processes (default 4)"
+    p.add_argument("--devices-per-process", type=int, default=4, help=each)
+    stop = "seconds the whole multi-process run may take (default 900); then every process is stopped"
+    p.add_argument("--timeout", type=float, default=None, help=stop)
 
 
 def multi_process(args: argparse.Namespace) -> bool:

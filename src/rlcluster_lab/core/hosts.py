@@ -11,11 +11,6 @@ from typing import Any
 import jax
 
 
-def process_count() -> int:
-    """How many processes run this program (1 without ``jax.distributed``)."""
-    return jax.process_count()
-
-
 def home_device(mesh: Any) -> Any:
     """The device arrays made without a placement should land on while working on ``mesh``.
 

@@ -58,11 +58,6 @@ def state_meshes(tree: Any) -> set[Mesh]:
     return {x.sharding.mesh for x in array_leaves(tree) if isinstance(x.sharding, NamedSharding)}
 
 
-def all_on_mesh(tree: Any, mesh: Mesh) -> bool:
-    leaves = array_leaves(tree)
-    return bool(leaves) and all(isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh for x in leaves)
-
-
 def is_on_device(tree: Any) -> bool:
     """True when any leaf sits in its devices' default memory (the reference's test, kept as is)."""
     return any(x.sharding.memory_kind == default_memory_kind(x) for x in array_leaves(tree))

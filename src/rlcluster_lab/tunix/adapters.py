@@ -9,8 +9,7 @@ construction and the weight sync.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from flax import nnx
@@ -27,8 +26,8 @@ CONFIG_FIELDS = ("num_layers", "num_kv_heads", "head_dim")
 class TunixTokenizer:
     """The lab's byte tokenizer with the methods Tunix's tokenizer adapter looks for."""
 
-    def __init__(self, tokenizer: ByteTokenizer | None = None) -> None:
-        self.inner = tokenizer or ByteTokenizer()
+    def __init__(self) -> None:
+        self.inner = ByteTokenizer()
 
     def encode(self, text: str, **_: Any) -> list[int]:
         return self.inner.encode(text)
@@ -46,11 +45,9 @@ class TunixTokenizer:
         return int(self.inner.pad_id)
 
 
-@contextlib.contextmanager
-def lab_axis_rules(rules: Any = None) -> Iterator[None]:
-    """Resolve the lab's logical partition names to mesh axes while Tunix reads specs (P5)."""
-    with nnx.logical_axis_rules(list(rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES)):
-        yield
+def lab_axis_rules() -> Any:
+    """A context in which the lab's logical partition names resolve to mesh axes while Tunix reads specs (P5)."""
+    return nnx.logical_axis_rules(list(DEFAULT_LOGICAL_AXIS_RULES))
 
 
 def check_model(model: Any, role: str, engine: str) -> None:

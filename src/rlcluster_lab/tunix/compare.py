@@ -24,12 +24,13 @@ from rlcluster_lab.rules.validation import check_scenario
 from rlcluster_lab.tunix.build import build_tunix_cluster
 from rlcluster_lab.tunix.differences import SCENARIO_DIFFERENCES, DifferenceCheck, memory_apart, optimizer_facts
 from rlcluster_lab.tunix.extra import require
-from rlcluster_lab.tunix.observe import optimizer_state, tunix_entries
+from rlcluster_lab.tunix.observe import tunix_entries
 from rlcluster_lab.tunix.report import TunixReport, inspect
 from rlcluster_lab.tunix.sync import TunixSync
 
-# The model roles and state entries whose memory is compared role by role (L2).
-MEMORY_ROWS = ("actor", "rollout", "reference", "reward", "critic", "anchor")
+# The model roles (P5), and with the anchor the state entries whose memory is compared role by role (L2).
+ROLES = ("actor", "rollout", "reference", "reward", "critic")
+MEMORY_ROWS = (*ROLES, "anchor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,15 +158,14 @@ def side_by_side(
     lab_report = placement_report(cluster).to_json()
     tunix_memory = tunix_report.memory.to_json()
     handed = frozenset().union(*build.given.buffers.values())
-    views, apart = memory_apart(tunix_entries(build.cluster), build.given.host_ranges, handed)
-    critic_trainer = getattr(build.cluster, "_critic_trainer", None)
-    tunix_critic = optimizer_state(critic_trainer) if critic_trainer is not None else None
+    entries = tunix_entries(build.cluster)
+    views, apart = memory_apart(entries, build.given.host_ranges, handed)
     facts: dict[str, Any] = {
         "lab_engine_inputs": _lab_engine_inputs(cluster),
         "tunix_engine_inputs": _tunix_engine_inputs(build.cluster),
         "lab_engine_owns_weights": bool(getattr(cluster.rollout, "owns_weights", False)),
         "lab_optimizer": _optimizers(cluster.optimizer_state, cluster.critic_optimizer_state),
-        "tunix_optimizer": _optimizers(optimizer_state(build.cluster.actor_trainer), tunix_critic),
+        "tunix_optimizer": _optimizers(entries["optimizer"], entries.get("critic_optimizer")),
         "lab_optimizer_kinds": _kinds_of(lab_report["memory"], "optimizer"),
         "tunix_optimizer_kinds": _kinds_of(tunix_memory, "optimizer"),
         "lab_rollout_memory": lab_report["memory"]["by_role"]["rollout"],
@@ -210,11 +210,6 @@ def _decision(report: Mapping[str, Any], rule: str, role: str | None = None, tes
     return None
 
 
-def _branch(report: Mapping[str, Any], rule: str, **kw: Any) -> str | None:
-    d = _decision(report, rule, **kw)
-    return None if d is None else d["branch"]
-
-
 def _row(item: str, rule: str, lab: Any, tunix: Any) -> Row:
     return Row(item, rule, lab, tunix, lab == tunix)
 
@@ -225,7 +220,11 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
         return _row(item, rule, what(lab), what(tunix))
 
     def branch(item: str, rule: str, **kw: Any) -> Row:
-        return read(item, rule, lambda report: _branch(report, rule, **kw))
+        return read(item, rule, lambda report: (_decision(report, rule, **kw) or {}).get("branch"))
+
+    def present(*found: Row) -> list[Row]:
+        """The rows of what at least one side has (a role, an optimizer)."""
+        return [row for row in found if row.lab is not None or row.tunix is not None]
 
     def key(item: str, rule: str, name: str) -> Row:
         return read(item, rule, lambda report: report[name])
@@ -241,10 +240,7 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
         key("P3 what the rollout samples with", "P3", "rollout_branch"),
         key("P3 rollout holds actor buffers", "P3", "rollout_shares_actor_weights"),
     ]
-    for role in ("actor", "rollout", "reference", "reward", "critic"):
-        row = branch(f"P5 load {role}", "P5", role=role)
-        if row.lab is not None or row.tunix is not None:
-            rows.append(row)
+    rows += present(*(branch(f"P5 load {role}", "P5", role=role) for role in ROLES))
     rows += [
         branch("P4 reference backbone", "P4"),
         key("P4 reference shares the backbone", "P4", "reference_shares_backbone"),
@@ -259,21 +255,13 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
     if facts["tunix_engine_inputs"] is not None:
         rows.append(_row("engine inputs", "engine", facts["lab_engine_inputs"], facts["tunix_engine_inputs"]))
     for name in MEMORY_ROWS:
-        row = read(f"L2 {name}", "L2", lambda report, name=name: report["memory"]["by_role"].get(name))
-        if row.lab is not None or row.tunix is not None:
-            rows.append(row)
+        rows += present(read(f"L2 {name}", "L2", lambda report, name=name: report["memory"]["by_role"].get(name)))
     rows.append(read("L2 optimizer", "L2", lambda report: _bytes_of(report["memory"], "optimizer")))
-    row = read("L2 critic optimizer", "L2", lambda report: _bytes_of(report["memory"], "critic_optimizer"))
-    if row.lab is not None or row.tunix is not None:
-        rows.append(row)
+    rows += present(read("L2 critic optimizer", "L2", lambda report: _bytes_of(report["memory"], "critic_optimizer")))
     rows += [
         read("L2 optimizer memory kinds", "L2", lambda report: _kinds_of(report["memory"], "optimizer")),
         read("L2 shared buffers", "L2", lambda report: _models_memory(report["memory"])["shared"]),
-        read(
-            "L2 unique bytes less optimizers",
-            "L2",
-            lambda report: _models_memory(report["memory"])["unique_bytes"],
-        ),
+        read("L2 unique bytes less optimizers", "L2", lambda report: _models_memory(report["memory"])["unique_bytes"]),
     ]
     lab_sync, tunix_sync = facts["lab_sync"], facts["tunix_sync"]
     if lab_sync is not None and tunix_sync is not None:

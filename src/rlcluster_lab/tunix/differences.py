@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -76,10 +77,9 @@ def _optimizer_counters(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
     lab, tunix = facts["lab_optimizer"], facts["tunix_optimizer"]
     # The difference is the counters' alone, in each optimizer state (the actor's, the critic's):
     # the moments (every non-scalar leaf) hold the same bytes.
-    pairs = [(lab[name], tunix[name]) for name in lab if name in tunix]
-    observed = bool(pairs) and lab.keys() == tunix.keys()
+    observed = bool(lab) and lab.keys() == tunix.keys()
     observed = observed and all(
-        a["moment_bytes"] == b["moment_bytes"] and a["counters"] != b["counters"] for a, b in pairs
+        lab[n]["moment_bytes"] == tunix[n]["moment_bytes"] and lab[n]["counters"] != tunix[n]["counters"] for n in lab
     )
     return observed, str(lab), str(tunix)
 
@@ -299,25 +299,23 @@ def _missing_role_meshes(tunix: Any) -> DifferenceCheck:
 def _gradient_accumulation(tunix: Any) -> DifferenceCheck:
     import optax
 
-    lab = TrainingConfig(mini_batch_size=8, train_micro_batch_size=4)
+    lab_steps = TrainingConfig(mini_batch_size=8, train_micro_batch_size=4).gradient_accumulation_steps
     lab_field = "gradient_accumulation_steps" in {f.name for f in dataclasses.fields(TrainingConfig)}
+    training = functools.partial(
+        tunix.rl_cluster.RLTrainingConfig, actor_optimizer=optax.sgd(1e-3), eval_every_n_steps=1
+    )
     try:
-        tunix.rl_cluster.RLTrainingConfig(
-            actor_optimizer=optax.sgd(1e-3), eval_every_n_steps=1, gradient_accumulation_steps=2
-        )
+        training(gradient_accumulation_steps=2)
         theirs = "accepted gradient_accumulation_steps=2"
     except ValueError:
         theirs = "a constructor field that must be None (ValueError when set)"
-    lab_steps = lab.gradient_accumulation_steps
-    derived = tunix.rl_cluster.RLTrainingConfig(
-        actor_optimizer=optax.sgd(1e-3), eval_every_n_steps=1, mini_batch_size=8, train_micro_batch_size=4
-    ).gradient_accumulation_steps
+    derived = training(mini_batch_size=8, train_micro_batch_size=4).gradient_accumulation_steps
     return DifferenceCheck(
         "gradient-accumulation-field",
         "gradient_accumulation_steps is a derived read-only property in the lab, a constructor field that must "
         "be None in the reference; both derive mini_batch_size // train_micro_batch_size",
         observed=(not lab_field) and theirs.startswith("a constructor field") and derived == lab_steps,
-        lab=f"read-only property, {lab.gradient_accumulation_steps} for 8 // 4",
+        lab=f"read-only property, {lab_steps} for 8 // 4",
         tunix=f"{theirs}; derived {derived} for 8 // 4",
     )
 

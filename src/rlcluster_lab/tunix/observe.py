@@ -71,8 +71,7 @@ def sharing_map(cluster: Any) -> dict[Role, tuple[Role, ...]]:
 
 def role_meshes(cluster: Any, present: set[Role] | None = None) -> dict[Role, Any]:
     """Each role's mesh as constructed (after P7), for the roles present."""
-    meshes = {lab_role(r): m for r, m in cluster.r2m.items()}
-    return {r: m for r, m in meshes.items() if present is None or r in present}
+    return {lab_role(r): m for r, m in cluster.r2m.items() if present is None or lab_role(r) in present}
 
 
 def engine_name(cluster: Any) -> str:
@@ -124,11 +123,7 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
         observation(
             "P1",
             "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT] (read from the sharing map)",
-            {
-                "actor_mesh": describe_mesh(actor_mesh),
-                "rollout_mesh": rollout_text,
-                "equal": equal,
-            },
+            {"actor_mesh": describe_mesh(actor_mesh), "rollout_mesh": rollout_text, "equal": equal},
             "linked: rollout and actor may share weights" if link else "not linked: the rollout gets its own weights",
             LinkBranch.LINKED if link else LinkBranch.NOT_LINKED,
             source,

@@ -11,16 +11,13 @@ from typing import Any
 import jax
 from flax import nnx
 
-from rlcluster_lab.app.report import PlacementFacts
+from rlcluster_lab.app.report import PlacementFacts, anchor_facts
 from rlcluster_lab.core.meshes import describe_meshes
 from rlcluster_lab.core.roles import Role
-from rlcluster_lab.core.shardings import memory_kinds
-from rlcluster_lab.core.trace import seen
 from rlcluster_lab.measure.memory import memory_of
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone
 from rlcluster_lab.rl_cluster import RLCluster
-from rlcluster_lab.rules.anchor import P8Values
 from rlcluster_lab.rules.sharing import sharing_map_json
 from rlcluster_lab.tunix.build import Given, TunixBuild
 from rlcluster_lab.tunix.extra import installed_version, require, version_note
@@ -120,12 +117,6 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
     p8 = next((d for d in decisions if d["rule"] == "P8"), None)
     if p8 is None:
         notes.append("this Tunix version keeps no anchor policy state (P8)")
-    kinds = memory_kinds(anchor) if anchor is not None else []
-    anchor_json = (
-        {"mode": p8["branch"], "memory_kind": kinds[0] if len(kinds) == 1 else kinds, "bytes": seen(p8, P8Values).bytes}
-        if p8 is not None
-        else {}
-    )
     return TunixReport(
         sharing_map=sharing_map_json(sharing_map(rl_cluster)),
         rollout_branch=next(d["branch"] for d in decisions if d["rule"] == "P3"),
@@ -138,7 +129,7 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         engine=engine_name(rl_cluster),
         offload_to_cpu=bool(rl_cluster.cluster_config.offload_to_cpu),
         lora=is_lora(actor),
-        anchor=anchor_json,
+        anchor=anchor_facts(p8["branch"], anchor) if p8 is not None else {},
         decisions=decisions,
         warnings=warnings,
         platform=platform,

@@ -117,10 +117,10 @@ def run_sync(cluster: Any, platform: str) -> TunixSync:
         )
         strategy = report.reshard_strategy if not inferred else "Tunix's reshard_pytree (jax.device_put)"
         report = dataclasses.replace(report, leaves=leaves, method=METHOD, reshard_strategy=strategy)
-    outcome = COMPLETED if error is None else REFUSED
+    outcome, guard = COMPLETED if error is None else REFUSED, guard_text(platform)
     return TunixSync(
         outcome=outcome,
-        guard=guard_text(platform),
+        guard=guard,
         error=error,
         report=report,
         global_steps_before=steps_before,
@@ -135,7 +135,7 @@ def run_sync(cluster: Any, platform: str) -> TunixSync:
                 "lora": lora,
                 "global_steps": int(cluster.global_steps),
                 "platform": platform,
-                "guard": guard_text(platform),
+                "guard": guard,
                 "outcome": outcome,
             },
             outcome if error is None else f"{outcome}: {error}",
