@@ -22,7 +22,16 @@ from jax.sharding import NamedSharding, Sharding
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.memory import UNITS, _buffers, _plain
-from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, allocator_before, allocator_peak, tally
+from rlcluster_lab.measure.sync_peak import (
+    METHOD,
+    PeakWalk,
+    SyncPeak,
+    allocator_before,
+    allocator_peak,
+    largest_chunk,
+    peak_of,
+    tally,
+)
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Ran, Relayed, Transfer, Unreadable, listening
@@ -433,9 +442,10 @@ class SyncObserver:
     def peak(self) -> SyncPeak | None:
         if self.walk is None:
             return None
-        return self.walk.peak(
-            sizes=self._sizes,
+        return peak_of(
+            self.walk.phases,
             chunk_bytes=self.chunk_bytes,
+            largest_chunk_bytes=largest_chunk(self._sizes, self.chunk_bytes),
             order=self.order,
             method=METHOD,
             allocator=allocator_peak(self._devices, self._allocator),

@@ -191,7 +191,7 @@ def peak_of(
 
 
 def largest_chunk(sizes: Sequence[int], chunk_bytes: int | None) -> int:
-    """The bytes of the largest chunk the leaves of ``sizes`` go in (``placement.chunks``)."""
+    """The bytes of the largest chunk the leaves of ``sizes`` (their bytes, in path order) go in.""" ""
     return max((sum(sizes[i] for i in r) for r in chunk_leaves(sizes, chunk_bytes)), default=0)
 
 
@@ -243,25 +243,6 @@ class PeakCount:
         self.phases.append(PeakPhase(name, chunk, nonzero(arrays), nonzero(terms), temporaries))
         if name == "commit":
             self.chunk += 1
-
-    def peak(
-        self,
-        *,
-        sizes: Sequence[int],
-        chunk_bytes: int | None,
-        order: str,
-        method: Mapping[str, str],
-        allocator: Mapping[str, Any] | None = None,
-    ) -> SyncPeak:
-        """The sync's peak (``peak_of``); ``sizes``: the synced leaves' bytes, in path order."""
-        return peak_of(
-            self.phases,
-            chunk_bytes=chunk_bytes,
-            largest_chunk_bytes=largest_chunk(sizes, chunk_bytes),
-            order=order,
-            method=method,
-            allocator=allocator,
-        )
 
 
 class PeakWalk(PeakCount):

@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from rlcluster_lab.engines.base import leaf_path
-from rlcluster_lab.measure.sync_peak import Buffer, PeakCount, PeakPhase, tally
+from rlcluster_lab.measure.sync_peak import Buffer, PeakCount, PeakPhase, largest_chunk, peak_of, tally
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.chunks import chunk_leaves
@@ -124,11 +124,10 @@ def plan_sync_peak(
         else "not included: the reshard programs were not compiled for this topology",
         "allocator": "not applicable to a plan",
     }
-    peak = count.peak(sizes=sizes, chunk_bytes=chunk_bytes, order=order, method=method)
-    rollout_on_device = [
-        ("rollout", {k: (dev, WORK, n) for k, (dev, _, n) in _buffers(rollout[p]).items()}) for p in paths
-    ]
-    orders = other_orders(count.phases, _per_device(new_anchor), _per_device(rollout_on_device) if offload else None)
+    largest = largest_chunk(sizes, chunk_bytes)
+    peak = peak_of(count.phases, chunk_bytes=chunk_bytes, largest_chunk_bytes=largest, order=order, method=method)
+    rollout_on_device = _per_device([("", _buffers(rollout[p])) for p in paths]) if offload else None
+    orders = other_orders(count.phases, _per_device(new_anchor), rollout_on_device)
     return {**peak.to_json(), "orders": orders}
 
 
@@ -188,6 +187,7 @@ def _summed(entries: Sequence[tuple[str, Mapping[Any, Buffer]]]) -> list[tuple[s
 
 
 def _per_device(made: Sequence[tuple[str, Mapping[Any, Buffer]]]) -> dict[str, int]:
+    """The bytes of these values' buffers on each device, any memory kind."""
     out: dict[str, int] = {}
     for _, bufs in made:
         for dev, _, n in bufs.values():
