@@ -9,9 +9,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rlcluster_lab.core.meshes import make_mesh
+from rlcluster_lab.measure.sync import TransferLog
 from rlcluster_lab.placement import events, programs, xla
 from rlcluster_lab.placement.reshard import reshard_many
-from rlcluster_lab.placement.transfers import TransferLog
 
 PLACEMENT = pathlib.Path(__file__).parents[1] / "src" / "rlcluster_lab" / "placement"
 

@@ -14,11 +14,11 @@ from test_reshard import _cases
 
 from rlcluster_lab import Scenario, build_cluster, memory_report, placement_report
 from rlcluster_lab.measure import memory_of, shard_facts, sync_report
+from rlcluster_lab.measure.sync import TransferLog
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.buffers import state_bytes
 from rlcluster_lab.placement.events import listening
 from rlcluster_lab.placement.reshard import reshard_many
-from rlcluster_lab.placement.transfers import TransferLog
 
 # Every example reshards onto fresh shardings and compiles: the count is the hypothesis profile's
 # (tests/conftest.py: 12 in `make test`, 40 with HYPOTHESIS_PROFILE=thorough).

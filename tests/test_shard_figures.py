@@ -15,10 +15,9 @@ from matplotlib.text import Text
 
 from rlcluster_lab.lab import shard_figures as sf
 from rlcluster_lab.lab import shards
-from rlcluster_lab.measure.sync import shard_facts, sync_report
+from rlcluster_lab.measure.sync import TransferLog, shard_facts, sync_report
 from rlcluster_lab.placement.events import listening
 from rlcluster_lab.placement.reshard import reshard_many
-from rlcluster_lab.placement.transfers import TransferLog
 
 
 def _mesh(shape: tuple[int, int]) -> Mesh:

@@ -2,7 +2,7 @@
 
 Units: **physical bytes**, every device shard counted (``synced_logical_bytes`` once per
 leaf). Built from the source's shard facts (read before the sync), the destination arrays
-and the reshard's log of its copies (``placement.transfers``), not from JAX's transfer
+and the reshard's log of its copies (``TransferLog``), not from JAX's transfer
 guard, which does not see device-to-device copies on CPU.
 """
 
@@ -22,12 +22,54 @@ from jax.sharding import NamedSharding, Sharding
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.memory import UNITS, _buffers, _plain
-from rlcluster_lab.measure.sync_peak import METHOD, PeakWalk, SyncPeak, allocator_before, allocator_peak, peak_of, tally
+from rlcluster_lab.measure.sync_peak import (
+    METHOD,
+    PeakWalk,
+    SyncPeak,
+    allocator_before,
+    allocator_peak,
+    largest_chunk,
+    peak_of,
+    tally,
+)
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
-from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.events import Made, Phase, Transfer, listening
-from rlcluster_lab.placement.transfers import TransferLog, shard_key, shard_keys
+from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Ran, Relayed, Transfer, Unreadable, listening
+from rlcluster_lab.placement.transfers import shard_key, shard_keys
+
+
+@dataclasses.dataclass
+class TransferLog:
+    """The copies a reshard made while it listened (inside ``events.listening(log)``): the
+    mover's ledger events (``placement.events.LEDGER``), whichever strategy made them.
+
+    ``relayed`` (per leaf): bytes that crossed devices but did not stay as destination data
+    where they crossed to. ``strategies``: the reshard strategies used. ``unreadable``:
+    collectives whose bytes could not be read. ``compiled``: a program that ran meanwhile was
+    compiled here.
+    """
+
+    transfers: list[Transfer] = dataclasses.field(default_factory=list)
+    relayed: dict[str | None, int] = dataclasses.field(default_factory=dict)
+    strategies: set[str] = dataclasses.field(default_factory=set)
+    unreadable: list[tuple[str | None, str]] = dataclasses.field(default_factory=list)
+    compiled: bool = False
+    loaded: bool = False  # a program that ran meanwhile was read back from the persistent cache
+    kinds = LEDGER
+
+    def on(self, event: Any) -> None:
+        """Take one ledger event."""
+        if isinstance(event, Transfer):
+            self.transfers.append(event)
+        elif isinstance(event, Relayed) and event.nbytes > 0:
+            self.relayed[event.leaf] = self.relayed.get(event.leaf, 0) + event.nbytes
+        elif isinstance(event, Unreadable):
+            self.unreadable.append((event.leaf, event.why))
+        elif isinstance(event, Ran):
+            self.strategies.add(event.strategy)
+        elif isinstance(event, Built):
+            self.compiled |= event.source == "compiled"
+            self.loaded |= event.source != "compiled"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,11 +442,10 @@ class SyncObserver:
     def peak(self) -> SyncPeak | None:
         if self.walk is None:
             return None
-        parts = chunk_leaves(self._sizes, self.chunk_bytes)
         return peak_of(
             self.walk.phases,
             chunk_bytes=self.chunk_bytes,
-            largest_chunk_bytes=max((sum(self._sizes[i] for i in r) for r in parts), default=0),
+            largest_chunk_bytes=largest_chunk(self._sizes, self.chunk_bytes),
             order=self.order,
             method=METHOD,
             allocator=allocator_peak(self._devices, self._allocator),

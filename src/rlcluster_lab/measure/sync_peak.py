@@ -3,7 +3,8 @@
 During a sync the old rollout arrays, the new ones, the reshard's staging and its programs'
 temporaries are alive together for a moment; that moment, not the bytes moved, is where a
 run runs out of memory. ``PeakWalk`` listens to the reshard's ``Made`` and ``Phase`` events
-(``placement.events``); at each phase it counts:
+(``placement.events``); at each phase it counts (``PeakCount``, the count the planner runs on
+arrays on paper too):
 
 - **arrays**: every array the sync made that is still alive (weak references), minus the
   buffers alive before that are gone now (a buffer the actor or the anchor holds stays),
@@ -20,13 +21,15 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
 import jax
 
 from rlcluster_lab.placement import phases as ph
+from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.events import Made, Phase
+from rlcluster_lab.placement.transfers import shard_key
 
 Key = tuple[str, int, int]  # (platform, device id, buffer pointer)
 Buffer = tuple[str, str, int]  # (device id, memory kind, bytes)
@@ -44,10 +47,7 @@ METHOD = {
 
 def _buffers(x: jax.Array) -> dict[Key, Buffer]:
     kind = str(x.sharding.memory_kind)
-    return {
-        (s.device.platform, s.device.id, s.data.unsafe_buffer_pointer()): (str(s.device.id), kind, int(s.data.nbytes))
-        for s in x.addressable_shards
-    }
+    return {shard_key(s): (str(s.device.id), kind, int(s.data.nbytes)) for s in x.addressable_shards}
 
 
 def nonzero(table: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
@@ -78,10 +78,12 @@ class PeakPhase:
     terms: Mapping[str, Mapping[str, int]]
     temporaries: Mapping[str, int]
 
-    def total(self, device: str, kind: str) -> int:
-        return int(self.arrays.get(device, {}).get(kind, 0)) + (
-            int(self.temporaries.get(device, 0)) if kind == "device" else 0
-        )
+    def on(self, device: str) -> dict[str, int]:
+        """Bytes above before on ``device`` per memory kind, the programs' temporaries in ``device``."""
+        kinds = {k: int(v) for k, v in self.arrays.get(device, {}).items()}
+        if self.temporaries.get(device):
+            kinds["device"] = kinds.get("device", 0) + int(self.temporaries[device])
+        return kinds
 
     def label(self, chunks: int) -> str:
         return self.name if self.chunk is None or chunks == 1 else f"chunk {self.chunk}/{chunks}: {self.name}"
@@ -164,11 +166,8 @@ def peak_of(
     best: dict[str, dict[str, int]] = {}
     where: dict[str, dict[str, str]] = {}
     for p in phases:
-        devices = set(p.arrays) | set(p.temporaries)
-        for d in devices:
-            kinds = set(p.arrays.get(d, {})) | ({"device"} if d in p.temporaries else set())
-            for kind in kinds:
-                n = p.total(d, kind)
+        for d in set(p.arrays) | set(p.temporaries):
+            for kind, n in p.on(d).items():
                 if n > best.setdefault(d, {}).get(kind, 0):
                     best[d][kind] = n
                     where.setdefault(d, {})[kind] = p.label(chunks)
@@ -191,9 +190,64 @@ def peak_of(
     )
 
 
-class PeakWalk:
-    """The sync's listener to the reshard's ``Made`` and ``Phase`` events: counts, at each
-    phase, the bytes above before.
+def largest_chunk(sizes: Sequence[int], chunk_bytes: int | None) -> int:
+    """The bytes of the largest chunk the leaves of ``sizes`` (their bytes, in path order) go in.""" ""
+    return max((sum(sizes[i] for i in r) for r in chunk_leaves(sizes, chunk_bytes)), default=0)
+
+
+class PeakCount:
+    """A sync's phases, each counted from what is alive at it: the one count the live walk
+    (``PeakWalk``, real buffers) and the planner (``planner.sync_peak``, buffers on paper) share.
+
+    At a phase: every buffer of a value alive (``made``: (term, buffers by key)) that nothing
+    alive before the sync holds (``still``), once per key; minus every buffer of a replaced
+    value now gone (``gone``) that nothing from before still holds, once per key (``RELEASED``);
+    plus the temporaries of the programs run since the last phase, on each of their devices.
+    A phase of the handover belongs to the current chunk; ``commit`` ends it.
+    """
+
+    def __init__(self) -> None:
+        self.phases: list[PeakPhase] = []
+        self.chunk = 1
+
+    def count(
+        self,
+        name: str,
+        made: Iterable[tuple[str, Mapping[Any, Buffer]]],
+        still: Set[Any],
+        gone: Iterable[Mapping[Any, Buffer]],
+        programs: Sequence[tuple[tuple[int, ...], int]] = (),
+    ) -> None:
+        arrays: dict[str, dict[str, int]] = {}
+        terms: dict[str, dict[str, int]] = {}
+
+        def add(entries: Iterable[tuple[str, Mapping[Any, Buffer]]], sign: int) -> None:
+            # A key counts once on each side: a freed buffer's address may be reused by a new array.
+            seen: set[Any] = set()
+            for term, bufs in entries:
+                for key, (dev, kind, n) in bufs.items():
+                    if key not in seen and key not in still:
+                        seen.add(key)
+                        tally(arrays, dev, kind, sign * n)
+                        tally(terms, dev, ph.term_in(term, kind), sign * n)
+
+        add(made, 1)
+        add(((ph.RELEASED, bufs) for bufs in gone), -1)
+        temps: dict[str, int] = {}
+        for ids, n in programs:
+            for d in ids:
+                if n:  # a program without temporaries adds no entry
+                    temps[str(d)] = temps.get(str(d), 0) + int(n)
+        chunk = None if name in ("anchor re-pin", "end") else self.chunk
+        temporaries = {d: temps[d] for d in sorted(temps, key=int)}
+        self.phases.append(PeakPhase(name, chunk, nonzero(arrays), nonzero(terms), temporaries))
+        if name == "commit":
+            self.chunk += 1
+
+
+class PeakWalk(PeakCount):
+    """The sync's listener to the reshard's ``Made`` and ``Phase`` events: at each phase,
+    counts (``PeakCount``) the arrays alive.
 
     Args:
         keep: arrays alive through the whole sync whose buffers the sync may share
@@ -203,15 +257,13 @@ class PeakWalk:
     """
 
     def __init__(self, keep: Iterable[jax.Array], replaced: Iterable[jax.Array]) -> None:
+        super().__init__()
         self.keep: set[Key] = set()
         for x in keep:
             self.keep.update(_buffers(x))
         self.replaced: list[tuple[weakref.ref, dict[Key, Buffer]]] = [(weakref.ref(x), _buffers(x)) for x in replaced]
         self._made: list[list[Any]] = []  # [weak reference, term, buffers once read]
-        self.phases: list[PeakPhase] = []
         self.seconds = 0.0
-        self.chunk = 1
-        self.chunk_sizes: list[int] = []
 
     kinds = frozenset({Made, Phase})
 
@@ -221,15 +273,6 @@ class PeakWalk:
             self._made.extend([weakref.ref(x), event.term, None] for x in event.arrays)
             return
         start = time.perf_counter()
-        chunk = None if event.name in ("anchor re-pin", "end") else self.chunk
-        self.phases.append(self._count(event.name, chunk, event.programs))
-        if event.name == "commit":
-            self.chunk += 1
-        self.seconds += time.perf_counter() - start
-
-    def _count(self, name: str, chunk: int | None, programs: Sequence[tuple[tuple[int, ...], int]]) -> PeakPhase:
-        arrays: dict[str, dict[str, int]] = {}
-        terms: dict[str, dict[str, int]] = {}
         # What was alive before and still is: the kept arrays and the replaced ones still held.
         # Only against these is a buffer "not new": a freed buffer's address may be reused by
         # a new array, which then is new.
@@ -241,7 +284,6 @@ class PeakWalk:
                 still.update(bufs)
             else:
                 gone.append(bufs)
-        alive: set[Key] = set()
         kept = []
         for entry in self._made:
             x = entry[0]()
@@ -250,28 +292,9 @@ class PeakWalk:
             kept.append(entry)
             if entry[2] is None:
                 entry[2] = _buffers(x)
-            term = entry[1]
-            for key, (dev, kind, n) in entry[2].items():
-                if key in alive or key in still:
-                    continue
-                alive.add(key)
-                tally(arrays, dev, kind, n)
-                tally(terms, dev, ph.term_in(term, kind), n)
         self._made = kept
-        released: set[Key] = set()
-        for bufs in gone:
-            for key, (dev, kind, n) in bufs.items():
-                if key in still or key in released:
-                    continue
-                released.add(key)
-                tally(arrays, dev, kind, -n)
-                tally(terms, dev, ph.term_in(ph.RELEASED, kind), -n)
-        temps: dict[str, int] = {}
-        for ids, n in programs:
-            for d in ids:
-                if n:  # a program without temporaries adds no entry (a plan writes none either)
-                    temps[str(d)] = temps.get(str(d), 0) + int(n)
-        return PeakPhase(name, chunk, nonzero(arrays), nonzero(terms), temps)
+        self.count(event.name, [(term, bufs) for _, term, bufs in kept], still, gone, event.programs)
+        self.seconds += time.perf_counter() - start
 
 
 def allocator_before(devices: Sequence[Any]) -> dict[str, tuple[int, int]] | None:

@@ -3,7 +3,7 @@
 The mover (``placement.reshard`` and the strategies under it) only ``emit``s: the arrays a step
 made, each point where it holds the most (``Phase``), every copy and the ledger's notes on them
 (``LEDGER``). Instruments listen inside ``listening(...)``: the sync's peak walk takes ``Made``
-and ``Phase``, the transfer log (``placement.transfers``, L3's evidence) the ledger. Work done
+and ``Phase``, the transfer log (``measure.sync.TransferLog``, L3's evidence) the ledger. Work done
 only to describe an event is guarded by ``wants(kind)``: with nobody listening, one read.
 """
 

@@ -18,12 +18,12 @@ import numpy as np
 from flax import nnx
 
 from rlcluster_lab.cluster.sync import sync_guard
-from rlcluster_lab.measure.sync import ShardFacts, SyncObserver, SyncReport
+from rlcluster_lab.measure.sync import ShardFacts, SyncObserver, SyncReport, TransferLog
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.boxes import plan_reshard, shard_boxes
 from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.placement.events import Transfer
-from rlcluster_lab.placement.transfers import TransferLog, shard_key
+from rlcluster_lab.placement.transfers import shard_key
 from rlcluster_lab.rules.steps import ParamsBranch, p13_sync_guarded
 from rlcluster_lab.tunix.observe import OBSERVED, anchor_decision, anchor_state, has_anchor, observation
 
