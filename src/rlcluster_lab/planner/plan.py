@@ -129,13 +129,6 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def host(self, index: int) -> HostBudget:
-        """The budget of host ``index`` (``per_host`` by host index)."""
-        for h in self.per_host:
-            if h.host == index:
-                return h
-        raise KeyError(f"this plan has hosts {[h.host for h in self.per_host]}, not {index}")
-
 
 def plan_cluster(
     model: str | ModelConfig = "tiny",
@@ -275,7 +268,6 @@ def _plan(req: PlanRequest) -> Plan:
         entries["critic_optimizer"] = placed.critic_optimizer
     memory = memory_summary(entries)
     topo = req.topology
-    host_of = topo.host_of()
     sync = sync_summary(
         buf,
         models["actor"],
@@ -287,7 +279,7 @@ def _plan(req: PlanRequest) -> Plan:
         offload=req.offload,
         link_bandwidth=topo.link_bandwidth,
         strategy=req.reshard,
-        host_of=host_of,
+        host_of=topo.host_of(),
         host_link_bandwidth=topo.host_link_bandwidth,
     )
     sync["transient_peak"] = plan_sync_peak(
@@ -304,11 +296,9 @@ def _plan(req: PlanRequest) -> Plan:
         programs=_local_devices(topo) if req.sync_programs else None,
     )
     phases, step = _step_phases(req, placed, models, trainable)
-    per_device, per_host = budgets(
-        entries, phases, sync, topo.ids(), host_of, topo.memory_per_device, topo.host_memory, topo.platform
-    )
+    per_device, per_host = budgets(entries, phases, sync, topo)
     fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
-    fits.update(verdict(fits["by_role"], per_device, per_host, topo.memory_per_device, topo.host_memory))
+    fits.update(verdict(fits["by_role"], per_device, per_host, topo))
     fits["host_memory_source"] = topo.host_memory_source
     present = {Role(name) for name in models if name != "anchor"}
     config = req.model

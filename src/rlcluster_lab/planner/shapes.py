@@ -52,15 +52,8 @@ def _eval_leaves(config: ModelConfig, lora_rank: int, kind: str, rules: Any) -> 
     out = []
     for path, value in values.items():
         spec = specs.get(path)
-        out.append(
-            AbstractLeaf(
-                path,
-                tuple(value.shape),
-                np.dtype(value.dtype),
-                spec if isinstance(spec, PartitionSpec) else PartitionSpec(),
-                path in lora_paths,
-            )
-        )
+        spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
+        out.append(AbstractLeaf(path, tuple(value.shape), np.dtype(value.dtype), spec, path in lora_paths))
     return out
 
 
