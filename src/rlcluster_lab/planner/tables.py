@@ -307,15 +307,15 @@ def local_topology() -> Topology:
     )
 
 
-def topology(name: str, **figures: Any) -> Topology:
-    """A topology by name, with any of its figures overridden (``with_figures``)."""
+def topology(name: str) -> Topology:
+    """A topology by name (``topology_names()``)."""
     if name == "local":
-        return with_figures(local_topology(), **figures)
+        return local_topology()
     if name not in TOPOLOGIES:
         raise ConfigError(
             f"unknown topology {name!r}; choose one of {', '.join(topology_names())}", knobs=("topology",)
         )
-    return with_figures(TOPOLOGIES[name], **figures)
+    return TOPOLOGIES[name]
 
 
 def with_figures(
