@@ -250,7 +250,6 @@ def _hosts(
     sync: Mapping[str, Any],
     topo: Topology,
 ) -> tuple[HostBudget, ...]:
-    host_memory = topo.host_memory
     pinned_peak = {int(d): int(k.get("pinned_host", 0)) for d, k in sync["transient_peak"]["by_device"].items()}
     out = []
     for h, ids in enumerate(topo.hosts()):
@@ -282,8 +281,8 @@ def _hosts(
                 ram,
                 total,
                 top,
-                host_memory,
-                None if host_memory is None else total <= host_memory,
+                topo.host_memory,
+                None if topo.host_memory is None else total <= topo.host_memory,
                 max((b.peak_bytes for b in mine), default=0),
                 int(moved.get("cross_host_bytes", 0)),
                 int(moved.get("within_host_bytes", 0)),
