@@ -60,11 +60,11 @@ def test_minimum_crossing_counts_each_block_once_per_receiving_process():
     box = ((0, 4), (0, 8))  # one 32-element block
     halves = [((0, 2), (0, 8)), ((2, 4), (0, 8))]
     # Replicated on four devices of process 1, held by process 0 only: crosses once.
-    assert minimum_crossing_elements((4, 8), [(0, box)] * 4, [(1, box)] * 4) == {1: 32}
+    assert minimum_crossing_elements([(0, box)] * 4, [(1, box)] * 4) == {1: 32}
     # Process 1 already holds one half of what it needs.
-    assert minimum_crossing_elements((4, 8), [(0, halves[0]), (1, halves[1])], [(1, box)] * 2) == {1: 16}
+    assert minimum_crossing_elements([(0, halves[0]), (1, halves[1])], [(1, box)] * 2) == {1: 16}
     # Both processes need the whole block; each holds one half.
-    got = minimum_crossing_elements((4, 8), [(0, halves[0]), (1, halves[1])], [(0, box), (1, box)])
+    got = minimum_crossing_elements([(0, halves[0]), (1, halves[1])], [(0, box), (1, box)])
     assert got == {0: 16, 1: 16}
 
 

@@ -32,7 +32,7 @@ from rlcluster_lab.model.transformer import init_cache
 from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes
 from rlcluster_lab.planner.buffers import host_overlap
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
-from rlcluster_lab.planner.references import PUBLISHED, published
+from rlcluster_lab.planner.references import PUBLISHED
 from rlcluster_lab.planner.step_memory import Split, Workload, activation_bytes, kv_cache_bytes
 from rlcluster_lab.planner.tables import TOPOLOGIES, Topology, local_topology
 from rlcluster_lab.training import step as step_module
@@ -255,6 +255,9 @@ def test_l4_kv_cache_is_the_engines_cache() -> None:
 # --- published figures ---------------------------------------------------------------------
 
 
+FIGURES = {f.name: f for f in PUBLISHED}
+
+
 def _state(model: str, **knobs) -> dict:
     plan = plan_cluster(model, "gpu-8", **knobs)
     return {**plan.step["actor_training_state"], "base_params": plan.model["num_params"]}
@@ -262,9 +265,9 @@ def _state(model: str, **knobs) -> dict:
 
 def test_l4_bytes_per_parameter_match_the_published_arithmetic() -> None:
     ours = _state("tiny")["bytes_per_parameter"]  # the lab trains in float32 with adam
-    hf = dict(published("hf_fp32_adamw").composition)
+    hf = dict(FIGURES["hf_fp32_adamw"].composition)
     assert {k: ours[k] for k in hf} == pytest.approx(hf, abs=1e-3)  # 4 + 4 + 8, part by part
-    zero = published("zero_mixed_precision_adam")
+    zero = FIGURES["zero_mixed_precision_adam"]
     # The same 16 bytes per parameter as mixed-precision Adam, in another composition:
     # ZeRO keeps fp16 parameters and gradients and an fp32 master copy (2 + 2 + 12).
     assert ours["total"] == pytest.approx(zero.value, abs=1e-3)
@@ -273,13 +276,13 @@ def test_l4_bytes_per_parameter_match_the_published_arithmetic() -> None:
 
 def test_l4_an_8b_model_matches_published_memory_tables() -> None:
     fp32 = _state("llama3-8b", dtype="float32")
-    assert fp32["total"] == pytest.approx(published("d2l_llama3_8b_fp32").value, rel=0.005)  # 8.03e9 vs "8B"
+    assert fp32["total"] == pytest.approx(FIGURES["d2l_llama3_8b_fp32"].value, rel=0.005)  # 8.03e9 vs "8B"
     bf16 = _state("llama3-8b")
     per_billion = bf16["total"] / 1e9 / (bf16["num_params"] / 1e9)
-    assert per_billion == pytest.approx(published("llamafactory_full_pure_bf16").value, rel=1e-3)
+    assert per_billion == pytest.approx(FIGURES["llamafactory_full_pure_bf16"].value, rel=1e-3)
     lora = _state("llama3-8b", lora_rank=16)  # the frozen base and rank-16 adapters with their state
     per_billion = lora["total"] / lora["base_params"]
-    assert per_billion == pytest.approx(published("llamafactory_lora_16bit").value, rel=0.03)
+    assert per_billion == pytest.approx(FIGURES["llamafactory_lora_16bit"].value, rel=0.03)
     for figure in PUBLISHED:
         assert "http" in figure.source and figure.assumptions
 
@@ -325,7 +328,7 @@ def test_l4_split_layout_over_two_hosts_sends_every_synced_byte_across() -> None
     # replicated leaf needs on the host's other devices are made there.
     assert sync["cross_host_bytes"] == sync["synced_logical_bytes"] > 0
     assert sync["within_host_cross_device_bytes"] == sync["moved_cross_device_bytes"] - sync["cross_host_bytes"] > 0
-    assert split.host(1).sync_cross_host_bytes == sync["cross_host_bytes"] and split.host(0).sync_cross_host_bytes == 0
+    assert [h.sync_cross_host_bytes for h in split.per_host] == [0, sync["cross_host_bytes"]]
     leaves = sync["leaves"]
     assert sum(leaf["cross_host_bytes"] for leaf in leaves) == sync["cross_host_bytes"]
     # One host: the same sync crosses no host boundary.

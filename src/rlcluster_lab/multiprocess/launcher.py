@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -116,11 +115,8 @@ def launch(
     """
     settings.check()
     # The run's folder (job, results, progress, logs) is removed on every exit path.
-    folder = Path(tempfile.mkdtemp(prefix="rlcluster-lab-processes-"))
-    try:
-        return _run_workers(folder, job, settings, progress, on_start)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="rlcluster-lab-processes-", ignore_cleanup_errors=True) as folder:
+        return _run_workers(Path(folder), job, settings, progress, on_start)
 
 
 @dataclasses.dataclass

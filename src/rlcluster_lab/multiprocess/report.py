@@ -107,11 +107,10 @@ def host_summary(report: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- memory (L2)
 
 
-def _add(into: dict[str, int], items: Mapping[str, Any]) -> dict[str, int]:
-    """``into`` with each of ``items``' counts added."""
+def _add(into: dict[str, int], items: Mapping[str, Any]) -> None:
+    """Add each of ``items``' counts to ``into``."""
     for key, n in items.items():
         into[key] = into.get(key, 0) + int(n)
-    return into
 
 
 def merge_memory(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -265,7 +264,7 @@ def merge_crossing(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def minimum_crossing_elements(
-    shape: Sequence[int], src_boxes: Iterable[tuple[int, Any]], dst_boxes: Iterable[tuple[int, Any]]
+    src_boxes: Iterable[tuple[int, Any]], dst_boxes: Iterable[tuple[int, Any]]
 ) -> dict[int, int]:
     """Per receiving process: elements its destination shards need that no source shard on one
     of its own devices holds (each must cross into it at least once).
@@ -307,7 +306,7 @@ def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sy
             for a in (x, destination[path])
         )
         cross_device += sum(minimum_cross_device_elements(_keyed(src, "id"), _keyed(dst, "id"))) * itemsize
-        needed = minimum_crossing_elements(shape, _keyed(src, "process_index"), _keyed(dst, "process_index"))
+        needed = minimum_crossing_elements(_keyed(src, "process_index"), _keyed(dst, "process_index"))
         _add(by_process, {str(proc): n * itemsize for proc, n in needed.items()})
     minimum_across = sum(by_process.values())
     return {

@@ -24,28 +24,19 @@ import numpy as np
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES
 from rlcluster_lab.planner.buffers import PlannedArray, distinct_buffers, shard_rows
 from rlcluster_lab.planner.step_memory import Split, Workload, activation_bytes, kv_cache_bytes, prefill_bytes
+from rlcluster_lab.planner.tables import Topology
 
 PHASES = ("generate", "actor_update", "critic_update", "sync")
 
 
-def _sync_peak(sync: Mapping[str, Any]) -> Mapping[str, Mapping[str, int]]:
-    """Per device and memory kind, the sync's transient peak (the plan's ``transient_peak``;
-    the new buffers alone, ``peak_extra_bytes``, for a sync JSON without it)."""
-    peak = sync.get("transient_peak")
-    return peak["by_device"] if peak else sync.get("peak_extra_bytes", {})
-
-
 def sync_device_terms(sync: Mapping[str, Any]) -> dict[int, dict[str, int]]:
-    """Per device, the sync's device-memory peak split into arrays and program temporaries
-    (at the phase where the device's peak is)."""
-    peak = sync.get("transient_peak")
+    """Per device, the sync's device-memory peak (the plan's ``transient_peak``) split into
+    arrays and program temporaries (at the phase where the device's peak is)."""
+    peak = sync["transient_peak"]
     out: dict[int, dict[str, int]] = {}
-    for d, kinds in _sync_peak(sync).items():
+    for d, kinds in peak["by_device"].items():
         top = int(kinds.get("device", 0))
         if not top:
-            continue
-        if not peak:
-            out[int(d)] = {"sync_new_buffers": top}
             continue
         for ph in peak["phases"]:
             arrays = int(ph["arrays"].get(d, {}).get("device", 0))
@@ -201,13 +192,10 @@ def budgets(
     entries: Mapping[str, Sequence[PlannedArray]],
     phases: Mapping[str, Mapping[int, Mapping[str, int]]],
     sync: Mapping[str, Any],
-    device_ids: Sequence[int],
-    host_of: Mapping[int, int],
-    memory_per_device: int | None,
-    host_memory: int | None,
-    platform: str,
+    topo: Topology,
 ) -> tuple[tuple[DeviceBudget, ...], tuple[HostBudget, ...]]:
-    """Every device's and every host's budget from the planned arrays and the phases."""
+    """Every device's and every host's budget on ``topo`` from the planned arrays and the phases."""
+    host_of, memory_per_device = topo.host_of(), topo.memory_per_device
     names = [n for n in MEMORY_ENTRIES if n in entries]
     rows = shard_rows([entries[n] for n in names])
     span = 1 + max(int(rows["device"].max(initial=0)), max(host_of, default=0))
@@ -232,10 +220,7 @@ def budgets(
         return {KINDS[k]: int(v) for k, v in enumerate(row) if v}
 
     kind_device = KINDS.index("device")
-    resident = {
-        d: {names[e]: int(n) for e, n in enumerate(held[d, :, kind_device]) if n}
-        for d in sorted(set(device_ids) | set(host_of))
-    }
+    resident = {d: {names[e]: int(n) for e, n in enumerate(held[d, :, kind_device]) if n} for d in sorted(host_of)}
     host_ram = held_by_host.sum(axis=2) - held_by_host[:, :, kind_device]
     host_resident = {h: {names[e]: int(n) for e, n in enumerate(host_ram[h]) if n} for h in range(hosts)}
     by_role = {h: {names[e]: kinds(own[h, e]) for e in range(len(names)) if own[h, e].any()} for h in range(hosts)}
@@ -254,7 +239,7 @@ def budgets(
         peak = sum(res.values()) + (sum(ph[top].values()) if top is not None else 0)
         fits = None if memory_per_device is None else peak <= memory_per_device
         devices.append(DeviceBudget(d, host_of.get(d, 0), res, ph, peak, top, memory_per_device, fits))
-    return tuple(devices), _hosts(devices, host_resident, by_role, by_kind, sync, host_of, host_memory, platform)
+    return tuple(devices), _hosts(devices, host_resident, by_role, by_kind, sync, topo)
 
 
 def _hosts(
@@ -263,23 +248,18 @@ def _hosts(
     by_role: Mapping[int, Mapping[str, Mapping[str, int]]],
     by_kind: Mapping[int, Mapping[str, int]],
     sync: Mapping[str, Any],
-    host_of: Mapping[int, int],
-    host_memory: int | None,
-    platform: str,
+    topo: Topology,
 ) -> tuple[HostBudget, ...]:
-    members: dict[int, list[int]] = {}
-    for d, h in host_of.items():
-        members.setdefault(h, []).append(d)
-    pinned_peak = {int(d): int(k.get("pinned_host", 0)) for d, k in _sync_peak(sync).items()}
+    pinned_peak = {int(d): int(k.get("pinned_host", 0)) for d, k in sync["transient_peak"]["by_device"].items()}
     out = []
-    for h in sorted(members):
+    for h, ids in enumerate(topo.hosts()):
         mine = [b for b in devices if b.host == h]
         ram_resident: Counter = Counter(host_resident.get(h, {}))
         phase_ram: dict[str, Counter] = {}
-        new_pinned = sum(pinned_peak.get(d, 0) for d in members[h])
+        new_pinned = sum(pinned_peak.get(d, 0) for d in ids)
         if new_pinned:
             phase_ram["sync"] = Counter(sync_new_pinned=new_pinned)
-        if platform == "cpu":  # a CPU device's memory is this host's RAM
+        if topo.platform == "cpu":  # a CPU device's memory is this host's RAM
             for b in mine:
                 ram_resident.update({f"device:{name}": n for name, n in b.resident.items()})
             for phase in PHASES:
@@ -295,14 +275,14 @@ def _hosts(
         out.append(
             HostBudget(
                 h,
-                tuple(sorted(members[h])),
+                tuple(sorted(ids)),
                 dict(by_role.get(h, {})),
                 dict(by_kind.get(h, {})),
                 ram,
                 total,
                 top,
-                host_memory,
-                None if host_memory is None else total <= host_memory,
+                topo.host_memory,
+                None if topo.host_memory is None else total <= topo.host_memory,
                 max((b.peak_bytes for b in mine), default=0),
                 int(moved.get("cross_host_bytes", 0)),
                 int(moved.get("within_host_bytes", 0)),
@@ -326,10 +306,10 @@ def verdict(
     roles: Mapping[str, Mapping[str, Any]],
     devices: Sequence[DeviceBudget],
     hosts: Sequence[HostBudget],
-    memory_per_device: int | None,
-    host_memory: int | None,
+    topo: Topology,
 ) -> dict[str, Any]:
-    """Whether everything fits, the worst device and host, and why not."""
+    """Whether everything fits on ``topo``, the worst device and host, and why not."""
+    memory_per_device, host_memory = topo.memory_per_device, topo.host_memory
     worst_device = max(devices, key=lambda b: b.peak_bytes, default=None)
     worst_host = max(hosts, key=lambda h: h.ram_bytes, default=None)
     reasons = []

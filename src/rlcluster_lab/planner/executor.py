@@ -19,7 +19,7 @@ from rlcluster_lab.cluster.construct import LoadFacts
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import check_spec
-from rlcluster_lab.engines import ENGINES, OwnCopyEngine, VllmStyleEngine
+from rlcluster_lab.engines import OwnCopyEngine, VllmStyleEngine
 from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.model import ModelConfig
 from rlcluster_lab.placement.layout import PlannedMesh
@@ -57,36 +57,27 @@ class PlannedEngine:
     owns_weights: bool
 
 
+@dataclasses.dataclass(eq=False)
 class PlannedExecutor:
     """Carries out construction's steps on ``PlannedModel`` records.
 
     Args:
-        buffers: makes and reshards the arrays.
+        buf: makes and reshards the arrays.
         config: the model's dimensions (for partition specs and optimizer slots).
         rules: each role's logical axis rules.
-        engine: the rollout engine's name (``ENGINES``).
-        tensor_parallel_size: the vllm engine's tensor-parallel size (None: all its devices).
-        optimizer: the actor's optimizer.
-        critic_optimizer: the critic's (None: the actor's kind, adam).
+        engine_cls: the rollout engine's class (``ENGINES``).
+        tp_size: the vllm engine's tensor-parallel size (None: all its devices).
+        tx: the actor's optimizer.
+        critic_tx: the critic's.
     """
 
-    def __init__(
-        self,
-        buffers: Buffers,
-        config: ModelConfig,
-        rules: Mapping[Role, Rules],
-        engine: str,
-        tensor_parallel_size: int | None,
-        optimizer: optax.GradientTransformation,
-        critic_optimizer: optax.GradientTransformation | None = None,
-    ) -> None:
-        self.buf = buffers
-        self.config = config
-        self.rules = rules
-        self.engine_cls = ENGINES[engine]
-        self.tp_size = tensor_parallel_size
-        self.tx = optimizer
-        self.critic_tx = critic_optimizer if critic_optimizer is not None else optax.adam(1e-3)
+    buf: Buffers
+    config: ModelConfig
+    rules: Mapping[Role, Rules]
+    engine_cls: type
+    tp_size: int | None
+    tx: optax.GradientTransformation
+    critic_tx: optax.GradientTransformation
 
     def specs(self, role: Role, model: PlannedModel) -> dict[PathKey, AbstractLeaf]:
         """The role's partition spec for every leaf of ``model`` (its rules, the model's shapes)."""

@@ -25,12 +25,15 @@ import jax
 import optax
 
 from rlcluster_lab.cluster.construct import Placed, Request, construct
+from rlcluster_lab.core.config import TrainingConfig
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS, PLANNER_KNOBS, as_int, knob_dataclass
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, describe_mesh, layout_meshes
 from rlcluster_lab.core.options import check_tensor_parallel_size
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
+from rlcluster_lab.engines import ENGINES
+from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.model import ModelConfig
 from rlcluster_lab.placement.layout import PlannedMesh
 from rlcluster_lab.planner.accounting import SOURCE, fits_summary, memory_summary, sync_summary
@@ -129,13 +132,6 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def host(self, index: int) -> HostBudget:
-        """The budget of host ``index`` (``per_host`` by host index)."""
-        for h in self.per_host:
-            if h.host == index:
-                return h
-        raise KeyError(f"this plan has hosts {[h.host for h in self.per_host]}, not {index}")
-
 
 def plan_cluster(
     model: str | ModelConfig = "tiny",
@@ -229,9 +225,11 @@ def _meshes(req: PlanRequest) -> dict[Role, PlannedMesh]:
 def _construct(req: PlanRequest, buf: Buffers, trace: Trace) -> Placed:
     """The cluster's own construction (``cluster.construct``), run on arrays on paper."""
     r2m = _meshes(req)
-    tx = req.optimizer if req.optimizer is not None else optax.adam(3e-3)
     rules = {role: req.rules(role) for role in Role}
-    ex = PlannedExecutor(buf, req.model, rules, req.engine, req.vllm_tensor_parallel_size, tx, req.critic_optimizer)
+    tx = TrainingConfig(optimizer=req.optimizer, critic_optimizer=req.critic_optimizer)  # adam unless given
+    ex = PlannedExecutor(
+        buf, req.model, rules, ENGINES[req.engine], req.vllm_tensor_parallel_size, tx.actor_optimizer(), tx.critic_tx()
+    )
     # Scenario.build_models places the models it makes without rules: the family's defaults.
     given = given_models(
         buf,
@@ -275,7 +273,6 @@ def _plan(req: PlanRequest) -> Plan:
         entries["critic_optimizer"] = placed.critic_optimizer
     memory = memory_summary(entries)
     topo = req.topology
-    host_of = topo.host_of()
     sync = sync_summary(
         buf,
         models["actor"],
@@ -287,7 +284,7 @@ def _plan(req: PlanRequest) -> Plan:
         offload=req.offload,
         link_bandwidth=topo.link_bandwidth,
         strategy=req.reshard,
-        host_of=host_of,
+        host_of=topo.host_of(),
         host_link_bandwidth=topo.host_link_bandwidth,
     )
     sync["transient_peak"] = plan_sync_peak(
@@ -304,11 +301,9 @@ def _plan(req: PlanRequest) -> Plan:
         programs=_local_devices(topo) if req.sync_programs else None,
     )
     phases, step = _step_phases(req, placed, models, trainable)
-    per_device, per_host = budgets(
-        entries, phases, sync, topo.ids(), host_of, topo.memory_per_device, topo.host_memory, topo.platform
-    )
+    per_device, per_host = budgets(entries, phases, sync, topo)
     fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)
-    fits.update(verdict(fits["by_role"], per_device, per_host, topo.memory_per_device, topo.host_memory))
+    fits.update(verdict(fits["by_role"], per_device, per_host, topo))
     fits["host_memory_source"] = topo.host_memory_source
     present = {Role(name) for name in models if name != "anchor"}
     config = req.model
@@ -370,7 +365,7 @@ def _step_phases(
     actor_split = Split.of(placed.role_to_mesh[Role.ACTOR], req.rules(Role.ACTOR))
     rollout_mesh = placed.role_to_mesh[Role.ROLLOUT]
     rollout_split = Split.of(rollout_mesh, req.rules(Role.ROLLOUT))
-    trained = [actor[p] for p in sorted(trainable, key=lambda k: "/".join(map(str, k)))]
+    trained = [actor[p] for p in sorted(trainable, key=leaf_path)]
     trainers = {"actor_update": Trainer(list(actor.values()), trained, placed.optimizer, actor_split, lora_rank=rank)}
     step: dict[str, Any] = {
         "source": "computed from the model's dimensions and the workload (planner.step_memory)",

@@ -76,10 +76,3 @@ PUBLISHED: tuple[PublishedFigure, ...] = (
         "(https://github.com/hiyouga/LLaMA-Factory#hardware-requirement)",
     ),
 )
-
-
-def published(name: str) -> PublishedFigure:
-    for figure in PUBLISHED:
-        if figure.name == name:
-            return figure
-    raise KeyError(f"no published figure {name!r}; known: {', '.join(f.name for f in PUBLISHED)}")

@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec
 
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.shardings import resolve_specs
+from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.model import ModelConfig, abstract_model
 from rlcluster_lab.model.scoring import abstract_score_model
 
@@ -35,10 +36,6 @@ class AbstractLeaf:
     spec: PartitionSpec
     lora: bool  # an nnx.LoRAParam (a trainable adapter)
 
-    @property
-    def name(self) -> str:
-        return "/".join(map(str, self.path))
-
 
 def _eval_leaves(config: ModelConfig, lora_rank: int, kind: str, rules: Any) -> list[AbstractLeaf]:
     # The same structures init_model / with_lora / init_score_model fill with values.
@@ -52,15 +49,8 @@ def _eval_leaves(config: ModelConfig, lora_rank: int, kind: str, rules: Any) -> 
     out = []
     for path, value in values.items():
         spec = specs.get(path)
-        out.append(
-            AbstractLeaf(
-                path,
-                tuple(value.shape),
-                np.dtype(value.dtype),
-                spec if isinstance(spec, PartitionSpec) else PartitionSpec(),
-                path in lora_paths,
-            )
-        )
+        spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
+        out.append(AbstractLeaf(path, tuple(value.shape), np.dtype(value.dtype), spec, path in lora_paths))
     return out
 
 
@@ -147,12 +137,12 @@ def optimizer_slots(tx: optax.GradientTransformation, config: ModelConfig, lora_
             None,
         )
         if mirrored is not None:
-            name = "/".join(map(str, mirrored))
+            name = leaf_path(mirrored)
             dtype = np.dtype(value.dtype)
             param_dtype = np.dtype(params[keys[len(mirrored) :]].dtype)
             slots[name] = OptimizerSlot(name, True, dtype=None if dtype == param_dtype else dtype)
         else:
-            name = "/".join(map(str, keys))
+            name = leaf_path(keys)
             slots[name] = OptimizerSlot(name, False, tuple(value.shape), np.dtype(value.dtype))
     return tuple(slots.values())
 

@@ -101,11 +101,6 @@ def layer_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split()
     )
 
 
-def layer_constant_bytes(config: ModelConfig) -> int:
-    """Per block, whatever the batch: the two norm scales broadcast to float32."""
-    return 2 * F32 * config.embed_dim
-
-
 # The losses' per-completion-token terms: for the actor (``training.step.grpo_sums`` and
 # ``model.logps.forward_logps``) the picked token's index (int32), the pad mask (bool) and
 # ten float32 values (the mask as float32, the log-softmax's normaliser, the picked log-prob,
@@ -161,7 +156,7 @@ def activation_bytes(
     rows = _per(workload.train_rows, split.rows)
     tokens = workload.sequence_length
     per_token = layer_bytes_per_token(config, tokens, split, lora_rank)
-    layer = per_token * rows * tokens + layer_constant_bytes(config)
+    layer = per_token * rows * tokens + 2 * F32 * config.embed_dim  # + the two norm scales broadcast to float32
     head = head_bytes(config, rows, tokens, workload.max_tokens, split, lora_rank=lora_rank, value_head=value_head)
     if workload.remat:
         inputs = config.num_layers * itemsize(config) * config.embed_dim * rows * tokens

@@ -3,20 +3,15 @@ and one line per plan with its verdict. Figures are the plan's own, computed fro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.planner.budget import gib as _gib
 
 
-def _json(plan: Any) -> Mapping[str, Any]:
-    return plan.to_json() if hasattr(plan, "to_json") else plan
-
-
 def peak_rows(plan: Any) -> list[dict[str, Any]]:
     """The busiest device at its peak: each resident entry, then each phase's terms (the
     phase that sets the peak marked), largest first within each."""
-    data = _json(plan)
+    data = plan.to_json()
     device = data["fits"]["peak"]["device"]
     budget = next(d for d in data["per_device"] if d["device"] == device)
     rows = [
@@ -35,7 +30,7 @@ def peak_rows(plan: Any) -> list[dict[str, Any]]:
 
 def host_rows(plan: Any) -> list[dict[str, Any]]:
     """Per host: its devices, its busiest device, its RAM and what a sync brings it."""
-    data = _json(plan)
+    data = plan.to_json()
     return [
         {
             "host": h["host"],
@@ -52,7 +47,7 @@ def host_rows(plan: Any) -> list[dict[str, Any]]:
 
 def verdict_row(label: str, plan: Any) -> dict[str, Any]:
     """One plan in a line: its busiest device at rest and at its peak, and whether it fits."""
-    data = _json(plan)
+    data = plan.to_json()
     fits = data["fits"]
     peak = fits["peak"]
     return {

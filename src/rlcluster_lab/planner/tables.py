@@ -112,14 +112,11 @@ class Topology:
     def __post_init__(self) -> None:
         per = self.devices_per_host
         if per is not None and (per < 1 or self.device_count % per):
+            why = f"must divide the device count: {per} does not divide {self.device_count} ({self.name})"
             raise ConfigError(
-                f"devices_per_host must divide the device count: {self.devices_per_host} does not divide "
-                f"{self.device_count} ({self.name})",
+                f"devices_per_host {why}",
                 knobs=("devices_per_host",),
-                problem=(
-                    f"devices_per_host (--devices-per-host) must divide the device count: {self.devices_per_host} "
-                    f"does not divide {self.device_count} ({self.name})"
-                ),
+                problem=f"devices_per_host (--devices-per-host) {why}",
             )
         if self.host_ids is not None and len(self.host_ids) != self.device_count:
             raise ValueError(f"host_ids names {len(self.host_ids)} hosts for {self.device_count} devices ({self.name})")
@@ -310,15 +307,15 @@ def local_topology() -> Topology:
     )
 
 
-def topology(name: str, **figures: Any) -> Topology:
-    """A topology by name, with any of its figures overridden (``with_figures``)."""
+def topology(name: str) -> Topology:
+    """A topology by name (``topology_names()``)."""
     if name == "local":
-        return with_figures(local_topology(), **figures)
+        return local_topology()
     if name not in TOPOLOGIES:
         raise ConfigError(
             f"unknown topology {name!r}; choose one of {', '.join(topology_names())}", knobs=("topology",)
         )
-    return with_figures(TOPOLOGIES[name], **figures)
+    return TOPOLOGIES[name]
 
 
 def with_figures(
@@ -345,13 +342,10 @@ def with_figures(
             raise ValueError(f"{field.replace('_', ' ')} must be a positive number, got {value!r:.40}")
         changes[field] = cast(value)
         changes[source] = "given"
-    if devices_per_host is not None:
-        if (
-            isinstance(devices_per_host, bool)
-            or not isinstance(devices_per_host, numbers.Integral)
-            or devices_per_host < 1
-        ):
-            raise ValueError(f"devices per host must be a positive int, got {devices_per_host!r}")
-        changes["devices_per_host"] = int(devices_per_host)
+    per = devices_per_host
+    if per is not None:
+        if isinstance(per, bool) or not isinstance(per, numbers.Integral) or per < 1:
+            raise ValueError(f"devices per host must be a positive int, got {per!r}")
+        changes["devices_per_host"] = int(per)
         changes["host_ids"] = None  # consecutive ids, devices_per_host to a host
     return dataclasses.replace(topo, **changes) if changes else topo

@@ -63,14 +63,13 @@ class Workload:
             )
 
     @classmethod
-    def of_scenario(cls, scenario: Any, rows: int = 16, micro_batch_size: int | None = None) -> Workload:
-        """A scenario's token counts (its cache, its new tokens, the longest prompt beside them)."""
+    def of_scenario(cls, scenario: Any) -> Workload:
+        """A scenario's token counts (its cache, its new tokens, the longest prompt beside them),
+        over the default rows."""
         return cls(
-            rollout_batch_size=rows,
             prompt_length=scenario.kv_cache_size - scenario.max_tokens,
             max_tokens=scenario.max_tokens,
             kv_cache_size=scenario.kv_cache_size,
-            micro_batch_size=micro_batch_size,
         )
 
     @property
