@@ -39,6 +39,9 @@ CASES = [(layout, lora) for layout in ("colocated", "reshaped", "split") for lor
 # (Each exercised case compiles the sampler and the training step again: about a minute on two
 # cores. run_reports(..., exercise=True) runs them in every case.)
 EXERCISED = {("split", False)}
+# Offloaded to pinned host (P14) with the rollout in the other process: the move crosses in
+# device memory and the memory kind comes after (it once assembled pinned-host placeholders).
+OFFLOADED = ("split", True)
 # The sampler's log-probs against the scorers', and the rollout's against the live actor's after
 # the sync: the same weights, so equal up to float32 rounding of differently sharded programs.
 CLOSE = 1e-4
@@ -186,18 +189,19 @@ def test_a_scenario_the_processes_cannot_form_is_refused_before_they_start():
 
 @pytest.fixture(scope="module")
 def launched():
-    """The six cases, built by one launch of two processes (each with 4 CPU devices)."""
+    """The six cases and an offloaded one, built by one launch of two processes (each with 4 CPU devices)."""
     start = time.monotonic()
+    offloaded = Scenario(layout=OFFLOADED[0], lora=OFFLOADED[1], offload=True)
     reports = run_reports(
-        [Scenario(layout=layout, lora=lora) for layout, lora in CASES],
+        [Scenario(layout=layout, lora=lora) for layout, lora in CASES] + [offloaded],
         processes=2,
         devices_per_process=4,
         sync=True,
-        exercise=[case in EXERCISED for case in CASES],
+        exercise=[case in EXERCISED for case in CASES] + [False],
         timeout=1800,
     )
-    print(f"\n2 processes, {len(CASES)} cases: {time.monotonic() - start:.1f} s")
-    return dict(zip(CASES, reports))
+    print(f"\n2 processes, {len(CASES) + 1} cases: {time.monotonic() - start:.1f} s")
+    return {**dict(zip(CASES, reports)), "offload": reports[-1]}
 
 
 def _normalised(decisions, order):
@@ -253,6 +257,20 @@ def test_two_processes_decide_as_one_process_does(launched, layout, lora):
     assert peak["after"] == {} and peak["chunks"] == one["chunks"] == 1
     pinned = [sorted(k.get("pinned_host", 0) for k in p["by_device"].values()) for p in (peak, one)]
     assert pinned[0] == pinned[1]
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_an_offloaded_rollout_in_another_process_is_placed_and_synced_as_in_one_process(launched):
+    data, (layout, lora) = launched["offload"], OFFLOADED
+    order = data["by_host"]["0"]["device_ids"] + data["by_host"]["1"]["device_ids"]
+    cluster = build_cluster(Scenario(layout=layout, lora=lora, offload=True))
+    here = placement_report(cluster, sync=cluster.sync_weights()).to_json()
+    assert _normalised(data["decisions"], order) == _normalised(here["decisions"], list(range(8)))
+    kinds = [{r: (v["bytes"], v["by_kind"]) for r, v in d["memory"]["by_role"].items()} for d in (data, here)]
+    assert kinds[0] == kinds[1] and "pinned_host" in kinds[0]["rollout"][1]  # offloaded as in one process (P14)
+    for key in ("synced_bytes", "moved_cross_device_bytes", "minimum_cross_device_bytes"):
+        assert data["sync"][key] == here["sync"][key], key
 
 
 @pytest.mark.slow
@@ -333,6 +351,7 @@ def test_a_worker_that_raises_ends_the_run_with_its_own_error():
     with pytest.raises(LaunchError, match=r"process [01] of 2 failed after .*ValueError: unknown job kind") as info:
         launch({"kind": "no such job"}, LaunchSettings(processes=2, devices_per_process=1), on_start=pids.extend)
     assert info.value.process_id in (0, 1) and info.value.returncode == 1
+    assert "Traceback" in info.value.log_tail and "unknown job kind" in info.value.log_tail  # where it raised
     assert len(pids) == 2 and not [p for p in pids if _alive(p)]
 
 

@@ -265,16 +265,17 @@ def _failure(
             log_tail="\n".join(f"[process {w.index}] {w.tail()}" for w in workers),
         )
     w, code, elapsed = failed
-    reason = None
+    reason, where_in_code = None, ""
     with contextlib.suppress(OSError, ValueError):
-        reason = json.loads(w.path("json").read_text()).get("error")
+        written = json.loads(w.path("json").read_text())
+        reason, where_in_code = written.get("error"), written.get("traceback") or ""
     return LaunchError(
         f"process {w.index} of {len(workers)} failed after {elapsed:.1f} s: {reason or _exit_reason(code, w)}; the "
         f"other processes were stopped (last progress: {where})",
         process_id=w.index,
         returncode=code,
         elapsed_s=elapsed,
-        log_tail=w.tail(),
+        log_tail="\n".join(filter(None, [w.tail(), where_in_code])),  # the worker's traceback ends it
     )
 
 

@@ -14,7 +14,7 @@ landed on its devices; process 0 adds the logs (``multiprocess.report``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -122,7 +122,7 @@ def _placeholders(dsts: Sequence[NamedSharding], avals: Sequence[jax.ShapeDtypeS
 def move_across(
     idx: list[int],
     xs: Sequence[jax.Array],
-    dsts: Sequence[Any],
+    dsts: Mapping[int, Any],
     staged: dict[int, jax.Array],
     src_a: tuple[Any, ...],
     dst_a: tuple[Any, ...],
@@ -132,7 +132,8 @@ def move_across(
 ) -> dict[int, tuple[jax.Array, set[int]]]:
     """Disjoint device sets in different processes: ``placement.xla._move_whole`` across processes.
 
-    ``staged[i]`` is leaf i laid out as ``dsts[i]`` over ``src_a``. Every process calls it,
+    ``staged[i]`` is leaf i laid out as ``dsts[i]`` over ``src_a`` (``dsts``: by leaf index, in
+    the devices' default memory; a memory kind is applied after the move). Every process calls it,
     one program per destination mesh, and gets index -> (the leaf, ids of its own devices
     holding new buffers), logging the transfers that landed on them.
     """

@@ -193,7 +193,9 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
         # multi-process: whole shards cross into another process in one compiled program.
         origins = {i: run.between[i][0] for i in members if i in run.between}
         crossed = {i: run.between[i][1] for i in members if i in run.between}
-        done = move_across(members, run.xs, run.dsts, current, src_a, dst_a, origins, crossed, run.labels)
+        # In the devices' default memory, as every layout change here: a memory kind comes after (P14).
+        work = {i: run.work_dst(i) for i in members}
+        done = move_across(members, run.xs, work, current, src_a, dst_a, origins, crossed, run.labels)
         for i, (y, made) in done.items():
             run.produced[i] = made
             run.joined[i] = y
