@@ -224,7 +224,7 @@ class PlacementLab:
             self.status.say("Construct a cluster first.")
             return
         with self._busy():
-            if allocator_before(self.devices):
+            if self.background.running and allocator_before(self.devices):
                 # The sync's allocator peak is one per process: arrays the rehearsal makes meanwhile
                 # would count in it, so the sync waits for it (devices without allocator figures
                 # measure the sync's own arrays only, and need not wait).
