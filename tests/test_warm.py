@@ -337,3 +337,17 @@ def test_after_the_warm_up_a_new_process_compiles_nothing_for_its_first_step(tmp
     lines = dict(line.split(" ", 1) for line in step.stdout.splitlines() if line.startswith(("COMPILED", "READ")))
     assert lines["COMPILED"] == "[]", lines
     assert int(lines["READ"]) >= 4
+
+
+def test_a_lock_read_before_its_holder_wrote_its_pid_still_names_the_holder(tmp_path):
+    # The holder takes the lock, then writes its pid: a caller reading the new, empty file in
+    # between once said "another process" (a flaky line in the four-caller test).
+    (tmp_path / warm.LOCK).write_bytes(b"")
+    writer = threading.Timer(0.05, lambda: (tmp_path / warm.LOCK).write_text(f"{4321:<20}"))
+    writer.start()
+    try:
+        assert warm._lock_pid(tmp_path) == 4321
+    finally:
+        writer.join()
+    (tmp_path / warm.LOCK).write_bytes(b"")
+    assert warm._lock_pid(tmp_path, wait=0.02) is None  # a lock nobody writes: unnamed, after a bounded wait

@@ -104,23 +104,35 @@ def _open(folder: Path, name: str, flags: int) -> int:
     return os.open(folder / name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
+_PID_WIDTH = 20  # a pid is written padded to this width in one write, so a reader never sees it half-replaced
+
+
 def _write_pid(fd: int, pid: int) -> None:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(pid).encode("ascii"), 0)
+    os.pwrite(fd, f"{pid:<{_PID_WIDTH}}".encode("ascii"), 0)
 
 
-def _lock_pid(folder: Path) -> int | None:
-    """The pid written in ``folder``'s lock (the warm-up holding it), None when unreadable."""
-    try:
-        fd = _open(folder, LOCK, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return int(os.read(fd, 32).decode("ascii").strip() or "0") or None
-    except ValueError:
-        return None
-    finally:
-        os.close(fd)
+def _lock_pid(folder: Path, wait: float = 1.0) -> int | None:
+    """The pid written in ``folder``'s lock (the warm-up holding it), None when unreadable.
+
+    The holder writes its pid just after it takes the lock: a new lock file read in between is
+    empty, so an empty one is read again for up to ``wait`` seconds.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = _open(folder, LOCK, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            text = os.read(fd, 64).decode("ascii").strip()
+        finally:
+            os.close(fd)
+        if text or time.monotonic() >= deadline:
+            try:
+                return int(text or "0") or None
+            except ValueError:
+                return None
+        time.sleep(0.01)
 
 
 def _take_lock(folder: Path) -> int | None:
