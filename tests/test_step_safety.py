@@ -17,9 +17,13 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import Mesh
+from hypothesis import given
+from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainBatch, TrainingConfig, build_cluster
+from rlcluster_lab.cluster.validate import finite_flags
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.model import init_model
 from rlcluster_lab.model.tokenizer import ByteTokenizer
@@ -238,3 +242,30 @@ def test_identical_rebuilds_keep_host_memory_bounded():
         rebuild()
     grown = rss_mb() - start
     assert grown < 25, f"RSS grew {grown:.1f} MB over 8 identical rebuilds"
+
+
+@given(data=st.data())
+def test_the_sync_finite_check_read_in_place_agrees_with_the_compiled_one(data):
+    """The sync's check reads CPU shards with NumPy (nothing compiled); on other platforms one
+    compiled reduction. Both must flag the same leaves, wherever the bad value lies: in any
+    shard, in a replicated block, in host memory, in any float type."""
+    devices = jax.devices()
+    count = data.draw(st.sampled_from([1, 2, 4, 8]), label="devices")
+    chosen = data.draw(st.permutations(devices), label="order")[:count]
+    rows = data.draw(st.sampled_from([c for c in (1, 2, 4, 8) if count % c == 0]), label="rows")
+    mesh = Mesh(np.array(chosen).reshape(rows, count // rows), ("a", "b"))
+    arrays, expected = [], []
+    for k in range(data.draw(st.integers(1, 4), label="leaves")):
+        dtype = data.draw(st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]), label=f"dtype{k}")
+        spec = data.draw(st.sampled_from([P(), P("a"), P(None, "b"), P("a", "b"), P("b", "a")]), label=f"spec{k}")
+        kind = data.draw(st.sampled_from(["device", "pinned_host"]), label=f"kind{k}")
+        values = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 7.0
+        bad = data.draw(st.sampled_from([None, np.nan, np.inf, -np.inf]), label=f"bad{k}")
+        if bad is not None:
+            r, c = data.draw(st.integers(0, 7), label=f"row{k}"), data.draw(st.integers(0, 15), label=f"col{k}")
+            values[r, c] = bad
+        arrays.append(jax.device_put(jnp.asarray(values, dtype), NamedSharding(mesh, spec, memory_kind=kind)))
+        expected.append(bad is None)
+    assert finite_flags(arrays, in_place=True) == expected
+    assert finite_flags(arrays, in_place=False) == expected
+    assert finite_flags(arrays) == expected  # on these CPU devices: the in-place read

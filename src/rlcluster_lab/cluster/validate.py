@@ -126,7 +126,7 @@ def check_cache_fits(actor: Any, cache_size: int) -> None:
 
 def check_finite_leaves(model: nnx.Module, role: str) -> None:
     """Refuse a model holding a NaN or an infinite value, naming the leaves (before a sync copies
-    it): one compiled reduction where the leaves live, a flag per leaf back to the host.
+    it); ``finite_flags`` reads them.
 
     Raises:
         ValueError: the first few leaves holding a non-finite value.
@@ -135,15 +135,44 @@ def check_finite_leaves(model: nnx.Module, role: str) -> None:
     leaves = [(path, x) for path, x in flat if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact)]
     if not leaves:
         return
-    arrays = [x for _, x in leaves]
-    (flags,) = host_values([_ALL_FINITE.jitted(options_for(arrays))(arrays)])
-    bad = ["/".join(map(str, path)) for (path, _), ok in zip(leaves, np.asarray(flags)) if not ok]
+    flags = finite_flags([x for _, x in leaves])
+    bad = ["/".join(map(str, path)) for (path, _), ok in zip(leaves, flags) if not ok]
     if bad:
         raise ValueError(
             f"the {role} holds NaN or infinite values in {len(bad)} leaf(s) (e.g. {bad[:3]}); nothing was synced: "
             f"the rollout and the anchor keep their weights. Restore the {role} from a finite state (a checkpoint, "
             "or the anchor) before syncing"
         )
+
+
+def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> list[bool]:
+    """For each array, whether every element is finite.
+
+    Where the shards lie in this process's host memory (XLA:CPU devices), NumPy reads each
+    shard's buffer in place (no copy), one replica of each block: nothing is compiled, and a
+    cold sync does not wait for XLA to build a reduction it runs once. Elsewhere (GPUs, TPUs,
+    several processes) one compiled reduction runs where the leaves live and a flag per
+    leaf comes back, on every process alike (``core.gathering``).
+
+    Args:
+        arrays: floating-point arrays.
+        in_place: force the NumPy path (True) or the compiled one (False); None chooses as above.
+    """
+    if in_place is None:
+        in_place = all(_host_readable(x) for x in arrays)
+    if in_place:
+        return [
+            all(bool(np.isfinite(np.asarray(s.data)).all()) for s in x.addressable_shards if s.replica_id == 0)
+            for x in arrays
+        ]
+    (flags,) = host_values([_ALL_FINITE.jitted(options_for(arrays))(arrays)])
+    return [bool(f) for f in np.asarray(flags)]
+
+
+def _host_readable(x: jax.Array) -> bool:
+    # Global facts only (the process count, the platform): with several processes every one of
+    # them takes the compiled path together, as core.gathering requires.
+    return jax.process_count() == 1 and all(d.platform == "cpu" for d in x.sharding.device_set)
 
 
 def _all_finite(leaves: list[jax.Array]) -> jax.Array:
