@@ -7,15 +7,18 @@ observer of it."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import gc
 import threading
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Role, Scenario, TrainingConfig, build_cluster, make_mesh
+from rlcluster_lab.app import learner as learner_module
 from rlcluster_lab.cluster.observe import observing
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.engines import RolloutEngine
@@ -156,3 +159,43 @@ def test_an_engine_whose_twin_keeps_its_model_is_refused_before_anything_runs(cl
     with pytest.raises(TypeError, match="override RolloutEngine.twin"):
         rehearse_next_step(GRPOLearner(cluster, LearnerConfig(**SIZES)))
     assert cluster.contexts_entered == contexts
+
+
+def _first_step(case: str, ahead: bool, monkeypatch) -> tuple[collections.Counter, object, list, list]:
+    """A cold first step of CASES[case], with or without the programs built beside the sampling:
+    the programs it built (the element-wise ones JAX compiles for its own eager calls left out:
+    two threads may both build one of those), its record, the actor's weights, and the
+    threads ``compile_ahead`` started."""
+    scenario, training, knobs, reward_model, custom = CASES[case]
+    cluster = build_cluster(scenario, training_config=training, role_to_mesh=_custom_meshes() if custom else None)
+    learner = GRPOLearner(cluster, LearnerConfig(**SIZES, **knobs), use_reward_model=reward_model)
+    started: list = []
+    real = learner_module.compile_ahead
+
+    def recorded(*args):
+        threads = real(*args) if ahead else {}
+        started.append(sorted(threads))
+        return threads
+
+    monkeypatch.setattr(learner_module, "compile_ahead", recorded)
+    clear_programs()
+    jax.clear_caches()
+    with count_compilations() as compiled:
+        record = learner.step()
+    eager = ("jit(convert_element_type)", "jit(stage)", "jit(_threefry_seed)")
+    programs = collections.Counter(name for name, _, _ in compiled if name not in eager)
+    return programs, record, [np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model))], started
+
+
+@pytest.mark.parametrize(
+    "case", ["offload", "reward-critic-custom-meshes", "vllm-lora-chunked-sync-accumulated-minibatches"]
+)
+def test_a_first_step_builds_its_scoring_and_update_beside_the_sampling_each_once_and_the_same_step(case, monkeypatch):
+    """The threads build the very programs the step runs (none twice, none missing: the step's
+    own count, helpers included, equals a step without them) and change nothing it computes."""
+    programs, record, weights, started = _first_step(case, True, monkeypatch)
+    alone, record_alone, weights_alone, _ = _first_step(case, False, monkeypatch)
+    assert started[0] == ["scoring", "update"]
+    assert programs == alone and max(programs.values()) >= 1
+    assert record == record_alone
+    assert all(np.array_equal(a, b) for a, b in zip(weights, weights_alone, strict=True))

@@ -266,6 +266,17 @@ class RLCluster:
         """P9: sample completions on the rollout mesh, in micro-batches if asked."""
         return operations.generate(self.state, prompts, mode, micro_batch_size, max_generation_steps)
 
+    def generated_shape(
+        self,
+        prompts: Sequence[str],
+        mode: Mode = Mode.TRAIN,
+        micro_batch_size: int | None = None,
+        max_generation_steps: int | None = None,
+    ) -> tuple[int, int, int]:
+        """(batch, prompt width, completion length) of what ``generate`` with these arguments
+        returns, read from the prompts alone: nothing is sampled."""
+        return operations.generated_shape(self.state, prompts, mode, micro_batch_size, max_generation_steps)
+
     @_one_at_a_time
     def per_token_logps(
         self, role: Role, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None

@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
+from flax import nnx
 
+from rlcluster_lab.core.compile_cache import compiling_for
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import as_bool, as_int
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.waits import waiting
 from rlcluster_lab.measure.sync import SyncReport
+from rlcluster_lab.model.logps import model_compiler_options
 from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.training.batch import TrainBatch, validate_prompts
 from rlcluster_lab.training.critic import ValueBatch
@@ -172,6 +177,7 @@ class GRPOLearner:
             len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step
         )
         prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
+        ahead = compile_ahead(cluster, prompts, self._scores_reference()) if not self.history else {}
         # Each phase is a wait the progress displays show (core.waits): the CLI's line, the lab's status.
         with waiting("generate"):
             out = cluster.generate(prompts)
@@ -191,9 +197,10 @@ class GRPOLearner:
         else:
             advantages = group_advantages(rewards, cfg.group_size)
         with waiting("log-probs (anchor)"):
+            _join(ahead, "scoring")
             anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, prompt_tokens, completion))
         ref = None
-        if cluster.reference_model is not None and cluster.cluster_config.training_config.beta > 0:
+        if self._scores_reference():
             with waiting("log-probs (reference)"):
                 ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, prompt_tokens, completion))
         batch = TrainBatch(prompt_tokens, completion, advantages, anchor, ref)
@@ -218,6 +225,7 @@ class GRPOLearner:
             taken[0] += 1
 
         with waiting("update_actor"):
+            _join(ahead, "update")
             metrics = cluster.update_actor(batch, on_step=probe)
         value_loss = None
         if cfg.critic:
@@ -246,6 +254,10 @@ class GRPOLearner:
         self.history.append(record)
         return record
 
+    def _scores_reference(self) -> bool:
+        """Whether a step takes the reference's log-probs (a KL term: a reference and beta > 0)."""
+        return self.cluster.reference_model is not None and self.cluster.cluster_config.training_config.beta > 0
+
     def run(self, progress: Callable[[StepRecord], None] | None = None) -> LearnerResult:
         total = self.config.steps
         for i in range(total):
@@ -255,6 +267,71 @@ class GRPOLearner:
             if progress is not None:
                 progress(record)
         return LearnerResult(steps=list(self.history), p11=list(self.p11))
+
+
+def compile_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> dict[str, threading.Thread]:
+    """Start building a first step's scoring and update programs while it samples.
+
+    A first step on XLA:CPU with a small model waits on XLA compiling its programs one after
+    the other (the sampler, the anchor's and the reference's log-probs, the optimizer step),
+    though they depend on each other's results only, not on each other's programs: the batch
+    each will see has a shape known from the prompts (``RLCluster.generated_shape``). So two
+    threads take the anchor's (and reference's) log-probs and one optimizer update on twins of
+    the cluster (``RLCluster.isolated``: the same arrays and shardings, nothing of the cluster's
+    written or recorded) over a batch of zeros of that shape: the same functions on the same
+    shapes build the very programs the step then finds compiled, on the second core while the
+    first compiles the sampler. The step joins each thread before its own call (``_join``).
+
+    Started only where compiling is the wait (``core.compile_options`` chooses cheap code
+    generation: CPU devices, a small model) and on one process (the threads' programs must
+    not interleave with the step's collectives on other processes); elsewhere nothing starts.
+    A thread's error is dropped: the step's own call meets it and reports it.
+
+    Returns:
+        The threads by name (``"scoring"``, ``"update"``); empty when nothing started.
+    """
+    if jax.process_count() > 1 or model_compiler_options(*nnx.split(cluster.actor_model)) is None:
+        return {}
+    try:
+        batch, width, length = cluster.generated_shape(prompts)
+        scorer, learner = cluster.isolated(), cluster.isolated()  # one each: a cluster runs one operation at a time
+    except Exception:  # noqa: BLE001 - bad prompts, an engine without a twin: the step itself says what is wrong
+        return {}
+    prompt, completion = np.zeros((batch, width), np.int32), np.zeros((batch, length), np.int32)
+    logps = np.zeros((batch, length), np.float32)
+
+    def scoring() -> None:
+        scorer.per_token_logps(Role.ACTOR, prompt, completion)
+        if reference:
+            scorer.per_token_logps(Role.REFERENCE, prompt, completion)
+
+    def update() -> None:
+        learner.update_actor(
+            TrainBatch(prompt, completion, np.zeros(batch, np.float32), logps, logps if reference else None)
+        )
+
+    caller = threading.get_ident()
+
+    def start(work: Callable[[], None]) -> threading.Thread:
+        def body() -> None:
+            try:
+                with compiling_for(caller):  # counted as the step's own compilations
+                    work()
+            except Exception:  # noqa: BLE001 - the step's own call meets the same error and reports it
+                pass
+
+        # Not a daemon: a daemon thread stopped inside an XLA compilation aborts the process.
+        thread = threading.Thread(target=body, name=f"rlcluster-lab-ahead-{work.__name__}", daemon=False)
+        thread.start()
+        return thread
+
+    return {"scoring": start(scoring), "update": start(update)}
+
+
+def _join(ahead: dict[str, threading.Thread], name: str) -> None:
+    thread = ahead.pop(name, None)
+    if thread is not None:
+        thread.join()
 
 
 def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:

@@ -39,16 +39,37 @@ def generate(
     """P9: sample completions on the rollout mesh, in micro-batches if asked."""
     prompts = validate_prompts(prompts)  # a bare string is not a list of prompts
     p9_check_prompts(prompts, micro_batch_size)
-    rollout_cfg = s.config.rollout_config_for(mode)
-    if max_generation_steps is not None:
-        # Checked under its own name: the config it replaces would name its own field.
-        steps = as_int(max_generation_steps, "max_generation_steps", low=1)
-        rollout_cfg = dataclasses.replace(rollout_cfg, max_tokens_to_generate=steps)
+    rollout_cfg = _rollout_config(s, mode, max_generation_steps)
     engine = s.placed.engine
     with s.working(Role.ROLLOUT, engine.model(), "generate"):
         at_work(s, Role.ROLLOUT)
         outs = [engine.generate(prompts[rows], rollout_cfg) for rows in mini_batches(len(prompts), micro_batch_size)]
     return _concat_outputs(outs, engine.pad_id())
+
+
+def generated_shape(
+    s: ClusterState, prompts: Sequence[str], mode: Mode, micro_batch_size: int | None, max_generation_steps: int | None
+) -> tuple[int, int, int]:
+    """(batch, prompt width, completion length) of what ``generate`` returns for these
+    arguments, read from the prompts alone: each micro-batch's width, the widest kept (as
+    ``_concat_outputs`` pads them)."""
+    prompts = validate_prompts(prompts)
+    p9_check_prompts(prompts, micro_batch_size)
+    rollout_cfg = _rollout_config(s, mode, max_generation_steps)
+    shapes = [
+        s.placed.engine.output_shape(prompts[rows], rollout_cfg)
+        for rows in mini_batches(len(prompts), micro_batch_size)
+    ]
+    return len(prompts), max(w for _, w, _ in shapes), max(c for _, _, c in shapes)
+
+
+def _rollout_config(s: ClusterState, mode: Mode, max_generation_steps: int | None) -> Any:
+    rollout_cfg = s.config.rollout_config_for(mode)
+    if max_generation_steps is not None:
+        # Checked under its own name: the config it replaces would name its own field.
+        steps = as_int(max_generation_steps, "max_generation_steps", low=1)
+        rollout_cfg = dataclasses.replace(rollout_cfg, max_tokens_to_generate=steps)
+    return rollout_cfg
 
 
 def reference_logps(

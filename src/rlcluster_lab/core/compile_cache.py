@@ -204,10 +204,34 @@ def active_cache_dir() -> str | None:
     return jax.config.jax_compilation_cache_dir or None
 
 
+# A helper thread compiling on another's behalf (``compiling_for``) -> the thread it works for.
+_WORKS_FOR: dict[int, int] = {}
+
+
+@contextlib.contextmanager
+def compiling_for(thread: int) -> Iterator[None]:
+    """Count what the current thread compiles inside the block as compiled by ``thread`` (an
+    ident), for that thread's ``count_compilations``: work split over helper threads is still
+    the caller's."""
+    me = threading.get_ident()
+    _WORKS_FOR[me] = thread
+    try:
+        yield
+    finally:
+        _WORKS_FOR.pop(me, None)
+
+
+def _on_behalf_of(thread: int, counted: int) -> bool:
+    while thread != counted and thread in _WORKS_FOR:
+        thread = _WORKS_FOR[thread]
+    return thread == counted
+
+
 @contextlib.contextmanager
 def count_compilations() -> Iterator[list[tuple[str, float, bool]]]:
     """Collect (program name, seconds, read from the persistent cache) of every executable this
-    thread built inside the block: compiled by XLA, or read back from disk.
+    thread (or a helper compiling for it, ``compiling_for``) built inside the block: compiled by
+    XLA, or read back from disk.
 
     What an action costs is mostly what it compiles; the lab and the
     benchmarks say how many programs a click built, how long that took, and
@@ -217,16 +241,17 @@ def count_compilations() -> Iterator[list[tuple[str, float, bool]]]:
 
     found: list[tuple[str, float, bool]] = []
     me = threading.get_ident()
-    hit = [False]
+    hit: dict[int, bool] = {}  # per thread: its next executable came from the disk cache
 
     def on_event(event: str, **kwargs: object) -> None:
-        if event == "/jax/compilation_cache/cache_hits" and threading.get_ident() == me:
-            hit[0] = True
+        thread = threading.get_ident()
+        if event == "/jax/compilation_cache/cache_hits" and _on_behalf_of(thread, me):
+            hit[thread] = True
 
     def on_duration(event: str, seconds: float, **kwargs: object) -> None:
-        if event.endswith("backend_compile_duration") and threading.get_ident() == me:
-            found.append((str(kwargs.get("fun_name", "?")), float(seconds), hit[0]))
-            hit[0] = False
+        thread = threading.get_ident()
+        if event.endswith("backend_compile_duration") and _on_behalf_of(thread, me):
+            found.append((str(kwargs.get("fun_name", "?")), float(seconds), hit.pop(thread, False)))
 
     monitoring.register_event_listener(on_event)
     monitoring.register_event_duration_secs_listener(on_duration)

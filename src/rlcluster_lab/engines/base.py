@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.config import RolloutConfig
 from rlcluster_lab.model import logps_from_state
-from rlcluster_lab.model.sampling import check_prompts, sample
+from rlcluster_lab.model.sampling import check_prompts, prompt_width, sample
 from rlcluster_lab.placement import events
 from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.reshard import reshard_many
@@ -123,7 +123,7 @@ class RolloutEngine(abc.ABC):
             prompts,
             max_new_tokens=rollout_config.max_tokens_to_generate,
             temperature=rollout_config.temperature,
-            cache_size=self.cache_size if self.cache_size is not None else rollout_config.kv_cache_size,
+            cache_size=self._cache_size(rollout_config),
             seed=seed,
             eos_id=self.eos_id(),
             pad_id=self.pad_id(),
@@ -134,6 +134,20 @@ class RolloutEngine(abc.ABC):
             logprobs=np.asarray(out.logprobs),
             left_padded_prompt_tokens=np.asarray(out.prompt_tokens),
         )
+
+    def output_shape(self, prompts: list[str], rollout_config: RolloutConfig) -> tuple[int, int, int]:
+        """(batch, prompt width, completion length) of what ``generate`` returns for ``prompts``,
+        read from the prompts alone (nothing is sampled).
+
+        Raises:
+            As ``generate`` for the prompts themselves.
+        """
+        prompts = check_prompts(prompts)
+        steps = rollout_config.max_tokens_to_generate
+        return len(prompts), prompt_width(self.tokenizer, prompts, steps, self._cache_size(rollout_config)), steps
+
+    def _cache_size(self, rollout_config: RolloutConfig) -> int:
+        return self.cache_size if self.cache_size is not None else rollout_config.kv_cache_size
 
     def twin(self, clones: Mapping[int, nnx.Module]) -> RolloutEngine:
         """A copy of this engine that samples with other modules (the lab's rehearsal runs a

@@ -183,6 +183,19 @@ def generate_bytes(config: ModelConfig, rows: int, prompt_length: int, cache_siz
     return 2 * kv + logits + scores + activations + masks + outputs
 
 
+def prompt_width(tokenizer: ByteTokenizer, prompts: list[str], max_new_tokens: int, cache_size: int) -> int:
+    """The width ``sample`` left-pads ``prompts`` to.
+
+    A multiple of ``PROMPT_BUCKET`` when the cache has room for it and the completion, so a
+    new batch of prompts of a similar length reuses the compiled sampler and scorers instead
+    of compiling them again for one more width (pads are masked everywhere); else the longest
+    prompt's length.
+    """
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    bucket = -(-longest // PROMPT_BUCKET) * PROMPT_BUCKET
+    return bucket if bucket + max_new_tokens <= cache_size else longest
+
+
 def sample(
     graphdef: nnx.GraphDef,
     state: nnx.State,
@@ -222,13 +235,9 @@ def sample(
         raise TypeError(f"eos_id must be an int, got {type(eos_id).__name__} {eos_id!r:.40}")
     eos_id = int(eos_id)
     pad_id = check_token_id("pad_id", tokenizer.pad_id if pad_id is None else pad_id, vocab)
-    longest = max(len(tokenizer.encode(p)) for p in prompts)
-    # Prompts are left-padded to a multiple of PROMPT_BUCKET (when the cache has room), so
-    # a new batch of prompts of a similar length reuses the compiled sampler and scorers
-    # instead of compiling them again for one more width. Pads are masked everywhere.
-    bucket = -(-longest // PROMPT_BUCKET) * PROMPT_BUCKET
-    width = bucket if bucket + max_new_tokens <= cache_size else longest
-    prompt_tokens = tokenizer.encode_batch_left_padded(prompts, length=width)
+    prompt_tokens = tokenizer.encode_batch_left_padded(
+        prompts, length=prompt_width(tokenizer, prompts, max_new_tokens, cache_size)
+    )
     if pad_id != tokenizer.pad_id:
         prompt_tokens = np.where(prompt_tokens == tokenizer.pad_id, pad_id, prompt_tokens)
     # A tokenizer with a larger vocabulary than the model's would feed ids past the embedding table.
