@@ -10,6 +10,9 @@ scenarios beside Tunix's own RLCluster.
    (``RLCLUSTER_LAB_FAST_COMPILE=off``), to show what the options save in
    compiling and cost in running. Every program the first step built is listed
    (``core.compile_cache.count_compilations``): the per-program compile table.
+   And cold through ``GRPOLearner.step`` (the same work, rewards and the P11 probe
+   besides), whose first step builds its scoring and update programs beside the
+   sampling (``app.learner.build_ahead``).
 6. ``tunix``: the twelve scenarios (layout x LoRA x {vanilla, vllm}, build + two
    syncs each, one fresh process with an empty cache) for the lab and for
    Tunix's own ``RLCluster`` (``rlcluster_lab.tunix.build``; Tunix's sync under
@@ -53,13 +56,22 @@ cluster = build_cluster(Scenario(layout="colocated", lora=True))
 build_s = time.perf_counter() - t
 
 
-def step():
+def calls():
     out = cluster.generate(PROMPTS)
     p, c = out.left_padded_prompt_tokens, out.tokens
     ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, p, c))
     anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, p, c))
     cluster.update_actor(TrainBatch(p, c, np.linspace(-1, 1, len(p), dtype=np.float32), anchor, ref))
     cluster.sync_weights()
+
+
+if ARGS.get("via") == "learner":
+    # The same work through GRPOLearner.step (rewards and the P11 probe besides): its first
+    # step builds the scoring and update programs beside the sampling.
+    from rlcluster_lab import GRPOLearner, LearnerConfig
+    step = GRPOLearner(cluster, LearnerConfig(prompts_per_step=4, group_size=4)).step
+else:
+    step = calls
 
 
 phases.clear()
@@ -112,12 +124,17 @@ emit({"import_s": IMPORT_S, "rows": rows, "total_s": time.perf_counter() - _t_al
 
 def step_section(run: Any, quick: bool) -> dict[str, Any]:
     repeats = 1 if quick else 3
-    out: dict[str, Any] = {"repeats": repeats, "cold": [], "warm": [], "defaults_cold": []}
+    out: dict[str, Any] = {"repeats": repeats, "cold": [], "warm": [], "defaults_cold": [], "learner_cold": []}
     args = {"repeats": STEP_REPEATS}
     for _ in range(repeats):
         cache = run.fresh_cache()
         out["cold"].append(run.python("first RL step, cold", STEP_CHILD, args, cache))
         out["warm"].append(run.python("first RL step, warm cache", STEP_CHILD, args, cache))
+        out["learner_cold"].append(
+            run.python(
+                "first RL step through GRPOLearner.step, cold", STEP_CHILD, dict(args, via="learner"), run.fresh_cache()
+            )
+        )
     for _ in range(1 if quick else 2):
         out["defaults_cold"].append(
             run.python(
@@ -207,7 +224,10 @@ def print_step(out: dict[str, Any]) -> None:
         ("cold", "cold (empty cache), the lab's compiler options"),
         ("warm", "warm cache (a fresh process reading what the cold one wrote)"),
         ("defaults_cold", "cold, XLA's default options (RLCLUSTER_LAB_FAST_COMPILE=off)"),
+        ("learner_cold", "cold, through GRPOLearner.step (scoring and update built beside the sampling)"),
     ):
+        if not out.get(key):
+            continue
         f = step_figures(out, key)
         runs = _ok(out[key])
         phases = {p: _med([r["phases"].get(p, 0.0) for r in runs]) for p in ("jaxpr_trace_duration",)}
@@ -336,6 +356,15 @@ def target_rows(results: dict[str, Any], add: Any) -> None:
                 else ""
             ),
         )
+        if results["step"].get("learner_cold"):
+            f = step_figures(results["step"], "learner_cold")
+            add(
+                "first RL step cold / once compiled, through GRPOLearner.step (tiny colocated LoRA)",
+                f["ratio"],
+                T_STEP_RATIO,
+                "",
+                f"{f['first_s']:.2f} s / {f['repeat_s'] * 1e3:.0f} ms" if f["ratio"] is not None else "",
+            )
     if "tunix" in results:
         f = tunix_figures(results["tunix"])
         add(

@@ -5,6 +5,7 @@ lengths bucketed so a new length in the same bucket compiles nothing."""
 from __future__ import annotations
 
 import collections
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,34 @@ def _learner(cluster, prompts) -> GRPOLearner:
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_program_built_only_on_one_thread_runs_on_another_without_compiling(sharded):
+    """build_only compiles the first program a call reaches and ends the call there (Built);
+    the same call later, on another thread, runs that program: nothing compiles again."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
+    spec = jax.sharding.PartitionSpec("a", "b") if sharded else jax.sharding.PartitionSpec()
+    x = jax.device_put(np.arange(64, dtype=np.float32).reshape(8, 8), jax.sharding.NamedSharding(mesh, spec))
+    jitted = jax.jit(lambda a, k: (a * k).sum(axis=0) + 1.0, static_argnames="k")
+    reached = []
+
+    def build() -> None:
+        with count_compilations() as made, compile_options.build_only(), pytest.raises(compile_options.Built):
+            compile_options.run(jitted, x, 3)
+            reached.append("past the program")  # never: Built ended the call
+        reached.append(len(made))
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    thread.join()
+    assert reached == [1]
+    with count_compilations() as made:
+        out = compile_options.run(jitted, x, 3)
+    assert made == [] and np.allclose(out, np.arange(64).reshape(8, 8).sum(axis=0) * 3 + 1.0)
+    with count_compilations() as made:  # another static argument: a program of its own
+        compile_options.run(jitted, x, 4)
+    assert len(made) == 1
+
+
 def test_p10_p11_a_full_step_runs_one_log_prob_program_for_anchor_reference_and_live_actor():
     """Without LoRA the reference, the anchor and the live actor (P11's probe, on every
     mini-batch) have one graph and one set of shardings: one program."""

@@ -165,19 +165,19 @@ def _first_step(case: str, ahead: bool, monkeypatch) -> tuple[collections.Counte
     """A cold first step of CASES[case], with or without the programs built beside the sampling:
     the programs it built (the element-wise ones JAX compiles for its own eager calls left out:
     two threads may both build one of those), its record, the actor's weights, and the
-    threads ``compile_ahead`` started."""
+    threads ``build_ahead`` started."""
     scenario, training, knobs, reward_model, custom = CASES[case]
     cluster = build_cluster(scenario, training_config=training, role_to_mesh=_custom_meshes() if custom else None)
     learner = GRPOLearner(cluster, LearnerConfig(**SIZES, **knobs), use_reward_model=reward_model)
     started: list = []
-    real = learner_module.compile_ahead
+    real = learner_module.build_ahead
 
     def recorded(*args):
         threads = real(*args) if ahead else {}
         started.append(sorted(threads))
         return threads
 
-    monkeypatch.setattr(learner_module, "compile_ahead", recorded)
+    monkeypatch.setattr(learner_module, "build_ahead", recorded)
     clear_programs()
     jax.clear_caches()
     with count_compilations() as compiled:

@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from rlcluster_lab.core.compile_cache import compiling_for
+from rlcluster_lab.core.compile_options import Built, build_only
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import as_bool, as_int
 from rlcluster_lab.core.roles import Role
@@ -159,6 +160,9 @@ class GRPOLearner:
         self._rng = np.random.default_rng(config.seed)
         self.history: list[StepRecord] = []
         self.p11: list[P11Record] = []
+        # A first step builds its later programs on two more threads (build_ahead). The lab's
+        # rehearsal, background work beside a person's clicks, turns it off: it leaves them a core.
+        self.builds_ahead = True
 
     def on(self, cluster: RLCluster) -> GRPOLearner:
         """This learner as it is now (config, rewards, prompts, the prompts it draws next, its
@@ -171,13 +175,27 @@ class GRPOLearner:
         return twin
 
     def step(self) -> StepRecord:
+        """One step: sample, score, take the anchor's and reference's log-probs, update the actor
+        (and the critic), sync. A first step builds its later programs beside the sampling
+        (``build_ahead``); when it returns or raises, nothing it started is still running."""
         cfg = self.config
         cluster = self.cluster
         chosen = self._rng.choice(
             len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step
         )
         prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
-        ahead = compile_ahead(cluster, prompts, self._scores_reference()) if not self.history else {}
+        ahead = (
+            build_ahead(cluster, prompts, self._scores_reference()) if self.builds_ahead and not self.history else {}
+        )
+        try:
+            return self._take(prompts, ahead)
+        finally:
+            for name in list(ahead):  # a step that failed early leaves nothing running either
+                _join(ahead, name)
+
+    def _take(self, prompts: list[str], ahead: dict[str, threading.Thread]) -> StepRecord:
+        cfg = self.config
+        cluster = self.cluster
         # Each phase is a wait the progress displays show (core.waits): the CLI's line, the lab's status.
         with waiting("generate"):
             out = cluster.generate(prompts)
@@ -269,18 +287,19 @@ class GRPOLearner:
         return LearnerResult(steps=list(self.history), p11=list(self.p11))
 
 
-def compile_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> dict[str, threading.Thread]:
+def build_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> dict[str, threading.Thread]:
     """Start building a first step's scoring and update programs while it samples.
 
     A first step on XLA:CPU with a small model waits on XLA compiling its programs one after
     the other (the sampler, the anchor's and the reference's log-probs, the optimizer step),
     though they depend on each other's results only, not on each other's programs: the batch
     each will see has a shape known from the prompts (``RLCluster.generated_shape``). So two
-    threads take the anchor's (and reference's) log-probs and one optimizer update on twins of
+    threads call the anchor's (and reference's) log-probs and one optimizer update on twins of
     the cluster (``RLCluster.isolated``: the same arrays and shardings, nothing of the cluster's
-    written or recorded) over a batch of zeros of that shape: the same functions on the same
-    shapes build the very programs the step then finds compiled, on the second core while the
-    first compiles the sampler. The step joins each thread before its own call (``_join``).
+    written or recorded) over a batch of zeros of that shape, each call stopped once its
+    program is compiled (``built``): the same functions on the same shapes build the very
+    programs the step then finds compiled, on the second core while the first compiles the
+    sampler. The step joins each thread before its own call (``_join``).
 
     Started only where compiling is the wait (``core.compile_options`` chooses cheap code
     generation: CPU devices, a small model) and on one process (the threads' programs must
@@ -301,14 +320,13 @@ def compile_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> di
     logps = np.zeros((batch, length), np.float32)
 
     def scoring() -> None:
-        scorer.per_token_logps(Role.ACTOR, prompt, completion)
+        built(lambda: scorer.per_token_logps(Role.ACTOR, prompt, completion))
         if reference:
-            scorer.per_token_logps(Role.REFERENCE, prompt, completion)
+            built(lambda: scorer.per_token_logps(Role.REFERENCE, prompt, completion))
 
     def update() -> None:
-        learner.update_actor(
-            TrainBatch(prompt, completion, np.zeros(batch, np.float32), logps, logps if reference else None)
-        )
+        zeros = TrainBatch(prompt, completion, np.zeros(batch, np.float32), logps, logps if reference else None)
+        built(lambda: learner.update_actor(zeros))
 
     caller = threading.get_ident()
 
@@ -326,6 +344,15 @@ def compile_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> di
         return thread
 
     return {"scoring": start(scoring), "update": start(update)}
+
+
+def built(operation: Callable[[], Any]) -> None:
+    """Run ``operation`` up to its program, compiled and not run (``core.compile_options.build_only``)."""
+    try:
+        with build_only():
+            operation()
+    except Built:
+        pass
 
 
 def _join(ahead: dict[str, threading.Thread], name: str) -> None:

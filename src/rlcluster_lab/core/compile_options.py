@@ -16,8 +16,10 @@ cache, so programs compiled either way never mix.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 ENV = "RLCLUSTER_LAB_FAST_COMPILE"
@@ -126,3 +128,30 @@ class ProgramFamily:
         """Drop the compiled programs of every option set (as ``jax.jit(...).clear_cache``)."""
         for jitted in list(self._by_options.values()):
             jitted.clear_cache()
+
+
+_BUILD_ONLY = threading.local()
+
+
+class Built(Exception):  # noqa: N818 - not an error: the signal that ends a build-only call
+    """Raised by ``run`` under ``build_only`` once the program is compiled, instead of running it."""
+
+
+@contextlib.contextmanager
+def build_only() -> Iterator[None]:
+    """Inside the block, on this thread, the first program ``run`` is asked for is compiled and
+    not run: ``Built`` ends the call there. The program lands in the jitted function's own
+    cache, so the same call made later (any thread) runs it without compiling."""
+    _BUILD_ONLY.on = True
+    try:
+        yield
+    finally:
+        _BUILD_ONLY.on = False
+
+
+def run(jitted: Any, *args: Any) -> Any:
+    """``jitted(*args)``; under ``build_only``, compile it for ``args`` and raise ``Built``."""
+    if getattr(_BUILD_ONLY, "on", False):
+        jitted.lower(*args).compile()
+        raise Built
+    return jitted(*args)

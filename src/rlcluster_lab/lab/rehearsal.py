@@ -84,5 +84,11 @@ def rehearse_next_step(learner: GRPOLearner) -> StepRecord:
     The rehearsal is a wait of its own (``core.waits``, kind ``REHEARSAL``): a click that waits
     for it can show what is being compiled, for how long, and how long the last rehearsal took.
     """
+    twin = learner.on(learner.cluster.isolated())
+    # One thread, not three (GRPOLearner.builds_ahead): the other core stays free for the clicks
+    # a person makes meanwhile. A Sync clicked beside three compiling threads took 1.3-1.4 s, not
+    # 0.2-0.5 s, even with the three at the lowest CPU priority: they hold the interpreter's lock
+    # while they trace.
+    twin.builds_ahead = False
     with waiting("compiling the training step's programs (in the background)", kind=REHEARSAL):
-        return learner.on(learner.cluster.isolated()).step()
+        return twin.step()

@@ -208,6 +208,8 @@ class PlacementLab:
                     return
                 self.timings = {"action": "construct", "work": self.status.clock() - start}
                 self._cluster, self._learner = cluster, GRPOLearner(cluster, self.step_config)
+                # With a rehearsal, the first Training step finds its programs built: no helpers.
+                self._learner.builds_ahead = not self.rehearse
                 self._constructed = self.knobs.settings()
                 wait.what = "Construct: measuring the placement and drawing it"
                 self.status.stage(3)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rlcluster_lab.core.compile_options import ProgramFamily, options_for
+from rlcluster_lab.core.compile_options import ProgramFamily, options_for, run
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import MIN_TEMPERATURE, temperature_rule
 from rlcluster_lab.model.transformer import TransformerLM
@@ -234,6 +234,12 @@ def logps_from_state(
     """
     prompt, completion = checked_batch(graphdef, state, prompt_tokens, completion_tokens, pad_id)
     temperature = jnp.asarray(check_temperature(temperature), jnp.float32)
-    return LOGPS.jitted(model_compiler_options(graphdef, state))(
-        graphdef, state, prompt, completion, int(pad_id), temperature
+    return run(
+        LOGPS.jitted(model_compiler_options(graphdef, state)),
+        graphdef,
+        state,
+        prompt,
+        completion,
+        int(pad_id),
+        temperature,
     )

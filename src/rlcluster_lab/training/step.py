@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rlcluster_lab.core.compile_options import options_for, options_key
+from rlcluster_lab.core.compile_options import options_for, options_key, run
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model import forward_logps
 from rlcluster_lab.model.logps import check_temperature, model_compiler_options, model_vocab_size
@@ -252,7 +252,7 @@ class _Programs:
         outer = getattr(self._local, "tx", None)
         self._local.tx = tx
         try:
-            return entry.program(*args)
+            return run(entry.program, *args)
         finally:
             self._local.tx = outer
 
