@@ -101,7 +101,6 @@ def _learner(cluster, prompts) -> GRPOLearner:
     return GRPOLearner(cluster, LearnerConfig(steps=1, prompts_per_step=2, group_size=4), prompts=prompts)
 
 
-@pytest.mark.cluster
 @pytest.mark.parametrize("sharded", [False, True])
 def test_a_program_built_only_on_one_thread_runs_on_another_without_compiling(sharded):
     """build_only compiles the first program a call reaches and ends the call there (Built);
@@ -130,6 +129,7 @@ def test_a_program_built_only_on_one_thread_runs_on_another_without_compiling(sh
     assert len(made) == 1
 
 
+@pytest.mark.cluster
 def test_p10_p11_a_full_step_runs_one_log_prob_program_for_anchor_reference_and_live_actor():
     """Without LoRA the reference, the anchor and the live actor (P11's probe, on every
     mini-batch) have one graph and one set of shardings: one program."""
