@@ -267,6 +267,15 @@ def test_lab_panel_fits_a_1600x1000_screen_in_a_real_browser(
             assert "rollout branch (P3): second_copy" in _text(page, "summary")
             print("custom rollout mesh, seconds from click to answer:", {k: round(v, 2) for k, v in custom.items()})
 
+            # A standard layout not built before in this session (split), timed the same way.
+            page.locator(".rl-lab .rl-layout select").select_option(label="split")
+            _round_trip(page)
+            standard = {}
+            for name, button in (("construct", "rl-construct"), ("sync", "rl-sync"), ("training step", "rl-step")):
+                standard[name] = _click_and_wait(page, f".rl-lab button.{button}")
+            assert _text(page, "status").startswith("Training step done"), _text(page, "status")
+            print("split layout, seconds from click to answer:", {k: round(v, 2) for k, v in standard.items()})
+
             # Saved, the notebook keeps its metadata and its Markdown twin as committed.
             _save(page, lab_server.work / NOTEBOOK.name)
         except Exception:
