@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from rlcluster_lab.core.compile_cache import compiling_for
-from rlcluster_lab.core.compile_options import Built, build_only
+from rlcluster_lab.core.compile_options import build
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import as_bool, as_int
 from rlcluster_lab.core.roles import Role
@@ -297,7 +297,7 @@ def build_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> dict
     threads call the anchor's (and reference's) log-probs and one optimizer update on twins of
     the cluster (``RLCluster.isolated``: the same arrays and shardings, nothing of the cluster's
     written or recorded) over a batch of zeros of that shape, each call stopped once its
-    program is compiled (``built``): the same functions on the same shapes build the very
+    program is compiled (``core.compile_options.build``): the same functions on the same shapes build the very
     programs the step then finds compiled, on the second core while the first compiles the
     sampler. The step joins each thread before its own call (``_join``).
 
@@ -320,13 +320,13 @@ def build_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> dict
     logps = np.zeros((batch, length), np.float32)
 
     def scoring() -> None:
-        built(lambda: scorer.per_token_logps(Role.ACTOR, prompt, completion))
+        build(lambda: scorer.per_token_logps(Role.ACTOR, prompt, completion))
         if reference:
-            built(lambda: scorer.per_token_logps(Role.REFERENCE, prompt, completion))
+            build(lambda: scorer.per_token_logps(Role.REFERENCE, prompt, completion))
 
     def update() -> None:
         zeros = TrainBatch(prompt, completion, np.zeros(batch, np.float32), logps, logps if reference else None)
-        built(lambda: learner.update_actor(zeros))
+        build(lambda: learner.update_actor(zeros))
 
     caller = threading.get_ident()
 
@@ -344,15 +344,6 @@ def build_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> dict
         return thread
 
     return {"scoring": start(scoring), "update": start(update)}
-
-
-def built(operation: Callable[[], Any]) -> None:
-    """Run ``operation`` up to its program, compiled and not run (``core.compile_options.build_only``)."""
-    try:
-        with build_only():
-            operation()
-    except Built:
-        pass
 
 
 def _join(ahead: dict[str, threading.Thread], name: str) -> None:

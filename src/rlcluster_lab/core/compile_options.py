@@ -149,6 +149,16 @@ def build_only() -> Iterator[None]:
         _BUILD_ONLY.on = False
 
 
+def build(operation: Callable[[], Any]) -> None:
+    """Call ``operation`` up to the first program it asks ``run`` for: that program is compiled
+    and not run, and the call ends there (``build_only``)."""
+    try:
+        with build_only():
+            operation()
+    except Built:
+        pass
+
+
 def run(jitted: Any, *args: Any) -> Any:
     """``jitted(*args)``; under ``build_only``, compile it for ``args`` and raise ``Built``."""
     if getattr(_BUILD_ONLY, "on", False):
