@@ -17,6 +17,7 @@ import jax
 from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.lab.experiments import Tick, each
+from rlcluster_lab.planner.budget import gib
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.tables import local_topology
 
@@ -101,15 +102,11 @@ def what_if_rows(
                 "layout": layout,
                 "actor": f"LoRA {rank}" if rank else "full",
                 # The fullest device at its peak through a step's phases (planner.budget).
-                "busiest device": _gib(fits["peak"]["max_device_bytes"]),
-                "per device": _gib(fits["memory_per_device"]),
+                "busiest device": gib(fits["peak"]["max_device_bytes"]),
+                "per device": gib(fits["memory_per_device"]),
                 "fits": fits["all_fit"],
-                "sync moves": _gib(plan["sync"]["moved_cross_device_bytes"]),
+                "sync moves": gib(plan["sync"]["moved_cross_device_bytes"]),
                 "sync (est.)": "-" if seconds is None else f"{seconds * 1e3:.1f} ms",
             }
         )
     return rows, plans
-
-
-def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.1f} GiB"
