@@ -16,6 +16,8 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Role, Scenario, TrainingConfig, build_cluster, make_mesh
 from rlcluster_lab.app import learner as learner_module
@@ -161,13 +163,14 @@ def test_an_engine_whose_twin_keeps_its_model_is_refused_before_anything_runs(cl
     assert cluster.contexts_entered == contexts
 
 
-def _first_step(case: str, ahead: bool, monkeypatch) -> tuple[collections.Counter, object, list, list]:
-    """A cold first step of CASES[case], with or without the programs built beside the sampling:
-    the programs it built (the element-wise ones JAX compiles for its own eager calls left out:
-    two threads may both build one of those), its record, the actor's weights, and the
-    threads ``build_ahead`` started."""
-    scenario, training, knobs, reward_model, custom = CASES[case]
-    cluster = build_cluster(scenario, training_config=training, role_to_mesh=_custom_meshes() if custom else None)
+def _first_step(config: tuple, ahead: bool, monkeypatch) -> tuple[collections.Counter, object, list, list]:
+    """A cold first step of ``config`` (scenario, training config, learner knobs, rewards from the
+    reward model, meshes per role or None), with or without the programs built beside the
+    sampling: the programs it built (the element-wise ones JAX compiles for its own eager calls
+    left out: two threads may both build one of those), its record, the actor's weights, and
+    the threads ``build_ahead`` started."""
+    scenario, training, knobs, reward_model, meshes = config
+    cluster = build_cluster(scenario, training_config=training, role_to_mesh=meshes)
     learner = GRPOLearner(cluster, LearnerConfig(**SIZES, **knobs), use_reward_model=reward_model)
     started: list = []
     real = learner_module.build_ahead
@@ -187,14 +190,50 @@ def _first_step(case: str, ahead: bool, monkeypatch) -> tuple[collections.Counte
     return programs, record, [np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model))], started
 
 
-@pytest.mark.parametrize(
-    "case", ["offload", "reward-critic-custom-meshes", "vllm-lora-chunked-sync-accumulated-minibatches"]
-)
-def test_a_first_step_builds_its_scoring_and_update_beside_the_sampling_each_once_and_the_same_step(case, monkeypatch):
+@st.composite
+def first_step_configs(draw) -> tuple:
+    """A configuration the lab builds: a standard layout or meshes of its own per role over any
+    devices in any order, LoRA, the engine, offload, reward and critic, a chunked sync, and
+    mini-batches with accumulation and several iterations."""
+    custom = draw(st.booleans())
+    meshes = None
+    if custom:
+        order = draw(st.permutations(jax.devices()))
+        shapes = st.sampled_from([(2, 2), (1, 4), (4, 1)])
+        actor, rollout = order[:4], draw(st.sampled_from([order[4:], order[2:6], order[:4][::-1]]))
+        meshes = {
+            Role.ACTOR: make_mesh(actor, draw(shapes)),
+            Role.REFERENCE: make_mesh(actor, draw(shapes)),
+            Role.ROLLOUT: make_mesh(rollout, draw(shapes)),
+            Role.REWARD: make_mesh(order[4:], draw(shapes)),
+            Role.CRITIC: make_mesh(order[4:], draw(shapes)),
+        }
+    judges = draw(st.booleans())  # a reward model and a critic, PPO-style
+    scenario = Scenario(
+        layout="split" if custom else draw(st.sampled_from(["colocated", "reshaped", "split"])),
+        lora=draw(st.booleans()),
+        engine=draw(st.sampled_from(["vanilla", "vllm"])),
+        offload=draw(st.booleans()),
+        sync_chunk_bytes=draw(st.sampled_from([None, 4096])),
+        with_reward=judges,
+        with_critic=judges,
+        max_tokens=4,
+    )
+    training = draw(
+        st.sampled_from([None, TrainingConfig(mini_batch_size=2, train_micro_batch_size=1, num_iterations=2)])
+    )
+    return scenario, training, {"critic": True} if judges else {}, judges, meshes
+
+
+@settings(max_examples=max(4, settings.default.max_examples // 3))
+@given(config=first_step_configs())
+@example(config=(Scenario(layout="colocated", lora=True, offload=True, max_tokens=4), None, {}, False, None))
+def test_a_first_step_builds_its_scoring_and_update_beside_the_sampling_each_once_and_the_same_step(config):
     """The threads build the very programs the step runs (none twice, none missing: the step's
     own count, helpers included, equals a step without them) and change nothing it computes."""
-    programs, record, weights, started = _first_step(case, True, monkeypatch)
-    alone, record_alone, weights_alone, _ = _first_step(case, False, monkeypatch)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        programs, record, weights, started = _first_step(config, True, monkeypatch)
+        alone, record_alone, weights_alone, _ = _first_step(config, False, monkeypatch)
     assert started[0] == ["scoring", "update"]
     assert programs == alone and max(programs.values()) >= 1
     assert record == record_alone
