@@ -238,3 +238,18 @@ def test_a_first_step_builds_its_scoring_and_update_beside_the_sampling_each_onc
     assert programs == alone and max(programs.values()) >= 1
     assert record == record_alone
     assert all(np.array_equal(a, b) for a, b in zip(weights, weights_alone, strict=True))
+
+
+def test_a_first_step_that_fails_leaves_no_helper_running(cluster, monkeypatch):
+    """The helpers are still compiling when the step fails at once; the step joins them before
+    the error reaches the caller."""
+    learner = GRPOLearner(cluster, LearnerConfig(**SIZES))
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("no sampling today")
+
+    monkeypatch.setattr(cluster, "generate", refused)
+    jax.clear_caches()  # the helpers have whole programs to build
+    with pytest.raises(RuntimeError, match="no sampling today"):
+        learner.step()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("rlcluster-lab-ahead")] == []
