@@ -22,7 +22,7 @@ from rlcluster_lab.placement.place import place_model
 from rlcluster_lab.placement.programs import trim_compiled_programs
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.shapes import abstract_leaves
-from rlcluster_lab.planner.tables import Topology
+from rlcluster_lab.planner.tables import local_topology
 from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.rules.validation import check_scenario
 
@@ -138,20 +138,9 @@ def check_memory(
     if bound <= limit_bytes(freed_host) and not reporting:
         return
     training = config.training_config
-    here = Topology(
-        name="local",
-        device_count=len(devices),
-        device=f"{len(devices)}x {devices[0].device_kind} ({platform})",
-        platform=platform,
-        memory_per_device=None,
-        link_bandwidth=None,
-        memory_source="not used: the host check",
-        bandwidth_source="not used: the host check",
-        device_ids=tuple(int(d.id) for d in devices),
-    )
     memory = plan_scenario(
         scenario,
-        here,
+        local_topology(platform),
         role_to_mesh=dict(config.role_to_mesh),
         logical_axis_rules=training.role_to_logical_axis_rule,
         optimizer=training.optimizer,

@@ -273,15 +273,16 @@ def _physical_memory() -> int | None:
         return None
 
 
-def local_topology() -> Topology:
-    """This process's view of JAX's devices, by their real ids (on CPU: the simulated devices).
+def local_topology(platform: str | None = None) -> Topology:
+    """This process's view of JAX's devices, by their real ids (on CPU: the simulated devices):
+    the default backend's, or ``platform``'s.
 
     Hosts are JAX's processes (``device.process_index``): under a multi-process
     run every process sees every global device, and its own are one host.
     """
-    devices = jax.devices()
+    devices = jax.devices(platform)
     # Read from a device of this process: under a multi-process run the others are not addressable.
-    mine = jax.local_devices()[0]
+    mine = jax.local_devices(backend=platform)[0]
     stats = mine.memory_stats() if hasattr(mine, "memory_stats") else None
     limit = int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
     platform = devices[0].platform
