@@ -142,11 +142,12 @@ def build_only() -> Iterator[None]:
     """Inside the block, on this thread, the first program ``run`` is asked for is compiled and
     not run: ``Built`` ends the call there. The program lands in the jitted function's own
     cache, so the same call made later (any thread) runs it without compiling."""
+    previous = getattr(_BUILD_ONLY, "on", False)
     _BUILD_ONLY.on = True
     try:
         yield
     finally:
-        _BUILD_ONLY.on = False
+        _BUILD_ONLY.on = previous
 
 
 def build(operation: Callable[[], Any]) -> None:
