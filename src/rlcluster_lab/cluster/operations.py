@@ -157,7 +157,7 @@ def update_actor(s: ClusterState, batch: TrainBatch, on_step: Any) -> list[dict[
     if not isinstance(batch, TrainBatch):
         raise TypeError(f"update_actor takes a TrainBatch, got {type(batch).__name__}")
     tcfg = s.config.training_config
-    temperature = jnp.float32(s.temperature or 1.0)
+    temperature = s.temperature or 1.0  # train_step checks it and hands it over as a NumPy scalar
 
     def step(graphdef: Any, trainable: Any, frozen: Any, opt_state: Any, rows: slice) -> Any:
         return train_step(

@@ -233,7 +233,8 @@ def logps_from_state(
             vocabulary, or a temperature that is negative, NaN or infinite.
     """
     prompt, completion = checked_batch(graphdef, state, prompt_tokens, completion_tokens, pad_id)
-    temperature = jnp.asarray(check_temperature(temperature), jnp.float32)
+    # A NumPy scalar goes in with the call; a device scalar made first is a program of its own.
+    temperature = np.float32(check_temperature(temperature))
     return run(
         LOGPS.jitted(model_compiler_options(graphdef, state)),
         graphdef,

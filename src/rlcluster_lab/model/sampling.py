@@ -54,7 +54,7 @@ def _generate(
     graphdef,
     state,
     prompt_tokens,
-    key,
+    seed,
     temperature,
     *,
     max_new_tokens: int,
@@ -65,6 +65,7 @@ def _generate(
 ):
     model = nnx.merge(graphdef, state)
     config = model.config
+    key = jax.random.key(seed)  # made here, not beforehand: a key made outside is a program of its own
     b, p = prompt_tokens.shape
     slots = jnp.arange(cache_size)
 
@@ -259,12 +260,14 @@ def sample(
             "pass fewer prompts per generate call, or a smaller kv_cache_size",
         )
     greedy = temperature == 0
+    # The inputs go in as NumPy values: the call hands them to the devices with the state, where
+    # a device array made first (``jnp.asarray``, ``jax.random.key``) compiles a program of its own.
     tokens, logprobs = _run_generate(
         graphdef,
         state,
-        jnp.asarray(prompt_tokens),
-        jax.random.key(seed),
-        jnp.float32(1.0 if greedy else temperature),
+        prompt_tokens,
+        np.int64(seed),  # as jax.random.key reads a Python int
+        np.float32(1.0 if greedy else temperature),
         max_new_tokens=max_new_tokens,
         cache_size=cache_size,
         greedy=greedy,

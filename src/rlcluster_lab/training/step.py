@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -135,7 +136,7 @@ def train_step(
     """
     validate_batch_arrays(batch, model_vocab_size(graphdef, trainable, frozen))
     if not isinstance(temperature, jax.Array):
-        temperature = jnp.float32(check_temperature(temperature, allow_zero=False))
+        temperature = np.float32(check_temperature(temperature, allow_zero=False))  # no program of its own
     else:
         check_temperature(temperature, allow_zero=False)
     for name, value in (("beta", beta), ("epsilon", epsilon)):
