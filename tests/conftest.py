@@ -18,7 +18,7 @@ import tempfile
 # No background warm-up process (lab.warm) from a notebook's set-up cell run by the tests.
 os.environ["RLCLUSTER_LAB_WARM"] = "off"
 
-from rlcluster_lab.core.compile_cache import enable_compilation_cache
+from rlcluster_lab.core.compile_cache import enable_compilation_cache, flush_cache_writes
 from rlcluster_lab.core.devices import ensure_simulated_devices
 
 ensure_simulated_devices(8)
@@ -56,6 +56,7 @@ def _fresh_compile_caches():
     per-process limit on mappings.
     """
     yield
+    flush_cache_writes()  # on disk before the clear: a later module reads them back
     clear_programs()
     jax.clear_caches()
 

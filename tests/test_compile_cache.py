@@ -9,6 +9,8 @@ import resource
 import stat
 import subprocess
 import sys
+import threading
+import time
 import warnings
 
 import jax
@@ -72,6 +74,102 @@ def test_a_second_process_reads_the_programs_the_first_wrote(tmp_path):
     assert runs[0].stdout.splitlines()[-1] == runs[1].stdout.splitlines()[-1]
     moved, minimum = map(int, runs[1].stdout.split()[-2:])
     assert moved == minimum > 0
+
+
+# --- writes after the work (compile_cache.WriteBehind) ------------------------------------------
+
+
+def _writer(monkeypatch, quiet: float, fail_on: object = None):
+    """A WriteBehind over a recording write (raising for the entry ``fail_on``)."""
+    monkeypatch.setattr(compile_cache, "QUIET_S", quiet)
+    written: list[tuple[object, str]] = []
+
+    def write(entry: object) -> None:
+        if entry == fail_on:
+            raise OSError("disk full")
+        written.append((entry, threading.current_thread().name))
+
+    return compile_cache.WriteBehind(write), written
+
+
+def test_a_queued_write_waits_for_quiet_and_a_flush_writes_all_of_them_in_order(monkeypatch):
+    writer, written = _writer(monkeypatch, quiet=3600.0)
+    for entry in range(5):
+        writer.put(entry)
+    assert written == [] and writer.pending() == 5, "written while the work that compiled them goes on"
+    writer.flush()
+    assert [e for e, _ in written] == [0, 1, 2, 3, 4] and writer.pending() == 0
+
+
+def test_the_writer_writes_once_compiling_pauses_on_its_own_thread(monkeypatch):
+    writer, written = _writer(monkeypatch, quiet=0.0)
+    writer.put("a")
+    deadline = time.monotonic() + 60
+    while writer.pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert written == [("a", "compilation cache writer")]
+
+
+def test_a_full_queue_is_written_without_waiting_for_quiet(monkeypatch):
+    writer, written = _writer(monkeypatch, quiet=3600.0)
+    monkeypatch.setattr(compile_cache, "MAX_PENDING", 3)
+    for entry in range(3):
+        writer.put(entry)
+    deadline = time.monotonic() + 60
+    while writer.pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [e for e, _ in written] == [0, 1, 2]
+
+
+def test_a_write_that_fails_warns_and_the_others_are_still_written(monkeypatch):
+    writer, written = _writer(monkeypatch, quiet=3600.0, fail_on=1)
+    for entry in range(3):
+        writer.put(entry)
+    with pytest.warns(RuntimeWarning, match="not written: OSError: disk full"):
+        writer.flush()
+    assert [e for e, _ in written] == [0, 2] and writer.pending() == 0
+    writer.put(3)
+    writer.flush()
+    assert written[-1][0] == 3, "a failed write stopped the writer"
+
+
+WRITE_BEHIND_CHILD = """
+import os, sys
+import jax
+import jax.numpy as jnp
+jax.config.update("jax_num_cpu_devices", 8)
+from rlcluster_lab.core import compile_cache
+compile_cache.QUIET_S = 3600.0
+folder = compile_cache.enable_compilation_cache()
+def files():
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(compile_cache.KEEP_PREFIX))
+before = files()
+jax.jit(lambda x: jnp.sin(x) * float(sys.argv[1]))(jnp.ones(3)).block_until_ready()
+queued = compile_cache.pending_cache_writes()
+assert files() == before, "written during the work"
+if sys.argv[2] == "flush":
+    compile_cache.flush_cache_writes()
+    assert compile_cache.pending_cache_writes() == 0 and len(files()) > len(before)
+print(queued, len(before))
+"""
+
+
+@pytest.mark.cluster
+def test_a_program_reaches_the_disk_cache_by_a_flush_or_by_the_end_of_the_process(tmp_path):
+    """Compiled, a program is queued, not written; a flush writes it, and so does the
+    process's exit: a process that ends at once still leaves its programs for the next."""
+    env = {**os.environ, compile_cache.ENV: str(tmp_path / "cache")}
+    seen = []
+    for scale, how in (("2.5", "flush"), ("3.5", "exit")):
+        run = subprocess.run(
+            [sys.executable, "-c", WRITE_BEHIND_CHILD, scale, how], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert run.returncode == 0, run.stderr
+        queued, before = map(int, run.stdout.split())
+        assert queued >= 1
+        seen.append(before)
+    after = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(compile_cache.KEEP_PREFIX)]
+    assert len(after) > seen[1] > seen[0], "the exiting process's program never reached the disk"
 
 
 # The rebuild loop's clusters, pairwise over layout x size x engine x LoRA.

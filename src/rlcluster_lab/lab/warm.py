@@ -230,7 +230,7 @@ def warm_programs(
 ) -> dict[str, Any]:
     """In this process: build each standard cluster and take one training step of the widget's
     size (its sync included), so their programs land in the persistent cache; returns what it did."""
-    from rlcluster_lab.core.compile_cache import count_compilations, enable_compilation_cache
+    from rlcluster_lab.core.compile_cache import count_compilations, enable_compilation_cache, flush_cache_writes
     from rlcluster_lab.core.devices import ensure_simulated_devices
 
     ensure_simulated_devices(devices)
@@ -251,6 +251,7 @@ def warm_programs(
             # which builds its later programs beside the sampling (no person's clicks to leave a
             # core for; 16 s for the six clusters against 20 s on one thread).
             GRPOLearner(cluster, LearnerConfig(**STEP_SIZES)).step()
+            flush_cache_writes()  # on disk now, for a notebook already waiting on them
         done.append(
             {
                 "layout": layout,

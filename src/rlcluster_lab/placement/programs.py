@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from rlcluster_lab.core.compile_cache import count_compilations
+from rlcluster_lab.core.compile_cache import count_compilations, flush_cache_writes
 from rlcluster_lab.core.gathering import any_process
 
 _CLEARS: list[Callable[[], None]] = []  # every placement cache's clear, run by clear_programs
@@ -108,6 +108,9 @@ def trim_compiled_programs(fraction: float | None = None) -> bool:
         over = any_process(over, "trim compiled programs")
     if not over:
         return False
+    # Programs queued for the disk cache are written first: the clear then releases them too,
+    # and rebuilding any of them is the read from disk promised above.
+    flush_cache_writes()
     clear_programs()
     jax.clear_caches()
     return True
