@@ -160,9 +160,10 @@ class GRPOLearner:
         self._rng = np.random.default_rng(config.seed)
         self.history: list[StepRecord] = []
         self.p11: list[P11Record] = []
-        # A first step builds its later programs on two more threads (build_ahead). The lab's
-        # rehearsal, background work beside a person's clicks, turns it off: it leaves them a core.
-        self.builds_ahead = True
+        # A first step builds its later programs on more threads (build_ahead): True for both the
+        # scoring and the update programs, a tuple naming the ones wanted, False for none. The
+        # lab's rehearsal, background work beside a person's clicks, builds the update alone.
+        self.builds_ahead: bool | tuple[str, ...] = True
 
     def on(self, cluster: RLCluster) -> GRPOLearner:
         """This learner as it is now (config, rewards, prompts, the prompts it draws next, its
@@ -185,7 +186,9 @@ class GRPOLearner:
         )
         prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
         ahead = (
-            build_ahead(cluster, prompts, self._scores_reference()) if self.builds_ahead and not self.history else {}
+            build_ahead(cluster, prompts, self._scores_reference(), self.builds_ahead)
+            if self.builds_ahead and not self.history
+            else {}
         )
         try:
             return self._take(prompts, ahead)
@@ -287,7 +290,9 @@ class GRPOLearner:
         return LearnerResult(steps=list(self.history), p11=list(self.p11))
 
 
-def build_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> dict[str, threading.Thread]:
+def build_ahead(
+    cluster: RLCluster, prompts: list[str], reference: bool, parts: bool | tuple[str, ...] = True
+) -> dict[str, threading.Thread]:
     """Start building a first step's scoring and update programs while it samples.
 
     A first step on XLA:CPU with a small model waits on XLA compiling its programs one after
@@ -305,6 +310,10 @@ def build_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> dict
     generation: CPU devices, a small model) and on one process (the threads' programs must
     not interleave with the step's collectives on other processes); elsewhere nothing starts.
     A thread's error is dropped: the step's own call meets it and reports it.
+
+    Args:
+        parts: the programs to build, ``"scoring"`` (the anchor's and reference's log-probs) and
+            ``"update"`` (the optimizer step); True for both.
 
     Returns:
         The threads by name (``"scoring"``, ``"update"``); empty when nothing started.
@@ -343,7 +352,9 @@ def build_ahead(cluster: RLCluster, prompts: list[str], reference: bool) -> dict
         thread.start()
         return thread
 
-    return {"scoring": start(scoring), "update": start(update)}
+    wanted = ("scoring", "update") if parts is True else parts or ()
+    # The update first: its program is the longest to build.
+    return {work.__name__: start(work) for work in (update, scoring) if work.__name__ in wanted}
 
 
 def _join(ahead: dict[str, threading.Thread], name: str) -> None:

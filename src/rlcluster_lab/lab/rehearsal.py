@@ -85,10 +85,12 @@ def rehearse_next_step(learner: GRPOLearner) -> StepRecord:
     for it can show what is being compiled, for how long, and how long the last rehearsal took.
     """
     twin = learner.on(learner.cluster.isolated())
-    # One thread, not three (GRPOLearner.builds_ahead): the other core stays free for the clicks
-    # a person makes meanwhile. A Sync clicked beside three compiling threads took 1.3-1.4 s, not
-    # 0.2-0.5 s, even with the three at the lowest CPU priority: they hold the interpreter's lock
-    # while they trace.
-    twin.builds_ahead = False
+    # Two threads: the step's own and one building the optimizer step, its longest program
+    # (GRPOLearner.builds_ahead). Measured in the browser test on two cores, a standard layout not
+    # built before (split), clicks a second apart: with one thread the Training step waited
+    # 1.3-1.6 s, with two 0.9-1.2 s while a Sync clicked meanwhile took 0.7 s instead of 0.3 s;
+    # with three a Sync clicked at once took 1.1-1.4 s (the threads hold the interpreter's lock
+    # while they trace, whatever their CPU priority).
+    twin.builds_ahead = ("update",)
     with waiting("compiling the training step's programs (in the background)", kind=REHEARSAL):
         return twin.step()
