@@ -494,8 +494,8 @@ def test_l4_the_compiled_sampler_holds_about_what_the_generate_phase_counts() ->
             graphdef,
             state,
             prompts,
-            jax.random.key(0),
-            jnp.float32(1.0),
+            np.int64(0),  # the seed, as ``sample`` passes it
+            np.float32(1.0),
             max_new_tokens=work.max_tokens,
             cache_size=work.kv_cache_size,
             greedy=False,
