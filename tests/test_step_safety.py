@@ -23,12 +23,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainBatch, TrainingConfig, build_cluster
-from rlcluster_lab.cluster.validate import finite_flags
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.model import init_model
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.training.batch import batch_arrays
-from rlcluster_lab.training.step import init_optimizer_state, rejection_reason, train_step
+from rlcluster_lab.training.step import finite_flags, init_optimizer_state, rejection_reason, train_step
 
 TOK = ByteTokenizer()
 ONE_DEVICE = Mesh(np.array(jax.devices()[:1]), ("data",))
@@ -96,6 +95,44 @@ def test_an_update_that_makes_parameters_nan_keeps_the_old_parameters_and_optimi
     assert same(host(new), host(s.trainable))
     # Adam's moments and step count would have moved: they are kept too.
     assert same(host(opt), host(s.opt_state))
+
+
+def nan_state() -> optax.GradientTransformation:
+    """Updates left as they are, a state that turns NaN: only the optimizer state goes bad."""
+
+    def init(params):
+        return jnp.zeros([], jnp.float32)
+
+    def update(updates, state, params=None):
+        return updates, state + jnp.nan
+
+    return optax.GradientTransformation(init, update)
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["read-in-place", "compiled-check"])
+@pytest.mark.parametrize("poison", ["parameters", "optimizer state"])
+def test_a_non_finite_new_state_is_caught_outside_the_program_and_the_inputs_come_back(monkeypatch, in_place, poison):
+    """The program flags loss and gradients; the new state is checked where it lies, by NumPy
+    on these CPU devices or by the compiled reduction GPUs and TPUs use: either way the step
+    returns its very inputs and the reason, and an accepted step returns the new state."""
+    import rlcluster_lab.training.step as step_module
+
+    monkeypatch.setattr(step_module, "_host_readable", lambda x: in_place)
+    if poison == "parameters":
+        s = Setup(adam())
+        poison_learning_rate(s.opt_state)
+        reason = "the update would make a parameter non-finite"
+    else:
+        s = Setup(optax.chain(optax.sgd(1e-2), nan_state()))
+        reason = "the update would make the optimizer state non-finite"
+    new, opt, m = s.step(batch())
+    assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+    assert rejection_reason(m) == reason
+    assert new is s.trainable and opt is s.opt_state
+    fine = Setup(adam())
+    new, opt, m = fine.step(batch())
+    assert m["rejected"] == 0.0 and new is not fine.trainable
+    assert all(np.isfinite(x).all() for x in host(new))
 
 
 def test_a_non_finite_loss_is_rejected_before_it_reaches_the_parameters():

@@ -8,14 +8,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict
 
-from rlcluster_lab.core.compile_options import ProgramFamily, options_for
 from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.gathering import host_values
 from rlcluster_lab.core.limits import check_fits
 from rlcluster_lab.core.model_config import ModelConfig
 from rlcluster_lab.core.trace import Trace
@@ -24,7 +21,7 @@ from rlcluster_lab.model.checkpoint import abstract_checkpoint, read_config
 from rlcluster_lab.model.sampling import generate_bytes
 from rlcluster_lab.model.scoring import ScoreModel
 from rlcluster_lab.rules.validation import p6_engine_accepts, p6_engine_choice, p6_rollout_config
-from rlcluster_lab.training.step import leaf_finite
+from rlcluster_lab.training.step import finite_flags
 
 
 def is_engine_class(obj: Any) -> bool:
@@ -143,43 +140,6 @@ def check_finite_leaves(model: nnx.Module, role: str) -> None:
             f"the rollout and the anchor keep their weights. Restore the {role} from a finite state (a checkpoint, "
             "or the anchor) before syncing"
         )
-
-
-def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> list[bool]:
-    """For each array, whether every element is finite.
-
-    Where the shards lie in this process's host memory (XLA:CPU devices), NumPy reads each
-    shard's buffer in place (no copy), one replica of each block: nothing is compiled, and a
-    cold sync does not wait for XLA to build a reduction it runs once. Elsewhere (GPUs, TPUs,
-    several processes) one compiled reduction runs where the leaves live and a flag per
-    leaf comes back, on every process alike (``core.gathering``).
-
-    Args:
-        arrays: floating-point arrays.
-        in_place: force the NumPy path (True) or the compiled one (False); None chooses as above.
-    """
-    if in_place is None:
-        in_place = all(_host_readable(x) for x in arrays)
-    if in_place:
-        return [
-            all(bool(np.isfinite(np.asarray(s.data)).all()) for s in x.addressable_shards if s.replica_id == 0)
-            for x in arrays
-        ]
-    (flags,) = host_values([_ALL_FINITE.jitted(options_for(arrays))(arrays)])
-    return [bool(f) for f in np.asarray(flags)]
-
-
-def _host_readable(x: jax.Array) -> bool:
-    # Global facts only (the process count, the platform): with several processes every one of
-    # them takes the compiled path together, as core.gathering requires.
-    return jax.process_count() == 1 and all(d.platform == "cpu" for d in x.sharding.device_set)
-
-
-def _all_finite(leaves: list[jax.Array]) -> jax.Array:
-    return jnp.stack([leaf_finite(x) for x in leaves])
-
-
-_ALL_FINITE = ProgramFamily(_all_finite)
 
 
 def _is_path(model: Any) -> bool:
