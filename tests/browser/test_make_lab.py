@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -51,11 +52,10 @@ def test_make_lab_prints_the_address_of_notebook_00(tmp_path: Path) -> None:
         assert matches, f"the server printed {printed}, not notebook 00's address"
         url, token = matches[0].group(0), matches[0].group(1)
         # The address opens notebook 00 (not a missing file): the page answers, the file is there.
-        with urllib.request.urlopen(url, timeout=30) as page:
+        with _opened(url, proc, log) as page:
             assert page.status == 200
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/api/contents/00_start_here.ipynb?content=0&token={token}", timeout=30
-        ) as info:
+        contents = f"http://127.0.0.1:{port}/api/contents/00_start_here.ipynb?content=0&token={token}"
+        with _opened(contents, proc, log) as info:
             assert info.status == 200
     finally:
         proc.terminate()
@@ -64,3 +64,21 @@ def test_make_lab_prints_the_address_of_notebook_00(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _opened(url: str, proc: subprocess.Popen, log: Path):
+    """``url`` opened; a refused connection is tried again for up to 30 s while the server runs
+    (on a loaded machine it once refused right after printing its address), and a server that
+    is gone fails with its exit code and the end of its log."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return urllib.request.urlopen(url, timeout=30)
+        except urllib.error.URLError as err:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{url} could not be opened ({err}); the server "
+                    f"{'exited with ' + str(proc.returncode) if proc.poll() is not None else 'still runs'}; "
+                    f"its log ends:\n{log.read_text()[-3000:]}"
+                ) from err
+            time.sleep(0.5)
