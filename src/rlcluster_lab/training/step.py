@@ -9,8 +9,9 @@ optimizer state it returns are checked where they lie (``finite_flags``: in
 place on CPU devices, one small compiled reduction elsewhere), and the inputs,
 alive beside them (nothing is donated), are returned instead when a check fails.
 A flag and a select per leaf inside the program cost a quarter of its compile
-time on two CPU cores (0.24 of 0.86 s for the tiny model). Compiled steps are shared by every caller with an *equal*
-optimizer (``fingerprint.describe``) and dropped once no live optimizer uses them.
+time on two CPU cores (0.24 of 0.86 s for the tiny model). Compiled steps are
+shared by every caller with an *equal* optimizer (``fingerprint.describe``) and
+dropped once no live optimizer uses them.
 """
 
 from __future__ import annotations
@@ -185,10 +186,12 @@ def kept_if_finite(old: tuple[Any, Any], new: tuple[Any, Any], m: dict[str, Any]
     (code,) = host_values([m["rejected"]])
     code = int(code)
     if code == 0:
-        for reason, tree in ((3, new[0]), (4, new[1])):
-            if not all(finite_flags(_inexact(tree))):
-                code = reason
-                break
+        params, state = _inexact(new[0]), _inexact(new[1])
+        flags = finite_flags(params + state)  # one read (one program off CPU) for both trees
+        if not all(flags[: len(params)]):
+            code = 3
+        elif not all(flags[len(params) :]):
+            code = 4
     if code == 0:
         return (*new, m)
     return (*old, {**m, "rejected": np.float32(code)})
