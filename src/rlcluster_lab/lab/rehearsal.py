@@ -88,7 +88,7 @@ def rehearse_next_step(learner: GRPOLearner) -> StepRecord:
     # Two threads: the step's own and one building the optimizer step, its longest program
     # (GRPOLearner.builds_ahead). Measured in the browser test on two cores, a standard layout not
     # built before (split), clicks a second apart: with one thread the Training step waited
-    # 1.3-1.6 s, with two 0.9-1.2 s while a Sync clicked meanwhile took 0.7 s instead of 0.3 s;
+    # 1.3-1.6 s, with two 0.7-1.2 s while a Sync clicked meanwhile took 0.6-0.7 s, not 0.3 s;
     # with three a Sync clicked at once took 1.1-1.4 s (the threads hold the interpreter's lock
     # while they trace, whatever their CPU priority).
     twin.builds_ahead = ("update",)

@@ -353,7 +353,7 @@ def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> li
 
     Where the shards lie in this process's host memory (XLA:CPU devices), NumPy reads each
     shard's buffer in place (no copy), one replica of each block: nothing is compiled, and a
-    cold sync does not wait for XLA to build a reduction it runs once. Elsewhere (GPUs, TPUs,
+    cold sync or optimizer step does not wait for XLA to build a reduction. Elsewhere (GPUs, TPUs,
     several processes) one compiled reduction runs where the leaves live and a flag per
     leaf comes back, on every process alike (``core.gathering``).
 
