@@ -25,13 +25,17 @@ from typing import Any
 ENV = "RLCLUSTER_LAB_FAST_COMPILE"
 MODES = ("auto", "on", "off")
 
-# XLA DebugOptions fields, passed per program (jax.jit's ``compiler_options``); all three only
+# XLA DebugOptions fields, passed per program (jax.jit's ``compiler_options``); all four only
 # change how XLA:CPU generates code, never what a program computes (float results may differ in
-# the last bits: the numerics tests run with them).
+# the last bits: the numerics tests run with them). The last keeps a program's machine code in
+# one piece: XLA:CPU splits it into parts compiled on threads of their own by default, which on
+# two cores busy with the lab's other work costs more than it saves (the first RL step's four
+# programs: 1.06 s of compiling against 1.24-1.30 s; the same losses and log-probs).
 FAST_CPU: Mapping[str, Any] = {
     "xla_backend_optimization_level": 0,
     "xla_llvm_disable_expensive_passes": True,
     "xla_cpu_use_fusion_emitters": False,
+    "xla_cpu_parallel_codegen_split_count": 1,
 }
 
 # The lab's tiny (0.1 M parameters) and small (1.5 M) models compile cheaply; base (10 M) and
