@@ -67,15 +67,18 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     """
     placed = s.placed
     actor, engine = placed.actor, placed.engine
-    check_finite_leaves(actor, "actor")  # all or nothing: refused before anything changes
+    # The actor's graph is walked once: its Variables (the actor's own objects) do not change in a
+    # sync, so the handover's source and the anchor's are filtered from this one state.
+    actor_state = nnx.state(actor)
+    check_finite_leaves(actor_state, "actor")  # all or nothing: refused before anything changes
     lora = placed.lora
     filter_types = sync_filter(lora)
     engine_model = engine.model()
     old = engine.held_values(filter_types)
-    own = _rollouts_own(engine, filter_types, old, actor)
+    own = _rollouts_own(engine, filter_types, old, actor_state.filter(*filter_types))
     order = p13_sync_order(s.config.sync_chunk_bytes, s.config.offload_to_cpu, _anchor_covers(placed.anchor, own))
     watch.start(
-        nnx.state(actor), (old, placed.anchor), s.contexts.devices(), chunk_bytes=order.chunk_bytes, order=order.text
+        actor_state, (old, placed.anchor), s.contexts.devices(), chunk_bytes=order.chunk_bytes, order=order.text
     )
     # In chunks restored from the anchor only the paths are kept: each chunk's old arrays must go.
     previous, own_keys = (None if order.restore_from_anchor else own), frozenset(own)
@@ -83,7 +86,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     try:
         # Under offload the reshard stages each piece to device memory itself (P14, ``order.offload``).
         with sync_guard(s.platform):
-            params = nnx.state(actor, *filter_types)
+            params = actor_state.filter(*filter_types)
             watch.before(params)
             engine.sync_chunk_bytes = order.chunk_bytes  # P13's chunks (its strategy was set at construction)
             with watch.recording():
@@ -96,7 +99,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
             watch.after(nnx.state(engine_model, *filter_types), seconds)
             del params
             # P8: the actor's full state, or only its adapters with anchor='trainable' and LoRA.
-            source = nnx.state(actor, nnx.LoRAParam) if s.anchor_is_partial else nnx.state(actor)
+            source = actor_state.filter(nnx.LoRAParam) if s.anchor_is_partial else actor_state
             start = time.perf_counter()
             anchor = put_on_memory_kind(source, "pinned_host")
             jax.block_until_ready(anchor)
@@ -113,7 +116,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     placed.anchor = anchor
     s.trace.add(decision)
     s.global_steps += 1
-    del previous, anchor
+    del previous, anchor, actor_state
     watch.end()
     return watch.report(
         lora=lora, anchor_mode="trainable" if s.anchor_is_partial else "full", global_step=s.global_steps
@@ -163,11 +166,12 @@ def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, .
 
 
 def _rollouts_own(
-    engine: Any, filter_types: tuple[Any, ...], held: list[Any], actor: Any
+    engine: Any, filter_types: tuple[Any, ...], held: list[Any], synced: nnx.State
 ) -> dict[tuple[Any, ...], Any]:
     """Path -> array of the synced leaves the rollout holds as arrays of its own: not the
-    actor's very arrays (P3 shared), which a sync leaves as they are and a rollback must too."""
-    actors = flat_values(nnx.state(actor, *filter_types))
+    actor's very arrays (``synced``, P3 shared), which a sync leaves as they are and a rollback
+    must too."""
+    actors = flat_values(synced)
     return {k: x for k, x in zip(engine.held_targets(filter_types), held) if x is not actors.get(k)}
 
 

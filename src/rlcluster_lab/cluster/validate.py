@@ -121,14 +121,14 @@ def check_cache_fits(actor: Any, cache_size: int) -> None:
     )
 
 
-def check_finite_leaves(model: nnx.Module, role: str) -> None:
-    """Refuse a model holding a NaN or an infinite value, naming the leaves (before a sync copies
-    it); ``finite_flags`` reads them.
+def check_finite_leaves(state: nnx.State, role: str) -> None:
+    """Refuse a model's state (``nnx.state(model)``) holding a NaN or an infinite value, naming
+    the leaves (before a sync copies it); ``finite_flags`` reads them.
 
     Raises:
         ValueError: the first few leaves holding a non-finite value.
     """
-    flat = [(path, var.get_value()) for path, var in nnx.to_flat_state(nnx.state(model))]
+    flat = [(path, var.get_value()) for path, var in nnx.to_flat_state(state)]
     leaves = [(path, x) for path, x in flat if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact)]
     if not leaves:
         return
