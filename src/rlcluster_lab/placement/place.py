@@ -22,12 +22,17 @@ def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
     if memory_kind not in MEMORY_KINDS:
         raise PlacementError(f"unsupported memory kind {memory_kind!r}; use one of {MEMORY_KINDS}")
 
-    def move(x: Any) -> Any:
-        if not isinstance(x, jax.Array) or x.sharding.memory_kind == memory_kind:
-            return x
-        return jax.device_put(x, x.sharding.with_memory_kind(memory_kind))
-
-    return jax.tree.map(move, tree)
+    leaves, treedef = jax.tree.flatten(tree)
+    moving = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and x.sharding.memory_kind != memory_kind]
+    if moving:
+        # One call for every leaf that moves: JAX dispatches the batch once (a model's anchor
+        # pin took half the time of one call per leaf).
+        moved = jax.device_put(
+            [leaves[i] for i in moving], [leaves[i].sharding.with_memory_kind(memory_kind) for i in moving]
+        )
+        for i, y in zip(moving, moved):
+            leaves[i] = y
+    return jax.tree.unflatten(treedef, leaves)
 
 
 def move_model(model: nnx.Module, memory_kind: str) -> None:
