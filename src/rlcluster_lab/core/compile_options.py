@@ -30,7 +30,7 @@ MODES = ("auto", "on", "off")
 # the last bits: the numerics tests run with them). The last keeps a program's machine code in
 # one piece: XLA:CPU splits it into parts compiled on threads of their own by default, which on
 # two cores busy with the lab's other work costs more than it saves (the first RL step's four
-# programs: 1.06 s of compiling against 1.24-1.30 s; the same losses and log-probs).
+# programs: 1.06-1.14 s of compiling against 1.24-1.30 s; the same losses and log-probs).
 FAST_CPU: Mapping[str, Any] = {
     "xla_backend_optimization_level": 0,
     "xla_llvm_disable_expensive_passes": True,
