@@ -18,6 +18,7 @@ from flax import nnx
 
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import MEMORY_KINDS, array_leaves
+from rlcluster_lab.placement.transfers import shard_bytes
 
 UNITS = "physical bytes: every device shard counted (a leaf replicated on 4 devices counts 4 times)"
 MEMORY_SOURCE = "measured: walk of the live buffers of each role's state"
@@ -225,7 +226,7 @@ def _buffers(state: Any) -> dict[BufferKey, int]:
     for x in array_leaves(state):
         kind = str(x.sharding.memory_kind)
         for s in x.addressable_shards:
-            out[(s.device.platform, s.device.id, kind, s.data.unsafe_buffer_pointer())] = s.data.nbytes
+            out[(s.device.platform, s.device.id, kind, s.data.unsafe_buffer_pointer())] = shard_bytes(s)
     return out
 
 

@@ -35,7 +35,7 @@ from rlcluster_lab.measure.sync_peak import (
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Ran, Relayed, Transfer, Unreadable, listening
-from rlcluster_lab.placement.transfers import shard_key, shard_keys
+from rlcluster_lab.placement.transfers import shard_bytes, shard_key, shard_keys
 
 
 @dataclasses.dataclass
@@ -286,7 +286,7 @@ def sync_report(
                 reused += elements * itemsize
                 tally(pieces, path, ("reused", int(s.device.id), int(s.device.id)), elements * itemsize)
                 continue
-            tally(peak, str(s.device.id), kind, s.data.nbytes)
+            tally(peak, str(s.device.id), kind, shard_bytes(s))
         how = "logged copies" if not program else "logged copies and compiled-program collectives"
         if path in untraced or None in untraced:
             how = "not fully derivable: " + "; ".join(untraced.get(path, []) + untraced.get(None, []))[:300]
@@ -349,7 +349,7 @@ def new_shards(after: Any, before: Any) -> list[tuple[int, str, int]]:
         kind = str(x.sharding.memory_kind)
         for s in x.addressable_shards:
             if shard_key(s) not in old:
-                out.append((s.device.id, kind, s.data.nbytes))
+                out.append((s.device.id, kind, shard_bytes(s)))
     return out
 
 

@@ -29,7 +29,7 @@ import jax
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.events import Made, Phase
-from rlcluster_lab.placement.transfers import shard_key
+from rlcluster_lab.placement.transfers import shard_bytes, shard_key
 
 Key = tuple[str, int, int]  # (platform, device id, buffer pointer)
 Buffer = tuple[str, str, int]  # (device id, memory kind, bytes)
@@ -46,8 +46,30 @@ METHOD = {
 
 
 def _buffers(x: jax.Array) -> dict[Key, Buffer]:
+    """Each buffer of ``x`` by key: (device id, memory kind, bytes).
+
+    An array's buffers never change while it lives, and a sync walks the arrays the sync before
+    made (the rollout's old leaves, the old anchor) and the actor's, which most syncs leave as
+    they are: each array is read once and remembered while it lives (by identity, never by a
+    buffer address, which a freed buffer hands on).
+    """
+    hit = _READ.get(id(x))
+    if hit is not None and hit[0]() is x and not x.is_deleted():
+        return hit[1]
     kind = str(x.sharding.memory_kind)
-    return {shard_key(s): (str(s.device.id), kind, int(s.data.nbytes)) for s in x.addressable_shards}
+    bufs = {shard_key(s): (str(s.device.id), kind, shard_bytes(s)) for s in x.addressable_shards}
+    key = id(x)
+    _READ[key] = (weakref.ref(x, lambda ref: _forget(key, ref)), bufs)
+    return bufs
+
+
+_READ: dict[int, tuple[weakref.ref, dict[Key, Buffer]]] = {}  # id -> (the array, its buffers)
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    """An array read by ``_buffers`` is gone: its entry goes (unless a newer array took its id)."""
+    if _READ.get(key, (None,))[0] is ref:
+        _READ.pop(key, None)
 
 
 def nonzero(table: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:

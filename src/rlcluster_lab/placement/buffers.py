@@ -8,12 +8,12 @@ from flax import nnx
 
 from rlcluster_lab.core.gathering import held_within
 from rlcluster_lab.core.shardings import array_leaves
-from rlcluster_lab.placement.transfers import shard_keys
+from rlcluster_lab.placement.transfers import shard_bytes, shard_keys
 
 
 def state_bytes(state: Any) -> int:
     """Physical bytes of a state: every addressable shard counted."""
-    return int(sum(s.data.nbytes for x in array_leaves(state) for s in x.addressable_shards))
+    return int(sum(shard_bytes(s) for x in array_leaves(state) for s in x.addressable_shards))
 
 
 def buffer_keys(state: Any) -> set[tuple[str, int, int]]:

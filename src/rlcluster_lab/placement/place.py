@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.shardings import MEMORY_KINDS, PlacementError, default_memory_kind, target_shardings
-from rlcluster_lab.placement.reshard import cast_many, reshard_tree
+from rlcluster_lab.placement.reshard import cast_many, reshard_many
 
 
 def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
@@ -71,6 +71,18 @@ def place_model(
             for x in leaves
         ]
         values = jax.tree.unflatten(treedef, cast_many(leaves, [dtype] * len(leaves)))
-    moved = reshard_tree(values, shardings, copy=copy, strategy=strategy)
-    nnx.replace_by_pure_dict(state, moved)
+    leaves, treedef = jax.tree.flatten(values)
+    dsts = treedef.flatten_up_to(shardings)
+    kinds = treedef.flatten_up_to(nnx.to_pure_dict(state, type))
+    moved: list[Any] = [None] * len(leaves)
+    # One reshard per kind of weight (base weights, LoRA adapters): a sync hands over one kind
+    # (P13: the adapters of a LoRA actor, else every Param), so the programs compiled here for
+    # an engine's own copy are the ones its first sync runs, and a LoRA model's base weights
+    # share the programs of the same model without adapters.
+    for kind in dict.fromkeys(kinds):
+        picked = [i for i, k in enumerate(kinds) if k is kind]
+        ys = reshard_many([leaves[i] for i in picked], [dsts[i] for i in picked], copy=copy, strategy=strategy)
+        for i, y in zip(picked, ys):
+            moved[i] = y
+    nnx.replace_by_pure_dict(state, jax.tree.unflatten(treedef, moved))
     return nnx.merge(graphdef, state)

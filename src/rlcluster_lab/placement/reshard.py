@@ -33,7 +33,7 @@ from rlcluster_lab.placement.events import Made, Phase, Transfer, described_once
 from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import Leg, Route, route
-from rlcluster_lab.placement.transfers import log_new_shards, shard_key, shard_keys
+from rlcluster_lab.placement.transfers import log_new_shards, shard_bytes, shard_key, shard_keys
 
 
 def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False, strategy: str = "xla") -> jax.Array:
@@ -322,4 +322,4 @@ def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | N
 
 def log_same_device(shards: Sequence[Any], label: str | None) -> None:
     for s in shards:
-        emit(Transfer("same_device", s.device.id, s.device.id, int(s.data.nbytes), label))
+        emit(Transfer("same_device", s.device.id, s.device.id, shard_bytes(s), label))
