@@ -1,5 +1,6 @@
 """Device-to-device resharding (P5, P13): values, shardings, plans and buffer reuse."""
 
+import dataclasses
 import itertools
 import math
 
@@ -11,8 +12,12 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from rlcluster_lab import Scenario, build_cluster
+from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.meshes import make_mesh
+from rlcluster_lab.core.roles import Role
 from rlcluster_lab.placement.boxes import array_plan, device_put_keeps, plan_reshard, to_box
+from rlcluster_lab.placement.programs import clear_programs
 from rlcluster_lab.placement.reshard import reshard, reshard_tree
 
 DEVICES = jax.devices()
@@ -413,3 +418,56 @@ def test_plan_rejects_sources_that_do_not_tile():
 def test_to_box_fills_trailing_dims():
     assert to_box((slice(2, 4),), (8, 16, 4)) == ((2, 4), (0, 16), (0, 4))
     assert to_box((slice(None), slice(8, 16)), (8, 16)) == ((0, 8), (8, 16))
+
+
+# --- programs shared between construction and the sync -------------------------------------------
+
+
+@st.composite
+def _own_copy_layouts(draw):
+    """Actor and rollout meshes the lab builds: a standard layout, or meshes of their own over
+    any devices in any order; an engine holding its own copy; offload or not."""
+    meshes = None
+    layout = draw(st.sampled_from(["colocated", "reshaped", "split", "custom"]))
+    if layout == "custom":
+        order = draw(st.permutations(jax.devices()))
+        shapes = st.sampled_from([(2, 2), (1, 4), (4, 1)])
+        actor = make_mesh(order[:4], draw(shapes))
+        rollout = draw(st.sampled_from([order[4:], order[2:6], order[:4][::-1]]))
+        meshes = {Role.ACTOR: actor, Role.REFERENCE: actor, Role.ROLLOUT: make_mesh(rollout, draw(shapes))}
+    engine = draw(st.sampled_from(["vllm", "sglang_jax"]))
+    return ("split" if meshes else layout), meshes, engine, draw(st.booleans())
+
+
+@pytest.mark.cluster
+@settings(max_examples=max(3, settings.default.max_examples // 4))
+@given(config=_own_copy_layouts())
+def test_an_engines_own_copy_compiles_the_programs_its_syncs_run(config):
+    """place_model reshards each kind of weight apart: a LoRA model's base weights take the
+    program the same model without adapters took, its adapters the program every sync runs. So
+    after a full model on the same meshes, a LoRA engine's construction builds at most one reshard
+    program (the adapters'; none where its copy keeps the actor's layout) and its first sync builds
+    none (a sync moves the adapters, P13)."""
+    layout, meshes, engine, offload = config
+    clear_programs()
+    jax.clear_caches()
+
+    def build(lora):
+        scenario = Scenario(layout=layout, lora=lora, engine=engine, offload=offload, max_tokens=4)
+        if engine == "sglang_jax" and lora:
+            scenario = dataclasses.replace(scenario, sglang_static_lora=True)
+        return build_cluster(scenario, role_to_mesh=meshes)
+
+    full = build(False)
+    full.sync_weights()
+    del full
+
+    def reshards(found):
+        return [name for name, _, _ in found if name == "jit(identity)"]
+
+    with count_compilations() as built:
+        cluster = build(True)
+    with count_compilations() as synced:
+        report = cluster.sync_weights()
+    assert len(reshards(built)) <= 1, [name for name, _, _ in built]
+    assert reshards(synced) == [] and not report.includes_compilation, [name for name, _, _ in synced]
