@@ -11,6 +11,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
 from rlcluster_lab.core.options import LORA_TARGETS
+from rlcluster_lab.core.states import model_state
 from rlcluster_lab.model import (
     MODEL_SIZES,
     LoRALinear,
@@ -279,3 +280,50 @@ def test_cached_decode_equals_full_forward(tiny):
         steps.append(out)
     assert int(cache.index) == 10
     np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full), atol=1e-4)
+
+
+# --- model_state: nnx.state without a walk while the Variables stay --------------------------
+
+
+def _pairs(state):
+    return [(tuple(k), v) for k, v in nnx.to_flat_state(state)]
+
+
+def _same_as_nnx_state(model, *filters):
+    got, want = model_state(model, *filters), nnx.state(model, *filters)
+    got, want = (got, want) if filters and len(filters) > 1 else ((got,), (want,))
+    for g, w in zip(got, want, strict=True):
+        gp, wp = _pairs(g), _pairs(w)
+        assert [k for k, _ in gp] == [k for k, _ in wp]
+        assert all(a is b for (_, a), (_, b) in zip(gp, wp))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_model_state_is_nnx_state_through_new_values_and_changed_structure(lora):
+    """The same paths and the very same Variables as nnx.state, with any filters, after new values
+    in the same Variables (kept walk), a Variable replaced, one added and one removed (new walk)."""
+    model = init_model("tiny", seed=0)
+    if lora:
+        model = with_lora(model, 2, seed=1)
+    filters = [(), (nnx.Param,), (nnx.LoRAParam,), (nnx.Not(nnx.LoRAParam),), (nnx.LoRAParam, ...)]
+    for f in filters:
+        _same_as_nnx_state(model, *f)
+    # New values in the same Variables (a training step): the remembered walk holds.
+    nnx.update(model, jax.tree.map(lambda x: x + 1, nnx.state(model)))
+    for f in filters:
+        _same_as_nnx_state(model, *f)
+    kernel = model.blocks[0].attn.q.kernel
+    model.blocks[0].attn.q.kernel = nnx.Param(kernel.get_value())  # the same array, a new Variable
+    _same_as_nnx_state(model)
+    model.blocks[0].attn.extra = nnx.Param(jnp.zeros(3))  # a Variable added
+    _same_as_nnx_state(model)
+    del model.blocks[0].attn.extra  # and removed
+    _same_as_nnx_state(model)
+
+
+def test_model_state_of_a_module_holding_one_variable_twice_walks_each_time():
+    """One Variable in two places: nnx.state lists it once, the pytree twice; model_state follows nnx.state."""
+    model = init_model("tiny", seed=0)
+    model.blocks[1].attn.q.kernel = model.blocks[0].attn.q.kernel
+    _same_as_nnx_state(model)
+    _same_as_nnx_state(model)

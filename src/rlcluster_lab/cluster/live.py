@@ -22,6 +22,7 @@ from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.options import RolloutConfig, dtype_name
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import array_leaves, default_memory_kind, is_on_device, state_meshes
+from rlcluster_lab.core.states import model_state
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine
 from rlcluster_lab.model import checkpoint
@@ -51,7 +52,7 @@ class LiveExecutor:
         return checkpoint.load(given), str(given)
 
     def load_facts(self, model: nnx.Module, role: Role, mesh: Any) -> LoadFacts:
-        state = nnx.state(model)
+        state = model_state(model)
         leaves = array_leaves(state)
         on_device = is_on_device(state)
         on_target = sum(isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh for x in leaves)
@@ -74,9 +75,9 @@ class LiveExecutor:
 
     def share(self, dst: nnx.Module, src: nnx.Module, frozen_only: bool, role: Role) -> None:
         if role is Role.ROLLOUT and self.engine is not None:
-            self.engine.update_params(nnx.state(src))  # the engine takes new weights its own way
+            self.engine.update_params(model_state(src))  # the engine takes new weights its own way
         else:
-            nnx.update(dst, nnx.state(src, nnx.Not(nnx.LoRAParam)) if frozen_only else nnx.state(src))
+            nnx.update(dst, model_state(src, nnx.Not(nnx.LoRAParam)) if frozen_only else model_state(src))
 
     def shares_backbone(self, reference: nnx.Module, actor: nnx.Module) -> bool:
         return sharing_backbone(reference, actor)
@@ -105,14 +106,14 @@ class LiveExecutor:
 
     def init_optimizer(self, model: nnx.Module, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
         with self.contexts.enter(role, "construct: optimizer state"):
-            trainable = nnx.state(model, nnx.LoRAParam if lora else nnx.Param)
+            trainable = model_state(model, nnx.LoRAParam if lora else nnx.Param)
             return init_optimizer_state(self.optimizers[role], trainable, mesh)
 
     def move_optimizer(self, state: Any, kind: str) -> Any:
         return put_on_memory_kind(state, kind)
 
     def pin_anchor(self, actor: nnx.Module, partial: bool) -> tuple[Any, int]:
-        source = nnx.state(actor, nnx.LoRAParam) if partial else nnx.state(actor)
+        source = model_state(actor, nnx.LoRAParam) if partial else model_state(actor)
         anchor = put_on_memory_kind(source, "pinned_host")
         # multi-process: each process holds its own shards; P8 records the bytes of all of them.
         return anchor, summed(state_bytes(anchor), "anchor bytes")
@@ -169,7 +170,7 @@ def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace)
     )
     before = {id(x) for x in jax.live_arrays()}
     modules = {id(m): m for m in given.values() if isinstance(m, nnx.Module)}
-    saved = [(m, jax.tree.map(lambda x: x, nnx.state(m))) for m in modules.values()]
+    saved = [(m, jax.tree.map(lambda x: x, model_state(m))) for m in modules.values()]
     made: dict[str, Any] = {}
     try:
         return construct(executor, request, trace, sink=made)
@@ -192,7 +193,7 @@ def give_back(made: dict[str, Any], saved: list[tuple[nnx.Module, Any]], before:
     (a reshard may reuse a source buffer) is kept, and others' arrays are never reached.
     """
     ours = [x for obj in made.values() for x in _arrays_of(obj)]
-    ours += [x for model, _ in saved for x in array_leaves(nnx.state(model))]
+    ours += [x for model, _ in saved for x in array_leaves(model_state(model))]
     for model, snapshot in saved:
         nnx.update(model, snapshot)
     protected = buffer_keys([snapshot for _, snapshot in saved])
@@ -215,5 +216,5 @@ def _arrays_of(obj: Any) -> list[jax.Array]:
         except Exception:  # an engine that failed half-way: what it holds is not ours to judge
             return []
     if isinstance(obj, nnx.Module):
-        obj = nnx.state(obj)
+        obj = model_state(obj)
     return array_leaves(obj)

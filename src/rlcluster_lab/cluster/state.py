@@ -18,6 +18,7 @@ from rlcluster_lab.cluster.construct import Placed
 from rlcluster_lab.cluster.contexts import ContextLog, RoleContexts
 from rlcluster_lab.core.config import ClusterConfig
 from rlcluster_lab.core.roles import Mode, Role
+from rlcluster_lab.core.states import model_state
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import anchor_is_partial
@@ -57,7 +58,7 @@ class ClusterState:
         anchor = self.placed.anchor
         if anchor is None or not self.anchor_is_partial:
             return anchor
-        return nnx.merge_state(nnx.state(self.placed.actor, nnx.Not(nnx.LoRAParam)), anchor)
+        return nnx.merge_state(model_state(self.placed.actor, nnx.Not(nnx.LoRAParam)), anchor)
 
     @property
     def platform(self) -> str:

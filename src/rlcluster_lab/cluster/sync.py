@@ -36,6 +36,7 @@ from flax import nnx
 
 from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.validate import check_finite_leaves
+from rlcluster_lab.core.states import model_state
 from rlcluster_lab.engines.base import flat_values, reshard_flat
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
@@ -67,9 +68,10 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     """
     placed = s.placed
     actor, engine = placed.actor, placed.engine
-    # The actor's graph is walked once: its Variables (the actor's own objects) do not change in a
-    # sync, so the handover's source and the anchor's are filtered from this one state.
-    actor_state = nnx.state(actor)
+    # The actor's state is read once (``model_state``: a graph walk only when its Variables
+    # changed since the last): its Variables (the actor's own objects) do not change in a sync,
+    # so the handover's source and the anchor's are filtered from this one state.
+    actor_state = model_state(actor)
     check_finite_leaves(actor_state, "actor")  # all or nothing: refused before anything changes
     lora = placed.lora
     filter_types = sync_filter(lora)
@@ -96,7 +98,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
                 engine.update_params(params, filter_types)
                 jax.block_until_ready(engine.held_values(filter_types))
                 seconds = time.perf_counter() - start - watch.walk_seconds
-            watch.after(nnx.state(engine_model, *filter_types), seconds)
+            watch.after(model_state(engine_model, *filter_types), seconds)
             del params
             # P8: the actor's full state, or only its adapters with anchor='trainable' and LoRA.
             source = actor_state.filter(nnx.LoRAParam) if s.anchor_is_partial else actor_state

@@ -15,6 +15,7 @@ from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.limits import check_fits
 from rlcluster_lab.core.model_config import ModelConfig
+from rlcluster_lab.core.states import model_state
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import ENGINES, RolloutEngine
 from rlcluster_lab.model.checkpoint import abstract_checkpoint, read_config
@@ -154,8 +155,8 @@ def _structure(model: Any) -> nnx.Module:
 def check_same_backbone(actor: nnx.Module, other: nnx.Module, name: str) -> None:
     """A reference (or a critic's backbone) must have the actor's frozen parameter tree."""
     target = getattr(other, "backbone", other) if name == "critic" else other
-    want = _shapes(nnx.state(actor, nnx.Not(nnx.LoRAParam)))
-    got = _shapes(nnx.state(target, nnx.Not(nnx.LoRAParam)))
+    want = _shapes(model_state(actor, nnx.Not(nnx.LoRAParam)))
+    got = _shapes(model_state(target, nnx.Not(nnx.LoRAParam)))
     if want != got:
         missing = sorted(set(want) - set(got))[:3]
         extra = sorted(set(got) - set(want))[:3]

@@ -21,13 +21,14 @@ from jax.sharding import NamedSharding, Sharding
 
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import leaf_path
-from rlcluster_lab.measure.memory import UNITS, _buffers, _plain
+from rlcluster_lab.measure.memory import UNITS, _plain
 from rlcluster_lab.measure.sync_peak import (
     METHOD,
     PeakWalk,
     SyncPeak,
     allocator_before,
     allocator_peak,
+    array_buffers,
     largest_chunk,
     peak_of,
     tally,
@@ -343,14 +344,13 @@ def sync_report(
 
 def new_shards(after: Any, before: Any) -> list[tuple[int, str, int]]:
     """(device id, memory kind, bytes) of the shards of ``after`` that are not buffers of ``before``."""
-    old = {(pf, d, p) for pf, d, _, p in _buffers(before)}
-    out = []
-    for x in array_leaves(after):
-        kind = str(x.sharding.memory_kind)
-        for s in x.addressable_shards:
-            if shard_key(s) not in old:
-                out.append((s.device.id, kind, shard_bytes(s)))
-    return out
+    old = {key for x in array_leaves(before) for key in array_buffers(x)}
+    return [
+        (int(device), kind, nbytes)
+        for x in array_leaves(after)
+        for key, (device, kind, nbytes) in array_buffers(x).items()
+        if key not in old
+    ]
 
 
 def describe_sharding(s: Sharding) -> str:

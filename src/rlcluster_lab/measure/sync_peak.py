@@ -45,7 +45,7 @@ METHOD = {
 }
 
 
-def _buffers(x: jax.Array) -> dict[Key, Buffer]:
+def array_buffers(x: jax.Array) -> dict[Key, Buffer]:
     """Each buffer of ``x`` by key: (device id, memory kind, bytes).
 
     An array's buffers never change while it lives, and a sync walks the arrays the sync before
@@ -67,7 +67,7 @@ _READ: dict[int, tuple[weakref.ref, dict[Key, Buffer]]] = {}  # id -> (the array
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
-    """An array read by ``_buffers`` is gone: its entry goes (unless a newer array took its id)."""
+    """An array read by ``array_buffers`` is gone: its entry goes (unless a newer array took its id)."""
     if _READ.get(key, (None,))[0] is ref:
         _READ.pop(key, None)
 
@@ -282,8 +282,10 @@ class PeakWalk(PeakCount):
         super().__init__()
         self.keep: set[Key] = set()
         for x in keep:
-            self.keep.update(_buffers(x))
-        self.replaced: list[tuple[weakref.ref, dict[Key, Buffer]]] = [(weakref.ref(x), _buffers(x)) for x in replaced]
+            self.keep.update(array_buffers(x))
+        self.replaced: list[tuple[weakref.ref, dict[Key, Buffer]]] = [
+            (weakref.ref(x), array_buffers(x)) for x in replaced
+        ]
         self._made: list[list[Any]] = []  # [weak reference, term, buffers once read]
         self.seconds = 0.0
 
@@ -313,7 +315,7 @@ class PeakWalk(PeakCount):
                 continue  # dropped: gone from the walk for good
             kept.append(entry)
             if entry[2] is None:
-                entry[2] = _buffers(x)
+                entry[2] = array_buffers(x)
         self._made = kept
         self.count(event.name, [(term, bufs) for _, term, bufs in kept], still, gone, event.programs)
         self.seconds += time.perf_counter() - start

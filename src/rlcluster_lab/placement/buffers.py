@@ -8,6 +8,7 @@ from flax import nnx
 
 from rlcluster_lab.core.gathering import held_within
 from rlcluster_lab.core.shardings import array_leaves
+from rlcluster_lab.core.states import model_state
 from rlcluster_lab.placement.transfers import shard_bytes, shard_keys
 
 
@@ -23,7 +24,7 @@ def buffer_keys(state: Any) -> set[tuple[str, int, int]]:
 
 def sharing_backbone(a: nnx.Module, b: nnx.Module) -> bool:
     """P4: every frozen (non-LoRA) buffer of ``a`` is one of ``b``'s."""
-    ka = buffer_keys(nnx.state(a, nnx.Not(nnx.LoRAParam)))
-    kb = buffer_keys(nnx.state(b, nnx.Not(nnx.LoRAParam)))
+    ka = buffer_keys(model_state(a, nnx.Not(nnx.LoRAParam)))
+    kb = buffer_keys(model_state(b, nnx.Not(nnx.LoRAParam)))
     # multi-process: every process holding some of a's buffers must agree (held_within).
     return held_within(ka, kb, "backbone buffers shared")

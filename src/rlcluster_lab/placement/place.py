@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.shardings import MEMORY_KINDS, PlacementError, default_memory_kind, target_shardings
+from rlcluster_lab.core.states import model_state
 from rlcluster_lab.placement.reshard import cast_many, reshard_many
 
 
@@ -37,7 +38,7 @@ def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
 
 def move_model(model: nnx.Module, memory_kind: str) -> None:
     """Move a model's variables to ``memory_kind`` in place (its Variables get new arrays)."""
-    nnx.update(model, put_on_memory_kind(nnx.state(model), memory_kind))
+    nnx.update(model, put_on_memory_kind(model_state(model), memory_kind))
 
 
 def place_model(
