@@ -306,3 +306,50 @@ def test_the_sync_finite_check_read_in_place_agrees_with_the_compiled_one(data):
     assert finite_flags(arrays, in_place=True) == expected
     assert finite_flags(arrays, in_place=False) == expected
     assert finite_flags(arrays) == expected  # on these CPU devices: the in-place read
+
+
+# --- the optimizer state written from the host -----------------------------------------------
+
+
+OPTIMIZERS = {
+    "adam": lambda: optax.adam(1e-3),
+    "adamw": lambda: optax.adamw(1e-3, weight_decay=0.1),
+    "sgd_momentum": lambda: optax.sgd(1e-2, momentum=0.9),
+    "clipped_adamw_schedule": lambda: optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(optax.linear_schedule(1e-3, 0.0, 10))
+    ),
+    "injected_adam": adam,  # its hyperparameters are constants in the state too
+    "lion": lambda: optax.lion(1e-4),
+    "schedule_free_adamw": lambda: optax.contrib.schedule_free_adamw(1e-3),  # keeps a copy of the parameters
+}
+
+
+@given(
+    name=st.sampled_from(sorted(OPTIMIZERS)),
+    devices=st.permutations(list(range(8))),
+    shape=st.sampled_from([(8,), (2, 4), (4, 2), (1, 8)]),
+    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+)
+def test_an_optimizer_state_of_constants_is_written_from_the_host_as_the_program_makes_it(name, devices, shape, dtype):
+    """The same leaves (values, dtypes, weak types, shardings) as the compiled init on any mesh of
+    the 8 CPU devices, without compiling anything when every leaf is a constant."""
+    mesh = Mesh(np.array([jax.devices()[i] for i in devices]).reshape(shape), ("fsdp", "tp")[: len(shape)] or ("x",))
+    spec = P(*mesh.axis_names)
+    params = {
+        "w": jax.device_put(jnp.ones((8, 16), dtype), NamedSharding(mesh, spec)),
+        "b": jax.device_put(jnp.ones((16,), dtype), NamedSharding(mesh, P(mesh.axis_names[-1]))),
+        "s": jax.device_put(jnp.ones((), jnp.float32), NamedSharding(mesh, P())),
+    }
+    tx = OPTIMIZERS[name]()
+    jax.clear_caches()
+    with count_compilations() as made:
+        state = init_optimizer_state(tx, params, mesh)
+    compiled = jax.jit(tx.init, out_shardings=jax.tree.map(lambda x: x.sharding, state))(params)
+    got, want = jax.tree.leaves(state), jax.tree.leaves(compiled)
+    assert jax.tree.structure(state) == jax.tree.structure(compiled)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.weak_type == b.weak_type and a.shape == b.shape
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    constant = name != "schedule_free_adamw"
+    assert ([n for n, _, _ in made] == []) == constant, [n for n, _, _ in made]

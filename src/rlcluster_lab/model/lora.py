@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rlcluster_lab.core.model_config import LORA_PROJECTIONS, check_lora_scale
 from rlcluster_lab.core.options import as_int
+from rlcluster_lab.core.states import model_state
 from rlcluster_lab.model.transformer import TransformerLM
 from rlcluster_lab.model.values import initial_value
 
@@ -132,5 +133,6 @@ def _adapter_shardings(kernel: Any) -> tuple[Any, Any]:
 
 
 def is_lora(model: nnx.Module) -> bool:
-    """True iff ``model`` holds any ``nnx.LoRAParam``."""
-    return any(isinstance(v, nnx.LoRAParam) for _, v in nnx.iter_graph(model))
+    """True iff ``model`` holds any ``nnx.LoRAParam`` (read from its state: a construction asks
+    several times, and ``model_state`` walks the graph once)."""
+    return any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(model_state(model)))

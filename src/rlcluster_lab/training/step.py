@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -482,9 +483,12 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
     A leaf of the optimizer state that mirrors a parameter (Adam's moments)
     takes that parameter's sharding; any other leaf (a step count) is
     replicated on ``mesh``. Eager ``tx.init`` would compile a program per
-    parameter shape instead.
+    parameter shape instead. On CPU devices in one process, where a device's
+    memory is the host's, a state whose every leaf is a constant (Adam's,
+    SGD's: zeros and a zero count, read from the traced ``tx.init``) is written
+    from the host in one transfer and nothing is compiled.
     """
-    abstract = jax.eval_shape(tx.init, params)
+    jaxpr, abstract = jax.make_jaxpr(tx.init, return_shape=True)(params)
     by_path = {_path_key(kp): x for kp, x in jax.tree_util.tree_flatten_with_path(params)[0]}
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -498,6 +502,9 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
 
     shardings = jax.tree_util.tree_map_with_path(pick, abstract)
     flat, treedef = jax.tree.flatten(shardings)
+    filled = constant_outputs(jaxpr) if _writes_from_host(params) else None
+    if filled is not None:
+        return jax.tree.unflatten(treedef, jax.device_put(filled, flat))
     options = options_for(params)
     key = (_sharding_key(params), treedef, tuple(flat), options_key(options))
 
@@ -510,6 +517,34 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
         )
 
     return _INITS.call(tx, key, build, params)
+
+
+def _writes_from_host(params: Any) -> bool:
+    leaves = jax.tree.leaves(params)
+    return jax.process_count() == 1 and all(d.platform == "cpu" for x in leaves for d in x.sharding.device_set)
+
+
+# Operations that make an array of one value from one value: a constant goes through them.
+_FILLS = frozenset({"broadcast_in_dim", "reshard", "convert_element_type"})
+
+
+def constant_outputs(closed: Any) -> list[np.ndarray] | None:
+    """The outputs of a traced function as host arrays when each is a constant (a literal, or a
+    literal broadcast, resharded or cast to its shape and type), in output order; None when any
+    is computed or weakly typed (a host array is strongly typed, the program's output would not be)."""
+    produced = {id(v): eqn for eqn in closed.jaxpr.eqns for v in eqn.outvars}
+    out = []
+    for v in closed.jaxpr.outvars:
+        if getattr(v.aval, "weak_type", False):
+            return None
+        source = v
+        while not isinstance(source, jax.extend.core.Literal):
+            eqn = produced.get(id(source))
+            if eqn is None or eqn.primitive.name not in _FILLS or len(eqn.invars) != 1:
+                return None
+            source = eqn.invars[0]
+        out.append(np.full(v.aval.shape, source.val, dtype=v.aval.dtype))
+    return out
 
 
 def _path_key(path: Any) -> tuple[str, ...]:
