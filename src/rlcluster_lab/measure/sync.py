@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -353,8 +354,10 @@ def new_shards(after: Any, before: Any) -> list[tuple[int, str, int]]:
     ]
 
 
+@functools.lru_cache(maxsize=1024)
 def describe_sharding(s: Sharding) -> str:
-    """A short readable sharding: mesh axes, device ids, partition spec, memory kind."""
+    """A short readable sharding: mesh axes, device ids, partition spec, memory kind (written once
+    per sharding: a report describes every leaf's, each sync)."""
     if isinstance(s, NamedSharding):
         ids = [d.id for d in np.asarray(s.mesh.devices).flatten()]
         return describe_layout(s.mesh.shape, ids, s.spec, s.memory_kind)

@@ -7,8 +7,10 @@ report and the planner.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 from jax.sharding import Sharding
@@ -46,7 +48,13 @@ def minimum_cross_device_elements(
     src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[tuple[int, Box]]
 ) -> list[int]:
     """Per destination shard: elements no source shard on its own device holds, the least any
-    reshard must move (shards of one sharding are equal or disjoint)."""
+    reshard must move (shards of one sharding are equal or disjoint). Remembered per pair of
+    layouts: every sync asks again for the same leaves."""
+    return list(_minimum(tuple(src_boxes), tuple(dst_boxes)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _minimum(src_boxes: tuple[tuple[int, Box], ...], dst_boxes: tuple[tuple[int, Box], ...]) -> tuple[int, ...]:
     local: dict[int, list[Box]] = {}
     for dev, box in src_boxes:
         local.setdefault(dev, []).append(box)
@@ -54,7 +62,7 @@ def minimum_cross_device_elements(
     for dev, want in dst_boxes:
         common = (intersect_boxes(box, want) for box in dict.fromkeys(local.get(dev, [])))
         out.append(box_size(want) - sum(box_size(c) for c in common if c is not None))
-    return out
+    return tuple(out)
 
 
 def device_put_keeps(src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[tuple[int, Box]]) -> list[bool]:
@@ -84,9 +92,15 @@ def device_put_keeps(src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[t
 
 
 def shard_boxes(x: jax.Array) -> list[tuple[int, Box]]:
-    """(device id, box) of every addressable shard of ``x``."""
-    shape = tuple(x.shape)
-    return [(s.device.id, to_box(s.index, shape)) for s in x.addressable_shards]
+    """(device id, box) of every addressable shard of ``x``, in the order of its shards."""
+    return list(_sharding_boxes(x.sharding, tuple(x.shape), tuple(s.device for s in x.addressable_shards)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sharding_boxes(sharding: Sharding, shape: tuple[int, ...], devices: tuple[Any, ...]) -> tuple[Any, ...]:
+    # A shard's index is its sharding's, for its device: the same for every array of this layout.
+    index = sharding.devices_indices_map(shape)
+    return tuple((d.id, to_box(index[d], shape)) for d in devices)
 
 
 def to_box(index: Sequence[slice], shape: Sequence[int]) -> Box:
