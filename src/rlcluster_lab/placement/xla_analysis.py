@@ -195,14 +195,19 @@ def probe_provenance(compiled: Any, xs: Sequence[jax.Array], dsts: Sequence[Shar
     for every destination shard, how many of its elements started on each device."""
     largest = max(d.id for x in xs for d in x.sharding.device_set) + 1
     ok = [tag_dtype_ok(x.dtype, largest) for x in xs]
-    tagged = []
+    blocks, devices, counts = [], [], []
     for x, fine in zip(xs, ok):
-        shards = []
-        for device, index in x.sharding.addressable_devices_indices_map(x.shape).items():
+        placed = x.sharding.addressable_devices_indices_map(x.shape).items()
+        for device, index in placed:
             shape = tuple(len(range(*sl.indices(n))) for sl, n in zip(index, x.shape)) if index else ()
-            tag = (device.id + 1) if fine else 0
-            shards.append(jax.device_put(np.full(shape, tag, dtype=x.dtype), device))
-        tagged.append(jax.make_array_from_single_device_arrays(x.shape, x.sharding, shards))
+            blocks.append(np.full(shape, (device.id + 1) if fine else 0, dtype=x.dtype))
+            devices.append(device)
+        counts.append(len(placed))
+    shards = iter(jax.device_put(blocks, devices))  # every tagged shard in one transfer call
+    tagged = [
+        jax.make_array_from_single_device_arrays(x.shape, x.sharding, [next(shards) for _ in range(n)])
+        for x, n in zip(xs, counts)
+    ]
     outs = compiled(tagged)
     by_leaf: list[dict[int, dict[int, int]] | None] = []
     for y, fine in zip(outs, ok):
