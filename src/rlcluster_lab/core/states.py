@@ -6,6 +6,8 @@ are remembered per module (while it lives). Before they are used again, the modu
 a pytree down to its Variables (a tenth of the walk's time): the very same Variable objects in
 the same order must come back, else the graph is walked anew. New values in the same Variables
 (a training step, a sync) keep the walk; a Variable added, removed or replaced does not.
+``WhileAlive`` is that memory, per object while it lives (a sync's measurement keeps each
+array's buffers in one too).
 """
 
 from __future__ import annotations
@@ -18,18 +20,39 @@ from flax import nnx
 
 Pairs = list[tuple[tuple[Any, ...], Any]]  # (path, Variable) in the order nnx.state gives them
 
-_WALKED: dict[int, tuple[weakref.ref, Pairs]] = {}  # id(module) -> (the module, its walk)
+
+class WhileAlive:
+    """Values remembered per object, by identity, while the object lives (never by an address
+    or an id alone, which a later object may take)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def get(self, obj: Any) -> Any:
+        """The value remembered for ``obj``, or None."""
+        hit = self._entries.get(id(obj))
+        return hit[1] if hit is not None and hit[0]() is obj else None
+
+    def put(self, obj: Any, value: Any) -> None:
+        key = id(obj)
+
+        def forget(ref: weakref.ref) -> None:  # obj is gone: its entry goes, unless a newer object took its id
+            if self._entries.get(key, (None,))[0] is ref:
+                self._entries.pop(key, None)
+
+        self._entries[key] = (weakref.ref(obj, forget), value)
+
+
+_WALKED = WhileAlive()  # module -> the (path, Variable) pairs of its last walk
 
 
 def model_state(model: nnx.Module, *filters: Any) -> Any:
     """``nnx.state(model, *filters)``: the model's own Variables under their paths (one State,
     or one per filter when given several), from the last walk while its Variables stay."""
-    key = id(model)
-    hit = _WALKED.get(key)
-    pairs = hit[1] if hit is not None and hit[0]() is model and _same_variables(model, hit[1]) else None
-    if pairs is None:
+    pairs = _WALKED.get(model)
+    if pairs is None or not _same_variables(model, pairs):
         pairs = list(nnx.to_flat_state(nnx.state(model)))
-        _WALKED[key] = (weakref.ref(model, lambda ref: _forget(key, ref)), pairs)
+        _WALKED.put(model, pairs)
     state = nnx.State.from_flat_path(pairs)
     return state.filter(*filters) if filters else state
 
@@ -39,9 +62,3 @@ def _same_variables(model: nnx.Module, pairs: Pairs) -> bool:
     Variable in two places reads it twice as a pytree, never matches, and is always walked)."""
     found = jax.tree.leaves(model, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return len(found) == len(pairs) and all(a is b for a, (_, b) in zip(found, pairs))
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    """A remembered module is gone: its walk goes (unless a newer module took its id)."""
-    if _WALKED.get(key, (None,))[0] is ref:
-        _WALKED.pop(key, None)

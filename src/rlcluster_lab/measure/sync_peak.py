@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 
+from rlcluster_lab.core.states import WhileAlive
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.events import Made, Phase
@@ -50,26 +51,17 @@ def array_buffers(x: jax.Array) -> dict[Key, Buffer]:
 
     An array's buffers never change while it lives, and a sync walks the arrays the sync before
     made (the rollout's old leaves, the old anchor) and the actor's, which most syncs leave as
-    they are: each array is read once and remembered while it lives (by identity, never by a
-    buffer address, which a freed buffer hands on).
+    they are: each array is read once and remembered while it lives.
     """
-    hit = _READ.get(id(x))
-    if hit is not None and hit[0]() is x and not x.is_deleted():
-        return hit[1]
-    kind = str(x.sharding.memory_kind)
-    bufs = {shard_key(s): (str(s.device.id), kind, shard_bytes(s)) for s in x.addressable_shards}
-    key = id(x)
-    _READ[key] = (weakref.ref(x, lambda ref: _forget(key, ref)), bufs)
+    bufs = _READ.get(x)
+    if bufs is None or x.is_deleted():
+        kind = str(x.sharding.memory_kind)
+        bufs = {shard_key(s): (str(s.device.id), kind, shard_bytes(s)) for s in x.addressable_shards}
+        _READ.put(x, bufs)
     return bufs
 
 
-_READ: dict[int, tuple[weakref.ref, dict[Key, Buffer]]] = {}  # id -> (the array, its buffers)
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    """An array read by ``array_buffers`` is gone: its entry goes (unless a newer array took its id)."""
-    if _READ.get(key, (None,))[0] is ref:
-        _READ.pop(key, None)
+_READ = WhileAlive()  # array -> its buffers
 
 
 def nonzero(table: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
