@@ -36,6 +36,7 @@ from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
 from rlcluster_lab.model import forward_logps
 from rlcluster_lab.model.logps import check_temperature, model_compiler_options, model_vocab_size
+from rlcluster_lab.placement.boxes import shard_boxes
 from rlcluster_lab.training.batch import TrainBatch, batch_arrays, mini_batches, validate_batch_arrays
 from rlcluster_lab.training.fingerprint import describe_transformation
 
@@ -365,12 +366,21 @@ def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> li
     if in_place is None:
         in_place = all(_host_readable(x) for x in arrays)
     if in_place:
-        return [
-            all(bool(np.isfinite(np.asarray(s.data)).all()) for s in x.addressable_shards if s.replica_id == 0)
-            for x in arrays
-        ]
+        return [all(bool(np.isfinite(np.asarray(s.data)).all()) for s in _one_replica_each(x)) for x in arrays]
     (flags,) = host_values([_FINITE_EACH.jitted(options_for(arrays))(arrays)])
     return [bool(f) for f in np.asarray(flags)]
+
+
+def _one_replica_each(x: jax.Array) -> list[Any]:
+    """One shard of each distinct block of ``x``: the first in shard order (the blocks read from
+    its layout, remembered per layout; a shard's ``replica_id`` computes the whole map anew)."""
+    seen: set[Any] = set()
+    out = []
+    for s, (_, box) in zip(x.addressable_shards, shard_boxes(x)):
+        if box not in seen:
+            seen.add(box)
+            out.append(s)
+    return out
 
 
 def _host_readable(x: jax.Array) -> bool:
