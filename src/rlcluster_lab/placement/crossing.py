@@ -28,6 +28,7 @@ from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.events import Built, Made, Phase, Relayed, Transfer, Unreadable, emit, wants
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
+from rlcluster_lab.placement.transfers import shard_bytes
 from rlcluster_lab.placement.xla_analysis import UNTRACED
 
 SIDE = "crossing_side"  # the stacked mesh's leading axis: 0 the sender's devices, 1 the receiver's
@@ -211,7 +212,7 @@ def _log(
             moved += f.nbytes
     for line in prog.traffic.unreadable:
         emit(Unreadable(label, line))
-    nbytes = {int(s.device.id): int(s.data.nbytes) for s in y.addressable_shards}
+    nbytes = {int(s.device.id): shard_bytes(s) for s in y.addressable_shards}
     for p in copies:
         src, dst = int(dst_a[r.source[p]].id), int(dst_a[p].id)
         emit(Transfer("cross_device", src, dst, nbytes[dst], label))

@@ -30,6 +30,7 @@ from rlcluster_lab.placement.layout import Layout
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import whole_move
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
+from rlcluster_lab.placement.transfers import shard_bytes
 from rlcluster_lab.placement.xla_analysis import (
     UNTRACED,
     Provenance,
@@ -274,8 +275,9 @@ def _log_arrivals(prog: XlaProgram, labels: list[str | None], outs: Sequence[jax
             dev = shard.device.id
             foreign = sum(c for origin, c in origins[dev].items() if origin != dev) * itemsize
             arrived += foreign
-            if shard.data.nbytes - foreign:
-                emit(Transfer("same_device", dev, dev, int(shard.data.nbytes) - foreign, label))
+            own = shard_bytes(shard) - foreign
+            if own:
+                emit(Transfer("same_device", dev, dev, own, label))
         emit(Relayed(label, _crossed(prog, k) - arrived))
 
 
@@ -317,7 +319,7 @@ def _log_final(
     itemsize = np.dtype(y.dtype).itemsize
     crossed, arrived = crossed_before, 0
     for p, (src, dst) in enumerate(zip(src_a, dst_a)):
-        nbytes = int(by_device[dst].data.nbytes)
+        nbytes = shard_bytes(by_device[dst])
         if p in moved:
             emit(Transfer("cross_device", src.id, dst.id, nbytes, label))
             crossed += nbytes
