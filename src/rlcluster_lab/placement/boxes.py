@@ -53,7 +53,7 @@ def minimum_cross_device_elements(
     return list(_minimum(tuple(src_boxes), tuple(dst_boxes)))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=512)  # a planner's large meshes make long keys: a few hundred pairs
 def _minimum(src_boxes: tuple[tuple[int, Box], ...], dst_boxes: tuple[tuple[int, Box], ...]) -> tuple[int, ...]:
     local: dict[int, list[Box]] = {}
     for dev, box in src_boxes:
@@ -96,7 +96,7 @@ def shard_boxes(x: jax.Array) -> list[tuple[int, Box]]:
     return list(_sharding_boxes(x.sharding, tuple(x.shape), tuple(s.device for s in x.addressable_shards)))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def _sharding_boxes(sharding: Sharding, shape: tuple[int, ...], devices: tuple[Any, ...]) -> tuple[Any, ...]:
     # A shard's index is its sharding's, for its device: the same for every array of this layout.
     index = sharding.devices_indices_map(shape)
