@@ -18,7 +18,7 @@ from flax import nnx
 
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import MEMORY_KINDS, array_leaves
-from rlcluster_lab.placement.transfers import shard_bytes
+from rlcluster_lab.measure.sync_peak import array_buffers
 
 UNITS = "physical bytes: every device shard counted (a leaf replicated on 4 devices counts 4 times)"
 MEMORY_SOURCE = "measured: walk of the live buffers of each role's state"
@@ -222,12 +222,12 @@ _ALLOCATOR_KEYS = ("bytes_in_use", "peak_bytes_in_use", "bytes_limit", "largest_
 
 
 def _buffers(state: Any) -> dict[BufferKey, int]:
-    out = {}
-    for x in array_leaves(state):
-        kind = str(x.sharding.memory_kind)
-        for s in x.addressable_shards:
-            out[(s.device.platform, s.device.id, kind, s.data.unsafe_buffer_pointer())] = shard_bytes(s)
-    return out
+    # Each array's buffers as the sync's peak walk reads them (once while the array lives).
+    return {
+        (platform, device, kind, pointer): nbytes
+        for x in array_leaves(state)
+        for (platform, device, pointer), (_, kind, nbytes) in array_buffers(x).items()
+    }
 
 
 def _entry_order(name: str) -> int:

@@ -512,7 +512,8 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
 
     shardings = jax.tree_util.tree_map_with_path(pick, abstract)
     flat, treedef = jax.tree.flatten(shardings)
-    filled = constant_outputs(jaxpr) if _writes_from_host(params) else None
+    # Where every parameter lies in this process's host memory (the finiteness check's test).
+    filled = constant_outputs(jaxpr) if all(_host_readable(x) for x in jax.tree.leaves(params)) else None
     if filled is not None:
         return jax.tree.unflatten(treedef, jax.device_put(filled, flat))
     options = options_for(params)
@@ -527,11 +528,6 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
         )
 
     return _INITS.call(tx, key, build, params)
-
-
-def _writes_from_host(params: Any) -> bool:
-    leaves = jax.tree.leaves(params)
-    return jax.process_count() == 1 and all(d.platform == "cpu" for x in leaves for d in x.sharding.device_set)
 
 
 # Operations that make an array of one value from one value: a constant goes through them.
