@@ -83,6 +83,30 @@ def test_p10_log_probs_with_cheap_code_generation_match_xla_defaults():
     np.testing.assert_allclose(fast, default, rtol=0, atol=1e-5)
 
 
+def test_cheap_code_generation_keeps_matrix_products_out_of_ynnpack_fusions():
+    """A YNNPACK fusion builds its runtime at its program's first run (about 0.3 ms a product,
+    each new program, also one read back from the disk cache): the lab's CPU options keep the
+    model's products in XLA's own dot kernels, where XLA's defaults fuse them."""
+    graphdef, state = nnx.split(init_model("tiny", seed=3))
+    args = (graphdef, state, jnp.ones((2, 8), jnp.int32), jnp.ones((2, 4), jnp.int32), 0, jnp.float32(1.0))
+
+    def optimized_hlo(options):
+        return LOGPS.jitted(options).lower(*args).compile().as_text()
+
+    fast = optimized_hlo(compile_options.FAST_CPU)
+    assert " dot(" in fast and "__ynn_fusion" not in fast
+    if compile_options._no_ynn_fusions():  # this jaxlib has the fusions to turn off
+        assert "__ynn_fusion" in optimized_hlo({k: v for k, v in compile_options.FAST_CPU.items() if "ynn" not in k})
+
+
+@pytest.mark.parametrize(("version", "asked"), [("0.9.2", False), ("0.10.2", True), ("0.12.0.1", True), ("1.0", True)])
+def test_ynnpack_fusions_are_turned_off_only_where_xla_knows_the_option(monkeypatch, version, asked):
+    import jaxlib.version
+
+    monkeypatch.setattr(jaxlib.version, "__version__", version)
+    assert ("xla_cpu_experimental_ynn_fusion_type" in compile_options._no_ynn_fusions()) is asked
+
+
 def test_one_program_family_keeps_one_jitted_function_per_option_set():
     family = compile_options.ProgramFamily(lambda x: x + 1)
     assert family.jitted(None) is family.jitted({})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -25,17 +26,38 @@ from typing import Any
 ENV = "RLCLUSTER_LAB_FAST_COMPILE"
 MODES = ("auto", "on", "off")
 
-# XLA DebugOptions fields, passed per program (jax.jit's ``compiler_options``); all four only
+
+def _no_ynn_fusions() -> dict[str, Any]:
+    """XLA:CPU's own (Eigen) kernels for matrix products instead of YNNPACK fusions.
+
+    A YNNPACK fusion builds its runtime the first time its program runs, about 0.3 ms per
+    product, for every new program and for one read back from the disk cache: a program of 100
+    small products ran in 29 ms the first time and 0.4 ms after; with Eigen, 20 ms once per
+    process and then nothing for any later program. The first RL step (tiny colocated LoRA, its
+    four programs) took 1.84 s instead of 2.23 s cold and 1.00 s instead of 1.40 s from the disk
+    cache; the step once compiled ran as fast (240 ms both ways). An XLA that does not know the
+    option refuses the whole compile, so it is asked for from jaxlib 0.10 on, the first version
+    checked.
+    """
+    import jaxlib.version
+
+    version = tuple(int(part) for part in re.findall(r"\d+", jaxlib.version.__version__)[:2])
+    return {"xla_cpu_experimental_ynn_fusion_type": ""} if version >= (0, 10) else {}
+
+
+# XLA DebugOptions fields, passed per program (jax.jit's ``compiler_options``); all of them only
 # change how XLA:CPU generates code, never what a program computes (float results may differ in
-# the last bits: the numerics tests run with them). The last keeps a program's machine code in
+# the last bits: the numerics tests run with them). The fourth keeps a program's machine code in
 # one piece: XLA:CPU splits it into parts compiled on threads of their own by default, which on
 # two cores busy with the lab's other work costs more than it saves (the first RL step's four
-# programs: 1.06-1.14 s of compiling against 1.24-1.30 s; the same losses and log-probs).
+# programs: 1.06-1.14 s of compiling against 1.24-1.30 s; the same losses and log-probs). The
+# last: ``_no_ynn_fusions``.
 FAST_CPU: Mapping[str, Any] = {
     "xla_backend_optimization_level": 0,
     "xla_llvm_disable_expensive_passes": True,
     "xla_cpu_use_fusion_emitters": False,
     "xla_cpu_parallel_codegen_split_count": 1,
+    **_no_ynn_fusions(),
 }
 
 # The lab's tiny (0.1 M parameters) and small (1.5 M) models compile cheaply; base (10 M) and
