@@ -5,6 +5,7 @@ import itertools
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from rlcluster_lab.core.roles import Role
 from rlcluster_lab.placement.boxes import array_plan, device_put_keeps, plan_reshard, to_box
 from rlcluster_lab.placement.programs import clear_programs
 from rlcluster_lab.placement.reshard import reshard, reshard_tree
+from rlcluster_lab.placement.transfers import shard_buffers, shard_devices, shard_keys
 
 DEVICES = jax.devices()
 BY_ID = {d.id: d for d in DEVICES}
@@ -164,6 +166,22 @@ def test_p13_minimal_reshard_runs_under_weight_sync_transfer_guard(case):
 @given(_cases())
 def test_p13_xla_reshard_runs_under_weight_sync_transfer_guard(case):
     _check_guarded(case, "xla")
+
+
+@PROPERTY
+@given(_cases(), st.sampled_from(["device", "pinned_host"]), st.sampled_from([np.float32, np.int8, jnp.bfloat16]))
+def test_shard_buffers_are_the_addressable_shards_buffers_in_order(case, kind, dtype):
+    """The measurements' cheap read of an array's shards (its own single-device arrays in its
+    sharding's device order) gives the very buffers ``addressable_shards`` gives, in the same
+    order, with their bytes; and the same while the array lives."""
+    shape, sharding, _ = case
+    x = jax.device_put(np.ones(shape, dtype), sharding.with_memory_kind(kind))
+    shards = x.addressable_shards
+    expected = tuple(((s.device.platform, s.device.id, s.data.unsafe_buffer_pointer()), s.data.nbytes) for s in shards)
+    assert shard_buffers(x) == expected
+    assert shard_buffers(x) is shard_buffers(x)  # read once while it lives
+    assert shard_devices(x.sharding, x.shape) == tuple(s.device for s in shards)
+    assert shard_keys(x) == {key for key, _ in expected}
 
 
 @PROPERTY

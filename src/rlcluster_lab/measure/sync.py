@@ -37,7 +37,7 @@ from rlcluster_lab.measure.sync_peak import (
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Ran, Relayed, Transfer, Unreadable, listening
-from rlcluster_lab.placement.transfers import shard_bytes, shard_key, shard_keys
+from rlcluster_lab.placement.transfers import shard_buffers, shard_keys
 
 
 @dataclasses.dataclass
@@ -281,14 +281,14 @@ def sync_report(
         lacking = minimum_cross_device_elements(src.boxes, dst_boxes)
         synced = reused = 0
         kind = str(dst.sharding.memory_kind)
-        for s, (_, box) in zip(dst.addressable_shards, dst_boxes):
+        for (key, nbytes), (_, box) in zip(shard_buffers(dst), dst_boxes):
             elements = box_size(box)
             synced += elements * itemsize
-            if shard_key(s) in src.buffers:
+            if key in src.buffers:
                 reused += elements * itemsize
-                tally(pieces, path, ("reused", int(s.device.id), int(s.device.id)), elements * itemsize)
+                tally(pieces, path, ("reused", key[1], key[1]), elements * itemsize)
                 continue
-            tally(peak, str(s.device.id), kind, shard_bytes(s))
+            tally(peak, str(key[1]), kind, nbytes)
         how = "logged copies" if not program else "logged copies and compiled-program collectives"
         if path in untraced or None in untraced:
             how = "not fully derivable: " + "; ".join(untraced.get(path, []) + untraced.get(None, []))[:300]

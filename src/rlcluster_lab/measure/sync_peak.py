@@ -26,11 +26,10 @@ from typing import Any
 
 import jax
 
-from rlcluster_lab.core.states import WhileAlive
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.events import Made, Phase
-from rlcluster_lab.placement.transfers import shard_bytes, shard_key
+from rlcluster_lab.placement.transfers import shard_buffers
 
 Key = tuple[str, int, int]  # (platform, device id, buffer pointer)
 Buffer = tuple[str, str, int]  # (device id, memory kind, bytes)
@@ -47,21 +46,11 @@ METHOD = {
 
 
 def array_buffers(x: jax.Array) -> dict[Key, Buffer]:
-    """Each buffer of ``x`` by key: (device id, memory kind, bytes).
-
-    An array's buffers never change while it lives, and a sync walks the arrays the sync before
-    made (the rollout's old leaves, the old anchor) and the actor's, which most syncs leave as
-    they are: each array is read once and remembered while it lives.
-    """
-    bufs = _READ.get(x)
-    if bufs is None or x.is_deleted():
-        kind = str(x.sharding.memory_kind)
-        bufs = {shard_key(s): (str(s.device.id), kind, shard_bytes(s)) for s in x.addressable_shards}
-        _READ.put(x, bufs)
-    return bufs
-
-
-_READ = WhileAlive()  # array -> its buffers
+    """Each buffer of ``x`` by key: (device id, memory kind, bytes) (its shards read once while
+    it lives, ``placement.transfers.shard_buffers``: a sync walks the arrays the sync before made
+    and the actor's, which most syncs leave as they are)."""
+    kind = str(x.sharding.memory_kind)
+    return {key: (str(key[1]), kind, n) for key, n in shard_buffers(x)}
 
 
 def nonzero(table: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:

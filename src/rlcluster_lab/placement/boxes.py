@@ -15,6 +15,8 @@ from typing import Any
 import jax
 from jax.sharding import Sharding
 
+from rlcluster_lab.placement.transfers import shard_devices
+
 Box = tuple[tuple[int, int], ...]  # (start, stop) per dimension
 
 
@@ -93,7 +95,7 @@ def device_put_keeps(src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[t
 
 def shard_boxes(x: jax.Array) -> list[tuple[int, Box]]:
     """(device id, box) of every addressable shard of ``x``, in the order of its shards."""
-    return list(_sharding_boxes(x.sharding, tuple(x.shape), tuple(s.device for s in x.addressable_shards)))
+    return list(_sharding_boxes(x.sharding, tuple(x.shape), shard_devices(x.sharding, tuple(x.shape))))
 
 
 @functools.lru_cache(maxsize=1024)

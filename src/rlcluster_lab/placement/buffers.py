@@ -9,12 +9,12 @@ from flax import nnx
 from rlcluster_lab.core.gathering import held_within
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.core.states import model_state
-from rlcluster_lab.placement.transfers import shard_bytes, shard_keys
+from rlcluster_lab.placement.transfers import shard_buffers, shard_keys
 
 
 def state_bytes(state: Any) -> int:
     """Physical bytes of a state: every addressable shard counted."""
-    return int(sum(shard_bytes(s) for x in array_leaves(state) for s in x.addressable_shards))
+    return int(sum(n for x in array_leaves(state) for _, n in shard_buffers(x)))
 
 
 def buffer_keys(state: Any) -> set[tuple[str, int, int]]:

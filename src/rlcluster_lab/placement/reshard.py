@@ -33,7 +33,7 @@ from rlcluster_lab.placement.events import Made, Phase, Transfer, described_once
 from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import Leg, Route, route
-from rlcluster_lab.placement.transfers import log_new_shards, shard_bytes, shard_key, shard_keys
+from rlcluster_lab.placement.transfers import log_new_shards, log_within_devices, shard_buffers, shard_keys
 
 
 def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False, strategy: str = "xla") -> jax.Array:
@@ -164,8 +164,8 @@ class _Run:
             if len(made) == len(y.sharding.device_set):
                 continue
             own = shard_keys(x)
-            carried = [s for s in y.addressable_shards if shard_key(s) not in own and s.device.id not in made]
-            log_same_device(carried, self.labels[i])
+            carried = [(key, n) for key, n in shard_buffers(y) if key not in own and key[1] not in made]
+            log_within_devices("same_device", carried, self.labels[i])
 
 
 Ops = dict[tuple[Any, ...], Any]
@@ -317,9 +317,4 @@ def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | N
     were still ``src``'s own buffers, which the cast turned into same-device copies."""
     if before is not after:
         own = shard_keys(src)
-        log_same_device([s for s in before.addressable_shards if shard_key(s) in own], label)
-
-
-def log_same_device(shards: Sequence[Any], label: str | None) -> None:
-    for s in shards:
-        emit(Transfer("same_device", s.device.id, s.device.id, shard_bytes(s), label))
+        log_within_devices("same_device", [(key, n) for key, n in shard_buffers(before) if key in own], label)
