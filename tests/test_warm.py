@@ -154,6 +154,10 @@ def test_a_record_for_another_environment_is_not_warm(warm_env):
     assert not warm.is_warm(warm_env)
     (warm_env / warm.RECORD).write_text("not json")
     assert not warm.is_warm(warm_env)
+    # Programs compiled with other CPU options are other cache entries: not warm either.
+    other = {**warm.warm_key(), "cpu_compiler_options": {"xla_backend_optimization_level": 0}}
+    (warm_env / warm.RECORD).write_text(json.dumps({"key": other}))
+    assert not warm.is_warm(warm_env)
 
 
 def test_the_warm_start_is_off_by_setting_or_without_a_trusted_cache(warm_env, monkeypatch, tmp_path):

@@ -12,7 +12,7 @@ lab and the notebooks then read those programs back instead of compiling them.
 It never blocks: the caller only starts the process (``make lab`` does, before
 JupyterLab opens; so does ``lab.setup()`` in a notebook's first cell). It runs
 once per environment: a record in the cache folder (``rlcluster-lab-warm.json``)
-names the versions, device count and compile mode it warmed for, and an exclusive
+names the versions, device count, compile mode and options it warmed for, and an exclusive
 ``flock`` on a lock file, taken before the process starts and held by it until it
 ends, keeps two from running at once (the kernel drops it with the process, so it
 is never stale). It runs only where the layouts run on simulated CPU devices (the
@@ -71,10 +71,11 @@ def enabled() -> bool:
 
 
 def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
-    """What the programs in the cache depend on: versions, devices, compile mode, the scenarios."""
+    """What the programs in the cache depend on: versions, devices, compile mode and the CPU
+    compiler options it chooses (part of each program's cache key), the scenarios."""
     import importlib.metadata as metadata
 
-    from rlcluster_lab.core.compile_options import compile_mode
+    from rlcluster_lab.core.compile_options import compile_mode, compiler_options
 
     def version(name: str) -> str:
         try:
@@ -87,6 +88,7 @@ def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "devices": devices,
         "compile_mode": compile_mode(),
+        "cpu_compiler_options": compiler_options("cpu"),
         "scenarios": [list(s) for s in STANDARD],
     }
 
