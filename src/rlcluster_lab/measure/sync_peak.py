@@ -29,9 +29,8 @@ import jax
 from rlcluster_lab.placement import phases as ph
 from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.events import Made, Phase
-from rlcluster_lab.placement.transfers import shard_buffers
+from rlcluster_lab.placement.transfers import Key, shard_buffers
 
-Key = tuple[str, int, int]  # (platform, device id, buffer pointer)
 Buffer = tuple[str, str, int]  # (device id, memory kind, bytes)
 
 METHOD = {

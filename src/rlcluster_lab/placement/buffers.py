@@ -9,7 +9,7 @@ from flax import nnx
 from rlcluster_lab.core.gathering import held_within
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.core.states import model_state
-from rlcluster_lab.placement.transfers import shard_buffers, shard_keys
+from rlcluster_lab.placement.transfers import Key, shard_buffers, shard_keys
 
 
 def state_bytes(state: Any) -> int:
@@ -17,7 +17,7 @@ def state_bytes(state: Any) -> int:
     return int(sum(n for x in array_leaves(state) for _, n in shard_buffers(x)))
 
 
-def buffer_keys(state: Any) -> set[tuple[str, int, int]]:
+def buffer_keys(state: Any) -> set[Key]:
     """(platform, device id, buffer pointer) of every addressable shard of ``state``."""
     return set().union(*(shard_keys(x) for x in array_leaves(state)))
 
