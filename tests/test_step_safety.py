@@ -308,6 +308,25 @@ def test_the_sync_finite_check_read_in_place_agrees_with_the_compiled_one(data):
     assert finite_flags(arrays) == expected  # on these CPU devices: the in-place read
 
 
+def test_an_array_found_finite_is_not_read_again_while_it_lives(monkeypatch):
+    """Arrays never change: one found finite is remembered while it lives (a LoRA actor's frozen
+    backbone is read at its first sync only); a non-finite one, or a new array, is read each time."""
+    from rlcluster_lab.training import step as step_module
+
+    reads = []
+    real = step_module._one_replica_each
+    monkeypatch.setattr(step_module, "_one_replica_each", lambda x: reads.append(x) or real(x))
+    sharding = NamedSharding(Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b")), P("a"))
+    good = jax.device_put(np.ones((8, 4), np.float32), sharding)
+    bad = jax.device_put(np.full((8, 4), np.nan, np.float32), sharding)
+    assert finite_flags([good, bad], in_place=True) == [True, False]
+    assert finite_flags([good, bad], in_place=True) == [True, False]
+    assert [x is good for x in reads] == [True, False, False]  # good once, bad both times
+    again = jax.device_put(np.ones((8, 4), np.float32), sharding)  # equal values, another array
+    assert finite_flags([again], in_place=True) == [True]
+    assert reads[-1] is again
+
+
 # --- the optimizer state written from the host -----------------------------------------------
 
 

@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rlcluster_lab.core.compile_options import ProgramFamily, options_for, options_key, run
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
+from rlcluster_lab.core.states import WhileAlive
 from rlcluster_lab.model import forward_logps
 from rlcluster_lab.model.logps import check_temperature, model_compiler_options, model_vocab_size
 from rlcluster_lab.placement.boxes import shard_boxes
@@ -355,9 +356,11 @@ def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> li
 
     Where the shards lie in this process's host memory (XLA:CPU devices), NumPy reads each
     shard's buffer in place (no copy), one replica of each block: nothing is compiled, and a
-    cold sync or optimizer step does not wait for XLA to build a reduction. Elsewhere (GPUs, TPUs,
-    several processes) one compiled reduction runs where the leaves live and a flag per
-    leaf comes back, on every process alike (``core.gathering``).
+    cold sync or optimizer step does not wait for XLA to build a reduction. An array found
+    finite so is remembered while it lives (its values never change): a LoRA actor's frozen
+    backbone is read at its first sync, not at every one. Elsewhere (GPUs, TPUs, several
+    processes) one compiled reduction runs where the leaves live and a flag per leaf comes back,
+    on every process alike (``core.gathering``).
 
     Args:
         arrays: floating-point arrays.
@@ -366,9 +369,21 @@ def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> li
     if in_place is None:
         in_place = all(_host_readable(x) for x in arrays)
     if in_place:
-        return [all(bool(np.isfinite(np.asarray(s.data)).all()) for s in _one_replica_each(x)) for x in arrays]
+        return [_finite_in_place(x) for x in arrays]
     (flags,) = host_values([_FINITE_EACH.jitted(options_for(arrays))(arrays)])
     return [bool(f) for f in np.asarray(flags)]
+
+
+def _finite_in_place(x: jax.Array) -> bool:
+    if _FINITE.get(x) and not x.is_deleted():
+        return True
+    finite = all(bool(np.isfinite(np.asarray(s.data)).all()) for s in _one_replica_each(x))
+    if finite:  # a non-finite array is read again, each time it is asked about
+        _FINITE.put(x, True)
+    return finite
+
+
+_FINITE = WhileAlive()  # array -> True: found finite while it lives
 
 
 def _one_replica_each(x: jax.Array) -> list[Any]:
