@@ -17,18 +17,27 @@ Key = tuple[str, int, int]  # (platform, device id, buffer pointer)
 
 
 def shard_key(shard: Any) -> Key:
-    """(platform, device id, buffer pointer): which buffer on which device a shard is.
+    """(platform, device id, buffer pointer): which buffer on which device a shard is."""
+    return buffer_key(shard.device, shard.data)
+
+
+def buffer_key(device: Any, data: jax.Array) -> Key:
+    """``shard_key`` of the single-device array ``data`` on ``device``.
 
     The platform is part of the key: a CPU device and an accelerator can both
     have id 0 in one process (simulated CPU devices beside a single chip).
     """
-    return (shard.device.platform, shard.device.id, shard.data.unsafe_buffer_pointer())
+    return (device.platform, device.id, data.unsafe_buffer_pointer())
 
 
 def shard_bytes(shard: Any) -> int:
-    """Bytes a shard's buffer holds: its shape times the item size (what ``nbytes`` gives, at a
-    tenth of the cost; the measurements read it for every shard of every sync)."""
-    data = shard.data
+    """Bytes a shard's buffer holds (``buffer_bytes`` of its data)."""
+    return buffer_bytes(shard.data)
+
+
+def buffer_bytes(data: jax.Array) -> int:
+    """Bytes a single-device array's buffer holds: its shape times the item size (what ``nbytes``
+    gives, at a tenth of the cost; the measurements read it for every shard of every sync)."""
     return math.prod(data.shape) * data.dtype.itemsize
 
 
@@ -50,8 +59,7 @@ def shard_buffers(x: jax.Array) -> tuple[tuple[Key, int], ...]:
             pairs = [(s.device, s.data) for s in x.addressable_shards]
         else:
             pairs = zip(shard_devices(x.sharding, tuple(x.shape)), arrays)
-        itemsize = x.dtype.itemsize
-        hit = tuple(((d.platform, d.id, a.unsafe_buffer_pointer()), math.prod(a.shape) * itemsize) for d, a in pairs)
+        hit = tuple((buffer_key(d, a), buffer_bytes(a)) for d, a in pairs)
         _BUFFERS.put(x, hit)
     return hit
 

@@ -357,8 +357,8 @@ def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> li
     Where the shards lie in this process's host memory (XLA:CPU devices), NumPy reads each
     shard's buffer in place (no copy), one replica of each block: nothing is compiled, and a
     cold sync or optimizer step does not wait for XLA to build a reduction. An array found
-    finite so is remembered while it lives (its values never change): a LoRA actor's frozen
-    backbone is read at its first sync, not at every one. Elsewhere (GPUs, TPUs, several
+    finite this way is remembered while it lives (its values never change): a LoRA actor's
+    frozen backbone is read at its first sync, not at every one. Elsewhere (GPUs, TPUs, several
     processes) one compiled reduction runs where the leaves live and a flag per leaf comes back,
     on every process alike (``core.gathering``).
 
