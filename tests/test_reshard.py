@@ -20,7 +20,7 @@ from rlcluster_lab.core.roles import Role
 from rlcluster_lab.placement.boxes import array_plan, device_put_keeps, plan_reshard, to_box
 from rlcluster_lab.placement.programs import clear_programs
 from rlcluster_lab.placement.reshard import reshard, reshard_tree
-from rlcluster_lab.placement.transfers import shard_buffers, shard_devices, shard_keys
+from rlcluster_lab.placement.transfers import shard_buffers, shard_data, shard_devices, shard_keys
 
 DEVICES = jax.devices()
 BY_ID = {d.id: d for d in DEVICES}
@@ -181,6 +181,9 @@ def test_shard_buffers_are_the_addressable_shards_buffers_in_order(case, kind, d
     assert shard_buffers(x) == expected
     assert shard_buffers(x) is shard_buffers(x)  # read once while it lives
     assert shard_devices(x.sharding, x.shape) == tuple(s.device for s in shards)
+    assert [(d, a.unsafe_buffer_pointer()) for d, a in shard_data(x)] == [
+        (s.device, s.data.unsafe_buffer_pointer()) for s in shards
+    ]
     assert shard_keys(x) == {key for key, _ in expected}
 
 

@@ -45,23 +45,30 @@ def shard_buffers(x: jax.Array) -> tuple[tuple[Key, int], ...]:
     """(``shard_key``, bytes) of each addressable shard of ``x``, in shard order; read once per
     array while it lives (its buffers never change).
 
-    The measurements read every shard of each array a sync or a construction makes, and JAX
-    builds a ``Shard`` object per shard (its sharding, global shape and index) the first time
+    The measurements read every shard of each array a sync or a construction makes
+    (``shard_data``).
+    """
+    hit = _BUFFERS.get(x)
+    if hit is None or x.is_deleted():
+        hit = tuple((buffer_key(d, a), buffer_bytes(a)) for d, a in shard_data(x))
+        _BUFFERS.put(x, hit)
+    return hit
+
+
+def shard_data(x: jax.Array) -> list[tuple[Any, jax.Array]]:
+    """(device, single-device array) of each addressable shard of ``x``, in shard order: what
+    ``x.addressable_shards`` gives without each shard's index.
+
+    JAX builds a ``Shard`` object per shard (its sharding, global shape and index) the first time
     an array's ``addressable_shards`` are read: about 55 us for an array on 8 devices. The
     array's own single-device arrays, paired with its sharding's devices in the sharding's
     order, are the same buffers (``addressable_shards`` is built from that very list) at about a
     third of the cost; where an array has no such list, its shards are read.
     """
-    hit = _BUFFERS.get(x)
-    if hit is None or x.is_deleted():
-        arrays = getattr(x, "_arrays", None)  # jax.Array's buffers in shard order (not public)
-        if arrays is None:
-            pairs = [(s.device, s.data) for s in x.addressable_shards]
-        else:
-            pairs = zip(shard_devices(x.sharding, tuple(x.shape)), arrays)
-        hit = tuple((buffer_key(d, a), buffer_bytes(a)) for d, a in pairs)
-        _BUFFERS.put(x, hit)
-    return hit
+    arrays = getattr(x, "_arrays", None)  # jax.Array's buffers in shard order (not public)
+    if arrays is None:
+        return [(s.device, s.data) for s in x.addressable_shards]
+    return list(zip(shard_devices(x.sharding, tuple(x.shape)), arrays))
 
 
 _BUFFERS = WhileAlive()  # array -> its shard_buffers

@@ -38,6 +38,7 @@ from rlcluster_lab.core.states import WhileAlive
 from rlcluster_lab.model import forward_logps
 from rlcluster_lab.model.logps import check_temperature, model_compiler_options, model_vocab_size
 from rlcluster_lab.placement.boxes import shard_boxes
+from rlcluster_lab.placement.transfers import shard_data
 from rlcluster_lab.training.batch import TrainBatch, batch_arrays, mini_batches, validate_batch_arrays
 from rlcluster_lab.training.fingerprint import describe_transformation
 
@@ -377,7 +378,7 @@ def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> li
 def _finite_in_place(x: jax.Array) -> bool:
     if _FINITE.get(x) and not x.is_deleted():
         return True
-    finite = all(bool(np.isfinite(np.asarray(s.data)).all()) for s in _one_replica_each(x))
+    finite = all(bool(np.isfinite(np.asarray(data)).all()) for data in _one_replica_each(x))
     if finite:  # a non-finite array is read again, each time it is asked about
         _FINITE.put(x, True)
     return finite
@@ -386,15 +387,16 @@ def _finite_in_place(x: jax.Array) -> bool:
 _FINITE = WhileAlive()  # array -> True: found finite while it lives
 
 
-def _one_replica_each(x: jax.Array) -> list[Any]:
-    """One shard of each distinct block of ``x``: the first in shard order (the blocks read from
-    its layout, remembered per layout; a shard's ``replica_id`` computes the whole map anew)."""
+def _one_replica_each(x: jax.Array) -> list[jax.Array]:
+    """The data of one shard of each distinct block of ``x``: the first in shard order (the
+    blocks read from its layout, remembered per layout; a shard's ``replica_id`` computes the
+    whole map anew)."""
     seen: set[Any] = set()
     out = []
-    for s, (_, box) in zip(x.addressable_shards, shard_boxes(x)):
+    for (_, data), (_, box) in zip(shard_data(x), shard_boxes(x)):
         if box not in seen:
             seen.add(box)
-            out.append(s)
+            out.append(data)
     return out
 
 
