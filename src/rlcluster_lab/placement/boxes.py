@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from jax.sharding import Sharding
 
-from rlcluster_lab.placement.transfers import shard_devices
+from rlcluster_lab.placement.transfers import shard_data, shard_devices
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per dimension
 
@@ -152,7 +152,7 @@ def array_plan(x: jax.Array, dst: Sharding) -> list[BlockPlan]:
 
 def relabel(x: jax.Array, dst: Sharding) -> jax.Array:
     """``x``'s own shards as an array on ``dst``, an equivalent sharding (nothing is copied)."""
-    return jax.make_array_from_single_device_arrays(x.shape, dst, [s.data for s in x.addressable_shards], dtype=x.dtype)
+    return jax.make_array_from_single_device_arrays(x.shape, dst, [data for _, data in shard_data(x)], dtype=x.dtype)
 
 
 def intersect_boxes(a: Box, b: Box) -> Box | None:

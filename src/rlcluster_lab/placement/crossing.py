@@ -28,7 +28,7 @@ from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.events import Built, Made, Phase, Relayed, Transfer, Unreadable, emit, wants
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
-from rlcluster_lab.placement.transfers import shard_bytes
+from rlcluster_lab.placement.transfers import buffer_bytes, shard_data
 from rlcluster_lab.placement.xla_analysis import UNTRACED
 
 SIDE = "crossing_side"  # the stacked mesh's leading axis: 0 the sender's devices, 1 the receiver's
@@ -156,7 +156,7 @@ def move_across(
         zeros = _placeholders([dsts[i] for i in members], avals)
         inputs = []
         for k, i in enumerate(members):
-            have = {s.device: s.data for s in (*staged[i].addressable_shards, *zeros[k].addressable_shards)}
+            have = dict([*shard_data(staged[i]), *shard_data(zeros[k])])
             gs = avals[k].sharding
             mine = [have[d] for d in gs.addressable_devices_indices_map(avals[k].shape)]
             inputs.append(jax.make_array_from_single_device_arrays(avals[k].shape, gs, mine, dtype=avals[k].dtype))
@@ -168,7 +168,7 @@ def move_across(
             emit(Phase("move", [phases.program_temporaries(prog.compiled, own)]))
         del inputs, zeros
         for k, i in enumerate(members):
-            got = {s.device: s.data for s in arrived[k].addressable_shards}
+            got = dict(shard_data(arrived[k]))
             r = routes[k]
             blocks: dict[int, Any] = {p: got[dst_a[p]] for p in r.sends if dst_a[p].process_index == me}
             # The receiver's other devices copy their block from the device it arrived on.
@@ -212,7 +212,7 @@ def _log(
             moved += f.nbytes
     for line in prog.traffic.unreadable:
         emit(Unreadable(label, line))
-    nbytes = {int(s.device.id): shard_bytes(s) for s in y.addressable_shards}
+    nbytes = {int(d.id): buffer_bytes(data) for d, data in shard_data(y)}
     for p in copies:
         src, dst = int(dst_a[r.source[p]].id), int(dst_a[p].id)
         emit(Transfer("cross_device", src, dst, nbytes[dst], label))

@@ -23,6 +23,7 @@ from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.hosts import spans_processes
 from rlcluster_lab.placement.events import Built, Ran, Transfer, emit
 from rlcluster_lab.placement.programs import cleared_with_programs
+from rlcluster_lab.placement.transfers import shard_data
 
 Shape = tuple[int, ...]
 
@@ -38,7 +39,7 @@ Ops = tuple[dict[tuple[Any, ...], Any], list[Any]]
 
 
 def _shards(run: Any, leg: int) -> dict[int, Any]:
-    return {s.device.id: s.data for s in run.value(leg).addressable_shards}
+    return {d.id: data for d, data in shard_data(run.value(leg))}
 
 
 def _counted(run: Any, make: Any) -> Any:

@@ -30,11 +30,6 @@ def buffer_key(device: Any, data: jax.Array) -> Key:
     return (device.platform, device.id, data.unsafe_buffer_pointer())
 
 
-def shard_bytes(shard: Any) -> int:
-    """Bytes a shard's buffer holds (``buffer_bytes`` of its data)."""
-    return buffer_bytes(shard.data)
-
-
 def buffer_bytes(data: jax.Array) -> int:
     """Bytes a single-device array's buffer holds: its shape times the item size (what ``nbytes``
     gives, at a tenth of the cost; the measurements read it for every shard of every sync)."""

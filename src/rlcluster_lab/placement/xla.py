@@ -30,7 +30,7 @@ from rlcluster_lab.placement.layout import Layout
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import whole_move
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
-from rlcluster_lab.placement.transfers import shard_bytes
+from rlcluster_lab.placement.transfers import buffer_bytes, shard_data
 from rlcluster_lab.placement.xla_analysis import (
     UNTRACED,
     Provenance,
@@ -211,7 +211,7 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
     for i in members:
         if i in run.joined:
             continue
-        by_device = {s.device.id: s.data for s in current[i].addressable_shards}
+        by_device = {d.id: data for d, data in shard_data(current[i])}
         blocks: list[Any] = [None] * len(dst_a)
         for p, pos in enumerate(run.route.positions[i]):
             if pos.how == "send":
@@ -271,11 +271,11 @@ def _log_arrivals(prog: XlaProgram, labels: list[str | None], outs: Sequence[jax
             continue
         itemsize = np.dtype(y.dtype).itemsize
         arrived = 0
-        for shard in y.addressable_shards:
-            dev = shard.device.id
+        for device, data in shard_data(y):
+            dev = device.id
             foreign = sum(c for origin, c in origins[dev].items() if origin != dev) * itemsize
             arrived += foreign
-            own = shard_bytes(shard) - foreign
+            own = buffer_bytes(data) - foreign
             if own:
                 emit(Transfer("same_device", dev, dev, own, label))
         emit(Relayed(label, _crossed(prog, k) - arrived))
@@ -315,11 +315,11 @@ def _log_final(
     """
     if origins is None:
         emit(Unreadable(label, UNTRACED))
-    by_device = {s.device: s for s in y.addressable_shards}
+    by_device = dict(shard_data(y))
     itemsize = np.dtype(y.dtype).itemsize
     crossed, arrived = crossed_before, 0
     for p, (src, dst) in enumerate(zip(src_a, dst_a)):
-        nbytes = shard_bytes(by_device[dst])
+        nbytes = buffer_bytes(by_device[dst])
         if p in moved:
             emit(Transfer("cross_device", src.id, dst.id, nbytes, label))
             crossed += nbytes
