@@ -86,7 +86,7 @@ def test_p10_log_probs_with_cheap_code_generation_match_xla_defaults():
 def test_cheap_code_generation_keeps_matrix_products_out_of_ynnpack_fusions():
     """A YNNPACK fusion builds its runtime at its program's first run (about 0.3 ms a product,
     each new program, also one read back from the disk cache): the lab's CPU options keep the
-    model's products in XLA's own dot kernels, where XLA's defaults fuse them."""
+    model's products in XLA's own dot kernels; the same options without it fuse them."""
     graphdef, state = nnx.split(init_model("tiny", seed=3))
     args = (graphdef, state, jnp.ones((2, 8), jnp.int32), jnp.ones((2, 4), jnp.int32), 0, jnp.float32(1.0))
 

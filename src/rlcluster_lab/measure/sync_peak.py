@@ -45,9 +45,11 @@ METHOD = {
 
 
 def array_buffers(x: jax.Array) -> dict[Key, Buffer]:
-    """Each buffer of ``x`` by key: (device id, memory kind, bytes) (its shards read once while
-    it lives, ``placement.transfers.shard_buffers``: a sync walks the arrays the sync before made
-    and the actor's, which most syncs leave as they are)."""
+    """Each buffer of ``x`` by key: (device id, memory kind, bytes).
+
+    The shards are read once while the array lives (``placement.transfers.shard_buffers``): a
+    sync walks the arrays the sync before made and the actor's, which most syncs leave as they are.
+    """
     kind = str(x.sharding.memory_kind)
     return {key: (str(key[1]), kind, n) for key, n in shard_buffers(x)}
 

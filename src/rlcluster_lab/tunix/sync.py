@@ -23,7 +23,7 @@ from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.boxes import plan_reshard, shard_boxes
 from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.placement.events import Transfer
-from rlcluster_lab.placement.transfers import shard_key
+from rlcluster_lab.placement.transfers import shard_buffers
 from rlcluster_lab.rules.steps import ParamsBranch, p13_sync_guarded
 from rlcluster_lab.tunix.observe import OBSERVED, anchor_decision, anchor_state, has_anchor, observation
 
@@ -155,12 +155,12 @@ def _infer_transfers(source: dict[str, ShardFacts], destination: dict[str, jax.A
             continue
         itemsize = np.dtype(src.dtype).itemsize
         new = [
-            (s, box) for s, (_, box) in zip(dst.addressable_shards, shard_boxes(dst)) if shard_key(s) not in src.buffers
+            (key[1], box) for (key, _), (_, box) in zip(shard_buffers(dst), shard_boxes(dst)) if key not in src.buffers
         ]
         if not new:
             continue
         inferred.add(path)
-        plans = plan_reshard(src.shape, list(src.boxes), [(s.device.id, box) for s, box in new])
+        plans = plan_reshard(src.shape, list(src.boxes), new)
         for plan in plans:
             for piece in plan.pieces:
                 kind = "same_device" if piece.src_device == plan.device else "cross_device"
