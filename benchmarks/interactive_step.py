@@ -12,9 +12,11 @@ scenarios beside Tunix's own RLCluster.
    (``core.compile_cache.count_compilations``): the per-program compile table.
    And cold through ``GRPOLearner.step`` (the same work, rewards and the P11 probe
    besides), whose first step builds its scoring and update programs beside the
-   sampling (``app.learner.build_ahead``). The programs a step compiles reach the disk
-   cache after it (``core.compile_cache.WriteBehind``); what was left to write when the
-   first step returned is written before the repeats and printed apart.
+   sampling (``RLCluster.build_ahead``); and cold through the same calls with
+   ``cluster.build_ahead(prompts)`` first, as a loop of one's own would call it. The
+   programs a step compiles reach the disk cache after it
+   (``core.compile_cache.WriteBehind``); what was left to write when the first step
+   returned is written before the repeats and printed apart.
 6. ``tunix``: the twelve scenarios (layout x LoRA x {vanilla, vllm}, build + two
    syncs each, one fresh process with an empty cache) for the lab and for
    Tunix's own ``RLCluster`` (``rlcluster_lab.tunix.build``; Tunix's sync under
@@ -72,6 +74,16 @@ if ARGS.get("via") == "learner":
     # step builds the scoring and update programs beside the sampling.
     from rlcluster_lab import GRPOLearner, LearnerConfig
     step = GRPOLearner(cluster, LearnerConfig(prompts_per_step=4, group_size=4)).step
+elif ARGS.get("via") == "calls-ahead":
+    # The same calls, RLCluster.build_ahead first (once, before the first step): a loop of one's
+    # own builds its scoring and update programs beside the sampling, as the learner does.
+    ahead = [True]
+
+    def step():
+        if ahead:
+            cluster.build_ahead(PROMPTS)
+            ahead.clear()
+        calls()
 else:
     step = calls
 
@@ -137,7 +149,14 @@ emit({"import_s": IMPORT_S, "rows": rows, "total_s": _total, "written_after_s": 
 
 def step_section(run: Any, quick: bool) -> dict[str, Any]:
     repeats = 1 if quick else 3
-    out: dict[str, Any] = {"repeats": repeats, "cold": [], "warm": [], "defaults_cold": [], "learner_cold": []}
+    out: dict[str, Any] = {
+        "repeats": repeats,
+        "cold": [],
+        "warm": [],
+        "defaults_cold": [],
+        "learner_cold": [],
+        "calls_ahead_cold": [],
+    }
     args = {"repeats": STEP_REPEATS}
     for _ in range(repeats):
         cache = run.fresh_cache()
@@ -146,6 +165,14 @@ def step_section(run: Any, quick: bool) -> dict[str, Any]:
         out["learner_cold"].append(
             run.python(
                 "first RL step through GRPOLearner.step, cold", STEP_CHILD, dict(args, via="learner"), run.fresh_cache()
+            )
+        )
+        out["calls_ahead_cold"].append(
+            run.python(
+                "first RL step through the calls after build_ahead, cold",
+                STEP_CHILD,
+                dict(args, via="calls-ahead"),
+                run.fresh_cache(),
             )
         )
     for _ in range(1 if quick else 2):
@@ -238,6 +265,7 @@ def print_step(out: dict[str, Any]) -> None:
         ("warm", "warm cache (a fresh process reading what the cold one wrote)"),
         ("defaults_cold", "cold, XLA's default options (RLCLUSTER_LAB_FAST_COMPILE=off)"),
         ("learner_cold", "cold, through GRPOLearner.step (scoring and update built beside the sampling)"),
+        ("calls_ahead_cold", "cold, the same calls after cluster.build_ahead(prompts)"),
     ):
         if not out.get(key):
             continue
@@ -382,6 +410,15 @@ def target_rows(results: dict[str, Any], add: Any) -> None:
             f = step_figures(results["step"], "learner_cold")
             add(
                 "first RL step cold / once compiled, through GRPOLearner.step (tiny colocated LoRA)",
+                f["ratio"],
+                T_STEP_RATIO,
+                "",
+                f"{f['first_s']:.2f} s / {f['repeat_s'] * 1e3:.0f} ms" if f["ratio"] is not None else "",
+            )
+        if results["step"].get("calls_ahead_cold"):
+            f = step_figures(results["step"], "calls_ahead_cold")
+            add(
+                "first RL step cold / once compiled, the cluster's calls after build_ahead (tiny colocated LoRA)",
                 f["ratio"],
                 T_STEP_RATIO,
                 "",

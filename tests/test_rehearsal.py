@@ -20,12 +20,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Role, Scenario, TrainingConfig, build_cluster, make_mesh
-from rlcluster_lab.app import learner as learner_module
 from rlcluster_lab.cluster.observe import observing
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.engines import RolloutEngine
 from rlcluster_lab.lab.rehearsal import rehearse_next_step
 from rlcluster_lab.placement.programs import clear_programs
+from rlcluster_lab.rl_cluster import RLCluster
+from rlcluster_lab.training.batch import TrainBatch
 
 pytestmark = pytest.mark.cluster  # every test here builds a cluster and compiles a step
 
@@ -168,20 +169,20 @@ def _first_step(config: tuple, ahead: bool | tuple, monkeypatch) -> tuple[collec
     reward model, meshes per role or None), with the programs ``ahead`` names built beside the
     sampling (``GRPOLearner.builds_ahead``): the programs it built (the element-wise ones JAX
     compiles for its own eager calls left out: two threads may both build one of those), its
-    record, the actor's weights, and the threads ``build_ahead`` started."""
+    record, the actor's weights, and the parts ``RLCluster.build_ahead`` started."""
     scenario, training, knobs, reward_model, meshes = config
     cluster = build_cluster(scenario, training_config=training, role_to_mesh=meshes)
     learner = GRPOLearner(cluster, LearnerConfig(**SIZES, **knobs), use_reward_model=reward_model)
     learner.builds_ahead = ahead
     started: list = []
-    real = learner_module.build_ahead
+    real = RLCluster.build_ahead
 
-    def recorded(*args):
-        threads = real(*args)
-        started.append(sorted(threads))
-        return threads
+    def recorded(self, *args):
+        parts = real(self, *args)
+        started.append(sorted(parts))
+        return parts
 
-    monkeypatch.setattr(learner_module, "build_ahead", recorded)
+    monkeypatch.setattr(RLCluster, "build_ahead", recorded)
     clear_programs()
     jax.clear_caches()
     with count_compilations() as compiled:
@@ -257,3 +258,110 @@ def test_a_first_step_that_fails_leaves_no_helper_running(cluster, monkeypatch):
     with pytest.raises(RuntimeError, match="no sampling today"):
         learner.step()
     assert [t.name for t in threading.enumerate() if t.name.startswith("rlcluster-lab-ahead")] == []
+
+
+def _hand_written_first_step(scenario: Scenario, ahead: bool) -> tuple[collections.Counter, list, list]:
+    """A cold first step through the cluster's own calls (as a loop of a user's would take it),
+    with ``RLCluster.build_ahead`` called first or not: the programs built (JAX's element-wise
+    ones left out), the values every call returned, and the actor's weights."""
+    cluster = build_cluster(scenario)
+    prompts = PROMPTS * 2
+    clear_programs()
+    jax.clear_caches()
+    with count_compilations() as compiled:
+        started = cluster.build_ahead(prompts) if ahead else ()
+        out = cluster.generate(prompts)
+        p, c = out.left_padded_prompt_tokens, out.tokens
+        anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, p, c))
+        ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, p, c)) if cluster.scores_reference else None
+        advantages = np.linspace(-1, 1, len(prompts), dtype=np.float32)
+        metrics = cluster.update_actor(TrainBatch(p, c, advantages, anchor, ref))
+        cluster.sync_weights()
+    assert started == (("update", "scoring") if ahead else ())
+    assert [t.name for t in threading.enumerate() if t.name.startswith("rlcluster-lab-ahead")] == []
+    eager = ("jit(convert_element_type)", "jit(stage)", "jit(_threefry_seed)")
+    programs = collections.Counter(name for name, _, _ in compiled if name not in eager)
+    values = [out.tokens, out.logprobs, anchor, ref, metrics]
+    return programs, values, [np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model))]
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        Scenario(layout="colocated", lora=True, max_tokens=4),
+        Scenario(layout="split", engine="vllm", offload=True, sync_chunk_bytes=4096, max_tokens=4),
+    ],
+    ids=["colocated-lora", "split-vllm-offload-chunked"],
+)
+def test_a_hand_written_first_step_after_build_ahead_builds_each_program_once_and_computes_the_same(scenario):
+    """The cluster's own calls wait for the helper building their programs: each program is
+    built once (helpers included, the same count as without them), every call returns what it
+    returns without them, and no helper is left running after the last call."""
+    programs, values, weights = _hand_written_first_step(scenario, ahead=True)
+    programs_alone, values_alone, weights_alone = _hand_written_first_step(scenario, ahead=False)
+    assert programs == programs_alone and max(programs.values()) >= 1
+    for got, want in zip(values, values_alone, strict=True):
+        if isinstance(got, np.ndarray):
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert got == want
+    assert all(np.array_equal(a, b) for a, b in zip(weights, weights_alone, strict=True))
+
+
+def test_build_ahead_checks_its_parts_starts_nothing_for_bad_prompts_and_twins_keep_their_own(cluster):
+    with pytest.raises(ValueError, match=r"builds 'scoring' and 'update', not 'sampling'.*True for both"):
+        cluster.build_ahead(PROMPTS, ("update", "sampling"))
+    assert cluster.build_ahead(PROMPTS, False) == ()
+    # Prompts the cluster would refuse: nothing starts, and generate itself says what is wrong.
+    assert cluster.build_ahead([]) == ()
+    with pytest.raises(ValueError, match="prompts"):
+        cluster.generate([])
+    # A twin's helpers are its own: the twin starts both parts while the cluster's still run
+    # or have finished, and each waits for its own.
+    jax.clear_caches()
+    assert cluster.build_ahead(PROMPTS, "scoring") == ("scoring",)
+    twin = cluster.isolated()
+    assert twin.build_ahead(PROMPTS) == ("update", "scoring")
+    cluster.wait_for_builds()
+    twin.wait_for_builds()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("rlcluster-lab-ahead")] == []
+
+
+@pytest.mark.parametrize("part", ["scoring", "update"])
+def test_a_call_waits_for_the_helper_building_its_program(cluster, monkeypatch, part):
+    """The call that runs a part's programs does not start before that part's helper finished
+    (else both would compile the same program at once); other calls do not wait for it."""
+    from rlcluster_lab import rl_cluster
+
+    go, real = threading.Event(), rl_cluster.build
+
+    def held(operation):
+        go.wait()  # the helper holds here until the test lets it go
+        real(operation)
+
+    monkeypatch.setattr(rl_cluster, "build", held)
+    out = cluster.generate(PROMPTS)
+    p, c = out.left_padded_prompt_tokens, out.tokens
+    logps = np.asarray(cluster.per_token_logps(Role.ACTOR, p, c))
+    assert cluster.build_ahead(PROMPTS, part) == (part,)
+    call = {
+        "scoring": lambda: cluster.per_token_logps(Role.ACTOR, p, c),
+        "update": lambda: cluster.update_actor(TrainBatch(p, c, np.zeros(len(p), np.float32), logps, logps)),
+    }[part]
+    try:
+        # A call that runs none of the part's programs goes ahead meanwhile.
+        other = threading.Thread(target=lambda: cluster.per_token_logps(Role.ROLLOUT, p, c))
+        other.start()
+        other.join(timeout=120)
+        went_ahead = not other.is_alive()
+        caller = threading.Thread(target=call)
+        caller.start()
+        caller.join(timeout=1.0)
+        held_back = caller.is_alive()
+    finally:
+        go.set()
+    other.join()
+    caller.join()
+    cluster.wait_for_builds()
+    assert went_ahead
+    assert held_back

@@ -15,11 +15,13 @@ import copy
 import functools
 import gc
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import jax
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -30,6 +32,8 @@ from rlcluster_lab.cluster.live import LiveExecutor, construct_live
 from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.sync import sync_weights
 from rlcluster_lab.cluster.validate import check_inputs, require_config
+from rlcluster_lab.core.compile_cache import compiling_for
+from rlcluster_lab.core.compile_options import build
 from rlcluster_lab.core.config import ClusterConfig
 from rlcluster_lab.core.options import RolloutConfig
 from rlcluster_lab.core.roles import Mode, Role
@@ -37,6 +41,7 @@ from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import RolloutEngine, RolloutOutput
 from rlcluster_lab.measure.sync import SyncObserver, SyncReport
 from rlcluster_lab.model import is_lora
+from rlcluster_lab.model.logps import model_compiler_options
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.rules.reference import AVOIDABLE_COPY_ADVICE
 from rlcluster_lab.rules.sharing import SharingMap
@@ -45,6 +50,9 @@ from rlcluster_lab.training.step import TrainBatch
 
 ModelOrPath = nnx.Module | str | os.PathLike
 _Op = TypeVar("_Op", bound=Callable[..., Any])
+
+# What ``RLCluster.build_ahead`` builds: the anchor's and reference's log-probs, and the actor's update.
+AHEAD_PARTS = ("scoring", "update")
 
 
 def _one_at_a_time(method: _Op) -> _Op:
@@ -101,6 +109,7 @@ class RLCluster:
         cluster_config: ClusterConfig,
     ) -> None:
         self._state: ClusterState | None = None  # set once construction has finished
+        self._ahead: dict[str, threading.Thread] = {}  # build_ahead's helpers, by part
         require_config(cluster_config)
         self.cluster_config = cluster_config
         self.trace = Trace()
@@ -142,6 +151,7 @@ class RLCluster:
         nor wait for its operations. The lab's rehearsal runs a training step on it."""
         twin = copy.copy(self)
         twin._state = self.state.isolated()
+        twin._ahead = {}  # this cluster's helpers are its own: the twin's calls never wait for them
         twin._contexts, twin.trace = twin._state.contexts, twin._state.trace
         return twin
 
@@ -277,6 +287,102 @@ class RLCluster:
         returns, read from the prompts alone: nothing is sampled."""
         return operations.generated_shape(self.state, prompts, mode, micro_batch_size, max_generation_steps)
 
+    @property
+    def scores_reference(self) -> bool:
+        """Whether an RL step takes the reference's log-probs: a reference model and a KL term
+        (``TrainingConfig.beta`` > 0)."""
+        return self.reference_model is not None and self.cluster_config.training_config.beta > 0
+
+    @_one_at_a_time
+    def build_ahead(self, prompts: Sequence[str], parts: bool | str | Sequence[str] = True) -> tuple[str, ...]:
+        """Start building, on helper threads, the programs a first RL step on ``prompts`` runs
+        after its sampling, so that they compile while ``generate`` builds and runs the sampler.
+
+        A first step on XLA:CPU with a small model waits on XLA compiling its programs one after
+        the other (the sampler, the anchor's and the reference's log-probs, the optimizer step),
+        though they depend on each other's results only, not on each other's programs: the batch
+        each will see has a shape known from the prompts (``generated_shape``). So ``"scoring"``
+        takes the anchor's (and, with ``scores_reference``, the reference's) log-probs and
+        ``"update"`` one actor update, each on a twin of this cluster (``isolated``: the same
+        arrays and shardings, nothing of this cluster written or recorded) over a batch of zeros
+        of that shape, stopped once its program is compiled (``core.compile_options.build``):
+        the same functions on the same shapes build the very programs the step's own calls then
+        find compiled. Those calls wait for their helper first (the anchor's, the live actor's
+        and the reference's log-probs for ``"scoring"``, ``update_actor`` for ``"update"``), so
+        a program is never compiled twice at once; ``wait_for_builds`` waits for all.
+
+        Started only where compiling is the wait (``core.compile_options`` chooses cheap code
+        generation: CPU devices, a small model) and on one process (a helper's programs must not
+        interleave with the step's collectives on other processes); elsewhere nothing starts.
+        A part whose helper still runs is not started again. A helper's error is dropped: the
+        step's own call meets the same error and reports it.
+
+        Args:
+            prompts: what the first ``generate`` will sample from (its default mode and length).
+            parts: ``"scoring"``, ``"update"``, several of them, True for both, False for none.
+
+        Returns:
+            The parts started now (in the order started); empty when nothing started.
+
+        Raises:
+            ValueError: a part not in ``AHEAD_PARTS``.
+        """
+        wanted = _ahead_parts(parts)
+        if not wanted or jax.process_count() > 1 or model_compiler_options(*nnx.split(self.actor_model)) is None:
+            return ()
+        # The update first: its program is the longest to build.
+        todo = [p for p in ("update", "scoring") if p in wanted and not self._building(p)]
+        try:
+            batch, width, length = self.generated_shape(prompts)
+            twins = {p: self.isolated() for p in todo}  # one each: a cluster runs one operation at a time
+        except Exception:  # noqa: BLE001 - bad prompts, an engine without a twin: the step's own calls say what is wrong
+            return ()
+        prompt, completion = np.zeros((batch, width), np.int32), np.zeros((batch, length), np.int32)
+        logps = np.zeros((batch, length), np.float32)
+        reference = self.scores_reference
+
+        def scoring(twin: RLCluster) -> None:
+            build(lambda: twin.get_actor_per_token_logps(prompt, completion))
+            if reference:
+                build(lambda: twin.get_ref_per_token_logps(prompt, completion))
+
+        def update(twin: RLCluster) -> None:
+            zeros = TrainBatch(prompt, completion, np.zeros(batch, np.float32), logps, logps if reference else None)
+            build(lambda: twin.update_actor(zeros))
+
+        caller = threading.get_ident()
+        work = {"scoring": scoring, "update": update}
+        for part in todo:
+
+            def body(part: str = part) -> None:
+                try:
+                    with compiling_for(caller):  # counted as the caller's own compilations
+                        work[part](twins[part])
+                except Exception:  # noqa: BLE001 - the step's own call meets the same error and reports it
+                    pass
+
+            # Not a daemon: a daemon thread stopped inside an XLA compilation aborts the process.
+            thread = threading.Thread(target=body, name=f"rlcluster-lab-ahead-{part}", daemon=False)
+            self._ahead[part] = thread
+            thread.start()
+        return tuple(todo)
+
+    def wait_for_builds(self) -> None:
+        """Wait until every helper ``build_ahead`` started has finished (at once when none runs)."""
+        for part in list(self._ahead):
+            self._wait_for(part)
+
+    def _building(self, part: str) -> bool:
+        thread = self._ahead.get(part)
+        return thread is not None and thread.is_alive()
+
+    def _wait_for(self, part: str) -> None:
+        """Before a call that runs ``part``'s programs: its helper finishes first (never the
+        same program compiled twice at once)."""
+        thread = self._ahead.pop(part, None)
+        if thread is not None:
+            thread.join()
+
     @_one_at_a_time
     def per_token_logps(
         self, role: Role, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
@@ -297,6 +403,7 @@ class RLCluster:
         self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
     ) -> jax.Array:
         """Log-probs under the reference model, on its mesh."""
+        self._wait_for("scoring")
         return operations.reference_logps(self.state, prompt_tokens, completion_tokens, micro_batch_size)
 
     @_one_at_a_time
@@ -311,6 +418,7 @@ class RLCluster:
         self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
     ) -> jax.Array:
         """P10: the live actor's graph run over the *anchor* state (P11 says why)."""
+        self._wait_for("scoring")
         return operations.anchor_logps(self.state, prompt_tokens, completion_tokens, micro_batch_size)
 
     @_one_at_a_time
@@ -318,6 +426,7 @@ class RLCluster:
         self, prompt_tokens: Any, completion_tokens: Any, micro_batch_size: int | None = None
     ) -> jax.Array:
         """The actor's log-probs with its *live* weights: what P11 warns against (not used by training)."""
+        self._wait_for("scoring")
         return operations.live_actor_logps(self.state, prompt_tokens, completion_tokens, micro_batch_size)
 
     @_one_at_a_time
@@ -328,6 +437,7 @@ class RLCluster:
         the operation; ``live_logps(prompt_tokens, completion_tokens)`` scores with the actor's
         weights of that moment (P11 made visible). Returns one metrics dict per step.
         """
+        self._wait_for("update")
         return operations.update_actor(self.state, batch, on_step)
 
     @_one_at_a_time
@@ -378,3 +488,19 @@ class RLCluster:
 
 
 RLEngine = RLCluster  # P15: one class, two names
+
+
+def _ahead_parts(parts: Any) -> tuple[str, ...]:
+    """``build_ahead``'s ``parts`` as names from ``AHEAD_PARTS``."""
+    if parts is True:
+        return AHEAD_PARTS
+    if parts is False or parts is None:
+        return ()
+    names = (parts,) if isinstance(parts, str) else tuple(parts)
+    unknown = [p for p in names if p not in AHEAD_PARTS]
+    if unknown:
+        raise ValueError(
+            f"build_ahead builds {' and '.join(map(repr, AHEAD_PARTS))}, not {', '.join(map(repr, unknown))}; "
+            "pass True for both or False for none"
+        )
+    return names

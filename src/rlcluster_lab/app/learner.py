@@ -13,22 +13,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
-from flax import nnx
 
-from rlcluster_lab.core.compile_cache import compiling_for
-from rlcluster_lab.core.compile_options import build
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import as_bool, as_int
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.waits import waiting
 from rlcluster_lab.measure.sync import SyncReport
-from rlcluster_lab.model.logps import model_compiler_options
 from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.training.batch import TrainBatch, validate_prompts
 from rlcluster_lab.training.critic import ValueBatch
@@ -160,8 +154,8 @@ class GRPOLearner:
         self._rng = np.random.default_rng(config.seed)
         self.history: list[StepRecord] = []
         self.p11: list[P11Record] = []
-        # A first step builds its later programs on more threads (build_ahead): True for both the
-        # scoring and the update programs, a tuple naming the ones wanted, False for none. The
+        # A first step builds its later programs on more threads (RLCluster.build_ahead's parts):
+        # True for both the scoring and the update programs, a tuple naming the ones wanted, False for none. The
         # lab's rehearsal, background work beside a person's clicks, builds the update alone.
         self.builds_ahead: bool | tuple[str, ...] = True
 
@@ -178,25 +172,21 @@ class GRPOLearner:
     def step(self) -> StepRecord:
         """One step: sample, score, take the anchor's and reference's log-probs, update the actor
         (and the critic), sync. A first step builds its later programs beside the sampling
-        (``build_ahead``); when it returns or raises, nothing it started is still running."""
+        (``RLCluster.build_ahead``); when it returns or raises, nothing it started is still running."""
         cfg = self.config
         cluster = self.cluster
         chosen = self._rng.choice(
             len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step
         )
         prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
-        ahead = (
-            build_ahead(cluster, prompts, self._scores_reference(), self.builds_ahead)
-            if self.builds_ahead and not self.history
-            else {}
-        )
+        if self.builds_ahead and not self.history:
+            cluster.build_ahead(prompts, self.builds_ahead)
         try:
-            return self._take(prompts, ahead)
+            return self._take(prompts)
         finally:
-            for name in list(ahead):  # a step that failed early leaves nothing running either
-                _join(ahead, name)
+            cluster.wait_for_builds()  # a step that failed early leaves nothing running either
 
-    def _take(self, prompts: list[str], ahead: dict[str, threading.Thread]) -> StepRecord:
+    def _take(self, prompts: list[str]) -> StepRecord:
         cfg = self.config
         cluster = self.cluster
         # Each phase is a wait the progress displays show (core.waits): the CLI's line, the lab's status.
@@ -217,11 +207,10 @@ class GRPOLearner:
             advantages, returns = critic_advantages(rewards, values, completion != cluster.rollout.pad_id())
         else:
             advantages = group_advantages(rewards, cfg.group_size)
-        with waiting("log-probs (anchor)"):
-            _join(ahead, "scoring")
+        with waiting("log-probs (anchor)"):  # waits for build_ahead's scoring helper first
             anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, prompt_tokens, completion))
         ref = None
-        if self._scores_reference():
+        if cluster.scores_reference:
             with waiting("log-probs (reference)"):
                 ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, prompt_tokens, completion))
         batch = TrainBatch(prompt_tokens, completion, advantages, anchor, ref)
@@ -246,7 +235,6 @@ class GRPOLearner:
             taken[0] += 1
 
         with waiting("update_actor"):
-            _join(ahead, "update")
             metrics = cluster.update_actor(batch, on_step=probe)
         value_loss = None
         if cfg.critic:
@@ -275,10 +263,6 @@ class GRPOLearner:
         self.history.append(record)
         return record
 
-    def _scores_reference(self) -> bool:
-        """Whether a step takes the reference's log-probs (a KL term: a reference and beta > 0)."""
-        return self.cluster.reference_model is not None and self.cluster.cluster_config.training_config.beta > 0
-
     def run(self, progress: Callable[[StepRecord], None] | None = None) -> LearnerResult:
         total = self.config.steps
         for i in range(total):
@@ -288,79 +272,6 @@ class GRPOLearner:
             if progress is not None:
                 progress(record)
         return LearnerResult(steps=list(self.history), p11=list(self.p11))
-
-
-def build_ahead(
-    cluster: RLCluster, prompts: list[str], reference: bool, parts: bool | tuple[str, ...] = True
-) -> dict[str, threading.Thread]:
-    """Start building a first step's scoring and update programs while it samples.
-
-    A first step on XLA:CPU with a small model waits on XLA compiling its programs one after
-    the other (the sampler, the anchor's and the reference's log-probs, the optimizer step),
-    though they depend on each other's results only, not on each other's programs: the batch
-    each will see has a shape known from the prompts (``RLCluster.generated_shape``). So two
-    threads call the anchor's (and reference's) log-probs and one optimizer update on twins of
-    the cluster (``RLCluster.isolated``: the same arrays and shardings, nothing of the cluster's
-    written or recorded) over a batch of zeros of that shape, each call stopped once its
-    program is compiled (``core.compile_options.build``): the same functions on the same shapes build the very
-    programs the step then finds compiled, on the second core while the first compiles the
-    sampler. The step joins each thread before its own call (``_join``).
-
-    Started only where compiling is the wait (``core.compile_options`` chooses cheap code
-    generation: CPU devices, a small model) and on one process (the threads' programs must
-    not interleave with the step's collectives on other processes); elsewhere nothing starts.
-    A thread's error is dropped: the step's own call meets it and reports it.
-
-    Args:
-        parts: the programs to build, ``"scoring"`` (the anchor's and reference's log-probs) and
-            ``"update"`` (the optimizer step); True for both.
-
-    Returns:
-        The threads by name (``"scoring"``, ``"update"``); empty when nothing started.
-    """
-    if jax.process_count() > 1 or model_compiler_options(*nnx.split(cluster.actor_model)) is None:
-        return {}
-    try:
-        batch, width, length = cluster.generated_shape(prompts)
-        scorer, learner = cluster.isolated(), cluster.isolated()  # one each: a cluster runs one operation at a time
-    except Exception:  # noqa: BLE001 - bad prompts, an engine without a twin: the step itself says what is wrong
-        return {}
-    prompt, completion = np.zeros((batch, width), np.int32), np.zeros((batch, length), np.int32)
-    logps = np.zeros((batch, length), np.float32)
-
-    def scoring() -> None:
-        build(lambda: scorer.per_token_logps(Role.ACTOR, prompt, completion))
-        if reference:
-            build(lambda: scorer.per_token_logps(Role.REFERENCE, prompt, completion))
-
-    def update() -> None:
-        zeros = TrainBatch(prompt, completion, np.zeros(batch, np.float32), logps, logps if reference else None)
-        build(lambda: learner.update_actor(zeros))
-
-    caller = threading.get_ident()
-
-    def start(work: Callable[[], None]) -> threading.Thread:
-        def body() -> None:
-            try:
-                with compiling_for(caller):  # counted as the step's own compilations
-                    work()
-            except Exception:  # noqa: BLE001 - the step's own call meets the same error and reports it
-                pass
-
-        # Not a daemon: a daemon thread stopped inside an XLA compilation aborts the process.
-        thread = threading.Thread(target=body, name=f"rlcluster-lab-ahead-{work.__name__}", daemon=False)
-        thread.start()
-        return thread
-
-    wanted = ("scoring", "update") if parts is True else parts or ()
-    # The update first: its program is the longest to build.
-    return {work.__name__: start(work) for work in (update, scoring) if work.__name__ in wanted}
-
-
-def _join(ahead: dict[str, threading.Thread], name: str) -> None:
-    thread = ahead.pop(name, None)
-    if thread is not None:
-        thread.join()
 
 
 def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:

@@ -5,7 +5,7 @@ programs (seconds each on two CPU cores). ``start_warm_up()`` starts one other
 process, at the lowest CPU priority, that builds the standard tiny clusters
 (``STANDARD``: the three layouts, with and without LoRA) and takes one training
 step of the widget's size on each (its sync included; the step builds its later
-programs beside its sampling, ``app.learner.build_ahead``), which writes every
+programs beside its sampling, ``RLCluster.build_ahead``), which writes every
 program they compile into the persistent compilation cache. The
 lab and the notebooks then read those programs back instead of compiling them.
 
