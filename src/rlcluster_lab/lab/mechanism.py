@@ -96,6 +96,7 @@ def operation_meshes(devices: Sequence[jax.Device], layout: str = "split") -> di
     cluster = build_cluster(Scenario(layout=layout, max_tokens=8), devices=devices)
     built = len(cluster.contexts_entered)
     prompts = list(EVEN_PROMPTS[:4])
+    cluster.build_ahead(prompts)  # the step's later programs compile while it samples (on twins: no context here)
     out = cluster.generate(prompts)
     p, c = out.left_padded_prompt_tokens, out.tokens
     old = np.asarray(cluster.get_actor_per_token_logps(p, c))
