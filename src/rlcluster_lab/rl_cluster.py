@@ -363,8 +363,8 @@ class RLCluster:
 
             # Not a daemon: a daemon thread stopped inside an XLA compilation aborts the process.
             thread = threading.Thread(target=body, name=f"rlcluster-lab-ahead-{part}", daemon=False)
-            self._ahead[part] = thread
             thread.start()
+            self._ahead[part] = thread  # once started: a thread that could not start is never waited for
         return tuple(todo)
 
     def wait_for_builds(self) -> None:
