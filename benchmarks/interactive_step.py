@@ -406,24 +406,19 @@ def target_rows(results: dict[str, Any], add: Any) -> None:
                 else ""
             ),
         )
-        if results["step"].get("learner_cold"):
-            f = step_figures(results["step"], "learner_cold")
-            add(
-                "first RL step cold / once compiled, through GRPOLearner.step (tiny colocated LoRA)",
-                f["ratio"],
-                T_STEP_RATIO,
-                "",
-                f"{f['first_s']:.2f} s / {f['repeat_s'] * 1e3:.0f} ms" if f["ratio"] is not None else "",
-            )
-        if results["step"].get("calls_ahead_cold"):
-            f = step_figures(results["step"], "calls_ahead_cold")
-            add(
-                "first RL step cold / once compiled, the cluster's calls after build_ahead (tiny colocated LoRA)",
-                f["ratio"],
-                T_STEP_RATIO,
-                "",
-                f"{f['first_s']:.2f} s / {f['repeat_s'] * 1e3:.0f} ms" if f["ratio"] is not None else "",
-            )
+        for key, what in (
+            ("learner_cold", "through GRPOLearner.step"),
+            ("calls_ahead_cold", "the cluster's calls after build_ahead"),
+        ):
+            if results["step"].get(key):
+                f = step_figures(results["step"], key)
+                add(
+                    f"first RL step cold / once compiled, {what} (tiny colocated LoRA)",
+                    f["ratio"],
+                    T_STEP_RATIO,
+                    "",
+                    f"{f['first_s']:.2f} s / {f['repeat_s'] * 1e3:.0f} ms" if f["ratio"] is not None else "",
+                )
     if "tunix" in results:
         f = tunix_figures(results["tunix"])
         add(

@@ -155,8 +155,9 @@ class GRPOLearner:
         self.history: list[StepRecord] = []
         self.p11: list[P11Record] = []
         # A first step builds its later programs on more threads (RLCluster.build_ahead's parts):
-        # True for both the scoring and the update programs, a tuple naming the ones wanted, False for none. The
-        # lab's rehearsal, background work beside a person's clicks, builds the update alone.
+        # True for both the scoring and the update programs, a tuple naming the ones wanted, False
+        # for none. The lab's rehearsal, background work beside a person's clicks, builds the
+        # update alone.
         self.builds_ahead: bool | tuple[str, ...] = True
 
     def on(self, cluster: RLCluster) -> GRPOLearner:
