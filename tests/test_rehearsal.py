@@ -260,17 +260,20 @@ def test_a_first_step_that_fails_leaves_no_helper_running(cluster, monkeypatch):
     assert [t.name for t in threading.enumerate() if t.name.startswith("rlcluster-lab-ahead")] == []
 
 
-def _hand_written_first_step(scenario: Scenario, ahead: bool) -> tuple[collections.Counter, list, list]:
+def _hand_written_first_step(
+    scenario: Scenario, ahead: bool, steps: int | None = None
+) -> tuple[collections.Counter, list, list]:
     """A cold first step through the cluster's own calls (as a loop of a user's would take it),
     with ``RLCluster.build_ahead`` called first or not: the programs built (JAX's element-wise
-    ones left out), the values every call returned, and the actor's weights."""
+    ones left out), the values every call returned, and the actor's weights. ``steps``: the
+    sampler's ``max_generation_steps``, given to both."""
     cluster = build_cluster(scenario)
     prompts = PROMPTS * 2
     clear_programs()
     jax.clear_caches()
     with count_compilations() as compiled:
-        started = cluster.build_ahead(prompts) if ahead else ()
-        out = cluster.generate(prompts)
+        started = cluster.build_ahead(prompts, max_generation_steps=steps) if ahead else ()
+        out = cluster.generate(prompts, max_generation_steps=steps)
         p, c = out.left_padded_prompt_tokens, out.tokens
         anchor = np.asarray(cluster.per_token_logps(Role.ACTOR, p, c))
         ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, p, c)) if cluster.scores_reference else None
@@ -286,19 +289,19 @@ def _hand_written_first_step(scenario: Scenario, ahead: bool) -> tuple[collectio
 
 
 @pytest.mark.parametrize(
-    "scenario",
+    ("scenario", "steps"),
     [
-        Scenario(layout="colocated", lora=True, max_tokens=4),
-        Scenario(layout="split", engine="vllm", offload=True, sync_chunk_bytes=4096, max_tokens=4),
+        (Scenario(layout="colocated", lora=True, max_tokens=4), None),
+        (Scenario(layout="split", engine="vllm", offload=True, sync_chunk_bytes=4096, max_tokens=4), 3),
     ],
-    ids=["colocated-lora", "split-vllm-offload-chunked"],
+    ids=["colocated-lora", "split-vllm-offload-chunked-3-steps"],
 )
-def test_a_hand_written_first_step_after_build_ahead_builds_each_program_once_and_computes_the_same(scenario):
+def test_a_hand_written_first_step_after_build_ahead_builds_each_program_once_and_computes_the_same(scenario, steps):
     """The cluster's own calls wait for the helper building their programs: each program is
     built once (helpers included, the same count as without them), every call returns what it
     returns without them, and no helper is left running after the last call."""
-    programs, values, weights = _hand_written_first_step(scenario, ahead=True)
-    programs_alone, values_alone, weights_alone = _hand_written_first_step(scenario, ahead=False)
+    programs, values, weights = _hand_written_first_step(scenario, ahead=True, steps=steps)
+    programs_alone, values_alone, weights_alone = _hand_written_first_step(scenario, ahead=False, steps=steps)
     assert programs == programs_alone and max(programs.values()) >= 1
     for got, want in zip(values, values_alone, strict=True):
         if isinstance(got, np.ndarray):

@@ -294,7 +294,15 @@ class RLCluster:
         return self.reference_model is not None and self.cluster_config.training_config.beta > 0
 
     @_one_at_a_time
-    def build_ahead(self, prompts: Sequence[str], parts: bool | str | Sequence[str] = True) -> tuple[str, ...]:
+    def build_ahead(
+        self,
+        prompts: Sequence[str],
+        parts: bool | str | Sequence[str] = True,
+        *,
+        mode: Mode = Mode.TRAIN,
+        micro_batch_size: int | None = None,
+        max_generation_steps: int | None = None,
+    ) -> tuple[str, ...]:
         """Start building, on helper threads, the programs a first RL step on ``prompts`` runs
         after its sampling, so that they compile while ``generate`` builds and runs the sampler.
 
@@ -318,8 +326,10 @@ class RLCluster:
         step's own call meets the same error and reports it.
 
         Args:
-            prompts: what the first ``generate`` will sample from (its default mode and length).
+            prompts: what the first ``generate`` will sample from.
             parts: ``"scoring"``, ``"update"``, several of them, True for both, False for none.
+            mode, micro_batch_size, max_generation_steps: as that ``generate`` will be given
+                them (they set the shape of what it returns).
 
         Returns:
             The parts started now (in the order started); empty when nothing started.
@@ -333,7 +343,7 @@ class RLCluster:
         # The update first: its program is the longest to build.
         todo = [p for p in ("update", "scoring") if p in wanted and not self._building(p)]
         try:
-            batch, width, length = self.generated_shape(prompts)
+            batch, width, length = self.generated_shape(prompts, mode, micro_batch_size, max_generation_steps)
             twins = {p: self.isolated() for p in todo}  # one each: a cluster runs one operation at a time
         except Exception:  # noqa: BLE001 - bad prompts, an engine without a twin: the step's own calls say what is wrong
             return ()
