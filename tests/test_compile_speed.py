@@ -36,8 +36,16 @@ def test_cpu_programs_of_small_models_get_cheap_code_generation(monkeypatch):
     assert compile_options.compiler_options("cpu", MODEL_SIZES["small"].num_params) == dict(compile_options.FAST_CPU)
 
 
-@pytest.mark.parametrize("platform", ["gpu", "tpu", None])
-def test_accelerators_keep_xla_defaults(monkeypatch, platform):
+def test_gpu_programs_of_small_models_skip_autotuning(monkeypatch):
+    monkeypatch.delenv(compile_options.ENV, raising=False)
+    assert compile_options.compiler_options("gpu", TINY) == dict(compile_options.FAST_GPU)
+    assert compile_options.compiler_options("gpu", LARGE) is None
+    monkeypatch.setenv(compile_options.ENV, "off")
+    assert compile_options.compiler_options("gpu", TINY) is None
+
+
+@pytest.mark.parametrize("platform", ["tpu", None])
+def test_other_platforms_keep_xla_defaults(monkeypatch, platform):
     monkeypatch.delenv(compile_options.ENV, raising=False)
     assert compile_options.compiler_options(platform, TINY) is None
 
@@ -47,7 +55,8 @@ def test_larger_models_keep_xla_defaults_unless_asked(monkeypatch):
     assert compile_options.compiler_options("cpu", LARGE) is None
     monkeypatch.setenv(compile_options.ENV, "on")
     assert compile_options.compiler_options("cpu", LARGE) == dict(compile_options.FAST_CPU)
-    assert compile_options.compiler_options("gpu", TINY) is None
+    assert compile_options.compiler_options("gpu", LARGE) == dict(compile_options.FAST_GPU)
+    assert compile_options.compiler_options("tpu", TINY) is None
 
 
 def test_the_environment_turns_the_cheap_options_off(monkeypatch):

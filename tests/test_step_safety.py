@@ -26,6 +26,7 @@ from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainBatch, Trai
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.model import init_model
 from rlcluster_lab.model.tokenizer import ByteTokenizer
+from rlcluster_lab.training import step as step_module
 from rlcluster_lab.training.batch import batch_arrays
 from rlcluster_lab.training.step import finite_flags, init_optimizer_state, rejection_reason, train_step
 
@@ -306,13 +307,32 @@ def test_the_sync_finite_check_read_in_place_agrees_with_the_compiled_one(data):
     assert finite_flags(arrays, in_place=True) == expected
     assert finite_flags(arrays, in_place=False) == expected
     assert finite_flags(arrays) == expected  # on these CPU devices: the in-place read
+    # Some leaves read on the host and the others by the program (an accelerator's pinned host
+    # memory beside its own): each flag still lands on its own leaf.
+    on_host = data.draw(st.lists(st.booleans(), min_size=len(arrays), max_size=len(arrays)), label="on host")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_module, "_host_readable", lambda x: on_host[[a is x for a in arrays].index(True)])
+        assert finite_flags(arrays) == expected
+
+
+def test_an_accelerators_host_memory_is_read_on_the_host_and_its_own_memory_by_a_program():
+    """XLA:GPU refuses a reduction over pinned host inputs (an offloaded actor at a sync): such
+    arrays are read on the host, like every array of XLA:CPU devices."""
+
+    def array(platform: str, kind: str) -> object:
+        device = type("Device", (), {"platform": platform})()
+        sharding = type("Sharding", (), {"memory_kind": kind, "device_set": {device}})()
+        return type("Array", (), {"sharding": sharding})()
+
+    assert step_module._host_readable(array("gpu", "pinned_host"))
+    assert step_module._host_readable(array("tpu", "unpinned_host"))
+    assert not step_module._host_readable(array("gpu", "device"))
+    assert step_module._host_readable(array("cpu", "device"))
 
 
 def test_an_array_found_finite_is_not_read_again_while_it_lives(monkeypatch):
     """Arrays never change: one found finite is remembered while it lives (a LoRA actor's frozen
     backbone is read at its first sync only); a non-finite one, or a new array, is read each time."""
-    from rlcluster_lab.training import step as step_module
-
     reads = []
     real = step_module._one_replica_each
     monkeypatch.setattr(step_module, "_one_replica_each", lambda x: reads.append(x) or real(x))

@@ -319,8 +319,8 @@ class RLCluster:
         and the reference's log-probs for ``"scoring"``, ``update_actor`` for ``"update"``), so
         a program is never compiled twice at once; ``wait_for_builds`` waits for all.
 
-        Started only where compiling is the wait (``core.compile_options`` chooses cheap code
-        generation: CPU devices, a small model) and on one process (a helper's programs must not
+        Started only where compiling is the wait (``core.compile_options`` chooses cheaper
+        compiling: CPU or GPU devices, a small model) and on one process (a helper's programs must not
         interleave with the step's collectives on other processes); elsewhere nothing starts.
         A part whose helper still runs is not started again. A helper's error is dropped: the
         step's own call meets the same error and reports it.

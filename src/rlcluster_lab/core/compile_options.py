@@ -7,7 +7,8 @@ about a second in LLVM, and ran in milliseconds). So on CPU, for programs over a
 the lab asks for cheap code generation (``FAST_CPU``). Measured on the step's programs
 (2 busy cores, ``benchmarks/interactive.py``): the sampler's compile went from about 4 s
 to 0.6-0.9 s, a log-prob program from 1.2-2 s to 0.2-0.4 s, the optimizer step from
-3.7-6.6 s to 1.4-2.9 s. On GPUs and TPUs, and for larger models, XLA's defaults.
+3.7-6.6 s to 1.4-2.9 s. On GPUs, for the same small programs, no autotuning (``FAST_GPU``).
+On TPUs, and for larger models, XLA's defaults.
 
 ``RLCLUSTER_LAB_FAST_COMPILE`` overrides the choice: ``off``, ``on`` (whatever the size)
 or ``auto`` (the default). The options are part of a program's key in JAX's persistent
@@ -61,6 +62,16 @@ FAST_CPU: Mapping[str, Any] = {
     **_no_ynn_fusions(),
 }
 
+# On a GPU XLA tries several kernels for each matrix product and fusion the first time it compiles
+# a program (autotuning) and keeps the fastest; for the small models' products the choice hardly
+# matters, and it was most of the compiling: the tiny model's first RL step on one H200 took 29.1 s,
+# 13.8 s without it (the programs: sampler 6.7 -> 4.1 s, the log-probs 6.7 and 2.8 -> 1.9 and 1.3 s,
+# the optimizer step 11.3 -> 4.7 s). It changes which kernel computes a product, not what it computes.
+FAST_GPU: Mapping[str, Any] = {"xla_gpu_autotune_level": 0}
+
+# Cheap compiling per platform (others: XLA's defaults).
+FAST: Mapping[str, Mapping[str, Any]] = {"cpu": FAST_CPU, "gpu": FAST_GPU}
+
 # The lab's tiny (0.1 M parameters) and small (1.5 M) models compile cheaply; base (10 M) and
 # large (47 M) keep XLA's defaults, where the programs' run time starts to matter on CPU.
 FAST_MAX_ELEMENTS = 4_000_000
@@ -88,11 +99,11 @@ def compiler_options(platform: str | None, elements: int | None = None) -> dict[
             (None: unknown, treated as small).
     """
     mode = compile_mode()
-    if mode == "off" or platform != "cpu":
+    if mode == "off" or platform not in FAST:
         return None
     if mode == "auto" and elements is not None and elements > FAST_MAX_ELEMENTS:
         return None
-    return dict(FAST_CPU)
+    return dict(FAST[platform])
 
 
 def platform_of(tree: Any) -> str | None:

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rlcluster_lab.core.meshes import MESH_AXES
 
 MEMORY_KINDS: tuple[str, ...] = ("device", "pinned_host")  # where the lab places arrays
+HOST_MEMORY_KINDS: tuple[str, ...] = ("pinned_host", "unpinned_host")  # buffers in the host's own memory
 
 
 class PlacementError(ValueError):

@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rlcluster_lab.core.compile_options import ProgramFamily, options_for, options_key, run
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
+from rlcluster_lab.core.shardings import HOST_MEMORY_KINDS
 from rlcluster_lab.core.states import WhileAlive
 from rlcluster_lab.model import forward_logps
 from rlcluster_lab.model.logps import check_temperature, model_compiler_options, model_vocab_size
@@ -355,24 +356,30 @@ def _inexact(tree: Any) -> list[jax.Array]:
 def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> list[bool]:
     """For each array, whether every element is finite.
 
-    Where the shards lie in this process's host memory (XLA:CPU devices), NumPy reads each
-    shard's buffer in place (no copy), one replica of each block: nothing is compiled, and a
-    cold sync or optimizer step does not wait for XLA to build a reduction. An array found
-    finite this way is remembered while it lives (its values never change): a LoRA actor's
-    frozen backbone is read at its first sync, not at every one. Elsewhere (GPUs, TPUs, several
-    processes) one compiled reduction runs where the leaves live and a flag per leaf comes back,
+    Where an array's shards lie in this process's host memory (XLA:CPU devices, or an
+    accelerator's pinned host memory: an offloaded model), NumPy reads each shard's buffer on
+    the host, one replica of each block: nothing is compiled, and a cold sync or optimizer step
+    does not wait for XLA to build a reduction (nor asks an accelerator to compute on host
+    memory, which XLA:GPU refuses for a program's output). An array found finite this way is
+    remembered while it lives (its values never change): a LoRA actor's frozen backbone is read
+    at its first sync, not at every one. The others (in an accelerator's memory, or on several
+    processes) go through one compiled reduction where they live, a flag per leaf coming back
     on every process alike (``core.gathering``).
 
     Args:
         arrays: floating-point arrays.
-        in_place: force the NumPy path (True) or the compiled one (False); None chooses as above.
+        in_place: force the NumPy path (True) or the compiled one (False) for every array; None
+            chooses per array as above.
     """
-    if in_place is None:
-        in_place = all(_host_readable(x) for x in arrays)
-    if in_place:
-        return [_finite_in_place(x) for x in arrays]
-    (flags,) = host_values([_FINITE_EACH.jitted(options_for(arrays))(arrays)])
-    return [bool(f) for f in np.asarray(flags)]
+    readable = [_host_readable(x) if in_place is None else in_place for x in arrays]
+    flags = [_finite_in_place(x) if r else False for x, r in zip(arrays, readable)]
+    compiled = [i for i, r in enumerate(readable) if not r]
+    if compiled:
+        leaves = [arrays[i] for i in compiled]
+        (found,) = host_values([_FINITE_EACH.jitted(options_for(leaves))(leaves)])
+        for i, f in zip(compiled, np.asarray(found)):
+            flags[i] = bool(f)
+    return flags
 
 
 def _finite_in_place(x: jax.Array) -> bool:
@@ -401,9 +408,11 @@ def _one_replica_each(x: jax.Array) -> list[jax.Array]:
 
 
 def _host_readable(x: jax.Array) -> bool:
-    # Global facts only (the process count, the platform): with several processes every one of
-    # them takes the compiled path together, as core.gathering requires.
-    return jax.process_count() == 1 and all(d.platform == "cpu" for d in x.sharding.device_set)
+    # Global facts only (the process count, the platform, the memory kind): with several
+    # processes every one of them takes the compiled path together, as core.gathering requires.
+    if jax.process_count() != 1:
+        return False
+    return str(x.sharding.memory_kind) in HOST_MEMORY_KINDS or all(d.platform == "cpu" for d in x.sharding.device_set)
 
 
 def _finite_each(leaves: list[jax.Array]) -> jax.Array:
