@@ -63,11 +63,13 @@ FAST_CPU: Mapping[str, Any] = {
 }
 
 # On a GPU XLA tries several kernels for each matrix product and fusion the first time it compiles
-# a program (autotuning) and keeps the fastest; for the small models' products the choice hardly
-# matters, and it was most of the compiling: the tiny model's first RL step on one H200 took 29.1 s,
-# 13.8 s without it (the programs: sampler 6.7 -> 4.1 s, the log-probs 6.7 and 2.8 -> 1.9 and 1.3 s,
-# the optimizer step 11.3 -> 4.7 s). It changes which kernel computes a product, not what it computes.
-FAST_GPU: Mapping[str, Any] = {"xla_gpu_autotune_level": 0}
+# a program (autotuning) and keeps the fastest, and writes products as Triton kernels compiled with
+# the program; for the small models' products neither pays: the tiny model's first RL step on one
+# H200 (through the learner, one process each) took 29.1 s, 13.8 s without autotuning, 3.3 s with
+# cuBLAS's products as well (the programs: sampler 6.7 -> 4.1 -> 1.4 s, the log-probs 6.7 and
+# 2.8 -> 0.5 and 0.5 s, the optimizer step 11.3 -> 4.7 -> 1.6 s; the step once compiled 40-56 ms
+# either way). They change which kernel computes a product, not what it computes.
+FAST_GPU: Mapping[str, Any] = {"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False}
 
 # Cheap compiling per platform (others: XLA's defaults).
 FAST: Mapping[str, Mapping[str, Any]] = {"cpu": FAST_CPU, "gpu": FAST_GPU}
