@@ -164,6 +164,13 @@ def test_an_engine_whose_twin_keeps_its_model_is_refused_before_anything_runs(cl
     assert cluster.contexts_entered == contexts
 
 
+def _built(compiled: list) -> collections.Counter:
+    """The programs ``count_compilations`` recorded, by name, without the element-wise ones JAX
+    compiles for its own eager calls (two threads may both build one of those)."""
+    eager = ("jit(convert_element_type)", "jit(stage)", "jit(_threefry_seed)")
+    return collections.Counter(name for name, _, _ in compiled if name not in eager)
+
+
 def _first_step(config: tuple, ahead: bool | tuple, monkeypatch) -> tuple[collections.Counter, object, list, list]:
     """A cold first step of ``config`` (scenario, training config, learner knobs, rewards from the
     reward model, meshes per role or None), with the programs ``ahead`` names built beside the
@@ -187,8 +194,7 @@ def _first_step(config: tuple, ahead: bool | tuple, monkeypatch) -> tuple[collec
     jax.clear_caches()
     with count_compilations() as compiled:
         record = learner.step()
-    eager = ("jit(convert_element_type)", "jit(stage)", "jit(_threefry_seed)")
-    programs = collections.Counter(name for name, _, _ in compiled if name not in eager)
+    programs = _built(compiled)
     return programs, record, [np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model))], started
 
 
@@ -282,8 +288,7 @@ def _hand_written_first_step(
         cluster.sync_weights()
     assert started == (("update", "scoring") if ahead else ())
     assert [t.name for t in threading.enumerate() if t.name.startswith("rlcluster-lab-ahead")] == []
-    eager = ("jit(convert_element_type)", "jit(stage)", "jit(_threefry_seed)")
-    programs = collections.Counter(name for name, _, _ in compiled if name not in eager)
+    programs = _built(compiled)
     values = [out.tokens, out.logprobs, anchor, ref, metrics]
     return programs, values, [np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model))]
 
