@@ -307,6 +307,10 @@ def test_every_operation_runs_across_processes(launched, layout, lora):
     # Every process read back the same tokens and the same optimizer metrics.
     assert first["tokens"] == second["tokens"]
     assert first["metrics"] == second["metrics"]
+    # A NaN on a block only the second process holds is flagged on both, in device and host
+    # memory, each process reading its own shards (nothing compiled).
+    for checks in (first, second):
+        assert checks["finite_flags"] == {"flags": [True, False, True, False], "programs_built": 0}
     for checks in (first, second):
         assert checks["sampler_vs_rollout"] < CLOSE
         assert checks["anchor_vs_rollout"] < CLOSE

@@ -129,6 +129,7 @@ def exercise_cluster(
     progress(f"{label}: one optimizer step")
     (trained,) = host_values([cluster.get_live_actor_per_token_logps(prompts, tokens)])
     return {
+        "finite_flags": finiteness_across_processes(),
         "tokens": np.asarray(tokens).tolist(),
         "metrics": metrics,
         "sampler_vs_rollout": float(np.max(np.abs(out.logprobs - old))),
@@ -156,3 +157,34 @@ def after_sync(cluster: Any, checks: dict[str, Any], seconds: dict[str, float]) 
     )
     seconds["log_probs_after_sync"] = time.perf_counter() - start
     return {"rollout_vs_trained_actor_after_sync": float(np.max(np.abs(rollout - live)))}
+
+
+def finiteness_across_processes() -> dict[str, Any]:
+    """The sync's check for NaN or infinite values (``training.step.finite_flags``) over arrays
+    spanning every process, in device and pinned host memory, each finite or holding one NaN on
+    a block only the last process holds: the flags every process finds, and how many programs
+    the check compiled (none: each process reads its own shards on the host)."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from rlcluster_lab.core.compile_cache import count_compilations
+    from rlcluster_lab.training.step import finite_flags
+
+    grid = np.array([[d for d in jax.devices() if d.process_index == p] for p in range(jax.process_count())])
+    mesh = Mesh(grid, ("processes", "devices"))
+    good = np.ones((2 * grid.shape[0], grid.shape[1]), np.float32)
+    bad = good.copy()
+    bad[-1, -1] = np.nan
+    arrays = [
+        jax.make_array_from_callback(
+            v.shape,
+            NamedSharding(mesh, PartitionSpec("processes", "devices"), memory_kind=kind),
+            lambda index, v=v: v[index],
+        )
+        for kind in ("device", "pinned_host")
+        for v in (good, bad)
+    ]
+    with count_compilations() as built:
+        flags = finite_flags(arrays)
+    return {"flags": flags, "programs_built": len(built)}

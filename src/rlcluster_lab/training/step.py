@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rlcluster_lab.core.compile_options import ProgramFamily, options_for, options_key, run
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.gathering import host_values
+from rlcluster_lab.core.gathering import exchange, host_values
 from rlcluster_lab.core.shardings import HOST_MEMORY_KINDS
 from rlcluster_lab.core.states import WhileAlive
 from rlcluster_lab.model import forward_logps
@@ -356,15 +356,16 @@ def _inexact(tree: Any) -> list[jax.Array]:
 def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> list[bool]:
     """For each array, whether every element is finite.
 
-    Where an array's shards lie in this process's host memory (XLA:CPU devices, or an
-    accelerator's pinned host memory: an offloaded model), NumPy reads each shard's buffer on
-    the host, one replica of each block: nothing is compiled, and a cold sync or optimizer step
-    does not wait for XLA to build a reduction (nor asks an accelerator to compute on host
-    memory, which XLA:GPU refuses for a program's output). An array found finite this way is
-    remembered while it lives (its values never change): a LoRA actor's frozen backbone is read
-    at its first sync, not at every one. The others (in an accelerator's memory, or on several
-    processes) go through one compiled reduction where they live, a flag per leaf coming back
-    on every process alike (``core.gathering``).
+    Where an array's shards lie in host memory (XLA:CPU devices, or an accelerator's pinned
+    host memory: an offloaded model), NumPy reads each shard's buffer on the host, one replica
+    of each block: nothing is compiled, and a cold sync or optimizer step does not wait for XLA
+    to build a reduction (nor asks an accelerator to compute on host memory, which XLA:GPU
+    refuses for a program's output). With several processes each reads the shards it holds and
+    a leaf is finite where every process found it so (``core.gathering.exchange``: every block
+    lies on some process). An array found finite this way is remembered while it lives (its
+    values never change): a LoRA actor's frozen backbone is read at its first sync, not at
+    every one. The others (in an accelerator's memory) go through one compiled reduction where
+    they live, a flag per leaf coming back on every process alike (``core.gathering``).
 
     Args:
         arrays: floating-point arrays.
@@ -373,6 +374,12 @@ def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> li
     """
     readable = [_host_readable(x) if in_place is None else in_place for x in arrays]
     flags = [_finite_in_place(x) if r else False for x, r in zip(arrays, readable)]
+    on_host = [i for i, r in enumerate(readable) if r]
+    if on_host and jax.process_count() > 1:
+        # Which leaves are read on the host is a global fact: every process exchanges here.
+        found = exchange([flags[i] for i in on_host], "finite flags")
+        for k, i in enumerate(on_host):
+            flags[i] = all(process_flags[k] for process_flags in found)
     compiled = [i for i, r in enumerate(readable) if not r]
     if compiled:
         leaves = [arrays[i] for i in compiled]
@@ -408,10 +415,8 @@ def _one_replica_each(x: jax.Array) -> list[jax.Array]:
 
 
 def _host_readable(x: jax.Array) -> bool:
-    # Global facts only (the process count, the platform, the memory kind): with several
-    # processes every one of them takes the compiled path together, as core.gathering requires.
-    if jax.process_count() != 1:
-        return False
+    # Global facts only (the platform, the memory kind): with several processes every one of
+    # them takes the same path for each leaf, as core.gathering requires.
     return str(x.sharding.memory_kind) in HOST_MEMORY_KINDS or all(d.platform == "cpu" for d in x.sharding.device_set)
 
 
