@@ -42,8 +42,11 @@ from rlcluster_lab.placement.programs import clear_programs  # noqa: E402
 # from the profile: "ci" (the default: `make test`, `make test-fast`) or "thorough"
 # (HYPOTHESIS_PROFILE=thorough, the counts they ran before the tiers and more). Derandomized
 # either way, so a run repeats exactly. Properties whose examples cost nothing name their own.
+# "explore" draws new examples at every run (nothing derandomized, nothing stored): for hunting
+# a configuration none of the fixed ones reaches; a failure prints the example to pin in a test.
 settings.register_profile("ci", max_examples=12, deadline=None, derandomize=True)
 settings.register_profile("thorough", max_examples=40, deadline=None, derandomize=True)
+settings.register_profile("explore", max_examples=25, deadline=None, derandomize=False, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
