@@ -200,9 +200,10 @@ class RolloutEngine(abc.ABC):
         limit = self.sync_chunk_bytes
         parts = chunk_leaves([int(x.nbytes) for x in sources], limit) if limit else [range(len(picked))]
         if not self.owns_weights and all(index.get(j) is x for j, x in zip(picked, sources)):
-            # The model holds these very arrays (the actor itself, P3 shared): nothing to hand over.
+            # The model holds these very arrays (the actor itself, P3 shared): nothing to hand over,
+            # every layout already the rollout's (the phase a route ends its layout changes with).
             for _ in parts:
-                events.emit(events.Phase("reshard"))
+                events.emit(events.Phase("resharded"))
                 events.emit(events.Phase("commit"))
             return
         for part in parts:

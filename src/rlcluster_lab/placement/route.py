@@ -13,6 +13,7 @@ takes and every buffer each step makes:
 - anything else, and every layout change with the ``minimal`` strategy, shard by shard:
   pieces cut and packed on each source device (``cut``), sent (``send``) and assembled on each
   destination device (``assemble``), a block already there kept;
+- ``resharded``: every layout changed, the staged sources dropped (a phase of the peak walk);
 - ``memory kind``: results moved to the destination's memory kind (pinned host);
 - ``cast``: to the destination dtype, on the destination devices.
 
@@ -439,9 +440,10 @@ def _steps(r: Route, copy: bool) -> list[Step]:
     if r.pieces is not None:
         steps.extend(_pieces_steps(r, r.pieces))
         changed.extend(r.pieces.legs)
-    # Every layout is changed, each staged source dropped: the most the batch holds in device memory.
+    # Every layout is changed, each staged source dropped, no program's temporaries left: a phase
+    # of its own name ("reshard" is the moment the programs run), the last before memory kinds.
     drops = tuple(("staged", i) for i in sorted(r.staged) if how[i] != "relabel")
-    steps.append(Step("changed", tuple(changed), drops=drops, phase="reshard"))
+    steps.append(Step("changed", tuple(changed), drops=drops, phase="resharded"))
     if r.final:
         fin = tuple(sorted(r.final))
         made = tuple(legs[i].on(legs[i].dst, phases.RESHARDED, ("final", i)) for i in fin)
