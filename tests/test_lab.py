@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import example, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from rlcluster_lab.lab import widget as lab_module  # noqa: E402
 from rlcluster_lab.lab.controls import CUSTOM, shape_options  # noqa: E402
@@ -496,3 +498,90 @@ def test_p13_one_step_counter_the_global_step_in_the_status_and_the_step_log(lab
     log = lab.display.step_log.value
     assert "<th>global step</th>" in log and "<tr><td>2</td>" in log
     assert "step 0" not in lab.status.text + log
+
+
+# --- clicks in any order ----------------------------------------------------------------------
+
+# A knob change as a user makes one: any value the control offers (the model stays tiny: a size
+# costs minutes); the custom mesh's device buttons flipped; the shape picked among those offered.
+_CHANGES = st.fixed_dictionaries(
+    {},
+    optional={
+        "layout": st.sampled_from(["colocated", "reshaped", "split", CUSTOM]),
+        "lora": st.booleans(),
+        "lora_rank": st.sampled_from([1, 4, 8, 64]),
+        "lora_separate_base": st.booleans(),
+        "engine": st.sampled_from(["vanilla", "vllm", "sglang_jax"]),
+        "offload": st.booleans(),
+        "rollout_dtype": st.sampled_from(["", "float32", "bfloat16"]),
+        "with_reward": st.booleans(),
+        "with_critic": st.booleans(),
+        "sglang_static_lora": st.booleans(),
+        "anchor": st.sampled_from(["full", "trainable"]),
+        "sync_chunk_bytes": st.sampled_from([0, 16 << 10, 1 << 20]),
+        "flip_devices": st.lists(st.integers(0, 7), max_size=4),
+        "shape": st.integers(0, 3),
+    },
+)
+_ACTIONS = st.lists(
+    st.one_of(st.tuples(st.just("construct"), _CHANGES), st.tuples(st.sampled_from(["sync", "step"]), st.none())),
+    min_size=2,
+    max_size=5,
+)
+
+
+def _change(lab: PlacementLab, changes: dict) -> None:
+    knobs = lab.knobs
+    for field, value in changes.items():
+        control = knobs.by_field().get(field)
+        if control is not None and not control.disabled:  # a user cannot set a greyed-out control
+            control.value = value
+    for i in changes.get("flip_devices", []):
+        knobs.device_toggles[i].value = not knobs.device_toggles[i].value
+    if "shape" in changes and knobs.rollout_shape.options and not knobs.rollout_shape.disabled:
+        options = knobs.rollout_shape.options
+        knobs.rollout_shape.value = options[changes["shape"] % len(options)][1]
+
+
+@pytest.mark.cluster
+@given(_ACTIONS)
+# Both refusals, always: a custom mesh no shape fits beside a live cluster, then a sync of that
+# cluster; a P6 refusal before any cluster, then a step that cannot be clicked.
+@example([("construct", {}), ("construct", {"layout": CUSTOM, "flip_devices": [0, 1, 2]}), ("sync", None)])
+@example([("construct", {"lora": True, "engine": "sglang_jax", "sglang_static_lora": False}), ("step", None)])
+def test_any_sequence_of_clicks_answers_each_or_refuses_it_and_keeps_the_live_cluster(actions) -> None:
+    """Whatever a user sets and clicks, in any order: a click either answers (a new cluster built
+    as the controls say, or one more global step) or refuses with a note by the knob to change,
+    the cluster shown before still live and usable. Nothing escapes a click."""
+    lab = PlacementLab(rehearse=False)
+    try:
+        for name, changes in actions:
+            if name == "construct":
+                _change(lab, changes)
+            button = {"construct": lab.construct_button, "sync": lab.sync_button, "step": lab.step_button}[name]
+            if button.disabled:
+                assert name != "construct" and lab.cluster is None  # only a live cluster syncs or steps
+                continue
+            before = lab.cluster
+            steps = None if before is None else before.global_steps
+            button.click()
+            if lab.error is not None:
+                assert lab.cluster is before, lab.error
+                assert lab.notes.shown is not None and lab.status.text.startswith("Refused"), lab.error
+                assert lab.sync_button.disabled == lab.step_button.disabled == (before is None)
+                continue
+            assert lab.report is not None and lab.cluster is not None
+            if name == "construct":
+                assert lab.cluster is not before and lab.cluster.global_steps == 0
+                scenario = lab.knobs.scenario()
+                assert (lab.report["lora"], lab.report["engine"], lab.report["offload_to_cpu"]) == (
+                    scenario.lora,
+                    scenario.engine,
+                    scenario.offload,
+                )
+            else:
+                assert lab.cluster is before and lab.cluster.global_steps == steps + 1
+                assert lab.report["sync"] is not None
+            assert not lab.sync_button.disabled and not lab.step_button.disabled
+    finally:
+        lab.release()
