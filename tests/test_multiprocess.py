@@ -311,6 +311,9 @@ def test_every_operation_runs_across_processes(launched, layout, lora):
     # memory, each process reading its own shards (nothing compiled).
     for checks in (first, second):
         assert checks["finite_flags"] == {"flags": [True, False, True, False], "programs_built": 0}
+        # The facts exchanged so far (every construction's, every sync's and step's): the
+        # coordination service keeps at most the last two of each process.
+        assert 0 < checks["stored_facts"] <= 4
     for checks in (first, second):
         assert checks["sampler_vs_rollout"] < CLOSE
         assert checks["anchor_vs_rollout"] < CLOSE

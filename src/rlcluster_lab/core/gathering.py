@@ -24,6 +24,8 @@ from rlcluster_lab.core.hosts import processes_of
 EXCHANGE_TIMEOUT_S = 120.0
 
 _SEQUENCE = itertools.count()  # the same on every process: calls happen in the same order
+_PREFIX = "rlcluster_lab/"
+_LAST: list[str] = []  # this process's key of its last exchange, deleted at the next one
 
 
 def exchange(value: Any, what: str, timeout_s: float = EXCHANGE_TIMEOUT_S) -> list[Any]:
@@ -45,8 +47,9 @@ def exchange(value: Any, what: str, timeout_s: float = EXCHANGE_TIMEOUT_S) -> li
     client = distributed.global_state.client
     if client is None:  # pragma: no cover - process_count() > 1 implies an initialized runtime
         raise RuntimeError("several JAX processes but no distributed client: call jax.distributed.initialize first")
-    key = f"rlcluster_lab/{next(_SEQUENCE)}/{what}"
-    client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value))
+    key = f"{_PREFIX}{next(_SEQUENCE)}/{what}"
+    mine = f"{key}/{jax.process_index()}"
+    client.key_value_set(mine, json.dumps(value))
     out = []
     for p in range(jax.process_count()):
         try:
@@ -56,7 +59,25 @@ def exchange(value: Any, what: str, timeout_s: float = EXCHANGE_TIMEOUT_S) -> li
                 f"process {p} did not publish {what!r} within {timeout_s:.0f} s: it failed, or the processes "
                 f"are not running the same program ({type(exc).__name__}: {exc})"
             ) from exc
+    # Every process published this exchange, so each had read the one before: this process's key
+    # of that one is read by no one any more. Deleted, the store holds at most two per process
+    # however many exchanges a run makes (on CPU devices or with offload a sync and an optimizer
+    # step each make one).
+    if _LAST:
+        client.key_value_delete(_LAST.pop())
+    _LAST.append(mine)
     return out
+
+
+def stored_facts() -> int:
+    """How many of the facts ``exchange`` published the coordination service holds now (0 in one
+    process)."""
+    if jax.process_count() == 1:
+        return 0
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    return len(client.key_value_dir_get(_PREFIX)) if client is not None else 0
 
 
 def summed(value: int, what: str) -> int:

@@ -105,7 +105,7 @@ def exercise_cluster(
     rollout's and the anchor's (equal up to rounding) and, after the step, the live actor's."""
     import numpy as np
 
-    from rlcluster_lab.core.gathering import host_values
+    from rlcluster_lab.core.gathering import host_values, stored_facts
     from rlcluster_lab.training.step import TrainBatch
 
     start = time.perf_counter()
@@ -130,6 +130,7 @@ def exercise_cluster(
     (trained,) = host_values([cluster.get_live_actor_per_token_logps(prompts, tokens)])
     return {
         "finite_flags": finiteness_across_processes(),
+        "stored_facts": stored_facts(),
         "tokens": np.asarray(tokens).tolist(),
         "metrics": metrics,
         "sampler_vs_rollout": float(np.max(np.abs(out.logprobs - old))),
