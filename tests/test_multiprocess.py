@@ -39,9 +39,15 @@ CASES = [(layout, lora) for layout in ("colocated", "reshaped", "split") for lor
 # (Each exercised case compiles the sampler and the training step again: about a minute on two
 # cores. run_reports(..., exercise=True) runs them in every case.)
 EXERCISED = {("split", False)}
-# Offloaded to pinned host (P14) with the rollout in the other process: the move crosses in
-# device memory and the memory kind comes after (it once assembled pinned-host placeholders).
-OFFLOADED = ("split", True)
+# Rollouts in the other process beside the six cases: offloaded to pinned host (P14: the move
+# crosses in device memory and the memory kind comes after; it once assembled pinned-host
+# placeholders), and the vllm-style engine's own layout (a program first lays the weights out on
+# the trainer's devices, then the shards cross; its provenance probe once failed on the process
+# that holds none of that program's inputs).
+ELSEWHERE = {
+    "offload": {"layout": "split", "lora": True, "offload": True},
+    "vllm": {"layout": "split", "engine": "vllm"},
+}
 # The sampler's log-probs against the scorers', and the rollout's against the live actor's after
 # the sync: the same weights, so equal up to float32 rounding of differently sharded programs.
 CLOSE = 1e-4
@@ -189,19 +195,19 @@ def test_a_scenario_the_processes_cannot_form_is_refused_before_they_start():
 
 @pytest.fixture(scope="module")
 def launched():
-    """The six cases and an offloaded one, built by one launch of two processes (each with 4 CPU devices)."""
+    """The six cases and the rollouts of ELSEWHERE, built by one launch of two processes (each with 4 CPU devices)."""
     start = time.monotonic()
-    offloaded = Scenario(layout=OFFLOADED[0], lora=OFFLOADED[1], offload=True)
+    extra = [Scenario(**knobs) for knobs in ELSEWHERE.values()]
     reports = run_reports(
-        [Scenario(layout=layout, lora=lora) for layout, lora in CASES] + [offloaded],
+        [Scenario(layout=layout, lora=lora) for layout, lora in CASES] + extra,
         processes=2,
         devices_per_process=4,
         sync=True,
-        exercise=[case in EXERCISED for case in CASES] + [False],
+        exercise=[case in EXERCISED for case in CASES] + [False] * len(extra),
         timeout=1800,
     )
-    print(f"\n2 processes, {len(CASES) + 1} cases: {time.monotonic() - start:.1f} s")
-    return {**dict(zip(CASES, reports)), "offload": reports[-1]}
+    print(f"\n2 processes, {len(CASES) + len(extra)} cases: {time.monotonic() - start:.1f} s")
+    return {**dict(zip(CASES, reports)), **dict(zip(ELSEWHERE, reports[len(CASES) :]))}
 
 
 def _normalised(decisions, order):
@@ -260,16 +266,20 @@ def test_two_processes_decide_as_one_process_does(launched, layout, lora):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ELSEWHERE))
 @pytest.mark.cluster
-def test_an_offloaded_rollout_in_another_process_is_placed_and_synced_as_in_one_process(launched):
-    data, (layout, lora) = launched["offload"], OFFLOADED
+def test_a_rollout_in_another_process_is_placed_and_synced_as_in_one_process(launched, name):
+    data, knobs = launched[name], ELSEWHERE[name]
     order = data["by_host"]["0"]["device_ids"] + data["by_host"]["1"]["device_ids"]
-    cluster = build_cluster(Scenario(layout=layout, lora=lora, offload=True))
+    cluster = build_cluster(Scenario(**knobs))
     here = placement_report(cluster, sync=cluster.sync_weights()).to_json()
     assert _normalised(data["decisions"], order) == _normalised(here["decisions"], list(range(8)))
     kinds = [{r: (v["bytes"], v["by_kind"]) for r, v in d["memory"]["by_role"].items()} for d in (data, here)]
-    assert kinds[0] == kinds[1] and "pinned_host" in kinds[0]["rollout"][1]  # offloaded as in one process (P14)
-    for key in ("synced_bytes", "moved_cross_device_bytes", "minimum_cross_device_bytes"):
+    assert kinds[0] == kinds[1]
+    if knobs.get("offload"):
+        assert "pinned_host" in kinds[0]["rollout"][1]  # offloaded as in one process (P14)
+    keys = ("synced_bytes", "moved_cross_device_bytes", "minimum_cross_device_bytes", "relayed_cross_device_bytes")
+    for key in keys:
         assert data["sync"][key] == here["sync"][key], key
 
 

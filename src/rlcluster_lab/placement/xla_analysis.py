@@ -205,7 +205,7 @@ def probe_provenance(compiled: Any, xs: Sequence[jax.Array], dsts: Sequence[Shar
         counts.append(len(placed))
     shards = iter(jax.device_put(blocks, devices))  # every tagged shard in one transfer call
     tagged = [
-        jax.make_array_from_single_device_arrays(x.shape, x.sharding, [next(shards) for _ in range(n)])
+        jax.make_array_from_single_device_arrays(x.shape, x.sharding, [next(shards) for _ in range(n)], dtype=x.dtype)
         for x, n in zip(xs, counts)
     ]
     outs = compiled(tagged)
