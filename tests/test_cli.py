@@ -161,3 +161,18 @@ def test_learn_refuses_bad_micro_batch_sizes_before_the_backend_starts(capsys, a
     assert main_exit(["learn", "--steps", "1", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and fragment in err
+
+
+@pytest.mark.cluster
+def test_learn_says_a_step_was_rejected_and_stops_a_diverged_run_naming_the_flag(capsys):
+    """A learning rate of 1e9: the first step's second optimizer step has a NaN loss and keeps
+    the previous parameters (said under the step's line); the weights the first one took still
+    overflow the forward pass, so the next step stops before scoring anything, saying the run
+    diverged and which flag to change (not a refusal of the batch those values would make)."""
+    assert main_exit(["learn", "--steps", "3", "--learning-rate", "1e9"]) == 2
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("step   0") and "rejected: 1 of 2 optimizer steps kept the previous" in lines[1]
+    assert len(err.strip().splitlines()) == 1
+    assert "step 1: the rollout's log-probs are not finite" in err and "the run has diverged" in err
+    assert "The flag to change: --learning-rate." in err and "TrainBatch" not in err

@@ -196,6 +196,23 @@ def test_sentences_name_one_step_counter():
     assert sentences.stepped(4, 0.25, 1.2) == "Training step done in 1.2 s, now at global step 4: mean reward 0.250."
 
 
+def test_a_rejected_optimizer_step_is_said_in_the_status_and_the_step_log():
+    from rlcluster_lab.app.learner import StepRecord
+    from rlcluster_lab.lab.display import steps_html
+
+    why = "1 of 2 optimizer steps kept the previous parameters and optimizer state: the loss is not finite"
+    assert sentences.stepped(4, 0.25, 1.2, rejected=why) == (
+        f"Training step done in 1.2 s, now at global step 4: mean reward 0.250. Rejected: {why}."
+    )
+    kept = StepRecord(step=0, mean_reward=0.5, loss=0.1, kl=0.0, optimizer_steps=2, sync=None)
+    rejected = StepRecord(
+        step=1, mean_reward=0.5, loss=float("nan"), kl=0.0, optimizer_steps=2, sync=None, rejected_steps=1, rejected=why
+    )
+    log = steps_html([kept, rejected])
+    assert "<td>2</td></tr>" in log  # the first: no rejection, the count alone
+    assert f"<td>2 (<span title='{why}'>1 rejected</span>)</td>" in log
+
+
 def test_the_output_carries_a_picture_of_the_lab_not_the_widgets_repr(lab):
     bundle = lab._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle

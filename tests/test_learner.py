@@ -80,3 +80,25 @@ def test_learner_rejects_two_reward_sources():
     cluster = build_cluster(Scenario(layout="colocated", max_tokens=4, with_reward=True))
     with pytest.raises(ValueError, match="not both"):
         GRPOLearner(cluster, reward_fn=lowercase_reward, use_reward_model=True)
+
+
+@pytest.mark.cluster
+def test_a_diverged_run_stops_before_a_step_scores_or_applies_anything():
+    import jax
+    from flax import nnx
+
+    from rlcluster_lab import ConfigError
+
+    cluster = build_cluster(
+        Scenario(layout="colocated", max_tokens=4), training_config=TrainingConfig(learning_rate=1e9, mini_batch_size=8)
+    )
+    learner = GRPOLearner(cluster, LearnerConfig(prompts_per_step=4, group_size=4))
+    # The first update takes the weights to about 1e9, still finite; the second's loss is NaN: rejected.
+    first = learner.step()
+    assert first.rejected is not None and first.rejected_steps >= 1 and cluster.global_steps == 1
+    weights = [np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model))]
+    with pytest.raises(ConfigError, match="the run has diverged") as info:
+        learner.step()
+    assert info.value.knobs == ("learning_rate",) and "step 0 already said" in str(info.value)
+    assert cluster.global_steps == 1 and len(learner.history) == 1
+    assert all(map(np.array_equal, (np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model))), weights))

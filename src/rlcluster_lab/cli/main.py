@@ -260,6 +260,8 @@ def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) 
     def show(s: Any) -> None:
         value_loss = f"  value loss {s.value_loss:.4f}" if s.value_loss is not None else ""
         print(f"step {s.step:3d}  mean reward {s.mean_reward:.3f}  loss {s.loss:+.4f}{value_loss}", flush=True)
+        if s.rejected:
+            print(f"          rejected: {s.rejected}", flush=True)
 
     result = learner.run(progress=None if args.json else show)
     if args.json:

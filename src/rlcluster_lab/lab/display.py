@@ -260,7 +260,7 @@ def steps_html(steps: Sequence[StepRecord]) -> str:
     # Each step ends with a sync (P13): the global step that sync reached is the step's number.
     rows = "".join(
         f"<tr><td>{s.sync.global_step if s.sync is not None else ''}</td><td>{s.mean_reward:.3f}</td>"
-        f"<td>{s.loss:+.4f}</td><td>{s.kl:.2e}</td><td>{s.optimizer_steps}</td></tr>"
+        f"<td>{s.loss:+.4f}</td><td>{s.kl:.2e}</td><td>{_optimizer_steps(s)}</td></tr>"
         for s in steps
     )
     return (
@@ -269,6 +269,13 @@ def steps_html(steps: Sequence[StepRecord]) -> str:
         "<th>optimizer steps</th></tr>"
         f"{rows}</table>"
     )
+
+
+def _optimizer_steps(s: StepRecord) -> str:
+    """The step's optimizer steps, and those that kept the previous parameters (why, on hover)."""
+    if not s.rejected_steps:
+        return str(s.optimizer_steps)
+    return f"{s.optimizer_steps} (<span title='{html.escape(s.rejected or '')}'>{s.rejected_steps} rejected</span>)"
 
 
 _FONT = "font-size:12px;line-height:1.35"

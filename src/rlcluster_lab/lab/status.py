@@ -285,13 +285,16 @@ def synced(sync: Mapping[str, Any], seconds: float) -> str:
     )
 
 
-def stepped(global_step: int, mean_reward: float, seconds: float, waited: float = 0.0) -> str:
+def stepped(
+    global_step: int, mean_reward: float, seconds: float, waited: float = 0.0, rejected: str | None = None
+) -> str:
     """After Training step (``seconds`` since the click, ``waited`` of them for the background
-    compile): the global step its sync reached, and the batch's mean reward."""
+    compile): the global step its sync reached, the batch's mean reward, and the step record's
+    ``rejected`` sentence when an optimizer step kept the previous parameters."""
     of_it = f" ({waited:.1f} s of it waiting for the background compile)" if waited > 0.05 else ""
     return (
         f"Training step done in {seconds:.1f} s{of_it}, now at {STEP_COUNTER} {global_step}: "
-        f"mean reward {mean_reward:.3f}."
+        f"mean reward {mean_reward:.3f}." + (f" Rejected: {rejected}." if rejected else "")
     )
 
 

@@ -273,7 +273,9 @@ class PlacementLab:
                 self._draw("steps")
             self._done(
                 self._unapplied("Training step")
-                + sentences.stepped(self._cluster.global_steps, record.mean_reward, self._total(), self._waited)
+                + sentences.stepped(
+                    self._cluster.global_steps, record.mean_reward, self._total(), self._waited, record.rejected
+                )
             )
 
     def _wait_for_background(self, what: str) -> None:
