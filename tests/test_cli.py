@@ -155,6 +155,10 @@ def test_p4_p14_offload_lora_warns_at_construction_then_rejoins(capsys):
     [
         (["--micro-batch-size", "3", "--mini-batch-size", "8"], "mini_batch_size=8 must be a multiple of"),
         (["--micro-batch-size", "0", "--mini-batch-size", "8"], "train_micro_batch_size must be a positive integer"),
+        (
+            ["--prompts-per-step", "3", "--group-size", "3", "--mini-batch-size", "2", "--micro-batch-size", "2"],
+            "a learner step trains on 9 completions (3 prompts x 3 per group), not a multiple of mini_batch_size=2",
+        ),
     ],
 )
 def test_learn_refuses_bad_micro_batch_sizes_before_the_backend_starts(capsys, args, fragment):

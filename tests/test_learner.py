@@ -20,6 +20,19 @@ def test_group_advantages_are_normalised_within_groups():
         group_advantages(np.zeros(4, np.float32), 3)
 
 
+@pytest.mark.cluster
+def test_a_learner_whose_batch_is_no_whole_number_of_mini_batches_is_refused_before_any_step():
+    from rlcluster_lab import ConfigError
+
+    training = TrainingConfig(mini_batch_size=4, train_micro_batch_size=2)
+    cluster = build_cluster(Scenario(layout="colocated", max_tokens=4), training_config=training)
+    with pytest.raises(ConfigError, match="6 completions .* not a multiple of mini_batch_size=4") as info:
+        GRPOLearner(cluster, LearnerConfig(prompts_per_step=3, group_size=2))
+    assert info.value.knobs == ("prompts_per_step", "group_size", "mini_batch_size")
+    assert cluster.global_steps == 0
+    GRPOLearner(cluster, LearnerConfig(prompts_per_step=2, group_size=2))  # 4 completions: one mini-batch
+
+
 def test_learner_rejects_groups_of_one():
     with pytest.raises(ValueError, match="group_size"):
         LearnerConfig(group_size=1)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from rlcluster_lab.cluster.operations import check_accumulation
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import as_bool, as_int
 from rlcluster_lab.core.roles import Role
@@ -69,6 +70,30 @@ class LearnerConfig:
     @property
     def batch_size(self) -> int:
         return self.prompts_per_step * self.group_size
+
+
+def check_learner_batch(config: LearnerConfig, training: Any) -> None:
+    """Refuse, before any step, a learner every step of which the cluster would refuse: with
+    micro-batches (``TrainingConfig.train_micro_batch_size``) a step's batch, ``prompts_per_step``
+    x ``group_size`` completions, must be a whole number of mini-batches
+    (``cluster.operations.check_accumulation``, the rule itself).
+
+    Raises:
+        ConfigError: naming the learner's sizes and the knobs that fix them.
+    """
+    try:
+        check_accumulation(config.batch_size, training)
+    except ConfigError:
+        problem = (
+            f"a learner step trains on {config.batch_size} completions ({config.prompts_per_step} prompts x "
+            f"{config.group_size} per group), not a multiple of mini_batch_size={training.mini_batch_size}; with "
+            f"train_micro_batch_size={training.train_micro_batch_size} every mini-batch must be whole"
+        )
+        raise ConfigError(
+            f"{problem}: choose prompts_per_step x group_size a multiple of mini_batch_size",
+            knobs=("prompts_per_step", "group_size", "mini_batch_size"),
+            problem=problem + ".",
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +171,7 @@ class GRPOLearner:
             raise ValueError(
                 "LearnerConfig(critic=True) needs a cluster built with critic=... (Scenario(with_critic=True))"
             )
+        check_learner_batch(config, cluster.cluster_config.training_config)
         self.use_reward_model = use_reward_model
         self.cluster = cluster
         self.config = config

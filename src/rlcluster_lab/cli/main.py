@@ -225,7 +225,7 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
 
 def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """The learner's scenario and settings, checked (the rollout's memory too) before the backend starts."""
-    from rlcluster_lab.app.learner import LearnerConfig
+    from rlcluster_lab.app.learner import LearnerConfig, check_learner_batch
     from rlcluster_lab.app.scenario import check_rollout_fits
     from rlcluster_lab.core.config import TrainingConfig
 
@@ -234,6 +234,7 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     # PPO-style steps: the critic's values as baseline, and the critic trained every step.
     training = TrainingConfig(**_fields_given(TrainingConfig, args))
     config = LearnerConfig(**_fields_given(LearnerConfig, args), critic=args.with_critic)
+    check_learner_batch(config, training)
     check_scenario(scenario)
     check_rollout_fits(
         scenario,
