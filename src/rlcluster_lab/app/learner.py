@@ -84,9 +84,10 @@ def check_learner_batch(config: LearnerConfig, training: Any) -> None:
     try:
         check_accumulation(config.batch_size, training)
     except ConfigError:
+        prompts = f"{config.prompts_per_step} prompt{'s' if config.prompts_per_step != 1 else ''}"
         problem = (
-            f"a learner step trains on {config.batch_size} completions ({config.prompts_per_step} "
-            f"prompt{'s' if config.prompts_per_step != 1 else ''} x {config.group_size} per group), not a multiple of mini_batch_size={training.mini_batch_size}; with "
+            f"a learner step trains on {config.batch_size} completions ({prompts} x {config.group_size} per "
+            f"group), not a multiple of mini_batch_size={training.mini_batch_size}; with "
             f"train_micro_batch_size={training.train_micro_batch_size} every mini-batch must be whole"
         )
         raise ConfigError(
