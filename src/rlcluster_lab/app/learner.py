@@ -220,9 +220,7 @@ class GRPOLearner:
         # Each phase is a wait the progress displays show (core.waits): the CLI's line, the lab's status.
         with waiting("generate"):
             out = cluster.generate(prompts)
-        diverged = divergence(out.logprobs, len(self.history), self.history[-1] if self.history else None)
-        if diverged is not None:
-            raise diverged
+        check_not_diverged(out.logprobs, len(self.history), self.history[-1] if self.history else None)
         prompt_tokens, completion = out.left_padded_prompt_tokens, out.tokens
         with waiting("rewards"):
             if self.use_reward_model:
@@ -346,24 +344,27 @@ def critic_advantages(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray)
     return advantages.astype(np.float32), returns
 
 
-def divergence(logprobs: np.ndarray, step: int, last: StepRecord | None) -> ConfigError | None:
-    """The error for a step whose sampled log-probs are not finite, or None when they are.
+def check_not_diverged(logprobs: np.ndarray, step: int, last: StepRecord | None) -> None:
+    """Refuse a step whose sampled log-probs are not finite.
 
     A fresh model's forward pass is finite (``ModelConfig`` keeps its numerics so); NaN or inf
     here means the weights the actor trained to overflow it, which an update cannot undo: the
     step stops before anything is scored or applied, saying so, instead of refusing the batch
     it would build from these values.
+
+    Raises:
+        ConfigError: the run diverged, naming the learning rate (and ``last``'s rejection).
     """
     bad = ~np.isfinite(logprobs)
     if not bad.any():
-        return None
+        return
     before = f"; step {last.step} already said: {last.rejected}" if last is not None and last.rejected else ""
     problem = (
         f"step {step}: the rollout's log-probs are not finite ({int(bad.sum())} of {bad.size} tokens): the "
         f"weights the actor trained to no longer give a finite forward pass, so the run has diverged{before}. "
         "Nothing of this step was scored or applied"
     )
-    return ConfigError(
+    raise ConfigError(
         f"{problem}. Lower the learning rate (TrainingConfig.learning_rate, or your optimizer's step size).",
         knobs=("learning_rate",),
         problem=problem + ".",

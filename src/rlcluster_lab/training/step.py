@@ -373,14 +373,15 @@ def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> li
             chooses per array as above.
     """
     readable = [_host_readable(x) if in_place is None else in_place for x in arrays]
-    flags = [_finite_in_place(x) if r else False for x, r in zip(arrays, readable)]
     on_host = [i for i, r in enumerate(readable) if r]
-    if on_host and jax.process_count() > 1:
-        # Which leaves are read on the host is a global fact: every process exchanges here.
-        found = exchange([flags[i] for i in on_host], "finite flags")
-        for k, i in enumerate(on_host):
-            flags[i] = all(process_flags[k] for process_flags in found)
     compiled = [i for i, r in enumerate(readable) if not r]
+    flags = [False] * len(arrays)
+    if on_host:
+        # Which leaves are read on the host is a global fact: every process exchanges here (one
+        # process: its own flags, nothing exchanged).
+        everyone = exchange([_finite_in_place(arrays[i]) for i in on_host], "finite flags")
+        for k, i in enumerate(on_host):
+            flags[i] = all(process_flags[k] for process_flags in everyone)
     if compiled:
         leaves = [arrays[i] for i in compiled]
         (found,) = host_values([_FINITE_EACH.jitted(options_for(leaves))(leaves)])
