@@ -13,10 +13,12 @@ import ipywidgets as widgets
 import jax
 import pytest
 
+from rlcluster_lab.app.scenario import validate
 from rlcluster_lab.cli.main import EXIT_BAD_INPUT, build_parser, main
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS, PLANNER_KNOBS, SCENARIO_KNOBS, Knob, describe, knobs_of
 from rlcluster_lab.core.options import Scenario
+from rlcluster_lab.core.shardings import PlacementError
 from rlcluster_lab.lab.controls import Knobs
 from rlcluster_lab.planner.plan import PlanRequest
 from rlcluster_lab.rules.validation import check_scenario
@@ -101,6 +103,18 @@ def test_a_knob_the_audience_does_not_have_is_left_out():
     exc = info.value
     assert describe(exc, "cli").endswith("The flag to change: --layout (or --devices).")
     assert describe(exc, "lab").endswith("What to change: the 'layout' dropdown.")
+
+
+def test_a_mesh_the_model_cannot_be_split_over_names_the_device_count_and_the_model_size():
+    # `report --devices 6 --model-size small`: the standard layout's mesh follows the device count.
+    with pytest.raises(PlacementError) as info:
+        validate(Scenario(model_size="small"), devices=jax.devices()[:6])
+    exc = info.value
+    assert "Pick a mesh shape whose ('fsdp',) size divides 128" in str(exc)  # the API's own fix
+    cli = describe(exc, "cli")
+    assert "Pick a mesh shape" not in cli
+    assert cli.endswith("which does not divide it. The flag to change: --devices (or --model-size).")
+    assert describe(exc, "lab").endswith("What to change: the 'model size' dropdown.")
 
 
 def test_an_error_without_knobs_is_its_message_on_one_line():

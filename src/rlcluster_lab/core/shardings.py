@@ -16,14 +16,16 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.meshes import MESH_AXES
 
 MEMORY_KINDS: tuple[str, ...] = ("device", "pinned_host")  # where the lab places arrays
 HOST_MEMORY_KINDS: tuple[str, ...] = ("pinned_host", "unpinned_host")  # buffers in the host's own memory
 
 
-class PlacementError(ValueError):
-    """A model cannot be placed on a mesh as asked; the message names the fix."""
+class PlacementError(ConfigError):
+    """A model cannot be placed on a mesh as asked; the message names the fix (and, where a
+    knob of the lab or the CLI sets the mesh, that knob)."""
 
 
 def default_memory_kind(where: Any = None) -> str:
@@ -110,8 +112,14 @@ def check_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh, role: st
         for n in names:
             size *= int(mesh.shape[n])
         if dim < len(shape) and shape[dim] % size:
-            raise PlacementError(
+            problem = (
                 f"the {role} model has a dimension of size {shape[dim]} sharded over mesh axes "
-                f"{names} of total size {size}, which does not divide it. Pick a mesh shape whose "
-                f"{names} size divides {shape[dim]}, or a model size whose dimensions do."
+                f"{names} of total size {size}, which does not divide it"
+            )
+            # The standard layouts' meshes follow the device count (the CLI's --devices).
+            raise PlacementError(
+                f"{problem}. Pick a mesh shape whose {names} size divides {shape[dim]}, or a model size "
+                "whose dimensions do.",
+                knobs=("devices", "model_size"),
+                problem=problem,
             )
