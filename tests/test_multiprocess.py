@@ -24,6 +24,7 @@ from rlcluster_lab import Scenario, build_cluster, placement_report
 from rlcluster_lab.cli.main import main
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import exchange, held_within, host_values
+from rlcluster_lab.core.knobs import describe
 from rlcluster_lab.multiprocess.jobs import PROMPTS
 from rlcluster_lab.multiprocess.launcher import LaunchError, LaunchSettings, launch, run_reports
 from rlcluster_lab.multiprocess.report import (
@@ -173,6 +174,12 @@ def test_the_run_folder_is_removed_however_the_launch_ends(tmp_path, monkeypatch
         (
             ["--processes", "2", "--layout", "split", "--devices-per-process", "1", "--lora-rank", "0"],
             "--lora-rank must be at least 1",
+        ),
+        # The devices are processes x devices-per-process: those are the flags to change, not --devices.
+        (
+            ["--processes", "3", "--devices-per-process", "1", "--layout", "split"],
+            "not 3. Use 'colocated' here, or run with more devices. The flag to change: --layout (or "
+            "--devices-per-process, --processes).",
         ),
     ],
 )
@@ -370,6 +377,23 @@ def test_a_worker_that_raises_ends_the_run_with_its_own_error():
     assert info.value.process_id in (0, 1) and info.value.returncode == 1
     assert "Traceback" in info.value.log_tail and "unknown job kind" in info.value.log_tail  # where it raised
     assert len(pids) == 2 and not [p for p in pids if _alive(p)]
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_a_configuration_the_workers_refuse_is_refused_in_the_launchs_terms():
+    # 3 processes x 2 devices: the standard (3, 2) mesh cannot split the model's 64-wide dimensions,
+    # which only the workers, holding the devices, see. A refusal (as one process gives it, naming the
+    # launch's flags), not a crash report; every worker stopped.
+    pids = []
+    with pytest.raises(ConfigError, match="total size 3, which does not divide it") as info:
+        run_reports([Scenario()], processes=3, devices_per_process=2, on_start=pids.extend)
+    assert not isinstance(info.value, LaunchError) and "failed after" not in str(info.value)
+    cli = describe(info.value, "cli")
+    assert cli.endswith(
+        "which does not divide it. The flag to change: --devices-per-process (or --processes, --model-size)."
+    )
+    assert len(pids) == 3 and not [p for p in pids if _alive(p)]
 
 
 @pytest.mark.slow

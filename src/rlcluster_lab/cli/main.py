@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from rlcluster_lab.cli.flags import add_knob_flags, scenario_from
 from rlcluster_lab.cli.plan import add_plan_arguments, run_plan_command
-from rlcluster_lab.cli.processes import add_process_arguments, multi_process, run_processes_command
+from rlcluster_lab.cli.processes import multi_process, run_processes_command
 from rlcluster_lab.cli.progress import progress_line
 from rlcluster_lab.cli.text import format_report
 from rlcluster_lab.core.knobs import describe
@@ -37,7 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="build a cluster and print its placement report")
     add_knob_flags(rep, "report")
     rep.add_argument("--sync", action="store_true", help="also run one weight sync and report the bytes it moved (L3)")
-    add_process_arguments(rep)
     learn = sub.add_parser("learn", help="run the toy GRPO learner and print its reward curve and P11 numbers")
     add_knob_flags(learn, "learn", max_tokens={"default": 8})
     what_if = "what-if plan (L4): placement, memory and sync bytes from shapes alone, for any model size and topology"

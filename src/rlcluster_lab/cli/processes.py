@@ -1,6 +1,8 @@
 """``report --processes N``: the same report, built by N worker processes on this machine
 (``multiprocess.launcher``); this process never starts JAX. A failed or stuck worker ends the
-run with exit status 2 and that worker's error.
+run with exit status 2 and that worker's error; a configuration the workers refuse is refused as
+one process refuses it, the device count's flags being --devices-per-process and --processes.
+The flags themselves are knobs of the table (``core.knobs``).
 """
 
 from __future__ import annotations
@@ -13,16 +15,6 @@ from rlcluster_lab.cli.flags import scenario_from
 from rlcluster_lab.cli.text import format_report
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS
-
-
-def add_process_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of a multi-process ``report``."""
-    where = "on this machine (JAX's multi-process runtime; default 1: in this process)"
-    p.add_argument("--processes", type=int, default=1, help=f"build the cluster over this many processes {where}")
-    each = "simulated CPU devices of each process with --processes (default 4)"
-    p.add_argument("--devices-per-process", type=int, default=4, help=each)
-    stop = "seconds the whole multi-process run may take (default 900); then every process is stopped"
-    p.add_argument("--timeout", type=float, default=None, help=stop)
 
 
 def multi_process(args: argparse.Namespace) -> bool:

@@ -273,6 +273,15 @@ KNOBS: dict[str, Knob] = {k.field: k for k in (
     # CLI only: the simulated device count (checked by ``core.options.check_device_count``) ...
     Knob(field="devices", name="devices", kind="int", default=8, label=None, flag="--devices",
          help="simulated CPU device count (ignored on GPUs and TPUs)"),
+    # ... a report's launch over several processes (``multiprocess.launcher``; the devices are then
+    # processes x devices-per-process, and a refusal that names --devices names these instead) ...
+    _flag("report", "processes", "processes", "int", 1,
+          "build the cluster over this many processes on this machine (JAX's multi-process runtime; 1: in this "
+          "process)"),
+    _flag("report", "devices_per_process", "devices-per-process", "int", 4,
+          "simulated CPU devices of each process with --processes"),
+    _flag("report", "timeout", "timeout", "float", None,
+          "seconds the whole multi-process run may take (default 900); then every process is stopped"),
     # ... the learner's settings (``learn``: ``LearnerConfig``, ``TrainingConfig``) ...
     _flag("learn", "steps", "steps", "int", 30, "global steps to run"),
     _flag("learn", "prompts_per_step", "prompts-per-step", "int", 4, "prompts sampled per step"),

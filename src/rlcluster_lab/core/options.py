@@ -123,7 +123,7 @@ def layout_problem(layout: str, count: int) -> str | None:
         )
     if layout == "split" and (count < 2 or count % 2):
         return (
-            f"the split layout needs an even number of devices (at least 2); this process has {count}. "
+            f"the split layout needs an even number of devices (at least 2), not {count}. "
             "Use 'colocated' here, or run with more devices."
         )
     return None

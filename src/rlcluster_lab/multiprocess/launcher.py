@@ -111,7 +111,8 @@ def launch(
 
     Raises:
         LaunchError: a worker failed or the run passed its deadline; every worker was stopped.
-        ConfigError: a setting that cannot work.
+        ConfigError: a setting that cannot work, or a worker refused the configuration (its
+            refusal, in the launch's terms: ``in_launch_terms``); every worker was stopped.
     """
     settings.check()
     # The run's folder (job, results, progress, logs) is removed on every exit path.
@@ -255,7 +256,7 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
 
 def _failure(
     workers: Sequence[_Worker], failed: tuple[_Worker, int, float] | None, settings: LaunchSettings, start: float
-) -> LaunchError:
+) -> LaunchError | ConfigError:
     where = "; ".join(f"process {w.index}: {w.last or 'no progress yet'}" for w in workers)
     if failed is None:
         return LaunchError(
@@ -265,10 +266,15 @@ def _failure(
             log_tail="\n".join(f"[process {w.index}] {w.tail()}" for w in workers),
         )
     w, code, elapsed = failed
-    reason, where_in_code = None, ""
+    reason, where_in_code, refusal = None, "", None
     with contextlib.suppress(OSError, ValueError):
         written = json.loads(w.path("json").read_text())
-        reason, where_in_code = written.get("error"), written.get("traceback") or ""
+        reason, where_in_code, refusal = written.get("error"), written.get("traceback") or "", written.get("refusal")
+    if refusal is not None:
+        # The configuration cannot work (a mesh the model cannot be split over, say): refused as
+        # one process would have refused it, not reported as a crash.
+        message, knobs, problem = refusal
+        return in_launch_terms(ConfigError(message, knobs=knobs, problem=problem))
     return LaunchError(
         f"process {w.index} of {len(workers)} failed after {elapsed:.1f} s: {reason or _exit_reason(code, w)}; the "
         f"other processes were stopped (last progress: {where})",
@@ -277,6 +283,13 @@ def _failure(
         elapsed_s=elapsed,
         log_tail="\n".join(filter(None, [w.tail(), where_in_code])),  # the worker's traceback ends it
     )
+
+
+def in_launch_terms(err: ConfigError) -> ConfigError:
+    """A refusal that names the device count (``--devices``), said for a launch: its devices are
+    processes x devices_per_process, the knobs to change instead."""
+    err.knobs = tuple(k for f in err.knobs for k in (("devices_per_process", "processes") if f == "devices" else (f,)))
+    return err
 
 
 def _exit_reason(code: int, w: _Worker) -> str:
@@ -336,7 +349,10 @@ def run_reports(
     for s in scenarios:
         if not isinstance(s, Scenario):
             raise TypeError(f"run_reports takes Scenario objects, got {type(s).__name__}")
-        check_scenario(s, settings.processes * settings.devices_per_process)
+        try:
+            check_scenario(s, settings.processes * settings.devices_per_process)
+        except ConfigError as err:
+            raise in_launch_terms(err) from None
         if s.reshard == "minimal" and settings.processes > 1:
             raise ConfigError(
                 "the minimal reshard strategy copies one buffer at a time between devices, which JAX does only "

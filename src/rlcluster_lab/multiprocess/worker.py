@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlcluster_lab.core.errors import ConfigError
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -112,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "process_index": args.process_id,
                     "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:2000],
                     "traceback": traceback.format_exc()[-6000:],
+                    # A configuration that cannot work: the launcher refuses it as this process did.
+                    **({"refusal": [str(exc), list(exc.knobs), exc.problem]} if isinstance(exc, ConfigError) else {}),
                 },
             )
             progress(f"failed: {type(exc).__name__}")
