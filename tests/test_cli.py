@@ -142,6 +142,37 @@ def test_devices_flag_sets_the_simulated_device_count():
 
 
 @pytest.mark.cluster
+def test_a_rollout_engine_whose_own_mesh_cannot_hold_the_model_is_refused_before_a_build():
+    # 16 devices: the vllm stand-in's own mesh is (1, 16) (P7), and 16 does not divide the 264-token
+    # vocabulary of any model size. Refused by the checks before a build, naming the engine first.
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcluster_lab",
+            "report",
+            "--devices",
+            "16",
+            "--layout",
+            "reshaped",
+            "--engine",
+            "vllm",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr == (
+        "error: the rollout model has a dimension of size 264 sharded over mesh axes ('tp',) of total size 16, "
+        "which does not divide it; no other model size fits these meshes either. The flag to change: --engine "
+        "(or --devices).\n"
+    )
+
+
+@pytest.mark.cluster
 def test_p4_p14_offload_lora_warns_at_construction_then_rejoins(capsys):
     data = run_json(capsys, "--lora", "--offload")
     assert any("offload_to_cpu" in w for w in data["warnings"])

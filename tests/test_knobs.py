@@ -17,8 +17,10 @@ from rlcluster_lab.app.scenario import validate
 from rlcluster_lab.cli.main import EXIT_BAD_INPUT, build_parser, main
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS, PLANNER_KNOBS, SCENARIO_KNOBS, Knob, describe, knobs_of
+from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.core.options import Scenario
 from rlcluster_lab.core.shardings import PlacementError
+from rlcluster_lab.engines.own_copy import VllmStyleEngine
 from rlcluster_lab.lab.controls import Knobs
 from rlcluster_lab.planner.plan import PlanRequest
 from rlcluster_lab.rules.validation import check_scenario
@@ -105,16 +107,33 @@ def test_a_knob_the_audience_does_not_have_is_left_out():
     assert describe(exc, "lab").endswith("What to change: the 'layout' dropdown.")
 
 
-def test_a_mesh_the_model_cannot_be_split_over_names_the_device_count_and_the_model_size():
-    # `report --devices 6 --model-size small`: the standard layout's mesh follows the device count.
+def test_a_mesh_the_model_cannot_be_split_over_names_the_device_count():
+    # `report --devices 6 --model-size small`: the standard layout's mesh follows the device count,
+    # and no model size of the lab splits over its (3, 2) shape, so the size is not offered as a fix.
     with pytest.raises(PlacementError) as info:
         validate(Scenario(model_size="small"), devices=jax.devices()[:6])
     exc = info.value
     assert "Pick a mesh shape whose ('fsdp',) size divides 128" in str(exc)  # the API's own fix
     cli = describe(exc, "cli")
     assert "Pick a mesh shape" not in cli
-    assert cli.endswith("which does not divide it. The flag to change: --devices (or --model-size).")
-    assert describe(exc, "lab").endswith("What to change: the 'model size' dropdown.")
+    assert cli.endswith(
+        "which does not divide it; no other model size fits these meshes either. The flag to change: --devices."
+    )
+    assert "What to change" not in describe(exc, "lab")  # the lab has no device-count knob: beside the buttons
+
+
+def test_a_rollout_the_engines_own_mesh_cannot_hold_is_refused_before_a_build_naming_the_engine(monkeypatch):
+    # The vllm stand-in keeps its copy on a mesh of its own (P7; over 16 devices tensor parallelism
+    # 16 does not divide the vocabulary): the checks before a build place the rollout there, so a
+    # build (and the lab's Construct, which checks before it releases its cluster) is refused first.
+    three = make_mesh(jax.devices()[:3], (1, 3))
+    monkeypatch.setattr(VllmStyleEngine, "settle_mesh", classmethod(lambda cls, mesh, config: three))
+    validate(Scenario(engine="sglang_jax"))  # the other engines keep the rollout mesh they are given
+    with pytest.raises(PlacementError, match="the rollout model has a dimension") as info:
+        validate(Scenario(engine="vllm"))
+    assert [k.field for k in knobs_of(info.value)] == ["engine", "devices"]
+    assert describe(info.value, "cli").endswith("The flag to change: --engine (or --devices).")
+    assert describe(info.value, "lab").endswith("What to change: the 'rollout engine' dropdown.")
 
 
 def test_an_error_without_knobs_is_its_message_on_one_line():

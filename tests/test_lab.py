@@ -279,6 +279,30 @@ def test_knob_error_keeps_the_live_cluster(lab: PlacementLab) -> None:
 
 
 @pytest.mark.cluster
+def test_an_engine_mesh_that_cannot_hold_the_model_keeps_the_live_cluster(
+    lab: PlacementLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The vllm stand-in's own mesh (P7) over 16 devices cannot split the vocabulary; here a 3-device
+    # mesh stands in for it. Checked before the live cluster is released, the note by the engine.
+    import jax
+
+    from rlcluster_lab.core.meshes import make_mesh
+    from rlcluster_lab.engines.own_copy import VllmStyleEngine
+
+    report = build(lab)
+    cluster = lab.cluster
+    three = make_mesh(jax.devices()[:3], (1, 3))
+    monkeypatch.setattr(VllmStyleEngine, "settle_mesh", classmethod(lambda cls, mesh, config: three))
+    lab.knobs.engine.value = "vllm"
+    lab.construct_button.click()
+    assert lab.error is not None and lab.error.startswith("PlacementError: the rollout model"), lab.error
+    assert "still the previous one" in lab.notes.note("engine").value
+    assert lab.cluster is cluster and lab.report is report
+    lab.sync_button.click()
+    assert lab.error is None, lab.error
+
+
+@pytest.mark.cluster
 def test_a_memory_refusal_keeps_the_live_cluster_usable(lab: PlacementLab, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlcluster_lab.core.limits import LIMIT_ENV
 

@@ -391,7 +391,7 @@ def test_a_configuration_the_workers_refuse_is_refused_in_the_launchs_terms():
     assert not isinstance(info.value, LaunchError) and "failed after" not in str(info.value)
     cli = describe(info.value, "cli")
     assert cli.endswith(
-        "which does not divide it. The flag to change: --devices-per-process (or --processes, --model-size)."
+        "no other model size fits these meshes either. The flag to change: --devices-per-process (or --processes)."
     )
     assert len(pids) == 3 and not [p for p in pids if _alive(p)]
 

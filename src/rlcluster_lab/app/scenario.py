@@ -15,8 +15,9 @@ from rlcluster_lab.core.limits import check_fits, check_fits_devices, device_fre
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, layout_meshes
 from rlcluster_lab.core.options import Scenario
 from rlcluster_lab.core.roles import Role
-from rlcluster_lab.core.shardings import check_spec
-from rlcluster_lab.model import get_model_config, init_model, with_lora
+from rlcluster_lab.core.shardings import PlacementError, check_spec
+from rlcluster_lab.engines import ENGINES
+from rlcluster_lab.model import MODEL_SIZES, get_model_config, init_model, with_lora
 from rlcluster_lab.model.scoring import init_score_model
 from rlcluster_lab.placement.place import place_model
 from rlcluster_lab.placement.programs import trim_compiled_programs
@@ -82,7 +83,30 @@ def validate(
     else:  # anything but a mapping is refused by ClusterConfig, naming role_to_mesh
         r2m = dict(role_to_mesh) if isinstance(role_to_mesh, Mapping) else role_to_mesh
     config = cluster_config(scenario, r2m, training_config)
-    size = get_model_config(scenario.model_size)
+    meshes = dict(config.role_to_mesh)
+    # P7: an engine that arranges the devices its own way (the vllm stand-in) keeps its copy there.
+    meshes[Role.ROLLOUT] = ENGINES[scenario.engine].settle_mesh(meshes[Role.ROLLOUT], config.rollout_config)
+    refused = _unplaceable(scenario, scenario.model_size, config, meshes)
+    if refused is not None:
+        err, role = refused
+        # The knobs that can fix it: the engine when its own mesh is the one that cannot hold the
+        # model, the device count, and the model size only when another size fits these meshes.
+        own_mesh = role is Role.ROLLOUT and meshes[role] is not config.role_to_mesh[role]
+        other_sizes = [
+            m for m in MODEL_SIZES if m != scenario.model_size and not _unplaceable(scenario, m, config, meshes)
+        ]
+        knobs = ("engine",) * own_mesh + ("devices",) + ("model_size",) * bool(other_sizes)
+        problem = err.problem if other_sizes else f"{err.problem}; no other model size fits these meshes either"
+        raise PlacementError(str(err), knobs=knobs, problem=problem)
+    return config
+
+
+def _unplaceable(
+    scenario: Scenario, model_size: str, config: ClusterConfig, meshes: Mapping[Role, Any]
+) -> tuple[PlacementError, Role] | None:
+    """The first role whose ``model_size`` parameters its mesh cannot split (``check_spec``'s
+    refusal, and the role), or None."""
+    size = get_model_config(model_size)
     lora = scenario.lora_rank if scenario.lora else 0
     roles = [(Role.ACTOR, "lm", lora), (Role.ROLLOUT, "lm", lora), (Role.REFERENCE, "lm", 0)]
     roles += [(Role.REWARD, "score", 0)] if scenario.with_reward else []
@@ -90,9 +114,12 @@ def validate(
     for role, kind, rank in roles:
         rules = config.logical_axis_rules(role)
         leaves = abstract_leaves(size, rank, kind, tuple(rules) if rules is not None else DEFAULT_LOGICAL_AXIS_RULES)
-        for shape, spec in {(leaf.shape, leaf.spec) for leaf in leaves}:
-            check_spec(spec, shape, config.role_to_mesh[role], role.value)
-    return config
+        try:
+            for shape, spec in {(leaf.shape, leaf.spec) for leaf in leaves}:
+                check_spec(spec, shape, meshes[role], role.value)
+        except PlacementError as err:
+            return err, role
+    return None
 
 
 # Model-sized copies a cluster can hold at most, per device: actor, a separate LoRA base,

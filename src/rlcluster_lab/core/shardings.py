@@ -116,10 +116,10 @@ def check_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh, role: st
                 f"the {role} model has a dimension of size {shape[dim]} sharded over mesh axes "
                 f"{names} of total size {size}, which does not divide it"
             )
-            # The standard layouts' meshes follow the device count (the CLI's --devices).
+            # The knobs that fix it (the device count, the engine, the model size) are named by
+            # the checks that know them (app.scenario.validate).
             raise PlacementError(
                 f"{problem}. Pick a mesh shape whose {names} size divides {shape[dim]}, or a model size "
                 "whose dimensions do.",
-                knobs=("devices", "model_size"),
                 problem=problem,
             )

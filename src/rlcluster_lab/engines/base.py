@@ -85,6 +85,13 @@ class RolloutEngine(abc.ABC):
         """
         return {}
 
+    @classmethod
+    def settle_mesh(cls, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
+        """The mesh this engine keeps its weights on when given ``mesh``: ``mesh`` itself, unless
+        the engine arranges the devices its own way (the vllm stand-in, P7). A class method, so the
+        checks before a build place the rollout's model where the engine will."""
+        return mesh
+
     @abc.abstractmethod
     def model(self) -> nnx.Module:
         """The module this engine samples with."""

@@ -61,10 +61,6 @@ class OwnCopyEngine(RolloutEngine):
         how = dict(memory_kind=kind, role="rollout", copy=True, strategy=self.reshard)
         self._model = place_model(rollout_actor, mesh, logical_axis_rules, **how)
 
-    def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
-        """The mesh the engine keeps its copy on: the given one unless a subclass rearranges it."""
-        return mesh
-
     def model(self) -> nnx.Module:
         return self._model
 
@@ -78,8 +74,9 @@ class VllmStyleEngine(OwnCopyEngine):
         check_vllm_version(version)
         return {"model_version": version}
 
-    def settle_mesh(self, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
-        return self.rearrange(mesh, rollout_config.rollout_vllm_tensor_parallel_size)
+    @classmethod
+    def settle_mesh(cls, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
+        return cls.rearrange(mesh, rollout_config.rollout_vllm_tensor_parallel_size)
 
     @staticmethod
     def rearrange(mesh: Mesh, tp_size: int | None) -> Mesh:
