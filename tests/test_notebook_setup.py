@@ -62,6 +62,22 @@ def test_a_single_chip_without_cpu_devices_keeps_the_chip_and_says_how_to_get_mo
     assert "restart the runtime" in notes[0]
 
 
+def test_accelerators_no_layout_over_which_can_hold_the_models_give_way_to_simulated_devices():
+    # Six chips form every standard layout by count, but their (3, 2) mesh (and the split's (3, 1)
+    # halves) divide no model size's dimensions: every Construct would be refused on them.
+    cpus = jax.devices()
+    devices, simulated, notes = notebook.choose_devices(cpus[:6], cpus)
+    assert devices == cpus and simulated
+    assert "6 cpu device(s) can reach only: none" in notes[0] and "8 simulated CPU devices beside them" in notes[0]
+    # Simulated devices of such a count: kept (asked for), and said to hold nothing.
+    devices, simulated, notes = notebook.choose_devices([], cpus[:6])
+    assert devices == cpus[:6] and simulated
+    assert notes == [
+        "no standard layout over 6 devices can hold the lab's models (each mesh axis must divide their "
+        "dimensions): restart the kernel and set up another count, such as setup(8)"
+    ]
+
+
 def test_accelerators_that_reach_every_layout_are_used_as_they_are():
     accel = jax.devices()  # eight devices form every standard layout
     devices, simulated, notes = notebook.choose_devices(accel, [])

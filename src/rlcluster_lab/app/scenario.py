@@ -12,7 +12,7 @@ from flax import nnx
 
 from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
 from rlcluster_lab.core.limits import check_fits, check_fits_devices, device_free_bytes, limit_bytes
-from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, layout_meshes
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, layout_meshes, reachable_layouts
 from rlcluster_lab.core.options import Scenario
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import PlacementError, check_spec
@@ -99,6 +99,22 @@ def validate(
         problem = err.problem if other_sizes else f"{err.problem}; no other model size fits these meshes either"
         raise PlacementError(str(err), knobs=knobs, problem=problem)
     return config
+
+
+def buildable_layouts(devices: Sequence[jax.Device]) -> list[str]:
+    """The standard layouts over ``devices`` that can hold the lab's models: those the device
+    count can form (``core.meshes.reachable_layouts``) whose meshes split every role's parameters
+    (``validate``'s checks) for at least one model size. Over 6 devices none can: the standard
+    (3, 2) mesh divides no model's dimensions."""
+    out = []
+    for layout in reachable_layouts(devices):
+        try:
+            validate(Scenario(layout=layout), devices=devices)
+        except PlacementError as err:
+            if "model_size" not in err.knobs:  # validate names the size only when another one fits
+                continue
+        out.append(layout)
+    return out
 
 
 def _unplaceable(

@@ -28,9 +28,10 @@ from typing import Any
 
 import jax
 
+from rlcluster_lab.app.scenario import buildable_layouts
 from rlcluster_lab.core.compile_cache import enable_compilation_cache
 from rlcluster_lab.core.devices import DEFAULT_SIMULATED_DEVICES, DeviceSetupError, backend_started, check_device_count
-from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
+from rlcluster_lab.core.meshes import LAYOUTS
 from rlcluster_lab.lab.warm import start_warm_up
 
 # The first code cell of every notebook. The lab cannot install itself, so in a kernel without
@@ -67,7 +68,7 @@ class LabDevices:
     accelerator: str | None  # the real accelerator's platform, if any ("tpu", "gpu")
     accelerator_devices: tuple[Any, ...]  # the real accelerator devices, if any
     colab: bool
-    reachable: tuple[str, ...]  # standard layouts the chosen devices can form
+    reachable: tuple[str, ...]  # standard layouts over the chosen devices that can hold the models
     notes: tuple[str, ...] = ()
 
     @property
@@ -82,7 +83,7 @@ class LabDevices:
             if self.accelerator
             else "accelerator: none",
             f"layouts are built on: {len(self.devices)} {where} device(s)",
-            "reachable layouts: " + ", ".join(self.reachable),
+            "reachable layouts: " + (", ".join(self.reachable) or "none"),
         ]
         unreachable = [lay for lay in LAYOUTS if lay not in self.reachable]
         if unreachable:
@@ -101,22 +102,25 @@ def in_colab() -> bool:
 def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[list[Any], bool, list[str]]:
     """Which devices to build layouts on: (devices, simulated, notes).
 
-    Accelerators win when they can form every standard layout; otherwise (a single chip: only
-    colocated) the CPU devices beside it, when there are at least two.
+    Accelerators win when every standard layout over them can hold the lab's models; otherwise
+    (a single chip: only colocated; 6 GPUs: none, their (3, 2) mesh divides no model) the CPU
+    devices beside them, when there are at least two.
     """
     if not accelerators:
-        return list(cpus), True, []
-    if len(reachable_layouts(list(accelerators))) == len(LAYOUTS):
+        return list(cpus), True, [] if buildable_layouts(cpus) else [_none_buildable(len(cpus))]
+    on_chip = buildable_layouts(list(accelerators))
+    if len(on_chip) == len(LAYOUTS):
         return list(accelerators), False, []
     chip = f"{len(accelerators)} {accelerators[0].platform} device(s)"
-    on_chip = ", ".join(reachable_layouts(list(accelerators))) or "none"
+    on_chip = ", ".join(on_chip) or "none"
+    them = "it" if len(accelerators) == 1 else "them"
     if len(cpus) >= 2:
         return (
             list(cpus),
             True,
             [
                 f"the {chip} can reach only: {on_chip}; the layouts here run on {len(cpus)} simulated "
-                "CPU devices beside it (pass lab.accelerator_devices as devices= to use the chip)"
+                f"CPU devices beside {them} (pass lab.accelerator_devices as devices= to use {them})"
             ],
         )
     return (
@@ -126,6 +130,13 @@ def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[li
             f"the {chip} can reach only: {on_chip}, and no simulated CPU devices were set up beside it "
             f"(the backend had already started); restart the runtime and run this cell first for the others"
         ],
+    )
+
+
+def _none_buildable(count: int) -> str:
+    return (
+        f"no standard layout over {count} devices can hold the lab's models (each mesh axis must divide their "
+        "dimensions): restart the kernel and set up another count, such as setup(8)"
     )
 
 
@@ -168,9 +179,10 @@ def setup(
         )
     if use == "accelerator" and accelerators:
         devices, simulated, notes = list(accelerators), False, []
-        if len(reachable_layouts(accelerators)) < len(LAYOUTS):
+        on_chip = buildable_layouts(accelerators)
+        if len(on_chip) < len(LAYOUTS):
             notes = [
-                f"only {', '.join(reachable_layouts(accelerators))} fits on the "
+                f"only {', '.join(on_chip) or 'no layout'} fits on the "
                 f"{len(accelerators)} {accelerators[0].platform} device(s)"
             ]
     else:
@@ -186,7 +198,7 @@ def setup(
         accelerator=accelerators[0].platform if accelerators else None,
         accelerator_devices=tuple(accelerators),
         colab=colab,
-        reachable=tuple(reachable_layouts(devices)),
+        reachable=tuple(buildable_layouts(devices)),
         notes=tuple(notes)
         + ((f"compiled programs are cached in {cache}",) if cache else ())
         + tuple(filter(None, [kernel_note()])),
