@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -19,6 +19,7 @@ from rlcluster_lab.core.shardings import PlacementError, check_spec
 from rlcluster_lab.engines import ENGINES
 from rlcluster_lab.model import MODEL_SIZES, get_model_config, init_model, with_lora
 from rlcluster_lab.model.scoring import init_score_model
+from rlcluster_lab.placement.layout import PlannedMesh
 from rlcluster_lab.placement.place import place_model
 from rlcluster_lab.placement.programs import trim_compiled_programs
 from rlcluster_lab.planner.plan import plan_scenario
@@ -86,14 +87,16 @@ def validate(
     meshes = dict(config.role_to_mesh)
     # P7: an engine that arranges the devices its own way (the vllm stand-in) keeps its copy there.
     meshes[Role.ROLLOUT] = ENGINES[scenario.engine].settle_mesh(meshes[Role.ROLLOUT], config.rollout_config)
-    refused = _unplaceable(scenario, scenario.model_size, config, meshes)
+    refused = _unplaceable(scenario, scenario.model_size, config.logical_axis_rules, meshes)
     if refused is not None:
         err, role = refused
         # The knobs that can fix it: the engine when its own mesh is the one that cannot hold the
         # model, the device count, and the model size only when another size fits these meshes.
         own_mesh = role is Role.ROLLOUT and meshes[role] is not config.role_to_mesh[role]
         other_sizes = [
-            m for m in MODEL_SIZES if m != scenario.model_size and not _unplaceable(scenario, m, config, meshes)
+            m
+            for m in MODEL_SIZES
+            if m != scenario.model_size and not _unplaceable(scenario, m, config.logical_axis_rules, meshes)
         ]
         knobs = ("engine",) * own_mesh + ("devices",) + ("model_size",) * bool(other_sizes)
         problem = err.problem if other_sizes else f"{err.problem}; no other model size fits these meshes either"
@@ -101,34 +104,34 @@ def validate(
     return config
 
 
-def buildable_layouts(devices: Sequence[jax.Device]) -> list[str]:
+def buildable_layouts(devices: Sequence[Any]) -> list[str]:
     """The standard layouts over ``devices`` that can hold the lab's models: those the device
     count can form (``core.meshes.reachable_layouts``) whose meshes split every role's parameters
     (``validate``'s checks) for at least one model size. Over 6 devices none can: the standard
-    (3, 2) mesh divides no model's dimensions."""
+    (3, 2) mesh divides no model's dimensions. Decided on paper (``PlannedMesh``): whether a mesh
+    divides a model depends on its shape alone, not on which devices it holds."""
     out = []
     for layout in reachable_layouts(devices):
-        try:
-            validate(Scenario(layout=layout), devices=devices)
-        except PlacementError as err:
-            if "model_size" not in err.knobs:  # validate names the size only when another one fits
-                continue
-        out.append(layout)
+        meshes = layout_meshes(layout, list(range(len(devices))), make=PlannedMesh.build)
+        scenario = Scenario(layout=layout)
+        if any(_unplaceable(scenario, size, lambda role: None, meshes) is None for size in MODEL_SIZES):
+            out.append(layout)
     return out
 
 
 def _unplaceable(
-    scenario: Scenario, model_size: str, config: ClusterConfig, meshes: Mapping[Role, Any]
+    scenario: Scenario, model_size: str, rules_of: Callable[[Role], Any], meshes: Mapping[Role, Any]
 ) -> tuple[PlacementError, Role] | None:
     """The first role whose ``model_size`` parameters its mesh cannot split (``check_spec``'s
-    refusal, and the role), or None."""
+    refusal, and the role), or None. ``rules_of(role)``: the role's logical axis rules (None:
+    the defaults)."""
     size = get_model_config(model_size)
     lora = scenario.lora_rank if scenario.lora else 0
     roles = [(Role.ACTOR, "lm", lora), (Role.ROLLOUT, "lm", lora), (Role.REFERENCE, "lm", 0)]
     roles += [(Role.REWARD, "score", 0)] if scenario.with_reward else []
     roles += [(Role.CRITIC, "score", 0)] if scenario.with_critic else []
     for role, kind, rank in roles:
-        rules = config.logical_axis_rules(role)
+        rules = rules_of(role)
         leaves = abstract_leaves(size, rank, kind, tuple(rules) if rules is not None else DEFAULT_LOGICAL_AXIS_RULES)
         try:
             for shape, spec in {(leaf.shape, leaf.spec) for leaf in leaves}:
