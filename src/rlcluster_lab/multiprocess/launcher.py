@@ -273,8 +273,7 @@ def _failure(
     if refusal is not None:
         # The configuration cannot work (a mesh the model cannot be split over, say): refused as
         # one process would have refused it, not reported as a crash.
-        message, knobs, problem = refusal
-        return in_launch_terms(ConfigError(message, knobs=knobs, problem=problem))
+        return in_launch_terms(ConfigError(refusal["message"], knobs=refusal["knobs"], problem=refusal["problem"]))
     return LaunchError(
         f"process {w.index} of {len(workers)} failed after {elapsed:.1f} s: {reason or _exit_reason(code, w)}; the "
         f"other processes were stopped (last progress: {where})",

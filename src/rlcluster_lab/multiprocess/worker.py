@@ -37,6 +37,11 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def refusal(exc: ConfigError) -> dict[str, Any]:
+    """A ``ConfigError`` as JSON: what the launcher needs to raise it again (``launcher._failure``)."""
+    return {"message": str(exc), "knobs": list(exc.knobs), "problem": exc.problem}
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m rlcluster_lab.multiprocess.worker", description=__doc__)
     p.add_argument("--job", required=True, help="JSON file: what to run")
@@ -115,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:2000],
                     "traceback": traceback.format_exc()[-6000:],
                     # A configuration that cannot work: the launcher refuses it as this process did.
-                    **({"refusal": [str(exc), list(exc.knobs), exc.problem]} if isinstance(exc, ConfigError) else {}),
+                    **({"refusal": refusal(exc)} if isinstance(exc, ConfigError) else {}),
                 },
             )
             progress(f"failed: {type(exc).__name__}")
