@@ -182,6 +182,12 @@ def test_cli_devices_after_the_backend_started_says_how_to_get_more(capsys):
         (["plan", "--model", "llama3-8b", "--lora", "--lora-rank", "5000"], "between 1 and 4096 for the llama3-8b"),
         (["plan", "--model", "gpt-5"], "unknown model 'gpt-5'"),
         (["plan", "--devices", "0"], "--devices must be between 1 and 4096"),
+        # A named topology has its own devices: --devices would be ignored, so it is refused.
+        (
+            ["plan", "--topology", "gpu-8", "--devices", "6"],
+            "--devices 6 sets the simulated devices that --topology local plans on; topology gpu-8 has devices "
+            "of its own. The flag to change: --devices (or --topology).",
+        ),
     ],
 )
 def test_bad_flag_values_are_one_line_exit_2(capsys, argv, fragment):

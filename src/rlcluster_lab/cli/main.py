@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from rlcluster_lab.cli.flags import add_knob_flags, scenario_from
-from rlcluster_lab.cli.plan import add_plan_arguments, run_plan_command
+from rlcluster_lab.cli.plan import add_plan_arguments, check_plan_flags, run_plan_command
 from rlcluster_lab.cli.processes import multi_process, run_processes_command
 from rlcluster_lab.cli.progress import progress_line
 from rlcluster_lab.cli.text import format_report
@@ -178,6 +178,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         if multi_process(args):  # several processes: the workers start JAX, this process never does
             return run_processes_command(args)
         check_scenario(scenario_from(args))
+    if args.command == "plan":
+        check_plan_flags(args)
     # The device count must be set before anything starts the JAX backend,
     # and the persistent compilation cache before the first compilation.
     with waiting("starting JAX"):

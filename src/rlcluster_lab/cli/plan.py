@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.cli.flags import add_knob_flags, scenario_from
+from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS
 from rlcluster_lab.core.limits import parse_bytes
 from rlcluster_lab.core.options import DTYPES, MODEL_SIZES
@@ -174,6 +175,23 @@ def add_plan_arguments(p: Any) -> None:
         p.add_argument(flag, default=None, help=text)
     remat = "plan a step that rematerialises every layer (the lab's does not)"
     p.add_argument("--remat", action="store_true", help=remat)
+
+
+def check_plan_flags(args: Any) -> None:
+    """Flags that contradict each other, refused before the backend starts: ``--devices`` sets
+    the simulated devices that ``--topology local`` plans on, and a named topology has its own.
+
+    Raises:
+        ConfigError: naming both flags.
+    """
+    if args.topology != "local" and args.devices != KNOBS["devices"].default:
+        problem = (
+            f"--devices {args.devices} sets the simulated devices that --topology local plans on; topology "
+            f"{args.topology} has devices of its own"
+        )
+        raise ConfigError(
+            f"{problem}: drop --devices, or plan on --topology local", knobs=("devices", "topology"), problem=problem
+        )
 
 
 def run_plan_command(args: Any) -> dict[str, Any]:
