@@ -182,6 +182,11 @@ def test_cli_devices_after_the_backend_started_says_how_to_get_more(capsys):
         (["plan", "--model", "llama3-8b", "--lora", "--lora-rank", "5000"], "between 1 and 4096 for the llama3-8b"),
         (["plan", "--model", "gpt-5"], "unknown model 'gpt-5'"),
         (["plan", "--devices", "0"], "--devices must be between 1 and 4096"),
+        # A mesh the model cannot be split over: the flags that set it (the vllm engine's own mesh, P7).
+        (
+            ["plan", "--topology", "gpu-2x8", "--engine", "vllm"],
+            "which does not divide it. The flag to change: --vllm-tp (or --engine, --topology).",
+        ),
         # A named topology has its own devices: --devices would be ignored, so it is refused.
         (
             ["plan", "--topology", "gpu-8", "--devices", "6"],

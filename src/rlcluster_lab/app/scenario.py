@@ -87,12 +87,12 @@ def validate(
     meshes = dict(config.role_to_mesh)
     # P7: an engine that arranges the devices its own way (the vllm stand-in) keeps its copy there.
     meshes[Role.ROLLOUT] = ENGINES[scenario.engine].settle_mesh(meshes[Role.ROLLOUT], config.rollout_config)
-    refused = _unplaceable(scenario, scenario.model_size, config.logical_axis_rules, meshes)
-    if refused is not None:
-        err, role = refused
+    err = _unplaceable(scenario, scenario.model_size, config.logical_axis_rules, meshes)
+    if err is not None:
         # The knobs that can fix it: the engine when its own mesh is the one that cannot hold the
         # model, the device count, and the model size only when another size fits these meshes.
-        own_mesh = role is Role.ROLLOUT and meshes[role] is not config.role_to_mesh[role]
+        rollout = Role.ROLLOUT
+        own_mesh = err.role == rollout.value and meshes[rollout] is not config.role_to_mesh[rollout]
         other_sizes = [
             m
             for m in MODEL_SIZES
@@ -100,7 +100,7 @@ def validate(
         ]
         knobs = ("engine",) * own_mesh + ("devices",) + ("model_size",) * bool(other_sizes)
         problem = err.problem if other_sizes else f"{err.problem}; no other model size fits these meshes either"
-        raise PlacementError(str(err), knobs=knobs, problem=problem)
+        raise PlacementError(str(err), knobs=knobs, problem=problem, role=err.role)
     return config
 
 
@@ -121,10 +121,9 @@ def buildable_layouts(devices: Sequence[Any]) -> list[str]:
 
 def _unplaceable(
     scenario: Scenario, model_size: str, rules_of: Callable[[Role], Any], meshes: Mapping[Role, Any]
-) -> tuple[PlacementError, Role] | None:
-    """The first role whose ``model_size`` parameters its mesh cannot split (``check_spec``'s
-    refusal, and the role), or None. ``rules_of(role)``: the role's logical axis rules (None:
-    the defaults)."""
+) -> PlacementError | None:
+    """``check_spec``'s refusal for the first role whose ``model_size`` parameters its mesh cannot
+    split, or None. ``rules_of(role)``: the role's logical axis rules (None: the defaults)."""
     size = get_model_config(model_size)
     lora = scenario.lora_rank if scenario.lora else 0
     roles = [(Role.ACTOR, "lm", lora), (Role.ROLLOUT, "lm", lora), (Role.REFERENCE, "lm", 0)]
@@ -137,7 +136,7 @@ def _unplaceable(
             for shape, spec in {(leaf.shape, leaf.spec) for leaf in leaves}:
                 check_spec(spec, shape, meshes[role], role.value)
         except PlacementError as err:
-            return err, role
+            return err
     return None
 
 

@@ -196,6 +196,7 @@ def check_plan_flags(args: Any) -> None:
 
 def run_plan_command(args: Any) -> dict[str, Any]:
     """Run ``plan`` from parsed flags; returns the JSON, or ``{'_text': ...}`` without --json."""
+    from rlcluster_lab.core.shardings import PlacementError
     from rlcluster_lab.planner.plan import plan_scenario
     from rlcluster_lab.planner.tables import model_config
 
@@ -213,19 +214,29 @@ def run_plan_command(args: Any) -> dict[str, Any]:
         micro_batch_size=args.micro_batch_size,
         remat=args.remat,
     )
-    plan = plan_scenario(
-        scenario,
-        args.topology,
-        model=args.model_size,
-        dtype=args.dtype,
-        vllm_tensor_parallel_size=args.rollout_vllm_tensor_parallel_size,
-        workload=workload,
-        devices_per_host=args.devices_per_host,
-        memory_per_device=_bytes(args.memory_per_device, "--memory-per-device", int),
-        link_bandwidth=_bytes(args.bandwidth, "--bandwidth"),
-        host_memory=_bytes(args.host_memory, "--host-memory", int),
-        host_link_bandwidth=_bytes(args.host_bandwidth, "--host-bandwidth"),
-    )
+    try:
+        plan = plan_scenario(
+            scenario,
+            args.topology,
+            model=args.model_size,
+            dtype=args.dtype,
+            vllm_tensor_parallel_size=args.rollout_vllm_tensor_parallel_size,
+            workload=workload,
+            devices_per_host=args.devices_per_host,
+            memory_per_device=_bytes(args.memory_per_device, "--memory-per-device", int),
+            link_bandwidth=_bytes(args.bandwidth, "--bandwidth"),
+            host_memory=_bytes(args.host_memory, "--host-memory", int),
+            host_link_bandwidth=_bytes(args.host_bandwidth, "--host-bandwidth"),
+        )
+    except PlacementError as err:
+        # A mesh the model cannot be split over: the planner's meshes follow the topology's devices
+        # (this machine's simulated ones for --topology local), and the vllm engine's its own
+        # tensor-parallel size (P7).
+        own_mesh = err.role == "rollout" and args.engine == "vllm"
+        err.knobs = (("rollout_vllm_tensor_parallel_size", "engine") if own_mesh else ()) + (
+            ("devices", "topology") if args.topology == "local" else ("topology",)
+        )
+        raise
     data = plan.to_json()
     return data if args.json else {"_text": format_plan(data)}
 

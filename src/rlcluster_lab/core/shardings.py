@@ -25,7 +25,11 @@ HOST_MEMORY_KINDS: tuple[str, ...] = ("pinned_host", "unpinned_host")  # buffers
 
 class PlacementError(ConfigError):
     """A model cannot be placed on a mesh as asked; the message names the fix (and, where a
-    knob of the lab or the CLI sets the mesh, that knob)."""
+    knob of the lab or the CLI sets the mesh, that knob). ``role``: whose model it was."""
+
+    def __init__(self, message: str = "", *, role: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.role = role
 
 
 def default_memory_kind(where: Any = None) -> str:
@@ -106,7 +110,8 @@ def check_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh, role: st
                 f"the {role} model's partition spec {spec} uses axis name(s) {missing} that the "
                 f"{role} mesh does not have (its axes: {tuple(mesh.axis_names)}). Build the mesh with "
                 f"axis names {MESH_AXES} (rlcluster_lab.make_mesh), or map the model's logical "
-                f"axes onto this mesh's names with TrainingConfig.role_to_logical_axis_rule."
+                f"axes onto this mesh's names with TrainingConfig.role_to_logical_axis_rule.",
+                role=role,
             )
         size = 1
         for n in names:
@@ -122,4 +127,5 @@ def check_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh, role: st
                 f"{problem}. Pick a mesh shape whose {names} size divides {shape[dim]}, or a model size "
                 "whose dimensions do.",
                 problem=problem,
+                role=role,
             )
