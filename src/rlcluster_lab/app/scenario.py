@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -93,13 +94,12 @@ def validate(
         # model, the device count, and the model size only when another size fits these meshes.
         rollout = Role.ROLLOUT
         own_mesh = err.role == rollout.value and meshes[rollout] is not config.role_to_mesh[rollout]
-        other_sizes = [
-            m
+        another_fits = any(
+            m != scenario.model_size and not _unplaceable(scenario, m, config.logical_axis_rules, meshes)
             for m in MODEL_SIZES
-            if m != scenario.model_size and not _unplaceable(scenario, m, config.logical_axis_rules, meshes)
-        ]
-        knobs = ("engine",) * own_mesh + ("devices",) + ("model_size",) * bool(other_sizes)
-        problem = err.problem if other_sizes else f"{err.problem}; no other model size fits these meshes either"
+        )
+        knobs = ("engine",) * own_mesh + ("devices",) + ("model_size",) * another_fits
+        problem = err.problem if another_fits else f"{err.problem}; no other model size fits these meshes either"
         raise PlacementError(str(err), knobs=knobs, problem=problem, role=err.role)
     return config
 
@@ -110,13 +110,18 @@ def buildable_layouts(devices: Sequence[Any]) -> list[str]:
     (``validate``'s checks) for at least one model size. Over 6 devices none can: the standard
     (3, 2) mesh divides no model's dimensions. Decided on paper (``PlannedMesh``): whether a mesh
     divides a model depends on its shape alone, not on which devices it holds."""
+    return list(_buildable(len(devices)))
+
+
+@functools.lru_cache(maxsize=64)
+def _buildable(count: int) -> tuple[str, ...]:
     out = []
-    for layout in reachable_layouts(devices):
-        meshes = layout_meshes(layout, list(range(len(devices))), make=PlannedMesh.build)
+    for layout in reachable_layouts(range(count)):
+        meshes = layout_meshes(layout, list(range(count)), make=PlannedMesh.build)
         scenario = Scenario(layout=layout)
         if any(_unplaceable(scenario, size, lambda role: None, meshes) is None for size in MODEL_SIZES):
             out.append(layout)
-    return out
+    return tuple(out)
 
 
 def _unplaceable(
