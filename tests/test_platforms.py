@@ -185,9 +185,7 @@ def test_beside_a_single_chip_the_plan_of_this_machine_is_of_the_devices_the_lab
     chip = Chip(0, "tpu", {"bytes_limit": 16 * 2**30, "bytes_in_use": 0})
     real_devices, real_local = jax.devices, jax.local_devices
     monkeypatch.setattr(jax, "devices", lambda platform=None: [chip] if platform is None else real_devices(platform))
-    monkeypatch.setattr(
-        jax, "local_devices", lambda *a, backend=None, **k: [chip] if backend is None else real_local(*a, backend=backend)
-    )
+    monkeypatch.setattr(jax, "local_devices", lambda backend=None: real_local(backend=backend) if backend else [chip])
     assert local_topology().platform == "tpu"  # the default: JAX's default devices, the chip
 
     rows = sync_peaks.planned_peak_rows(cpus, {"reshaped, LoRA": scenario}, syncs)  # notebook 05
