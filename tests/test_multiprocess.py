@@ -160,9 +160,74 @@ def test_the_run_folder_is_removed_however_the_launch_ends(tmp_path, monkeypatch
         raise interrupt()
 
     monkeypatch.setattr(launcher.subprocess, "Popen", stopped)
-    with pytest.raises(interrupt):
+    # A process that cannot be started is a launch that could not start, said so.
+    with pytest.raises(LaunchError if interrupt is OSError else interrupt):
         launch({"kind": "report"}, LaunchSettings(processes=2, devices_per_process=1))
     assert list(tmp_path.iterdir()) == []
+
+
+def _no_sockets(monkeypatch):
+    """A runtime with no sockets at all (some sandboxes): creating one fails with errno 97."""
+    import errno
+    import socket
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EAFNOSUPPORT, os.strerror(errno.EAFNOSUPPORT))
+
+    monkeypatch.setattr(socket, "socket", refused)
+
+
+def test_without_sockets_a_launch_says_why_and_starts_nothing(monkeypatch):
+    """Notebook 09 on a runtime with no sockets stopped with a bare OSError: [Errno 97]."""
+    from rlcluster_lab.multiprocess import launcher
+
+    _no_sockets(monkeypatch)
+    started = []
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: started.append(a))
+    why = launcher.cannot_launch()
+    assert why.startswith("open a loopback TCP socket ([Errno 97] ") and "find each other" in why
+    with pytest.raises(LaunchError, match=r"could not start: this runtime cannot open a loopback TCP socket"):
+        run_reports([Scenario()])
+    assert started == []
+
+
+def test_without_a_second_process_a_launch_says_why(monkeypatch):
+    import errno
+
+    from rlcluster_lab.multiprocess import launcher
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", refused)
+    assert launcher.cannot_launch().startswith("start another Python process ([Errno 11] ")
+    with pytest.raises(LaunchError, match=r"could not start: this runtime cannot start another Python process"):
+        run_reports([Scenario()])
+
+
+@pytest.mark.cluster  # starts Python processes (stand-ins for the workers)
+def test_workers_run_jax_on_the_cpu_alone_never_on_the_callers_accelerator(monkeypatch):
+    """Only one process can hold a TPU chip, and the kernel that launches holds it: the workers
+    start with JAX on the CPU backend alone, however the caller's environment names platforms."""
+    from rlcluster_lab.multiprocess import launcher
+
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu,cpu")
+    monkeypatch.setenv("JAX_PLATFORM_NAME", "tpu")
+    monkeypatch.delenv("TPU_SKIP_MDS_QUERY", raising=False)
+    real, seen = subprocess.Popen, []
+
+    def recorded(cmd, **kwargs):
+        seen.append((cmd, kwargs["env"]))
+        return real([sys.executable, "-c", "raise SystemExit(3)"], **kwargs)  # a worker that fails at once
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", recorded)
+    with pytest.raises(LaunchError, match="exit status 3"):
+        launch({"kind": "report"}, LaunchSettings(processes=2, devices_per_process=1))
+    assert len(seen) == 2
+    for cmd, env in seen:
+        assert cmd[1:3] == ["-m", "rlcluster_lab.multiprocess.worker"]
+        assert env["JAX_PLATFORMS"] == "cpu" and "JAX_PLATFORM_NAME" not in env
+        assert env["TPU_SKIP_MDS_QUERY"] == "1"  # a TPU VM's workers never ask its metadata server
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -188,6 +189,46 @@ def test_notebook_10_without_tunix_says_so_once_and_every_later_cell_shows_its_s
         else:
             assert printed == streams, cell.source
     assert shown == 5, "the five stored figures were not shown"
+
+
+MULTIPLE_HOSTS_NOTEBOOK = pathlib.Path(__file__).parent.parent / "notebooks" / "09_multiple_hosts.ipynb"
+
+
+def test_notebook_09_without_sockets_says_why_in_one_sentence_and_every_later_cell_shows_its_stored_outputs(
+    shell, monkeypatch
+):
+    """A runtime with no sockets at all (a stand-in: creating one fails with errno 97): the launch
+    stopped with a bare OSError. Now one sentence says why, and no cell below starts a process."""
+    import errno
+    import socket
+
+    from rlcluster_lab.multiprocess import launcher
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EAFNOSUPPORT, os.strerror(errno.EAFNOSUPPORT))
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a cell started a process")
+
+    monkeypatch.setattr(socket, "socket", refused)
+    monkeypatch.setattr(launcher.subprocess, "Popen", no_launch)
+    monkeypatch.chdir(MULTIPLE_HOSTS_NOTEBOOK.parent)
+    code = [c for c in nbformat.read(MULTIPLE_HOSTS_NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
+    check = next(i for i, c in enumerate(code) if "needs_processes(" in c.source)
+    assert check == 1, "the check is not the cell after the set-up"
+    said, _ = _run(shell, code[check].source)
+    assert said.count("\n") == 1 and said.count(". ") == 0, said  # one sentence, one line
+    assert said.startswith("This runtime cannot open a loopback TCP socket ([Errno 97] ")
+    assert "the cells below do not run: each shows the output stored with the notebook" in said
+    ran = 0
+    for cell in code[check + 1 :]:
+        printed, result = _run(shell, cell.source)  # none raises, though each needs the processes
+        streams = "".join(o.text for o in cell.outputs if o.output_type == "stream")
+        results = [dict(o.data) for o in cell.outputs if o.output_type == "execute_result"]
+        assert (result is not None) == bool(results), cell.source
+        assert printed == streams, cell.source
+        ran += bool(streams)
+    assert ran >= 4, "the stored tables were not shown"
 
 
 def test_without_its_extra_an_edited_cell_runs_as_written_and_the_check_itself_runs_again(shell, tmp_path):

@@ -161,3 +161,41 @@ def test_on_devices_with_memory_of_their_own_the_plan_is_compared_before_buildin
         scenario_module.check_memory(scenario, config)
     with pytest.raises(TooLargeError, match="memory_stats"):
         scenario_module.build_cluster(scenario)
+
+
+@pytest.mark.cluster
+def test_beside_a_single_chip_the_plan_of_this_machine_is_of_the_devices_the_lab_builds_on(monkeypatch):
+    """Notebooks 05 and 08 on a TPU runtime: the chip is JAX's default backend (one host, one
+    device) and the lab builds on the 8 simulated CPU devices beside it. The planner's local
+    topology is of those devices, so the planned peak sits beside the measured one and a plan of
+    the lab's devices as two processes of four has two hosts (it was the chip's one host, with 8
+    devices: "host_ids names 1 hosts for 8 devices")."""
+    import dataclasses
+
+    from rlcluster_lab.lab import sync_peaks
+    from rlcluster_lab.planner.plan import plan_scenario
+    from rlcluster_lab.planner.tables import local_topology
+
+    cpus = jax.devices("cpu")
+    scenario = Scenario(layout="reshaped", lora=True)
+    cluster = build_cluster(scenario, devices=cpus)
+    cluster.sync_weights()
+    syncs = {"reshaped, LoRA": cluster.sync_weights().to_json()}
+    del cluster
+    chip = Chip(0, "tpu", {"bytes_limit": 16 * 2**30, "bytes_in_use": 0})
+    real_devices, real_local = jax.devices, jax.local_devices
+    monkeypatch.setattr(jax, "devices", lambda platform=None: [chip] if platform is None else real_devices(platform))
+    monkeypatch.setattr(jax, "local_devices", lambda backend=None: real_local(backend=backend) if backend else [chip])
+    assert local_topology().platform == "tpu"  # the default: JAX's default devices, the chip
+
+    rows = sync_peaks.planned_peak_rows(cpus, {"reshaped, LoRA": scenario}, syncs)  # notebook 05
+    assert [r["every device agrees"] for r in rows] == [True, True]
+    assert all(r["planned"] == r["measured"] for r in rows)
+    topo = local_topology(cpus)
+    assert (topo.platform, topo.ids(), topo.host_ids) == ("cpu", tuple(d.id for d in cpus), (0,) * len(cpus))
+    assert topo.memory_per_device is None  # the CPU devices' figure, not the chip's
+    two_processes = dataclasses.replace(topo, devices_per_host=4, host_ids=None)  # notebook 08
+    plan = plan_scenario(Scenario(layout="split", lora=True), two_processes)
+    assert [h.host for h in plan.per_host] == [0, 1] and plan.sync["cross_host_bytes"] > 0
+    with pytest.raises(ValueError, match="one platform's devices"):
+        local_topology([chip, *cpus])

@@ -141,6 +141,23 @@ def test_the_warm_start_starts_one_process_and_not_a_second_while_it_runs(warm_e
     os.waitpid(int((warm_env / warm.LOCK).read_text()), 0)
 
 
+@pytest.mark.cluster  # starts a Python process (a stand-in for the warm-up)
+def test_the_warm_up_process_runs_jax_on_the_cpu_alone_never_on_the_kernels_accelerator(warm_env, monkeypatch):
+    """Only one process can hold a TPU chip, and the kernel that starts the warm-up holds it: the
+    process starts with JAX on the CPU backend alone, however the kernel's environment names
+    platforms. The stand-in writes the environment it was started with to the warm-up's log."""
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu,cpu")
+    monkeypatch.setenv("JAX_PLATFORM_NAME", "tpu")
+    monkeypatch.delenv("TPU_SKIP_MDS_QUERY", raising=False)
+    show = "import json, os; print(json.dumps(dict(os.environ)))"
+    line = warm.start_warm_up(command=[sys.executable, "-c", show])
+    assert line.startswith("warming the compilation cache in the background")
+    os.waitpid(int((warm_env / warm.LOCK).read_text()), 0)
+    env = json.loads((warm_env / warm.LOG).read_text())
+    assert env["JAX_PLATFORMS"] == "cpu" and "JAX_PLATFORM_NAME" not in env
+    assert env["TPU_SKIP_MDS_QUERY"] == "1"
+
+
 def test_a_warm_environment_starts_nothing(warm_env):
     (warm_env / warm.RECORD).write_text(json.dumps({"key": warm.warm_key()}))
     assert warm.start_warm_up(command=[sys.executable, "-c", "raise SystemExit(1)"]) == (

@@ -190,7 +190,7 @@ def check_memory(
     training = config.training_config
     memory = plan_scenario(
         scenario,
-        local_topology(platform),
+        local_topology(devices),
         role_to_mesh=dict(config.role_to_mesh),
         logical_axis_rules=training.role_to_logical_axis_rule,
         optimizer=training.optimizer,

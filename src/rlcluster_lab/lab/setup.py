@@ -13,7 +13,8 @@ compiling the standard programs into that cache once per environment), without w
 
 A notebook whose optional extra is missing calls ``needs_extra()`` in the cell after the set-up:
 one message says what to install, and the cells below show the outputs stored with the notebook
-instead of failing one by one.
+instead of failing one by one; ``needs_processes()`` does the same where a multi-process run's
+workers cannot start (no sockets, no second process).
 """
 
 from __future__ import annotations
@@ -309,16 +310,22 @@ def _in_kernel() -> bool:
 # `make lab` serves working copies and names the tracked notebooks' folder here, so a notebook
 # shows the outputs committed with it however its working copy was saved since.
 NOTEBOOKS_ENV = "RLCLUSTER_LAB_NOTEBOOKS"
-_replay: list[Callable[[list[str]], list[str]]] = []  # the input transformer needs_extra installed, if any
+_replay: list[Callable[[list[str]], list[str]]] = []  # the input transformer needs_extra/needs_processes installed
 _stored: list[list[dict[str, Any]]] = []  # the stored outputs it shows, by the index in its code
 
 
-class ExtraMissingError(ModuleNotFoundError):
-    """A notebook's optional extra is not installed (its message says what to install)."""
-
+class _MessageOnly:
     def _render_traceback_(self) -> list[str]:
         # IPython shows these lines instead of a traceback: the message is all there is to read.
         return str(self).splitlines()
+
+
+class ExtraMissingError(_MessageOnly, ModuleNotFoundError):
+    """A notebook's optional extra is not installed (its message says what to install)."""
+
+
+class ProcessesUnavailableError(_MessageOnly, RuntimeError):
+    """This runtime cannot start a multi-process run's workers (its message says why)."""
 
 
 def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
@@ -346,19 +353,57 @@ def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
     Raises:
         ExtraMissingError: the extra is missing and the stored notebook cannot be read.
     """
+    return _show_stored_unless(
+        available,
+        f"This notebook needs the [{extra}] extra, which this kernel's Python ({sys.executable}) does not have",
+        "a run with the extra",
+        notebook,
+        ExtraMissingError,
+        advice=f"To run this notebook, {hint}; then restart the kernel and run it again.",
+    )
+
+
+def needs_processes(notebook: str) -> bool:
+    """Whether this runtime can start the worker processes of a multi-process run on this machine
+    (``multiprocess.launcher.cannot_launch`` tries a loopback socket and a process); without them,
+    one sentence says why and the cells below show the outputs stored with the notebook, as
+    ``needs_extra`` does without an extra (a sandbox with no sockets at all, say).
+
+    Raises:
+        ProcessesUnavailableError: they cannot start and the stored notebook cannot be read.
+    """
+    from rlcluster_lab.multiprocess.launcher import cannot_launch
+
+    lacking = cannot_launch()
+    return _show_stored_unless(
+        lacking is None,
+        f"This runtime cannot {lacking}",
+        "a run on a machine where they could start",
+        notebook,
+        ProcessesUnavailableError,
+    )
+
+
+def _show_stored_unless(
+    runs_here: bool, missing: str, stored_from: str, notebook: str, error: type[Exception], advice: str = ""
+) -> bool:
+    """``runs_here``, or else say ``missing`` once and have the code cells below this one show the
+    outputs stored with the notebook (a run ``stored_from``): ``needs_extra`` says how and why.
+
+    Raises:
+        error: when the stored notebook cannot be read, with ``missing`` and ``advice``.
+    """
     shell = _shell()
     for transform in _replay:
         if shell is not None and transform in shell.input_transformers_cleanup:
             shell.input_transformers_cleanup.remove(transform)
     _replay.clear()
     _stored.clear()
-    if available:
+    if runs_here:
         return True
-    needs = f"This notebook needs the [{extra}] extra, which this kernel's Python ({sys.executable}) does not have"
-    advice = f"To run this notebook, {hint}; then restart the kernel and run it again."
     cells = _stored_below(shell, Path(os.environ.get(NOTEBOOKS_ENV) or os.getcwd()) / notebook)
     if cells is None:
-        raise ExtraMissingError(f"{needs}.\n{advice}")
+        raise error("\n".join(filter(None, [f"{missing}.", advice])))
     _stored.extend(cells.values())
     code = {source: i for i, source in enumerate(cells)}
 
@@ -370,16 +415,16 @@ def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
 
     shell.input_transformers_cleanup.insert(0, replay)
     _replay.append(replay)
-    print(
-        f"{needs}, so the cells below do not run: each shows the output stored with the notebook, "
-        f"from a run with the extra.\n{advice}"
+    said = (
+        f"{missing}, so the cells below do not run: each shows the output stored with the notebook, from {stored_from}."
     )
+    print("\n".join(filter(None, [said, advice])))
     return False
 
 
 def show_stored(index: int) -> Any:
-    """Show the stored outputs of the ``index``-th cell ``needs_extra`` matched: its streams and
-    displays now, its result as the cell's value (so it is shown as the cell's result)."""
+    """Show the stored outputs of the ``index``-th cell ``needs_extra`` or ``needs_processes`` matched:
+    its streams and displays now, its result as the cell's value (so it is shown as the cell's result)."""
     from IPython.display import publish_display_data
 
     result = None

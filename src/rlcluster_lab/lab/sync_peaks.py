@@ -19,8 +19,8 @@ from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.lab.experiments import Tick, collect
 from rlcluster_lab.lab.style import fmt_bytes
 from rlcluster_lab.lab.sync_figures import PANELS, phase_label
-from rlcluster_lab.lab.what_if import notebook_topology
 from rlcluster_lab.planner.plan import plan_scenario
+from rlcluster_lab.planner.tables import local_topology
 
 
 def on_device_at_peak(peak: Mapping[str, Any]) -> str:
@@ -65,7 +65,7 @@ def planned_peak_rows(
 ) -> list[dict[str, Any]]:
     """The planner's peak (L4, its reshard programs compiled for their temporaries) beside the
     measured one of the same scenario, busiest device, per memory kind."""
-    topo = notebook_topology(devices)
+    topo = local_topology(devices)
     rows = []
     for label, scenario in scenarios.items():
         planned = plan_scenario(scenario, topo, sync_programs=True).sync["transient_peak"]
@@ -94,7 +94,7 @@ def chunk_sweep(
 ) -> list[dict[str, Any]]:
     """One cluster per chunk size (``None``: one piece): its measured peak (busiest device),
     the planner's, and the median handover time of ``repeats`` syncs after one that compiles."""
-    topo = notebook_topology(devices)
+    topo = local_topology(devices)
     points = []
     for size in chunk_sizes:
         sc = dataclasses.replace(scenario, sync_chunk_bytes=size)

@@ -44,6 +44,7 @@ from typing import Any
 
 from rlcluster_lab.core.compile_cache import ENV as CACHE_ENV
 from rlcluster_lab.core.compile_cache import KEEP_PREFIX, cache_dir, trusted_folder, warn_once
+from rlcluster_lab.core.devices import cpu_only_env
 
 try:
     import fcntl
@@ -204,7 +205,7 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
         return f"the compilation cache is being warmed already ({f'process {pid}' if pid else 'another process'})"
     argv = list(command) if command is not None else [sys.executable, "-m", "rlcluster_lab.lab.warm"]
     argv += ["--devices", str(devices), "--low-priority"] if command is None else []
-    env = dict(os.environ, JAX_PLATFORMS="cpu")  # never an accelerator's memory
+    env = cpu_only_env()  # never the accelerator this kernel holds
     try:
         log = _open(folder, LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:

@@ -7,7 +7,6 @@ a cluster built through ``build_cluster``; nothing here decides where a model li
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -51,21 +50,11 @@ def _agrees(planned: int, measured: int, relation: str) -> str:
     return "no"
 
 
-def notebook_topology(devices: Sequence[jax.Device]) -> Any:
-    """The planner's ``local`` topology, restricted to the devices the notebook builds on."""
-    return dataclasses.replace(
-        local_topology(),
-        device_count=len(devices),
-        platform=devices[0].platform,
-        device_ids=tuple(int(d.id) for d in devices),
-    )
-
-
 def plan_vs_measured(
     devices: Sequence[jax.Device], scenarios: Mapping[str, Scenario], progress: Tick | None = None
 ) -> list[dict[str, Any]]:
     """The planner's figures (L4) beside a live cluster's measured ones (L2, L3), scenario by scenario."""
-    topo = notebook_topology(devices)
+    topo = local_topology(devices)
 
     def compare(scenario: Scenario) -> list[dict[str, Any]]:
         cluster = build_cluster(scenario, devices=devices)

@@ -97,6 +97,37 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _no_socket(err: OSError) -> str:
+    return f"open a loopback TCP socket ({err}), through which a run's processes find each other"
+
+
+def _no_process(err: OSError | subprocess.SubprocessError) -> str:
+    return f"start another Python process ({err}), which each process of a run is"
+
+
+def cannot_launch() -> str | None:
+    """What this runtime lacks to launch a run on this machine, said as "cannot ..." completes
+    it; None when it lacks nothing. Tried, not guessed: it opens a loopback TCP socket (the
+    coordinator's; some sandboxes have no sockets at all) and starts a Python process that
+    does nothing."""
+    try:
+        free_port()
+    except OSError as err:
+        return _no_socket(err)
+    try:
+        subprocess.run(  # noqa: S603 - this Python, a fixed argument
+            [sys.executable, "-c", "pass"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        return _no_process(err)
+    return None
+
+
 def launch(
     job: dict[str, Any],
     settings: LaunchSettings,
@@ -111,6 +142,8 @@ def launch(
 
     Raises:
         LaunchError: a worker failed or the run passed its deadline; every worker was stopped.
+            Or the run could not start: this runtime has no loopback socket or cannot start a
+            process (``cannot_launch`` says so before a launch).
         ConfigError: a setting that cannot work, or a worker refused the configuration (its
             refusal, in the launch's terms: ``in_launch_terms``); every worker was stopped.
     """
@@ -166,7 +199,10 @@ def _run_workers(
 ) -> list[dict[str, Any]]:
     job_file = folder / "job.json"
     job_file.write_text(json.dumps(job))
-    port = free_port()
+    try:
+        port = free_port()
+    except OSError as err:
+        raise LaunchError(f"the run could not start: this runtime cannot {_no_socket(err)}") from err
     env = _worker_env()
     workers: list[_Worker] = []
     start = time.monotonic()
@@ -186,9 +222,12 @@ def _run_workers(
                 *("--shutdown-timeout", str(int(settings.shutdown_timeout_s))),
             ]
             with open(w.path("log"), "wb") as sink:
-                w.process = subprocess.Popen(
-                    cmd, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True
-                )
+                try:
+                    w.process = subprocess.Popen(
+                        cmd, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True
+                    )
+                except OSError as err:  # the processes started before it are stopped below
+                    raise LaunchError(f"the run could not start: this runtime cannot {_no_process(err)}") from err
             workers.append(w)
         if on_start is not None:
             on_start([w.process.pid for w in workers])
@@ -218,17 +257,18 @@ def _run_workers(
 
 def _worker_env() -> dict[str, str]:
     """The launcher's environment, for the workers: this copy of the lab first on the path,
-    the CPU platform, unbuffered output, and no proxy (the runtime's connections are local)."""
+    JAX on the CPU alone (``core.devices.cpu_only_env``: never the accelerator the caller
+    holds), unbuffered output, and no proxy (the runtime's connections are local)."""
     from rlcluster_lab.core.compile_cache import ENV as CACHE_ENV
+    from rlcluster_lab.core.devices import cpu_only_env
 
-    env = {k: v for k, v in os.environ.items() if "_proxy" not in k.lower()}
+    env = {k: v for k, v in cpu_only_env().items() if "_proxy" not in k.lower()}
     src = str(Path(rlcluster_lab.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     jax = sys.modules.get("jax")  # a caller that uses JAX already (a notebook, a test session)
     folder = jax.config.jax_compilation_cache_dir if jax is not None else None
     if folder and CACHE_ENV not in env:
         env[CACHE_ENV] = str(folder)  # the workers share the caller's compilation cache
-    env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -336,7 +376,8 @@ def run_reports(
         on_start: called with the workers' process ids once they started.
 
     Raises:
-        LaunchError: a process failed (its error is in the message) or the run passed ``timeout``.
+        LaunchError: a process failed (its error is in the message), the run passed ``timeout``,
+            or it could not start (no loopback socket, no other process: ``cannot_launch``).
         ConfigError: a scenario or setting that cannot work.
     """
     from rlcluster_lab.core.options import Scenario

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -273,19 +274,32 @@ def _physical_memory() -> int | None:
         return None
 
 
-def local_topology(platform: str | None = None) -> Topology:
-    """This process's view of JAX's devices, by their real ids (on CPU: the simulated devices):
-    the default backend's, or ``platform``'s.
+def local_topology(devices: Sequence[Any] | None = None) -> Topology:
+    """This machine's devices as a topology, by their real ids (on CPU: the simulated devices):
+    ``devices``, the ones a cluster is built on (a notebook's ``lab.devices``), or else JAX's
+    default devices (``jax.devices()``, what ``build_cluster`` builds on by default).
 
-    Hosts are JAX's processes (``device.process_index``): under a multi-process
-    run every process sees every global device, and its own are one host.
+    A plan of "this machine" must be of the devices the lab builds on: beside a single chip
+    the notebooks build on the simulated CPU devices, not on the default backend's chip.
+    Hosts are JAX's processes (``device.process_index``): under a multi-process run every
+    process sees every global device, and its own are one host.
+
+    Raises:
+        ValueError: ``devices`` is empty or mixes platforms (a topology is of one platform).
     """
-    devices = jax.devices(platform)
+    devices = list(jax.devices() if devices is None else devices)
+    platforms = sorted({d.platform for d in devices})
+    if len(platforms) != 1:
+        raise ValueError(
+            f"the local topology is of one platform's devices, got {len(devices)} device(s) of "
+            f"{', '.join(platforms) or 'no platform'}: pass the devices one cluster is built on (lab.devices)"
+        )
+    platform = platforms[0]
     # Read from a device of this process: under a multi-process run the others are not addressable.
-    mine = jax.local_devices(backend=platform)[0]
+    me = jax.process_index()
+    mine = next((d for d in devices if d.process_index == me), None) or jax.local_devices(backend=platform)[0]
     stats = mine.memory_stats() if hasattr(mine, "memory_stats") else None
     limit = int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
-    platform = devices[0].platform
     ram = _physical_memory()
     return Topology(
         name="local",
