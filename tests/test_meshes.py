@@ -17,6 +17,7 @@ from rlcluster_lab.core.meshes import (
     reachable_layouts,
 )
 from rlcluster_lab.core.roles import Role
+from rlcluster_lab.rules.sharing import p1_link_actor_rollout
 
 DEVICES = jax.devices()
 
@@ -132,8 +133,9 @@ def test_default_shape(count, shape):
     assert default_shape(count) == shape
 
 
-def test_reachable_layouts_one_device_is_colocated_only():
-    assert reachable_layouts(DEVICES[:1]) == ["colocated"]
+def test_reachable_layouts_one_device_are_colocated_and_reshaped():
+    assert reachable_layouts(DEVICES[:1]) == ["colocated", "reshaped"]
+    assert reachable_layouts(DEVICES[:3]) == ["colocated"]  # (3, 1) has no second arrangement
 
 
 def test_reachable_layouts_eight_devices_all_three():
@@ -144,11 +146,23 @@ def test_reachable_layouts_defaults_to_all_devices():
     assert reachable_layouts() == ["colocated", "reshaped", "split"]
 
 
-def test_reshaped_with_one_device_error_names_fix():
+@pytest.mark.parametrize("device", range(8))
+def test_reshaped_on_one_device_is_the_same_device_as_another_mesh(device):
+    """Same chip, another mesh: on one device the rollout's (1, 1) mesh names the axes the other way
+    round, so P1 sees two meshes over the same device and every partition spec still finds its axis."""
+    meshes = layout_meshes("reshaped", DEVICES[device : device + 1])
+    main, rollout = meshes[Role.ACTOR], meshes[Role.ROLLOUT]
+    assert main != rollout and list(rollout.devices.flat) == list(main.devices.flat) == [DEVICES[device]]
+    assert tuple(main.axis_names) == MESH_AXES and tuple(rollout.axis_names) == MESH_AXES[::-1]
+    assert all(meshes[r] is main for r in Role if r is not Role.ROLLOUT)
+    assert not p1_link_actor_rollout(main, rollout).values.equal
+
+
+def test_reshaped_with_three_devices_error_names_fix():
     with pytest.raises(ValueError) as err:
-        layout_meshes("reshaped", DEVICES[:1])
+        layout_meshes("reshaped", DEVICES[:3])
     msg = str(err.value)
-    assert "'colocated'" in msg and "more devices" in msg
+    assert "'colocated'" in msg and "more devices" in msg and "one device" in msg
 
 
 def test_split_with_one_device_error_names_fix():

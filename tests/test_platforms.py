@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 import rlcluster_lab as rl
 from rlcluster_lab import ClusterConfig, Role, Scenario, build_cluster, layout_meshes, placement_report
 from rlcluster_lab.core.config import ConfigError
+from rlcluster_lab.core.devices import devices_words
 from rlcluster_lab.core.limits import TooLargeError
 from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.lab import setup as notebook
@@ -56,7 +57,75 @@ def test_setup_with_use_accelerator_builds_on_the_chip(monkeypatch):
     monkeypatch.setattr(notebook.jax, "devices", lambda platform=None: [chip] if platform is None else real(platform))
     lab = rl.setup(8, quiet=True, use="accelerator")
     assert lab.devices == (chip,) and lab.platform == "tpu" and not lab.simulated
-    assert "only colocated fits" in lab.summary()
+    assert "the layouts that fit on the 1 tpu device(s): colocated, reshaped" in lab.summary()
+    assert lab.devices_for("reshaped") == (chip,)
+    with pytest.raises(
+        ValueError, match="no devices here hold the 'split' layout; reachable here: colocated, reshaped"
+    ):
+        lab.devices_for("split")
+
+
+@pytest.mark.parametrize("kind", ["TPU v5 lite", "NVIDIA H100"])
+@pytest.mark.parametrize("chip_id", [0, 3])
+def test_on_one_chip_the_layouts_that_fit_one_device_are_built_on_it_and_split_beside_it(monkeypatch, kind, chip_id):
+    """A TPU (or GPU) runtime's single chip: colocated and reshaped (the same chip, another mesh) are
+    built on the chip, split on the simulated CPU devices beside it; the summary and the layout
+    control's labels say which devices each is built on."""
+    cpus = jax.devices("cpu")
+    chip = Chip(chip_id, "tpu" if kind.startswith("TPU") else "gpu")
+    chip.device_kind = kind
+    real = jax.devices
+    monkeypatch.setattr(notebook.jax, "devices", lambda platform=None: [chip] if platform is None else real(platform))
+    lab = rl.setup(8, quiet=True)
+    assert [(f.devices, f.layouts) for f in lab.families] == [
+        ((chip,), ("colocated", "reshaped")),
+        (tuple(cpus), ("split",)),
+    ]
+    assert lab.devices_for("colocated") == lab.devices_for("reshaped") == (chip,)
+    assert lab.devices_for("split") == tuple(cpus) == lab.devices
+    labels = [f.label(layout) for f in lab.families for layout in f.layouts]
+    assert labels == [
+        f"colocated on {kind} chip {chip_id}",
+        f"reshaped on {kind} chip {chip_id}",
+        "split on 8 simulated CPU devices",
+    ]
+    summary = lab.summary()
+    assert f"colocated, reshaped: built on {kind} chip {chip_id}" in summary
+    assert "split: built on 8 simulated CPU devices" in summary and "not reachable" not in summary
+
+
+def test_without_an_accelerator_every_layout_is_one_family_on_the_simulated_devices():
+    lab = rl.setup(8, quiet=True)
+    assert lab.families == ()
+    families = lab.layout_families()
+    assert [(f.devices, f.layouts, f.where) for f in families] == [
+        (lab.devices, ("colocated", "reshaped", "split"), "8 simulated CPU devices")
+    ]
+    assert all(lab.devices_for(layout) == lab.devices for layout in ("colocated", "reshaped", "split"))
+    with pytest.raises(ValueError, match="no devices here hold the 'ring' layout"):
+        lab.devices_for("ring")
+
+
+@pytest.mark.parametrize(
+    "devices,words",
+    [
+        ([Chip(0, "tpu")], "Stand-in chip 0"),
+        ([Chip(5, "gpu")], "Stand-in chip 5"),
+        ([Chip(0, "tpu"), Chip(1, "tpu")], "2 Stand-in chips"),
+        (jax.devices("cpu"), "8 simulated CPU devices"),
+        (jax.devices("cpu")[:4], "4 simulated CPU devices"),
+        (jax.devices("cpu")[:1], "1 CPU device"),
+    ],
+)
+def test_devices_are_named_in_words(devices, words):
+    assert devices_words(devices) == words
+
+
+def test_devices_in_words_take_one_platform():
+    with pytest.raises(ValueError, match="one platform's devices"):
+        devices_words([Chip(0, "tpu"), jax.devices("cpu")[0]])
+    with pytest.raises(ValueError, match="one platform's devices"):
+        devices_words([])
 
 
 @pytest.mark.cluster

@@ -10,13 +10,37 @@ multi-process workers, the warm start) run JAX on the CPU alone (``cpu_only_env`
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 from jax._src import xla_bridge as _xla_bridge
 
 from rlcluster_lab.core.options import DEFAULT_SIMULATED_DEVICES, MAX_SIMULATED_DEVICES, check_device_count
 
-__all__ = ["DEFAULT_SIMULATED_DEVICES", "MAX_SIMULATED_DEVICES", "check_device_count"]
+__all__ = ["DEFAULT_SIMULATED_DEVICES", "MAX_SIMULATED_DEVICES", "check_device_count", "devices_words"]
+
+
+def devices_words(devices: Sequence[Any]) -> str:
+    """Where figures come from, in words: ``"TPU v5 lite chip 0"``, ``"4 NVIDIA H100 chips"``,
+    ``"8 simulated CPU devices"`` (several CPU devices are the simulated ones ``setup()`` asks for).
+
+    Every report and figure names its devices with this one function.
+
+    Raises:
+        ValueError: no devices, or devices of two platforms (one report is of one platform's).
+    """
+    devices = list(devices)
+    platforms = sorted({d.platform for d in devices})
+    if len(platforms) != 1:
+        raise ValueError(f"devices_words takes one platform's devices, got {len(devices)} of {platforms or 'none'}")
+    if platforms[0] == "cpu":
+        return "1 CPU device" if len(devices) == 1 else f"{len(devices)} simulated CPU devices"
+    kind = str(getattr(devices[0], "device_kind", "") or platforms[0].upper())
+    chip = "" if kind.lower().endswith("chip") else " chip"
+    if len(devices) == 1:
+        return f"{kind}{chip} {devices[0].id}"
+    return f"{len(devices)} {kind}{chip}s"
 
 
 def cpu_only_env() -> dict[str, str]:

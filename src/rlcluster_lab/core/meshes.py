@@ -20,6 +20,9 @@ from rlcluster_lab.core.options import LAYOUTS, default_shape, layout_problem
 from rlcluster_lab.core.roles import Role
 
 MESH_AXES: tuple[str, str] = ("fsdp", "tp")
+# The reshaped layout's rollout mesh on one device: (1, 1) like the others' but with the axes named
+# the other way round, so ``==`` tells the two apart (P1) while every partition spec still finds its axis.
+ROLLOUT_AXES_ON_ONE_DEVICE: tuple[str, str] = ("tp", "fsdp")
 
 # Logical name -> mesh axis. Norm scales use None and stay replicated.
 DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
@@ -136,7 +139,9 @@ def layout_meshes(
     - ``colocated``: every role on one mesh over all devices.
     - ``reshaped``: every role on all devices in the standard shape, except the
       rollout, which uses the same devices as an (N, 1) mesh: same chips,
-      another mesh (P1 sees them as different).
+      another mesh (P1 sees them as different). On one device, where (1, 1) is
+      the only shape, the rollout's mesh names the axes the other way round
+      (``ROLLOUT_AXES_ON_ONE_DEVICE``): the same chip, another mesh.
     - ``split``: actor, reference, reward and critic on the first half of the
       devices, the rollout on the second half.
 
@@ -152,7 +157,8 @@ def layout_meshes(
     if layout == "colocated":
         return {role: main for role in Role}
     if layout == "reshaped":
-        return {**{role: main for role in Role}, Role.ROLLOUT: make(devices, (n, 1))}
+        second = make(devices, (1, 1), ROLLOUT_AXES_ON_ONE_DEVICE) if n == 1 else make(devices, (n, 1))
+        return {**{role: main for role in Role}, Role.ROLLOUT: second}
     half = n // 2
     first = make(devices[:half], default_shape(half))
     second = make(devices[half:], default_shape(half))

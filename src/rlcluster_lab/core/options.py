@@ -116,10 +116,11 @@ def layout_problem(layout: str, count: int) -> str | None:
         return f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}"
     if count < 1:
         return "a layout needs at least one device"
-    if layout == "reshaped" and default_shape(count) == (count, 1):
+    if layout == "reshaped" and count > 1 and default_shape(count) == (count, 1):
+        # One device is the exception: its second mesh names the axes the other way round.
         return (
-            f"the reshaped layout needs a device count whose standard shape is not ({count}, 1); "
-            f"with {count} device(s) there is no second arrangement. Use 'colocated', or run with more devices."
+            f"the reshaped layout needs one device or a device count whose standard shape is not ({count}, 1); "
+            f"with {count} devices there is no second arrangement. Use 'colocated', or run with more devices."
         )
     if layout == "split" and (count < 2 or count % 2):
         return (

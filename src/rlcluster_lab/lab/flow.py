@@ -338,11 +338,22 @@ def p14_joined(report: Mapping[str, Any]) -> bool:
 P4_P14_JOINED = "P4 warned of a copy, P14 joined it"
 
 
+# Why a rollout P3 gave a second copy holds only the actor's buffers, measured (the memory view says it).
+SAME_LAYOUT_KEPT = (
+    "P3 placed a second copy, but the rollout's mesh lays every leaf out on the same device as the actor's, "
+    "so JAX kept the actor's buffers: nothing was copied"
+)
+
+
 def share_reason(report: Mapping[str, Any], role: str) -> str:
     """Why ``role`` holds only the actor's buffers (``no_copy``), in a few words, from the trace;
     "" when no decision says why."""
     if role == "rollout" and _branch(report, "P3") == RolloutBranch.SHARED:
         return "P3: the same object"
+    if role == "rollout" and _branch(report, "P3") == RolloutBranch.SECOND_COPY:
+        # P1 saw two meshes, but they place every leaf alike on the same devices (reshaped on one
+        # device): the vanilla engine's placement kept the actor's buffers, so nothing was copied.
+        return SAME_LAYOUT_KEPT
     if role == "reference" and _branch(report, "P4") == ReferenceBranch.ONE_BACKBONE:
         return "P4: one backbone"
     if role == "reference" and p14_joined(report):

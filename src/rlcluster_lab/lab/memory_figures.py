@@ -64,6 +64,25 @@ def _on(holding: Mapping[str, Any], dev: str, kind: str) -> int:
     return int((holding.get("by_device") or {}).get(dev, {}).get(kind, 0))
 
 
+def where_suffix(memory: Mapping[str, Any]) -> str:
+    """ " on TPU v5 lite chip 0": the devices the report's figures come from (its ``where``), or ""."""
+    where = memory.get("where")
+    return f" on {where}" if where else ""
+
+
+def allocator_beside_roles(memory: Mapping[str, Any], in_use: Mapping[str, int]) -> str:
+    """The allocator's bytes in use beside the per-role figure of device memory, per device that
+    reports them, and why the two differ (``measure.memory.ALLOCATOR_DIFFERENCE``)."""
+    allocator = memory.get("allocator") or {}
+    by_device = memory.get("by_device", {})
+    pairs = "; ".join(
+        f"dev {d}: {fmt_bytes(v)} in use beside {fmt_bytes(int(by_device.get(d, {}).get('device', 0)))} per role"
+        for d, v in in_use.items()
+    )
+    source = allocator.get("where") or "allocator"
+    return f"{source} (the black tick): {pairs}. {allocator.get('difference', '')}".rstrip()
+
+
 def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     """What each device holds, each buffer once: a segment per role for its own buffers and a
     hatched segment per set of roles for the buffers they share; one bar per memory kind.
@@ -100,17 +119,17 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     c = Canvas(
         WIDTH,
         top + plot_h + 96,
-        f"Memory per device (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, "
+        f"Memory per device{where_suffix(memory)} (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, "
         f"{fmt_bytes(memory.get('naive_bytes', 0))} if every role had its own copy",
     )
     group_fills = _group_fills(c, groups)
     drawn: dict[str, set[str]] = {}  # entry or set of shared buffers -> the memory kinds of its segments
-    note = "physical bytes (every device's shard counted), each buffer drawn once; allocator: " + (
-        "the black tick is its bytes in use on the device"
+    note = "per role: physical bytes (every device's shard counted), each buffer drawn once; " + (
+        allocator_beside_roles(memory, in_use)
         if in_use
-        else (allocator.get("note") or "no figures on this backend")
+        else "allocator: " + (allocator.get("note") or "no figures on this backend")
     )
-    notes = wrap(note, WIDTH - 16, MIN_FONT, lines=3)
+    notes = wrap(note, WIDTH - 16, MIN_FONT, lines=5)
     for k, line in enumerate(notes):
         c.text(8, 40 + 16 * k, line, size=MIN_FONT, fill=MUTED, title=note)
     top += 16 * (len(notes) - 1)
@@ -263,7 +282,12 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     text_w = WIDTH - 8 - text_x
     scale = bar_max / top_value
     sums = role_sums(memory)
-    c = Canvas(WIDTH, 0, f"Memory per role (measured): {fmt_bytes(sum(sums.values()))} held, each buffer counted once")
+    c = Canvas(
+        WIDTH,
+        0,
+        f"Memory per role{where_suffix(memory)} (measured): {fmt_bytes(sum(sums.values()))} held, "
+        "each buffer counted once",
+    )
     note = (
         f"{_sums_text(sums)}; physical bytes; {fmt_bytes(memory.get('naive_bytes', 0))} if every role's bytes "
         "were summed"

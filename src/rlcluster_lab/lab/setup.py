@@ -3,8 +3,9 @@
 It turns on Colab's widget manager there; asks the CPU backend for ``n_devices`` simulated
 devices, which must happen before the JAX backend starts (JAX starts its CPU backend beside
 any accelerator, so they exist on a GPU or TPU machine too); builds on GPUs or TPUs that can
-form every standard layout, and otherwise (a single chip, where only colocated fits) on the
-simulated CPU devices beside it, keeping the chip reachable (``accelerator_devices``). JAX is
+form every standard layout, and otherwise (a single chip) builds the layouts that fit on it there
+(colocated, and reshaped: the same chip, another mesh) and the ones that need several devices
+(split) on the simulated CPU devices beside it (``families``, ``devices_for(layout)``). JAX is
 never restarted: the accelerator stays its default backend, and the cluster takes its platform
 (memory kinds, the transfer guard, default devices, allocator figures) from its own meshes.
 It turns on the persistent compilation cache and, with the layouts on simulated CPU devices,
@@ -31,7 +32,13 @@ import jax
 
 from rlcluster_lab.app.scenario import buildable_layouts
 from rlcluster_lab.core.compile_cache import enable_compilation_cache
-from rlcluster_lab.core.devices import DEFAULT_SIMULATED_DEVICES, DeviceSetupError, backend_started, check_device_count
+from rlcluster_lab.core.devices import (
+    DEFAULT_SIMULATED_DEVICES,
+    DeviceSetupError,
+    backend_started,
+    check_device_count,
+    devices_words,
+)
 from rlcluster_lab.core.meshes import LAYOUTS
 from rlcluster_lab.lab.warm import start_warm_up
 
@@ -60,21 +67,57 @@ lab = rl.setup()"""
 
 
 @dataclasses.dataclass(frozen=True)
+class LayoutFamily:
+    """Standard layouts built on one set of devices (a chip, or the simulated CPU devices)."""
+
+    devices: tuple[Any, ...]
+    layouts: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        """The devices in words (``core.devices.devices_words``): "TPU v5 lite chip 0"."""
+        return devices_words(self.devices)
+
+    def label(self, layout: str) -> str:
+        """How the lab's layout control names ``layout`` built here: "colocated on TPU v5 lite chip 0"."""
+        return f"{layout} on {self.where}"
+
+
+@dataclasses.dataclass(frozen=True)
 class LabDevices:
     """What ``setup()`` found, and the devices the notebooks build layouts on."""
 
-    platform: str  # the backend the layouts run on: "cpu", "gpu" or "tpu"
-    devices: tuple[Any, ...]  # the devices layouts are built on (pass as ``devices=``)
-    simulated: bool  # the layouts run on simulated CPU devices
+    platform: str  # the backend ``devices`` are of: "cpu", "gpu" or "tpu"
+    devices: tuple[Any, ...]  # the devices the layouts that need several devices are built on
+    simulated: bool  # ``devices`` are simulated CPU devices
     accelerator: str | None  # the real accelerator's platform, if any ("tpu", "gpu")
     accelerator_devices: tuple[Any, ...]  # the real accelerator devices, if any
     colab: bool
-    reachable: tuple[str, ...]  # standard layouts over the chosen devices that can hold the models
+    reachable: tuple[str, ...]  # standard layouts over ``devices`` that can hold the models
     notes: tuple[str, ...] = ()
+    # Which layouts are built on which devices, each layout in one family; empty: all on ``devices``.
+    families: tuple[LayoutFamily, ...] = ()
 
     @property
     def device_count(self) -> int:
         return len(self.devices)
+
+    def layout_families(self) -> tuple[LayoutFamily, ...]:
+        """The families, or the one family of every reachable layout on ``devices``."""
+        return self.families or (LayoutFamily(self.devices, self.reachable),)
+
+    def devices_for(self, layout: str) -> tuple[Any, ...]:
+        """The devices ``layout`` is built on here: on a single chip, colocated and reshaped on the
+        chip and split on the simulated CPU devices beside it; elsewhere ``devices``.
+
+        Raises:
+            ValueError: no family here holds ``layout`` (says which layouts are reachable).
+        """
+        for family in self.layout_families():
+            if layout in family.layouts:
+                return family.devices
+        held = [lay for family in self.layout_families() for lay in family.layouts]
+        raise ValueError(f"no devices here hold the {layout!r} layout; reachable here: {', '.join(held) or 'none'}")
 
     def summary(self) -> str:
         acc = self.accelerator_devices
@@ -86,7 +129,10 @@ class LabDevices:
             f"layouts are built on: {len(self.devices)} {where} device(s)",
             "reachable layouts: " + (", ".join(self.reachable) or "none"),
         ]
-        unreachable = [lay for lay in LAYOUTS if lay not in self.reachable]
+        if self.families:
+            lines += [f"{', '.join(f.layouts)}: built on {f.where}" for f in self.families]
+        held = {lay for family in self.layout_families() for lay in family.layouts}
+        unreachable = [lay for lay in LAYOUTS if lay not in held]
         if unreachable:
             lines.append("not reachable here: " + ", ".join(unreachable))
         if self.colab:
@@ -120,8 +166,9 @@ def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[li
             list(cpus),
             True,
             [
-                f"the {chip} can reach only: {on_chip}; the layouts here run on {len(cpus)} simulated "
-                f"CPU devices beside {them} (pass lab.accelerator_devices as devices= to use {them})"
+                f"the {chip} can reach only: {on_chip}; "
+                + (f"{on_chip} are built on {them}, the others " if on_chip != "none" else "the layouts here run ")
+                + f"on {len(cpus)} simulated CPU devices beside {them} (lab.devices_for(layout) gives each layout's)"
             ],
         )
     return (
@@ -132,6 +179,18 @@ def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[li
             f"(the backend had already started); restart the runtime and run this cell first for the others"
         ],
     )
+
+
+def layout_families(accelerators: Sequence[Any], devices: Sequence[Any], simulated: bool) -> tuple[LayoutFamily, ...]:
+    """Which standard layouts are built on which devices: with the layouts on simulated CPU devices
+    beside accelerators (a single chip), those the accelerators can hold on them (colocated, and
+    reshaped: the same chip, another mesh) and the rest on the CPU devices; otherwise () (every
+    layout on ``devices``)."""
+    on_chip = tuple(buildable_layouts(list(accelerators))) if simulated and accelerators else ()
+    if not on_chip:
+        return ()
+    rest = tuple(lay for lay in buildable_layouts(list(devices)) if lay not in on_chip)
+    return (LayoutFamily(tuple(accelerators), on_chip),) + ((LayoutFamily(tuple(devices), rest),) if rest else ())
 
 
 def _none_buildable(count: int) -> str:
@@ -150,7 +209,7 @@ def setup(
         n_devices: simulated CPU devices to ask for (before JAX starts).
         quiet: do not print the summary.
         use: ``"auto"``; ``"accelerator"`` builds on the accelerator even when
-            it cannot form every layout (a single chip: colocated only).
+            it cannot form every layout (a single chip: colocated and reshaped only).
         warm: start the warm start in the background (``lab.warm``) when the layouts run
             on simulated CPU devices and this environment's cache is not warm yet.
 
@@ -183,8 +242,8 @@ def setup(
         on_chip = buildable_layouts(accelerators)
         if len(on_chip) < len(LAYOUTS):
             notes = [
-                f"only {', '.join(on_chip) or 'no layout'} fits on the "
-                f"{len(accelerators)} {accelerators[0].platform} device(s)"
+                f"the layouts that fit on the {len(accelerators)} {accelerators[0].platform} device(s): "
+                f"{', '.join(on_chip) or 'none'}"
             ]
     else:
         devices, simulated, notes = choose_devices(accelerators, cpus)
@@ -200,6 +259,7 @@ def setup(
         accelerator_devices=tuple(accelerators),
         colab=colab,
         reachable=tuple(buildable_layouts(devices)),
+        families=layout_families(accelerators, devices, simulated),
         notes=tuple(notes)
         + ((f"compiled programs are cached in {cache}",) if cache else ())
         + tuple(filter(None, [kernel_note()])),

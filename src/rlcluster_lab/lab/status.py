@@ -269,7 +269,7 @@ def constructed(report: Mapping[str, Any], seconds: float) -> str:
     warnings = warning_lines(report, short=True)
     return (
         f"Constructed in {seconds:.1f} s. Rollout: {answer_label(report['rollout_branch'])} (P3); "
-        f"{fmt_bytes(memory.get('unique_bytes', 0))} held (measured)"
+        f"{fmt_bytes(memory.get('unique_bytes', 0))} held{_on(memory)} (measured)"
         + (f"; warning: {'; '.join(warnings)}" if warnings else "")
         + "."
     )
@@ -281,8 +281,13 @@ def synced(sync: Mapping[str, Any], seconds: float) -> str:
     return (
         f"Synced in {seconds:.2f} s, now at {STEP_COUNTER} {sync['global_step']}: "
         f"{fmt_bytes(sync['moved_cross_device_bytes'])} of {fmt_bytes(sync['synced_bytes'])} "
-        "crossed devices (measured)."
+        f"crossed devices{_on(sync)} (measured)."
     )
+
+
+def _on(report: Mapping[str, Any]) -> str:
+    """ " on TPU v5 lite chip 0": the devices a memory or sync report's figures come from, or ""."""
+    return f" on {report['where']}" if report.get("where") else ""
 
 
 def stepped(

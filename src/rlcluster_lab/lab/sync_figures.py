@@ -23,6 +23,11 @@ from rlcluster_lab.placement import phases as ph
 SYNC_COLORS = {"arrived": SYNC_PARTS[0][2], "copied": SYNC_PARTS[1][2], "reused": SYNC_PARTS[2][2], "relayed": RELAYED}
 
 
+def _on(sync: Mapping[str, Any]) -> str:
+    """ " on 8 simulated CPU devices": where the sync ran (its report's ``where``), or ""."""
+    return f" on {sync['where']}" if sync.get("where") else ""
+
+
 def _runs(sync: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """One sync report, or a mapping of label -> sync report."""
     if "synced_bytes" in sync:
@@ -63,7 +68,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
             ("reused", "reused (no copy)", int(s.get("reused_bytes", 0))),
         ]
         head = (
-            f"{label}: {fmt_bytes(synced)} synced (physical: every device's shard), "
+            f"{label}{_on(s)}: {fmt_bytes(synced)} synced (physical: every device's shard), "
             f"{fmt_bytes(logical)} logical (each leaf once)"
         )
         for k, line in enumerate(wrap(head, WIDTH - 16, 13, lines=2, bold=True)):
@@ -141,7 +146,7 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     widest = max([sum(int(lf.get(key, 0)) for key, _, _ in SYNC_PARTS) for lf in leaves] + [1])
     scale = bar_w / widest
     shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
-    c = Canvas(WIDTH, 0, f"Weight sync per leaf ({shown}), physical bytes")
+    c = Canvas(WIDTH, 0, f"Weight sync per leaf{_on(sync)} ({shown}), physical bytes")
     tick = ("black", "tick: the least the placement allows to cross")
     y = legend(c, 8, 42, [(color, what) for _, what, color in SYNC_PARTS] + [tick])
     for frac in (0.0, 0.5, 1.0):
@@ -228,7 +233,7 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None) -> Svg:
     source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
     mine = by_device.get(device, {})
     sub = (
-        f"device {device} ({source}); peak: "
+        f"device {device}{' of ' + sync['where'] if sync.get('where') else ''} ({source}); peak: "
         + (", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in mine.items()) or "nothing new")
         + (f", at {peak['phase_at_peak'][device]}" if device in peak.get("phase_at_peak", {}) else "")
         + ("; in one piece" if chunks <= 1 else f"; {chunks} chunks of at most {fmt_bytes(peak['chunk_bytes'])}")

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rlcluster_lab.core.devices import devices_words
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import MEMORY_KINDS, array_leaves
 from rlcluster_lab.measure.sync_peak import array_buffers
@@ -50,11 +51,13 @@ class MemoryReport:
     allocator: Mapping[str, Any]
     units: str = UNITS
     source: str = MEMORY_SOURCE
+    where: str = ""  # the devices measured, in words (``core.devices.devices_words``)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "units": self.units,
             "source": self.source,
+            "where": self.where,
             "by_role": _plain(self.by_role),
             "by_device": _plain(self.by_device),
             "shared": _plain(self.shared),
@@ -110,7 +113,8 @@ def memory_of(entries: Mapping[str, Any], devices: Sequence[Any] | None = None) 
             rows.append((e, key[1], KINDS.index(key[2]), nbytes, ids.setdefault(key, len(ids))))
     cols = np.array(rows, dtype=np.int64).reshape(-1, 5).T
     table = memory_table(names, *cols)
-    return MemoryReport(**table, allocator=allocator_stats(devices))
+    devices = list(devices) if devices is not None else jax.local_devices()
+    return MemoryReport(**table, allocator=allocator_stats(devices), where=devices_words(devices) if devices else "")
 
 
 def memory_table(
@@ -211,11 +215,21 @@ def allocator_stats(devices: Sequence[Any] | None = None) -> dict[str, Any]:
         }
     return {
         "available": True,
+        "where": f"{devices_words(devices)}, allocator",
         "note": "device.memory_stats() of each device: device memory only, and every buffer of the "
         "process, not only the cluster's; bytes_limit is what the allocator may use (on GPU, JAX "
         "preallocates 75% of the memory by default), not the device's size",
+        "difference": ALLOCATOR_DIFFERENCE,
         "by_device": stats,
     }
+
+
+# Why the allocator's bytes in use and the per-role figure differ, in one sentence (the memory view says it).
+ALLOCATOR_DIFFERENCE = (
+    "The allocator counts everything live on the device, the cluster's arrays and any other buffer of this "
+    "process, in the blocks it rounded and fragmented them into; the per-role figure counts the roles' own "
+    "arrays, each buffer once, from their shapes and dtypes."
+)
 
 
 _ALLOCATOR_KEYS = ("bytes_in_use", "peak_bytes_in_use", "bytes_limit", "largest_alloc_size", "num_allocs")

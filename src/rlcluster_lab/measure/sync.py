@@ -20,6 +20,7 @@ from flax import nnx
 from flax.traverse_util import flatten_dict
 from jax.sharding import NamedSharding, Sharding
 
+from rlcluster_lab.core.devices import devices_words
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.memory import UNITS, _plain
@@ -159,6 +160,8 @@ class SyncReport:
     # multiprocess.report splits them into bytes that crossed a process boundary and bytes
     # that stayed inside one. Not part of the JSON.
     transfers: tuple[Transfer, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    # The devices the sync ran on, in words (``core.devices.devices_words``): where its figures come from.
+    where: str = ""
 
     def _sum(self, field: str) -> int:
         return int(sum(getattr(leaf, field) for leaf in self.leaves))
@@ -179,6 +182,7 @@ class SyncReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "units": self.units,
+            "where": self.where,
             "method": self.method,
             "lora": self.lora,
             "global_step": self.global_step,
@@ -243,11 +247,12 @@ def sync_report(
     anchor_seconds: float,
     global_step: int,
     transient_peak: SyncPeak | None = None,
+    where: str = "",
 ) -> SyncReport:
     """Build the report from the source's facts, the destination arrays and the transfer log.
 
     ``new_anchor_shards``: (device id, memory kind, bytes) of every buffer
-    the anchor re-pin allocated.
+    the anchor re-pin allocated. ``where``: the devices it ran on, in words.
     """
     cross: dict[str, int] = {}
     same: dict[str, int] = {}
@@ -340,6 +345,7 @@ def sync_report(
         reshard_strategy=strategy,
         peak=transient_peak,
         transfers=tuple(t for t in log.transfers if t.kind == "cross_device" and t.leaf is not None),
+        where=where,
     )
 
 
@@ -466,4 +472,5 @@ class SyncObserver:
             anchor_seconds=self.anchor_seconds,
             global_step=global_step,
             transient_peak=self.peak(),
+            where=devices_words(self._devices) if self._devices else "",
         )

@@ -131,6 +131,7 @@ def merge_memory(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "units": parts[0]["units"],
         "source": parts[0]["source"] + ", on each process for its own devices, added up by process 0",
+        "where": merge_where(parts),
         "by_role": {role: {**r, "by_device": _by_id(r["by_device"])} for role, r in by_role.items()},
         "by_device": _united(p["by_device"] for p in parts),
         "shared": [shared[k] for k in sorted(shared)],
@@ -174,6 +175,7 @@ def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     strategies = sorted({s for p in parts for s in p["reshard_strategy"].split("+")})
     return {
         "units": first["units"],
+        "where": merge_where(parts),
         "method": first["method"] + "; on each process for its own devices, added up by process 0",
         "lora": first["lora"],
         "global_step": first["global_step"],
@@ -327,11 +329,26 @@ def _keyed(boxes: Sequence[tuple[Any, Any]], attribute: str) -> list[tuple[int, 
 
 def _merge_allocator(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The processes' allocator figures (``measure.memory``) as one, by device id."""
-    return {
+    out = {
         "available": any(a.get("available") for a in parts),
         "note": parts[0].get("note", ""),
         "by_device": _united(a.get("by_device", {}) for a in parts),
     }
+    if out["available"]:
+        out["where"] = merge_where(parts)
+        out["difference"] = next(a["difference"] for a in parts if a.get("difference"))
+    return out
+
+
+def merge_where(parts: Sequence[Mapping[str, Any]]) -> str:
+    """Where the processes' figures come from, in words: "2 processes of 4 simulated CPU devices
+    each" when every process names the same (``core.devices.devices_words``), else each in turn."""
+    said = [str(p.get("where") or "") for p in parts]
+    if not any(said):
+        return ""
+    if len(set(said)) == 1:
+        return f"{len(said)} processes of {said[0]} each" if len(said) > 1 else said[0]
+    return "; ".join(f"process {i}: {w}" for i, w in enumerate(said))
 
 
 def _by_id(d: Mapping[str, Any]) -> dict[str, Any]:

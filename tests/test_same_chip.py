@@ -1,0 +1,156 @@
+"""One device holding the layouts that fit it (what a TPU runtime's single chip builds: colocated,
+and reshaped as the same chip with another mesh), and every memory and sync figure naming the
+devices it comes from. Built on single simulated CPU devices; the allocator's figures come from
+stand-in devices (``test_platforms.Chip``)."""
+
+from __future__ import annotations
+
+import html
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from test_platforms import Chip
+
+from rlcluster_lab import Scenario, build_cluster, placement_report
+from rlcluster_lab.lab import status as sentences
+from rlcluster_lab.lab.flow import SAME_LAYOUT_KEPT
+from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
+from rlcluster_lab.lab.sync_figures import sync_bytes, sync_leaves, sync_peak
+from rlcluster_lab.measure import memory_of
+from rlcluster_lab.measure.memory import ALLOCATOR_DIFFERENCE
+from rlcluster_lab.model import init_model
+from rlcluster_lab.multiprocess.report import merge_memory, merge_sync, merge_where
+
+CPUS = jax.devices("cpu")
+
+
+def _text(svg: str) -> str:
+    return html.unescape(str(svg))
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "device,engine,lora,offload",
+    [
+        (0, "vanilla", False, False),
+        (5, "vanilla", True, True),
+        (3, "sglang_jax", True, False),
+        (7, "sglang_jax", False, True),
+    ],
+)
+def test_reshaped_on_one_device_gives_the_rollout_its_own_mesh_and_the_report_says_what_was_copied(
+    device, engine, lora, offload
+):
+    """P1 sees two meshes over one device, so P3 gives the rollout its own copy. An engine that owns
+    its weights (sglang_jax) holds a real copy, and its sync copies every byte on the device; the
+    vanilla engine's copy is placed with the actor's layout on the same device, where JAX keeps the
+    actor's buffers: the memory report measures them as shared, the per-role figure says why, and
+    the sync reuses every byte; with offload (P14) each role is placed in pinned host on its own,
+    so that copy is real too. Nothing crosses devices either way."""
+    scenario = Scenario(layout="reshaped", engine=engine, lora=lora, offload=offload)
+    cluster = build_cluster(scenario, devices=[CPUS[device]])
+    cluster.sync_weights()
+    report = placement_report(cluster, sync=cluster.sync_weights()).to_json()
+    p1 = [d for d in report["decisions"] if d["rule"] == "P1"][-1]
+    assert not p1["values"]["equal"] and p1["values"]["same_devices"]
+    assert report["role_to_mesh"]["rollout"]["axis_names"] == ["tp", "fsdp"]
+    assert report["role_to_mesh"]["actor"]["axis_names"] == ["fsdp", "tp"]
+    assert report["rollout_branch"] == ("second_copy" if engine == "vanilla" else "engine_initial_value")
+    memory, sync = report["memory"], report["sync"]
+    assert memory["where"] == sync["where"] == "1 CPU device"
+    assert set(memory["by_device"]) == {str(device)}
+    shared = [g for g in memory["shared"] if {"actor", "rollout"} <= set(g["roles"])]
+    assert sync["moved_cross_device_bytes"] == sync["minimum_cross_device_bytes"] == 0
+    role_text = _text(memory_by_role(memory, report))
+    if engine == "vanilla" and not offload:
+        assert sum(g["bytes"] for g in shared) == memory["by_role"]["rollout"]["bytes"] > 0
+        assert sync["reused_bytes"] == sync["synced_bytes"] > 0 and sync["copied_same_device_bytes"] == 0
+        assert SAME_LAYOUT_KEPT in role_text
+    else:
+        assert not shared and memory["by_role"]["rollout"]["bytes"] > 0
+        assert sync["copied_same_device_bytes"] == sync["synced_bytes"] > 0 and sync["reused_bytes"] == 0
+        assert SAME_LAYOUT_KEPT not in role_text
+    if offload:
+        assert report["anchor"]["memory_kind"] == "pinned_host"
+    assert "Memory per role on 1 CPU device (measured)" in role_text
+    assert "Memory per device on 1 CPU device (measured)" in _text(memory_by_device(memory))
+    assert "on 1 CPU device:" in _text(sync_bytes(sync))
+    assert "Weight sync per leaf on 1 CPU device" in _text(sync_leaves(sync))
+    assert f"device {device} of 1 CPU device" in _text(sync_peak(sync))
+    assert sentences.synced(sync, 0.1).endswith("crossed devices on 1 CPU device (measured).")
+    assert " held on 1 CPU device (measured)" in sentences.constructed(report, 1.0)
+
+
+@pytest.mark.parametrize("chips", [1, 2])
+def test_the_allocator_figures_stand_beside_the_per_role_figure_with_why_they_differ(chips):
+    """Where the devices report allocator figures (a chip's ``memory_stats()``), the memory view
+    names them as the chip's allocator's, gives each device's bytes in use beside the per-role bytes
+    in device memory, and says in one sentence why the two differ; where they report none (CPU),
+    it says so and names no allocator figure."""
+    model = init_model("tiny", seed=1, mesh=jax.sharding.Mesh(np.array(CPUS[:chips]).reshape(chips, 1), ("fsdp", "tp")))
+    entries = {"actor": nnx.state(model)}
+    per_role = memory_of(entries, devices=CPUS[:chips]).to_json()
+    in_use = 3 * per_role["unique_bytes"] + 17
+    stand_ins = [
+        Chip(i, "tpu", {"bytes_in_use": in_use, "peak_bytes_in_use": in_use, "bytes_limit": 2**34})
+        for i in range(chips)
+    ]
+    for chip in stand_ins:
+        chip.device_kind = "TPU v5 lite"
+    memory = memory_of(entries, devices=stand_ins).to_json()
+    where = "TPU v5 lite chip 0" if chips == 1 else "2 TPU v5 lite chips"
+    assert memory["where"] == where and memory["allocator"]["where"] == f"{where}, allocator"
+    assert memory["allocator"]["difference"] == ALLOCATOR_DIFFERENCE
+    text = _text(memory_by_device(memory))
+    from rlcluster_lab.lab.style import fmt_bytes
+
+    pairs = "; ".join(
+        f"dev {d}: {fmt_bytes(in_use)} in use beside {fmt_bytes(kinds['device'])} per role"
+        for d, kinds in memory["by_device"].items()
+    )
+    assert f"{where}, allocator (the black tick): {pairs}. {ALLOCATOR_DIFFERENCE}" in text
+    assert f"Memory per device on {where} (measured)" in text
+    plain = _text(memory_by_device(per_role))
+    assert "allocator (the black tick)" not in plain and ALLOCATOR_DIFFERENCE not in plain
+    assert "report no allocator figures" in plain
+
+
+def test_processes_name_their_devices_in_the_merged_reports():
+    assert merge_where([{"where": "4 simulated CPU devices"}] * 2) == "2 processes of 4 simulated CPU devices each"
+    assert merge_where([{"where": "2 simulated CPU devices"}, {"where": "6 simulated CPU devices"}]) == (
+        "process 0: 2 simulated CPU devices; process 1: 6 simulated CPU devices"
+    )
+    assert merge_where([{"where": "1 CPU device"}]) == "1 CPU device"
+    assert merge_where([{}, {}]) == ""
+    memory = {
+        "units": "u",
+        "source": "s",
+        "where": "4 simulated CPU devices",
+        "by_role": {},
+        "by_device": {},
+        "shared": [],
+        "unique_bytes": 0,
+        "naive_bytes": 0,
+        "allocator": {"available": False, "note": "none", "by_device": {}},
+    }
+    assert merge_memory([memory, memory])["where"] == "2 processes of 4 simulated CPU devices each"
+    sync = {
+        "units": "u",
+        "where": "4 simulated CPU devices",
+        "method": "m",
+        "lora": False,
+        "global_step": 1,
+        "reshard_strategy": "xla",
+        "anchor_bytes": 0,
+        "anchor_mode": "full",
+        "seconds": 0.0,
+        "anchor_seconds": 0.0,
+        "includes_compilation": False,
+        "includes_program_load": False,
+        "arrived_by_device": {},
+        "peak_extra_bytes": {},
+        "leaves": [],
+    }
+    assert merge_sync([sync, sync])["where"] == "2 processes of 4 simulated CPU devices each"
