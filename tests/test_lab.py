@@ -512,9 +512,8 @@ def test_p13_one_step_counter_the_global_step_in_the_status_and_the_step_log(lab
 
     report = build(lab)
     assert lab.status.text.startswith("Constructed in ")
-    assert f"Rollout: same object (P3); {fmt_bytes(report['memory']['unique_bytes'])} held (measured)." in (
-        lab.status.text
-    )
+    held = fmt_bytes(report["memory"]["unique_bytes"])
+    assert f"Rollout: same object (P3); {held} held on 8 simulated CPU devices (measured)." in (lab.status.text)
     lab.sync_button.click()
     assert lab.cluster.global_steps == 1 and "now at global step 1:" in lab.status.text
     lab.step_button.click()  # a step ends with a sync: the same counter moves on

@@ -392,6 +392,10 @@ class StubSyncCluster:
         self.seen["status"] = self.lab.status.text
         raise RuntimeError("stub sync: stops here")
 
+    def devices(self):
+        # The devices whose allocator the sync reads: the live cluster's own.
+        return self.lab.devices[:1]
+
 
 @pytest.mark.parametrize("allocator", [True, False])
 def test_a_sync_waits_for_the_background_compile_only_where_the_allocator_peak_would_count_it(
@@ -399,7 +403,12 @@ def test_a_sync_waits_for_the_background_compile_only_where_the_allocator_peak_w
 ):
     # The allocator keeps one peak per process: a rehearsal's arrays made during the sync would
     # count as the sync's. Devices without allocator figures measure the sync's own arrays only.
-    monkeypatch.setattr(widget_module, "allocator_before", lambda devices: {"0": (0, 0)} if allocator else None)
+    read = []
+    monkeypatch.setattr(
+        widget_module,
+        "allocator_before",
+        lambda devices: read.append(devices) or ({"0": (0, 0)} if allocator else None),
+    )
     stub, cluster = StubCompile(lab), StubSyncCluster(lab)
     lab.background, lab._cluster = stub, cluster
     lab.sync_button.click()
@@ -410,3 +419,4 @@ def test_a_sync_waits_for_the_background_compile_only_where_the_allocator_peak_w
         assert "status" not in stub.seen and stub.running
     assert cluster.seen["status"].startswith("Sync weights: handing the actor's weights to the rollout: ")
     assert "<b>RuntimeError</b>: stub sync: stops here" in lab.notes.note("actions").value
+    assert read == [lab.devices[:1]]  # the live cluster's devices (a single chip's layouts are on the chip)

@@ -243,13 +243,17 @@ def check_p4_then_p14(report: dict, words: dict[str, Any]) -> None:
 
 def check_status(report: dict, words: dict[str, Any]) -> None:
     held = fmt_bytes(report["memory"]["unique_bytes"])
-    assert f"{held} held (measured)" in words["status"]
+    where = report["memory"]["where"]
+    assert f"{held} held on {where} (measured)" in words["status"]
     assert f"{held} held" in svg_text(words["by_device"]) and f"{held} held" in svg_text(words["by_role"])
+    assert f"{where}, measured: per role: physical bytes" in svg_text(words["by_device"])
+    assert f"{where}, measured: " in svg_text(words["by_role"])
     for w in report["warnings"]:
         assert w.split(":")[0] in words["status"], w
     if "synced" in words:
         sync = report["sync"]
         assert f"{fmt_bytes(sync['moved_cross_device_bytes'])} of {fmt_bytes(sync['synced_bytes'])}" in words["synced"]
+        assert f"crossed devices on {sync['where']} (measured)" in words["synced"]
 
 
 def check_words(report: dict) -> None:
@@ -290,12 +294,16 @@ def test_memory_sums_name_only_what_is_drawn():
     # Nothing in device memory (offload): no solid sum is named; the dotted bars' sum is.
     offload = render(stored("colocated-lora-offload"))["by_role"]
     note = elements(offload)["sums"].find(NS + "title").text
-    assert note.startswith("no bar is solid (nothing in device memory); dotted bars (pinned host) add up to 706.0 KiB")
+    assert note.startswith(
+        "8 simulated CPU devices, measured: no bar is solid (nothing in device memory); "
+        "dotted bars (pinned host) add up to 706.0 KiB"
+    )
     # The anchor in pinned host is not part of the solid sum.
     lora = render(stored("colocated-lora"))["by_role"]
     note = elements(lora)["sums"].find(NS + "title").text
     assert note.startswith(
-        "solid bars (device memory) add up to 1.1 MiB; dotted bars (pinned host) add up to 522.0 KiB"
+        "8 simulated CPU devices, measured: solid bars (device memory) add up to 1.1 MiB; "
+        "dotted bars (pinned host) add up to 522.0 KiB"
     )
 
 

@@ -96,7 +96,8 @@ def test_l2_memory_by_device_marks_the_allocators_bytes_in_use_where_the_backend
         "alloc:0": 2000,
         "alloc:1": 1500,
     }
-    assert "the black tick is its bytes in use" in svg_text(memory_by_device(_with_allocator()))
+    said = svg_text(memory_by_device(_with_allocator()))
+    assert "allocator (the black tick): dev 0: 2.0 KiB in use beside 700 B per role; dev 1: 1.5 KiB in use" in said
 
 
 def _tick_labels(svg: str) -> list[str]:

@@ -6,6 +6,7 @@ stand-in devices (``test_platforms.Chip``)."""
 from __future__ import annotations
 
 import html
+import types
 
 import jax
 import numpy as np
@@ -17,7 +18,9 @@ from rlcluster_lab import Scenario, build_cluster, placement_report
 from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab.flow import SAME_LAYOUT_KEPT
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
+from rlcluster_lab.lab.setup import LayoutFamily
 from rlcluster_lab.lab.sync_figures import sync_bytes, sync_leaves, sync_peak
+from rlcluster_lab.lab.widget import PlacementLab
 from rlcluster_lab.measure import memory_of
 from rlcluster_lab.measure.memory import ALLOCATOR_DIFFERENCE
 from rlcluster_lab.model import init_model
@@ -74,8 +77,8 @@ def test_reshaped_on_one_device_gives_the_rollout_its_own_mesh_and_the_report_sa
         assert SAME_LAYOUT_KEPT not in role_text
     if offload:
         assert report["anchor"]["memory_kind"] == "pinned_host"
-    assert "Memory per role on 1 CPU device (measured)" in role_text
-    assert "Memory per device on 1 CPU device (measured)" in _text(memory_by_device(memory))
+    assert "1 CPU device, measured: " in role_text
+    assert "1 CPU device, measured: per role: physical bytes" in _text(memory_by_device(memory))
     assert "on 1 CPU device:" in _text(sync_bytes(sync))
     assert "Weight sync per leaf on 1 CPU device" in _text(sync_leaves(sync))
     assert f"device {device} of 1 CPU device" in _text(sync_peak(sync))
@@ -111,7 +114,7 @@ def test_the_allocator_figures_stand_beside_the_per_role_figure_with_why_they_di
         for d, kinds in memory["by_device"].items()
     )
     assert f"{where}, allocator (the black tick): {pairs}. {ALLOCATOR_DIFFERENCE}" in text
-    assert f"Memory per device on {where} (measured)" in text
+    assert f"{where}, measured: per role: physical bytes" in text
     plain = _text(memory_by_device(per_role))
     assert "allocator (the black tick)" not in plain and ALLOCATOR_DIFFERENCE not in plain
     assert "report no allocator figures" in plain
@@ -154,3 +157,80 @@ def test_processes_name_their_devices_in_the_merged_reports():
         "leaves": [],
     }
     assert merge_sync([sync, sync])["where"] == "2 processes of 4 simulated CPU devices each"
+
+
+def _one_chip_families(chip: int = 0):
+    """What ``setup()`` gives on a single chip, with a CPU device standing in for the chip (a real
+    JAX device, so clusters build on it): colocated and reshaped on it, split on the eight."""
+    return (LayoutFamily((CPUS[chip],), ("colocated", "reshaped")), LayoutFamily(tuple(CPUS), ("split",)))
+
+
+def test_the_layout_menu_names_where_each_layout_is_built():
+    knobs = PlacementLab(devices=CPUS, families=_one_chip_families(2), rehearse=False).knobs
+    assert list(knobs.layout.options) == [
+        ("colocated on 1 CPU device", "colocated"),
+        ("reshaped on 1 CPU device", "reshaped"),
+        ("split on 8 simulated CPU devices", "split"),
+        ("custom rollout mesh", "custom"),
+    ]
+    assert knobs.layout_devices() == [CPUS[2]]
+    knobs.layout.value = "split"
+    assert knobs.layout_devices() == list(CPUS)
+    knobs.layout.value = "custom"  # the trainer roles of a custom rollout mesh: on the lab's devices
+    assert knobs.layout_devices() == list(CPUS)
+    plain = PlacementLab(devices=CPUS, rehearse=False).knobs
+    assert [v for _, v in plain.layout.options] == ["colocated", "reshaped", "split", "custom"]
+    assert [label for label, _ in plain.layout.options][:3] == ["colocated", "reshaped", "split"]
+    with pytest.raises(TypeError, match="families must hold JAX devices"):
+        PlacementLab(devices=CPUS, families=[LayoutFamily((Chip(0),), ("colocated",))], rehearse=False)
+
+
+@pytest.mark.cluster
+def test_the_lab_builds_each_layout_on_its_family_and_its_views_say_where():
+    lab = PlacementLab(devices=CPUS, families=_one_chip_families(3), rehearse=False)
+    lab.knobs.layout.value = "reshaped"
+    lab.construct()
+    assert lab.error is None and lab.cluster.devices() == [CPUS[3]]
+    assert lab.report["memory"]["where"] == "1 CPU device" and " held on 1 CPU device (measured)" in lab.status.text
+    lab.sync()
+    assert lab.report["sync"]["where"] == "1 CPU device" and "crossed devices on 1 CPU device" in lab.status.text
+    lab.knobs.layout.value = "split"
+    lab.construct()
+    assert lab.error is None and lab.cluster.devices() == list(CPUS)
+    assert "held on 8 simulated CPU devices" in lab.status.text
+
+
+def test_experiments_build_each_layout_where_the_lab_puts_it(monkeypatch):
+    """Given what ``setup()`` returned, the notebooks' experiments build each layout on
+    ``devices_for(layout)``; given devices, on those; their tables name the devices when the rows
+    come from different ones."""
+    from rlcluster_lab.lab import experiments as ex
+    from rlcluster_lab.lab import setup as lab_setup
+
+    lab = lab_setup.LabDevices(
+        platform="cpu",
+        devices=tuple(CPUS),
+        simulated=True,
+        accelerator="tpu",
+        accelerator_devices=(CPUS[1],),
+        colab=False,
+        reachable=("colocated", "reshaped", "split"),
+        families=_one_chip_families(1),
+    )
+    assert lab_setup.layout_devices(lab, "colocated") == [CPUS[1]]
+    assert lab_setup.layout_devices(lab, "split") == list(CPUS)
+    assert lab_setup.layout_devices(CPUS[:4], "reshaped") == list(CPUS[:4])
+    assert lab_setup.layouts_held(lab) == ["colocated", "reshaped", "split"]
+    built = []
+    monkeypatch.setattr(ex, "build_cluster", lambda scenario, devices: built.append((scenario.layout, devices)))
+    monkeypatch.setattr(ex, "placement_report", lambda cluster: types.SimpleNamespace(to_json=dict))
+    ex.reports_for({"a": Scenario(layout="reshaped"), "b": Scenario(layout="split")}, lab)
+    assert built == [("reshaped", [CPUS[1]]), ("split", list(CPUS))]
+    rows = [{"run": "a"}, {"run": "b"}]
+    mixed = {"a": {"where": "TPU v5 lite chip 0"}, "b": {"where": "8 simulated CPU devices"}}
+    assert ex.where_column(rows, mixed) == [
+        {"run": "a", "on": "TPU v5 lite chip 0"},
+        {"run": "b", "on": "8 simulated CPU devices"},
+    ]
+    same = {"a": {"where": "8 simulated CPU devices"}, "b": {"where": "8 simulated CPU devices"}}
+    assert ex.where_column(rows, same) == rows

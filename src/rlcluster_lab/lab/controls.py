@@ -26,6 +26,7 @@ from rlcluster_lab.core.meshes import (
     sharded_dims,
 )
 from rlcluster_lab.core.roles import Role
+from rlcluster_lab.lab.setup import LayoutFamily
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.rules.anchor import anchor_is_partial
 
@@ -80,11 +81,16 @@ class Knobs:
     """The scenario's knobs as widgets, laid out in ``self.widget``.
 
     Args:
-        devices: the devices the layouts are built on.
+        devices: the devices the layouts are built on (and the custom rollout mesh picks from).
+        families: which layouts are built on which devices (``LabDevices.families``: on a single
+            chip, colocated and reshaped on the chip, split on the simulated CPU devices beside
+            it); the layout menu then names where each is built. None: every layout ``devices``
+            can form, on them.
     """
 
-    def __init__(self, devices: Sequence[jax.Device]) -> None:
+    def __init__(self, devices: Sequence[jax.Device], families: Sequence[LayoutFamily] | None = None) -> None:
         self.devices = list(devices)
+        self.families = tuple(families or ())
         self._make()
         self.widget = self._assemble()
         self._update_custom_visibility()
@@ -92,7 +98,10 @@ class Knobs:
     def _make(self) -> None:
         # Every control but the custom mesh's device buttons is built from its knob; the layouts
         # offered are those these devices can hold.
-        layouts = [(n, n) for n in reachable_layouts(self.devices)] + [("custom rollout mesh", CUSTOM)]
+        layouts = [(f.label(n), n) for f in self.families for n in f.layouts] or [
+            (n, n) for n in reachable_layouts(self.devices)
+        ]
+        layouts.append(("custom rollout mesh", CUSTOM))
         for knob in CONTROLS:
             setattr(self, knob.field, control(knob, layouts if knob.field == "layout" else None))
         self.static_lora = self.sglang_static_lora  # the checkbox's short name
@@ -254,6 +263,12 @@ class Knobs:
             f"a x b must divide its dimensions {', '.join(map(str, dims['fsdp']))} by a and "
             f"{', '.join(map(str, dims['tp']))} by b. Pick {either} devices, or another {label('model_size')}."
         )
+
+    def layout_devices(self) -> list[jax.Device]:
+        """The devices the chosen layout is built on: its family's, else ``devices`` (the custom
+        rollout mesh's trainer roles are on ``devices`` too)."""
+        chosen = self.layout.value
+        return next((list(f.devices) for f in self.families if chosen in f.layouts), self.devices)
 
     def picked_devices(self) -> list[jax.Device]:
         return [d for d, t in zip(self.devices, self.device_toggles) if t.value]

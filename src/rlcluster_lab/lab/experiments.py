@@ -25,6 +25,7 @@ from rlcluster_lab.core.config import ClusterConfig, ConfigError, RolloutConfig,
 from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.core.options import LAYOUTS
 from rlcluster_lab.core.roles import Mode, Role
+from rlcluster_lab.lab.setup import LabDevices, layout_devices, layouts_held
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.model import init_model
 from rlcluster_lab.rl_cluster import RLCluster
@@ -98,15 +99,34 @@ def _mesh_text(mesh: Any) -> str:
     return f"{shape} on devices {ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else f"{shape} on {ids}"
 
 
+# Where the experiments build: the devices themselves, or what ``setup()`` returned, whose
+# ``devices_for(layout)`` puts each layout on its own devices (on a single chip, colocated and
+# reshaped on the chip, split on the simulated CPU devices beside it).
+Devices = LabDevices | Sequence[jax.Device]
+
+
 def reports_for(
-    scenarios: Mapping[str, Scenario], devices: Sequence[jax.Device], progress: Tick | None = None
+    scenarios: Mapping[str, Scenario], devices: Devices, progress: Tick | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Build each scenario's cluster and keep only its placement report (JSON)."""
+    """Build each scenario's cluster (on ``lab.setup.layout_devices`` of its layout) and keep only
+    its placement report (JSON)."""
     return each(
         scenarios.items(),
-        lambda scenario: placement_report(build_cluster(scenario, devices=devices)).to_json(),
+        lambda scenario: placement_report(
+            build_cluster(scenario, devices=layout_devices(devices, scenario.layout))
+        ).to_json(),
         progress,
     )
+
+
+def where_column(rows: list[dict[str, Any]], reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (one per report, in order) with an "on" column naming each one's devices, when
+    they come from different devices (a single chip beside simulated CPU devices); as they are
+    when every report names the same ``where`` (the tables' heading then says it once)."""
+    wheres = [str(r.get("where") or "") for r in reports.values()]
+    if len(set(wheres)) <= 1:
+        return rows
+    return [{**row, "on": where} for row, where in zip(rows, wheres)]
 
 
 def decision_lines(report: Mapping[str, Any], rules: Sequence[str]) -> str:
@@ -178,9 +198,7 @@ MEMORY_SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
-def memory_comparison(
-    layout: str, devices: Sequence[jax.Device], progress: Tick | None = None
-) -> dict[str, dict[str, Any]]:
+def memory_comparison(layout: str, devices: Devices, progress: Tick | None = None) -> dict[str, dict[str, Any]]:
     """Placement reports of the same layout with a full actor, a LoRA actor sharing the
     reference's backbone, and a LoRA actor over a copy of it (P2-P4)."""
     scenarios = {label: Scenario(layout=layout, **knobs) for label, knobs in MEMORY_SCENARIOS.items()}
@@ -202,7 +220,7 @@ def memory_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]
         row["held once"] = mem["unique_bytes"]
         row["summed per role"] = mem["naive_bytes"]
         rows.append(row)
-    return rows
+    return where_column(rows, {label: rep["memory"] for label, rep in reports.items()})
 
 
 # --------------------------------------------------------------------------- 03: P6 errors
@@ -398,7 +416,7 @@ SYNC_COLUMNS = (
 
 
 def sync_matrix(
-    devices: Sequence[jax.Device],
+    devices: Devices,
     layouts: Sequence[str] = LAYOUTS,
     loras: Sequence[bool] = (False, True),
     engine: str = "vanilla",
@@ -411,14 +429,15 @@ def sync_matrix(
     """
 
     def second_sync(scenario: Scenario) -> dict[str, Any]:
-        cluster = build_cluster(scenario, devices=devices)
+        cluster = build_cluster(scenario, devices=layout_devices(devices, scenario.layout))
         cluster.sync_weights()
         return cluster.sync_weights().to_json()
 
+    held = layouts_held(devices) if isinstance(devices, LabDevices) else reachable_layouts(devices)
     cases = [
         (f"{layout}, {'LoRA' if lora else 'full'}", Scenario(layout=layout, lora=lora, engine=engine))
         for layout in layouts
-        if layout in reachable_layouts(devices)
+        if layout in held
         for lora in loras
     ]
     return each(cases, second_sync, progress)
@@ -426,7 +445,8 @@ def sync_matrix(
 
 def sync_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Byte counts of each measured sync (physical bytes), without timings, so they compare run to run."""
-    return [{"run": label, **{k.replace("_bytes", ""): s[k] for k in SYNC_COLUMNS}} for label, s in syncs.items()]
+    rows = [{"run": label, **{k.replace("_bytes", ""): s[k] for k in SYNC_COLUMNS}} for label, s in syncs.items()]
+    return where_column(rows, syncs)
 
 
 def sync_time_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

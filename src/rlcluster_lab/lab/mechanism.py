@@ -21,6 +21,7 @@ from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster.contexts import context_rows
 from rlcluster_lab.core.trace import Decision
 from rlcluster_lab.lab.experiments import collect, sharing_map_of
+from rlcluster_lab.lab.setup import LabDevices, layout_devices
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.training.step import TrainBatch
@@ -46,7 +47,7 @@ P3_CASES: tuple[tuple[str, str], ...] = (
 
 
 def p3_branch_rows(
-    devices: Sequence[jax.Device], cases: Sequence[tuple[str, str]] = P3_CASES
+    devices: LabDevices | Sequence[jax.Device], cases: Sequence[tuple[str, str]] = P3_CASES
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """P3's branches, measured on the live buffers: for each (layout, engine), whether the
     rollout model is the actor object, how many of the rollout's device buffers are the
@@ -57,7 +58,7 @@ def p3_branch_rows(
     """
     rows, reports = [], {}
     for layout, engine in cases:
-        cluster = build_cluster(Scenario(layout=layout, engine=engine), devices=devices)
+        cluster = build_cluster(Scenario(layout=layout, engine=engine), devices=layout_devices(devices, layout))
         report = placement_report(cluster).to_json()
         rollout = cluster.rollout.model()
         actor_keys = buffer_keys(nnx.state(cluster.actor_model))

@@ -64,10 +64,11 @@ def _on(holding: Mapping[str, Any], dev: str, kind: str) -> int:
     return int((holding.get("by_device") or {}).get(dev, {}).get(kind, 0))
 
 
-def where_suffix(memory: Mapping[str, Any]) -> str:
-    """ " on TPU v5 lite chip 0": the devices the report's figures come from (its ``where``), or ""."""
+def where_prefix(memory: Mapping[str, Any]) -> str:
+    """How a memory figure's note begins: the devices its figures come from (the report's
+    ``where``) and that they are measured ("TPU v5 lite chip 0, measured: "); "" without a ``where``."""
     where = memory.get("where")
-    return f" on {where}" if where else ""
+    return f"{where}, measured: " if where else ""
 
 
 def allocator_beside_roles(memory: Mapping[str, Any], in_use: Mapping[str, int]) -> str:
@@ -119,15 +120,19 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     c = Canvas(
         WIDTH,
         top + plot_h + 96,
-        f"Memory per device{where_suffix(memory)} (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, "
+        f"Memory per device (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, "
         f"{fmt_bytes(memory.get('naive_bytes', 0))} if every role had its own copy",
     )
     group_fills = _group_fills(c, groups)
     drawn: dict[str, set[str]] = {}  # entry or set of shared buffers -> the memory kinds of its segments
-    note = "per role: physical bytes (every device's shard counted), each buffer drawn once; " + (
-        allocator_beside_roles(memory, in_use)
-        if in_use
-        else "allocator: " + (allocator.get("note") or "no figures on this backend")
+    note = (
+        where_prefix(memory)
+        + "per role: physical bytes (every device's shard counted), each buffer drawn once; "
+        + (
+            allocator_beside_roles(memory, in_use)
+            if in_use
+            else "allocator: " + (allocator.get("note") or "no figures on this backend")
+        )
     )
     notes = wrap(note, WIDTH - 16, MIN_FONT, lines=5)
     for k, line in enumerate(notes):
@@ -285,15 +290,14 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     c = Canvas(
         WIDTH,
         0,
-        f"Memory per role{where_suffix(memory)} (measured): {fmt_bytes(sum(sums.values()))} held, "
-        "each buffer counted once",
+        f"Memory per role (measured): {fmt_bytes(sum(sums.values()))} held, each buffer counted once",
     )
-    note = (
-        f"{_sums_text(sums)}; physical bytes; {fmt_bytes(memory.get('naive_bytes', 0))} if every role's bytes "
-        "were summed"
-    )
-    for k, line in enumerate(wrap(note, WIDTH - 16, MIN_FONT, lines=2)):
+    naive = fmt_bytes(memory.get("naive_bytes", 0))
+    note = f"{where_prefix(memory)}{_sums_text(sums)}; physical bytes; {naive} if every role's bytes were summed"
+    lines = wrap(note, WIDTH - 16, MIN_FONT, lines=3)
+    for k, line in enumerate(lines):
         c.text(8, 38 + 16 * k, line, size=MIN_FONT, fill=MUTED, id="sums" if k == 0 else None, title=note)
+    top += 16 * max(len(lines) - 2, 0)  # a third line of the note pushes the bars down
     kinds_seen: set[str] = set()
     hatched = False
     for i, e in enumerate(entries):

@@ -141,6 +141,22 @@ class LabDevices:
         return "\n".join(lines)
 
 
+def layout_devices(devices: LabDevices | Sequence[Any], layout: str) -> list[Any]:
+    """The devices ``layout`` is built on: ``devices.devices_for(layout)`` when ``devices`` is what
+    ``setup()`` returned (on a single chip, colocated and reshaped on the chip), else the devices
+    given. The notebooks' experiments take either."""
+    return list(devices.devices_for(layout) if isinstance(devices, LabDevices) else devices)
+
+
+def layouts_held(devices: LabDevices | Sequence[Any]) -> list[str]:
+    """The standard layouts that can be built: every family's of a ``LabDevices``, else those the
+    devices given can hold (``app.scenario.buildable_layouts``)."""
+    if isinstance(devices, LabDevices):
+        held = {lay for family in devices.layout_families() for lay in family.layouts}
+        return [lay for lay in LAYOUTS if lay in held]
+    return buildable_layouts(list(devices))
+
+
 def in_colab() -> bool:
     """True inside a Google Colab runtime."""
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ

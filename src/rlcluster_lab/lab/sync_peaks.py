@@ -13,10 +13,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
-
 from rlcluster_lab.app.scenario import Scenario, build_cluster
-from rlcluster_lab.lab.experiments import Tick, collect
+from rlcluster_lab.lab.experiments import Devices, Tick, collect
+from rlcluster_lab.lab.setup import layout_devices
 from rlcluster_lab.lab.style import fmt_bytes
 from rlcluster_lab.lab.sync_figures import PANELS, phase_label
 from rlcluster_lab.planner.plan import plan_scenario
@@ -61,13 +60,14 @@ def peak_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def planned_peak_rows(
-    devices: Sequence[jax.Device], scenarios: Mapping[str, Scenario], syncs: Mapping[str, Mapping[str, Any]]
+    devices: Devices, scenarios: Mapping[str, Scenario], syncs: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """The planner's peak (L4, its reshard programs compiled for their temporaries) beside the
-    measured one of the same scenario, busiest device, per memory kind."""
-    topo = local_topology(devices)
+    measured one of the same scenario, busiest device, per memory kind: each planned on the
+    devices its layout is built on (``lab.setup.layout_devices``), as the measured one was."""
     rows = []
     for label, scenario in scenarios.items():
+        topo = local_topology(layout_devices(devices, scenario.layout))
         planned = plan_scenario(scenario, topo, sync_programs=True).sync["transient_peak"]
         measured = syncs[label]["transient_peak"]
         for kind in ("device", "pinned_host"):
@@ -86,7 +86,7 @@ def planned_peak_rows(
 
 
 def chunk_sweep(
-    devices: Sequence[jax.Device],
+    devices: Devices,
     scenario: Scenario,
     chunk_sizes: Sequence[int | None],
     repeats: int = 5,
@@ -94,6 +94,7 @@ def chunk_sweep(
 ) -> list[dict[str, Any]]:
     """One cluster per chunk size (``None``: one piece): its measured peak (busiest device),
     the planner's, and the median handover time of ``repeats`` syncs after one that compiles."""
+    devices = layout_devices(devices, scenario.layout)
     topo = local_topology(devices)
     points = []
     for size in chunk_sizes:

@@ -31,6 +31,7 @@ from rlcluster_lab.lab.controls import KNOB_WIDTH, Knobs
 from rlcluster_lab.lab.display import Display, mimebundle
 from rlcluster_lab.lab.flow import changes_since
 from rlcluster_lab.lab.rehearsal import BackgroundCompile
+from rlcluster_lab.lab.setup import LayoutFamily
 from rlcluster_lab.lab.status import StatusLine
 from rlcluster_lab.measure.sync_peak import allocator_before
 from rlcluster_lab.placement.programs import trim_compiled_programs
@@ -67,12 +68,15 @@ class PlacementLab:
         self,
         *,
         devices: Sequence[jax.Device] | None = None,
+        families: Sequence[LayoutFamily] | None = None,
         build: bool = False,
         step_config: LearnerConfig | None = None,
         rehearse: bool = True,
     ) -> None:
         """``devices``: what layouts are built on (default ``jax.devices()``; a
-        notebook passes ``rl.setup().devices``). ``rehearse``: after each
+        notebook passes ``rl.setup().devices``). ``families``: which layouts are built on
+        which devices (a notebook passes ``rl.setup().families``: on a single chip, colocated
+        and reshaped on the chip, split on ``devices``). ``rehearse``: after each
         Construct, compile the programs of a training step in the background
         (``lab.rehearsal.BackgroundCompile``), so that pressing Training step, after the
         few seconds that takes, runs a step instead of compiling one."""
@@ -90,7 +94,9 @@ class PlacementLab:
         self.error: str | None = None  # the last action's error (type: message), None after a success
         self._waited = 0.0  # seconds the last action waited for the background compile
         self._compiled: list[tuple[str, float, bool]] = []  # programs the running action built
-        self.knobs = Knobs(self.devices)
+        # Each family's devices refused as ``devices`` are (not a list of JAX devices, one listed twice).
+        checked = [LayoutFamily(tuple(device_list(f.devices, "families")), f.layouts) for f in families or ()]
+        self.knobs = Knobs(self.devices, checked)
         self._constructed: dict[str, tuple[str, str]] | None = None  # the knobs' settings at the last Construct
         self.display = Display()
         self.status = StatusLine(KNOB_WIDTH)
@@ -183,8 +189,11 @@ class PlacementLab:
                 # the live one frees), leaves the live cluster and its panels as they are.
                 scenario = self.knobs.scenario()
                 role_to_mesh = self.knobs.role_to_mesh()
-                config = validate(scenario, devices=self.devices, role_to_mesh=role_to_mesh)
-                check_memory(scenario, config, self._report["memory"]["by_device"] if self._report else None)
+                devices = self.knobs.layout_devices()
+                config = validate(scenario, devices=devices, role_to_mesh=role_to_mesh)
+                # What releasing the live cluster frees counts only on the platform it was on.
+                same = self._report is not None and self._report["platform"] == devices[0].platform
+                check_memory(scenario, config, self._report["memory"]["by_device"] if same else None)
             except Exception as exc:  # noqa: BLE001 - shown beside its knob, the lab stays usable
                 self._show_error(exc, kept=self._cluster is not None)
                 return
@@ -199,7 +208,7 @@ class PlacementLab:
                 self.status.stage(2)
                 start = self.status.clock()
                 try:
-                    cluster = build_cluster(scenario, devices=self.devices, role_to_mesh=role_to_mesh)
+                    cluster = build_cluster(scenario, devices=devices, role_to_mesh=role_to_mesh)
                 except Exception as exc:  # noqa: BLE001 - the cluster's own error, shown as it is
                     self._constructed = None
                     self.pending()
@@ -226,7 +235,7 @@ class PlacementLab:
             self.status.say("Construct a cluster first.")
             return
         with self._busy():
-            if self.background.running and allocator_before(self.devices):
+            if self.background.running and allocator_before(self._cluster.devices()):
                 # The sync's allocator peak is one per process: arrays the rehearsal makes meanwhile
                 # would count in it, so the sync waits for it (devices without allocator figures
                 # measure the sync's own arrays only, and need not wait).
