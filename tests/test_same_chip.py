@@ -234,3 +234,20 @@ def test_experiments_build_each_layout_where_the_lab_puts_it(monkeypatch):
     ]
     same = {"a": {"where": "8 simulated CPU devices"}, "b": {"where": "8 simulated CPU devices"}}
     assert ex.where_column(rows, same) == rows
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("device,lora", [(2, False), (6, True)])
+def test_the_planner_plans_reshaped_on_one_device_as_it_is_measured(device, lora):
+    """The what-if planner builds the same one-device layout on paper (the second mesh's axes named
+    the other way round): its planned sync peak is the measured one, on every device."""
+    from rlcluster_lab.lab import sync_peaks
+
+    one = CPUS[device : device + 1]
+    scenario = Scenario(layout="reshaped", lora=lora)
+    cluster = build_cluster(scenario, devices=one)
+    cluster.sync_weights()
+    syncs = {"run": cluster.sync_weights().to_json()}
+    rows = sync_peaks.planned_peak_rows(one, {"run": scenario}, syncs)
+    assert [r["every device agrees"] for r in rows] == [True, True]
+    assert all(r["planned"] == r["measured"] for r in rows) and any(r["measured"] for r in rows)

@@ -125,12 +125,15 @@ class LabDevices:
         lines = [
             f"accelerator: {len(acc)} {self.accelerator} device(s) ({_kind(acc)})"
             if self.accelerator
-            else "accelerator: none",
-            f"layouts are built on: {len(self.devices)} {where} device(s)",
-            "reachable layouts: " + (", ".join(self.reachable) or "none"),
+            else "accelerator: none"
         ]
         if self.families:
             lines += [f"{', '.join(f.layouts)}: built on {f.where}" for f in self.families]
+        else:
+            lines += [
+                f"layouts are built on: {len(self.devices)} {where} device(s)",
+                "reachable layouts: " + (", ".join(self.reachable) or "none"),
+            ]
         held = {lay for family in self.layout_families() for lay in family.layouts}
         unreachable = [lay for lay in LAYOUTS if lay not in held]
         if unreachable:
@@ -183,7 +186,7 @@ def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[li
             True,
             [
                 f"the {chip} can reach only: {on_chip}; "
-                + (f"{on_chip} are built on {them}, the others " if on_chip != "none" else "the layouts here run ")
+                + ("the others are built " if on_chip != "none" else "the layouts here run ")
                 + f"on {len(cpus)} simulated CPU devices beside {them} (lab.devices_for(layout) gives each layout's)"
             ],
         )
