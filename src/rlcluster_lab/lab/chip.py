@@ -58,10 +58,12 @@ class ChipFigures:
 
     def summary(self) -> str:
         """The sync against its floor and the anchor's share, read from the rows themselves."""
+        from rlcluster_lab.lab.style import fmt_bytes
+
         sync, anchor, floor = self.row(SYNC), self.row(ANCHOR), self.row(FLOOR)
         return (
             f"The sync took {sync['ms']} ms, {sync['ms'] / floor['ms']:.1f}x one device_put of the same "
-            f"{_mib(floor['bytes'])} ({floor['ms']} ms); the anchor's re-pin of {_mib(anchor['bytes'])} to "
+            f"{fmt_bytes(floor['bytes'])} ({floor['ms']} ms); the anchor's re-pin of {fmt_bytes(anchor['bytes'])} to "
             f"pinned host, timed apart, took {anchor['ms']} ms."
         )
 
@@ -163,10 +165,6 @@ def _median(fn: Callable[[], Any]) -> float:
 
 def _rate(nbytes: int, seconds: float) -> float:
     return round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("inf")
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
