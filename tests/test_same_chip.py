@@ -19,6 +19,8 @@ from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab.flow import SAME_LAYOUT_KEPT
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.setup import LayoutFamily
+from rlcluster_lab.lab.shard_figures import sync_summary
+from rlcluster_lab.lab.shards import sync_flows
 from rlcluster_lab.lab.sync_figures import sync_bytes, sync_leaves, sync_peak
 from rlcluster_lab.lab.widget import PlacementLab
 from rlcluster_lab.measure import memory_of
@@ -82,6 +84,8 @@ def test_reshaped_on_one_device_gives_the_rollout_its_own_mesh_and_the_report_sa
     assert "on 1 CPU device:" in _text(sync_bytes(sync))
     assert "Weight sync per leaf on 1 CPU device" in _text(sync_leaves(sync))
     assert f"device {device} of 1 CPU device" in _text(sync_peak(sync))
+    heading = sync_summary(sync_flows(sync))._suptitle.get_text()
+    assert f"reshard on 1 CPU device, {sync['method'][:20]}" in heading.replace("\n", " ")
     assert sentences.synced(sync, 0.1).endswith("crossed devices on 1 CPU device (measured).")
     assert " held on 1 CPU device (measured)" in sentences.constructed(report, 1.0)
 

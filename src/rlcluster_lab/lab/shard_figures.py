@@ -307,7 +307,8 @@ def _heading(flows: SyncFlows, head: str) -> str:
     if flows.relayed_bytes:
         identity += f" - relayed {flows.relayed_bytes:,} (crossed twice)"
     least = f"least any reshard must move between devices (from the shards' boxes): {flows.minimum_bytes:,} B"
-    method = textwrap.fill(f"numbers from the {flows.strategy} reshard, {flows.method}", 118)
+    on = f" on {flows.where}" if flows.where else ""
+    method = textwrap.fill(f"numbers from the {flows.strategy} reshard{on}, {flows.method}", 118)
     return f"{head}\n{textwrap.fill(identity, 118)}\n{least}\n{method}"
 
 

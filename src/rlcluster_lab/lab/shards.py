@@ -179,6 +179,7 @@ class SyncFlows:
     minimum_bytes: int
     strategy: str
     method: str
+    where: str = ""  # the devices the sync ran on, in words (the report's ``where``)
 
     def arrived(self, device: int) -> int:
         """Bytes that crossed into ``device`` from other devices."""
@@ -239,6 +240,7 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
         minimum_bytes=total("minimum_cross_device_bytes"),
         strategy=str(report.get("reshard_strategy", "?")),
         method=str(report.get("method", "?")),
+        where=str(report.get("where") or ""),
     )
 
 
