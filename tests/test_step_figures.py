@@ -58,6 +58,11 @@ def test_p14_phase_memory_draws_several_steps_on_one_scale():
     assert len(fig.axes) == 2 and fig.axes[0].get_ylim() == fig.axes[1].get_ylim()
     names = {gid.split(":")[3] for ax in fig.axes for p in ax.patches if (gid := p.get_gid())}
     assert names == {"generate", "update"}
+    # Each step names the devices its walks are of.
+    assert [ax.get_title(loc="left") for ax in fig.axes] == [
+        "offload on (8 simulated CPU devices)",
+        "again (8 simulated CPU devices)",
+    ]
 
 
 def test_phase_memory_refuses_bad_input_with_the_fix():

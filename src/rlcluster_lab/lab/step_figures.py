@@ -138,7 +138,9 @@ def phase_memory(
         ax.tick_params(axis="y", labelsize=MIN_PT)
         ax.set_xlim(-0.6, len(phases) - 0.4)
         ax.set_ylabel(PHYSICAL.replace(" (", "\n("), fontsize=MIN_PT)
-        ax.set_title(label, fontsize=MIN_PT + 1, loc="left")
+        # The devices the walks are of (each phase's memory report names them).
+        where = next((str(p["after"]["where"]) for p in phases if (p.get("after") or {}).get("where")), "")
+        ax.set_title(f"{label} ({where})" if where else label, fontsize=MIN_PT + 1, loc="left")
     for ax in axes:
         ax.set_ylim(0, top * 1.08)
         bytes_axis(ax.yaxis, top * 1.08)
