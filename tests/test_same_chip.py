@@ -15,6 +15,7 @@ from flax import nnx
 from test_platforms import Chip
 
 from rlcluster_lab import Scenario, build_cluster, placement_report
+from rlcluster_lab.cli.text import format_memory, format_sync
 from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab.flow import SAME_LAYOUT_KEPT
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
@@ -86,6 +87,7 @@ def test_reshaped_on_one_device_gives_the_rollout_its_own_mesh_and_the_report_sa
     assert f"device {device} of 1 CPU device" in _text(sync_peak(sync))
     heading = sync_summary(sync_flows(sync))._suptitle.get_text()
     assert f"reshard on 1 CPU device, {sync['method'][:20]}" in heading.replace("\n", " ")
+    assert format_sync(sync)[0].startswith("sync (L3 on 1 CPU device, measured")
     assert sentences.synced(sync, 0.1).endswith("crossed devices on 1 CPU device (measured).")
     assert " held on 1 CPU device (measured)" in sentences.constructed(report, 1.0)
 
@@ -119,6 +121,11 @@ def test_the_allocator_figures_stand_beside_the_per_role_figure_with_why_they_di
     )
     assert f"{where}, allocator (the black tick): {pairs}. {ALLOCATOR_DIFFERENCE}" in text
     assert f"{where}, measured: per role: physical bytes" in text
+    said = "\n".join(format_memory(memory))  # the CLI's text report says the same
+    assert f"memory (L2, measured on {where};" in said and ALLOCATOR_DIFFERENCE in said
+    for d, kinds in memory["by_device"].items():
+        assert f"{where}, allocator: device {d}: {in_use:,} bytes in use beside {kinds['device']:,} per role" in said
+    assert "allocator: the cpu devices report no allocator figures" in "\n".join(format_memory(per_role))
     plain = _text(memory_by_device(per_role))
     assert "allocator (the black tick)" not in plain and ALLOCATOR_DIFFERENCE not in plain
     assert "report no allocator figures" in plain

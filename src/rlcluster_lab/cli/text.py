@@ -39,7 +39,7 @@ def format_report(data: dict[str, Any]) -> str:
 
 def format_memory(memory: dict[str, Any]) -> list[str]:
     """Memory per role (L2) as lines of text."""
-    lines = [f"memory (L2, measured; {memory['units']}):"]
+    lines = [f"memory (L2, measured{_on(memory)}; {memory['units']}):"]
     for role, r in memory["by_role"].items():
         kinds = ", ".join(f"{k} {v:,}" for k, v in r["by_kind"].items())
         lines.append(f"  {role:<16} {r['bytes']:>14,}  ({kinds})")
@@ -51,14 +51,30 @@ def format_memory(memory: dict[str, Any]) -> list[str]:
         f"  unique {memory['unique_bytes']:,} bytes; naive (every role its own copy) {memory['naive_bytes']:,}"
     )
     alloc = memory["allocator"]
-    lines.append(f"  allocator: {'see JSON' if alloc['available'] else alloc['note']}")
+    if not alloc["available"]:
+        lines.append(f"  allocator: {alloc['note']}")
+        return lines
+    # The allocator's own figure beside the per-role one, device by device, and why they differ.
+    for device, stats in alloc["by_device"].items():
+        per_role = int(memory["by_device"].get(device, {}).get("device", 0))
+        lines.append(
+            f"  {alloc.get('where') or 'allocator'}: device {device}: {stats.get('bytes_in_use', 0):,} bytes in use "
+            f"beside {per_role:,} per role in device memory"
+        )
+    if alloc.get("difference"):
+        lines.append(f"  {alloc['difference']}")
     return lines
+
+
+def _on(report: dict[str, Any]) -> str:
+    """ " on TPU v5 lite chip 0": the devices a memory or sync report's figures come from, or ""."""
+    return f" on {report['where']}" if report.get("where") else ""
 
 
 def format_sync(sync: dict[str, Any]) -> list[str]:
     """One weight sync (L3) as lines of text."""
     return [
-        f"sync (L3, {sync['method']}; physical bytes):",
+        f"sync (L3{_on(sync)}, {sync['method']}; physical bytes):",
         f"  synced {sync['synced_bytes']:,} = moved across devices {sync['moved_cross_device_bytes']:,}"
         f" + copied within a device {sync['copied_same_device_bytes']:,} + reused {sync['reused_bytes']:,}",
         f"  minimum across devices {sync['minimum_cross_device_bytes']:,}; logical (each leaf once)"
