@@ -326,6 +326,8 @@ def test_two_processes_decide_as_one_process_does(launched, layout, lora):
         assert set(hosts["1"]["memory"]["by_role"]) == {"rollout"}
     else:
         assert hosts["0"]["memory"]["unique_bytes"] == hosts["1"]["memory"]["unique_bytes"]
+    # Each process measured its own four devices, and the merged reports say so.
+    assert data["memory"]["where"] == data["sync"]["where"] == "2 processes of 4 simulated CPU devices each"
     # The sync moved what one process moves, in total.
     for key in ("synced_bytes", "moved_cross_device_bytes", "minimum_cross_device_bytes", "synced_logical_bytes"):
         assert data["sync"][key] == here["sync"][key], key

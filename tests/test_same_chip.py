@@ -25,7 +25,7 @@ from rlcluster_lab.lab.shards import sync_flows
 from rlcluster_lab.lab.sync_figures import sync_bytes, sync_leaves, sync_peak
 from rlcluster_lab.lab.widget import PlacementLab
 from rlcluster_lab.measure import memory_of
-from rlcluster_lab.measure.memory import ALLOCATOR_DIFFERENCE
+from rlcluster_lab.measure.memory import ALLOCATOR_DIFFERENCE, own_devices_words
 from rlcluster_lab.model import init_model
 from rlcluster_lab.multiprocess.report import merge_memory, merge_sync, merge_where
 
@@ -129,6 +129,15 @@ def test_the_allocator_figures_stand_beside_the_per_role_figure_with_why_they_di
     plain = _text(memory_by_device(per_role))
     assert "allocator (the black tick)" not in plain and ALLOCATOR_DIFFERENCE not in plain
     assert "report no allocator figures" in plain
+
+
+def test_each_process_names_only_the_devices_it_measures():
+    mine = [Chip(i, "tpu") for i in range(2)]
+    theirs = [Chip(i, "tpu") for i in range(2, 6)]
+    for chip in theirs:
+        chip.process_index = 1
+    assert own_devices_words(mine + theirs) == "2 Stand-in chips"
+    assert own_devices_words(theirs) == ""
 
 
 def test_processes_name_their_devices_in_the_merged_reports():

@@ -114,7 +114,14 @@ def memory_of(entries: Mapping[str, Any], devices: Sequence[Any] | None = None) 
     cols = np.array(rows, dtype=np.int64).reshape(-1, 5).T
     table = memory_table(names, *cols)
     devices = list(devices) if devices is not None else jax.local_devices()
-    return MemoryReport(**table, allocator=allocator_stats(devices), where=devices_words(devices) if devices else "")
+    return MemoryReport(**table, allocator=allocator_stats(devices), where=own_devices_words(devices))
+
+
+def own_devices_words(devices: Sequence[Any]) -> str:
+    """The devices of ``devices`` this process measures (its own: with several processes each
+    walks its own buffers), in words (``core.devices.devices_words``); "" when it has none."""
+    own = [d for d in devices if d.process_index == jax.process_index()]
+    return devices_words(own) if own else ""
 
 
 def memory_table(

@@ -20,10 +20,9 @@ from flax import nnx
 from flax.traverse_util import flatten_dict
 from jax.sharding import NamedSharding, Sharding
 
-from rlcluster_lab.core.devices import devices_words
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import leaf_path
-from rlcluster_lab.measure.memory import UNITS, _plain
+from rlcluster_lab.measure.memory import UNITS, _plain, own_devices_words
 from rlcluster_lab.measure.sync_peak import (
     METHOD,
     PeakWalk,
@@ -472,5 +471,5 @@ class SyncObserver:
             anchor_seconds=self.anchor_seconds,
             global_step=global_step,
             transient_peak=self.peak(),
-            where=devices_words(self._devices) if self._devices else "",
+            where=own_devices_words(self._devices),
         )
