@@ -241,6 +241,27 @@ def test_experiments_build_each_layout_where_the_lab_puts_it(monkeypatch):
     assert lab_setup.layout_devices(lab, "split") == list(CPUS)
     assert lab_setup.layout_devices(CPUS[:4], "reshaped") == list(CPUS[:4])
     assert lab_setup.layouts_held(lab) == ["colocated", "reshaped", "split"]
+    assert ex.layout_rows(lab) == [
+        {
+            "layout": "colocated",
+            "actor, reference, reward, critic": "fsdp=1xtp=1 on device 1",
+            "rollout": "fsdp=1xtp=1 on device 1",
+            "on": "1 CPU device",
+        },
+        {
+            "layout": "reshaped",
+            "actor, reference, reward, critic": "fsdp=1xtp=1 on device 1",
+            "rollout": "tp=1xfsdp=1 on device 1",
+            "on": "1 CPU device",
+        },
+        {
+            "layout": "split",
+            "actor, reference, reward, critic": "fsdp=2xtp=2 on devices 0-3",
+            "rollout": "fsdp=2xtp=2 on devices 4-7",
+            "on": "8 simulated CPU devices",
+        },
+    ]
+    assert "on" not in ex.layout_rows(CPUS)[0]
     built = []
     monkeypatch.setattr(ex, "build_cluster", lambda scenario, devices: built.append((scenario.layout, devices)))
     monkeypatch.setattr(ex, "placement_report", lambda cluster: types.SimpleNamespace(to_json=dict))

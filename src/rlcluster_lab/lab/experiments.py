@@ -22,6 +22,7 @@ from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, LearnerResult
 from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.core.config import ClusterConfig, ConfigError, RolloutConfig, TrainingConfig
+from rlcluster_lab.core.devices import devices_words
 from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.core.options import LAYOUTS
 from rlcluster_lab.core.roles import Mode, Role
@@ -78,11 +79,14 @@ def _cell(value: Any) -> str:
 # --------------------------------------------------------------------------- any notebook
 
 
-def layout_rows(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
-    """Each standard layout the devices can form: the actor's mesh and the rollout's."""
-    rows = []
-    for layout in reachable_layouts(devices):
-        meshes = layout_meshes(layout, devices)
+def layout_rows(devices: Devices) -> list[dict[str, Any]]:
+    """Each standard layout that can be built (on ``lab.setup.layout_devices`` of it): the actor's
+    mesh and the rollout's, and the devices it is built on when layouts are built on different ones."""
+    rows, wheres = [], {}
+    held = layouts_held(devices) if isinstance(devices, LabDevices) else reachable_layouts(devices)
+    for layout in held:
+        on = layout_devices(devices, layout)
+        meshes = layout_meshes(layout, on)
         rows.append(
             {
                 "layout": layout,
@@ -90,12 +94,15 @@ def layout_rows(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
                 "rollout": _mesh_text(meshes[Role.ROLLOUT]),
             }
         )
-    return rows
+        wheres[layout] = {"where": devices_words(on)}
+    return where_column(rows, wheres)
 
 
 def _mesh_text(mesh: Any) -> str:
     ids = [int(d.id) for d in np.asarray(mesh.devices).flat]
     shape = "x".join(f"{k}={v}" for k, v in dict(mesh.shape).items())
+    if len(ids) == 1:
+        return f"{shape} on device {ids[0]}"
     return f"{shape} on devices {ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else f"{shape} on {ids}"
 
 
