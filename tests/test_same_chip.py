@@ -17,7 +17,7 @@ from test_platforms import Chip
 from rlcluster_lab import Scenario, build_cluster, placement_report
 from rlcluster_lab.cli.text import format_memory, format_sync
 from rlcluster_lab.lab import status as sentences
-from rlcluster_lab.lab.flow import SAME_LAYOUT_KEPT
+from rlcluster_lab.lab.flow import SAME_LAYOUT_KEPT, measured_text
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.setup import LayoutFamily
 from rlcluster_lab.lab.shard_figures import sync_summary
@@ -73,7 +73,7 @@ def test_reshaped_on_one_device_gives_the_rollout_its_own_mesh_and_the_report_sa
     if engine == "vanilla" and not offload:
         assert sum(g["bytes"] for g in shared) == memory["by_role"]["rollout"]["bytes"] > 0
         assert sync["reused_bytes"] == sync["synced_bytes"] > 0 and sync["copied_same_device_bytes"] == 0
-        assert SAME_LAYOUT_KEPT in role_text
+        assert SAME_LAYOUT_KEPT in role_text and SAME_LAYOUT_KEPT in measured_text(report, "rollout")
     else:
         assert not shared and memory["by_role"]["rollout"]["bytes"] > 0
         assert sync["copied_same_device_bytes"] == sync["synced_bytes"] > 0 and sync["reused_bytes"] == 0
