@@ -83,7 +83,7 @@ def layout_rows(devices: Devices) -> list[dict[str, Any]]:
     """Each standard layout that can be built (on ``lab.setup.layout_devices`` of it): the actor's
     mesh and the rollout's, and the devices it is built on when layouts are built on different ones."""
     rows, wheres = [], {}
-    held = layouts_held(devices) if isinstance(devices, LabDevices) else reachable_layouts(devices)
+    held = layouts_held(devices)
     for layout in held:
         on = layout_devices(devices, layout)
         meshes = layout_meshes(layout, on)
@@ -440,7 +440,7 @@ def sync_matrix(
         cluster.sync_weights()
         return cluster.sync_weights().to_json()
 
-    held = layouts_held(devices) if isinstance(devices, LabDevices) else reachable_layouts(devices)
+    held = layouts_held(devices)
     cases = [
         (f"{layout}, {'LoRA' if lora else 'full'}", Scenario(layout=layout, lora=lora, engine=engine))
         for layout in layouts

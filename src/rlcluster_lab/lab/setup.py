@@ -39,7 +39,7 @@ from rlcluster_lab.core.devices import (
     check_device_count,
     devices_words,
 )
-from rlcluster_lab.core.meshes import LAYOUTS
+from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
 from rlcluster_lab.lab.warm import start_warm_up
 
 # The first code cell of every notebook. The lab cannot install itself, so in a kernel without
@@ -152,12 +152,12 @@ def layout_devices(devices: LabDevices | Sequence[Any], layout: str) -> list[Any
 
 
 def layouts_held(devices: LabDevices | Sequence[Any]) -> list[str]:
-    """The standard layouts that can be built: every family's of a ``LabDevices``, else those the
-    devices given can hold (``app.scenario.buildable_layouts``)."""
+    """The standard layouts the experiments build: every family's of a ``LabDevices``, else those
+    the devices given can form (``core.meshes.reachable_layouts``)."""
     if isinstance(devices, LabDevices):
         held = {lay for family in devices.layout_families() for lay in family.layouts}
         return [lay for lay in LAYOUTS if lay in held]
-    return buildable_layouts(list(devices))
+    return reachable_layouts(list(devices))
 
 
 def in_colab() -> bool:
