@@ -55,7 +55,7 @@ def test_without_an_accelerator_or_a_stored_run_one_cpu_device_is_measured_and_s
     monkeypatch.setattr(chip, "measure", lambda d, size: seen.append(d) or real(d, size))
     figures = chip.chip_figures([], "tiny")
     cpu = jax.devices("cpu")[0]
-    assert seen == [cpu] and figures.live and figures.device == f"cpu device {cpu.id}"
+    assert seen == [cpu] and figures.live and figures.device == "1 CPU device"
     assert "no accelerator here and no chip run stored" in figures.source
     from rlcluster_lab.app.scenario import Scenario, build_cluster
 

@@ -34,7 +34,7 @@ SYNC, ANCHOR, FLOOR = (
 class ChipFigures:
     """What was measured on one device (one row per operation), and where the figures come from."""
 
-    device: str  # "TPU v5 lite chip 0", or "cpu device 0" where no chip was at hand
+    device: str  # core.devices.devices_words: "TPU v5 lite chip 0", or "1 CPU device" with no chip at hand
     model_size: str
     date: str
     commit: str | None
@@ -48,7 +48,7 @@ class ChipFigures:
             at = f", commit {self.commit}" if self.commit else ""
             return f"stored: measured on {self.device} on {self.date}{at} (this process has no accelerator)"
         measured = f"measured now on {self.device} (median of {REPEATS} after 2 untimed)"
-        if self.device.startswith("cpu"):
+        if "CPU" in self.device:
             return f"{measured}: no accelerator here and no chip run stored, so a CPU's copies within RAM"
         return measured
 
@@ -117,6 +117,7 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
     from flax import nnx
 
     from rlcluster_lab.app.scenario import Scenario, build_cluster
+    from rlcluster_lab.core.devices import devices_words
     from rlcluster_lab.placement.place import put_on_memory_kind
 
     cluster = build_cluster(Scenario(layout="reshaped", engine="vllm", model_size=model_size), devices=[device])
@@ -138,10 +139,8 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
     host = put_on_memory_kind(leaves, "pinned_host")
     row("offload: device -> pinned host", _median(lambda: put_on_memory_kind(leaves, "pinned_host")), size)
     row("back: pinned host -> device", _median(lambda: put_on_memory_kind(host, "device")), size)
-    kind = "device" if device.platform == "cpu" else "chip"
-    name = device.platform if device.platform == "cpu" else getattr(device, "device_kind", device.platform)
     return ChipFigures(
-        device=f"{name} {kind} {device.id}",
+        device=devices_words([device]),
         model_size=model_size,
         date=datetime.date.today().isoformat(),
         commit=commit,
