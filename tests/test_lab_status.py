@@ -189,9 +189,9 @@ def _boxes(widget):
 
 
 def test_sentences_name_one_step_counter():
-    sync = {"global_step": 3, "moved_cross_device_bytes": 0, "synced_bytes": 2048}
+    sync = {"global_step": 3, "arrived_cross_device_bytes": 0, "relayed_cross_device_bytes": 0, "synced_bytes": 2048}
     assert sentences.synced(sync, 0.05) == (
-        "Synced in 0.05 s, now at global step 3: 0 B of 2.0 KiB crossed devices (measured)."
+        "Synced in 0.05 s, now at global step 3: 0 B of the 2.0 KiB synced came from other devices (measured)."
     )
     assert sentences.stepped(4, 0.25, 1.2) == "Training step done in 1.2 s, now at global step 4: mean reward 0.250."
 

@@ -34,6 +34,7 @@ SYNC = {
     "lora": False,
     "synced_bytes": 1600,
     "moved_cross_device_bytes": 1000,
+    "arrived_cross_device_bytes": 1000,
     "copied_same_device_bytes": 200,
     "reused_bytes": 400,
     "minimum_cross_device_bytes": 800,
@@ -109,6 +110,7 @@ def test_l3_sync_bytes_compares_several_runs_on_one_scale():
     colocated = {
         **SYNC,
         "moved_cross_device_bytes": 0,
+        "arrived_cross_device_bytes": 0,
         "copied_same_device_bytes": 0,
         "reused_bytes": 1600,
         "minimum_cross_device_bytes": 0,

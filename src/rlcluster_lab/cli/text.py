@@ -59,8 +59,10 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
     """One weight sync (L3) as lines of text."""
     return [
         f"sync (L3, {sync['method']}; physical bytes):",
-        f"  synced {sync['synced_bytes']:,} = moved across devices {sync['moved_cross_device_bytes']:,}"
+        f"  synced {sync['synced_bytes']:,} = arrived from other devices {sync['arrived_cross_device_bytes']:,}"
         f" + copied within a device {sync['copied_same_device_bytes']:,} + reused {sync['reused_bytes']:,}",
+        f"  moved across devices {sync['moved_cross_device_bytes']:,} (arrived, and relayed: crossed without staying"
+        f" {sync['relayed_cross_device_bytes']:,})",
         f"  minimum across devices {sync['minimum_cross_device_bytes']:,}; logical (each leaf once)"
         f" {sync['synced_logical_bytes']:,}",
         f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"

@@ -276,12 +276,17 @@ def constructed(report: Mapping[str, Any], seconds: float) -> str:
 
 
 def synced(sync: Mapping[str, Any], seconds: float) -> str:
-    """After Sync weights (``seconds`` since the click): the global step it reached and the bytes
-    that crossed devices, measured."""
+    """After Sync weights (``seconds`` since the click): the global step it reached, the part of
+    the synced bytes that arrived from other devices, and, apart, the bytes that crossed devices
+    without staying (relayed), measured. The part is the report's ``arrived_cross_device_bytes``
+    (``synced = arrived + copied + reused``, L3), so it is never more than the whole."""
+    relayed = int(sync.get("relayed_cross_device_bytes", 0))
     return (
         f"Synced in {seconds:.2f} s, now at {STEP_COUNTER} {sync['global_step']}: "
-        f"{fmt_bytes(sync['moved_cross_device_bytes'])} of {fmt_bytes(sync['synced_bytes'])} "
-        "crossed devices (measured)."
+        f"{fmt_bytes(sync['arrived_cross_device_bytes'])} of the {fmt_bytes(sync['synced_bytes'])} synced "
+        "came from other devices"
+        + (f", and {fmt_bytes(relayed)} more crossed devices without staying (relayed)" if relayed else "")
+        + " (measured)."
     )
 
 

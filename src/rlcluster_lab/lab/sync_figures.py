@@ -56,9 +56,10 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         logical = int(s.get("synced_logical_bytes", 0))
         moved = int(s.get("moved_cross_device_bytes", 0))
         relayed = int(s.get("relayed_cross_device_bytes", 0))
+        kept = int(s["arrived_cross_device_bytes"])  # synced = arrived + copied + reused (L3)
         minimum = int(s.get("minimum_cross_device_bytes", 0))
         parts = [
-            ("arrived", "moved between devices", moved - relayed),
+            ("arrived", "moved between devices", kept),
             ("copied", "copied within a device", int(s.get("copied_same_device_bytes", 0))),
             ("reused", "reused (no copy)", int(s.get("reused_bytes", 0))),
         ]
@@ -78,7 +79,6 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
             c.line(lx, y - 2, lx, y + 26, TEXT, width=2, dash="2,2", id=f"logical:{label}", nbytes=logical)
         y = legend(c, left, y + 42, [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts])
         c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
-        kept = moved - relayed
         crossed = [
             (kept, SYNC_COLORS["arrived"], f"seg:cross:{label}:kept", f"crossed devices and stayed: {fmt_bytes(kept)}"),
             (

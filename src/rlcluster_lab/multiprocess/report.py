@@ -149,6 +149,7 @@ _LEAF_SUMS = (
     "reused_bytes",
     "minimum_cross_device_bytes",
     "relayed_cross_device_bytes",
+    "arrived_cross_device_bytes",
 )
 
 
