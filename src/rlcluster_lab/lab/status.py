@@ -320,6 +320,20 @@ def refused(kept: bool, outlined: bool, *, failed: bool = False) -> str:
     return f"{'Failed' if failed else 'Refused'}: {where}. {LIVE_AFTER[kept]}"
 
 
+def note_outlived(failed: bool, kept: bool) -> str:
+    """After a knob changed while a refusal's (or failure's) note was shown: the note belonged to
+    the settings before, so it is gone; which cluster is live."""
+    return (
+        f"The knobs changed since the {'failure' if failed else 'refusal'}, so its note is gone: "
+        f"press Construct to try these settings. {LIVE_AFTER[kept]}"
+    )
+
+
+def said_before(note: str) -> str:
+    """The details after a note was taken down: what it said, for the settings before."""
+    return f"For the settings before the change: {note}" if note else ""
+
+
 def details(
     timings: Mapping[str, Any],
     compiled: Sequence[tuple[str, float, bool]],

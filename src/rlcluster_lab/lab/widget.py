@@ -3,7 +3,7 @@
 The panels draw the placement report (``placement_report(cluster, sync=...).to_json()``)
 with the notebooks' own figure functions (``lab.display``); nothing here decides where a
 model lives. The status says what each action does while it does it (``lab.status``), and a
-refusal's message sits beside the knob it names (``Notes``). A rebuild releases the previous
+refusal's message sits beside the knob it names (``Notes``) until any knob changes. A rebuild releases the previous
 cluster first, so only one cluster's buffers are alive at a time, on CPU and on an
 accelerator alike.
 """
@@ -92,13 +92,14 @@ class PlacementLab:
         self._compiled: list[tuple[str, float, bool]] = []  # programs the running action built
         self.knobs = Knobs(self.devices)
         self._constructed: dict[str, tuple[str, str]] | None = None  # the knobs' settings at the last Construct
+        self._failed = False  # whether the note shown is a failure's (else a refusal's)
         self.display = Display()
         self.status = StatusLine(KNOB_WIDTH)
         self.notes = Notes()
         self._make_buttons()
         self.widget = self._assemble()
         self._refresh_buttons()
-        self.knobs.on_change(self.pending)
+        self.knobs.on_change(self._knobs_changed)
         self.status.say("Press Construct to build the cluster the knobs describe.")
         if build:
             self.construct()
@@ -302,6 +303,20 @@ class PlacementLab:
         self.display.mark_stale(changed)
         return changed
 
+    def _knobs_changed(self) -> None:
+        """After any knob change: the knobs changed since Construct are marked (``pending``), and
+        a refusal's or failure's note, which belongs to the settings that caused it, is taken
+        down with its outline; the status says so, and its details keep what was said then."""
+        self.pending()
+        if self.notes.shown is None or self.status.busy:
+            return
+        said = self.notes.text
+        self.notes.clear()
+        self.knobs.mark_at_fault(())
+        self.status.say(
+            sentences.note_outlived(self._failed, self._cluster is not None), sentences.said_before(said or "")
+        )
+
     def _unapplied(self, action: str) -> str:
         said = sentences.not_applied(action, self.pending())
         return f"{said} " if said else ""
@@ -340,6 +355,7 @@ class PlacementLab:
         marked = self.knobs.mark_at_fault(k.field for k in named)
         first = next((k.field for k in named if k.field in marked), "actions")  # the likeliest fix first
         self.notes.show(first, type(exc).__name__, message, sentences.LIVE_AFTER[kept])
+        self._failed = failed
         self.status.say(sentences.refused(kept, first != "actions", failed=failed), self.error)
 
     @contextlib.contextmanager
