@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlcluster_lab.measure.sync_peak import chunk_words
+
 
 def format_report(data: dict[str, Any]) -> str:
     """A readable summary of a placement report's JSON."""
@@ -84,11 +86,7 @@ def _peak_lines(peak: dict[str, Any] | None) -> list[str]:
     top = peak["max_bytes"]
     device = peak.get("max_device")
     where = f" on device {device}, at {peak['phase_at_peak'][device]}" if device is not None else ""
-    chunks = (
-        "in one piece"
-        if peak["chunks"] <= 1
-        else f"in {peak['chunks']} chunks of at most {peak['chunk_bytes']:,} bytes"
-    )
+    chunks = chunk_words(peak)
     return [
         f"  transient peak above what was there before (measured, {chunks}): device memory "
         f"{top.get('device', 0):,}{where}; pinned host {top.get('pinned_host', 0):,}"

@@ -17,6 +17,7 @@ from typing import Any
 
 from rlcluster_lab.lab.style import RELAYED, ROLE_COLORS, SYNC_PARTS, clip, fmt_bytes, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
+from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.placement import phases as ph
 
 # The synced bytes' parts (synced = arrived + copied + reused) in SYNC_PARTS' colours.
@@ -231,7 +232,7 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None) -> Svg:
         f"device {device} ({source}); peak: "
         + (", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in mine.items()) or "nothing new")
         + (f", at {peak['phase_at_peak'][device]}" if device in peak.get("phase_at_peak", {}) else "")
-        + ("; in one piece" if chunks <= 1 else f"; {chunks} chunks of at most {fmt_bytes(peak['chunk_bytes'])}")
+        + f"; {chunk_words(peak, fmt_bytes)}"
     )
     y = 40
     for line in wrap(sub, WIDTH - 16, MIN_FONT, lines=2):
