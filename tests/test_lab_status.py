@@ -28,6 +28,7 @@ from rlcluster_lab.lab import widget as widget_module
 from rlcluster_lab.lab.controls import CUSTOM
 from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, program_name, wait_text
 from rlcluster_lab.lab.widget import PlacementLab
+from rlcluster_lab.model import MODEL_SIZES
 
 
 @pytest.fixture
@@ -467,3 +468,28 @@ def test_a_refusals_note_is_gone_as_soon_as_any_knob_changes(cause, picked, chan
     assert not any("rl-at-fault" in w._dom_classes for w in lab.knobs.outlined().values())
     assert not lab.status.text.startswith("Refused") and "The knobs changed since the refusal" in lab.status.text
     assert said in html.unescape(lab.status.details.value)  # what it said, kept for the settings before
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(size=st.sampled_from(sorted(MODEL_SIZES)), rank=st.integers(-2, 3000), offset=st.sampled_from([None, 0, 1]))
+def test_a_lora_rank_the_model_does_not_allow_is_said_where_it_is_chosen_never_clamped(size, rank, offset):
+    """The rank box keeps what was typed; above the model's largest useful rank (or below 1) the
+    note beside it says so in the words Construct refuses it with, and goes once it is fixed."""
+    bound = MODEL_SIZES[size].max_lora_rank
+    rank = rank if offset is None else bound + offset
+    lab = PlacementLab(rehearse=False)
+    lab.knobs.lora.value = True
+    lab.knobs.model_size.value = size
+    lab.knobs.lora_rank.value = rank
+    assert lab.knobs.lora_rank.value == rank  # not clamped
+    allowed = 1 <= rank <= bound
+    if allowed:
+        assert lab.notes.shown is None
+        return
+    said = f"between 1 and {bound} for the {size} model" if rank > bound else "must be at least 1"
+    assert lab.notes.shown == "lora_rank" and said in lab.notes.text
+    note = lab.notes.text
+    lab.construct_button.click()  # refused before any build, in the same words
+    assert lab.cluster is None and lab.error == note
+    lab.knobs.lora_rank.value = bound  # fixed: the refusal's note is gone, and no rank note comes back
+    assert lab.notes.shown is None and "The knobs changed since the refusal" in lab.status.text
