@@ -26,6 +26,7 @@ def _leaf(path: str, moved: int, copied: int, reused: int, minimum: int) -> dict
         "dst_sharding": "b",
         "synced_bytes": moved + copied + reused,
         "moved_cross_device_bytes": moved,
+        "arrived_cross_device_bytes": moved,
         "copied_same_device_bytes": copied,
         "reused_bytes": reused,
         "minimum_cross_device_bytes": minimum,
@@ -87,7 +88,7 @@ def test_p13_sync_bytes_of_a_stored_report_draws_and_writes_the_reports_numbers(
     for words in (
         f"{fmt_bytes(sync['synced_bytes'])} synced (physical",
         f"{fmt_bytes(sync['synced_logical_bytes'])} logical (each leaf once)",
-        f"moved between devices {fmt_bytes(moved)}",
+        f"arrived from other devices {fmt_bytes(moved)}",
         f"copied within a device {fmt_bytes(sync['copied_same_device_bytes'])}",
         f"reused (no copy) {fmt_bytes(sync['reused_bytes'])}",
         f"{fmt_bytes(sync['moved_cross_device_bytes'])} crossed devices",
@@ -137,7 +138,7 @@ def test_l3_sync_bytes_compares_several_runs_on_one_scale():
 
 def test_l3_sync_leaves_draws_each_leafs_bytes_and_its_minimum():
     els = elements(sync_leaves(SYNC))
-    assert _bytes_of(els, "seg:leaf:layers/0/w:moved_cross_device_bytes") == 1000
+    assert _bytes_of(els, "seg:leaf:layers/0/w:arrived_cross_device_bytes") == 1000
     assert _bytes_of(els, "seg:leaf:embed:reused_bytes") == 400
     assert _bytes_of(els, "seg:leaf:embed:copied_same_device_bytes") == 200
     assert _bytes_of(els, "min:leaf:layers/0/w") == 800
@@ -256,3 +257,15 @@ def test_the_stored_chunked_sync_says_its_66_kib_leaf_moved_whole():
     text = svg_text(sync_peak(sync))
     assert "chunks of at most 16.0 KiB, but a leaf larger than that moves whole" in text
     assert "(the largest: 66.0 KiB)" in text
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+def test_each_leafs_drawn_parts_are_its_synced_bytes_and_the_relayed_ones_are_drawn_apart(name):
+    sync = stored(name)["sync"]
+    els = elements(sync_leaves(sync))
+    parts = ("arrived_cross_device_bytes", "copied_same_device_bytes", "reused_bytes")
+    for lf in sync["leaves"]:
+        drawn = sum(drawn_bytes(els, f"seg:leaf:{lf['path']}:{key}") for key in parts)
+        assert drawn == lf["synced_bytes"], lf["path"]
+        relayed = drawn_bytes(els, f"seg:leaf:{lf['path']}:relayed_cross_device_bytes")
+        assert relayed == lf["relayed_cross_device_bytes"], lf["path"]

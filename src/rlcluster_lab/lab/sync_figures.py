@@ -60,7 +60,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         kept = int(s["arrived_cross_device_bytes"])  # synced = arrived + copied + reused (L3)
         minimum = int(s.get("minimum_cross_device_bytes", 0))
         parts = [
-            ("arrived", "moved between devices", kept),
+            ("arrived", SYNC_PARTS[0][1], kept),
             ("copied", "copied within a device", int(s.get("copied_same_device_bytes", 0))),
             ("reused", "reused (no copy)", int(s.get("reused_bytes", 0))),
         ]
@@ -125,8 +125,10 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
 
 
 def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
-    """Per leaf of one sync: the bytes moved between devices, copied within a device and
-    reused, with the least the placement allows to cross as a black tick (L3).
+    """Per leaf of one sync: its synced bytes as they came (arrived from other devices, copied
+    within a device, reused), then, drawn dark after them, the bytes relayed (crossed devices
+    without staying: not part of the synced bytes), with the least the placement allows to
+    cross as a black tick (L3).
 
     ``top`` keeps only the leaves with the most synced bytes (ties by path), drawn in path
     order like the rest.
@@ -139,12 +141,14 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     label_w = min(max([text_width(lb, MIN_FONT) for lb in labels] + [60.0]) + 16, 330.0)
     left, row_h = label_w, 18
     bar_w = WIDTH - left - 16
-    widest = max([sum(int(lf.get(key, 0)) for key, _, _ in SYNC_PARTS) for lf in leaves] + [1])
+    drawn = (*SYNC_PARTS, ("relayed_cross_device_bytes", "relayed (crossed devices, not kept)", RELAYED))
+    widest = max([sum(int(lf.get(key, 0)) for key, _, _ in drawn) for lf in leaves] + [1])
     scale = bar_w / widest
     shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
     c = Canvas(WIDTH, 0, f"Weight sync per leaf ({shown}), physical bytes")
     tick = ("black", "tick: the least the placement allows to cross")
-    y = legend(c, 8, 42, [(color, what) for _, what, color in SYNC_PARTS] + [tick])
+    relays = any(int(lf.get("relayed_cross_device_bytes", 0)) for lf in leaves)
+    y = legend(c, 8, 42, [(color, what) for _, what, color in drawn[: 3 + relays]] + [tick])
     for frac in (0.0, 0.5, 1.0):
         x = left + bar_w * frac
         anchor = {0.0: "start", 0.5: "middle", 1.0: "end"}[frac]
@@ -156,7 +160,7 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
         c.text(left - 8, y + 13, clip(label, label_w - 12, MIN_FONT), size=MIN_FONT, anchor="end", title=label)
         parts = [
             (v, color, f"seg:leaf:{path}:{k}", f"{path}: {fmt_bytes(v)} {what}")
-            for k, what, color in SYNC_PARTS
+            for k, what, color in drawn
             if (v := int(lf.get(k, 0)))
         ]
         c.bar(left, y + 3, row_h - 5, scale, parts)
