@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rlcluster_lab.core.exports import lazy_exports
 
 if TYPE_CHECKING:
-    from rlcluster_lab.lab.chip_figures import ChipFigures, chip_figures
+    from rlcluster_lab.lab.chip import ChipFigures, chip_figures
     from rlcluster_lab.lab.code_view import show_rule
     from rlcluster_lab.lab.controls import CUSTOM, Knobs, shape_options
     from rlcluster_lab.lab.setup import LabDevices
