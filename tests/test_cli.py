@@ -206,8 +206,22 @@ def test_learn_says_a_step_was_rejected_and_stops_a_diverged_run_naming_the_flag
     diverged and which flag to change (not a refusal of the batch those values would make)."""
     assert main_exit(["learn", "--steps", "3", "--learning-rate", "1e9"]) == 2
     out, err = capsys.readouterr()
-    lines = out.strip().splitlines()
+    lines = out.strip().splitlines()[1:]  # after the line saying what is rewarded
     assert lines[0].startswith("step   0") and "rejected: 1 of 2 optimizer steps kept the previous" in lines[1]
     assert len(err.strip().splitlines()) == 1
     assert "step 1: the rollout's log-probs are not finite" in err and "the run has diverged" in err
     assert "The flag to change: --learning-rate." in err and "TrainBatch" not in err
+
+
+@pytest.mark.cluster
+def test_learn_says_what_is_rewarded_and_what_a_rising_curve_means_before_the_curve(capsys):
+    """The words come from the learner's reward function itself (``@rewards``), in text and JSON."""
+    from rlcluster_lab.app.learner import lowercase_reward
+
+    words = lowercase_reward.reward_words
+    assert main_exit(["learn", "--steps", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == f"reward: {words.rewarded}; a rising mean reward means {words.rising}."
+    assert "lowercase ASCII letters" in lines[0] and lines[1].startswith("step   0  mean reward")
+    assert main_exit(["learn", "--steps", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["reward"] == {"rewarded": words.rewarded, "rising": words.rising}

@@ -65,7 +65,11 @@ def test_a_knob_is_on_every_surface_it_names_and_on_no_other():
     lab = Knobs(jax.devices()[:8])
     controls = lab.outlined()
     assert set(controls) == {k.field for k in KNOBS.values() if k.label}
-    kinds = {"checkbox": widgets.Checkbox, "dropdown": widgets.Dropdown, "number box": widgets.BoundedIntText}
+    kinds = {
+        "checkbox": widgets.Checkbox,
+        "dropdown": widgets.Dropdown,
+        "number box": widgets.IntText,
+    }  # unbounded: nothing clamped
     for field, control in controls.items():
         assert isinstance(control, kinds.get(KNOBS[field].widget, widgets.Box)), field
         assert id(control) in _inside(lab.widget), field

@@ -9,6 +9,7 @@ to wait between redraws.
 
 from __future__ import annotations
 
+import html
 import itertools
 import re
 import threading
@@ -16,14 +17,18 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from stored_reports import stored
 
 from rlcluster_lab.app.learner import StepRecord
 from rlcluster_lab.core.waits import Building
 from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab import widget as widget_module
+from rlcluster_lab.lab.controls import CUSTOM
 from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, program_name, wait_text
 from rlcluster_lab.lab.widget import PlacementLab
+from rlcluster_lab.model import MODEL_SIZES
 
 
 @pytest.fixture
@@ -189,9 +194,9 @@ def _boxes(widget):
 
 
 def test_sentences_name_one_step_counter():
-    sync = {"global_step": 3, "moved_cross_device_bytes": 0, "synced_bytes": 2048}
+    sync = {"global_step": 3, "arrived_cross_device_bytes": 0, "relayed_cross_device_bytes": 0, "synced_bytes": 2048}
     assert sentences.synced(sync, 0.05) == (
-        "Synced in 0.05 s, now at global step 3: 0 B of 2.0 KiB crossed devices (measured)."
+        "Synced in 0.05 s, now at global step 3: 0 B of the 2.0 KiB synced came from other devices (measured)."
     )
     assert sentences.stepped(4, 0.25, 1.2) == "Training step done in 1.2 s, now at global step 4: mean reward 0.250."
 
@@ -420,3 +425,81 @@ def test_a_sync_waits_for_the_background_compile_only_where_the_allocator_peak_w
     assert cluster.seen["status"].startswith("Sync weights: handing the actor's weights to the rollout: ")
     assert "<b>RuntimeError</b>: stub sync: stops here" in lab.notes.note("actions").value
     assert read == [lab.devices[:1]]  # the live cluster's devices (a single chip's layouts are on the chip)
+
+
+# A knob change that always changes something, as a user makes one after a refusal.
+_KNOB_CHANGES = {
+    "a device button": lambda knobs, i: setattr(
+        knobs.device_toggles[i % 8], "value", not knobs.device_toggles[i % 8].value
+    ),
+    "LoRA": lambda knobs, _i: setattr(knobs.lora, "value", not knobs.lora.value),
+    "offload": lambda knobs, _i: setattr(knobs.offload, "value", not knobs.offload.value),
+    "reward model": lambda knobs, _i: setattr(knobs.with_reward, "value", not knobs.with_reward.value),
+    "engine": lambda knobs, i: setattr(
+        knobs.engine, "value", [v for v in ("vanilla", "vllm", "sglang_jax") if v != knobs.engine.value][i % 2]
+    ),
+    "sync chunk": lambda knobs, i: setattr(
+        knobs.sync_chunk_bytes,
+        "value",
+        [v for _, v in knobs.sync_chunk_bytes.options if v != knobs.sync_chunk_bytes.value][i % 2],
+    ),
+}
+
+
+def _refuse(lab: PlacementLab, cause: str, picked: int) -> None:
+    """Set knobs the checks refuse (before any build) and press Construct."""
+    if cause == "custom mesh":
+        lab.knobs.layout.value = CUSTOM
+        for toggle in lab.knobs.device_toggles[picked:]:
+            toggle.value = False  # 3, 5, 6 or 7 devices: no shape of them divides the tiny model
+    else:
+        lab.knobs.engine.value = "sglang_jax"
+        lab.knobs.lora.value = True
+        lab.knobs.static_lora.value = False
+    lab.construct_button.click()
+    assert lab.notes.shown is not None and lab.status.text.startswith("Refused")
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    cause=st.sampled_from(["custom mesh", "static LoRA"]),
+    picked=st.sampled_from([3, 5, 6, 7]),
+    change=st.sampled_from(sorted(_KNOB_CHANGES)),
+    which=st.integers(0, 15),
+)
+def test_a_refusals_note_is_gone_as_soon_as_any_knob_changes(cause, picked, change, which):
+    """Custom rollout mesh, three devices picked, Construct refused; pick a fourth (or change any
+    other knob): the note, its outline and the status' refusal belong to the settings before."""
+    lab = PlacementLab(rehearse=False)
+    _refuse(lab, cause, picked)
+    said = lab.notes.text
+    _KNOB_CHANGES[change](lab.knobs, which)
+    assert lab.notes.shown is None and all(lab.notes.note(n).layout.display == "none" for n in lab.knobs.outlined())
+    assert not any("rl-at-fault" in w._dom_classes for w in lab.knobs.outlined().values())
+    assert not lab.status.text.startswith("Refused") and "The knobs changed since the refusal" in lab.status.text
+    assert said in html.unescape(lab.status.details.value)  # what it said, kept for the settings before
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(size=st.sampled_from(sorted(MODEL_SIZES)), rank=st.integers(-2, 3000), offset=st.sampled_from([None, 0, 1]))
+def test_a_lora_rank_the_model_does_not_allow_is_said_where_it_is_chosen_never_clamped(size, rank, offset):
+    """The rank box keeps what was typed; above the model's largest useful rank (or below 1) the
+    note beside it says so in the words Construct refuses it with, and goes once it is fixed."""
+    bound = MODEL_SIZES[size].max_lora_rank
+    rank = rank if offset is None else bound + offset
+    lab = PlacementLab(rehearse=False)
+    lab.knobs.lora.value = True
+    lab.knobs.model_size.value = size
+    lab.knobs.lora_rank.value = rank
+    assert lab.knobs.lora_rank.value == rank  # not clamped
+    allowed = 1 <= rank <= bound
+    if allowed:
+        assert lab.notes.shown is None
+        return
+    said = f"between 1 and {bound} for the {size} model" if rank > bound else "must be at least 1"
+    assert lab.notes.shown == "lora_rank" and said in lab.notes.text
+    note = lab.notes.text
+    lab.construct_button.click()  # refused before any build, in the same words
+    assert lab.cluster is None and lab.error == note
+    lab.knobs.lora_rank.value = bound  # fixed: the refusal's note is gone, and no rank note comes back
+    assert lab.notes.shown is None and "The knobs changed since the refusal" in lab.status.text

@@ -252,8 +252,8 @@ def check_status(report: dict, words: dict[str, Any]) -> None:
         assert w.split(":")[0] in words["status"], w
     if "synced" in words:
         sync = report["sync"]
-        assert f"{fmt_bytes(sync['moved_cross_device_bytes'])} of {fmt_bytes(sync['synced_bytes'])}" in words["synced"]
-        assert f"crossed devices on {sync['where']} (measured)" in words["synced"]
+        said = f"{fmt_bytes(sync['arrived_cross_device_bytes'])} of the {fmt_bytes(sync['synced_bytes'])} synced on {sync['where']} came from other devices"
+        assert said in words["synced"]
 
 
 def check_words(report: dict) -> None:

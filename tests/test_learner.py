@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainingConfig, build_cluster
-from rlcluster_lab.app.learner import group_advantages, lowercase_reward
+from rlcluster_lab.app.learner import RewardWords, group_advantages, lowercase_reward, rewards
 
 
 def test_lowercase_reward_counts_letters():
@@ -115,3 +115,36 @@ def test_a_diverged_run_stops_before_a_step_scores_or_applies_anything():
     assert info.value.knobs == ("learning_rate",) and "step 0 already said" in str(info.value)
     assert cluster.global_steps == 1 and len(learner.history) == 1
     assert all(map(np.array_equal, (np.asarray(x) for x in jax.tree.leaves(nnx.state(cluster.actor_model))), weights))
+
+
+def _plain(prompts, completions):
+    """Length of each completion.
+
+    More lines that are not said."""
+    return np.asarray([len(c) for c in completions], np.float32)
+
+
+class _Scorer:
+    def __call__(self, prompts, completions):
+        return np.zeros(len(completions), np.float32)
+
+
+@rewards("how many vowels each completion has", "the actor writes more vowels")
+def _declared(prompts, completions):
+    return np.asarray([sum(ch in "aeiou" for ch in c) for c in completions], np.float32)
+
+
+@pytest.mark.parametrize(
+    "reward_fn, rewarded, rising",
+    [
+        (lowercase_reward, "lowercase ASCII letters a-z", "learning the toy task"),
+        (_declared, "how many vowels each completion has", "the actor writes more vowels"),
+        (_plain, "what _plain returns for each completion: Length of each completion", "higher under _plain"),
+        (_Scorer(), "what _Scorer returns for each completion", "higher under _Scorer"),
+        (lambda p, c: np.zeros(len(c)), "what <lambda> returns for each completion", "higher under <lambda>"),
+    ],
+)
+def test_a_reward_function_says_what_it_rewards_and_what_a_rising_curve_means(reward_fn, rewarded, rising):
+    words = RewardWords.of(reward_fn)
+    assert rewarded in words.rewarded and rising in words.rising
+    assert "More lines" not in words.rewarded  # the docstring's first line only

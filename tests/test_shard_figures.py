@@ -200,19 +200,19 @@ def test_each_leaf_moves_copies_or_reuses_as_its_shards_say(synced, strategy):
     assert _gid_bytes(fig, "flow").get("moved") == o.moved_bytes
 
 
-def test_the_moved_share_is_each_sharded_groups_share_times_their_part_of_the_bytes(synced):
+def test_the_arrived_share_is_each_sharded_groups_share_times_their_part_of_the_bytes(synced):
     """The reshaped layout's 73 %: every leaf whose boxes change moves 3/4, the others none."""
     rep = synced["minimal"]
     kernel, lora, norm = 64 * 64 * 4, 64 * 4 * 4, 8 * 64 * 4
     total = kernel + 8 * lora + lora + norm  # o's lora_a is whole on all 8 rollout devices
     moving = kernel + 8 * lora
     assert rep["synced_bytes"] == total
-    assert rep["moved_cross_device_bytes"] == 3 * moving // 4
+    assert rep["moved_cross_device_bytes"] == rep["arrived_cross_device_bytes"] == 3 * moving // 4
     text = shards.share_lines(rep)
     assert f"= {3 * moving // 4:,} / {total:,} = {3 * moving / 4 / total:.1%}" in text
-    assert f"= 75.0% (what each moving group moves) x {moving:,} / {total:,}" in text
+    assert f"= 75.0% (what each group that receives from other devices gets so) x {moving:,} / {total:,}" in text
     rows = {r["partition spec"]: r for r in shards.spec_rows(rep)}
-    assert rows["P('fsdp', 'tp')"]["moved %"] == rows["P('tp', None)"]["moved %"] == "75.0"
+    assert rows["P('fsdp', 'tp')"]["arrived %"] == rows["P('tp', None)"]["arrived %"] == "75.0"
     assert rows["P(None)"]["reused"] == norm and rows["P('fsdp', None)"]["copied"] == lora
 
 

@@ -4,6 +4,9 @@ Its figure is tested on a stored step (test_step_figures.py)."""
 
 from __future__ import annotations
 
+import threading
+
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -12,6 +15,8 @@ from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainingConfig, 
 from rlcluster_lab.cluster import observe
 from rlcluster_lab.lab.step_phases import (
     EVEN_PROMPTS,
+    OTHER_THREADS,
+    compare_rows,
     measure_step,
     memory_rows,
     output_rows,
@@ -98,7 +103,8 @@ def test_measurements_are_deterministic_apart_from_times(offloaded):
         out = step.to_json()
         out.pop("seconds")
         for p in out["phases"]:
-            for key in ("seconds", "trace_seconds", "compile_seconds", "programs", "cache_hits", "callback_seconds"):
+            timed = ("seconds", "trace_seconds", "compile_seconds", "programs", "cache_hits", "callback_seconds")
+            for key in (*timed, "other_threads_seconds"):
                 p.pop(key)
             for when in ("during", "after"):
                 if p[when] is not None:
@@ -140,3 +146,36 @@ def test_a_second_step_of_one_shape_compiles_nothing(offloaded):
     again = measure_step(learner)
     assert [(p.name, p.programs) for p in again.phases] == [(name, 0) for name in PHASES]
     assert again.step == 1 and again.phase("sync").returned[-1] == ("global_step", "2")
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_phases_parts_fit_its_time_and_other_threads_work_is_said_apart(offload):
+    """A phase's trace and compile are its own thread's, parts of its time; what other threads
+    traced and compiled meanwhile (a first step's builds ahead; here a reward function that
+    compiles on a thread of its own) is a column of its own, not counted into the phase."""
+    built = []
+
+    def reward_fn(prompts, completions):
+        """The toy reward, after a program traced and compiled on another thread."""
+        worker = threading.Thread(target=lambda: built.append(jax.jit(lambda x: x * 3.0 + len(built))(np.ones(3))))
+        worker.start()
+        worker.join()
+        return np.asarray([float(c.islower()) for c in completions], np.float32)
+
+    cluster = _cluster(offload=offload)
+    learner = GRPOLearner(
+        cluster, LearnerConfig(steps=2, prompts_per_step=2, group_size=2), reward_fn=reward_fn, prompts=EVEN_PROMPTS
+    )
+    steps = [measure_step(learner) for _ in range(2)]
+    for step in steps:
+        rewards = step.phase("rewards")
+        assert rewards.trace_seconds == rewards.compile_seconds == 0.0  # host code: nothing traced on its thread
+        assert rewards.other_threads_seconds > 0.0  # the reward function's thread traced and compiled
+        for p in step.phases:
+            assert p.trace_seconds + p.compile_seconds <= p.seconds, p.name
+        assert sum(p.trace_seconds + p.compile_seconds for p in step.phases) <= step.seconds
+        for row in time_rows(step):
+            assert float(row["trace ms"]) + float(row["compile ms"]) <= float(row["ms"]) + 0.1, row
+            assert OTHER_THREADS in row
+    for row in compare_rows(*steps):
+        assert float(row["of which trace ms"]) + float(row["of which compile ms"]) <= float(row["step 0 ms"]) + 0.1

@@ -4,11 +4,16 @@ segment's bytes are the report's, and every number is written out."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from legibility import svg_problems
 from stored_reports import PLACEMENTS, drawn_bytes, elements, stored, svg_text
 
+from rlcluster_lab.app.scenario import Scenario
 from rlcluster_lab.lab.style import fmt_bytes
 from rlcluster_lab.lab.sync_figures import sync_bytes, sync_chunk_curve, sync_leaves, sync_peak
+from rlcluster_lab.measure.sync_peak import chunk_words
+from rlcluster_lab.planner.plan import plan_scenario
 
 
 def _leaf(path: str, moved: int, copied: int, reused: int, minimum: int) -> dict:
@@ -21,6 +26,7 @@ def _leaf(path: str, moved: int, copied: int, reused: int, minimum: int) -> dict
         "dst_sharding": "b",
         "synced_bytes": moved + copied + reused,
         "moved_cross_device_bytes": moved,
+        "arrived_cross_device_bytes": moved,
         "copied_same_device_bytes": copied,
         "reused_bytes": reused,
         "minimum_cross_device_bytes": minimum,
@@ -34,6 +40,7 @@ SYNC = {
     "lora": False,
     "synced_bytes": 1600,
     "moved_cross_device_bytes": 1000,
+    "arrived_cross_device_bytes": 1000,
     "copied_same_device_bytes": 200,
     "reused_bytes": 400,
     "minimum_cross_device_bytes": 800,
@@ -81,7 +88,7 @@ def test_p13_sync_bytes_of_a_stored_report_draws_and_writes_the_reports_numbers(
     for words in (
         f"{fmt_bytes(sync['synced_bytes'])} synced (physical",
         f"{fmt_bytes(sync['synced_logical_bytes'])} logical (each leaf once)",
-        f"moved between devices {fmt_bytes(moved)}",
+        f"arrived from other devices {fmt_bytes(moved)}",
         f"copied within a device {fmt_bytes(sync['copied_same_device_bytes'])}",
         f"reused (no copy) {fmt_bytes(sync['reused_bytes'])}",
         f"{fmt_bytes(sync['moved_cross_device_bytes'])} crossed devices",
@@ -109,6 +116,7 @@ def test_l3_sync_bytes_compares_several_runs_on_one_scale():
     colocated = {
         **SYNC,
         "moved_cross_device_bytes": 0,
+        "arrived_cross_device_bytes": 0,
         "copied_same_device_bytes": 0,
         "reused_bytes": 1600,
         "minimum_cross_device_bytes": 0,
@@ -130,7 +138,7 @@ def test_l3_sync_bytes_compares_several_runs_on_one_scale():
 
 def test_l3_sync_leaves_draws_each_leafs_bytes_and_its_minimum():
     els = elements(sync_leaves(SYNC))
-    assert _bytes_of(els, "seg:leaf:layers/0/w:moved_cross_device_bytes") == 1000
+    assert _bytes_of(els, "seg:leaf:layers/0/w:arrived_cross_device_bytes") == 1000
     assert _bytes_of(els, "seg:leaf:embed:reused_bytes") == 400
     assert _bytes_of(els, "seg:leaf:embed:copied_same_device_bytes") == 200
     assert _bytes_of(els, "min:leaf:layers/0/w") == 800
@@ -209,3 +217,55 @@ def test_l3_sync_chunk_curve_draws_each_points_peak_and_plan():
     assert [_bytes_of(els, f"curve:peak:{i}") for i in range(2)] == [104448, 23296]
     assert [_bytes_of(els, f"curve:planned:{i}") for i in range(2)] == [104448, 23296]
     assert "11.0 ms" in svg_text(svg) and svg_problems(svg) == []
+
+
+# ------------------------------------------------------------------ chunks in words
+
+
+@settings(max_examples=16, deadline=None, derandomize=True)
+@given(
+    layout=st.sampled_from(["colocated", "reshaped", "split"]),
+    lora=st.booleans(),
+    offload=st.booleans(),
+    engine=st.sampled_from(["vanilla", "vllm"]),
+    chunk=st.sampled_from([1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]),
+)
+def test_the_chunk_words_say_a_leaf_larger_than_a_chunk_moves_whole(layout, lora, offload, engine, chunk):
+    """The peak figure's subtitle says how the handover was cut in the report's own numbers:
+    "at most N per chunk" only where every chunk is, and where a leaf is larger than N (it is
+    never split) that it moved whole, with the largest chunk's bytes (P13)."""
+    scenario = Scenario(layout=layout, lora=lora, offload=offload, engine=engine, sync_chunk_bytes=chunk)
+    sync = plan_scenario(scenario).to_json()["sync"]
+    peak = sync["transient_peak"]
+    words = chunk_words(peak, fmt_bytes)
+    assert words in svg_text(sync_peak(sync))
+    sizes = [int(leaf["logical_bytes"]) for leaf in sorted(sync["leaves"], key=lambda lf: lf["path"])]
+    larger = [n for n in sizes if n > chunk]
+    if peak["chunks"] <= 1:
+        assert words == "in one piece"
+        return
+    assert words.startswith(f"in {peak['chunks']} chunks of at most {fmt_bytes(chunk)}")
+    assert ("moves whole" in words) == bool(larger), words
+    if larger:
+        assert f"the largest: {fmt_bytes(max(larger))}" in words and peak["largest_chunk_bytes"] == max(larger)
+
+
+def test_the_stored_chunked_sync_says_its_66_kib_leaf_moved_whole():
+    sync = stored("colocated-offload-chunked")["sync"]
+    peak = sync["transient_peak"]
+    assert peak["largest_chunk_bytes"] == 67_584 > peak["chunk_bytes"] == 16_384
+    text = svg_text(sync_peak(sync))
+    assert "chunks of at most 16.0 KiB, but a leaf larger than that moves whole" in text
+    assert "(the largest: 66.0 KiB)" in text
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+def test_each_leafs_drawn_parts_are_its_synced_bytes_and_the_relayed_ones_are_drawn_apart(name):
+    sync = stored(name)["sync"]
+    els = elements(sync_leaves(sync))
+    parts = ("arrived_cross_device_bytes", "copied_same_device_bytes", "reused_bytes")
+    for lf in sync["leaves"]:
+        drawn = sum(drawn_bytes(els, f"seg:leaf:{lf['path']}:{key}") for key in parts)
+        assert drawn == lf["synced_bytes"], lf["path"]
+        relayed = drawn_bytes(els, f"seg:leaf:{lf['path']}:relayed_cross_device_bytes")
+        assert relayed == lf["relayed_cross_device_bytes"], lf["path"]

@@ -34,6 +34,55 @@ RewardFn = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 TOY_PROMPTS: tuple[str, ...] = ("abc", "the cat", "hello", "xyz", "rl is", "jax ", "mesh", "sync")
 
 
+@dataclasses.dataclass(frozen=True)
+class RewardWords:
+    """What a learner's reward function rewards and what a rising mean reward means, in words:
+    what every view of a reward curve says beside it (the CLI's ``learn``).
+
+    A reward function declares them with ``@rewards(...)``; one that does not is described by
+    its name and the first line of its docstring.
+    """
+
+    rewarded: str
+    rising: str
+
+    @classmethod
+    def of(cls, reward_fn: Any) -> RewardWords:
+        """The words ``reward_fn`` declared (``@rewards``), or what can be said from its name and docstring."""
+        declared = getattr(reward_fn, "reward_words", None)
+        if isinstance(declared, RewardWords):
+            return declared
+        name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+        doc = (getattr(reward_fn, "__doc__", None) or "").strip().splitlines()
+        said = f": {doc[0].rstrip('.')}" if doc and doc[0] and not isinstance(reward_fn, type) else ""
+        return cls(
+            f"what {name} returns for each completion{said}", f"the completions score higher under {name}, on average"
+        )
+
+
+# ``use_reward_model=True``: the cluster's reward model scores (a ``Scenario(with_reward=True)`` one
+# has drawn weights and stands for no task).
+REWARD_MODEL_WORDS = RewardWords(
+    "the score the cluster's reward model gives each completion",
+    "the actor's completions score higher under the cluster's reward model",
+)
+
+
+def rewards(rewarded: str, rising: str) -> Callable[[RewardFn], RewardFn]:
+    """Declare what a reward function rewards and what a rising mean reward means (``RewardWords``)."""
+
+    def declare(fn: RewardFn) -> RewardFn:
+        fn.reward_words = RewardWords(rewarded, rising)  # type: ignore[attr-defined]
+        return fn
+
+    return declare
+
+
+@rewards(
+    "the share of each completion's characters that are lowercase ASCII letters a-z, from 0 to 1 "
+    "(an empty completion scores 0)",
+    "the actor samples more lowercase letters: it is learning the toy task",
+)
 def lowercase_reward(prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
     """Fraction of the completion's characters that are lowercase ASCII letters (0 if empty)."""
     return np.asarray(
@@ -177,6 +226,8 @@ class GRPOLearner:
         self.cluster = cluster
         self.config = config
         self.reward_fn = reward_fn or lowercase_reward
+        # What the reward curve measures, read from the reward function (or model) itself.
+        self.reward_words = REWARD_MODEL_WORDS if use_reward_model else RewardWords.of(self.reward_fn)
         self.prompts = list(prompts)
         self._rng = np.random.default_rng(config.seed)
         self.history: list[StepRecord] = []

@@ -265,9 +265,12 @@ def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) 
         if s.rejected:
             print(f"          rejected: {s.rejected}", flush=True)
 
+    words = learner.reward_words
+    if not args.json:
+        print(f"reward: {words.rewarded}; a rising mean reward means {words.rising}.", flush=True)
     result = learner.run(progress=None if args.json else show)
     if args.json:
-        return result.to_json()
+        return {**result.to_json(), "reward": dataclasses.asdict(words)}
     later = [p for p in result.p11 if p.steps_taken_before > 0]
     first = [p for p in result.p11 if p.steps_taken_before == 0]
     lines = [

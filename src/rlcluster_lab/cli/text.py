@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlcluster_lab.measure.sync_peak import chunk_words
+
 
 def format_report(data: dict[str, Any]) -> str:
     """A readable summary of a placement report's JSON."""
@@ -75,8 +77,10 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
     """One weight sync (L3) as lines of text."""
     return [
         f"sync (L3{_on(sync)}, {sync['method']}; physical bytes):",
-        f"  synced {sync['synced_bytes']:,} = moved across devices {sync['moved_cross_device_bytes']:,}"
+        f"  synced {sync['synced_bytes']:,} = arrived from other devices {sync['arrived_cross_device_bytes']:,}"
         f" + copied within a device {sync['copied_same_device_bytes']:,} + reused {sync['reused_bytes']:,}",
+        f"  moved across devices {sync['moved_cross_device_bytes']:,} (arrived, and relayed: crossed without staying"
+        f" {sync['relayed_cross_device_bytes']:,})",
         f"  minimum across devices {sync['minimum_cross_device_bytes']:,}; logical (each leaf once)"
         f" {sync['synced_logical_bytes']:,}",
         f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
@@ -98,11 +102,7 @@ def _peak_lines(peak: dict[str, Any] | None) -> list[str]:
     top = peak["max_bytes"]
     device = peak.get("max_device")
     where = f" on device {device}, at {peak['phase_at_peak'][device]}" if device is not None else ""
-    chunks = (
-        "in one piece"
-        if peak["chunks"] <= 1
-        else f"in {peak['chunks']} chunks of at most {peak['chunk_bytes']:,} bytes"
-    )
+    chunks = chunk_words(peak)
     return [
         f"  transient peak above what was there before (measured, {chunks}): device memory "
         f"{top.get('device', 0):,}{where}; pinned host {top.get('pinned_host', 0):,}"

@@ -16,7 +16,7 @@ import jax
 
 from rlcluster_lab.app.scenario import Scenario
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.core.knobs import KNOBS, SCENARIO_KNOBS, Knob
+from rlcluster_lab.core.knobs import KNOBS, SCENARIO_KNOBS, Knob, describe
 from rlcluster_lab.core.meshes import (
     default_shape,
     fitting_shapes,
@@ -29,6 +29,7 @@ from rlcluster_lab.core.roles import Role
 from rlcluster_lab.lab.setup import LayoutFamily
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.rules.anchor import anchor_is_partial
+from rlcluster_lab.rules.validation import check_lora_rank
 
 CUSTOM = "custom"
 # One column of knobs: every label and every choice shown whole (the widest choice,
@@ -54,9 +55,10 @@ def control(knob: Knob, options: Sequence[tuple[str, Any]] | None = None) -> wid
         return widgets.Checkbox(value=knob.default, indent=False, layout=widgets.Layout(width="auto"), **common)
     style, wide = {"description_width": f"{LABEL_WIDTH}px"}, widgets.Layout(width=f"{KNOB_WIDTH}px")
     if knob.widget == "number box":
-        # The largest rank any size allows; a size's own bound is checked with the scenario (its refusal shown here).
-        top = max(size.max_lora_rank for size in MODEL_SIZES.values())
-        return widgets.BoundedIntText(value=knob.default, min=knob.low, max=top, style=style, layout=wide, **common)
+        # Unbounded: a bounded box would clamp a typed rank without a word. A rank the model size
+        # does not allow is said beside the box as it is typed (``Knobs.rank_problem``) and refused
+        # by Construct with the same words (``rules.validation.check_lora_rank``).
+        return widgets.IntText(value=knob.default, style=style, layout=wide, **common)
     options = list(options or knob.options or knob.choices or ())
     value = options[0][1] if knob.default is None and options else knob.default
     return widgets.Dropdown(options=options, value=value, style=style, layout=wide, **common)
@@ -269,6 +271,18 @@ class Knobs:
         rollout mesh's trainer roles are on ``devices`` too)."""
         chosen = self.layout.value
         return next((list(f.devices) for f in self.families if chosen in f.layouts), self.devices)
+
+    def rank_problem(self) -> str | None:
+        """Why Construct would refuse the LoRA rank the box shows on the chosen model size, in
+        its words: the knob's own check (at least 1), then the model's bound (P12's adapters:
+        ``rules.validation.check_lora_rank``). None: it would not, or no LoRA uses the rank."""
+        if self.lora_rank.disabled:
+            return None
+        try:
+            check_lora_rank(KNOBS["lora_rank"].check(self.lora_rank.value), MODEL_SIZES[self.model_size.value])
+        except ConfigError as exc:
+            return describe(exc, "lab")
+        return None
 
     def picked_devices(self) -> list[jax.Device]:
         return [d for d, t in zip(self.devices, self.device_toggles) if t.value]

@@ -291,7 +291,11 @@ def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: flo
     bytes_axis(ax.yaxis, ax.get_ylim()[1])
     ax.tick_params(axis="y", labelsize=MIN_FONT)
     ax.set_ylabel(PHYSICAL.split(" (")[0], fontsize=MIN_FONT)
-    ax.set_title("what each destination device's shards are made of", fontsize=MIN_FONT, loc="left")
+    title = "what each destination device's shards are made of"
+    if flows.relayed_bytes:
+        # A relayed byte reached a device and left again: part of what moved, not of any shard.
+        title = f"what reached each destination device (moved counts {flows.relayed_bytes:,} B relayed, not kept)"
+    ax.set_title(title, fontsize=MIN_FONT, loc="left")
     ax.legend(fontsize=MIN_FONT, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -300,12 +304,15 @@ def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: flo
 def _heading(flows: SyncFlows, head: str) -> str:
     """The figure's title: what it shows, the report's identity with its numbers, and their method."""
     identity = (
-        f"synced {flows.synced_bytes:,} B physical ({flows.synced_logical_bytes:,} B logical) = moved "
-        f"{flows.moved_bytes:,} ({100 * flows.moved_share:.1f}%) + copied {flows.copied_bytes:,} "
-        f"+ reused {flows.reused_bytes:,}"
+        f"synced {flows.synced_bytes:,} B physical ({flows.synced_logical_bytes:,} B logical) = arrived "
+        f"from other devices {flows.arrived_bytes:,} ({100 * flows.arrived_share:.1f}%) + copied "
+        f"{flows.copied_bytes:,} + reused {flows.reused_bytes:,}"
     )
     if flows.relayed_bytes:
-        identity += f" - relayed {flows.relayed_bytes:,} (crossed twice)"
+        identity += (
+            f"; besides, {flows.relayed_bytes:,} B crossed devices without staying (relayed), "
+            f"so {flows.moved_bytes:,} B moved between devices in all"
+        )
     least = f"least any reshard must move between devices (from the shards' boxes): {flows.minimum_bytes:,} B"
     on = f" on {flows.where}" if flows.where else ""
     method = textwrap.fill(f"numbers from the {flows.strategy} reshard{on}, {flows.method}", 118)

@@ -161,8 +161,8 @@ class SyncFlows:
     ``moved[(src, dst)]``: bytes that crossed from device ``src`` to ``dst``;
     ``copied[d]``/``reused[d]``: bytes made on (or kept in place on) device d.
     The totals are the report's own figures for the same leaves, so the
-    identity ``synced = moved - relayed + copied + reused`` can be checked
-    against what is drawn.
+    identity ``synced = arrived + copied + reused`` (``arrived = moved - relayed``)
+    can be checked against what is drawn.
     """
 
     label: str
@@ -176,6 +176,7 @@ class SyncFlows:
     copied_bytes: int
     reused_bytes: int
     relayed_bytes: int
+    arrived_bytes: int
     minimum_bytes: int
     strategy: str
     method: str
@@ -186,9 +187,10 @@ class SyncFlows:
         return sum(n for (_, d), n in self.moved.items() if d == device)
 
     @property
-    def moved_share(self) -> float:
-        """Moved between devices, as a share of the synced physical bytes."""
-        return self.moved_bytes / self.synced_bytes if self.synced_bytes else 0.0
+    def arrived_share(self) -> float:
+        """The part of the synced physical bytes that came from other devices (at most 1: the
+        relayed bytes, which crossed without staying, are not part of the synced bytes)."""
+        return self.arrived_bytes / self.synced_bytes if self.synced_bytes else 0.0
 
 
 def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, label: str = "") -> SyncFlows:
@@ -237,6 +239,7 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
         copied_bytes=total("copied_same_device_bytes"),
         reused_bytes=total("reused_bytes"),
         relayed_bytes=total("relayed_cross_device_bytes"),
+        arrived_bytes=total("arrived_cross_device_bytes"),
         minimum_bytes=total("minimum_cross_device_bytes"),
         strategy=str(report.get("reshard_strategy", "?")),
         method=str(report.get("method", "?")),
@@ -266,7 +269,9 @@ def _short_name(path: str) -> str:
 
 
 def spec_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A sync's leaves grouped by their partition spec: what each group moved, copied and reused.
+    """A sync's leaves grouped by their partition spec: how each group's synced bytes came
+    (arrived from other devices, copied, reused: they add up to ``synced``), and apart, what
+    crossed devices without staying (relayed, not part of ``synced``).
 
     The spec is read from the report's source and destination sharding text;
     the same spec on another mesh cuts the array differently, which is what
@@ -278,17 +283,18 @@ def spec_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for (src, dst), leaves in groups.items():
         synced = sum(int(lf["synced_bytes"]) for lf in leaves)
-        moved = sum(int(lf["moved_cross_device_bytes"]) for lf in leaves)
+        arrived = sum(int(lf["arrived_cross_device_bytes"]) for lf in leaves)
         rows.append(
             {
                 "partition spec": src if src == dst else f"{src} -> {dst}",
                 "leaves": ", ".join(dict.fromkeys(_short_name(lf["path"]) for lf in leaves)),
                 "count": len(leaves),
                 "synced": synced,
-                "moved": moved,
+                "arrived": arrived,
                 "copied": sum(int(lf["copied_same_device_bytes"]) for lf in leaves),
                 "reused": sum(int(lf["reused_bytes"]) for lf in leaves),
-                "moved %": f"{100 * moved / synced:.1f}" if synced else "-",
+                "arrived %": f"{100 * arrived / synced:.1f}" if synced else "-",
+                "relayed (not synced)": sum(int(lf["relayed_cross_device_bytes"]) for lf in leaves),
             }
         )
     rows.sort(key=lambda r: (-r["synced"], r["leaves"]))
@@ -296,49 +302,61 @@ def spec_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def share_lines(report: Mapping[str, Any]) -> str:
-    """The moved share of one sync, worked out from its spec groups (``spec_rows``).
+    """The share of one sync's bytes that arrived from other devices, worked out from its spec
+    groups (``spec_rows``); the bytes relayed (crossed without staying, not part of the synced
+    bytes) are said apart.
 
-    Where every group that moves anything moves the same share of its bytes,
-    the total share is that share times the part of the bytes those groups
-    hold; the line says so with the numbers.
+    Where every group that receives anything from other devices receives the same share of
+    its bytes, the total share is that share times the part of the bytes those groups hold;
+    the line says so with the numbers.
     """
     rows = spec_rows(report)
     synced = int(report["synced_bytes"])
-    moved = int(report["moved_cross_device_bytes"])
+    arrived = int(report["arrived_cross_device_bytes"])
+    relayed = int(report.get("relayed_cross_device_bytes", 0))
     if not synced:
         return "this sync carried no bytes"
-    lines = [f"moved / synced (physical bytes) = {moved:,} / {synced:,} = {moved / synced:.1%}"]
+    lines = [
+        f"arrived from other devices / synced (physical bytes) = {arrived:,} / {synced:,} = {arrived / synced:.1%}"
+    ]
+    if relayed:
+        lines.append(
+            f"  and {relayed:,} B more crossed devices without staying (relayed: moved again or dropped), "
+            f"so {int(report['moved_cross_device_bytes']):,} B crossed in all"
+        )
     for r in rows:
         lines.append(
             f"  {r['partition spec']:<18} {r['count']:>2} leaves  {r['synced']:>9,} B  "
-            f"moved {r['moved']:>9,} B = {r['moved'] / r['synced']:.1%} of them"
+            f"arrived {r['arrived']:>9,} B = {r['arrived'] / max(r['synced'], 1):.1%} of them"
         )
-    moving = [r for r in rows if r["moved"]]
-    shares = {r["moved"] * 10**6 // r["synced"] for r in moving}
+    moving = [r for r in rows if r["arrived"]]
+    shares = {r["arrived"] * 10**6 // r["synced"] for r in moving}
     if moving and len(shares) == 1:
         held = sum(r["synced"] for r in moving)
-        share = moving[0]["moved"] / moving[0]["synced"]
+        share = moving[0]["arrived"] / moving[0]["synced"]
         lines.append(
-            f"= {share:.1%} (what each moving group moves) x {held:,} / {synced:,} "
-            f"({held / synced:.1%} of the bytes are in groups that move) = {share * held / synced:.1%}"
+            f"= {share:.1%} (what each group that receives from other devices gets so) x {held:,} / {synced:,} "
+            f"({held / synced:.1%} of the bytes are in those groups) = {share * held / synced:.1%}"
         )
     return "\n".join(lines)
 
 
 def share_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per sync: physical and logical bytes synced, and the moved share of the physical bytes."""
+    """Per sync: physical and logical bytes synced, the part of the physical bytes that arrived
+    from other devices (and its share), and apart the bytes relayed (crossed without staying)."""
     rows = []
     for label, s in syncs.items():
         synced = int(s["synced_bytes"])
-        moved = int(s["moved_cross_device_bytes"])
+        arrived = int(s["arrived_cross_device_bytes"])
         rows.append(
             {
                 "run": label,
                 "synced physical": synced,
                 "synced logical": int(s["synced_logical_bytes"]),
                 "physical / logical": f"{synced / max(int(s['synced_logical_bytes']), 1):.2f}",
-                "moved": moved,
-                "moved % of physical": f"{100 * moved / synced:.1f}" if synced else "-",
+                "arrived": arrived,
+                "arrived % of physical": f"{100 * arrived / synced:.1f}" if synced else "-",
+                "relayed (not synced)": int(s.get("relayed_cross_device_bytes", 0)),
             }
         )
     return rows

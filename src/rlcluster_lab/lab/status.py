@@ -276,12 +276,17 @@ def constructed(report: Mapping[str, Any], seconds: float) -> str:
 
 
 def synced(sync: Mapping[str, Any], seconds: float) -> str:
-    """After Sync weights (``seconds`` since the click): the global step it reached and the bytes
-    that crossed devices, measured."""
+    """After Sync weights (``seconds`` since the click): the global step it reached, the part of
+    the synced bytes that arrived from other devices, and, apart, the bytes that crossed devices
+    without staying (relayed), measured. The part is the report's ``arrived_cross_device_bytes``
+    (``synced = arrived + copied + reused``, L3), so it is never more than the whole."""
+    relayed = int(sync.get("relayed_cross_device_bytes", 0))
     return (
         f"Synced in {seconds:.2f} s, now at {STEP_COUNTER} {sync['global_step']}: "
-        f"{fmt_bytes(sync['moved_cross_device_bytes'])} of {fmt_bytes(sync['synced_bytes'])} "
-        f"crossed devices{_on(sync)} (measured)."
+        f"{fmt_bytes(sync['arrived_cross_device_bytes'])} of the {fmt_bytes(sync['synced_bytes'])} synced"
+        f"{_on(sync)} came from other devices"
+        + (f", and {fmt_bytes(relayed)} more crossed devices without staying (relayed)" if relayed else "")
+        + " (measured)."
     )
 
 
@@ -318,6 +323,20 @@ def refused(kept: bool, outlined: bool, *, failed: bool = False) -> str:
     cluster is live."""
     where = "see the note by the outlined knob" if outlined else "see the note by the buttons"
     return f"{'Failed' if failed else 'Refused'}: {where}. {LIVE_AFTER[kept]}"
+
+
+def note_outlived(failed: bool, kept: bool) -> str:
+    """After a knob changed while a refusal's (or failure's) note was shown: the note belonged to
+    the settings before, so it is gone; which cluster is live."""
+    return (
+        f"The knobs changed since the {'failure' if failed else 'refusal'}, so its note is gone: "
+        f"press Construct to try these settings. {LIVE_AFTER[kept]}"
+    )
+
+
+def said_before(note: str) -> str:
+    """The details after a note was taken down: what it said, for the settings before."""
+    return f"For the settings before the change: {note}" if note else ""
 
 
 def details(

@@ -4,8 +4,11 @@ with its memory measured on the live buffers.
 The step measured is the learner's own (``GRPOLearner.step``): nothing here calls a model or
 re-orders the operations. Each cluster operation the step calls is wrapped while it runs,
 and its ``Phase`` records the wall time, the part of it JAX spent tracing and XLA compiling
-(JAX's own monitoring events, which time only top-level traces, so a first step's compiling
-and a later step's running can be told apart), a memory walk (L2) at the operation's work
+on the calling thread (JAX's own monitoring events, which time only top-level traces, so a
+first step's compiling and a later step's running can be told apart), apart from it the
+tracing and compiling other threads did meanwhile (a first step builds its later programs
+on more threads, ``RLCluster.build_ahead``: work beside the call, not part of its time),
+a memory walk (L2) at the operation's work
 point (``cluster.observe.at_work``: the role's model on device if it ever is, P14, and the
 working states the cluster does not hold, such as the anchor's device copy, P10), a walk
 after it, and what it returned. Bytes are physical, per entry and memory kind, as in
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -35,7 +39,8 @@ EVEN_PROMPTS: tuple[str, ...] = ("abc", "the", "cat", "xyz", "jax", "rl ", "map"
 SECONDS_SOURCE = (
     "measured: wall time of each call until its results are ready (time.perf_counter), memory walks "
     "inside it left out; of it, trace: tracing and lowering for XLA, compile: XLA compilation or "
-    "persistent-cache reads (jax.monitoring events)"
+    "persistent-cache reads, on the calling thread (jax.monitoring events); apart, the tracing and "
+    "compiling other threads did during the call (beside it, not part of its time)"
 )
 MEMORY_SOURCE = "measured: walk of the live buffers, inside each operation at its work point and after it"
 
@@ -70,11 +75,13 @@ class Phase:
     call: str  # what the learner called, e.g. "cluster.per_token_logps(Role.ACTOR, ...)"
     role: str | None  # the role whose mesh the operation entered (None: host code, or the sync)
     seconds: float  # measured, memory walks inside excluded
-    trace_seconds: float  # measured: tracing and lowering for XLA, inside the call
-    compile_seconds: float  # measured: XLA compiling or reading the persistent cache, inside the call
-    programs: int  # programs compiled or read back from the cache inside the call
+    trace_seconds: float  # measured: tracing and lowering for XLA, inside the call, on its thread
+    compile_seconds: float  # measured: XLA compiling or reading the persistent cache, inside the call, on its thread
+    programs: int  # programs compiled or read back from the cache inside the call, on its thread
     cache_hits: int  # of those, read back from the persistent cache
     callback_seconds: float  # in the caller's callback inside the call (the learner's P11 probe)
+    # Measured: tracing and compiling on other threads while the call ran (beside it: not part of ``seconds``).
+    other_threads_seconds: float
     during: MemoryReport | None  # walk at the operation's work point; None without one (host code, the sync)
     after: MemoryReport  # walk once the call returned
     returned: tuple[tuple[str, str], ...]  # (field, shape and dtype) of what the call returned
@@ -196,7 +203,9 @@ class _Open:
     cache_hits: int = 0
     walk_seconds: float = 0.0
     callback_seconds: float = 0.0
+    other_threads_seconds: float = 0.0
     during: MemoryReport | None = None
+    thread: int = dataclasses.field(default_factory=threading.get_ident)  # the thread that made the call
 
 
 def _block(value: Any) -> None:
@@ -250,6 +259,11 @@ class _Recorder:
     def on_compile(self, event: str, seconds: float, **_: Any) -> None:
         if self._open is None:
             return
+        if threading.get_ident() != self._open.thread:
+            # Another thread's work (a build ahead, a background compile): beside the call, not in it.
+            if event == _BACKEND_COMPILE or event in _TRACE:
+                self._open.other_threads_seconds += seconds
+            return
         if event == _BACKEND_COMPILE:
             self._open.compile_seconds += seconds
             self._open.programs += 1
@@ -257,7 +271,7 @@ class _Recorder:
             self._open.trace_seconds += seconds
 
     def on_event(self, event: str, **_: Any) -> None:
-        if self._open is not None and event == _CACHE_HIT:
+        if self._open is not None and event == _CACHE_HIT and threading.get_ident() == self._open.thread:
             self._open.cache_hits += 1
 
     def _timed_callback(self, fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
@@ -290,7 +304,7 @@ class _Recorder:
             finally:
                 self._open = None
             # The open phase's figures, with the memory walks inside the call left out of its time.
-            measured = {k: v for k, v in vars(opened).items() if k != "walk_seconds"}
+            measured = {k: v for k, v in vars(opened).items() if k not in ("walk_seconds", "thread")}
             seconds = total - opened.walk_seconds
             self._phases.append(Phase(**measured, seconds=seconds, after=self._walk(), returned=returned_fields(out)))
             return out
@@ -363,8 +377,13 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
+OTHER_THREADS = "other threads meanwhile ms"  # the column of work beside a phase, not part of its ms
+
+
 def time_rows(step: StepPhases) -> list[dict[str, Any]]:
-    """Per phase: its measured wall time, and how much of it was compiling (or cache reads)."""
+    """Per phase: its measured wall time, how much of it was tracing and compiling (or cache
+    reads) on its own thread (parts of the time), and apart, what other threads traced and
+    compiled meanwhile (beside it, not part of the time)."""
 
     def row(name: str, seconds: float, phases: Sequence[Phase], probe: str = "") -> dict[str, Any]:
         return {
@@ -374,6 +393,7 @@ def time_rows(step: StepPhases) -> list[dict[str, Any]]:
             "compile ms": _ms(sum(p.compile_seconds for p in phases)),
             "programs (cache hits)": f"{sum(p.programs for p in phases)} ({sum(p.cache_hits for p in phases)})",
             "caller's probe ms": probe,
+            OTHER_THREADS: _ms(sum(p.other_threads_seconds for p in phases)),
         }
 
     rows = [row(p.name, p.seconds, [p], _ms(p.callback_seconds) if p.callback_seconds else "") for p in step.phases]
@@ -381,7 +401,9 @@ def time_rows(step: StepPhases) -> list[dict[str, Any]]:
 
 
 def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
-    """Per phase, the first step's time (with its tracing and compiling) beside a later step's."""
+    """Per phase, the first step's time (with the tracing and compiling of its own thread, parts
+    of it) beside a later step's; the last column is the first step's work on other threads
+    meanwhile (its programs built ahead): beside the phase, not part of its time."""
     rows = []
     for a in first.phases:
         b = later.phase(a.name)
@@ -393,6 +415,7 @@ def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
                 "of which compile ms": _ms(a.compile_seconds),
                 f"step {later.step} ms": _ms(b.seconds),
                 f"step {later.step} trace + compile ms": _ms(b.trace_seconds + b.compile_seconds),
+                f"step {first.step} {OTHER_THREADS}": _ms(a.other_threads_seconds),
             }
         )
     return rows

@@ -17,6 +17,7 @@ from typing import Any
 
 from rlcluster_lab.lab.style import RELAYED, ROLE_COLORS, SYNC_PARTS, clip, fmt_bytes, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
+from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.placement import phases as ph
 
 # The synced bytes' parts (synced = arrived + copied + reused) in SYNC_PARTS' colours.
@@ -61,9 +62,10 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         logical = int(s.get("synced_logical_bytes", 0))
         moved = int(s.get("moved_cross_device_bytes", 0))
         relayed = int(s.get("relayed_cross_device_bytes", 0))
+        kept = int(s["arrived_cross_device_bytes"])  # synced = arrived + copied + reused (L3)
         minimum = int(s.get("minimum_cross_device_bytes", 0))
         parts = [
-            ("arrived", "moved between devices", moved - relayed),
+            ("arrived", SYNC_PARTS[0][1], kept),
             ("copied", "copied within a device", int(s.get("copied_same_device_bytes", 0))),
             ("reused", "reused (no copy)", int(s.get("reused_bytes", 0))),
         ]
@@ -83,7 +85,6 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
             c.line(lx, y - 2, lx, y + 26, TEXT, width=2, dash="2,2", id=f"logical:{label}", nbytes=logical)
         y = legend(c, left, y + 42, [(SYNC_COLORS[key], f"{what} {fmt_bytes(v)}") for key, what, v in parts])
         c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
-        kept = moved - relayed
         crossed = [
             (kept, SYNC_COLORS["arrived"], f"seg:cross:{label}:kept", f"crossed devices and stayed: {fmt_bytes(kept)}"),
             (
@@ -129,8 +130,10 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
 
 
 def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
-    """Per leaf of one sync: the bytes moved between devices, copied within a device and
-    reused, with the least the placement allows to cross as a black tick (L3).
+    """Per leaf of one sync: its synced bytes as they came (arrived from other devices, copied
+    within a device, reused), then, drawn dark after them, the bytes relayed (crossed devices
+    without staying: not part of the synced bytes), with the least the placement allows to
+    cross as a black tick (L3).
 
     ``top`` keeps only the leaves with the most synced bytes (ties by path), drawn in path
     order like the rest.
@@ -143,12 +146,14 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     label_w = min(max([text_width(lb, MIN_FONT) for lb in labels] + [60.0]) + 16, 330.0)
     left, row_h = label_w, 18
     bar_w = WIDTH - left - 16
-    widest = max([sum(int(lf.get(key, 0)) for key, _, _ in SYNC_PARTS) for lf in leaves] + [1])
+    drawn = (*SYNC_PARTS, ("relayed_cross_device_bytes", "relayed (crossed devices, not kept)", RELAYED))
+    widest = max([sum(int(lf.get(key, 0)) for key, _, _ in drawn) for lf in leaves] + [1])
     scale = bar_w / widest
     shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
     c = Canvas(WIDTH, 0, f"Weight sync per leaf{_on(sync)} ({shown}), physical bytes")
     tick = ("black", "tick: the least the placement allows to cross")
-    y = legend(c, 8, 42, [(color, what) for _, what, color in SYNC_PARTS] + [tick])
+    relays = any(int(lf.get("relayed_cross_device_bytes", 0)) for lf in leaves)
+    y = legend(c, 8, 42, [(color, what) for _, what, color in drawn[: 3 + relays]] + [tick])
     for frac in (0.0, 0.5, 1.0):
         x = left + bar_w * frac
         anchor = {0.0: "start", 0.5: "middle", 1.0: "end"}[frac]
@@ -160,7 +165,7 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
         c.text(left - 8, y + 13, clip(label, label_w - 12, MIN_FONT), size=MIN_FONT, anchor="end", title=label)
         parts = [
             (v, color, f"seg:leaf:{path}:{k}", f"{path}: {fmt_bytes(v)} {what}")
-            for k, what, color in SYNC_PARTS
+            for k, what, color in drawn
             if (v := int(lf.get(k, 0)))
         ]
         c.bar(left, y + 3, row_h - 5, scale, parts)
@@ -236,7 +241,7 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None) -> Svg:
         f"device {device}{' of ' + sync['where'] if sync.get('where') else ''} ({source}); peak: "
         + (", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in mine.items()) or "nothing new")
         + (f", at {peak['phase_at_peak'][device]}" if device in peak.get("phase_at_peak", {}) else "")
-        + ("; in one piece" if chunks <= 1 else f"; {chunks} chunks of at most {fmt_bytes(peak['chunk_bytes'])}")
+        + f"; {chunk_words(peak, fmt_bytes)}"
     )
     y = 40
     for line in wrap(sub, WIDTH - 16, MIN_FONT, lines=2):

@@ -3,7 +3,7 @@
 The panels draw the placement report (``placement_report(cluster, sync=...).to_json()``)
 with the notebooks' own figure functions (``lab.display``); nothing here decides where a
 model lives. The status says what each action does while it does it (``lab.status``), and a
-refusal's message sits beside the knob it names (``Notes``). A rebuild releases the previous
+refusal's message sits beside the knob it names (``Notes``) until any knob changes. A rebuild releases the previous
 cluster first, so only one cluster's buffers are alive at a time, on CPU and on an
 accelerator alike.
 """
@@ -98,13 +98,15 @@ class PlacementLab:
         checked = [LayoutFamily(tuple(device_list(f.devices, "families")), f.layouts) for f in families or ()]
         self.knobs = Knobs(self.devices, checked)
         self._constructed: dict[str, tuple[str, str]] | None = None  # the knobs' settings at the last Construct
+        self._failed = False  # whether the note shown is a failure's (else a refusal's)
+        self._from_action = False  # whether the note shown is an action's (a refusal or failure), not the rank box's
         self.display = Display()
         self.status = StatusLine(KNOB_WIDTH)
         self.notes = Notes()
         self._make_buttons()
         self.widget = self._assemble()
         self._refresh_buttons()
-        self.knobs.on_change(self.pending)
+        self.knobs.on_change(self._knobs_changed)
         self.status.say("Press Construct to build the cluster the knobs describe.")
         if build:
             self.construct()
@@ -311,6 +313,32 @@ class PlacementLab:
         self.display.mark_stale(changed)
         return changed
 
+    def _knobs_changed(self) -> None:
+        """After any knob change: the knobs changed since Construct are marked (``pending``), and
+        a refusal's or failure's note, which belongs to the settings that caused it, is taken
+        down with its outline; the status says so, and its details keep what was said then."""
+        self.pending()
+        if self.status.busy:
+            return
+        if self.notes.shown is not None and self._from_action:
+            said = self.notes.text
+            self.notes.clear()
+            self.knobs.mark_at_fault(())
+            self._from_action = False
+            self.status.say(
+                sentences.note_outlived(self._failed, self._cluster is not None), sentences.said_before(said or "")
+            )
+        self._say_rank()
+
+    def _say_rank(self) -> None:
+        """A LoRA rank the model size does not allow is said beside the rank box as it is chosen,
+        in the words Construct would refuse it with (never clamped); the note goes when it is fixed."""
+        problem = self.knobs.rank_problem()
+        if problem is not None and not self._from_action:
+            self.notes.show("lora_rank", "ConfigError", problem, "Construct refuses it.")
+        elif problem is None and self.notes.shown == "lora_rank" and not self._from_action:
+            self.notes.clear()
+
     def _unapplied(self, action: str) -> str:
         said = sentences.not_applied(action, self.pending())
         return f"{said} " if said else ""
@@ -331,6 +359,7 @@ class PlacementLab:
         assert self._report is not None
         self.error = None
         self.notes.clear()
+        self._from_action = False
         self.knobs.mark_at_fault(())
         self.timings["draw"], self.timings["redrawn"] = self.display.draw(self._report, self._steps, self.changes)
         self.display.show(view)
@@ -349,6 +378,7 @@ class PlacementLab:
         marked = self.knobs.mark_at_fault(k.field for k in named)
         first = next((k.field for k in named if k.field in marked), "actions")  # the likeliest fix first
         self.notes.show(first, type(exc).__name__, message, sentences.LIVE_AFTER[kept])
+        self._failed, self._from_action = failed, True
         self.status.say(sentences.refused(kept, first != "actions", failed=failed), self.error)
 
     @contextlib.contextmanager

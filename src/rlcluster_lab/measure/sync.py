@@ -94,6 +94,8 @@ class LeafSync:
     """One synced leaf. Bytes are physical, in the dtype the data moved in (the source's).
 
     ``pieces``: the same bytes per (how, source device, destination device).
+    ``arrived_cross_device_bytes``: the part of ``synced_bytes`` that came from another device
+    (``moved - relayed``), so ``synced = arrived + copied + reused``.
     """
 
     path: str
@@ -112,8 +114,13 @@ class LeafSync:
     method: str = "logged copies"
     pieces: tuple[SyncPiece, ...] = ()
 
+    @property
+    def arrived_cross_device_bytes(self) -> int:
+        return self.moved_cross_device_bytes - self.relayed_cross_device_bytes
+
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        out["arrived_cross_device_bytes"] = self.arrived_cross_device_bytes
         out["shape"] = list(self.shape)
         out["pieces"] = [dataclasses.asdict(p) for p in self.pieces]
         return out
@@ -127,7 +134,10 @@ class SyncReport:
     device*, or arrived from another device. ``moved_cross_device`` is everything that
     crossed; ``relayed_cross_device`` the part that did not end up as destination data where
     it crossed to (a program moving data twice, or gathering and dropping it; 0 for the
-    minimal strategy). So ``synced = moved - relayed + copied + reused``.
+    minimal strategy); ``arrived_cross_device`` the rest, the part of the synced bytes that came
+    from another device. So ``synced = arrived + copied + reused`` and ``arrived = moved - relayed``:
+    a sentence that compares bytes with the synced bytes compares ``arrived`` (a part of them),
+    never ``moved`` (which can exceed them).
     ``minimum_cross_device_bytes``: what the two shardings force to cross;
     ``excess_cross_device_bytes``: how much more moved. Each leaf's ``pieces`` give its bytes
     per source and destination device (``lab.shard_figures``). ``anchor_bytes``: the anchor
@@ -171,6 +181,7 @@ class SyncReport:
     copied_same_device_bytes = property(lambda self: self._sum("copied_same_device_bytes"))
     reused_bytes = property(lambda self: self._sum("reused_bytes"))
     relayed_cross_device_bytes = property(lambda self: self._sum("relayed_cross_device_bytes"))
+    arrived_cross_device_bytes = property(lambda self: self._sum("arrived_cross_device_bytes"))
     minimum_cross_device_bytes = property(lambda self: self._sum("minimum_cross_device_bytes"))
     synced_logical_bytes = property(lambda self: self._sum("logical_bytes"))
 
@@ -190,6 +201,7 @@ class SyncReport:
             "copied_same_device_bytes": self.copied_same_device_bytes,
             "reused_bytes": self.reused_bytes,
             "relayed_cross_device_bytes": self.relayed_cross_device_bytes,
+            "arrived_cross_device_bytes": self.arrived_cross_device_bytes,
             "minimum_cross_device_bytes": self.minimum_cross_device_bytes,
             "excess_cross_device_bytes": self.excess_cross_device_bytes,
             "reshard_strategy": self.reshard_strategy,

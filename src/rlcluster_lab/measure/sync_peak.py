@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
 
 import jax
@@ -197,6 +197,24 @@ def peak_of(
 def largest_chunk(sizes: Sequence[int], chunk_bytes: int | None) -> int:
     """The bytes of the largest chunk the leaves of ``sizes`` (their bytes, in path order) go in.""" ""
     return max((sum(sizes[i] for i in r) for r in chunk_leaves(sizes, chunk_bytes)), default=0)
+
+
+def chunk_words(peak: Mapping[str, Any], size: Callable[[int], str] = lambda n: f"{n:,} bytes") -> str:
+    """How a sync's handover was cut (P13), in the peak's own figures (``SyncPeak.to_json()``):
+    every view that says it (the peak figure's subtitle, the CLI) says it with these words.
+
+    A leaf is never split (``placement.chunks``): one larger than the chunk size moves whole, in
+    a chunk of its own, so the largest chunk can be above the size; the words then say so, with
+    the largest chunk's bytes. ``size`` writes a byte count (the figures' ``fmt_bytes``).
+    """
+    chunks, limit, largest = int(peak.get("chunks") or 1), peak.get("chunk_bytes"), int(peak["largest_chunk_bytes"])
+    if chunks <= 1 or limit is None:
+        return "in one piece"
+    said = f"in {chunks} chunks of at most {size(int(limit))}"
+    if largest > int(limit):
+        # Only a chunk of one leaf can be above the size: a second leaf starts a new chunk (chunk_leaves).
+        said += f", but a leaf larger than that moves whole, in a chunk of its own (the largest: {size(largest)})"
+    return said
 
 
 class PeakCount:

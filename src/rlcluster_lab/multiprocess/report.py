@@ -150,6 +150,7 @@ _LEAF_SUMS = (
     "reused_bytes",
     "minimum_cross_device_bytes",
     "relayed_cross_device_bytes",
+    "arrived_cross_device_bytes",
 )
 
 

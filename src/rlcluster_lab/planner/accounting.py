@@ -120,6 +120,7 @@ def sync_summary(
                 "minimum_cross_device_bytes": int(lacking.sum() * item),
                 "logical_bytes": int(np.prod(src.shape, dtype=np.int64) * item),
                 "relayed_cross_device_bytes": 0,
+                "arrived_cross_device_bytes": int(moved.sum()),  # a plan relays nothing: all that moves stays
                 "cross_host_bytes": int(crossing.sum()),
                 "method": "planned: the least the placement forces",
             }
@@ -129,6 +130,7 @@ def sync_summary(
         for key in (
             "synced_bytes",
             "moved_cross_device_bytes",
+            "arrived_cross_device_bytes",
             "copied_same_device_bytes",
             "reused_bytes",
             "minimum_cross_device_bytes",

@@ -144,7 +144,9 @@ class SyncOrder:
         if self.chunk_bytes is None:
             said = "the handover in one piece (the old arrays kept until the end for a rollback)"
         else:
-            said = f"the handover in chunks of at most {self.chunk_bytes:,} bytes (each committed and its old arrays "
+            # A leaf is never split (placement.chunks): the words say where a chunk can be larger.
+            said = f"the handover in chunks of at most {self.chunk_bytes:,} bytes, a larger leaf whole in a chunk "
+            said += "of its own (each committed and its old arrays "
             said += "dropped)" if self.restore_from_anchor else "dropped; the old arrays kept for a rollback)"
         if self.offload:
             said += ", each piece staged to device memory and written back to pinned host before the next"
