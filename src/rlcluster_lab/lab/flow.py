@@ -81,12 +81,10 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         add(P6, fired, f"{len(checks) - len(failed)} of {len(checks)} checks passed")
     for d in _decisions(report, "P1")[:1]:
         p1 = seen(d, P1Values)
-        add(
-            P1,
-            d.get("branch"),
-            f"shapes {mesh_shape_text(p1.actor_mesh)} vs {mesh_shape_text(p1.rollout_mesh)}; "
-            f"same devices: {'yes' if p1.same_devices else 'no'}",
-        )
+        detail = f"shapes {mesh_shape_text(p1.actor_mesh)} vs {mesh_shape_text(p1.rollout_mesh)}"
+        if p1.same_devices is not None:  # as the rule recorded it (``rules.sharing.same_devices``)
+            detail += f"; same devices: {'yes' if p1.same_devices else 'no'}"
+        add(P1, d.get("branch"), detail)
     p2 = [d for d in _decisions(report, "P2") if d.get("branch") != LinkBranch.PROPAGATED]
     for d in p2[:1]:
         fired = str(d.get("branch"))
