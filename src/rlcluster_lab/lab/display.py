@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
-from rlcluster_lab.lab.flow import actor_share_text, changes_html, p14_joined, warning_lines
+from rlcluster_lab.lab.flow import (
+    actor_share_text,
+    changes_html,
+    engine_copied,
+    p14_joined,
+    rollout_text,
+    warning_lines,
+)
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
 from rlcluster_lab.lab.status import STEP_COUNTER
@@ -226,6 +233,8 @@ def summary_html(report: dict[str, Any]) -> str:
         f"reference shares the actor's backbone: <b>{report['reference_shares_backbone']}</b>"
         + (" (P4 warned of a copy at construction; P14 has since joined it)" if p14_joined(report) else ""),
     ]
+    if engine_copied(report):
+        lines.append(f"rollout: {html.escape(rollout_text(report))}")
     if report.get("mesh_overridden_by_engine"):
         lines.append("P7: the engine replaced the rollout mesh; the sharing map was built from the config's meshes")
     anchor = report["anchor"]

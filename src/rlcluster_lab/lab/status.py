@@ -28,7 +28,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from rlcluster_lab.core.waits import WAITS, Building, program_words
-from rlcluster_lab.lab.flow import answer_label, warning_lines
+from rlcluster_lab.lab.flow import rollout_text, warning_lines
 from rlcluster_lab.lab.style import fmt_bytes
 
 TICK_SECONDS = 0.25  # a wait's line is redrawn at least this often
@@ -268,7 +268,7 @@ def constructed(report: Mapping[str, Any], seconds: float) -> str:
     memory = report.get("memory") or {}
     warnings = warning_lines(report, short=True)
     return (
-        f"Constructed in {seconds:.1f} s. Rollout: {answer_label(report['rollout_branch'])} (P3); "
+        f"Constructed in {seconds:.1f} s. Rollout: {rollout_text(report)}; "
         f"{fmt_bytes(memory.get('unique_bytes', 0))} held (measured)"
         + (f"; warning: {'; '.join(warnings)}" if warnings else "")
         + "."
