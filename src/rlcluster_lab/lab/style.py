@@ -34,7 +34,7 @@ ROLE_COLORS: dict[str, str] = {
 KIND_COLORS: dict[str, str] = {"device": "#4c72b0", "pinned_host": "#ccb974"}
 
 SYNC_PARTS: tuple[tuple[str, str, str], ...] = (
-    # (report key, legend label, colour): the identity synced = moved + copied + reused (L3).
+    # (report key, legend label, colour): the parts of synced = moved - relayed + copied + reused (L3).
     ("moved_cross_device_bytes", "moved between devices", "#c44e52"),
     ("copied_same_device_bytes", "copied within a device", "#dd8452"),
     ("reused_bytes", "reused (no copy)", "#55a868"),
