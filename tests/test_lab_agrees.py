@@ -69,6 +69,46 @@ def test_l4_the_excess_over_the_plan_names_the_syncs_own_relayed_bytes(name):
     assert figure("relayed") + figure("more arrived than the least") == measured - planned, said
 
 
+# ------------------------------------------------------------------ texts that run together
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+def test_no_two_texts_of_a_figure_run_together_in_any_view_of_a_stored_report(name):
+    from rlcluster_lab.lab.display import Display
+
+    display = Display()
+    display.draw(stored(name), [], [])
+    figures = {
+        panel: [o["data"]["image/svg+xml"] for o in out.outputs if "image/svg+xml" in o.get("data", {})]
+        for panel, out in display.outputs.items()
+    }
+    assert sum(map(len, figures.values())) >= 4
+    check_no_text_runs_together(figures)
+
+
+@pytest.mark.parametrize("notebook", sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")))
+def test_no_two_texts_of_a_figure_run_together_in_the_notebooks_stored_figures(notebook):
+    import json
+
+    cells = json.loads((NOTEBOOKS / notebook).read_text())["cells"]
+    svgs = [
+        "".join(o["data"]["image/svg+xml"])
+        for c in cells
+        for o in c.get("outputs", [])
+        if "image/svg+xml" in o.get("data", {})
+    ]
+    check_no_text_runs_together({notebook: svgs})
+
+
+def test_the_overlap_check_finds_two_labels_that_run_together():
+    from legibility import svg_overlaps
+
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" width="200" height="40" viewBox="0 0 200 40">'
+    svg += '<text x="5" y="20" font-size="12">first label</text><text x="40" y="24" font-size="12">second</text>'
+    svg += '<text x="5" y="38" font-size="12">below</text><text x="150" y="20" font-size="12">apart</text></svg>'
+    assert svg_overlaps(svg) == ["'first label' runs into 'second'"]
+
+
 # ------------------------------------------------------------------ the notebooks' prose
 
 
@@ -273,6 +313,16 @@ def check_sentences(lab, name: str) -> None:
     check_words(report)
     check_same_devices(report, _figures(lab)["grid"][0])
     check_ledger(report)
+    check_no_text_runs_together(_figures(lab))
+
+
+def check_no_text_runs_together(figures: dict[str, list[str]]) -> None:
+    """No two texts of a figure overlap (``legibility.svg_overlaps``)."""
+    from legibility import svg_overlaps
+
+    for panel, svgs in figures.items():
+        for svg in svgs:
+            assert svg_overlaps(svg) == [], panel
 
 
 @pytest.mark.cluster
@@ -322,8 +372,12 @@ def test_the_labs_words_agree_over_drawn_custom_meshes_and_device_orders(
     finally:
         del cluster
     check_words(report)
-    check_same_devices(report, render(report)["grid"])
+    words = render(report)
+    check_same_devices(report, words["grid"])
     check_ledger(report)
+    check_no_text_runs_together(
+        {view: [words[view]] for view in ("flow", "grid")} | {"memory": [words["by_device"], words["by_role"]]}
+    )
 
 
 # The two tests below check what two fixes make true: the sync's "X of Y" (the status said the
