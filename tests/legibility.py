@@ -113,3 +113,33 @@ def svg_problems(svg: str, shown_width: float | None = None) -> list[str]:
             if bx <= x <= bx + bw and by <= y - size / 3 <= by + bh and (x0 < bx - 0.5 or x0 + w > bx + bw + 0.5):
                 problems.append(f"{content[:40]!r} is wider than its box {bid}")
     return problems
+
+
+def text_boxes(svg: str) -> list[tuple[str, float, float, float, float]]:
+    """Every drawn text of an SVG figure as (text, x0, y0, x1, y1) in the figure's units: its
+    width measured as the lab measures it (``style.text_width``), from the cap height above its
+    baseline to the descenders below."""
+    root = ET.fromstring(svg)
+    boxes = []
+    for el in root.iter(NS + "text"):
+        content = "".join(el.itertext()) if el.find(NS + "title") is None else (el.find(NS + "title").tail or "")
+        if not content.strip():
+            continue
+        size = float(el.get("font-size"))
+        x, y = float(el.get("x")), float(el.get("y"))
+        w = text_width(content, size, el.get("font-weight") == "bold")
+        x0 = x - {"start": 0, "middle": w / 2, "end": w}[el.get("text-anchor", "start")]
+        boxes.append((content, x0, y - 0.75 * size, x0 + w, y + 0.2 * size))
+    return boxes
+
+
+def svg_overlaps(svg: str, tolerance: float = 1.0) -> list[str]:
+    """Pairs of texts in an SVG figure whose boxes (``text_boxes``) overlap by more than
+    ``tolerance`` px each way: labels that run together when drawn."""
+    boxes = text_boxes(svg)
+    found = []
+    for i, (a, ax0, ay0, ax1, ay1) in enumerate(boxes):
+        for b, bx0, by0, bx1, by1 in boxes[i + 1 :]:
+            if min(ax1, bx1) - max(ax0, bx0) > tolerance and min(ay1, by1) - max(ay0, by0) > tolerance:
+                found.append(f"{a[:40]!r} runs into {b[:40]!r}")
+    return found

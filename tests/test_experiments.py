@@ -72,8 +72,9 @@ def test_sync_rows_keep_bytes_and_leave_out_timings_L3():
         "run": "split, LoRA",
         "synced": 0,
         "moved_cross_device": 1,
-        "copied_same_device": 2,
-        "reused": 3,
-        "minimum_cross_device": 4,
-        "synced_logical": 5,
+        "relayed_cross_device": 2,
+        "copied_same_device": 3,
+        "reused": 4,
+        "minimum_cross_device": 5,
+        "synced_logical": 6,
     }

@@ -75,9 +75,11 @@ def test_knobs_become_the_scenario(lab: PlacementLab) -> None:
 def test_knobs_and_buttons_beside_the_views_in_tabs(lab: PlacementLab) -> None:
     # At 1600 x 1000 the buttons and the last action's view are on screen together
     # (tests/browser checks the pixels): one fixed column of knobs, the views in tabs.
-    controls, tabs = lab.widget.children
+    top, body = lab.widget.children  # the status across the lab's width, above the knobs and views
+    assert lab.status.widget in top.children
+    controls, tabs = body.children
     assert "rl-controls" in controls._dom_classes and controls.layout.width == f"{lab_module.LEFT_WIDTH}px"
-    actions = controls.children[1].children[0]  # in its slot, beside its note
+    actions = controls.children[0].children[0]  # in its slot, beside its note
     assert lab.construct_button in actions.children
     assert lab.knobs.widget in controls.children
     assert tabs is lab.display.tabs

@@ -23,6 +23,7 @@ from stored_reports import stored
 
 from rlcluster_lab.app.learner import StepRecord
 from rlcluster_lab.core.waits import Building
+from rlcluster_lab.lab import display
 from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab import widget as widget_module
 from rlcluster_lab.lab.controls import CUSTOM
@@ -111,7 +112,7 @@ def test_a_wait_is_shown_at_once_then_redrawn_at_most_half_a_second_apart():
 
 
 def test_a_wait_shows_a_new_stage_at_once():
-    status = StatusLine(400)
+    status = StatusLine()
     with status.waiting("Construct: releasing", "construct:tiny") as wait:
         wait.what = "Construct: building"
         assert status.text.startswith("Construct: building: ")  # not at the next redraw
@@ -140,7 +141,7 @@ def test_wait_text_names_what_it_waits_for_the_seconds_the_estimate_and_the_prog
 
 
 def test_the_last_wait_of_a_kind_is_the_next_ones_estimate():
-    status = StatusLine(400)
+    status = StatusLine()
     from rlcluster_lab.core.waits import WAITS
 
     with status.waiting("Sync weights", "sync:test-estimate"):
@@ -152,26 +153,34 @@ def test_the_last_wait_of_a_kind_is_the_next_ones_estimate():
     assert status.text.startswith("Sync weights: ")  # the last redraw stays until the action's sentence
 
 
-def test_the_status_sentence_has_one_height_whatever_it_says(lab):
-    heights = set()
+def test_the_status_spans_the_labs_width_above_the_knobs_and_wraps_rather_than_being_cut(lab):
+    # At 1280 x 800 the knobs' column is a third of the lab: a sentence there was cut after two
+    # lines. Above the knobs and the views it has the lab's width, two lines at least, and
+    # wraps onto more (tests/browser checks the pixels at both sizes).
+    top, body = lab.widget.children
+    assert lab.status.widget in top.children and lab.status.progress in top.children
+    assert lab.status.widget.layout.width == lab.status.progress.layout.width == "100%"
+    left = body.children[0]
+    assert lab.status.widget not in left.children and lab.knobs.widget in left.children
     for text in ("short", "a long sentence " * 40):
         lab.status.say(text, "details " * 50)
-        heights.add(lab.status.sentence.layout.height)
-        assert lab.status.text == text
-    assert heights == {f"{STATUS_HEIGHT_PX}px"}
+        assert lab.status.text == text and text in lab.status.sentence.value
+        assert lab.status.sentence.layout.height is None
+        assert lab.status.sentence.layout.min_height == f"{STATUS_HEIGHT_PX}px"
+    rule = next(line for line in display.STYLE.splitlines() if ".rl-status .widget-html-content" in line)
+    assert "overflow: hidden" not in rule and "line-clamp" not in rule and "white-space: normal" in rule
     # Details are behind the toggle, placed after the knobs: showing them moves no knob.
     assert lab.status.details.layout.display == "none"
     lab.status.toggle.value = True
     assert lab.status.details.layout.display == "block"
-    left = lab.widget.children[0].children
-    assert left.index(lab.status.details) > left.index(lab.knobs.widget)
+    assert left.children.index(lab.status.details) > left.children.index(lab.knobs.widget)
 
 
 def test_a_refusal_sits_beside_its_knob_and_moves_nothing(lab):
     lab.knobs.engine.value = "sglang_jax"
     lab.knobs.lora.value = True
     lab.knobs.static_lora.value = False
-    left = lab.widget.children[0]
+    left = lab.widget.children[1].children[0]
     before = [id(c) for c in left.children]
     lab.construct_button.click()  # refused by the checks, before any build
     assert lab.notes.shown == "sglang_static_lora"
@@ -376,7 +385,7 @@ def test_an_answer_reaches_the_page_before_the_busy_mark_leaves(details: str) ->
     """Each widget change is a message of its own, shown in order: the sentence and details
     change first, then the busy mark goes, so a page (or a test waiting for "not busy and a new
     sentence") never takes the wait's last text for the answer."""
-    status = StatusLine(400)
+    status = StatusLine()
     order: list[str] = []
     status.sentence.observe(lambda c: order.append(c.name), names=["value", "_dom_classes"])
     status.details.observe(lambda c: order.append("details"), names=["value"])

@@ -10,6 +10,8 @@ shared buffer groups, the decisions), not with the lab's helpers.
   one of the actor's buffers, and said wherever that is so.
 - P4's avoidable-copy warning and P14's join of the two host copies both said, in the flow, the
   Devices and Memory views, the summary and the status, wherever both happened.
+- The engine's copy of the actor object P3 handed it (``flow.engine_copied``) said in the same
+  five places, wherever it happened, and nowhere else.
 - Every text of the figures drawn whole (none cut short by an ellipsis).
 
 On the stored reports (tests/data/reports, the fast tier), and on clusters built pairwise over
@@ -241,6 +243,30 @@ def check_p4_then_p14(report: dict, words: dict[str, Any]) -> None:
         assert "no copy" not in said["devices"] and "all = the actor's buffers" not in said["memory"]
 
 
+def check_engine_copy(report: dict, words: dict[str, Any]) -> None:
+    """P3 handed the rollout the actor object, but the engine copied it (the rollout holds bytes that
+    are not the actor's): every view says the engine copied it, and none says so elsewhere."""
+    copied = (
+        report["rollout_branch"] == "shared" and _held(report, "rollout") > 0 and not _all_actors(report, "rollout")
+    )
+    engine = report["engine"]
+    grid = svg_text(words["grid"])
+    said = {
+        "flow P3": flow_rows(words["flow"])["P3"],
+        "devices": re.search(r"rollout: sharing map .*?(?=\b\w+: sharing map|$)", grid).group(0),
+        "memory": role_rows(words["by_role"]).get("rollout", ""),
+        "summary": words["summary"],
+        "status": words["status"],
+    }
+    for where, text in said.items():
+        assert (f"the {engine} engine copied" in text or f"copied by the {engine} engine" in text) == copied, (
+            where,
+            text,
+        )
+    if copied:
+        assert "no copy" not in said["devices"] and "all = the actor's buffers" not in said["memory"]
+
+
 def check_status(report: dict, words: dict[str, Any]) -> None:
     held = fmt_bytes(report["memory"]["unique_bytes"])
     where = report["memory"]["where"]
@@ -266,6 +292,7 @@ def check_words(report: dict) -> None:
     check_devices(report, words["grid"])
     check_flow(report, words["flow"])
     check_p4_then_p14(report, words)
+    check_engine_copy(report, words)
     check_status(report, words)
 
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from rlcluster_lab.core.meshes import describe_mesh, layout_meshes, make_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
-from rlcluster_lab.rules.sharing import build_sharing_map, shares, sharing_map_json
+from rlcluster_lab.rules.sharing import build_sharing_map, same_devices, shares, sharing_map_json
 
 DEVICES = jax.devices()
 
@@ -126,6 +126,30 @@ def test_p1_trace_split_layout_records_different_devices():
     (p1,) = trace.by_rule("P1")
     assert p1.values.same_devices is False
     assert p1.values.equal is False
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(
+    st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True),
+    st.permutations(range(8)),
+    st.booleans(),
+)
+def test_p1_same_devices_is_the_set_of_devices_in_any_order_or_shape(ids, order, tall):
+    # The actor on drawn devices as (1, n); the rollout on the same devices reordered, as (n, 1)
+    # or (1, n), and on one device less: "same devices" reads the set, never the order or shape.
+    devices = {d.id: d for d in jax.devices()[:8]}
+    reordered = [i for i in order if i in ids]
+    actor = make_mesh([devices[i] for i in ids], (1, len(ids)))
+    rollout = make_mesh([devices[i] for i in reordered], (len(ids), 1) if tall else (1, len(ids)))
+    trace = Trace()
+    _build(_all_on(actor, rollout=rollout), trace=trace)
+    (p1,) = trace.by_rule("P1")
+    assert p1.values.same_devices is True
+    assert same_devices(actor, rollout) and same_devices(describe_mesh(actor), describe_mesh(rollout))
+    assert p1.values.equal == (actor == rollout)
+    if len(ids) > 1:
+        fewer = make_mesh([devices[i] for i in reordered[:-1]], (1, len(ids) - 1))
+        assert not same_devices(actor, fewer)
 
 
 # --- P2 ---------------------------------------------------------------------

@@ -115,6 +115,23 @@ def test_p1_actor_rollout_link_equal(compared, scenario):
 
 @needs_tunix
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
+def test_p1_the_flow_says_same_devices_alike_for_both_clusters(compared, scenario):
+    # One test of "same devices" (rules.sharing.same_devices): the flow's P1 row reads it from
+    # either report, and both clusters place the actor and the rollout on the same meshes.
+    from rlcluster_lab.lab.flow import flow_rows
+
+    result = compared(scenario)
+    lab_row, tunix_row = (
+        next(r for r in flow_rows(report) if r.key == "P1").detail
+        for report in (result.lab_report, result.tunix_report.to_json())
+    )
+    expected = "yes" if scenario.layout in ("colocated", "reshaped") else "no"
+    assert f"same devices: {expected}" in lab_row, lab_row
+    assert tunix_row == lab_row
+
+
+@needs_tunix
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
 def test_p2_reference_link_and_propagation_equal(compared, scenario):
     _assert_equal(compared(scenario), "P2")
 

@@ -293,6 +293,55 @@ def test_lab_panel_fits_a_1600x1000_screen_in_a_real_browser(
     print("browser test timings (s, cumulative):", {k: round(v, 1) for k, v in timings.items()})
 
 
+SMALL = {"width": 1280, "height": 800}
+
+# The status sentence as drawn: its text box, whether any of it is cut off, and the lab's width.
+_STATUS_DRAWN = """() => {
+  const s = document.querySelector('.rl-lab .rl-status .widget-html-content');
+  const lab = document.querySelector('.rl-lab').getBoundingClientRect();
+  const box = s.getBoundingClientRect();
+  return {cut: s.scrollHeight > s.clientHeight + 1 || s.scrollWidth > s.clientWidth + 1,
+          width: box.width, lab: lab.width, right: box.right, text: s.innerText};
+}"""
+
+
+def test_at_1280x800_the_status_spans_the_lab_and_wraps_and_no_label_is_cut(
+    chromium: str, lab_server: JupyterLab, tmp_path: Path
+) -> None:
+    # A refusal's sentence is the longest the status says: a custom rollout mesh of three
+    # devices, which no shape fits. At 1280 x 800 it is drawn whole, across the lab's width.
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=SMALL)
+            _open(page, lab_server.notebook_url(NOTEBOOK.name))
+            _run_all_cells(page)
+            page.wait_for_selector(".rl-lab .rl-panel-flow img", timeout=BUILD_TIMEOUT_MS)
+            _wait_idle(page)
+            page.locator(".jp-CodeCell", has=page.locator(".rl-lab")).locator(".jp-InputPrompt").first.click()
+            page.locator(".rl-lab").evaluate("e => e.scrollIntoView({block: 'start'})")
+            assert _cut_off(page) == [], "labels or choices cut off at 1280 x 800"
+            _assert_in_view(page, [*BUTTONS, ".rl-lab .rl-status"])
+            page.locator(".rl-lab .rl-layout select").select_option(label="custom rollout mesh")
+            for device in range(3):
+                page.locator(f".rl-lab .rl-device-{device}").click()
+            _round_trip(page)
+            _click_and_wait(page, ".rl-lab button.rl-construct")
+            drawn = page.evaluate(_STATUS_DRAWN)
+            assert drawn["text"].startswith("Refused"), drawn["text"]
+            assert not drawn["cut"], f"the status is cut off at 1280 x 800: {drawn}"
+            assert drawn["width"] >= drawn["lab"] - 120, f"the status does not span the lab: {drawn}"
+            _assert_in_view(page, [*BUTTONS, ".rl-lab .rl-status"])
+            assert _cut_off(page) == [], "labels or choices cut off at 1280 x 800"
+            page.locator(".rl-lab").screenshot(path=str(tmp_path / "lab-1280x800.png"))
+            print(f"at 1280 x 800, after a refusal: {tmp_path / 'lab-1280x800.png'}")
+        except Exception:
+            _report_failure(page, lab_server, tmp_path)
+            raise
+        finally:
+            browser.close()
+
+
 def test_the_committed_lab_notebook_shows_the_lab_before_it_runs(
     chromium: str, lab_server: JupyterLab, tmp_path: Path
 ) -> None:

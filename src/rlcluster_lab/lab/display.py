@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
-from rlcluster_lab.lab.flow import actor_share_text, changes_html, p14_joined, warning_lines
+from rlcluster_lab.lab.flow import (
+    actor_share_text,
+    changes_html,
+    engine_copied,
+    p14_joined,
+    rollout_text,
+    warning_lines,
+)
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
 from rlcluster_lab.lab.status import STEP_COUNTER
@@ -55,16 +62,16 @@ VIEWS = (
 # them, placed over the views (out of the flow: nothing moves when it shows, ``widget.Notes``).
 # A knob changed since the last Construct gets an orange bar at its left (a shadow: nothing
 # moves), and every view a line saying it shows the constructed cluster (``Display.mark_stale``).
-# The status sentence has one height (two lines, the rest cut off; all of it in its hover
-# title and the details), so the knobs under it stay put from one action to the next.
+# The status sentence spans the lab's width above the knobs and views, two lines high at least:
+# a sentence longer than that wraps onto more lines rather than being cut off (all of it in
+# its hover title and the details too); one of two lines leaves the knobs where they were.
 STYLE = """<style>
 .rl-lab .rl-view img { max-width: 100%; max-height: calc(100vh - 220px); width: auto; height: auto; }
 .rl-lab .rl-at-fault { outline: 2px solid #c00; outline-offset: 1px; }
 .rl-lab .rl-pending { box-shadow: -4px 0 0 #e69f00; }
 .rl-lab .rl-stale .widget-html-content { font-size: 12px; line-height: 1.35; white-space: normal; color: #8a5a00; }
 .rl-lab .rl-changes { font-size: 12px; line-height: 1.35; }
-.rl-lab .rl-status .widget-html-content { font-size: 12px; line-height: 1.4; height: 34px; overflow: hidden;
-  white-space: normal; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; }
+.rl-lab .rl-status .widget-html-content { font-size: 12px; line-height: 1.4; min-height: 34px; white-space: normal; }
 .rl-lab .rl-status.rl-busy .widget-html-content { color: #8a5a00; }
 .rl-lab .rl-details { font-size: 12px; line-height: 1.35; }
 .rl-lab .rl-controls .widget-html-content { line-height: 1.35; }
@@ -226,6 +233,8 @@ def summary_html(report: dict[str, Any]) -> str:
         f"reference shares the actor's backbone: <b>{report['reference_shares_backbone']}</b>"
         + (" (P4 warned of a copy at construction; P14 has since joined it)" if p14_joined(report) else ""),
     ]
+    if engine_copied(report):
+        lines.append(f"rollout: {html.escape(rollout_text(report))}")
     if report.get("mesh_overridden_by_engine"):
         lines.append("P7: the engine replaced the rollout mesh; the sharing map was built from the config's meshes")
     anchor = report["anchor"]

@@ -415,6 +415,7 @@ def p11_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
 SYNC_COLUMNS = (
     "synced_bytes",
     "moved_cross_device_bytes",
+    "relayed_cross_device_bytes",
     "copied_same_device_bytes",
     "reused_bytes",
     "minimum_cross_device_bytes",

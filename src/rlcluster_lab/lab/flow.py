@@ -81,12 +81,10 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         add(P6, fired, f"{len(checks) - len(failed)} of {len(checks)} checks passed")
     for d in _decisions(report, "P1")[:1]:
         p1 = seen(d, P1Values)
-        add(
-            P1,
-            d.get("branch"),
-            f"shapes {mesh_shape_text(p1.actor_mesh)} vs {mesh_shape_text(p1.rollout_mesh)}; "
-            f"same devices: {'yes' if p1.same_devices else 'no'}",
-        )
+        detail = f"shapes {mesh_shape_text(p1.actor_mesh)} vs {mesh_shape_text(p1.rollout_mesh)}"
+        if p1.same_devices is not None:  # as the rule recorded it (``rules.sharing.same_devices``)
+            detail += f"; same devices: {'yes' if p1.same_devices else 'no'}"
+        add(P1, d.get("branch"), detail)
     p2 = [d for d in _decisions(report, "P2") if d.get("branch") != LinkBranch.PROPAGATED]
     for d in p2[:1]:
         fired = str(d.get("branch"))
@@ -107,8 +105,7 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         add(P2, fired, detail)
     for d in _decisions(report, "P3")[:1]:
         detail = d["outcome"]
-        if d.get("branch") == RolloutBranch.SHARED and report.get("rollout_shares_actor_weights") is False:
-            # Measured: the rollout holds none of the actor's buffers although P3 handed it over.
+        if engine_copied(report):
             detail = "handed the actor object, but " + engine_copy_reason(report) + ": the rollout holds a copy"
         add(P3, d.get("branch"), detail)
     if p4 := _decisions(report, "P4"):
@@ -155,6 +152,25 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     return rows
 
 
+def engine_copied(report: Mapping[str, Any]) -> bool:
+    """P3 handed the rollout the actor object, and the engine copied it (measured: the rollout
+    holds buffers that are not the actor's). The one test of the engine's copy that every view
+    reads: the flow's P3 row, the Devices notes, the Memory view, the summary and the status."""
+    return _branch(report, "P3") == RolloutBranch.SHARED and report.get("rollout_shares_actor_weights") is False
+
+
+def rollout_text(report: Mapping[str, Any]) -> str:
+    """What the rollout samples with, in a few words: P3's answer as the flow labels it, and the
+    engine's copy where the engine made one (``engine_copied``)."""
+    said = f"{answer_label(str(report.get('rollout_branch', _branch(report, 'P3'))))} (P3)"
+    if engine_copied(report):
+        said += f", then copied by the {report.get('engine', 'rollout')} engine"
+        p7 = _decisions(report, "P7")[:1]
+        if p7 and p7[0].get("branch") == MeshBranch.REPLACED:
+            said += f" onto its own {mesh_shape_text(seen(p7[0], P7Values).engine_mesh)} mesh (P7)"
+    return said
+
+
 def engine_copy_reason(report: Mapping[str, Any]) -> str:
     """Why a rollout that P3 handed the actor object to holds buffers of its own, from what
     the trace recorded: the engine keeps its own copy (P7 says on which mesh)."""
@@ -166,7 +182,7 @@ def engine_copy_reason(report: Mapping[str, Any]) -> str:
                 f"the {engine} engine copied it onto its own {mesh_shape_text(p7.engine_mesh)} mesh "
                 f"(P7: not the {mesh_shape_text(p7.config_rollout_mesh)} asked for)"
             )
-    return f"the {engine} engine keeps a copy of its own"
+    return f"the {engine} engine copied it to keep a copy of its own"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,7 +432,7 @@ def measured_text(report: Mapping[str, Any], role: str) -> str:
     if no_copy(report, role):
         why = share_reason(report, role)
         return f"measured: all {fmt_bytes(held)} are the actor's buffers" + (f" ({why})" if why else "") + ", no copy"
-    if role == "rollout" and _branch(report, "P3") == "shared":
+    if role == "rollout" and engine_copied(report):
         return (
             f"measured: {fmt_bytes(held - shared)} of its own: P3 handed over the actor object, but "
             + engine_copy_reason(report)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlcluster_lab.lab.flow import share_reason
+from rlcluster_lab.lab.flow import engine_copied, rollout_text, share_reason
 from rlcluster_lab.lab.style import (
     ENTRY_ORDER,
     KINDS,
@@ -328,6 +328,8 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
         for owner, v in borrowed:
             why = share_reason(report, e) if report is not None and owner == "actor" and v == total else ""
             text += f"; {'all' if v == total else fmt_bytes(v)} = the {owner}'s buffers" + (f" ({why})" if why else "")
+        if report is not None and e == "rollout" and engine_copied(report):
+            text += f"; {rollout_text(report)}"
         if not borrowed and held_with(memory, e):
             text += "; also held by " + ", ".join(f"{r} ({fmt_bytes(v)})" for r, v in held_with(memory, e))
         lines = wrap(text, text_w, MIN_FONT, lines=2)

@@ -28,11 +28,11 @@ from typing import Any
 import ipywidgets as widgets
 
 from rlcluster_lab.core.waits import WAITS, Building, program_words
-from rlcluster_lab.lab.flow import answer_label, warning_lines
+from rlcluster_lab.lab.flow import rollout_text, warning_lines
 from rlcluster_lab.lab.style import fmt_bytes
 
 TICK_SECONDS = 0.25  # a wait's line is redrawn at least this often
-STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the sentence's fixed height
+STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the height the sentence keeps at least
 _NAMES_SHOWN = 3  # program names a wait's line lists (the latest ones)
 
 
@@ -147,12 +147,13 @@ class Wait:
 class StatusLine:
     """The sentence, its details toggle, the details and the progress bar.
 
-    Args:
-        width: the column's width in px.
+    The sentence and the progress bar span the width they are placed in (the lab's, above its
+    knobs and views); the sentence keeps two lines' height at least, and wraps onto more rather
+    than being cut.
     """
 
-    def __init__(self, width: int) -> None:
-        self.sentence = widgets.HTML(layout=widgets.Layout(height=f"{STATUS_HEIGHT_PX}px", flex="1 1 auto"))
+    def __init__(self) -> None:
+        self.sentence = widgets.HTML(layout=widgets.Layout(min_height=f"{STATUS_HEIGHT_PX}px", flex="1 1 auto"))
         self.sentence.add_class("rl-status")
         self.toggle = widgets.ToggleButton(
             value=False,
@@ -169,9 +170,9 @@ class StatusLine:
             min=0,
             max=3,
             # Thin, and hidden rather than removed, so nothing below it moves when it shows.
-            layout=widgets.Layout(width=f"{width}px", height="8px", visibility="hidden"),
+            layout=widgets.Layout(width="100%", height="8px", visibility="hidden"),
         )
-        self.widget = widgets.HBox([self.sentence, self.toggle], layout=widgets.Layout(width=f"{width}px"))
+        self.widget = widgets.HBox([self.sentence, self.toggle], layout=widgets.Layout(width="100%"))
         self.text = ""  # the sentence as plain text
         self.busy = False
         self.clock: Callable[[], float] = time.perf_counter  # the one clock of every time the status says
@@ -268,7 +269,7 @@ def constructed(report: Mapping[str, Any], seconds: float) -> str:
     memory = report.get("memory") or {}
     warnings = warning_lines(report, short=True)
     return (
-        f"Constructed in {seconds:.1f} s. Rollout: {answer_label(report['rollout_branch'])} (P3); "
+        f"Constructed in {seconds:.1f} s. Rollout: {rollout_text(report)}; "
         f"{fmt_bytes(memory.get('unique_bytes', 0))} held{_on(memory)} (measured)"
         + (f"; warning: {'; '.join(warnings)}" if warnings else "")
         + "."

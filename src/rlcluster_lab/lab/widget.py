@@ -101,7 +101,7 @@ class PlacementLab:
         self._failed = False  # whether the note shown is a failure's (else a refusal's)
         self._from_action = False  # whether the note shown is an action's (a refusal or failure), not the rank box's
         self.display = Display()
-        self.status = StatusLine(KNOB_WIDTH)
+        self.status = StatusLine()
         self.notes = Notes()
         self._make_buttons()
         self.widget = self._assemble()
@@ -122,20 +122,24 @@ class PlacementLab:
             w.add_class(f"rl-{name}")
 
     def _assemble(self) -> widgets.Widget:
-        """Knobs and buttons in a fixed-width column, the views in tabs beside it: at 1600 x 1000
-        the buttons and the view of the last action are on screen together. What can change
-        height (the changes, the details) comes after the knobs, so no knob moves."""
+        """The status across the lab's width, then knobs and buttons in a fixed-width column and
+        the views in tabs beside it: at 1600 x 1000 and 1280 x 800 the buttons and the view of
+        the last action are on screen together, and the status wraps rather than being cut off.
+        What can change height (the changes, the details) comes after the knobs, so no knob
+        moves."""
         d, s = self.display, self.status
         actions = widgets.HBox([self.construct_button, self.sync_button, self.step_button])
         left = widgets.VBox(
-            [d.style, actions, s.progress, s.widget, self.knobs.widget, d.changes, s.details],
+            [actions, self.knobs.widget, d.changes, s.details],
             layout=widgets.Layout(width=f"{LEFT_WIDTH}px", flex="0 0 auto", margin="0 12px 0 0"),
         )
         left.add_class("rl-controls")
         self.notes.wrap(left, {**self.knobs.outlined(), "actions": actions})
         # Beside the knobs while the views get 480 px or more; under them on a narrower screen.
         d.tabs.layout = widgets.Layout(flex="1 1 480px", min_width="0")
-        root = widgets.HBox([left, d.tabs], layout=widgets.Layout(align_items="flex-start", flex_flow="row wrap"))
+        body = widgets.HBox([left, d.tabs], layout=widgets.Layout(align_items="flex-start", flex_flow="row wrap"))
+        top = widgets.VBox([d.style, s.progress, s.widget], layout=widgets.Layout(width="100%"))
+        root = widgets.VBox([top, body], layout=widgets.Layout(width="100%"))
         root.add_class("rl-lab")
         return root
 

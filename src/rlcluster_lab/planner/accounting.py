@@ -69,10 +69,11 @@ def sync_summary(
     *reused* if the reshard keeps the source buffer (``Buffers.kept``; never with ``copy``
     nor a dtype cast); else B's elements inside d's source shard are *copied_same_device*
     and the rest *moved_cross_device*: the least the placement forces (a compiled program
-    may move more; only a measured sync can say). Bytes are in the source dtype, so synced =
-    moved + copied + reused per leaf. (A local source shard that lands in a new buffer, in
-    pinned_host or another dtype, counts as copied; the measured report misses that one for
-    an equivalent layout, so there its leaf sum falls short of synced.)
+    may move more, and relay some: only a measured sync can say). Bytes are in the source
+    dtype, and a plan relays nothing, so synced = moved + copied + reused per leaf (the measured
+    report's synced = moved - relayed + copied + reused with relayed 0). A local source shard
+    that lands in a new buffer, in pinned_host or another dtype, counts as copied, as the
+    measured report counts it (``placement.reshard`` logs such a shard as a same-device copy).
 
     ``anchor_bytes``: what the sync pins anew (the adapters only with ``anchor="trainable"``;
     0 under offload, where the snapshot keeps the actor's pinned buffers).

@@ -48,11 +48,31 @@ P1 = rule(
 
 
 @dataclasses.dataclass(frozen=True)
-class P1Values:  # the two meshes (described), the same devices or not, and ``==``
+class P1Values:  # the two meshes (described), the same devices or not (``same_devices``), and ``==``
     actor_mesh: Mapping[str, Any]
     rollout_mesh: Mapping[str, Any]
     same_devices: bool
     equal: bool
+
+
+def same_devices(a: Any, b: Any) -> bool:
+    """Whether two meshes span the same devices, in any shape, order or axis names.
+
+    The one test of "same devices" that every view reads (the flow's P1 row, Tunix's cluster
+    observed): a set of device ids, never the mesh objects (P1's ``==``) nor their order. The
+    same eight chips as (2, 4) and as (8, 1), or listed in reverse, are the same devices and
+    two meshes.
+
+    Args:
+        a: a ``jax.sharding.Mesh``, or its description (``core.meshes.describe_mesh``).
+        b: the same, for the other mesh.
+    """
+    return _device_set(a) == _device_set(b)
+
+
+def _device_set(mesh: Any) -> frozenset[int]:
+    described = mesh if isinstance(mesh, Mapping) else describe_mesh(mesh)
+    return frozenset(int(d) for d in described.get("device_ids", []))
 
 
 @P1.function
@@ -63,11 +83,11 @@ def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision[P1Valu
     same shape with the same axis names and axis types. The same eight chips as
     (2, 4) and as (8, 1) are two meshes, so the rollout gets a full second copy.
     """
-    same, same_devices = actor_mesh == rollout_mesh, _device_ids(actor_mesh) == _device_ids(rollout_mesh)
+    same = actor_mesh == rollout_mesh
     return Decision(
         "P1",
         "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT]",
-        P1Values(describe_mesh(actor_mesh), describe_mesh(rollout_mesh), same_devices, same),
+        P1Values(describe_mesh(actor_mesh), describe_mesh(rollout_mesh), same_devices(actor_mesh, rollout_mesh), same),
         "actor and rollout linked both ways" if same else "not linked: the rollout gets its own weights",
         LinkBranch.LINKED if same else LinkBranch.NOT_LINKED,
     )
@@ -217,10 +237,6 @@ def sharing_map_json(sharing: SharingMap) -> dict[str, list[str]]:
 
 def _freeze(links: Mapping[Role, list[Role]]) -> SharingMap:
     return {role: tuple(others) for role, others in links.items()}
-
-
-def _device_ids(mesh: Any) -> list[int]:
-    return describe_mesh(mesh)["device_ids"]
 
 
 def build_sharing_map(

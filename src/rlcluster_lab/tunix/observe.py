@@ -25,7 +25,7 @@ from rlcluster_lab.rules.anchor import AnchorBranch
 from rlcluster_lab.rules.loading import LoadBranch, OffloadBranch
 from rlcluster_lab.rules.reference import ReferenceBranch
 from rlcluster_lab.rules.rollout import MeshBranch, RolloutBranch
-from rlcluster_lab.rules.sharing import LinkBranch, shares
+from rlcluster_lab.rules.sharing import LinkBranch, same_devices, shares
 from rlcluster_lab.rules.steps import ParamsBranch
 from rlcluster_lab.tunix.adapters import lab_role
 from rlcluster_lab.tunix.build import Given, leaf_layouts
@@ -123,7 +123,12 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
         observation(
             "P1",
             "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT] (read from the sharing map)",
-            {"actor_mesh": describe_mesh(actor_mesh), "rollout_mesh": rollout_text, "equal": equal},
+            {
+                "actor_mesh": describe_mesh(actor_mesh),
+                "rollout_mesh": rollout_text,
+                "same_devices": same_devices(actor_mesh, rollout_asked) if rollout_asked is not None else None,
+                "equal": equal,
+            },
             "linked: rollout and actor may share weights" if link else "not linked: the rollout gets its own weights",
             LinkBranch.LINKED if link else LinkBranch.NOT_LINKED,
             source,
