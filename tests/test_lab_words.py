@@ -278,7 +278,8 @@ def check_status(report: dict, words: dict[str, Any]) -> None:
         assert w.split(":")[0] in words["status"], w
     if "synced" in words:
         sync = report["sync"]
-        said = f"{fmt_bytes(sync['arrived_cross_device_bytes'])} of the {fmt_bytes(sync['synced_bytes'])} synced on {sync['where']} came from other devices"
+        arrived, whole = fmt_bytes(sync["arrived_cross_device_bytes"]), fmt_bytes(sync["synced_bytes"])
+        said = f"{arrived} of the {whole} synced on {sync['where']} came from other devices"
         assert said in words["synced"]
 
 
