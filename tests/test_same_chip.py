@@ -12,13 +12,16 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from stored_reports import PLACEMENTS, elements, stored, svg_text
 from test_platforms import Chip
 
 from rlcluster_lab import Scenario, build_cluster, placement_report
-from rlcluster_lab.cli.text import format_memory, format_sync
+from rlcluster_lab.cli.text import format_memory, format_report, format_sync
 from rlcluster_lab.lab import status as sentences
+from rlcluster_lab.lab.display import summary_html
 from rlcluster_lab.lab.flow import SAME_LAYOUT_KEPT, measured_text
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
+from rlcluster_lab.lab.placement_figures import device_grid
 from rlcluster_lab.lab.setup import LayoutFamily
 from rlcluster_lab.lab.shard_figures import sync_summary
 from rlcluster_lab.lab.shards import sync_flows
@@ -88,7 +91,7 @@ def test_reshaped_on_one_device_gives_the_rollout_its_own_mesh_and_the_report_sa
     heading = sync_summary(sync_flows(sync))._suptitle.get_text()
     assert f"reshard on 1 CPU device, {sync['method'][:20]}" in heading.replace("\n", " ")
     assert format_sync(sync)[0].startswith("sync (L3 on 1 CPU device, measured")
-    assert sentences.synced(sync, 0.1).endswith("crossed devices on 1 CPU device (measured).")
+    assert "synced on 1 CPU device came from other devices (measured)." in sentences.synced(sync, 0.1)
     assert " held on 1 CPU device (measured)" in sentences.constructed(report, 1.0)
 
 
@@ -213,7 +216,8 @@ def test_the_lab_builds_each_layout_on_its_family_and_its_views_say_where():
     assert lab.error is None and lab.cluster.devices() == [CPUS[3]]
     assert lab.report["memory"]["where"] == "1 CPU device" and " held on 1 CPU device (measured)" in lab.status.text
     lab.sync()
-    assert lab.report["sync"]["where"] == "1 CPU device" and "crossed devices on 1 CPU device" in lab.status.text
+    assert lab.report["sync"]["where"] == "1 CPU device"
+    assert "synced on 1 CPU device came from other devices" in lab.status.text
     lab.knobs.layout.value = "split"
     lab.construct()
     assert lab.error is None and lab.cluster.devices() == list(CPUS)
@@ -292,3 +296,55 @@ def test_the_planner_plans_reshaped_on_one_device_as_it_is_measured(device, lora
     rows = sync_peaks.planned_peak_rows(one, {"run": scenario}, syncs)
     assert [r["every device agrees"] for r in rows] == [True, True]
     assert all(r["planned"] == r["measured"] for r in rows) and any(r["measured"] for r in rows)
+
+
+def _grid_columns(svg: str) -> set[int]:
+    return {int(key.rsplit(":", 1)[1]) for key in elements(svg) if key.startswith("cell:")}
+
+
+def _check_named_and_drawn_on(report: dict, where: str, ids: set[int]) -> None:
+    """The device grid draws a column for each of the cluster's devices and no other, and it, the
+    lab's summary and the CLI's report name the devices as the memory report does."""
+    svg = device_grid(report)
+    assert _grid_columns(svg) == ids
+    assert svg_text(svg).startswith(f"Devices: {where}; each cell: mesh coordinate")
+    assert f"on <b>{html.escape(where)}</b>; engine" in summary_html(report)
+    assert format_report(report).startswith(f"on {where}; engine {report['engine']}")
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+@pytest.mark.parametrize("chip_id", [0, 5])
+def test_a_cluster_on_one_chip_is_drawn_on_that_chip_alone_and_named_as_its_memory_report_names_it(name, chip_id):
+    """A stored report's cluster moved onto one stand-in chip (every mesh over that one device, the
+    memory report's ``where`` the chip's words), the platform still counted as eight devices: the
+    grid draws the chip's column only and every view names the chip, not "8 on tpu"."""
+    report = stored(name)
+    for meshes in (report["role_to_mesh"], report["config_role_to_mesh"]):
+        for mesh in meshes.values():
+            mesh.update(shape=dict.fromkeys(mesh["axis_names"], 1), device_ids=[chip_id])
+    chip = Chip(chip_id, "tpu")
+    chip.device_kind = "TPU v5 lite"
+    report.update(platform="tpu", device_count=8)
+    report["memory"]["where"] = own_devices_words([chip])
+    _check_named_and_drawn_on(report, f"TPU v5 lite chip {chip_id}", {chip_id})
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "layout,ids,lora,engine",
+    [
+        ("colocated", [6], True, "vanilla"),
+        ("reshaped", [1], False, "sglang_jax"),
+        ("reshaped", [4, 5, 6, 7], True, "vanilla"),
+        ("split", [2, 3, 4, 5], False, "vanilla"),
+    ],
+)
+def test_a_cluster_on_some_of_the_devices_is_drawn_on_its_own_devices_and_named_by_them(layout, ids, lora, engine):
+    """Built on a subset of the eight devices (one of them, as on a single chip, or four), the
+    report counts the cluster's devices, and the grid, summary and CLI name and draw those alone."""
+    scenario = Scenario(layout=layout, lora=lora, engine=engine)
+    report = placement_report(build_cluster(scenario, devices=[CPUS[i] for i in ids])).to_json()
+    assert report["device_count"] == len(ids)
+    where = "1 CPU device" if len(ids) == 1 else f"{len(ids)} simulated CPU devices"
+    assert report["memory"]["where"] == where
+    _check_named_and_drawn_on(report, where, set(ids))

@@ -4,9 +4,9 @@ object that the CLI, figures and widgets read (none recomputes a decision)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
-import jax
 from flax import nnx
 
 from rlcluster_lab.core.gathering import held_within
@@ -38,7 +38,7 @@ class PlacementFacts:
     decisions: list[dict[str, Any]]
     warnings: list[str]
     platform: str
-    device_count: int
+    device_count: int  # the devices the cluster's meshes use (not every device of the platform)
     memory: MemoryReport
 
     def to_json(self) -> dict[str, Any]:
@@ -57,6 +57,14 @@ class PlacementReport(PlacementFacts):
         out = super().to_json()
         out["sync"] = self.sync.to_json() if self.sync is not None else None
         return out
+
+
+def devices_text(report: Mapping[str, Any]) -> str:
+    """The devices a placement report's cluster is built on, in words: its memory report's ``where``
+    ("TPU v5 lite chip 0", "8 simulated CPU devices"); for a report without one, its device count
+    and platform ("8 cpu device(s)"). The device grid, the lab's summary and the CLI name them so."""
+    where = (report.get("memory") or {}).get("where")
+    return str(where) if where else f"{report.get('device_count', '?')} {report.get('platform', '?')} device(s)"
 
 
 def anchor_facts(mode: str, pinned: Any) -> dict[str, Any]:
@@ -105,7 +113,7 @@ def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> Plac
         warnings=list(cluster.warnings),
         # The cluster's own platform (its meshes' devices), not JAX's default backend.
         platform=cluster.platform,
-        device_count=len(jax.devices(cluster.platform)),
+        device_count=len(cluster.devices()),
         memory=memory_report(cluster),
         sync=sync,
     )

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlcluster_lab.app.report import devices_text
 from rlcluster_lab.measure.sync_peak import chunk_words
 
 
 def format_report(data: dict[str, Any]) -> str:
     """A readable summary of a placement report's JSON."""
     lines = [
-        f"platform {data['platform']} with {data['device_count']} device(s); engine {data['engine']}"
+        f"on {devices_text(data)}; engine {data['engine']}"
         f"{'; LoRA actor' if data['lora'] else ''}{'; offload to pinned host' if data['offload_to_cpu'] else ''}"
     ]
     lines.append("meshes after construction:")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
+from rlcluster_lab.app.report import devices_text
 from rlcluster_lab.lab.flow import (
     actor_share_text,
     changes_html,
@@ -224,7 +225,7 @@ def summary_html(report: dict[str, Any]) -> str:
     )
     memory = report.get("memory") or {}
     lines = [
-        f"platform <b>{html.escape(str(report['platform']))}</b>, {report['device_count']} device(s); "
+        f"on <b>{html.escape(devices_text(report))}</b>; "
         f"engine <b>{html.escape(report['engine'])}</b>"
         + ("; LoRA actor" if report["lora"] else "")
         + ("; offload to pinned host" if report["offload_to_cpu"] else ""),

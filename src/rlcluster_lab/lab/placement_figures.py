@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rlcluster_lab.app.report import devices_text
 from rlcluster_lab.lab.flow import (
     FlowRow,
     actor_share_text,
@@ -163,9 +164,9 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     if report.get("mesh_overridden_by_engine") and "rollout" in report.get("config_role_to_mesh", {}):
         at = next(i for i, r in enumerate(rows) if r[0] == "rollout") + 1
         rows.insert(at, ("rollout (config)", "rollout", report["config_role_to_mesh"]["rollout"]))
-    ids = sorted(
-        {int(d) for _, _, m in rows for d in m.get("device_ids", [])} | set(range(int(report.get("device_count", 0))))
-    )
+    # The cluster's own devices (its meshes', the asked-for one included), not every device of the
+    # platform: a cluster on one chip (or one device of eight) is drawn as one column.
+    ids = sorted({int(d) for _, _, m in rows for d in m.get("device_ids", [])})
     memory = report.get("memory") or {}
     by_role = memory.get("by_role", {})
     label_w, top, row_h = 150, 48, 42
@@ -175,8 +176,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     c = Canvas(
         WIDTH,
         0,
-        f"Devices: {report.get('device_count', len(ids))} on {report.get('platform', '?')}; "
-        "each cell: mesh coordinate and the role's physical bytes",
+        f"Devices: {devices_text(report)}; each cell: mesh coordinate and the role's physical bytes",
     )
     for j, dev in enumerate(ids):
         c.text(label_w + j * cell_w + cell_w / 2, top - 8, f"dev {dev}", size=MIN_FONT, anchor="middle", fill=MUTED)

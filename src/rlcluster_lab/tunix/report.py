@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 from flax import nnx
 
 from rlcluster_lab.app.report import PlacementFacts, anchor_facts
@@ -133,7 +132,7 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         decisions=decisions,
         warnings=warnings,
         platform=platform,
-        device_count=len(jax.devices(platform)),
+        device_count=len(devices),
         memory=memory_of(tunix_entries(rl_cluster), devices=devices),
         tunix_version=installed_version(),
         notes=tuple(notes),
