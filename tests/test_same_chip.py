@@ -17,6 +17,7 @@ from test_platforms import Chip
 
 from rlcluster_lab import Scenario, build_cluster, placement_report
 from rlcluster_lab.cli.text import format_memory, format_report, format_sync
+from rlcluster_lab.core.options import LAYOUTS
 from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab.display import summary_html
 from rlcluster_lab.lab.flow import SAME_LAYOUT_KEPT, measured_text
@@ -348,3 +349,66 @@ def test_a_cluster_on_some_of_the_devices_is_drawn_on_its_own_devices_and_named_
     where = "1 CPU device" if len(ids) == 1 else f"{len(ids)} simulated CPU devices"
     assert report["memory"]["where"] == where
     _check_named_and_drawn_on(report, where, set(ids))
+
+
+def _one_chip_lab(chip: int):
+    """``setup()``'s answer on a single chip, the chip stood in for by CPU device ``chip``."""
+    from rlcluster_lab.lab import setup as lab_setup
+
+    return lab_setup.LabDevices(
+        platform="cpu",
+        devices=tuple(CPUS),
+        simulated=True,
+        accelerator="tpu",
+        accelerator_devices=(CPUS[chip],),
+        colab=False,
+        reachable=("colocated", "reshaped", "split"),
+        families=_one_chip_families(chip),
+    )
+
+
+def _on_the_chip(report: dict, chip: int, where: str) -> None:
+    meshes = [*report["role_to_mesh"].values(), *report["config_role_to_mesh"].values()]
+    assert {d for mesh in meshes for d in mesh["device_ids"]} == {chip}
+    assert report["memory"]["where"] == where and report["device_count"] == 1
+    assert svg_text(device_grid(report)).startswith(f"Devices: {where};")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("chip,engine", [(0, "vanilla"), (5, "sglang_jax"), (7, "vllm")])
+def test_the_notebooks_experiments_build_the_layouts_that_fit_one_chip_on_it_and_say_so(chip, engine):
+    """The experiments notebooks 02, 05 and 06 call, given what ``setup()`` returns on a single
+    chip: colocated and reshaped, with and without LoRA and offload, are built on the chip (every
+    mesh over it alone), and their memory and sync reports, tables and grid name it; split is
+    built on the simulated devices beside it, and a table of both says which row is where."""
+    from rlcluster_lab.lab import experiments as ex
+    from rlcluster_lab.lab import mechanism as mech
+    from rlcluster_lab.lab import sync_peaks
+
+    lab = _one_chip_lab(chip)
+    where = lab.families[0].where
+    scenarios = {
+        f"{layout}, lora={lora}, offload={offload}": Scenario(layout=layout, lora=lora, offload=offload, engine=engine)
+        for layout in ("colocated", "reshaped")
+        for lora, offload in ((False, False), (True, False), (False, True), (True, True))
+    }
+    reports = ex.reports_for(scenarios, lab)  # notebook 02's reshaped cast, 06's offload on and off
+    for label, report in reports.items():
+        _on_the_chip(report, chip, where)
+        assert report["lora"] == ("lora=True" in label) and report["offload_to_cpu"] == ("offload=True" in label)
+    assert "on" not in ex.memory_rows(reports)[0]  # one place: the heading says it once
+    for report in ex.memory_comparison("colocated", lab).values():  # notebook 02
+        _on_the_chip(report, chip, where)
+    syncs = ex.sync_matrix(lab, engine=engine)  # notebook 05
+    assert list(syncs) == [f"{layout}, {lora}" for layout in LAYOUTS for lora in ("full", "LoRA")]
+    for label, sync in syncs.items():
+        on_chip = not label.startswith("split")
+        assert sync["where"] == (where if on_chip else "8 simulated CPU devices")
+        assert set(sync["arrived_by_device"]) <= ({str(chip)} if on_chip else {str(d.id) for d in CPUS})
+    assert [r["on"] for r in ex.sync_rows(syncs)] == [where] * 4 + ["8 simulated CPU devices"] * 2
+    six = {label: Scenario(layout=label.split(",")[0], lora=label.endswith("LoRA"), engine=engine) for label in syncs}
+    rows = sync_peaks.planned_peak_rows(lab, six, syncs)  # notebook 05: planned on the chip as measured there
+    assert all(r["every device agrees"] for r in rows)
+    rows, p3_reports = mech.p3_branch_rows(lab, (("colocated", engine), ("reshaped", engine)))  # notebook 02
+    for report in p3_reports.values():
+        _on_the_chip(report, chip, where)
