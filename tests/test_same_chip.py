@@ -6,7 +6,9 @@ stand-in devices (``test_platforms.Chip``)."""
 from __future__ import annotations
 
 import html
+import re
 import types
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -397,8 +399,12 @@ def test_the_notebooks_experiments_build_the_layouts_that_fit_one_chip_on_it_and
         _on_the_chip(report, chip, where)
         assert report["lora"] == ("lora=True" in label) and report["offload_to_cpu"] == ("offload=True" in label)
     assert "on" not in ex.memory_rows(reports)[0]  # one place: the heading says it once
-    for report in ex.memory_comparison("colocated", lab).values():  # notebook 02
+    compared = ex.memory_comparison("colocated", lab)  # notebook 02
+    for report in compared.values():
         _on_the_chip(report, chip, where)
+    growth = ex.copy_growth_line(compared, "LoRA over the reference", "LoRA over a copy")
+    backbone = compared["LoRA over the reference"]["memory"]["by_role"]["reference"]["bytes"]
+    assert growth.endswith(f"= {backbone:,} bytes: exactly the reference's backbone ({backbone:,} bytes), on {where}")
     syncs = ex.sync_matrix(lab, engine=engine)  # notebook 05
     assert list(syncs) == [f"{layout}, {lora}" for layout in LAYOUTS for lora in ("full", "LoRA")]
     for label, sync in syncs.items():
@@ -406,9 +412,50 @@ def test_the_notebooks_experiments_build_the_layouts_that_fit_one_chip_on_it_and
         assert sync["where"] == (where if on_chip else "8 simulated CPU devices")
         assert set(sync["arrived_by_device"]) <= ({str(chip)} if on_chip else {str(d.id) for d in CPUS})
     assert [r["on"] for r in ex.sync_rows(syncs)] == [where] * 4 + ["8 simulated CPU devices"] * 2
+    if engine == "vanilla":  # what notebook 05 says of a single chip: every byte reused, nothing new
+        for label in ("colocated, full", "colocated, LoRA", "reshaped, full", "reshaped, LoRA"):
+            assert syncs[label]["reused_bytes"] == syncs[label]["synced_bytes"] > 0
+            assert syncs[label]["moved_cross_device_bytes"] == 0
+        peaks = {r["run"]: r for r in sync_peaks.peak_rows(syncs)}
+        assert all(peaks[label]["device peak"] == 0 for label in list(syncs)[:4])
     six = {label: Scenario(layout=label.split(",")[0], lora=label.endswith("LoRA"), engine=engine) for label in syncs}
     rows = sync_peaks.planned_peak_rows(lab, six, syncs)  # notebook 05: planned on the chip as measured there
     assert all(r["every device agrees"] for r in rows)
     rows, p3_reports = mech.p3_branch_rows(lab, (("colocated", engine), ("reshaped", engine)))  # notebook 02
     for report in p3_reports.values():
         _on_the_chip(report, chip, where)
+
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def _paragraphs(name: str) -> list[str]:
+    """The prose paragraphs of a notebook's paired Markdown (code cells left out)."""
+    text = (NOTEBOOKS / f"{name}.md").read_text()
+    prose = re.sub(r"```\{code-cell\}.*?```", "", text, flags=re.S)
+    return [" ".join(p.split()) for p in prose.split("\n\n") if p.strip()]
+
+
+@pytest.mark.parametrize("name", ["00_start_here", "02_placing_rollout_and_reference", "07_placement_lab"])
+def test_notebooks_that_build_reshaped_where_the_lab_puts_it_say_its_mesh_on_a_single_chip_too(name):
+    """These build reshaped on ``lab.devices_for``: on a single chip, one device and a second mesh. A
+    paragraph naming the eight-device rollout mesh (8x1) says so of eight devices and names the chip's."""
+    named = [p for p in _paragraphs(name) if "8x1" in p or "(8, 1)" in p]
+    assert named
+    for paragraph in named:
+        assert "on eight" in paragraph and "single chip" in paragraph, paragraph
+
+
+def test_notebook_05s_eight_device_walk_through_is_built_on_eight_devices_and_reads_its_own_syncs():
+    """Notebook 05 explains the (2, 4) -> (8, 1) reshape device by device: its clusters are built on
+    ``lab.devices`` (beside a single chip, the simulated CPU devices), and no figure of that story
+    reads the six syncs' reshaped rows, which on a single chip are built on the chip."""
+    text = (NOTEBOOKS / "05_sync_weights.md").read_text()
+    assert 'syncs["reshaped' not in text
+    for name in ("cluster", "full"):
+        built = rf'^{name} = rl\.build_cluster\(rl\.Scenario\(layout="reshaped".*devices=lab\.devices\)$'
+        assert re.search(built, text, re.M), name
+    assert 'chunk_sweep(\n    lab.devices,\n    rl.Scenario(layout="reshaped")' in text
+    assert "ex.sync_matrix(lab," in text  # the six syncs: each layout where the lab puts it
+    chip = [p for p in _paragraphs("05_sync_weights") if "single chip" in p]
+    assert any("every byte is reused" in p for p in chip)  # what the matrix measures there (vanilla)

@@ -230,6 +230,24 @@ def memory_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]
     return where_column(rows, {label: rep["memory"] for label, rep in reports.items()})
 
 
+def copy_growth_line(reports: Mapping[str, Mapping[str, Any]], shared: str, copied: str) -> str:
+    """How much more the cluster ``copied`` holds once than ``shared`` (its "held once" bytes), beside
+    the reference's backbone in ``shared``: the avoidable copy P4 warns of, in the devices' own
+    physical bytes (on eight devices replicated leaves count on each; on one chip once)."""
+    more = reports[copied]["memory"]["unique_bytes"]
+    less = reports[shared]["memory"]["unique_bytes"]
+    backbone = reports[shared]["memory"]["by_role"]["reference"]["bytes"]
+    same = "exactly" if more - less == backbone else "not"
+    return (
+        f'"held once" grows by {more:,} - {less:,} = {more - less:,} bytes: {same} the reference\'s '
+        f"backbone ({backbone:,} bytes){_on(reports[copied]['memory'])}"
+    )
+
+
+def _on(report: Mapping[str, Any]) -> str:
+    return f", on {report['where']}" if report.get("where") else ""
+
+
 # --------------------------------------------------------------------------- 03: P6 errors
 
 
