@@ -70,22 +70,62 @@ def reshard_many(
     (the ``minimal`` strategy: wherever its device holds the block). The bytes move in the
     source dtype; the cast comes last.
     """
-    if strategy not in RESHARD_STRATEGIES:
-        raise ValueError(f"unknown reshard strategy {strategy!r}; use one of {', '.join(RESHARD_STRATEGIES)}")
-    labels = list(labels) if labels is not None else [None] * len(xs)
-    legs = tuple(
-        Leg(tuple(x.shape), np.dtype(x.dtype), layout_of(x.sharding), layout_of(d), None if t is None else np.dtype(t))
-        for x, d, t in zip(xs, dsts, dtypes if dtypes is not None else [None] * len(xs))
+    plan = batch(
+        [x.sharding for x in xs], [(tuple(x.shape), x.dtype) for x in xs], dsts, copy, labels, dtypes, strategy
     )
-    r = route(legs, copy, strategy)
-    if not wants(Transfer):
-        return _Run(r, xs, dsts, labels).results()
-    # Described once per batch signature, then replayed: a steady sync spends its time moving data.
-    key = (legs, copy, strategy, tuple(labels), tuple(x.sharding for x in xs), tuple(dsts))
-    return described_once(_DESCRIBED, key, lambda: _Run(r, xs, dsts, labels).results())
+    return plan.run(xs, _DESCRIBED)
 
 
 _DESCRIBED = ProgramCache(64)  # the ledger each batch signature emitted (cleared with the programs)
+
+
+@dataclasses.dataclass
+class Batch:
+    """One reshard worked out from shapes and layouts alone (its ``route``), to run on any arrays
+    of those shapes in those shardings; ``ledger``: the copies its first recorded run emitted."""
+
+    route: Route
+    dsts: tuple[Sharding, ...]
+    labels: list[str | None]
+    key: Any
+    ledger: list[Any] | None = None
+
+    def get(self, key: Any) -> list[Any] | None:
+        return self.ledger
+
+    def put(self, key: Any, ledger: list[Any]) -> None:
+        self.ledger = ledger
+
+    def run(self, xs: Sequence[jax.Array], described: Any = None) -> list[jax.Array]:
+        """The batch run on ``xs``; its ledger described the first time (kept in ``described``,
+        else in the batch itself), then replayed: a steady sync spends its time moving data."""
+        if not wants(Transfer):
+            return _Run(self.route, xs, self.dsts, self.labels).results()
+        return described_once(
+            described or self, self.key, lambda: _Run(self.route, xs, self.dsts, self.labels).results()
+        )
+
+
+def batch(
+    srcs: Sequence[Sharding],
+    shapes: Sequence[tuple[tuple[int, ...], Any]],
+    dsts: Sequence[Sharding],
+    copy: bool,
+    labels: Sequence[str | None] | None,
+    dtypes: Sequence[Any] | None,
+    strategy: str,
+) -> Batch:
+    """The reshard of arrays of ``shapes`` (shape, dtype) in shardings ``srcs`` onto ``dsts`` (see
+    ``reshard_many``), worked out once."""
+    if strategy not in RESHARD_STRATEGIES:
+        raise ValueError(f"unknown reshard strategy {strategy!r}; use one of {', '.join(RESHARD_STRATEGIES)}")
+    labels = list(labels) if labels is not None else [None] * len(srcs)
+    legs = tuple(
+        Leg(shape, np.dtype(dtype), layout_of(s), layout_of(d), None if t is None else np.dtype(t))
+        for (shape, dtype), s, d, t in zip(shapes, srcs, dsts, dtypes if dtypes is not None else [None] * len(srcs))
+    )
+    key = (legs, copy, strategy, tuple(labels), tuple(srcs), tuple(dsts))
+    return Batch(route(legs, copy, strategy), tuple(dsts), labels, key)
 
 
 def layout_of(sharding: Sharding) -> Layout:
