@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rlcluster_lab import Role, Scenario, TrainBatch, build_cluster
 from rlcluster_lab.engines.base import SyncPlan
+from rlcluster_lab.measure import sync as measure_sync
 from rlcluster_lab.placement import events
 from rlcluster_lab.placement import reshard as reshard_module
 from rlcluster_lab.placement.reshard import Batch
@@ -171,3 +172,18 @@ def test_p13_a_sync_failing_with_its_plan_in_hand_rolls_back_and_the_next_reuses
         cluster.sync_weights()
         assert counts["plans"] == 0 and cluster.global_steps == 2
         assert _holds_the_actors(cluster)
+
+
+@pytest.mark.parametrize("layout, lora, chunk", [("reshaped", False, 16 << 10), ("split", True, None)])
+def test_l3_a_sync_walks_its_transient_peak_only_when_asked(layout, lora, chunk):
+    """``sync_weights(peak=False)`` (a learner's syncs) walks no peak and measures the same bytes;
+    by default (the lab, ``report --sync``) the peak is there."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cluster = build_cluster(Scenario(layout=layout, lora=lora, sync_chunk_bytes=chunk))
+    watched = cluster.sync_weights()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(measure_sync, "PeakWalk", lambda *a: pytest.fail("a peak walk nobody asked for"))
+        unwatched = cluster.sync_weights(peak=False)
+    assert watched.peak is not None and unwatched.peak is None
+    assert _bytes(unwatched) == _bytes(watched) and unwatched.seconds > 0
