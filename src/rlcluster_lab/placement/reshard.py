@@ -29,7 +29,7 @@ from rlcluster_lab.placement import minimal as reshard_minimal
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.boxes import relabel
-from rlcluster_lab.placement.events import Made, Phase, Transfer, described_once, emit, wants
+from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Transfer, emit, listening, wants
 from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import Leg, Route, route
@@ -70,13 +70,17 @@ def reshard_many(
     (the ``minimal`` strategy: wherever its device holds the block). The bytes move in the
     source dtype; the cast comes last.
     """
-    plan = batch(
-        [x.sharding for x in xs], [(tuple(x.shape), x.dtype) for x in xs], dsts, copy, labels, dtypes, strategy
-    )
-    return plan.run(xs, _DESCRIBED)
+    shapes = [(tuple(x.shape), x.dtype) for x in xs]
+    key = (*(x.sharding for x in xs), *shapes, *dsts, copy, strategy)
+    key += (None if labels is None else tuple(labels), None if dtypes is None else tuple(dtypes))
+    plan = _BATCHES.get(key)
+    if plan is None:
+        plan = batch([x.sharding for x in xs], shapes, dsts, copy, labels, dtypes, strategy)
+        _BATCHES.put(key, plan)
+    return plan.run(xs)
 
 
-_DESCRIBED = ProgramCache(64)  # the ledger each batch signature emitted (cleared with the programs)
+_BATCHES = ProgramCache(64)  # each batch signature's reshard and ledger (cleared with the programs)
 
 
 @dataclasses.dataclass
@@ -87,23 +91,29 @@ class Batch:
     route: Route
     dsts: tuple[Sharding, ...]
     labels: list[str | None]
-    key: Any
     ledger: list[Any] | None = None
 
-    def get(self, key: Any) -> list[Any] | None:
-        return self.ledger
-
-    def put(self, key: Any, ledger: list[Any]) -> None:
-        self.ledger = ledger
-
-    def run(self, xs: Sequence[jax.Array], described: Any = None) -> list[jax.Array]:
-        """The batch run on ``xs``; its ledger described the first time (kept in ``described``,
-        else in the batch itself), then replayed: a steady sync spends its time moving data."""
+    def run(self, xs: Sequence[jax.Array]) -> list[jax.Array]:
+        """The batch run on ``xs``. Its ledger (``events.LEDGER``) is described on the first run
+        somebody listens to and replayed on every later one, which describes nothing (``wants``
+        says no): the same shapes and shardings make the same copies, so a steady sync spends
+        its time moving data. Whether a program was built (``Built``) is news of the first run only."""
         if not wants(Transfer):
             return _Run(self.route, xs, self.dsts, self.labels).results()
-        return described_once(
-            described or self, self.key, lambda: _Run(self.route, xs, self.dsts, self.labels).results()
-        )
+        ledger = self.ledger
+        heard = _Ledger() if ledger is None else ledger
+        with listening(*([heard] if ledger is None else []), instead=LEDGER):
+            out = _Run(self.route, xs, self.dsts, self.labels).results()
+        if ledger is None:
+            self.ledger = [e for e in heard if not isinstance(e, Built)]
+        for event in heard:
+            emit(event)
+        return out
+
+
+class _Ledger(list):
+    kinds = LEDGER
+    on = list.append
 
 
 def batch(
@@ -124,8 +134,7 @@ def batch(
         Leg(shape, np.dtype(dtype), layout_of(s), layout_of(d), None if t is None else np.dtype(t))
         for (shape, dtype), s, d, t in zip(shapes, srcs, dsts, dtypes if dtypes is not None else [None] * len(srcs))
     )
-    key = (legs, copy, strategy, tuple(labels), tuple(srcs), tuple(dsts))
-    return Batch(route(legs, copy, strategy), tuple(dsts), labels, key)
+    return Batch(route(legs, copy, strategy), tuple(dsts), labels)
 
 
 def layout_of(sharding: Sharding) -> Layout:
