@@ -36,10 +36,10 @@ from rlcluster_lab import (
 from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster import sync as sync_module
 from rlcluster_lab.core.shardings import memory_kinds
-from rlcluster_lab.engines import base as base_engine
 from rlcluster_lab.measure.sync import SyncObserver
 from rlcluster_lab.placement import events
 from rlcluster_lab.placement.buffers import buffer_keys
+from rlcluster_lab.placement.reshard import Batch
 
 pytestmark = pytest.mark.cluster  # faults injected into live clusters
 
@@ -238,18 +238,18 @@ def test_chunked_sync_that_fails_in_a_later_chunk_restores_the_earlier_ones(monk
     rollout_before = values(nnx.state(c.rollout.model(), nnx.Param))
     anchor_before = c.pinned_anchor_state
     calls = []
-    handover = base_engine.reshard_leaves
+    handover = Batch.run  # each chunk's reshard, as the sync's plan runs it
 
-    def fail_third_chunk(*args, **kwargs):
-        calls.append(args[0])
+    def fail_third_chunk(self, xs, *args, **kwargs):
+        calls.append(xs)
         if len(calls) == 3:
             # The first two chunks are the rollout's already: the actor's new weights.
             held = values(nnx.state(c.rollout.model(), nnx.Param))
             assert sum(not np.array_equal(a, b) for a, b in zip(held, rollout_before)) >= len(calls[0])
             raise RuntimeError("chunk 3 failed")
-        return handover(*args, **kwargs)
+        return handover(self, xs, *args, **kwargs)
 
-    monkeypatch.setattr(base_engine, "reshard_leaves", fail_third_chunk)
+    monkeypatch.setattr(Batch, "run", fail_third_chunk)
     with pytest.raises(RuntimeError, match="chunk 3") as info:
         c.sync_weights()
     assert "restored from the anchor snapshot" in "".join(info.value.__notes__)

@@ -480,11 +480,11 @@ class RLCluster:
         return update(batch, **kwargs)
 
     @_one_at_a_time
-    def sync_weights(self) -> SyncReport:
+    def sync_weights(self, *, peak: bool = True) -> SyncReport:
         """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin
-        the anchor, advance the global step; returns what the sync really moved and its transient
-        peak, measured from outside by ``measure.sync.SyncObserver`` (L3)."""
-        return sync_weights(self.state, SyncObserver())
+        the anchor, advance the global step; returns what the sync really moved and (``peak``)
+        its transient peak, measured from outside by ``measure.sync.SyncObserver`` (L3)."""
+        return sync_weights(self.state, SyncObserver(peak=peak))
 
     @_one_at_a_time
     def get_rewards(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:

@@ -237,6 +237,8 @@ class GRPOLearner:
         # for none. The lab's rehearsal, background work beside a person's clicks, builds the
         # update alone.
         self.builds_ahead: bool | tuple[str, ...] = True
+        # Whether its syncs walk their transient peak (the lab's view shows it; a run need not).
+        self.sync_peak = False
 
     def on(self, cluster: RLCluster) -> GRPOLearner:
         """This learner as it is now (config, rewards, prompts, the prompts it draws next, its
@@ -322,7 +324,7 @@ class GRPOLearner:
                 critic_metrics = cluster.update_critic(ValueBatch(prompt_tokens, completion, returns, values))
             value_loss = float(np.mean([m["loss"] for m in critic_metrics]))
         with waiting("sync_weights"):
-            sync = cluster.sync_weights()
+            sync = cluster.sync_weights(peak=self.sync_peak)
         reasons = [r for r in (rejection_reason(m) for m in metrics) if r is not None]
         record = StepRecord(
             step=index,

@@ -27,7 +27,7 @@ from rlcluster_lab.model import logps_from_state
 from rlcluster_lab.model.sampling import check_prompts, prompt_width, sample
 from rlcluster_lab.placement import events
 from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.reshard import reshard_many
+from rlcluster_lab.placement.reshard import Batch, batch, reshard_many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,29 +197,26 @@ class RolloutEngine(abc.ABC):
         if follow:
             # Keeping shared roles together may hand over part of a tree (a reference
             # has no adapters): only those leaves are replaced.
-            picked = [j for j, k in enumerate(index.keys) if k in src]
+            picked = tuple(j for j, k in enumerate(index.keys) if k in src)
         else:
             if len(src) != len(index.keys) or any(k not in src for k in index.keys):
                 raise tree_mismatch(src, index.keys)
-            picked = list(range(len(index.keys)))
+            picked = tuple(range(len(index.keys)))
         sources = [src[index.keys[j]] for j in picked]
         del src
-        limit = self.sync_chunk_bytes
-        parts = chunk_leaves([int(x.nbytes) for x in sources], limit) if limit else [range(len(picked))]
+        plan = index.plan
+        key = SyncPlan.key_of(index, picked, sources, self.sync_chunk_bytes, self.owns_weights, self.reshard, follow)
+        if plan is None or plan.key != key:
+            plan = index.plan = SyncPlan.build(key, index, picked, sources, follow)
         if not self.owns_weights and all(index.get(j) is x for j, x in zip(picked, sources)):
             # The model holds these very arrays (the actor itself, P3 shared): nothing to hand over,
             # every layout already the rollout's (the phase a route ends its layout changes with).
-            for _ in parts:
+            for _ in plan.parts:
                 events.emit(events.Phase("resharded"))
                 events.emit(events.Phase("commit"))
             return
-        for part in parts:
-            xs = [sources[i] for i in part]
-            where = [picked[i] for i in part]
-            targets = [index.target(j, xs[n] if follow else None) for n, j in enumerate(where)]
-            labels = [index.labels[j] for j in where]
-            new = reshard_leaves(xs, targets, copy=self.owns_weights, labels=labels, strategy=self.reshard)
-            del xs, targets
+        for part, where, move in plan.parts:
+            new = move.run([sources[i] for i in part])
             for j, y in zip(where, new):
                 index.set(j, y)  # a leaf that is already the new array (a shared model) is left alone
             del new
@@ -275,6 +272,44 @@ class Target:
     dtype: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class SyncPlan:
+    """A handover worked out once (P13): per chunk group (``sync_chunk_bytes``), the handed-over
+    leaves it takes (positions among them), the model's leaves it sets and its reshard
+    (``placement.reshard.Batch``: every step, what crosses where, which buffers are kept, the
+    ledger of its first recorded run). Kept with the model's variable index and built again
+    only when ``key`` changes: the source or destination layouts, the chunk size, the strategy,
+    whether the engine owns its weights."""
+
+    key: tuple[Any, ...]
+    parts: tuple[tuple[tuple[int, ...], tuple[int, ...], Batch], ...]
+
+    @staticmethod
+    def key_of(index: _VariableIndex, picked: tuple[int, ...], sources: list[Any], *knobs: Any) -> tuple[Any, ...]:
+        # The model's shapes are fixed: the shardings and dtypes on both sides say it all.
+        held = [index.get(j) for j in picked]
+        return (*knobs, picked, *((x.sharding, x.dtype) for x in (*sources, *held)))
+
+    @classmethod
+    def build(
+        cls, key: tuple[Any, ...], index: _VariableIndex, picked: tuple[int, ...], sources: list[Any], follow: bool
+    ) -> SyncPlan:
+        limit, copy, strategy = key[:3]
+        chunks = chunk_leaves([int(x.nbytes) for x in sources], limit) if limit else [range(len(picked))]
+        parts = []
+        for chunk in chunks:
+            xs = [sources[i] for i in chunk]
+            where = tuple(picked[i] for i in chunk)
+            targets = [index.target(j, xs[n] if follow else None) for n, j in enumerate(where)]
+            shapes = [(tuple(x.shape), x.dtype) for x in xs]
+            labels = [index.labels[j] for j in where]
+            dsts, dtypes = [t.sharding for t in targets], [t.dtype for t in targets]
+            parts.append(
+                (tuple(chunk), where, batch([x.sharding for x in xs], shapes, dsts, copy, labels, dtypes, strategy))
+            )
+        return cls(key, tuple(parts))
+
+
 class _VariableIndex:
     """A model's Variables in path order, with the fastest safe way to read and set each.
 
@@ -288,6 +323,7 @@ class _VariableIndex:
         self.variables = variables
         self.labels = [leaf_path(k) for k in keys]
         self.raw = [_plain_variable(v) for v in variables]
+        self.plan: SyncPlan | None = None  # the last handover's, while its layouts and knobs hold
 
     @classmethod
     def of(cls, model: nnx.Module, state: Any) -> _VariableIndex:
@@ -361,17 +397,10 @@ def reshard_flat(
     if src_flat.keys() != dst_flat.keys():
         raise tree_mismatch(src_flat, dst_flat)
     keys = list(dst_flat)
-    targets = [Target(dst_flat[k].sharding, dst_flat[k].dtype) for k in keys]
-    labels = [leaf_path(k) for k in keys]
-    new = reshard_leaves([src_flat[k] for k in keys], targets, copy=copy, labels=labels, strategy=strategy)
+    dsts, dtypes, labels = (
+        [dst_flat[k].sharding for k in keys],
+        [dst_flat[k].dtype for k in keys],
+        list(map(leaf_path, keys)),
+    )
+    new = reshard_many([src_flat[k] for k in keys], dsts, copy=copy, labels=labels, dtypes=dtypes, strategy=strategy)
     return dict(zip(keys, new))
-
-
-def reshard_leaves(xs: list[Any], targets: list[Target], *, copy: bool, labels: list[str], strategy: str) -> list[Any]:
-    """Each ``xs[i]`` laid out as ``targets[i]`` and cast to its dtype: one batch for the whole
-    list (one reshard call, one cast program); each leaf's copies are logged under its label (L3).
-
-    The bytes move in the source dtype; the cast runs on the destination devices after the move.
-    """
-    dtypes = [t.dtype for t in targets]
-    return reshard_many(xs, [t.sharding for t in targets], copy=copy, labels=labels, dtypes=dtypes, strategy=strategy)

@@ -10,14 +10,12 @@ default), and a notebook's output column is about 1000 px wide. So no figure is 
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import MultipleLocator
 
-from rlcluster_lab.lab.style import text_width
+from rlcluster_lab.lab.style import byte_ticks, text_width
 
 
 def to_png(fig: Figure) -> bytes:
@@ -28,16 +26,9 @@ def to_png(fig: Figure) -> bytes:
 
 
 def bytes_axis(axis: Any, top: float) -> None:
-    """Ticks at round numbers of one binary unit picked for ``top`` (0, 100 KiB, 200 KiB...)."""
-    unit, name = 1, "B"
-    for k, label in ((1, "KiB"), (2, "MiB"), (3, "GiB"), (4, "TiB")):
-        if top >= 1024**k:
-            unit, name = 1024**k, label
-    scaled = max(top / unit, 1e-9)
-    magnitude = 10 ** math.floor(math.log10(scaled / 5)) if scaled >= 5 else 1
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if scaled / (m * magnitude) <= 6)
-    axis.set_major_locator(MultipleLocator(step * unit))
-    axis.set_major_formatter(lambda v, _: f"{v / unit:g} {name}" if v else "0")
+    """Ticks at round numbers of one binary unit picked for ``top`` (``style.byte_ticks``)."""
+    ticks = byte_ticks(top)
+    axis.set_ticks([value for value, _ in ticks], [text for _, text in ticks])
 
 
 MAX_WIDTH = 10.0  # inches: 1000 px at the default 100 dpi

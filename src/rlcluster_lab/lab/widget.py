@@ -225,6 +225,7 @@ class PlacementLab:
                 self._cluster, self._learner = cluster, GRPOLearner(cluster, self.step_config)
                 # With a rehearsal, the first Training step finds its programs built: no helpers.
                 self._learner.builds_ahead = not self.rehearse
+                self._learner.sync_peak = True  # the sync view shows a training step's peak
                 self._constructed = self.knobs.settings()
                 wait.what = "Construct: measuring the placement and drawing it"
                 self.status.stage(3)

@@ -398,10 +398,11 @@ def _id_ranges(ids: Sequence[int]) -> str:
 class SyncObserver:
     """Watches one weight sync and writes its report (L3); the sync itself only calls its hooks:
     ``start``, ``before``, the handover inside ``recording()``, ``after``, ``anchor``, ``end``,
-    then ``report``.
+    then ``report``. The transient peak is walked only when asked (``peak``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, peak: bool = True) -> None:
+        self.watch_peak = peak
         self.source: dict[str, ShardFacts] = {}
         self.destination: dict[str, jax.Array] = {}
         self.log = TransferLog()
@@ -422,9 +423,10 @@ class SyncObserver:
         frees: the actor's state) and ``replaced`` (the rollout's old leaves, the old anchor);
         the chunk size the handover uses and the order of the sync's steps (P13)."""
         self.chunk_bytes, self.order = chunk_bytes, order
-        self.walk = PeakWalk(array_leaves(keep), array_leaves(replaced))
-        self._devices = list(devices)
-        self._allocator = allocator_before(self._devices)
+        if self.watch_peak:
+            self.walk = PeakWalk(array_leaves(keep), array_leaves(replaced))
+            self._devices = list(devices)
+            self._allocator = allocator_before(self._devices)
 
     @property
     def walk_seconds(self) -> float:

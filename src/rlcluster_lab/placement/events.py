@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, Protocol
 
 import jax
 
@@ -118,33 +118,3 @@ def listening(*listeners: Listener, instead: frozenset[type] = frozenset()) -> I
         yield
     finally:
         _LISTENERS.reset(token)
-
-
-class _Recorder(list):
-    kinds = LEDGER
-    on = list.append
-
-
-T = TypeVar("T")
-
-
-def described_once(cache: Any, key: Any, run: Callable[[], T]) -> T:
-    """``run()``, its ledger events described the first time for ``key`` and replayed after.
-
-    The same arrays' shapes and shardings onto the same destinations make the same copies, so
-    the first run's ledger is kept in ``cache`` (``get``/``put``) and emitted again on every
-    later run, which describes none (``wants`` says no): the per-shard bookkeeping is paid once.
-    Whether a program was built (``Built``) is news of the first run only.
-    """
-    known: list[Any] | None = cache.get(key)
-    if known is None:
-        known = _Recorder()
-        with listening(known, instead=LEDGER):
-            out = run()
-        cache.put(key, [e for e in known if not isinstance(e, Built)])
-    else:
-        with listening(instead=LEDGER):
-            out = run()
-    for event in known:
-        emit(event)
-    return out

@@ -29,7 +29,7 @@ from rlcluster_lab.placement import minimal as reshard_minimal
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.boxes import relabel
-from rlcluster_lab.placement.events import Made, Phase, Transfer, described_once, emit, wants
+from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Transfer, emit, listening, wants
 from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import Leg, Route, route
@@ -70,22 +70,71 @@ def reshard_many(
     (the ``minimal`` strategy: wherever its device holds the block). The bytes move in the
     source dtype; the cast comes last.
     """
+    shapes = [(tuple(x.shape), x.dtype) for x in xs]
+    key = (*(x.sharding for x in xs), *shapes, *dsts, copy, strategy)
+    key += (None if labels is None else tuple(labels), None if dtypes is None else tuple(dtypes))
+    plan = _BATCHES.get(key)
+    if plan is None:
+        plan = batch([x.sharding for x in xs], shapes, dsts, copy, labels, dtypes, strategy)
+        _BATCHES.put(key, plan)
+    return plan.run(xs)
+
+
+_BATCHES = ProgramCache(64)  # each batch signature's reshard and ledger (cleared with the programs)
+
+
+@dataclasses.dataclass
+class Batch:
+    """One reshard worked out from shapes and layouts alone (its ``route``), to run on any arrays
+    of those shapes in those shardings; ``ledger``: the copies its first recorded run emitted."""
+
+    route: Route
+    dsts: tuple[Sharding, ...]
+    labels: list[str | None]
+    ledger: list[Any] | None = None
+
+    def run(self, xs: Sequence[jax.Array]) -> list[jax.Array]:
+        """The batch run on ``xs``. Its ledger (``events.LEDGER``) is described on the first run
+        somebody listens to and replayed on every later one, which describes nothing (``wants``
+        says no): the same shapes and shardings make the same copies, so a steady sync spends
+        its time moving data. Whether a program was built (``Built``) is news of the first run only."""
+        if not wants(Transfer):
+            return _Run(self.route, xs, self.dsts, self.labels).results()
+        ledger = self.ledger
+        heard = _Ledger() if ledger is None else ledger
+        with listening(*([heard] if ledger is None else []), instead=LEDGER):
+            out = _Run(self.route, xs, self.dsts, self.labels).results()
+        if ledger is None:
+            self.ledger = [e for e in heard if not isinstance(e, Built)]
+        for event in heard:
+            emit(event)
+        return out
+
+
+class _Ledger(list):
+    kinds = LEDGER
+    on = list.append
+
+
+def batch(
+    srcs: Sequence[Sharding],
+    shapes: Sequence[tuple[tuple[int, ...], Any]],
+    dsts: Sequence[Sharding],
+    copy: bool,
+    labels: Sequence[str | None] | None,
+    dtypes: Sequence[Any] | None,
+    strategy: str,
+) -> Batch:
+    """The reshard of arrays of ``shapes`` (shape, dtype) in shardings ``srcs`` onto ``dsts`` (see
+    ``reshard_many``), worked out once."""
     if strategy not in RESHARD_STRATEGIES:
         raise ValueError(f"unknown reshard strategy {strategy!r}; use one of {', '.join(RESHARD_STRATEGIES)}")
-    labels = list(labels) if labels is not None else [None] * len(xs)
+    labels = list(labels) if labels is not None else [None] * len(srcs)
     legs = tuple(
-        Leg(tuple(x.shape), np.dtype(x.dtype), layout_of(x.sharding), layout_of(d), None if t is None else np.dtype(t))
-        for x, d, t in zip(xs, dsts, dtypes if dtypes is not None else [None] * len(xs))
+        Leg(shape, np.dtype(dtype), layout_of(s), layout_of(d), None if t is None else np.dtype(t))
+        for (shape, dtype), s, d, t in zip(shapes, srcs, dsts, dtypes if dtypes is not None else [None] * len(srcs))
     )
-    r = route(legs, copy, strategy)
-    if not wants(Transfer):
-        return _Run(r, xs, dsts, labels).results()
-    # Described once per batch signature, then replayed: a steady sync spends its time moving data.
-    key = (legs, copy, strategy, tuple(labels), tuple(x.sharding for x in xs), tuple(dsts))
-    return described_once(_DESCRIBED, key, lambda: _Run(r, xs, dsts, labels).results())
-
-
-_DESCRIBED = ProgramCache(64)  # the ledger each batch signature emitted (cleared with the programs)
+    return Batch(route(legs, copy, strategy), tuple(dsts), labels)
 
 
 def layout_of(sharding: Sharding) -> Layout:

@@ -284,6 +284,7 @@ def _positions(leg: Leg, g: ProgramGroup, ran: bool, copy: bool) -> tuple[Positi
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=4096)
 def whole_move(r: Route, i: int) -> bool:
     """Leg i's every shard crosses from the source device at its position onto another set of
     devices: one ``device_put`` of the array moves them all (a bare device_put's cost)."""
@@ -295,6 +296,9 @@ def whole_move(r: Route, i: int) -> bool:
         and all(p.how == "send" and p.src == g.src_order[k] for k, p in enumerate(positions))
         and (i in g.legs or _equivalent(r.legs[i].src.in_kind(WORK), g.inter(r.legs[i]), r.legs[i].shape))
     )
+
+
+cleared_with_programs(whole_move.cache_clear)
 
 
 def _cast_groups(legs: Sequence[Leg]) -> tuple[tuple[int, ...], ...]:
