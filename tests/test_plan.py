@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import contextlib
+import dataclasses
 import io
 import json
 import time
