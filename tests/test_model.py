@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
 from rlcluster_lab.core.options import LORA_TARGETS
-from rlcluster_lab.core.states import model_state
+from rlcluster_lab.core.states import model_split, model_state
 from rlcluster_lab.model import (
     MODEL_SIZES,
     LoRALinear,
@@ -328,3 +328,56 @@ def test_model_state_of_a_module_holding_one_variable_twice_walks_each_time():
     model.blocks.attn.o.kernel = model.blocks.attn.q.kernel
     _same_as_nnx_state(model)
     _same_as_nnx_state(model)
+
+
+def _same_as_nnx_split(model, *filters):
+    got, want = model_split(model, *filters), nnx.split(model, *filters)
+    assert len(got) == len(want) and got[0] == want[0]
+    for g, w in zip(got[1:], want[1:], strict=True):
+        gp, wp = _pairs(g), _pairs(w)
+        assert [k for k, _ in gp] == [k for k, _ in wp]
+        assert all(a is b for (_, a), (_, b) in zip(gp, wp))
+    return got[0]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_model_split_is_nnx_split_and_keeps_its_graphdef_while_the_variables_stay(lora):
+    """The graphdef and states of nnx.split with any filters; the very same graphdef object call
+    after call, through new values in the same Variables; a new one (equal to nnx.split's) once a
+    Variable is replaced, added or removed."""
+    model = init_model("tiny", seed=3)
+    if lora:
+        model = with_lora(model, 2, seed=1)
+    filters = [(), (nnx.Param,), (nnx.LoRAParam, ...), (nnx.Not(nnx.LoRAParam), ...)]
+    first = _same_as_nnx_split(model)
+    for f in filters:
+        assert _same_as_nnx_split(model, *f) is first
+    nnx.update(model, jax.tree.map(lambda x: x * 2, nnx.state(model)))
+    assert _same_as_nnx_split(model, nnx.Param, ...) is first
+    model.blocks.mlp.extra = nnx.Param(jnp.ones(2))
+    added = _same_as_nnx_split(model)
+    assert added is not first and added != first
+    del model.blocks.mlp.extra
+    assert _same_as_nnx_split(model) == first
+
+
+def test_the_models_config_is_found_again_without_hashing_its_graph(monkeypatch):
+    """Hashing a graphdef walks the whole module graph: a graphdef seen before is known by
+    identity, so the per-call lookups (vocabulary, compiler options) hash nothing."""
+    from flax.nnx import graphlib
+
+    from rlcluster_lab.model.logps import model_config_of
+
+    config = dataclasses.replace(TINY, num_layers=3)
+    graphdef, state = model_split(init_model(config, seed=1))
+    assert model_config_of(graphdef, state) == config
+    hashed = []
+    real_hash = graphlib.GraphDef.__hash__
+    monkeypatch.setattr(graphlib.GraphDef, "__hash__", lambda self: hashed.append(1) or real_hash(self))
+    for _ in range(3):
+        assert model_config_of(graphdef, state) == config
+        assert model_split(init_model(config, seed=1))[0] == graphdef  # a new model: its own graphdef
+    assert model_config_of(*model_split(init_model(TINY))) == TINY
+    hashed.clear()
+    assert model_config_of(graphdef, state) == config
+    assert hashed == []
