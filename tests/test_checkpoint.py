@@ -73,8 +73,9 @@ def test_round_trip_lora_model_keeps_rank_and_scale(tmp_path):
     model = _lora_model()
     loaded = load(save(model, tmp_path / "lora"))
     layers = [n for _, n in nnx.iter_graph(loaded) if isinstance(n, LoRALinear)]
-    assert len(layers) == 7 * get_model_config("tiny").num_layers
-    assert {layer.lora_a.get_value().shape[1] for layer in layers} == {4}
+    assert len(layers) == 7  # one per adapted projection, its adapters stacked over the layers
+    assert {layer.lora_a.get_value().shape[0] for layer in layers} == {get_model_config("tiny").num_layers}
+    assert {layer.lora_a.get_value().shape[-1] for layer in layers} == {4}
     assert {layer.scale for layer in layers} == {2.0}
 
 
@@ -177,4 +178,52 @@ def test_load_foreign_config_format_raises_value_error(tmp_path):
     meta["format"] = "other/9"
     (folder / "config.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="not an rlcluster-lab checkpoint"):
+        load(folder)
+
+
+def _as_per_layer(folder, num_layers):
+    """Rewrite a checkpoint's params.npz in the layout of a model whose layers were a list: one
+    member per layer (``blocks/0/attn/q/kernel``), without the layer axis."""
+    with np.load(folder / "params.npz") as npz:
+        stacked = {name: npz[name] for name in npz.files}
+    members = {}
+    for name, value in stacked.items():
+        parts = name.split("/")
+        if "blocks" not in parts[:-1]:
+            members[name] = value
+            continue
+        at = parts.index("blocks") + 1
+        assert value.shape[0] == num_layers
+        for layer in range(num_layers):
+            members["/".join([*parts[:at], str(layer), *parts[at:]])] = value[layer]
+    np.savez(folder / "params.npz", **members)
+    return members
+
+
+_PER_LAYER_MODELS = {
+    "plain": lambda: init_model("tiny", seed=5),
+    "lora": _lora_model,
+    "score": lambda: init_score_model("tiny", seed=2),
+    "bfloat16-3-layers": lambda: init_model(
+        dataclasses.replace(get_model_config("tiny"), num_layers=3, param_dtype="bfloat16"), seed=4
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(_PER_LAYER_MODELS))
+def test_a_checkpoint_saved_with_one_member_per_layer_loads_as_the_layer_stack(tmp_path, kind):
+    model = _PER_LAYER_MODELS[kind]()
+    folder = save(model, tmp_path / kind)
+    num_layers = model.config.num_layers
+    members = _as_per_layer(folder, num_layers)
+    assert any(f"blocks/{num_layers - 1}/" in name for name in members)
+    _assert_same_model(model, load(folder))
+
+
+def test_a_per_layer_checkpoint_missing_a_layer_is_refused_naming_the_member(tmp_path):
+    folder = save(init_model("tiny", seed=5), tmp_path / "old")
+    members = _as_per_layer(folder, get_model_config("tiny").num_layers)
+    del members["blocks/1/mlp/up/kernel"]
+    np.savez(folder / "params.npz", **members)
+    with pytest.raises(ValueError, match=r"1 missing \(e\.g\. \['blocks/1/mlp/up/kernel\.npy'\]\)"):
         load(folder)

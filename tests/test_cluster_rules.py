@@ -167,9 +167,9 @@ def test_p5_model_on_other_mesh_is_resharded_with_its_own_specs():
     other = make_mesh(jax.devices()[4:], (4, 1))
     actor = place_model(init_model("tiny"), other)
     c = RLCluster(actor=actor, cluster_config=ClusterConfig(role_to_mesh=r2m))
-    kernel = c.actor_model.blocks[0].attn.q.kernel.get_value()
+    kernel = c.actor_model.blocks.attn.q.kernel.get_value()
     assert kernel.sharding.mesh == r2m[Role.ACTOR]
-    assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tp")
     assert c.actor_model is not actor
 
 
@@ -211,8 +211,8 @@ def test_p5_logical_rules_map_onto_other_axis_names():
         training_config=TrainingConfig(role_to_logical_axis_rule={Role.ACTOR: rules, Role.ROLLOUT: rules}),
     )
     c = RLCluster(actor=init_model("tiny"), cluster_config=cfg)
-    assert c.actor_model.blocks[0].mlp.up.kernel.get_value().sharding.spec == jax.sharding.PartitionSpec(
-        "data", "model"
+    assert c.actor_model.blocks.mlp.up.kernel.get_value().sharding.spec == jax.sharding.PartitionSpec(
+        None, "data", "model"
     )
     assert len(c.generate(["hi"]).text) == 1
 
@@ -445,11 +445,11 @@ def test_p12_lora_update_changes_only_adapters_and_keeps_shardings():
 def test_p12_full_update_changes_base_weights():
     c = cluster_for("split", training=TrainingConfig(learning_rate=1e-2))
     _, p, comp = a_batch(c)
-    before = np.asarray(c.actor_model.blocks[0].mlp.up.kernel.get_value())
+    before = np.asarray(c.actor_model.blocks.mlp.up.kernel.get_value())
     anchor = np.asarray(c.per_token_logps(Role.ACTOR, p, comp))
     metrics = c.update_actor(TrainBatch(p, comp, np.array([1.0, -1.0, 1.0, -1.0]), anchor))
     assert len(metrics) == 1 and np.isfinite(metrics[0]["loss"])
-    assert not np.array_equal(before, np.asarray(c.actor_model.blocks[0].mlp.up.kernel.get_value()))
+    assert not np.array_equal(before, np.asarray(c.actor_model.blocks.mlp.up.kernel.get_value()))
 
 
 def test_p12_empty_train_batch_is_an_error():

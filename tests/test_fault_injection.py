@@ -355,9 +355,9 @@ def test_sync_refuses_an_actor_holding_a_nan_and_changes_nothing():
     c = build(actor, reference, layout="split")
     rollout_before = values(nnx.state(c.rollout.model()))
     anchor_before = c.anchor_policy_state
-    kernel = c.actor_model.blocks[1].attn.o.kernel
-    kernel.set_value(kernel.get_value().at[3, 4].set(jnp.inf))
-    with pytest.raises(ValueError, match=r"actor holds NaN or infinite values in 1 leaf.*blocks/1/attn/o/kernel"):
+    kernel = c.actor_model.blocks.attn.o.kernel
+    kernel.set_value(kernel.get_value().at[1, 3, 4].set(jnp.inf))
+    with pytest.raises(ValueError, match=r"actor holds NaN or infinite values in 1 leaf.*blocks/attn/o/kernel"):
         c.sync_weights()
     assert all(np.array_equal(a, b) for a, b in zip(values(nnx.state(c.rollout.model())), rollout_before, strict=True))
     assert c.anchor_policy_state is anchor_before and c.global_steps == 0

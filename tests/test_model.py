@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
 from rlcluster_lab.core.options import LORA_TARGETS
-from rlcluster_lab.core.states import model_state
+from rlcluster_lab.core.states import model_split, model_state
 from rlcluster_lab.model import (
     MODEL_SIZES,
     LoRALinear,
@@ -175,9 +175,9 @@ def test_with_lora_copy_base_makes_new_buffers(tiny):
 
 def test_with_lora_does_not_share_variables(tiny):
     lora = with_lora(tiny, 4, seed=1)
-    before = tiny.blocks[0].attn.q.kernel.get_value()
-    lora.blocks[0].attn.q.kernel.set_value(jnp.zeros_like(before))
-    assert tiny.blocks[0].attn.q.kernel.get_value() is before
+    before = tiny.blocks.attn.q.kernel.get_value()
+    lora.blocks.attn.q.kernel.set_value(jnp.zeros_like(before))
+    assert tiny.blocks.attn.q.kernel.get_value() is before
 
 
 def test_with_lora_keeps_sharded_buffers():
@@ -185,8 +185,8 @@ def test_with_lora_keeps_sharded_buffers():
     graphdef, state = nnx.split(init_model("tiny"))
     base = nnx.merge(graphdef, _shard(state, mesh))
     lora = with_lora(base, 4, seed=1)
-    a = lora.blocks[1].mlp.down.kernel.get_value()
-    b = base.blocks[1].mlp.down.kernel.get_value()
+    a = lora.blocks.mlp.down.kernel.get_value()
+    b = base.blocks.mlp.down.kernel.get_value()
     assert len(a.addressable_shards) == 8
     assert [s.data.unsafe_buffer_pointer() for s in a.addressable_shards] == [
         s.data.unsafe_buffer_pointer() for s in b.addressable_shards
@@ -205,7 +205,7 @@ def test_lora_alpha_scales_adapter_term(tiny):
     deltas = []
     for alpha in (4.0, 8.0):
         lora = with_lora(tiny, 4, seed=1, alpha=alpha)
-        layer = lora.blocks[0].mlp.up
+        layer = lora.blocks.mlp.up
         layer.lora_b.set_value(jnp.ones_like(layer.lora_b.get_value()))
         deltas.append(layer(x) - x @ layer.kernel.get_value())
     np.testing.assert_allclose(np.asarray(deltas[1]), 2 * np.asarray(deltas[0]), rtol=1e-5)
@@ -214,18 +214,19 @@ def test_lora_alpha_scales_adapter_term(tiny):
 def test_lora_filter_selects_adapters(tiny):
     lora = with_lora(tiny, 4, seed=1)
     adapters = jax.tree.leaves(nnx.state(lora, nnx.LoRAParam))
-    assert len(adapters) == 14 * TINY.num_layers
+    assert len(adapters) == 14  # two per adapted projection, every layer in one stacked array
+    assert all(a.shape[0] == TINY.num_layers for a in adapters)
     assert is_lora(lora) and not is_lora(tiny)
-    q = lora.blocks[0].attn.q
+    q = lora.blocks.attn.q
     assert isinstance(q, LoRALinear) and isinstance(q.kernel, nnx.Param)
     assert not isinstance(q.kernel, nnx.LoRAParam)
-    assert q.lora_a.get_metadata()["out_sharding"] == ("embed", None)
-    assert q.lora_b.get_metadata()["out_sharding"] == (None, "q_heads")
+    assert q.lora_a.get_metadata()["out_sharding"] == (None, "embed", None)
+    assert q.lora_b.get_metadata()["out_sharding"] == (None, None, "q_heads")
 
 
 def test_bfloat16_model_runs():
     model = init_model(dataclasses.replace(TINY, param_dtype="bfloat16"))
-    assert model.blocks[0].attn.q.kernel.get_value().dtype == jnp.bfloat16
+    assert model.blocks.attn.q.kernel.get_value().dtype == jnp.bfloat16
     prompt, completion = _batch()
     logps = logps_from_state(*nnx.split(model), prompt, completion, PAD)
     assert logps.dtype == jnp.float32
@@ -260,8 +261,8 @@ def test_sharded_forward_equals_unsharded(tiny):
     graphdef, state = nnx.split(with_lora(tiny, 4, seed=2))
     expected = logps_from_state(graphdef, state, prompt, completion, PAD)
     sharded = _shard(state, _mesh())
-    kernel = sharded["blocks"][0]["attn"]["q"]["kernel"].get_value()
-    assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+    kernel = sharded["blocks"]["attn"]["q"]["kernel"].get_value()
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tp")  # the layer axis unsharded
     got = logps_from_state(graphdef, sharded, prompt, completion, PAD)
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
 
@@ -312,18 +313,71 @@ def test_model_state_is_nnx_state_through_new_values_and_changed_structure(lora)
     nnx.update(model, jax.tree.map(lambda x: x + 1, nnx.state(model)))
     for f in filters:
         _same_as_nnx_state(model, *f)
-    kernel = model.blocks[0].attn.q.kernel
-    model.blocks[0].attn.q.kernel = nnx.Param(kernel.get_value())  # the same array, a new Variable
+    kernel = model.blocks.attn.q.kernel
+    model.blocks.attn.q.kernel = nnx.Param(kernel.get_value())  # the same array, a new Variable
     _same_as_nnx_state(model)
-    model.blocks[0].attn.extra = nnx.Param(jnp.zeros(3))  # a Variable added
+    model.blocks.attn.extra = nnx.Param(jnp.zeros(3))  # a Variable added
     _same_as_nnx_state(model)
-    del model.blocks[0].attn.extra  # and removed
+    del model.blocks.attn.extra  # and removed
     _same_as_nnx_state(model)
 
 
 def test_model_state_of_a_module_holding_one_variable_twice_walks_each_time():
     """One Variable in two places: nnx.state lists it once, the pytree twice; model_state follows nnx.state."""
     model = init_model("tiny", seed=0)
-    model.blocks[1].attn.q.kernel = model.blocks[0].attn.q.kernel
+    model.blocks.attn.o.kernel = model.blocks.attn.q.kernel
     _same_as_nnx_state(model)
     _same_as_nnx_state(model)
+
+
+def _same_as_nnx_split(model, *filters):
+    got, want = model_split(model, *filters), nnx.split(model, *filters)
+    assert len(got) == len(want) and got[0] == want[0]
+    for g, w in zip(got[1:], want[1:], strict=True):
+        gp, wp = _pairs(g), _pairs(w)
+        assert [k for k, _ in gp] == [k for k, _ in wp]
+        assert all(a is b for (_, a), (_, b) in zip(gp, wp))
+    return got[0]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_model_split_is_nnx_split_and_keeps_its_graphdef_while_the_variables_stay(lora):
+    """The graphdef and states of nnx.split with any filters; the very same graphdef object call
+    after call, through new values in the same Variables; a new one (equal to nnx.split's) once a
+    Variable is replaced, added or removed."""
+    model = init_model("tiny", seed=3)
+    if lora:
+        model = with_lora(model, 2, seed=1)
+    filters = [(), (nnx.Param,), (nnx.LoRAParam, ...), (nnx.Not(nnx.LoRAParam), ...)]
+    first = _same_as_nnx_split(model)
+    for f in filters:
+        assert _same_as_nnx_split(model, *f) is first
+    nnx.update(model, jax.tree.map(lambda x: x * 2, nnx.state(model)))
+    assert _same_as_nnx_split(model, nnx.Param, ...) is first
+    model.blocks.mlp.extra = nnx.Param(jnp.ones(2))
+    added = _same_as_nnx_split(model)
+    assert added is not first and added != first
+    del model.blocks.mlp.extra
+    assert _same_as_nnx_split(model) == first
+
+
+def test_the_models_config_is_found_again_without_hashing_its_graph(monkeypatch):
+    """Hashing a graphdef walks the whole module graph: a graphdef seen before is known by
+    identity, so the per-call lookups (vocabulary, compiler options) hash nothing."""
+    from flax.nnx import graphlib
+
+    from rlcluster_lab.model.logps import model_config_of
+
+    config = dataclasses.replace(TINY, num_layers=3)
+    graphdef, state = model_split(init_model(config, seed=1))
+    assert model_config_of(graphdef, state) == config
+    hashed = []
+    real_hash = graphlib.GraphDef.__hash__
+    monkeypatch.setattr(graphlib.GraphDef, "__hash__", lambda self: hashed.append(1) or real_hash(self))
+    for _ in range(3):
+        assert model_config_of(graphdef, state) == config
+        assert model_split(init_model(config, seed=1))[0] == graphdef  # a new model: its own graphdef
+    assert model_config_of(*model_split(init_model(TINY))) == TINY
+    hashed.clear()
+    assert model_config_of(graphdef, state) == config
+    assert hashed == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import time
@@ -325,12 +326,17 @@ def test_p1_planned_mesh_equality_is_mesh_equality() -> None:
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
 @pytest.mark.parametrize("size", ["tiny", "small"])
-def test_l4_probe_tree_equals_the_whole_model_tree(size: str, lora_rank: int) -> None:
+def test_l4_the_planned_tree_is_one_layer_stack_whatever_the_depth(size: str, lora_rank: int) -> None:
     config = MODEL_SIZES[size]
-    assert abstract_leaves(config, lora_rank, probe=True) == abstract_leaves(config, lora_rank, probe=False)
-    if not lora_rank:
-        assert abstract_leaves(config, 0, "score", probe=True) == abstract_leaves(config, 0, "score", probe=False)
     leaves = abstract_leaves(config, lora_rank)
+    deeper = abstract_leaves(dataclasses.replace(config, num_layers=config.num_layers + 3), lora_rank)
+    assert [x.path for x in leaves] == [x.path for x in deeper]
+    for leaf, deep in zip(leaves, deeper):
+        if leaf.path[0] == "blocks":  # the layer axis leads, unsharded
+            assert (leaf.shape[0], deep.shape[0]) == (config.num_layers, config.num_layers + 3)
+            assert leaf.shape[1:] == deep.shape[1:] and leaf.spec[:1] in ((), (None,))
+        else:
+            assert leaf == deep
     assert sum(int(np.prod(x.shape)) for x in leaves if not x.lora) == config.num_params
     assert sum(int(np.prod(x.shape)) for x in leaves if x.lora) == (config.lora_params(lora_rank) if lora_rank else 0)
 

@@ -97,12 +97,19 @@ def test_replicated_boxes_are_drawn_once_with_every_holder(mesh, spec, boxes, re
     assert len(chips) == (8 if replicas > 1 else 0)
 
 
-def test_shard_layout_refuses_what_is_not_an_array_and_draws_at_most_two_dimensions():
+def test_shard_layout_refuses_what_is_not_an_array_and_draws_a_stack_split_along_its_last_two_dimensions():
     with pytest.raises(TypeError, match="jax.Array"):
         shards.shard_layout(np.ones((2, 2)))
     cube = shards.shard_layout(_put((2, 4, 8), _mesh((2, 4)), P("fsdp", "tp")))
-    with pytest.raises(ValueError, match="up to 2 dimensions"):
+    with pytest.raises(ValueError, match="splits a leading one"):
         sf.shard_layouts([cube])
+    # A layer stack (its leading axis never split) is drawn as one layer's matrix, cut alike.
+    for layers, spec in ((2, P(None, "fsdp", "tp")), (3, P(None, "tp", None)), (1, P(None, None, "fsdp"))):
+        stack = shards.shard_layout(_put((layers, 4, 8), _mesh((2, 4)), spec))
+        flat = shards.shard_layout(_put((4, 8), _mesh((2, 4)), P(*spec[1:])))
+        fig = sf.shard_layouts([stack])
+        boxes = [p for p in fig.findobj(Rectangle) if (p.get_gid() or "").startswith("shard:")]
+        assert len(boxes) == len(flat.boxes())
 
 
 # --------------------------------------------------------------------------- a sync's pieces

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.cluster  # most tests here build a cluster
 LAYOUTS = ("colocated", "reshaped", "split")
 ENGINES = ("vanilla", "vllm", "sglang_jax")
 # The chunk size of each matrix case: a few chunks each (every chunk is a program to compile).
-CHUNKS = {False: 160 << 10, True: 12 << 10}  # the full tree in 3 chunks, the LoRA adapters (32 KB) in 3
+CHUNKS = {False: 176 << 10, True: 12 << 10}  # the full tree (421 KB) in 3 chunks, the LoRA adapters (32 KB) in 3
 CHUNK = CHUNKS[False]
-SMALL_CHUNK = 1 << 20  # the small model's (6.2 MB) in 7
+SMALL_CHUNK = 1 << 20  # the small model's (6.2 MB) in 6: a leaf of 1.5 MB (every layer's MLP kernel) alone
 # What a plan and a measurement must both say (the method and, for a plan, the other orders aside).
 SAME = (
     "by_device",
@@ -134,7 +134,9 @@ def test_p13_chunks_lower_the_measured_peak_of_a_small_reshaped_full_sync(peaks)
     _, whole = peaks(_scenario("reshaped", False, "vanilla", None, "small"))
     _, chunked = peaks(_scenario("reshaped", False, "vanilla", SMALL_CHUNK, "small"))
     assert chunked["chunks"] > 1 and whole["chunks"] == 1
-    assert chunked["max_bytes"]["device"] < whole["max_bytes"]["device"] / 4
+    # A chunk holds whole leaves, and a leaf of the layer stack holds every layer's weight (the
+    # small model's largest, an MLP kernel, is 1.5 MB of its 6.2 MB): the peak falls below a third.
+    assert chunked["max_bytes"]["device"] < whole["max_bytes"]["device"] / 3
     # The anchor re-pin is not chunked: its pinned-host peak is the same.
     assert chunked["max_bytes"]["pinned_host"] == whole["max_bytes"]["pinned_host"]
 

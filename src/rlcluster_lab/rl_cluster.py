@@ -37,6 +37,7 @@ from rlcluster_lab.core.compile_options import build
 from rlcluster_lab.core.config import ClusterConfig
 from rlcluster_lab.core.options import RolloutConfig
 from rlcluster_lab.core.roles import Mode, Role
+from rlcluster_lab.core.states import model_split
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import RolloutEngine, RolloutOutput
 from rlcluster_lab.measure.sync import SyncObserver, SyncReport
@@ -338,7 +339,7 @@ class RLCluster:
             ValueError: a part not in ``AHEAD_PARTS``.
         """
         wanted = _ahead_parts(parts)
-        if not wanted or jax.process_count() > 1 or model_compiler_options(*nnx.split(self.actor_model)) is None:
+        if not wanted or jax.process_count() > 1 or model_compiler_options(*model_split(self.actor_model)) is None:
             return ()
         # The update first: its program is the longest to build.
         todo = [p for p in ("update", "scoring") if p in wanted and not self._building(p)]

@@ -23,6 +23,7 @@ from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
 from rlcluster_lab.core.options import as_int
 from rlcluster_lab.core.roles import Mode, Role
+from rlcluster_lab.core.states import model_split
 from rlcluster_lab.engines import RolloutOutput
 from rlcluster_lab.model import logps_from_state, scoring
 from rlcluster_lab.placement.place import put_on_memory_kind
@@ -89,7 +90,7 @@ def anchor_logps(
     prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "actor")
     p10_require_anchor(s.placed.anchor is not None)
     with s.working(Role.ACTOR, None, "actor log-probs (anchor)"):
-        graphdef, _ = nnx.split(s.placed.actor)
+        graphdef, _ = model_split(s.placed.actor)
         # Brought to device leaf by leaf: with anchor='trainable' the backbone part may be there already.
         anchor = put_on_memory_kind(s.anchor_state(), s.contexts.device_kind(Role.ACTOR))
         at_work(s, Role.ACTOR, {"anchor (device copy)": anchor})
@@ -125,7 +126,7 @@ def _own_weights_logps(
     """Log-probs under ``role``'s model (the reference, or the live actor) with its own weights."""
     model = s.placed.reference if role is Role.REFERENCE else s.placed.actor
     with s.working(role, model, operation):
-        graphdef, state = nnx.split(model)
+        graphdef, state = model_split(model)
         at_work(s, role)
         return _chunked(s, graphdef, state, *batch, micro_batch_size)
 
@@ -135,7 +136,7 @@ def _live_logps(s: ClusterState) -> Callable[[Any, Any], jax.Array]:
 
     def live(prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
         prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, "actor")
-        graphdef, state = nnx.split(s.placed.actor)
+        graphdef, state = model_split(s.placed.actor)
         return _chunked(s, graphdef, state, prompt_tokens, completion_tokens, None)
 
     return live
@@ -219,7 +220,7 @@ def _steps(
             for rows in mini_batches(len(batch), tcfg.mini_batch_size):
                 if on_step is not None:
                     on_step(iteration, rows, _live_logps(s))
-                graphdef, params, frozen = nnx.split(model, trainable, ...)
+                graphdef, params, frozen = model_split(model, trainable, ...)
                 new_params, new_opt_state, m = step(graphdef, params, frozen, getattr(s.placed, field), rows)
                 # Parameters and optimizer state change together (the step keeps every
                 # leaf's sharding); a step that raised changed neither.
@@ -260,7 +261,7 @@ def score(s: ClusterState, role: Role, prompt_tokens: Any, completion_tokens: An
         raise ValueError(f"this cluster has no {role.value} model; pass {role.value}=... when building it")
     prompt_tokens, completion_tokens = check_batch(prompt_tokens, completion_tokens, role.value)
     with s.working(role, model, "rewards" if role is Role.REWARD else "values"):
-        graphdef, state = nnx.split(model)
+        graphdef, state = model_split(model)
         at_work(s, role)
         return scoring.scores_from_state(
             graphdef, state, prompt_tokens, completion_tokens, s.pad_id(), per_token=per_token

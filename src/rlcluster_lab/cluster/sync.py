@@ -28,6 +28,7 @@ optimizer state a step ahead, so it is never touched.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from typing import Any, Protocol
 
@@ -119,6 +120,10 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     s.trace.add(decision)
     s.global_steps += 1
     del previous, anchor, actor_state
+    # Flax's flattening (nnx.merge, nnx.to_flat_state: a recursive closure) leaves reference cycles
+    # that hold the Variables it walked, the replaced anchor's among them: collected here, the old
+    # anchor is released when the sync ends (as P13's peak counts it), not when the collector next runs.
+    gc.collect(1)
     watch.end()
     return watch.report(
         lora=lora, anchor_mode="trainable" if s.anchor_is_partial else "full", global_step=s.global_steps

@@ -49,6 +49,16 @@ def dtype_name(value: Any, what: str = "dtype") -> str:
 # The projections ``with_lora`` adapts, by the part of a transformer block that holds them.
 LORA_PROJECTIONS: dict[str, tuple[str, ...]] = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
 
+# The key of a model's layer stack: every leaf under it has a leading layer axis (one ``Block``
+# whose Variables stack all ``num_layers`` layers, run in a scan: ``model.transformer``).
+LAYER_STACK = "blocks"
+
+
+def layer_stack_at(path: tuple[Any, ...]) -> int | None:
+    """Where ``LAYER_STACK`` stands in a leaf's path (a leaf under it is stacked by layer), or None."""
+    return next((i for i, key in enumerate(path[:-1]) if str(key) == LAYER_STACK), None)
+
+
 # Bounds checked before any structure is built (validate, then build): the work of building a
 # model, planning it or reading its checkpoint grows with its layer count, and every dimension
 # becomes an array extent (int32 indices on the accelerators) and a term of int64 byte sums.

@@ -7,7 +7,9 @@ a pytree down to its Variables (a tenth of the walk's time): the very same Varia
 the same order must come back, else the graph is walked anew. New values in the same Variables
 (a training step, a sync) keep the walk; a Variable added, removed or replaced does not.
 ``WhileAlive`` is that memory, per object while it lives (a sync's measurement keeps each
-array's buffers in one too).
+array's buffers in one too). ``model_split`` (``nnx.split``) keeps the module's graphdef beside
+its walk: a cluster's every call splits the same models, and the graph is walked again only
+when their Variables change.
 """
 
 from __future__ import annotations
@@ -55,6 +57,25 @@ def model_state(model: nnx.Module, *filters: Any) -> Any:
         _WALKED.put(model, pairs)
     state = nnx.State.from_flat_path(pairs)
     return state.filter(*filters) if filters else state
+
+
+_SPLITS = WhileAlive()  # module -> (the walk its graphdef was read with, the graphdef)
+
+
+def model_split(model: nnx.Module, *filters: Any) -> tuple[Any, ...]:
+    """``nnx.split(model, *filters)``: the graphdef, then the state (one per filter when given),
+    the graphdef kept while the module holds the same Variables (``model_state``'s walk), so
+    the same graphdef object comes back call after call."""
+    state = model_state(model)
+    pairs = _WALKED.get(model)
+    hit = _SPLITS.get(model)
+    if hit is None or hit[0] is not pairs:
+        hit = (pairs, nnx.graphdef(model))
+        _SPLITS.put(model, hit)
+    if not filters:
+        return hit[1], state
+    states = nnx.split_state(state, *filters)
+    return (hit[1], *(states if isinstance(states, tuple) else (states,)))
 
 
 def _same_variables(model: nnx.Module, pairs: Pairs) -> bool:

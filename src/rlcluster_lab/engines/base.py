@@ -23,6 +23,7 @@ from flax.traverse_util import flatten_dict
 from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.config import RolloutConfig
+from rlcluster_lab.core.states import model_split
 from rlcluster_lab.model import logps_from_state
 from rlcluster_lab.model.sampling import check_prompts, prompt_width, sample
 from rlcluster_lab.placement import events
@@ -122,7 +123,7 @@ class RolloutEngine(abc.ABC):
             As ``generate``.
         """
         prompts = check_prompts(prompts)
-        graphdef, state = nnx.split(self.model())
+        graphdef, state = model_split(self.model())
         out = sample(
             graphdef,
             state,
@@ -176,7 +177,7 @@ class RolloutEngine(abc.ABC):
             ConfigError: a batch of the wrong shape or an id outside the model's vocabulary
                 (checked on the host by ``logps_from_state``).
         """
-        graphdef, state = nnx.split(self.model())
+        graphdef, state = model_split(self.model())
         return logps_from_state(
             graphdef, state, prompt_tokens, completion_tokens, self.pad_id(), self.rollout_config.temperature
         )

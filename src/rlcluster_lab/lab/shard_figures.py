@@ -55,9 +55,15 @@ def short_bytes(n: int) -> str:
 
 
 def _as_2d(box: Box, shape: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int]]:
-    """A box as (rows, columns) of a matrix: a vector is one row, a scalar one cell."""
-    if len(shape) > 2:
-        raise ValueError(f"only arrays of up to 2 dimensions can be drawn as a matrix; this one has shape {shape}")
+    """A box as (rows, columns) of a matrix: a vector is one row, a scalar one cell. Leading axes
+    that every box spans whole (the layer stack's axis, never split) are drawn as one matrix:
+    each layer is cut alike."""
+    lead = tuple(box[: max(len(shape) - 2, 0)])
+    if any(span != (0, n) for span, n in zip(lead, shape)):
+        raise ValueError(
+            f"only arrays split along their last two dimensions can be drawn as a matrix; this box {box} of "
+            f"shape {shape} splits a leading one"
+        )
     rows, cols = ((0, 1), (0, 1), *box)[-2:]
     return rows, cols
 

@@ -98,7 +98,7 @@ def shard_layout(x: jax.Array, label: str = "") -> ShardLayout:
 
 
 def model_leaf(model: nnx.Module, path: str) -> jax.Array:
-    """The array at ``path`` (as the reports write it: ``blocks/0/attn/q/kernel``) of a model."""
+    """The array at ``path`` (as the reports write it: ``blocks/attn/q/kernel``) of a model."""
     leaves = flat_leaves(nnx.state(model))
     if path not in leaves:
         near = [p for p in leaves if p.rsplit("/", 1)[-1] == path.rsplit("/", 1)[-1]][:4]
@@ -263,7 +263,7 @@ def mesh_of(sharding: str) -> str:
 
 
 def _short_name(path: str) -> str:
-    """``blocks/0/attn/o/lora_a`` -> ``o/lora_a``; ``blocks/1/attn_norm/scale`` -> ``attn_norm/scale``."""
+    """``blocks/attn/o/lora_a`` -> ``o/lora_a``; ``blocks/attn_norm/scale`` -> ``attn_norm/scale``."""
     parts = [p for p in path.split("/") if not p.isdigit() and p not in ("blocks", "attn", "mlp")]
     return "/".join(parts[-2:])
 

@@ -39,7 +39,7 @@ import os
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from flax import nnx
@@ -47,7 +47,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.limits import check_fits
-from rlcluster_lab.core.model_config import NUMERIC_RANGES, check_lora_scale, numeric_problem
+from rlcluster_lab.core.model_config import NUMERIC_RANGES, check_lora_scale, layer_stack_at, numeric_problem
 from rlcluster_lab.core.options import DTYPES
 from rlcluster_lab.model.atomic import replace_folder
 from rlcluster_lab.model.init import abstract_model, materialize
@@ -333,23 +333,67 @@ def _build_structure(ck: CheckpointConfig) -> nnx.Module:
     return abstract_model(ck.config, ck.lora_rank, ck.lora_scale)
 
 
+class _Member(NamedTuple):
+    """What one member of ``params.npz`` must hold."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+def _per_layer(expected: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """The members of a checkpoint saved while the layers were a list: each leaf of the layer
+    stack as one member per layer, ``blocks/<layer>/...``, without the layer axis."""
+    out: dict[str, Any] = {}
+    for name, spec in expected.items():
+        parts = tuple(name.split("/"))
+        at = layer_stack_at(parts)
+        if at is None:
+            out[name] = spec
+            continue
+        for layer in range(num_layers):
+            out["/".join((*parts[: at + 1], str(layer), *parts[at + 1 :]))] = _Member(tuple(spec.shape[1:]), spec.dtype)
+    return out
+
+
+def _stacked(arrays: dict[str, np.ndarray], expected: dict[str, Any], num_layers: int) -> dict[str, np.ndarray]:
+    """A per-layer checkpoint's arrays (``_per_layer``) as the layer stack's: each leaf's layers stacked."""
+    out = {}
+    for name in expected:
+        parts = tuple(name.split("/"))
+        at = layer_stack_at(parts)
+        if at is None:
+            out[name] = arrays.pop(name)
+            continue
+        layers = ["/".join((*parts[: at + 1], str(layer), *parts[at + 1 :])) for layer in range(num_layers)]
+        out[name] = np.stack([arrays.pop(key) for key in layers])
+    return out
+
+
 def _read_params(ck: CheckpointConfig, expected: dict[str, Any]) -> dict[str, np.ndarray]:
     """Every member of ``params.npz``: names, declared sizes and headers checked against
-    ``expected`` for all members before the data of any is read."""
+    ``expected`` for all members before the data of any is read.
+
+    A checkpoint saved while the model's layers were a list (one member per layer,
+    ``blocks/0/attn/q/kernel``) is read member by member as such and converted: each leaf's
+    layers stacked into the layer stack's one array (``blocks/attn/q/kernel``)."""
     npz = ck.path.parent / "params.npz"
     if not npz.is_file():
         raise FileNotFoundError(f"{npz} is missing: the checkpoint has a config.json but no parameters; {_RESAVE}")
     try:
         with zipfile.ZipFile(npz) as zf:
             infos = zf.infolist()
-            _check_members(ck, npz, infos, expected)
+            per_layer = _per_layer(expected, ck.config.num_layers)
+            names = {info.filename[:-4] for info in infos}
+            layout = per_layer if names & (set(per_layer) - set(expected)) else expected
+            _check_members(ck, npz, infos, layout)
             # Every header first, so that no data is decompressed from a file that fails later.
-            specs = [(info, expected[info.filename[:-4]]) for info in infos]
+            specs = [(info, layout[info.filename[:-4]]) for info in infos]
             order = [_check_header(ck, npz, zf, info, spec) for info, spec in specs]
-            return {
+            arrays = {
                 info.filename[:-4]: _read_member(npz, zf, info, spec, fortran)
                 for (info, spec), fortran in zip(specs, order, strict=True)
             }
+        return arrays if layout is expected else _stacked(arrays, expected, ck.config.num_layers)
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError) as err:
         # RuntimeError: an encrypted member; NotImplementedError: an unknown compression.
         raise ConfigError(f"{npz} cannot be read ({type(err).__name__}: {err}); {_RESAVE}") from err
@@ -483,7 +527,8 @@ def _show(value: Any) -> str:
 
 
 def _flat_state(model: nnx.Module) -> dict[str, Any]:
-    """Every variable of ``model`` by its path, ``"blocks/0/attn/q/kernel"``."""
+    """Every variable of ``model`` by its path, ``"blocks/attn/q/kernel"`` (the layer stack's
+    leaves with their leading layer axis)."""
     return {_key(p): v for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
 
 
@@ -500,7 +545,7 @@ def _lora_settings(model: nnx.Module) -> tuple[int, float]:
     if not is_lora(model):
         return 0, 1.0
     found = {
-        (int(node.lora_a.get_value().shape[1]), float(node.scale))
+        (int(node.lora_a.get_value().shape[-1]), float(node.scale))
         for _, node in nnx.iter_graph(model)
         if isinstance(node, LoRALinear)
     }

@@ -118,19 +118,28 @@ def check_temperature(temperature: Any, *, allow_zero: bool = True, name: str = 
 
 
 _CONFIG_BY_GRAPHDEF: dict[Any, Any] = {}
+# graphdef's id -> (the graphdef, its config): the graphdef held, so its id is its own while here.
+_CONFIG_BY_ID: dict[int, tuple[Any, Any]] = {}
 
 
 def model_config_of(graphdef: nnx.GraphDef, *states: Any) -> Any:
     """The ``config`` of the model ``graphdef`` describes (a ``ModelConfig`` for the lab's models),
-    or None for a model without one. Found once per graphdef (merging builds Python objects only)."""
+    or None for a model without one. Found once per graphdef (merging builds Python objects only),
+    and once per graphdef object by identity: hashing a graphdef walks the whole module graph, and
+    a cluster passes the same graphdef object at every call (``core.states.model_split``)."""
+    hit = _CONFIG_BY_ID.get(id(graphdef))
+    if hit is not None and hit[0] is graphdef:
+        return hit[1]
     try:
-        return _CONFIG_BY_GRAPHDEF[graphdef]
+        config = _CONFIG_BY_GRAPHDEF[graphdef]
     except KeyError:
-        pass
-    config = getattr(nnx.merge(graphdef, *states), "config", None)
-    if len(_CONFIG_BY_GRAPHDEF) >= 64:  # bounded: one entry per model architecture seen
-        _CONFIG_BY_GRAPHDEF.clear()
-    _CONFIG_BY_GRAPHDEF[graphdef] = config
+        config = getattr(nnx.merge(graphdef, *states), "config", None)
+        if len(_CONFIG_BY_GRAPHDEF) >= 64:  # bounded: one entry per model architecture seen
+            _CONFIG_BY_GRAPHDEF.clear()
+        _CONFIG_BY_GRAPHDEF[graphdef] = config
+    if len(_CONFIG_BY_ID) >= 64:  # bounded: one entry per graphdef object in use
+        _CONFIG_BY_ID.clear()
+    _CONFIG_BY_ID[id(graphdef)] = (graphdef, config)
     return config
 
 

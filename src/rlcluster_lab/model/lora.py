@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rlcluster_lab.core.model_config import LORA_PROJECTIONS, check_lora_scale
+from rlcluster_lab.core.model_config import LAYER_STACK, LORA_PROJECTIONS, check_lora_scale
 from rlcluster_lab.core.options import as_int
 from rlcluster_lab.core.states import model_state
 from rlcluster_lab.model.transformer import TransformerLM
@@ -20,7 +20,9 @@ from rlcluster_lab.model.values import initial_value
 class LoRALinear(nnx.Module):
     """A bias-free linear layer with a rank-``r`` adapter beside its kernel.
 
-    The kernel stays at the same path as in the plain model (``.../q/kernel``),
+    In the layer stack the kernel and both adapters have a leading layer axis (unsharded);
+    the call sees one layer's slices. The kernel stays at the same path as in the plain
+    model (``.../q/kernel``),
     with ``lora_a``/``lora_b`` next to it, so the frozen part of a LoRA model
     has exactly the tree of its base model: a reference model and a LoRA
     actor can then be compared and updated leaf by leaf (P2, P4, P14).
@@ -32,9 +34,9 @@ class LoRALinear(nnx.Module):
         self.out_features = base.out_features
         self.dtype = base.dtype
         self.kernel = base.kernel
-        in_axis, out_axis = base.kernel.get_metadata()["out_sharding"]
-        self.lora_a = nnx.LoRAParam(a, out_sharding=(in_axis, None), eager_sharding=False)
-        self.lora_b = nnx.LoRAParam(b, out_sharding=(None, out_axis), eager_sharding=False)
+        *lead, in_axis, out_axis = base.kernel.get_metadata()["out_sharding"]
+        self.lora_a = nnx.LoRAParam(a, out_sharding=(*lead, in_axis, None), eager_sharding=False)
+        self.lora_b = nnx.LoRAParam(b, out_sharding=(*lead, None, out_axis), eager_sharding=False)
         # A scale out of range turns trained adapters into inf (core.model_config.MAX_LORA_SCALE).
         self.scale = check_lora_scale(scale, "the LoRA scale (alpha / rank)")
 
@@ -102,19 +104,20 @@ def _wrap_lora(model: TransformerLM, rank: int, scale: float, adapters: Any) -> 
     adapter values from their abstract shapes (sharding attached where the kernel has one).
     Returns the model and its new layers in the order ``adapters`` was called."""
     layers: list[LoRALinear] = []
+    block = model.blocks  # every layer at once: kernels (num_layers, in, out), adapters stacked alike
     with nnx.use_eager_sharding(False):
-        for i, block in enumerate(model.blocks):
-            for part, names in LORA_PROJECTIONS.items():
-                sub = getattr(block, part)
-                for name in names:
-                    lin: nnx.Linear = getattr(sub, name)
-                    kernel = lin.kernel.get_value()
-                    a_sh, b_sh = _adapter_shardings(kernel)
-                    a = jax.ShapeDtypeStruct((lin.in_features, rank), kernel.dtype, sharding=a_sh)
-                    b = jax.ShapeDtypeStruct((rank, lin.out_features), kernel.dtype, sharding=b_sh)
-                    va, vb = adapters(f"blocks/{i}/{part}/{name}", a, b)
-                    layers.append(LoRALinear(lin, va, vb, scale=scale))
-                    setattr(sub, name, layers[-1])
+        for part, names in LORA_PROJECTIONS.items():
+            sub = getattr(block, part)
+            for name in names:
+                lin: nnx.Linear = getattr(sub, name)
+                kernel = lin.kernel.get_value()
+                *lead, _, _ = kernel.shape
+                a_sh, b_sh = _adapter_shardings(kernel)
+                a = jax.ShapeDtypeStruct((*lead, lin.in_features, rank), kernel.dtype, sharding=a_sh)
+                b = jax.ShapeDtypeStruct((*lead, rank, lin.out_features), kernel.dtype, sharding=b_sh)
+                va, vb = adapters(f"{LAYER_STACK}/{part}/{name}", a, b)
+                layers.append(LoRALinear(lin, va, vb, scale=scale))
+                setattr(sub, name, layers[-1])
     return model, layers
 
 
@@ -124,10 +127,11 @@ def _adapter_shardings(kernel: Any) -> tuple[Any, Any]:
     if sharding is None:
         return None, None
     if isinstance(sharding, NamedSharding):
-        spec = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
+        spec = tuple(sharding.spec) + (None,) * (kernel.ndim - len(sharding.spec))
+        *lead, rows, cols = spec
         return (
-            NamedSharding(sharding.mesh, PartitionSpec(spec[0], None), memory_kind=sharding.memory_kind),
-            NamedSharding(sharding.mesh, PartitionSpec(None, spec[1]), memory_kind=sharding.memory_kind),
+            NamedSharding(sharding.mesh, PartitionSpec(*lead, rows, None), memory_kind=sharding.memory_kind),
+            NamedSharding(sharding.mesh, PartitionSpec(*lead, None, cols), memory_kind=sharding.memory_kind),
         )
     return sharding, sharding
 

@@ -151,8 +151,48 @@ class Block(nnx.Module):
         return x, new_kv
 
 
+def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> Block:
+    """Every layer as one ``Block`` whose Variables have a leading ``num_layers`` axis.
+
+    Built with ``nnx.vmap`` (each layer its own draw of ``rngs``), the layer axis unsharded in
+    every Variable's logical names (``None`` first), so that one traced block serves every
+    layer: a program over the stack is scanned, not unrolled, and its size and compile time
+    do not grow with depth.
+    """
+
+    @nnx.split_rngs(splits=config.num_layers)
+    @nnx.vmap(in_axes=0, out_axes=0, axis_size=config.num_layers, transform_metadata={nnx.PARTITION_NAME: None})
+    def make(rngs: nnx.Rngs) -> Block:
+        return Block(config, rngs=rngs)
+
+    return make(rngs)
+
+
+def run_blocks(
+    blocks: Block,
+    x: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    cache: tuple[jax.Array, jax.Array] | None,
+    index: jax.Array | None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """``x`` through every layer of a stacked ``blocks`` in one ``lax.scan``: one layer's program,
+    run ``num_layers`` times. ``cache``: every layer's (keys, values), stacked alike."""
+    graphdef, state = nnx.split(blocks)
+
+    def layer(h: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
+        params, kv = xs
+        return nnx.merge(graphdef, params)(h, positions, mask, kv, index)
+
+    return jax.lax.scan(layer, x, (state, cache))
+
+
 class TransformerLM(nnx.Module):
-    """Decoder-only language model returning float32 logits."""
+    """Decoder-only language model returning float32 logits.
+
+    Its layers are one ``Block`` whose weights (and LoRA adapters) are stacked along a
+    leading layer axis (``stacked_blocks``), applied with a scan (``run_blocks``).
+    """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -168,7 +208,7 @@ class TransformerLM(nnx.Module):
                 embedding_metadata={"out_sharding": ("vocab", "embed")},
                 rngs=rngs,
             )
-            self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+            self.blocks = stacked_blocks(config, rngs)
             self.final_norm = RMSNorm(config.embed_dim, config.rms_eps, dt)
             self.head = (
                 None
@@ -205,15 +245,11 @@ class TransformerLM(nnx.Module):
                 mask = attention_mask
             mask = jnp.broadcast_to(mask, (b, t, s))
         x = self.embed(tokens)
-        kvs = []
-        for i, block in enumerate(self.blocks):
-            layer_kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, kv = block(x, positions, mask, layer_kv, None if cache is None else cache.index)
-            kvs.append(kv)
-        x = self.final_norm(x)
         if cache is None:
-            return x, None
-        return x, KVCache(jnp.stack([k for k, _ in kvs]), jnp.stack([v for _, v in kvs]), cache.index + t)
+            x, _ = run_blocks(self.blocks, x, positions, mask, None, None)
+            return self.final_norm(x), None
+        x, (k, v) = run_blocks(self.blocks, x, positions, mask, (cache.k, cache.v), cache.index)
+        return self.final_norm(x), KVCache(k, v, cache.index + t)
 
     def __call__(
         self,

@@ -10,12 +10,16 @@ import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from rlcluster_lab.core.model_config import layer_stack_at
+
 
 def initial_values(state: nnx.State, seed: int) -> dict[Any, Any]:
     """Initial values for an abstract state, drawn on the host with NumPy.
 
     Each leaf has its own generator, seeded by ``seed`` and the leaf's path,
-    so a value never depends on which other leaves exist. Kernels and LoRA
+    so a value never depends on which other leaves exist; a leaf of the layer stack
+    (``core.model_config.LAYER_STACK``) is drawn layer by layer, each with the path
+    ``blocks/<layer>/...``, so a model's values do not depend on how its layers are held. Kernels and LoRA
     ``lora_a`` are normal with standard deviation 1/sqrt(fan-in); the
     embedding table 1/sqrt(embed); norm scales are ones; biases and LoRA
     ``lora_b`` zeros (so a fresh adapter changes nothing).
@@ -27,6 +31,17 @@ def initial_values(state: nnx.State, seed: int) -> dict[Any, Any]:
 
 
 def initial_value(path: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype, seed: int) -> np.ndarray:
+    """The initial value of one leaf (``initial_values``); a leaf of the layer stack is drawn
+    layer by layer and stacked."""
+    at = layer_stack_at(path)
+    if at is None:
+        return _one_value(path, shape, dtype, seed)
+    head, tail = path[: at + 1], path[at + 1 :]
+    layers = [_one_value((*head, layer, *tail), shape[1:], dtype, seed) for layer in range(shape[0])]
+    return np.stack(layers) if layers else np.zeros(shape, dtype)
+
+
+def _one_value(path: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype, seed: int) -> np.ndarray:
     name = str(path[-1])
     if name in ("scale",):
         return np.ones(shape, dtype)

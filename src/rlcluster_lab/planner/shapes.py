@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -54,61 +53,24 @@ def _eval_leaves(config: ModelConfig, lora_rank: int, kind: str, rules: Any) -> 
     return out
 
 
-PROBE_ABOVE = 8
-
-
 @functools.lru_cache(maxsize=64)
 def abstract_leaves(
     config: ModelConfig,
     lora_rank: int = 0,
     kind: str = "lm",
     rules: tuple[tuple[str, Any], ...] | None = DEFAULT_LOGICAL_AXIS_RULES,
-    *,
-    probe: bool | None = None,
 ) -> tuple[AbstractLeaf, ...]:
     """The parameter tree of ``init_model`` (``kind="lm"``, with ``with_lora`` when
     ``lora_rank``) or ``init_score_model`` (``kind="score"``), with partition specs.
 
-    Tracing all 80 layers of a large model takes tens of seconds and every block is built
-    alike, so with ``probe`` a one-layer model is traced and its block repeated (the tests
-    check both agree). By default only models deeper than ``PROBE_ABOVE`` layers are probed:
-    below it, one whole trace (shared with ``init_model``) is cheaper.
+    The layers are one stacked block (a leading layer axis, unsharded), so the tree has the
+    same leaves at any depth and is traced in the same time.
     """
     if kind not in ("lm", "score"):
         raise ValueError(f"kind must be 'lm' or 'score', got {kind!r}")
     if lora_rank and kind == "score":
         raise ValueError("score models (reward, critic) carry no LoRA adapters here")
-    if probe is None:
-        probe = config.num_layers > PROBE_ABOVE
-    if not probe or config.num_layers == 1:
-        return tuple(_eval_leaves(config, lora_rank, kind, rules))
-    one = _eval_leaves(dataclasses.replace(config, num_layers=1), lora_rank, kind, rules)
-    return tuple(_repeat_block(one, config.num_layers))
-
-
-def _block_index(path: Path) -> int | None:
-    for i, key in enumerate(path[:-1]):
-        if key == "blocks" and isinstance(path[i + 1], int):
-            return i + 1
-    return None
-
-
-def _repeat_block(leaves: Iterable[AbstractLeaf], num_layers: int) -> list[AbstractLeaf]:
-    """A one-layer model's leaves with each run of block leaves repeated for every layer."""
-    out: list[AbstractLeaf] = []
-    block: list[AbstractLeaf] = []
-    for leaf in [*leaves, None]:
-        if leaf is not None and _block_index(leaf.path) is not None:
-            block.append(leaf)
-            continue
-        for layer in range(num_layers):
-            for b in block:
-                i = _block_index(b.path)
-                out.append(dataclasses.replace(b, path=b.path[:i] + (layer,) + b.path[i + 1 :]))
-        block = []
-        if leaf is not None:
-            out.append(leaf)
-    return out
+    return tuple(_eval_leaves(config, lora_rank, kind, rules))
 
 
 @dataclasses.dataclass(frozen=True)

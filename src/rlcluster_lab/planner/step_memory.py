@@ -101,6 +101,14 @@ def layer_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split()
     )
 
 
+def shared_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split()) -> int:
+    """The part of ``layer_bytes_per_token`` that is the same in every layer: the rotary sin and
+    cos of q and k, the attention mask and its float32 fill. The layers run in one scan, which
+    computes and keeps these once for all of them."""
+    heads = _per(config.num_heads, split.q_heads)
+    return 4 * (config.head_dim // 2) * F32 + heads * keys * (1 + F32)
+
+
 # The losses' per-completion-token terms: for the actor (``training.step.grpo_sums`` and
 # ``model.logps.forward_logps``) the picked token's index (int32), the pad mask (bool) and
 # ten float32 values (the mask as float32, the log-softmax's normaliser, the picked log-prob,
@@ -126,9 +134,9 @@ def head_bytes(
 
     Per token the final norm and the embedding's gather index; per completion token the
     logits (pad mask, float32 masked logits and log-softmax over the device's share of the
-    vocabulary) and the loss's terms. With LoRA (frozen embedding, norms and head) the
-    backward pass stops at the first block: the first norm keeps only its output and the
-    final norm no output, so the per-token terms cancel (the blocks' count stands).
+    vocabulary) and the loss's terms. With LoRA (frozen embedding, norms and head) the final
+    norm keeps its float32 input and statistics, and its scale broadcast to float32 (the
+    scan runs the first block as every other, so the blocks' count stands).
     ``value_head``: a critic, whose head is a scalar (no logits).
     """
     if value_head:
@@ -139,7 +147,7 @@ def head_bytes(
     vocab = _per(config.vocab_size, split.vocab)
     per_completion = vocab * (1 + 2 * F32) + LOSS_BYTES_PER_COMPLETION_TOKEN
     if lora_rank:
-        per_token, constant = 0, 2 * F32
+        per_token, constant = F32 * config.embed_dim + 2 * F32, F32 * config.embed_dim + 2 * F32
     else:
         per_token, constant = norm_bytes_per_token(config) + 4, F32 * config.embed_dim + 2 * F32
     return rows * (tokens * per_token + completion * per_completion + LOSS_BYTES_PER_ROW) + constant
@@ -161,7 +169,9 @@ def activation_bytes(
     if workload.remat:
         inputs = config.num_layers * itemsize(config) * config.embed_dim * rows * tokens
         return {"layer_inputs": inputs, "one_layer_recomputed": layer, "head": head}
-    return {"layers": config.num_layers * layer, "head": head}
+    # The scan over the layer stack keeps what every layer shares once, not once per layer.
+    shared = shared_bytes_per_token(config, tokens, split) * rows * tokens
+    return {"layers": config.num_layers * layer - (config.num_layers - 1) * shared, "head": head}
 
 
 def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, split: Split = Split()) -> int:
@@ -189,7 +199,8 @@ def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = Split(
 FORMULAS = {
     "activations": "per layer per token: 2 x (8e + p e + 8) [two RMSNorms] + p (2q + 2kv) + 8 head_dim [rotary] "
     "+ heads x T x (9 + p) [mask, float32 scores, exponentials, probabilities] + 8 heads + 6 p m [gated MLP]; "
-    "x layers x rows x T, plus per token the final norm and gather index, and per completion token "
+    "x layers x rows x T, the rotary terms and heads x T x 5 [mask and its fill] counted once (the layers run "
+    "in one scan), plus per token the final norm and gather index, and per completion token "
     "9 x vocab bytes of logits and 45 bytes of loss terms (p: parameter bytes; T: prompt + completion)",
     "activations_remat": "layers x p e per token (each block's input) + one block's activations + the head",
     "gradients": "one per trainable parameter, its sharding and dtype (+ a float32 running sum when accumulating)",

@@ -4,12 +4,11 @@ The step is a pure jitted function of (trainable state, frozen state,
 optimizer state, batch); the cluster feeds it the live actor and writes the
 new trainable state back. It is transactional: a step that would leave a
 non-finite value keeps the old state, and says why in its ``rejected`` metric.
-The program flags a non-finite loss or gradient itself; the new parameters and
-optimizer state it returns are checked where they lie (``finite_flags``: in
-place on CPU devices, one small compiled reduction elsewhere), and the inputs,
-alive beside them (nothing is donated), are returned instead when a check fails.
-A flag and a select per leaf inside the program cost a quarter of its compile
-time on two CPU cores (0.24 of 0.86 s for the tiny model). Compiled steps are
+The one program flags a non-finite loss, gradient, new parameter or new optimizer
+state and, when any is found, returns its inputs (nothing is donated) instead of
+the new values. The layers are one stacked array per weight (``model.transformer``),
+so that check covers about a dozen leaves (two dozen with LoRA's adapters), not a
+few per layer. Compiled steps are
 shared by every caller with an *equal* optimizer (``fingerprint.describe``) and
 dropped once no live optimizer uses them.
 """
@@ -178,28 +177,7 @@ def run_update(
     pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
     options = model_compiler_options(graphdef, trainable, frozen)
     full = (graphdef, *key, keep, pieces, options_key(options))
-    new_trainable, new_opt_state, m = _STEPS.call(
-        tx, full, lambda: jitted_update(graphdef, keep, pieces, sums_fn, name, options), *args
-    )
-    return kept_if_finite((trainable, opt_state), (new_trainable, new_opt_state), m)
-
-
-def kept_if_finite(old: tuple[Any, Any], new: tuple[Any, Any], m: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    """The new (trainable, optimizer state) when the step was accepted, else the old, with the
-    first reason in ``m["rejected"]`` (``REJECTION_REASONS``): the program's own flags (loss,
-    gradients), then the new state's every leaf, read where it lies (``finite_flags``)."""
-    (code,) = host_values([m["rejected"]])
-    code = int(code)
-    if code == 0:
-        params, state = _inexact(new[0]), _inexact(new[1])
-        flags = finite_flags(params + state)  # one read (one program off CPU) for both trees
-        if not all(flags[: len(params)]):
-            code = 3
-        elif not all(flags[len(params) :]):
-            code = 4
-    if code == 0:
-        return (*new, m)
-    return (*old, {**m, "rejected": np.float32(code)})
+    return _STEPS.call(tx, full, lambda: jitted_update(graphdef, keep, pieces, sums_fn, name, options), *args)
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int | None) -> int:
@@ -337,9 +315,8 @@ def release_unused_steps() -> int:
 def leaf_finite(x: jax.Array) -> jax.Array:
     """True when every element of ``x`` is finite (a scalar).
 
-    Written with ``lax`` primitives: ``jnp.isfinite`` and ``jnp.all`` are jitted functions, and
-    tracing one call of each per leaf of the gradients, the parameters and the optimizer state
-    cost about a fifth of the training step's tracing (over 300 nested calls of ~2,000).
+    Written with ``lax`` primitives: ``jnp.isfinite`` and ``jnp.all`` are jitted functions, each
+    a nested call to trace for every leaf checked.
     """
     return jax.lax.reduce_and(jax.lax.is_finite(x), tuple(range(x.ndim)))
 
@@ -442,9 +419,10 @@ def jitted_update(
     tokens (a dict with ``"loss"``) and the token count; the step divides by the count,
     accumulating over ``pieces`` micro-batches first. The program runs ``(trainable,
     frozen, opt_state, batch, extra)`` and returns the new trainable state, the new optimizer
-    state and the metrics, ``rejected`` flagging a non-finite loss (1) or gradient (2);
-    ``run_update`` makes it transactional (``kept_if_finite``). ``options``: XLA compiler
-    options (None: defaults).
+    state and the metrics; it is transactional: ``rejected`` names the first non-finite value
+    found (``REJECTION_REASONS``: the loss, a gradient, a new parameter, the new optimizer
+    state), and then the inputs' parameters and optimizer state are returned unchanged.
+    ``options``: XLA compiler options (None: defaults).
     """
     (p_def, p_shardings), (o_def, o_shardings) = keep
     mesh = next((s.mesh for s in p_shardings if isinstance(s, NamedSharding)), None)
@@ -463,12 +441,13 @@ def jitted_update(
         updates, new_opt_state = _STEPS.current_tx().update(grads, opt_state, trainable)
         new_trainable = optax.apply_updates(trainable, updates)
         grad_norm = optax.tree.norm(grads)
-        # The first problem found here, 0 if none; the new state's own check and the choice
-        # between old and new are the caller's (kept_if_finite).
-        code = jnp.select([~jnp.isfinite(m["loss"]), ~_all_finite(grads)], [jnp.int32(1), jnp.int32(2)], jnp.int32(0))
+        # The first problem found, 0 if none (REJECTION_REASONS); with any, the old state stays.
+        bad = [~jnp.isfinite(m["loss"]), ~_all_finite(grads), ~_all_finite(new_trainable), ~_all_finite(new_opt_state)]
+        code = jnp.select(bad, [jnp.int32(c) for c in (1, 2, 3, 4)], jnp.int32(0))
+        kept = jax.lax.cond(code == 0, lambda: (new_trainable, new_opt_state), lambda: (trainable, opt_state))
         m["grad_norm"] = grad_norm
         m["rejected"] = code.astype(jnp.float32)
-        return new_trainable, new_opt_state, m
+        return (*kept, m)
 
     step.__name__ = step.__qualname__ = name  # the program's name in compilation reports
     out = (jax.tree.unflatten(p_def, p_shardings), jax.tree.unflatten(o_def, o_shardings), metrics)
@@ -490,7 +469,8 @@ def _accumulated_grads(
     is divided once by the batch's token count (as the reference's accumulator
     does for token-weighted losses), so the result is the whole batch's
     gradient up to float rounding, whatever the tokens per micro-batch. A scan
-    keeps one micro-batch's activations alive at a time.
+    over every micro-batch, from sums of zeros, keeps one micro-batch's activations alive
+    at a time and one copy of the model's program in the step.
     """
     split = {k: v.reshape(pieces, v.shape[0] // pieces, *v.shape[1:]) for k, v in batch.items()}
 
@@ -505,15 +485,15 @@ def _accumulated_grads(
         sums = {k: sums[k] + s[k].astype(jnp.float32) for k in sums}
         return (grads, sums, tokens + t), None
 
-    # The first micro-batch starts the sums (float32, whatever the parameters' dtype).
-    g, (s, t) = jax.grad(summed, has_aux=True)(trainable, {k: v[0] for k, v in split.items()})
+    # The sums start at zero, in float32 whatever the parameters' dtype; their keys are read
+    # from the loss's shapes (nothing computed).
+    _, (shapes, _) = jax.eval_shape(summed, trainable, {k: v[0] for k, v in split.items()})
     start = (
-        jax.tree.map(lambda x: x.astype(jnp.float32), g),
-        {k: v.astype(jnp.float32) for k, v in s.items()},
-        t.astype(jnp.float32),
+        jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable),
+        {k: jnp.zeros(v.shape, jnp.float32) for k in shapes for v in [shapes[k]]},
+        jnp.zeros((), jnp.float32),
     )
-    rest = {k: v[1:] for k, v in split.items()}
-    (grads, sums, tokens), _ = jax.lax.scan(add, start, rest)
+    (grads, sums, tokens), _ = jax.lax.scan(add, start, split)
     denom = jnp.maximum(tokens, 1.0)
     grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, trainable)
     return grads, {k: v / denom for k, v in sums.items()}
