@@ -68,3 +68,14 @@ def test_without_an_accelerator_or_a_stored_run_one_cpu_device_is_measured_and_s
     assert figures.row(chip.SYNC)["bytes"] == report.synced_bytes == params == figures.row(chip.FLOOR)["bytes"]
     assert figures.row(chip.ANCHOR)["bytes"] == report.anchor_bytes > 0
     assert all(row["ms"] > 0 for row in figures.rows)
+
+
+def test_the_floor_is_a_real_copy_even_onto_the_same_device():
+    # Onto an identical sharding a plain device_put hands back the same buffers: no floor at all.
+    leaves = [jax.numpy.arange(n, dtype=jax.numpy.float32) + 1 for n in (3, 1024, 5000)]
+    shardings = [x.sharding for x in leaves]
+    pointers = {x.unsafe_buffer_pointer() for x in leaves}
+    assert pointers == {y.unsafe_buffer_pointer() for y in jax.device_put(leaves, shardings)}
+    copied = chip.floor_copy(leaves, shardings)
+    assert not pointers & {y.unsafe_buffer_pointer() for y in copied}
+    assert all((x == y).all() and y.sharding == x.sharding for x, y in zip(leaves, copied))

@@ -135,7 +135,7 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
     row(SYNC, statistics.median(s.seconds for s in syncs), syncs[-1].synced_bytes)
     # P13 re-pins the anchor in pinned host memory after the handover; the sync's own time leaves it out.
     row(ANCHOR, statistics.median(s.anchor_seconds for s in syncs), syncs[-1].anchor_bytes)
-    row(FLOOR, _median(lambda: jax.device_put(leaves, shardings)), size)
+    row(FLOOR, _median(lambda: floor_copy(leaves, shardings)), size)
     host = put_on_memory_kind(leaves, "pinned_host")
     row("offload: device -> pinned host", _median(lambda: put_on_memory_kind(leaves, "pinned_host")), size)
     row("back: pinned host -> device", _median(lambda: put_on_memory_kind(host, "device")), size)
@@ -147,6 +147,16 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
         live=True,
         rows=tuple(rows),
     )
+
+
+def floor_copy(leaves: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
+    """The floor for a sync's move: one batched ``jax.device_put`` of ``leaves`` onto ``shardings``,
+    as new buffers. Onto a sharding of the same device ``device_put`` would otherwise hand back the
+    very buffers it was given (a copy of nothing, timed at hundreds of GB/s); ``may_alias=False``
+    makes it copy, as the sync does into the rollout's own copy."""
+    import jax
+
+    return jax.device_put(list(leaves), list(shardings), may_alias=False)
 
 
 def _median(fn: Callable[[], Any]) -> float:
