@@ -25,6 +25,7 @@ def test_the_loops_program_grows_with_depth_and_the_scans_does_not(seed):
         prompt_len=int(rng.integers(3, 9)),
         completion_len=int(rng.integers(2, 7)),
         seed=seed,
+        repeats=1,
     )
     assert [(r.depth, r.how) for r in report.rows] == [
         (shallow, "scan"),
@@ -58,11 +59,15 @@ def _report(loop_lines: int = 2025, loop_seconds: float = 0.5) -> DepthReport:
 def test_the_sentence_is_read_from_the_rows():
     sentence = _report().sentence()
     assert sentence.startswith("From 2 to 12 layers")
-    assert "from 505 to 2,025 lines (4.0x)" in sentence and "from 393 to 393 lines (1.0x)" in sentence
+    assert "from 505 to 2,025 lines (4.0x)" in sentence and "the program stayed at 393 lines" in sentence
     assert "0.20 s to 0.70 s" in sentence and "0.15 s to 0.20 s" in sentence
     assert "the loop costs 3.5x the scan" in sentence and "2.0e-07" in sentence
     assert "from 505 to 3,030 lines (6.0x)" in _report(loop_lines=3030).sentence()
     assert "the loop costs 5.5x the scan" in _report(loop_seconds=0.9).sentence()
+    grown = dataclasses.replace(
+        _report(), rows=(*_report().rows[:2], DepthRow(12, "scan", 400, 0.05, 0.15), _report().rows[3])
+    )
+    assert "from 393 to 400 lines (1.0x)" in grown.sentence()
     other = dataclasses.replace(
         _report(), rows=tuple(dataclasses.replace(r, depth=r.depth * 2) for r in _report().rows)
     )
@@ -76,6 +81,8 @@ def test_fewer_than_two_depths_are_refused():
         depth_compile_costs("tiny", (4, 4))
     with pytest.raises(ConfigError, match="at least two different layer counts"):
         depth_compile_costs("tiny", (0, 4))
+    with pytest.raises(ConfigError, match="repeats must be 1 or more"):
+        depth_compile_costs("tiny", (2, 4), repeats=0)
 
 
 def test_uncached_compiles_what_the_persistent_cache_holds_and_leaves_other_threads_reading_it():
