@@ -392,3 +392,44 @@ def count_compilations() -> Iterator[list[tuple[str, float, bool]]]:
     finally:
         monitoring.unregister_event_duration_listener(on_duration)
         monitoring.unregister_event_listener(on_event)
+
+
+# Threads compiling outside the persistent cache (``uncached``), and JAX's own read and write.
+_UNCACHED: set[int] = set()
+_JAX_CACHE_IO: tuple[Callable[..., object], Callable[..., object]] | None = None
+
+
+def _route_cache_io() -> None:
+    """Route JAX's persistent-cache read and write through a check of ``_UNCACHED`` (once per
+    process): JAX decides once per process whether the cache is used, so it cannot be turned
+    off for one block by its settings."""
+    global _JAX_CACHE_IO
+    if _JAX_CACHE_IO is not None:
+        return
+    from jax._src import compiler
+
+    read, write = compiler._cache_read, compiler._cache_write
+
+    def cache_read(*args: object, **kwargs: object) -> object:
+        return (None, None) if threading.get_ident() in _UNCACHED else read(*args, **kwargs)
+
+    def cache_write(*args: object, **kwargs: object) -> None:
+        if threading.get_ident() not in _UNCACHED:
+            write(*args, **kwargs)
+
+    _JAX_CACHE_IO = (read, write)
+    compiler._cache_read, compiler._cache_write = cache_read, cache_write
+
+
+@contextlib.contextmanager
+def uncached() -> Iterator[None]:
+    """Inside the block, every program this thread compiles is compiled by XLA: nothing is read
+    back from the persistent cache and nothing written to it (other threads use it as before).
+    For measuring what compiling costs; a fresh ``jax.jit`` also keeps JAX's in-memory cache out."""
+    _route_cache_io()
+    me = threading.get_ident()
+    _UNCACHED.add(me)
+    try:
+        yield
+    finally:
+        _UNCACHED.discard(me)

@@ -216,6 +216,17 @@ class TransformerLM(nnx.Module):
                 else _linear(config.embed_dim, config.vocab_size, ("embed", "vocab"), dt, rngs)
             )
 
+    def layers(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: tuple[jax.Array, jax.Array] | None,
+        index: jax.Array | None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """``x`` through every layer: the stack in one scan (``run_blocks``)."""
+        return run_blocks(self.blocks, x, positions, mask, cache, index)
+
     def features(
         self,
         tokens: jax.Array,
@@ -246,9 +257,9 @@ class TransformerLM(nnx.Module):
             mask = jnp.broadcast_to(mask, (b, t, s))
         x = self.embed(tokens)
         if cache is None:
-            x, _ = run_blocks(self.blocks, x, positions, mask, None, None)
+            x, _ = self.layers(x, positions, mask, None, None)
             return self.final_norm(x), None
-        x, (k, v) = run_blocks(self.blocks, x, positions, mask, (cache.k, cache.v), cache.index)
+        x, (k, v) = self.layers(x, positions, mask, (cache.k, cache.v), cache.index)
         return self.final_norm(x), KVCache(k, v, cache.index + t)
 
     def __call__(
