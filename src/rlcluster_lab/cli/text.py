@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcluster_lab.app.report import devices_text
-from rlcluster_lab.measure.sync_peak import chunk_words
+# The report's words are imported where a report is written, not here: a refusal of the CLI's
+# flags comes back before JAX is imported (app and measure import it).
 
 
 def format_report(data: dict[str, Any]) -> str:
     """A readable summary of a placement report's JSON."""
+    from rlcluster_lab.app.report import devices_text
+
     lines = [
         f"on {devices_text(data)}; engine {data['engine']}"
         f"{'; LoRA actor' if data['lora'] else ''}{'; offload to pinned host' if data['offload_to_cpu'] else ''}"
@@ -103,6 +105,8 @@ def _peak_lines(peak: dict[str, Any] | None) -> list[str]:
     top = peak["max_bytes"]
     device = peak.get("max_device")
     where = f" on device {device}, at {peak['phase_at_peak'][device]}" if device is not None else ""
+    from rlcluster_lab.measure.sync_peak import chunk_words
+
     chunks = chunk_words(peak)
     return [
         f"  transient peak above what was there before (measured, {chunks}): device memory "
