@@ -47,6 +47,16 @@ def test_an_accelerator_is_measured_now_not_read_from_the_stored_run(monkeypatch
     assert calls == [(device, "small")]
 
 
+def test_the_preset_measured_by_default_is_large_on_a_chip_and_small_on_a_cpu(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(chip, "measure", lambda d, size: calls.append((d, size)) or _figures())
+    monkeypatch.setattr(chip, "STORED", tmp_path / "absent.json")
+    device = object()
+    chip.chip_figures([device])
+    chip.chip_figures([])
+    assert calls == [(device, "large"), (jax.devices("cpu")[0], "small")]
+
+
 @pytest.mark.cluster
 def test_without_an_accelerator_or_a_stored_run_one_cpu_device_is_measured_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(chip, "STORED", tmp_path / "absent.json")

@@ -85,7 +85,7 @@ def _scenarios(draw):
     )
 
 
-@settings(deadline=None, derandomize=True, max_examples=5)
+@settings(deadline=None, derandomize=True, max_examples=3)
 @given(_scenarios())
 def test_p13_a_sync_is_planned_once_and_again_only_when_a_layout_or_knob_changes(scenario):
     """Over drawn layouts, LoRA, engines, strategies, dtypes, offload and chunk sizes: the second

@@ -81,21 +81,23 @@ class ChipFigures:
         return out
 
 
-def chip_figures(accelerators: Sequence[Any], model_size: str = "large") -> ChipFigures:
+def chip_figures(accelerators: Sequence[Any], model_size: str | None = None) -> ChipFigures:
     """Measured on the first of ``accelerators`` when there is one, else the stored chip run, else
     measured on one CPU device (labelled so).
 
     Args:
         accelerators: the real accelerator devices (``rl.setup().accelerator_devices``).
-        model_size: the preset to measure now (the stored run is of the preset it names).
+        model_size: the preset to measure now (the stored run is of the preset it names); by
+            default ``large`` on a chip and ``small`` on a CPU, where building and timing the
+            large preset keeps a reader waiting for half a minute to show copies within RAM.
     """
     if accelerators:
-        return measure(accelerators[0], model_size)
+        return measure(accelerators[0], model_size or "large")
     if STORED.exists():
         return stored()
     import jax
 
-    return measure(jax.devices("cpu")[0], model_size)
+    return measure(jax.devices("cpu")[0], model_size or "small")
 
 
 def stored(path: Path | None = None) -> ChipFigures:
