@@ -12,6 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from stored_reports import PLACEMENTS, stored
+from test_lab import _change
 
 from rlcluster_lab.lab.controls import CUSTOM
 from rlcluster_lab.lab.what_if import agrees
@@ -176,19 +177,6 @@ _CUSTOM_LORA_CHUNKED = [
 ]
 # The vllm-style engine with offload: the engine's copy and P4/P14 in every view.
 _VLLM_OFFLOAD = [("construct", {"lora": True, "engine": "vllm", "offload": True}), ("sync", None)]
-
-
-def _change(lab, changes: dict) -> None:
-    knobs = lab.knobs
-    for field, value in changes.items():
-        control = knobs.by_field().get(field)
-        if control is not None and not control.disabled:  # a user cannot set a greyed-out control
-            control.value = value
-    for i in changes.get("flip_devices", []):
-        knobs.device_toggles[i].value = not knobs.device_toggles[i].value
-    if "shape" in changes and knobs.rollout_shape.options and not knobs.rollout_shape.disabled:
-        options = knobs.rollout_shape.options
-        knobs.rollout_shape.value = options[changes["shape"] % len(options)][1]
 
 
 def _knob_state(lab) -> tuple:
