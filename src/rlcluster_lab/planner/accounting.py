@@ -137,8 +137,7 @@ def sync_summary(
             "minimum_cross_device_bytes",
         )
     }
-    # P13: then the anchor is pinned again (only the adapters with anchor="trainable"); under
-    # offload the actor is already pinned and the snapshot keeps its buffers.
+    # P13: then the anchor is pinned again (P8).
     partial = anchor_is_partial(anchor_mode, lora)
     repinned = anchor_arrays(actor, trainable, partial=partial, new=True)
     for a in repinned.values():

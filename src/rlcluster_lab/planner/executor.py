@@ -169,9 +169,8 @@ class PlannedExecutor:
         return [a if a.kind == kind else self.buf.like(a, kind=kind) for a in state]
 
     def pin_anchor(self, actor: PlannedModel, partial: bool) -> tuple[dict[PathKey, PlannedArray], int]:
-        """The snapshot (P8): pinning keeps leaves already in pinned_host. A partial snapshot
-        pins the adapters only; the anchor model it stands for reads the actor's own
-        backbone, so the returned arrays include it (the bytes count the pinned ones)."""
+        """The snapshot (P8, ``anchor_arrays``); a partial one stands for a model that reads the
+        actor's own backbone, so the returned arrays include it (the bytes count the pinned ones)."""
         held = anchor_arrays(actor.arrays, actor.lora_paths, partial=partial)
         pinned = {
             p: a if p not in held or a.kind == "pinned_host" else self.buf.like(a, kind="pinned_host")

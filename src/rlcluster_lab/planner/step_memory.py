@@ -175,8 +175,7 @@ def activation_bytes(
 
 
 def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, split: Split = Split()) -> int:
-    """The rollout's KV cache on one device: 2 x layers x kv_heads x head_dim x slots x rows x
-    itemsize, rows split over the data-parallel axes and kv heads over the tensor ones."""
+    """The rollout's KV cache on one device: rows split over the data-parallel axes, kv heads over the tensor ones."""
     return config.kv_cache_bytes(_per(rows, split.rows), slots, _per(config.num_kv_heads, split.kv_heads))
 
 
