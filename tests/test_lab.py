@@ -315,7 +315,7 @@ def test_a_memory_refusal_keeps_the_live_cluster_usable(lab: PlacementLab, monke
     lab.knobs.model_size.value = "small"
     lab.construct_button.click()
     assert lab.error is not None and lab.error.startswith("TooLargeError"), lab.error
-    assert "the small model" in lab.error and "5.0 MB may be allocated" in lab.error
+    assert "the small model" in lab.error and "4.8 MiB may be allocated" in lab.error
     # Refused before anything was released: the previous cluster stays live, drawn and usable.
     assert lab.cluster is cluster and lab.report is report
     assert "still the previous one" in lab.status.text
@@ -510,7 +510,7 @@ def test_a_rehearsal_after_construct_leaves_the_training_step_nothing_to_compile
 
 @pytest.mark.cluster
 def test_p13_one_step_counter_the_global_step_in_the_status_and_the_step_log(lab: PlacementLab) -> None:
-    from rlcluster_lab.lab.style import fmt_bytes
+    from rlcluster_lab.core.limits import fmt_bytes
 
     report = build(lab)
     assert lab.status.text.startswith("Constructed in ")

@@ -30,9 +30,9 @@ import pytest
 from pairwise import pairwise
 from stored_reports import NS, PLACEMENTS, elements, is_hatched, stored, svg_text
 
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab.display import Display
-from rlcluster_lab.lab.style import fmt_bytes
 
 # ------------------------------------------------------------------ the report's numbers
 

@@ -10,9 +10,10 @@ import pytest
 from legibility import svg_problems
 from stored_reports import PLACEMENTS, elements, is_hatched, stored, svg_text
 
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.flow import flow_rows
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid, sharing_map
-from rlcluster_lab.lab.style import HIGHLIGHT, fmt_bytes
+from rlcluster_lab.lab.style import HIGHLIGHT
 
 
 def _lit(svg: str) -> set[str]:

@@ -519,3 +519,21 @@ def test_l4_parse_bytes_units() -> None:
     assert parse_bytes("600 GB/s") == 600e9
     with pytest.raises(ValueError):
         parse_bytes("-1GB")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_p8_the_sync_re_pins_what_construction_pinned(seed) -> None:
+    """The sync pins anew (P13) the anchor construction pinned (P8), but under offload, where the
+    snapshot keeps the actor's pinned buffers: over drawn models, LoRA, anchor modes and layouts."""
+    rng = np.random.default_rng(seed)
+    plan = plan_cluster(
+        str(rng.choice(["tiny", "small"])),
+        "gpu-8",
+        lora_rank=int(rng.choice([0, 2, 4])),
+        anchor=str(rng.choice(ANCHOR_MODES)),
+        offload=(offload := bool(rng.integers(2))),
+        layout=str(rng.choice(["split", "colocated"])),
+    )
+    (p8,) = [d for d in plan.decisions if d["rule"] == "P8"]
+    assert p8["values"]["bytes"] > 0
+    assert plan.sync["anchor_bytes"] == (0 if offload else p8["values"]["bytes"])

@@ -226,7 +226,7 @@ def test_on_devices_with_memory_of_their_own_the_plan_is_compared_before_buildin
     chips(free=10**9)
     scenario_module.check_memory(scenario, config)  # roomy devices: accepted
     chips(free=50_000)  # less than the tiny cluster's share of one device
-    with pytest.raises(TooLargeError, match=r"device 0 but it has 50.0 KB free .* memory_stats"):
+    with pytest.raises(TooLargeError, match=r"device 0 but it has 48.8 KiB free .* memory_stats"):
         scenario_module.check_memory(scenario, config)
     with pytest.raises(TooLargeError, match="memory_stats"):
         scenario_module.build_cluster(scenario)

@@ -119,7 +119,7 @@ def test_the_allocator_figures_stand_beside_the_per_role_figure_with_why_they_di
     assert memory["where"] == where and memory["allocator"]["where"] == f"{where}, allocator"
     assert memory["allocator"]["difference"] == ALLOCATOR_DIFFERENCE
     text = _text(memory_by_device(memory))
-    from rlcluster_lab.lab.style import fmt_bytes
+    from rlcluster_lab.core.limits import fmt_bytes
 
     pairs = "; ".join(
         f"dev {d}: {fmt_bytes(in_use)} in use beside {fmt_bytes(kinds['device'])} per role"

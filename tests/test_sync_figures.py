@@ -10,7 +10,7 @@ from legibility import svg_problems
 from stored_reports import PLACEMENTS, drawn_bytes, elements, stored, svg_text
 
 from rlcluster_lab.app.scenario import Scenario
-from rlcluster_lab.lab.style import fmt_bytes
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.sync_figures import sync_bytes, sync_chunk_curve, sync_leaves, sync_peak
 from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.planner.plan import plan_scenario

@@ -9,19 +9,10 @@ from typing import Any
 from rlcluster_lab.cli.flags import add_knob_flags, scenario_from
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS
-from rlcluster_lab.core.limits import parse_bytes
+from rlcluster_lab.core.limits import fmt_bytes, parse_bytes
 from rlcluster_lab.core.options import DTYPES, MODEL_SIZES
 from rlcluster_lab.planner.workload import Workload
 from rlcluster_lab.rules.validation import check_scenario
-
-
-def _size(n: int | float | None) -> str:
-    if n is None:
-        return "unknown"
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.2f} {unit}"
-    return f"{int(n):,} B"
 
 
 def format_plan(data: Mapping[str, Any]) -> str:
@@ -48,29 +39,31 @@ def format_plan(data: Mapping[str, Any]) -> str:
     for role, info in mem["by_role"].items():
         verdict = fits["by_role"][role]
         ok = "" if verdict["fits"] is None else ("  fits" if verdict["fits"] else "  DOES NOT FIT")
-        kinds = ", ".join(f"{k} {_size(v)}" for k, v in info["by_kind"].items())
+        kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in info["by_kind"].items())
         lines.append(
-            f"  {role:<9} {_size(info['bytes']):>12} ({kinds}); busiest device {_size(verdict['max_device_bytes'])}{ok}"
+            f"  {role:<9} {fmt_bytes(info['bytes']):>12} ({kinds}); "
+            f"busiest device {fmt_bytes(verdict['max_device_bytes'])}{ok}"
         )
     for group in mem["shared"]:
-        lines.append(f"  shared by {', '.join(group['roles'])}: {_size(group['bytes'])} in {group['buffers']} buffers")
-    lines.append(f"  unique {_size(mem['unique_bytes'])}, naive sum {_size(mem['naive_bytes'])}")
+        roles, nbytes = ", ".join(group["roles"]), fmt_bytes(group["bytes"])
+        lines.append(f"  shared by {roles}: {nbytes} in {group['buffers']} buffers")
+    lines.append(f"  unique {fmt_bytes(mem['unique_bytes'])}, naive sum {fmt_bytes(mem['naive_bytes'])}")
     per = fits["memory_per_device"]
     lines.append(
-        f"per device: {_size(per)} ({fits['memory_source']}); resident busiest "
-        f"{_size(fits['resident']['max_device_bytes'])}, with sync peak "
-        f"{_size(fits['with_sync_peak']['max_device_bytes'])}"
+        f"per device: {'unknown' if per is None else fmt_bytes(per)} ({fits['memory_source']}); resident busiest "
+        f"{fmt_bytes(fits['resident']['max_device_bytes'])}, with sync peak "
+        f"{fmt_bytes(fits['with_sync_peak']['max_device_bytes'])}"
     )
     lines += _step_lines(data)
     lines.append(
         f"sync (P13, {'LoRA parameters' if sync['lora'] else 'all parameters'}): synced "
-        f"{_size(sync['synced_bytes'])}, moved across devices {_size(sync['moved_cross_device_bytes'])}, "
-        f"copied within a device {_size(sync['copied_same_device_bytes'])}, reused "
-        f"{_size(sync['reused_bytes'])}; anchor re-pinned {_size(sync['anchor_bytes'])}"
+        f"{fmt_bytes(sync['synced_bytes'])}, moved across devices {fmt_bytes(sync['moved_cross_device_bytes'])}, "
+        f"copied within a device {fmt_bytes(sync['copied_same_device_bytes'])}, reused "
+        f"{fmt_bytes(sync['reused_bytes'])}; anchor re-pinned {fmt_bytes(sync['anchor_bytes'])}"
     )
     lines.append(
-        f"  across hosts {_size(sync.get('cross_host_bytes', 0))} (at least), between devices of one host "
-        f"{_size(sync.get('within_host_cross_device_bytes', sync['moved_cross_device_bytes']))}"
+        f"  across hosts {fmt_bytes(sync.get('cross_host_bytes', 0))} (at least), between devices of one host "
+        f"{fmt_bytes(sync.get('within_host_cross_device_bytes', sync['moved_cross_device_bytes']))}"
     )
     busiest = max(sync["arrived_by_device"].values(), default=0)
     secs = sync["estimated_seconds"]
@@ -79,12 +72,12 @@ def format_plan(data: Mapping[str, Any]) -> str:
     if host_rate is not None and sync.get("cross_host_bytes"):
         rate += f" within a host, {host_rate / 1e9:,.0f} GB/s from other hosts"
     lines.append(
-        f"  busiest device receives {_size(busiest)}; at {rate}: "
+        f"  busiest device receives {fmt_bytes(busiest)}; at {rate}: "
         + ("unknown (no bandwidth)" if secs is None else f"{secs * 1e3:,.3f} ms")
     )
     for kind in ("device", "pinned_host"):
         peak = max((k.get(kind, 0) for k in sync["peak_extra_bytes"].values()), default=0)
-        lines.append(f"  peak extra {kind} bytes on one device during the sync: {_size(peak)}")
+        lines.append(f"  peak extra {kind} bytes on one device during the sync: {fmt_bytes(peak)}")
     transient = sync.get("transient_peak")
     if transient:
         top = transient["max_bytes"]
@@ -92,7 +85,8 @@ def format_plan(data: Mapping[str, Any]) -> str:
         lines.append(
             "  transient peak on one device (new arrays before the old go, staging, arrays in flight"
             + (", program temporaries" if transient["method"]["program_temporaries"].startswith("computed") else "")
-            + f"): device memory {_size(top.get('device', 0))}, pinned host {_size(top.get('pinned_host', 0))}; "
+            + f"): device memory {fmt_bytes(top.get('device', 0))}, "
+            + f"pinned host {fmt_bytes(top.get('pinned_host', 0))}; "
             + ("in one piece" if chunks <= 1 else f"in {chunks} chunks")
         )
     verdict = {None: "unknown (no memory per device known: pass --memory-per-device)", True: "everything fits"}
@@ -102,7 +96,7 @@ def format_plan(data: Mapping[str, Any]) -> str:
 
 def _terms(terms: Mapping[str, int], top: int = 8) -> str:
     ranked = sorted(((v, k) for k, v in terms.items() if v), reverse=True)[:top]
-    return ", ".join(f"{k.replace('_', ' ')} {_size(v)}" for v, k in ranked) or "nothing"
+    return ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for v, k in ranked) or "nothing"
 
 
 def _step_lines(data: Mapping[str, Any]) -> list[str]:
@@ -121,7 +115,7 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
     if state:
         per = state["bytes_per_parameter"]
         lines.append(
-            f"  actor's training state {_size(state['total'])}: {per['total']:.2f} bytes per parameter "
+            f"  actor's training state {fmt_bytes(state['total'])}: {per['total']:.2f} bytes per parameter "
             f"(parameters {per['parameters']:.2f}, gradients {per['gradients']:.2f}, optimizer {per['optimizer']:.2f})"
         )
     peak = fits.get("peak") or {}
@@ -130,11 +124,11 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
     if top is not None:
         phase = (top["peak_phase"] or "rest").replace("_", " ")
         lines.append(
-            f"  busiest device {top['device']} (host {top['host']}) peaks at {_size(top['peak_bytes'])} "
+            f"  busiest device {top['device']} (host {top['host']}) peaks at {fmt_bytes(top['peak_bytes'])} "
             f"during {phase}: {_terms(peak.get('terms', {}))}"
         )
         for name, terms in top["phases"].items():
-            lines.append(f"    {name.replace('_', ' '):<13} +{_size(sum(terms.values()))}: {_terms(terms)}")
+            lines.append(f"    {name.replace('_', ' '):<13} +{fmt_bytes(sum(terms.values()))}: {_terms(terms)}")
     hosts = data.get("per_host", [])
     shown = hosts if len(hosts) <= 4 else [h for h in hosts if h["host"] == (fits.get("hosts") or {}).get("host")]
     if len(hosts) > len(shown):
@@ -143,11 +137,11 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
         ids = h["device_ids"]
         cap = h["host_memory"]
         lines.append(
-            f"  host {h['host']} (devices {ids[0]}..{ids[-1]}): busiest device {_size(h['device_peak_bytes'])}; "
-            f"RAM {_size(h['ram_bytes'])}"
-            + ("" if cap is None else f" of {_size(cap)}")
+            f"  host {h['host']} (devices {ids[0]}..{ids[-1]}): busiest device {fmt_bytes(h['device_peak_bytes'])}; "
+            f"RAM {fmt_bytes(h['ram_bytes'])}"
+            + ("" if cap is None else f" of {fmt_bytes(cap)}")
             + (f" ({_terms(h['ram'], 4)})" if h["ram"] else "")
-            + f"; a sync brings {_size(h['sync_cross_host_bytes'])} from other hosts"
+            + f"; a sync brings {fmt_bytes(h['sync_cross_host_bytes'])} from other hosts"
         )
     return lines
 

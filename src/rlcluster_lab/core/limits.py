@@ -126,10 +126,10 @@ def check_fits(need: int, what: str, fix: str = "", freed: int = 0) -> None:
     limit = limit_bytes(freed)
     if need > limit:
         hint = f"; {fix}" if fix else ""
-        counted = f", counting the {_human(freed)} the cluster it replaces frees" if freed else ""
+        counted = f", counting the {fmt_bytes(freed)} the cluster it replaces frees" if freed else ""
         raise TooLargeError(
-            f"{what} would need about {_human(need)} ({need:,} bytes, estimated from shapes) but at most "
-            f"{_human(limit)} may be allocated here (half the free host memory{counted}, or ${LIMIT_ENV}){hint}"
+            f"{what} would need about {fmt_bytes(need)} ({need:,} bytes, estimated from shapes) but at most "
+            f"{fmt_bytes(limit)} may be allocated here (half the free host memory{counted}, or ${LIMIT_ENV}){hint}"
         )
 
 
@@ -168,18 +168,23 @@ def check_fits_devices(
             continue
         free = max(free + released, 0)
         hint = f"; {fix}" if fix else ""
-        counted = f" and the {_human(released)} the cluster it replaces frees" if released else ""
+        counted = f" and the {fmt_bytes(released)} the cluster it replaces frees" if released else ""
         raise TooLargeError(
-            f"{what} would need about {_human(want)} ({want:,} bytes, estimated from shapes) on {device.platform} "
-            f"device {device.id} but it has {_human(free)} free ({free:,} bytes, from its allocator's "
+            f"{what} would need about {fmt_bytes(want)} ({want:,} bytes, estimated from shapes) on {device.platform} "
+            f"device {device.id} but it has {fmt_bytes(free)} free ({free:,} bytes, from its allocator's "
             f"memory_stats(){counted}){hint}"
         )
 
 
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1000
-    return f"{n} B"
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes in binary units, short and stable: 534528 -> '522.0 KiB'. The one way the
+    project writes a byte count for reading (messages, the CLI's plan, the lab's figures)."""
+    n = float(n)
+    for unit in BINARY_UNITS:
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

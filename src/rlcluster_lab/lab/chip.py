@@ -58,7 +58,7 @@ class ChipFigures:
 
     def summary(self) -> str:
         """The sync against its floor and the anchor's share, read from the rows themselves."""
-        from rlcluster_lab.lab.style import fmt_bytes
+        from rlcluster_lab.core.limits import fmt_bytes
 
         sync, anchor, floor = self.row(SYNC), self.row(ANCHOR), self.row(FLOOR)
         return (

@@ -15,8 +15,9 @@ import html
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.core.trace import seen
-from rlcluster_lab.lab.style import ROLE_ORDER, fmt_bytes, in_order
+from rlcluster_lab.lab.style import ROLE_ORDER, in_order
 from rlcluster_lab.rules.anchor import P8
 from rlcluster_lab.rules.catalogue import RULES
 from rlcluster_lab.rules.loading import P5, P14, LoadBranch, OffloadAnswer, OffloadBranch, P5Values, P14Values

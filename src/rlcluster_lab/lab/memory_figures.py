@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.flow import engine_copied, rollout_text, share_reason
 from rlcluster_lab.lab.style import (
     ENTRY_ORDER,
@@ -21,7 +22,6 @@ from rlcluster_lab.lab.style import (
     ROLE_COLORS,
     byte_ticks,
     device_order,
-    fmt_bytes,
     in_order,
     text_width,
     wrap,

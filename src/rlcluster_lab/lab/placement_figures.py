@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.app.report import devices_text
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.flow import (
     FlowRow,
     actor_share_text,
@@ -59,7 +60,6 @@ from rlcluster_lab.lab.style import (
     ROLE_COLORS,
     ROLE_ORDER,
     clip,
-    fmt_bytes,
     in_order,
     text_width,
     wrap,

@@ -22,9 +22,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.textpath import TextPath
 
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.mpl import MIN_PT, bytes_axis, new_figure
 from rlcluster_lab.lab.shards import HOWS, ShardLayout, SyncFlows
-from rlcluster_lab.lab.style import PHYSICAL, SYNC_PARTS, fmt_bytes
+from rlcluster_lab.lab.style import PHYSICAL, SYNC_PARTS
 from rlcluster_lab.placement.boxes import Box
 
 MIN_FONT = MIN_PT

@@ -27,9 +27,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.core.waits import WAITS, Building, program_words
 from rlcluster_lab.lab.flow import rollout_text, warning_lines
-from rlcluster_lab.lab.style import fmt_bytes
 
 TICK_SECONDS = 0.25  # a wait's line is redrawn at least this often
 STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the height the sentence keeps at least

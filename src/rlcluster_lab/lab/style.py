@@ -10,6 +10,7 @@ import math
 import os
 from collections.abc import Sequence
 
+from rlcluster_lab.core.limits import BINARY_UNITS
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import MEMORY_KINDS
 from rlcluster_lab.measure.memory import MEMORY_ENTRIES
@@ -51,19 +52,6 @@ IDLE_TEXT = "#9a9a9a"
 PHYSICAL = "physical bytes (every device shard counted)"
 
 
-def fmt_bytes(n: float) -> str:
-    """Bytes in binary units, short and stable: 534528 -> '522.0 KiB'."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
 def byte_ticks(top: float) -> list[tuple[float, str]]:
     """Round axis ticks from 0 to at least ``top`` bytes, each with its label: steps of 1, 2,
     2.5 or 5 times a power of ten in the unit ``top`` is written in (``fmt_bytes``), at most
@@ -71,7 +59,7 @@ def byte_ticks(top: float) -> list[tuple[float, str]]:
     266,752 B (260.5 KiB) -> 0, 100, 200, 300 KiB."""
     top = max(float(top), 1.0)
     power = 0
-    while power < len(_UNITS) - 1 and top >= 1024 ** (power + 1):
+    while power < len(BINARY_UNITS) - 1 and top >= 1024 ** (power + 1):
         power += 1
     unit = 1024**power
     scaled = top / unit
@@ -84,7 +72,7 @@ def byte_ticks(top: float) -> list[tuple[float, str]]:
     ticks = []
     for k in range(math.ceil(scaled / step - 1e-9) + 1):
         value = round(k * step, 6)
-        text = f"{value:g} {_UNITS[power]}" if value else "0"
+        text = f"{value:g} {BINARY_UNITS[power]}" if value else "0"
         ticks.append((value * unit, text))
     return ticks
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlcluster_lab.lab.style import RELAYED, ROLE_COLORS, SYNC_PARTS, clip, fmt_bytes, text_width, wrap
+from rlcluster_lab.core.limits import fmt_bytes
+from rlcluster_lab.lab.style import RELAYED, ROLE_COLORS, SYNC_PARTS, clip, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
 from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.placement import phases as ph

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.app.scenario import Scenario, build_cluster
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.experiments import Devices, Tick, collect
 from rlcluster_lab.lab.setup import layout_devices
-from rlcluster_lab.lab.style import fmt_bytes
 from rlcluster_lab.lab.sync_figures import PANELS, phase_label
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.tables import local_topology

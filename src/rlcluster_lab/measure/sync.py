@@ -327,10 +327,8 @@ def sync_report(
                 pieces=tuple(SyncPiece(k, a, b, n) for (k, a, b), n in sorted(pieces.get(path, {}).items())),
             )
         )
-    anchor_bytes = 0
     for dev, kind, n in new_anchor_shards:
         tally(peak, str(dev), kind, n)
-        anchor_bytes += n
     strategy = "+".join(sorted(log.strategies)) or "none (no layout changed)"
     method = (
         "measured: copies logged by the reshard, bytes read from the compiled program's collectives "
@@ -344,7 +342,7 @@ def sync_report(
         method=method,
         lora=lora,
         leaves=tuple(leaves),
-        anchor_bytes=anchor_bytes,
+        anchor_bytes=sum(n for *_, n in new_anchor_shards),
         anchor_mode=anchor_mode,
         seconds=seconds,
         anchor_seconds=anchor_seconds,

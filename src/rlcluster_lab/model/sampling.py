@@ -174,7 +174,7 @@ def generate_bytes(config: ModelConfig, rows: int, prompt_length: int, cache_siz
     """
     b, p, s = int(rows), int(prompt_length), int(cache_size)
     itemsize = np.dtype(config.dtype).itemsize
-    kv = 2 * config.num_layers * b * s * config.num_kv_heads * config.head_dim * itemsize
+    kv = config.kv_cache_bytes(b, s)
     logits = b * p * config.vocab_size * 4
     scores = 2 * b * config.num_heads * p * s * 4
     widest = max(2 * config.mlp_dim, config.q_dim + 2 * config.kv_dim, config.embed_dim)

@@ -11,7 +11,8 @@ import numpy as np
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES, UNITS, memory_table
 from rlcluster_lab.measure.sync import describe_layout
 from rlcluster_lab.placement.layout import shard_elements
-from rlcluster_lab.planner.buffers import Buffers, PlannedArray, host_overlap, overlap, shard_rows
+from rlcluster_lab.planner.buffers import Buffers, PlannedArray, anchor_arrays, host_overlap, overlap, shard_rows
+from rlcluster_lab.rules.anchor import anchor_is_partial
 
 SOURCE = "computed from shapes (no allocation)"
 PathKey = tuple[Any, ...]
@@ -56,7 +57,6 @@ def sync_summary(
     lora: bool,
     copy: bool,
     anchor_mode: str,
-    offload: bool,
     link_bandwidth: float | None,
     strategy: str = "xla",
     host_of: Mapping[int, int] | None = None,
@@ -137,16 +137,11 @@ def sync_summary(
             "minimum_cross_device_bytes",
         )
     }
-    # P13: then the anchor is pinned again (only the adapters with anchor="trainable"); under
-    # offload the actor is already pinned and the snapshot keeps its buffers.
-    partial = lora and anchor_mode == "trainable"
-    anchor_bytes = 0
-    if not offload:
-        for path, a in actor.items():
-            if partial and path not in trainable:
-                continue
-            anchor_bytes += a.shard_bytes * a.mesh.size
-            peak.add(a.mesh.ids, "pinned_host", a.shard_bytes)
+    # P13: then the anchor is pinned again (P8).
+    partial = anchor_is_partial(anchor_mode, lora)
+    repinned = anchor_arrays(actor, trainable, partial=partial, new=True)
+    for a in repinned.values():
+        peak.add(a.mesh.ids, "pinned_host", a.shard_bytes)
     arrived_by_device = arrived.total()
     across_by_device = across.total()
     cross_host = sum(leaf["cross_host_bytes"] for leaf in leaves)
@@ -166,7 +161,7 @@ def sync_summary(
         "reshard_strategy": strategy,
         "moved_is_lower_bound": strategy == "xla",
         "synced_logical_bytes": sum(leaf["logical_bytes"] for leaf in leaves),
-        "anchor_bytes": anchor_bytes,
+        "anchor_bytes": sum(a.shard_bytes * a.mesh.size for a in repinned.values()),
         "anchor_mode": "trainable" if partial else "full",
         "global_step": 1,
         "arrived_by_device": arrived_by_device,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,16 @@ class PlannedArray:
 
     def same_sharding(self, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> bool:
         return self.mesh == mesh and self.spec == spec and self.kind == kind
+
+
+def anchor_arrays(
+    actor: Mapping[Any, PlannedArray], adapters: Collection[Any], *, partial: bool, new: bool = False
+) -> dict[Any, PlannedArray]:
+    """P8: the actor's arrays the anchor snapshot holds, at construction and again after every
+    sync (P13): every one, or the adapters only when the anchor is partial
+    (``rules.anchor.anchor_is_partial``). ``new``: only those it copies into new pinned-host
+    buffers, the ones not pinned already (under offload it keeps the actor's own buffers)."""
+    return {p: a for p, a in actor.items() if (not partial or p in adapters) and not (new and a.kind == "pinned_host")}
 
 
 def shard_rows(groups: Sequence[Sequence[PlannedArray]], itemsize: int | None = None) -> dict[str, np.ndarray]:

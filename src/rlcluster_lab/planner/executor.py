@@ -23,7 +23,7 @@ from rlcluster_lab.engines import OwnCopyEngine, VllmStyleEngine
 from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.model import ModelConfig
 from rlcluster_lab.placement.layout import PlannedMesh
-from rlcluster_lab.planner.buffers import Buffers, PlannedArray
+from rlcluster_lab.planner.buffers import Buffers, PlannedArray, anchor_arrays
 from rlcluster_lab.planner.shapes import AbstractLeaf, abstract_leaves, optimizer_slots
 
 PathKey = tuple[Any, ...]
@@ -169,17 +169,14 @@ class PlannedExecutor:
         return [a if a.kind == kind else self.buf.like(a, kind=kind) for a in state]
 
     def pin_anchor(self, actor: PlannedModel, partial: bool) -> tuple[dict[PathKey, PlannedArray], int]:
-        """The snapshot (P8): pinning keeps leaves already in pinned_host. A partial snapshot
-        pins the adapters only; the anchor model it stands for reads the actor's own
-        backbone, so the returned arrays include it (the bytes count the pinned ones)."""
-        pinned, nbytes = {}, 0
-        for p, a in actor.arrays.items():
-            if partial and p not in actor.lora_paths:
-                pinned[p] = a
-                continue
-            pinned[p] = a if a.kind == "pinned_host" else self.buf.like(a, kind="pinned_host")
-            nbytes += pinned[p].shard_bytes * pinned[p].mesh.size
-        return pinned, nbytes
+        """The snapshot (P8, ``anchor_arrays``); a partial one stands for a model that reads the
+        actor's own backbone, so the returned arrays include it (the bytes count the pinned ones)."""
+        held = anchor_arrays(actor.arrays, actor.lora_paths, partial=partial)
+        pinned = {
+            p: a if p not in held or a.kind == "pinned_host" else self.buf.like(a, kind="pinned_host")
+            for p, a in actor.arrays.items()
+        }
+        return pinned, sum(a.shard_bytes * a.mesh.size for a in held.values())
 
     def device_kind(self, mesh: PlannedMesh) -> str:
         return "device"

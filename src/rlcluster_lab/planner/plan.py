@@ -53,6 +53,7 @@ from rlcluster_lab.planner.step_memory import FORMULAS, Split, Workload, activat
 from rlcluster_lab.planner.sync_peak import plan_sync_peak
 from rlcluster_lab.planner.tables import Topology, model_config, model_source, with_figures
 from rlcluster_lab.planner.tables import topology as get_topology
+from rlcluster_lab.rules.anchor import anchor_is_partial
 from rlcluster_lab.rules.sharing import sharing_map_json
 from rlcluster_lab.rules.steps import p13_sync_order
 from rlcluster_lab.rules.validation import check_lora_rank
@@ -281,7 +282,6 @@ def _plan(req: PlanRequest) -> Plan:
         lora=placed.lora,
         copy=placed.engine.owns_weights,
         anchor_mode=req.anchor,
-        offload=req.offload,
         link_bandwidth=topo.link_bandwidth,
         strategy=req.reshard,
         host_of=topo.host_of(),
@@ -294,7 +294,7 @@ def _plan(req: PlanRequest) -> Plan:
         trainable,
         copy=placed.engine.owns_weights,
         offload=req.offload,
-        partial_anchor=placed.lora and req.anchor == "trainable",
+        partial_anchor=anchor_is_partial(req.anchor, placed.lora),
         chunk_bytes=req.sync_chunk_bytes,
         strategy=req.reshard,
         order=p13_sync_order(req.sync_chunk_bytes, req.offload).text,

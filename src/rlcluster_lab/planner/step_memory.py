@@ -175,10 +175,8 @@ def activation_bytes(
 
 
 def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, split: Split = Split()) -> int:
-    """The rollout's KV cache on one device: 2 x layers x kv_heads x head_dim x slots x rows x
-    itemsize, rows split over the data-parallel axes and kv heads over the tensor ones."""
-    heads = _per(config.num_kv_heads, split.kv_heads)
-    return 2 * config.num_layers * heads * config.head_dim * slots * _per(rows, split.rows) * itemsize(config)
+    """The rollout's KV cache on one device: rows split over the data-parallel axes, kv heads over the tensor ones."""
+    return config.kv_cache_bytes(_per(rows, split.rows), slots, _per(config.num_kv_heads, split.kv_heads))
 
 
 def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = Split()) -> dict[str, int]:

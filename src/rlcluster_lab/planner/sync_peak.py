@@ -28,7 +28,7 @@ from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.layout import Layout
 from rlcluster_lab.placement.reshard import cast_temporaries_of
 from rlcluster_lab.placement.route import WORK, Leg, Made, Route, Step, route
-from rlcluster_lab.planner.buffers import PlannedArray
+from rlcluster_lab.planner.buffers import PlannedArray, anchor_arrays
 
 PathKey = tuple[Any, ...]
 
@@ -110,8 +110,7 @@ def plan_sync_peak(
         phase("commit", [])
     new_anchor = [
         (ph.ANCHOR, {("anchor", p, d): (str(d), "pinned_host", a.shard_bytes) for d in a.mesh.device_ids})
-        for p, a in actor.items()
-        if not offload and not (partial_anchor and p not in trainable)
+        for p, a in anchor_arrays(actor, trainable, partial=partial_anchor, new=True).items()
     ]
     phase("anchor re-pin", new_anchor)
     release([*(rollout[p] for p in paths), *anchor.values()], keep)
