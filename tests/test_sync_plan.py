@@ -13,6 +13,7 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
+from test_fault_injection import _fail_on_commit, _raise
 
 from rlcluster_lab import Role, Scenario, TrainBatch, build_cluster
 from rlcluster_lab.engines.base import SyncPlan
@@ -152,18 +153,9 @@ def test_p13_a_sync_failing_with_its_plan_in_hand_rolls_back_and_the_next_reuses
         counts = _counted(mp)
         with mp.context() as fault:
             if chunk is None:
-                fault.setattr(Batch, "run", lambda self, xs, *a, **k: (_ for _ in ()).throw(RuntimeError("fault")))
+                fault.setattr(Batch, "run", _raise(RuntimeError))
             else:
-                emit, commits = events.emit, []
-
-                def failing_emit(event):
-                    if event == events.Phase("commit"):
-                        commits.append(event)
-                        if len(commits) == 2:
-                            raise RuntimeError("fault")
-                    return emit(event)
-
-                fault.setattr(events, "emit", failing_emit)
+                fault.setattr(events, "emit", _fail_on_commit(2, RuntimeError))
             with pytest.raises(RuntimeError, match="fault") as info:
                 cluster.sync_weights()
         assert "did not finish" in "".join(info.value.__notes__)
