@@ -54,19 +54,32 @@ def _floors(params, shardings, repeats: int) -> dict[str, float | None]:
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--chunks", default="", help="comma-separated sync_chunk_bytes to sweep (0: one piece)")
+    p.add_argument("--engine", default="vanilla", help="the rollout engine (vllm keeps weights of its own: on one chip")
+    p.add_argument("--dtypes", default="float32", help="comma-separated rollout dtypes (e.g. float32,bfloat16)")
     args = p.parse_args()
     common.setup(args)
     import jax
     from flax import nnx
 
+    import rlcluster_lab as rl
     from rlcluster_lab.app.scenario import Scenario, build_cluster
     from rlcluster_lab.placement.programs import clear_programs
     from rlcluster_lab.planner.plan import plan_scenario
 
     print(f"load average at start: {_load()}")
+    # On a single chip the lab builds colocated and reshaped on it (the rollout's mesh a second Mesh
+    # over the same chip); elsewhere on the simulated devices.
+    lab = rl.setup(quiet=True)
     rows, labels, ratios = [], [], []
-    for size, layout, lora in common.cases(args):
-        cluster = build_cluster(Scenario(layout=layout, lora=lora, model_size=size))
+    for (size, layout, lora), dtype in ((c, d) for c in common.cases(args) for d in args.dtypes.split(",")):
+        scenario = Scenario(
+            layout=layout,
+            lora=lora,
+            model_size=size,
+            engine=args.engine,
+            rollout_dtype=None if dtype == "float32" else dtype,
+        )
+        cluster = build_cluster(scenario, devices=lab.devices_for(layout))
         kind = nnx.LoRAParam if lora else nnx.Param
         # The sync reads the actor's state before its clock starts; so do the floors.
         params = nnx.state(cluster.actor_model, kind)
@@ -79,10 +92,11 @@ def main() -> None:
         rep = cluster.sync_weights()
         ratio = sync_s / floors[fastest]
         ratios.append(ratio)
-        labels.append(f"{size}/{layout}{'/lora' if lora else ''}")
+        labels.append(f"{size}/{layout}{'/lora' if lora else ''}{'' if dtype == 'float32' else '/' + dtype}")
         jit_ms = "n/a" if floors["jit identity"] is None else floors["jit identity"] * 1e3
         rows.append(
-            [size, layout, "lora" if lora else "full", rep.synced_bytes, rep.moved_cross_device_bytes]
+            [size, layout, ("lora" if lora else "full") + ("" if dtype == "float32" else f" {dtype}")]
+            + [rep.synced_bytes, rep.moved_cross_device_bytes]
             + [sync_s * 1e3, floors["device_put"] * 1e3, jit_ms, fastest, ratio]
         )
         del cluster, params
@@ -90,7 +104,8 @@ def main() -> None:
         clear_programs()
         jax.clear_caches()
         print(f"  done {labels[-1]}", file=sys.stderr, flush=True)
-    print(f"platform {jax.default_backend()}, {jax.device_count()} devices; median of {args.repeats} runs")
+    where = rl.core.devices.devices_words(lab.devices_for("colocated"))
+    print(f"{where}, engine {args.engine}; median of {args.repeats} runs")
     head = ["size", "layout", "params", "synced B", "cross-device B", "sync ms", "device_put ms", "jit ms"]
     print(common.table(head + ["fastest", "sync / fastest"], rows))
     print(f"median ratio sync / fastest reshard: {statistics.median(ratios):.2f} (target <= 1.0)")
