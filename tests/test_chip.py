@@ -14,6 +14,7 @@ ROWS = (
     {"operation": chip.SYNC, "bytes": 3 * 2**20, "ms": 6.0, "GB/s": 0.52},
     {"operation": chip.ANCHOR, "bytes": 3 * 2**20, "ms": 30.0, "GB/s": 0.1},
     {"operation": chip.FLOOR, "bytes": 3 * 2**20, "ms": 2.0, "GB/s": 1.57},
+    {"operation": chip.PROGRAM, "bytes": 3 * 2**20, "ms": 0.5, "GB/s": 6.29},
 )
 
 
@@ -34,9 +35,12 @@ def test_a_stored_chip_run_reads_back_and_names_its_chip_date_and_commit(tmp_pat
     assert figures.table().splitlines()[0] == f"large preset, {figures.source}"
     # The summary's ratio and sizes are the rows' own.
     assert figures.summary() == (
-        "The sync took 6.0 ms, 3.0x one device_put of the same 3.0 MiB (2.0 ms); the anchor's re-pin "
-        "of 3.0 MiB to pinned host, timed apart, took 30.0 ms."
+        "The sync took 6.0 ms, 3.0x one device_put of the same 3.0 MiB (2.0 ms) and 12.0x one compiled copy "
+        "(0.5 ms); the anchor's re-pin of 3.0 MiB to pinned host, timed apart, took 30.0 ms."
     )
+    # A run stored before the compiled copy was measured has no such row, and says nothing of it.
+    older = _figures(rows=ROWS[:3])
+    assert "compiled" not in older.summary() and older.summary().startswith("The sync took 6.0 ms, 3.0x")
 
 
 def test_an_accelerator_is_measured_now_not_read_from_the_stored_run(monkeypatch):
@@ -76,6 +80,7 @@ def test_without_an_accelerator_or_a_stored_run_one_cpu_device_is_measured_and_s
     actor = {x.unsafe_buffer_pointer() for x in jax.tree.leaves(nnx.state(cluster.actor_model, nnx.Param))}
     assert not actor & {x.unsafe_buffer_pointer() for x in cluster.rollout.held_values((nnx.Param,))}
     assert figures.row(chip.SYNC)["bytes"] == report.synced_bytes == params == figures.row(chip.FLOOR)["bytes"]
+    assert figures.row(chip.PROGRAM)["bytes"] == params
     assert figures.row(chip.ANCHOR)["bytes"] == report.anchor_bytes > 0
     assert all(row["ms"] > 0 for row in figures.rows)
 

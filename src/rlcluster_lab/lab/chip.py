@@ -23,10 +23,11 @@ from typing import Any
 
 STORED = Path(__file__).with_name("data") / "chip_figures.json"
 REPEATS = 10
-SYNC, ANCHOR, FLOOR = (
+SYNC, ANCHOR, FLOOR, PROGRAM = (
     "sync_weights to a second mesh on the device",
     "the sync's anchor re-pin to pinned host",
     "one jax.device_put of the same tree",
+    "one compiled copy of the same tree",
 )
 
 
@@ -57,14 +58,16 @@ class ChipFigures:
         return next(r for r in self.rows if r["operation"] == operation)
 
     def summary(self) -> str:
-        """The sync against its floor and the anchor's share, read from the rows themselves."""
+        """The sync against its floors and the anchor's share, read from the rows themselves."""
         from rlcluster_lab.core.limits import fmt_bytes
 
         sync, anchor, floor = self.row(SYNC), self.row(ANCHOR), self.row(FLOOR)
+        program = next((r for r in self.rows if r["operation"] == PROGRAM), None)  # runs stored before it: none
+        beside = f" and {sync['ms'] / program['ms']:.1f}x one compiled copy ({program['ms']} ms)" if program else ""
         return (
             f"The sync took {sync['ms']} ms, {sync['ms'] / floor['ms']:.1f}x one device_put of the same "
-            f"{fmt_bytes(floor['bytes'])} ({floor['ms']} ms); the anchor's re-pin of {fmt_bytes(anchor['bytes'])} to "
-            f"pinned host, timed apart, took {anchor['ms']} ms."
+            f"{fmt_bytes(floor['bytes'])} ({floor['ms']} ms){beside}; the anchor's re-pin of "
+            f"{fmt_bytes(anchor['bytes'])} to pinned host, timed apart, took {anchor['ms']} ms."
         )
 
     def table(self) -> str:
@@ -138,6 +141,8 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
     # P13 re-pins the anchor in pinned host memory after the handover; the sync's own time leaves it out.
     row(ANCHOR, statistics.median(s.anchor_seconds for s in syncs), syncs[-1].anchor_bytes)
     row(FLOOR, _median(lambda: floor_copy(leaves, shardings)), size)
+    copy = jax.jit(lambda xs: [jax.numpy.copy(x) for x in xs], out_shardings=shardings)
+    row(PROGRAM, _median(lambda: copy(leaves)), size)
     host = put_on_memory_kind(leaves, "pinned_host")
     row("offload: device -> pinned host", _median(lambda: put_on_memory_kind(leaves, "pinned_host")), size)
     row("back: pinned host -> device", _median(lambda: put_on_memory_kind(host, "device")), size)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
@@ -242,12 +243,23 @@ def _relabel(run: _Run, step: Any) -> tuple[Ops, list]:
 
 
 def _copy(run: _Run, step: Any) -> tuple[Ops, list]:
-    """New buffers of the same layout, on every device (an engine that owns its weights)."""
+    """New buffers of the same layout, on every device (an engine that owns its weights), made by
+    one compiled copy program: on a TPU v5e chip it copied the large preset's 190 MB in 1.5 ms,
+    where ``device_put(..., may_alias=False)`` took 18.6 ms (docs/performance.md, 2026-12-06)."""
     xs = [run.value(i) for i in step.legs]
-    ys = jax.device_put(xs, [run.work_dst(i) for i in step.legs], may_alias=False)
+    targets = [run.work_dst(i) for i in step.legs]
+    try:
+        with jax.set_mesh(None):
+            ys = jax.jit(_copies, out_shardings=targets)(xs)
+    except ValueError:  # the two layouts list their devices in another order: one program cannot take both
+        ys = jax.device_put(xs, targets, may_alias=False)
     for i, x, y in zip(step.legs, xs, ys):
         run.produced[i] = log_new_shards("same_device", x, y, run.labels[i])
     return {("out", i): y for i, y in zip(step.legs, ys)}, []
+
+
+def _copies(xs: list[jax.Array]) -> list[jax.Array]:
+    return [jnp.copy(x) for x in xs]
 
 
 def _nothing(run: _Run, step: Any) -> tuple[Ops, list]:
