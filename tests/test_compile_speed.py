@@ -268,3 +268,26 @@ def test_the_training_steps_program_for_12_layers_is_hardly_larger_than_for_2(mo
     two = _train_step_program_lines(monkeypatch, 2, lora_rank, micro_batch_size)
     twelve = _train_step_program_lines(monkeypatch, 12, lora_rank, micro_batch_size)
     assert twelve <= 1.25 * two, f"12 layers: {twelve} lines, 2 layers: {two}"
+
+
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_the_layers_scan_holds_the_attention_mask_as_a_float_bias_not_a_boolean_array(with_cache):
+    # XLA:CPU compiles a kernel that writes a boolean (B, T, S) array for over a second at the
+    # large preset's shapes, a float32 one in a tenth: the scan over the layers carries the bias.
+    from rlcluster_lab.model.transformer import init_cache
+
+    model = init_model("tiny")
+    graphdef, state = nnx.split(model)
+    tokens = jnp.ones((4, 11), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(11), (4, 11))
+    pad = jnp.ones((4, 11, 11 if not with_cache else 16), bool)
+    cache = init_cache(model.config, 4, 16) if with_cache else None
+
+    def forward(state, tokens, positions, pad):
+        return nnx.merge(graphdef, state)(tokens, positions, pad, cache)[0]
+
+    text = jax.jit(forward).lower(state, tokens, positions, pad).compile().as_text()
+    loops = [line for line in text.splitlines() if " while(" in line]
+    s = 16 if with_cache else 11
+    assert loops and all(f"pred[4,11,{s}]" not in line for line in loops)
+    assert any(f"f32[4,11,{s}]" in line for line in loops)

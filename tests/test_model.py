@@ -408,3 +408,23 @@ def test_the_kv_cache_bytes_are_one_figure_for_the_cache_the_planner_and_the_sam
     assert kv_cache_bytes(config, rows, slots, split) * rows_ways * heads_ways == held
     # The sampler's peak holds the cache twice (the old and the new one of a decode step).
     assert generate_bytes(config, rows, 1, slots, 1) > 2 * held
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_mask_as_a_bias_gives_bit_for_bit_what_selecting_the_fill_did(seed):
+    # Drawn scores (scaled up to large magnitudes too) and masks, fully masked rows among them:
+    # adding mask_bias must equal selecting the most negative float where a key is not seen.
+    from rlcluster_lab.model.transformer import mask_bias
+
+    rng = np.random.default_rng(seed)
+    shape = (3, 2, 2, 7, 9)
+    scores = jnp.asarray(rng.normal(size=shape) * 10.0 ** rng.integers(0, 6), jnp.float32)
+    mask = rng.random((3, 7, 9)) < rng.random()
+    mask[0, 0] = False  # a padding query: every key masked
+    mask = jnp.asarray(mask)
+    selected = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    added = scores + mask_bias(mask)[:, None, None]
+    assert np.array_equal(np.asarray(selected), np.asarray(added))
+    probs = jax.nn.softmax(added, axis=-1)
+    assert np.array_equal(np.asarray(jax.nn.softmax(selected, axis=-1)), np.asarray(probs))
+    assert np.isfinite(np.asarray(probs)).all()

@@ -41,13 +41,13 @@ class LayersInALoop(TransformerLM):
     """The lab's model with its layers applied as a Python loop over the same stacked weights,
     one layer's slice at a time, as Tunix's models run theirs: every layer's code in the program."""
 
-    def layers(self, x, positions, mask, cache, index):
+    def layers(self, x, positions, bias, cache, index):
         graphdef, state = nnx.split(self.blocks)
         keys, values = [], []
         for i in range(self.config.num_layers):
             params = jax.tree.map(lambda w, i=i: w[i], state)
             kv = None if cache is None else (cache[0][i], cache[1][i])
-            x, new_kv = nnx.merge(graphdef, params)(x, positions, mask, kv, index)
+            x, new_kv = nnx.merge(graphdef, params)(x, positions, bias, kv, index)
             if new_kv is not None:
                 keys.append(new_kv[0])
                 values.append(new_kv[1])

@@ -92,7 +92,7 @@ class Attention(nnx.Module):
         self,
         x: jax.Array,
         positions: jax.Array,
-        mask: jax.Array,
+        bias: jax.Array,
         layer_kv: tuple[jax.Array, jax.Array] | None,
         index: jax.Array | None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
@@ -115,8 +115,9 @@ class Attention(nnx.Module):
         q = q.reshape(b, t, c.num_kv_heads, groups, c.head_dim)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
         scores = scores / math.sqrt(c.head_dim)
-        # A finite fill keeps fully masked rows (padding queries) free of NaN.
-        scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+        # The mask as an additive bias (``mask_bias``): 0 where a key is seen, the most negative
+        # finite float32 where not, so fully masked rows (padding queries) stay free of NaN.
+        scores = scores + bias[:, None, None, :, :]
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, c.q_dim)
         return self.o(out), new_kv
@@ -144,11 +145,20 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.embed_dim, config.rms_eps, config.dtype)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, positions, mask, layer_kv, index):
-        h, new_kv = self.attn(self.attn_norm(x), positions, mask, layer_kv, index)
+    def __call__(self, x, positions, bias, layer_kv, index):
+        h, new_kv = self.attn(self.attn_norm(x), positions, bias, layer_kv, index)
         x = x + h
         x = x + self.mlp(self.mlp_norm(x))
         return x, new_kv
+
+
+def mask_bias(mask: jax.Array) -> jax.Array:
+    """A boolean attention mask as the float32 bias added to the scores: 0 where a key is seen,
+    the most negative finite float32 where not. Adding it gives bit for bit what selecting the
+    fill would (a score is far below that float's spacing), and a program never holds the
+    boolean mask as an array of its own: XLA:CPU compiled a kernel that writes a (16, 32, 32)
+    boolean array in over a second, a float32 one in under a tenth (docs/performance.md)."""
+    return jnp.where(mask, jnp.float32(0.0), jnp.finfo(jnp.float32).min)
 
 
 def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> Block:
@@ -172,7 +182,7 @@ def run_blocks(
     blocks: Block,
     x: jax.Array,
     positions: jax.Array,
-    mask: jax.Array,
+    bias: jax.Array,
     cache: tuple[jax.Array, jax.Array] | None,
     index: jax.Array | None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
@@ -182,7 +192,7 @@ def run_blocks(
 
     def layer(h: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
         params, kv = xs
-        return nnx.merge(graphdef, params)(h, positions, mask, kv, index)
+        return nnx.merge(graphdef, params)(h, positions, bias, kv, index)
 
     return jax.lax.scan(layer, x, (state, cache))
 
@@ -220,12 +230,12 @@ class TransformerLM(nnx.Module):
         self,
         x: jax.Array,
         positions: jax.Array,
-        mask: jax.Array,
+        bias: jax.Array,
         cache: tuple[jax.Array, jax.Array] | None,
         index: jax.Array | None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """``x`` through every layer: the stack in one scan (``run_blocks``)."""
-        return run_blocks(self.blocks, x, positions, mask, cache, index)
+        return run_blocks(self.blocks, x, positions, bias, cache, index)
 
     def features(
         self,
@@ -256,10 +266,11 @@ class TransformerLM(nnx.Module):
                 mask = attention_mask
             mask = jnp.broadcast_to(mask, (b, t, s))
         x = self.embed(tokens)
+        bias = mask_bias(mask)
         if cache is None:
-            x, _ = self.layers(x, positions, mask, None, None)
+            x, _ = self.layers(x, positions, bias, None, None)
             return self.final_norm(x), None
-        x, (k, v) = self.layers(x, positions, mask, (cache.k, cache.v), cache.index)
+        x, (k, v) = self.layers(x, positions, bias, (cache.k, cache.v), cache.index)
         return self.final_norm(x), KVCache(k, v, cache.index + t)
 
     def __call__(
