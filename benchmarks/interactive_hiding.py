@@ -7,9 +7,10 @@ a person, each cold figure with the part and without it, alternated, medians.
 2. The lab's rehearsal (``PlacementLab(rehearse=...)``): a fresh process clicks Construct,
    then Training step, (a) rehearsal on, the step clicked once the rehearsal has finished
    (the seconds it needed given to the reader), (b) rehearsal on, clicked at once
-   (it waits for the rehearsal), (c) rehearsal off.
-3. The warm start (``lab.warm``): a fresh process clicks Construct, then Training step at
-   once (the lab as shipped), in an empty cache and in a cache that
+   (it waits for the rehearsal), (c) rehearsal off; and the first Sync clicked at once after
+   Construct, rehearsal on (case 3's empty cache) and off.
+3. The warm start (``lab.warm``): a fresh process clicks Construct, Sync, then Training step
+   at once (the lab as shipped), in an empty cache and in a cache that
    ``python -m rlcluster_lab.lab.warm`` filled beforehand (its own seconds reported apart).
 """
 
@@ -23,37 +24,51 @@ import common
 import interactive_step
 
 LAB_FIRST_CHILD = r"""
+from rlcluster_lab.core.compile_cache import count_compilations
 _t = time.perf_counter()
 from rlcluster_lab.lab.widget import PlacementLab
 IMPORT_LAB_S = time.perf_counter() - _t
 lab = PlacementLab(build=False, rehearse=ARGS["rehearse"])
-t = time.perf_counter()
-lab.construct()
-construct_s = time.perf_counter() - t
-construct_error = lab.error
+clicks, errors = {}, []
+
+
+def click(name, fn):
+    # Seconds of the click, and the programs this thread built in it: (built, of which read from the cache).
+    with count_compilations() as built:
+        t = time.perf_counter()
+        fn()
+        clicks[name] = time.perf_counter() - t
+    clicks[name + " programs"] = [len(built), sum(cached for _, _, cached in built)]
+    errors.append(lab.error)
+
+
+click("construct", lab.construct)
+if ARGS["sync"]:
+    click("sync", lab.sync)
 rehearsal_s = None
 if ARGS["pause"]:
     # The reader waits as long as the rehearsal needs before clicking (its thread, joined here).
     t = time.perf_counter()
     lab.background.join()
     rehearsal_s = time.perf_counter() - t
-t = time.perf_counter()
-lab.train_step()
-step_s = time.perf_counter() - t
-emit({"import_lab_s": IMPORT_LAB_S, "construct_s": construct_s, "rehearsal_after_construct_s": rehearsal_s,
-      "step_s": step_s, "step_waited_s": float(lab._waited), "errors": [construct_error, lab.error],
-      "rehearsal_error": lab.background.error})
+click("step", lab.train_step)
+emit({"import_lab_s": IMPORT_LAB_S, "clicks": clicks, "rehearsal_after_construct_s": rehearsal_s,
+      "step_waited_s": float(lab._waited), "errors": errors, "rehearsal_error": lab.background.error})
 """
 
 LAB_CASES = {
-    "rehearse_paused": {"rehearse": True, "pause": True},
-    "rehearse_at_once": {"rehearse": True, "pause": False},
-    "no_rehearsal": {"rehearse": False, "pause": False},
+    "rehearse_paused": {"rehearse": True, "pause": True, "sync": False},
+    "rehearse_at_once": {"rehearse": True, "pause": False, "sync": False},
+    "no_rehearsal": {"rehearse": False, "pause": False, "sync": False},
+    # What a rehearsal costs the Sync clicked while it runs (beside WARM_CASE in an empty cache).
+    "no_rehearsal_sync": {"rehearse": False, "pause": False, "sync": True},
 }
+# The lab as shipped, clicked without pauses: Construct, Sync, Training step.
+WARM_CASE = {"rehearse": True, "pause": False, "sync": True}
 
 
 def hiding_section(run: Any, quick: bool) -> dict[str, Any]:
-    repeats = 1 if quick else 2
+    repeats = 1 if quick else 4
     out: dict[str, Any] = {"repeats": repeats, "learner": {"ahead": [], "no_ahead": []}, "lab": {}, "warm": {}}
     out["lab"] = {k: [] for k in LAB_CASES}
     out["warm"] = {"warmed": [], "empty": [], "warm_up": []}
@@ -93,9 +108,9 @@ def hiding_section(run: Any, quick: bool) -> dict[str, Any]:
                 out["warm"]["warm_up"].append(r["wall_s"] if r["rc"] == 0 else None)
             out["warm"][key].append(
                 run.python(
-                    f"lab Construct + Training step at once, {key} cache",
+                    f"lab Construct, Sync, Training step at once, {key} cache",
                     LAB_FIRST_CHILD,
-                    LAB_CASES["rehearse_at_once"],
+                    WARM_CASE,
                     cache,
                 )
             )
@@ -132,21 +147,38 @@ def hiding_rows(out: dict[str, Any]) -> list[list[Any]]:
     learner = {k: [r["first_s"] for r in _ok(v)] for k, v in out["learner"].items()}
     add("1. first GRPOLearner.step, build_ahead on / off", learner["ahead"], learner["no_ahead"])
     lab = {k: _ok(v) for k, v in out["lab"].items()}
-    off = [r["step_s"] for r in lab["no_rehearsal"]]
+    off = [r["clicks"]["step"] for r in lab["no_rehearsal"]]
     add(
         "2. first Training step after the rehearsal finished / rehearsal off",
-        [r["step_s"] for r in lab["rehearse_paused"]],
+        [r["clicks"]["step"] for r in lab["rehearse_paused"]],
         off,
     )
-    add("2. first Training step clicked at once / rehearsal off", [r["step_s"] for r in lab["rehearse_at_once"]], off)
+    add(
+        "2. first Training step clicked at once / rehearsal off",
+        [r["clicks"]["step"] for r in lab["rehearse_at_once"]],
+        off,
+    )
     add(
         "2. first Construct, rehearsal on / off",
-        [r["construct_s"] for r in lab["rehearse_at_once"] + lab["rehearse_paused"]],
-        [r["construct_s"] for r in lab["no_rehearsal"]],
+        [r["clicks"]["construct"] for r in lab["rehearse_at_once"] + lab["rehearse_paused"]],
+        [r["clicks"]["construct"] for r in lab["no_rehearsal"]],
     )
     warm = {k: _ok(v) for k, v in out["warm"].items() if k != "warm_up"}
-    for what, key in (("first Construct", "construct_s"), ("first Training step at once", "step_s")):
-        add(f"3. {what}, warm start done / off", [r[key] for r in warm["warmed"]], [r[key] for r in warm["empty"]])
+    add(
+        "2. first Sync at once, rehearsal on / off",
+        [r["clicks"]["sync"] for r in warm["empty"]],
+        [r["clicks"]["sync"] for r in lab["no_rehearsal_sync"]],
+    )
+    for what, key in (
+        ("first Construct", "construct"),
+        ("first Sync at once", "sync"),
+        ("first Training step at once", "step"),
+    ):
+        add(
+            f"3. {what}, warm start done / off",
+            [r["clicks"][key] for r in warm["warmed"]],
+            [r["clicks"][key] for r in warm["empty"]],
+        )
     return rows
 
 
@@ -167,3 +199,7 @@ def print_hiding(out: dict[str, Any]) -> None:
         + "; the warm start's own seconds (python -m rlcluster_lab.lab.warm): "
         + _runs(out["warm"]["warm_up"])
     )
+    for part, cases in (("lab", out["lab"]), ("warm", {k: v for k, v in out["warm"].items() if k != "warm_up"})):
+        for key, children in cases.items():
+            programs = [{k: v for k, v in r["clicks"].items() if k.endswith("programs")} for r in _ok(children)]
+            print(f"   programs built in each click (built, of them read from the cache), {part} {key}: {programs}")
