@@ -11,11 +11,13 @@ a person, each cold figure with the part and without it, alternated, medians.
    Construct, rehearsal on (case 3's empty cache) and off.
 3. The warm start (``lab.warm``): a fresh process clicks Construct, Sync, then Training step
    at once (the lab as shipped), in an empty cache and in a cache that
-   ``python -m rlcluster_lab.lab.warm`` filled beforehand (its own seconds reported apart).
+   ``python -m rlcluster_lab.lab.warm`` filled beforehand (its own seconds reported apart);
+   and Construct, then Training step once the rehearsal has finished, in both caches.
 """
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 from typing import Any
@@ -65,13 +67,15 @@ LAB_CASES = {
 }
 # The lab as shipped, clicked without pauses: Construct, Sync, Training step.
 WARM_CASE = {"rehearse": True, "pause": False, "sync": True}
+# The lab as shipped, Training step clicked once the rehearsal has finished.
+WARM_PAUSED_CASE = {"rehearse": True, "pause": True, "sync": False}
 
 
 def hiding_section(run: Any, quick: bool) -> dict[str, Any]:
     repeats = 1 if quick else 4
     out: dict[str, Any] = {"repeats": repeats, "learner": {"ahead": [], "no_ahead": []}, "lab": {}, "warm": {}}
     out["lab"] = {k: [] for k in LAB_CASES}
-    out["warm"] = {"warmed": [], "empty": [], "warm_up": []}
+    out["warm"] = {"warmed": [], "empty": [], "warmed_paused": [], "empty_paused": [], "warm_up": []}
     step_args = {"repeats": 1, "via": "learner"}
     for i in range(repeats):
         # Alternated within each part, so a change in the machine's load falls on both alike.
@@ -99,21 +103,17 @@ def hiding_section(run: Any, quick: bool) -> dict[str, Any]:
                 )
             )
         for key in ("warmed", "empty") if i % 2 == 0 else ("empty", "warmed"):
-            cache = run.fresh_cache()
+            cache, paused = run.fresh_cache(), run.fresh_cache()
             if key == "warmed":
                 argv = [sys.executable, "-m", "rlcluster_lab.lab.warm", "--devices", str(run.args.devices)]
                 r = run.command("warm start, in the foreground", argv, cache)
                 if r["rc"] != 0:
                     run.fail("warm start", r, f"exit code {r['rc']}")
                 out["warm"]["warm_up"].append(r["wall_s"] if r["rc"] == 0 else None)
-            out["warm"][key].append(
-                run.python(
-                    f"lab Construct, Sync, Training step at once, {key} cache",
-                    LAB_FIRST_CHILD,
-                    WARM_CASE,
-                    cache,
-                )
-            )
+                # The same warmed folder for the reader who pauses (a copy: the first child writes to its own).
+                shutil.copytree(cache, paused, dirs_exist_ok=True)
+            for folder, case, name in ((cache, WARM_CASE, key), (paused, WARM_PAUSED_CASE, key + "_paused")):
+                out["warm"][name].append(run.python(f"lab first clicks, {name} cache", LAB_FIRST_CHILD, case, folder))
     return out
 
 
@@ -179,6 +179,16 @@ def hiding_rows(out: dict[str, Any]) -> list[list[Any]]:
             [r["clicks"][key] for r in warm["warmed"]],
             [r["clicks"][key] for r in warm["empty"]],
         )
+    add(
+        "3. first Training step after the rehearsal finished, warm start done / off",
+        [r["clicks"]["step"] for r in warm["warmed_paused"]],
+        [r["clicks"]["step"] for r in warm["empty_paused"]],
+    )
+    add(
+        "3. the rehearsal's seconds after Construct (the reader's pause), warm start done / off",
+        [r["rehearsal_after_construct_s"] for r in warm["warmed_paused"]],
+        [r["rehearsal_after_construct_s"] for r in warm["empty_paused"]],
+    )
     return rows
 
 
