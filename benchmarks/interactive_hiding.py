@@ -17,7 +17,6 @@ a person, each cold figure with the part and without it, alternated, medians.
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import sys
 from typing import Any
@@ -105,13 +104,14 @@ def hiding_section(run: Any, quick: bool) -> dict[str, Any]:
         for key in ("warmed", "empty") if i % 2 == 0 else ("empty", "warmed"):
             cache, paused = run.fresh_cache(), run.fresh_cache()
             if key == "warmed":
-                argv = [sys.executable, "-m", "rlcluster_lab.lab.warm", "--devices", str(run.args.devices)]
-                r = run.command("warm start, in the foreground", argv, cache)
-                if r["rc"] != 0:
-                    run.fail("warm start", r, f"exit code {r['rc']}")
-                out["warm"]["warm_up"].append(r["wall_s"] if r["rc"] == 0 else None)
-                # The same warmed folder for the reader who pauses (a copy: the first child writes to its own).
-                shutil.copytree(cache, paused, dirs_exist_ok=True)
+                # Each folder warmed by its own warm start: a copied folder is not read back (the
+                # programs' cache keys differ with the folder's path).
+                for folder in (cache, paused):
+                    argv = [sys.executable, "-m", "rlcluster_lab.lab.warm", "--devices", str(run.args.devices)]
+                    r = run.command("warm start, in the foreground", argv, folder)
+                    if r["rc"] != 0:
+                        run.fail("warm start", r, f"exit code {r['rc']}")
+                    out["warm"]["warm_up"].append(r["wall_s"] if r["rc"] == 0 else None)
             for folder, case, name in ((cache, WARM_CASE, key), (paused, WARM_PAUSED_CASE, key + "_paused")):
                 out["warm"][name].append(run.python(f"lab first clicks, {name} cache", LAB_FIRST_CHILD, case, folder))
     return out
