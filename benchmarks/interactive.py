@@ -26,6 +26,8 @@ Sections:
 5. The first RL step through the public API, cold and warm, with the table of
    the programs it compiled (``interactive_step.py``).
 6. The twelve scenarios beside Tunix's own RLCluster (``interactive_step.py``).
+7. The compile-hiding machinery, each part's cold figure with it and without it
+   (``interactive_hiding.py``).
 
 The header gives the machine's load average (``os.getloadavg()``) at the start
 and the end: the machine may be shared, and cold timings move with its load.
@@ -53,12 +55,13 @@ from pathlib import Path
 from typing import Any
 
 import common
+import interactive_hiding
 import interactive_step
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE_ENV = "RLCLUSTER_LAB_COMPILATION_CACHE"
 ENGINES = ("vanilla", "vllm")
-SECTIONS = ("cli", "build", "lab", "sync", "step", "tunix")
+SECTIONS = ("cli", "build", "lab", "sync", "step", "tunix", "hiding")
 
 # Targets (seconds, or a ratio for the sync).
 T_BUILD_COLD = 2.0
@@ -1176,6 +1179,7 @@ def main() -> None:
             "sync": lambda: sync_section(run, args.quick, layouts, sizes, args.repeats),
             "step": lambda: interactive_step.step_section(run, args.quick),
             "tunix": lambda: interactive_step.tunix_section(run, args.quick, BUILD_CHILD, all_scenarios(layouts)),
+            "hiding": lambda: interactive_hiding.hiding_section(run, args.quick),
         }
         for section in SECTIONS:
             if section in only:
@@ -1239,6 +1243,7 @@ def main() -> None:
         ("sync", print_sync),
         ("step", interactive_step.print_step),
         ("tunix", interactive_step.print_tunix),
+        ("hiding", interactive_hiding.print_hiding),
     ):
         if section in results:
             try:

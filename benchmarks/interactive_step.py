@@ -73,7 +73,9 @@ if ARGS.get("via") == "learner":
     # The same work through GRPOLearner.step (rewards and the P11 probe besides): its first
     # step builds the scoring and update programs beside the sampling.
     from rlcluster_lab import GRPOLearner, LearnerConfig
-    step = GRPOLearner(cluster, LearnerConfig(prompts_per_step=4, group_size=4)).step
+    learner = GRPOLearner(cluster, LearnerConfig(prompts_per_step=4, group_size=4))
+    learner.builds_ahead = not ARGS.get("no_ahead", False)  # the first step's helpers on, or off to weigh them
+    step = learner.step
 elif ARGS.get("via") == "calls-ahead":
     # The same calls, RLCluster.build_ahead first (once, before the first step): a loop of one's
     # own builds its scoring and update programs beside the sampling, as the learner does.
