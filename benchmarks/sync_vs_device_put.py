@@ -33,22 +33,24 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _floors(params, shardings, repeats: int) -> dict[str, float | None]:
-    """The medians of device_put and of a jitted identity (None where one cannot run)."""
+def _floors(params, shardings, repeats: int, new_buffers: bool) -> dict[str, float | None]:
+    """The medians of device_put and of a jitted program onto ``shardings`` (None where one cannot
+    run). With ``new_buffers`` (the sync made new arrays: an engine with weights of its own) both
+    make new buffers as the sync did: onto an identical sharding (one chip, a second mesh) a plain
+    device_put, or a jitted identity, hands back the very buffers it was given and copies nothing.
+    Without, the floor may keep them, as the sync did."""
     import jax
 
     leaves = jax.tree.leaves(params)
 
     def put() -> None:
-        # New buffers, as the sync makes: onto an identical sharding (one chip, a second mesh) a
-        # plain device_put hands back the very buffers it was given and copies nothing.
-        jax.block_until_ready(jax.device_put(leaves, shardings, may_alias=False))
+        jax.block_until_ready(jax.device_put(leaves, shardings, may_alias=not new_buffers))
 
     out: dict[str, float | None] = {"device_put": common.median_seconds(put, repeats)}
     try:
-        # A copy, not the identity: a jitted identity onto identical shardings returns its inputs.
-        identity = jax.jit(lambda t: [jax.numpy.copy(x) for x in t], out_shardings=shardings)
-        out["jit identity"] = common.median_seconds(lambda: jax.block_until_ready(identity(leaves)), repeats)
+        body = (lambda t: [jax.numpy.copy(x) for x in t]) if new_buffers else (lambda t: t)
+        program = jax.jit(body, out_shardings=shardings)
+        out["jit identity"] = common.median_seconds(lambda: jax.block_until_ready(program(leaves)), repeats)
     except ValueError:  # disjoint device sets (split): a program cannot take and give them
         out["jit identity"] = None
     return out
@@ -90,9 +92,9 @@ def main() -> None:
         for _ in range(2):
             cluster.sync_weights()
         sync_s = statistics.median(cluster.sync_weights().seconds for _ in range(args.repeats))
-        floors = _floors(params, shardings, args.repeats)
-        fastest = min((k for k, v in floors.items() if v is not None), key=lambda k: floors[k])
         rep = cluster.sync_weights()
+        floors = _floors(params, shardings, args.repeats, new_buffers=rep.reused_bytes < rep.synced_bytes)
+        fastest = min((k for k, v in floors.items() if v is not None), key=lambda k: floors[k])
         ratio = sync_s / floors[fastest]
         ratios.append(ratio)
         labels.append(f"{size}/{layout}{'/lora' if lora else ''}{'' if dtype == 'float32' else '/' + dtype}")
