@@ -109,8 +109,8 @@ def test_l4_remat_keeps_each_layers_input_and_recomputes_one_layer() -> None:
     remat = activation_bytes(config, dataclasses.replace(work, remat=True))
     tokens = work.train_rows * work.sequence_length
     assert remat["layer_inputs"] == config.num_layers * 4 * config.embed_dim * tokens
-    # Without remat the scan keeps what every layer shares (rotary, mask) once, not per layer.
-    shared = shared_bytes_per_token(config, work.sequence_length) * tokens
+    # Without remat the scan keeps what every layer shares (the rotary terms) once, not per layer.
+    shared = shared_bytes_per_token(config) * tokens
     assert remat["one_layer_recomputed"] * config.num_layers == full["layers"] + (config.num_layers - 1) * shared
     assert remat["head"] == full["head"]
     assert sum(remat.values()) < sum(full.values()) / 3
@@ -224,8 +224,9 @@ def test_l4_the_compiled_step_holds_what_the_plan_counts() -> None:
     """XLA's memory analysis of the lab's own step (nothing runs): its outputs are exactly the
     planned update outputs (plus the metrics and one 8-byte entry per output buffer, the
     tuple XLA returns); its temporaries, where activations and gradients live, track the
-    plan's figures only roughly, since XLA fuses and trims JAX's saved set (measured here
-    1.39 for this layout; 1.01 and 0.89 for the tiny and small models on one device)."""
+    plan's figures only roughly, since XLA fuses, trims and adds to JAX's saved set (measured
+    here 2.06 for this layout: 17.4 MB of temporaries against 8.5 MB planned; 1.94 while the
+    attention mask was a boolean array JAX kept, which the plan counted and XLA did not)."""
     scenario = Scenario()
     plan, work, cluster, (graphdef, trainable, frozen), _, on_actor = _live_step_terms(scenario, gradients=False)
     mesh = jax.tree.leaves(trainable)[0].sharding.mesh
@@ -234,7 +235,7 @@ def test_l4_the_compiled_step_holds_what_the_plan_counts() -> None:
     for budget in on_actor:
         update = budget.phases["actor_update"]
         assert analysis.output_size_in_bytes == update["update_outputs"] + 4 * METRICS + 8 * n_outputs
-        assert 0.5 < analysis.temp_size_in_bytes / (update["gradients"] + update["activations"]) < 2.0
+        assert 0.5 < analysis.temp_size_in_bytes / (update["gradients"] + update["activations"]) < 2.5
 
 
 @pytest.mark.cluster

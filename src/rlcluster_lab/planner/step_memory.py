@@ -94,19 +94,19 @@ def layer_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split()
         2 * norm_bytes_per_token(config, trainable_scale=not lora_rank)
         + p * (2 * q + 2 * kv)  # q, attention output; k, v
         + 4 * (hd // 2) * F32  # rotary sin and cos of q and k
-        + heads * keys * (1 + 2 * F32 + p)  # mask, masked scores, exponentials, probabilities
+        + heads * keys * (F32 + p)  # the softmax's exponentials (float32) and its probabilities
         + heads * 2 * F32  # the softmax's row statistics
         + 6 * p * mlp  # gate, up, three SiLU intermediates, their product
         + 7 * p * lora_rank  # x @ lora_a of q, k, v, o, gate, up, down
     )
 
 
-def shared_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split()) -> int:
+def shared_bytes_per_token(config: ModelConfig) -> int:
     """The part of ``layer_bytes_per_token`` that is the same in every layer: the rotary sin and
-    cos of q and k, the attention mask and its float32 fill. The layers run in one scan, which
-    computes and keeps these once for all of them."""
-    heads = _per(config.num_heads, split.q_heads)
-    return 4 * (config.head_dim // 2) * F32 + heads * keys * (1 + F32)
+    cos of q and k. The layers run in one scan, which computes and keeps these once for all of
+    them. (The attention mask arrives as a float32 bias added to the scores, which the backward
+    pass does not need: nothing of it is kept.)"""
+    return 4 * (config.head_dim // 2) * F32
 
 
 # The losses' per-completion-token terms: for the actor (``training.step.grpo_sums`` and
@@ -170,7 +170,7 @@ def activation_bytes(
         inputs = config.num_layers * itemsize(config) * config.embed_dim * rows * tokens
         return {"layer_inputs": inputs, "one_layer_recomputed": layer, "head": head}
     # The scan over the layer stack keeps what every layer shares once, not once per layer.
-    shared = shared_bytes_per_token(config, tokens, split) * rows * tokens
+    shared = shared_bytes_per_token(config) * rows * tokens
     return {"layers": config.num_layers * layer - (config.num_layers - 1) * shared, "head": head}
 
 
@@ -197,8 +197,8 @@ def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = Split(
 FORMULAS = {
     "activations": "per layer per token: 2 x (8e + p e + 8) [two RMSNorms] + p (2q + 2kv) + 8 head_dim [rotary] "
     "+ heads x T x (9 + p) [mask, float32 scores, exponentials, probabilities] + 8 heads + 6 p m [gated MLP]; "
-    "x layers x rows x T, the rotary terms and heads x T x 5 [mask and its fill] counted once (the layers run "
-    "in one scan), plus per token the final norm and gather index, and per completion token "
+    "x layers x rows x T, the rotary terms counted once (the layers run in one scan), "
+    "plus per token the final norm and gather index, and per completion token "
     "9 x vocab bytes of logits and 45 bytes of loss terms (p: parameter bytes; T: prompt + completion)",
     "activations_remat": "layers x p e per token (each block's input) + one block's activations + the head",
     "gradients": "one per trainable parameter, its sharding and dtype (+ a float32 running sum when accumulating)",
