@@ -196,7 +196,7 @@ def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = Split(
 
 FORMULAS = {
     "activations": "per layer per token: 2 x (8e + p e + 8) [two RMSNorms] + p (2q + 2kv) + 8 head_dim [rotary] "
-    "+ heads x T x (9 + p) [mask, float32 scores, exponentials, probabilities] + 8 heads + 6 p m [gated MLP]; "
+    "+ heads x T x (4 + p) [float32 exponentials, probabilities] + 8 heads + 6 p m [gated MLP]; "
     "x layers x rows x T, the rotary terms counted once (the layers run in one scan), "
     "plus per token the final norm and gather index, and per completion token "
     "9 x vocab bytes of logits and 45 bytes of loss terms (p: parameter bytes; T: prompt + completion)",
