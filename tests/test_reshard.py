@@ -492,3 +492,22 @@ def test_an_engines_own_copy_compiles_the_programs_its_syncs_run(config):
         report = cluster.sync_weights()
     assert len(reshards(built)) <= 1, [name for name, _, _ in built]
     assert reshards(synced) == [] and not report.includes_compilation, [name for name, _, _ in synced]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_p13_copies_of_one_batch_over_devices_in_other_orders_are_new_buffers_in_place(seed):
+    # An engine that owns its weights copies each leaf onto its own layout; one batch may hold
+    # leaves whose meshes list the same devices in other orders (one program per order).
+    rng = np.random.default_rng(seed)
+    devices = jax.devices()
+    meshes = [make_mesh([devices[i] for i in rng.permutation(8)], (2, 4)) for _ in range(3)]
+    specs = [P(), P("fsdp"), P(None, "tp"), P("fsdp", "tp")]
+    xs = [
+        jax.device_put(jnp.arange(64.0).reshape(8, 8) + n, NamedSharding(meshes[n % 3], specs[rng.integers(4)]))
+        for n in range(6)
+    ]
+    for strategy in ("xla", "minimal"):
+        ys = reshard_tree(xs, [x.sharding for x in xs], copy=True, strategy=strategy)
+        for x, y in zip(xs, ys):
+            assert y.sharding == x.sharding and np.array_equal(np.asarray(y), np.asarray(x))
+            assert not set(_pointers(x).values()) & set(_pointers(y).values())
