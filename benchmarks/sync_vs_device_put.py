@@ -41,6 +41,8 @@ def _floors(params, shardings, repeats: int, new_buffers: bool) -> dict[str, flo
     Without, the floor may keep them, as the sync did."""
     import jax
 
+    from rlcluster_lab.placement.reshard import copy_arrays
+
     leaves = jax.tree.leaves(params)
 
     def put() -> None:
@@ -48,7 +50,7 @@ def _floors(params, shardings, repeats: int, new_buffers: bool) -> dict[str, flo
 
     out: dict[str, float | None] = {"device_put": common.median_seconds(put, repeats)}
     try:
-        body = (lambda t: [jax.numpy.copy(x) for x in t]) if new_buffers else (lambda t: t)
+        body = copy_arrays if new_buffers else (lambda t: t)
         program = jax.jit(body, out_shardings=shardings)
         out["jit identity"] = common.median_seconds(lambda: jax.block_until_ready(program(leaves)), repeats)
     except ValueError:  # disjoint device sets (split): a program cannot take and give them

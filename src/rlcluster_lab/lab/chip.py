@@ -124,6 +124,7 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
     from rlcluster_lab.app.scenario import Scenario, build_cluster
     from rlcluster_lab.core.devices import devices_words
     from rlcluster_lab.placement.place import put_on_memory_kind
+    from rlcluster_lab.placement.reshard import copy_arrays
 
     cluster = build_cluster(Scenario(layout="reshaped", engine="vllm", model_size=model_size), devices=[device])
     leaves = jax.tree.leaves(nnx.state(cluster.actor_model, nnx.Param))
@@ -141,7 +142,7 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
     # P13 re-pins the anchor in pinned host memory after the handover; the sync's own time leaves it out.
     row(ANCHOR, statistics.median(s.anchor_seconds for s in syncs), syncs[-1].anchor_bytes)
     row(FLOOR, _median(lambda: floor_copy(leaves, shardings)), size)
-    copy = jax.jit(lambda xs: [jax.numpy.copy(x) for x in xs], out_shardings=shardings)
+    copy = jax.jit(copy_arrays, out_shardings=shardings)  # what the sync's same-layout copy runs
     row(PROGRAM, _median(lambda: copy(leaves)), size)
     host = put_on_memory_kind(leaves, "pinned_host")
     row("offload: device -> pinned host", _median(lambda: put_on_memory_kind(leaves, "pinned_host")), size)

@@ -254,14 +254,16 @@ def _copy(run: _Run, step: Any) -> tuple[Ops, list]:
     with jax.set_mesh(None):
         for legs in groups.values():
             xs = [run.value(i) for i in legs]
-            ys = jax.jit(_copies, out_shardings=[run.work_dst(i) for i in legs])(xs)
+            ys = jax.jit(copy_arrays, out_shardings=[run.work_dst(i) for i in legs])(xs)
             for i, x, y in zip(legs, xs, ys):
                 run.produced[i] = log_new_shards("same_device", x, y, run.labels[i])
                 out[("out", i)] = y
     return out, []
 
 
-def _copies(xs: list[jax.Array]) -> list[jax.Array]:
+def copy_arrays(xs: list[jax.Array]) -> list[jax.Array]:
+    """New arrays holding the values of ``xs``: jitted with destination shardings, the copy
+    program a same-layout handover runs (a jitted identity would hand back its inputs)."""
     return [jnp.copy(x) for x in xs]
 
 
