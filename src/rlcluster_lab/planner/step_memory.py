@@ -182,15 +182,16 @@ def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, split: Split = Sp
 def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = Split()) -> dict[str, int]:
     """What the sampler's prefill holds beside the cache, on one device: the float32 logits
     at every prompt position (``model.sampling`` keeps the whole (rows, prompt, vocab) array
-    and reads its last position), and one layer's attention over the cache's slots (mask,
-    float32 scores and exponentials, probabilities in the model's dtype), as in training."""
+    and reads its last position), and one layer's attention over the cache's slots: the mask's
+    float32 bias (``model.transformer.mask_bias``, one per row, shared by the heads) and per head
+    float32 scores and exponentials and probabilities in the model's dtype."""
     rows = _per(workload.rollout_batch_size, split.rows)
     heads = _per(config.num_heads, split.q_heads)
     vocab = _per(config.vocab_size, split.vocab)
     prompt, slots = workload.prompt_length, workload.kv_cache_size
     return {
         "prefill_logits": rows * prompt * vocab * F32,
-        "prefill_attention": rows * heads * prompt * slots * (1 + 2 * F32 + itemsize(config)),
+        "prefill_attention": rows * prompt * slots * (F32 + heads * (2 * F32 + itemsize(config))),
     }
 
 
@@ -205,6 +206,7 @@ FORMULAS = {
     "update_outputs": "the step's new trainable parameters and optimizer state, written beside the old ones "
     "(the lab's step does not donate its inputs)",
     "kv_cache": "2 x layers x kv_heads x head_dim x slots x rows x itemsize (the model config's dtype)",
-    "prefill": "rows x prompt x vocab x 4 (float32 logits at every prompt position) + rows x heads x prompt x "
-    "slots x (9 + p) (one layer's attention over the cache)",
+    "prefill": "rows x prompt x vocab x 4 (float32 logits at every prompt position) + rows x prompt x slots x "
+    "(4 + heads x (8 + p)) (one layer's attention over the cache: the mask's bias, scores, exponentials, "
+    "probabilities)",
 }
