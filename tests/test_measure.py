@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from test_reshard import _cases
 
 from rlcluster_lab import Scenario, build_cluster, memory_report, placement_report
-from rlcluster_lab.measure import memory_of, shard_facts, sync_report
+from rlcluster_lab.measure import memory_of, shard_facts, sync_ledger, sync_report
 from rlcluster_lab.measure.sync import TransferLog
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.buffers import state_bytes
@@ -170,8 +170,7 @@ def _accounted(case, copy, strategy):
         (y,) = reshard_many([x], [dst], copy=copy, labels=["w"], strategy=strategy)
     jax.block_until_ready(y)
     rep = sync_report(
-        {"w": facts},
-        {"w": y},
+        sync_ledger({"w": facts}, {"w": y}, log),
         log,
         lora=False,
         seconds=0.0,
@@ -250,8 +249,7 @@ def test_l3_report_exposes_a_reshard_that_moves_more_than_needed(monkeypatch):
     with listening(log):
         (y,) = reshard_many([x], [dst], labels=["w"], strategy="minimal")
     rep = sync_report(
-        {"w": facts},
-        {"w": y},
+        sync_ledger({"w": facts}, {"w": y}, log),
         log,
         lora=False,
         seconds=0.0,

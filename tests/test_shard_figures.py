@@ -15,7 +15,7 @@ from matplotlib.text import Text
 
 from rlcluster_lab.lab import shard_figures as sf
 from rlcluster_lab.lab import shards
-from rlcluster_lab.measure.sync import TransferLog, shard_facts, sync_report
+from rlcluster_lab.measure.sync import TransferLog, shard_facts, sync_ledger, sync_report
 from rlcluster_lab.placement.events import listening
 from rlcluster_lab.placement.reshard import reshard_many
 
@@ -124,8 +124,7 @@ def _synced(arrays: dict[str, jax.Array], dst_mesh: Mesh, strategy: str) -> dict
         out = reshard_many(list(arrays.values()), dsts, labels=list(arrays), strategy=strategy)
     jax.block_until_ready(out)
     rep = sync_report(
-        facts,
-        dict(zip(arrays, out)),
+        sync_ledger(facts, dict(zip(arrays, out)), log),
         log,
         lora=False,
         seconds=0.0,

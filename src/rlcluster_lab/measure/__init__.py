@@ -10,6 +10,7 @@ from rlcluster_lab.measure.sync import (
     describe_sharding,
     flat_leaves,
     shard_facts,
+    sync_ledger,
     sync_report,
 )
 
@@ -27,5 +28,6 @@ __all__ = [
     "memory_of",
     "memory_report",
     "shard_facts",
+    "sync_ledger",
     "sync_report",
 ]

@@ -37,6 +37,7 @@ from rlcluster_lab.measure.sync_peak import (
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Ran, Relayed, Transfer, Unreadable, listening
+from rlcluster_lab.placement.programs import ProgramCache
 from rlcluster_lab.placement.transfers import shard_buffers, shard_keys
 
 
@@ -247,8 +248,7 @@ def flat_leaves(state: Any) -> dict[str, jax.Array]:
 
 
 def sync_report(
-    source: Mapping[str, ShardFacts],
-    destination: Mapping[str, jax.Array],
+    ledger: Ledger,
     log: TransferLog,
     *,
     lora: bool,
@@ -260,11 +260,50 @@ def sync_report(
     transient_peak: SyncPeak | None = None,
     where: str = "",
 ) -> SyncReport:
-    """Build the report from the source's facts, the destination arrays and the transfer log.
+    """Build the report from the sync plan's ledger (``sync_ledger``) and this sync's log.
 
     ``new_anchor_shards``: (device id, memory kind, bytes) of every buffer
     the anchor re-pin allocated. ``where``: the devices it ran on, in words.
     """
+    peak = {device: dict(kinds) for device, kinds in ledger.new_buffers.items()}
+    for dev, kind, n in new_anchor_shards:
+        tally(peak, str(dev), kind, n)
+    return SyncReport(
+        method=ledger.method,
+        lora=lora,
+        leaves=ledger.leaves,
+        anchor_bytes=sum(n for *_, n in new_anchor_shards),
+        anchor_mode=anchor_mode,
+        seconds=seconds,
+        anchor_seconds=anchor_seconds,
+        arrived_by_device=ledger.arrived_by_device,
+        peak_extra_bytes={k: peak[k] for k in sorted(peak, key=int)},
+        global_step=global_step,
+        includes_compilation=log.compiled,
+        includes_program_load=log.loaded,
+        reshard_strategy=ledger.strategy,
+        peak=transient_peak,
+        transfers=ledger.transfers,
+        where=where,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Ledger:
+    """What one sync plan moves, per leaf and in total (L3): the same layouts, the same copies
+    logged and the same buffers kept give the same figures, so it is worked out once per plan.
+    ``new_buffers``: device -> memory kind -> bytes of the destination's new buffers."""
+
+    leaves: tuple[LeafSync, ...]
+    arrived_by_device: Mapping[str, int]
+    new_buffers: Mapping[str, Mapping[str, int]]
+    method: str
+    strategy: str
+    transfers: tuple[Transfer, ...]
+
+
+def sync_ledger(source: Mapping[str, ShardFacts], destination: Mapping[str, jax.Array], log: TransferLog) -> Ledger:
+    """The ledger of one sync from the source's facts, the destination arrays and the transfer log."""
     cross: dict[str, int] = {}
     same: dict[str, int] = {}
     arrived: dict[str, int] = {}
@@ -327,8 +366,6 @@ def sync_report(
                 pieces=tuple(SyncPiece(k, a, b, n) for (k, a, b), n in sorted(pieces.get(path, {}).items())),
             )
         )
-    for dev, kind, n in new_anchor_shards:
-        tally(peak, str(dev), kind, n)
     strategy = "+".join(sorted(log.strategies)) or "none (no layout changed)"
     method = (
         "measured: copies logged by the reshard, bytes read from the compiled program's collectives "
@@ -338,24 +375,17 @@ def sync_report(
     )
     if untraced:
         method += f"; {sum(len(v) for v in untraced.values())} item(s) could not be derived (see leaves)"
-    return SyncReport(
-        method=method,
-        lora=lora,
+    return Ledger(
         leaves=tuple(leaves),
-        anchor_bytes=sum(n for *_, n in new_anchor_shards),
-        anchor_mode=anchor_mode,
-        seconds=seconds,
-        anchor_seconds=anchor_seconds,
         arrived_by_device={k: arrived[k] for k in sorted(arrived, key=int)},
-        peak_extra_bytes={k: peak[k] for k in sorted(peak, key=int)},
-        global_step=global_step,
-        includes_compilation=log.compiled,
-        includes_program_load=log.loaded,
-        reshard_strategy=strategy,
-        peak=transient_peak,
+        new_buffers=peak,
+        method=method,
+        strategy=strategy,
         transfers=tuple(t for t in log.transfers if t.kind == "cross_device" and t.leaf is not None),
-        where=where,
     )
+
+
+LEDGERS = ProgramCache(16)  # each sync plan's ledger (cleared with the programs)
 
 
 def new_shards(after: Any, before: Any) -> list[tuple[int, str, int]]:
@@ -401,7 +431,7 @@ class SyncObserver:
 
     def __init__(self, *, peak: bool = True) -> None:
         self.watch_peak = peak
-        self.source: dict[str, ShardFacts] = {}
+        self.params: dict[str, jax.Array] = {}
         self.destination: dict[str, jax.Array] = {}
         self.log = TransferLog()
         self.seconds = 0.0
@@ -432,9 +462,14 @@ class SyncObserver:
         return 0.0 if self.walk is None else self.walk.seconds
 
     def before(self, params: Any) -> None:
-        leaves = flat_leaves(params)
-        self.source = {path: shard_facts(x) for path, x in leaves.items()}
-        self._sizes = [int(leaves[path].nbytes) for path in sorted(leaves)]
+        """The handover's source (the actor's arrays, which the sync never replaces)."""
+        self.params = flat_leaves(params)
+        self._sizes = [int(self.params[path].nbytes) for path in sorted(self.params)]
+
+    @functools.cached_property
+    def source(self) -> dict[str, ShardFacts]:
+        """The source's shard facts, read only where this sync's plan has no ledger yet."""
+        return {path: shard_facts(x) for path, x in self.params.items()}
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[TransferLog]:
@@ -471,10 +506,28 @@ class SyncObserver:
             allocator=allocator_peak(self._devices, self._allocator),
         )
 
+    def ledger(self) -> Ledger:
+        """This sync's ledger: worked out on its plan's first sync, then kept (``LEDGERS``). A plan
+        is known by its source and destination layouts and by the copies its reshard logged (a
+        reshard logs the same copies for the same layouts: ``placement.reshard.Batch``)."""
+        log = self.log
+        key = (
+            tuple((path, x.sharding, x.shape, x.dtype) for path, x in self.params.items()),
+            tuple((path, y.sharding, y.dtype) for path, y in self.destination.items()),
+            tuple(log.transfers),
+            tuple(log.relayed.items()),
+            tuple(log.unreadable),
+            tuple(sorted(log.strategies)),
+        )
+        hit = LEDGERS.get(key)
+        if hit is None:
+            hit = sync_ledger(self.source, self.destination, log)
+            LEDGERS.put(key, hit)
+        return hit
+
     def report(self, *, lora: bool, anchor_mode: str, global_step: int) -> SyncReport:
         return sync_report(
-            self.source,
-            self.destination,
+            self.ledger(),
             self.log,
             lora=lora,
             seconds=self.seconds,
