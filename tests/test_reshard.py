@@ -17,7 +17,7 @@ from rlcluster_lab import Scenario, build_cluster
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.core.roles import Role
-from rlcluster_lab.placement.boxes import array_plan, device_put_keeps, plan_reshard, to_box
+from rlcluster_lab.placement.boxes import device_put_keeps, plan_reshard, shard_boxes, to_box
 from rlcluster_lab.placement.programs import clear_programs
 from rlcluster_lab.placement.reshard import reshard, reshard_tree
 from rlcluster_lab.placement.transfers import shard_buffers, shard_data, shard_devices, shard_keys
@@ -44,6 +44,13 @@ SPEC_ENTRIES = [None, "fsdp", "tp", ("fsdp", "tp")]
 
 # Larger device counts first: hypothesis leans towards the first choice.
 COUNTS = [8, 4, 2, 1]
+
+
+def array_plan(x, dst):
+    """The block plan of resharding ``x`` onto ``dst``."""
+    shape = tuple(x.shape)
+    dst_boxes = [(d.id, to_box(idx, shape)) for d, idx in dst.addressable_devices_indices_map(shape).items()]
+    return plan_reshard(shape, shard_boxes(x), dst_boxes)
 
 
 @st.composite

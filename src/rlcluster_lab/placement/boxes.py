@@ -142,14 +142,6 @@ def plan_reshard(
     return plans
 
 
-def array_plan(x: jax.Array, dst: Sharding) -> list[BlockPlan]:
-    shape = tuple(x.shape)
-    src = shard_boxes(x)
-    dst_map = dst.addressable_devices_indices_map(shape)
-    dst_boxes = [(d.id, to_box(idx, shape)) for d, idx in dst_map.items()]
-    return plan_reshard(shape, src, dst_boxes)
-
-
 def relabel(x: jax.Array, dst: Sharding) -> jax.Array:
     """``x``'s own shards as an array on ``dst``, an equivalent sharding (nothing is copied)."""
     return jax.make_array_from_single_device_arrays(x.shape, dst, [data for _, data in shard_data(x)], dtype=x.dtype)

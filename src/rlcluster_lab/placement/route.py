@@ -160,7 +160,6 @@ class Pieces:
     kept: tuple[tuple[int, int, int], ...]
     copied: tuple[tuple[int, int, int], ...]
     whole: tuple[tuple[int, int, int, int], ...]
-    block_counts: tuple[int, ...]  # per leg of ``legs``
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -389,7 +388,6 @@ def _pieces(legs: Sequence[Leg], idx: tuple[int, ...], copy: bool, strategy: str
         kept=tuple(kept),
         copied=tuple(copied),
         whole=tuple(whole),
-        block_counts=tuple(len(legs[i].dst.device_ids) for i in idx),
     )
 
 
