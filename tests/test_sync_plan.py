@@ -4,18 +4,20 @@ a knob it depends on changes; a failure with a plan in hand rolls back as before
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 from test_fault_injection import _fail_on_commit, _raise
 
 from rlcluster_lab import Role, Scenario, TrainBatch, build_cluster
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.engines.base import SyncPlan
 from rlcluster_lab.measure import sync as measure_sync
 from rlcluster_lab.placement import events
@@ -179,3 +181,36 @@ def test_l3_a_sync_walks_its_transient_peak_only_when_asked(layout, lora, chunk)
         unwatched = cluster.sync_weights(peak=False)
     assert watched.peak is not None and unwatched.peak is None
     assert _bytes(unwatched) == _bytes(watched) and unwatched.seconds > 0
+
+
+@settings(deadline=None, derandomize=True, max_examples=4)
+@given(_scenarios())
+@example(Scenario(layout="split", reshard="minimal"))
+@example(Scenario(layout="split", lora=True, rollout_dtype="bfloat16"))
+@example(Scenario(layout="reshaped", engine="vllm"))
+def test_l3_the_reports_plan_names_every_leaf_once_and_the_pairs_and_bytes_that_crossed(scenario):
+    """Over drawn layouts, engines, strategies, dtypes, offload and chunk sizes: the plan the report
+    prints (``Route.lines``) gives each handed-over leaf one way of changing layout, is the same
+    on a later sync, and where no compiled program moves data its device pairs and their bytes
+    are exactly the logged cross-device copies'."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cluster = build_cluster(scenario)
+    cluster.sync_weights()
+    rep = cluster.sync_weights()
+    assert cluster.sync_weights().plan == rep.plan
+    ways = ("kept:", "re-labelled", "copied within devices", "laid out anew", " from devices ", "shard by shard")
+    changed = sum(int(re.search(r"(\d+) lea", line)[1]) for line in rep.plan if any(w in line for w in ways))
+    assert changed == (len(rep.leaves) if rep.plan else 0)
+    if not rep.plan:  # the rollout holds the actor's own arrays: nothing was resharded
+        assert rep.reused_bytes == rep.synced_bytes
+    if not any("program" in line for line in rep.plan):
+        per: dict[tuple[int, int], int] = {}
+        for t in rep.transfers:
+            per[t.src_device, t.dst_device] = per.get((t.src_device, t.dst_device), 0) + t.nbytes
+        planned = re.findall(r"(\d+)->(\d+) ([\d.]+ \w+)", " ".join(rep.plan))
+        said = {(int(a), int(b)) for a, b, _ in planned}
+        # A line lists at most 8 pairs; in chunks each chunk's line sums its own.
+        assert said == set(per) or (said < set(per) and "more pairs" in " ".join(rep.plan))
+        if not any(line.startswith("chunk") or "more pairs" in line for line in rep.plan):
+            assert dict(((int(a), int(b)), n) for a, b, n in planned) == {k: fmt_bytes(v) for k, v in per.items()}

@@ -36,7 +36,19 @@ from rlcluster_lab.measure.sync_peak import (
 )
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
-from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Ran, Relayed, Transfer, Unreadable, listening
+from rlcluster_lab.placement.events import (
+    LEDGER,
+    Built,
+    Made,
+    Phase,
+    Ran,
+    Relayed,
+    Routed,
+    Transfer,
+    Unreadable,
+    listening,
+)
+from rlcluster_lab.placement.layout import id_ranges
 from rlcluster_lab.placement.programs import ProgramCache
 from rlcluster_lab.placement.transfers import shard_buffers, shard_keys
 
@@ -58,6 +70,7 @@ class TransferLog:
     unreadable: list[tuple[str | None, str]] = dataclasses.field(default_factory=list)
     compiled: bool = False
     loaded: bool = False  # a program that ran meanwhile was read back from the persistent cache
+    routes: list[Any] = dataclasses.field(default_factory=list)  # each reshard's route, in order (one per chunk)
     kinds = LEDGER
 
     def on(self, event: Any) -> None:
@@ -73,6 +86,8 @@ class TransferLog:
         elif isinstance(event, Built):
             self.compiled |= event.source == "compiled"
             self.loaded |= event.source != "compiled"
+        elif isinstance(event, Routed):
+            self.routes.append(event.route)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +187,8 @@ class SyncReport:
     transfers: tuple[Transfer, ...] = dataclasses.field(default=(), repr=False, compare=False)
     # The devices the sync ran on, in words (``core.devices.devices_words``): where its figures come from.
     where: str = ""
+    # The plan the handover ran: one line per group of leaves that changed together (``Route.lines``).
+    plan: tuple[str, ...] = ()
 
     def _sum(self, field: str) -> int:
         return int(sum(getattr(leaf, field) for leaf in self.leaves))
@@ -216,6 +233,7 @@ class SyncReport:
             "arrived_by_device": _plain(self.arrived_by_device),
             "peak_extra_bytes": _plain(self.peak_extra_bytes),
             "transient_peak": None if self.peak is None else self.peak.to_json(),
+            "plan": list(self.plan),
             "leaves": [leaf.to_json() for leaf in self.leaves],
         }
 
@@ -285,6 +303,7 @@ def sync_report(
         peak=transient_peak,
         transfers=ledger.transfers,
         where=where,
+        plan=ledger.plan,
     )
 
 
@@ -300,6 +319,7 @@ class Ledger:
     method: str
     strategy: str
     transfers: tuple[Transfer, ...]
+    plan: tuple[str, ...]
 
 
 def sync_ledger(source: Mapping[str, ShardFacts], destination: Mapping[str, jax.Array], log: TransferLog) -> Ledger:
@@ -382,6 +402,11 @@ def sync_ledger(source: Mapping[str, ShardFacts], destination: Mapping[str, jax.
         method=method,
         strategy=strategy,
         transfers=tuple(t for t in log.transfers if t.kind == "cross_device" and t.leaf is not None),
+        plan=tuple(
+            f"chunk {k}/{len(log.routes)}: {line}" if len(log.routes) > 1 else line
+            for k, r in enumerate(log.routes, 1)
+            for line in r.lines
+        ),
     )
 
 
@@ -407,20 +432,14 @@ def describe_sharding(s: Sharding) -> str:
         ids = [d.id for d in np.asarray(s.mesh.devices).flatten()]
         return describe_layout(s.mesh.shape, ids, s.spec, s.memory_kind)
     ids = sorted(d.id for d in s.device_set)
-    return f"{type(s).__name__} devices {_id_ranges(ids)} {s.memory_kind}"
+    return f"{type(s).__name__} devices {id_ranges(ids)} {s.memory_kind}"
 
 
 def describe_layout(axes: Mapping[str, int], ids: Sequence[int], spec: Any, kind: Any) -> str:
     """A mesh sharding as ``describe_sharding`` writes it (the planner writes its arrays so too)."""
     sizes = ",".join(f"{n}={k}" for n, k in axes.items())
     parts = ", ".join("None" if p is None else repr(p) for p in spec)
-    return f"mesh({sizes}) devices {_id_ranges(ids)} P({parts}) {kind}"
-
-
-def _id_ranges(ids: Sequence[int]) -> str:
-    if list(ids) == list(range(ids[0], ids[0] + len(ids))):
-        return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
-    return ",".join(map(str, ids))
+    return f"mesh({sizes}) devices {id_ranges(ids)} P({parts}) {kind}"
 
 
 class SyncObserver:
@@ -518,6 +537,7 @@ class SyncObserver:
             tuple(log.relayed.items()),
             tuple(log.unreadable),
             tuple(sorted(log.strategies)),
+            tuple(log.routes),
         )
         hit = LEDGERS.get(key)
         if hit is None:

@@ -80,7 +80,14 @@ class Built:
     source: str
 
 
-LEDGER = frozenset({Transfer, Relayed, Unreadable, Ran, Built})
+@dataclasses.dataclass(frozen=True)
+class Routed:
+    """A reshard ran this route (``placement.route.Route``): the plan the sync report prints."""
+
+    route: Any
+
+
+LEDGER = frozenset({Transfer, Relayed, Unreadable, Ran, Built, Routed})
 
 
 class Listener(Protocol):

@@ -85,6 +85,14 @@ class PlannedMesh:
         return _ids_array(self.device_ids)
 
 
+def id_ranges(ids: Sequence[int]) -> str:
+    """Device ids in words: a run of consecutive ids as ``first-last``, else listed."""
+    ids = list(ids)
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
+    return ",".join(map(str, ids))
+
+
 @functools.lru_cache(maxsize=4096)
 def _ids_array(ids: tuple[int, ...]) -> np.ndarray:
     out = np.asarray(ids, dtype=np.int64)

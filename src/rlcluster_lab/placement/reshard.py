@@ -30,7 +30,7 @@ from rlcluster_lab.placement import minimal as reshard_minimal
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.boxes import relabel
-from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Transfer, emit, listening, wants
+from rlcluster_lab.placement.events import LEDGER, Built, Made, Phase, Routed, Transfer, emit, listening, wants
 from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import Leg, Route, route
@@ -109,6 +109,7 @@ class Batch:
             self.ledger = [e for e in heard if not isinstance(e, Built)]
         for event in heard:
             emit(event)
+        emit(Routed(self.route))
         return out
 
 

@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, device_put_keeps, plan_reshard
-from rlcluster_lab.placement.layout import Layout, PlannedMesh
+from rlcluster_lab.placement.layout import Layout, PlannedMesh, id_ranges
 from rlcluster_lab.placement.programs import cleared_with_programs
 
 WORK = "device"  # the memory kind layouts change in (every platform's default)
@@ -122,6 +123,11 @@ class ProgramGroup:
         return Layout(PlannedMesh(self.src_order, sizes, names, ("Auto", *m.axis_types)), leg.dst.spec, WORK)
 
 
+def _mesh(layout: Layout) -> str:
+    return "mesh(" + ",".join(f"{n}={k}" for n, k in layout.mesh.shape.items()) + ")"
+
+
+_RELABEL = "re-labelled: the same buffers under the destination's sharding (an equivalent layout)"
 COPIES = "copies"  # the leading axis of a between program's layout when the source has more devices
 
 
@@ -179,6 +185,69 @@ class Route:
     pieces: Pieces | None
     casts: tuple[tuple[int, ...], ...]  # legs cast together (one program per set of devices)
     steps: tuple[Step, ...]
+
+    @functools.cached_property
+    def lines(self) -> tuple[str, ...]:
+        """The route in words, one line per group of leaves that change together: what moves,
+        from which devices to which, and how (the sync report's ``plan``; the planner's too)."""
+        legs, out = self.legs, []
+
+        def some(idx: Sequence[int]) -> str:
+            return f"{len(idx)} lea{'f' if len(idx) == 1 else 'ves'}"
+
+        def pairs(sent: Sequence[tuple[int, int, int]]) -> str:
+            """(source, destination, bytes) of each crossing, summed per device pair."""
+            per: dict[tuple[int, int], int] = {}
+            for a, b, n in sent:
+                per[a, b] = per.get((a, b), 0) + n
+            said = [f"{a}->{b} {fmt_bytes(n)}" for (a, b), n in sorted(per.items())]
+            return ", ".join(said[:8]) + (f" and {len(said) - 8} more pairs" if len(said) > 8 else "")
+
+        if self.staged:
+            out.append(f"{some(self.staged)} staged from pinned host to device memory first (P14)")
+        for how, words in (("kept", "kept: already in the destination sharding"), ("relabel", _RELABEL)):
+            idx = [i for i, h in enumerate(self.how) if h == how]
+            if idx:
+                out.append(f"{some(idx)} {words}")
+        copies = [i for i, h in enumerate(self.how) if h == "copy"]
+        for order in dict.fromkeys(legs[i].dst.device_ids for i in copies):
+            idx = [i for i in copies if legs[i].dst.device_ids == order]
+            out.append(f"{some(idx)} copied within devices {id_ranges(order)} by one compiled copy program")
+        for g in self.programs:
+            at = f"devices {id_ranges(g.src_order)}"
+            if not g.between:
+                meshes = dict.fromkeys(f"{_mesh(legs[i].src)} -> {_mesh(legs[i].dst)}" for i in g.legs)
+                out.append(f"{some(g.legs)} laid out anew on {at} ({'; '.join(meshes)}) by one compiled program")
+                continue
+            sent, held = [], {"copy": 0, "kept": 0, "ran": 0}
+            for i in g.members:
+                n = legs[i].shard_bytes(legs[i].dst)
+                for p in self.positions[i]:
+                    if p.how == "send":
+                        sent.append((p.src, p.dst, n))
+                    else:
+                        held[p.how] += 1
+            first = f"a program lays {some(g.legs)} out as the destination on {at}, then " if g.legs else ""
+            stay = ", ".join(f"{k} {v} shards" for k, v in (("copied", held["copy"]), ("kept", held["kept"])) if v)
+            out.append(
+                f"{some(g.members)} from {at} to devices {id_ranges(g.dst_order)}: {first}"
+                f"{len(sent)} whole shards cross ({pairs(sent)})" + (f"; {stay} within their device" if stay else "")
+            )
+        if self.pieces is not None:
+            s = self.pieces
+            sent = [(a, b, n) for a, b, n in zip(s.pack_sources, s.pack_devices, s.pack_bytes)]
+            sent += [(a, b, legs[s.legs[leg]].shard_bytes(legs[s.legs[leg]].dst)) for leg, _, a, b in s.whole]
+            stay = ", ".join(f"{k} {len(v)} blocks" for k, v in (("kept", s.kept), ("copied", s.copied)) if v)
+            out.append(
+                f"{some(s.legs)} shard by shard, only the pieces a device lacks: {len(sent)} transfers "
+                f"({pairs(sent)})" + (f"; {stay} within their device" if stay else "")
+            )
+        if self.final:
+            out.append(f"{some(self.final)} moved to pinned host memory after (P14)")
+        for group in self.casts:
+            dtype, ids = legs[group[0]].to_dtype, legs[group[0]].dst.device_ids
+            out.append(f"{some(group)} cast to {np.dtype(dtype)} on devices {id_ranges(sorted(ids))} by one program")
+        return tuple(out)
 
     def result_key(self, i: int) -> tuple[Any, ...] | None:
         """The value that ends as leg i's result (None: the source itself)."""
