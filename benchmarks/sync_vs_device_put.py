@@ -6,10 +6,10 @@
 1. For each layout, LoRA on/off and model size, times the handover part of
    ``cluster.sync_weights()`` (``SyncReport.seconds``: the engine's reshard and
    update, until ready) against the faster of ``jax.device_put(params,
-   destination shardings)`` and a jitted identity with the destination shardings
+   destination shardings)`` and a jitted copy with the destination shardings
    (the same floor as ``benchmarks/interactive.py``'s sync section), both without
    the transfer guard (on CPU, device_put gathers through host memory when the
-   layout changes, which the sync may not do; a jitted identity cannot run
+   layout changes, which the sync may not do; a jitted copy cannot run
    across the split layout's disjoint devices). Prints the medians, their ratio,
    the median ratio overall, and saves a plot.
 2. With ``--chunks``, for the reshaped full-parameter sync of each size: the
@@ -33,31 +33,6 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _floors(params, shardings, repeats: int, new_buffers: bool) -> dict[str, float | None]:
-    """The medians of device_put and of a jitted program onto ``shardings`` (None where one cannot
-    run). With ``new_buffers`` (the sync made new arrays: an engine with weights of its own) both
-    make new buffers as the sync did: onto an identical sharding (one chip, a second mesh) a plain
-    device_put, or a jitted identity, hands back the very buffers it was given and copies nothing.
-    Without, the floor may keep them, as the sync did."""
-    import jax
-
-    from rlcluster_lab.placement.reshard import copy_arrays
-
-    leaves = jax.tree.leaves(params)
-
-    def put() -> None:
-        jax.block_until_ready(jax.device_put(leaves, shardings, may_alias=not new_buffers))
-
-    out: dict[str, float | None] = {"device_put": common.median_seconds(put, repeats)}
-    try:
-        body = copy_arrays if new_buffers else (lambda t: t)
-        program = jax.jit(body, out_shardings=shardings)
-        out["jit identity"] = common.median_seconds(lambda: jax.block_until_ready(program(leaves)), repeats)
-    except ValueError:  # disjoint device sets (split): a program cannot take and give them
-        out["jit identity"] = None
-    return out
-
-
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--chunks", default="", help="comma-separated sync_chunk_bytes to sweep (0: one piece)")
@@ -66,10 +41,10 @@ def main() -> None:
     args = p.parse_args()
     common.setup(args)
     import jax
-    from flax import nnx
 
     import rlcluster_lab as rl
     from rlcluster_lab.app.scenario import Scenario, build_cluster
+    from rlcluster_lab.measure.sync import sync_floor
     from rlcluster_lab.placement.programs import clear_programs
     from rlcluster_lab.planner.plan import plan_scenario
 
@@ -87,26 +62,23 @@ def main() -> None:
             rollout_dtype=None if dtype == "float32" else dtype,
         )
         cluster = build_cluster(scenario, devices=lab.devices_for(layout))
-        kind = nnx.LoRAParam if lora else nnx.Param
-        # The sync reads the actor's state before its clock starts; so do the floors.
-        params = nnx.state(cluster.actor_model, kind)
-        shardings = [x.sharding for x in cluster.rollout.held_values((kind,))]
         for _ in range(2):
             cluster.sync_weights()
         sync_s = statistics.median(cluster.sync_weights().seconds for _ in range(args.repeats))
         rep = cluster.sync_weights()
-        floors = _floors(params, shardings, args.repeats, new_buffers=rep.reused_bytes < rep.synced_bytes)
+        # The sync reads the actor's state before its clock starts; so do the floors (measure.sync.sync_floor).
+        floors = sync_floor(cluster, rep, args.repeats)
         fastest = min((k for k, v in floors.items() if v is not None), key=lambda k: floors[k])
         ratio = sync_s / floors[fastest]
         ratios.append(ratio)
         labels.append(f"{size}/{layout}{'/lora' if lora else ''}{'' if dtype == 'float32' else '/' + dtype}")
-        jit_ms = "n/a" if floors["jit identity"] is None else floors["jit identity"] * 1e3
+        jit_ms = "n/a" if floors["compiled copy"] is None else floors["compiled copy"] * 1e3
         rows.append(
             [size, layout, ("lora" if lora else "full") + ("" if dtype == "float32" else f" {dtype}")]
             + [rep.synced_bytes, rep.moved_cross_device_bytes]
             + [sync_s * 1e3, floors["device_put"] * 1e3, jit_ms, fastest, ratio]
         )
-        del cluster, params
+        del cluster
         # Compiled programs hold memory mappings: start every case without the last one's.
         clear_programs()
         jax.clear_caches()

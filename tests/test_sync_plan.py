@@ -214,3 +214,16 @@ def test_l3_the_reports_plan_names_every_leaf_once_and_the_pairs_and_bytes_that_
         assert said == set(per) or (said < set(per) and "more pairs" in " ".join(rep.plan))
         if not any(line.startswith("chunk") or "more pairs" in line for line in rep.plan):
             assert dict(((int(a), int(b)), n) for a, b, n in planned) == {k: fmt_bytes(v) for k, v in per.items()}
+
+
+@pytest.mark.parametrize("layout", ["reshaped", "split"])
+def test_l3_a_syncs_floor_is_one_device_put_and_one_compiled_copy_of_the_same_tree(layout):
+    """``sync_floor`` times the handed-over leaves put into the rollout's shardings outside the sync:
+    one device_put, and one compiled copy where one program can take both device sets (not split)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cluster = build_cluster(Scenario(layout=layout, lora=True))
+    floor = measure_sync.sync_floor(cluster, cluster.sync_weights(), repeats=1)
+    assert floor["device_put"] > 0
+    assert (floor["compiled copy"] is None) == (layout == "split")
+    assert floor["compiled copy"] is None or floor["compiled copy"] > 0

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -21,7 +23,7 @@ from flax.traverse_util import flatten_dict
 from jax.sharding import NamedSharding, Sharding
 
 from rlcluster_lab.core.shardings import array_leaves
-from rlcluster_lab.engines.base import leaf_path
+from rlcluster_lab.engines.base import flat_values, leaf_path
 from rlcluster_lab.measure.memory import UNITS, _plain, own_devices_words
 from rlcluster_lab.measure.sync_peak import (
     METHOD,
@@ -50,6 +52,7 @@ from rlcluster_lab.placement.events import (
 )
 from rlcluster_lab.placement.layout import id_ranges
 from rlcluster_lab.placement.programs import ProgramCache
+from rlcluster_lab.placement.reshard import copy_arrays
 from rlcluster_lab.placement.transfers import shard_buffers, shard_keys
 
 
@@ -408,6 +411,45 @@ def sync_ledger(source: Mapping[str, ShardFacts], destination: Mapping[str, jax.
             for line in r.lines
         ),
     )
+
+
+def sync_floor(cluster: Any, report: SyncReport, repeats: int = 5) -> dict[str, float | None]:
+    """What a sync's time is measured against (L3): the median seconds of the fastest ways to put
+    the handed-over leaves into the rollout's shardings, outside the sync and its transfer guard.
+
+    ``device_put``: one batched ``jax.device_put`` (on CPU, between layouts, it gathers through
+    host memory, which P13 forbids the sync); ``compiled copy``: one jitted copy with the
+    destination shardings (None where one program cannot take both device sets: the split
+    layout). Both make new buffers where ``report``'s sync did (an engine with weights of its
+    own): onto the same sharding they would otherwise hand back the source's and copy nothing.
+    """
+    kind = nnx.LoRAParam if report.lora else nnx.Param
+    source = flat_values(nnx.state(cluster.actor_model, kind))
+    engine = cluster.rollout
+    held = dict(zip(engine.held_targets((kind,)), engine.held_values((kind,))))
+    leaves, shardings = [source[k] for k in held], [x.sharding for x in held.values()]
+    new = report.reused_bytes < report.synced_bytes
+    out: dict[str, float | None] = {
+        "device_put": median_seconds(lambda: jax.device_put(leaves, shardings, may_alias=not new), repeats)
+    }
+    try:
+        program = jax.jit(copy_arrays if new else (lambda xs: xs), out_shardings=shardings)
+        out["compiled copy"] = median_seconds(lambda: program(leaves), repeats)
+    except ValueError:  # disjoint device sets: no one program takes and gives them
+        out["compiled copy"] = None
+    return out
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
+    """The median wall time of ``fn()`` until its arrays are ready, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 LEDGERS = ProgramCache(16)  # each sync plan's ledger (cleared with the programs)
