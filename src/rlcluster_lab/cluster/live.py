@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from rlcluster_lab.cluster.construct import LoadFacts, Placed, Request, construct
 from rlcluster_lab.cluster.contexts import RoleContexts
 from rlcluster_lab.cluster.validate import engine_class
-from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
+from rlcluster_lab.core.config import max_kv_cache_size
 from rlcluster_lab.core.gathering import summed
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.options import RolloutConfig, dtype_name
@@ -86,13 +86,23 @@ class LiveExecutor:
         return is_lora(model)
 
     def make_engine(self, rollout_actor: nnx.Module, mesh: Any) -> RolloutEngine:
-        """The engine, as the reference builds each kind (see ``engine_arguments``)."""
-        factory, kwargs = engine_arguments(
-            self.contexts, self.engine_kind, self.tokenizer, self.rollout_config, rollout_actor, mesh
+        """The engine, as the reference builds each kind: the TRAIN rollout config unchanged, and the
+        KV cache size (the largest over modes) only to the engines that take one (vanilla, vllm)."""
+        config, kind = self.contexts.config, self.engine_kind
+        kwargs: dict[str, Any] = dict(
+            rollout_actor=rollout_actor, tokenizer=self.tokenizer, mesh=mesh, rollout_config=self.rollout_config
         )
+        factory = config.rollout_engine
+        if kind != "custom":
+            factory = engine_class(config, kind)
+            kwargs["reshard"] = config.reshard  # an own-copy engine places its copy by it
+            if kind in ("vanilla", "vllm"):
+                kwargs["cache_size"] = max_kv_cache_size(config)
+            if issubclass(factory, OwnCopyEngine):
+                kwargs["logical_axis_rules"] = self.contexts.rules_for(Role.ROLLOUT)
         with self.contexts.enter(Role.ROLLOUT, "construct: engine"):
             self.engine = factory(**kwargs)
-        self.engine.reshard = self.contexts.config.reshard  # a custom engine's too
+        self.engine.reshard = config.reshard  # a custom engine's too
         return self.engine
 
     def engine_model(self, engine: RolloutEngine) -> nnx.Module:
@@ -120,31 +130,6 @@ class LiveExecutor:
 
     def device_kind(self, mesh: Any) -> str:
         return default_memory_kind(mesh)
-
-
-def engine_arguments(
-    contexts: RoleContexts,
-    kind: str,
-    tokenizer: Any,
-    rollout_config: RolloutConfig,
-    rollout_actor: nnx.Module,
-    mesh: Any,
-) -> tuple[Any, dict[str, Any]]:
-    """How the engine is built, as in the reference: the TRAIN rollout config unchanged, and the
-    KV cache size (the largest over modes) only to the engines that take one (vanilla, vllm)."""
-    config: ClusterConfig = contexts.config
-    kwargs: dict[str, Any] = dict(
-        rollout_actor=rollout_actor, tokenizer=tokenizer, mesh=mesh, rollout_config=rollout_config
-    )
-    if kind == "custom":
-        return config.rollout_engine, kwargs
-    cls = engine_class(config, kind)
-    kwargs["reshard"] = config.reshard  # an own-copy engine places its copy by it
-    if kind in ("vanilla", "vllm"):
-        kwargs["cache_size"] = max_kv_cache_size(config)
-    if issubclass(cls, OwnCopyEngine):
-        kwargs["logical_axis_rules"] = contexts.rules_for(Role.ROLLOUT)
-    return cls, kwargs
 
 
 def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace) -> Placed:

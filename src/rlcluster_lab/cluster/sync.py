@@ -38,8 +38,9 @@ from flax import nnx
 from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.core.states import model_state
-from rlcluster_lab.engines.base import flat_values, reshard_flat
+from rlcluster_lab.engines.base import flat_values, leaf_path
 from rlcluster_lab.placement.place import put_on_memory_kind
+from rlcluster_lab.placement.reshard import reshard_many
 from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
 
 
@@ -165,11 +166,19 @@ def _roll_back(
 
 
 def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, ...], keys: Any) -> None:
-    """The rollout's leaves ``keys`` set from the anchor (the weights of the last sync), in new buffers."""
+    """The rollout's leaves ``keys`` set from the anchor (the weights of the last sync), in new buffers
+    of the rollout's shardings and dtypes (device-to-device copies only, no host round-trip)."""
     anchor = flat_values(s.placed.anchor)
     targets = {k: t for k, t in engine.held_targets(filter_types).items() if k in keys}
-    values = reshard_flat({k: anchor[k] for k in targets}, targets, copy=True, strategy=s.config.reshard)
-    engine.assign(values, filter_types)
+    new = reshard_many(
+        [anchor[k] for k in targets],
+        [t.sharding for t in targets.values()],
+        copy=True,
+        labels=list(map(leaf_path, targets)),
+        dtypes=[t.dtype for t in targets.values()],
+        strategy=s.config.reshard,
+    )
+    engine.assign(dict(zip(targets, new)), filter_types)
 
 
 def _rollouts_own(

@@ -112,26 +112,18 @@ def platform_of(tree: Any) -> str | None:
     """The platform of the first array in ``tree`` (None when it holds none)."""
     import jax
 
-    for leaf in jax.tree.leaves(tree):
-        sharding = getattr(leaf, "sharding", None)
-        if sharding is None:
-            continue
-        for device in sharding.device_set:
-            return str(device.platform)
-    return None
-
-
-def elements_of(tree: Any) -> int:
-    """How many elements the arrays of ``tree`` hold together."""
-    import jax
-
-    return sum(int(getattr(leaf, "size", 0)) for leaf in jax.tree.leaves(tree))
+    shardings = (s for s in (getattr(leaf, "sharding", None) for leaf in jax.tree.leaves(tree)) if s is not None)
+    return next((str(device.platform) for s in shardings for device in s.device_set), None)
 
 
 def options_for(tree: Any, elements: int | None = None) -> dict[str, Any] | None:
     """``compiler_options`` for a program over ``tree``'s arrays (``elements``: the model's
     parameter count when known, else the arrays' own element count)."""
-    return compiler_options(platform_of(tree), elements_of(tree) if elements is None else elements)
+    import jax
+
+    if elements is None:
+        elements = sum(int(getattr(leaf, "size", 0)) for leaf in jax.tree.leaves(tree))
+    return compiler_options(platform_of(tree), elements)
 
 
 def options_key(options: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
@@ -163,11 +155,6 @@ class ProgramFamily:
             # A dict write is atomic under the GIL: two threads at most build the same wrapper twice.
             self._by_options[key] = hit
         return hit
-
-    def clear_cache(self) -> None:
-        """Drop the compiled programs of every option set (as ``jax.jit(...).clear_cache``)."""
-        for jitted in list(self._by_options.values()):
-            jitted.clear_cache()
 
 
 _BUILD_ONLY = threading.local()

@@ -103,9 +103,8 @@ class TrainingConfig:
 
     def critic_tx(self) -> optax.GradientTransformation:
         """The critic's optimizer: ``critic_optimizer``, else ``adam(critic_learning_rate)``."""
-        if self.critic_optimizer is not None:
-            return self.critic_optimizer
-        return default_optimizer(self.critic_learning_rate)
+        critic = self.critic_optimizer
+        return critic if critic is not None else default_optimizer(self.critic_learning_rate)
 
     @property
     def gradient_accumulation_steps(self) -> int | None:

@@ -28,7 +28,7 @@ from rlcluster_lab.model import logps_from_state
 from rlcluster_lab.model.sampling import check_prompts, prompt_width, sample
 from rlcluster_lab.placement import events
 from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.reshard import Batch, batch, reshard_many
+from rlcluster_lab.placement.reshard import Batch, batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,11 +242,6 @@ class RolloutEngine(abc.ABC):
         index = self._index(filter_types)
         return [index.get(j) for j in range(len(index.keys))]
 
-    def _variables(self, filter_types: tuple[Any, ...] | None) -> dict[tuple[Any, ...], nnx.Variable]:
-        """Path -> the model's own Variable objects (those matching ``filter_types``), in path order."""
-        index = self._index(filter_types)
-        return dict(zip(index.keys, index.variables))
-
     def _index(self, filter_types: tuple[Any, ...] | None) -> _VariableIndex:
         """The model's Variables matching ``filter_types``, found once per filter.
 
@@ -383,25 +378,3 @@ def flat_values(tree: Any) -> dict[tuple[Any, ...], Any]:
 
 def _read(v: nnx.Variable) -> Any:
     return v.get_raw_value() if _plain_variable(v) else v.get_value()
-
-
-def reshard_flat(
-    src_flat: dict[tuple[Any, ...], Any], dst_flat: dict[tuple[Any, ...], Any], *, copy: bool, strategy: str
-) -> dict[tuple[Any, ...], Any]:
-    """``src_flat``'s values (path -> array) placed with ``dst_flat``'s shardings and cast to its dtypes.
-
-    ``dst_flat``'s values are arrays or ``Target``s (anything with ``sharding`` and
-    ``dtype``). Leaves already in their destination sharding are reused unless ``copy``
-    asks for new buffers. Only device-to-device copies happen: no host round-trip, so
-    it runs under a transfer guard.
-    """
-    if src_flat.keys() != dst_flat.keys():
-        raise tree_mismatch(src_flat, dst_flat)
-    keys = list(dst_flat)
-    dsts, dtypes, labels = (
-        [dst_flat[k].sharding for k in keys],
-        [dst_flat[k].dtype for k in keys],
-        list(map(leaf_path, keys)),
-    )
-    new = reshard_many([src_flat[k] for k in keys], dsts, copy=copy, labels=labels, dtypes=dtypes, strategy=strategy)
-    return dict(zip(keys, new))
