@@ -260,10 +260,9 @@ def build_cluster(
     """
     config = validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh)
     check_memory(scenario, config)
-    r2m = dict(config.role_to_mesh)
     # A long session builds many clusters: keep the compiled programs under the bound.
     trim_compiled_programs()
-    models = build_models(scenario, r2m)
+    models = build_models(scenario, dict(config.role_to_mesh))
     with warnings.catch_warnings():
         # The cluster keeps its own record of P4 warnings (cluster.warnings).
         warnings.simplefilter("ignore")

@@ -227,14 +227,9 @@ def _steps(
                 # leaf's sharding); a step that raised changed neither.
                 nnx.update(model, new_params)
                 setattr(s.placed, field, new_opt_state)
-                metrics.append(_host_metrics(m))
+                # As floats; with several processes, read from whichever computed them (core.gathering).
+                metrics.append(dict(zip(m, map(float, host_values(list(m.values()))))))
     return metrics
-
-
-def _host_metrics(m: dict[str, Any]) -> dict[str, float]:
-    """A step's metrics as floats; with several processes, read from whichever process
-    computed them (``core.gathering``)."""
-    return dict(zip(m, map(float, host_values(list(m.values())))))
 
 
 def check_accumulation(batch_size: int, tcfg: Any) -> None:

@@ -80,7 +80,9 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     engine_model = engine.model()
     old = engine.held_values(filter_types)
     own = _rollouts_own(engine, filter_types, old, actor_state.filter(*filter_types))
-    order = p13_sync_order(s.config.sync_chunk_bytes, s.config.offload_to_cpu, _anchor_covers(placed.anchor, own))
+    # P8: whether the anchor holds every leaf a rollback may restore.
+    covers = placed.anchor is not None and own.keys() <= flat_values(placed.anchor).keys()
+    order = p13_sync_order(s.config.sync_chunk_bytes, s.config.offload_to_cpu, covers)
     watch.start(
         actor_state, (old, placed.anchor), s.contexts.devices(), chunk_bytes=order.chunk_bytes, order=order.text
     )
@@ -189,14 +191,6 @@ def _rollouts_own(
     must too."""
     actors = flat_values(synced)
     return {k: x for k, x in zip(engine.held_targets(filter_types), held) if x is not actors.get(k)}
-
-
-def _anchor_covers(anchor: Any, keys: Any) -> bool:
-    """The anchor holds every leaf a rollback may restore (P8)."""
-    if anchor is None:
-        return False
-    held = flat_values(anchor)
-    return all(k in held for k in keys)
 
 
 def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:

@@ -17,11 +17,10 @@ cache, so programs compiled either way never mix.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 ENV = "RLCLUSTER_LAB_FAST_COMPILE"
@@ -161,34 +160,26 @@ _BUILD_ONLY = threading.local()
 
 
 class Built(Exception):  # noqa: N818 - not an error: the signal that ends a build-only call
-    """Raised by ``run`` under ``build_only`` once the program is compiled, instead of running it."""
+    """Raised by ``run`` inside ``build`` once the program is compiled, instead of running it."""
 
 
-@contextlib.contextmanager
-def build_only() -> Iterator[None]:
-    """Inside the block, on this thread, the first program ``run`` is asked for is compiled and
-    not run: ``Built`` ends the call there. The program lands in the jitted function's own
-    cache, so the same call made later (any thread) runs it without compiling."""
+def build(operation: Callable[[], Any]) -> None:
+    """Call ``operation`` up to the first program it asks ``run`` for, on this thread: that
+    program is compiled and not run, and ``Built`` ends the call there. The program lands in
+    the jitted function's own cache, so the same call made later (any thread) runs it without
+    compiling."""
     previous = getattr(_BUILD_ONLY, "on", False)
     _BUILD_ONLY.on = True
     try:
-        yield
+        operation()
+    except Built:
+        pass
     finally:
         _BUILD_ONLY.on = previous
 
 
-def build(operation: Callable[[], Any]) -> None:
-    """Call ``operation`` up to the first program it asks ``run`` for: that program is compiled
-    and not run, and the call ends there (``build_only``)."""
-    try:
-        with build_only():
-            operation()
-    except Built:
-        pass
-
-
 def run(jitted: Any, *args: Any) -> Any:
-    """``jitted(*args)``; under ``build_only``, compile it for ``args`` and raise ``Built``."""
+    """``jitted(*args)``; inside ``build``, compile it for ``args`` and raise ``Built``."""
     if getattr(_BUILD_ONLY, "on", False):
         jitted.lower(*args).compile()
         raise Built

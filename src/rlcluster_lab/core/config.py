@@ -58,7 +58,8 @@ class TrainingConfig:
             ("clip_range_value", "clip_range_value (the value loss's clip range)", "", False),
         ):
             value = getattr(self, field)
-            if not _finite_real(value) or value < 0 or (value == 0 and not zero_ok):
+            real = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+            if not real or value < 0 or (value == 0 and not zero_ok):
                 raise ConfigError(
                     f"{label} must be a finite number {'>=' if zero_ok else '>'} 0{example}, got {value!r}",
                     knobs=(field,) if field == "learning_rate" else (),
@@ -113,11 +114,6 @@ class TrainingConfig:
         if self.train_micro_batch_size is None or self.mini_batch_size is None:
             return None
         return self.mini_batch_size // self.train_micro_batch_size
-
-
-def _finite_real(value: Any) -> bool:
-    """A real number (not a bool) that is neither NaN nor infinite."""
-    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
 
 
 MATMUL_PRECISIONS = (None, "default", "high", "highest", "bfloat16", "tensorfloat32", "float32")

@@ -29,11 +29,8 @@ _LAST: list[str] = []  # this process's key of its last exchange, deleted at the
 
 
 def exchange(value: Any, what: str) -> list[Any]:
-    """Every process's ``value`` (JSON-ready), indexed by process, on every process.
-
-    Args:
-        value: this process's fact.
-        what: a short name for the key and for the error message.
+    """Every process's ``value`` (its fact, JSON-ready), indexed by process, on every process;
+    ``what``, a short name, goes in the key and in the error message.
 
     Raises:
         TimeoutError: a process did not publish its value within ``EXCHANGE_TIMEOUT_S`` (it failed,

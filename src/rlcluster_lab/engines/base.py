@@ -116,12 +116,8 @@ class RolloutEngine(abc.ABC):
         return self.generate_with_seed(prompts, rollout_config, rollout_config.seed + next(self._draws))
 
     def generate_with_seed(self, prompts: list[str], rollout_config: RolloutConfig, seed: int) -> RolloutOutput:
-        """``generate`` with the sampling seed given: it reads the engine's weights and changes
-        nothing of the engine's (the seed ``generate`` draws next is untouched).
-
-        Raises:
-            As ``generate``.
-        """
+        """``generate`` with the sampling seed given (raising as it does): it reads the engine's
+        weights and changes nothing of the engine's (the seed ``generate`` draws next is untouched)."""
         prompts = check_prompts(prompts)
         graphdef, state = model_split(self.model())
         out = sample(
@@ -145,11 +141,7 @@ class RolloutEngine(abc.ABC):
 
     def output_shape(self, prompts: list[str], rollout_config: RolloutConfig) -> tuple[int, int, int]:
         """(batch, prompt width, completion length) of what ``generate`` returns for ``prompts``,
-        read from the prompts alone (nothing is sampled).
-
-        Raises:
-            As ``generate`` for the prompts themselves.
-        """
+        read from the prompts alone (nothing is sampled; refused as ``generate`` refuses them)."""
         prompts = check_prompts(prompts)
         steps = rollout_config.max_tokens_to_generate
         return len(prompts), prompt_width(self.tokenizer, prompts, steps, self._cache_size(rollout_config)), steps
@@ -200,13 +192,19 @@ class RolloutEngine(abc.ABC):
             # has no adapters): only those leaves are replaced.
             picked = tuple(j for j, k in enumerate(index.keys) if k in src)
         else:
-            if len(src) != len(index.keys) or any(k not in src for k in index.keys):
-                raise tree_mismatch(src, index.keys)
+            if src.keys() != (keys := set(index.keys)):
+                missing, extra = sorted(map(str, keys - src.keys()))[:5], sorted(map(str, src.keys() - keys))[:5]
+                raise ValueError(
+                    "the new weights do not match the rollout model's parameter tree "
+                    f"(missing: {missing}, unexpected: {extra}); sync from a model of the same architecture"
+                )
             picked = tuple(range(len(index.keys)))
         sources = [src[index.keys[j]] for j in picked]
         del src
+        # The model's shapes are fixed: the shardings and dtypes on both sides say it all.
+        key = (self.sync_chunk_bytes, self.owns_weights, self.reshard, follow, picked)
+        key += tuple((x.sharding, x.dtype) for x in (*sources, *(index.get(j) for j in picked)))
         plan = index.plan
-        key = SyncPlan.key_of(index, picked, sources, self.sync_chunk_bytes, self.owns_weights, self.reshard, follow)
         if plan is None or plan.key != key:
             plan = index.plan = SyncPlan.build(key, index, picked, sources, follow)
         if not self.owns_weights and all(index.get(j) is x for j, x in zip(picked, sources)):
@@ -280,12 +278,6 @@ class SyncPlan:
     key: tuple[Any, ...]
     parts: tuple[tuple[tuple[int, ...], tuple[int, ...], Batch], ...]
 
-    @staticmethod
-    def key_of(index: _VariableIndex, picked: tuple[int, ...], sources: list[Any], *knobs: Any) -> tuple[Any, ...]:
-        # The model's shapes are fixed: the shardings and dtypes on both sides say it all.
-        held = [index.get(j) for j in picked]
-        return (*knobs, picked, *((x.sharding, x.dtype) for x in (*sources, *held)))
-
     @classmethod
     def build(
         cls, key: tuple[Any, ...], index: _VariableIndex, picked: tuple[int, ...], sources: list[Any], follow: bool
@@ -353,15 +345,6 @@ def _plain_variable(v: nnx.Variable) -> bool:
     if "on_get_value" in meta or "on_set_value" in meta:
         return False
     return isinstance(v.get_raw_value(), jax.Array)
-
-
-def tree_mismatch(src: Any, keys: Any) -> ValueError:
-    missing = sorted(map(str, set(keys) - set(src)))[:5]
-    extra = sorted(map(str, set(src) - set(keys)))[:5]
-    return ValueError(
-        "the new weights do not match the rollout model's parameter tree "
-        f"(missing: {missing}, unexpected: {extra}); sync from a model of the same architecture"
-    )
 
 
 def leaf_path(key: tuple[Any, ...]) -> str:
