@@ -79,11 +79,8 @@ class LiveExecutor:
         else:
             nnx.update(dst, model_state(src, nnx.Not(nnx.LoRAParam)) if frozen_only else model_state(src))
 
-    def shares_backbone(self, reference: nnx.Module, actor: nnx.Module) -> bool:
-        return sharing_backbone(reference, actor)
-
-    def is_lora(self, model: nnx.Module) -> bool:
-        return is_lora(model)
+    shares_backbone = staticmethod(sharing_backbone)
+    is_lora = staticmethod(is_lora)
 
     def make_engine(self, rollout_actor: nnx.Module, mesh: Any) -> RolloutEngine:
         """The engine, as the reference builds each kind: the TRAIN rollout config unchanged, and the
@@ -119,8 +116,7 @@ class LiveExecutor:
             trainable = model_state(model, nnx.LoRAParam if lora else nnx.Param)
             return init_optimizer_state(self.optimizers[role], trainable, mesh)
 
-    def move_optimizer(self, state: Any, kind: str) -> Any:
-        return put_on_memory_kind(state, kind)
+    move_optimizer = staticmethod(put_on_memory_kind)
 
     def pin_anchor(self, actor: nnx.Module, partial: bool) -> tuple[Any, int]:
         source = model_state(actor, nnx.LoRAParam) if partial else model_state(actor)
@@ -128,8 +124,7 @@ class LiveExecutor:
         # multi-process: each process holds its own shards; P8 records the bytes of all of them.
         return anchor, summed(state_bytes(anchor), "anchor bytes")
 
-    def device_kind(self, mesh: Any) -> str:
-        return default_memory_kind(mesh)
+    device_kind = staticmethod(default_memory_kind)
 
 
 def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace) -> Placed:

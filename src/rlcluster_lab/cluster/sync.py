@@ -91,7 +91,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     del old, own
     try:
         # Under offload the reshard stages each piece to device memory itself (P14, ``order.offload``).
-        with sync_guard(s.platform):
+        with sync_guard(platform := s.contexts.platform()):
             params = actor_state.filter(*filter_types)
             watch.before(params)
             engine.sync_chunk_bytes = order.chunk_bytes  # P13's chunks (its strategy was set at construction)
@@ -112,7 +112,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
             anchor_seconds = time.perf_counter() - start
             watch.anchor(anchor, source, anchor_seconds)
             del source
-            decision = p13_sync(lora, s.global_steps + 1, s.platform, s.config.reshard, order.chunk_bytes)
+            decision = p13_sync(lora, s.global_steps + 1, platform, s.config.reshard, order.chunk_bytes)
     except BaseException as exc:
         _roll_back(s, engine, filter_types, previous, own_keys, exc)
         raise

@@ -179,8 +179,7 @@ def trim_cache(folder: Path, max_bytes: int) -> tuple[int, int]:
     total = sum(size for _, size, _ in files)
     if total <= max_bytes:
         return 0, 0
-    target = int(max_bytes * 0.9)
-    deleted = freed = 0
+    target, start, deleted = int(max_bytes * 0.9), total, 0
     for _, size, path in sorted(files):
         if total <= target:
             break
@@ -192,8 +191,7 @@ def trim_cache(folder: Path, max_bytes: int) -> tuple[int, int]:
             continue
         total -= size
         deleted += 1
-        freed += size
-    return deleted, freed
+    return deleted, start - total
 
 
 # A program is written once nothing was compiled for QUIET_S seconds, or once MAX_PENDING wait

@@ -276,6 +276,5 @@ def _parse_mode(mode: Mode | str) -> Mode:
 
 def max_kv_cache_size(config: ClusterConfig) -> int:
     cfg = config.rollout_config
-    if isinstance(cfg, Mapping):
-        return max(c.kv_cache_size for c in cfg.values())
-    return config.rollout_config_for(Mode.TRAIN).kv_cache_size
+    configs = cfg.values() if isinstance(cfg, Mapping) else [config.rollout_config_for(Mode.TRAIN)]
+    return max(c.kv_cache_size for c in configs)
