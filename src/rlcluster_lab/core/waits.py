@@ -101,10 +101,6 @@ class WaitStatus:
             text += f"; {self.built} program(s) built"
         return text
 
-    def to_json(self) -> dict[str, object]:
-        building = [dataclasses.asdict(b) for b in self.building]
-        return {**dataclasses.asdict(self), "labels": list(self.labels), "building": building}
-
 
 @dataclasses.dataclass
 class _Wait:
