@@ -170,7 +170,8 @@ class TornEngine(RecordingEngine):
     def update_params(self, params, filter_types=None):
         if filter_types is None:
             return super().update_params(params, filter_types)
-        variables = self._variables(filter_types)
+        index = self._index(filter_types)
+        variables = dict(zip(index.keys, index.variables))
         first_key = next(iter(variables))
         source = dict(nnx.to_flat_state(params))
         variables[first_key].set_value(-source[first_key].get_value())

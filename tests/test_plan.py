@@ -22,8 +22,8 @@ from test_reshard import _cases
 from rlcluster_lab import Role, Scenario, TrainingConfig, build_cluster, placement_report
 from rlcluster_lab.cli.main import build_parser, main
 from rlcluster_lab.cli.plan import parse_bytes
+from rlcluster_lab.core.knobs import ANCHOR_MODES
 from rlcluster_lab.core.meshes import LAYOUTS, describe_mesh, make_mesh
-from rlcluster_lab.core.options import ANCHOR_MODES
 from rlcluster_lab.core.options import ENGINES as KNOWN_ENGINES
 from rlcluster_lab.core.shardings import PlacementError
 from rlcluster_lab.measure import memory_report

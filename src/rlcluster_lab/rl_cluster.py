@@ -75,13 +75,6 @@ class AvoidableCopyWarning(UserWarning):
 class NotConstructedError(RuntimeError):
     """An operation was called on a cluster whose construction did not finish."""
 
-    def __init__(
-        self,
-        message: str = "this RLCluster did not finish construction (it raised); build a new one "
-        "with a corrected config before calling its operations",
-    ) -> None:
-        super().__init__(message)
-
 
 class RLCluster:
     """Places actor, rollout, reference, reward and critic models on their meshes.
@@ -143,7 +136,10 @@ class RLCluster:
             NotConstructedError: construction did not finish.
         """
         if self._state is None:
-            raise NotConstructedError()
+            raise NotConstructedError(
+                "this RLCluster did not finish construction (it raised); build a new one "
+                "with a corrected config before calling its operations"
+            )
         return self._state
 
     def isolated(self) -> RLCluster:
@@ -308,23 +304,19 @@ class RLCluster:
         after its sampling, so that they compile while ``generate`` builds and runs the sampler.
 
         A first step on XLA:CPU with a small model waits on XLA compiling its programs one after
-        the other (the sampler, the anchor's and the reference's log-probs, the optimizer step),
-        though they depend on each other's results only, not on each other's programs: the batch
-        each will see has a shape known from the prompts (``generated_shape``). So ``"scoring"``
+        the other (the sampler, the log-probs, the optimizer step), though each needs only the
+        others' results, whose shapes the prompts give (``generated_shape``). So ``"scoring"``
         takes the anchor's (and, with ``scores_reference``, the reference's) log-probs and
-        ``"update"`` one actor update, each on a twin of this cluster (``isolated``: the same
-        arrays and shardings, nothing of this cluster written or recorded) over a batch of zeros
-        of that shape, stopped once its program is compiled (``core.compile_options.build``):
-        the same functions on the same shapes build the very programs the step's own calls then
-        find compiled. Those calls wait for their helper first (the anchor's, the live actor's
-        and the reference's log-probs for ``"scoring"``, ``update_actor`` for ``"update"``), so
-        a program is never compiled twice at once; ``wait_for_builds`` waits for all.
+        ``"update"`` one actor update, each on a twin of this cluster (``isolated``) over a batch
+        of zeros of that shape, stopped once its program is compiled (``core.compile_options.build``):
+        the step's own calls then find those very programs compiled. They wait for their helper
+        first, so a program is never compiled twice at once; ``wait_for_builds`` waits for all.
 
         Started only where compiling is the wait (``core.compile_options`` chooses cheaper
-        compiling: CPU or GPU devices, a small model) and on one process (a helper's programs must not
-        interleave with the step's collectives on other processes); elsewhere nothing starts.
+        compiling: CPU or GPU devices, a small model) and on one process (a helper's programs must
+        not interleave with the step's collectives on other processes); elsewhere nothing starts.
         A part whose helper still runs is not started again. A helper's error is dropped: the
-        step's own call meets the same error and reports it.
+        step's own call meets it and reports it.
 
         Args:
             prompts: what the first ``generate`` will sample from.
@@ -342,7 +334,8 @@ class RLCluster:
         if not wanted or jax.process_count() > 1 or model_compiler_options(*model_split(self.actor_model)) is None:
             return ()
         # The update first: its program is the longest to build.
-        todo = [p for p in ("update", "scoring") if p in wanted and not self._building(p)]
+        building = {p for p, thread in self._ahead.items() if thread.is_alive()}
+        todo = [p for p in ("update", "scoring") if p in wanted and p not in building]
         try:
             batch, width, length = self.generated_shape(prompts, mode, micro_batch_size, max_generation_steps)
             twins = {p: self.isolated() for p in todo}  # one each: a cluster runs one operation at a time
@@ -382,10 +375,6 @@ class RLCluster:
         """Wait until every helper ``build_ahead`` started has finished (at once when none runs)."""
         for part in list(self._ahead):
             self._wait_for(part)
-
-    def _building(self, part: str) -> bool:
-        thread = self._ahead.get(part)
-        return thread is not None and thread.is_alive()
 
     def _wait_for(self, part: str) -> None:
         """Before a call that runs ``part``'s programs: its helper finishes first (never the

@@ -48,7 +48,7 @@ from pathlib import Path
 import pytest
 from lab_server import REPO, JupyterLab, copy_notebooks
 
-from rlcluster_lab.core.options import ENGINE_LABELS
+from rlcluster_lab.core.knobs import ENGINE_LABELS
 
 try:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout

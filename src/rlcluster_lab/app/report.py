@@ -91,9 +91,7 @@ def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> Plac
     if sync is not None and not isinstance(sync, SyncReport):
         raise TypeError(f"sync must be the SyncReport that cluster.sync_weights() returned, or None; got {sync!r:.40}")
     actor = cluster.actor_model
-    rollout_model = cluster.rollout.model()
-    actor_keys = buffer_keys(nnx.state(actor))
-    rollout_keys = buffer_keys(nnx.state(rollout_model))
+    actor_keys, rollout_keys = (buffer_keys(nnx.state(m)) for m in (actor, cluster.rollout.model()))
     reference = cluster.reference_model
     present = {Role.ACTOR, Role.ROLLOUT} | set(cluster.models())
     return PlacementReport(

@@ -220,11 +220,8 @@ def rollout_bytes(scenario: Scenario, rows: int) -> int:
     """Bytes one rollout of ``rows`` completions holds at once, from shapes: the engine's KV cache
     (``kv_cache_size`` slots, the model's dtype) and the float32 logits of every slot (the
     models themselves are ``check_memory``'s)."""
-    size = get_model_config(scenario.model_size)
-    slots = scenario.kv_cache_size
-    kv = 2 * size.num_layers * slots * size.num_kv_heads * size.head_dim * size.dtype.itemsize
-    logits = slots * size.vocab_size * 4
-    return int(rows) * (kv + logits)
+    size, slots = get_model_config(scenario.model_size), scenario.kv_cache_size
+    return size.kv_cache_bytes(rows, slots) + int(rows) * slots * size.vocab_size * 4
 
 
 def check_rollout_fits(scenario: Scenario, rows: int, what: str = "", fix: str = "") -> None:
@@ -263,10 +260,9 @@ def build_cluster(
     """
     config = validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh)
     check_memory(scenario, config)
-    r2m = dict(config.role_to_mesh)
     # A long session builds many clusters: keep the compiled programs under the bound.
     trim_compiled_programs()
-    models = build_models(scenario, r2m)
+    models = build_models(scenario, dict(config.role_to_mesh))
     with warnings.catch_warnings():
         # The cluster keeps its own record of P4 warnings (cluster.warnings).
         warnings.simplefilter("ignore")

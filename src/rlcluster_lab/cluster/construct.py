@@ -256,18 +256,8 @@ class Mover:
         """P5: keep a model already on ``mesh``, else reshard it there in its memory kind;
         then P14: with offload, a model on device moves to pinned host."""
         facts = self.ex.load_facts(model, role, mesh)
-        p5 = self.trace.add(
-            loading.p5_load(
-                role.value,
-                model_meshes=facts.model_meshes,
-                target_mesh=describe_mesh(mesh),
-                leaves_on_target=facts.leaves_on_target,
-                leaves=facts.leaves,
-                memory_kind=facts.memory_kind,
-                dtype=facts.dtype,
-                requested_dtype=dtype,
-            )
-        )
+        read = {k: v for k, v in dataclasses.asdict(facts).items() if k != "on_device"}  # what P5 reads
+        p5 = self.trace.add(loading.p5_load(role.value, target_mesh=describe_mesh(mesh), requested_dtype=dtype, **read))
         if p5.branch is loading.LoadBranch.RESHARDED:
             cast = dtype if dtype is not None and facts.leaves and dtype != facts.dtype else None
             model = self.ex.place(model, role, mesh, facts.memory_kind, cast)

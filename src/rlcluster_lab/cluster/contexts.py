@@ -51,13 +51,12 @@ class ContextEntry:
 
 
 class ContextLog:
-    """The last ``capacity`` entries, oldest first, and how many older ones were dropped."""
+    """The last ``capacity`` entries, oldest first."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
             raise ValueError(f"a context log keeps at least one entry; got capacity={capacity}")
         self._entries: collections.deque[ContextEntry] = collections.deque(maxlen=capacity)
-        self.dropped = 0
 
     def record(self, operation: str, role: str, role_mesh: Any) -> ContextEntry:
         """Append what JAX reports as the current mesh, called inside the role's context."""
@@ -70,9 +69,7 @@ class ContextLog:
             device_ids=tuple(int(d.id) for d in devices.flat),
             is_role_mesh=bool(current == role_mesh),
         )
-        if len(self._entries) == self._entries.maxlen:
-            self.dropped += 1
-        self._entries.append(entry)
+        self._entries.append(entry)  # the oldest is dropped when full
         return entry
 
     def entries(self) -> tuple[ContextEntry, ...]:

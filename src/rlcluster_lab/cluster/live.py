@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from rlcluster_lab.cluster.construct import LoadFacts, Placed, Request, construct
 from rlcluster_lab.cluster.contexts import RoleContexts
 from rlcluster_lab.cluster.validate import engine_class
-from rlcluster_lab.core.config import ClusterConfig, max_kv_cache_size
+from rlcluster_lab.core.config import max_kv_cache_size
 from rlcluster_lab.core.gathering import summed
 from rlcluster_lab.core.meshes import describe_mesh
 from rlcluster_lab.core.options import RolloutConfig, dtype_name
@@ -79,20 +79,27 @@ class LiveExecutor:
         else:
             nnx.update(dst, model_state(src, nnx.Not(nnx.LoRAParam)) if frozen_only else model_state(src))
 
-    def shares_backbone(self, reference: nnx.Module, actor: nnx.Module) -> bool:
-        return sharing_backbone(reference, actor)
-
-    def is_lora(self, model: nnx.Module) -> bool:
-        return is_lora(model)
+    shares_backbone = staticmethod(sharing_backbone)
+    is_lora = staticmethod(is_lora)
 
     def make_engine(self, rollout_actor: nnx.Module, mesh: Any) -> RolloutEngine:
-        """The engine, as the reference builds each kind (see ``engine_arguments``)."""
-        factory, kwargs = engine_arguments(
-            self.contexts, self.engine_kind, self.tokenizer, self.rollout_config, rollout_actor, mesh
+        """The engine, as the reference builds each kind: the TRAIN rollout config unchanged, and the
+        KV cache size (the largest over modes) only to the engines that take one (vanilla, vllm)."""
+        config, kind = self.contexts.config, self.engine_kind
+        kwargs: dict[str, Any] = dict(
+            rollout_actor=rollout_actor, tokenizer=self.tokenizer, mesh=mesh, rollout_config=self.rollout_config
         )
+        factory = config.rollout_engine
+        if kind != "custom":
+            factory = engine_class(config, kind)
+            kwargs["reshard"] = config.reshard  # an own-copy engine places its copy by it
+            if kind in ("vanilla", "vllm"):
+                kwargs["cache_size"] = max_kv_cache_size(config)
+            if issubclass(factory, OwnCopyEngine):
+                kwargs["logical_axis_rules"] = self.contexts.rules_for(Role.ROLLOUT)
         with self.contexts.enter(Role.ROLLOUT, "construct: engine"):
             self.engine = factory(**kwargs)
-        self.engine.reshard = self.contexts.config.reshard  # a custom engine's too
+        self.engine.reshard = config.reshard  # a custom engine's too
         return self.engine
 
     def engine_model(self, engine: RolloutEngine) -> nnx.Module:
@@ -109,8 +116,7 @@ class LiveExecutor:
             trainable = model_state(model, nnx.LoRAParam if lora else nnx.Param)
             return init_optimizer_state(self.optimizers[role], trainable, mesh)
 
-    def move_optimizer(self, state: Any, kind: str) -> Any:
-        return put_on_memory_kind(state, kind)
+    move_optimizer = staticmethod(put_on_memory_kind)
 
     def pin_anchor(self, actor: nnx.Module, partial: bool) -> tuple[Any, int]:
         source = model_state(actor, nnx.LoRAParam) if partial else model_state(actor)
@@ -118,33 +124,7 @@ class LiveExecutor:
         # multi-process: each process holds its own shards; P8 records the bytes of all of them.
         return anchor, summed(state_bytes(anchor), "anchor bytes")
 
-    def device_kind(self, mesh: Any) -> str:
-        return default_memory_kind(mesh)
-
-
-def engine_arguments(
-    contexts: RoleContexts,
-    kind: str,
-    tokenizer: Any,
-    rollout_config: RolloutConfig,
-    rollout_actor: nnx.Module,
-    mesh: Any,
-) -> tuple[Any, dict[str, Any]]:
-    """How the engine is built, as in the reference: the TRAIN rollout config unchanged, and the
-    KV cache size (the largest over modes) only to the engines that take one (vanilla, vllm)."""
-    config: ClusterConfig = contexts.config
-    kwargs: dict[str, Any] = dict(
-        rollout_actor=rollout_actor, tokenizer=tokenizer, mesh=mesh, rollout_config=rollout_config
-    )
-    if kind == "custom":
-        return config.rollout_engine, kwargs
-    cls = engine_class(config, kind)
-    kwargs["reshard"] = config.reshard  # an own-copy engine places its copy by it
-    if kind in ("vanilla", "vllm"):
-        kwargs["cache_size"] = max_kv_cache_size(config)
-    if issubclass(cls, OwnCopyEngine):
-        kwargs["logical_axis_rules"] = contexts.rules_for(Role.ROLLOUT)
-    return cls, kwargs
+    device_kind = staticmethod(default_memory_kind)
 
 
 def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace) -> Placed:

@@ -38,9 +38,7 @@ def generate(
     s: ClusterState, prompts: Sequence[str], mode: Mode, micro_batch_size: int | None, max_generation_steps: int | None
 ) -> RolloutOutput:
     """P9: sample completions on the rollout mesh, in micro-batches if asked."""
-    prompts = validate_prompts(prompts)  # a bare string is not a list of prompts
-    p9_check_prompts(prompts, micro_batch_size)
-    rollout_cfg = _rollout_config(s, mode, max_generation_steps)
+    prompts, rollout_cfg = _checked(s, prompts, mode, micro_batch_size, max_generation_steps)
     engine = s.placed.engine
     with s.working(Role.ROLLOUT, engine.model(), "generate"):
         at_work(s, Role.ROLLOUT)
@@ -54,9 +52,7 @@ def generated_shape(
     """(batch, prompt width, completion length) of what ``generate`` returns for these
     arguments, read from the prompts alone: each micro-batch's width, the widest kept (as
     ``_concat_outputs`` pads them)."""
-    prompts = validate_prompts(prompts)
-    p9_check_prompts(prompts, micro_batch_size)
-    rollout_cfg = _rollout_config(s, mode, max_generation_steps)
+    prompts, rollout_cfg = _checked(s, prompts, mode, micro_batch_size, max_generation_steps)
     shapes = [
         s.placed.engine.output_shape(prompts[rows], rollout_cfg)
         for rows in mini_batches(len(prompts), micro_batch_size)
@@ -64,13 +60,18 @@ def generated_shape(
     return len(prompts), max(w for _, w, _ in shapes), max(c for _, _, c in shapes)
 
 
-def _rollout_config(s: ClusterState, mode: Mode, max_generation_steps: int | None) -> Any:
+def _checked(
+    s: ClusterState, prompts: Sequence[str], mode: Mode, micro_batch_size: int | None, max_generation_steps: int | None
+) -> tuple[list[str], Any]:
+    """The prompts, checked (P9), and the rollout config ``mode`` samples with."""
+    prompts = validate_prompts(prompts)  # a bare string is not a list of prompts
+    p9_check_prompts(prompts, micro_batch_size)
     rollout_cfg = s.config.rollout_config_for(mode)
     if max_generation_steps is not None:
         # Checked under its own name: the config it replaces would name its own field.
         steps = as_int(max_generation_steps, "max_generation_steps", low=1)
         rollout_cfg = dataclasses.replace(rollout_cfg, max_tokens_to_generate=steps)
-    return rollout_cfg
+    return prompts, rollout_cfg
 
 
 def reference_logps(
@@ -226,15 +227,9 @@ def _steps(
                 # leaf's sharding); a step that raised changed neither.
                 nnx.update(model, new_params)
                 setattr(s.placed, field, new_opt_state)
-                metrics.append(_host_metrics(m))
+                # As floats; with several processes, read from whichever computed them (core.gathering).
+                metrics.append(dict(zip(m, map(float, host_values(list(m.values()))))))
     return metrics
-
-
-def _host_metrics(m: dict[str, Any]) -> dict[str, float]:
-    """A step's metrics as floats; with several processes, read from whichever process
-    computed them (``core.gathering``)."""
-    keys = list(m)
-    return {k: float(v) for k, v in zip(keys, host_values([m[k] for k in keys]))}
 
 
 def check_accumulation(batch_size: int, tcfg: Any) -> None:

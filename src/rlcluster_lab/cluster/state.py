@@ -61,11 +61,6 @@ class ClusterState:
         return nnx.merge_state(model_state(self.placed.actor, nnx.Not(nnx.LoRAParam)), anchor)
 
     @property
-    def platform(self) -> str:
-        """The platform of the cluster's devices (one per cluster)."""
-        return self.contexts.platform()
-
-    @property
     def temperature(self) -> float | None:
         """The TRAIN rollout temperature, which every log-prob is taken at."""
         return self.config.rollout_config_for(Mode.TRAIN).temperature

@@ -38,8 +38,9 @@ from flax import nnx
 from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.core.states import model_state
-from rlcluster_lab.engines.base import flat_values, reshard_flat
+from rlcluster_lab.engines.base import flat_values, leaf_path
 from rlcluster_lab.placement.place import put_on_memory_kind
+from rlcluster_lab.placement.reshard import reshard_many
 from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
 
 
@@ -79,7 +80,9 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     engine_model = engine.model()
     old = engine.held_values(filter_types)
     own = _rollouts_own(engine, filter_types, old, actor_state.filter(*filter_types))
-    order = p13_sync_order(s.config.sync_chunk_bytes, s.config.offload_to_cpu, _anchor_covers(placed.anchor, own))
+    # P8: whether the anchor holds every leaf a rollback may restore.
+    covers = placed.anchor is not None and own.keys() <= flat_values(placed.anchor).keys()
+    order = p13_sync_order(s.config.sync_chunk_bytes, s.config.offload_to_cpu, covers)
     watch.start(
         actor_state, (old, placed.anchor), s.contexts.devices(), chunk_bytes=order.chunk_bytes, order=order.text
     )
@@ -88,7 +91,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     del old, own
     try:
         # Under offload the reshard stages each piece to device memory itself (P14, ``order.offload``).
-        with sync_guard(s.platform):
+        with sync_guard(platform := s.contexts.platform()):
             params = actor_state.filter(*filter_types)
             watch.before(params)
             engine.sync_chunk_bytes = order.chunk_bytes  # P13's chunks (its strategy was set at construction)
@@ -109,7 +112,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
             anchor_seconds = time.perf_counter() - start
             watch.anchor(anchor, source, anchor_seconds)
             del source
-            decision = p13_sync(lora, s.global_steps + 1, s.platform, s.config.reshard, order.chunk_bytes)
+            decision = p13_sync(lora, s.global_steps + 1, platform, s.config.reshard, order.chunk_bytes)
     except BaseException as exc:
         _roll_back(s, engine, filter_types, previous, own_keys, exc)
         raise
@@ -165,11 +168,19 @@ def _roll_back(
 
 
 def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, ...], keys: Any) -> None:
-    """The rollout's leaves ``keys`` set from the anchor (the weights of the last sync), in new buffers."""
+    """The rollout's leaves ``keys`` set from the anchor (the weights of the last sync), in new buffers
+    of the rollout's shardings and dtypes (device-to-device copies only, no host round-trip)."""
     anchor = flat_values(s.placed.anchor)
     targets = {k: t for k, t in engine.held_targets(filter_types).items() if k in keys}
-    values = reshard_flat({k: anchor[k] for k in targets}, targets, copy=True, strategy=s.config.reshard)
-    engine.assign(values, filter_types)
+    new = reshard_many(
+        [anchor[k] for k in targets],
+        [t.sharding for t in targets.values()],
+        copy=True,
+        labels=list(map(leaf_path, targets)),
+        dtypes=[t.dtype for t in targets.values()],
+        strategy=s.config.reshard,
+    )
+    engine.assign(dict(zip(targets, new)), filter_types)
 
 
 def _rollouts_own(
@@ -180,14 +191,6 @@ def _rollouts_own(
     must too."""
     actors = flat_values(synced)
     return {k: x for k, x in zip(engine.held_targets(filter_types), held) if x is not actors.get(k)}
-
-
-def _anchor_covers(anchor: Any, keys: Any) -> bool:
-    """The anchor holds every leaf a rollback may restore (P8)."""
-    if anchor is None:
-        return False
-    held = flat_values(anchor)
-    return all(k in held for k in keys)
 
 
 def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:

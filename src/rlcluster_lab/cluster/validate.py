@@ -56,7 +56,6 @@ def check_inputs(
         ConfigError: a check failed (the message says how to fix it).
         NotImplementedError: an engine value that is not supported (P6).
     """
-    require_config(config)
     if actor is None:
         raise ConfigError("actor is required: pass the policy to train (an nnx.Module or a checkpoint folder)")
     train, decision = p6_rollout_config(config.rollout_config)

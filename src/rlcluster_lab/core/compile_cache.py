@@ -156,22 +156,13 @@ def cache_files(folder: Path) -> list[tuple[float, int, Path]]:
     """(last use, size, path) of every regular file under ``folder``; links are neither followed
     nor listed, so nothing outside the folder is ever seen."""
     found: list[tuple[float, int, Path]] = []
-    stack = [folder]
-    while stack:
-        here = stack.pop()
-        try:
-            entries = list(os.scandir(here))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False):
-                    info = entry.stat(follow_symlinks=False)
-                    found.append((max(info.st_atime, info.st_mtime), info.st_size, Path(entry.path)))
-            except OSError:
-                continue
+    for here, _, names in os.walk(folder):  # a folder that cannot be read is skipped
+        for name in names:
+            path = Path(here, name)
+            with contextlib.suppress(OSError):
+                info = path.lstat()
+                if stat.S_ISREG(info.st_mode):
+                    found.append((max(info.st_atime, info.st_mtime), info.st_size, path))
     return found
 
 
@@ -188,8 +179,7 @@ def trim_cache(folder: Path, max_bytes: int) -> tuple[int, int]:
     total = sum(size for _, size, _ in files)
     if total <= max_bytes:
         return 0, 0
-    target = int(max_bytes * 0.9)
-    deleted = freed = 0
+    target, start, deleted = int(max_bytes * 0.9), total, 0
     for _, size, path in sorted(files):
         if total <= target:
             break
@@ -201,8 +191,7 @@ def trim_cache(folder: Path, max_bytes: int) -> tuple[int, int]:
             continue
         total -= size
         deleted += 1
-        freed += size
-    return deleted, freed
+    return deleted, start - total
 
 
 # A program is written once nothing was compiled for QUIET_S seconds, or once MAX_PENDING wait

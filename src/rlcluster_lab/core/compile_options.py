@@ -17,11 +17,10 @@ cache, so programs compiled either way never mix.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 ENV = "RLCLUSTER_LAB_FAST_COMPILE"
@@ -112,26 +111,18 @@ def platform_of(tree: Any) -> str | None:
     """The platform of the first array in ``tree`` (None when it holds none)."""
     import jax
 
-    for leaf in jax.tree.leaves(tree):
-        sharding = getattr(leaf, "sharding", None)
-        if sharding is None:
-            continue
-        for device in sharding.device_set:
-            return str(device.platform)
-    return None
-
-
-def elements_of(tree: Any) -> int:
-    """How many elements the arrays of ``tree`` hold together."""
-    import jax
-
-    return sum(int(getattr(leaf, "size", 0)) for leaf in jax.tree.leaves(tree))
+    shardings = (s for s in (getattr(leaf, "sharding", None) for leaf in jax.tree.leaves(tree)) if s is not None)
+    return next((str(device.platform) for s in shardings for device in s.device_set), None)
 
 
 def options_for(tree: Any, elements: int | None = None) -> dict[str, Any] | None:
     """``compiler_options`` for a program over ``tree``'s arrays (``elements``: the model's
     parameter count when known, else the arrays' own element count)."""
-    return compiler_options(platform_of(tree), elements_of(tree) if elements is None else elements)
+    import jax
+
+    if elements is None:
+        elements = sum(int(getattr(leaf, "size", 0)) for leaf in jax.tree.leaves(tree))
+    return compiler_options(platform_of(tree), elements)
 
 
 def options_key(options: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
@@ -164,44 +155,31 @@ class ProgramFamily:
             self._by_options[key] = hit
         return hit
 
-    def clear_cache(self) -> None:
-        """Drop the compiled programs of every option set (as ``jax.jit(...).clear_cache``)."""
-        for jitted in list(self._by_options.values()):
-            jitted.clear_cache()
-
 
 _BUILD_ONLY = threading.local()
 
 
 class Built(Exception):  # noqa: N818 - not an error: the signal that ends a build-only call
-    """Raised by ``run`` under ``build_only`` once the program is compiled, instead of running it."""
+    """Raised by ``run`` inside ``build`` once the program is compiled, instead of running it."""
 
 
-@contextlib.contextmanager
-def build_only() -> Iterator[None]:
-    """Inside the block, on this thread, the first program ``run`` is asked for is compiled and
-    not run: ``Built`` ends the call there. The program lands in the jitted function's own
-    cache, so the same call made later (any thread) runs it without compiling."""
+def build(operation: Callable[[], Any]) -> None:
+    """Call ``operation`` up to the first program it asks ``run`` for, on this thread: that
+    program is compiled and not run, and ``Built`` ends the call there. The program lands in
+    the jitted function's own cache, so the same call made later (any thread) runs it without
+    compiling."""
     previous = getattr(_BUILD_ONLY, "on", False)
     _BUILD_ONLY.on = True
     try:
-        yield
+        operation()
+    except Built:
+        pass
     finally:
         _BUILD_ONLY.on = previous
 
 
-def build(operation: Callable[[], Any]) -> None:
-    """Call ``operation`` up to the first program it asks ``run`` for: that program is compiled
-    and not run, and the call ends there (``build_only``)."""
-    try:
-        with build_only():
-            operation()
-    except Built:
-        pass
-
-
 def run(jitted: Any, *args: Any) -> Any:
-    """``jitted(*args)``; under ``build_only``, compile it for ``args`` and raise ``Built``."""
+    """``jitted(*args)``; inside ``build``, compile it for ``args`` and raise ``Built``."""
     if getattr(_BUILD_ONLY, "on", False):
         jitted.lower(*args).compile()
         raise Built

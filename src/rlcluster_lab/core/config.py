@@ -58,7 +58,8 @@ class TrainingConfig:
             ("clip_range_value", "clip_range_value (the value loss's clip range)", "", False),
         ):
             value = getattr(self, field)
-            if not _finite_real(value) or value < 0 or (value == 0 and not zero_ok):
+            real = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+            if not real or value < 0 or (value == 0 and not zero_ok):
                 raise ConfigError(
                     f"{label} must be a finite number {'>=' if zero_ok else '>'} 0{example}, got {value!r}",
                     knobs=(field,) if field == "learning_rate" else (),
@@ -103,9 +104,8 @@ class TrainingConfig:
 
     def critic_tx(self) -> optax.GradientTransformation:
         """The critic's optimizer: ``critic_optimizer``, else ``adam(critic_learning_rate)``."""
-        if self.critic_optimizer is not None:
-            return self.critic_optimizer
-        return default_optimizer(self.critic_learning_rate)
+        critic = self.critic_optimizer
+        return critic if critic is not None else default_optimizer(self.critic_learning_rate)
 
     @property
     def gradient_accumulation_steps(self) -> int | None:
@@ -114,11 +114,6 @@ class TrainingConfig:
         if self.train_micro_batch_size is None or self.mini_batch_size is None:
             return None
         return self.mini_batch_size // self.train_micro_batch_size
-
-
-def _finite_real(value: Any) -> bool:
-    """A real number (not a bool) that is neither NaN nor infinite."""
-    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
 
 
 MATMUL_PRECISIONS = (None, "default", "high", "highest", "bfloat16", "tensorfloat32", "float32")
@@ -281,6 +276,5 @@ def _parse_mode(mode: Mode | str) -> Mode:
 
 def max_kv_cache_size(config: ClusterConfig) -> int:
     cfg = config.rollout_config
-    if isinstance(cfg, Mapping):
-        return max(c.kv_cache_size for c in cfg.values())
-    return config.rollout_config_for(Mode.TRAIN).kv_cache_size
+    configs = cfg.values() if isinstance(cfg, Mapping) else [config.rollout_config_for(Mode.TRAIN)]
+    return max(c.kv_cache_size for c in configs)

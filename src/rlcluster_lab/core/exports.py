@@ -21,11 +21,8 @@ from typing import Any
 
 
 def typed_imports(source: str, package: str) -> dict[str, tuple[str, str]]:
-    """The names a module's ``if TYPE_CHECKING:`` blocks import: name -> (module, attribute).
-
-    Args:
-        source: the module's source.
-        package: the package relative imports are resolved against.
+    """The names the ``if TYPE_CHECKING:`` blocks of a module's ``source`` import, relative imports
+    resolved against ``package``: name -> (module, attribute).
 
     Raises:
         ValueError: a plain ``import x`` in such a block (only ``from x import y`` names a
@@ -33,7 +30,7 @@ def typed_imports(source: str, package: str) -> dict[str, tuple[str, str]]:
     """
     found: dict[str, tuple[str, str]] = {}
     for node in ast.parse(source).body:
-        if not (isinstance(node, ast.If) and _is_type_checking(node.test)):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
             continue
         for stmt in node.body:
             if isinstance(stmt, ast.ImportFrom):
@@ -49,12 +46,6 @@ def typed_imports(source: str, package: str) -> dict[str, tuple[str, str]]:
                     "write 'from module import name' for each public name"
                 )
     return found
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
 
 
 def lazy_exports(

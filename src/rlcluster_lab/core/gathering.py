@@ -28,17 +28,13 @@ _PREFIX = "rlcluster_lab/"
 _LAST: list[str] = []  # this process's key of its last exchange, deleted at the next one
 
 
-def exchange(value: Any, what: str, timeout_s: float = EXCHANGE_TIMEOUT_S) -> list[Any]:
-    """Every process's ``value`` (JSON-ready), indexed by process, on every process.
-
-    Args:
-        value: this process's fact.
-        what: a short name for the key and for the error message.
-        timeout_s: how long to wait for each other process.
+def exchange(value: Any, what: str) -> list[Any]:
+    """Every process's ``value`` (its fact, JSON-ready), indexed by process, on every process;
+    ``what``, a short name, goes in the key and in the error message.
 
     Raises:
-        TimeoutError: a process did not publish its value in time (it failed, or the processes
-            are not running the same program).
+        TimeoutError: a process did not publish its value within ``EXCHANGE_TIMEOUT_S`` (it failed,
+            or the processes are not running the same program).
     """
     if jax.process_count() == 1:
         return [value]
@@ -53,10 +49,10 @@ def exchange(value: Any, what: str, timeout_s: float = EXCHANGE_TIMEOUT_S) -> li
     out = []
     for p in range(jax.process_count()):
         try:
-            out.append(json.loads(client.blocking_key_value_get(f"{key}/{p}", int(timeout_s * 1000))))
+            out.append(json.loads(client.blocking_key_value_get(f"{key}/{p}", int(EXCHANGE_TIMEOUT_S * 1000))))
         except Exception as exc:  # the runtime raises its own error type for a deadline
             raise TimeoutError(
-                f"process {p} did not publish {what!r} within {timeout_s:.0f} s: it failed, or the processes "
+                f"process {p} did not publish {what!r} within {EXCHANGE_TIMEOUT_S:.0f} s: it failed, or the processes "
                 f"are not running the same program ({type(exc).__name__}: {exc})"
             ) from exc
     # Every process published this exchange, so each had read the one before: this process's key
@@ -118,10 +114,9 @@ def host_values(values: list[Any]) -> list[np.ndarray]:
             continue
         owners = processes_of(v.sharding.device_set)
         if len(owners) == everyone:
-            if v.is_fully_replicated:
-                out[i] = np.asarray(v.addressable_data(0))
-            else:
-                out[i] = np.asarray(multihost_utils.process_allgather(v, tiled=True))
+            out[i] = np.asarray(
+                v.addressable_data(0) if v.is_fully_replicated else multihost_utils.process_allgather(v, tiled=True)
+            )
             continue
         later.setdefault(owners[0], []).append(i)
     me = jax.process_index()
@@ -138,10 +133,7 @@ def host_values(values: list[Any]) -> list[np.ndarray]:
                     else v.sharding.with_spec(spec)  # pragma: no cover - the cluster uses NamedSharding
                 )
                 v = jax.jit(replicate, out_shardings=target)(v)
-            if v.addressable_shards:
-                local.append(np.asarray(v.addressable_data(0)))
-            else:
-                local.append(np.zeros(v.shape, v.dtype))
+            local.append(np.asarray(v.addressable_data(0)) if v.addressable_shards else np.zeros(v.shape, v.dtype))
         got = multihost_utils.broadcast_one_to_all(local, is_source=me == source)
         for i, g in zip(idx, got):
             out[i] = np.asarray(g)

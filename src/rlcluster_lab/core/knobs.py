@@ -131,10 +131,6 @@ class Knob:
         """The widget's tooltip: the rules that read the knob, and what it does."""
         return f"{self.rule}: {self.help}" if self.rule else self.help
 
-    @property
-    def annotation(self) -> str:
-        return _TYPES.get(self.kind, "Any") + (" | None" if self.default is None else "")
-
     def check(self, value: Any) -> Any:
         """``value`` as the knob holds it: a plain number (not NumPy's), a dtype's name.
 
@@ -316,7 +312,8 @@ def knob_dataclass(knobs: Iterable[Knob]) -> Callable[[type[T]], type[T]]:
     def make(cls: type[T]) -> type[T]:
         own = dict(cls.__dict__.get("__annotations__", {}))
         added = [k for k in knobs if k.field not in own]
-        cls.__annotations__ = {**own, **{k.field: k.annotation for k in added}}
+        types = {k.field: _TYPES.get(k.kind, "Any") + (" | None" if k.default is None else "") for k in added}
+        cls.__annotations__ = {**own, **types}
         for knob in added:
             setattr(cls, knob.field, knob.default)
         after = cls.__dict__.get("__post_init__")

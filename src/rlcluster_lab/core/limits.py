@@ -136,12 +136,9 @@ def check_fits(need: int, what: str, fix: str = "", freed: int = 0) -> None:
 def device_free_bytes(device: Any) -> int | None:
     """Bytes ``device`` can still allocate, from its allocator (``memory_stats()``: its limit less
     what is in use); None where the device reports no figures (CPU devices)."""
-    stats_of = getattr(device, "memory_stats", None)
-    if stats_of is None:
-        return None
     try:
-        stats = stats_of()
-    except Exception:  # a backend without allocator figures raises rather than returning None
+        stats = device.memory_stats()
+    except Exception:  # no such method, or a backend without allocator figures that raises rather than returning None
         return None
     if not stats or "bytes_limit" not in stats:
         return None
@@ -183,8 +180,8 @@ def fmt_bytes(n: float) -> str:
     """Bytes in binary units, short and stable: 534528 -> '522.0 KiB'. The one way the
     project writes a byte count for reading (messages, the CLI's plan, the lab's figures)."""
     n = float(n)
-    for unit in BINARY_UNITS:
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in BINARY_UNITS[:-1]:
+        if abs(n) < 1024:
             return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    raise AssertionError("unreachable")
+    return f"{n:.1f} {BINARY_UNITS[-1]}"

@@ -89,11 +89,8 @@ def sharded_dims(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         "kv_heads": config.kv_dim,
         "mlp": config.mlp_dim,
     }
-    out: dict[str, set[int]] = {axis: set() for axis in MESH_AXES}
-    for name, axis in DEFAULT_LOGICAL_AXIS_RULES:
-        if axis is not None:
-            out[axis].add(logical[name])
-    return {axis: tuple(sorted(sizes)) for axis, sizes in out.items()}
+    rules = dict(DEFAULT_LOGICAL_AXIS_RULES)
+    return {axis: tuple(sorted({size for name, size in logical.items() if rules[name] == axis})) for axis in MESH_AXES}
 
 
 def fitting_shapes(count: int, config: ModelConfig) -> list[tuple[int, int]]:

@@ -7,9 +7,9 @@ rank) to refuse a configuration before JAX is imported; the model itself
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
-from dataclasses import dataclass
 from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
@@ -109,20 +109,7 @@ def check_lora_scale(scale: Any, name: str = "lora_scale") -> float:
     return float(scale)
 
 
-# The dimensions of a ModelConfig: positive ints (checked here, and in a checkpoint's config.json).
-INT_FIELDS = (
-    "vocab_size",
-    "embed_dim",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "mlp_dim",
-    "max_seq_len",
-)
-
-
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Shape and numerics of a ``TransformerLM``."""
 
@@ -231,6 +218,10 @@ class ModelConfig:
         # An adapter on an (in, out) kernel holds rank * (in + out) numbers.
         return self.num_layers * rank * sum(i + o for i, o in self.lora_shapes().values())
 
+
+# The dimensions of a ModelConfig, its int fields in order: positive ints (checked in ``__post_init__``,
+# and in a checkpoint's config.json).
+INT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.type == "int")
 
 # Sharded dims are all multiples of 8 (264 = 8 * 33) so each shards over 8, 4 or 2.
 # name: (vocab_size, embed_dim, num_layers, num_heads, num_kv_heads, head_dim, mlp_dim, max_seq_len)

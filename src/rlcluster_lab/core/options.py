@@ -19,16 +19,10 @@ from rlcluster_lab.core.errors import ConfigError
 
 # The vocabulary and the checks of a knob's value are the knobs' table's (``core.knobs``); named here
 # too, where the rest of the lab has always read them.
-from rlcluster_lab.core.knobs import ANCHOR_MODES as ANCHOR_MODES
-from rlcluster_lab.core.knobs import ENGINE_LABELS as ENGINE_LABELS
 from rlcluster_lab.core.knobs import ENGINES as ENGINES
-from rlcluster_lab.core.knobs import KNOBS, SCENARIO_KNOBS, knob_dataclass
-from rlcluster_lab.core.knobs import LAYOUTS as LAYOUTS
+from rlcluster_lab.core.knobs import KNOBS, LAYOUTS, SCENARIO_KNOBS, as_bool, as_float, as_int, knob_dataclass
 from rlcluster_lab.core.knobs import MODEL_SIZES as MODEL_SIZES
 from rlcluster_lab.core.knobs import RESHARD_STRATEGIES as RESHARD_STRATEGIES
-from rlcluster_lab.core.knobs import as_bool as as_bool
-from rlcluster_lab.core.knobs import as_float as as_float
-from rlcluster_lab.core.knobs import as_int as as_int
 from rlcluster_lab.core.model_config import DTYPES as DTYPES
 from rlcluster_lab.core.model_config import LORA_PROJECTIONS, dtype_name
 

@@ -32,28 +32,11 @@ class PlacementError(ConfigError):
         self.role = role
 
 
-def default_memory_kind(where: Any = None) -> str:
-    """The default memory kind of the devices ``where`` names (a mesh, an array, a sharding,
-    a device); of JAX's default device when None. Read from the devices themselves, so a
-    mesh of CPU devices beside an accelerator gets the CPU's kind."""
-    return _first_device(where).default_memory().kind
-
-
-def _first_device(where: Any) -> Any:
-    if where is None:
-        return jax.devices()[0]
-    if isinstance(where, Mesh):
-        return where.devices.flat[0]
-    if isinstance(where, jax.Array):
-        where = where.sharding
-    if hasattr(where, "device_set"):
-        return min(where.device_set, key=lambda d: d.id)
-    if hasattr(where, "default_memory"):
-        return where
-    leaves = array_leaves(where)
-    if leaves:
-        return _first_device(leaves[0])
-    return jax.devices()[0]
+def default_memory_kind(where: Mesh | jax.Array) -> str:
+    """The default memory kind of the devices of ``where`` (a mesh or an array). Read from the
+    devices themselves, so a mesh of CPU devices beside an accelerator gets the CPU's kind."""
+    first = where.devices.flat[0] if isinstance(where, Mesh) else min(where.sharding.device_set, key=lambda d: d.id)
+    return first.default_memory().kind
 
 
 def array_leaves(tree: Any) -> list[jax.Array]:

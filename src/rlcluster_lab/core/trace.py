@@ -47,13 +47,7 @@ class Decision(Generic[V]):
     branch: enum.Enum | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule,
-            "test": self.test,
-            "values": jsonable(self.values),
-            "outcome": self.outcome,
-            "branch": None if self.branch is None else self.branch.value,
-        }
+        return jsonable(self)  # every field, the values and the branch as JSON types
 
 
 def seen(decision: Mapping[str, Any], kind: type[V]) -> V:

@@ -67,10 +67,6 @@ class Building:
     name: str
     elapsed_s: float
 
-    @property
-    def words(self) -> str:
-        return program_words(self.name)
-
 
 @dataclasses.dataclass(frozen=True)
 class WaitStatus:
@@ -98,16 +94,12 @@ class WaitStatus:
         if self.estimate_s is not None:
             text += f" (last {self.estimate_s:.1f} s)"
         if self.building:
-            text += "; " + ", ".join(f"{b.phase} {b.words} {b.elapsed_s:.1f} s" for b in self.building)
+            text += "; " + ", ".join(f"{b.phase} {program_words(b.name)} {b.elapsed_s:.1f} s" for b in self.building)
             if self.built:
                 text += f" ({self.built} program(s) built before)"
         elif self.built:
             text += f"; {self.built} program(s) built"
         return text
-
-    def to_json(self) -> dict[str, object]:
-        building = [dataclasses.asdict(b) for b in self.building]
-        return {**dataclasses.asdict(self), "labels": list(self.labels), "building": building}
 
 
 @dataclasses.dataclass
@@ -218,11 +210,7 @@ class Waits:
         """A program began its ``phase`` (tracing, lowering, compiling) in ``thread``."""
         key = (threading.get_ident() if thread is None else thread, phase)
         with self._lock:
-            entry = self._building.get(key)
-            if entry is None:
-                self._building[key] = [name, self.clock(), 1]
-            else:
-                entry[2] += 1
+            self._building.setdefault(key, [name, self.clock(), 0])[2] += 1  # a nested phase: one deeper
 
     def build_ended(self, phase: str, name: str, thread: int | None = None) -> None:
         """The program's ``phase`` ended in ``thread`` (a compile that ended counts as one program

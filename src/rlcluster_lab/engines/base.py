@@ -28,7 +28,7 @@ from rlcluster_lab.model import logps_from_state
 from rlcluster_lab.model.sampling import check_prompts, prompt_width, sample
 from rlcluster_lab.placement import events
 from rlcluster_lab.placement.chunks import chunk_leaves
-from rlcluster_lab.placement.reshard import Batch, batch, reshard_many
+from rlcluster_lab.placement.reshard import Batch, batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,12 +116,8 @@ class RolloutEngine(abc.ABC):
         return self.generate_with_seed(prompts, rollout_config, rollout_config.seed + next(self._draws))
 
     def generate_with_seed(self, prompts: list[str], rollout_config: RolloutConfig, seed: int) -> RolloutOutput:
-        """``generate`` with the sampling seed given: it reads the engine's weights and changes
-        nothing of the engine's (the seed ``generate`` draws next is untouched).
-
-        Raises:
-            As ``generate``.
-        """
+        """``generate`` with the sampling seed given (raising as it does): it reads the engine's
+        weights and changes nothing of the engine's (the seed ``generate`` draws next is untouched)."""
         prompts = check_prompts(prompts)
         graphdef, state = model_split(self.model())
         out = sample(
@@ -145,11 +141,7 @@ class RolloutEngine(abc.ABC):
 
     def output_shape(self, prompts: list[str], rollout_config: RolloutConfig) -> tuple[int, int, int]:
         """(batch, prompt width, completion length) of what ``generate`` returns for ``prompts``,
-        read from the prompts alone (nothing is sampled).
-
-        Raises:
-            As ``generate`` for the prompts themselves.
-        """
+        read from the prompts alone (nothing is sampled; refused as ``generate`` refuses them)."""
         prompts = check_prompts(prompts)
         steps = rollout_config.max_tokens_to_generate
         return len(prompts), prompt_width(self.tokenizer, prompts, steps, self._cache_size(rollout_config)), steps
@@ -200,13 +192,19 @@ class RolloutEngine(abc.ABC):
             # has no adapters): only those leaves are replaced.
             picked = tuple(j for j, k in enumerate(index.keys) if k in src)
         else:
-            if len(src) != len(index.keys) or any(k not in src for k in index.keys):
-                raise tree_mismatch(src, index.keys)
+            if src.keys() != (keys := set(index.keys)):
+                missing, extra = sorted(map(str, keys - src.keys()))[:5], sorted(map(str, src.keys() - keys))[:5]
+                raise ValueError(
+                    "the new weights do not match the rollout model's parameter tree "
+                    f"(missing: {missing}, unexpected: {extra}); sync from a model of the same architecture"
+                )
             picked = tuple(range(len(index.keys)))
         sources = [src[index.keys[j]] for j in picked]
         del src
+        # The model's shapes are fixed: the shardings and dtypes on both sides say it all.
+        key = (self.sync_chunk_bytes, self.owns_weights, self.reshard, follow, picked)
+        key += tuple((x.sharding, x.dtype) for x in (*sources, *(index.get(j) for j in picked)))
         plan = index.plan
-        key = SyncPlan.key_of(index, picked, sources, self.sync_chunk_bytes, self.owns_weights, self.reshard, follow)
         if plan is None or plan.key != key:
             plan = index.plan = SyncPlan.build(key, index, picked, sources, follow)
         if not self.owns_weights and all(index.get(j) is x for j, x in zip(picked, sources)):
@@ -241,11 +239,6 @@ class RolloutEngine(abc.ABC):
         """The arrays the engine's model holds now (those matching ``filter_types``), in path order."""
         index = self._index(filter_types)
         return [index.get(j) for j in range(len(index.keys))]
-
-    def _variables(self, filter_types: tuple[Any, ...] | None) -> dict[tuple[Any, ...], nnx.Variable]:
-        """Path -> the model's own Variable objects (those matching ``filter_types``), in path order."""
-        index = self._index(filter_types)
-        return dict(zip(index.keys, index.variables))
 
     def _index(self, filter_types: tuple[Any, ...] | None) -> _VariableIndex:
         """The model's Variables matching ``filter_types``, found once per filter.
@@ -284,12 +277,6 @@ class SyncPlan:
 
     key: tuple[Any, ...]
     parts: tuple[tuple[tuple[int, ...], tuple[int, ...], Batch], ...]
-
-    @staticmethod
-    def key_of(index: _VariableIndex, picked: tuple[int, ...], sources: list[Any], *knobs: Any) -> tuple[Any, ...]:
-        # The model's shapes are fixed: the shardings and dtypes on both sides say it all.
-        held = [index.get(j) for j in picked]
-        return (*knobs, picked, *((x.sharding, x.dtype) for x in (*sources, *held)))
 
     @classmethod
     def build(
@@ -360,15 +347,6 @@ def _plain_variable(v: nnx.Variable) -> bool:
     return isinstance(v.get_raw_value(), jax.Array)
 
 
-def tree_mismatch(src: Any, keys: Any) -> ValueError:
-    missing = sorted(map(str, set(keys) - set(src)))[:5]
-    extra = sorted(map(str, set(src) - set(keys)))[:5]
-    return ValueError(
-        "the new weights do not match the rollout model's parameter tree "
-        f"(missing: {missing}, unexpected: {extra}); sync from a model of the same architecture"
-    )
-
-
 def leaf_path(key: tuple[Any, ...]) -> str:
     """A flattened state key as the path the reports show: ``layers/0/attn/q/kernel``."""
     return "/".join(map(str, key))
@@ -383,25 +361,3 @@ def flat_values(tree: Any) -> dict[tuple[Any, ...], Any]:
 
 def _read(v: nnx.Variable) -> Any:
     return v.get_raw_value() if _plain_variable(v) else v.get_value()
-
-
-def reshard_flat(
-    src_flat: dict[tuple[Any, ...], Any], dst_flat: dict[tuple[Any, ...], Any], *, copy: bool, strategy: str
-) -> dict[tuple[Any, ...], Any]:
-    """``src_flat``'s values (path -> array) placed with ``dst_flat``'s shardings and cast to its dtypes.
-
-    ``dst_flat``'s values are arrays or ``Target``s (anything with ``sharding`` and
-    ``dtype``). Leaves already in their destination sharding are reused unless ``copy``
-    asks for new buffers. Only device-to-device copies happen: no host round-trip, so
-    it runs under a transfer guard.
-    """
-    if src_flat.keys() != dst_flat.keys():
-        raise tree_mismatch(src_flat, dst_flat)
-    keys = list(dst_flat)
-    dsts, dtypes, labels = (
-        [dst_flat[k].sharding for k in keys],
-        [dst_flat[k].dtype for k in keys],
-        list(map(leaf_path, keys)),
-    )
-    new = reshard_many([src_flat[k] for k in keys], dsts, copy=copy, labels=labels, dtypes=dtypes, strategy=strategy)
-    return dict(zip(keys, new))

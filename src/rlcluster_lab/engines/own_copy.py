@@ -76,13 +76,9 @@ class VllmStyleEngine(OwnCopyEngine):
 
     @classmethod
     def settle_mesh(cls, mesh: Mesh, rollout_config: RolloutConfig) -> Mesh:
-        return cls.rearrange(mesh, rollout_config.rollout_vllm_tensor_parallel_size)
-
-    @staticmethod
-    def rearrange(mesh: Mesh, tp_size: int | None) -> Mesh:
         """All the mesh's devices, tensor-parallel first: shape (n / tp, tp), tp = n by default."""
         devices = list(np.asarray(mesh.devices).flatten())
-        grid = rearranged_device_grid([d.id for d in devices], tp_size)
+        grid = rearranged_device_grid([d.id for d in devices], rollout_config.rollout_vllm_tensor_parallel_size)
         return make_mesh(devices, grid.shape, tuple(mesh.axis_names))
 
     @property

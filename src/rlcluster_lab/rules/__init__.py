@@ -28,6 +28,4 @@ __all__ = ["LAB_RULES", "RULES", "Rule", "find_rule", "rule", "rules_markdown"]
 
 # Hidden from type checkers, so that they flag a name that is not imported above.
 if not TYPE_CHECKING:
-    # ``RuleEntry``: the catalogue's entries under their former name.
-    _MOVED = {"RuleEntry": "rlcluster_lab.rules.catalogue"}
-    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__, moved=_MOVED)
+    __getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)

@@ -18,9 +18,6 @@ import inspect
 from rlcluster_lab.rules import anchor, loading, reference, rollout, sharing, steps, validation  # noqa: F401
 from rlcluster_lab.rules.registry import REFERENCE, Locator, Rule, declared, rule
 
-# The class the catalogue's entries are (kept under its former name too).
-RuleEntry = Rule
-
 rule(
     "P15",
     "names",
