@@ -31,17 +31,8 @@ __all__ = [
 ]
 
 
-def validate_prompts(prompts: Any, name: str = "prompts") -> list[str]:
-    """``prompts`` as a list of strings, refusing a bare ``str``/``bytes`` (which would be
-    iterated into one-character prompts) and an empty list.
-
-    Call it before anything turns the argument into a list (``list("hello")`` is five prompts).
-
-    Raises:
-        TypeError: a bare string or a non-string element; the message says to pass ``["hello"]``.
-        ConfigError: no prompts.
-    """
-    return check_prompts(prompts, name)
+# The operations' prompt check is the sampler's (a bare string refused, at least one prompt).
+validate_prompts = check_prompts
 
 
 def _float_array(owner: str, name: str, value: Any, shape: tuple[int, ...], meaning: str) -> np.ndarray:

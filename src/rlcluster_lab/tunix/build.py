@@ -23,7 +23,7 @@ from rlcluster_lab.core.options import Scenario
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure.sync import describe_sharding, flat_leaves
 from rlcluster_lab.placement.buffers import buffer_keys
-from rlcluster_lab.tunix.adapters import TunixTokenizer, check_model, lab_axis_rules, tunix_role_to_mesh
+from rlcluster_lab.tunix.adapters import TunixTokenizer, check_model, lab_axis_rules
 from rlcluster_lab.tunix.extra import require
 from rlcluster_lab.tunix.standin import vllm_stand_in
 
@@ -138,7 +138,7 @@ def tunix_config(scenario: Scenario, role_to_mesh: Mapping[Role, Any], training:
         rollout_vllm_model_version=scenario.rollout_config().rollout_vllm_model_version or "",
     )
     return rc.ClusterConfig(
-        role_to_mesh=tunix_role_to_mesh(rc.Role, role_to_mesh),
+        role_to_mesh={rc.Role(role.value): mesh for role, mesh in role_to_mesh.items()},  # the enums' values match
         rollout_engine=vllm_stand_in() if scenario.engine == "vllm" else scenario.engine,
         offload_to_cpu=scenario.offload,
         training_config=rc.RLTrainingConfig(

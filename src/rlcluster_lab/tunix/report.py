@@ -24,7 +24,6 @@ from rlcluster_lab.tunix.observe import (
     OBSERVED,
     P4_WARNING_MARK,
     anchor_state,
-    engine_mesh,
     engine_name,
     observed_decisions,
     role_meshes,
@@ -96,7 +95,7 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
     anchor = anchor_state(rl_cluster)
     decisions = observed_decisions(rl_cluster, given)
     rollout_keys = buffer_keys(nnx.state(models["rollout"]))
-    own_mesh = engine_mesh(rl_cluster)
+    own_mesh = getattr(rl_cluster.rollout, "mesh", None)  # the mesh the engine exposes (P7)
     replaced = own_mesh is not None and meshes.get(Role.ROLLOUT) is own_mesh
     notes = [version_note()]
     if given is None:

@@ -69,12 +69,6 @@ class TunixSync:
         return out
 
 
-def guard_text(platform: str) -> str:
-    if p13_sync_guarded(platform):
-        return "the lab's P13 guard: explicit host<->device transfers disallowed (cpu devices)"
-    return f"none: P13 guards only CPU devices, these are {platform}"
-
-
 def run_sync(cluster: Any, platform: str) -> TunixSync:
     """Run ``cluster.sync_weights()`` under the lab's guard (chosen from ``platform``) and
     observer; a refusal by the transfer guard is an outcome, not an error.
@@ -117,7 +111,12 @@ def run_sync(cluster: Any, platform: str) -> TunixSync:
         )
         strategy = report.reshard_strategy if not inferred else "Tunix's reshard_pytree (jax.device_put)"
         report = dataclasses.replace(report, leaves=leaves, method=METHOD, reshard_strategy=strategy)
-    outcome, guard = COMPLETED if error is None else REFUSED, guard_text(platform)
+    outcome = COMPLETED if error is None else REFUSED
+    guard = (
+        "the lab's P13 guard: explicit host<->device transfers disallowed (cpu devices)"
+        if p13_sync_guarded(platform)
+        else f"none: P13 guards only CPU devices, these are {platform}"
+    )
     return TunixSync(
         outcome=outcome,
         guard=guard,
