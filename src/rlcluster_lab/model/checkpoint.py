@@ -20,13 +20,12 @@ it. The order is chosen so that nothing is allocated on a file's word:
    finite; only then is the model built, so a failed load returns nothing
    and leaves nothing on the devices.
 
-``save`` refuses what ``load`` would refuse (the same checks of the config,
-the parameters' names, shapes and dtypes, finite values), and replaces a
-checkpoint atomically: both files are written into a new folder beside the
-target (made exclusively, so nothing is written through a link planted
-there), flushed to disk, and only then swapped in, so the previous
-checkpoint stays whole until the new one is complete. Saves to one folder
-are serialized (an exclusive lock on the parent folder).
+``save`` refuses what ``load`` would refuse (the same checks of the config, the parameters'
+names, shapes and dtypes, finite values), and replaces a checkpoint atomically: both files are
+written into a new folder beside the target (made exclusively, so nothing is written through a
+link planted there), flushed to disk, and only then swapped in, so the previous checkpoint stays
+whole until the new one is complete. Saves to one folder are serialized (an exclusive lock on
+the parent folder).
 """
 
 from __future__ import annotations
@@ -76,21 +75,13 @@ _TOP_KEYS = ("format", "kind", "config", "lora_rank", "lora_scale")
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    """What a checkpoint's ``config.json`` says, every field checked.
+    """What a checkpoint's ``config.json`` says, every field checked."""
 
-    Attributes:
-        path: the ``config.json`` it was read from.
-        kind: ``lm`` (a ``TransformerLM``) or ``score`` (a ``ScoreModel``).
-        config: the model's dimensions and dtype.
-        lora_rank: the adapters' rank; 0 for a model without adapters.
-        lora_scale: the adapters' scale (1.0 without adapters).
-    """
-
-    path: Path
-    kind: str
-    config: ModelConfig
-    lora_rank: int
-    lora_scale: float
+    path: Path  # the config.json it was read from
+    kind: str  # "lm" (a TransformerLM) or "score" (a ScoreModel)
+    config: ModelConfig  # the model's dimensions and dtype
+    lora_rank: int  # the adapters' rank; 0 for a model without adapters
+    lora_scale: float  # the adapters' scale (1.0 without adapters)
 
     @property
     def param_bytes(self) -> int:

@@ -61,7 +61,7 @@ class LaunchError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class LaunchSettings:
     """How many processes, and the seconds that bound the whole run (joining, heartbeats and the
-    exit barrier are bounded by the worker's defaults: ``multiprocess.worker``)."""
+    exit barrier are bounded in ``multiprocess.worker``)."""
 
     processes: int = 2
     devices_per_process: int = 4
@@ -131,18 +131,9 @@ def launch(
     progress: Callable[[str], None] | None = None,
     on_start: Callable[[list[int]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``job`` (``multiprocess.jobs``) in ``settings.processes`` workers on this machine.
-
-    ``progress`` gets each progress line a worker writes, ``on_start`` the workers' process ids;
-    returns each worker's result, in process order.
-
-    Raises:
-        LaunchError: a worker failed or the run passed its deadline; every worker was stopped.
-            Or the run could not start: this runtime has no loopback socket or cannot start a
-            process (``cannot_launch`` says so before a launch).
-        ConfigError: a setting that cannot work, or a worker refused the configuration (its
-            refusal, in the launch's terms: ``in_launch_terms``); every worker was stopped.
-    """
+    """Run ``job`` (``multiprocess.jobs``) in ``settings.processes`` workers on this machine;
+    returns each worker's result, in process order. Raises as ``run_reports`` (a refusal by a
+    worker in the launch's terms: ``in_launch_terms``); every worker is stopped first."""
     settings.check()
     # The run's folder (job, results, progress, logs) is removed on every exit path.
     with tempfile.TemporaryDirectory(prefix="rlcluster-lab-processes-", ignore_cleanup_errors=True) as folder:
