@@ -331,18 +331,20 @@ class _Member(NamedTuple):
     dtype: Any
 
 
+def _layer_members(name: str, num_layers: int) -> list[str] | None:
+    """A leaf of the layer stack as the members of a checkpoint saved while the layers were a
+    list, one per layer (``blocks/<layer>/...``); None for any other leaf."""
+    parts = tuple(name.split("/"))
+    at = layer_stack_at(parts)
+    return None if at is None else ["/".join((*parts[: at + 1], str(i), *parts[at + 1 :])) for i in range(num_layers)]
+
+
 def _per_layer(expected: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """The members of a checkpoint saved while the layers were a list: each leaf of the layer
-    stack as one member per layer, ``blocks/<layer>/...``, without the layer axis."""
+    """The members of such a per-layer checkpoint (``_layer_members``), without the layer axis."""
     out: dict[str, Any] = {}
     for name, spec in expected.items():
-        parts = tuple(name.split("/"))
-        at = layer_stack_at(parts)
-        if at is None:
-            out[name] = spec
-            continue
-        for layer in range(num_layers):
-            out["/".join((*parts[: at + 1], str(layer), *parts[at + 1 :]))] = _Member(tuple(spec.shape[1:]), spec.dtype)
+        members = _layer_members(name, num_layers)
+        out.update({name: spec} if members is None else dict.fromkeys(members, _Member(spec.shape[1:], spec.dtype)))
     return out
 
 
@@ -350,13 +352,8 @@ def _stacked(arrays: dict[str, np.ndarray], expected: dict[str, Any], num_layers
     """A per-layer checkpoint's arrays (``_per_layer``) as the layer stack's: each leaf's layers stacked."""
     out = {}
     for name in expected:
-        parts = tuple(name.split("/"))
-        at = layer_stack_at(parts)
-        if at is None:
-            out[name] = arrays.pop(name)
-            continue
-        layers = ["/".join((*parts[: at + 1], str(layer), *parts[at + 1 :])) for layer in range(num_layers)]
-        out[name] = np.stack([arrays.pop(key) for key in layers])
+        members = _layer_members(name, num_layers)
+        out[name] = arrays.pop(name) if members is None else np.stack([arrays.pop(m) for m in members])
     return out
 
 

@@ -313,12 +313,7 @@ def _plan(req: PlanRequest) -> Plan:
     return Plan(
         model=model,
         topology=topo.to_json(),
-        layout=req.layout,
-        engine=req.engine,
-        lora_rank=req.lora_rank,
-        offload=req.offload,
-        anchor=req.anchor,
-        rollout_dtype=req.rollout_dtype,
+        **{k: getattr(req, k) for k in ("layout", "engine", "lora_rank", "offload", "anchor", "rollout_dtype")},
         role_to_mesh={r.value: describe_mesh(m) for r, m in placed.role_to_mesh.items() if r in present},
         config_role_to_mesh={r.value: describe_mesh(m) for r, m in placed.config_role_to_mesh.items() if r in present},
         mesh_overridden_by_engine=placed.mesh_overridden_by_engine,
