@@ -67,9 +67,7 @@ def rejection_reason(metrics: Mapping[str, Any]) -> str | None:
     """Why the step with these metrics kept the old parameters and optimizer state, or None
     when it was applied."""
     code = int(metrics.get("rejected", 0))
-    if code == 0:
-        return None
-    return REJECTION_REASONS.get(code, f"rejected (code {code})")
+    return None if code == 0 else REJECTION_REASONS.get(code, f"rejected (code {code})")
 
 
 def grpo_loss(
@@ -142,10 +140,9 @@ def train_step(
             ``beta``/``epsilon``.
     """
     validate_batch_arrays(batch, model_vocab_size(graphdef, trainable, frozen))
+    checked = check_temperature(temperature, allow_zero=False)
     if not isinstance(temperature, jax.Array):
-        temperature = np.float32(check_temperature(temperature, allow_zero=False))  # no program of its own
-    else:
-        check_temperature(temperature, allow_zero=False)
+        temperature = np.float32(checked)  # no program of its own
     for name, value in (("beta", beta), ("epsilon", epsilon)):
         if not math.isfinite(float(value)) or float(value) < 0:
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
