@@ -146,9 +146,6 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------- CLI
-
-
 def add_plan_arguments(p: Any) -> None:
     """The flags of ``plan``: the knob flags it takes (``cli.flags``) and the figures of a paper cluster."""
     model = KNOBS["model_size"].help + ", or a published architecture (gemma-2b, llama3-8b, llama3-70b)"

@@ -113,12 +113,7 @@ def save(model: nnx.Module, path: str | os.PathLike) -> Path:
     folder = Path(path)
     kind = "score" if isinstance(model, ScoreModel) else "lm"
     rank, scale = _lora_settings(model)
-    meta: dict[str, Any] = {
-        "format": FORMAT,
-        "kind": kind,
-        "config": dataclasses.asdict(model.config),
-        "lora_rank": rank,
-    }
+    meta = {"format": FORMAT, "kind": kind, "config": dataclasses.asdict(model.config), "lora_rank": rank}
     if rank:
         meta["lora_scale"] = scale
     flat = {k: np.asarray(v) for k, v in _flat_state(model).items()}
@@ -245,9 +240,7 @@ def _check_meta(cfg_file: Path, meta: Any) -> CheckpointConfig:
     kind = meta["kind"]
     if not isinstance(kind, str) or kind not in KINDS:
         raise ConfigError(f"{cfg_file}: key 'kind' must be one of {KINDS}, got {_show(kind)}")
-    rank = meta.get("lora_rank", 0)
-    if rank is None:
-        rank = 0
+    rank = 0 if meta.get("lora_rank") is None else meta["lora_rank"]
     if not _is_int(rank) or rank < 0:
         raise ConfigError(f"{cfg_file}: key 'lora_rank' must be an integer >= 0 (0: no adapters), got {_show(rank)}")
     if rank and kind == "score":

@@ -326,9 +326,6 @@ def _exit_reason(code: int, w: _Worker) -> str:
     return how + (f" ({tail[:400]})" if tail else "")
 
 
-# ---------------------------------------------------------------------------- the entry points
-
-
 def run_reports(
     scenarios: Sequence[Any],
     *,
