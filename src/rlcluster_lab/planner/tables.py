@@ -135,10 +135,8 @@ class Topology:
 
     def hosts(self) -> tuple[tuple[int, ...], ...]:
         """The device ids of each host, by host index."""
-        out: dict[int, list[int]] = {}
-        for d, h in self.host_of().items():
-            out.setdefault(h, []).append(d)
-        return tuple(tuple(out[h]) for h in sorted(out))
+        host = self.host_of()
+        return tuple(tuple(d for d in host if host[d] == h) for h in sorted(set(host.values())))
 
     def to_json(self) -> dict[str, Any]:
         """The fields in order, the device ids and host layout written as ``hosts``."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import logging.handlers
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -58,26 +59,20 @@ class TunixBuild:
     given: Given
 
 
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @contextmanager
 def logged_warnings() -> Iterator[list[str]]:
-    """The warnings Tunix logs (to the ``absl`` logger) inside the block, kept, not printed."""
-    handler = _Collect()
+    """The warnings Tunix logs (to the ``absl`` logger) inside the block, kept, not printed (the
+    list is filled when the block ends)."""
+    handler, messages = logging.handlers.BufferingHandler(capacity=1 << 30), []
+    handler.setLevel(logging.WARNING)
     logger = logging.getLogger("absl")
     saved = logger.handlers[:], logger.propagate
     logger.handlers, logger.propagate = [handler], False
     try:
-        yield handler.messages
+        yield messages
     finally:
         logger.handlers, logger.propagate = saved
+        messages.extend(record.getMessage() for record in handler.buffer)
 
 
 def leaf_layouts(state: Any) -> dict[str, str]:
