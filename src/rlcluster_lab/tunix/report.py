@@ -45,10 +45,8 @@ class TunixReport(PlacementFacts):
     cluster: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        out = super().to_json()
-        out["sync"] = None  # the placement report's key; a sync's own report comes from sync()
-        out["notes"] = list(self.notes)
-        return out
+        # "sync": the placement report's key; a sync's own report comes from sync().
+        return super().to_json() | {"sync": None, "notes": list(self.notes)}
 
     def sync(self) -> TunixSync:
         """Run the cluster's ``sync_weights`` under the lab's observer and P13 guard; call

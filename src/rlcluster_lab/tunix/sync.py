@@ -64,9 +64,8 @@ class TunixSync:
         return self.outcome == COMPLETED
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["report"] = self.report.to_json() if self.report is not None else None
-        return out
+        report = self.report.to_json() if self.report is not None else None
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {"report": report}
 
 
 def run_sync(cluster: Any, platform: str) -> TunixSync:
