@@ -4,6 +4,7 @@ choices, default and help, and the subcommands that take it. Nothing here import
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from rlcluster_lab.core.knobs import COMMANDS, KNOBS, SCENARIO_KNOBS, Knob
@@ -42,6 +43,11 @@ def _argument(knob: Knob, **override: Any) -> dict[str, Any]:
         text += f" (default: {spec['default']})"
     spec["help"] = f"{knob.rule}: {text}" if knob.rule else text
     return spec
+
+
+def fields_given(cls: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that set a field of the dataclass ``cls``, by field."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
 def scenario_from(args: argparse.Namespace, **extra: Any) -> Any:

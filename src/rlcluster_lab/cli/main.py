@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-from rlcluster_lab.cli.flags import add_knob_flags, scenario_from
+from rlcluster_lab.cli.flags import add_knob_flags, fields_given, scenario_from
 from rlcluster_lab.cli.plan import add_plan_arguments, check_plan_flags, run_plan_command
 from rlcluster_lab.cli.processes import multi_process, run_processes_command
 from rlcluster_lab.cli.progress import progress_line
@@ -233,8 +233,8 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     scenario = scenario_from(args, max_tokens=args.max_tokens)
     # Each learner flag sets the field of its name (``core.knobs``). With --critic the learner runs
     # PPO-style steps: the critic's values as baseline, and the critic trained every step.
-    training = TrainingConfig(**_fields_given(TrainingConfig, args))
-    config = LearnerConfig(**_fields_given(LearnerConfig, args), critic=args.with_critic)
+    training = TrainingConfig(**fields_given(TrainingConfig, args))
+    config = LearnerConfig(**fields_given(LearnerConfig, args), critic=args.with_critic)
     check_learner_batch(config, training)
     check_scenario(scenario)
     check_rollout_fits(
@@ -245,11 +245,6 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         "lower --prompts-per-step or --group-size",
     )
     return scenario, training, config
-
-
-def _fields_given(cls: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """The flags that set a field of ``cls``, by field."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
 def _learn(args: argparse.Namespace, scenario: Any, training: Any, config: Any) -> dict[str, Any]:

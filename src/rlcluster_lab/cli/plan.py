@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlcluster_lab.cli.flags import add_knob_flags, scenario_from
+from rlcluster_lab.cli.flags import add_knob_flags, fields_given, scenario_from
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS
 from rlcluster_lab.core.limits import fmt_bytes, parse_bytes
@@ -146,9 +146,6 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------- CLI
-
-
 def add_plan_arguments(p: Any) -> None:
     """The flags of ``plan``: the knob flags it takes (``cli.flags``) and the figures of a paper cluster."""
     model = KNOBS["model_size"].help + ", or a published architecture (gemma-2b, llama3-8b, llama3-70b)"
@@ -200,14 +197,7 @@ def run_plan_command(args: Any) -> dict[str, Any]:
     scenario = scenario_from(args, model_size=args.model_size if lab_size else "tiny")
     check_scenario(scenario, model=model_config(args.model_size, dtype=args.dtype))
     cache = args.kv_cache_size if args.kv_cache_size is not None else args.prompt_length + args.max_tokens
-    workload = Workload(
-        rollout_batch_size=args.rollout_batch_size,
-        prompt_length=args.prompt_length,
-        max_tokens=args.max_tokens,
-        kv_cache_size=cache,
-        micro_batch_size=args.micro_batch_size,
-        remat=args.remat,
-    )
+    workload = Workload(**{**fields_given(Workload, args), "kv_cache_size": cache})
     try:
         plan = plan_scenario(
             scenario,

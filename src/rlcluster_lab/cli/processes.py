@@ -35,7 +35,7 @@ def run_processes_command(args: argparse.Namespace) -> dict[str, Any]:
         ConfigError: a flag or scenario that cannot work (nothing started).
         LaunchError: a worker failed or the deadline passed (every worker was stopped).
     """
-    from rlcluster_lab.multiprocess.launcher import DEFAULT_TIMEOUT_S, run_report
+    from rlcluster_lab.multiprocess.launcher import DEFAULT_TIMEOUT_S, run_reports
 
     total = args.processes * args.devices_per_process
     if args.devices not in (KNOBS["devices"].default, total):
@@ -44,8 +44,8 @@ def run_processes_command(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.devices_per_process} = {total} devices; drop --devices with --processes"
         )
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    data = run_report(
-        scenario_from(args),
+    (data,) = run_reports(
+        [scenario_from(args)],
         processes=args.processes,
         devices_per_process=args.devices_per_process,
         sync=args.sync,

@@ -42,11 +42,8 @@ class ProgressLine:
         text = status.line()[:WIDTH] if status is not None and status.elapsed_s >= self.delay else ""
         with self._lock:
             try:
-                if text:
+                if text or self.shown:  # draw the line, or erase the one shown
                     self.stream.write(_ERASE + text)
-                    self.stream.flush()
-                elif self.shown:
-                    self.stream.write(_ERASE)
                     self.stream.flush()
             except (OSError, ValueError):  # stderr went away: nothing more to show
                 self._stop.set()

@@ -1,13 +1,11 @@
 """Replacing a folder of files in one step: how a checkpoint is saved (``model.checkpoint``).
 
-The new files are written into a folder made exclusively beside the target
-(``mkdtemp``: a new name, private while it is written, so nothing is written
-through a link planted there), each flushed to disk; the folder then takes
-the target's place in one rename, and the previous folder is removed only
-after that. A reader of the target sees the old files or the new ones, never
-a mixture or a part. Writers of one parent folder are serialized by an
-exclusive lock on that folder; a folder a killed writer left behind is
-removed by the next writer, under the lock.
+The new files are written into a folder made exclusively beside the target (``mkdtemp``: a new
+name, private while it is written, so nothing is written through a link planted there), each
+flushed to disk; the folder then takes the target's place in one rename, and the previous folder
+is removed only after that. A reader of the target sees the old files or the new ones, never a
+mixture or a part. Writers of one parent folder are serialized by an exclusive lock on that
+folder; a folder a killed writer left behind is removed by the next writer, under the lock.
 """
 
 from __future__ import annotations

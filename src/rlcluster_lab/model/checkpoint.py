@@ -20,13 +20,12 @@ it. The order is chosen so that nothing is allocated on a file's word:
    finite; only then is the model built, so a failed load returns nothing
    and leaves nothing on the devices.
 
-``save`` refuses what ``load`` would refuse (the same checks of the config,
-the parameters' names, shapes and dtypes, finite values), and replaces a
-checkpoint atomically: both files are written into a new folder beside the
-target (made exclusively, so nothing is written through a link planted
-there), flushed to disk, and only then swapped in, so the previous
-checkpoint stays whole until the new one is complete. Saves to one folder
-are serialized (an exclusive lock on the parent folder).
+``save`` refuses what ``load`` would refuse (the same checks of the config, the parameters'
+names, shapes and dtypes, finite values), and replaces a checkpoint atomically: both files are
+written into a new folder beside the target (made exclusively, so nothing is written through a
+link planted there), flushed to disk, and only then swapped in, so the previous checkpoint stays
+whole until the new one is complete. Saves to one folder are serialized (an exclusive lock on
+the parent folder).
 """
 
 from __future__ import annotations
@@ -76,21 +75,13 @@ _TOP_KEYS = ("format", "kind", "config", "lora_rank", "lora_scale")
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    """What a checkpoint's ``config.json`` says, every field checked.
+    """What a checkpoint's ``config.json`` says, every field checked."""
 
-    Attributes:
-        path: the ``config.json`` it was read from.
-        kind: ``lm`` (a ``TransformerLM``) or ``score`` (a ``ScoreModel``).
-        config: the model's dimensions and dtype.
-        lora_rank: the adapters' rank; 0 for a model without adapters.
-        lora_scale: the adapters' scale (1.0 without adapters).
-    """
-
-    path: Path
-    kind: str
-    config: ModelConfig
-    lora_rank: int
-    lora_scale: float
+    path: Path  # the config.json it was read from
+    kind: str  # "lm" (a TransformerLM) or "score" (a ScoreModel)
+    config: ModelConfig  # the model's dimensions and dtype
+    lora_rank: int  # the adapters' rank; 0 for a model without adapters
+    lora_scale: float  # the adapters' scale (1.0 without adapters)
 
     @property
     def param_bytes(self) -> int:
@@ -122,12 +113,7 @@ def save(model: nnx.Module, path: str | os.PathLike) -> Path:
     folder = Path(path)
     kind = "score" if isinstance(model, ScoreModel) else "lm"
     rank, scale = _lora_settings(model)
-    meta: dict[str, Any] = {
-        "format": FORMAT,
-        "kind": kind,
-        "config": dataclasses.asdict(model.config),
-        "lora_rank": rank,
-    }
+    meta = {"format": FORMAT, "kind": kind, "config": dataclasses.asdict(model.config), "lora_rank": rank}
     if rank:
         meta["lora_scale"] = scale
     flat = {k: np.asarray(v) for k, v in _flat_state(model).items()}
@@ -254,9 +240,7 @@ def _check_meta(cfg_file: Path, meta: Any) -> CheckpointConfig:
     kind = meta["kind"]
     if not isinstance(kind, str) or kind not in KINDS:
         raise ConfigError(f"{cfg_file}: key 'kind' must be one of {KINDS}, got {_show(kind)}")
-    rank = meta.get("lora_rank", 0)
-    if rank is None:
-        rank = 0
+    rank = 0 if meta.get("lora_rank") is None else meta["lora_rank"]
     if not _is_int(rank) or rank < 0:
         raise ConfigError(f"{cfg_file}: key 'lora_rank' must be an integer >= 0 (0: no adapters), got {_show(rank)}")
     if rank and kind == "score":
@@ -340,18 +324,20 @@ class _Member(NamedTuple):
     dtype: Any
 
 
+def _layer_members(name: str, num_layers: int) -> list[str] | None:
+    """A leaf of the layer stack as the members of a checkpoint saved while the layers were a
+    list, one per layer (``blocks/<layer>/...``); None for any other leaf."""
+    parts = tuple(name.split("/"))
+    at = layer_stack_at(parts)
+    return None if at is None else ["/".join((*parts[: at + 1], str(i), *parts[at + 1 :])) for i in range(num_layers)]
+
+
 def _per_layer(expected: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """The members of a checkpoint saved while the layers were a list: each leaf of the layer
-    stack as one member per layer, ``blocks/<layer>/...``, without the layer axis."""
+    """The members of such a per-layer checkpoint (``_layer_members``), without the layer axis."""
     out: dict[str, Any] = {}
     for name, spec in expected.items():
-        parts = tuple(name.split("/"))
-        at = layer_stack_at(parts)
-        if at is None:
-            out[name] = spec
-            continue
-        for layer in range(num_layers):
-            out["/".join((*parts[: at + 1], str(layer), *parts[at + 1 :]))] = _Member(tuple(spec.shape[1:]), spec.dtype)
+        members = _layer_members(name, num_layers)
+        out.update({name: spec} if members is None else dict.fromkeys(members, _Member(spec.shape[1:], spec.dtype)))
     return out
 
 
@@ -359,13 +345,8 @@ def _stacked(arrays: dict[str, np.ndarray], expected: dict[str, Any], num_layers
     """A per-layer checkpoint's arrays (``_per_layer``) as the layer stack's: each leaf's layers stacked."""
     out = {}
     for name in expected:
-        parts = tuple(name.split("/"))
-        at = layer_stack_at(parts)
-        if at is None:
-            out[name] = arrays.pop(name)
-            continue
-        layers = ["/".join((*parts[: at + 1], str(layer), *parts[at + 1 :])) for layer in range(num_layers)]
-        out[name] = np.stack([arrays.pop(key) for key in layers])
+        members = _layer_members(name, num_layers)
+        out[name] = arrays.pop(name) if members is None else np.stack([arrays.pop(m) for m in members])
     return out
 
 

@@ -20,13 +20,11 @@ from rlcluster_lab.model.values import initial_value
 class LoRALinear(nnx.Module):
     """A bias-free linear layer with a rank-``r`` adapter beside its kernel.
 
-    In the layer stack the kernel and both adapters have a leading layer axis (unsharded);
-    the call sees one layer's slices. The kernel stays at the same path as in the plain
-    model (``.../q/kernel``),
-    with ``lora_a``/``lora_b`` next to it, so the frozen part of a LoRA model
-    has exactly the tree of its base model: a reference model and a LoRA
-    actor can then be compared and updated leaf by leaf (P2, P4, P14).
-    Output: ``x @ kernel + (x @ a @ b) * scale``.
+    In the layer stack the kernel and both adapters have a leading layer axis (unsharded); the
+    call sees one layer's slices. The kernel stays at the same path as in the plain model
+    (``.../q/kernel``), with ``lora_a``/``lora_b`` next to it, so the frozen part of a LoRA
+    model has exactly the tree of its base model: a reference model and a LoRA actor can then be
+    compared and updated leaf by leaf (P2, P4, P14). Output: ``x @ kernel + (x @ a @ b) * scale``.
     """
 
     def __init__(self, base: nnx.Linear, a: Any, b: Any, *, scale: float) -> None:

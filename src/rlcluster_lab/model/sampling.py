@@ -1,9 +1,8 @@
 """Autoregressive sampling with a KV cache, on any (possibly sharded) state.
 
-The whole generation (prefill plus decode loop) is one jitted function, so
-jit follows the shardings of the state it is given and the sampler never
-needs to know the mesh. Compiled code is reused across calls with the same
-graphdef and shapes.
+The whole generation (prefill plus decode loop) is one jitted function, so jit follows the
+shardings of the state it is given and the sampler never needs to know the mesh. Compiled code
+is reused across calls with the same graphdef and shapes.
 """
 
 from __future__ import annotations
@@ -39,9 +38,8 @@ from rlcluster_lab.model.transformer import ModelConfig, init_cache
 class SampleOutput:
     """Sampled completions and their log-probs.
 
-    ``tokens`` and ``logprobs`` are (B, max_new_tokens); after EOS the tokens
-    are ``pad_id`` and the log-probs 0. ``prompt_tokens`` are the left-padded
-    prompts (B, P).
+    ``tokens`` and ``logprobs`` are (B, max_new_tokens); after EOS the tokens are ``pad_id`` and
+    the log-probs 0. ``prompt_tokens`` are the left-padded prompts (B, P).
     """
 
     text: list[str]

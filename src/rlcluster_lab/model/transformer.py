@@ -1,10 +1,9 @@
 """A small decoder-only transformer with logical sharding names.
 
-Every parameter carries an ``out_sharding`` tuple of *logical* axis names
-("vocab", "embed", "q_heads", "kv_heads", "mlp", or None). The names are
-mapped onto the mesh axes ("fsdp", "tp") by ``DEFAULT_LOGICAL_AXIS_RULES``
-only when a placement is chosen, so one model definition serves every
-placement the lab compares.
+Every parameter carries an ``out_sharding`` tuple of *logical* axis names ("vocab", "embed",
+"q_heads", "kv_heads", "mlp", or None). The names are mapped onto the mesh axes ("fsdp", "tp")
+by ``DEFAULT_LOGICAL_AXIS_RULES`` only when a placement is chosen, so one model definition
+serves every placement the lab compares.
 """
 
 from __future__ import annotations
@@ -246,10 +245,9 @@ class TransformerLM(nnx.Module):
     ) -> tuple[jax.Array, KVCache | None]:
         """Final normalised hidden states (B, T, embed) and the updated cache.
 
-        Without a cache the mask is causal over the T tokens, AND-ed with
-        ``attention_mask`` (B, T, T). With a cache the new keys are written at
-        ``cache.index`` and ``attention_mask`` (B, T, S) covers cache slots; when
-        omitted, each token sees every slot up to its own.
+        Without a cache the mask is causal over the T tokens, AND-ed with ``attention_mask``
+        (B, T, T). With a cache the new keys are written at ``cache.index`` and ``attention_mask``
+        (B, T, S) covers cache slots; when omitted, each token sees every slot up to its own.
         """
         b, t = tokens.shape
         if cache is None:

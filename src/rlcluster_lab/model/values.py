@@ -24,10 +24,8 @@ def initial_values(state: nnx.State, seed: int) -> dict[Any, Any]:
     embedding table 1/sqrt(embed); norm scales are ones; biases and LoRA
     ``lora_b`` zeros (so a fresh adapter changes nothing).
     """
-    out = {}
-    for path, value in flatten_dict(nnx.to_pure_dict(state)).items():
-        out[path] = initial_value(path, tuple(value.shape), np.dtype(value.dtype), seed)
-    return unflatten_dict(out)
+    leaves = flatten_dict(nnx.to_pure_dict(state))
+    return unflatten_dict({p: initial_value(p, tuple(v.shape), np.dtype(v.dtype), seed) for p, v in leaves.items()})
 
 
 def initial_value(path: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype, seed: int) -> np.ndarray:

@@ -60,15 +60,12 @@ class LaunchError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class LaunchSettings:
-    """How many processes, and the bounds (seconds) that keep a run from hanging: the whole run,
-    joining ``jax.distributed.initialize``, a peer without heartbeats, the exit barrier."""
+    """How many processes, and the seconds that bound the whole run (joining, heartbeats and the
+    exit barrier are bounded in ``multiprocess.worker``)."""
 
     processes: int = 2
     devices_per_process: int = 4
     timeout_s: float = DEFAULT_TIMEOUT_S
-    init_timeout_s: int = 120
-    heartbeat_s: int = 10
-    shutdown_timeout_s: int = 60
 
     def check(self) -> None:
         """Raises ``ConfigError`` naming the setting that cannot work, and the fix."""
@@ -84,10 +81,9 @@ class LaunchSettings:
                 bound = f"between {low} and {high}" if high is not None else f"at least {low}"
                 raise ConfigError(f"{name} must be {bound}, got {value}")
         check_device_count(self.processes * self.devices_per_process, "processes x devices per process")
-        for name in ("timeout_s", "init_timeout_s", "heartbeat_s", "shutdown_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        value = self.timeout_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"timeout_s must be a positive number of seconds, got {value!r}")
 
 
 def free_port() -> int:
@@ -135,18 +131,9 @@ def launch(
     progress: Callable[[str], None] | None = None,
     on_start: Callable[[list[int]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``job`` (``multiprocess.jobs``) in ``settings.processes`` workers on this machine.
-
-    ``progress`` gets each progress line a worker writes, ``on_start`` the workers' process ids;
-    returns each worker's result, in process order.
-
-    Raises:
-        LaunchError: a worker failed or the run passed its deadline; every worker was stopped.
-            Or the run could not start: this runtime has no loopback socket or cannot start a
-            process (``cannot_launch`` says so before a launch).
-        ConfigError: a setting that cannot work, or a worker refused the configuration (its
-            refusal, in the launch's terms: ``in_launch_terms``); every worker was stopped.
-    """
+    """Run ``job`` (``multiprocess.jobs``) in ``settings.processes`` workers on this machine;
+    returns each worker's result, in process order. Raises as ``run_reports`` (a refusal by a
+    worker in the launch's terms: ``in_launch_terms``); every worker is stopped first."""
     settings.check()
     # The run's folder (job, results, progress, logs) is removed on every exit path.
     with tempfile.TemporaryDirectory(prefix="rlcluster-lab-processes-", ignore_cleanup_errors=True) as folder:
@@ -218,8 +205,6 @@ def _run_workers(
                 *("--job", str(job_file), "--out", str(w.path("json")), "--progress", str(w.path("progress"))),
                 *("--process-id", str(w.index), "--num-processes", str(settings.processes)),
                 *("--coordinator", f"127.0.0.1:{port}", "--devices", str(settings.devices_per_process)),
-                *("--init-timeout", str(int(settings.init_timeout_s)), "--heartbeat", str(int(settings.heartbeat_s))),
-                *("--shutdown-timeout", str(int(settings.shutdown_timeout_s))),
             ]
             with open(w.path("log"), "wb") as sink:
                 try:
@@ -341,9 +326,6 @@ def _exit_reason(code: int, w: _Worker) -> str:
     return how + (f" ({tail[:400]})" if tail else "")
 
 
-# ---------------------------------------------------------------------------- the entry points
-
-
 def run_reports(
     scenarios: Sequence[Any],
     *,
@@ -410,23 +392,3 @@ def run_reports(
     job = {"kind": "reports", "scenarios": knobs, "syncs": syncs, "exercise": ops}
     results = launch(job, settings, progress=progress, on_start=on_start)
     return results[0]["reports"]
-
-
-def run_report(
-    scenario: Any,
-    *,
-    processes: int = 2,
-    devices_per_process: int = 4,
-    sync: bool = False,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """``run_reports`` for one scenario: its merged placement report (see ``run_reports``)."""
-    return run_reports(
-        [scenario],
-        processes=processes,
-        devices_per_process=devices_per_process,
-        sync=sync,
-        timeout=timeout,
-        progress=progress,
-    )[0]

@@ -205,19 +205,14 @@ def merge_peaks(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | N
     from rlcluster_lab.measure.sync_peak import PeakPhase, peak_of  # the one reduction of a peak
 
     first = parts[0]
-    count = min(len(p["phases"]) for p in parts)  # type: ignore[index]
-    phases = []
-    for i in range(count):
-        rows = [p["phases"][i] for p in parts]  # type: ignore[index]
-        phases.append(
-            PeakPhase(
-                rows[0]["name"],
-                rows[0]["chunk"],
-                _united(r["arrays"] for r in rows),
-                _united(r["terms"] for r in rows),
-                _united(r["temporaries"] for r in rows),
-            )
+    phases = [  # phase by phase, as far as every process went
+        PeakPhase(
+            rows[0]["name"],
+            rows[0]["chunk"],
+            *(_united(r[key] for r in rows) for key in ("arrays", "terms", "temporaries")),
         )
+        for rows in zip(*(p["phases"] for p in parts))  # type: ignore[index]
+    ]
     merged = peak_of(
         phases,
         chunk_bytes=first["chunk_bytes"],  # type: ignore[index]

@@ -51,9 +51,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-processes", type=int, required=True)
     p.add_argument("--coordinator", required=True, help="host:port of process 0's coordination service")
     p.add_argument("--devices", type=int, required=True, help="CPU devices of this process")
-    p.add_argument("--init-timeout", type=int, default=120)
-    p.add_argument("--heartbeat", type=int, default=10)
-    p.add_argument("--shutdown-timeout", type=int, default=60)
     return p.parse_args(argv)
 
 
@@ -85,9 +82,10 @@ def start_runtime(args: argparse.Namespace) -> None:
         num_processes=args.num_processes,
         process_id=args.process_id,
         local_device_ids=list(range(args.devices)),
-        initialization_timeout=args.init_timeout,
-        heartbeat_timeout_seconds=args.heartbeat,
-        shutdown_timeout_seconds=args.shutdown_timeout,
+        # Seconds that bound joining, a peer without heartbeats and the exit barrier.
+        initialization_timeout=120,
+        heartbeat_timeout_seconds=10,
+        shutdown_timeout_seconds=60,
     )
 
 

@@ -159,12 +159,11 @@ def update_phase(config: Any, trainer: Trainer, workload: Workload, offload: boo
         ).values()
     )
     brought = _per_device(trainer.arrays, "pinned_host") + _per_device(trainer.optimizer, "pinned_host")
-    out: dict[int, dict[str, int]] = {}
-    for d in sorted(set(grads) | set(outputs)):
-        out[d] = {"gradients": grads[d], "activations": acts, "update_outputs": outputs[d]}
-        if offload:
-            out[d]["offloaded_state"] = brought[d]
-    return out
+    return {
+        d: {"gradients": grads[d], "activations": acts, "update_outputs": outputs[d]}
+        | ({"offloaded_state": brought[d]} if offload else {})
+        for d in sorted(set(grads) | set(outputs))
+    }
 
 
 def generate_phase(
@@ -180,12 +179,7 @@ def generate_phase(
     kv = kv_cache_bytes(config, workload.rollout_batch_size, workload.kv_cache_size, split)
     prefill = prefill_bytes(config, workload, split)
     brought = _per_device(rollout, "pinned_host")
-    out = {}
-    for d in devices:
-        out[d] = {"kv_cache": kv, **prefill}
-        if offload:
-            out[d]["offloaded_state"] = brought[d]
-    return out
+    return {d: {"kv_cache": kv, **prefill} | ({"offloaded_state": brought[d]} if offload else {}) for d in devices}
 
 
 def budgets(

@@ -59,24 +59,14 @@ class PlannedEngine:
 
 @dataclasses.dataclass(eq=False)
 class PlannedExecutor:
-    """Carries out construction's steps on ``PlannedModel`` records.
-
-    Args:
-        buf: makes and reshards the arrays.
-        config: the model's dimensions (for partition specs and optimizer slots).
-        rules: each role's logical axis rules.
-        engine_cls: the rollout engine's class (``ENGINES``).
-        tp_size: the vllm engine's tensor-parallel size (None: all its devices).
-        tx: the actor's optimizer.
-        critic_tx: the critic's.
-    """
+    """Carries out construction's steps on ``PlannedModel`` records, made and resharded by ``buf``."""
 
     buf: Buffers
     config: ModelConfig
-    rules: Mapping[Role, Rules]
-    engine_cls: type
-    tp_size: int | None
-    tx: optax.GradientTransformation
+    rules: Mapping[Role, Rules]  # each role's logical axis rules
+    engine_cls: type  # the rollout engine's class (``ENGINES``)
+    tp_size: int | None  # the vllm engine's tensor-parallel size (None: all its devices)
+    tx: optax.GradientTransformation  # the actor's optimizer
     critic_tx: optax.GradientTransformation
 
     def specs(self, role: Role, model: PlannedModel) -> dict[PathKey, AbstractLeaf]:

@@ -1,10 +1,5 @@
-"""What-if planning (L4): the cluster's placement, memory and sync bytes on paper.
-
-``plan_cluster`` takes a model (a lab size or a published architecture, ``planner.tables``),
-a topology and a ``Scenario``'s knobs, and returns a ``Plan``: each role's mesh, the sharing
-map, the rollout branch, bytes per role, device and host through a step's phases and whether
-they fit (``planner.budget``), and what a sync moves and how long that takes
-(``planner.accounting``). Nothing is allocated, so a 70B model on 256 chips plans in seconds.
+"""What-if planning (L4): the cluster's placement, memory and sync bytes on paper (``Plan``).
+Nothing is allocated, so a 70B model on 256 chips plans in seconds.
 
 The rules are the cluster's own code: ``cluster.construct`` runs with a ``PlannedExecutor``,
 so meshes, the sharing map and every branch come from the rule functions, parameter trees
@@ -318,12 +313,7 @@ def _plan(req: PlanRequest) -> Plan:
     return Plan(
         model=model,
         topology=topo.to_json(),
-        layout=req.layout,
-        engine=req.engine,
-        lora_rank=req.lora_rank,
-        offload=req.offload,
-        anchor=req.anchor,
-        rollout_dtype=req.rollout_dtype,
+        **{k: getattr(req, k) for k in ("layout", "engine", "lora_rank", "offload", "anchor", "rollout_dtype")},
         role_to_mesh={r.value: describe_mesh(m) for r, m in placed.role_to_mesh.items() if r in present},
         config_role_to_mesh={r.value: describe_mesh(m) for r, m in placed.config_role_to_mesh.items() if r in present},
         mesh_overridden_by_engine=placed.mesh_overridden_by_engine,

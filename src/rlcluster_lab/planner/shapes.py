@@ -36,23 +36,6 @@ class AbstractLeaf:
     lora: bool  # an nnx.LoRAParam (a trainable adapter)
 
 
-def _eval_leaves(config: ModelConfig, lora_rank: int, kind: str, rules: Any) -> list[AbstractLeaf]:
-    # The same structures init_model / with_lora / init_score_model fill with values.
-    module = abstract_score_model(config) if kind == "score" else abstract_model(config, lora_rank)
-    state = nnx.state(module)
-    lora_paths = set(flatten_dict(nnx.to_pure_dict(nnx.state(module, nnx.LoRAParam))))
-    values = flatten_dict(nnx.to_pure_dict(state))
-    specs = flatten_dict(
-        nnx.to_pure_dict(resolve_specs(state, rules)), is_leaf=lambda _, x: x is None or isinstance(x, PartitionSpec)
-    )
-    out = []
-    for path, value in values.items():
-        spec = specs.get(path)
-        spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
-        out.append(AbstractLeaf(path, tuple(value.shape), np.dtype(value.dtype), spec, path in lora_paths))
-    return out
-
-
 @functools.lru_cache(maxsize=64)
 def abstract_leaves(
     config: ModelConfig,
@@ -70,7 +53,20 @@ def abstract_leaves(
         raise ValueError(f"kind must be 'lm' or 'score', got {kind!r}")
     if lora_rank and kind == "score":
         raise ValueError("score models (reward, critic) carry no LoRA adapters here")
-    return tuple(_eval_leaves(config, lora_rank, kind, rules))
+    # The same structures init_model / with_lora / init_score_model fill with values.
+    module = abstract_score_model(config) if kind == "score" else abstract_model(config, lora_rank)
+    state = nnx.state(module)
+    lora_paths = set(flatten_dict(nnx.to_pure_dict(nnx.state(module, nnx.LoRAParam))))
+    values = flatten_dict(nnx.to_pure_dict(state))
+    specs = flatten_dict(
+        nnx.to_pure_dict(resolve_specs(state, rules)), is_leaf=lambda _, x: x is None or isinstance(x, PartitionSpec)
+    )
+    out = []
+    for path, value in values.items():
+        spec = specs.get(path)
+        spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
+        out.append(AbstractLeaf(path, tuple(value.shape), np.dtype(value.dtype), spec, path in lora_paths))
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,10 +146,8 @@ def head_bytes(
         )
     vocab = _per(config.vocab_size, split.vocab)
     per_completion = vocab * (1 + 2 * F32) + LOSS_BYTES_PER_COMPLETION_TOKEN
-    if lora_rank:
-        per_token, constant = F32 * config.embed_dim + 2 * F32, F32 * config.embed_dim + 2 * F32
-    else:
-        per_token, constant = norm_bytes_per_token(config) + 4, F32 * config.embed_dim + 2 * F32
+    constant = F32 * config.embed_dim + 2 * F32
+    per_token = constant if lora_rank else norm_bytes_per_token(config) + 4
     return rows * (tokens * per_token + completion * per_completion + LOSS_BYTES_PER_ROW) + constant
 
 

@@ -86,12 +86,11 @@ def model_source(name: str) -> str:
 class Topology:
     """Devices to plan on: their count and kind, memory per device, links, and hosts.
 
-    ``link_bandwidth``: bytes/s one device *receives* over its device links (half a
-    datasheet's bidirectional figure); ``host_link_bandwidth``: what it receives from other
-    hosts (a GPU's network card; inside a TPU slice the same ICI links). A host is the
-    devices of one process: ``devices_per_host`` consecutive ids, or ``host_ids`` (one per
-    device, in ``ids()`` order); ``host_memory`` is its RAM. Every figure carries the
-    document it comes from (``*_source``).
+    ``link_bandwidth``: bytes/s one device *receives* over its device links (half a datasheet's
+    bidirectional figure); ``host_link_bandwidth``: what it receives from other hosts (a GPU's
+    network card; inside a TPU slice the same ICI links). A host is the devices of one process:
+    ``devices_per_host`` consecutive ids, or ``host_ids`` (one per device, in ``ids()`` order);
+    ``host_memory`` is its RAM. Every figure carries the document it comes from (``*_source``).
     """
 
     name: str
@@ -136,10 +135,8 @@ class Topology:
 
     def hosts(self) -> tuple[tuple[int, ...], ...]:
         """The device ids of each host, by host index."""
-        out: dict[int, list[int]] = {}
-        for d, h in self.host_of().items():
-            out.setdefault(h, []).append(d)
-        return tuple(tuple(out[h]) for h in sorted(out))
+        host = self.host_of()
+        return tuple(tuple(d for d in host if host[d] == h) for h in sorted(set(host.values())))
 
     def to_json(self) -> dict[str, Any]:
         """The fields in order, the device ids and host layout written as ``hosts``."""
@@ -267,13 +264,6 @@ def topology_names() -> list[str]:
     return ["local"] + list(TOPOLOGIES)
 
 
-def _physical_memory() -> int | None:
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):  # not every system names these
-        return None
-
-
 def local_topology(devices: Sequence[Any] | None = None) -> Topology:
     """This machine's devices as a topology, by their real ids (on CPU: the simulated devices):
     ``devices``, the ones a cluster is built on (a notebook's ``lab.devices``), or else JAX's
@@ -300,7 +290,10 @@ def local_topology(devices: Sequence[Any] | None = None) -> Topology:
     mine = next((d for d in devices if d.process_index == me), None) or jax.local_devices(backend=platform)[0]
     stats = mine.memory_stats() if hasattr(mine, "memory_stats") else None
     limit = int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
-    ram = _physical_memory()
+    try:
+        ram = int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not every system names these
+        ram = None
     return Topology(
         name="local",
         device_count=len(devices),

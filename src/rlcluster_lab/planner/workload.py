@@ -42,18 +42,14 @@ class Workload:
     remat: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("rollout_batch_size", "prompt_length", "max_tokens", "kv_cache_size"):
-            value = getattr(self, name)
+        for name in ("rollout_batch_size", "prompt_length", "max_tokens", "kv_cache_size", "micro_batch_size"):
+            value, optional = getattr(self, name), name == "micro_batch_size"
+            if value is None and optional:
+                continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ConfigError(f"{_said(name)} must be a positive int, got {value!r:.40}", knobs=(name,))
+                allowed = "a positive int or None" if optional else "a positive int"
+                raise ConfigError(f"{_said(name)} must be {allowed}, got {value!r:.40}", knobs=(name,))
             object.__setattr__(self, name, int(value))  # a NumPy integer becomes a plain one
-        micro = self.micro_batch_size
-        if micro is not None and (isinstance(micro, bool) or not isinstance(micro, numbers.Integral) or micro < 1):
-            raise ConfigError(
-                f"{_said('micro_batch_size')} must be a positive int or None, got {micro!r:.40}",
-                knobs=("micro_batch_size",),
-            )
-        object.__setattr__(self, "micro_batch_size", None if micro is None else int(micro))
         if self.prompt_length + self.max_tokens > self.kv_cache_size:
             raise ConfigError(
                 f"a row needs {_said('prompt_length')} + {_said('max_tokens')} = "

@@ -1,11 +1,10 @@
 """The training batch and the input contracts of the training operations.
 
-Every check here runs on the host, on NumPy arrays, before anything reaches a
-device: a malformed batch otherwise fails late and quietly. An advantage
-column shaped (B, 1) broadcasts against (B, C) log-probs into (B, B, C); a NaN
-advantage or an id past the vocabulary turns every parameter to NaN after one
-optimizer step. Each error names the argument, what it was, and what was
-expected.
+Every check here runs on the host, on NumPy arrays, before anything reaches a device: a
+malformed batch otherwise fails late and quietly. An advantage column shaped (B, 1) broadcasts
+against (B, C) log-probs into (B, B, C); a NaN advantage or an id past the vocabulary turns
+every parameter to NaN after one optimizer step. Each error names the argument, what it was, and
+what was expected.
 """
 
 from __future__ import annotations
@@ -31,17 +30,8 @@ __all__ = [
 ]
 
 
-def validate_prompts(prompts: Any, name: str = "prompts") -> list[str]:
-    """``prompts`` as a list of strings, refusing a bare ``str``/``bytes`` (which would be
-    iterated into one-character prompts) and an empty list.
-
-    Call it before anything turns the argument into a list (``list("hello")`` is five prompts).
-
-    Raises:
-        TypeError: a bare string or a non-string element; the message says to pass ``["hello"]``.
-        ConfigError: no prompts.
-    """
-    return check_prompts(prompts, name)
+# The operations' prompt check is the sampler's (a bare string refused, at least one prompt).
+validate_prompts = check_prompts
 
 
 def _float_array(owner: str, name: str, value: Any, shape: tuple[int, ...], meaning: str) -> np.ndarray:
@@ -110,14 +100,9 @@ class TokenBatch:
 
 @dataclasses.dataclass(frozen=True)
 class TrainBatch(TokenBatch):
-    """One batch of sampled completions with what the loss needs, checked at construction.
-
-    * ``prompt_tokens``: (B, P) integer ids >= 0, B >= 1, P >= 1, left-padded;
-    * ``completion_tokens``: (B, C) integer ids >= 0, C >= 1, right-padded;
-    * ``advantages``: (B,) finite; ``old_logps`` (the anchor's, P11) and ``ref_logps``
-      (the frozen reference's): (B, C) finite, kept as float32 host arrays.
-
-    The ids' upper bound is checked where the model is known (``validate(vocab_size)``).
+    """One batch of sampled completions with what the loss needs, checked at construction: ids
+    >= 0 (their upper bound where the model is known: ``validate(vocab_size)``), values finite
+    and kept as float32 host arrays.
 
     Raises:
         TypeError: ids that are not integers, or values that are not numbers.
@@ -125,11 +110,11 @@ class TrainBatch(TokenBatch):
             expected), a negative id, or a NaN/inf value.
     """
 
-    prompt_tokens: np.ndarray  # (B, P) left-padded
-    completion_tokens: np.ndarray  # (B, C) right-padded
+    prompt_tokens: np.ndarray  # (B, P) left-padded, B, P >= 1
+    completion_tokens: np.ndarray  # (B, C) right-padded, C >= 1
     advantages: np.ndarray  # (B,)
-    old_logps: np.ndarray  # (B, C)
-    ref_logps: np.ndarray | None = None  # (B, C); None: no KL term
+    old_logps: np.ndarray  # (B, C): the anchor's (P11)
+    ref_logps: np.ndarray | None = None  # (B, C): the frozen reference's; None: no KL term
 
     def __post_init__(self) -> None:
         b, c = self._check_ids("actor")

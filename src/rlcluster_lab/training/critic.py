@@ -1,12 +1,11 @@
 """The critic's training: a PPO-style clipped value loss and its optimizer step (P12).
 
-The loss, as in the reference's PPO value loss, is 0.5 times the larger of the
-squared errors of the prediction and of the prediction clipped to within
-``clip_range_value`` of the rollout-time values, averaged over real completion
-tokens. Values are read where ``RLCluster.get_values`` reads them (the head's
-output at each completion token's own position; the reference reads one
-position earlier, both consistent within themselves). The step is the actor
-step's program (``training.step.jitted_update``).
+The loss, as in the reference's PPO value loss, is 0.5 times the larger of the squared errors of
+the prediction and of the prediction clipped to within ``clip_range_value`` of the rollout-time
+values, averaged over real completion tokens. Values are read where ``RLCluster.get_values``
+reads them (the head's output at each completion token's own position; the reference reads one
+position earlier, both consistent within themselves). The step is the actor step's program
+(``training.step.jitted_update``).
 """
 
 from __future__ import annotations
@@ -33,19 +32,16 @@ __all__ = ["ValueBatch", "ppo_value_loss", "ppo_value_sums", "value_train_step"]
 class ValueBatch(TokenBatch):
     """What the critic learns from: completions, their returns and the rollout-time values.
 
-    * ``prompt_tokens``: (B, P) left-padded ids; ``completion_tokens``: (B, C) right-padded ids.
-    * ``returns``: (B, C) float targets per completion token (e.g. advantages + values).
-    * ``old_values``: (B, C) the critic's values when the completions were sampled
-      (``RLCluster.get_values``); the clipped branch stays within ``clip_range_value`` of them.
-
     Raises:
         TypeError: ids that are not integers, or values that are not numbers.
         ConfigError: an empty batch, a wrong shape, a negative id, or a NaN/inf value.
     """
 
-    prompt_tokens: np.ndarray
-    completion_tokens: np.ndarray
-    returns: np.ndarray
+    prompt_tokens: np.ndarray  # (B, P) left-padded
+    completion_tokens: np.ndarray  # (B, C) right-padded
+    returns: np.ndarray  # (B, C) float targets per completion token (e.g. advantages + values)
+    # (B, C) the critic's values when the completions were sampled (RLCluster.get_values); the
+    # clipped branch stays within clip_range_value of them.
     old_values: np.ndarray
 
     def __post_init__(self) -> None:

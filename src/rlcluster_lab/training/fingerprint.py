@@ -1,12 +1,11 @@
 """A hashable description of an optax transformation, so equal optimizers share compiled code.
 
-A fresh ``optax.adam(1e-3)`` is a new pair of closures every time; keyed by identity,
-every rebuilt cluster compiled the training step again (seconds) and kept the old
-executable alive (tens of MB). The description is structural: a function is its code,
-defaults, closure cells and the globals it reads, recursively; a hyper-parameter is its
-value. Anything the walk cannot describe by value is described by identity and returned
-in ``pins``: whoever keeps the description keeps those objects alive too, so their ids
-are never reused while it is in use.
+A fresh ``optax.adam(1e-3)`` is a new pair of closures every time; keyed by identity, every
+rebuilt cluster compiled the training step again (seconds) and kept the old executable alive
+(tens of MB). The description is structural: a function is its code, defaults, closure cells and
+the globals it reads, recursively; a hyper-parameter is its value. Anything the walk cannot
+describe by value is described by identity and returned in ``pins``: whoever keeps the
+description keeps those objects alive too, so their ids are never reused while it is in use.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
 """The actor's optimizer step: a GRPO-style clipped objective with a KL term (P12).
 
-The step is a pure jitted function of (trainable state, frozen state,
-optimizer state, batch); the cluster feeds it the live actor and writes the
-new trainable state back. It is transactional: a step that would leave a
-non-finite value keeps the old state, and says why in its ``rejected`` metric.
-The one program flags a non-finite loss, gradient, new parameter or new optimizer
-state and, when any is found, returns its inputs (nothing is donated) instead of
-the new values. The layers are one stacked array per weight (``model.transformer``),
-so that check covers about a dozen leaves (two dozen with LoRA's adapters), not a
-few per layer. Compiled steps are
-shared by every caller with an *equal* optimizer (``fingerprint.describe``) and
-dropped once no live optimizer uses them.
+The step is a pure jitted function of (trainable state, frozen state, optimizer state, batch);
+the cluster feeds it the live actor and writes the new trainable state back. It is transactional
+(``jitted_update``): a step that would leave a non-finite value returns its inputs (nothing is
+donated) and says why in its ``rejected`` metric. The layers are one stacked array per weight
+(``model.transformer``), so that check covers about a dozen leaves (two dozen with LoRA's
+adapters), not a few per layer. Compiled steps are shared by every caller with an *equal*
+optimizer (``fingerprint.describe``) and dropped once no live optimizer uses them.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import threading
 import weakref
@@ -70,9 +67,7 @@ def rejection_reason(metrics: Mapping[str, Any]) -> str | None:
     """Why the step with these metrics kept the old parameters and optimizer state, or None
     when it was applied."""
     code = int(metrics.get("rejected", 0))
-    if code == 0:
-        return None
-    return REJECTION_REASONS.get(code, f"rejected (code {code})")
+    return None if code == 0 else REJECTION_REASONS.get(code, f"rejected (code {code})")
 
 
 def grpo_loss(
@@ -145,10 +140,9 @@ def train_step(
             ``beta``/``epsilon``.
     """
     validate_batch_arrays(batch, model_vocab_size(graphdef, trainable, frozen))
+    checked = check_temperature(temperature, allow_zero=False)
     if not isinstance(temperature, jax.Array):
-        temperature = np.float32(check_temperature(temperature, allow_zero=False))  # no program of its own
-    else:
-        check_temperature(temperature, allow_zero=False)
+        temperature = np.float32(checked)  # no program of its own
     for name, value in (("beta", beta), ("epsilon", epsilon)):
         if not math.isfinite(float(value)) or float(value) < 0:
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
@@ -201,15 +195,13 @@ def _sharding_key(tree: Any) -> tuple[Any, tuple[Any, ...]]:
     return treedef, tuple(x.sharding for x in leaves)
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Entry:
     """One compiled program, what its key pins, and weak references to the optimizers using it."""
 
-    __slots__ = ("program", "pins", "users")
-
-    def __init__(self, program: Any, pins: list[Any]) -> None:
-        self.program = program
-        self.pins = pins
-        self.users: list[weakref.ref] = []
+    program: Any
+    pins: list[Any]
+    users: list[weakref.ref] = dataclasses.field(default_factory=list)
 
     def in_use(self) -> bool:
         return any(r() is not None for r in self.users)
@@ -218,13 +210,12 @@ class _Entry:
 class _Programs:
     """Compiled programs keyed by a description of what they compute.
 
-    The key describes the optimizer by value (``describe_transformation``), so a rebuilt
-    cluster with an equal optimizer finds the program compiled before. An entry holds weak
-    references to the ``update`` functions of the optimizers that used it; when the last
-    is collected the entry becomes idle, and only the ``idle_limit`` most recently idle
-    are kept (at most ``limit`` entries in all, least recently used dropped first). The
-    program reads the caller's optimizer from ``current_tx`` while jit traces it, so it
-    never keeps its users alive.
+    The key describes the optimizer by value (``describe_transformation``), so a rebuilt cluster
+    with an equal optimizer finds the program compiled before. An entry holds weak references to
+    the ``update`` functions of the optimizers that used it; when the last is collected the
+    entry becomes idle, and only the ``idle_limit`` most recently idle are kept (at most
+    ``limit`` entries in all, least recently used dropped first). The program reads the caller's
+    optimizer from ``current_tx`` while jit traces it, so it never keeps its users alive.
     """
 
     def __init__(self, limit: int, idle_limit: int) -> None:
@@ -322,12 +313,8 @@ def leaf_finite(x: jax.Array) -> jax.Array:
 
 
 def _all_finite(tree: Any) -> jax.Array:
-    flags = [leaf_finite(x) for x in _inexact(tree)]
+    flags = [leaf_finite(x) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
-
-
-def _inexact(tree: Any) -> list[jax.Array]:
-    return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
 
 
 def finite_flags(arrays: list[jax.Array], *, in_place: bool | None = None) -> list[bool]:
@@ -383,13 +370,10 @@ def _one_replica_each(x: jax.Array) -> list[jax.Array]:
     """The data of one shard of each distinct block of ``x``: the first in shard order (the
     blocks read from its layout, remembered per layout; a shard's ``replica_id`` computes the
     whole map anew)."""
-    seen: set[Any] = set()
-    out = []
+    first: dict[Any, jax.Array] = {}
     for (_, data), (_, box) in zip(shard_data(x), shard_boxes(x)):
-        if box not in seen:
-            seen.add(box)
-            out.append(data)
-    return out
+        first.setdefault(box, data)
+    return list(first.values())
 
 
 def _host_readable(x: jax.Array) -> bool:
@@ -465,12 +449,11 @@ def _accumulated_grads(
 ) -> tuple[Any, dict[str, jax.Array]]:
     """The gradient of the batch's token-mean loss, summed micro-batch by micro-batch.
 
-    Each micro-batch contributes the gradient of its *summed* loss; the total
-    is divided once by the batch's token count (as the reference's accumulator
-    does for token-weighted losses), so the result is the whole batch's
-    gradient up to float rounding, whatever the tokens per micro-batch. A scan
-    over every micro-batch, from sums of zeros, keeps one micro-batch's activations alive
-    at a time and one copy of the model's program in the step.
+    Each micro-batch contributes the gradient of its *summed* loss; the total is divided once by
+    the batch's token count (as the reference's accumulator does for token-weighted losses), so
+    the result is the whole batch's gradient up to float rounding, whatever the tokens per
+    micro-batch. A scan over every micro-batch, from sums of zeros, keeps one micro-batch's
+    activations alive at a time and one copy of the model's program in the step.
     """
     split = {k: v.reshape(pieces, v.shape[0] // pieces, *v.shape[1:]) for k, v in batch.items()}
 
@@ -502,13 +485,12 @@ def _accumulated_grads(
 def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: Any) -> Any:
     """``tx.init(params)`` in one compiled program, each leaf placed where it belongs.
 
-    A leaf of the optimizer state that mirrors a parameter (Adam's moments)
-    takes that parameter's sharding; any other leaf (a step count) is
-    replicated on ``mesh``. Eager ``tx.init`` would compile a program per
-    parameter shape instead. On CPU devices in one process, where a device's
-    memory is the host's, a state whose every leaf is a constant (Adam's,
-    SGD's: zeros and a zero count, read from the traced ``tx.init``) is written
-    from the host in one transfer and nothing is compiled.
+    A leaf of the optimizer state that mirrors a parameter (Adam's moments) takes that
+    parameter's sharding; any other leaf (a step count) is replicated on ``mesh``. Eager
+    ``tx.init`` would compile a program per parameter shape instead. On CPU devices in one
+    process, where a device's memory is the host's, a state whose every leaf is a constant
+    (Adam's, SGD's: zeros and a zero count, read from the traced ``tx.init``) is written from
+    the host in one transfer and nothing is compiled.
     """
     jaxpr, abstract = jax.make_jaxpr(tx.init, return_shape=True)(params)
     by_path = {_path_key(kp): x for kp, x in jax.tree_util.tree_flatten_with_path(params)[0]}

@@ -9,7 +9,6 @@ construction and the weight sync.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from flax import nnx
@@ -70,11 +69,6 @@ def check_model(model: Any, role: str, engine: str) -> None:
                 f"the actor ({type(model).__name__}) lacks {', '.join(missing)}. Give the model a config "
                 "object with those fields"
             )
-
-
-def tunix_role_to_mesh(tunix_roles: Any, role_to_mesh: Mapping[Role, Any]) -> dict[Any, Any]:
-    """The lab's role -> mesh map with Tunix's own ``Role`` members as keys (the values match)."""
-    return {tunix_roles(role.value): mesh for role, mesh in role_to_mesh.items()}
 
 
 def lab_role(tunix_role: Any) -> Role:

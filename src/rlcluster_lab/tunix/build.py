@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import logging.handlers
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from rlcluster_lab.core.options import Scenario
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure.sync import describe_sharding, flat_leaves
 from rlcluster_lab.placement.buffers import buffer_keys
-from rlcluster_lab.tunix.adapters import TunixTokenizer, check_model, lab_axis_rules, tunix_role_to_mesh
+from rlcluster_lab.tunix.adapters import TunixTokenizer, check_model, lab_axis_rules
 from rlcluster_lab.tunix.extra import require
 from rlcluster_lab.tunix.standin import vllm_stand_in
 
@@ -58,26 +59,20 @@ class TunixBuild:
     given: Given
 
 
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @contextmanager
 def logged_warnings() -> Iterator[list[str]]:
-    """The warnings Tunix logs (to the ``absl`` logger) inside the block, kept, not printed."""
-    handler = _Collect()
+    """The warnings Tunix logs (to the ``absl`` logger) inside the block, kept, not printed (the
+    list is filled when the block ends)."""
+    handler, messages = logging.handlers.BufferingHandler(capacity=1 << 30), []
+    handler.setLevel(logging.WARNING)
     logger = logging.getLogger("absl")
     saved = logger.handlers[:], logger.propagate
     logger.handlers, logger.propagate = [handler], False
     try:
-        yield handler.messages
+        yield messages
     finally:
         logger.handlers, logger.propagate = saved
+        messages.extend(record.getMessage() for record in handler.buffer)
 
 
 def leaf_layouts(state: Any) -> dict[str, str]:
@@ -138,7 +133,7 @@ def tunix_config(scenario: Scenario, role_to_mesh: Mapping[Role, Any], training:
         rollout_vllm_model_version=scenario.rollout_config().rollout_vllm_model_version or "",
     )
     return rc.ClusterConfig(
-        role_to_mesh=tunix_role_to_mesh(rc.Role, role_to_mesh),
+        role_to_mesh={rc.Role(role.value): mesh for role, mesh in role_to_mesh.items()},  # the enums' values match
         rollout_engine=vllm_stand_in() if scenario.engine == "vllm" else scenario.engine,
         offload_to_cpu=scenario.offload,
         training_config=rc.RLTrainingConfig(

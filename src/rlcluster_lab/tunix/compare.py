@@ -161,7 +161,11 @@ def side_by_side(
     entries = tunix_entries(build.cluster)
     views, apart = memory_apart(entries, build.given.host_ranges, handed)
     facts: dict[str, Any] = {
-        "lab_engine_inputs": _lab_engine_inputs(cluster),
+        "lab_engine_inputs": {
+            "rollout_config": cluster.rollout.rollout_config is not None,
+            "mesh": isinstance(cluster.rollout.given_mesh, Mesh),
+            "cache_size": cluster.rollout.cache_size,
+        },
         "tunix_engine_inputs": _tunix_engine_inputs(build.cluster),
         "lab_engine_owns_weights": bool(getattr(cluster.rollout, "owns_weights", False)),
         "lab_optimizer": _optimizers(cluster.optimizer_state, cluster.critic_optimizer_state),
@@ -288,10 +292,9 @@ def _models_memory(memory: Mapping[str, Any]) -> dict[str, Any]:
 
 def _optimizers(actor: Any, critic: Any) -> dict[str, Any]:
     """``optimizer_facts`` of the actor's optimizer state and, where there is one, the critic's."""
-    out = {"optimizer": optimizer_facts(actor)}
-    if critic is not None:
-        out["critic_optimizer"] = optimizer_facts(critic)
-    return out
+    return {"optimizer": optimizer_facts(actor)} | (
+        {} if critic is None else {"critic_optimizer": optimizer_facts(critic)}
+    )
 
 
 def _bytes_of(memory: Mapping[str, Any], name: str) -> int | None:
@@ -311,15 +314,6 @@ def _sync_bytes(report: SyncReport) -> dict[str, int]:
         "reused": report.reused_bytes,
         "minimum_cross_device": report.minimum_cross_device_bytes,
         "anchor": report.anchor_bytes,
-    }
-
-
-def _lab_engine_inputs(cluster: Any) -> dict[str, Any]:
-    engine = cluster.rollout
-    return {
-        "rollout_config": engine.rollout_config is not None,
-        "mesh": isinstance(engine.given_mesh, Mesh),
-        "cache_size": engine.cache_size,
     }
 
 

@@ -56,10 +56,11 @@ def tunix_entries(cluster: Any) -> dict[str, Any]:
     anchor = anchor_state(cluster)
     if anchor is not None:
         entries["anchor"] = anchor
-    entries["optimizer"] = optimizer_state(cluster.actor_trainer)
+    # Each trainer's optimizer's own state (its step count and the optax state), not the model it trains.
+    entries["optimizer"] = nnx.state(cluster.actor_trainer.optimizer)
     critic_trainer = getattr(cluster, "_critic_trainer", None)
     if critic_trainer is not None:
-        entries["critic_optimizer"] = optimizer_state(critic_trainer)
+        entries["critic_optimizer"] = nnx.state(critic_trainer.optimizer)
     return entries
 
 
@@ -82,16 +83,6 @@ def engine_name(cluster: Any) -> str:
     return "vllm" if getattr(engine, "__name__", "") == "VllmStandInRollout" else getattr(engine, "__name__", "custom")
 
 
-def engine_mesh(cluster: Any) -> Any:
-    """The mesh the engine exposes, or None (P7)."""
-    return getattr(cluster.rollout, "mesh", None)
-
-
-def optimizer_state(trainer: Any) -> Any:
-    """The optimizer's own state (its step count and the optax state), not the model it trains."""
-    return nnx.state(trainer.optimizer)
-
-
 def observation(
     rule: str, test: str, values: dict[str, Any], outcome: str, branch: Any, source: str = OBSERVED
 ) -> dict[str, Any]:
@@ -109,7 +100,7 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     meshes = role_meshes(cluster)
     asked = dict(given.role_to_mesh) if given is not None else {}
     engine = engine_name(cluster)
-    own_mesh = engine_mesh(cluster)
+    own_mesh = getattr(cluster.rollout, "mesh", None)  # the mesh the engine exposes (P7)
     replaced = own_mesh is not None and meshes.get(Role.ROLLOUT) is own_mesh
     actor_mesh = asked.get(Role.ACTOR, meshes[Role.ACTOR])
     rollout_asked = asked.get(Role.ROLLOUT, None if replaced else meshes[Role.ROLLOUT])

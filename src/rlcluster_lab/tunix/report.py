@@ -24,7 +24,6 @@ from rlcluster_lab.tunix.observe import (
     OBSERVED,
     P4_WARNING_MARK,
     anchor_state,
-    engine_mesh,
     engine_name,
     observed_decisions,
     role_meshes,
@@ -46,10 +45,8 @@ class TunixReport(PlacementFacts):
     cluster: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        out = super().to_json()
-        out["sync"] = None  # the placement report's key; a sync's own report comes from sync()
-        out["notes"] = list(self.notes)
-        return out
+        # "sync": the placement report's key; a sync's own report comes from sync().
+        return super().to_json() | {"sync": None, "notes": list(self.notes)}
 
     def sync(self) -> TunixSync:
         """Run the cluster's ``sync_weights`` under the lab's observer and P13 guard; call
@@ -96,7 +93,7 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
     anchor = anchor_state(rl_cluster)
     decisions = observed_decisions(rl_cluster, given)
     rollout_keys = buffer_keys(nnx.state(models["rollout"]))
-    own_mesh = engine_mesh(rl_cluster)
+    own_mesh = getattr(rl_cluster.rollout, "mesh", None)  # the mesh the engine exposes (P7)
     replaced = own_mesh is not None and meshes.get(Role.ROLLOUT) is own_mesh
     notes = [version_note()]
     if given is None:

@@ -64,15 +64,8 @@ class TunixSync:
         return self.outcome == COMPLETED
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["report"] = self.report.to_json() if self.report is not None else None
-        return out
-
-
-def guard_text(platform: str) -> str:
-    if p13_sync_guarded(platform):
-        return "the lab's P13 guard: explicit host<->device transfers disallowed (cpu devices)"
-    return f"none: P13 guards only CPU devices, these are {platform}"
+        report = self.report.to_json() if self.report is not None else None
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {"report": report}
 
 
 def run_sync(cluster: Any, platform: str) -> TunixSync:
@@ -117,7 +110,12 @@ def run_sync(cluster: Any, platform: str) -> TunixSync:
         )
         strategy = report.reshard_strategy if not inferred else "Tunix's reshard_pytree (jax.device_put)"
         report = dataclasses.replace(report, leaves=leaves, method=METHOD, reshard_strategy=strategy)
-    outcome, guard = COMPLETED if error is None else REFUSED, guard_text(platform)
+    outcome = COMPLETED if error is None else REFUSED
+    guard = (
+        "the lab's P13 guard: explicit host<->device transfers disallowed (cpu devices)"
+        if p13_sync_guarded(platform)
+        else f"none: P13 guards only CPU devices, these are {platform}"
+    )
     return TunixSync(
         outcome=outcome,
         guard=guard,
