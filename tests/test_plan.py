@@ -51,6 +51,7 @@ SYNC_KEYS = (
     "anchor_mode",
     "arrived_by_device",
     "peak_extra_bytes",
+    "plan",
     "leaves",
 )
 REPORT_KEYS = ("sharing_map", "rollout_branch", "role_to_mesh", "config_role_to_mesh", "mesh_overridden_by_engine")
@@ -93,6 +94,7 @@ def _assert_sync_matches(planned: dict, sync: dict, strategy: str) -> None:
         "anchor_bytes",
         "anchor_mode",
         "peak_extra_bytes",
+        "plan",
     )
     for key in SYNC_KEYS if not moved_more else exact:
         if key == "leaves":

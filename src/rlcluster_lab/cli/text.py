@@ -78,7 +78,14 @@ def _on(report: dict[str, Any]) -> str:
 
 def format_sync(sync: dict[str, Any]) -> list[str]:
     """One weight sync (L3) as lines of text."""
-    return [
+    program = (
+        " (the handover includes compiling its copy programs: first sync of these shardings)"
+        if sync.get("includes_compilation")
+        else " (the handover includes reading its copy programs from the compilation cache)"
+        if sync.get("includes_program_load")
+        else ""
+    )
+    lines = [
         f"sync (L3{_on(sync)}, {sync['method']}; physical bytes):",
         f"  synced {sync['synced_bytes']:,} = arrived from other devices {sync['arrived_cross_device_bytes']:,}"
         f" + copied within a device {sync['copied_same_device_bytes']:,} + reused {sync['reused_bytes']:,}",
@@ -87,15 +94,16 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
         f"  minimum across devices {sync['minimum_cross_device_bytes']:,}; logical (each leaf once)"
         f" {sync['synced_logical_bytes']:,}",
         f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
-        f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms"
-        + (
-            " (the handover includes compiling its copy programs: first sync of these shardings)"
-            if sync.get("includes_compilation")
-            else " (the handover includes reading its copy programs from the compilation cache)"
-            if sync.get("includes_program_load")
-            else ""
-        ),
-    ] + _peak_lines(sync.get("transient_peak"))
+        f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms{program}",
+    ]
+    return lines + plan_lines(sync) + _peak_lines(sync.get("transient_peak"))
+
+
+def plan_lines(sync: dict[str, Any], most: int = 12) -> list[str]:
+    """The sync's plan (``Route.lines``, measured and planned alike), at most ``most`` lines of it."""
+    lines = list(sync.get("plan") or [])
+    more = [f"    ... and {len(lines) - most} more lines (the JSON's sync.plan)"] if len(lines) > most else []
+    return [f"  plan: {lines[0]}", *(f"        {line}" for line in lines[1:most])] + more if lines else []
 
 
 def _peak_lines(peak: dict[str, Any] | None) -> list[str]:

@@ -210,7 +210,8 @@ class RolloutEngine(abc.ABC):
         if not self.owns_weights and all(index.get(j) is x for j, x in zip(picked, sources)):
             # The model holds these very arrays (the actor itself, P3 shared): nothing to hand over,
             # every layout already the rollout's (the phase a route ends its layout changes with).
-            for _ in plan.parts:
+            for *_, move in plan.parts:
+                events.emit(events.Routed(move.route))  # every leaf kept: the route says so
                 events.emit(events.Phase("resharded"))
                 events.emit(events.Phase("commit"))
             return

@@ -53,6 +53,7 @@ from rlcluster_lab.placement.events import (
 from rlcluster_lab.placement.layout import id_ranges
 from rlcluster_lab.placement.programs import ProgramCache
 from rlcluster_lab.placement.reshard import copy_arrays
+from rlcluster_lab.placement.route import plan_lines
 from rlcluster_lab.placement.transfers import shard_buffers, shard_keys
 
 
@@ -405,11 +406,7 @@ def sync_ledger(source: Mapping[str, ShardFacts], destination: Mapping[str, jax.
         method=method,
         strategy=strategy,
         transfers=tuple(t for t in log.transfers if t.kind == "cross_device" and t.leaf is not None),
-        plan=tuple(
-            f"chunk {k}/{len(log.routes)}: {line}" if len(log.routes) > 1 else line
-            for k, r in enumerate(log.routes, 1)
-            for line in r.lines
-        ),
+        plan=plan_lines(log.routes),
     )
 
 

@@ -295,6 +295,12 @@ def route(legs: tuple[Leg, ...], copy: bool, strategy: str) -> Route:
 cleared_with_programs(route.cache_clear)  # routes are worked out afresh once the programs are forgotten
 
 
+def plan_lines(routes: Sequence[Route]) -> tuple[str, ...]:
+    """A sync's routes in words (``Route.lines``), each line of a chunk's route marked with its chunk."""
+    n = len(routes)
+    return tuple(f"chunk {k}/{n}: {line}" if n > 1 else line for k, r in enumerate(routes, 1) for line in r.lines)
+
+
 def _equivalent(a: Layout, b: Layout, shape: tuple[int, ...]) -> bool:
     """Same devices in the same order, each holding the same box (``Sharding.is_equivalent_to``)."""
     return a.kind == b.kind and a.device_ids == b.device_ids and a.boxes(shape) == b.boxes(shape)

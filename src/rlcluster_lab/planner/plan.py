@@ -282,7 +282,7 @@ def _plan(req: PlanRequest) -> Plan:
         host_of=topo.host_of(),
         host_link_bandwidth=topo.host_link_bandwidth,
     )
-    sync["transient_peak"] = plan_sync_peak(
+    sync["transient_peak"], lines = plan_sync_peak(
         models["actor"],
         models["rollout"],
         models["anchor"],
@@ -295,6 +295,7 @@ def _plan(req: PlanRequest) -> Plan:
         order=p13_sync_order(req.sync_chunk_bytes, req.offload).text,
         programs=_local_devices(topo) if req.sync_programs else None,
     )
+    sync["plan"] = list(lines)
     phases, step = _step_phases(req, placed, models, trainable)
     per_device, per_host = budgets(entries, phases, sync, topo)
     fits = fits_summary(memory, sync, topo.memory_per_device, topo.memory_source)

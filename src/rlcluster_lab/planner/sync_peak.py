@@ -27,7 +27,7 @@ from rlcluster_lab.placement import xla as reshard_xla
 from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.layout import Layout
 from rlcluster_lab.placement.reshard import cast_temporaries_of
-from rlcluster_lab.placement.route import WORK, Leg, Made, Route, Step, route
+from rlcluster_lab.placement.route import WORK, Leg, Made, Route, Step, plan_lines, route
 from rlcluster_lab.planner.buffers import PlannedArray, anchor_arrays
 
 PathKey = tuple[Any, ...]
@@ -51,8 +51,9 @@ def plan_sync_peak(
     strategy: str,
     order: str,
     programs: Sequence[Any] | None = None,
-) -> dict[str, Any]:
-    """The transient peak JSON (``SyncPeak.to_json()``'s keys) of the cluster's next sync, from shapes.
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The transient peak JSON (``SyncPeak.to_json()``'s keys) of the cluster's next sync, from shapes,
+    and its plan in words: the routes the live reshard runs (``placement.route.plan_lines``).
 
     ``programs``: the devices (this process's, by id) to compile the reshard programs on
     for their temporaries; None leaves the temporaries out.
@@ -77,6 +78,7 @@ def plan_sync_peak(
         released = _summed([*released, (ph.RELEASED, bufs)])
 
     count = PeakCount()
+    routes: list[Route] = []
 
     def phase(name: str, made: Sequence[tuple[str, Mapping[Any, Buffer]]], programs: Sequence[Any] = ()) -> None:
         count.count(name, [*committed, *made], frozenset(), [bufs for _, bufs in released], programs)
@@ -94,6 +96,7 @@ def plan_sync_peak(
             for p in chunk_paths
         )
         r = route(legs, copy, strategy)
+        routes.append(r)
         if r.pieces is not None:
             notes.append("the minimal strategy's per-device slicing programs' temporaries are not read")
         alive: dict[Any, tuple[str, dict[Any, Buffer]]] = {}
@@ -127,7 +130,7 @@ def plan_sync_peak(
     peak = peak_of(count.phases, chunk_bytes=chunk_bytes, largest_chunk_bytes=largest, order=order, method=method)
     rollout_on_device = _per_device([("", _buffers(rollout[p])) for p in paths]) if offload else None
     orders = other_orders(count.phases, _per_device(new_anchor), rollout_on_device)
-    return {**peak.to_json(), "orders": orders}
+    return {**peak.to_json(), "orders": orders}, plan_lines(routes)
 
 
 def other_orders(
