@@ -32,8 +32,12 @@ BYTES += ("relayed_cross_device_bytes", "minimum_cross_device_bytes", "anchor_by
 
 def _counted(mp: pytest.MonkeyPatch) -> dict[str, int]:
     """How many plans were built and how many routes worked out, from here on."""
-    counts = {"plans": 0, "routes": 0}
-    build, route = SyncPlan.build, reshard_module.route
+    counts = {"plans": 0, "routes": 0, "ledgers": 0}
+    build, route, ledger = SyncPlan.build, reshard_module.route, measure_sync.sync_ledger
+
+    def counted_ledger(*args, **kwargs):
+        counts["ledgers"] += 1
+        return ledger(*args, **kwargs)
 
     def counted_build(*args, **kwargs):
         counts["plans"] += 1
@@ -43,6 +47,7 @@ def _counted(mp: pytest.MonkeyPatch) -> dict[str, int]:
         counts["routes"] += 1
         return route(*args, **kwargs)
 
+    mp.setattr(measure_sync, "sync_ledger", counted_ledger)
     mp.setattr(SyncPlan, "build", counted_build)
     mp.setattr(reshard_module, "route", counted_route)
     return counts
@@ -92,7 +97,7 @@ def _scenarios(draw):
 @given(_scenarios())
 def test_p13_a_sync_is_planned_once_and_again_only_when_a_layout_or_knob_changes(scenario):
     """Over drawn layouts, LoRA, engines, strategies, dtypes, offload and chunk sizes: the second
-    and third syncs build no plan and work out no route, and measure the same bytes; a new chunk
+    and third syncs build no plan, work out no route and no ledger, and measure the same bytes; a new chunk
     size, a new strategy and a new rollout layout each build one plan, and every sync leaves the
     rollout holding the actor's weights."""
     with warnings.catch_warnings():
@@ -102,10 +107,11 @@ def test_p13_a_sync_is_planned_once_and_again_only_when_a_layout_or_knob_changes
         counts = _counted(mp)
         first = cluster.sync_weights()
         assert counts["plans"] == 1
-        routes = counts["routes"]
+        routes, ledgers = counts["routes"], counts["ledgers"]
         later = [cluster.sync_weights() for _ in range(2)]
-        assert counts == {"plans": 1, "routes": routes}
-        assert all(_bytes(r) == _bytes(first) for r in later)
+        # The same plan: no plan, route or ledger worked out again, and the same bytes measured.
+        assert counts == {"plans": 1, "routes": routes, "ledgers": ledgers}
+        assert all(_bytes(r) == _bytes(first) and r.leaves == first.leaves for r in later)
         assert _holds_the_actors(cluster)
 
         chunk = 8 << 10 if scenario.sync_chunk_bytes is None else None
