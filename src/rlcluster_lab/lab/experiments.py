@@ -24,7 +24,6 @@ from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.core.config import ClusterConfig, ConfigError, RolloutConfig, TrainingConfig
 from rlcluster_lab.core.devices import devices_words
 from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
-from rlcluster_lab.core.options import LAYOUTS
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.lab.setup import LabDevices, layout_devices, layouts_held
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
@@ -214,19 +213,17 @@ def memory_comparison(layout: str, devices: Devices, progress: Tick | None = Non
 
 def memory_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per scenario: P3's branch, P4's warning, and the physical bytes per entry."""
-    rows = []
-    for label, rep in reports.items():
-        mem = rep["memory"]
-        row = {
+    rows = [
+        {
             "scenario": label,
             "P3 rollout": rep["rollout_branch"],
             "P4 warning": any(w.startswith("P4") for w in rep["warnings"]),
+            **{e: rep["memory"]["by_role"].get(e, {}).get("bytes", 0) for e in ("actor", "rollout", "reference")},
+            "held once": rep["memory"]["unique_bytes"],
+            "summed per role": rep["memory"]["naive_bytes"],
         }
-        for entry in ("actor", "rollout", "reference"):
-            row[entry] = mem["by_role"].get(entry, {}).get("bytes", 0)
-        row["held once"] = mem["unique_bytes"]
-        row["summed per role"] = mem["naive_bytes"]
-        rows.append(row)
+        for label, rep in reports.items()
+    ]
     return where_column(rows, {label: rep["memory"] for label, rep in reports.items()})
 
 
@@ -322,36 +319,20 @@ def engine_rows(
 
 
 def p11_run(
-    devices: Sequence[jax.Device],
-    *,
-    steps: int = 6,
-    mini_batch_size: int = 8,
-    iterations: int = 2,
-    prompts_per_step: int = 4,
-    group_size: int = 4,
-    progress: Tick | None = None,
+    devices: Sequence[jax.Device], *, steps: int, mini_batch_size: int, iterations: int, progress: Tick | None = None
 ) -> dict[str, Any]:
-    """A short GRPO run whose every optimizer step records the P11 gaps; returns its JSON."""
+    """A short GRPO run (batch 16: 4 prompts x 4) whose every optimizer step records the P11 gaps; returns its JSON."""
     cluster = build_cluster(
         Scenario(layout="colocated", max_tokens=8),
         devices=devices,
         training_config=TrainingConfig(learning_rate=3e-3, mini_batch_size=mini_batch_size, num_iterations=iterations),
     )
-    learner = GRPOLearner(
-        cluster,
-        LearnerConfig(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size),
-        prompts=EVEN_PROMPTS,
-    )
-    result: LearnerResult = learner.run(
+    config = LearnerConfig(steps=steps, prompts_per_step=4, group_size=4)
+    result: LearnerResult = GRPOLearner(cluster, config, prompts=EVEN_PROMPTS).run(
         progress=(lambda s: progress(f"mean reward {s.mean_reward:.2f}")) if progress else None
     )
     out = result.to_json()
-    out["config"] = {
-        "batch_size": prompts_per_step * group_size,
-        "mini_batch_size": mini_batch_size,
-        "iterations": iterations,
-        "steps": steps,
-    }
+    out["config"] = {"batch_size": 16, "mini_batch_size": mini_batch_size, "iterations": iterations, "steps": steps}
     return out
 
 
@@ -370,15 +351,13 @@ def anchor_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]
 
 
 def p11_compare(
-    devices: Sequence[jax.Device],
-    settings: Sequence[tuple[int, int]] = ((16, 1), (8, 1), (8, 2)),
-    steps: int = 8,
-    progress: Tick | None = None,
+    devices: Sequence[jax.Device], steps: int = 8, progress: Tick | None = None
 ) -> dict[str, dict[str, Any]]:
     """One short run per (mini-batch size, iterations) setting, batch 16; label -> run JSON.
 
     ``progress`` is called once per GRPO step of every run.
     """
+    settings = ((16, 1), (8, 1), (8, 2))
     cases = [(f"mini-batch {mini}, {it} iteration{'s' if it > 1 else ''}", (mini, it)) for mini, it in settings]
     return each(
         cases, lambda s: p11_run(devices, steps=steps, mini_batch_size=s[0], iterations=s[1], progress=progress)
@@ -391,20 +370,19 @@ P11_TOLERANCE = 1e-4
 
 def p11_setting_rows(runs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per setting: optimizer steps per global step, and on how many of them live == anchor."""
-    rows = []
-    for label, run in runs.items():
-        recs = run["p11"]
-        steps = max(run["config"]["steps"], 1)
-        same = sum(r["live_vs_anchor"] <= P11_TOLERANCE for r in recs)
-        rows.append(
-            {
-                "setting": label,
-                "optimizer steps per global step": len(recs) // steps,
-                "live == anchor": f"{same} of {len(recs)}",
-                "anchor == sampler": f"{sum(r['anchor_vs_sampler'] <= P11_TOLERANCE for r in recs)} of {len(recs)}",
-            }
-        )
-    return rows
+
+    def agree(recs: Sequence[Mapping[str, Any]], key: str) -> str:
+        return f"{sum(r[key] <= P11_TOLERANCE for r in recs)} of {len(recs)}"
+
+    return [
+        {
+            "setting": label,
+            "optimizer steps per global step": len(run["p11"]) // max(run["config"]["steps"], 1),
+            "live == anchor": agree(run["p11"], "live_vs_anchor"),
+            "anchor == sampler": agree(run["p11"], "anchor_vs_sampler"),
+        }
+        for label, run in runs.items()
+    ]
 
 
 def p11_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -413,18 +391,16 @@ def p11_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     groups: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
     for rec in result["p11"]:
         groups.setdefault((rec["iteration"], rec["rows"][0]), []).append(rec)
-    rows = []
-    for (iteration, _start), recs in sorted(groups.items()):
-        rows.append(
-            {
-                "iteration": iteration,
-                "rows": f"{recs[0]['rows'][0]}-{recs[0]['rows'][1]}",
-                "optimizer steps before": recs[0]["steps_taken_before"],
-                "live == anchor": all(r["live_vs_anchor"] <= P11_TOLERANCE for r in recs),
-                "anchor == sampler": all(r["anchor_vs_sampler"] <= P11_TOLERANCE for r in recs),
-            }
-        )
-    return rows
+    return [
+        {
+            "iteration": iteration,
+            "rows": f"{recs[0]['rows'][0]}-{recs[0]['rows'][1]}",
+            "optimizer steps before": recs[0]["steps_taken_before"],
+            "live == anchor": all(r["live_vs_anchor"] <= P11_TOLERANCE for r in recs),
+            "anchor == sampler": all(r["anchor_vs_sampler"] <= P11_TOLERANCE for r in recs),
+        }
+        for (iteration, _start), recs in sorted(groups.items())
+    ]
 
 
 # --------------------------------------------------------------------------- 05: weight sync (P13, L3)
@@ -441,13 +417,7 @@ SYNC_COLUMNS = (
 )
 
 
-def sync_matrix(
-    devices: Devices,
-    layouts: Sequence[str] = LAYOUTS,
-    loras: Sequence[bool] = (False, True),
-    engine: str = "vanilla",
-    progress: Tick | None = None,
-) -> dict[str, dict[str, Any]]:
+def sync_matrix(devices: Devices, engine: str = "vanilla", progress: Tick | None = None) -> dict[str, dict[str, Any]]:
     """The measured sync (L3) of each layout, with a full and a LoRA actor.
 
     Each cluster syncs twice and the second sync is kept: the first one also
@@ -459,12 +429,10 @@ def sync_matrix(
         cluster.sync_weights()
         return cluster.sync_weights().to_json()
 
-    held = layouts_held(devices)
     cases = [
         (f"{layout}, {'LoRA' if lora else 'full'}", Scenario(layout=layout, lora=lora, engine=engine))
-        for layout in layouts
-        if layout in held
-        for lora in loras
+        for layout in layouts_held(devices)
+        for lora in (False, True)
     ]
     return each(cases, second_sync, progress)
 

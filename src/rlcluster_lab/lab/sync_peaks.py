@@ -45,12 +45,11 @@ def peak_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for label, sync in syncs.items():
         peak = sync["transient_peak"]
-        top = peak["max_bytes"]
         rows.append(
             {
                 "run": label,
-                "device peak": int(top.get("device", 0)),
-                "pinned host peak": int(top.get("pinned_host", 0)),
+                "device peak": int(peak["max_bytes"].get("device", 0)),
+                "pinned host peak": int(peak["max_bytes"].get("pinned_host", 0)),
                 "busiest device": peak["max_device"] if peak["max_device"] is not None else "-",
                 "at": peak["phase_at_peak"].get(peak["max_device"], "-") if peak["max_device"] else "-",
                 "on device at the peak": on_device_at_peak(peak),
@@ -70,18 +69,16 @@ def planned_peak_rows(
         topo = local_topology(layout_devices(devices, scenario.layout))
         planned = plan_scenario(scenario, topo, sync_programs=True).sync["transient_peak"]
         measured = syncs[label]["transient_peak"]
-        for kind in ("device", "pinned_host"):
-            p, m = int(planned["max_bytes"].get(kind, 0)), int(measured["max_bytes"].get(kind, 0))
-            same = planned["by_device"] == measured["by_device"]
-            rows.append(
-                {
-                    "run": label,
-                    "memory": kind.replace("_", " "),
-                    "planned": p,
-                    "measured": m,
-                    "every device agrees": same,
-                }
-            )
+        rows += [
+            {
+                "run": label,
+                "memory": kind.replace("_", " "),
+                "planned": int(planned["max_bytes"].get(kind, 0)),
+                "measured": int(measured["max_bytes"].get(kind, 0)),
+                "every device agrees": planned["by_device"] == measured["by_device"],
+            }
+            for kind in ("device", "pinned_host")
+        ]
     return rows
 
 
