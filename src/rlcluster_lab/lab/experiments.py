@@ -27,6 +27,7 @@ from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, r
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.lab.setup import LabDevices, layout_devices, layouts_held
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
+from rlcluster_lab.lab.style import on_where
 from rlcluster_lab.model import init_model
 from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.rules.sharing import sharing_map, sharing_map_json
@@ -235,14 +236,11 @@ def copy_growth_line(reports: Mapping[str, Mapping[str, Any]], shared: str, copi
     less = reports[shared]["memory"]["unique_bytes"]
     backbone = reports[shared]["memory"]["by_role"]["reference"]["bytes"]
     same = "exactly" if more - less == backbone else "not"
+    where = on_where(reports[copied]["memory"])
     return (
         f'"held once" grows by {more:,} - {less:,} = {more - less:,} bytes: {same} the reference\'s '
-        f"backbone ({backbone:,} bytes){_on(reports[copied]['memory'])}"
+        f"backbone ({backbone:,} bytes)" + ("," + where if where else "")
     )
-
-
-def _on(report: Mapping[str, Any]) -> str:
-    return f", on {report['where']}" if report.get("where") else ""
 
 
 # --------------------------------------------------------------------------- 03: P6 errors

@@ -30,6 +30,7 @@ import ipywidgets as widgets
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.core.waits import WAITS, Building, program_words
 from rlcluster_lab.lab.flow import rollout_text, warning_lines
+from rlcluster_lab.lab.style import on_where
 
 TICK_SECONDS = 0.25  # a wait's line is redrawn at least this often
 STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the height the sentence keeps at least
@@ -270,7 +271,7 @@ def constructed(report: Mapping[str, Any], seconds: float) -> str:
     warnings = warning_lines(report, short=True)
     return (
         f"Constructed in {seconds:.1f} s. Rollout: {rollout_text(report)}; "
-        f"{fmt_bytes(memory.get('unique_bytes', 0))} held{_on(memory)} (measured)"
+        f"{fmt_bytes(memory.get('unique_bytes', 0))} held{on_where(memory)} (measured)"
         + (f"; warning: {'; '.join(warnings)}" if warnings else "")
         + "."
     )
@@ -285,15 +286,10 @@ def synced(sync: Mapping[str, Any], seconds: float) -> str:
     return (
         f"Synced in {seconds:.2f} s, now at {STEP_COUNTER} {sync['global_step']}: "
         f"{fmt_bytes(sync['arrived_cross_device_bytes'])} of the {fmt_bytes(sync['synced_bytes'])} synced"
-        f"{_on(sync)} came from other devices"
+        f"{on_where(sync)} came from other devices"
         + (f", and {fmt_bytes(relayed)} more crossed devices without staying (relayed)" if relayed else "")
         + " (measured)."
     )
-
-
-def _on(report: Mapping[str, Any]) -> str:
-    """ " on TPU v5 lite chip 0": the devices a memory or sync report's figures come from, or ""."""
-    return f" on {report['where']}" if report.get("where") else ""
 
 
 def stepped(

@@ -8,7 +8,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rlcluster_lab.core.limits import BINARY_UNITS
 from rlcluster_lab.core.roles import Role
@@ -75,6 +76,11 @@ def byte_ticks(top: float) -> list[tuple[float, str]]:
         text = f"{value:g} {BINARY_UNITS[power]}" if value else "0"
         ticks.append((value * unit, text))
     return ticks
+
+
+def on_where(report: Mapping[str, Any]) -> str:
+    """ " on TPU v5 lite chip 0": the devices a memory or sync report's figures come from, or ""."""
+    return f" on {report['where']}" if report.get("where") else ""
 
 
 def in_order(keys: Sequence[str], order: Sequence[str]) -> list[str]:
