@@ -287,17 +287,15 @@ def p6_errors(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
     return rows
 
 
-def engine_rows(
-    devices: Sequence[jax.Device], layout: str = "colocated"
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """P3 and P7 for each built-in engine on one layout; also returns each engine's report.
+def engine_rows(devices: Sequence[jax.Device]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """P3 and P7 for each built-in engine on the colocated layout; also returns each engine's report.
 
     The map is built from the config's meshes before any engine exists, so a
     colocated run stays registered as sharing even when the engine keeps its
     own copy on a mesh of its own.
     """
     engines = ("vanilla", "sglang_jax", "vllm")
-    reports = reports_for({engine: Scenario(layout=layout, engine=engine) for engine in engines}, devices)
+    reports = reports_for({engine: Scenario(layout="colocated", engine=engine) for engine in engines}, devices)
     rows = [
         {
             "engine": engine,

@@ -85,8 +85,8 @@ def p3_branch_rows(
 # --------------------------------------------------------------------------- 04: meshes entered, the P10 guard
 
 
-def operation_meshes(devices: Sequence[jax.Device], layout: str = "split") -> dict[str, Any]:
-    """One RL step on a layout whose actor and rollout meshes differ, then the cluster's own
+def operation_meshes(devices: Sequence[jax.Device]) -> dict[str, Any]:
+    """One RL step on the split layout, whose actor and rollout meshes differ, then the cluster's own
     record of the role contexts the step's operations entered (``contexts_entered``).
 
     Returns:
@@ -94,7 +94,7 @@ def operation_meshes(devices: Sequence[jax.Device], layout: str = "split") -> di
         ``construction``: the same for what construction entered; ``sync_entries``: how many
         entries ``sync_weights`` added.
     """
-    cluster = build_cluster(Scenario(layout=layout, max_tokens=8), devices=devices)
+    cluster = build_cluster(Scenario(layout="split", max_tokens=8), devices=devices)
     built = len(cluster.contexts_entered)
     prompts = list(EVEN_PROMPTS[:4])
     cluster.build_ahead(prompts)  # the step's later programs compile while it samples (on twins: no context here)
@@ -117,7 +117,7 @@ def operation_meshes(devices: Sequence[jax.Device], layout: str = "split") -> di
     return result
 
 
-def p10_guard(devices: Sequence[jax.Device], layout: str = "colocated") -> list[dict[str, str]]:
+def p10_guard(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
     """The anchor guard (P10), which no public call can reach.
 
     Construction pins the anchor (P8) before it returns, so on a constructed cluster the
@@ -130,7 +130,7 @@ def p10_guard(devices: Sequence[jax.Device], layout: str = "colocated") -> list[
     Returns:
         One row per step: what was done, and what the cluster answered.
     """
-    cluster = build_cluster(Scenario(layout=layout, max_tokens=8), devices=devices)
+    cluster = build_cluster(Scenario(layout="colocated", max_tokens=8), devices=devices)
     rows = [
         {
             "step": "just constructed",

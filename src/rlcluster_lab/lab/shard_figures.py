@@ -204,8 +204,8 @@ def _device_legend(fig: Figure, devices: Sequence[int]) -> None:
     )
 
 
-def shard_layouts(layouts: Sequence[ShardLayout], title: str = "", columns: int = 2) -> Figure:
-    """One array's shards on several meshes, ``columns`` panels a row.
+def shard_layouts(layouts: Sequence[ShardLayout], title: str = "") -> Figure:
+    """One array's shards on several meshes, two panels a row.
 
     Each panel is the whole array, cut into the boxes its shards cover (read
     from the live array), coloured by the device holding each one, with the
@@ -213,7 +213,7 @@ def shard_layouts(layouts: Sequence[ShardLayout], title: str = "", columns: int 
     """
     if not layouts:
         raise ValueError("shard_layouts needs at least one layout (shards.shard_layout of a live array)")
-    columns = max(1, min(columns, len(layouts)))
+    columns = min(2, len(layouts))
     rows = -(-len(layouts) // columns)
     panel = min((MAX_WIDTH - 0.4) / columns - 0.5, 3.3)
     heights = [max(_aspect(lay) for lay in layouts[r * columns : (r + 1) * columns]) for r in range(rows)]

@@ -178,15 +178,15 @@ def output_rows(value: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def decoded_sample(tokenizer: Any, out: Any, row: int = 0) -> dict[str, str]:
-    """Row ``row`` of a ``RolloutOutput`` decoded with the cluster's tokenizer, beside its ``text``.
+def decoded_sample(tokenizer: Any, out: Any) -> dict[str, str]:
+    """The first row of a ``RolloutOutput`` decoded with the cluster's tokenizer, beside its ``text``.
 
     Special ids (padding, BOS) are dropped and decoding stops at EOS, as the engine does.
     """
     return {
-        "prompt (decoded from left_padded_prompt_tokens)": repr(tokenizer.decode(out.left_padded_prompt_tokens[row])),
-        "completion (decoded from tokens)": repr(tokenizer.decode(out.tokens[row])),
-        "completion (text field)": repr(out.text[row]),
+        "prompt (decoded from left_padded_prompt_tokens)": repr(tokenizer.decode(out.left_padded_prompt_tokens[0])),
+        "completion (decoded from tokens)": repr(tokenizer.decode(out.tokens[0])),
+        "completion (text field)": repr(out.text[0]),
     }
 
 

@@ -46,11 +46,10 @@ class Canvas:
         if title:  # every figure's heading, at its top left
             self.text(8, 20, title, size=14, weight="bold")
 
-    def hatch(self, color: str, background: str | None = None) -> str:
-        """A fill of thin diagonal lines in ``color`` over a light tint of ``background``
-        (default: ``color``): what marks another role's buffers. Light enough for dark text."""
-        tint = background or color
-        pid = "hatch-" + color.lstrip("#") + ("-" + tint.lstrip("#") if background else "")
+    def hatch(self, color: str, tint: str) -> str:
+        """A fill of thin diagonal lines in ``color`` over a light tint of ``tint``: what marks
+        another role's buffers. Light enough for dark text."""
+        pid = f"hatch-{color.lstrip('#')}-{tint.lstrip('#')}"
         self._patterns[pid] = (
             f'<pattern id="{pid}" width="7" height="7" patternUnits="userSpaceOnUse" '
             f'patternTransform="rotate(45)"><rect width="7" height="7" fill="{tint}" fill-opacity="0.22"/>'
