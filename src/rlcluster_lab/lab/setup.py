@@ -1,21 +1,17 @@
 """The set-up every notebook runs first (``setup()``): pick the devices the lab's layouts are built on.
 
-It turns on Colab's widget manager there; asks the CPU backend for ``n_devices`` simulated
-devices, which must happen before the JAX backend starts (JAX starts its CPU backend beside
-any accelerator, so they exist on a GPU or TPU machine too); builds on GPUs or TPUs that can
-form every standard layout, and otherwise (a single chip) builds the layouts that fit on it there
-(colocated, and reshaped: the same chip, another mesh) and the ones that need several devices
-(split) on the simulated CPU devices beside it (``families``, ``devices_for(layout)``). JAX is
-never restarted: the accelerator stays its default backend, and the cluster takes its platform
-(memory kinds, the transfer guard, default devices, allocator figures) from its own meshes.
-It turns on the persistent compilation cache and, with the layouts on simulated CPU devices,
-starts the warm start (``lab.warm``: one background process at the lowest CPU priority
-compiling the standard programs into that cache once per environment), without waiting for it.
+It asks the CPU backend for ``n_devices`` simulated devices before JAX starts (JAX starts its
+CPU backend beside any accelerator, so they exist on a GPU or TPU machine too); builds on GPUs
+or TPUs that can form every standard layout, and otherwise (a single chip) builds the layouts
+that fit on the chip there (colocated, reshaped) and the rest (split) on the simulated CPU
+devices beside it (``families``, ``devices_for(layout)``). JAX is never restarted: each cluster
+takes its platform (memory kinds, transfer guard, allocator figures) from its own meshes. It
+turns on the persistent compilation cache and, with the layouts on simulated CPU devices, starts
+the warm start (``lab.warm``) without waiting for it; in Colab, the widget manager.
 
-A notebook whose optional extra is missing calls ``needs_extra()`` in the cell after the set-up:
-one message says what to install, and the cells below show the outputs stored with the notebook
-instead of failing one by one; ``needs_processes()`` does the same where a multi-process run's
-workers cannot start (no sockets, no second process).
+``needs_extra()`` (a missing optional extra) and ``needs_processes()`` (a multi-process run's
+workers cannot start) say so once, and the cells below show the outputs stored with the notebook
+instead of failing one by one.
 """
 
 from __future__ import annotations

@@ -166,7 +166,6 @@ class SyncFlows:
     """
 
     label: str
-    leaves: tuple[str, ...]
     moved: Mapping[tuple[int, int], int]
     copied: Mapping[int, int]
     reused: Mapping[int, int]
@@ -229,7 +228,6 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
 
     return SyncFlows(
         label=label or (chosen[0]["path"] if len(chosen) == 1 else f"{len(chosen)} leaves"),
-        leaves=tuple(lf["path"] for lf in chosen),
         moved=dict(sorted(moved.items())),
         copied=dict(sorted(kept["copied"].items())),
         reused=dict(sorted(kept["reused"].items())),

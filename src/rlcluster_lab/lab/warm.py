@@ -1,25 +1,18 @@
 """The lab's warm start: compile the standard programs into the persistent cache, in the background.
 
-The first Construct, Sync and Training step of a new environment compile their
-programs (seconds each on two CPU cores). ``start_warm_up()`` starts one other
-process, at the lowest CPU priority, that builds the standard tiny clusters
-(``STANDARD``: the three layouts, with and without LoRA) and takes one training
-step of the widget's size on each (its sync included; the step builds its later
-programs beside its sampling, ``RLCluster.build_ahead``), which writes every
-program they compile into the persistent compilation cache. The
-lab and the notebooks then read those programs back instead of compiling them.
+The first Construct, Sync and Training step of a new environment compile their programs
+(seconds each on two CPU cores). ``start_warm_up()`` starts one other process, at the lowest
+CPU priority, that builds the standard tiny clusters (``STANDARD``) and takes one training
+step of the widget's size on each (its sync included), which writes every program they
+compile into the persistent compilation cache; the lab and the notebooks then read them back.
 
-It never blocks: the caller only starts the process (``make lab`` does, before
-JupyterLab opens; so does ``lab.setup()`` in a notebook's first cell). It runs
-once per environment: a record in the cache folder (``rlcluster-lab-warm.json``)
-names the versions, device count, compile mode and options it warmed for, and an exclusive
-``flock`` on a lock file, taken before the process starts and held by it until it
-ends, keeps two from running at once (the kernel drops it with the process, so it
-is never stale). It runs only where the layouts run on simulated CPU devices (the
-process is pinned to the CPU, so it never takes an accelerator's memory), and only
-when the persistent cache is on and trusted (``core.compile_cache``: a folder of
-this user's, mode 0700). A folder it cannot write (read-only, say) gets one warning
-and no warm start; it never writes through a link (``O_NOFOLLOW``). What it writes
+It never blocks: the caller only starts the process (``make lab`` does, and ``lab.setup()``
+in a notebook's first cell). It runs once per environment (a record in the cache folder,
+``warm_key``), never two at once (an exclusive ``flock``, ``_take_lock``), only where the
+layouts run on simulated CPU devices (the process is pinned to the CPU, so it never takes an
+accelerator's memory), and only when the persistent cache is on and trusted
+(``core.compile_cache``: a folder of this user's, mode 0700). A folder it cannot write gets
+one warning and no warm start; it never writes through a link (``O_NOFOLLOW``). What it writes
 is bounded like the rest of the cache (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
 
 ``RLCLUSTER_LAB_WARM=off`` turns it off (the test suite does).
