@@ -308,14 +308,10 @@ OPTION_LABELS: dict[str, str] = _option_labels()
 
 def shared_bytes(memory: Mapping[str, Any], role: str, other: str, dev: str | None = None) -> int:
     """Bytes ``role`` holds (on ``dev``, or on every device) that are buffers ``other`` holds too."""
-    total = 0
-    for group in memory.get("shared", []):
-        if role in group.get("roles", []) and other in group.get("roles", []):
-            if dev is None:
-                total += int(group.get("bytes", 0))
-            else:
-                total += sum(int(v) for v in (group.get("by_device") or {}).get(dev, {}).values())
-    return total
+    groups = [g for g in memory.get("shared", []) if {role, other} <= set(g.get("roles", []))]
+    if dev is None:
+        return sum(int(g.get("bytes", 0)) for g in groups)
+    return sum(int(v) for g in groups for v in (g.get("by_device") or {}).get(dev, {}).values())
 
 
 def _branch(report: Mapping[str, Any], rule: str, role: str | None = None) -> str | None:

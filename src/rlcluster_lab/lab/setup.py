@@ -407,13 +407,10 @@ def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
     """Whether this kernel has the optional ``extra`` the notebook's later cells need; without it,
     say so once and have those cells show the outputs stored with the notebook.
 
-    JupyterLab's Run All clears the outputs of every cell as it sends them to the kernel, so
-    a cell that stopped the run here would leave the stored results below it empty, and the
-    next save would write that. Instead, each code cell below this one whose source is the
-    stored one shows its stored outputs (a run with the extra) without running; a cell edited
-    since runs as written. Where the stored notebook cannot be read (a kernel that does not
-    see the file, as in Colab), raises ``ExtraMissingError``, which stops a run there and is
-    shown as its message alone.
+    JupyterLab's Run All clears the outputs of every cell as it sends them to the kernel, so a
+    cell that stopped the run here would leave the stored results below it empty, and the next
+    save would write that. Instead, each code cell below whose source is the stored one shows
+    its stored outputs (a run with the extra) without running; a cell edited since runs as written.
 
     Args:
         extra: the extra's name, as in ``pip install -e ".[extra]"``.
@@ -426,7 +423,8 @@ def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
         ``available``. With the extra, any stored outputs shown before are switched off.
 
     Raises:
-        ExtraMissingError: the extra is missing and the stored notebook cannot be read.
+        ExtraMissingError: the extra is missing and the stored notebook cannot be read (a kernel
+            that does not see the file, as in Colab): it stops a run there, shown as its message alone.
     """
     return _show_stored_unless(
         available,
@@ -463,11 +461,8 @@ def _show_stored_unless(
     runs_here: bool, missing: str, stored_from: str, notebook: str, error: type[Exception], advice: str = ""
 ) -> bool:
     """``runs_here``, or else say ``missing`` once and have the code cells below this one show the
-    outputs stored with the notebook (a run ``stored_from``): ``needs_extra`` says how and why.
-
-    Raises:
-        error: when the stored notebook cannot be read, with ``missing`` and ``advice``.
-    """
+    outputs stored with the notebook (a run ``stored_from``), as ``needs_extra`` says; ``error``
+    (with ``missing`` and ``advice``) when the stored notebook cannot be read."""
     shell = _shell()
     for transform in _replay:
         if shell is not None and transform in shell.input_transformers_cleanup:

@@ -49,17 +49,15 @@ def segments(memory: Mapping[str, Any], kind: str) -> list[tuple[str, tuple[str,
     ``"actor = rollout"``. The pieces add up to the kind's bytes counted once.
     """
     by_role = memory.get("by_role", {})
-    groups = memory.get("shared", [])
-    out: list[tuple[str, tuple[str, ...], int]] = []
-    for entry in in_order(list(by_role), ENTRY_ORDER):
-        own = int(by_role[entry].get("by_kind", {}).get(kind, 0))
-        for group in groups:
-            if entry in group["roles"]:
-                own -= sum(int(k.get(kind, 0)) for k in group.get("by_device", {}).values())
-        out.append((entry, (entry,), own))
-    for group in groups:
-        held = sum(int(k.get(kind, 0)) for k in group.get("by_device", {}).values())
-        out.append((" = ".join(group["roles"]), tuple(group["roles"]), held))
+    groups = [
+        (g["roles"], sum(int(k.get(kind, 0)) for k in g.get("by_device", {}).values()))
+        for g in memory.get("shared", [])
+    ]
+    out = [
+        (e, (e,), int(by_role[e].get("by_kind", {}).get(kind, 0)) - sum(held for roles, held in groups if e in roles))
+        for e in in_order(list(by_role), ENTRY_ORDER)
+    ]
+    out += [(" = ".join(roles), tuple(roles), held) for roles, held in groups]
     return [s for s in out if s[2] > 0]
 
 

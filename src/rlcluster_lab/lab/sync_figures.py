@@ -60,11 +60,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         relayed = int(s.get("relayed_cross_device_bytes", 0))
         kept = int(s["arrived_cross_device_bytes"])  # synced = arrived + copied + reused (L3)
         minimum = int(s.get("minimum_cross_device_bytes", 0))
-        parts = [
-            ("arrived", SYNC_PARTS[0][1], kept),
-            ("copied", "copied within a device", int(s.get("copied_same_device_bytes", 0))),
-            ("reused", "reused (no copy)", int(s.get("reused_bytes", 0))),
-        ]
+        parts = [(key.split("_")[0], what, int(s.get(key, 0))) for key, what, _ in SYNC_PARTS]
         head = (
             f"{label}{on_where(s)}: {fmt_bytes(synced)} synced (physical: every device's shard), "
             f"{fmt_bytes(logical)} logical (each leaf once)"
