@@ -369,11 +369,7 @@ def lab_picture(knobs: Knobs, display: Display, status: str) -> str:
     )
 
 
-def text_line(status: str) -> str:
-    """The bundle's plain-text form: what the lab is, and its status."""
-    return f"PlacementLab (an interactive widget: run the notebook to use it). {status}"
-
-
 def mimebundle(widget_bundle: dict[str, Any], knobs: Knobs, display: Display, status: str) -> dict[str, Any]:
-    """The widget's own bundle with the picture as its HTML and one line as its text."""
-    return {**widget_bundle, "text/html": lab_picture(knobs, display, status), "text/plain": text_line(status)}
+    """The widget's own bundle with the picture as its HTML and, as its text, what the lab is and its status."""
+    text = f"PlacementLab (an interactive widget: run the notebook to use it). {status}"
+    return {**widget_bundle, "text/html": lab_picture(knobs, display, status), "text/plain": text}

@@ -37,17 +37,12 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def collect() -> None:
-    """Free the buffers of clusters a cell no longer holds, before building the next one."""
-    gc.collect()
-
-
 def each(cases: Iterable[tuple[str, T]], run: Callable[[T], R], progress: Tick | None = None) -> dict[str, R]:
-    """``run`` of each labelled case, the memory of one freed before the next (``collect``)."""
+    """``run`` of each labelled case, the memory of one freed before the next (``gc.collect``)."""
     out = {}
     for label, case in cases:
         out[label] = run(case)
-        collect()
+        gc.collect()
         if progress:
             progress(label)
     return out
@@ -283,7 +278,7 @@ def p6_errors(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
             rows.append({"case": label, "error": f"{type(exc).__name__}: " + " ".join(str(exc).split())})
         else:
             rows.append({"case": label, "error": "(no error: the check did not fire)"})
-        collect()
+        gc.collect()
     return rows
 
 

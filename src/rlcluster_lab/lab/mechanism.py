@@ -7,6 +7,7 @@ built through ``build_cluster`` recorded or holds; nothing here takes a decision
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster.contexts import context_rows
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.lab.experiments import collect, sharing_map_of
+from rlcluster_lab.lab.experiments import sharing_map_of
 from rlcluster_lab.lab.setup import LabDevices, layout_devices
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.placement.buffers import buffer_keys
@@ -78,7 +79,7 @@ def p3_branch_rows(
         )
         reports[f"{layout}, {engine}"] = report
         del cluster, rollout
-        collect()
+        gc.collect()
     return rows, reports
 
 
@@ -113,7 +114,7 @@ def operation_meshes(devices: Sequence[jax.Device]) -> dict[str, Any]:
         "sync_entries": len(entries) - before_sync,
     }
     del cluster
-    collect()
+    gc.collect()
     return result
 
 
@@ -157,5 +158,5 @@ def p10_guard(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
         answer = f"{type(exc).__name__}: {exc}"
     rows.append({"step": "the same call, anchor removed by hand", "result": answer})
     del cluster
-    collect()
+    gc.collect()
     return rows

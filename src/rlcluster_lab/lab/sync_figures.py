@@ -247,7 +247,7 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         (c.kind_fill(k, color), what)
         for k in kinds
         for term, color, what in PANELS[k]
-        if _used(phases, device, k, term)
+        if any(_terms(p, device, k).get(term) for p in phases)
     ]
     if any(_released(p, device) for p in phases):
         items.append((RELEASED_COLOR, "released: old arrays (or the old anchor) nothing holds any more"))
@@ -313,10 +313,6 @@ def _panel_level(p: Mapping[str, Any], device: str, kind: str) -> int:
     if kind == "device":
         level += int(p.get("temporaries", {}).get(device, 0))
     return level
-
-
-def _used(phases: Sequence[Mapping[str, Any]], device: str, kind: str, term: str) -> bool:
-    return any(_terms(p, device, kind).get(term) for p in phases)
 
 
 def _panel(

@@ -9,13 +9,14 @@ measured) and returns rows for ``experiments.format_table`` or points for
 from __future__ import annotations
 
 import dataclasses
+import gc
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.experiments import Devices, Tick, collect
+from rlcluster_lab.lab.experiments import Devices, Tick
 from rlcluster_lab.lab.setup import layout_devices
 from rlcluster_lab.lab.sync_figures import PANELS, phase_label
 from rlcluster_lab.planner.plan import plan_scenario
@@ -116,7 +117,7 @@ def chunk_sweep(
             }
         )
         del cluster, reports
-        collect()
+        gc.collect()
         if progress:
             progress(label)
     return points
