@@ -249,16 +249,13 @@ class Knobs:
             + "</small>"
         )
 
-    def fitting_counts(self) -> list[int]:
-        """How many picked devices some shape can hold the model on."""
-        return [n for n in range(1, len(self.devices) + 1) if shape_options(n, self.model_size.value)]
-
     def _no_shape_reason(self, picked: int) -> str:
         """Why the shape menu is empty, in the widgets' words."""
         if not picked:
             return f"No device picked: pick the {label('rollout_devices')} with the buttons above."
         dims = sharded_dims(MODEL_SIZES[self.model_size.value])
-        counts = [str(n) for n in self.fitting_counts()]
+        # How many picked devices some shape can hold the model on.
+        counts = [str(n) for n in range(1, len(self.devices) + 1) if shape_options(n, self.model_size.value)]
         either = ", ".join(counts[:-1]) + f" or {counts[-1]}" if len(counts) > 1 else counts[0]
         return (
             f"No {label('rollout_shape')} of {picked} devices fits the {self.model_size.value} model: a shape "

@@ -347,10 +347,6 @@ def p14_joined(report: Mapping[str, Any]) -> bool:
     )
 
 
-# The reason a role holds nothing but the actor's buffers, by what the trace recorded.
-P4_P14_JOINED = "P4 warned of a copy, P14 joined it"
-
-
 # Why a rollout P3 gave a second copy holds only the actor's buffers, measured (the memory view says it).
 SAME_LAYOUT_KEPT = (
     "P3 placed a second copy, but the rollout's mesh lays every leaf out on the same device as the actor's, "
@@ -370,7 +366,7 @@ def share_reason(report: Mapping[str, Any], role: str) -> str:
     if role == "reference" and _branch(report, "P4") == ReferenceBranch.ONE_BACKBONE:
         return "P4: one backbone"
     if role == "reference" and p14_joined(report):
-        return P4_P14_JOINED
+        return "P4 warned of a copy, P14 joined it"
     if role == "anchor" and report.get("offload_to_cpu"):
         return "P8 pins it where P14 keeps the actor"
     return ""
@@ -406,12 +402,6 @@ def warning_lines(report: Mapping[str, Any], short: bool = False) -> list[str]:
             )
         out.append(w)
     return out
-
-
-def map_text(report: Mapping[str, Any], role: str) -> str:
-    """The sharing map's entry for ``role``, as P1/P2 decided it."""
-    links = list(report.get("sharing_map", {}).get(role, []))
-    return "sharing map (P1, P2): linked to " + ", ".join(links) if links else "sharing map (P1, P2): no link"
 
 
 def measured_text(report: Mapping[str, Any], role: str) -> str:
@@ -460,9 +450,12 @@ def actor_share_text(report: Mapping[str, Any], role: str) -> str:
 
 
 def role_note(report: Mapping[str, Any], role: str) -> str:
-    """One line per role: the map's links, then what the role measurably shares, and why."""
+    """One line per role: the sharing map's links (as P1/P2 decided them), then what the role
+    measurably shares, and why."""
+    links = ", ".join(report.get("sharing_map", {}).get(role, []))
     measured = measured_text(report, role)
-    return f"{role}: {map_text(report, role)}" + (f"; {measured}" if measured else "")
+    said = f"linked to {links}" if links else "no link"
+    return f"{role}: sharing map (P1, P2): {said}" + (f"; {measured}" if measured else "")
 
 
 # Rows that are not construction decisions: P13 is the sync's (a sync after the previous

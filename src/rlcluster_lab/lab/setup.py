@@ -156,11 +156,6 @@ def layouts_held(devices: LabDevices | Sequence[Any]) -> list[str]:
     return reachable_layouts(list(devices))
 
 
-def in_colab() -> bool:
-    """True inside a Google Colab runtime."""
-    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
-
-
 def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[list[Any], bool, list[str]]:
     """Which devices to build layouts on: (devices, simulated, notes).
 
@@ -238,7 +233,7 @@ def setup(
     n_devices = check_device_count(n_devices, "n_devices")
     if use not in ("auto", "accelerator"):
         raise ValueError(f"use must be 'auto' or 'accelerator', got {use!r}")
-    colab = in_colab()
+    colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ  # a Google Colab runtime
     if not backend_started():
         # Always ask: beside an accelerator these are what a single chip needs for the other layouts.
         jax.config.update("jax_num_cpu_devices", n_devices)

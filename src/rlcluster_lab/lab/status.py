@@ -2,14 +2,11 @@
 and, while an action waits, what it waits for and for how long so far.
 
 A wait (a build, a sync, a training step, the background compile a step waits for) is shown
-the moment it begins, before anything blocks, and redrawn every ``TICK_SECONDS`` from a
-thread of its own with the seconds so far, the last comparable wait as an estimate, and the
-program being compiled at that moment (in any thread: ``core.waits``, whose registry every
-lab wait joins too) or else the programs compiled so far; so the line is never more than a
-quarter of a second stale. Every time the status says, while an action waits and after it,
-counts from the action's click on one clock (``StatusLine.begin``, ``elapsed``), and a program
-shown being built is named again in the details. The sentence keeps one height whatever it
-says (two lines; the whole text is its hover title and in the details), so nothing under it moves.
+the moment it begins, before anything blocks, and redrawn from a thread of its own
+(``StatusLine.waiting``), so the line is never more than a quarter of a second stale. Every
+time the status says counts from the action's click on one clock (``StatusLine.begin``). The
+sentence keeps one height whatever it says (two lines; the whole text is its hover title and
+in the details), so nothing under it moves.
 
 After each action the sentence says what happened and the one figure that matters, measured
 (``constructed``, ``synced``, ``stepped``, ``refused``), and the details what it cost: pure

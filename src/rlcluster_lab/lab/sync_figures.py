@@ -189,13 +189,6 @@ RELEASED_COLOR = "#7fb27f"
 LEFT = 104  # room for "pinned host" beside its panel
 
 
-def _peak(sync: Mapping[str, Any]) -> Mapping[str, Any]:
-    peak = sync.get("transient_peak", sync)
-    if not peak or "phases" not in peak:
-        raise ValueError("this sync report has no transient_peak (a sync of this lab version measures it)")
-    return peak
-
-
 def phase_label(p: Mapping[str, Any], chunks: int) -> str:
     """A sync phase as the figures name it: ``"chunk 2/3: reshard"`` where the sync ran in chunks."""
     if p["chunk"] is None:
@@ -213,7 +206,9 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
     anchor), the compiled programs' temporaries, and below the line what the sync released;
     the black tick is the net level, the dashed line the device's peak.
     """
-    peak = _peak(sync)
+    peak = sync.get("transient_peak", sync)
+    if not peak or "phases" not in peak:
+        raise ValueError("this sync report has no transient_peak (a sync of this lab version measures it)")
     phases = list(peak["phases"])
     chunks = int(peak.get("chunks", 1) or 1)
     by_device = peak.get("by_device", {})

@@ -59,11 +59,6 @@ STANDARD: tuple[tuple[str, bool], ...] = tuple(
 )
 
 
-def enabled() -> bool:
-    """False when ``RLCLUSTER_LAB_WARM`` turns the warm start off."""
-    return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
-
-
 def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
     """What the programs in the cache depend on: versions, devices, compile mode and the CPU
     compiler options it chooses (part of each program's cache key), the scenarios."""
@@ -175,7 +170,7 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
     folder it cannot write gets one warning, never an exception. ``command``: the process
     to start (tests pass a stub).
     """
-    if not enabled():
+    if os.environ.get(ENV, "on").strip().lower() in ("0", "off", "false", "no"):
         return ""
     if fcntl is None:
         return "warm start skipped: it needs flock (a POSIX system)"
