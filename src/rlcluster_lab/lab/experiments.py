@@ -78,8 +78,7 @@ def layout_rows(devices: Devices) -> list[dict[str, Any]]:
     """Each standard layout that can be built (on ``lab.setup.layout_devices`` of it): the actor's
     mesh and the rollout's, and the devices it is built on when layouts are built on different ones."""
     rows, wheres = [], {}
-    held = layouts_held(devices)
-    for layout in held:
+    for layout in layouts_held(devices):
         on = layout_devices(devices, layout)
         meshes = layout_meshes(layout, on)
         rows.append(

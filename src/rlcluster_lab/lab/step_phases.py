@@ -422,18 +422,15 @@ def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
 def memory_rows(step: StepPhases, when: str = "during") -> list[dict[str, Any]]:
     """Per phase: the entries in device memory and the bytes of each memory kind, each buffer
     counted once, from the walk ``when`` (phases with no work point: the walk after them)."""
-    rows = []
-    for p in step.phases:
-        memory = p.memory(when)
-        rows.append(
-            {
-                "phase": p.name + ("" if when == "after" or p.during is not None else " *"),
-                "on device": ", ".join(p.on_device(when)) or "(nothing)",
-                "device B": _unique(memory, "device"),
-                "pinned_host B": _unique(memory, "pinned_host"),
-            }
-        )
-    return rows
+    return [
+        {
+            "phase": p.name + ("" if when == "after" or p.during is not None else " *"),
+            "on device": ", ".join(p.on_device(when)) or "(nothing)",
+            "device B": _unique(p.memory(when), "device"),
+            "pinned_host B": _unique(p.memory(when), "pinned_host"),
+        }
+        for p in step.phases
+    ]
 
 
 def returned_rows(step: StepPhases) -> list[dict[str, Any]]:

@@ -193,7 +193,6 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
         return f"the compilation cache is being warmed already ({f'process {pid}' if pid else 'another process'})"
     argv = list(command) if command is not None else [sys.executable, "-m", "rlcluster_lab.lab.warm"]
     argv += ["--devices", str(devices), "--low-priority"] if command is None else []
-    env = cpu_only_env()  # never the accelerator this kernel holds
     try:
         log = _open(folder, LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
@@ -202,7 +201,7 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env=cpu_only_env(),  # never the accelerator this kernel holds
                 start_new_session=True,  # a kernel restart or Ctrl-C in the terminal does not stop it half-way
                 pass_fds=(lock,),  # the process holds the lock until it ends
             )
