@@ -210,9 +210,7 @@ def _none_buildable(count: int) -> str:
     )
 
 
-def setup(
-    n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto", warm: bool = True
-) -> LabDevices:
+def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto") -> LabDevices:
     """Set up the devices for the notebooks; returns what was found (and prints it unless ``quiet``).
 
     Args:
@@ -220,8 +218,6 @@ def setup(
         quiet: do not print the summary.
         use: ``"auto"``; ``"accelerator"`` builds on the accelerator even when
             it cannot form every layout (a single chip: colocated and reshaped only).
-        warm: start the warm start in the background (``lab.warm``) when the layouts run
-            on simulated CPU devices and this environment's cache is not warm yet.
 
     Returns:
         The devices found and the ones the layouts are built on.
@@ -258,7 +254,7 @@ def setup(
     else:
         devices, simulated, notes = choose_devices(accelerators, cpus)
     platform = devices[0].platform if devices else "cpu"
-    if warm and simulated and cache is not None:
+    if simulated and cache is not None:
         # A separate process: the cell never waits, and nothing it compiles holds this kernel's memory.
         notes = [*notes, *filter(None, [start_warm_up(len(cpus))])]
     result = LabDevices(

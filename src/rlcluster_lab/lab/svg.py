@@ -39,12 +39,11 @@ class Svg(str):
 class Canvas:
     """A minimal SVG writer: rectangles, text, lines and paths, with ids and hover titles."""
 
-    def __init__(self, width: float, height: float, title: str = "") -> None:
+    def __init__(self, width: float, height: float, title: str) -> None:
         self.width, self.height = width, height
         self._items: list[str] = []
         self._patterns: dict[str, str] = {}
-        if title:  # every figure's heading, at its top left
-            self.text(8, 20, title, size=14, weight="bold")
+        self.text(8, 20, title, size=14, weight="bold")  # every figure's heading, at its top left
 
     def hatch(self, color: str, tint: str) -> str:
         """A fill of thin diagonal lines in ``color`` over a light tint of ``tint``: what marks

@@ -87,11 +87,10 @@ def chunk_sweep(
     devices: Devices,
     scenario: Scenario,
     chunk_sizes: Sequence[int | None],
-    repeats: int = 5,
     progress: Tick | None = None,
 ) -> list[dict[str, Any]]:
     """One cluster per chunk size (``None``: one piece): its measured peak (busiest device),
-    the planner's, and the median handover time of ``repeats`` syncs after one that compiles."""
+    the planner's, and the median handover time of 5 syncs after one that compiles."""
     devices = layout_devices(devices, scenario.layout)
     topo = local_topology(devices)
     points = []
@@ -100,7 +99,7 @@ def chunk_sweep(
         planned = plan_scenario(sc, topo, sync_programs=True).sync["transient_peak"]
         cluster = build_cluster(sc, devices=devices)
         cluster.sync_weights()  # compiles the chunks' programs
-        reports = [cluster.sync_weights() for _ in range(repeats)]
+        reports = [cluster.sync_weights() for _ in range(5)]
         peak = reports[-1].peak
         assert peak is not None
         label = "one piece" if size is None else fmt_bytes(size)

@@ -50,7 +50,7 @@ RECORD = KEEP_PREFIX + ".json"
 LOCK = KEEP_PREFIX + ".lock"
 LOG = KEEP_PREFIX + ".log"
 
-# The widget's training step (PlacementLab's default step_config; a test holds them equal).
+# The widget's training step (``PlacementLab.step_config``).
 STEP_SIZES = {"steps": 1, "prompts_per_step": 2, "group_size": 4}
 
 # (layout, LoRA) of the tiny, vanilla clusters warmed: the lab's first clicks.
