@@ -373,11 +373,10 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     for label in runs:
         for lf in syncs[label].get("leaves", []):
             spec = spec_of(lf["dst_sharding"])
-            g = groups.setdefault(spec, {"leaves": {}, "logical": {}, "physical": {}, "mesh": {}})
+            g = groups.setdefault(spec, {"leaves": {}, "logical": {}, "physical": {}})
             g["leaves"][_short_name(lf["path"])] = None
             g["logical"][label] = g["logical"].get(label, 0) + int(lf["logical_bytes"])
             g["physical"][label] = g["physical"].get(label, 0) + int(lf["synced_bytes"])
-            g["mesh"][label] = mesh_of(lf["dst_sharding"])
     rows = []
     for spec, g in groups.items():
         logical = max(g["logical"].values())
