@@ -186,7 +186,6 @@ PANELS: dict[str, tuple[tuple[str, str, str], ...]] = {
     ),
 }
 RELEASED_COLOR = "#7fb27f"
-LEFT = 104  # room for "pinned host" beside its panel
 
 
 def phase_label(p: Mapping[str, Any], chunks: int) -> str:
@@ -216,7 +215,7 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         peak.get("max_device") or max(by_device, key=lambda d: max(by_device[d].values(), default=0), default="0")
     )
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
-    left, right = LEFT, 16
+    left, right = 104, 16  # room for "pinned host" beside its panel
     plot_w = WIDTH - left - right
     c = Canvas(WIDTH, 0, "Weight sync (P13): bytes alive on one device during the sync, above what was there before")
     source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
