@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from stored_reports import stored
 
 from rlcluster_lab.app.learner import StepRecord
-from rlcluster_lab.core.waits import Building
+from rlcluster_lab.core.waits import Building, program_words
 from rlcluster_lab.lab import display
 from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab import widget as widget_module
 from rlcluster_lab.lab.controls import CUSTOM
-from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, program_name, wait_text
+from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, wait_text
 from rlcluster_lab.lab.widget import PlacementLab
 from rlcluster_lab.model import MODEL_SIZES
 
@@ -136,8 +136,8 @@ def test_wait_text_names_what_it_waits_for_the_seconds_the_estimate_and_the_prog
         "a reshard between two layouts, a cast to the rollout's dtype, another program"
     )
     assert wait_text("Construct", 0.0) == "Construct: 0.0 s so far"
-    assert program_name("jit(grpo_train_step)") == "the actor's optimizer step"
-    assert program_name("jit(something_internal)") == "another program"
+    assert program_words("jit(grpo_train_step)") == "the actor's optimizer step"
+    assert program_words("jit(something_internal)") == "another program"
 
 
 def test_the_last_wait_of_a_kind_is_the_next_ones_estimate():

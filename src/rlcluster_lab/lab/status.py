@@ -34,9 +34,6 @@ STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the height the sentence keeps 
 _NAMES_SHOWN = 3  # program names a wait's line lists (the latest ones)
 
 
-program_name = program_words  # a compiled program, as a reader knows it (``core.waits.PROGRAM_WORDS``)
-
-
 def building_now() -> tuple[Building, ...]:
     """The programs being traced, lowered or compiled at this moment, in any thread."""
     status = WAITS.status()
@@ -51,17 +48,18 @@ def wait_text(
     building: Sequence[Building] = (),
 ) -> str:
     """One wait in words: what it waits for, the seconds so far, the last comparable wait, and
-    the program being built now, or else the latest programs compiled (``program_name``)."""
+    the program being built now, or else the latest programs compiled, as a reader knows them
+    (``core.waits.program_words``)."""
     text = f"{what}: {elapsed:.1f} s so far"
     if estimate is not None:
         text += f" (last time {estimate:.1f} s)"
     if building:
         b = building[-1]
-        text += f"; {b.phase} {program_name(b.name)} ({b.elapsed_s:.1f} s)"
+        text += f"; {b.phase} {program_words(b.name)} ({b.elapsed_s:.1f} s)"
         if programs:
             text += f", program {len(programs) + 1}"
     elif programs:
-        names = [program_name(p) for p in programs]
+        names = [program_words(p) for p in programs]
         more = len(names) - _NAMES_SHOWN
         text += f"; compiled {len(names)}" + (", latest: " if more > 0 else ": ") + ", ".join(names[-_NAMES_SHOWN:])
     return text
@@ -231,8 +229,8 @@ class StatusLine:
         def text(seconds: float) -> str:
             building = building_now()
             for b in building:
-                if program_name(b.name) not in self.building_shown:
-                    self.building_shown.append(program_name(b.name))
+                if program_words(b.name) not in self.building_shown:
+                    self.building_shown.append(program_words(b.name))
             return wait_text(wait.what, seconds, guess, programs(), building)
 
         ticker = Ticker(self._show, text, clock=self.clock, since=self.started)
@@ -345,9 +343,9 @@ def details(
     those its waits showed being built in another thread (``shown``: the background compile's),
     and any wait for the background compile."""
     redrawn = ", ".join(timings.get("redrawn", [])) or "nothing"
-    built = [program_name(name) for name, _, cached in compiled if not cached]
+    built = [program_words(name) for name, _, cached in compiled if not cached]
     loaded = sum(cached for _, _, cached in compiled)
-    others = [name for name in shown if name not in {program_name(n) for n, _, _ in compiled}]
+    others = [name for name in shown if name not in {program_words(n) for n, _, _ in compiled}]
     parts = [
         f"{timings.get('total', 0):.2f} s from the click: {timings.get('work', 0):.2f} s work, "
         f"{timings.get('report', 0):.2f} s report, {timings.get('draw', 0):.2f} s drawing (redrawn: {redrawn})",
