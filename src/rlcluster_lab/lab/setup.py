@@ -118,11 +118,9 @@ class LabDevices:
     def summary(self) -> str:
         acc = self.accelerator_devices
         where = "simulated CPU" if self.simulated else self.platform
-        lines = [
-            f"accelerator: {len(acc)} {self.accelerator} device(s) ({_kind(acc)})"
-            if self.accelerator
-            else "accelerator: none"
-        ]
+        kind = str(getattr(acc[0], "device_kind", acc[0].platform)) if acc else "none"
+        said = f"{len(acc)} {self.accelerator} device(s) ({kind})" if self.accelerator else "none"
+        lines = [f"accelerator: {said}"]
         if self.families:
             lines += [f"{', '.join(f.layouts)}: built on {f.where}" for f in self.families]
         else:
@@ -283,10 +281,6 @@ def _cpu_devices() -> list[Any]:
         return list(jax.devices("cpu"))
     except RuntimeError:
         return []
-
-
-def _kind(devices: Sequence[Any]) -> str:
-    return str(getattr(devices[0], "device_kind", devices[0].platform)) if devices else "none"
 
 
 def _enable_colab_widgets() -> None:
