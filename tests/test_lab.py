@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import jax  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import example, given  # noqa: E402
@@ -18,7 +19,22 @@ from hypothesis import strategies as st  # noqa: E402
 from rlcluster_lab.lab import widget as lab_module  # noqa: E402
 from rlcluster_lab.lab.controls import CUSTOM, shape_options  # noqa: E402
 from rlcluster_lab.lab.display import VIEWS  # noqa: E402
-from rlcluster_lab.lab.widget import PlacementLab, live_buffer_bytes  # noqa: E402
+from rlcluster_lab.lab.widget import PlacementLab  # noqa: E402
+
+
+def live_buffer_bytes() -> int:
+    """Bytes of every live JAX buffer in this process, each buffer counted once.
+
+    A reshard may reuse a buffer inside a new array object, so buffers are
+    keyed by (device, pointer) rather than summed per array.
+    """
+    seen: dict[tuple[int, int], int] = {}
+    for x in jax.live_arrays():
+        if x.is_deleted():
+            continue
+        for shard in x.addressable_shards:
+            seen[(shard.device.id, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
+    return sum(seen.values())
 
 
 def png(lab: PlacementLab, panel: str) -> str:

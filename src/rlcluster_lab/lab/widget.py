@@ -42,21 +42,6 @@ from rlcluster_lab.rl_cluster import RLCluster
 LEFT_WIDTH = KNOB_WIDTH + 20
 
 
-def live_buffer_bytes() -> int:
-    """Bytes of every live JAX buffer in this process, each buffer counted once.
-
-    A reshard may reuse a buffer inside a new array object, so buffers are
-    keyed by (device, pointer) rather than summed per array.
-    """
-    seen: dict[tuple[int, int], int] = {}
-    for x in jax.live_arrays():
-        if x.is_deleted():
-            continue
-        for shard in x.addressable_shards:
-            seen[(shard.device.id, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
-    return sum(seen.values())
-
-
 class PlacementLab:
     """Knobs, buttons and live panels for one cluster at a time.
 
