@@ -38,29 +38,6 @@ from rlcluster_lab.core.devices import (
 from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
 from rlcluster_lab.lab.warm import start_warm_up
 
-# The first code cell of every notebook. The lab cannot install itself, so in a kernel without
-# it (a fresh Colab runtime) the cell installs it from the source the user names (the lab has
-# no address of its own to assume).
-SETUP_CELL = """\
-# Shared set-up (the same first cell in every notebook). In a kernel without the lab
-# (a fresh Colab runtime), first run: %env RLCLUSTER_LAB_SOURCE=<git+https://... URL of
-# your copy of the lab, or the folder you uploaded>; this cell then installs it.
-try:
-    import rlcluster_lab as rl
-except ModuleNotFoundError:
-    import os
-
-    source = os.environ.get("RLCLUSTER_LAB_SOURCE")
-    if not source:
-        raise ModuleNotFoundError(
-            "rlcluster_lab is not installed in this kernel: set RLCLUSTER_LAB_SOURCE to the lab's "
-            "source (a git+https:// URL, or an uploaded folder) and run this cell again"
-        ) from None
-    spec = source if "://" in source else "file://" + os.path.abspath(source)
-    %pip install --quiet "rlcluster-lab[lab] @ {spec}"
-    import rlcluster_lab as rl
-lab = rl.setup()"""
-
 
 @dataclasses.dataclass(frozen=True)
 class LayoutFamily:
