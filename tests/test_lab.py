@@ -67,7 +67,7 @@ def test_knobs_become_the_scenario(lab: PlacementLab) -> None:
     lab.knobs.lora.value = True
     lab.knobs.lora_rank.value = 8
     lab.knobs.engine.value = "sglang_jax"
-    lab.knobs.static_lora.value = False
+    lab.knobs.sglang_static_lora.value = False
     lab.knobs.offload.value = True
     lab.knobs.rollout_dtype.value = "bfloat16"
     lab.knobs.model_size.value = "small"
@@ -227,7 +227,7 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     build(lab)
     lab.knobs.engine.value = "sglang_jax"
     lab.knobs.lora.value = True
-    lab.knobs.static_lora.value = False
+    lab.knobs.sglang_static_lora.value = False
     before = lab.cluster
     drawn = png(lab, "flow")
     lab.construct_button.click()
@@ -239,8 +239,8 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     # It names the checkbox to change (its label on screen), not RolloutConfig's fields, and outlines it.
     assert "What to change: the 'static-LoRA settings for sglang_jax (P6)' checkbox" in lab.error
     assert "RolloutConfig" not in lab.error and "rollout_sglang_jax" not in lab.error
-    assert lab.knobs.static_lora.description == "static-LoRA settings for sglang_jax (P6)"
-    assert "rl-at-fault" in lab.knobs.static_lora._dom_classes
+    assert lab.knobs.sglang_static_lora.description == "static-LoRA settings for sglang_jax (P6)"
+    assert "rl-at-fault" in lab.knobs.sglang_static_lora._dom_classes
     assert "rl-at-fault" not in lab.knobs.layout._dom_classes
     # Refused before anything was released: the previous cluster stays live and drawn.
     assert lab.cluster is before and lab.report is not None
@@ -248,7 +248,7 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     assert lab.status.text.startswith("Refused: see the note by the outlined knob.")
     assert not lab.sync_button.disabled and not lab.step_button.disabled
     assert png(lab, "flow") == drawn
-    lab.knobs.static_lora.value = True
+    lab.knobs.sglang_static_lora.value = True
     report = build(lab)
     assert report["engine"] == "sglang_jax"
     assert lab.notes.shown is None and note.layout.display == "none"

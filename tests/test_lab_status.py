@@ -179,7 +179,7 @@ def test_the_status_spans_the_labs_width_above_the_knobs_and_wraps_rather_than_b
 def test_a_refusal_sits_beside_its_knob_and_moves_nothing(lab):
     lab.knobs.engine.value = "sglang_jax"
     lab.knobs.lora.value = True
-    lab.knobs.static_lora.value = False
+    lab.knobs.sglang_static_lora.value = False
     left = lab.widget.children[1].children[0]
     before = [id(c) for c in left.children]
     lab.construct_button.click()  # refused by the checks, before any build
@@ -189,7 +189,7 @@ def test_a_refusal_sits_beside_its_knob_and_moves_nothing(lab):
     slot = next(
         w
         for w in _boxes(lab.widget)
-        if "rl-slot" in getattr(w, "_dom_classes", ()) and lab.knobs.static_lora in w.children
+        if "rl-slot" in getattr(w, "_dom_classes", ()) and lab.knobs.sglang_static_lora in w.children
     )
     assert note in slot.children and "rl-note" in note._dom_classes
     assert [id(c) for c in left.children] == before
@@ -464,7 +464,7 @@ def _refuse(lab: PlacementLab, cause: str, picked: int) -> None:
     else:
         lab.knobs.engine.value = "sglang_jax"
         lab.knobs.lora.value = True
-        lab.knobs.static_lora.value = False
+        lab.knobs.sglang_static_lora.value = False
     lab.construct_button.click()
     assert lab.notes.shown is not None and lab.status.text.startswith("Refused")
 

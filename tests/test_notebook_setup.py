@@ -61,7 +61,7 @@ def test_setup_in_a_fresh_process_sets_the_count_and_lists_reachable_layouts():
     code = (
         "import json, rlcluster_lab as rl\n"
         "a = rl.setup(4, quiet=True)\n"
-        "print(json.dumps({'n': a.device_count, 'reachable': a.reachable, 'summary': a.summary()}))\n"
+        "print(json.dumps({'n': len(a.devices), 'reachable': a.reachable, 'summary': a.summary()}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     data = json.loads(out.strip().splitlines()[-1])

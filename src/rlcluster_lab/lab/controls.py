@@ -106,7 +106,6 @@ class Knobs:
         layouts.append(("custom rollout mesh", CUSTOM))
         for knob in CONTROLS:
             setattr(self, knob.field, control(knob, layouts if knob.field == "layout" else None))
-        self.static_lora = self.sglang_static_lora  # the checkbox's short name
         self.device_toggles = [
             widgets.ToggleButton(value=True, description=str(d.id), tooltip=str(d), layout=widgets.Layout(width="44px"))
             for d in self.devices

@@ -71,10 +71,6 @@ class LabDevices:
     # Which layouts are built on which devices, each layout in one family; empty: all on ``devices``.
     families: tuple[LayoutFamily, ...] = ()
 
-    @property
-    def device_count(self) -> int:
-        return len(self.devices)
-
     def layout_families(self) -> tuple[LayoutFamily, ...]:
         """The families, or the one family of every reachable layout on ``devices``."""
         return self.families or (LayoutFamily(self.devices, self.reachable),)
