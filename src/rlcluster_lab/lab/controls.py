@@ -159,11 +159,11 @@ class Knobs:
         """Every knob that applies now, by field: its label and its setting as the widget shows it
         (a disabled knob is not read; the custom mesh's knobs count only with the custom layout)."""
         custom = self.layout.value == CUSTOM
-        out = {}
-        for field, widget in self.outlined().items():
-            if not getattr(widget, "disabled", False) and (custom or field not in ("rollout_shape", "rollout_devices")):
-                out[field] = self.shown(field)
-        return out
+        return {
+            field: self.shown(field)
+            for field, widget in self.outlined().items()
+            if not getattr(widget, "disabled", False) and (custom or field not in ("rollout_shape", "rollout_devices"))
+        }
 
     def shown(self, field: str) -> tuple[str, str]:
         """A knob's label and its setting as the widget shows it (the custom mesh's devices: the picked ones)."""

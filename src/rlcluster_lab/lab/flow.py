@@ -15,6 +15,8 @@ import html
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.core.trace import seen
 from rlcluster_lab.lab.style import ROLE_ORDER, in_order
@@ -272,14 +274,8 @@ def link_ends(links: list[FlowLink]) -> list[tuple[float, float]]:
 def mesh_coords(mesh: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
     """Device id -> its position in the mesh (row-major over the shape)."""
     dims = [int(v) for v in mesh.get("shape", {}).values()] or [1]
-    out: dict[int, tuple[int, ...]] = {}
-    for flat, dev in enumerate(mesh.get("device_ids", [])):
-        coord, rest = [], flat
-        for size in reversed(dims):
-            coord.append(rest % size)
-            rest //= size
-        out[int(dev)] = tuple(reversed(coord))
-    return out
+    ids = mesh.get("device_ids", [])
+    return {int(dev): tuple(int(i) for i in np.unravel_index(flat, dims)) for flat, dev in enumerate(ids)}
 
 
 def _option_labels() -> dict[str, str]:
