@@ -386,18 +386,11 @@ def p4_text(report: Mapping[str, Any]) -> str:
 def warning_lines(report: Mapping[str, Any], short: bool = False) -> list[str]:
     """The cluster's warnings as they stand now: P4's avoidable copy says whether P14 has since
     joined the two host copies (``p14_joined``). ``short``: each up to its first clause."""
-    out = []
-    for w in report.get("warnings", []):
-        if short:
-            w = w.split(" (")[0].split(";")[0]
-        if w.startswith("P4") and p14_joined(report):
-            w += (
-                ", since joined by P14"
-                if short
-                else "; P14 has since joined them: the reference holds only the actor's buffers now (measured)"
-            )
-        out.append(w)
-    return out
+    joined = "; P14 has since joined them: the reference holds only the actor's buffers now (measured)"
+    shown = [w.split(" (")[0].split(";")[0] if short else w for w in report.get("warnings", [])]
+    if not p14_joined(report):
+        return shown
+    return [w + (", since joined by P14" if short else joined) if w.startswith("P4") else w for w in shown]
 
 
 def measured_text(report: Mapping[str, Any], role: str) -> str:
