@@ -55,10 +55,8 @@ class RuleCode:
             lines = [f"# {self.heading}: no function of its own. {self.note}"]
         if self.decision is not None:
             lines += ["", f"# the decision it took: {self.decision.get('test')}"]
-            for key, value in (self.decision.get("values") or {}).items():
-                lines.append(f"#   read  {key} = {value!r}")
-            lines.append(f"#   branch  {self.decision.get('branch')!r}")
-            lines.append(f"#   outcome {self.decision.get('outcome')!r}")
+            lines += [f"#   read  {key} = {value!r}" for key, value in (self.decision.get("values") or {}).items()]
+            lines += [f"#   branch  {self.decision.get('branch')!r}", f"#   outcome {self.decision.get('outcome')!r}"]
         if self.reference is not None:
             lines += ["", self.reference.text()]
         return "\n".join(lines)
