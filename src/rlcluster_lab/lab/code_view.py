@@ -158,15 +158,11 @@ def _pattern(node: ast.expr) -> str:
 def _test_patterns(fn: Callable[..., object]) -> list[str]:
     """The tests a function can record: the second argument of each ``Decision(...)`` it builds."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    patterns = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Decision":
-            test = (
-                node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "test"), None)
-            )
-            if test is not None:
-                patterns.append(_pattern(test))
-    return patterns
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Decision"]
+    tests = [
+        c.args[1] if len(c.args) > 1 else next((k.value for k in c.keywords if k.arg == "test"), None) for c in calls
+    ]
+    return [_pattern(test) for test in tests if test is not None]
 
 
 def rule_function(rule: str, decision: Decision | Mapping[str, Any] | None = None) -> Callable[..., object]:
