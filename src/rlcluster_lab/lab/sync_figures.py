@@ -146,9 +146,8 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     tick = ("black", "tick: the least the placement allows to cross")
     relays = any(int(lf.get("relayed_cross_device_bytes", 0)) for lf in leaves)
     y = legend(c, 8, 42, [(color, what) for _, what, color in drawn[: 3 + relays]] + [tick])
-    for frac in (0.0, 0.5, 1.0):
+    for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
         x = left + bar_w * frac
-        anchor = {0.0: "start", 0.5: "middle", 1.0: "end"}[frac]
         c.text(x, y, fmt_bytes(widest * frac), size=MIN_FONT, anchor=anchor, fill=MUTED)
         c.line(x, y + 4, x, y + 8 + row_h * len(leaves), "#eeeeee")
     y += 8
