@@ -87,10 +87,11 @@ def test_without_an_accelerator_or_a_stored_run_one_cpu_device_is_measured_and_s
 
 def test_the_floor_is_a_real_copy_even_onto_the_same_device():
     # Onto an identical sharding a plain device_put hands back the same buffers: no floor at all.
+    # The floor's (measure.sync.sync_floor, where the sync made new buffers) copies.
     leaves = [jax.numpy.arange(n, dtype=jax.numpy.float32) + 1 for n in (3, 1024, 5000)]
     shardings = [x.sharding for x in leaves]
     pointers = {x.unsafe_buffer_pointer() for x in leaves}
     assert pointers == {y.unsafe_buffer_pointer() for y in jax.device_put(leaves, shardings)}
-    copied = chip.floor_copy(leaves, shardings)
+    copied = jax.device_put(leaves, shardings, may_alias=False)
     assert not pointers & {y.unsafe_buffer_pointer() for y in copied}
     assert all((x == y).all() and y.sharding == x.sharding for x, y in zip(leaves, copied))

@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import jax  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import example, given  # noqa: E402
@@ -18,7 +19,22 @@ from hypothesis import strategies as st  # noqa: E402
 from rlcluster_lab.lab import widget as lab_module  # noqa: E402
 from rlcluster_lab.lab.controls import CUSTOM, shape_options  # noqa: E402
 from rlcluster_lab.lab.display import VIEWS  # noqa: E402
-from rlcluster_lab.lab.widget import PlacementLab, live_buffer_bytes  # noqa: E402
+from rlcluster_lab.lab.widget import PlacementLab  # noqa: E402
+
+
+def live_buffer_bytes() -> int:
+    """Bytes of every live JAX buffer in this process, each buffer counted once.
+
+    A reshard may reuse a buffer inside a new array object, so buffers are
+    keyed by (device, pointer) rather than summed per array.
+    """
+    seen: dict[tuple[int, int], int] = {}
+    for x in jax.live_arrays():
+        if x.is_deleted():
+            continue
+        for shard in x.addressable_shards:
+            seen[(shard.device.id, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
+    return sum(seen.values())
 
 
 def png(lab: PlacementLab, panel: str) -> str:
@@ -51,7 +67,7 @@ def test_knobs_become_the_scenario(lab: PlacementLab) -> None:
     lab.knobs.lora.value = True
     lab.knobs.lora_rank.value = 8
     lab.knobs.engine.value = "sglang_jax"
-    lab.knobs.static_lora.value = False
+    lab.knobs.sglang_static_lora.value = False
     lab.knobs.offload.value = True
     lab.knobs.rollout_dtype.value = "bfloat16"
     lab.knobs.model_size.value = "small"
@@ -211,7 +227,7 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     build(lab)
     lab.knobs.engine.value = "sglang_jax"
     lab.knobs.lora.value = True
-    lab.knobs.static_lora.value = False
+    lab.knobs.sglang_static_lora.value = False
     before = lab.cluster
     drawn = png(lab, "flow")
     lab.construct_button.click()
@@ -223,8 +239,8 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     # It names the checkbox to change (its label on screen), not RolloutConfig's fields, and outlines it.
     assert "What to change: the 'static-LoRA settings for sglang_jax (P6)' checkbox" in lab.error
     assert "RolloutConfig" not in lab.error and "rollout_sglang_jax" not in lab.error
-    assert lab.knobs.static_lora.description == "static-LoRA settings for sglang_jax (P6)"
-    assert "rl-at-fault" in lab.knobs.static_lora._dom_classes
+    assert lab.knobs.sglang_static_lora.description == "static-LoRA settings for sglang_jax (P6)"
+    assert "rl-at-fault" in lab.knobs.sglang_static_lora._dom_classes
     assert "rl-at-fault" not in lab.knobs.layout._dom_classes
     # Refused before anything was released: the previous cluster stays live and drawn.
     assert lab.cluster is before and lab.report is not None
@@ -232,7 +248,7 @@ def test_P6_cluster_error_is_shown_and_the_lab_stays_usable(lab: PlacementLab) -
     assert lab.status.text.startswith("Refused: see the note by the outlined knob.")
     assert not lab.sync_button.disabled and not lab.step_button.disabled
     assert png(lab, "flow") == drawn
-    lab.knobs.static_lora.value = True
+    lab.knobs.sglang_static_lora.value = True
     report = build(lab)
     assert report["engine"] == "sglang_jax"
     assert lab.notes.shown is None and note.layout.display == "none"

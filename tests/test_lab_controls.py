@@ -51,14 +51,14 @@ def test_a_disabled_knob_is_not_used(knobs):
 def test_knobs_that_do_not_apply_are_disabled_with_the_reason(knobs):
     assert knobs.lora_rank.disabled and knobs.lora_separate_base.disabled and knobs.anchor.disabled
     assert "only with a LoRA actor" in knobs.lora_rank.tooltip
-    assert knobs.static_lora.disabled and "sglang_jax" in knobs.static_lora.tooltip
+    assert knobs.sglang_static_lora.disabled and "sglang_jax" in knobs.sglang_static_lora.tooltip
     knobs.lora.value = True
     assert not knobs.lora_rank.disabled and not knobs.anchor.disabled
-    assert knobs.static_lora.disabled  # still vanilla
+    assert knobs.sglang_static_lora.disabled  # still vanilla
     knobs.engine.value = "sglang_jax"
-    assert not knobs.static_lora.disabled and "not used now" not in knobs.static_lora.tooltip
+    assert not knobs.sglang_static_lora.disabled and "not used now" not in knobs.sglang_static_lora.tooltip
     knobs.lora.value = False
-    assert knobs.static_lora.disabled and knobs.lora_rank.disabled
+    assert knobs.sglang_static_lora.disabled and knobs.lora_rank.disabled
 
 
 # Pairs of stored reports (tests/data/reports): one construction, then the next.

@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from stored_reports import stored
 
 from rlcluster_lab.app.learner import StepRecord
-from rlcluster_lab.core.waits import Building
+from rlcluster_lab.core.waits import Building, program_words
 from rlcluster_lab.lab import display
 from rlcluster_lab.lab import status as sentences
 from rlcluster_lab.lab import widget as widget_module
 from rlcluster_lab.lab.controls import CUSTOM
-from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, program_name, wait_text
+from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, wait_text
 from rlcluster_lab.lab.widget import PlacementLab
 from rlcluster_lab.model import MODEL_SIZES
 
@@ -136,8 +136,8 @@ def test_wait_text_names_what_it_waits_for_the_seconds_the_estimate_and_the_prog
         "a reshard between two layouts, a cast to the rollout's dtype, another program"
     )
     assert wait_text("Construct", 0.0) == "Construct: 0.0 s so far"
-    assert program_name("jit(grpo_train_step)") == "the actor's optimizer step"
-    assert program_name("jit(something_internal)") == "another program"
+    assert program_words("jit(grpo_train_step)") == "the actor's optimizer step"
+    assert program_words("jit(something_internal)") == "another program"
 
 
 def test_the_last_wait_of_a_kind_is_the_next_ones_estimate():
@@ -179,7 +179,7 @@ def test_the_status_spans_the_labs_width_above_the_knobs_and_wraps_rather_than_b
 def test_a_refusal_sits_beside_its_knob_and_moves_nothing(lab):
     lab.knobs.engine.value = "sglang_jax"
     lab.knobs.lora.value = True
-    lab.knobs.static_lora.value = False
+    lab.knobs.sglang_static_lora.value = False
     left = lab.widget.children[1].children[0]
     before = [id(c) for c in left.children]
     lab.construct_button.click()  # refused by the checks, before any build
@@ -189,7 +189,7 @@ def test_a_refusal_sits_beside_its_knob_and_moves_nothing(lab):
     slot = next(
         w
         for w in _boxes(lab.widget)
-        if "rl-slot" in getattr(w, "_dom_classes", ()) and lab.knobs.static_lora in w.children
+        if "rl-slot" in getattr(w, "_dom_classes", ()) and lab.knobs.sglang_static_lora in w.children
     )
     assert note in slot.children and "rl-note" in note._dom_classes
     assert [id(c) for c in left.children] == before
@@ -464,7 +464,7 @@ def _refuse(lab: PlacementLab, cause: str, picked: int) -> None:
     else:
         lab.knobs.engine.value = "sglang_jax"
         lab.knobs.lora.value = True
-        lab.knobs.static_lora.value = False
+        lab.knobs.sglang_static_lora.value = False
     lab.construct_button.click()
     assert lab.notes.shown is not None and lab.status.text.startswith("Refused")
 

@@ -18,6 +18,29 @@ from rlcluster_lab.lab import setup as notebook
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
+# The first code cell of every notebook. The lab cannot install itself, so in a kernel without
+# it (a fresh Colab runtime) the cell installs it from the source the user names (the lab has
+# no address of its own to assume).
+SETUP_CELL = """\
+# Shared set-up (the same first cell in every notebook). In a kernel without the lab
+# (a fresh Colab runtime), first run: %env RLCLUSTER_LAB_SOURCE=<git+https://... URL of
+# your copy of the lab, or the folder you uploaded>; this cell then installs it.
+try:
+    import rlcluster_lab as rl
+except ModuleNotFoundError:
+    import os
+
+    source = os.environ.get("RLCLUSTER_LAB_SOURCE")
+    if not source:
+        raise ModuleNotFoundError(
+            "rlcluster_lab is not installed in this kernel: set RLCLUSTER_LAB_SOURCE to the lab's "
+            "source (a git+https:// URL, or an uploaded folder) and run this cell again"
+        ) from None
+    spec = source if "://" in source else "file://" + os.path.abspath(source)
+    %pip install --quiet "rlcluster-lab[lab] @ {spec}"
+    import rlcluster_lab as rl
+lab = rl.setup()"""
+
 
 def test_setup_uses_the_eight_simulated_cpu_devices_and_says_so(capsys):
     lab = rl.setup(8)
@@ -38,7 +61,7 @@ def test_setup_in_a_fresh_process_sets_the_count_and_lists_reachable_layouts():
     code = (
         "import json, rlcluster_lab as rl\n"
         "a = rl.setup(4, quiet=True)\n"
-        "print(json.dumps({'n': a.device_count, 'reachable': a.reachable, 'summary': a.summary()}))\n"
+        "print(json.dumps({'n': len(a.devices), 'reachable': a.reachable, 'summary': a.summary()}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     data = json.loads(out.strip().splitlines()[-1])
@@ -128,7 +151,7 @@ def test_progress_prints_outside_a_kernel(capsys):
 def test_every_notebook_starts_with_the_shared_setup_cell(path):
     nb = nbformat.read(path, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
-    assert first.source == notebook.SETUP_CELL
+    assert first.source == SETUP_CELL
 
 
 def test_setup_never_restarts_jax():

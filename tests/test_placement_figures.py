@@ -10,9 +10,8 @@ import pytest
 from legibility import svg_problems
 from stored_reports import PLACEMENTS, elements, is_hatched, stored, svg_text
 
-from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.flow import flow_rows
-from rlcluster_lab.lab.placement_figures import decision_flow, device_grid, sharing_map
+from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
 from rlcluster_lab.lab.style import HIGHLIGHT
 
 
@@ -202,23 +201,6 @@ def test_p3_p7_grid_says_why_a_linked_rollout_holds_a_copy_and_why_an_unlinked_o
     assert "left in place because they are the same on both meshes (replicated leaves), not a link in the map" in text
 
 
-# ------------------------------------------------------------------ sharing map (P1, P2)
-
-
-def test_p1_p2_sharing_map_separates_the_map_from_the_measured_buffers():
-    reshaped = stored("reshaped-lora")
-    els = elements(sharing_map(reshaped))
-    # One cell per fact, each its own element: "reference" and "actor" cannot run together.
-    assert els["map:reference:links"].text == "actor" and els["map:rollout:links"].text == "no link"
-    rollout_shared = sum(g["bytes"] for g in reshaped["memory"]["shared"] if {"actor", "rollout"} <= set(g["roles"]))
-    held = reshaped["memory"]["by_role"]["rollout"]["bytes"]
-    assert els["map:rollout:measured"].text == f"{fmt_bytes(rollout_shared)} of {fmt_bytes(held)}"
-    assert els["map:reference:measured"].text.startswith("all ")
-    assert "map:reward" not in els  # no reward model in this cluster
-    vllm = elements(sharing_map(stored("colocated-vllm-lora")))
-    assert vllm["map:rollout:links"].text == "actor, reference" and vllm["map:rollout:measured"].text == "none"
-
-
 # ------------------------------------------------------------------ legibility
 
 
@@ -227,7 +209,7 @@ def test_every_placement_figure_is_legible_at_the_width_it_is_shown(name):
     """Text at least 9 pt (12 px) on screen when a figure is shown at its own width, nothing past
     its edges, every label inside its box."""
     report = stored(name)
-    for draw in (decision_flow, device_grid, sharing_map):
+    for draw in (decision_flow, device_grid):
         assert svg_problems(draw(report)) == [], draw.__name__
     # Shown narrower than drawn, the same figure's text falls under 9 pt.
     assert "pt on screen" in " ".join(svg_problems(decision_flow(report), 600))

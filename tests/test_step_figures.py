@@ -67,8 +67,6 @@ def test_p14_phase_memory_draws_several_steps_on_one_scale():
 
 def test_phase_memory_refuses_bad_input_with_the_fix():
     data = stored(STEP)
-    with pytest.raises(ValueError, match="when must be"):
-        phase_memory(data, when="before")
     with pytest.raises(ValueError, match="no phase 'scoring'"):
         phase_memory(data, only=["scoring"])
 
@@ -91,6 +89,6 @@ def test_p11_gap_splits_first_and_later_optimizer_steps():
 def test_step_figures_are_legible_and_leave_no_pyplot_figure_open():
     plt.close("all")
     data = stored(STEP)
-    for fig in (phase_memory(data), phase_memory(data, when="after"), p11_gap(RESULT)):
+    for fig in (phase_memory(data), p11_gap(RESULT)):
         assert mpl_problems(fig) == []
     assert plt.get_fignums() == []

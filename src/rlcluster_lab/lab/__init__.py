@@ -15,23 +15,12 @@ from typing import TYPE_CHECKING
 from rlcluster_lab.core.exports import lazy_exports
 
 if TYPE_CHECKING:
-    from rlcluster_lab.lab.chip import ChipFigures, chip_figures
+    from rlcluster_lab.lab.chip import chip_figures
     from rlcluster_lab.lab.code_view import show_rule
-    from rlcluster_lab.lab.controls import CUSTOM, Knobs, shape_options
     from rlcluster_lab.lab.setup import LabDevices
-    from rlcluster_lab.lab.widget import PlacementLab, live_buffer_bytes
+    from rlcluster_lab.lab.widget import PlacementLab
 
-__all__ = [
-    "CUSTOM",
-    "ChipFigures",
-    "Knobs",
-    "LabDevices",
-    "PlacementLab",
-    "chip_figures",
-    "live_buffer_bytes",
-    "shape_options",
-    "show_rule",
-]
+__all__ = ["LabDevices", "PlacementLab", "chip_figures", "show_rule"]
 
 # Hidden from type checkers, so that they flag a name that is not imported above.
 if not TYPE_CHECKING:

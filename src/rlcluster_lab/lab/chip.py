@@ -16,8 +16,7 @@ import dataclasses
 import datetime
 import json
 import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +122,11 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
 
     from rlcluster_lab.app.scenario import Scenario, build_cluster
     from rlcluster_lab.core.devices import devices_words
+    from rlcluster_lab.measure.sync import median_seconds, sync_floor
     from rlcluster_lab.placement.place import put_on_memory_kind
-    from rlcluster_lab.placement.reshard import copy_arrays
 
     cluster = build_cluster(Scenario(layout="reshaped", engine="vllm", model_size=model_size), devices=[device])
     leaves = jax.tree.leaves(nnx.state(cluster.actor_model, nnx.Param))
-    shardings = [x.sharding for x in cluster.rollout.held_values((nnx.Param,))]
     size = sum(x.nbytes for x in leaves)
     rows = []
 
@@ -141,12 +139,18 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
     row(SYNC, statistics.median(s.seconds for s in syncs), syncs[-1].synced_bytes)
     # P13 re-pins the anchor in pinned host memory after the handover; the sync's own time leaves it out.
     row(ANCHOR, statistics.median(s.anchor_seconds for s in syncs), syncs[-1].anchor_bytes)
-    row(FLOOR, _median(lambda: floor_copy(leaves, shardings)), size)
-    copy = jax.jit(copy_arrays, out_shardings=shardings)  # what the sync's same-layout copy runs
-    row(PROGRAM, _median(lambda: copy(leaves)), size)
+    # The floors (measure.sync.sync_floor): new buffers in the rollout's shardings, as the sync made them.
+    floor = sync_floor(cluster, syncs[-1], REPEATS)
+    device_put, program = floor["device_put"], floor["compiled copy"]
+    assert device_put is not None and program is not None  # one device: one program takes both meshes
+    row(FLOOR, device_put, size)
+    row(PROGRAM, program, size)
     host = put_on_memory_kind(leaves, "pinned_host")
-    row("offload: device -> pinned host", _median(lambda: put_on_memory_kind(leaves, "pinned_host")), size)
-    row("back: pinned host -> device", _median(lambda: put_on_memory_kind(host, "device")), size)
+    for what, move in (
+        ("offload: device -> pinned host", lambda: put_on_memory_kind(leaves, "pinned_host")),
+        ("back: pinned host -> device", lambda: put_on_memory_kind(host, "device")),
+    ):
+        row(what, median_seconds(move, REPEATS), size)
     return ChipFigures(
         device=devices_words([device]),
         model_size=model_size,
@@ -155,29 +159,6 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
         live=True,
         rows=tuple(rows),
     )
-
-
-def floor_copy(leaves: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
-    """The floor for a sync's move: one batched ``jax.device_put`` of ``leaves`` onto ``shardings``,
-    as new buffers. Onto a sharding of the same device ``device_put`` would otherwise hand back the
-    very buffers it was given (a copy of nothing, timed at hundreds of GB/s); ``may_alias=False``
-    makes it copy, as the sync does into the rollout's own copy."""
-    import jax
-
-    return jax.device_put(list(leaves), list(shardings), may_alias=False)
-
-
-def _median(fn: Callable[[], Any]) -> float:
-    import jax
-
-    for _ in range(2):
-        jax.block_until_ready(fn())
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _rate(nbytes: int, seconds: float) -> float:

@@ -55,10 +55,8 @@ class RuleCode:
             lines = [f"# {self.heading}: no function of its own. {self.note}"]
         if self.decision is not None:
             lines += ["", f"# the decision it took: {self.decision.get('test')}"]
-            for key, value in (self.decision.get("values") or {}).items():
-                lines.append(f"#   read  {key} = {value!r}")
-            lines.append(f"#   branch  {self.decision.get('branch')!r}")
-            lines.append(f"#   outcome {self.decision.get('outcome')!r}")
+            lines += [f"#   read  {key} = {value!r}" for key, value in (self.decision.get("values") or {}).items()]
+            lines += [f"#   branch  {self.decision.get('branch')!r}", f"#   outcome {self.decision.get('outcome')!r}"]
         if self.reference is not None:
             lines += ["", self.reference.text()]
         return "\n".join(lines)
@@ -160,15 +158,11 @@ def _pattern(node: ast.expr) -> str:
 def _test_patterns(fn: Callable[..., object]) -> list[str]:
     """The tests a function can record: the second argument of each ``Decision(...)`` it builds."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    patterns = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Decision":
-            test = (
-                node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "test"), None)
-            )
-            if test is not None:
-                patterns.append(_pattern(test))
-    return patterns
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Decision"]
+    tests = [
+        c.args[1] if len(c.args) > 1 else next((k.value for k in c.keywords if k.arg == "test"), None) for c in calls
+    ]
+    return [_pattern(test) for test in tests if test is not None]
 
 
 def rule_function(rule: str, decision: Decision | Mapping[str, Any] | None = None) -> Callable[..., object]:

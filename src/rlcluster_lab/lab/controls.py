@@ -106,7 +106,6 @@ class Knobs:
         layouts.append(("custom rollout mesh", CUSTOM))
         for knob in CONTROLS:
             setattr(self, knob.field, control(knob, layouts if knob.field == "layout" else None))
-        self.static_lora = self.sglang_static_lora  # the checkbox's short name
         self.device_toggles = [
             widgets.ToggleButton(value=True, description=str(d.id), tooltip=str(d), layout=widgets.Layout(width="44px"))
             for d in self.devices
@@ -160,11 +159,11 @@ class Knobs:
         """Every knob that applies now, by field: its label and its setting as the widget shows it
         (a disabled knob is not read; the custom mesh's knobs count only with the custom layout)."""
         custom = self.layout.value == CUSTOM
-        out = {}
-        for field, widget in self.outlined().items():
-            if not getattr(widget, "disabled", False) and (custom or field not in ("rollout_shape", "rollout_devices")):
-                out[field] = self.shown(field)
-        return out
+        return {
+            field: self.shown(field)
+            for field, widget in self.outlined().items()
+            if not getattr(widget, "disabled", False) and (custom or field not in ("rollout_shape", "rollout_devices"))
+        }
 
     def shown(self, field: str) -> tuple[str, str]:
         """A knob's label and its setting as the widget shows it (the custom mesh's devices: the picked ones)."""
@@ -249,16 +248,13 @@ class Knobs:
             + "</small>"
         )
 
-    def fitting_counts(self) -> list[int]:
-        """How many picked devices some shape can hold the model on."""
-        return [n for n in range(1, len(self.devices) + 1) if shape_options(n, self.model_size.value)]
-
     def _no_shape_reason(self, picked: int) -> str:
         """Why the shape menu is empty, in the widgets' words."""
         if not picked:
             return f"No device picked: pick the {label('rollout_devices')} with the buttons above."
         dims = sharded_dims(MODEL_SIZES[self.model_size.value])
-        counts = [str(n) for n in self.fitting_counts()]
+        # How many picked devices some shape can hold the model on.
+        counts = [str(n) for n in range(1, len(self.devices) + 1) if shape_options(n, self.model_size.value)]
         either = ", ".join(counts[:-1]) + f" or {counts[-1]}" if len(counts) > 1 else counts[0]
         return (
             f"No {label('rollout_shape')} of {picked} devices fits the {self.model_size.value} model: a shape "

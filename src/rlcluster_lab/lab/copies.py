@@ -62,14 +62,12 @@ def sync_copies(tracked: Path, work: Path) -> list[str]:
                 shutil.copyfile(tracked / name, work / name)
         record.update(new)
     (work / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    said = []
-    if copied:
-        said.append(f"copied from {tracked}: {', '.join(copied)}")
-    if refreshed:
-        said.append(f"refreshed from {tracked} (changed there since copied): {', '.join(refreshed)}")
-    if kept:
-        said.append(f"changed in {tracked} and here too, so your copies are kept as: {', '.join(kept)}")
-    return said
+    said = (
+        (f"copied from {tracked}", copied),
+        (f"refreshed from {tracked} (changed there since copied)", refreshed),
+        (f"changed in {tracked} and here too, so your copies are kept as", kept),
+    )
+    return [f"{what}: {', '.join(names)}" for what, names in said if names]
 
 
 def _back_up(work: Path, stem: str, names: list[str]) -> list[str]:

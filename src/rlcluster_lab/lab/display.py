@@ -86,13 +86,10 @@ STYLE = """<style>
 </style>"""
 
 
-def svg_output(svg: str, alt: str) -> dict[str, Any]:
-    """One display-data output holding an SVG figure."""
-    return {"output_type": "display_data", "data": {"image/svg+xml": str(svg), "text/plain": alt}, "metadata": {}}
-
-
-def text_output(text: str) -> dict[str, Any]:
-    return {"output_type": "display_data", "data": {"text/plain": text}, "metadata": {}}
+def display_data(text: str, svg: str | None = None) -> dict[str, Any]:
+    """One display-data output: ``text``, or an SVG figure with ``text`` as its alt text."""
+    data = {"text/plain": text} if svg is None else {"image/svg+xml": str(svg), "text/plain": text}
+    return {"output_type": "display_data", "data": data, "metadata": {}}
 
 
 class Display:
@@ -201,18 +198,18 @@ class Display:
     @staticmethod
     def _render(name: str, draw: list[Callable[[], Any]] | str) -> tuple[dict[str, Any], ...]:
         if isinstance(draw, str):
-            return (text_output(draw),)
+            return (display_data(draw),)
         try:
-            return tuple(svg_output(fig(), TITLES[name]) for fig in draw)
+            return tuple(display_data(TITLES[name], fig()) for fig in draw)
         except Exception as exc:  # noqa: BLE001 - one broken figure must not take the lab down
-            return (text_output(f"could not draw this panel: {type(exc).__name__}: {exc}"),)
+            return (display_data(f"could not draw this panel: {type(exc).__name__}: {exc}"),)
 
     def clear(self, text: str) -> None:
         """Every panel shows ``text`` instead of a figure."""
         self._drawn = {}
         self.summary.value = self.changes.value = self.step_log.value = ""
         for out in self.outputs.values():
-            out.outputs = (text_output(text),)
+            out.outputs = (display_data(text),)
 
 
 def summary_html(report: dict[str, Any]) -> str:
@@ -369,11 +366,7 @@ def lab_picture(knobs: Knobs, display: Display, status: str) -> str:
     )
 
 
-def text_line(status: str) -> str:
-    """The bundle's plain-text form: what the lab is, and its status."""
-    return f"PlacementLab (an interactive widget: run the notebook to use it). {status}"
-
-
 def mimebundle(widget_bundle: dict[str, Any], knobs: Knobs, display: Display, status: str) -> dict[str, Any]:
-    """The widget's own bundle with the picture as its HTML and one line as its text."""
-    return {**widget_bundle, "text/html": lab_picture(knobs, display, status), "text/plain": text_line(status)}
+    """The widget's own bundle with the picture as its HTML and, as its text, what the lab is and its status."""
+    text = f"PlacementLab (an interactive widget: run the notebook to use it). {status}"
+    return {**widget_bundle, "text/html": lab_picture(knobs, display, status), "text/plain": text}

@@ -24,10 +24,10 @@ from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.core.config import ClusterConfig, ConfigError, RolloutConfig, TrainingConfig
 from rlcluster_lab.core.devices import devices_words
 from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
-from rlcluster_lab.core.options import LAYOUTS
 from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.lab.setup import LabDevices, layout_devices, layouts_held
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
+from rlcluster_lab.lab.style import on_where
 from rlcluster_lab.model import init_model
 from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.rules.sharing import sharing_map, sharing_map_json
@@ -37,17 +37,12 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def collect() -> None:
-    """Free the buffers of clusters a cell no longer holds, before building the next one."""
-    gc.collect()
-
-
 def each(cases: Iterable[tuple[str, T]], run: Callable[[T], R], progress: Tick | None = None) -> dict[str, R]:
-    """``run`` of each labelled case, the memory of one freed before the next (``collect``)."""
+    """``run`` of each labelled case, the memory of one freed before the next (``gc.collect``)."""
     out = {}
     for label, case in cases:
         out[label] = run(case)
-        collect()
+        gc.collect()
         if progress:
             progress(label)
     return out
@@ -83,8 +78,7 @@ def layout_rows(devices: Devices) -> list[dict[str, Any]]:
     """Each standard layout that can be built (on ``lab.setup.layout_devices`` of it): the actor's
     mesh and the rollout's, and the devices it is built on when layouts are built on different ones."""
     rows, wheres = [], {}
-    held = layouts_held(devices)
-    for layout in held:
+    for layout in layouts_held(devices):
         on = layout_devices(devices, layout)
         meshes = layout_meshes(layout, on)
         rows.append(
@@ -214,19 +208,17 @@ def memory_comparison(layout: str, devices: Devices, progress: Tick | None = Non
 
 def memory_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per scenario: P3's branch, P4's warning, and the physical bytes per entry."""
-    rows = []
-    for label, rep in reports.items():
-        mem = rep["memory"]
-        row = {
+    rows = [
+        {
             "scenario": label,
             "P3 rollout": rep["rollout_branch"],
             "P4 warning": any(w.startswith("P4") for w in rep["warnings"]),
+            **{e: rep["memory"]["by_role"].get(e, {}).get("bytes", 0) for e in ("actor", "rollout", "reference")},
+            "held once": rep["memory"]["unique_bytes"],
+            "summed per role": rep["memory"]["naive_bytes"],
         }
-        for entry in ("actor", "rollout", "reference"):
-            row[entry] = mem["by_role"].get(entry, {}).get("bytes", 0)
-        row["held once"] = mem["unique_bytes"]
-        row["summed per role"] = mem["naive_bytes"]
-        rows.append(row)
+        for label, rep in reports.items()
+    ]
     return where_column(rows, {label: rep["memory"] for label, rep in reports.items()})
 
 
@@ -238,14 +230,11 @@ def copy_growth_line(reports: Mapping[str, Mapping[str, Any]], shared: str, copi
     less = reports[shared]["memory"]["unique_bytes"]
     backbone = reports[shared]["memory"]["by_role"]["reference"]["bytes"]
     same = "exactly" if more - less == backbone else "not"
+    where = on_where(reports[copied]["memory"])
     return (
         f'"held once" grows by {more:,} - {less:,} = {more - less:,} bytes: {same} the reference\'s '
-        f"backbone ({backbone:,} bytes){_on(reports[copied]['memory'])}"
+        f"backbone ({backbone:,} bytes)" + ("," + where if where else "")
     )
-
-
-def _on(report: Mapping[str, Any]) -> str:
-    return f", on {report['where']}" if report.get("where") else ""
 
 
 # --------------------------------------------------------------------------- 03: P6 errors
@@ -288,21 +277,19 @@ def p6_errors(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
             rows.append({"case": label, "error": f"{type(exc).__name__}: " + " ".join(str(exc).split())})
         else:
             rows.append({"case": label, "error": "(no error: the check did not fire)"})
-        collect()
+        gc.collect()
     return rows
 
 
-def engine_rows(
-    devices: Sequence[jax.Device], layout: str = "colocated"
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """P3 and P7 for each built-in engine on one layout; also returns each engine's report.
+def engine_rows(devices: Sequence[jax.Device]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """P3 and P7 for each built-in engine on the colocated layout; also returns each engine's report.
 
     The map is built from the config's meshes before any engine exists, so a
     colocated run stays registered as sharing even when the engine keeps its
     own copy on a mesh of its own.
     """
     engines = ("vanilla", "sglang_jax", "vllm")
-    reports = reports_for({engine: Scenario(layout=layout, engine=engine) for engine in engines}, devices)
+    reports = reports_for({engine: Scenario(layout="colocated", engine=engine) for engine in engines}, devices)
     rows = [
         {
             "engine": engine,
@@ -322,36 +309,20 @@ def engine_rows(
 
 
 def p11_run(
-    devices: Sequence[jax.Device],
-    *,
-    steps: int = 6,
-    mini_batch_size: int = 8,
-    iterations: int = 2,
-    prompts_per_step: int = 4,
-    group_size: int = 4,
-    progress: Tick | None = None,
+    devices: Sequence[jax.Device], *, steps: int, mini_batch_size: int, iterations: int, progress: Tick | None = None
 ) -> dict[str, Any]:
-    """A short GRPO run whose every optimizer step records the P11 gaps; returns its JSON."""
+    """A short GRPO run (batch 16: 4 prompts x 4) whose every optimizer step records the P11 gaps; returns its JSON."""
     cluster = build_cluster(
         Scenario(layout="colocated", max_tokens=8),
         devices=devices,
         training_config=TrainingConfig(learning_rate=3e-3, mini_batch_size=mini_batch_size, num_iterations=iterations),
     )
-    learner = GRPOLearner(
-        cluster,
-        LearnerConfig(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size),
-        prompts=EVEN_PROMPTS,
-    )
-    result: LearnerResult = learner.run(
+    config = LearnerConfig(steps=steps, prompts_per_step=4, group_size=4)
+    result: LearnerResult = GRPOLearner(cluster, config, prompts=EVEN_PROMPTS).run(
         progress=(lambda s: progress(f"mean reward {s.mean_reward:.2f}")) if progress else None
     )
     out = result.to_json()
-    out["config"] = {
-        "batch_size": prompts_per_step * group_size,
-        "mini_batch_size": mini_batch_size,
-        "iterations": iterations,
-        "steps": steps,
-    }
+    out["config"] = {"batch_size": 16, "mini_batch_size": mini_batch_size, "iterations": iterations, "steps": steps}
     return out
 
 
@@ -370,15 +341,13 @@ def anchor_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]
 
 
 def p11_compare(
-    devices: Sequence[jax.Device],
-    settings: Sequence[tuple[int, int]] = ((16, 1), (8, 1), (8, 2)),
-    steps: int = 8,
-    progress: Tick | None = None,
+    devices: Sequence[jax.Device], steps: int = 8, progress: Tick | None = None
 ) -> dict[str, dict[str, Any]]:
     """One short run per (mini-batch size, iterations) setting, batch 16; label -> run JSON.
 
     ``progress`` is called once per GRPO step of every run.
     """
+    settings = ((16, 1), (8, 1), (8, 2))
     cases = [(f"mini-batch {mini}, {it} iteration{'s' if it > 1 else ''}", (mini, it)) for mini, it in settings]
     return each(
         cases, lambda s: p11_run(devices, steps=steps, mini_batch_size=s[0], iterations=s[1], progress=progress)
@@ -391,20 +360,19 @@ P11_TOLERANCE = 1e-4
 
 def p11_setting_rows(runs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per setting: optimizer steps per global step, and on how many of them live == anchor."""
-    rows = []
-    for label, run in runs.items():
-        recs = run["p11"]
-        steps = max(run["config"]["steps"], 1)
-        same = sum(r["live_vs_anchor"] <= P11_TOLERANCE for r in recs)
-        rows.append(
-            {
-                "setting": label,
-                "optimizer steps per global step": len(recs) // steps,
-                "live == anchor": f"{same} of {len(recs)}",
-                "anchor == sampler": f"{sum(r['anchor_vs_sampler'] <= P11_TOLERANCE for r in recs)} of {len(recs)}",
-            }
-        )
-    return rows
+
+    def agree(recs: Sequence[Mapping[str, Any]], key: str) -> str:
+        return f"{sum(r[key] <= P11_TOLERANCE for r in recs)} of {len(recs)}"
+
+    return [
+        {
+            "setting": label,
+            "optimizer steps per global step": len(run["p11"]) // max(run["config"]["steps"], 1),
+            "live == anchor": agree(run["p11"], "live_vs_anchor"),
+            "anchor == sampler": agree(run["p11"], "anchor_vs_sampler"),
+        }
+        for label, run in runs.items()
+    ]
 
 
 def p11_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -413,18 +381,16 @@ def p11_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     groups: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
     for rec in result["p11"]:
         groups.setdefault((rec["iteration"], rec["rows"][0]), []).append(rec)
-    rows = []
-    for (iteration, _start), recs in sorted(groups.items()):
-        rows.append(
-            {
-                "iteration": iteration,
-                "rows": f"{recs[0]['rows'][0]}-{recs[0]['rows'][1]}",
-                "optimizer steps before": recs[0]["steps_taken_before"],
-                "live == anchor": all(r["live_vs_anchor"] <= P11_TOLERANCE for r in recs),
-                "anchor == sampler": all(r["anchor_vs_sampler"] <= P11_TOLERANCE for r in recs),
-            }
-        )
-    return rows
+    return [
+        {
+            "iteration": iteration,
+            "rows": f"{recs[0]['rows'][0]}-{recs[0]['rows'][1]}",
+            "optimizer steps before": recs[0]["steps_taken_before"],
+            "live == anchor": all(r["live_vs_anchor"] <= P11_TOLERANCE for r in recs),
+            "anchor == sampler": all(r["anchor_vs_sampler"] <= P11_TOLERANCE for r in recs),
+        }
+        for (iteration, _start), recs in sorted(groups.items())
+    ]
 
 
 # --------------------------------------------------------------------------- 05: weight sync (P13, L3)
@@ -441,13 +407,7 @@ SYNC_COLUMNS = (
 )
 
 
-def sync_matrix(
-    devices: Devices,
-    layouts: Sequence[str] = LAYOUTS,
-    loras: Sequence[bool] = (False, True),
-    engine: str = "vanilla",
-    progress: Tick | None = None,
-) -> dict[str, dict[str, Any]]:
+def sync_matrix(devices: Devices, engine: str = "vanilla", progress: Tick | None = None) -> dict[str, dict[str, Any]]:
     """The measured sync (L3) of each layout, with a full and a LoRA actor.
 
     Each cluster syncs twice and the second sync is kept: the first one also
@@ -459,12 +419,10 @@ def sync_matrix(
         cluster.sync_weights()
         return cluster.sync_weights().to_json()
 
-    held = layouts_held(devices)
     cases = [
         (f"{layout}, {'LoRA' if lora else 'full'}", Scenario(layout=layout, lora=lora, engine=engine))
-        for layout in layouts
-        if layout in held
-        for lora in loras
+        for layout in layouts_held(devices)
+        for lora in (False, True)
     ]
     return each(cases, second_sync, progress)
 

@@ -15,6 +15,8 @@ import html
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.core.trace import seen
 from rlcluster_lab.lab.style import ROLE_ORDER, in_order
@@ -272,14 +274,8 @@ def link_ends(links: list[FlowLink]) -> list[tuple[float, float]]:
 def mesh_coords(mesh: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
     """Device id -> its position in the mesh (row-major over the shape)."""
     dims = [int(v) for v in mesh.get("shape", {}).values()] or [1]
-    out: dict[int, tuple[int, ...]] = {}
-    for flat, dev in enumerate(mesh.get("device_ids", [])):
-        coord, rest = [], flat
-        for size in reversed(dims):
-            coord.append(rest % size)
-            rest //= size
-        out[int(dev)] = tuple(reversed(coord))
-    return out
+    ids = mesh.get("device_ids", [])
+    return {int(dev): tuple(int(i) for i in np.unravel_index(flat, dims)) for flat, dev in enumerate(ids)}
 
 
 def _option_labels() -> dict[str, str]:
@@ -308,14 +304,10 @@ OPTION_LABELS: dict[str, str] = _option_labels()
 
 def shared_bytes(memory: Mapping[str, Any], role: str, other: str, dev: str | None = None) -> int:
     """Bytes ``role`` holds (on ``dev``, or on every device) that are buffers ``other`` holds too."""
-    total = 0
-    for group in memory.get("shared", []):
-        if role in group.get("roles", []) and other in group.get("roles", []):
-            if dev is None:
-                total += int(group.get("bytes", 0))
-            else:
-                total += sum(int(v) for v in (group.get("by_device") or {}).get(dev, {}).values())
-    return total
+    groups = [g for g in memory.get("shared", []) if {role, other} <= set(g.get("roles", []))]
+    if dev is None:
+        return sum(int(g.get("bytes", 0)) for g in groups)
+    return sum(int(v) for g in groups for v in (g.get("by_device") or {}).get(dev, {}).values())
 
 
 def _branch(report: Mapping[str, Any], rule: str, role: str | None = None) -> str | None:
@@ -351,10 +343,6 @@ def p14_joined(report: Mapping[str, Any]) -> bool:
     )
 
 
-# The reason a role holds nothing but the actor's buffers, by what the trace recorded.
-P4_P14_JOINED = "P4 warned of a copy, P14 joined it"
-
-
 # Why a rollout P3 gave a second copy holds only the actor's buffers, measured (the memory view says it).
 SAME_LAYOUT_KEPT = (
     "P3 placed a second copy, but the rollout's mesh lays every leaf out on the same device as the actor's, "
@@ -374,7 +362,7 @@ def share_reason(report: Mapping[str, Any], role: str) -> str:
     if role == "reference" and _branch(report, "P4") == ReferenceBranch.ONE_BACKBONE:
         return "P4: one backbone"
     if role == "reference" and p14_joined(report):
-        return P4_P14_JOINED
+        return "P4 warned of a copy, P14 joined it"
     if role == "anchor" and report.get("offload_to_cpu"):
         return "P8 pins it where P14 keeps the actor"
     return ""
@@ -398,24 +386,11 @@ def p4_text(report: Mapping[str, Any]) -> str:
 def warning_lines(report: Mapping[str, Any], short: bool = False) -> list[str]:
     """The cluster's warnings as they stand now: P4's avoidable copy says whether P14 has since
     joined the two host copies (``p14_joined``). ``short``: each up to its first clause."""
-    out = []
-    for w in report.get("warnings", []):
-        if short:
-            w = w.split(" (")[0].split(";")[0]
-        if w.startswith("P4") and p14_joined(report):
-            w += (
-                ", since joined by P14"
-                if short
-                else "; P14 has since joined them: the reference holds only the actor's buffers now (measured)"
-            )
-        out.append(w)
-    return out
-
-
-def map_text(report: Mapping[str, Any], role: str) -> str:
-    """The sharing map's entry for ``role``, as P1/P2 decided it."""
-    links = list(report.get("sharing_map", {}).get(role, []))
-    return "sharing map (P1, P2): linked to " + ", ".join(links) if links else "sharing map (P1, P2): no link"
+    joined = "; P14 has since joined them: the reference holds only the actor's buffers now (measured)"
+    shown = [w.split(" (")[0].split(";")[0] if short else w for w in report.get("warnings", [])]
+    if not p14_joined(report):
+        return shown
+    return [w + (", since joined by P14" if short else joined) if w.startswith("P4") else w for w in shown]
 
 
 def measured_text(report: Mapping[str, Any], role: str) -> str:
@@ -464,9 +439,12 @@ def actor_share_text(report: Mapping[str, Any], role: str) -> str:
 
 
 def role_note(report: Mapping[str, Any], role: str) -> str:
-    """One line per role: the map's links, then what the role measurably shares, and why."""
+    """One line per role: the sharing map's links (as P1/P2 decided them), then what the role
+    measurably shares, and why."""
+    links = ", ".join(report.get("sharing_map", {}).get(role, []))
     measured = measured_text(report, role)
-    return f"{role}: {map_text(report, role)}" + (f"; {measured}" if measured else "")
+    said = f"linked to {links}" if links else "no link"
+    return f"{role}: sharing map (P1, P2): {said}" + (f"; {measured}" if measured else "")
 
 
 # Rows that are not construction decisions: P13 is the sync's (a sync after the previous

@@ -7,6 +7,7 @@ built through ``build_cluster`` recorded or holds; nothing here takes a decision
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster.contexts import context_rows
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.lab.experiments import collect, sharing_map_of
+from rlcluster_lab.lab.experiments import sharing_map_of
 from rlcluster_lab.lab.setup import LabDevices, layout_devices
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.placement.buffers import buffer_keys
@@ -78,15 +79,15 @@ def p3_branch_rows(
         )
         reports[f"{layout}, {engine}"] = report
         del cluster, rollout
-        collect()
+        gc.collect()
     return rows, reports
 
 
 # --------------------------------------------------------------------------- 04: meshes entered, the P10 guard
 
 
-def operation_meshes(devices: Sequence[jax.Device], layout: str = "split") -> dict[str, Any]:
-    """One RL step on a layout whose actor and rollout meshes differ, then the cluster's own
+def operation_meshes(devices: Sequence[jax.Device]) -> dict[str, Any]:
+    """One RL step on the split layout, whose actor and rollout meshes differ, then the cluster's own
     record of the role contexts the step's operations entered (``contexts_entered``).
 
     Returns:
@@ -94,7 +95,7 @@ def operation_meshes(devices: Sequence[jax.Device], layout: str = "split") -> di
         ``construction``: the same for what construction entered; ``sync_entries``: how many
         entries ``sync_weights`` added.
     """
-    cluster = build_cluster(Scenario(layout=layout, max_tokens=8), devices=devices)
+    cluster = build_cluster(Scenario(layout="split", max_tokens=8), devices=devices)
     built = len(cluster.contexts_entered)
     prompts = list(EVEN_PROMPTS[:4])
     cluster.build_ahead(prompts)  # the step's later programs compile while it samples (on twins: no context here)
@@ -113,11 +114,11 @@ def operation_meshes(devices: Sequence[jax.Device], layout: str = "split") -> di
         "sync_entries": len(entries) - before_sync,
     }
     del cluster
-    collect()
+    gc.collect()
     return result
 
 
-def p10_guard(devices: Sequence[jax.Device], layout: str = "colocated") -> list[dict[str, str]]:
+def p10_guard(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
     """The anchor guard (P10), which no public call can reach.
 
     Construction pins the anchor (P8) before it returns, so on a constructed cluster the
@@ -130,7 +131,7 @@ def p10_guard(devices: Sequence[jax.Device], layout: str = "colocated") -> list[
     Returns:
         One row per step: what was done, and what the cluster answered.
     """
-    cluster = build_cluster(Scenario(layout=layout, max_tokens=8), devices=devices)
+    cluster = build_cluster(Scenario(layout="colocated", max_tokens=8), devices=devices)
     rows = [
         {
             "step": "just constructed",
@@ -157,5 +158,5 @@ def p10_guard(devices: Sequence[jax.Device], layout: str = "colocated") -> list[
         answer = f"{type(exc).__name__}: {exc}"
     rows.append({"step": "the same call, anchor removed by hand", "result": answer})
     del cluster
-    collect()
+    gc.collect()
     return rows

@@ -11,6 +11,7 @@ an ``id`` and their bytes (``data-bytes``): ``"seg:<device>:<kind>:<entry or a+b
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -237,12 +238,10 @@ def role_parts(memory: Mapping[str, Any], entry: str) -> tuple[dict[str, int], l
 
 def held_with(memory: Mapping[str, Any], entry: str) -> list[tuple[str, int]]:
     """Per other entry, the bytes of ``entry``'s buffers it holds too (the report's order)."""
-    out: dict[str, int] = {}
+    out: Counter[str] = Counter()
     for g in _groups(memory):
         if entry in g.get("roles", []):
-            for r in g["roles"]:
-                if r != entry:
-                    out[r] = out.get(r, 0) + int(g.get("bytes", 0))
+            out.update({r: int(g.get("bytes", 0)) for r in g["roles"] if r != entry})
     return [(r, out[r]) for r in in_order(list(out), ENTRY_ORDER)]
 
 

@@ -1,4 +1,4 @@
-"""Figures of a placement (L1, P1-P7): the decision flow, the device grid and the sharing map.
+"""Figures of a placement (L1, P1-P7): the decision flow and the device grid.
 
 Each function takes a placement report's JSON (``placement_report(...).to_json()``, or a
 stored one) and returns an ``Svg``: the markup as a string, which a notebook displays as a
@@ -26,11 +26,10 @@ hover (``<title>``).
 
 Elements that tests look up carry an ``id``: ``"P3:shared"`` for a decision's answer,
 ``"key:P3"`` for its rule, ``"link:P1:P3"`` for an arrow, ``"cell:rollout:5"`` for a device
-cell, ``"map:rollout:links"`` for a sharing-map cell. Bytes are physical bytes, as in the
-reports: every device shard counted. A buffer that several roles hold is drawn once, and
-hatched in its first holder's colour wherever else it appears ("= actor"). Each figure is
-``svg.WIDTH`` px wide and meant to be shown at that width, where its smallest text
-(``svg.MIN_FONT``, 12 px) is 9 pt.
+cell. Bytes are physical bytes, as in the reports: every device shard counted. A buffer that
+several roles hold is drawn once, and hatched in its first holder's colour wherever else it
+appears ("= actor"). Each figure is ``svg.WIDTH`` px wide and meant to be shown at that width,
+where its smallest text (``svg.MIN_FONT``, 12 px) is 9 pt.
 """
 
 from __future__ import annotations
@@ -42,13 +41,11 @@ from rlcluster_lab.app.report import devices_text
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.flow import (
     FlowRow,
-    actor_share_text,
     answer_label,
     flow_links,
     flow_rows,
     link_ends,
     link_lanes,
-    measured_text,
     mesh_coords,
     role_note,
     shared_bytes,
@@ -234,35 +231,4 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
             c.text(8 if k == 0 else 22, y, line, size=MIN_FONT, id=f"note:{role}" if k == 0 else None)
             y += 17
     c.height = y
-    return c.render()
-
-
-def sharing_map(report: Mapping[str, Any]) -> Svg:
-    """The sharing map (P1, P2) beside what each role measurably holds of the actor's buffers
-    (L2), one row per role in cells that cannot run together, and under each row why the two
-    differ where they do (an engine's own copy, P7; replicated shards the reshard left in place,
-    P5). The map says which roles *may* share a model; the measurement, which buffers they do."""
-    present_roles = set(report.get("role_to_mesh", {})) or set(report.get("sharing_map", {}))
-    roles = [r for r in in_order(list(report.get("sharing_map", {})), ROLE_ORDER) if r in present_roles]
-    cols = (8.0, 120.0, 380.0)  # role | linked in the map | holds of the actor's buffers
-    c = Canvas(WIDTH, 0, "Sharing map (P1, P2) and the actor's buffers each role holds (measured)")
-    y = 34
-    c.rect(4, y, WIDTH - 8, 22, "#f2f2f2")
-    for x, head in zip(cols, ("role", "linked in the map (P1, P2)", "holds of the actor's buffers (measured)")):
-        c.text(x, y + 16, head, size=MIN_FONT, weight="bold")
-    y += 22
-    for role in roles:
-        links = ", ".join(report["sharing_map"].get(role, [])) or "no link"
-        why = measured_text(report, role).removeprefix("measured: ")
-        lines = wrap(why, WIDTH - 40, MIN_FONT, lines=3) if why else []
-        h = 24 + 16 * len(lines)
-        c.line(4, y, WIDTH - 4, y, "#dddddd")
-        c.text(cols[0], y + 17, role, size=13, weight="bold", id=f"map:{role}")
-        c.text(cols[1], y + 17, clip(links, cols[2] - cols[1] - 12), size=MIN_FONT, id=f"map:{role}:links")
-        c.text(cols[2], y + 17, actor_share_text(report, role), size=MIN_FONT, id=f"map:{role}:measured")
-        for k, line in enumerate(lines):
-            c.text(cols[0] + 16, y + 35 + 16 * k, line, size=MIN_FONT, fill=MUTED)
-        y += h
-    c.line(4, y, WIDTH - 4, y, "#dddddd")
-    c.height = y + 8
     return c.render()

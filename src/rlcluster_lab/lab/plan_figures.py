@@ -28,7 +28,9 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
     entries = in_order(list(by_role), ENTRY_ORDER)
     by_device = memory.get("by_device", {})
     devices = device_order(list(by_device))
-    capacity = _capacity(plan)
+    # Bytes of device memory per device, where the plan gives it.
+    sections = (plan.get("fits") or {}, plan.get("topology", {}))
+    capacity = next((int(s["memory_per_device"]) for s in sections if s.get("memory_per_device")), None)
     fig = new_figure(MAX_WIDTH, max(3.4, 0.4 * len(entries) + 1.8))
     ax_role, ax_dev = fig.subplots(1, 2, width_ratios=[1, 1.3])
     left = [0] * len(entries)
@@ -81,11 +83,3 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
         fontsize=FONT,
     )
     return fig
-
-
-def _capacity(plan: Mapping[str, Any]) -> int | None:
-    """Bytes of device memory per device, where the plan gives it."""
-    for section in (plan.get("fits") or {}, plan.get("topology", {})):
-        if section.get("memory_per_device"):
-            return int(section["memory_per_device"])
-    return None

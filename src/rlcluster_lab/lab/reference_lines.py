@@ -173,16 +173,8 @@ def _resolve(tree: ast.Module, dotted: str) -> tuple[ast.AST, list[ast.stmt]]:
     for depth, name in enumerate(parts):
         node = next((n for n in body if isinstance(n, _DEFS) and n.name == name), None)
         if node is None and depth == 0:
-            alias = next(
-                (
-                    n
-                    for n in body
-                    if isinstance(n, ast.Assign)
-                    and isinstance(n.value, ast.Name)
-                    and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
-                ),
-                None,
-            )
+            assigns = [n for n in body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name)]
+            alias = next((n for n in assigns if any(isinstance(t, ast.Name) and t.id == name for t in n.targets)), None)
             if alias is not None:
                 aliases.append(alias)
                 target = alias.value.id  # type: ignore[attr-defined]

@@ -1,21 +1,17 @@
 """The set-up every notebook runs first (``setup()``): pick the devices the lab's layouts are built on.
 
-It turns on Colab's widget manager there; asks the CPU backend for ``n_devices`` simulated
-devices, which must happen before the JAX backend starts (JAX starts its CPU backend beside
-any accelerator, so they exist on a GPU or TPU machine too); builds on GPUs or TPUs that can
-form every standard layout, and otherwise (a single chip) builds the layouts that fit on it there
-(colocated, and reshaped: the same chip, another mesh) and the ones that need several devices
-(split) on the simulated CPU devices beside it (``families``, ``devices_for(layout)``). JAX is
-never restarted: the accelerator stays its default backend, and the cluster takes its platform
-(memory kinds, the transfer guard, default devices, allocator figures) from its own meshes.
-It turns on the persistent compilation cache and, with the layouts on simulated CPU devices,
-starts the warm start (``lab.warm``: one background process at the lowest CPU priority
-compiling the standard programs into that cache once per environment), without waiting for it.
+It asks the CPU backend for ``n_devices`` simulated devices before JAX starts (JAX starts its
+CPU backend beside any accelerator, so they exist on a GPU or TPU machine too); builds on GPUs
+or TPUs that can form every standard layout, and otherwise (a single chip) builds the layouts
+that fit on the chip there (colocated, reshaped) and the rest (split) on the simulated CPU
+devices beside it (``families``, ``devices_for(layout)``). JAX is never restarted: each cluster
+takes its platform (memory kinds, transfer guard, allocator figures) from its own meshes. It
+turns on the persistent compilation cache and, with the layouts on simulated CPU devices, starts
+the warm start (``lab.warm``) without waiting for it; in Colab, the widget manager.
 
-A notebook whose optional extra is missing calls ``needs_extra()`` in the cell after the set-up:
-one message says what to install, and the cells below show the outputs stored with the notebook
-instead of failing one by one; ``needs_processes()`` does the same where a multi-process run's
-workers cannot start (no sockets, no second process).
+``needs_extra()`` (a missing optional extra) and ``needs_processes()`` (a multi-process run's
+workers cannot start) say so once, and the cells below show the outputs stored with the notebook
+instead of failing one by one.
 """
 
 from __future__ import annotations
@@ -41,29 +37,6 @@ from rlcluster_lab.core.devices import (
 )
 from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
 from rlcluster_lab.lab.warm import start_warm_up
-
-# The first code cell of every notebook. The lab cannot install itself, so in a kernel without
-# it (a fresh Colab runtime) the cell installs it from the source the user names (the lab has
-# no address of its own to assume).
-SETUP_CELL = """\
-# Shared set-up (the same first cell in every notebook). In a kernel without the lab
-# (a fresh Colab runtime), first run: %env RLCLUSTER_LAB_SOURCE=<git+https://... URL of
-# your copy of the lab, or the folder you uploaded>; this cell then installs it.
-try:
-    import rlcluster_lab as rl
-except ModuleNotFoundError:
-    import os
-
-    source = os.environ.get("RLCLUSTER_LAB_SOURCE")
-    if not source:
-        raise ModuleNotFoundError(
-            "rlcluster_lab is not installed in this kernel: set RLCLUSTER_LAB_SOURCE to the lab's "
-            "source (a git+https:// URL, or an uploaded folder) and run this cell again"
-        ) from None
-    spec = source if "://" in source else "file://" + os.path.abspath(source)
-    %pip install --quiet "rlcluster-lab[lab] @ {spec}"
-    import rlcluster_lab as rl
-lab = rl.setup()"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +71,6 @@ class LabDevices:
     # Which layouts are built on which devices, each layout in one family; empty: all on ``devices``.
     families: tuple[LayoutFamily, ...] = ()
 
-    @property
-    def device_count(self) -> int:
-        return len(self.devices)
-
     def layout_families(self) -> tuple[LayoutFamily, ...]:
         """The families, or the one family of every reachable layout on ``devices``."""
         return self.families or (LayoutFamily(self.devices, self.reachable),)
@@ -122,11 +91,9 @@ class LabDevices:
     def summary(self) -> str:
         acc = self.accelerator_devices
         where = "simulated CPU" if self.simulated else self.platform
-        lines = [
-            f"accelerator: {len(acc)} {self.accelerator} device(s) ({_kind(acc)})"
-            if self.accelerator
-            else "accelerator: none"
-        ]
+        kind = str(getattr(acc[0], "device_kind", acc[0].platform)) if acc else "none"
+        said = f"{len(acc)} {self.accelerator} device(s) ({kind})" if self.accelerator else "none"
+        lines = [f"accelerator: {said}"]
         if self.families:
             lines += [f"{', '.join(f.layouts)}: built on {f.where}" for f in self.families]
         else:
@@ -158,11 +125,6 @@ def layouts_held(devices: LabDevices | Sequence[Any]) -> list[str]:
         held = {lay for family in devices.layout_families() for lay in family.layouts}
         return [lay for lay in LAYOUTS if lay in held]
     return reachable_layouts(list(devices))
-
-
-def in_colab() -> bool:
-    """True inside a Google Colab runtime."""
-    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
 def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[list[Any], bool, list[str]]:
@@ -219,9 +181,7 @@ def _none_buildable(count: int) -> str:
     )
 
 
-def setup(
-    n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto", warm: bool = True
-) -> LabDevices:
+def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto") -> LabDevices:
     """Set up the devices for the notebooks; returns what was found (and prints it unless ``quiet``).
 
     Args:
@@ -229,8 +189,6 @@ def setup(
         quiet: do not print the summary.
         use: ``"auto"``; ``"accelerator"`` builds on the accelerator even when
             it cannot form every layout (a single chip: colocated and reshaped only).
-        warm: start the warm start in the background (``lab.warm``) when the layouts run
-            on simulated CPU devices and this environment's cache is not warm yet.
 
     Returns:
         The devices found and the ones the layouts are built on.
@@ -242,7 +200,7 @@ def setup(
     n_devices = check_device_count(n_devices, "n_devices")
     if use not in ("auto", "accelerator"):
         raise ValueError(f"use must be 'auto' or 'accelerator', got {use!r}")
-    colab = in_colab()
+    colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ  # a Google Colab runtime
     if not backend_started():
         # Always ask: beside an accelerator these are what a single chip needs for the other layouts.
         jax.config.update("jax_num_cpu_devices", n_devices)
@@ -267,7 +225,7 @@ def setup(
     else:
         devices, simulated, notes = choose_devices(accelerators, cpus)
     platform = devices[0].platform if devices else "cpu"
-    if warm and simulated and cache is not None:
+    if simulated and cache is not None:
         # A separate process: the cell never waits, and nothing it compiles holds this kernel's memory.
         notes = [*notes, *filter(None, [start_warm_up(len(cpus))])]
     result = LabDevices(
@@ -296,10 +254,6 @@ def _cpu_devices() -> list[Any]:
         return list(jax.devices("cpu"))
     except RuntimeError:
         return []
-
-
-def _kind(devices: Sequence[Any]) -> str:
-    return str(getattr(devices[0], "device_kind", devices[0].platform)) if devices else "none"
 
 
 def _enable_colab_widgets() -> None:
@@ -411,13 +365,10 @@ def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
     """Whether this kernel has the optional ``extra`` the notebook's later cells need; without it,
     say so once and have those cells show the outputs stored with the notebook.
 
-    JupyterLab's Run All clears the outputs of every cell as it sends them to the kernel, so
-    a cell that stopped the run here would leave the stored results below it empty, and the
-    next save would write that. Instead, each code cell below this one whose source is the
-    stored one shows its stored outputs (a run with the extra) without running; a cell edited
-    since runs as written. Where the stored notebook cannot be read (a kernel that does not
-    see the file, as in Colab), raises ``ExtraMissingError``, which stops a run there and is
-    shown as its message alone.
+    JupyterLab's Run All clears the outputs of every cell as it sends them to the kernel, so a
+    cell that stopped the run here would leave the stored results below it empty, and the next
+    save would write that. Instead, each code cell below whose source is the stored one shows
+    its stored outputs (a run with the extra) without running; a cell edited since runs as written.
 
     Args:
         extra: the extra's name, as in ``pip install -e ".[extra]"``.
@@ -430,7 +381,8 @@ def needs_extra(extra: str, available: bool, hint: str, notebook: str) -> bool:
         ``available``. With the extra, any stored outputs shown before are switched off.
 
     Raises:
-        ExtraMissingError: the extra is missing and the stored notebook cannot be read.
+        ExtraMissingError: the extra is missing and the stored notebook cannot be read (a kernel
+            that does not see the file, as in Colab): it stops a run there, shown as its message alone.
     """
     return _show_stored_unless(
         available,
@@ -467,11 +419,8 @@ def _show_stored_unless(
     runs_here: bool, missing: str, stored_from: str, notebook: str, error: type[Exception], advice: str = ""
 ) -> bool:
     """``runs_here``, or else say ``missing`` once and have the code cells below this one show the
-    outputs stored with the notebook (a run ``stored_from``): ``needs_extra`` says how and why.
-
-    Raises:
-        error: when the stored notebook cannot be read, with ``missing`` and ``advice``.
-    """
+    outputs stored with the notebook (a run ``stored_from``), as ``needs_extra`` says; ``error``
+    (with ``missing`` and ``advice``) when the stored notebook cannot be read."""
     shell = _shell()
     for transform in _replay:
         if shell is not None and transform in shell.input_transformers_cleanup:

@@ -116,8 +116,7 @@ def _draw_layout(ax: Any, layout: ShardLayout, width_in: float) -> None:
     ax.set_xticks([0, cols], ["0", str(cols)], fontsize=MIN_FONT)
     ax.set_yticks([0, rows], ["0", str(rows)], fontsize=MIN_FONT) if len(layout.shape) == 2 else ax.set_yticks([])
     ax.tick_params(length=2, pad=1)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    ax.spines[:].set_visible(False)
     where = f"({layout.mesh}) {layout.spec}" if layout.mesh else layout.spec
     ax.set_title(f"{layout.label}\n{where}", fontsize=MIN_FONT, loc="left")
     sizes = sorted({s.nbytes for s in layout.shards})
@@ -204,8 +203,8 @@ def _device_legend(fig: Figure, devices: Sequence[int]) -> None:
     )
 
 
-def shard_layouts(layouts: Sequence[ShardLayout], title: str = "", columns: int = 2) -> Figure:
-    """One array's shards on several meshes, ``columns`` panels a row.
+def shard_layouts(layouts: Sequence[ShardLayout], title: str = "") -> Figure:
+    """One array's shards on several meshes, two panels a row.
 
     Each panel is the whole array, cut into the boxes its shards cover (read
     from the live array), coloured by the device holding each one, with the
@@ -213,7 +212,7 @@ def shard_layouts(layouts: Sequence[ShardLayout], title: str = "", columns: int 
     """
     if not layouts:
         raise ValueError("shard_layouts needs at least one layout (shards.shard_layout of a live array)")
-    columns = max(1, min(columns, len(layouts)))
+    columns = min(2, len(layouts))
     rows = -(-len(layouts) // columns)
     panel = min((MAX_WIDTH - 0.4) / columns - 0.5, 3.3)
     heights = [max(_aspect(lay) for lay in layouts[r * columns : (r + 1) * columns]) for r in range(rows)]
@@ -262,8 +261,7 @@ def _draw_grid(ax: Any, flows: SyncFlows, srcs: Sequence[int], dsts: Sequence[in
     ax.xaxis.tick_top()
     ax.xaxis.set_label_position("top")
     ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    ax.spines[:].set_visible(False)
     ax.set_xlabel("bytes to device (rollout shard); K = KiB", fontsize=MIN_FONT)
     ax.set_ylabel("from device (actor shard)", fontsize=MIN_FONT)
 
@@ -304,8 +302,7 @@ def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: flo
         title = f"what reached each destination device (moved counts {flows.relayed_bytes:,} B relayed, not kept)"
     ax.set_title(title, fontsize=MIN_FONT, loc="left")
     ax.legend(fontsize=MIN_FONT, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
 
 
 def _heading(flows: SyncFlows, head: str) -> str:

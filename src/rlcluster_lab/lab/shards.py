@@ -166,7 +166,6 @@ class SyncFlows:
     """
 
     label: str
-    leaves: tuple[str, ...]
     moved: Mapping[tuple[int, int], int]
     copied: Mapping[int, int]
     reused: Mapping[int, int]
@@ -229,7 +228,6 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
 
     return SyncFlows(
         label=label or (chosen[0]["path"] if len(chosen) == 1 else f"{len(chosen)} leaves"),
-        leaves=tuple(lf["path"] for lf in chosen),
         moved=dict(sorted(moved.items())),
         copied=dict(sorted(kept["copied"].items())),
         reused=dict(sorted(kept["reused"].items())),
@@ -375,11 +373,10 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     for label in runs:
         for lf in syncs[label].get("leaves", []):
             spec = spec_of(lf["dst_sharding"])
-            g = groups.setdefault(spec, {"leaves": {}, "logical": {}, "physical": {}, "mesh": {}})
+            g = groups.setdefault(spec, {"leaves": {}, "logical": {}, "physical": {}})
             g["leaves"][_short_name(lf["path"])] = None
             g["logical"][label] = g["logical"].get(label, 0) + int(lf["logical_bytes"])
             g["physical"][label] = g["physical"].get(label, 0) + int(lf["synced_bytes"])
-            g["mesh"][label] = mesh_of(lf["dst_sharding"])
     rows = []
     for spec, g in groups.items():
         logical = max(g["logical"].values())

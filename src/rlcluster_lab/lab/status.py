@@ -2,14 +2,11 @@
 and, while an action waits, what it waits for and for how long so far.
 
 A wait (a build, a sync, a training step, the background compile a step waits for) is shown
-the moment it begins, before anything blocks, and redrawn every ``TICK_SECONDS`` from a
-thread of its own with the seconds so far, the last comparable wait as an estimate, and the
-program being compiled at that moment (in any thread: ``core.waits``, whose registry every
-lab wait joins too) or else the programs compiled so far; so the line is never more than a
-quarter of a second stale. Every time the status says, while an action waits and after it,
-counts from the action's click on one clock (``StatusLine.begin``, ``elapsed``), and a program
-shown being built is named again in the details. The sentence keeps one height whatever it
-says (two lines; the whole text is its hover title and in the details), so nothing under it moves.
+the moment it begins, before anything blocks, and redrawn from a thread of its own
+(``StatusLine.waiting``), so the line is never more than a quarter of a second stale. Every
+time the status says counts from the action's click on one clock (``StatusLine.begin``). The
+sentence keeps one height whatever it says (two lines; the whole text is its hover title and
+in the details), so nothing under it moves.
 
 After each action the sentence says what happened and the one figure that matters, measured
 (``constructed``, ``synced``, ``stepped``, ``refused``), and the details what it cost: pure
@@ -30,13 +27,11 @@ import ipywidgets as widgets
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.core.waits import WAITS, Building, program_words
 from rlcluster_lab.lab.flow import rollout_text, warning_lines
+from rlcluster_lab.lab.style import on_where
 
 TICK_SECONDS = 0.25  # a wait's line is redrawn at least this often
 STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the height the sentence keeps at least
 _NAMES_SHOWN = 3  # program names a wait's line lists (the latest ones)
-
-
-program_name = program_words  # a compiled program, as a reader knows it (``core.waits.PROGRAM_WORDS``)
 
 
 def building_now() -> tuple[Building, ...]:
@@ -53,17 +48,18 @@ def wait_text(
     building: Sequence[Building] = (),
 ) -> str:
     """One wait in words: what it waits for, the seconds so far, the last comparable wait, and
-    the program being built now, or else the latest programs compiled (``program_name``)."""
+    the program being built now, or else the latest programs compiled, as a reader knows them
+    (``core.waits.program_words``)."""
     text = f"{what}: {elapsed:.1f} s so far"
     if estimate is not None:
         text += f" (last time {estimate:.1f} s)"
     if building:
         b = building[-1]
-        text += f"; {b.phase} {program_name(b.name)} ({b.elapsed_s:.1f} s)"
+        text += f"; {b.phase} {program_words(b.name)} ({b.elapsed_s:.1f} s)"
         if programs:
             text += f", program {len(programs) + 1}"
     elif programs:
-        names = [program_name(p) for p in programs]
+        names = [program_words(p) for p in programs]
         more = len(names) - _NAMES_SHOWN
         text += f"; compiled {len(names)}" + (", latest: " if more > 0 else ": ") + ", ".join(names[-_NAMES_SHOWN:])
     return text
@@ -233,8 +229,8 @@ class StatusLine:
         def text(seconds: float) -> str:
             building = building_now()
             for b in building:
-                if program_name(b.name) not in self.building_shown:
-                    self.building_shown.append(program_name(b.name))
+                if program_words(b.name) not in self.building_shown:
+                    self.building_shown.append(program_words(b.name))
             return wait_text(wait.what, seconds, guess, programs(), building)
 
         ticker = Ticker(self._show, text, clock=self.clock, since=self.started)
@@ -270,7 +266,7 @@ def constructed(report: Mapping[str, Any], seconds: float) -> str:
     warnings = warning_lines(report, short=True)
     return (
         f"Constructed in {seconds:.1f} s. Rollout: {rollout_text(report)}; "
-        f"{fmt_bytes(memory.get('unique_bytes', 0))} held{_on(memory)} (measured)"
+        f"{fmt_bytes(memory.get('unique_bytes', 0))} held{on_where(memory)} (measured)"
         + (f"; warning: {'; '.join(warnings)}" if warnings else "")
         + "."
     )
@@ -285,15 +281,10 @@ def synced(sync: Mapping[str, Any], seconds: float) -> str:
     return (
         f"Synced in {seconds:.2f} s, now at {STEP_COUNTER} {sync['global_step']}: "
         f"{fmt_bytes(sync['arrived_cross_device_bytes'])} of the {fmt_bytes(sync['synced_bytes'])} synced"
-        f"{_on(sync)} came from other devices"
+        f"{on_where(sync)} came from other devices"
         + (f", and {fmt_bytes(relayed)} more crossed devices without staying (relayed)" if relayed else "")
         + " (measured)."
     )
-
-
-def _on(report: Mapping[str, Any]) -> str:
-    """ " on TPU v5 lite chip 0": the devices a memory or sync report's figures come from, or ""."""
-    return f" on {report['where']}" if report.get("where") else ""
 
 
 def stepped(
@@ -352,9 +343,9 @@ def details(
     those its waits showed being built in another thread (``shown``: the background compile's),
     and any wait for the background compile."""
     redrawn = ", ".join(timings.get("redrawn", [])) or "nothing"
-    built = [program_name(name) for name, _, cached in compiled if not cached]
+    built = [program_words(name) for name, _, cached in compiled if not cached]
     loaded = sum(cached for _, _, cached in compiled)
-    others = [name for name in shown if name not in {program_name(n) for n, _, _ in compiled}]
+    others = [name for name in shown if name not in {program_words(n) for n, _, _ in compiled}]
     parts = [
         f"{timings.get('total', 0):.2f} s from the click: {timings.get('work', 0):.2f} s work, "
         f"{timings.get('report', 0):.2f} s report, {timings.get('draw', 0):.2f} s drawing (redrawn: {redrawn})",

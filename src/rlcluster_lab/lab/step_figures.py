@@ -49,47 +49,33 @@ def segments(memory: Mapping[str, Any], kind: str) -> list[tuple[str, tuple[str,
     ``"actor = rollout"``. The pieces add up to the kind's bytes counted once.
     """
     by_role = memory.get("by_role", {})
-    groups = memory.get("shared", [])
-    out: list[tuple[str, tuple[str, ...], int]] = []
-    for entry in in_order(list(by_role), ENTRY_ORDER):
-        own = int(by_role[entry].get("by_kind", {}).get(kind, 0))
-        for group in groups:
-            if entry in group["roles"]:
-                own -= sum(int(k.get(kind, 0)) for k in group.get("by_device", {}).values())
-        out.append((entry, (entry,), own))
-    for group in groups:
-        held = sum(int(k.get(kind, 0)) for k in group.get("by_device", {}).values())
-        out.append((" = ".join(group["roles"]), tuple(group["roles"]), held))
+    groups = [
+        (g["roles"], sum(int(k.get(kind, 0)) for k in g.get("by_device", {}).values()))
+        for g in memory.get("shared", [])
+    ]
+    out = [
+        (e, (e,), int(by_role[e].get("by_kind", {}).get(kind, 0)) - sum(held for roles, held in groups if e in roles))
+        for e in in_order(list(by_role), ENTRY_ORDER)
+    ]
+    out += [(" = ".join(roles), tuple(roles), held) for roles, held in groups]
     return [s for s in out if s[2] > 0]
 
 
-def _walk(phase: Mapping[str, Any], when: str) -> tuple[Mapping[str, Any], bool]:
-    """The phase's walk ``when``; falls back to the walk after it (second value True)."""
-    if when == "during" and phase.get("during") is not None:
-        return phase["during"], False
-    return phase["after"], when == "during"
-
-
 def phase_memory(
-    steps: Mapping[str, Mapping[str, Any]] | Mapping[str, Any],
-    *,
-    when: str = "during",
-    only: Sequence[str] | None = None,
+    steps: Mapping[str, Mapping[str, Any]] | Mapping[str, Any], *, only: Sequence[str] | None = None
 ) -> Figure:
-    """Per phase of an RL step, device and pinned host bytes stacked by role, each buffer once.
+    """Per phase of an RL step, device and pinned host bytes stacked by role, each buffer once,
+    from the walk at each operation's work point (phases without one, host code and the sync,
+    use the walk after them and are marked ``*``).
 
     Args:
         steps: one ``StepPhases.to_json()``, or ``{label: StepPhases.to_json()}`` to draw
             several steps (offload on and off) one above the other on one byte scale.
-        when: ``"during"`` (the walk at each operation's work point; phases without one,
-            host code and the sync, use the walk after them and are marked ``*``) or ``"after"``.
         only: the phases to draw (names as in the step), default all.
 
     Raises:
-        ValueError: ``when`` is neither, or ``only`` names a phase no step ran.
+        ValueError: ``only`` names a phase no step ran.
     """
-    if when not in ("during", "after"):
-        raise ValueError(f"when must be 'during' or 'after', got {when!r}")
     if "phases" in steps:
         runs = {f"step {steps.get('step', 0)}, offload {'on' if steps.get('offload') else 'off'}": steps}
     else:
@@ -112,8 +98,8 @@ def phase_memory(
     marked = False
     for ax, (label, phases) in zip(axes, picked.items()):
         for i, phase in enumerate(phases):
-            memory, fallback = _walk(phase, when)
-            marked |= fallback
+            memory = phase["after"] if phase.get("during") is None else phase["during"]
+            marked |= phase.get("during") is None
             for k, kind in enumerate(KINDS):
                 x, alpha = i - 0.2 + 0.4 * k, 1.0 if kind == "device" else HOST_ALPHA
                 bottom = 0
@@ -129,7 +115,7 @@ def phase_memory(
         ax.set_xticks(ticks, ["device", "pinned"] * len(phases), minor=True, fontsize=MIN_PT)
         names = []
         for phase in phases:
-            star = "*" if when == "during" and phase.get("during") is None else ""
+            star = "*" if phase.get("during") is None else ""
             wrapped = phase["name"].replace(": ", ":\n")
             names.append(f"{wrapped}{star}\n{phase['seconds'] * 1e3:.0f} ms")
         ax.set_xticks(range(len(phases)), names, fontsize=MIN_PT)
@@ -147,7 +133,7 @@ def phase_memory(
     handles = [legend[n] for n in in_order(list(legend), ENTRY_ORDER)]
     handles.append(Patch(facecolor=ROLE_COLORS["actor"], alpha=HOST_ALPHA, label="pale colour: pinned host memory"))
     axes[0].legend(handles=handles, fontsize=MIN_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    note = "memory inside each operation, at its work point" if when == "during" else "memory after each phase"
+    note = "memory inside each operation, at its work point"
     if marked:
         note += "; * no work point (host code, the sync): the walk after it"
     fig.suptitle(f"{note}\neach buffer drawn once; bytes and times measured", fontsize=MIN_PT, x=0.01, ha="left")

@@ -2,17 +2,15 @@
 with its memory measured on the live buffers.
 
 The step measured is the learner's own (``GRPOLearner.step``): nothing here calls a model or
-re-orders the operations. Each cluster operation the step calls is wrapped while it runs,
-and its ``Phase`` records the wall time, the part of it JAX spent tracing and XLA compiling
-on the calling thread (JAX's own monitoring events, which time only top-level traces, so a
-first step's compiling and a later step's running can be told apart), apart from it the
-tracing and compiling other threads did meanwhile (a first step builds its later programs
-on more threads, ``RLCluster.build_ahead``: work beside the call, not part of its time),
-a memory walk (L2) at the operation's work
-point (``cluster.observe.at_work``: the role's model on device if it ever is, P14, and the
-working states the cluster does not hold, such as the anchor's device copy, P10), a walk
-after it, and what it returned. Bytes are physical, per entry and memory kind, as in
-``measure.memory``.
+re-orders the operations. Each cluster operation the step calls is wrapped while it runs, and
+its ``Phase`` records the wall time, the part of it JAX spent tracing and XLA compiling on the
+calling thread (JAX's own monitoring events, which time only top-level traces, so a first
+step's compiling and a later step's running can be told apart), apart from it the tracing and
+compiling other threads did meanwhile (a first step builds its later programs on more threads,
+``RLCluster.build_ahead``), a memory walk (L2) at the operation's work point
+(``cluster.observe.at_work``: the role's model on device if it ever is, P14, and working states
+the cluster does not hold, such as the anchor's device copy, P10), a walk after it, and what it
+returned. Bytes are physical, per entry and memory kind, as in ``measure.memory``.
 """
 
 from __future__ import annotations
@@ -178,15 +176,15 @@ def output_rows(value: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def decoded_sample(tokenizer: Any, out: Any, row: int = 0) -> dict[str, str]:
-    """Row ``row`` of a ``RolloutOutput`` decoded with the cluster's tokenizer, beside its ``text``.
+def decoded_sample(tokenizer: Any, out: Any) -> dict[str, str]:
+    """The first row of a ``RolloutOutput`` decoded with the cluster's tokenizer, beside its ``text``.
 
     Special ids (padding, BOS) are dropped and decoding stops at EOS, as the engine does.
     """
     return {
-        "prompt (decoded from left_padded_prompt_tokens)": repr(tokenizer.decode(out.left_padded_prompt_tokens[row])),
-        "completion (decoded from tokens)": repr(tokenizer.decode(out.tokens[row])),
-        "completion (text field)": repr(out.text[row]),
+        "prompt (decoded from left_padded_prompt_tokens)": repr(tokenizer.decode(out.left_padded_prompt_tokens[0])),
+        "completion (decoded from tokens)": repr(tokenizer.decode(out.tokens[0])),
+        "completion (text field)": repr(out.text[0]),
     }
 
 
@@ -424,18 +422,15 @@ def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
 def memory_rows(step: StepPhases, when: str = "during") -> list[dict[str, Any]]:
     """Per phase: the entries in device memory and the bytes of each memory kind, each buffer
     counted once, from the walk ``when`` (phases with no work point: the walk after them)."""
-    rows = []
-    for p in step.phases:
-        memory = p.memory(when)
-        rows.append(
-            {
-                "phase": p.name + ("" if when == "after" or p.during is not None else " *"),
-                "on device": ", ".join(p.on_device(when)) or "(nothing)",
-                "device B": _unique(memory, "device"),
-                "pinned_host B": _unique(memory, "pinned_host"),
-            }
-        )
-    return rows
+    return [
+        {
+            "phase": p.name + ("" if when == "after" or p.during is not None else " *"),
+            "on device": ", ".join(p.on_device(when)) or "(nothing)",
+            "device B": _unique(p.memory(when), "device"),
+            "pinned_host B": _unique(p.memory(when), "pinned_host"),
+        }
+        for p in step.phases
+    ]
 
 
 def returned_rows(step: StepPhases) -> list[dict[str, Any]]:

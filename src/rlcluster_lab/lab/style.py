@@ -8,7 +8,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rlcluster_lab.core.limits import BINARY_UNITS
 from rlcluster_lab.core.roles import Role
@@ -64,17 +65,15 @@ def byte_ticks(top: float) -> list[tuple[float, str]]:
     unit = 1024**power
     scaled = top / unit
     decade = 10 ** math.floor(math.log10(scaled))
-    step = 10 * decade
-    for factor in (0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5):
-        if (power > 0 or factor * decade >= 1) and math.ceil(scaled / (factor * decade) - 1e-9) <= 4:
-            step = factor * decade
-            break
-    ticks = []
-    for k in range(math.ceil(scaled / step - 1e-9) + 1):
-        value = round(k * step, 6)
-        text = f"{value:g} {BINARY_UNITS[power]}" if value else "0"
-        ticks.append((value * unit, text))
-    return ticks
+    steps = [f * decade for f in (0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5) if power > 0 or f * decade >= 1]
+    step = next((s for s in steps if math.ceil(scaled / s - 1e-9) <= 4), 10 * decade)
+    values = [round(k * step, 6) for k in range(math.ceil(scaled / step - 1e-9) + 1)]
+    return [(value * unit, f"{value:g} {BINARY_UNITS[power]}" if value else "0") for value in values]
+
+
+def on_where(report: Mapping[str, Any]) -> str:
+    """ " on TPU v5 lite chip 0": the devices a memory or sync report's figures come from, or ""."""
+    return f" on {report['where']}" if report.get("where") else ""
 
 
 def in_order(keys: Sequence[str], order: Sequence[str]) -> list[str]:

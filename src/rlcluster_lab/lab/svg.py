@@ -39,18 +39,16 @@ class Svg(str):
 class Canvas:
     """A minimal SVG writer: rectangles, text, lines and paths, with ids and hover titles."""
 
-    def __init__(self, width: float, height: float, title: str = "") -> None:
+    def __init__(self, width: float, height: float, title: str) -> None:
         self.width, self.height = width, height
         self._items: list[str] = []
         self._patterns: dict[str, str] = {}
-        if title:  # every figure's heading, at its top left
-            self.text(8, 20, title, size=14, weight="bold")
+        self.text(8, 20, title, size=14, weight="bold")  # every figure's heading, at its top left
 
-    def hatch(self, color: str, background: str | None = None) -> str:
-        """A fill of thin diagonal lines in ``color`` over a light tint of ``background``
-        (default: ``color``): what marks another role's buffers. Light enough for dark text."""
-        tint = background or color
-        pid = "hatch-" + color.lstrip("#") + ("-" + tint.lstrip("#") if background else "")
+    def hatch(self, color: str, tint: str) -> str:
+        """A fill of thin diagonal lines in ``color`` over a light tint of ``tint``: what marks
+        another role's buffers. Light enough for dark text."""
+        pid = f"hatch-{color.lstrip('#')}-{tint.lstrip('#')}"
         self._patterns[pid] = (
             f'<pattern id="{pid}" width="7" height="7" patternUnits="userSpaceOnUse" '
             f'patternTransform="rotate(45)"><rect width="7" height="7" fill="{tint}" fill-opacity="0.22"/>'

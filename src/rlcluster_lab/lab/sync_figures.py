@@ -16,18 +16,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.style import RELAYED, ROLE_COLORS, SYNC_PARTS, clip, text_width, wrap
+from rlcluster_lab.lab.style import RELAYED, ROLE_COLORS, SYNC_PARTS, clip, on_where, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
 from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.placement import phases as ph
 
 # The synced bytes' parts (synced = arrived + copied + reused) in SYNC_PARTS' colours.
 SYNC_COLORS = {"arrived": SYNC_PARTS[0][2], "copied": SYNC_PARTS[1][2], "reused": SYNC_PARTS[2][2], "relayed": RELAYED}
-
-
-def _on(sync: Mapping[str, Any]) -> str:
-    """ " on 8 simulated CPU devices": where the sync ran (its report's ``where``), or ""."""
-    return f" on {sync['where']}" if sync.get("where") else ""
 
 
 def _runs(sync: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -65,13 +60,9 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         relayed = int(s.get("relayed_cross_device_bytes", 0))
         kept = int(s["arrived_cross_device_bytes"])  # synced = arrived + copied + reused (L3)
         minimum = int(s.get("minimum_cross_device_bytes", 0))
-        parts = [
-            ("arrived", SYNC_PARTS[0][1], kept),
-            ("copied", "copied within a device", int(s.get("copied_same_device_bytes", 0))),
-            ("reused", "reused (no copy)", int(s.get("reused_bytes", 0))),
-        ]
+        parts = [(key.split("_")[0], what, int(s.get(key, 0))) for key, what, _ in SYNC_PARTS]
         head = (
-            f"{label}{_on(s)}: {fmt_bytes(synced)} synced (physical: every device's shard), "
+            f"{label}{on_where(s)}: {fmt_bytes(synced)} synced (physical: every device's shard), "
             f"{fmt_bytes(logical)} logical (each leaf once)"
         )
         for k, line in enumerate(wrap(head, WIDTH - 16, 13, lines=2, bold=True)):
@@ -151,13 +142,12 @@ def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     widest = max([sum(int(lf.get(key, 0)) for key, _, _ in drawn) for lf in leaves] + [1])
     scale = bar_w / widest
     shown = f"{len(leaves)} of {len(sync.get('leaves', []))} leaves" if top is not None else f"{len(leaves)} leaves"
-    c = Canvas(WIDTH, 0, f"Weight sync per leaf{_on(sync)} ({shown}), physical bytes")
+    c = Canvas(WIDTH, 0, f"Weight sync per leaf{on_where(sync)} ({shown}), physical bytes")
     tick = ("black", "tick: the least the placement allows to cross")
     relays = any(int(lf.get("relayed_cross_device_bytes", 0)) for lf in leaves)
     y = legend(c, 8, 42, [(color, what) for _, what, color in drawn[: 3 + relays]] + [tick])
-    for frac in (0.0, 0.5, 1.0):
+    for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
         x = left + bar_w * frac
-        anchor = {0.0: "start", 0.5: "middle", 1.0: "end"}[frac]
         c.text(x, y, fmt_bytes(widest * frac), size=MIN_FONT, anchor=anchor, fill=MUTED)
         c.line(x, y + 4, x, y + 8 + row_h * len(leaves), "#eeeeee")
     y += 8
@@ -195,14 +185,6 @@ PANELS: dict[str, tuple[tuple[str, str, str], ...]] = {
     ),
 }
 RELEASED_COLOR = "#7fb27f"
-LEFT = 104  # room for "pinned host" beside its panel
-
-
-def _peak(sync: Mapping[str, Any]) -> Mapping[str, Any]:
-    peak = sync.get("transient_peak", sync)
-    if not peak or "phases" not in peak:
-        raise ValueError("this sync report has no transient_peak (a sync of this lab version measures it)")
-    return peak
 
 
 def phase_label(p: Mapping[str, Any], chunks: int) -> str:
@@ -212,28 +194,27 @@ def phase_label(p: Mapping[str, Any], chunks: int) -> str:
     return p["name"] if chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
 
 
-def sync_peak(sync: Mapping[str, Any], device: str | None = None) -> Svg:
+def sync_peak(sync: Mapping[str, Any]) -> Svg:
     """What a sync holds on one device above what was there before, phase by phase (L3).
 
-    ``sync``: a sync report's JSON (or its ``transient_peak``), measured or planned.
-    ``device``: the device to draw (default: the one with the highest device-memory peak,
-    else the highest peak of any kind). One panel per memory kind the sync touches there:
-    per phase, the new arrays stacked by what they are (whose they are: the actor's staged
-    leaves, the rollout's new arrays, the anchor), the compiled programs' temporaries, and
-    below the line what the sync released; the black tick is the net level, the dashed line
-    the device's peak.
+    ``sync``: a sync report's JSON (or its ``transient_peak``), measured or planned. The device
+    drawn is the one with the highest device-memory peak, else the highest peak of any kind.
+    One panel per memory kind the sync touches there: per phase, the new arrays stacked by
+    what they are (whose they are: the actor's staged leaves, the rollout's new arrays, the
+    anchor), the compiled programs' temporaries, and below the line what the sync released;
+    the black tick is the net level, the dashed line the device's peak.
     """
-    peak = _peak(sync)
+    peak = sync.get("transient_peak", sync)
+    if not peak or "phases" not in peak:
+        raise ValueError("this sync report has no transient_peak (a sync of this lab version measures it)")
     phases = list(peak["phases"])
     chunks = int(peak.get("chunks", 1) or 1)
     by_device = peak.get("by_device", {})
-    if device is None:
-        device = peak.get("max_device") or max(
-            by_device, key=lambda d: max(by_device[d].values(), default=0), default="0"
-        )
-    device = str(device)
+    device = str(
+        peak.get("max_device") or max(by_device, key=lambda d: max(by_device[d].values(), default=0), default="0")
+    )
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
-    left, right = LEFT, 16
+    left, right = 104, 16  # room for "pinned host" beside its panel
     plot_w = WIDTH - left - right
     c = Canvas(WIDTH, 0, "Weight sync (P13): bytes alive on one device during the sync, above what was there before")
     source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
@@ -259,7 +240,7 @@ def sync_peak(sync: Mapping[str, Any], device: str | None = None) -> Svg:
         (c.kind_fill(k, color), what)
         for k in kinds
         for term, color, what in PANELS[k]
-        if _used(phases, device, k, term)
+        if any(_terms(p, device, k).get(term) for p in phases)
     ]
     if any(_released(p, device) for p in phases):
         items.append((RELEASED_COLOR, "released: old arrays (or the old anchor) nothing holds any more"))
@@ -325,10 +306,6 @@ def _panel_level(p: Mapping[str, Any], device: str, kind: str) -> int:
     if kind == "device":
         level += int(p.get("temporaries", {}).get(device, 0))
     return level
-
-
-def _used(phases: Sequence[Mapping[str, Any]], device: str, kind: str, term: str) -> bool:
-    return any(_terms(p, device, kind).get(term) for p in phases)
 
 
 def _panel(

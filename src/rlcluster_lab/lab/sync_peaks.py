@@ -9,13 +9,14 @@ measured) and returns rows for ``experiments.format_table`` or points for
 from __future__ import annotations
 
 import dataclasses
+import gc
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.experiments import Devices, Tick, collect
+from rlcluster_lab.lab.experiments import Devices, Tick
 from rlcluster_lab.lab.setup import layout_devices
 from rlcluster_lab.lab.sync_figures import PANELS, phase_label
 from rlcluster_lab.planner.plan import plan_scenario
@@ -45,12 +46,11 @@ def peak_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for label, sync in syncs.items():
         peak = sync["transient_peak"]
-        top = peak["max_bytes"]
         rows.append(
             {
                 "run": label,
-                "device peak": int(top.get("device", 0)),
-                "pinned host peak": int(top.get("pinned_host", 0)),
+                "device peak": int(peak["max_bytes"].get("device", 0)),
+                "pinned host peak": int(peak["max_bytes"].get("pinned_host", 0)),
                 "busiest device": peak["max_device"] if peak["max_device"] is not None else "-",
                 "at": peak["phase_at_peak"].get(peak["max_device"], "-") if peak["max_device"] else "-",
                 "on device at the peak": on_device_at_peak(peak),
@@ -70,18 +70,16 @@ def planned_peak_rows(
         topo = local_topology(layout_devices(devices, scenario.layout))
         planned = plan_scenario(scenario, topo, sync_programs=True).sync["transient_peak"]
         measured = syncs[label]["transient_peak"]
-        for kind in ("device", "pinned_host"):
-            p, m = int(planned["max_bytes"].get(kind, 0)), int(measured["max_bytes"].get(kind, 0))
-            same = planned["by_device"] == measured["by_device"]
-            rows.append(
-                {
-                    "run": label,
-                    "memory": kind.replace("_", " "),
-                    "planned": p,
-                    "measured": m,
-                    "every device agrees": same,
-                }
-            )
+        rows += [
+            {
+                "run": label,
+                "memory": kind.replace("_", " "),
+                "planned": int(planned["max_bytes"].get(kind, 0)),
+                "measured": int(measured["max_bytes"].get(kind, 0)),
+                "every device agrees": planned["by_device"] == measured["by_device"],
+            }
+            for kind in ("device", "pinned_host")
+        ]
     return rows
 
 
@@ -89,11 +87,10 @@ def chunk_sweep(
     devices: Devices,
     scenario: Scenario,
     chunk_sizes: Sequence[int | None],
-    repeats: int = 5,
     progress: Tick | None = None,
 ) -> list[dict[str, Any]]:
     """One cluster per chunk size (``None``: one piece): its measured peak (busiest device),
-    the planner's, and the median handover time of ``repeats`` syncs after one that compiles."""
+    the planner's, and the median handover time of 5 syncs after one that compiles."""
     devices = layout_devices(devices, scenario.layout)
     topo = local_topology(devices)
     points = []
@@ -102,7 +99,7 @@ def chunk_sweep(
         planned = plan_scenario(sc, topo, sync_programs=True).sync["transient_peak"]
         cluster = build_cluster(sc, devices=devices)
         cluster.sync_weights()  # compiles the chunks' programs
-        reports = [cluster.sync_weights() for _ in range(repeats)]
+        reports = [cluster.sync_weights() for _ in range(5)]
         peak = reports[-1].peak
         assert peak is not None
         label = "one piece" if size is None else fmt_bytes(size)
@@ -119,7 +116,7 @@ def chunk_sweep(
             }
         )
         del cluster, reports
-        collect()
+        gc.collect()
         if progress:
             progress(label)
     return points

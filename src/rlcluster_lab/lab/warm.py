@@ -1,25 +1,18 @@
 """The lab's warm start: compile the standard programs into the persistent cache, in the background.
 
-The first Construct, Sync and Training step of a new environment compile their
-programs (seconds each on two CPU cores). ``start_warm_up()`` starts one other
-process, at the lowest CPU priority, that builds the standard tiny clusters
-(``STANDARD``: the three layouts, with and without LoRA) and takes one training
-step of the widget's size on each (its sync included; the step builds its later
-programs beside its sampling, ``RLCluster.build_ahead``), which writes every
-program they compile into the persistent compilation cache. The
-lab and the notebooks then read those programs back instead of compiling them.
+The first Construct, Sync and Training step of a new environment compile their programs
+(seconds each on two CPU cores). ``start_warm_up()`` starts one other process, at the lowest
+CPU priority, that builds the standard tiny clusters (``STANDARD``) and takes one training
+step of the widget's size on each (its sync included), which writes every program they
+compile into the persistent compilation cache; the lab and the notebooks then read them back.
 
-It never blocks: the caller only starts the process (``make lab`` does, before
-JupyterLab opens; so does ``lab.setup()`` in a notebook's first cell). It runs
-once per environment: a record in the cache folder (``rlcluster-lab-warm.json``)
-names the versions, device count, compile mode and options it warmed for, and an exclusive
-``flock`` on a lock file, taken before the process starts and held by it until it
-ends, keeps two from running at once (the kernel drops it with the process, so it
-is never stale). It runs only where the layouts run on simulated CPU devices (the
-process is pinned to the CPU, so it never takes an accelerator's memory), and only
-when the persistent cache is on and trusted (``core.compile_cache``: a folder of
-this user's, mode 0700). A folder it cannot write (read-only, say) gets one warning
-and no warm start; it never writes through a link (``O_NOFOLLOW``). What it writes
+It never blocks: the caller only starts the process (``make lab`` does, and ``lab.setup()``
+in a notebook's first cell). It runs once per environment (a record in the cache folder,
+``warm_key``), never two at once (an exclusive ``flock``, ``_take_lock``), only where the
+layouts run on simulated CPU devices (the process is pinned to the CPU, so it never takes an
+accelerator's memory), and only when the persistent cache is on and trusted
+(``core.compile_cache``: a folder of this user's, mode 0700). A folder it cannot write gets
+one warning and no warm start; it never writes through a link (``O_NOFOLLOW``). What it writes
 is bounded like the rest of the cache (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
 
 ``RLCLUSTER_LAB_WARM=off`` turns it off (the test suite does).
@@ -57,18 +50,13 @@ RECORD = KEEP_PREFIX + ".json"
 LOCK = KEEP_PREFIX + ".lock"
 LOG = KEEP_PREFIX + ".log"
 
-# The widget's training step (PlacementLab's default step_config; a test holds them equal).
+# The widget's training step (``PlacementLab.step_config``).
 STEP_SIZES = {"steps": 1, "prompts_per_step": 2, "group_size": 4}
 
 # (layout, LoRA) of the tiny, vanilla clusters warmed: the lab's first clicks.
 STANDARD: tuple[tuple[str, bool], ...] = tuple(
     (layout, lora) for layout in ("colocated", "reshaped", "split") for lora in (False, True)
 )
-
-
-def enabled() -> bool:
-    """False when ``RLCLUSTER_LAB_WARM`` turns the warm start off."""
-    return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
 def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
@@ -182,7 +170,7 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
     folder it cannot write gets one warning, never an exception. ``command``: the process
     to start (tests pass a stub).
     """
-    if not enabled():
+    if os.environ.get(ENV, "on").strip().lower() in ("0", "off", "false", "no"):
         return ""
     if fcntl is None:
         return "warm start skipped: it needs flock (a POSIX system)"
@@ -205,7 +193,6 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
         return f"the compilation cache is being warmed already ({f'process {pid}' if pid else 'another process'})"
     argv = list(command) if command is not None else [sys.executable, "-m", "rlcluster_lab.lab.warm"]
     argv += ["--devices", str(devices), "--low-priority"] if command is None else []
-    env = cpu_only_env()  # never the accelerator this kernel holds
     try:
         log = _open(folder, LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
@@ -214,7 +201,7 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env=cpu_only_env(),  # never the accelerator this kernel holds
                 start_new_session=True,  # a kernel restart or Ctrl-C in the terminal does not stop it half-way
                 pass_fds=(lock,),  # the process holds the lock until it ends
             )

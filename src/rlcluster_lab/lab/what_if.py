@@ -77,17 +77,12 @@ def plan_vs_measured(
 
 
 def what_if_rows(
-    models: Sequence[str],
-    topologies: Sequence[str],
-    *,
-    layouts: Sequence[str] = ("colocated", "split"),
-    lora_rank: int = 16,
-    **knobs: Any,
+    models: Sequence[str], topologies: Sequence[str], *, layouts: Sequence[str] = ("colocated", "split")
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Plans of published models on real topologies, per layout, full and LoRA; rows and each plan's JSON."""
+    """Plans of published models on real topologies, per layout, full and LoRA (rank 16); rows and each plan's JSON."""
     rows, plans = [], {}
-    for model, topo, layout, rank in itertools.product(models, topologies, layouts, (0, lora_rank)):
-        plan = plan_cluster(model, topo, layout=layout, lora_rank=rank, **knobs).to_json()
+    for model, topo, layout, rank in itertools.product(models, topologies, layouts, (0, 16)):
+        plan = plan_cluster(model, topo, layout=layout, lora_rank=rank).to_json()
         label = f"{model} on {topo}, {layout}, {'LoRA ' + str(rank) if rank else 'full'}"
         plans[label] = plan
         fits = plan["fits"]

@@ -33,27 +33,13 @@ from rlcluster_lab.lab.flow import changes_since
 from rlcluster_lab.lab.rehearsal import BackgroundCompile
 from rlcluster_lab.lab.setup import LayoutFamily
 from rlcluster_lab.lab.status import StatusLine
+from rlcluster_lab.lab.warm import STEP_SIZES
 from rlcluster_lab.measure.sync_peak import allocator_before
 from rlcluster_lab.placement.programs import trim_compiled_programs
 from rlcluster_lab.rl_cluster import RLCluster
 
 # The column of knobs and buttons: the widest knob and a margin.
 LEFT_WIDTH = KNOB_WIDTH + 20
-
-
-def live_buffer_bytes() -> int:
-    """Bytes of every live JAX buffer in this process, each buffer counted once.
-
-    A reshard may reuse a buffer inside a new array object, so buffers are
-    keyed by (device, pointer) rather than summed per array.
-    """
-    seen: dict[tuple[int, int], int] = {}
-    for x in jax.live_arrays():
-        if x.is_deleted():
-            continue
-        for shard in x.addressable_shards:
-            seen[(shard.device.id, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
-    return sum(seen.values())
 
 
 class PlacementLab:
@@ -70,7 +56,6 @@ class PlacementLab:
         devices: Sequence[jax.Device] | None = None,
         families: Sequence[LayoutFamily] | None = None,
         build: bool = False,
-        step_config: LearnerConfig | None = None,
         rehearse: bool = True,
     ) -> None:
         """``devices``: what layouts are built on (default ``jax.devices()``; a
@@ -83,7 +68,7 @@ class PlacementLab:
         self.devices = device_list(devices)  # refused before any widget is made
         self.rehearse = rehearse
         self.background = BackgroundCompile()
-        self.step_config = step_config or LearnerConfig(steps=1, prompts_per_step=2, group_size=4)
+        self.step_config = LearnerConfig(**STEP_SIZES)  # the step the warm start compiles ahead (``lab.warm``)
         self._cluster: RLCluster | None = None
         self._learner: GRPOLearner | None = None
         self._sync: Any = None
@@ -439,14 +424,12 @@ class Notes:
                 children.append(child)
         box.children = tuple(children)
 
-    def show(self, name: str, title: str, message: str, after: str = "") -> None:
+    def show(self, name: str, title: str, message: str, after: str) -> None:
         """Show the note beside ``name`` (hiding any other): a bold title, the message, and a
         last line in italics."""
         self.clear()
         note = self._notes[name]
-        note.value = f"<b>{html.escape(title)}</b>: {html.escape(message)}" + (
-            f"<br><i>{html.escape(after)}</i>" if after else ""
-        )
+        note.value = f"<b>{html.escape(title)}</b>: {html.escape(message)}<br><i>{html.escape(after)}</i>"
         note.layout.display = "block"
         self.shown, self.text = name, f"{title}: {message}"
 
