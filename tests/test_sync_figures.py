@@ -11,7 +11,7 @@ from stored_reports import PLACEMENTS, drawn_bytes, elements, stored, svg_text
 
 from rlcluster_lab.app.scenario import Scenario
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.sync_figures import sync_bytes, sync_chunk_curve, sync_leaves, sync_peak
+from rlcluster_lab.lab.sync_figures import sync_bytes, sync_chunk_curve, sync_leaves, sync_peak, sync_plan
 from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.planner.plan import plan_scenario
 
@@ -269,3 +269,31 @@ def test_each_leafs_drawn_parts_are_its_synced_bytes_and_the_relayed_ones_are_dr
         assert drawn == lf["synced_bytes"], lf["path"]
         relayed = drawn_bytes(els, f"seg:leaf:{lf['path']}:relayed_cross_device_bytes")
         assert relayed == lf["relayed_cross_device_bytes"], lf["path"]
+
+
+@settings(deadline=None, max_examples=40, derandomize=True)
+@given(
+    st.lists(st.text(alphabet="abcdefghij ->0123456789(),=", min_size=1, max_size=150), max_size=8),
+    st.floats(1e-5, 1.0),
+    st.one_of(st.none(), st.floats(1e-5, 1.0)),
+    st.integers(0, 10**6),
+)
+def test_the_plan_figure_writes_every_line_and_draws_the_handover_beside_one_device_put(lines, seconds, floor, moved):
+    """``sync_plan``: each plan line written out (wrapped, never cut), and where one device_put was
+    timed, its bar and the handover's in proportion, the ratio written; readable at its width."""
+    lines = [" ".join(line.split()) for line in lines if line.split()]
+    sync = {"plan": lines, "seconds": seconds, "device_put_seconds": floor, "moved_cross_device_bytes": moved}
+    svg = sync_plan(sync)
+    text = svg_text(svg)
+    for line in lines or ["nothing was resharded"]:
+        assert line in text.replace("\u2022 ", "")
+    els = elements(svg)
+    bars = {k: float(el.get("width")) for k, el in els.items() if k.startswith("time:")}
+    if floor is None:
+        assert not bars
+    else:
+        handover, put = bars["time:the sync's handover"], bars["time:one device_put, same tree"]
+        assert handover / put == pytest.approx(seconds / floor, rel=1e-2, abs=0.2 / put)
+        assert f"{seconds / floor:.1f}x one device_put" in text
+        assert ("gathers through host memory" in text) == bool(moved)
+    assert svg_problems(svg) == []

@@ -36,7 +36,7 @@ from rlcluster_lab.lab.flow import (
 from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
 from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
 from rlcluster_lab.lab.status import STEP_COUNTER
-from rlcluster_lab.lab.sync_figures import sync_bytes, sync_peak
+from rlcluster_lab.lab.sync_figures import sync_bytes, sync_peak, sync_plan
 
 if TYPE_CHECKING:
     from rlcluster_lab.lab.controls import Knobs
@@ -180,7 +180,8 @@ class Display:
             ),
             "sync": (
                 sync,
-                [lambda: sync_bytes(sync)] + ([lambda: sync_peak(sync)] if sync.get("transient_peak") else [])
+                [lambda: sync_bytes(sync), lambda: sync_plan(sync)]
+                + ([lambda: sync_peak(sync)] if sync.get("transient_peak") else [])
                 if sync
                 else "no sync measured yet: press Sync weights (P13)",
             ),

@@ -121,6 +121,40 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
     return c.render()
 
 
+def sync_plan(sync: Mapping[str, Any]) -> Svg:
+    """What one sync ran (P13, L3): its plan, one line per group of leaves that changed layout
+    together (``SyncReport.plan``, the route the reshard ran: kept, re-labelled, copied, laid out
+    anew by one compiled program, whole shards crossing, or shard by shard), and, where measured
+    (``measure.sync.with_floor``), the handover's time beside one ``jax.device_put`` of the same
+    leaves into the rollout's shardings: on CPU the fastest reshard there is, which gathers
+    through host memory and so is closed to the sync (P13's transfer guard)."""
+    c = Canvas(WIDTH, 0, f"What the sync ran: its plan{on_where(sync)}")
+    y = 44.0
+    for line in sync.get("plan") or ["nothing was resharded"]:
+        for k, part in enumerate(wrap(line, WIDTH - 40, MIN_FONT, lines=3)):
+            c.text(16 if k == 0 else 26, y, ("\u2022 " if k == 0 else "") + part, size=MIN_FONT)
+            y += 16
+    seconds, floor = sync.get("seconds"), sync.get("device_put_seconds")
+    if floor and seconds is not None:
+        scale = (WIDTH - 330) / max(seconds, floor)
+        y += 6
+        for label, value, fill in (("the sync's handover", seconds, SYNC_COLORS["arrived"]), (FLOOR, floor, MUTED)):
+            c.text(16, y + 12, label, size=MIN_FONT)
+            c.rect(250, y, value * scale, 16, fill, id=f"time:{label}", title=f"{value * 1e3:.3f} ms (measured)")
+            c.text(256 + value * scale, y + 12, f"{value * 1e3:.2f} ms", size=MIN_FONT)
+            y += 22
+        said = f"{seconds / floor:.1f}x one device_put (both measured)"
+        if sync.get("moved_cross_device_bytes"):  # layouts changed: device_put's way is not the sync's
+            said += "; on CPU device_put gathers through host memory, which P13 closes to the sync"
+        c.text(16, y + 8, said, size=MIN_FONT, fill=MUTED)
+        y += 24
+    c.height = y
+    return c.render()
+
+
+FLOOR = "one device_put, same tree"
+
+
 def sync_leaves(sync: Mapping[str, Any], top: int | None = None) -> Svg:
     """Per leaf of one sync: its synced bytes as they came (arrived from other devices, copied
     within a device, reused), then, drawn dark after them, the bytes relayed (crossed devices

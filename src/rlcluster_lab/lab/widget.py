@@ -34,6 +34,7 @@ from rlcluster_lab.lab.rehearsal import BackgroundCompile
 from rlcluster_lab.lab.setup import LayoutFamily
 from rlcluster_lab.lab.status import StatusLine
 from rlcluster_lab.lab.warm import STEP_SIZES
+from rlcluster_lab.measure.sync import with_floor
 from rlcluster_lab.measure.sync_peak import allocator_before
 from rlcluster_lab.placement.programs import trim_compiled_programs
 from rlcluster_lab.rl_cluster import RLCluster
@@ -242,6 +243,7 @@ class PlacementLab:
                     self._show_error(exc, kept=True, failed=True)
                     return
                 self.timings = {"action": "sync", "work": self.status.clock() - start}
+                self._sync = self._floored(self._sync)
                 wait.what = "Sync weights: measuring what moved and drawing it"
                 self._refresh_report()
                 self._draw("sync")
@@ -268,7 +270,7 @@ class PlacementLab:
                     return
                 self.timings = {"action": "train_step", "work": self.status.clock() - start}
                 self._steps.append(record)
-                self._sync = record.sync
+                self._sync = self._floored(record.sync)
                 wait.what = "Training step: measuring and drawing"
                 self._refresh_report()
                 self._draw("steps")
@@ -337,6 +339,14 @@ class PlacementLab:
         """Seconds since the click, on the status' clock (what every time the status says counts from)."""
         self.timings["total"] = self.status.elapsed()
         return self.timings["total"]
+
+    def _floored(self, sync: Any) -> Any:
+        """The sync's report with one device_put of the same tree timed beside it (the sync view
+        draws both); as it was where that cannot be measured (it needs a moment's copy of the tree)."""
+        try:
+            return with_floor(self._cluster, sync)
+        except Exception:  # noqa: BLE001 - a figure beside the sync, never a reason to lose it
+            return sync
 
     def _refresh_report(self) -> None:
         assert self._cluster is not None

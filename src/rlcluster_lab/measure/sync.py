@@ -193,6 +193,8 @@ class SyncReport:
     where: str = ""
     # The plan the handover ran: one line per group of leaves that changed together (``Route.lines``).
     plan: tuple[str, ...] = ()
+    # One jax.device_put of the same leaves into the rollout's shardings, where measured (``with_floor``).
+    device_put_seconds: float | None = None
 
     def _sum(self, field: str) -> int:
         return int(sum(getattr(leaf, field) for leaf in self.leaves))
@@ -238,6 +240,7 @@ class SyncReport:
             "peak_extra_bytes": _plain(self.peak_extra_bytes),
             "transient_peak": None if self.peak is None else self.peak.to_json(),
             "plan": list(self.plan),
+            "device_put_seconds": self.device_put_seconds,
             "leaves": [leaf.to_json() for leaf in self.leaves],
         }
 
@@ -410,15 +413,16 @@ def sync_ledger(source: Mapping[str, ShardFacts], destination: Mapping[str, jax.
     )
 
 
-def sync_floor(cluster: Any, report: SyncReport, repeats: int = 5) -> dict[str, float | None]:
+def sync_floor(cluster: Any, report: SyncReport, repeats: int = 5, copy: bool = True) -> dict[str, float | None]:
     """What a sync's time is measured against (L3): the median seconds of the fastest ways to put
     the handed-over leaves into the rollout's shardings, outside the sync and its transfer guard.
 
     ``device_put``: one batched ``jax.device_put`` (on CPU, between layouts, it gathers through
     host memory, which P13 forbids the sync); ``compiled copy``: one jitted copy with the
     destination shardings (None where one program cannot take both device sets: the split
-    layout). Both make new buffers where ``report``'s sync did (an engine with weights of its
-    own): onto the same sharding they would otherwise hand back the source's and copy nothing.
+    layout, or not asked for: ``copy`` False). Both make new buffers where ``report``'s sync did (an
+    engine with weights of its own): onto the same sharding they would otherwise hand back the
+    source's and copy nothing.
     """
     kind = nnx.LoRAParam if report.lora else nnx.Param
     source = flat_values(nnx.state(cluster.actor_model, kind))
@@ -429,12 +433,21 @@ def sync_floor(cluster: Any, report: SyncReport, repeats: int = 5) -> dict[str, 
     out: dict[str, float | None] = {
         "device_put": median_seconds(lambda: jax.device_put(leaves, shardings, may_alias=not new), repeats)
     }
+    out["compiled copy"] = None
+    if not copy:
+        return out
     try:
         program = jax.jit(copy_arrays if new else (lambda xs: xs), out_shardings=shardings)
         out["compiled copy"] = median_seconds(lambda: program(leaves), repeats)
     except ValueError:  # disjoint device sets: no one program takes and gives them
-        out["compiled copy"] = None
+        pass
     return out
+
+
+def with_floor(cluster: Any, report: SyncReport) -> SyncReport:
+    """``report`` with ``device_put_seconds`` measured now (``sync_floor``'s device_put): what the
+    lab shows beside the handover. It allocates a copy of the handed-over leaves for a moment."""
+    return dataclasses.replace(report, device_put_seconds=sync_floor(cluster, report, 3, copy=False)["device_put"])
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
