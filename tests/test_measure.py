@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from test_reshard import _cases
 
 from rlcluster_lab import Scenario, build_cluster, memory_report, placement_report
-from rlcluster_lab.measure import memory_of, shard_facts, sync_ledger, sync_report
-from rlcluster_lab.measure.sync import TransferLog
+from rlcluster_lab.measure import memory_of
+from rlcluster_lab.measure.sync import TransferLog, shard_facts, sync_ledger, sync_report
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.buffers import state_bytes
 from rlcluster_lab.placement.events import listening

@@ -19,7 +19,7 @@ from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.placement.boxes import device_put_keeps, plan_reshard, shard_boxes, to_box
 from rlcluster_lab.placement.programs import clear_programs
-from rlcluster_lab.placement.reshard import reshard, reshard_tree
+from rlcluster_lab.placement.reshard import reshard, reshard_many
 from rlcluster_lab.placement.transfers import shard_buffers, shard_data, shard_devices, shard_keys
 
 DEVICES = jax.devices()
@@ -416,14 +416,14 @@ def test_p13_single_device_array_onto_eight_device_mesh():
     assert all(p.pieces[0].src_device == 3 and len(p.pieces) == 1 for p in plans)
 
 
-def test_p5_reshard_tree_maps_leaves():
+def test_p5_reshard_many_maps_leaves():
     host_a, a = _array((16,), NamedSharding(_mesh24(), P("fsdp")))
     host_b, b = _array((8, 16), NamedSharding(_mesh24(), P(None, "tp")))
-    shardings = {"a": NamedSharding(_mesh81(), P()), "b": NamedSharding(_mesh81(), P("fsdp", None))}
-    out = reshard_tree({"a": a, "b": b}, shardings)
-    assert out["a"].sharding == shardings["a"] and out["b"].sharding == shardings["b"]
-    np.testing.assert_array_equal(np.asarray(out["a"]), host_a)
-    np.testing.assert_array_equal(np.asarray(out["b"]), host_b)
+    shardings = [NamedSharding(_mesh81(), P()), NamedSharding(_mesh81(), P("fsdp", None))]
+    out = reshard_many([a, b], shardings)
+    assert out[0].sharding == shardings[0] and out[1].sharding == shardings[1]
+    np.testing.assert_array_equal(np.asarray(out[0]), host_a)
+    np.testing.assert_array_equal(np.asarray(out[1]), host_b)
 
 
 def test_plan_prefers_destination_own_replica_then_lowest_id():
@@ -514,7 +514,7 @@ def test_p13_copies_of_one_batch_over_devices_in_other_orders_are_new_buffers_in
         for n in range(6)
     ]
     for strategy in ("xla", "minimal"):
-        ys = reshard_tree(xs, [x.sharding for x in xs], copy=True, strategy=strategy)
+        ys = reshard_many(xs, [x.sharding for x in xs], copy=True, strategy=strategy)
         for x, y in zip(xs, ys):
             assert y.sharding == x.sharding and np.array_equal(np.asarray(y), np.asarray(x))
             assert not set(_pointers(x).values()) & set(_pointers(y).values())

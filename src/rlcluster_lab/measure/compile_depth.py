@@ -34,7 +34,6 @@ SOURCE = (
     "(trace), compiled by XLA with the lab's compiler options (compile), the persistent cache not "
     "used; lines: of the lowered program's text (StableHLO)"
 )
-HOWS = ("scan", "loop")
 
 
 class LayersInALoop(TransformerLM):

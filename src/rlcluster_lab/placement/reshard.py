@@ -46,13 +46,6 @@ def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False, strategy: str = 
     return reshard_many([x], [dst], copy=copy, strategy=strategy)[0]
 
 
-def reshard_tree(values: Any, shardings: Any, *, copy: bool = False, strategy: str = "xla") -> Any:
-    """``reshard`` over matching trees of arrays and shardings, in one batch."""
-    leaves, treedef = jax.tree.flatten(values)
-    dsts = treedef.flatten_up_to(shardings)
-    return jax.tree.unflatten(treedef, reshard_many(leaves, dsts, copy=copy, strategy=strategy))
-
-
 def reshard_many(
     xs: Sequence[jax.Array],
     dsts: Sequence[Sharding],
