@@ -214,28 +214,8 @@ class SyncReport:
         return self.moved_cross_device_bytes - self.minimum_cross_device_bytes
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "units": self.units,
-            "where": self.where,
-            "method": self.method,
-            "lora": self.lora,
-            "global_step": self.global_step,
-            "synced_bytes": self.synced_bytes,
-            "moved_cross_device_bytes": self.moved_cross_device_bytes,
-            "copied_same_device_bytes": self.copied_same_device_bytes,
-            "reused_bytes": self.reused_bytes,
-            "relayed_cross_device_bytes": self.relayed_cross_device_bytes,
-            "arrived_cross_device_bytes": self.arrived_cross_device_bytes,
-            "minimum_cross_device_bytes": self.minimum_cross_device_bytes,
-            "excess_cross_device_bytes": self.excess_cross_device_bytes,
-            "reshard_strategy": self.reshard_strategy,
-            "synced_logical_bytes": self.synced_logical_bytes,
-            "anchor_bytes": self.anchor_bytes,
-            "anchor_mode": self.anchor_mode,
-            "seconds": self.seconds,
-            "anchor_seconds": self.anchor_seconds,
-            "includes_compilation": self.includes_compilation,
-            "includes_program_load": self.includes_program_load,
+        out = {key: getattr(self, key) for key in _REPORT_KEYS}
+        return out | {
             "arrived_by_device": _plain(self.arrived_by_device),
             "peak_extra_bytes": _plain(self.peak_extra_bytes),
             "transient_peak": None if self.peak is None else self.peak.to_json(),
@@ -243,6 +223,15 @@ class SyncReport:
             "device_put_seconds": self.device_put_seconds,
             "leaves": [leaf.to_json() for leaf in self.leaves],
         }
+
+
+# The report's JSON keys read as they are, in the order the CLI prints them (the rest follow in to_json).
+_REPORT_KEYS = (
+    "units where method lora global_step synced_bytes moved_cross_device_bytes copied_same_device_bytes "
+    "reused_bytes relayed_cross_device_bytes arrived_cross_device_bytes minimum_cross_device_bytes "
+    "excess_cross_device_bytes reshard_strategy synced_logical_bytes anchor_bytes anchor_mode seconds "
+    "anchor_seconds includes_compilation includes_program_load"
+).split()
 
 
 @dataclasses.dataclass(frozen=True)
