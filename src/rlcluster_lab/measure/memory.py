@@ -54,17 +54,8 @@ class MemoryReport:
     where: str = ""  # the devices measured, in words (``core.devices.devices_words``)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "units": self.units,
-            "source": self.source,
-            "where": self.where,
-            "by_role": _plain(self.by_role),
-            "by_device": _plain(self.by_device),
-            "shared": _plain(self.shared),
-            "unique_bytes": self.unique_bytes,
-            "naive_bytes": self.naive_bytes,
-            "allocator": _plain(self.allocator),
-        }
+        keys = "units source where by_role by_device shared unique_bytes naive_bytes allocator".split()
+        return {key: _plain(getattr(self, key)) for key in keys}
 
 
 def cluster_entries(cluster: Any) -> dict[str, Any]:

@@ -93,13 +93,7 @@ class PeakPhase:
         return self.name if self.chunk is None or chunks == 1 else f"chunk {self.chunk}/{chunks}: {self.name}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "chunk": self.chunk,
-            "arrays": {d: dict(k) for d, k in self.arrays.items()},
-            "terms": {d: dict(k) for d, k in self.terms.items()},
-            "temporaries": dict(self.temporaries),
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +189,7 @@ def peak_of(
 
 
 def largest_chunk(sizes: Sequence[int], chunk_bytes: int | None) -> int:
-    """The bytes of the largest chunk the leaves of ``sizes`` (their bytes, in path order) go in.""" ""
+    """The bytes of the largest chunk the leaves of ``sizes`` (their bytes, in path order) go in."""
     return max((sum(sizes[i] for i in r) for r in chunk_leaves(sizes, chunk_bytes)), default=0)
 
 

@@ -101,13 +101,6 @@ class XlaProgram:
 PROGRAMS = ProgramCache(MAX_PROGRAMS)
 
 
-def assignment(sharding: Sharding) -> tuple[Any, ...] | None:
-    """The device order a jitted program over this sharding runs in (None: not a mesh sharding)."""
-    if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh):
-        return tuple(sharding.mesh.devices.flat)
-    return None
-
-
 def layout_sharding(layout: Layout, devices: Mapping[int, Any]) -> NamedSharding:
     """A layout on paper as a sharding over these devices (by id)."""
     m = layout.mesh
@@ -126,8 +119,7 @@ def program(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> tuple[XlaProgr
     hit = PROGRAMS.get(key)
     if hit is not None:
         return hit, False
-    devices = assignment(xs[0].sharding)
-    assert devices is not None
+    devices = tuple(xs[0].sharding.mesh.devices.flat)  # partition i runs on the mesh's i-th device
     abstract = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in xs)
     compiled, source = compile_outside_mesh(
         jax.jit(identity, out_shardings=list(dsts)), list(abstract), options=options_for(list(xs))
