@@ -82,7 +82,7 @@ def send(run: Any, step: Any) -> Ops:
     s = run.route.pieces
     sent = [run.vals[("pack", k)] for k in range(len(s.pack_bytes))]
     sent += [_shards(run, s.legs[a])[src] for a, _, src, _ in s.whole]
-    targets = [run.device(d) for d in s.pack_devices] + [run.device(dst) for _, _, _, dst in s.whole]
+    targets = [run.devices[d] for d in s.pack_devices] + [run.devices[dst] for _, _, _, dst in s.whole]
     arrived = list(jax.device_put(sent, targets)) if sent else []
     del sent
     for a, d, n, leg in s.cross_log:
@@ -112,7 +112,7 @@ def assemble(run: Any, step: Any) -> Ops:
     for d, n, a in s.same_log:
         emit(Transfer("same_device", d, d, n, run.labels[s.legs[a]]))
     for a, b, dev in s.copied:
-        y = jax.device_put(_shards(run, s.legs[a])[dev], run.device(dev), may_alias=False)
+        y = jax.device_put(_shards(run, s.legs[a])[dev], run.devices[dev], may_alias=False)
         out[("block", a, b)] = y
         emit(Transfer("same_device", dev, dev, int(y.nbytes), run.labels[s.legs[a]]))
     return out, []

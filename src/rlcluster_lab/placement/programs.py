@@ -93,16 +93,15 @@ def mapping_limit() -> int | None:
 TRIM_FRACTION = 0.5
 
 
-def trim_compiled_programs(fraction: float | None = None) -> bool:
-    """Release every compiled program when this process holds more than ``fraction`` of its
+def trim_compiled_programs() -> bool:
+    """Release every compiled program when this process holds more than ``TRIM_FRACTION`` of its
     mapping limit; True when it did. On CPU each program holds memory mappings (a first
     training step's programs of the tiny model about 230-370 with the lab's compiler options,
     600 and more with XLA's) and the kernel stops a process at ``vm.max_map_count`` (usually
     65,530); the persistent cache makes rebuilding them a read from disk.
     """
-    fraction = TRIM_FRACTION if fraction is None else fraction
     held, limit = mapped_regions(), mapping_limit()
-    over = not (held is None or limit is None or held < fraction * limit)
+    over = not (held is None or limit is None or held < TRIM_FRACTION * limit)
     if jax.process_count() > 1:
         # multi-process: every process drops its programs together, or one would analyse a
         # shared program again alone and wait for the others (core.gathering).

@@ -166,9 +166,6 @@ class _Run:
         dst = self.dsts[i]
         return dst if self.route.legs[i].src == self.route.legs[i].dst else dst.with_memory_kind(_work_kind(dst))
 
-    def device(self, device_id: int) -> Any:
-        return self.devices[device_id]
-
     @functools.cached_property
     def devices(self) -> dict[int, Any]:
         return {d.id: d for x, dst in zip(self.xs, self.dsts) for d in (*x.sharding.device_set, *dst.device_set)}

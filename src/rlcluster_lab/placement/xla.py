@@ -172,8 +172,8 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
     stays (the source's buffer where ``jax.device_put`` keeps it, or the program's result), or
     is copied within its device; every crossing in one device-to-device transfer call."""
     g = run.route.programs[step.group]
-    src_a = tuple(run.device(d) for d in g.src_order)
-    dst_a = tuple(run.device(d) for d in g.dst_order)
+    src_a = tuple(run.devices[d] for d in g.src_order)
+    dst_a = tuple(run.devices[d] for d in g.dst_order)
     members = list(step.legs)
     current = {i: run.vals.get(("inter", i), run.value(i)) for i in members}
     if crosses_processes(src_a, dst_a):
@@ -229,8 +229,8 @@ def join(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
     """Each ``moves`` leaf's shards made one array with its destination sharding; what crossed,
     and what each new shard's data started as, logged."""
     g = run.route.programs[step.group]
-    src_a = tuple(run.device(d) for d in g.src_order)
-    dst_a = tuple(run.device(d) for d in g.dst_order)
+    src_a = tuple(run.devices[d] for d in g.src_order)
+    dst_a = tuple(run.devices[d] for d in g.dst_order)
     emit(Ran("xla"))
     describe = wants(Transfer)
     out = {}
@@ -247,7 +247,7 @@ def join(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
             run.produced[i] = made
         if describe and not crosses_processes(src_a, dst_a):
             origin, crossed = run.between.get(i, ("own", 0))
-            came_from = [run.device(p.src) for p in positions]
+            came_from = [run.devices[p.src] for p in positions]
             moved = {k for k, p in enumerate(positions) if p.how == "send"}
             _log_final(run.labels[i], y, came_from, dst_a, origin, moved=moved, made=made, crossed_before=crossed)
     return out, []
