@@ -66,12 +66,8 @@ def cluster_entries(cluster: Any) -> dict[str, Any]:
     anchor='trainable' its backbone part is the actor's buffers.
     """
     out: dict[str, Any] = {"actor": nnx.state(cluster.actor_model), "rollout": nnx.state(cluster.rollout.model())}
-    for name, model in (
-        ("reference", cluster.reference_model),
-        ("reward", cluster.reward_model),
-        ("critic", cluster.critic_model),
-    ):
-        if model is not None:
+    for name in ("reference", "reward", "critic"):
+        if (model := getattr(cluster, f"{name}_model")) is not None:
             out[name] = nnx.state(model)
     for name, state in (
         ("anchor", cluster.anchor_policy_state),

@@ -320,24 +320,18 @@ class Ledger:
 
 def sync_ledger(source: Mapping[str, ShardFacts], destination: Mapping[str, jax.Array], log: TransferLog) -> Ledger:
     """The ledger of one sync from the source's facts, the destination arrays and the transfer log."""
-    cross: dict[str, int] = {}
-    same: dict[str, int] = {}
-    arrived: dict[str, int] = {}
+    totals: dict[str, dict[str, int]] = {"moved": {}, "copied": {}, "arrived": {}}
     # Per leaf: (how, source device, destination device) -> bytes, for the figures of a sync.
     pieces: dict[str, dict[tuple[str, int, int], int]] = {}
     for t in log.transfers:
-        if t.leaf is None:
+        part = {"cross_device": "moved", "same_device": "copied"}.get(t.kind)
+        if t.leaf is None or part is None:
             continue
-        if t.kind == "cross_device":
-            cross[t.leaf] = cross.get(t.leaf, 0) + t.nbytes
-            arrived[str(t.dst_device)] = arrived.get(str(t.dst_device), 0) + t.nbytes
-            part = "moved"
-        elif t.kind == "same_device":
-            same[t.leaf] = same.get(t.leaf, 0) + t.nbytes
-            part = "copied"
-        else:
-            continue
+        tally(totals, part, t.leaf, t.nbytes)
+        if part == "moved":
+            tally(totals, "arrived", str(t.dst_device), t.nbytes)
         tally(pieces, t.leaf, (part, int(t.src_device), int(t.dst_device)), t.nbytes)
+    cross, same, arrived = totals["moved"], totals["copied"], totals["arrived"]
     untraced: dict[str | None, list[str]] = {}
     for leaf, why in log.unreadable:
         untraced.setdefault(leaf, []).append(why)
