@@ -4,15 +4,7 @@ During a sync the old rollout arrays, the new ones, the reshard's staging and it
 temporaries are alive together for a moment; that moment, not the bytes moved, is where a
 run runs out of memory. ``PeakWalk`` listens to the reshard's ``Made`` and ``Phase`` events
 (``placement.events``); at each phase it counts (``PeakCount``, the count the planner runs on
-arrays on paper too):
-
-- **arrays**: every array the sync made that is still alive (weak references), minus the
-  buffers alive before that are gone now (a buffer the actor or the anchor holds stays),
-  each buffer once by (platform, device, pointer); only the sync's own arrays are walked.
-- **program temporaries**: each compiled program's ``temp_size_in_bytes`` per device.
-- **allocator**: where devices report ``memory_stats()``, ``peak_bytes_in_use`` after the
-  sync against ``bytes_in_use`` before, where the peak rose during the sync.
-
+arrays on paper too) the figures ``METHOD`` names: arrays, program temporaries, the allocator's.
 A device's peak is its largest phase; the walk's own time is kept apart (``seconds``).
 """
 
