@@ -125,20 +125,9 @@ class SyncPeak:
         return None if busiest is None or not busiest[1].get("device", 0) else busiest[0]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "by_device": {d: dict(k) for d, k in self.by_device.items()},
-            "max_bytes": self.max_bytes,
-            "max_device": self.max_device,
-            "phase_at_peak": dict(self.phase_at_peak),
-            "after": {d: dict(k) for d, k in self.after.items()},
-            "chunks": self.chunks,
-            "chunk_bytes": self.chunk_bytes,
-            "largest_chunk_bytes": self.largest_chunk_bytes,
-            "order": self.order,
-            "method": dict(self.method),
-            "allocator": None if self.allocator is None else dict(self.allocator),
-            "phases": [p.to_json() for p in self.phases],
-        }
+        fields = dataclasses.asdict(self) | {"max_bytes": self.max_bytes, "max_device": self.max_device}
+        keys = "by_device max_bytes max_device phase_at_peak after chunks chunk_bytes largest_chunk_bytes order"
+        return {key: fields[key] for key in (*keys.split(), "method", "allocator", "phases")}
 
 
 def peak_of(
