@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from pairwise import pairwise
-from test_reshard import _cases
+from test_reshard import _cases, reshard
 
 from rlcluster_lab import Role, Scenario, TrainingConfig, build_cluster, placement_report
 from rlcluster_lab.cli.main import build_parser, main
@@ -30,7 +30,6 @@ from rlcluster_lab.measure import memory_report
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.placement.boxes import plan_reshard, to_box
 from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes
-from rlcluster_lab.placement.reshard import reshard
 from rlcluster_lab.planner.buffers import Buffers, overlap
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.shapes import abstract_leaves

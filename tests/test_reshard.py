@@ -19,7 +19,7 @@ from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.placement.boxes import device_put_keeps, plan_reshard, shard_boxes, to_box
 from rlcluster_lab.placement.programs import clear_programs
-from rlcluster_lab.placement.reshard import reshard, reshard_many
+from rlcluster_lab.placement.reshard import reshard_many
 from rlcluster_lab.placement.transfers import shard_buffers, shard_data, shard_devices, shard_keys
 
 DEVICES = jax.devices()
@@ -86,6 +86,11 @@ def _sharding(draw, ids, rank):
             used.update(entry if isinstance(entry, tuple) else (entry,))
         spec.append(entry)
     return NamedSharding(mesh, P(*spec))
+
+
+def reshard(x, dst, **kwargs):
+    """One array resharded (``reshard_many`` of one)."""
+    return reshard_many([x], [dst], **kwargs)[0]
 
 
 @st.composite

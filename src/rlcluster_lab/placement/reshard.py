@@ -37,15 +37,6 @@ from rlcluster_lab.placement.route import Leg, Route, route
 from rlcluster_lab.placement.transfers import log_new_shards, log_within_devices, shard_buffers, shard_keys
 
 
-def reshard(x: jax.Array, dst: Sharding, *, copy: bool = False, strategy: str = "xla") -> jax.Array:
-    """``x`` laid out as ``dst``, moving only device to device.
-
-    The result reuses ``x`` when its sharding is already ``dst`` (unless
-    ``copy``). A memory-kind change is applied after the layout change.
-    """
-    return reshard_many([x], [dst], copy=copy, strategy=strategy)[0]
-
-
 def reshard_many(
     xs: Sequence[jax.Array],
     dsts: Sequence[Sharding],
@@ -55,8 +46,9 @@ def reshard_many(
     dtypes: Sequence[Any] | None = None,
     strategy: str = "xla",
 ) -> list[jax.Array]:
-    """``reshard`` of many arrays at once, each cast to ``dtypes[i]`` on its destination devices
-    afterwards when given; ``labels`` tag their transfers.
+    """``xs`` laid out as ``dsts``, moving only device to device (a memory-kind change after the
+    layout change), each cast to ``dtypes[i]`` on its destination devices afterwards when given;
+    ``labels`` tag their transfers.
 
     Per array: kept when already in the destination sharding (unless ``copy``), re-labelled
     when the layout is equivalent, else changed by ``strategy`` (``xla`` or ``minimal``, the

@@ -1,6 +1,6 @@
 """Arrays on paper for the what-if planner (L4): shardings, and which buffer each shard is, so
 a buffer several roles hold counts once, as in the measured walk. ``Buffers`` reshards them
-as ``reshard.reshard`` would (P5): which shards keep their source buffer and which are new.
+as ``reshard.reshard_many`` would (P5): which shards keep their source buffer and which are new.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def device_put_kept(
 
 
 class Buffers:
-    """Makes arrays on paper and reshards them as ``reshard.reshard`` would with ``strategy``."""
+    """Makes arrays on paper and reshards them as ``reshard.reshard_many`` would with ``strategy``."""
 
     def __init__(self, strategy: str) -> None:
         self._ids = itertools.count()
