@@ -255,9 +255,7 @@ class PeakWalk(PeakCount):
 
     def __init__(self, keep: Iterable[jax.Array], replaced: Iterable[jax.Array]) -> None:
         super().__init__()
-        self.keep: set[Key] = set()
-        for x in keep:
-            self.keep.update(array_buffers(x))
+        self.keep: set[Key] = {key for x in keep for key in array_buffers(x)}
         self.replaced: list[tuple[weakref.ref, dict[Key, Buffer]]] = [
             (weakref.ref(x), array_buffers(x)) for x in replaced
         ]

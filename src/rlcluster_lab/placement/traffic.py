@@ -245,7 +245,7 @@ def _groups(text: str, n: int) -> list[list[int]]:
     rest = text.split("replica_groups=", 1)[1]
     if rest.startswith("{}"):
         return [list(range(n))]
-    if rest.startswith("{{") or rest.startswith("{"):
+    if rest.startswith("{"):
         body = rest[1 : rest.index("}}") + 1] if "}}" in rest else ""
         groups = [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d,\s]*)\}", body)]
         if not groups:
