@@ -60,20 +60,16 @@ from rlcluster_lab.placement.transfers import shard_buffers, shard_keys
 @dataclasses.dataclass
 class TransferLog:
     """The copies a reshard made while it listened (inside ``events.listening(log)``): the
-    mover's ledger events (``placement.events.LEDGER``), whichever strategy made them.
-
-    ``relayed`` (per leaf): bytes that crossed devices but did not stay as destination data
-    where they crossed to. ``strategies``: the reshard strategies used. ``unreadable``:
-    collectives whose bytes could not be read. ``compiled``: a program that ran meanwhile was
-    compiled here.
-    """
+    mover's ledger events (``placement.events.LEDGER``, each event's docstring says what it is),
+    whichever strategy made them. ``compiled``/``loaded``: a program that ran meanwhile was
+    compiled here / read back from the persistent cache."""
 
     transfers: list[Transfer] = dataclasses.field(default_factory=list)
     relayed: dict[str | None, int] = dataclasses.field(default_factory=dict)
     strategies: set[str] = dataclasses.field(default_factory=set)
     unreadable: list[tuple[str | None, str]] = dataclasses.field(default_factory=list)
     compiled: bool = False
-    loaded: bool = False  # a program that ran meanwhile was read back from the persistent cache
+    loaded: bool = False
     routes: list[Any] = dataclasses.field(default_factory=list)  # each reshard's route, in order (one per chunk)
     kinds = LEDGER
 
@@ -111,12 +107,9 @@ class SyncPiece:
 
 @dataclasses.dataclass(frozen=True)
 class LeafSync:
-    """One synced leaf. Bytes are physical, in the dtype the data moved in (the source's).
-
-    ``pieces``: the same bytes per (how, source device, destination device).
-    ``arrived_cross_device_bytes``: the part of ``synced_bytes`` that came from another device
-    (``moved - relayed``), so ``synced = arrived + copied + reused``.
-    """
+    """One synced leaf (``SyncReport`` says what each figure counts). Bytes are physical, in the
+    dtype the data moved in (the source's); ``pieces``: the same bytes per (how, source device,
+    destination device)."""
 
     path: str
     dtype: str
@@ -183,8 +176,7 @@ class SyncReport:
     includes_program_load: bool = False
     reshard_strategy: str = "minimal"
     units: str = UNITS
-    # The sync's transient peak per device and memory kind (measure.sync_peak); None where not watched.
-    peak: SyncPeak | None = None
+    peak: SyncPeak | None = None  # None where not watched
     # Every logged cross-device copy (source and destination device): with several processes,
     # multiprocess.report splits them into bytes that crossed a process boundary and bytes
     # that stayed inside one. Not part of the JSON.

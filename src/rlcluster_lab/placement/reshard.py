@@ -1,15 +1,11 @@
 """Moving arrays between shardings device to device, never through the host.
 
-``reshard_many`` works out the batch's route (``placement.route``: pure, from shapes and
-layouts, the same description the planner reads) and runs its steps in order: stage, re-label
-or copy, the ``xla`` strategy's programs and shard moves (``placement.xla``), the shard-by-shard
-assembly (``placement.minimal``), the memory-kind moves and the casts. On CPU ``jax.device_put``
-between layouts gathers through host memory, which the sync's transfer guard (P13) forbids;
-no step does. Each step holds its values in one table and drops what the route says it drops,
-so at each of the route's phases exactly the route's buffers are alive. What each step made,
-each phase and every copy are emitted as events (``placement.events``) for whoever listens (the
-sync's peak walk, its transfer log); the copies are described once per batch signature, then
-replayed.
+``reshard_many`` works out the batch's route (``placement.route``, the description the planner
+reads too) and runs its steps in order. On CPU ``jax.device_put`` between layouts gathers
+through host memory, which the sync's transfer guard (P13) forbids; no step does. Each step
+holds its values in one table and drops what the route says it drops, so at each of the
+route's phases exactly the route's buffers are alive. The events (``placement.events``) of a
+batch's copies are described once per batch signature, then replayed.
 """
 
 from __future__ import annotations
