@@ -172,8 +172,6 @@ def memory_table(
 
 def _by_device(device: np.ndarray, kind: np.ndarray, nbytes: np.ndarray) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
-    if not len(device):
-        return out
     key = device * len(KINDS) + kind
     uniq, inv = np.unique(key, return_inverse=True)
     sums = np.zeros(len(uniq), dtype=np.int64)

@@ -171,10 +171,7 @@ class _Run:
                 if step.phase is not None:
                     emit(Phase(step.phase, temps))
             del out
-        results = []
-        for i, x in enumerate(self.xs):
-            key = self.route.result_key(i)
-            results.append(x if key is None else self.vals[key])
+        results = [x if (key := self.route.result_key(i)) is None else self.vals[key] for i, x in enumerate(self.xs)]
         self._log_carried()
         return results
 

@@ -14,6 +14,7 @@ where destination bytes started is measured once per program by a tagged run
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,14 +60,11 @@ class XlaProgram:
     outputs: tuple[Sharding, ...]
     source: str = "compiled"
     _analysis: tuple[ProgramTraffic, Provenance] | None = None
-    _temporaries: tuple[tuple[int, ...], int] | None = None
 
-    @property
+    @functools.cached_property
     def temporaries(self) -> tuple[tuple[int, ...], int]:
         """(device ids, temporary bytes per device) from the compiled program's memory analysis."""
-        if self._temporaries is None:
-            self._temporaries = phases.program_temporaries(self.compiled, self.devices)
-        return self._temporaries
+        return phases.program_temporaries(self.compiled, self.devices)
 
     def _analyse(self) -> tuple[ProgramTraffic, Provenance]:
         if self._analysis is None:
