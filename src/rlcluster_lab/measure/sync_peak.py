@@ -37,11 +37,9 @@ METHOD = {
 
 
 def array_buffers(x: jax.Array) -> dict[Key, Buffer]:
-    """Each buffer of ``x`` by key: (device id, memory kind, bytes).
-
-    The shards are read once while the array lives (``placement.transfers.shard_buffers``): a
-    sync walks the arrays the sync before made and the actor's, which most syncs leave as they are.
-    """
+    """Each buffer of ``x`` by key: (device id, memory kind, bytes), read once while the array
+    lives (``placement.transfers.shard_buffers``): a sync walks the arrays the sync before made
+    and the actor's, which most syncs leave as they are."""
     kind = str(x.sharding.memory_kind)
     return {key: (str(key[1]), kind, n) for key, n in shard_buffers(x)}
 
@@ -187,7 +185,6 @@ def chunk_words(peak: Mapping[str, Any], size: Callable[[int], str] = lambda n: 
         return "in one piece"
     said = f"in {chunks} chunks of at most {size(int(limit))}"
     if largest > int(limit):
-        # Only a chunk of one leaf can be above the size: a second leaf starts a new chunk (chunk_leaves).
         said += f", but a leaf larger than that moves whole, in a chunk of its own (the largest: {size(largest)})"
     return said
 
