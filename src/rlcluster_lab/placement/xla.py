@@ -41,10 +41,6 @@ from rlcluster_lab.placement.xla_analysis import (
     write_analysis,
 )
 
-MAX_PROGRAMS = 48
-
-Key = tuple[tuple[tuple[int, ...], Any, Sharding, Sharding], ...]
-
 
 @dataclasses.dataclass
 class XlaProgram:
@@ -96,7 +92,7 @@ class XlaProgram:
         return self._analyse()[1]
 
 
-PROGRAMS = ProgramCache(MAX_PROGRAMS)
+PROGRAMS = ProgramCache(48)
 
 
 def layout_sharding(layout: Layout, devices: Mapping[int, Any]) -> NamedSharding:
@@ -107,13 +103,9 @@ def layout_sharding(layout: Layout, devices: Mapping[int, Any]) -> NamedSharding
     return NamedSharding(mesh, layout.spec, memory_kind=layout.kind)
 
 
-def _key(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> Key:
-    return tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts))
-
-
 def program(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> tuple[XlaProgram, bool]:
     """The compiled identity for these arrays and destinations; True when it was built now."""
-    key = _key(xs, dsts)
+    key = tuple((tuple(x.shape), np.dtype(x.dtype), x.sharding, d) for x, d in zip(xs, dsts))
     hit = PROGRAMS.get(key)
     if hit is not None:
         return hit, False
