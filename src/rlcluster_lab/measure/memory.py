@@ -193,11 +193,9 @@ def allocator_stats(devices: Sequence[Any] | None = None) -> dict[str, Any]:
     platform = devices[0].platform if devices else "?"
     # multi-process: a process reads only the devices it owns (the others' have no stats here).
     devices = [d for d in devices if d.process_index == jax.process_index()]
-    stats = {}
-    for d in devices:
-        s = d.memory_stats()
-        if s:
-            stats[str(d.id)] = {k: int(v) for k, v in s.items() if k in _ALLOCATOR_KEYS}
+    stats = {
+        str(d.id): {k: int(v) for k, v in s.items() if k in _ALLOCATOR_KEYS} for d in devices if (s := d.memory_stats())
+    }
     if not stats:
         return {
             "available": False,
