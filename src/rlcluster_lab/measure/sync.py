@@ -331,8 +331,7 @@ def sync_ledger(source: Mapping[str, ShardFacts], destination: Mapping[str, jax.
     peak: dict[str, dict[str, int]] = {}
     leaves = []
     for path in sorted(source):
-        src = source[path]
-        dst = destination[path]
+        src, dst = source[path], destination[path]
         itemsize = np.dtype(src.dtype).itemsize
         dst_boxes = shard_boxes(dst)
         lacking = minimum_cross_device_elements(src.boxes, dst_boxes)

@@ -126,8 +126,7 @@ def join(run: Any, step: Any) -> Ops:
     for a, i in enumerate(s.legs):
         dst = run.work_dst(i)
         devices = [d.id for d in dst.mesh.devices.flat]
-        blocks = []
-        made = set()
+        blocks, made = [], set()
         for b, dev in enumerate(devices):
             if (a, b) in kept:
                 blocks.append(_shards(run, i)[dev])

@@ -100,8 +100,7 @@ def _opcode_name(ins: Any) -> str:
 
 def _entry_parameters(module: Any) -> dict[str, int]:
     """Instruction name -> parameter number, for the entry computation's parameters."""
-    text = module.to_string()
-    match = re.search(r"^ENTRY %?([\w.\-]+)", text, re.M)
+    match = re.search(r"^ENTRY %?([\w.\-]+)", module.to_string(), re.M)
     entry = match.group(1) if match else None
     out = {}
     for comp in module.computations():
