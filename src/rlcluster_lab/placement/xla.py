@@ -189,7 +189,7 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
         for i, y in zip(whole, jax.device_put([current[i] for i in whole], [run.work_dst(i) for i in whole])):
             run.joined[i] = y
     sends: list[tuple[int, int, Any]] = []
-    copies: dict[int, list[Any]] = {}
+    out: dict[tuple[Any, ...], Any] = {("sent", i): [run.joined[i]] if i in whole else [] for i in members}
     for i in members:
         if i in run.joined:
             continue
@@ -200,13 +200,10 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
                 sends.append((i, p, by_device[pos.src]))
             elif pos.how == "copy":
                 blocks[p] = jax.device_put(by_device[pos.dst], dst_a[p], may_alias=False)
-                copies.setdefault(i, []).append(blocks[p])
+                out[("sent", i)].append(blocks[p])
             else:
                 blocks[p] = by_device[pos.dst]
         run.blocks[i] = blocks
-    out: dict[tuple[Any, ...], Any] = {("sent", i): list(copies.get(i, [])) for i in members}
-    for i in whole:
-        out[("sent", i)] = [run.joined[i]]
     if sends:
         arrived = jax.device_put([d for _, _, d in sends], [dst_a[p] for _, p, _ in sends])
         for (i, p, _), y in zip(sends, arrived):
