@@ -20,8 +20,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from pairwise import pairwise
 
-from rlcluster_lab import Scenario, build_cluster
-from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig
 from rlcluster_lab.core import compile_cache
 from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.placement import programs, xla, xla_analysis
@@ -194,37 +192,54 @@ REBUILDS = pairwise(
 )
 
 
+TRIM_CHILD = """
+import json, os, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+from rlcluster_lab.core.compile_cache import enable_compilation_cache
+enable_compilation_cache(os.environ["RLCLUSTER_LAB_TEST_CACHE"])
+import rlcluster_lab.app.scenario as scenario_module
+from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, build_cluster
+from rlcluster_lab.placement import programs
+held, limit = programs.mapped_regions(), programs.mapping_limit()
+programs.TRIM_FRACTION = (held + 120) / limit
+trims, trim = [], programs.trim_compiled_programs
+def counted(*args):
+    trims.append(trim(*args))
+    return trims[-1]
+programs.trim_compiled_programs = scenario_module.trim_compiled_programs = counted
+peak = 0
+for i, (layout, size, engine, lora) in enumerate(json.loads(sys.argv[1])):
+    cluster = build_cluster(Scenario(layout=layout, model_size=size, engine=engine, lora=lora, max_tokens=4))
+    cluster.sync_weights()
+    if i % 4 == 3:
+        GRPOLearner(cluster, LearnerConfig(steps=1, prompts_per_step=1, group_size=2)).step()
+    del cluster
+    peak = max(peak, programs.mapped_regions())
+print(json.dumps({"trims": trims, "peak": peak, "limit": limit}))
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_varied_rebuilds_trim_again_and_again_and_stay_under_the_mapping_limit(monkeypatch):
-    """The lab's rebuild loop: nine clusters over every layout, two sizes, every engine and LoRA,
-    a sync each and a training step after the fourth and the eighth. A step's programs take about
-    320-370 mappings in a fresh process (each program's machine code in one piece,
-    core.compile_options; about 600 when XLA:CPU split it) and 90-380 after other tests (what
-    XLA maps once per process is there already), a build 20-30, so with the bound 120 above where
-    the loop starts, the build after each step must trim (twice at least: the bound holds the
-    loop, not only its first crossing), and the process never runs past the kernel's limit."""
-    held, limit = programs.mapped_regions(), programs.mapping_limit()
-    if held is None or limit is None:
+def test_varied_rebuilds_trim_again_and_again_and_stay_under_the_mapping_limit():
+    """The lab's rebuild loop, in a fresh process: nine clusters over every layout, two sizes,
+    every engine and LoRA, a sync each and a training step after the fourth and the eighth. A
+    step's programs take about 320-370 mappings in a fresh process (each program's machine code
+    in one piece, core.compile_options; about 600 when XLA:CPU split it), a build 20-30, so with
+    the bound 120 above where the loop starts, the build after each step must trim (twice at
+    least: the bound holds the loop, not only its first crossing), and the process never runs
+    past the kernel's limit. A fresh process, because in one that ran other tests first XLA has
+    mapped much of what a step needs already (a step then added as few as 64 mappings)."""
+    if programs.mapped_regions() is None or programs.mapping_limit() is None:
         pytest.skip("no /proc/self/maps here: the mapping bound is a Linux matter")
-    monkeypatch.setattr(programs, "TRIM_FRACTION", (held + 120) / limit)
-    trims = []
-    real = programs.trim_compiled_programs
-    monkeypatch.setattr(programs, "trim_compiled_programs", lambda *a: trims.append(real(*a)) or trims[-1])
-    import rlcluster_lab.app.scenario as scenario_mod
-
-    monkeypatch.setattr(scenario_mod, "trim_compiled_programs", programs.trim_compiled_programs)
-    peak = 0
-    for i, (layout, size, engine, lora) in enumerate(REBUILDS):
-        cluster = build_cluster(Scenario(layout=layout, model_size=size, engine=engine, lora=lora, max_tokens=4))
-        cluster.sync_weights()
-        if i % 4 == 3:
-            GRPOLearner(cluster, LearnerConfig(steps=1, prompts_per_step=1, group_size=2)).step()
-        del cluster
-        peak = max(peak, programs.mapped_regions())
-    assert sum(trims) >= 2, f"the bound triggered {sum(trims)} times in {len(trims)} builds"
-    assert peak < limit
-    jax.clear_caches()
+    run = subprocess.run(
+        [sys.executable, "-c", TRIM_CHILD, json.dumps(REBUILDS)], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert sum(out["trims"]) >= 2, f"the bound triggered {sum(out['trims'])} times in {len(out['trims'])} builds"
+    assert out["peak"] < out["limit"]
 
 
 # --- the trust boundary (issue 21): a cache whose files are run, or believed ---------------------
