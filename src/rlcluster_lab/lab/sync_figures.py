@@ -248,8 +248,7 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         peak.get("max_device") or max(by_device, key=lambda d: max(by_device[d].values(), default=0), default="0")
     )
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
-    left, right = 104, 16  # room for "pinned host" beside its panel
-    plot_w = WIDTH - left - right
+    left = _PANEL_LEFT
     c = Canvas(WIDTH, 0, "Weight sync (P13): bytes alive on one device during the sync, above what was there before")
     source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
     mine = by_device.get(device, {})
@@ -263,10 +262,8 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
     for line in wrap(sub, WIDTH - 16, MIN_FONT, lines=2):
         c.text(8, y, line, size=MIN_FONT, fill=MUTED)
         y += 16
-    step = plot_w / max(len(phases), 1)
-    bar = max(min(step * 0.7, 42), 1.5)
     for kind in kinds:
-        y = _panel(c, phases, device, kind, chunks, left, y + 16, step, bar, mine.get(kind, 0))
+        y = _panel(c, phases, device, kind, chunks, y + 16, mine.get(kind, 0))
     if not kinds:
         c.text(left, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
         y += 36
@@ -342,19 +339,15 @@ def _panel_level(p: Mapping[str, Any], device: str, kind: str) -> int:
     return level
 
 
+_PANEL_LEFT = 104  # room for "pinned host" beside its panel
+
+
 def _panel(
-    c: Canvas,
-    phases: Sequence[Mapping[str, Any]],
-    device: str,
-    kind: str,
-    chunks: int,
-    left: float,
-    y: float,
-    step: float,
-    bar: float,
-    top: int,
+    c: Canvas, phases: Sequence[Mapping[str, Any]], device: str, kind: str, chunks: int, y: float, top: int
 ) -> float:
     """One memory kind: stacked terms above the zero line, releases below; returns the y below."""
+    left, step = _PANEL_LEFT, (WIDTH - _PANEL_LEFT - 16) / max(len(phases), 1)
+    bar = max(min(step * 0.7, 42), 1.5)
     up = max([sum(_terms(p, device, kind).values()) for p in phases] + [1])
     down = max([_released(p, device, kind) for p in phases] + [0])
     height, below = 120.0, 120.0 * down / (up + down) if down else 0.0
