@@ -273,7 +273,7 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         for term, color, what in PANELS[k]
         if any(_terms(p, device, k).get(term) for p in phases)
     ]
-    if any(_released(p, device) for p in phases):
+    if any(_released(p, device, k) for p in phases for k in PANELS):
         items.append((RELEASED_COLOR, "released: old arrays (or the old anchor) nothing holds any more"))
     y = legend(c, 8, y + 6, items)
     notes = [f"order: {peak.get('order', '?')}"]
@@ -320,16 +320,12 @@ def _terms(p: Mapping[str, Any], device: str, kind: str) -> dict[str, int]:
     return out
 
 
-def _released(p: Mapping[str, Any], device: str, kind: str | None = None) -> int:
-    """What a phase released beyond the rollout's new arrays that replaced it (bytes, >= 0)."""
-    kinds = list(PANELS) if kind is None else [kind]
-    left = 0
-    for k in kinds:
-        terms = p.get("terms", {}).get(device, {})
-        gone = -int(terms.get(ph.term_in(ph.RELEASED, k), 0))
-        made = sum(max(int(terms.get(ph.term_in(t, k), 0)), 0) for t in (ph.RESHARDED, ph.CAST))
-        left += max(gone - made, 0)
-    return left
+def _released(p: Mapping[str, Any], device: str, kind: str) -> int:
+    """What a phase released in ``kind`` beyond the rollout's new arrays that replaced it (bytes, >= 0)."""
+    terms = p.get("terms", {}).get(device, {})
+    gone = -int(terms.get(ph.term_in(ph.RELEASED, kind), 0))
+    made = sum(max(int(terms.get(ph.term_in(t, kind), 0)), 0) for t in (ph.RESHARDED, ph.CAST))
+    return max(gone - made, 0)
 
 
 def _panel_level(p: Mapping[str, Any], device: str, kind: str) -> int:
