@@ -190,12 +190,7 @@ class SyncFlows:
 
 
 def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, label: str = "") -> SyncFlows:
-    """The per-device bytes of a sync report's leaves (all of them, or ``paths``).
-
-    Args:
-        report: a sync report's JSON (``SyncReport.to_json()``).
-        paths: the leaves to count; every leaf when None.
-        label: a name for the figure.
+    """The per-device bytes of a sync report's leaves (``SyncReport.to_json()``): all of them, or ``paths``.
 
     Raises:
         KeyError: a path that the report did not sync.

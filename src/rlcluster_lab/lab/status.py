@@ -67,14 +67,7 @@ def wait_text(
 
 class Ticker:
     """Shows ``text(seconds so far)`` at once, then again every ``TICK_SECONDS`` from a thread
-    until stopped.
-
-    Args:
-        show: where the text goes (the status line).
-        text: the text for a number of seconds since ``start``.
-        clock: the time source (seconds).
-        stop: the event that ends the redraws (its ``wait(TICK_SECONDS)`` paces them).
-    """
+    until stopped (``stop``: the event that ends the redraws; its ``wait(TICK_SECONDS)`` paces them)."""
 
     def __init__(
         self,
