@@ -286,11 +286,7 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     text_w = WIDTH - 8 - text_x
     scale = bar_max / top_value
     sums = role_sums(memory)
-    c = Canvas(
-        WIDTH,
-        0,
-        f"Memory per role (measured): {fmt_bytes(sum(sums.values()))} held, each buffer counted once",
-    )
+    c = Canvas(WIDTH, 0, f"Memory per role (measured): {fmt_bytes(sum(sums.values()))} held, each buffer counted once")
     naive = fmt_bytes(memory.get("naive_bytes", 0))
     note = f"{where_prefix(memory)}{_sums_text(sums)}; physical bytes; {naive} if every role's bytes were summed"
     lines = wrap(note, WIDTH - 16, MIN_FONT, lines=3)

@@ -201,13 +201,7 @@ class StatusLine:
         (self.sentence.add_class if busy else self.sentence.remove_class)("rl-busy")
 
     @contextlib.contextmanager
-    def waiting(
-        self,
-        what: str,
-        key: str,
-        *,
-        programs: Callable[[], Sequence[str]] = tuple,
-    ) -> Iterator[Wait]:
+    def waiting(self, what: str, key: str, *, programs: Callable[[], Sequence[str]] = tuple) -> Iterator[Wait]:
         """Show what the block waits for at once and redraw it every ``TICK_SECONDS`` with the
         seconds since the action's click (``begin``: one clock for every wait of an action and
         its closing sentence), the last wait of the same ``key`` as an estimate, the program being

@@ -81,10 +81,7 @@ def planned_peak_rows(
 
 
 def chunk_sweep(
-    devices: Devices,
-    scenario: Scenario,
-    chunk_sizes: Sequence[int | None],
-    progress: Tick | None = None,
+    devices: Devices, scenario: Scenario, chunk_sizes: Sequence[int | None], progress: Tick | None = None
 ) -> list[dict[str, Any]]:
     """One cluster per chunk size (``None``: one piece): its measured peak (busiest device),
     the planner's, and the median handover time of 5 syncs after one that compiles."""
