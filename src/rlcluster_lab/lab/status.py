@@ -149,10 +149,8 @@ class StatusLine:
             description="details",
             tooltip="what the last action cost, measured: its work, the report, the redraw, the programs compiled",
             layout=widgets.Layout(width="76px", height="24px", flex="0 0 auto"),
-        )
-        self.toggle.add_class("rl-details-toggle")
-        self.details = widgets.HTML(layout=widgets.Layout(display="none"))
-        self.details.add_class("rl-details")
+        ).add_class("rl-details-toggle")
+        self.details = widgets.HTML(layout=widgets.Layout(display="none")).add_class("rl-details")
         self.toggle.observe(lambda c: setattr(self.details.layout, "display", "block" if c.new else "none"), "value")
         self.progress = widgets.IntProgress(
             value=0,
