@@ -223,9 +223,7 @@ RELEASED_COLOR = "#7fb27f"
 
 def phase_label(p: Mapping[str, Any], chunks: int) -> str:
     """A sync phase as the figures name it: ``"chunk 2/3: reshard"`` where the sync ran in chunks."""
-    if p["chunk"] is None:
-        return p["name"]
-    return p["name"] if chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
+    return p["name"] if p["chunk"] is None or chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
 
 
 def sync_peak(sync: Mapping[str, Any]) -> Svg:
