@@ -150,8 +150,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         for k, kind in enumerate(kinds):
             x = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
             own = [(e, v) for e in entries if (v := own_bytes(memory, e, dev, kind)) > 0]
-            held_once = [(g["roles"], fill, _on(g, dev, kind)) for g, fill in zip(groups, group_fills)]
-            held_once = [(roles, fill, v) for roles, fill, v in held_once if v > 0]
+            held_once = [(g["roles"], fill, v) for g, fill in zip(groups, group_fills) if (v := _on(g, dev, kind)) > 0]
             for name in [e for e, _ in own] + [" = ".join(roles) for roles, _, _ in held_once]:
                 drawn.setdefault(name, set()).add(kind)
             parts = [
