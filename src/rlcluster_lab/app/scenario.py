@@ -245,13 +245,9 @@ def build_cluster(
     role_to_mesh: dict[Role, Any] | None = None,
 ) -> RLCluster:
     """Build the scenario's models and meshes and construct the cluster, after every check
-    that follows from the knobs (``validate``, ``check_memory``).
-
-    Args:
-        scenario: the knobs.
-        devices: the devices the layout is built on (default ``jax.devices()``).
-        training_config: the actor's training settings.
-        role_to_mesh: meshes that replace the layout's (e.g. a custom rollout mesh).
+    that follows from the knobs (``validate``, ``check_memory``). ``devices``: those the layout is
+    built on (default ``jax.devices()``); ``role_to_mesh``: meshes that replace the layout's (e.g. a
+    custom rollout mesh).
 
     Raises:
         ConfigError: for a combination that cannot work, with the fix.

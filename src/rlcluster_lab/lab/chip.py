@@ -2,7 +2,7 @@
 of the same tree, the anchor's re-pin, and an offload to pinned host memory and back, in ms and GB/s.
 
 On an accelerator they are measured now (``measure``). Anywhere else the figures of the last chip
-run are shown (``stored``), labelled with the chip, the date and the commit they were measured at;
+run are shown (read from ``STORED``), labelled with the chip, the date and the commit they were measured at;
 where no chip run is stored with this version, the same operations are measured now on one CPU
 device and say so (a CPU's "host link" is a copy within RAM, so they show the mechanism, not a
 chip's speed). The stored file is written on a chip by
@@ -95,17 +95,12 @@ def chip_figures(accelerators: Sequence[Any], model_size: str | None = None) -> 
     """
     if accelerators:
         return measure(accelerators[0], model_size or "large")
-    if STORED.exists():
-        return stored()
+    if STORED.exists():  # as saved by ``--save``
+        data = json.loads(STORED.read_text(encoding="utf-8"))
+        return ChipFigures(**{**data, "rows": tuple(data["rows"]), "live": False})
     import jax
 
     return measure(jax.devices("cpu")[0], model_size or "small")
-
-
-def stored(path: Path | None = None) -> ChipFigures:
-    """The figures of a chip run, as saved by ``--save`` (``STORED`` unless ``path`` is given)."""
-    data = json.loads((path or STORED).read_text(encoding="utf-8"))
-    return ChipFigures(**{**data, "rows": tuple(data["rows"]), "live": False})
 
 
 def measure(device: Any, model_size: str = "large", commit: str | None = None) -> ChipFigures:

@@ -98,17 +98,18 @@ class Display:
     def __init__(self) -> None:
         self._drawn: dict[str, str] = {}  # panel -> the data its figures were drawn from
         self.style = widgets.HTML(STYLE, layout=widgets.Layout(display="none"))  # applies while hidden
-        self.summary = widgets.HTML()
-        self.summary.add_class("rl-summary")
-        self.changes = widgets.HTML()
-        self.changes.add_class("rl-changes")
-        self.step_log = widgets.HTML()
-        self.step_log.add_class("rl-step-log")
-        self.outputs = {name: widgets.Output(layout=widgets.Layout(min_height="120px")) for name in TITLES}
-        for name, out in self.outputs.items():
-            out.add_class(f"rl-panel-{name}")
+        # add_class returns the widget: each is made with its class.
+        self.summary = widgets.HTML().add_class("rl-summary")
+        self.changes = widgets.HTML().add_class("rl-changes")
+        self.step_log = widgets.HTML().add_class("rl-step-log")
+        self.outputs = {
+            name: widgets.Output(layout=widgets.Layout(min_height="120px")).add_class(f"rl-panel-{name}")
+            for name in TITLES
+        }
         # Per view, under its heading: what it shows is the last construction, not the knobs' changes since.
-        self.stale = {name: widgets.HTML(layout=widgets.Layout(display="none")) for name, _ in VIEWS}
+        self.stale = {
+            name: widgets.HTML(layout=widgets.Layout(display="none")).add_class("rl-stale") for name, _ in VIEWS
+        }
         self.stale_text = ""
         self.tabs = self._tabs()
 
@@ -119,14 +120,9 @@ class Display:
         pages = []
         for name, _title in VIEWS:
             heading = [widgets.HTML(f"<b>{html.escape(TITLES[name])}</b>")] if name in TITLES else []
-            self.stale[name].add_class("rl-stale")
             page = widgets.VBox(heading + [self.stale[name], content[name]], layout=widgets.Layout(padding="2px"))
-            page.add_class("rl-view")
-            page.add_class(f"rl-view-{name}")
-            pages.append(page)
-        tabs = widgets.Tab(pages, titles=[title for _, title in VIEWS], selected_index=1)
-        tabs.add_class("rl-views")
-        return tabs
+            pages.append(page.add_class("rl-view").add_class(f"rl-view-{name}"))
+        return widgets.Tab(pages, titles=[title for _, title in VIEWS], selected_index=1).add_class("rl-views")
 
     def show(self, view: str) -> None:
         """Select the view's tab (``VIEWS``): what an action changed comes into view."""

@@ -245,14 +245,11 @@ def link_lanes(links: list[FlowLink], row_of: Mapping[str, int]) -> list[int]:
     out = []
     for link in links:
         a, b = sorted((row_of[link.src], row_of[link.dst]))
-        for k, taken in enumerate(lanes):
-            if all(b < lo or a > hi for lo, hi in taken):
-                taken.append((a, b))
-                out.append(k)
-                break
-        else:
-            lanes.append([(a, b)])
-            out.append(len(lanes) - 1)
+        k = next((k for k, taken in enumerate(lanes) if all(b < lo or a > hi for lo, hi in taken)), len(lanes))
+        if k == len(lanes):
+            lanes.append([])
+        lanes[k].append((a, b))
+        out.append(k)
     return out
 
 

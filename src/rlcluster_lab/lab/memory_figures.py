@@ -150,8 +150,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         for k, kind in enumerate(kinds):
             x = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
             own = [(e, v) for e in entries if (v := own_bytes(memory, e, dev, kind)) > 0]
-            held_once = [(g["roles"], fill, _on(g, dev, kind)) for g, fill in zip(groups, group_fills)]
-            held_once = [(roles, fill, v) for roles, fill, v in held_once if v > 0]
+            held_once = [(g["roles"], fill, v) for g, fill in zip(groups, group_fills) if (v := _on(g, dev, kind)) > 0]
             for name in [e for e, _ in own] + [" = ".join(roles) for roles, _, _ in held_once]:
                 drawn.setdefault(name, set()).add(kind)
             parts = [
@@ -286,11 +285,7 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     text_w = WIDTH - 8 - text_x
     scale = bar_max / top_value
     sums = role_sums(memory)
-    c = Canvas(
-        WIDTH,
-        0,
-        f"Memory per role (measured): {fmt_bytes(sum(sums.values()))} held, each buffer counted once",
-    )
+    c = Canvas(WIDTH, 0, f"Memory per role (measured): {fmt_bytes(sum(sums.values()))} held, each buffer counted once")
     naive = fmt_bytes(memory.get("naive_bytes", 0))
     note = f"{where_prefix(memory)}{_sums_text(sums)}; physical bytes; {naive} if every role's bytes were summed"
     lines = wrap(note, WIDTH - 16, MIN_FONT, lines=3)

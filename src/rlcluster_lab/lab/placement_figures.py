@@ -170,11 +170,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     cell_w = min(72.0, (WIDTH - label_w - 10) / max(len(ids), 1))
     small = cell_w < text_width("88.8 KiB", MIN_FONT) + 6  # too narrow for bytes: they go in the hover
     actor_color = ROLE_COLORS["actor"]
-    c = Canvas(
-        WIDTH,
-        0,
-        f"Devices: {devices_text(report)}; each cell: mesh coordinate and the role's physical bytes",
-    )
+    c = Canvas(WIDTH, 0, f"Devices: {devices_text(report)}; each cell: mesh coordinate and the role's physical bytes")
     for j, dev in enumerate(ids):
         c.text(label_w + j * cell_w + cell_w / 2, top - 8, f"dev {dev}", size=MIN_FONT, anchor="middle", fill=MUTED)
     kinds: set[str] = set()

@@ -143,23 +143,17 @@ def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[li
     on_chip = ", ".join(on_chip) or "none"
     them = "it" if len(accelerators) == 1 else "them"
     if len(cpus) >= 2:
-        return (
-            list(cpus),
-            True,
-            [
-                f"the {chip} can reach only: {on_chip}; "
-                + ("the others are built " if on_chip != "none" else "the layouts here run ")
-                + f"on {len(cpus)} simulated CPU devices beside {them} (lab.devices_for(layout) gives each layout's)"
-            ],
+        others = "the others are built" if on_chip != "none" else "the layouts here run"
+        note = (
+            f"the {chip} can reach only: {on_chip}; {others} on {len(cpus)} simulated CPU devices beside {them} "
+            "(lab.devices_for(layout) gives each layout's)"
         )
-    return (
-        list(accelerators),
-        False,
-        [
-            f"the {chip} can reach only: {on_chip}, and no simulated CPU devices were set up beside it "
-            f"(the backend had already started); restart the runtime and run this cell first for the others"
-        ],
+        return list(cpus), True, [note]
+    note = (
+        f"the {chip} can reach only: {on_chip}, and no simulated CPU devices were set up beside it "
+        "(the backend had already started); restart the runtime and run this cell first for the others"
     )
+    return list(accelerators), False, [note]
 
 
 def layout_families(accelerators: Sequence[Any], devices: Sequence[Any], simulated: bool) -> tuple[LayoutFamily, ...]:

@@ -135,19 +135,16 @@ def same_buffer_rows(cluster: Any, path: str) -> list[dict[str, Any]]:
     """
     actor, rollout = _actor_and_rollout(cluster, path)
     mine = {s.device.id: s for s in actor.addressable_shards}
-    rows = []
-    for s in sorted(rollout.addressable_shards, key=lambda s: s.device.id):
-        a = mine.get(s.device.id)
-        rows.append(
-            {
-                "device": s.device.id,
-                "actor box": _box_text(to_box(a.index, actor.shape)) if a is not None else "-",
-                "rollout box": _box_text(to_box(s.index, rollout.shape)),
-                "bytes": int(s.data.nbytes),
-                "same buffer": a is not None and shard_key(a) == shard_key(s),
-            }
-        )
-    return rows
+    return [
+        {
+            "device": s.device.id,
+            "actor box": _box_text(to_box(a.index, actor.shape)) if (a := mine.get(s.device.id)) is not None else "-",
+            "rollout box": _box_text(to_box(s.index, rollout.shape)),
+            "bytes": int(s.data.nbytes),
+            "same buffer": a is not None and shard_key(a) == shard_key(s),
+        }
+        for s in sorted(rollout.addressable_shards, key=lambda s: s.device.id)
+    ]
 
 
 def _box_text(box: Box) -> str:
@@ -193,12 +190,7 @@ class SyncFlows:
 
 
 def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, label: str = "") -> SyncFlows:
-    """The per-device bytes of a sync report's leaves (all of them, or ``paths``).
-
-    Args:
-        report: a sync report's JSON (``SyncReport.to_json()``).
-        paths: the leaves to count; every leaf when None.
-        label: a name for the figure.
+    """The per-device bytes of a sync report's leaves (``SyncReport.to_json()``): all of them, or ``paths``.
 
     Raises:
         KeyError: a path that the report did not sync.
@@ -278,25 +270,21 @@ def spec_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for lf in report.get("leaves", []):
         groups.setdefault((spec_of(lf["src_sharding"]), spec_of(lf["dst_sharding"])), []).append(lf)
-    rows = []
-    for (src, dst), leaves in groups.items():
-        synced = sum(int(lf["synced_bytes"]) for lf in leaves)
-        arrived = sum(int(lf["arrived_cross_device_bytes"]) for lf in leaves)
-        rows.append(
-            {
-                "partition spec": src if src == dst else f"{src} -> {dst}",
-                "leaves": ", ".join(dict.fromkeys(_short_name(lf["path"]) for lf in leaves)),
-                "count": len(leaves),
-                "synced": synced,
-                "arrived": arrived,
-                "copied": sum(int(lf["copied_same_device_bytes"]) for lf in leaves),
-                "reused": sum(int(lf["reused_bytes"]) for lf in leaves),
-                "arrived %": f"{100 * arrived / synced:.1f}" if synced else "-",
-                "relayed (not synced)": sum(int(lf["relayed_cross_device_bytes"]) for lf in leaves),
-            }
-        )
-    rows.sort(key=lambda r: (-r["synced"], r["leaves"]))
-    return rows
+    rows = [
+        {
+            "partition spec": src if src == dst else f"{src} -> {dst}",
+            "leaves": ", ".join(dict.fromkeys(_short_name(lf["path"]) for lf in leaves)),
+            "count": len(leaves),
+            "synced": (synced := sum(int(lf["synced_bytes"]) for lf in leaves)),
+            "arrived": (arrived := sum(int(lf["arrived_cross_device_bytes"]) for lf in leaves)),
+            "copied": sum(int(lf["copied_same_device_bytes"]) for lf in leaves),
+            "reused": sum(int(lf["reused_bytes"]) for lf in leaves),
+            "arrived %": f"{100 * arrived / synced:.1f}" if synced else "-",
+            "relayed (not synced)": sum(int(lf["relayed_cross_device_bytes"]) for lf in leaves),
+        }
+        for (src, dst), leaves in groups.items()
+    ]
+    return sorted(rows, key=lambda r: (-r["synced"], r["leaves"]))
 
 
 def share_lines(report: Mapping[str, Any]) -> str:
@@ -342,22 +330,18 @@ def share_lines(report: Mapping[str, Any]) -> str:
 def share_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per sync: physical and logical bytes synced, the part of the physical bytes that arrived
     from other devices (and its share), and apart the bytes relayed (crossed without staying)."""
-    rows = []
-    for label, s in syncs.items():
-        synced = int(s["synced_bytes"])
-        arrived = int(s["arrived_cross_device_bytes"])
-        rows.append(
-            {
-                "run": label,
-                "synced physical": synced,
-                "synced logical": int(s["synced_logical_bytes"]),
-                "physical / logical": f"{synced / max(int(s['synced_logical_bytes']), 1):.2f}",
-                "arrived": arrived,
-                "arrived % of physical": f"{100 * arrived / synced:.1f}" if synced else "-",
-                "relayed (not synced)": int(s.get("relayed_cross_device_bytes", 0)),
-            }
-        )
-    return rows
+    return [
+        {
+            "run": label,
+            "synced physical": (synced := int(s["synced_bytes"])),
+            "synced logical": int(s["synced_logical_bytes"]),
+            "physical / logical": f"{synced / max(int(s['synced_logical_bytes']), 1):.2f}",
+            "arrived": (arrived := int(s["arrived_cross_device_bytes"])),
+            "arrived % of physical": f"{100 * arrived / synced:.1f}" if synced else "-",
+            "relayed (not synced)": int(s.get("relayed_cross_device_bytes", 0)),
+        }
+        for label, s in syncs.items()
+    ]
 
 
 def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -67,14 +67,7 @@ def wait_text(
 
 class Ticker:
     """Shows ``text(seconds so far)`` at once, then again every ``TICK_SECONDS`` from a thread
-    until stopped.
-
-    Args:
-        show: where the text goes (the status line).
-        text: the text for a number of seconds since ``start``.
-        clock: the time source (seconds).
-        stop: the event that ends the redraws (its ``wait(TICK_SECONDS)`` paces them).
-    """
+    until stopped (``stop``: the event that ends the redraws; its ``wait(TICK_SECONDS)`` paces them)."""
 
     def __init__(
         self,
@@ -156,10 +149,8 @@ class StatusLine:
             description="details",
             tooltip="what the last action cost, measured: its work, the report, the redraw, the programs compiled",
             layout=widgets.Layout(width="76px", height="24px", flex="0 0 auto"),
-        )
-        self.toggle.add_class("rl-details-toggle")
-        self.details = widgets.HTML(layout=widgets.Layout(display="none"))
-        self.details.add_class("rl-details")
+        ).add_class("rl-details-toggle")
+        self.details = widgets.HTML(layout=widgets.Layout(display="none")).add_class("rl-details")
         self.toggle.observe(lambda c: setattr(self.details.layout, "display", "block" if c.new else "none"), "value")
         self.progress = widgets.IntProgress(
             value=0,
@@ -208,13 +199,7 @@ class StatusLine:
         (self.sentence.add_class if busy else self.sentence.remove_class)("rl-busy")
 
     @contextlib.contextmanager
-    def waiting(
-        self,
-        what: str,
-        key: str,
-        *,
-        programs: Callable[[], Sequence[str]] = tuple,
-    ) -> Iterator[Wait]:
+    def waiting(self, what: str, key: str, *, programs: Callable[[], Sequence[str]] = tuple) -> Iterator[Wait]:
         """Show what the block waits for at once and redraw it every ``TICK_SECONDS`` with the
         seconds since the action's click (``begin``: one clock for every wait of an action and
         its closing sentence), the last wait of the same ``key`` as an estimate, the program being

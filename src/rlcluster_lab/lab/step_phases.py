@@ -402,21 +402,18 @@ def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
     """Per phase, the first step's time (with the tracing and compiling of its own thread, parts
     of it) beside a later step's; the last column is the first step's work on other threads
     meanwhile (its programs built ahead): beside the phase, not part of its time."""
-    rows = []
-    for a in first.phases:
-        b = later.phase(a.name)
-        rows.append(
-            {
-                "phase": a.name,
-                f"step {first.step} ms": _ms(a.seconds),
-                "of which trace ms": _ms(a.trace_seconds),
-                "of which compile ms": _ms(a.compile_seconds),
-                f"step {later.step} ms": _ms(b.seconds),
-                f"step {later.step} trace + compile ms": _ms(b.trace_seconds + b.compile_seconds),
-                f"step {first.step} {OTHER_THREADS}": _ms(a.other_threads_seconds),
-            }
-        )
-    return rows
+    return [
+        {
+            "phase": a.name,
+            f"step {first.step} ms": _ms(a.seconds),
+            "of which trace ms": _ms(a.trace_seconds),
+            "of which compile ms": _ms(a.compile_seconds),
+            f"step {later.step} ms": _ms(b.seconds),
+            f"step {later.step} trace + compile ms": _ms(b.trace_seconds + b.compile_seconds),
+            f"step {first.step} {OTHER_THREADS}": _ms(a.other_threads_seconds),
+        }
+        for a, b in ((a, later.phase(a.name)) for a in first.phases)
+    ]
 
 
 def memory_rows(step: StepPhases, when: str = "during") -> list[dict[str, Any]]:

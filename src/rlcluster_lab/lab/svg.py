@@ -159,13 +159,7 @@ class Canvas:
         self._add("line", attrs, id, title)
 
     def path(
-        self,
-        d: str,
-        stroke: str,
-        *,
-        arrow: bool = False,
-        id: str | None = None,
-        title: str | None = None,
+        self, d: str, stroke: str, *, arrow: bool = False, id: str | None = None, title: str | None = None
     ) -> None:
         attrs = f'd="{d}" fill="none" stroke="{stroke}" stroke-width="1.2"'
         if arrow:

@@ -223,9 +223,7 @@ RELEASED_COLOR = "#7fb27f"
 
 def phase_label(p: Mapping[str, Any], chunks: int) -> str:
     """A sync phase as the figures name it: ``"chunk 2/3: reshard"`` where the sync ran in chunks."""
-    if p["chunk"] is None:
-        return p["name"]
-    return p["name"] if chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
+    return p["name"] if p["chunk"] is None or chunks <= 1 else f"chunk {p['chunk']}/{chunks}: {p['name']}"
 
 
 def sync_peak(sync: Mapping[str, Any]) -> Svg:
@@ -248,8 +246,7 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         peak.get("max_device") or max(by_device, key=lambda d: max(by_device[d].values(), default=0), default="0")
     )
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
-    left, right = 104, 16  # room for "pinned host" beside its panel
-    plot_w = WIDTH - left - right
+    left = _PANEL_LEFT
     c = Canvas(WIDTH, 0, "Weight sync (P13): bytes alive on one device during the sync, above what was there before")
     source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
     mine = by_device.get(device, {})
@@ -263,10 +260,8 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
     for line in wrap(sub, WIDTH - 16, MIN_FONT, lines=2):
         c.text(8, y, line, size=MIN_FONT, fill=MUTED)
         y += 16
-    step = plot_w / max(len(phases), 1)
-    bar = max(min(step * 0.7, 42), 1.5)
     for kind in kinds:
-        y = _panel(c, phases, device, kind, chunks, left, y + 16, step, bar, mine.get(kind, 0))
+        y = _panel(c, phases, device, kind, chunks, y + 16, mine.get(kind, 0))
     if not kinds:
         c.text(left, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
         y += 36
@@ -276,7 +271,7 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         for term, color, what in PANELS[k]
         if any(_terms(p, device, k).get(term) for p in phases)
     ]
-    if any(_released(p, device) for p in phases):
+    if any(_released(p, device, k) for p in phases for k in PANELS):
         items.append((RELEASED_COLOR, "released: old arrays (or the old anchor) nothing holds any more"))
     y = legend(c, 8, y + 6, items)
     notes = [f"order: {peak.get('order', '?')}"]
@@ -323,16 +318,12 @@ def _terms(p: Mapping[str, Any], device: str, kind: str) -> dict[str, int]:
     return out
 
 
-def _released(p: Mapping[str, Any], device: str, kind: str | None = None) -> int:
-    """What a phase released beyond the rollout's new arrays that replaced it (bytes, >= 0)."""
-    kinds = list(PANELS) if kind is None else [kind]
-    left = 0
-    for k in kinds:
-        terms = p.get("terms", {}).get(device, {})
-        gone = -int(terms.get(ph.term_in(ph.RELEASED, k), 0))
-        made = sum(max(int(terms.get(ph.term_in(t, k), 0)), 0) for t in (ph.RESHARDED, ph.CAST))
-        left += max(gone - made, 0)
-    return left
+def _released(p: Mapping[str, Any], device: str, kind: str) -> int:
+    """What a phase released in ``kind`` beyond the rollout's new arrays that replaced it (bytes, >= 0)."""
+    terms = p.get("terms", {}).get(device, {})
+    gone = -int(terms.get(ph.term_in(ph.RELEASED, kind), 0))
+    made = sum(max(int(terms.get(ph.term_in(t, kind), 0)), 0) for t in (ph.RESHARDED, ph.CAST))
+    return max(gone - made, 0)
 
 
 def _panel_level(p: Mapping[str, Any], device: str, kind: str) -> int:
@@ -342,19 +333,15 @@ def _panel_level(p: Mapping[str, Any], device: str, kind: str) -> int:
     return level
 
 
+_PANEL_LEFT = 104  # room for "pinned host" beside its panel
+
+
 def _panel(
-    c: Canvas,
-    phases: Sequence[Mapping[str, Any]],
-    device: str,
-    kind: str,
-    chunks: int,
-    left: float,
-    y: float,
-    step: float,
-    bar: float,
-    top: int,
+    c: Canvas, phases: Sequence[Mapping[str, Any]], device: str, kind: str, chunks: int, y: float, top: int
 ) -> float:
     """One memory kind: stacked terms above the zero line, releases below; returns the y below."""
+    left, step = _PANEL_LEFT, (WIDTH - _PANEL_LEFT - 16) / max(len(phases), 1)
+    bar = max(min(step * 0.7, 42), 1.5)
     up = max([sum(_terms(p, device, kind).values()) for p in phases] + [1])
     down = max([_released(p, device, kind) for p in phases] + [0])
     height, below = 120.0, 120.0 * down / (up + down) if down else 0.0

@@ -43,20 +43,17 @@ def on_device_at_peak(peak: Mapping[str, Any]) -> str:
 def peak_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per measured sync: its device-memory and pinned-host peaks (busiest device, bytes),
     where the device peak is, and what fills it."""
-    rows = []
-    for label, sync in syncs.items():
-        peak = sync["transient_peak"]
-        rows.append(
-            {
-                "run": label,
-                "device peak": int(peak["max_bytes"].get("device", 0)),
-                "pinned host peak": int(peak["max_bytes"].get("pinned_host", 0)),
-                "busiest device": peak["max_device"] if peak["max_device"] is not None else "-",
-                "at": peak["phase_at_peak"].get(peak["max_device"], "-") if peak["max_device"] else "-",
-                "on device at the peak": on_device_at_peak(peak),
-            }
-        )
-    return rows
+    return [
+        {
+            "run": label,
+            "device peak": int(peak["max_bytes"].get("device", 0)),
+            "pinned host peak": int(peak["max_bytes"].get("pinned_host", 0)),
+            "busiest device": peak["max_device"] if peak["max_device"] is not None else "-",
+            "at": peak["phase_at_peak"].get(peak["max_device"], "-") if peak["max_device"] else "-",
+            "on device at the peak": on_device_at_peak(peak),
+        }
+        for label, peak in ((label, sync["transient_peak"]) for label, sync in syncs.items())
+    ]
 
 
 def planned_peak_rows(
@@ -84,10 +81,7 @@ def planned_peak_rows(
 
 
 def chunk_sweep(
-    devices: Devices,
-    scenario: Scenario,
-    chunk_sizes: Sequence[int | None],
-    progress: Tick | None = None,
+    devices: Devices, scenario: Scenario, chunk_sizes: Sequence[int | None], progress: Tick | None = None
 ) -> list[dict[str, Any]]:
     """One cluster per chunk size (``None``: one piece): its measured peak (busiest device),
     the planner's, and the median handover time of 5 syncs after one that compiles."""

@@ -118,16 +118,13 @@ class PlacementLab:
         left = widgets.VBox(
             [actions, self.knobs.widget, d.changes, s.details],
             layout=widgets.Layout(width=f"{LEFT_WIDTH}px", flex="0 0 auto", margin="0 12px 0 0"),
-        )
-        left.add_class("rl-controls")
+        ).add_class("rl-controls")
         self.notes.wrap(left, {**self.knobs.outlined(), "actions": actions})
         # Beside the knobs while the views get 480 px or more; under them on a narrower screen.
         d.tabs.layout = widgets.Layout(flex="1 1 480px", min_width="0")
         body = widgets.HBox([left, d.tabs], layout=widgets.Layout(align_items="flex-start", flex_flow="row wrap"))
         top = widgets.VBox([d.style, s.progress, s.widget], layout=widgets.Layout(width="100%"))
-        root = widgets.VBox([top, body], layout=widgets.Layout(width="100%"))
-        root.add_class("rl-lab")
-        return root
+        return widgets.VBox([top, body], layout=widgets.Layout(width="100%")).add_class("rl-lab")
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # The live widget, and a picture of it for renderers that cannot draw one (display.mimebundle).
@@ -421,13 +418,9 @@ class Notes:
         for child in box.children:
             name = by_id.get(id(child))
             if name is not None:
-                note = widgets.HTML(layout=widgets.Layout(display="none"))
-                note.add_class("rl-note")
-                note.add_class(f"rl-note-{name}")
-                self._notes[name] = note
-                slot = widgets.VBox([child, note])
-                slot.add_class("rl-slot")
-                children.append(slot)
+                note = widgets.HTML(layout=widgets.Layout(display="none")).add_class("rl-note")
+                self._notes[name] = note.add_class(f"rl-note-{name}")
+                children.append(widgets.VBox([child, note]).add_class("rl-slot"))
             else:
                 if isinstance(child, widgets.Box):
                     self.wrap(child, targets)
