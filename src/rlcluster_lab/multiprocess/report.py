@@ -229,16 +229,13 @@ def process_split(
 ) -> tuple[int, int, dict[str, int]]:
     """(cross-process bytes, within-process bytes, bytes per "src->dst" process pair) of
     cross-device transfers given as (source device id, destination device id, bytes)."""
-    across = within = 0
+    crossed = {True: 0, False: 0}  # by whether the bytes crossed a process boundary
     pairs: dict[str, int] = {}
     for src, dst, nbytes in transfers:
         a, b = process_of[src], process_of[dst]
-        if a != b:
-            across += nbytes
-        else:
-            within += nbytes
+        crossed[a != b] += nbytes
         _add(pairs, {f"{a}->{b}": nbytes})
-    return across, within, pairs
+    return crossed[True], crossed[False], pairs
 
 
 def merge_crossing(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
