@@ -30,8 +30,8 @@ from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import p10_require_anchor
 from rlcluster_lab.rules.steps import p9_check_prompts
 from rlcluster_lab.training import critic as critic_training
-from rlcluster_lab.training.batch import validate_prompts
-from rlcluster_lab.training.step import TrainBatch, batch_arrays, mini_batches, train_step
+from rlcluster_lab.training.batch import TrainBatch, batch_arrays, mini_batches, validate_prompts
+from rlcluster_lab.training.step import train_step
 
 
 def generate(
