@@ -239,9 +239,7 @@ def check_accumulation(batch_size: int, tcfg: Any) -> None:
     Raises:
         ConfigError: naming the batch size and ``mini_batch_size``.
     """
-    if tcfg.train_micro_batch_size is None:
-        return
-    if batch_size % tcfg.mini_batch_size:
+    if tcfg.train_micro_batch_size is not None and batch_size % tcfg.mini_batch_size:
         raise ConfigError(
             f"the training batch has {batch_size} rows, not a multiple of mini_batch_size={tcfg.mini_batch_size}; "
             f"with train_micro_batch_size={tcfg.train_micro_batch_size} every mini-batch must be whole: pass a "
