@@ -115,8 +115,7 @@ def _peak_lines(peak: dict[str, Any] | None) -> list[str]:
     where = f" on device {device}, at {peak['phase_at_peak'][device]}" if device is not None else ""
     from rlcluster_lab.measure.sync_peak import chunk_words
 
-    chunks = chunk_words(peak)
     return [
-        f"  transient peak above what was there before (measured, {chunks}): device memory "
+        f"  transient peak above what was there before (measured, {chunk_words(peak)}): device memory "
         f"{top.get('device', 0):,}{where}; pinned host {top.get('pinned_host', 0):,}"
     ]

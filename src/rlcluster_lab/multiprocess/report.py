@@ -213,15 +213,14 @@ def merge_peaks(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | N
         )
         for rows in zip(*(p["phases"] for p in parts))  # type: ignore[index]
     ]
-    merged = peak_of(
+    return peak_of(
         phases,
         chunk_bytes=first["chunk_bytes"],  # type: ignore[index]
         largest_chunk_bytes=first["largest_chunk_bytes"],  # type: ignore[index]
         order=first["order"],  # type: ignore[index]
         method={k: v + "; each process walked its own devices" for k, v in first["method"].items()},  # type: ignore[index]
         allocator=_merge_allocator([p.get("allocator") or {} for p in parts]),  # type: ignore[union-attr]
-    )
-    return merged.to_json()
+    ).to_json()
 
 
 def process_split(
