@@ -33,12 +33,10 @@ def format_report(data: dict[str, Any]) -> str:
     lines.extend(format_memory(data["memory"]))
     if data.get("sync"):
         lines.extend(format_sync(data["sync"]))
-    for w in data["warnings"]:
-        lines.append(f"warning: {w}")
+    lines += [f"warning: {w}" for w in data["warnings"]]
     lines.append("decisions:")
     for d in data["decisions"]:
-        lines.append(f"  {d['rule']:>4}  {d['test']}")
-        lines.append(f"        -> {d['outcome']}")
+        lines += [f"  {d['rule']:>4}  {d['test']}", f"        -> {d['outcome']}"]
     return "\n".join(lines)
 
 
