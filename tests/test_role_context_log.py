@@ -16,8 +16,8 @@ from rlcluster_lab.cluster.contexts import ContextLog, context_rows
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.model import scoring
 from rlcluster_lab.training import critic as critic_training
+from rlcluster_lab.training.batch import TrainBatch
 from rlcluster_lab.training.critic import ValueBatch
-from rlcluster_lab.training.step import TrainBatch
 
 pytestmark = pytest.mark.cluster  # every test here builds a cluster
 

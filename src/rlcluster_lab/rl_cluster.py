@@ -46,8 +46,8 @@ from rlcluster_lab.model.logps import model_compiler_options
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.rules.reference import AVOIDABLE_COPY_ADVICE
 from rlcluster_lab.rules.sharing import SharingMap
+from rlcluster_lab.training.batch import TrainBatch
 from rlcluster_lab.training.critic import ValueBatch
-from rlcluster_lab.training.step import TrainBatch
 
 ModelOrPath = nnx.Module | str | os.PathLike
 _Op = TypeVar("_Op", bound=Callable[..., Any])

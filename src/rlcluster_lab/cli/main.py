@@ -219,9 +219,7 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
             sync = cluster.sync_weights()
     with waiting("measuring the report"):
         data = placement_report(cluster, sync=sync).to_json()
-    if not args.json:
-        data = {"_text": format_report(data)}
-    return data
+    return data if args.json else {"_text": format_report(data)}
 
 
 def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:

@@ -33,12 +33,10 @@ def format_report(data: dict[str, Any]) -> str:
     lines.extend(format_memory(data["memory"]))
     if data.get("sync"):
         lines.extend(format_sync(data["sync"]))
-    for w in data["warnings"]:
-        lines.append(f"warning: {w}")
+    lines += [f"warning: {w}" for w in data["warnings"]]
     lines.append("decisions:")
     for d in data["decisions"]:
-        lines.append(f"  {d['rule']:>4}  {d['test']}")
-        lines.append(f"        -> {d['outcome']}")
+        lines += [f"  {d['rule']:>4}  {d['test']}", f"        -> {d['outcome']}"]
     return "\n".join(lines)
 
 
@@ -115,8 +113,7 @@ def _peak_lines(peak: dict[str, Any] | None) -> list[str]:
     where = f" on device {device}, at {peak['phase_at_peak'][device]}" if device is not None else ""
     from rlcluster_lab.measure.sync_peak import chunk_words
 
-    chunks = chunk_words(peak)
     return [
-        f"  transient peak above what was there before (measured, {chunks}): device memory "
+        f"  transient peak above what was there before (measured, {chunk_words(peak)}): device memory "
         f"{top.get('device', 0):,}{where}; pinned host {top.get('pinned_host', 0):,}"
     ]

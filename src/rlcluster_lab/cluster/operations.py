@@ -30,8 +30,8 @@ from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import p10_require_anchor
 from rlcluster_lab.rules.steps import p9_check_prompts
 from rlcluster_lab.training import critic as critic_training
-from rlcluster_lab.training.batch import validate_prompts
-from rlcluster_lab.training.step import TrainBatch, batch_arrays, mini_batches, train_step
+from rlcluster_lab.training.batch import TrainBatch, batch_arrays, mini_batches, validate_prompts
+from rlcluster_lab.training.step import train_step
 
 
 def generate(
@@ -239,9 +239,7 @@ def check_accumulation(batch_size: int, tcfg: Any) -> None:
     Raises:
         ConfigError: naming the batch size and ``mini_batch_size``.
     """
-    if tcfg.train_micro_batch_size is None:
-        return
-    if batch_size % tcfg.mini_batch_size:
+    if tcfg.train_micro_batch_size is not None and batch_size % tcfg.mini_batch_size:
         raise ConfigError(
             f"the training batch has {batch_size} rows, not a multiple of mini_batch_size={tcfg.mini_batch_size}; "
             f"with train_micro_batch_size={tcfg.train_micro_batch_size} every mini-batch must be whole: pass a "

@@ -114,7 +114,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
             del source
             decision = p13_sync(lora, s.global_steps + 1, platform, s.config.reshard, order.chunk_bytes)
     except BaseException as exc:
-        _roll_back(s, engine, filter_types, previous, own_keys, exc)
+        _roll_back(s, filter_types, previous, own_keys, exc)
         raise
     finally:
         engine.sync_chunk_bytes = None
@@ -135,7 +135,6 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
 
 def _roll_back(
     s: ClusterState,
-    engine: Any,
     filter_types: tuple[Any, ...],
     previous: dict[tuple[Any, ...], Any] | None,
     own: frozenset[tuple[Any, ...]],
@@ -152,9 +151,9 @@ def _roll_back(
     how = "its old arrays" if previous is not None else "restored from the anchor snapshot"
     try:
         if previous is not None:
-            engine.assign(previous, filter_types)
+            s.placed.engine.assign(previous, filter_types)
         else:
-            restore_from_anchor(s, engine, filter_types, own)
+            restore_from_anchor(s, filter_types, own)
     except BaseException as again:  # noqa: BLE001 - said in the note, the first error is raised
         exc.add_note(
             f"sync_weights did not finish, and restoring the rollout from the anchor failed too "
@@ -167,11 +166,11 @@ def _roll_back(
     )
 
 
-def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, ...], keys: Any) -> None:
+def restore_from_anchor(s: ClusterState, filter_types: tuple[Any, ...], keys: Any) -> None:
     """The rollout's leaves ``keys`` set from the anchor (the weights of the last sync), in new buffers
     of the rollout's shardings and dtypes (device-to-device copies only, no host round-trip)."""
     anchor = flat_values(s.placed.anchor)
-    targets = {k: t for k, t in engine.held_targets(filter_types).items() if k in keys}
+    targets = {k: t for k, t in s.placed.engine.held_targets(filter_types).items() if k in keys}
     new = reshard_many(
         [anchor[k] for k in targets],
         [t.sharding for t in targets.values()],
@@ -180,7 +179,7 @@ def restore_from_anchor(s: ClusterState, engine: Any, filter_types: tuple[Any, .
         dtypes=[t.dtype for t in targets.values()],
         strategy=s.config.reshard,
     )
-    engine.assign(dict(zip(targets, new)), filter_types)
+    s.placed.engine.assign(dict(zip(targets, new)), filter_types)
 
 
 def _rollouts_own(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import stat
 import threading
@@ -383,18 +384,15 @@ def count_compilations() -> Iterator[list[tuple[str, float, bool]]]:
         monitoring.unregister_event_listener(on_event)
 
 
-# Threads compiling outside the persistent cache (``uncached``), and JAX's own read and write.
+# Threads compiling outside the persistent cache (``uncached``).
 _UNCACHED: set[int] = set()
-_JAX_CACHE_IO: tuple[Callable[..., object], Callable[..., object]] | None = None
 
 
+@functools.cache
 def _route_cache_io() -> None:
     """Route JAX's persistent-cache read and write through a check of ``_UNCACHED`` (once per
     process): JAX decides once per process whether the cache is used, so it cannot be turned
     off for one block by its settings."""
-    global _JAX_CACHE_IO
-    if _JAX_CACHE_IO is not None:
-        return
     from jax._src import compiler
 
     read, write = compiler._cache_read, compiler._cache_write
@@ -406,7 +404,6 @@ def _route_cache_io() -> None:
         if threading.get_ident() not in _UNCACHED:
             write(*args, **kwargs)
 
-    _JAX_CACHE_IO = (read, write)
     compiler._cache_read, compiler._cache_write = cache_read, cache_write
 
 

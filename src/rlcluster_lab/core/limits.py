@@ -64,29 +64,25 @@ def parse_bytes(text: str, name: str = "value", *, allow_zero: bool = False) -> 
     return value
 
 
-def parse_limit(text: str) -> int:
-    """``$RLCLUSTER_LAB_MEMORY_LIMIT`` as bytes: a number with an optional unit (``64MiB``, ``2e9``).
+def available_host_bytes() -> int:
+    """Host memory this process may still use, in bytes (``MemAvailable``, or the env cap).
 
     Raises:
-        ConfigError: not a finite number of bytes between 0 and 10**18; the message names the variable.
+        ConfigError: ``$RLCLUSTER_LAB_MEMORY_LIMIT`` is not a finite number of bytes between 0 and
+            10**18 (a number with an optional unit: ``64MiB``, ``2e9``).
     """
-    try:
-        value = parse_bytes(text, LIMIT_ENV, allow_zero=True)
-    except ValueError:
-        value = math.inf
-    if value > _MAX_LIMIT:
-        raise ConfigError(
-            f"{LIMIT_ENV}={text!r:.40} is not a number of bytes between 0 and {_MAX_LIMIT:.0e}; set it to e.g. "
-            f"2000000000, 2GB or 64MiB (units {', '.join(u for u in BYTE_UNITS if u)}), or unset it"
-        )
-    return int(value)
-
-
-def available_host_bytes() -> int:
-    """Host memory this process may still use, in bytes (``MemAvailable``, or the env cap)."""
     cap = os.environ.get(LIMIT_ENV)
     if cap:
-        return parse_limit(cap)
+        try:
+            value = parse_bytes(cap, LIMIT_ENV, allow_zero=True)
+        except ValueError:
+            value = math.inf
+        if value > _MAX_LIMIT:
+            raise ConfigError(
+                f"{LIMIT_ENV}={cap!r:.40} is not a number of bytes between 0 and {_MAX_LIMIT:.0e}; set it to e.g. "
+                f"2000000000, 2GB or 64MiB (units {', '.join(u for u in BYTE_UNITS if u)}), or unset it"
+            )
+        return int(value)
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             for line in fh:

@@ -206,16 +206,16 @@ class Waits:
                     stacklevel=2,
                 )
 
-    def build_started(self, phase: str, name: str, thread: int | None = None) -> None:
-        """A program began its ``phase`` (tracing, lowering, compiling) in ``thread``."""
-        key = (threading.get_ident() if thread is None else thread, phase)
+    def build_started(self, phase: str, name: str) -> None:
+        """A program began its ``phase`` (tracing, lowering, compiling) in this thread."""
+        key = (threading.get_ident(), phase)
         with self._lock:
             self._building.setdefault(key, [name, self.clock(), 0])[2] += 1  # a nested phase: one deeper
 
-    def build_ended(self, phase: str, name: str, thread: int | None = None) -> None:
-        """The program's ``phase`` ended in ``thread`` (a compile that ended counts as one program
+    def build_ended(self, phase: str, name: str) -> None:
+        """The program's ``phase`` ended in this thread (a compile that ended counts as one program
         built; ``name`` is not needed: a thread's phases nest)."""
-        key = (threading.get_ident() if thread is None else thread, phase)
+        key = (threading.get_ident(), phase)
         with self._lock:
             entry = self._building.get(key)
             if entry is not None:

@@ -253,8 +253,7 @@ class RolloutEngine(abc.ABC):
         hit = cache.get(filter_types)
         if hit is None or hit.model is not model:
             state = nnx.state(model, *filter_types) if filter_types is not None else nnx.state(model)
-            hit = _VariableIndex.of(model, state)
-            cache[filter_types] = hit
+            hit = cache[filter_types] = _VariableIndex.of(model, state)
         return hit
 
 
@@ -343,9 +342,7 @@ class _VariableIndex:
 
 def _plain_variable(v: nnx.Variable) -> bool:
     meta = v.get_metadata()
-    if "on_get_value" in meta or "on_set_value" in meta:
-        return False
-    return isinstance(v.get_raw_value(), jax.Array)
+    return "on_get_value" not in meta and "on_set_value" not in meta and isinstance(v.get_raw_value(), jax.Array)
 
 
 def leaf_path(key: tuple[Any, ...]) -> str:

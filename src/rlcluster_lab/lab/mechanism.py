@@ -25,7 +25,7 @@ from rlcluster_lab.lab.experiments import sharing_map_of
 from rlcluster_lab.lab.setup import LabDevices, layout_devices
 from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
 from rlcluster_lab.placement.buffers import buffer_keys
-from rlcluster_lab.training.step import TrainBatch
+from rlcluster_lab.training.batch import TrainBatch
 
 # --------------------------------------------------------------------------- 01: the sharing map
 

@@ -106,7 +106,7 @@ def exercise_cluster(
     import numpy as np
 
     from rlcluster_lab.core.gathering import host_values, stored_facts
-    from rlcluster_lab.training.step import TrainBatch
+    from rlcluster_lab.training.batch import TrainBatch
 
     start = time.perf_counter()
     out = cluster.generate(list(PROMPTS))

@@ -390,5 +390,4 @@ def run_reports(
     if syncs < 0:
         raise ConfigError(f"sync must be True, False or a number of syncs (at least 0), got {sync!r}")
     job = {"kind": "reports", "scenarios": knobs, "syncs": syncs, "exercise": ops}
-    results = launch(job, settings, progress=progress, on_start=on_start)
-    return results[0]["reports"]
+    return launch(job, settings, progress=progress, on_start=on_start)[0]["reports"]

@@ -213,15 +213,14 @@ def merge_peaks(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | N
         )
         for rows in zip(*(p["phases"] for p in parts))  # type: ignore[index]
     ]
-    merged = peak_of(
+    return peak_of(
         phases,
         chunk_bytes=first["chunk_bytes"],  # type: ignore[index]
         largest_chunk_bytes=first["largest_chunk_bytes"],  # type: ignore[index]
         order=first["order"],  # type: ignore[index]
         method={k: v + "; each process walked its own devices" for k, v in first["method"].items()},  # type: ignore[index]
         allocator=_merge_allocator([p.get("allocator") or {} for p in parts]),  # type: ignore[union-attr]
-    )
-    return merged.to_json()
+    ).to_json()
 
 
 def process_split(
@@ -229,16 +228,13 @@ def process_split(
 ) -> tuple[int, int, dict[str, int]]:
     """(cross-process bytes, within-process bytes, bytes per "src->dst" process pair) of
     cross-device transfers given as (source device id, destination device id, bytes)."""
-    across = within = 0
+    crossed = {True: 0, False: 0}  # by whether the bytes crossed a process boundary
     pairs: dict[str, int] = {}
     for src, dst, nbytes in transfers:
         a, b = process_of[src], process_of[dst]
-        if a != b:
-            across += nbytes
-        else:
-            within += nbytes
+        crossed[a != b] += nbytes
         _add(pairs, {f"{a}->{b}": nbytes})
-    return across, within, pairs
+    return crossed[True], crossed[False], pairs
 
 
 def merge_crossing(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -16,14 +16,12 @@ from typing import Any, Self
 import numpy as np
 
 from rlcluster_lab.core.errors import ConfigError
-from rlcluster_lab.model.logps import check_temperature, check_token_batch, check_token_ids
-from rlcluster_lab.model.sampling import check_max_new_tokens, check_prompts
+from rlcluster_lab.model.logps import check_token_batch, check_token_ids
+from rlcluster_lab.model.sampling import check_prompts
 
 __all__ = [
     "TrainBatch",
     "batch_arrays",
-    "check_max_new_tokens",
-    "check_temperature",
     "mini_batches",
     "validate_batch_arrays",
     "validate_prompts",

@@ -36,20 +36,17 @@ from rlcluster_lab.model import forward_logps
 from rlcluster_lab.model.logps import check_temperature, model_compiler_options, model_vocab_size
 from rlcluster_lab.placement.boxes import shard_boxes
 from rlcluster_lab.placement.transfers import shard_data
-from rlcluster_lab.training.batch import TrainBatch, batch_arrays, mini_batches, validate_batch_arrays
+from rlcluster_lab.training.batch import validate_batch_arrays
 from rlcluster_lab.training.fingerprint import describe_transformation
 
 __all__ = [
     "REJECTION_REASONS",
-    "TrainBatch",
-    "batch_arrays",
     "compiled_step_count",
     "release_unused_steps",
     "accumulation_steps",
     "grpo_loss",
     "grpo_sums",
     "init_optimizer_state",
-    "mini_batches",
     "rejection_reason",
     "train_step",
 ]

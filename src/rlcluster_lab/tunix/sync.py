@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rlcluster_lab.cluster.sync import sync_guard
+from rlcluster_lab.cluster.sync import sync_filter, sync_guard
 from rlcluster_lab.measure.sync import ShardFacts, SyncObserver, SyncReport, TransferLog
 from rlcluster_lab.model import is_lora
 from rlcluster_lab.placement.boxes import plan_reshard, shard_boxes
@@ -77,7 +77,7 @@ def run_sync(cluster: Any, platform: str) -> TunixSync:
     """
     actor = cluster.actor_trainer.model
     lora = is_lora(actor)
-    filter_types = (nnx.LoRAParam,) if lora else (nnx.Param,)
+    filter_types = sync_filter(lora)
     watch = SyncObserver()
     watch.before(nnx.state(actor, *filter_types))
     rollout_before = buffer_keys(nnx.state(cluster.rollout.model(), *filter_types))
@@ -148,18 +148,16 @@ def _infer_transfers(source: dict[str, ShardFacts], destination: dict[str, jax.A
     logged = {t.leaf for t in log.transfers}
     inferred = set()
     for path, src in source.items():
-        dst = destination[path]
         if path in logged:
             continue
-        itemsize = np.dtype(src.dtype).itemsize
+        dst, itemsize = destination[path], np.dtype(src.dtype).itemsize
         new = [
             (key[1], box) for (key, _), (_, box) in zip(shard_buffers(dst), shard_boxes(dst)) if key not in src.buffers
         ]
         if not new:
             continue
         inferred.add(path)
-        plans = plan_reshard(src.shape, list(src.boxes), new)
-        for plan in plans:
+        for plan in plan_reshard(src.shape, list(src.boxes), new):
             for piece in plan.pieces:
                 kind = "same_device" if piece.src_device == plan.device else "cross_device"
                 log.transfers.append(Transfer(kind, piece.src_device, plan.device, piece.size() * itemsize, path))
