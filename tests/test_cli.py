@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -63,6 +64,9 @@ def test_report_json_memory_and_sync_keys(capsys):
         "leaves",
     }
     assert sync["moved_cross_device_bytes"] == sync["synced_bytes"] == sync["minimum_cross_device_bytes"] > 0
+    # What the sync ran, and the floor it is timed against (report --sync asks for both).
+    assert len(sync["plan"]) == 1 and sync["plan"][0].startswith("14 leaves from devices 0-3 to devices 4-7")
+    assert sync["device_put_seconds"] > 0
     assert data["anchor"]["mode"] == "trainable"
     assert sync["anchor_bytes"] == data["anchor"]["bytes"]
 
@@ -98,6 +102,10 @@ def test_report_text_summary(capsys):
     out = capsys.readouterr().out
     assert "rollout branch (P3): second_copy" in out
     assert "cast to bfloat16" in out
+    assert main(["report", "--layout", "split", "--sync"]) == 0
+    out = capsys.readouterr().out
+    assert "  plan: 12 leaves from devices 0-3 to devices 4-7: 48 whole shards cross" in out
+    assert re.search(r"one device_put of the same tree [\d.]+ ms: the handover took [\d.]+x", out)
 
 
 @pytest.mark.parametrize(

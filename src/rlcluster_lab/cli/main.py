@@ -215,8 +215,10 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
         cluster = build_cluster(scenario_from(args))
     sync = None
     if args.sync:
+        from rlcluster_lab.measure.sync import with_floor
+
         with waiting("syncing weights"):
-            sync = cluster.sync_weights()
+            sync = with_floor(cluster, cluster.sync_weights())  # the handover beside one device_put
     with waiting("measuring the report"):
         data = placement_report(cluster, sync=sync).to_json()
     return data if args.json else {"_text": format_report(data)}

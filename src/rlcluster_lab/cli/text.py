@@ -94,6 +94,11 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
         f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
         f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms{program}",
     ]
+    if sync.get("device_put_seconds"):
+        floor = sync["device_put_seconds"]
+        lines.append(
+            f"  one device_put of the same tree {floor * 1e3:.2f} ms: the handover took {sync['seconds'] / floor:.1f}x"
+        )
     return lines + plan_lines(sync) + _peak_lines(sync.get("transient_peak"))
 
 
