@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.cli.flags import add_knob_flags, fields_given, scenario_from
-from rlcluster_lab.cli.text import plan_lines
+from rlcluster_lab.cli.text import plan_text
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.knobs import KNOBS
 from rlcluster_lab.core.limits import fmt_bytes, parse_bytes
@@ -66,7 +66,7 @@ def format_plan(data: Mapping[str, Any]) -> str:
         f"  across hosts {fmt_bytes(sync.get('cross_host_bytes', 0))} (at least), between devices of one host "
         f"{fmt_bytes(sync.get('within_host_cross_device_bytes', sync['moved_cross_device_bytes']))}"
     )
-    lines += plan_lines(sync)
+    lines += plan_text(sync)
     busiest = max(sync["arrived_by_device"].values(), default=0)
     secs = sync["estimated_seconds"]
     rate = "unknown bandwidth" if t["link_bandwidth"] is None else f"{t['link_bandwidth'] / 1e9:,.0f} GB/s"

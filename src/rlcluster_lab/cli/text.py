@@ -99,10 +99,10 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
         lines.append(
             f"  one device_put of the same tree {floor * 1e3:.2f} ms: the handover took {sync['seconds'] / floor:.1f}x"
         )
-    return lines + plan_lines(sync) + _peak_lines(sync.get("transient_peak"))
+    return lines + plan_text(sync) + _peak_lines(sync.get("transient_peak"))
 
 
-def plan_lines(sync: dict[str, Any], most: int = 12) -> list[str]:
+def plan_text(sync: dict[str, Any], most: int = 12) -> list[str]:
     """The sync's plan (``Route.lines``, measured and planned alike), at most ``most`` lines of it."""
     lines = list(sync.get("plan") or [])
     more = [f"    ... and {len(lines) - most} more lines (the JSON's sync.plan)"] if len(lines) > most else []

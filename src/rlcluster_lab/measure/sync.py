@@ -50,7 +50,7 @@ from rlcluster_lab.placement.events import (
     Unreadable,
     listening,
 )
-from rlcluster_lab.placement.layout import id_ranges
+from rlcluster_lab.placement.layout import id_ranges, mesh_words
 from rlcluster_lab.placement.programs import ProgramCache
 from rlcluster_lab.placement.reshard import copy_arrays
 from rlcluster_lab.placement.route import plan_lines
@@ -404,17 +404,12 @@ def sync_floor(cluster: Any, report: SyncReport, repeats: int = 5, copy: bool = 
     held = dict(zip(engine.held_targets((kind,)), engine.held_values((kind,))))
     leaves, shardings = [source[k] for k in held], [x.sharding for x in held.values()]
     new = report.reused_bytes < report.synced_bytes
-    out: dict[str, float | None] = {
-        "device_put": median_seconds(lambda: jax.device_put(leaves, shardings, may_alias=not new), repeats)
-    }
-    out["compiled copy"] = None
-    if not copy:
-        return out
-    try:
-        program = jax.jit(copy_arrays if new else (lambda xs: xs), out_shardings=shardings)
-        out["compiled copy"] = median_seconds(lambda: program(leaves), repeats)
-    except ValueError:  # disjoint device sets: no one program takes and gives them
-        pass
+    put = median_seconds(lambda: jax.device_put(leaves, shardings, may_alias=not new), repeats)
+    out: dict[str, float | None] = {"device_put": put, "compiled copy": None}
+    if copy:
+        with contextlib.suppress(ValueError):  # disjoint device sets: no one program takes and gives them
+            program = jax.jit(copy_arrays if new else (lambda xs: xs), out_shardings=shardings)
+            out["compiled copy"] = median_seconds(lambda: program(leaves), repeats)
     return out
 
 
@@ -463,9 +458,8 @@ def describe_sharding(s: Sharding) -> str:
 
 def describe_layout(axes: Mapping[str, int], ids: Sequence[int], spec: Any, kind: Any) -> str:
     """A mesh sharding as ``describe_sharding`` writes it (the planner writes its arrays so too)."""
-    sizes = ",".join(f"{n}={k}" for n, k in axes.items())
     parts = ", ".join("None" if p is None else repr(p) for p in spec)
-    return f"mesh({sizes}) devices {id_ranges(ids)} P({parts}) {kind}"
+    return f"{mesh_words(axes)} devices {id_ranges(ids)} P({parts}) {kind}"
 
 
 class SyncObserver:

@@ -10,7 +10,7 @@ import collections
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,11 @@ class PlannedMesh:
     def ids(self) -> np.ndarray:
         """Device ids in mesh order (row-major over the grid)."""
         return _ids_array(self.device_ids)
+
+
+def mesh_words(axes: Mapping[str, int]) -> str:
+    """A mesh's shape in words, ``mesh(fsdp=2,tp=4)``: how the reports and the sync's plan write it."""
+    return "mesh(" + ",".join(f"{n}={k}" for n, k in axes.items()) + ")"
 
 
 def id_ranges(ids: Sequence[int]) -> str:

@@ -37,7 +37,7 @@ import numpy as np
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, device_put_keeps, plan_reshard
-from rlcluster_lab.placement.layout import Layout, PlannedMesh, id_ranges
+from rlcluster_lab.placement.layout import Layout, PlannedMesh, id_ranges, mesh_words
 from rlcluster_lab.placement.programs import cleared_with_programs
 
 WORK = "device"  # the memory kind layouts change in (every platform's default)
@@ -121,10 +121,6 @@ class ProgramGroup:
             return Layout(PlannedMesh(self.src_order, m.axis_sizes, m.axis_names, m.axis_types), leg.dst.spec, WORK)
         sizes, names = (self.copies, *m.axis_sizes), (COPIES, *m.axis_names)
         return Layout(PlannedMesh(self.src_order, sizes, names, ("Auto", *m.axis_types)), leg.dst.spec, WORK)
-
-
-def _mesh(layout: Layout) -> str:
-    return "mesh(" + ",".join(f"{n}={k}" for n, k in layout.mesh.shape.items()) + ")"
 
 
 _RELABEL = "re-labelled: the same buffers under the destination's sharding (an equivalent layout)"
@@ -216,7 +212,9 @@ class Route:
         for g in self.programs:
             at = f"devices {id_ranges(g.src_order)}"
             if not g.between:
-                meshes = dict.fromkeys(f"{_mesh(legs[i].src)} -> {_mesh(legs[i].dst)}" for i in g.legs)
+                meshes = dict.fromkeys(
+                    f"{mesh_words(legs[i].src.mesh.shape)} -> {mesh_words(legs[i].dst.mesh.shape)}" for i in g.legs
+                )
                 out.append(f"{some(g.legs)} laid out anew on {at} ({'; '.join(meshes)}) by one compiled program")
                 continue
             sent, held = [], {"copy": 0, "kept": 0, "ran": 0}
