@@ -210,7 +210,7 @@ def test_sync_whose_anchor_repin_fails_rolls_the_rollout_back(monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("no pinned host memory left")
 
-    monkeypatch.setattr(sync_module, "put_on_memory_kind", fail)
+    monkeypatch.setattr(sync_module, "pin_anchor", fail)
     with pytest.raises(RuntimeError, match="pinned host"):
         c.sync_weights()
     assert all(np.array_equal(a, b) for a, b in zip(values(nnx.state(c.rollout.model())), rollout_before, strict=True))
@@ -295,7 +295,7 @@ SYNC_FAULTS = {
     "first chunk committed": lambda c: (events, "emit", _fail_on_commit(1, RuntimeError)),
     "second chunk committed": lambda c: (events, "emit", _fail_on_commit(2, KeyboardInterrupt)),
     "measured after the handover": lambda c: (SyncObserver, "after", _raise(RuntimeError)),
-    "anchor re-pin": lambda c: (sync_module, "put_on_memory_kind", _raise(KeyboardInterrupt)),
+    "anchor re-pin": lambda c: (sync_module, "pin_anchor", _raise(KeyboardInterrupt)),
     "anchor measured": lambda c: (SyncObserver, "anchor", _raise(RuntimeError)),
 }
 

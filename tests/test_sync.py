@@ -11,6 +11,7 @@ from pairwise import pairwise
 from rlcluster_lab import Scenario, SyncReport, TrainBatch, build_cluster, placement_report
 from rlcluster_lab.cluster import sync as sync_module
 from rlcluster_lab.measure import flat_leaves
+from rlcluster_lab.measure.sync import SyncObserver
 from rlcluster_lab.placement import events
 from rlcluster_lab.placement.buffers import buffer_keys, state_bytes
 from rlcluster_lab.rules.steps import SyncOrder, p13_sync_order
@@ -270,3 +271,79 @@ def test_anchor_mode_must_be_known():
 
     with pytest.raises(ConfigError, match="anchor must be one of full, trainable"):
         ClusterConfig(role_to_mesh=layout_meshes("colocated"), anchor="adapters")
+
+
+def _anchor_buffers(cluster):
+    anchor = flat_leaves(cluster.state.placed.anchor)
+    return [s.data.unsafe_buffer_pointer() for x in anchor.values() for s in x.addressable_shards]
+
+
+def _actors_buffers(cluster):
+    """The buffers of the actor's leaves the anchor holds (all, or the adapters), in the anchor's order."""
+    live = dict(flat_leaves(nnx.state(cluster.actor_model)))
+    anchor = flat_leaves(cluster.state.placed.anchor)
+    return [s.data.unsafe_buffer_pointer() for k in anchor for s in live[k].addressable_shards]
+
+
+# Drawn from what a cluster can be built with: layout, LoRA, the anchor mode, offload, chunks, engine.
+REPIN_CASES = [
+    dict(zip(("layout", "lora", "anchor", "offload", "sync_chunk_bytes", "engine"), case))
+    for case in zip(
+        *(
+            np.random.default_rng(8).choice(np.asarray(values, dtype=object), 6)
+            for values in (LAYOUTS, [False, True], ["full", "trainable"], [False, True], [None, 48 << 10], ENGINES)
+        )
+    )
+]
+
+
+@pytest.mark.parametrize("knobs", REPIN_CASES, ids=lambda k: "-".join(map(str, k.values())))
+def test_p8_the_anchor_is_rewritten_over_its_own_buffers_unless_something_else_holds_them(knobs):
+    cluster = build_cluster(Scenario(**knobs))
+    offload = knobs["offload"]
+    before = _anchor_buffers(cluster)
+    cluster.sync_weights()
+    # Nothing else holds the anchor: its copy went over the old buffers (under offload it keeps the actor's).
+    assert _anchor_buffers(cluster) == (_actors_buffers(cluster) if offload else before)
+    kept = cluster.pinned_anchor_state  # a snapshot the caller keeps ...
+    kept_values = [np.asarray(x) for x in jax.tree.leaves(kept)]
+    cluster.update_actor(_batch(cluster)[1])
+    cluster.sync_weights()
+    # ... keeps its buffers and its values; the new anchor went to buffers of its own.
+    assert not any(x.is_deleted() for x in jax.tree.leaves(kept))
+    assert all(map(np.array_equal, (np.asarray(x) for x in jax.tree.leaves(kept)), kept_values))
+    held = {s.data.unsafe_buffer_pointer() for x in jax.tree.leaves(kept) for s in x.addressable_shards}
+    assert not set(_anchor_buffers(cluster)) & held or offload  # under offload both are the actor's, untrained
+    del kept
+    twin = cluster.isolated()  # the rehearsal's twin shares the anchor's arrays: neither writes over them
+    before = _anchor_buffers(cluster)
+    twin.sync_weights()
+    assert _anchor_buffers(cluster) == before
+    assert not any(x.is_deleted() for x in jax.tree.leaves(cluster.state.placed.anchor))
+    del twin
+    cluster.sync_weights()
+    anchor = dict(flat_leaves(cluster.state.placed.anchor))
+    live = dict(flat_leaves(nnx.state(cluster.actor_model)))
+    assert anchor and all(np.array_equal(anchor[k], live[k]) for k in anchor)
+    assert _anchor_buffers(cluster) == (_actors_buffers(cluster) if offload else before)
+
+
+def test_p8_a_fault_measuring_an_anchor_written_over_commits_the_sync(monkeypatch):
+    cluster = build_cluster(Scenario(layout="reshaped"))
+    steps = cluster.global_steps
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("fault injected")
+
+    monkeypatch.setattr(SyncObserver, "anchor", fail)
+    with pytest.raises(RuntimeError, match="fault injected") as info:
+        cluster.sync_weights()
+    assert "sync_weights finished before this error" in "".join(info.value.__notes__)
+    assert cluster.global_steps == steps + 1
+    anchor = dict(flat_leaves(cluster.state.placed.anchor))
+    live = dict(flat_leaves(nnx.state(cluster.actor_model)))
+    rollout = dict(flat_leaves(nnx.state(cluster.rollout.model(), nnx.Param)))
+    assert all(np.array_equal(anchor[k], live[k]) for k in anchor)
+    assert all(np.array_equal(rollout[k], live[k]) for k in rollout)
+    monkeypatch.undo()
+    assert cluster.sync_weights().global_step == steps + 2

@@ -178,8 +178,9 @@ class RLCluster:
 
     @property
     def pinned_anchor_state(self) -> Any:
-        """What the anchor snapshot itself holds in pinned host memory."""
-        return getattr(self._placed(), "anchor", None)
+        """What the anchor snapshot holds in pinned host memory (``ClusterState.anchor_view``: while
+        it is held, the next sync pins the anchor into new buffers instead of writing over it)."""
+        return None if self._state is None else self._state.anchor_view()
 
     @property
     def optimizer_state(self) -> Any:

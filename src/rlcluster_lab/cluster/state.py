@@ -6,6 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,17 @@ from rlcluster_lab.core.states import model_state
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import anchor_is_partial
+
+
+class _WeakPair:
+    """Two objects by weak reference; called, both (None for one that is gone)."""
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self._refs = (weakref.ref(a), weakref.ref(b))
+
+    def __call__(self) -> tuple[Any, Any]:
+        return self._refs[0](), self._refs[1]()
+
 
 # Which field of ``Placed`` holds each trained role's optimizer state.
 OPTIMIZER_FIELD = {Role.ACTOR: "optimizer", Role.CRITIC: "critic_optimizer"}
@@ -41,6 +53,8 @@ class ClusterState:
     critic_tx: optax.GradientTransformation
     global_steps: int = 0
     lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)
+    # ``anchor_view``'s last view and the anchor it shows, both by weak reference (see there).
+    _view: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def trainable(self) -> type[nnx.Variable]:
@@ -52,13 +66,29 @@ class ClusterState:
         """P8: the anchor holds the adapters only (anchor='trainable' on a LoRA actor)."""
         return anchor_is_partial(self.config.anchor, self.placed.lora)
 
-    def anchor_state(self) -> Any:
-        """The state the actor's log-probs are taken with (P10): the pinned snapshot, merged
-        with the actor's own frozen backbone when it holds the adapters only."""
+    def anchor_view(self) -> Any:
+        """The pinned anchor snapshot as a state of its own over the same arrays (Variables of its
+        own), the same object for as long as anything holds it. What leaves the cluster is a view:
+        while one is held its arrays are held twice, and the next sync pins the anchor into new
+        buffers instead of writing over these (P8, ``rules.anchor.p8_repin_in_place``), so a
+        snapshot someone kept stays as it was. Kept by weak reference: a view nobody holds is gone,
+        and the anchor's buffers are the anchor's alone again."""
         anchor = self.placed.anchor
-        if anchor is None or not self.anchor_is_partial:
-            return anchor
-        return nnx.merge_state(model_state(self.placed.actor, nnx.Not(nnx.LoRAParam)), anchor)
+        if anchor is None:
+            return None
+        view, of = self._view() if self._view is not None else (None, None)
+        if view is None or of is not anchor:
+            view = jax.tree.map(lambda x: x, anchor)
+            self._view = _WeakPair(view, anchor)
+        return view
+
+    def anchor_state(self) -> Any:
+        """The state the actor's log-probs are taken with (P10): the pinned snapshot (``anchor_view``),
+        merged with the actor's own frozen backbone when it holds the adapters only."""
+        view = self.anchor_view()
+        if view is None or not self.anchor_is_partial:
+            return view
+        return nnx.merge_state(model_state(self.placed.actor, nnx.Not(nnx.LoRAParam)), view)
 
     @property
     def temperature(self) -> float | None:
@@ -103,6 +133,8 @@ class ClusterState:
             reference=clone(placed.reference),
             reward=clone(placed.reward),
             critic=clone(placed.critic),
+            # The same anchor arrays in Variables of the twin's own: held twice, neither sync writes over them (P8).
+            anchor=None if placed.anchor is None else jax.tree.map(lambda x: x, placed.anchor),
             mover=placed.mover.twin(clone, twin_engine),
         )
         return ClusterState(

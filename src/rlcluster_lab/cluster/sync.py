@@ -19,6 +19,10 @@ All or nothing, in one piece or in chunks (``ClusterConfig.sync_chunk_bytes``):
   one is committed for this reason. Where the anchor does not hold every synced leaf
   (never with the lab's anchors), the chunks' old arrays are kept as in one piece.
 
+The anchor re-pin comes last, and writes over the old anchor's buffers where nothing else holds
+them (P8, ``rules.anchor.p8_repin_in_place``): from that write on the old snapshot is gone, so a
+failure after it (measuring the re-pin) commits the sync instead of undoing half of it, and says so.
+
 Either way a rollback writes only the rollout's own leaves. A leaf the rollout shares with
 the actor (the actor itself, P3 shared) was handed nothing and holds the actor's current,
 trained weights: restoring it would overwrite them with the last sync's and leave the
@@ -39,7 +43,7 @@ from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.core.states import model_state
 from rlcluster_lab.engines.base import flat_values, leaf_path
-from rlcluster_lab.placement.place import put_on_memory_kind
+from rlcluster_lab.placement.place import pin_anchor
 from rlcluster_lab.placement.reshard import reshard_many
 from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
 
@@ -89,6 +93,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     # In chunks restored from the anchor only the paths are kept: each chunk's old arrays must go.
     previous, own_keys = (None if order.restore_from_anchor else own), frozenset(own)
     del old, own
+    anchor = None
     try:
         # Under offload the reshard stages each piece to device memory itself (P14, ``order.offload``).
         with sync_guard(platform := s.contexts.platform()):
@@ -104,25 +109,32 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
                 seconds = time.perf_counter() - start - watch.walk_seconds
             watch.after(model_state(engine_model, *filter_types), seconds)
             del params
-            # P8: the actor's full state, or only its adapters with anchor='trainable' and LoRA.
+            decision = p13_sync(lora, s.global_steps + 1, platform, s.config.reshard, order.chunk_bytes)
+            # P8: the actor's full state, or only its adapters with anchor='trainable' and LoRA; written
+            # over the old anchor's buffers where nothing else holds them.
             source = actor_state.filter(nnx.LoRAParam) if s.anchor_is_partial else actor_state
             start = time.perf_counter()
-            anchor = put_on_memory_kind(source, "pinned_host")
+            anchor = pin_anchor(source, placed.anchor)
             jax.block_until_ready(anchor)
-            anchor_seconds = time.perf_counter() - start
-            watch.anchor(anchor, source, anchor_seconds)
-            del source
-            decision = p13_sync(lora, s.global_steps + 1, platform, s.config.reshard, order.chunk_bytes)
+            watch.anchor(anchor, source, time.perf_counter() - start)
     except BaseException as exc:
+        if anchor is not None and _consumed(placed.anchor):
+            # Past the point of no return: the old anchor's buffers hold the new snapshot, which the
+            # rollout holds too. The sync is committed rather than half undone.
+            _commit(s, anchor, decision)
+            exc.add_note(
+                f"sync_weights finished before this error: the rollout holds the actor's weights, the anchor was "
+                f"re-pinned over the old one and the global step is {s.global_steps}; only measuring it failed."
+            )
+            raise
+        if _consumed(placed.anchor):  # the re-pin failed after taking the old anchor's buffers
+            placed.anchor = None  # P10 then asks for a sync, which pins a new one
         _roll_back(s, filter_types, previous, own_keys, exc)
         raise
     finally:
         engine.sync_chunk_bytes = None
-    # The commit: the anchor, the trace and the step count change together, with nothing in between that can fail.
-    placed.anchor = anchor
-    s.trace.add(decision)
-    s.global_steps += 1
-    del previous, anchor, actor_state
+    _commit(s, anchor, decision)
+    del previous, anchor, actor_state, source
     # Flax's flattening (nnx.merge, nnx.to_flat_state: a recursive closure) leaves reference cycles
     # that hold the Variables it walked, the replaced anchor's among them: collected here, the old
     # anchor is released when the sync ends (as P13's peak counts it), not when the collector next runs.
@@ -131,6 +143,13 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     return watch.report(
         lora=lora, anchor_mode="trainable" if s.anchor_is_partial else "full", global_step=s.global_steps
     )
+
+
+def _commit(s: ClusterState, anchor: Any, decision: Any) -> None:
+    """The anchor, the trace and the step count change together, with nothing in between that can fail."""
+    s.placed.anchor = anchor
+    s.trace.add(decision)
+    s.global_steps += 1
 
 
 def _roll_back(
@@ -190,6 +209,11 @@ def _rollouts_own(
     must too."""
     actors = flat_values(synced)
     return {k: x for k, x in zip(engine.held_targets(filter_types), held) if x is not actors.get(k)}
+
+
+def _consumed(anchor: Any) -> bool:
+    """Whether any array of ``anchor`` was deleted (donated to a re-pin that then failed)."""
+    return anchor is not None and any(x.is_deleted() for x in jax.tree.leaves(anchor))
 
 
 def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:

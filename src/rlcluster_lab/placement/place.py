@@ -4,6 +4,7 @@ a spec is replicated."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,10 +13,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.shardings import MEMORY_KINDS, PlacementError, default_memory_kind, target_shardings
 from rlcluster_lab.core.states import model_state
+from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.reshard import cast_many, reshard_many
+from rlcluster_lab.rules.anchor import p8_repin_in_place
 
 
 def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
@@ -34,6 +38,70 @@ def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
         for i, y in zip(moving, moved):
             leaves[i] = y
     return jax.tree.unflatten(treedef, leaves)
+
+
+def pin_anchor(source: Any, old: Any) -> Any:
+    """P8: ``source`` copied to pinned host memory, as the anchor snapshot: each leaf over the old
+    anchor ``old``'s buffer of it where ``rules.anchor.p8_repin_in_place`` says so (one compiled
+    program, the old buffers donated to it), else into a new buffer; a leaf already pinned is kept.
+
+    The old anchor's leaves written over are deleted when this returns: from then on the new
+    snapshot is the only one.
+    """
+    leaves, treedef = jax.tree.flatten(source)
+    same_tree = old is not None and jax.tree.structure(old) == treedef
+    held = held_elsewhere(old) if same_tree else None  # counted before this function holds any leaf
+    olds = jax.tree.leaves(old) if same_tree else []
+    over, new = [], []
+    for i, x in enumerate(leaves):
+        if x.sharding.memory_kind == "pinned_host":
+            continue
+        same = bool(olds) and (olds[i].shape, olds[i].dtype, olds[i].sharding) == (x.shape, x.dtype, _pinned(x))
+        (over if p8_repin_in_place(False, same, bool(held and held[i])) else new).append(i)
+    if new:
+        for i, y in zip(new, jax.device_put([leaves[i] for i in new], [_pinned(leaves[i]) for i in new])):
+            leaves[i] = y
+    if over:
+        targets, sources = [olds[i] for i in over], [leaves[i] for i in over]
+        for i, y in zip(over, _write_over(targets, sources)(targets, sources)):
+            leaves[i] = y
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def _pinned(x: jax.Array) -> Any:
+    return x.sharding.with_memory_kind("pinned_host")
+
+
+_WRITE_OVER = ProgramCache(8)
+
+
+def _write_over(olds: list[jax.Array], news: list[jax.Array]) -> Any:
+    """The compiled program that writes ``news`` over ``olds`` (donated, pinned host), one per layout."""
+    key = tuple((x.shape, x.dtype, x.sharding, y.sharding) for x, y in zip(olds, news))
+    hit = _WRITE_OVER.get(key)
+    if hit is None:
+        shardings = [x.sharding for x in olds]
+        # ``.at[...].set`` over a donated input: XLA writes the result into that input's buffer (a bare
+        # copy of the new values would come back in a buffer of its own, donation or not).
+        jitted = jax.jit(
+            lambda old, new: [o.at[...].set(n) for o, n in zip(old, new)], donate_argnums=0, out_shardings=shardings
+        )
+        hit, _ = compile_outside_mesh(jitted, olds, news, options=options_for(news))
+        _WRITE_OVER.put(key, hit)
+    return hit
+
+
+def held_elsewhere(tree: Any) -> list[bool]:
+    """For each leaf of ``tree`` (an ``nnx.State`` or any pytree), whether anything besides
+    ``tree`` itself refers to it: CPython's reference counts, against the same structure holding
+    fresh objects (what one container of it adds depends on Flax's Variable)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    fresh = [object() for _ in leaves]
+    probe = jax.tree.unflatten(treedef, fresh)
+    alone = [sys.getrefcount(x) for x in fresh]  # counted the same way as below: a zip's tuple would add one
+    del probe
+    counts = [sys.getrefcount(x) for x in leaves]
+    return [n > m for n, m in zip(counts, alone)]
 
 
 def move_model(model: nnx.Module, memory_kind: str) -> None:

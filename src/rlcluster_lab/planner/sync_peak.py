@@ -29,6 +29,7 @@ from rlcluster_lab.placement.layout import Layout
 from rlcluster_lab.placement.reshard import cast_temporaries_of
 from rlcluster_lab.placement.route import WORK, Leg, Made, Route, Step, plan_lines, route
 from rlcluster_lab.planner.buffers import PlannedArray, anchor_arrays
+from rlcluster_lab.rules.anchor import p8_repin_in_place
 
 PathKey = tuple[Any, ...]
 
@@ -111,13 +112,18 @@ def plan_sync_peak(
         if chunk_bytes is not None:
             release([rollout[p] for p in chunk_paths], kept_through)
         phase("commit", [])
-    new_anchor = [
-        (ph.ANCHOR, {("anchor", p, d): (str(d), "pinned_host", a.shard_bytes) for d in a.mesh.device_ids})
-        for p, a in anchor_arrays(actor, trainable, partial=partial_anchor, new=True).items()
-    ]
-    phase("anchor re-pin", new_anchor)
+    repinned = anchor_arrays(actor, trainable, partial=partial_anchor, new=True)
+    new_anchor = {
+        p: (ph.ANCHOR, {("anchor", p, d): (str(d), "pinned_host", a.shard_bytes) for d in a.mesh.device_ids})
+        for p, a in repinned.items()
+    }
+    # P8: the leaves written over the old anchor's buffers take them over at the re-pin (the plan's
+    # anchor is the cluster's alone: nothing else holds it).
+    over = [p for p, a in repinned.items() if p in anchor and _written_over(anchor[p], a)]
+    release([anchor[p] for p in over], keep)
+    phase("anchor re-pin", list(new_anchor.values()))
     release([*(rollout[p] for p in paths), *anchor.values()], keep)
-    phase("end", new_anchor)
+    phase("end", list(new_anchor.values()))
     method = {
         "arrays": METHOD_ARRAYS + ("" if not notes else "; " + "; ".join(sorted(set(notes)))),
         "program_temporaries": "computed: the memory analysis of the reshard and cast programs the sync runs, "
@@ -129,7 +135,7 @@ def plan_sync_peak(
     largest = largest_chunk(sizes, chunk_bytes)
     peak = peak_of(count.phases, chunk_bytes=chunk_bytes, largest_chunk_bytes=largest, order=order, method=method)
     rollout_on_device = _per_device([("", _buffers(rollout[p])) for p in paths]) if offload else None
-    orders = other_orders(count.phases, _per_device(new_anchor), rollout_on_device)
+    orders = other_orders(count.phases, _per_device(list(new_anchor.values())), rollout_on_device)
     return {**peak.to_json(), "orders": orders}, plan_lines(routes)
 
 
@@ -140,11 +146,13 @@ def other_orders(
 
     ``the cluster's``: the handover, then the anchor re-pin (``rules.steps.p13_sync_order``).
     ``anchor re-pinned first``: the new anchor (``anchor``: pinned bytes per device) is alive
-    through the whole handover. ``rollout brought to device whole`` (offload): the rollout's
-    synced leaves (``rollout``: bytes per device) come to device for the handover, as an
-    operation brings its role (P14); counted on top of the cluster's phases, which is the least
-    that order needs. Per order: the largest bytes of each memory kind on one device, and the
-    largest sum over kinds on one device at one phase (on CPU devices every kind is the host's RAM).
+    through the whole handover, in buffers of its own: the old one must stay for a rollback (last,
+    it is written over the old one, ``rules.anchor.p8_repin_in_place``). ``rollout brought to
+    device whole`` (offload): the rollout's synced leaves (``rollout``: bytes per device) come to
+    device for the handover, as an operation brings its role (P14); counted on top of the
+    cluster's phases, which is the least that order needs. Per order: the largest bytes of each
+    memory kind on one device, and the largest sum over kinds on one device at one phase (on CPU
+    devices every kind is the host's RAM).
     """
     variants: dict[str, tuple[str, Mapping[str, int]]] = {
         "the cluster's": ("", {}),
@@ -167,6 +175,12 @@ def other_orders(
                 total = max(total, sum(kinds.values()))
         out[name] = {"max_bytes": {k: v for k, v in sorted(top.items()) if v > 0}, "max_total_bytes": total}
     return out
+
+
+def _written_over(old: PlannedArray, new: PlannedArray) -> bool:
+    """``rules.anchor.p8_repin_in_place`` on paper: ``new``'s copy goes over ``old``'s buffers."""
+    same = old.shape == new.shape and old.dtype == new.dtype and old.same_sharding(new.mesh, new.spec, "pinned_host")
+    return p8_repin_in_place(new.kind == "pinned_host", same, held_elsewhere=False)
 
 
 def _buffers(a: PlannedArray) -> dict[tuple[int, int], Buffer]:

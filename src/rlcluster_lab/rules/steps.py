@@ -157,9 +157,10 @@ class SyncOrder:
 def p13_sync_order(chunk_bytes: int | None, offload: bool, anchor_covers: bool = True) -> SyncOrder:
     """P13, P14: the order of a sync's steps, the one with the lowest transient peak.
 
-    The handover first, then the anchor re-pin: the anchor re-pinned first would be
-    alive beside the handover's own peak, and the old anchor must stay until the end
-    anyway (a failed chunked sync restores from it). With chunks, each chunk is
+    The handover first, then the anchor re-pin: last, the new anchor is written over the
+    old one's buffers (``rules.anchor.p8_repin_in_place``); re-pinned first, it would need
+    buffers of its own, alive beside the handover's own peak, because the old anchor must
+    stay until the handover is done (a failed chunked sync restores from it). With chunks, each chunk is
     resharded, committed and its old arrays dropped before the next, when the anchor
     holds every leaf a rollback restores (``anchor_covers``; else the old arrays are kept,
     as in one piece). With offload nothing comes back to device whole: each chunk of the
