@@ -288,11 +288,12 @@ def test_experiments_build_each_layout_where_the_lab_puts_it(monkeypatch):
 @pytest.mark.parametrize("device,lora", [(2, False), (6, True)])
 def test_the_planner_plans_reshaped_on_one_device_as_it_is_measured(device, lora):
     """The what-if planner builds the same one-device layout on paper (the second mesh's axes named
-    the other way round): its planned sync peak is the measured one, on every device."""
+    the other way round): its planned sync peak is the measured one, on every device. The vllm
+    stand-in keeps weights of its own, so the handover makes new arrays there."""
     from rlcluster_lab.lab import sync_peaks
 
     one = CPUS[device : device + 1]
-    scenario = Scenario(layout="reshaped", lora=lora)
+    scenario = Scenario(layout="reshaped", lora=lora, engine="vllm")
     cluster = build_cluster(scenario, devices=one)
     cluster.sync_weights()
     syncs = {"run": cluster.sync_weights().to_json()}

@@ -153,9 +153,11 @@ class SyncReport:
     never ``moved`` (which can exceed them).
     ``minimum_cross_device_bytes``: what the two shardings force to cross;
     ``excess_cross_device_bytes``: how much more moved. Each leaf's ``pieces`` give its bytes
-    per source and destination device (``lab.shard_figures``). ``anchor_bytes``: the anchor
-    re-pin's new pinned buffers. ``peak_extra_bytes`` per device and kind: the new buffers
-    allocated while the old are alive; ``peak`` (JSON ``transient_peak``): what is alive at
+    per source and destination device (``lab.shard_figures``). ``anchor_bytes``: what the anchor
+    re-pin copies to pinned host (over the old anchor's buffers where P8 writes in place:
+    ``anchor_seconds``, that copy, includes building its program on a first sync).
+    ``peak_extra_bytes`` per device and kind: the new destination buffers and the anchor's
+    copy, at most what is allocated while the old arrays are alive; ``peak`` (JSON ``transient_peak``): what is alive at
     the worst moment, phase by phase (``measure.sync_peak``). A cast to the rollout dtype is
     not movement. ``seconds``: the handover alone (the peak walk's time left out), including
     compiling (``includes_compilation``) or loading (``includes_program_load``) its programs

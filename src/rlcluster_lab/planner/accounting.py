@@ -75,9 +75,10 @@ def sync_summary(
     that lands in a new buffer, in pinned_host or another dtype, counts as copied, as the
     measured report counts it (``placement.reshard`` logs such a shard as a same-device copy).
 
-    ``anchor_bytes``: what the sync pins anew (the adapters only with ``anchor="trainable"``;
+    ``anchor_bytes``: what the sync copies to pinned host for the anchor, over the old
+    anchor's buffers (P8; the adapters only with ``anchor="trainable"``;
     0 under offload, where the snapshot keeps the actor's pinned buffers).
-    ``peak_extra_bytes[device][kind]``: the new destination buffers plus the new anchor's.
+    ``peak_extra_bytes[device][kind]``: the new destination buffers plus the anchor's copy.
     ``host_of``: each device's host (None: one host); ``cross_host_bytes``: elements no
     source shard on the destination's host holds. ``estimated_seconds``: the busiest
     device's within-host bytes over the device link and cross-host bytes over the host link
