@@ -523,3 +523,42 @@ def test_p13_copies_of_one_batch_over_devices_in_other_orders_are_new_buffers_in
         for x, y in zip(xs, ys):
             assert y.sharding == x.sharding and np.array_equal(np.asarray(y), np.asarray(x))
             assert not set(_pointers(x).values()) & set(_pointers(y).values())
+
+
+@st.composite
+def _anchor_cases(draw):
+    """Arrays on drawn shardings, some already in pinned host memory, and one of them held elsewhere (or none)."""
+    n = draw(st.integers(1, 4))
+    cases = [draw(_cases(("same",))) for _ in range(n)]
+    pinned = [draw(st.booleans()) for _ in range(n)]
+    held = draw(st.sampled_from([None, *range(n)]))
+    return [(shape, src) for shape, src, _ in cases], pinned, held
+
+
+@COMPILING
+@given(_anchor_cases())
+def test_p8_the_anchor_is_written_over_the_old_buffers_it_alone_holds(case):
+    from flax import nnx
+
+    from rlcluster_lab.placement.place import pin_anchor
+
+    layouts, pinned, held = case
+    kinds = ["pinned_host" if p else "device" for p in pinned]
+    arrays = [_array(shape, s.with_memory_kind(kind))[1] for (shape, s), kind in zip(layouts, kinds)]
+    source = nnx.State({f"w{i}": nnx.Param(x) for i, x in enumerate(arrays)})
+    old = pin_anchor(source, None)  # the first snapshot: every leaf not pinned already in a new buffer
+    before = [_pointers(x) for x in jax.tree.leaves(old)]
+    kept = None if held is None else jax.tree.leaves(old)[held]  # a caller holds this leaf
+    moved = nnx.State({f"w{i}": nnx.Param(jax.device_put(np.asarray(x) + 1, x.sharding)) for i, x in enumerate(arrays)})
+    new = pin_anchor(moved, old)
+    for i, (x, y, was) in enumerate(zip(jax.tree.leaves(moved), jax.tree.leaves(new), before)):
+        assert y.sharding == x.sharding.with_memory_kind("pinned_host")
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+        if pinned[i]:
+            assert y is x  # already pinned: kept, nothing copied
+        elif i == held:
+            assert _pointers(y) != was and not kept.is_deleted()  # the held buffer stays as it was
+        else:
+            assert _pointers(y) == was  # written over the old buffer, which nothing else held
+    if kept is not None:
+        np.testing.assert_array_equal(np.asarray(kept), np.asarray(jax.tree.leaves(source)[held]))

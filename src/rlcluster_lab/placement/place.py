@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
@@ -43,7 +43,8 @@ def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
 def pin_anchor(source: Any, old: Any) -> Any:
     """P8: ``source`` copied to pinned host memory, as the anchor snapshot: each leaf over the old
     anchor ``old``'s buffer of it where ``rules.anchor.p8_repin_in_place`` says so (one compiled
-    program, the old buffers donated to it), else into a new buffer; a leaf already pinned is kept.
+    program per mesh order of devices, the old buffers donated to it), else into a new buffer; a leaf
+    already pinned is kept.
 
     The old anchor's leaves written over are deleted when this returns: from then on the new
     snapshot is the only one.
@@ -61,9 +62,15 @@ def pin_anchor(source: Any, old: Any) -> Any:
     if new:
         for i, y in zip(new, jax.device_put([leaves[i] for i in new], [_pinned(leaves[i]) for i in new])):
             leaves[i] = y
-    if over:
-        targets, sources = [olds[i] for i in over], [leaves[i] for i in over]
-        for i, y in zip(over, _write_over(targets, sources)(targets, sources)):
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i in over:  # one program per devices in mesh order: a program's arguments share one
+        s = leaves[i].sharding
+        named = isinstance(s, NamedSharding)
+        order = tuple(s.mesh.devices.flat) if named else tuple(sorted(s.device_set, key=lambda d: d.id))
+        groups.setdefault(order, []).append(i)
+    for group in groups.values():
+        targets, sources = [olds[i] for i in group], [leaves[i] for i in group]
+        for i, y in zip(group, _write_over(targets, sources)(targets, sources)):
             leaves[i] = y
     return jax.tree.unflatten(treedef, leaves)
 
