@@ -562,3 +562,24 @@ def test_p8_the_anchor_is_written_over_the_old_buffers_it_alone_holds(case):
             assert _pointers(y) == was  # written over the old buffer, which nothing else held
     if kept is not None:
         np.testing.assert_array_equal(np.asarray(kept), np.asarray(jax.tree.leaves(source)[held]))
+
+
+def test_p8_an_anchor_whose_write_over_cannot_be_compiled_goes_to_new_buffers(monkeypatch):
+    from flax import nnx
+
+    from rlcluster_lab.placement import place
+
+    sharding = NamedSharding(make_mesh([BY_ID[i] for i in range(4)], (2, 2)), P("fsdp", "tp"))
+    source = nnx.State({"w": nnx.Param(_array((8, 8), sharding)[1])})
+    old = place.pin_anchor(source, None)
+    was = _pointers(jax.tree.leaves(old)[0])
+
+    def refuse(*args):
+        raise NotImplementedError("this backend cannot compile a program over pinned host memory")
+
+    monkeypatch.setattr(place, "_write_over", refuse)
+    new = place.pin_anchor(source, old)
+    (y,) = jax.tree.leaves(new)
+    assert _pointers(y) != was and not jax.tree.leaves(old)[0].is_deleted()
+    assert y.sharding.memory_kind == "pinned_host"
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(jax.tree.leaves(source)[0]))

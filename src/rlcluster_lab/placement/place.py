@@ -53,24 +53,29 @@ def pin_anchor(source: Any, old: Any) -> Any:
     same_tree = old is not None and jax.tree.structure(old) == treedef
     held = held_elsewhere(old) if same_tree else None  # counted before this function holds any leaf
     olds = jax.tree.leaves(old) if same_tree else []
-    over, new = [], []
+    groups: dict[tuple[Any, ...], list[int]] = {}  # leaves written over, by devices in mesh order
+    new = []
     for i, x in enumerate(leaves):
-        if x.sharding.memory_kind == "pinned_host":
-            continue
+        pinned = x.sharding.memory_kind == "pinned_host"
         same = bool(olds) and (olds[i].shape, olds[i].dtype, olds[i].sharding) == (x.shape, x.dtype, _pinned(x))
-        (over if p8_repin_in_place(False, same, bool(held and held[i])) else new).append(i)
+        if p8_repin_in_place(pinned, same, bool(held and held[i])):
+            s = x.sharding  # a program's arguments share one mesh order of devices
+            order = tuple(s.mesh.devices.flat) if isinstance(s, NamedSharding) else tuple(s.device_set)
+            groups.setdefault(order, []).append(i)
+        elif not pinned:
+            new.append(i)
+    programs = []
+    for group in groups.values():
+        targets, sources = [olds[i] for i in group], [leaves[i] for i in group]
+        try:
+            programs.append((group, targets, sources, _write_over(targets, sources)))
+        except Exception:  # noqa: BLE001 - a backend that cannot compile it: new buffers, as before (nothing donated yet)
+            new.extend(group)
     if new:
         for i, y in zip(new, jax.device_put([leaves[i] for i in new], [_pinned(leaves[i]) for i in new])):
             leaves[i] = y
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for i in over:  # one program per devices in mesh order: a program's arguments share one
-        s = leaves[i].sharding
-        named = isinstance(s, NamedSharding)
-        order = tuple(s.mesh.devices.flat) if named else tuple(sorted(s.device_set, key=lambda d: d.id))
-        groups.setdefault(order, []).append(i)
-    for group in groups.values():
-        targets, sources = [olds[i] for i in group], [leaves[i] for i in group]
-        for i, y in zip(group, _write_over(targets, sources)(targets, sources)):
+    for group, targets, sources, program in programs:
+        for i, y in zip(group, program(targets, sources)):
             leaves[i] = y
     return jax.tree.unflatten(treedef, leaves)
 
