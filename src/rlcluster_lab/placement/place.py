@@ -4,6 +4,7 @@ a spec is replicated."""
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -52,6 +53,11 @@ def pin_anchor(source: Any, old: Any) -> Any:
     leaves, treedef = jax.tree.flatten(source)
     same_tree = old is not None and jax.tree.structure(old) == treedef
     held = held_elsewhere(old) if same_tree else None  # counted before this function holds any leaf
+    if held and any(held):
+        # A view of the anchor in a reference cycle (Flax's flattening leaves some, ``cluster.sync``) may hold its
+        # arrays until the collector runs: young cycles collected once, then counted again.
+        gc.collect(1)
+        held = held_elsewhere(old)
     olds = jax.tree.leaves(old) if same_tree else []
     groups: dict[tuple[Any, ...], list[int]] = {}  # leaves written over, by devices in mesh order
     new = []
