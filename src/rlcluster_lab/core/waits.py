@@ -48,6 +48,8 @@ PROGRAM_WORDS = {
     "_threefry_seed": "a random seed",
     "convert_element_type": "a dtype conversion",
     "stage": "a host value put on a device",
+    "copy_arrays": "a copy into new buffers of the same layout",
+    "write_anchor_over": "the anchor written over its old pinned buffers",
 }
 
 

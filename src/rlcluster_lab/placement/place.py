@@ -98,15 +98,16 @@ def _write_over(olds: list[jax.Array], news: list[jax.Array]) -> Any:
     key = tuple((x.shape, x.dtype, x.sharding, y.sharding) for x, y in zip(olds, news))
     hit = _WRITE_OVER.get(key)
     if hit is None:
-        shardings = [x.sharding for x in olds]
-        # ``.at[...].set`` over a donated input: XLA writes the result into that input's buffer (a bare
-        # copy of the new values would come back in a buffer of its own, donation or not).
-        jitted = jax.jit(
-            lambda old, new: [o.at[...].set(n) for o, n in zip(old, new)], donate_argnums=0, out_shardings=shardings
-        )
+        jitted = jax.jit(write_anchor_over, donate_argnums=0, out_shardings=[x.sharding for x in olds])
         hit, _ = compile_outside_mesh(jitted, olds, news, options=options_for(news))
         _WRITE_OVER.put(key, hit)
     return hit
+
+
+def write_anchor_over(old: list[jax.Array], new: list[jax.Array]) -> list[jax.Array]:
+    """``new`` written over ``old`` (donated): ``.at[...].set`` makes XLA write the result into the
+    donated input's buffer, where a bare copy of ``new`` would come back in a buffer of its own."""
+    return [o.at[...].set(n) for o, n in zip(old, new)]
 
 
 def held_elsewhere(tree: Any) -> list[bool]:
