@@ -73,10 +73,11 @@ def pin_anchor(source: Any, old: Any) -> Any:
     programs = []
     for group in groups.values():
         targets, sources = [olds[i] for i in group], [leaves[i] for i in group]
-        try:
-            programs.append((group, targets, sources, _write_over(targets, sources)))
-        except Exception:  # noqa: BLE001 - a backend that cannot compile it: new buffers, as before (nothing donated yet)
+        program = _write_over(targets, sources)
+        if program is None:  # a backend that cannot compile it: new buffers, as before (nothing donated yet)
             new.extend(group)
+        else:
+            programs.append((group, targets, sources, program))
     if new:
         for i, y in zip(new, jax.device_put([leaves[i] for i in new], [_pinned(leaves[i]) for i in new])):
             leaves[i] = y
@@ -94,14 +95,18 @@ _WRITE_OVER = ProgramCache(8)
 
 
 def _write_over(olds: list[jax.Array], news: list[jax.Array]) -> Any:
-    """The compiled program that writes ``news`` over ``olds`` (donated, pinned host), one per layout."""
+    """The compiled program that writes ``news`` over ``olds`` (donated, pinned host), one per
+    layout; None where the backend refused to compile it (remembered: not tried at every sync)."""
     key = tuple((x.shape, x.dtype, x.sharding, y.sharding) for x, y in zip(olds, news))
     hit = _WRITE_OVER.get(key)
     if hit is None:
         jitted = jax.jit(write_anchor_over, donate_argnums=0, out_shardings=[x.sharding for x in olds])
-        hit, _ = compile_outside_mesh(jitted, olds, news, options=options_for(news))
+        try:
+            hit, _ = compile_outside_mesh(jitted, olds, news, options=options_for(news))
+        except Exception:  # noqa: BLE001 - e.g. an XLA that will not compute in host memory (XLA:GPU has refused to)
+            hit = False
         _WRITE_OVER.put(key, hit)
-    return hit
+    return hit or None
 
 
 def write_anchor_over(old: list[jax.Array], new: list[jax.Array]) -> list[jax.Array]:
