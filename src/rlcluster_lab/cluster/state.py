@@ -24,17 +24,6 @@ from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import anchor_is_partial
 
-
-class _WeakPair:
-    """Two objects by weak reference; called, both (None for one that is gone)."""
-
-    def __init__(self, a: Any, b: Any) -> None:
-        self._refs = (weakref.ref(a), weakref.ref(b))
-
-    def __call__(self) -> tuple[Any, Any]:
-        return self._refs[0](), self._refs[1]()
-
-
 # Which field of ``Placed`` holds each trained role's optimizer state.
 OPTIMIZER_FIELD = {Role.ACTOR: "optimizer", Role.CRITIC: "critic_optimizer"}
 
@@ -76,10 +65,10 @@ class ClusterState:
         anchor = self.placed.anchor
         if anchor is None:
             return None
-        view, of = self._view() if self._view is not None else (None, None)
+        view, of = (ref() for ref in self._view) if self._view is not None else (None, None)
         if view is None or of is not anchor:
             view = jax.tree.map(lambda x: x, anchor)
-            self._view = _WeakPair(view, anchor)
+            self._view = (weakref.ref(view), weakref.ref(anchor))
         return view
 
     def anchor_state(self) -> Any:
