@@ -45,8 +45,9 @@ def anchor_arrays(
 ) -> dict[Any, PlannedArray]:
     """P8: the actor's arrays the anchor snapshot holds, at construction and again after every
     sync (P13): every one, or the adapters only when the anchor is partial
-    (``rules.anchor.anchor_is_partial``). ``new``: only those it copies into new pinned-host
-    buffers, the ones not pinned already (under offload it keeps the actor's own buffers)."""
+    (``rules.anchor.anchor_is_partial``). ``new``: only those it copies to pinned host (into
+    new buffers, or over the old anchor's: ``rules.anchor.p8_repin_in_place``), the ones not
+    pinned already (under offload it keeps the actor's own buffers)."""
     return {p: a for p, a in actor.items() if (not partial or p in adapters) and not (new and a.kind == "pinned_host")}
 
 
