@@ -118,7 +118,8 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
             jax.block_until_ready(anchor)
             watch.anchor(anchor, source, time.perf_counter() - start)
     except BaseException as exc:
-        if anchor is not None and _consumed(placed.anchor):
+        consumed = _consumed(placed.anchor)  # the old anchor's buffers were written over (donated)
+        if anchor is not None and consumed:
             # Past the point of no return: the old anchor's buffers hold the new snapshot, which the
             # rollout holds too. The sync is committed rather than half undone.
             _commit(s, anchor, decision)
@@ -127,7 +128,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
                 f"re-pinned over the old one and the global step is {s.global_steps}; only measuring it failed."
             )
             raise
-        if _consumed(placed.anchor):  # the re-pin failed after taking the old anchor's buffers
+        if consumed:  # the re-pin failed after taking the old anchor's buffers
             placed.anchor = None  # P10 then asks for a sync, which pins a new one
         _roll_back(s, filter_types, previous, own_keys, exc)
         raise

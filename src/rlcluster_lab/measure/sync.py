@@ -157,11 +157,11 @@ class SyncReport:
     re-pin copies to pinned host (over the old anchor's buffers where P8 writes in place:
     ``anchor_seconds``, that copy, includes building its program on a first sync).
     ``peak_extra_bytes`` per device and kind: the new destination buffers and the anchor's
-    copy, at most what is allocated while the old arrays are alive; ``peak`` (JSON ``transient_peak``): what is alive at
-    the worst moment, phase by phase (``measure.sync_peak``). A cast to the rollout dtype is
-    not movement. ``seconds``: the handover alone (the peak walk's time left out), including
-    compiling (``includes_compilation``) or loading (``includes_program_load``) its programs
-    on a first sync.
+    copy, at most what is allocated while the old arrays are alive; ``peak`` (JSON
+    ``transient_peak``): what is alive at the worst moment, phase by phase (``measure.sync_peak``).
+    A cast to the rollout dtype is not movement. ``seconds``: the handover alone (the peak walk's
+    time left out), including compiling (``includes_compilation``) or loading
+    (``includes_program_load``) its programs on a first sync.
     """
 
     method: str

@@ -78,9 +78,8 @@ def pin_anchor(source: Any, old: Any) -> Any:
             new.extend(group)
         else:
             programs.append((group, targets, sources, program))
-    if new:
-        for i, y in zip(new, jax.device_put([leaves[i] for i in new], [_pinned(leaves[i]) for i in new])):
-            leaves[i] = y
+    for i, y in zip(new, put_on_memory_kind([leaves[i] for i in new], "pinned_host")):
+        leaves[i] = y
     for group, targets, sources, program in programs:
         for i, y in zip(group, program(targets, sources)):
             leaves[i] = y
