@@ -97,9 +97,14 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         c = self.config
         b, t, _ = x.shape
-        q = self.q(x).reshape(b, t, c.num_heads, c.head_dim)
-        k = self.k(x).reshape(b, t, c.num_kv_heads, c.head_dim)
-        v = self.v(x).reshape(b, t, c.num_kv_heads, c.head_dim)
+        # Each projection behind an optimization barrier (an identity): XLA:TPU at `highest`
+        # otherwise fuses the float32 product with the rotary arithmetic after it, and such a
+        # fusion compiles for seconds (the large preset's log-prob program 11.1 s, with the
+        # barriers 3.3 s; docs/performance.md). The values are the same either way.
+        q, k, v = (jax.lax.optimization_barrier(proj(x)) for proj in (self.q, self.k, self.v))
+        q = q.reshape(b, t, c.num_heads, c.head_dim)
+        k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
+        v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
         q = apply_rope(q, positions, c.rope_base)
         k = apply_rope(k, positions, c.rope_base)
         new_kv = None
