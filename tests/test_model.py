@@ -428,3 +428,36 @@ def test_the_mask_as_a_bias_gives_bit_for_bit_what_selecting_the_fill_did(seed):
     probs = jax.nn.softmax(added, axis=-1)
     assert np.array_equal(np.asarray(jax.nn.softmax(selected, axis=-1)), np.asarray(probs))
     assert np.isfinite(np.asarray(probs)).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_projection_barriers_keep_every_value_and_sit_once_in_the_scanned_layer(seed, monkeypatch):
+    # The barriers only keep XLA from fusing a projection with the rotary arithmetic (a compile-
+    # time matter on TPUs): the logits and gradients must be bit for bit those without them, and
+    # the scan's one layer body holds one per projection, whatever the depth.
+    rng = np.random.default_rng(seed)
+    config = dataclasses.replace(TINY, num_layers=int(rng.integers(1, 5)))
+    model = init_model(config, seed=seed)
+    if rng.integers(0, 2):
+        model = with_lora(model, int(rng.integers(1, 5)), seed=seed)
+    b, t = int(rng.integers(1, 4)), int(rng.integers(2, 12))
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (b, t)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+
+    def logits_and_grads(m):
+        loss = lambda m: m(tokens, positions)[0].astype(jnp.float32).sum()  # noqa: E731
+        value, grads = nnx.value_and_grad(loss)(m)
+        return m(tokens, positions)[0], value, grads
+
+    def run():
+        out = jax.jit(logits_and_grads)(model)
+        return jax.tree.map(np.asarray, (out[0], out[1], nnx.state(out[2])))
+
+    lowered = jax.jit(lambda m: m(tokens, positions)[0]).lower(model).as_text()
+    assert lowered.count("stablehlo.optimization_barrier") == 3
+    with_barriers = run()
+    monkeypatch.setattr(jax.lax, "optimization_barrier", lambda x: x)
+    without = run()
+    assert jax.tree.structure(with_barriers) == jax.tree.structure(without)
+    for a, b_ in zip(jax.tree.leaves(with_barriers), jax.tree.leaves(without), strict=True):
+        np.testing.assert_array_equal(a, b_)
