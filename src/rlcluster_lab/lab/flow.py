@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,9 +47,7 @@ def _decisions(report: Mapping[str, Any], rule: str) -> list[Mapping[str, Any]]:
 
 
 def mesh_shape_text(mesh: Mapping[str, Any] | None) -> str:
-    if not mesh:
-        return "none"
-    return "(" + ",".join(str(v) for v in mesh.get("shape", {}).values()) + ")"
+    return "(" + ",".join(str(v) for v in mesh.get("shape", {}).values()) + ")" if mesh else "none"
 
 
 def flow_rows(report: Mapping[str, Any]) -> list[FlowRow]:
@@ -203,20 +201,14 @@ class FlowLink:
         return f"{self.src} -> {self.dst}: {self.why} ({self.value})"
 
 
-# Which decision reads which: (from, to, the value the later rule recorded, its name, why).
-# P1 -> P7 only matters when the engine replaced the mesh: the map P1 built is not rebuilt.
-FLOW_LINKS: tuple[tuple[str, str, Callable[[Any], Any], str, str], ...] = (
-    ("P1", "P3", lambda v: v.rollout_linked_to_actor, "rollout linked", "P3 reads the link P1 made"),
-    ("P2", "P4", lambda v: v.linked, "reference linked", "P4 reads the link P2 made"),
-    (
-        "P1",
-        "P7",
-        lambda v: v.still_registered_as_sharing,
-        "still registered as sharing",
-        "P7 leaves P1's map as it was",
-    ),
-    ("P3", "P7", lambda v: v.engine, "engine", "P7 reads the mesh of the engine P3 handed the model to"),
-    ("P12", "P13", lambda v: v.lora, "LoRA", "P13 syncs what P12 trains"),
+# Which decision reads which: (from, to, the field of the value the later rule recorded, its
+# name, why). P1 -> P7 only matters when the engine replaced the mesh: the map P1 built is not rebuilt.
+FLOW_LINKS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("P1", "P3", "rollout_linked_to_actor", "rollout linked", "P3 reads the link P1 made"),
+    ("P2", "P4", "linked", "reference linked", "P4 reads the link P2 made"),
+    ("P1", "P7", "still_registered_as_sharing", "still registered as sharing", "P7 leaves P1's map as it was"),
+    ("P3", "P7", "engine", "engine", "P7 reads the mesh of the engine P3 handed the model to"),
+    ("P12", "P13", "lora", "LoRA", "P13 syncs what P12 trains"),
 )
 # The values each link's later decision recorded, as its rule declares them.
 _LINK_VALUES = {"P3": P3Values, "P4": P4Values, "P7": P7Values, "P13": P13Values}
@@ -226,13 +218,13 @@ def flow_links(report: Mapping[str, Any]) -> list[FlowLink]:
     """The arrows to draw: each link whose two decisions are in the trace, labelled with the
     value the later one recorded (P1 -> P7 only where P7 replaced the rollout mesh)."""
     out = []
-    for src, dst, read, name, why in FLOW_LINKS:
+    for src, dst, field, name, why in FLOW_LINKS:
         if not _decisions(report, src) or not _decisions(report, dst):
             continue
         d = _decisions(report, dst)[0]
         if (src, dst) == ("P1", "P7") and d.get("branch") != MeshBranch.REPLACED:
             continue
-        value = read(seen(d, _LINK_VALUES[dst]))
+        value = getattr(seen(d, _LINK_VALUES[dst]), field)
         shown = ("yes" if value else "no") if isinstance(value, bool) else str(value)
         out.append(FlowLink(src, dst, f"{name}: {shown}", why))
     return out
@@ -241,15 +233,11 @@ def flow_links(report: Mapping[str, Any]) -> list[FlowLink]:
 def link_lanes(links: list[FlowLink], row_of: Mapping[str, int]) -> list[int]:
     """A lane (0 nearest the rows) per link, so that links whose spans overlap never share one;
     ``row_of`` gives each rule's first row."""
-    lanes: list[list[tuple[int, int]]] = []
-    out = []
-    for link in links:
-        a, b = sorted((row_of[link.src], row_of[link.dst]))
-        k = next((k for k, taken in enumerate(lanes) if all(b < lo or a > hi for lo, hi in taken)), len(lanes))
-        if k == len(lanes):
-            lanes.append([])
-        lanes[k].append((a, b))
-        out.append(k)
+    spans = [sorted((row_of[link.src], row_of[link.dst])) for link in links]
+    out: list[int] = []
+    for a, b in spans:
+        taken = {k for k, (lo, hi) in zip(out, spans) if not (b < lo or a > hi)}
+        out.append(next(k for k in range(len(out) + 1) if k not in taken))
     return out
 
 
@@ -447,7 +435,6 @@ def role_note(report: Mapping[str, Any], role: str) -> str:
 # Rows that are not construction decisions: P13 is the sync's (a sync after the previous
 # construction is not something this construction changed).
 _NOT_CONSTRUCTION = ("P13",)
-_NOT_A_REASON = {("P1", "P7")}
 
 
 def answer_label(value: str) -> str:
@@ -493,7 +480,8 @@ def decision_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
     new cluster took them (then the ones it no longer took)."""
     old = {r.key: r for r in flow_rows(before) if r.key.split(":")[0] not in _NOT_CONSTRUCTION}
     new = {r.key: r for r in flow_rows(after) if r.key.split(":")[0] not in _NOT_CONSTRUCTION}
-    changed = {key for key in old.keys() | new.keys() if _fired(old.get(key)) != _fired(new.get(key))}
+    before_fired, after_fired = ({k: r.fired for k, r in rows.items()} for rows in (old, new))
+    changed = {key for key in old.keys() | new.keys() if before_fired.get(key) != after_fired.get(key)}
     read_before = {(link.src, link.dst): link.value for link in flow_links(before)}
     out = []
     for key in [k for k in new if k in changed] + [k for k in old if k in changed and k not in new]:
@@ -505,22 +493,18 @@ def decision_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
             for link in flow_links(after)
             if key in new
             and link.dst == key
-            and (link.src, link.dst) not in _NOT_A_REASON
+            and (link.src, link.dst) != ("P1", "P7")
             and read_before.get((link.src, link.dst)) != link.value
         )
         detail = new[key].detail if key in new else ""
-        out.append(Change(key, row.question, _fired(old.get(key)), _fired(new.get(key)), detail, because))
+        out.append(Change(key, row.question, before_fired.get(key), after_fired.get(key), detail, because))
     return out
-
-
-def _fired(row: FlowRow | None) -> str | None:
-    return None if row is None else row.fired
 
 
 # Byte totals a construction changes (measured, physical bytes), by what the line calls them.
 _TOTALS = (
     ("bytes held, each buffer once (measured)", lambda r: r["memory"]["unique_bytes"]),
-    ("rollout bytes (measured)", lambda r: r["memory"]["by_role"].get("rollout", {}).get("bytes", 0)),
+    ("rollout bytes (measured)", lambda r: held_bytes(r["memory"], "rollout")),
 )
 
 
