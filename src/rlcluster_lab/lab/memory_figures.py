@@ -24,6 +24,7 @@ from rlcluster_lab.lab.style import (
     byte_ticks,
     device_order,
     in_order,
+    role_color,
     text_width,
     wrap,
 )
@@ -44,8 +45,8 @@ def _group_fills(c: Canvas, groups: list[Mapping[str, Any]]) -> list[str]:
     fills: list[str] = []
     for g in groups:
         first, *rest = g["roles"]
-        tints = [ROLE_COLORS.get(r, "#999999") for r in rest] + _SPARE_TINTS
-        fill = next(f for t in tints if (f := c.hatch(ROLE_COLORS.get(first, "#999999"), t)) not in fills)
+        tints = [role_color(r) for r in rest] + _SPARE_TINTS
+        fill = next(f for t in tints if (f := c.hatch(role_color(first), t)) not in fills)
         fills.append(fill)
     return fills
 
@@ -74,8 +75,11 @@ def where_prefix(memory: Mapping[str, Any]) -> str:
 
 def allocator_beside_roles(memory: Mapping[str, Any], in_use: Mapping[str, int]) -> str:
     """The allocator's bytes in use beside the per-role figure of device memory, per device that
-    reports them, and why the two differ (``measure.memory.ALLOCATOR_DIFFERENCE``)."""
+    reports them, and why the two differ (``measure.memory.ALLOCATOR_DIFFERENCE``); with none
+    in use, why the backend gives no figures."""
     allocator = memory.get("allocator") or {}
+    if not in_use:
+        return "allocator: " + (allocator.get("note") or "no figures on this backend")
     by_device = memory.get("by_device", {})
     pairs = "; ".join(
         f"dev {d}: {fmt_bytes(v)} in use beside {fmt_bytes(int(by_device.get(d, {}).get('device', 0)))} per role"
@@ -100,11 +104,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     groups = _groups(memory)
     devices = device_order(list(by_device))
     kinds = [k for k in KINDS if any(by_device.get(d, {}).get(k) for d in devices)] or ["device"]
-    naive = {
-        (d, k): sum(int(memory["by_role"][e].get("by_device", {}).get(d, {}).get(k, 0)) for e in entries)
-        for d in devices
-        for k in kinds
-    }
+    naive = {(d, k): sum(_on(memory["by_role"][e], d, k) for e in entries) for d in devices for k in kinds}
     allocator = memory.get("allocator") or {}
     in_use = {
         d: int(v)
@@ -127,13 +127,8 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     group_fills = _group_fills(c, groups)
     drawn: dict[str, set[str]] = {}  # entry or set of shared buffers -> the memory kinds of its segments
     note = (
-        where_prefix(memory)
-        + "per role: physical bytes (every device's shard counted), each buffer drawn once; "
-        + (
-            allocator_beside_roles(memory, in_use)
-            if in_use
-            else "allocator: " + (allocator.get("note") or "no figures on this backend")
-        )
+        f"{where_prefix(memory)}per role: physical bytes (every device's shard counted), each buffer drawn once; "
+        + allocator_beside_roles(memory, in_use)
     )
     notes = wrap(note, WIDTH - 16, MIN_FONT, lines=5)
     for k, line in enumerate(notes):
@@ -153,23 +148,14 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
             held_once = [(g["roles"], fill, v) for g, fill in zip(groups, group_fills) if (v := _on(g, dev, kind)) > 0]
             for name in [e for e, _ in own] + [" = ".join(roles) for roles, _, _ in held_once]:
                 drawn.setdefault(name, set()).add(kind)
+            on = f"on device {dev} ({kind})"
             parts = [
-                (
-                    v,
-                    c.kind_fill(kind, ROLE_COLORS.get(e, "#999999")),
-                    f"seg:{dev}:{kind}:{e}",
-                    f"{e} on device {dev} ({kind}): {fmt_bytes(v)}, its own",
-                )
+                (v, c.kind_fill(kind, role_color(e)), f"seg:{dev}:{kind}:{e}", f"{e} {on}: {fmt_bytes(v)}, its own")
                 for e, v in own
             ]
             y = c.bar(x, base, bar_w - 2, scale, parts, up=True, stroke="white", width=0.5)
             parts = [
-                (
-                    v,
-                    fill,
-                    f"seg:{dev}:{kind}:{'+'.join(roles)}",
-                    f"{' = '.join(roles)} on device {dev} ({kind}): {fmt_bytes(v)} held once",
-                )
+                (v, fill, f"seg:{dev}:{kind}:{'+'.join(roles)}", f"{' = '.join(roles)} {on}: {fmt_bytes(v)} held once")
                 for roles, fill, v in held_once
             ]
             c.bar(x, y, bar_w - 2, scale, parts, up=True, stroke="#555555", width=0.5)
@@ -190,9 +176,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         c.text(left + i * slot + slot / 2, base + 17, f"dev {dev}", size=MIN_FONT, anchor="middle")
     # Each swatch as its segments are drawn: dotted where they are all in pinned host.
     items = [
-        (c.dots(ROLE_COLORS.get(e, "#999999")) if drawn[e] == {"pinned_host"} else ROLE_COLORS.get(e, "#999999"), e)
-        for e in entries
-        if e in drawn
+        (c.dots(role_color(e)) if drawn[e] == {"pinned_host"} else role_color(e), e) for e in entries if e in drawn
     ]
     items += [(fill, " = ".join(g["roles"]) + " (held once)") for g, fill in zip(groups, group_fills)]
     y = legend(c, 8, base + 42, items)
@@ -296,24 +280,19 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     hatched = False
     for i, e in enumerate(entries):
         y = top + i * row_h
-        color = ROLE_COLORS.get(e, "#999999")
+        color = role_color(e)
         total = int(by_role[e].get("bytes", 0))
         counted, borrowed = role_parts(memory, e)
         c.text(left - 8, y + 18, e, size=13, anchor="end", weight="bold")
-        held = [k for k in KINDS if counted.get(k, 0) > 0]
+        held = {k: v for k in KINDS if (v := counted.get(k, 0)) > 0}
         kinds_seen.update(held)
         parts = [
-            (
-                counted[k],
-                c.kind_fill(k, color),
-                f"seg:role:{e}:held:{k}",
-                f"{e}: {fmt_bytes(counted[k])} in {k}, counted here",
-            )
-            for k in held
+            (v, c.kind_fill(k, color), f"seg:role:{e}:held:{k}", f"{e}: {fmt_bytes(v)} in {k}, counted here")
+            for k, v in held.items()
         ]
         x = c.bar(left, y + 4, row_h - 14, scale, parts, stroke=color, width=0.6)
         for owner, v in borrowed:
-            hatched, owner_color = True, ROLE_COLORS.get(owner, "#999999")
+            hatched, owner_color = True, role_color(owner)
             title = f"{e}: {fmt_bytes(v)} that are the {owner}'s buffers (counted in the {owner}'s bar)"
             part = (v, c.hatch(owner_color, color), f"seg:role:{e}:same:{owner}", title)
             x = c.bar(x, y + 4, row_h - 14, scale, [part], stroke=owner_color, width=0.6)

@@ -33,6 +33,12 @@ ROLE_COLORS: dict[str, str] = {
     "critic_optimizer": "#b5a28f",
 }
 
+
+def role_color(name: str) -> str:
+    """A role's (or memory entry's) colour; grey for a name that has none."""
+    return ROLE_COLORS.get(name, "#999999")
+
+
 KIND_COLORS: dict[str, str] = {"device": "#4c72b0", "pinned_host": "#ccb974"}
 
 SYNC_PARTS: tuple[tuple[str, str, str], ...] = (

@@ -79,12 +79,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
         crossed = [
             (kept, SYNC_COLORS["arrived"], f"seg:cross:{label}:kept", f"crossed devices and stayed: {fmt_bytes(kept)}"),
-            (
-                relayed,
-                SYNC_COLORS["relayed"],
-                f"seg:cross:{label}:relayed",
-                f"relayed: {fmt_bytes(relayed)} crossed but did not stay",
-            ),
+            (relayed, RELAYED, f"seg:cross:{label}:relayed", f"relayed: {fmt_bytes(relayed)} crossed but did not stay"),
         ]
         c.bar(left, y - 2, 18, scale, crossed)
         mx = left + minimum * scale
@@ -96,14 +91,12 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         said = f"the least this placement allows: {fmt_bytes(minimum)} (black tick); excess {fmt_bytes(excess)}"
         lines = [(f"{fmt_bytes(moved)} crossed devices; {said}{relay}", TEXT)]
         if logical and synced:
-            lines.append(
-                (
-                    f"physical / logical = {synced / logical:.1f} (the dotted tick on the synced bar is the "
-                    "logical figure): a leaf counts once per device that receives a piece of it, so a "
-                    "replicated one counts on every device",
-                    MUTED,
-                )
+            ratio = (
+                f"physical / logical = {synced / logical:.1f} (the dotted tick on the synced bar is the logical "
+                "figure): a leaf counts once per device that receives a piece of it, so a replicated one counts on "
+                "every device"
             )
+            lines.append((ratio, MUTED))
         timing = "" if s.get("seconds") is None else f"; handover {s['seconds'] * 1e3:.1f} ms"
         if timing and s.get("includes_compilation"):
             timing += " incl. compiling"
@@ -248,7 +241,8 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
     left = _PANEL_LEFT
     c = Canvas(WIDTH, 0, "Weight sync (P13): bytes alive on one device during the sync, above what was there before")
-    source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
+    method = peak.get("method", {})
+    source = "measured" if method.get("arrays", "").startswith("measured") else "computed from shapes"
     mine = by_device.get(device, {})
     sub = (
         f"device {device}{' of ' + sync['where'] if sync.get('where') else ''} ({source}); peak: "
@@ -281,13 +275,8 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         if top is not None:
             held = [what for term, _, what in PANELS["device"] if _terms(top, device, "device").get(term)]
             notes.insert(0, f"on device {device} at its peak: " + "; ".join(held))
-    method = peak.get("method", {})
-    notes.append(
-        "arrays: "
-        + str(method.get("arrays", "?")).split(":")[0]
-        + "; temporaries: "
-        + str(method.get("program_temporaries", "?")).split(":")[0]
-    )
+    arrays, temporaries = (str(method.get(k, "?")).split(":")[0] for k in ("arrays", "program_temporaries"))
+    notes.append(f"arrays: {arrays}; temporaries: {temporaries}")
     for text in notes:
         for line in wrap(text, WIDTH - 16, MIN_FONT, lines=3):
             c.text(8, y, line, size=MIN_FONT, fill=MUTED)
@@ -341,6 +330,7 @@ def _panel(
 ) -> float:
     """One memory kind: stacked terms above the zero line, releases below; returns the y below."""
     left, step = _PANEL_LEFT, (WIDTH - _PANEL_LEFT - 16) / max(len(phases), 1)
+    right = left + step * len(phases)
     bar = max(min(step * 0.7, 42), 1.5)
     up = max([sum(_terms(p, device, kind).values()) for p in phases] + [1])
     down = max([_released(p, device, kind) for p in phases] + [0])
@@ -348,7 +338,7 @@ def _panel(
     scale = (height - below) / up
     c.text(left - 8, y + 14, kind.replace("_", " "), size=MIN_FONT, anchor="end", weight="bold")
     zero = y + height - below
-    c.line(left, zero, left + step * len(phases), zero, "#999999")
+    c.line(left, zero, right, zero, "#999999")
     c.text(left - 8, zero + 4, "0", size=MIN_FONT, anchor="end", fill=MUTED)
     c.text(left - 8, y + 30, fmt_bytes(up), size=MIN_FONT, anchor="end", fill=MUTED)
     for i, p in enumerate(phases):
@@ -360,8 +350,7 @@ def _panel(
             if (n := terms.get(term, 0))
         ]
         c.bar(x, zero, bar, scale, parts, up=True)
-        gone = _released(p, device, kind)
-        if gone:
+        if gone := _released(p, device, kind):
             title = f"{label}: released {fmt_bytes(gone)}"
             c.rect(
                 x, zero, bar, gone * scale, RELEASED_COLOR, id=f"peak:{kind}:{i}:released", nbytes=-gone, title=title
@@ -371,10 +360,8 @@ def _panel(
         c.line(x - 1, ly, x + bar + 1, ly, TEXT, width=2, id=f"level:{kind}:{i}", nbytes=level, title=title)
     if top:
         py = zero - top * scale
-        c.line(
-            left, py, left + step * len(phases), py, "black", width=1, dash="5,3", id=f"peak-mark:{kind}", nbytes=top
-        )
-        c.text(left + step * len(phases), py - 4, f"peak {fmt_bytes(top)}", size=MIN_FONT, anchor="end")
+        c.line(left, py, right, py, "black", width=1, dash="5,3", id=f"peak-mark:{kind}", nbytes=top)
+        c.text(right, py - 4, f"peak {fmt_bytes(top)}", size=MIN_FONT, anchor="end")
     # Phase names under the panel where there is room; chunk boundaries otherwise.
     ty = y + height + 16
     if step >= 60:
@@ -384,8 +371,7 @@ def _panel(
         # Chunk boundaries, a label at most every 80 px; the anchor re-pin and the end at the right.
         last = -1e9
         ends = [i for i, p in enumerate(phases) if p["chunk"] is None]
-        right_edge = left + step * len(phases)
-        stop = right_edge - (text_width("anchor, end", MIN_FONT) + 12 if ends else 0) - 70
+        stop = right - (text_width("anchor, end", MIN_FONT) + 12 if ends else 0) - 70
         for i, p in enumerate(phases):
             x = left + step * i
             new_chunk = p["chunk"] is not None and (i == 0 or phases[i - 1]["chunk"] != p["chunk"])
@@ -394,7 +380,7 @@ def _panel(
                 c.text(x, ty, f"chunk {p['chunk']}", size=MIN_FONT, fill=MUTED)
                 last = x
         if ends:
-            c.text(left + step * len(phases), ty, "anchor, end", size=MIN_FONT, anchor="end", fill=MUTED)
+            c.text(right, ty, "anchor, end", size=MIN_FONT, anchor="end", fill=MUTED)
     return ty + 10
 
 
