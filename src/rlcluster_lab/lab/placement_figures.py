@@ -58,6 +58,7 @@ from rlcluster_lab.lab.style import (
     ROLE_ORDER,
     clip,
     in_order,
+    role_color,
     text_width,
     wrap,
 )
@@ -97,13 +98,8 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
     details = [wrap(row.detail, detail_w, MIN_FONT, lines=2) if row.detail else [] for row in rows]
     heights = [30 + 16 * len(d) for d in details]
     top = 40
-    footer = wrap(
-        "arrows: a decision that reads another's result; "
-        + "; ".join(f"{link.src} -> {link.dst} ({link.value})" for link in links),
-        WIDTH - 16,
-        MIN_FONT,
-        lines=3,
-    )
+    arrows = "; ".join(f"{link.src} -> {link.dst} ({link.value})" for link in links)
+    footer = wrap(f"arrows: a decision that reads another's result; {arrows}", WIDTH - 16, MIN_FONT, lines=3)
     title = f"Decisions in the order taken (engine {report.get('engine', '?')})"
     if report.get("warnings"):
         title += f"; {len(report['warnings'])} warning(s)"
@@ -132,13 +128,8 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
     for link, lane, (a, b) in zip(links, lanes, link_ends(links)):
         lx = left - 12 - 10 * lane
         y1, y2 = mid[link.src] + 6 * a, mid[link.dst] + 6 * b
-        c.path(
-            f"M{left - 1},{y1:.1f} H{lx} V{y2:.1f} H{left - 2}",
-            "#555555",
-            arrow=True,
-            id=f"link:{link.src}:{link.dst}",
-            title=link.label,
-        )
+        d = f"M{left - 1},{y1:.1f} H{lx} V{y2:.1f} H{left - 2}"
+        c.arrow(d, "#555555", id=f"link:{link.src}:{link.dst}", title=link.label)
     for k, line in enumerate(footer):
         c.text(8, y + 14 + 18 * k, line, size=MIN_FONT, fill=MUTED)
     return c.render()
@@ -187,7 +178,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
             if dev not in coords:
                 c.rect(*cell, "white", stroke="#dddddd", width=0.6, id=f"cell:{name}:{dev}")
                 continue
-            color = ROLE_COLORS.get(role, "#999999")
+            color = role_color(role)
             held = sum(by_role.get(role, {}).get("by_device", {}).get(str(dev), {}).values()) if not dashed else 0
             shared = shared_bytes(memory, role, "actor", str(dev)) if role != "actor" and held else 0
             if dashed:
