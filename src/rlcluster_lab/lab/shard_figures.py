@@ -240,13 +240,8 @@ def _draw_grid(ax: Any, flows: SyncFlows, srcs: Sequence[int], dsts: Sequence[in
     cell_pt = width_in * 72 / len(dsts)
     for i, s in enumerate(srcs):
         for j, d in enumerate(dsts):
-            parts: list[tuple[str, int]]
-            if s == d:
-                kept = (("copied", flows.copied.get(d, 0)), ("reused", flows.reused.get(d, 0)))
-                parts = [(h, n) for h, n in kept if n]
-            else:
-                n = flows.moved.get((s, d), 0)
-                parts = [("moved", n)] if n else []
+            kept = [("copied", flows.copied.get(d, 0)), ("reused", flows.reused.get(d, 0))]
+            parts = [(h, n) for h, n in (kept if s == d else [("moved", flows.moved.get((s, d), 0))]) if n]
             if not parts:
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#f5f5f5", **_CELL_EDGE))
                 continue
@@ -285,11 +280,9 @@ def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: flo
     top = max(bottom + [1])
     slot_pt = width_in * 72 / len(dsts)
     upright = all(_fit([short_bytes(t)], slot_pt, 2 * MIN_FONT) for t in bottom)
-    rotation = 0 if upright else 90
+    label = {"ha": "center", "va": "bottom", "fontsize": MIN_FONT, "rotation": 0 if upright else 90}
     for j, total in enumerate(bottom):
-        ax.text(
-            j, total + top * 0.02, short_bytes(total), ha="center", va="bottom", fontsize=MIN_FONT, rotation=rotation
-        )
+        ax.text(j, total + top * 0.02, short_bytes(total), **label)
     ax.set_xticks(range(len(dsts)), [str(d) for d in dsts], fontsize=MIN_FONT)
     ax.set_xlabel("destination device", fontsize=MIN_FONT)
     ax.set_ylim(0, top * (1.18 if upright else 1.3))

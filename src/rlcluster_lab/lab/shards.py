@@ -237,18 +237,14 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
     )
 
 
-_SPEC = re.compile(r"P\((.*)\)")
-_MESH = re.compile(r"mesh\(([^)]*)\)")
-
-
 def spec_of(sharding: str) -> str:
     """The partition spec in a report's sharding text (``describe_sharding``), e.g. ``P('fsdp', 'tp')``."""
-    found = _SPEC.search(sharding)
+    found = re.search(r"P\((.*)\)", sharding)
     return f"P({found.group(1)})" if found else sharding
 
 
 def mesh_of(sharding: str) -> str:
-    found = _MESH.search(sharding)
+    found = re.search(r"mesh\(([^)]*)\)", sharding)
     return found.group(1) if found else "?"
 
 
