@@ -61,8 +61,7 @@ class RuleCode:
             lines += ["", self.reference.text()]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.text()
+    __str__ = text
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(self.text())
@@ -136,9 +135,7 @@ def _decisions_of(source: Any) -> list[dict[str, Any]]:
     if isinstance(source, Mapping):
         return [dict(d) for d in source.get("decisions", [])]
     decisions = getattr(source, "decisions", None)
-    if decisions is not None:
-        return [_as_dict(d) for d in decisions]
-    return [_as_dict(d) for d in source]
+    return [_as_dict(d) for d in (source if decisions is None else decisions)]
 
 
 def _pattern(node: ast.expr) -> str:

@@ -312,7 +312,7 @@ def _output_html(out: widgets.Output) -> str:
     for item in out.outputs:
         data = item.get("data", {})
         if "image/svg+xml" in data:
-            svg = "".join(data["image/svg+xml"]) if isinstance(data["image/svg+xml"], list) else data["image/svg+xml"]
+            svg = "".join(data["image/svg+xml"])  # a str, or the lines of one
             src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
             alt = html.escape(str(data.get("text/plain", "figure")), quote=True)
             parts.append(f"<img src='{src}' alt='{alt}' style='max-width:100%;height:auto;display:block'>")
@@ -326,12 +326,8 @@ def view_html(display: Display, name: str) -> str:
     heading = f"<div><b>{html.escape(TITLES[name])}</b></div>" if name in TITLES else ""
     if display.stale_text:
         heading += f"<div><i>{html.escape(display.stale_text)}</i></div>"
-    if name == "summary":
-        body = display.summary.value
-    elif name == "steps":
-        body = display.step_log.value or "<i>no training step yet</i>"
-    else:
-        body = _output_html(display.outputs[name])
+    html_views = {"summary": display.summary.value, "steps": display.step_log.value or "<i>no training step yet</i>"}
+    body = html_views[name] if name in html_views else _output_html(display.outputs[name])
     return f"<div class='rl-picture-view rl-picture-view-{name}'>{heading}{body}</div>"
 
 

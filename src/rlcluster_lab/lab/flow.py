@@ -75,8 +75,7 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     def add(rule: Rule, fired: Any, detail: str = "", key: str = "", question: str = "") -> None:
         rows.append(FlowRow(key or rule.rule, question or rule.question, rule.values(), str(fired), detail))
 
-    checks = _decisions(report, "P6")
-    if checks:
+    if checks := _decisions(report, "P6"):
         failed = [d for d in checks if d.get("branch") == CheckBranch.ERROR.value]
         fired = (CheckBranch.ERROR if failed else CheckBranch.PASS).value
         add(P6, fired, f"{len(checks) - len(failed)} of {len(checks)} checks passed")
@@ -147,8 +146,7 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     p12 = [d for d in _decisions(report, "P12") if d.get("test") != "critic trainable parameters"]
     for d in (p12 or _decisions(report, "P12"))[:1]:
         add(P12, d.get("branch"), str(d.get("outcome", "")))
-    p13 = _decisions(report, "P13")
-    if p13:
+    if p13 := _decisions(report, "P13"):
         add(P13, p13[-1].get("branch"), f"{len(p13)} sync(s); sharing map consulted: no")
     return rows
 

@@ -46,11 +46,10 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
     """
     runs = _runs(sync)
     left = 78
-    bar_w = WIDTH - left - 16
     widest = max(
         [max(int(s.get("synced_bytes", 0)), int(s.get("moved_cross_device_bytes", 0))) for s in runs.values()] + [1]
     )
-    scale = bar_w / widest
+    scale = (WIDTH - left - 16) / widest
     c = Canvas(WIDTH, 0, "Weight sync (P13, measured): where the bytes went")
     y = 44
     for label, s in runs.items():
@@ -427,6 +426,3 @@ def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = No
     c.text(left - 8, y + 10, "chunk size", size=MIN_FONT, anchor="end", fill=MUTED)
     c.height = y + 24
     return c.render()
-
-
-__all__ = ["sync_bytes", "sync_chunk_curve", "sync_leaves", "sync_peak"]
