@@ -69,15 +69,13 @@ class RuleCode:
     def _repr_html_(self) -> str:
         """The rule's code, the reference's lines beside it when asked for, and what the decision
         read and returned."""
-        if self.function:
-            head = (
-                f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b> · "
-                f"<code>{html.escape(self.function)}</code> · {html.escape(self.path)}, line {self.first_line}</div>"
-            )
-            columns = [f"<div style='{_COLUMN}'>{highlight(self.source)}</div>"]
-        else:
-            head = f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b> · {inline_html(self.note)}</div>"
-            columns = []
+        said = (
+            f"<code>{html.escape(self.function)}</code> · {html.escape(self.path)}, line {self.first_line}"
+            if self.function
+            else inline_html(self.note)
+        )
+        head = f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b> · {said}</div>"
+        columns = [f"<div style='{_COLUMN}'>{highlight(self.source)}</div>"] if self.function else []
         if self.reference is not None:
             columns.append(f"<div style='{_COLUMN}'>{self.reference._repr_html_()}</div>")
         if self.decision is not None:

@@ -92,11 +92,10 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
             detail = "a model was given as a path"
         else:
             link = seen(d, P2LinkValues)
-            detail = (
-                f"LoRA actor: {'yes' if link.actor_has_lora else 'no'}; "
-                f"reference: {'yes' if link.has_reference else 'no'}; "
-                f"same mesh: {'yes' if link.meshes_equal else 'no'}"
+            lora, ref, same = (
+                "yes" if v else "no" for v in (link.actor_has_lora, link.has_reference, link.meshes_equal)
             )
+            detail = f"LoRA actor: {lora}; reference: {ref}; same mesh: {same}"
             for prop in _decisions(report, "P2"):
                 linked = seen(prop, P2PropagationValues).linked_to_actor or []
                 if prop.get("branch") == LinkBranch.PROPAGATED and len(linked) > 1:
@@ -130,12 +129,8 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     add(P14, offload.value, detail)
     for d in _decisions(report, "P7")[:1]:
         p7 = seen(d, P7Values)
-        add(
-            P7,
-            d.get("branch"),
-            f"engine {p7.engine}; map rebuilt: {'yes' if p7.sharing_map_rebuilt else 'no'}; "
-            f"still registered as sharing: {'yes' if p7.still_registered_as_sharing else 'no'}",
-        )
+        rebuilt, still = ("yes" if v else "no" for v in (p7.sharing_map_rebuilt, p7.still_registered_as_sharing))
+        add(P7, d.get("branch"), f"engine {p7.engine}; map rebuilt: {rebuilt}; still registered as sharing: {still}")
     anchor = report.get("anchor") or {}
     p8 = _decisions(report, "P8")
     if p8 or anchor:
@@ -242,10 +237,8 @@ def link_lanes(links: list[FlowLink], row_of: Mapping[str, int]) -> list[int]:
 def link_ends(links: list[FlowLink]) -> list[tuple[float, float]]:
     """Per link, where its two ends sit on their rows, from -1 to 1 (0 is the row's middle):
     links that meet on one row are spread over it, so each arrowhead stays distinct."""
-    at: dict[str, list[int]] = {}
-    for i, link in enumerate(links):
-        at.setdefault(link.src, []).append(i)
-        at.setdefault(link.dst, []).append(i)
+    ends = {rule for link in links for rule in (link.src, link.dst)}
+    at = {rule: [i for i, link in enumerate(links) if rule in (link.src, link.dst)] for rule in ends}
 
     def spread(rule: str, i: int) -> float:
         ids = at[rule]

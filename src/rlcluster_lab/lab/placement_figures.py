@@ -70,29 +70,21 @@ def _option_need(row: FlowRow) -> list[float]:
     return [max(text_width(answer_label(o), MIN_FONT, bold=o == row.fired) + 14, 56.0) for o in row.options]
 
 
-def _option_widths(row: FlowRow, room: float, gap: float) -> list[float]:
-    """Box widths for a row's answers: each as wide as its label needs, all of them filling ``room``."""
-    need = _option_need(row)
-    free = room - gap * (len(need) - 1)
-    return [w * free / sum(need) for w in need]
-
-
 def decision_flow(report: Mapping[str, Any]) -> Svg:
     """Every decision of construction (and of any sync) in the order the trace recorded them,
     the answer that fired highlighted, and an arrow from a decision to each one that reads its
     result (P1 -> P3, P2 -> P4, ...), labelled below with the value the later one read (L1)."""
     rows = flow_rows(report)
-    links = flow_links(report)
     row_of: dict[str, int] = {}
     for i, row in enumerate(rows):
         row_of.setdefault(row.key.split(":")[0], i)
-    links = [link for link in links if link.src in row_of and link.dst in row_of]
+    links = [link for link in flow_links(report) if link.src in row_of and link.dst in row_of]
     lanes = link_lanes(links, row_of)
     left = 14 + 10 * max(lanes + [0]) + 14  # room for the arrows' lanes
     q_x = left + 44
     # The question gives up room (it is clipped, whole in its hover) before an answer would.
-    need = max(sum(_option_need(r)) + 5 * (len(r.options) - 1) for r in rows)
-    q_w = max(120.0, min(228.0, WIDTH - 8 - 6 - q_x - need))
+    needs = [_option_need(r) for r in rows]
+    q_w = max(120.0, min(228.0, WIDTH - 8 - 6 - q_x - max(sum(n) + 5 * (len(n) - 1) for n in needs)))
     opt_x = q_x + q_w + 6
     detail_w = WIDTH - 8 - q_x
     details = [wrap(row.detail, detail_w, MIN_FONT, lines=2) if row.detail else [] for row in rows]
@@ -106,15 +98,16 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
     c = Canvas(WIDTH, top + sum(heights) + 18 * len(footer) + 8, title)
     mid: dict[str, float] = {}
     y = top
-    for row, detail, h in zip(rows, details, heights):
+    for row, detail, h, need in zip(rows, details, heights, needs):
         rule = row.key.split(":")[0]
         mid.setdefault(rule, y + 11)
         c.rect(left, y, 38, 22, "#333333", rx=4, id=f"key:{row.key}")
         c.text(left + 19, y + 16, rule, size=MIN_FONT, anchor="middle", weight="bold", fill="white")
         c.text(q_x, y + 16, clip(row.question, q_w), size=MIN_FONT, title=row.question)
         labels = [answer_label(o) for o in row.options]
-        x = opt_x
-        for option, label, w in zip(row.options, labels, _option_widths(row, WIDTH - 8 - opt_x, 5)):
+        # Each answer's box as wide as its label needs, all of them filling the row.
+        x, free = opt_x, WIDTH - 8 - opt_x - 5 * (len(need) - 1)
+        for option, label, w in zip(row.options, labels, [n * free / sum(need) for n in need]):
             fired = option == row.fired
             box = {"stroke": "#333333", "width": 1.6} if fired else {"stroke": "#cccccc", "width": 0.8}
             title = f"{row.key}: {label}" + (" (fired)" if fired else "")

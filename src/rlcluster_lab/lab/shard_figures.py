@@ -65,17 +65,12 @@ def _as_2d(box: Box, shape: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int
             f"only arrays split along their last two dimensions can be drawn as a matrix; this box {box} of "
             f"shape {shape} splits a leading one"
         )
-    rows, cols = ((0, 1), (0, 1), *box)[-2:]
-    return rows, cols
+    return ((0, 1), (0, 1), *box)[-2:]
 
 
 def _shape_2d(shape: tuple[int, ...]) -> tuple[int, int]:
     (_, rows), (_, cols) = _as_2d(tuple((0, n) for n in shape), shape)
     return rows, cols
-
-
-def _box_id(box: Box) -> str:
-    return "x".join(f"{a}-{b}" for a, b in box)
 
 
 def _centred(ax: Any, x: float, y: float, text: str) -> None:
@@ -106,7 +101,7 @@ def _draw_layout(ax: Any, layout: ShardLayout, width_in: float) -> None:
         nbytes = next(s.nbytes for s in layout.shards if s.box == box)
         alone = len(devices) == 1
         face = device_color(devices[0]) if alone else "#eeeeee"
-        gid = f"shard:{layout.label}:{_box_id(box)}:{','.join(map(str, devices))}"
+        gid = f"shard:{layout.label}:{'x'.join(f'{a}-{b}' for a, b in box)}:{','.join(map(str, devices))}"
         ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=face, edgecolor="#222222", linewidth=1.2, gid=gid))
         if alone:
             label = _fit([f"dev {devices[0]}\n{fmt_bytes(nbytes)}", f"dev {devices[0]}", str(devices[0])], w_pt, h_pt)

@@ -348,9 +348,8 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     sizes of the mesh axes it does not split over. The first row names each
     sync's rollout mesh, the last gives its total.
     """
-    runs = list(syncs)
     groups: dict[str, dict[str, Any]] = {}
-    for label in runs:
+    for label in syncs:
         for lf in syncs[label].get("leaves", []):
             spec = spec_of(lf["dst_sharding"])
             g = groups.setdefault(spec, {"leaves": {}, "logical": {}, "physical": {}})
@@ -361,14 +360,14 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     for spec, g in groups.items():
         logical = max(g["logical"].values())
         row: dict[str, Any] = {"spec": spec, "leaves": ", ".join(g["leaves"]), "logical": logical}
-        for label in runs:
+        for label in syncs:
             phys = g["physical"].get(label)
             row[label] = "-" if phys is None else f"x{phys // max(g['logical'][label], 1)} = {phys:,}"
         rows.append(row)
     rows.sort(key=lambda r: (-r["logical"], r["spec"]))
     total: dict[str, Any] = {"spec": "total", "leaves": "", "logical": sum(r["logical"] for r in rows)}
     meshes: dict[str, Any] = {"spec": "rollout mesh", "leaves": "", "logical": ""}
-    for label in runs:
+    for label in syncs:
         total[label] = f"{int(syncs[label]['synced_bytes']):,}"
         leaves = syncs[label].get("leaves", [])  # the rollout mesh, as the report wrote it
         meshes[label] = mesh_of(leaves[0]["dst_sharding"]) if leaves else "?"
