@@ -311,12 +311,8 @@ def p14_joined(report: Mapping[str, Any]) -> bool:
     of its own), and the reference now measurably holds only the actor's buffers: P14 joined the
     two copies when a shared role was next loaded, as P4's decision says it would."""
     p4 = _decisions(report, "P4")[:1]
-    return bool(
-        p4
-        and p4[0].get("branch") == ReferenceBranch.AVOIDABLE_COPY
-        and seen(p4[0], P4Values).offload_to_cpu
-        and no_copy(report, "reference")
-    )
+    warned = p4 and p4[0].get("branch") == ReferenceBranch.AVOIDABLE_COPY and seen(p4[0], P4Values).offload_to_cpu
+    return bool(warned and no_copy(report, "reference"))
 
 
 # Why a rollout P3 gave a second copy holds only the actor's buffers, measured (the memory view says it).

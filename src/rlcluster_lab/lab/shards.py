@@ -28,9 +28,10 @@ from rlcluster_lab.placement.transfers import shard_key
 HOWS: tuple[str, ...] = ("moved", "copied", "reused")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, order=True)
 class Shard:
-    """One addressable shard: its device, the box of the global array it holds, its buffer's bytes."""
+    """One addressable shard: its device, the box of the global array it holds, its buffer's bytes
+    (ordered by device, then box: a device holds one shard of an array)."""
 
     device: int
     box: Box
@@ -85,10 +86,7 @@ def shard_layout(x: jax.Array, label: str = "") -> ShardLayout:
         raise TypeError(f"shard_layout needs a jax.Array, got {type(x).__name__}")
     shape = tuple(int(n) for n in x.shape)
     shards = tuple(
-        sorted(
-            (Shard(int(s.device.id), to_box(s.index, shape), int(s.data.nbytes)) for s in x.addressable_shards),
-            key=lambda s: (s.device, s.box),
-        )
+        sorted(Shard(int(s.device.id), to_box(s.index, shape), int(s.data.nbytes)) for s in x.addressable_shards)
     )
     mesh = spec = ""
     if isinstance(x.sharding, NamedSharding):
@@ -108,15 +106,11 @@ def model_leaf(model: nnx.Module, path: str) -> jax.Array:
 
 def cluster_layouts(cluster: Any, path: str) -> tuple[ShardLayout, ShardLayout]:
     """One leaf's shards in the actor (the sync's source) and in the rollout's model (its destination)."""
-    actor, rollout = _actor_and_rollout(cluster, path)
+    actor, rollout = model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
     return (
         shard_layout(actor, f"actor: {_mesh_label(actor)}"),
         shard_layout(rollout, f"rollout: {_mesh_label(rollout)}"),
     )
-
-
-def _actor_and_rollout(cluster: Any, path: str) -> tuple[jax.Array, jax.Array]:
-    return model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
 
 
 def _mesh_label(x: jax.Array) -> str:
@@ -133,7 +127,7 @@ def same_buffer_rows(cluster: Any, path: str) -> list[dict[str, Any]]:
     Buffer identity (device and buffer address) is what the sync report counts
     as reused (L3): nothing was copied for that shard.
     """
-    actor, rollout = _actor_and_rollout(cluster, path)
+    actor, rollout = model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
     mine = {s.device.id: s for s in actor.addressable_shards}
     return [
         {
