@@ -46,8 +46,7 @@ def _group_fills(c: Canvas, groups: list[Mapping[str, Any]]) -> list[str]:
     for g in groups:
         first, *rest = g["roles"]
         tints = [role_color(r) for r in rest] + _SPARE_TINTS
-        fill = next(f for t in tints if (f := c.hatch(role_color(first), t)) not in fills)
-        fills.append(fill)
+        fills.append(next(f for t in tints if (f := c.hatch(role_color(first), t)) not in fills))
     return fills
 
 
@@ -106,24 +105,17 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     kinds = [k for k in KINDS if any(by_device.get(d, {}).get(k) for d in devices)] or ["device"]
     naive = {(d, k): sum(_on(memory["by_role"][e], d, k) for e in entries) for d in devices for k in kinds}
     allocator = memory.get("allocator") or {}
-    in_use = {
-        d: int(v)
-        for d in devices
-        if allocator.get("available")
-        and (v := (allocator.get("by_device") or {}).get(d, {}).get("bytes_in_use")) is not None
-    }
+    allocated = (allocator.get("by_device") or {}) if allocator.get("available") else {}
+    in_use = {d: int(v) for d in devices if (v := allocated.get(d, {}).get("bytes_in_use")) is not None}
     # Round ticks; the axis' top is the last one, so every bar fits under it.
     ticks = byte_ticks(max([naive[key] for key in naive] + list(in_use.values()) + [1]))
     top_value = ticks[-1][0]
     left, top, plot_h = 80, 60, 190
     slot = (WIDTH - left - 12) / max(len(devices), 1)
     bar_w = min(30.0, slot * 0.8 / len(kinds))
-    c = Canvas(
-        WIDTH,
-        top + plot_h + 96,
-        f"Memory per device (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, "
-        f"{fmt_bytes(memory.get('naive_bytes', 0))} if every role had its own copy",
-    )
+    held_once, separate = (fmt_bytes(memory.get(k, 0)) for k in ("unique_bytes", "naive_bytes"))
+    title = f"Memory per device (measured): {held_once} held, {separate} if every role had its own copy"
+    c = Canvas(WIDTH, top + plot_h + 96, title)
     group_fills = _group_fills(c, groups)
     drawn: dict[str, set[str]] = {}  # entry or set of shared buffers -> the memory kinds of its segments
     note = (
@@ -231,11 +223,10 @@ def held_with(memory: Mapping[str, Any], entry: str) -> list[tuple[str, int]]:
 def role_sums(memory: Mapping[str, Any]) -> dict[str, int]:
     """Per memory kind, the bytes of the bars' counted parts (``role_parts``), added up: what the
     per-role figure says its solid (device) and dotted (pinned host) bars add up to."""
-    sums = dict.fromkeys(KINDS, 0)
+    sums = Counter(dict.fromkeys(KINDS, 0))
     for e in memory.get("by_role", {}):
-        for kind, v in role_parts(memory, e)[0].items():
-            sums[kind] = sums.get(kind, 0) + v
-    return sums
+        sums.update(role_parts(memory, e)[0])
+    return dict(sums)
 
 
 def _sums_text(sums: Mapping[str, int]) -> str:
