@@ -238,7 +238,6 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         peak.get("max_device") or max(by_device, key=lambda d: max(by_device[d].values(), default=0), default="0")
     )
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
-    left = _PANEL_LEFT
     c = Canvas(WIDTH, 0, "Weight sync (P13): bytes alive on one device during the sync, above what was there before")
     method = peak.get("method", {})
     source = "measured" if method.get("arrays", "").startswith("measured") else "computed from shapes"
@@ -256,7 +255,7 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
     for kind in kinds:
         y = _panel(c, phases, device, kind, chunks, y + 16, mine.get(kind, 0))
     if not kinds:
-        c.text(left, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
+        c.text(_PANEL_LEFT, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
         y += 36
     items = [
         (c.kind_fill(k, color), what)
@@ -269,11 +268,10 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
     y = legend(c, 8, y + 6, items)
     notes = [f"order: {peak.get('order', '?')}"]
     at = peak.get("phase_at_peak", {}).get(device)
-    if at is not None and "device" in mine:
-        top = next((p for p in phases if phase_label(p, chunks) == at), None)
-        if top is not None:
-            held = [what for term, _, what in PANELS["device"] if _terms(top, device, "device").get(term)]
-            notes.insert(0, f"on device {device} at its peak: " + "; ".join(held))
+    top = next((p for p in phases if phase_label(p, chunks) == at), None) if "device" in mine else None
+    if top is not None:
+        held = [what for term, _, what in PANELS["device"] if _terms(top, device, "device").get(term)]
+        notes.insert(0, f"on device {device} at its peak: " + "; ".join(held))
     arrays, temporaries = (str(method.get(k, "?")).split(":")[0] for k in ("arrays", "program_temporaries"))
     notes.append(f"arrays: {arrays}; temporaries: {temporaries}")
     for text in notes:
