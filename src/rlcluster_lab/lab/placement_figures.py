@@ -182,10 +182,8 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 fill, note, kind = color, fmt_bytes(held) if held and not small else "", "own"
             kinds.add(kind)
             title = f"{name} on device {dev}: mesh coordinate {coords[dev]}"
-            if held:
-                title += f"; holds {fmt_bytes(held)}" + (
-                    f", of which {fmt_bytes(shared)} are the actor's buffers" if shared else ""
-                )
+            title += f"; holds {fmt_bytes(held)}" if held else ""
+            title += f", of which {fmt_bytes(shared)} are the actor's buffers" if shared else ""
             dash = "4,3" if dashed else None
             c.rect(*cell, fill, stroke=color, width=1.4, dash=dash, rx=3, id=f"cell:{name}:{dev}", title=title)
             ink = "white" if fill == color else TEXT
@@ -204,9 +202,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     if "asked" in kinds:
         items.append(("white", "dashed: the mesh asked for, replaced by the engine (P7)"))
     y = legend(c, 8, top + row_h * len(rows) + 16, items)
-    for name, role, _ in rows:
-        if name != role:
-            continue
+    for role in [role for name, role, _ in rows if name == role]:  # not the asked-for mesh's row
         for k, line in enumerate(wrap(role_note(report, role), WIDTH - 16 - 14)):
             c.text(8 if k == 0 else 22, y, line, size=MIN_FONT, id=f"note:{role}" if k == 0 else None)
             y += 17

@@ -82,8 +82,7 @@ def phase_memory(
         phases = list(step.get("phases", []))
         if only is not None:
             names = [p["name"] for p in phases]
-            missing = [n for n in only if n not in names]
-            if missing:
+            if missing := [n for n in only if n not in names]:
                 raise ValueError(f"no phase {', '.join(map(repr, missing))} in {label!r}; it ran {', '.join(names)}")
             phases = [p for p in phases if p["name"] in only]
         picked[label] = phases
