@@ -127,8 +127,7 @@ def _as_dict(decision: Decision | Mapping[str, Any]) -> dict[str, Any]:
 
 def _decisions_of(source: Any) -> list[dict[str, Any]]:
     """Decisions from a cluster (its trace), a report (its ``decisions``) or a list of them."""
-    trace = getattr(source, "trace", None)
-    if trace is not None:
+    if (trace := getattr(source, "trace", None)) is not None:
         return [d.to_json() for d in trace]
     if isinstance(source, Mapping):
         return [dict(d) for d in source.get("decisions", [])]
@@ -209,8 +208,7 @@ def show_rule(
     decision: dict[str, Any] | None = None
     if source is not None:
         found = [d for d in _decisions_of(source) if d.get("rule") == rule]
-        if where:
-            found = [d for d in found if all(d.get("values", {}).get(k) == jsonable(v) for k, v in where.items())]
+        found = [d for d in found if all(d.get("values", {}).get(k) == jsonable(v) for k, v in (where or {}).items())]
         if not found:
             raise ValueError(f"no {rule} decision recorded here{' with ' + str(dict(where)) if where else ''}")
         if not -len(found) <= which < len(found):
@@ -218,7 +216,6 @@ def show_rule(
         decision = found[which]
     fn = rule_function(rule, decision)
     code, first = _without_docstring(fn)
-    module = inspect.getmodule(fn)
-    path = (module.__name__ if module else fn.__module__).replace(".", "/") + ".py"
+    path = fn.__module__.replace(".", "/") + ".py"
     shown = reference_code(rule) if reference else None
     return RuleCode(rule, f"{fn.__module__}.{fn.__qualname__}", code, first, path, decision, entry.title, "", shown)

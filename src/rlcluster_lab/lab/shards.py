@@ -192,8 +192,7 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
     """
     leaves = {lf["path"]: lf for lf in report.get("leaves", [])}
     wanted = list(leaves) if paths is None else list(paths)
-    missing = [p for p in wanted if p not in leaves]
-    if missing:
+    if missing := [p for p in wanted if p not in leaves]:
         raise KeyError(f"the sync did not carry {missing}; it synced {len(leaves)} leaves, e.g. {list(leaves)[:3]}")
     chosen = [leaves[p] for p in wanted]
     if any("pieces" not in lf for lf in chosen):
