@@ -123,8 +123,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         + allocator_beside_roles(memory, in_use)
     )
     notes = wrap(note, WIDTH - 16, MIN_FONT, lines=5)
-    for k, line in enumerate(notes):
-        c.text(8, 40 + 16 * k, line, size=MIN_FONT, fill=MUTED, title=note)
+    c.text_lines(8, 40, notes, size=MIN_FONT, fill=MUTED, title=note)
     top += 16 * (len(notes) - 1)
     scale = plot_h / top_value
     base = top + plot_h
@@ -297,8 +296,7 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
         if not borrowed and held_with(memory, e):
             text += "; also held by " + ", ".join(f"{r} ({fmt_bytes(v)})" for r, v in held_with(memory, e))
         lines = wrap(text, text_w, MIN_FONT, lines=2)
-        for k, line in enumerate(lines):
-            c.text(text_x, y + 18 + 15 * k - 7 * (len(lines) - 1), line, size=MIN_FONT, title=text)
+        c.text_lines(text_x, y + 18 - 7 * (len(lines) - 1), lines, 15, size=MIN_FONT, title=text)
     # Only what is drawn, each swatch as its parts are drawn.
     items = []
     if "device" in kinds_seen:

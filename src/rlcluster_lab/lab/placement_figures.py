@@ -115,16 +115,14 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
             word = {"weight": "bold", "fill": TEXT} if fired else {"fill": IDLE_TEXT}
             c.text(x + w / 2, y + 16, clip(label, w - 8, MIN_FONT, bold=fired), size=MIN_FONT, anchor="middle", **word)
             x += w + 5
-        for k, line in enumerate(detail):
-            c.text(q_x, y + 38 + 16 * k, line, size=MIN_FONT, fill=MUTED, title=row.detail)
+        c.text_lines(q_x, y + 38, detail, size=MIN_FONT, fill=MUTED, title=row.detail)
         y += h
     for link, lane, (a, b) in zip(links, lanes, link_ends(links)):
         lx = left - 12 - 10 * lane
         y1, y2 = mid[link.src] + 6 * a, mid[link.dst] + 6 * b
         d = f"M{left - 1},{y1:.1f} H{lx} V{y2:.1f} H{left - 2}"
         c.arrow(d, "#555555", id=f"link:{link.src}:{link.dst}", title=link.label)
-    for k, line in enumerate(footer):
-        c.text(8, y + 14 + 18 * k, line, size=MIN_FONT, fill=MUTED)
+    c.text_lines(8, y + 14, footer, 18, size=MIN_FONT, fill=MUTED)
     return c.render()
 
 

@@ -215,8 +215,7 @@ def shard_layouts(layouts: Sequence[ShardLayout], title: str = "") -> Figure:
     fig.get_layout_engine().set(h_pad=0.1)
     grid = fig.add_gridspec(rows, columns, height_ratios=[panel * h + 1.3 for h in heights])
     for i, layout in enumerate(layouts):
-        ax = fig.add_subplot(grid[i // columns, i % columns])
-        _draw_layout(ax, layout, panel)
+        _draw_layout(fig.add_subplot(grid[i // columns, i % columns]), layout, panel)
     _device_legend(fig, sorted({d for lay in layouts for d in lay.devices}))
     if title:
         fig.suptitle(title, fontsize=MIN_FONT + 1, x=0.01, ha="left")

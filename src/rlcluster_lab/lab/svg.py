@@ -134,6 +134,14 @@ class Canvas:
             attrs += f' font-weight="{weight}"'
         self._add("text", attrs, id, title, html.escape(s))
 
+    def text_lines(self, x: float, y: float, lines: Sequence[str], step: float = 16, **style: Any) -> float:
+        """``lines`` one under another from ``y``, ``step`` apart (``style`` as ``text``'s); returns
+        the y under the last."""
+        for line in lines:
+            self.text(x, y, line, **style)
+            y += step
+        return y
+
     def line(
         self,
         x1: float,

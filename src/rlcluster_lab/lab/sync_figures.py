@@ -105,9 +105,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         lines.append((f"reshard: {s.get('reshard_strategy', '?')}; anchor re-pinned {anchor}{timing}", MUTED))
         y += 36
         for text, fill in lines:
-            for line in wrap(text, WIDTH - left - 8, MIN_FONT, lines=2):
-                c.text(left, y, line, size=MIN_FONT, fill=fill)
-                y += 16
+            y = c.text_lines(left, y, wrap(text, WIDTH - left - 8, MIN_FONT, lines=2), size=MIN_FONT, fill=fill)
         y += 18
     c.height = y - 10
     return c.render()
@@ -248,10 +246,7 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         + (f", at {peak['phase_at_peak'][device]}" if device in peak.get("phase_at_peak", {}) else "")
         + f"; {chunk_words(peak, fmt_bytes)}"
     )
-    y = 40
-    for line in wrap(sub, WIDTH - 16, MIN_FONT, lines=2):
-        c.text(8, y, line, size=MIN_FONT, fill=MUTED)
-        y += 16
+    y = c.text_lines(8, 40, wrap(sub, WIDTH - 16, MIN_FONT, lines=2), size=MIN_FONT, fill=MUTED)
     for kind in kinds:
         y = _panel(c, phases, device, kind, chunks, y + 16, mine.get(kind, 0))
     if not kinds:
@@ -275,9 +270,7 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
     arrays, temporaries = (str(method.get(k, "?")).split(":")[0] for k in ("arrays", "program_temporaries"))
     notes.append(f"arrays: {arrays}; temporaries: {temporaries}")
     for text in notes:
-        for line in wrap(text, WIDTH - 16, MIN_FONT, lines=3):
-            c.text(8, y, line, size=MIN_FONT, fill=MUTED)
-            y += 16
+        y = c.text_lines(8, y, wrap(text, WIDTH - 16, MIN_FONT, lines=3), size=MIN_FONT, fill=MUTED)
     c.height = y + 6
     return c.render()
 
@@ -404,8 +397,7 @@ def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = No
         h = 110.0
         base = y + 18 + h  # room above the tallest bar for its number
         c.text(left - 8, y + 30, lines[0], size=MIN_FONT, anchor="end", weight="bold")
-        for k, line in enumerate(lines[1:], 1):
-            c.text(left - 8, y + 30 + 16 * k, line, size=MIN_FONT, anchor="end", fill=MUTED)
+        c.text_lines(left - 8, y + 46, lines[1:], size=MIN_FONT, anchor="end", fill=MUTED)
         c.line(left, base, WIDTH - right, base, "#999999")
         for i, p in enumerate(points):
             v = float(p.get(key) or 0)
