@@ -113,8 +113,8 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     left, top, plot_h = 80, 60, 190
     slot = (WIDTH - left - 12) / max(len(devices), 1)
     bar_w = min(30.0, slot * 0.8 / len(kinds))
-    held_once, separate = (fmt_bytes(memory.get(k, 0)) for k in ("unique_bytes", "naive_bytes"))
-    title = f"Memory per device (measured): {held_once} held, {separate} if every role had its own copy"
+    unique, separate = (fmt_bytes(memory.get(k, 0)) for k in ("unique_bytes", "naive_bytes"))
+    title = f"Memory per device (measured): {unique} held, {separate} if every role had its own copy"
     c = Canvas(WIDTH, top + plot_h + 96, title)
     group_fills = _group_fills(c, groups)
     drawn: dict[str, set[str]] = {}  # entry or set of shared buffers -> the memory kinds of its segments
