@@ -181,17 +181,13 @@ def engine_copy_reason(report: Mapping[str, Any]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class FlowLink:
-    """An arrow of the flow: decision ``dst`` read what ``src`` decided (``label``, from the
-    value ``dst`` recorded)."""
+    """An arrow of the flow: decision ``dst`` read what ``src`` decided (``value``, as ``dst``
+    recorded it)."""
 
     src: str
     dst: str
     value: str  # "rollout linked: yes": the value the later decision recorded
     why: str  # "P3 reads the link P1 made"
-
-    @property
-    def label(self) -> str:
-        return f"{self.src} -> {self.dst}: {self.why} ({self.value})"
 
 
 # Which decision reads which: (from, to, the field of the value the later rule recorded, its

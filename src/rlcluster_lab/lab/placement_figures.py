@@ -121,7 +121,8 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
         lx = left - 12 - 10 * lane
         y1, y2 = mid[link.src] + 6 * a, mid[link.dst] + 6 * b
         d = f"M{left - 1},{y1:.1f} H{lx} V{y2:.1f} H{left - 2}"
-        c.arrow(d, "#555555", id=f"link:{link.src}:{link.dst}", title=link.label)
+        title = f"{link.src} -> {link.dst}: {link.why} ({link.value})"
+        c.arrow(d, "#555555", id=f"link:{link.src}:{link.dst}", title=title)
     c.text_lines(8, y + 14, footer, 18, size=MIN_FONT, fill=MUTED)
     return c.render()
 
