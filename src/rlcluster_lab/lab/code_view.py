@@ -120,9 +120,7 @@ def _functions(rule: str) -> Sequence[Callable[..., object]]:
 
 
 def _as_dict(decision: Decision | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(decision, Decision):
-        return decision.to_json()
-    return {k: jsonable(v) for k, v in decision.items()}
+    return decision.to_json() if isinstance(decision, Decision) else {k: jsonable(v) for k, v in decision.items()}
 
 
 def _decisions_of(source: Any) -> list[dict[str, Any]]:
@@ -169,8 +167,7 @@ def rule_function(rule: str, decision: Decision | Mapping[str, Any] | None = Non
     for fn in functions:
         if any(re.fullmatch(pattern, test, flags=re.DOTALL) for pattern in _test_patterns(fn)):
             return fn
-    names = ", ".join(f.__name__ for f in functions)
-    raise ValueError(f"no function of {rule} ({names}) records the test {test!r}")
+    raise ValueError(f"no function of {rule} ({', '.join(f.__name__ for f in functions)}) records the test {test!r}")
 
 
 def show_rule(

@@ -85,8 +85,7 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         if p1.same_devices is not None:  # as the rule recorded it (``rules.sharing.same_devices``)
             detail += f"; same devices: {'yes' if p1.same_devices else 'no'}"
         add(P1, d.get("branch"), detail)
-    p2 = [d for d in _decisions(report, "P2") if d.get("branch") != LinkBranch.PROPAGATED]
-    for d in p2[:1]:
+    for d in [d for d in _decisions(report, "P2") if d.get("branch") != LinkBranch.PROPAGATED][:1]:
         fired = str(d.get("branch"))
         if fired == LinkBranch.SKIPPED:
             detail = "a model was given as a path"

@@ -198,8 +198,7 @@ def role_parts(memory: Mapping[str, Any], entry: str) -> tuple[dict[str, int], l
         then, per set of shared buffers another entry is the first holder of, that entry and
         the bytes: drawn hatched, as the same buffers, not counted again.
     """
-    row = memory.get("by_role", {}).get(entry, {})
-    counted = {k: int(v) for k, v in row.get("by_kind", {}).items()}
+    counted = {k: int(v) for k, v in memory.get("by_role", {}).get(entry, {}).get("by_kind", {}).items()}
     borrowed: dict[str, int] = {}
     for g in _groups(memory):
         if entry not in g.get("roles", []) or g["roles"][0] == entry:

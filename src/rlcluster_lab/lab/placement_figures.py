@@ -86,8 +86,7 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
     needs = [_option_need(r) for r in rows]
     q_w = max(120.0, min(228.0, WIDTH - 8 - 6 - q_x - max(sum(n) + 5 * (len(n) - 1) for n in needs)))
     opt_x = q_x + q_w + 6
-    detail_w = WIDTH - 8 - q_x
-    details = [wrap(row.detail, detail_w, MIN_FONT, lines=2) if row.detail else [] for row in rows]
+    details = [wrap(row.detail, WIDTH - 8 - q_x, MIN_FONT, lines=2) if row.detail else [] for row in rows]
     heights = [30 + 16 * len(d) for d in details]
     top = 40
     arrows = "; ".join(f"{link.src} -> {link.dst} ({link.value})" for link in links)

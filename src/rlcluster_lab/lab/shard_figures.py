@@ -59,8 +59,7 @@ def _as_2d(box: Box, shape: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int
     """A box as (rows, columns) of a matrix: a vector is one row, a scalar one cell. Leading axes
     that every box spans whole (the layer stack's axis, never split) are drawn as one matrix:
     each layer is cut alike."""
-    lead = tuple(box[: max(len(shape) - 2, 0)])
-    if any(span != (0, n) for span, n in zip(lead, shape)):
+    if any(span != (0, n) for span, n in zip(box[: max(len(shape) - 2, 0)], shape)):
         raise ValueError(
             f"only arrays split along their last two dimensions can be drawn as a matrix; this box {box} of "
             f"shape {shape} splits a leading one"
@@ -272,8 +271,7 @@ def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: flo
             bar.set_gid(f"bar:{how}:{d}:{n}")
         bottom = [a + b for a, b in zip(bottom, values[how])]
     top = max(bottom + [1])
-    slot_pt = width_in * 72 / len(dsts)
-    upright = all(_fit([short_bytes(t)], slot_pt, 2 * MIN_FONT) for t in bottom)
+    upright = all(_fit([short_bytes(t)], width_in * 72 / len(dsts), 2 * MIN_FONT) for t in bottom)
     label = {"ha": "center", "va": "bottom", "fontsize": MIN_FONT, "rotation": 0 if upright else 90}
     for j, total in enumerate(bottom):
         ax.text(j, total + top * 0.02, short_bytes(total), **label)

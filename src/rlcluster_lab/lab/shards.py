@@ -243,8 +243,7 @@ def mesh_of(sharding: str) -> str:
 
 def _short_name(path: str) -> str:
     """``blocks/attn/o/lora_a`` -> ``o/lora_a``; ``blocks/attn_norm/scale`` -> ``attn_norm/scale``."""
-    parts = [p for p in path.split("/") if not p.isdigit() and p not in ("blocks", "attn", "mlp")]
-    return "/".join(parts[-2:])
+    return "/".join([p for p in path.split("/") if not p.isdigit() and p not in ("blocks", "attn", "mlp")][-2:])
 
 
 def spec_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -305,8 +304,7 @@ def share_lines(report: Mapping[str, Any]) -> str:
             f"arrived {r['arrived']:>9,} B = {r['arrived'] / max(r['synced'], 1):.1%} of them"
         )
     moving = [r for r in rows if r["arrived"]]
-    shares = {r["arrived"] * 10**6 // r["synced"] for r in moving}
-    if moving and len(shares) == 1:
+    if moving and len({r["arrived"] * 10**6 // r["synced"] for r in moving}) == 1:
         held = sum(r["synced"] for r in moving)
         share = moving[0]["arrived"] / moving[0]["synced"]
         lines.append(
@@ -344,8 +342,7 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     groups: dict[str, dict[str, Any]] = {}
     for label in syncs:
         for lf in syncs[label].get("leaves", []):
-            spec = spec_of(lf["dst_sharding"])
-            g = groups.setdefault(spec, {"leaves": {}, "logical": {}, "physical": {}})
+            g = groups.setdefault(spec_of(lf["dst_sharding"]), {"leaves": {}, "logical": {}, "physical": {}})
             g["leaves"][_short_name(lf["path"])] = None
             g["logical"][label] = g["logical"].get(label, 0) + int(lf["logical_bytes"])
             g["physical"][label] = g["physical"].get(label, 0) + int(lf["synced_bytes"])

@@ -86,8 +86,7 @@ def phase_memory(
                 raise ValueError(f"no phase {', '.join(map(repr, missing))} in {label!r}; it ran {', '.join(names)}")
             phases = [p for p in phases if p["name"] in only]
         picked[label] = phases
-    width = max(7.0, 1.6 * max(len(p) for p in picked.values()) + 3.8)
-    fig = new_figure(width, 3.4 * len(picked) + 0.3)
+    fig = new_figure(max(7.0, 1.6 * max(len(p) for p in picked.values()) + 3.8), 3.4 * len(picked) + 0.3)
     axes = fig.subplots(len(picked), 1, squeeze=False)[:, 0]
     legend: dict[str, Patch] = {}
     top = 1

@@ -301,8 +301,7 @@ def _released(p: Mapping[str, Any], device: str, kind: str) -> int:
     """What a phase released in ``kind`` beyond the rollout's new arrays that replaced it (bytes, >= 0)."""
     terms = p.get("terms", {}).get(device, {})
     gone = -int(terms.get(ph.term_in(ph.RELEASED, kind), 0))
-    made = sum(max(int(terms.get(ph.term_in(t, kind), 0)), 0) for t in (ph.RESHARDED, ph.CAST))
-    return max(gone - made, 0)
+    return max(gone - sum(max(int(terms.get(ph.term_in(t, kind), 0)), 0) for t in (ph.RESHARDED, ph.CAST)), 0)
 
 
 def _panel_level(p: Mapping[str, Any], device: str, kind: str) -> int:
