@@ -17,17 +17,7 @@ from typing import Any
 
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.flow import engine_copied, rollout_text, share_reason
-from rlcluster_lab.lab.style import (
-    ENTRY_ORDER,
-    KINDS,
-    ROLE_COLORS,
-    byte_ticks,
-    device_order,
-    in_order,
-    role_color,
-    text_width,
-    wrap,
-)
+from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, byte_ticks, device_order, in_order, role_color, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, WIDTH, Canvas, Svg, legend
 
 
@@ -303,8 +293,6 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     if "pinned_host" in kinds_seen:
         items.append((c.dots("#666666"), "dotted: pinned host, counted in this bar"))
     if hatched:
-        items.append(
-            (c.hatch(ROLE_COLORS["actor"], "#9a9a9a"), "hatched: another role's buffers (same bytes, no copy)")
-        )
+        items.append((c.hatch(role_color("actor"), "#9a9a9a"), "hatched: another role's buffers (same bytes, no copy)"))
     c.height = legend(c, 8, top + row_h * len(entries) + 12, items)
     return c.render()

@@ -50,18 +50,7 @@ from rlcluster_lab.lab.flow import (
     role_note,
     shared_bytes,
 )
-from rlcluster_lab.lab.style import (
-    HIGHLIGHT,
-    IDLE,
-    IDLE_TEXT,
-    ROLE_COLORS,
-    ROLE_ORDER,
-    clip,
-    in_order,
-    role_color,
-    text_width,
-    wrap,
-)
+from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_ORDER, clip, in_order, role_color, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
 
 
@@ -151,7 +140,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     label_w, top, row_h = 150, 48, 42
     cell_w = min(72.0, (WIDTH - label_w - 10) / max(len(ids), 1))
     small = cell_w < text_width("88.8 KiB", MIN_FONT) + 6  # too narrow for bytes: they go in the hover
-    actor_color = ROLE_COLORS["actor"]
+    actor_color = role_color("actor")
     c = Canvas(WIDTH, 0, f"Devices: {devices_text(report)}; each cell: mesh coordinate and the role's physical bytes")
     for j, dev in enumerate(ids):
         c.text(label_w + j * cell_w + cell_w / 2, top - 8, f"dev {dev}", size=MIN_FONT, anchor="middle", fill=MUTED)
