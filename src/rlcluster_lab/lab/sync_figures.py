@@ -22,14 +22,7 @@ from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.placement import phases as ph
 
 # The synced bytes' parts (synced = arrived + copied + reused) in SYNC_PARTS' colours.
-SYNC_COLORS = {"arrived": SYNC_PARTS[0][2], "copied": SYNC_PARTS[1][2], "reused": SYNC_PARTS[2][2], "relayed": RELAYED}
-
-
-def _runs(sync: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """One sync report, or a mapping of label -> sync report."""
-    if "synced_bytes" in sync:
-        return {("LoRA" if sync.get("lora") else "full") + " sync": sync}
-    return {str(k): v for k, v in sync.items()}
+SYNC_COLORS = {key.split("_")[0]: color for key, _, color in SYNC_PARTS}
 
 
 def sync_bytes(sync: Mapping[str, Any]) -> Svg:
@@ -44,7 +37,10 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
     (each leaf once) is beside the physical one, with their ratio, and marked on
     the synced bar as a dotted tick.
     """
-    runs = _runs(sync)
+    if "synced_bytes" in sync:  # one sync report, or {label: sync report}
+        runs = {("LoRA" if sync.get("lora") else "full") + " sync": sync}
+    else:
+        runs = {str(k): v for k, v in sync.items()}
     left = 78
     widest = max(
         [max(int(s.get("synced_bytes", 0)), int(s.get("moved_cross_device_bytes", 0))) for s in runs.values()] + [1]
