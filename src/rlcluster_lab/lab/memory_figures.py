@@ -58,8 +58,7 @@ def _on(holding: Mapping[str, Any], dev: str, kind: str) -> int:
 def where_prefix(memory: Mapping[str, Any]) -> str:
     """How a memory figure's note begins: the devices its figures come from (the report's
     ``where``) and that they are measured ("TPU v5 lite chip 0, measured: "); "" without a ``where``."""
-    where = memory.get("where")
-    return f"{where}, measured: " if where else ""
+    return f"{memory['where']}, measured: " if memory.get("where") else ""
 
 
 def allocator_beside_roles(memory: Mapping[str, Any], in_use: Mapping[str, int]) -> str:
@@ -245,7 +244,6 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     left, top, row_h = max([100.0] + [text_width(e, 13, bold=True) + 16 for e in entries]), 64, 40
     bar_max = 300.0
     text_x = left + bar_max + 10
-    text_w = WIDTH - 8 - text_x
     scale = bar_max / top_value
     sums = role_sums(memory)
     c = Canvas(WIDTH, 0, f"Memory per role (measured): {fmt_bytes(sum(sums.values()))} held, each buffer counted once")
@@ -284,7 +282,7 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
             text += f"; {rollout_text(report)}"
         if not borrowed and held_with(memory, e):
             text += "; also held by " + ", ".join(f"{r} ({fmt_bytes(v)})" for r, v in held_with(memory, e))
-        lines = wrap(text, text_w, MIN_FONT, lines=2)
+        lines = wrap(text, WIDTH - 8 - text_x, MIN_FONT, lines=2)
         c.text_lines(text_x, y + 18 - 7 * (len(lines) - 1), lines, 15, size=MIN_FONT, title=text)
     # Only what is drawn, each swatch as its parts are drawn.
     items = []
