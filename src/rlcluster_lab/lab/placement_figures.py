@@ -106,9 +106,8 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
         c.text_lines(q_x, y + 38, detail, size=MIN_FONT, fill=MUTED, title=row.detail)
         y += h
     for link, lane, (a, b) in zip(links, lanes, link_ends(links)):
-        lx = left - 12 - 10 * lane
         y1, y2 = mid[link.src] + 6 * a, mid[link.dst] + 6 * b
-        d = f"M{left - 1},{y1:.1f} H{lx} V{y2:.1f} H{left - 2}"
+        d = f"M{left - 1},{y1:.1f} H{left - 12 - 10 * lane} V{y2:.1f} H{left - 2}"
         title = f"{link.src} -> {link.dst}: {link.why} ({link.value})"
         c.arrow(d, "#555555", id=f"link:{link.src}:{link.dst}", title=title)
     c.text_lines(8, y + 14, footer, 18, size=MIN_FONT, fill=MUTED)
@@ -148,9 +147,8 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     for i, (name, role, mesh) in enumerate(rows):
         y = top + i * row_h
         dashed = name.endswith("(config)")
-        shape = "x".join(str(v) for v in mesh.get("shape", {}).values())
         c.text(8, y + 17, name, size=13, weight="bold")
-        c.text(8, y + 33, f"mesh {shape}", size=MIN_FONT, fill=MUTED)
+        c.text(8, y + 33, "mesh " + "x".join(str(v) for v in mesh.get("shape", {}).values()), size=MIN_FONT, fill=MUTED)
         coords = mesh_coords(mesh)
         for j, dev in enumerate(ids):
             x = label_w + j * cell_w
