@@ -61,8 +61,7 @@ class RuleCode:
             lines += ["", self.reference.text()]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.text()
+    __str__ = text
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(self.text())
@@ -70,15 +69,13 @@ class RuleCode:
     def _repr_html_(self) -> str:
         """The rule's code, the reference's lines beside it when asked for, and what the decision
         read and returned."""
-        if self.function:
-            head = (
-                f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b> · "
-                f"<code>{html.escape(self.function)}</code> · {html.escape(self.path)}, line {self.first_line}</div>"
-            )
-            columns = [f"<div style='{_COLUMN}'>{highlight(self.source)}</div>"]
-        else:
-            head = f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b> · {inline_html(self.note)}</div>"
-            columns = []
+        said = (
+            f"<code>{html.escape(self.function)}</code> · {html.escape(self.path)}, line {self.first_line}"
+            if self.function
+            else inline_html(self.note)
+        )
+        head = f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b> · {said}</div>"
+        columns = [f"<div style='{_COLUMN}'>{highlight(self.source)}</div>"] if self.function else []
         if self.reference is not None:
             columns.append(f"<div style='{_COLUMN}'>{self.reference._repr_html_()}</div>")
         if self.decision is not None:
@@ -123,22 +120,17 @@ def _functions(rule: str) -> Sequence[Callable[..., object]]:
 
 
 def _as_dict(decision: Decision | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(decision, Decision):
-        return decision.to_json()
-    return {k: jsonable(v) for k, v in decision.items()}
+    return decision.to_json() if isinstance(decision, Decision) else {k: jsonable(v) for k, v in decision.items()}
 
 
 def _decisions_of(source: Any) -> list[dict[str, Any]]:
     """Decisions from a cluster (its trace), a report (its ``decisions``) or a list of them."""
-    trace = getattr(source, "trace", None)
-    if trace is not None:
+    if (trace := getattr(source, "trace", None)) is not None:
         return [d.to_json() for d in trace]
     if isinstance(source, Mapping):
         return [dict(d) for d in source.get("decisions", [])]
     decisions = getattr(source, "decisions", None)
-    if decisions is not None:
-        return [_as_dict(d) for d in decisions]
-    return [_as_dict(d) for d in source]
+    return [_as_dict(d) for d in (source if decisions is None else decisions)]
 
 
 def _pattern(node: ast.expr) -> str:
@@ -175,8 +167,7 @@ def rule_function(rule: str, decision: Decision | Mapping[str, Any] | None = Non
     for fn in functions:
         if any(re.fullmatch(pattern, test, flags=re.DOTALL) for pattern in _test_patterns(fn)):
             return fn
-    names = ", ".join(f.__name__ for f in functions)
-    raise ValueError(f"no function of {rule} ({names}) records the test {test!r}")
+    raise ValueError(f"no function of {rule} ({', '.join(f.__name__ for f in functions)}) records the test {test!r}")
 
 
 def show_rule(
@@ -214,8 +205,7 @@ def show_rule(
     decision: dict[str, Any] | None = None
     if source is not None:
         found = [d for d in _decisions_of(source) if d.get("rule") == rule]
-        if where:
-            found = [d for d in found if all(d.get("values", {}).get(k) == jsonable(v) for k, v in where.items())]
+        found = [d for d in found if all(d.get("values", {}).get(k) == jsonable(v) for k, v in (where or {}).items())]
         if not found:
             raise ValueError(f"no {rule} decision recorded here{' with ' + str(dict(where)) if where else ''}")
         if not -len(found) <= which < len(found):
@@ -223,7 +213,6 @@ def show_rule(
         decision = found[which]
     fn = rule_function(rule, decision)
     code, first = _without_docstring(fn)
-    module = inspect.getmodule(fn)
-    path = (module.__name__ if module else fn.__module__).replace(".", "/") + ".py"
+    path = fn.__module__.replace(".", "/") + ".py"
     shown = reference_code(rule) if reference else None
     return RuleCode(rule, f"{fn.__module__}.{fn.__qualname__}", code, first, path, decision, entry.title, "", shown)

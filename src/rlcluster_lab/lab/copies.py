@@ -84,10 +84,7 @@ def _back_up(work: Path, stem: str, names: list[str]) -> list[str]:
 
 
 def _digest(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,18 +111,15 @@ class Display:
             name: widgets.HTML(layout=widgets.Layout(display="none")).add_class("rl-stale") for name, _ in VIEWS
         }
         self.stale_text = ""
-        self.tabs = self._tabs()
-
-    def _tabs(self) -> widgets.Tab:
-        """One tab per view, each under its title (the panels keep their figures' own width,
-        scaled down only where the tab is narrower)."""
+        # One tab per view, each under its title (the panels keep their figures' own width, scaled down only
+        # where the tab is narrower).
         content: dict[str, widgets.Widget] = {"summary": self.summary, "steps": self.step_log, **self.outputs}
         pages = []
         for name, _title in VIEWS:
             heading = [widgets.HTML(f"<b>{html.escape(TITLES[name])}</b>")] if name in TITLES else []
             page = widgets.VBox(heading + [self.stale[name], content[name]], layout=widgets.Layout(padding="2px"))
             pages.append(page.add_class("rl-view").add_class(f"rl-view-{name}"))
-        return widgets.Tab(pages, titles=[title for _, title in VIEWS], selected_index=1).add_class("rl-views")
+        self.tabs = widgets.Tab(pages, titles=[title for _, title in VIEWS], selected_index=1).add_class("rl-views")
 
     def show(self, view: str) -> None:
         """Select the view's tab (``VIEWS``): what an action changed comes into view."""
@@ -187,19 +184,16 @@ class Display:
             key = json.dumps(data, sort_keys=True, default=str)
             if self._drawn.get(name) == key:
                 continue
-            self.outputs[name].outputs = Display._render(name, draw)
+            try:
+                shown = (
+                    [display_data(draw)] if isinstance(draw, str) else [display_data(TITLES[name], f()) for f in draw]
+                )
+            except Exception as exc:  # noqa: BLE001 - one broken figure must not take the lab down
+                shown = [display_data(f"could not draw this panel: {type(exc).__name__}: {exc}")]
+            self.outputs[name].outputs = tuple(shown)
             self._drawn[name] = key
             redrawn.append(name)
         return time.perf_counter() - start, redrawn
-
-    @staticmethod
-    def _render(name: str, draw: list[Callable[[], Any]] | str) -> tuple[dict[str, Any], ...]:
-        if isinstance(draw, str):
-            return (display_data(draw),)
-        try:
-            return tuple(display_data(TITLES[name], fig()) for fig in draw)
-        except Exception as exc:  # noqa: BLE001 - one broken figure must not take the lab down
-            return (display_data(f"could not draw this panel: {type(exc).__name__}: {exc}"),)
 
     def clear(self, text: str) -> None:
         """Every panel shows ``text`` instead of a figure."""
@@ -312,7 +306,7 @@ def _output_html(out: widgets.Output) -> str:
     for item in out.outputs:
         data = item.get("data", {})
         if "image/svg+xml" in data:
-            svg = "".join(data["image/svg+xml"]) if isinstance(data["image/svg+xml"], list) else data["image/svg+xml"]
+            svg = "".join(data["image/svg+xml"])  # a str, or the lines of one
             src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
             alt = html.escape(str(data.get("text/plain", "figure")), quote=True)
             parts.append(f"<img src='{src}' alt='{alt}' style='max-width:100%;height:auto;display:block'>")
@@ -326,12 +320,8 @@ def view_html(display: Display, name: str) -> str:
     heading = f"<div><b>{html.escape(TITLES[name])}</b></div>" if name in TITLES else ""
     if display.stale_text:
         heading += f"<div><i>{html.escape(display.stale_text)}</i></div>"
-    if name == "summary":
-        body = display.summary.value
-    elif name == "steps":
-        body = display.step_log.value or "<i>no training step yet</i>"
-    else:
-        body = _output_html(display.outputs[name])
+    html_views = {"summary": display.summary.value, "steps": display.step_log.value or "<i>no training step yet</i>"}
+    body = html_views[name] if name in html_views else _output_html(display.outputs[name])
     return f"<div class='rl-picture-view rl-picture-view-{name}'>{heading}{body}</div>"
 
 

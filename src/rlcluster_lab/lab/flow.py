@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,9 +47,7 @@ def _decisions(report: Mapping[str, Any], rule: str) -> list[Mapping[str, Any]]:
 
 
 def mesh_shape_text(mesh: Mapping[str, Any] | None) -> str:
-    if not mesh:
-        return "none"
-    return "(" + ",".join(str(v) for v in mesh.get("shape", {}).values()) + ")"
+    return "(" + ",".join(str(v) for v in mesh.get("shape", {}).values()) + ")" if mesh else "none"
 
 
 def flow_rows(report: Mapping[str, Any]) -> list[FlowRow]:
@@ -77,8 +75,7 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     def add(rule: Rule, fired: Any, detail: str = "", key: str = "", question: str = "") -> None:
         rows.append(FlowRow(key or rule.rule, question or rule.question, rule.values(), str(fired), detail))
 
-    checks = _decisions(report, "P6")
-    if checks:
+    if checks := _decisions(report, "P6"):
         failed = [d for d in checks if d.get("branch") == CheckBranch.ERROR.value]
         fired = (CheckBranch.ERROR if failed else CheckBranch.PASS).value
         add(P6, fired, f"{len(checks) - len(failed)} of {len(checks)} checks passed")
@@ -88,18 +85,16 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
         if p1.same_devices is not None:  # as the rule recorded it (``rules.sharing.same_devices``)
             detail += f"; same devices: {'yes' if p1.same_devices else 'no'}"
         add(P1, d.get("branch"), detail)
-    p2 = [d for d in _decisions(report, "P2") if d.get("branch") != LinkBranch.PROPAGATED]
-    for d in p2[:1]:
+    for d in [d for d in _decisions(report, "P2") if d.get("branch") != LinkBranch.PROPAGATED][:1]:
         fired = str(d.get("branch"))
         if fired == LinkBranch.SKIPPED:
             detail = "a model was given as a path"
         else:
             link = seen(d, P2LinkValues)
-            detail = (
-                f"LoRA actor: {'yes' if link.actor_has_lora else 'no'}; "
-                f"reference: {'yes' if link.has_reference else 'no'}; "
-                f"same mesh: {'yes' if link.meshes_equal else 'no'}"
+            lora, ref, same = (
+                "yes" if v else "no" for v in (link.actor_has_lora, link.has_reference, link.meshes_equal)
             )
+            detail = f"LoRA actor: {lora}; reference: {ref}; same mesh: {same}"
             for prop in _decisions(report, "P2"):
                 linked = seen(prop, P2PropagationValues).linked_to_actor or []
                 if prop.get("branch") == LinkBranch.PROPAGATED and len(linked) > 1:
@@ -133,12 +128,8 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     add(P14, offload.value, detail)
     for d in _decisions(report, "P7")[:1]:
         p7 = seen(d, P7Values)
-        add(
-            P7,
-            d.get("branch"),
-            f"engine {p7.engine}; map rebuilt: {'yes' if p7.sharing_map_rebuilt else 'no'}; "
-            f"still registered as sharing: {'yes' if p7.still_registered_as_sharing else 'no'}",
-        )
+        rebuilt, still = ("yes" if v else "no" for v in (p7.sharing_map_rebuilt, p7.still_registered_as_sharing))
+        add(P7, d.get("branch"), f"engine {p7.engine}; map rebuilt: {rebuilt}; still registered as sharing: {still}")
     anchor = report.get("anchor") or {}
     p8 = _decisions(report, "P8")
     if p8 or anchor:
@@ -149,8 +140,7 @@ def _rows(report: Mapping[str, Any]) -> list[FlowRow]:
     p12 = [d for d in _decisions(report, "P12") if d.get("test") != "critic trainable parameters"]
     for d in (p12 or _decisions(report, "P12"))[:1]:
         add(P12, d.get("branch"), str(d.get("outcome", "")))
-    p13 = _decisions(report, "P13")
-    if p13:
+    if p13 := _decisions(report, "P13"):
         add(P13, p13[-1].get("branch"), f"{len(p13)} sync(s); sharing map consulted: no")
     return rows
 
@@ -190,33 +180,23 @@ def engine_copy_reason(report: Mapping[str, Any]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class FlowLink:
-    """An arrow of the flow: decision ``dst`` read what ``src`` decided (``label``, from the
-    value ``dst`` recorded)."""
+    """An arrow of the flow: decision ``dst`` read what ``src`` decided (``value``, as ``dst``
+    recorded it)."""
 
     src: str
     dst: str
     value: str  # "rollout linked: yes": the value the later decision recorded
     why: str  # "P3 reads the link P1 made"
 
-    @property
-    def label(self) -> str:
-        return f"{self.src} -> {self.dst}: {self.why} ({self.value})"
 
-
-# Which decision reads which: (from, to, the value the later rule recorded, its name, why).
-# P1 -> P7 only matters when the engine replaced the mesh: the map P1 built is not rebuilt.
-FLOW_LINKS: tuple[tuple[str, str, Callable[[Any], Any], str, str], ...] = (
-    ("P1", "P3", lambda v: v.rollout_linked_to_actor, "rollout linked", "P3 reads the link P1 made"),
-    ("P2", "P4", lambda v: v.linked, "reference linked", "P4 reads the link P2 made"),
-    (
-        "P1",
-        "P7",
-        lambda v: v.still_registered_as_sharing,
-        "still registered as sharing",
-        "P7 leaves P1's map as it was",
-    ),
-    ("P3", "P7", lambda v: v.engine, "engine", "P7 reads the mesh of the engine P3 handed the model to"),
-    ("P12", "P13", lambda v: v.lora, "LoRA", "P13 syncs what P12 trains"),
+# Which decision reads which: (from, to, the field of the value the later rule recorded, its
+# name, why). P1 -> P7 only matters when the engine replaced the mesh: the map P1 built is not rebuilt.
+FLOW_LINKS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("P1", "P3", "rollout_linked_to_actor", "rollout linked", "P3 reads the link P1 made"),
+    ("P2", "P4", "linked", "reference linked", "P4 reads the link P2 made"),
+    ("P1", "P7", "still_registered_as_sharing", "still registered as sharing", "P7 leaves P1's map as it was"),
+    ("P3", "P7", "engine", "engine", "P7 reads the mesh of the engine P3 handed the model to"),
+    ("P12", "P13", "lora", "LoRA", "P13 syncs what P12 trains"),
 )
 # The values each link's later decision recorded, as its rule declares them.
 _LINK_VALUES = {"P3": P3Values, "P4": P4Values, "P7": P7Values, "P13": P13Values}
@@ -226,13 +206,13 @@ def flow_links(report: Mapping[str, Any]) -> list[FlowLink]:
     """The arrows to draw: each link whose two decisions are in the trace, labelled with the
     value the later one recorded (P1 -> P7 only where P7 replaced the rollout mesh)."""
     out = []
-    for src, dst, read, name, why in FLOW_LINKS:
+    for src, dst, field, name, why in FLOW_LINKS:
         if not _decisions(report, src) or not _decisions(report, dst):
             continue
         d = _decisions(report, dst)[0]
         if (src, dst) == ("P1", "P7") and d.get("branch") != MeshBranch.REPLACED:
             continue
-        value = read(seen(d, _LINK_VALUES[dst]))
+        value = getattr(seen(d, _LINK_VALUES[dst]), field)
         shown = ("yes" if value else "no") if isinstance(value, bool) else str(value)
         out.append(FlowLink(src, dst, f"{name}: {shown}", why))
     return out
@@ -241,25 +221,19 @@ def flow_links(report: Mapping[str, Any]) -> list[FlowLink]:
 def link_lanes(links: list[FlowLink], row_of: Mapping[str, int]) -> list[int]:
     """A lane (0 nearest the rows) per link, so that links whose spans overlap never share one;
     ``row_of`` gives each rule's first row."""
-    lanes: list[list[tuple[int, int]]] = []
-    out = []
-    for link in links:
-        a, b = sorted((row_of[link.src], row_of[link.dst]))
-        k = next((k for k, taken in enumerate(lanes) if all(b < lo or a > hi for lo, hi in taken)), len(lanes))
-        if k == len(lanes):
-            lanes.append([])
-        lanes[k].append((a, b))
-        out.append(k)
+    spans = [sorted((row_of[link.src], row_of[link.dst])) for link in links]
+    out: list[int] = []
+    for a, b in spans:
+        taken = {k for k, (lo, hi) in zip(out, spans) if not (b < lo or a > hi)}
+        out.append(next(k for k in range(len(out) + 1) if k not in taken))
     return out
 
 
 def link_ends(links: list[FlowLink]) -> list[tuple[float, float]]:
     """Per link, where its two ends sit on their rows, from -1 to 1 (0 is the row's middle):
     links that meet on one row are spread over it, so each arrowhead stays distinct."""
-    at: dict[str, list[int]] = {}
-    for i, link in enumerate(links):
-        at.setdefault(link.src, []).append(i)
-        at.setdefault(link.dst, []).append(i)
+    ends = {rule for link in links for rule in (link.src, link.dst)}
+    at = {rule: [i for i, link in enumerate(links) if rule in (link.src, link.dst)] for rule in ends}
 
     def spread(rule: str, i: int) -> float:
         ids = at[rule]
@@ -332,12 +306,8 @@ def p14_joined(report: Mapping[str, Any]) -> bool:
     of its own), and the reference now measurably holds only the actor's buffers: P14 joined the
     two copies when a shared role was next loaded, as P4's decision says it would."""
     p4 = _decisions(report, "P4")[:1]
-    return bool(
-        p4
-        and p4[0].get("branch") == ReferenceBranch.AVOIDABLE_COPY
-        and seen(p4[0], P4Values).offload_to_cpu
-        and no_copy(report, "reference")
-    )
+    warned = p4 and p4[0].get("branch") == ReferenceBranch.AVOIDABLE_COPY and seen(p4[0], P4Values).offload_to_cpu
+    return bool(warned and no_copy(report, "reference"))
 
 
 # Why a rollout P3 gave a second copy holds only the actor's buffers, measured (the memory view says it).
@@ -447,7 +417,6 @@ def role_note(report: Mapping[str, Any], role: str) -> str:
 # Rows that are not construction decisions: P13 is the sync's (a sync after the previous
 # construction is not something this construction changed).
 _NOT_CONSTRUCTION = ("P13",)
-_NOT_A_REASON = {("P1", "P7")}
 
 
 def answer_label(value: str) -> str:
@@ -493,7 +462,8 @@ def decision_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
     new cluster took them (then the ones it no longer took)."""
     old = {r.key: r for r in flow_rows(before) if r.key.split(":")[0] not in _NOT_CONSTRUCTION}
     new = {r.key: r for r in flow_rows(after) if r.key.split(":")[0] not in _NOT_CONSTRUCTION}
-    changed = {key for key in old.keys() | new.keys() if _fired(old.get(key)) != _fired(new.get(key))}
+    before_fired, after_fired = ({k: r.fired for k, r in rows.items()} for rows in (old, new))
+    changed = {key for key in old.keys() | new.keys() if before_fired.get(key) != after_fired.get(key)}
     read_before = {(link.src, link.dst): link.value for link in flow_links(before)}
     out = []
     for key in [k for k in new if k in changed] + [k for k in old if k in changed and k not in new]:
@@ -505,22 +475,18 @@ def decision_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
             for link in flow_links(after)
             if key in new
             and link.dst == key
-            and (link.src, link.dst) not in _NOT_A_REASON
+            and (link.src, link.dst) != ("P1", "P7")
             and read_before.get((link.src, link.dst)) != link.value
         )
         detail = new[key].detail if key in new else ""
-        out.append(Change(key, row.question, _fired(old.get(key)), _fired(new.get(key)), detail, because))
+        out.append(Change(key, row.question, before_fired.get(key), after_fired.get(key), detail, because))
     return out
-
-
-def _fired(row: FlowRow | None) -> str | None:
-    return None if row is None else row.fired
 
 
 # Byte totals a construction changes (measured, physical bytes), by what the line calls them.
 _TOTALS = (
     ("bytes held, each buffer once (measured)", lambda r: r["memory"]["unique_bytes"]),
-    ("rollout bytes (measured)", lambda r: r["memory"]["by_role"].get("rollout", {}).get("bytes", 0)),
+    ("rollout bytes (measured)", lambda r: held_bytes(r["memory"], "rollout")),
 )
 
 

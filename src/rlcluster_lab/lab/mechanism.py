@@ -132,23 +132,15 @@ def p10_guard(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
         One row per step: what was done, and what the cluster answered.
     """
     cluster = build_cluster(Scenario(layout="colocated", max_tokens=8), devices=devices)
-    rows = [
-        {
-            "step": "just constructed",
-            "result": f"global_steps={cluster.global_steps}, anchor pinned: "
-            f"{'yes' if cluster.pinned_anchor_state is not None else 'no'} (P8 at construction)",
-        }
-    ]
+    pinned = "yes" if cluster.pinned_anchor_state is not None else "no"
+    said = f"global_steps={cluster.global_steps}, anchor pinned: {pinned} (P8 at construction)"
+    rows = [{"step": "just constructed", "result": said}]
     out = cluster.generate(list(EVEN_PROMPTS[:4]))
     p, c = out.left_padded_prompt_tokens, out.tokens
     logps = np.asarray(cluster.get_actor_per_token_logps(p, c))
     agree = bool(np.abs(logps - out.logprobs).max() < 1e-4)
-    rows.append(
-        {
-            "step": "actor log-probs before any sync",
-            "result": f"shape {logps.shape}, equal to the sampler's within 1e-4: {'yes' if agree else 'no'}",
-        }
-    )
+    said = f"shape {logps.shape}, equal to the sampler's within 1e-4: {'yes' if agree else 'no'}"
+    rows.append({"step": "actor log-probs before any sync", "result": said})
     state = cluster.state
     no_anchor = dataclasses.replace(state, placed=dataclasses.replace(state.placed, anchor=None))
     try:  # a state no public call leaves: the anchor removed by hand

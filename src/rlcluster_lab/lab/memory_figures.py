@@ -17,16 +17,7 @@ from typing import Any
 
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.lab.flow import engine_copied, rollout_text, share_reason
-from rlcluster_lab.lab.style import (
-    ENTRY_ORDER,
-    KINDS,
-    ROLE_COLORS,
-    byte_ticks,
-    device_order,
-    in_order,
-    text_width,
-    wrap,
-)
+from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, byte_ticks, device_order, in_order, role_color, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, WIDTH, Canvas, Svg, legend
 
 
@@ -44,9 +35,8 @@ def _group_fills(c: Canvas, groups: list[Mapping[str, Any]]) -> list[str]:
     fills: list[str] = []
     for g in groups:
         first, *rest = g["roles"]
-        tints = [ROLE_COLORS.get(r, "#999999") for r in rest] + _SPARE_TINTS
-        fill = next(f for t in tints if (f := c.hatch(ROLE_COLORS.get(first, "#999999"), t)) not in fills)
-        fills.append(fill)
+        tints = [role_color(r) for r in rest] + _SPARE_TINTS
+        fills.append(next(f for t in tints if (f := c.hatch(role_color(first), t)) not in fills))
     return fills
 
 
@@ -68,14 +58,16 @@ def _on(holding: Mapping[str, Any], dev: str, kind: str) -> int:
 def where_prefix(memory: Mapping[str, Any]) -> str:
     """How a memory figure's note begins: the devices its figures come from (the report's
     ``where``) and that they are measured ("TPU v5 lite chip 0, measured: "); "" without a ``where``."""
-    where = memory.get("where")
-    return f"{where}, measured: " if where else ""
+    return f"{memory['where']}, measured: " if memory.get("where") else ""
 
 
 def allocator_beside_roles(memory: Mapping[str, Any], in_use: Mapping[str, int]) -> str:
     """The allocator's bytes in use beside the per-role figure of device memory, per device that
-    reports them, and why the two differ (``measure.memory.ALLOCATOR_DIFFERENCE``)."""
+    reports them, and why the two differ (``measure.memory.ALLOCATOR_DIFFERENCE``); with none
+    in use, why the backend gives no figures."""
     allocator = memory.get("allocator") or {}
+    if not in_use:
+        return "allocator: " + (allocator.get("note") or "no figures on this backend")
     by_device = memory.get("by_device", {})
     pairs = "; ".join(
         f"dev {d}: {fmt_bytes(v)} in use beside {fmt_bytes(int(by_device.get(d, {}).get('device', 0)))} per role"
@@ -100,44 +92,27 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     groups = _groups(memory)
     devices = device_order(list(by_device))
     kinds = [k for k in KINDS if any(by_device.get(d, {}).get(k) for d in devices)] or ["device"]
-    naive = {
-        (d, k): sum(int(memory["by_role"][e].get("by_device", {}).get(d, {}).get(k, 0)) for e in entries)
-        for d in devices
-        for k in kinds
-    }
+    naive = {(d, k): sum(_on(memory["by_role"][e], d, k) for e in entries) for d in devices for k in kinds}
     allocator = memory.get("allocator") or {}
-    in_use = {
-        d: int(v)
-        for d in devices
-        if allocator.get("available")
-        and (v := (allocator.get("by_device") or {}).get(d, {}).get("bytes_in_use")) is not None
-    }
+    allocated = (allocator.get("by_device") or {}) if allocator.get("available") else {}
+    in_use = {d: int(v) for d in devices if (v := allocated.get(d, {}).get("bytes_in_use")) is not None}
     # Round ticks; the axis' top is the last one, so every bar fits under it.
     ticks = byte_ticks(max([naive[key] for key in naive] + list(in_use.values()) + [1]))
     top_value = ticks[-1][0]
     left, top, plot_h = 80, 60, 190
     slot = (WIDTH - left - 12) / max(len(devices), 1)
     bar_w = min(30.0, slot * 0.8 / len(kinds))
-    c = Canvas(
-        WIDTH,
-        top + plot_h + 96,
-        f"Memory per device (measured): {fmt_bytes(memory.get('unique_bytes', 0))} held, "
-        f"{fmt_bytes(memory.get('naive_bytes', 0))} if every role had its own copy",
-    )
+    unique, separate = (fmt_bytes(memory.get(k, 0)) for k in ("unique_bytes", "naive_bytes"))
+    title = f"Memory per device (measured): {unique} held, {separate} if every role had its own copy"
+    c = Canvas(WIDTH, top + plot_h + 96, title)
     group_fills = _group_fills(c, groups)
     drawn: dict[str, set[str]] = {}  # entry or set of shared buffers -> the memory kinds of its segments
     note = (
-        where_prefix(memory)
-        + "per role: physical bytes (every device's shard counted), each buffer drawn once; "
-        + (
-            allocator_beside_roles(memory, in_use)
-            if in_use
-            else "allocator: " + (allocator.get("note") or "no figures on this backend")
-        )
+        f"{where_prefix(memory)}per role: physical bytes (every device's shard counted), each buffer drawn once; "
+        + allocator_beside_roles(memory, in_use)
     )
     notes = wrap(note, WIDTH - 16, MIN_FONT, lines=5)
-    for k, line in enumerate(notes):
-        c.text(8, 40 + 16 * k, line, size=MIN_FONT, fill=MUTED, title=note)
+    c.text_lines(8, 40, notes, size=MIN_FONT, fill=MUTED, title=note)
     top += 16 * (len(notes) - 1)
     scale = plot_h / top_value
     base = top + plot_h
@@ -153,23 +128,14 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
             held_once = [(g["roles"], fill, v) for g, fill in zip(groups, group_fills) if (v := _on(g, dev, kind)) > 0]
             for name in [e for e, _ in own] + [" = ".join(roles) for roles, _, _ in held_once]:
                 drawn.setdefault(name, set()).add(kind)
+            on = f"on device {dev} ({kind})"
             parts = [
-                (
-                    v,
-                    c.kind_fill(kind, ROLE_COLORS.get(e, "#999999")),
-                    f"seg:{dev}:{kind}:{e}",
-                    f"{e} on device {dev} ({kind}): {fmt_bytes(v)}, its own",
-                )
+                (v, c.kind_fill(kind, role_color(e)), f"seg:{dev}:{kind}:{e}", f"{e} {on}: {fmt_bytes(v)}, its own")
                 for e, v in own
             ]
             y = c.bar(x, base, bar_w - 2, scale, parts, up=True, stroke="white", width=0.5)
             parts = [
-                (
-                    v,
-                    fill,
-                    f"seg:{dev}:{kind}:{'+'.join(roles)}",
-                    f"{' = '.join(roles)} on device {dev} ({kind}): {fmt_bytes(v)} held once",
-                )
+                (v, fill, f"seg:{dev}:{kind}:{'+'.join(roles)}", f"{' = '.join(roles)} {on}: {fmt_bytes(v)} held once")
                 for roles, fill, v in held_once
             ]
             c.bar(x, y, bar_w - 2, scale, parts, up=True, stroke="#555555", width=0.5)
@@ -190,9 +156,7 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
         c.text(left + i * slot + slot / 2, base + 17, f"dev {dev}", size=MIN_FONT, anchor="middle")
     # Each swatch as its segments are drawn: dotted where they are all in pinned host.
     items = [
-        (c.dots(ROLE_COLORS.get(e, "#999999")) if drawn[e] == {"pinned_host"} else ROLE_COLORS.get(e, "#999999"), e)
-        for e in entries
-        if e in drawn
+        (c.dots(role_color(e)) if drawn[e] == {"pinned_host"} else role_color(e), e) for e in entries if e in drawn
     ]
     items += [(fill, " = ".join(g["roles"]) + " (held once)") for g, fill in zip(groups, group_fills)]
     y = legend(c, 8, base + 42, items)
@@ -223,8 +187,7 @@ def role_parts(memory: Mapping[str, Any], entry: str) -> tuple[dict[str, int], l
         then, per set of shared buffers another entry is the first holder of, that entry and
         the bytes: drawn hatched, as the same buffers, not counted again.
     """
-    row = memory.get("by_role", {}).get(entry, {})
-    counted = {k: int(v) for k, v in row.get("by_kind", {}).items()}
+    counted = {k: int(v) for k, v in memory.get("by_role", {}).get(entry, {}).get("by_kind", {}).items()}
     borrowed: dict[str, int] = {}
     for g in _groups(memory):
         if entry not in g.get("roles", []) or g["roles"][0] == entry:
@@ -247,11 +210,10 @@ def held_with(memory: Mapping[str, Any], entry: str) -> list[tuple[str, int]]:
 def role_sums(memory: Mapping[str, Any]) -> dict[str, int]:
     """Per memory kind, the bytes of the bars' counted parts (``role_parts``), added up: what the
     per-role figure says its solid (device) and dotted (pinned host) bars add up to."""
-    sums = dict.fromkeys(KINDS, 0)
+    sums = Counter(dict.fromkeys(KINDS, 0))
     for e in memory.get("by_role", {}):
-        for kind, v in role_parts(memory, e)[0].items():
-            sums[kind] = sums.get(kind, 0) + v
-    return sums
+        sums.update(role_parts(memory, e)[0])
+    return dict(sums)
 
 
 def _sums_text(sums: Mapping[str, int]) -> str:
@@ -282,7 +244,6 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     left, top, row_h = max([100.0] + [text_width(e, 13, bold=True) + 16 for e in entries]), 64, 40
     bar_max = 300.0
     text_x = left + bar_max + 10
-    text_w = WIDTH - 8 - text_x
     scale = bar_max / top_value
     sums = role_sums(memory)
     c = Canvas(WIDTH, 0, f"Memory per role (measured): {fmt_bytes(sum(sums.values()))} held, each buffer counted once")
@@ -296,24 +257,19 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     hatched = False
     for i, e in enumerate(entries):
         y = top + i * row_h
-        color = ROLE_COLORS.get(e, "#999999")
+        color = role_color(e)
         total = int(by_role[e].get("bytes", 0))
         counted, borrowed = role_parts(memory, e)
         c.text(left - 8, y + 18, e, size=13, anchor="end", weight="bold")
-        held = [k for k in KINDS if counted.get(k, 0) > 0]
+        held = {k: v for k in KINDS if (v := counted.get(k, 0)) > 0}
         kinds_seen.update(held)
         parts = [
-            (
-                counted[k],
-                c.kind_fill(k, color),
-                f"seg:role:{e}:held:{k}",
-                f"{e}: {fmt_bytes(counted[k])} in {k}, counted here",
-            )
-            for k in held
+            (v, c.kind_fill(k, color), f"seg:role:{e}:held:{k}", f"{e}: {fmt_bytes(v)} in {k}, counted here")
+            for k, v in held.items()
         ]
         x = c.bar(left, y + 4, row_h - 14, scale, parts, stroke=color, width=0.6)
         for owner, v in borrowed:
-            hatched, owner_color = True, ROLE_COLORS.get(owner, "#999999")
+            hatched, owner_color = True, role_color(owner)
             title = f"{e}: {fmt_bytes(v)} that are the {owner}'s buffers (counted in the {owner}'s bar)"
             part = (v, c.hatch(owner_color, color), f"seg:role:{e}:same:{owner}", title)
             x = c.bar(x, y + 4, row_h - 14, scale, [part], stroke=owner_color, width=0.6)
@@ -326,9 +282,8 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
             text += f"; {rollout_text(report)}"
         if not borrowed and held_with(memory, e):
             text += "; also held by " + ", ".join(f"{r} ({fmt_bytes(v)})" for r, v in held_with(memory, e))
-        lines = wrap(text, text_w, MIN_FONT, lines=2)
-        for k, line in enumerate(lines):
-            c.text(text_x, y + 18 + 15 * k - 7 * (len(lines) - 1), line, size=MIN_FONT, title=text)
+        lines = wrap(text, WIDTH - 8 - text_x, MIN_FONT, lines=2)
+        c.text_lines(text_x, y + 18 - 7 * (len(lines) - 1), lines, 15, size=MIN_FONT, title=text)
     # Only what is drawn, each swatch as its parts are drawn.
     items = []
     if "device" in kinds_seen:
@@ -336,8 +291,6 @@ def memory_by_role(memory: Mapping[str, Any], report: Mapping[str, Any] | None =
     if "pinned_host" in kinds_seen:
         items.append((c.dots("#666666"), "dotted: pinned host, counted in this bar"))
     if hatched:
-        items.append(
-            (c.hatch(ROLE_COLORS["actor"], "#9a9a9a"), "hatched: another role's buffers (same bytes, no copy)")
-        )
+        items.append((c.hatch(role_color("actor"), "#9a9a9a"), "hatched: another role's buffers (same bytes, no copy)"))
     c.height = legend(c, 8, top + row_h * len(entries) + 12, items)
     return c.render()

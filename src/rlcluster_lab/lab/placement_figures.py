@@ -50,17 +50,7 @@ from rlcluster_lab.lab.flow import (
     role_note,
     shared_bytes,
 )
-from rlcluster_lab.lab.style import (
-    HIGHLIGHT,
-    IDLE,
-    IDLE_TEXT,
-    ROLE_COLORS,
-    ROLE_ORDER,
-    clip,
-    in_order,
-    text_width,
-    wrap,
-)
+from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_ORDER, clip, in_order, role_color, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
 
 
@@ -69,56 +59,43 @@ def _option_need(row: FlowRow) -> list[float]:
     return [max(text_width(answer_label(o), MIN_FONT, bold=o == row.fired) + 14, 56.0) for o in row.options]
 
 
-def _option_widths(row: FlowRow, room: float, gap: float) -> list[float]:
-    """Box widths for a row's answers: each as wide as its label needs, all of them filling ``room``."""
-    need = _option_need(row)
-    free = room - gap * (len(need) - 1)
-    return [w * free / sum(need) for w in need]
-
-
 def decision_flow(report: Mapping[str, Any]) -> Svg:
     """Every decision of construction (and of any sync) in the order the trace recorded them,
     the answer that fired highlighted, and an arrow from a decision to each one that reads its
     result (P1 -> P3, P2 -> P4, ...), labelled below with the value the later one read (L1)."""
     rows = flow_rows(report)
-    links = flow_links(report)
     row_of: dict[str, int] = {}
     for i, row in enumerate(rows):
         row_of.setdefault(row.key.split(":")[0], i)
-    links = [link for link in links if link.src in row_of and link.dst in row_of]
+    links = [link for link in flow_links(report) if link.src in row_of and link.dst in row_of]
     lanes = link_lanes(links, row_of)
     left = 14 + 10 * max(lanes + [0]) + 14  # room for the arrows' lanes
     q_x = left + 44
     # The question gives up room (it is clipped, whole in its hover) before an answer would.
-    need = max(sum(_option_need(r)) + 5 * (len(r.options) - 1) for r in rows)
-    q_w = max(120.0, min(228.0, WIDTH - 8 - 6 - q_x - need))
+    needs = [_option_need(r) for r in rows]
+    q_w = max(120.0, min(228.0, WIDTH - 8 - 6 - q_x - max(sum(n) + 5 * (len(n) - 1) for n in needs)))
     opt_x = q_x + q_w + 6
-    detail_w = WIDTH - 8 - q_x
-    details = [wrap(row.detail, detail_w, MIN_FONT, lines=2) if row.detail else [] for row in rows]
+    details = [wrap(row.detail, WIDTH - 8 - q_x, MIN_FONT, lines=2) if row.detail else [] for row in rows]
     heights = [30 + 16 * len(d) for d in details]
     top = 40
-    footer = wrap(
-        "arrows: a decision that reads another's result; "
-        + "; ".join(f"{link.src} -> {link.dst} ({link.value})" for link in links),
-        WIDTH - 16,
-        MIN_FONT,
-        lines=3,
-    )
+    arrows = "; ".join(f"{link.src} -> {link.dst} ({link.value})" for link in links)
+    footer = wrap(f"arrows: a decision that reads another's result; {arrows}", WIDTH - 16, MIN_FONT, lines=3)
     title = f"Decisions in the order taken (engine {report.get('engine', '?')})"
     if report.get("warnings"):
         title += f"; {len(report['warnings'])} warning(s)"
     c = Canvas(WIDTH, top + sum(heights) + 18 * len(footer) + 8, title)
     mid: dict[str, float] = {}
     y = top
-    for row, detail, h in zip(rows, details, heights):
+    for row, detail, h, need in zip(rows, details, heights, needs):
         rule = row.key.split(":")[0]
         mid.setdefault(rule, y + 11)
         c.rect(left, y, 38, 22, "#333333", rx=4, id=f"key:{row.key}")
         c.text(left + 19, y + 16, rule, size=MIN_FONT, anchor="middle", weight="bold", fill="white")
         c.text(q_x, y + 16, clip(row.question, q_w), size=MIN_FONT, title=row.question)
         labels = [answer_label(o) for o in row.options]
-        x = opt_x
-        for option, label, w in zip(row.options, labels, _option_widths(row, WIDTH - 8 - opt_x, 5)):
+        # Each answer's box as wide as its label needs, all of them filling the row.
+        x, free = opt_x, WIDTH - 8 - opt_x - 5 * (len(need) - 1)
+        for option, label, w in zip(row.options, labels, [n * free / sum(need) for n in need]):
             fired = option == row.fired
             box = {"stroke": "#333333", "width": 1.6} if fired else {"stroke": "#cccccc", "width": 0.8}
             title = f"{row.key}: {label}" + (" (fired)" if fired else "")
@@ -126,21 +103,14 @@ def decision_flow(report: Mapping[str, Any]) -> Svg:
             word = {"weight": "bold", "fill": TEXT} if fired else {"fill": IDLE_TEXT}
             c.text(x + w / 2, y + 16, clip(label, w - 8, MIN_FONT, bold=fired), size=MIN_FONT, anchor="middle", **word)
             x += w + 5
-        for k, line in enumerate(detail):
-            c.text(q_x, y + 38 + 16 * k, line, size=MIN_FONT, fill=MUTED, title=row.detail)
+        c.text_lines(q_x, y + 38, detail, size=MIN_FONT, fill=MUTED, title=row.detail)
         y += h
     for link, lane, (a, b) in zip(links, lanes, link_ends(links)):
-        lx = left - 12 - 10 * lane
         y1, y2 = mid[link.src] + 6 * a, mid[link.dst] + 6 * b
-        c.path(
-            f"M{left - 1},{y1:.1f} H{lx} V{y2:.1f} H{left - 2}",
-            "#555555",
-            arrow=True,
-            id=f"link:{link.src}:{link.dst}",
-            title=link.label,
-        )
-    for k, line in enumerate(footer):
-        c.text(8, y + 14 + 18 * k, line, size=MIN_FONT, fill=MUTED)
+        d = f"M{left - 1},{y1:.1f} H{left - 12 - 10 * lane} V{y2:.1f} H{left - 2}"
+        title = f"{link.src} -> {link.dst}: {link.why} ({link.value})"
+        c.arrow(d, "#555555", id=f"link:{link.src}:{link.dst}", title=title)
+    c.text_lines(8, y + 14, footer, 18, size=MIN_FONT, fill=MUTED)
     return c.render()
 
 
@@ -169,7 +139,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     label_w, top, row_h = 150, 48, 42
     cell_w = min(72.0, (WIDTH - label_w - 10) / max(len(ids), 1))
     small = cell_w < text_width("88.8 KiB", MIN_FONT) + 6  # too narrow for bytes: they go in the hover
-    actor_color = ROLE_COLORS["actor"]
+    actor_color = role_color("actor")
     c = Canvas(WIDTH, 0, f"Devices: {devices_text(report)}; each cell: mesh coordinate and the role's physical bytes")
     for j, dev in enumerate(ids):
         c.text(label_w + j * cell_w + cell_w / 2, top - 8, f"dev {dev}", size=MIN_FONT, anchor="middle", fill=MUTED)
@@ -177,9 +147,8 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     for i, (name, role, mesh) in enumerate(rows):
         y = top + i * row_h
         dashed = name.endswith("(config)")
-        shape = "x".join(str(v) for v in mesh.get("shape", {}).values())
         c.text(8, y + 17, name, size=13, weight="bold")
-        c.text(8, y + 33, f"mesh {shape}", size=MIN_FONT, fill=MUTED)
+        c.text(8, y + 33, "mesh " + "x".join(str(v) for v in mesh.get("shape", {}).values()), size=MIN_FONT, fill=MUTED)
         coords = mesh_coords(mesh)
         for j, dev in enumerate(ids):
             x = label_w + j * cell_w
@@ -187,7 +156,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
             if dev not in coords:
                 c.rect(*cell, "white", stroke="#dddddd", width=0.6, id=f"cell:{name}:{dev}")
                 continue
-            color = ROLE_COLORS.get(role, "#999999")
+            color = role_color(role)
             held = sum(by_role.get(role, {}).get("by_device", {}).get(str(dev), {}).values()) if not dashed else 0
             shared = shared_bytes(memory, role, "actor", str(dev)) if role != "actor" and held else 0
             if dashed:
@@ -198,10 +167,8 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 fill, note, kind = color, fmt_bytes(held) if held and not small else "", "own"
             kinds.add(kind)
             title = f"{name} on device {dev}: mesh coordinate {coords[dev]}"
-            if held:
-                title += f"; holds {fmt_bytes(held)}" + (
-                    f", of which {fmt_bytes(shared)} are the actor's buffers" if shared else ""
-                )
+            title += f"; holds {fmt_bytes(held)}" if held else ""
+            title += f", of which {fmt_bytes(shared)} are the actor's buffers" if shared else ""
             dash = "4,3" if dashed else None
             c.rect(*cell, fill, stroke=color, width=1.4, dash=dash, rx=3, id=f"cell:{name}:{dev}", title=title)
             ink = "white" if fill == color else TEXT
@@ -220,9 +187,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     if "asked" in kinds:
         items.append(("white", "dashed: the mesh asked for, replaced by the engine (P7)"))
     y = legend(c, 8, top + row_h * len(rows) + 16, items)
-    for name, role, _ in rows:
-        if name != role:
-            continue
+    for role in [role for name, role, _ in rows if name == role]:  # not the asked-for mesh's row
         for k, line in enumerate(wrap(role_note(report, role), WIDTH - 16 - 14)):
             c.text(8 if k == 0 else 22, y, line, size=MIN_FONT, id=f"note:{role}" if k == 0 else None)
             y += 17

@@ -63,10 +63,8 @@ def plan_memory(plan: Mapping[str, Any]) -> Figure:
     if capacity:
         said = f"device memory {fmt_bytes(capacity)}"
         ax_dev.axhline(capacity, color="black", linestyle="--", linewidth=1.2, gid="line:capacity", label=said)
-    step = max(1, len(devices) // 16)
-    ax_dev.set_xticks(
-        range(0, len(devices), step), [f"{devices[i]}" for i in range(0, len(devices), step)], fontsize=MIN_PT
-    )
+    ticks = range(0, len(devices), max(1, len(devices) // 16))
+    ax_dev.set_xticks(ticks, [f"{devices[i]}" for i in ticks], fontsize=MIN_PT)
     ax_dev.set_xlabel("device", fontsize=MIN_PT)
     bytes_axis(ax_dev.yaxis, ax_dev.get_ylim()[1])
     ax_dev.set_title("device memory per device", fontsize=FONT, loc="left")

@@ -59,23 +59,17 @@ def _as_2d(box: Box, shape: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int
     """A box as (rows, columns) of a matrix: a vector is one row, a scalar one cell. Leading axes
     that every box spans whole (the layer stack's axis, never split) are drawn as one matrix:
     each layer is cut alike."""
-    lead = tuple(box[: max(len(shape) - 2, 0)])
-    if any(span != (0, n) for span, n in zip(lead, shape)):
+    if any(span != (0, n) for span, n in zip(box[: max(len(shape) - 2, 0)], shape)):
         raise ValueError(
             f"only arrays split along their last two dimensions can be drawn as a matrix; this box {box} of "
             f"shape {shape} splits a leading one"
         )
-    rows, cols = ((0, 1), (0, 1), *box)[-2:]
-    return rows, cols
+    return ((0, 1), (0, 1), *box)[-2:]
 
 
 def _shape_2d(shape: tuple[int, ...]) -> tuple[int, int]:
     (_, rows), (_, cols) = _as_2d(tuple((0, n) for n in shape), shape)
     return rows, cols
-
-
-def _box_id(box: Box) -> str:
-    return "x".join(f"{a}-{b}" for a, b in box)
 
 
 def _centred(ax: Any, x: float, y: float, text: str) -> None:
@@ -106,7 +100,7 @@ def _draw_layout(ax: Any, layout: ShardLayout, width_in: float) -> None:
         nbytes = next(s.nbytes for s in layout.shards if s.box == box)
         alone = len(devices) == 1
         face = device_color(devices[0]) if alone else "#eeeeee"
-        gid = f"shard:{layout.label}:{_box_id(box)}:{','.join(map(str, devices))}"
+        gid = f"shard:{layout.label}:{'x'.join(f'{a}-{b}' for a, b in box)}:{','.join(map(str, devices))}"
         ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=face, edgecolor="#222222", linewidth=1.2, gid=gid))
         if alone:
             label = _fit([f"dev {devices[0]}\n{fmt_bytes(nbytes)}", f"dev {devices[0]}", str(devices[0])], w_pt, h_pt)
@@ -220,8 +214,7 @@ def shard_layouts(layouts: Sequence[ShardLayout], title: str = "") -> Figure:
     fig.get_layout_engine().set(h_pad=0.1)
     grid = fig.add_gridspec(rows, columns, height_ratios=[panel * h + 1.3 for h in heights])
     for i, layout in enumerate(layouts):
-        ax = fig.add_subplot(grid[i // columns, i % columns])
-        _draw_layout(ax, layout, panel)
+        _draw_layout(fig.add_subplot(grid[i // columns, i % columns]), layout, panel)
     _device_legend(fig, sorted({d for lay in layouts for d in lay.devices}))
     if title:
         fig.suptitle(title, fontsize=MIN_FONT + 1, x=0.01, ha="left")
@@ -240,13 +233,8 @@ def _draw_grid(ax: Any, flows: SyncFlows, srcs: Sequence[int], dsts: Sequence[in
     cell_pt = width_in * 72 / len(dsts)
     for i, s in enumerate(srcs):
         for j, d in enumerate(dsts):
-            parts: list[tuple[str, int]]
-            if s == d:
-                kept = (("copied", flows.copied.get(d, 0)), ("reused", flows.reused.get(d, 0)))
-                parts = [(h, n) for h, n in kept if n]
-            else:
-                n = flows.moved.get((s, d), 0)
-                parts = [("moved", n)] if n else []
+            kept = [("copied", flows.copied.get(d, 0)), ("reused", flows.reused.get(d, 0))]
+            parts = [(h, n) for h, n in (kept if s == d else [("moved", flows.moved.get((s, d), 0))]) if n]
             if not parts:
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#f5f5f5", **_CELL_EDGE))
                 continue
@@ -283,13 +271,10 @@ def _draw_arrivals(ax: Any, flows: SyncFlows, dsts: Sequence[int], width_in: flo
             bar.set_gid(f"bar:{how}:{d}:{n}")
         bottom = [a + b for a, b in zip(bottom, values[how])]
     top = max(bottom + [1])
-    slot_pt = width_in * 72 / len(dsts)
-    upright = all(_fit([short_bytes(t)], slot_pt, 2 * MIN_FONT) for t in bottom)
-    rotation = 0 if upright else 90
+    upright = all(_fit([short_bytes(t)], width_in * 72 / len(dsts), 2 * MIN_FONT) for t in bottom)
+    label = {"ha": "center", "va": "bottom", "fontsize": MIN_FONT, "rotation": 0 if upright else 90}
     for j, total in enumerate(bottom):
-        ax.text(
-            j, total + top * 0.02, short_bytes(total), ha="center", va="bottom", fontsize=MIN_FONT, rotation=rotation
-        )
+        ax.text(j, total + top * 0.02, short_bytes(total), **label)
     ax.set_xticks(range(len(dsts)), [str(d) for d in dsts], fontsize=MIN_FONT)
     ax.set_xlabel("destination device", fontsize=MIN_FONT)
     ax.set_ylim(0, top * (1.18 if upright else 1.3))

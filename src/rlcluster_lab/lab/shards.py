@@ -28,9 +28,10 @@ from rlcluster_lab.placement.transfers import shard_key
 HOWS: tuple[str, ...] = ("moved", "copied", "reused")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, order=True)
 class Shard:
-    """One addressable shard: its device, the box of the global array it holds, its buffer's bytes."""
+    """One addressable shard: its device, the box of the global array it holds, its buffer's bytes
+    (ordered by device, then box: a device holds one shard of an array)."""
 
     device: int
     box: Box
@@ -85,10 +86,7 @@ def shard_layout(x: jax.Array, label: str = "") -> ShardLayout:
         raise TypeError(f"shard_layout needs a jax.Array, got {type(x).__name__}")
     shape = tuple(int(n) for n in x.shape)
     shards = tuple(
-        sorted(
-            (Shard(int(s.device.id), to_box(s.index, shape), int(s.data.nbytes)) for s in x.addressable_shards),
-            key=lambda s: (s.device, s.box),
-        )
+        sorted(Shard(int(s.device.id), to_box(s.index, shape), int(s.data.nbytes)) for s in x.addressable_shards)
     )
     mesh = spec = ""
     if isinstance(x.sharding, NamedSharding):
@@ -108,15 +106,11 @@ def model_leaf(model: nnx.Module, path: str) -> jax.Array:
 
 def cluster_layouts(cluster: Any, path: str) -> tuple[ShardLayout, ShardLayout]:
     """One leaf's shards in the actor (the sync's source) and in the rollout's model (its destination)."""
-    actor, rollout = _actor_and_rollout(cluster, path)
+    actor, rollout = model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
     return (
         shard_layout(actor, f"actor: {_mesh_label(actor)}"),
         shard_layout(rollout, f"rollout: {_mesh_label(rollout)}"),
     )
-
-
-def _actor_and_rollout(cluster: Any, path: str) -> tuple[jax.Array, jax.Array]:
-    return model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
 
 
 def _mesh_label(x: jax.Array) -> str:
@@ -133,7 +127,7 @@ def same_buffer_rows(cluster: Any, path: str) -> list[dict[str, Any]]:
     Buffer identity (device and buffer address) is what the sync report counts
     as reused (L3): nothing was copied for that shard.
     """
-    actor, rollout = _actor_and_rollout(cluster, path)
+    actor, rollout = model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
     mine = {s.device.id: s for s in actor.addressable_shards}
     return [
         {
@@ -198,8 +192,7 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
     """
     leaves = {lf["path"]: lf for lf in report.get("leaves", [])}
     wanted = list(leaves) if paths is None else list(paths)
-    missing = [p for p in wanted if p not in leaves]
-    if missing:
+    if missing := [p for p in wanted if p not in leaves]:
         raise KeyError(f"the sync did not carry {missing}; it synced {len(leaves)} leaves, e.g. {list(leaves)[:3]}")
     chosen = [leaves[p] for p in wanted]
     if any("pieces" not in lf for lf in chosen):
@@ -237,25 +230,20 @@ def sync_flows(report: Mapping[str, Any], paths: Iterable[str] | None = None, la
     )
 
 
-_SPEC = re.compile(r"P\((.*)\)")
-_MESH = re.compile(r"mesh\(([^)]*)\)")
-
-
 def spec_of(sharding: str) -> str:
     """The partition spec in a report's sharding text (``describe_sharding``), e.g. ``P('fsdp', 'tp')``."""
-    found = _SPEC.search(sharding)
+    found = re.search(r"P\((.*)\)", sharding)
     return f"P({found.group(1)})" if found else sharding
 
 
 def mesh_of(sharding: str) -> str:
-    found = _MESH.search(sharding)
+    found = re.search(r"mesh\(([^)]*)\)", sharding)
     return found.group(1) if found else "?"
 
 
 def _short_name(path: str) -> str:
     """``blocks/attn/o/lora_a`` -> ``o/lora_a``; ``blocks/attn_norm/scale`` -> ``attn_norm/scale``."""
-    parts = [p for p in path.split("/") if not p.isdigit() and p not in ("blocks", "attn", "mlp")]
-    return "/".join(parts[-2:])
+    return "/".join([p for p in path.split("/") if not p.isdigit() and p not in ("blocks", "attn", "mlp")][-2:])
 
 
 def spec_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -316,8 +304,7 @@ def share_lines(report: Mapping[str, Any]) -> str:
             f"arrived {r['arrived']:>9,} B = {r['arrived'] / max(r['synced'], 1):.1%} of them"
         )
     moving = [r for r in rows if r["arrived"]]
-    shares = {r["arrived"] * 10**6 // r["synced"] for r in moving}
-    if moving and len(shares) == 1:
+    if moving and len({r["arrived"] * 10**6 // r["synced"] for r in moving}) == 1:
         held = sum(r["synced"] for r in moving)
         share = moving[0]["arrived"] / moving[0]["synced"]
         lines.append(
@@ -352,12 +339,10 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     sizes of the mesh axes it does not split over. The first row names each
     sync's rollout mesh, the last gives its total.
     """
-    runs = list(syncs)
     groups: dict[str, dict[str, Any]] = {}
-    for label in runs:
+    for label in syncs:
         for lf in syncs[label].get("leaves", []):
-            spec = spec_of(lf["dst_sharding"])
-            g = groups.setdefault(spec, {"leaves": {}, "logical": {}, "physical": {}})
+            g = groups.setdefault(spec_of(lf["dst_sharding"]), {"leaves": {}, "logical": {}, "physical": {}})
             g["leaves"][_short_name(lf["path"])] = None
             g["logical"][label] = g["logical"].get(label, 0) + int(lf["logical_bytes"])
             g["physical"][label] = g["physical"].get(label, 0) + int(lf["synced_bytes"])
@@ -365,14 +350,14 @@ def replication_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     for spec, g in groups.items():
         logical = max(g["logical"].values())
         row: dict[str, Any] = {"spec": spec, "leaves": ", ".join(g["leaves"]), "logical": logical}
-        for label in runs:
+        for label in syncs:
             phys = g["physical"].get(label)
             row[label] = "-" if phys is None else f"x{phys // max(g['logical'][label], 1)} = {phys:,}"
         rows.append(row)
     rows.sort(key=lambda r: (-r["logical"], r["spec"]))
     total: dict[str, Any] = {"spec": "total", "leaves": "", "logical": sum(r["logical"] for r in rows)}
     meshes: dict[str, Any] = {"spec": "rollout mesh", "leaves": "", "logical": ""}
-    for label in runs:
+    for label in syncs:
         total[label] = f"{int(syncs[label]['synced_bytes']):,}"
         leaves = syncs[label].get("leaves", [])  # the rollout mesh, as the report wrote it
         meshes[label] = mesh_of(leaves[0]["dst_sharding"]) if leaves else "?"

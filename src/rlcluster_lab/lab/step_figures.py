@@ -18,27 +18,24 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from rlcluster_lab.lab.mpl import FONT, MIN_PT, bytes_axis, legend_columns, new_figure
-from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, PHYSICAL, ROLE_COLORS, in_order
+from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, PHYSICAL, ROLE_COLORS, in_order, role_color
 
 HOST_ALPHA = 0.45  # pinned host bars are drawn paler than device bars
 
 
 def _colour(entry: str) -> str:
     """An entry's colour; a working copy ("anchor (device copy)") takes its owner's."""
-    return ROLE_COLORS.get(entry.split(" (")[0], "#999999")
+    return role_color(entry.split(" (")[0])
 
 
 def _look(holders: tuple[str, ...]) -> dict[str, Any]:
     """Fill, hatch and hatch colour of a piece: an entry's own colour; a working copy
     cross-hatched; buffers several entries hold in the first one's colour, hatched in the
     last one's (denser for three or more)."""
-    if len(holders) > 1:
-        return {
-            "facecolor": _colour(holders[0]),
-            "hatch": "//" if len(holders) == 2 else "////",
-            "edgecolor": _colour(holders[-1]),
-        }
-    return {"facecolor": _colour(holders[0]), "hatch": "xx" if "(" in holders[0] else None, "edgecolor": "white"}
+    if len(holders) == 1:
+        return {"facecolor": _colour(holders[0]), "hatch": "xx" if "(" in holders[0] else None, "edgecolor": "white"}
+    hatch = "//" if len(holders) == 2 else "////"
+    return {"facecolor": _colour(holders[0]), "hatch": hatch, "edgecolor": _colour(holders[-1])}
 
 
 def segments(memory: Mapping[str, Any], kind: str) -> list[tuple[str, tuple[str, ...], int]]:
@@ -85,13 +82,11 @@ def phase_memory(
         phases = list(step.get("phases", []))
         if only is not None:
             names = [p["name"] for p in phases]
-            missing = [n for n in only if n not in names]
-            if missing:
+            if missing := [n for n in only if n not in names]:
                 raise ValueError(f"no phase {', '.join(map(repr, missing))} in {label!r}; it ran {', '.join(names)}")
             phases = [p for p in phases if p["name"] in only]
         picked[label] = phases
-    width = max(7.0, 1.6 * max(len(p) for p in picked.values()) + 3.8)
-    fig = new_figure(width, 3.4 * len(picked) + 0.3)
+    fig = new_figure(max(7.0, 1.6 * max(len(p) for p in picked.values()) + 3.8), 3.4 * len(picked) + 0.3)
     axes = fig.subplots(len(picked), 1, squeeze=False)[:, 0]
     legend: dict[str, Patch] = {}
     top = 1
@@ -113,11 +108,10 @@ def phase_memory(
                 top = max(top, bottom)
         ticks = [i - 0.2 + 0.4 * k for i in range(len(phases)) for k in range(len(KINDS))]
         ax.set_xticks(ticks, ["device", "pinned"] * len(phases), minor=True, fontsize=MIN_PT)
-        names = []
-        for phase in phases:
-            star = "*" if phase.get("during") is None else ""
-            wrapped = phase["name"].replace(": ", ":\n")
-            names.append(f"{wrapped}{star}\n{phase['seconds'] * 1e3:.0f} ms")
+        names = [
+            p["name"].replace(": ", ":\n") + ("*" if p.get("during") is None else "") + f"\n{p['seconds'] * 1e3:.0f} ms"
+            for p in phases
+        ]
         ax.set_xticks(range(len(phases)), names, fontsize=MIN_PT)
         ax.tick_params(axis="x", which="major", pad=16, length=0)
         ax.tick_params(axis="x", which="minor", length=2)
@@ -165,13 +159,7 @@ def p11_gap(result: Mapping[str, Any]) -> Figure:
         at = [i for i, f in enumerate(fresh) if f == first]
         ax.scatter(at, [live[i] for i in at], label=f"live vs anchor, {said}", gid=f"points:live:{gid}", **look)
     ax.plot(
-        xs,
-        sampler,
-        color=ROLE_COLORS["rollout"],
-        marker=".",
-        linewidth=0.8,
-        label="anchor vs sampler",
-        gid="line:sampler",
+        xs, sampler, ".-", color=ROLE_COLORS["rollout"], linewidth=0.8, label="anchor vs sampler", gid="line:sampler"
     )
     ax.set_xlabel("optimizer step", fontsize=MIN_PT)
     ax.set_ylabel("max |difference| of per-token\nlog-prob (nats)", fontsize=MIN_PT)

@@ -33,6 +33,12 @@ ROLE_COLORS: dict[str, str] = {
     "critic_optimizer": "#b5a28f",
 }
 
+
+def role_color(name: str) -> str:
+    """A role's (or memory entry's) colour; grey for a name that has none."""
+    return ROLE_COLORS.get(name, "#999999")
+
+
 KIND_COLORS: dict[str, str] = {"device": "#4c72b0", "pinned_host": "#ccb974"}
 
 SYNC_PARTS: tuple[tuple[str, str, str], ...] = (
@@ -59,9 +65,7 @@ def byte_ticks(top: float) -> list[tuple[float, str]]:
     4 steps, every label in that one unit; the last tick is the axis' top.
     266,752 B (260.5 KiB) -> 0, 100, 200, 300 KiB."""
     top = max(float(top), 1.0)
-    power = 0
-    while power < len(BINARY_UNITS) - 1 and top >= 1024 ** (power + 1):
-        power += 1
+    power = max(p for p in range(len(BINARY_UNITS)) if top >= 1024**p)
     unit = 1024**power
     scaled = top / unit
     decade = 10 ** math.floor(math.log10(scaled))

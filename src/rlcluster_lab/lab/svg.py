@@ -132,10 +132,15 @@ class Canvas:
         attrs = f'x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" fill="{fill}"'
         if weight:
             attrs += f' font-weight="{weight}"'
-        body = html.escape(s)
-        if title:
-            body = f"<title>{html.escape(title)}</title>" + body
-        self._items.append(f"<text {attrs}{element_id(id)}>{body}</text>")
+        self._add("text", attrs, id, title, html.escape(s))
+
+    def text_lines(self, x: float, y: float, lines: Sequence[str], step: float = 16, **style: Any) -> float:
+        """``lines`` one under another from ``y``, ``step`` apart (``style`` as ``text``'s); returns
+        the y under the last."""
+        for line in lines:
+            self.text(x, y, line, **style)
+            y += step
+        return y
 
     def line(
         self,
@@ -158,23 +163,21 @@ class Canvas:
             attrs += f' data-bytes="{int(nbytes)}"'  # the figure's number, for readers and tests
         self._add("line", attrs, id, title)
 
-    def path(
-        self, d: str, stroke: str, *, arrow: bool = False, id: str | None = None, title: str | None = None
-    ) -> None:
-        attrs = f'd="{d}" fill="none" stroke="{stroke}" stroke-width="1.2"'
-        if arrow:
-            self._patterns["arrow"] = (
-                '<marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
-                'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#555555"/></marker>'
-            )
-            attrs += ' marker-end="url(#arrow)"'
-        self._add("path", attrs, id, title)
+    def arrow(self, d: str, stroke: str, *, id: str | None = None, title: str | None = None) -> None:
+        """A path ``d`` that ends in an arrowhead."""
+        self._patterns["arrow"] = (
+            '<marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
+            'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#555555"/></marker>'
+        )
+        self._add(
+            "path", f'd="{d}" fill="none" stroke="{stroke}" stroke-width="1.2" marker-end="url(#arrow)"', id, title
+        )
 
-    def _add(self, tag: str, attrs: str, id: str | None, title: str | None) -> None:
-        if title:
-            self._items.append(f"<{tag} {attrs}{element_id(id)}><title>{html.escape(title)}</title></{tag}>")
-        else:
-            self._items.append(f"<{tag} {attrs}{element_id(id)}/>")
+    def _add(self, tag: str, attrs: str, id: str | None, title: str | None, body: str | None = None) -> None:
+        """One element with its hover title and ``body`` (a text's) inside; one with neither closes itself."""
+        head = f"<{tag} {attrs}" + (f' id="{html.escape(id, quote=True)}"' if id else "")
+        inner = (f"<title>{html.escape(title)}</title>" if title else "") + (body or "")
+        self._items.append(f"{head}/>" if body is None and not inner else f"{head}>{inner}</{tag}>")
 
     def render(self) -> Svg:
         defs = f"<defs>{''.join(self._patterns.values())}</defs>" if self._patterns else ""
@@ -183,10 +186,6 @@ class Canvas:
             f'viewBox="0 0 {self.width:.0f} {self.height:.0f}" font-family="{FONT}">'
             f'<rect width="100%" height="100%" fill="white"/>{defs}{"".join(self._items)}</svg>'
         )
-
-
-def element_id(id: str | None) -> str:
-    return f' id="{html.escape(id, quote=True)}"' if id else ""
 
 
 def legend(c: Canvas, x: float, y: float, items: Sequence[tuple[str, str]]) -> float:

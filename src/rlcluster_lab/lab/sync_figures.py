@@ -22,14 +22,7 @@ from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.placement import phases as ph
 
 # The synced bytes' parts (synced = arrived + copied + reused) in SYNC_PARTS' colours.
-SYNC_COLORS = {"arrived": SYNC_PARTS[0][2], "copied": SYNC_PARTS[1][2], "reused": SYNC_PARTS[2][2], "relayed": RELAYED}
-
-
-def _runs(sync: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """One sync report, or a mapping of label -> sync report."""
-    if "synced_bytes" in sync:
-        return {("LoRA" if sync.get("lora") else "full") + " sync": sync}
-    return {str(k): v for k, v in sync.items()}
+SYNC_COLORS = {key.split("_")[0]: color for key, _, color in SYNC_PARTS}
 
 
 def sync_bytes(sync: Mapping[str, Any]) -> Svg:
@@ -44,13 +37,15 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
     (each leaf once) is beside the physical one, with their ratio, and marked on
     the synced bar as a dotted tick.
     """
-    runs = _runs(sync)
+    if "synced_bytes" in sync:  # one sync report, or {label: sync report}
+        runs = {("LoRA" if sync.get("lora") else "full") + " sync": sync}
+    else:
+        runs = {str(k): v for k, v in sync.items()}
     left = 78
-    bar_w = WIDTH - left - 16
     widest = max(
         [max(int(s.get("synced_bytes", 0)), int(s.get("moved_cross_device_bytes", 0))) for s in runs.values()] + [1]
     )
-    scale = bar_w / widest
+    scale = (WIDTH - left - 16) / widest
     c = Canvas(WIDTH, 0, "Weight sync (P13, measured): where the bytes went")
     y = 44
     for label, s in runs.items():
@@ -79,12 +74,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         c.text(left - 8, y + 12, "crossed", size=MIN_FONT, anchor="end", fill=MUTED)
         crossed = [
             (kept, SYNC_COLORS["arrived"], f"seg:cross:{label}:kept", f"crossed devices and stayed: {fmt_bytes(kept)}"),
-            (
-                relayed,
-                SYNC_COLORS["relayed"],
-                f"seg:cross:{label}:relayed",
-                f"relayed: {fmt_bytes(relayed)} crossed but did not stay",
-            ),
+            (relayed, RELAYED, f"seg:cross:{label}:relayed", f"relayed: {fmt_bytes(relayed)} crossed but did not stay"),
         ]
         c.bar(left, y - 2, 18, scale, crossed)
         mx = left + minimum * scale
@@ -96,14 +86,12 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         said = f"the least this placement allows: {fmt_bytes(minimum)} (black tick); excess {fmt_bytes(excess)}"
         lines = [(f"{fmt_bytes(moved)} crossed devices; {said}{relay}", TEXT)]
         if logical and synced:
-            lines.append(
-                (
-                    f"physical / logical = {synced / logical:.1f} (the dotted tick on the synced bar is the "
-                    "logical figure): a leaf counts once per device that receives a piece of it, so a "
-                    "replicated one counts on every device",
-                    MUTED,
-                )
+            ratio = (
+                f"physical / logical = {synced / logical:.1f} (the dotted tick on the synced bar is the logical "
+                "figure): a leaf counts once per device that receives a piece of it, so a replicated one counts on "
+                "every device"
             )
+            lines.append((ratio, MUTED))
         timing = "" if s.get("seconds") is None else f"; handover {s['seconds'] * 1e3:.1f} ms"
         if timing and s.get("includes_compilation"):
             timing += " incl. compiling"
@@ -113,9 +101,7 @@ def sync_bytes(sync: Mapping[str, Any]) -> Svg:
         lines.append((f"reshard: {s.get('reshard_strategy', '?')}; anchor re-pinned {anchor}{timing}", MUTED))
         y += 36
         for text, fill in lines:
-            for line in wrap(text, WIDTH - left - 8, MIN_FONT, lines=2):
-                c.text(left, y, line, size=MIN_FONT, fill=fill)
-                y += 16
+            y = c.text_lines(left, y, wrap(text, WIDTH - left - 8, MIN_FONT, lines=2), size=MIN_FONT, fill=fill)
         y += 18
     c.height = y - 10
     return c.render()
@@ -246,9 +232,9 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         peak.get("max_device") or max(by_device, key=lambda d: max(by_device[d].values(), default=0), default="0")
     )
     kinds = [k for k in PANELS if any(_panel_level(p, device, k) or _terms(p, device, k) for p in phases)]
-    left = _PANEL_LEFT
     c = Canvas(WIDTH, 0, "Weight sync (P13): bytes alive on one device during the sync, above what was there before")
-    source = "measured" if peak.get("method", {}).get("arrays", "").startswith("measured") else "computed from shapes"
+    method = peak.get("method", {})
+    source = "measured" if method.get("arrays", "").startswith("measured") else "computed from shapes"
     mine = by_device.get(device, {})
     sub = (
         f"device {device}{' of ' + sync['where'] if sync.get('where') else ''} ({source}); peak: "
@@ -256,14 +242,11 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
         + (f", at {peak['phase_at_peak'][device]}" if device in peak.get("phase_at_peak", {}) else "")
         + f"; {chunk_words(peak, fmt_bytes)}"
     )
-    y = 40
-    for line in wrap(sub, WIDTH - 16, MIN_FONT, lines=2):
-        c.text(8, y, line, size=MIN_FONT, fill=MUTED)
-        y += 16
+    y = c.text_lines(8, 40, wrap(sub, WIDTH - 16, MIN_FONT, lines=2), size=MIN_FONT, fill=MUTED)
     for kind in kinds:
         y = _panel(c, phases, device, kind, chunks, y + 16, mine.get(kind, 0))
     if not kinds:
-        c.text(left, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
+        c.text(_PANEL_LEFT, y + 20, f"nothing new on device {device} during this sync", size=MIN_FONT, fill=MUTED)
         y += 36
     items = [
         (c.kind_fill(k, color), what)
@@ -276,22 +259,14 @@ def sync_peak(sync: Mapping[str, Any]) -> Svg:
     y = legend(c, 8, y + 6, items)
     notes = [f"order: {peak.get('order', '?')}"]
     at = peak.get("phase_at_peak", {}).get(device)
-    if at is not None and "device" in mine:
-        top = next((p for p in phases if phase_label(p, chunks) == at), None)
-        if top is not None:
-            held = [what for term, _, what in PANELS["device"] if _terms(top, device, "device").get(term)]
-            notes.insert(0, f"on device {device} at its peak: " + "; ".join(held))
-    method = peak.get("method", {})
-    notes.append(
-        "arrays: "
-        + str(method.get("arrays", "?")).split(":")[0]
-        + "; temporaries: "
-        + str(method.get("program_temporaries", "?")).split(":")[0]
-    )
+    top = next((p for p in phases if phase_label(p, chunks) == at), None) if "device" in mine else None
+    if top is not None:
+        held = [what for term, _, what in PANELS["device"] if _terms(top, device, "device").get(term)]
+        notes.insert(0, f"on device {device} at its peak: " + "; ".join(held))
+    arrays, temporaries = (str(method.get(k, "?")).split(":")[0] for k in ("arrays", "program_temporaries"))
+    notes.append(f"arrays: {arrays}; temporaries: {temporaries}")
     for text in notes:
-        for line in wrap(text, WIDTH - 16, MIN_FONT, lines=3):
-            c.text(8, y, line, size=MIN_FONT, fill=MUTED)
-            y += 16
+        y = c.text_lines(8, y, wrap(text, WIDTH - 16, MIN_FONT, lines=3), size=MIN_FONT, fill=MUTED)
     c.height = y + 6
     return c.render()
 
@@ -322,8 +297,7 @@ def _released(p: Mapping[str, Any], device: str, kind: str) -> int:
     """What a phase released in ``kind`` beyond the rollout's new arrays that replaced it (bytes, >= 0)."""
     terms = p.get("terms", {}).get(device, {})
     gone = -int(terms.get(ph.term_in(ph.RELEASED, kind), 0))
-    made = sum(max(int(terms.get(ph.term_in(t, kind), 0)), 0) for t in (ph.RESHARDED, ph.CAST))
-    return max(gone - made, 0)
+    return max(gone - sum(max(int(terms.get(ph.term_in(t, kind), 0)), 0) for t in (ph.RESHARDED, ph.CAST)), 0)
 
 
 def _panel_level(p: Mapping[str, Any], device: str, kind: str) -> int:
@@ -341,6 +315,7 @@ def _panel(
 ) -> float:
     """One memory kind: stacked terms above the zero line, releases below; returns the y below."""
     left, step = _PANEL_LEFT, (WIDTH - _PANEL_LEFT - 16) / max(len(phases), 1)
+    right = left + step * len(phases)
     bar = max(min(step * 0.7, 42), 1.5)
     up = max([sum(_terms(p, device, kind).values()) for p in phases] + [1])
     down = max([_released(p, device, kind) for p in phases] + [0])
@@ -348,7 +323,7 @@ def _panel(
     scale = (height - below) / up
     c.text(left - 8, y + 14, kind.replace("_", " "), size=MIN_FONT, anchor="end", weight="bold")
     zero = y + height - below
-    c.line(left, zero, left + step * len(phases), zero, "#999999")
+    c.line(left, zero, right, zero, "#999999")
     c.text(left - 8, zero + 4, "0", size=MIN_FONT, anchor="end", fill=MUTED)
     c.text(left - 8, y + 30, fmt_bytes(up), size=MIN_FONT, anchor="end", fill=MUTED)
     for i, p in enumerate(phases):
@@ -360,8 +335,7 @@ def _panel(
             if (n := terms.get(term, 0))
         ]
         c.bar(x, zero, bar, scale, parts, up=True)
-        gone = _released(p, device, kind)
-        if gone:
+        if gone := _released(p, device, kind):
             title = f"{label}: released {fmt_bytes(gone)}"
             c.rect(
                 x, zero, bar, gone * scale, RELEASED_COLOR, id=f"peak:{kind}:{i}:released", nbytes=-gone, title=title
@@ -371,10 +345,8 @@ def _panel(
         c.line(x - 1, ly, x + bar + 1, ly, TEXT, width=2, id=f"level:{kind}:{i}", nbytes=level, title=title)
     if top:
         py = zero - top * scale
-        c.line(
-            left, py, left + step * len(phases), py, "black", width=1, dash="5,3", id=f"peak-mark:{kind}", nbytes=top
-        )
-        c.text(left + step * len(phases), py - 4, f"peak {fmt_bytes(top)}", size=MIN_FONT, anchor="end")
+        c.line(left, py, right, py, "black", width=1, dash="5,3", id=f"peak-mark:{kind}", nbytes=top)
+        c.text(right, py - 4, f"peak {fmt_bytes(top)}", size=MIN_FONT, anchor="end")
     # Phase names under the panel where there is room; chunk boundaries otherwise.
     ty = y + height + 16
     if step >= 60:
@@ -384,8 +356,7 @@ def _panel(
         # Chunk boundaries, a label at most every 80 px; the anchor re-pin and the end at the right.
         last = -1e9
         ends = [i for i, p in enumerate(phases) if p["chunk"] is None]
-        right_edge = left + step * len(phases)
-        stop = right_edge - (text_width("anchor, end", MIN_FONT) + 12 if ends else 0) - 70
+        stop = right - (text_width("anchor, end", MIN_FONT) + 12 if ends else 0) - 70
         for i, p in enumerate(phases):
             x = left + step * i
             new_chunk = p["chunk"] is not None and (i == 0 or phases[i - 1]["chunk"] != p["chunk"])
@@ -394,7 +365,7 @@ def _panel(
                 c.text(x, ty, f"chunk {p['chunk']}", size=MIN_FONT, fill=MUTED)
                 last = x
         if ends:
-            c.text(left + step * len(phases), ty, "anchor, end", size=MIN_FONT, anchor="end", fill=MUTED)
+            c.text(right, ty, "anchor, end", size=MIN_FONT, anchor="end", fill=MUTED)
     return ty + 10
 
 
@@ -421,8 +392,7 @@ def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = No
         h = 110.0
         base = y + 18 + h  # room above the tallest bar for its number
         c.text(left - 8, y + 30, lines[0], size=MIN_FONT, anchor="end", weight="bold")
-        for k, line in enumerate(lines[1:], 1):
-            c.text(left - 8, y + 30 + 16 * k, line, size=MIN_FONT, anchor="end", fill=MUTED)
+        c.text_lines(left - 8, y + 46, lines[1:], size=MIN_FONT, anchor="end", fill=MUTED)
         c.line(left, base, WIDTH - right, base, "#999999")
         for i, p in enumerate(points):
             v = float(p.get(key) or 0)
@@ -441,6 +411,3 @@ def sync_chunk_curve(points: Sequence[Mapping[str, Any]], title: str | None = No
     c.text(left - 8, y + 10, "chunk size", size=MIN_FONT, anchor="end", fill=MUTED)
     c.height = y + 24
     return c.render()
-
-
-__all__ = ["sync_bytes", "sync_chunk_curve", "sync_leaves", "sync_peak"]
