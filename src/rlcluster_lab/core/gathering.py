@@ -86,20 +86,15 @@ def any_process(flag: bool, what: str) -> bool:
     return any(exchange(bool(flag), what))
 
 
-def host_value(x: Any) -> np.ndarray:
-    """The whole value of ``x`` on this host, whichever processes own its shards.
+def host_values(values: list[Any]) -> list[np.ndarray]:
+    """The whole value of each array on this host, whichever processes own its shards.
 
     One process: ``np.asarray``. An array on devices of every process: the
     shard this process holds when it is replicated, else a gather over the
     processes. An array on some processes only (the rollout of a split
     layout, seen from the trainer): replicated among its owners, then sent
-    from the first owner to every process.
+    from the first owner to every process, one broadcast per owning process.
     """
-    return host_values([x])[0]
-
-
-def host_values(values: list[Any]) -> list[np.ndarray]:
-    """``host_value`` of each array, with one broadcast per owning process (see ``host_value``)."""
     if jax.process_count() == 1:
         return [np.asarray(v) for v in values]
     from jax.experimental import multihost_utils

@@ -362,16 +362,13 @@ def run_reports(
             or it could not start (no loopback socket, no other process: ``cannot_launch``).
         ConfigError: a scenario or setting that cannot work.
     """
-    from rlcluster_lab.core.options import Scenario
     from rlcluster_lab.rules.validation import check_scenario
 
     settings = LaunchSettings(processes=processes, devices_per_process=devices_per_process, timeout_s=timeout)
     settings.check()
     knobs = []
     for s in scenarios:
-        if not isinstance(s, Scenario):
-            raise TypeError(f"run_reports takes Scenario objects, got {type(s).__name__}")
-        try:
+        try:  # a Scenario, its knobs, and its layout on the run's devices
             check_scenario(s, settings.processes * settings.devices_per_process)
         except ConfigError as err:
             raise in_launch_terms(err) from None
