@@ -40,9 +40,7 @@ def exchange(value: Any, what: str) -> list[Any]:
         return [value]
     from jax._src import distributed
 
-    client = distributed.global_state.client
-    if client is None:  # pragma: no cover - process_count() > 1 implies an initialized runtime
-        raise RuntimeError("several JAX processes but no distributed client: call jax.distributed.initialize first")
+    client = distributed.global_state.client  # process_count() > 1: the runtime is initialized
     key = f"{_PREFIX}{next(_SEQUENCE)}/{what}"
     mine = f"{key}/{jax.process_index()}"
     client.key_value_set(mine, json.dumps(value))
@@ -121,13 +119,7 @@ def host_values(values: list[Any]) -> list[np.ndarray]:
             v = values[i]
             if not v.is_fully_replicated:
                 # Replicated among its own devices first (only its owners compute).
-                spec = PartitionSpec()
-                target = (
-                    NamedSharding(v.sharding.mesh, spec)
-                    if isinstance(v.sharding, NamedSharding)
-                    else v.sharding.with_spec(spec)  # pragma: no cover - the cluster uses NamedSharding
-                )
-                v = jax.jit(replicate, out_shardings=target)(v)
+                v = jax.jit(replicate, out_shardings=NamedSharding(v.sharding.mesh, PartitionSpec()))(v)
             local.append(np.asarray(v.addressable_data(0)) if v.addressable_shards else np.zeros(v.shape, v.dtype))
         got = multihost_utils.broadcast_one_to_all(local, is_source=me == source)
         for i, g in zip(idx, got):

@@ -20,11 +20,8 @@ def home_device(mesh: Any) -> Any:
     cannot receive a host value here.
     """
     devices = list(mesh.devices.flat)
-    me = jax.process_index()
-    for d in devices:
-        if d.process_index == me:
-            return d
-    return jax.local_devices(backend=devices[0].platform)[0]
+    own = next((d for d in devices if d.process_index == jax.process_index()), None)
+    return own if own is not None else jax.local_devices(backend=devices[0].platform)[0]
 
 
 def processes_of(devices: Any) -> list[int]:

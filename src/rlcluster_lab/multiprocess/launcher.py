@@ -52,10 +52,7 @@ class LaunchError(RuntimeError):
         log_tail: str = "",
     ) -> None:
         super().__init__(message)
-        self.process_id = process_id
-        self.returncode = returncode
-        self.elapsed_s = elapsed_s
-        self.log_tail = log_tail
+        self.process_id, self.returncode, self.elapsed_s, self.log_tail = process_id, returncode, elapsed_s, log_tail
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,20 +83,6 @@ def find_rule(rule_id: str) -> Rule:
     raise ValueError(f"unknown rule {rule_id!r}: the rules are {known}")
 
 
-def _answers_line(entry: Rule) -> list[str]:
-    if not entry.question:
-        return []
-    answers = ", ".join(a.label if a.label == a.value else f"{a.label} (`{a.value}`)" for a in entry.answers)
-    return [f"Drawn in the decision flow as *{entry.question.format(role='each role')}*: {answers}.", ""]
-
-
-def _reference_line(entry: Rule) -> list[str]:
-    if not entry.reference:
-        return []
-    where = "; ".join(f"`{loc.function}`" + (f" ({loc.what})" if loc.what else "") for loc in entry.reference)
-    return [f"In the reference ({REFERENCE.distribution} {REFERENCE.version}, `{REFERENCE.path}`): {where}.", ""]
-
-
 def rules_markdown() -> str:
     """The rules as Markdown: each rule's title, its functions' docstrings, the flow figure's
     question and answers, and its tests."""
@@ -118,7 +104,12 @@ def rules_markdown() -> str:
             lines += [f"`{fn.__module__}.{fn.__qualname__}`", "", inspect.cleandoc(fn.__doc__ or ""), ""]
         if entry.note:
             lines += [entry.note, ""]
-        lines += _answers_line(entry)
-        lines += _reference_line(entry)
+        if entry.question:
+            answers = ", ".join(a.label if a.label == a.value else f"{a.label} (`{a.value}`)" for a in entry.answers)
+            lines += [f"Drawn in the decision flow as *{entry.question.format(role='each role')}*: {answers}.", ""]
+        if entry.reference:
+            where = "; ".join(f"`{loc.function}`" + (f" ({loc.what})" if loc.what else "") for loc in entry.reference)
+            source = f"{REFERENCE.distribution} {REFERENCE.version}, `{REFERENCE.path}`"
+            lines += [f"In the reference ({source}): {where}.", ""]
         lines += ["Tests: " + ", ".join(f"`{t}`" for t in entry.tests), ""]
     return "\n".join(lines).rstrip() + "\n"
