@@ -49,9 +49,6 @@ class Row:
     def unexplained(self) -> bool:
         return not self.agree and self.difference is None
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class SideBySide:
@@ -99,14 +96,6 @@ class SideBySide:
             "figures equal": f"{sum(r.agree for r in figures)} of {len(figures)}",
             "Tunix's sync": self.tunix_sync.outcome if self.tunix_sync is not None else "not run",
             "the rest differ by": why,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "scenario": dataclasses.asdict(self.scenario),
-            "rows": [r.to_json() for r in self.rows],
-            "differences": [d.to_json() for d in self.differences],
-            "seconds": dict(self.seconds),
         }
 
 

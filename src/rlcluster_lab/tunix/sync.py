@@ -63,10 +63,6 @@ class TunixSync:
     def completed(self) -> bool:
         return self.outcome == COMPLETED
 
-    def to_json(self) -> dict[str, Any]:
-        report = self.report.to_json() if self.report is not None else None
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {"report": report}
-
 
 def run_sync(cluster: Any, platform: str) -> TunixSync:
     """Run ``cluster.sync_weights()`` under the lab's guard (chosen from ``platform``) and
