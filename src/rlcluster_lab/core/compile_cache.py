@@ -245,8 +245,7 @@ class WriteBehind:
             batch = self._take()
         self._write_all(batch)
         with self._cond:
-            while self._writing:
-                self._cond.wait()
+            self._cond.wait_for(lambda: not self._writing)
 
     def _take(self) -> list[tuple[tuple, dict]]:
         batch, self._pending = self._pending, []

@@ -94,10 +94,9 @@ def host_summary(report: Mapping[str, Any]) -> dict[str, Any]:
     }
     sync = report.get("sync")
     if sync is not None:
-        crossing = report["crossing"]
         out["sync"] = {
             "arrived_bytes": sum(sync["arrived_by_device"].values()),
-            "crossed_into_bytes": crossing["cross_process_bytes"],
+            "crossed_into_bytes": report["crossing"]["cross_process_bytes"],
             "seconds": sync["seconds"],
             "anchor_seconds": sync["anchor_seconds"],
         }
