@@ -76,12 +76,8 @@ def logged_warnings() -> Iterator[list[str]]:
 
 
 def leaf_layouts(state: Any) -> dict[str, str]:
-    """Leaf path -> its sharding (mesh, devices, partition spec), memory kind left out."""
-    out = {}
-    for path, x in flat_leaves(state).items():
-        sharding = x.sharding.with_memory_kind("device") if hasattr(x.sharding, "with_memory_kind") else x.sharding
-        out[path] = describe_sharding(sharding).rsplit(" ", 1)[0]
-    return out
+    """Leaf path -> its sharding (mesh, devices, partition spec), memory kind (its last word) left out."""
+    return {path: describe_sharding(x.sharding).rsplit(" ", 1)[0] for path, x in flat_leaves(state).items()}
 
 
 def host_ranges(models: Mapping[str, nnx.Module]) -> tuple[tuple[int, int], ...]:

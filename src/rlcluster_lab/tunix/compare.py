@@ -167,12 +167,10 @@ def side_by_side(
         "tunix_models_memory": _models_memory(tunix_memory),
         "tunix_models_memory_apart": _models_memory(apart),
         "tunix_host_views": views,
-        "lab_sync": None,
-        "tunix_sync": None,
+        # Last: what the sync changes is read above, before it.
+        "lab_sync": cluster.sync_weights() if sync else None,
+        "tunix_sync": tunix_report.sync() if sync else None,
     }
-    if sync:
-        facts["lab_sync"] = cluster.sync_weights()
-        facts["tunix_sync"] = tunix_report.sync()
     checks = {d.id: d.check(facts) for d in SCENARIO_DIFFERENCES}
     rows = []
     for row in _rows(lab_report, tunix_report.to_json(), facts):
