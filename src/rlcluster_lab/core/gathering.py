@@ -100,13 +100,12 @@ def host_values(values: list[Any]) -> list[np.ndarray]:
 
     out: list[np.ndarray | None] = [None] * len(values)
     later: dict[int, list[int]] = {}  # first owning process -> indices to broadcast from it
-    everyone = jax.process_count()
     for i, v in enumerate(values):
         if not isinstance(v, jax.Array):
             out[i] = np.asarray(v)
             continue
         owners = processes_of(v.sharding.device_set)
-        if len(owners) == everyone:
+        if len(owners) == jax.process_count():
             out[i] = np.asarray(
                 v.addressable_data(0) if v.is_fully_replicated else multihost_utils.process_allgather(v, tiled=True)
             )
@@ -121,8 +120,7 @@ def host_values(values: list[Any]) -> list[np.ndarray]:
                 # Replicated among its own devices first (only its owners compute).
                 v = jax.jit(replicate, out_shardings=NamedSharding(v.sharding.mesh, PartitionSpec()))(v)
             local.append(np.asarray(v.addressable_data(0)) if v.addressable_shards else np.zeros(v.shape, v.dtype))
-        got = multihost_utils.broadcast_one_to_all(local, is_source=me == source)
-        for i, g in zip(idx, got):
+        for i, g in zip(idx, multihost_utils.broadcast_one_to_all(local, is_source=me == source)):
             out[i] = np.asarray(g)
     return out  # type: ignore[return-value]
 

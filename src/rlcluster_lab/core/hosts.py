@@ -38,8 +38,7 @@ def foreign_device_ids() -> frozenset[int]:
     """
     if jax.process_count() == 1:
         return frozenset()
-    me = jax.process_index()
-    return frozenset(int(d.id) for d in jax.devices() if d.process_index != me)
+    return frozenset(int(d.id) for d in jax.devices() if d.process_index != jax.process_index())
 
 
 def spans_processes(devices: Any) -> bool:

@@ -346,8 +346,7 @@ def describe(exc: BaseException, audience: Audience) -> str:
         exc: the error (usually a ``ConfigError`` with ``knobs``).
         audience: "lab" (widget labels) or "cli" (flags).
     """
-    problem = getattr(exc, "problem", None)
-    text = " ".join(str(problem or exc).split()) or type(exc).__name__
+    text = " ".join(str(getattr(exc, "problem", None) or exc).split()) or type(exc).__name__
     knobs = knobs_of(exc)
     for knob in knobs:
         said = knob.said(audience)

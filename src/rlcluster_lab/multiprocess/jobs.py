@@ -29,9 +29,8 @@ def run_job(job: dict[str, Any], progress: Callable[[str], None]) -> dict[str, A
     from rlcluster_lab.core.options import Scenario
 
     scenarios = [Scenario(**knobs) for knobs in job["scenarios"]]
-    exercise = job.get("exercise") or [False] * len(scenarios)
     reports = []
-    for n, (scenario, ops) in enumerate(zip(scenarios, exercise), start=1):
+    for n, (scenario, ops) in enumerate(zip(scenarios, job.get("exercise") or [False] * len(scenarios)), start=1):
         label = f"scenario {n}/{len(scenarios)} ({describe(scenario)})"
         reports.append(run_scenario(scenario, int(job.get("syncs", 0)), bool(ops), label, progress))
         gc.collect()

@@ -213,7 +213,6 @@ def _run_workers(
             workers.append(w)
         if on_start is not None:
             on_start([w.process.pid for w in workers])
-        deadline = start + settings.timeout_s
         while True:
             codes = [w.process.poll() for w in workers]
             for w in workers:
@@ -224,7 +223,7 @@ def _run_workers(
                 break
             if all(rc == 0 for rc in codes):
                 break
-            if time.monotonic() > deadline:
+            if time.monotonic() > start + settings.timeout_s:
                 timed_out = True
                 break
             time.sleep(POLL_S)

@@ -172,7 +172,6 @@ def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     merged = [leaves[k] for k in sorted(leaves)]
     total = {key: sum(int(leaf[key]) for leaf in merged) for key in _LEAF_SUMS}
     first = parts[0]
-    strategies = sorted({s for p in parts for s in p["reshard_strategy"].split("+")})
     return {
         "units": first["units"],
         "where": merge_where(parts),
@@ -181,7 +180,7 @@ def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "global_step": first["global_step"],
         **total,
         "excess_cross_device_bytes": total["moved_cross_device_bytes"] - total["minimum_cross_device_bytes"],
-        "reshard_strategy": "+".join(strategies),
+        "reshard_strategy": "+".join(sorted({s for p in parts for s in p["reshard_strategy"].split("+")})),
         "synced_logical_bytes": sum(int(leaf["logical_bytes"]) for leaf in merged),
         "anchor_bytes": sum(int(p["anchor_bytes"]) for p in parts),
         "anchor_mode": first["anchor_mode"],

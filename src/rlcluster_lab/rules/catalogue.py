@@ -79,8 +79,7 @@ def find_rule(rule_id: str) -> Rule:
     for entry in RULES + LAB_RULES:
         if entry.rule == rule_id:
             return entry
-    known = ", ".join(e.rule for e in RULES + LAB_RULES)
-    raise ValueError(f"unknown rule {rule_id!r}: the rules are {known}")
+    raise ValueError(f"unknown rule {rule_id!r}: the rules are {', '.join(e.rule for e in RULES + LAB_RULES)}")
 
 
 def rules_markdown() -> str:

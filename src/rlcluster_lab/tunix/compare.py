@@ -87,7 +87,6 @@ class SideBySide:
         """One line for a table of scenarios: what agrees, Tunix's sync, and what explains the rest."""
         decisions = [r for r in self.rows if r.rule.startswith("P") and not r.rule.startswith("P13")]
         figures = [r for r in self.rows if r not in decisions]
-        why = sorted({r.difference or "UNEXPLAINED" for r in self.differing})
         return {
             "layout": self.scenario.layout,
             "LoRA": self.scenario.lora,
@@ -95,7 +94,7 @@ class SideBySide:
             "decisions equal": f"{sum(r.agree for r in decisions)} of {len(decisions)}",
             "figures equal": f"{sum(r.agree for r in figures)} of {len(figures)}",
             "Tunix's sync": self.tunix_sync.outcome if self.tunix_sync is not None else "not run",
-            "the rest differ by": why,
+            "the rest differ by": sorted({r.difference or "UNEXPLAINED" for r in self.differing}),
         }
 
 
@@ -146,9 +145,8 @@ def side_by_side(
     tunix_report = inspect(build)
     lab_report = placement_report(cluster).to_json()
     tunix_memory = tunix_report.memory.to_json()
-    handed = frozenset().union(*build.given.buffers.values())
     entries = tunix_entries(build.cluster)
-    views, apart = memory_apart(entries, build.given.host_ranges, handed)
+    views, apart = memory_apart(entries, build.given.host_ranges, frozenset().union(*build.given.buffers.values()))
     facts: dict[str, Any] = {
         "lab_engine_inputs": {
             "rollout_config": cluster.rollout.rollout_config is not None,

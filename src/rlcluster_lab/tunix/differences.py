@@ -223,8 +223,7 @@ def memory_apart(
                     views += 1
                     key += (name, path)  # this shard alone
                 rows.append((e, s.device.id, KINDS.index(kind), nbytes, ids.setdefault(key, len(ids))))
-    cols = np.array(rows, dtype=np.int64).reshape(-1, 5).T
-    return views, memory_table(names, *cols)
+    return views, memory_table(names, *np.array(rows, dtype=np.int64).reshape(-1, 5).T)
 
 
 def optimizer_facts(state: Any) -> dict[str, Any]:
