@@ -184,10 +184,6 @@ SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (
     ),
 )
 
-# Shows only where JAX's host copy happens to be aligned (its address is the allocator's), so no
-# scenario is sure to show it; tests/test_tunix.py makes it show by aligning the copies.
-BY_CHANCE = ("device-put-host-view",)
-
 DIFFERENCES: tuple[str, ...] = tuple(d.id for d in SCENARIO_DIFFERENCES) + (
     "vllm-version-default",
     "missing-role-meshes",
