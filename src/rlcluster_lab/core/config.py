@@ -130,10 +130,6 @@ def default_optimizer(learning_rate: float) -> optax.GradientTransformation:
     return optax.adam(learning_rate)
 
 
-RolloutConfigArg = RolloutConfig | Mapping[Mode, RolloutConfig] | None
-EngineArg = str | type | functools.partial | Callable[..., Any]
-
-
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """Which mesh each role lives on, which rollout engine samples, and offload.
@@ -162,8 +158,10 @@ class ClusterConfig:
     """
 
     role_to_mesh: Mapping[Role, Mesh]
-    rollout_config: RolloutConfigArg = dataclasses.field(default_factory=RolloutConfig)
-    rollout_engine: EngineArg = "vanilla"
+    rollout_config: RolloutConfig | Mapping[Mode, RolloutConfig] | None = dataclasses.field(
+        default_factory=RolloutConfig
+    )
+    rollout_engine: str | type | functools.partial | Callable[..., Any] = "vanilla"
     offload_to_cpu: bool = False
     training_config: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
     anchor: str = "full"

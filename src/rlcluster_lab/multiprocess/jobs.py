@@ -31,15 +31,11 @@ def run_job(job: dict[str, Any], progress: Callable[[str], None]) -> dict[str, A
     scenarios = [Scenario(**knobs) for knobs in job["scenarios"]]
     reports = []
     for n, (scenario, ops) in enumerate(zip(scenarios, job.get("exercise") or [False] * len(scenarios)), start=1):
-        label = f"scenario {n}/{len(scenarios)} ({describe(scenario)})"
+        engine = "" if scenario.engine == "vanilla" else f", {scenario.engine}"
+        label = f"scenario {n}/{len(scenarios)} ({scenario.layout}{', LoRA' if scenario.lora else ''}{engine})"
         reports.append(run_scenario(scenario, int(job.get("syncs", 0)), bool(ops), label, progress))
         gc.collect()
     return {"process_index": jax.process_index(), "reports": reports}
-
-
-def describe(scenario: Any) -> str:
-    engine = "" if scenario.engine == "vanilla" else f", {scenario.engine}"
-    return f"{scenario.layout}{', LoRA' if scenario.lora else ''}{engine}"
 
 
 def run_scenario(

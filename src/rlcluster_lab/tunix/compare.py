@@ -28,9 +28,8 @@ from rlcluster_lab.tunix.observe import tunix_entries
 from rlcluster_lab.tunix.report import TunixReport, inspect
 from rlcluster_lab.tunix.sync import TunixSync
 
-# The model roles (P5), and with the anchor the state entries whose memory is compared role by role (L2).
+# The model roles (P5); they and the anchor are the state entries whose memory is compared role by role (L2).
 ROLES = ("actor", "rollout", "reference", "reward", "critic")
-MEMORY_ROWS = (*ROLES, "anchor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +242,7 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
     ]
     if facts["tunix_engine_inputs"] is not None:
         rows.append(_row("engine inputs", "engine", facts["lab_engine_inputs"], facts["tunix_engine_inputs"]))
-    for name in MEMORY_ROWS:
+    for name in (*ROLES, "anchor"):
         rows += present(read(f"L2 {name}", "L2", lambda report, name=name: report["memory"]["by_role"].get(name)))
     rows.append(read("L2 optimizer", "L2", lambda report: _bytes_of(report["memory"], "optimizer")))
     rows += present(read("L2 critic optimizer", "L2", lambda report: _bytes_of(report["memory"], "critic_optimizer")))
