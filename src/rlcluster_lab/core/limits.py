@@ -102,9 +102,7 @@ def limit_bytes(freed: int = 0) -> int:
     ``freed``: host bytes the caller frees before allocating (a cluster it replaces), counted as
     free memory; ``$RLCLUSTER_LAB_MEMORY_LIMIT`` bounds the request itself, so it ignores them.
     """
-    if os.environ.get(LIMIT_ENV):
-        return available_host_bytes()
-    return int((available_host_bytes() + freed) * SHARE)
+    return available_host_bytes() if os.environ.get(LIMIT_ENV) else int((available_host_bytes() + freed) * SHARE)
 
 
 def check_fits(need: int, what: str, fix: str = "", freed: int = 0) -> None:

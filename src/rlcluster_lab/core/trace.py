@@ -25,9 +25,7 @@ def jsonable(value: Any) -> Any:
         return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
     if isinstance(value, (np.integer, np.floating, np.bool_)):
         return value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 
 # jax.monitoring events marking the start (a scalar: the start time) and the end (a duration) of
 # turning a function into a program: tracing it, lowering it, compiling it (or reading it back
@@ -229,11 +229,7 @@ class Waits:
 
 
 WAITS = Waits()
-
-
-def waiting(label: str, kind: str | None = None) -> AbstractContextManager[None]:
-    """``WAITS.waiting(label, kind)``: mark the block as a wait the process's progress shows."""
-    return WAITS.waiting(label, kind)
+waiting = WAITS.waiting  # mark the block as a wait the process's progress shows
 
 
 _LISTENING: set[int] = set()
