@@ -10,10 +10,8 @@ must run before the first compilation (JAX reads the setting then). Where the ca
 
 The cache is bounded on disk by ``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB`` (default
 ``DEFAULT_MAX_MB``): a process that turns it on deletes the least recently used files
-down to 90% of the bound, so a folder just over it is not trimmed at every start.
-
-An entry is written after the work that compiled it, not during it (``flush_cache_writes``):
-writing is for a later process, and a person waits for this one.
+down to 90% of the bound, so a folder just over it is not trimmed at every start. An entry is
+written after the work that compiled it, not during it (``WriteBehind``).
 
 The cache is trusted: JAX runs the native code its entries hold, and an entry planted
 under another program's key runs as that program. So the folder must be owned by the

@@ -2,9 +2,8 @@
 
 The call is Tunix's, unchanged. Where a layout must change, Tunix reshards with
 ``jax.device_put``, which on CPU goes through host memory: the guard refuses it, and that
-refusal is the observed outcome, not a crash. ``device_put`` does not log its copies, so for
-leaves no lab reshard logged, moved and copied bytes are inferred from where each destination
-shard's data already was (the least any reshard must move); the leaves' ``method`` says which.
+refusal is the observed outcome, not a crash. What ``device_put`` copied, which it does not
+log, is inferred (``INFERRED``; the leaves' ``method`` says which).
 """
 
 from __future__ import annotations
