@@ -108,13 +108,8 @@ def exercise_cluster(
     seconds["generate"] = time.perf_counter() - start
     prompts, tokens = out.left_padded_prompt_tokens, out.tokens
     start = time.perf_counter()
-    ref, old, anchor = host_values(
-        [
-            cluster.get_ref_per_token_logps(prompts, tokens),
-            cluster.get_old_per_token_logps(prompts, tokens),
-            cluster.get_actor_per_token_logps(prompts, tokens),
-        ]
-    )
+    scorers = (cluster.get_ref_per_token_logps, cluster.get_old_per_token_logps, cluster.get_actor_per_token_logps)
+    ref, old, anchor = host_values([score(prompts, tokens) for score in scorers])
     seconds["log_probs"] = time.perf_counter() - start
     progress(f"{label}: generated and scored")
     advantages = np.linspace(-1.0, 1.0, len(prompts), dtype=np.float32)
@@ -145,12 +140,8 @@ def after_sync(cluster: Any, checks: dict[str, Any], seconds: dict[str, float]) 
     prompts = np.asarray(checks["prompts"], np.int32)
     tokens = np.asarray(checks["tokens"], np.int32)
     start = time.perf_counter()
-    rollout, live = host_values(
-        [
-            cluster.get_old_per_token_logps(prompts, tokens),
-            cluster.get_live_actor_per_token_logps(prompts, tokens),
-        ]
-    )
+    scorers = (cluster.get_old_per_token_logps, cluster.get_live_actor_per_token_logps)
+    rollout, live = host_values([score(prompts, tokens) for score in scorers])
     seconds["log_probs_after_sync"] = time.perf_counter() - start
     return {"rollout_vs_trained_actor_after_sync": float(np.max(np.abs(rollout - live)))}
 
