@@ -1,12 +1,8 @@
 """Placement stand-ins for the vLLM and SGLang-JAX rollouts.
 
-Neither vLLM nor SGLang runs here: these engines sample with the vanilla engine's
-code and reproduce only the reference's *placement contract*. ``VllmStyleEngine``
-builds a mesh of its own over the devices it is given, rearranged for tensor
-parallelism, and exposes it as ``mesh`` (P7); ``SglangJaxStyleEngine`` takes the
-rollout mesh, exposes none, and refuses a LoRA actor without static-LoRA settings
-(P6). Both hold their own copy of the weights. Their speed says nothing about vLLM
-or SGLang.
+Neither vLLM nor SGLang runs here: these engines sample with the vanilla engine's code and
+reproduce only the reference's *placement contract* (P6, P7: each class says its own), each
+with its own copy of the weights. Their speed says nothing about vLLM or SGLang.
 """
 
 from __future__ import annotations
