@@ -233,11 +233,8 @@ class ClusterConfig:
             )
         object.__setattr__(self, "role_to_mesh", types.MappingProxyType(r2m))
         if isinstance(self.rollout_config, Mapping):
-            object.__setattr__(
-                self,
-                "rollout_config",
-                types.MappingProxyType({_parse_mode(k): v for k, v in self.rollout_config.items()}),
-            )
+            per_mode = {_parse_mode(k): v for k, v in self.rollout_config.items()}
+            object.__setattr__(self, "rollout_config", types.MappingProxyType(per_mode))
 
     def logical_axis_rules(self, role: Role) -> LogicalAxisRules | None:
         rules = self.training_config.role_to_logical_axis_rule

@@ -163,15 +163,14 @@ class Waits:
             now = self.clock()
             stack = min(stacks, key=lambda s: s[0].start)
             outer, inner = stack[0], stack[-1]
-            building = tuple(
-                Building(phase, name, max(0.0, now - start))
-                for (_, phase), (name, start, _) in sorted(self._building.items(), key=lambda kv: kv[1][1])
-            )
             return WaitStatus(
                 labels=tuple(w.label for w in stack),
                 elapsed_s=max(0.0, now - outer.start),
                 stage_elapsed_s=max(0.0, now - inner.start),
-                building=building,
+                building=tuple(
+                    Building(phase, name, max(0.0, now - start))
+                    for (_, phase), (name, start, _) in sorted(self._building.items(), key=lambda kv: kv[1][1])
+                ),
                 built=self._built - outer.built_at_start,
                 estimate_s=self._last.get(outer.kind),
             )

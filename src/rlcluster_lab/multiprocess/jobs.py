@@ -63,11 +63,8 @@ def run_scenario(
             sync_report = cluster.sync_weights()
             progress(f"{label}: synced ({sync_report.seconds * 1e3:.1f} ms handover)")
         seconds["sync"] = sync_report.seconds
-        crossing = crossing_facts(
-            flat_leaves(nnx.state(cluster.actor_model, *filters)),
-            flat_leaves(nnx.state(cluster.rollout.model(), *filters)),
-            sync_report,
-        )
+        actor, rollout = (flat_leaves(nnx.state(m, *filters)) for m in (cluster.actor_model, cluster.rollout.model()))
+        crossing = crossing_facts(actor, rollout, sync_report)
         if exercise:
             checks.update(after_sync(cluster, checks, seconds))  # type: ignore[union-attr]
     report = placement_report(cluster, sync=sync_report).to_json()

@@ -124,8 +124,7 @@ def merge_memory(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             into["by_device"].update(r["by_device"])
         for g in part["shared"]:
             into = shared.setdefault(tuple(g["roles"]), {"roles": list(g["roles"]), "bytes": 0, "buffers": 0})
-            into["bytes"] += int(g["bytes"])
-            into["buffers"] += int(g["buffers"])
+            _add(into, {"bytes": g["bytes"], "buffers": g["buffers"]})
             into.setdefault("by_device", {}).update(g["by_device"])
     return {
         "units": parts[0]["units"],
