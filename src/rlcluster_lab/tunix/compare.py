@@ -7,7 +7,6 @@ two clusters; a differing row without one is *unexplained*.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,8 +51,7 @@ class Row:
 @dataclasses.dataclass(frozen=True)
 class SideBySide:
     """The two clusters of one scenario compared: the rows, the scenario differences checked on
-    them (observed or not), both reports (the lab's as JSON), one sync of each, and the seconds
-    building each took."""
+    them (observed or not), both reports (the lab's as JSON) and one sync of each."""
 
     scenario: Scenario
     rows: tuple[Row, ...]
@@ -62,7 +60,6 @@ class SideBySide:
     tunix_report: TunixReport
     lab_sync: SyncReport | None
     tunix_sync: TunixSync | None
-    seconds: Mapping[str, float]
 
     @property
     def differing(self) -> list[Row]:
@@ -135,12 +132,8 @@ def side_by_side(
     meshes = dict(
         validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh).role_to_mesh
     )
-    start = time.perf_counter()
     build = build_tunix_cluster(scenario, role_to_mesh=meshes, training_config=training_config)
-    tunix_seconds = time.perf_counter() - start
-    start = time.perf_counter()
     cluster = build_cluster(scenario, role_to_mesh=meshes, training_config=training_config)
-    lab_seconds = time.perf_counter() - start
     tunix_report = inspect(build)
     lab_report = placement_report(cluster).to_json()
     tunix_memory = tunix_report.memory.to_json()
@@ -184,7 +177,6 @@ def side_by_side(
         tunix_report=tunix_report,
         lab_sync=facts["lab_sync"],
         tunix_sync=facts["tunix_sync"],
-        seconds={"lab": lab_seconds, "tunix": tunix_seconds},
     )
 
 
