@@ -200,7 +200,8 @@ MAX_PENDING = 32
 
 
 class WriteBehind:
-    """Persistent-cache entries written after the work that compiled them.
+    """Persistent-cache entries written after the work that compiled them (``write``: JAX's own
+    write of one entry, called with the arguments it was given).
 
     JAX writes each program it compiles (serialized, compressed, a file) before it runs it:
     0.35 s of a cold first RL step's 2.8 s on two CPU cores (nine programs), spent for a later
@@ -209,9 +210,6 @@ class WriteBehind:
     ``QUIET_S`` seconds (the click's or the step's compiling is over) or once ``MAX_PENDING``
     entries wait. ``flush`` writes everything now; it runs when the process exits, so a
     process that ends at once still leaves its programs for the next.
-
-    Args:
-        write: JAX's own write of one entry, called with the arguments it was given.
     """
 
     def __init__(self, write: Callable[..., None]) -> None:

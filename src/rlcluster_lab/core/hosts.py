@@ -36,8 +36,6 @@ def foreign_device_ids() -> frozenset[int]:
     process, so each reads every flow in it; a process counts only the flows
     that land on its own devices, and process 0 adds the processes' counts.
     """
-    if jax.process_count() == 1:
-        return frozenset()
     return frozenset(int(d.id) for d in jax.devices() if d.process_index != jax.process_index())
 
 

@@ -106,13 +106,9 @@ def limit_bytes(freed: int = 0) -> int:
 
 
 def check_fits(need: int, what: str, fix: str = "", freed: int = 0) -> None:
-    """Refuse ``need`` bytes before allocating them when they exceed :func:`limit_bytes`.
-
-    Args:
-        need: the estimated bytes (computed from shapes, never by allocating).
-        what: what would be allocated, for the message ("the checkpoint's parameters").
-        fix: how to get a smaller request, appended to the message.
-        freed: host bytes the caller frees before allocating (``limit_bytes``).
+    """Refuse ``need`` bytes (estimated from shapes, never by allocating) before allocating them
+    when they exceed ``limit_bytes(freed)``; the message names ``what`` would be allocated ("the
+    checkpoint's parameters") and ends with ``fix``, how to get a smaller request.
 
     Raises:
         TooLargeError: ``need`` exceeds the limit; the message gives both figures.

@@ -20,11 +20,8 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
 def dtype_name(value: Any, what: str = "dtype") -> str:
-    """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type, as its name.
-
-    Args:
-        value: ``"bfloat16"``, ``jnp.bfloat16``, ``np.float16``, ``np.dtype("float32")``...
-        what: the argument's name, for the error message.
+    """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type (``"bfloat16"``,
+    ``jnp.bfloat16``, ``np.dtype("float32")``...), as its name; ``what`` names it in the error.
 
     Raises:
         ConfigError: for anything that is not one of ``DTYPES``.

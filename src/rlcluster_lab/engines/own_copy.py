@@ -52,9 +52,8 @@ class OwnCopyEngine(RolloutEngine):
         super().__init__(rollout_actor, tokenizer, **kwargs)
         if self.given_mesh is None:
             raise ConfigError(f"the {type(self).__name__} engine needs the rollout mesh to place its weights on")
-        self._engine_mesh = self.settle_mesh(self.given_mesh, self.rollout_config)
-        mesh, kind = self._engine_mesh, default_memory_kind(self._engine_mesh)
-        how = dict(memory_kind=kind, role="rollout", copy=True, strategy=self.reshard)
+        mesh = self._engine_mesh = self.settle_mesh(self.given_mesh, self.rollout_config)
+        how = dict(memory_kind=default_memory_kind(mesh), role="rollout", copy=True, strategy=self.reshard)
         self._model = place_model(rollout_actor, mesh, logical_axis_rules, **how)
 
     def model(self) -> nnx.Module:

@@ -273,13 +273,9 @@ def minimum_crossing_elements(
 
 
 def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sync: Any) -> dict[str, Any]:
-    """This process's crossing facts for one sync (every process computes the same minimums).
-
-    Args:
-        source: leaf path -> the actor's array the sync read.
-        destination: leaf path -> the rollout's array after the sync.
-        sync: the ``SyncReport`` the sync returned (its logged cross-device copies).
-    """
+    """This process's crossing facts for one sync (every process computes the same minimums), from
+    the actor's arrays the sync read (``source``: leaf path -> array), the rollout's after it
+    (``destination``) and the ``SyncReport`` it returned (its logged cross-device copies)."""
     import jax
     import numpy as np
 
