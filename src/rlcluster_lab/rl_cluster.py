@@ -221,8 +221,7 @@ class RLCluster:
     @property
     def rollout_branch(self) -> str | None:
         """P3's branch: ``shared``, ``second_copy`` or ``engine_initial_value``."""
-        placed = self._placed()
-        return None if placed is None else placed.rollout_branch.value
+        return None if self._state is None else self._state.placed.rollout_branch.value
 
     @property
     def mesh_overridden_by_engine(self) -> bool:

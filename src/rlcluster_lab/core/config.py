@@ -237,8 +237,7 @@ class ClusterConfig:
             object.__setattr__(self, "rollout_config", types.MappingProxyType(per_mode))
 
     def logical_axis_rules(self, role: Role) -> LogicalAxisRules | None:
-        rules = self.training_config.role_to_logical_axis_rule
-        return None if not rules else rules.get(role)
+        return (self.training_config.role_to_logical_axis_rule or {}).get(role)
 
     def rollout_config_for(self, mode: Mode = Mode.TRAIN) -> RolloutConfig:
         mode = _parse_mode(mode)  # an unknown mode is refused, whatever the config holds

@@ -274,13 +274,11 @@ def _optimizers(actor: Any, critic: Any) -> dict[str, Any]:
 
 
 def _bytes_of(memory: Mapping[str, Any], name: str) -> int | None:
-    entry = memory["by_role"].get(name)
-    return None if entry is None else entry["bytes"]
+    return (memory["by_role"].get(name) or {}).get("bytes")
 
 
 def _kinds_of(memory: Mapping[str, Any], name: str) -> list[str]:
-    entry = memory["by_role"].get(name)
-    return [] if entry is None else sorted(entry["by_kind"])
+    return sorted((memory["by_role"].get(name) or {}).get("by_kind", ()))
 
 
 def _sync_bytes(report: SyncReport) -> dict[str, int]:
