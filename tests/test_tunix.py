@@ -51,6 +51,9 @@ OWN_COPY_OFFLOAD = Scenario(layout="split", engine="vllm", offload=True)
 # as its own mesh (P7 fires, the mesh stays), the reference on all eight.
 KEPT_MESH = Scenario(lora=True, engine="vllm")
 KEPT_MESHES = (("actor", (4, 6), (1, 2)), ("rollout", (4, 6), (1, 2)), ("reference", tuple(range(8)), (2, 4)))
+# Shows only where JAX's host copy happens to be aligned (its address is the allocator's), so no
+# scenario is sure to show it; test_l2_shards_tunix_holds_as_views_* makes it show by aligning the copies.
+BY_CHANCE = ("device-put-host-view",)
 
 
 def _meshes(spec) -> dict[Role, jax.sharding.Mesh]:
@@ -212,8 +215,8 @@ def test_p4_p5_p14_offload_decisions_equal_and_differences_documented(compared):
 def test_every_documented_scenario_difference_is_observed_in_some_scenario(compared):
     results = [compared(s) for s in [*SCENARIOS, OFFLOAD, OWN_COPY_OFFLOAD]] + [compared(KEPT_MESH, KEPT_MESHES)]
     observed = {d.id for r in results for d in r.differences if d.observed}
-    expected = {d.id for d in differences.SCENARIO_DIFFERENCES} - set(differences.BY_CHANCE)
-    assert observed - set(differences.BY_CHANCE) == expected
+    expected = {d.id for d in differences.SCENARIO_DIFFERENCES} - set(BY_CHANCE)
+    assert observed - set(BY_CHANCE) == expected
     for result in results:
         assert not result.unexplained, "\n" + result.table()
 

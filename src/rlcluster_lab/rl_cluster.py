@@ -11,6 +11,7 @@ decision is a rule function's (``rules/``), kept in ``self.trace`` (L1).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import gc
@@ -220,8 +221,7 @@ class RLCluster:
     @property
     def rollout_branch(self) -> str | None:
         """P3's branch: ``shared``, ``second_copy`` or ``engine_initial_value``."""
-        placed = self._placed()
-        return None if placed is None else placed.rollout_branch.value
+        return None if self._state is None else self._state.placed.rollout_branch.value
 
     @property
     def mesh_overridden_by_engine(self) -> bool:
@@ -357,17 +357,15 @@ class RLCluster:
 
         caller = threading.get_ident()
         work = {"scoring": scoring, "update": update}
+
+        def body(part: str) -> None:
+            # Counted as the caller's compilations; an error is dropped: the step's own call meets it and reports it.
+            with contextlib.suppress(Exception), compiling_for(caller):
+                work[part](twins[part])
+
         for part in todo:
-
-            def body(part: str = part) -> None:
-                try:
-                    with compiling_for(caller):  # counted as the caller's own compilations
-                        work[part](twins[part])
-                except Exception:  # noqa: BLE001 - the step's own call meets the same error and reports it
-                    pass
-
             # Not a daemon: a daemon thread stopped inside an XLA compilation aborts the process.
-            thread = threading.Thread(target=body, name=f"rlcluster-lab-ahead-{part}", daemon=False)
+            thread = threading.Thread(target=body, args=(part,), name=f"rlcluster-lab-ahead-{part}", daemon=False)
             thread.start()
             self._ahead[part] = thread  # once started: a thread that could not start is never waited for
         return tuple(todo)

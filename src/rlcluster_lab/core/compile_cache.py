@@ -10,10 +10,8 @@ must run before the first compilation (JAX reads the setting then). Where the ca
 
 The cache is bounded on disk by ``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB`` (default
 ``DEFAULT_MAX_MB``): a process that turns it on deletes the least recently used files
-down to 90% of the bound, so a folder just over it is not trimmed at every start.
-
-An entry is written after the work that compiled it, not during it (``flush_cache_writes``):
-writing is for a later process, and a person waits for this one.
+down to 90% of the bound, so a folder just over it is not trimmed at every start. An entry is
+written after the work that compiled it, not during it (``WriteBehind``).
 
 The cache is trusted: JAX runs the native code its entries hold, and an entry planted
 under another program's key runs as that program. So the folder must be owned by the
@@ -202,7 +200,8 @@ MAX_PENDING = 32
 
 
 class WriteBehind:
-    """Persistent-cache entries written after the work that compiled them.
+    """Persistent-cache entries written after the work that compiled them (``write``: JAX's own
+    write of one entry, called with the arguments it was given).
 
     JAX writes each program it compiles (serialized, compressed, a file) before it runs it:
     0.35 s of a cold first RL step's 2.8 s on two CPU cores (nine programs), spent for a later
@@ -211,9 +210,6 @@ class WriteBehind:
     ``QUIET_S`` seconds (the click's or the step's compiling is over) or once ``MAX_PENDING``
     entries wait. ``flush`` writes everything now; it runs when the process exits, so a
     process that ends at once still leaves its programs for the next.
-
-    Args:
-        write: JAX's own write of one entry, called with the arguments it was given.
     """
 
     def __init__(self, write: Callable[..., None]) -> None:
@@ -245,8 +241,7 @@ class WriteBehind:
             batch = self._take()
         self._write_all(batch)
         with self._cond:
-            while self._writing:
-                self._cond.wait()
+            self._cond.wait_for(lambda: not self._writing)
 
     def _take(self) -> list[tuple[tuple, dict]]:
         batch, self._pending = self._pending, []

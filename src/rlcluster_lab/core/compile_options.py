@@ -91,14 +91,9 @@ def compile_mode() -> str:
 
 
 def compiler_options(platform: str | None, elements: int | None = None) -> dict[str, Any] | None:
-    """The compiler options for a program on ``platform`` over ``elements`` parameters (or array
-    elements); None for XLA's defaults.
-
-    Args:
-        platform: ``"cpu"``, ``"gpu"``, ``"tpu"`` (None: unknown, the defaults).
-        elements: the model's parameter count, or the elements the program's inputs hold
-            (None: unknown, treated as small).
-    """
+    """The compiler options for a program on ``platform`` (``"cpu"``, ``"gpu"``, ``"tpu"``; None:
+    unknown) over ``elements``, the model's parameter count or the elements the program's inputs
+    hold (None: unknown, treated as small); None for XLA's defaults."""
     mode = compile_mode()
     if mode == "off" or platform not in FAST:
         return None

@@ -130,10 +130,6 @@ def default_optimizer(learning_rate: float) -> optax.GradientTransformation:
     return optax.adam(learning_rate)
 
 
-RolloutConfigArg = RolloutConfig | Mapping[Mode, RolloutConfig] | None
-EngineArg = str | type | functools.partial | Callable[..., Any]
-
-
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """Which mesh each role lives on, which rollout engine samples, and offload.
@@ -162,8 +158,10 @@ class ClusterConfig:
     """
 
     role_to_mesh: Mapping[Role, Mesh]
-    rollout_config: RolloutConfigArg = dataclasses.field(default_factory=RolloutConfig)
-    rollout_engine: EngineArg = "vanilla"
+    rollout_config: RolloutConfig | Mapping[Mode, RolloutConfig] | None = dataclasses.field(
+        default_factory=RolloutConfig
+    )
+    rollout_engine: str | type | functools.partial | Callable[..., Any] = "vanilla"
     offload_to_cpu: bool = False
     training_config: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
     anchor: str = "full"
@@ -235,15 +233,11 @@ class ClusterConfig:
             )
         object.__setattr__(self, "role_to_mesh", types.MappingProxyType(r2m))
         if isinstance(self.rollout_config, Mapping):
-            object.__setattr__(
-                self,
-                "rollout_config",
-                types.MappingProxyType({_parse_mode(k): v for k, v in self.rollout_config.items()}),
-            )
+            per_mode = {_parse_mode(k): v for k, v in self.rollout_config.items()}
+            object.__setattr__(self, "rollout_config", types.MappingProxyType(per_mode))
 
     def logical_axis_rules(self, role: Role) -> LogicalAxisRules | None:
-        rules = self.training_config.role_to_logical_axis_rule
-        return None if not rules else rules.get(role)
+        return (self.training_config.role_to_logical_axis_rule or {}).get(role)
 
     def rollout_config_for(self, mode: Mode = Mode.TRAIN) -> RolloutConfig:
         mode = _parse_mode(mode)  # an unknown mode is refused, whatever the config holds

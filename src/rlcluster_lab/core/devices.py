@@ -38,9 +38,7 @@ def devices_words(devices: Sequence[Any]) -> str:
         return "1 CPU device" if len(devices) == 1 else f"{len(devices)} simulated CPU devices"
     kind = str(getattr(devices[0], "device_kind", "") or platforms[0].upper())
     chip = "" if kind.lower().endswith("chip") else " chip"
-    if len(devices) == 1:
-        return f"{kind}{chip} {devices[0].id}"
-    return f"{len(devices)} {kind}{chip}s"
+    return f"{kind}{chip} {devices[0].id}" if len(devices) == 1 else f"{len(devices)} {kind}{chip}s"
 
 
 def cpu_only_env() -> dict[str, str]:

@@ -40,9 +40,7 @@ def exchange(value: Any, what: str) -> list[Any]:
         return [value]
     from jax._src import distributed
 
-    client = distributed.global_state.client
-    if client is None:  # pragma: no cover - process_count() > 1 implies an initialized runtime
-        raise RuntimeError("several JAX processes but no distributed client: call jax.distributed.initialize first")
+    client = distributed.global_state.client  # process_count() > 1: the runtime is initialized
     key = f"{_PREFIX}{next(_SEQUENCE)}/{what}"
     mine = f"{key}/{jax.process_index()}"
     client.key_value_set(mine, json.dumps(value))
@@ -72,8 +70,7 @@ def stored_facts() -> int:
         return 0
     from jax._src import distributed
 
-    client = distributed.global_state.client
-    return len(client.key_value_dir_get(_PREFIX)) if client is not None else 0
+    return len(distributed.global_state.client.key_value_dir_get(_PREFIX))  # several processes: the runtime is up
 
 
 def summed(value: int, what: str) -> int:
@@ -86,20 +83,15 @@ def any_process(flag: bool, what: str) -> bool:
     return any(exchange(bool(flag), what))
 
 
-def host_value(x: Any) -> np.ndarray:
-    """The whole value of ``x`` on this host, whichever processes own its shards.
+def host_values(values: list[Any]) -> list[np.ndarray]:
+    """The whole value of each array on this host, whichever processes own its shards.
 
     One process: ``np.asarray``. An array on devices of every process: the
     shard this process holds when it is replicated, else a gather over the
     processes. An array on some processes only (the rollout of a split
     layout, seen from the trainer): replicated among its owners, then sent
-    from the first owner to every process.
+    from the first owner to every process, one broadcast per owning process.
     """
-    return host_values([x])[0]
-
-
-def host_values(values: list[Any]) -> list[np.ndarray]:
-    """``host_value`` of each array, with one broadcast per owning process (see ``host_value``)."""
     if jax.process_count() == 1:
         return [np.asarray(v) for v in values]
     from jax.experimental import multihost_utils
@@ -107,13 +99,12 @@ def host_values(values: list[Any]) -> list[np.ndarray]:
 
     out: list[np.ndarray | None] = [None] * len(values)
     later: dict[int, list[int]] = {}  # first owning process -> indices to broadcast from it
-    everyone = jax.process_count()
     for i, v in enumerate(values):
         if not isinstance(v, jax.Array):
             out[i] = np.asarray(v)
             continue
         owners = processes_of(v.sharding.device_set)
-        if len(owners) == everyone:
+        if len(owners) == jax.process_count():
             out[i] = np.asarray(
                 v.addressable_data(0) if v.is_fully_replicated else multihost_utils.process_allgather(v, tiled=True)
             )
@@ -126,16 +117,9 @@ def host_values(values: list[Any]) -> list[np.ndarray]:
             v = values[i]
             if not v.is_fully_replicated:
                 # Replicated among its own devices first (only its owners compute).
-                spec = PartitionSpec()
-                target = (
-                    NamedSharding(v.sharding.mesh, spec)
-                    if isinstance(v.sharding, NamedSharding)
-                    else v.sharding.with_spec(spec)  # pragma: no cover - the cluster uses NamedSharding
-                )
-                v = jax.jit(replicate, out_shardings=target)(v)
+                v = jax.jit(replicate, out_shardings=NamedSharding(v.sharding.mesh, PartitionSpec()))(v)
             local.append(np.asarray(v.addressable_data(0)) if v.addressable_shards else np.zeros(v.shape, v.dtype))
-        got = multihost_utils.broadcast_one_to_all(local, is_source=me == source)
-        for i, g in zip(idx, got):
+        for i, g in zip(idx, multihost_utils.broadcast_one_to_all(local, is_source=me == source)):
             out[i] = np.asarray(g)
     return out  # type: ignore[return-value]
 

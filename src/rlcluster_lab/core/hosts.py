@@ -20,11 +20,8 @@ def home_device(mesh: Any) -> Any:
     cannot receive a host value here.
     """
     devices = list(mesh.devices.flat)
-    me = jax.process_index()
-    for d in devices:
-        if d.process_index == me:
-            return d
-    return jax.local_devices(backend=devices[0].platform)[0]
+    own = next((d for d in devices if d.process_index == jax.process_index()), None)
+    return own if own is not None else jax.local_devices(backend=devices[0].platform)[0]
 
 
 def processes_of(devices: Any) -> list[int]:
@@ -39,10 +36,7 @@ def foreign_device_ids() -> frozenset[int]:
     process, so each reads every flow in it; a process counts only the flows
     that land on its own devices, and process 0 adds the processes' counts.
     """
-    if jax.process_count() == 1:
-        return frozenset()
-    me = jax.process_index()
-    return frozenset(int(d.id) for d in jax.devices() if d.process_index != me)
+    return frozenset(int(d.id) for d in jax.devices() if d.process_index != jax.process_index())
 
 
 def spans_processes(devices: Any) -> bool:

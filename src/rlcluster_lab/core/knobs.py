@@ -336,18 +336,14 @@ def knobs_of(exc: BaseException) -> tuple[Knob, ...]:
 
 
 def describe(exc: BaseException, audience: Audience) -> str:
-    """The error's message for the lab or the CLI: the knobs it names said as widgets or flags.
+    """The message of ``exc`` (usually a ``ConfigError`` with ``knobs``) for the lab or the CLI
+    (``audience``): the knobs it names said as widget labels or flags.
 
     The message's "field (--flag)" mentions become the audience's own name, and a
     last sentence names what to change ("the flag to change: --lora-rank").
     Without knobs the message is returned as it is, on one line.
-
-    Args:
-        exc: the error (usually a ``ConfigError`` with ``knobs``).
-        audience: "lab" (widget labels) or "cli" (flags).
     """
-    problem = getattr(exc, "problem", None)
-    text = " ".join(str(problem or exc).split()) or type(exc).__name__
+    text = " ".join(str(getattr(exc, "problem", None) or exc).split()) or type(exc).__name__
     knobs = knobs_of(exc)
     for knob in knobs:
         said = knob.said(audience)

@@ -102,19 +102,13 @@ def limit_bytes(freed: int = 0) -> int:
     ``freed``: host bytes the caller frees before allocating (a cluster it replaces), counted as
     free memory; ``$RLCLUSTER_LAB_MEMORY_LIMIT`` bounds the request itself, so it ignores them.
     """
-    if os.environ.get(LIMIT_ENV):
-        return available_host_bytes()
-    return int((available_host_bytes() + freed) * SHARE)
+    return available_host_bytes() if os.environ.get(LIMIT_ENV) else int((available_host_bytes() + freed) * SHARE)
 
 
 def check_fits(need: int, what: str, fix: str = "", freed: int = 0) -> None:
-    """Refuse ``need`` bytes before allocating them when they exceed :func:`limit_bytes`.
-
-    Args:
-        need: the estimated bytes (computed from shapes, never by allocating).
-        what: what would be allocated, for the message ("the checkpoint's parameters").
-        fix: how to get a smaller request, appended to the message.
-        freed: host bytes the caller frees before allocating (``limit_bytes``).
+    """Refuse ``need`` bytes (estimated from shapes, never by allocating) before allocating them
+    when they exceed ``limit_bytes(freed)``; the message names ``what`` would be allocated ("the
+    checkpoint's parameters") and ends with ``fix``, how to get a smaller request.
 
     Raises:
         TooLargeError: ``need`` exceeds the limit; the message gives both figures.

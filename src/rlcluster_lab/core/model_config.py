@@ -20,11 +20,8 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
 def dtype_name(value: Any, what: str = "dtype") -> str:
-    """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type, as its name.
-
-    Args:
-        value: ``"bfloat16"``, ``jnp.bfloat16``, ``np.float16``, ``np.dtype("float32")``...
-        what: the argument's name, for the error message.
+    """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type (``"bfloat16"``,
+    ``jnp.bfloat16``, ``np.dtype("float32")``...), as its name; ``what`` names it in the error.
 
     Raises:
         ConfigError: for anything that is not one of ``DTYPES``.
@@ -185,14 +182,8 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         """Parameter count of the model without adapters."""
-        e, m = self.embed_dim, self.mlp_dim
-        per_layer = (
-            2 * e  # two norm scales
-            + e * self.q_dim
-            + 2 * e * self.kv_dim
-            + self.q_dim * e  # q, k, v, o
-            + 3 * e * m  # gate, up, down
-        )
+        e = self.embed_dim
+        per_layer = 2 * e + sum(i * o for i, o in self.lora_shapes().values())  # two norm scales, every projection
         head = 0 if self.tie_embeddings else self.vocab_size * e
         return self.vocab_size * e + self.num_layers * per_layer + e + head
 

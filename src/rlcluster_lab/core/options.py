@@ -2,10 +2,7 @@
 
 Nothing here imports JAX, so the CLI can parse its flags, and refuse a
 combination that cannot work, before the JAX backend starts (its device
-count must be set first) and before anything is allocated or compiled. The
-``Scenario`` (what the CLI, the widgets, the notebooks and the tests build)
-takes its fields, choices and checks from the knobs' table (``core.knobs``),
-so one knob is spelled one way everywhere.
+count must be set first) and before anything is allocated or compiled.
 """
 
 from __future__ import annotations

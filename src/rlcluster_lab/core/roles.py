@@ -21,8 +21,7 @@ class Role(enum.Enum):
         try:
             return cls(str(value).lower())
         except ValueError:
-            known = ", ".join(r.value for r in cls)
-            raise ValueError(f"unknown role {value!r}; known roles: {known}") from None
+            raise ValueError(f"unknown role {value!r}; known roles: {', '.join(r.value for r in cls)}") from None
 
 
 class Mode(enum.Enum):

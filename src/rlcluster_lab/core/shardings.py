@@ -9,6 +9,7 @@ package reads them to put fresh values straight where they belong, and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -96,9 +97,7 @@ def check_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh, role: st
                 f"axes onto this mesh's names with TrainingConfig.role_to_logical_axis_rule.",
                 role=role,
             )
-        size = 1
-        for n in names:
-            size *= int(mesh.shape[n])
+        size = math.prod(int(mesh.shape[n]) for n in names)
         if dim < len(shape) and shape[dim] % size:
             problem = (
                 f"the {role} model has a dimension of size {shape[dim]} sharded over mesh axes "

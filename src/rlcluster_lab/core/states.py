@@ -20,8 +20,6 @@ from typing import Any
 import jax
 from flax import nnx
 
-Pairs = list[tuple[tuple[Any, ...], Any]]  # (path, Variable) in the order nnx.state gives them
-
 
 class WhileAlive:
     """Values remembered per object, by identity, while the object lives (never by an address
@@ -78,8 +76,9 @@ def model_split(model: nnx.Module, *filters: Any) -> tuple[Any, ...]:
     return (hit[1], *(states if isinstance(states, tuple) else (states,)))
 
 
-def _same_variables(model: nnx.Module, pairs: Pairs) -> bool:
-    """The module still holds exactly these Variables, in this order (a module that holds one
-    Variable in two places reads it twice as a pytree, never matches, and is always walked)."""
+def _same_variables(model: nnx.Module, pairs: list[tuple[tuple[Any, ...], Any]]) -> bool:
+    """The module still holds exactly the Variables of these (path, Variable) pairs, in this order (a
+    module that holds one Variable in two places reads it twice as a pytree, never matches, and is
+    always walked)."""
     found = jax.tree.leaves(model, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return len(found) == len(pairs) and all(a is b for a, (_, b) in zip(found, pairs))

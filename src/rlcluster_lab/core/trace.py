@@ -23,12 +23,9 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple, set, frozenset)):
         items = [jsonable(v) for v in value]
         return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
-    for numpy_type, cast in ((np.integer, int), (np.floating, float), (np.bool_, bool)):
-        if isinstance(value, numpy_type):
-            return cast(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 
 # jax.monitoring events marking the start (a scalar: the start time) and the end (a duration) of
 # turning a function into a program: tracing it, lowering it, compiling it (or reading it back
@@ -163,15 +163,14 @@ class Waits:
             now = self.clock()
             stack = min(stacks, key=lambda s: s[0].start)
             outer, inner = stack[0], stack[-1]
-            building = tuple(
-                Building(phase, name, max(0.0, now - start))
-                for (_, phase), (name, start, _) in sorted(self._building.items(), key=lambda kv: kv[1][1])
-            )
             return WaitStatus(
                 labels=tuple(w.label for w in stack),
                 elapsed_s=max(0.0, now - outer.start),
                 stage_elapsed_s=max(0.0, now - inner.start),
-                building=building,
+                building=tuple(
+                    Building(phase, name, max(0.0, now - start))
+                    for (_, phase), (name, start, _) in sorted(self._building.items(), key=lambda kv: kv[1][1])
+                ),
                 built=self._built - outer.built_at_start,
                 estimate_s=self._last.get(outer.kind),
             )
@@ -229,11 +228,7 @@ class Waits:
 
 
 WAITS = Waits()
-
-
-def waiting(label: str, kind: str | None = None) -> AbstractContextManager[None]:
-    """``WAITS.waiting(label, kind)``: mark the block as a wait the process's progress shows."""
-    return WAITS.waiting(label, kind)
+waiting = WAITS.waiting  # mark the block as a wait the process's progress shows
 
 
 _LISTENING: set[int] = set()

@@ -292,9 +292,8 @@ class SyncPlan:
             shapes = [(tuple(x.shape), x.dtype) for x in xs]
             labels = [index.labels[j] for j in where]
             dsts, dtypes = [t.sharding for t in targets], [t.dtype for t in targets]
-            parts.append(
-                (tuple(chunk), where, batch([x.sharding for x in xs], shapes, dsts, copy, labels, dtypes, strategy))
-            )
+            move = batch([x.sharding for x in xs], shapes, dsts, copy, labels, dtypes, strategy)
+            parts.append((tuple(chunk), where, move))
         return cls(key, tuple(parts))
 
 

@@ -1,12 +1,8 @@
 """Placement stand-ins for the vLLM and SGLang-JAX rollouts.
 
-Neither vLLM nor SGLang runs here: these engines sample with the vanilla engine's
-code and reproduce only the reference's *placement contract*. ``VllmStyleEngine``
-builds a mesh of its own over the devices it is given, rearranged for tensor
-parallelism, and exposes it as ``mesh`` (P7); ``SglangJaxStyleEngine`` takes the
-rollout mesh, exposes none, and refuses a LoRA actor without static-LoRA settings
-(P6). Both hold their own copy of the weights. Their speed says nothing about vLLM
-or SGLang.
+Neither vLLM nor SGLang runs here: these engines sample with the vanilla engine's code and
+reproduce only the reference's *placement contract* (P6, P7: each class says its own), each
+with its own copy of the weights. Their speed says nothing about vLLM or SGLang.
 """
 
 from __future__ import annotations
@@ -56,9 +52,8 @@ class OwnCopyEngine(RolloutEngine):
         super().__init__(rollout_actor, tokenizer, **kwargs)
         if self.given_mesh is None:
             raise ConfigError(f"the {type(self).__name__} engine needs the rollout mesh to place its weights on")
-        self._engine_mesh = self.settle_mesh(self.given_mesh, self.rollout_config)
-        mesh, kind = self._engine_mesh, default_memory_kind(self._engine_mesh)
-        how = dict(memory_kind=kind, role="rollout", copy=True, strategy=self.reshard)
+        mesh = self._engine_mesh = self.settle_mesh(self.given_mesh, self.rollout_config)
+        how = dict(memory_kind=default_memory_kind(mesh), role="rollout", copy=True, strategy=self.reshard)
         self._model = place_model(rollout_actor, mesh, logical_axis_rules, **how)
 
     def model(self) -> nnx.Module:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from rlcluster_lab.core.exports import lazy_exports
 
 if TYPE_CHECKING:
-    from rlcluster_lab.core.gathering import host_value, host_values
+    from rlcluster_lab.core.gathering import host_values
     from rlcluster_lab.multiprocess.launcher import LaunchError, run_reports
 
-__all__ = ["LaunchError", "host_value", "host_values", "run_reports"]
+__all__ = ["LaunchError", "host_values", "run_reports"]
 
 # Hidden from type checkers, so that they flag a name that is not imported above.
 if not TYPE_CHECKING:

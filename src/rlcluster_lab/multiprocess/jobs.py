@@ -29,18 +29,13 @@ def run_job(job: dict[str, Any], progress: Callable[[str], None]) -> dict[str, A
     from rlcluster_lab.core.options import Scenario
 
     scenarios = [Scenario(**knobs) for knobs in job["scenarios"]]
-    exercise = job.get("exercise") or [False] * len(scenarios)
     reports = []
-    for n, (scenario, ops) in enumerate(zip(scenarios, exercise), start=1):
-        label = f"scenario {n}/{len(scenarios)} ({describe(scenario)})"
+    for n, (scenario, ops) in enumerate(zip(scenarios, job.get("exercise") or [False] * len(scenarios)), start=1):
+        engine = "" if scenario.engine == "vanilla" else f", {scenario.engine}"
+        label = f"scenario {n}/{len(scenarios)} ({scenario.layout}{', LoRA' if scenario.lora else ''}{engine})"
         reports.append(run_scenario(scenario, int(job.get("syncs", 0)), bool(ops), label, progress))
         gc.collect()
     return {"process_index": jax.process_index(), "reports": reports}
-
-
-def describe(scenario: Any) -> str:
-    engine = "" if scenario.engine == "vanilla" else f", {scenario.engine}"
-    return f"{scenario.layout}{', LoRA' if scenario.lora else ''}{engine}"
 
 
 def run_scenario(
@@ -68,11 +63,8 @@ def run_scenario(
             sync_report = cluster.sync_weights()
             progress(f"{label}: synced ({sync_report.seconds * 1e3:.1f} ms handover)")
         seconds["sync"] = sync_report.seconds
-        crossing = crossing_facts(
-            flat_leaves(nnx.state(cluster.actor_model, *filters)),
-            flat_leaves(nnx.state(cluster.rollout.model(), *filters)),
-            sync_report,
-        )
+        actor, rollout = (flat_leaves(nnx.state(m, *filters)) for m in (cluster.actor_model, cluster.rollout.model()))
+        crossing = crossing_facts(actor, rollout, sync_report)
         if exercise:
             checks.update(after_sync(cluster, checks, seconds))  # type: ignore[union-attr]
     report = placement_report(cluster, sync=sync_report).to_json()
@@ -113,13 +105,8 @@ def exercise_cluster(
     seconds["generate"] = time.perf_counter() - start
     prompts, tokens = out.left_padded_prompt_tokens, out.tokens
     start = time.perf_counter()
-    ref, old, anchor = host_values(
-        [
-            cluster.get_ref_per_token_logps(prompts, tokens),
-            cluster.get_old_per_token_logps(prompts, tokens),
-            cluster.get_actor_per_token_logps(prompts, tokens),
-        ]
-    )
+    scorers = (cluster.get_ref_per_token_logps, cluster.get_old_per_token_logps, cluster.get_actor_per_token_logps)
+    ref, old, anchor = host_values([score(prompts, tokens) for score in scorers])
     seconds["log_probs"] = time.perf_counter() - start
     progress(f"{label}: generated and scored")
     advantages = np.linspace(-1.0, 1.0, len(prompts), dtype=np.float32)
@@ -150,12 +137,8 @@ def after_sync(cluster: Any, checks: dict[str, Any], seconds: dict[str, float]) 
     prompts = np.asarray(checks["prompts"], np.int32)
     tokens = np.asarray(checks["tokens"], np.int32)
     start = time.perf_counter()
-    rollout, live = host_values(
-        [
-            cluster.get_old_per_token_logps(prompts, tokens),
-            cluster.get_live_actor_per_token_logps(prompts, tokens),
-        ]
-    )
+    scorers = (cluster.get_old_per_token_logps, cluster.get_live_actor_per_token_logps)
+    rollout, live = host_values([score(prompts, tokens) for score in scorers])
     seconds["log_probs_after_sync"] = time.perf_counter() - start
     return {"rollout_vs_trained_actor_after_sync": float(np.max(np.abs(rollout - live)))}
 

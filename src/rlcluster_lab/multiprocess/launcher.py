@@ -52,10 +52,7 @@ class LaunchError(RuntimeError):
         log_tail: str = "",
     ) -> None:
         super().__init__(message)
-        self.process_id = process_id
-        self.returncode = returncode
-        self.elapsed_s = elapsed_s
-        self.log_tail = log_tail
+        self.process_id, self.returncode, self.elapsed_s, self.log_tail = process_id, returncode, elapsed_s, log_tail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +213,6 @@ def _run_workers(
             workers.append(w)
         if on_start is not None:
             on_start([w.process.pid for w in workers])
-        deadline = start + settings.timeout_s
         while True:
             codes = [w.process.poll() for w in workers]
             for w in workers:
@@ -227,7 +223,7 @@ def _run_workers(
                 break
             if all(rc == 0 for rc in codes):
                 break
-            if time.monotonic() > deadline:
+            if time.monotonic() > start + settings.timeout_s:
                 timed_out = True
                 break
             time.sleep(POLL_S)
@@ -362,16 +358,13 @@ def run_reports(
             or it could not start (no loopback socket, no other process: ``cannot_launch``).
         ConfigError: a scenario or setting that cannot work.
     """
-    from rlcluster_lab.core.options import Scenario
     from rlcluster_lab.rules.validation import check_scenario
 
     settings = LaunchSettings(processes=processes, devices_per_process=devices_per_process, timeout_s=timeout)
     settings.check()
     knobs = []
     for s in scenarios:
-        if not isinstance(s, Scenario):
-            raise TypeError(f"run_reports takes Scenario objects, got {type(s).__name__}")
-        try:
+        try:  # a Scenario, its knobs, and its layout on the run's devices
             check_scenario(s, settings.processes * settings.devices_per_process)
         except ConfigError as err:
             raise in_launch_terms(err) from None

@@ -94,10 +94,9 @@ def host_summary(report: Mapping[str, Any]) -> dict[str, Any]:
     }
     sync = report.get("sync")
     if sync is not None:
-        crossing = report["crossing"]
         out["sync"] = {
             "arrived_bytes": sum(sync["arrived_by_device"].values()),
-            "crossed_into_bytes": crossing["cross_process_bytes"],
+            "crossed_into_bytes": report["crossing"]["cross_process_bytes"],
             "seconds": sync["seconds"],
             "anchor_seconds": sync["anchor_seconds"],
         }
@@ -125,8 +124,7 @@ def merge_memory(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             into["by_device"].update(r["by_device"])
         for g in part["shared"]:
             into = shared.setdefault(tuple(g["roles"]), {"roles": list(g["roles"]), "bytes": 0, "buffers": 0})
-            into["bytes"] += int(g["bytes"])
-            into["buffers"] += int(g["buffers"])
+            _add(into, {"bytes": g["bytes"], "buffers": g["buffers"]})
             into.setdefault("by_device", {}).update(g["by_device"])
     return {
         "units": parts[0]["units"],
@@ -173,7 +171,6 @@ def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     merged = [leaves[k] for k in sorted(leaves)]
     total = {key: sum(int(leaf[key]) for leaf in merged) for key in _LEAF_SUMS}
     first = parts[0]
-    strategies = sorted({s for p in parts for s in p["reshard_strategy"].split("+")})
     return {
         "units": first["units"],
         "where": merge_where(parts),
@@ -182,7 +179,7 @@ def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "global_step": first["global_step"],
         **total,
         "excess_cross_device_bytes": total["moved_cross_device_bytes"] - total["minimum_cross_device_bytes"],
-        "reshard_strategy": "+".join(strategies),
+        "reshard_strategy": "+".join(sorted({s for p in parts for s in p["reshard_strategy"].split("+")})),
         "synced_logical_bytes": sum(int(leaf["logical_bytes"]) for leaf in merged),
         "anchor_bytes": sum(int(p["anchor_bytes"]) for p in parts),
         "anchor_mode": first["anchor_mode"],
@@ -276,13 +273,9 @@ def minimum_crossing_elements(
 
 
 def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sync: Any) -> dict[str, Any]:
-    """This process's crossing facts for one sync (every process computes the same minimums).
-
-    Args:
-        source: leaf path -> the actor's array the sync read.
-        destination: leaf path -> the rollout's array after the sync.
-        sync: the ``SyncReport`` the sync returned (its logged cross-device copies).
-    """
+    """This process's crossing facts for one sync (every process computes the same minimums), from
+    the actor's arrays the sync read (``source``: leaf path -> array), the rollout's after it
+    (``destination``) and the ``SyncReport`` it returned (its logged cross-device copies)."""
     import jax
     import numpy as np
 

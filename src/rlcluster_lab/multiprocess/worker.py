@@ -31,8 +31,7 @@ _PR_SET_PDEATHSIG = 1
 def die_with_parent() -> None:
     """Have the kernel SIGKILL this process when its parent (the launcher) exits (Linux)."""
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:  # the launcher is gone already
         os._exit(1)
 

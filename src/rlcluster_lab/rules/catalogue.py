@@ -79,22 +79,7 @@ def find_rule(rule_id: str) -> Rule:
     for entry in RULES + LAB_RULES:
         if entry.rule == rule_id:
             return entry
-    known = ", ".join(e.rule for e in RULES + LAB_RULES)
-    raise ValueError(f"unknown rule {rule_id!r}: the rules are {known}")
-
-
-def _answers_line(entry: Rule) -> list[str]:
-    if not entry.question:
-        return []
-    answers = ", ".join(a.label if a.label == a.value else f"{a.label} (`{a.value}`)" for a in entry.answers)
-    return [f"Drawn in the decision flow as *{entry.question.format(role='each role')}*: {answers}.", ""]
-
-
-def _reference_line(entry: Rule) -> list[str]:
-    if not entry.reference:
-        return []
-    where = "; ".join(f"`{loc.function}`" + (f" ({loc.what})" if loc.what else "") for loc in entry.reference)
-    return [f"In the reference ({REFERENCE.distribution} {REFERENCE.version}, `{REFERENCE.path}`): {where}.", ""]
+    raise ValueError(f"unknown rule {rule_id!r}: the rules are {', '.join(e.rule for e in RULES + LAB_RULES)}")
 
 
 def rules_markdown() -> str:
@@ -118,7 +103,12 @@ def rules_markdown() -> str:
             lines += [f"`{fn.__module__}.{fn.__qualname__}`", "", inspect.cleandoc(fn.__doc__ or ""), ""]
         if entry.note:
             lines += [entry.note, ""]
-        lines += _answers_line(entry)
-        lines += _reference_line(entry)
+        if entry.question:
+            answers = ", ".join(a.label if a.label == a.value else f"{a.label} (`{a.value}`)" for a in entry.answers)
+            lines += [f"Drawn in the decision flow as *{entry.question.format(role='each role')}*: {answers}.", ""]
+        if entry.reference:
+            where = "; ".join(f"`{loc.function}`" + (f" ({loc.what})" if loc.what else "") for loc in entry.reference)
+            source = f"{REFERENCE.distribution} {REFERENCE.version}, `{REFERENCE.path}`"
+            lines += [f"In the reference ({source}): {where}.", ""]
         lines += ["Tests: " + ", ".join(f"`{t}`" for t in entry.tests), ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -165,17 +165,10 @@ def rule(
         raise ValueError(f"rule {rule_id} is declared twice; declare it once, beside its first function")
     if not tests:
         raise ValueError(f"rule {rule_id} names no tests; give the test files (or file::pattern) that hold it")
-    given = (answers or {}).items()
-    declared = Rule(
-        rule_id,
-        title,
-        tuple(tests),
-        question,
-        tuple(Answer(k.value if isinstance(k, enum.Enum) else str(k), label) for k, label in given),
-        note,
-        tuple(reference),
+    drawn = tuple(
+        Answer(k.value if isinstance(k, enum.Enum) else str(k), label) for k, label in (answers or {}).items()
     )
-    _DECLARED[rule_id] = declared
+    declared = _DECLARED[rule_id] = Rule(rule_id, title, tuple(tests), question, drawn, note, tuple(reference))
     return declared
 
 

@@ -56,16 +56,13 @@ class P1Values:  # the two meshes (described), the same devices or not (``same_d
 
 
 def same_devices(a: Any, b: Any) -> bool:
-    """Whether two meshes span the same devices, in any shape, order or axis names.
+    """Whether two meshes (``jax.sharding.Mesh``, or descriptions: ``core.meshes.describe_mesh``)
+    span the same devices, in any shape, order or axis names.
 
     The one test of "same devices" that every view reads (the flow's P1 row, Tunix's cluster
     observed): a set of device ids, never the mesh objects (P1's ``==``) nor their order. The
     same eight chips as (2, 4) and as (8, 1), or listed in reverse, are the same devices and
     two meshes.
-
-    Args:
-        a: a ``jax.sharding.Mesh``, or its description (``core.meshes.describe_mesh``).
-        b: the same, for the other mesh.
     """
     return _device_set(a) == _device_set(b)
 

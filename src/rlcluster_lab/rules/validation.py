@@ -174,15 +174,12 @@ def check_sglang_lora(actor_has_lora: bool, static_lora: bool) -> None:
 
 
 def check_lora_rank(rank: Any, model: Any) -> None:
-    """A LoRA rank is an int between 1 and the model's ``max_lora_rank``.
+    """A LoRA rank is an int between 1 and the ``max_lora_rank`` of ``model`` (the ``ModelConfig``
+    the adapters would go on).
 
     Above the largest min(in, out) among the adapted projections a rank adds no capacity,
     only memory (rank 50000 on the tiny model is gigabytes of adapters that compute what
     rank 64 computes), so it is refused from the model's dimensions before any adapter is drawn.
-
-    Args:
-        rank: the requested rank.
-        model: the ``ModelConfig`` the adapters would go on.
 
     Raises:
         TypeError: a rank that is not an int.

@@ -15,39 +15,22 @@ from typing import TYPE_CHECKING
 from rlcluster_lab.core.exports import lazy_exports
 
 if TYPE_CHECKING:
-    from rlcluster_lab.tunix.build import ENGINES, Given, TunixBuild, build_tunix_cluster
+    from rlcluster_lab.tunix.build import build_tunix_cluster
     from rlcluster_lab.tunix.compare import Row, SideBySide, side_by_side
-    from rlcluster_lab.tunix.differences import DIFFERENCES, DifferenceCheck, config_differences
-    from rlcluster_lab.tunix.extra import (
-        INSTALL_HINT,
-        PINNED_VERSION,
-        TunixMissingError,
-        available,
-        installed_version,
-        require,
-        version_note,
-    )
-    from rlcluster_lab.tunix.report import TunixReport, inspect
-    from rlcluster_lab.tunix.sync import TunixSync
+    from rlcluster_lab.tunix.differences import DIFFERENCES, config_differences
+    from rlcluster_lab.tunix.extra import INSTALL_HINT, TunixMissingError, available, require, version_note
+    from rlcluster_lab.tunix.report import inspect
 
 __all__ = [
     "DIFFERENCES",
-    "DifferenceCheck",
-    "ENGINES",
-    "Given",
     "INSTALL_HINT",
-    "PINNED_VERSION",
     "Row",
     "SideBySide",
-    "TunixBuild",
     "TunixMissingError",
-    "TunixReport",
-    "TunixSync",
     "available",
     "build_tunix_cluster",
     "config_differences",
     "inspect",
-    "installed_version",
     "require",
     "side_by_side",
     "version_note",

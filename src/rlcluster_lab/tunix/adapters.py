@@ -61,8 +61,7 @@ def check_model(model: Any, role: str, engine: str) -> None:
             f"got {type(model).__name__}; load the model first and pass the module"
         )
     if engine == "vanilla" and role == "actor":
-        config = getattr(model, "config", None)
-        missing = [f for f in CONFIG_FIELDS if not hasattr(config, f)]
+        missing = [f for f in CONFIG_FIELDS if not hasattr(getattr(model, "config", None), f)]
         if missing:
             raise ConfigError(
                 f"Tunix's vanilla engine sizes its KV cache from model.config.{{{', '.join(CONFIG_FIELDS)}}}; "

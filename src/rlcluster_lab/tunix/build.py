@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import logging.handlers
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -37,7 +36,7 @@ class Given:
     """What a Tunix cluster was handed, recorded before construction: the meshes as asked (a
     copy, since Tunix writes the engine's mesh into it, P7), per model its buffer keys and its
     leaves' layouts (memory kind left out: an offload moves a leaf without changing its layout,
-    P14), every warning Tunix logged, the engine name and whether offload was asked;
+    P14), every warning Tunix logged and whether offload was asked;
     ``host_ranges``: the memory the handed arrays' shards and host copies span after construction
     (``host_ranges``), which a shard of the cluster lies inside only as it or a view into it."""
 
@@ -45,9 +44,7 @@ class Given:
     buffers: Mapping[str, frozenset]
     layouts: Mapping[str, Mapping[str, str]]
     logged: tuple[str, ...]
-    engine: str
     offload: bool
-    seconds: float
     host_ranges: tuple[tuple[int, int], ...] = ()
 
 
@@ -76,12 +73,8 @@ def logged_warnings() -> Iterator[list[str]]:
 
 
 def leaf_layouts(state: Any) -> dict[str, str]:
-    """Leaf path -> its sharding (mesh, devices, partition spec), memory kind left out."""
-    out = {}
-    for path, x in flat_leaves(state).items():
-        sharding = x.sharding.with_memory_kind("device") if hasattr(x.sharding, "with_memory_kind") else x.sharding
-        out[path] = describe_sharding(sharding).rsplit(" ", 1)[0]
-    return out
+    """Leaf path -> its sharding (mesh, devices, partition spec), memory kind (its last word) left out."""
+    return {path: describe_sharding(x.sharding).rsplit(" ", 1)[0] for path, x in flat_leaves(state).items()}
 
 
 def host_ranges(models: Mapping[str, nnx.Module]) -> tuple[tuple[int, int], ...]:
@@ -177,17 +170,6 @@ def build_tunix_cluster(
         check_model(model, name, scenario.engine)
     buffers = {name: frozenset(buffer_keys(nnx.state(m))) for name, m in models.items()}
     layouts = {name: leaf_layouts(nnx.state(m)) for name, m in models.items()}
-    start = time.perf_counter()
     with logged_warnings() as logged, lab_axis_rules():
         cluster = tunix.rl_cluster.RLCluster(tokenizer=TunixTokenizer(), cluster_config=config, **models)
-    given = Given(
-        role_to_mesh=asked,
-        buffers=buffers,
-        layouts=layouts,
-        logged=tuple(logged),
-        engine=scenario.engine,
-        offload=scenario.offload,
-        seconds=time.perf_counter() - start,
-        host_ranges=host_ranges(models),
-    )
-    return TunixBuild(cluster=cluster, given=given)
+    return TunixBuild(cluster, Given(asked, buffers, layouts, tuple(logged), scenario.offload, host_ranges(models)))

@@ -7,7 +7,6 @@ two clusters; a differing row without one is *unexplained*.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,9 +27,8 @@ from rlcluster_lab.tunix.observe import tunix_entries
 from rlcluster_lab.tunix.report import TunixReport, inspect
 from rlcluster_lab.tunix.sync import TunixSync
 
-# The model roles (P5), and with the anchor the state entries whose memory is compared role by role (L2).
+# The model roles (P5); they and the anchor are the state entries whose memory is compared role by role (L2).
 ROLES = ("actor", "rollout", "reference", "reward", "critic")
-MEMORY_ROWS = (*ROLES, "anchor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +47,11 @@ class Row:
     def unexplained(self) -> bool:
         return not self.agree and self.difference is None
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class SideBySide:
     """The two clusters of one scenario compared: the rows, the scenario differences checked on
-    them (observed or not), both reports (the lab's as JSON), one sync of each, and the seconds
-    building each took."""
+    them (observed or not), both reports (the lab's as JSON) and one sync of each."""
 
     scenario: Scenario
     rows: tuple[Row, ...]
@@ -66,7 +60,6 @@ class SideBySide:
     tunix_report: TunixReport
     lab_sync: SyncReport | None
     tunix_sync: TunixSync | None
-    seconds: Mapping[str, float]
 
     @property
     def differing(self) -> list[Row]:
@@ -90,7 +83,6 @@ class SideBySide:
         """One line for a table of scenarios: what agrees, Tunix's sync, and what explains the rest."""
         decisions = [r for r in self.rows if r.rule.startswith("P") and not r.rule.startswith("P13")]
         figures = [r for r in self.rows if r not in decisions]
-        why = sorted({r.difference or "UNEXPLAINED" for r in self.differing})
         return {
             "layout": self.scenario.layout,
             "LoRA": self.scenario.lora,
@@ -98,15 +90,7 @@ class SideBySide:
             "decisions equal": f"{sum(r.agree for r in decisions)} of {len(decisions)}",
             "figures equal": f"{sum(r.agree for r in figures)} of {len(figures)}",
             "Tunix's sync": self.tunix_sync.outcome if self.tunix_sync is not None else "not run",
-            "the rest differ by": why,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "scenario": dataclasses.asdict(self.scenario),
-            "rows": [r.to_json() for r in self.rows],
-            "differences": [d.to_json() for d in self.differences],
-            "seconds": dict(self.seconds),
+            "the rest differ by": sorted({r.difference or "UNEXPLAINED" for r in self.differing}),
         }
 
 
@@ -148,18 +132,13 @@ def side_by_side(
     meshes = dict(
         validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh).role_to_mesh
     )
-    start = time.perf_counter()
     build = build_tunix_cluster(scenario, role_to_mesh=meshes, training_config=training_config)
-    tunix_seconds = time.perf_counter() - start
-    start = time.perf_counter()
     cluster = build_cluster(scenario, role_to_mesh=meshes, training_config=training_config)
-    lab_seconds = time.perf_counter() - start
     tunix_report = inspect(build)
     lab_report = placement_report(cluster).to_json()
     tunix_memory = tunix_report.memory.to_json()
-    handed = frozenset().union(*build.given.buffers.values())
     entries = tunix_entries(build.cluster)
-    views, apart = memory_apart(entries, build.given.host_ranges, handed)
+    views, apart = memory_apart(entries, build.given.host_ranges, frozenset().union(*build.given.buffers.values()))
     facts: dict[str, Any] = {
         "lab_engine_inputs": {
             "rollout_config": cluster.rollout.rollout_config is not None,
@@ -178,12 +157,10 @@ def side_by_side(
         "tunix_models_memory": _models_memory(tunix_memory),
         "tunix_models_memory_apart": _models_memory(apart),
         "tunix_host_views": views,
-        "lab_sync": None,
-        "tunix_sync": None,
+        # Last: what the sync changes is read above, before it.
+        "lab_sync": cluster.sync_weights() if sync else None,
+        "tunix_sync": tunix_report.sync() if sync else None,
     }
-    if sync:
-        facts["lab_sync"] = cluster.sync_weights()
-        facts["tunix_sync"] = tunix_report.sync()
     checks = {d.id: d.check(facts) for d in SCENARIO_DIFFERENCES}
     rows = []
     for row in _rows(lab_report, tunix_report.to_json(), facts):
@@ -200,7 +177,6 @@ def side_by_side(
         tunix_report=tunix_report,
         lab_sync=facts["lab_sync"],
         tunix_sync=facts["tunix_sync"],
-        seconds={"lab": lab_seconds, "tunix": tunix_seconds},
     )
 
 
@@ -258,7 +234,7 @@ def _rows(lab: Mapping[str, Any], tunix: Mapping[str, Any], facts: Mapping[str, 
     ]
     if facts["tunix_engine_inputs"] is not None:
         rows.append(_row("engine inputs", "engine", facts["lab_engine_inputs"], facts["tunix_engine_inputs"]))
-    for name in MEMORY_ROWS:
+    for name in (*ROLES, "anchor"):
         rows += present(read(f"L2 {name}", "L2", lambda report, name=name: report["memory"]["by_role"].get(name)))
     rows.append(read("L2 optimizer", "L2", lambda report: _bytes_of(report["memory"], "optimizer")))
     rows += present(read("L2 critic optimizer", "L2", lambda report: _bytes_of(report["memory"], "critic_optimizer")))
@@ -298,13 +274,11 @@ def _optimizers(actor: Any, critic: Any) -> dict[str, Any]:
 
 
 def _bytes_of(memory: Mapping[str, Any], name: str) -> int | None:
-    entry = memory["by_role"].get(name)
-    return None if entry is None else entry["bytes"]
+    return (memory["by_role"].get(name) or {}).get("bytes")
 
 
 def _kinds_of(memory: Mapping[str, Any], name: str) -> list[str]:
-    entry = memory["by_role"].get(name)
-    return [] if entry is None else sorted(entry["by_kind"])
+    return sorted((memory["by_role"].get(name) or {}).get("by_kind", ()))
 
 
 def _sync_bytes(report: SyncReport) -> dict[str, int]:

@@ -184,10 +184,6 @@ SCENARIO_DIFFERENCES: tuple[ScenarioDifference, ...] = (
     ),
 )
 
-# Shows only where JAX's host copy happens to be aligned (its address is the allocator's), so no
-# scenario is sure to show it; tests/test_tunix.py makes it show by aligning the copies.
-BY_CHANCE = ("device-put-host-view",)
-
 DIFFERENCES: tuple[str, ...] = tuple(d.id for d in SCENARIO_DIFFERENCES) + (
     "vllm-version-default",
     "missing-role-meshes",
@@ -223,8 +219,7 @@ def memory_apart(
                     views += 1
                     key += (name, path)  # this shard alone
                 rows.append((e, s.device.id, KINDS.index(kind), nbytes, ids.setdefault(key, len(ids))))
-    cols = np.array(rows, dtype=np.int64).reshape(-1, 5).T
-    return views, memory_table(names, *cols)
+    return views, memory_table(names, *np.array(rows, dtype=np.int64).reshape(-1, 5).T)
 
 
 def optimizer_facts(state: Any) -> dict[str, Any]:

@@ -10,9 +10,6 @@ import types
 
 from rlcluster_lab.rules.registry import REFERENCE
 
-# The release whose rl_cluster.py the lab's rules follow, declared with the rules.
-PINNED_VERSION = REFERENCE.version
-DISTRIBUTION = REFERENCE.distribution
 INSTALL_HINT = REFERENCE.install_hint
 
 
@@ -28,7 +25,7 @@ def available() -> bool:
 def installed_version() -> str | None:
     """The installed google-tunix version, or None when it is not installed."""
     try:
-        return importlib.metadata.version(DISTRIBUTION)
+        return importlib.metadata.version(REFERENCE.distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
 
@@ -54,9 +51,9 @@ def version_note() -> str:
     version = installed_version()
     if version is None:
         return f"Tunix is not installed ({INSTALL_HINT})"
-    if version != PINNED_VERSION:
+    if version != REFERENCE.version:
         return (
-            f"google-tunix {version} is installed; the lab's rules follow {PINNED_VERSION}, so observed "
+            f"google-tunix {version} is installed; the lab's rules follow {REFERENCE.version}, so observed "
             "decisions may differ for reasons of version"
         )
     return f"google-tunix {version}, the version the lab's rules follow"

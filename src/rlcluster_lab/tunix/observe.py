@@ -107,10 +107,12 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
     rollout_text = describe_mesh(rollout_asked) if rollout_asked is not None else None
     equal = bool(rollout_asked == actor_mesh) if rollout_asked is not None else None
     source = OBSERVED_GIVEN if given is not None else OBSERVED
-    out = []
-
+    actor, reference = models["actor"], models.get("reference")
     link = shares(smap, Role.ACTOR, Role.ROLLOUT)
-    out.append(
+    ref_link = shares(smap, Role.ACTOR, Role.REFERENCE)
+    with_actor = list(smap.get(Role.ACTOR, ()))
+    propagated = [(a, b) for a in with_actor for b in with_actor if a != b and shares(smap, a, b)]
+    out = [
         observation(
             "P1",
             "role_to_mesh[ACTOR] == role_to_mesh[ROLLOUT] (read from the sharing map)",
@@ -123,12 +125,7 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
             "linked: rollout and actor may share weights" if link else "not linked: the rollout gets its own weights",
             LinkBranch.LINKED if link else LinkBranch.NOT_LINKED,
             source,
-        )
-    )
-    actor = models["actor"]
-    reference = models.get("reference")
-    ref_link = shares(smap, Role.ACTOR, Role.REFERENCE)
-    out.append(
+        ),
         observation(
             "P2",
             "LoRA actor, a reference, reference mesh == actor mesh (read from the sharing map)",
@@ -139,19 +136,15 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
             },
             "actor and reference linked both ways" if ref_link else "reference not linked",
             LinkBranch.LINKED if ref_link else LinkBranch.NOT_LINKED,
-        )
-    )
-    with_actor = list(smap.get(Role.ACTOR, ()))
-    propagated = [(a, b) for a in with_actor for b in with_actor if a != b and shares(smap, a, b)]
-    out.append(
+        ),
         observation(
             "P2",
             "propagate: roles linked to ACTOR are linked to each other (read from the sharing map)",
             {"linked_to_actor": [r.value for r in with_actor]},
             f"{len(propagated)} link(s) between roles linked to the actor",
             LinkBranch.PROPAGATED,
-        )
-    )
+        ),
+    ]
     if given is not None:
         out.append(_load_decision("actor", actor, given, "actor", meshes[Role.ACTOR]))
     branch = RolloutBranch.ENGINE_INITIAL_VALUE if engine != "vanilla" else RolloutBranch.SECOND_COPY
@@ -180,7 +173,9 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
             out.append(_load_decision(name, models[name], given, name, meshes[Role(name)]))
     if reference is not None:
         out.append(_reference_decision(cluster, reference, actor, ref_link, given))
-    out.append(
+    wrt = getattr(cluster.actor_trainer.optimizer, "wrt", None)
+    lora_wrt = wrt is nnx.LoRAParam
+    out += [
         observation(
             "P7",
             "the engine exposes a non-None mesh (read from the built engine)",
@@ -195,19 +190,15 @@ def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[st
             "role_to_mesh[ROLLOUT] is the engine's mesh" if replaced else "role_to_mesh[ROLLOUT] as configured",
             MeshBranch.REPLACED if replaced else MeshBranch.KEPT,
             source,
-        )
-    )
-    wrt = getattr(cluster.actor_trainer.optimizer, "wrt", None)
-    lora_wrt = wrt is nnx.LoRAParam
-    out.append(
+        ),
         observation(
             "P12",
             "actor trainable parameters (the optimizer's wrt filter)",
             {"lora": lora_wrt, "wrt": getattr(wrt, "__name__", str(wrt))},
             "optimizer over LoRA parameters only" if lora_wrt else "optimizer over all parameters",
             ParamsBranch.LORA if lora_wrt else ParamsBranch.ALL,
-        )
-    )
+        ),
+    ]
     if cluster.cluster_config.offload_to_cpu:
         for name, model in models.items():
             kinds = memory_kinds(nnx.state(model))
@@ -264,11 +255,10 @@ def _load_decision(role: str, model: nnx.Module, given: Given, source: str, mesh
     offload = bool(given.offload)
     now = leaf_layouts(state) if offload else {}
     kept = sum(
-        1
+        shard_keys(x) <= before or (offload and path in layouts and now.get(path) == layouts[path])
         for path, x in leaves.items()
-        if shard_keys(x) <= before or (offload and path in layouts and now.get(path) == layouts[path])
     )
-    on_mesh = sum(1 for x in leaves.values() if getattr(x.sharding, "mesh", None) == mesh)
+    on_mesh = sum(getattr(x.sharding, "mesh", None) == mesh for x in leaves.values())
     whole = kept == len(leaves)
     first = next(iter(leaves.values()), None)
     return observation(

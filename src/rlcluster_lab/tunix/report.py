@@ -87,10 +87,8 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
     present = {Role(name) for name in models}
     meshes = role_meshes(rl_cluster, present)
     devices = sorted({d for m in meshes.values() for d in m.devices.flat}, key=lambda d: d.id)
-    platform = devices[0].platform
     actor = models["actor"]
     reference = models.get("reference")
-    anchor = anchor_state(rl_cluster)
     decisions = observed_decisions(rl_cluster, given)
     rollout_keys = buffer_keys(nnx.state(models["rollout"]))
     own_mesh = getattr(rl_cluster.rollout, "mesh", None)  # the mesh the engine exposes (P7)
@@ -125,10 +123,10 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
         engine=engine_name(rl_cluster),
         offload_to_cpu=bool(rl_cluster.cluster_config.offload_to_cpu),
         lora=is_lora(actor),
-        anchor=anchor_facts(p8["branch"], anchor) if p8 is not None else {},
+        anchor=anchor_facts(p8["branch"], anchor_state(rl_cluster)) if p8 is not None else {},
         decisions=decisions,
         warnings=warnings,
-        platform=platform,
+        platform=devices[0].platform,
         device_count=len(devices),
         memory=memory_of(tunix_entries(rl_cluster), devices=devices),
         tunix_version=installed_version(),

@@ -2,9 +2,8 @@
 
 The call is Tunix's, unchanged. Where a layout must change, Tunix reshards with
 ``jax.device_put``, which on CPU goes through host memory: the guard refuses it, and that
-refusal is the observed outcome, not a crash. ``device_put`` does not log its copies, so for
-leaves no lab reshard logged, moved and copied bytes are inferred from where each destination
-shard's data already was (the least any reshard must move); the leaves' ``method`` says which.
+refusal is the observed outcome, not a crash. What ``device_put`` copied, which it does not
+log, is inferred (``INFERRED``; the leaves' ``method`` says which).
 """
 
 from __future__ import annotations
@@ -62,10 +61,6 @@ class TunixSync:
     @property
     def completed(self) -> bool:
         return self.outcome == COMPLETED
-
-    def to_json(self) -> dict[str, Any]:
-        report = self.report.to_json() if self.report is not None else None
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {"report": report}
 
 
 def run_sync(cluster: Any, platform: str) -> TunixSync:
