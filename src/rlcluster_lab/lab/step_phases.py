@@ -58,11 +58,6 @@ _OPERATIONS: dict[str, tuple[str, str | None]] = {
     "update_critic": ("update critic", "critic"),
     "sync_weights": ("sync", None),
 }
-_LOGPS_PHASES = {
-    Role.ACTOR: "log-probs: actor (anchor)",
-    Role.REFERENCE: "log-probs: reference",
-    Role.ROLLOUT: "log-probs: rollout",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,7 +226,7 @@ class _Recorder:
 
             def logps(role: Any, *args: Any, **kwargs: Any) -> Any:
                 parsed = Role.parse(role)
-                name_ = _LOGPS_PHASES.get(parsed, f"log-probs: {parsed.value}")
+                name_ = "log-probs: actor (anchor)" if parsed is Role.ACTOR else f"log-probs: {parsed.value}"
                 call = f"cluster.per_token_logps(Role.{parsed.name}, ...)"
                 return self.wrap(name_, call, parsed.value, target)(role, *args, **kwargs)
 
