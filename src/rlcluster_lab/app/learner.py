@@ -296,8 +296,7 @@ class GRPOLearner:
             with waiting("log-probs (reference)"):
                 ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, prompt_tokens, completion))
         batch = TrainBatch(prompt_tokens, completion, advantages, anchor, ref)
-        index = len(self.history)
-        taken = [0]
+        index, first = len(self.history), len(self.p11)
 
         def probe(iteration: int, rows: slice, live_logps: Callable[..., Any]) -> None:
             # The live weights score the whole batch, as the anchor did: the same shapes and
@@ -309,12 +308,11 @@ class GRPOLearner:
                     step=index,
                     iteration=iteration,
                     rows=(rows.start, rows.stop),
-                    steps_taken_before=taken[0],
+                    steps_taken_before=len(self.p11) - first,
                     live_vs_anchor=float(np.abs(live - anchor[rows]).max()),
                     anchor_vs_sampler=float(np.abs(anchor[rows] - out.logprobs[rows]).max()),
                 )
             )
-            taken[0] += 1
 
         with waiting("update_actor"):
             metrics = cluster.update_actor(batch, on_step=probe)

@@ -87,7 +87,6 @@ def progress_line(stream: TextIO | None, *, json_output: bool) -> Iterator[Progr
     if not wants_progress(stream, json_output):
         yield None
         return
-    assert stream is not None
     line = ProgressLine(stream).start()
     try:
         yield line

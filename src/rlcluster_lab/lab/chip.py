@@ -126,7 +126,8 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
     rows = []
 
     def row(what: str, seconds: float, nbytes: int) -> None:
-        rows.append({"operation": what, "bytes": nbytes, "ms": round(seconds * 1e3, 2), "GB/s": _rate(nbytes, seconds)})
+        rate = round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("inf")
+        rows.append({"operation": what, "bytes": nbytes, "ms": round(seconds * 1e3, 2), "GB/s": rate})
 
     for _ in range(2):
         cluster.sync_weights()
@@ -154,10 +155,6 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
         live=True,
         rows=tuple(rows),
     )
-
-
-def _rate(nbytes: int, seconds: float) -> float:
-    return round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("inf")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -123,9 +123,8 @@ class Knobs:
         self.layout.observe(lambda _c: self._update_custom_visibility(), names="value")
         for knob in (self.lora, self.engine):
             knob.observe(lambda _c: self._update_applicability(), names="value")
-        for toggle in self.device_toggles:
-            toggle.observe(lambda _c: self._update_shape_options(), names="value")
-        self.model_size.observe(lambda _c: self._update_shape_options(), names="value")
+        for widget in [*self.device_toggles, self.model_size]:
+            widget.observe(lambda _c: self._update_shape_options(), names="value")
         self._update_shape_options()
         for name, w in self.named().items():
             w.add_class(f"rl-{name}")  # lets a browser test find each control

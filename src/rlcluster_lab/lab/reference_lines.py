@@ -182,7 +182,6 @@ def _resolve(tree: ast.Module, dotted: str) -> tuple[ast.AST, list[ast.stmt]]:
         if node is None:
             raise LookupError(f"{'.'.join(parts[:depth]) or 'the module'} has no {name}")
         body = node.body  # type: ignore[attr-defined]
-    assert node is not None
     return node, aliases
 
 

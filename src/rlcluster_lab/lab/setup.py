@@ -85,8 +85,8 @@ class LabDevices:
         for family in self.layout_families():
             if layout in family.layouts:
                 return family.devices
-        held = [lay for family in self.layout_families() for lay in family.layouts]
-        raise ValueError(f"no devices here hold the {layout!r} layout; reachable here: {', '.join(held) or 'none'}")
+        held = ", ".join(layouts_held(self)) or "none"
+        raise ValueError(f"no devices here hold the {layout!r} layout; reachable here: {held}")
 
     def summary(self) -> str:
         acc = self.accelerator_devices
@@ -101,8 +101,7 @@ class LabDevices:
                 f"layouts are built on: {len(self.devices)} {where} device(s)",
                 "reachable layouts: " + (", ".join(self.reachable) or "none"),
             ]
-        held = {lay for family in self.layout_families() for lay in family.layouts}
-        unreachable = [lay for lay in LAYOUTS if lay not in held]
+        unreachable = [lay for lay in LAYOUTS if lay not in layouts_held(self)]
         if unreachable:
             lines.append("not reachable here: " + ", ".join(unreachable))
         if self.colab:
@@ -135,7 +134,11 @@ def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[li
     devices beside them, when there are at least two.
     """
     if not accelerators:
-        return list(cpus), True, [] if buildable_layouts(cpus) else [_none_buildable(len(cpus))]
+        note = (
+            f"no standard layout over {len(cpus)} devices can hold the lab's models (each mesh axis must divide "
+            "their dimensions): restart the kernel and set up another count, such as setup(8)"
+        )
+        return list(cpus), True, [] if buildable_layouts(cpus) else [note]
     on_chip = buildable_layouts(list(accelerators))
     if len(on_chip) == len(LAYOUTS):
         return list(accelerators), False, []
@@ -168,13 +171,6 @@ def layout_families(accelerators: Sequence[Any], devices: Sequence[Any], simulat
     return (LayoutFamily(tuple(accelerators), on_chip),) + ((LayoutFamily(tuple(devices), rest),) if rest else ())
 
 
-def _none_buildable(count: int) -> str:
-    return (
-        f"no standard layout over {count} devices can hold the lab's models (each mesh axis must divide their "
-        "dimensions): restart the kernel and set up another count, such as setup(8)"
-    )
-
-
 def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto") -> LabDevices:
     """Set up the devices for the notebooks; returns what was found (and prints it unless ``quiet``).
 
@@ -201,7 +197,10 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
     # Before the first compilation, or JAX would not look in the cache.
     cache = enable_compilation_cache()
     accelerators = [d for d in jax.devices() if d.platform != "cpu"]
-    cpus = _cpu_devices()
+    try:
+        cpus = list(jax.devices("cpu"))
+    except RuntimeError:
+        cpus = []
     if not accelerators and len(cpus) != n_devices:
         raise DeviceSetupError(
             f"JAX already started with {len(cpus)} CPU device(s); this notebook needs {n_devices}. "
@@ -241,13 +240,6 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
     if not quiet:
         print(result.summary())
     return result
-
-
-def _cpu_devices() -> list[Any]:
-    try:
-        return list(jax.devices("cpu"))
-    except RuntimeError:
-        return []
 
 
 def _enable_colab_widgets() -> None:

@@ -14,7 +14,7 @@ import contextlib
 import gc
 import html
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -188,9 +188,7 @@ class PlacementLab:
                 return
             # One wait from the click to the drawing, saying which stage it is in; its seconds and the
             # sentence's count from the click (the status' one clock).
-            with self.status.waiting(
-                "Construct: releasing the previous cluster", self._key("construct"), programs=self._programs
-            ) as wait:
+            with self._waiting("construct", "Construct: releasing the previous cluster") as wait:
                 self.status.stage(1)
                 previous, released = self._report, self.release()
                 wait.what = f"Construct: building the {size} models and the cluster"
@@ -230,9 +228,7 @@ class PlacementLab:
                 # would count in it, so the sync waits for it (devices without allocator figures
                 # measure the sync's own arrays only, and need not wait).
                 self._wait_for_background("Sync weights: waiting for the background compile to finish")
-            with self.status.waiting(
-                "Sync weights: handing the actor's weights to the rollout", self._key("sync"), programs=self._programs
-            ) as wait:
+            with self._waiting("sync", "Sync weights: handing the actor's weights to the rollout") as wait:
                 start = self.status.clock()
                 try:
                     self._sync = self._cluster.sync_weights()
@@ -256,9 +252,7 @@ class PlacementLab:
             # A training step uses what the background compile builds: it lets one still running
             # finish first (then finds its programs ready).
             self._wait_for_background("Training step: waiting for the background compile of its programs")
-            with self.status.waiting(
-                "Training step: sampling, scoring, updating, syncing", self._key("step"), programs=self._programs
-            ) as wait:
+            with self._waiting("step", "Training step: sampling, scoring, updating, syncing") as wait:
                 start = self.status.clock()
                 try:
                     record = self._learner.step()
@@ -282,14 +276,14 @@ class PlacementLab:
         """Let a background compile still running finish, saying ``what`` the moment it is clicked."""
         if not self.background.running:
             return
-        with self.status.waiting(what, self._key("background"), programs=self.background.programs):
+        with self._waiting("background", what, self.background.programs):
             start = self.status.clock()
             self.background.join()
             self._waited = self.status.clock() - start
 
-    def _key(self, action: str) -> str:
-        """Which waits are comparable: the same action on the same model size."""
-        return f"{action}:{self.knobs.model_size.value}"
+    def _waiting(self, action: str, what: str, programs: Callable[[], list[str]] | None = None) -> Any:
+        """The status' wait for ``action``: comparable with the same action's on the same model size."""
+        return self.status.waiting(what, f"{action}:{self.knobs.model_size.value}", programs=programs or self._programs)
 
     def _programs(self) -> list[str]:
         return [name for name, _, _ in list(self._compiled)]
