@@ -112,14 +112,8 @@ class Knobs:
         ]
         self.devices_box = widgets.HBox(self.device_toggles, layout=widgets.Layout(flex_flow="row wrap"))
         self.custom_note = widgets.HTML(layout=widgets.Layout(width=f"{KNOB_WIDTH}px"))
-        self.custom_box = widgets.VBox(
-            [
-                widgets.HTML(f"<b>{label('rollout_devices')}</b> (picked: filled)"),
-                self.devices_box,
-                self.rollout_shape,
-                self.custom_note,
-            ]
-        )
+        title = widgets.HTML(f"<b>{label('rollout_devices')}</b> (picked: filled)")
+        self.custom_box = widgets.VBox([title, self.devices_box, self.rollout_shape, self.custom_note])
         self.layout.observe(lambda _c: self._update_custom_visibility(), names="value")
         for knob in (self.lora, self.engine):
             knob.observe(lambda _c: self._update_applicability(), names="value")

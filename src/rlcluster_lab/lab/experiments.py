@@ -81,13 +81,8 @@ def layout_rows(devices: Devices) -> list[dict[str, Any]]:
     for layout in layouts_held(devices):
         on = layout_devices(devices, layout)
         meshes = layout_meshes(layout, on)
-        rows.append(
-            {
-                "layout": layout,
-                "actor, reference, reward, critic": _mesh_text(meshes[Role.ACTOR]),
-                "rollout": _mesh_text(meshes[Role.ROLLOUT]),
-            }
-        )
+        actor, rollout = _mesh_text(meshes[Role.ACTOR]), _mesh_text(meshes[Role.ROLLOUT])
+        rows.append({"layout": layout, "actor, reference, reward, critic": actor, "rollout": rollout})
         wheres[layout] = {"where": devices_words(on)}
     return where_column(rows, wheres)
 
@@ -111,13 +106,11 @@ def reports_for(
 ) -> dict[str, dict[str, Any]]:
     """Build each scenario's cluster (on ``lab.setup.layout_devices`` of its layout) and keep only
     its placement report (JSON)."""
-    return each(
-        scenarios.items(),
-        lambda scenario: placement_report(
-            build_cluster(scenario, devices=layout_devices(devices, scenario.layout))
-        ).to_json(),
-        progress,
-    )
+
+    def report(scenario: Scenario) -> dict[str, Any]:
+        return placement_report(build_cluster(scenario, devices=layout_devices(devices, scenario.layout))).to_json()
+
+    return each(scenarios.items(), report, progress)
 
 
 def where_column(rows: list[dict[str, Any]], reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -152,13 +152,9 @@ class StatusLine:
         ).add_class("rl-details-toggle")
         self.details = widgets.HTML(layout=widgets.Layout(display="none")).add_class("rl-details")
         self.toggle.observe(lambda c: setattr(self.details.layout, "display", "block" if c.new else "none"), "value")
-        self.progress = widgets.IntProgress(
-            value=0,
-            min=0,
-            max=3,
-            # Thin, and hidden rather than removed, so nothing below it moves when it shows.
-            layout=widgets.Layout(width="100%", height="8px", visibility="hidden"),
-        )
+        # Thin, and hidden rather than removed, so nothing below it moves when it shows.
+        hidden = widgets.Layout(width="100%", height="8px", visibility="hidden")
+        self.progress = widgets.IntProgress(value=0, min=0, max=3, layout=hidden)
         self.widget = widgets.HBox([self.sentence, self.toggle], layout=widgets.Layout(width="100%"))
         self.text = ""  # the sentence as plain text
         self.busy = False
