@@ -16,6 +16,7 @@ instead of failing one by one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -234,21 +235,15 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
         + ((f"compiled programs are cached in {cache}",) if cache else ())
         + tuple(filter(None, [kernel_note()])),
     )
-    if colab:
-        _enable_colab_widgets()
+    if colab:  # ipywidgets 8 needs Colab's custom widget manager turned on
+        with contextlib.suppress(ImportError):
+            from google.colab import output  # type: ignore[import-not-found]
+
+            output.enable_custom_widget_manager()
     _register_figure_display()
     if not quiet:
         print(result.summary())
     return result
-
-
-def _enable_colab_widgets() -> None:
-    """ipywidgets 8 needs Colab's custom widget manager turned on."""
-    try:
-        from google.colab import output  # type: ignore[import-not-found]
-    except ImportError:
-        return
-    output.enable_custom_widget_manager()
 
 
 def _register_figure_display() -> None:
@@ -273,25 +268,22 @@ def progress(total: int, label: str = "") -> Callable[[Any], None]:
     state = {"done": 0}
     handle = bar = None
     if _in_kernel():
-        try:
+        with contextlib.suppress(ImportError):
             import ipywidgets as widgets
             from IPython.display import display
 
             bar = widgets.IntProgress(value=0, min=0, max=max(total, 1), description=label[:20])
             handle = display(bar, display_id=True)
-        except ImportError:
-            bar = None
 
     def tick(info: Any = None) -> None:
         state["done"] += 1
-        text = f"{label} {state['done']}/{total}" + (f": {info}" if info is not None else "")
         if bar is not None:
             bar.value = state["done"]
             if state["done"] >= total and handle is not None:
                 bar.close()
                 handle.update({"text/plain": f"{label}: {total}/{total} done"}, raw=True)
         else:
-            print(text, flush=True)
+            print(f"{label} {state['done']}/{total}" + (f": {info}" if info is not None else ""), flush=True)
 
     return tick
 
