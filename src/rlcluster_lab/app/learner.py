@@ -37,11 +37,7 @@ TOY_PROMPTS: tuple[str, ...] = ("abc", "the cat", "hello", "xyz", "rl is", "jax 
 @dataclasses.dataclass(frozen=True)
 class RewardWords:
     """What a learner's reward function rewards and what a rising mean reward means, in words:
-    what every view of a reward curve says beside it (the CLI's ``learn``).
-
-    A reward function declares them with ``@rewards(...)``; one that does not is described by
-    its name and the first line of its docstring.
-    """
+    what every view of a reward curve says beside it (the CLI's ``learn``)."""
 
     rewarded: str
     rising: str
@@ -232,10 +228,8 @@ class GRPOLearner:
         self._rng = np.random.default_rng(config.seed)
         self.history: list[StepRecord] = []
         self.p11: list[P11Record] = []
-        # A first step builds its later programs on more threads (RLCluster.build_ahead's parts):
-        # True for both the scoring and the update programs, a tuple naming the ones wanted, False
-        # for none. The lab's rehearsal, background work beside a person's clicks, builds the
-        # update alone.
+        # The programs a first step builds on more threads (RLCluster.build_ahead's parts): True for
+        # all, a tuple naming them, False for none. The rehearsal, beside a person's clicks, builds the update alone.
         self.builds_ahead: bool | tuple[str, ...] = True
         # Whether its syncs walk their transient peak (the lab's view shows it; a run need not).
         self.sync_peak = False

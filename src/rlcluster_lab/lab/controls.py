@@ -84,10 +84,8 @@ class Knobs:
 
     Args:
         devices: the devices the layouts are built on (and the custom rollout mesh picks from).
-        families: which layouts are built on which devices (``LabDevices.families``: on a single
-            chip, colocated and reshaped on the chip, split on the simulated CPU devices beside
-            it); the layout menu then names where each is built. None: every layout ``devices``
-            can form, on them.
+        families: which layouts are built on which devices (``LabDevices.families``); the layout
+            menu then names where each is built. None: every layout ``devices`` can form, on them.
     """
 
     def __init__(self, devices: Sequence[jax.Device], families: Sequence[LayoutFamily] | None = None) -> None:
@@ -185,11 +183,8 @@ class Knobs:
             widget.observe(lambda _c: callback(), names="value")
 
     def mark_at_fault(self, fields: Iterable[str]) -> list[str]:
-        """Outline the knobs a refusal names (``ConfigError.knobs``), and only those.
-
-        Returns:
-            The fields marked (those that are knobs here).
-        """
+        """Outline the knobs a refusal names (``ConfigError.knobs``), and only those; returns the
+        fields marked (those that are knobs here)."""
         wanted = set(fields)
         for field, widget in self.outlined().items():
             (widget.add_class if field in wanted else widget.remove_class)("rl-at-fault")

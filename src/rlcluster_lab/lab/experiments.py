@@ -96,8 +96,7 @@ def _mesh_text(mesh: Any) -> str:
 
 
 # Where the experiments build: the devices themselves, or what ``setup()`` returned, whose
-# ``devices_for(layout)`` puts each layout on its own devices (on a single chip, colocated and
-# reshaped on the chip, split on the simulated CPU devices beside it).
+# ``devices_for(layout)`` puts each layout on its own devices.
 Devices = LabDevices | Sequence[jax.Device]
 
 
@@ -136,9 +135,8 @@ def decision_lines(report: Mapping[str, Any], rules: Sequence[str]) -> str:
 def mesh_identity(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
     """P1's test, ``==`` on meshes, for meshes over the same devices built different ways.
 
-    JAX interns meshes: building the same devices, shape, axis names and axis
-    types twice gives back one object. Change any of the four and it is another
-    mesh (the lab's meshes all have Auto axes, so the rows vary the other three).
+    JAX interns meshes: the same devices, shape, axis names and axis types give back one object;
+    change any of the four and it is another mesh (the lab's axes are all Auto: the rows vary the rest).
     """
     devices = list(devices)
     n = len(devices)
@@ -157,11 +155,8 @@ def mesh_identity(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
 
 
 def sharing_maps(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
-    """The sharing map (P1, P2, propagation) of every reachable layout, with and without LoRA.
-
-    A pure function of the meshes and two facts about the models, so no model
-    is built here.
-    """
+    """The sharing map (P1, P2, propagation) of every reachable layout, with and without LoRA:
+    a pure function of the meshes and two facts about the models, so no model is built."""
     rows = []
     for layout in reachable_layouts(devices):
         for lora in (False, True):
@@ -277,9 +272,8 @@ def p6_errors(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
 def engine_rows(devices: Sequence[jax.Device]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """P3 and P7 for each built-in engine on the colocated layout; also returns each engine's report.
 
-    The map is built from the config's meshes before any engine exists, so a
-    colocated run stays registered as sharing even when the engine keeps its
-    own copy on a mesh of its own.
+    The map is built from the config's meshes before any engine exists, so a colocated run stays
+    registered as sharing even when the engine keeps its own copy on a mesh of its own.
     """
     engines = ("vanilla", "sglang_jax", "vllm")
     reports = reports_for({engine: Scenario(layout="colocated", engine=engine) for engine in engines}, devices)
@@ -337,9 +331,7 @@ def p11_compare(
     devices: Sequence[jax.Device], steps: int = 8, progress: Tick | None = None
 ) -> dict[str, dict[str, Any]]:
     """One short run per (mini-batch size, iterations) setting, batch 16; label -> run JSON.
-
-    ``progress`` is called once per GRPO step of every run.
-    """
+    ``progress`` is called once per GRPO step of every run."""
     settings = ((16, 1), (8, 1), (8, 2))
     cases = [(f"mini-batch {mini}, {it} iteration{'s' if it > 1 else ''}", (mini, it)) for mini, it in settings]
     return each(
@@ -401,11 +393,9 @@ SYNC_COLUMNS = (
 
 
 def sync_matrix(devices: Devices, engine: str = "vanilla", progress: Tick | None = None) -> dict[str, dict[str, Any]]:
-    """The measured sync (L3) of each layout, with a full and a LoRA actor.
-
-    Each cluster syncs twice and the second sync is kept: the first one also
-    compiles the resharding programs, which is not what a sync costs in a run.
-    """
+    """The measured sync (L3) of each layout, with a full and a LoRA actor. Each cluster syncs
+    twice and the second is kept: the first also compiles the resharding programs, which is not
+    what a sync costs in a run."""
 
     def second_sync(scenario: Scenario) -> dict[str, Any]:
         cluster = build_cluster(scenario, devices=layout_devices(devices, scenario.layout))

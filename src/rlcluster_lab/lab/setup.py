@@ -1,17 +1,15 @@
 """The set-up every notebook runs first (``setup()``): pick the devices the lab's layouts are built on.
 
-It asks the CPU backend for ``n_devices`` simulated devices before JAX starts (JAX starts its
-CPU backend beside any accelerator, so they exist on a GPU or TPU machine too); builds on GPUs
-or TPUs that can form every standard layout, and otherwise (a single chip) builds the layouts
-that fit on the chip there (colocated, reshaped) and the rest (split) on the simulated CPU
-devices beside it (``families``, ``devices_for(layout)``). JAX is never restarted: each cluster
-takes its platform (memory kinds, transfer guard, allocator figures) from its own meshes. It
-turns on the persistent compilation cache and, with the layouts on simulated CPU devices, starts
-the warm start (``lab.warm``) without waiting for it; in Colab, the widget manager.
+It asks for ``n_devices`` simulated CPU devices before JAX starts (JAX starts its CPU backend
+beside any accelerator too); builds on GPUs or TPUs that can form every standard layout, and
+otherwise (a single chip) builds colocated and reshaped on the chip and split on the simulated
+CPU devices beside it (``families``, ``devices_for(layout)``). JAX is never restarted: each
+cluster takes its platform (memory kinds, transfer guard, allocator figures) from its own meshes.
+It turns on the persistent compilation cache, starts the warm start (``lab.warm``) when the
+layouts run on simulated CPU devices, and in Colab turns on the widget manager.
 
-``needs_extra()`` (a missing optional extra) and ``needs_processes()`` (a multi-process run's
-workers cannot start) say so once, and the cells below show the outputs stored with the notebook
-instead of failing one by one.
+``needs_extra()`` and ``needs_processes()`` say once what this runtime lacks, and the cells below
+show the outputs stored with the notebook instead of failing one by one.
 """
 
 from __future__ import annotations
@@ -112,9 +110,8 @@ class LabDevices:
 
 
 def layout_devices(devices: LabDevices | Sequence[Any], layout: str) -> list[Any]:
-    """The devices ``layout`` is built on: ``devices.devices_for(layout)`` when ``devices`` is what
-    ``setup()`` returned (on a single chip, colocated and reshaped on the chip), else the devices
-    given. The notebooks' experiments take either."""
+    """The devices ``layout`` is built on: ``devices.devices_for(layout)`` for what ``setup()``
+    returned, else the devices given. The notebooks' experiments take either."""
     return list(devices.devices_for(layout) if isinstance(devices, LabDevices) else devices)
 
 
@@ -161,10 +158,9 @@ def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[li
 
 
 def layout_families(accelerators: Sequence[Any], devices: Sequence[Any], simulated: bool) -> tuple[LayoutFamily, ...]:
-    """Which standard layouts are built on which devices: with the layouts on simulated CPU devices
-    beside accelerators (a single chip), those the accelerators can hold on them (colocated, and
-    reshaped: the same chip, another mesh) and the rest on the CPU devices; otherwise () (every
-    layout on ``devices``)."""
+    """Which standard layouts are built on which devices: with simulated CPU devices beside
+    accelerators (a single chip), those the accelerators can hold on them and the rest on the CPU
+    devices; otherwise () (every layout on ``devices``)."""
     on_chip = tuple(buildable_layouts(list(accelerators))) if simulated and accelerators else ()
     if not on_chip:
         return ()
@@ -260,11 +256,8 @@ def _register_figure_display() -> None:
 
 
 def progress(total: int, label: str = "") -> Callable[[Any], None]:
-    """A callback to call once per unit of work; shows a bar in a notebook, prints elsewhere.
-
-    When the last unit is done the bar is replaced by one line of text, so a saved notebook
-    shows no widget that needs a live kernel.
-    """
+    """A callback to call once per unit of work; shows a bar in a notebook, prints elsewhere. The
+    finished bar becomes one line of text, so a saved notebook shows no widget that needs a kernel."""
     state = {"done": 0}
     handle = bar = None
     if _in_kernel():
@@ -289,11 +282,9 @@ def progress(total: int, label: str = "") -> Callable[[Any], None]:
 
 
 def kernel_note(version: str | None = None) -> str | None:
-    """A warning when the kernel may reorder widget messages, else None.
-
-    ipykernel 7 runs a widget message that arrives while another is being handled beside it,
-    so a click can be handled before the knob change sent just before it (the lab's extra
-    installs 6.x, which handles them in order).
+    """A warning when the kernel may reorder widget messages, else None: ipykernel 7 runs a widget
+    message that arrives while another is handled beside it, so a click can be handled before the
+    knob change sent just before it (the lab's extra installs 6.x, which keeps them in order).
 
     Args:
         version: the kernel's version (default: the running ipykernel's, when there is one).
@@ -396,9 +387,8 @@ def needs_processes(notebook: str) -> bool:
 def _show_stored_unless(
     runs_here: bool, missing: str, stored_from: str, notebook: str, error: type[Exception], advice: str = ""
 ) -> bool:
-    """``runs_here``, or else say ``missing`` once and have the code cells below this one show the
-    outputs stored with the notebook (a run ``stored_from``), as ``needs_extra`` says; ``error``
-    (with ``missing`` and ``advice``) when the stored notebook cannot be read."""
+    """``needs_extra``'s and ``needs_processes``' work: ``runs_here``, or else say ``missing`` once
+    and show the stored outputs below (a run ``stored_from``), or raise ``error``."""
     shell = _shell()
     for transform in _replay:
         if shell is not None and transform in shell.input_transformers_cleanup:

@@ -172,10 +172,8 @@ def output_rows(value: Any) -> list[dict[str, Any]]:
 
 
 def decoded_sample(tokenizer: Any, out: Any) -> dict[str, str]:
-    """The first row of a ``RolloutOutput`` decoded with the cluster's tokenizer, beside its ``text``.
-
-    Special ids (padding, BOS) are dropped and decoding stops at EOS, as the engine does.
-    """
+    """The first row of a ``RolloutOutput`` decoded with the cluster's tokenizer, beside its ``text``
+    (special ids such as padding and BOS dropped, stopping at EOS, as the engine does)."""
     return {
         "prompt (decoded from left_padded_prompt_tokens)": repr(tokenizer.decode(out.left_padded_prompt_tokens[0])),
         "completion (decoded from tokens)": repr(tokenizer.decode(out.tokens[0])),
@@ -319,9 +317,9 @@ def _listening(recorder: _Recorder) -> Iterator[None]:
 def measure_step(learner: GRPOLearner) -> StepPhases:
     """Run one ``learner.step()`` and record each cluster operation it calls as a phase.
 
-    The learner's cluster and reward function are stood in for while the step runs
-    (and given back afterwards, even when the step raised): every call reaches the
-    real cluster, and the step, its record and its history are the learner's own.
+    The learner's cluster and reward function are stood in for while the step runs (and given
+    back afterwards, even when it raised): every call reaches the real cluster, and the step, its
+    record and its history are the learner's own.
 
     Returns:
         The phases in the order the step ran them, and the step's ``StepRecord``.
@@ -348,10 +346,9 @@ def measure_step(learner: GRPOLearner) -> StepPhases:
 
 
 def run_steps(cluster: Any, steps: int = 2) -> list[StepPhases]:
-    """``steps`` learner steps on ``cluster``, each measured phase by phase.
-
-    The default prompts all have one length, so every step has the same shapes: the
-    first step compiles (or reads the persistent cache) and the later ones only run.
+    """``steps`` learner steps on ``cluster``, each measured phase by phase. The prompts all have
+    one length, so every step has the same shapes: the first compiles (or reads the persistent
+    cache) and the later ones only run.
 
     Raises:
         ValueError: ``steps`` below 1.

@@ -104,11 +104,8 @@ def _write_pid(fd: int, pid: int) -> None:
 
 
 def _lock_pid(folder: Path, wait: float = 1.0) -> int | None:
-    """The pid written in ``folder``'s lock (the warm-up holding it), None when unreadable.
-
-    The holder writes its pid just after it takes the lock: a new lock file read in between is
-    empty, so an empty one is read again for up to ``wait`` seconds.
-    """
+    """The pid written in ``folder``'s lock (the warm-up holding it), None when unreadable. The
+    holder writes it just after taking the lock, so an empty file is read again for up to ``wait`` s."""
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -165,9 +162,8 @@ def _unusable(folder: Path, err: OSError) -> str:
 def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence[str] | None = None) -> str:
     """Start the warm-up process when this environment is not warm yet; never waits for it.
 
-    Returns one line saying what happened (started, with its pid and log; already warm;
-    already running; or why not), "" when ``RLCLUSTER_LAB_WARM`` turns it off. A cache
-    folder it cannot write gets one warning, never an exception. ``command``: the process
+    Returns one line saying what happened (started, with its pid and log; already warm; already
+    running; or why not), "" when ``RLCLUSTER_LAB_WARM`` turns it off. ``command``: the process
     to start (tests pass a stub).
     """
     if os.environ.get(ENV, "on").strip().lower() in ("0", "off", "false", "no"):

@@ -44,12 +44,9 @@ LEFT_WIDTH = KNOB_WIDTH + 20
 
 
 class PlacementLab:
-    """Knobs, buttons and live panels for one cluster at a time.
-
-    Display it in a notebook cell (``PlacementLab(build=True)``). The same
-    actions are methods (``construct``, ``sync``, ``train_step``), which is
-    how the tests drive it.
-    """
+    """Knobs, buttons and live panels for one cluster at a time: display it in a notebook cell
+    (``PlacementLab(build=True)``). The actions are methods too (``construct``, ``sync``,
+    ``train_step``), which is how the tests drive it."""
 
     def __init__(
         self,
@@ -59,13 +56,11 @@ class PlacementLab:
         build: bool = False,
         rehearse: bool = True,
     ) -> None:
-        """``devices``: what layouts are built on (default ``jax.devices()``; a
-        notebook passes ``rl.setup().devices``). ``families``: which layouts are built on
-        which devices (a notebook passes ``rl.setup().families``: on a single chip, colocated
-        and reshaped on the chip, split on ``devices``). ``rehearse``: after each
-        Construct, compile the programs of a training step in the background
-        (``lab.rehearsal.BackgroundCompile``), so that pressing Training step, after the
-        few seconds that takes, runs a step instead of compiling one."""
+        """``devices``: what layouts are built on (default ``jax.devices()``; a notebook passes
+        ``rl.setup().devices``). ``families``: which layouts are built on which devices
+        (``rl.setup().families``). ``rehearse``: after each Construct, compile a training step's
+        programs in the background (``lab.rehearsal.BackgroundCompile``), so that Training step,
+        after the few seconds that takes, runs a step instead of compiling one."""
         self.devices = device_list(devices)  # refused before any widget is made
         self.rehearse = rehearse
         self.background = BackgroundCompile()
@@ -154,14 +149,12 @@ class PlacementLab:
         gc.collect()
         trim_compiled_programs()  # bounded: the next build of the same layouts reuses what is kept
         if ref() is not None and self.background.running:
-            # The rehearsal of its training step holds it until it ends; then its buffers go.
             return (
                 "the previous cluster is held by the background compilation of its training step, "
                 "still running: its buffers are freed when that ends"
             )
         if ref() is not None:
-            # Someone else (a notebook variable) holds it; deleting its buffers
-            # under them would break their object, so say so instead.
+            # Deleting its buffers under whoever holds it would break their object: say so instead.
             return (
                 "the previous cluster is still referenced elsewhere (e.g. a notebook variable), "
                 "so its buffers stay alive"
