@@ -318,6 +318,7 @@ class GRPOLearner:
         with waiting("sync_weights"):
             sync = cluster.sync_weights(peak=self.sync_peak)
         reasons = [r for r in (rejection_reason(m) for m in metrics) if r is not None]
+        kept = f"{len(reasons)} of {len(metrics)} optimizer steps kept the previous parameters and optimizer state"
         record = StepRecord(
             step=index,
             mean_reward=float(rewards.mean()),
@@ -326,12 +327,7 @@ class GRPOLearner:
             optimizer_steps=len(metrics),
             sync=sync,
             rejected_steps=len(reasons),
-            rejected=(
-                f"{len(reasons)} of {len(metrics)} optimizer steps kept the previous parameters and "
-                f"optimizer state: {reasons[0]}"
-                if reasons
-                else None
-            ),
+            rejected=f"{kept}: {reasons[0]}" if reasons else None,
             value_loss=value_loss,
         )
         self.history.append(record)

@@ -224,17 +224,13 @@ class Knobs:
             # New options leave no selection; the standard shape is the natural one.
             self.rollout_shape.value = options[0][1]
         main = default_shape(len(self.devices))
-        self.custom_note.value = (
-            "<small>"
-            + (
-                f"actor, reference, reward, critic: all {len(self.devices)} devices as "
-                f"{main[0]} x {main[1]}. Pick them all as {main[0]} x {main[1]} and P1 sees one mesh; "
-                "the same devices in another shape are another mesh."
-                if options
-                else self._no_shape_reason(picked)
-            )
-            + "</small>"
+        note = (
+            f"actor, reference, reward, critic: all {len(self.devices)} devices as {main[0]} x {main[1]}. Pick them "
+            f"all as {main[0]} x {main[1]} and P1 sees one mesh; the same devices in another shape are another mesh."
+            if options
+            else self._no_shape_reason(picked)
         )
+        self.custom_note.value = f"<small>{note}</small>"
 
     def _no_shape_reason(self, picked: int) -> str:
         """Why the shape menu is empty, in the widgets' words."""
