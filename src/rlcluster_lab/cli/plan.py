@@ -82,8 +82,7 @@ def format_plan(data: Mapping[str, Any]) -> str:
         lines.append(f"  peak extra {kind} bytes on one device during the sync: {fmt_bytes(peak)}")
     transient = sync.get("transient_peak")
     if transient:
-        top = transient["max_bytes"]
-        chunks = transient["chunks"]
+        top, chunks = transient["max_bytes"], transient["chunks"]
         lines.append(
             "  transient peak on one device (new arrays before the old go, staging, arrays in flight"
             + (", program temporaries" if transient["method"]["program_temporaries"].startswith("computed") else "")

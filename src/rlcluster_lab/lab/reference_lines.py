@@ -80,9 +80,8 @@ class ReferenceCode:
         out = [f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b></div>"]
         if self.note:
             link = f"<a href='{REFERENCE.url}' target='_blank'>{REFERENCE.url}</a>"
-            out.append(
-                f"<div style='{CAPTION}'>{inline_html(self.note).replace(html.escape(REFERENCE.url), link)}</div>"
-            )
+            note = inline_html(self.note).replace(html.escape(REFERENCE.url), link)
+            out.append(f"<div style='{CAPTION}'>{note}</div>")
         for span in self.spans:
             out.append(f"<div style='{CAPTION};margin-top:4px'>{inline_html(span.where)}</div>")
             out.append(highlight(span.source, span.first))

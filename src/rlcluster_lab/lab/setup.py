@@ -214,12 +214,11 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
             ]
     else:
         devices, simulated, notes = choose_devices(accelerators, cpus)
-    platform = devices[0].platform if devices else "cpu"
     if simulated and cache is not None:
         # A separate process: the cell never waits, and nothing it compiles holds this kernel's memory.
         notes = [*notes, *filter(None, [start_warm_up(len(cpus))])]
     result = LabDevices(
-        platform=platform,
+        platform=devices[0].platform if devices else "cpu",
         devices=tuple(devices),
         simulated=simulated,
         accelerator=accelerators[0].platform if accelerators else None,

@@ -58,8 +58,8 @@ def wait_text(
             text += f", program {len(programs) + 1}"
     elif programs:
         names = [program_words(p) for p in programs]
-        more = len(names) - _NAMES_SHOWN
-        text += f"; compiled {len(names)}" + (", latest: " if more > 0 else ": ") + ", ".join(names[-_NAMES_SHOWN:])
+        latest = ", latest: " if len(names) > _NAMES_SHOWN else ": "
+        text += f"; compiled {len(names)}{latest}" + ", ".join(names[-_NAMES_SHOWN:])
     return text
 
 

@@ -143,8 +143,7 @@ class PlacementLab:
         if self._cluster is None:
             return "no cluster was live"
         ref = weakref.ref(self._cluster)
-        self._cluster = self._learner = None
-        self._sync = self._report = None
+        self._cluster = self._learner = self._sync = self._report = None
         self._steps = []
         gc.collect()
         trim_compiled_programs()  # bounded: the next build of the same layouts reuses what is kept
