@@ -189,13 +189,11 @@ class StatusLine:
     @contextlib.contextmanager
     def waiting(self, what: str, key: str, *, programs: Callable[[], Sequence[str]] = tuple) -> Iterator[Wait]:
         """Show what the block waits for at once, before anything blocks, and redraw it every
-        ``TICK_SECONDS`` (never more than a quarter of a second stale) with the seconds since the
-        action's click (``begin``: one clock for every wait of an action and its closing
-        sentence), the last wait of the same ``key`` as an estimate, the program being built now
-        (recorded in ``building_shown``), or ``programs()`` compiled so far. The wait joins
-        ``core.waits`` (kind ``key``), so its seconds become the estimate for the next wait of
-        ``key`` and any other progress display sees it. The block may change what it waits for
-        (``Wait.what``); ``say`` ends the redraws."""
+        ``TICK_SECONDS`` with the seconds since the action's click (``begin``: one clock for an
+        action's waits and its sentence), the last wait of the same ``key`` as an estimate, and the
+        program being built now (recorded in ``building_shown``) or ``programs()`` compiled so far.
+        The wait joins ``core.waits`` (kind ``key``): its seconds are the next wait's estimate, and
+        any progress display sees it. ``Wait.what`` changes what it waits for; ``say`` ends it."""
         self._set_busy(True)
         guess = WAITS.last(key)
         wait = Wait(what)

@@ -3,18 +3,16 @@
 The first Construct, Sync and Training step of a new environment compile their programs
 (seconds each on two CPU cores). ``start_warm_up()`` starts one other process, at the lowest
 CPU priority, that builds the standard tiny clusters (``STANDARD``) and takes one training
-step of the widget's size on each (its sync included), which writes every program they
-compile into the persistent compilation cache; the lab and the notebooks then read them back.
+step of the widget's size on each (its sync included), so every program they compile lands in
+the persistent compilation cache, for the lab and the notebooks to read back.
 
-It never blocks: the caller only starts the process (``make lab`` does, and ``lab.setup()``
-in a notebook's first cell). It runs once per environment (a record in the cache folder,
-``warm_key``), never two at once (an exclusive ``flock``, ``_take_lock``), only where the
+It never blocks (``make lab`` and ``lab.setup()`` only start it) and runs once per environment
+(a record in the cache folder, ``warm_key``), never two at once (``_take_lock``), only where the
 layouts run on simulated CPU devices (the process is pinned to the CPU, so it never takes an
 accelerator's memory), and only when the persistent cache is on and trusted
 (``core.compile_cache``: a folder of this user's, mode 0700). A folder it cannot write gets
 one warning and no warm start; it never writes through a link (``O_NOFOLLOW``). What it writes
 is bounded like the rest of the cache (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
-
 ``RLCLUSTER_LAB_WARM=off`` turns it off (the test suite does).
 
     python -m rlcluster_lab.lab.warm               # warm now, in this process
