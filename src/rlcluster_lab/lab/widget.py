@@ -406,11 +406,10 @@ class Notes:
             if name is not None:
                 note = widgets.HTML(layout=widgets.Layout(display="none")).add_class("rl-note")
                 self._notes[name] = note.add_class(f"rl-note-{name}")
-                children.append(widgets.VBox([child, note]).add_class("rl-slot"))
-            else:
-                if isinstance(child, widgets.Box):
-                    self.wrap(child, targets)
-                children.append(child)
+                child = widgets.VBox([child, note]).add_class("rl-slot")
+            elif isinstance(child, widgets.Box):
+                self.wrap(child, targets)
+            children.append(child)
         box.children = tuple(children)
 
     def show(self, name: str, title: str, message: str, after: str) -> None:
