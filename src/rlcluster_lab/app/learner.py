@@ -51,9 +51,8 @@ class RewardWords:
         name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
         doc = (getattr(reward_fn, "__doc__", None) or "").strip().splitlines()
         said = f": {doc[0].rstrip('.')}" if doc and doc[0] and not isinstance(reward_fn, type) else ""
-        return cls(
-            f"what {name} returns for each completion{said}", f"the completions score higher under {name}, on average"
-        )
+        rewarded = f"what {name} returns for each completion{said}"
+        return cls(rewarded, f"the completions score higher under {name}, on average")
 
 
 # ``use_reward_model=True``: the cluster's reward model scores (a ``Scenario(with_reward=True)`` one
@@ -250,9 +249,8 @@ class GRPOLearner:
         (``RLCluster.build_ahead``); when it returns or raises, nothing it started is still running."""
         cfg = self.config
         cluster = self.cluster
-        chosen = self._rng.choice(
-            len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step
-        )
+        n = len(self.prompts)
+        chosen = self._rng.choice(n, size=cfg.prompts_per_step, replace=n < cfg.prompts_per_step)
         prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
         if self.builds_ahead and not self.history:
             cluster.build_ahead(prompts, self.builds_ahead)

@@ -47,12 +47,10 @@ def format_memory(memory: dict[str, Any]) -> list[str]:
         kinds = ", ".join(f"{k} {v:,}" for k, v in r["by_kind"].items())
         lines.append(f"  {role:<16} {r['bytes']:>14,}  ({kinds})")
     for g in memory["shared"]:
-        lines.append(
-            f"  shared by {' + '.join(g['roles'])}: {g['bytes']:,} bytes in {g['buffers']} buffers (counted once)"
-        )
-    lines.append(
-        f"  unique {memory['unique_bytes']:,} bytes; naive (every role its own copy) {memory['naive_bytes']:,}"
-    )
+        roles = " + ".join(g["roles"])
+        lines.append(f"  shared by {roles}: {g['bytes']:,} bytes in {g['buffers']} buffers (counted once)")
+    unique, naive = memory["unique_bytes"], memory["naive_bytes"]
+    lines.append(f"  unique {unique:,} bytes; naive (every role its own copy) {naive:,}")
     alloc = memory["allocator"]
     if not alloc["available"]:
         lines.append(f"  allocator: {alloc['note']}")

@@ -257,9 +257,8 @@ def reference_code(rule: str) -> ReferenceCode:
     entry = find_rule(rule)
     if not entry.reference:
         added = ", one of what the lab adds to see and measure the rules" if rule.startswith("L") else ""
-        return ReferenceCode(
-            rule, None, REFERENCE.path, note=f"Tunix's {REFERENCE.path} has no lines for {rule}{added}."
-        )
+        note = f"Tunix's {REFERENCE.path} has no lines for {rule}{added}."
+        return ReferenceCode(rule, None, REFERENCE.path, note=note)
     installed = _installed_reference()
     if installed is None:
         note = (

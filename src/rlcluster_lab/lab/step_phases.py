@@ -118,15 +118,9 @@ class StepPhases:
         raise KeyError(f"no phase {name!r}; this step ran {', '.join(p.name for p in self.phases)}")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "offload": self.offload,
-            "seconds": self.seconds,
-            "seconds_source": SECONDS_SOURCE,
-            "memory_source": MEMORY_SOURCE,
-            "phases": [p.to_json() for p in self.phases],
-            "record": self.record.to_json(),
-        }
+        head = {"step": self.step, "offload": self.offload, "seconds": self.seconds}
+        sources = {"seconds_source": SECONDS_SOURCE, "memory_source": MEMORY_SOURCE}
+        return {**head, **sources, "phases": [p.to_json() for p in self.phases], "record": self.record.to_json()}
 
 
 def describe(value: Any) -> str:

@@ -236,10 +236,8 @@ def warm_programs(
             # core for; 16 s for the six clusters against 20 s on one thread).
             GRPOLearner(cluster, LearnerConfig(**STEP_SIZES)).step()
             flush_cache_writes()  # on disk now, for a notebook already waiting on them
-        seconds, from_cache = time.perf_counter() - t, sum(cached for _, _, cached in built)
-        done.append(
-            {"layout": layout, "lora": lora, "seconds": seconds, "programs": len(built), "from_cache": from_cache}
-        )
+        seconds, cached = time.perf_counter() - t, sum(c for _, _, c in built)
+        done.append({"layout": layout, "lora": lora, "seconds": seconds, "programs": len(built), "from_cache": cached})
         print(f"warmed {layout}{' LoRA' if lora else ''}: {len(built)} programs", flush=True)
         del cluster
     return {"folder": str(folder), "scenarios": done, "seconds": time.perf_counter() - start}
