@@ -135,8 +135,7 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
     if len(hosts) > len(shown):
         lines.append(f"  {len(hosts)} hosts; the fullest:")
     for h in shown:
-        ids = h["device_ids"]
-        cap = h["host_memory"]
+        ids, cap = h["device_ids"], h["host_memory"]
         lines.append(
             f"  host {h['host']} (devices {ids[0]}..{ids[-1]}): busiest device {fmt_bytes(h['device_peak_bytes'])}; "
             f"RAM {fmt_bytes(h['ram_bytes'])}"

@@ -55,10 +55,8 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     columns = list(columns or rows[0].keys())
     cells = [[_cell(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
+    table = [columns, ["-" * w for w in widths], *cells]  # the heading, its rule, the rows
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in table)
 
 
 def _cell(value: Any) -> str:
