@@ -87,11 +87,8 @@ def lowercase_reward(prompts: Sequence[str], completions: Sequence[str]) -> np.n
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-    """Knobs of the loop. ``batch_size`` counts completions (prompts x group).
-
-    ``critic``: PPO-style advantages from the cluster's critic, which is
-    trained every step, instead of GRPO's group normalisation.
-    """
+    """Knobs of the loop. ``batch_size`` counts completions (prompts x group). ``critic``: PPO-style
+    advantages from the cluster's critic, trained every step, instead of GRPO's group normalisation."""
 
     steps: int = 30
     prompts_per_step: int = 4

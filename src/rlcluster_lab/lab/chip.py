@@ -77,10 +77,8 @@ class ChipFigures:
 
     def to_json(self) -> dict[str, Any]:
         """The figures as saved by ``--save`` (``live`` is not saved: a reader is never live)."""
-        out = dataclasses.asdict(self)
-        out.pop("live")
-        out["rows"] = list(self.rows)
-        return out
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "live"}
+        return out | {"rows": list(self.rows)}
 
 
 def chip_figures(accelerators: Sequence[Any], model_size: str | None = None) -> ChipFigures:

@@ -94,11 +94,9 @@ class Phase:
         return [e for e, kinds in self.bytes_by_entry(when).items() if kinds.get("device")]
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["during"] = None if self.during is None else self.during.to_json()
-        out["after"] = self.after.to_json()
-        out["returned"] = [list(r) for r in self.returned]
-        return out
+        during = None if self.during is None else self.during.to_json()
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return fields | {"during": during, "after": self.after.to_json(), "returned": [list(r) for r in self.returned]}
 
 
 @dataclasses.dataclass(frozen=True)
