@@ -73,8 +73,7 @@ class ReferenceCode:
             lines += [f"# {span.where}", span.numbered()]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.text()
+    __str__ = text
 
     def _repr_html_(self) -> str:
         out = [f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b></div>"]

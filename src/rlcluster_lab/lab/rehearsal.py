@@ -46,12 +46,11 @@ class BackgroundCompile:
         """Rehearse ``learner``'s next step in the background (after any rehearsal still running:
         two would only compete for the cores)."""
         previous = self._thread
-        compiled: list[tuple[str, float, bool]] = []
 
         def work() -> None:
             if previous is not None:
                 previous.join()
-            self._compiled = compiled
+            self._compiled = []
             try:
                 with count_compilations() as found:
                     self._compiled = found

@@ -332,14 +332,12 @@ class PlacementLab:
             return sync
 
     def _refresh_report(self) -> None:
-        assert self._cluster is not None
         start = self.status.clock()
         self._report = placement_report(self._cluster, sync=self._sync).to_json()
         self.timings["report"] = self.status.clock() - start
 
     def _draw(self, view: str) -> None:
         """Redraw what changed and show ``view``, the one the action changed."""
-        assert self._report is not None
         self.error = None
         self.notes.clear()
         self._from_action = False
