@@ -115,9 +115,7 @@ def where_column(rows: list[dict[str, Any]], reports: Mapping[str, Mapping[str, 
     they come from different devices (a single chip beside simulated CPU devices); as they are
     when every report names the same ``where`` (the tables' heading then says it once)."""
     wheres = [str(r.get("where") or "") for r in reports.values()]
-    if len(set(wheres)) <= 1:
-        return rows
-    return [{**row, "on": where} for row, where in zip(rows, wheres)]
+    return rows if len(set(wheres)) <= 1 else [{**row, "on": where} for row, where in zip(rows, wheres)]
 
 
 def decision_lines(report: Mapping[str, Any], rules: Sequence[str]) -> str:

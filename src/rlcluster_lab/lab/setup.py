@@ -404,9 +404,7 @@ def _show_stored_unless(
 
     def replay(lines: list[str]) -> list[str]:
         i = code.get("".join(lines).strip())
-        if i is None:
-            return lines
-        return [f"__import__({__name__!r}, fromlist=['_']).show_stored({i})\n"]
+        return lines if i is None else [f"__import__({__name__!r}, fromlist=['_']).show_stored({i})\n"]
 
     shell.input_transformers_cleanup.insert(0, replay)
     _replay.append(replay)
