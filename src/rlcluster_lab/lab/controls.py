@@ -164,12 +164,9 @@ class Knobs:
         return str(widget.description), knob_value(widget)
 
     def mark_pending(self, before: dict[str, tuple[str, str]] | None) -> list[tuple[str, str, str]]:
-        """Mark the knobs whose setting differs from ``before`` (``settings`` at the last
-        Construct; None: no cluster, nothing pending), and only those.
-
-        Returns:
-            (label, setting then, setting now) per changed knob, top to bottom.
-        """
+        """Mark the knobs whose setting differs from ``before`` (``settings`` at the last Construct;
+        None: no cluster, nothing pending), and only those; returns (label, setting then, setting
+        now) per changed knob, top to bottom."""
         now, then = self.settings(), before or {}
         # A knob that applies on one side only changed because another did, which is listed.
         changed = [f for f in now if f in then and now[f] != then[f]]

@@ -129,11 +129,9 @@ def decision_lines(report: Mapping[str, Any], rules: Sequence[str]) -> str:
 
 
 def mesh_identity(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
-    """P1's test, ``==`` on meshes, for meshes over the same devices built different ways.
-
-    JAX interns meshes: the same devices, shape, axis names and axis types give back one object;
-    change any of the four and it is another mesh (the lab's axes are all Auto: the rows vary the rest).
-    """
+    """P1's test, ``==`` on meshes, for meshes over the same devices built different ways. JAX interns
+    meshes: the same devices, shape, axis names and axis types give back one object; change any of
+    the four and it is another mesh (the lab's axes are all Auto: the rows vary the rest)."""
     devices = list(devices)
     n = len(devices)
     shape = default_shape(n)
@@ -266,11 +264,9 @@ def p6_errors(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
 
 
 def engine_rows(devices: Sequence[jax.Device]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """P3 and P7 for each built-in engine on the colocated layout; also returns each engine's report.
-
-    The map is built from the config's meshes before any engine exists, so a colocated run stays
-    registered as sharing even when the engine keeps its own copy on a mesh of its own.
-    """
+    """P3 and P7 for each built-in engine on the colocated layout, and each engine's report. The map
+    is built from the config's meshes before any engine exists, so a colocated run stays registered
+    as sharing even when the engine keeps its own copy on a mesh of its own."""
     engines = ("vanilla", "sglang_jax", "vllm")
     reports = reports_for({engine: Scenario(layout="colocated", engine=engine) for engine in engines}, devices)
     rows = [

@@ -125,12 +125,9 @@ def layouts_held(devices: LabDevices | Sequence[Any]) -> list[str]:
 
 
 def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[list[Any], bool, list[str]]:
-    """Which devices to build layouts on: (devices, simulated, notes).
-
-    Accelerators win when every standard layout over them can hold the lab's models; otherwise
-    (a single chip: only colocated; 6 GPUs: none, their (3, 2) mesh divides no model) the CPU
-    devices beside them, when there are at least two.
-    """
+    """Which devices to build layouts on: (devices, simulated, notes). Accelerators win when every
+    standard layout over them can hold the lab's models (``buildable_layouts``); otherwise (a single
+    chip, 6 GPUs) the CPU devices beside them, when there are at least two."""
     if not accelerators:
         note = (
             f"no standard layout over {len(cpus)} devices can hold the lab's models (each mesh axis must divide "

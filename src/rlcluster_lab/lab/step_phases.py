@@ -3,13 +3,12 @@ with its memory measured on the live buffers.
 
 The step measured is the learner's own (``GRPOLearner.step``): nothing here calls a model or
 re-orders the operations. Each cluster operation the step calls is wrapped while it runs, and
-its ``Phase`` records the wall time, the part of it JAX spent tracing and XLA compiling on the
-calling thread (JAX's own monitoring events, which time only top-level traces, so a first
-step's compiling and a later step's running can be told apart), apart from it the tracing and
-compiling other threads did meanwhile (a first step builds its later programs on more threads,
-``RLCluster.build_ahead``), a memory walk (L2) at the operation's work point
+its ``Phase`` records the wall time; of it, the tracing and XLA compiling on the calling thread
+(JAX's monitoring events time only top-level traces, so a first step's compiling and a later
+step's running can be told apart); apart, the tracing and compiling other threads did meanwhile
+(``RLCluster.build_ahead``); a memory walk (L2) at the operation's work point
 (``cluster.observe.at_work``: the role's model on device if it ever is, P14, and working states
-the cluster does not hold, such as the anchor's device copy, P10), a walk after it, and what it
+the cluster does not hold, such as the anchor's device copy, P10) and one after it; and what it
 returned. Bytes are physical, per entry and memory kind, as in ``measure.memory``.
 """
 

@@ -158,12 +158,9 @@ def _unusable(folder: Path, err: OSError) -> str:
 
 
 def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence[str] | None = None) -> str:
-    """Start the warm-up process when this environment is not warm yet; never waits for it.
-
-    Returns one line saying what happened (started, with its pid and log; already warm; already
-    running; or why not), "" when ``RLCLUSTER_LAB_WARM`` turns it off. ``command``: the process
-    to start (tests pass a stub).
-    """
+    """Start the warm-up process when this environment is not warm yet; never waits for it. Returns
+    one line saying what happened (started, with its pid and log; already warm; already running; or
+    why not), "" when ``RLCLUSTER_LAB_WARM`` turns it off. ``command``: the process to start (tests pass a stub)."""
     if os.environ.get(ENV, "on").strip().lower() in ("0", "off", "false", "no"):
         return ""
     if fcntl is None:

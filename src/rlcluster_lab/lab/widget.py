@@ -59,8 +59,7 @@ class PlacementLab:
         """``devices``: what layouts are built on (default ``jax.devices()``; a notebook passes
         ``rl.setup().devices``). ``families``: which layouts are built on which devices
         (``rl.setup().families``). ``rehearse``: after each Construct, compile a training step's
-        programs in the background (``lab.rehearsal.BackgroundCompile``), so that Training step,
-        after the few seconds that takes, runs a step instead of compiling one."""
+        programs in the background (``lab.rehearsal``), so that Training step runs instead of compiling."""
         self.devices = device_list(devices)  # refused before any widget is made
         self.rehearse = rehearse
         self.background = BackgroundCompile()
