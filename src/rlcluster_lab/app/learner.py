@@ -292,16 +292,10 @@ class GRPOLearner:
             # shardings run the anchor's compiled program (a mini-batch's own shape would compile
             # another); P11 compares the mini-batch's rows.
             live = np.asarray(live_logps(prompt_tokens, completion))[rows]
-            self.p11.append(
-                P11Record(
-                    step=index,
-                    iteration=iteration,
-                    rows=(rows.start, rows.stop),
-                    steps_taken_before=len(self.p11) - first,
-                    live_vs_anchor=float(np.abs(live - anchor[rows]).max()),
-                    anchor_vs_sampler=float(np.abs(anchor[rows] - out.logprobs[rows]).max()),
-                )
-            )
+            live_vs_anchor = float(np.abs(live - anchor[rows]).max())
+            anchor_vs_sampler = float(np.abs(anchor[rows] - out.logprobs[rows]).max())
+            span, before = (rows.start, rows.stop), len(self.p11) - first  # rows; optimizer steps taken
+            self.p11.append(P11Record(index, iteration, span, before, live_vs_anchor, anchor_vs_sampler))
 
         with waiting("update_actor"):
             metrics = cluster.update_actor(batch, on_step=probe)

@@ -114,13 +114,11 @@ def buildable_layouts(devices: Sequence[Any]) -> list[str]:
 
 @functools.lru_cache(maxsize=64)
 def _buildable(count: int) -> tuple[str, ...]:
-    out = []
-    for layout in reachable_layouts(range(count)):
+    def holds(layout: str) -> bool:  # some model size, on the layout's meshes
         meshes = layout_meshes(layout, list(range(count)), make=PlannedMesh.build)
-        scenario = Scenario(layout=layout)
-        if any(_unplaceable(scenario, size, lambda role: None, meshes) is None for size in MODEL_SIZES):
-            out.append(layout)
-    return tuple(out)
+        return any(_unplaceable(Scenario(layout=layout), m, lambda role: None, meshes) is None for m in MODEL_SIZES)
+
+    return tuple(layout for layout in reachable_layouts(range(count)) if holds(layout))
 
 
 def _unplaceable(

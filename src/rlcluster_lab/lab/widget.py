@@ -299,9 +299,8 @@ class PlacementLab:
             self.notes.clear()
             self.knobs.mark_at_fault(())
             self._from_action = False
-            self.status.say(
-                sentences.note_outlived(self._failed, self._cluster is not None), sentences.said_before(said or "")
-            )
+            outlived = sentences.note_outlived(self._failed, self._cluster is not None)
+            self.status.say(outlived, sentences.said_before(said or ""))
         self._say_rank()
 
     def _say_rank(self) -> None:
