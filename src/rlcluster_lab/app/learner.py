@@ -214,9 +214,7 @@ class GRPOLearner:
                 "LearnerConfig(critic=True) needs a cluster built with critic=... (Scenario(with_critic=True))"
             )
         check_learner_batch(config, cluster.cluster_config.training_config)
-        self.use_reward_model = use_reward_model
-        self.cluster = cluster
-        self.config = config
+        self.cluster, self.config, self.use_reward_model = cluster, config, use_reward_model
         self.reward_fn = reward_fn or lowercase_reward
         # What the reward curve measures, read from the reward function (or model) itself.
         self.reward_words = REWARD_MODEL_WORDS if use_reward_model else RewardWords.of(self.reward_fn)

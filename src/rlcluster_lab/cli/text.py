@@ -92,11 +92,9 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
         f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
         f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms{program}",
     ]
-    if sync.get("device_put_seconds"):
-        floor = sync["device_put_seconds"]
-        lines.append(
-            f"  one device_put of the same tree {floor * 1e3:.2f} ms: the handover took {sync['seconds'] / floor:.1f}x"
-        )
+    if floor := sync.get("device_put_seconds"):
+        took = sync["seconds"] / floor
+        lines.append(f"  one device_put of the same tree {floor * 1e3:.2f} ms: the handover took {took:.1f}x")
     return lines + plan_text(sync) + _peak_lines(sync.get("transient_peak"))
 
 
@@ -111,8 +109,7 @@ def _peak_lines(peak: dict[str, Any] | None) -> list[str]:
     """The sync's transient peak (L3): the busiest device, per memory kind, and where it is."""
     if not peak:
         return []
-    top = peak["max_bytes"]
-    device = peak.get("max_device")
+    top, device = peak["max_bytes"], peak.get("max_device")
     where = f" on device {device}, at {peak['phase_at_peak'][device]}" if device is not None else ""
     from rlcluster_lab.measure.sync_peak import chunk_words
 

@@ -130,9 +130,7 @@ def describe(value: Any) -> str:
         if value and all(isinstance(v, Mapping) for v in value):
             text += f" (keys: {', '.join(sorted(value[0]))})"
         return text
-    if isinstance(value, (int, float, str, bool)) or value is None:
-        return repr(value)
-    return type(value).__name__
+    return repr(value) if isinstance(value, (int, float, str, bool)) or value is None else type(value).__name__
 
 
 def returned_fields(value: Any) -> tuple[tuple[str, str], ...]:
@@ -224,8 +222,7 @@ class _Recorder:
 
     def _walk(self, extra: Mapping[str, Any] | None = None) -> MemoryReport:
         start = time.perf_counter()
-        entries = cluster_entries(self._cluster)
-        entries.update(extra or {})
+        entries = cluster_entries(self._cluster) | dict(extra or {})
         report = memory_of(entries, devices=self._cluster.devices())
         self.walk_seconds += time.perf_counter() - start
         return report
@@ -433,5 +430,4 @@ def seconds_rows(steps: Mapping[str, StepPhases]) -> list[dict[str, Any]]:
         if [p.name for p in step.phases] != names:
             raise ValueError(f"{label!r} ran other phases than {labelled[0][0]!r}; compare steps of one learner kind")
     rows = [{"phase": n, **{f"{label} ms": _ms(step.phase(n).seconds) for label, step in labelled}} for n in names]
-    rows.append({"phase": "whole step", **{f"{label} ms": _ms(step.seconds) for label, step in labelled}})
-    return rows
+    return [*rows, {"phase": "whole step", **{f"{label} ms": _ms(step.seconds) for label, step in labelled}}]

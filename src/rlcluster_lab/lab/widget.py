@@ -80,9 +80,7 @@ class PlacementLab:
         self._constructed: dict[str, tuple[str, str]] | None = None  # the knobs' settings at the last Construct
         self._failed = False  # whether the note shown is a failure's (else a refusal's)
         self._from_action = False  # whether the note shown is an action's (a refusal or failure), not the rank box's
-        self.display = Display()
-        self.status = StatusLine()
-        self.notes = Notes()
+        self.display, self.status, self.notes = Display(), StatusLine(), Notes()
         self._make_buttons()
         self.widget = self._assemble()
         self._refresh_buttons()
