@@ -37,11 +37,7 @@ TOY_PROMPTS: tuple[str, ...] = ("abc", "the cat", "hello", "xyz", "rl is", "jax 
 @dataclasses.dataclass(frozen=True)
 class RewardWords:
     """What a learner's reward function rewards and what a rising mean reward means, in words:
-    what every view of a reward curve says beside it (the CLI's ``learn``).
-
-    A reward function declares them with ``@rewards(...)``; one that does not is described by
-    its name and the first line of its docstring.
-    """
+    what every view of a reward curve says beside it (the CLI's ``learn``)."""
 
     rewarded: str
     rising: str
@@ -55,9 +51,8 @@ class RewardWords:
         name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
         doc = (getattr(reward_fn, "__doc__", None) or "").strip().splitlines()
         said = f": {doc[0].rstrip('.')}" if doc and doc[0] and not isinstance(reward_fn, type) else ""
-        return cls(
-            f"what {name} returns for each completion{said}", f"the completions score higher under {name}, on average"
-        )
+        rewarded = f"what {name} returns for each completion{said}"
+        return cls(rewarded, f"the completions score higher under {name}, on average")
 
 
 # ``use_reward_model=True``: the cluster's reward model scores (a ``Scenario(with_reward=True)`` one
@@ -92,11 +87,8 @@ def lowercase_reward(prompts: Sequence[str], completions: Sequence[str]) -> np.n
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-    """Knobs of the loop. ``batch_size`` counts completions (prompts x group).
-
-    ``critic``: PPO-style advantages from the cluster's critic, which is
-    trained every step, instead of GRPO's group normalisation.
-    """
+    """Knobs of the loop. ``batch_size`` counts completions (prompts x group). ``critic``: PPO-style
+    advantages from the cluster's critic, trained every step, instead of GRPO's group normalisation."""
 
     steps: int = 30
     prompts_per_step: int = 4
@@ -222,9 +214,7 @@ class GRPOLearner:
                 "LearnerConfig(critic=True) needs a cluster built with critic=... (Scenario(with_critic=True))"
             )
         check_learner_batch(config, cluster.cluster_config.training_config)
-        self.use_reward_model = use_reward_model
-        self.cluster = cluster
-        self.config = config
+        self.cluster, self.config, self.use_reward_model = cluster, config, use_reward_model
         self.reward_fn = reward_fn or lowercase_reward
         # What the reward curve measures, read from the reward function (or model) itself.
         self.reward_words = REWARD_MODEL_WORDS if use_reward_model else RewardWords.of(self.reward_fn)
@@ -232,10 +222,8 @@ class GRPOLearner:
         self._rng = np.random.default_rng(config.seed)
         self.history: list[StepRecord] = []
         self.p11: list[P11Record] = []
-        # A first step builds its later programs on more threads (RLCluster.build_ahead's parts):
-        # True for both the scoring and the update programs, a tuple naming the ones wanted, False
-        # for none. The lab's rehearsal, background work beside a person's clicks, builds the
-        # update alone.
+        # The programs a first step builds on more threads (RLCluster.build_ahead's parts): True for
+        # all, a tuple naming them, False for none. The rehearsal, beside a person's clicks, builds the update alone.
         self.builds_ahead: bool | tuple[str, ...] = True
         # Whether its syncs walk their transient peak (the lab's view shows it; a run need not).
         self.sync_peak = False
@@ -256,9 +244,8 @@ class GRPOLearner:
         (``RLCluster.build_ahead``); when it returns or raises, nothing it started is still running."""
         cfg = self.config
         cluster = self.cluster
-        chosen = self._rng.choice(
-            len(self.prompts), size=cfg.prompts_per_step, replace=len(self.prompts) < cfg.prompts_per_step
-        )
+        n = len(self.prompts)
+        chosen = self._rng.choice(n, size=cfg.prompts_per_step, replace=n < cfg.prompts_per_step)
         prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
         if self.builds_ahead and not self.history:
             cluster.build_ahead(prompts, self.builds_ahead)
@@ -296,25 +283,17 @@ class GRPOLearner:
             with waiting("log-probs (reference)"):
                 ref = np.asarray(cluster.per_token_logps(Role.REFERENCE, prompt_tokens, completion))
         batch = TrainBatch(prompt_tokens, completion, advantages, anchor, ref)
-        index = len(self.history)
-        taken = [0]
+        index, first = len(self.history), len(self.p11)
 
         def probe(iteration: int, rows: slice, live_logps: Callable[..., Any]) -> None:
             # The live weights score the whole batch, as the anchor did: the same shapes and
             # shardings run the anchor's compiled program (a mini-batch's own shape would compile
             # another); P11 compares the mini-batch's rows.
             live = np.asarray(live_logps(prompt_tokens, completion))[rows]
-            self.p11.append(
-                P11Record(
-                    step=index,
-                    iteration=iteration,
-                    rows=(rows.start, rows.stop),
-                    steps_taken_before=taken[0],
-                    live_vs_anchor=float(np.abs(live - anchor[rows]).max()),
-                    anchor_vs_sampler=float(np.abs(anchor[rows] - out.logprobs[rows]).max()),
-                )
-            )
-            taken[0] += 1
+            live_vs_anchor = float(np.abs(live - anchor[rows]).max())
+            anchor_vs_sampler = float(np.abs(anchor[rows] - out.logprobs[rows]).max())
+            span, before = (rows.start, rows.stop), len(self.p11) - first  # rows; optimizer steps taken
+            self.p11.append(P11Record(index, iteration, span, before, live_vs_anchor, anchor_vs_sampler))
 
         with waiting("update_actor"):
             metrics = cluster.update_actor(batch, on_step=probe)
@@ -326,6 +305,7 @@ class GRPOLearner:
         with waiting("sync_weights"):
             sync = cluster.sync_weights(peak=self.sync_peak)
         reasons = [r for r in (rejection_reason(m) for m in metrics) if r is not None]
+        kept = f"{len(reasons)} of {len(metrics)} optimizer steps kept the previous parameters and optimizer state"
         record = StepRecord(
             step=index,
             mean_reward=float(rewards.mean()),
@@ -334,12 +314,7 @@ class GRPOLearner:
             optimizer_steps=len(metrics),
             sync=sync,
             rejected_steps=len(reasons),
-            rejected=(
-                f"{len(reasons)} of {len(metrics)} optimizer steps kept the previous parameters and "
-                f"optimizer state: {reasons[0]}"
-                if reasons
-                else None
-            ),
+            rejected=f"{kept}: {reasons[0]}" if reasons else None,
             value_loss=value_loss,
         )
         self.history.append(record)

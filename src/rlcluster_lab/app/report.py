@@ -42,9 +42,8 @@ class PlacementFacts:
     memory: MemoryReport
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
-        out["memory"] = self.memory.to_json()
-        return out
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
+        return fields | {"memory": self.memory.to_json()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +53,7 @@ class PlacementReport(PlacementFacts):
     sync: SyncReport | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = super().to_json()
-        out["sync"] = self.sync.to_json() if self.sync is not None else None
-        return out
+        return super().to_json() | {"sync": self.sync.to_json() if self.sync is not None else None}
 
 
 def devices_text(report: Mapping[str, Any]) -> str:

@@ -92,8 +92,7 @@ def validate(
     if err is not None:
         # The knobs that can fix it: the engine when its own mesh is the one that cannot hold the
         # model, the device count, and the model size only when another size fits these meshes.
-        rollout = Role.ROLLOUT
-        own_mesh = err.role == rollout.value and meshes[rollout] is not config.role_to_mesh[rollout]
+        own_mesh = err.role == "rollout" and meshes[Role.ROLLOUT] is not config.role_to_mesh[Role.ROLLOUT]
         another_fits = any(
             m != scenario.model_size and not _unplaceable(scenario, m, config.logical_axis_rules, meshes)
             for m in MODEL_SIZES
@@ -115,13 +114,11 @@ def buildable_layouts(devices: Sequence[Any]) -> list[str]:
 
 @functools.lru_cache(maxsize=64)
 def _buildable(count: int) -> tuple[str, ...]:
-    out = []
-    for layout in reachable_layouts(range(count)):
+    def holds(layout: str) -> bool:  # some model size, on the layout's meshes
         meshes = layout_meshes(layout, list(range(count)), make=PlannedMesh.build)
-        scenario = Scenario(layout=layout)
-        if any(_unplaceable(scenario, size, lambda role: None, meshes) is None for size in MODEL_SIZES):
-            out.append(layout)
-    return tuple(out)
+        return any(_unplaceable(Scenario(layout=layout), m, lambda role: None, meshes) is None for m in MODEL_SIZES)
+
+    return tuple(layout for layout in reachable_layouts(range(count)) if holds(layout))
 
 
 def _unplaceable(
@@ -172,7 +169,7 @@ def check_memory(
             gives both figures and how to ask for less.
     """
     # The engine's KV cache for one prompt, whatever the batch (a batch is checked by generate).
-    check_rollout_fits(scenario, 1, f"a KV cache of {scenario.kv_cache_size:,} slots", "lower kv_cache_size")
+    check_fits(rollout_bytes(scenario, 1), f"a KV cache of {scenario.kv_cache_size:,} slots", "lower kv_cache_size")
     size = get_model_config(scenario.model_size)
     params = size.num_params + (size.lora_params(scenario.lora_rank) if scenario.lora else 0)
     draw = size.num_params * _DRAW_ITEMSIZE
@@ -219,22 +216,10 @@ def check_memory(
 def rollout_bytes(scenario: Scenario, rows: int) -> int:
     """Bytes one rollout of ``rows`` completions holds at once, from shapes: the engine's KV cache
     (``kv_cache_size`` slots, the model's dtype) and the float32 logits of every slot (the
-    models themselves are ``check_memory``'s)."""
+    models themselves are ``check_memory``'s). A batch that would not fit is refused with
+    ``core.limits.check_fits`` before anything is allocated."""
     size, slots = get_model_config(scenario.model_size), scenario.kv_cache_size
     return size.kv_cache_bytes(rows, slots) + int(rows) * slots * size.vocab_size * 4
-
-
-def check_rollout_fits(scenario: Scenario, rows: int, what: str = "", fix: str = "") -> None:
-    """Refuse a batch of ``rows`` completions whose rollout would not fit in host memory.
-
-    Raises:
-        TooLargeError: ``rollout_bytes`` exceeds ``core.limits.limit_bytes()``; nothing was allocated.
-    """
-    check_fits(
-        rollout_bytes(scenario, rows),
-        what or f"a rollout of {rows:,} completions with the {scenario.model_size} model",
-        fix or "sample fewer completions at once",
-    )
 
 
 def build_cluster(

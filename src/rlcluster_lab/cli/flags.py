@@ -13,11 +13,8 @@ _TYPES = {"int": int, "float": float}
 
 
 def add_knob_flags(p: argparse.ArgumentParser, command: str, **overrides: dict[str, Any]) -> None:
-    """Every knob flag ``command`` takes, in the table's order, each setting its knob's field,
-    and ``--json``.
-
-    ``overrides``: by field, what this command says otherwise (``default``, ``choices``, ``help``).
-    """
+    """Every knob flag ``command`` takes, in the table's order, each setting its knob's field, and
+    ``--json``. ``overrides``: by field, what this command says otherwise (``default``, ``choices``, ``help``)."""
     for knob in KNOBS.values():
         if knob.flag and command in knob.commands:
             names = (knob.flag, knob.alias) if knob.alias else (knob.flag,)

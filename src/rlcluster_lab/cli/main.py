@@ -227,8 +227,9 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
 def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """The learner's scenario and settings, checked (the rollout's memory too) before the backend starts."""
     from rlcluster_lab.app.learner import LearnerConfig, check_learner_batch
-    from rlcluster_lab.app.scenario import check_rollout_fits
+    from rlcluster_lab.app.scenario import rollout_bytes
     from rlcluster_lab.core.config import TrainingConfig
+    from rlcluster_lab.core.limits import check_fits
 
     scenario = scenario_from(args, max_tokens=args.max_tokens)
     # Each learner flag sets the field of its name (``core.knobs``). With --critic the learner runs
@@ -237,9 +238,8 @@ def _learn_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     config = LearnerConfig(**fields_given(LearnerConfig, args), critic=args.with_critic)
     check_learner_batch(config, training)
     check_scenario(scenario)
-    check_rollout_fits(
-        scenario,
-        config.batch_size,
+    check_fits(
+        rollout_bytes(scenario, config.batch_size),
         f"a learner step of {config.batch_size:,} completions (--prompts-per-step {config.prompts_per_step:,} "
         f"x --group-size {config.group_size:,}) with the {scenario.model_size} model",
         "lower --prompts-per-step or --group-size",

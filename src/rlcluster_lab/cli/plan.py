@@ -82,8 +82,7 @@ def format_plan(data: Mapping[str, Any]) -> str:
         lines.append(f"  peak extra {kind} bytes on one device during the sync: {fmt_bytes(peak)}")
     transient = sync.get("transient_peak")
     if transient:
-        top = transient["max_bytes"]
-        chunks = transient["chunks"]
+        top, chunks = transient["max_bytes"], transient["chunks"]
         lines.append(
             "  transient peak on one device (new arrays before the old go, staging, arrays in flight"
             + (", program temporaries" if transient["method"]["program_temporaries"].startswith("computed") else "")
@@ -136,8 +135,7 @@ def _step_lines(data: Mapping[str, Any]) -> list[str]:
     if len(hosts) > len(shown):
         lines.append(f"  {len(hosts)} hosts; the fullest:")
     for h in shown:
-        ids = h["device_ids"]
-        cap = h["host_memory"]
+        ids, cap = h["device_ids"], h["host_memory"]
         lines.append(
             f"  host {h['host']} (devices {ids[0]}..{ids[-1]}): busiest device {fmt_bytes(h['device_peak_bytes'])}; "
             f"RAM {fmt_bytes(h['ram_bytes'])}"

@@ -19,17 +19,13 @@ _ERASE = "\r\x1b[K"  # back to the start of the line, erase to its end
 
 
 class ProgressLine:
-    """Shows ``waits.status()`` on ``stream`` once a wait has lasted ``delay`` seconds, one line
-    redrawn every ``interval`` seconds by a thread (``start``, ``stop``); a wait that begins or
+    """Shows ``waits.status()`` on ``stream`` once a wait has lasted ``DELAY_S`` seconds, one line
+    redrawn every ``INTERVAL_S`` seconds by a thread (``start``, ``stop``); a wait that begins or
     ends draws at once (``tick``), so the line is gone before anything else is printed."""
 
-    def __init__(
-        self, stream: TextIO, waits: Waits = WAITS, *, delay: float = DELAY_S, interval: float = INTERVAL_S
-    ) -> None:
+    def __init__(self, stream: TextIO, waits: Waits = WAITS) -> None:
         self.stream = stream
         self.waits = waits
-        self.delay = delay
-        self.interval = interval
         self.shown = ""
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -39,7 +35,7 @@ class ProgressLine:
     def tick(self) -> str:
         """Draw what is waited for now, or erase the line; returns the text shown ("" for none)."""
         status = self.waits.status()
-        text = status.line()[:WIDTH] if status is not None and status.elapsed_s >= self.delay else ""
+        text = status.line()[:WIDTH] if status is not None and status.elapsed_s >= DELAY_S else ""
         with self._lock:
             try:
                 if text or self.shown:  # draw the line, or erase the one shown
@@ -71,7 +67,7 @@ class ProgressLine:
                 self.shown = ""
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(INTERVAL_S):
             self.tick()
 
 
@@ -91,7 +87,6 @@ def progress_line(stream: TextIO | None, *, json_output: bool) -> Iterator[Progr
     if not wants_progress(stream, json_output):
         yield None
         return
-    assert stream is not None
     line = ProgressLine(stream).start()
     try:
         yield line

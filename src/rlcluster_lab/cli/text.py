@@ -47,12 +47,10 @@ def format_memory(memory: dict[str, Any]) -> list[str]:
         kinds = ", ".join(f"{k} {v:,}" for k, v in r["by_kind"].items())
         lines.append(f"  {role:<16} {r['bytes']:>14,}  ({kinds})")
     for g in memory["shared"]:
-        lines.append(
-            f"  shared by {' + '.join(g['roles'])}: {g['bytes']:,} bytes in {g['buffers']} buffers (counted once)"
-        )
-    lines.append(
-        f"  unique {memory['unique_bytes']:,} bytes; naive (every role its own copy) {memory['naive_bytes']:,}"
-    )
+        roles = " + ".join(g["roles"])
+        lines.append(f"  shared by {roles}: {g['bytes']:,} bytes in {g['buffers']} buffers (counted once)")
+    unique, naive = memory["unique_bytes"], memory["naive_bytes"]
+    lines.append(f"  unique {unique:,} bytes; naive (every role its own copy) {naive:,}")
     alloc = memory["allocator"]
     if not alloc["available"]:
         lines.append(f"  allocator: {alloc['note']}")
@@ -94,11 +92,9 @@ def format_sync(sync: dict[str, Any]) -> list[str]:
         f"  anchor re-pin {sync['anchor_bytes']:,} bytes to pinned host; handover {sync['seconds'] * 1e3:.2f} ms,"
         f" re-pin {sync['anchor_seconds'] * 1e3:.2f} ms{program}",
     ]
-    if sync.get("device_put_seconds"):
-        floor = sync["device_put_seconds"]
-        lines.append(
-            f"  one device_put of the same tree {floor * 1e3:.2f} ms: the handover took {sync['seconds'] / floor:.1f}x"
-        )
+    if floor := sync.get("device_put_seconds"):
+        took = sync["seconds"] / floor
+        lines.append(f"  one device_put of the same tree {floor * 1e3:.2f} ms: the handover took {took:.1f}x")
     return lines + plan_text(sync) + _peak_lines(sync.get("transient_peak"))
 
 
@@ -113,8 +109,7 @@ def _peak_lines(peak: dict[str, Any] | None) -> list[str]:
     """The sync's transient peak (L3): the busiest device, per memory kind, and where it is."""
     if not peak:
         return []
-    top = peak["max_bytes"]
-    device = peak.get("max_device")
+    top, device = peak["max_bytes"], peak.get("max_device")
     where = f" on device {device}, at {peak['phase_at_peak'][device]}" if device is not None else ""
     from rlcluster_lab.measure.sync_peak import chunk_words
 

@@ -77,10 +77,8 @@ class ChipFigures:
 
     def to_json(self) -> dict[str, Any]:
         """The figures as saved by ``--save`` (``live`` is not saved: a reader is never live)."""
-        out = dataclasses.asdict(self)
-        out.pop("live")
-        out["rows"] = list(self.rows)
-        return out
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "live"}
+        return out | {"rows": list(self.rows)}
 
 
 def chip_figures(accelerators: Sequence[Any], model_size: str | None = None) -> ChipFigures:
@@ -126,7 +124,8 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
     rows = []
 
     def row(what: str, seconds: float, nbytes: int) -> None:
-        rows.append({"operation": what, "bytes": nbytes, "ms": round(seconds * 1e3, 2), "GB/s": _rate(nbytes, seconds)})
+        rate = round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("inf")
+        rows.append({"operation": what, "bytes": nbytes, "ms": round(seconds * 1e3, 2), "GB/s": rate})
 
     for _ in range(2):
         cluster.sync_weights()
@@ -154,10 +153,6 @@ def measure(device: Any, model_size: str = "large", commit: str | None = None) -
         live=True,
         rows=tuple(rows),
     )
-
-
-def _rate(nbytes: int, seconds: float) -> float:
-    return round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("inf")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

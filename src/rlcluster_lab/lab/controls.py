@@ -84,10 +84,8 @@ class Knobs:
 
     Args:
         devices: the devices the layouts are built on (and the custom rollout mesh picks from).
-        families: which layouts are built on which devices (``LabDevices.families``: on a single
-            chip, colocated and reshaped on the chip, split on the simulated CPU devices beside
-            it); the layout menu then names where each is built. None: every layout ``devices``
-            can form, on them.
+        families: which layouts are built on which devices (``LabDevices.families``); the layout
+            menu then names where each is built. None: every layout ``devices`` can form, on them.
     """
 
     def __init__(self, devices: Sequence[jax.Device], families: Sequence[LayoutFamily] | None = None) -> None:
@@ -112,20 +110,13 @@ class Knobs:
         ]
         self.devices_box = widgets.HBox(self.device_toggles, layout=widgets.Layout(flex_flow="row wrap"))
         self.custom_note = widgets.HTML(layout=widgets.Layout(width=f"{KNOB_WIDTH}px"))
-        self.custom_box = widgets.VBox(
-            [
-                widgets.HTML(f"<b>{label('rollout_devices')}</b> (picked: filled)"),
-                self.devices_box,
-                self.rollout_shape,
-                self.custom_note,
-            ]
-        )
+        title = widgets.HTML(f"<b>{label('rollout_devices')}</b> (picked: filled)")
+        self.custom_box = widgets.VBox([title, self.devices_box, self.rollout_shape, self.custom_note])
         self.layout.observe(lambda _c: self._update_custom_visibility(), names="value")
         for knob in (self.lora, self.engine):
             knob.observe(lambda _c: self._update_applicability(), names="value")
-        for toggle in self.device_toggles:
-            toggle.observe(lambda _c: self._update_shape_options(), names="value")
-        self.model_size.observe(lambda _c: self._update_shape_options(), names="value")
+        for widget in [*self.device_toggles, self.model_size]:
+            widget.observe(lambda _c: self._update_shape_options(), names="value")
         self._update_shape_options()
         for name, w in self.named().items():
             w.add_class(f"rl-{name}")  # lets a browser test find each control
@@ -173,12 +164,9 @@ class Knobs:
         return str(widget.description), knob_value(widget)
 
     def mark_pending(self, before: dict[str, tuple[str, str]] | None) -> list[tuple[str, str, str]]:
-        """Mark the knobs whose setting differs from ``before`` (``settings`` at the last
-        Construct; None: no cluster, nothing pending), and only those.
-
-        Returns:
-            (label, setting then, setting now) per changed knob, top to bottom.
-        """
+        """Mark the knobs whose setting differs from ``before`` (``settings`` at the last Construct;
+        None: no cluster, nothing pending), and only those; returns (label, setting then, setting
+        now) per changed knob, top to bottom."""
         now, then = self.settings(), before or {}
         # A knob that applies on one side only changed because another did, which is listed.
         changed = [f for f in now if f in then and now[f] != then[f]]
@@ -192,11 +180,8 @@ class Knobs:
             widget.observe(lambda _c: callback(), names="value")
 
     def mark_at_fault(self, fields: Iterable[str]) -> list[str]:
-        """Outline the knobs a refusal names (``ConfigError.knobs``), and only those.
-
-        Returns:
-            The fields marked (those that are knobs here).
-        """
+        """Outline the knobs a refusal names (``ConfigError.knobs``), and only those; returns the
+        fields marked (those that are knobs here)."""
         wanted = set(fields)
         for field, widget in self.outlined().items():
             (widget.add_class if field in wanted else widget.remove_class)("rl-at-fault")
@@ -236,17 +221,13 @@ class Knobs:
             # New options leave no selection; the standard shape is the natural one.
             self.rollout_shape.value = options[0][1]
         main = default_shape(len(self.devices))
-        self.custom_note.value = (
-            "<small>"
-            + (
-                f"actor, reference, reward, critic: all {len(self.devices)} devices as "
-                f"{main[0]} x {main[1]}. Pick them all as {main[0]} x {main[1]} and P1 sees one mesh; "
-                "the same devices in another shape are another mesh."
-                if options
-                else self._no_shape_reason(picked)
-            )
-            + "</small>"
+        note = (
+            f"actor, reference, reward, critic: all {len(self.devices)} devices as {main[0]} x {main[1]}. Pick them "
+            f"all as {main[0]} x {main[1]} and P1 sees one mesh; the same devices in another shape are another mesh."
+            if options
+            else self._no_shape_reason(picked)
         )
+        self.custom_note.value = f"<small>{note}</small>"
 
     def _no_shape_reason(self, picked: int) -> str:
         """Why the shape menu is empty, in the widgets' words."""

@@ -55,10 +55,8 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     columns = list(columns or rows[0].keys())
     cells = [[_cell(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
+    table = [columns, ["-" * w for w in widths], *cells]  # the heading, its rule, the rows
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in table)
 
 
 def _cell(value: Any) -> str:
@@ -81,13 +79,8 @@ def layout_rows(devices: Devices) -> list[dict[str, Any]]:
     for layout in layouts_held(devices):
         on = layout_devices(devices, layout)
         meshes = layout_meshes(layout, on)
-        rows.append(
-            {
-                "layout": layout,
-                "actor, reference, reward, critic": _mesh_text(meshes[Role.ACTOR]),
-                "rollout": _mesh_text(meshes[Role.ROLLOUT]),
-            }
-        )
+        actor, rollout = _mesh_text(meshes[Role.ACTOR]), _mesh_text(meshes[Role.ROLLOUT])
+        rows.append({"layout": layout, "actor, reference, reward, critic": actor, "rollout": rollout})
         wheres[layout] = {"where": devices_words(on)}
     return where_column(rows, wheres)
 
@@ -101,8 +94,7 @@ def _mesh_text(mesh: Any) -> str:
 
 
 # Where the experiments build: the devices themselves, or what ``setup()`` returned, whose
-# ``devices_for(layout)`` puts each layout on its own devices (on a single chip, colocated and
-# reshaped on the chip, split on the simulated CPU devices beside it).
+# ``devices_for(layout)`` puts each layout on its own devices.
 Devices = LabDevices | Sequence[jax.Device]
 
 
@@ -111,13 +103,11 @@ def reports_for(
 ) -> dict[str, dict[str, Any]]:
     """Build each scenario's cluster (on ``lab.setup.layout_devices`` of its layout) and keep only
     its placement report (JSON)."""
-    return each(
-        scenarios.items(),
-        lambda scenario: placement_report(
-            build_cluster(scenario, devices=layout_devices(devices, scenario.layout))
-        ).to_json(),
-        progress,
-    )
+
+    def report(scenario: Scenario) -> dict[str, Any]:
+        return placement_report(build_cluster(scenario, devices=layout_devices(devices, scenario.layout))).to_json()
+
+    return each(scenarios.items(), report, progress)
 
 
 def where_column(rows: list[dict[str, Any]], reports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -125,9 +115,7 @@ def where_column(rows: list[dict[str, Any]], reports: Mapping[str, Mapping[str, 
     they come from different devices (a single chip beside simulated CPU devices); as they are
     when every report names the same ``where`` (the tables' heading then says it once)."""
     wheres = [str(r.get("where") or "") for r in reports.values()]
-    if len(set(wheres)) <= 1:
-        return rows
-    return [{**row, "on": where} for row, where in zip(rows, wheres)]
+    return rows if len(set(wheres)) <= 1 else [{**row, "on": where} for row, where in zip(rows, wheres)]
 
 
 def decision_lines(report: Mapping[str, Any], rules: Sequence[str]) -> str:
@@ -141,12 +129,9 @@ def decision_lines(report: Mapping[str, Any], rules: Sequence[str]) -> str:
 
 
 def mesh_identity(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
-    """P1's test, ``==`` on meshes, for meshes over the same devices built different ways.
-
-    JAX interns meshes: building the same devices, shape, axis names and axis
-    types twice gives back one object. Change any of the four and it is another
-    mesh (the lab's meshes all have Auto axes, so the rows vary the other three).
-    """
+    """P1's test, ``==`` on meshes, for meshes over the same devices built different ways. JAX interns
+    meshes: the same devices, shape, axis names and axis types give back one object; change any of
+    the four and it is another mesh (the lab's axes are all Auto: the rows vary the rest)."""
     devices = list(devices)
     n = len(devices)
     shape = default_shape(n)
@@ -164,11 +149,8 @@ def mesh_identity(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
 
 
 def sharing_maps(devices: Sequence[jax.Device]) -> list[dict[str, Any]]:
-    """The sharing map (P1, P2, propagation) of every reachable layout, with and without LoRA.
-
-    A pure function of the meshes and two facts about the models, so no model
-    is built here.
-    """
+    """The sharing map (P1, P2, propagation) of every reachable layout, with and without LoRA:
+    a pure function of the meshes and two facts about the models, so no model is built."""
     rows = []
     for layout in reachable_layouts(devices):
         for lora in (False, True):
@@ -282,12 +264,9 @@ def p6_errors(devices: Sequence[jax.Device]) -> list[dict[str, str]]:
 
 
 def engine_rows(devices: Sequence[jax.Device]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """P3 and P7 for each built-in engine on the colocated layout; also returns each engine's report.
-
-    The map is built from the config's meshes before any engine exists, so a
-    colocated run stays registered as sharing even when the engine keeps its
-    own copy on a mesh of its own.
-    """
+    """P3 and P7 for each built-in engine on the colocated layout, and each engine's report. The map
+    is built from the config's meshes before any engine exists, so a colocated run stays registered
+    as sharing even when the engine keeps its own copy on a mesh of its own."""
     engines = ("vanilla", "sglang_jax", "vllm")
     reports = reports_for({engine: Scenario(layout="colocated", engine=engine) for engine in engines}, devices)
     rows = [
@@ -344,9 +323,7 @@ def p11_compare(
     devices: Sequence[jax.Device], steps: int = 8, progress: Tick | None = None
 ) -> dict[str, dict[str, Any]]:
     """One short run per (mini-batch size, iterations) setting, batch 16; label -> run JSON.
-
-    ``progress`` is called once per GRPO step of every run.
-    """
+    ``progress`` is called once per GRPO step of every run."""
     settings = ((16, 1), (8, 1), (8, 2))
     cases = [(f"mini-batch {mini}, {it} iteration{'s' if it > 1 else ''}", (mini, it)) for mini, it in settings]
     return each(
@@ -408,11 +385,9 @@ SYNC_COLUMNS = (
 
 
 def sync_matrix(devices: Devices, engine: str = "vanilla", progress: Tick | None = None) -> dict[str, dict[str, Any]]:
-    """The measured sync (L3) of each layout, with a full and a LoRA actor.
-
-    Each cluster syncs twice and the second sync is kept: the first one also
-    compiles the resharding programs, which is not what a sync costs in a run.
-    """
+    """The measured sync (L3) of each layout, with a full and a LoRA actor. Each cluster syncs
+    twice and the second is kept: the first also compiles the resharding programs, which is not
+    what a sync costs in a run."""
 
     def second_sync(scenario: Scenario) -> dict[str, Any]:
         cluster = build_cluster(scenario, devices=layout_devices(devices, scenario.layout))

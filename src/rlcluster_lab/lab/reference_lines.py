@@ -73,16 +73,14 @@ class ReferenceCode:
             lines += [f"# {span.where}", span.numbered()]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.text()
+    __str__ = text
 
     def _repr_html_(self) -> str:
         out = [f"<div style='{CAPTION}'><b>{html.escape(self.heading)}</b></div>"]
         if self.note:
             link = f"<a href='{REFERENCE.url}' target='_blank'>{REFERENCE.url}</a>"
-            out.append(
-                f"<div style='{CAPTION}'>{inline_html(self.note).replace(html.escape(REFERENCE.url), link)}</div>"
-            )
+            note = inline_html(self.note).replace(html.escape(REFERENCE.url), link)
+            out.append(f"<div style='{CAPTION}'>{note}</div>")
         for span in self.spans:
             out.append(f"<div style='{CAPTION};margin-top:4px'>{inline_html(span.where)}</div>")
             out.append(highlight(span.source, span.first))
@@ -182,7 +180,6 @@ def _resolve(tree: ast.Module, dotted: str) -> tuple[ast.AST, list[ast.stmt]]:
         if node is None:
             raise LookupError(f"{'.'.join(parts[:depth]) or 'the module'} has no {name}")
         body = node.body  # type: ignore[attr-defined]
-    assert node is not None
     return node, aliases
 
 
@@ -259,9 +256,8 @@ def reference_code(rule: str) -> ReferenceCode:
     entry = find_rule(rule)
     if not entry.reference:
         added = ", one of what the lab adds to see and measure the rules" if rule.startswith("L") else ""
-        return ReferenceCode(
-            rule, None, REFERENCE.path, note=f"Tunix's {REFERENCE.path} has no lines for {rule}{added}."
-        )
+        note = f"Tunix's {REFERENCE.path} has no lines for {rule}{added}."
+        return ReferenceCode(rule, None, REFERENCE.path, note=note)
     installed = _installed_reference()
     if installed is None:
         note = (

@@ -25,12 +25,9 @@ REHEARSAL = "rehearsal"
 
 
 class BackgroundCompile:
-    """The rehearsal of the next training step on a thread of its own, one at a time.
-
-    ``start`` begins one after each Construct; a Training step ``join``s it first. While it
-    runs, ``programs`` lists what it has compiled so far, so a wait for it can say what it
-    waits for.
-    """
+    """The rehearsal of the next training step on a thread of its own, one at a time: ``start``
+    begins one after each Construct, a Training step ``join``s it first, and ``programs`` lists
+    what it has compiled so far, so a wait for it can say what it waits for."""
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
@@ -49,12 +46,11 @@ class BackgroundCompile:
         """Rehearse ``learner``'s next step in the background (after any rehearsal still running:
         two would only compete for the cores)."""
         previous = self._thread
-        compiled: list[tuple[str, float, bool]] = []
 
         def work() -> None:
             if previous is not None:
                 previous.join()
-            self._compiled = compiled
+            self._compiled = []
             try:
                 with count_compilations() as found:
                     self._compiled = found
@@ -79,11 +75,9 @@ class BackgroundCompile:
 
 def rehearse_next_step(learner: GRPOLearner) -> StepRecord:
     """Take ``learner``'s next step on twins of the learner and its cluster, whose results are
-    dropped; returns the twin's record (the step that follows gives the same, seeds aside).
-
-    The rehearsal is a wait of its own (``core.waits``, kind ``REHEARSAL``): a click that waits
-    for it can show what is being compiled, for how long, and how long the last rehearsal took.
-    """
+    dropped; returns the twin's record (the step that follows gives the same, seeds aside). It is
+    a wait of its own (``core.waits``, kind ``REHEARSAL``): a click that waits for it can show
+    what is being compiled, for how long, and how long the last rehearsal took."""
     twin = learner.on(learner.cluster.isolated())
     # Two threads: the step's own and one building the optimizer step, its longest program
     # (GRPOLearner.builds_ahead). Measured in the browser test on two cores, a standard layout not

@@ -1,21 +1,20 @@
 """The set-up every notebook runs first (``setup()``): pick the devices the lab's layouts are built on.
 
-It asks the CPU backend for ``n_devices`` simulated devices before JAX starts (JAX starts its
-CPU backend beside any accelerator, so they exist on a GPU or TPU machine too); builds on GPUs
-or TPUs that can form every standard layout, and otherwise (a single chip) builds the layouts
-that fit on the chip there (colocated, reshaped) and the rest (split) on the simulated CPU
-devices beside it (``families``, ``devices_for(layout)``). JAX is never restarted: each cluster
-takes its platform (memory kinds, transfer guard, allocator figures) from its own meshes. It
-turns on the persistent compilation cache and, with the layouts on simulated CPU devices, starts
-the warm start (``lab.warm``) without waiting for it; in Colab, the widget manager.
+It asks for ``n_devices`` simulated CPU devices before JAX starts (JAX starts its CPU backend
+beside any accelerator too); builds on GPUs or TPUs that can form every standard layout, and
+otherwise (a single chip) builds colocated and reshaped on the chip and split on the simulated
+CPU devices beside it (``families``, ``devices_for(layout)``). JAX is never restarted: each
+cluster takes its platform (memory kinds, transfer guard, allocator figures) from its own meshes.
+It turns on the persistent compilation cache, starts the warm start (``lab.warm``) when the
+layouts run on simulated CPU devices, and in Colab turns on the widget manager.
 
-``needs_extra()`` (a missing optional extra) and ``needs_processes()`` (a multi-process run's
-workers cannot start) say so once, and the cells below show the outputs stored with the notebook
-instead of failing one by one.
+``needs_extra()`` and ``needs_processes()`` say once what this runtime lacks, and the cells below
+show the outputs stored with the notebook instead of failing one by one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -85,8 +84,8 @@ class LabDevices:
         for family in self.layout_families():
             if layout in family.layouts:
                 return family.devices
-        held = [lay for family in self.layout_families() for lay in family.layouts]
-        raise ValueError(f"no devices here hold the {layout!r} layout; reachable here: {', '.join(held) or 'none'}")
+        held = ", ".join(layouts_held(self)) or "none"
+        raise ValueError(f"no devices here hold the {layout!r} layout; reachable here: {held}")
 
     def summary(self) -> str:
         acc = self.accelerator_devices
@@ -101,8 +100,7 @@ class LabDevices:
                 f"layouts are built on: {len(self.devices)} {where} device(s)",
                 "reachable layouts: " + (", ".join(self.reachable) or "none"),
             ]
-        held = {lay for family in self.layout_families() for lay in family.layouts}
-        unreachable = [lay for lay in LAYOUTS if lay not in held]
+        unreachable = [lay for lay in LAYOUTS if lay not in layouts_held(self)]
         if unreachable:
             lines.append("not reachable here: " + ", ".join(unreachable))
         if self.colab:
@@ -112,9 +110,8 @@ class LabDevices:
 
 
 def layout_devices(devices: LabDevices | Sequence[Any], layout: str) -> list[Any]:
-    """The devices ``layout`` is built on: ``devices.devices_for(layout)`` when ``devices`` is what
-    ``setup()`` returned (on a single chip, colocated and reshaped on the chip), else the devices
-    given. The notebooks' experiments take either."""
+    """The devices ``layout`` is built on: ``devices.devices_for(layout)`` for what ``setup()``
+    returned, else the devices given. The notebooks' experiments take either."""
     return list(devices.devices_for(layout) if isinstance(devices, LabDevices) else devices)
 
 
@@ -128,14 +125,15 @@ def layouts_held(devices: LabDevices | Sequence[Any]) -> list[str]:
 
 
 def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[list[Any], bool, list[str]]:
-    """Which devices to build layouts on: (devices, simulated, notes).
-
-    Accelerators win when every standard layout over them can hold the lab's models; otherwise
-    (a single chip: only colocated; 6 GPUs: none, their (3, 2) mesh divides no model) the CPU
-    devices beside them, when there are at least two.
-    """
+    """Which devices to build layouts on: (devices, simulated, notes). Accelerators win when every
+    standard layout over them can hold the lab's models (``buildable_layouts``); otherwise (a single
+    chip, 6 GPUs) the CPU devices beside them, when there are at least two."""
     if not accelerators:
-        return list(cpus), True, [] if buildable_layouts(cpus) else [_none_buildable(len(cpus))]
+        note = (
+            f"no standard layout over {len(cpus)} devices can hold the lab's models (each mesh axis must divide "
+            "their dimensions): restart the kernel and set up another count, such as setup(8)"
+        )
+        return list(cpus), True, [] if buildable_layouts(cpus) else [note]
     on_chip = buildable_layouts(list(accelerators))
     if len(on_chip) == len(LAYOUTS):
         return list(accelerators), False, []
@@ -157,22 +155,14 @@ def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[li
 
 
 def layout_families(accelerators: Sequence[Any], devices: Sequence[Any], simulated: bool) -> tuple[LayoutFamily, ...]:
-    """Which standard layouts are built on which devices: with the layouts on simulated CPU devices
-    beside accelerators (a single chip), those the accelerators can hold on them (colocated, and
-    reshaped: the same chip, another mesh) and the rest on the CPU devices; otherwise () (every
-    layout on ``devices``)."""
+    """Which standard layouts are built on which devices: with simulated CPU devices beside
+    accelerators (a single chip), those the accelerators can hold on them and the rest on the CPU
+    devices; otherwise () (every layout on ``devices``)."""
     on_chip = tuple(buildable_layouts(list(accelerators))) if simulated and accelerators else ()
     if not on_chip:
         return ()
     rest = tuple(lay for lay in buildable_layouts(list(devices)) if lay not in on_chip)
     return (LayoutFamily(tuple(accelerators), on_chip),) + ((LayoutFamily(tuple(devices), rest),) if rest else ())
-
-
-def _none_buildable(count: int) -> str:
-    return (
-        f"no standard layout over {count} devices can hold the lab's models (each mesh axis must divide their "
-        "dimensions): restart the kernel and set up another count, such as setup(8)"
-    )
 
 
 def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto") -> LabDevices:
@@ -201,7 +191,10 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
     # Before the first compilation, or JAX would not look in the cache.
     cache = enable_compilation_cache()
     accelerators = [d for d in jax.devices() if d.platform != "cpu"]
-    cpus = _cpu_devices()
+    try:
+        cpus = list(jax.devices("cpu"))
+    except RuntimeError:
+        cpus = []
     if not accelerators and len(cpus) != n_devices:
         raise DeviceSetupError(
             f"JAX already started with {len(cpus)} CPU device(s); this notebook needs {n_devices}. "
@@ -218,12 +211,11 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
             ]
     else:
         devices, simulated, notes = choose_devices(accelerators, cpus)
-    platform = devices[0].platform if devices else "cpu"
     if simulated and cache is not None:
         # A separate process: the cell never waits, and nothing it compiles holds this kernel's memory.
         notes = [*notes, *filter(None, [start_warm_up(len(cpus))])]
     result = LabDevices(
-        platform=platform,
+        platform=devices[0].platform if devices else "cpu",
         devices=tuple(devices),
         simulated=simulated,
         accelerator=accelerators[0].platform if accelerators else None,
@@ -235,28 +227,15 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
         + ((f"compiled programs are cached in {cache}",) if cache else ())
         + tuple(filter(None, [kernel_note()])),
     )
-    if colab:
-        _enable_colab_widgets()
+    if colab:  # ipywidgets 8 needs Colab's custom widget manager turned on
+        with contextlib.suppress(ImportError):
+            from google.colab import output  # type: ignore[import-not-found]
+
+            output.enable_custom_widget_manager()
     _register_figure_display()
     if not quiet:
         print(result.summary())
     return result
-
-
-def _cpu_devices() -> list[Any]:
-    try:
-        return list(jax.devices("cpu"))
-    except RuntimeError:
-        return []
-
-
-def _enable_colab_widgets() -> None:
-    """ipywidgets 8 needs Colab's custom widget manager turned on."""
-    try:
-        from google.colab import output  # type: ignore[import-not-found]
-    except ImportError:
-        return
-    output.enable_custom_widget_manager()
 
 
 def _register_figure_display() -> None:
@@ -273,43 +252,35 @@ def _register_figure_display() -> None:
 
 
 def progress(total: int, label: str = "") -> Callable[[Any], None]:
-    """A callback to call once per unit of work; shows a bar in a notebook, prints elsewhere.
-
-    When the last unit is done the bar is replaced by one line of text, so a saved notebook
-    shows no widget that needs a live kernel.
-    """
+    """A callback to call once per unit of work; shows a bar in a notebook, prints elsewhere. The
+    finished bar becomes one line of text, so a saved notebook shows no widget that needs a kernel."""
     state = {"done": 0}
     handle = bar = None
     if _in_kernel():
-        try:
+        with contextlib.suppress(ImportError):
             import ipywidgets as widgets
             from IPython.display import display
 
             bar = widgets.IntProgress(value=0, min=0, max=max(total, 1), description=label[:20])
             handle = display(bar, display_id=True)
-        except ImportError:
-            bar = None
 
     def tick(info: Any = None) -> None:
         state["done"] += 1
-        text = f"{label} {state['done']}/{total}" + (f": {info}" if info is not None else "")
         if bar is not None:
             bar.value = state["done"]
             if state["done"] >= total and handle is not None:
                 bar.close()
                 handle.update({"text/plain": f"{label}: {total}/{total} done"}, raw=True)
         else:
-            print(text, flush=True)
+            print(f"{label} {state['done']}/{total}" + (f": {info}" if info is not None else ""), flush=True)
 
     return tick
 
 
 def kernel_note(version: str | None = None) -> str | None:
-    """A warning when the kernel may reorder widget messages, else None.
-
-    ipykernel 7 runs a widget message that arrives while another is being handled beside it,
-    so a click can be handled before the knob change sent just before it (the lab's extra
-    installs 6.x, which handles them in order).
+    """A warning when the kernel may reorder widget messages, else None: ipykernel 7 runs a widget
+    message that arrives while another is handled beside it, so a click can be handled before the
+    knob change sent just before it (the lab's extra installs 6.x, which keeps them in order).
 
     Args:
         version: the kernel's version (default: the running ipykernel's, when there is one).
@@ -412,9 +383,8 @@ def needs_processes(notebook: str) -> bool:
 def _show_stored_unless(
     runs_here: bool, missing: str, stored_from: str, notebook: str, error: type[Exception], advice: str = ""
 ) -> bool:
-    """``runs_here``, or else say ``missing`` once and have the code cells below this one show the
-    outputs stored with the notebook (a run ``stored_from``), as ``needs_extra`` says; ``error``
-    (with ``missing`` and ``advice``) when the stored notebook cannot be read."""
+    """``needs_extra``'s and ``needs_processes``' work: ``runs_here``, or else say ``missing`` once
+    and show the stored outputs below (a run ``stored_from``), or raise ``error``."""
     shell = _shell()
     for transform in _replay:
         if shell is not None and transform in shell.input_transformers_cleanup:
@@ -431,9 +401,7 @@ def _show_stored_unless(
 
     def replay(lines: list[str]) -> list[str]:
         i = code.get("".join(lines).strip())
-        if i is None:
-            return lines
-        return [f"__import__({__name__!r}, fromlist=['_']).show_stored({i})\n"]
+        return lines if i is None else [f"__import__({__name__!r}, fromlist=['_']).show_stored({i})\n"]
 
     shell.input_transformers_cleanup.insert(0, replay)
     _replay.append(replay)

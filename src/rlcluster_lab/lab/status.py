@@ -2,9 +2,7 @@
 and, while an action waits, what it waits for and for how long so far.
 
 A wait (a build, a sync, a training step, the background compile a step waits for) is shown
-the moment it begins, before anything blocks, and redrawn from a thread of its own
-(``StatusLine.waiting``), so the line is never more than a quarter of a second stale. Every
-time the status says counts from the action's click on one clock (``StatusLine.begin``). The
+the moment it begins and redrawn from a thread of its own (``StatusLine.waiting``). The
 sentence keeps one height whatever it says (two lines; the whole text is its hover title and
 in the details), so nothing under it moves.
 
@@ -60,14 +58,14 @@ def wait_text(
             text += f", program {len(programs) + 1}"
     elif programs:
         names = [program_words(p) for p in programs]
-        more = len(names) - _NAMES_SHOWN
-        text += f"; compiled {len(names)}" + (", latest: " if more > 0 else ": ") + ", ".join(names[-_NAMES_SHOWN:])
+        latest = ", latest: " if len(names) > _NAMES_SHOWN else ": "
+        text += f"; compiled {len(names)}{latest}" + ", ".join(names[-_NAMES_SHOWN:])
     return text
 
 
 class Ticker:
     """Shows ``text(seconds so far)`` at once, then again every ``TICK_SECONDS`` from a thread
-    until stopped (``stop``: the event that ends the redraws; its ``wait(TICK_SECONDS)`` paces them)."""
+    until stopped (``stop``: the event that ends the redraws and paces them)."""
 
     def __init__(
         self,
@@ -97,12 +95,10 @@ class Ticker:
         self._thread.start()
 
     def redraw(self) -> None:
-        """Show the text now (between the regular redraws)."""
         with self._lock:
             self.show(self.text(self.elapsed()))
 
     def run(self) -> None:
-        """Redraw every ``TICK_SECONDS`` until stopped."""
         while not self._stop.wait(TICK_SECONDS):
             self.redraw()
 
@@ -115,8 +111,7 @@ class Ticker:
 
 
 class Wait:
-    """What a wait is for, changeable while it lasts (one action's stages: build, measure, draw);
-    a change is shown at once."""
+    """What a wait is for, changeable while it lasts (an action's stages); a change shows at once."""
 
     def __init__(self, what: str) -> None:
         self._what = what
@@ -134,12 +129,9 @@ class Wait:
 
 
 class StatusLine:
-    """The sentence, its details toggle, the details and the progress bar.
-
-    The sentence and the progress bar span the width they are placed in (the lab's, above its
-    knobs and views); the sentence keeps two lines' height at least, and wraps onto more rather
-    than being cut.
-    """
+    """The sentence, its details toggle, the details and the progress bar, spanning the width
+    they are placed in; the sentence keeps two lines' height at least, and wraps rather than
+    being cut."""
 
     def __init__(self) -> None:
         self.sentence = widgets.HTML(layout=widgets.Layout(min_height=f"{STATUS_HEIGHT_PX}px", flex="1 1 auto"))
@@ -152,13 +144,9 @@ class StatusLine:
         ).add_class("rl-details-toggle")
         self.details = widgets.HTML(layout=widgets.Layout(display="none")).add_class("rl-details")
         self.toggle.observe(lambda c: setattr(self.details.layout, "display", "block" if c.new else "none"), "value")
-        self.progress = widgets.IntProgress(
-            value=0,
-            min=0,
-            max=3,
-            # Thin, and hidden rather than removed, so nothing below it moves when it shows.
-            layout=widgets.Layout(width="100%", height="8px", visibility="hidden"),
-        )
+        # Thin, and hidden rather than removed, so nothing below it moves when it shows.
+        hidden = widgets.Layout(width="100%", height="8px", visibility="hidden")
+        self.progress = widgets.IntProgress(value=0, min=0, max=3, layout=hidden)
         self.widget = widgets.HBox([self.sentence, self.toggle], layout=widgets.Layout(width="100%"))
         self.text = ""  # the sentence as plain text
         self.busy = False
@@ -200,13 +188,12 @@ class StatusLine:
 
     @contextlib.contextmanager
     def waiting(self, what: str, key: str, *, programs: Callable[[], Sequence[str]] = tuple) -> Iterator[Wait]:
-        """Show what the block waits for at once and redraw it every ``TICK_SECONDS`` with the
-        seconds since the action's click (``begin``: one clock for every wait of an action and
-        its closing sentence), the last wait of the same ``key`` as an estimate, the program being
-        built now (recorded in ``building_shown``), or ``programs()`` compiled so far. The wait
-        joins ``core.waits`` (kind ``key``), so its seconds become the estimate for the next wait
-        of ``key`` and any other progress display sees it. The block may change what it waits for
-        (``Wait.what``); ``say`` ends the redraws."""
+        """Show what the block waits for at once, before anything blocks, and redraw it every
+        ``TICK_SECONDS`` with the seconds since the action's click (``begin``: one clock for an
+        action's waits and its sentence), the last wait of the same ``key`` as an estimate, and the
+        program being built now (recorded in ``building_shown``) or ``programs()`` compiled so far.
+        The wait joins ``core.waits`` (kind ``key``): its seconds are the next wait's estimate, and
+        any progress display sees it. ``Wait.what`` changes what it waits for; ``say`` ends it."""
         self._set_busy(True)
         guess = WAITS.last(key)
         wait = Wait(what)

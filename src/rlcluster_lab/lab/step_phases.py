@@ -3,13 +3,12 @@ with its memory measured on the live buffers.
 
 The step measured is the learner's own (``GRPOLearner.step``): nothing here calls a model or
 re-orders the operations. Each cluster operation the step calls is wrapped while it runs, and
-its ``Phase`` records the wall time, the part of it JAX spent tracing and XLA compiling on the
-calling thread (JAX's own monitoring events, which time only top-level traces, so a first
-step's compiling and a later step's running can be told apart), apart from it the tracing and
-compiling other threads did meanwhile (a first step builds its later programs on more threads,
-``RLCluster.build_ahead``), a memory walk (L2) at the operation's work point
+its ``Phase`` records the wall time; of it, the tracing and XLA compiling on the calling thread
+(JAX's monitoring events time only top-level traces, so a first step's compiling and a later
+step's running can be told apart); apart, the tracing and compiling other threads did meanwhile
+(``RLCluster.build_ahead``); a memory walk (L2) at the operation's work point
 (``cluster.observe.at_work``: the role's model on device if it ever is, P14, and working states
-the cluster does not hold, such as the anchor's device copy, P10), a walk after it, and what it
+the cluster does not hold, such as the anchor's device copy, P10) and one after it; and what it
 returned. Bytes are physical, per entry and memory kind, as in ``measure.memory``.
 """
 
@@ -58,11 +57,6 @@ _OPERATIONS: dict[str, tuple[str, str | None]] = {
     "update_critic": ("update critic", "critic"),
     "sync_weights": ("sync", None),
 }
-_LOGPS_PHASES = {
-    Role.ACTOR: "log-probs: actor (anchor)",
-    Role.REFERENCE: "log-probs: reference",
-    Role.ROLLOUT: "log-probs: rollout",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +93,9 @@ class Phase:
         return [e for e, kinds in self.bytes_by_entry(when).items() if kinds.get("device")]
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["during"] = None if self.during is None else self.during.to_json()
-        out["after"] = self.after.to_json()
-        out["returned"] = [list(r) for r in self.returned]
-        return out
+        during = None if self.during is None else self.during.to_json()
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return fields | {"during": during, "after": self.after.to_json(), "returned": [list(r) for r in self.returned]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,15 +115,9 @@ class StepPhases:
         raise KeyError(f"no phase {name!r}; this step ran {', '.join(p.name for p in self.phases)}")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "offload": self.offload,
-            "seconds": self.seconds,
-            "seconds_source": SECONDS_SOURCE,
-            "memory_source": MEMORY_SOURCE,
-            "phases": [p.to_json() for p in self.phases],
-            "record": self.record.to_json(),
-        }
+        head = {"step": self.step, "offload": self.offload, "seconds": self.seconds}
+        sources = {"seconds_source": SECONDS_SOURCE, "memory_source": MEMORY_SOURCE}
+        return {**head, **sources, "phases": [p.to_json() for p in self.phases], "record": self.record.to_json()}
 
 
 def describe(value: Any) -> str:
@@ -144,9 +130,7 @@ def describe(value: Any) -> str:
         if value and all(isinstance(v, Mapping) for v in value):
             text += f" (keys: {', '.join(sorted(value[0]))})"
         return text
-    if isinstance(value, (int, float, str, bool)) or value is None:
-        return repr(value)
-    return type(value).__name__
+    return repr(value) if isinstance(value, (int, float, str, bool)) or value is None else type(value).__name__
 
 
 def returned_fields(value: Any) -> tuple[tuple[str, str], ...]:
@@ -177,10 +161,8 @@ def output_rows(value: Any) -> list[dict[str, Any]]:
 
 
 def decoded_sample(tokenizer: Any, out: Any) -> dict[str, str]:
-    """The first row of a ``RolloutOutput`` decoded with the cluster's tokenizer, beside its ``text``.
-
-    Special ids (padding, BOS) are dropped and decoding stops at EOS, as the engine does.
-    """
+    """The first row of a ``RolloutOutput`` decoded with the cluster's tokenizer, beside its ``text``
+    (special ids such as padding and BOS dropped, stopping at EOS, as the engine does)."""
     return {
         "prompt (decoded from left_padded_prompt_tokens)": repr(tokenizer.decode(out.left_padded_prompt_tokens[0])),
         "completion (decoded from tokens)": repr(tokenizer.decode(out.tokens[0])),
@@ -231,7 +213,7 @@ class _Recorder:
 
             def logps(role: Any, *args: Any, **kwargs: Any) -> Any:
                 parsed = Role.parse(role)
-                name_ = _LOGPS_PHASES.get(parsed, f"log-probs: {parsed.value}")
+                name_ = "log-probs: actor (anchor)" if parsed is Role.ACTOR else f"log-probs: {parsed.value}"
                 call = f"cluster.per_token_logps(Role.{parsed.name}, ...)"
                 return self.wrap(name_, call, parsed.value, target)(role, *args, **kwargs)
 
@@ -240,8 +222,7 @@ class _Recorder:
 
     def _walk(self, extra: Mapping[str, Any] | None = None) -> MemoryReport:
         start = time.perf_counter()
-        entries = cluster_entries(self._cluster)
-        entries.update(extra or {})
+        entries = cluster_entries(self._cluster) | dict(extra or {})
         report = memory_of(entries, devices=self._cluster.devices())
         self.walk_seconds += time.perf_counter() - start
         return report
@@ -324,9 +305,9 @@ def _listening(recorder: _Recorder) -> Iterator[None]:
 def measure_step(learner: GRPOLearner) -> StepPhases:
     """Run one ``learner.step()`` and record each cluster operation it calls as a phase.
 
-    The learner's cluster and reward function are stood in for while the step runs
-    (and given back afterwards, even when the step raised): every call reaches the
-    real cluster, and the step, its record and its history are the learner's own.
+    The learner's cluster and reward function are stood in for while the step runs (and given
+    back afterwards, even when it raised): every call reaches the real cluster, and the step, its
+    record and its history are the learner's own.
 
     Returns:
         The phases in the order the step ran them, and the step's ``StepRecord``.
@@ -353,10 +334,9 @@ def measure_step(learner: GRPOLearner) -> StepPhases:
 
 
 def run_steps(cluster: Any, steps: int = 2) -> list[StepPhases]:
-    """``steps`` learner steps on ``cluster``, each measured phase by phase.
-
-    The default prompts all have one length, so every step has the same shapes: the
-    first step compiles (or reads the persistent cache) and the later ones only run.
+    """``steps`` learner steps on ``cluster``, each measured phase by phase. The prompts all have
+    one length, so every step has the same shapes: the first compiles (or reads the persistent
+    cache) and the later ones only run.
 
     Raises:
         ValueError: ``steps`` below 1.
@@ -450,5 +430,4 @@ def seconds_rows(steps: Mapping[str, StepPhases]) -> list[dict[str, Any]]:
         if [p.name for p in step.phases] != names:
             raise ValueError(f"{label!r} ran other phases than {labelled[0][0]!r}; compare steps of one learner kind")
     rows = [{"phase": n, **{f"{label} ms": _ms(step.phase(n).seconds) for label, step in labelled}} for n in names]
-    rows.append({"phase": "whole step", **{f"{label} ms": _ms(step.seconds) for label, step in labelled}})
-    return rows
+    return [*rows, {"phase": "whole step", **{f"{label} ms": _ms(step.seconds) for label, step in labelled}}]

@@ -3,18 +3,16 @@
 The first Construct, Sync and Training step of a new environment compile their programs
 (seconds each on two CPU cores). ``start_warm_up()`` starts one other process, at the lowest
 CPU priority, that builds the standard tiny clusters (``STANDARD``) and takes one training
-step of the widget's size on each (its sync included), which writes every program they
-compile into the persistent compilation cache; the lab and the notebooks then read them back.
+step of the widget's size on each (its sync included), so every program they compile lands in
+the persistent compilation cache, for the lab and the notebooks to read back.
 
-It never blocks: the caller only starts the process (``make lab`` does, and ``lab.setup()``
-in a notebook's first cell). It runs once per environment (a record in the cache folder,
-``warm_key``), never two at once (an exclusive ``flock``, ``_take_lock``), only where the
+It never blocks (``make lab`` and ``lab.setup()`` only start it) and runs once per environment
+(a record in the cache folder, ``warm_key``), never two at once (``_take_lock``), only where the
 layouts run on simulated CPU devices (the process is pinned to the CPU, so it never takes an
 accelerator's memory), and only when the persistent cache is on and trusted
 (``core.compile_cache``: a folder of this user's, mode 0700). A folder it cannot write gets
 one warning and no warm start; it never writes through a link (``O_NOFOLLOW``). What it writes
 is bounded like the rest of the cache (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
-
 ``RLCLUSTER_LAB_WARM=off`` turns it off (the test suite does).
 
     python -m rlcluster_lab.lab.warm               # warm now, in this process
@@ -104,11 +102,8 @@ def _write_pid(fd: int, pid: int) -> None:
 
 
 def _lock_pid(folder: Path, wait: float = 1.0) -> int | None:
-    """The pid written in ``folder``'s lock (the warm-up holding it), None when unreadable.
-
-    The holder writes its pid just after it takes the lock: a new lock file read in between is
-    empty, so an empty one is read again for up to ``wait`` seconds.
-    """
+    """The pid written in ``folder``'s lock (the warm-up holding it), None when unreadable. The
+    holder writes it just after taking the lock, so an empty file is read again for up to ``wait`` s."""
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -163,13 +158,9 @@ def _unusable(folder: Path, err: OSError) -> str:
 
 
 def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence[str] | None = None) -> str:
-    """Start the warm-up process when this environment is not warm yet; never waits for it.
-
-    Returns one line saying what happened (started, with its pid and log; already warm;
-    already running; or why not), "" when ``RLCLUSTER_LAB_WARM`` turns it off. A cache
-    folder it cannot write gets one warning, never an exception. ``command``: the process
-    to start (tests pass a stub).
-    """
+    """Start the warm-up process when this environment is not warm yet; never waits for it. Returns
+    one line saying what happened (started, with its pid and log; already warm; already running; or
+    why not), "" when ``RLCLUSTER_LAB_WARM`` turns it off. ``command``: the process to start (tests pass a stub)."""
     if os.environ.get(ENV, "on").strip().lower() in ("0", "off", "false", "no"):
         return ""
     if fcntl is None:
@@ -242,16 +233,9 @@ def warm_programs(
             # core for; 16 s for the six clusters against 20 s on one thread).
             GRPOLearner(cluster, LearnerConfig(**STEP_SIZES)).step()
             flush_cache_writes()  # on disk now, for a notebook already waiting on them
-        done.append(
-            {
-                "layout": layout,
-                "lora": lora,
-                "seconds": time.perf_counter() - t,
-                "programs": len(built),
-                "from_cache": sum(cached for _, _, cached in built),
-            }
-        )
-        print(f"warmed {layout}{' LoRA' if lora else ''}: {done[-1]['programs']} programs", flush=True)
+        seconds, cached = time.perf_counter() - t, sum(c for _, _, c in built)
+        done.append({"layout": layout, "lora": lora, "seconds": seconds, "programs": len(built), "from_cache": cached})
+        print(f"warmed {layout}{' LoRA' if lora else ''}: {len(built)} programs", flush=True)
         del cluster
     return {"folder": str(folder), "scenarios": done, "seconds": time.perf_counter() - start}
 

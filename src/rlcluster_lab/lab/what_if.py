@@ -83,16 +83,15 @@ def what_if_rows(
     rows, plans = [], {}
     for model, topo, layout, rank in itertools.product(models, topologies, layouts, (0, 16)):
         plan = plan_cluster(model, topo, layout=layout, lora_rank=rank).to_json()
-        label = f"{model} on {topo}, {layout}, {'LoRA ' + str(rank) if rank else 'full'}"
-        plans[label] = plan
-        fits = plan["fits"]
-        seconds = plan["sync"].get("estimated_seconds")
+        actor = f"LoRA {rank}" if rank else "full"
+        plans[f"{model} on {topo}, {layout}, {actor}"] = plan
+        fits, seconds = plan["fits"], plan["sync"].get("estimated_seconds")
         rows.append(
             {
                 "model": model,
                 "topology": topo,
                 "layout": layout,
-                "actor": f"LoRA {rank}" if rank else "full",
+                "actor": actor,
                 # The fullest device at its peak through a step's phases (planner.budget).
                 "busiest device": gib(fits["peak"]["max_device_bytes"]),
                 "per device": gib(fits["memory_per_device"]),

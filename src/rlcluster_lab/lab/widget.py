@@ -14,7 +14,7 @@ import contextlib
 import gc
 import html
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -44,12 +44,9 @@ LEFT_WIDTH = KNOB_WIDTH + 20
 
 
 class PlacementLab:
-    """Knobs, buttons and live panels for one cluster at a time.
-
-    Display it in a notebook cell (``PlacementLab(build=True)``). The same
-    actions are methods (``construct``, ``sync``, ``train_step``), which is
-    how the tests drive it.
-    """
+    """Knobs, buttons and live panels for one cluster at a time: display it in a notebook cell
+    (``PlacementLab(build=True)``). The actions are methods too (``construct``, ``sync``,
+    ``train_step``), which is how the tests drive it."""
 
     def __init__(
         self,
@@ -59,13 +56,10 @@ class PlacementLab:
         build: bool = False,
         rehearse: bool = True,
     ) -> None:
-        """``devices``: what layouts are built on (default ``jax.devices()``; a
-        notebook passes ``rl.setup().devices``). ``families``: which layouts are built on
-        which devices (a notebook passes ``rl.setup().families``: on a single chip, colocated
-        and reshaped on the chip, split on ``devices``). ``rehearse``: after each
-        Construct, compile the programs of a training step in the background
-        (``lab.rehearsal.BackgroundCompile``), so that pressing Training step, after the
-        few seconds that takes, runs a step instead of compiling one."""
+        """``devices``: what layouts are built on (default ``jax.devices()``; a notebook passes
+        ``rl.setup().devices``). ``families``: which layouts are built on which devices
+        (``rl.setup().families``). ``rehearse``: after each Construct, compile a training step's
+        programs in the background (``lab.rehearsal``), so that Training step runs instead of compiling."""
         self.devices = device_list(devices)  # refused before any widget is made
         self.rehearse = rehearse
         self.background = BackgroundCompile()
@@ -86,9 +80,7 @@ class PlacementLab:
         self._constructed: dict[str, tuple[str, str]] | None = None  # the knobs' settings at the last Construct
         self._failed = False  # whether the note shown is a failure's (else a refusal's)
         self._from_action = False  # whether the note shown is an action's (a refusal or failure), not the rank box's
-        self.display = Display()
-        self.status = StatusLine()
-        self.notes = Notes()
+        self.display, self.status, self.notes = Display(), StatusLine(), Notes()
         self._make_buttons()
         self.widget = self._assemble()
         self._refresh_buttons()
@@ -148,20 +140,17 @@ class PlacementLab:
         if self._cluster is None:
             return "no cluster was live"
         ref = weakref.ref(self._cluster)
-        self._cluster = self._learner = None
-        self._sync = self._report = None
+        self._cluster = self._learner = self._sync = self._report = None
         self._steps = []
         gc.collect()
         trim_compiled_programs()  # bounded: the next build of the same layouts reuses what is kept
         if ref() is not None and self.background.running:
-            # The rehearsal of its training step holds it until it ends; then its buffers go.
             return (
                 "the previous cluster is held by the background compilation of its training step, "
                 "still running: its buffers are freed when that ends"
             )
         if ref() is not None:
-            # Someone else (a notebook variable) holds it; deleting its buffers
-            # under them would break their object, so say so instead.
+            # Deleting its buffers under whoever holds it would break their object: say so instead.
             return (
                 "the previous cluster is still referenced elsewhere (e.g. a notebook variable), "
                 "so its buffers stay alive"
@@ -188,9 +177,7 @@ class PlacementLab:
                 return
             # One wait from the click to the drawing, saying which stage it is in; its seconds and the
             # sentence's count from the click (the status' one clock).
-            with self.status.waiting(
-                "Construct: releasing the previous cluster", self._key("construct"), programs=self._programs
-            ) as wait:
+            with self._waiting("construct", "Construct: releasing the previous cluster") as wait:
                 self.status.stage(1)
                 previous, released = self._report, self.release()
                 wait.what = f"Construct: building the {size} models and the cluster"
@@ -230,9 +217,7 @@ class PlacementLab:
                 # would count in it, so the sync waits for it (devices without allocator figures
                 # measure the sync's own arrays only, and need not wait).
                 self._wait_for_background("Sync weights: waiting for the background compile to finish")
-            with self.status.waiting(
-                "Sync weights: handing the actor's weights to the rollout", self._key("sync"), programs=self._programs
-            ) as wait:
+            with self._waiting("sync", "Sync weights: handing the actor's weights to the rollout") as wait:
                 start = self.status.clock()
                 try:
                     self._sync = self._cluster.sync_weights()
@@ -256,9 +241,7 @@ class PlacementLab:
             # A training step uses what the background compile builds: it lets one still running
             # finish first (then finds its programs ready).
             self._wait_for_background("Training step: waiting for the background compile of its programs")
-            with self.status.waiting(
-                "Training step: sampling, scoring, updating, syncing", self._key("step"), programs=self._programs
-            ) as wait:
+            with self._waiting("step", "Training step: sampling, scoring, updating, syncing") as wait:
                 start = self.status.clock()
                 try:
                     record = self._learner.step()
@@ -282,14 +265,14 @@ class PlacementLab:
         """Let a background compile still running finish, saying ``what`` the moment it is clicked."""
         if not self.background.running:
             return
-        with self.status.waiting(what, self._key("background"), programs=self.background.programs):
+        with self._waiting("background", what, self.background.programs):
             start = self.status.clock()
             self.background.join()
             self._waited = self.status.clock() - start
 
-    def _key(self, action: str) -> str:
-        """Which waits are comparable: the same action on the same model size."""
-        return f"{action}:{self.knobs.model_size.value}"
+    def _waiting(self, action: str, what: str, programs: Callable[[], list[str]] | None = None) -> Any:
+        """The status' wait for ``action``: comparable with the same action's on the same model size."""
+        return self.status.waiting(what, f"{action}:{self.knobs.model_size.value}", programs=programs or self._programs)
 
     def _programs(self) -> list[str]:
         return [name for name, _, _ in list(self._compiled)]
@@ -314,9 +297,8 @@ class PlacementLab:
             self.notes.clear()
             self.knobs.mark_at_fault(())
             self._from_action = False
-            self.status.say(
-                sentences.note_outlived(self._failed, self._cluster is not None), sentences.said_before(said or "")
-            )
+            outlived = sentences.note_outlived(self._failed, self._cluster is not None)
+            self.status.say(outlived, sentences.said_before(said or ""))
         self._say_rank()
 
     def _say_rank(self) -> None:
@@ -346,14 +328,12 @@ class PlacementLab:
             return sync
 
     def _refresh_report(self) -> None:
-        assert self._cluster is not None
         start = self.status.clock()
         self._report = placement_report(self._cluster, sync=self._sync).to_json()
         self.timings["report"] = self.status.clock() - start
 
     def _draw(self, view: str) -> None:
         """Redraw what changed and show ``view``, the one the action changed."""
-        assert self._report is not None
         self.error = None
         self.notes.clear()
         self._from_action = False
@@ -420,11 +400,10 @@ class Notes:
             if name is not None:
                 note = widgets.HTML(layout=widgets.Layout(display="none")).add_class("rl-note")
                 self._notes[name] = note.add_class(f"rl-note-{name}")
-                children.append(widgets.VBox([child, note]).add_class("rl-slot"))
-            else:
-                if isinstance(child, widgets.Box):
-                    self.wrap(child, targets)
-                children.append(child)
+                child = widgets.VBox([child, note]).add_class("rl-slot")
+            elif isinstance(child, widgets.Box):
+                self.wrap(child, targets)
+            children.append(child)
         box.children = tuple(children)
 
     def show(self, name: str, title: str, message: str, after: str) -> None:
