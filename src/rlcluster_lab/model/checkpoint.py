@@ -38,8 +38,9 @@ import os
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+import jax
 import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict, unflatten_dict
@@ -50,7 +51,8 @@ from rlcluster_lab.core.model_config import NUMERIC_RANGES, check_lora_scale, la
 from rlcluster_lab.core.options import DTYPES
 from rlcluster_lab.model.atomic import replace_folder
 from rlcluster_lab.model.init import abstract_model, materialize
-from rlcluster_lab.model.lora import is_lora
+from rlcluster_lab.model.lora import LoRALinear, is_lora
+from rlcluster_lab.model.scoring import ScoreModel, abstract_score_model
 from rlcluster_lab.model.transformer import INT_FIELDS, ModelConfig
 
 FORMAT = "rlcluster-lab/1"
@@ -108,8 +110,6 @@ def save(model: nnx.Module, path: str | os.PathLike) -> Path:
             folder, so it refuses to delete anything else).
         OSError: the write failed; a checkpoint already at ``path`` is untouched.
     """
-    from rlcluster_lab.model.scoring import ScoreModel
-
     folder = Path(path)
     kind = "score" if isinstance(model, ScoreModel) else "lm"
     rank, scale = _lora_settings(model)
@@ -310,18 +310,9 @@ def _structure(ck: CheckpointConfig) -> nnx.Module:
 
 
 def _build_structure(ck: CheckpointConfig) -> nnx.Module:
-    from rlcluster_lab.model.scoring import abstract_score_model
-
     if ck.kind == "score":
         return abstract_score_model(ck.config)
     return abstract_model(ck.config, ck.lora_rank, ck.lora_scale)
-
-
-class _Member(NamedTuple):
-    """What one member of ``params.npz`` must hold."""
-
-    shape: tuple[int, ...]
-    dtype: Any
 
 
 def _layer_members(name: str, num_layers: int) -> list[str] | None:
@@ -337,7 +328,10 @@ def _per_layer(expected: dict[str, Any], num_layers: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, spec in expected.items():
         members = _layer_members(name, num_layers)
-        out.update({name: spec} if members is None else dict.fromkeys(members, _Member(spec.shape[1:], spec.dtype)))
+        if members is None:
+            out[name] = spec
+        else:
+            out.update(dict.fromkeys(members, jax.ShapeDtypeStruct(spec.shape[1:], spec.dtype)))
     return out
 
 
@@ -521,8 +515,6 @@ def _key(path: tuple) -> str:
 def _lora_settings(model: nnx.Module) -> tuple[int, float]:
     """The adapters' rank and scale (0 and 1.0 without adapters); every adapter must share them,
     as the checkpoint records one of each."""
-    from rlcluster_lab.model.lora import LoRALinear
-
     if not is_lora(model):
         return 0, 1.0
     found = {
