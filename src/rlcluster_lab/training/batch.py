@@ -91,6 +91,15 @@ class TokenBatch:
             check_token_ids(f"{type(self).__name__}.{field}", getattr(self, field), vocab_size)
         return self
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fields as host arrays, ids as int32 and values as float32 (None fields left out)."""
+        fields = (f.name for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        return {
+            k: np.asarray(v, np.int32 if k.endswith("_tokens") else np.float32)
+            for k in fields
+            if (v := getattr(self, k)) is not None
+        }
+
     def rows(self, index: slice | np.ndarray) -> Self:
         pick = lambda x: None if x is None else np.asarray(x)[index]  # noqa: E731
         return type(self)(*(pick(getattr(self, f.name)) for f in dataclasses.fields(self)))  # type: ignore[arg-type]
@@ -134,17 +143,7 @@ def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:
     """
     if not isinstance(batch, TrainBatch):
         raise TypeError(f"batch_arrays takes a TrainBatch, got {type(batch).__name__}")
-    return host_arrays(batch)
-
-
-def host_arrays(batch: Any) -> dict[str, np.ndarray]:
-    """A batch dataclass's fields as host arrays, ids as int32 and values as float32 (None fields left out)."""
-    fields = (f.name for f in dataclasses.fields(batch))
-    return {
-        k: np.asarray(v, np.int32 if k.endswith("_tokens") else np.float32)
-        for k in fields
-        if (v := getattr(batch, k)) is not None
-    }
+    return batch.arrays()
 
 
 def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None:
@@ -180,9 +179,8 @@ def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None
     for key in ("prompt_tokens", "completion_tokens"):
         if isinstance(batch[key], np.ndarray):
             check_token_ids(f"batch[{key!r}]", batch[key], vocab_size)
-    for key in ("advantages", "old_logps", "ref_logps"):
-        value = batch.get(key)
-        if isinstance(value, np.ndarray) and not np.isfinite(value).all():
+    for key in expected:
+        if isinstance(batch.get(key), np.ndarray) and not np.isfinite(batch[key]).all():
             raise ConfigError(f"batch[{key!r}] holds NaN or inf; every value must be finite")
 
 

@@ -22,7 +22,7 @@ from flax import nnx
 
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model.scoring import completion_scores
-from rlcluster_lab.training.batch import TokenBatch, host_arrays
+from rlcluster_lab.training.batch import TokenBatch
 from rlcluster_lab.training.step import run_update, token_mean
 
 __all__ = ["ValueBatch", "ppo_value_loss", "ppo_value_sums", "value_train_step"]
@@ -49,9 +49,6 @@ class ValueBatch(TokenBatch):
         per_token = "one value per completion token, like completion_tokens"
         self._set_floats("returns", shape, per_token, copy=True)
         self._set_floats("old_values", shape, per_token, copy=True)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return host_arrays(self)
 
 
 def ppo_value_sums(
