@@ -28,9 +28,6 @@ class LoRALinear(nnx.Module):
     """
 
     def __init__(self, base: nnx.Linear, a: Any, b: Any, *, scale: float) -> None:
-        self.in_features = base.in_features
-        self.out_features = base.out_features
-        self.dtype = base.dtype
         self.kernel = base.kernel
         *lead, in_axis, out_axis = base.kernel.get_metadata()["out_sharding"]
         self.lora_a = nnx.LoRAParam(a, out_sharding=(*lead, in_axis, None), eager_sharding=False)
