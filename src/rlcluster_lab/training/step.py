@@ -44,7 +44,6 @@ __all__ = [
     "compiled_step_count",
     "release_unused_steps",
     "accumulation_steps",
-    "grpo_loss",
     "grpo_sums",
     "init_optimizer_state",
     "rejection_reason",
@@ -67,13 +66,6 @@ def rejection_reason(metrics: Mapping[str, Any]) -> str | None:
     return None if code == 0 else REJECTION_REASONS.get(code, f"rejected (code {code})")
 
 
-def grpo_loss(
-    model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, temperature: jax.Array, beta: float, epsilon: float
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped policy-gradient loss plus ``beta`` times a k3 KL estimate, over real tokens."""
-    return token_mean(*grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon))
-
-
 def token_mean(sums: dict[str, jax.Array], tokens: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Summed terms (a dict with ``"loss"``) divided by the token count (at least 1): the loss and its metrics."""
     denom = jnp.maximum(tokens, 1.0)
@@ -83,10 +75,11 @@ def token_mean(sums: dict[str, jax.Array], tokens: jax.Array) -> tuple[jax.Array
 def grpo_sums(
     model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, temperature: jax.Array, beta: float, epsilon: float
 ) -> tuple[dict[str, jax.Array], jax.Array]:
-    """``grpo_loss``'s terms summed over real tokens (not divided), and the token count.
+    """The clipped policy-gradient loss plus ``beta`` times a k3 KL estimate, and its metrics,
+    summed over real tokens (not divided), and the token count.
 
-    Summed terms add up across micro-batches; dividing the total by the total
-    count gives the mini-batch's token mean, which is what accumulation needs.
+    Summed terms add up across micro-batches; dividing the total by the total count
+    (``token_mean``) gives the mini-batch's token mean, which is what accumulation needs.
     """
     completion = batch["completion_tokens"]
     mask = (completion != pad_id).astype(jnp.float32)
