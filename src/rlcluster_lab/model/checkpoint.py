@@ -21,11 +21,9 @@ it. The order is chosen so that nothing is allocated on a file's word:
    and leaves nothing on the devices.
 
 ``save`` refuses what ``load`` would refuse (the same checks of the config, the parameters'
-names, shapes and dtypes, finite values), and replaces a checkpoint atomically: both files are
-written into a new folder beside the target (made exclusively, so nothing is written through a
-link planted there), flushed to disk, and only then swapped in, so the previous checkpoint stays
-whole until the new one is complete. Saves to one folder are serialized (an exclusive lock on
-the parent folder).
+names, shapes and dtypes, finite values), and replaces a checkpoint atomically
+(``model.atomic``): the previous checkpoint stays whole until the new one is complete, and saves
+to one folder are serialized.
 """
 
 from __future__ import annotations
@@ -483,9 +481,7 @@ def _non_finite(values: np.ndarray) -> tuple[int, tuple[int, ...]]:
         if count and first < 0:
             first = start + int(np.argmin(ok))
         bad += count
-    if not bad:
-        return 0, ()
-    return bad, tuple(int(i) for i in np.unravel_index(first, values.shape))
+    return (bad, tuple(int(i) for i in np.unravel_index(first, values.shape))) if bad else (0, ())
 
 
 def _nbytes(shape: Any, dtype: Any) -> int:
