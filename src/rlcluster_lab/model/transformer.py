@@ -31,11 +31,10 @@ class KVCache(NamedTuple):
     index: jax.Array
 
 
-def init_cache(config: ModelConfig, batch_size: int, cache_size: int, dtype: Any = None) -> KVCache:
-    """An empty cache of ``cache_size`` slots."""
-    dtype = config.dtype if dtype is None else dtype
+def init_cache(config: ModelConfig, batch_size: int, cache_size: int) -> KVCache:
+    """An empty cache of ``cache_size`` slots, in the model's dtype."""
     shape = (config.num_layers, batch_size, cache_size, config.num_kv_heads, config.head_dim)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
+    return KVCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype), jnp.zeros((), jnp.int32))
 
 
 class RMSNorm(nnx.Module):

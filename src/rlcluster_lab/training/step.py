@@ -193,9 +193,6 @@ class _Entry:
     pins: list[Any]
     users: list[weakref.ref] = dataclasses.field(default_factory=list)
 
-    def in_use(self) -> bool:
-        return any(r() is not None for r in self.users)
-
 
 class _Programs:
     """Compiled programs keyed by a description of what they compute.
@@ -251,7 +248,7 @@ class _Programs:
     def _user_gone(self, full: Any) -> None:
         with self._lock:
             entry = self._entries.get(full)
-            if entry is None or entry.in_use():
+            if entry is None or any(r() is not None for r in entry.users):
                 return
             self._idle[full] = None
             self._idle.move_to_end(full)
