@@ -41,8 +41,6 @@ from rlcluster_lab.training.fingerprint import describe_transformation
 
 __all__ = [
     "REJECTION_REASONS",
-    "compiled_step_count",
-    "release_unused_steps",
     "accumulation_steps",
     "grpo_sums",
     "init_optimizer_state",
@@ -275,19 +273,6 @@ class _Programs:
 # holds tens of MB of host memory.
 _STEPS = _Programs(limit=8, idle_limit=2)
 _INITS = _Programs(limit=8, idle_limit=2)
-
-
-def compiled_step_count() -> int:
-    """How many training-step programs are held now: one per live configuration, plus at most
-    two that no live optimizer uses any more (kept for a rebuild of the same cluster)."""
-    return len(_STEPS)
-
-
-def release_unused_steps() -> int:
-    """Release the compiled training steps (and optimizer-state initialisers) that no live
-    optimizer uses; returns how many steps were released."""
-    _INITS.release_unused()
-    return _STEPS.release_unused()
 
 
 def leaf_finite(x: jax.Array) -> jax.Array:
