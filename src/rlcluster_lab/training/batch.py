@@ -32,29 +32,6 @@ __all__ = [
 validate_prompts = check_prompts
 
 
-def _float_array(owner: str, name: str, value: Any, shape: tuple[int, ...], meaning: str) -> np.ndarray:
-    """``value`` as a finite float32 host array of exactly ``shape``; errors name ``owner.name``."""
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"{owner}.{name} must be a float array {meaning}, got {type(value).__name__}")
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
-        raise TypeError(f"{owner}.{name} must hold real numbers {meaning}, got dtype {arr.dtype}")
-    if arr.shape != shape:
-        hint = ""
-        if arr.ndim == len(shape) + 1 and arr.shape[-1] == 1:
-            hint = f": a trailing axis of 1 would broadcast into a wrong loss; pass {name}.reshape{shape}"
-        raise ConfigError(f"{owner}.{name} has shape {arr.shape}; expected {shape} ({meaning}){hint}")
-    arr = arr.astype(np.float32, copy=False)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        where = tuple(int(i) for i in np.argwhere(~finite)[0])
-        raise ConfigError(
-            f"{owner}.{name} holds {arr[where]} at index {where}; every value must be finite: one NaN "
-            "or inf here makes every updated parameter NaN"
-        )
-    return arr
-
-
 class TokenBatch:
     """What ``TrainBatch`` and the critic's ``ValueBatch`` share: ids checked on the host, rows picked."""
 
@@ -73,10 +50,29 @@ class TokenBatch:
         object.__setattr__(self, "completion_tokens", completion)
         return completion.shape
 
-    def _set_floats(self, field: str, shape: tuple[int, ...], meaning: str, copy: bool = False) -> None:
-        """Keep ``field`` as a finite float32 host array of ``shape`` (a copy of its own if ``copy``)."""
-        arr = _float_array(type(self).__name__, field, getattr(self, field), shape, meaning)
-        object.__setattr__(self, field, arr.copy() if copy else arr)
+    def _set_floats(self, name: str, shape: tuple[int, ...], meaning: str, copy: bool = False) -> None:
+        """Keep field ``name`` as a finite float32 host array of exactly ``shape`` (a copy of its own
+        if ``copy``); errors name ``<class>.<name>``."""
+        owner, value = type(self).__name__, getattr(self, name)
+        if isinstance(value, (str, bytes)):
+            raise TypeError(f"{owner}.{name} must be a float array {meaning}, got {type(value).__name__}")
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
+            raise TypeError(f"{owner}.{name} must hold real numbers {meaning}, got dtype {arr.dtype}")
+        if arr.shape != shape:
+            hint = ""
+            if arr.ndim == len(shape) + 1 and arr.shape[-1] == 1:
+                hint = f": a trailing axis of 1 would broadcast into a wrong loss; pass {name}.reshape{shape}"
+            raise ConfigError(f"{owner}.{name} has shape {arr.shape}; expected {shape} ({meaning}){hint}")
+        arr = arr.astype(np.float32, copy=False)
+        finite = np.isfinite(arr)
+        if not finite.all():
+            where = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise ConfigError(
+                f"{owner}.{name} holds {arr[where]} at index {where}; every value must be finite: one NaN "
+                "or inf here makes every updated parameter NaN"
+            )
+        object.__setattr__(self, name, arr.copy() if copy else arr)
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
