@@ -19,15 +19,6 @@ from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model.logps import check_token_batch, check_token_ids
 from rlcluster_lab.model.sampling import check_prompts
 
-__all__ = [
-    "TrainBatch",
-    "batch_arrays",
-    "mini_batches",
-    "validate_batch_arrays",
-    "validate_prompts",
-]
-
-
 # The operations' prompt check is the sampler's (a bare string refused, at least one prompt).
 validate_prompts = check_prompts
 

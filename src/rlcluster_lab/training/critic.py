@@ -25,8 +25,6 @@ from rlcluster_lab.model.scoring import completion_scores
 from rlcluster_lab.training.batch import TokenBatch
 from rlcluster_lab.training.step import run_update
 
-__all__ = ["ValueBatch", "ppo_value_sums", "value_train_step"]
-
 
 @dataclasses.dataclass(frozen=True)
 class ValueBatch(TokenBatch):

@@ -39,15 +39,6 @@ from rlcluster_lab.placement.transfers import shard_data
 from rlcluster_lab.training.batch import validate_batch_arrays
 from rlcluster_lab.training.fingerprint import describe_transformation
 
-__all__ = [
-    "REJECTION_REASONS",
-    "accumulation_steps",
-    "grpo_sums",
-    "init_optimizer_state",
-    "rejection_reason",
-    "train_step",
-]
-
 # The ``rejected`` metric of a step: 0 when it was applied, else the first problem found.
 REJECTION_REASONS: dict[int, str] = {
     1: "the loss is not finite",
