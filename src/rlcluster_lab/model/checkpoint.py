@@ -325,11 +325,8 @@ def _per_layer(expected: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """The members of such a per-layer checkpoint (``_layer_members``), without the layer axis."""
     out: dict[str, Any] = {}
     for name, spec in expected.items():
-        members = _layer_members(name, num_layers)
-        if members is None:
-            out[name] = spec
-        else:
-            out.update(dict.fromkeys(members, jax.ShapeDtypeStruct(spec.shape[1:], spec.dtype)))
+        members, layer = _layer_members(name, num_layers), jax.ShapeDtypeStruct(spec.shape[1:], spec.dtype)
+        out.update({name: spec} if members is None else dict.fromkeys(members, layer))
     return out
 
 

@@ -19,13 +19,10 @@ from rlcluster_lab.model.values import initial_values
 
 @functools.lru_cache(maxsize=48)
 def abstract_split(build: Callable[..., nnx.Module], config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-    """The structure of ``build(config, rngs=...)``: every Variable with its logical names, values
-    as shapes only (``nnx.eval_shape``: nothing is computed or compiled). Made once per model
-    class and config.
-
-    The layers are one stacked ``Block`` traced once (``model.transformer.stacked_blocks``),
-    so this takes the same time for any layer count.
-    """
+    """The structure of ``build(config, rngs=...)``, made once per model class and config: every
+    Variable with its logical names, values as shapes only (nothing computed or compiled). The
+    layers are one stacked ``Block`` traced once (``model.transformer.stacked_blocks``), so this
+    takes the same time for any layer count."""
     return nnx.split(nnx.eval_shape(lambda: build(config, rngs=nnx.Rngs(0))))
 
 

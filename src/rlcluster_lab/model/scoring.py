@@ -89,6 +89,5 @@ def scores_from_state(
             (checked on the host first: such an id would score NaN).
     """
     prompt, completion = checked_batch(graphdef, state, prompt_tokens, completion_tokens, pad_id)
-    return _SCORES.jitted(model_compiler_options(graphdef, state))(
-        graphdef, state, prompt, completion, int(pad_id), bool(per_token)
-    )
+    program = _SCORES.jitted(model_compiler_options(graphdef, state))
+    return program(graphdef, state, prompt, completion, int(pad_id), bool(per_token))

@@ -62,9 +62,8 @@ def ppo_value_sums(
     clipped = jnp.clip(vpred, old - clip_range_value, old + clip_range_value)
     unclipped_err = jnp.square(vpred - returns)
     clipped_err = jnp.square(clipped - returns)
-    per_token = jnp.maximum(unclipped_err, clipped_err)
     sums = {
-        "loss": 0.5 * (per_token * mask).sum(),
+        "loss": 0.5 * (jnp.maximum(unclipped_err, clipped_err) * mask).sum(),
         "vpred_mean": (vpred * mask).sum(),
         "vf_clipfrac": ((clipped_err > unclipped_err) * mask).sum(),
         "return_mean": (returns * mask).sum(),
