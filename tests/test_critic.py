@@ -37,8 +37,8 @@ from rlcluster_lab.measure import memory_report
 from rlcluster_lab.model.scoring import completion_scores, init_score_model
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.tables import local_topology
-from rlcluster_lab.training.critic import ppo_value_loss, value_train_step
-from rlcluster_lab.training.step import init_optimizer_state
+from rlcluster_lab.training.critic import ppo_value_sums, value_train_step
+from rlcluster_lab.training.step import init_optimizer_state, token_mean
 
 PAD = 256
 
@@ -79,7 +79,7 @@ def test_value_loss_is_half_the_masked_mean_of_the_pessimistic_clipped_error():
     returns = np.where(first, v, v + 1.0).astype(np.float32)
     old = np.where(first, v - 1.0, v).astype(np.float32)
     arrays = ValueBatch(prompts, completion, returns, old).arrays()
-    loss, m = ppo_value_loss(model, arrays, pad_id=PAD, clip_range_value=0.2)
+    loss, m = token_mean(*ppo_value_sums(model, arrays, pad_id=PAD, clip_range_value=0.2))
 
     unclipped = (v - returns) ** 2
     clipped = (np.clip(v, old - 0.2, old + 0.2) - returns) ** 2

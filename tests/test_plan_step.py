@@ -36,8 +36,8 @@ from rlcluster_lab.planner.references import PUBLISHED
 from rlcluster_lab.planner.step_memory import Split, Workload, activation_bytes, kv_cache_bytes, shared_bytes_per_token
 from rlcluster_lab.planner.tables import TOPOLOGIES, Topology, local_topology
 from rlcluster_lab.training import step as step_module
-from rlcluster_lab.training.critic import ppo_value_loss
-from rlcluster_lab.training.step import _sharding_key, grpo_loss, grpo_sums, jitted_update
+from rlcluster_lab.training.critic import ppo_value_sums
+from rlcluster_lab.training.step import _sharding_key, grpo_sums, jitted_update, token_mean
 
 GIB = 1 << 30
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "bool": 1, "i32": 4, "u32": 4}
@@ -77,7 +77,8 @@ def _residuals(config, rows: int, prompt: int, completion: int, kind: str) -> in
         graphdef, trainable, frozen = nnx.split(abstract_score_model(config), nnx.Param, ...)
 
         def loss(params, batch):
-            return ppo_value_loss(nnx.merge(graphdef, params, frozen), batch, pad_id=0)[0]
+            model = nnx.merge(graphdef, params, frozen)
+            return token_mean(*ppo_value_sums(model, batch, pad_id=0, clip_range_value=0.2))[0]
 
         return _saved_residual_bytes(loss, trainable, _batch(rows, prompt, completion, critic=True))
     lora = 4 if kind == "lora" else 0
@@ -87,7 +88,8 @@ def _residuals(config, rows: int, prompt: int, completion: int, kind: str) -> in
 
     def loss(params, batch):
         model = nnx.merge(graphdef, params, frozen)
-        return grpo_loss(model, batch, pad_id=0, temperature=jnp.float32(1.0), beta=0.04, epsilon=0.2)[0]
+        sums = grpo_sums(model, batch, pad_id=0, temperature=jnp.float32(1.0), beta=0.04, epsilon=0.2)
+        return token_mean(*sums)[0]
 
     return _saved_residual_bytes(loss, trainable, _batch(rows, prompt, completion))
 
@@ -196,7 +198,7 @@ def _live_step_terms(scenario: Scenario, *, gradients: bool = True):
 
     def loss(params):
         model = nnx.merge(graphdef, params, frozen)
-        return grpo_loss(model, batch, pad_id=0, temperature=1.0, beta=0.04, epsilon=0.2)[0]
+        return token_mean(*grpo_sums(model, batch, pad_id=0, temperature=1.0, beta=0.04, epsilon=0.2))[0]
 
     # Each gradient in its parameter's layout, as the step keeps its parameters.
     grads = None

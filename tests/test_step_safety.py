@@ -185,9 +185,9 @@ def test_equal_optimizers_share_one_compiled_step_and_release_it_when_unused(mon
     from rlcluster_lab.training import step
 
     gc.collect()
-    step.release_unused_steps()
+    step._STEPS.release_unused()
     jax.clear_caches()  # whatever earlier tests compiled is built again (from the disk cache) and counted
-    held = step.compiled_step_count()
+    held = len(step._STEPS)
     setups = []
     with count_compilations() as found:
         for _ in range(3):
@@ -195,24 +195,24 @@ def test_equal_optimizers_share_one_compiled_step_and_release_it_when_unused(mon
             s.step(batch())
             setups.append(s)
     assert len(step_programs(found)) == 1, found
-    assert step.compiled_step_count() == held + 1
+    assert len(step._STEPS) == held + 1
     # Every user gone: the program is idle, kept for a rebuild of the same configuration...
     del setups, s
     gc.collect()
-    assert step.compiled_step_count() == held + 1
+    assert len(step._STEPS) == held + 1
     with count_compilations() as found:
         Setup(adam()).step(batch())
     assert step_programs(found) == []
     # ...and released on demand, or at once when no idle program is to be kept.
     gc.collect()
-    assert step.release_unused_steps() == 1 and step.compiled_step_count() == held
+    assert step._STEPS.release_unused() == 1 and len(step._STEPS) == held
     monkeypatch.setattr(step._STEPS, "idle_limit", 0)
     s = Setup(adam())
     s.step(batch())
-    assert step.compiled_step_count() == held + 1
+    assert len(step._STEPS) == held + 1
     del s
     gc.collect()
-    assert step.compiled_step_count() == held
+    assert len(step._STEPS) == held
 
 
 @pytest.mark.cluster

@@ -11,9 +11,11 @@ folder; a folder a killed writer left behind is removed by the next writer, unde
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -122,15 +124,12 @@ def _write_file(target: Path, write: Any) -> int:
 
 def _fsync_folder(folder: Path) -> None:
     """Make a folder's entries (a new file, a rename) durable, where the system allows it."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
+        try:
             os.fsync(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)
 
 
 def _swap_into_place(new: Path, folder: Path) -> None:
@@ -159,9 +158,6 @@ def _swap_into_place(new: Path, folder: Path) -> None:
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically (Linux ``renameat2``); False where that is not available."""
-    import ctypes
-    import sys
-
     if not sys.platform.startswith("linux"):
         return False
     try:

@@ -21,11 +21,9 @@ it. The order is chosen so that nothing is allocated on a file's word:
    and leaves nothing on the devices.
 
 ``save`` refuses what ``load`` would refuse (the same checks of the config, the parameters'
-names, shapes and dtypes, finite values), and replaces a checkpoint atomically: both files are
-written into a new folder beside the target (made exclusively, so nothing is written through a
-link planted there), flushed to disk, and only then swapped in, so the previous checkpoint stays
-whole until the new one is complete. Saves to one folder are serialized (an exclusive lock on
-the parent folder).
+names, shapes and dtypes, finite values), and replaces a checkpoint atomically
+(``model.atomic``): the previous checkpoint stays whole until the new one is complete, and saves
+to one folder are serialized.
 """
 
 from __future__ import annotations
@@ -38,8 +36,9 @@ import os
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+import jax
 import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict, unflatten_dict
@@ -50,7 +49,8 @@ from rlcluster_lab.core.model_config import NUMERIC_RANGES, check_lora_scale, la
 from rlcluster_lab.core.options import DTYPES
 from rlcluster_lab.model.atomic import replace_folder
 from rlcluster_lab.model.init import abstract_model, materialize
-from rlcluster_lab.model.lora import is_lora
+from rlcluster_lab.model.lora import LoRALinear, is_lora
+from rlcluster_lab.model.scoring import ScoreModel, abstract_score_model
 from rlcluster_lab.model.transformer import INT_FIELDS, ModelConfig
 
 FORMAT = "rlcluster-lab/1"
@@ -108,8 +108,6 @@ def save(model: nnx.Module, path: str | os.PathLike) -> Path:
             folder, so it refuses to delete anything else).
         OSError: the write failed; a checkpoint already at ``path`` is untouched.
     """
-    from rlcluster_lab.model.scoring import ScoreModel
-
     folder = Path(path)
     kind = "score" if isinstance(model, ScoreModel) else "lm"
     rank, scale = _lora_settings(model)
@@ -310,18 +308,9 @@ def _structure(ck: CheckpointConfig) -> nnx.Module:
 
 
 def _build_structure(ck: CheckpointConfig) -> nnx.Module:
-    from rlcluster_lab.model.scoring import abstract_score_model
-
     if ck.kind == "score":
         return abstract_score_model(ck.config)
     return abstract_model(ck.config, ck.lora_rank, ck.lora_scale)
-
-
-class _Member(NamedTuple):
-    """What one member of ``params.npz`` must hold."""
-
-    shape: tuple[int, ...]
-    dtype: Any
 
 
 def _layer_members(name: str, num_layers: int) -> list[str] | None:
@@ -336,8 +325,8 @@ def _per_layer(expected: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """The members of such a per-layer checkpoint (``_layer_members``), without the layer axis."""
     out: dict[str, Any] = {}
     for name, spec in expected.items():
-        members = _layer_members(name, num_layers)
-        out.update({name: spec} if members is None else dict.fromkeys(members, _Member(spec.shape[1:], spec.dtype)))
+        members, layer = _layer_members(name, num_layers), jax.ShapeDtypeStruct(spec.shape[1:], spec.dtype)
+        out.update({name: spec} if members is None else dict.fromkeys(members, layer))
     return out
 
 
@@ -489,9 +478,7 @@ def _non_finite(values: np.ndarray) -> tuple[int, tuple[int, ...]]:
         if count and first < 0:
             first = start + int(np.argmin(ok))
         bad += count
-    if not bad:
-        return 0, ()
-    return bad, tuple(int(i) for i in np.unravel_index(first, values.shape))
+    return (bad, tuple(int(i) for i in np.unravel_index(first, values.shape))) if bad else (0, ())
 
 
 def _nbytes(shape: Any, dtype: Any) -> int:
@@ -521,8 +508,6 @@ def _key(path: tuple) -> str:
 def _lora_settings(model: nnx.Module) -> tuple[int, float]:
     """The adapters' rank and scale (0 and 1.0 without adapters); every adapter must share them,
     as the checkpoint records one of each."""
-    from rlcluster_lab.model.lora import LoRALinear
-
     if not is_lora(model):
         return 0, 1.0
     found = {

@@ -17,22 +17,19 @@ from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_mode
 from rlcluster_lab.model.values import initial_values
 
 
-@functools.lru_cache(maxsize=32)
-def _abstract_lm(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-    """The model's structure: every Variable with its logical names, values as shapes only.
+@functools.lru_cache(maxsize=48)
+def abstract_split(build: Callable[..., nnx.Module], config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    """The structure of ``build(config, rngs=...)``, made once per model class and config: every
+    Variable with its logical names, values as shapes only (nothing computed or compiled). The
+    layers are one stacked ``Block`` traced once (``model.transformer.stacked_blocks``), so this
+    takes the same time for any layer count."""
+    return nnx.split(nnx.eval_shape(lambda: build(config, rngs=nnx.Rngs(0))))
 
-    Made once per config (``abstract_structure``: nothing is computed or compiled).
-    """
-    return nnx.split(abstract_structure(TransformerLM, config))
 
-
-def abstract_structure(build: Callable[..., nnx.Module], config: ModelConfig) -> Any:
-    """``build(config, rngs=...)`` as shapes only (``nnx.eval_shape``).
-
-    The layers are one stacked ``Block`` traced once (``model.transformer.stacked_blocks``),
-    so this takes the same time for any layer count.
-    """
-    return nnx.eval_shape(lambda: build(config, rngs=nnx.Rngs(0)))
+def abstract_of(build: Callable[..., nnx.Module], config: ModelConfig | str) -> Any:
+    """The model ``build`` makes for a config or a preset name, its values shapes only (Variables of its own)."""
+    graphdef, state = abstract_split(build, get_model_config(config) if isinstance(config, str) else config)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
 
 
 def abstract_model(config: ModelConfig | str, lora_rank: int = 0, lora_scale: float = 1.0) -> TransformerLM:
@@ -41,9 +38,7 @@ def abstract_model(config: ModelConfig | str, lora_rank: int = 0, lora_scale: fl
     What the planner and the checks before allocation read: the tree, the
     shapes, dtypes and logical axis names, with no array behind them.
     """
-    config = get_model_config(config) if isinstance(config, str) else config
-    graphdef, state = _abstract_lm(config)
-    model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    model = abstract_of(TransformerLM, config)
     if lora_rank:
         model, _ = _wrap_lora(model, lora_rank, lora_scale, adapters=lambda path, a, b: (a, b))
     return model
@@ -54,9 +49,8 @@ def materialize(graphdef: nnx.GraphDef, abstract: nnx.State, values: Any, shardi
 
     ``shardings``: a matching tree of shardings, or None for the default device.
     """
-    arrays = jax.device_put(values, shardings) if shardings is not None else jax.device_put(values)
     state = jax.tree.map(lambda x: x, abstract)
-    nnx.replace_by_pure_dict(state, arrays)
+    nnx.replace_by_pure_dict(state, jax.device_put(values, shardings))
     return nnx.merge(graphdef, state)
 
 
@@ -76,17 +70,17 @@ def init_model(
         rules: logical axis rules for ``mesh`` (None: the model's defaults).
         memory_kind: ``device`` or ``pinned_host`` (None: the devices' default).
     """
-    return init_from(_abstract_lm, config, seed, mesh, rules, memory_kind)
+    return init_from(TransformerLM, config, seed, mesh, rules, memory_kind)
 
 
 def init_from(
-    split: Callable[[ModelConfig], Any], config: ModelConfig | str, seed: int, mesh: Any, rules: Any, memory_kind: Any
+    build: Callable[..., nnx.Module], config: ModelConfig | str, seed: int, mesh: Any, rules: Any, memory_kind: Any
 ) -> nnx.Module:
-    """``init_model`` for the structure ``split(config)`` gives (graphdef, abstract state)."""
+    """``init_model`` for the model ``build(config, rngs=...)`` makes."""
     if not isinstance(config, (str, ModelConfig)):
         raise TypeError(f"config must be a ModelConfig or a preset name ('tiny', ...), got {type(config).__name__}")
     seed = as_int(seed, "seed")
-    graphdef, abstract = split(get_model_config(config) if isinstance(config, str) else config)
+    graphdef, abstract = abstract_split(build, get_model_config(config) if isinstance(config, str) else config)
     shardings = None
     if mesh is not None:
         rules = rules if rules is not None else DEFAULT_LOGICAL_AXIS_RULES

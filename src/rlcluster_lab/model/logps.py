@@ -244,12 +244,5 @@ def logps_from_state(
     prompt, completion = checked_batch(graphdef, state, prompt_tokens, completion_tokens, pad_id)
     # A NumPy scalar goes in with the call; a device scalar made first is a program of its own.
     temperature = np.float32(check_temperature(temperature))
-    return run(
-        LOGPS.jitted(model_compiler_options(graphdef, state)),
-        graphdef,
-        state,
-        prompt,
-        completion,
-        int(pad_id),
-        temperature,
-    )
+    program = LOGPS.jitted(model_compiler_options(graphdef, state))
+    return run(program, graphdef, state, prompt, completion, int(pad_id), temperature)

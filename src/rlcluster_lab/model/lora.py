@@ -28,9 +28,6 @@ class LoRALinear(nnx.Module):
     """
 
     def __init__(self, base: nnx.Linear, a: Any, b: Any, *, scale: float) -> None:
-        self.in_features = base.in_features
-        self.out_features = base.out_features
-        self.dtype = base.dtype
         self.kernel = base.kernel
         *lead, in_axis, out_axis = base.kernel.get_metadata()["out_sharding"]
         self.lora_a = nnx.LoRAParam(a, out_sharding=(*lead, in_axis, None), eager_sharding=False)
@@ -122,16 +119,13 @@ def _wrap_lora(model: TransformerLM, rank: int, scale: float, adapters: Any) -> 
 def _adapter_shardings(kernel: Any) -> tuple[Any, Any]:
     """Where the adapters of ``kernel`` go: lora_a split like its rows, lora_b like its columns."""
     sharding = getattr(kernel, "sharding", None)
-    if sharding is None:
-        return None, None
-    if isinstance(sharding, NamedSharding):
-        spec = tuple(sharding.spec) + (None,) * (kernel.ndim - len(sharding.spec))
-        *lead, rows, cols = spec
-        return (
-            NamedSharding(sharding.mesh, PartitionSpec(*lead, rows, None), memory_kind=sharding.memory_kind),
-            NamedSharding(sharding.mesh, PartitionSpec(*lead, None, cols), memory_kind=sharding.memory_kind),
-        )
-    return sharding, sharding
+    if not isinstance(sharding, NamedSharding):  # None (not placed yet), or no mesh to split over
+        return sharding, sharding
+    *lead, rows, cols = tuple(sharding.spec) + (None,) * (kernel.ndim - len(sharding.spec))
+    return (
+        NamedSharding(sharding.mesh, PartitionSpec(*lead, rows, None), memory_kind=sharding.memory_kind),
+        NamedSharding(sharding.mesh, PartitionSpec(*lead, None, cols), memory_kind=sharding.memory_kind),
+    )
 
 
 def is_lora(model: nnx.Module) -> bool:

@@ -62,7 +62,6 @@ def _generate(
     pad_id: int,
 ):
     model = nnx.merge(graphdef, state)
-    config = model.config
     key = jax.random.key(seed)  # made here, not beforehand: a key made outside is a program of its own
     b, p = prompt_tokens.shape
     slots = jnp.arange(cache_size)
@@ -72,7 +71,7 @@ def _generate(
     positions = jnp.maximum(jnp.cumsum(prompt_valid, axis=1) - 1, 0).astype(jnp.int32)
     slot_valid = jnp.zeros((b, cache_size), bool).at[:, :p].set(prompt_valid)
     mask = slot_valid[:, None, :] & (slots[None, None, :] <= jnp.arange(p)[None, :, None])
-    cache = init_cache(config, b, cache_size)
+    cache = init_cache(model.config, b, cache_size)
     logits, cache = model(prompt_tokens, positions, mask, cache)
     next_pos = prompt_valid.sum(axis=1).astype(jnp.int32)  # position of the next token
 

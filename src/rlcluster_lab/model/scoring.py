@@ -8,7 +8,6 @@ critic's values are the head's outputs at every completion position.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -16,9 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlcluster_lab.core.compile_options import ProgramFamily
-from rlcluster_lab.model.init import abstract_structure, init_from
+from rlcluster_lab.model.init import abstract_of, init_from
 from rlcluster_lab.model.logps import checked_batch, model_compiler_options, packed_sequence
-from rlcluster_lab.model.transformer import ModelConfig, TransformerLM, get_model_config
+from rlcluster_lab.model.transformer import ModelConfig, TransformerLM
 
 
 class ScoreModel(nnx.Module):
@@ -43,23 +42,16 @@ class ScoreModel(nnx.Module):
         return self.score_head(x)[..., 0].astype(jnp.float32)
 
 
-@functools.lru_cache(maxsize=16)
-def _abstract_score(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-    return nnx.split(abstract_structure(ScoreModel, config))
-
-
 def abstract_score_model(config: ModelConfig | str) -> ScoreModel:
     """A ``ScoreModel`` whose values are shapes only (for planning and checks before allocation)."""
-    cfg = get_model_config(config) if isinstance(config, str) else config
-    graphdef, state = _abstract_score(cfg)
-    return nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    return abstract_of(ScoreModel, config)
 
 
 def init_score_model(
     config: ModelConfig | str, *, seed: int = 0, mesh: Any = None, rules: Any = None, memory_kind: str | None = None
 ) -> ScoreModel:
     """A fresh reward or value model; the arguments are ``init_model``'s."""
-    return init_from(_abstract_score, config, seed, mesh, rules, memory_kind)
+    return init_from(ScoreModel, config, seed, mesh, rules, memory_kind)
 
 
 def completion_scores(
@@ -97,6 +89,5 @@ def scores_from_state(
             (checked on the host first: such an id would score NaN).
     """
     prompt, completion = checked_batch(graphdef, state, prompt_tokens, completion_tokens, pad_id)
-    return _SCORES.jitted(model_compiler_options(graphdef, state))(
-        graphdef, state, prompt, completion, int(pad_id), bool(per_token)
-    )
+    program = _SCORES.jitted(model_compiler_options(graphdef, state))
+    return program(graphdef, state, prompt, completion, int(pad_id), bool(per_token))

@@ -7,6 +7,7 @@ vocab dimension divides evenly over 8, 4 or 2 devices.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -32,14 +33,8 @@ class ByteTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` up to the first EOS; special ids are dropped."""
-        out = bytearray()
-        for i in ids:
-            i = int(i)
-            if i == self.eos_id:
-                break
-            if 0 <= i < 256:
-                out.append(i)
-        return out.decode("utf-8", errors="replace")
+        kept = itertools.takewhile(lambda i: i != self.eos_id, map(int, ids))
+        return bytes(i for i in kept if 0 <= i < 256).decode("utf-8", errors="replace")
 
     def encode_batch_left_padded(
         self, texts: Sequence[str], length: int | None = None, add_bos: bool = True
@@ -57,6 +52,5 @@ class ByteTokenizer:
             raise ValueError(f"text {idx} encodes to {len(encoded[idx])} tokens, more than length={length}")
         out = np.full((len(texts), length), self.pad_id, dtype=np.int32)
         for row, ids in enumerate(encoded):
-            if ids:
-                out[row, length - len(ids) :] = ids
+            out[row, length - len(ids) :] = ids
         return out

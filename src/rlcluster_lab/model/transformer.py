@@ -31,11 +31,10 @@ class KVCache(NamedTuple):
     index: jax.Array
 
 
-def init_cache(config: ModelConfig, batch_size: int, cache_size: int, dtype: Any = None) -> KVCache:
-    """An empty cache of ``cache_size`` slots."""
-    dtype = config.dtype if dtype is None else dtype
+def init_cache(config: ModelConfig, batch_size: int, cache_size: int) -> KVCache:
+    """An empty cache of ``cache_size`` slots, in the model's dtype."""
     shape = (config.num_layers, batch_size, cache_size, config.num_kv_heads, config.head_dim)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
+    return KVCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype), jnp.zeros((), jnp.int32))
 
 
 class RMSNorm(nnx.Module):
@@ -255,21 +254,16 @@ class TransformerLM(nnx.Module):
         (B, T, S) covers cache slots; when omitted, each token sees every slot up to its own.
         """
         b, t = tokens.shape
+        s = t if cache is None else cache.k.shape[2]
         if cache is None:
             mask = jnp.tril(jnp.ones((t, t), bool))[None]
-            if attention_mask is not None:
-                mask = mask & attention_mask
-            mask = jnp.broadcast_to(mask, (b, t, t))
+            mask = mask if attention_mask is None else mask & attention_mask
+        elif attention_mask is not None:
+            mask = attention_mask  # the caller knows which slots hold real tokens: its mask wins
         else:
-            s = cache.k.shape[2]
-            slot = cache.index + jnp.arange(t)
-            mask = (jnp.arange(s)[None, :] <= slot[:, None])[None]
-            if attention_mask is not None:
-                # The caller knows which slots hold real tokens: its mask wins.
-                mask = attention_mask
-            mask = jnp.broadcast_to(mask, (b, t, s))
+            mask = (jnp.arange(s)[None, :] <= (cache.index + jnp.arange(t))[:, None])[None]
         x = self.embed(tokens)
-        bias = mask_bias(mask)
+        bias = mask_bias(jnp.broadcast_to(mask, (b, t, s)))
         if cache is None:
             x, _ = self.layers(x, positions, bias, None, None)
             return self.final_norm(x), None

@@ -19,40 +19,8 @@ from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model.logps import check_token_batch, check_token_ids
 from rlcluster_lab.model.sampling import check_prompts
 
-__all__ = [
-    "TrainBatch",
-    "batch_arrays",
-    "mini_batches",
-    "validate_batch_arrays",
-    "validate_prompts",
-]
-
-
 # The operations' prompt check is the sampler's (a bare string refused, at least one prompt).
 validate_prompts = check_prompts
-
-
-def _float_array(owner: str, name: str, value: Any, shape: tuple[int, ...], meaning: str) -> np.ndarray:
-    """``value`` as a finite float32 host array of exactly ``shape``; errors name ``owner.name``."""
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"{owner}.{name} must be a float array {meaning}, got {type(value).__name__}")
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
-        raise TypeError(f"{owner}.{name} must hold real numbers {meaning}, got dtype {arr.dtype}")
-    if arr.shape != shape:
-        hint = ""
-        if arr.ndim == len(shape) + 1 and arr.shape[-1] == 1:
-            hint = f": a trailing axis of 1 would broadcast into a wrong loss; pass {name}.reshape{shape}"
-        raise ConfigError(f"{owner}.{name} has shape {arr.shape}; expected {shape} ({meaning}){hint}")
-    arr = arr.astype(np.float32, copy=False)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        where = tuple(int(i) for i in np.argwhere(~finite)[0])
-        raise ConfigError(
-            f"{owner}.{name} holds {arr[where]} at index {where}; every value must be finite: one NaN "
-            "or inf here makes every updated parameter NaN"
-        )
-    return arr
 
 
 class TokenBatch:
@@ -73,10 +41,29 @@ class TokenBatch:
         object.__setattr__(self, "completion_tokens", completion)
         return completion.shape
 
-    def _set_floats(self, field: str, shape: tuple[int, ...], meaning: str, copy: bool = False) -> None:
-        """Keep ``field`` as a finite float32 host array of ``shape`` (a copy of its own if ``copy``)."""
-        arr = _float_array(type(self).__name__, field, getattr(self, field), shape, meaning)
-        object.__setattr__(self, field, arr.copy() if copy else arr)
+    def _set_floats(self, name: str, shape: tuple[int, ...], meaning: str, copy: bool = False) -> None:
+        """Keep field ``name`` as a finite float32 host array of exactly ``shape`` (a copy of its own
+        if ``copy``); errors name ``<class>.<name>``."""
+        owner, value = type(self).__name__, getattr(self, name)
+        if isinstance(value, (str, bytes)):
+            raise TypeError(f"{owner}.{name} must be a float array {meaning}, got {type(value).__name__}")
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
+            raise TypeError(f"{owner}.{name} must hold real numbers {meaning}, got dtype {arr.dtype}")
+        if arr.shape != shape:
+            hint = ""
+            if arr.ndim == len(shape) + 1 and arr.shape[-1] == 1:
+                hint = f": a trailing axis of 1 would broadcast into a wrong loss; pass {name}.reshape{shape}"
+            raise ConfigError(f"{owner}.{name} has shape {arr.shape}; expected {shape} ({meaning}){hint}")
+        arr = arr.astype(np.float32, copy=False)
+        finite = np.isfinite(arr)
+        if not finite.all():
+            where = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise ConfigError(
+                f"{owner}.{name} holds {arr[where]} at index {where}; every value must be finite: one NaN "
+                "or inf here makes every updated parameter NaN"
+            )
+        object.__setattr__(self, name, arr.copy() if copy else arr)
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -90,6 +77,15 @@ class TokenBatch:
         for field in ("prompt_tokens", "completion_tokens"):
             check_token_ids(f"{type(self).__name__}.{field}", getattr(self, field), vocab_size)
         return self
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fields as host arrays, ids as int32 and values as float32 (None fields left out)."""
+        fields = (f.name for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        return {
+            k: np.asarray(v, np.int32 if k.endswith("_tokens") else np.float32)
+            for k in fields
+            if (v := getattr(self, k)) is not None
+        }
 
     def rows(self, index: slice | np.ndarray) -> Self:
         pick = lambda x: None if x is None else np.asarray(x)[index]  # noqa: E731
@@ -134,17 +130,7 @@ def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:
     """
     if not isinstance(batch, TrainBatch):
         raise TypeError(f"batch_arrays takes a TrainBatch, got {type(batch).__name__}")
-    return host_arrays(batch)
-
-
-def host_arrays(batch: Any) -> dict[str, np.ndarray]:
-    """A batch dataclass's fields as host arrays, ids as int32 and values as float32 (None fields left out)."""
-    fields = (f.name for f in dataclasses.fields(batch))
-    return {
-        k: np.asarray(v, np.int32 if k.endswith("_tokens") else np.float32)
-        for k in fields
-        if (v := getattr(batch, k)) is not None
-    }
+    return batch.arrays()
 
 
 def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None:
@@ -180,9 +166,8 @@ def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None
     for key in ("prompt_tokens", "completion_tokens"):
         if isinstance(batch[key], np.ndarray):
             check_token_ids(f"batch[{key!r}]", batch[key], vocab_size)
-    for key in ("advantages", "old_logps", "ref_logps"):
-        value = batch.get(key)
-        if isinstance(value, np.ndarray) and not np.isfinite(value).all():
+    for key in expected:
+        if isinstance(batch.get(key), np.ndarray) and not np.isfinite(batch[key]).all():
             raise ConfigError(f"batch[{key!r}] holds NaN or inf; every value must be finite")
 
 

@@ -22,10 +22,8 @@ from flax import nnx
 
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.model.scoring import completion_scores
-from rlcluster_lab.training.batch import TokenBatch, host_arrays
-from rlcluster_lab.training.step import run_update, token_mean
-
-__all__ = ["ValueBatch", "ppo_value_loss", "ppo_value_sums", "value_train_step"]
+from rlcluster_lab.training.batch import TokenBatch
+from rlcluster_lab.training.step import run_update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +48,13 @@ class ValueBatch(TokenBatch):
         self._set_floats("returns", shape, per_token, copy=True)
         self._set_floats("old_values", shape, per_token, copy=True)
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return host_arrays(self)
-
 
 def ppo_value_sums(
     model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, clip_range_value: float
 ) -> tuple[dict[str, jax.Array], jax.Array]:
-    """The value loss and its metrics summed over real completion tokens, and the token count."""
+    """``0.5 * max((v - R)^2, (clip(v, v_old ± c) - R)^2)`` and its metrics (``vpred_mean``,
+    ``vf_clipfrac``, ``return_mean``) summed over real completion tokens, and the token count
+    (``token_mean`` of the two: the loss and metrics as means over those tokens)."""
     completion = batch["completion_tokens"]
     mask = (completion != pad_id).astype(jnp.float32)
     vpred = completion_scores(model, batch["prompt_tokens"], completion, pad_id)
@@ -65,22 +62,13 @@ def ppo_value_sums(
     clipped = jnp.clip(vpred, old - clip_range_value, old + clip_range_value)
     unclipped_err = jnp.square(vpred - returns)
     clipped_err = jnp.square(clipped - returns)
-    per_token = jnp.maximum(unclipped_err, clipped_err)
     sums = {
-        "loss": 0.5 * (per_token * mask).sum(),
+        "loss": 0.5 * (jnp.maximum(unclipped_err, clipped_err) * mask).sum(),
         "vpred_mean": (vpred * mask).sum(),
         "vf_clipfrac": ((clipped_err > unclipped_err) * mask).sum(),
         "return_mean": (returns * mask).sum(),
     }
     return sums, mask.sum()
-
-
-def ppo_value_loss(
-    model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, clip_range_value: float = 0.2
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``0.5 * masked mean of max((v - R)^2, (clip(v, v_old ± c) - R)^2)`` and its metrics
-    (``vpred_mean``, ``vf_clipfrac``, ``return_mean``), means over real completion tokens."""
-    return token_mean(*ppo_value_sums(model, batch, pad_id=pad_id, clip_range_value=clip_range_value))
 
 
 def value_train_step(

@@ -105,8 +105,5 @@ def _describe_function(fn: types.FunctionType, pins: list[Any], seen: dict[int, 
 
 
 def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
+    nested = (_global_names(const) for const in code.co_consts if isinstance(const, types.CodeType))
+    return set(code.co_names).union(*nested)

@@ -39,18 +39,6 @@ from rlcluster_lab.placement.transfers import shard_data
 from rlcluster_lab.training.batch import validate_batch_arrays
 from rlcluster_lab.training.fingerprint import describe_transformation
 
-__all__ = [
-    "REJECTION_REASONS",
-    "compiled_step_count",
-    "release_unused_steps",
-    "accumulation_steps",
-    "grpo_loss",
-    "grpo_sums",
-    "init_optimizer_state",
-    "rejection_reason",
-    "train_step",
-]
-
 # The ``rejected`` metric of a step: 0 when it was applied, else the first problem found.
 REJECTION_REASONS: dict[int, str] = {
     1: "the loss is not finite",
@@ -67,13 +55,6 @@ def rejection_reason(metrics: Mapping[str, Any]) -> str | None:
     return None if code == 0 else REJECTION_REASONS.get(code, f"rejected (code {code})")
 
 
-def grpo_loss(
-    model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, temperature: jax.Array, beta: float, epsilon: float
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped policy-gradient loss plus ``beta`` times a k3 KL estimate, over real tokens."""
-    return token_mean(*grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon))
-
-
 def token_mean(sums: dict[str, jax.Array], tokens: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Summed terms (a dict with ``"loss"``) divided by the token count (at least 1): the loss and its metrics."""
     denom = jnp.maximum(tokens, 1.0)
@@ -83,10 +64,11 @@ def token_mean(sums: dict[str, jax.Array], tokens: jax.Array) -> tuple[jax.Array
 def grpo_sums(
     model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, temperature: jax.Array, beta: float, epsilon: float
 ) -> tuple[dict[str, jax.Array], jax.Array]:
-    """``grpo_loss``'s terms summed over real tokens (not divided), and the token count.
+    """The clipped policy-gradient loss plus ``beta`` times a k3 KL estimate, and its metrics,
+    summed over real tokens (not divided), and the token count.
 
-    Summed terms add up across micro-batches; dividing the total by the total
-    count gives the mini-batch's token mean, which is what accumulation needs.
+    Summed terms add up across micro-batches; dividing the total by the total count
+    (``token_mean``) gives the mini-batch's token mean, which is what accumulation needs.
     """
     completion = batch["completion_tokens"]
     mask = (completion != pad_id).astype(jnp.float32)
@@ -200,9 +182,6 @@ class _Entry:
     pins: list[Any]
     users: list[weakref.ref] = dataclasses.field(default_factory=list)
 
-    def in_use(self) -> bool:
-        return any(r() is not None for r in self.users)
-
 
 class _Programs:
     """Compiled programs keyed by a description of what they compute.
@@ -258,7 +237,7 @@ class _Programs:
     def _user_gone(self, full: Any) -> None:
         with self._lock:
             entry = self._entries.get(full)
-            if entry is None or entry.in_use():
+            if entry is None or any(r() is not None for r in entry.users):
                 return
             self._idle[full] = None
             self._idle.move_to_end(full)
@@ -285,19 +264,6 @@ class _Programs:
 # holds tens of MB of host memory.
 _STEPS = _Programs(limit=8, idle_limit=2)
 _INITS = _Programs(limit=8, idle_limit=2)
-
-
-def compiled_step_count() -> int:
-    """How many training-step programs are held now: one per live configuration, plus at most
-    two that no live optimizer uses any more (kept for a rebuild of the same cluster)."""
-    return len(_STEPS)
-
-
-def release_unused_steps() -> int:
-    """Release the compiled training steps (and optimizer-state initialisers) that no live
-    optimizer uses; returns how many steps were released."""
-    _INITS.release_unused()
-    return _STEPS.release_unused()
 
 
 def leaf_finite(x: jax.Array) -> jax.Array:
