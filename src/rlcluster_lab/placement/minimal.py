@@ -25,8 +25,6 @@ from rlcluster_lab.placement.events import Built, Ran, Transfer, emit
 from rlcluster_lab.placement.programs import cleared_with_programs
 from rlcluster_lab.placement.transfers import shard_data
 
-Shape = tuple[int, ...]
-
 
 @cleared_with_programs
 def clear() -> None:
