@@ -60,10 +60,6 @@ class Executor(Protocol):
 
     def engine_model(self, engine: Any) -> Any: ...
 
-    def engine_mesh(self, engine: Any) -> Any | None: ...
-
-    def engine_owns_weights(self, engine: Any) -> bool: ...
-
     def init_optimizer(self, model: Any, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
         """The optimizer state of ``role``'s optimizer (ACTOR or CRITIC) over ``model``'s
         trainable parameters, each moment beside its parameter on ``mesh``."""
@@ -179,12 +175,12 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     engine = sink["engine"] = ex.make_engine(rollout_actor, config_mesh)
     mover.engine = engine
     mover.to_host(ex.engine_model(engine), Role.ROLLOUT)
-    owns = ex.engine_owns_weights(engine)
+    owns = bool(engine.owns_weights)
     if req.offload_to_cpu and owns and linked:
         trace.add(loading.p14_own_copy_engine(req.engine_name))
     # P7: an engine that exposes a mesh replaces the rollout mesh; the sharing map,
     # built from the config's meshes, is deliberately not rebuilt.
-    engine_mesh = ex.engine_mesh(engine)
+    engine_mesh = getattr(engine, "mesh", None)  # None: the engine exposes no mesh
     p7 = trace.add(rollout.p7_engine_mesh(req.engine_name, config_mesh, engine_mesh, linked))
     overridden = False
     if p7.branch is MeshBranch.REPLACED:
@@ -288,7 +284,7 @@ class Mover:
 
     def _move(self, model: Any, role: Role, kind: str) -> None:
         self.ex.move(model, kind)
-        owns = self.engine is not None and self.ex.engine_owns_weights(self.engine)
+        owns = self.engine is not None and bool(self.engine.owns_weights)
         for other in loading.p14_updated_together(self.shared, role, owns):
             if other is Role.ROLLOUT and self.engine is not None:
                 target = self.ex.engine_model(self.engine)

@@ -105,12 +105,6 @@ class LiveExecutor:
     def engine_model(self, engine: RolloutEngine) -> nnx.Module:
         return engine.model()
 
-    def engine_mesh(self, engine: RolloutEngine) -> Any | None:
-        return getattr(engine, "mesh", None)
-
-    def engine_owns_weights(self, engine: RolloutEngine) -> bool:
-        return bool(engine.owns_weights)
-
     def init_optimizer(self, model: nnx.Module, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
         with self.contexts.enter(role, "construct: optimizer state"):
             trainable = model_state(model, nnx.LoRAParam if lora else nnx.Param)

@@ -131,12 +131,6 @@ class PlannedExecutor:
     def engine_model(self, engine: PlannedEngine) -> PlannedModel:
         return engine.model
 
-    def engine_mesh(self, engine: PlannedEngine) -> PlannedMesh | None:
-        return engine.mesh
-
-    def engine_owns_weights(self, engine: PlannedEngine) -> bool:
-        return engine.owns_weights
-
     def init_optimizer(
         self, actor: PlannedModel, lora: bool, mesh: PlannedMesh, role: Role = Role.ACTOR
     ) -> list[PlannedArray]:
