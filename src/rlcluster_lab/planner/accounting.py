@@ -127,17 +127,7 @@ def sync_summary(
                 "method": "planned: the least the placement forces",
             }
         )
-    totals = {
-        key: sum(leaf[key] for leaf in leaves)
-        for key in (
-            "synced_bytes",
-            "moved_cross_device_bytes",
-            "arrived_cross_device_bytes",
-            "copied_same_device_bytes",
-            "reused_bytes",
-            "minimum_cross_device_bytes",
-        )
-    }
+    totals = {key: sum(leaf[key] for leaf in leaves) for key in _TOTALS}
     # P13: then the anchor is pinned again (P8).
     partial = anchor_is_partial(anchor_mode, lora)
     repinned = anchor_arrays(actor, trainable, partial=partial, new=True)
@@ -175,6 +165,13 @@ def sync_summary(
         "estimate": estimate,
         "leaves": leaves,
     }
+
+
+# The sync's totals (each the sum of its leaves' figure), in the order the JSON lists them.
+_TOTALS = (
+    "synced_bytes moved_cross_device_bytes arrived_cross_device_bytes copied_same_device_bytes reused_bytes "
+    "minimum_cross_device_bytes"
+).split()
 
 
 def _sync_seconds(
