@@ -28,7 +28,7 @@ from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine
 from rlcluster_lab.model import checkpoint
 from rlcluster_lab.model.lora import is_lora
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone, state_bytes
-from rlcluster_lab.placement.place import move_model, place_model, put_on_memory_kind
+from rlcluster_lab.placement.place import place_model, put_on_memory_kind
 from rlcluster_lab.training.step import init_optimizer_state
 
 
@@ -70,7 +70,7 @@ class LiveExecutor:
         return place_model(model, mesh, rules, memory_kind=kind, dtype=dtype, role=role.value, strategy=strategy)
 
     def move(self, model: nnx.Module, kind: str) -> nnx.Module:
-        move_model(model, kind)
+        nnx.update(model, put_on_memory_kind(model_state(model), kind))  # its Variables get new arrays
         return model
 
     def share(self, dst: nnx.Module, src: nnx.Module, frozen_only: bool, role: Role) -> None:

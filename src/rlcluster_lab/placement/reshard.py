@@ -263,8 +263,10 @@ def _cast(run: _Run, step: Any) -> tuple[Ops, list]:
     arrays = [before[i] for i in step.legs]
     dtypes = [r.legs[i].to_dtype for i in step.legs]
     ys, temps = _cast_program_run(arrays, dtypes)
-    for i, y in zip(step.legs, ys):
-        log_cast(run.xs[i], before[i], y, run.labels[i])
+    for i in step.legs:
+        # The shards still the source's own buffers (a reshard of it kept them) became same-device copies.
+        own = shard_keys(run.xs[i])
+        log_within_devices("same_device", [(k, n) for k, n in shard_buffers(before[i]) if k in own], run.labels[i])
     return {("cast", i): y for i, y in zip(step.legs, ys)}, [temps] if temps is not None else []
 
 
@@ -352,11 +354,3 @@ def _cast_program(dtypes: tuple[str, ...]) -> Any:
         return [x.astype(d) for x, d in zip(arrays, dtypes)]
 
     return cast
-
-
-def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | None) -> None:
-    """A cast made new buffers out of ``before`` (a reshard of ``src``): log the shards that
-    were still ``src``'s own buffers, which the cast turned into same-device copies."""
-    if before is not after:
-        own = shard_keys(src)
-        log_within_devices("same_device", [(key, n) for key, n in shard_buffers(before) if key in own], label)
