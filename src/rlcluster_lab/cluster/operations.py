@@ -281,15 +281,9 @@ def check_batch(prompt_tokens: Any, completion_tokens: Any, what: str) -> tuple[
 
 
 def _concat_outputs(outs: list[RolloutOutput], pad_id: int) -> RolloutOutput:
-    width = max(o.left_padded_prompt_tokens.shape[1] for o in outs)
-    prompts = [
-        np.pad(
-            o.left_padded_prompt_tokens,
-            ((0, 0), (width - o.left_padded_prompt_tokens.shape[1], 0)),
-            constant_values=pad_id,
-        )
-        for o in outs
-    ]
+    prompts = [o.left_padded_prompt_tokens for o in outs]
+    width = max(p.shape[1] for p in prompts)
+    prompts = [np.pad(p, ((0, 0), (width - p.shape[1], 0)), constant_values=pad_id) for p in prompts]
     return RolloutOutput(
         text=[t for o in outs for t in o.text],
         tokens=np.concatenate([o.tokens for o in outs], axis=0),

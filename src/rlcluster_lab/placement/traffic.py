@@ -112,23 +112,18 @@ def _entry_parameters(module: Any) -> dict[str, int]:
 
 def _roots(ins: Any, params: dict[str, int], seen: dict[str, frozenset[int]]) -> frozenset[int]:
     """The entry parameters an instruction's value is computed from."""
-    if ins.name in seen:
-        return seen[ins.name]
-    if ins.name in params:
-        out = frozenset({params[ins.name]})
-    else:
-        out = frozenset()
-        stack = list(ins.operands())
-        while stack:
-            cur = stack.pop()
-            if cur.name in seen:
-                out |= seen[cur.name]
-            elif cur.name in params:
-                out |= {params[cur.name]}
-            else:
-                stack.extend(cur.operands())
-    seen[ins.name] = out
-    return out
+    out: set[int] = set()
+    stack = [ins]
+    while stack:
+        cur = stack.pop()
+        if cur.name in seen:
+            out |= seen[cur.name]
+        elif cur.name in params:
+            out.add(params[cur.name])
+        else:
+            stack.extend(cur.operands())
+    seen[ins.name] = frozenset(out)
+    return seen[ins.name]
 
 
 def _flows(
