@@ -16,7 +16,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from rlcluster_lab.cluster.construct import LoadFacts
-from rlcluster_lab.core.meshes import describe_mesh
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, describe_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import check_spec
 from rlcluster_lab.engines import OwnCopyEngine, VllmStyleEngine
@@ -185,7 +185,6 @@ def given_models(
     lora_separate_base: bool,
     with_reward: bool,
     with_critic: bool,
-    default_rules: Rules,
 ) -> dict[str, PlannedModel]:
     """The models ``app.scenario.build_models`` hands the cluster, on paper: the reference on its
     mesh with the family's default rules; the actor a copy of it, or LoRA adapters over its
@@ -195,12 +194,13 @@ def given_models(
         return {leaf.path: buf.new(leaf.shape, leaf.dtype, mesh, leaf.spec, "device") for leaf in leaves}
 
     mesh = role_to_mesh[Role.REFERENCE]
-    base_leaves = abstract_leaves(config, 0, "lm", default_rules)
+    rules = DEFAULT_LOGICAL_AXIS_RULES  # Scenario.build_models places the models it makes without rules
+    base_leaves = abstract_leaves(config, 0, "lm", rules)
     _check_specs(base_leaves, mesh, "reference")
     reference = PlannedModel(made(base_leaves, mesh), "lm")
     if lora_rank:
         base = {p: buf.like(a) for p, a in reference.arrays.items()} if lora_separate_base else reference.arrays
-        lora_leaves = abstract_leaves(config, lora_rank, "lm", default_rules)
+        lora_leaves = abstract_leaves(config, lora_rank, "lm", rules)
         adapters = made((leaf for leaf in lora_leaves if leaf.lora), mesh)
         actor = PlannedModel(
             {leaf.path: adapters[leaf.path] if leaf.lora else base[leaf.path] for leaf in lora_leaves},
@@ -213,7 +213,5 @@ def given_models(
     models = {"actor": actor, "reference": reference}
     for name, role, wanted in (("reward", Role.REWARD, with_reward), ("critic", Role.CRITIC, with_critic)):
         if wanted:
-            models[name] = PlannedModel(
-                made(abstract_leaves(config, 0, "score", default_rules), role_to_mesh[role]), "score"
-            )
+            models[name] = PlannedModel(made(abstract_leaves(config, 0, "score", rules), role_to_mesh[role]), "score")
     return models

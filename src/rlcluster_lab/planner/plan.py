@@ -226,7 +226,6 @@ def _construct(req: PlanRequest, buf: Buffers, trace: Trace) -> Placed:
     ex = PlannedExecutor(
         buf, req.model, rules, ENGINES[req.engine], req.vllm_tensor_parallel_size, tx.actor_optimizer(), tx.critic_tx()
     )
-    # Scenario.build_models places the models it makes without rules: the family's defaults.
     given = given_models(
         buf,
         req.model,
@@ -235,7 +234,6 @@ def _construct(req: PlanRequest, buf: Buffers, trace: Trace) -> Placed:
         lora_separate_base=req.lora_separate_base,
         with_reward=req.with_reward,
         with_critic=req.with_critic,
-        default_rules=_freeze_rules(DEFAULT_LOGICAL_AXIS_RULES),
     )
     request = Request(
         actor=given["actor"],
