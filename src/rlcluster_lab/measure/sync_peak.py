@@ -82,9 +82,6 @@ class PeakPhase:
     def label(self, chunks: int) -> str:
         return self.name if self.chunk is None or chunks == 1 else f"chunk {self.chunk}/{chunks}: {self.name}"
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class SyncPeak:
