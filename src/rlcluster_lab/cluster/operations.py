@@ -176,7 +176,8 @@ def update_actor(s: ClusterState, batch: TrainBatch, on_step: Any) -> list[dict[
             micro_batch_size=tcfg.train_micro_batch_size,
         )
 
-    return _steps(s, Role.ACTOR, batch, s.trainable, step, on_step)
+    trainable = nnx.LoRAParam if s.placed.lora else nnx.Param  # P12: the adapters, or every parameter
+    return _steps(s, Role.ACTOR, batch, trainable, step, on_step)
 
 
 def update_critic(s: ClusterState, batch: Any) -> list[dict[str, float]]:

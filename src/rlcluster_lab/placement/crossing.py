@@ -63,7 +63,6 @@ class CrossingProgram:
     """The compiled ppermute program of one set of leaves, and the flows read from it."""
 
     compiled: Any
-    mesh: Mesh  # the stacked mesh: (SIDE, *destination axes)
     traffic: ProgramTraffic
     source: str = "compiled"  # or "persistent cache": read back from disk
 
@@ -98,7 +97,7 @@ def crossing_program(
     fn = jax.shard_map(crossing, mesh=mesh, in_specs=(list(specs),), out_specs=list(specs), check_vma=False)
     options = compiler_options(mesh.devices.flat[0].platform, sum(int(np.prod(a.shape)) for a in avals))
     compiled, source = compile_outside_mesh(jax.jit(fn), list(avals), options=options)
-    built = CrossingProgram(compiled, mesh, program_traffic(compiled, list(mesh.devices.flat)), source)
+    built = CrossingProgram(compiled, program_traffic(compiled, list(mesh.devices.flat)), source)
     PROGRAMS.put(key, built)
     return built, True
 

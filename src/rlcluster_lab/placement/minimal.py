@@ -140,11 +140,8 @@ def join(run: Any, step: Any) -> Ops:
 @functools.partial(jax.jit, static_argnums=(1,))
 def _cut_and_pack(inputs: tuple[jax.Array, ...], spec: Any) -> tuple[jax.Array, ...]:
     # Static bounds: no index array is sent from the host.
-    out = []
-    for pieces in spec:
-        parts = [jax.lax.slice(inputs[k], st, lim).reshape(-1) for k, st, lim in pieces]
-        out.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts))
-    return tuple(out)
+    packs = [[jax.lax.slice(inputs[k], st, lim).reshape(-1) for k, st, lim in pieces] for pieces in spec]
+    return tuple(parts[0] if len(parts) == 1 else jnp.concatenate(parts) for parts in packs)
 
 
 @functools.partial(jax.jit, static_argnums=(2,))
