@@ -29,7 +29,7 @@ from rlcluster_lab.core.shardings import PlacementError
 from rlcluster_lab.measure import memory_report
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.placement.boxes import plan_reshard, to_box
-from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes
+from rlcluster_lab.placement.layout import Layout, PlannedMesh, shard_boxes
 from rlcluster_lab.planner.buffers import Buffers, overlap
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.shapes import abstract_leaves
@@ -263,7 +263,7 @@ def test_l4_overlap_agrees_with_plan_reshard(src, dst, src_spec, dst_spec) -> No
     b = PlannedMesh.of(make_mesh(MESHES[dst][1], MESHES[dst][0]))
     shape = (16, 8)
     plans = plan_reshard(shape, shard_boxes(shape, src_spec, a), shard_boxes(shape, dst_spec, b))
-    same, lacking = overlap(shape, a, src_spec, b, dst_spec)
+    same, lacking = overlap(shape, Layout(a, src_spec, "device"), Layout(b, dst_spec, "device"))
     assert list(same) == [p.reuses_source_buffer for p in plans]
     assert list(lacking) == [sum(x.size() for x in p.pieces if x.src_device != p.device) for p in plans]
 

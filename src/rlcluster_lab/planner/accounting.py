@@ -92,7 +92,7 @@ def sync_summary(
     leaves = []
     for path in sorted(trainable, key=lambda k: "/".join(map(str, k))):
         src, dst = actor[path], rollout[path]
-        _, lacking = overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec)
+        _, lacking = overlap(src.shape, src.layout, dst.layout)
         reused = np.zeros(dst.mesh.size, dtype=bool)
         if not copy and dst.dtype == src.dtype:
             reused = buf.kept(src, dst.mesh, dst.spec, dst.kind)
@@ -102,7 +102,7 @@ def sync_summary(
         copied = np.where(reused, 0, elems - lacking) * item
         crossing = np.zeros(dst.mesh.size, dtype=np.int64)
         if several_hosts:
-            crossing = np.where(reused, 0, host_overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec, hosts_key))
+            crossing = np.where(reused, 0, host_overlap(src.shape, src.layout, dst.layout, hosts_key))
             crossing = crossing * item
         arrived.add(dst.mesh.ids, "device", moved)
         across.add(dst.mesh.ids, "device", crossing)

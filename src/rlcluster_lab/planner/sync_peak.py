@@ -87,13 +87,7 @@ def plan_sync_peak(
     for c, part in enumerate(chunk_leaves(sizes, chunk_bytes), 1):
         chunk_paths = [paths[i] for i in part]
         legs = tuple(
-            Leg(
-                actor[p].shape,
-                actor[p].dtype,
-                Layout(actor[p].mesh, actor[p].spec, actor[p].kind),
-                Layout(rollout[p].mesh, rollout[p].spec, rollout[p].kind),
-                rollout[p].dtype,
-            )
+            Leg(actor[p].shape, actor[p].dtype, actor[p].layout, rollout[p].layout, rollout[p].dtype)
             for p in chunk_paths
         )
         r = route(legs, copy, strategy)
