@@ -278,10 +278,10 @@ def test_l4_reuse_is_per_shard_for_minimal_and_whole_layout_for_one_program() ->
     ):
         buf = Buffers(strategy)
         a = buf.new((8, 4), np.float32, src_mesh, P("fsdp", None), "device")
-        assert list(buf.kept(a, dst_mesh, P("fsdp", None), "device")) == want
+        assert list(buf.kept(a, Layout(dst_mesh, P("fsdp", None), "device"))) == want
         moved = buf.reshard(a, dst_mesh, P("fsdp", None), "device")
         assert [o == a.origins[0] for o in moved.origins] == want
-        assert not buf.kept(a, dst_mesh, P("fsdp", None), "pinned_host").any()  # a memory-kind move copies
+        assert not buf.kept(a, Layout(dst_mesh, P("fsdp", None), "pinned_host")).any()  # a memory-kind move copies
 
 
 def _planned_reuse_matches_the_reshard(case, strategy: str) -> None:
@@ -294,7 +294,7 @@ def _planned_reuse_matches_the_reshard(case, strategy: str) -> None:
     measured = [before.get(d) == after[d] for d in order]
     buf = Buffers(strategy)
     a = buf.new(shape, np.float32, PlannedMesh.of(src.mesh), src.spec, "device")
-    assert list(buf.kept(a, PlannedMesh.of(dst.mesh), dst.spec, "device")) == measured
+    assert list(buf.kept(a, Layout(PlannedMesh.of(dst.mesh), dst.spec, "device"))) == measured
 
 
 # Each example compiles a reshard: the count is the hypothesis profile's (tests/conftest.py).

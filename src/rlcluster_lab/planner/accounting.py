@@ -95,7 +95,7 @@ def sync_summary(
         _, lacking = overlap(src.shape, src.layout, dst.layout)
         reused = np.zeros(dst.mesh.size, dtype=bool)
         if not copy and dst.dtype == src.dtype:
-            reused = buf.kept(src, dst.mesh, dst.spec, dst.kind)
+            reused = buf.kept(src, dst.layout)
         elems = shard_elements(dst.shape, dst.spec, dst.mesh)
         item = src.dtype.itemsize
         moved = np.where(reused, 0, lacking) * item

@@ -40,9 +40,6 @@ class PlannedArray:
     def layout(self) -> Layout:
         return Layout(self.mesh, self.spec, self.kind)
 
-    def same_sharding(self, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> bool:
-        return self.mesh == mesh and self.spec == spec and self.kind == kind
-
 
 def anchor_arrays(
     actor: Mapping[Any, PlannedArray], adapters: Collection[Any], *, partial: bool, new: bool = False
@@ -146,18 +143,18 @@ class Buffers:
         """New buffers with ``a``'s sharding (a copy, a cast or a memory-kind move)."""
         return self.new(a.shape, a.dtype if dtype is None else dtype, a.mesh, a.spec, a.kind if kind is None else kind)
 
-    def kept(self, a: PlannedArray, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> np.ndarray:
+    def kept(self, a: PlannedArray, dst: Layout) -> np.ndarray:
         """Per destination shard: does a reshard (without copy) keep ``a``'s buffer? As the live
         reshard does: with the ``xla`` strategy what ``jax.device_put`` keeps
         (``boxes.device_put_keeps``), with ``minimal`` every shard already on its device."""
-        if a.same_sharding(mesh, spec, kind):
-            return np.ones(mesh.size, dtype=bool)
-        if a.kind != "device" or kind != "device":
+        if a.layout == dst:
+            return np.ones(dst.mesh.size, dtype=bool)
+        if a.kind != "device" or dst.kind != "device":
             # A memory-kind change moves every shard into a new buffer.
-            return np.zeros(mesh.size, dtype=bool)
+            return np.zeros(dst.mesh.size, dtype=bool)
         if self.strategy == "minimal":
-            return overlap(a.shape, a.layout, Layout(mesh, spec, kind))[0]
-        return device_put_kept(a.shape, a.layout, Layout(mesh, spec, kind))
+            return overlap(a.shape, a.layout, dst)[0]
+        return device_put_kept(a.shape, a.layout, dst)
 
     def reshard(
         self,
@@ -171,12 +168,12 @@ class Buffers:
     ) -> PlannedArray:
         if dtype is not None and np.dtype(dtype) != a.dtype:
             a = self.like(a, dtype=dtype)  # place_model casts before it reshards
-        if a.same_sharding(mesh, spec, kind) and not copy:
+        if a.layout == Layout(mesh, spec, kind) and not copy:
             return a
         out = self.new(a.shape, a.dtype, mesh, spec, kind)
         if copy:
             return out
-        keep = self.kept(a, mesh, spec, kind)
+        keep = self.kept(a, out.layout)
         if keep.any():
             by_device = np.full(1 + max(max(a.mesh.device_ids), max(mesh.device_ids)), -1, dtype=np.int64)
             by_device[a.mesh.ids] = a.origins
