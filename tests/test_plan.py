@@ -279,7 +279,7 @@ def test_l4_reuse_is_per_shard_for_minimal_and_whole_layout_for_one_program() ->
         buf = Buffers(strategy)
         a = buf.new((8, 4), np.float32, src_mesh, P("fsdp", None), "device")
         assert list(buf.kept(a, Layout(dst_mesh, P("fsdp", None), "device"))) == want
-        moved = buf.reshard(a, dst_mesh, P("fsdp", None), "device")
+        moved = buf.reshard(a, Layout(dst_mesh, P("fsdp", None), "device"))
         assert [o == a.origins[0] for o in moved.origins] == want
         assert not buf.kept(a, Layout(dst_mesh, P("fsdp", None), "pinned_host")).any()  # a memory-kind move copies
 

@@ -28,10 +28,6 @@ def memory_summary(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, A
     return {"units": UNITS, "source": SOURCE, **table}
 
 
-def _sharding_text(a: PlannedArray) -> str:
-    return describe_layout(a.mesh.shape, a.mesh.device_ids, a.spec, a.kind)
-
-
 class _PerDevice:
     """Bytes per device id and memory kind, summed with numpy."""
 
@@ -113,8 +109,8 @@ def sync_summary(
                 "dtype": str(src.dtype),
                 "dst_dtype": str(dst.dtype),
                 "shape": list(src.shape),
-                "src_sharding": _sharding_text(src),
-                "dst_sharding": _sharding_text(dst),
+                "src_sharding": describe_layout(src.layout),
+                "dst_sharding": describe_layout(dst.layout),
                 "synced_bytes": int(elems * item * dst.mesh.size),
                 "moved_cross_device_bytes": int(moved.sum()),
                 "copied_same_device_bytes": int(copied.sum()),

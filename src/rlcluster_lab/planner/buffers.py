@@ -156,26 +156,17 @@ class Buffers:
             return overlap(a.shape, a.layout, dst)[0]
         return device_put_kept(a.shape, a.layout, dst)
 
-    def reshard(
-        self,
-        a: PlannedArray,
-        mesh: PlannedMesh,
-        spec: PartitionSpec,
-        kind: str,
-        *,
-        copy: bool = False,
-        dtype: Any = None,
-    ) -> PlannedArray:
+    def reshard(self, a: PlannedArray, dst: Layout, *, copy: bool = False, dtype: Any = None) -> PlannedArray:
         if dtype is not None and np.dtype(dtype) != a.dtype:
             a = self.like(a, dtype=dtype)  # place_model casts before it reshards
-        if a.layout == Layout(mesh, spec, kind) and not copy:
+        if a.layout == dst and not copy:
             return a
-        out = self.new(a.shape, a.dtype, mesh, spec, kind)
+        out = self.new(a.shape, a.dtype, dst.mesh, dst.spec, dst.kind)
         if copy:
             return out
-        keep = self.kept(a, out.layout)
+        keep = self.kept(a, dst)
         if keep.any():
-            by_device = np.full(1 + max(max(a.mesh.device_ids), max(mesh.device_ids)), -1, dtype=np.int64)
+            by_device = np.full(1 + max(max(a.mesh.device_ids), max(dst.device_ids)), -1, dtype=np.int64)
             by_device[a.mesh.ids] = a.origins
-            out = dataclasses.replace(out, origins=np.where(keep, by_device[mesh.ids], out.origins))
+            out = dataclasses.replace(out, origins=np.where(keep, by_device[dst.mesh.ids], out.origins))
         return out

@@ -22,7 +22,7 @@ from rlcluster_lab.core.shardings import check_spec
 from rlcluster_lab.engines import OwnCopyEngine, VllmStyleEngine
 from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.model import ModelConfig
-from rlcluster_lab.placement.layout import PlannedMesh
+from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray, anchor_arrays
 from rlcluster_lab.planner.shapes import AbstractLeaf, abstract_leaves, optimizer_slots
 
@@ -95,9 +95,8 @@ class PlannedExecutor:
     ) -> PlannedModel:
         specs = self.specs(role, model)
         _check_specs((specs[p] for p in model.arrays), mesh, role.value)
-        arrays = {
-            p: self.buf.reshard(a, mesh, specs[p].spec, kind, copy=copy, dtype=dtype) for p, a in model.arrays.items()
-        }
+        dst = {p: Layout(mesh, specs[p].spec, kind) for p in model.arrays}
+        arrays = {p: self.buf.reshard(a, dst[p], copy=copy, dtype=dtype) for p, a in model.arrays.items()}
         return dataclasses.replace(model, arrays=arrays)
 
     def move(self, model: PlannedModel, kind: str) -> PlannedModel:
