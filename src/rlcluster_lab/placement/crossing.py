@@ -125,7 +125,6 @@ def move_across(
     dsts: Mapping[int, Any],
     staged: dict[int, jax.Array],
     src_a: tuple[Any, ...],
-    dst_a: tuple[Any, ...],
     origins: dict[int, Any],
     crossed: dict[int, int],
     labels: Sequence[str | None],

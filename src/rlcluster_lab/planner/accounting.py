@@ -12,6 +12,7 @@ from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES, UNITS, memory_ta
 from rlcluster_lab.measure.sync import describe_layout
 from rlcluster_lab.placement.layout import shard_elements
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray, anchor_arrays, host_overlap, overlap, shard_rows
+from rlcluster_lab.planner.tables import Topology
 from rlcluster_lab.rules.anchor import anchor_is_partial
 
 SOURCE = "computed from shapes (no allocation)"
@@ -53,10 +54,8 @@ def sync_summary(
     lora: bool,
     copy: bool,
     anchor_mode: str,
-    link_bandwidth: float | None,
-    strategy: str = "xla",
-    host_of: Mapping[int, int] | None = None,
-    host_link_bandwidth: float | None = None,
+    strategy: str,
+    topo: Topology,
 ) -> dict[str, Any]:
     """P13 on paper, with the ``SyncReport``'s definitions.
 
@@ -75,14 +74,14 @@ def sync_summary(
     anchor's buffers (P8; the adapters only with ``anchor="trainable"``;
     0 under offload, where the snapshot keeps the actor's pinned buffers).
     ``peak_extra_bytes[device][kind]``: the new destination buffers plus the anchor's copy.
-    ``host_of``: each device's host (None: one host); ``cross_host_bytes``: elements no
+    ``topo``: the devices' hosts and links; ``cross_host_bytes``: elements no
     source shard on the destination's host holds. ``estimated_seconds``: the busiest
     device's within-host bytes over the device link and cross-host bytes over the host link
     at once, each the rate one device receives: a lower bound (no latency nor contention).
     """
     span = 1 + max(max(a.mesh.device_ids) for m in (actor, rollout) for a in m.values())
     arrived, peak, across = _PerDevice(span), _PerDevice(span), _PerDevice(span)
-    host_of = dict(host_of) if host_of is not None else {}
+    host_of = topo.host_of()
     hosts_key = tuple(sorted(host_of.items()))
     several_hosts = len(set(host_of.values())) > 1
     leaves = []
@@ -132,7 +131,7 @@ def sync_summary(
     arrived_by_device = arrived.total()
     across_by_device = across.total()
     cross_host = sum(leaf["cross_host_bytes"] for leaf in leaves)
-    seconds, estimate = _sync_seconds(arrived_by_device, across_by_device, link_bandwidth, host_link_bandwidth)
+    seconds, estimate = _sync_seconds(arrived_by_device, across_by_device, topo)
     by_host: dict[str, dict[str, int]] = {}
     for d, n in arrived_by_device.items():
         h = str(host_of.get(int(d), 0))
@@ -170,14 +169,13 @@ _TOTALS = (
 ).split()
 
 
-def _sync_seconds(
-    arrived: Mapping[str, int], across: Mapping[str, int], link: float | None, host_link: float | None
-) -> tuple[float | None, str]:
+def _sync_seconds(arrived: Mapping[str, int], across: Mapping[str, int], topo: Topology) -> tuple[float | None, str]:
     """The sync's time on its busiest device, and the rule (``sync_summary``)."""
     rule = (
         "max over devices of max(within-host cross-device bytes / device link bandwidth, "
         "cross-host bytes / host link bandwidth), each the rate one device receives"
     )
+    link, host_link = topo.link_bandwidth, topo.host_link_bandwidth
     needs_host = any(across.values())
     if link is None or (needs_host and host_link is None):
         missing = "device link" if link is None else "host link"

@@ -275,10 +275,8 @@ def _plan(req: PlanRequest) -> Plan:
         lora=placed.lora,
         copy=placed.engine.owns_weights,
         anchor_mode=req.anchor,
-        link_bandwidth=topo.link_bandwidth,
         strategy=req.reshard,
-        host_of=topo.host_of(),
-        host_link_bandwidth=topo.host_link_bandwidth,
+        topo=topo,
     )
     sync["transient_peak"], lines = plan_sync_peak(
         models["actor"],
