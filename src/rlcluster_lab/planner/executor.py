@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import optax
@@ -25,6 +25,9 @@ from rlcluster_lab.model import ModelConfig
 from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray, anchor_arrays
 from rlcluster_lab.planner.shapes import AbstractLeaf, abstract_leaves, optimizer_slots
+
+if TYPE_CHECKING:
+    from rlcluster_lab.planner.plan import PlanRequest
 
 PathKey = tuple[Any, ...]
 Rules = tuple[tuple[str, Any], ...]
@@ -175,30 +178,21 @@ def _same_buffers(a: PlannedArray, b: PlannedArray | None) -> bool:
     return b is not None and a.mesh == b.mesh and a.kind == b.kind and bool(np.array_equal(a.origins, b.origins))
 
 
-def given_models(
-    buf: Buffers,
-    config: ModelConfig,
-    role_to_mesh: Mapping[Role, PlannedMesh],
-    *,
-    lora_rank: int,
-    lora_separate_base: bool,
-    with_reward: bool,
-    with_critic: bool,
-) -> dict[str, PlannedModel]:
-    """The models ``app.scenario.build_models`` hands the cluster, on paper: the reference on its
-    mesh with the family's default rules; the actor a copy of it, or LoRA adapters over its
-    buffers (over a copy with ``lora_separate_base``); reward and critic on their meshes."""
+def given_models(buf: Buffers, req: PlanRequest, role_to_mesh: Mapping[Role, PlannedMesh]) -> dict[str, PlannedModel]:
+    """The models ``app.scenario.build_models`` hands the cluster for ``req``'s knobs, on paper: the
+    reference on its mesh with the family's default rules; the actor a copy of it, or LoRA adapters
+    over its buffers (over a copy with ``lora_separate_base``); reward and critic on their meshes."""
 
     def made(leaves: Iterable[AbstractLeaf], mesh: PlannedMesh) -> dict[PathKey, PlannedArray]:
         return {leaf.path: buf.new(leaf.shape, leaf.dtype, mesh, leaf.spec, "device") for leaf in leaves}
 
-    mesh = role_to_mesh[Role.REFERENCE]
+    config, lora_rank, mesh = req.model, req.lora_rank, role_to_mesh[Role.REFERENCE]
     rules = DEFAULT_LOGICAL_AXIS_RULES  # Scenario.build_models places the models it makes without rules
     base_leaves = abstract_leaves(config, 0, "lm", rules)
     _check_specs(base_leaves, mesh, "reference")
     reference = PlannedModel(made(base_leaves, mesh), "lm")
     if lora_rank:
-        base = {p: buf.like(a) for p, a in reference.arrays.items()} if lora_separate_base else reference.arrays
+        base = {p: buf.like(a) for p, a in reference.arrays.items()} if req.lora_separate_base else reference.arrays
         lora_leaves = abstract_leaves(config, lora_rank, "lm", rules)
         adapters = made((leaf for leaf in lora_leaves if leaf.lora), mesh)
         actor = PlannedModel(
@@ -210,7 +204,7 @@ def given_models(
     else:
         actor = PlannedModel({p: buf.like(a) for p, a in reference.arrays.items()}, "lm")
     models = {"actor": actor, "reference": reference}
-    for name, role, wanted in (("reward", Role.REWARD, with_reward), ("critic", Role.CRITIC, with_critic)):
+    for name, role, wanted in (("reward", Role.REWARD, req.with_reward), ("critic", Role.CRITIC, req.with_critic)):
         if wanted:
             models[name] = PlannedModel(made(abstract_leaves(config, 0, "score", rules), role_to_mesh[role]), "score")
     return models

@@ -226,15 +226,7 @@ def _construct(req: PlanRequest, buf: Buffers, trace: Trace) -> Placed:
     ex = PlannedExecutor(
         buf, req.model, rules, ENGINES[req.engine], req.vllm_tensor_parallel_size, tx.actor_optimizer(), tx.critic_tx()
     )
-    given = given_models(
-        buf,
-        req.model,
-        r2m,
-        lora_rank=req.lora_rank,
-        lora_separate_base=req.lora_separate_base,
-        with_reward=req.with_reward,
-        with_critic=req.with_critic,
-    )
+    given = given_models(buf, req, r2m)
     request = Request(
         actor=given["actor"],
         reference=given["reference"],
