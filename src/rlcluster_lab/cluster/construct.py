@@ -285,14 +285,10 @@ class Mover:
     def _move(self, model: Any, role: Role, kind: str) -> None:
         self.ex.move(model, kind)
         owns = self.engine is not None and bool(self.engine.owns_weights)
-        for other in loading.p14_updated_together(self.shared, role, owns):
-            if other is Role.ROLLOUT and self.engine is not None:
-                target = self.ex.engine_model(self.engine)
-                if target is not model:
-                    self.ex.share(target, model, False, Role.ROLLOUT)
-            elif other is Role.REFERENCE and self.models.get(Role.REFERENCE) is not None:
-                self.ex.share(self.models[Role.REFERENCE], model, True, Role.REFERENCE)
-            elif (
-                other is Role.ACTOR and self.models.get(Role.ACTOR) is not None and self.models[Role.ACTOR] is not model
-            ):
-                self.ex.share(self.models[Role.ACTOR], model, False, Role.ACTOR)
+        for other in loading.p14_updated_together(self.shared, role, owns):  # the actor, rollout or reference
+            if other is Role.ROLLOUT:
+                target = None if self.engine is None else self.ex.engine_model(self.engine)
+            else:
+                target = self.models.get(other)
+            if target is not None and target is not model:  # the reference takes the frozen arrays only
+                self.ex.share(target, model, other is Role.REFERENCE, other)

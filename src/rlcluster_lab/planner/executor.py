@@ -43,10 +43,6 @@ class PlannedModel:
     lora_rank: int = 0
     lora_paths: frozenset[PathKey] = frozenset()
 
-    @property
-    def lora(self) -> bool:
-        return bool(self.lora_paths)
-
     def frozen_paths(self) -> list[PathKey]:
         return [p for p in self.arrays if p not in self.lora_paths]
 
@@ -115,7 +111,7 @@ class PlannedExecutor:
         return bool(frozen) and all(_same_buffers(reference.arrays[p], actor.arrays.get(p)) for p in frozen)
 
     def is_lora(self, model: PlannedModel) -> bool:
-        return model.lora
+        return bool(model.lora_paths)
 
     def make_engine(self, rollout_actor: PlannedModel, mesh: PlannedMesh) -> PlannedEngine:
         """Vanilla samples with the model it is handed; an own-copy engine copies it onto its
