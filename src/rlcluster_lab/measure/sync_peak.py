@@ -62,7 +62,7 @@ class PeakPhase:
 
     ``arrays[device][kind]``: new buffers alive minus buffers released (negative once
     a chunk frees more than it made); ``terms[device][term]``: the new buffers by
-    what they are (``placement.phases.TERMS``) and ``released`` (negative);
+    what they are (``placement.phases``) and ``released`` (negative);
     ``temporaries[device]``: compiled programs' scratch (device memory).
     """
 

@@ -69,7 +69,7 @@ class Leg:
 
 @dataclasses.dataclass(frozen=True)
 class Made:
-    """Buffers a step makes, on paper: a value's key, what it is (``phases.TERMS``), its memory
+    """Buffers a step makes, on paper: a value's key, what it is (``placement.phases``), its memory
     kind, and (device id, bytes) of each buffer that is new (a re-labelled or kept buffer is
     not listed: it was alive before)."""
 
