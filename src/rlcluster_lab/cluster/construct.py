@@ -157,13 +157,9 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     ref = load_role(Role.REFERENCE, req.reference)
     if ref is not None:
         ref_linked = sharing.shares(shared, Role.ACTOR, Role.REFERENCE)
-        p4 = trace.add(
-            reference.p4_reference_backbone(
-                ref_linked, ref_linked and ex.shares_backbone(ref, actor), req.offload_to_cpu
-            )
-        )
-        warning = reference.p4_warning(p4)
-        if warning:
+        shares = ref_linked and ex.shares_backbone(ref, actor)
+        p4 = trace.add(reference.p4_reference_backbone(ref_linked, shares, req.offload_to_cpu))
+        if warning := reference.p4_warning(p4):
             mover.warnings.append(warning)
     critic, reward = load_role(Role.CRITIC, req.critic), load_role(Role.REWARD, req.reward)
     mover.models = {Role.ACTOR: actor, Role.REFERENCE: ref, Role.CRITIC: critic, Role.REWARD: reward}

@@ -104,8 +104,7 @@ def _entry_parameters(module: Any) -> dict[str, int]:
             continue
         for ins in comp.instructions():
             if _opcode_name(ins) == "parameter":
-                m = re.search(r"parameter\((\d+)\)", ins.to_string())
-                if m:
+                if m := re.search(r"parameter\((\d+)\)", ins.to_string()):
                     out[ins.name] = int(m.group(1))
     return out
 

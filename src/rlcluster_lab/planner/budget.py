@@ -250,8 +250,7 @@ def _hosts(
         mine = [b for b in devices if b.host == h]
         ram_resident: Counter = Counter(host_resident.get(h, {}))
         phase_ram: dict[str, Counter] = {}
-        new_pinned = sum(pinned_peak.get(d, 0) for d in ids)
-        if new_pinned:
+        if new_pinned := sum(pinned_peak.get(d, 0) for d in ids):
             phase_ram["sync"] = Counter(sync_new_pinned=new_pinned)
         if topo.platform == "cpu":  # a CPU device's memory is this host's RAM
             for b in mine:

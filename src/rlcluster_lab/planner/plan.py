@@ -209,8 +209,7 @@ def _meshes(req: PlanRequest) -> dict[Role, PlannedMesh]:
     r2m.update(req.role_to_mesh or {})
     known = set(topo.ids())
     for role, mesh in r2m.items():
-        unknown = sorted(set(mesh.device_ids) - known)
-        if unknown:
+        if unknown := sorted(set(mesh.device_ids) - known):
             raise ValueError(
                 f"the {role.value} mesh uses device id(s) {unknown} that topology {topo.name} does not have "
                 f"(ids {min(known)}..{max(known)})"
@@ -325,8 +324,7 @@ def _local_devices(topo: Topology) -> list[Any]:
         devices = {int(d.id): d for d in jax.devices(topo.platform)}
     except RuntimeError:
         devices = {}
-    missing = [i for i in topo.ids() if i not in devices]
-    if missing:
+    if missing := [i for i in topo.ids() if i not in devices]:
         raise ValueError(
             f"sync_programs compiles the sync's reshard programs on this process's devices, but topology "
             f"{topo.name} has device id(s) {missing[:5]} that are not here; plan it with sync_programs=False "

@@ -350,8 +350,7 @@ def with_figures(
             raise ValueError(f"{field.replace('_', ' ')} must be a positive number, got {value!r:.40}")
         changes[field] = cast(value)
         changes[source] = "given"
-    per = devices_per_host
-    if per is not None:
+    if (per := devices_per_host) is not None:
         if isinstance(per, bool) or not isinstance(per, numbers.Integral) or per < 1:
             raise ValueError(f"devices per host must be a positive int, got {per!r}")
         changes["devices_per_host"] = int(per)
