@@ -291,8 +291,6 @@ _OPS = {
 
 def put_kinds(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None]) -> list[jax.Array]:
     """Moves between memory kinds (per device, which the transfer guard allows), logged."""
-    if not xs:
-        return []
     ys = list(jax.device_put(xs, dsts))
     for x, y, label in zip(xs, ys, labels):
         log_new_shards("memory_kind", x, y, label)
@@ -307,11 +305,11 @@ def _work_kind(s: Sharding) -> str:
 def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]:
     """Each array cast to its dtype on its own devices (those already in it as they are), in one
     jitted program per set of devices: eager ``astype`` would compile one per shape."""
-    todo = [i for i, (x, d) in enumerate(zip(xs, dtypes)) if x.dtype != np.dtype(d)]
     out = list(xs)
     groups: dict[Any, list[int]] = {}
-    for i in todo:
-        groups.setdefault(tuple(xs[i].sharding.device_set), []).append(i)
+    for i, (x, dtype) in enumerate(zip(xs, dtypes)):
+        if x.dtype != np.dtype(dtype):
+            groups.setdefault(tuple(x.sharding.device_set), []).append(i)
     for idx in groups.values():
         ys, _ = _cast_program_run([xs[i] for i in idx], [dtypes[i] for i in idx])
         for i, y in zip(idx, ys):
