@@ -208,8 +208,7 @@ class SyncReport:
         return self.moved_cross_device_bytes - self.minimum_cross_device_bytes
 
     def to_json(self) -> dict[str, Any]:
-        out = {key: getattr(self, key) for key in _REPORT_KEYS}
-        return out | {
+        return {key: getattr(self, key) for key in _REPORT_KEYS} | {
             "arrived_by_device": _plain(self.arrived_by_device),
             "peak_extra_bytes": _plain(self.peak_extra_bytes),
             "transient_peak": None if self.peak is None else self.peak.to_json(),

@@ -47,9 +47,6 @@ def sync_device_terms(sync: Mapping[str, Any]) -> dict[int, dict[str, int]]:
     return out
 
 
-GIB = 1 << 30
-
-
 @dataclasses.dataclass(frozen=True)
 class DeviceBudget:
     """One device's bytes: ``resident`` per entry (a shared buffer for the first in report
@@ -286,7 +283,7 @@ def _hosts(
 
 def gib(n: int | float | None) -> str:
     """Bytes as GiB, one decimal ("-" for unknown)."""
-    return "-" if n is None else f"{n / GIB:,.1f} GiB"
+    return "-" if n is None else f"{n / (1 << 30):,.1f} GiB"
 
 
 def _terms_text(terms: Mapping[str, int], top: int = 4) -> str:
