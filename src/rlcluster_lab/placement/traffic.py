@@ -99,13 +99,10 @@ def _entry_parameters(module: Any) -> dict[str, int]:
     match = re.search(r"^ENTRY %?([\w.\-]+)", module.to_string(), re.M)
     entry = match.group(1) if match else None
     out = {}
-    for comp in module.computations():
-        if comp.name != entry:
-            continue
+    for comp in (c for c in module.computations() if c.name == entry):
         for ins in comp.instructions():
-            if _opcode_name(ins) == "parameter":
-                if m := re.search(r"parameter\((\d+)\)", ins.to_string()):
-                    out[ins.name] = int(m.group(1))
+            if _opcode_name(ins) == "parameter" and (m := re.search(r"parameter\((\d+)\)", ins.to_string())):
+                out[ins.name] = int(m.group(1))
     return out
 
 
