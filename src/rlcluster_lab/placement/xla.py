@@ -225,13 +225,10 @@ def join(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
         positions = run.route.positions[i]
         y = run.joined.pop(i, None)
         if y is None:
-            blocks = run.blocks.pop(i)
-            y = jax.make_array_from_single_device_arrays(run.xs[i].shape, run.work_dst(i), blocks)
-            del blocks
+            y = jax.make_array_from_single_device_arrays(run.xs[i].shape, run.work_dst(i), run.blocks.pop(i))
         out[("out", i)] = y
         made = {p.dst for p in positions if p.how != "kept"}
-        if i not in run.produced:
-            run.produced[i] = made
+        run.produced.setdefault(i, made)
         if describe and not crosses_processes(src_a, dst_a):
             origin, crossed = run.between.get(i, ("own", 0))
             came_from = [run.devices[p.src] for p in positions]
