@@ -139,10 +139,7 @@ class PlannedExecutor:
         out = []
         for slot in optimizer_slots(tx, self.config, actor.lora_rank):
             if slot.mirrors:
-                out += [
-                    self.buf.new(a.shape, a.dtype if slot.dtype is None else slot.dtype, a.mesh, a.spec, a.kind)
-                    for a in trainable
-                ]
+                out += [self.buf.like(a, dtype=slot.dtype) for a in trainable]  # None: the parameter's dtype
             else:
                 out.append(self.buf.new(slot.shape, slot.dtype, mesh, PartitionSpec(), "device"))
         return out
