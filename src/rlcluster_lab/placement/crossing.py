@@ -14,7 +14,7 @@ landed on its devices; process 0 adds the logs (``multiprocess.report``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -120,22 +120,17 @@ def _placeholders(dsts: Sequence[NamedSharding], avals: Sequence[jax.ShapeDtypeS
 
 
 def move_across(
-    idx: list[int],
-    xs: Sequence[jax.Array],
-    dsts: Mapping[int, Any],
-    staged: dict[int, jax.Array],
-    src_a: tuple[Any, ...],
-    origins: dict[int, Any],
-    crossed: dict[int, int],
-    labels: Sequence[str | None],
+    run: Any, idx: list[int], staged: dict[int, jax.Array], src_a: tuple[Any, ...]
 ) -> dict[int, tuple[jax.Array, set[int]]]:
-    """Disjoint device sets in different processes: ``placement.xla._move_whole`` across processes.
+    """Disjoint device sets in different processes: ``placement.xla.run_moves`` across processes.
 
-    ``staged[i]`` is leaf i laid out as ``dsts[i]`` over ``src_a`` (``dsts``: by leaf index, in
-    the devices' default memory; a memory kind is applied after the move). Every process calls it,
-    one program per destination mesh, and gets index -> (the leaf, ids of its own devices
-    holding new buffers), logging the transfers that landed on them.
+    ``staged[i]`` is leaf i of the reshard ``run`` (``placement.reshard``) laid out as its destination
+    over ``src_a``. Every process calls it, one program per destination mesh, and gets index -> (the
+    leaf, ids of its own devices holding new buffers), logging the transfers that landed on them.
     """
+    xs, labels = run.xs, run.labels
+    # In the devices' default memory, as every layout change here: a memory kind comes after (P14).
+    dsts = {i: run.work_dst(i) for i in idx}
     groups: dict[Mesh, list[int]] = {}
     for i in idx:
         groups.setdefault(dsts[i].mesh, []).append(i)
@@ -180,7 +175,7 @@ def move_across(
                 xs[i].shape, dsts[i], [blocks[p] for p in sorted(blocks)], dtype=xs[i].dtype
             )
             if wants(Transfer):
-                _log(labels[i], prog, k, y, r, dst_a, copies, origins.get(i, "own"), crossed.get(i, 0))
+                _log(labels[i], prog, k, y, r, dst_a, copies, *run.between.get(i, ("own", 0)))
             result[i] = (y, {int(dst_a[p].id) for p in blocks})
     return result
 

@@ -200,9 +200,7 @@ Ops = dict[tuple[Any, ...], Any]
 def _stage(run: _Run, step: Any) -> tuple[Ops, list]:
     """Sources in another memory kind, brought to the devices' default memory (per device)."""
     xs = [run.xs[i] for i in step.legs]
-    targets = [x.sharding.with_memory_kind(_work_kind(x.sharding)) for x in xs]
-    ys = put_kinds(xs, targets, [run.labels[i] for i in step.legs])
-    return {("staged", i): y for i, y in zip(step.legs, ys)}, []
+    return _put_kinds(run, step.legs, "staged", xs, [x.sharding.with_memory_kind(_work_kind(x.sharding)) for x in xs])
 
 
 def _relabel(run: _Run, step: Any) -> tuple[Ops, list]:
@@ -250,10 +248,8 @@ def _nothing(run: _Run, step: Any) -> tuple[Ops, list]:
 
 def _memory_kind(run: _Run, step: Any) -> tuple[Ops, list]:
     """Results moved to their destination's memory kind (pinned host), per device."""
-    ys = put_kinds(
-        [run.vals[("out", i)] for i in step.legs], [run.dsts[i] for i in step.legs], [run.labels[i] for i in step.legs]
-    )
-    return {("final", i): y for i, y in zip(step.legs, ys)}, []
+    xs = [run.vals[("out", i)] for i in step.legs]
+    return _put_kinds(run, step.legs, "final", xs, [run.dsts[i] for i in step.legs])
 
 
 def _cast(run: _Run, step: Any) -> tuple[Ops, list]:
@@ -289,12 +285,13 @@ _OPS = {
 }
 
 
-def put_kinds(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None]) -> list[jax.Array]:
-    """Moves between memory kinds (per device, which the transfer guard allows), logged."""
-    ys = list(jax.device_put(xs, dsts))
-    for x, y, label in zip(xs, ys, labels):
-        log_new_shards("memory_kind", x, y, label)
-    return ys
+def _put_kinds(run: _Run, legs: Any, key: str, xs: list[jax.Array], dsts: list[Sharding]) -> tuple[Ops, list]:
+    """Moves between memory kinds (per device, which the transfer guard allows), logged; the results
+    under ``(key, leg)``."""
+    ys = jax.device_put(xs, dsts)
+    for i, x, y in zip(legs, xs, ys):
+        log_new_shards("memory_kind", x, y, run.labels[i])
+    return {(key, i): y for i, y in zip(legs, ys)}, []
 
 
 def _work_kind(s: Sharding) -> str:

@@ -174,11 +174,7 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
                 "its own (the split layout)"
             )
         # multi-process: whole shards cross into another process in one compiled program.
-        origins = {i: run.between[i][0] for i in members if i in run.between}
-        crossed = {i: run.between[i][1] for i in members if i in run.between}
-        # In the devices' default memory, as every layout change here: a memory kind comes after (P14).
-        work = {i: run.work_dst(i) for i in members}
-        done = move_across(members, run.xs, work, current, src_a, origins, crossed, run.labels)
+        done = move_across(run, members, current, src_a)
         for i, (y, made) in done.items():
             run.produced[i] = made
             run.joined[i] = y
