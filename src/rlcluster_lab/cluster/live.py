@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 from typing import Any
 
 import jax
@@ -48,7 +47,6 @@ class LiveExecutor:
     def as_model(self, given: Any, role: Role) -> tuple[nnx.Module, str | None]:
         if isinstance(given, nnx.Module):
             return given, None
-        assert isinstance(given, (str, os.PathLike))
         return checkpoint.load(given), str(given)
 
     def load_facts(self, model: nnx.Module, role: Role, mesh: Any) -> LoadFacts:

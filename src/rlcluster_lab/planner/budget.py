@@ -150,14 +150,10 @@ def update_phase(config: Any, trainer: Trainer, workload: Workload, offload: boo
     if workload.accumulates:  # a float32 running sum beside each micro-batch's gradient
         grads += _per_device(trainer.trainable, itemsize=4)
     outputs = _per_device(trainer.trainable) + _per_device(trainer.optimizer)
-    acts = sum(
-        activation_bytes(
-            config, workload, trainer.split, lora_rank=trainer.lora_rank, value_head=trainer.value_head
-        ).values()
-    )
+    acts = activation_bytes(config, workload, trainer.split, lora_rank=trainer.lora_rank, value_head=trainer.value_head)
     brought = _per_device(trainer.arrays, "pinned_host") + _per_device(trainer.optimizer, "pinned_host")
     return {
-        d: {"gradients": grads[d], "activations": acts, "update_outputs": outputs[d]}
+        d: {"gradients": grads[d], "activations": sum(acts.values()), "update_outputs": outputs[d]}
         | ({"offloaded_state": brought[d]} if offload else {})
         for d in sorted(set(grads) | set(outputs))
     }

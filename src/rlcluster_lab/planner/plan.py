@@ -50,7 +50,6 @@ from rlcluster_lab.planner.tables import Topology, model_config, model_source, w
 from rlcluster_lab.planner.tables import topology as get_topology
 from rlcluster_lab.rules.anchor import anchor_is_partial
 from rlcluster_lab.rules.sharing import sharing_map_json
-from rlcluster_lab.rules.steps import p13_sync_order
 from rlcluster_lab.rules.validation import check_lora_rank
 
 Rules = tuple[tuple[str, Any], ...]
@@ -279,7 +278,6 @@ def _plan(req: PlanRequest) -> Plan:
         partial_anchor=anchor_is_partial(req.anchor, placed.lora),
         chunk_bytes=req.sync_chunk_bytes,
         strategy=req.reshard,
-        order=p13_sync_order(req.sync_chunk_bytes, req.offload).text,
         programs=_local_devices(topo) if req.sync_programs else None,
     )
     sync["plan"] = list(lines)

@@ -30,6 +30,7 @@ from rlcluster_lab.placement.route import WORK, Leg, Made, Route, Step, plan_lin
 from rlcluster_lab.placement.xla import layout_sharding
 from rlcluster_lab.planner.buffers import PlannedArray, anchor_arrays
 from rlcluster_lab.rules.anchor import p8_repin_in_place
+from rlcluster_lab.rules.steps import p13_sync_order
 
 PathKey = tuple[Any, ...]
 
@@ -50,7 +51,6 @@ def plan_sync_peak(
     partial_anchor: bool,
     chunk_bytes: int | None,
     strategy: str,
-    order: str,
     programs: Sequence[Any] | None = None,
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The transient peak JSON (``SyncPeak.to_json()``'s keys) of the cluster's next sync, from shapes,
@@ -127,6 +127,7 @@ def plan_sync_peak(
         "allocator": "not applicable to a plan",
     }
     largest = largest_chunk(sizes, chunk_bytes)
+    order = p13_sync_order(chunk_bytes, offload).text  # the cluster's order of the sync's steps (P13)
     peak = peak_of(count.phases, chunk_bytes=chunk_bytes, largest_chunk_bytes=largest, order=order, method=method)
     rollout_on_device = _per_device([("", _buffers(rollout[p])) for p in paths]) if offload else None
     orders = other_orders(count.phases, _per_device(list(new_anchor.values())), rollout_on_device)
