@@ -110,8 +110,7 @@ def assemble(run: Any, step: Any) -> Ops:
     for d, n, a in s.same_log:
         emit(Transfer("same_device", d, d, n, run.labels[s.legs[a]]))
     for a, b, dev in s.copied:
-        y = jax.device_put(_shards(run, s.legs[a])[dev], run.devices[dev], may_alias=False)
-        out[("block", a, b)] = y
+        y = out[("block", a, b)] = jax.device_put(_shards(run, s.legs[a])[dev], run.devices[dev], may_alias=False)
         emit(Transfer("same_device", dev, dev, int(y.nbytes), run.labels[s.legs[a]]))
     return out, []
 

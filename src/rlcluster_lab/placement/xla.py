@@ -128,8 +128,7 @@ def run_program(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[A
     prog, outs = _run_program(xs, [run.work_dst(i) for i in g.legs], labels)
     if wants(Transfer):
         _log_arrivals(prog, labels, outs)
-    for i, y in zip(g.legs, outs):
-        run.produced[i] = {d.id for d in y.sharding.device_set}
+    run.produced.update({i: {d.id for d in y.sharding.device_set} for i, y in zip(g.legs, outs)})
     return {("out", i): y for i, y in zip(g.legs, outs)}, [prog.temporaries]
 
 
@@ -182,8 +181,7 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
     whole = [i for i in members if whole_move(run.route, i)]
     if whole:
         # Every shard crosses: the arrays as they are, in one call (a bare device_put's cost).
-        for i, y in zip(whole, jax.device_put([current[i] for i in whole], [run.work_dst(i) for i in whole])):
-            run.joined[i] = y
+        run.joined.update(zip(whole, jax.device_put([current[i] for i in whole], [run.work_dst(i) for i in whole])))
     sends: list[tuple[int, int, Any]] = []
     out: dict[tuple[Any, ...], Any] = {("sent", i): [run.joined[i]] if i in whole else [] for i in members}
     for i in members:

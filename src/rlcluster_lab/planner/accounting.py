@@ -97,8 +97,7 @@ def sync_summary(
         copied = np.where(reused, 0, elems - lacking) * item
         crossing = np.zeros(dst.mesh.size, dtype=np.int64)
         if several_hosts:
-            crossing = np.where(reused, 0, host_overlap(src.shape, src.layout, dst.layout, hosts_key))
-            crossing = crossing * item
+            crossing = np.where(reused, 0, host_overlap(src.shape, src.layout, dst.layout, hosts_key)) * item
         arrived.add(dst.mesh.ids, "device", moved)
         across.add(dst.mesh.ids, "device", crossing)
         peak.add(dst.mesh.ids[~reused], dst.kind, elems * dst.dtype.itemsize)
@@ -199,8 +198,7 @@ def fits_summary(
         roles[name] = {"max_device_bytes": busiest, "fits": verdict(busiest)}
     resident = {d: kinds.get("device", 0) for d, kinds in memory["by_device"].items()}
     during = (sync.get("transient_peak") or {}).get("by_device") or sync["peak_extra_bytes"]
-    peak = {d: resident.get(d, 0) + kinds.get("device", 0) for d, kinds in during.items()}
-    peak = {**resident, **peak}
+    peak = resident | {d: resident.get(d, 0) + kinds.get("device", 0) for d, kinds in during.items()}
     top_resident = max(resident.values(), default=0)
     top_peak = max(peak.values(), default=0)
     return {
