@@ -78,10 +78,9 @@ class PlannedExecutor:
 
     def load_facts(self, model: PlannedModel, role: Role, mesh: PlannedMesh) -> LoadFacts:
         arrays = list(model.arrays.values())
-        meshes = list(dict.fromkeys(a.mesh for a in arrays))
         on_device = any(a.kind == "device" for a in arrays)
         return LoadFacts(
-            model_meshes=[describe_mesh(m) for m in meshes],
+            model_meshes=[describe_mesh(m) for m in dict.fromkeys(a.mesh for a in arrays)],
             leaves_on_target=sum(a.mesh == mesh for a in arrays),
             leaves=len(arrays),
             on_device=on_device,
