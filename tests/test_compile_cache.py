@@ -336,7 +336,7 @@ def _old_format(traffic, provenance, change):
     ]
     data = {
         "flows": flows,
-        "collectives": list(traffic.collectives),
+        "collectives": sorted({f.op for f in traffic.flows}),
         "unreadable": [],
         "provenance": [
             {str(d): {str(o): c for o, c in counts.items()} for d, counts in leaf.items()}

@@ -29,7 +29,7 @@ from rlcluster_lab.core.shardings import PlacementError
 from rlcluster_lab.measure import memory_report
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.placement.boxes import plan_reshard, to_box
-from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes
+from rlcluster_lab.placement.layout import Layout, PlannedMesh, shard_boxes
 from rlcluster_lab.planner.buffers import Buffers, overlap
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.shapes import abstract_leaves
@@ -263,7 +263,7 @@ def test_l4_overlap_agrees_with_plan_reshard(src, dst, src_spec, dst_spec) -> No
     b = PlannedMesh.of(make_mesh(MESHES[dst][1], MESHES[dst][0]))
     shape = (16, 8)
     plans = plan_reshard(shape, shard_boxes(shape, src_spec, a), shard_boxes(shape, dst_spec, b))
-    same, lacking = overlap(shape, a, src_spec, b, dst_spec)
+    same, lacking = overlap(shape, Layout(a, src_spec, "device"), Layout(b, dst_spec, "device"))
     assert list(same) == [p.reuses_source_buffer for p in plans]
     assert list(lacking) == [sum(x.size() for x in p.pieces if x.src_device != p.device) for p in plans]
 
@@ -278,10 +278,10 @@ def test_l4_reuse_is_per_shard_for_minimal_and_whole_layout_for_one_program() ->
     ):
         buf = Buffers(strategy)
         a = buf.new((8, 4), np.float32, src_mesh, P("fsdp", None), "device")
-        assert list(buf.kept(a, dst_mesh, P("fsdp", None), "device")) == want
-        moved = buf.reshard(a, dst_mesh, P("fsdp", None), "device")
+        assert list(buf.kept(a, Layout(dst_mesh, P("fsdp", None), "device"))) == want
+        moved = buf.reshard(a, Layout(dst_mesh, P("fsdp", None), "device"))
         assert [o == a.origins[0] for o in moved.origins] == want
-        assert not buf.kept(a, dst_mesh, P("fsdp", None), "pinned_host").any()  # a memory-kind move copies
+        assert not buf.kept(a, Layout(dst_mesh, P("fsdp", None), "pinned_host")).any()  # a memory-kind move copies
 
 
 def _planned_reuse_matches_the_reshard(case, strategy: str) -> None:
@@ -294,7 +294,7 @@ def _planned_reuse_matches_the_reshard(case, strategy: str) -> None:
     measured = [before.get(d) == after[d] for d in order]
     buf = Buffers(strategy)
     a = buf.new(shape, np.float32, PlannedMesh.of(src.mesh), src.spec, "device")
-    assert list(buf.kept(a, PlannedMesh.of(dst.mesh), dst.spec, "device")) == measured
+    assert list(buf.kept(a, Layout(PlannedMesh.of(dst.mesh), dst.spec, "device"))) == measured
 
 
 # Each example compiles a reshard: the count is the hypothesis profile's (tests/conftest.py).

@@ -29,7 +29,7 @@ from rlcluster_lab.model.init import abstract_model
 from rlcluster_lab.model.lora import is_lora
 from rlcluster_lab.model.scoring import abstract_score_model
 from rlcluster_lab.model.transformer import init_cache
-from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes
+from rlcluster_lab.placement.layout import Layout, PlannedMesh, shard_boxes
 from rlcluster_lab.planner.buffers import host_overlap
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.references import PUBLISHED
@@ -308,7 +308,7 @@ def test_l4_cross_host_elements_are_those_no_device_of_the_host_holds(src, dst, 
     b = PlannedMesh.of(make_mesh(MESHES[dst][1], MESHES[dst][0]))
     shape = (16, 8)
     hosts = tuple((d, d // per_host) for d in range(8))
-    got = host_overlap(shape, a, src_spec, b, dst_spec, hosts)
+    got = host_overlap(shape, Layout(a, src_spec, "device"), Layout(b, dst_spec, "device"), hosts)
     # Element by element: which hosts hold each element of the source.
     held = np.zeros((8 // per_host, *shape), dtype=bool)
     for d, box in shard_boxes(shape, src_spec, a):

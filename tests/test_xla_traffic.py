@@ -116,7 +116,7 @@ def test_a_two_hop_program_shows_the_bytes_moved_twice():
     x = jax.device_put(np.zeros((64, 128), np.float32), NamedSharding(make_mesh(DEVICES, (2, 4)), P("fsdp", "tp")))
     dst = NamedSharding(make_mesh(DEVICES, (1, 8)), P("fsdp", "tp"))
     prog, _ = reshard_xla.program([x], [dst])
-    ops = {line.split()[0] for line in prog.traffic.collectives}
+    ops = {f.op for f in prog.traffic.flows}
     traffic = sum(f.nbytes for f in prog.traffic.flows)
     origins = prog.provenance.by_leaf[0]
     arrived = sum(c for dev, counts in origins.items() for origin, c in counts.items() if origin != dev) * 4

@@ -60,10 +60,6 @@ class Executor(Protocol):
 
     def engine_model(self, engine: Any) -> Any: ...
 
-    def engine_mesh(self, engine: Any) -> Any | None: ...
-
-    def engine_owns_weights(self, engine: Any) -> bool: ...
-
     def init_optimizer(self, model: Any, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
         """The optimizer state of ``role``'s optimizer (ACTOR or CRITIC) over ``model``'s
         trainable parameters, each moment beside its parameter on ``mesh``."""
@@ -161,13 +157,9 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     ref = load_role(Role.REFERENCE, req.reference)
     if ref is not None:
         ref_linked = sharing.shares(shared, Role.ACTOR, Role.REFERENCE)
-        p4 = trace.add(
-            reference.p4_reference_backbone(
-                ref_linked, ref_linked and ex.shares_backbone(ref, actor), req.offload_to_cpu
-            )
-        )
-        warning = reference.p4_warning(p4)
-        if warning:
+        shares = ref_linked and ex.shares_backbone(ref, actor)
+        p4 = trace.add(reference.p4_reference_backbone(ref_linked, shares, req.offload_to_cpu))
+        if warning := reference.p4_warning(p4):
             mover.warnings.append(warning)
     critic, reward = load_role(Role.CRITIC, req.critic), load_role(Role.REWARD, req.reward)
     mover.models = {Role.ACTOR: actor, Role.REFERENCE: ref, Role.CRITIC: critic, Role.REWARD: reward}
@@ -179,12 +171,12 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     engine = sink["engine"] = ex.make_engine(rollout_actor, config_mesh)
     mover.engine = engine
     mover.to_host(ex.engine_model(engine), Role.ROLLOUT)
-    owns = ex.engine_owns_weights(engine)
+    owns = bool(engine.owns_weights)
     if req.offload_to_cpu and owns and linked:
         trace.add(loading.p14_own_copy_engine(req.engine_name))
     # P7: an engine that exposes a mesh replaces the rollout mesh; the sharing map,
     # built from the config's meshes, is deliberately not rebuilt.
-    engine_mesh = ex.engine_mesh(engine)
+    engine_mesh = getattr(engine, "mesh", None)  # None: the engine exposes no mesh
     p7 = trace.add(rollout.p7_engine_mesh(req.engine_name, config_mesh, engine_mesh, linked))
     overridden = False
     if p7.branch is MeshBranch.REPLACED:
@@ -288,15 +280,11 @@ class Mover:
 
     def _move(self, model: Any, role: Role, kind: str) -> None:
         self.ex.move(model, kind)
-        owns = self.engine is not None and self.ex.engine_owns_weights(self.engine)
-        for other in loading.p14_updated_together(self.shared, role, owns):
-            if other is Role.ROLLOUT and self.engine is not None:
-                target = self.ex.engine_model(self.engine)
-                if target is not model:
-                    self.ex.share(target, model, False, Role.ROLLOUT)
-            elif other is Role.REFERENCE and self.models.get(Role.REFERENCE) is not None:
-                self.ex.share(self.models[Role.REFERENCE], model, True, Role.REFERENCE)
-            elif (
-                other is Role.ACTOR and self.models.get(Role.ACTOR) is not None and self.models[Role.ACTOR] is not model
-            ):
-                self.ex.share(self.models[Role.ACTOR], model, False, Role.ACTOR)
+        owns = self.engine is not None and bool(self.engine.owns_weights)
+        for other in loading.p14_updated_together(self.shared, role, owns):  # the actor, rollout or reference
+            if other is Role.ROLLOUT:
+                target = None if self.engine is None else self.ex.engine_model(self.engine)
+            else:
+                target = self.models.get(other)
+            if target is not None and target is not model:  # the reference takes the frozen arrays only
+                self.ex.share(target, model, other is Role.REFERENCE, other)

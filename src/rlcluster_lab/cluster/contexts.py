@@ -23,9 +23,6 @@ from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import default_memory_kind
 
-# Enough for a few RL steps of every operation; older entries are dropped first.
-DEFAULT_CAPACITY = 256
-
 
 @dataclasses.dataclass(frozen=True)
 class ContextEntry:
@@ -51,9 +48,9 @@ class ContextEntry:
 
 
 class ContextLog:
-    """The last ``capacity`` entries, oldest first."""
+    """The last ``capacity`` entries, oldest first (the default: a few RL steps of every operation)."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, capacity: int = 256) -> None:
         if capacity < 1:
             raise ValueError(f"a context log keeps at least one entry; got capacity={capacity}")
         self._entries: collections.deque[ContextEntry] = collections.deque(maxlen=capacity)

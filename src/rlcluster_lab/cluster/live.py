@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 from typing import Any
 
 import jax
@@ -28,7 +27,7 @@ from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine
 from rlcluster_lab.model import checkpoint
 from rlcluster_lab.model.lora import is_lora
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone, state_bytes
-from rlcluster_lab.placement.place import move_model, place_model, put_on_memory_kind
+from rlcluster_lab.placement.place import place_model, put_on_memory_kind
 from rlcluster_lab.training.step import init_optimizer_state
 
 
@@ -48,7 +47,6 @@ class LiveExecutor:
     def as_model(self, given: Any, role: Role) -> tuple[nnx.Module, str | None]:
         if isinstance(given, nnx.Module):
             return given, None
-        assert isinstance(given, (str, os.PathLike))
         return checkpoint.load(given), str(given)
 
     def load_facts(self, model: nnx.Module, role: Role, mesh: Any) -> LoadFacts:
@@ -70,7 +68,7 @@ class LiveExecutor:
         return place_model(model, mesh, rules, memory_kind=kind, dtype=dtype, role=role.value, strategy=strategy)
 
     def move(self, model: nnx.Module, kind: str) -> nnx.Module:
-        move_model(model, kind)
+        nnx.update(model, put_on_memory_kind(model_state(model), kind))  # its Variables get new arrays
         return model
 
     def share(self, dst: nnx.Module, src: nnx.Module, frozen_only: bool, role: Role) -> None:
@@ -104,12 +102,6 @@ class LiveExecutor:
 
     def engine_model(self, engine: RolloutEngine) -> nnx.Module:
         return engine.model()
-
-    def engine_mesh(self, engine: RolloutEngine) -> Any | None:
-        return getattr(engine, "mesh", None)
-
-    def engine_owns_weights(self, engine: RolloutEngine) -> bool:
-        return bool(engine.owns_weights)
 
     def init_optimizer(self, model: nnx.Module, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
         with self.contexts.enter(role, "construct: optimizer state"):

@@ -24,8 +24,7 @@ _OBSERVERS: weakref.WeakKeyDictionary[Any, WorkObserver] = weakref.WeakKeyDictio
 
 def at_work(state: Any, role: Role, working: Mapping[str, Any] | None = None) -> None:
     """Called by an operation on the cluster's ``state`` just before its work."""
-    observer = _OBSERVERS.get(state)
-    if observer is not None:
+    if (observer := _OBSERVERS.get(state)) is not None:
         observer(role, dict(working or {}))
 
 

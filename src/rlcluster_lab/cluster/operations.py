@@ -176,7 +176,8 @@ def update_actor(s: ClusterState, batch: TrainBatch, on_step: Any) -> list[dict[
             micro_batch_size=tcfg.train_micro_batch_size,
         )
 
-    return _steps(s, Role.ACTOR, batch, s.trainable, step, on_step)
+    trainable = nnx.LoRAParam if s.placed.lora else nnx.Param  # P12: the adapters, or every parameter
+    return _steps(s, Role.ACTOR, batch, trainable, step, on_step)
 
 
 def update_critic(s: ClusterState, batch: Any) -> list[dict[str, float]]:
@@ -281,15 +282,9 @@ def check_batch(prompt_tokens: Any, completion_tokens: Any, what: str) -> tuple[
 
 
 def _concat_outputs(outs: list[RolloutOutput], pad_id: int) -> RolloutOutput:
-    width = max(o.left_padded_prompt_tokens.shape[1] for o in outs)
-    prompts = [
-        np.pad(
-            o.left_padded_prompt_tokens,
-            ((0, 0), (width - o.left_padded_prompt_tokens.shape[1], 0)),
-            constant_values=pad_id,
-        )
-        for o in outs
-    ]
+    prompts = [o.left_padded_prompt_tokens for o in outs]
+    width = max(p.shape[1] for p in prompts)
+    prompts = [np.pad(p, ((0, 0), (width - p.shape[1], 0)), constant_values=pad_id) for p in prompts]
     return RolloutOutput(
         text=[t for o in outs for t in o.text],
         tokens=np.concatenate([o.tokens for o in outs], axis=0),

@@ -46,11 +46,6 @@ class ClusterState:
     _view: Any = dataclasses.field(default=None, repr=False)
 
     @property
-    def trainable(self) -> type[nnx.Variable]:
-        """What the actor's optimizer steps over (P12): the LoRA adapters, or every parameter."""
-        return nnx.LoRAParam if self.placed.lora else nnx.Param
-
-    @property
     def anchor_is_partial(self) -> bool:
         """P8: the anchor holds the adapters only (anchor='trainable' on a LoRA actor)."""
         return anchor_is_partial(self.config.anchor, self.placed.lora)

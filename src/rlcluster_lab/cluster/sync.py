@@ -118,7 +118,8 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
             jax.block_until_ready(anchor)
             watch.anchor(anchor, source, time.perf_counter() - start)
     except BaseException as exc:
-        consumed = _consumed(placed.anchor)  # the old anchor's buffers were written over (donated)
+        # The old anchor's buffers were written over (donated to a re-pin): some of its arrays are deleted.
+        consumed = placed.anchor is not None and any(x.is_deleted() for x in jax.tree.leaves(placed.anchor))
         if anchor is not None and consumed:
             # Past the point of no return: the old anchor's buffers hold the new snapshot, which the
             # rollout holds too. The sync is committed rather than half undone.
@@ -210,11 +211,6 @@ def _rollouts_own(
     must too."""
     actors = flat_values(synced)
     return {k: x for k, x in zip(engine.held_targets(filter_types), held) if x is not actors.get(k)}
-
-
-def _consumed(anchor: Any) -> bool:
-    """Whether any array of ``anchor`` was deleted (donated to a re-pin that then failed)."""
-    return anchor is not None and any(x.is_deleted() for x in jax.tree.leaves(anchor))
 
 
 def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:

@@ -50,7 +50,7 @@ from rlcluster_lab.placement.events import (
     Unreadable,
     listening,
 )
-from rlcluster_lab.placement.layout import id_ranges, mesh_words
+from rlcluster_lab.placement.layout import Layout, id_ranges, mesh_words
 from rlcluster_lab.placement.programs import ProgramCache
 from rlcluster_lab.placement.reshard import copy_arrays
 from rlcluster_lab.placement.route import plan_lines
@@ -208,8 +208,7 @@ class SyncReport:
         return self.moved_cross_device_bytes - self.minimum_cross_device_bytes
 
     def to_json(self) -> dict[str, Any]:
-        out = {key: getattr(self, key) for key in _REPORT_KEYS}
-        return out | {
+        return {key: getattr(self, key) for key in _REPORT_KEYS} | {
             "arrived_by_device": _plain(self.arrived_by_device),
             "peak_extra_bytes": _plain(self.peak_extra_bytes),
             "transient_peak": None if self.peak is None else self.peak.to_json(),
@@ -452,16 +451,15 @@ def describe_sharding(s: Sharding) -> str:
     """A short readable sharding: mesh axes, device ids, partition spec, memory kind (written once
     per sharding: a report describes every leaf's, each sync)."""
     if isinstance(s, NamedSharding):
-        ids = [d.id for d in np.asarray(s.mesh.devices).flatten()]
-        return describe_layout(s.mesh.shape, ids, s.spec, s.memory_kind)
+        return describe_layout(Layout.of(s))
     ids = sorted(d.id for d in s.device_set)
     return f"{type(s).__name__} devices {id_ranges(ids)} {s.memory_kind}"
 
 
-def describe_layout(axes: Mapping[str, int], ids: Sequence[int], spec: Any, kind: Any) -> str:
+def describe_layout(layout: Layout) -> str:
     """A mesh sharding as ``describe_sharding`` writes it (the planner writes its arrays so too)."""
-    parts = ", ".join("None" if p is None else repr(p) for p in spec)
-    return f"{mesh_words(axes)} devices {id_ranges(ids)} P({parts}) {kind}"
+    parts = ", ".join("None" if p is None else repr(p) for p in layout.spec)
+    return f"{mesh_words(layout.mesh.shape)} devices {id_ranges(layout.device_ids)} P({parts}) {layout.kind}"
 
 
 class SyncObserver:

@@ -62,7 +62,7 @@ class PeakPhase:
 
     ``arrays[device][kind]``: new buffers alive minus buffers released (negative once
     a chunk frees more than it made); ``terms[device][term]``: the new buffers by
-    what they are (``placement.phases.TERMS``) and ``released`` (negative);
+    what they are (``placement.phases``) and ``released`` (negative);
     ``temporaries[device]``: compiled programs' scratch (device memory).
     """
 
@@ -81,9 +81,6 @@ class PeakPhase:
 
     def label(self, chunks: int) -> str:
         return self.name if self.chunk is None or chunks == 1 else f"chunk {self.chunk}/{chunks}: {self.name}"
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)

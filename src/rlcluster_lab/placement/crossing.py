@@ -14,7 +14,7 @@ landed on its devices; process 0 adds the logs (``multiprocess.report``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -63,7 +63,6 @@ class CrossingProgram:
     """The compiled ppermute program of one set of leaves, and the flows read from it."""
 
     compiled: Any
-    mesh: Mesh  # the stacked mesh: (SIDE, *destination axes)
     traffic: ProgramTraffic
     source: str = "compiled"  # or "persistent cache": read back from disk
 
@@ -98,7 +97,7 @@ def crossing_program(
     fn = jax.shard_map(crossing, mesh=mesh, in_specs=(list(specs),), out_specs=list(specs), check_vma=False)
     options = compiler_options(mesh.devices.flat[0].platform, sum(int(np.prod(a.shape)) for a in avals))
     compiled, source = compile_outside_mesh(jax.jit(fn), list(avals), options=options)
-    built = CrossingProgram(compiled, mesh, program_traffic(compiled, list(mesh.devices.flat)), source)
+    built = CrossingProgram(compiled, program_traffic(compiled, list(mesh.devices.flat)), source)
     PROGRAMS.put(key, built)
     return built, True
 
@@ -121,23 +120,17 @@ def _placeholders(dsts: Sequence[NamedSharding], avals: Sequence[jax.ShapeDtypeS
 
 
 def move_across(
-    idx: list[int],
-    xs: Sequence[jax.Array],
-    dsts: Mapping[int, Any],
-    staged: dict[int, jax.Array],
-    src_a: tuple[Any, ...],
-    dst_a: tuple[Any, ...],
-    origins: dict[int, Any],
-    crossed: dict[int, int],
-    labels: Sequence[str | None],
+    run: Any, idx: list[int], staged: dict[int, jax.Array], src_a: tuple[Any, ...]
 ) -> dict[int, tuple[jax.Array, set[int]]]:
-    """Disjoint device sets in different processes: ``placement.xla._move_whole`` across processes.
+    """Disjoint device sets in different processes: ``placement.xla.run_moves`` across processes.
 
-    ``staged[i]`` is leaf i laid out as ``dsts[i]`` over ``src_a`` (``dsts``: by leaf index, in
-    the devices' default memory; a memory kind is applied after the move). Every process calls it,
-    one program per destination mesh, and gets index -> (the leaf, ids of its own devices
-    holding new buffers), logging the transfers that landed on them.
+    ``staged[i]`` is leaf i of the reshard ``run`` (``placement.reshard``) laid out as its destination
+    over ``src_a``. Every process calls it, one program per destination mesh, and gets index -> (the
+    leaf, ids of its own devices holding new buffers), logging the transfers that landed on them.
     """
+    xs, labels = run.xs, run.labels
+    # In the devices' default memory, as every layout change here: a memory kind comes after (P14).
+    dsts = {i: run.work_dst(i) for i in idx}
     groups: dict[Mesh, list[int]] = {}
     for i in idx:
         groups.setdefault(dsts[i].mesh, []).append(i)
@@ -182,7 +175,7 @@ def move_across(
                 xs[i].shape, dsts[i], [blocks[p] for p in sorted(blocks)], dtype=xs[i].dtype
             )
             if wants(Transfer):
-                _log(labels[i], prog, k, y, r, dst_a, copies, origins.get(i, "own"), crossed.get(i, 0))
+                _log(labels[i], prog, k, y, r, dst_a, copies, *run.between.get(i, ("own", 0)))
             result[i] = (y, {int(dst_a[p].id) for p in blocks})
     return result
 

@@ -22,7 +22,7 @@ TransferKind = Literal["cross_device", "same_device", "memory_kind"]
 
 @dataclasses.dataclass(frozen=True)
 class Made:
-    """The mover made these arrays (or re-labelled others) as ``term`` (``phases.TERMS``)."""
+    """The mover made these arrays (or re-labelled others) as ``term`` (``placement.phases``)."""
 
     arrays: Sequence[jax.Array]
     term: str

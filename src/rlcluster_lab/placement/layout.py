@@ -107,11 +107,8 @@ def _ids_array(ids: tuple[int, ...]) -> np.ndarray:
 
 def spec_axes(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
     """For each dimension, the mesh axes it is split over (major first)."""
-    out = []
-    for dim in range(ndim):
-        entry = spec[dim] if dim < len(spec) else None
-        out.append(() if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,))
-    return out
+    entries = [spec[dim] if dim < len(spec) else None for dim in range(ndim)]
+    return [() if e is None else tuple(e) if isinstance(e, tuple) else (e,) for e in entries]
 
 
 @functools.lru_cache(maxsize=65536)

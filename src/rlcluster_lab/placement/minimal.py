@@ -25,8 +25,6 @@ from rlcluster_lab.placement.events import Built, Ran, Transfer, emit
 from rlcluster_lab.placement.programs import cleared_with_programs
 from rlcluster_lab.placement.transfers import shard_data
 
-Shape = tuple[int, ...]
-
 
 @cleared_with_programs
 def clear() -> None:
@@ -112,8 +110,7 @@ def assemble(run: Any, step: Any) -> Ops:
     for d, n, a in s.same_log:
         emit(Transfer("same_device", d, d, n, run.labels[s.legs[a]]))
     for a, b, dev in s.copied:
-        y = jax.device_put(_shards(run, s.legs[a])[dev], run.devices[dev], may_alias=False)
-        out[("block", a, b)] = y
+        y = out[("block", a, b)] = jax.device_put(_shards(run, s.legs[a])[dev], run.devices[dev], may_alias=False)
         emit(Transfer("same_device", dev, dev, int(y.nbytes), run.labels[s.legs[a]]))
     return out, []
 
@@ -142,11 +139,8 @@ def join(run: Any, step: Any) -> Ops:
 @functools.partial(jax.jit, static_argnums=(1,))
 def _cut_and_pack(inputs: tuple[jax.Array, ...], spec: Any) -> tuple[jax.Array, ...]:
     # Static bounds: no index array is sent from the host.
-    out = []
-    for pieces in spec:
-        parts = [jax.lax.slice(inputs[k], st, lim).reshape(-1) for k, st, lim in pieces]
-        out.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts))
-    return tuple(out)
+    packs = [[jax.lax.slice(inputs[k], st, lim).reshape(-1) for k, st, lim in pieces] for pieces in spec]
+    return tuple(parts[0] if len(parts) == 1 else jnp.concatenate(parts) for parts in packs)
 
 
 @functools.partial(jax.jit, static_argnums=(2,))

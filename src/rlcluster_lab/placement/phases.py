@@ -19,7 +19,6 @@ CAST = "cast"  # the rollout dtype, made on the destination devices
 ANCHOR = "new anchor"  # the anchor re-pinned (P8)
 RELEASED = "released"  # old arrays the sync replaced and nothing holds any more (negative)
 PINNED = " (pinned host)"  # the suffix of a term counted in pinned host memory
-TERMS = (STAGED, IN_FLIGHT, RESHARDED, MEMORY_KIND, CAST, ANCHOR, RELEASED)
 
 
 def term_in(term: str, kind: str) -> str:

@@ -17,7 +17,6 @@ from jax.sharding import Mesh, NamedSharding
 from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.shardings import MEMORY_KINDS, PlacementError, default_memory_kind, target_shardings
-from rlcluster_lab.core.states import model_state
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.reshard import cast_many, reshard_many
 from rlcluster_lab.rules.anchor import p8_repin_in_place
@@ -125,11 +124,6 @@ def held_elsewhere(tree: Any) -> list[bool]:
     del probe
     counts = [sys.getrefcount(x) for x in leaves]
     return [n > m for n, m in zip(counts, alone)]
-
-
-def move_model(model: nnx.Module, memory_kind: str) -> None:
-    """Move a model's variables to ``memory_kind`` in place (its Variables get new arrays)."""
-    nnx.update(model, put_on_memory_kind(model_state(model), memory_kind))
 
 
 def place_model(

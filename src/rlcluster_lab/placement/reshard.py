@@ -200,9 +200,7 @@ Ops = dict[tuple[Any, ...], Any]
 def _stage(run: _Run, step: Any) -> tuple[Ops, list]:
     """Sources in another memory kind, brought to the devices' default memory (per device)."""
     xs = [run.xs[i] for i in step.legs]
-    targets = [x.sharding.with_memory_kind(_work_kind(x.sharding)) for x in xs]
-    ys = put_kinds(xs, targets, [run.labels[i] for i in step.legs])
-    return {("staged", i): y for i, y in zip(step.legs, ys)}, []
+    return _put_kinds(run, step.legs, "staged", xs, [x.sharding.with_memory_kind(_work_kind(x.sharding)) for x in xs])
 
 
 def _relabel(run: _Run, step: Any) -> tuple[Ops, list]:
@@ -250,10 +248,8 @@ def _nothing(run: _Run, step: Any) -> tuple[Ops, list]:
 
 def _memory_kind(run: _Run, step: Any) -> tuple[Ops, list]:
     """Results moved to their destination's memory kind (pinned host), per device."""
-    ys = put_kinds(
-        [run.vals[("out", i)] for i in step.legs], [run.dsts[i] for i in step.legs], [run.labels[i] for i in step.legs]
-    )
-    return {("final", i): y for i, y in zip(step.legs, ys)}, []
+    xs = [run.vals[("out", i)] for i in step.legs]
+    return _put_kinds(run, step.legs, "final", xs, [run.dsts[i] for i in step.legs])
 
 
 def _cast(run: _Run, step: Any) -> tuple[Ops, list]:
@@ -263,8 +259,10 @@ def _cast(run: _Run, step: Any) -> tuple[Ops, list]:
     arrays = [before[i] for i in step.legs]
     dtypes = [r.legs[i].to_dtype for i in step.legs]
     ys, temps = _cast_program_run(arrays, dtypes)
-    for i, y in zip(step.legs, ys):
-        log_cast(run.xs[i], before[i], y, run.labels[i])
+    for i in step.legs:
+        # The shards still the source's own buffers (a reshard of it kept them) became same-device copies.
+        own = shard_keys(run.xs[i])
+        log_within_devices("same_device", [(k, n) for k, n in shard_buffers(before[i]) if k in own], run.labels[i])
     return {("cast", i): y for i, y in zip(step.legs, ys)}, [temps] if temps is not None else []
 
 
@@ -287,14 +285,13 @@ _OPS = {
 }
 
 
-def put_kinds(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | None]) -> list[jax.Array]:
-    """Moves between memory kinds (per device, which the transfer guard allows), logged."""
-    if not xs:
-        return []
-    ys = list(jax.device_put(xs, dsts))
-    for x, y, label in zip(xs, ys, labels):
-        log_new_shards("memory_kind", x, y, label)
-    return ys
+def _put_kinds(run: _Run, legs: Any, key: str, xs: list[jax.Array], dsts: list[Sharding]) -> tuple[Ops, list]:
+    """Moves between memory kinds (per device, which the transfer guard allows), logged; the results
+    under ``(key, leg)``."""
+    ys = jax.device_put(xs, dsts)
+    for i, x, y in zip(legs, xs, ys):
+        log_new_shards("memory_kind", x, y, run.labels[i])
+    return {(key, i): y for i, y in zip(legs, ys)}, []
 
 
 def _work_kind(s: Sharding) -> str:
@@ -305,11 +302,11 @@ def _work_kind(s: Sharding) -> str:
 def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]:
     """Each array cast to its dtype on its own devices (those already in it as they are), in one
     jitted program per set of devices: eager ``astype`` would compile one per shape."""
-    todo = [i for i, (x, d) in enumerate(zip(xs, dtypes)) if x.dtype != np.dtype(d)]
     out = list(xs)
     groups: dict[Any, list[int]] = {}
-    for i in todo:
-        groups.setdefault(tuple(xs[i].sharding.device_set), []).append(i)
+    for i, (x, dtype) in enumerate(zip(xs, dtypes)):
+        if x.dtype != np.dtype(dtype):
+            groups.setdefault(tuple(x.sharding.device_set), []).append(i)
     for idx in groups.values():
         ys, _ = _cast_program_run([xs[i] for i in idx], [dtypes[i] for i in idx])
         for i, y in zip(idx, ys):
@@ -352,11 +349,3 @@ def _cast_program(dtypes: tuple[str, ...]) -> Any:
         return [x.astype(d) for x, d in zip(arrays, dtypes)]
 
     return cast
-
-
-def log_cast(src: jax.Array, before: jax.Array, after: jax.Array, label: str | None) -> None:
-    """A cast made new buffers out of ``before`` (a reshard of ``src``): log the shards that
-    were still ``src``'s own buffers, which the cast turned into same-device copies."""
-    if before is not after:
-        own = shard_keys(src)
-        log_within_devices("same_device", [(key, n) for key, n in shard_buffers(before) if key in own], label)

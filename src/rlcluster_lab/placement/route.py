@@ -69,7 +69,7 @@ class Leg:
 
 @dataclasses.dataclass(frozen=True)
 class Made:
-    """Buffers a step makes, on paper: a value's key, what it is (``phases.TERMS``), its memory
+    """Buffers a step makes, on paper: a value's key, what it is (``placement.phases``), its memory
     kind, and (device id, bytes) of each buffer that is new (a re-labelled or kept buffer is
     not listed: it was alive before)."""
 
@@ -202,8 +202,7 @@ class Route:
         if self.staged:
             out.append(f"{some(self.staged)} staged from pinned host to device memory first (P14)")
         for how, words in (("kept", "kept: already in the destination sharding"), ("relabel", _RELABEL)):
-            idx = [i for i, h in enumerate(self.how) if h == how]
-            if idx:
+            if idx := [i for i, h in enumerate(self.how) if h == how]:
                 out.append(f"{some(idx)} {words}")
         copies = [i for i, h in enumerate(self.how) if h == "copy"]
         for order in dict.fromkeys(legs[i].dst.device_ids for i in copies):
@@ -266,8 +265,7 @@ def route(legs: tuple[Leg, ...], copy: bool, strategy: str) -> Route:
     how: list[str] = []
     staged, final = set(), set()
     for i, leg in enumerate(legs):
-        same = leg.src == leg.dst
-        if same:
+        if leg.src == leg.dst:
             how.append("copy" if copy else "kept")
             continue
         if leg.src.kind != WORK:

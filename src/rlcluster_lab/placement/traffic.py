@@ -48,7 +48,6 @@ class ProgramTraffic:
     """Every cross-device flow of one compiled program, and what could not be read."""
 
     flows: tuple[Flow, ...]
-    collectives: tuple[str, ...]  # one line per collective: opcode, shape, groups
     unreadable: tuple[str, ...]
 
     @property
@@ -58,11 +57,9 @@ class ProgramTraffic:
 
 def program_traffic(compiled: Any, devices: Sequence[Any]) -> ProgramTraffic:
     """The cross-device flows of a ``jax.stages.Compiled`` whose partition ``i`` runs on
-    ``devices[i]`` (its mesh's flat device order), one line per collective, and what could not
-    be read."""
+    ``devices[i]`` (its mesh's flat device order), and what could not be read."""
     ids = [int(d.id) for d in devices]
     flows: list[Flow] = []
-    lines: list[str] = []
     unreadable: list[str] = []
     for module in compiled.runtime_executable().hlo_modules():
         params = _entry_parameters(module)
@@ -82,9 +79,8 @@ def program_traffic(compiled: Any, devices: Sequence[Any]) -> ProgramTraffic:
                 except _Unreadable as exc:
                     unreadable.append(f"{op}: {exc}: {text[:200]}")
                     continue
-                lines.append(_summary(op, text))
                 flows.extend(Flow(op, ids[s], ids[t], n, p) for s, t, n, p in found if s != t and n)
-    return ProgramTraffic(tuple(flows), tuple(lines), tuple(unreadable))
+    return ProgramTraffic(tuple(flows), tuple(unreadable))
 
 
 class _Unreadable(ValueError):
@@ -103,36 +99,27 @@ def _entry_parameters(module: Any) -> dict[str, int]:
     match = re.search(r"^ENTRY %?([\w.\-]+)", module.to_string(), re.M)
     entry = match.group(1) if match else None
     out = {}
-    for comp in module.computations():
-        if comp.name != entry:
-            continue
+    for comp in (c for c in module.computations() if c.name == entry):
         for ins in comp.instructions():
-            if _opcode_name(ins) == "parameter":
-                m = re.search(r"parameter\((\d+)\)", ins.to_string())
-                if m:
-                    out[ins.name] = int(m.group(1))
+            if _opcode_name(ins) == "parameter" and (m := re.search(r"parameter\((\d+)\)", ins.to_string())):
+                out[ins.name] = int(m.group(1))
     return out
 
 
 def _roots(ins: Any, params: dict[str, int], seen: dict[str, frozenset[int]]) -> frozenset[int]:
     """The entry parameters an instruction's value is computed from."""
-    if ins.name in seen:
-        return seen[ins.name]
-    if ins.name in params:
-        out = frozenset({params[ins.name]})
-    else:
-        out = frozenset()
-        stack = list(ins.operands())
-        while stack:
-            cur = stack.pop()
-            if cur.name in seen:
-                out |= seen[cur.name]
-            elif cur.name in params:
-                out |= {params[cur.name]}
-            else:
-                stack.extend(cur.operands())
-    seen[ins.name] = out
-    return out
+    out: set[int] = set()
+    stack = [ins]
+    while stack:
+        cur = stack.pop()
+        if cur.name in seen:
+            out |= seen[cur.name]
+        elif cur.name in params:
+            out.add(params[cur.name])
+        else:
+            stack.extend(cur.operands())
+    seen[ins.name] = frozenset(out)
+    return seen[ins.name]
 
 
 def _flows(
@@ -338,15 +325,3 @@ def _iota(spec: str) -> np.ndarray:
     if m.group(3):
         arr = arr.transpose([int(x) for x in m.group(3).split(",")])
     return arr if m.group(2) is None else arr.reshape(dims)
-
-
-def _summary(op: str, text: str) -> str:
-    shape = _result_shape(text)
-    shapes = ", ".join(f"{dt}[{','.join(map(str, dims))}]" for dt, dims in shape)
-    groups = ""
-    for key in ("replica_groups=", "source_target_pairs="):
-        if key in text:
-            tail = text.split(key, 1)[1]
-            groups = f" {key}{tail.split(', dimensions', 1)[0].split(', use_global', 1)[0][:120]}"
-            break
-    return f"{op} {shapes}{groups}"

@@ -128,8 +128,7 @@ def run_program(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[A
     prog, outs = _run_program(xs, [run.work_dst(i) for i in g.legs], labels)
     if wants(Transfer):
         _log_arrivals(prog, labels, outs)
-    for i, y in zip(g.legs, outs):
-        run.produced[i] = {d.id for d in y.sharding.device_set}
+    run.produced.update({i: {d.id for d in y.sharding.device_set} for i, y in zip(g.legs, outs)})
     return {("out", i): y for i, y in zip(g.legs, outs)}, [prog.temporaries]
 
 
@@ -174,11 +173,7 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
                 "its own (the split layout)"
             )
         # multi-process: whole shards cross into another process in one compiled program.
-        origins = {i: run.between[i][0] for i in members if i in run.between}
-        crossed = {i: run.between[i][1] for i in members if i in run.between}
-        # In the devices' default memory, as every layout change here: a memory kind comes after (P14).
-        work = {i: run.work_dst(i) for i in members}
-        done = move_across(members, run.xs, work, current, src_a, dst_a, origins, crossed, run.labels)
+        done = move_across(run, members, current, src_a)
         for i, (y, made) in done.items():
             run.produced[i] = made
             run.joined[i] = y
@@ -186,8 +181,7 @@ def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any
     whole = [i for i in members if whole_move(run.route, i)]
     if whole:
         # Every shard crosses: the arrays as they are, in one call (a bare device_put's cost).
-        for i, y in zip(whole, jax.device_put([current[i] for i in whole], [run.work_dst(i) for i in whole])):
-            run.joined[i] = y
+        run.joined.update(zip(whole, jax.device_put([current[i] for i in whole], [run.work_dst(i) for i in whole])))
     sends: list[tuple[int, int, Any]] = []
     out: dict[tuple[Any, ...], Any] = {("sent", i): [run.joined[i]] if i in whole else [] for i in members}
     for i in members:
@@ -225,13 +219,10 @@ def join(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
         positions = run.route.positions[i]
         y = run.joined.pop(i, None)
         if y is None:
-            blocks = run.blocks.pop(i)
-            y = jax.make_array_from_single_device_arrays(run.xs[i].shape, run.work_dst(i), blocks)
-            del blocks
+            y = jax.make_array_from_single_device_arrays(run.xs[i].shape, run.work_dst(i), run.blocks.pop(i))
         out[("out", i)] = y
         made = {p.dst for p in positions if p.how != "kept"}
-        if i not in run.produced:
-            run.produced[i] = made
+        run.produced.setdefault(i, made)
         if describe and not crosses_processes(src_a, dst_a):
             origin, crossed = run.between.get(i, ("own", 0))
             came_from = [run.devices[p.src] for p in positions]

@@ -208,16 +208,10 @@ def probe_provenance(compiled: Any, xs: Sequence[jax.Array], dsts: Sequence[Shar
         jax.make_array_from_single_device_arrays(x.shape, x.sharding, [next(shards) for _ in range(n)], dtype=x.dtype)
         for x, n in zip(xs, counts)
     ]
-    outs = compiled(tagged)
-    by_leaf: list[dict[int, dict[int, int]] | None] = []
-    for y, fine in zip(outs, ok):
-        if not fine:
-            by_leaf.append(None)
-            continue
-        per_device = {}
-        for s in y.addressable_shards:
-            # Each element holds its origin's tag (device id + 1): a count per tag, in one pass.
-            counts = np.bincount(np.asarray(s.data).astype(np.int64).ravel())
-            per_device[s.device.id] = {v - 1: int(c) for v, c in enumerate(counts) if c}
-        by_leaf.append(per_device)
-    return Provenance(tuple(by_leaf))
+
+    def origins(y: jax.Array) -> dict[int, dict[int, int]]:
+        # Each element holds its origin's tag (device id + 1): a count per tag, in one pass.
+        tags = {s.device.id: np.bincount(np.asarray(s.data).astype(np.int64).ravel()) for s in y.addressable_shards}
+        return {d: {v - 1: int(c) for v, c in enumerate(n) if c} for d, n in tags.items()}
+
+    return Provenance(tuple(origins(y) if fine else None for y, fine in zip(compiled(tagged), ok)))

@@ -12,6 +12,7 @@ from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES, UNITS, memory_ta
 from rlcluster_lab.measure.sync import describe_layout
 from rlcluster_lab.placement.layout import shard_elements
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray, anchor_arrays, host_overlap, overlap, shard_rows
+from rlcluster_lab.planner.tables import Topology
 from rlcluster_lab.rules.anchor import anchor_is_partial
 
 SOURCE = "computed from shapes (no allocation)"
@@ -26,10 +27,6 @@ def memory_summary(entries: Mapping[str, Sequence[PlannedArray]]) -> dict[str, A
     # One id per buffer: a shard's origin names its buffer on its device.
     table = memory_table(names, r["entry"], r["device"], r["kind"], r["bytes"], r["origin"] * span + r["device"])
     return {"units": UNITS, "source": SOURCE, **table}
-
-
-def _sharding_text(a: PlannedArray) -> str:
-    return describe_layout(a.mesh.shape, a.mesh.device_ids, a.spec, a.kind)
 
 
 class _PerDevice:
@@ -57,10 +54,8 @@ def sync_summary(
     lora: bool,
     copy: bool,
     anchor_mode: str,
-    link_bandwidth: float | None,
-    strategy: str = "xla",
-    host_of: Mapping[int, int] | None = None,
-    host_link_bandwidth: float | None = None,
+    strategy: str,
+    topo: Topology,
 ) -> dict[str, Any]:
     """P13 on paper, with the ``SyncReport``'s definitions.
 
@@ -79,31 +74,30 @@ def sync_summary(
     anchor's buffers (P8; the adapters only with ``anchor="trainable"``;
     0 under offload, where the snapshot keeps the actor's pinned buffers).
     ``peak_extra_bytes[device][kind]``: the new destination buffers plus the anchor's copy.
-    ``host_of``: each device's host (None: one host); ``cross_host_bytes``: elements no
+    ``topo``: the devices' hosts and links; ``cross_host_bytes``: elements no
     source shard on the destination's host holds. ``estimated_seconds``: the busiest
     device's within-host bytes over the device link and cross-host bytes over the host link
     at once, each the rate one device receives: a lower bound (no latency nor contention).
     """
     span = 1 + max(max(a.mesh.device_ids) for m in (actor, rollout) for a in m.values())
     arrived, peak, across = _PerDevice(span), _PerDevice(span), _PerDevice(span)
-    host_of = dict(host_of) if host_of is not None else {}
+    host_of = topo.host_of()
     hosts_key = tuple(sorted(host_of.items()))
     several_hosts = len(set(host_of.values())) > 1
     leaves = []
     for path in sorted(trainable, key=lambda k: "/".join(map(str, k))):
         src, dst = actor[path], rollout[path]
-        _, lacking = overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec)
+        _, lacking = overlap(src.shape, src.layout, dst.layout)
         reused = np.zeros(dst.mesh.size, dtype=bool)
         if not copy and dst.dtype == src.dtype:
-            reused = buf.kept(src, dst.mesh, dst.spec, dst.kind)
+            reused = buf.kept(src, dst.layout)
         elems = shard_elements(dst.shape, dst.spec, dst.mesh)
         item = src.dtype.itemsize
         moved = np.where(reused, 0, lacking) * item
         copied = np.where(reused, 0, elems - lacking) * item
         crossing = np.zeros(dst.mesh.size, dtype=np.int64)
         if several_hosts:
-            crossing = np.where(reused, 0, host_overlap(src.shape, src.mesh, src.spec, dst.mesh, dst.spec, hosts_key))
-            crossing = crossing * item
+            crossing = np.where(reused, 0, host_overlap(src.shape, src.layout, dst.layout, hosts_key)) * item
         arrived.add(dst.mesh.ids, "device", moved)
         across.add(dst.mesh.ids, "device", crossing)
         peak.add(dst.mesh.ids[~reused], dst.kind, elems * dst.dtype.itemsize)
@@ -113,8 +107,8 @@ def sync_summary(
                 "dtype": str(src.dtype),
                 "dst_dtype": str(dst.dtype),
                 "shape": list(src.shape),
-                "src_sharding": _sharding_text(src),
-                "dst_sharding": _sharding_text(dst),
+                "src_sharding": describe_layout(src.layout),
+                "dst_sharding": describe_layout(dst.layout),
                 "synced_bytes": int(elems * item * dst.mesh.size),
                 "moved_cross_device_bytes": int(moved.sum()),
                 "copied_same_device_bytes": int(copied.sum()),
@@ -127,17 +121,7 @@ def sync_summary(
                 "method": "planned: the least the placement forces",
             }
         )
-    totals = {
-        key: sum(leaf[key] for leaf in leaves)
-        for key in (
-            "synced_bytes",
-            "moved_cross_device_bytes",
-            "arrived_cross_device_bytes",
-            "copied_same_device_bytes",
-            "reused_bytes",
-            "minimum_cross_device_bytes",
-        )
-    }
+    totals = {key: sum(leaf[key] for leaf in leaves) for key in _TOTALS}
     # P13: then the anchor is pinned again (P8).
     partial = anchor_is_partial(anchor_mode, lora)
     repinned = anchor_arrays(actor, trainable, partial=partial, new=True)
@@ -146,7 +130,7 @@ def sync_summary(
     arrived_by_device = arrived.total()
     across_by_device = across.total()
     cross_host = sum(leaf["cross_host_bytes"] for leaf in leaves)
-    seconds, estimate = _sync_seconds(arrived_by_device, across_by_device, link_bandwidth, host_link_bandwidth)
+    seconds, estimate = _sync_seconds(arrived_by_device, across_by_device, topo)
     by_host: dict[str, dict[str, int]] = {}
     for d, n in arrived_by_device.items():
         h = str(host_of.get(int(d), 0))
@@ -177,14 +161,20 @@ def sync_summary(
     }
 
 
-def _sync_seconds(
-    arrived: Mapping[str, int], across: Mapping[str, int], link: float | None, host_link: float | None
-) -> tuple[float | None, str]:
+# The sync's totals (each the sum of its leaves' figure), in the order the JSON lists them.
+_TOTALS = (
+    "synced_bytes moved_cross_device_bytes arrived_cross_device_bytes copied_same_device_bytes reused_bytes "
+    "minimum_cross_device_bytes"
+).split()
+
+
+def _sync_seconds(arrived: Mapping[str, int], across: Mapping[str, int], topo: Topology) -> tuple[float | None, str]:
     """The sync's time on its busiest device, and the rule (``sync_summary``)."""
     rule = (
         "max over devices of max(within-host cross-device bytes / device link bandwidth, "
         "cross-host bytes / host link bandwidth), each the rate one device receives"
     )
+    link, host_link = topo.link_bandwidth, topo.host_link_bandwidth
     needs_host = any(across.values())
     if link is None or (needs_host and host_link is None):
         missing = "device link" if link is None else "host link"
@@ -208,8 +198,7 @@ def fits_summary(
         roles[name] = {"max_device_bytes": busiest, "fits": verdict(busiest)}
     resident = {d: kinds.get("device", 0) for d, kinds in memory["by_device"].items()}
     during = (sync.get("transient_peak") or {}).get("by_device") or sync["peak_extra_bytes"]
-    peak = {d: resident.get(d, 0) + kinds.get("device", 0) for d, kinds in during.items()}
-    peak = {**resident, **peak}
+    peak = resident | {d: resident.get(d, 0) + kinds.get("device", 0) for d, kinds in during.items()}
     top_resident = max(resident.values(), default=0)
     top_peak = max(peak.values(), default=0)
     return {

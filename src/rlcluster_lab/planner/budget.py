@@ -47,9 +47,6 @@ def sync_device_terms(sync: Mapping[str, Any]) -> dict[int, dict[str, int]]:
     return out
 
 
-GIB = 1 << 30
-
-
 @dataclasses.dataclass(frozen=True)
 class DeviceBudget:
     """One device's bytes: ``resident`` per entry (a shared buffer for the first in report
@@ -153,14 +150,10 @@ def update_phase(config: Any, trainer: Trainer, workload: Workload, offload: boo
     if workload.accumulates:  # a float32 running sum beside each micro-batch's gradient
         grads += _per_device(trainer.trainable, itemsize=4)
     outputs = _per_device(trainer.trainable) + _per_device(trainer.optimizer)
-    acts = sum(
-        activation_bytes(
-            config, workload, trainer.split, lora_rank=trainer.lora_rank, value_head=trainer.value_head
-        ).values()
-    )
+    acts = activation_bytes(config, workload, trainer.split, lora_rank=trainer.lora_rank, value_head=trainer.value_head)
     brought = _per_device(trainer.arrays, "pinned_host") + _per_device(trainer.optimizer, "pinned_host")
     return {
-        d: {"gradients": grads[d], "activations": acts, "update_outputs": outputs[d]}
+        d: {"gradients": grads[d], "activations": sum(acts.values()), "update_outputs": outputs[d]}
         | ({"offloaded_state": brought[d]} if offload else {})
         for d in sorted(set(grads) | set(outputs))
     }
@@ -250,8 +243,7 @@ def _hosts(
         mine = [b for b in devices if b.host == h]
         ram_resident: Counter = Counter(host_resident.get(h, {}))
         phase_ram: dict[str, Counter] = {}
-        new_pinned = sum(pinned_peak.get(d, 0) for d in ids)
-        if new_pinned:
+        if new_pinned := sum(pinned_peak.get(d, 0) for d in ids):
             phase_ram["sync"] = Counter(sync_new_pinned=new_pinned)
         if topo.platform == "cpu":  # a CPU device's memory is this host's RAM
             for b in mine:
@@ -287,7 +279,7 @@ def _hosts(
 
 def gib(n: int | float | None) -> str:
     """Bytes as GiB, one decimal ("-" for unknown)."""
-    return "-" if n is None else f"{n / GIB:,.1f} GiB"
+    return "-" if n is None else f"{n / (1 << 30):,.1f} GiB"
 
 
 def _terms_text(terms: Mapping[str, int], top: int = 4) -> str:

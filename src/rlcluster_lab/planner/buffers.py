@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec
 
 from rlcluster_lab.measure.memory import KINDS
 from rlcluster_lab.placement.boxes import device_put_keeps, minimum_cross_device_elements
-from rlcluster_lab.placement.layout import PlannedMesh, shard_boxes, shard_elements
+from rlcluster_lab.placement.layout import Layout, PlannedMesh, shard_elements
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -36,8 +36,9 @@ class PlannedArray:
     def shard_bytes(self) -> int:
         return shard_elements(self.shape, self.spec, self.mesh) * self.dtype.itemsize
 
-    def same_sharding(self, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> bool:
-        return self.mesh == mesh and self.spec == spec and self.kind == kind
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.mesh, self.spec, self.kind)
 
 
 def anchor_arrays(
@@ -84,46 +85,32 @@ def distinct_buffers(rows: dict[str, np.ndarray], per_entry: bool = False) -> np
 
 
 @functools.lru_cache(maxsize=8192)
-def overlap(
-    shape: tuple[int, ...],
-    src_mesh: PlannedMesh,
-    src_spec: PartitionSpec,
-    dst_mesh: PlannedMesh,
-    dst_spec: PartitionSpec,
-) -> tuple[np.ndarray, np.ndarray]:
+def overlap(shape: tuple[int, ...], src: Layout, dst: Layout) -> tuple[np.ndarray, np.ndarray]:
     """Per destination shard (mesh order): is it exactly the source shard on its device
     (``plan_reshard``'s ``reuses_source_buffer``, read off each device's own box: visiting
     every pair of shards is too slow at 256 chips), and how many of its elements no source
     shard on its device holds (``boxes.minimum_cross_device_elements``, as the measured sync)."""
-    src = shard_boxes(shape, src_spec, src_mesh)
-    dst = shard_boxes(shape, dst_spec, dst_mesh)
-    local = dict(src)
-    same = np.array([local.get(dev) == box for dev, box in dst], dtype=bool)
-    lacking = np.array(minimum_cross_device_elements(src, dst), dtype=np.int64)
+    src_boxes, dst_boxes = src.boxes(shape), dst.boxes(shape)
+    local = dict(src_boxes)
+    same = np.array([local.get(dev) == box for dev, box in dst_boxes], dtype=bool)
+    lacking = np.array(minimum_cross_device_elements(src_boxes, dst_boxes), dtype=np.int64)
     same.setflags(write=False)
     lacking.setflags(write=False)
     return same, lacking
 
 
 @functools.lru_cache(maxsize=8192)
-def host_overlap(
-    shape: tuple[int, ...],
-    src_mesh: PlannedMesh,
-    src_spec: PartitionSpec,
-    dst_mesh: PlannedMesh,
-    dst_spec: PartitionSpec,
-    hosts: tuple[tuple[int, int], ...],
-) -> np.ndarray:
+def host_overlap(shape: tuple[int, ...], src: Layout, dst: Layout, hosts: tuple[tuple[int, int], ...]) -> np.ndarray:
     """Per destination shard (mesh order): how many of its elements no source shard on its
     *host* holds (``overlap``'s second figure with each device named by its host, ``hosts``:
     (device id, host index) pairs). A box several devices of one host need crosses once, for
     the first of them; the others copy it within the host."""
     host = dict(hosts)
-    src = [(host[d], box) for d, box in shard_boxes(shape, src_spec, src_mesh)]
-    dst = [(host[d], box) for d, box in shard_boxes(shape, dst_spec, dst_mesh)]
-    lacking = np.array(minimum_cross_device_elements(src, dst), dtype=np.int64)
+    src_hosts = [(host[d], box) for d, box in src.boxes(shape)]
+    dst_hosts = [(host[d], box) for d, box in dst.boxes(shape)]
+    lacking = np.array(minimum_cross_device_elements(src_hosts, dst_hosts), dtype=np.int64)
     seen: set[tuple[int, Any]] = set()
-    for i, (h, box) in enumerate(dst):
+    for i, (h, box) in enumerate(dst_hosts):
         if (h, box) in seen:
             lacking[i] = 0
         seen.add((h, box))
@@ -132,17 +119,9 @@ def host_overlap(
 
 
 @functools.lru_cache(maxsize=8192)
-def device_put_kept(
-    shape: tuple[int, ...],
-    src_mesh: PlannedMesh,
-    src_spec: PartitionSpec,
-    dst_mesh: PlannedMesh,
-    dst_spec: PartitionSpec,
-) -> np.ndarray:
+def device_put_kept(shape: tuple[int, ...], src: Layout, dst: Layout) -> np.ndarray:
     """Per destination shard (mesh order): ``boxes.device_put_keeps`` on paper."""
-    keeps = np.array(
-        device_put_keeps(shard_boxes(shape, src_spec, src_mesh), shard_boxes(shape, dst_spec, dst_mesh)), dtype=bool
-    )
+    keeps = np.array(device_put_keeps(src.boxes(shape), dst.boxes(shape)), dtype=bool)
     keeps.setflags(write=False)
     return keeps
 
@@ -164,39 +143,30 @@ class Buffers:
         """New buffers with ``a``'s sharding (a copy, a cast or a memory-kind move)."""
         return self.new(a.shape, a.dtype if dtype is None else dtype, a.mesh, a.spec, a.kind if kind is None else kind)
 
-    def kept(self, a: PlannedArray, mesh: PlannedMesh, spec: PartitionSpec, kind: str) -> np.ndarray:
+    def kept(self, a: PlannedArray, dst: Layout) -> np.ndarray:
         """Per destination shard: does a reshard (without copy) keep ``a``'s buffer? As the live
         reshard does: with the ``xla`` strategy what ``jax.device_put`` keeps
         (``boxes.device_put_keeps``), with ``minimal`` every shard already on its device."""
-        if a.same_sharding(mesh, spec, kind):
-            return np.ones(mesh.size, dtype=bool)
-        if a.kind != "device" or kind != "device":
+        if a.layout == dst:
+            return np.ones(dst.mesh.size, dtype=bool)
+        if a.kind != "device" or dst.kind != "device":
             # A memory-kind change moves every shard into a new buffer.
-            return np.zeros(mesh.size, dtype=bool)
+            return np.zeros(dst.mesh.size, dtype=bool)
         if self.strategy == "minimal":
-            return overlap(a.shape, a.mesh, a.spec, mesh, spec)[0]
-        return device_put_kept(a.shape, a.mesh, a.spec, mesh, spec)
+            return overlap(a.shape, a.layout, dst)[0]
+        return device_put_kept(a.shape, a.layout, dst)
 
-    def reshard(
-        self,
-        a: PlannedArray,
-        mesh: PlannedMesh,
-        spec: PartitionSpec,
-        kind: str,
-        *,
-        copy: bool = False,
-        dtype: Any = None,
-    ) -> PlannedArray:
+    def reshard(self, a: PlannedArray, dst: Layout, *, copy: bool = False, dtype: Any = None) -> PlannedArray:
         if dtype is not None and np.dtype(dtype) != a.dtype:
             a = self.like(a, dtype=dtype)  # place_model casts before it reshards
-        if a.same_sharding(mesh, spec, kind) and not copy:
+        if a.layout == dst and not copy:
             return a
-        out = self.new(a.shape, a.dtype, mesh, spec, kind)
+        out = self.new(a.shape, a.dtype, dst.mesh, dst.spec, dst.kind)
         if copy:
             return out
-        keep = self.kept(a, mesh, spec, kind)
+        keep = self.kept(a, dst)
         if keep.any():
-            by_device = np.full(1 + max(max(a.mesh.device_ids), max(mesh.device_ids)), -1, dtype=np.int64)
+            by_device = np.full(1 + max(max(a.mesh.device_ids), max(dst.device_ids)), -1, dtype=np.int64)
             by_device[a.mesh.ids] = a.origins
-            out = dataclasses.replace(out, origins=np.where(keep, by_device[mesh.ids], out.origins))
+            out = dataclasses.replace(out, origins=np.where(keep, by_device[dst.mesh.ids], out.origins))
         return out

@@ -9,22 +9,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
 from rlcluster_lab.cluster.construct import LoadFacts
-from rlcluster_lab.core.meshes import describe_mesh
+from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES, describe_mesh
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.shardings import check_spec
 from rlcluster_lab.engines import OwnCopyEngine, VllmStyleEngine
 from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.model import ModelConfig
-from rlcluster_lab.placement.layout import PlannedMesh
+from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray, anchor_arrays
 from rlcluster_lab.planner.shapes import AbstractLeaf, abstract_leaves, optimizer_slots
+
+if TYPE_CHECKING:
+    from rlcluster_lab.planner.plan import PlanRequest
 
 PathKey = tuple[Any, ...]
 Rules = tuple[tuple[str, Any], ...]
@@ -39,10 +42,6 @@ class PlannedModel:
     kind: str  # "lm" or "score"
     lora_rank: int = 0
     lora_paths: frozenset[PathKey] = frozenset()
-
-    @property
-    def lora(self) -> bool:
-        return bool(self.lora_paths)
 
     def frozen_paths(self) -> list[PathKey]:
         return [p for p in self.arrays if p not in self.lora_paths]
@@ -79,10 +78,9 @@ class PlannedExecutor:
 
     def load_facts(self, model: PlannedModel, role: Role, mesh: PlannedMesh) -> LoadFacts:
         arrays = list(model.arrays.values())
-        meshes = list(dict.fromkeys(a.mesh for a in arrays))
         on_device = any(a.kind == "device" for a in arrays)
         return LoadFacts(
-            model_meshes=[describe_mesh(m) for m in meshes],
+            model_meshes=[describe_mesh(m) for m in dict.fromkeys(a.mesh for a in arrays)],
             leaves_on_target=sum(a.mesh == mesh for a in arrays),
             leaves=len(arrays),
             on_device=on_device,
@@ -95,9 +93,8 @@ class PlannedExecutor:
     ) -> PlannedModel:
         specs = self.specs(role, model)
         _check_specs((specs[p] for p in model.arrays), mesh, role.value)
-        arrays = {
-            p: self.buf.reshard(a, mesh, specs[p].spec, kind, copy=copy, dtype=dtype) for p, a in model.arrays.items()
-        }
+        dst = {p: Layout(mesh, specs[p].spec, kind) for p in model.arrays}
+        arrays = {p: self.buf.reshard(a, dst[p], copy=copy, dtype=dtype) for p, a in model.arrays.items()}
         return dataclasses.replace(model, arrays=arrays)
 
     def move(self, model: PlannedModel, kind: str) -> PlannedModel:
@@ -113,7 +110,7 @@ class PlannedExecutor:
         return bool(frozen) and all(_same_buffers(reference.arrays[p], actor.arrays.get(p)) for p in frozen)
 
     def is_lora(self, model: PlannedModel) -> bool:
-        return model.lora
+        return bool(model.lora_paths)
 
     def make_engine(self, rollout_actor: PlannedModel, mesh: PlannedMesh) -> PlannedEngine:
         """Vanilla samples with the model it is handed; an own-copy engine copies it onto its
@@ -131,12 +128,6 @@ class PlannedExecutor:
     def engine_model(self, engine: PlannedEngine) -> PlannedModel:
         return engine.model
 
-    def engine_mesh(self, engine: PlannedEngine) -> PlannedMesh | None:
-        return engine.mesh
-
-    def engine_owns_weights(self, engine: PlannedEngine) -> bool:
-        return engine.owns_weights
-
     def init_optimizer(
         self, actor: PlannedModel, lora: bool, mesh: PlannedMesh, role: Role = Role.ACTOR
     ) -> list[PlannedArray]:
@@ -147,10 +138,7 @@ class PlannedExecutor:
         out = []
         for slot in optimizer_slots(tx, self.config, actor.lora_rank):
             if slot.mirrors:
-                out += [
-                    self.buf.new(a.shape, a.dtype if slot.dtype is None else slot.dtype, a.mesh, a.spec, a.kind)
-                    for a in trainable
-                ]
+                out += [self.buf.like(a, dtype=slot.dtype) for a in trainable]  # None: the parameter's dtype
             else:
                 out.append(self.buf.new(slot.shape, slot.dtype, mesh, PartitionSpec(), "device"))
         return out
@@ -182,31 +170,22 @@ def _same_buffers(a: PlannedArray, b: PlannedArray | None) -> bool:
     return b is not None and a.mesh == b.mesh and a.kind == b.kind and bool(np.array_equal(a.origins, b.origins))
 
 
-def given_models(
-    buf: Buffers,
-    config: ModelConfig,
-    role_to_mesh: Mapping[Role, PlannedMesh],
-    *,
-    lora_rank: int,
-    lora_separate_base: bool,
-    with_reward: bool,
-    with_critic: bool,
-    default_rules: Rules,
-) -> dict[str, PlannedModel]:
-    """The models ``app.scenario.build_models`` hands the cluster, on paper: the reference on its
-    mesh with the family's default rules; the actor a copy of it, or LoRA adapters over its
-    buffers (over a copy with ``lora_separate_base``); reward and critic on their meshes."""
+def given_models(buf: Buffers, req: PlanRequest, role_to_mesh: Mapping[Role, PlannedMesh]) -> dict[str, PlannedModel]:
+    """The models ``app.scenario.build_models`` hands the cluster for ``req``'s knobs, on paper: the
+    reference on its mesh with the family's default rules; the actor a copy of it, or LoRA adapters
+    over its buffers (over a copy with ``lora_separate_base``); reward and critic on their meshes."""
 
     def made(leaves: Iterable[AbstractLeaf], mesh: PlannedMesh) -> dict[PathKey, PlannedArray]:
         return {leaf.path: buf.new(leaf.shape, leaf.dtype, mesh, leaf.spec, "device") for leaf in leaves}
 
-    mesh = role_to_mesh[Role.REFERENCE]
-    base_leaves = abstract_leaves(config, 0, "lm", default_rules)
+    config, lora_rank, mesh = req.model, req.lora_rank, role_to_mesh[Role.REFERENCE]
+    rules = DEFAULT_LOGICAL_AXIS_RULES  # Scenario.build_models places the models it makes without rules
+    base_leaves = abstract_leaves(config, 0, "lm", rules)
     _check_specs(base_leaves, mesh, "reference")
     reference = PlannedModel(made(base_leaves, mesh), "lm")
     if lora_rank:
-        base = {p: buf.like(a) for p, a in reference.arrays.items()} if lora_separate_base else reference.arrays
-        lora_leaves = abstract_leaves(config, lora_rank, "lm", default_rules)
+        base = {p: buf.like(a) for p, a in reference.arrays.items()} if req.lora_separate_base else reference.arrays
+        lora_leaves = abstract_leaves(config, lora_rank, "lm", rules)
         adapters = made((leaf for leaf in lora_leaves if leaf.lora), mesh)
         actor = PlannedModel(
             {leaf.path: adapters[leaf.path] if leaf.lora else base[leaf.path] for leaf in lora_leaves},
@@ -217,9 +196,7 @@ def given_models(
     else:
         actor = PlannedModel({p: buf.like(a) for p, a in reference.arrays.items()}, "lm")
     models = {"actor": actor, "reference": reference}
-    for name, role, wanted in (("reward", Role.REWARD, with_reward), ("critic", Role.CRITIC, with_critic)):
+    for name, role, wanted in (("reward", Role.REWARD, req.with_reward), ("critic", Role.CRITIC, req.with_critic)):
         if wanted:
-            models[name] = PlannedModel(
-                made(abstract_leaves(config, 0, "score", default_rules), role_to_mesh[role]), "score"
-            )
+            models[name] = PlannedModel(made(abstract_leaves(config, 0, "score", rules), role_to_mesh[role]), "score")
     return models

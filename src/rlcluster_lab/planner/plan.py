@@ -50,7 +50,6 @@ from rlcluster_lab.planner.tables import Topology, model_config, model_source, w
 from rlcluster_lab.planner.tables import topology as get_topology
 from rlcluster_lab.rules.anchor import anchor_is_partial
 from rlcluster_lab.rules.sharing import sharing_map_json
-from rlcluster_lab.rules.steps import p13_sync_order
 from rlcluster_lab.rules.validation import check_lora_rank
 
 Rules = tuple[tuple[str, Any], ...]
@@ -209,8 +208,7 @@ def _meshes(req: PlanRequest) -> dict[Role, PlannedMesh]:
     r2m.update(req.role_to_mesh or {})
     known = set(topo.ids())
     for role, mesh in r2m.items():
-        unknown = sorted(set(mesh.device_ids) - known)
-        if unknown:
+        if unknown := sorted(set(mesh.device_ids) - known):
             raise ValueError(
                 f"the {role.value} mesh uses device id(s) {unknown} that topology {topo.name} does not have "
                 f"(ids {min(known)}..{max(known)})"
@@ -226,17 +224,7 @@ def _construct(req: PlanRequest, buf: Buffers, trace: Trace) -> Placed:
     ex = PlannedExecutor(
         buf, req.model, rules, ENGINES[req.engine], req.vllm_tensor_parallel_size, tx.actor_optimizer(), tx.critic_tx()
     )
-    # Scenario.build_models places the models it makes without rules: the family's defaults.
-    given = given_models(
-        buf,
-        req.model,
-        r2m,
-        lora_rank=req.lora_rank,
-        lora_separate_base=req.lora_separate_base,
-        with_reward=req.with_reward,
-        with_critic=req.with_critic,
-        default_rules=_freeze_rules(DEFAULT_LOGICAL_AXIS_RULES),
-    )
+    given = given_models(buf, req, r2m)
     request = Request(
         actor=given["actor"],
         reference=given["reference"],
@@ -277,10 +265,8 @@ def _plan(req: PlanRequest) -> Plan:
         lora=placed.lora,
         copy=placed.engine.owns_weights,
         anchor_mode=req.anchor,
-        link_bandwidth=topo.link_bandwidth,
         strategy=req.reshard,
-        host_of=topo.host_of(),
-        host_link_bandwidth=topo.host_link_bandwidth,
+        topo=topo,
     )
     sync["transient_peak"], lines = plan_sync_peak(
         models["actor"],
@@ -292,7 +278,6 @@ def _plan(req: PlanRequest) -> Plan:
         partial_anchor=anchor_is_partial(req.anchor, placed.lora),
         chunk_bytes=req.sync_chunk_bytes,
         strategy=req.reshard,
-        order=p13_sync_order(req.sync_chunk_bytes, req.offload).text,
         programs=_local_devices(topo) if req.sync_programs else None,
     )
     sync["plan"] = list(lines)
@@ -337,8 +322,7 @@ def _local_devices(topo: Topology) -> list[Any]:
         devices = {int(d.id): d for d in jax.devices(topo.platform)}
     except RuntimeError:
         devices = {}
-    missing = [i for i in topo.ids() if i not in devices]
-    if missing:
+    if missing := [i for i in topo.ids() if i not in devices]:
         raise ValueError(
             f"sync_programs compiles the sync's reshard programs on this process's devices, but topology "
             f"{topo.name} has device id(s) {missing[:5]} that are not here; plan it with sync_programs=False "

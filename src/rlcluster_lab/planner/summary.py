@@ -30,7 +30,6 @@ def peak_rows(plan: Any) -> list[dict[str, Any]]:
 
 def host_rows(plan: Any) -> list[dict[str, Any]]:
     """Per host: its devices, its busiest device, its RAM and what a sync brings it."""
-    data = plan.to_json()
     return [
         {
             "host": h["host"],
@@ -41,14 +40,13 @@ def host_rows(plan: Any) -> list[dict[str, Any]]:
             "sync from other hosts": _gib(h["sync_cross_host_bytes"]),
             "sync within the host": _gib(h["sync_within_host_bytes"]),
         }
-        for h in data["per_host"]
+        for h in plan.to_json()["per_host"]
     ]
 
 
 def verdict_row(label: str, plan: Any) -> dict[str, Any]:
     """One plan in a line: its busiest device at rest and at its peak, and whether it fits."""
-    data = plan.to_json()
-    fits = data["fits"]
+    fits = plan.to_json()["fits"]
     peak = fits["peak"]
     return {
         "plan": label,

@@ -18,7 +18,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
 
 from rlcluster_lab.engines.base import leaf_path
 from rlcluster_lab.measure.sync_peak import Buffer, PeakCount, PeakPhase, largest_chunk, peak_of, tally
@@ -28,8 +27,10 @@ from rlcluster_lab.placement.chunks import chunk_leaves
 from rlcluster_lab.placement.layout import Layout
 from rlcluster_lab.placement.reshard import cast_temporaries_of
 from rlcluster_lab.placement.route import WORK, Leg, Made, Route, Step, plan_lines, route
+from rlcluster_lab.placement.xla import layout_sharding
 from rlcluster_lab.planner.buffers import PlannedArray, anchor_arrays
 from rlcluster_lab.rules.anchor import p8_repin_in_place
+from rlcluster_lab.rules.steps import p13_sync_order
 
 PathKey = tuple[Any, ...]
 
@@ -50,7 +51,6 @@ def plan_sync_peak(
     partial_anchor: bool,
     chunk_bytes: int | None,
     strategy: str,
-    order: str,
     programs: Sequence[Any] | None = None,
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The transient peak JSON (``SyncPeak.to_json()``'s keys) of the cluster's next sync, from shapes,
@@ -87,13 +87,7 @@ def plan_sync_peak(
     for c, part in enumerate(chunk_leaves(sizes, chunk_bytes), 1):
         chunk_paths = [paths[i] for i in part]
         legs = tuple(
-            Leg(
-                actor[p].shape,
-                actor[p].dtype,
-                Layout(actor[p].mesh, actor[p].spec, actor[p].kind),
-                Layout(rollout[p].mesh, rollout[p].spec, rollout[p].kind),
-                rollout[p].dtype,
-            )
+            Leg(actor[p].shape, actor[p].dtype, actor[p].layout, rollout[p].layout, rollout[p].dtype)
             for p in chunk_paths
         )
         r = route(legs, copy, strategy)
@@ -133,6 +127,7 @@ def plan_sync_peak(
         "allocator": "not applicable to a plan",
     }
     largest = largest_chunk(sizes, chunk_bytes)
+    order = p13_sync_order(chunk_bytes, offload).text  # the cluster's order of the sync's steps (P13)
     peak = peak_of(count.phases, chunk_bytes=chunk_bytes, largest_chunk_bytes=largest, order=order, method=method)
     rollout_on_device = _per_device([("", _buffers(rollout[p])) for p in paths]) if offload else None
     orders = other_orders(count.phases, _per_device(list(new_anchor.values())), rollout_on_device)
@@ -179,7 +174,7 @@ def other_orders(
 
 def _written_over(old: PlannedArray, new: PlannedArray) -> bool:
     """``rules.anchor.p8_repin_in_place`` on paper: ``new``'s copy goes over ``old``'s buffers."""
-    same = old.shape == new.shape and old.dtype == new.dtype and old.same_sharding(new.mesh, new.spec, "pinned_host")
+    same = old.shape == new.shape and old.dtype == new.dtype and old.layout == new.layout.in_kind("pinned_host")
     return p8_repin_in_place(new.kind == "pinned_host", same, held_elsewhere=False)
 
 
@@ -212,24 +207,20 @@ def _per_device(made: Sequence[tuple[str, Mapping[Any, Buffer]]]) -> dict[str, i
     return out
 
 
-def _sharding(a: PlannedArray | Layout, devices: Mapping[int, Any], kind: str | None = None) -> NamedSharding:
-    return reshard_xla.layout_sharding(Layout(a.mesh, a.spec, kind or a.kind), devices)
-
-
 def _programs(r: Route, step: Step, devices: Mapping[int, Any] | None) -> list[tuple[tuple[int, ...], int]]:
     """(device ids, temporaries per device) of the program a step runs (compiled here, as the live
     reshard compiles it: ``placement.xla.program`` and ``placement.reshard.cast_temporaries_of``)."""
     if devices is None or step.group is None or step.op not in ("program", "between", "cast"):
         return []
+
+    def abstract(leg: Leg, layout: Layout) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(leg.shape, leg.dtype, sharding=layout_sharding(layout, devices))
+
+    legs = [r.legs[i] for i in step.legs]  # a program's step takes its group's legs
     if step.op == "cast":
-        legs = [r.legs[i] for i in step.legs]
-        arrays = [jax.ShapeDtypeStruct(leg.shape, leg.dtype, sharding=_sharding(leg.dst, devices)) for leg in legs]
-        return [cast_temporaries_of(arrays, [leg.to_dtype for leg in legs])]
+        return [cast_temporaries_of([abstract(leg, leg.dst) for leg in legs], [leg.to_dtype for leg in legs])]
     g = r.programs[step.group]
-    ins, outs = [], []
-    for i in g.legs:
-        leg = r.legs[i]
-        ins.append(jax.ShapeDtypeStruct(leg.shape, leg.dtype, sharding=_sharding(leg.src, devices, WORK)))
-        outs.append(_sharding(g.inter(leg) if g.between else leg.dst, devices, WORK))
+    ins = [abstract(leg, leg.src.in_kind(WORK)) for leg in legs]
+    outs = [layout_sharding(g.inter(leg) if g.between else leg.dst.in_kind(WORK), devices) for leg in legs]
     prog, _ = reshard_xla.program(ins, outs)
     return [prog.temporaries]

@@ -197,8 +197,6 @@ _V5P_HOST_LINK = (
     "chip) joins slices (multislice, not planned here)"
 )
 
-TB = 10**12
-
 
 def _gpu(name: str, nodes: int) -> Topology:
     return Topology(
@@ -211,7 +209,7 @@ def _gpu(name: str, nodes: int) -> Topology:
         _H100,
         _H100_LINK,
         devices_per_host=8,
-        host_memory=2 * TB,
+        host_memory=2000 * GB,
         host_memory_source=_DGX_MEMORY,
         host_link_bandwidth=50e9,
         host_link_source=_DGX_IB if nodes > 1 else _DGX_ONE_HOST + "; " + _DGX_IB,
@@ -350,8 +348,7 @@ def with_figures(
             raise ValueError(f"{field.replace('_', ' ')} must be a positive number, got {value!r:.40}")
         changes[field] = cast(value)
         changes[source] = "given"
-    per = devices_per_host
-    if per is not None:
+    if (per := devices_per_host) is not None:
         if isinstance(per, bool) or not isinstance(per, numbers.Integral) or per < 1:
             raise ValueError(f"devices per host must be a positive int, got {per!r}")
         changes["devices_per_host"] = int(per)
