@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from rlcluster_lab.core.compile_options import compiler_options
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.events import Built, Made, Phase, Relayed, Transfer, Unreadable, emit, wants
@@ -95,8 +94,7 @@ def crossing_program(
         return [jax.lax.ppermute(v, axes, perm) for v, perm in zip(leaves, perms)]
 
     fn = jax.shard_map(crossing, mesh=mesh, in_specs=(list(specs),), out_specs=list(specs), check_vma=False)
-    options = compiler_options(mesh.devices.flat[0].platform, sum(int(np.prod(a.shape)) for a in avals))
-    compiled, source = compile_outside_mesh(jax.jit(fn), list(avals), options=options)
+    compiled, source = compile_outside_mesh(jax.jit(fn), list(avals))  # XLA's defaults: it only moves data
     built = CrossingProgram(compiled, program_traffic(compiled, list(mesh.devices.flat)), source)
     PROGRAMS.put(key, built)
     return built, True

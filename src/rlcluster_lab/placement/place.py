@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from rlcluster_lab.core.compile_options import options_for
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.shardings import MEMORY_KINDS, PlacementError, default_memory_kind, target_shardings
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
@@ -100,7 +99,7 @@ def _write_over(olds: list[jax.Array], news: list[jax.Array]) -> Any:
     if hit is None:
         jitted = jax.jit(write_anchor_over, donate_argnums=0, out_shardings=[x.sharding for x in olds])
         try:
-            hit, _ = compile_outside_mesh(jitted, olds, news, options=options_for(news))
+            hit, _ = compile_outside_mesh(jitted, olds, news)  # XLA's defaults: it only moves data
         except Exception:  # noqa: BLE001 - e.g. an XLA that will not compute in host memory (XLA:GPU has refused to)
             hit = False
         _WRITE_OVER.put(key, hit)
