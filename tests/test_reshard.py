@@ -590,3 +590,33 @@ def test_p8_an_anchor_whose_write_over_cannot_be_compiled_goes_to_new_buffers(mo
         np.testing.assert_array_equal(np.asarray(y), np.asarray(jax.tree.leaves(source)[0]))
     assert len(tried) == 1  # the refusal is remembered, not met again at every sync
     clear_programs()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("seed", [0, 1])
+def test_programs_that_only_move_data_keep_xlas_default_options(seed, monkeypatch):
+    # The cheap code generation the model's programs get on CPU (core.compile_options) made the
+    # small model's reshard run 3x slower at every sync: data-moving programs keep the defaults.
+    import rlcluster_lab.placement.place as place_module
+    import rlcluster_lab.placement.xla as xla_module
+    from rlcluster_lab.core.states import model_split
+    from rlcluster_lab.model.logps import model_compiler_options
+
+    rng = np.random.default_rng(seed)
+    asked: list[tuple[str, object]] = []
+    for module in (xla_module, place_module):
+        real = module.compile_outside_mesh
+
+        def spy(jitted, *args, _real=real, options=None):
+            asked.append((getattr(jitted, "__name__", str(jitted)), options))
+            return _real(jitted, *args, options=options)
+
+        monkeypatch.setattr(module, "compile_outside_mesh", spy)
+    clear_programs()
+    cluster = build_cluster(Scenario(layout="reshaped", model_size="tiny", lora=bool(rng.integers(0, 2))))
+    for _ in range(int(rng.integers(1, 3))):
+        cluster.sync_weights()
+    # The model's own programs do get the cheap options here: the choice is per kind of program.
+    assert model_compiler_options(*model_split(cluster.actor_model)) is not None
+    assert {name for name, _ in asked} >= {"identity", "write_anchor_over"}, asked
+    assert all(options is None for _, options in asked), asked
