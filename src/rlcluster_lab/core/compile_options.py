@@ -3,14 +3,15 @@
 On simulated CPU devices with the lab's small models, a user waits for XLA:CPU
 compiling a program, not for it running (a log-prob program of the tiny model spent
 about a second in LLVM, and ran in milliseconds). So on CPU, for programs over at most
-``FAST_MAX_ELEMENTS`` parameters, the lab asks for cheap code generation (``FAST_CPU``). Measured on the step's programs
-(2 busy cores, ``benchmarks/interactive.py``): the sampler's compile went from about 4 s
-to 0.6-0.9 s, a log-prob program from 1.2-2 s to 0.2-0.4 s, the optimizer step from
-3.7-6.6 s to 1.4-2.9 s. On GPUs, for the same small programs, no autotuning (``FAST_GPU``).
-On TPUs, and for larger models, XLA's defaults. So do programs that only move data (a
-reshard, the anchor's write-over, the crossing between processes): they compile in about the
-same time either way, and run at every sync; unoptimized, the small model's reshaped sync
-took 9.6 ms instead of 2.8 ms (docs/performance.md, 2026-12-06, a fourth session).
+``FAST_MAX_ELEMENTS`` parameters, the lab asks for cheap code generation (``FAST_CPU``).
+Measured on the step's programs (2 busy cores, ``benchmarks/interactive.py``): the
+sampler's compile went from about 4 s to 0.6-0.9 s, a log-prob program from 1.2-2 s to
+0.2-0.4 s, the optimizer step from 3.7-6.6 s to 1.4-2.9 s. On GPUs, for the same small
+programs, no autotuning (``FAST_GPU``). On TPUs, and for larger models, XLA's defaults.
+So do programs that only move data (a reshard, the anchor's write-over, the crossing
+between processes): they compile in about the same time either way, and run at every
+sync; unoptimized, the small model's reshaped sync took 9.6 ms instead of 2.8 ms
+(docs/performance.md, 2026-12-06, a fourth session).
 
 ``RLCLUSTER_LAB_FAST_COMPILE`` overrides the choice: ``off``, ``on`` (whatever the size)
 or ``auto`` (the default). The options are part of a program's key in JAX's persistent
