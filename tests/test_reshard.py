@@ -17,7 +17,7 @@ from rlcluster_lab import Scenario, build_cluster
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.core.roles import Role
-from rlcluster_lab.placement.boxes import device_put_keeps, plan_reshard, shard_boxes, to_box
+from rlcluster_lab.placement.boxes import Relabel, device_put_keeps, plan_reshard, shard_boxes, to_box
 from rlcluster_lab.placement.programs import clear_programs
 from rlcluster_lab.placement.reshard import reshard_many
 from rlcluster_lab.placement.transfers import shard_buffers, shard_data, shard_devices, shard_keys
@@ -300,6 +300,30 @@ def test_p5_xla_reshard_keeps_exactly_what_device_put_keeps(case):
         kept = _same_buffers(x, reshard(x, dst, strategy="minimal"))
     held = dict(_boxes_in_mesh_order(src, shape))
     assert all(kept[d] == (held.get(d) == box) for d, box in _boxes_in_mesh_order(dst, shape))
+
+
+@PROPERTY
+@given(_cases(relations=("same",)))
+def test_p5_a_relabel_hands_each_device_its_own_buffer_or_is_refused(case):
+    """A relabel (worked out once, then applied without JAX's checks) onto a sharding that lays the
+    array out as the source does: every shard is the very buffer its device held, with the right
+    values; onto any other layout of the same devices it is refused, never misplaced."""
+    shape, src, dst = case
+    host, x = _array(shape, src)
+    if _boxes_in_mesh_order(src, shape) and dict(_boxes_in_mesh_order(src, shape)) != dict(
+        _boxes_in_mesh_order(dst, shape)
+    ):
+        with pytest.raises(ValueError, match="would misplace blocks"):
+            Relabel(x, dst)
+        return
+    relabel = Relabel(x, dst)
+    for _ in range(2):  # the first call and a later one, of a new array in the same sharding
+        y = relabel(x)
+        assert y.sharding == dst and y.shape == x.shape and y.dtype == x.dtype
+        assert all(_same_buffers(x, y).values())
+        assert all(s.data.devices() == {s.device} for s in y.addressable_shards)
+        np.testing.assert_array_equal(np.asarray(y), host)
+        x = jax.device_put(host, src)
 
 
 @pytest.mark.parametrize("spec", [P(), P("fsdp")])

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+from jax._src.array import ArrayImpl as _ArrayImpl  # jax.Array's own constructor (not public)
 from jax.sharding import Sharding
 
 from rlcluster_lab.placement.transfers import shard_data, shard_devices
@@ -142,9 +143,36 @@ def plan_reshard(
     return plans
 
 
-def relabel(x: jax.Array, dst: Sharding) -> jax.Array:
-    """``x``'s own shards as an array on ``dst``, an equivalent sharding (nothing is copied)."""
-    return jax.make_array_from_single_device_arrays(x.shape, dst, [data for _, data in shard_data(x)], dtype=x.dtype)
+class Relabel:
+    """Arrays laid out as one array ``x`` is, as arrays of ``dst``, an equivalent sharding (each
+    device holds the same block), over their very own buffers: nothing is copied.
+
+    Worked out once per sharding, shape and dtype (a sync relabels the same leaves each time): the
+    position of each destination shard among the source's, and the new arrays' abstract value, read
+    from one array made by ``jax.make_array_from_single_device_arrays``, which checks that the two
+    shardings agree. Each later call puts the buffers in that order under ``dst`` without checking
+    again; ``jax.make_array_from_single_device_arrays`` would work out and check all of it anew, at
+    about four times the cost (12 leaves: 138 us against 31 us on this CPU).
+    """
+
+    def __init__(self, x: jax.Array, dst: Sharding) -> None:
+        shape = tuple(x.shape)
+        blocks = {d.id: to_box(i, shape) for d, i in x.sharding.devices_indices_map(shape).items()}
+        if blocks != {d.id: to_box(i, shape) for d, i in dst.devices_indices_map(shape).items()}:
+            raise ValueError(f"{dst} lays out shape {shape} unlike {x.sharding}: a relabel would misplace blocks")
+        source = {d.id: p for p, d in enumerate(shard_devices(x.sharding, shape))}
+        self.order = tuple(source[d.id] for d in shard_devices(dst, shape))
+        self.dst = dst
+        checked = jax.make_array_from_single_device_arrays(shape, dst, _buffers(x), dtype=x.dtype)
+        self.aval = checked.aval
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        buffers = getattr(x, "_arrays", None) or _buffers(x)  # the array's own, in shard order (see shard_data)
+        return _ArrayImpl(self.aval, self.dst, [buffers[p] for p in self.order], committed=True, _skip_checks=True)
+
+
+def _buffers(x: jax.Array) -> list[jax.Array]:
+    return [data for _, data in shard_data(x)]
 
 
 def intersect_boxes(a: Box, b: Box) -> Box | None:
