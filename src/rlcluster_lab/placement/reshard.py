@@ -247,7 +247,7 @@ def _copy(run: _Run, step: Any) -> tuple[Ops, list]:
     with jax.set_mesh(None):
         for legs in groups.values():
             xs = [run.value(i) for i in legs]
-            ys = jitted(copy_arrays, [run.work_dst(i) for i in legs])(xs)
+            ys = _jitted(copy_arrays, [run.work_dst(i) for i in legs])(xs)
             for i, x, y in zip(legs, xs, ys):
                 run.produced[i] = log_new_shards("same_device", x, y, run.labels[i])
                 out[("out", i)] = y
@@ -257,7 +257,7 @@ def _copy(run: _Run, step: Any) -> tuple[Ops, list]:
 _JITTED = ProgramCache(64)
 
 
-def jitted(fun: Any, out_shardings: Sequence[Sharding]) -> Any:
+def _jitted(fun: Any, out_shardings: Sequence[Sharding]) -> Any:
     """``jax.jit(fun, out_shardings=...)``, made once per function and shardings: a wrapper made
     anew at every sync would find its program through JAX's slow path (12 leaves on this CPU: about
     190 us a call against 95 us for a kept one)."""
@@ -353,7 +353,7 @@ def _cast_program_run(arrays: list[jax.Array], dtypes: list[Any]) -> tuple[list[
     walk is watching."""
     names = tuple(str(np.dtype(d)) for d in dtypes)
     with jax.set_mesh(None):
-        ys = jitted(_cast_program(names), [x.sharding for x in arrays])(arrays)
+        ys = _jitted(_cast_program(names), [x.sharding for x in arrays])(arrays)
     temps = cast_temporaries_of(arrays, dtypes) if wants(Phase) else None
     return list(ys), temps
 
@@ -369,9 +369,7 @@ def cast_temporaries_of(arrays: Sequence[Any], dtypes: Sequence[Any]) -> tuple[t
     key = (names, tuple((tuple(x.shape), str(np.dtype(x.dtype)), x.sharding) for x in arrays))
     hit: tuple[tuple[int, ...], int] | None = _CAST_TEMPORARIES.get(key)
     if hit is None:
-        compiled, _ = compile_outside_mesh(
-            jax.jit(_cast_program(names), out_shardings=[x.sharding for x in arrays]), list(arrays)
-        )
+        compiled, _ = compile_outside_mesh(_jitted(_cast_program(names), [x.sharding for x in arrays]), list(arrays))
         hit = phases.program_temporaries(compiled, list(arrays[0].sharding.device_set))
         _CAST_TEMPORARIES.put(key, hit)
     return hit
