@@ -200,14 +200,17 @@ class RolloutEngine(abc.ABC):
                 )
             picked = tuple(range(len(index.keys)))
         sources = [src[index.keys[j]] for j in picked]
+        held = [index.get(j) for j in picked]
         del src
         # The model's shapes are fixed: the shardings and dtypes on both sides say it all.
         key = (self.sync_chunk_bytes, self.owns_weights, self.reshard, follow, picked)
-        key += tuple((x.sharding, x.dtype) for x in (*sources, *(index.get(j) for j in picked)))
+        key += tuple((x.sharding, x.dtype) for x in (*sources, *held))
         plan = index.plan
         if plan is None or plan.key != key:
             plan = index.plan = SyncPlan.build(key, index, picked, sources, follow)
-        if not self.owns_weights and all(index.get(j) is x for j, x in zip(picked, sources)):
+        shared = not self.owns_weights and all(h is x for h, x in zip(held, sources))
+        del held  # the arrays being replaced: a chunked handover must not keep later chunks' alive
+        if shared:
             # The model holds these very arrays (the actor itself, P3 shared): nothing to hand over,
             # every layout already the rollout's (the phase a route ends its layout changes with).
             for *_, move in plan.parts:
