@@ -25,7 +25,7 @@ from rlcluster_lab.core.states import model_state
 from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.engines import OwnCopyEngine, RolloutEngine
 from rlcluster_lab.model import checkpoint
-from rlcluster_lab.model.lora import is_lora
+from rlcluster_lab.model.lora import is_lora, trained_params
 from rlcluster_lab.placement.buffers import buffer_keys, sharing_backbone, state_bytes
 from rlcluster_lab.placement.place import place_model, put_on_memory_kind
 from rlcluster_lab.training.step import init_optimizer_state
@@ -105,7 +105,7 @@ class LiveExecutor:
 
     def init_optimizer(self, model: nnx.Module, lora: bool, mesh: Any, role: Role = Role.ACTOR) -> Any:
         with self.contexts.enter(role, "construct: optimizer state"):
-            trainable = model_state(model, nnx.LoRAParam if lora else nnx.Param)
+            trainable = model_state(model, trained_params(lora))
             return init_optimizer_state(self.optimizers[role], trainable, mesh)
 
     move_optimizer = staticmethod(put_on_memory_kind)

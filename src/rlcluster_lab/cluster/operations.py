@@ -26,6 +26,7 @@ from rlcluster_lab.core.roles import Mode, Role
 from rlcluster_lab.core.states import model_split
 from rlcluster_lab.engines import RolloutOutput
 from rlcluster_lab.model import logps_from_state, scoring
+from rlcluster_lab.model.lora import trained_params
 from rlcluster_lab.placement.place import put_on_memory_kind
 from rlcluster_lab.rules.anchor import p10_require_anchor
 from rlcluster_lab.rules.steps import p9_check_prompts
@@ -176,8 +177,7 @@ def update_actor(s: ClusterState, batch: TrainBatch, on_step: Any) -> list[dict[
             micro_batch_size=tcfg.train_micro_batch_size,
         )
 
-    trainable = nnx.LoRAParam if s.placed.lora else nnx.Param  # P12: the adapters, or every parameter
-    return _steps(s, Role.ACTOR, batch, trainable, step, on_step)
+    return _steps(s, Role.ACTOR, batch, trained_params(s.placed.lora), step, on_step)
 
 
 def update_critic(s: ClusterState, batch: Any) -> list[dict[str, float]]:

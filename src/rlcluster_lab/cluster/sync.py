@@ -43,6 +43,7 @@ from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.validate import check_finite_leaves
 from rlcluster_lab.core.states import model_state
 from rlcluster_lab.engines.base import flat_values, leaf_path
+from rlcluster_lab.model.lora import trained_params
 from rlcluster_lab.placement.place import pin_anchor
 from rlcluster_lab.placement.reshard import reshard_many
 from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
@@ -215,7 +216,7 @@ def _rollouts_own(
 
 def sync_filter(lora: bool) -> tuple[type[nnx.Variable], ...]:
     """P13: what a sync hands over: the LoRA adapters, or every parameter."""
-    return (nnx.LoRAParam,) if lora else (nnx.Param,)
+    return (trained_params(lora),)
 
 
 def sync_guard(platform: str) -> contextlib.AbstractContextManager:

@@ -36,6 +36,7 @@ from rlcluster_lab.measure.sync_peak import (
     peak_of,
     tally,
 )
+from rlcluster_lab.model.lora import trained_params
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.events import (
@@ -399,7 +400,7 @@ def sync_floor(cluster: Any, report: SyncReport, repeats: int = 5, copy: bool = 
     engine with weights of its own): onto the same sharding they would otherwise hand back the
     source's and copy nothing.
     """
-    kind = nnx.LoRAParam if report.lora else nnx.Param
+    kind = trained_params(report.lora)
     source = flat_values(nnx.state(cluster.actor_model, kind))
     engine = cluster.rollout
     held = dict(zip(engine.held_targets((kind,)), engine.held_values((kind,))))

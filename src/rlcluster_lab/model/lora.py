@@ -128,6 +128,12 @@ def _adapter_shardings(kernel: Any) -> tuple[Any, Any]:
     )
 
 
+def trained_params(lora: bool) -> type[nnx.Variable]:
+    """The Variables an actor's optimizer steps over (P12) and a sync hands over (P13): the LoRA
+    adapters of a LoRA actor, else every parameter."""
+    return nnx.LoRAParam if lora else nnx.Param
+
+
 def is_lora(model: nnx.Module) -> bool:
     """True iff ``model`` holds any ``nnx.LoRAParam`` (read from its state: a construction asks
     several times, and ``model_state`` walks the graph once)."""

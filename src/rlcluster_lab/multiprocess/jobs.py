@@ -47,6 +47,7 @@ def run_scenario(
 
     from rlcluster_lab.app.report import placement_report
     from rlcluster_lab.app.scenario import build_cluster
+    from rlcluster_lab.cluster.sync import sync_filter
     from rlcluster_lab.core.gathering import exchange
     from rlcluster_lab.measure.sync import flat_leaves
     from rlcluster_lab.multiprocess.report import crossing_facts, merge_reports
@@ -58,7 +59,7 @@ def run_scenario(
     checks = exercise_cluster(cluster, seconds, progress, label) if exercise else None
     sync_report = crossing = None
     if syncs:
-        filters = (nnx.LoRAParam,) if cluster.trainable_is_lora else (nnx.Param,)
+        filters = sync_filter(cluster.trainable_is_lora)
         for _ in range(syncs):
             sync_report = cluster.sync_weights()
             progress(f"{label}: synced ({sync_report.seconds * 1e3:.1f} ms handover)")
