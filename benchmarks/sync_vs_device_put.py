@@ -89,8 +89,17 @@ def main() -> None:
         print(f"  done {labels[-1]}", file=sys.stderr, flush=True)
     where = rl.core.devices.devices_words(lab.devices_for("colocated"))
     print(f"{where}, engine {args.engine}; median of {args.repeats} runs")
-    head = ["size", "layout", "params", "synced B", "cross-device B", "sync ms", "with peak ms", "device_put ms"]
-    head += ["jit ms"]
+    head = [
+        "size",
+        "layout",
+        "params",
+        "synced B",
+        "cross-device B",
+        "sync ms",
+        "with peak ms",
+        "device_put ms",
+        "jit ms",
+    ]
     print(common.table(head + ["fastest", "sync / fastest"], rows))
     print(f"median ratio sync / fastest reshard: {statistics.median(ratios):.2f} (target <= 1.0)")
     common.save_bar_plot(

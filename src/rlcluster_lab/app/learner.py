@@ -292,8 +292,15 @@ class GRPOLearner:
             live = np.asarray(live_logps(prompt_tokens, completion))[rows]
             live_vs_anchor = float(np.abs(live - anchor[rows]).max())
             anchor_vs_sampler = float(np.abs(anchor[rows] - out.logprobs[rows]).max())
-            span, before = (rows.start, rows.stop), len(self.p11) - first  # rows; optimizer steps taken
-            self.p11.append(P11Record(index, iteration, span, before, live_vs_anchor, anchor_vs_sampler))
+            record = P11Record(
+                step=index,
+                iteration=iteration,
+                rows=(rows.start, rows.stop),
+                steps_taken_before=len(self.p11) - first,
+                live_vs_anchor=live_vs_anchor,
+                anchor_vs_sampler=anchor_vs_sampler,
+            )
+            self.p11.append(record)
 
         with waiting("update_actor"):
             metrics = cluster.update_actor(batch, on_step=probe)

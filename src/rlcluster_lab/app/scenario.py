@@ -92,7 +92,7 @@ def validate(
     if err is not None:
         # The knobs that can fix it: the engine when its own mesh is the one that cannot hold the
         # model, the device count, and the model size only when another size fits these meshes.
-        own_mesh = err.role == "rollout" and meshes[Role.ROLLOUT] is not config.role_to_mesh[Role.ROLLOUT]
+        own_mesh = err.role == Role.ROLLOUT.value and meshes[Role.ROLLOUT] is not config.role_to_mesh[Role.ROLLOUT]
         another_fits = any(
             m != scenario.model_size and not _unplaceable(scenario, m, config.logical_axis_rules, meshes)
             for m in MODEL_SIZES

@@ -106,11 +106,16 @@ def model_leaf(model: nnx.Module, path: str) -> jax.Array:
 
 def cluster_layouts(cluster: Any, path: str) -> tuple[ShardLayout, ShardLayout]:
     """One leaf's shards in the actor (the sync's source) and in the rollout's model (its destination)."""
-    actor, rollout = model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
+    actor, rollout = _sync_ends(cluster, path)
     return (
         shard_layout(actor, f"actor: {_mesh_label(actor)}"),
         shard_layout(rollout, f"rollout: {_mesh_label(rollout)}"),
     )
+
+
+def _sync_ends(cluster: Any, path: str) -> tuple[jax.Array, jax.Array]:
+    """One leaf in the actor (a sync's source) and in the rollout's model (its destination)."""
+    return model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
 
 
 def _mesh_label(x: jax.Array) -> str:
@@ -127,7 +132,7 @@ def same_buffer_rows(cluster: Any, path: str) -> list[dict[str, Any]]:
     Buffer identity (device and buffer address) is what the sync report counts
     as reused (L3): nothing was copied for that shard.
     """
-    actor, rollout = model_leaf(cluster.actor_model, path), model_leaf(cluster.rollout.model(), path)
+    actor, rollout = _sync_ends(cluster, path)
     mine = {s.device.id: s for s in actor.addressable_shards}
     return [
         {

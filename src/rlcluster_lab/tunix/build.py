@@ -172,4 +172,12 @@ def build_tunix_cluster(
     layouts = {name: leaf_layouts(nnx.state(m)) for name, m in models.items()}
     with logged_warnings() as logged, lab_axis_rules():
         cluster = tunix.rl_cluster.RLCluster(tokenizer=TunixTokenizer(), cluster_config=config, **models)
-    return TunixBuild(cluster, Given(asked, buffers, layouts, tuple(logged), scenario.offload, host_ranges(models)))
+    given = Given(
+        role_to_mesh=asked,
+        buffers=buffers,
+        layouts=layouts,
+        logged=tuple(logged),
+        offload=scenario.offload,
+        host_ranges=host_ranges(models),
+    )
+    return TunixBuild(cluster=cluster, given=given)
