@@ -188,7 +188,7 @@ class _Run:
                 if step.phase is not None:
                     emit(Phase(step.phase, temps))
             del out
-        results = [x if (key := self.route.result_key(i)) is None else self.vals[key] for i, x in enumerate(self.xs)]
+        results = [x if key is None else self.vals[key] for x, key in zip(self.xs, self.route.result_keys)]
         self._log_carried()
         return results
 

@@ -246,11 +246,11 @@ class Route:
             out.append(f"{some(group)} cast to {np.dtype(dtype)} on devices {id_ranges(sorted(ids))} by one program")
         return tuple(out)
 
-    def result_key(self, i: int) -> tuple[Any, ...] | None:
-        """The value that ends as leg i's result (None: the source itself)."""
-        if any(i in c for c in self.casts):
-            return ("cast", i)
-        return self.uncast_key(i)
+    @functools.cached_property
+    def result_keys(self) -> tuple[tuple[Any, ...] | None, ...]:
+        """Per leg, the value that ends as its result (None: the source itself); read at every run."""
+        cast = {i for c in self.casts for i in c}
+        return tuple(("cast", i) if i in cast else self.uncast_key(i) for i in range(len(self.how)))
 
     def uncast_key(self, i: int) -> tuple[Any, ...] | None:
         """Leg i's value before any cast: its layout changed (None: the source itself)."""

@@ -101,7 +101,7 @@ def plan_sync_peak(
             alive.update((m.key, _made(c, m)) for m in step.made)
             if step.phase is not None:
                 phase(step.phase, list(alive.values()), _programs(r, step, devices))
-        results = [alive[k] for k in map(r.result_key, range(len(legs))) if k is not None and k in alive]
+        results = [alive[k] for k in r.result_keys if k is not None and k in alive]
         committed = _summed(committed + results)
         if chunk_bytes is not None:
             release([rollout[p] for p in chunk_paths], kept_through)
