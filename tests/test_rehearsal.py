@@ -335,6 +335,21 @@ def test_build_ahead_checks_its_parts_starts_nothing_for_bad_prompts_and_twins_k
     assert [t.name for t in threading.enumerate() if t.name.startswith("rlcluster-lab-ahead")] == []
 
 
+def test_helpers_start_where_compiling_is_the_wait(monkeypatch):
+    """``build_ahead`` starts its helpers for a small model on CPU devices (the lab compiles it
+    cheaply, and compiling is the wait) and for any model on a TPU; a larger model on CPU
+    devices keeps XLA's default compiling, its cores busy sampling: nothing starts."""
+    from rlcluster_lab import rl_cluster
+    from rlcluster_lab.core.states import model_split
+    from rlcluster_lab.model.init import init_model
+
+    small, larger = init_model("tiny"), init_model("base")
+    assert rl_cluster._compiling_is_the_wait(*model_split(small))
+    assert not rl_cluster._compiling_is_the_wait(*model_split(larger))
+    monkeypatch.setattr(rl_cluster, "platform_of", lambda state: "tpu")  # the same model's arrays on a TPU
+    assert rl_cluster._compiling_is_the_wait(*model_split(larger))
+
+
 @pytest.mark.parametrize("part", ["scoring", "update"])
 def test_a_call_waits_for_the_helper_building_its_program(cluster, monkeypatch, part):
     """The call that runs a part's programs does not start before that part's helper finished

@@ -34,7 +34,7 @@ from rlcluster_lab.cluster.state import ClusterState
 from rlcluster_lab.cluster.sync import sync_weights
 from rlcluster_lab.cluster.validate import check_inputs, require_config
 from rlcluster_lab.core.compile_cache import compiling_for
-from rlcluster_lab.core.compile_options import build
+from rlcluster_lab.core.compile_options import build, platform_of
 from rlcluster_lab.core.config import ClusterConfig
 from rlcluster_lab.core.options import RolloutConfig
 from rlcluster_lab.core.roles import Mode, Role
@@ -313,9 +313,9 @@ class RLCluster:
         the step's own calls then find those very programs compiled. They wait for their helper
         first, so a program is never compiled twice at once; ``wait_for_builds`` waits for all.
 
-        Started only where compiling is the wait (``core.compile_options`` chooses cheaper
-        compiling: CPU or GPU devices, a small model) and on one process (a helper's programs must
-        not interleave with the step's collectives on other processes); elsewhere nothing starts.
+        Started only where compiling is the wait (``_compiling_is_the_wait``: CPU or GPU devices
+        with a small model, or a TPU) and on one process (a helper's programs must not interleave
+        with the step's collectives on other processes); elsewhere nothing starts.
         A part whose helper still runs is not started again. A helper's error is dropped: the
         step's own call meets it and reports it.
 
@@ -332,7 +332,7 @@ class RLCluster:
             ValueError: a part not in ``AHEAD_PARTS``.
         """
         wanted = _ahead_parts(parts)
-        if not wanted or jax.process_count() > 1 or model_compiler_options(*model_split(self.actor_model)) is None:
+        if not wanted or jax.process_count() > 1 or not _compiling_is_the_wait(*model_split(self.actor_model)):
             return ()
         # The update first: its program is the longest to build.
         building = {p for p, thread in self._ahead.items() if thread.is_alive()}
@@ -487,6 +487,16 @@ class RLCluster:
 
 
 RLEngine = RLCluster  # P15: one class, two names
+
+
+def _compiling_is_the_wait(graphdef: nnx.GraphDef, state: Any) -> bool:
+    """Whether a first step on this model waits on XLA compiling rather than on running: where
+    the lab chooses cheaper compiling (``core.compile_options``: CPU or GPU devices, a small
+    model), and on a TPU, whose compiler takes seconds a program at any size (the large preset's
+    first learner step on one v5e chip: 25.3 s with its programs compiled one after the other,
+    20.5 s with ``build_ahead``'s helpers; the small preset's 12.2 and 8.4 s). Not for a larger
+    model on CPU devices, whose cores are busy sampling."""
+    return model_compiler_options(graphdef, state) is not None or platform_of(state) == "tpu"
 
 
 def _ahead_parts(parts: Any) -> tuple[str, ...]:
