@@ -298,8 +298,9 @@ class SyncPlan:
 class _VariableIndex:
     """A model's Variables in path order, with the fastest safe way to read and set each.
 
-    A Variable without get/set hooks holding a plain array is read and set raw (no
-    copy of the tree, no hooks to run); any other goes through ``get_value``/``set_value``.
+    A Variable holding a plain array, without hooks or a ``get_value``/``set_value`` of its own
+    type's, is read and set raw (no copy of the tree, no hooks to run); any other goes through
+    ``get_value``/``set_value``. The same holds for the handed-over tree's Variables (``read``).
     """
 
     def __init__(self, model: nnx.Module, keys: list[tuple[Any, ...]], variables: list[nnx.Variable]) -> None:
