@@ -326,12 +326,7 @@ class _VariableIndex:
         worked out once and kept while the paths and Variables stay: a steady sync hands over the
         actor's own Variables under the same paths, and finds each leaf where it was.
         """
-        if isinstance(params, nnx.State):
-            flat = nnx.to_flat_state(params)
-            paths, leaves = tuple(flat.paths), flat.leaves
-        else:
-            pairs = flatten_dict(params)
-            paths, leaves = tuple(pairs), list(pairs.values())
+        paths, leaves = _flat_leaves(params)
         if self._reading is None or self._reading[0] != paths:
             position = {k: p for p, k in enumerate(paths)}
             if position.keys() != (keys := set(self.keys)):
@@ -351,7 +346,7 @@ class _VariableIndex:
                 out.append(v.get_raw_value())
             elif isinstance(v, nnx.Variable):
                 plain[p] = v if _plain_variable(v) else None
-                out.append(_read(v))
+                out.append(v.get_raw_value() if plain[p] is v else v.get_value())
             else:
                 out.append(v)
         return out
@@ -401,9 +396,18 @@ def leaf_path(key: tuple[Any, ...]) -> str:
 
 def flat_values(tree: Any) -> dict[tuple[Any, ...], Any]:
     """Path -> array, from an ``nnx.State`` or a nested dict of arrays."""
+    paths, leaves = _flat_leaves(tree)
+    return {k: (_read(v) if isinstance(v, nnx.Variable) else v) for k, v in zip(paths, leaves)}
+
+
+def _flat_leaves(tree: Any) -> tuple[tuple[tuple[Any, ...], ...], list[Any]]:
+    """The paths of an ``nnx.State`` or a nested dict of arrays, and their leaves (a State's
+    Variables as they are), in the tree's own order."""
     if isinstance(tree, nnx.State):
-        return {tuple(k): (_read(v) if isinstance(v, nnx.Variable) else v) for k, v in nnx.to_flat_state(tree)}
-    return flatten_dict(tree)
+        flat = nnx.to_flat_state(tree)
+        return tuple(map(tuple, flat.paths)), list(flat.leaves)
+    pairs = flatten_dict(tree)
+    return tuple(pairs), list(pairs.values())
 
 
 def _read(v: nnx.Variable) -> Any:
