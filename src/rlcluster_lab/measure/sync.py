@@ -22,6 +22,7 @@ from flax import nnx
 from flax.traverse_util import flatten_dict
 from jax.sharding import NamedSharding, Sharding
 
+from rlcluster_lab.cluster.sync import sync_filter
 from rlcluster_lab.core.shardings import array_leaves
 from rlcluster_lab.engines.base import flat_values, leaf_path
 from rlcluster_lab.measure.memory import UNITS, _plain, own_devices_words
@@ -36,7 +37,6 @@ from rlcluster_lab.measure.sync_peak import (
     peak_of,
     tally,
 )
-from rlcluster_lab.model.lora import trained_params
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import box_size, minimum_cross_device_elements, shard_boxes
 from rlcluster_lab.placement.events import (
@@ -400,10 +400,10 @@ def sync_floor(cluster: Any, report: SyncReport, repeats: int = 5, copy: bool = 
     engine with weights of its own): onto the same sharding they would otherwise hand back the
     source's and copy nothing.
     """
-    kind = trained_params(report.lora)
-    source = flat_values(nnx.state(cluster.actor_model, kind))
+    handed = sync_filter(report.lora)
+    source = flat_values(nnx.state(cluster.actor_model, *handed))
     engine = cluster.rollout
-    held = dict(zip(engine.held_targets((kind,)), engine.held_values((kind,))))
+    held = dict(zip(engine.held_targets(handed), engine.held_values(handed)))
     leaves, shardings = [source[k] for k in held], [x.sharding for x in held.values()]
     new = report.reused_bytes < report.synced_bytes
     put = median_seconds(lambda: jax.device_put(leaves, shardings, may_alias=not new), repeats)
