@@ -29,6 +29,7 @@ there): compare them with each other.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -39,14 +40,13 @@ import common
 REPO = Path(__file__).resolve().parents[1]
 
 CAPTURE = r"""
-import dataclasses, json, pickle, sys
+import dataclasses, pickle
 import jax
 jax.config.update("jax_num_cpu_devices", 1)
 from jax._src import compiler
 from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, build_cluster
 from rlcluster_lab.core import model_config
 
-ARGS = json.loads(sys.argv[1])
 kept = []
 compile_and_load = compiler.backend_compile_and_load
 
@@ -67,18 +67,17 @@ learner.builds_ahead = False
 learner.step()
 with open(ARGS["out"], "wb") as f:
     pickle.dump(kept, f)
-print(common_marker + json.dumps({"layers": model_config.MODEL_SIZES[ARGS["size"]].num_layers}))
+print(MARKER + json.dumps({"layers": model_config.MODEL_SIZES[ARGS["size"]].num_layers}))
 """
 
 COMPILE = r"""
-import json, pickle, sys, time
+import pickle, time
 import jax
 from jax._src.interpreters import mlir
 from jax._src.lib import _jax, xla_client
 from jax._src.lib.mlir import ir
 from jax.experimental import topologies
 
-ARGS = json.loads(sys.argv[1])
 chip = topologies.get_topology_desc(
     topology_name="v5e:1x1", platform="tpu", chips_per_host_bounds=(1, 1, 1), num_slices=1, wrap=(False,) * 3
 ).devices[0]
@@ -98,7 +97,7 @@ for name, module, options in pickle.load(open(ARGS["programs"], "rb")):
             seconds = time.perf_counter() - t
         rows.append({"program": name, "precision": precision, "compile_s": seconds,
                      "bytes": len(executable.serialize())})
-print(common_marker + json.dumps({"device": chip.device_kind, "rows": rows}))
+print(MARKER + json.dumps({"device": chip.device_kind, "rows": rows}))
 """
 
 # Set so libtpu does not look for a TPU VM's metadata (there is none here).
@@ -106,14 +105,12 @@ TPU_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-1", "TPU_WORKER_HOSTNAMES": "local
 
 
 def child(code: str, args: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    import json
-
-    source = f"common_marker = {common.RESULT_MARKER!r}\n" + code
-    proc = common.run_process([sys.executable, "-c", source, json.dumps(args)], env=env, timeout=3600)
-    if proc["rc"] != 0 or not proc["stdout"]:
+    """``code`` in a fresh process with ``ARGS`` and ``MARKER`` set; the JSON object it printed."""
+    head = f"import json\nARGS = json.loads({json.dumps(json.dumps(args))})\nMARKER = {common.RESULT_MARKER!r}\n"
+    proc = common.run_python_child(head + code, env=env, timeout=3600)
+    if proc["rc"] != 0 or proc["result"] is None:
         raise SystemExit(f"child failed (rc {proc['rc']}):\n{common.tail(proc['stderr'], 25)}")
-    line = next(x for x in reversed(proc["stdout"].splitlines()) if x.startswith(common.RESULT_MARKER))
-    return json.loads(line[len(common.RESULT_MARKER) :])
+    return proc["result"]
 
 
 def main() -> None:
