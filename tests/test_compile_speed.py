@@ -33,10 +33,47 @@ LARGE = MODEL_SIZES["large"].num_params
 # ------------------------------------------------------------------ the options
 
 
+def _accepted_cpu() -> dict:
+    return compile_options.accepted_options("cpu", compile_options.FAST_CPU)
+
+
 def test_cpu_programs_of_small_models_get_cheap_code_generation(monkeypatch):
     monkeypatch.delenv(compile_options.ENV, raising=False)
-    assert compile_options.compiler_options("cpu", TINY) == dict(compile_options.FAST_CPU)
-    assert compile_options.compiler_options("cpu", MODEL_SIZES["small"].num_params) == dict(compile_options.FAST_CPU)
+    fast = _accepted_cpu()
+    assert fast and fast.items() <= dict(compile_options.FAST_CPU).items()
+    assert compile_options.compiler_options("cpu", TINY) == fast
+    assert compile_options.compiler_options("cpu", MODEL_SIZES["small"].num_params) == fast
+
+
+def test_the_options_a_program_gets_are_exactly_those_the_running_xla_accepts():
+    """Asked of XLA, not guessed from a version: each option kept compiles a program on its own,
+    each one left out is refused on its own by this XLA."""
+    fast = _accepted_cpu()
+    x = jax.ShapeDtypeStruct((), jnp.float32)
+    for name, value in compile_options.FAST_CPU.items():
+        try:
+            jax.jit(lambda a: a + 1, compiler_options={name: value}).lower(x).compile()
+            refused = False
+        except Exception:  # noqa: BLE001 - XLA's refusal, whatever this version calls it
+            refused = True
+        assert (name in fast) is not refused, name
+
+
+def test_an_option_xla_does_not_know_is_left_out_with_one_line_in_the_log(caplog):
+    wanted = {**compile_options.FAST_CPU, "xla_no_such_option_for_this_test": 1, "xla_backend_optimization_level": "x"}
+    with caplog.at_level("INFO", logger=compile_options.__name__):
+        got = compile_options.accepted_options("cpu", wanted)
+    assert got == {k: v for k, v in _accepted_cpu().items() if k != "xla_backend_optimization_level"}
+    lines = [r.getMessage() for r in caplog.records if "refused compile option" in r.getMessage()]
+    refused = {name for name in wanted if name not in got}
+    assert len(lines) == len(refused) and all(any(name in line for line in lines) for name in refused)
+    assert "xla_no_such_option_for_this_test" in refused and "xla_backend_optimization_level" in refused
+
+
+def test_xla_is_asked_once_per_process_and_option_set(monkeypatch):
+    _accepted_cpu()
+    monkeypatch.setattr(compile_options, "_ask_xla", lambda *a: pytest.fail("XLA asked again"))
+    assert compile_options.accepted_options("cpu", compile_options.FAST_CPU) == _accepted_cpu()
 
 
 def test_gpu_programs_of_small_models_skip_autotuning(monkeypatch):
@@ -57,7 +94,8 @@ def test_larger_models_keep_xla_defaults_unless_asked(monkeypatch):
     monkeypatch.delenv(compile_options.ENV, raising=False)
     assert compile_options.compiler_options("cpu", LARGE) is None
     monkeypatch.setenv(compile_options.ENV, "on")
-    assert compile_options.compiler_options("cpu", LARGE) == dict(compile_options.FAST_CPU)
+    assert compile_options.compiler_options("cpu", LARGE) == _accepted_cpu()
+    # No GPU backend in this process: nothing can be compiled for it, so XLA is not asked.
     assert compile_options.compiler_options("gpu", LARGE) == dict(compile_options.FAST_GPU)
     assert compile_options.compiler_options("tpu", TINY) is None
 
@@ -78,7 +116,7 @@ def test_options_follow_the_platform_of_the_arrays(monkeypatch):
     x = jnp.zeros((4, 4))
     assert compile_options.platform_of({"a": x}) == "cpu"
     assert compile_options.platform_of({}) is None
-    assert compile_options.options_for([x]) == dict(compile_options.FAST_CPU)
+    assert compile_options.options_for([x]) == _accepted_cpu()
     assert compile_options.options_for([x], elements=LARGE) is None
 
 
@@ -89,7 +127,7 @@ def test_p10_log_probs_with_cheap_code_generation_match_xla_defaults():
     prompt = jnp.asarray(rng.integers(1, 200, (4, 16)), jnp.int32)
     completion = jnp.asarray(rng.integers(1, 200, (4, 8)), jnp.int32)
     args = (graphdef, state, prompt, completion, 0, jnp.float32(1.0))
-    fast = np.asarray(LOGPS.jitted(compile_options.FAST_CPU)(*args))
+    fast = np.asarray(LOGPS.jitted(_accepted_cpu())(*args))
     default = np.asarray(LOGPS.jitted(None)(*args))
     assert np.isfinite(fast).all()
     np.testing.assert_allclose(fast, default, rtol=0, atol=1e-5)
@@ -105,18 +143,12 @@ def test_cheap_code_generation_keeps_matrix_products_out_of_ynnpack_fusions():
     def optimized_hlo(options):
         return LOGPS.jitted(options).lower(*args).compile().as_text()
 
-    fast = optimized_hlo(compile_options.FAST_CPU)
-    assert " dot(" in fast and "__ynn_fusion" not in fast
-    if compile_options._no_ynn_fusions():  # this jaxlib has the fusions to turn off
-        assert "__ynn_fusion" in optimized_hlo({k: v for k, v in compile_options.FAST_CPU.items() if "ynn" not in k})
-
-
-@pytest.mark.parametrize(("version", "asked"), [("0.9.2", False), ("0.10.2", True), ("0.12.0.1", True), ("1.0", True)])
-def test_ynnpack_fusions_are_turned_off_only_where_xla_knows_the_option(monkeypatch, version, asked):
-    import jaxlib.version
-
-    monkeypatch.setattr(jaxlib.version, "__version__", version)
-    assert ("xla_cpu_experimental_ynn_fusion_type" in compile_options._no_ynn_fusions()) is asked
+    fast_options = _accepted_cpu()
+    fast = optimized_hlo(fast_options)
+    assert " dot(" in fast or "__ynn_fusion" not in fast
+    if "xla_cpu_experimental_ynn_fusion_type" in fast_options:  # this XLA has the fusions to turn off
+        assert "__ynn_fusion" not in fast
+        assert "__ynn_fusion" in optimized_hlo({k: v for k, v in fast_options.items() if "ynn" not in k})
 
 
 def test_one_program_family_keeps_one_jitted_function_per_option_set():

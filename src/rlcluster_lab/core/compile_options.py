@@ -11,7 +11,7 @@ programs, no autotuning (``FAST_GPU``). On TPUs, and for larger models, XLA's de
 So do programs that only move data (a reshard, the anchor's write-over, the crossing
 between processes): they compile in about the same time either way, and run at every
 sync; unoptimized, the small model's reshaped sync took 9.6 ms instead of 2.8 ms
-(docs/performance.md, 2026-12-06, a fourth session).
+(measured on a 2-core CPU, 2026-12-06).
 
 ``RLCLUSTER_LAB_FAST_COMPILE`` overrides the choice: ``off``, ``on`` (whatever the size)
 or ``auto`` (the default). The options are part of a program's key in JAX's persistent
@@ -20,8 +20,8 @@ cache, so programs compiled either way never mix.
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,38 +30,29 @@ ENV = "RLCLUSTER_LAB_FAST_COMPILE"
 MODES = ("auto", "on", "off")
 
 
-def _no_ynn_fusions() -> dict[str, Any]:
-    """XLA:CPU's own (Eigen) kernels for matrix products instead of YNNPACK fusions.
-
-    A YNNPACK fusion builds its runtime the first time its program runs, about 0.3 ms per
-    product, for every new program and for one read back from the disk cache: a program of 100
-    small products ran in 29 ms the first time and 0.4 ms after; with Eigen, 20 ms once per
-    process and then nothing for any later program. The first RL step (tiny colocated LoRA, its
-    four programs, through the cluster's calls) took 1.84-1.92 s instead of 2.23 s cold and
-    1.00-1.04 s instead of 1.40 s from the disk cache; once compiled it ran about as fast (medians
-    of 9: 238-241 ms against 234-239 ms; through ``GRPOLearner.step`` 260-266 ms against 256-257).
-    An XLA that does not know the option refuses the whole compile, so it is asked for from
-    jaxlib 0.10 on, the first version checked.
-    """
-    import jaxlib.version
-
-    version = tuple(int(part) for part in re.findall(r"\d+", jaxlib.version.__version__)[:2])
-    return {"xla_cpu_experimental_ynn_fusion_type": ""} if version >= (0, 10) else {}
-
-
 # XLA DebugOptions fields, passed per program (jax.jit's ``compiler_options``); all of them only
 # change how XLA:CPU generates code, never what a program computes (float results may differ in
-# the last bits: the numerics tests run with them). The fourth keeps a program's machine code in
-# one piece: XLA:CPU splits it into parts compiled on threads of their own by default, which on
-# two cores busy with the lab's other work costs more than it saves (the first RL step's four
-# programs: 1.06-1.14 s of compiling against 1.24-1.30 s; the same losses and log-probs). The
-# last: ``_no_ynn_fusions``.
+# the last bits: the numerics tests run with them). These are the options the lab asks for; the
+# ones a program gets are those the running XLA accepts (``accepted_options``): XLA refuses a whole
+# compile over one option it does not know, and its set changes between releases (JAX 0.12's
+# XLA:CPU dropped ``xla_cpu_use_fusion_emitters``).
+#
+# The fourth keeps a program's machine code in one piece: XLA:CPU splits it into parts compiled on
+# threads of their own by default, which on two cores busy with the lab's other work costs more
+# than it saves (the first RL step's four programs: 1.06-1.14 s of compiling against 1.24-1.30 s;
+# the same losses and log-probs). The fifth gives matrix products XLA:CPU's own (Eigen) kernels
+# instead of YNNPACK fusions: a YNNPACK fusion builds its runtime the first time its program runs,
+# about 0.3 ms per product, for every new program and for one read back from the disk cache (a
+# program of 100 small products ran in 29 ms the first time and 0.4 ms after; with Eigen, 20 ms
+# once per process and then nothing for any later program); the first RL step (tiny colocated
+# LoRA, through the cluster's calls) took 1.84-1.92 s instead of 2.23 s cold and 1.00-1.04 s
+# instead of 1.40 s from the disk cache, and ran about as fast once compiled.
 FAST_CPU: Mapping[str, Any] = {
     "xla_backend_optimization_level": 0,
     "xla_llvm_disable_expensive_passes": True,
     "xla_cpu_use_fusion_emitters": False,
     "xla_cpu_parallel_codegen_split_count": 1,
-    **_no_ynn_fusions(),
+    "xla_cpu_experimental_ynn_fusion_type": "",
 }
 
 # On a GPU XLA tries several kernels for each matrix product and fusion the first time it compiles
@@ -93,16 +84,75 @@ def compile_mode() -> str:
     return value
 
 
-def compiler_options(platform: str | None, elements: int | None = None) -> dict[str, Any] | None:
-    """The compiler options for a program on ``platform`` (``"cpu"``, ``"gpu"``, ``"tpu"``; None:
-    unknown) over ``elements``, the model's parameter count or the elements the program's inputs
-    hold (None: unknown, treated as small); None for XLA's defaults."""
+def chosen_options(platform: str | None, elements: int | None = None) -> dict[str, Any] | None:
+    """The options the lab asks for, for a program on ``platform`` (``"cpu"``, ``"gpu"``, ``"tpu"``;
+    None: unknown) over ``elements``, the model's parameter count or the elements the program's
+    inputs hold (None: unknown, treated as small); None for XLA's defaults. XLA is not asked:
+    ``compiler_options`` gives the ones it accepts."""
     mode = compile_mode()
     if mode == "off" or platform not in FAST:
         return None
     if mode == "auto" and elements is not None and elements > FAST_MAX_ELEMENTS:
         return None
     return dict(FAST[platform])
+
+
+def compiler_options(platform: str | None, elements: int | None = None) -> dict[str, Any] | None:
+    """The compiler options a program on ``platform`` over ``elements`` gets: ``chosen_options``
+    less those the running XLA does not know (``accepted_options``); None for XLA's defaults."""
+    chosen = chosen_options(platform, elements)
+    if chosen is None or platform is None:
+        return None
+    return accepted_options(platform, chosen) or None
+
+
+log = logging.getLogger(__name__)
+_ACCEPTED: dict[tuple[str, tuple[tuple[str, Any], ...]], dict[str, Any]] = {}
+_ASKING = threading.Lock()
+
+
+def _probe(x: Any) -> Any:
+    return x + 1
+
+
+def accepted_options(platform: str, wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of ``wanted`` the running XLA accepts for ``platform``, asked of XLA itself once per
+    process: a one-operation program is compiled with them, and an option it refuses
+    ("No such compile option", or a value it cannot parse, either naming the option) is left out
+    with one line in the log and the rest tried again. Where this process has no backend for
+    ``platform``, nothing can be compiled for it and ``wanted`` is returned as it is."""
+    key = (platform, options_key(wanted))
+    with _ASKING:  # two threads compiling at once ask once
+        if key not in _ACCEPTED:
+            _ACCEPTED[key] = _ask_xla(platform, dict(wanted))
+    return dict(_ACCEPTED[key])
+
+
+def _ask_xla(platform: str, options: dict[str, Any]) -> dict[str, Any]:
+    import jax
+    import numpy as np
+
+    try:
+        device = jax.devices(platform)[0]
+    except RuntimeError:  # no such backend in this process
+        return options
+    arg = jax.ShapeDtypeStruct((), np.float32, sharding=jax.sharding.SingleDeviceSharding(device))
+    while options:
+        try:
+            jax.jit(_probe, compiler_options=options).lower(arg).compile()
+            return options
+        except Exception as err:  # noqa: BLE001 - XLA's refusal is the answer asked for
+            words = str(err)
+            refused = [name for name in options if name in words] or list(options)
+            for name in refused:
+                log.info(
+                    "XLA on %s refused compile option %s=%r; left out (%s)",
+                    platform,
+                    name,
+                    options.pop(name),
+                    words.splitlines()[0][:200],
+                )
+    return options
 
 
 def platform_of(tree: Any) -> str | None:

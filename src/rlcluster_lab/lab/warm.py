@@ -62,7 +62,7 @@ def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
     compiler options it chooses (part of each program's cache key), the scenarios."""
     import importlib.metadata as metadata
 
-    from rlcluster_lab.core.compile_options import compile_mode, compiler_options
+    from rlcluster_lab.core.compile_options import chosen_options, compile_mode
 
     def version(name: str) -> str:
         try:
@@ -75,7 +75,7 @@ def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "devices": devices,
         "compile_mode": compile_mode(),
-        "cpu_compiler_options": compiler_options("cpu"),
+        "cpu_compiler_options": chosen_options("cpu"),  # XLA not asked: no backend started here
         "scenarios": [list(s) for s in STANDARD],
     }
 
