@@ -320,7 +320,7 @@ def test_rollout_config_unknown_dtype_object_is_a_config_error_naming_the_argume
 
 def test_model_and_plan_dtype_knobs_take_jax_dtypes():
     from rlcluster_lab.model.transformer import get_model_config
-    from rlcluster_lab.planner.plan import PlanRequest
+    from rlcluster_lab.planner.request import PlanRequest
     from rlcluster_lab.planner.tables import topology
 
     config = dataclasses.replace(get_model_config("tiny"), param_dtype=jnp.bfloat16)

@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 
+import grimp
 import pytest
 
 from rlcluster_lab.core.exports import lazy_exports, typed_imports
@@ -84,3 +85,21 @@ def test_all_and_the_typed_imports_must_agree(tmp_path: pathlib.Path) -> None:
 def test_a_plain_import_under_type_checking_is_refused() -> None:
     with pytest.raises(ValueError, match="names no single object"):
         typed_imports("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import json\n", "pkg")
+
+
+def test_no_module_takes_a_name_through_the_face_of_its_own_subpackage() -> None:
+    """A subpackage's face loads its names on first use (``lazy_exports``), so a module that took
+    a sibling's name through it, at module level or inside a function, would tie the two by an
+    arrow that import-linter's acyclic_siblings contract does not see (an import of the face is
+    not one between siblings): a circle could hide there. A module names its sibling's module.
+    The top level's face is left to the layers contract, which follows chains through it;
+    ``__main__`` is run, never imported."""
+    graph = grimp.build_graph("rlcluster_lab", cache_dir=None)  # imports for type checking too
+    through_face = [
+        f"{module} -> {face}"
+        for module in sorted(graph.modules)
+        if not module.endswith(".__main__")
+        for face in graph.find_modules_directly_imported_by(module)
+        if face != "rlcluster_lab" and module.startswith(face + ".")
+    ]
+    assert through_face == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import optax
@@ -24,13 +24,10 @@ from rlcluster_lab.engines.own_copy import rearranged_device_grid
 from rlcluster_lab.model import ModelConfig
 from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray, anchor_arrays
+from rlcluster_lab.planner.request import PlanRequest, Rules
 from rlcluster_lab.planner.shapes import AbstractLeaf, abstract_leaves, optimizer_slots
 
-if TYPE_CHECKING:
-    from rlcluster_lab.planner.plan import PlanRequest
-
 PathKey = tuple[Any, ...]
-Rules = tuple[tuple[str, Any], ...]
 
 
 @dataclasses.dataclass(eq=False)
