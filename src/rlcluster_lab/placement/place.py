@@ -4,6 +4,7 @@ a spec is replicated."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 from collections.abc import Iterable
@@ -29,14 +30,53 @@ def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
     leaves, treedef = jax.tree.flatten(tree)
     moving = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and x.sharding.memory_kind != memory_kind]
     if moving:
-        # One call for every leaf that moves: JAX dispatches the batch once (a model's anchor
-        # pin took half the time of one call per leaf).
-        moved = jax.device_put(
-            [leaves[i] for i in moving], [leaves[i].sharding.with_memory_kind(memory_kind) for i in moving]
-        )
+        xs = [leaves[i] for i in moving]
+        targets = [x.sharding.with_memory_kind(memory_kind) for x in xs]
+        if any(x.sharding.memory_kind == "pinned_host" for x in xs) and not device_put_reads_program_pins(
+            next(iter(xs[0].sharding.device_set)).platform
+        ):
+            moved = _compiled_move(xs, targets)
+        else:
+            # One call for every leaf that moves: JAX dispatches the batch once (a model's anchor
+            # pin took half the time of one call per leaf).
+            moved = jax.device_put(xs, targets)
         for i, y in zip(moving, moved):
             leaves[i] = y
     return jax.tree.unflatten(treedef, leaves)
+
+
+@functools.cache
+def device_put_reads_program_pins(platform: str) -> bool:
+    """Whether this JAX's ``device_put`` can move an array that a compiled program wrote into pinned
+    host memory (the anchor's write-over does, at every sync), asked of JAX once per platform: JAX
+    0.12's CPU client gives such an array a layout of host memory space that its ``device_put``
+    refuses ("Unsupported layout used for PjRt CPU buffers"), where a compiled copy reads it."""
+    device = jax.devices(platform)[0]
+    one = jax.sharding.SingleDeviceSharding(device)
+    try:
+        pinned = jax.jit(lambda: jnp.zeros((2,)), out_shardings=one.with_memory_kind("pinned_host"))()
+        jax.device_put(pinned, one.with_memory_kind(device.default_memory().kind)).block_until_ready()
+    except Exception:  # noqa: BLE001 - the refusal is the answer asked for
+        return False
+    return True
+
+
+_MOVES = ProgramCache(16)
+
+
+def _compiled_move(xs: list[jax.Array], targets: list[Any]) -> list[jax.Array]:
+    """``xs`` copied to ``targets`` by one compiled program (one per layout, kept), for the arrays
+    ``device_put`` cannot read (``device_put_reads_program_pins``)."""
+    key = tuple((x.shape, x.dtype, x.sharding, t) for x, t in zip(xs, targets))
+    program = _MOVES.get(key)
+    if program is None:
+        program, _ = compile_outside_mesh(jax.jit(_copies, out_shardings=list(targets)), xs)  # it only moves data
+        _MOVES.put(key, program)
+    return program(xs)
+
+
+def _copies(xs: list[jax.Array]) -> list[jax.Array]:
+    return list(xs)
 
 
 def pin_anchor(source: Any, old: Any) -> Any:
