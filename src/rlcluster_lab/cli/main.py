@@ -183,10 +183,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     # The device count must be set before anything starts the JAX backend,
     # and the persistent compilation cache before the first compilation.
     with waiting("starting JAX"):
+        from rlcluster_lab.core.chip_holder import ChipHeldError
         from rlcluster_lab.core.compile_cache import enable_compilation_cache
         from rlcluster_lab.core.devices import ensure_simulated_devices
 
-        ensure_simulated_devices(args.devices)
+        try:
+            ensure_simulated_devices(args.devices, cpu=args.cpu)
+        except ChipHeldError as exc:  # one line naming the holder and the flag, never libtpu's advice
+            instead = f"or run with --cpu to use {args.devices} simulated CPU devices instead"
+            raise ChipHeldError(exc.held, f"{exc}: {exc.held.to_free()}, {instead}") from None
         enable_compilation_cache()
     if args.command == "report":
         return _report(args)

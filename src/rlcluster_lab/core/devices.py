@@ -5,17 +5,22 @@ asks the CPU backend for several simulated devices, which must happen before
 the JAX backend starts: once any JAX operation has run, the device count is
 fixed for the life of the process. The processes the lab starts beside it (the
 multi-process workers, the warm start) run JAX on the CPU alone (``cpu_only_env``).
+
+Only one process at a time can open a TPU chip. When another holds it, ``open_devices`` names
+that process (``core.chip_holder``) and, for the notebooks, opens the CPU backend alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 from jax._src import xla_bridge as _xla_bridge
 
+from rlcluster_lab.core.chip_holder import ChipHeld, ChipHeldError, chip_held, failed_platform
 from rlcluster_lab.core.options import DEFAULT_SIMULATED_DEVICES, MAX_SIMULATED_DEVICES, check_device_count
 
 __all__ = ["DEFAULT_SIMULATED_DEVICES", "MAX_SIMULATED_DEVICES", "check_device_count", "devices_words"]
@@ -67,18 +72,23 @@ def backend_started() -> bool:
     return bool(_xla_bridge.backends_are_initialized())
 
 
-def ensure_simulated_devices(count: int = DEFAULT_SIMULATED_DEVICES) -> list[jax.Device]:
+def ensure_simulated_devices(count: int = DEFAULT_SIMULATED_DEVICES, *, cpu: bool = False) -> list[jax.Device]:
     """Give the CPU backend ``count`` devices, then return the devices in use.
 
     Accelerators, when present, are used unchanged (the CPU setting only
-    affects the CPU backend). Raises ``DeviceSetupError`` when the backend
-    already started on CPU with another device count, since that cannot be
-    changed any more: restart the kernel or process and call this first.
+    affects the CPU backend), unless ``cpu``: then JAX starts its CPU backend
+    alone. Raises ``DeviceSetupError`` when the backend already started on CPU
+    with another device count, since that cannot be changed any more: restart
+    the kernel or process and call this first; ``ChipHeldError`` when another
+    process holds the accelerator (its message names that process).
     """
     check_device_count(count)
     if not backend_started():
         jax.config.update("jax_num_cpu_devices", count)
-        return jax.devices()
+        if cpu:
+            jax.config.update("jax_platforms", "cpu")
+        opened = open_devices(on_held="raise")
+        return list(opened.devices)
     devices = jax.devices()
     if devices[0].platform == "cpu" and len(devices) != count:
         raise DeviceSetupError(
@@ -88,3 +98,85 @@ def ensure_simulated_devices(count: int = DEFAULT_SIMULATED_DEVICES) -> list[jax
             f"rlcluster_lab.ensure_simulated_devices({count}) before anything else uses JAX."
         )
     return devices
+
+
+@dataclasses.dataclass(frozen=True)
+class Opened:
+    """What ``open_devices`` opened."""
+
+    devices: tuple[Any, ...]  # ``jax.devices()``: the CPU's alone where the chip is held
+    held: ChipHeld | None  # the accelerator another process holds, if it is held
+
+
+# JAX's platforms before ``open_devices`` found the chip held and JAX on the CPU alone
+# (``reopen_devices`` restores them); empty when it did not.
+_before_fallback: list[str | None] = []
+
+
+def _jax_devices() -> list[Any]:
+    """``jax.devices()``: the lab's one call that opens the accelerator (the tests make it fail here
+    as a chip another process holds makes it fail)."""
+    return jax.devices()
+
+
+def open_devices(*, on_held: Literal["cpu", "raise"], retried: bool = False) -> Opened:
+    """Start JAX's backends and return its devices; where an accelerator's backend could not start
+    because another process holds the chip, say which (``core.chip_holder``).
+
+    JAX says so in one of two places. Where the platforms are named (on a TPU VM, JAX names
+    "tpu,cpu" itself), ``jax.devices()`` raises and no backend starts: the CPU backend is then
+    started alone (the platforms set to "cpu", the simulated device count as it was set). Where
+    they are not, JAX starts the CPU backend alone itself and keeps the TPU's error, which
+    ``jax.devices("tpu")`` raises: it is read from there.
+
+    Args:
+        on_held: ``"cpu"``: return the CPU's devices and what holds the chip; ``"raise"``: raise.
+        retried: the backends were started again (``reopen_devices``) after the chip was held:
+            a failure to start the accelerator's counts as held (by no process now: by the first try).
+
+    Raises:
+        ChipHeldError: the chip is held and ``on_held`` is ``"raise"``; its message names the holder.
+        RuntimeError: any other failure of JAX's backends, as JAX raised it.
+    """
+    try:
+        devices = _jax_devices()
+    except RuntimeError as exc:
+        platform = failed_platform(exc)
+        held = chip_held(platform, str(exc)) if platform else None
+        held = held or (ChipHeld(platform, ()) if platform and retried else None)
+        if held is None:
+            raise
+        if on_held != "cpu":
+            raise ChipHeldError(held, f"{held.chip} is held by {held.who()}") from None
+        _before_fallback[:] = [jax.config.jax_platforms]
+        jax.config.update("jax_platforms", "cpu")
+        return Opened(tuple(jax.devices()), held)
+    held = None
+    if all(d.platform == "cpu" for d in devices):
+        failed = [(p, e) for p, e in _backend_errors().items() if p != "cpu"]
+        held = next(filter(None, (chip_held(p, e, said=True) for p, e in failed)), None)
+        held = held or (ChipHeld(failed[0][0], ()) if failed and retried else None)
+        if held is not None:
+            _before_fallback[:] = [jax.config.jax_platforms]
+    if held is not None and on_held != "cpu":
+        raise ChipHeldError(held, f"{held.chip} is held by {held.who()}")
+    return Opened(tuple(devices), held)
+
+
+def reopen_devices() -> bool:
+    """Let the next ``open_devices`` try the accelerator again, once ``open_devices`` fell back to
+    the CPU: JAX's platforms as they were, and its backends cleared (``jax.extend.backend.
+    clear_backends``; arrays made before stay on the CPU devices they were made on). Nothing
+    changes where it did not fall back. Returns whether it did."""
+    if not _before_fallback or not backend_started():
+        return False
+    jax.config.update("jax_platforms", _before_fallback.pop())
+    from jax.extend.backend import clear_backends
+
+    clear_backends()
+    return True
+
+
+def _backend_errors() -> dict[str, str]:
+    """The backends JAX could not start, with its message for each (``jax.devices(platform)`` raises it)."""
+    return dict(getattr(_xla_bridge, "_backend_errors", {}))

@@ -269,6 +269,9 @@ KNOBS: dict[str, Knob] = {k.field: k for k in (
     # CLI only: the simulated device count (checked by ``core.options.check_device_count``) ...
     Knob(field="devices", name="devices", kind="int", default=8, label=None, flag="--devices",
          help="simulated CPU device count (ignored on GPUs and TPUs)"),
+    # ... the CPU backend alone, where a GPU or a TPU chip would be opened (a chip another process holds) ...
+    Knob(field="cpu", name="cpu", kind="bool", default=False, label=None, flag="--cpu",
+         help="run on the simulated CPU devices alone, leaving this machine's GPUs or TPU chips alone"),
     # ... a report's launch over several processes (``multiprocess.launcher``; the devices are then
     # processes x devices-per-process, and a refusal that names --devices names these instead) ...
     _flag("report", "processes", "processes", "int", 1,

@@ -6,7 +6,10 @@ otherwise (a single chip) builds colocated and reshaped on the chip and split on
 CPU devices beside it (``families``, ``devices_for(layout)``). JAX is never restarted: each
 cluster takes its platform (memory kinds, transfer guard, allocator figures) from its own meshes.
 It turns on the persistent compilation cache, starts the warm start (``lab.warm``) when the
-layouts run on simulated CPU devices, and in Colab turns on the widget manager.
+layouts run on simulated CPU devices, and in Colab turns on the widget manager. Where another
+process holds the chip (another notebook's kernel), it builds every layout on the simulated CPU
+devices and says which process and what frees it; ``take_chip=True`` hands the chip over
+(``lab.chip_handover``).
 
 ``needs_extra()`` and ``needs_processes()`` say once what this runtime lacks, and the cells below
 show the outputs stored with the notebook instead of failing one by one.
@@ -33,8 +36,10 @@ from rlcluster_lab.core.devices import (
     backend_started,
     check_device_count,
     devices_words,
+    open_devices,
 )
 from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
+from rlcluster_lab.lab.chip_handover import HandOver, hand_over, held_sentence
 from rlcluster_lab.lab.warm import start_warm_up
 
 
@@ -69,6 +74,8 @@ class LabDevices:
     notes: tuple[str, ...] = ()
     # Which layouts are built on which devices, each layout in one family; empty: all on ``devices``.
     families: tuple[LayoutFamily, ...] = ()
+    # Another process holds the chip: who, and what frees it, in one sentence (``lab.chip_handover``).
+    held: str | None = None
 
     def layout_families(self) -> tuple[LayoutFamily, ...]:
         """The families, or the one family of every reachable layout on ``devices``."""
@@ -92,7 +99,7 @@ class LabDevices:
         where = "simulated CPU" if self.simulated else self.platform
         kind = str(getattr(acc[0], "device_kind", acc[0].platform)) if acc else "none"
         said = f"{len(acc)} {self.accelerator} device(s) ({kind})" if self.accelerator else "none"
-        lines = [f"accelerator: {said}"]
+        lines = [self.held or f"accelerator: {said}"]
         if self.families:
             lines += [f"{', '.join(f.layouts)}: built on {f.where}" for f in self.families]
         else:
@@ -165,14 +172,21 @@ def layout_families(accelerators: Sequence[Any], devices: Sequence[Any], simulat
     return (LayoutFamily(tuple(accelerators), on_chip),) + ((LayoutFamily(tuple(devices), rest),) if rest else ())
 
 
-def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto") -> LabDevices:
+def setup(
+    n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, use: str = "auto", take_chip: bool = False
+) -> LabDevices:
     """Set up the devices for the notebooks; returns what was found (and prints it unless ``quiet``).
+
+    Where another process holds the chip, every layout is built on the simulated CPU devices, and
+    the summary's first line names that process and what frees the chip.
 
     Args:
         n_devices: simulated CPU devices to ask for (before JAX starts).
         quiet: do not print the summary.
         use: ``"auto"``; ``"accelerator"`` builds on the accelerator even when
             it cannot form every layout (a single chip: colocated and reshaped only).
+        take_chip: first shut down the Jupyter kernels that hold the chip, through the server that
+            runs them, and open the chip here (``lab.chip_handover.hand_over``).
 
     Returns:
         The devices found and the ones the layouts are built on.
@@ -185,12 +199,14 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
     if use not in ("auto", "accelerator"):
         raise ValueError(f"use must be 'auto' or 'accelerator', got {use!r}")
     colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ  # a Google Colab runtime
+    handed = hand_over() if take_chip else HandOver((), reopened=False)
     if not backend_started():
         # Always ask: beside an accelerator these are what a single chip needs for the other layouts.
         jax.config.update("jax_num_cpu_devices", n_devices)
     # Before the first compilation, or JAX would not look in the cache.
     cache = enable_compilation_cache()
-    accelerators = [d for d in jax.devices() if d.platform != "cpu"]
+    opened = open_devices(on_held="cpu", retried=handed.reopened)
+    accelerators = [d for d in opened.devices if d.platform != "cpu"]
     try:
         cpus = list(jax.devices("cpu"))
     except RuntimeError:
@@ -224,8 +240,10 @@ def setup(n_devices: int = DEFAULT_SIMULATED_DEVICES, *, quiet: bool = False, us
         reachable=tuple(buildable_layouts(devices)),
         families=layout_families(accelerators, devices, simulated),
         notes=tuple(notes)
+        + tuple(f"shut down {kernel}, which held the chip" for kernel in handed.kernels)
         + ((f"compiled programs are cached in {cache}",) if cache else ())
         + tuple(filter(None, [kernel_note()])),
+        held=held_sentence(opened.held, len(cpus), retried=handed.reopened) if opened.held else None,
     )
     if colab:  # ipywidgets 8 needs Colab's custom widget manager turned on
         with contextlib.suppress(ImportError):
