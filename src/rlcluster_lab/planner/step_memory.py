@@ -22,6 +22,7 @@ model config's dtype, even where the rollout weights are cast.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,7 @@ def layer_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split()
     device. With LoRA (frozen norm scales) the normalised values are not kept; each of the
     seven adapted projections keeps its input times ``lora_a`` (rank values)."""
     p, hd = itemsize(config), config.head_dim
+    per_score, per_row = softmax_residuals(config.dtype)
     heads = _per(config.num_heads, split.q_heads)
     kv = _per(config.num_kv_heads, split.kv_heads) * hd
     q = heads * hd
@@ -94,11 +96,36 @@ def layer_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split()
         2 * norm_bytes_per_token(config, trainable_scale=not lora_rank)
         + p * (2 * q + 2 * kv)  # q, attention output; k, v
         + 4 * (hd // 2) * F32  # rotary sin and cos of q and k
-        + heads * keys * (F32 + p)  # the softmax's exponentials (float32) and its probabilities
-        + heads * 2 * F32  # the softmax's row statistics
+        + heads * (keys * per_score + per_row)  # the softmax and its probabilities (softmax_residuals)
         + 6 * p * mlp  # gate, up, three SiLU intermediates, their product
         + 7 * p * lora_rank  # x @ lora_a of q, k, v, o, gate, up, down
     )
+
+
+@functools.cache
+def softmax_residuals(dtype: str) -> tuple[int, int]:
+    """Bytes the backward pass keeps of the attention's softmax, cast to the model's ``dtype`` and
+    multiplied by the values: per score, and per row of scores. Asked of the running JAX once (the
+    residuals of ``jax.vjp`` over the same three operations on a small shape), since releases keep
+    different things: JAX 0.10 keeps the float32 exponentials, two float32 row statistics and the
+    probabilities; JAX 0.12 the float32 softmax and the probabilities (one array where the model is
+    float32)."""
+    import jax
+    import jax.numpy as jnp
+
+    rows, keys, width = 3, 5, 7  # distinct, so each residual's last axis says what it is
+
+    def attend(scores: jax.Array, values: jax.Array) -> jax.Array:
+        return jax.nn.softmax(scores, axis=-1).astype(dtype) @ values
+
+    scores, values = jnp.zeros((rows, keys), jnp.float32), jnp.zeros((keys, width), dtype)
+    # The residuals as the variables of a traced program, so that one value kept for two uses counts
+    # once (in a float32 model the float32 softmax is its probabilities).
+    traced = jax.make_jaxpr(lambda s, v: jax.vjp(attend, s, v)[1])(scores, values)
+    kept = [v.aval for v in dict.fromkeys(v for v in traced.jaxpr.outvars if hasattr(v, "aval"))]
+    per_score = sum(a.dtype.itemsize for a in kept if a.shape == (rows, keys))
+    per_row = sum(a.dtype.itemsize for a in kept if a.shape in ((rows, 1), (rows,)))
+    return per_score, per_row
 
 
 def shared_bytes_per_token(config: ModelConfig) -> int:
@@ -195,7 +222,8 @@ def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = Split(
 
 FORMULAS = {
     "activations": "per layer per token: 2 x (8e + p e + 8) [two RMSNorms] + p (2q + 2kv) + 8 head_dim [rotary] "
-    "+ heads x T x (4 + p) [float32 exponentials, probabilities] + 8 heads + 6 p m [gated MLP]; "
+    "+ heads x (T s + r) [the softmax and its probabilities: s bytes a score, r a row, as the running JAX keeps "
+    "them; JAX 0.10: s = 4 + p, r = 8] + 6 p m [gated MLP]; "
     "x layers x rows x T, the rotary terms counted once (the layers run in one scan), "
     "plus per token the final norm and gather index, and per completion token "
     "9 x vocab bytes of logits and 45 bytes of loss terms (p: parameter bytes; T: prompt + completion)",
