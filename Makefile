@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: lab test test-fast lint browser-test screenshot install-lab install-test install-browser clean
+.PHONY: lab test test-fast test-newest lint browser-test screenshot install-lab install-test install-browser clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,21 @@ test: install-test lint
 
 test-fast: install-test
 	$(PY) -m pytest $(XDIST) -m "not cluster and not slow" -p no:nbval tests
+
+# Our users' Python and JAX (Colab and Ubuntu 24.04 run Python 3.12; JAX 0.11 and later need it):
+# the fast tier and every notebook on PYTHON_NEWEST with the newest JAX on the registry, in a venv of
+# their own. .ci/run finds a Python 3.12 and runs this after `make test`.
+PYTHON_NEWEST ?= python3.12
+VENV_NEWEST ?= .venv-newest
+
+test-newest:
+	rm -rf $(VENV_NEWEST)
+	$(PYTHON_NEWEST) -m venv $(VENV_NEWEST)
+	$(VENV_NEWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_NEWEST)/bin/python -m pip install --quiet --upgrade -e ".[test]" jax jaxlib
+	$(VENV_NEWEST)/bin/python -c "import sys, jax; print('Python', sys.version.split()[0], 'with JAX', jax.__version__)"
+	$(VENV_NEWEST)/bin/python -m pytest $(XDIST) -m "not cluster and not slow" -p no:nbval tests
+	$(VENV_NEWEST)/bin/python -m pytest $(XDIST) notebooks
 
 # ruff (lint and format check) and import-linter (one-way layers, no cycle inside a subpackage),
 # both configured in pyproject.toml; `make test` runs them first.
