@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+import common
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -37,6 +39,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-notebook", action="store_true", help="skip the notebook smoke run")
     parser.add_argument("--json", default="benchmarks/results/accelerator_check.json", help="where to save the rows")
+    common.add_row_options(parser)
     args = parser.parse_args()
 
     import jax
@@ -138,7 +141,28 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"header": header, "rows": rows, "p11": p11, "notebook": smoke}, indent=2, default=str))
     print(f"saved {out}")
+    where = common.machine(chip[0].platform, getattr(chip[0], "device_kind", None), len(chip))
+    common.emit_rows(page_rows(rows, where) if on_chip else [], args.save_row)
     return 0 if all("error" not in r for r in rows) else 1
+
+
+def page_rows(rows: list[dict], where: str) -> list[dict]:
+    """docs/performance.md's rows (``common.page_row``): per case, the walk's bytes beside the
+    allocator's bytes in use (on an accelerator: a CPU has no allocator figures)."""
+    out = []
+    for r in rows:
+        walk, alloc = r.get("held (walk)"), r.get("allocator in use")
+        if isinstance(walk, int) and isinstance(alloc, int) and alloc:
+            out.append(
+                common.page_row(
+                    f"memory.{r['case']}",
+                    "memory",
+                    f"{r['case']}: bytes held (walk) / the allocator's bytes in use",
+                    where,
+                    common.run_value(walk / alloc, f"{walk:,} B / {alloc:,} B"),
+                )
+            )
+    return out
 
 
 def _cluster_at(rl, mesh, precision):

@@ -1,18 +1,22 @@
-"""Shared set-up for the benchmark scripts: devices, timing, tables, plots, child processes."""
+"""Shared set-up for the benchmark scripts: devices, timing, tables, plots, child processes, and
+the rows each benchmark gives docs/performance.md."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-from rlcluster_lab.core.devices import ensure_simulated_devices
+REPO = Path(__file__).resolve().parents[1]
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -22,10 +26,13 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7, help="timed repeats per case (median is reported)")
     p.add_argument("--devices", type=int, default=8, help="simulated CPU devices (ignored on GPU/TPU)")
     p.add_argument("--out", default="benchmarks/results", help="folder for the PNG plots")
+    add_row_options(p)
     return p
 
 
 def setup(args: argparse.Namespace) -> None:
+    from rlcluster_lab.core.devices import ensure_simulated_devices
+
     ensure_simulated_devices(args.devices)
     os.makedirs(args.out, exist_ok=True)
 
@@ -183,3 +190,105 @@ def run_python_child(code: str, **kwargs: Any) -> dict[str, Any]:
 
 def tail(text: str, lines: int = 20) -> str:
     return "\n".join((text or "").rstrip().splitlines()[-lines:])
+
+
+# ------------------------------------------------------------------ the page's rows
+# Each benchmark prints the rows of docs/performance.md it measured, one JSON object a line after
+# ROW_MARKER, and with ``--save-row PATH`` merges them into PATH (docs/performance_rows.json), from
+# which ``python benchmarks/page.py`` writes the page. A row: which figure (``key``, ``area``,
+# ``figure``), on which machine, its runs (each a ``value``, a number or a [low, high] spread,
+# and the text ``shown``), the target (None, ``{"at_most": x}`` or ``{"ends": True}``: a run's
+# ``ok`` says whether it got there), the date, the commit measured and the command that measured it.
+
+ROW_MARKER = "page row: "
+
+
+def add_row_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--save-row", metavar="PATH", default="", help="merge this run's page rows into PATH (JSON)")
+
+
+def machine(platform: str, kind: str | None = None, count: int = 1) -> str:
+    """The machine a row was measured on, in the page's words: ``2-core CPU``, ``one TPU v5e chip``."""
+    if platform == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return f"{cores}-core CPU"
+    name = {"TPU v5 lite": "TPU v5e"}.get(kind or "", kind or platform.upper())
+    return f"one {name} chip" if count == 1 else f"{count} {name} chips"
+
+
+def run_value(value: float | Sequence[float], shown: str, **extra: Any) -> dict[str, Any]:
+    """One run of a figure: its number (or [low, high] over the run's repeats) and its text."""
+    rounded = [float(f"{v:.4g}") for v in value] if isinstance(value, Sequence) else float(f"{value:.4g}")
+    return {"value": rounded, "shown": shown, **extra}
+
+
+def at_most(limit: float, shown: str) -> dict[str, Any]:
+    return {"at_most": limit, "shown": shown}
+
+
+def page_row(
+    key: str, area: str, figure: str, where: str, run: dict[str, Any], target: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A row of the page measured now, by the command this process runs, at the commit checked out."""
+    return {
+        "key": key,
+        "area": area,
+        "figure": figure,
+        "machine": where,
+        "runs": [run],
+        "target": target,
+        "date": datetime.date.today().isoformat(),
+        "commit": commit_measured(),
+        "command": command_line(),
+    }
+
+
+def commit_measured() -> str:
+    """The commit checked out, with ``+changes`` when src/ or benchmarks/ differ from it."""
+    head = run_process(["git", "rev-parse", "--short", "HEAD"], cwd=str(REPO), timeout=30)["stdout"].strip()
+    dirty = run_process(["git", "status", "--porcelain", "--", "src", "benchmarks"], cwd=str(REPO), timeout=30)
+    return (head or "unknown") + ("+changes" if dirty["stdout"].strip() else "")
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command that reproduces this run: this script and its flags, without ``--save-row``."""
+    argv = list(sys.argv if argv is None else argv)
+    kept, skip = [], False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--save-row":
+            skip = True
+        elif not arg.startswith("--save-row="):
+            kept.append(arg)
+    script = Path(argv[0]).resolve()
+    where = script.relative_to(REPO) if script.is_relative_to(REPO) else Path(argv[0])
+    return shlex.join(["python", where.as_posix(), *kept])
+
+
+def emit_rows(rows: Sequence[dict[str, Any]], save: str = "") -> None:
+    """Print ``rows``; with ``save``, merge them into that JSON file (``merge_rows``)."""
+    for row in rows:
+        print(ROW_MARKER + json.dumps(row), flush=True)
+    if save and rows:
+        path = Path(save)
+        stored = json.loads(path.read_text(encoding="utf-8"))["rows"] if path.exists() else []
+        path.write_text(json.dumps({"rows": merge_rows(stored, rows)}, indent=1) + "\n", encoding="utf-8")
+        print(f"saved {len(rows)} row(s) into {path}")
+
+
+def merge_rows(stored: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``stored`` with ``new`` in: a row of the same figure on the same machine is replaced, or, when
+    it was measured by the same command at the same commit, given this run beside its own."""
+    out = [dict(r) for r in stored]
+    for row in new:
+        same = [i for i, r in enumerate(out) if (r["key"], r["machine"]) == (row["key"], row["machine"])]
+        if not same:
+            out.append(dict(row))
+            continue
+        old = out[same[0]]
+        if (old["commit"], old["command"]) == (row["commit"], row["command"]):
+            out[same[0]] = dict(row, runs=[*old["runs"], *row["runs"]], date=old["date"])
+        else:
+            out[same[0]] = dict(row)
+    return out

@@ -1,5 +1,5 @@
 """The first GRPO learner step of a preset, cold and with the compilation cache filled, and the
-warm step after it, phase by phase: the figures issue 43 asks of a chip.
+warm step after it, phase by phase: the first-step rows of docs/performance.md on a chip.
 
     python benchmarks/first_step.py [--sizes small,large] [--lora] [--repeats 5] [--no-build-ahead]
 
@@ -13,8 +13,8 @@ For each size, two fresh processes share one new compilation-cache folder:
    log-probs, update, sync and the sync's anchor re-pin).
 2. cached (the folder the cold one filled): the same build and first step.
 
-Run it beside ``floor.py`` (plain JAX, layers as a loop and as a scan) in the same
-device call, and compare the cold first step with the scanned floor.
+On a chip the cold first step is best read beside the same programs written in plain JAX (a
+scanned layer stack, the same precision) compiled on the same machine.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ for _ in range(ARGS["repeats"]):
     total = time.perf_counter() - t
     warm.append({"total_s": total, **{k + "_s": v for k, v in phase.items()},
                  "sync_handover_s": record.sync.seconds, "anchor_repin_s": record.sync.anchor_seconds})
-emit({"devices": str(devices[0]), "build_s": build_s, "first_s": first_s, "written_after_s": written_after_s,
+emit({"devices": str(devices[0]), "platform": devices[0].platform, "kind": devices[0].device_kind,
+      "build_s": build_s, "first_s": first_s, "written_after_s": written_after_s,
       "programs": [[name, seconds, bool(cached)] for name, seconds, cached in built], "warm": warm})
 """
 
@@ -121,6 +122,47 @@ def show(size: str, which: str, out: dict[str, Any]) -> None:
         )
 
 
+def page_rows(size: str, args: argparse.Namespace, cold: dict[str, Any], cached: dict[str, Any] | None) -> list[dict]:
+    """docs/performance.md's rows of one size (``common.page_row``); its targets are the large preset's."""
+    where = common.machine(cold.get("platform", "cpu"), cold.get("kind"))
+    how = (", LoRA" if args.lora else "") + (", nothing built ahead" if args.no_build_ahead else "")
+    large = size == "large"
+    compiled = sum(s for _, s, was_cached in cold["programs"] if not was_cached)
+    rows = [
+        common.page_row(
+            f"first_step.cold.{size}{how}",
+            "first step",
+            f"{size} preset{how}, first learner step, cold",
+            where,
+            common.run_value(cold["first_s"], f"{cold['first_s']:.1f} s ({compiled:.1f} s compiling)"),
+        )
+    ]
+    if cached is not None:
+        rows.append(
+            common.page_row(
+                f"first_step.cached.{size}{how}",
+                "first step",
+                f"{size} preset{how}, first learner step, cache filled",
+                where,
+                common.run_value(cached["first_s"], f"{cached['first_s']:.1f} s"),
+                common.at_most(3.0, "<= 3 s") if large else None,
+            )
+        )
+    if cold["warm"]:
+        low, high = min(w["total_s"] for w in cold["warm"]), max(w["total_s"] for w in cold["warm"])
+        rows.append(
+            common.page_row(
+                f"first_step.warm.{size}{how}",
+                "first step",
+                f"{size} preset{how}, a warm learner step",
+                where,
+                common.run_value([low, high], f"{low:.3f}-{high:.3f} s"),
+                common.at_most(0.30, "<= 0.30 s") if large else None,
+            )
+        )
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="small,large")
@@ -129,8 +171,10 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=400)
     p.add_argument("--json", default="", help="save every child's figures here")
+    common.add_row_options(p)
     args = p.parse_args()
     results: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
     for size in args.sizes.split(","):
         cache = Path(tempfile.mkdtemp(prefix="rlcluster-first-step-"))
         try:
@@ -142,6 +186,10 @@ def main() -> int:
                 show(size, which, out)
         finally:
             shutil.rmtree(cache, ignore_errors=True)
+        if results.get(f"{size} cold"):
+            rows += page_rows(size, args, results[f"{size} cold"], results.get(f"{size} cached"))
+    print()
+    common.emit_rows(rows, args.save_row)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     return 0 if all(results.values()) else 1

@@ -192,6 +192,40 @@ def hiding_rows(out: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def page_rows(out: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """docs/performance.md's rows of this section: the lab as shipped, its first clicks in an empty
+    cache and in one the warm start filled (``common.page_row``)."""
+    rows = []
+    for key, what, click, case, target, shown in (
+        ("lab.construct", "the lab's first Construct", "construct", "", 1.0, "<= 1 s"),
+        ("lab.sync", "first Sync, clicked at once after Construct", "sync", "", 0.5, "<= 0.5 s"),
+        ("lab.step", "first Training step, clicked at once after that Sync", "step", "", 1.0, "<= 1 s"),
+        (
+            "lab.step_paused",
+            "first Training step, clicked once the rehearsal has finished",
+            "step",
+            "_paused",
+            1.0,
+            "<= 1 s",
+        ),
+    ):
+        for cache, words in (("empty", "empty cache"), ("warmed", "cache filled by the warm start")):
+            seconds = _med([r["clicks"][click] for r in _ok(out["warm"][cache + case])])
+            if seconds is None:
+                continue
+            rows.append(
+                common.page_row(
+                    f"{key}.{cache}",
+                    "clicks",
+                    f"{what}, {words}",
+                    where,
+                    common.run_value(seconds, f"{seconds:.2f} s"),
+                    common.at_most(target, shown),
+                )
+            )
+    return rows
+
+
 def print_hiding(out: dict[str, Any]) -> None:
     print(
         f"\n== 7. compile hiding: each part's cold figure with it and without it (fresh processes, empty caches, "

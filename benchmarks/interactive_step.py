@@ -419,6 +419,48 @@ def _floor_note(f: dict[str, float | None]) -> str:
     return f"; its CPU {f['cpu_s']:.2f} s over {f['cores']:.0f} cores: at best {f['floor_ratio']:.2f}x"
 
 
+def page_rows(results: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """docs/performance.md's rows of the step and Tunix sections (``common.page_row``)."""
+    rows = []
+    if "step" in results:
+        for section, key, via, target, shown in (
+            ("learner_cold", "step.learner", "`GRPOLearner.step`", T_LEARNER_RATIO, "<= 5x"),
+            ("cold", "step.calls", "the cluster's calls", T_STEP_RATIO, "<= 6x"),
+            ("calls_ahead_cold", "step.calls_ahead", "the cluster's calls after `build_ahead`", T_STEP_RATIO, "<= 6x"),
+        ):
+            f = step_figures(results["step"], section) if results["step"].get(section) else {"ratio": None}
+            if f["ratio"] is None:
+                continue
+            # The bound only where helpers could overlap the work (the calls alone run one thread).
+            bound = f" (at best {f['floor_ratio']:.2f}x)" if f.get("floor_ratio") and section != "cold" else ""
+            rows.append(
+                common.page_row(
+                    key,
+                    "first step",
+                    f"first step, cold / once compiled, through {via}",
+                    where,
+                    common.run_value(f["ratio"], f"{f['ratio']:.2f}x{bound}"),
+                    common.at_most(target, shown),
+                )
+            )
+    if "tunix" in results:
+        f = tunix_figures(results["tunix"])
+        if f["ratio"] is not None:
+            rows.append(
+                common.page_row(
+                    "twelve_vs_tunix",
+                    "clicks",
+                    "twelve scenarios cold (build and two syncs each, one process), lab / Tunix's `RLCluster`",
+                    where,
+                    common.run_value(
+                        f["ratio"], f"{f['ratio']:.2f} ({f['lab_median_s']:.2f} s / {f['tunix_median_s']:.2f} s)"
+                    ),
+                    common.at_most(T_TUNIX_RATIO, f"<= {T_TUNIX_RATIO:g}"),
+                )
+            )
+    return rows
+
+
 def target_rows(results: dict[str, Any], add: Any) -> None:
     """Add this module's targets with ``add(what, value, target, unit, note)``."""
     if "step" in results:

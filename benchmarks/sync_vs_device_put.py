@@ -34,6 +34,40 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def page_rows(labels: list[str], ratios: list[float], put_ratios: list[float], where: str) -> list[dict]:
+    """docs/performance.md's rows (``common.page_row``): the median and the worst case over the
+    fastest reshard, and the worst case over one ``device_put`` as new buffers."""
+    worst = max(range(len(ratios)), key=lambda i: ratios[i])
+    worst_put = max(range(len(put_ratios)), key=lambda i: put_ratios[i])
+    median = statistics.median(ratios)
+    return [
+        common.page_row(
+            "sync.median",
+            "sync",
+            "steady sync / the fastest reshard, median over the cases",
+            where,
+            common.run_value(median, f"{median:.2f} ({len(ratios)} cases)"),
+            common.at_most(1.0, "<= 1.0"),
+        ),
+        common.page_row(
+            "sync.worst",
+            "sync",
+            "steady sync / the fastest reshard, worst case",
+            where,
+            common.run_value(ratios[worst], f"{ratios[worst]:.2f} ({labels[worst]})"),
+            common.at_most(1.5, "<= 1.5"),
+        ),
+        common.page_row(
+            "sync.worst_device_put",
+            "sync",
+            "steady sync / one `device_put` as new buffers, worst case",
+            where,
+            common.run_value(put_ratios[worst_put], f"{put_ratios[worst_put]:.2f} ({labels[worst_put]})"),
+            common.at_most(1.0, "<= 1.0"),
+        ),
+    ]
+
+
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--chunks", default="", help="comma-separated sync_chunk_bytes to sweep (0: one piece)")
@@ -53,7 +87,7 @@ def main() -> None:
     # On a single chip the lab builds colocated and reshaped on it (the rollout's mesh a second Mesh
     # over the same chip); elsewhere on the simulated devices.
     lab = rl.setup(quiet=True)
-    rows, labels, ratios = [], [], []
+    rows, labels, ratios, put_ratios = [], [], [], []
     for (size, layout, lora), dtype in ((c, d) for c in common.cases(args) for d in args.dtypes.split(",")):
         scenario = Scenario(
             layout=layout,
@@ -75,6 +109,7 @@ def main() -> None:
         fastest = min((k for k, v in floors.items() if v is not None), key=lambda k: floors[k])
         ratio = sync_s / floors[fastest]
         ratios.append(ratio)
+        put_ratios.append(sync_s / floors["device_put"])
         labels.append(f"{size}/{layout}{'/lora' if lora else ''}{'' if dtype == 'float32' else '/' + dtype}")
         jit_ms = "n/a" if floors["compiled copy"] is None else floors["compiled copy"] * 1e3
         rows.append(
@@ -102,6 +137,11 @@ def main() -> None:
     ]
     print(common.table(head + ["fastest", "sync / fastest"], rows))
     print(f"median ratio sync / fastest reshard: {statistics.median(ratios):.2f} (target <= 1.0)")
+    first = lab.devices_for("colocated")[0]
+    print()
+    common.emit_rows(
+        page_rows(labels, ratios, put_ratios, common.machine(first.platform, first.device_kind)), args.save_row
+    )
     common.save_bar_plot(
         f"{args.out}/sync_vs_device_put.png",
         labels,
