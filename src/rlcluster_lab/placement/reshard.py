@@ -238,7 +238,7 @@ def _relabel(run: _Run, step: Any) -> tuple[Ops, list]:
 def _copy(run: _Run, step: Any) -> tuple[Ops, list]:
     """New buffers of the same layout, on every device (an engine that owns its weights), made by
     one compiled copy program: on a TPU v5e chip it copied the large preset's 190 MB in 1.5 ms,
-    where ``device_put(..., may_alias=False)`` took 18.6 ms (docs/performance.md, 2026-12-06)."""
+    where ``device_put(..., may_alias=False)`` took 18.6 ms (measured 2026-12-06)."""
     # One program takes arrays of one device order: one per order among the legs (their route's).
     groups: dict[tuple[int, ...], list[int]] = {}
     for i in step.legs:
