@@ -279,6 +279,56 @@ def check_same_devices(report: dict, grid: str) -> None:
     assert f"same devices: {'yes' if same else 'no'}" in p1.detail, (p1.detail, drawn)
 
 
+def _drawn_kind(fill: str) -> str:
+    """The memory kind a fill draws, in the figures' one vocabulary: dotted (the dots alone, or
+    under a hatch) is pinned host memory, anything else device memory."""
+    return "pinned_host" if "dots" in fill else "device"
+
+
+def grid_kinds(grid: str) -> dict[tuple[str, str], set[str]]:
+    """Per (role, device) of a role's mesh, the memory kinds the Devices view draws its bytes in:
+    the fill of the cell (``cell:<role>:<device>``; a white one is off the mesh, a dashed one
+    the mesh asked for, one of no bytes holds nothing) and of any part of it in another kind
+    (``part:<role>:<device>:<kind>``)."""
+    from stored_reports import elements
+
+    kinds: dict[tuple[str, str], set[str]] = {}
+    for key, el in elements(grid).items():
+        if key.startswith("cell:") and el.get("fill") != "white" and not el.get("stroke-dasharray"):
+            if el.get("data-bytes") == "0":
+                continue
+            _, role, dev = key.split(":")
+            kinds.setdefault((role, dev), set()).add(_drawn_kind(el.get("fill", "")))
+        elif key.startswith("part:"):
+            _, role, dev, kind = key.split(":")
+            assert _drawn_kind(el.get("fill", "")) == kind, (key, el.get("fill"))
+            kinds.setdefault((role, dev), set()).add(kind)
+    return kinds
+
+
+def memory_kinds(by_device: str) -> dict[tuple[str, str], set[str]]:
+    """Per (role or entry, device), the memory kinds the Memory view's per-device figure draws its
+    bytes in: the bar each segment stands in (``seg:<device>:<kind>:<entry or a+b>``)."""
+    from stored_reports import elements
+
+    kinds: dict[tuple[str, str], set[str]] = {}
+    for key in elements(by_device):
+        if key.startswith("seg:"):
+            _, dev, kind, holders = key.split(":", 3)
+            for entry in holders.split("+"):
+                kinds.setdefault((entry, dev), set()).add(kind)
+    return kinds
+
+
+def check_memory_kinds(grid: str, by_device: str) -> None:
+    """The Devices view and the Memory view put each role's bytes on each device in the same
+    memory kinds (solid: device memory; dotted: pinned host), before and after a sync."""
+    drawn = grid_kinds(grid)
+    roles = {role for role, _ in drawn}
+    memory = {at: kinds for at, kinds in memory_kinds(by_device).items() if at[0] in roles}
+    assert drawn == memory, {at: (drawn.get(at), memory.get(at)) for at in drawn.keys() | memory.keys()}
+
+
 def check_ledger(report: dict) -> None:
     """A sync's parts fit its total, leaf by leaf and in all: synced = moved - relayed + copied +
     reused (the formula notebook 05 states), the relayed bytes part of the moved ones."""
@@ -300,9 +350,11 @@ def check_sentences(lab, name: str) -> None:
         return
     report = lab.report
     check_words(report)
-    check_same_devices(report, _figures(lab)["grid"][0])
+    figures = _figures(lab)
+    check_same_devices(report, figures["grid"][0])
+    check_memory_kinds(figures["grid"][0], figures["memory"][0])
     check_ledger(report)
-    check_no_text_runs_together(_figures(lab))
+    check_no_text_runs_together(figures)
 
 
 def check_no_text_runs_together(figures: dict[str, list[str]]) -> None:
@@ -363,10 +415,56 @@ def test_the_labs_words_agree_over_drawn_custom_meshes_and_device_orders(
     check_words(report)
     words = render(report)
     check_same_devices(report, words["grid"])
+    check_memory_kinds(words["grid"], words["by_device"])
     check_ledger(report)
     check_no_text_runs_together(
         {view: [words[view]] for view in ("flow", "grid")} | {"memory": [words["by_device"], words["by_role"]]}
     )
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+def test_the_devices_and_memory_views_draw_a_stored_reports_bytes_in_the_same_memory_kinds(name):
+    from test_lab_words import render
+
+    words = render(stored(name))
+    check_memory_kinds(words["grid"], words["by_device"])
+
+
+def test_the_devices_view_draws_the_offloaded_actor_dotted_as_the_memory_view_does():
+    # Colocated with offload: the Devices view once drew the actor's 53.8 KiB per device solid
+    # (device memory) beside the Memory view's dotted bar (pinned host).
+    from test_lab_words import render
+
+    words = render(stored("colocated-offload-chunked"))
+    drawn, memory = grid_kinds(words["grid"]), memory_kinds(words["by_device"])
+    assert drawn[("actor", "0")] == memory[("actor", "0")] == {"pinned_host"}
+
+
+# Configurations the lab builds, drawn: a layout, LoRA or full parameters, offload on or off, a
+# sync in one piece or in chunks, an engine; constructed, then synced, and after each the two
+# views' memory kinds compared.
+_CONFIGURATIONS = st.fixed_dictionaries(
+    {
+        "layout": st.sampled_from(["colocated", "reshaped", "split", CUSTOM]),
+        "lora": st.booleans(),
+        "offload": st.booleans(),
+        "sync_chunk_bytes": st.sampled_from([0, CHUNK]),
+        "engine": st.sampled_from(["vanilla", "vllm", "sglang_jax"]),
+    }
+)
+
+
+@pytest.mark.cluster
+@settings(max_examples=4)  # each example builds a cluster and syncs it
+@given(_CONFIGURATIONS)
+@example({"layout": "colocated", "lora": False, "offload": True, "sync_chunk_bytes": 0, "engine": "vanilla"})
+def test_the_devices_and_memory_views_agree_on_memory_kinds_over_drawn_configurations(knobs):
+    def check(lab, name, _):
+        if lab.error is None and lab.report is not None:
+            figures = _figures(lab)
+            check_memory_kinds(figures["grid"][0], figures["memory"][0])
+
+    _drive([("construct", knobs), ("sync", None)], check)
 
 
 # The sync's "X of Y" (the status once said the moved bytes, relayed ones included, "of" the

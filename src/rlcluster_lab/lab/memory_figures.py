@@ -44,10 +44,26 @@ def _group_fills(c: Canvas, groups: list[Mapping[str, Any]]) -> list[str]:
 _SPARE_TINTS = ["#222222", "#bbbbbb", "#777777", "#e0e0e0"]
 
 
-def own_bytes(memory: Mapping[str, Any], entry: str, dev: str, kind: str) -> int:
-    """What ``entry`` holds on ``dev`` in ``kind`` that no other entry holds."""
-    held = _on(memory.get("by_role", {}).get(entry, {}), dev, kind)
-    return held - sum(_on(g, dev, kind) for g in memory.get("shared", []) if entry in g.get("roles", []))
+def held_on(memory: Mapping[str, Any], entry: str, dev: str) -> dict[str, dict[tuple[str, ...], int]]:
+    """Where ``entry``'s bytes are on device ``dev``: per memory kind it holds bytes in (``KINDS``
+    order), per set of holders, the bytes; ``(entry,)`` are its own buffers, a shared set's
+    roles (``memory["shared"]``) the buffers it holds with them.
+
+    The one account of memory kinds per role and device: the Devices view (a cell per role and
+    device, ``placement_figures.device_grid``) and the Memory view (a bar per device and kind,
+    ``memory_by_device``) both draw it, solid in device memory and dotted in pinned host.
+    """
+    held: dict[str, dict[tuple[str, ...], int]] = {}
+    for kind in KINDS:
+        sets = {
+            tuple(g["roles"]): v
+            for g in memory.get("shared", [])
+            if entry in g.get("roles", []) and (v := _on(g, dev, kind)) > 0
+        }
+        own = _on(memory.get("by_role", {}).get(entry, {}), dev, kind) - sum(sets.values())
+        if parts := ({(entry,): own} if own > 0 else {}) | sets:
+            held[kind] = parts
+    return held
 
 
 def _on(holding: Mapping[str, Any], dev: str, kind: str) -> int:
@@ -124,8 +140,13 @@ def memory_by_device(memory: Mapping[str, Any]) -> Svg:
     for i, dev in enumerate(devices):
         for k, kind in enumerate(kinds):
             x = left + i * slot + (slot - bar_w * len(kinds)) / 2 + k * bar_w
-            own = [(e, v) for e in entries if (v := own_bytes(memory, e, dev, kind)) > 0]
-            held_once = [(g["roles"], fill, v) for g, fill in zip(groups, group_fills) if (v := _on(g, dev, kind)) > 0]
+            holding = {e: held_on(memory, e, dev).get(kind, {}) for e in entries}
+            own = [(e, v) for e in entries if (v := holding[e].get((e,), 0)) > 0]
+            held_once = [
+                (roles, fill, v)
+                for roles, fill in zip((tuple(g["roles"]) for g in groups), group_fills)
+                if (v := holding.get(roles[0], {}).get(roles, 0)) > 0
+            ]
             for name in [e for e, _ in own] + [" = ".join(roles) for roles, _, _ in held_once]:
                 drawn.setdefault(name, set()).add(kind)
             on = f"on device {dev} ({kind})"

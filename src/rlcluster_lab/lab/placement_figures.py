@@ -48,10 +48,13 @@ from rlcluster_lab.lab.flow import (
     link_lanes,
     mesh_coords,
     role_note,
-    shared_bytes,
 )
+from rlcluster_lab.lab.memory_figures import held_on
 from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_ORDER, clip, in_order, role_color, text_width, wrap
 from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
+
+# How a cell's hover names the memory kind its bytes are in.
+_KIND_WORDS = {"device": "device memory", "pinned_host": "pinned host"}
 
 
 def _option_need(row: FlowRow) -> list[float]:
@@ -120,7 +123,10 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     A cell whose bytes are all the actor's own buffers is hatched in the
     actor's colour over a tint of the role's ("= actor"): the rollout on the
     shared branch, a LoRA reference's backbone. Buffers of the role's own (the
-    actor's, a copy, a model of its own) are solid in its colour. When the
+    actor's, a copy, a model of its own) are in its colour. Each cell draws its
+    bytes in the memory kind the Memory view puts them in (one account,
+    ``memory_figures.held_on``): plain in device memory, dotted in pinned host,
+    a cell with bytes in both split between them. When the
     engine replaced the rollout mesh (P7), the mesh the config asked for is
     drawn dashed on a row of its own. Under the grid, per role, the sharing
     map's links (P1, P2) beside what the role measurably shares with the
@@ -135,7 +141,6 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     # platform: a cluster on one chip (or one device of eight) is drawn as one column.
     ids = sorted({int(d) for _, _, m in rows for d in m.get("device_ids", [])})
     memory = report.get("memory") or {}
-    by_role = memory.get("by_role", {})
     label_w, top, row_h = 150, 48, 42
     cell_w = min(72.0, (WIDTH - label_w - 10) / max(len(ids), 1))
     small = cell_w < text_width("88.8 KiB", MIN_FONT) + 6  # too narrow for bytes: they go in the hover
@@ -143,7 +148,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     c = Canvas(WIDTH, 0, f"Devices: {devices_text(report)}; each cell: mesh coordinate and the role's physical bytes")
     for j, dev in enumerate(ids):
         c.text(label_w + j * cell_w + cell_w / 2, top - 8, f"dev {dev}", size=MIN_FONT, anchor="middle", fill=MUTED)
-    kinds: set[str] = set()
+    drawn: set[tuple[str, str]] = set()  # (whose buffers, memory kind) of the cells drawn: the legend's
     for i, (name, role, mesh) in enumerate(rows):
         y = top + i * row_h
         dashed = name.endswith("(config)")
@@ -157,20 +162,36 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 c.rect(*cell, "white", stroke="#dddddd", width=0.6, id=f"cell:{name}:{dev}")
                 continue
             color = role_color(role)
-            held = sum(by_role.get(role, {}).get("by_device", {}).get(str(dev), {}).values()) if not dashed else 0
-            shared = shared_bytes(memory, role, "actor", str(dev)) if role != "actor" and held else 0
+            # Where the role's bytes are on this device, per memory kind: the account the Memory
+            # view draws too (memory_figures.held_on), so a kind is drawn alike in both views.
+            holding = {} if dashed else held_on(memory, role, str(dev))
+            parts = {kind: sum(sets.values()) for kind, sets in holding.items()}
+            held = sum(parts.values())
+            shared = sum(n for sets in holding.values() for s, n in sets.items() if role != "actor" and "actor" in s)
+            whose = "actor's" if held and shared >= held else "own"
             if dashed:
-                fill, note, kind = "white", "asked for", "asked"
-            elif held and shared >= held:
-                fill, note, kind = c.hatch(actor_color, color), "= actor", "actor's"
+                fills, note, whose = {"": "white"}, "asked for", "asked"
+            elif whose == "actor's":
+                fills = {k: c.hatch(actor_color, color, dotted=k == "pinned_host") for k in parts}
+                note = "= actor"
             else:
-                fill, note, kind = color, fmt_bytes(held) if held and not small else "", "own"
-            kinds.add(kind)
+                fills = {k: c.kind_fill(k, color) for k in parts or ("device",)}
+                note = fmt_bytes(held) if held and not small else ""
+            drawn.update((whose, k) for k in fills)
             title = f"{name} on device {dev}: mesh coordinate {coords[dev]}"
-            title += f"; holds {fmt_bytes(held)}" if held else ""
+            title += f"; holds {fmt_bytes(held)} in " + " and ".join(_KIND_WORDS[k] for k in parts) if held else ""
             title += f", of which {fmt_bytes(shared)} are the actor's buffers" if shared else ""
+            first, *more = fills
             dash = "4,3" if dashed else None
-            c.rect(*cell, fill, stroke=color, width=1.4, dash=dash, rx=3, id=f"cell:{name}:{dev}", title=title)
+            style = {"stroke": color, "width": 1.4, "dash": dash, "rx": 3, "title": title}
+            c.rect(*cell, fills[first], id=f"cell:{name}:{dev}", nbytes=None if dashed else held, **style)
+            # Bytes in a second memory kind: its share of the cell, drawn over the right of it.
+            at = cell[0] + cell[2] * parts[first] / held if more else 0
+            for k in more:
+                w = cell[2] * parts[k] / held
+                c.rect(at, cell[1], w, cell[3], fills[k], id=f"part:{name}:{dev}:{k}", nbytes=parts[k], title=title)
+                at += w
+            fill = fills[first]
             ink = "white" if fill == color else TEXT
             for line, base in ((",".join(map(str, coords[dev])), y + 17), (clip(note, cell_w - 6), y + 32)):
                 if not line:
@@ -179,13 +200,20 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                     w = text_width(line, MIN_FONT) + 4
                     c.rect(x + (cell_w - w) / 2, base - 11, w, 14, "white", rx=2, opacity=0.85)
                 c.text(x + cell_w / 2, base, line, size=MIN_FONT, anchor="middle", fill=ink)
-    items = []
-    if "own" in kinds:
-        items.append(("#9a9a9a", "solid: buffers of its own"))
-    if "actor's" in kinds:
-        items.append((c.hatch(actor_color, "#9a9a9a"), 'hatched "= actor": the actor\'s own buffers, no copy'))
-    if "asked" in kinds:
-        items.append(("white", "dashed: the mesh asked for, replaced by the engine (P7)"))
+    swatches = {
+        ("own", "device"): ("#9a9a9a", "solid: buffers of its own, in device memory"),
+        ("own", "pinned_host"): (c.dots("#9a9a9a"), "dotted: buffers of its own, in pinned host"),
+        ("actor's", "device"): (
+            c.hatch(actor_color, "#9a9a9a"),
+            'hatched "= actor": the actor\'s own buffers, no copy',
+        ),
+        ("actor's", "pinned_host"): (
+            c.hatch(actor_color, "#9a9a9a", dotted=True),
+            'hatched and dotted "= actor": the actor\'s own buffers in pinned host, no copy',
+        ),
+        ("asked", ""): ("white", "dashed: the mesh asked for, replaced by the engine (P7)"),
+    }
+    items = [swatch for key, swatch in swatches.items() if key in drawn]
     y = legend(c, 8, top + row_h * len(rows) + 16, items)
     for role in [role for name, role, _ in rows if name == role]:  # not the asked-for mesh's row
         for k, line in enumerate(wrap(role_note(report, role), WIDTH - 16 - 14)):

@@ -45,14 +45,17 @@ class Canvas:
         self._patterns: dict[str, str] = {}
         self.text(8, 20, title, size=14, weight="bold")  # every figure's heading, at its top left
 
-    def hatch(self, color: str, tint: str) -> str:
+    def hatch(self, color: str, tint: str, dotted: bool = False) -> str:
         """A fill of thin diagonal lines in ``color`` over a light tint of ``tint``: what marks
-        another role's buffers. Light enough for dark text."""
-        pid = f"hatch-{color.lstrip('#')}-{tint.lstrip('#')}"
+        another role's buffers. Light enough for dark text. ``dotted``: with dots in ``tint``
+        between the lines, the same buffers in pinned host memory (``kind_fill``)."""
+        pid = f"hatch-{'dots-' if dotted else ''}{color.lstrip('#')}-{tint.lstrip('#')}"
+        dots = f'<circle cx="3.5" cy="3.5" r="1.2" fill="{tint}"/>' if dotted else ""
         self._patterns[pid] = (
             f'<pattern id="{pid}" width="7" height="7" patternUnits="userSpaceOnUse" '
             f'patternTransform="rotate(45)"><rect width="7" height="7" fill="{tint}" fill-opacity="0.22"/>'
-            f'<line x1="0" y1="0" x2="0" y2="7" stroke="{color}" stroke-width="2" stroke-opacity="0.75"/></pattern>'
+            f'<line x1="0" y1="0" x2="0" y2="7" stroke="{color}" stroke-width="2" stroke-opacity="0.75"/>{dots}'
+            "</pattern>"
         )
         return f"url(#{pid})"
 
