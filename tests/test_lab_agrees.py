@@ -440,6 +440,27 @@ def test_the_devices_view_draws_the_offloaded_actor_dotted_as_the_memory_view_do
     assert drawn[("actor", "0")] == memory[("actor", "0")] == {"pinned_host"}
 
 
+def test_a_roles_bytes_in_two_memory_kinds_on_one_device_are_drawn_in_both_by_either_view():
+    # As a partial anchor holds them (the backbone in device memory, the adapters in pinned host),
+    # here the actor's on device 0: its cell split between the two kinds, in their bytes.
+    from stored_reports import elements
+
+    from rlcluster_lab.lab.memory_figures import memory_by_device
+    from rlcluster_lab.lab.placement_figures import device_grid
+
+    on = {"device": 100, "pinned_host": 300}
+    memory = {
+        "by_role": {"actor": {"bytes": 400, "by_kind": on, "by_device": {"0": on}}},
+        "by_device": {"0": on},
+        "shared": [],
+    }
+    mesh = {"axis_names": ["fsdp"], "shape": {"fsdp": 1}, "device_ids": [0]}
+    grid = device_grid({"role_to_mesh": {"actor": mesh}, "device_count": 1, "memory": memory})
+    check_memory_kinds(grid, memory_by_device(memory))
+    assert grid_kinds(grid) == {("actor", "0"): {"device", "pinned_host"}}
+    assert elements(grid)["part:actor:0:pinned_host"].get("data-bytes") == "300"
+
+
 # Configurations the lab builds, drawn: a layout, LoRA or full parameters, offload on or off, a
 # sync in one piece or in chunks, an engine; constructed, then synced, and after each the two
 # views' memory kinds compared.
