@@ -53,7 +53,7 @@ class Holder:
         """Its command line, each file without its folder, cut to a readable length:
         ``python3 -m ipykernel_launcher -f kernel-6f1e8a4c-....json``."""
         words = [os.path.basename(a) if a.startswith("/") else a for a in self.argv] or ["?"]
-        text = " ".join(words)
+        text = " ".join(" ".join(words).split())  # a ``-c`` program's lines on one line
         return text if len(text) <= _COMMAND_CHARS else text[: _COMMAND_CHARS - 1] + "…"
 
     def words(self) -> str:
