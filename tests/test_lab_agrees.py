@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from stored_reports import PLACEMENTS, stored
 from test_lab import _change
 
+from rlcluster_lab.core.knobs import KNOBS
 from rlcluster_lab.lab.controls import CUSTOM
 from rlcluster_lab.lab.what_if import agrees
 
@@ -329,6 +330,26 @@ def check_memory_kinds(grid: str, by_device: str) -> None:
     assert drawn == memory, {at: (drawn.get(at), memory.get(at)) for at in drawn.keys() | memory.keys()}
 
 
+def check_chunk_words(report: dict, figures: dict[str, list[str]]) -> None:
+    """The Weight sync view says how the handover was cut in the report's own count of chunks
+    (``chunk_words``), and no other sentence of it says otherwise: a count of chunks, one piece
+    or a limit, or a chunk size the handover did not reach."""
+    from stored_reports import svg_text
+
+    from rlcluster_lab.core.limits import fmt_bytes
+    from rlcluster_lab.measure.sync_peak import chunk_words
+
+    peak = (report.get("sync") or {}).get("transient_peak")
+    if not peak:
+        return
+    text = " ".join(svg_text(svg) for svg in figures.get("sync", []))
+    assert chunk_words(peak, fmt_bytes) in text, text
+    assert all(int(n) == peak["chunks"] for n in re.findall(r"\bin (\d+) chunks\b", text)), text
+    assert ("in one piece" in text) == (peak["chunk_bytes"] is None), text
+    if peak["chunks"] <= 1:
+        assert "chunks of at most" not in text and "in a chunk of its own" not in text, text
+
+
 def check_ledger(report: dict) -> None:
     """A sync's parts fit its total, leaf by leaf and in all: synced = moved - relayed + copied +
     reused (the formula notebook 05 states), the relayed bytes part of the moved ones."""
@@ -353,6 +374,7 @@ def check_sentences(lab, name: str) -> None:
     figures = _figures(lab)
     check_same_devices(report, figures["grid"][0])
     check_memory_kinds(figures["grid"][0], figures["memory"][0])
+    check_chunk_words(report, figures)
     check_ledger(report)
     check_no_text_runs_together(figures)
 
@@ -461,15 +483,16 @@ def test_a_roles_bytes_in_two_memory_kinds_on_one_device_are_drawn_in_both_by_ei
     assert elements(grid)["part:actor:0:pinned_host"].get("data-bytes") == "300"
 
 
-# Configurations the lab builds, drawn: a layout, LoRA or full parameters, offload on or off, a
-# sync in one piece or in chunks, an engine; constructed, then synced, and after each the two
-# views' memory kinds compared.
+# Configurations the lab builds, drawn: a layout, LoRA or full parameters, offload on or off,
+# each chunk size the lab offers (one piece among them), an engine; constructed, then synced, and
+# after each the Devices and Memory views' memory kinds compared, and the Weight sync view's
+# words about its chunks held to the report's count.
 _CONFIGURATIONS = st.fixed_dictionaries(
     {
         "layout": st.sampled_from(["colocated", "reshaped", "split", CUSTOM]),
         "lora": st.booleans(),
         "offload": st.booleans(),
-        "sync_chunk_bytes": st.sampled_from([0, CHUNK]),
+        "sync_chunk_bytes": st.sampled_from([value for _, value in KNOBS["sync_chunk_bytes"].options]),
         "engine": st.sampled_from(["vanilla", "vllm", "sglang_jax"]),
     }
 )
@@ -478,12 +501,16 @@ _CONFIGURATIONS = st.fixed_dictionaries(
 @pytest.mark.cluster
 @settings(max_examples=4)  # each example builds a cluster and syncs it
 @given(_CONFIGURATIONS)
+# Colocated with offload: the actor's bytes once drawn in device memory beside pinned host.
 @example({"layout": "colocated", "lora": False, "offload": True, "sync_chunk_bytes": 0, "engine": "vanilla"})
-def test_the_devices_and_memory_views_agree_on_memory_kinds_over_drawn_configurations(knobs):
+# Split, full, 1 MiB chunks: one chunk, once said to be "in one piece" beside "chunks of at most".
+@example({"layout": "split", "lora": False, "offload": False, "sync_chunk_bytes": 1 << 20, "engine": "vanilla"})
+def test_the_views_agree_on_memory_kinds_and_sync_chunks_over_drawn_configurations(knobs):
     def check(lab, name, _):
         if lab.error is None and lab.report is not None:
             figures = _figures(lab)
             check_memory_kinds(figures["grid"][0], figures["memory"][0])
+            check_chunk_words(lab.report, figures)
 
     _drive([("construct", knobs), ("sync", None)], check)
 

@@ -164,16 +164,14 @@ def test_p13_sync_order_in_words_is_the_reports():
     """The order's fields, and its words as every sync report and plan records them."""
     assert p13_sync_order(None, False) == SyncOrder(None, False, False)
     assert p13_sync_order(1000, False, anchor_covers=False) == SyncOrder(1000, False, False)
+    # How many chunks the handover took is the report's to say (chunk_words), not the order's.
     assert p13_sync_order(1000, True).text == (
-        "the handover in chunks of at most 1,000 bytes, a larger leaf whole in a chunk of its own (each committed "
-        "and its old arrays dropped), each piece "
+        "the handover, each chunk committed and its old arrays dropped, each piece "
         "staged to device memory and written back to pinned host before the next, then the anchor re-pin "
         "(the actor's own pinned buffers)"
     )
     assert SyncOrder(1000, False, False).text == (
-        "the handover in chunks of at most 1,000 bytes, a larger leaf whole in a chunk of its own (each committed "
-        "and its old arrays dropped; the old arrays "
-        "kept for a rollback), then the anchor re-pin"
+        "the handover, each chunk committed and its old arrays kept to the end for a rollback, then the anchor re-pin"
     )
     assert SyncOrder(None, False, False).text == (
         "the handover in one piece (the old arrays kept until the end for a rollback), then the anchor re-pin"

@@ -242,12 +242,31 @@ def test_the_chunk_words_say_a_leaf_larger_than_a_chunk_moves_whole(layout, lora
     sizes = [int(leaf["logical_bytes"]) for leaf in sorted(sync["leaves"], key=lambda lf: lf["path"])]
     larger = [n for n in sizes if n > chunk]
     if peak["chunks"] <= 1:
-        assert words == "in one piece"
+        # One chunk: the limit is above all the handover's bytes (the split full actor's 421.2 KiB
+        # under 1 MiB once read "in one piece" beside an order "in chunks of at most 1,048,576 bytes").
+        assert words == f"in one chunk: the limit, {fmt_bytes(chunk)}, is above the {fmt_bytes(sum(sizes))} handed over"
         return
     assert words.startswith(f"in {peak['chunks']} chunks of at most {fmt_bytes(chunk)}")
     assert ("moves whole" in words) == bool(larger), words
     if larger:
         assert f"the largest: {fmt_bytes(max(larger))}" in words and peak["largest_chunk_bytes"] == max(larger)
+
+
+def test_a_sync_in_one_chunk_says_so_once_and_no_sentence_of_its_figure_says_otherwise():
+    # Split layout, full parameters, 1 MiB chunks: the 431,360 bytes handed over go in one chunk.
+    from rlcluster_lab.cli.plan import format_plan
+
+    plan = plan_scenario(Scenario(layout="split", sync_chunk_bytes=1 << 20)).to_json()
+    sync = plan["sync"]
+    peak = sync["transient_peak"]
+    assert (peak["chunks"], peak["chunk_bytes"], peak["largest_chunk_bytes"]) == (1, 1 << 20, 431_360)
+    said = "in one chunk: the limit, 1.0 MiB, is above the 421.2 KiB handed over"
+    # The figure, and the plan's line about the peak that the CLI prints, with the same words.
+    line = next(line for line in format_plan(plan).splitlines() if "transient peak" in line)
+    for text in (svg_text(sync_peak(sync)), line):
+        assert said in text
+        for otherwise in ("in one piece", "chunks of at most", "a larger leaf", "in a chunk of its own"):
+            assert otherwise not in text, otherwise
 
 
 def test_the_stored_chunked_sync_says_its_66_kib_leaf_moved_whole():

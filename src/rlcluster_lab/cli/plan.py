@@ -82,13 +82,15 @@ def format_plan(data: Mapping[str, Any]) -> str:
         lines.append(f"  peak extra {kind} bytes on one device during the sync: {fmt_bytes(peak)}")
     transient = sync.get("transient_peak")
     if transient:
-        top, chunks = transient["max_bytes"], transient["chunks"]
+        from rlcluster_lab.measure.sync_peak import chunk_words  # imports JAX: not when the parser is built
+
+        top = transient["max_bytes"]
         lines.append(
             "  transient peak on one device (new arrays before the old go, staging, arrays in flight"
             + (", program temporaries" if transient["method"]["program_temporaries"].startswith("computed") else "")
             + f"): device memory {fmt_bytes(top.get('device', 0))}, "
             + f"pinned host {fmt_bytes(top.get('pinned_host', 0))}; "
-            + ("in one piece" if chunks <= 1 else f"in {chunks} chunks")
+            + chunk_words(transient, fmt_bytes)
         )
     verdict = {None: "unknown (no memory per device known: pass --memory-per-device)", True: "everything fits"}
     lines.append("fits: " + verdict.get(fits["all_fit"], f"DOES NOT FIT: {fits['reason']}"))

@@ -171,15 +171,22 @@ def largest_chunk(sizes: Sequence[int], chunk_bytes: int | None) -> int:
 
 def chunk_words(peak: Mapping[str, Any], size: Callable[[int], str] = lambda n: f"{n:,} bytes") -> str:
     """How a sync's handover was cut (P13), in the peak's own figures (``SyncPeak.to_json()``):
-    every view that says it (the peak figure's subtitle, the CLI) says it with these words.
+    every view that says it (the peak figure's subtitle, the CLI) says it with these words, and
+    the order of the sync's steps (``rules.steps.SyncOrder.text``) leaves it to them.
 
-    A leaf is never split (``placement.chunks``): one larger than the chunk size moves whole, in
+    Without a chunk size, one piece. With one, the report's count of chunks: one chunk, when the
+    limit is above all the bytes handed over (the one chunk's, the largest); else that many. A
+    leaf is never split (``placement.chunks``): one larger than the chunk size moves whole, in
     a chunk of its own, so the largest chunk can be above the size; the words then say so, with
     the largest chunk's bytes. ``size`` writes a byte count (the figures' ``fmt_bytes``).
     """
     chunks, limit, largest = int(peak.get("chunks") or 1), peak.get("chunk_bytes"), int(peak["largest_chunk_bytes"])
-    if chunks <= 1 or limit is None:
+    if limit is None:
         return "in one piece"
+    if chunks <= 1:
+        if largest > int(limit):  # a single leaf, above the limit
+            return f"in one chunk: the one leaf handed over, {size(largest)}, is above the limit, {size(int(limit))}"
+        return f"in one chunk: the limit, {size(int(limit))}, is above the {size(largest)} handed over"
     said = f"in {chunks} chunks of at most {size(int(limit))}"
     if largest > int(limit):
         said += f", but a leaf larger than that moves whole, in a chunk of its own (the largest: {size(largest)})"

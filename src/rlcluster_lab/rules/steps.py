@@ -133,7 +133,8 @@ class SyncOrder:
     """How ``cluster.sync`` runs a sync (P13, P14): in chunks of at most ``chunk_bytes`` (None:
     one piece); a failure restored from the anchor (each chunk's old arrays dropped at its
     commit) or from the old arrays, kept to the end; under ``offload`` each piece staged to
-    device and written back to pinned host (the reshard's stage step). ``text``: the report's words."""
+    device and written back to pinned host (the reshard's stage step). ``text``: the report's words
+    for the order; how many chunks the handover took, the report's own count says."""
 
     chunk_bytes: int | None
     restore_from_anchor: bool
@@ -144,10 +145,11 @@ class SyncOrder:
         if self.chunk_bytes is None:
             said = "the handover in one piece (the old arrays kept until the end for a rollback)"
         else:
-            # A leaf is never split (placement.chunks): the words say where a chunk can be larger.
-            said = f"the handover in chunks of at most {self.chunk_bytes:,} bytes, a larger leaf whole in a chunk "
-            said += "of its own (each committed and its old arrays "
-            said += "dropped)" if self.restore_from_anchor else "dropped; the old arrays kept for a rollback)"
+            # How many chunks, and how large, the report says from its own count: a limit above
+            # every byte handed over makes one chunk, a leaf above it one of its own.
+            said = "the handover, each chunk committed and its old arrays " + (
+                "dropped" if self.restore_from_anchor else "kept to the end for a rollback"
+            )
         if self.offload:
             said += ", each piece staged to device memory and written back to pinned host before the next"
         return said + ", then the anchor re-pin" + (" (the actor's own pinned buffers)" if self.offload else "")
