@@ -269,6 +269,14 @@ def test_a_sync_in_one_chunk_says_so_once_and_no_sentence_of_its_figure_says_oth
             assert otherwise not in text, otherwise
 
 
+def test_one_chunk_of_one_leaf_above_the_limit_says_the_leaf_moved_whole():
+    peak = {"chunks": 1, "chunk_bytes": 16 << 10, "largest_chunk_bytes": 66 << 10}
+    assert chunk_words(peak, fmt_bytes) == (
+        "in one chunk: the one leaf handed over, 66.0 KiB, is above the limit, 16.0 KiB"
+    )
+    assert chunk_words({**peak, "chunk_bytes": None}, fmt_bytes) == "in one piece"
+
+
 def test_the_stored_chunked_sync_says_its_66_kib_leaf_moved_whole():
     sync = stored("colocated-offload-chunked")["sync"]
     peak = sync["transient_peak"]
