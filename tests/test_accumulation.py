@@ -97,18 +97,21 @@ def test_training_config_derives_accumulation_steps_as_the_reference():
     assert TrainingConfig().gradient_accumulation_steps is None
 
 
+MICRO_POSITIVE = r"train_micro_batch_size \(--micro-batch-size\) must be a positive integer"
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"train_micro_batch_size": 4}, "mini_batch_size must be set when train_micro_batch_size is set"),
+        ({"train_micro_batch_size": 4}, r"mini_batch_size \(--mini-batch-size\) must be set when train_micro"),
         (
             {"mini_batch_size": 10, "train_micro_batch_size": 3},
-            "mini_batch_size=10 must be a multiple of train_micro_batch_size=3",
+            r"= 10 must be a multiple of train_micro_batch_size \(--micro-batch-size\) = 3",
         ),
-        ({"mini_batch_size": 8, "train_micro_batch_size": 0}, "train_micro_batch_size must be a positive integer"),
-        ({"mini_batch_size": 8, "train_micro_batch_size": 4.5}, "train_micro_batch_size must be a positive integer"),
-        ({"mini_batch_size": 8, "train_micro_batch_size": True}, "train_micro_batch_size must be a positive integer"),
-        ({"mini_batch_size": -8, "train_micro_batch_size": 4}, "mini_batch_size must be >= 1"),
+        ({"mini_batch_size": 8, "train_micro_batch_size": 0}, MICRO_POSITIVE),
+        ({"mini_batch_size": 8, "train_micro_batch_size": 4.5}, MICRO_POSITIVE),
+        ({"mini_batch_size": 8, "train_micro_batch_size": True}, MICRO_POSITIVE),
+        ({"mini_batch_size": -8, "train_micro_batch_size": 4}, r"mini_batch_size \(--mini-batch-size\) must be >= 1"),
     ],
 )
 def test_bad_micro_batch_combinations_are_config_errors(kwargs, message):

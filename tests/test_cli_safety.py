@@ -8,9 +8,11 @@ test allocates much.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from rlcluster_lab.cli.main import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OUTP
 from rlcluster_lab.core.config import TrainingConfig
 from rlcluster_lab.core.devices import MAX_SIMULATED_DEVICES, ensure_simulated_devices
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.knobs import describe
 from rlcluster_lab.core.limits import LIMIT_ENV, TooLargeError
 from rlcluster_lab.core.options import RolloutConfig, Scenario
 from rlcluster_lab.model import get_model_config
@@ -108,8 +111,12 @@ def test_build_cluster_refuses_a_scenario_over_the_limit_without_building(monkey
 
     monkeypatch.setattr(scenario_module, "build_models", no_build)
     monkeypatch.setenv(LIMIT_ENV, str(10**6))
-    with pytest.raises(TooLargeError, match="--model-size"):
+    with pytest.raises(TooLargeError, match="a smaller model_size") as err:
         scenario_module.build_cluster(Scenario(with_reward=True, with_critic=True))
+    # The CLI names its flags for the same refusal, the lab its widgets.
+    flags = "The flag to change: --model-size (or --reward, --critic, --lora, --devices)."
+    assert describe(err.value, "cli").endswith(flags)
+    assert "model_size" not in describe(err.value, "lab")
 
 
 def test_cli_report_over_the_memory_limit_is_one_line(capsys, monkeypatch):
@@ -166,14 +173,14 @@ def test_cli_devices_after_the_backend_started_says_how_to_get_more(capsys):
         (["learn", "--steps", "1", "--learning-rate", "nan"], "--learning-rate must be a finite number > 0"),
         (["learn", "--steps", "1", "--learning-rate", "inf"], "--learning-rate must be a finite number > 0"),
         (["learn", "--steps", "1", "--learning-rate", "-1"], "--learning-rate must be a finite number > 0"),
-        (["learn", "--steps", "1", "--max-tokens", "200"], "--max-tokens must be below kv_cache_size"),
-        (["learn", "--steps", "1", "--max-tokens", "0"], "--max-tokens) must be >= 1"),
+        (["learn", "--steps", "1", "--max-tokens", "200"], "--max-tokens must be below KV cache slots per row, 128,"),
+        (["learn", "--steps", "1", "--max-tokens", "0"], "--max-tokens must be at least 1"),
         (["learn", "--steps", "1", "--lora", "--lora-rank", "65"], "between 1 and 64"),
-        (["learn", "--steps", "-1"], "steps must be >= 0"),
-        (["learn", "--group-size", "1"], "group_size >= 2"),
-        (["learn", "--mini-batch-size", "0"], "mini_batch_size must be >= 1"),
-        (["learn", "--iterations", "0"], "num_iterations must be >= 1"),
-        (["plan", "--vllm-tp", "0"], "--vllm-tp) must be an int >= 1"),
+        (["learn", "--steps", "-1"], "--steps must be >= 0"),
+        (["learn", "--group-size", "1"], "--prompts-per-step must be >= 1 and --group-size >= 2"),
+        (["learn", "--mini-batch-size", "0"], "--mini-batch-size must be >= 1"),
+        (["learn", "--iterations", "0"], "--iterations must be >= 1"),
+        (["plan", "--vllm-tp", "0"], "--vllm-tp must be an int >= 1"),
         (["plan", "--engine", "vllm", "--vllm-tp", "3"], "does not divide the 8 rollout devices"),
         (["plan", "--memory-per-device", "1e400"], "--memory-per-device must be a positive, finite number"),
         (["plan", "--memory-per-device", "0"], "--memory-per-device must be a positive, finite number"),
@@ -196,7 +203,26 @@ def test_cli_devices_after_the_backend_started_says_how_to_get_more(capsys):
     ],
 )
 def test_bad_flag_values_are_one_line_exit_2(capsys, argv, fragment):
-    assert_one_line_refusal(*run(capsys, argv), fragment)
+    rc, out, err = run(capsys, argv)
+    assert_one_line_refusal(rc, out, err, fragment)
+    # docs/guarantees.md: naming the flag to change, never a Python field.
+    assert [f for f in PYTHON_FIELDS if re.search(rf"\b{f}\b", err)] == [], err
+
+
+def _python_fields() -> frozenset[str]:
+    """The fields of the lab's configurations and of every knob that a refusal could name: those
+    whose name is not also a word (``group_size``, ``kv_cache_size``), and the classes' names."""
+    from rlcluster_lab.app.learner import LearnerConfig
+    from rlcluster_lab.core.config import ClusterConfig
+    from rlcluster_lab.core.knobs import KNOBS
+    from rlcluster_lab.planner import Workload
+
+    classes = (Scenario, LearnerConfig, TrainingConfig, RolloutConfig, ClusterConfig, Workload)
+    fields = {f.name for c in classes for f in dataclasses.fields(c)} | set(KNOBS)
+    return frozenset({f for f in fields if "_" in f} | {c.__name__ for c in classes})
+
+
+PYTHON_FIELDS = _python_fields()
 
 
 def test_plan_of_a_published_model_with_lora_runs(capsys):
@@ -381,12 +407,31 @@ def test_a_score_model_given_as_the_actor_is_refused(tmp_path):
         (["plan", "--topology", "nope"], "--topology", "topology_names"),
         (["learn", "--steps", "-1"], "--steps", "LearnerConfig"),
         (["learn", "--group-size", "1"], "--group-size", "LearnerConfig"),
+        (["learn", "--max-tokens", "0"], "--max-tokens", "max_tokens"),
     ],
 )
 def test_plan_and_learn_refusals_name_the_flag_not_the_python_field(capsys, argv, flag, field):
     rc, out, err = run(capsys, argv)
     assert_one_line_refusal(rc, out, err, f"The flag to change: {flag}")
     assert field not in err
+
+
+@pytest.mark.parametrize(
+    "limit, flags",
+    [
+        (10**5, "--model-size"),  # below the tiny model's KV cache for one prompt (196 KiB)
+        (10**6, "--model-size (or --reward, --critic, --lora, --devices)"),  # below its cluster (about 2.6 MB)
+    ],
+    ids=["kv-cache", "cluster"],
+)
+def test_a_memory_refusal_names_the_commands_own_flags_not_the_python_fields(capsys, monkeypatch, limit, flags):
+    # docs/guarantees.md: a refusal names the flag to change, never a Python field; and only a flag
+    # this command takes (report has no --kv-cache-size).
+    monkeypatch.setenv(LIMIT_ENV, str(limit))
+    rc, out, err = run(capsys, ["report"])
+    assert_one_line_refusal(rc, out, err, f"The flag to change: {flags}.")
+    fields = [k for k in ("kv_cache_size", "model_size", "with_reward", "with_critic", "lora=") if k in err]
+    assert fields == [] and "--kv-cache-size" not in err, err
 
 
 class _FullDisk(io.TextIOBase):

@@ -101,10 +101,11 @@ class LearnerConfig:
             object.__setattr__(self, name, as_int(getattr(self, name), name, knobs=(name,)))
         object.__setattr__(self, "critic", as_bool(self.critic, "critic", knobs=("with_critic",)))
         if self.steps < 0:
-            raise ConfigError(f"steps must be >= 0, got {self.steps}", knobs=("steps",))
+            raise ConfigError(f"steps (--steps) must be >= 0, got {self.steps}", knobs=("steps",))
         if self.prompts_per_step < 1 or self.group_size < 2:
             raise ConfigError(
-                "prompts_per_step must be >= 1 and group_size >= 2 (GRPO compares within a group)",
+                "prompts_per_step (--prompts-per-step) must be >= 1 and group_size (--group-size) >= 2 "
+                "(GRPO compares within a group)",
                 knobs=("group_size",) if self.group_size < 2 else ("prompts_per_step",),
             )
 

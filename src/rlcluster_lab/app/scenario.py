@@ -169,7 +169,13 @@ def check_memory(
             gives both figures and how to ask for less.
     """
     # The engine's KV cache for one prompt, whatever the batch (a batch is checked by generate).
-    check_fits(rollout_bytes(scenario, 1), f"a KV cache of {scenario.kv_cache_size:,} slots", "lower kv_cache_size")
+    # Its fix names the knobs: the CLI's report and learn take no --kv-cache-size, so they name --model-size.
+    check_fits(
+        rollout_bytes(scenario, 1),
+        f"a KV cache of {scenario.kv_cache_size:,} slots",
+        "lower kv_cache_size or choose a smaller model_size",
+        knobs=("kv_cache_size", "model_size"),
+    )
     size = get_model_config(scenario.model_size)
     params = size.num_params + (size.lora_params(scenario.lora_rank) if scenario.lora else 0)
     draw = size.num_params * _DRAW_ITEMSIZE
@@ -202,15 +208,14 @@ def check_memory(
         + (f" with LoRA rank {scenario.lora_rank}" if scenario.lora else "")
         + f" as {', '.join(roles)} on {len(devices)} {platform} device(s))"
     )
-    fix = (
-        "ask for less: a smaller model_size (--model-size), fewer roles (--reward, --critic), "
-        "a LoRA actor (--lora) or fewer devices (--devices)"
-    )
-    check_fits(placed + draw, what, fix, freed_host)
+    # The Scenario's fields here; the lab and the CLI name their own widgets and flags for the knobs.
+    fix = "ask for less: a smaller model_size, fewer roles (with_reward, with_critic), lora=True or fewer devices"
+    knobs = ("model_size", "with_reward", "with_critic", "lora", "devices")
+    check_fits(placed + draw, what, fix, freed_host, knobs=knobs)
     # On devices with memory of their own: the planner's resident bytes per device (every
     # role placed, device memory kind) against what each device's allocator has free.
     resident = {int(d): int(kinds.get("device", 0)) for d, kinds in memory["by_device"].items()}
-    check_fits_devices(resident, reporting, what, fix, freed_device)
+    check_fits_devices(resident, reporting, what, fix, freed_device, knobs=knobs)
 
 
 def rollout_bytes(scenario: Scenario, rows: int) -> int:

@@ -145,7 +145,7 @@ def _main(argv: Sequence[str] | None, interrupts: _Interrupts) -> int:
         if interrupts.hit:  # an interrupt some code turned into another error on its way out
             raise KeyboardInterrupt from None
         # A refusal that names its knobs names them as this command's flags (core.knobs).
-        print(f"error: {describe(exc, 'cli')}", file=sys.stderr)
+        print(f"error: {describe(exc, 'cli', args.command)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     interrupts.check()  # one a callback swallowed: nothing is written
     return _write(text)

@@ -70,29 +70,34 @@ class TrainingConfig:
                 object.__setattr__(self, name, as_int(getattr(self, name), name, knobs=(name,)))
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
             raise ConfigError(
-                f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}", knobs=("mini_batch_size",)
+                f"mini_batch_size (--mini-batch-size) must be >= 1 or None, got {self.mini_batch_size}",
+                knobs=("mini_batch_size",),
             )
         if self.num_iterations < 1:
-            raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}", knobs=("num_iterations",))
+            raise ConfigError(
+                f"num_iterations (--iterations) must be >= 1, got {self.num_iterations}", knobs=("num_iterations",)
+            )
         micro = self.train_micro_batch_size
         if micro is not None:
             if isinstance(micro, bool) or not isinstance(micro, numbers.Integral) or micro < 1:
                 raise ConfigError(
-                    f"train_micro_batch_size must be a positive integer or None (no accumulation), got {micro!r}",
+                    f"train_micro_batch_size (--micro-batch-size) must be a positive integer or None (no "
+                    f"accumulation), got {micro!r}",
                     knobs=("train_micro_batch_size",),
                 )
             object.__setattr__(self, "train_micro_batch_size", int(micro))
             if self.mini_batch_size is None:
                 raise ConfigError(
-                    f"mini_batch_size must be set when train_micro_batch_size is set (got train_micro_batch_size="
-                    f"{micro}, mini_batch_size=None): each mini-batch step accumulates mini_batch_size // "
-                    "train_micro_batch_size micro-batches; set mini_batch_size to a multiple of it",
+                    f"mini_batch_size (--mini-batch-size) must be set when train_micro_batch_size "
+                    f"(--micro-batch-size) is set (got {micro} and none): each mini-batch step accumulates "
+                    "mini-batch // micro-batch micro-batches; set the mini-batch to a multiple of the micro-batch",
                     knobs=("mini_batch_size", "train_micro_batch_size"),
                 )
             if self.mini_batch_size % micro:
                 raise ConfigError(
-                    f"mini_batch_size={self.mini_batch_size} must be a multiple of train_micro_batch_size={micro}: "
-                    "each optimizer update accumulates a whole number of micro-batches",
+                    f"mini_batch_size (--mini-batch-size) = {self.mini_batch_size} must be a multiple of "
+                    f"train_micro_batch_size (--micro-batch-size) = {micro}: each optimizer update accumulates a "
+                    "whole number of micro-batches",
                     knobs=("mini_batch_size", "train_micro_batch_size"),
                 )
         if self.role_to_logical_axis_rule is not None:

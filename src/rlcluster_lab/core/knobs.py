@@ -241,7 +241,7 @@ SCENARIO_KNOBS: tuple[Knob, ...] = (
          help="hand a weight sync over in chunks of at most this many bytes of leaves, each committed and its old "
          "arrays dropped before the next: a lower transient peak, one reshard per chunk (default: one piece)"),
     # The rollout's settings: ``learn`` samples max_tokens, ``plan`` sizes a step by both (``planner.Workload``).
-    Knob(field="max_tokens", name="max-tokens", kind="int", default=16, commands=("learn", "plan"),
+    Knob(field="max_tokens", name="max-tokens", kind="int", default=16, low=1, commands=("learn", "plan"),
          label=None, flag="--max-tokens", help="completion tokens per row"),
     Knob(field="temperature", name="temperature", kind="float", default=1.0,
          label=None, flag=None, help="sampling temperature (0: greedy)"),
@@ -338,19 +338,25 @@ def knobs_of(exc: BaseException) -> tuple[Knob, ...]:
     return tuple(KNOBS[f] for f in getattr(exc, "knobs", ()) if f in KNOBS)
 
 
-def describe(exc: BaseException, audience: Audience) -> str:
+def describe(exc: BaseException, audience: Audience, command: str | None = None) -> str:
     """The message of ``exc`` (usually a ``ConfigError`` with ``knobs``) for the lab or the CLI
     (``audience``): the knobs it names said as widget labels or flags.
 
     The message's "field (--flag)" mentions become the audience's own name, and a
     last sentence names what to change ("the flag to change: --lora-rank").
-    Without knobs the message is returned as it is, on one line.
+    Without knobs the message is returned as it is, on one line. ``command``: the CLI's
+    subcommand, whose flags alone are named (``report`` takes no ``--kv-cache-size``).
     """
     text = " ".join(str(getattr(exc, "problem", None) or exc).split()) or type(exc).__name__
-    knobs = knobs_of(exc)
-    for knob in knobs:
+    knobs = tuple(k for k in knobs_of(exc) if command is None or command in k.commands)
+    # Every knob the text names as "field (--flag)", the fix's or another (group_size beside
+    # prompts_per_step), is said the audience's way; on the CLI a flag this command does not
+    # take (learn has no --kv-cache-size) is said in the knob's words.
+    for knob in KNOBS.values():
         said = knob.said(audience)
         if said and knob.flag:
+            if audience == "cli" and command is not None and command not in knob.commands:
+                said = knob.help
             text = text.replace(f"{knob.field} ({knob.flag})", said if audience == "cli" else f"'{knob.label}'")
     names = [s for s in (k.said(audience) for k in knobs) if s]
     if not names:

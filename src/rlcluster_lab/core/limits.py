@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
@@ -105,21 +105,30 @@ def limit_bytes(freed: int = 0) -> int:
     return available_host_bytes() if os.environ.get(LIMIT_ENV) else int((available_host_bytes() + freed) * SHARE)
 
 
-def check_fits(need: int, what: str, fix: str = "", freed: int = 0) -> None:
+def _too_large(problem: str, fix: str, knobs: Sequence[str]) -> TooLargeError:
+    """The refusal: ``problem`` and, for the Python API, ``fix``; with ``knobs`` the lab and the CLI
+    say the problem alone and name those knobs as their own widgets or flags (``core.knobs.describe``)."""
+    message = f"{problem}; {fix}" if fix else problem
+    return TooLargeError(message, knobs=knobs, problem=problem if knobs else None)
+
+
+def check_fits(need: int, what: str, fix: str = "", freed: int = 0, knobs: Sequence[str] = ()) -> None:
     """Refuse ``need`` bytes (estimated from shapes, never by allocating) before allocating them
     when they exceed ``limit_bytes(freed)``; the message names ``what`` would be allocated ("the
-    checkpoint's parameters") and ends with ``fix``, how to get a smaller request.
+    checkpoint's parameters") and ends with ``fix``, how to get a smaller request; ``knobs``: the
+    knobs (``core.knobs``) whose change asks for less, the likeliest first.
 
     Raises:
         TooLargeError: ``need`` exceeds the limit; the message gives both figures.
     """
     limit = limit_bytes(freed)
     if need > limit:
-        hint = f"; {fix}" if fix else ""
         counted = f", counting the {fmt_bytes(freed)} the cluster it replaces frees" if freed else ""
-        raise TooLargeError(
+        raise _too_large(
             f"{what} would need about {fmt_bytes(need)} ({need:,} bytes, estimated from shapes) but at most "
-            f"{fmt_bytes(limit)} may be allocated here (half the free host memory{counted}, or ${LIMIT_ENV}){hint}"
+            f"{fmt_bytes(limit)} may be allocated here (half the free host memory{counted}, or ${LIMIT_ENV})",
+            fix,
+            knobs,
         )
 
 
@@ -136,13 +145,19 @@ def device_free_bytes(device: Any) -> int | None:
 
 
 def check_fits_devices(
-    need: Mapping[int, int], devices: Iterable[Any], what: str, fix: str = "", freed: Mapping[int, int] | None = None
+    need: Mapping[int, int],
+    devices: Iterable[Any],
+    what: str,
+    fix: str = "",
+    freed: Mapping[int, int] | None = None,
+    knobs: Sequence[str] = (),
 ) -> None:
     """Refuse when any device's ``need[device.id]`` bytes exceed what it can still allocate.
 
     Only devices that report allocator figures (``device_free_bytes``) are checked:
     on CPU devices, whose memory is the host's, ``check_fits`` is the check. ``freed[device.id]``:
     bytes the caller frees on that device before allocating (a cluster it replaces), counted as free.
+    ``fix`` and ``knobs`` as for ``check_fits``.
 
     Raises:
         TooLargeError: the first device that cannot hold its share; the message gives both figures.
@@ -154,12 +169,13 @@ def check_fits_devices(
         if free is None or want <= free + released:
             continue
         free = max(free + released, 0)
-        hint = f"; {fix}" if fix else ""
         counted = f" and the {fmt_bytes(released)} the cluster it replaces frees" if released else ""
-        raise TooLargeError(
+        raise _too_large(
             f"{what} would need about {fmt_bytes(want)} ({want:,} bytes, estimated from shapes) on {device.platform} "
             f"device {device.id} but it has {fmt_bytes(free)} free ({free:,} bytes, from its allocator's "
-            f"memory_stats(){counted}){hint}"
+            f"memory_stats(){counted})",
+            fix,
+            knobs,
         )
 
 

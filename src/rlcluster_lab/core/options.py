@@ -57,7 +57,8 @@ def check_tensor_parallel_size(size: Any) -> int | None:
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
         raise ConfigError(
             f"rollout_vllm_tensor_parallel_size (--vllm-tp) must be an int >= 1 that divides the rollout "
-            f"devices, or None for all of them; got {size!r}"
+            f"devices, or None for all of them; got {size!r}",
+            knobs=("rollout_vllm_tensor_parallel_size",),
         )
     return int(size)
 
@@ -211,8 +212,8 @@ class Scenario:
         # A prompt needs at least one cache slot beside the completion.
         if self.max_tokens >= self.kv_cache_size:
             raise ConfigError(
-                f"max_tokens (--max-tokens) must be below kv_cache_size ({self.kv_cache_size}) so that a "
-                f"prompt fits in the KV cache beside the completion, got {self.max_tokens}",
+                f"max_tokens (--max-tokens) must be below kv_cache_size (--kv-cache-size), {self.kv_cache_size}, so "
+                f"that a prompt fits in the KV cache beside the completion, got {self.max_tokens}",
                 knobs=("max_tokens",),
             )
 
