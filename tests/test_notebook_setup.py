@@ -29,6 +29,7 @@ try:
     import rlcluster_lab as rl
 except ModuleNotFoundError:
     import os
+    from importlib import metadata
 
     source = os.environ.get("RLCLUSTER_LAB_SOURCE")
     if not source:
@@ -37,7 +38,15 @@ except ModuleNotFoundError:
             "source (a git+https:// URL, or an uploaded folder) and run this cell again"
         ) from None
     spec = source if "://" in source else "file://" + os.path.abspath(source)
-    %pip install --quiet "rlcluster-lab[lab] @ {spec}"
+    # The runtime's own JAX stays: pip would replace it with the newest a dependency accepts.
+    keep = []
+    for name in ("jax", "jaxlib", "libtpu"):
+        try:
+            keep.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    pins = " ".join(keep)
+    %pip install --quiet "rlcluster-lab[lab] @ {spec}" {pins}
     import rlcluster_lab as rl
 lab = rl.setup()"""
 
