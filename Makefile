@@ -64,8 +64,9 @@ test-fast: install-test
 	$(PY) -m pytest $(XDIST) -m "not cluster and not slow" -p no:nbval tests
 
 # Our users' Python and JAX (Colab and Ubuntu 24.04 run Python 3.12; JAX 0.11 and later need it):
-# the fast tier and every notebook on PYTHON_NEWEST with the newest JAX on the registry, in a venv of
-# their own. .ci/run finds a Python 3.12 and runs this after `make test`.
+# the fast tier, every notebook, and the set-up cell keeping a runtime's older JAX (tests/test_install.py)
+# on PYTHON_NEWEST with the newest JAX on the registry, in a venv of their own. .ci/run finds a Python
+# 3.12 and runs this after `make test`.
 PYTHON_NEWEST ?= python3.12
 VENV_NEWEST ?= .venv-newest
 
@@ -76,6 +77,7 @@ test-newest:
 	$(VENV_NEWEST)/bin/python -m pip install --quiet --upgrade -e ".[test]" jax jaxlib
 	$(VENV_NEWEST)/bin/python -c "import sys, jax; print('Python', sys.version.split()[0], 'with JAX', jax.__version__)"
 	$(VENV_NEWEST)/bin/python -m pytest $(XDIST) -m "not cluster and not slow" -p no:nbval tests
+	$(VENV_NEWEST)/bin/python -m pytest -p no:nbval tests/test_install.py
 	$(VENV_NEWEST)/bin/python -m pytest $(XDIST) notebooks
 
 # ruff (lint and format check) and import-linter (one-way layers, no cycle inside a subpackage),
