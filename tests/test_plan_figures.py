@@ -67,3 +67,23 @@ def test_plan_memory_is_legible_and_leaves_no_pyplot_figure_open():
     assert mpl_problems(fig) == []
     assert plt.get_fignums() == []
     assert to_png(fig).startswith(b"\x89PNG")
+
+
+def test_l4_plan_memory_draws_each_devices_peak_above_its_rest_as_the_plan_budgets_it():
+    # Notebook 08: the 70B model with LoRA, split, on one GPU node. Its busiest device holds 33 GiB
+    # at rest and 58 GiB during the actor's update; the figure draws both, the rest as the bar and
+    # the step's largest phase on top of it, so the tallest top is the plan's "busiest device".
+    from rlcluster_lab.planner import plan_cluster
+
+    plan = plan_cluster("llama3-70b", "gpu-8", layout="split", lora_rank=16).to_json()
+    fig = plan_memory(plan)
+    bars = {p.get_gid(): p for ax in fig.axes for p in ax.patches if (p.get_gid() or "").startswith("bar:device:")}
+    for budget in plan["per_device"]:
+        d = budget["device"]
+        rest, peak = bars[f"bar:device:{d}:device"], bars[f"bar:device:{d}:peak"]
+        assert rest.get_height() == plan["memory"]["by_device"][str(d)]["device"]
+        assert rest.get_height() + peak.get_height() == budget["peak_bytes"]
+    top = max(b.get_y() + b.get_height() for g, b in bars.items() if g.endswith(":peak"))
+    assert top == plan["fits"]["peak"]["max_device_bytes"]
+    assert "at rest and at the step's peak" in _texts(fig)
+    assert mpl_problems(fig) == []

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from rlcluster_lab.measure.sync import flat_leaves
+from rlcluster_lab.measure.sync import describe_sharding, flat_leaves
 from rlcluster_lab.placement.boxes import Box, to_box
 from rlcluster_lab.placement.transfers import shard_key
 
@@ -111,6 +111,15 @@ def cluster_layouts(cluster: Any, path: str) -> tuple[ShardLayout, ShardLayout]:
         shard_layout(actor, f"actor: {_mesh_label(actor)}"),
         shard_layout(rollout, f"rollout: {_mesh_label(rollout)}"),
     )
+
+
+def leaf_specs(cluster: Any, path: str) -> str:
+    """One leaf's shape and its partition spec in the actor and in the rollout's model, read from
+    their shardings (as the report writes a spec: ``P(None, None)``)."""
+    ends = _sync_ends(cluster, path)
+    roles = ("actor", "rollout")
+    lines = [f"{role:8} {spec_of(describe_sharding(x.sharding))} on {_mesh_label(x)}" for role, x in zip(roles, ends)]
+    return f"{path}, shape {tuple(ends[0].shape)}:\n" + "\n".join(lines)
 
 
 def _sync_ends(cluster: Any, path: str) -> tuple[jax.Array, jax.Array]:

@@ -29,6 +29,7 @@ from rlcluster_lab.cluster.observe import observing
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure.memory import MemoryReport, cluster_entries, memory_of
 from rlcluster_lab.measure.sync import SyncReport
+from rlcluster_lab.model.sampling import PROMPT_BUCKET
 
 # One length for every prompt: each step then has the same shapes (see ``run_steps``).
 EVEN_PROMPTS: tuple[str, ...] = ("abc", "the", "cat", "xyz", "jax", "rl ", "map", "row")
@@ -168,6 +169,40 @@ def decoded_sample(tokenizer: Any, out: Any) -> dict[str, str]:
         "completion (decoded from tokens)": repr(tokenizer.decode(out.tokens[0])),
         "completion (text field)": repr(out.text[0]),
     }
+
+
+def sample_words(tokenizer: Any, out: Any) -> str:
+    """What a reader of a ``RolloutOutput``'s ids needs, from the tokenizer and the output: the
+    width the prompts were left-padded to and why, and which ids are not bytes."""
+    prompts = np.asarray(out.left_padded_prompt_tokens)
+    width = prompts.shape[1]
+    longest = int((prompts != tokenizer.pad_id).sum(axis=1).max())
+    if width > longest:
+        why = (
+            f"the longest prompt ({longest} ids with its begin id) rounded up to a multiple of {PROMPT_BUCKET} "
+            "(model.sampling.PROMPT_BUCKET), so nearby prompt lengths run the programs already compiled"
+        )
+    else:
+        why = "the longest prompt's length (the KV cache has no room for a rounded width)"
+    special = sorted({tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id})
+    spare = f"{special[-1] + 1}-{tokenizer.vocab_size - 1}"
+    return (
+        f"prompts left-padded to {width} ids: {why}\n"
+        f"ids 0-255 are bytes; {tokenizer.pad_id} pads, {tokenizer.bos_id} begins and {tokenizer.eos_id} ends a "
+        f"sequence; {spare} mean nothing (the vocabulary is rounded up to {tokenizer.vocab_size} so the embedding "
+        "divides over 2, 4 or 8 devices): an untrained model may sample them, and decoding drops them"
+    )
+
+
+def beside_words(first: StepPhases) -> str:
+    """Where the first step's work on other threads (its programs built ahead) went, phase by
+    phase, from the measured phases: the sentence under ``compare_rows``' table."""
+    beside = [(p.name, p.other_threads_seconds) for p in first.phases if p.other_threads_seconds > 0]
+    if not beside:
+        return f"No other thread traced or compiled during step {first.step}."
+    total = sum(s for _, s in beside)
+    where = "; ".join(f"{_ms(s)} ms ({100 * s / total:.0f}%) beside {name}" for name, s in beside)
+    return f"Other threads traced and compiled for {_ms(total)} ms during step {first.step}: {where}."
 
 
 @dataclasses.dataclass

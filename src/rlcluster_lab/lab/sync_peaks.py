@@ -56,6 +56,27 @@ def peak_rows(syncs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def peak_answer(syncs: Mapping[str, Mapping[str, Any]]) -> str:
+    """Which measured sync has the highest device peak, and which moves the most between
+    devices, read from the reports: the answer to notebook 05's question, so its prose never
+    names a run the figures contradict."""
+
+    def peak(label: str) -> int:
+        return int(syncs[label]["transient_peak"]["max_bytes"].get("device", 0))
+
+    def moved(label: str) -> int:
+        return int(syncs[label]["moved_cross_device_bytes"])
+
+    highest, most = max(syncs, key=peak), max(syncs, key=moved)
+    at = syncs[highest]["transient_peak"]
+    where = f"device {at['max_device']}, at {at['phase_at_peak'][at['max_device']]}"
+    said = (
+        f"highest device peak: {highest}, {peak(highest):,} bytes ({where}); "
+        f"moves the most between devices: {most}, {moved(most):,} bytes"
+    )
+    return said + (": the same sync" if highest == most else ": another sync")
+
+
 def planned_peak_rows(
     devices: Devices, scenarios: Mapping[str, Scenario], syncs: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, Any]]:

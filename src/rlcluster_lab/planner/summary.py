@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.planner.budget import gib as _gib
 
 
@@ -56,3 +57,20 @@ def verdict_row(label: str, plan: Any) -> dict[str, Any]:
         "per device": _gib(fits["memory_per_device"]),
         "fits": fits["all_fit"],
     }
+
+
+def sync_lines(plan: Any) -> str:
+    """What one sync of the plan hands over and which link each byte takes, three figures that
+    add up: of the bytes from other devices, those that must cross between hosts (each block a
+    host needs, once into that host) and the copies of them made inside a host."""
+    sync = plan.sync
+    moved, across = int(sync["moved_cross_device_bytes"]), int(sync["cross_host_bytes"])
+    within = int(sync["within_host_cross_device_bytes"])
+    return "\n".join(
+        [
+            f"a sync hands over {fmt_bytes(sync['synced_bytes'])}, {fmt_bytes(moved)} of it from other devices:",
+            f"  {fmt_bytes(across)} must cross between hosts (each block a host needs, once into that host)",
+            f"  {fmt_bytes(within)} are copies of those blocks made between devices inside a host",
+            f"at least {sync['estimated_seconds'] * 1e3:.2f} ms, each link carrying its own share at once",
+        ]
+    )
