@@ -175,6 +175,13 @@ def test_a_record_for_another_environment_is_not_warm(warm_env):
     other = {**warm.warm_key(), "cpu_compiler_options": {"xla_backend_optimization_level": 0}}
     (warm_env / warm.RECORD).write_text(json.dumps({"key": other}))
     assert not warm.is_warm(warm_env)
+    # Nor programs of another precision (core.precision): the train step at the cluster's, say.
+    key = warm.warm_key()
+    exact = {"sampler": "highest", "log-probs": "highest"}
+    assert key["matmul_precisions"] == {**exact, "scores": None, "train step": None}
+    swapped = {**key, "matmul_precisions": {**key["matmul_precisions"], "train step": "highest"}}
+    (warm_env / warm.RECORD).write_text(json.dumps({"key": swapped}))
+    assert not warm.is_warm(warm_env)
 
 
 def test_the_warm_start_is_off_by_setting_or_without_a_trusted_cache(warm_env, monkeypatch, tmp_path):

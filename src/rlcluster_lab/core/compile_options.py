@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlcluster_lab.core.precision import PROGRAMS, traced_at, traced_precision
+
 ENV = "RLCLUSTER_LAB_FAST_COMPILE"
 MODES = ("auto", "on", "off")
 
@@ -179,26 +181,34 @@ def options_key(options: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...
 
 
 class ProgramFamily:
-    """One jitted function per set of compiler options, each made on first use.
+    """One jitted function per set of compiler options and matmul precision, each made on first use.
 
     A module-level program is jitted before anyone knows where it will run; the
     options depend on that (the platform, the model's size), so the jitted
-    function is picked per call: ``family.jitted(options)(*args)``.
+    function is picked per call: ``family.jitted(options)(*args)``. ``program`` names
+    its row of ``core.precision.PROGRAMS`` (None: it multiplies no matrices), which
+    says the precision it is traced at.
     """
 
-    def __init__(self, fun: Callable[..., Any], **jit_kwargs: Any) -> None:
+    def __init__(self, fun: Callable[..., Any], program: str | None = None, **jit_kwargs: Any) -> None:
+        if program is not None:
+            PROGRAMS[program]  # noqa: B018 - a name the table lacks is refused here, at import
         self._fun = fun
+        self.program = program
         self._jit_kwargs = jit_kwargs
-        self._by_options: dict[tuple[tuple[str, Any], ...], Any] = {}
+        self._by_options: dict[tuple[Any, ...], Any] = {}
 
     def jitted(self, options: Mapping[str, Any] | None) -> Any:
-        """The function jitted with ``options`` (None: XLA's defaults)."""
-        key = options_key(options)
+        """The function jitted with ``options`` (None: XLA's defaults), traced at the program's
+        precision here (``core.precision.traced_precision``)."""
+        precision = traced_precision(self.program)
+        key = (options_key(options), precision)
         hit = self._by_options.get(key)
         if hit is None:
             import jax
 
-            hit = jax.jit(self._fun, compiler_options=dict(options) if options else None, **self._jit_kwargs)
+            fun = traced_at(self._fun, precision)
+            hit = jax.jit(fun, compiler_options=dict(options) if options else None, **self._jit_kwargs)
             # A dict write is atomic under the GIL: two threads at most build the same wrapper twice.
             self._by_options[key] = hit
         return hit

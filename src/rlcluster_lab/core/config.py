@@ -147,10 +147,12 @@ class ClusterConfig:
     ``"minimal"`` assembles every destination shard on its own device from exactly the
     pieces it lacks, which moves the least but compiles two small programs per device.
 
-    ``matmul_precision`` is entered around every operation (None: the platform's
-    default). The default, ``"highest"``, keeps float32 matmuls in float32 on GPUs and
-    TPUs, so the sampler's, the anchor's and the live actor's log-probs agree to float32
-    rounding on every platform (P11).
+    ``matmul_precision`` is the precision of the programs whose results P11 compares:
+    the sampler and the log-prob programs (None: the platform's default). The default,
+    ``"highest"``, keeps float32 matmuls in float32 on GPUs and TPUs, so the sampler's,
+    the anchor's and the live actor's log-probs agree to float32 rounding on every
+    platform (P11). The optimizer steps and the reward model's and critic's scores run at
+    the platform's default whatever it says (``core.precision.PROGRAMS``).
 
     ``sync_chunk_bytes`` (None: one piece) makes a weight sync (P13) hand the weights
     over in chunks of at most that many bytes, each committed (and the arrays it replaces

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -59,10 +60,15 @@ STANDARD: tuple[tuple[str, bool], ...] = tuple(
 
 def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
     """What the programs in the cache depend on: versions, devices, compile mode and the CPU
-    compiler options it chooses (part of each program's cache key), the scenarios."""
+    compiler options it chooses (part of each program's cache key), each program's matmul
+    precision in the standard clusters (``core.precision``: in each program's text), the scenarios."""
     import importlib.metadata as metadata
 
     from rlcluster_lab.core.compile_options import chosen_options, compile_mode
+    from rlcluster_lab.core.config import ClusterConfig
+    from rlcluster_lab.core.precision import PROGRAMS, precision_of
+
+    compared = {f.name: f.default for f in dataclasses.fields(ClusterConfig)}["matmul_precision"]
 
     def version(name: str) -> str:
         try:
@@ -76,6 +82,7 @@ def warm_key(devices: int = DEFAULT_SIMULATED_DEVICES) -> dict[str, Any]:
         "devices": devices,
         "compile_mode": compile_mode(),
         "cpu_compiler_options": chosen_options("cpu"),  # XLA not asked: no backend started here
+        "matmul_precisions": {program: precision_of(program, compared) for program in PROGRAMS},
         "scenarios": [list(s) for s in STANDARD],
     }
 

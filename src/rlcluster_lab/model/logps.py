@@ -210,10 +210,11 @@ def _logps(graphdef, state, prompt_tokens, completion_tokens, pad_id, temperatur
     return forward_logps(nnx.merge(graphdef, state), prompt_tokens, completion_tokens, pad_id, temperature)
 
 
-# One program per model graph, shapes, shardings and compiler options: every role whose model
-# has the same graph (the reference, the anchor and the live actor without LoRA; the rollout
-# where it is the actor) runs the same compiled program.
-LOGPS = ProgramFamily(_logps, static_argnames=("graphdef", "pad_id"))
+# One program per model graph, shapes, shardings, compiler options and precision (the cluster's:
+# P11 compares its log-probs, core.precision): every role whose model has the same graph (the
+# reference, the anchor and the live actor without LoRA; the rollout where it is the actor) runs
+# the same compiled program.
+LOGPS = ProgramFamily(_logps, "log-probs", static_argnames=("graphdef", "pad_id"))
 
 
 def model_compiler_options(graphdef: nnx.GraphDef, *states: Any) -> dict[str, Any] | None:

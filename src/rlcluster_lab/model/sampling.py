@@ -111,7 +111,7 @@ def _generate(
 
 
 _SAMPLER = ProgramFamily(
-    _generate, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy", "eos_id", "pad_id")
+    _generate, "sampler", static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy", "eos_id", "pad_id")
 )
 
 

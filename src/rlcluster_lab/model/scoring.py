@@ -75,7 +75,7 @@ def _scores(
     return jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
 
 
-_SCORES = ProgramFamily(_scores, static_argnames=("graphdef", "pad_id", "per_token"))
+_SCORES = ProgramFamily(_scores, "scores", static_argnames=("graphdef", "pad_id", "per_token"))
 
 
 def scores_from_state(

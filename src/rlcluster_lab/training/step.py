@@ -6,7 +6,8 @@ the cluster feeds it the live actor and writes the new trainable state back. It 
 donated) and says why in its ``rejected`` metric. The layers are one stacked array per weight
 (``model.transformer``), so that check covers about a dozen leaves (two dozen with LoRA's
 adapters), not a few per layer. Compiled steps are shared by every caller with an *equal*
-optimizer (``fingerprint.describe``) and dropped once no live optimizer uses them.
+optimizer (``fingerprint.describe``) and dropped once no live optimizer uses them. The step
+runs at the platform's default matmul precision: P11 compares no gradient (``core.precision``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rlcluster_lab.core.compile_options import ProgramFamily, options_for, options_key, run
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import exchange, host_values
+from rlcluster_lab.core.precision import traced_at, traced_precision
 from rlcluster_lab.core.shardings import HOST_MEMORY_KINDS
 from rlcluster_lab.core.states import WhileAlive
 from rlcluster_lab.model import forward_logps
@@ -144,13 +146,19 @@ def run_update(
     name: str,
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """Run ``jitted_update``'s program on ``args`` (trainable, frozen, opt_state, batch, extra),
-    compiled once per optimizer description, loss ``key``, layouts and micro-batch count."""
+    compiled once per optimizer description, loss ``key``, layouts, micro-batch count, compiler
+    options and precision (the train step's: ``core.precision``)."""
     trainable, frozen, opt_state, batch, _ = args
     keep = (_sharding_key(trainable), _sharding_key(opt_state))
     pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
     options = model_compiler_options(graphdef, trainable, frozen)
-    full = (graphdef, *key, keep, pieces, options_key(options))
-    return _STEPS.call(tx, full, lambda: jitted_update(graphdef, keep, pieces, sums_fn, name, options), *args)
+    precision = traced_precision("train step")
+    full = (graphdef, *key, keep, pieces, options_key(options), precision)
+
+    def build() -> Any:
+        return jitted_update(graphdef, keep, pieces, sums_fn, name, options, precision)
+
+    return _STEPS.call(tx, full, build, *args)
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int | None) -> int:
@@ -359,6 +367,7 @@ def jitted_update(
     sums_fn: Any,
     name: str,
     options: Mapping[str, Any] | None = None,
+    precision: str | None = None,
 ) -> Any:
     """The optimizer step of any token-mean loss, jitted with pinned shardings.
 
@@ -369,7 +378,9 @@ def jitted_update(
     state and the metrics; it is transactional: ``rejected`` names the first non-finite value
     found (``REJECTION_REASONS``: the loss, a gradient, a new parameter, the new optimizer
     state), and then the inputs' parameters and optimizer state are returned unchanged.
-    ``options``: XLA compiler options (None: defaults).
+    ``options``: XLA compiler options (None: defaults). ``precision``: the matmul precision its
+    products are traced at, whatever the caller's context (None: the platform's default, the
+    train step's in ``core.precision.PROGRAMS``).
     """
     (p_def, p_shardings), (o_def, o_shardings) = keep
     mesh = next((s.mesh for s in p_shardings if isinstance(s, NamedSharding)), None)
@@ -398,7 +409,7 @@ def jitted_update(
 
     step.__name__ = step.__qualname__ = name  # the program's name in compilation reports
     out = (jax.tree.unflatten(p_def, p_shardings), jax.tree.unflatten(o_def, o_shardings), metrics)
-    return jax.jit(step, out_shardings=out, compiler_options=dict(options) if options else None)
+    return jax.jit(traced_at(step, precision), out_shardings=out, compiler_options=dict(options) if options else None)
 
 
 def _accumulated_grads(
