@@ -25,6 +25,7 @@ from flax import nnx
 from rlcluster_lab.core.compile_cache import count_compilations, uncached
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.model_config import ModelConfig, get_model_config
+from rlcluster_lab.core.precision import traced_at, traced_precision
 from rlcluster_lab.model import init_model
 from rlcluster_lab.model.logps import forward_logps, model_compiler_options
 from rlcluster_lab.model.transformer import TransformerLM
@@ -123,7 +124,10 @@ def _measure(graphdef: nnx.GraphDef, state: nnx.State, prompt: jax.Array, comple
     def logps(state, prompt, completion):  # a new function object: no in-memory cache hit
         return forward_logps(nnx.merge(graphdef, state), prompt, completion, pad_id)
 
-    jitted = jax.jit(logps, compiler_options=model_compiler_options(graphdef, state))
+    # At the log-prob programs' precision here (core.precision), as the lab's own would be.
+    jitted = jax.jit(
+        traced_at(logps, traced_precision("log-probs")), compiler_options=model_compiler_options(graphdef, state)
+    )
     with uncached(), count_compilations() as built:
         start = time.perf_counter()
         lowered = jitted.lower(state, prompt, completion)
