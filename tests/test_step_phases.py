@@ -16,10 +16,12 @@ from rlcluster_lab.cluster import observe
 from rlcluster_lab.lab.step_phases import (
     EVEN_PROMPTS,
     OTHER_THREADS,
+    PRECISION,
     compare_rows,
     measure_step,
     memory_rows,
     output_rows,
+    precision_rows,
     returned_rows,
     run_steps,
     time_rows,
@@ -128,6 +130,19 @@ def test_tables_name_every_phase_and_total_the_step(offloaded):
         "pinned_host B": sum(int(k.get("pinned_host", 0)) for k in step.phase("update").during.by_device.values()),
     }
     assert mem[1]["phase"] == "rewards *"  # no work point: the walk after it
+
+
+def test_the_tables_say_each_programs_precision_and_why(offloaded):
+    """The programs P11 compares at the cluster's precision (highest), the update at the
+    platform's default; host code (the toy reward) and the sync multiply no matrices."""
+    _, _, step = offloaded
+    ran = ["highest", "-", "highest", "highest", "platform default", "-"]
+    assert [r[PRECISION] for r in time_rows(step)[:-1]] == ran
+    assert [r[PRECISION] for r in compare_rows(step, step)] == ran
+    why = {r["phase"]: (r["program"], r[PRECISION], r["why"]) for r in precision_rows(step)}
+    assert list(why) == [name for name, p in zip(PHASES, ran) if p != "-"]
+    assert why["update"][:2] == ("train step", "platform default") and "not the update's gradient" in why["update"][2]
+    assert why["generate"][:2] == ("sampler", "highest") and all("P11" in w for _, _, w in why.values())
 
 
 def test_bad_input_is_refused_with_the_fix(offloaded):

@@ -26,6 +26,7 @@ import numpy as np
 
 from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig, StepRecord
 from rlcluster_lab.cluster.observe import observing
+from rlcluster_lab.core.precision import PLATFORM_DEFAULT, PROGRAMS, precision_of
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.measure.memory import MemoryReport, cluster_entries, memory_of
 from rlcluster_lab.measure.sync import SyncReport
@@ -49,14 +50,15 @@ _TRACE = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
-# The cluster operations a learner step calls: method -> (phase name, role whose mesh it enters).
-_OPERATIONS: dict[str, tuple[str, str | None]] = {
-    "generate": ("generate", "rollout"),
-    "get_rewards": ("rewards", "reward"),
-    "get_values": ("values", "critic"),
-    "update_actor": ("update", "actor"),
-    "update_critic": ("update critic", "critic"),
-    "sync_weights": ("sync", None),
+# The cluster operations a learner step calls: method -> (phase name, role whose mesh it enters,
+# the program that multiplies matrices in it: its row of core.precision.PROGRAMS; None: none does).
+_OPERATIONS: dict[str, tuple[str, str | None, str | None]] = {
+    "generate": ("generate", "rollout", "sampler"),
+    "get_rewards": ("rewards", "reward", "scores"),
+    "get_values": ("values", "critic", "scores"),
+    "update_actor": ("update", "actor", "train step"),
+    "update_critic": ("update critic", "critic", "train step"),
+    "sync_weights": ("sync", None, None),
 }
 
 
@@ -78,6 +80,10 @@ class Phase:
     during: MemoryReport | None  # walk at the operation's work point; None without one (host code, the sync)
     after: MemoryReport  # walk once the call returned
     returned: tuple[tuple[str, str], ...]  # (field, shape and dtype) of what the call returned
+    # Its program's row of core.precision.PROGRAMS and the matmul precision it ran at ("highest",
+    # "platform default"); None and "": host code or the sync, no matrix product.
+    program: str | None = None
+    precision: str = ""
 
     def memory(self, when: str = "during") -> MemoryReport:
         """The walk ``"during"`` the phase (the one after it where there is none) or ``"after"``."""
@@ -242,18 +248,22 @@ class _Recorder:
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._cluster, name)
         if name in _OPERATIONS:
-            phase, role = _OPERATIONS[name]
-            return self.wrap(phase, f"cluster.{name}", role, target)
+            phase, role, program = _OPERATIONS[name]
+            return self.wrap(phase, f"cluster.{name}", role, target, program)
         if name == "per_token_logps":
 
             def logps(role: Any, *args: Any, **kwargs: Any) -> Any:
                 parsed = Role.parse(role)
                 name_ = "log-probs: actor (anchor)" if parsed is Role.ACTOR else f"log-probs: {parsed.value}"
                 call = f"cluster.per_token_logps(Role.{parsed.name}, ...)"
-                return self.wrap(name_, call, parsed.value, target)(role, *args, **kwargs)
+                return self.wrap(name_, call, parsed.value, target, "log-probs")(role, *args, **kwargs)
 
             return logps
         return target
+
+    def _precision(self, program: str) -> str:
+        """The matmul precision ``program`` runs at in this cluster (``core.precision``)."""
+        return precision_of(program, self._cluster.cluster_config.matmul_precision) or PLATFORM_DEFAULT
 
     def _walk(self, extra: Mapping[str, Any] | None = None) -> MemoryReport:
         start = time.perf_counter()
@@ -302,7 +312,9 @@ class _Recorder:
 
         return callback
 
-    def wrap(self, name: str, call: str, role: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(
+        self, name: str, call: str, role: str | None, fn: Callable[..., Any], program: str | None = None
+    ) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
             if self._open is not None:  # an operation called from inside another: part of it
                 return fn(*args, **kwargs)
@@ -320,7 +332,11 @@ class _Recorder:
             # The open phase's figures, with the memory walks inside the call left out of its time.
             measured = {k: v for k, v in vars(opened).items() if k not in ("walk_seconds", "thread")}
             seconds = total - opened.walk_seconds
-            self._phases.append(Phase(**measured, seconds=seconds, after=self._walk(), returned=returned_fields(out)))
+            after, returned = self._walk(), returned_fields(out)
+            precision = "" if program is None else self._precision(program)
+            self._phases.append(
+                Phase(**measured, seconds=seconds, after=after, returned=returned, program=program, precision=precision)
+            )
             return out
 
         return run
@@ -391,14 +407,16 @@ def _ms(seconds: float) -> str:
 
 
 OTHER_THREADS = "other threads meanwhile ms"  # the column of work beside a phase, not part of its ms
+PRECISION = "matmul precision"  # "-": no matrix product (host code, the sync)
 
 
 def time_rows(step: StepPhases) -> list[dict[str, Any]]:
     """Per phase: its measured wall time, how much of it was tracing and compiling (or cache
     reads) on its own thread (parts of the time), and apart, what other threads traced and
-    compiled meanwhile (beside it, not part of the time)."""
+    compiled meanwhile (beside it, not part of the time); the matmul precision its program ran
+    at (``precision_rows`` says why)."""
 
-    def row(name: str, seconds: float, phases: Sequence[Phase], probe: str = "") -> dict[str, Any]:
+    def row(name: str, seconds: float, phases: Sequence[Phase], probe: str = "", precision: str = "") -> dict:
         return {
             "phase": name,
             "ms": _ms(seconds),
@@ -407,16 +425,21 @@ def time_rows(step: StepPhases) -> list[dict[str, Any]]:
             "programs (cache hits)": f"{sum(p.programs for p in phases)} ({sum(p.cache_hits for p in phases)})",
             "caller's probe ms": probe,
             OTHER_THREADS: _ms(sum(p.other_threads_seconds for p in phases)),
+            PRECISION: precision,
         }
 
-    rows = [row(p.name, p.seconds, [p], _ms(p.callback_seconds) if p.callback_seconds else "") for p in step.phases]
+    rows = [
+        row(p.name, p.seconds, [p], _ms(p.callback_seconds) if p.callback_seconds else "", p.precision or "-")
+        for p in step.phases
+    ]
     return [*rows, row(f"step {step.step} in all", step.seconds, step.phases)]
 
 
 def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
     """Per phase, the first step's time (with the tracing and compiling of its own thread, parts
-    of it) beside a later step's; the last column is the first step's work on other threads
-    meanwhile (its programs built ahead): beside the phase, not part of its time."""
+    of it) beside a later step's; then the first step's work on other threads meanwhile (its
+    programs built ahead): beside the phase, not part of its time; last, the matmul precision
+    the phase's program ran at (``precision_rows`` says why)."""
     return [
         {
             "phase": a.name,
@@ -426,8 +449,20 @@ def compare_rows(first: StepPhases, later: StepPhases) -> list[dict[str, Any]]:
             f"step {later.step} ms": _ms(b.seconds),
             f"step {later.step} trace + compile ms": _ms(b.trace_seconds + b.compile_seconds),
             f"step {first.step} {OTHER_THREADS}": _ms(a.other_threads_seconds),
+            PRECISION: a.precision or "-",
         }
         for a, b in ((a, later.phase(a.name)) for a in first.phases)
+    ]
+
+
+def precision_rows(step: StepPhases) -> list[dict[str, Any]]:
+    """Per phase that multiplies matrices: its program, the matmul precision it ran at and why
+    (``core.precision.PROGRAMS``: exact where P11 compares the results, else the platform's
+    default). The update's P11 probe scores with the log-prob program, at its precision."""
+    return [
+        {"phase": p.name, "program": p.program, PRECISION: p.precision, "why": PROGRAMS[p.program].why}
+        for p in step.phases
+        if p.program is not None
     ]
 
 
