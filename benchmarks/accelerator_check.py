@@ -12,8 +12,9 @@ It exercises every accelerator-only path and prints what it measured:
   copy); offload to pinned host; LoRA; the trainable anchor. For each: the
   sync's bytes (read from the compiled program), its seconds, the memory
   walk, and the allocator's own figures;
-- P11 on the chip: |anchor - sampler| log-prob gap at the platform's default
-  matmul precision and at ``highest``;
+- P11 on the chip: |anchor - sampler| log-prob gap with the programs P11
+  compares (``core.precision``) at the platform's default matmul precision and
+  at ``highest``;
 - a smoke run of notebook 00 (the first cell and a cluster) through nbclient.
 
 On a machine without an accelerator it runs the same checks on CPU and says
@@ -166,7 +167,8 @@ def page_rows(rows: list[dict], where: str) -> list[dict]:
 
 
 def _cluster_at(rl, mesh, precision):
-    """A colocated cluster on ``mesh`` whose operations run at ``precision`` (None: the platform's default)."""
+    """A colocated cluster on ``mesh`` whose programs P11 compares run at ``precision`` (None: the
+    platform's default; ``core.precision``)."""
     import dataclasses
 
     from rlcluster_lab.app.scenario import build_models, cluster_config
