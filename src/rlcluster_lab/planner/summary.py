@@ -66,11 +66,17 @@ def sync_lines(plan: Any) -> str:
     sync = plan.sync
     moved, across = int(sync["moved_cross_device_bytes"]), int(sync["cross_host_bytes"])
     within = int(sync["within_host_cross_device_bytes"])
+    estimated = sync.get("estimated_seconds")
+    seconds = (
+        f"at least {estimated * 1e3:.2f} ms, each link carrying its own share at once"
+        if estimated is not None
+        else "no time: the topology gives no link bandwidth"
+    )
     return "\n".join(
         [
             f"a sync hands over {fmt_bytes(sync['synced_bytes'])}, {fmt_bytes(moved)} of it from other devices:",
             f"  {fmt_bytes(across)} must cross between hosts (each block a host needs, once into that host)",
             f"  {fmt_bytes(within)} are copies of those blocks made between devices inside a host",
-            f"at least {sync['estimated_seconds'] * 1e3:.2f} ms, each link carrying its own share at once",
+            seconds,
         ]
     )
