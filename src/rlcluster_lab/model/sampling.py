@@ -120,6 +120,17 @@ def _run_generate(graphdef: nnx.GraphDef, state: nnx.State, *args: Any, **kwargs
     return _SAMPLER.jitted(model_compiler_options(graphdef, state))(graphdef, state, *args, **kwargs)
 
 
+def lowered_generate(
+    graphdef: nnx.GraphDef, state: nnx.State, prompt_tokens: Any, *, max_new_tokens: int, cache_size: int, **ids: int
+) -> Any:
+    """``sample``'s program lowered for this state and prompt batch (arrays or
+    ``jax.ShapeDtypeStruct``s with shardings; ``ids``: ``eos_id`` and ``pad_id``), sampling at a
+    temperature: nothing is compiled, run or allocated."""
+    program = _SAMPLER.jitted(model_compiler_options(graphdef, state))
+    fixed = {"max_new_tokens": max_new_tokens, "cache_size": cache_size, "greedy": False}
+    return program.lower(graphdef, state, prompt_tokens, np.int64(0), np.float32(1.0), **fixed, **ids)
+
+
 PROMPT_BUCKET = 16
 
 

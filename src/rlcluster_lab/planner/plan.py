@@ -78,9 +78,13 @@ class Plan:
     per_device: tuple[DeviceBudget, ...] = ()
     per_host: tuple[HostBudget, ...] = ()
     source: str = SOURCE
+    # What was planned, for what checks the plan (``planner.xla_check``); not in the JSON.
+    request: PlanRequest | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(dataclasses.replace(self, request=None))
+        del out["request"]
+        return out
 
 
 def plan_cluster(
@@ -268,6 +272,7 @@ def _plan(req: PlanRequest) -> Plan:
         step=step,
         per_device=per_device,
         per_host=per_host,
+        request=req,
     )
 
 

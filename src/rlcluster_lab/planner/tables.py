@@ -91,6 +91,8 @@ class Topology:
     network card; inside a TPU slice the same ICI links). A host is the devices of one process:
     ``devices_per_host`` consecutive ids, or ``host_ids`` (one per device, in ``ids()`` order);
     ``host_memory`` is its RAM. Every figure carries the document it comes from (``*_source``).
+    ``xla_topology``: the slice as XLA:TPU's compile-only client names it, and its chips per host
+    (``core.compile_only``), for a plan checked by XLA (``planner.xla_check``).
     """
 
     name: str
@@ -108,6 +110,7 @@ class Topology:
     host_memory_source: str = "unknown: pass host_memory"
     host_link_bandwidth: float | None = None
     host_link_source: str = "unknown: pass host_link_bandwidth"
+    xla_topology: tuple[str, tuple[int, int, int]] | None = None
 
     def __post_init__(self) -> None:
         per = self.devices_per_host
@@ -216,7 +219,7 @@ def _gpu(name: str, nodes: int) -> Topology:
     )
 
 
-def _v5p(chips: int) -> Topology:
+def _v5p(chips: int, grid: str) -> Topology:
     return Topology(
         f"tpu-v5p-{chips}",
         chips,
@@ -231,6 +234,7 @@ def _v5p(chips: int) -> Topology:
         host_memory_source=_V5P_HOST,
         host_link_bandwidth=600e9,
         host_link_source=_V5P_HOST_LINK,
+        xla_topology=(f"v5p:{grid}", (2, 2, 1)),
     )
 
 
@@ -251,10 +255,11 @@ TOPOLOGIES: dict[str, Topology] = {
         host_memory_source=_V5E_HOST,
         host_link_bandwidth=200e9,
         host_link_source=_V5E_HOST_LINK,
+        xla_topology=("v5e:2x4", (2, 4, 1)),
     ),
-    "tpu-v5p-8": _v5p(8),
-    "tpu-v5p-64": _v5p(64),
-    "tpu-v5p-256": _v5p(256),
+    "tpu-v5p-8": _v5p(8, "2x2x2"),
+    "tpu-v5p-64": _v5p(64, "4x4x4"),
+    "tpu-v5p-256": _v5p(256, "4x8x8"),
 }
 
 

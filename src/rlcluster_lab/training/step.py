@@ -105,6 +105,7 @@ def train_step(
     beta: float,
     epsilon: float,
     micro_batch_size: int | None = None,
+    lower: bool = False,
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """One optimizer step (P12); the new parameters and optimizer state keep the old ones' shardings.
 
@@ -114,6 +115,8 @@ def train_step(
     shardings: left to itself XLA may hand back a leaf in another layout, and the next step
     would compile again. A step that would leave a non-finite value returns the inputs'
     parameters and optimizer state with ``metrics["rejected"]`` > 0 (``rejection_reason``).
+    ``lower``: return the step's program lowered for these arguments instead (``jax.stages.Lowered``;
+    arrays or ``jax.ShapeDtypeStruct``s with shardings: nothing is compiled, run or allocated).
 
     Raises:
         TypeError / ConfigError: a malformed batch (shape, ids outside the vocabulary,
@@ -133,7 +136,8 @@ def train_step(
         return grpo_sums(model, batch, pad_id=pad_id, temperature=temperature, beta=beta, epsilon=epsilon)
 
     args = (trainable, frozen, opt_state, batch, temperature)
-    return run_update(tx, graphdef, args, micro_batch_size, ("grpo", pad_id, beta, epsilon), sums_fn, "grpo_train_step")
+    key = ("grpo", pad_id, beta, epsilon)
+    return run_update(tx, graphdef, args, micro_batch_size, key, sums_fn, "grpo_train_step", lower=lower)
 
 
 def run_update(
@@ -144,10 +148,12 @@ def run_update(
     key: tuple[Any, ...],
     sums_fn: Any,
     name: str,
+    *,
+    lower: bool = False,
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """Run ``jitted_update``'s program on ``args`` (trainable, frozen, opt_state, batch, extra),
     compiled once per optimizer description, loss ``key``, layouts, micro-batch count, compiler
-    options and precision (the train step's: ``core.precision``)."""
+    options and precision (the train step's: ``core.precision``); ``lower``: lowered, not run."""
     trainable, frozen, opt_state, batch, _ = args
     keep = (_sharding_key(trainable), _sharding_key(opt_state))
     pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
@@ -158,7 +164,7 @@ def run_update(
     def build() -> Any:
         return jitted_update(graphdef, keep, pieces, sums_fn, name, options, precision)
 
-    return _STEPS.call(tx, full, build, *args)
+    return _STEPS.call(tx, full, build, *args, lower=lower)
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int | None) -> int:
@@ -214,8 +220,11 @@ class _Programs:
     def current_tx(self) -> optax.GradientTransformation:
         return self._local.tx
 
-    def call(self, tx: optax.GradientTransformation, key: tuple[Any, ...], build: Any, *args: Any) -> Any:
-        """``build()``'s program for (``tx``, ``key``), compiled once per description, run on ``args``."""
+    def call(
+        self, tx: optax.GradientTransformation, key: tuple[Any, ...], build: Any, *args: Any, lower: bool = False
+    ) -> Any:
+        """``build()``'s program for (``tx``, ``key``), compiled once per description, run on ``args``
+        (``lower``: lowered for them, traced with ``tx`` as a run would be)."""
         desc, pins = describe_transformation(tx)
         full = (desc, *key)
         user = getattr(tx, "update", None)
@@ -238,7 +247,7 @@ class _Programs:
         outer = getattr(self._local, "tx", None)
         self._local.tx = tx
         try:
-            return run(entry.program, *args)
+            return entry.program.lower(*args) if lower else run(entry.program, *args)
         finally:
             self._local.tx = outer
 
@@ -466,19 +475,7 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
     (Adam's, SGD's: zeros and a zero count, read from the traced ``tx.init``) is written from
     the host in one transfer and nothing is compiled.
     """
-    jaxpr, abstract = jax.make_jaxpr(tx.init, return_shape=True)(params)
-    by_path = {_path_key(kp): x for kp, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def pick(kp: Any, leaf: Any) -> Any:
-        key = _path_key(kp)
-        for start in range(len(key)):
-            hit = by_path.get(key[start:])
-            if hit is not None and hit.shape == leaf.shape:
-                return hit.sharding
-        return replicated
-
-    shardings = jax.tree_util.tree_map_with_path(pick, abstract)
+    jaxpr, _, shardings = optimizer_layout(tx, params, mesh)
     flat, treedef = jax.tree.flatten(shardings)
     # Where every parameter lies in this process's host memory (the finiteness check's test).
     filled = constant_outputs(jaxpr) if all(_host_readable(x) for x in jax.tree.leaves(params)) else None
@@ -496,6 +493,31 @@ def init_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: An
         )
 
     return _INITS.call(tx, key, build, params)
+
+
+def optimizer_layout(tx: optax.GradientTransformation, params: Any, mesh: Any) -> tuple[Any, Any, Any]:
+    """``tx.init(params)`` traced (arrays or ``jax.ShapeDtypeStruct``s), the state's shapes, and
+    the sharding of each of its leaves (``init_optimizer_state``'s rule)."""
+    jaxpr, abstract = jax.make_jaxpr(tx.init, return_shape=True)(params)
+    by_path = {_path_key(kp): x for kp, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def pick(kp: Any, leaf: Any) -> Any:
+        key = _path_key(kp)
+        for start in range(len(key)):
+            hit = by_path.get(key[start:])
+            if hit is not None and hit.shape == leaf.shape:
+                return hit.sharding
+        return replicated
+
+    return jaxpr, abstract, jax.tree_util.tree_map_with_path(pick, abstract)
+
+
+def abstract_optimizer_state(tx: optax.GradientTransformation, params: Any, mesh: Any) -> Any:
+    """The optimizer state ``init_optimizer_state`` would make, as ``jax.ShapeDtypeStruct``s with
+    their shardings: nothing computed or allocated."""
+    _, abstract, shardings = optimizer_layout(tx, params, mesh)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
 # Operations that make an array of one value from one value: a constant goes through them.
