@@ -19,6 +19,10 @@ from rlcluster_lab.core.errors import ConfigError
 # for users who want a tighter bound than the machine's free memory.
 LIMIT_ENV = "RLCLUSTER_LAB_MEMORY_LIMIT"
 
+# Environment variable that gives every device a simulated memory of that many bytes
+# (``device_free_bytes``): the device-memory checks then run on CPU devices too.
+DEVICE_LIMIT_ENV = "RLCLUSTER_LAB_DEVICE_MEMORY"
+
 # The share of the available memory one request may take: the rest is left for the
 # interpreter, XLA's own buffers and the copies a placement makes on the way.
 SHARE = 0.5
@@ -134,14 +138,46 @@ def check_fits(need: int, what: str, fix: str = "", freed: int = 0, knobs: Seque
 
 def device_free_bytes(device: Any) -> int | None:
     """Bytes ``device`` can still allocate, from its allocator (``memory_stats()``: its limit less
-    what is in use); None where the device reports no figures (CPU devices)."""
+    what is in use); None where the device reports no figures (CPU devices).
+
+    With ``$RLCLUSTER_LAB_DEVICE_MEMORY`` set (bytes, e.g. ``64MiB``) every device is taken to
+    hold that much, a simulated device memory: its free bytes are that limit less what is in use
+    (the allocator's ``bytes_in_use``, or on a device without one the bytes this process's live
+    arrays hold in its device memory), so the checks against device memory run, and are tested,
+    on CPU devices too.
+
+    Raises:
+        ConfigError: ``$RLCLUSTER_LAB_DEVICE_MEMORY`` is not a number of bytes.
+    """
     try:
         stats = device.memory_stats()
     except Exception:  # no such method, or a backend without allocator figures that raises rather than returning None
-        return None
+        stats = None
+    simulated = os.environ.get(DEVICE_LIMIT_ENV)
+    if simulated:
+        try:
+            limit = parse_bytes(simulated, DEVICE_LIMIT_ENV, allow_zero=True)
+        except ValueError as err:
+            raise ConfigError(f"{err}; or unset {DEVICE_LIMIT_ENV}") from None
+        used = int(stats["bytes_in_use"]) if stats and "bytes_in_use" in stats else _live_device_bytes(device)
+        return int(min(limit, _MAX_LIMIT)) - used
     if not stats or "bytes_limit" not in stats:
         return None
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def _live_device_bytes(device: Any) -> int:
+    """Bytes this process's live arrays hold in ``device``'s own memory (each shard once)."""
+    import jax
+
+    total = 0
+    for array in jax.live_arrays():
+        if str(getattr(array.sharding, "memory_kind", None)) in ("pinned_host", "unpinned_host"):
+            continue  # host memory, not the device's
+        for shard in array.addressable_shards:
+            if shard.device == device:
+                total += shard.data.nbytes
+    return total
 
 
 def check_fits_devices(
