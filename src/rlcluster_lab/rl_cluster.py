@@ -1,12 +1,7 @@
-"""The RL cluster: where every model of an RL run lives, and the operations on them (Tunix's
-``rl_cluster.py``).
-
-``RLCluster`` (also ``RLEngine``, P15) validates its inputs (``cluster.validate``), places every
-role with ``cluster.construct`` on real arrays (``cluster.live``) and keeps the result as its
-``state``; the operations (``cluster.operations``) and the weight sync (``cluster.sync``) are
-functions of that state: the mechanism, which imports no instrument. This class joins them with
-the instruments that watch them from outside (the sync's ``measure.sync.SyncObserver``). Every
-decision is a rule function's (``rules/``), kept in ``self.trace`` (L1).
+"""The RL cluster (Tunix's ``rl_cluster.py``): ``RLCluster`` (also ``RLEngine``, P15) validates its
+inputs, places every role with ``cluster.construct`` and keeps the result as its ``state``; the
+operations and the sync are functions of that state (the mechanism), joined here with the
+instruments that watch them from outside. Every decision is a rule's, kept in ``self.trace`` (L1).
 """
 
 from __future__ import annotations
@@ -125,9 +120,7 @@ class RLCluster:
         self._state = ClusterState(cluster_config, self.trace, self._contexts, placed, tx, critic_tx)
         if placed.warnings:
             warnings.warn(AVOIDABLE_COPY_ADVICE, AvoidableCopyWarning, stacklevel=2)
-        # Construction's short-lived cycles are young: collecting them takes about a millisecond; a
-        # full collection took 0.14-0.18 s per construction and freed nothing more (measured).
-        gc.collect(1)
+        gc.collect(1)  # construction's short-lived cycles are young: a full collection frees nothing more
 
     @property
     def state(self) -> ClusterState:
@@ -304,20 +297,13 @@ class RLCluster:
         """Start building, on helper threads, the programs a first RL step on ``prompts`` runs
         after its sampling, so that they compile while ``generate`` builds and runs the sampler.
 
-        A first step on XLA:CPU with a small model waits on XLA compiling its programs one after
-        the other (the sampler, the log-probs, the optimizer step), though each needs only the
-        others' results, whose shapes the prompts give (``generated_shape``). So ``"scoring"``
-        takes the anchor's (and, with ``scores_reference``, the reference's) log-probs and
-        ``"update"`` one actor update, each on a twin of this cluster (``isolated``) over a batch
-        of zeros of that shape, stopped once its program is compiled (``core.compile_options.build``):
-        the step's own calls then find those very programs compiled. They wait for their helper
-        first, so a program is never compiled twice at once; ``wait_for_builds`` waits for all.
-
-        Started only where compiling is the wait (``_compiling_is_the_wait``: CPU or GPU devices
-        with a small model, or a TPU) and on one process (a helper's programs must not interleave
-        with the step's collectives on other processes); elsewhere nothing starts.
-        A part whose helper still runs is not started again. A helper's error is dropped: the
-        step's own call meets it and reports it.
+        ``"scoring"`` (the anchor's and, with ``scores_reference``, the reference's log-probs) and
+        ``"update"`` (one actor update) each run on a twin (``isolated``) over zeros of the shape
+        ``generated_shape`` gives, stopped once compiled (``core.compile_options.build``). The
+        step's own calls wait for their helper first, so no program is compiled twice at once.
+        Started only where compiling is the wait (``_compiling_is_the_wait``) and on one process
+        (a helper's programs must not interleave with other processes' collectives). A helper's
+        error is dropped: the step's own call meets it.
 
         Args:
             prompts: what the first ``generate`` will sample from.
@@ -441,12 +427,8 @@ class RLCluster:
 
     @_one_at_a_time
     def update_critic(self, batch: ValueBatch) -> list[dict[str, float]]:
-        """P12 for the critic: clipped value-loss steps (``TrainingConfig.clip_range_value``)
-        with the critic's own optimizer, on the critic mesh, one per mini-batch per iteration.
-
-        Returns:
-            One metrics dict per optimizer step (``loss``, ``vpred_mean``, ``vf_clipfrac``,
-            ``return_mean``, ``grad_norm``, ``rejected``).
+        """P12 for the critic: clipped value-loss steps with the critic's own optimizer, on the
+        critic mesh, one per mini-batch per iteration; one metrics dict per step.
 
         Raises:
             ValueError: the cluster has no critic.
@@ -491,11 +473,8 @@ RLEngine = RLCluster  # P15: one class, two names
 
 def _compiling_is_the_wait(graphdef: nnx.GraphDef, state: Any) -> bool:
     """Whether a first step on this model waits on XLA compiling rather than on running: where
-    the lab chooses cheaper compiling (``core.compile_options``: CPU or GPU devices, a small
-    model), and on a TPU, whose compiler takes seconds a program at any size (the large preset's
-    first learner step on one v5e chip: 25.3 s with its programs compiled one after the other,
-    20.5 s with ``build_ahead``'s helpers; the small preset's 12.2 and 8.4 s). Not for a larger
-    model on CPU devices, whose cores are busy sampling."""
+    the lab chooses cheaper compiling (a small model on CPU or GPU), and on a TPU, whose compiler
+    takes seconds a program at any size. Not for a larger model on CPU, whose cores are busy sampling."""
     return model_compiler_options(graphdef, state) is not None or platform_of(state) == "tpu"
 
 

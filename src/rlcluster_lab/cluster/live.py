@@ -156,14 +156,10 @@ def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace)
 
 
 def give_back(made: dict[str, Any], saved: list[tuple[nnx.Module, Any]], before: set[int]) -> int:
-    """After a failed construction: give the caller's models their arrays back and free
-    exactly what construction made; returns the number of arrays freed.
-
-    Ownership, not timing, decides: construction's arrays are those reachable from ``made``
-    and those it put into the caller's models (``saved``: each with a snapshot taken before);
-    an array that existed before (``before``: ids) or shares a buffer with one of the caller's
-    (a reshard may reuse a source buffer) is kept, and others' arrays are never reached.
-    """
+    """After a failed construction: give the caller's models their arrays back (``saved``
+    snapshots) and free exactly what construction made; returns the number of arrays freed.
+    Ownership decides: an array that existed before (``before``: ids) or shares a buffer with
+    one of the caller's is kept, and others' arrays are never reached."""
     ours = [x for obj in made.values() for x in _arrays_of(obj)]
     ours += [x for model, _ in saved for x in array_leaves(model_state(model))]
     for model, snapshot in saved:

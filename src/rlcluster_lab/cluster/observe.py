@@ -1,10 +1,8 @@
 """A read-only look inside the cluster's operations, at the moment of the work.
 
-From outside, a memory walk sees only the before and the after of an operation (P14 brings
-its models to device and back). Each operation calls ``at_work`` just before its work, with
-everything it computes with in place, and hands it the states the work reads that the cluster
-does not hold itself (the anchor's device copy, P10). An observer registered with
-``observing`` (the lab's ``step_phases``) measures there and must change nothing.
+From outside, a memory walk sees only the before and the after of an operation (P14). Each
+operation calls ``at_work`` just before its work, handing it the states the work reads that the
+cluster does not hold (the anchor's device copy, P10); an observer (``observing``) measures there.
 """
 
 from __future__ import annotations

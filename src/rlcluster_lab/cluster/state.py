@@ -30,9 +30,8 @@ OPTIMIZER_FIELD = {Role.ACTOR: "optimizer", Role.CRITIC: "critic_optimizer"}
 
 @dataclasses.dataclass(eq=False)
 class ClusterState:
-    """A constructed cluster's state (``RLCluster`` keeps nothing else of its own): its config,
-    the decision trace (L1), the role contexts, what construction placed, the actor's and the
-    critic's optimizers, the syncs done so far (P13), and the (re-entrant) operations' lock."""
+    """A constructed cluster's state (``RLCluster`` keeps nothing else of its own), with the
+    syncs done so far (P13) and the operations' re-entrant lock."""
 
     config: ClusterConfig
     trace: Trace
@@ -51,12 +50,9 @@ class ClusterState:
         return anchor_is_partial(self.config.anchor, self.placed.lora)
 
     def anchor_view(self) -> Any:
-        """The pinned anchor snapshot as a state of its own over the same arrays (Variables of its
-        own), the same object for as long as anything holds it. What leaves the cluster is a view:
-        while one is held its arrays are held twice, and the next sync pins the anchor into new
-        buffers instead of writing over these (P8, ``rules.anchor.p8_repin_in_place``), so a
-        snapshot someone kept stays as it was. Kept by weak reference: a view nobody holds is gone,
-        and the anchor's buffers are the anchor's alone again."""
+        """The pinned anchor snapshot as a state of its own over the same arrays, the same object
+        while anything holds it. While a view is held the next sync pins into new buffers instead
+        of writing over these (P8), so a kept snapshot stays as it was; kept by weak reference."""
         anchor = self.placed.anchor
         if anchor is None:
             return None
@@ -83,13 +79,10 @@ class ClusterState:
         return self.placed.engine.pad_id()
 
     def isolated(self) -> ClusterState:
-        """A twin of this state, on which the lab's rehearsal runs a training step: the same
-        config, optimizers, meshes and arrays (nothing is copied), held by models (one clone of
-        all of them, so the weights they share stay shared), an engine, a mover, a record of
-        contexts, a trace, a step count and a lock of its own. Operations on the twin run the
-        programs this state's would, and change nothing this state holds: no weight, optimizer
-        state, anchor, memory kind, seed or step count; they take no lock of its, reach no
-        observer of its (``observe`` looks observers up by state) and record no context in its log.
+        """A twin of this state for the lab's rehearsal: the same config, optimizers, meshes and
+        arrays (nothing is copied), held by cloned models (shared weights stay shared), with an
+        engine, mover, context record, trace, step count and lock of its own. Its operations run
+        the programs this state's would and change, lock or report nothing of this state's.
         """
         placed = self.placed
         engine = placed.engine

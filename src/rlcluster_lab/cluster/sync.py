@@ -4,29 +4,19 @@ outside (``measure.sync.SyncObserver``, L3).
 
 All or nothing, in one piece or in chunks (``ClusterConfig.sync_chunk_bytes``):
 
-- In one piece, the rollout's old arrays are kept until the new state, the re-pinned
-  anchor and the step count are committed together; a failure puts the very same
-  arrays back. They are alive during the whole handover anyway (every new array
-  exists before any old one could go), so keeping them costs no peak.
-- In chunks, each chunk's old arrays are dropped as soon as the chunk is committed:
-  that is what bounds the peak, so they cannot be kept. A failure in a later chunk
-  restores every synced leaf from the anchor snapshot instead, which holds the
-  actor's weights of the last sync (P8): exactly what the rollout was given then (or,
-  before the first sync, the actor's weights at construction, which the rollout was
-  built from), cast to the rollout's dtype the same way. The restore is a reshard of
-  the anchor onto the rollout's shardings, so it costs nothing while syncs succeed and
-  holds no second copy of the rollout anywhere; the old anchor is kept until the new
-  one is committed for this reason. Where the anchor does not hold every synced leaf
-  (never with the lab's anchors), the chunks' old arrays are kept as in one piece.
+- In one piece, the rollout's old arrays are kept until the new state, the re-pinned anchor
+  and the step count are committed together; a failure puts the very same arrays back (they
+  are alive during the whole handover anyway, so keeping them costs no peak).
+- In chunks, each chunk's old arrays are dropped once it is committed (that bounds the peak).
+  A failure in a later chunk restores every synced leaf from the anchor snapshot, which holds
+  exactly what the rollout was given at the last sync (P8), by a reshard onto the rollout's
+  shardings: free while syncs succeed, and no second copy of the rollout anywhere. Where the
+  anchor does not hold every synced leaf, the old arrays are kept as in one piece.
 
-The anchor re-pin comes last, and writes over the old anchor's buffers where nothing else holds
-them (P8, ``rules.anchor.p8_repin_in_place``): from that write on the old snapshot is gone, so a
-failure after it (measuring the re-pin) commits the sync instead of undoing half of it, and says so.
-
-Either way a rollback writes only the rollout's own leaves. A leaf the rollout shares with
-the actor (the actor itself, P3 shared) was handed nothing and holds the actor's current,
-trained weights: restoring it would overwrite them with the last sync's and leave the
-optimizer state a step ahead, so it is never touched.
+The anchor re-pin comes last and writes over the old anchor's buffers where nothing else holds
+them (P8): a failure after that write commits the sync instead of undoing half of it, and says so.
+A rollback writes only the rollout's own leaves: one it shares with the actor (P3 shared) holds
+the actor's trained weights, which restoring would overwrite.
 """
 
 from __future__ import annotations
@@ -50,9 +40,7 @@ from rlcluster_lab.rules.steps import p13_sync, p13_sync_guarded, p13_sync_order
 
 
 class SyncWatch(Protocol):
-    """What watches a sync from outside (``measure.sync.SyncObserver``): the sync tells it what
-    was alive before, the handover's source, the block the handover runs in, what the rollout
-    holds after and how long it took, the new anchor, the commit; the watch writes the report."""
+    """What watches a sync from outside (``measure.sync.SyncObserver``) and writes its report."""
 
     walk_seconds: float
 
@@ -75,9 +63,8 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
     """
     placed = s.placed
     actor, engine = placed.actor, placed.engine
-    # The actor's state is read once (``model_state``: a graph walk only when its Variables
-    # changed since the last): its Variables (the actor's own objects) do not change in a sync,
-    # so the handover's source and the anchor's are filtered from this one state.
+    # Read once: the actor's Variables do not change in a sync, so the handover's source and
+    # the anchor's are filtered from this one state.
     actor_state = model_state(actor)
     check_finite_leaves(actor_state, "actor")  # all or nothing: refused before anything changes
     lora = placed.lora
@@ -102,8 +89,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
             watch.before(params)
             engine.sync_chunk_bytes = order.chunk_bytes  # P13's chunks (its strategy was set at construction)
             with watch.recording():
-                # The handover alone is timed: the engine's update, until its arrays are ready
-                # (the peak walk's own time left out).
+                # The handover alone is timed, the peak walk's own time left out.
                 start = time.perf_counter()
                 engine.update_params(params, filter_types)
                 jax.block_until_ready(engine.held_values(filter_types))
@@ -138,9 +124,8 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
         engine.sync_chunk_bytes = None
     _commit(s, anchor, decision)
     del previous, anchor, actor_state, source
-    # Flax's flattening (nnx.merge, nnx.to_flat_state: a recursive closure) leaves reference cycles
-    # that hold the Variables it walked, the replaced anchor's among them: collected here, the old
-    # anchor is released when the sync ends (as P13's peak counts it), not when the collector next runs.
+    # Flax's flattening leaves reference cycles holding the replaced anchor's Variables: collected
+    # here, the old anchor is released when the sync ends (as P13's peak counts it).
     gc.collect(1)
     watch.end()
     return watch.report(

@@ -1,14 +1,7 @@
-"""What depth costs to compile: one log-prob program of the lab's model at two depths, its
-layers applied by the lab's scan and as a Python loop over the same stacked weights.
-
-A Python loop over the layers (how Tunix's own models run theirs) puts each layer's code in
-the program, so the program and its compile time grow with depth; the lab's scan
-(``model.transformer.run_blocks``) holds one layer's code, run ``num_layers`` times. Both
-compute the same numbers from the same weights. Measured in this process: each program
-traced by a fresh ``jax.jit`` and compiled by XLA with the lab's compiler options, the
-persistent cache neither read nor written (``core.compile_cache.uncached``), after one
-unrecorded program that pays what a process's first trace sets up.
-"""
+"""What depth costs to compile: one log-prob program of the lab's model at two depths, its layers
+applied by the lab's scan and as a Python loop over the same stacked weights (how Tunix's own
+models run theirs: every layer's code in the program, which grows with depth). Measured in this
+process: a fresh ``jax.jit`` each, compiled with the lab's options, the persistent cache unused."""
 
 from __future__ import annotations
 
@@ -38,8 +31,7 @@ SOURCE = (
 
 
 class LayersInALoop(TransformerLM):
-    """The lab's model with its layers applied as a Python loop over the same stacked weights,
-    one layer's slice at a time, as Tunix's models run theirs: every layer's code in the program."""
+    """The lab's model with its layers applied as a Python loop over the same stacked weights."""
 
     def layers(self, x, positions, bias, cache, index):
         graphdef, state = nnx.split(self.blocks)
@@ -150,15 +142,11 @@ def depth_compile_costs(
     seed: int = 0,
     repeats: int = 3,
 ) -> DepthReport:
-    """Measure one log-prob program of ``config`` at each depth in ``depths``, with its layers
-    applied by the lab's scan and as a Python loop over the same weights.
-
-    Each program is built ``repeats`` times, each time afresh; its row keeps the fastest trace
-    and the fastest compile (the builds least disturbed by other work on the machine).
+    """Measure one log-prob program of ``config`` at each depth in ``depths``, its layers applied by
+    the scan and by a loop; each built ``repeats`` times afresh, keeping the fastest trace and compile.
 
     Raises:
-        ConfigError: fewer than two depths, a depth below 1, or fewer than one repeat.
-    """
+        ConfigError: fewer than two depths, a depth below 1, or fewer than one repeat."""
     config = get_model_config(config) if isinstance(config, str) else config
     depths = tuple(int(d) for d in depths)
     if len(set(depths)) < 2 or min(depths) < 1:
@@ -174,8 +162,7 @@ def depth_compile_costs(
         graphdef, state = nnx.split(init_model(deep, seed=seed))
         loop_graphdef, _ = nnx.split(nnx.eval_shape(lambda deep=deep: LayersInALoop(deep, rngs=nnx.Rngs(0))))
         if not rows:
-            # Once, unrecorded: the first program a process traces also pays for what JAX sets up
-            # once (lowering rules, caches of its own), not for the program's own size.
+            # Once, unrecorded: a process's first trace also pays for what JAX sets up once.
             _measure(graphdef, state, prompt, completion, pad_id=0)
         out = {}
         for how, gd in (("scan", graphdef), ("loop", loop_graphdef)):

@@ -1,10 +1,6 @@
-"""Memory per role (L2), measured on the live run.
-
-Units: **physical bytes**, every device shard counted. A walk of the live buffers of every
-role's state, keyed by (platform, device, memory kind, pointer), so a buffer several roles
-hold counts once and is listed with the roles that share it; beside it, the allocator's
-figures where the devices have them.
-"""
+"""Memory per role (L2), measured on the live run: a walk of the live buffers of every role's
+state, keyed by (platform, device, memory kind, pointer), so a buffer several roles hold counts
+once; beside it, the allocator's figures where the devices have them. Units: physical bytes."""
 
 from __future__ import annotations
 
@@ -35,13 +31,7 @@ BufferKey = tuple[str, int, str, int]  # (platform, device id, memory kind, buff
 
 @dataclasses.dataclass(frozen=True)
 class MemoryReport:
-    """Bytes per role, per device and per memory kind, from the live buffers.
-
-    ``by_role[entry]``: ``bytes``, ``by_kind`` and ``by_device`` of the buffers it holds;
-    ``by_device`` counts every buffer once; ``shared``: for each set of two or more entries,
-    what they hold in common. ``naive_bytes``: the sum over entries; ``unique_bytes``: what
-    is really held.
-    """
+    """Bytes per role, per device and per memory kind, from the live buffers (``memory_table``)."""
 
     by_role: Mapping[str, Mapping[str, Any]]
     by_device: Mapping[str, Mapping[str, int]]
@@ -59,12 +49,8 @@ class MemoryReport:
 
 
 def cluster_entries(cluster: Any) -> dict[str, Any]:
-    """Entry name -> the state it holds, for every entry present in ``cluster``.
-
-    The rollout entry is the engine's own model (the actor itself when they
-    share); the anchor is the state log-probs are taken with, so with
-    anchor='trainable' its backbone part is the actor's buffers.
-    """
+    """Entry name -> the state it holds, for every entry present in ``cluster`` (the rollout: the
+    engine's model; the anchor: the state log-probs are taken with)."""
     out: dict[str, Any] = {"actor": nnx.state(cluster.actor_model), "rollout": nnx.state(cluster.rollout.model())}
     for name in ("reference", "reward", "critic"):
         if (model := getattr(cluster, f"{name}_model")) is not None:
@@ -119,19 +105,18 @@ def memory_table(
     nbytes: np.ndarray,
     buffer: np.ndarray,
 ) -> dict[str, Any]:
-    """The memory JSON from one row per (entry, shard): the measured walk and the planner both
-    count with this function, so the two reports mean the same thing.
+    """The memory JSON from one row per (entry, shard): the measured walk and the planner both count
+    with this function, so the two reports mean the same thing.
 
     Args:
         names: entry names; ``entry`` indexes them.
-        entry, device, kind, nbytes, buffer: per row, the entry holding the shard, its device
-            id, its memory kind (an index into ``KINDS``), its bytes, and an id that is the same
-            exactly for rows that are one buffer.
+        entry, device, kind, nbytes, buffer: per row, the entry, the device id, the memory kind (an
+            index into ``KINDS``), the bytes, and an id shared exactly by rows of one buffer.
 
     Returns:
-        ``by_role``, ``by_device``, ``shared``, ``unique_bytes`` and ``naive_bytes``, as in
-        ``MemoryReport``.
-    """
+        ``by_role`` (``bytes``, ``by_kind``, ``by_device``), ``by_device`` (every buffer once),
+        ``shared`` (per set of two or more entries, what they hold in common), ``unique_bytes`` and
+        ``naive_bytes`` (the sum over entries)."""
     by_role = {}
     for e, name in enumerate(names):
         rows = np.flatnonzero(entry == e)
@@ -183,12 +168,8 @@ def _by_device(device: np.ndarray, kind: np.ndarray, nbytes: np.ndarray) -> dict
 
 
 def allocator_stats(devices: Sequence[Any] | None = None) -> dict[str, Any]:
-    """The allocator's own figures for ``devices`` (default: JAX's default devices) where their
-    backend has them (GPU, TPU); a CPU backend has none.
-
-    Read from the devices given, not from the default backend: a cluster on
-    simulated CPU devices beside a chip reports the CPU's (none).
-    """
+    """The allocator's own figures for ``devices`` (default: JAX's), read from those devices (a
+    cluster on simulated CPU devices beside a chip reports the CPU's: none)."""
     devices = list(devices) if devices is not None else jax.local_devices()
     platform = devices[0].platform if devices else "?"
     # multi-process: a process reads only the devices it owns (the others' have no stats here).

@@ -60,10 +60,9 @@ from rlcluster_lab.placement.transfers import shard_buffers, shard_keys
 
 @dataclasses.dataclass
 class TransferLog:
-    """The copies a reshard made while it listened (inside ``events.listening(log)``): the
-    mover's ledger events (``placement.events.LEDGER``, each event's docstring says what it is),
-    whichever strategy made them. ``compiled``/``loaded``: a program that ran meanwhile was
-    compiled here / read back from the persistent cache."""
+    """The copies a reshard made while it listened (``events.listening(log)``): the mover's ledger
+    events (``placement.events.LEDGER``), whichever strategy made them; ``compiled``/``loaded``: a
+    program that ran meanwhile was compiled here / read back from the persistent cache."""
 
     transfers: list[Transfer] = dataclasses.field(default_factory=list)
     relayed: dict[str | None, int] = dataclasses.field(default_factory=dict)
@@ -93,12 +92,9 @@ class TransferLog:
 
 @dataclasses.dataclass(frozen=True)
 class SyncPiece:
-    """Bytes of one leaf, by how they reached one destination device (L3).
-
-    ``how``: ``"moved"`` (crossed from ``src_device``), ``"copied"`` (a new buffer made from
-    data already on ``dst_device``) or ``"reused"`` (the source's own buffer). Per leaf and
-    kind the pieces sum to the leaf's moved, copied and reused bytes.
-    """
+    """Bytes of one leaf reaching one destination device (L3), ``how``: ``"moved"`` (from
+    ``src_device``), ``"copied"`` (a new buffer from data on ``dst_device``) or ``"reused"`` (the
+    source's own buffer). Per leaf and kind the pieces sum to the leaf's figures."""
 
     how: str
     src_device: int
@@ -144,26 +140,16 @@ class LeafSync:
 class SyncReport:
     """What one ``sync_weights`` moved (P13, L3).
 
-    Every destination shard's bytes were *reused* (a source buffer), *copied within its
-    device*, or arrived from another device. ``moved_cross_device`` is everything that
-    crossed; ``relayed_cross_device`` the part that did not end up as destination data where
-    it crossed to (a program moving data twice, or gathering and dropping it; 0 for the
-    minimal strategy); ``arrived_cross_device`` the rest, the part of the synced bytes that came
-    from another device. So ``synced = arrived + copied + reused`` and ``arrived = moved - relayed``:
-    a sentence that compares bytes with the synced bytes compares ``arrived`` (a part of them),
-    never ``moved`` (which can exceed them).
-    ``minimum_cross_device_bytes``: what the two shardings force to cross;
-    ``excess_cross_device_bytes``: how much more moved. Each leaf's ``pieces`` give its bytes
-    per source and destination device (``lab.shard_figures``). ``anchor_bytes``: what the anchor
-    re-pin copies to pinned host (over the old anchor's buffers where P8 writes in place:
-    ``anchor_seconds``, that copy, includes building its program on a first sync).
-    ``peak_extra_bytes`` per device and kind: the new destination buffers and the anchor's
-    copy, at most what is allocated while the old arrays are alive; ``peak`` (JSON
-    ``transient_peak``): what is alive at the worst moment, phase by phase (``measure.sync_peak``).
-    A cast to the rollout dtype is not movement. ``seconds``: the handover alone (the peak walk's
-    time left out), including compiling (``includes_compilation``) or loading
-    (``includes_program_load``) its programs on a first sync.
-    """
+    Every destination shard's bytes were *reused* (a source buffer), *copied within its device*, or
+    arrived from another device: ``synced = arrived + copied + reused`` and ``arrived = moved -
+    relayed``, where ``relayed`` crossed but did not end as destination data where it crossed to (0
+    for the minimal strategy). A sentence comparing bytes with the synced bytes compares ``arrived``,
+    never ``moved`` (which can exceed them). ``minimum_cross_device_bytes``: what the two shardings
+    force to cross; ``excess``: how much more moved. ``anchor_bytes``/``anchor_seconds``: the anchor
+    re-pin (P8). ``peak_extra_bytes`` per device and kind: the new buffers; ``peak`` (JSON
+    ``transient_peak``): what is alive at the worst moment (``measure.sync_peak``). A cast is not
+    movement. ``seconds``: the handover alone, including building its programs on a first sync
+    (``includes_compilation``, ``includes_program_load``)."""
 
     method: str
     lora: bool
@@ -180,9 +166,7 @@ class SyncReport:
     reshard_strategy: str = "minimal"
     units: str = UNITS
     peak: SyncPeak | None = None  # None where not watched
-    # Every logged cross-device copy (source and destination device): with several processes,
-    # multiprocess.report splits them into bytes that crossed a process boundary and bytes
-    # that stayed inside one. Not part of the JSON.
+    # Every logged cross-device copy, which multiprocess.report splits by process (not in the JSON).
     transfers: tuple[Transfer, ...] = dataclasses.field(default=(), repr=False, compare=False)
     # The devices the sync ran on, in words (``core.devices.devices_words``): where its figures come from.
     where: str = ""
@@ -268,11 +252,8 @@ def sync_report(
     transient_peak: SyncPeak | None = None,
     where: str = "",
 ) -> SyncReport:
-    """Build the report from the sync plan's ledger (``sync_ledger``) and this sync's log.
-
-    ``new_anchor_shards``: (device id, memory kind, bytes) of every buffer
-    the anchor re-pin allocated. ``where``: the devices it ran on, in words.
-    """
+    """Build the report from the sync plan's ledger and this sync's log; ``new_anchor_shards``:
+    (device id, memory kind, bytes) of every buffer the anchor re-pin allocated."""
     peak = {device: dict(kinds) for device, kinds in ledger.new_buffers.items()}
     for dev, kind, n in new_anchor_shards:
         tally(peak, str(dev), kind, n)
@@ -299,9 +280,8 @@ def sync_report(
 
 @dataclasses.dataclass(frozen=True)
 class Ledger:
-    """What one sync plan moves, per leaf and in total (L3): the same layouts, the same copies
-    logged and the same buffers kept give the same figures, so it is worked out once per plan.
-    ``new_buffers``: device -> memory kind -> bytes of the destination's new buffers."""
+    """What one sync plan moves, per leaf and in total (L3), worked out once per plan (the same
+    layouts and logged copies give the same figures). ``new_buffers``: device -> kind -> bytes."""
 
     leaves: tuple[LeafSync, ...]
     arrived_by_device: Mapping[str, int]
@@ -390,16 +370,10 @@ def sync_ledger(source: Mapping[str, ShardFacts], destination: Mapping[str, jax.
 
 
 def sync_floor(cluster: Any, report: SyncReport, repeats: int = 5, copy: bool = True) -> dict[str, float | None]:
-    """What a sync's time is measured against (L3): the median seconds of the fastest ways to put
-    the handed-over leaves into the rollout's shardings, outside the sync and its transfer guard.
-
-    ``device_put``: one batched ``jax.device_put`` (on CPU, between layouts, it gathers through
-    host memory, which P13 forbids the sync); ``compiled copy``: one jitted copy with the
-    destination shardings (None where one program cannot take both device sets: the split
-    layout, or not asked for: ``copy`` False). Both make new buffers where ``report``'s sync did (an
-    engine with weights of its own): onto the same sharding they would otherwise hand back the
-    source's and copy nothing.
-    """
+    """What a sync's time is measured against (L3): the median seconds of one batched
+    ``jax.device_put`` of the handed-over leaves into the rollout's shardings (on CPU it gathers
+    through the host, which P13 forbids the sync) and of one jitted copy (``copy``; None where one
+    program cannot take both device sets), both making new buffers where the sync did."""
     handed = sync_filter(report.lora)
     source = flat_values(nnx.state(cluster.actor_model, *handed))
     engine = cluster.rollout
@@ -416,8 +390,7 @@ def sync_floor(cluster: Any, report: SyncReport, repeats: int = 5, copy: bool = 
 
 
 def with_floor(cluster: Any, report: SyncReport) -> SyncReport:
-    """``report`` with ``device_put_seconds`` measured now (``sync_floor``'s device_put): what the
-    lab shows beside the handover. It allocates a copy of the handed-over leaves for a moment."""
+    """``report`` with ``device_put_seconds`` measured now (a copy of the handed-over leaves for a moment)."""
     return dataclasses.replace(report, device_put_seconds=sync_floor(cluster, report, 3, copy=False)["device_put"])
 
 
@@ -449,8 +422,7 @@ def new_shards(after: Any, before: Any) -> list[tuple[int, str, int]]:
 
 @functools.lru_cache(maxsize=1024)
 def describe_sharding(s: Sharding) -> str:
-    """A short readable sharding: mesh axes, device ids, partition spec, memory kind (written once
-    per sharding: a report describes every leaf's, each sync)."""
+    """A short readable sharding: mesh axes, device ids, partition spec, memory kind."""
     if isinstance(s, NamedSharding):
         return describe_layout(Layout.of(s))
     ids = sorted(d.id for d in s.device_set)
@@ -464,10 +436,8 @@ def describe_layout(layout: Layout) -> str:
 
 
 class SyncObserver:
-    """Watches one weight sync and writes its report (L3); the sync itself only calls its hooks:
-    ``start``, ``before``, the handover inside ``recording()``, ``after``, ``anchor``, ``end``,
-    then ``report``. The transient peak is walked only when asked (``peak``).
-    """
+    """Watches one weight sync and writes its report (L3); the sync only calls its hooks
+    (``cluster.sync.SyncWatch``). The transient peak is walked only when asked (``peak``)."""
 
     def __init__(self, *, peak: bool = True) -> None:
         self.watch_peak = peak
@@ -487,9 +457,8 @@ class SyncObserver:
     def start(
         self, keep: Any, replaced: Any, devices: Sequence[Any], *, chunk_bytes: int | None = None, order: str = ""
     ) -> None:
-        """What is alive before the sync: ``keep`` (arrays the sync may share but never
-        frees: the actor's state) and ``replaced`` (the rollout's old leaves, the old anchor);
-        the chunk size the handover uses and the order of the sync's steps (P13)."""
+        """What is alive before the sync: ``keep`` (the actor's state, never freed) and ``replaced`` (the
+        rollout's old leaves, the old anchor); the chunk size and the order of the sync's steps (P13)."""
         self.chunk_bytes, self.order = chunk_bytes, order
         if self.watch_peak:
             self.walk = PeakWalk(array_leaves(keep), array_leaves(replaced))
@@ -547,9 +516,7 @@ class SyncObserver:
         )
 
     def ledger(self) -> Ledger:
-        """This sync's ledger: worked out on its plan's first sync, then kept (``LEDGERS``). A plan
-        is known by its source and destination layouts and by the copies its reshard logged (a
-        reshard logs the same copies for the same layouts: ``placement.reshard.Batch``)."""
+        """This sync's ledger, kept per plan (``LEDGERS``): its layouts and the copies its reshard logged."""
         log = self.log
         key = (
             tuple((path, x.sharding, x.shape, x.dtype) for path, x in self.params.items()),

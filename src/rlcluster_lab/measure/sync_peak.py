@@ -1,12 +1,9 @@
 """A weight sync's transient peak (L3), measured: the bytes alive during it above what was there before.
 
 During a sync the old rollout arrays, the new ones, the reshard's staging and its programs'
-temporaries are alive together for a moment; that moment, not the bytes moved, is where a
-run runs out of memory. ``PeakWalk`` listens to the reshard's ``Made`` and ``Phase`` events
-(``placement.events``); at each phase it counts (``PeakCount``, the count the planner runs on
-arrays on paper too) the figures ``METHOD`` names: arrays, program temporaries, the allocator's.
-A device's peak is its largest phase; the walk's own time is kept apart (``seconds``).
-"""
+temporaries are alive together for a moment: that moment, not the bytes moved, is where a run
+runs out of memory. ``PeakWalk`` listens to the reshard's ``Made`` and ``Phase`` events and at
+each phase counts (``PeakCount``, shared with the planner) what ``METHOD`` names."""
 
 from __future__ import annotations
 
@@ -37,9 +34,7 @@ METHOD = {
 
 
 def array_buffers(x: jax.Array) -> dict[Key, Buffer]:
-    """Each buffer of ``x`` by key: (device id, memory kind, bytes), read once while the array
-    lives (``placement.transfers.shard_buffers``): a sync walks the arrays the sync before made
-    and the actor's, which most syncs leave as they are."""
+    """Each buffer of ``x`` by key: (device id, memory kind, bytes), read once while the array lives."""
     kind = str(x.sharding.memory_kind)
     return {key: (str(key[1]), kind, n) for key, n in shard_buffers(x)}
 
@@ -60,11 +55,9 @@ def tally(table: dict[Any, dict[Any, int]], row_key: Any, key: Any, n: int) -> N
 class PeakPhase:
     """One phase of a sync: the bytes above what was alive before it, per device.
 
-    ``arrays[device][kind]``: new buffers alive minus buffers released (negative once
-    a chunk frees more than it made); ``terms[device][term]``: the new buffers by
-    what they are (``placement.phases``) and ``released`` (negative);
-    ``temporaries[device]``: compiled programs' scratch (device memory).
-    """
+    ``arrays[device][kind]``: new buffers alive minus buffers released (negative once a chunk frees
+    more than it made); ``terms[device][term]``: the same by what they are (``placement.phases``);
+    ``temporaries[device]``: compiled programs' scratch (device memory)."""
 
     name: str
     chunk: int | None  # 1-based; None for the anchor re-pin and the end
@@ -87,11 +80,8 @@ class PeakPhase:
 class SyncPeak:
     """A sync's transient peak per device and memory kind (see the module docstring).
 
-    ``by_device[device][kind]``: the most bytes above before at any phase, never below 0;
-    ``phase_at_peak``: where each device's device-memory peak (else its largest kind) is;
-    ``after``: the bytes above before once the sync committed; ``chunks``: how many chunks
-    the handover took; ``order``: the order of the sync's steps.
-    """
+    ``by_device[device][kind]``: the most bytes above before at any phase; ``phase_at_peak``: where
+    each device's device-memory peak (else its largest kind) is; ``after``: once the sync committed."""
 
     by_device: Mapping[str, Mapping[str, int]]
     phase_at_peak: Mapping[str, str]
@@ -170,16 +160,9 @@ def largest_chunk(sizes: Sequence[int], chunk_bytes: int | None) -> int:
 
 
 def chunk_words(peak: Mapping[str, Any], size: Callable[[int], str] = lambda n: f"{n:,} bytes") -> str:
-    """How a sync's handover was cut (P13), in the peak's own figures (``SyncPeak.to_json()``):
-    every view that says it (the peak figure's subtitle, the CLI) says it with these words, and
-    the order of the sync's steps (``rules.steps.SyncOrder.text``) leaves it to them.
-
-    Without a chunk size, one piece. With one, the report's count of chunks: one chunk, when the
-    limit is above all the bytes handed over (the one chunk's, the largest); else that many. A
-    leaf is never split (``placement.chunks``): one larger than the chunk size moves whole, in
-    a chunk of its own, so the largest chunk can be above the size; the words then say so, with
-    the largest chunk's bytes. ``size`` writes a byte count (the figures' ``fmt_bytes``).
-    """
+    """How a sync's handover was cut (P13), in the peak's own figures (``SyncPeak.to_json()``), the
+    words every view uses: one piece, one chunk (the limit above every byte handed over), or that
+    many chunks; a leaf is never split, so one above the limit moves whole and the words say so."""
     chunks, limit, largest = int(peak.get("chunks") or 1), peak.get("chunk_bytes"), int(peak["largest_chunk_bytes"])
     if limit is None:
         return "in one piece"
@@ -195,14 +178,11 @@ def chunk_words(peak: Mapping[str, Any], size: Callable[[int], str] = lambda n: 
 
 class PeakCount:
     """A sync's phases, each counted from what is alive at it: the one count the live walk
-    (``PeakWalk``, real buffers) and the planner (``planner.sync_peak``, buffers on paper) share.
+    (``PeakWalk``) and the planner (``planner.sync_peak``) share.
 
-    At a phase: every buffer of a value alive (``made``: (term, buffers by key)) that nothing
-    alive before the sync holds (``still``), once per key; minus every buffer of a replaced
-    value now gone (``gone``) that nothing from before still holds, once per key (``RELEASED``);
-    plus the temporaries of the programs run since the last phase, on each of their devices.
-    A phase of the handover belongs to the current chunk; ``commit`` ends it.
-    """
+    At a phase: every buffer of a value alive (``made``) that nothing alive before the sync holds
+    (``still``), once per key; minus every buffer of a replaced value now gone (``gone``); plus the
+    temporaries of the programs run since the last phase. ``commit`` ends the current chunk."""
 
     def __init__(self) -> None:
         self.phases: list[PeakPhase] = []
@@ -244,15 +224,11 @@ class PeakCount:
 
 
 class PeakWalk(PeakCount):
-    """The sync's listener to the reshard's ``Made`` and ``Phase`` events: at each phase,
-    counts (``PeakCount``) the arrays alive.
+    """The sync's listener to the reshard's ``Made`` and ``Phase`` events (``PeakCount`` on live arrays).
 
     Args:
-        keep: arrays alive through the whole sync whose buffers the sync may share
-            (the actor's state): never counted as new, never released.
-        replaced: arrays the sync replaces (the rollout's old leaves, the old anchor):
-            counted as released once nothing holds them.
-    """
+        keep: arrays alive through the whole sync (the actor's state): never new, never released.
+        replaced: arrays the sync replaces: counted as released once nothing holds them."""
 
     def __init__(self, keep: Iterable[jax.Array], replaced: Iterable[jax.Array]) -> None:
         super().__init__()
@@ -271,9 +247,7 @@ class PeakWalk(PeakCount):
             self._made.extend([weakref.ref(x), event.term, None] for x in event.arrays)
             return
         start = time.perf_counter()
-        # What was alive before and still is: the kept arrays and the replaced ones still held.
-        # Only against these is a buffer "not new": a freed buffer's address may be reused by
-        # a new array, which then is new.
+        # Alive before and still: only against these is a buffer "not new" (a freed address may be reused).
         still: set[Key] = set(self.keep)
         gone: list[dict[Key, Buffer]] = []
         for ref, bufs in self.replaced:
