@@ -1,22 +1,15 @@
 """JAX's persistent compilation cache, on by default for the CLI, the notebooks and the lab.
 
-A compiled program is written to disk the first time and read back by every later
-process, so construction and the first sync skip XLA compilation. ``enable_compilation_cache``
-must run before the first compilation (JAX reads the setting then). Where the cache lives:
+``enable_compilation_cache`` must run before the first compilation. Where the cache lives:
 
 1. ``RLCLUSTER_LAB_COMPILATION_CACHE``: a folder, or ``off`` to turn it off;
 2. else ``JAX_COMPILATION_CACHE_DIR``, JAX's own setting;
 3. else ``$XDG_CACHE_HOME/rlcluster-lab/jax`` (``~/.cache/rlcluster-lab/jax``).
 
-The cache is bounded on disk by ``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB`` (default
-``DEFAULT_MAX_MB``): a process that turns it on deletes the least recently used files
-down to 90% of the bound, so a folder just over it is not trimmed at every start. An entry is
-written after the work that compiled it, not during it (``WriteBehind``).
-
-The cache is trusted: JAX runs the native code its entries hold, and an entry planted
-under another program's key runs as that program. So the folder must be owned by the
-user and writable by nobody else (the lab creates it with mode 0700); any other folder
-gets one warning and no persistent cache, even one named by ``JAX_COMPILATION_CACHE_DIR``.
+It is bounded on disk by ``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB`` (least recently used files
+deleted down to 90%), and written after the work that compiled it (``WriteBehind``). It is
+trusted: JAX runs the native code its entries hold, so the folder must be the user's own and
+writable by nobody else (created 0700); any other gets one warning and no persistent cache.
 """
 
 from __future__ import annotations
@@ -55,11 +48,9 @@ def cache_dir() -> Path | None:
 
 
 def untrusted_reason(folder: Path) -> str | None:
-    """Why ``folder`` may not hold files this process runs or believes, or None when it may.
-
-    It must be a folder owned by this user that neither its group nor others
-    can write (reached through a link only if that link is this user's too).
-    """
+    """Why ``folder`` may not hold files this process runs or believes, or None when it may: it must
+    be this user's folder, writable by neither group nor others (reached through a link only if the
+    link is this user's too)."""
     uid = os.getuid() if hasattr(os, "getuid") else None
     try:
         link = os.lstat(folder)
@@ -106,12 +97,8 @@ def warn_once(folder: Path, message: str) -> None:
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
-    """Turn on JAX's persistent compilation cache (``path``, or ``cache_dir()``).
-
-    Every program is cached, however quickly it compiled: on two CPU cores a "small" program
-    still costs 0.1-0.5 s. Returns the folder, or None when the cache is off or the folder
-    cannot be created or trusted (see the module docstring); JAX then compiles as usual.
-    """
+    """Turn on JAX's persistent compilation cache (``path``, or ``cache_dir()``) for every program,
+    however quickly it compiled; returns the folder, or None when it is off or not trusted."""
     folder = Path(path).expanduser() if path is not None else cache_dir()
     if folder is not None:
         folder = trusted_folder(folder, "the persistent compilation cache")
@@ -166,12 +153,8 @@ def cache_files(folder: Path) -> list[tuple[float, int, Path]]:
 
 
 def trim_cache(folder: Path, max_bytes: int) -> tuple[int, int]:
-    """Delete the least recently used files under ``folder`` while it holds more than
-    ``max_bytes``, down to 90% of it; returns (files deleted, bytes freed).
-
-    Only a folder that ``untrusted_reason`` accepts is touched (the cache's own rule);
-    the warm start's lock and record are kept.
-    """
+    """Delete the least recently used files under ``folder`` (a trusted one) while it holds more than
+    ``max_bytes``, down to 90% of it, keeping the warm start's; returns (files deleted, bytes freed)."""
     if untrusted_reason(folder) is not None:
         return 0, 0
     files = cache_files(folder)
@@ -193,23 +176,18 @@ def trim_cache(folder: Path, max_bytes: int) -> tuple[int, int]:
     return deleted, start - total
 
 
-# A program is written once nothing was compiled for QUIET_S seconds, or once MAX_PENDING wait
-# (each holds its executable until then).
+# WriteBehind writes once nothing was compiled for QUIET_S seconds, or MAX_PENDING entries wait.
 QUIET_S = 0.5
 MAX_PENDING = 32
 
 
 class WriteBehind:
-    """Persistent-cache entries written after the work that compiled them (``write``: JAX's own
-    write of one entry, called with the arguments it was given).
+    """Persistent-cache entries written after the work that compiled them (``write``: JAX's own write).
 
-    JAX writes each program it compiles (serialized, compressed, a file) before it runs it:
-    0.35 s of a cold first RL step's 2.8 s on two CPU cores (nine programs), spent for a later
-    process while a person waits on this one. Here the write is queued instead; one thread,
-    at the lowest CPU priority, writes what is queued once nothing was compiled for
-    ``QUIET_S`` seconds (the click's or the step's compiling is over) or once ``MAX_PENDING``
-    entries wait. ``flush`` writes everything now; it runs when the process exits, so a
-    process that ends at once still leaves its programs for the next.
+    JAX writes each program it compiles before it runs it, for a later process while a person waits
+    on this one. Here one thread at the lowest CPU priority writes what is queued once nothing was
+    compiled for ``QUIET_S`` seconds or ``MAX_PENDING`` entries wait; ``flush`` (also at exit)
+    writes everything now.
     """
 
     def __init__(self, write: Callable[..., None]) -> None:
@@ -347,13 +325,7 @@ def _on_behalf_of(thread: int, counted: int) -> bool:
 @contextlib.contextmanager
 def count_compilations() -> Iterator[list[tuple[str, float, bool]]]:
     """Collect (program name, seconds, read from the persistent cache) of every executable this
-    thread (or a helper compiling for it, ``compiling_for``) built inside the block: compiled by
-    XLA, or read back from disk.
-
-    What an action costs is mostly what it compiles; the lab and the
-    benchmarks say how many programs a click built, how long that took, and
-    how many came from the cache instead of the compiler.
-    """
+    thread (or a helper compiling for it, ``compiling_for``) built inside the block."""
     from jax._src import monitoring
 
     found: list[tuple[str, float, bool]] = []

@@ -26,14 +26,9 @@ LogicalAxisRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
-    """How the actor (GRPO-style clipped objective with a KL term) and the critic learn.
-
-    With ``train_micro_batch_size`` set, each mini-batch step sums the gradients of
-    ``mini_batch_size // train_micro_batch_size`` micro-batches (``gradient_accumulation_steps``,
-    as in the reference) before one update equal to a step on the whole mini-batch.
-    The critic trains with ``critic_optimizer`` (default ``adam(critic_learning_rate)``)
-    on a PPO-style clipped value loss with clip range ``clip_range_value``.
-    """
+    """How the actor (GRPO-style clipped objective with a KL term) and the critic (PPO-style clipped
+    value loss) learn. With ``train_micro_batch_size`` each mini-batch step sums the gradients of
+    ``gradient_accumulation_steps`` micro-batches before one update, as in the reference."""
 
     learning_rate: float = 3e-3
     optimizer: optax.GradientTransformation | None = None  # default: adam(learning_rate)
@@ -126,12 +121,8 @@ MATMUL_PRECISIONS = (None, "default", "high", "highest", "bfloat16", "tensorfloa
 
 @functools.lru_cache(maxsize=64)
 def default_optimizer(learning_rate: float) -> optax.GradientTransformation:
-    """``optax.adam(learning_rate)``, one object per rate.
-
-    The optimizer is a static argument of the jitted training step, so the
-    same object across clusters lets a rebuilt cluster reuse the compiled
-    step instead of compiling (and keeping) another.
-    """
+    """``optax.adam(learning_rate)``, one object per rate: the optimizer is a static argument of the
+    jitted training step, so a rebuilt cluster reuses the compiled step."""
     return optax.adam(learning_rate)
 
 
@@ -139,29 +130,15 @@ def default_optimizer(learning_rate: float) -> optax.GradientTransformation:
 class ClusterConfig:
     """Which mesh each role lives on, which rollout engine samples, and offload.
 
-    ``role_to_mesh`` needs ACTOR and ROLLOUT; REFERENCE, REWARD and CRITIC default to
-    the actor's mesh when left out.
-
-    ``reshard`` picks how layouts change (P5 loads, P13 syncs): ``"xla"`` (the default)
-    compiles one program per set of shardings and reports the bytes its collectives move;
-    ``"minimal"`` assembles every destination shard on its own device from exactly the
-    pieces it lacks, which moves the least but compiles two small programs per device.
-
-    ``matmul_precision`` is the precision of the programs whose results P11 compares:
-    the sampler and the log-prob programs (None: the platform's default). The default,
-    ``"highest"``, keeps float32 matmuls in float32 on GPUs and TPUs, so the sampler's,
-    the anchor's and the live actor's log-probs agree to float32 rounding on every
-    platform (P11). The optimizer steps and the reward model's and critic's scores run at
-    the platform's default whatever it says (``core.precision.PROGRAMS``).
-
-    ``sync_chunk_bytes`` (None: one piece) makes a weight sync (P13) hand the weights
-    over in chunks of at most that many bytes, each committed (and the arrays it replaces
-    dropped) before the next: a lower transient peak for one reshard call per chunk. A
-    failure in a later chunk restores the rollout from the anchor snapshot.
-
-    ``anchor`` says what the anchor policy state holds (P8): ``"full"`` (the reference)
-    the actor's whole state; ``"trainable"`` only what training changes, for a LoRA actor
-    the adapters, with the frozen backbone read from the actor itself.
+    ``role_to_mesh`` needs ACTOR and ROLLOUT; the other roles default to the actor's mesh.
+    ``reshard`` (P5, P13): ``"xla"`` compiles one program per set of shardings and reads the bytes
+    its collectives move; ``"minimal"`` assembles every destination shard from exactly the pieces it
+    lacks. ``matmul_precision``: of the programs P11 compares (the sampler, the log-probs; None: the
+    platform's default); ``"highest"`` keeps their float32 matmuls float32 on GPUs and TPUs, so the
+    log-probs agree to float32 rounding (``core.precision.PROGRAMS``). ``sync_chunk_bytes`` (None:
+    one piece): a sync hands the weights over in chunks of at most that many bytes, each committed
+    before the next (P13). ``anchor`` (P8): ``"full"`` the actor's whole state, ``"trainable"`` only
+    the LoRA adapters, the backbone read from the actor.
     """
 
     role_to_mesh: Mapping[Role, Mesh]

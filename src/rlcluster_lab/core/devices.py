@@ -1,13 +1,9 @@
 """Choosing the devices the lab runs on.
 
-On a machine with GPUs or TPUs the lab uses them as they are. Elsewhere it
-asks the CPU backend for several simulated devices, which must happen before
-the JAX backend starts: once any JAX operation has run, the device count is
-fixed for the life of the process. The processes the lab starts beside it (the
-multi-process workers, the warm start) run JAX on the CPU alone (``cpu_only_env``).
-
-Only one process at a time can open a TPU chip. When another holds it, ``open_devices`` names
-that process (``core.chip_holder``) and, for the notebooks, opens the CPU backend alone.
+GPUs or TPUs are used as they are; elsewhere the CPU backend is asked for several simulated
+devices, before the backend starts (the count is fixed from then on). Child processes run JAX
+on the CPU alone (``cpu_only_env``). When another process holds the TPU chip, ``open_devices``
+names it (``core.chip_holder``) and, for the notebooks, opens the CPU backend alone.
 """
 
 from __future__ import annotations
@@ -27,13 +23,11 @@ __all__ = ["DEFAULT_SIMULATED_DEVICES", "MAX_SIMULATED_DEVICES", "check_device_c
 
 
 def devices_words(devices: Sequence[Any]) -> str:
-    """Where figures come from, in words: ``"TPU v5 lite chip 0"``, ``"4 NVIDIA H100 chips"``,
-    ``"8 simulated CPU devices"`` (several CPU devices are the simulated ones ``setup()`` asks for).
-
-    Every report and figure names its devices with this one function.
+    """Where figures come from, in words, for every report and figure: ``"TPU v5 lite chip 0"``,
+    ``"4 NVIDIA H100 chips"``, ``"8 simulated CPU devices"``.
 
     Raises:
-        ValueError: no devices, or devices of two platforms (one report is of one platform's).
+        ValueError: no devices, or devices of two platforms.
     """
     devices = list(devices)
     platforms = sorted({d.platform for d in devices})
@@ -48,15 +42,9 @@ def devices_words(devices: Sequence[Any]) -> str:
 
 def cpu_only_env() -> dict[str, str]:
     """The environment of a child process that runs JAX on the CPU alone (the multi-process
-    workers, the warm start): this process's, made to keep off the accelerator.
-
-    Only one process can hold a TPU chip, and the kernel that starts these holds it. So the
-    child's JAX initialises the CPU backend and nothing else (``JAX_PLATFORMS=cpu``: libtpu and
-    CUDA are never loaded); a platform named the deprecated way (``JAX_PLATFORM_NAME``, which
-    would ask for a backend the child does not start) is dropped; and on a TPU VM
-    ``jax.distributed.initialize`` in a worker does not ask the VM's metadata server whether it
-    is part of a TPU slice (``TPU_SKIP_MDS_QUERY``): its processes are on this machine.
-    """
+    workers, the warm start), since the kernel that starts them may hold the chip:
+    ``JAX_PLATFORMS=cpu``, no deprecated ``JAX_PLATFORM_NAME``, and ``TPU_SKIP_MDS_QUERY`` (a
+    worker's ``jax.distributed.initialize`` does not ask a TPU VM's metadata server for a slice)."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORM_NAME"}
     env["JAX_PLATFORMS"] = "cpu"
     env["TPU_SKIP_MDS_QUERY"] = "1"
@@ -73,14 +61,12 @@ def backend_started() -> bool:
 
 
 def ensure_simulated_devices(count: int = DEFAULT_SIMULATED_DEVICES, *, cpu: bool = False) -> list[jax.Device]:
-    """Give the CPU backend ``count`` devices, then return the devices in use.
+    """Give the CPU backend ``count`` devices, then return the devices in use (accelerators
+    unchanged, unless ``cpu``: then the CPU backend alone).
 
-    Accelerators, when present, are used unchanged (the CPU setting only
-    affects the CPU backend), unless ``cpu``: then JAX starts its CPU backend
-    alone. Raises ``DeviceSetupError`` when the backend already started on CPU
-    with another device count, since that cannot be changed any more: restart
-    the kernel or process and call this first; ``ChipHeldError`` when another
-    process holds the accelerator (its message names that process).
+    Raises:
+        DeviceSetupError: the backend already started on CPU with another count (restart first).
+        ChipHeldError: another process holds the accelerator (its message names that process).
     """
     check_device_count(count)
     if not backend_started():
@@ -121,18 +107,14 @@ def _jax_devices() -> list[Any]:
 
 def open_devices(*, on_held: Literal["cpu", "raise"], retried: bool = False) -> Opened:
     """Start JAX's backends and return its devices; where an accelerator's backend could not start
-    because another process holds the chip, say which (``core.chip_holder``).
-
-    JAX says so in one of two places. Where the platforms are named (on a TPU VM, JAX names
-    "tpu,cpu" itself), ``jax.devices()`` raises and no backend starts: the CPU backend is then
-    started alone (the platforms set to "cpu", the simulated device count as it was set). Where
-    they are not, JAX starts the CPU backend alone itself and keeps the TPU's error, which
-    ``jax.devices("tpu")`` raises: it is read from there.
+    because another process holds the chip, say which (``core.chip_holder``). Where the platforms
+    are named (a TPU VM), ``jax.devices()`` raises and the CPU backend is then started alone; where
+    they are not, JAX starts the CPU alone itself and keeps the TPU's error, read from there.
 
     Args:
         on_held: ``"cpu"``: return the CPU's devices and what holds the chip; ``"raise"``: raise.
-        retried: the backends were started again (``reopen_devices``) after the chip was held:
-            a failure to start the accelerator's counts as held (by no process now: by the first try).
+        retried: the backends were started again (``reopen_devices``) after the chip was held: a
+            failure to start the accelerator's counts as held.
 
     Raises:
         ChipHeldError: the chip is held and ``on_held`` is ``"raise"``; its message names the holder.

@@ -10,12 +10,9 @@ class ConfigError(ValueError):
 
     Args:
         message: what was wrong and how to fix it, in the Python API's terms.
-        knobs: the knobs (``Scenario`` fields, or the learner's settings) whose change
-            fixes it, the likeliest first. The lab and the CLI name each one as the
-            widget or the flag that sets it (``core.knobs``), so a refusal there never
-            sends the reader to a field they cannot see.
-        problem: what was wrong without the API's fix, for the lab and the CLI, which
-            name their own knob instead (default: the message).
+        knobs: the knobs whose change fixes it, the likeliest first; the lab and the CLI name each
+            as the widget or the flag that sets it (``core.knobs``).
+        problem: what was wrong without the API's fix, for the lab and the CLI (default: the message).
     """
 
     def __init__(self, message: str = "", *, knobs: Sequence[str] = (), problem: str | None = None) -> None:

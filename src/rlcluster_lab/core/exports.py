@@ -1,12 +1,9 @@
 """Public names that IDEs and type checkers see, imported only when first used.
 
-A package's ``__init__`` writes its public API as ordinary imports under ``if
-TYPE_CHECKING:`` and lists the names in ``__all__``; under ``if not TYPE_CHECKING:`` it sets
-``__getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)``, which reads those same
-import lines and resolves each name on first use (``rlcluster_lab.planner`` is a short
-example). The imports are written once: what a type checker sees is what the package serves,
-and nothing is imported until asked for, so ``import rlcluster_lab`` imports no JAX and the
-CLI refuses a bad flag before the JAX backend starts. JAX-free (the standard library only).
+A package's ``__init__`` writes its public API as imports under ``if TYPE_CHECKING:`` and lists
+them in ``__all__``; ``lazy_exports`` reads those same import lines and resolves each name on
+first use, so ``import rlcluster_lab`` imports no JAX and the CLI refuses a bad flag before the
+JAX backend starts. JAX-free (the standard library only).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Reading what lives on other processes: small facts, and host values of global arrays.
 
-Every function here is collective: every process must call it, in the same order,
-with the same structure. Which path a call takes is decided from global facts only
-(an array's sharding, the process count), never from what this process happens to
-hold, so the processes cannot take different paths and wait on each other. Small
-facts (JSON) go through the coordination service's key-value store; array values
-through device collectives (``jax.experimental.multihost_utils``).
+Every function here is collective: every process calls it in the same order, and the path a
+call takes is decided from global facts only (an array's sharding, the process count), so no
+two processes wait on each other. Facts go through the coordination service's key-value store,
+array values through device collectives (``jax.experimental.multihost_utils``).
 """
 
 from __future__ import annotations
@@ -53,10 +51,8 @@ def exchange(value: Any, what: str) -> list[Any]:
                 f"process {p} did not publish {what!r} within {EXCHANGE_TIMEOUT_S:.0f} s: it failed, or the processes "
                 f"are not running the same program ({type(exc).__name__}: {exc})"
             ) from exc
-    # Every process published this exchange, so each had read the one before: this process's key
-    # of that one is read by no one any more. Deleted, the store holds at most two per process
-    # however many exchanges a run makes (on CPU devices or with offload a sync and an optimizer
-    # step each make one).
+    # Every process published this exchange, so each had read the one before: that key is deleted
+    # and the store holds at most two per process however many exchanges a run makes.
     if _LAST:
         client.key_value_delete(_LAST.pop())
     _LAST.append(mine)
@@ -84,14 +80,9 @@ def any_process(flag: bool, what: str) -> bool:
 
 
 def host_values(values: list[Any]) -> list[np.ndarray]:
-    """The whole value of each array on this host, whichever processes own its shards.
-
-    One process: ``np.asarray``. An array on devices of every process: the
-    shard this process holds when it is replicated, else a gather over the
-    processes. An array on some processes only (the rollout of a split
-    layout, seen from the trainer): replicated among its owners, then sent
-    from the first owner to every process, one broadcast per owning process.
-    """
+    """The whole value of each array on this host, whichever processes own its shards: this
+    process's shard when replicated, else a gather; an array on some processes only (the split
+    layout's rollout) is replicated among its owners, then broadcast from the first owner."""
     if jax.process_count() == 1:
         return [np.asarray(v) for v in values]
     from jax.experimental import multihost_utils
@@ -130,11 +121,7 @@ def replicate(t: Any) -> Any:
 
 
 def held_within(a: set[Any], b: set[Any], what: str) -> bool:
-    """True when ``a`` is non-empty and within ``b`` on every process that holds any of ``a``.
-
-    Buffer identities (``placement.buffers``) are per process: each process
-    sees only the shards on its own devices, so "these buffers are those
-    buffers" is answered by every process holding some, together.
-    """
+    """True when ``a`` is non-empty and within ``b`` on every process that holds any of ``a``
+    (buffer identities are per process, so every process holding some answers together)."""
     facts = exchange([bool(a), a <= b], what)
     return any(has for has, _ in facts) and all(ok for has, ok in facts if has)

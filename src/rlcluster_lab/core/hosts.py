@@ -1,8 +1,5 @@
-"""Which process owns what: the facts every multi-process path reads.
-
-In a single process every device is addressable and these helpers reduce to
-what the lab did before (the first device of a mesh, ``np.asarray``).
-"""
+"""Which process owns what: the facts every multi-process path reads (in one process: the first
+device of a mesh, ``np.asarray``)."""
 
 from __future__ import annotations
 
@@ -12,13 +9,8 @@ import jax
 
 
 def home_device(mesh: Any) -> Any:
-    """The device arrays made without a placement should land on while working on ``mesh``.
-
-    The mesh's first device this process owns; a process that owns none of
-    them (the trainer process, for a rollout mesh on another process) gets
-    its own first device of the mesh's platform: a device it does not own
-    cannot receive a host value here.
-    """
+    """The device arrays made without a placement land on while working on ``mesh``: the mesh's first
+    device this process owns, else its own first device of that platform."""
     devices = list(mesh.devices.flat)
     own = next((d for d in devices if d.process_index == jax.process_index()), None)
     return own if own is not None else jax.local_devices(backend=devices[0].platform)[0]
@@ -30,12 +22,8 @@ def processes_of(devices: Any) -> list[int]:
 
 
 def foreign_device_ids() -> frozenset[int]:
-    """Ids of the devices other processes own (empty in a single process).
-
-    A compiled program that spans processes is the same text on every
-    process, so each reads every flow in it; a process counts only the flows
-    that land on its own devices, and process 0 adds the processes' counts.
-    """
+    """Ids of the devices other processes own (empty in a single process): a program spanning
+    processes is the same text on each, and each counts only the flows onto its own devices."""
     return frozenset(int(d.id) for d in jax.devices() if d.process_index != jax.process_index())
 
 

@@ -1,12 +1,9 @@
-"""Every knob a person turns, declared once (JAX-free): its type, range or choices, default,
-help, the rules that read it, its lab widget and its CLI flag.
+"""Every knob a person turns, declared once (JAX-free): its type, range or choices, default, help,
+the rules that read it, its lab widget and its CLI flag.
 
-Everything else is derived from this table: ``Scenario``'s fields and their checks
-(``knob_dataclass``), the CLI's flags (``cli.flags``), the lab's controls (``lab.controls``)
-and the knobs ``PlanRequest`` shares with a ``Scenario`` (``planner``). A refusal names the
-knobs that would fix it (``ConfigError.knobs``: fields of this table); ``describe`` says them
-in the reader's terms, the widget's label in the lab and the flag in the CLI, so the label an
-error names is the label on the screen.
+``Scenario``'s fields, the CLI's flags, the lab's controls and the planner's shared knobs are
+derived from this table. A refusal names the knobs that fix it (``ConfigError.knobs``), which
+``describe`` says as the label on the screen or the flag.
 """
 
 from __future__ import annotations
@@ -339,19 +336,13 @@ def knobs_of(exc: BaseException) -> tuple[Knob, ...]:
 
 
 def describe(exc: BaseException, audience: Audience, command: str | None = None) -> str:
-    """The message of ``exc`` (usually a ``ConfigError`` with ``knobs``) for the lab or the CLI
-    (``audience``): the knobs it names said as widget labels or flags.
-
-    The message's "field (--flag)" mentions become the audience's own name, and a
-    last sentence names what to change ("the flag to change: --lora-rank").
-    Without knobs the message is returned as it is, on one line. ``command``: the CLI's
-    subcommand, whose flags alone are named (``report`` takes no ``--kv-cache-size``).
-    """
+    """The message of ``exc`` for the lab or the CLI (``audience``): its "field (--flag)" mentions
+    said as the audience's own names, then a sentence naming what to change. ``command``: the CLI's
+    subcommand, whose flags alone are named."""
     text = " ".join(str(getattr(exc, "problem", None) or exc).split()) or type(exc).__name__
     knobs = tuple(k for k in knobs_of(exc) if command is None or command in k.commands)
-    # Every knob the text names as "field (--flag)", the fix's or another (group_size beside
-    # prompts_per_step), is said the audience's way; on the CLI a flag this command does not
-    # take (learn has no --kv-cache-size) is said in the knob's words.
+    # Every "field (--flag)" in the text is said the audience's way; on the CLI a flag this command
+    # does not take (learn has no --kv-cache-size) is said in the knob's words.
     for knob in KNOBS.values():
         said = knob.said(audience)
         if said and knob.flag:

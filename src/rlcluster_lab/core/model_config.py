@@ -56,24 +56,19 @@ def layer_stack_at(path: tuple[Any, ...]) -> int | None:
     return next((i for i, key in enumerate(path[:-1]) if str(key) == LAYER_STACK), None)
 
 
-# Bounds checked before any structure is built (validate, then build): the work of building a
-# model, planning it or reading its checkpoint grows with its layer count, and every dimension
-# becomes an array extent (int32 indices on the accelerators) and a term of int64 byte sums.
+# Bounds checked before any structure is built: building, planning or reading a model grows with
+# its layer count, and every dimension is an int32 array extent and a term of int64 byte sums.
 MAX_LAYERS = 1024
 MAX_DIM = 2**31 - 1
-# About 4 * 10^15 parameters: a thousand times the largest published models, and far enough
-# below 2^63 that the planner's byte sums (bytes x copies x devices) stay exact in int64.
+# A thousand times the largest published models, and far enough below 2^63 that the planner's
+# byte sums (bytes x copies x devices) stay exact in int64.
 MAX_PARAMS = 2**52
 
-# Ranges that keep the forward finite in float32 (where the norms and RoPE compute):
-# - rms_eps: added to a mean of squares before rsqrt; below float32's smallest normal number
-#   (about 1.2e-38) it flushes to 0 and an all-zero row divides by zero. 1 is far above any
-#   model's (1e-6 to 1e-5).
-# - rope_base: frequencies are base ** (-i / half); a base at or below 1 gives frequencies of
-#   1 and above (or infinite ones, 1e-300 ** -x), a base beyond float32's range is infinite.
+# Ranges that keep the float32 forward finite: rms_eps below float32's smallest normal flushes to
+# 0 (an all-zero row divides by zero); a rope_base at or below 1, or beyond float32, gives
+# frequencies of 1 and above or infinite ones.
 NUMERIC_RANGES: dict[str, tuple[float, float]] = {"rms_eps": (1e-30, 1.0), "rope_base": (1.0, 1e30)}
-# LoRA's scale (alpha / rank) multiplies every adapter's output; 1e4 is far above any use
-# (alpha 64 at rank 1 is 64), and 1e38 turns trained adapters into inf.
+# LoRA's scale (alpha / rank) multiplies every adapter's output: 1e4 is far above any use.
 MAX_LORA_SCALE = 1e4
 
 
@@ -194,12 +189,8 @@ class ModelConfig:
 
     @property
     def max_lora_rank(self) -> int:
-        """The largest LoRA rank that still adds capacity to some adapter.
-
-        An adapter's update on an (in, out) kernel has rank at most min(in, out);
-        above the largest such bound every adapter is already full rank and a
-        higher rank only costs memory.
-        """
+        """The largest LoRA rank that still adds capacity to some adapter (an adapter on an (in, out)
+        kernel has rank at most min(in, out))."""
         return max(min(i, o) for i, o in self.lora_shapes().values())
 
     def lora_params(self, rank: int) -> int:

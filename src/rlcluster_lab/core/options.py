@@ -1,9 +1,5 @@
-"""The ``Scenario``, the rollout's settings, and the checks on knobs alone.
-
-Nothing here imports JAX, so the CLI can parse its flags, and refuse a
-combination that cannot work, before the JAX backend starts (its device
-count must be set first) and before anything is allocated or compiled.
-"""
+"""The ``Scenario``, the rollout's settings, and the checks on knobs alone: JAX-free, so the CLI
+refuses a combination that cannot work before the JAX backend starts."""
 
 from __future__ import annotations
 
@@ -26,10 +22,8 @@ from rlcluster_lab.core.model_config import LORA_PROJECTIONS, dtype_name
 # The projections LoRA adapts, from the model's own table (``core.model_config``: JAX-free too).
 LORA_TARGETS: tuple[str, ...] = tuple(name for names in LORA_PROJECTIONS.values() for name in names)
 
-# The smallest sampling temperature above 0 (greedy): log-probs come from logits / temperature
-# in float32, and below this floor the quotient overflows (or, below float32's smallest normal
-# number, the temperature itself flushes to 0): every log-prob is NaN. At the floor a logit
-# would have to exceed 1e32 to overflow.
+# The smallest sampling temperature above 0 (greedy): below it logits / temperature overflows in
+# float32 (or the temperature flushes to 0) and every log-prob is NaN.
 MIN_TEMPERATURE = 1e-6
 
 
@@ -43,11 +37,8 @@ def temperature_rule(allow_zero: bool = True) -> str:
 
 
 def check_tensor_parallel_size(size: Any) -> int | None:
-    """The vllm engine's tensor-parallel size is None (all its devices) or an int >= 1; returns it
-    as a plain int.
-
-    Checked whichever engine is chosen, so a bad value is not silently ignored;
-    whether it divides the rollout devices is checked where the mesh is known.
+    """The vllm engine's tensor-parallel size, None (all its devices) or an int >= 1, whichever engine
+    is chosen (whether it divides the rollout devices is checked where the mesh is known).
 
     Raises:
         ConfigError: a value below 1 or not an int.
@@ -65,18 +56,14 @@ def check_tensor_parallel_size(size: Any) -> int | None:
 
 DEFAULT_SIMULATED_DEVICES: int = KNOBS["devices"].default
 
-# The most simulated CPU devices the lab asks for. Each one costs the CPU client about
-# 100 KB and start-up time (2048 devices: ~12 s and ~380 MB before any array exists), and
-# no layout the lab compares needs more; 200,000 would grow until the machine runs out.
+# The most simulated CPU devices the lab asks for: each costs the CPU client memory and start-up
+# time, and no layout the lab compares needs more.
 MAX_SIMULATED_DEVICES = 4096
 
 
 def check_device_count(count: object, name: str = "count") -> int:
-    """Refuse a simulated device count that is not an int between 1 and ``MAX_SIMULATED_DEVICES``;
-    returns it as a plain int (a NumPy integer is taken).
-
-    Checked before ``jax_num_cpu_devices`` is set: a huge count would make the CPU
-    client grow without bound, or fail inside jaxlib's bindings.
+    """A simulated device count as a plain int between 1 and ``MAX_SIMULATED_DEVICES``, checked before
+    ``jax_num_cpu_devices`` is set (a huge count grows the CPU client without bound).
 
     Raises:
         TypeError: ``count`` is not an int.
@@ -124,13 +111,9 @@ def layout_problem(layout: str, count: int) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """How the rollout engine samples.
-
-    ``data_type`` casts the vanilla engine's second copy (P3) when set: a name
-    (``"bfloat16"``) or a JAX/NumPy dtype, kept as given, as in the reference
-    (``dtype_name`` reads it where it is used). The ``rollout_vllm_*`` and
-    ``rollout_sglang_jax_*`` fields are read only by the matching engine.
-    """
+    """How the rollout engine samples. ``data_type`` casts the vanilla engine's second copy (P3), kept
+    as given (a name or a dtype); the ``rollout_vllm_*`` and ``rollout_sglang_jax_*`` fields are read
+    only by the matching engine."""
 
     max_tokens_to_generate: int = 16
     temperature: float = 1.0
@@ -147,9 +130,8 @@ class RolloutConfig:
     rollout_sglang_jax_lora_scaling: float | None = None
 
     def __post_init__(self) -> None:
-        # A float count fails deep inside the compiled sampler; a NaN or infinite temperature
-        # samples garbage and turns the trained actor to NaN: refuse both here. NumPy numbers
-        # become plain ones, so the config (and every report of it) stays JSON.
+        # A float count fails deep in the compiled sampler, a NaN temperature turns the actor to
+        # NaN: refused here. NumPy numbers become plain ones, so every report stays JSON.
         for name in ("max_tokens_to_generate", "kv_cache_size", "seed"):
             object.__setattr__(self, name, as_int(getattr(self, name), name))
         if self.max_tokens_to_generate < 1:
@@ -185,19 +167,13 @@ class RolloutConfig:
 
 @knob_dataclass(SCENARIO_KNOBS)
 class Scenario:
-    """The knobs of one placement experiment: a frozen dataclass whose fields, defaults and
-    checks are the knobs' table's (``core.knobs.SCENARIO_KNOBS``, in order).
+    """The knobs of one placement experiment: a frozen dataclass whose fields, defaults and checks are
+    the knobs' table's (``core.knobs.SCENARIO_KNOBS``).
 
-    With ``lora`` the actor is a LoRA model built over the reference model's
-    own frozen buffers (the usual way to share a base model, so P2's sharing
-    is real); ``lora_separate_base`` builds it over a copy instead, which P4
-    flags as an avoidable copy. Without LoRA the actor is a full copy of the
-    reference, as it must be to train. ``reshard`` picks how layouts change
-    (see ``ClusterConfig.reshard``); ``sync_chunk_bytes`` how a sync hands its
-    weights over (see ``ClusterConfig.sync_chunk_bytes``). A NumPy number is taken
-    as a plain one (a report of the scenario stays JSON); anything else of the wrong
-    type is refused naming the knob. The rank's upper bound comes from the model's
-    dimensions (``rules.validation.check_scenario``).
+    With ``lora`` the actor is a LoRA model over the reference's own frozen buffers (P2's sharing is
+    real); ``lora_separate_base`` builds it over a copy, which P4 flags. Without LoRA the actor is a
+    full copy of the reference. The rank's upper bound comes from the model's dimensions
+    (``rules.validation.check_scenario``).
     """
 
     def __post_init__(self) -> None:

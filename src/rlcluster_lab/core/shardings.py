@@ -1,11 +1,6 @@
-"""Shardings of a model on a mesh: which devices and memory kind each leaf belongs in.
-
-Partition specs come from the model's own logical axis names, mapped onto mesh
-axes by the role's logical axis rules. A leaf without a spec is replicated.
-These are facts about arrays and meshes (nothing is moved here): the model
-package reads them to put fresh values straight where they belong, and
-``placement`` reads them to move existing models (P5, P14).
-"""
+"""Shardings of a model on a mesh: which devices and memory kind each leaf belongs in, from its
+logical axis names through the role's rules (a leaf without a spec is replicated). Facts only:
+the model package puts fresh values there, ``placement`` moves existing models (P5, P14)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """A model's state (``nnx.state``) without walking its graph again while its Variables stay.
 
-``nnx.state`` walks a module's whole graph: about 1 ms for the tiny model on a quiet core, and a
-construction read each model's state about ten times, a sync twice. The Variables a walk finds
-are remembered per module (while it lives). Before they are used again, the module is read as
-a pytree down to its Variables (a tenth of the walk's time): the very same Variable objects in
-the same order must come back, else the graph is walked anew. New values in the same Variables
-(a training step, a sync) keep the walk; a Variable added, removed or replaced does not.
-``WhileAlive`` is that memory, per object while it lives (a sync's measurement keeps each
-array's buffers in one too). ``model_split`` (``nnx.split``) keeps the module's graphdef beside
-its walk: a cluster's every call splits the same models, and the graph is walked again only
-when their Variables change.
+The Variables a walk finds are remembered per module while it lives (``WhileAlive``). Before
+they are used again the module is read as a pytree down to its Variables (a tenth of a walk):
+the very same Variables in the same order must come back, else the graph is walked anew. New
+values (a training step, a sync) keep the walk. ``model_split`` keeps the graphdef beside it.
 """
 
 from __future__ import annotations

@@ -30,12 +30,8 @@ def jsonable(value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Decision(Generic[V]):
-    """One branch a rule took: the rule id, what was tested, the inputs it read (``values``: a
-    frozen dataclass declared beside the rule, ``rules/``, read by attribute), a one-line
-    outcome, and the branch itself (a member of the rule's branch enum).
-
-    Figures and reports read ``branch``; ``outcome`` is for people.
-    """
+    """One branch a rule took: the rule id, what was tested, the inputs it read (``values``: the
+    rule's frozen dataclass), a one-line outcome for people, and the branch figures read."""
 
     rule: str
     test: str
