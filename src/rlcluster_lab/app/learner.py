@@ -24,6 +24,7 @@ from rlcluster_lab.core.options import as_bool, as_int
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.waits import waiting
 from rlcluster_lab.measure.sync import SyncReport
+from rlcluster_lab.model.fits import check_only
 from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.training.batch import TrainBatch, validate_prompts
 from rlcluster_lab.training.critic import ValueBatch
@@ -228,6 +229,7 @@ class GRPOLearner:
         self.builds_ahead: bool | tuple[str, ...] = True
         # Whether its syncs walk their transient peak (the lab's view shows it; a run need not).
         self.sync_peak = False
+        self._checked: tuple[int, int, int] | None = None  # the step shape whose programs were checked
 
     def on(self, cluster: RLCluster) -> GRPOLearner:
         """This learner as it is now (config, rewards, prompts, the prompts it draws next, its
@@ -246,8 +248,17 @@ class GRPOLearner:
         cfg = self.config
         cluster = self.cluster
         n = len(self.prompts)
+        drawn = self._rng.bit_generator.state
         chosen = self._rng.choice(n, size=cfg.prompts_per_step, replace=n < cfg.prompts_per_step)
         prompts = [self.prompts[i] for i in chosen for _ in range(cfg.group_size)]
+        shape = cluster.generated_shape(prompts)
+        if shape != self._checked:  # each program of the step fits before any is compiled (model.fits)
+            try:
+                check_step_programs(cluster, prompts, shape, critic=cfg.critic)
+            except Exception:
+                self._rng.bit_generator.state = drawn  # a refused step draws no prompts
+                raise
+            self._checked = shape
         if self.builds_ahead and not self.history:
             cluster.build_ahead(prompts, self.builds_ahead)
         try:
@@ -337,6 +348,31 @@ class GRPOLearner:
             if progress is not None:
                 progress(record)
         return LearnerResult(steps=list(self.history), p11=list(self.p11))
+
+
+def check_step_programs(cluster: RLCluster, prompts: list[str], shape: tuple[int, int, int], critic: bool) -> None:
+    """Check every batch program a step on ``prompts`` compiles against its devices' free memory
+    before any of them is compiled or run (``model.fits.check_only``): the sampler, the anchor's
+    (and the reference's) log-probs and the optimizer step(s), each on a twin of the cluster
+    (``RLCluster.isolated``) over zeros of the step's ``shape`` (``RLCluster.generated_shape``),
+    as the step's own calls will check them. A step that would stop at its optimizer step is
+    refused before it samples.
+
+    Raises:
+        TooLargeError: the first program, in the step's order, that does not fit; it names the
+            planner's figure, the device's free bytes and the knobs that make the step smaller.
+    """
+    batch, width, length = shape
+    prompt, completion = np.zeros((batch, width), np.int32), np.zeros((batch, length), np.int32)
+    logps, rows = np.zeros((batch, length), np.float32), np.zeros(batch, np.float32)
+    reference, twin = cluster.scores_reference, cluster.isolated()
+    check_only(lambda: twin.generate(prompts))
+    check_only(lambda: twin.get_actor_per_token_logps(prompt, completion))
+    if reference:
+        check_only(lambda: twin.get_ref_per_token_logps(prompt, completion))
+    check_only(lambda: twin.update_actor(TrainBatch(prompt, completion, rows, logps, logps if reference else None)))
+    if critic:
+        check_only(lambda: twin.update_critic(ValueBatch(prompt, completion, logps, logps)))
 
 
 def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:

@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from rlcluster_lab.core.config import RolloutConfig
 from rlcluster_lab.core.states import model_split
 from rlcluster_lab.model import logps_from_state
+from rlcluster_lab.model.fits import check_only
 from rlcluster_lab.model.sampling import check_prompts, prompt_width, sample
 from rlcluster_lab.placement import events
 from rlcluster_lab.placement.chunks import chunk_leaves
@@ -113,6 +114,9 @@ class RolloutEngine(abc.ABC):
                 ``sample`` refuses (see ``rlcluster_lab.model.sampling.sample``).
         """
         prompts = check_prompts(prompts)  # a refused call draws no seed
+        # Nor does a batch the devices cannot hold: the lab's sampler is checked first (model.fits).
+        if type(self).generate_with_seed is RolloutEngine.generate_with_seed:
+            check_only(lambda: self.generate_with_seed(prompts, rollout_config, rollout_config.seed))
         # A fresh seed per call, so repeated calls sample different completions.
         return self.generate_with_seed(prompts, rollout_config, rollout_config.seed + next(self._draws))
 

@@ -14,7 +14,9 @@ from flax import nnx
 from rlcluster_lab.core.compile_options import ProgramFamily, options_for, run
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.options import MIN_TEMPERATURE, temperature_rule
-from rlcluster_lab.model.transformer import TransformerLM
+from rlcluster_lab.model.fits import SMALLER_BATCH, check_program, model_program, xla_refusal
+from rlcluster_lab.model.memory import logps_program
+from rlcluster_lab.model.transformer import ModelConfig, TransformerLM
 
 # Input contracts, checked on the host before any device work: an id outside the
 # vocabulary makes the embedding gather read past its table (NaN log-probs on CPU,
@@ -241,9 +243,18 @@ def logps_from_state(
         TypeError: token ids that are not integers, or a temperature that is not a number.
         ConfigError: a batch of the wrong shape (or empty), an id outside the model's
             vocabulary, or a temperature that is negative, NaN or infinite.
+        TooLargeError: the program would not fit a device's free memory (``model.fits``).
     """
     prompt, completion = checked_batch(graphdef, state, prompt_tokens, completion_tokens, pad_id)
     # A NumPy scalar goes in with the call; a device scalar made first is a program of its own.
     temperature = np.float32(check_temperature(temperature))
+    config = model_config_of(graphdef, state)
+    (rows, width), length = prompt.shape, completion.shape[1]
+    what = f"scoring {rows:,} completions of {width} + {length} tokens with the {getattr(config, 'name', '')} model"
+    planned = None
+    if isinstance(config, ModelConfig):  # checked before anything is compiled
+        figure = model_program(logps_program, config, state, rows, width, length)
+        planned = check_program(figure, (state, prompt, completion), what, SMALLER_BATCH, "score fewer rows at once")
     program = LOGPS.jitted(model_compiler_options(graphdef, state))
-    return run(program, graphdef, state, prompt, completion, int(pad_id), temperature)
+    with xla_refusal(planned, what, SMALLER_BATCH, "score fewer rows at once"):
+        return run(program, graphdef, state, prompt, completion, int(pad_id), temperature)

@@ -21,6 +21,7 @@ from rlcluster_lab.core.compile_options import ProgramFamily
 from rlcluster_lab.core.errors import ConfigError
 from rlcluster_lab.core.gathering import host_values
 from rlcluster_lab.core.limits import check_fits
+from rlcluster_lab.model.fits import SMALLER_BATCH, check_program, model_program, xla_refusal
 from rlcluster_lab.model.logps import (
     check_temperature,
     check_token_id,
@@ -30,6 +31,7 @@ from rlcluster_lab.model.logps import (
     model_config_of,
     model_vocab_size,
 )
+from rlcluster_lab.model.memory import generate_program
 from rlcluster_lab.model.tokenizer import ByteTokenizer
 from rlcluster_lab.model.transformer import ModelConfig, init_cache
 
@@ -231,7 +233,8 @@ def sample(
             infinite or below ``MIN_TEMPERATURE``; a prompt (or the pad id) encodes to an id
             outside the model's vocabulary; prompt plus completion longer than the cache.
         TooLargeError: the batch's KV cache and buffers (``generate_bytes``) would exceed
-            what may be allocated (``core.limits``); nothing was allocated.
+            what may be allocated (``core.limits``), or the sampler would not fit a device's
+            free memory (``model.fits``); nothing was allocated.
     """
     prompts = check_prompts(prompts)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
@@ -259,29 +262,33 @@ def sample(
             "raise cache_size or lower max_new_tokens / shorten the prompts."
         )
     config = model_config_of(graphdef, state)
+    what = (
+        f"generating for {len(prompts):,} prompts ({prompt_len} prompt tokens + {max_new_tokens} new, a KV cache of "
+        f"{cache_size:,} slots each) with the {getattr(config, 'name', '')} model"
+    )
+    fix = "pass fewer prompts per generate call, or a smaller kv_cache_size"
+    planned = None
     if isinstance(config, ModelConfig):
         # Validate, then allocate: the batch's cache and buffers are refused before XLA is asked.
-        check_fits(
-            generate_bytes(config, len(prompts), prompt_len, cache_size, max_new_tokens),
-            f"generating for {len(prompts):,} prompts ({prompt_len} prompt tokens + {max_new_tokens} new, a KV "
-            f"cache of {cache_size:,} slots each) with the {config.name} model",
-            "pass fewer prompts per generate call, or a smaller kv_cache_size",
-        )
+        check_fits(generate_bytes(config, len(prompts), prompt_len, cache_size, max_new_tokens), what, fix)
+        figure = model_program(generate_program, config, state, len(prompts), prompt_len, max_new_tokens, cache_size)
+        planned = check_program(figure, (state, prompt_tokens), what, SMALLER_BATCH, fix)
     greedy = temperature == 0
     # The inputs go in as NumPy values: the call hands them to the devices with the state, where
     # a device array made first (``jnp.asarray``, ``jax.random.key``) compiles a program of its own.
-    tokens, logprobs = _run_generate(
-        graphdef,
-        state,
-        prompt_tokens,
-        np.int64(seed),  # as jax.random.key reads a Python int
-        np.float32(1.0 if greedy else temperature),
-        max_new_tokens=max_new_tokens,
-        cache_size=cache_size,
-        greedy=greedy,
-        eos_id=eos_id,
-        pad_id=pad_id,
-    )
+    with xla_refusal(planned, what, SMALLER_BATCH, fix):
+        tokens, logprobs = _run_generate(
+            graphdef,
+            state,
+            prompt_tokens,
+            np.int64(seed),  # as jax.random.key reads a Python int
+            np.float32(1.0 if greedy else temperature),
+            max_new_tokens=max_new_tokens,
+            cache_size=cache_size,
+            greedy=greedy,
+            eos_id=eos_id,
+            pad_id=pad_id,
+        )
     # multi-process: the sampler's devices may belong to another process (a split rollout).
     tokens, logprobs = host_values([tokens, logprobs])
     logprobs = logprobs.astype(np.float32, copy=False)

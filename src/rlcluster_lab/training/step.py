@@ -35,7 +35,10 @@ from rlcluster_lab.core.precision import traced_at, traced_precision
 from rlcluster_lab.core.shardings import HOST_MEMORY_KINDS
 from rlcluster_lab.core.states import WhileAlive
 from rlcluster_lab.model import forward_logps
-from rlcluster_lab.model.logps import check_temperature, model_compiler_options, model_vocab_size
+from rlcluster_lab.model.fits import SMALLER_BATCH, arguments, check_program, model_program, xla_refusal
+from rlcluster_lab.model.logps import check_temperature, model_compiler_options, model_config_of, model_vocab_size
+from rlcluster_lab.model.memory import update_program
+from rlcluster_lab.model.transformer import ModelConfig
 from rlcluster_lab.placement.boxes import shard_boxes
 from rlcluster_lab.placement.transfers import shard_data
 from rlcluster_lab.training.batch import validate_batch_arrays
@@ -140,6 +143,10 @@ def train_step(
     return run_update(tx, graphdef, args, micro_batch_size, key, sums_fn, "grpo_train_step", lower=lower)
 
 
+# The knobs that make a training step smaller: its rows at once first (``core.knobs``).
+TRAIN_BATCH = ("train_micro_batch_size", "mini_batch_size", *SMALLER_BATCH)
+
+
 def run_update(
     tx: optax.GradientTransformation,
     graphdef: nnx.GraphDef,
@@ -156,7 +163,8 @@ def run_update(
     options and precision (the train step's: ``core.precision``); ``lower``: lowered, not run."""
     trainable, frozen, opt_state, batch, _ = args
     keep = (_sharding_key(trainable), _sharding_key(opt_state))
-    pieces = accumulation_steps(len(batch["prompt_tokens"]), micro_batch_size)
+    rows, width = batch["prompt_tokens"].shape
+    pieces = accumulation_steps(rows, micro_batch_size)
     options = model_compiler_options(graphdef, trainable, frozen)
     precision = traced_precision("train step")
     full = (graphdef, *key, keep, pieces, options_key(options), precision)
@@ -164,7 +172,33 @@ def run_update(
     def build() -> Any:
         return jitted_update(graphdef, keep, pieces, sums_fn, name, options, precision)
 
-    return _STEPS.call(tx, full, build, *args, lower=lower)
+    if lower:
+        return _STEPS.call(tx, full, build, *args, lower=True)
+    config = model_config_of(graphdef, trainable, frozen)
+    length = batch["completion_tokens"].shape[1]
+    what = f"a training step over {rows:,} completions of {width} + {length} tokens"
+    what += f" in {pieces} micro-batches" if pieces > 1 else ""
+    fix = "train on fewer rows at once (mini_batch_size, train_micro_batch_size)"
+    planned = None
+    if isinstance(config, ModelConfig):  # checked before anything is compiled
+        sizes = [max(arguments(tree)[0].values(), default=0) for tree in (trainable, opt_state)]
+        leaves = len(jax.tree.leaves((trainable, opt_state))) + 5  # and the five metrics
+        figure = model_program(
+            update_program,
+            config,
+            (trainable, frozen),
+            rows // pieces,
+            width,
+            length,
+            trainable=sizes[0],
+            optimizer=sizes[1],
+            leaves=leaves,
+            accumulating=pieces > 1,
+            value_head=key[0] == "value",
+        )
+        planned = check_program(figure, args[:4], what, TRAIN_BATCH, fix)
+    with xla_refusal(planned, what, TRAIN_BATCH, fix):
+        return _STEPS.call(tx, full, build, *args)
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int | None) -> int:
