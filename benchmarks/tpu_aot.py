@@ -6,7 +6,7 @@ each program's executable size (the chip's) and the seconds this machine's CPU s
 
 ``DIR`` holds libtpu, installed apart from the project's environment (where JAX would try to
 open a chip at every start): ``pip install --target DIR "libtpu==0.0.42.*"`` (the version
-``jax[tpu]`` 0.10.2 asks for).
+``jax[tpu]`` 0.10.2 asks for; ``rlcluster_lab.core.compile_only`` opens it, as ``plan --xla-check`` does).
 
 For each size and depth, two fresh processes:
 
@@ -76,11 +76,9 @@ import jax
 from jax._src.interpreters import mlir
 from jax._src.lib import _jax, xla_client
 from jax._src.lib.mlir import ir
-from jax.experimental import topologies
+from rlcluster_lab.core.compile_only import compile_only_devices
 
-chip = topologies.get_topology_desc(
-    topology_name="v5e:1x1", platform="tpu", chips_per_host_bounds=(1, 1, 1), num_slices=1, wrap=(False,) * 3
-).devices[0]
+chip = compile_only_devices("v5e:1x1", (1, 1, 1), ARGS["libtpu"])[0]
 rows = []
 for name, module, options in pickle.load(open(ARGS["programs"], "rb")):
     for precision in ARGS["precisions"]:
@@ -99,9 +97,6 @@ for name, module, options in pickle.load(open(ARGS["programs"], "rb")):
                      "bytes": len(executable.serialize())})
 print(MARKER + json.dumps({"device": chip.device_kind, "rows": rows}))
 """
-
-# Set so libtpu does not look for a TPU VM's metadata (there is none here).
-TPU_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-1", "TPU_WORKER_HOSTNAMES": "localhost", "TPU_SKIP_MDS_QUERY": "1"}
 
 
 def child(code: str, args: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
@@ -137,7 +132,9 @@ def main() -> None:
                     {"PYTHONPATH": src, "JAX_PLATFORMS": "cpu", "RLCLUSTER_LAB_WARM": "off"},
                 )
                 compiled = child(
-                    COMPILE, {"programs": out, "precisions": precisions}, {**TPU_ENV, "PYTHONPATH": args.libtpu}
+                    COMPILE,
+                    {"programs": out, "precisions": precisions, "libtpu": args.libtpu},
+                    {"PYTHONPATH": src, "JAX_PLATFORMS": "cpu"},
                 )
                 for r in compiled["rows"]:
                     table.append(

@@ -94,6 +94,10 @@ def format_plan(data: Mapping[str, Any]) -> str:
         )
     verdict = {None: "unknown (no memory per device known: pass --memory-per-device)", True: "everything fits"}
     lines.append("fits: " + verdict.get(fits["all_fit"], f"DOES NOT FIT: {fits['reason']}"))
+    if "xla_check" in data:
+        from rlcluster_lab.planner.xla_check import check_lines  # imports JAX: not when the parser is built
+
+        lines += check_lines(data["xla_check"], t["name"])
     return "\n".join(lines)
 
 
@@ -168,6 +172,12 @@ def add_plan_arguments(p: Any) -> None:
         p.add_argument(flag, default=None, help=text)
     remat = "plan a step that rematerialises every layer (the lab's does not)"
     p.add_argument("--remat", action="store_true", help=remat)
+    check = (
+        "compile the step's programs for the topology (XLA:TPU's compile-only client for a TPU slice, this "
+        "machine's devices for local; nothing allocated) and print XLA's bytes per device beside the planner's"
+    )
+    p.add_argument("--xla-check", action="store_true", help=check)
+    p.add_argument("--libtpu", default=None, metavar="DIR", help="with --xla-check: a folder libtpu was installed in")
 
 
 def check_plan_flags(args: Any) -> None:
@@ -177,6 +187,9 @@ def check_plan_flags(args: Any) -> None:
     Raises:
         ConfigError: naming both flags.
     """
+    if args.libtpu is not None and not args.xla_check:
+        problem = "--libtpu names the folder --xla-check compiles with"
+        raise ConfigError(f"{problem}: add --xla-check, or drop --libtpu", problem=problem)
     if args.topology != "local" and args.devices != KNOBS["devices"].default:
         problem = (
             f"--devices {args.devices} sets the simulated devices that --topology local plans on; topology "
@@ -224,6 +237,10 @@ def run_plan_command(args: Any) -> dict[str, Any]:
         )
         raise
     data = plan.to_json()
+    if args.xla_check:
+        from rlcluster_lab.planner.xla_check import check_devices, check_plan
+
+        data["xla_check"] = check_plan(plan, check_devices(plan.request.topology, args.libtpu))
     return data if args.json else {"_text": format_plan(data)}
 
 

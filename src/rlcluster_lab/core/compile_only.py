@@ -46,7 +46,7 @@ def compile_only_devices(topology: str, chips_per_host: tuple[int, ...], libtpu:
     """
     from jax.experimental import topologies
 
-    install = f"pip install --target DIR '{libtpu_wanted()}' (about 700 MB) and pass DIR"
+    install = f"pip install --target DIR '{libtpu_wanted()}' (about 700 MB) and pass that folder (--libtpu DIR)"
     if libtpu is not None:
         folder = Path(libtpu).expanduser().resolve()
         if not (folder / "libtpu").is_dir():
