@@ -1,8 +1,6 @@
-"""Shards as boxes (a (start, stop) pair per dimension): which part of a global array each
-device holds, and what a change of layout must move. Indices and devices only, so the same
-arithmetic serves the minimal strategy, the minimum any reshard moves (L3), the crossing
-report and the planner.
-"""
+"""Shards as boxes (a (start, stop) pair per dimension): which part of a global array each device
+holds, and what a change of layout must move; indices and devices only, for the minimal strategy,
+the minimum any reshard moves (L3), the crossing report and the planner alike."""
 
 from __future__ import annotations
 
@@ -70,18 +68,14 @@ def _minimum(src_boxes: tuple[tuple[int, Box], ...], dst_boxes: tuple[tuple[int,
 
 def device_put_keeps(src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[tuple[int, Box]]) -> list[bool]:
     """Per destination shard (mesh order): does ``jax.device_put`` onto the destination keep the
-    source's buffer there? The reuse every load and reshard of the lab follows by default (P5,
-    P13), so that L2's shared buffers are the reference's (its loads are ``device_put``).
+    source's buffer there? Every load and reshard of the lab follows it by default (P5, P13), so L2's
+    shared buffers are the reference's. Both lists are (device id, box) in mesh order. As read from
+    JAX (a test checks it):
 
-    Both lists are (device id, box) in mesh order; an identical sharding (every shard kept) is
-    the caller's to see. ``device_put``, read from JAX and checked against it by a test:
-
-    - the same devices in another order: a compiled program makes every shard anew;
-    - the same boxes at the same mesh positions (equal tilings): a shard is kept where its
-      device is the same at that position;
-    - otherwise shard by shard: a source shard with the same box on the same device is kept,
-      unless some destination box is no source shard's, when the whole array is assembled
-      through the host and nothing is kept (the lab builds it on the devices instead).
+    - the same devices in another order: every shard is made anew;
+    - equal tilings: a shard is kept where its device is the same at that position;
+    - otherwise a source shard with the same box on the same device is kept, unless some destination
+      box is no source shard's: then the array goes through the host and nothing is kept.
     """
     src_ids, dst_ids = [d for d, _ in src_boxes], [d for d, _ in dst_boxes]
     if len(src_ids) > 1 and src_ids != dst_ids and set(src_ids) == set(dst_ids):
@@ -115,12 +109,9 @@ def to_box(index: Sequence[slice], shape: Sequence[int]) -> Box:
 def plan_reshard(
     shape: Sequence[int], src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[tuple[int, Box]]
 ) -> list[BlockPlan]:
-    """For each destination (device, box): the source pieces that fill it.
-
-    ``src_boxes`` lists every source shard as (device id, box); a box held by
-    several devices (replication) is a choice, and the destination device's
-    own copy is preferred, then the lowest device id.
-    """
+    """For each destination (device, box): the source pieces that fill it (``src_boxes``: (device id,
+    box) per source shard), a replicated box taken from the destination device's own copy, else
+    from the lowest device id."""
     holders: dict[Box, list[int]] = {}
     for dev, box in src_boxes:
         holders.setdefault(box, []).append(dev)
@@ -144,16 +135,10 @@ def plan_reshard(
 
 
 class Relabel:
-    """Arrays laid out as one array ``x`` is, as arrays of ``dst``, an equivalent sharding (each
-    device holds the same block), over their very own buffers: nothing is copied.
-
-    Worked out once per sharding, shape and dtype (a sync relabels the same leaves each time): the
-    position of each destination shard among the source's, and the new arrays' abstract value, read
-    from one array made by ``jax.make_array_from_single_device_arrays``, which checks that the two
-    shardings agree. Each later call puts the buffers in that order under ``dst`` without checking
-    again; ``jax.make_array_from_single_device_arrays`` would work out and check all of it anew, at
-    about four times the cost (12 leaves: 138 us against 31 us on this CPU).
-    """
+    """Arrays laid out as ``x`` is, as arrays of ``dst`` (an equivalent sharding), over their very own
+    buffers: nothing is copied. The shard order and the abstract value are worked out once per
+    sharding, shape and dtype (checked by ``jax.make_array_from_single_device_arrays``); later calls
+    reuse them without checking again, a quarter of that function's cost."""
 
     def __init__(self, x: jax.Array, dst: Sharding) -> None:
         shape = tuple(x.shape)

@@ -1,10 +1,6 @@
-"""A weight sync in chunks: which leaves go together (``sync_chunk_bytes``, P13's order).
-
-Leaves go in path order into chunks of at most N logical bytes (a larger leaf alone, never
-split); each chunk is resharded, committed and its old arrays released before the next,
-bounding the sync's transient peak at the cost of a reshard call per chunk. The cluster's
-sync and the planner both split with ``chunk_leaves``.
-"""
+"""A weight sync in chunks (``sync_chunk_bytes``, P13): leaves in path order, chunks of at most N
+logical bytes (a larger leaf alone, never split), each resharded and committed before the next.
+The cluster's sync and the planner both split with ``chunk_leaves``."""
 
 from __future__ import annotations
 
@@ -12,11 +8,8 @@ from collections.abc import Sequence
 
 
 def chunk_leaves(sizes: Sequence[int], limit: int | None) -> list[range]:
-    """Consecutive runs of leaves (indices into ``sizes``) of at most ``limit`` bytes each.
-
-    ``limit`` None: one chunk of everything. Greedy in order: a chunk takes the next
-    leaf while it stays within the limit; a leaf above the limit stands alone.
-    """
+    """Consecutive runs of leaves (indices into ``sizes``) of at most ``limit`` bytes each, greedy in
+    order (``limit`` None: one chunk; a leaf above the limit stands alone)."""
     if not sizes:
         return []
     if limit is None:

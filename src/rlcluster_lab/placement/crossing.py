@@ -1,14 +1,12 @@
 """Moving shards into another process: one compiled program per set of leaves.
 
-JAX copies a buffer between devices only inside a process (``jax.device_put`` onto another
-process's device needs a transfer server, which hung with the CPU backend's defaults in our
-trials; see issue 11). So a layout change between processes (the split layout) is a program
-every process runs: the sender lays each leaf out as its destination over its own devices
+JAX copies a buffer between devices only inside a process (a transfer server across processes
+hung with the CPU backend's defaults). So a layout change between processes is a program every
+process runs: the sender lays each leaf out as its destination over its own devices
 (``placement.xla``); one jitted ``shard_map`` over a mesh stacking those devices on the
-destination's moves each leaf with one ``lax.ppermute``, only the first position of each
-distinct block in each receiving process; the receiver's other devices copy the block from
-where it arrived. Each process logs, from the program's ``collective-permute`` pairs, what
-landed on its devices; process 0 adds the logs (``multiprocess.report``).
+destination's moves each distinct block once with ``lax.ppermute``; the receiver's other devices
+copy it from where it arrived. Each process logs, from the program's ``collective-permute``
+pairs, what landed on its devices; process 0 adds the logs (``multiprocess.report``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """What a layout change did, as one stream of typed events, and who listens to it.
 
-The mover (``placement.reshard`` and the strategies under it) only ``emit``s: the arrays a step
-made, each point where it holds the most (``Phase``), every copy and the ledger's notes on them
-(``LEDGER``). Instruments listen inside ``listening(...)``: the sync's peak walk takes ``Made``
-and ``Phase``, the transfer log (``measure.sync.TransferLog``, L3's evidence) the ledger. Work done
-only to describe an event is guarded by ``wants(kind)``: with nobody listening, one read.
+The mover only ``emit``s: the arrays a step made, each point where it holds the most
+(``Phase``), every copy and the ledger's notes (``LEDGER``). Instruments listen inside
+``listening(...)``; work done only to describe an event is guarded by ``wants(kind)``.
 """
 
 from __future__ import annotations

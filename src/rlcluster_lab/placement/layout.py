@@ -1,8 +1,5 @@
-"""Layouts as plain data: a mesh on paper (device ids in order, axis sizes and names), the box
-each device's shard covers, and a sharding as (mesh, spec, memory kind). The same arithmetic
-serves live arrays (``Layout.of`` a ``NamedSharding``) and the planner's arrays on paper, so a
-reshard's description (``placement.route``) is one for both.
-"""
+"""Layouts as plain data: a mesh on paper, the box each device's shard covers, and a sharding as
+(mesh, spec, memory kind), for live arrays (``Layout.of``) and the planner's alike."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""The ``minimal`` reshard strategy: every destination shard assembled on its own device.
-
-Each destination shard is built on its device from the overlapping pieces of source shards
-(``boxes.plan_reshard``), preferring a copy already there, so only the bytes a device lacks
-cross: the least any reshard can move at slice granularity. Batched per tree: one program
-per source device cuts and packs what leaves it, one transfer call moves every pack (and
-every whole shard that only changes device), one program per destination device assembles
-its blocks; the schedule is worked out once per set of shardings and every copy is logged.
-Its price is two small programs per device per new set of shardings, hence ``xla`` is the
-default.
-"""
+"""The ``minimal`` reshard strategy: every destination shard assembled on its own device from the
+overlapping pieces of source shards (``boxes.plan_reshard``), so only the bytes a device lacks
+cross. Batched per tree: one program per source device cuts and packs what leaves it, one
+transfer call moves every pack, one program per destination device assembles its blocks. Its
+price, two small programs per device per new set of shardings, makes ``xla`` the default."""
 
 from __future__ import annotations
 

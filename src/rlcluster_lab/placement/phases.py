@@ -1,9 +1,5 @@
-"""What the arrays a reshard makes are, for the figures of a sync's peak, and what its programs hold.
-
-The mover says which arrays it made as which term (``events.Made``) and when it holds the most
-(``events.Phase``, with the temporaries of the programs that ran since); the sync's peak walk
-decides what is alive and counts buffers.
-"""
+"""What the arrays a reshard makes are, for the figures of a sync's peak, and what its programs
+hold; the sync's peak walk decides what is alive and counts buffers."""
 
 from __future__ import annotations
 

@@ -37,8 +37,7 @@ def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
         ):
             moved = _compiled_move(xs, targets)
         else:
-            # One call for every leaf that moves: JAX dispatches the batch once (a model's anchor
-            # pin took half the time of one call per leaf).
+            # One call for every leaf that moves: JAX dispatches the batch once.
             moved = jax.device_put(xs, targets)
         for i, y in zip(moving, moved):
             leaves[i] = y
@@ -47,10 +46,9 @@ def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
 
 @functools.cache
 def device_put_reads_program_pins(platform: str) -> bool:
-    """Whether this JAX's ``device_put`` can move an array that a compiled program wrote into pinned
-    host memory (the anchor's write-over does, at every sync), asked of JAX once per platform: JAX
-    0.12's CPU client gives such an array a layout of host memory space that its ``device_put``
-    refuses ("Unsupported layout used for PjRt CPU buffers"), where a compiled copy reads it."""
+    """Whether this JAX's ``device_put`` can move an array a compiled program wrote into pinned host
+    memory (the anchor's write-over), asked of JAX once per platform: some CPU clients refuse such
+    a layout, where a compiled copy reads it."""
     device = jax.devices(platform)[0]
     one = jax.sharding.SingleDeviceSharding(device)
     try:
@@ -80,14 +78,10 @@ def _copies(xs: list[jax.Array]) -> list[jax.Array]:
 
 
 def pin_anchor(source: Any, old: Any) -> Any:
-    """P8: ``source`` copied to pinned host memory, as the anchor snapshot: each leaf over the old
-    anchor ``old``'s buffer of it where ``rules.anchor.p8_repin_in_place`` says so (one compiled
-    program per mesh order of devices, the old buffers donated to it), else into a new buffer; a leaf
-    already pinned is kept.
-
-    The old anchor's leaves written over are deleted when this returns: from then on the new
-    snapshot is the only one.
-    """
+    """P8: ``source`` copied to pinned host memory as the anchor snapshot, each leaf over the old
+    anchor's buffer where ``rules.anchor.p8_repin_in_place`` says so (one compiled program per
+    device order, the old buffers donated), else into a new buffer; a pinned leaf is kept. The old
+    leaves written over are deleted when this returns."""
     leaves, treedef = jax.tree.flatten(source)
     same_tree = old is not None and jax.tree.structure(old) == treedef
     held = held_elsewhere(old) if same_tree else None  # counted before this function holds any leaf
@@ -201,9 +195,7 @@ def place_model(
     kinds = treedef.flatten_up_to(nnx.to_pure_dict(state, type))
     moved: list[Any] = [None] * len(leaves)
     # One reshard per kind of weight (base weights, LoRA adapters): a sync hands over one kind
-    # (P13: the adapters of a LoRA actor, else every Param), so the programs compiled here for
-    # an engine's own copy are the ones its first sync runs, and a LoRA model's base weights
-    # share the programs of the same model without adapters.
+    # (P13), so the programs compiled here for an engine's own copy are those its first sync runs.
     for kind in dict.fromkeys(kinds):
         picked = [i for i, k in enumerate(kinds) if k is kind]
         ys = reshard_many([leaves[i] for i in picked], [dsts[i] for i in picked], copy=copy, strategy=strategy)

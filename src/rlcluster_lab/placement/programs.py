@@ -1,9 +1,5 @@
-"""The compiled programs placement keeps, and the bound on how many a process holds.
-
-Both reshard strategies and the multi-process crossing keep their compiled programs in
-bounded caches that register here, so a rebuild of a layout seen before compiles nothing
-and ``clear_programs`` forgets them all.
-"""
+"""The compiled programs placement keeps in bounded caches that register here, so a rebuild of a
+layout seen before compiles nothing and ``clear_programs`` forgets them all."""
 
 from __future__ import annotations
 
@@ -55,10 +51,9 @@ class ProgramCache:
 
 
 def compile_outside_mesh(jitted: Any, *args: Any, options: dict[str, Any] | None = None) -> tuple[Any, str]:
-    """``jitted`` lowered for ``args`` and compiled outside any role's mesh context (its
-    shardings are all explicit), and where the executable came from: ``"compiled"`` (by XLA
-    here) or ``"persistent cache"`` (read back from disk). ``options``: XLA compiler options
-    (``core.compile_options``; None: XLA's defaults)."""
+    """``jitted`` lowered for ``args`` and compiled outside any role's mesh (its shardings are
+    explicit) with ``options`` (None: XLA's defaults), and where the executable came from:
+    ``"compiled"`` or ``"persistent cache"``."""
     with jax.set_mesh(None), count_compilations() as made:
         compiled = jitted.lower(*args).compile(options)
     return compiled, "persistent cache" if made and all(cached for _, _, cached in made) else "compiled"
@@ -95,11 +90,8 @@ TRIM_FRACTION = 0.5
 
 def trim_compiled_programs() -> bool:
     """Release every compiled program when this process holds more than ``TRIM_FRACTION`` of its
-    mapping limit; True when it did. On CPU each program holds memory mappings (a first
-    training step's programs of the tiny model about 230-370 with the lab's compiler options,
-    600 and more with XLA's) and the kernel stops a process at ``vm.max_map_count`` (usually
-    65,530); the persistent cache makes rebuilding them a read from disk.
-    """
+    memory-mapping limit (each CPU program holds mappings, and the kernel stops a process at
+    ``vm.max_map_count``); True when it did. The persistent cache makes rebuilding a disk read."""
     held, limit = mapped_regions(), mapping_limit()
     over = not (held is None or limit is None or held < TRIM_FRACTION * limit)
     if jax.process_count() > 1:
@@ -108,8 +100,7 @@ def trim_compiled_programs() -> bool:
         over = any_process(over, "trim compiled programs")
     if not over:
         return False
-    # Programs queued for the disk cache are written first: the clear then releases them too,
-    # and rebuilding any of them is the read from disk promised above.
+    # Programs queued for the disk cache are written first, so rebuilding any is a read from disk.
     flush_cache_writes()
     clear_programs()
     jax.clear_caches()

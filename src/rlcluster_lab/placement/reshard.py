@@ -1,11 +1,9 @@
 """Moving arrays between shardings device to device, never through the host.
 
-``reshard_many`` works out the batch's route (``placement.route``, the description the planner
-reads too) and runs its steps in order. On CPU ``jax.device_put`` between layouts gathers
-through host memory, which the sync's transfer guard (P13) forbids; no step does. Each step
-holds its values in one table and drops what the route says it drops, so at each of the
-route's phases exactly the route's buffers are alive. The events (``placement.events``) of a
-batch's copies are described once per batch signature, then replayed.
+``reshard_many`` works out the batch's route (``placement.route``, which the planner reads too)
+and runs its steps in order, holding its values in one table and dropping what the route drops,
+so at each phase exactly the route's buffers are alive. On CPU ``jax.device_put`` between
+layouts goes through the host, which the sync's transfer guard forbids (P13); no step does.
 """
 
 from __future__ import annotations
@@ -42,15 +40,12 @@ def reshard_many(
     dtypes: Sequence[Any] | None = None,
     strategy: str = "xla",
 ) -> list[jax.Array]:
-    """``xs`` laid out as ``dsts``, moving only device to device (a memory-kind change after the
-    layout change), each cast to ``dtypes[i]`` on its destination devices afterwards when given;
-    ``labels`` tag their transfers.
+    """``xs`` laid out as ``dsts``, device to device (a memory-kind change after), each cast to
+    ``dtypes[i]`` on its destination last when given; ``labels`` tag their transfers.
 
-    Per array: kept when already in the destination sharding (unless ``copy``), re-labelled
-    when the layout is equivalent, else changed by ``strategy`` (``xla`` or ``minimal``, the
-    config's ``reshard``); a source buffer is kept exactly where ``jax.device_put`` keeps it
-    (the ``minimal`` strategy: wherever its device holds the block). The bytes move in the
-    source dtype; the cast comes last.
+    Per array: kept when already in the destination sharding (unless ``copy``), re-labelled when
+    the layout is equivalent, else changed by ``strategy`` (``xla`` or ``minimal``); a source buffer
+    is kept exactly where ``jax.device_put`` keeps it (``minimal``: wherever its device holds it).
     """
     shapes = [(tuple(x.shape), x.dtype) for x in xs]
     key = (*(x.sharding for x in xs), *shapes, *dsts, copy, strategy)
@@ -84,10 +79,9 @@ class Batch:
         return tuple(d if leg.src == leg.dst else d.with_memory_kind(_work_kind(d)) for d, leg in zip(self.dsts, legs))
 
     def run(self, xs: Sequence[jax.Array]) -> list[jax.Array]:
-        """The batch run on ``xs``. Its ledger (``events.LEDGER``) is described on the first run
-        somebody listens to and replayed on every later one, which describes nothing (``wants``
-        says no): the same shapes and shardings make the same copies, so a steady sync spends
-        its time moving data. Whether a program was built (``Built``) is news of the first run only."""
+        """The batch run on ``xs``: its ledger is described on the first run somebody listens to and
+        replayed after (the same shapes and shardings make the same copies); ``Built`` is news of the
+        first run only."""
         if not wants(Transfer):
             return _Run(self, xs).results()
         ledger = self.ledger
@@ -223,8 +217,7 @@ def _stage(run: _Run, step: Any) -> tuple[Ops, list]:
 def _relabel(run: _Run, step: Any) -> tuple[Ops, list]:
     """Equivalent layouts: the same buffers under the destination's sharding."""
     # Its own shards under the new sharding are the same buffers. Not ``jax.device_put``: across
-    # processes it copies even onto an equivalent sharding, and in one process it works out and
-    # checks each leaf's new array anew (12 leaves: 200 us against the relabel's 31 us on this CPU).
+    # processes it copies even onto an equivalent sharding, and in one it checks each leaf anew.
     relabels = run.batch.relabels
     out = {}
     for i in step.legs:
@@ -237,8 +230,7 @@ def _relabel(run: _Run, step: Any) -> tuple[Ops, list]:
 
 def _copy(run: _Run, step: Any) -> tuple[Ops, list]:
     """New buffers of the same layout, on every device (an engine that owns its weights), made by
-    one compiled copy program: on a TPU v5e chip it copied the large preset's 190 MB in 1.5 ms,
-    where ``device_put(..., may_alias=False)`` took 18.6 ms (measured 2026-12-06)."""
+    one compiled copy program (far faster on a chip than ``device_put(..., may_alias=False)``)."""
     # One program takes arrays of one device order: one per order among the legs (their route's).
     groups: dict[tuple[int, ...], list[int]] = {}
     for i in step.legs:
@@ -259,8 +251,7 @@ _JITTED = ProgramCache(64)
 
 def _jitted(fun: Any, out_shardings: Sequence[Sharding]) -> Any:
     """``jax.jit(fun, out_shardings=...)``, made once per function and shardings: a wrapper made
-    anew at every sync would find its program through JAX's slow path (12 leaves on this CPU: about
-    190 us a call against 95 us for a kept one)."""
+    anew at every sync would find its program through JAX's slow path."""
     key = (fun, tuple(out_shardings))
     hit = _JITTED.get(key)
     if hit is None:

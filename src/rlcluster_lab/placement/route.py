@@ -1,7 +1,7 @@
 """How a batch of arrays changes layout: one description, which the move runs and the planner reads.
 
-``route`` works out, from shapes and layouts alone (``placement.layout``), every step a reshard
-takes and every buffer each step makes:
+``route`` works out, from shapes and layouts alone, every step a reshard takes and every buffer
+each step makes:
 
 - ``stage``: a source in another memory kind (pinned host) is brought to device memory first;
 - an equivalent layout (same devices in the same order, same shard boxes) is re-labelled: the
@@ -17,12 +17,8 @@ takes and every buffer each step makes:
 - ``memory kind``: results moved to the destination's memory kind (pinned host);
 - ``cast``: to the destination dtype, on the destination devices.
 
-A destination shard keeps a source buffer exactly where ``jax.device_put`` would
-(``boxes.device_put_keeps``); the ``minimal`` strategy, the lab's named better option, keeps
-every shard its device already holds. ``placement.reshard`` executes the steps on arrays and
-tells the sync's peak walk what each made; ``planner.sync_peak`` adds up the same steps'
-buffers on paper. So a sync's planned transient peak and its measured one come from one
-description (``tests/test_sync_peak.py`` holds them equal over random layouts).
+``placement.reshard`` executes the steps on arrays, ``planner.sync_peak`` adds up their buffers
+on paper: a sync's planned and measured transient peaks come from one description.
 """
 
 from __future__ import annotations
@@ -322,14 +318,11 @@ def _holds_every_block(leg: Leg) -> bool:
 
 
 def _positions(leg: Leg, g: ProgramGroup, ran: bool, copy: bool) -> tuple[Position, ...]:
-    """Per destination position of a ``moves`` leaf: where its shard comes from.
-
-    After a program, position p's block is on each source device at p in every copy of the
-    layout: the destination device's own when it is one of them, else it crosses from the
-    first. Without one, a device keeps its own buffer exactly where ``jax.device_put`` would,
-    copies it within itself where it holds the block but device_put would not keep it, and
-    any other block crosses from the source device at the same position when that one holds
-    it, else from the first that does."""
+    """Per destination position of a ``moves`` leaf: where its shard comes from. After a program,
+    the block is on each source device at p in every copy of the layout (the destination's own
+    if among them, else it crosses from the first). Without one, a device keeps its buffer where
+    ``jax.device_put`` would, copies a block it holds otherwise, and any other block crosses from
+    the source device at the same position when that one holds it, else from the first that does."""
     n = len(g.dst_order)
     out = []
     if ran:

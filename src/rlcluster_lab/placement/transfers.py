@@ -22,11 +22,8 @@ def shard_key(shard: Any) -> Key:
 
 
 def buffer_key(device: Any, data: jax.Array) -> Key:
-    """``shard_key`` of the single-device array ``data`` on ``device``.
-
-    The platform is part of the key: a CPU device and an accelerator can both
-    have id 0 in one process (simulated CPU devices beside a single chip).
-    """
+    """``shard_key`` of the single-device array ``data`` on ``device`` (the platform is part of it: a
+    CPU device and a chip can both have id 0)."""
     return (device.platform, device.id, data.unsafe_buffer_pointer())
 
 
@@ -48,15 +45,9 @@ def shard_buffers(x: jax.Array) -> tuple[tuple[Key, int], ...]:
 
 
 def shard_data(x: jax.Array) -> list[tuple[Any, jax.Array]]:
-    """(device, single-device array) of each addressable shard of ``x``, in shard order: what
-    ``x.addressable_shards`` gives without each shard's index.
-
-    JAX builds a ``Shard`` object per shard (its sharding, global shape and index) the first time
-    an array's ``addressable_shards`` are read: about 55 us for an array on 8 devices. The
-    array's own single-device arrays, paired with its sharding's devices in the sharding's
-    order, are the same buffers (``addressable_shards`` is built from that very list) at about a
-    third of the cost; where an array has no such list, its shards are read.
-    """
+    """(device, single-device array) of each addressable shard of ``x``, in shard order: the buffers
+    ``x.addressable_shards`` holds, from the array's own list (a third of the cost of building the
+    ``Shard`` objects); an array without such a list has its shards read."""
     arrays = getattr(x, "_arrays", None)  # jax.Array's buffers in shard order (not public)
     if arrays is None:
         return [(s.device, s.data) for s in x.addressable_shards]

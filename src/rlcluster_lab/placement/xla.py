@@ -1,14 +1,11 @@
-"""Resharding with XLA (the ``xla`` strategy of ``reshard.reshard_many``): one compiled program
-per set of shardings, and the bytes it moves.
+"""Resharding with XLA (the ``xla`` strategy): one compiled program per set of shardings.
 
-Same devices in the same order (the reshaped layout, the vllm-style engine's mesh): one jitted
-identity with the destination shardings; XLA plans the collectives and nothing goes through
-the host, so it runs under the sync's transfer guard (P13). Device sets of one size (the
-split layout): a program onto the source devices laid out as the destination, then every
-shard crosses whole in one transfer call. Anything else is left to the ``minimal`` strategy.
-What crossed is read from the program (``placement.traffic``) plus the whole shards moved;
-where destination bytes started is measured once per program by a tagged run
-(``xla_analysis.Provenance``), and the difference is ``relayed`` (excess over the minimum).
+Same devices in the same order: one jitted identity with the destination shardings, run under
+the sync's transfer guard (P13). Device sets of one size (the split layout): a program onto the
+source devices laid out as the destination, then every shard crosses whole in one transfer
+call. Anything else is left to the ``minimal`` strategy. What crossed is read from the program
+(``placement.traffic``); where destination bytes started is measured once per program by a
+tagged run (``xla_analysis``), and the difference is ``relayed``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Where each destination byte of a compiled reshard program came from, stored and checked.
 
-``xla.XlaProgram`` asks for this once per program: a probe runs it on inputs whose every
-shard holds its device's tag. The result is stored beside the persistent compilation cache,
-keyed by the program's fingerprint, so a new process reads it back. A stored entry is data
-from outside, so it is checked against the program (``checked_provenance``) and ignored if
-it fails; entries are written with ``mkstemp`` and renamed into place, in a folder that
-passes the compilation cache's trust check (``core.compile_cache.trusted_folder``).
+A probe runs the program once on inputs whose every shard holds its device's tag. The result
+is stored beside the persistent compilation cache, keyed by the program's fingerprint; a stored
+entry is checked against the program (``checked_provenance``) and ignored if it fails, and is
+written by ``mkstemp`` and rename in a trusted folder (``core.compile_cache.trusted_folder``).
 """
 
 from __future__ import annotations
