@@ -1,11 +1,10 @@
 """Replacing a folder of files in one step: how a checkpoint is saved (``model.checkpoint``).
 
-The new files are written into a folder made exclusively beside the target (``mkdtemp``: a new
-name, private while it is written, so nothing is written through a link planted there), each
-flushed to disk; the folder then takes the target's place in one rename, and the previous folder
-is removed only after that. A reader of the target sees the old files or the new ones, never a
-mixture or a part. Writers of one parent folder are serialized by an exclusive lock on that
-folder; a folder a killed writer left behind is removed by the next writer, under the lock.
+The new files are written, each flushed, into a folder made exclusively beside the target
+(``mkdtemp``: private, so nothing is written through a planted link), which then takes the
+target's place in one rename; the previous folder is removed only after. A reader sees the old
+files or the new ones, never a mixture. Writers of one parent folder take an exclusive lock on
+it, under which a folder a killed writer left behind is removed.
 """
 
 from __future__ import annotations
@@ -133,13 +132,10 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _swap_into_place(new: Path, folder: Path) -> None:
-    """Put the folder ``new`` at ``folder`` in one step; the previous ``folder`` (if any) ends at ``new``.
-
-    Linux exchanges the two names atomically (``renameat2`` with ``RENAME_EXCHANGE``),
-    so ``folder`` always names a whole checkpoint. Elsewhere the previous folder is
-    first renamed aside, then ``new`` takes its place: a crash between the two renames
-    leaves both checkpoints whole, the previous one under the aside name.
-    """
+    """Put the folder ``new`` at ``folder`` in one step; the previous ``folder`` (if any) ends at
+    ``new``. Linux exchanges the two names atomically (``renameat2``, ``RENAME_EXCHANGE``);
+    elsewhere the previous folder is renamed aside first, so a crash between the two renames leaves
+    both checkpoints whole."""
     if not folder.exists():
         os.rename(new, folder)
         return

@@ -1,29 +1,15 @@
 """Saving a model to a folder and loading it back, so a role can be given as a path.
 
-A checkpoint is ``config.json`` (model kind, size, LoRA rank) plus
-``params.npz`` (every variable, keyed by its path). Nothing is downloaded.
+A checkpoint is ``config.json`` (model kind, size, LoRA rank) plus ``params.npz`` (every
+variable, keyed by its path). It is data from outside, so ``load`` allocates nothing on a
+file's word: ``config.json`` is parsed and every field checked; the bytes its dimensions imply
+are refused by ``core.limits.check_fits`` when they cannot fit; the structure is built on paper
+(shapes only); the zip's member names, declared sizes and ``.npy`` headers are checked against
+it before any data is decompressed; the data is read into arrays of the expected size and
+checked finite, and only then is the model built.
 
-A checkpoint is data from outside the program, so ``load`` trusts nothing in
-it. The order is chosen so that nothing is allocated on a file's word:
-
-1. ``config.json`` is parsed and every field checked (one ``ConfigError``
-   naming the file, the key and the expected form);
-2. the bytes its dimensions imply are computed from the config alone and
-   refused by ``core.limits.check_fits`` when they cannot fit, before the
-   model's structure is even traced;
-3. the model's structure is built on paper (shapes only) and gives the name,
-   shape and dtype of every parameter;
-4. ``params.npz`` is opened as a zip: the member names, the sizes the zip
-   declares, and each member's ``.npy`` header are checked against step 3
-   before any member's data is decompressed;
-5. the data is read into arrays of the expected size and checked to be
-   finite; only then is the model built, so a failed load returns nothing
-   and leaves nothing on the devices.
-
-``save`` refuses what ``load`` would refuse (the same checks of the config, the parameters'
-names, shapes and dtypes, finite values), and replaces a checkpoint atomically
-(``model.atomic``): the previous checkpoint stays whole until the new one is complete, and saves
-to one folder are serialized.
+``save`` refuses what ``load`` would refuse, and replaces a checkpoint atomically
+(``model.atomic``).
 """
 
 from __future__ import annotations
@@ -94,18 +80,13 @@ class CheckpointConfig:
 
 
 def save(model: nnx.Module, path: str | os.PathLike) -> Path:
-    """Write ``model`` (a TransformerLM, LoRA or not, or a ScoreModel) under ``path``, atomically.
-
-    A previous checkpoint there stays whole until the new one is complete (see the module
-    docstring); saves to one folder are serialized.
+    """Write ``model`` (a TransformerLM, LoRA or not, or a ScoreModel) under ``path``, atomically;
+    saves to one folder are serialized.
 
     Raises:
-        ConfigError: the model holds what ``load`` would refuse (a non-finite
-            value, parameters that do not match its config, a LoRA scale out of
-            range); nothing was written.
-        FileExistsError: ``path`` is a symbolic link, a file, or a folder that
-            holds other files than a checkpoint's (``save`` replaces the whole
-            folder, so it refuses to delete anything else).
+        ConfigError: the model holds what ``load`` would refuse; nothing was written.
+        FileExistsError: ``path`` is a symbolic link, a file, or a folder holding other files than
+            a checkpoint's (``save`` replaces the whole folder).
         OSError: the write failed; a checkpoint already at ``path`` is untouched.
     """
     folder = Path(path)
@@ -162,9 +143,8 @@ def load(path: str | os.PathLike) -> nnx.Module:
 
     Raises:
         FileNotFoundError: no ``config.json`` or no ``params.npz`` under ``path``.
-        ConfigError: a malformed ``config.json``, or a ``params.npz`` whose
-            members, sizes, headers or values do not match it (the message
-            names the file, the member and what was expected).
+        ConfigError: a malformed ``config.json``, or a ``params.npz`` that does not match it (the
+            message names the file, the member and what was expected).
         TooLargeError: the parameters the config implies cannot fit in host memory.
     """
     ck = read_config(path)
@@ -176,9 +156,8 @@ def load(path: str | os.PathLike) -> nnx.Module:
 
 
 def abstract_checkpoint(path: str | os.PathLike) -> nnx.Module:
-    """The model a checkpoint holds, as shapes only, from its ``config.json`` alone.
-
-    What the cluster compares with the actor before any weights are read.
+    """The model a checkpoint holds, as shapes only, from its ``config.json`` alone (what the cluster
+    compares with the actor before any weights are read).
 
     Raises:
         FileNotFoundError: no ``config.json`` under ``path``.
@@ -193,8 +172,7 @@ def read_config(path: str | os.PathLike) -> CheckpointConfig:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ConfigError: it is not a ``config.json`` written by ``save`` (the
-            message names the file, the key and the expected form).
+        ConfigError: it is not one ``save`` wrote (the message names the key and the expected form).
     """
     folder = Path(path)
     cfg_file = folder / "config.json"
@@ -298,9 +276,8 @@ def _structure(ck: CheckpointConfig) -> nnx.Module:
     # Twice the parameters: they are read into host arrays, then copied to the device.
     fix = f"check the dimensions in {ck.path} (a foreign or corrupted file?) or load it on a larger machine"
     check_fits(2 * ck.param_bytes, f"the checkpoint {ck.path.parent}", fix)
-    # Building the structure costs time in proportion to the layer count (bounded by
-    # ModelConfig), so the check above comes first; the one below is the exact count,
-    # should the formula and the model drift.
+    # Building the structure costs time per layer, so the check above comes first; the one
+    # below is the exact count, should the formula and the model drift.
     model = _build_structure(ck)
     exact = sum(_nbytes(v.shape, v.dtype) for v in _flat_state(model).values())
     check_fits(2 * exact, f"the checkpoint {ck.path.parent}", fix)
@@ -340,12 +317,9 @@ def _stacked(arrays: dict[str, np.ndarray], expected: dict[str, Any], num_layers
 
 
 def _read_params(ck: CheckpointConfig, expected: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Every member of ``params.npz``: names, declared sizes and headers checked against
-    ``expected`` for all members before the data of any is read.
-
-    A checkpoint saved while the model's layers were a list (one member per layer,
-    ``blocks/0/attn/q/kernel``) is read member by member as such and converted: each leaf's
-    layers stacked into the layer stack's one array (``blocks/attn/q/kernel``)."""
+    """Every member of ``params.npz``, names, declared sizes and headers checked against ``expected``
+    before any data is read. A checkpoint saved with one member per layer (``blocks/0/attn/...``) is
+    read as such and its layers stacked into the layer stack's arrays."""
     npz = ck.path.parent / "params.npz"
     if not npz.is_file():
         raise FileNotFoundError(f"{npz} is missing: the checkpoint has a config.json but no parameters; {_RESAVE}")
@@ -398,11 +372,8 @@ def _check_members(ck: CheckpointConfig, npz: Path, infos: list[zipfile.ZipInfo]
 
 
 def _check_header(ck: CheckpointConfig, npz: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, spec: Any) -> bool:
-    """One member's .npy header against ``spec``, and its declared size against both.
-
-    Only the header is decompressed (at most ``MAX_NPY_HEADER`` bytes and the preamble).
-    Returns whether the member is stored in Fortran order.
-    """
+    """One member's .npy header (only it is decompressed) against ``spec``, and its declared size
+    against both; returns whether the member is stored in Fortran order."""
     member = info.filename
     want_shape, want_dtype = tuple(spec.shape), np.dtype(spec.dtype)
     want_bytes = _nbytes(want_shape, want_dtype)

@@ -33,11 +33,8 @@ def abstract_of(build: Callable[..., nnx.Module], config: ModelConfig | str) -> 
 
 
 def abstract_model(config: ModelConfig | str, lora_rank: int = 0, lora_scale: float = 1.0) -> TransformerLM:
-    """A ``TransformerLM`` (with rank-``lora_rank`` adapters) whose values are shapes only.
-
-    What the planner and the checks before allocation read: the tree, the
-    shapes, dtypes and logical axis names, with no array behind them.
-    """
+    """A ``TransformerLM`` (with rank-``lora_rank`` adapters) whose values are shapes only: what the
+    planner and the checks before allocation read."""
     model = abstract_of(TransformerLM, config)
     if lora_rank:
         model, _ = _wrap_lora(model, lora_rank, lora_scale, adapters=lambda path, a, b: (a, b))
@@ -57,11 +54,8 @@ def materialize(graphdef: nnx.GraphDef, abstract: nnx.State, values: Any, shardi
 def init_model(
     config: ModelConfig | str, *, seed: int = 0, mesh: Any = None, rules: Any = None, memory_kind: str | None = None
 ) -> TransformerLM:
-    """A freshly initialised model from a config or a preset name, without compiling anything.
-
-    Values are drawn on the host (``model.values.initial_values``) and put straight where
-    they belong (a jitted initialiser of even the tiny model takes seconds to compile on a
-    CPU, and an eager one compiles a program per parameter shape).
+    """A freshly initialised model from a config or a preset name, without compiling anything: values
+    drawn on the host (``model.values``) and put straight where they belong.
 
     Args:
         config: a ``ModelConfig`` or a preset name (``tiny``, ``small``, ``base``, ``large``).

@@ -18,14 +18,10 @@ from rlcluster_lab.model.values import initial_value
 
 
 class LoRALinear(nnx.Module):
-    """A bias-free linear layer with a rank-``r`` adapter beside its kernel.
-
-    In the layer stack the kernel and both adapters have a leading layer axis (unsharded); the
-    call sees one layer's slices. The kernel stays at the same path as in the plain model
-    (``.../q/kernel``), with ``lora_a``/``lora_b`` next to it, so the frozen part of a LoRA
-    model has exactly the tree of its base model: a reference model and a LoRA actor can then be
-    compared and updated leaf by leaf (P2, P4, P14). Output: ``x @ kernel + (x @ a @ b) * scale``.
-    """
+    """A bias-free linear layer with a rank-``r`` adapter beside its kernel: ``x @ kernel + (x @ a @ b)
+    * scale``. The kernel keeps the plain model's path, with ``lora_a``/``lora_b`` beside it, so the
+    frozen part of a LoRA model has its base model's tree, compared and updated leaf by leaf (P2,
+    P4, P14). In the layer stack every array has a leading, unsharded layer axis."""
 
     def __init__(self, base: nnx.Linear, a: Any, b: Any, *, scale: float) -> None:
         self.kernel = base.kernel
@@ -43,24 +39,21 @@ class LoRALinear(nnx.Module):
 def with_lora(
     base: TransformerLM, rank: int, *, seed: int = 1, alpha: float | None = None, copy_base: bool = False
 ) -> TransformerLM:
-    """A new model whose 7 projections per layer are wrapped in rank-``rank`` LoRA.
-
-    ``lora_b`` starts at zero, so the result computes exactly what ``base`` does. The
-    adapters are drawn on the host and put where the kernel they adapt lives: ``lora_a``
-    split like its rows, ``lora_b`` like its columns, in its memory kind.
+    """A new model whose 7 projections per layer are wrapped in rank-``rank`` LoRA; ``lora_b`` starts
+    at zero, so it computes exactly what ``base`` does. The adapters are drawn on the host and put
+    where the kernel they adapt lives (``lora_a`` split like its rows, ``lora_b`` like its columns).
 
     Args:
         base: a ``TransformerLM`` without adapters.
         rank: the adapters' rank.
         seed: the seed of the adapters' generators.
         alpha: the adapter term is scaled by ``alpha / rank`` (default ``rank``: a scale of 1).
-        copy_base: give the result base weights of its own (else the same arrays as
-            ``base``'s; Variable objects are never shared).
+        copy_base: give the result base weights of its own (else ``base``'s arrays).
 
     Raises:
         TypeError: ``base`` is not a ``TransformerLM``.
-        ValueError: for a rank that is not an int >= 1, a base that already has adapters, or a scale
-            (alpha / rank) that is not finite or above ``MAX_LORA_SCALE`` in magnitude.
+        ValueError: a rank that is not an int >= 1, a base that already has adapters, or a scale
+            that is not finite or above ``MAX_LORA_SCALE`` in magnitude.
     """
     if not isinstance(base, TransformerLM):
         raise TypeError(f"base must be a TransformerLM (init_model(...)), got {type(base).__name__}")
@@ -69,9 +62,8 @@ def with_lora(
         raise ValueError("model already has LoRA adapters")
     scale = check_lora_scale((rank if alpha is None else alpha) / rank, f"alpha / rank ({alpha!r} / {rank})")
     graphdef, state = nnx.split(base)
-    # Mapping over the state rebuilds every Variable (merge alone would reuse
-    # base's Variable objects); the leaves stay the same arrays unless a copy
-    # was asked for (a copy in place, on each leaf's own sharding).
+    # Mapping over the state rebuilds every Variable (merge alone would reuse base's); the
+    # leaves stay the same arrays unless a copy was asked for.
     state = jax.tree.map(lambda x: x, state)
     if copy_base:
         leaves = jax.tree.leaves(state)

@@ -1,10 +1,6 @@
-"""Reward and value models: our language model's backbone with a scalar head.
-
-The backbone has the actor's tree (so it can be checked against the actor),
-and the head maps each position's hidden state to one number. A reward
-model's score is the head's output at the last real completion token; a
-critic's values are the head's outputs at every completion position.
-"""
+"""Reward and value models: our language model's backbone (the actor's tree) with a scalar head. A
+reward is the head's output at the last real completion token; a critic's values are its outputs
+at every completion position."""
 
 from __future__ import annotations
 

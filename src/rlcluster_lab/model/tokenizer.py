@@ -1,9 +1,6 @@
-"""Byte-level tokenizer: nothing to download, identical on every machine.
-
-Ids 0..255 are raw UTF-8 bytes; 256..258 are pad, begin and end of sequence.
-The vocabulary is rounded up to 264 (259..263 reserved) so the embedding's
-vocab dimension divides evenly over 8, 4 or 2 devices.
-"""
+"""Byte-level tokenizer: nothing to download, identical on every machine. Ids 0..255 are UTF-8
+bytes, 256..258 pad, begin and end; the vocabulary is rounded up to 264 so it divides over 8, 4
+or 2 devices."""
 
 from __future__ import annotations
 
@@ -39,10 +36,7 @@ class ByteTokenizer:
     def encode_batch_left_padded(
         self, texts: Sequence[str], length: int | None = None, add_bos: bool = True
     ) -> np.ndarray:
-        """(len(texts), length) int32 ids, left-padded with ``pad_id``.
-
-        ``length`` defaults to the longest encoded text.
-        """
+        """(len(texts), length) int32 ids, left-padded with ``pad_id`` (default: the longest text)."""
         encoded = [self.encode(t, add_bos=add_bos) for t in texts]
         longest = max((len(e) for e in encoded), default=0)
         if length is None:

@@ -1,10 +1,6 @@
-"""A small decoder-only transformer with logical sharding names.
-
-Every parameter carries an ``out_sharding`` tuple of *logical* axis names ("vocab", "embed",
-"q_heads", "kv_heads", "mlp", or None). The names are mapped onto the mesh axes ("fsdp", "tp")
-by ``DEFAULT_LOGICAL_AXIS_RULES`` only when a placement is chosen, so one model definition
-serves every placement the lab compares.
-"""
+"""A small decoder-only transformer with logical sharding names: every parameter carries logical
+axis names, mapped onto the mesh axes by ``DEFAULT_LOGICAL_AXIS_RULES`` only when a placement
+is chosen, so one model definition serves every placement the lab compares."""
 
 from __future__ import annotations
 
@@ -21,10 +17,8 @@ __all__ = ["INT_FIELDS", "MODEL_SIZES", "ModelConfig", "get_model_config"]
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer: (num_layers, B, S, num_kv_heads, head_dim).
-
-    ``index`` is the next cache slot to write (int32 scalar).
-    """
+    """Keys and values of every layer, (num_layers, B, S, num_kv_heads, head_dim); ``index`` is the
+    next cache slot to write."""
 
     k: jax.Array
     v: jax.Array
@@ -96,10 +90,8 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         c = self.config
         b, t, _ = x.shape
-        # Each projection behind an optimization barrier (an identity): XLA:TPU at `highest`
-        # otherwise fuses the float32 product with the rotary arithmetic after it, and such a
-        # fusion compiles for seconds (the large preset's log-prob program 11.1 s, with the
-        # barriers 3.3 s; one TPU v5e chip, 2026-12-06). The values are the same either way.
+        # Each projection behind an optimization barrier (an identity): XLA:TPU at `highest` otherwise
+        # fuses the float32 product with the rotary arithmetic, a fusion slow to compile. Same values.
         q, k, v = (jax.lax.optimization_barrier(proj(x)) for proj in (self.q, self.k, self.v))
         q = q.reshape(b, t, c.num_heads, c.head_dim)
         k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
@@ -118,8 +110,7 @@ class Attention(nnx.Module):
         q = q.reshape(b, t, c.num_kv_heads, groups, c.head_dim)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
         scores = scores / math.sqrt(c.head_dim)
-        # The mask as an additive bias (``mask_bias``): 0 where a key is seen, the most negative
-        # finite float32 where not, so fully masked rows (padding queries) stay free of NaN.
+        # The mask as an additive bias (``mask_bias``): fully masked rows (padding queries) stay free of NaN.
         scores = scores + bias[:, None, None, :, :]
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, c.q_dim)
@@ -156,22 +147,16 @@ class Block(nnx.Module):
 
 
 def mask_bias(mask: jax.Array) -> jax.Array:
-    """A boolean attention mask as the float32 bias added to the scores: 0 where a key is seen,
-    the most negative finite float32 where not. Adding it gives bit for bit what selecting the
-    fill would (a score is far below that float's spacing), and a program never holds the
-    boolean mask as an array of its own: XLA:CPU compiled a kernel that writes a (16, 32, 32)
-    boolean array in over a second, a float32 one in under a tenth (2-core CPU, 2026-12-06)."""
+    """A boolean attention mask as the float32 bias added to the scores: 0 where a key is seen, the
+    most negative finite float32 where not. The same scores bit for bit as selecting the fill, and
+    no program holds the boolean mask as an array (XLA:CPU compiles such a kernel slowly)."""
     return jnp.where(mask, jnp.float32(0.0), jnp.finfo(jnp.float32).min)
 
 
 def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> Block:
-    """Every layer as one ``Block`` whose Variables have a leading ``num_layers`` axis.
-
-    Built with ``nnx.vmap`` (each layer its own draw of ``rngs``), the layer axis unsharded in
-    every Variable's logical names (``None`` first), so that one traced block serves every
-    layer: a program over the stack is scanned, not unrolled, and its size and compile time
-    do not grow with depth.
-    """
+    """Every layer as one ``Block`` whose Variables have a leading, unsharded ``num_layers`` axis
+    (``nnx.vmap``, each layer its own draw), so a program over the stack is scanned, not
+    unrolled: its size and compile time do not grow with depth."""
 
     @nnx.split_rngs(splits=config.num_layers)
     @nnx.vmap(in_axes=0, out_axes=0, axis_size=config.num_layers, transform_metadata={nnx.PARTITION_NAME: None})
@@ -201,11 +186,8 @@ def run_blocks(
 
 
 class TransformerLM(nnx.Module):
-    """Decoder-only language model returning float32 logits.
-
-    Its layers are one ``Block`` whose weights (and LoRA adapters) are stacked along a
-    leading layer axis (``stacked_blocks``), applied with a scan (``run_blocks``).
-    """
+    """Decoder-only language model returning float32 logits; its layers are one stacked ``Block``
+    applied with a scan (``run_blocks``)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -277,10 +259,7 @@ class TransformerLM(nnx.Module):
         attention_mask: jax.Array | None = None,
         cache: KVCache | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
-        """Logits (B, T, vocab) and the updated cache (None without a cache).
-
-        See ``features`` for the masking rules.
-        """
+        """Logits (B, T, vocab) and the updated cache (None without a cache); masking as in ``features``."""
         x, new_cache = self.features(tokens, positions, attention_mask, cache)
         logits = self.embed.attend(x) if self.head is None else self.head(x)
         return logits.astype(jnp.float32), new_cache
