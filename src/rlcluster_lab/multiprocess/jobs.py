@@ -4,9 +4,8 @@ A job is JSON (it travels to the workers as a file)::
 
     {"kind": "reports", "scenarios": [{knobs of a Scenario}, ...], "syncs": 1, "exercise": [false, ...]}
 
-For each scenario every process builds the cluster on all processes' devices (the layouts then
-span the processes), optionally exercises it, runs ``syncs`` weight syncs (the report keeps the
-last) and exchanges its placement report; process 0 merges them (``multiprocess.report``).
+For each scenario every process builds the cluster over all processes' devices, optionally
+exercises it, runs ``syncs`` weight syncs (the report keeps the last) and exchanges its report.
 """
 
 from __future__ import annotations
@@ -145,10 +144,9 @@ def after_sync(cluster: Any, checks: dict[str, Any], seconds: dict[str, float]) 
 
 
 def finiteness_across_processes() -> dict[str, Any]:
-    """The sync's check for NaN or infinite values (``training.step.finite_flags``) over arrays
-    spanning every process, in device and pinned host memory, each finite or holding one NaN on
-    a block only the last process holds: the flags every process finds, and how many programs
-    the check compiled (none: each process reads its own shards on the host)."""
+    """The sync's NaN check (``training.step.finite_flags``) over arrays spanning every process, in
+    device and pinned host memory, each finite or holding one NaN on a block only the last process
+    holds: the flags every process finds, and how many programs the check compiled."""
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec

@@ -1,10 +1,9 @@
 """Start a multi-process run on this machine, wait for it, and never leave a process behind.
 
-``run_reports`` (``report --processes N``) never imports JAX: it writes the job to a file and
-starts one worker per process, each in a session of its own (its process group can be
-signalled), and polls them every 50 ms. The first worker that fails ends the run (the others
-get SIGTERM, then SIGKILL), with that worker's error; the deadline ends a run stuck in a
-collective, which JAX itself never detects; workers die with the launcher.
+``run_reports`` never imports JAX: it writes the job to a file, starts one worker per process in
+a session of its own (its process group can be signalled) and polls them. The first worker that
+fails ends the run (the others get SIGTERM, then SIGKILL) with its error; the deadline ends a run
+stuck in a collective, which JAX never detects; workers die with the launcher.
 """
 
 from __future__ import annotations
@@ -99,10 +98,8 @@ def _no_process(err: OSError | subprocess.SubprocessError) -> str:
 
 
 def cannot_launch() -> str | None:
-    """What this runtime lacks to launch a run on this machine, said as "cannot ..." completes
-    it; None when it lacks nothing. Tried, not guessed: it opens a loopback TCP socket (the
-    coordinator's; some sandboxes have no sockets at all) and starts a Python process that
-    does nothing."""
+    """What this runtime lacks to launch a run here, said as "cannot ..." completes it (None: nothing),
+    tried rather than guessed: a loopback TCP socket (the coordinator's) and a Python process."""
     try:
         free_port()
     except OSError as err:
@@ -333,29 +330,24 @@ def run_reports(
     progress: Callable[[str], None] | None = None,
     on_start: Callable[[list[int]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Placement reports of several scenarios, each built over ``processes`` processes on this machine.
-
-    One launch runs them all in the same workers (they start and compile once). Each report is
-    ``multiprocess.report.merge_reports``'s: the single-process fields, ``process_count``,
-    ``by_host`` and, with ``sync``, ``sync["processes"]`` (bytes across and within processes).
+    """Placement reports of several scenarios, each built over ``processes`` processes on this machine,
+    all in one launch (the workers start and compile once); each is ``report.merge_reports``'s.
 
     Args:
         scenarios: ``Scenario`` objects (checked here, before anything starts).
         processes: how many processes (at most 16).
         devices_per_process: simulated CPU devices in each.
-        sync: run one weight sync per scenario (or this many) and report the last; the first
-            also compiles the sync's programs.
+        sync: run one weight sync per scenario (or this many) and report the last.
         exercise: also generate, score under every role and take one optimizer step before the
-            sync, and score with the rollout after it (the report then holds
-            ``exercise_by_process``: what each process read back); one flag for every scenario,
-            or one per scenario.
+            sync, and score with the rollout after it (``exercise_by_process``); one flag for
+            every scenario, or one per scenario.
         timeout: seconds for the whole run.
         progress: called with each progress line of each process.
         on_start: called with the workers' process ids once they started.
 
     Raises:
         LaunchError: a process failed (its error is in the message), the run passed ``timeout``,
-            or it could not start (no loopback socket, no other process: ``cannot_launch``).
+            or it could not start (``cannot_launch``).
         ConfigError: a scenario or setting that cannot work.
     """
     from rlcluster_lab.rules.validation import check_scenario

@@ -1,11 +1,9 @@
 """One placement report from several processes: what each host holds, and what crossed between hosts.
 
-Every process reports what it sees (the same decisions; the shards on its own devices and the
-copies that landed there); process 0 merges them: facts taken by the rules must be equal on
-every process (a difference is an error, not something to average), devices are united and
-bytes added, and the sync's cross-device bytes split into those that crossed a process
-boundary and those that stayed inside one, each beside its minimum (from the shardings alone).
-Only ``crossing_facts`` and ``merge_peaks`` import JAX.
+Every process reports what it sees; process 0 merges them: facts the rules took must be equal on
+every process (a difference is an error), devices are united and bytes added, and the sync's
+cross-device bytes split into those that crossed a process boundary and those that stayed
+inside one, each beside its minimum. Only ``crossing_facts`` and ``merge_peaks`` import JAX.
 """
 
 from __future__ import annotations
@@ -44,12 +42,9 @@ class ProcessesDisagree(RuntimeError):
 
 def merge_reports(per_process: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Process 0's view: the processes' placement reports (each with ``process``: ``index``,
-    ``device_ids``, ``host``, and after a sync ``crossing``), in process order, as one report.
-
-    Returns:
-        The placement report's fields (the agreed ones as they are, memory and sync added up),
-        plus ``process_count``, ``by_host`` (per process: devices, memory per role and kind,
-        the sync's share) and, with a sync, ``sync["processes"]``.
+    ``device_ids``, ``host``, and after a sync ``crossing``), in process order, as one report: the
+    agreed fields as they are, memory and sync added up, plus ``process_count``, ``by_host`` and,
+    with a sync, ``sync["processes"]``.
 
     Raises:
         ProcessesDisagree: an agreed field differs between processes.
@@ -153,11 +148,7 @@ _LEAF_SUMS = (
 
 
 def merge_sync(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Sync reports of the processes as one: per leaf and in total, bytes added.
-
-    The handover's ``seconds`` is the longest process's: the sync is done when
-    the last process has its new arrays.
-    """
+    """Sync reports of the processes as one, bytes added; ``seconds`` is the longest process's."""
     leaves: dict[str, dict[str, Any]] = {}
     for part in parts:
         for leaf in part["leaves"]:
@@ -257,12 +248,9 @@ def merge_crossing(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def minimum_crossing_elements(
     src_boxes: Iterable[tuple[int, Any]], dst_boxes: Iterable[tuple[int, Any]]
 ) -> dict[int, int]:
-    """Per receiving process: elements its destination shards need that no source shard on one
-    of its own devices holds (each must cross into it at least once).
-
-    ``src_boxes`` and ``dst_boxes`` are (process index, box) per shard:
-    ``boxes.minimum_cross_device_elements`` with processes for devices, each distinct box once.
-    """
+    """Per receiving process: elements its destination shards need that none of its own source shards
+    holds (``boxes.minimum_cross_device_elements`` with processes for devices; boxes are (process
+    index, box) per shard, each distinct box once)."""
     from rlcluster_lab.placement.boxes import minimum_cross_device_elements
 
     needed = sorted(set(dst_boxes))

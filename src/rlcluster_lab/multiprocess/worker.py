@@ -1,11 +1,9 @@
 """One process of a multi-process run: JAX set up for it, its job, its result, and a clean exit.
 
-What makes a run end instead of hang (issue 11): the worker dies with its launcher
-(``PR_SET_PDEATHSIG``); JAX's preemption service is off, so SIGTERM ends it; joining and
-heartbeats are bounded; a failed worker writes its error and leaves with ``os._exit(1)`` at
-once (a normal exit would wait in the shutdown barrier while its peers wait in collectives);
-a successful one leaves the runtime with the others, then ``os._exit(0)``. Progress lines
-(``--progress``) tell a launcher that stops a run where each process was.
+A run ends instead of hanging: the worker dies with its launcher (``PR_SET_PDEATHSIG``); JAX's
+preemption service is off, so SIGTERM ends it; joining and heartbeats are bounded; a failed
+worker writes its error and leaves with ``os._exit(1)`` at once (a normal exit would wait in the
+shutdown barrier while its peers wait in collectives). ``--progress`` lines say where it was.
 """
 
 from __future__ import annotations

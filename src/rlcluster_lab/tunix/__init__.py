@@ -1,11 +1,8 @@
 """Point the lab at Tunix's own ``RLCluster`` (the optional ``[tunix]`` extra).
 
-``inspect(rl_cluster)``: the lab's report of a Tunix cluster (``.sync()`` runs its weight sync
-under the lab's observer); ``side_by_side(scenario, role_to_mesh=None)``: Tunix's cluster and the lab's, decision
-by decision, each difference matched to a documented one; ``build_tunix_cluster(scenario)``.
-
-Importing this package imports neither Tunix nor JAX; a function that needs Tunix raises
-``TunixMissingError`` saying how to install the extra (``available()`` asks first).
+``inspect(rl_cluster)``: the lab's report of a Tunix cluster; ``side_by_side(scenario)``: Tunix's
+cluster and the lab's, decision by decision; ``build_tunix_cluster(scenario)``. Importing this
+package imports neither Tunix nor JAX (``available()`` asks whether Tunix is installed).
 """
 
 from __future__ import annotations

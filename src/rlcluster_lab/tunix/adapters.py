@@ -1,11 +1,8 @@
-"""What Tunix 0.1.7 asks of the models and tokenizer it is handed, met for the lab's own.
-
-In-memory ``nnx.Module`` models with a KV-cache ``config`` for the vanilla engine
-(``check_model``), partition specs on the mesh's own axes (``lab_axis_rules``, P5), and a
-tokenizer with ``bos_id()``, ``eos_id()`` and ``pad_id()`` (``TunixTokenizer``). Tunix's
-sampler calls a model with arguments the lab's does not take, so the comparison stays with
-construction and the weight sync.
-"""
+"""What Tunix 0.1.7 asks of the models and tokenizer it is handed, met for the lab's own: a KV-cache
+``config`` for the vanilla engine (``check_model``), partition specs on the mesh's own axes
+(``lab_axis_rules``, P5), and ``bos_id()``, ``eos_id()``, ``pad_id()`` (``TunixTokenizer``).
+Tunix's sampler calls a model with arguments the lab's does not take, so the comparison stays
+with construction and the weight sync."""
 
 from __future__ import annotations
 

@@ -33,12 +33,9 @@ ENGINES = ("vanilla", "vllm")
 
 @dataclasses.dataclass(frozen=True)
 class Given:
-    """What a Tunix cluster was handed, recorded before construction: the meshes as asked (a
-    copy, since Tunix writes the engine's mesh into it, P7), per model its buffer keys and its
-    leaves' layouts (memory kind left out: an offload moves a leaf without changing its layout,
-    P14), every warning Tunix logged and whether offload was asked;
-    ``host_ranges``: the memory the handed arrays' shards and host copies span after construction
-    (``host_ranges``), which a shard of the cluster lies inside only as it or a view into it."""
+    """What a Tunix cluster was handed, recorded before construction: the meshes as asked (a copy:
+    Tunix writes the engine's mesh into it, P7), per model its buffer keys and leaves' layouts,
+    Tunix's warnings, whether offload was asked, and ``host_ranges`` after construction."""
 
     role_to_mesh: Mapping[Role, Any]
     buffers: Mapping[str, frozenset]
@@ -78,15 +75,10 @@ def leaf_layouts(state: Any) -> dict[str, str]:
 
 
 def host_ranges(models: Mapping[str, nnx.Module]) -> tuple[tuple[int, int], ...]:
-    """The (start, end) addresses of these models' shards and of the host copies JAX keeps of
-    their arrays.
-
-    On CPU, ``jax.device_put`` onto shards that are none of the source's reads the source on
-    host (a single device's buffer as it is, several devices' copied to host once and kept on
-    the array) and may hand back destination shards that are views into that memory (when it
-    is aligned): two arrays resharded from one source can then hold the same memory. JAX keeps
-    the copy in a private attribute; without it, only views of a shard's own buffer are found.
-    """
+    """The (start, end) addresses of these models' shards and of the host copies JAX keeps of their
+    arrays: on CPU a ``jax.device_put`` onto other shards reads the source on host (copied once and
+    kept on the array) and may hand back views into it, so two arrays resharded from one source can
+    hold the same memory. Without JAX's private copy only views of a shard's own buffer are found."""
     out = set()
     for model in models.values():
         for x in flat_leaves(nnx.state(model)).values():
@@ -146,9 +138,8 @@ def build_tunix_cluster(
     role_to_mesh: Mapping[Role, Any] | None = None,
     training_config: TrainingConfig | None = None,
 ) -> TunixBuild:
-    """Tunix's ``RLCluster`` for ``scenario``, built from the lab's models on the lab's meshes.
-
-    The scenario is checked first as ``build_cluster`` checks it.
+    """Tunix's ``RLCluster`` for ``scenario`` (checked first as ``build_cluster`` checks it), built from
+    the lab's models on the lab's meshes.
 
     Args:
         scenario: the knobs (engine vanilla or vllm; vllm runs through ``standin``).

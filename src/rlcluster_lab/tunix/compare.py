@@ -108,15 +108,13 @@ def side_by_side(
         scenario: the knobs (engine vanilla or vllm; see ``build_tunix_cluster``).
         sync: also run one weight sync on each and compare them (P13, L3).
         devices: the devices the layout is built on.
-        role_to_mesh: meshes that replace the layout's (any devices, order and shape), handed
-            to both clusters as ``build_cluster`` takes them; a role left out gets the
-            actor's mesh on both sides.
+        role_to_mesh: meshes that replace the layout's, handed to both clusters as
+            ``build_cluster`` takes them (a role left out gets the actor's mesh).
         training_config: the actor's optimizer settings, the same for both.
 
     Raises:
-        ConfigError: a scenario the lab refuses, an engine Tunix cannot run here, the lab's
-            trainable anchor (Tunix has only the full one), or a ``role_to_mesh`` that is not a
-            mapping from roles to meshes of this process's devices.
+        ConfigError: a scenario the lab refuses, an engine Tunix cannot run here, the trainable
+            anchor (Tunix has only the full one), or a ``role_to_mesh`` that is not roles to meshes.
         PlacementError: a ``role_to_mesh`` mesh whose shape does not divide a model's dimensions.
         TunixMissingError: Tunix is not installed.
         TypeError: ``scenario`` is not a ``Scenario``.

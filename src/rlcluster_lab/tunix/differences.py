@@ -196,10 +196,9 @@ DIFFERENCES: tuple[str, ...] = tuple(d.id for d in SCENARIO_DIFFERENCES) + (
 def memory_apart(
     entries: Mapping[str, Any], ranges: Sequence[tuple[int, int]], handed: frozenset = frozenset()
 ) -> tuple[int, dict[str, Any]]:
-    """L2 of ``entries`` with every view into the handed memory (``build.host_ranges``) counted
-    as a buffer of its own, as on a device it would be: the number of views, and the memory
-    JSON (``measure.memory.memory_table``'s). A shard inside ``ranges`` is a view unless it is
-    exactly one of the ``handed`` buffers (``buffer_keys``), kept."""
+    """L2 of ``entries`` with every view into the handed memory (``build.host_ranges``) counted as a
+    buffer of its own, as on a device: the number of views, and the memory JSON. A shard inside
+    ``ranges`` is a view unless it is exactly one of the ``handed`` buffers."""
     starts, whole = [lo for lo, _ in ranges], set(ranges)
     names = list(entries)
     ids: dict[tuple[Any, ...], int] = {}

@@ -1,10 +1,7 @@
 """Reading a constructed Tunix ``RLCluster``: its models, meshes and sharing map, and each
-construction decision as it shows in that state (L1, observed).
-
-Tunix records no trace: a decision is read back from what construction left and, where only
-the state before tells (P5 kept or resharded, the mesh P7 replaced, the P4 warning), from what
-the cluster was handed (``Given``). Every record says so in its ``source``.
-"""
+construction decision as it shows in that state (L1, observed). Tunix records no trace: a
+decision is read back from what construction left and, where only the state before tells (P5,
+P7, the P4 warning), from what the cluster was handed (``Given``); each record says which."""
 
 from __future__ import annotations
 

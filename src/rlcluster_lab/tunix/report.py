@@ -60,15 +60,13 @@ def inspect(rl_cluster: Any, given: Given | None = None) -> TunixReport:
     """The lab's report of a constructed Tunix ``RLCluster``.
 
     Args:
-        rl_cluster: a Tunix ``RLCluster`` (0.1.7), or the ``TunixBuild`` that
-            ``build_tunix_cluster`` returns (its ``given`` is then used).
-        given: what the cluster was handed, when known: with it the report also shows
-            P5 (kept or resharded), the rollout mesh the engine replaced (P7) and the P4
-            warning Tunix logged.
+        rl_cluster: a Tunix ``RLCluster`` (0.1.7), or the ``TunixBuild`` ``build_tunix_cluster``
+            returns (its ``given`` is then used).
+        given: what the cluster was handed, when known: the report then also shows P5, the mesh
+            the engine replaced (P7) and the P4 warning Tunix logged.
 
     Raises:
-        TypeError: ``rl_cluster`` is not Tunix's ``RLCluster`` (the lab's own is read by
-            ``placement_report``), or ``given`` is not a ``Given``.
+        TypeError: ``rl_cluster`` is not Tunix's ``RLCluster``, or ``given`` is not a ``Given``.
         TunixMissingError: Tunix is not installed.
     """
     if isinstance(rl_cluster, TunixBuild):

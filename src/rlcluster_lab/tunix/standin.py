@@ -1,10 +1,9 @@
 """The vllm scenarios on Tunix's own cluster: a custom Tunix engine with vLLM's placement.
 
-vLLM does not run on these CPUs. For Tunix's decisions, an engine class of its own is the vllm
-path's twin: it is handed the trainer's model as initial weights (P3), and its non-None
-``mesh`` replaces the rollout mesh (P7). ``VllmStandInRollout`` wraps the lab's vllm-style
-stand-in as such an engine; its sync goes through Tunix's ``reshard.reshard_pytree`` (what
-Tunix's vLLM sampler uses), so the sync measured is Tunix's. Its speed says nothing about vLLM.
+vLLM does not run on these CPUs. An engine class of Tunix's own is the vllm path's twin: it is
+handed the trainer's model (P3) and its ``mesh`` replaces the rollout mesh (P7).
+``VllmStandInRollout`` wraps the lab's vllm-style stand-in as such an engine, syncing through
+Tunix's ``reshard.reshard_pytree``, so the sync measured is Tunix's (its speed says nothing of vLLM).
 """
 
 from __future__ import annotations

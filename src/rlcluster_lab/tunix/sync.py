@@ -1,10 +1,6 @@
-"""Tunix's own ``sync_weights`` run under the lab's sync observer and P13 guard (L3).
-
-The call is Tunix's, unchanged. Where a layout must change, Tunix reshards with
-``jax.device_put``, which on CPU goes through host memory: the guard refuses it, and that
-refusal is the observed outcome, not a crash. What ``device_put`` copied, which it does not
-log, is inferred (``INFERRED``; the leaves' ``method`` says which).
-"""
+"""Tunix's own ``sync_weights`` run under the lab's sync observer and P13 guard (L3). Where a layout
+must change Tunix uses ``jax.device_put``, which on CPU goes through the host: the guard's
+refusal is the observed outcome. What ``device_put`` copied, which it does not log, is inferred."""
 
 from __future__ import annotations
 
