@@ -386,7 +386,7 @@ def test_the_models_config_is_found_again_without_hashing_its_graph(monkeypatch)
 @pytest.mark.parametrize("seed", range(4))
 def test_the_kv_cache_bytes_are_one_figure_for_the_cache_the_planner_and_the_sampler(seed):
     """``ModelConfig.kv_cache_bytes`` is the size of ``init_cache``'s arrays, and the planner's
-    per-device figure splits exactly that over rows and kv heads, over drawn shapes and dtypes."""
+    per-device figure splits exactly that over kv heads, over drawn shapes and dtypes."""
     from rlcluster_lab.model.sampling import generate_bytes
     from rlcluster_lab.planner.step_memory import Split, kv_cache_bytes
 
@@ -404,8 +404,8 @@ def test_the_kv_cache_bytes_are_one_figure_for_the_cache_the_planner_and_the_sam
     cache = jax.eval_shape(lambda: init_cache(config, rows, slots))
     held = sum(x.size * x.dtype.itemsize for x in (cache.k, cache.v))
     assert config.kv_cache_bytes(rows, slots) == held == kv_cache_bytes(config, rows, slots)
-    split = Split(rows=rows_ways, kv_heads=heads_ways)
-    assert kv_cache_bytes(config, rows, slots, split) * rows_ways * heads_ways == held
+    split = Split(kv_heads=heads_ways)  # every row on each device (``Split``), its share of the kv heads
+    assert kv_cache_bytes(config, rows, slots, split) * heads_ways == held
     # The sampler's peak holds the cache twice (the old and the new one of a decode step).
     assert generate_bytes(config, rows, 1, slots, 1) > 2 * held
 

@@ -118,17 +118,17 @@ def test_l4_remat_keeps_each_layers_input_and_recomputes_one_layer() -> None:
     assert sum(remat.values()) < sum(full.values()) / 3
 
 
-def test_l4_activations_split_over_data_and_tensor_parallel_devices() -> None:
+def test_l4_activations_split_over_the_axes_the_rules_give_each_dimension() -> None:
     config = MODEL_SIZES["tiny"]
     work = Workload()
     mesh = PlannedMesh.build(range(8), (2, 4))
     split = Split.of(mesh, (("embed", "fsdp"), ("vocab", "tp"), ("q_heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp")))
-    assert split == Split(rows=2, q_heads=4, kv_heads=4, mlp=4, vocab=4)
+    assert split == Split(embed=2, q_heads=4, kv_heads=4, mlp=4, vocab=4)
     one, eight = sum(activation_bytes(config, work).values()), sum(activation_bytes(config, work, split).values())
-    # Half the rows per device; heads and MLP units a quarter; the residual stream whole.
-    assert one / 8 < eight < one / 2
-    # Two kv heads over four tensor-parallel devices: one head each (not split further).
-    assert kv_cache_bytes(config, 16, 128, split) == kv_cache_bytes(config, 16, 128) // 2 // 2
+    # Every row on every device; heads and MLP units a quarter; the residual stream half.
+    assert one / 4 < eight < one / 2
+    # Two kv heads over four tensor-parallel devices: one head each (not split further); every row.
+    assert kv_cache_bytes(config, 16, 128, split) == kv_cache_bytes(config, 16, 128) // 2
 
 
 # --- the compiled step and live buffers at the lab's sizes --------------------------------
@@ -249,12 +249,12 @@ def test_l4_kv_cache_is_the_engines_cache() -> None:
     slots = engine.cache_size if engine.cache_size is not None else scenario.kv_cache_size
     cache = init_cache(engine.model().config, plan.workload["rollout_batch_size"], slots)
     assert plan.step["kv_cache_bytes"] == cache.k.nbytes + cache.v.nbytes
-    # Per rollout device: rows over the data-parallel axis, kv heads over the tensor one.
+    # Per rollout device: every row, the kv heads over the tensor axis.
     rollout = set(plan.role_to_mesh["rollout"]["device_ids"])
     for budget in plan.per_device:
         kv = budget.phases.get("generate", {}).get("kv_cache", 0)
         assert kv == (plan.step["kv_cache_per_device"] if budget.device in rollout else 0)
-    assert plan.step["kv_cache_per_device"] * len(rollout) == plan.step["kv_cache_bytes"]
+    assert plan.step["kv_cache_per_device"] * plan.step["rollout_split"]["kv_heads"] == plan.step["kv_cache_bytes"]
 
 
 # --- published figures ---------------------------------------------------------------------

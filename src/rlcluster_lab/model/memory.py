@@ -8,9 +8,10 @@ Activations (``residual_bytes``) are the residuals ``jax.vjp`` keeps for one mic
 backward pass; the tests hold every term to ``jax.ad_checkpoint.print_saved_residuals`` of the
 real loss. With ``remat=True`` (``jax.checkpoint`` per block, Chen et al. 2016) each layer keeps
 only its input and one layer is recomputed at a time; the lab's step does not rematerialise.
-Per device, rows split over the axes no tensor uses (data parallelism), heads, MLP units and
-the vocabulary over the axes the role's rules give them (tensor parallelism), the residual
-stream whole on every device (Korthikanti et al. 2022, without sequence parallelism).
+Per device (``Split``): every row of the batch, heads, MLP units and the vocabulary divided over
+the axes the role's rules give them (tensor parallelism), and the residual stream over the axes
+the embedding dimension is divided over (its values across the layers are as the parameters'
+split leaves them: XLA's sharding propagation carries it from the weights to the activations).
 
 A program's figure (``ProgramBytes``) is what XLA's ``compiled.memory_analysis()`` counts:
 its arguments, its outputs and its temporaries, less what an output shares with an argument
@@ -41,10 +42,15 @@ UNFUSED = ("cpu",)  # platforms whose XLA writes each elementwise step to a buff
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-    """How a mesh divides a step's tensors: the batch's rows, and heads, MLP units and
-    vocabulary (each the product of the mesh axes the role's rules map it to)."""
+    """How a mesh divides a step's tensors on each device: the residual stream (``embed``), heads,
+    MLP units and vocabulary, each the product of the mesh axes the role's rules map it to. The
+    rows of a batch are never divided: the lab's programs take the batch as host arrays with no
+    sharding, and XLA's sharding propagation, given weights divided only along their embedding,
+    head, MLP and vocabulary dimensions, leaves every row on every device of the mesh (the
+    buffers XLA:CPU and XLA:TPU assign for the lab's steps on fsdp x tp meshes hold every row;
+    so do the arguments the live check reads, ``model.fits.split_of``)."""
 
-    rows: int = 1
+    embed: int = 1
     q_heads: int = 1
     kv_heads: int = 1
     mlp: int = 1
@@ -55,18 +61,15 @@ class Split:
         """The split of ``mesh`` (anything with a ``shape`` mapping of axis sizes) under ``rules``."""
         sizes = dict(mesh.shape)
         mapping = {str(k): v for k, v in rules}
-        used: set[str] = set()
 
         def ways(name: str) -> int:
             target = mapping.get(name)
             axes = () if target is None else (target,) if isinstance(target, str) else tuple(target)
             axes = tuple(a for a in axes if a in sizes)
-            used.update(axes)
             return math.prod(sizes[a] for a in axes)
 
         q, kv, mlp, vocab = ways("q_heads"), ways("kv_heads"), ways("mlp"), ways("vocab")
-        rows = math.prod(n for a, n in sizes.items() if a not in used)
-        return cls(rows=rows, q_heads=q, kv_heads=kv, mlp=mlp, vocab=vocab)
+        return cls(embed=ways("embed"), q_heads=q, kv_heads=kv, mlp=mlp, vocab=vocab)
 
 
 def _per(n: int, ways: int) -> int:
@@ -78,10 +81,11 @@ def itemsize(config: ModelConfig) -> int:
     return int(np.dtype(config.dtype).itemsize)
 
 
-def norm_bytes_per_token(config: ModelConfig, *, trainable_scale: bool = True) -> int:
-    """One RMSNorm's residuals per token: the float32 input, the float32 normalised value
-    (only where the scale trains), the output in the model's dtype, two float32 statistics."""
-    e = config.embed_dim
+def norm_bytes_per_token(config: ModelConfig, *, trainable_scale: bool = True, split: Split = Split()) -> int:
+    """One RMSNorm's residuals per token on one device: the float32 input, the float32 normalised
+    value (only where the scale trains), the output in the model's dtype, over the device's share
+    of the residual stream, and two float32 statistics."""
+    e = _per(config.embed_dim, split.embed)
     return F32 * e + (F32 * e if trainable_scale else 0) + itemsize(config) * e + 2 * F32
 
 
@@ -96,7 +100,7 @@ def layer_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split()
     q = heads * hd
     mlp = _per(config.mlp_dim, split.mlp)
     return (
-        2 * norm_bytes_per_token(config, trainable_scale=not lora_rank)
+        2 * norm_bytes_per_token(config, trainable_scale=not lora_rank, split=split)
         + p * (2 * q + 2 * kv)  # q, attention output; k, v
         + 4 * (hd // 2) * F32  # rotary sin and cos of q and k
         + heads * (keys * per_score + per_row)  # the softmax and its probabilities (softmax_residuals)
@@ -170,14 +174,14 @@ def head_bytes(
     ``value_head``: a critic, whose head is a scalar (no logits).
     """
     if value_head:
-        per_token = norm_bytes_per_token(config) + 4
+        per_token = norm_bytes_per_token(config, split=split) + 4
         return rows * (tokens * per_token + completion * VALUE_LOSS_BYTES_PER_COMPLETION_TOKEN) + (
             F32 * config.embed_dim + F32
         )
     vocab = _per(config.vocab_size, split.vocab)
     per_completion = vocab * (1 + 2 * F32) + LOSS_BYTES_PER_COMPLETION_TOKEN
     constant = F32 * config.embed_dim + 2 * F32
-    per_token = constant if lora_rank else norm_bytes_per_token(config) + 4
+    per_token = constant if lora_rank else norm_bytes_per_token(config, split=split) + 4
     return rows * (tokens * per_token + completion * per_completion + LOSS_BYTES_PER_ROW) + constant
 
 
@@ -198,12 +202,11 @@ def residual_bytes(
     ``lora_rank``: the actor trains LoRA adapters of that rank only. ``value_head``: a critic
     (all its parameters train; no vocabulary logits). ``remat``: every layer rematerialised.
     """
-    rows = _per(rows, split.rows)
     per_token = layer_bytes_per_token(config, tokens, split, lora_rank)
     layer = per_token * rows * tokens + 2 * F32 * config.embed_dim  # + the two norm scales broadcast to float32
     head = head_bytes(config, rows, tokens, completion, split, lora_rank=lora_rank, value_head=value_head)
     if remat:
-        inputs = config.num_layers * itemsize(config) * config.embed_dim * rows * tokens
+        inputs = config.num_layers * itemsize(config) * _per(config.embed_dim, split.embed) * rows * tokens
         return {"layer_inputs": inputs, "one_layer_recomputed": layer, "head": head}
     # The scan over the layer stack keeps what every layer shares once, not once per layer.
     shared = shared_bytes_per_token(config) * rows * tokens
@@ -211,8 +214,8 @@ def residual_bytes(
 
 
 def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, split: Split = Split()) -> int:
-    """The rollout's KV cache on one device: rows split over the data-parallel axes, kv heads over the tensor ones."""
-    return config.kv_cache_bytes(_per(rows, split.rows), slots, _per(config.num_kv_heads, split.kv_heads))
+    """The rollout's KV cache on one device: every row, the kv heads divided over the tensor axes."""
+    return config.kv_cache_bytes(rows, slots, _per(config.num_kv_heads, split.kv_heads))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,7 +283,7 @@ def forward_terms(
     mlp = _per(config.mlp_dim, split.mlp)
     unfused = platform in UNFUSED
     common = {
-        "hidden": rows * queries * e * p,
+        "hidden": rows * queries * _per(e, split.embed) * p,
         "mask_bias": rows * queries * keys * F32,
         "rotary": rows * queries * hd * F32,
     }
@@ -311,9 +314,9 @@ def logps_program(
     """The log-prob program (``model.logps``) over ``rows`` rows of ``prompt`` + ``completion``
     tokens: a forward pass, then the float32 logits of every position and the log-softmax of the
     completion's. ``arguments``: the bytes of its inputs on the device."""
-    rows, tokens, vocab = _per(rows, split.rows), prompt + completion, _per(config.vocab_size, split.vocab)
+    tokens, vocab = prompt + completion, _per(config.vocab_size, split.vocab)
     head = {
-        "hidden": rows * tokens * config.embed_dim * itemsize(config),
+        "hidden": rows * tokens * _per(config.embed_dim, split.embed) * itemsize(config),
         "logits": rows * tokens * vocab * F32,
         "log_softmax": rows * completion * vocab * F32,
     }
@@ -345,7 +348,6 @@ def generate_program(
     and the copies of one layer's keys and values the step makes). Outputs: the sampled ids
     (int32) and their log-probs (float32)."""
     kv = kv_cache_bytes(config, rows, slots, split)
-    rows = _per(rows, split.rows)
     layer = rows * slots * _per(config.num_kv_heads, split.kv_heads) * config.head_dim
     prefill = {"kv_cache": kv} | forward_terms(
         config, rows, prompt, slots, split, platform=platform, lora_rank=lora_rank
@@ -393,15 +395,11 @@ def update_program(
         "activations": sum(acts.values()),
         "gradients": gradients,
         "layer_in_flight": sum(
-            forward_terms(
-                config, _per(rows, split.rows), tokens, tokens, split, platform=platform, lora_rank=lora_rank
-            ).values()
+            forward_terms(config, rows, tokens, tokens, split, platform=platform, lora_rank=lora_rank).values()
         ),
     }
     if lora_rank:  # differentiated, an adapted MLP keeps one more product of its width in flight
-        forward["adapter_products"] = (
-            _per(rows, split.rows) * tokens * _per(config.mlp_dim, split.mlp) * itemsize(config)
-        )
+        forward["adapter_products"] = rows * tokens * _per(config.mlp_dim, split.mlp) * itemsize(config)
     update = {"gradients": gradients, "new_parameters": trainable, "new_optimizer_state": optimizer}
     outputs = trainable + optimizer + 5 * F32 + _tuple_table(leaves, platform)
     return ProgramBytes("train step", arguments, outputs, _largest(forward, update))

@@ -27,7 +27,7 @@ from rlcluster_lab.planner.workload import Workload
 __all__ = ["FORMULAS", "Split", "Workload", "activation_bytes", "kv_cache_bytes", "prefill_bytes"]
 __all__ += ["shared_bytes_per_token"]
 
-WHOLE = Split()  # nothing split: one device holds every row, head, unit and token
+WHOLE = Split()  # nothing split: one device holds every head, unit and token
 
 
 def activation_bytes(
@@ -57,7 +57,7 @@ def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = WHOLE)
     and reads its last position), and one layer's attention over the cache's slots: the mask's
     float32 bias (``model.transformer.mask_bias``, one per row, shared by the heads) and per head
     float32 scores and exponentials and probabilities in the model's dtype."""
-    rows = _per(workload.rollout_batch_size, split.rows)
+    rows = workload.rollout_batch_size
     heads = _per(config.num_heads, split.q_heads)
     vocab = _per(config.vocab_size, split.vocab)
     prompt, slots = workload.prompt_length, workload.kv_cache_size
