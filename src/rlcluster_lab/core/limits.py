@@ -206,10 +206,10 @@ def check_fits_devices(
             continue
         free = max(free + released, 0)
         counted = f" and the {fmt_bytes(released)} the cluster it replaces frees" if released else ""
+        source = f"${DEVICE_LIMIT_ENV}" if os.environ.get(DEVICE_LIMIT_ENV) else "its allocator's memory_stats()"
         raise _too_large(
             f"{what} would need about {fmt_bytes(want)} ({want:,} bytes, estimated from shapes) on {device.platform} "
-            f"device {device.id} but it has {fmt_bytes(free)} free ({free:,} bytes, from its allocator's "
-            f"memory_stats(){counted})",
+            f"device {device.id} but it has {fmt_bytes(free)} free ({free:,} bytes, from {source}{counted})",
             fix,
             knobs,
         )

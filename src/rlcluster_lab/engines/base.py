@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import copy
 import dataclasses
-import itertools
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,9 +24,9 @@ from jax._src.array import ArrayImpl  # a concrete array's type (not public; see
 from jax.sharding import Mesh, NamedSharding
 
 from rlcluster_lab.core.config import RolloutConfig
+from rlcluster_lab.core.limits import TooLargeError
 from rlcluster_lab.core.states import model_split
 from rlcluster_lab.model import logps_from_state
-from rlcluster_lab.model.fits import check_only
 from rlcluster_lab.model.sampling import check_prompts, prompt_width, sample
 from rlcluster_lab.placement import events
 from rlcluster_lab.placement.chunks import chunk_leaves
@@ -75,9 +75,9 @@ class RolloutEngine(abc.ABC):
         # Not exposed as ``mesh``: an engine that exposes one replaces the rollout mesh (P7).
         self.given_mesh = mesh
         self.reshard = reshard  # how update_params changes layouts: the config's strategy (set by the cluster)
-        # One seed offset per generate call; next() on a count is atomic, so calls from
-        # several threads never draw the same one.
-        self._draws = itertools.count()
+        # One seed offset per generate call, drawn under a lock, so calls from several threads
+        # never draw the same one.
+        self._draws, self._draw_lock = 0, threading.Lock()
 
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
@@ -114,11 +114,16 @@ class RolloutEngine(abc.ABC):
                 ``sample`` refuses (see ``rlcluster_lab.model.sampling.sample``).
         """
         prompts = check_prompts(prompts)  # a refused call draws no seed
-        # Nor does a batch the devices cannot hold: the lab's sampler is checked first (model.fits).
-        if type(self).generate_with_seed is RolloutEngine.generate_with_seed:
-            check_only(lambda: self.generate_with_seed(prompts, rollout_config, rollout_config.seed))
         # A fresh seed per call, so repeated calls sample different completions.
-        return self.generate_with_seed(prompts, rollout_config, rollout_config.seed + next(self._draws))
+        with self._draw_lock:
+            draw, self._draws = self._draws, self._draws + 1
+        try:
+            return self.generate_with_seed(prompts, rollout_config, rollout_config.seed + draw)
+        except TooLargeError:  # the batch did not fit the devices: nothing was sampled, the seed is not spent
+            with self._draw_lock:
+                if self._draws == draw + 1:  # unless another call has drawn since
+                    self._draws = draw
+            raise
 
     def generate_with_seed(self, prompts: list[str], rollout_config: RolloutConfig, seed: int) -> RolloutOutput:
         """``generate`` with the sampling seed given (raising as it does): it reads the engine's
@@ -163,7 +168,7 @@ class RolloutEngine(abc.ABC):
         twin = copy.copy(self)
         twin.__dict__.update({k: clones[id(v)] for k, v in vars(self).items() if id(v) in clones})
         twin.__dict__.pop("_variable_index", None)
-        twin._draws = itertools.count()
+        twin._draws, twin._draw_lock = 0, threading.Lock()
         return twin
 
     def get_per_token_logps(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:

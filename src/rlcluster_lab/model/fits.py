@@ -32,29 +32,34 @@ from rlcluster_lab.model.memory import ProgramBytes, Split
 SMALLER_BATCH = ("prompts_per_step", "group_size", "max_tokens")
 
 
-def _device_bytes(leaf: jax.Array) -> dict[Any, int]:
-    """The bytes ``leaf`` holds on each device of this process, each shard once."""
+def _placed(leaf: Any) -> bool:
+    """Whether ``leaf`` lies on devices: an array, or an abstract one (``jax.ShapeDtypeStruct``) with a sharding."""
+    return isinstance(leaf, jax.Array) or getattr(leaf, "sharding", None) is not None
+
+
+def _device_bytes(leaf: Any) -> dict[Any, int]:
+    """The bytes ``leaf`` holds (or, abstract, would hold) on each device of this process, each shard once."""
     sharding = leaf.sharding
     if str(getattr(sharding, "memory_kind", None)) in ("pinned_host", "unpinned_host"):
         return {}  # host memory: not the device's
     try:
         each = math.prod(sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-        return dict.fromkeys(sharding.addressable_devices, each)
+        return dict.fromkeys(sharding.device_set, each)
     except Exception:  # noqa: BLE001 - shards of unequal sizes: count them one by one
         return dict(Counter({s.device: s.data.nbytes for s in leaf.addressable_shards}))
 
 
 def arguments(tree: Any) -> tuple[dict[Any, int], int]:
     """What a program's arguments ``tree`` hold: per device the bytes of its device arrays (already
-    in use there), and the bytes of its host values (NumPy), which the call copies to every device
-    of the program."""
+    in use there; abstract arrays with a sharding count as placed), and the bytes of its host values
+    (NumPy, or abstract arrays without a sharding), which the call copies to every device of the program."""
     resident: Counter = Counter()
     host = 0
     for leaf in jax.tree.leaves(tree):
-        if isinstance(leaf, jax.Array):
+        if _placed(leaf):
             resident.update(_device_bytes(leaf))
-        elif isinstance(leaf, (np.ndarray, np.generic)):
-            host += int(leaf.nbytes)
+        elif isinstance(leaf, (np.ndarray, np.generic, jax.ShapeDtypeStruct)):
+            host += math.prod(leaf.shape) * leaf.dtype.itemsize
     return dict(resident), host
 
 
@@ -71,7 +76,7 @@ def split_of(state: Any) -> Split:
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
         hit = next((v for t, v in targets.items() if f"{t}/" in f"{name}/"), None)
-        if hit is not None and isinstance(leaf, jax.Array):
+        if hit is not None and _placed(leaf):
             ways[hit] = max(1, leaf.shape[-1] // max(1, leaf.sharding.shard_shape(leaf.shape)[-1]))
     return Split(**ways)
 
@@ -87,7 +92,7 @@ def lora_rank_of(state: Any) -> int:
 def platform_of(tree: Any) -> str:
     """The platform of the first device array in ``tree`` (the default backend's when it holds none)."""
     for leaf in jax.tree.leaves(tree):
-        if isinstance(leaf, jax.Array):
+        if _placed(leaf):
             return next(iter(leaf.sharding.device_set)).platform
     return jax.default_backend()
 
@@ -126,7 +131,7 @@ def check_program(
         planned = figure(resident.get(device, 0) + host)
         need = planned.total - resident.get(device, 0)
         if need > free:
-            source = f"${DEVICE_LIMIT_ENV}" if _simulated() else "its allocator's memory_stats()"
+            source = f"${DEVICE_LIMIT_ENV}" if os.environ.get(DEVICE_LIMIT_ENV) else "its allocator's memory_stats()"
             terms = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in _largest_terms(planned.temporaries))
             problem = (
                 f"{what} needs about {fmt_bytes(need)} on {device.platform} device {device.id} beside what it "
@@ -159,10 +164,6 @@ def check_only(operation: Callable[[], Any]) -> None:
         pass
     finally:
         _CHECK_ONLY.on = previous
-
-
-def _simulated() -> bool:
-    return bool(os.environ.get(DEVICE_LIMIT_ENV))
 
 
 def _largest_terms(terms: Any, top: int = 3) -> list[tuple[str, int]]:

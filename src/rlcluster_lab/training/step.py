@@ -174,31 +174,39 @@ def run_update(
 
     if lower:
         return _STEPS.call(tx, full, build, *args, lower=True)
-    config = model_config_of(graphdef, trainable, frozen)
     length = batch["completion_tokens"].shape[1]
     what = f"a training step over {rows:,} completions of {width} + {length} tokens"
     what += f" in {pieces} micro-batches" if pieces > 1 else ""
     fix = "train on fewer rows at once (mini_batch_size, train_micro_batch_size)"
-    planned = None
-    if isinstance(config, ModelConfig):  # checked before anything is compiled
-        sizes = [max(arguments(tree)[0].values(), default=0) for tree in (trainable, opt_state)]
-        leaves = len(jax.tree.leaves((trainable, opt_state))) + 5  # and the five metrics
-        figure = model_program(
-            update_program,
-            config,
-            (trainable, frozen),
-            rows // pieces,
-            width,
-            length,
-            trainable=sizes[0],
-            optimizer=sizes[1],
-            leaves=leaves,
-            accumulating=pieces > 1,
-            value_head=key[0] == "value",
-        )
-        planned = check_program(figure, args[:4], what, TRAIN_BATCH, fix)
+    figure = update_figure(graphdef, args, pieces, value_head=key[0] == "value")
+    planned = None if figure is None else check_program(figure, args[:4], what, TRAIN_BATCH, fix)
     with xla_refusal(planned, what, TRAIN_BATCH, fix):
         return _STEPS.call(tx, full, build, *args)
+
+
+def update_figure(graphdef: nnx.GraphDef, args: tuple[Any, ...], pieces: int, *, value_head: bool = False) -> Any:
+    """The planner's figure for ``run_update``'s program over ``args`` (trainable, frozen, opt_state,
+    batch, ...) in ``pieces`` micro-batches, as ``model.fits.check_program`` asks for it (None for a
+    model that is not the lab's own)."""
+    trainable, frozen, opt_state, batch = args[:4]
+    config = model_config_of(graphdef, trainable, frozen)
+    if not isinstance(config, ModelConfig):
+        return None
+    sizes = [max(arguments(tree)[0].values(), default=0) for tree in (trainable, opt_state)]
+    (rows, width), length = batch["prompt_tokens"].shape, batch["completion_tokens"].shape[1]
+    return model_program(
+        update_program,
+        config,
+        (trainable, frozen),
+        rows // pieces,
+        width,
+        length,
+        trainable=sizes[0],
+        optimizer=sizes[1],
+        leaves=len(jax.tree.leaves((trainable, opt_state))) + 5,  # and the five metrics
+        accumulating=pieces > 1,
+        value_head=value_head,
+    )
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int | None) -> int:
