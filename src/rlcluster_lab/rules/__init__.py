@@ -1,11 +1,9 @@
-"""The rules: the placement rules of the RL cluster, P1 to P15, as pure functions.
+"""The placement rules of the RL cluster, P1 to P15, as pure functions.
 
-Each function takes plain facts (meshes or their descriptions, whether the actor has LoRA,
-the engine's declared properties, the offload flag, ...) and returns a typed ``Decision``
-(the rule id, the branch taken, the inputs it read, a one-line explanation). The live
-cluster and the what-if planner both execute them, so changing a rule changes both; the
-figures read the branch, never the text. ``catalogue`` puts the declarations (``registry``)
-in order and renders ``docs/rules.md`` (``python -m rlcluster_lab.rules``).
+Each function takes plain facts (meshes or their descriptions, whether the actor has LoRA, the
+engine's declared properties, the offload flag, ...) and returns a typed ``Decision``. The live
+cluster and the what-if planner both execute them; the figures read the branch, never the text.
+``catalogue`` puts the declarations in order and renders ``docs/rules.md``.
 
 Modules: ``sharing`` (P1, P2), ``rollout`` (P3, P7), ``reference`` (P4), ``loading`` (P5,
 P14), ``validation`` (P6, JAX-free), ``anchor`` (P8, P10, P11), ``steps`` (P9, P12, P13).

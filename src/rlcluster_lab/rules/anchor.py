@@ -45,13 +45,10 @@ class P8Values:  # what P8 pinned: at which global step, in which mode, how many
 
 @P8.function
 def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -> Decision[P8Values]:
-    """P8: at the end of construction (and at every sync, P13) the actor's full state is
-    copied to pinned host memory: the anchor policy state.
-
-    The lab adds ``anchor="trainable"``: for a LoRA actor only the adapters
-    are pinned, and the frozen backbone, which training never changes, is read
-    from the actor (the same log-probs for less pinned memory).
-    """
+    """P8: at the end of construction (and at every sync, P13) the actor's full state is copied to
+    pinned host memory: the anchor policy state. The lab adds ``anchor="trainable"``: for a LoRA
+    actor only the adapters are pinned, the frozen backbone read from the actor (the same log-probs
+    for less pinned memory)."""
     partial = anchor_is_partial(mode, actor_has_lora)
     return Decision(
         "P8",
@@ -66,16 +63,14 @@ def p8_anchor(mode: str, actor_has_lora: bool, global_steps: int, nbytes: int) -
 
 @P8.function
 def p8_repin_in_place(already_pinned: bool, same_layout: bool, held_elsewhere: bool) -> bool:
-    """P8 at every sync (P13): whether the anchor's copy of one leaf is written over the old
-    anchor's buffer of that leaf rather than into a new pinned-host buffer.
+    """P8 at every sync (P13): whether the anchor's copy of one leaf is written over the old anchor's
+    buffer of that leaf rather than into a new pinned-host buffer.
 
-    A leaf already in pinned host memory (offload: the actor's own buffer) is kept, nothing
-    copied. Otherwise the copy goes over the old buffer when that buffer has the leaf's layout
-    and nothing but the anchor holds it: the old snapshot goes at the end of the sync anyway,
-    and a new pinned buffer is what a re-pin costs on an accelerator (the large preset's
-    181 MiB on one TPU v5e: 282 ms into new pinned buffers, 14 ms over the old ones). A buffer
-    something else holds (a snapshot the caller kept through ``pinned_anchor_state``, the lab's
-    rehearsal twin) is never overwritten: that leaf goes to a new buffer.
+    A leaf already in pinned host memory (offload: the actor's own buffer) is kept. Otherwise the
+    copy goes over the old buffer when it has the leaf's layout and nothing but the anchor holds it:
+    the old snapshot goes at the end of the sync anyway, and new pinned buffers are what a re-pin
+    costs on an accelerator. A buffer something else holds (a snapshot kept through
+    ``pinned_anchor_state``, the rehearsal's twin) is never overwritten.
     """
     return not already_pinned and same_layout and not held_elsewhere
 
@@ -118,17 +113,14 @@ P11 = rule(
 
 @P10.function
 def p10_require_anchor(anchor_present: bool) -> None:
-    """P10: actor log-probs run the live model's graph over the *anchor* state (moved to
-    device first when it is pinned on the host). An empty batch is an error (``p9``'s batch
-    check). With no anchor the call fails with a message to sync first, as the reference's
-    does; in the lab that guard cannot fire through the public API: construction pins the
-    anchor (P8) before it returns, and a sync only replaces it.
+    """P10: actor log-probs run the live model's graph over the *anchor* state (moved to device first
+    when it is pinned on the host); an empty batch is an error. With no anchor the call fails with a
+    message to sync first, as the reference's does. In the lab that guard
+    cannot fire through the public API: construction pins the anchor (P8), a sync only replaces it.
 
-    P11 says why: when the mini-batch is smaller than the batch, or the learner
-    makes more than one pass over the same data, the actor has already stepped
-    before old log-probs are needed; scoring with live weights would compare
-    the policy with itself. The anchor gives the log-probs of the policy that
-    sampled the tokens.
+    P11 says why: when the mini-batch is smaller than the batch, or the learner makes more than one
+    pass over the same data, the actor has already stepped before old log-probs are needed; scoring
+    with live weights would compare the policy with itself.
 
     Raises:
         ValueError: there is no anchor.

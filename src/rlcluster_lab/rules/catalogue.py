@@ -1,14 +1,6 @@
-"""Every rule, in order, as its module declared it: its statement, its functions, its tests.
-
-Each rule is declared once, beside its functions (``rules.registry``); this module
-imports every rule module and puts the declarations in order. It also declares the
-rules that have no function of their own: P15, which names the cluster's class, and
-L1 to L4, what the lab adds to see and measure the rules.
-
-``rules_markdown()`` renders the catalogue (and each function's docstring) as
-``docs/rules.md``; a test checks that the committed file is what the code says, so
-the statement of the rules cannot drift from their implementation.
-"""
+"""Every rule, in order, as its module declared it (``rules.registry``), with the rules that have
+no function of their own: P15, which names the cluster's class, and L1 to L4, what the lab adds.
+``rules_markdown()`` renders it as ``docs/rules.md``, which a test holds to the code."""
 
 from __future__ import annotations
 

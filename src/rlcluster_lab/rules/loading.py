@@ -69,13 +69,10 @@ def p5_load(
     dtype: str | None,
     requested_dtype: str | None,
 ) -> Decision[P5Values]:
-    """P5: a model already on the target mesh is kept as is; on another mesh it is resharded
-    onto the target mesh using the model's own partition specs (missing spec = replicated),
-    keeping its memory kind (device or pinned_host), cast to a dtype when one is asked for.
-
-    The lab keeps a model "as is" only when *every* leaf is on the target mesh;
-    leaves already in place are reused by the reshard.
-    """
+    """P5: a model already on the target mesh is kept as is; on another mesh it is resharded onto the
+    target mesh using the model's own partition specs (missing spec = replicated), keeping its memory
+    kind (device or pinned_host), cast to a dtype when one is asked for. "As is" means *every* leaf
+    on the target mesh; leaves already in place are reused by the reshard."""
     kept = leaves > 0 and leaves_on_target == leaves
     outcome = "kept as is" if kept else f"resharded onto the target mesh in {memory_kind} memory"
     if not kept and requested_dtype is not None and leaves > 0 and requested_dtype != dtype:
@@ -133,12 +130,9 @@ class P14OwnCopyValues:  # the engine whose own copy is offloaded on its own
 
 @P14.function
 def p14_offload(role: str, offload_to_cpu: bool, on_device: bool) -> Decision[P14Values] | None:
-    """P14: with ``offload_to_cpu``, every role lives in pinned host memory between uses and is
-    brought to device for its operation; roles that share weights are updated together.
-
-    Returns the decision to move a model that sits on device to pinned host,
-    or None when nothing moves.
-    """
+    """P14: with ``offload_to_cpu``, every role lives in pinned host memory between uses and is brought
+    to device for its operation; roles that share weights are updated together. Returns the decision
+    to move a model on device to pinned host, or None when nothing moves."""
     if not (offload_to_cpu and on_device):
         return None
     return Decision(
@@ -167,12 +161,8 @@ def p14_own_copy_engine(engine_name: str) -> Decision[P14OwnCopyValues]:
 
 @P14.function
 def p14_updated_together(sharing: Mapping[Role, Sequence[Role]], role: Role, engine_owns_weights: bool) -> list[Role]:
-    """P14: the roles that take ``role``'s new arrays when it moves between memory kinds.
-
-    Every role the map links to it, except a rollout whose engine keeps its
-    own copy (that copy is never written into the actor, nor the actor into
-    it, outside a sync).
-    """
+    """P14: the roles that take ``role``'s new arrays when it moves between memory kinds: every role the
+    map links to it, except a rollout whose engine keeps its own copy."""
     if engine_owns_weights and role is Role.ROLLOUT:
         return []
     return [other for other in sharing.get(role, ()) if not (engine_owns_weights and other is Role.ROLLOUT)]

@@ -1,15 +1,11 @@
 """How a rule is declared: once, beside its functions, with everything the lab says about it.
 
-A rule's id, its title, the question the decision-flow figure asks, the answers it draws (each
-branch with its label) and the tests that hold it are written in one ``rule(...)`` call in the
-module of its functions, and each function registers with ``@P3.function`` (``rules.rollout``
-is an example). Everything that shows a rule reads these declarations: the catalogue and
-``docs/rules.md`` (``rules.catalogue``), the flow figure's questions and labels (``lab.flow``)
-and ``show_rule`` (``lab.code_view``). JAX-free, like ``rules.validation``, which declares P6.
-
-A declaration also says where the reference takes the rule: ``Locator``s, plain data (a
-function of Tunix's ``rl_cluster.py`` and a pattern for a statement in it) that ``show_rule``
-resolves against the installed file at run time. No line of the reference is stored here.
+A rule's id, title, the flow figure's question and answers, and its tests are one ``rule(...)``
+call in the module of its functions, each of which registers with ``@P3.function``. The
+catalogue and ``docs/rules.md``, the flow figure and ``show_rule`` all read these declarations.
+A declaration also says where the reference takes the rule: ``Locator``s (a function of Tunix's
+``rl_cluster.py`` and a statement pattern) that ``show_rule`` resolves in the installed file; no
+line of the reference is stored here. JAX-free.
 """
 
 from __future__ import annotations

@@ -55,11 +55,10 @@ class P3Values:  # P1's link, the engine, the dtype of a second copy
 def p3_rollout_model(linked: bool, engine_kind: str, engine_name: str, rollout_dtype: str | None) -> Decision[P3Values]:
     """P3: if ROLLOUT is linked to ACTOR, the rollout model *is* the actor model.
 
-    One Python object, one set of buffers, zero extra bytes. Else, with the
-    built-in vanilla sampler, the actor is loaded a second time onto the
-    rollout mesh, cast to the rollout config's dtype when one is set. Else
-    (any other engine) the engine is handed the trainer's model as its
-    initial weights and owns its copy from then on.
+    One Python object, one set of buffers, zero extra bytes. Else, with the built-in vanilla sampler,
+    the actor is loaded a second time onto the rollout mesh, cast to the rollout config's dtype when
+    one is set. Else (any other engine) the engine is handed the trainer's model as its initial
+    weights and owns its copy from then on.
     """
     if linked:
         branch, outcome = RolloutBranch.SHARED, "rollout model is the actor model: one object, no second copy"
@@ -111,11 +110,9 @@ class P7Values:  # the engine's mesh, if any, against the config's; P1's map kep
 def p7_engine_mesh(engine_name: str, config_mesh: Any, engine_mesh: Any, still_sharing: bool) -> Decision[P7Values]:
     """P7: an engine that exposes a non-None ``mesh`` replaces the rollout mesh.
 
-    The sharing map is built first, from the config's meshes, and is not
-    rebuilt afterwards: a colocated run can stay registered as sharing while
-    the recorded rollout mesh is the one the engine picked. In the reference
-    only the vllm engine exposes a mesh; sglang_jax is handed one but does
-    not expose it; vanilla has none.
+    The sharing map, built first from the config's meshes, is not rebuilt: a colocated run can stay
+    registered as sharing while the recorded rollout mesh is the engine's. In the reference only the
+    vllm engine exposes a mesh; sglang_jax is handed one but does not expose it; vanilla has none.
     """
     exposes = engine_mesh is not None
     own_mesh = describe_mesh(engine_mesh) if exposes else None

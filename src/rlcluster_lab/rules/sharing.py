@@ -1,12 +1,7 @@
-"""P1 and P2: the backbone sharing map, which roles may hold one set of weights.
-
-A pure function of the meshes and of a few facts about the models, so the
-live cluster and the planner take the same decision. Meshes are compared
-with ``==``: JAX interns ``Mesh`` objects, so two meshes over the same
-devices in the same shape with the same axis names and axis types are the
-same object, and anything else (the same chips in another shape, other axis
-names, or other axis types) is a different mesh.
-"""
+"""P1 and P2: the backbone sharing map, which roles may hold one set of weights: a pure function of
+the meshes and a few facts about the models, so the live cluster and the planner decide alike.
+Meshes are compared with ``==``: JAX interns ``Mesh`` objects, so only the same devices in the
+same shape with the same axis names and types are the same mesh."""
 
 from __future__ import annotations
 
@@ -56,14 +51,9 @@ class P1Values:  # the two meshes (described), the same devices or not (``same_d
 
 
 def same_devices(a: Any, b: Any) -> bool:
-    """Whether two meshes (``jax.sharding.Mesh``, or descriptions: ``core.meshes.describe_mesh``)
-    span the same devices, in any shape, order or axis names.
-
-    The one test of "same devices" that every view reads (the flow's P1 row, Tunix's cluster
-    observed): a set of device ids, never the mesh objects (P1's ``==``) nor their order. The
-    same eight chips as (2, 4) and as (8, 1), or listed in reverse, are the same devices and
-    two meshes.
-    """
+    """Whether two meshes (or ``core.meshes.describe_mesh`` descriptions) span the same devices, in any
+    shape, order or axis names: the one test every view reads, a set of device ids (the same eight
+    chips as (2, 4) and as (8, 1) are the same devices and two meshes)."""
     return _device_set(a) == _device_set(b)
 
 
@@ -76,9 +66,9 @@ def _device_set(mesh: Any) -> frozenset[int]:
 def p1_link_actor_rollout(actor_mesh: Any, rollout_mesh: Any) -> Decision[P1Values]:
     """P1: ACTOR and ROLLOUT are linked both ways exactly when their meshes are equal.
 
-    Equal means ``==`` on meshes, which JAX interns: the same devices in the
-    same shape with the same axis names and axis types. The same eight chips as
-    (2, 4) and as (8, 1) are two meshes, so the rollout gets a full second copy.
+    Equal means ``==`` on meshes, which JAX interns: the same devices in the same shape with the same
+    axis names and axis types. The same eight chips as (2, 4) and as (8, 1) are two meshes, so the
+    rollout gets a full second copy.
     """
     same = actor_mesh == rollout_mesh
     return Decision(
@@ -145,10 +135,9 @@ def p2_link_reference(
 ) -> Decision[P2SkipValues] | Decision[P2LinkValues]:
     """P2: a LoRA actor and its reference are linked when they share a mesh.
 
-    Only when the actor is an in-memory module with LoRA parameters, a
-    reference is given, and the reference mesh equals the actor mesh: the
-    frozen base can then serve as the reference, adapters filtered out. If
-    either model is given as a path instead of a module, the rule is skipped.
+    Only when the actor is an in-memory module with LoRA parameters, a reference is given, and the
+    reference mesh equals the actor mesh: the frozen base can then serve as the reference, adapters
+    filtered out. If either model is given as a path instead of a module, the rule is skipped.
     """
     if not actor_is_module or (has_reference and not reference_is_module):
         return Decision(

@@ -26,8 +26,7 @@ P9 = rule(
 
 @P9.function
 def p9_check_prompts(prompts: Sequence[str], micro_batch_size: int | None) -> None:
-    """P9: sampling runs on the rollout mesh, in micro-batches if asked; an empty prompt list
-    is an error.
+    """P9: sampling runs on the rollout mesh, in micro-batches if asked; an empty prompt list is an error.
 
     Raises:
         ValueError: no prompts, or a micro-batch size that is not an int >= 1 (a ConfigError).
@@ -110,15 +109,12 @@ class P13Values:  # what a sync handed over, and how; never the map
 def p13_sync(
     actor_has_lora: bool, global_step: int, platform: str, reshard: str, chunk_bytes: int | None = None
 ) -> Decision[P13Values]:
-    """P13: the sharing map is not consulted. The actor state is filtered to LoRA parameters
-    (LoRA actor) or all parameters and handed, with its filter, to the rollout engine, which
-    reshards it onto its own copy's shardings: the same object on the same mesh moves
-    nothing; a mesh over other devices moves every synced byte; the same devices in another
-    shape move only what a device does not already hold (part of each shard stays in place:
-    73 % of a full sync's bytes cross devices on the reshaped layout, notebook 05). Then the
-    anchor is re-pinned and the global step counter goes up by one. On CPU devices, explicit
-    host<->device transfers are disallowed during the sync.
-    """
+    """P13: the sharing map is not consulted. The actor state is filtered to LoRA parameters (LoRA
+    actor) or all parameters and handed, with its filter, to the rollout engine, which reshards it
+    onto its own copy's shardings: the same object on the same mesh moves nothing; a mesh over other
+    devices moves every synced byte; the same devices in another shape move only what a device does
+    not already hold. Then the anchor is re-pinned and the global step counter goes up by one. On
+    CPU devices, explicit host<->device transfers are disallowed during the sync."""
     return Decision(
         "P13",
         "sync: filter to LoRA parameters if the actor has LoRA, else all parameters",
@@ -130,11 +126,10 @@ def p13_sync(
 
 @dataclasses.dataclass(frozen=True)
 class SyncOrder:
-    """How ``cluster.sync`` runs a sync (P13, P14): in chunks of at most ``chunk_bytes`` (None:
-    one piece); a failure restored from the anchor (each chunk's old arrays dropped at its
-    commit) or from the old arrays, kept to the end; under ``offload`` each piece staged to
-    device and written back to pinned host (the reshard's stage step). ``text``: the report's words
-    for the order; how many chunks the handover took, the report's own count says."""
+    """How ``cluster.sync`` runs a sync (P13, P14): in chunks of at most ``chunk_bytes`` (None: one
+    piece); a failure restored from the anchor or from the old arrays kept to the end; under
+    ``offload`` each piece staged to device and written back to pinned host. ``text``: the report's
+    words for the order."""
 
     chunk_bytes: int | None
     restore_from_anchor: bool
@@ -159,17 +154,13 @@ class SyncOrder:
 def p13_sync_order(chunk_bytes: int | None, offload: bool, anchor_covers: bool = True) -> SyncOrder:
     """P13, P14: the order of a sync's steps, the one with the lowest transient peak.
 
-    The handover first, then the anchor re-pin: last, the new anchor is written over the
-    old one's buffers (``rules.anchor.p8_repin_in_place``); re-pinned first, it would need
-    buffers of its own, alive beside the handover's own peak, because the old anchor must
-    stay until the handover is done (a failed chunked sync restores from it). With chunks, each chunk is
-    resharded, committed and its old arrays dropped before the next, when the anchor
-    holds every leaf a rollback restores (``anchor_covers``; else the old arrays are kept,
-    as in one piece). With offload nothing comes back to device whole: each chunk of the
-    actor is staged to device, resharded there and written to the rollout in pinned host
-    before the next, and the anchor keeps the actor's own pinned buffers (nothing new).
-    The planner (``planner.sync_peak``) computes the other orders' peaks from shapes; a
-    test holds this one to the lowest.
+    The handover first, then the anchor re-pin, written over the old anchor's buffers (P8): re-pinned
+    first, it would need buffers of its own beside the handover's peak, since the old anchor stays
+    until the handover is done. With chunks, each chunk is resharded, committed and its old arrays
+    dropped before the next when the anchor holds every leaf a rollback restores (``anchor_covers``;
+    else the old arrays are kept). With offload each chunk of the actor is staged to device,
+    resharded and written to the rollout in pinned host before the next. The planner
+    (``planner.sync_peak``) computes the other orders' peaks; a test holds this one to the lowest.
     """
     return SyncOrder(chunk_bytes, chunk_bytes is not None and anchor_covers, offload)
 

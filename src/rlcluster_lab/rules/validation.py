@@ -1,8 +1,5 @@
-"""P6: the checks that refuse a configuration that cannot work, before anything is allocated.
-
-JAX-free, so the CLI runs the knob-level ones before the JAX backend starts.
-Each error says what was wrong and how to fix it.
-"""
+"""P6: the checks that refuse a configuration that cannot work, before anything is allocated;
+JAX-free, so the CLI runs the knob-level ones before the JAX backend starts."""
 
 from __future__ import annotations
 
@@ -57,9 +54,8 @@ class P6EngineValues:  # the rollout engine accepted, by name
 
 @P6.function
 def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision[P6ConfigValues]]:
-    """P6: a rollout config must be given, and a per-mode dict must have a TRAIN entry.
-
-    Returns the TRAIN config and the decision.
+    """P6: a rollout config must be given, and a per-mode dict must have a TRAIN entry; returns the
+    TRAIN config and the decision.
 
     Raises:
         ConfigError: no rollout config, one that is not a ``RolloutConfig``, or a per-mode dict without TRAIN.
@@ -174,12 +170,8 @@ def check_sglang_lora(actor_has_lora: bool, static_lora: bool) -> None:
 
 
 def check_lora_rank(rank: Any, model: Any) -> None:
-    """A LoRA rank is an int between 1 and the ``max_lora_rank`` of ``model`` (the ``ModelConfig``
-    the adapters would go on).
-
-    Above the largest min(in, out) among the adapted projections a rank adds no capacity,
-    only memory (rank 50000 on the tiny model is gigabytes of adapters that compute what
-    rank 64 computes), so it is refused from the model's dimensions before any adapter is drawn.
+    """A LoRA rank is an int between 1 and the ``max_lora_rank`` of ``model``: above it a rank adds
+    only memory, so it is refused from the model's dimensions before any adapter is drawn.
 
     Raises:
         TypeError: a rank that is not an int.
@@ -200,17 +192,15 @@ def check_lora_rank(rank: Any, model: Any) -> None:
 
 @P6.function
 def check_scenario(scenario: Scenario, device_count: int | None = None, *, model: Any = None) -> None:
-    """P6 on a scenario's knobs: every refusal that follows from the knobs alone (the engine's
-    LoRA settings, the LoRA rank the model's dimensions allow, and the layout on
-    ``device_count`` devices), before anything is allocated. Each knob's own range is checked
-    when the ``Scenario`` is made; this is what needs several knobs, or the model, together.
+    """P6 on a scenario's knobs: every refusal that needs several knobs, or the model, together (the
+    engine's LoRA settings, the LoRA rank the model allows, the layout on ``device_count`` devices),
+    before anything is allocated.
 
     Args:
         scenario: the knobs.
         device_count: the devices the layout must form (None: not checked here).
-        model: the ``ModelConfig`` the LoRA rank is checked against (None: the
-            ``model_size``'s; the planner passes a published architecture's).
-            Dimensions only: JAX is not imported.
+        model: the ``ModelConfig`` the LoRA rank is checked against (None: the ``model_size``'s;
+            the planner passes a published architecture's). Dimensions only: JAX is not imported.
 
     Raises:
         ConfigError: with the reason and the fix.
