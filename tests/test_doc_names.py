@@ -386,24 +386,32 @@ def test_each_kind_of_name_the_lab_no_longer_has_is_found(tmp_path: Path) -> Non
         "`python -m rlcluster_lab.rules > docs/rules.md`, `python -m rlcluster_lab.gone`; `d.values.lora`\n"
         "```bash\npython -m rlcluster_lab report --layout diagonal\npython -m rlcluster_lab report --lora-rank 0\n```\n"
     )
-    assert problems(page) == [
-        "page.md: `events.described_once`: rlcluster_lab.placement.events has no described_once",
-        "page.md: `fits.per_device`: a plan's or a report's fits has no per_device",
-        "page.md: `core.waits.hurry(label)`: rlcluster_lab.core.waits has no hurry",
-        "page.md: `RLCluster.fly`: RLCluster has no fly",
-        "page.md: `cluster.fly()`: neither rlcluster_lab.cluster nor rlcluster_lab.rl_cluster.RLCluster has fly",
-        "page.md: `rl.unset()`: no such name in the package",
-        "page.md: `jax.put`: jax has no put",
-        "page.md: `cluster/gone.py`: no such file",
-        "page.md: `tests/test_sync.py::test_nope_*`: no test matches test_nope_*",
-        "page.md: `--reshard-all`: no subcommand of the CLI takes it, nor a benchmark",
-        "page.md: `--engine {vanilla,vllm}`: its choices are ['sglang_jax', 'vanilla', 'vllm']",
-        "page.md: `python -m rlcluster_lab plan --yaml`: the parser refuses it",
-        "page.md: `python -m rlcluster_lab.gone`: no module rlcluster_lab.gone",
-        "page.md: 'python -m rlcluster_lab report --layout diagonal': the parser refuses it",
-        "page.md: 'python -m rlcluster_lab report --lora-rank 0': refused: "
-        "lora_rank (--lora-rank) must be at least 1, got 0",
+    found = problems(page)
+    # Which names are found (the messages say why; a module added to the lab may add a meaning).
+    assert [line.split(": ", 2)[1] for line in found] == [
+        "`events.described_once`",
+        "`fits.per_device`",
+        "`core.waits.hurry(label)`",
+        "`RLCluster.fly`",
+        "`cluster.fly()`",
+        "`rl.unset()`",
+        "`jax.put`",
+        "`cluster/gone.py`",
+        "`tests/test_sync.py::test_nope_*`",
+        "`--reshard-all`",
+        "`--engine {vanilla,vllm}`",
+        "`python -m rlcluster_lab plan --yaml`",
+        "`python -m rlcluster_lab.gone`",
+        "'python -m rlcluster_lab report --layout diagonal'",
+        "'python -m rlcluster_lab report --lora-rank 0'",
     ]
+    assert "page.md: `events.described_once`: rlcluster_lab.placement.events has no described_once" in found
+    assert any(line.startswith("page.md: `fits.per_device`: ") and "fits has" in line for line in found)
+    assert "page.md: `--engine {vanilla,vllm}`: its choices are ['sglang_jax', 'vanilla', 'vllm']" in found
+    assert (
+        "page.md: 'python -m rlcluster_lab report --lora-rank 0': refused: "
+        "lora_rank (--lora-rank) must be at least 1, got 0"
+    ) in found
 
 
 def _checked(name: str) -> bool:
