@@ -64,10 +64,12 @@ def arguments(tree: Any) -> tuple[dict[Any, int], int]:
 
 
 def split_of(state: Any) -> Split:
-    """How the lab model's ``state`` divides its heads, MLP units and vocabulary over its devices
-    (read from its kernels' shards); rows are not divided: a batch comes in whole."""
+    """How the lab model's ``state`` divides its residual stream, heads, MLP units and vocabulary
+    over its devices (read from the last dimension of its embedding's and kernels' shards); rows are
+    not divided: a batch comes in whole."""
     ways: dict[str, int] = {}
     targets = {
+        "embed/embedding": "embed",
         "attn/q/kernel": "q_heads",
         "attn/k/kernel": "kv_heads",
         "mlp/gate/kernel": "mlp",
