@@ -176,3 +176,25 @@ def test_the_learn_command_refuses_a_batch_the_devices_cannot_hold_in_one_line(m
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "the planner's figure" in err and "The flag to change: --prompts-per-step (or --group-size" in err
+
+
+@pytest.mark.cluster
+def test_the_labs_training_step_is_refused_in_its_words_and_its_cluster_still_trains(monkeypatch) -> None:
+    from rlcluster_lab.lab.widget import PlacementLab
+
+    lab = PlacementLab(rehearse=False)
+    try:
+        lab.construct_button.click()
+        assert lab.error is None, lab.error
+        cluster = lab.cluster
+        _tight(monkeypatch, cluster.devices(), 16 << 10)
+        lab.step_button.click()
+        assert lab.error is not None and lab.error.startswith("TooLargeError"), lab.error
+        assert "the planner's figure" in lab.error and "free ($RLCLUSTER_LAB_DEVICE_MEMORY)" in lab.error
+        assert lab.cluster is cluster and cluster.global_steps == 0 and not lab.step_button.disabled
+        monkeypatch.delenv(DEVICE_LIMIT_ENV)
+        lab.step_button.click()
+        assert lab.error is None, lab.error
+        assert lab.cluster is cluster and cluster.global_steps == 1
+    finally:
+        lab.release()
