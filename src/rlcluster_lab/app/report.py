@@ -57,9 +57,8 @@ class PlacementReport(PlacementFacts):
 
 
 def devices_text(report: Mapping[str, Any]) -> str:
-    """The devices a placement report's cluster is built on, in words: its memory report's ``where``
-    ("TPU v5 lite chip 0", "8 simulated CPU devices"); for a report without one, its device count
-    and platform ("8 cpu device(s)"). The device grid, the lab's summary and the CLI name them so."""
+    """The devices a placement report's cluster is built on, in words: its memory report's ``where``,
+    else its device count and platform ("8 cpu device(s)")."""
     where = (report.get("memory") or {}).get("where")
     return str(where) if where else f"{report.get('device_count', '?')} {report.get('platform', '?')} device(s)"
 

@@ -104,11 +104,9 @@ def validate(
 
 
 def buildable_layouts(devices: Sequence[Any]) -> list[str]:
-    """The standard layouts over ``devices`` that can hold the lab's models: those the device
-    count can form (``core.meshes.reachable_layouts``) whose meshes split every role's parameters
-    (``validate``'s checks) for at least one model size. Over 6 devices none can: the standard
-    (3, 2) mesh divides no model's dimensions. Decided on paper (``PlannedMesh``): whether a mesh
-    divides a model depends on its shape alone, not on which devices it holds."""
+    """The standard layouts over ``devices`` whose meshes split every role's parameters for at least
+    one model size (over 6 devices none: a (3, 2) mesh divides no model). Decided on paper: whether
+    a mesh divides a model depends on its shape alone."""
     return list(_buildable(len(devices)))
 
 
@@ -142,9 +140,8 @@ def _unplaceable(
     return None
 
 
-# Model-sized copies a cluster can hold at most, per device: actor, a separate LoRA base,
-# reference, rollout copy, anchor, the actor's adam moments (2), reward, critic, the
-# critic's adam moments (2), and one spare.
+# Model-sized copies a cluster holds at most per device: actor, a separate LoRA base, reference,
+# rollout, anchor, adam moments (2), reward, critic, its adam moments (2), one spare.
 _MAX_COPIES = 12
 # NumPy draws every initial value in float32 (``model.values.initial_values``).
 _DRAW_ITEMSIZE = 4
@@ -153,20 +150,15 @@ _DRAW_ITEMSIZE = 4
 def check_memory(
     scenario: Scenario, config: ClusterConfig, replacing: Mapping[str, Mapping[str, int]] | None = None
 ) -> None:
-    """Refuse a scenario whose models would not fit in host memory, before any is built.
-
-    The estimate is the planner's on the config's own meshes (on CPU the plan's unique bytes, on
-    an accelerator what it pins to host), plus one model's initial values while they are drawn.
-    A plan costs a fraction of a second, so it is skipped when a bound that needs none fits:
-    every role a full float32 copy on every device.
-
-    ``replacing``: the memory by device (a placement report's ``memory["by_device"]``) of a
-    cluster the caller releases before building this one, counted as free: the lab checks
-    before it releases the live cluster, so a refusal leaves that cluster as it was.
+    """Refuse a scenario whose models would not fit in host memory, before any is built: the planner's
+    estimate on the config's own meshes, plus one model's initial values while they are drawn (the
+    plan is skipped when every role as a float32 copy on every device fits). ``replacing``: the
+    memory by device of a cluster the caller releases first, counted as free, so a refusal leaves
+    that cluster as it was.
 
     Raises:
-        TooLargeError: the estimate exceeds ``core.limits.limit_bytes()``; the message
-            gives both figures and how to ask for less.
+        TooLargeError: the estimate exceeds ``core.limits.limit_bytes()``; the message gives both
+            figures and how to ask for less.
     """
     # The engine's KV cache for one prompt, whatever the batch (a batch is checked by generate).
     # Its fix names the knobs: the CLI's report and learn take no --kv-cache-size, so they name --model-size.
@@ -219,10 +211,8 @@ def check_memory(
 
 
 def rollout_bytes(scenario: Scenario, rows: int) -> int:
-    """Bytes one rollout of ``rows`` completions holds at once, from shapes: the engine's KV cache
-    (``kv_cache_size`` slots, the model's dtype) and the float32 logits of every slot (the
-    models themselves are ``check_memory``'s). A batch that would not fit is refused with
-    ``core.limits.check_fits`` before anything is allocated."""
+    """Bytes one rollout of ``rows`` completions holds at once, from shapes: the engine's KV cache and
+    the float32 logits of every slot (the models themselves are ``check_memory``'s)."""
     size, slots = get_model_config(scenario.model_size), scenario.kv_cache_size
     return size.kv_cache_bytes(rows, slots) + int(rows) * slots * size.vocab_size * 4
 
@@ -234,15 +224,13 @@ def build_cluster(
     training_config: TrainingConfig | None = None,
     role_to_mesh: dict[Role, Any] | None = None,
 ) -> RLCluster:
-    """Build the scenario's models and meshes and construct the cluster, after every check
-    that follows from the knobs (``validate``, ``check_memory``). ``devices``: those the layout is
-    built on (default ``jax.devices()``); ``role_to_mesh``: meshes that replace the layout's (e.g. a
-    custom rollout mesh).
+    """Build the scenario's models and meshes and construct the cluster, after every check that
+    follows from the knobs (``validate``, ``check_memory``). ``devices``: those the layout is built
+    on (default ``jax.devices()``); ``role_to_mesh``: meshes that replace the layout's.
 
     Raises:
         ConfigError: for a combination that cannot work, with the fix.
-        TooLargeError: the models would need more host memory than may be allocated
-            (``core.limits``); nothing was built.
+        TooLargeError: the models would need more host memory than may be allocated; nothing was built.
     """
     config = validate(scenario, devices=devices, training_config=training_config, role_to_mesh=role_to_mesh)
     check_memory(scenario, config)

@@ -12,12 +12,8 @@ from rlcluster_lab.rules.validation import check_vanilla_model
 
 
 class VanillaEngine(RolloutEngine):
-    """Real autoregressive sampling with a KV cache, on the module it is given.
-
-    It keeps no copy of its own: when the cluster hands it the actor itself
-    (P3, shared branch) it samples with the actor's own buffers. It exposes
-    no mesh, so the rollout mesh stays the one in the config (P7).
-    """
+    """Real autoregressive sampling with a KV cache, on the module it is given: no copy of its own
+    (handed the actor, P3 shared, it samples with the actor's buffers) and no mesh (P7)."""
 
     owns_weights = False
 

@@ -1,11 +1,7 @@
-"""The training batch and the input contracts of the training operations.
-
-Every check here runs on the host, on NumPy arrays, before anything reaches a device: a
-malformed batch otherwise fails late and quietly. An advantage column shaped (B, 1) broadcasts
-against (B, C) log-probs into (B, B, C); a NaN advantage or an id past the vocabulary turns
-every parameter to NaN after one optimizer step. Each error names the argument, what it was, and
-what was expected.
-"""
+"""The training batch and the input contracts of the training operations, checked on the host
+before anything reaches a device: a (B, 1) advantage column broadcasts into (B, B, C), and a NaN
+advantage or an id past the vocabulary turns every parameter to NaN after one step. Each error
+names the argument, what it was, and what was expected."""
 
 from __future__ import annotations
 
@@ -94,14 +90,13 @@ class TokenBatch:
 
 @dataclasses.dataclass(frozen=True)
 class TrainBatch(TokenBatch):
-    """One batch of sampled completions with what the loss needs, checked at construction: ids
-    >= 0 (their upper bound where the model is known: ``validate(vocab_size)``), values finite
-    and kept as float32 host arrays.
+    """One batch of sampled completions with what the loss needs, checked at construction: ids >= 0
+    (below the vocabulary: ``validate``), values finite, kept as float32 host arrays.
 
     Raises:
         TypeError: ids that are not integers, or values that are not numbers.
-        ConfigError: an empty batch, a wrong shape (the message gives the one
-            expected), a negative id, or a NaN/inf value.
+        ConfigError: an empty batch, a wrong shape (the message gives the one expected), a
+            negative id, or a NaN/inf value.
     """
 
     prompt_tokens: np.ndarray  # (B, P) left-padded, B, P >= 1
@@ -123,22 +118,16 @@ _BATCH_KEYS = ("prompt_tokens", "completion_tokens", "advantages", "old_logps", 
 
 
 def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:
-    """The batch as the training step's inputs: host arrays (int32 ids, float32 values).
-
-    They stay on the host so the step can check them against the model
-    (``validate_batch_arrays``) before the jitted program moves them to devices.
-    """
+    """The batch as the training step's inputs: host arrays (int32 ids, float32 values), checked
+    against the model (``validate_batch_arrays``) before the jitted program moves them."""
     if not isinstance(batch, TrainBatch):
         raise TypeError(f"batch_arrays takes a TrainBatch, got {type(batch).__name__}")
     return batch.arrays()
 
 
 def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None:
-    """The training step's batch dict: known keys, the TrainBatch shapes, ids in the vocabulary
-    and finite values.
-
-    Shapes are read from any array; values are checked only for host (NumPy)
-    arrays, so a caller that already holds device arrays pays no transfer.
+    """The training step's batch dict: known keys, the TrainBatch shapes, ids in the vocabulary and
+    finite values (values checked only for NumPy arrays: device arrays pay no transfer).
 
     Raises:
         TypeError / ConfigError: as ``TrainBatch``, naming the key.

@@ -1,11 +1,10 @@
 """The critic's training: a PPO-style clipped value loss and its optimizer step (P12).
 
-The loss, as in the reference's PPO value loss, is 0.5 times the larger of the squared errors of
-the prediction and of the prediction clipped to within ``clip_range_value`` of the rollout-time
-values, averaged over real completion tokens. Values are read where ``RLCluster.get_values``
-reads them (the head's output at each completion token's own position; the reference reads one
-position earlier, both consistent within themselves). The step is the actor step's program
-(``training.step.jitted_update``).
+As the reference's PPO value loss: 0.5 times the larger squared error of the prediction and of
+the prediction clipped to within ``clip_range_value`` of the rollout-time values, averaged over
+real completion tokens. Values are read where ``RLCluster.get_values`` reads them (each
+completion token's own position; the reference reads one earlier). The step is the actor step's
+program (``training.step.jitted_update``).
 """
 
 from __future__ import annotations

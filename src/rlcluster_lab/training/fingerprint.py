@@ -1,11 +1,10 @@
 """A hashable description of an optax transformation, so equal optimizers share compiled code.
 
 A fresh ``optax.adam(1e-3)`` is a new pair of closures every time; keyed by identity, every
-rebuilt cluster compiled the training step again (seconds) and kept the old executable alive
-(tens of MB). The description is structural: a function is its code, defaults, closure cells and
-the globals it reads, recursively; a hyper-parameter is its value. Anything the walk cannot
-describe by value is described by identity and returned in ``pins``: whoever keeps the
-description keeps those objects alive too, so their ids are never reused while it is in use.
+rebuilt cluster would compile the training step again and keep the old executable. The
+description is structural: a function is its code, defaults, closure cells and the globals it
+reads; a hyper-parameter its value. What cannot be described by value is described by identity
+and returned in ``pins``, kept alive with the description so their ids are never reused.
 """
 
 from __future__ import annotations
@@ -91,9 +90,8 @@ def _describe_function(fn: types.FunctionType, pins: list[Any], seen: dict[int, 
             cells.append(_describe(cell.cell_contents, pins, seen))
         except ValueError:  # an empty cell
             cells.append(("empty",))
-    # The globals the code (and any function defined inside it) reads. A module-level
-    # function or class is the same object for every caller, so identity describes it;
-    # a plain value (a learning rate kept as a global) is described by value.
+    # The globals the code (and functions defined inside it) reads: a module-level function or
+    # class by identity (the same object for every caller), a plain value by value.
     read = {}
     for name in sorted(_global_names(fn.__code__)):
         if name in fn.__globals__:
