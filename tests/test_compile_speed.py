@@ -70,6 +70,25 @@ def test_an_option_xla_does_not_know_is_left_out_with_one_line_in_the_log(caplog
     assert "xla_no_such_option_for_this_test" in refused and "xla_backend_optimization_level" in refused
 
 
+def test_xla_is_asked_outside_the_mesh_an_operation_entered():
+    """The first program a process compiles runs inside a role's mesh (``jax.set_mesh``); the
+    question to XLA is a program of its own, which that mesh must not refuse (it would drop
+    every option: nothing in the error named one)."""
+    wanted = {k: v for k, v in compile_options.FAST_CPU.items() if k != "xla_cpu_parallel_codegen_split_count"}
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
+    with jax.set_mesh(mesh):
+        got = compile_options.accepted_options("cpu", wanted)
+    assert got == {k: v for k, v in _accepted_cpu().items() if k in wanted}
+
+
+def test_a_failure_naming_no_option_keeps_the_options_as_asked(monkeypatch, caplog):
+    monkeypatch.setattr(compile_options, "_compile_apart", lambda probe: "some other failure")
+    wanted = {"xla_backend_optimization_level": 1}
+    with caplog.at_level("INFO", logger=compile_options.__name__):
+        assert compile_options._ask_xla("cpu", dict(wanted)) == wanted
+    assert any("kept as asked" in r.getMessage() for r in caplog.records)
+
+
 def test_xla_is_asked_once_per_process_and_option_set(monkeypatch):
     _accepted_cpu()
     monkeypatch.setattr(compile_options, "_ask_xla", lambda *a: pytest.fail("XLA asked again"))

@@ -140,21 +140,33 @@ def _ask_xla(platform: str, options: dict[str, Any]) -> dict[str, Any]:
         return options
     arg = jax.ShapeDtypeStruct((), np.float32, sharding=jax.sharding.SingleDeviceSharding(device))
     while options:
-        try:
-            jax.jit(_probe, compiler_options=options).lower(arg).compile()
+        error = _compile_apart(lambda: jax.jit(_probe, compiler_options=options).lower(arg).compile())
+        if error is None:
             return options
-        except Exception as err:  # noqa: BLE001 - XLA's refusal is the answer asked for
-            words = str(err)
-            refused = [name for name in options if name in words] or list(options)
-            for name in refused:
-                log.info(
-                    "XLA on %s refused compile option %s=%r; left out (%s)",
-                    platform,
-                    name,
-                    options.pop(name),
-                    words.splitlines()[0][:200],
-                )
+        refused = [name for name in options if name in error]
+        if not refused:  # a failure that names no option is no answer about them: keep them all
+            log.info("asking XLA on %s about its compile options failed (%s); kept as asked", platform, error[:200])
+            return options
+        for name in refused:
+            log.info("XLA on %s refused compile option %s=%r; left out (%s)", platform, name, options.pop(name), error)
     return options
+
+
+def _compile_apart(compile_probe: Callable[[], Any]) -> str | None:
+    """Run ``compile_probe`` on a thread of its own, so that no mesh this thread has entered (an
+    operation's role context) applies to it; the first line of its error, None when it compiled."""
+    error: list[str] = []
+
+    def probe() -> None:
+        try:
+            compile_probe()
+        except Exception as err:  # noqa: BLE001 - XLA's refusal is the answer asked for
+            error.append(str(err).splitlines()[0][:300] if str(err) else type(err).__name__)
+
+    thread = threading.Thread(target=probe, name="rlcluster-lab-ask-xla")
+    thread.start()
+    thread.join()
+    return error[0] if error else None
 
 
 def platform_of(tree: Any) -> str | None:
