@@ -135,11 +135,6 @@ def test_00_the_first_steps_work_on_other_threads_is_said_where_the_table_has_it
     assert dict((p, float(ms)) for ms, p in re.findall(r"([\d.]+) ms \(\d+%\) beside ([^;]+)", said.group(2))) == beside
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core.compile_options asks XLA which options it takes inside the operation's context mesh, where "
-    "the probe fails and every option is judged refused: no cheap compiling, so no build-ahead, in the stored run",
-)
 def test_00_the_helper_threads_the_prose_has_compile_beside_the_first_step_show_in_its_table():
     nb = Notebook.named("00")
     cell = nb.code_cell("sp.compare_rows(steps[0], steps[1])")
