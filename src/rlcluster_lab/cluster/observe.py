@@ -28,11 +28,8 @@ def at_work(state: Any, role: Role, working: Mapping[str, Any] | None = None) ->
 
 @contextlib.contextmanager
 def observing(cluster: Any, observer: WorkObserver) -> Iterator[None]:
-    """Call ``observer`` at every operation's work point on ``cluster`` within the block.
-
-    Raises:
-        RuntimeError: the cluster already has an observer (one at a time, so none is lost).
-    """
+    """Call ``observer`` at every operation's work point on ``cluster`` within the block; a
+    ``RuntimeError`` when the cluster already has one (one at a time, so none is lost)."""
     state = cluster.state
     if state in _OBSERVERS:
         raise RuntimeError("this cluster already has a work observer: finish that measurement before starting another")

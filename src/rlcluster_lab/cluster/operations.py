@@ -234,12 +234,8 @@ def _steps(
 
 
 def check_accumulation(batch_size: int, tcfg: Any) -> None:
-    """With gradient accumulation, the batch is a whole number of mini-batches (as the
-    reference's learner requires), so every update accumulates the same micro-batch count.
-
-    Raises:
-        ConfigError: naming the batch size and ``mini_batch_size``.
-    """
+    """With gradient accumulation the batch is a whole number of mini-batches (as the reference's
+    learner requires), else a ``ConfigError`` naming the batch size and ``mini_batch_size``."""
     if tcfg.train_micro_batch_size is not None and batch_size % tcfg.mini_batch_size:
         raise ConfigError(
             f"the training batch has {batch_size} rows, not a multiple of mini_batch_size={tcfg.mini_batch_size}; "

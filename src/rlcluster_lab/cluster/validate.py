@@ -49,13 +49,9 @@ def require_config(config: Any) -> None:
 def check_inputs(
     config: ClusterConfig, actor: Any, reference: Any, reward: Any, critic: Any, trace: Trace
 ) -> tuple[Any, str]:
-    """Every P6 check and input check, before anything is allocated; returns the TRAIN rollout
-    config and the engine kind (a name, or ``custom``).
-
-    Raises:
-        ConfigError: a check failed (the message says how to fix it).
-        NotImplementedError: an engine value that is not supported (P6).
-    """
+    """Every P6 check and input check, before anything is allocated; returns the TRAIN rollout config
+    and the engine kind (a name, or ``custom``). Raises ``ConfigError`` (with the fix), or
+    ``NotImplementedError`` for an engine value that is not supported (P6)."""
     if actor is None:
         raise ConfigError("actor is required: pass the policy to train (an nnx.Module or a checkpoint folder)")
     train, decision = p6_rollout_config(config.rollout_config)
@@ -105,12 +101,8 @@ def check_inputs(
 
 
 def check_cache_fits(actor: Any, cache_size: int) -> None:
-    """Refuse a KV cache size whose cache for one prompt cannot fit, before anything is built.
-
-    Raises:
-        TooLargeError: the estimate (``model.sampling.generate_bytes`` for one row) exceeds
-            ``core.limits.limit_bytes()``.
-    """
+    """Refuse (``TooLargeError``) a KV cache size whose cache for one prompt cannot fit
+    (``model.sampling.generate_bytes`` against ``core.limits.limit_bytes()``), before anything is built."""
     config = getattr(actor, "config", None) if isinstance(actor, nnx.Module) else read_config(actor).config
     if not isinstance(config, ModelConfig):
         return  # a user's own module: its engine sizes its own cache
@@ -122,12 +114,8 @@ def check_cache_fits(actor: Any, cache_size: int) -> None:
 
 
 def check_finite_leaves(state: nnx.State, role: str) -> None:
-    """Refuse a model's state (``nnx.state(model)``) holding a NaN or an infinite value, naming
-    the leaves (before a sync copies it); ``finite_flags`` reads them.
-
-    Raises:
-        ValueError: the first few leaves holding a non-finite value.
-    """
+    """Refuse a model's state holding a NaN or an infinite value before a sync copies it: a
+    ``ValueError`` naming the first few such leaves (``finite_flags`` reads them)."""
     flat = [(path, var.get_value()) for path, var in nnx.to_flat_state(state)]
     leaves = [(path, x) for path, x in flat if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact)]
     if not leaves:

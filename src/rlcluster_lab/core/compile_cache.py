@@ -121,11 +121,8 @@ _TRIMMED: set[str] = set()
 
 
 def max_cache_bytes() -> int:
-    """The bound on the cache's files, in bytes (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
-
-    Raises:
-        ValueError: a value that is not a positive number of megabytes.
-    """
+    """The bound on the cache's files, in bytes (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``); a
+    ``ValueError`` for a value that is not a positive number of megabytes."""
     value = os.environ.get(MAX_MB_ENV, "").strip()
     if not value:
         return DEFAULT_MAX_MB * 2**20

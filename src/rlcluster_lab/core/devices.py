@@ -24,11 +24,8 @@ __all__ = ["DEFAULT_SIMULATED_DEVICES", "MAX_SIMULATED_DEVICES", "check_device_c
 
 def devices_words(devices: Sequence[Any]) -> str:
     """Where figures come from, in words, for every report and figure: ``"TPU v5 lite chip 0"``,
-    ``"4 NVIDIA H100 chips"``, ``"8 simulated CPU devices"``.
-
-    Raises:
-        ValueError: no devices, or devices of two platforms.
-    """
+    ``"4 NVIDIA H100 chips"``, ``"8 simulated CPU devices"``; a ``ValueError`` for no devices or two
+    platforms."""
     devices = list(devices)
     platforms = sorted({d.platform for d in devices})
     if len(platforms) != 1:

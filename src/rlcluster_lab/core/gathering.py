@@ -27,13 +27,9 @@ _LAST: list[str] = []  # this process's key of its last exchange, deleted at the
 
 
 def exchange(value: Any, what: str) -> list[Any]:
-    """Every process's ``value`` (its fact, JSON-ready), indexed by process, on every process;
-    ``what``, a short name, goes in the key and in the error message.
-
-    Raises:
-        TimeoutError: a process did not publish its value within ``EXCHANGE_TIMEOUT_S`` (it failed,
-            or the processes are not running the same program).
-    """
+    """Every process's ``value`` (JSON-ready), indexed by process, on every process; ``what`` names it
+    in the key and the error. A ``TimeoutError`` when a process did not publish within
+    ``EXCHANGE_TIMEOUT_S`` (it failed, or the processes run different programs)."""
     if jax.process_count() == 1:
         return [value]
     from jax._src import distributed

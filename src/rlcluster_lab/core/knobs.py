@@ -33,12 +33,8 @@ COMMANDS: tuple[str, ...] = ("report", "learn", "plan")
 
 
 def as_int(value: Any, name: str, *, low: int | None = None, knobs: Sequence[str] = ()) -> int:
-    """``value`` as a plain ``int``: an int or a NumPy integer (converted, so a report of it is
-    still JSON); a bool, a float or anything else is refused.
-
-    Raises:
-        ConfigError: not a whole number, or below ``low``; the message names ``name``.
-    """
+    """``value`` as a plain ``int`` (a NumPy integer converted, so a report of it is still JSON); a bool,
+    a float, anything else or a value below ``low`` is refused (``ConfigError`` naming ``name``)."""
     bound = f" >= {low}" if low is not None else ""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigError(f"{name} must be an int{bound}, got {type(value).__name__} {value!r:.40}", knobs=knobs)
@@ -48,22 +44,15 @@ def as_int(value: Any, name: str, *, low: int | None = None, knobs: Sequence[str
 
 
 def as_float(value: Any, name: str, *, knobs: Sequence[str] = ()) -> float:
-    """``value`` as a plain ``float``: any real number but a bool (NumPy's included).
-
-    Raises:
-        ConfigError: not a real number; the message names ``name``.
-    """
+    """``value`` as a plain ``float``: any real number but a bool, else a ``ConfigError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}", knobs=knobs)
     return float(value)
 
 
 def as_bool(value: Any, name: str, *, knobs: Sequence[str] = ()) -> bool:
-    """``value`` as a plain ``bool``: True, False or a NumPy bool; ``"no"`` or 1 is refused, not read as true.
-
-    Raises:
-        ConfigError: anything else; the message names ``name``.
-    """
+    """``value`` as a plain ``bool``: True, False or a NumPy bool; anything else (``"no"``, 1) is refused
+    with a ``ConfigError`` naming ``name``."""
     if isinstance(value, bool) or (getattr(getattr(value, "dtype", None), "kind", None) == "b" and not value.shape):
         return bool(value)
     raise ConfigError(f"{name} must be True or False, got {type(value).__name__} {value!r:.40}", knobs=knobs)
@@ -129,12 +118,8 @@ class Knob:
         return f"{self.rule}: {self.help}" if self.rule else self.help
 
     def check(self, value: Any) -> Any:
-        """``value`` as the knob holds it: a plain number (not NumPy's), a dtype's name.
-
-        Raises:
-            ConfigError: a value of another type, out of range or not one of the choices; the
-                message names the knob (``knobs``: this one).
-        """
+        """``value`` as the knob holds it (a plain number, a dtype's name), else a ``ConfigError`` naming
+        the knob: a value of another type, out of range or not one of the choices."""
         knobs = (self.field,)
         if value is None and self.default is None:
             return None

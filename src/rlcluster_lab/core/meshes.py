@@ -36,11 +36,7 @@ DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
 
 def check_mesh_shape(device_ids: Sequence[int], shape: Sequence[int], axis_names: Sequence[str]) -> None:
     """A mesh's shape holds exactly its devices, has one size per axis name, and uses each device once
-    (real meshes and the planner's meshes on paper alike).
-
-    Raises:
-        ValueError: saying which does not hold.
-    """
+    (real meshes and meshes on paper alike); a ``ValueError`` says which does not hold."""
     shape, count = tuple(shape), len(device_ids)
     if math.prod(shape) != count:
         raise ValueError(
@@ -104,12 +100,8 @@ def fitting_shapes(count: int, config: ModelConfig) -> list[tuple[int, int]]:
 
 
 def device_list(devices: Any, name: str = "devices") -> list[jax.Device]:
-    """``devices`` as a list of distinct JAX devices (None: ``jax.devices()``).
-
-    Raises:
-        TypeError: not a list of JAX devices (a count, a string, ids); the message names ``name``.
-        ValueError: empty, or a device listed twice.
-    """
+    """``devices`` as a list of distinct JAX devices (None: ``jax.devices()``); a ``TypeError`` naming
+    ``name`` for anything but a list of devices, a ``ValueError`` for an empty list or a repeat."""
     if devices is None:
         return jax.devices()
     fix = "pass JAX devices (e.g. jax.devices()[:4], or rl.setup().devices in a notebook)"

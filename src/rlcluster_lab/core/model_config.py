@@ -20,12 +20,8 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
 def dtype_name(value: Any, what: str = "dtype") -> str:
-    """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type (``"bfloat16"``,
-    ``jnp.bfloat16``, ``np.dtype("float32")``...), as its name; ``what`` names it in the error.
-
-    Raises:
-        ConfigError: for anything that is not one of ``DTYPES``.
-    """
+    """A dtype given as a name, a NumPy dtype or a JAX/NumPy scalar type, as its name; anything but
+    one of ``DTYPES`` is a ``ConfigError`` naming ``what``."""
     if isinstance(value, str):
         name = value
     else:
@@ -86,11 +82,8 @@ def numeric_problem(field: str, value: Any) -> str | None:
 
 
 def check_lora_scale(scale: Any, name: str = "lora_scale") -> float:
-    """A LoRA scale (alpha / rank) as a float: finite, ``|scale| <= MAX_LORA_SCALE``.
-
-    Raises:
-        ValueError: anything else; the message names ``name`` and the range.
-    """
+    """A LoRA scale (alpha / rank) as a float, finite with ``|scale| <= MAX_LORA_SCALE``; anything else
+    is a ``ValueError`` naming ``name`` and the range."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(float(scale)):
         raise ValueError(f"{name} must be a finite number, got {scale!r:.40}")
     if abs(float(scale)) > MAX_LORA_SCALE:

@@ -37,12 +37,9 @@ def temperature_rule(allow_zero: bool = True) -> str:
 
 
 def check_tensor_parallel_size(size: Any) -> int | None:
-    """The vllm engine's tensor-parallel size, None (all its devices) or an int >= 1, whichever engine
-    is chosen (whether it divides the rollout devices is checked where the mesh is known).
-
-    Raises:
-        ConfigError: a value below 1 or not an int.
-    """
+    """The vllm engine's tensor-parallel size, None (all its devices) or an int >= 1 (else a
+    ``ConfigError``), whichever engine is chosen; whether it divides the rollout devices is checked
+    where the mesh is known."""
     if size is None:
         return None
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
@@ -62,13 +59,9 @@ MAX_SIMULATED_DEVICES = 4096
 
 
 def check_device_count(count: object, name: str = "count") -> int:
-    """A simulated device count as a plain int between 1 and ``MAX_SIMULATED_DEVICES``, checked before
-    ``jax_num_cpu_devices`` is set (a huge count grows the CPU client without bound).
-
-    Raises:
-        TypeError: ``count`` is not an int.
-        ConfigError: ``count`` is out of range; the message names ``name``.
-    """
+    """A simulated device count as a plain int between 1 and ``MAX_SIMULATED_DEVICES`` (a ``TypeError``
+    for a non-int, a ``ConfigError`` naming ``name`` out of range), checked before
+    ``jax_num_cpu_devices`` is set: a huge count grows the CPU client without bound."""
     if isinstance(count, bool) or not isinstance(count, numbers.Integral):
         raise TypeError(f"{name} must be an int (a number of simulated CPU devices), got {type(count).__name__}")
     if not 1 <= count <= MAX_SIMULATED_DEVICES:

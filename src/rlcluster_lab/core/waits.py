@@ -72,16 +72,10 @@ class Building:
 
 @dataclasses.dataclass(frozen=True)
 class WaitStatus:
-    """One look at what the process waits for.
-
-    ``labels``: the waits in progress in the thread that has waited longest,
-    outermost first (``("step 1 of 30", "update_actor")``). ``elapsed_s``:
-    since the outermost began; ``stage_elapsed_s``: since the innermost began.
-    ``building``: programs being traced, lowered or compiled now, in any
-    thread. ``built``: programs compiled (or read from the cache) since the
-    outermost wait began. ``estimate_s``: how long the last wait of the same
-    kind as the outermost took (None when there was none in this process).
-    """
+    """One look at what the process waits for: ``labels``, the waits of the thread that has waited
+    longest, outermost first; ``elapsed_s`` since the outermost began, ``stage_elapsed_s`` since the
+    innermost; ``building``, programs being traced, lowered or compiled now in any thread; ``built``
+    since the outermost began; ``estimate_s``, the last wait of the outermost's kind (None: none)."""
 
     labels: tuple[str, ...]
     elapsed_s: float
@@ -114,12 +108,8 @@ class _Wait:
 
 class Waits:
     """The waits in progress (a stack per thread) and the programs being built, for one process.
-
-    ``clock``: seconds, monotonic (tests pass a fake one). ``subscribe(fn)``: ``fn()``
-    is called after every wait begins or ends (a progress line redraws or clears at once);
-    an exception it raises is reported as a ``RuntimeWarning``, never ends a wait early or
-    leaves one behind, and never replaces the block's own exception.
-    """
+    ``clock``: monotonic seconds (tests pass a fake). A subscriber (``subscribe``) is called after
+    every wait begins or ends; its exception is a ``RuntimeWarning``, never ending or replacing a wait."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
@@ -236,11 +226,8 @@ _LISTEN_LOCK = threading.Lock()
 
 
 def listen_to_jax(waits: Waits) -> bool:
-    """Feed ``waits`` JAX's compile events from now on, once JAX is imported (True when it listens).
-
-    Registered once per ``Waits`` for the life of the process; each event costs a
-    dictionary lookup when it is not one of the three phases.
-    """
+    """Feed ``waits`` JAX's compile events from now on, once JAX is imported (True when it listens);
+    registered once per ``Waits`` for the life of the process."""
     if id(waits) in _LISTENING:
         return True
     if "jax" not in sys.modules:

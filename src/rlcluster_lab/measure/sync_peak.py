@@ -224,11 +224,9 @@ class PeakCount:
 
 
 class PeakWalk(PeakCount):
-    """The sync's listener to the reshard's ``Made`` and ``Phase`` events (``PeakCount`` on live arrays).
-
-    Args:
-        keep: arrays alive through the whole sync (the actor's state): never new, never released.
-        replaced: arrays the sync replaces: counted as released once nothing holds them."""
+    """The sync's listener to the reshard's ``Made`` and ``Phase`` events (``PeakCount`` on live arrays):
+    ``keep``, arrays alive through the whole sync (the actor's state), are never new nor released;
+    ``replaced`` ones count as released once nothing holds them."""
 
     def __init__(self, keep: Iterable[jax.Array], replaced: Iterable[jax.Array]) -> None:
         super().__init__()

@@ -23,13 +23,9 @@ from typing import Any, BinaryIO
 
 
 def replace_folder(folder: Path, files: Mapping[str, Callable[[BinaryIO], Any]]) -> None:
-    """Make ``folder`` hold exactly ``files`` (name -> a function that writes it), atomically.
-
-    Raises:
-        FileExistsError: ``folder`` is a symbolic link, a file, or a folder holding
-            entries other than ``files``' names (replacing it would delete them).
-        OSError: a write failed; ``folder`` is as it was.
-    """
+    """Make ``folder`` hold exactly ``files`` (name -> a function that writes it), atomically. A
+    ``FileExistsError`` for a link, a file, or a folder holding other entries (replacing it would
+    delete them); an ``OSError`` from a failed write leaves ``folder`` as it was."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(folder.parent):
         _check_replaceable(folder, tuple(files))

@@ -168,12 +168,8 @@ def abstract_checkpoint(path: str | os.PathLike) -> nnx.Module:
 
 
 def read_config(path: str | os.PathLike) -> CheckpointConfig:
-    """Parse and check the ``config.json`` of the checkpoint folder ``path``.
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ConfigError: it is not one ``save`` wrote (the message names the key and the expected form).
-    """
+    """Parse and check the ``config.json`` of the checkpoint folder ``path``: a ``FileNotFoundError``
+    without one, a ``ConfigError`` naming the key and the expected form for one ``save`` did not write."""
     folder = Path(path)
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():

@@ -42,10 +42,8 @@ def abstract_model(config: ModelConfig | str, lora_rank: int = 0, lora_scale: fl
 
 
 def materialize(graphdef: nnx.GraphDef, abstract: nnx.State, values: Any, shardings: Any = None) -> nnx.Module:
-    """A live module from an abstract state and host values, placed in one transfer.
-
-    ``shardings``: a matching tree of shardings, or None for the default device.
-    """
+    """A live module from an abstract state and host values, placed in one transfer (``shardings``: a
+    matching tree, or None for the default device)."""
     state = jax.tree.map(lambda x: x, abstract)
     nnx.replace_by_pure_dict(state, jax.device_put(values, shardings))
     return nnx.merge(graphdef, state)

@@ -77,13 +77,9 @@ _SCORES = ProgramFamily(_scores, "scores", static_argnames=("graphdef", "pad_id"
 def scores_from_state(
     graphdef: Any, state: Any, prompt_tokens: Any, completion_tokens: Any, pad_id: int, *, per_token: bool
 ) -> jax.Array:
-    """Values (B, C) when ``per_token``, else one score per sequence (B,).
-
-    Raises:
-        TypeError: ids that are not integers.
-        ConfigError: a batch of the wrong shape or an id outside the model's vocabulary
-            (checked on the host first: such an id would score NaN).
-    """
+    """Values (B, C) when ``per_token``, else one score per sequence (B,). Ids are checked on the host
+    first (an id outside the vocabulary would score NaN): ``TypeError`` for non-integers,
+    ``ConfigError`` for a wrong shape or an id out of range."""
     prompt, completion = checked_batch(graphdef, state, prompt_tokens, completion_tokens, pad_id)
     program = _SCORES.jitted(model_compiler_options(graphdef, state))
     return program(graphdef, state, prompt, completion, int(pad_id), bool(per_token))

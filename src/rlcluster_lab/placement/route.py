@@ -162,11 +162,9 @@ class Pieces:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Route:
-    """Every step of one batch's reshard, and what the steps run (see the module docstring).
-
-    ``how`` per leg: ``kept``, ``relabel``, ``copy``, ``program``, ``moves`` or ``pieces``;
-    ``staged``/``final``: legs brought to device memory first / moved to their memory kind last.
-    """
+    """Every step of one batch's reshard, and what the steps run (see the module docstring). ``how`` per
+    leg: ``kept``, ``relabel``, ``copy``, ``program``, ``moves`` or ``pieces``; ``staged``/``final``:
+    legs brought to device memory first / moved to their memory kind last."""
 
     legs: tuple[Leg, ...]
     how: tuple[str, ...]

@@ -249,11 +249,8 @@ def _groups(text: str, n: int) -> list[list[int]]:
 
 
 def _mesh_groups(rest: str) -> list[list[int]]:
-    """``mesh['a'=4,'b'=2], device_ids=(...) {'a':(2)2}``: groups along (sub-)axes of a mesh.
-
-    A group axis written ``'a':(pre)size`` is the middle part of axis ``a``
-    split as (pre, size, rest).
-    """
+    """``mesh['a'=4,'b'=2], device_ids=(...) {'a':(2)2}``: groups along (sub-)axes of a mesh, where
+    ``'a':(pre)size`` is the middle part of axis ``a`` split as (pre, size, rest)."""
     close = rest.index("]")
     axes = re.findall(r"'([^']+)'=(\d+)", rest[5:close])
     if not axes:

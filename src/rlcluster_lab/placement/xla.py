@@ -40,11 +40,8 @@ from rlcluster_lab.placement.xla_analysis import (
 
 @dataclasses.dataclass
 class XlaProgram:
-    """A compiled identity from source to destination shardings, and (once asked for) what it moves.
-
-    ``source``: ``"compiled"`` or ``"persistent cache"``. The analysis (``traffic``,
-    ``provenance``) is made the first time a recorded reshard needs it.
-    """
+    """A compiled identity from source to destination shardings (``source``: ``"compiled"`` or
+    ``"persistent cache"``), and what it moves, analysed the first time a recorded reshard needs it."""
 
     compiled: Any
     devices: tuple[Any, ...]  # partition i runs on devices[i]
@@ -272,12 +269,9 @@ def _log_final(
     made: set[int],
     crossed_before: int,
 ) -> None:
-    """Emit the whole-shard moves, and what each new destination shard's data started as.
-
-    ``src_a[p]``: the device the shard for position p came from. ``origins``: the
-    intermediate program's provenance for this array, or ``"own"`` when no program ran (each
-    shard is the source's data on its device). ``crossed_before``: what the program moved.
-    """
+    """Emit the whole-shard moves, and what each new destination shard's data started as: ``src_a[p]``
+    sent position p; ``origins``, the intermediate program's provenance, or ``"own"`` when no
+    program ran; ``crossed_before``, what the program moved."""
     if origins is None:
         emit(Unreadable(label, UNTRACED))
     by_device = dict(shard_data(y))

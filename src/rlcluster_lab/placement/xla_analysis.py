@@ -79,14 +79,10 @@ def read_analysis(
 def checked_provenance(
     data: Any, inputs: Sequence[Any], outputs: Sequence[Sharding], traffic: ProgramTraffic
 ) -> Provenance:
-    """``data`` (a parsed entry) as the program's ``Provenance``, every figure checked: one entry
-    per leaf and per destination device, origins the input sharding names, counts
-    non-negative integers within what origin and destination share, summing to the
-    destination's size, and no more foreign data than the program's collectives carry.
-
-    Raises:
-        ValueError: the entry does not describe this program.
-    """
+    """``data`` (a parsed entry) as the program's ``Provenance``, every figure checked (one entry per
+    leaf and destination device, origins the input sharding names, non-negative counts within what
+    origin and destination share, summing to the destination's size, and no more foreign data than
+    the program's collectives carry), else a ``ValueError``."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise _Mismatch("not an entry of this format")
     raw = data.get("provenance")

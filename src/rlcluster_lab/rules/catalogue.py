@@ -63,11 +63,7 @@ LAB_RULES: tuple[Rule, ...] = _in_order("L")
 
 
 def find_rule(rule_id: str) -> Rule:
-    """The declaration of ``rule_id`` (``"P3"``, ``"L1"``).
-
-    Raises:
-        ValueError: no such rule, naming the rules there are.
-    """
+    """The declaration of ``rule_id`` (``"P3"``, ``"L1"``); a ``ValueError`` names the rules there are."""
     for entry in RULES + LAB_RULES:
         if entry.rule == rule_id:
             return entry

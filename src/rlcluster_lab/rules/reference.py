@@ -65,10 +65,8 @@ class P4Values:  # a linked reference: its frozen buffers the actor's or not, of
 def p4_reference_backbone(
     linked: bool, shares_buffers: bool, offload_to_cpu: bool
 ) -> Decision[P4UnlinkedValues] | Decision[P4Values]:
-    """P4: the reference is loaded onto its own mesh; when it is linked to the actor but its
-    frozen (non-LoRA) buffers are not the actor's, a warning says that an avoidable copy
-    costs device memory.
-    """
+    """P4: the reference is loaded onto its own mesh; when it is linked to the actor but its frozen
+    (non-LoRA) buffers are not the actor's, a warning says that an avoidable copy costs device memory."""
     if not linked:
         return Decision(
             "P4",

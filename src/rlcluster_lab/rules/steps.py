@@ -57,10 +57,8 @@ class P12Values:  # the optimizer over LoRA parameters only, or all
 
 @P12.function
 def p12_trainable(actor_has_lora: bool) -> Decision[P12Values]:
-    """P12: a real optimizer step (optax) on the actor, on its mesh: over the LoRA parameters
-    of a LoRA actor, else over all parameters; with offload the model is loaded to device for
-    the step and offloaded after.
-    """
+    """P12: a real optimizer step (optax) on the actor, on its mesh: over the LoRA parameters of a LoRA
+    actor, else over all parameters; with offload the model comes to device for the step and goes back."""
     return Decision(
         "P12",
         "actor trainable parameters",
@@ -72,10 +70,8 @@ def p12_trainable(actor_has_lora: bool) -> Decision[P12Values]:
 
 @P12.function
 def p12_critic_trainable() -> Decision[P12Values]:
-    """P12 for the critic: a cluster given a critic trains it with its own optimizer
-    (``TrainingConfig.critic_tx()``) over all its parameters, its state on the critic's mesh
-    and, with offload, in pinned host memory between updates, like the actor's.
-    """
+    """P12 for the critic: its own optimizer (``TrainingConfig.critic_tx()``) over all its parameters,
+    its state on the critic's mesh and, with offload, in pinned host memory between updates."""
     return Decision(
         "P12",
         "critic trainable parameters",

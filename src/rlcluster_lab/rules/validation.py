@@ -170,13 +170,9 @@ def check_sglang_lora(actor_has_lora: bool, static_lora: bool) -> None:
 
 
 def check_lora_rank(rank: Any, model: Any) -> None:
-    """A LoRA rank is an int between 1 and the ``max_lora_rank`` of ``model``: above it a rank adds
-    only memory, so it is refused from the model's dimensions before any adapter is drawn.
-
-    Raises:
-        TypeError: a rank that is not an int.
-        ConfigError: a rank below 1 or above the model's bound, with the bound.
-    """
+    """A LoRA rank is an int (else a ``TypeError``) between 1 and the ``max_lora_rank`` of ``model``
+    (else a ``ConfigError`` with the bound): above it a rank adds only memory, so it is refused from
+    the model's dimensions before any adapter is drawn."""
     if isinstance(rank, bool) or not isinstance(rank, int):
         raise TypeError(f"lora_rank (--lora-rank) must be an int, got {type(rank).__name__} {rank!r}")
     bound = model.max_lora_rank

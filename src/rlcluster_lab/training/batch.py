@@ -65,11 +65,8 @@ class TokenBatch:
         return len(self.prompt_tokens)
 
     def validate(self, vocab_size: int | None) -> Self:
-        """Check every id is below ``vocab_size`` (the rest was checked at construction); returns self.
-
-        Raises:
-            ConfigError: an id outside ``[0, vocab_size)``.
-        """
+        """Check every id is below ``vocab_size`` (the rest was checked at construction), else a
+        ``ConfigError``; returns self."""
         for field in ("prompt_tokens", "completion_tokens"):
             check_token_ids(f"{type(self).__name__}.{field}", getattr(self, field), vocab_size)
         return self
@@ -127,11 +124,8 @@ def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:
 
 def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None:
     """The training step's batch dict: known keys, the TrainBatch shapes, ids in the vocabulary and
-    finite values (values checked only for NumPy arrays: device arrays pay no transfer).
-
-    Raises:
-        TypeError / ConfigError: as ``TrainBatch``, naming the key.
-    """
+    finite values (values checked only for NumPy arrays: device arrays pay no transfer); refused as
+    ``TrainBatch`` refuses, naming the key."""
     if not isinstance(batch, dict):
         raise TypeError(f"the training step's batch must be a dict of arrays, got {type(batch).__name__}")
     unknown = sorted(set(batch) - set(_BATCH_KEYS))
@@ -161,13 +155,9 @@ def validate_batch_arrays(batch: dict[str, Any], vocab_size: int | None) -> None
 
 
 def mini_batches(size: int, mini_batch_size: int | None, *, name: str = "micro_batch_size") -> list[slice]:
-    """Row slices of ``size`` rows in chunks of ``mini_batch_size`` (None: one chunk of all rows;
-    a size above ``size`` is one chunk too; the last chunk may be smaller).
-
-    Raises:
-        ConfigError: an empty batch, or ``mini_batch_size`` below 1.
-        TypeError: ``mini_batch_size`` is not an int (0 is not "the whole batch": pass None).
-    """
+    """Row slices of ``size`` rows in chunks of ``mini_batch_size`` (None, or a size above ``size``: one
+    chunk). A ``ConfigError`` for an empty batch or a size below 1, a ``TypeError`` for a size that
+    is not an int (0 is not "the whole batch": pass None)."""
     if size < 1:
         raise ConfigError("Cannot split an empty batch; pass at least one row.")
     if mini_batch_size is None:

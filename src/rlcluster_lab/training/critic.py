@@ -82,12 +82,9 @@ def value_train_step(
     clip_range_value: float,
     micro_batch_size: int | None = None,
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
-    """One critic optimizer step on the clipped value loss; outputs keep the inputs' shardings.
-
-    Raises:
-        ConfigError: a non-finite or non-positive ``clip_range_value``, or a batch that is
-            not a whole number of micro-batches.
-    """
+    """One critic optimizer step on the clipped value loss, outputs on the inputs' shardings; a
+    ``ConfigError`` for a non-finite or non-positive ``clip_range_value`` or a batch that is not a
+    whole number of micro-batches."""
     if not math.isfinite(float(clip_range_value)) or float(clip_range_value) <= 0:
         raise ConfigError(f"clip_range_value must be a finite number > 0, got {clip_range_value}")
     pad_id, clip = int(pad_id), float(clip_range_value)

@@ -47,11 +47,8 @@ def lab_axis_rules() -> Any:
 
 
 def check_model(model: Any, role: str, engine: str) -> None:
-    """Refuse a model Tunix's construction would not take, saying what it lacks.
-
-    Raises:
-        ConfigError: not an ``nnx.Module``, or (vanilla engine) no ``config`` with ``CONFIG_FIELDS``.
-    """
+    """Refuse (``ConfigError``) a model Tunix's construction would not take: not an ``nnx.Module``, or
+    (vanilla engine) no ``config`` with ``CONFIG_FIELDS``."""
     if not isinstance(model, nnx.Module):
         raise ConfigError(
             f"Tunix 0.1.7 takes the {role} as an nnx.Module (loading from a path is not supported there), "

@@ -93,13 +93,8 @@ def host_ranges(models: Mapping[str, nnx.Module]) -> tuple[tuple[int, int], ...]
 
 
 def tunix_config(scenario: Scenario, role_to_mesh: Mapping[Role, Any], training: TrainingConfig | None = None) -> Any:
-    """Tunix's ``ClusterConfig`` for a scenario's knobs on these meshes.
-
-    Raises:
-        ConfigError: a knob Tunix's cluster cannot be built with here (an engine other than
-            vanilla or vllm).
-        TunixMissingError: Tunix is not installed.
-    """
+    """Tunix's ``ClusterConfig`` for a scenario's knobs on these meshes: a ``ConfigError`` for an engine
+    other than vanilla or vllm, ``TunixMissingError`` without Tunix."""
     tunix = require("building Tunix's RLCluster")
     if scenario.engine not in ENGINES:
         raise ConfigError(

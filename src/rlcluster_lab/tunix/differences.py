@@ -234,11 +234,7 @@ def optimizer_facts(state: Any) -> dict[str, Any]:
 
 
 def config_differences() -> list[DifferenceCheck]:
-    """Check the differences that need no side-by-side scenario.
-
-    Raises:
-        TunixMissingError: Tunix is not installed.
-    """
+    """Check the differences that need no side-by-side scenario (``TunixMissingError`` without Tunix)."""
     tunix = require("checking the documented differences")
     return [
         _vllm_version_default(tunix),

@@ -31,12 +31,8 @@ def installed_version() -> str | None:
 
 
 def require(what: str = "this") -> types.SimpleNamespace:
-    """Tunix's ``rl.rl_cluster``, ``rl.rollout.base_rollout`` and ``rl.reshard`` as a namespace;
-    ``what`` (what needs Tunix) goes into the error message.
-
-    Raises:
-        TunixMissingError: Tunix is not installed.
-    """
+    """Tunix's ``rl.rl_cluster``, ``rl.rollout.base_rollout`` and ``rl.reshard`` as a namespace, or a
+    ``TunixMissingError`` saying ``what`` needs Tunix."""
     if not available():
         raise TunixMissingError(f"{what} needs Tunix, which is not installed here: {INSTALL_HINT}")
     return types.SimpleNamespace(

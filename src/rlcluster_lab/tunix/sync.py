@@ -60,12 +60,8 @@ class TunixSync:
 
 
 def run_sync(cluster: Any, platform: str) -> TunixSync:
-    """Run ``cluster.sync_weights()`` under the lab's guard (chosen from ``platform``) and
-    observer; a refusal by the transfer guard is an outcome, not an error.
-
-    Raises:
-        Exception: any other failure of Tunix's sync, with a note saying so.
-    """
+    """Run ``cluster.sync_weights()`` under the lab's guard (chosen from ``platform``) and observer; a
+    refusal by the transfer guard is an outcome, any other failure is raised with a note."""
     actor = cluster.actor_trainer.model
     lora = is_lora(actor)
     filter_types = sync_filter(lora)
