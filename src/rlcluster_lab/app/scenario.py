@@ -204,8 +204,7 @@ def check_memory(
     fix = "ask for less: a smaller model_size, fewer roles (with_reward, with_critic), lora=True or fewer devices"
     knobs = ("model_size", "with_reward", "with_critic", "lora", "devices")
     check_fits(placed + draw, what, fix, freed_host, knobs=knobs)
-    # On devices with memory of their own: the planner's resident bytes per device (every
-    # role placed, device memory kind) against what each device's allocator has free.
+    # On devices with memory of their own: the planner's resident bytes per device against each allocator's free.
     resident = {int(d): int(kinds.get("device", 0)) for d, kinds in memory["by_device"].items()}
     check_fits_devices(resident, reporting, what, fix, freed_device, knobs=knobs)
 

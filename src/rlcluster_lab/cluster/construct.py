@@ -164,8 +164,7 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     critic, reward = load_role(Role.CRITIC, req.critic), load_role(Role.REWARD, req.reward)
     mover.models = {Role.ACTOR: actor, Role.REFERENCE: ref, Role.CRITIC: critic, Role.REWARD: reward}
 
-    # The engine: a model sitting in pinned host memory is brought to device before the
-    # engine sees it, so that its programs are built for the device (P14).
+    # P14: a model in pinned host memory comes to device before the engine sees it, so its programs are the device's.
     config_mesh = r2m[Role.ROLLOUT]
     mover.to_device(rollout_actor, Role.ROLLOUT)
     engine = sink["engine"] = ex.make_engine(rollout_actor, config_mesh)
@@ -174,8 +173,7 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     owns = bool(engine.owns_weights)
     if req.offload_to_cpu and owns and linked:
         trace.add(loading.p14_own_copy_engine(req.engine_name))
-    # P7: an engine that exposes a mesh replaces the rollout mesh; the sharing map,
-    # built from the config's meshes, is deliberately not rebuilt.
+    # P7: an engine that exposes a mesh replaces the rollout mesh; the sharing map is deliberately not rebuilt.
     engine_mesh = getattr(engine, "mesh", None)  # None: the engine exposes no mesh
     p7 = trace.add(rollout.p7_engine_mesh(req.engine_name, config_mesh, engine_mesh, linked))
     overridden = False
@@ -190,8 +188,7 @@ def construct(ex: Executor, req: Request, trace: Trace, sink: dict[str, Any] | N
     mover.to_host(actor, Role.ACTOR)
     if req.offload_to_cpu:
         optimizer = sink["optimizer"] = ex.move_optimizer(optimizer, "pinned_host")
-    # P12 for the critic: its own optimizer over all its parameters, on its mesh, offloaded
-    # with the others (the reference's critic trainer; there the state is never offloaded).
+    # P12 for the critic: its own optimizer over all its parameters, offloaded with the others (never in the reference).
     critic_optimizer = None
     if critic is not None:
         mover.to_device(critic, Role.CRITIC)

@@ -224,8 +224,7 @@ def _steps(
                     on_step(iteration, rows, _live_logps(s))
                 graphdef, params, frozen = model_split(model, trainable, ...)
                 new_params, new_opt_state, m = step(graphdef, params, frozen, getattr(s.placed, field), rows)
-                # Parameters and optimizer state change together (the step keeps every
-                # leaf's sharding); a step that raised changed neither.
+                # Parameters and optimizer state change together (shardings kept); a step that raised changed neither.
                 nnx.update(model, new_params)
                 setattr(s.placed, field, new_opt_state)
                 # As floats; with several processes, read from whichever computed them (core.gathering).

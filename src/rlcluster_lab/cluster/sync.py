@@ -97,8 +97,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
             watch.after(model_state(engine_model, *filter_types), seconds)
             del params
             decision = p13_sync(lora, s.global_steps + 1, platform, s.config.reshard, order.chunk_bytes)
-            # P8: the actor's full state, or only its adapters with anchor='trainable' and LoRA; written
-            # over the old anchor's buffers where nothing else holds them.
+            # P8: the full state, or the adapters alone (anchor='trainable'), over the old anchor's buffers where free.
             source = actor_state.filter(nnx.LoRAParam) if s.anchor_is_partial else actor_state
             start = time.perf_counter()
             anchor = pin_anchor(source, placed.anchor)
@@ -108,8 +107,7 @@ def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
         # The old anchor's buffers were written over (donated to a re-pin): some of its arrays are deleted.
         consumed = placed.anchor is not None and any(x.is_deleted() for x in jax.tree.leaves(placed.anchor))
         if anchor is not None and consumed:
-            # Past the point of no return: the old anchor's buffers hold the new snapshot, which the
-            # rollout holds too. The sync is committed rather than half undone.
+            # Past the point of no return (the old anchor's buffers hold the new snapshot): committed, not half undone.
             _commit(s, anchor, decision)
             exc.add_note(
                 f"sync_weights finished before this error: the rollout holds the actor's weights, the anchor was "

@@ -82,8 +82,7 @@ def check_inputs(
             trace.add(p6_engine_accepts(config.engine_name(), None))
             raise
         trace.add(p6_engine_accepts(config.engine_name(), seen))
-    # A model given as a checkpoint path is compared on its config.json alone (its structure
-    # on paper), so a reference or critic of another size is refused before weights are read.
+    # A path is compared on its config.json alone: a model of another size is refused before weights are read.
     actor_structure = None
     for name, other in (("reference", reference), ("critic", critic)):
         if other is None:

@@ -91,8 +91,7 @@ class Opened:
     held: ChipHeld | None  # the accelerator another process holds, if it is held
 
 
-# JAX's platforms before ``open_devices`` found the chip held and JAX on the CPU alone
-# (``reopen_devices`` restores them); empty when it did not.
+# JAX's platforms before ``open_devices`` fell back to the CPU alone (``reopen_devices`` restores them).
 _before_fallback: list[str | None] = []
 
 

@@ -17,8 +17,7 @@ import numpy as np
 
 from rlcluster_lab.core.hosts import processes_of
 
-# How long a process waits for another's fact before giving up: a peer that never arrives has
-# failed or taken another path; the error ends the run instead of a silent wait.
+# A peer that never publishes has failed or taken another path: an error ends the run, not a silent wait.
 EXCHANGE_TIMEOUT_S = 120.0
 
 _SEQUENCE = itertools.count()  # the same on every process: calls happen in the same order

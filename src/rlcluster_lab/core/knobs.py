@@ -254,8 +254,7 @@ KNOBS: dict[str, Knob] = {k.field: k for k in (
     # ... the CPU backend alone, where a GPU or a TPU chip would be opened (a chip another process holds) ...
     Knob(field="cpu", name="cpu", kind="bool", default=False, label=None, flag="--cpu",
          help="run on the simulated CPU devices alone, leaving this machine's GPUs or TPU chips alone"),
-    # ... a report's launch over several processes (``multiprocess.launcher``; the devices are then
-    # processes x devices-per-process, and a refusal that names --devices names these instead) ...
+    # ... a report's launch over several processes (``multiprocess.launcher``: processes x devices-per-process) ...
     _flag("report", "processes", "processes", "int", 1,
           "build the cluster over this many processes on this machine (JAX's multi-process runtime; 1: in this "
           "process)"),

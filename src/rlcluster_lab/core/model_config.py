@@ -42,8 +42,7 @@ def dtype_name(value: Any, what: str = "dtype") -> str:
 # The projections ``with_lora`` adapts, by the part of a transformer block that holds them.
 LORA_PROJECTIONS: dict[str, tuple[str, ...]] = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
 
-# The key of a model's layer stack: every leaf under it has a leading layer axis (one ``Block``
-# whose Variables stack all ``num_layers`` layers, run in a scan: ``model.transformer``).
+# The layer stack's key: every leaf under it has a leading layer axis (one scanned ``Block``).
 LAYER_STACK = "blocks"
 
 
@@ -194,8 +193,7 @@ class ModelConfig:
         return self.num_layers * rank * sum(i + o for i, o in self.lora_shapes().values())
 
 
-# The dimensions of a ModelConfig, its int fields in order: positive ints (checked in ``__post_init__``,
-# and in a checkpoint's config.json).
+# A ModelConfig's dimensions, its int fields in order: positive ints (in ``__post_init__`` and config.json).
 INT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.type == "int")
 
 # Sharded dims are all multiples of 8 (264 = 8 * 33) so each shards over 8, 4 or 2.
@@ -207,8 +205,7 @@ _PRESETS: dict[str, tuple[int, ...]] = {
     "large": (264, 512, 12, 16, 8, 32, 2048, 1024),
 }
 
-# The lab's preset sizes by name, smallest first: the one list of sizes (``core.options.MODEL_SIZES``
-# is its names, for the CLI and the knobs).
+# The lab's preset sizes by name, smallest first (``core.options.MODEL_SIZES`` is their names).
 MODEL_SIZES: dict[str, ModelConfig] = {name: ModelConfig(name, *dims) for name, dims in _PRESETS.items()}
 
 

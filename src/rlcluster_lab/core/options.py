@@ -10,8 +10,7 @@ from typing import Any
 
 from rlcluster_lab.core.errors import ConfigError
 
-# The vocabulary and the checks of a knob's value are the knobs' table's (``core.knobs``); named here
-# too, where the rest of the lab has always read them.
+# The knobs' vocabulary and checks (``core.knobs``), named here too, where the rest of the lab reads them.
 from rlcluster_lab.core.knobs import ENGINES as ENGINES
 from rlcluster_lab.core.knobs import KNOBS, LAYOUTS, SCENARIO_KNOBS, as_bool, as_float, as_int, knob_dataclass
 from rlcluster_lab.core.knobs import MODEL_SIZES as MODEL_SIZES
@@ -53,8 +52,7 @@ def check_tensor_parallel_size(size: Any) -> int | None:
 
 DEFAULT_SIMULATED_DEVICES: int = KNOBS["devices"].default
 
-# The most simulated CPU devices the lab asks for: each costs the CPU client memory and start-up
-# time, and no layout the lab compares needs more.
+# The most simulated CPU devices the lab asks for (each costs memory and start-up): more than any layout needs.
 MAX_SIMULATED_DEVICES = 4096
 
 

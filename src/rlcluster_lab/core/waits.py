@@ -18,9 +18,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-# jax.monitoring events marking the start (a scalar: the start time) and the end (a duration) of
-# turning a function into a program: tracing it, lowering it, compiling it (or reading it back
-# from the persistent cache).
+# jax.monitoring events marking the start (a scalar) and the end (a duration) of tracing, lowering and
+# compiling a program (or reading it back from the persistent cache).
 _PHASES = {
     "/jax/core/compile/jaxpr_trace_duration": "tracing",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
@@ -28,8 +27,7 @@ _PHASES = {
 }
 
 
-# What each of the lab's compiled programs does, in a reader's words, by the name of the function
-# JAX compiles (``jit(_generate)``): a wait names the work, never the function.
+# The lab's compiled programs in a reader's words, by the function name JAX compiles (``jit(_generate)``).
 PROGRAM_WORDS = {
     "_generate": "sampling completions",
     "_logps": "per-token log-probs",

@@ -42,15 +42,13 @@ from rlcluster_lab.model.transformer import INT_FIELDS, ModelConfig
 FORMAT = "rlcluster-lab/1"
 KINDS: tuple[str, ...] = ("lm", "score")
 
-# A config.json written by ``save`` is well under a kilobyte; anything this large is not one,
-# and is refused before it is parsed.
+# A config.json ``save`` writes is under a kilobyte: anything this large is refused before it is parsed.
 MAX_CONFIG_BYTES = 1 << 20
 # NumPy's own bound on an .npy header (``read_array_header_*``'s default), plus the magic
 # string, the version and the header-length field (at most 12 bytes for format 2.0).
 MAX_NPY_HEADER = 10000
 _NPY_PREAMBLE = 12
-# Data is decompressed into the destination array this many bytes at a time: a zip member's
-# ``readinto`` would otherwise first build a ``bytes`` copy of the whole member.
+# Decompressed into the destination this many bytes at a time (never a ``bytes`` copy of a whole member).
 _CHUNK = 16 << 20
 
 _RESAVE = "re-save the model with rlcluster_lab.model.checkpoint.save(model, path)"

@@ -192,8 +192,7 @@ class TransformerLM(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
         dt = config.dtype
-        # Sharding metadata holds logical names only; placement happens later,
-        # so eager sharding (which needs a mesh) stays off.
+        # Logical names only: placement happens later, so eager sharding (which needs a mesh) stays off.
         with nnx.use_eager_sharding(False):
             self.embed = nnx.Embed(
                 config.vocab_size,

@@ -289,8 +289,7 @@ def _failure(
         written = json.loads(w.path("json").read_text())
         reason, where_in_code, refusal = written.get("error"), written.get("traceback") or "", written.get("refusal")
     if refusal is not None:
-        # The configuration cannot work (a mesh the model cannot be split over, say): refused as
-        # one process would have refused it, not reported as a crash.
+        # A configuration that cannot work is refused as one process would refuse it, not reported as a crash.
         return in_launch_terms(ConfigError(refusal["message"], knobs=refusal["knobs"], problem=refusal["problem"]))
     return LaunchError(
         f"process {w.index} of {len(workers)} failed after {elapsed:.1f} s: {reason or _exit_reason(code, w)}; the "

@@ -50,8 +50,7 @@ def cut(run: Any, step: Any) -> Ops:
     if jax.process_count() > 1 and any(
         spans_processes(set(run.xs[i].sharding.device_set) | set(run.dsts[i].device_set)) for i in s.legs
     ):
-        # multi-process: the pieces are copied one buffer at a time between devices, which JAX
-        # does only within a process.
+        # multi-process: the pieces are copied one buffer at a time between devices, which JAX does within a process.
         raise NotImplementedError(
             "the minimal reshard strategy copies one buffer at a time between devices, which JAX cannot do "
             "between processes; use reshard='xla' (--reshard xla) when the roles span several processes"

@@ -86,8 +86,7 @@ def pin_anchor(source: Any, old: Any) -> Any:
     same_tree = old is not None and jax.tree.structure(old) == treedef
     held = held_elsewhere(old) if same_tree else None  # counted before this function holds any leaf
     if held and any(held):
-        # A view of the anchor in a reference cycle (Flax's flattening leaves some, ``cluster.sync``) may hold its
-        # arrays until the collector runs: young cycles collected once, then counted again.
+        # A view of the anchor in a reference cycle (``cluster.sync``) may hold its arrays: collect, then count again.
         gc.collect(1)
         held = held_elsewhere(old)
     olds = jax.tree.leaves(old) if same_tree else []
@@ -181,8 +180,7 @@ def place_model(
     values = nnx.to_pure_dict(state)
     if dtype is not None:
         leaves, treedef = jax.tree.flatten(values)
-        # Cast in device memory (never compute on pinned host buffers); the reshard below
-        # puts the result in the memory kind asked for.
+        # Cast in device memory (never on pinned host buffers); the reshard below puts the result in its kind.
         leaves = [
             x
             if x.dtype == jnp.dtype(dtype) or x.sharding.memory_kind == default_memory_kind(x)

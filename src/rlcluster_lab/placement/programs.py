@@ -95,8 +95,7 @@ def trim_compiled_programs() -> bool:
     held, limit = mapped_regions(), mapping_limit()
     over = not (held is None or limit is None or held < TRIM_FRACTION * limit)
     if jax.process_count() > 1:
-        # multi-process: every process drops its programs together, or one would analyse a
-        # shared program again alone and wait for the others (core.gathering).
+        # multi-process: all drop their programs together, or one would analyse a shared program alone and wait.
         over = any_process(over, "trim compiled programs")
     if not over:
         return False

@@ -379,8 +379,7 @@ def _pieces(legs: Sequence[Leg], idx: tuple[int, ...], copy: bool, strategy: str
         leg = legs[i]
         src = leg.src.in_kind(WORK).boxes(leg.shape)
         dst = leg.dst.in_kind(WORK).boxes(leg.shape)
-        # The minimal strategy keeps every block its device holds; as the xla strategy's
-        # fallback, only those jax.device_put keeps.
+        # The minimal strategy keeps every block its device holds; as the xla fallback, only those device_put keeps.
         keeps = device_put_keeps(src, dst) if strategy == "xla" else None
         for b, block in enumerate(plan_reshard(leg.shape, src, dst)):
             if block.reuses_source_buffer:

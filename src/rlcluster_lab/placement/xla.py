@@ -57,18 +57,15 @@ class XlaProgram:
 
     def _analyse(self) -> tuple[ProgramTraffic, Provenance]:
         if self._analysis is None:
-            # The flows are read from the program itself; only the probe's result may come from
-            # the store, and only once it was checked against this program (xla_analysis).
+            # The flows are read from the program; only the probe's result may come from the (checked) store.
             traffic = program_traffic(self.compiled, self.devices)
-            # multi-process: a program spanning processes is probed by all of them together,
-            # never read back by some (their stores may differ) while the others probe it.
+            # multi-process: a program spanning processes is probed by all of them together, never read back by some.
             spans = spans_processes(self.devices)
             provenance = (
                 None if spans else read_analysis(self.compiled, self.devices, self.inputs, self.outputs, traffic)
             )
             if provenance is None:
-                # The probe is a measurement of the program, made once, not part of any sync: it
-                # may stage its tagged inputs and outputs through the host even inside a sync's guard.
+                # The probe measures the program once, outside any sync: it may go through the host inside a guard.
                 with jax.transfer_guard("allow"):
                     provenance = probe_provenance(self.compiled, self.inputs, self.outputs)
                 if not spans:

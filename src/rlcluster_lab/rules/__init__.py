@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING
 
 from rlcluster_lab.core.exports import lazy_exports
 
-# The catalogue imports every rule module (and so JAX, through the mesh helpers); it is
-# loaded on first use, so that a CLI error found by ``rules.validation`` (JAX-free) comes
-# back before JAX is imported.
+# The catalogue imports JAX: loaded on first use, so a CLI error ``rules.validation`` finds comes before JAX.
 if TYPE_CHECKING:
     from rlcluster_lab.rules.catalogue import LAB_RULES, RULES, find_rule, rules_markdown
     from rlcluster_lab.rules.registry import Rule, rule

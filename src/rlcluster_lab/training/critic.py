@@ -37,8 +37,7 @@ class ValueBatch(TokenBatch):
     prompt_tokens: np.ndarray  # (B, P) left-padded
     completion_tokens: np.ndarray  # (B, C) right-padded
     returns: np.ndarray  # (B, C) float targets per completion token (e.g. advantages + values)
-    # (B, C) the critic's values when the completions were sampled (RLCluster.get_values); the
-    # clipped branch stays within clip_range_value of them.
+    # (B, C) the critic's values at sampling (RLCluster.get_values): the clipped branch stays within clip_range_value.
     old_values: np.ndarray
 
     def __post_init__(self) -> None:

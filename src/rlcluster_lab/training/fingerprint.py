@@ -25,8 +25,7 @@ def describe(obj: Any) -> tuple[Any, list[Any]]:
     return _describe(obj, pins, {}), pins
 
 
-# A transformation's description, remembered while its ``update`` function lives: the training
-# step describes its optimizer on every call, and the walk takes a fraction of a millisecond.
+# A transformation's description while its ``update`` lives (the training step describes it at every call).
 _BY_UPDATE: weakref.WeakKeyDictionary[Any, tuple[type, tuple[Any, ...], Any, list[Any]]] = weakref.WeakKeyDictionary()
 
 

@@ -75,8 +75,7 @@ def _vanilla_inputs(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
 
 def _optimizer_counters(facts: Mapping[str, Any]) -> tuple[bool, str, str]:
     lab, tunix = facts["lab_optimizer"], facts["tunix_optimizer"]
-    # The difference is the counters' alone, in each optimizer state (the actor's, the critic's):
-    # the moments (every non-scalar leaf) hold the same bytes.
+    # Only the counters differ, in each optimizer state: the moments (non-scalar leaves) hold the same bytes.
     observed = bool(lab) and lab.keys() == tunix.keys()
     observed = observed and all(
         lab[n]["moment_bytes"] == tunix[n]["moment_bytes"] and lab[n]["counters"] != tunix[n]["counters"] for n in lab
