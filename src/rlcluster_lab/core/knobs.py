@@ -64,47 +64,27 @@ _TYPES = {"bool": "bool", "int": "int", "float": "float", "choice": "str", "dtyp
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Knob:
-    """One knob: the value it holds, who reads it, and how the lab and the CLI show it.
+    """One knob: the value it holds, who reads it, and how the lab and the CLI show it (``label``
+    and ``flag`` have no default: every knob says whether it is a widget and a flag)."""
 
-    ``label`` and ``flag`` have no default: every knob says whether it is a widget and a flag.
-
-    Attributes:
-        field: the ``Scenario`` field (or learner or plan setting) it sets, as refusals name it.
-        name: the short name (the flag without dashes; the lab's CSS class ``rl-<name>``).
-        kind: "bool", "int", "float", "choice" (one of ``choices``), "dtype" (a dtype name, or a
-            JAX/NumPy dtype held as its name), "text", or "lab" (a lab control, no value of its own).
-        default: its value when not given (None: none, which is a value too).
-        help: what it does (the CLI's help; the widget's tooltip after the rule ids).
-        rule: the rules that read it ("P13"; None: no rule).
-        label: the lab widget's label (None: not in the lab).
-        widget: what kind of widget the label is on ("checkbox", "dropdown", "number box", "buttons").
-        flag: the CLI flag (None: not a flag); ``alias``: a second spelling of it.
-        commands: the subcommands that take the flag.
-        choices: the values a "choice" or "dtype" knob takes.
-        options: the widget's (label, value) pairs where they are not the choices as they are
-            (a false value stands for None).
-        low: the least value of an "int".
-        refusal: the message refusing a value (``{value}``, ``{choices}``, ``{said}``: the field
-            and its flag; None: "unknown <field> ..." for a choice, "must be at least" below ``low``).
-        planner: ``PlanRequest`` takes it, as it is, under the same name.
-    """
-
-    field: str
-    name: str
+    field: str  # the Scenario field (or learner or plan setting) it sets, as refusals name it
+    name: str  # the flag without dashes; the lab's CSS class rl-<name>
+    # "bool", "int", "float", "choice" (of ``choices``), "dtype" (held as its name), "text", or "lab" (no value)
     kind: str
-    default: Any = None
-    help: str
-    rule: str | None = None
-    label: str | None
-    widget: str = ""
-    flag: str | None
+    default: Any = None  # its value when not given (None is a value too)
+    help: str  # what it does: the CLI's help, the widget's tooltip after the rule ids
+    rule: str | None = None  # the rules that read it ("P13")
+    label: str | None  # the lab widget's label (None: not in the lab)
+    widget: str = ""  # "checkbox", "dropdown", "number box" or "buttons"
+    flag: str | None  # the CLI flag (None: not a flag); ``alias``: a second spelling of it
     alias: str | None = None
-    commands: tuple[str, ...] = COMMANDS
-    choices: tuple[str, ...] | None = None
-    options: tuple[tuple[str, Any], ...] | None = None
-    low: int | None = None
+    commands: tuple[str, ...] = COMMANDS  # the subcommands that take the flag
+    choices: tuple[str, ...] | None = None  # the values of a "choice" or "dtype" knob
+    options: tuple[tuple[str, Any], ...] | None = None  # the widget's (label, value) pairs (a false value: None)
+    low: int | None = None  # the least value of an "int"
+    # The refusal's message ({value}, {choices}, {said}: the field and its flag); None: the default wording.
     refusal: str | None = None
-    planner: bool = False
+    planner: bool = False  # PlanRequest takes it, as it is, under the same name
 
     def said(self, audience: Audience) -> str | None:
         """The knob as the audience sees it: the flag, or the widget's quoted label (None: it has none)."""

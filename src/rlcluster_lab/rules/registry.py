@@ -64,49 +64,27 @@ REFERENCE = ReferenceFile("google-tunix", "0.1.7", "tunix.rl.rl_cluster", "https
 
 @dataclasses.dataclass(frozen=True)
 class Locator:
-    """Where the reference takes a rule, found by syntax in ``REFERENCE``'s file, never by line.
+    """Where the reference takes a rule, found by syntax in ``REFERENCE``'s file, never by line."""
 
-    Attributes:
-        function: the dotted path of a function or class from the module, e.g.
-            ``"RLCluster.sync_weights"``; a module-level alias of a class (``A = B``) is followed.
-        statement: empty for the whole function (or, for a class, its ``class`` line); else the
-            ``ast`` class name of a statement inside the function (``"If"``, ``"Assign"``, ...).
-        uses: what the statement's head (an ``if``'s condition, an assignment, a ``raise``)
-            must all mention: names, attribute names, string constants or operators (``"=="``).
-        every: every such statement, in the file's order; else the first.
-        what: what the lines do, in the lab's words.
-    """
-
-    function: str
-    statement: str = ""
-    uses: tuple[str, ...] = ()
-    every: bool = False
-    what: str = ""
+    function: str  # a dotted function or class of the module ("RLCluster.sync_weights"); an alias is followed
+    statement: str = ""  # "" for the whole function (a class: its line), else an ast class name ("If", "Assign")
+    uses: tuple[str, ...] = ()  # names, attributes, strings or operators ("==") the statement's head all mentions
+    every: bool = False  # every such statement, in the file's order; else the first
+    what: str = ""  # what the lines do, in the lab's words
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Rule:
     """One rule: its id, a title, the flow figure's question and answers, where it is tested,
-    and the functions that implement it (registered with ``@rule.function``).
+    and the functions that implement it (registered with ``@rule.function``)."""
 
-    Attributes:
-        rule: the id, ``"P1"`` to ``"P15"`` or ``"L1"`` to ``"L4"``.
-        title: a few words, the heading in ``docs/rules.md``.
-        tests: test files, or ``file::pattern`` for the tests of one file whose names match.
-        question: what the flow figure asks; ``{role}`` is filled in for a per-role row (P5).
-        answers: the answers the flow figure draws, in order.
-        note: for a rule with no function of its own, what holds it.
-        reference: where ``REFERENCE``'s file takes the rule, in the file's order (none: it has
-            no lines of its own for it).
-    """
-
-    rule: str
-    title: str
-    tests: tuple[str, ...]
-    question: str = ""
-    answers: tuple[Answer, ...] = ()
-    note: str = ""
-    reference: tuple[Locator, ...] = ()
+    rule: str  # "P1" to "P15" or "L1" to "L4"
+    title: str  # a few words, the heading in docs/rules.md
+    tests: tuple[str, ...]  # test files, or "file::pattern" for the tests of one file whose names match
+    question: str = ""  # what the flow figure asks; "{role}" is filled in for a per-role row (P5)
+    answers: tuple[Answer, ...] = ()  # the answers the flow figure draws, in order
+    note: str = ""  # for a rule with no function of its own, what holds it
+    reference: tuple[Locator, ...] = ()  # where REFERENCE's file takes the rule, in its order (none: no lines)
     _functions: list[Callable[..., object]] = dataclasses.field(default_factory=list, init=False, repr=False)
 
     @property
