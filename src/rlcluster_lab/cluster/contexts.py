@@ -83,10 +83,8 @@ def context_rows(entries: tuple[ContextEntry, ...] | list[ContextEntry]) -> list
 
 @contextlib.contextmanager
 def role_context(config: ClusterConfig, mesh: Mesh, role: Role) -> Iterator[Mesh]:
-    """Enter a role's context, recording nothing: ``mesh`` current, its devices the default ones
-    (not JAX's default backend's), the cluster's matmul precision (which the programs P11
-    compares run at, ``core.precision``) and the role's logical axis rules, all
-    thread-local (another thread's operations are not affected)."""
+    """Enter a role's context, recording nothing: ``mesh`` current, its devices the default ones, the
+    cluster's matmul precision (``core.precision``) and the role's logical axis rules, all thread-local."""
     rules = config.logical_axis_rules(role)
     with contextlib.ExitStack() as stack:
         stack.enter_context(jax.set_mesh(mesh))

@@ -120,9 +120,8 @@ class LiveExecutor:
 
 
 def construct_live(executor: LiveExecutor, given: dict[Role, Any], trace: Trace) -> Placed:
-    """``construct`` on real arrays, of the models ``given`` per role (modules, checkpoint
-    paths or None), in the config's reshard strategy; a construction that raised gives
-    everything back (``give_back``) before the error goes on, with a note."""
+    """``construct`` on real arrays of the models ``given`` per role (modules, checkpoint paths or None);
+    a construction that raised gives everything back (``give_back``) before the error goes on."""
     config = executor.contexts.config
     actor, reference = given[Role.ACTOR], given.get(Role.REFERENCE)
     data_type = executor.rollout_config.data_type

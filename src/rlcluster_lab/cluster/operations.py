@@ -50,9 +50,8 @@ def generate(
 def generated_shape(
     s: ClusterState, prompts: Sequence[str], mode: Mode, micro_batch_size: int | None, max_generation_steps: int | None
 ) -> tuple[int, int, int]:
-    """(batch, prompt width, completion length) of what ``generate`` returns for these
-    arguments, read from the prompts alone: each micro-batch's width, the widest kept (as
-    ``_concat_outputs`` pads them)."""
+    """(batch, prompt width, completion length) of what ``generate`` returns for these arguments, from
+    the prompts alone (each micro-batch's width, the widest kept, as ``_concat_outputs`` pads them)."""
     prompts, rollout_cfg = _checked(s, prompts, mode, micro_batch_size, max_generation_steps)
     shapes = [
         s.placed.engine.output_shape(prompts[rows], rollout_cfg)
@@ -181,9 +180,8 @@ def update_actor(s: ClusterState, batch: TrainBatch, on_step: Any) -> list[dict[
 
 
 def update_critic(s: ClusterState, batch: Any) -> list[dict[str, float]]:
-    """P12 for the critic: clipped value-loss steps on the critic, on its mesh, one per
-    mini-batch per iteration, accumulating micro-batches as the actor does; with offload the
-    critic and its optimizer state come to device for the steps and go back after."""
+    """P12 for the critic: clipped value-loss steps on its mesh, one per mini-batch per iteration,
+    accumulating micro-batches as the actor does (with offload, on device for the steps only)."""
     if s.placed.critic is None:
         raise ValueError("this cluster has no critic model; pass critic=... when building it to train one")
     if not isinstance(batch, critic_training.ValueBatch):

@@ -54,13 +54,9 @@ class SyncWatch(Protocol):
 
 
 def sync_weights(s: ClusterState, watch: SyncWatch) -> Any:
-    """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin
-    the anchor, advance the global step; returns ``watch``'s report of what really moved and
-    the transient peak (L3).
-
-    The sharing map is not consulted: the engine reshards onto its own copy's shardings,
-    which moves nothing when that copy is the actor itself.
-    """
+    """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin the
+    anchor, advance the global step; returns ``watch``'s report (L3). The sharing map is not
+    consulted: the engine reshards onto its own copy's shardings, a no-op when that copy is the actor."""
     placed = s.placed
     actor, engine = placed.actor, placed.engine
     # Read once: the actor's Variables do not change in a sync, so the handover's source and

@@ -103,19 +103,12 @@ def _jax_devices() -> list[Any]:
 
 def open_devices(*, on_held: Literal["cpu", "raise"], retried: bool = False) -> Opened:
     """Start JAX's backends and return its devices; where an accelerator's backend could not start
-    because another process holds the chip, say which (``core.chip_holder``). Where the platforms
-    are named (a TPU VM), ``jax.devices()`` raises and the CPU backend is then started alone; where
-    they are not, JAX starts the CPU alone itself and keeps the TPU's error, read from there.
-
-    Args:
-        on_held: ``"cpu"``: return the CPU's devices and what holds the chip; ``"raise"``: raise.
-        retried: the backends were started again (``reopen_devices``) after the chip was held: a
-            failure to start the accelerator's counts as held.
-
-    Raises:
-        ChipHeldError: the chip is held and ``on_held`` is ``"raise"``; its message names the holder.
-        RuntimeError: any other failure of JAX's backends, as JAX raised it.
-    """
+    because another process holds the chip, say which (``core.chip_holder``): with ``on_held="cpu"``
+    the CPU's devices and the holder, with ``"raise"`` a ``ChipHeldError`` naming it (any other
+    failure as JAX raised it). Where the platforms are named (a TPU VM), ``jax.devices()`` raises
+    and the CPU backend is started alone; where not, JAX starts the CPU alone itself and keeps the
+    TPU's error, read from there. ``retried`` (after ``reopen_devices``): a failure to start the
+    accelerator's counts as held."""
     try:
         devices = _jax_devices()
     except RuntimeError as exc:

@@ -18,13 +18,9 @@ from typing import Any
 
 
 def typed_imports(source: str, package: str) -> dict[str, tuple[str, str]]:
-    """The names the ``if TYPE_CHECKING:`` blocks of a module's ``source`` import, relative imports
-    resolved against ``package``: name -> (module, attribute).
-
-    Raises:
-        ValueError: a plain ``import x`` in such a block (only ``from x import y`` names a
-            single public object), or a name imported twice.
-    """
+    """The names the ``if TYPE_CHECKING:`` blocks of a module's ``source`` import (relative imports
+    resolved against ``package``): name -> (module, attribute). A plain ``import x`` there (it names
+    no single object) or a name imported twice is a ``ValueError``."""
     found: dict[str, tuple[str, str]] = {}
     for node in ast.parse(source).body:
         if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
@@ -48,18 +44,10 @@ def typed_imports(source: str, package: str) -> dict[str, tuple[str, str]]:
 def lazy_exports(
     module_name: str, source_file: str, public: Iterable[str], *, moved: Mapping[str, str] | None = None
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The ``__getattr__`` and ``__dir__`` of a package whose public names are its ``TYPE_CHECKING`` imports.
-
-    Args:
-        module_name: the package (``__name__``).
-        source_file: its ``__init__.py`` (``__file__``).
-        public: its ``__all__``; it must be exactly the names those imports bring.
-        moved: names that left this namespace, still served for older code but not listed
-            in ``__all__`` or ``dir()``: name -> the module that holds it now.
-
-    Raises:
-        ValueError: ``public`` and the ``TYPE_CHECKING`` imports name different things.
-    """
+    """The ``__getattr__`` and ``__dir__`` of the package ``module_name`` (its ``__init__.py``:
+    ``source_file``) whose public names, ``public`` (its ``__all__``), are exactly its
+    ``TYPE_CHECKING`` imports, else a ``ValueError``. ``moved``: names that left this namespace, name
+    -> the module holding it now, still served but not listed."""
     table = typed_imports(pathlib.Path(source_file).read_text(encoding="utf-8"), module_name)
     listed = list(public)
     if sorted(listed) != sorted(table):

@@ -71,8 +71,7 @@ def model_split(model: nnx.Module, *filters: Any) -> tuple[Any, ...]:
 
 
 def _same_variables(model: nnx.Module, pairs: list[tuple[tuple[Any, ...], Any]]) -> bool:
-    """The module still holds exactly the Variables of these (path, Variable) pairs, in this order (a
-    module that holds one Variable in two places reads it twice as a pytree, never matches, and is
-    always walked)."""
+    """The module still holds exactly these Variables in this order (one held in two places reads
+    twice, never matches, and is always walked)."""
     found = jax.tree.leaves(model, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return len(found) == len(pairs) and all(a is b for a, (_, b) in zip(found, pairs))

@@ -105,18 +105,11 @@ def memory_table(
     nbytes: np.ndarray,
     buffer: np.ndarray,
 ) -> dict[str, Any]:
-    """The memory JSON from one row per (entry, shard): the measured walk and the planner both count
-    with this function, so the two reports mean the same thing.
-
-    Args:
-        names: entry names; ``entry`` indexes them.
-        entry, device, kind, nbytes, buffer: per row, the entry, the device id, the memory kind (an
-            index into ``KINDS``), the bytes, and an id shared exactly by rows of one buffer.
-
-    Returns:
-        ``by_role`` (``bytes``, ``by_kind``, ``by_device``), ``by_device`` (every buffer once),
-        ``shared`` (per set of two or more entries, what they hold in common), ``unique_bytes`` and
-        ``naive_bytes`` (the sum over entries)."""
+    """The memory JSON from one row per (entry, shard), the one count the measured walk and the planner
+    share: per row the entry (an index into ``names``), the device id, the memory kind (an index into
+    ``KINDS``), the bytes, and an id shared exactly by rows of one buffer. Returns ``by_role``
+    (``bytes``, ``by_kind``, ``by_device``), ``by_device`` (every buffer once), ``shared`` (per set of
+    two or more entries, what they hold in common), ``unique_bytes`` and ``naive_bytes``."""
     by_role = {}
     for e, name in enumerate(names):
         rows = np.flatnonzero(entry == e)

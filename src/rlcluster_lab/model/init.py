@@ -20,9 +20,8 @@ from rlcluster_lab.model.values import initial_values
 @functools.lru_cache(maxsize=48)
 def abstract_split(build: Callable[..., nnx.Module], config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
     """The structure of ``build(config, rngs=...)``, made once per model class and config: every
-    Variable with its logical names, values as shapes only (nothing computed or compiled). The
-    layers are one stacked ``Block`` traced once (``model.transformer.stacked_blocks``), so this
-    takes the same time for any layer count."""
+    Variable with its logical names, as shapes only; the layers are one stacked ``Block`` traced
+    once, so this takes the same time for any layer count."""
     return nnx.split(nnx.eval_shape(lambda: build(config, rngs=nnx.Rngs(0))))
 
 

@@ -189,19 +189,9 @@ def check_lora_rank(rank: Any, model: Any) -> None:
 @P6.function
 def check_scenario(scenario: Scenario, device_count: int | None = None, *, model: Any = None) -> None:
     """P6 on a scenario's knobs: every refusal that needs several knobs, or the model, together (the
-    engine's LoRA settings, the LoRA rank the model allows, the layout on ``device_count`` devices),
-    before anything is allocated.
-
-    Args:
-        scenario: the knobs.
-        device_count: the devices the layout must form (None: not checked here).
-        model: the ``ModelConfig`` the LoRA rank is checked against (None: the ``model_size``'s;
-            the planner passes a published architecture's). Dimensions only: JAX is not imported.
-
-    Raises:
-        ConfigError: with the reason and the fix.
-        TypeError: ``scenario`` is not a ``Scenario``.
-    """
+    engine's LoRA settings, the LoRA rank ``model`` allows, default the ``model_size``'s, the layout
+    on ``device_count`` devices if given), before anything is allocated and without JAX. Raises a
+    ``ConfigError`` with the reason and the fix, or a ``TypeError`` for anything but a ``Scenario``."""
     if not isinstance(scenario, Scenario):
         raise TypeError(
             f"scenario must be a Scenario (e.g. Scenario(layout='colocated')), got {type(scenario).__name__} "
