@@ -38,6 +38,9 @@ from rlcluster_lab.core.model_config import ModelConfig
 
 F32 = 4  # float32 bytes: statistics, softmax, scores and logits are kept in float32
 UNFUSED = ("cpu",)  # platforms whose XLA writes each elementwise step to a buffer of its own
+# Platforms whose default matmul precision multiplies float32 in one bfloat16 pass (TPUs): there XLA
+# keeps what the backward pass multiplies in bfloat16, at the train step's precision (core.precision).
+BF16_PRODUCTS = ("tpu",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,32 +84,50 @@ def itemsize(config: ModelConfig) -> int:
     return int(np.dtype(config.dtype).itemsize)
 
 
-def norm_bytes_per_token(config: ModelConfig, *, trainable_scale: bool = True, split: Split = Split()) -> int:
+def norm_bytes_per_token(
+    config: ModelConfig, *, trainable_scale: bool = True, split: Split = Split(), operands: int | None = None
+) -> int:
     """One RMSNorm's residuals per token on one device: the float32 input, the float32 normalised
-    value (only where the scale trains), the output in the model's dtype, over the device's share
-    of the residual stream, and two float32 statistics."""
+    value (only where the scale trains), the output (a product's operand: ``operands`` bytes, the
+    model's dtype by default), over the device's share of the residual stream, and two float32
+    statistics."""
     e = _per(config.embed_dim, split.embed)
-    return F32 * e + (F32 * e if trainable_scale else 0) + itemsize(config) * e + 2 * F32
+    out = itemsize(config) if operands is None else operands
+    return F32 * e + (F32 * e if trainable_scale else 0) + out * e + 2 * F32
 
 
-def layer_bytes_per_token(config: ModelConfig, keys: int, split: Split = Split(), lora_rank: int = 0) -> int:
+def layer_bytes_per_token(
+    config: ModelConfig, keys: int, split: Split = Split(), lora_rank: int = 0, operands: int | None = None
+) -> int:
     """One block's residuals per token of a row that attends over ``keys`` tokens, on one
     device. With LoRA (frozen norm scales) the normalised values are not kept; each of the
-    seven adapted projections keeps its input times ``lora_a`` (rank values)."""
+    seven adapted projections keeps its input times ``lora_a`` (rank values). ``operands``: the
+    bytes of what the backward pass multiplies (the norms' outputs, q, k, v, the attention's
+    output and probabilities, the MLP's product, the adapters' inner values; ``operand_bytes``),
+    the model's dtype by default."""
     p, hd = itemsize(config), config.head_dim
+    o = p if operands is None else operands
     per_score, per_row = softmax_residuals(config.dtype)
     heads = _per(config.num_heads, split.q_heads)
     kv = _per(config.num_kv_heads, split.kv_heads) * hd
     q = heads * hd
     mlp = _per(config.mlp_dim, split.mlp)
     return (
-        2 * norm_bytes_per_token(config, trainable_scale=not lora_rank, split=split)
-        + p * (2 * q + 2 * kv)  # q, attention output; k, v
+        2 * norm_bytes_per_token(config, trainable_scale=not lora_rank, split=split, operands=o)
+        + o * (2 * q + 2 * kv)  # q, attention output; k, v
         + 4 * (hd // 2) * F32  # rotary sin and cos of q and k
-        + heads * (keys * per_score + per_row)  # the softmax and its probabilities (softmax_residuals)
-        + 6 * p * mlp  # gate, up, three SiLU intermediates, their product
-        + 7 * p * lora_rank  # x @ lora_a of q, k, v, o, gate, up, down
+        + heads * (keys * (per_score - p + o) + per_row)  # the softmax, its probabilities (softmax_residuals)
+        + (5 * p + o) * mlp  # gate, up, three SiLU intermediates; their product
+        + 7 * o * lora_rank  # x @ lora_a of q, k, v, o, gate, up, down
     )
+
+
+def operand_bytes(config: ModelConfig, platform: str) -> int:
+    """The bytes of each value a train step keeps for the backward pass's products: the model's
+    dtype, or bfloat16 where the platform's default precision (the train step's, core.precision)
+    multiplies float32 in one bfloat16 pass (``BF16_PRODUCTS``): XLA:TPU keeps a float32 model's
+    operands in bfloat16 (read from its buffer assignment of the large preset's step)."""
+    return min(itemsize(config), 2) if platform in BF16_PRODUCTS else itemsize(config)
 
 
 @functools.cache
@@ -195,14 +216,16 @@ def residual_bytes(
     lora_rank: int = 0,
     value_head: bool = False,
     remat: bool = False,
+    operands: int | None = None,
 ) -> dict[str, int]:
     """Activations of one training micro-batch of ``rows`` rows of ``tokens`` tokens (the last
     ``completion`` of them scored) on one device, by part: what the backward pass reads.
 
     ``lora_rank``: the actor trains LoRA adapters of that rank only. ``value_head``: a critic
     (all its parameters train; no vocabulary logits). ``remat``: every layer rematerialised.
+    ``operands``: the bytes of the values the backward pass multiplies (``operand_bytes``).
     """
-    per_token = layer_bytes_per_token(config, tokens, split, lora_rank)
+    per_token = layer_bytes_per_token(config, tokens, split, lora_rank, operands)
     layer = per_token * rows * tokens + 2 * F32 * config.embed_dim  # + the two norm scales broadcast to float32
     head = head_bytes(config, rows, tokens, completion, split, lora_rank=lora_rank, value_head=value_head)
     if remat:
@@ -221,13 +244,15 @@ def kv_cache_bytes(config: ModelConfig, rows: int, slots: int, split: Split = Sp
 @dataclasses.dataclass(frozen=True)
 class ProgramBytes:
     """One compiled program's bytes on one device, as XLA's ``compiled.memory_analysis()``
-    counts them: ``arguments`` + ``outputs`` + the ``temporaries`` (by term) - ``aliased``."""
+    counts them: ``arguments`` + ``outputs`` + the ``temporaries`` (by term) - ``aliased`` -
+    ``on_chip`` (temporaries kept in the chip's own memory, ``on_chip_bytes``)."""
 
     program: str
     arguments: int
     outputs: int
     temporaries: Mapping[str, int]
     aliased: int = 0
+    on_chip: int = 0
 
     @property
     def temporary_bytes(self) -> int:
@@ -235,10 +260,25 @@ class ProgramBytes:
 
     @property
     def total(self) -> int:
-        return self.arguments + self.outputs + self.temporary_bytes - self.aliased
+        return self.arguments + self.outputs + self.temporary_bytes - self.aliased - self.on_chip
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "temporaries": dict(self.temporaries), "total": self.total}
+
+
+def on_chip_bytes(temporaries: int, on_chip: int) -> int:
+    """The temporaries a program keeps off the device memory ``memory_analysis`` counts: all of them
+    where they fit in ``on_chip`` bytes of the chip's own memory (a TPU's vector memory, VMEM, into
+    which XLA:TPU's memory-space assignment puts them; ``planner.tables.Topology.on_chip_memory``),
+    else none (a program whose temporaries do not fit keeps, in the lab's programs, nearly all of
+    them in HBM); 0 on a device without such memory."""
+    return temporaries if 0 < temporaries <= on_chip else 0
+
+
+def _program(name: str, arguments: int, outputs: int, temporaries: dict[str, int], on_chip: int) -> ProgramBytes:
+    return ProgramBytes(
+        name, arguments, outputs, temporaries, on_chip=on_chip_bytes(sum(temporaries.values()), on_chip)
+    )
 
 
 def _largest(*points: dict[str, int]) -> dict[str, int]:
@@ -310,18 +350,21 @@ def logps_program(
     *,
     platform: str,
     lora_rank: int = 0,
+    on_chip: int = 0,
 ) -> ProgramBytes:
     """The log-prob program (``model.logps``) over ``rows`` rows of ``prompt`` + ``completion``
     tokens: a forward pass, then the float32 logits of every position and the log-softmax of the
-    completion's. ``arguments``: the bytes of its inputs on the device."""
+    completion's. ``arguments``: the bytes of its inputs on the device. ``on_chip``: the chip's own
+    memory for temporaries (``on_chip_bytes``; 0: none), as for the other programs."""
     tokens, vocab = prompt + completion, _per(config.vocab_size, split.vocab)
     head = {
         "hidden": rows * tokens * _per(config.embed_dim, split.embed) * itemsize(config),
-        "logits": rows * tokens * vocab * F32,
+        # XLA:TPU and XLA:GPU fuse the float32 cast into the log-softmax: the logits stay in the model's dtype.
+        "logits": rows * tokens * vocab * (F32 if platform in UNFUSED else itemsize(config)),
         "log_softmax": rows * completion * vocab * F32,
     }
     layer = forward_terms(config, rows, tokens, tokens, split, platform=platform, lora_rank=lora_rank)
-    return ProgramBytes("log-probs", arguments, rows * completion * F32, _largest(layer, head))
+    return _program("log-probs", arguments, rows * completion * F32, _largest(layer, head), on_chip)
 
 
 # One decode step runs the layers in a scan over the cache: per layer XLA:CPU holds eight copies
@@ -341,12 +384,13 @@ def generate_program(
     *,
     platform: str,
     lora_rank: int = 0,
+    on_chip: int = 0,
 ) -> ProgramBytes:
     """The sampler (``model.sampling``): ``rows`` prompts of ``prompt`` tokens, ``new_tokens``
     sampled into a KV cache of ``slots`` slots. Its larger point is the prefill (the cache and
     one layer's forward over the prompt, attending to every slot) or a decode step (the cache
     and the copies of one layer's keys and values the step makes). Outputs: the sampled ids
-    (int32) and their log-probs (float32)."""
+    (int32) and their log-probs (float32). ``on_chip``: as for ``logps_program``."""
     kv = kv_cache_bytes(config, rows, slots, split)
     layer = rows * slots * _per(config.num_kv_heads, split.kv_heads) * config.head_dim
     prefill = {"kv_cache": kv} | forward_terms(
@@ -359,7 +403,7 @@ def generate_program(
         "layer_weights": layer_weight_bytes(config, split, lora_rank),
     }
     outputs = 2 * rows * new_tokens * F32 + _tuple_table(2, platform)
-    return ProgramBytes("generate", arguments, outputs, _largest(prefill, decode))
+    return _program("generate", arguments, outputs, _largest(prefill, decode), on_chip)
 
 
 def update_program(
@@ -376,6 +420,7 @@ def update_program(
     platform: str,
     accumulating: bool = False,
     lora_rank: int = 0,
+    on_chip: int = 0,
     value_head: bool = False,
 ) -> ProgramBytes:
     """The optimizer step (``training.step.jitted_update``) over a micro-batch of ``rows`` rows.
@@ -387,9 +432,13 @@ def update_program(
     ``accumulating``, and the layer in flight) or the update (the gradients, the new
     parameters and optimizer state beside the old: the step keeps the old until it knows the
     new are finite). Outputs: the new parameters and optimizer state, and the metrics.
+    ``on_chip``: as for ``logps_program``.
     """
     tokens = prompt + completion
-    acts = residual_bytes(config, rows, tokens, completion, split, lora_rank=lora_rank, value_head=value_head)
+    o = operand_bytes(config, platform)
+    acts = residual_bytes(
+        config, rows, tokens, completion, split, lora_rank=lora_rank, value_head=value_head, operands=o
+    )
     gradients = trainable + (trainable * F32 // itemsize(config) if accumulating else 0)
     forward = {
         "activations": sum(acts.values()),
@@ -402,4 +451,4 @@ def update_program(
         forward["adapter_products"] = rows * tokens * _per(config.mlp_dim, split.mlp) * itemsize(config)
     update = {"gradients": gradients, "new_parameters": trainable, "new_optimizer_state": optimizer}
     outputs = trainable + optimizer + 5 * F32 + _tuple_table(leaves, platform)
-    return ProgramBytes("train step", arguments, outputs, _largest(forward, update))
+    return _program("train step", arguments, outputs, _largest(forward, update), on_chip)

@@ -92,7 +92,9 @@ class Topology:
     ``devices_per_host`` consecutive ids, or ``host_ids`` (one per device, in ``ids()`` order);
     ``host_memory`` is its RAM. Every figure carries the document it comes from (``*_source``).
     ``xla_topology``: the slice as XLA:TPU's compile-only client names it, and its chips per host
-    (``core.compile_only``), for a plan checked by XLA (``planner.xla_check``).
+    (``core.compile_only``), for a plan checked by XLA (``planner.xla_check``). ``on_chip_memory``:
+    the bytes of temporaries a program keeps in the chip's own memory rather than in the device
+    memory a program's figure counts (``model.memory.on_chip_bytes``).
     """
 
     name: str
@@ -111,6 +113,8 @@ class Topology:
     host_link_bandwidth: float | None = None
     host_link_source: str = "unknown: pass host_link_bandwidth"
     xla_topology: tuple[str, tuple[int, int, int]] | None = None
+    on_chip_memory: int = 0
+    on_chip_source: str = "none: every temporary in device memory"
 
     def __post_init__(self) -> None:
         per = self.devices_per_host
@@ -201,6 +205,13 @@ _V5P_HOST_LINK = (
 )
 
 
+_ON_CHIP = (
+    "measured: the largest allocation in the vector memory (VMEM) that XLA:TPU's buffer assignment made for the "
+    "lab's step programs compiled for a {chip} slice ({slice}; llama3-8b and the large preset; libtpu 0.0.42.1, "
+    "2026-12-07): {n} bytes; a program whose temporaries fit there keeps none in HBM"
+)
+
+
 def _gpu(name: str, nodes: int) -> Topology:
     return Topology(
         name,
@@ -235,6 +246,8 @@ def _v5p(chips: int, grid: str) -> Topology:
         host_link_bandwidth=600e9,
         host_link_source=_V5P_HOST_LINK,
         xla_topology=(f"v5p:{grid}", (2, 2, 1)),
+        on_chip_memory=50_266_112,
+        on_chip_source=_ON_CHIP.format(chip="v5p", slice="v5p:4x4x4", n="50,266,112"),
     )
 
 
@@ -256,6 +269,8 @@ TOPOLOGIES: dict[str, Topology] = {
         host_link_bandwidth=200e9,
         host_link_source=_V5E_HOST_LINK,
         xla_topology=("v5e:2x4", (2, 4, 1)),
+        on_chip_memory=117_440_512,
+        on_chip_source=_ON_CHIP.format(chip="v5e", slice="v5e:2x4", n="117,440,512"),
     ),
     "tpu-v5p-8": _v5p(8, "2x2x2"),
     "tpu-v5p-64": _v5p(64, "4x4x4"),

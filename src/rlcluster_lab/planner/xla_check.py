@@ -129,6 +129,7 @@ class StepProgram:
 def step_programs(req: PlanRequest, placed: Placed) -> list[StepProgram]:
     """The programs one RL step compiles for ``req``'s plan (``app.learner``'s order)."""
     config, work, platform, tok = req.model, req.workload, req.topology.platform, ByteTokenizer()
+    on_chip = req.topology.on_chip_memory  # temporaries that fit there are not in device memory
     ids = {"eos_id": tok.eos_id, "pad_id": tok.pad_id}
     rows, prompt, new = work.rollout_batch_size, work.prompt_length, work.max_tokens
     prompt_tokens, completion, temperature = np.zeros((rows, prompt), np.int32), np.zeros((rows, new), np.int32), 1.0
@@ -171,6 +172,7 @@ def step_programs(req: PlanRequest, placed: Placed) -> list[StepProgram]:
             on_device(r_inputs, d, host),
             split(Role.ROLLOUT, r_mesh),
             platform=platform,
+            on_chip=on_chip,
             lora_rank=rollout.lora_rank,
         )
 
@@ -195,6 +197,7 @@ def step_programs(req: PlanRequest, placed: Placed) -> list[StepProgram]:
                 on_device(inputs, d, host),
                 split(role, mesh),
                 platform=platform,
+                on_chip=on_chip,
                 lora_rank=rank,
             )
 
@@ -244,6 +247,7 @@ def step_programs(req: PlanRequest, placed: Placed) -> list[StepProgram]:
             len(trained) + len(placed.optimizer) + 5,
             split(Role.ACTOR, a_mesh),
             platform=platform,
+            on_chip=on_chip,
             accumulating=work.accumulates,
             lora_rank=actor.lora_rank,
         )
