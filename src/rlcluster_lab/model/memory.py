@@ -367,9 +367,9 @@ def logps_program(
     return _program("log-probs", arguments, rows * completion * F32, _largest(layer, head), on_chip)
 
 
-# One decode step runs the layers in a scan over the cache: per layer XLA:CPU holds eight copies
-# of one layer's keys or values (each read out of the stack, transposed for its product, written
-# back), counted from its buffer assignment of the lab's sampler (tiny and small presets).
+# One decode step runs the layers in a scan over the cache, writing a new cache beside the old,
+# and per layer holds four copies of one layer's keys or values (read out of the stack, transposed
+# for its product, written back), counted from XLA:CPU's buffer assignment of the lab's sampler.
 DECODE_LAYER_COPIES = 4
 
 
@@ -429,9 +429,9 @@ def update_program(
     state on the device; ``leaves``: how many arrays the step returns (new parameters and
     optimizer state, five float32 metrics). Its larger point is the end of the forward pass
     (every layer's residuals, the gradients it will fill, plus a float32 running sum when
-    ``accumulating``, and the layer in flight) or the update (the gradients, the new
-    parameters and optimizer state beside the old: the step keeps the old until it knows the
-    new are finite). Outputs: the new parameters and optimizer state, and the metrics.
+    ``accumulating``, and the layer in flight) or the update (the gradients and the new
+    optimizer state beside the old: the step keeps the old until it knows the new are finite).
+    Outputs: the new parameters and optimizer state, and the metrics.
     ``on_chip``: as for ``logps_program``.
     """
     tokens = prompt + completion
@@ -449,6 +449,6 @@ def update_program(
     }
     if lora_rank:  # differentiated, an adapted MLP keeps one more product of its width in flight
         forward["adapter_products"] = rows * tokens * _per(config.mlp_dim, split.mlp) * itemsize(config)
-    update = {"gradients": gradients, "new_parameters": trainable, "new_optimizer_state": optimizer}
+    update = {"gradients": gradients, "new_optimizer_state": optimizer}
     outputs = trainable + optimizer + 5 * F32 + _tuple_table(leaves, platform)
     return _program("train step", arguments, outputs, _largest(forward, update), on_chip)

@@ -2,14 +2,17 @@
 host's RAM, and the reason when something does not fit.
 
 A device holds its resident state (each buffer once, for its first holder in report order)
-and, while a phase of a step runs, that phase's transient bytes: ``generate`` (the KV cache
-and the prefill; under offload the rollout weights, brought to device: P14), ``actor_update``
-and ``critic_update`` (gradients, one micro-batch's activations, the new parameters and
-optimizer state; under offload the role's state, brought to device) and ``sync`` (its
-transient device peak, ``planner.sync_peak``). Phases run one after another, so a device's
+and, while a phase of a step runs, that phase's transient bytes: ``generate`` (the sampler's
+temporaries, its KV cache among them, and its outputs; under offload the rollout weights,
+brought to device: P14), ``actor_update`` and ``critic_update`` (the optimizer step's
+temporaries: one micro-batch's activations, the gradients, the layer in flight; and its
+outputs, the new parameters and optimizer state; under offload the role's state, brought to
+device) and ``sync`` (its transient device peak, ``planner.sync_peak``). The programs' figures
+are ``model.memory``'s, the ones each program is checked with before it is compiled
+(``model.fits``), for the topology's platform. Phases run one after another, so a device's
 peak is its resident bytes plus its largest phase. A host's RAM holds its devices' host-kind
-buffers and the sync's pinned-host peak; on CPU it holds its devices' bytes too. Log-prob
-passes keep no activations and are not counted. Formulas: ``planner.step_memory``.
+buffers and the sync's pinned-host peak; on CPU it holds its devices' bytes too. The log-prob
+programs, smaller than the optimizer step over the same rows, are not a phase of their own.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from rlcluster_lab.measure.memory import KINDS, MEMORY_ENTRIES
+from rlcluster_lab.model.memory import generate_program, update_program
 from rlcluster_lab.planner.buffers import PlannedArray, distinct_buffers, shard_rows
-from rlcluster_lab.planner.step_memory import Split, Workload, activation_bytes, kv_cache_bytes, prefill_bytes
+from rlcluster_lab.planner.step_memory import Split, Workload
 from rlcluster_lab.planner.tables import Topology
 
 PHASES = ("generate", "actor_update", "critic_update", "sync")
@@ -144,18 +148,37 @@ class Trainer:
     value_head: bool = False
 
 
-def update_phase(config: Any, trainer: Trainer, workload: Workload, offload: bool) -> dict[int, dict[str, int]]:
-    """Per device of the trainer's mesh, what one optimizer step adds (``step_memory``)."""
-    grads = _per_device(trainer.trainable)
-    if workload.accumulates:  # a float32 running sum beside each micro-batch's gradient
-        grads += _per_device(trainer.trainable, itemsize=4)
-    outputs = _per_device(trainer.trainable) + _per_device(trainer.optimizer)
-    acts = activation_bytes(config, workload, trainer.split, lora_rank=trainer.lora_rank, value_head=trainer.value_head)
+def update_phase(
+    config: Any, trainer: Trainer, workload: Workload, offload: bool, platform: str = "cpu"
+) -> dict[int, dict[str, int]]:
+    """Per device of the trainer's mesh, what one optimizer step adds: its program's temporaries on
+    ``platform`` (``model.memory.update_program``, the figure the step is checked with before it
+    is compiled) and its outputs, the new parameters and optimizer state beside the old."""
+    trained, optimizer = _per_device(trainer.trainable), _per_device(trainer.optimizer)
+    outputs = trained + optimizer
+    leaves = len(trainer.trainable) + len(trainer.optimizer) + 5  # and the five metrics
     brought = _per_device(trainer.arrays, "pinned_host") + _per_device(trainer.optimizer, "pinned_host")
+
+    def program(d: int) -> dict[str, int]:
+        return update_program(
+            config,
+            workload.train_rows,
+            workload.prompt_length,
+            workload.max_tokens,
+            0,
+            trained[d],
+            optimizer[d],
+            leaves,
+            trainer.split,
+            platform=platform,
+            accumulating=workload.accumulates,
+            lora_rank=trainer.lora_rank,
+            value_head=trainer.value_head,
+        ).temporaries
+
     return {
-        d: {"gradients": grads[d], "activations": sum(acts.values()), "update_outputs": outputs[d]}
-        | ({"offloaded_state": brought[d]} if offload else {})
-        for d in sorted(set(grads) | set(outputs))
+        d: {**program(d), "update_outputs": outputs[d]} | ({"offloaded_state": brought[d]} if offload else {})
+        for d in sorted(set(trained) | set(outputs))
     }
 
 
@@ -166,13 +189,24 @@ def generate_phase(
     split: Split,
     workload: Workload,
     offload: bool,
+    platform: str = "cpu",
 ) -> dict[int, dict[str, int]]:
-    """Per rollout device, what a generate call adds: the KV cache and the prefill's logits and
-    attention (``step_memory``), and under offload the rollout weights brought to device."""
-    kv = kv_cache_bytes(config, workload.rollout_batch_size, workload.kv_cache_size, split)
-    prefill = prefill_bytes(config, workload, split)
+    """Per rollout device, what a generate call adds: its program's temporaries on ``platform``
+    (``model.memory.generate_program``: the KV cache and the prefill or a decode step) and its
+    outputs, and under offload the rollout weights brought to device."""
+    sampler = generate_program(
+        config,
+        workload.rollout_batch_size,
+        workload.prompt_length,
+        workload.max_tokens,
+        workload.kv_cache_size,
+        0,
+        split,
+        platform=platform,
+    )
+    terms = {**sampler.temporaries, "sampled": sampler.outputs}
     brought = _per_device(rollout, "pinned_host")
-    return {d: {"kv_cache": kv, **prefill} | ({"offloaded_state": brought[d]} if offload else {}) for d in devices}
+    return {d: terms | ({"offloaded_state": brought[d]} if offload else {}) for d in devices}
 
 
 def budgets(

@@ -320,8 +320,9 @@ def _step_phases(
         trainers["critic_update"] = Trainer(critic, critic, placed.critic_optimizer, critic_split, value_head=True)
         step["critic_split"] = dataclasses.asdict(critic_split)
         step["activations_per_device"]["critic"] = activation_bytes(config, work, critic_split, value_head=True)
-    phases = {name: update_phase(config, t, work, req.offload) for name, t in trainers.items()}
+    platform = req.topology.platform
+    phases = {name: update_phase(config, t, work, req.offload, platform) for name, t in trainers.items()}
     phases["generate"] = generate_phase(
-        config, list(models["rollout"].values()), rollout_mesh.device_ids, rollout_split, work, req.offload
+        config, list(models["rollout"].values()), rollout_mesh.device_ids, rollout_split, work, req.offload, platform
     )
     return phases, step

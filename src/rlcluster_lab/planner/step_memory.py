@@ -1,5 +1,5 @@
-"""What one RL step holds beside the resident state (L4), for a planned workload: activations,
-the rollout's KV cache and prefill, from the model's dimensions.
+"""What one RL step holds beside the resident state (L4), for a planned workload: activations
+and the rollout's KV cache, from the model's dimensions.
 
 The formulas are ``model.memory``'s, the ones the check before every compiled batch program
 reads too (``model.fits``), so a plan and a refusal give the same figure; this module sizes
@@ -14,17 +14,14 @@ from __future__ import annotations
 
 from rlcluster_lab.core.model_config import ModelConfig
 from rlcluster_lab.model.memory import (
-    F32,
     Split,
-    _per,
-    itemsize,
     kv_cache_bytes,
     residual_bytes,
     shared_bytes_per_token,
 )
 from rlcluster_lab.planner.workload import Workload
 
-__all__ = ["FORMULAS", "Split", "Workload", "activation_bytes", "kv_cache_bytes", "prefill_bytes"]
+__all__ = ["FORMULAS", "Split", "Workload", "activation_bytes", "kv_cache_bytes"]
 __all__ += ["shared_bytes_per_token"]
 
 WHOLE = Split()  # nothing split: one device holds every head, unit and token
@@ -51,22 +48,6 @@ def activation_bytes(
     )
 
 
-def prefill_bytes(config: ModelConfig, workload: Workload, split: Split = WHOLE) -> dict[str, int]:
-    """What the sampler's prefill holds beside the cache, on one device: the float32 logits
-    at every prompt position (``model.sampling`` keeps the whole (rows, prompt, vocab) array
-    and reads its last position), and one layer's attention over the cache's slots: the mask's
-    float32 bias (``model.transformer.mask_bias``, one per row, shared by the heads) and per head
-    float32 scores and exponentials and probabilities in the model's dtype."""
-    rows = workload.rollout_batch_size
-    heads = _per(config.num_heads, split.q_heads)
-    vocab = _per(config.vocab_size, split.vocab)
-    prompt, slots = workload.prompt_length, workload.kv_cache_size
-    return {
-        "prefill_logits": rows * prompt * vocab * F32,
-        "prefill_attention": rows * prompt * slots * (F32 + heads * (2 * F32 + itemsize(config))),
-    }
-
-
 FORMULAS = {
     "activations": "per layer per token: 2 x (8e + p e + 8) [two RMSNorms] + p (2q + 2kv) + 8 head_dim [rotary] "
     "+ heads x (T s + r) [the softmax and its probabilities: s bytes a score, r a row, as the running JAX keeps "
@@ -79,7 +60,13 @@ FORMULAS = {
     "update_outputs": "the step's new trainable parameters and optimizer state, written beside the old ones "
     "(the lab's step does not donate its inputs)",
     "kv_cache": "2 x layers x kv_heads x head_dim x slots x rows x itemsize (the model config's dtype)",
-    "prefill": "rows x prompt x vocab x 4 (float32 logits at every prompt position) + rows x prompt x slots x "
-    "(4 + heads x (8 + p)) (one layer's attention over the cache: the mask's bias, scores, exponentials, "
-    "probabilities)",
+    "layer_in_flight": "one layer of the forward pass beside the stacks: rows x T x (p e [hidden] + 4 S [mask bias] + "
+    "4 head_dim [rotary]) + the larger of the attention (rows x heads x T x S x 4, twice on XLA:CPU [scores, with "
+    "the bias]; rows x S x p kv [keys or values]; one layer's weights) and the MLP (rows x T x p m, 3 times on "
+    "XLA:CPU, 2 elsewhere, 2 more with LoRA [the adapters' products]; p m e [its down projection])",
+    "generate": "the KV cache, then the larger of the prefill (layer_in_flight over the prompt, S the slots) and "
+    "a decode step (the new cache its layer scan writes beside the old, 4 copies of one layer's keys or values and "
+    "one layer's weights)",
+    "train_step": "the larger of the forward pass's end (activations + gradients + layer_in_flight) and the update "
+    "(gradients + the new optimizer state beside the old)",
 }
