@@ -71,14 +71,10 @@ def validate(
     training_config: TrainingConfig | None = None,
     role_to_mesh: dict[Role, Any] | None = None,
 ) -> ClusterConfig:
-    """Every check a build would make, with nothing allocated and nothing compiled: the knobs
-    (P6), the layout on these devices, the ``ClusterConfig``, and every role's partition specs on
-    its mesh, read from the models' shapes alone. Returns the validated config.
-
-    Raises:
-        ConfigError, ValueError: what cannot work, and how to fix it.
-        TypeError: ``scenario`` is not a ``Scenario``.
-    """
+    """Every check a build would make, nothing allocated or compiled: the knobs (P6), the layout on
+    these devices, the ``ClusterConfig``, and every role's partition specs from the models' shapes;
+    returns the config. Raises ``ConfigError`` or ``ValueError`` with the fix, ``TypeError`` for a
+    non-``Scenario``."""
     check_scenario(scenario)
     if role_to_mesh is None:
         r2m = layout_meshes(scenario.layout, devices)

@@ -26,9 +26,8 @@ from rlcluster_lab.core.shardings import default_memory_kind
 
 @dataclasses.dataclass(frozen=True)
 class ContextEntry:
-    """One entry into a role's context by ``operation`` (``"generate"``, ``"construct: engine"``,
-    ...): the current mesh inside as JAX reports it (axis sizes, devices in mesh order), and
-    whether it is the role's mesh."""
+    """One entry into a role's context by ``operation``: the current mesh inside as JAX reports it
+    (axis sizes, devices in mesh order), and whether it is the role's mesh."""
 
     operation: str
     role: str

@@ -33,9 +33,8 @@ from rlcluster_lab.training.step import init_optimizer_state
 
 @dataclasses.dataclass(eq=False)
 class LiveExecutor:
-    """Places real models for a cluster, in its role contexts; ``engine_kind`` is a name or
-    ``custom`` (``validate.check_inputs``), ``rollout_config`` the TRAIN one, ``optimizers`` per
-    trained role (ACTOR, CRITIC)."""
+    """Places real models for a cluster, in its role contexts (``engine_kind``: a name or ``custom``;
+    ``rollout_config``: the TRAIN one; ``optimizers`` per trained role)."""
 
     contexts: RoleContexts
     tokenizer: Any

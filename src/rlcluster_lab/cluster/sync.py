@@ -186,9 +186,8 @@ def restore_from_anchor(s: ClusterState, filter_types: tuple[Any, ...], keys: An
 def _rollouts_own(
     engine: Any, filter_types: tuple[Any, ...], held: list[Any], synced: nnx.State
 ) -> dict[tuple[Any, ...], Any]:
-    """Path -> array of the synced leaves the rollout holds as arrays of its own: not the
-    actor's very arrays (``synced``, P3 shared), which a sync leaves as they are and a rollback
-    must too."""
+    """Path -> array of the synced leaves the rollout holds as arrays of its own, not the actor's
+    very arrays (P3 shared), which a sync and a rollback leave as they are."""
     actors = flat_values(synced)
     return {k: x for k, x in zip(engine.held_targets(filter_types), held) if x is not actors.get(k)}
 

@@ -135,10 +135,9 @@ def open_devices(*, on_held: Literal["cpu", "raise"], retried: bool = False) -> 
 
 
 def reopen_devices() -> bool:
-    """Let the next ``open_devices`` try the accelerator again, once ``open_devices`` fell back to
-    the CPU: JAX's platforms as they were, and its backends cleared (``jax.extend.backend.
-    clear_backends``; arrays made before stay on the CPU devices they were made on). Nothing
-    changes where it did not fall back. Returns whether it did."""
+    """Let the next ``open_devices`` try the accelerator again after it fell back to the CPU: JAX's
+    platforms restored and its backends cleared (arrays made before stay where they are); returns
+    whether it had fallen back."""
     if not _before_fallback or not backend_started():
         return False
     jax.config.update("jax_platforms", _before_fallback.pop())

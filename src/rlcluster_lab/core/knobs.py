@@ -268,10 +268,8 @@ PLANNER_KNOBS: tuple[Knob, ...] = tuple(k for k in SCENARIO_KNOBS if k.planner)
 
 
 def knob_dataclass(knobs: Iterable[Knob]) -> Callable[[type[T]], type[T]]:
-    """Make a class a frozen dataclass whose fields are its own, then ``knobs`` (in order, with
-    their defaults), each checked and converted by its knob (``Knob.check``) before the class's
-    own ``__post_init__`` runs. A field the class declares itself keeps its declaration and is
-    left to the class to check."""
+    """Make a class a frozen dataclass of its own fields, then ``knobs`` with their defaults, each
+    checked by its knob before the class's own ``__post_init__`` (a field the class declares is its own)."""
 
     def make(cls: type[T]) -> type[T]:
         own = dict(cls.__dict__.get("__annotations__", {}))

@@ -90,9 +90,8 @@ def sharded_dims(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def fitting_shapes(count: int, config: ModelConfig) -> list[tuple[int, int]]:
-    """The (fsdp, tp) arrangements of ``count`` devices whose axis sizes divide every model
-    dimension sharded over them (what ``check_spec`` asks of a placement), the standard shape
-    first when it fits. Empty when none does (3 devices and a 64-wide model)."""
+    """The (fsdp, tp) arrangements of ``count`` devices whose axis sizes divide every model dimension
+    sharded over them, the standard shape first; empty when none does (3 devices, a 64-wide model)."""
     dims = sharded_dims(config)
     shapes = [default_shape(count)] if count else []
     shapes += [(a, count // a) for a in range(1, count + 1) if count % a == 0 and (a, count // a) not in shapes]
@@ -126,16 +125,13 @@ def layout_meshes(
     """Meshes for every role in one of the standard layouts.
 
     - ``colocated``: every role on one mesh over all devices.
-    - ``reshaped``: every role on all devices in the standard shape, except the
-      rollout, which uses the same devices as an (N, 1) mesh: same chips,
-      another mesh (P1 sees them as different). On one device, where (1, 1) is
-      the only shape, the rollout's mesh names the axes the other way round
-      (``ROLLOUT_AXES_ON_ONE_DEVICE``): the same chip, another mesh.
-    - ``split``: actor, reference, reward and critic on the first half of the
-      devices, the rollout on the second half.
+    - ``reshaped``: every role on all devices in the standard shape, except the rollout, on the same
+      devices as an (N, 1) mesh: same chips, another mesh (P1). On one device the rollout's mesh
+      names the axes the other way round (``ROLLOUT_AXES_ON_ONE_DEVICE``).
+    - ``split``: actor, reference, reward and critic on the first half of the devices, the rollout
+      on the second half.
 
-    ``make(devices, shape)`` builds each mesh; the what-if planner passes one
-    that builds meshes on paper, so real and planned layouts are one definition.
+    ``make(devices, shape)`` builds each mesh (the planner's builds them on paper: one definition).
     """
     devices = device_list(devices) if make is make_mesh else list(devices if devices is not None else jax.devices())
     n = len(devices)

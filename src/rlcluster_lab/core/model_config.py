@@ -160,9 +160,8 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     def kv_cache_bytes(self, rows: int, slots: int, kv_heads: int | None = None) -> int:
-        """Bytes of a KV cache of ``slots`` per row (``model.transformer.init_cache``'s shape):
-        keys and values of every layer in the parameters' dtype. ``kv_heads``: the heads one
-        device holds where they are split; all of them by default."""
+        """Bytes of a KV cache of ``slots`` per row: keys and values of every layer in the parameters'
+        dtype, over ``kv_heads`` heads (all of them by default)."""
         heads = self.num_kv_heads if kv_heads is None else int(kv_heads)
         return 2 * self.num_layers * int(rows) * int(slots) * heads * self.head_dim * self.dtype.itemsize
 

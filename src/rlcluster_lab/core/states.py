@@ -55,8 +55,7 @@ _SPLITS = WhileAlive()  # module -> (the walk its graphdef was read with, the gr
 
 
 def model_split(model: nnx.Module, *filters: Any) -> tuple[Any, ...]:
-    """``nnx.split(model, *filters)``: the graphdef, then the state (one per filter when given),
-    the graphdef kept while the module holds the same Variables (``model_state``'s walk), so
+    """``nnx.split(model, *filters)``, the graphdef kept while the module holds the same Variables, so
     the same graphdef object comes back call after call."""
     state = model_state(model)
     pairs = _WALKED.get(model)

@@ -66,11 +66,8 @@ def cluster_entries(cluster: Any) -> dict[str, Any]:
 
 
 def memory_report(cluster: Any) -> MemoryReport:
-    """L2 for a constructed cluster (allocator figures of the devices its meshes use).
-
-    Raises:
-        TypeError: ``cluster`` is not a constructed cluster (it has no actor, rollout or devices).
-    """
+    """L2 for a constructed cluster (a ``TypeError`` for anything else), with the allocator figures of
+    the devices its meshes use."""
     if not all(hasattr(cluster, a) for a in ("actor_model", "rollout", "devices")):
         raise TypeError(f"memory_report takes a constructed cluster (build_cluster(...)), got {type(cluster).__name__}")
     return memory_of(cluster_entries(cluster), devices=cluster.devices())

@@ -104,9 +104,8 @@ class SyncPiece:
 
 @dataclasses.dataclass(frozen=True)
 class LeafSync:
-    """One synced leaf (``SyncReport`` says what each figure counts). Bytes are physical, in the
-    dtype the data moved in (the source's); ``pieces``: the same bytes per (how, source device,
-    destination device)."""
+    """One synced leaf (``SyncReport`` says what each figure counts), bytes physical in the source's
+    dtype; ``pieces``: the same bytes per (how, source device, destination device)."""
 
     path: str
     dtype: str

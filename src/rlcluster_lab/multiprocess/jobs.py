@@ -92,9 +92,8 @@ def run_scenario(
 def exercise_cluster(
     cluster: Any, seconds: dict[str, float], progress: Callable[[str], None], label: str
 ) -> dict[str, Any]:
-    """Every operation once, on every process; returns what the tests compare across processes:
-    the sampled tokens, the step's metrics, and how far the sampler's log-probs are from the
-    rollout's and the anchor's (equal up to rounding) and, after the step, the live actor's."""
+    """Every operation once, on every process; returns the sampled tokens, the step's metrics, and how
+    far the sampler's log-probs are from the rollout's, the anchor's and (after the step) the live actor's."""
     import numpy as np
 
     from rlcluster_lab.core.gathering import host_values, stored_facts

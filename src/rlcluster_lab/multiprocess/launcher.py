@@ -125,9 +125,8 @@ def launch(
     progress: Callable[[str], None] | None = None,
     on_start: Callable[[list[int]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``job`` (``multiprocess.jobs``) in ``settings.processes`` workers on this machine;
-    returns each worker's result, in process order. Raises as ``run_reports`` (a refusal by a
-    worker in the launch's terms: ``in_launch_terms``); every worker is stopped first."""
+    """Run ``job`` in ``settings.processes`` workers on this machine; returns each worker's result in
+    process order, or raises as ``run_reports`` does once every worker is stopped."""
     settings.check()
     # The run's folder (job, results, progress, logs) is removed on every exit path.
     with tempfile.TemporaryDirectory(prefix="rlcluster-lab-processes-", ignore_cleanup_errors=True) as folder:
@@ -234,9 +233,8 @@ def _run_workers(
 
 
 def _worker_env() -> dict[str, str]:
-    """The launcher's environment, for the workers: this copy of the lab first on the path,
-    JAX on the CPU alone (``core.devices.cpu_only_env``: never the accelerator the caller
-    holds), unbuffered output, and no proxy (the runtime's connections are local)."""
+    """The workers' environment: this copy of the lab first on the path, JAX on the CPU alone
+    (``cpu_only_env``), unbuffered output, and no proxy (the runtime's connections are local)."""
     from rlcluster_lab.core.compile_cache import ENV as CACHE_ENV
     from rlcluster_lab.core.devices import cpu_only_env
 

@@ -261,9 +261,8 @@ def minimum_crossing_elements(
 
 
 def crossing_facts(source: Mapping[str, Any], destination: Mapping[str, Any], sync: Any) -> dict[str, Any]:
-    """This process's crossing facts for one sync (every process computes the same minimums), from
-    the actor's arrays the sync read (``source``: leaf path -> array), the rollout's after it
-    (``destination``) and the ``SyncReport`` it returned (its logged cross-device copies)."""
+    """This process's crossing facts for one sync, from the actor's arrays the sync read (``source``),
+    the rollout's after it (``destination``) and its ``SyncReport`` (every process: the same minimums)."""
     import jax
     import numpy as np
 

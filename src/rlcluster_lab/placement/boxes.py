@@ -48,9 +48,8 @@ class BlockPlan:
 def minimum_cross_device_elements(
     src_boxes: Sequence[tuple[int, Box]], dst_boxes: Sequence[tuple[int, Box]]
 ) -> list[int]:
-    """Per destination shard: elements no source shard on its own device holds, the least any
-    reshard must move (shards of one sharding are equal or disjoint). Remembered per pair of
-    layouts: every sync asks again for the same leaves."""
+    """Per destination shard: elements no source shard on its own device holds, the least any reshard
+    must move; remembered per pair of layouts (every sync asks again)."""
     return list(_minimum(tuple(src_boxes), tuple(dst_boxes)))
 
 

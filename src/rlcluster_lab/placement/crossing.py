@@ -118,12 +118,10 @@ def _placeholders(dsts: Sequence[NamedSharding], avals: Sequence[jax.ShapeDtypeS
 def move_across(
     run: Any, idx: list[int], staged: dict[int, jax.Array], src_a: tuple[Any, ...]
 ) -> dict[int, tuple[jax.Array, set[int]]]:
-    """Disjoint device sets in different processes: ``placement.xla.run_moves`` across processes.
-
-    ``staged[i]`` is leaf i of the reshard ``run`` (``placement.reshard``) laid out as its destination
-    over ``src_a``. Every process calls it, one program per destination mesh, and gets index -> (the
-    leaf, ids of its own devices holding new buffers), logging the transfers that landed on them.
-    """
+    """Disjoint device sets in different processes: ``placement.xla.run_moves`` across processes, every
+    process calling it, one program per destination mesh. ``staged[i]`` is leaf i of ``run`` laid
+    out as its destination over ``src_a``; returns index -> (the leaf, ids of its own devices holding
+    new buffers), logging what landed on them."""
     xs, labels = run.xs, run.labels
     # In the devices' default memory, as every layout change here: a memory kind comes after (P14).
     dsts = {i: run.work_dst(i) for i in idx}
@@ -187,10 +185,9 @@ def _log(
     origins: Any,
     crossed_before: int,
 ) -> None:
-    """Emit what landed on this process's devices: the program's flows (read from its HLO) and the
-    copies inside the receiving process. Every destination byte is foreign (the device sets are
-    disjoint), so what crossed beyond the destination's bytes was relayed (the sender's own
-    re-layout, counted by ``placement.xla`` as ``crossed_before``)."""
+    """Emit what landed on this process's devices: the program's flows and the copies inside the
+    receiving process; what crossed beyond the destination's bytes was relayed (the sender's own
+    re-layout, ``crossed_before``)."""
     if origins is None:
         emit(Unreadable(label, UNTRACED))
     mine = {int(d.id) for d in y.sharding.device_set if d.process_index == jax.process_index()}

@@ -146,9 +146,8 @@ def write_anchor_over(old: list[jax.Array], new: list[jax.Array]) -> list[jax.Ar
 
 
 def held_elsewhere(tree: Any) -> list[bool]:
-    """For each leaf of ``tree`` (an ``nnx.State`` or any pytree), whether anything besides
-    ``tree`` itself refers to it: CPython's reference counts, against the same structure holding
-    fresh objects (what one container of it adds depends on Flax's Variable)."""
+    """For each leaf of ``tree``, whether anything besides ``tree`` refers to it: CPython's reference
+    counts, against the same structure holding fresh objects."""
     leaves, treedef = jax.tree.flatten(tree)
     fresh = [object() for _ in leaves]
     probe = jax.tree.unflatten(treedef, fresh)

@@ -60,9 +60,8 @@ def compile_outside_mesh(jitted: Any, *args: Any, options: dict[str, Any] | None
 
 
 def clear_programs() -> None:
-    """Forget the compiled copy programs of both strategies and of the multi-process crossing
-    (the next reshard builds them again): for a caller that wants their memory back at once,
-    or a test that swaps the planner."""
+    """Forget every compiled program placement keeps (the next reshard builds them again): for a caller
+    that wants the memory back, or a test that swaps the planner."""
     for clear in _CLEARS:
         clear()
 

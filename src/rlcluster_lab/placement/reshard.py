@@ -187,9 +187,8 @@ class _Run:
         return results
 
     def _log_carried(self) -> None:
-        """A result shard that carries the source's own data on its device but sits in a new
-        buffer (moved between memory kinds on the way) was copied within its device: logged so
-        that every destination byte is accounted for."""
+        """A result shard carrying the source's data on its device in a new buffer (moved between memory
+        kinds) was copied within its device: logged, so that every destination byte is accounted for."""
         if not wants(Transfer):
             return
         for i, x in enumerate(self.xs):
@@ -353,9 +352,8 @@ _CAST_TEMPORARIES = ProgramCache(64)
 
 
 def cast_temporaries_of(arrays: Sequence[Any], dtypes: Sequence[Any]) -> tuple[tuple[int, ...], int]:
-    """(device ids, temporary bytes per device) of the program ``cast_many`` runs for ``arrays``
-    (arrays or ``ShapeDtypeStruct``s on one set of devices), from its memory analysis; compiled
-    once per signature (the planner reads the same figure without allocating)."""
+    """(device ids, temporary bytes per device) of ``cast_many``'s program for ``arrays`` (or their
+    shapes), compiled once per signature; the planner reads the same figure."""
     names = tuple(str(np.dtype(d)) for d in dtypes)
     key = (names, tuple((tuple(x.shape), str(np.dtype(x.dtype)), x.sharding) for x in arrays))
     hit: tuple[tuple[int, ...], int] | None = _CAST_TEMPORARIES.get(key)

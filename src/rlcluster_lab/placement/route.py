@@ -91,11 +91,9 @@ class Step:
 
 @dataclasses.dataclass(frozen=True)
 class ProgramGroup:
-    """Leaves one compiled program lays out together: the same source and destination device
-    orders. ``between``: the program lays them out as the destination over the *source*
-    devices (then shards move); ``members``: every leaf of these orders; ``legs``: those the
-    program takes (a ``between`` leaf whose every destination block some source device already
-    holds takes none)."""
+    """Leaves one compiled program lays out together (the same source and destination device orders):
+    ``members`` every leaf of these orders, ``legs`` those the program takes; ``between``: it lays
+    them out as the destination over the *source* devices, then shards move."""
 
     src_order: tuple[int, ...]
     dst_order: tuple[int, ...]

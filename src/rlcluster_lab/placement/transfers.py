@@ -34,9 +34,8 @@ def buffer_bytes(data: jax.Array) -> int:
 
 
 def shard_buffers(x: jax.Array) -> tuple[tuple[Key, int], ...]:
-    """(``shard_key``, bytes) of each addressable shard of ``x``, in shard order; read once per
-    array while it lives (its buffers never change), as the measurements read every shard of
-    each array a sync or a construction makes."""
+    """(``shard_key``, bytes) of each addressable shard of ``x``, in shard order, read once while the
+    array lives (its buffers never change)."""
     hit = _BUFFERS.get(x)
     if hit is None or x.is_deleted():
         hit = tuple((buffer_key(d, a), buffer_bytes(a)) for d, a in shard_data(x))

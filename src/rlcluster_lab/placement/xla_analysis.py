@@ -61,9 +61,8 @@ class _Mismatch(ValueError):
 def read_analysis(
     compiled: Any, devices: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Sharding], traffic: ProgramTraffic
 ) -> Provenance | None:
-    """The stored provenance of this program (``inputs``: its abstract inputs with the source
-    shardings; ``outputs``: its destination shardings; ``traffic``: its flows), checked against
-    it; None when there is none that fits, whatever the file holds."""
+    """The stored provenance of this program, checked against its abstract inputs, destination
+    shardings and flows; None when none fits, whatever the file holds."""
     path = analysis_path(compiled, devices)
     if path is None:
         return None

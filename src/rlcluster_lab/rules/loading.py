@@ -146,10 +146,9 @@ def p14_offload(role: str, offload_to_cpu: bool, on_device: bool) -> Decision[P1
 
 @P14.function
 def p14_own_copy_engine(engine_name: str) -> Decision[P14OwnCopyValues]:
-    """P14 (engines with their own copy): with offload, a linked rollout whose engine owns its
-    weights is moved to and from host on its own and is not updated together with the actor
-    (the reference does not support offload for those engines; updating them together would
-    move the actor onto the engine's mesh)."""
+    """P14 (engines with their own copy): with offload, a linked rollout whose engine owns its weights
+    moves to and from host on its own, not with the actor (which would move onto the engine's mesh);
+    the reference does not offload those engines."""
     return Decision(
         "P14",
         "offload with a linked rollout whose engine owns its weights",

@@ -27,12 +27,8 @@ from rlcluster_lab.training.step import run_update
 
 @dataclasses.dataclass(frozen=True)
 class ValueBatch(TokenBatch):
-    """What the critic learns from: completions, their returns and the rollout-time values.
-
-    Raises:
-        TypeError: ids that are not integers, or values that are not numbers.
-        ConfigError: an empty batch, a wrong shape, a negative id, or a NaN/inf value.
-    """
+    """What the critic learns from: completions, their returns and the rollout-time values, checked at
+    construction as ``TrainBatch`` is."""
 
     prompt_tokens: np.ndarray  # (B, P) left-padded
     completion_tokens: np.ndarray  # (B, C) right-padded

@@ -89,9 +89,8 @@ def observation(
 
 
 def observed_decisions(cluster: Any, given: Given | None = None) -> list[dict[str, Any]]:
-    """The construction decisions (P1-P5, P7, P8, P12, P14) as the cluster's state shows them;
-    without ``given``, P5 is left out, P1 and P7 read the rollout mesh as constructed, and P4
-    reads buffer identity alone."""
+    """The construction decisions (P1-P5, P7, P8, P12, P14) as the cluster's state shows them; without
+    ``given``, P5 is left out, P1 and P7 read the constructed mesh, and P4 buffer identity alone."""
     models = tunix_models(cluster)
     smap = sharing_map(cluster)
     meshes = role_meshes(cluster)
