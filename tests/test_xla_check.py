@@ -14,10 +14,11 @@ import pytest
 
 from rlcluster_lab.cli.main import main
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.model.fits import xla_figures
 from rlcluster_lab.model.memory import ProgramBytes
 from rlcluster_lab.planner.plan import plan_cluster
 from rlcluster_lab.planner.tables import TOPOLOGIES
-from rlcluster_lab.planner.xla_check import ProgramCheck, check_devices, check_plan, refused_bytes, summary
+from rlcluster_lab.planner.xla_check import ProgramCheck, check_devices, check_plan, summary
 
 PROGRAMS = [("generate", "rollout"), ("log-probs", "actor"), ("log-probs", "reference"), ("train step", "actor")]
 
@@ -83,9 +84,9 @@ def test_l4_a_refusal_for_memory_names_its_bytes() -> None:
         "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (18.71G) "
         "exceeds available HBM (15.75G)."
     )
-    assert refused_bytes(text) == int(18.71 * 2**30)
-    assert refused_bytes("RESOURCE_EXHAUSTED: (512.5M) needed") == int(512.5 * 2**20)
-    assert refused_bytes("INVALID_ARGUMENT: (18.71G)") is None
+    assert xla_figures(text) == (int(18.71 * 2**30), int(15.75 * 2**30))
+    assert xla_figures("RESOURCE_EXHAUSTED: (512.5M) exceeds available HBM (1G)") == (int(512.5 * 2**20), 2**30)
+    assert xla_figures("INVALID_ARGUMENT: (18.71G) exceeds available HBM (15.75G)") is None
 
 
 def test_l4_a_tpu_topology_without_libtpu_is_refused_with_how_to_install_it(tmp_path) -> None:

@@ -110,11 +110,15 @@ def compare(
         lowered = train_step(graphdef, tx, *args, np.float32(1.0), pad_id=0, beta=0.04, epsilon=0.2, lower=True)
     resident, host = arguments(args)
     planned = figure(max(resident.values(), default=0) + host)
+    xla, seconds = xla_memory(lowered)
+    return Compared(program, planned, xla, seconds)
+
+
+def xla_memory(lowered: Any) -> tuple[dict[str, int], float]:
+    """A lowered program compiled: XLA's ``memory_analysis()`` by term (bytes per device:
+    argument, output, temp, alias, generated_code), and the seconds compiling took."""
     start = time.perf_counter()
     analysis = lowered.compile().memory_analysis()
     seconds = time.perf_counter() - start
-    xla = {
-        k: int(getattr(analysis, f"{k}_size_in_bytes"))
-        for k in ("argument", "output", "temp", "alias", "generated_code")
-    }
-    return Compared(program, planned, xla, seconds)
+    terms = ("argument", "output", "temp", "alias", "generated_code")
+    return {k: int(getattr(analysis, f"{k}_size_in_bytes")) for k in terms}, seconds

@@ -177,6 +177,17 @@ def _largest_terms(terms: Any, top: int = 3) -> list[tuple[str, int]]:
 _XLA_FIGURES = re.compile(r"\(([\d.]+)([KMGT]?)i?B?\)\s+exceeds available \w+\s+\(([\d.]+)([KMGT]?)i?B?\)")
 
 
+def xla_figures(message: str) -> tuple[int, int] | None:
+    """The bytes XLA's refusal for memory says a program needs and the device has, or None. XLA
+    writes binary units: ``(18.71G)`` is 18.71 GiB, the program's arguments, outputs and
+    temporaries together (XLA:TPU's buffer assignment of a refused llama3-8b step adds up to it)."""
+    found = _XLA_FIGURES.search(message) if "RESOURCE_EXHAUSTED" in message else None
+    if found is None:
+        return None
+    needed, available = (int(float(found[i]) * 1024 ** " KMGT".index(found[i + 1] or " ")) for i in (1, 3))
+    return needed, available
+
+
 @contextlib.contextmanager
 def xla_refusal(planned: ProgramBytes | None, what: str, knobs: Sequence[str], fix: str) -> Iterator[None]:
     """Say XLA's ``RESOURCE_EXHAUSTED`` (while compiling or running the program inside) in the lab's

@@ -22,7 +22,6 @@ and device, that sum at most the memory per device.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,7 +38,9 @@ from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.core.roles import Role
 from rlcluster_lab.core.trace import Trace
+from rlcluster_lab.measure.program_memory import xla_memory
 from rlcluster_lab.model import abstract_model
+from rlcluster_lab.model.fits import xla_figures
 from rlcluster_lab.model.logps import LOGPS, model_compiler_options
 from rlcluster_lab.model.lora import trained_params
 from rlcluster_lab.model.memory import ProgramBytes, Split, generate_program, logps_program, update_program
@@ -271,28 +272,18 @@ def _abstract_model(
     return graphdef, state
 
 
-def refused_bytes(message: str) -> int | None:
-    """The bytes XLA's refusal for memory names, or None: XLA:TPU's ``RESOURCE_EXHAUSTED: Ran out of
-    memory on HBM, the total memory required for HLO temporaries (18.71G) exceeds available HBM
-    (15.75G)`` names the program's bytes (its arguments, outputs and temporaries, in binary units)
-    first."""
-    if "RESOURCE_EXHAUSTED" not in message:
-        return None
-    found = re.search(r"\(([\d.]+)\s*([KMGT]?)i?B?\)", message)
-    return None if found is None else int(float(found[1]) * 1024 ** " KMGT".index(found[2] or " "))
-
-
 def _compiled_bytes(lowered: Any) -> tuple[dict[str, int], int | None, str | None]:
     """XLA's terms for a lowered program (bytes per device), its figure, and its refusal if any
-    (a refusal that is not for memory is raised)."""
+    (a refusal that is not for memory is raised): a refused program's figure is what XLA's
+    message says it needs (``model.fits.xla_figures``)."""
     try:
-        stats = lowered.compile().memory_analysis()
+        terms, _ = xla_memory(lowered)
     except Exception as err:  # noqa: BLE001 - XLA's own error type differs between releases
         text = str(err)
         if "RESOURCE_EXHAUSTED" not in text:
             raise
-        return {}, refused_bytes(text), text.splitlines()[0]
-    terms = {k: int(getattr(stats, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
+        figures = xla_figures(text)
+        return {}, None if figures is None else figures[0], text.splitlines()[0]
     return terms, terms["argument"] + terms["output"] + terms["temp"] - terms["alias"], None
 
 
