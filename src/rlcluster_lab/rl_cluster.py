@@ -280,8 +280,7 @@ class RLCluster:
 
     @property
     def scores_reference(self) -> bool:
-        """Whether an RL step takes the reference's log-probs: a reference model and a KL term
-        (``TrainingConfig.beta`` > 0)."""
+        """Whether an RL step takes the reference's log-probs: a reference and a KL term (``beta`` > 0)."""
         return self.reference_model is not None and self.cluster_config.training_config.beta > 0
 
     @_one_at_a_time
@@ -362,8 +361,7 @@ class RLCluster:
             self._wait_for(part)
 
     def _wait_for(self, part: str) -> None:
-        """Before a call that runs ``part``'s programs: its helper finishes first (never the
-        same program compiled twice at once)."""
+        """Before a call that runs ``part``'s programs its helper finishes (no program compiled twice at once)."""
         thread = self._ahead.pop(part, None)
         if thread is not None:
             thread.join()

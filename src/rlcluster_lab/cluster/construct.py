@@ -46,8 +46,7 @@ class Executor(Protocol):
         """``model`` resharded onto ``mesh`` in ``kind`` memory, cast to ``dtype`` (P5)."""
 
     def move(self, model: Any, kind: str) -> Any:
-        """Put every leaf of ``model`` in ``kind`` memory, in place (leaves already there are
-        kept); returns ``model``."""
+        """Put every leaf of ``model`` in ``kind`` memory, in place (leaves there already kept); returns ``model``."""
 
     def share(self, dst: Any, src: Any, frozen_only: bool, role: Role) -> None:
         """``dst`` takes ``src``'s arrays (all, or the frozen, non-LoRA ones): P14's update."""

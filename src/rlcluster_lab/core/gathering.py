@@ -55,8 +55,7 @@ def exchange(value: Any, what: str) -> list[Any]:
 
 
 def stored_facts() -> int:
-    """How many of the facts ``exchange`` published the coordination service holds now (0 in one
-    process)."""
+    """How many of the facts ``exchange`` published the coordination service holds now (0 in one process)."""
     if jax.process_count() == 1:
         return 0
     from jax._src import distributed

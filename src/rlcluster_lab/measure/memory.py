@@ -66,8 +66,7 @@ def cluster_entries(cluster: Any) -> dict[str, Any]:
 
 
 def memory_report(cluster: Any) -> MemoryReport:
-    """L2 for a constructed cluster (a ``TypeError`` for anything else), with the allocator figures of
-    the devices its meshes use."""
+    """L2 for a constructed cluster (a ``TypeError`` for anything else), allocator figures of its devices."""
     if not all(hasattr(cluster, a) for a in ("actor_model", "rollout", "devices")):
         raise TypeError(f"memory_report takes a constructed cluster (build_cluster(...)), got {type(cluster).__name__}")
     return memory_of(cluster_entries(cluster), devices=cluster.devices())

@@ -124,8 +124,7 @@ def peak_of(
     method: Mapping[str, str],
     allocator: Mapping[str, Any] | None = None,
 ) -> SyncPeak:
-    """Put a sync's phases together: each device's peak per kind, and where it is (the planner
-    reduces its phases with it too)."""
+    """A sync's phases put together: each device's peak per kind, and where it is (the planner's too)."""
     chunks = max((p.chunk or 0 for p in phases), default=0)
     best: dict[str, dict[str, int]] = {}
     where: dict[str, dict[str, str]] = {}

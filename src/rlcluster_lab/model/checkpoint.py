@@ -460,8 +460,7 @@ def _show(value: Any) -> str:
 
 
 def _flat_state(model: nnx.Module) -> dict[str, Any]:
-    """Every variable of ``model`` by its path, ``"blocks/attn/q/kernel"`` (the layer stack's
-    leaves with their leading layer axis)."""
+    """Every variable of ``model`` by its path, ``"blocks/attn/q/kernel"`` (layer-stack leaves stacked)."""
     return {_key(p): v for p, v in flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
 
 

@@ -17,8 +17,7 @@ __all__ = ["INT_FIELDS", "MODEL_SIZES", "ModelConfig", "get_model_config"]
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer, (num_layers, B, S, num_kv_heads, head_dim); ``index`` is the
-    next cache slot to write."""
+    """Keys and values of every layer, (num_layers, B, S, kv_heads, head_dim); ``index``: the next slot."""
 
     k: jax.Array
     v: jax.Array

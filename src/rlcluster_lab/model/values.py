@@ -26,8 +26,7 @@ def initial_values(state: nnx.State, seed: int) -> dict[Any, Any]:
 
 
 def initial_value(path: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype, seed: int) -> np.ndarray:
-    """The initial value of one leaf (``initial_values``); a leaf of the layer stack is drawn
-    layer by layer and stacked."""
+    """The initial value of one leaf (``initial_values``); a layer-stack leaf drawn layer by layer, stacked."""
     at = layer_stack_at(path)
     if at is None:
         return _one_value(path, shape, dtype, seed)

@@ -135,8 +135,7 @@ def launch(
 
 @dataclasses.dataclass
 class _Worker:
-    """One worker's files (``w<i>.json``: its result, ``.progress``, ``.log``) and what the
-    launcher has read of its progress."""
+    """One worker's files (``w<i>.json``, ``.progress``, ``.log``) and what the launcher read of its progress."""
 
     index: int
     folder: Path

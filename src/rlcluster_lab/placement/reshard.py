@@ -310,8 +310,7 @@ _OPS = {
 
 
 def _put_kinds(run: _Run, legs: Any, key: str, xs: list[jax.Array], dsts: list[Sharding]) -> tuple[Ops, list]:
-    """Moves between memory kinds (per device, which the transfer guard allows), logged; the results
-    under ``(key, leg)``."""
+    """Moves between memory kinds (per device: the transfer guard allows them), logged; results by ``(key, leg)``."""
     ys = jax.device_put(xs, dsts)
     for i, x, y in zip(legs, xs, ys):
         log_new_shards("memory_kind", x, y, run.labels[i])
@@ -339,8 +338,7 @@ def cast_many(xs: Sequence[jax.Array], dtypes: Sequence[Any]) -> list[jax.Array]
 
 
 def _cast_program_run(arrays: list[jax.Array], dtypes: list[Any]) -> tuple[list[jax.Array], Any]:
-    """The cast program run on ``arrays`` (one set of devices), and its temporaries when a peak
-    walk is watching."""
+    """The cast program run on ``arrays`` (one set of devices), and its temporaries when a peak walk watches."""
     names = tuple(str(np.dtype(d)) for d in dtypes)
     with jax.set_mesh(None):
         ys = _jitted(_cast_program(names), [x.sharding for x in arrays])(arrays)

@@ -41,8 +41,7 @@ WORK = "device"  # the memory kind layouts change in (every platform's default)
 
 @dataclasses.dataclass(frozen=True)
 class Leg:
-    """One array of the batch: its shape and dtype, where it is, where it goes, and the dtype it
-    ends in (None: its own)."""
+    """One array of the batch: shape, dtype, where it is and goes, and the dtype it ends in (None: its own)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype

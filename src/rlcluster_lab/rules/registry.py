@@ -93,8 +93,7 @@ class Rule:
         return tuple(self._functions)
 
     def function(self, fn: F) -> F:
-        """Register ``fn`` as one of this rule's functions; returns it unchanged, so a test can
-        still replace it on its module."""
+        """Register ``fn`` as one of this rule's functions; returned unchanged, so a test can still replace it."""
         self._functions.append(fn)
         return fn
 

@@ -65,8 +65,7 @@ class TokenBatch:
         return len(self.prompt_tokens)
 
     def validate(self, vocab_size: int | None) -> Self:
-        """Check every id is below ``vocab_size`` (the rest was checked at construction), else a
-        ``ConfigError``; returns self."""
+        """Every id below ``vocab_size`` (the rest was checked at construction), else a ``ConfigError``; self."""
         for field in ("prompt_tokens", "completion_tokens"):
             check_token_ids(f"{type(self).__name__}.{field}", getattr(self, field), vocab_size)
         return self

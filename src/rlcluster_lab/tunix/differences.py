@@ -29,8 +29,7 @@ from rlcluster_lab.tunix.extra import require
 
 @dataclasses.dataclass(frozen=True)
 class DifferenceCheck:
-    """One documented difference (``readme``: the point, in brief), whether its check found it,
-    and what each side showed."""
+    """One documented difference (``readme``: in brief), whether its check found it, what each side showed."""
 
     id: str
     readme: str

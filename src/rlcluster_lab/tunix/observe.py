@@ -47,8 +47,7 @@ def tunix_models(cluster: Any) -> dict[str, nnx.Module]:
 
 
 def tunix_entries(cluster: Any) -> dict[str, Any]:
-    """Entry name -> the state Tunix holds for it (L2): each model's, the anchor's where set,
-    each trainer's optimizer state."""
+    """Entry name -> the state Tunix holds for it (L2): each model's, the anchor's, each optimizer state."""
     entries = {name: nnx.state(model) for name, model in tunix_models(cluster).items()}
     anchor = anchor_state(cluster)
     if anchor is not None:

@@ -49,8 +49,7 @@ class TunixReport(PlacementFacts):
         return super().to_json() | {"sync": None, "notes": list(self.notes)}
 
     def sync(self) -> TunixSync:
-        """Run the cluster's ``sync_weights`` under the lab's observer and P13 guard; call
-        ``inspect`` again for the state after it."""
+        """Run the cluster's ``sync_weights`` under the lab's observer and P13 guard (``inspect`` again after)."""
         if self.cluster is None:
             raise ValueError("this report holds no cluster to sync; build it with rlcluster_lab.tunix.inspect(cluster)")
         return run_sync(self.cluster, self.platform)

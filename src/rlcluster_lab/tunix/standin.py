@@ -37,8 +37,7 @@ def lab_rollout_config(tunix_config: Any) -> RolloutConfig:
 
 @functools.cache
 def vllm_stand_in() -> type:
-    """The Tunix engine class for the vllm scenarios, made once: it subclasses Tunix's base
-    (``TunixMissingError`` without Tunix)."""
+    """The Tunix engine class for the vllm scenarios, made once (``TunixMissingError`` without Tunix)."""
     tunix = require("the vllm stand-in engine for Tunix")
     base = tunix.base_rollout
 
