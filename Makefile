@@ -35,18 +35,18 @@ install-test: $(TEST_STAMP)
 LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root) $(if $(DISPLAY)$(WAYLAND_DISPLAY),,--no-browser)
 FIRST_NOTEBOOK := 00_start_here.ipynb
 
-# JupyterLab serves working copies of the notebooks (rlcluster_lab/lab/copies.py), in LAB_DIR, which
+# JupyterLab serves working copies of the notebooks (rlcluster_lab/lab/notebook/copies.py), in LAB_DIR, which
 # git ignores: running and saving a notebook leaves notebooks/ as committed. A copy is refreshed when
 # its tracked notebook changed; one changed on both sides is kept beside it as NAME.backup-N.ipynb.
 # The kernels get the tracked folder (RLCLUSTER_LAB_NOTEBOOKS): a notebook whose optional extra is
-# missing shows the outputs committed with it (rlcluster_lab.lab.setup.needs_extra).
+# missing shows the outputs committed with it (rlcluster_lab.lab.notebook.setup.needs_extra).
 LAB_DIR ?= .lab/notebooks
 
-# The warm start (rlcluster_lab/lab/warm.py): once per environment, a background process at the lowest
+# The warm start (rlcluster_lab/lab/notebook/warm.py): once per environment, a background process at the lowest
 # CPU priority compiles the standard programs into the persistent cache while JupyterLab opens.
 lab: install-lab
-	-$(PY) -m rlcluster_lab.lab.warm --background
-	$(PY) -m rlcluster_lab.lab.copies notebooks $(LAB_DIR)
+	-$(PY) -m rlcluster_lab.lab.notebook.warm --background
+	$(PY) -m rlcluster_lab.lab.notebook.copies notebooks $(LAB_DIR)
 	RLCLUSTER_LAB_NOTEBOOKS=$(CURDIR)/notebooks $(VENV)/bin/jupyter lab $(LAB_FLAGS) --ServerApp.root_dir=$(LAB_DIR) \
 		--LabApp.default_url=/lab/tree/$(FIRST_NOTEBOOK)
 

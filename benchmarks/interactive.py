@@ -162,7 +162,7 @@ emit({"import_lab_s": IMPORT_LAB_S, "rows": rows, "total_s": TOTAL_S, "written_a
 LAB_CHILD = r"""
 import threading
 _t = time.perf_counter()
-from rlcluster_lab.lab.widget import PlacementLab
+from rlcluster_lab.lab.widget.placement_lab import PlacementLab
 IMPORT_LAB_S = time.perf_counter() - _t
 _t = time.perf_counter()
 lab = PlacementLab(build=False)
@@ -236,7 +236,7 @@ act("sync (first, LoRA, reshaped)", lab.sync)
 
 def custom_mesh():
     # The custom rollout mesh a user picks: devices 4-7 of the eight, as 2 x 2.
-    from rlcluster_lab.lab.controls import CUSTOM
+    from rlcluster_lab.lab.widget.controls import CUSTOM
     lab.knobs.lora.value = False
     lab.knobs.layout.value = CUSTOM
     for toggle in lab.knobs.device_toggles[:4]:
@@ -777,7 +777,7 @@ def print_lab(out: dict[str, Any]) -> None:
 
     rows = [
         [
-            "import jax + rlcluster_lab.lab.widget (not an action)",
+            "import jax + rlcluster_lab.lab.widget.placement_lab (not an action)",
             fmt(imports("cold")),
             "",
             fmt(imports("warm")),

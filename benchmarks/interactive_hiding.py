@@ -9,9 +9,9 @@ a person, each cold figure with the part and without it, alternated, medians.
    (the seconds it needed given to the reader), (b) rehearsal on, clicked at once
    (it waits for the rehearsal), (c) rehearsal off; and the first Sync clicked at once after
    Construct, rehearsal on (case 3's empty cache) and off.
-3. The warm start (``lab.warm``): a fresh process clicks Construct, Sync, then Training step
+3. The warm start (``lab.notebook.warm``): a fresh process clicks Construct, Sync, then Training step
    at once (the lab as shipped), in an empty cache and in a cache that
-   ``python -m rlcluster_lab.lab.warm`` filled beforehand (its own seconds reported apart);
+   ``python -m rlcluster_lab.lab.notebook.warm`` filled beforehand (its own seconds reported apart);
    and Construct, then Training step once the rehearsal has finished, in both caches.
 """
 
@@ -27,7 +27,7 @@ import interactive_step
 LAB_FIRST_CHILD = r"""
 from rlcluster_lab.core.compile_cache import count_compilations
 _t = time.perf_counter()
-from rlcluster_lab.lab.widget import PlacementLab
+from rlcluster_lab.lab.widget.placement_lab import PlacementLab
 IMPORT_LAB_S = time.perf_counter() - _t
 lab = PlacementLab(build=False, rehearse=ARGS["rehearse"])
 clicks, errors = {}, []
@@ -107,7 +107,7 @@ def hiding_section(run: Any, quick: bool) -> dict[str, Any]:
                 # Each folder warmed by its own warm start: a copied folder is not read back (the
                 # programs' cache keys differ with the folder's path).
                 for folder in (cache, paused):
-                    argv = [sys.executable, "-m", "rlcluster_lab.lab.warm", "--devices", str(run.args.devices)]
+                    argv = [sys.executable, "-m", "rlcluster_lab.lab.notebook.warm", "--devices", str(run.args.devices)]
                     r = run.command("warm start, in the foreground", argv, folder)
                     if r["rc"] != 0:
                         run.fail("warm start", r, f"exit code {r['rc']}")
@@ -240,7 +240,7 @@ def print_hiding(out: dict[str, Any]) -> None:
     print(
         "   the rehearsal's own seconds after Construct (the reader's pause): "
         + _runs([r["rehearsal_after_construct_s"] for r in paused])
-        + "; the warm start's own seconds (python -m rlcluster_lab.lab.warm): "
+        + "; the warm start's own seconds (python -m rlcluster_lab.lab.notebook.warm): "
         + _runs(out["warm"]["warm_up"])
     )
     for part, cases in (("lab", out["lab"]), ("warm", {k: v for k, v in out["warm"].items() if k != "warm_up"})):

@@ -46,7 +46,7 @@ AREAS: list[tuple[str, str, str]] = [
         "The tiny model on the CPU's 8 simulated devices. A cold figure is a fresh process with an empty "
         "compilation cache. The lab's clicks are made from Python on the lab as shipped (`PlacementLab`, "
         "its rehearsal of the next training step on), one right after the other unless the row says "
-        "otherwise; the warm start (`python -m rlcluster_lab.lab.warm`, which the lab starts in the "
+        "otherwise; the warm start (`python -m rlcluster_lab.lab.notebook.warm`, which the lab starts in the "
         "background) fills the cache beforehand where the row says so.",
     ),
     (

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-# No background warm-up process (lab.warm) from a notebook's set-up cell run by the tests.
+# No background warm-up process (lab.notebook.warm) from a notebook's set-up cell run by the tests.
 os.environ["RLCLUSTER_LAB_WARM"] = "off"
 
 from rlcluster_lab.core.compile_cache import enable_compilation_cache, flush_cache_writes

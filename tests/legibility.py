@@ -10,9 +10,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from rlcluster_lab.lab.mpl import MAX_WIDTH, MIN_PT
-from rlcluster_lab.lab.style import text_width
-from rlcluster_lab.lab.svg import MIN_FONT
+from rlcluster_lab.lab.figures.mpl import MAX_WIDTH, MIN_PT
+from rlcluster_lab.lab.figures.style import text_width
+from rlcluster_lab.lab.figures.svg import MIN_FONT
 
 NS = "{http://www.w3.org/2000/svg}"
 

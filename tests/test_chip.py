@@ -8,7 +8,7 @@ import jax
 import pytest
 from flax import nnx
 
-from rlcluster_lab.lab import chip
+from rlcluster_lab.lab.experiments import chip
 
 ROWS = (
     {"operation": chip.SYNC, "bytes": 3 * 2**20, "ms": 6.0, "GB/s": 0.52},

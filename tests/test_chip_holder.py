@@ -1,5 +1,5 @@
 """A chip another process holds: who holds it (``core.chip_holder``), what ``setup()`` says and
-builds then, the hand-over through a Jupyter server (``lab.chip_handover``), and the CLI's refusal.
+builds then, the hand-over through a Jupyter server (``lab.notebook.chip_handover``), and the CLI's refusal.
 
 The stand-in holder is a shell (not Python: the fast tier may start it) that opens a stand-in
 device file and waits on its stdin; a stand-in Jupyter server answers on the loopback address.
@@ -26,7 +26,7 @@ import pytest
 import rlcluster_lab as rl
 from rlcluster_lab.core import chip_holder, devices, jupyter
 from rlcluster_lab.core.chip_holder import ChipHeld, Holder, chip_held, failed_platform, find_holders, kernel_id
-from rlcluster_lab.lab import chip_handover
+from rlcluster_lab.lab.notebook import chip_handover
 
 REPO = Path(__file__).resolve().parents[1]
 # JAX's message on a TPU VM when another process holds the chip (jax.devices(), platforms "tpu,cpu").

@@ -12,9 +12,9 @@ import re
 import pytest
 
 import rlcluster_lab as rl
-from rlcluster_lab.lab import reference_lines
-from rlcluster_lab.lab.code_view import _test_patterns, rule_function, show_rule
-from rlcluster_lab.lab.reference_lines import locate, reference_code
+from rlcluster_lab.lab.rule_code import reference_lines
+from rlcluster_lab.lab.rule_code.reference_lines import locate, reference_code
+from rlcluster_lab.lab.rule_code.view import _test_patterns, rule_function, show_rule
 from rlcluster_lab.rules import LAB_RULES, RULES, find_rule
 from rlcluster_lab.rules.registry import REFERENCE, Locator
 
@@ -260,6 +260,6 @@ def test_no_tunix_source_text_is_stored_in_the_project():
             pasted = [line.strip() for line in span.source.splitlines() if line.strip()]
             assert len(pasted) < 2 or len("".join(pasted)) < 80 or _copied_runs(pasted, theirs), span.where
     stored = _stored_lines()
-    assert ROOT / "src" / "rlcluster_lab" / "lab" / "reference_lines.py" in stored and len(stored) > 100
+    assert ROOT / "src" / "rlcluster_lab" / "lab" / "rule_code" / "reference_lines.py" in stored and len(stored) > 100
     copied = {str(p.relative_to(ROOT)): _copied_runs(lines, theirs) for p, lines in stored.items()}
     assert {p: runs for p, runs in copied.items() if runs} == {}

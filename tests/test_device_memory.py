@@ -180,7 +180,7 @@ def test_the_learn_command_refuses_a_batch_the_devices_cannot_hold_in_one_line(m
 
 @pytest.mark.cluster
 def test_the_labs_training_step_is_refused_in_its_words_and_its_cluster_still_trains(monkeypatch) -> None:
-    from rlcluster_lab.lab.widget import PlacementLab
+    from rlcluster_lab.lab.widget.placement_lab import PlacementLab
 
     lab = PlacementLab(rehearse=False)
     try:

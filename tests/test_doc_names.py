@@ -67,7 +67,7 @@ LIBRARIES = {
 # Variables the docs use for an object of the lab, and its class.
 VARIABLES = {
     "cluster": "rlcluster_lab.rl_cluster.RLCluster",
-    "lab": "rlcluster_lab.lab.setup.LabDevices",
+    "lab": "rlcluster_lab.lab.notebook.setup.LabDevices",
     "plan": "rlcluster_lab.planner.plan.Plan",
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from rlcluster_lab.lab import experiments as ex
+from rlcluster_lab.lab.experiments import runs as ex
 
 
 def test_format_table_groups_digits_and_says_yes_no():

@@ -397,7 +397,7 @@ def _tiny():
 
 
 def _lab(devices):
-    from rlcluster_lab.lab.widget import PlacementLab
+    from rlcluster_lab.lab.widget.placement_lab import PlacementLab
 
     return PlacementLab(devices=devices, rehearse=False)
 

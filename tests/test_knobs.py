@@ -21,7 +21,7 @@ from rlcluster_lab.core.meshes import make_mesh
 from rlcluster_lab.core.options import Scenario
 from rlcluster_lab.core.shardings import PlacementError
 from rlcluster_lab.engines.own_copy import VllmStyleEngine
-from rlcluster_lab.lab.controls import Knobs
+from rlcluster_lab.lab.widget.controls import Knobs
 from rlcluster_lab.planner.request import PlanRequest
 from rlcluster_lab.rules.validation import check_scenario
 

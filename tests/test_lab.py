@@ -16,10 +16,10 @@ import pytest  # noqa: E402
 from hypothesis import example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from rlcluster_lab.lab import widget as lab_module  # noqa: E402
-from rlcluster_lab.lab.controls import CUSTOM, shape_options  # noqa: E402
-from rlcluster_lab.lab.display import VIEWS  # noqa: E402
-from rlcluster_lab.lab.widget import PlacementLab  # noqa: E402
+from rlcluster_lab.lab.widget import placement_lab as lab_module  # noqa: E402
+from rlcluster_lab.lab.widget.controls import CUSTOM, shape_options  # noqa: E402
+from rlcluster_lab.lab.widget.display import VIEWS  # noqa: E402
+from rlcluster_lab.lab.widget.placement_lab import PlacementLab  # noqa: E402
 
 
 def live_buffer_bytes() -> int:

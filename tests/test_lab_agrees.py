@@ -15,8 +15,8 @@ from stored_reports import PLACEMENTS, stored
 from test_lab import _change
 
 from rlcluster_lab.core.knobs import KNOBS
-from rlcluster_lab.lab.controls import CUSTOM
-from rlcluster_lab.lab.what_if import agrees
+from rlcluster_lab.lab.experiments.what_if import agrees
+from rlcluster_lab.lab.widget.controls import CUSTOM
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -77,7 +77,7 @@ def test_l4_the_excess_over_the_plan_names_the_syncs_own_relayed_bytes(name):
 
 @pytest.mark.parametrize("name", PLACEMENTS)
 def test_no_two_texts_of_a_figure_run_together_in_any_view_of_a_stored_report(name):
-    from rlcluster_lab.lab.display import Display
+    from rlcluster_lab.lab.widget.display import Display
 
     display = Display()
     display.draw(stored(name), [], [])
@@ -192,7 +192,7 @@ def _drive(actions, after_each) -> None:
     """Run ``actions`` on a fresh lab: ("construct", changes), ("change", changes) or ("sync",
     None); after each, ``after_each(lab, name, refused_before)``, where ``refused_before`` says
     that a refusal's note was shown before this action and this action changed a knob."""
-    from rlcluster_lab.lab.widget import PlacementLab
+    from rlcluster_lab.lab.widget.placement_lab import PlacementLab
 
     lab = PlacementLab(rehearse=False)
     try:
@@ -265,7 +265,7 @@ def check_same_devices(report: dict, grid: str) -> None:
     for the actor and for the rollout the config asked for (its dashed row when P7 replaced it)."""
     from stored_reports import elements
 
-    from rlcluster_lab.lab.flow import flow_rows
+    from rlcluster_lab.lab.figures.flow import flow_rows
 
     p1 = next((r for r in flow_rows(report) if r.key == "P1"), None)
     if p1 is None or "same devices" not in p1.detail:
@@ -467,8 +467,8 @@ def test_a_roles_bytes_in_two_memory_kinds_on_one_device_are_drawn_in_both_by_ei
     # here the actor's on device 0: its cell split between the two kinds, in their bytes.
     from stored_reports import elements
 
-    from rlcluster_lab.lab.memory_figures import memory_by_device
-    from rlcluster_lab.lab.placement_figures import device_grid
+    from rlcluster_lab.lab.figures.memory import memory_by_device
+    from rlcluster_lab.lab.figures.placement import device_grid
 
     on = {"device": 100, "pinned_host": 300}
     memory = {

@@ -9,8 +9,8 @@ import pytest
 from stored_reports import stored
 
 from rlcluster_lab.core.knobs import KNOBS
-from rlcluster_lab.lab.controls import Knobs
-from rlcluster_lab.lab.flow import changes_html, changes_since, decision_changes, flow_rows
+from rlcluster_lab.lab.figures.flow import changes_html, changes_since, decision_changes, flow_rows
+from rlcluster_lab.lab.widget.controls import Knobs
 from rlcluster_lab.rules.catalogue import RULES
 
 

@@ -23,12 +23,12 @@ from stored_reports import stored
 
 from rlcluster_lab.app.learner import StepRecord
 from rlcluster_lab.core.waits import Building, program_words
-from rlcluster_lab.lab import display
-from rlcluster_lab.lab import status as sentences
-from rlcluster_lab.lab import widget as widget_module
-from rlcluster_lab.lab.controls import CUSTOM
-from rlcluster_lab.lab.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, wait_text
-from rlcluster_lab.lab.widget import PlacementLab
+from rlcluster_lab.lab.widget import display
+from rlcluster_lab.lab.widget import placement_lab as widget_module
+from rlcluster_lab.lab.widget import status as sentences
+from rlcluster_lab.lab.widget.controls import CUSTOM
+from rlcluster_lab.lab.widget.placement_lab import PlacementLab
+from rlcluster_lab.lab.widget.status import STATUS_HEIGHT_PX, TICK_SECONDS, StatusLine, Ticker, wait_text
 from rlcluster_lab.model import MODEL_SIZES
 
 
@@ -212,7 +212,7 @@ def test_sentences_name_one_step_counter():
 
 def test_a_rejected_optimizer_step_is_said_in_the_status_and_the_step_log():
     from rlcluster_lab.app.learner import StepRecord
-    from rlcluster_lab.lab.display import steps_html
+    from rlcluster_lab.lab.widget.display import steps_html
 
     why = "1 of 2 optimizer steps kept the previous parameters and optimizer state: the loss is not finite"
     assert sentences.stepped(4, 0.25, 1.2, rejected=why) == (
@@ -242,7 +242,7 @@ def test_the_output_carries_a_picture_of_the_lab_not_the_widgets_repr(lab):
 
 
 def test_the_background_compile_runs_one_at_a_time_and_records_its_programs():
-    from rlcluster_lab.lab.rehearsal import BackgroundCompile
+    from rlcluster_lab.lab.widget.rehearsal import BackgroundCompile
 
     gate = threading.Event()
     compile_ = BackgroundCompile()

@@ -31,8 +31,8 @@ from pairwise import pairwise
 from stored_reports import NS, PLACEMENTS, elements, is_hatched, stored, svg_text
 
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab import status as sentences
-from rlcluster_lab.lab.display import Display
+from rlcluster_lab.lab.widget import status as sentences
+from rlcluster_lab.lab.widget.display import Display
 
 # ------------------------------------------------------------------ the report's numbers
 

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 
 from legibility import mpl_problems, svg_problems  # noqa: E402
 
-from rlcluster_lab.lab.mpl import MIN_PT, new_figure  # noqa: E402
+from rlcluster_lab.lab.figures.mpl import MIN_PT, new_figure  # noqa: E402
 
 
 def test_the_matplotlib_check_finds_small_text_clipped_labels_and_a_legend_over_bars():

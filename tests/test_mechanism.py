@@ -8,7 +8,7 @@ import jax
 import pytest
 
 import rlcluster_lab as rl
-from rlcluster_lab.lab.mechanism import p3_branch_rows, sharing_decisions
+from rlcluster_lab.lab.experiments.mechanism import p3_branch_rows, sharing_decisions
 
 pytestmark = pytest.mark.cluster  # compared with a built cluster
 

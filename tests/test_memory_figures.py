@@ -11,8 +11,8 @@ from legibility import svg_problems
 from stored_reports import PLACEMENTS, drawn_bytes, elements, is_hatched, stored, svg_text
 
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
-from rlcluster_lab.lab.style import byte_ticks
+from rlcluster_lab.lab.figures.memory import memory_by_device, memory_by_role
+from rlcluster_lab.lab.figures.style import byte_ticks
 
 # Per the report contract: an actor and a reference sharing 750 B, an anchor in pinned host memory.
 MEMORY = {

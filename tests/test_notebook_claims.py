@@ -289,7 +289,7 @@ def test_no_words_about_the_labs_history_or_the_machine_its_outputs_were_made_on
     )
 )
 def test_the_peak_answer_names_the_highest_peak_and_the_most_moved(runs):
-    from rlcluster_lab.lab.sync_peaks import peak_answer
+    from rlcluster_lab.lab.experiments.sync_peaks import peak_answer
 
     syncs = {
         label: {
@@ -337,7 +337,7 @@ def test_a_syncs_lines_add_up_for_drawn_plans(model, topology, layout, lora):
 def test_the_padding_words_say_the_width_the_sampler_pads_to(prompts, new_tokens, cache):
     from types import SimpleNamespace
 
-    from rlcluster_lab.lab.step_phases import sample_words
+    from rlcluster_lab.lab.experiments.step_phases import sample_words
     from rlcluster_lab.model.sampling import PROMPT_BUCKET, prompt_width
     from rlcluster_lab.model.tokenizer import ByteTokenizer
 

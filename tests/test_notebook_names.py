@@ -201,17 +201,17 @@ def test_a_name_the_lab_no_longer_has_is_found() -> None:
     notebook = Notebook(
         "made up",
         code=[
-            "import rlcluster_lab as rl\nfrom rlcluster_lab.lab import experiments as ex\nlab = rl.setup()",
+            "import rlcluster_lab as rl\nfrom rlcluster_lab.lab.experiments import runs as ex\nlab = rl.setup()",
             "rl.build_cluster(rl.Scenario(layout='split', lora=True, colour='red'))\nrl.gone()",
             "ex.nothing_here(lab.devices, lab.chips)",
-            "from rlcluster_lab.lab.code_view import show_old_rule",
+            "from rlcluster_lab.lab.rule_code.view import show_old_rule",
         ],
         markdown=["`rlcluster_lab.rules.sharing.p1_link_actor_rollout` and `rl.make_mesh`, not `rl.make_grid`"],
         outputs=["see rlcluster_lab.lab.retired_figures.draw and rl.old_knob()"],
     )
     assert notebook.problems() == [
         "Scenario(colour=...): Scenario has no knob colour",
-        "ex.nothing_here: rlcluster_lab.lab.experiments has no nothing_here",
+        "ex.nothing_here: rlcluster_lab.lab.experiments.runs has no nothing_here",
         "import of show_old_rule: the lab has no such name",
         "lab.chips: LabDevices has no chips",
         "rl.gone: rlcluster_lab has no gone",

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 import rlcluster_lab as rl
-from rlcluster_lab.lab import setup as notebook
+from rlcluster_lab.lab.notebook import setup as notebook
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
@@ -267,7 +267,7 @@ def test_without_its_extra_an_edited_cell_runs_as_written_and_the_check_itself_r
     check = 'needs_extra("demo", have, "pip install demo", notebook="n.ipynb")'
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell("from rlcluster_lab.lab.setup import needs_extra"),
+        nbformat.v4.new_code_cell("from rlcluster_lab.lab.notebook.setup import needs_extra"),
         nbformat.v4.new_code_cell(check),
         nbformat.v4.new_code_cell('print("ran")', outputs=[nbformat.v4.new_output("stream", text="stored\n")]),
     ]
@@ -289,7 +289,7 @@ def test_without_its_extra_an_edited_cell_runs_as_written_and_the_check_itself_r
 def test_without_its_extra_and_without_the_stored_notebook_the_check_stops_with_its_message_alone(shell, tmp_path):
     from IPython.utils.capture import capture_output
 
-    shell.run_cell("from rlcluster_lab.lab.setup import needs_extra", store_history=True)
+    shell.run_cell("from rlcluster_lab.lab.notebook.setup import needs_extra", store_history=True)
     with pytest.MonkeyPatch.context() as mp, capture_output() as out:
         mp.chdir(tmp_path)  # no n.ipynb here: a kernel that does not see the notebook's file (Colab)
         result = shell.run_cell('needs_extra("demo", False, "pip install demo", notebook="n.ipynb")', True)
@@ -302,7 +302,7 @@ def test_without_its_extra_and_without_the_stored_notebook_the_check_stops_with_
 
 
 def test_working_copies_are_made_refreshed_and_an_edited_one_is_kept_as_a_backup(tmp_path):
-    from rlcluster_lab.lab.copies import sync_copies
+    from rlcluster_lab.lab.notebook.copies import sync_copies
 
     tracked, work = tmp_path / "notebooks", tmp_path / "work"
     tracked.mkdir()

@@ -10,9 +10,9 @@ import pytest
 from legibility import svg_problems
 from stored_reports import PLACEMENTS, elements, is_hatched, stored, svg_text
 
-from rlcluster_lab.lab.flow import flow_rows
-from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
-from rlcluster_lab.lab.style import HIGHLIGHT
+from rlcluster_lab.lab.figures.flow import flow_rows
+from rlcluster_lab.lab.figures.placement import decision_flow, device_grid
+from rlcluster_lab.lab.figures.style import HIGHLIGHT
 
 
 def _lit(svg: str) -> set[str]:

@@ -10,8 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (only to check that no pyplot fig
 from legibility import mpl_problems  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from rlcluster_lab.lab.mpl import to_png  # noqa: E402
-from rlcluster_lab.lab.plan_figures import plan_memory  # noqa: E402
+from rlcluster_lab.lab.figures.mpl import to_png  # noqa: E402
+from rlcluster_lab.lab.figures.plan import plan_memory  # noqa: E402
 
 PLAN = {
     "source": "computed from shapes (no allocation)",

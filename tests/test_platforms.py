@@ -17,7 +17,7 @@ from rlcluster_lab.core.config import ConfigError
 from rlcluster_lab.core.devices import devices_words
 from rlcluster_lab.core.limits import TooLargeError
 from rlcluster_lab.core.meshes import make_mesh
-from rlcluster_lab.lab import setup as notebook
+from rlcluster_lab.lab.notebook import setup as notebook
 from rlcluster_lab.measure import allocator_stats
 from rlcluster_lab.placement.transfers import shard_key
 
@@ -241,7 +241,7 @@ def test_beside_a_single_chip_the_plan_of_this_machine_is_of_the_devices_the_lab
     devices: "host_ids names 1 hosts for 8 devices")."""
     import dataclasses
 
-    from rlcluster_lab.lab import sync_peaks
+    from rlcluster_lab.lab.experiments import sync_peaks
     from rlcluster_lab.planner.plan import plan_scenario
     from rlcluster_lab.planner.tables import local_topology
 

@@ -270,7 +270,7 @@ def test_learn_marks_each_phase_of_a_step_as_a_wait():
 @pytest.mark.cluster
 def test_the_labs_background_rehearsal_is_a_wait_a_click_can_show():
     from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, build_cluster
-    from rlcluster_lab.lab.rehearsal import REHEARSAL, rehearse_next_step
+    from rlcluster_lab.lab.widget.rehearsal import REHEARSAL, rehearse_next_step
 
     cluster = build_cluster(Scenario(layout="colocated", max_tokens=4))
     seen = []

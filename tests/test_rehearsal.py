@@ -1,4 +1,4 @@
-"""The lab's rehearsal (lab.rehearsal) is the learner's own next step, taken on twins of the
+"""The lab's rehearsal (lab.widget.rehearsal) is the learner's own next step, taken on twins of the
 learner and its cluster: the step that follows compiles nothing, whatever the configuration,
 and the rehearsal touches nothing a call on the cluster reads: not the engine's seeds, the
 weights, their memory kinds, the optimizer states, the anchor, the step count, the decision
@@ -23,7 +23,7 @@ from rlcluster_lab import GRPOLearner, LearnerConfig, Role, Scenario, TrainingCo
 from rlcluster_lab.cluster.observe import observing
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.engines import RolloutEngine
-from rlcluster_lab.lab.rehearsal import rehearse_next_step
+from rlcluster_lab.lab.widget.rehearsal import rehearse_next_step
 from rlcluster_lab.placement.programs import clear_programs
 from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.training.batch import TrainBatch

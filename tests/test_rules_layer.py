@@ -12,7 +12,7 @@ import pytest
 
 from rlcluster_lab import Scenario, build_cluster
 from rlcluster_lab.core.trace import Decision, jsonable, seen
-from rlcluster_lab.lab.flow import OPTION_LABELS, flow_rows
+from rlcluster_lab.lab.figures.flow import OPTION_LABELS, flow_rows
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.tables import local_topology
 from rlcluster_lab.rules import LAB_RULES, RULES, find_rule, rule, rules_markdown, sharing

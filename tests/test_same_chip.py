@@ -20,16 +20,16 @@ from test_platforms import Chip
 from rlcluster_lab import Scenario, build_cluster, placement_report
 from rlcluster_lab.cli.text import format_memory, format_report, format_sync
 from rlcluster_lab.core.options import LAYOUTS
-from rlcluster_lab.lab import status as sentences
-from rlcluster_lab.lab.display import summary_html
-from rlcluster_lab.lab.flow import SAME_LAYOUT_KEPT, measured_text
-from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
-from rlcluster_lab.lab.placement_figures import device_grid
-from rlcluster_lab.lab.setup import LayoutFamily
-from rlcluster_lab.lab.shard_figures import sync_summary
-from rlcluster_lab.lab.shards import sync_flows
-from rlcluster_lab.lab.sync_figures import sync_bytes, sync_leaves, sync_peak
-from rlcluster_lab.lab.widget import PlacementLab
+from rlcluster_lab.lab.figures.flow import SAME_LAYOUT_KEPT, measured_text
+from rlcluster_lab.lab.figures.memory import memory_by_device, memory_by_role
+from rlcluster_lab.lab.figures.placement import device_grid
+from rlcluster_lab.lab.figures.shard import sync_summary
+from rlcluster_lab.lab.figures.shard_data import sync_flows
+from rlcluster_lab.lab.figures.sync import sync_bytes, sync_leaves, sync_peak
+from rlcluster_lab.lab.notebook.setup import LayoutFamily
+from rlcluster_lab.lab.widget import status as sentences
+from rlcluster_lab.lab.widget.display import summary_html
+from rlcluster_lab.lab.widget.placement_lab import PlacementLab
 from rlcluster_lab.measure import memory_of
 from rlcluster_lab.measure.memory import ALLOCATOR_DIFFERENCE, own_devices_words
 from rlcluster_lab.model import init_model
@@ -231,8 +231,8 @@ def test_experiments_build_each_layout_where_the_lab_puts_it(monkeypatch):
     """Given what ``setup()`` returned, the notebooks' experiments build each layout on
     ``devices_for(layout)``; given devices, on those; their tables name the devices when the rows
     come from different ones."""
-    from rlcluster_lab.lab import experiments as ex
-    from rlcluster_lab.lab import setup as lab_setup
+    from rlcluster_lab.lab.experiments import runs as ex
+    from rlcluster_lab.lab.notebook import setup as lab_setup
 
     lab = lab_setup.LabDevices(
         platform="cpu",
@@ -290,7 +290,7 @@ def test_the_planner_plans_reshaped_on_one_device_as_it_is_measured(device, lora
     """The what-if planner builds the same one-device layout on paper (the second mesh's axes named
     the other way round): its planned sync peak is the measured one, on every device. The vllm
     stand-in keeps weights of its own, so the handover makes new arrays there."""
-    from rlcluster_lab.lab import sync_peaks
+    from rlcluster_lab.lab.experiments import sync_peaks
 
     one = CPUS[device : device + 1]
     scenario = Scenario(layout="reshaped", lora=lora, engine="vllm")
@@ -356,7 +356,7 @@ def test_a_cluster_on_some_of_the_devices_is_drawn_on_its_own_devices_and_named_
 
 def _one_chip_lab(chip: int):
     """``setup()``'s answer on a single chip, the chip stood in for by CPU device ``chip``."""
-    from rlcluster_lab.lab import setup as lab_setup
+    from rlcluster_lab.lab.notebook import setup as lab_setup
 
     return lab_setup.LabDevices(
         platform="cpu",
@@ -386,9 +386,9 @@ def test_the_notebooks_experiments_build_the_layouts_that_fit_one_chip_on_it_and
     chip: colocated and reshaped, with and without LoRA and offload, are built on the chip (every
     mesh over it alone), and their memory and sync reports, tables and grid name it; split is
     built on the simulated devices beside it, and a table of both says which row is where."""
-    from rlcluster_lab.lab import experiments as ex
-    from rlcluster_lab.lab import mechanism as mech
-    from rlcluster_lab.lab import sync_peaks
+    from rlcluster_lab.lab.experiments import mechanism as mech
+    from rlcluster_lab.lab.experiments import runs as ex
+    from rlcluster_lab.lab.experiments import sync_peaks
 
     lab = _one_chip_lab(chip)
     where = lab.families[0].where

@@ -13,8 +13,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 
-from rlcluster_lab.lab import shard_figures as sf
-from rlcluster_lab.lab import shards
+from rlcluster_lab.lab.figures import shard as sf
+from rlcluster_lab.lab.figures import shard_data as shards
 from rlcluster_lab.measure.sync import TransferLog, shard_facts, sync_ledger, sync_report
 from rlcluster_lab.placement.events import listening
 from rlcluster_lab.placement.reshard import reshard_many

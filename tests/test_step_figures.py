@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 from legibility import mpl_problems  # noqa: E402
 from stored_reports import STEP, stored  # noqa: E402
 
-from rlcluster_lab.lab.step_figures import p11_gap, phase_memory, segments  # noqa: E402
+from rlcluster_lab.lab.figures.step import p11_gap, phase_memory, segments  # noqa: E402
 
 
 def _rec(step: int, rows: list[int], before: int, live: float, sampler: float) -> dict:

@@ -1,4 +1,4 @@
-"""One RL step measured phase by phase (lab.step_phases): the learner's own operations, in
+"""One RL step measured phase by phase (lab.experiments.step_phases): the learner's own operations, in
 order, with memory walked from the live buffers inside each operation (observe.at_work).
 Its figure is tested on a stored step (test_step_figures.py)."""
 
@@ -13,7 +13,7 @@ from flax import nnx
 
 from rlcluster_lab import GRPOLearner, LearnerConfig, Scenario, TrainingConfig, build_cluster
 from rlcluster_lab.cluster import observe
-from rlcluster_lab.lab.step_phases import (
+from rlcluster_lab.lab.experiments.step_phases import (
     EVEN_PROMPTS,
     OTHER_THREADS,
     PRECISION,

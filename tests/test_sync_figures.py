@@ -11,7 +11,7 @@ from stored_reports import PLACEMENTS, drawn_bytes, elements, stored, svg_text
 
 from rlcluster_lab.app.scenario import Scenario
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.sync_figures import sync_bytes, sync_chunk_curve, sync_leaves, sync_peak, sync_plan
+from rlcluster_lab.lab.figures.sync import sync_bytes, sync_chunk_curve, sync_leaves, sync_peak, sync_plan
 from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.planner.plan import plan_scenario
 

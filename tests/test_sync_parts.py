@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from stored_reports import PLACEMENTS, stored
 
 from rlcluster_lab.cli.text import format_sync
-from rlcluster_lab.lab import shards
-from rlcluster_lab.lab import status as sentences
+from rlcluster_lab.lab.figures import shard_data as shards
+from rlcluster_lab.lab.widget import status as sentences
 from rlcluster_lab.measure.sync import LeafSync, SyncPiece, SyncReport
 
 _UNIT = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}

@@ -121,7 +121,7 @@ def test_p1_actor_rollout_link_equal(compared, scenario):
 def test_p1_the_flow_says_same_devices_alike_for_both_clusters(compared, scenario):
     # One test of "same devices" (rules.sharing.same_devices): the flow's P1 row reads it from
     # either report, and both clusters place the actor and the rollout on the same meshes.
-    from rlcluster_lab.lab.flow import flow_rows
+    from rlcluster_lab.lab.figures.flow import flow_rows
 
     result = compared(scenario)
     lab_row, tunix_row = (
@@ -380,10 +380,10 @@ def test_inspect_of_a_cluster_built_elsewhere_says_what_it_cannot_read():
 
 @needs_tunix
 def test_lab_figures_draw_a_tunix_report(compared):
-    from rlcluster_lab.lab.flow import flow_rows
-    from rlcluster_lab.lab.memory_figures import memory_by_role
-    from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
-    from rlcluster_lab.lab.sync_figures import sync_bytes
+    from rlcluster_lab.lab.figures.flow import flow_rows
+    from rlcluster_lab.lab.figures.memory import memory_by_role
+    from rlcluster_lab.lab.figures.placement import decision_flow, device_grid
+    from rlcluster_lab.lab.figures.sync import sync_bytes
 
     result = compared(Scenario(layout="split", lora=True))
     report = result.tunix_report.to_json()

@@ -1,4 +1,4 @@
-"""The warm start (lab.warm) and the bound on the persistent compilation cache's size on disk."""
+"""The warm start (lab.notebook.warm) and the bound on the persistent compilation cache's size on disk."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from rlcluster_lab.core import compile_cache
-from rlcluster_lab.lab import warm
+from rlcluster_lab.lab.notebook import warm
 
 # ------------------------------------------------------------------ the bound on disk
 
@@ -226,7 +226,7 @@ def test_a_read_only_cache_folder_is_one_warning_and_no_warm_start(warm_env, mon
 
 
 def test_setup_on_a_read_only_cache_folder_warns_and_goes_on(warm_env, monkeypatch, keep_cache_setting):
-    from rlcluster_lab.lab.setup import setup
+    from rlcluster_lab.lab.notebook.setup import setup
 
     _read_only(monkeypatch, warm_env)
     with pytest.warns(RuntimeWarning, match=r"the warm start is off: .*\(Read-only file system\)"):
@@ -238,7 +238,7 @@ def test_setup_on_a_read_only_cache_folder_warns_and_goes_on(warm_env, monkeypat
 def test_warm_background_in_an_unusable_folder_is_one_warning_and_no_traceback(warm_env):
     (warm_env / warm.LOCK).mkdir()  # the lock's name taken by a folder: it cannot be opened for writing
     proc = subprocess.run(
-        [sys.executable, "-m", "rlcluster_lab.lab.warm", "--background"],
+        [sys.executable, "-m", "rlcluster_lab.lab.notebook.warm", "--background"],
         env={**os.environ, compile_cache.ENV: str(warm_env)},
         capture_output=True,
         text=True,
@@ -326,7 +326,7 @@ def test_the_warm_record_is_never_written_through_a_link(warm_env, tmp_path, mon
 
 def test_the_warmed_step_is_the_widgets_step():
     from rlcluster_lab.app.learner import LearnerConfig
-    from rlcluster_lab.lab.widget import PlacementLab
+    from rlcluster_lab.lab.widget.placement_lab import PlacementLab
 
     assert PlacementLab(build=False).step_config == LearnerConfig(**warm.STEP_SIZES)
 
@@ -334,7 +334,7 @@ def test_the_warmed_step_is_the_widgets_step():
 # ------------------------------------------------------------------ what it warms
 
 WARM = """
-from rlcluster_lab.lab import warm
+from rlcluster_lab.lab.notebook import warm
 print(warm.warm_programs(8, [("colocated", True)]))
 """
 
@@ -345,7 +345,7 @@ from rlcluster_lab.core.compile_cache import count_compilations, enable_compilat
 enable_compilation_cache()
 from rlcluster_lab import Scenario, build_cluster
 from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig
-from rlcluster_lab.lab.warm import STEP_SIZES
+from rlcluster_lab.lab.notebook.warm import STEP_SIZES
 with count_compilations() as built:
     cluster = build_cluster(Scenario(layout="colocated", lora=True))
     GRPOLearner(cluster, LearnerConfig(**STEP_SIZES)).step()

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         VanillaEngine,
         VllmStyleEngine,
     )
-    from rlcluster_lab.lab.setup import setup
+    from rlcluster_lab.lab.notebook.setup import setup
     from rlcluster_lab.measure import MemoryReport, SyncReport, memory_report
     from rlcluster_lab.model import MODEL_SIZES, ModelConfig, TransformerLM, init_model, is_lora, with_lora
     from rlcluster_lab.model.scoring import ScoreModel, init_score_model

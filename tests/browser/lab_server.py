@@ -40,7 +40,7 @@ def make_lab_commands(lab_dir: Path) -> tuple[list[str], dict[str, str], list[st
         check=True,
     ).stdout
     lines = [shlex.split(line) for line in out.replace("\\\n", " ").splitlines()]
-    copies = [words for words in lines if "rlcluster_lab.lab.copies" in words]
+    copies = [words for words in lines if "rlcluster_lab.lab.notebook.copies" in words]
     labs = [words for words in lines if "lab" in words and any(w.endswith("jupyter") for w in words)]
     assert len(copies) == 1 and len(labs) == 1, out
     env = {}

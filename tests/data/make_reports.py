@@ -8,7 +8,7 @@ instead of building clusters. Regenerate the files after a change to what a repo
 
 Each scenario's cluster is built on eight simulated CPU devices and synced once, and its
 placement report, sync included, is written with sorted keys, less each sync leaf's
-``pieces`` (the per-device copies that ``lab.shards`` reads; no figure here draws them, and
+``pieces`` (the per-device copies that ``lab.figures.shard_data`` reads; no figure here draws them, and
 they are most of a report's size). Timings (``seconds``) are measured and so differ from run
 to run; no test reads them. ``tests/test_report_fixtures.py``
 (a slow test) checks that the byte counts and decisions still match what the code produces.
@@ -77,7 +77,7 @@ def make_step() -> dict[str, Any]:
     from rlcluster_lab.app.learner import GRPOLearner, LearnerConfig
     from rlcluster_lab.app.scenario import Scenario, build_cluster
     from rlcluster_lab.core.config import TrainingConfig
-    from rlcluster_lab.lab.step_phases import EVEN_PROMPTS, measure_step
+    from rlcluster_lab.lab.experiments.step_phases import EVEN_PROMPTS, measure_step
 
     cluster = build_cluster(
         Scenario(layout="colocated", offload=True, max_tokens=4, kv_cache_size=16), training_config=TrainingConfig()

@@ -30,7 +30,7 @@ import jax
 ENV = "RLCLUSTER_LAB_COMPILATION_CACHE"
 MAX_MB_ENV = "RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB"
 DEFAULT_MAX_MB = 512
-# Files of the lab's own that trimming leaves alone (the warm start's lock and record, lab/warm.py).
+# Files of the lab's own that trimming leaves alone (the warm start's lock and record, lab/notebook/warm.py).
 KEEP_PREFIX = "rlcluster-lab-warm"
 _OFF = {"0", "off", "false", "no", "none", ""}
 

@@ -4,7 +4,7 @@ A Jupyter server (JupyterLab, ``make lab``) lists itself in its runtime folder a
 ``jpserver-<pid>.json``: its URL and token. Its ``/api/sessions`` names the notebook each kernel
 runs, and ``DELETE /api/kernels/<id>`` shuts a kernel down as the notebook's Kernel > Shut Down
 Kernel does. ``core.chip_holder`` reads the first to name the notebook whose kernel holds the chip;
-``lab.setup`` the second to hand the chip over. Every call fails quietly (``None``, ``False``) where
+``lab.notebook.setup`` the second to hand the chip over. Every call fails quietly (``None``, ``False``) where
 no server answers: a machine without sockets, a server with a password instead of a token.
 """
 

@@ -1,10 +1,12 @@
-"""The notebook side: the set-up every notebook runs first, the notebooks' experiments, the
-figures (each defined once: the report's figures in SVG, shown by the notebooks and the
-widget lab; the notebooks' charts of steps, plans and shards in matplotlib), and the widget
-lab itself, and the rule code shown beside a decision.
+"""The notebook side, one concern per folder, each importing only the folders under it:
+``widget`` (the placement lab) and ``experiments`` (the notebooks' runs on live clusters), over
+``notebook`` (the set-up every notebook runs first, the chip's hand-over, the warm start, the
+working copies), over ``figures`` (each defined once: the report's in SVG, shown by the
+notebooks and the widget; the notebooks' charts in matplotlib) and ``rule_code`` (a rule's code
+shown beside a decision).
 
 ``from rlcluster_lab.lab import PlacementLab`` gives the lab; ``rlcluster_lab.setup()``
-(``lab.setup.setup``) sets a notebook up and returns its ``LabDevices``. The names are
+(``lab.notebook.setup.setup``) sets a notebook up and returns its ``LabDevices``. The names are
 imported on first use: the widget lab imports ipywidgets, which a figure does not need.
 """
 
@@ -15,10 +17,10 @@ from typing import TYPE_CHECKING
 from rlcluster_lab.core.exports import lazy_exports
 
 if TYPE_CHECKING:
-    from rlcluster_lab.lab.chip import chip_figures
-    from rlcluster_lab.lab.code_view import show_rule
-    from rlcluster_lab.lab.setup import LabDevices
-    from rlcluster_lab.lab.widget import PlacementLab
+    from rlcluster_lab.lab.experiments.chip import chip_figures
+    from rlcluster_lab.lab.notebook.setup import LabDevices
+    from rlcluster_lab.lab.rule_code.view import show_rule
+    from rlcluster_lab.lab.widget.placement_lab import PlacementLab
 
 __all__ = ["LabDevices", "PlacementLab", "chip_figures", "show_rule"]
 

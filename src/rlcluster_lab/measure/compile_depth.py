@@ -74,7 +74,7 @@ class DepthReport:
         raise KeyError(f"no row for {depth} layers by {how!r}; rows: {[(r.depth, r.how) for r in self.rows]}")
 
     def table(self) -> list[dict[str, Any]]:
-        """The rows as table rows (``lab.experiments.format_table``)."""
+        """The rows as table rows (``lab.experiments.runs.format_table``)."""
         return [
             {
                 "layers": r.depth,

@@ -6,7 +6,7 @@ run are shown (read from ``STORED``), labelled with the chip, the date and the c
 where no chip run is stored with this version, the same operations are measured now on one CPU
 device and say so (a CPU's "host link" is a copy within RAM, so they show the mechanism, not a
 chip's speed). The stored file is written on a chip by
-``python -m rlcluster_lab.lab.chip --save PATH --commit SHA``.
+``python -m rlcluster_lab.lab.experiments.chip --save PATH --commit SHA``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class ChipFigures:
 
     def table(self) -> str:
         """The rows as text, under their source."""
-        from rlcluster_lab.lab.experiments import format_table
+        from rlcluster_lab.lab.experiments.runs import format_table
 
         return f"{self.model_size} preset, {self.source}\n" + format_table(list(self.rows))
 

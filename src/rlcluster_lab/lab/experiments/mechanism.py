@@ -21,9 +21,9 @@ from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.cluster import operations
 from rlcluster_lab.cluster.contexts import context_rows
 from rlcluster_lab.core.trace import Decision
-from rlcluster_lab.lab.experiments import sharing_map_of
-from rlcluster_lab.lab.setup import LabDevices, layout_devices
-from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
+from rlcluster_lab.lab.experiments.runs import sharing_map_of
+from rlcluster_lab.lab.experiments.step_phases import EVEN_PROMPTS
+from rlcluster_lab.lab.notebook.setup import LabDevices, layout_devices
 from rlcluster_lab.placement.buffers import buffer_keys
 from rlcluster_lab.training.batch import TrainBatch
 

@@ -4,7 +4,7 @@ and the tables made of their results (``format_table``).
 Clusters are built through ``Scenario``/``build_cluster`` (or the public ``RLCluster`` for
 the P6 error cases) and results read from their reports, so a notebook shows what the CLI
 and the tests see; nothing here decides where a model lives. The planner's side is
-``lab.what_if``.
+``lab.experiments.what_if``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from rlcluster_lab.core.config import ClusterConfig, ConfigError, RolloutConfig,
 from rlcluster_lab.core.devices import devices_words
 from rlcluster_lab.core.meshes import default_shape, layout_meshes, make_mesh, reachable_layouts
 from rlcluster_lab.core.roles import Mode, Role
-from rlcluster_lab.lab.setup import LabDevices, layout_devices, layouts_held
-from rlcluster_lab.lab.step_phases import EVEN_PROMPTS
-from rlcluster_lab.lab.style import on_where
+from rlcluster_lab.lab.experiments.step_phases import EVEN_PROMPTS
+from rlcluster_lab.lab.figures.style import on_where
+from rlcluster_lab.lab.notebook.setup import LabDevices, layout_devices, layouts_held
 from rlcluster_lab.model import init_model
 from rlcluster_lab.rl_cluster import RLCluster
 from rlcluster_lab.rules.sharing import sharing_map, sharing_map_json
@@ -73,7 +73,7 @@ def _cell(value: Any) -> str:
 
 
 def layout_rows(devices: Devices) -> list[dict[str, Any]]:
-    """Each standard layout that can be built (on ``lab.setup.layout_devices`` of it): the actor's
+    """Each standard layout that can be built (on ``lab.notebook.setup.layout_devices`` of it): the actor's
     mesh and the rollout's, and the devices it is built on when layouts are built on different ones."""
     rows, wheres = [], {}
     for layout in layouts_held(devices):
@@ -101,7 +101,7 @@ Devices = LabDevices | Sequence[jax.Device]
 def reports_for(
     scenarios: Mapping[str, Scenario], devices: Devices, progress: Tick | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Build each scenario's cluster (on ``lab.setup.layout_devices`` of its layout) and keep only
+    """Build each scenario's cluster (on ``lab.notebook.setup.layout_devices`` of its layout) and keep only
     its placement report (JSON)."""
 
     def report(scenario: Scenario) -> dict[str, Any]:

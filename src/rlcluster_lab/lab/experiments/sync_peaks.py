@@ -2,8 +2,8 @@
 beside the measurement, and the chunk size against the peak and the time.
 
 Each function builds clusters through ``build_cluster`` (or reads sync reports already
-measured) and returns rows for ``experiments.format_table`` or points for
-``sync_figures.sync_chunk_curve``; nothing here decides where a model lives.
+measured) and returns rows for ``runs.format_table`` or points for
+``figures.sync.sync_chunk_curve``; nothing here decides where a model lives.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 from rlcluster_lab.app.scenario import Scenario, build_cluster
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.experiments import Devices, Tick
-from rlcluster_lab.lab.setup import layout_devices
-from rlcluster_lab.lab.sync_figures import PANELS, phase_label
+from rlcluster_lab.lab.experiments.runs import Devices, Tick
+from rlcluster_lab.lab.figures.sync import PANELS, phase_label
+from rlcluster_lab.lab.notebook.setup import layout_devices
 from rlcluster_lab.planner.plan import plan_scenario
 from rlcluster_lab.planner.tables import local_topology
 
@@ -82,7 +82,7 @@ def planned_peak_rows(
 ) -> list[dict[str, Any]]:
     """The planner's peak (L4, its reshard programs compiled for their temporaries) beside the
     measured one of the same scenario, busiest device, per memory kind: each planned on the
-    devices its layout is built on (``lab.setup.layout_devices``), as the measured one was."""
+    devices its layout is built on (``lab.notebook.setup.layout_devices``), as the measured one was."""
     rows = []
     for label, scenario in scenarios.items():
         topo = local_topology(layout_devices(devices, scenario.layout))

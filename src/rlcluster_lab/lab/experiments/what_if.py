@@ -15,7 +15,7 @@ import jax
 
 from rlcluster_lab.app.report import placement_report
 from rlcluster_lab.app.scenario import Scenario, build_cluster
-from rlcluster_lab.lab.experiments import Tick, each
+from rlcluster_lab.lab.experiments.runs import Tick, each
 from rlcluster_lab.planner.budget import gib
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.tables import local_topology

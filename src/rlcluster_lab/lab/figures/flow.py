@@ -1,6 +1,6 @@
 """The decision flow as rows (L1): per decision, the question, its answers and the one that
 fired, read from the typed branch each rule recorded, in the order the cluster took them, and
-the links from a decision to the ones that read its result: what ``placement_figures.decision_flow``
+the links from a decision to the ones that read its result: what ``figures.placement.decision_flow``
 draws. From the same rows: what a construction changed against the one before it
 (``decision_changes``, ``changes_since``), so a line never disagrees with the figure, and the
 sharing map beside the measured buffers in words (``measured_text``, ``role_note``). Every view
@@ -19,7 +19,7 @@ import numpy as np
 
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.core.trace import seen
-from rlcluster_lab.lab.style import ROLE_ORDER, in_order
+from rlcluster_lab.lab.figures.style import ROLE_ORDER, in_order
 from rlcluster_lab.rules.anchor import P8
 from rlcluster_lab.rules.catalogue import RULES
 from rlcluster_lab.rules.loading import P5, P14, LoadBranch, OffloadAnswer, OffloadBranch, P5Values, P14Values

@@ -2,7 +2,7 @@
 buffer drawn once.
 
 Pure functions of a report's ``memory`` JSON, returning an ``Svg`` that the notebooks and the
-widget lab both show (``lab.placement_figures`` says why SVG, and the conventions: physical
+widget lab both show (``lab.figures.placement`` says why SVG, and the conventions: physical
 bytes, a shared buffer drawn once and hatched where another role holds it). Segments carry
 an ``id`` and their bytes (``data-bytes``): ``"seg:<device>:<kind>:<entry or a+b>"``,
 ``"naive:<device>:<kind>"``, ``"alloc:<device>"``, ``"seg:role:<entry>:held:<kind>"``,
@@ -16,9 +16,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.flow import engine_copied, rollout_text, share_reason
-from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, byte_ticks, device_order, in_order, role_color, text_width, wrap
-from rlcluster_lab.lab.svg import MIN_FONT, MUTED, WIDTH, Canvas, Svg, legend
+from rlcluster_lab.lab.figures.flow import engine_copied, rollout_text, share_reason
+from rlcluster_lab.lab.figures.style import (
+    ENTRY_ORDER,
+    KINDS,
+    byte_ticks,
+    device_order,
+    in_order,
+    role_color,
+    text_width,
+    wrap,
+)
+from rlcluster_lab.lab.figures.svg import MIN_FONT, MUTED, WIDTH, Canvas, Svg, legend
 
 
 def _groups(memory: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -50,7 +59,7 @@ def held_on(memory: Mapping[str, Any], entry: str, dev: str) -> dict[str, dict[t
     roles (``memory["shared"]``) the buffers it holds with them.
 
     The one account of memory kinds per role and device: the Devices view (a cell per role and
-    device, ``placement_figures.device_grid``) and the Memory view (a bar per device and kind,
+    device, ``figures.placement.device_grid``) and the Memory view (a bar per device and kind,
     ``memory_by_device``) both draw it, solid in device memory and dotted in pinned host.
     """
     held: dict[str, dict[tuple[str, ...], int]] = {}

@@ -15,7 +15,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from rlcluster_lab.lab.style import byte_ticks, text_width
+from rlcluster_lab.lab.figures.style import byte_ticks, text_width
 
 
 def to_png(fig: Figure) -> bytes:

@@ -39,7 +39,7 @@ from typing import Any
 
 from rlcluster_lab.app.report import devices_text
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.flow import (
+from rlcluster_lab.lab.figures.flow import (
     FlowRow,
     answer_label,
     flow_links,
@@ -49,9 +49,19 @@ from rlcluster_lab.lab.flow import (
     mesh_coords,
     role_note,
 )
-from rlcluster_lab.lab.memory_figures import held_on
-from rlcluster_lab.lab.style import HIGHLIGHT, IDLE, IDLE_TEXT, ROLE_ORDER, clip, in_order, role_color, text_width, wrap
-from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
+from rlcluster_lab.lab.figures.memory import held_on
+from rlcluster_lab.lab.figures.style import (
+    HIGHLIGHT,
+    IDLE,
+    IDLE_TEXT,
+    ROLE_ORDER,
+    clip,
+    in_order,
+    role_color,
+    text_width,
+    wrap,
+)
+from rlcluster_lab.lab.figures.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
 
 # How a cell's hover names the memory kind its bytes are in.
 _KIND_WORDS = {"device": "device memory", "pinned_host": "pinned host"}
@@ -125,7 +135,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
     shared branch, a LoRA reference's backbone. Buffers of the role's own (the
     actor's, a copy, a model of its own) are in its colour. Each cell draws its
     bytes in the memory kind the Memory view puts them in (one account,
-    ``memory_figures.held_on``): plain in device memory, dotted in pinned host,
+    ``figures.memory.held_on``): plain in device memory, dotted in pinned host,
     a cell with bytes in both split between them. When the
     engine replaced the rollout mesh (P7), the mesh the config asked for is
     drawn dashed on a row of its own. Under the grid, per role, the sharing
@@ -163,7 +173,7 @@ def device_grid(report: Mapping[str, Any]) -> Svg:
                 continue
             color = role_color(role)
             # Where the role's bytes are on this device, per memory kind: the account the Memory
-            # view draws too (memory_figures.held_on), so a kind is drawn alike in both views.
+            # view draws too (figures.memory.held_on), so a kind is drawn alike in both views.
             holding = {} if dashed else held_on(memory, role, str(dev))
             parts = {kind: sum(sets.values()) for kind, sets in holding.items()}
             held = sum(parts.values())

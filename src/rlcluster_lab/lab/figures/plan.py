@@ -16,8 +16,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.mpl import FONT, MAX_WIDTH, MIN_PT, bytes_axis, legend_columns, new_figure
-from rlcluster_lab.lab.style import ENTRY_ORDER, KIND_COLORS, KINDS, PHYSICAL, device_order, in_order
+from rlcluster_lab.lab.figures.mpl import FONT, MAX_WIDTH, MIN_PT, bytes_axis, legend_columns, new_figure
+from rlcluster_lab.lab.figures.style import ENTRY_ORDER, KIND_COLORS, KINDS, PHYSICAL, device_order, in_order
 
 
 def plan_memory(plan: Mapping[str, Any]) -> Figure:

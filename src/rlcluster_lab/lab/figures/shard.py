@@ -5,7 +5,7 @@ sync did with them, device pair by device pair (L3).
 bytes of each shard side by side on several meshes, and the pieces a weight sync moved
 between devices, copied within a device or reused (the destination shard is the source's
 own buffer). Everything drawn is read: boxes from a live array's shards
-(``shards.shard_layout``), bytes from the sync report's pieces (``shards.sync_flows``).
+(``shard_data.shard_layout``), bytes from the sync report's pieces (``shard_data.sync_flows``).
 
 Artists that tests look up carry a ``gid``: ``"shard:<panel>:<box>:<devices>"`` for a box,
 ``"flow:<how>:<src>:<dst>:<bytes>"`` for a grid cell, ``"bar:<how>:<dst>:<bytes>"`` for a bar.
@@ -23,9 +23,9 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.textpath import TextPath
 
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.mpl import MIN_PT, bytes_axis, new_figure
-from rlcluster_lab.lab.shards import HOWS, ShardLayout, SyncFlows
-from rlcluster_lab.lab.style import PHYSICAL, SYNC_PARTS
+from rlcluster_lab.lab.figures.mpl import MIN_PT, bytes_axis, new_figure
+from rlcluster_lab.lab.figures.shard_data import HOWS, ShardLayout, SyncFlows
+from rlcluster_lab.lab.figures.style import PHYSICAL, SYNC_PARTS
 from rlcluster_lab.placement.boxes import Box
 
 MIN_FONT = MIN_PT

@@ -1,6 +1,6 @@
 """Shards you can see: one array's shards as boxes, and one sync's bytes per pair of devices.
 
-Plain data for ``shard_figures`` and notebook 05, read from what exists, never assumed from
+Plain data for ``figures.shard`` and notebook 05, read from what exists, never assumed from
 a partition spec: ``shard_layout`` reads a live array's ``addressable_shards`` (a replicated
 box shows up once per device that holds it, as JAX stores it); ``sync_flows`` reads a sync
 report's per-leaf ``pieces`` (L3), which the reshard logged as it ran. Bytes are physical

@@ -1,6 +1,6 @@
 """Figures of training steps (matplotlib, shown by the notebooks): per phase of an RL step,
 the bytes each role holds in device and in pinned host memory, measured inside the phase
-(P14, ``lab.step_phases``); and per optimizer step, the P11 gap between the live actor's
+(P14, ``lab.experiments.step_phases``); and per optimizer step, the P11 gap between the live actor's
 log-probs, the anchor's and the sampler's (``LearnerResult.to_json()``). Pure functions of
 that JSON. In ``phase_memory`` a buffer several entries hold is one segment, labelled with
 every holder, so a bar's height is what the memory kind really holds (physical bytes).
@@ -17,8 +17,8 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from rlcluster_lab.lab.mpl import FONT, MIN_PT, bytes_axis, legend_columns, new_figure
-from rlcluster_lab.lab.style import ENTRY_ORDER, KINDS, PHYSICAL, ROLE_COLORS, in_order, role_color
+from rlcluster_lab.lab.figures.mpl import FONT, MIN_PT, bytes_axis, legend_columns, new_figure
+from rlcluster_lab.lab.figures.style import ENTRY_ORDER, KINDS, PHYSICAL, ROLE_COLORS, in_order, role_color
 
 HOST_ALPHA = 0.45  # pinned host bars are drawn paler than device bars
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rlcluster_lab.lab.style import text_width
+from rlcluster_lab.lab.figures.style import text_width
 
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 

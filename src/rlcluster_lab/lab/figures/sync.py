@@ -3,7 +3,7 @@ holds on a device at each phase, and its chunk sizes.
 
 Pure functions of a sync report's JSON (``SyncReport.to_json()``, or a placement report's
 ``sync``), returning an ``Svg`` that the notebooks and the widget lab both show
-(``lab.placement_figures`` says why SVG). Bytes are physical (every destination shard
+(``lab.figures.placement`` says why SVG). Bytes are physical (every destination shard
 counted) unless a label says logical (each leaf once). Segments and ticks carry an ``id``
 and their bytes (``data-bytes``): ``"seg:sync:<run>:<part>"``, ``"seg:cross:<run>:kept"``
 and ``":relayed"``, ``"min:<run>"``, ``"logical:<run>"``, ``"seg:leaf:<path>:<report key>"``,
@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.core.limits import fmt_bytes
-from rlcluster_lab.lab.style import RELAYED, ROLE_COLORS, SYNC_PARTS, clip, on_where, text_width, wrap
-from rlcluster_lab.lab.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
+from rlcluster_lab.lab.figures.style import RELAYED, ROLE_COLORS, SYNC_PARTS, clip, on_where, text_width, wrap
+from rlcluster_lab.lab.figures.svg import MIN_FONT, MUTED, TEXT, WIDTH, Canvas, Svg, legend
 from rlcluster_lab.measure.sync_peak import chunk_words
 from rlcluster_lab.placement import phases as ph
 

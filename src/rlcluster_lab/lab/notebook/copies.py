@@ -7,7 +7,7 @@ what is missing there and refreshes a copy whose tracked notebook changed since 
 ``NAME.backup-N.ipynb`` (and ``.md``) beside the new copy, and said so. A copy whose tracked
 notebook did not change stays as the user left it; deleting it brings the committed one back.
 
-    python -m rlcluster_lab.lab.copies notebooks .lab/notebooks
+    python -m rlcluster_lab.lab.notebook.copies notebooks .lab/notebooks
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ def _digest(path: Path) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlcluster_lab.lab.copies", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rlcluster_lab.lab.notebook.copies", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("tracked", type=Path, help="the tracked notebooks (notebooks/)")
     parser.add_argument("work", type=Path, help="the working copies JupyterLab serves (.lab/notebooks)")
     args = parser.parse_args(argv)

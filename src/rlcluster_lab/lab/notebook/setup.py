@@ -5,11 +5,11 @@ beside any accelerator too); builds on GPUs or TPUs that can form every standard
 otherwise (a single chip) builds colocated and reshaped on the chip and split on the simulated
 CPU devices beside it (``families``, ``devices_for(layout)``). JAX is never restarted: each
 cluster takes its platform (memory kinds, transfer guard, allocator figures) from its own meshes.
-It turns on the persistent compilation cache, starts the warm start (``lab.warm``) when the
+It turns on the persistent compilation cache, starts the warm start (``lab.notebook.warm``) when the
 layouts run on simulated CPU devices, and in Colab turns on the widget manager. Where another
 process holds the chip (another notebook's kernel), it builds every layout on the simulated CPU
 devices and says which process and what frees it; ``take_chip=True`` hands the chip over
-(``lab.chip_handover``).
+(``lab.notebook.chip_handover``).
 
 ``needs_extra()`` and ``needs_processes()`` say once what this runtime lacks, and the cells below
 show the outputs stored with the notebook instead of failing one by one.
@@ -39,8 +39,8 @@ from rlcluster_lab.core.devices import (
     open_devices,
 )
 from rlcluster_lab.core.meshes import LAYOUTS, reachable_layouts
-from rlcluster_lab.lab.chip_handover import HandOver, hand_over, held_sentence
-from rlcluster_lab.lab.warm import start_warm_up
+from rlcluster_lab.lab.notebook.chip_handover import HandOver, hand_over, held_sentence
+from rlcluster_lab.lab.notebook.warm import start_warm_up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +74,7 @@ class LabDevices:
     notes: tuple[str, ...] = ()
     # Which layouts are built on which devices, each layout in one family; empty: all on ``devices``.
     families: tuple[LayoutFamily, ...] = ()
-    # Another process holds the chip: who, and what frees it, in one sentence (``lab.chip_handover``).
+    # Another process holds the chip: who, and what frees it, in one sentence (``lab.notebook.chip_handover``).
     held: str | None = None
 
     def layout_families(self) -> tuple[LayoutFamily, ...]:
@@ -186,7 +186,7 @@ def setup(
         use: ``"auto"``; ``"accelerator"`` builds on the accelerator even when
             it cannot form every layout (a single chip: colocated and reshaped only).
         take_chip: first shut down the Jupyter kernels that hold the chip, through the server that
-            runs them, and open the chip here (``lab.chip_handover.hand_over``).
+            runs them, and open the chip here (``lab.notebook.chip_handover.hand_over``).
 
     Returns:
         The devices found and the ones the layouts are built on.
@@ -264,7 +264,7 @@ def _register_figure_display() -> None:
         return
     from matplotlib.figure import Figure
 
-    from rlcluster_lab.lab.mpl import to_png
+    from rlcluster_lab.lab.figures.mpl import to_png
 
     shell.display_formatter.formatters["image/png"].for_type(Figure, to_png)
 

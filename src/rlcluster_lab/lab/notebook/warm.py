@@ -6,7 +6,7 @@ CPU priority, that builds the standard tiny clusters (``STANDARD``) and takes on
 step of the widget's size on each (its sync included), so every program they compile lands in
 the persistent compilation cache, for the lab and the notebooks to read back.
 
-It never blocks (``make lab`` and ``lab.setup()`` only start it) and runs once per environment
+It never blocks (``make lab`` and ``rl.setup()`` only start it) and runs once per environment
 (a record in the cache folder, ``warm_key``), never two at once (``_take_lock``), only where the
 layouts run on simulated CPU devices (the process is pinned to the CPU, so it never takes an
 accelerator's memory), and only when the persistent cache is on and trusted
@@ -15,8 +15,8 @@ one warning and no warm start; it never writes through a link (``O_NOFOLLOW``). 
 is bounded like the rest of the cache (``RLCLUSTER_LAB_COMPILATION_CACHE_MAX_MB``).
 ``RLCLUSTER_LAB_WARM=off`` turns it off (the test suite does).
 
-    python -m rlcluster_lab.lab.warm               # warm now, in this process
-    python -m rlcluster_lab.lab.warm --background  # start the background process and return
+    python -m rlcluster_lab.lab.notebook.warm               # warm now, in this process
+    python -m rlcluster_lab.lab.notebook.warm --background  # start the background process and return
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def start_warm_up(devices: int = DEFAULT_SIMULATED_DEVICES, *, command: Sequence
     if lock is None:
         pid = _lock_pid(folder)
         return f"the compilation cache is being warmed already ({f'process {pid}' if pid else 'another process'})"
-    argv = list(command) if command is not None else [sys.executable, "-m", "rlcluster_lab.lab.warm"]
+    argv = list(command) if command is not None else [sys.executable, "-m", "rlcluster_lab.lab.notebook.warm"]
     argv += ["--devices", str(devices), "--low-priority"] if command is None else []
     try:
         log = _open(folder, LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -248,7 +248,9 @@ def warm_programs(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlcluster_lab.lab.warm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rlcluster_lab.lab.notebook.warm", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--devices", type=int, default=DEFAULT_SIMULATED_DEVICES)
     parser.add_argument("--background", action="store_true", help="start the warm-up process and return at once")
     parser.add_argument("--low-priority", action="store_true", help="run at the lowest CPU priority (nice 19)")

@@ -5,7 +5,7 @@ and a pattern for a statement in it. ``locate`` resolves one with ``ast`` agains
 text, so lines another release moved are still found, and a function or statement that is
 gone is named. ``reference_code(rule)`` reads the installed file (found with ``find_spec``,
 nothing imported); without Tunix it says which lines of which release to open, with a link.
-Nothing of Tunix is stored in the lab. ``show_rule(..., reference=True)`` (``lab.code_view``)
+Nothing of Tunix is stored in the lab. ``show_rule(..., reference=True)`` (``lab.rule_code.view``)
 shows these lines beside the rule's own code.
 """
 

@@ -1,6 +1,6 @@
 """Code beside the decision (L1): a rule's own function from the rules layer, shown next to
 the decision it just took, with the inputs it read and the branch it returned, and, on
-request, Tunix's own lines for the rule (``lab.reference_lines``).
+request, Tunix's own lines for the rule (``lab.rule_code.reference_lines``).
 
 The function is found, not named by hand: a decision records the test it made (the
 ``Decision.test`` string), and exactly one function of the rule writes that string. The
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlcluster_lab.core.trace import Decision, jsonable
-from rlcluster_lab.lab.reference_lines import CAPTION, ReferenceCode, highlight, inline_html, reference_code
+from rlcluster_lab.lab.rule_code.reference_lines import CAPTION, ReferenceCode, highlight, inline_html, reference_code
 from rlcluster_lab.rules.catalogue import find_rule
 
 _COLUMN = "flex:1 1 480px;overflow-x:auto"

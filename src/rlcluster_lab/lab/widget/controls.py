@@ -2,7 +2,7 @@
 
 Each control is built from its knob in the one table (``core.knobs``: kind, label, options
 or range, default, tooltip; the layouts are those these devices can hold); nothing here
-decides where a model lives. The ``PlacementLab`` (``lab.widget``) owns the buttons and
+decides where a model lives. The ``PlacementLab`` (``lab.widget.placement_lab``) owns the buttons and
 the panels.
 """
 
@@ -26,7 +26,7 @@ from rlcluster_lab.core.meshes import (
     sharded_dims,
 )
 from rlcluster_lab.core.roles import Role
-from rlcluster_lab.lab.setup import LayoutFamily
+from rlcluster_lab.lab.notebook.setup import LayoutFamily
 from rlcluster_lab.model import MODEL_SIZES
 from rlcluster_lab.rules.anchor import anchor_is_partial
 from rlcluster_lab.rules.validation import check_lora_rank

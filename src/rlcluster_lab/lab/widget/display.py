@@ -25,7 +25,7 @@ import ipywidgets as widgets
 
 from rlcluster_lab.app.learner import StepRecord
 from rlcluster_lab.app.report import devices_text
-from rlcluster_lab.lab.flow import (
+from rlcluster_lab.lab.figures.flow import (
     actor_share_text,
     changes_html,
     engine_copied,
@@ -33,13 +33,13 @@ from rlcluster_lab.lab.flow import (
     rollout_text,
     warning_lines,
 )
-from rlcluster_lab.lab.memory_figures import memory_by_device, memory_by_role
-from rlcluster_lab.lab.placement_figures import decision_flow, device_grid
-from rlcluster_lab.lab.status import STEP_COUNTER
-from rlcluster_lab.lab.sync_figures import sync_bytes, sync_peak, sync_plan
+from rlcluster_lab.lab.figures.memory import memory_by_device, memory_by_role
+from rlcluster_lab.lab.figures.placement import decision_flow, device_grid
+from rlcluster_lab.lab.figures.sync import sync_bytes, sync_peak, sync_plan
+from rlcluster_lab.lab.widget.status import STEP_COUNTER
 
 if TYPE_CHECKING:
-    from rlcluster_lab.lab.controls import Knobs
+    from rlcluster_lab.lab.widget.controls import Knobs
 
 # The panels (the views that show figures), each with its heading.
 TITLES = {
@@ -60,7 +60,7 @@ VIEWS = (
 # Each figure fits the screen's height under JupyterLab's bars and the tab bar (the
 # browser test checks a 1600 x 1000 window); a wider view than the tab is scaled to it.
 # The knobs a refusal names get a red outline, and its message a note beside the first of
-# them, placed over the views (out of the flow: nothing moves when it shows, ``widget.Notes``).
+# them, placed over the views (out of the flow: nothing moves when it shows, ``placement_lab.Notes``).
 # A knob changed since the last Construct gets an orange bar at its left (a shadow: nothing
 # moves), and every view a line saying it shows the constructed cluster (``Display.mark_stale``).
 # The status sentence spans the lab's width above the knobs and views, two lines high at least:

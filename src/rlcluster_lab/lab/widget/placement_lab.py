@@ -1,8 +1,8 @@
 """The placement lab: every knob of a scenario as a widget, and live panels.
 
 The panels draw the placement report (``placement_report(cluster, sync=...).to_json()``)
-with the notebooks' own figure functions (``lab.display``); nothing here decides where a
-model lives. The status says what each action does while it does it (``lab.status``), and a
+with the notebooks' own figure functions (``lab.widget.display``); nothing here decides where a
+model lives. The status says what each action does while it does it (``lab.widget.status``), and a
 refusal's message sits beside the knob it names (``Notes``) until any knob changes. A rebuild releases the previous
 cluster first, so only one cluster's buffers are alive at a time, on CPU and on an
 accelerator alike.
@@ -26,14 +26,14 @@ from rlcluster_lab.app.scenario import build_cluster, check_memory, validate
 from rlcluster_lab.core.compile_cache import count_compilations
 from rlcluster_lab.core.knobs import describe, knobs_of
 from rlcluster_lab.core.meshes import device_list
-from rlcluster_lab.lab import status as sentences
-from rlcluster_lab.lab.controls import KNOB_WIDTH, Knobs
-from rlcluster_lab.lab.display import Display, mimebundle
-from rlcluster_lab.lab.flow import changes_since
-from rlcluster_lab.lab.rehearsal import BackgroundCompile
-from rlcluster_lab.lab.setup import LayoutFamily
-from rlcluster_lab.lab.status import StatusLine
-from rlcluster_lab.lab.warm import STEP_SIZES
+from rlcluster_lab.lab.figures.flow import changes_since
+from rlcluster_lab.lab.notebook.setup import LayoutFamily
+from rlcluster_lab.lab.notebook.warm import STEP_SIZES
+from rlcluster_lab.lab.widget import status as sentences
+from rlcluster_lab.lab.widget.controls import KNOB_WIDTH, Knobs
+from rlcluster_lab.lab.widget.display import Display, mimebundle
+from rlcluster_lab.lab.widget.rehearsal import BackgroundCompile
+from rlcluster_lab.lab.widget.status import StatusLine
 from rlcluster_lab.measure.sync import with_floor
 from rlcluster_lab.measure.sync_peak import allocator_before
 from rlcluster_lab.placement.programs import trim_compiled_programs
@@ -59,11 +59,11 @@ class PlacementLab:
         """``devices``: what layouts are built on (default ``jax.devices()``; a notebook passes
         ``rl.setup().devices``). ``families``: which layouts are built on which devices
         (``rl.setup().families``). ``rehearse``: after each Construct, compile a training step's
-        programs in the background (``lab.rehearsal``), so that Training step runs instead of compiling."""
+        programs in the background (``lab.widget.rehearsal``), so that Training step runs instead of compiling."""
         self.devices = device_list(devices)  # refused before any widget is made
         self.rehearse = rehearse
         self.background = BackgroundCompile()
-        self.step_config = LearnerConfig(**STEP_SIZES)  # the step the warm start compiles ahead (``lab.warm``)
+        self.step_config = LearnerConfig(**STEP_SIZES)  # the step the warm start compiles ahead (``lab.notebook.warm``)
         self._cluster: RLCluster | None = None
         self._learner: GRPOLearner | None = None
         self._sync: Any = None

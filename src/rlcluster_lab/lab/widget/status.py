@@ -24,8 +24,8 @@ import ipywidgets as widgets
 
 from rlcluster_lab.core.limits import fmt_bytes
 from rlcluster_lab.core.waits import WAITS, Building, program_words
-from rlcluster_lab.lab.flow import rollout_text, warning_lines
-from rlcluster_lab.lab.style import on_where
+from rlcluster_lab.lab.figures.flow import rollout_text, warning_lines
+from rlcluster_lab.lab.figures.style import on_where
 
 TICK_SECONDS = 0.25  # a wait's line is redrawn at least this often
 STATUS_HEIGHT_PX = 34  # two lines of 12 px text: the height the sentence keeps at least
