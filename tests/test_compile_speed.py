@@ -82,7 +82,7 @@ def test_xla_is_asked_outside_the_mesh_an_operation_entered():
 
 
 def test_a_failure_naming_no_option_keeps_the_options_as_asked(monkeypatch, caplog):
-    monkeypatch.setattr(compile_options, "_compile_apart", lambda probe: "some other failure")
+    monkeypatch.setattr(compile_options, "run_apart", lambda probe: "some other failure")
     wanted = {"xla_backend_optimization_level": 1}
     with caplog.at_level("INFO", logger=compile_options.__name__):
         assert compile_options._ask_xla("cpu", dict(wanted)) == wanted

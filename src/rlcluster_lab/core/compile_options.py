@@ -140,7 +140,7 @@ def _ask_xla(platform: str, options: dict[str, Any]) -> dict[str, Any]:
         return options
     arg = jax.ShapeDtypeStruct((), np.float32, sharding=jax.sharding.SingleDeviceSharding(device))
     while options:
-        error = _compile_apart(lambda: jax.jit(_probe, compiler_options=options).lower(arg).compile())
+        error = run_apart(lambda: jax.jit(_probe, compiler_options=options).lower(arg).compile())
         if error is None:
             return options
         refused = [name for name in options if name in error]
@@ -152,9 +152,10 @@ def _ask_xla(platform: str, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _compile_apart(compile_probe: Callable[[], Any]) -> str | None:
-    """Run ``compile_probe`` on a thread of its own, so that no mesh this thread has entered (an
-    operation's role context) applies to it; the first line of its error, None when it compiled."""
+def run_apart(compile_probe: Callable[[], Any]) -> str | None:
+    """Run ``compile_probe`` (a question asked of JAX or XLA) on a thread of its own, so that no mesh
+    this thread has entered (an operation's role context) applies to it; the first line of its
+    error, None when it ran."""
     error: list[str] = []
 
     def probe() -> None:

@@ -146,7 +146,7 @@ def softmax_residuals(dtype: str) -> tuple[int, int]:
     def attend(scores: jax.Array, values: jax.Array) -> jax.Array:
         return jax.nn.softmax(scores, axis=-1).astype(dtype) @ values
 
-    scores, values = jnp.zeros((rows, keys), jnp.float32), jnp.zeros((keys, width), dtype)
+    scores, values = jax.ShapeDtypeStruct((rows, keys), jnp.float32), jax.ShapeDtypeStruct((keys, width), dtype)
     # The residuals as the variables of a traced program, so that one value kept for two uses counts
     # once (in a float32 model the float32 softmax is its probabilities).
     traced = jax.make_jaxpr(lambda s, v: jax.vjp(attend, s, v)[1])(scores, values)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rlcluster_lab.core.compile_options import run_apart
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.shardings import MEMORY_KINDS, PlacementError, default_memory_kind, target_shardings
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
@@ -48,15 +49,16 @@ def put_on_memory_kind(tree: Any, memory_kind: str) -> Any:
 def device_put_reads_program_pins(platform: str) -> bool:
     """Whether this JAX's ``device_put`` can move an array a compiled program wrote into pinned host
     memory (the anchor's write-over), asked of JAX once per platform: some CPU clients refuse such
-    a layout, where a compiled copy reads it."""
+    a layout, where a compiled copy reads it. Asked on a thread of its own: the operation's mesh
+    must not apply to the question."""
     device = jax.devices(platform)[0]
     one = jax.sharding.SingleDeviceSharding(device)
-    try:
+
+    def ask() -> None:
         pinned = jax.jit(lambda: jnp.zeros((2,)), out_shardings=one.with_memory_kind("pinned_host"))()
         jax.device_put(pinned, one.with_memory_kind(device.default_memory().kind)).block_until_ready()
-    except Exception:  # noqa: BLE001 - the refusal is the answer asked for
-        return False
-    return True
+
+    return run_apart(ask) is None
 
 
 _MOVES = ProgramCache(16)
