@@ -137,9 +137,8 @@ class RLCluster:
         return self._state
 
     def isolated(self) -> RLCluster:
-        """A twin of this cluster on the same arrays (``ClusterState.isolated``): its operations
-        run the programs this cluster's would and change nothing this cluster holds or records,
-        nor wait for its operations. The lab's rehearsal runs a training step on it."""
+        """A twin of this cluster on the same arrays (``ClusterState.isolated``), for the lab's rehearsal:
+        its operations run this cluster's programs and change, record or wait for nothing of this one's."""
         twin = copy.copy(self)
         twin._state = self.state.isolated()
         twin._ahead = {}  # this cluster's helpers are its own: the twin's calls never wait for them
@@ -414,12 +413,9 @@ class RLCluster:
 
     @_one_at_a_time
     def update_actor(self, batch: TrainBatch, on_step: Any = None) -> list[dict[str, float]]:
-        """P12: optimizer steps on the actor, on its mesh, one per mini-batch per iteration.
-
-        ``on_step(iteration, rows, live_logps)``, when given, is called before each step, inside
-        the operation; ``live_logps(prompt_tokens, completion_tokens)`` scores with the actor's
-        weights of that moment (P11 made visible). Returns one metrics dict per step.
-        """
+        """P12: optimizer steps on the actor, on its mesh, one per mini-batch per iteration; one metrics
+        dict per step. ``on_step(iteration, rows, live_logps)`` is called before each step, inside the
+        operation, ``live_logps`` scoring with the actor's weights of that moment (P11 made visible)."""
         self._wait_for("update")
         return operations.update_actor(self.state, batch, on_step)
 
@@ -450,9 +446,8 @@ class RLCluster:
 
     @_one_at_a_time
     def sync_weights(self, *, peak: bool = True) -> SyncReport:
-        """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin
-        the anchor, advance the global step; returns what the sync really moved and (``peak``)
-        its transient peak, measured from outside by ``measure.sync.SyncObserver`` (L3)."""
+        """P13: hand the actor's trainable (LoRA) or full parameters to the rollout engine, re-pin the
+        anchor, advance the global step; returns what moved and (``peak``) the transient peak (L3)."""
         return sync_weights(self.state, SyncObserver(peak=peak))
 
     @_one_at_a_time

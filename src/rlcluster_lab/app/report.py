@@ -72,12 +72,12 @@ def anchor_facts(mode: str, pinned: Any) -> dict[str, Any]:
 
 
 def placement_report(cluster: RLCluster, sync: SyncReport | None = None) -> PlacementReport:
-    """Read the decisions and the live buffers (L2) of a constructed cluster, with the
-    ``SyncReport`` of a sync the caller ran, if any (L3).
+    """Read the decisions and the live buffers (L2) of a constructed cluster, with the ``SyncReport``
+    of a sync the caller ran, if any (L3).
 
     Raises:
-        TypeError: ``cluster`` is not the lab's ``RLCluster`` (for Tunix's, ``rlcluster_lab.tunix.inspect``),
-            or ``sync`` is not a ``SyncReport``.
+        TypeError: ``cluster`` is not the lab's ``RLCluster`` (for Tunix's: ``tunix.inspect``), or
+            ``sync`` is not a ``SyncReport``.
     """
     if not isinstance(cluster, RLCluster):
         raise TypeError(

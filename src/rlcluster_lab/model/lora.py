@@ -87,9 +87,8 @@ def with_lora(
 
 
 def _wrap_lora(model: TransformerLM, rank: int, scale: float, adapters: Any) -> tuple[TransformerLM, list[LoRALinear]]:
-    """Wrap every target projection in a ``LoRALinear``; ``adapters(path, a, b)`` gives the
-    adapter values from their abstract shapes (sharding attached where the kernel has one).
-    Returns the model and its new layers in the order ``adapters`` was called."""
+    """Wrap every target projection in a ``LoRALinear`` with the values ``adapters(path, a, b)`` draws
+    for their abstract shapes; returns the model and its new layers in the order drawn."""
     layers: list[LoRALinear] = []
     block = model.blocks  # every layer at once: kernels (num_layers, in, out), adapters stacked alike
     with nnx.use_eager_sharding(False):

@@ -35,9 +35,8 @@ PROGRAMS = ProgramCache(16)
 
 @dataclasses.dataclass(frozen=True)
 class LeafRoute:
-    """Where one leaf's destination blocks come from: ``sends``, the positions whose block crosses
-    (the first holding each distinct block in each receiving process), and per position
-    ``source``, the sent position in its process that holds its block."""
+    """Where one leaf's destination blocks come from: ``sends``, the positions whose block crosses (the
+    first of each distinct block per receiving process); ``source``, per position, the sent one it copies."""
 
     sends: tuple[int, ...]
     source: tuple[int, ...]

@@ -37,9 +37,8 @@ class Phase:
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:
-    """One copy: ``nbytes`` physical bytes into a buffer on ``dst_device``: ``cross_device`` (from
-    another device), ``same_device`` (from data already there) or ``memory_kind`` (between a
-    device's own memories)."""
+    """One copy of ``nbytes`` physical bytes into a buffer on ``dst_device``: ``cross_device``,
+    ``same_device`` (from data already there) or ``memory_kind`` (between a device's memories)."""
 
     kind: TransferKind
     src_device: int

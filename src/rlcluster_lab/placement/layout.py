@@ -26,9 +26,8 @@ class PlannedDevice:
 
 @dataclasses.dataclass(frozen=True)
 class PlannedMesh:
-    """A mesh on paper: equal, as a ``Mesh`` is (P1 compares meshes with ``==``), exactly when its
-    devices in order, shape, axis names and axis types are; with the attributes
-    ``describe_mesh``, ``check_spec`` and the sharing map read."""
+    """A mesh on paper, equal exactly when a ``Mesh`` would be (P1): devices in order, shape, axis names
+    and axis types; with the attributes ``describe_mesh``, ``check_spec`` and the sharing map read."""
 
     device_ids: tuple[int, ...]
     axis_sizes: tuple[int, ...]
@@ -110,9 +109,8 @@ def spec_axes(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
 
 @functools.lru_cache(maxsize=65536)
 def shard_boxes(shape: tuple[int, ...], spec: PartitionSpec, mesh: PlannedMesh) -> tuple[tuple[int, Box], ...]:
-    """(device id, box) of every device's shard, in mesh order, as
-    ``NamedSharding.devices_indices_map`` gives them: a dimension split over axes (a, b) is
-    cut into size(a) * size(b) equal pieces, a major."""
+    """(device id, box) of every device's shard, in mesh order, as ``NamedSharding.devices_indices_map``
+    gives them (a dimension split over axes (a, b): size(a) * size(b) pieces, a major)."""
     sizes = dict(mesh.shape)
     axes = spec_axes(spec, len(shape))
     out = []

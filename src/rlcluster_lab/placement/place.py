@@ -170,9 +170,8 @@ def place_model(
     copy: bool = False,
     strategy: str = "xla",
 ) -> nnx.Module:
-    """A new module whose every leaf is sharded on ``mesh`` per its partition specs (``model`` is
-    untouched): leaves already there are kept unless ``copy`` asks for buffers of their own;
-    layouts change by ``strategy`` (the config's ``reshard``)."""
+    """A new module whose every leaf is sharded on ``mesh`` per its partition specs (``model`` untouched),
+    leaves already there kept unless ``copy``; layouts change by ``strategy`` (the config's ``reshard``)."""
     graphdef, state = nnx.split(model)
     kind = memory_kind or default_memory_kind(mesh)
     shardings = target_shardings(

@@ -64,9 +64,8 @@ class Leg:
 
 @dataclasses.dataclass(frozen=True)
 class Made:
-    """Buffers a step makes, on paper: a value's key, what it is (``placement.phases``), its memory
-    kind, and (device id, bytes) of each buffer that is new (a re-labelled or kept buffer is
-    not listed: it was alive before)."""
+    """Buffers a step makes, on paper: a value's key, what it is (``placement.phases``), its memory kind,
+    and (device id, bytes) of each new buffer (a re-labelled or kept one was alive before)."""
 
     key: tuple[Any, ...]
     term: str
@@ -76,9 +75,8 @@ class Made:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One step of a reshard: the values it drops as it starts, the values it makes, and the
-    phase it ends at, where the reshard holds the most it will before dropping something
-    (None: no such point). ``group``: the program group or cast group it runs."""
+    """One step of a reshard: the values it drops as it starts, those it makes, the phase it ends at
+    (where it holds the most before dropping anything; None: none), and the group it runs."""
 
     op: str
     legs: tuple[int, ...] = ()
@@ -122,9 +120,8 @@ COPIES = "copies"  # the leading axis of a between program's layout when the sou
 
 @dataclasses.dataclass(frozen=True)
 class Position:
-    """Where a ``moves`` leaf's shard at one destination position comes from: ``how`` is
-    ``kept`` (the source's own buffer there), ``ran`` (the program's result there), ``copy``
-    (copied within the device) or ``send`` (from ``src`` to ``dst``)."""
+    """Where a ``moves`` leaf's shard at one destination position comes from: ``kept`` (the source's
+    buffer), ``ran`` (the program's result), ``copy`` (within the device) or ``send`` (``src`` to ``dst``)."""
 
     how: str
     src: int

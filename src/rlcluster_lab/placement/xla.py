@@ -146,9 +146,8 @@ def _run_program(xs: list[jax.Array], dsts: list[Sharding], labels: list[str | N
 
 
 def run_moves(run: Any, step: Any) -> tuple[dict[tuple[Any, ...], Any], list[Any]]:
-    """A ``moves`` step: each destination shard crosses whole from the device the route names,
-    stays (the source's buffer where ``jax.device_put`` keeps it, or the program's result), or
-    is copied within its device; every crossing in one device-to-device transfer call."""
+    """A ``moves`` step: each destination shard crosses whole from the device the route names, stays
+    (kept, or the program's result), or is copied within its device; all crossings in one call."""
     g = run.route.programs[step.group]
     src_a = tuple(run.devices[d] for d in g.src_order)
     dst_a = tuple(run.devices[d] for d in g.dst_order)

@@ -90,14 +90,9 @@ def p6_rollout_config(rollout_config: Any) -> tuple[Any, Decision[P6ConfigValues
 def p6_engine_choice(
     engine: Any, is_engine_class: Callable[[Any], bool], engine_name: str
 ) -> tuple[str, Decision[P6EngineValues]]:
-    """P6: the rollout engine is a known name (vanilla, vllm, sglang_jax), or a rollout-engine
-    subclass, or a ``functools.partial`` of one. Returns the kind: the name, or ``custom``.
-
-    Raises:
-        ConfigError: an unknown engine name.
-        NotImplementedError: an engine value that is neither a name nor an engine class
-            (the reference's type: "... not supported").
-    """
+    """P6: the rollout engine is a known name (vanilla, vllm, sglang_jax), a rollout-engine subclass,
+    or a ``functools.partial`` of one; returns the kind (the name, or ``custom``). An unknown name is
+    a ``ConfigError``; any other value a ``NotImplementedError`` (the reference's "... not supported")."""
     if isinstance(engine, str):
         if engine not in KNOWN_ENGINES:
             raise ConfigError(

@@ -47,8 +47,7 @@ def ppo_value_sums(
     model: nnx.Module, batch: dict[str, jax.Array], *, pad_id: int, clip_range_value: float
 ) -> tuple[dict[str, jax.Array], jax.Array]:
     """``0.5 * max((v - R)^2, (clip(v, v_old ± c) - R)^2)`` and its metrics (``vpred_mean``,
-    ``vf_clipfrac``, ``return_mean``) summed over real completion tokens, and the token count
-    (``token_mean`` of the two: the loss and metrics as means over those tokens)."""
+    ``vf_clipfrac``, ``return_mean``) summed over real completion tokens, with their count."""
     completion = batch["completion_tokens"]
     mask = (completion != pad_id).astype(jnp.float32)
     vpred = completion_scores(model, batch["prompt_tokens"], completion, pad_id)
