@@ -98,9 +98,6 @@ def host_summary(report: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------------------- memory (L2)
-
-
 def _add(into: dict[str, int], items: Mapping[str, Any]) -> None:
     """Add each of ``items``' counts to ``into``."""
     for key, n in items.items():
@@ -133,8 +130,6 @@ def merge_memory(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "allocator": _merge_allocator([p["allocator"] for p in parts]),
     }
 
-
-# ---------------------------------------------------------------------------- sync (L3)
 
 _LEAF_SUMS = (
     "synced_bytes",
