@@ -1,6 +1,6 @@
 """A plan checked by the compiler that would run it (L4): the programs of one RL step lowered
 from shapes alone and compiled for the plan's devices, XLA's bytes per device beside the
-planner's (``planner.program_memory``).
+planner's (``model.memory``, the figure the live check before compiling reads too).
 
 The programs are the lab's own, as an RL step runs them: the sampler with its KV cache on the
 rollout's mesh, the anchor's and the reference's log-prob programs, and the actor's optimizer
@@ -129,132 +129,94 @@ class StepProgram:
 
 def step_programs(req: PlanRequest, placed: Placed) -> list[StepProgram]:
     """The programs one RL step compiles for ``req``'s plan (``app.learner``'s order)."""
-    config, work, platform, tok = req.model, req.workload, req.topology.platform, ByteTokenizer()
-    on_chip = req.topology.on_chip_memory  # temporaries that fit there are not in device memory
+    work, tok, training = req.workload, ByteTokenizer(), TrainingConfig(optimizer=req.optimizer)
     ids = {"eos_id": tok.eos_id, "pad_id": tok.pad_id}
-    rows, prompt, new = work.rollout_batch_size, work.prompt_length, work.max_tokens
-    prompt_tokens, completion, temperature = np.zeros((rows, prompt), np.int32), np.zeros((rows, new), np.int32), 1.0
-    training = TrainingConfig(optimizer=req.optimizer)
+    rows, prompt, new, slots = work.rollout_batch_size, work.prompt_length, work.max_tokens, work.kv_cache_size
+    tokens, completion, temperature = np.zeros((rows, prompt), np.int32), np.zeros((rows, new), np.int32), 1.0
     scores_reference = placed.reference is not None and training.beta > 0
-    batch = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "old_logps": np.zeros((rows, new), np.float32),
-        "advantages": np.zeros((rows,), np.float32),
-    } | ({"ref_logps": np.zeros((rows, new), np.float32)} if scores_reference else {})
+    floats = ("old_logps", "ref_logps") if scores_reference else ("old_logps",)
+    batch = {"prompt_tokens": tokens, "completion_tokens": completion, "advantages": np.zeros(rows, np.float32)}
+    batch |= {k: np.zeros((rows, new), np.float32) for k in floats}
+    # Where the platform keeps a program's temporaries (model.memory): fused or not, on chip or not.
+    where = {"platform": req.topology.platform, "on_chip": req.topology.on_chip_memory}
 
-    def split(role: Role, mesh: PlannedMesh) -> Split:
-        return Split.of(mesh, req.rules(role))
-
-    def on_device(arrays: Sequence[PlannedArray], d: int, host: Sequence[Any] = ()) -> int:
-        # Each input once, its shard on ``d``; host inputs (the batch, the scalars) whole on every device,
-        # in the type JAX gives them (an int64 seed is int32 without x64).
-        shards = sum(a.shard_bytes for a in arrays if d in a.mesh.device_ids)
-        return shards + sum(np.size(x) * jax.dtypes.canonicalize_dtype(np.asarray(x).dtype).itemsize for x in host)
-
-    out = []
-    rollout = placed.engine.model
-    r_mesh = next(iter(rollout.arrays.values())).mesh
-    r_inputs = tuple(rollout.arrays.values())
-
-    def generate(devices: Mapping[int, Any]) -> Any:
-        graphdef, state = _abstract_model(req, rollout.arrays, rollout.lora_rank, devices)
-        slots = work.kv_cache_size
-        return lowered_generate(graphdef, state, prompt_tokens, max_new_tokens=new, cache_size=slots, **ids)
-
-    def generate_bytes(d: int) -> ProgramBytes:
-        host = (prompt_tokens, np.int64(0), np.float32(temperature))
-        return generate_program(
-            config,
-            rows,
-            prompt,
-            new,
-            work.kv_cache_size,
-            on_device(r_inputs, d, host),
-            split(Role.ROLLOUT, r_mesh),
-            platform=platform,
-            on_chip=on_chip,
-            lora_rank=rollout.lora_rank,
-        )
-
-    out.append(StepProgram("generate", Role.ROLLOUT, r_mesh, r_inputs, generate_bytes, generate))
+    def figure(
+        program: Callable[..., ProgramBytes],
+        role: Role,
+        mesh: PlannedMesh,
+        inputs: Sequence[PlannedArray],
+        host: Sequence[Any],
+        *shape: int,
+        **more: Any,
+    ) -> Callable[[int], ProgramBytes]:
+        split = Split.of(mesh, req.rules(role))
+        return lambda d: program(req.model, *shape, _on_device(inputs, d, host), split, **where, **more)
 
     def logps(role: Role, arrays: Mapping[PathKey, PlannedArray], rank: int) -> StepProgram:
-        mesh = next(iter(arrays.values())).mesh
-        inputs = tuple(arrays.values())
+        mesh, inputs, host = next(iter(arrays.values())).mesh, tuple(arrays.values()), (tokens, completion, 1.0)
 
         def lower(devices: Mapping[int, Any]) -> Any:
             graphdef, state = _abstract_model(req, arrays, rank, devices)
             program = LOGPS.jitted(model_compiler_options(graphdef, state))
-            return program.lower(graphdef, state, prompt_tokens, completion, ids["pad_id"], np.float32(temperature))
+            return program.lower(graphdef, state, tokens, completion, ids["pad_id"], np.float32(temperature))
 
-        def planned(d: int) -> ProgramBytes:
-            host = (prompt_tokens, completion, np.float32(temperature))
-            return logps_program(
-                config,
-                rows,
-                prompt,
-                new,
-                on_device(inputs, d, host),
-                split(role, mesh),
-                platform=platform,
-                on_chip=on_chip,
-                lora_rank=rank,
-            )
-
+        planned = figure(logps_program, role, mesh, inputs, host, rows, prompt, new, lora_rank=rank)
         return StepProgram("log-probs", role, mesh, inputs, planned, lower)
 
-    # The anchor's log-probs run the actor's graph over the anchor, brought to the actor's devices (P10).
-    out.append(logps(Role.ACTOR, placed.anchor, placed.actor.lora_rank))
-    if scores_reference:
-        out.append(logps(Role.REFERENCE, placed.reference.arrays, 0))
+    rollout, actor = placed.engine.model, placed.actor
+    r_mesh, r_inputs = next(iter(rollout.arrays.values())).mesh, tuple(rollout.arrays.values())
 
-    actor = placed.actor
-    a_mesh = placed.role_to_mesh[Role.ACTOR]
+    def generate(devices: Mapping[int, Any]) -> Any:
+        graphdef, state = _abstract_model(req, rollout.arrays, rollout.lora_rank, devices)
+        return lowered_generate(graphdef, state, tokens, max_new_tokens=new, cache_size=slots, **ids)
+
+    a_mesh, a_inputs = placed.role_to_mesh[Role.ACTOR], (*actor.arrays.values(), *placed.optimizer)
     trained = [a for p, a in actor.arrays.items() if p in actor.lora_paths or not placed.lora]
-    a_inputs = (*actor.arrays.values(), *placed.optimizer)
 
     def update(devices: Mapping[int, Any]) -> Any:
         graphdef, state = _abstract_model(req, actor.arrays, actor.lora_rank, devices)
         graphdef, trainable, frozen = nnx.split(nnx.merge(graphdef, state), trained_params(placed.lora), ...)
         tx = training.actor_optimizer()
-        mesh = layout_sharding(Layout(a_mesh, PartitionSpec(), "device"), devices).mesh
-        opt_state = abstract_optimizer_state(tx, trainable, mesh)
-        return train_step(
-            graphdef,
-            tx,
-            trainable,
-            frozen,
-            opt_state,
-            batch,
-            temperature,
-            pad_id=ids["pad_id"],
-            beta=training.beta,
-            epsilon=training.epsilon,
-            micro_batch_size=work.micro_batch_size,
-            lower=True,
-        )
+        opt_state = abstract_optimizer_state(tx, trainable, _mesh(a_mesh, devices))
+        knobs = {"beta": training.beta, "epsilon": training.epsilon, "micro_batch_size": work.micro_batch_size}
+        args = (trainable, frozen, opt_state, batch, temperature)
+        return train_step(graphdef, tx, *args, pad_id=ids["pad_id"], **knobs, lower=True)
+
+    host = (tokens, np.int64(0), 1.0)  # the prompts, the seed, the temperature
+    planned = figure(
+        generate_program, Role.ROLLOUT, r_mesh, r_inputs, host, rows, prompt, new, slots, lora_rank=rollout.lora_rank
+    )
+    out = [StepProgram("generate", Role.ROLLOUT, r_mesh, r_inputs, planned, generate)]
+    # The anchor's log-probs run the actor's graph over the anchor, brought to the actor's devices (P10).
+    out.append(logps(Role.ACTOR, placed.anchor, actor.lora_rank))
+    if scores_reference:
+        out.append(logps(Role.REFERENCE, placed.reference.arrays, 0))
+    u_split = Split.of(a_mesh, req.rules(Role.ACTOR))
 
     def update_bytes(d: int) -> ProgramBytes:
-        host = (*batch.values(), np.float32(temperature))
-        return update_program(
-            config,
-            work.train_rows,
-            prompt,
-            new,
-            on_device(a_inputs, d, host),
-            on_device(trained, d),
-            on_device(placed.optimizer, d),
-            len(trained) + len(placed.optimizer) + 5,
-            split(Role.ACTOR, a_mesh),
-            platform=platform,
-            on_chip=on_chip,
-            accumulating=work.accumulates,
-            lora_rank=actor.lora_rank,
-        )
+        held = [
+            _on_device(a_inputs, d, (*batch.values(), 1.0)),
+            _on_device(trained, d),
+            _on_device(placed.optimizer, d),
+        ]
+        leaves = len(trained) + len(placed.optimizer) + 5  # it returns the parameters, optimizer state, metrics
+        shape = (work.train_rows, prompt, new)
+        more = {"accumulating": work.accumulates, "lora_rank": actor.lora_rank}
+        return update_program(req.model, *shape, *held, leaves, u_split, **where, **more)
 
     out.append(StepProgram("train step", Role.ACTOR, a_mesh, a_inputs, update_bytes, update))
     return out
+
+
+def _on_device(arrays: Sequence[PlannedArray], d: int, host: Sequence[Any] = ()) -> int:
+    """A program's inputs on device ``d``: each array's shard there, and the host values (the batch,
+    the scalars) whole, in the type JAX gives them (an int64 seed is int32 without x64)."""
+    shards = sum(a.shard_bytes for a in arrays if d in a.mesh.device_ids)
+    return shards + sum(np.size(x) * jax.dtypes.canonicalize_dtype(np.asarray(x).dtype).itemsize for x in host)
+
+
+def _mesh(planned: PlannedMesh, devices: Mapping[int, Any]) -> jax.sharding.Mesh:
+    return layout_sharding(Layout(planned, PartitionSpec(), "device"), devices).mesh
 
 
 def _abstract_model(
@@ -298,7 +260,7 @@ def check_plan(plan: Plan, devices: Mapping[int, Any]) -> dict[str, Any]:
     seen: dict[int, tuple[dict[str, int], int | None, str | None, float]] = {}
     checks = []
     for sp in step_programs(req, placed):
-        mesh = layout_sharding(Layout(sp.mesh, PartitionSpec(), "device"), devices).mesh
+        mesh = _mesh(sp.mesh, devices)
         start = time.perf_counter()
         with jax.set_mesh(mesh), nnx.logical_axis_rules(list(req.rules(sp.role))):
             with jax.default_matmul_precision(MATMUL_PRECISION):
@@ -344,8 +306,10 @@ WHY = {
     "arguments": "the shards of the plan's arrays the program reads and the batch, from shapes; XLA pads an "
     "array to its tiles",
     "outputs": "what the program returns, from shapes",
-    "temporaries": "the buffers alive at the program's fullest point, counted from shapes (model.memory); XLA "
-    "shares, fuses or leaves out some of them, and XLA:TPU keeps small ones in the chip's own vector memory",
+    "temporaries": "the buffers alive at the program's fullest point, from shapes (model.memory: every row on each "
+    "device, the residual stream split as the embedding dimension is; on a TPU the float32 casts fused, a float32 "
+    "model's operands of its products kept in bfloat16, temporaries that fit the chip's vector memory kept there); "
+    "XLA's buffer assignment shares, fuses or places some of them otherwise",
 }
 
 
