@@ -1,11 +1,7 @@
-"""The rollout-engine protocol every engine follows, built-in or a user's own.
-
-An engine is constructed as ``Engine(rollout_actor=..., tokenizer=..., mesh=...,
-rollout_config=...)``. It samples with the module ``model()`` returns, scores
-completions, and takes new weights through ``update_params(params, filter_types)``.
-An engine that picks its own mesh exposes it as ``mesh``; the cluster then records
-that mesh for the rollout role (P7).
-"""
+"""The rollout-engine protocol every engine follows, built-in or a user's own: constructed as
+``Engine(rollout_actor=..., tokenizer=..., mesh=..., rollout_config=...)``, it samples with the
+module ``model()`` returns, scores completions, and takes new weights through
+``update_params(params, filter_types)``; a mesh it picks itself is exposed as ``mesh`` (P7)."""
 
 from __future__ import annotations
 
@@ -44,13 +40,9 @@ class RolloutOutput:
 
 
 class RolloutEngine(abc.ABC):
-    """Base class of rollout engines.
-
-    Subclasses must implement ``model()``; sampling, scoring and weight
-    updates have working defaults that operate on that module.
-    ``owns_weights`` says whether ``update_params`` must write into buffers
-    of the engine's own (no aliasing of the trainer's arrays).
-    """
+    """Base class of rollout engines: subclasses implement ``model()``; sampling, scoring and weight
+    updates work on that module. ``owns_weights``: ``update_params`` writes into buffers of the
+    engine's own (no aliasing of the trainer's arrays)."""
 
     owns_weights: bool = False
     # The chunk size of the sync in progress (P13's order, set by the cluster; None: one piece).
@@ -81,11 +73,8 @@ class RolloutEngine(abc.ABC):
 
     @classmethod
     def check(cls, rollout_actor: nnx.Module, rollout_config: RolloutConfig) -> dict[str, Any]:
-        """P6: raise ``ConfigError`` if this engine cannot take this model and config.
-
-        Returns the facts it looked at, for the decision trace. The cluster
-        calls it before allocating anything; the constructor calls it too.
-        """
+        """P6: raise ``ConfigError`` if this engine cannot take this model and config (before anything is
+        allocated, and in the constructor); returns the facts it looked at, for the decision trace."""
         return {}
 
     @classmethod
@@ -172,28 +161,18 @@ class RolloutEngine(abc.ABC):
         return twin
 
     def get_per_token_logps(self, prompt_tokens: Any, completion_tokens: Any) -> jax.Array:
-        """Per-token log-probs (B, C) under the engine's weights.
-
-        Raises:
-            TypeError: ids that are not integers.
-            ConfigError: a batch of the wrong shape or an id outside the model's vocabulary
-                (checked on the host by ``logps_from_state``).
-        """
+        """Per-token log-probs (B, C) under the engine's weights, ids checked on the host first
+        (``TypeError`` for non-integers, ``ConfigError`` for a wrong shape or an id out of range)."""
         graphdef, state = model_split(self.model())
         return logps_from_state(
             graphdef, state, prompt_tokens, completion_tokens, self.pad_id(), self.rollout_config.temperature
         )
 
     def update_params(self, params: Any, filter_types: tuple[Any, ...] | None = None) -> None:
-        """Take new weights, resharded onto this engine's own shardings.
-
-        With ``filter_types`` (a weight sync, P13) the destination is the matching part of
-        this engine's model, in its current shardings and memory kind. Without it (keeping
-        shared roles together, P14) the whole state is taken, in the memory kind the source
-        is in. One reshard per sync, or one per chunk of at most ``sync_chunk_bytes``, each chunk
-        committed (and the arrays it replaces dropped) before the next; each commit is emitted
-        (``placement.events.Phase``) for the sync's peak walk.
-        """
+        """Take new weights, resharded onto this engine's own shardings: with ``filter_types`` (a sync,
+        P13) the matching part of its model, in its current shardings and memory kind; without (shared
+        roles kept together, P14) the whole state, in the source's memory kind. One reshard per sync or
+        per chunk of at most ``sync_chunk_bytes``, each committed before the next (an emitted ``Phase``)."""
         index = self._index(filter_types)
         follow = filter_types is None
         if follow:
@@ -249,12 +228,8 @@ class RolloutEngine(abc.ABC):
         return [index.get(j) for j in range(len(index.keys))]
 
     def _index(self, filter_types: tuple[Any, ...] | None) -> _VariableIndex:
-        """The model's Variables matching ``filter_types``, found once per filter.
-
-        A sync runs often and the model's structure never changes after
-        construction, so the graph is walked once; values are read and set
-        on the Variables themselves.
-        """
+        """The model's Variables matching ``filter_types``, found once per filter: the structure never
+        changes after construction, and values are read and set on the Variables themselves."""
         model = self.model()
         cache = self.__dict__.setdefault("_variable_index", {})
         hit = cache.get(filter_types)
@@ -275,12 +250,9 @@ class Target:
 
 @dataclasses.dataclass(frozen=True)
 class SyncPlan:
-    """A handover worked out once (P13): per chunk group (``sync_chunk_bytes``), the handed-over
-    leaves it takes (positions among them), the model's leaves it sets and its reshard
-    (``placement.reshard.Batch``: every step, what crosses where, which buffers are kept, the
-    ledger of its first recorded run). Kept with the model's variable index and built again
-    only when ``key`` changes: the source or destination layouts, the chunk size, the strategy,
-    whether the engine owns its weights."""
+    """A handover worked out once (P13): per chunk, the handed-over leaves it takes, the model's leaves
+    it sets and its reshard (``placement.reshard.Batch``). Rebuilt only when ``key`` changes (the
+    layouts, the chunk size, the strategy, whether the engine owns its weights)."""
 
     key: tuple[Any, ...]
     parts: tuple[tuple[tuple[int, ...], tuple[int, ...], Batch], ...]
@@ -305,12 +277,9 @@ class SyncPlan:
 
 
 class _VariableIndex:
-    """A model's Variables in path order, with the fastest safe way to read and set each.
-
-    A Variable holding a plain array, without hooks or a ``get_value``/``set_value`` of its own
-    type's, is read and set raw (no copy of the tree, no hooks to run); any other goes through
-    ``get_value``/``set_value``. The same holds for the handed-over tree's Variables (``read``).
-    """
+    """A model's Variables in path order, each read and set raw where it holds a plain array without
+    hooks or typed accessors of its own, else through ``get_value``/``set_value`` (and the handed-over
+    tree's the same way, ``read``)."""
 
     def __init__(self, model: nnx.Module, keys: list[tuple[Any, ...]], variables: list[nnx.Variable]) -> None:
         self.model = model
@@ -329,12 +298,9 @@ class _VariableIndex:
         return cls(model, [k for k, _ in pairs], [v for _, v in pairs])
 
     def read(self, params: Any) -> list[Any]:
-        """The arrays of ``params`` (a whole tree: a sync's, P13) in this index's path order.
-
-        Where each path sits among the tree's, and which source Variables may be read raw, are
-        worked out once and kept while the paths and Variables stay: a steady sync hands over the
-        actor's own Variables under the same paths, and finds each leaf where it was.
-        """
+        """The arrays of ``params`` (a sync's whole tree) in this index's path order; where each path sits
+        and which source Variables read raw are kept while the paths and Variables stay (a steady sync
+        hands over the actor's own Variables)."""
         paths, leaves = _flat_leaves(params)
         if self._reading is None or self._reading[0] != paths:
             position = {k: p for p, k in enumerate(paths)}
@@ -370,9 +336,8 @@ class _VariableIndex:
             if v.get_raw_value() is x:
                 return
             if type(x) is ArrayImpl:
-                # A concrete array into a plain Variable: Flax's setter checks the trace level twice
-                # (about 3.5 us a leaf on this CPU; 70 of a large sync's 420 us handover, 13 without);
-                # a concrete array carries no trace to leak. A tracer takes Flax's checked way.
+                # A concrete array (no trace to leak) skips Flax's setter, whose trace-level checks were a
+                # sixth of a large sync's handover; a tracer goes through it.
                 object.__setattr__(v, "_raw_value", x)
             else:
                 v.set_raw_value(x)
