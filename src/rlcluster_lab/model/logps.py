@@ -18,21 +18,14 @@ from rlcluster_lab.model.fits import SMALLER_BATCH, check_program, model_program
 from rlcluster_lab.model.memory import logps_program
 from rlcluster_lab.model.transformer import ModelConfig, TransformerLM
 
-# Input contracts, checked on the host before any device work: an id outside the
-# vocabulary makes the embedding gather read past its table (NaN log-probs on CPU,
-# silently wrapped or clamped ids elsewhere), so nothing reaches a program unchecked.
+# Input contracts, checked on the host before any device work: an id outside the vocabulary makes
+# the embedding gather read past its table (NaN on CPU, wrapped or clamped ids elsewhere).
 
 
 def check_token_ids(name: str, tokens: Any, vocab_size: int | None) -> np.ndarray:
-    """``tokens`` as a host integer array whose ids all lie in ``[0, vocab_size)``.
-
-    ``name`` is the argument's name for the message; ``vocab_size`` None checks only that
-    ids are not negative. A device array is read back to the host.
-
-    Raises:
-        TypeError: the ids are not integers (floats, booleans, strings).
-        ConfigError: an id is negative or not below ``vocab_size``.
-    """
+    """``tokens`` (named ``name`` in the message; a device array is read back) as a host integer array
+    whose ids all lie in ``[0, vocab_size)`` (None: only not negative); a ``TypeError`` for ids that
+    are not integers, a ``ConfigError`` for one out of range."""
     if isinstance(tokens, (str, bytes)):
         raise TypeError(f"{name} must be an array of integer token ids, got {type(tokens).__name__} {tokens!r:.40}")
     arr = np.asarray(tokens)
@@ -56,12 +49,7 @@ def check_token_ids(name: str, tokens: Any, vocab_size: int | None) -> np.ndarra
 
 
 def check_token_id(name: str, value: Any, vocab_size: int | None) -> int:
-    """One token id (a pad or EOS id) as an int in ``[0, vocab_size)``.
-
-    Raises:
-        TypeError: not an integer.
-        ConfigError: out of range.
-    """
+    """One token id (a pad or EOS id) as an int in ``[0, vocab_size)``, else a ``TypeError`` or ``ConfigError``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer token id, got {type(value).__name__} {value!r:.40}")
     if value < 0 or (vocab_size is not None and value >= vocab_size):
@@ -73,15 +61,9 @@ def check_token_id(name: str, value: Any, vocab_size: int | None) -> int:
 def check_token_batch(
     prompt_tokens: Any, completion_tokens: Any, vocab_size: int | None, *, names: tuple[str, str] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A (B, P) prompt batch and a (B, C) completion batch of in-vocabulary ids, B, P, C >= 1.
-
-    The first completion token is predicted from the last prompt position, so a
-    prompt needs at least one column (all pads is allowed: the row is masked).
-
-    Raises:
-        TypeError: the ids are not integers.
-        ConfigError: a shape is wrong (the message gives the shape expected) or an id is out of range.
-    """
+    """A (B, P) prompt batch and a (B, C) completion batch of in-vocabulary ids, B, P, C >= 1 (the first
+    completion token is predicted from the last prompt position; an all-pad prompt row is masked). A
+    ``TypeError`` for non-integer ids, a ``ConfigError`` naming the shape expected or the id out of range."""
     p_name, c_name = names or ("prompt_tokens", "completion_tokens")
     prompt = check_token_ids(p_name, prompt_tokens, vocab_size)
     completion = check_token_ids(c_name, completion_tokens, vocab_size)
@@ -100,15 +82,9 @@ def check_token_batch(
 
 
 def check_temperature(temperature: Any, *, allow_zero: bool = True, name: str = "temperature") -> float:
-    """``temperature`` as a finite float: 0 (greedy, when ``allow_zero``) or at least ``MIN_TEMPERATURE``.
-
-    Log-probs are computed from ``logits / temperature`` in float32: a temperature
-    below the floor divides by (nearly) zero and turns every log-prob into NaN.
-
-    Raises:
-        TypeError: not a real number.
-        ConfigError: NaN, infinite or out of range.
-    """
+    """``temperature`` as a finite float: 0 (greedy, when ``allow_zero``) or at least ``MIN_TEMPERATURE``
+    (below it ``logits / temperature`` overflows float32 and every log-prob is NaN); a ``TypeError``
+    for a non-number, a ``ConfigError`` for NaN, infinite or out of range."""
     if isinstance(temperature, bool) or not isinstance(temperature, (numbers.Real, np.ndarray, jax.Array)):
         raise TypeError(f"{name} must be a real number, got {type(temperature).__name__} {temperature!r:.40}")
     if np.ndim(temperature) != 0:
@@ -153,11 +129,8 @@ def model_vocab_size(graphdef: nnx.GraphDef, *states: Any) -> int | None:
 
 
 def mask_pad_logits(logits: jax.Array, pad_id: int) -> jax.Array:
-    """The pad id is never generated: its logit is -inf for sampling and scoring alike.
-
-    Without this a sampled pad token would be indistinguishable from padding,
-    and the sampler's log-probs would disagree with the scorer's.
-    """
+    """The pad id is never generated: its logit is -inf for sampling and scoring alike (a sampled pad
+    would be indistinguishable from padding, and the two log-probs would disagree)."""
     return jnp.where(jnp.arange(logits.shape[-1]) == pad_id, -jnp.inf, logits)
 
 
@@ -172,12 +145,8 @@ def packed_sequence(prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_
 def checked_batch(
     graphdef: nnx.GraphDef, state: Any, prompt_tokens: Any, completion_tokens: Any, pad_id: Any
 ) -> tuple[jax.Array, jax.Array]:
-    """The ids and ``pad_id`` checked on the host against the model's vocabulary; the ids as int32 arrays.
-
-    Raises:
-        TypeError: ids that are not integers.
-        ConfigError: a batch of the wrong shape (or empty) or an id outside the vocabulary.
-    """
+    """The ids and ``pad_id`` checked on the host against the model's vocabulary (as ``check_token_batch``
+    refuses them); the ids as int32 arrays."""
     vocab = model_vocab_size(graphdef, state)
     prompt, completion = check_token_batch(prompt_tokens, completion_tokens, vocab)
     check_token_id("pad_id", pad_id, vocab)
@@ -191,11 +160,8 @@ def forward_logps(
     pad_id: int,
     temperature: float | jax.Array = 1.0,
 ) -> jax.Array:
-    """Per-token log-probs (B, C) of the completion given the left-padded prompt.
-
-    Pad tokens are masked out of attention and skipped by positions; pad
-    completion tokens get log-prob 0. Temperature 0 is treated as 1.
-    """
+    """Per-token log-probs (B, C) of the completion given the left-padded prompt: pads are masked out of
+    attention and skipped by positions, pad completion tokens get 0; temperature 0 is treated as 1."""
     prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
     completion_tokens = jnp.asarray(completion_tokens, jnp.int32)
     p, c = prompt_tokens.shape[1], completion_tokens.shape[1]
@@ -212,10 +178,8 @@ def _logps(graphdef, state, prompt_tokens, completion_tokens, pad_id, temperatur
     return forward_logps(nnx.merge(graphdef, state), prompt_tokens, completion_tokens, pad_id, temperature)
 
 
-# One program per model graph, shapes, shardings, compiler options and precision (the cluster's:
-# P11 compares its log-probs, core.precision): every role whose model has the same graph (the
-# reference, the anchor and the live actor without LoRA; the rollout where it is the actor) runs
-# the same compiled program.
+# One program per model graph, shapes, shardings, compiler options and precision (core.precision):
+# every role whose model has the same graph (reference, anchor, live actor) runs the same program.
 LOGPS = ProgramFamily(_logps, "log-probs", static_argnames=("graphdef", "pad_id"))
 
 
