@@ -127,3 +127,14 @@ def test_l4_the_check_allocates_nothing(checked) -> None:
     plan = plan_cluster("tiny", "local", layout="reshaped")
     check_plan(plan, check_devices(plan.request.topology))
     assert len(jax.live_arrays()) == before
+
+
+def test_l4_the_syncs_reshard_programs_are_compiled_where_its_route_has_any(checked) -> None:
+    _, split = checked  # whole shards move between the split layout's meshes: no program
+    assert split["sync"]["compiles_programs"] is False
+    assert split["sync"]["xla_peak_bytes"] == split["sync"]["planned_peak_bytes"]
+    plan = plan_cluster("tiny", "local", layout="reshaped")
+    sync = check_plan(plan, check_devices(plan.request.topology))["sync"]
+    # The reshaped layout's rollout mesh is another over the same devices: one compiled program,
+    # whose temporaries come on top of the arrays on paper.
+    assert sync["compiles_programs"] and sync["xla_peak_bytes"] > sync["planned_peak_bytes"]

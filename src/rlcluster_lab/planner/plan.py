@@ -201,7 +201,9 @@ def _construct(req: PlanRequest, buf: Buffers, trace: Trace) -> Placed:
     return construct(ex, request, trace)
 
 
-def _plan(req: PlanRequest) -> Plan:
+def _plan(req: PlanRequest, sync_devices: list[Any] | None = None) -> Plan:
+    """``req`` planned; ``sync_devices``: the devices to compile the sync's programs for (by id;
+    None: this process's when ``req.sync_programs``)."""
     buf, trace = Buffers(req.reshard), Trace()
     placed = _construct(req, buf, trace)
     actor = placed.actor
@@ -237,7 +239,7 @@ def _plan(req: PlanRequest) -> Plan:
         partial_anchor=anchor_is_partial(req.anchor, placed.lora),
         chunk_bytes=req.sync_chunk_bytes,
         strategy=req.reshard,
-        programs=_local_devices(topo) if req.sync_programs else None,
+        programs=sync_devices or (_local_devices(topo) if req.sync_programs else None),
     )
     sync["plan"] = list(lines)
     phases, step = _step_phases(req, placed, models, trainable)

@@ -50,7 +50,7 @@ from rlcluster_lab.placement.layout import Layout, PlannedMesh
 from rlcluster_lab.placement.xla import layout_sharding
 from rlcluster_lab.planner.budget import _per_device
 from rlcluster_lab.planner.buffers import Buffers, PlannedArray
-from rlcluster_lab.planner.plan import Plan, _construct
+from rlcluster_lab.planner.plan import Plan, _construct, _plan
 from rlcluster_lab.planner.request import PlanRequest
 from rlcluster_lab.planner.tables import Topology
 from rlcluster_lab.training.step import abstract_optimizer_state, train_step
@@ -275,7 +275,16 @@ def check_plan(plan: Plan, devices: Mapping[int, Any]) -> dict[str, Any]:
         d = max(sp.mesh.device_ids, key=lambda i: planned[i].total + others[i])
         check = ProgramCheck(sp.program, sp.role.value, d, planned[d], xla, xla_bytes, refused, others[d], seconds)
         checks.append(check)
-    return summary(checks, req.topology.memory_per_device)
+    out = summary(checks, req.topology.memory_per_device)
+    # The sync's reshard programs, where its route compiles any, compiled for these devices: its
+    # transient peak on paper beside the one with XLA's temporaries.
+    synced = _plan(req, sync_devices=list(devices.values())).sync["transient_peak"]
+    out["sync"] = {
+        "compiles_programs": any(any(ph["temporaries"].values()) for ph in synced["phases"]),
+        "planned_peak_bytes": int(plan.sync["transient_peak"]["max_bytes"].get("device", 0)),
+        "xla_peak_bytes": int(synced["max_bytes"].get("device", 0)),
+    }
+    return out
 
 
 def summary(checks: Sequence[ProgramCheck], limit: int | None) -> dict[str, Any]:
@@ -349,6 +358,14 @@ def check_lines(check: Mapping[str, Any], topology: str) -> list[str]:
             lines.append(
                 f"    beside it the device keeps {fmt_bytes(p['other_resident_bytes'])} of the plan's other arrays"
             )
+    sync = check.get("sync")
+    if sync and sync["compiles_programs"]:
+        lines.append(
+            f"  sync's reshard programs compiled: transient device peak {fmt_bytes(sync['planned_peak_bytes'])} on "
+            f"paper, {fmt_bytes(sync['xla_peak_bytes'])} with XLA's temporaries"
+        )
+    elif sync:
+        lines.append("  the sync compiles no program here: whole shards move between meshes, or none move")
     words = {True: "fits", False: "DOES NOT FIT", None: "unknown (no memory per device known)"}
     fits = check["fits"]
     lines.append(f"  fits: planner {words[fits['planner']]}, XLA {words[fits['xla']]}")
