@@ -292,28 +292,18 @@ class RLCluster:
         micro_batch_size: int | None = None,
         max_generation_steps: int | None = None,
     ) -> tuple[str, ...]:
-        """Start building, on helper threads, the programs a first RL step on ``prompts`` runs
-        after its sampling, so that they compile while ``generate`` builds and runs the sampler.
+        """Start building, on helper threads, the programs a first RL step on ``prompts`` runs after its
+        sampling, so that they compile while ``generate`` builds and runs the sampler; returns the parts
+        started now (``"scoring"``, ``"update"``; ``parts`` True for both, False for none), empty where
+        nothing started. ``mode``, ``micro_batch_size`` and ``max_generation_steps`` as that ``generate``
+        will be given them (they set the shapes).
 
         ``"scoring"`` (the anchor's and, with ``scores_reference``, the reference's log-probs) and
         ``"update"`` (one actor update) each run on a twin (``isolated``) over zeros of the shape
-        ``generated_shape`` gives, stopped once compiled (``core.compile_options.build``). The
-        step's own calls wait for their helper first, so no program is compiled twice at once.
-        Started only where compiling is the wait (``_compiling_is_the_wait``) and on one process
-        (a helper's programs must not interleave with other processes' collectives). A helper's
-        error is dropped: the step's own call meets it.
-
-        Args:
-            prompts: what the first ``generate`` will sample from.
-            parts: ``"scoring"``, ``"update"``, several of them, True for both, False for none.
-            mode, micro_batch_size, max_generation_steps: as that ``generate`` will be given
-                them (they set the shape of what it returns).
-
-        Returns:
-            The parts started now (in the order started); empty when nothing started.
-
-        Raises:
-            ValueError: a part not in ``AHEAD_PARTS``.
+        ``generated_shape`` gives, stopped once compiled (``core.compile_options.build``); the step's own
+        calls wait for their helper first. Started only where compiling is the wait
+        (``_compiling_is_the_wait``) and on one process (no interleaving with others' collectives). A
+        helper's error is dropped: the step's own call meets it. A part not in ``AHEAD_PARTS``: ``ValueError``.
         """
         wanted = _ahead_parts(parts)
         if not wanted or jax.process_count() > 1 or not _compiling_is_the_wait(*model_split(self.actor_model)):
@@ -432,12 +422,9 @@ class RLCluster:
 
     @_one_at_a_time
     def train(self, role: Role | str, batch: Any, **kwargs: Any) -> list[dict[str, float]]:
-        """The reference's generic training primitive: ``update_actor`` for ACTOR, ``update_critic``
-        for CRITIC (``kwargs`` passed on), so a subclass that overrides one changes this too.
-
-        Raises:
-            ValueError: any other role ("Unsupported role for train: ...").
-        """
+        """The reference's generic training primitive: ``update_actor`` for ACTOR, ``update_critic`` for
+        CRITIC (``kwargs`` passed on), so a subclass that overrides one changes this too; any other role
+        is a ``ValueError`` ("Unsupported role for train: ...")."""
         trained = {Role.ACTOR.value: self.update_actor, Role.CRITIC.value: self.update_critic}
         update = trained.get(role.value if isinstance(role, Role) else str(role).lower())
         if update is None:

@@ -119,19 +119,10 @@ def rule(
     note: str = "",
     reference: tuple[Locator, ...] = (),
 ) -> Rule:
-    """Declare a rule, once.
-
-    Args:
-        rule_id, title, tests, question, note, reference: as ``Rule``'s attributes.
-        answers: branch (or plain value, for an answer that is not a branch) -> its label in the
-            figure, in the order the figure draws them.
-
-    Returns:
-        The ``Rule``; its ``function`` method registers the functions that implement it.
-
-    Raises:
-        ValueError: a malformed id, an id declared twice, or a rule with no tests.
-    """
+    """Declare a rule, once: ``rule_id``, ``title``, ``tests``, ``question``, ``note`` and ``reference``
+    as ``Rule``'s attributes; ``answers``: branch (or plain value) -> its label in the flow figure, in
+    the order drawn. Returns the ``Rule``, whose ``function`` method registers its functions; a
+    malformed id, an id declared twice or a rule with no tests is a ``ValueError``."""
     if not _ID.fullmatch(rule_id):
         raise ValueError(f"rule id {rule_id!r} is not P<n> or L<n>; name a rule like 'P3' or 'L1'")
     if rule_id in _DECLARED:
