@@ -1,12 +1,9 @@
 """rlcluster-lab: where the models of an RL run live on accelerators, and what it costs.
 
-Call ``ensure_simulated_devices()`` (or, in a notebook, ``setup()``) first on a
-machine without accelerators, before anything else uses JAX.
-
-The top level is the cluster's API; the what-if planner lives in ``rlcluster_lab.planner``,
-the widget lab and the notebooks' helpers in ``rlcluster_lab.lab``, the multi-process launcher
-in ``rlcluster_lab.multiprocess``. Names that moved there (``_MOVED``) still resolve here, but
-are not in ``__all__``. Names load on first use, so ``import rlcluster_lab`` imports no JAX.
+Call ``ensure_simulated_devices()`` (or, in a notebook, ``setup()``) first on a machine without
+accelerators. The top level is the cluster's API; the planner, the lab and the multi-process
+launcher have namespaces of their own (names that moved there, ``_MOVED``, still resolve here).
+Names load on first use, so ``import rlcluster_lab`` imports no JAX.
 """
 
 from __future__ import annotations

@@ -59,8 +59,7 @@ class DepthRow:
 
 @dataclasses.dataclass(frozen=True)
 class DepthReport:
-    """The rows, the largest difference between the loop's and the scan's log-probs at each
-    depth, and the source of the figures."""
+    """The rows, the largest loop-versus-scan log-prob difference per depth, and the figures' source."""
 
     rows: tuple[DepthRow, ...]
     max_difference: dict[int, float]  # depth -> max |loop - scan| over the log-probs

@@ -1,10 +1,7 @@
-"""What one weight sync moved (L3): per leaf and in total, against the least the placement allows.
-
-Units: **physical bytes**, every device shard counted (``synced_logical_bytes`` once per
-leaf). Built from the source's shard facts (read before the sync), the destination arrays
-and the reshard's log of its copies (``TransferLog``), not from JAX's transfer
-guard, which does not see device-to-device copies on CPU.
-"""
+"""What one weight sync moved (L3): per leaf and in total, against the least the placement allows,
+in physical bytes (every device shard counted). Built from the source's shard facts, the
+destination arrays and the reshard's log of its copies (``TransferLog``), not from JAX's transfer
+guard, which does not see device-to-device copies on CPU."""
 
 from __future__ import annotations
 

@@ -227,10 +227,9 @@ class TransformerLM(nnx.Module):
         attention_mask: jax.Array | None = None,
         cache: KVCache | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
-        """Final normalised hidden states (B, T, embed) and the updated cache. Without a cache the mask is
-        causal, AND-ed with ``attention_mask`` (B, T, T); with one the new keys are written at
-        ``cache.index`` and ``attention_mask`` (B, T, S) covers cache slots (default: every slot up to
-        each token's own)."""
+        """Final normalised hidden states (B, T, embed) and the updated cache. The mask is causal, AND-ed
+        with ``attention_mask`` (B, T, T); with a cache the new keys go to ``cache.index`` and the mask
+        (B, T, S) covers its slots (default: every slot up to each token's own)."""
         b, t = tokens.shape
         s = t if cache is None else cache.k.shape[2]
         if cache is None:

@@ -14,13 +14,11 @@ from rlcluster_lab.core.model_config import layer_stack_at
 
 
 def initial_values(state: nnx.State, seed: int) -> dict[Any, Any]:
-    """Initial values for an abstract state, drawn on the host with NumPy.
-
-    Each leaf has its own generator, seeded by ``seed`` and its path (a layer-stack leaf layer by
-    layer, as ``blocks/<layer>/...``), so a value depends neither on other leaves nor on how the
-    layers are held. Kernels and ``lora_a``: normal, std 1/sqrt(fan-in); the embedding 1/sqrt(embed);
-    norm scales ones; biases and ``lora_b`` zeros (a fresh adapter changes nothing).
-    """
+    """Initial values for an abstract state, drawn on the host with NumPy. Each leaf has its own
+    generator, seeded by ``seed`` and its path (a layer-stack leaf layer by layer, as
+    ``blocks/<layer>/...``), so a value depends neither on other leaves nor on how the layers are
+    held. Kernels and ``lora_a``: normal, std 1/sqrt(fan-in); the embedding 1/sqrt(embed); norm
+    scales ones; biases and ``lora_b`` zeros (a fresh adapter changes nothing)."""
     leaves = flatten_dict(nnx.to_pure_dict(state))
     return unflatten_dict({p: initial_value(p, tuple(v.shape), np.dtype(v.dtype), seed) for p, v in leaves.items()})
 
