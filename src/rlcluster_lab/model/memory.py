@@ -422,6 +422,7 @@ def update_program(
     lora_rank: int = 0,
     on_chip: int = 0,
     value_head: bool = False,
+    remat: bool = False,
 ) -> ProgramBytes:
     """The optimizer step (``training.step.jitted_update``) over a micro-batch of ``rows`` rows.
 
@@ -432,12 +433,12 @@ def update_program(
     ``accumulating``, and the layer in flight) or the update (the gradients and the new
     optimizer state beside the old: the step keeps the old until it knows the new are finite).
     Outputs: the new parameters and optimizer state, and the metrics.
-    ``on_chip``: as for ``logps_program``.
+    ``on_chip``: as for ``logps_program``; ``remat``: a step that rematerialises every layer.
     """
     tokens = prompt + completion
     o = operand_bytes(config, platform)
     acts = residual_bytes(
-        config, rows, tokens, completion, split, lora_rank=lora_rank, value_head=value_head, operands=o
+        config, rows, tokens, completion, split, lora_rank=lora_rank, value_head=value_head, remat=remat, operands=o
     )
     gradients = trainable + (trainable * F32 // itemsize(config) if accumulating else 0)
     forward = {

@@ -174,6 +174,7 @@ def update_phase(
             accumulating=workload.accumulates,
             lora_rank=trainer.lora_rank,
             value_head=trainer.value_head,
+            remat=workload.remat,
         ).temporaries
 
     return {
