@@ -7,7 +7,8 @@ libtpu is no dependency of the lab: ``pip install --target DIR libtpu==<version>
 MB; the version ``jax[tpu]`` names for the installed JAX, ``libtpu_wanted``) and pass ``DIR``.
 In a process whose JAX started without libtpu (the lab's, on CPU devices) the folder is put on
 ``sys.path`` and the topology asked for: JAX loads the plugin for it then, beside the backends
-already running (tried with JAX 0.10.2 and libtpu 0.0.42.1).
+already running (tried with JAX 0.10.2 and libtpu 0.0.42.1). libtpu takes its lockfile to
+compile too, so one such process runs at a time; another's is named (``core.chip_holder``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlcluster_lab.core.chip_holder import chip_held
 from rlcluster_lab.core.errors import ConfigError
 
 # libtpu reads these when it starts; without them it asks a TPU VM's metadata server, which a
@@ -60,6 +62,9 @@ def compile_only_devices(topology: str, chips_per_host: tuple[int, ...], libtpu:
             topology_name=topology, platform="tpu", chips_per_host_bounds=tuple(chips_per_host)
         )
     except (ImportError, RuntimeError, ValueError, AttributeError) as err:
+        held = chip_held("tpu", str(err), said=True)
+        if held is not None:  # one libtpu at a time, a compile-only one too: never its lockfile's "rm" advice
+            raise ConfigError(f"libtpu is in use by {held.who()}: wait for it to end, or {held.to_free()}") from None
         where = "" if libtpu is None else f" from {libtpu}"
         raise ConfigError(
             f"XLA:TPU's compile-only client could not describe {topology}{where} ({str(err).splitlines()[0]}): "
