@@ -33,6 +33,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import PartitionSpec
 
 from rlcluster_lab.cluster.construct import Placed
+from rlcluster_lab.core.compile_cache import uncached
 from rlcluster_lab.core.compile_only import compile_only_devices
 from rlcluster_lab.core.config import ClusterConfig, TrainingConfig
 from rlcluster_lab.core.limits import fmt_bytes
@@ -239,7 +240,9 @@ def _compiled_bytes(lowered: Any) -> tuple[dict[str, int], int | None, str | Non
     (a refusal that is not for memory is raised): a refused program's figure is what XLA's
     message says it needs (``model.fits.xla_figures``)."""
     try:
-        terms, _ = xla_memory(lowered)
+        # Not through the persistent cache: a compile-only client's executable cannot be read back.
+        with uncached():
+            terms, _ = xla_memory(lowered)
     except Exception as err:  # noqa: BLE001 - XLA's own error type differs between releases
         text = str(err)
         if "RESOURCE_EXHAUSTED" not in text:
