@@ -14,6 +14,7 @@ import pytest
 
 from rlcluster_lab.cli.main import main
 from rlcluster_lab.core.errors import ConfigError
+from rlcluster_lab.core.trace import Trace
 from rlcluster_lab.model.fits import xla_figures
 from rlcluster_lab.model.memory import ProgramBytes
 from rlcluster_lab.planner.plan import plan_cluster
@@ -138,3 +139,21 @@ def test_l4_the_syncs_reshard_programs_are_compiled_where_its_route_has_any(chec
     # The reshaped layout's rollout mesh is another over the same devices: one compiled program,
     # whose temporaries come on top of the arrays on paper.
     assert sync["compiles_programs"] and sync["xla_peak_bytes"] > sync["planned_peak_bytes"]
+
+
+def test_l4_the_stored_tpu_check_notebook_08_shows_holds_the_planners_figures_now() -> None:
+    """Notebook 08 shows a check run with libtpu and stored with the lab: the planner's side of it
+    is what the planner gives now (a change to ``model.memory`` asks for the check to be run again)."""
+    from rlcluster_lab.lab.experiments import what_if
+    from rlcluster_lab.planner.buffers import Buffers
+    from rlcluster_lab.planner.plan import _construct
+    from rlcluster_lab.planner.xla_check import step_programs
+
+    stored = json.loads(what_if.STORED_CHECK.read_text(encoding="utf-8"))["xla_check"]
+    req = plan_cluster(**what_if.CHECKED).request
+    programs = step_programs(req, _construct(req, Buffers(req.reshard), Trace()))
+    assert [(p["program"], p["role"]) for p in stored["programs"]] == PROGRAMS
+    for sp, p in zip(programs, stored["programs"]):
+        assert sp.planned(p["device"]).total == p["planned_bytes"], p["program"]
+        assert abs(p["planned_bytes"] / p["xla_bytes"] - 1) <= stored["agree_within"]
+    assert stored["fits"] == {"planner": True, "xla": True}

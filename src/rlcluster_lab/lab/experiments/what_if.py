@@ -8,7 +8,9 @@ a cluster built through ``build_cluster``; nothing here decides where a model li
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -19,6 +21,7 @@ from rlcluster_lab.lab.experiments.runs import Tick, each
 from rlcluster_lab.planner.budget import gib
 from rlcluster_lab.planner.plan import plan_cluster, plan_scenario
 from rlcluster_lab.planner.tables import local_topology
+from rlcluster_lab.planner.xla_check import check_devices, check_lines, check_plan
 
 
 def _busiest_device(r: Mapping[str, Any]) -> int:
@@ -101,3 +104,21 @@ def what_if_rows(
             }
         )
     return rows, plans
+
+
+# ``plan --xla-check`` of one case, run with libtpu (its command, date and commit stored beside it).
+STORED_CHECK = Path(__file__).with_name("data") / "xla_check.json"
+CHECKED = {"model": "llama3-8b", "topology": "tpu-v5e-8", "layout": "split", "lora_rank": 16}
+
+
+def xla_check(libtpu: str | None = None) -> str:
+    """llama3-8b, split, LoRA rank 16, on a TPU v5e-8, checked by XLA:TPU's own compiler
+    (``planner.xla_check``), in the words ``plan --xla-check`` prints: compiled here from libtpu in
+    the folder ``libtpu`` (``core.compile_only``; minutes on a small CPU), or, without one, the
+    check stored with the lab, under a line that says when and how it was run."""
+    if libtpu is None:
+        stored = json.loads(STORED_CHECK.read_text(encoding="utf-8"))
+        head = f"stored ({stored['date']}, {stored['commit']}, {stored['versions']}): {stored['command']}"
+        return "\n".join([head, *check_lines(stored["xla_check"], CHECKED["topology"])])
+    plan = plan_cluster(**CHECKED)
+    return "\n".join(check_lines(check_plan(plan, check_devices(plan.request.topology, libtpu)), CHECKED["topology"]))
