@@ -192,11 +192,11 @@ def test_p4_p14_offload_lora_warns_at_construction_then_rejoins(capsys):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--micro-batch-size", "3", "--mini-batch-size", "8"], "mini_batch_size=8 must be a multiple of"),
-        (["--micro-batch-size", "0", "--mini-batch-size", "8"], "train_micro_batch_size must be a positive integer"),
+        (["--micro-batch-size", "3", "--mini-batch-size", "8"], "--mini-batch-size = 8 must be a multiple of"),
+        (["--micro-batch-size", "0", "--mini-batch-size", "8"], "--micro-batch-size must be a positive integer"),
         (
             ["--prompts-per-step", "3", "--group-size", "3", "--mini-batch-size", "2", "--micro-batch-size", "2"],
-            "a learner step trains on 9 completions (3 prompts x 3 per group), not a multiple of mini_batch_size=2",
+            "a learner step trains on 9 completions (3 prompts x 3 per group), not a multiple of --mini-batch-size = 2",
         ),
     ],
 )
@@ -204,6 +204,7 @@ def test_learn_refuses_bad_micro_batch_sizes_before_the_backend_starts(capsys, a
     assert main_exit(["learn", "--steps", "1", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and fragment in err
+    assert "_size" not in err and "None" not in err  # the command's flags, never a Python field or value
 
 
 @pytest.mark.cluster

@@ -130,8 +130,9 @@ def check_learner_batch(config: LearnerConfig, training: Any) -> None:
         prompts = f"{config.prompts_per_step} prompt{'s' if config.prompts_per_step != 1 else ''}"
         problem = (
             f"a learner step trains on {config.batch_size} completions ({prompts} x {config.group_size} per "
-            f"group), not a multiple of mini_batch_size={training.mini_batch_size}; with "
-            f"train_micro_batch_size={training.train_micro_batch_size} every mini-batch must be whole"
+            f"group), not a multiple of mini_batch_size (--mini-batch-size) = {training.mini_batch_size}; with "
+            f"train_micro_batch_size (--micro-batch-size) = {training.train_micro_batch_size} every mini-batch "
+            "must be whole"
         )
         raise ConfigError(
             f"{problem}: choose prompts_per_step x group_size a multiple of mini_batch_size",

@@ -76,7 +76,7 @@ class TrainingConfig:
         if micro is not None:
             if isinstance(micro, bool) or not isinstance(micro, numbers.Integral) or micro < 1:
                 raise ConfigError(
-                    f"train_micro_batch_size (--micro-batch-size) must be a positive integer or None (no "
+                    f"train_micro_batch_size (--micro-batch-size) must be a positive integer (unset: no "
                     f"accumulation), got {micro!r}",
                     knobs=("train_micro_batch_size",),
                 )
