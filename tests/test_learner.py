@@ -26,7 +26,9 @@ def test_a_learner_whose_batch_is_no_whole_number_of_mini_batches_is_refused_bef
 
     training = TrainingConfig(mini_batch_size=4, train_micro_batch_size=2)
     cluster = build_cluster(Scenario(layout="colocated", max_tokens=4), training_config=training)
-    with pytest.raises(ConfigError, match=r"6 completions .* not a multiple of mini_batch_size \(--mini-batch-size\) = 4") as info:
+    with pytest.raises(
+        ConfigError, match=r"6 completions .* not a multiple of mini_batch_size \(--mini-batch-size\) = 4"
+    ) as info:
         GRPOLearner(cluster, LearnerConfig(prompts_per_step=3, group_size=2))
     assert info.value.knobs == ("prompts_per_step", "group_size", "mini_batch_size")
     assert cluster.global_steps == 0
