@@ -149,11 +149,18 @@ def test_l4_the_stored_tpu_check_notebook_08_shows_holds_the_planners_figures_no
     from rlcluster_lab.planner.plan import _construct
     from rlcluster_lab.planner.xla_check import step_programs
 
-    stored = json.loads(what_if.STORED_CHECK.read_text(encoding="utf-8"))["xla_check"]
+    run = json.loads(what_if.STORED_CHECK.read_text(encoding="utf-8"))
+    stored = run["xla_check"]
     req = plan_cluster(**what_if.CHECKED).request
     programs = step_programs(req, _construct(req, Buffers(req.reshard), Trace()))
     assert [(p["program"], p["role"]) for p in stored["programs"]] == PROGRAMS
+    # The planner asks the running JAX what its backward pass keeps (model.memory.softmax_residuals):
+    # under the JAX the check ran with, its figures are the stored ones; under another, they still
+    # agree with the stored XLA figures as the notebook says.
+    same_jax = f"JAX {jax.__version__}," in run["versions"]
     for sp, p in zip(programs, stored["programs"]):
-        assert sp.planned(p["device"]).total == p["planned_bytes"], p["program"]
+        now = sp.planned(p["device"]).total
+        assert now == p["planned_bytes"] or not same_jax, p["program"]
+        assert abs(now / p["xla_bytes"] - 1) <= stored["agree_within"], p["program"]
         assert abs(p["planned_bytes"] / p["xla_bytes"] - 1) <= stored["agree_within"]
     assert stored["fits"] == {"planner": True, "xla": True}
