@@ -239,14 +239,21 @@ def build(operation: Callable[[], Any]) -> None:
     program is compiled and not run, and ``Built`` ends the call there. The program lands in
     the jitted function's own cache, so the same call made later (any thread) runs it without
     compiling."""
-    previous = getattr(_BUILD_ONLY, "on", False)
-    _BUILD_ONLY.on = True
+    stop_at_first(_BUILD_ONLY, Built, operation)
+
+
+def stop_at_first(flag: threading.local, stop: type[Exception], operation: Callable[[], Any]) -> None:
+    """Call ``operation`` with ``flag.on`` set on this thread, until the first program it reaches
+    raises ``stop`` (the signal that the program was built, or checked, and the call ends there);
+    ``flag`` as it was afterwards, so calls nest."""
+    previous = getattr(flag, "on", False)
+    flag.on = True
     try:
         operation()
-    except Built:
+    except stop:
         pass
     finally:
-        _BUILD_ONLY.on = previous
+        flag.on = previous
 
 
 def run(jitted: Any, *args: Any) -> Any:

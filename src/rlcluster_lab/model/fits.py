@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from rlcluster_lab.core.compile_options import stop_at_first
 from rlcluster_lab.core.limits import DEVICE_LIMIT_ENV, TooLargeError, device_free_bytes, fmt_bytes
 from rlcluster_lab.model.memory import ProgramBytes, Split
 
@@ -158,14 +159,7 @@ def check_only(operation: Callable[[], Any]) -> None:
     """Call ``operation`` up to the first batch program it checks (``check_program``), on this
     thread, and stop there: nothing is compiled or run, and a program that does not fit is
     refused as the call itself would refuse it. (An operation that checks no program runs whole.)"""
-    previous = getattr(_CHECK_ONLY, "on", False)
-    _CHECK_ONLY.on = True
-    try:
-        operation()
-    except Checked:
-        pass
-    finally:
-        _CHECK_ONLY.on = previous
+    stop_at_first(_CHECK_ONLY, Checked, operation)
 
 
 def _largest_terms(terms: Any, top: int = 3) -> list[tuple[str, int]]:
