@@ -291,11 +291,6 @@ def pending_cache_writes() -> int:
     return 0 if _WRITER is None else _WRITER.pending()
 
 
-def active_cache_dir() -> str | None:
-    """The folder JAX's persistent cache uses in this process, if any."""
-    return jax.config.jax_compilation_cache_dir or None
-
-
 # A helper thread compiling on another's behalf (``compiling_for``) -> the thread it works for.
 _WORKS_FOR: dict[int, int] = {}
 

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, Sharding
 
-from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids, spans_processes
+from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.crossing import move_across
 from rlcluster_lab.placement.events import Built, Ran, Relayed, Transfer, Unreadable, emit, wants
@@ -28,14 +28,7 @@ from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
 from rlcluster_lab.placement.route import whole_move
 from rlcluster_lab.placement.traffic import ProgramTraffic, program_traffic
 from rlcluster_lab.placement.transfers import buffer_bytes, shard_data
-from rlcluster_lab.placement.xla_analysis import (
-    UNTRACED,
-    Provenance,
-    identity,
-    probe_provenance,
-    read_analysis,
-    write_analysis,
-)
+from rlcluster_lab.placement.xla_analysis import UNTRACED, Provenance, identity, probe_provenance
 
 
 @dataclasses.dataclass
@@ -57,19 +50,11 @@ class XlaProgram:
 
     def _analyse(self) -> tuple[ProgramTraffic, Provenance]:
         if self._analysis is None:
-            # The flows are read from the program; only the probe's result may come from the (checked) store.
             traffic = program_traffic(self.compiled, self.devices)
-            # multi-process: a program spanning processes is probed by all of them together, never read back by some.
-            spans = spans_processes(self.devices)
-            provenance = (
-                None if spans else read_analysis(self.compiled, self.devices, self.inputs, self.outputs, traffic)
-            )
-            if provenance is None:
-                # The probe measures the program once, outside any sync: it may go through the host inside a guard.
-                with jax.transfer_guard("allow"):
-                    provenance = probe_provenance(self.compiled, self.inputs, self.outputs)
-                if not spans:
-                    write_analysis(self.compiled, self.devices, provenance)
+            # The probe measures the program once, outside any sync: it may go through the host inside a guard.
+            # A program spanning processes is probed by all of them together (a collective run).
+            with jax.transfer_guard("allow"):
+                provenance = probe_provenance(self.compiled, self.inputs, self.outputs)
             self._analysis = (traffic, provenance)
         return self._analysis
 
