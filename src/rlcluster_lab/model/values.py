@@ -29,8 +29,10 @@ def initial_value(path: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype
     if at is None:
         return _one_value(path, shape, dtype, seed)
     head, tail = path[: at + 1], path[at + 1 :]
-    layers = [_one_value((*head, layer, *tail), shape[1:], dtype, seed) for layer in range(shape[0])]
-    return np.stack(layers) if layers else np.zeros(shape, dtype)
+    stacked = np.empty(shape, dtype)  # each layer drawn into its place: no list of layers to stack
+    for layer in range(shape[0]):
+        stacked[layer] = _one_value((*head, layer, *tail), shape[1:], dtype, seed)
+    return stacked
 
 
 def _one_value(path: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype, seed: int) -> np.ndarray:
@@ -41,5 +43,6 @@ def _one_value(path: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype, s
         return np.zeros(shape, dtype)
     rng = np.random.default_rng([seed, zlib.crc32("/".join(map(str, path)).encode())])
     fan = shape[-1] if name == "embedding" else shape[0]
-    values = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / math.sqrt(fan))
-    return values.astype(dtype)
+    values = rng.standard_normal(shape, dtype=np.float32)
+    values *= np.float32(1.0 / math.sqrt(fan))  # in place: the large presets' leaves are tens of MB
+    return values.astype(dtype, copy=False)

@@ -581,7 +581,10 @@ def constant_outputs(closed: Any) -> list[np.ndarray] | None:
             if eqn is None or eqn.primitive.name not in _FILLS or len(eqn.invars) != 1:
                 return None
             source = eqn.invars[0]
-        out.append(np.full(v.aval.shape, source.val, dtype=v.aval.dtype))
+        fill = np.asarray(source.val, dtype=v.aval.dtype)
+        # All-zero bytes (Adam's moments): zeroed pages from the allocator, not a fill written through.
+        zero = fill.tobytes() == bytes(fill.nbytes)
+        out.append(np.zeros(v.aval.shape, fill.dtype) if zero else np.full(v.aval.shape, fill, dtype=fill.dtype))
     return out
 
 
