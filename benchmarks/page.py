@@ -53,7 +53,8 @@ AREAS: list[tuple[str, str, str]] = [
         "first step",
         "The first learner step",
         "On the CPU: the tiny model, colocated, with LoRA, in a fresh process with an empty cache, "
-        "cold over the same step once compiled. On the chip: the colocated cluster on the chip, one "
+        "cold over the same step once compiled; and the step's programs compiled for a v5e chip by "
+        "XLA:TPU on that CPU, over the floor's (below). On the chip: the colocated cluster on the chip, one "
         "`GRPOLearner.step` of 4 prompts x 4 and 16 sampled tokens, cold (empty cache), then in a "
         "second process on the cache the first filled, then warm steps.",
     ),
@@ -132,7 +133,15 @@ NOTES: dict[str, str] = {
     "precision), traced and compiled in the same call: large 12.6 s against 10.5 s (1.20x, target 1.2x: "
     "met at its edge), small 9.1 s against 4.5 s (2.0x: not met; the small sampler and log-prob "
     "programs compiled in 3.2 and 2.6 s against the floor's 1.3 and 0.6 s). The floor's script is not "
-    "part of the repository, so the rows give the seconds alone.",
+    "part of the repository, so the rows give the seconds alone. The CPU's `tpu_aot.py` rows compile, "
+    "with XLA:TPU's compile-only client (no chip), the lab's sampler, log-probs and train step as its "
+    "first step lowers them and the floor's scanned generate, log-probs and full train step (the script "
+    "passed with `--floor`), each the least of 3 rounds: XLA's compile alone, no tracing, lowering or "
+    "running; as the lab compiles them, and with the two `highest` programs written at the platform's "
+    "default (which P11 cannot take: 9.8e-3 on the chip's large preset, `core.precision`); at the default "
+    "the gap left is the train step's. These are "
+    "this 2-core CPU's seconds for XLA:TPU's compiler, not a chip host's: only their ratios carry over to "
+    "a chip's host, and the target is judged on the chip's own cold first step (its rows above).",
 }
 
 
