@@ -35,9 +35,9 @@ precision: the rows of docs/performance.md (``--save-row``).
 Lowered for CPU, compiled for TPU: JAX lowers a few primitives per platform (a ``device_put``
 between memory kinds among them), so a program could differ from the chip's own; these come out
 the size of the chip's cache entries (2026-12-06, large preset: the train step 27.1 MB here, 27.4
-MB on the chip; generate 7.4 and 7.6; log-probs 6.6 and 6.7). The
-seconds are this machine's CPU, not the chip host's (the large train step: 32 s here, 12-15 s
-there): compare them with each other. The cold first step on a chip is ``first_step.py``'s.
+MB on the chip; generate 7.4 and 7.6; log-probs 6.6 and 6.7; all three at ``highest`` then). The
+seconds are this machine's CPU, not the chip host's: compare them with each other. The cold
+first step on a chip is ``first_step.py``'s.
 """
 
 from __future__ import annotations
