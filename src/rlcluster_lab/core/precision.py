@@ -88,9 +88,3 @@ def traced_at(fun: Callable[..., Any], precision: str | None) -> Callable[..., A
             return fun(*args, **kwargs)
 
     return traced
-
-
-def precision_text(program: str, compared: str | None) -> str:
-    """``program``'s precision in a cluster whose ``matmul_precision`` is ``compared``, and why,
-    in a table's words: ``"highest: P11 compares ..."``."""
-    return f"{precision_of(program, compared) or PLATFORM_DEFAULT}: {PROGRAMS[program].why}"
