@@ -104,6 +104,9 @@ REASONS: dict[tuple[str, str], str] = {
     "the objects JAX leaves at import; Tunix's sync refuses 8 of the twelve under its transfer guard.",
     ("lab.step.empty", CPU): "clicked at once, the step waits for the rehearsal compiling it in the "
     "background; clicked once the rehearsal has finished, it meets the target (row below).",
+    ("lab.step.warmed", CPU): "clicked at once, the step waits about 1 s for the rehearsal, which reads "
+    "its programs back from the filled cache after tracing and lowering each to find its key; clicked "
+    "once the rehearsal has finished, it meets the target (row below).",
     ("step.learner", CPU): "in brackets, the step's CPU seconds spread over both cores, over the step "
     "once compiled: the work alone sits near 5x on two cores, and the interpreter's lock, held while JAX "
     "traces and lowers each program, keeps the cores from being busy throughout.",
