@@ -130,6 +130,25 @@ def test_an_unknown_compile_mode_is_refused_naming_the_choices(monkeypatch):
         compile_options.compiler_options("cpu", TINY)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_data_moving_programs_get_cheap_options_up_to_their_own_bound(seed, monkeypatch):
+    # A reshard of few elements compiles fast and moves as fast; above MOVE_FAST_MAX_ELEMENTS the
+    # cheap code slows every move, so XLA's defaults, unless the environment asks otherwise.
+    rng = np.random.default_rng(seed)
+    bound = compile_options.MOVE_FAST_MAX_ELEMENTS
+    under = [jax.ShapeDtypeStruct((int(n),), jnp.float32) for n in rng.integers(1, bound // 4, size=3)]
+    over = [*under, jax.ShapeDtypeStruct((bound,), jnp.bfloat16)]
+    monkeypatch.delenv(compile_options.ENV, raising=False)
+    assert compile_options.move_options(under, "cpu") == _accepted_cpu()
+    assert compile_options.move_options(over, "cpu") is None
+    assert compile_options.move_options(under, str(rng.choice(["tpu", "rocm"]))) is None
+    assert compile_options.move_options(under, "gpu") == dict(compile_options.FAST_GPU)
+    monkeypatch.setenv(compile_options.ENV, "on")
+    assert compile_options.move_options(over, "cpu") == _accepted_cpu()
+    monkeypatch.setenv(compile_options.ENV, "off")
+    assert compile_options.move_options(under, "cpu") is None
+
+
 def test_options_follow_the_platform_of_the_arrays(monkeypatch):
     monkeypatch.delenv(compile_options.ENV, raising=False)
     x = jnp.zeros((4, 4))

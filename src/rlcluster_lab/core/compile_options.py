@@ -8,10 +8,9 @@ Measured on the step's programs (2 busy cores, ``benchmarks/interactive.py``): t
 sampler's compile went from about 4 s to 0.6-0.9 s, a log-prob program from 1.2-2 s to
 0.2-0.4 s, the optimizer step from 3.7-6.6 s to 1.4-2.9 s. On GPUs, for the same small
 programs, no autotuning (``FAST_GPU``). On TPUs, and for larger models, XLA's defaults.
-So do programs that only move data (a reshard, the anchor's write-over, the crossing
-between processes): they compile in about the same time either way, and run at every
-sync; unoptimized, the small model's reshaped sync took 9.6 ms instead of 2.8 ms
-(measured on a 2-core CPU, 2026-12-06).
+Programs that only move data (a reshard, the anchor's write-over, the crossing between
+processes) run at every sync, so they get cheap code generation only while it costs the move
+nothing (``MOVE_FAST_MAX_ELEMENTS``, ``move_options``).
 
 ``RLCLUSTER_LAB_FAST_COMPILE`` overrides the choice: ``off``, ``on`` (whatever the size)
 or ``auto`` (the default). The options are part of a program's key in JAX's persistent
@@ -72,6 +71,13 @@ FAST: Mapping[str, Mapping[str, Any]] = {"cpu": FAST_CPU, "gpu": FAST_GPU}
 # The lab's tiny (0.1 M parameters) and small (1.5 M) models compile cheaply; base (10 M) and
 # large (47 M) keep XLA's defaults, where the programs' run time starts to matter on CPU.
 FAST_MAX_ELEMENTS = 4_000_000
+
+# A program that only moves data, on CPU (the reshaped layout's reshard, 8 devices, one process
+# each, 2026-12-07): the tiny model's (0.1 M elements) compiled in 0.035 s with FAST_CPU against
+# 0.31-0.34 s with XLA's defaults, and synced in the same 6 ms either way; the small model's
+# (1.5 M) synced in 12 ms against 7.6 ms, and base's (10 M) in 47 ms against 25 ms. Cheap code
+# generation up to here: below the small model, where it starts to slow every sync.
+MOVE_FAST_MAX_ELEMENTS = 1_000_000
 
 
 def compile_mode() -> str:
@@ -178,14 +184,26 @@ def platform_of(tree: Any) -> str | None:
     return next((str(device.platform) for s in shardings for device in s.device_set), None)
 
 
+def elements_of(tree: Any) -> int:
+    """The elements ``tree``'s arrays (or ``jax.ShapeDtypeStruct``s) hold, all together."""
+    import jax
+
+    return sum(int(getattr(leaf, "size", 0)) for leaf in jax.tree.leaves(tree))
+
+
 def options_for(tree: Any, elements: int | None = None) -> dict[str, Any] | None:
     """``compiler_options`` for a program over ``tree``'s arrays (``elements``: the model's
     parameter count when known, else the arrays' own element count)."""
-    import jax
+    return compiler_options(platform_of(tree), elements_of(tree) if elements is None else elements)
 
-    if elements is None:
-        elements = sum(int(getattr(leaf, "size", 0)) for leaf in jax.tree.leaves(tree))
-    return compiler_options(platform_of(tree), elements)
+
+def move_options(tree: Any, platform: str | None = None) -> dict[str, Any] | None:
+    """``compiler_options`` for a program that only moves ``tree``'s arrays (on ``platform``, else
+    theirs): XLA's defaults in ``auto`` mode once they hold more than ``MOVE_FAST_MAX_ELEMENTS``."""
+    elements = elements_of(tree)
+    if compile_mode() == "auto" and elements > MOVE_FAST_MAX_ELEMENTS:
+        return None
+    return compiler_options(platform or platform_of(tree), elements)
 
 
 def options_key(options: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from rlcluster_lab.core.compile_options import move_options
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.boxes import to_box
 from rlcluster_lab.placement.events import Built, Made, Phase, Relayed, Transfer, Unreadable, emit, wants
@@ -91,7 +92,8 @@ def crossing_program(
         return [jax.lax.ppermute(v, axes, perm) for v, perm in zip(leaves, perms)]
 
     fn = jax.shard_map(crossing, mesh=mesh, in_specs=(list(specs),), out_specs=list(specs), check_vma=False)
-    compiled, source = compile_outside_mesh(jax.jit(fn), list(avals))  # XLA's defaults: it only moves data
+    options = move_options(list(avals), mesh.devices.flat[0].platform)
+    compiled, source = compile_outside_mesh(jax.jit(fn), list(avals), options=options)
     built = CrossingProgram(compiled, program_traffic(compiled, list(mesh.devices.flat)), source)
     PROGRAMS.put(key, built)
     return built, True

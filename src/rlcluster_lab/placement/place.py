@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from rlcluster_lab.core.compile_options import run_apart
+from rlcluster_lab.core.compile_options import move_options, run_apart
 from rlcluster_lab.core.meshes import DEFAULT_LOGICAL_AXIS_RULES
 from rlcluster_lab.core.shardings import MEMORY_KINDS, PlacementError, default_memory_kind, target_shardings
 from rlcluster_lab.placement.programs import ProgramCache, compile_outside_mesh
@@ -70,7 +70,7 @@ def _compiled_move(xs: list[jax.Array], targets: list[Any]) -> list[jax.Array]:
     key = tuple((x.shape, x.dtype, x.sharding, t) for x, t in zip(xs, targets))
     program = _MOVES.get(key)
     if program is None:
-        program, _ = compile_outside_mesh(jax.jit(_copies, out_shardings=list(targets)), xs)  # it only moves data
+        program, _ = compile_outside_mesh(jax.jit(_copies, out_shardings=list(targets)), xs, options=move_options(xs))
         _MOVES.put(key, program)
     return program(xs)
 
@@ -134,7 +134,7 @@ def _write_over(olds: list[jax.Array], news: list[jax.Array]) -> Any:
     if hit is None:
         jitted = jax.jit(write_anchor_over, donate_argnums=0, out_shardings=[x.sharding for x in olds])
         try:
-            hit, _ = compile_outside_mesh(jitted, olds, news)  # XLA's defaults: it only moves data
+            hit, _ = compile_outside_mesh(jitted, olds, news, options=move_options(news))
         except Exception:  # noqa: BLE001 - e.g. an XLA that will not compute in host memory (XLA:GPU has refused to)
             hit = False
         _WRITE_OVER.put(key, hit)

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, Sharding
 
+from rlcluster_lab.core.compile_options import move_options
 from rlcluster_lab.core.hosts import crosses_processes, foreign_device_ids
 from rlcluster_lab.placement import phases
 from rlcluster_lab.placement.crossing import move_across
@@ -86,8 +87,8 @@ def program(xs: Sequence[jax.Array], dsts: Sequence[Sharding]) -> tuple[XlaProgr
         return hit, False
     devices = tuple(xs[0].sharding.mesh.devices.flat)  # partition i runs on the mesh's i-th device
     abstract = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in xs)
-    # XLA's default options (``core.compile_options``: programs that only move data).
-    compiled, source = compile_outside_mesh(jax.jit(identity, out_shardings=list(dsts)), list(abstract))
+    jitted = jax.jit(identity, out_shardings=list(dsts))
+    compiled, source = compile_outside_mesh(jitted, list(abstract), options=move_options(xs))
     built = XlaProgram(compiled, devices, abstract, tuple(dsts), source)
     PROGRAMS.put(key, built)
     return built, True
